@@ -1,0 +1,117 @@
+"""Benchmark a bundle: load time, first inference, warm-up, then N iterations or T seconds.
+
+Only ``runner.infer`` is inside the timed region. p99 decides the budget verdict.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from edge.errors import EdgeError
+from edge.runners.base import Runner
+from edge.stats import LatencyStats
+
+
+@dataclass
+class BenchReport:
+    bundle: str | None
+    target: str | None
+    load_ms: float
+    first_inference_ms: float
+    warmup: int
+    latency: LatencyStats
+    duration_s: float
+    throughput_fps: float
+    peak_rss_mb: float
+    runner: dict[str, Any]
+    budget_ms: float | None
+    budget_source: str
+    on_target_device: bool  # False when the host ran it on a fallback device or another machine class
+
+    @property
+    def verdict(self) -> str:
+        if self.budget_ms is None:
+            return "no budget"
+        return "pass" if self.latency.p99_ms <= self.budget_ms else "fail"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": self.bundle, "target": self.target, "load_ms": round(self.load_ms, 3),
+            "first_inference_ms": round(self.first_inference_ms, 3), "warmup": self.warmup,
+            "latency": self.latency.to_json(), "duration_s": round(self.duration_s, 3),
+            "throughput_fps": round(self.throughput_fps, 2), "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "runner": self.runner, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
+            "verdict": self.verdict, "on_target_device": self.on_target_device,
+        }
+
+
+def peak_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def random_feeds(runner: Runner, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in runner.inputs:
+        if not t.is_static:
+            raise EdgeError(f"input {t.name!r} has dynamic shape {list(t.shape)}; benchmark needs static shapes")
+        dt = np.dtype(t.dtype)
+        feeds[t.name] = (rng.standard_normal(t.shape).astype(dt) if np.issubdtype(dt, np.floating)
+                         else np.zeros(t.shape, dtype=dt))
+    return feeds
+
+
+def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None = None, duration_s: float | None = None,
+                  warmup: int = 10, budget_ms: float | None = None, budget_source: str = "none",
+                  feeds: Mapping[str, np.ndarray] | None = None, bundle: str | None = None,
+                  target: str | None = None, on_target_device: bool = True,
+                  progress: Callable[[int, int | None], None] | None = None) -> BenchReport:
+    """Open a runner (timed as load), then measure. Default: 200 iterations."""
+    if iterations is not None and duration_s is not None:
+        raise EdgeError("give either --iterations or --duration, not both")
+    if iterations is None and duration_s is None:
+        iterations = 200
+    if (iterations is not None and iterations < 1) or (duration_s is not None and duration_s <= 0) or warmup < 0:
+        raise EdgeError("--iterations and --duration must be positive, --warmup >= 0")
+    t0 = time.perf_counter()
+    runner = open_runner()
+    load_ms = (time.perf_counter() - t0) * 1e3
+    with runner:
+        x = dict(feeds) if feeds is not None else random_feeds(runner)
+        infer = runner.infer
+        t0 = time.perf_counter()
+        infer(x)
+        first_ms = (time.perf_counter() - t0) * 1e3
+        for _ in range(warmup):
+            infer(x)
+        clock = time.perf_counter_ns
+        samples: list[int] = []
+        start = clock()
+        deadline = start + int(duration_s * 1e9) if duration_s is not None else None
+        n = 0
+        while True:
+            t = clock()
+            infer(x)
+            samples.append(clock() - t)
+            n += 1
+            if progress is not None and n % 10 == 0:
+                progress(n, iterations)
+            if iterations is not None and n >= iterations:
+                break
+            if deadline is not None and clock() >= deadline:
+                break
+        wall = (clock() - start) / 1e9
+        info = runner.info.to_json()
+    lat = LatencyStats.from_ms(np.asarray(samples, dtype=np.float64) / 1e6)
+    return BenchReport(bundle=bundle, target=target, load_ms=load_ms, first_inference_ms=first_ms, warmup=warmup,
+                       latency=lat, duration_s=wall, throughput_fps=n / wall if wall > 0 else float("nan"),
+                       peak_rss_mb=peak_rss_mb(), runner=info, budget_ms=budget_ms, budget_source=budget_source,
+                       on_target_device=on_target_device)

@@ -1,0 +1,52 @@
+"""The ``edgekit`` command: a thin typer layer over the ``edge`` library.
+
+One module per command group. Commands parse, call one library function, and render a rich
+table or ``--json``. ``EdgeError`` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import typer
+
+import edge
+from edge.cli import bench as _bench
+from edge.cli import convert as _convert
+from edge.cli import deploy as _deploy
+from edge.cli import doctor as _doctor
+from edge.cli import targets as _targets
+from edge.cli._common import command
+
+app = typer.Typer(
+    name="edgekit",
+    help="Convert a model for an edge device, prove it computes the same thing, benchmark it "
+         "against a frame budget, and ship a verified bundle.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"edgekit {edge.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                                 help="Print the version and exit.")) -> None:
+    """edgekit: models to edge devices, verified."""
+
+
+app.add_typer(_targets.app, name="targets")
+app.command("doctor")(command(_doctor.doctor_cmd))
+app.command("convert")(command(_convert.convert_cmd))
+app.command("bench")(command(_bench.bench_cmd))
+app.command("deploy")(command(_deploy.deploy_cmd))
+app.command("rollback")(command(_deploy.rollback_cmd))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    app(args=list(argv) if argv is not None else None, prog_name="edgekit")

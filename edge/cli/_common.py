@@ -1,0 +1,64 @@
+"""What the command modules share: consoles, JSON output, common options."""
+
+from __future__ import annotations
+
+import functools
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from edge.errors import EdgeError
+
+console = Console()
+err_console = Console(stderr=True)
+
+TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
+                          "also read from EDGEKIT_TARGETS_PATH.", show_default=False)
+JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+
+
+def dirs(values: Optional[List[Path]]) -> list[Path]:
+    return list(values or [])
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner that shows the current step of a long operation (quiet in --json mode)."""
+    if not enabled:
+        yield lambda _msg: None
+        return
+    with err_console.status("starting") as status:
+        def say(msg: str) -> None:
+            status.update(msg)
+            err_console.log(msg, highlight=False)
+        yield say
+
+
+def fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(fn: F) -> F:
+    """An ``EdgeError`` becomes one line on stderr and exit code 2; other exceptions are bugs and keep their traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EdgeError as e:
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,71 @@
+"""``edgekit bench``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from edge.bench import run_benchmark
+from edge.bundle import Bundle
+from edge.cli._common import JsonOut, console, err_console, fmt_ms, print_json
+from edge.stats import budget_from
+
+Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
+BudgetMs = typer.Option(None, "--budget-ms", help="Frame budget in milliseconds.", show_default=False)
+
+
+def render_bench(r: dict[str, Any]) -> None:
+    run = r["runner"]
+    lat = r["latency"]
+    t = Table(title=f"bench {r['bundle']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("runtime", f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
+                         + (f", {run['threads']} threads" if run.get("threads") else ""))
+    if run.get("fallback"):
+        t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
+    t.add_row("load", f"{r['load_ms']:.1f} ms (first inference {r['first_inference_ms']:.2f} ms)")
+    t.add_row("iterations", f"{lat['count']} in {r['duration_s']:.2f} s after {r['warmup']} warm-up")
+    t.add_row("latency ms", f"p50 {fmt_ms(lat['p50_ms'])}  p90 {fmt_ms(lat['p90_ms'])}  p99 {fmt_ms(lat['p99_ms'])}  "
+                            f"max {fmt_ms(lat['max_ms'])}  mean {fmt_ms(lat['mean_ms'])} ± {fmt_ms(lat['std_ms'])}")
+    t.add_row("throughput", f"{r['throughput_fps']:.1f} inferences/s")
+    t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
+    if r["budget_ms"] is not None:
+        colour = "green" if r["verdict"] == "pass" else "red"
+        extra = "" if r["on_target_device"] else " [yellow](measured on a fallback device: indicative only)[/]"
+        t.add_row("budget", f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms "
+                            f"({r['budget_source']}){extra}")
+    console.print(t)
+
+
+def bench_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory (from `edgekit convert`)."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Timed iterations [default: 200].",
+                                             show_default=False),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Run for this many seconds instead.",
+                                             show_default=False),
+    warmup: int = typer.Option(10, "--warmup", help="Untimed iterations first."),
+    fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
+    record: bool = typer.Option(False, "--record", help="Store the report in the bundle's manifest."),
+    as_json: bool = JsonOut,
+) -> None:
+    """Benchmark a bundle on this host: load time, p50/p90/p99/max latency, throughput, budget verdict (p99)."""
+    b = Bundle.open(bundle)
+    budget, source = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
+    if not as_json:
+        err_console.print(f"benchmarking {b.id} ...", highlight=False)
+    report = run_benchmark(b.open_runner, iterations=iterations, duration_s=duration, warmup=warmup,
+                           budget_ms=budget, budget_source=source, bundle=b.id, target=b.target)
+    report.on_target_device = report.runner.get("fallback") is None
+    data = report.to_json()
+    if record:
+        b.record("benchmark", data)
+    if as_json:
+        print_json(data)
+    else:
+        render_bench(data)
+    if report.verdict == "fail":
+        raise typer.Exit(1)

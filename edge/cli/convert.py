@@ -1,0 +1,90 @@
+"""``edgekit convert``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.table import Table
+
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps
+from edge.convert import convert
+from edge.onnxmodel import parse_input_shapes
+from edge.spec import PRESETS
+
+InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
+                          show_default=False)
+Precision = typer.Option(None, "--precision", "-p", help="fp32, fp16, int8, int8-dynamic (the target says which "
+                         "it allows; default: the target's).", show_default=False)
+Calib = typer.Option(None, "--calib", help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
+                     "or 'random' to quantize on generated inputs (recorded as such).", show_default=False)
+Preprocess = typer.Option("imagenet", "--preprocess", help=f"Pre-processing preset for an image input: "
+                          f"{', '.join(PRESETS)}, or none.")
+Letterbox = typer.Option(None, "--letterbox/--no-letterbox", help="Letterbox instead of plain resize "
+                         "(default: per preset).", show_default=False)
+AcceptParity = typer.Option(False, "--accept-parity-failure", help="Keep a bundle that fails parity "
+                            "(recorded in the manifest).")
+
+
+def convert_kwargs(input_shape: Optional[List[str]], precision: Optional[str], calib: Optional[str],
+                   preprocess: str, letterbox: Optional[bool], targets_dir: Optional[List[Path]]) -> dict[str, Any]:
+    return {"input_shapes": parse_input_shapes(input_shape or []), "precision": precision, "calib": calib,
+            "preprocess": preprocess, "letterbox": letterbox, "targets_dir": dirs(targets_dir)}
+
+
+def render_bundle(bundle: Any) -> None:
+    m = bundle.manifest
+    t = Table(title=f"bundle {bundle.id}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    t.add_row("path", str(bundle.path))
+    t.add_row("target", f"{m['target']['name']} ({m['target']['title']})")
+    t.add_row("precision", m["precision"] + (f", calibration: {m['calibration']['kind']} "
+                                             f"{m['calibration']['source']} ({m['calibration']['count']})"
+                                             if m.get("calibration") else ""))
+    t.add_row("chain", " → ".join(f"{c['converter']} ({', '.join(f'{k} {v}' for k, v in c['tool_versions'].items())})"
+                                  for c in m["chain"]))
+    for a in m["artifacts"]:
+        t.add_row("artifact", f"{a['path']}  {a['bytes'] / 1e6:.2f} MB  sha256 {a['sha256'][:16]}…")
+    io = bundle.io
+    t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
+    t.add_row("outputs", "; ".join(x.describe() for x in io.outputs))
+    par = m.get("parity") or {}
+    if par.get("skipped"):
+        t.add_row("parity", f"[yellow]not run[/]: {par['skipped']}")
+    else:
+        verdict = "[green]pass[/]" if par["passed"] else "[red]FAIL (accepted)[/]"
+        cand = par["candidate"]
+        t.add_row("parity", f"{verdict} on {par['samples']} {par['inputs']} inputs, {cand['device_used']} "
+                            f"computing in {cand['precision_used']}"
+                            + (f" [yellow](fallback: {cand['fallback']})[/]" if cand.get("fallback") else ""))
+        for o in par["outputs"]:
+            top1 = f", top-1 {o['top1']:.1%}" if o["top1"] is not None else ""
+            t.add_row(f"  {o['name']}", f"cosine {o['cosine']:.6f}, max abs {o['max_abs']:.4g}, "
+                                        f"mean abs {o['mean_abs']:.4g}{top1}")
+    console.print(t)
+
+
+def convert_cmd(
+    model: Path = typer.Argument(..., help="Source model (.onnx)."),
+    target: str = typer.Option(..., "--target", "-t", help="Target profile, e.g. x86-cpu, intel-igpu (see `edgekit targets`)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Bundle directory "
+                                          "[default: build/<model>-<target>-<precision>]", show_default=False),
+    precision: Optional[str] = Precision, calib: Optional[str] = Calib,
+    input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    accept_parity_failure: bool = AcceptParity,
+    parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against onnxruntime fp32."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --output."),
+    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+) -> None:
+    """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
+    kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
+    out = output or Path("build") / f"{model.stem}-{target}-{precision or 'default'}"
+    with steps(not as_json) as say:
+        bundle = convert(model, target, out, accept_parity_failure=accept_parity_failure,
+                         parity_samples=parity_samples, force=force, on_step=say, **kwargs)
+    if as_json:
+        print_json({"bundle": str(bundle.path), "manifest": bundle.manifest})
+    else:
+        render_bundle(bundle)

@@ -1,0 +1,66 @@
+"""``edgekit deploy`` and ``edgekit rollback``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from edge.cli._common import JsonOut, TargetsDir, console, err_console, print_json, steps
+from edge.cli.bench import BudgetMs, Fps, render_bench
+from edge.cli.convert import AcceptParity, Calib, InputShape, Letterbox, Precision, Preprocess, convert_kwargs, render_bundle
+from edge.deploy import deploy, rollback
+
+EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"
+
+
+def deploy_cmd(
+    model: Optional[Path] = typer.Argument(None, help="Source model (.onnx). Omitted: the built-in example "
+                                           "MobileNetV2 (deterministic weights), written to build/example/."),
+    target: str = typer.Option("x86-cpu", "--target", "-t", help="Target profile (see `edgekit targets`)."),
+    device: str = typer.Option("devices/local", "--device", "-d", help="Device store: a directory, or "
+                               "ssh://user@host/path."),
+    precision: Optional[str] = Precision, calib: Optional[str] = Calib,
+    input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
+    fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
+    build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Where the bundle is built "
+                                             "[default: build/<model>-<target>].", show_default=False),
+    accept_parity_failure: bool = AcceptParity,
+    accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
+    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+) -> None:
+    """Convert, check parity, benchmark on this host (when the target's runtime runs here), and ship to DEVICE."""
+    if model is None:
+        from edge.samples import build_mobilenet_v2
+
+        model = EXAMPLE_MODEL
+        if not model.exists():
+            build_mobilenet_v2(model)
+        if not as_json:
+            err_console.print(f"no model given: using the built-in example MobileNetV2 at {model}", highlight=False)
+    kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
+    with steps(not as_json) as say:
+        result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
+                        budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
+                        accept_budget_failure=accept_budget_failure, on_step=say, **kwargs)
+    if as_json:
+        print_json(result.to_json())
+        return
+    render_bundle(result.bundle)
+    if result.benchmark:
+        render_bench(result.benchmark)
+    for n in result.notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    console.print(f"[green]shipped[/] {result.bundle.id} → {result.shipped_to}", highlight=False)
+
+
+def rollback_cmd(device: str = typer.Option(..., "--device", "-d", help="Device store (directory or ssh://...)."),
+                 as_json: bool = JsonOut) -> None:
+    """Switch the device store back to its previous bundle (atomically)."""
+    bid = rollback(device)
+    if as_json:
+        print_json({"device": device, "current": bid})
+    else:
+        console.print(f"rolled back: {device} now runs {bid}", highlight=False)

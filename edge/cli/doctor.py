@@ -1,0 +1,29 @@
+"""``edgekit doctor``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+from rich.table import Table
+
+from edge.capabilities import current_host
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json
+from edge.doctor import doctor
+
+
+def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut) -> None:
+    """Per target: can this host convert for it? run it? What is missing, and the install command."""
+    health = doctor(dirs(targets_dir))
+    host = current_host()
+    if as_json:
+        print_json({"host": host.describe(), "targets": [h.to_json() for h in health]})
+        return
+    t = Table(title=f"edgekit doctor: this host is {host.describe()}")
+    for col in ("target", "convert here", "run here", "what is missing"):
+        t.add_column(col, overflow="fold")
+    for h in health:
+        missing = list(h.convert_problems) + ([h.run_problem] if h.run_problem else [])
+        t.add_row(h.target.name, "[green]yes[/]" if h.can_convert else "[red]no[/]",
+                  "[green]yes[/]" if h.can_run else "[yellow]no[/]", "\n".join(missing) or "-")
+    console.print(t)

@@ -1,0 +1,72 @@
+"""The converter contract.
+
+A converter turns one artifact format into another. It declares, as class data, the
+formats, the precisions it supports, what it needs on the host and the options it reads,
+so the planner and ``doctor`` can answer before any work starts. Its heavy SDK is imported
+inside ``convert``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from edge.capabilities import Host, Requirement, problems
+from edge.errors import ConversionError
+from edge.registry import Registry, did_you_mean
+from edge.spec import Calibration, IOSpec, PreprocessSpec
+
+
+@dataclass(frozen=True)
+class ConversionRequest:
+    source: Path  # the input artifact of this step
+    workdir: Path  # an empty directory the converter writes into
+    precision: str
+    io: IOSpec  # static I/O of the source
+    preprocess: PreprocessSpec | None = None
+    calibration: Calibration | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConversionResult:
+    artifact: Path  # the primary artifact (what the next step or the runner loads)
+    format: str
+    files: list[Path]  # every file produced, the primary one included
+    tool_versions: dict[str, str]
+    details: dict[str, Any] = field(default_factory=dict)  # the recipe actually applied
+    notes: list[str] = field(default_factory=list)
+
+
+class Converter(ABC):
+    name: ClassVar[str]
+    source_format: ClassVar[str]
+    target_format: ClassVar[str]
+    precisions: ClassVar[frozenset[str]]
+    requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: option name -> one-line description; anything else in the profile is an error
+    options: ClassVar[Mapping[str, str]] = {}
+    #: precisions that need calibration samples
+    calibrated_precisions: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def problems(cls, host: Host | None = None) -> list[str]:
+        return problems(cls.requires, host)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        bad = [k for k in options if k not in cls.options]
+        if bad:
+            raise ConversionError(
+                f"converter {cls.name!r} does not take option(s) "
+                + ", ".join(f"{k!r} ({did_you_mean(k, list(cls.options))}".rstrip("? ") + ")" for k in bad)
+                + f"; it takes: {', '.join(cls.options) or 'none'}"
+            )
+
+    @abstractmethod
+    def convert(self, request: ConversionRequest) -> ConversionResult: ...
+
+
+CONVERTERS: Registry[Converter] = Registry("edgekit.converters", "converter")

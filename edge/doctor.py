@@ -1,0 +1,37 @@
+"""``doctor``: per target, can this host convert for it, can it run it, and what is missing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from edge.capabilities import Host, current_host
+from edge.convert import conversion_problems, runnable_here
+from edge.targets import TargetProfile, load_targets
+
+
+@dataclass(frozen=True)
+class TargetHealth:
+    target: TargetProfile
+    convert_problems: tuple[str, ...]
+    run_problem: str | None
+
+    @property
+    def can_convert(self) -> bool:
+        return not self.convert_problems
+
+    @property
+    def can_run(self) -> bool:
+        return self.run_problem is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target.name, "can_convert": self.can_convert, "convert_problems": list(self.convert_problems),
+                "can_run": self.can_run, "run_problem": self.run_problem, "runner": self.target.runner,
+                "chain": [s.converter for s in self.target.chain]}
+
+
+def doctor(targets_dir: Iterable[str | os.PathLike[str]] = (), host: Host | None = None) -> list[TargetHealth]:
+    host = host or current_host()
+    return [TargetHealth(t, tuple(conversion_problems(t, host)), runnable_here(t, host))
+            for t in load_targets(targets_dir).values()]

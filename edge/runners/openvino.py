@@ -1,0 +1,262 @@
+"""OpenVINO runner: the first available device of the profile's list, the precision read back.
+
+Two OpenVINO behaviours this runner makes visible instead of silent:
+
+* device choice: the profile lists devices in order of preference (``["GPU", "CPU"]``);
+  the first one present in ``Core.available_devices`` is used and a fallback is recorded
+  as a sentence in ``RunnerInfo.fallback``;
+* compute precision: OpenVINO's CPU plugin computes in bf16 by default on CPUs with AMX
+  (and f16 on GPUs), whatever the IR's weights are. ``inference_precision = "bundle"``
+  pins f32 for fp32 bundles and leaves the device default otherwise; what the compiled
+  model actually uses is read back from ``INFERENCE_PRECISION_HINT``.
+
+``import openvino`` sends a usage event to Google Analytics by default (opt-out telemetry,
+see :func:`disable_openvino_telemetry`); this module turns that off before importing it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from edge.capabilities import Requirement, env_flag
+from edge.errors import EdgeError, HardwareUnavailableError
+from edge.runners.base import Runner, RunnerInfo
+from edge.spec import TensorSpec, image_layout
+
+OPENVINO_REQUIREMENT = Requirement("python", "openvino", install="pip install 'edgekit-ml[openvino]'")
+
+#: set to 1 to leave OpenVINO's / NNCF's own telemetry as the user configured it
+TELEMETRY_ENV = "EDGEKIT_OPENVINO_TELEMETRY"
+
+_PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+_PRECISIONS = ("bundle", "f32", "f16", "bf16")
+# devices that are not listed in available_devices but that OpenVINO resolves itself
+_VIRTUAL_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
+
+_telemetry_state: str | None = None
+
+
+def disable_openvino_telemetry() -> str:
+    """Stop OpenVINO and NNCF from sending usage telemetry from this process; say what was done.
+
+    What happens without it (openvino 2026.4, openvino-telemetry 2025.2, nncf 3.4): ``import
+    openvino`` initialises the ``openvino_telemetry.Telemetry`` singleton with
+    ``enable_opt_in_dialog=False`` (consent is assumed when ``~/intel/openvino_telemetry``
+    does not exist), writes a client id to ``~/intel/openvino_ga_cid`` and sends an
+    "import" event to Google Analytics from a forked helper process (3 s timeout);
+    ``ov.convert_model`` and ``nncf.quantize`` send more events through the same
+    singleton. There is no environment variable for it: the documented switch is
+    ``opt_in_out --opt_out``, which writes ``0`` into ``~/intel/openvino_telemetry`` for
+    every OpenVINO tool of the user, so edgekit does not do that. Instead it makes the
+    consent check of this process answer "declined" (``OptInChecker.check``) before
+    OpenVINO is imported, and clears the consent of an already created singleton.
+    ``disable_in_ci`` (``CI=true``) would also work but changes other tools' behaviour.
+
+    Set ``EDGEKIT_OPENVINO_TELEMETRY=1`` to leave telemetry as OpenVINO configures it.
+    Idempotent and cheap; call it before ``import openvino`` / ``import nncf``.
+    """
+    global _telemetry_state
+    if _telemetry_state is not None:
+        return _telemetry_state
+    if env_flag(TELEMETRY_ENV):
+        _telemetry_state = f"left as configured by OpenVINO ({TELEMETRY_ENV}=1)"
+        return _telemetry_state
+    try:
+        from openvino_telemetry import Telemetry
+        from openvino_telemetry.utils import opt_in_checker
+    except ImportError:
+        _telemetry_state = "off (openvino-telemetry is not installed)"
+        return _telemetry_state
+    try:
+        declined = opt_in_checker.ConsentCheckResult.DECLINED
+
+        def _declined(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return declined
+
+        opt_in_checker.OptInChecker.check = _declined  # every later Telemetry.init() declines
+        existing = getattr(Telemetry, "_SingletonMetaClass__single_instance", None)
+        if existing is not None:  # openvino was imported before edgekit could intervene
+            existing.consent = False
+        _telemetry_state = "off for this process (edgekit declined consent)"
+    except Exception as e:  # noqa: BLE001 - an unknown openvino-telemetry layout must not break inference
+        _telemetry_state = f"could not be turned off ({type(e).__name__}: {e})"
+    return _telemetry_state
+
+
+def _as_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def _match_device(wanted: str, available: list[str]) -> str | None:
+    """The device name to compile on for ``wanted``, or None when it is not present.
+
+    ``GPU`` matches ``GPU`` or ``GPU.0``/``GPU.1`` (OpenVINO resolves ``GPU`` to its first
+    GPU); ``GPU.1`` matches only itself. AUTO/HETERO/MULTI/BATCH are virtual and pass through.
+    """
+    base = wanted.split(":", 1)[0].split(".", 1)[0].upper()
+    if base in _VIRTUAL_DEVICES:
+        return wanted
+    for a in available:
+        if a == wanted or ("." not in wanted and a.split(".", 1)[0] == wanted):
+            return wanted
+    return None
+
+
+def _spec(port: Any) -> TensorSpec:
+    pshape = port.get_partial_shape()
+    shape = tuple(int(d.get_length()) if d.is_static else str(d) for d in pshape)
+    return TensorSpec(port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name,
+                      image_layout(shape))
+
+
+class OpenVINORunner(Runner):
+    name = "openvino"
+    formats = ("openvino-ir",)
+    requires = (OPENVINO_REQUIREMENT,)
+    options = {
+        "device": "OpenVINO devices in order of preference, e.g. [GPU, CPU] (default [CPU]); "
+                  "the first one present is used and a fallback is recorded",
+        "performance_hint": "LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT",
+        "inference_precision": "bundle (default: f32 for fp32 bundles, the device's default otherwise), "
+                               "or force f32, f16 or bf16",
+        "num_threads": "CPU inference threads; 0 = OpenVINO's default",
+    }
+
+    def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
+        super().__init__(artifact, options=options, precision=precision)
+        self._request: Any = None
+        self._compiled: Any = None
+        telemetry = disable_openvino_telemetry()
+        import openvino as ov
+        import openvino.properties as props
+        import openvino.properties.hint as hints
+
+        opts = self._options
+        wanted = _as_list(opts.get("device", ["CPU"]))
+        if not wanted:
+            raise EdgeError("runner 'openvino': option device is empty", hint="e.g. device = [\"GPU\", \"CPU\"]")
+        hint = str(opts.get("performance_hint", "LATENCY")).upper()
+        if hint not in _PERFORMANCE_HINTS:
+            raise EdgeError(f"runner 'openvino': performance_hint must be one of {', '.join(_PERFORMANCE_HINTS)}, "
+                            f"got {opts.get('performance_hint')!r}")
+        precision_opt = str(opts.get("inference_precision", "bundle")).lower()
+        if precision_opt not in _PRECISIONS:
+            raise EdgeError(f"runner 'openvino': inference_precision must be one of {', '.join(_PRECISIONS)}, "
+                            f"got {opts.get('inference_precision')!r}")
+        try:
+            threads = int(opts.get("num_threads", 0))
+        except (TypeError, ValueError):
+            threads = -1
+        if threads < 0:
+            raise EdgeError(f"runner 'openvino': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
+
+        version = ov.get_version()
+        short_version = version.split("-", 1)[0]
+        core = ov.Core()
+        available = list(core.available_devices)
+        device = None
+        for w in wanted:
+            device = _match_device(w, available)
+            if device is not None:
+                break
+        if device is None:
+            raise HardwareUnavailableError(
+                f"none of the OpenVINO devices {', '.join(wanted)} is present on this host "
+                f"(OpenVINO {short_version} sees: {', '.join(available) or 'none'})",
+                hint="install the device's driver/plugin, or add CPU to the runner's device list",
+            )
+        fallback = None
+        if device != wanted[0]:
+            fallback = (f"asked for OpenVINO device {wanted[0]}, which is not present "
+                        f"(available: {', '.join(available) or 'none'}); using {device}")
+
+        xml = self.artifact
+        if xml.is_dir():
+            xml = xml / "model.xml"
+        try:
+            model = core.read_model(str(xml))
+        except Exception as e:
+            raise EdgeError(f"OpenVINO could not read {xml}: {type(e).__name__}: {str(e)[:300]}") from e
+
+        supported: set[str] = set()
+        try:
+            supported = set(core.get_property(device, props.supported_properties))
+        except Exception:  # noqa: BLE001 - virtual devices: pass everything, let compile decide
+            supported = {"PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
+        ignored: list[str] = []
+        config: dict[Any, Any] = {hints.performance_mode: getattr(hints.PerformanceMode, hint)}
+        target_precision = {"bundle": "f32" if self.precision == "fp32" else None}.get(precision_opt, precision_opt)
+        if target_precision is not None:
+            if "INFERENCE_PRECISION_HINT" in supported:
+                config[hints.inference_precision] = getattr(ov.Type, target_precision)
+            else:
+                ignored.append(f"inference_precision {target_precision} ({device} has no INFERENCE_PRECISION_HINT)")
+        if threads > 0:
+            if "INFERENCE_NUM_THREADS" in supported:
+                config[props.inference_num_threads] = threads
+            else:
+                ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
+        try:
+            compiled = core.compile_model(model, device, config)
+        except Exception as e:
+            raise EdgeError(f"OpenVINO could not compile {xml} for {device}: {type(e).__name__}: {str(e)[:300]}") from e
+
+        def read(key: Any) -> Any:
+            try:
+                return compiled.get_property(key)
+            except Exception:  # noqa: BLE001 - not every device reports every property
+                return None
+
+        used_devices = read(props.execution_devices)
+        device_used = ",".join(used_devices) if used_devices else device
+        precision_read = read(hints.inference_precision)
+        precision_used = precision_read.get_type_name() if precision_read is not None else "unknown"
+        threads_read = read(props.inference_num_threads)
+        streams = read(props.num_streams)
+
+        self._compiled = compiled
+        self._request = compiled.create_infer_request()
+        self._input_names = [p.get_any_name() for p in compiled.inputs]
+        self._output_ports = list(compiled.outputs)
+        self._output_names = [p.get_any_name() for p in self._output_ports]
+        self.inputs = tuple(_spec(p) for p in compiled.inputs)
+        self.outputs = tuple(_spec(p) for p in self._output_ports)
+        details: dict[str, Any] = {
+            "openvino_version": version,
+            "device_preference": wanted,
+            "available_devices": available,
+            "performance_hint": str(read(hints.performance_mode) or hint),
+            "num_streams": int(streams) if streams is not None else None,
+            "inference_precision_option": precision_opt,
+            "telemetry": telemetry,
+        }
+        if ignored:
+            details["ignored_options"] = ignored
+        self.info = RunnerInfo(
+            runtime=f"openvino {short_version}",
+            device_requested=wanted[0],
+            device_used=device_used,
+            precision_used=precision_used,
+            threads=int(threads_read) if threads_read else None,
+            fallback=fallback,
+            details=details,
+        )
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # share_inputs: no input copy (arrays must stay alive only during this call); the result
+        # of infer() holds copies of the outputs (share_outputs=False), so the request's
+        # buffers can be reused by the next call.
+        req = self._request
+        if req is None:
+            raise EdgeError(f"runner 'openvino' for {self.artifact} is closed")
+        # OVDict.values() is in the compiled model's output order (indexing it by port costs ~2 us)
+        return dict(zip(self._output_names, req.infer(feeds, share_inputs=True).values()))
+
+    def close(self) -> None:
+        self._request = None
+        self._compiled = None

@@ -1,0 +1,98 @@
+"""ONNX Runtime runner: providers and threads from the profile, the providers actually used recorded.
+
+onnxruntime lists execution providers as *available* that then fail to initialise (e.g.
+onnxruntime-gpu's TensorRT/CUDA providers on a host without a GPU) and silently runs on the
+CPU; the runner therefore reads ``session.get_providers()`` after creation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from edge.capabilities import Requirement
+from edge.errors import EdgeError, HardwareUnavailableError
+from edge.runners.base import Runner, RunnerInfo
+from edge.spec import TensorSpec, image_layout
+
+_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+           "all": "ORT_ENABLE_ALL"}
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(int32)": "int32",
+    "tensor(int64)": "int64", "tensor(bool)": "bool",
+}
+
+
+class OnnxRuntimeRunner(Runner):
+    name = "onnxruntime"
+    formats = ("onnx",)
+    requires = (Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'"),)
+    options = {
+        "providers": "execution providers in order of preference (default [CPUExecutionProvider])",
+        "intra_op_num_threads": "threads inside an op; 0 = onnxruntime's default (one per physical core)",
+        "graph_optimization_level": "disable, basic, extended or all (default all)",
+    }
+
+    def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
+        super().__init__(artifact, options=options, precision=precision)
+        import onnxruntime as ort
+
+        opts = self._options
+        wanted = list(opts.get("providers", ["CPUExecutionProvider"]))
+        available = ort.get_available_providers()
+        usable = [p for p in wanted if p in available]
+        if not usable:
+            raise HardwareUnavailableError(
+                f"none of the execution providers {wanted} is available in onnxruntime {ort.__version__} "
+                f"(available: {', '.join(available)})",
+                hint="install the onnxruntime build for that provider, e.g. onnxruntime-gpu or onnxruntime-openvino",
+            )
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        threads = int(opts.get("intra_op_num_threads", 0))
+        so.intra_op_num_threads = threads
+        level = opts.get("graph_optimization_level", "all")
+        if level not in _LEVELS:
+            raise EdgeError(f"graph_optimization_level must be one of {', '.join(_LEVELS)}, got {level!r}")
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+        try:
+            self._session = ort.InferenceSession(str(self.artifact), so, providers=usable)
+        except Exception as e:
+            raise EdgeError(f"onnxruntime could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
+        used = self._session.get_providers()
+        fallback = None
+        if used[0] != wanted[0]:
+            fallback = (f"asked for {wanted[0]}, onnxruntime is using {used[0]} "
+                        f"(available in this build: {', '.join(available)})")
+        self.inputs = tuple(_spec(a) for a in self._session.get_inputs())
+        self.outputs = tuple(_spec(a) for a in self._session.get_outputs())
+        self._output_names = [o.name for o in self.outputs]
+        self.info = RunnerInfo(
+            runtime=f"onnxruntime {ort.__version__}",
+            device_requested=wanted[0],
+            device_used=used[0],
+            precision_used=_precision_used(self.precision),
+            threads=threads or None,  # None: onnxruntime default (one per physical core)
+            fallback=fallback,
+            details={"providers": used, "graph_optimization_level": level},
+        )
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self._output_names, self._session.run(self._output_names, feeds)))
+
+    def close(self) -> None:
+        self._session = None  # type: ignore[assignment]
+
+
+def _spec(arg: Any) -> TensorSpec:
+    shape = tuple(d if isinstance(d, int) else str(d) for d in arg.shape)
+    return TensorSpec(arg.name, shape, _ORT_TYPES.get(arg.type, arg.type), image_layout(shape))
+
+
+def _precision_used(bundle_precision: str) -> str:
+    # The CPU provider computes exactly what the graph says: fp16 graphs in fp16 (or fp32 with
+    # inserted casts), QDQ graphs in int8 kernels where it fuses them, fp32 otherwise.
+    return {"fp32": "f32", "fp16": "f16", "int8": "int8 (QDQ)", "int8-dynamic": "int8 (dynamic)"}.get(bundle_precision, bundle_precision)

@@ -1,0 +1,314 @@
+"""Deterministic, offline example ONNX models for demos, benchmarks and tests.
+
+Each builder writes a self-contained ``.onnx`` file made with ``onnx.helper`` and numpy
+only (no torch, no downloads). Weights come from ``numpy.random.default_rng(seed)`` and
+BatchNorm statistics from a float64 numpy forward pass over a few N(0, 1) inputs, so the
+same arguments give byte-identical files (the float64 pass is rounded to float32 at the
+end, which hides BLAS-kernel differences in practice). The weights are *random*:
+realistic architecture, operator mix and activation ranges, meaningless predictions.
+
+Needs ``onnx`` (the ``edgekit-ml[onnx]`` extra); nothing imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["build_mobilenet_v2", "build_tiny_cnn", "build_two_input_model"]
+
+_BN_EPS = 1e-5
+# MobileNetV2 body (Sandler et al., 2018, table 2): expansion t, channels c, repeats n, stride s.
+_MOBILENET_V2_SETTINGS = (
+    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+    (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+)
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+# BatchNorm gamma of the last conv of a residual branch: keeps the variance of the
+# residual stream bounded (cf. zero-initialised residual gammas in ResNets).
+_RESIDUAL_GAMMA = 0.5
+# BatchNorm gamma before ReLU6: pre-activations with std ~2 so that Clip(0, 6) saturates
+# now and then (~0.5 % of values), as in trained MobileNets; a converter that drops the
+# upper bound then shows up in parity checks.
+_RELU6_GAMMA = 2.0
+_CALIBRATION_BATCH = 4
+_LOGIT_STD = 3.0
+
+
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    """Round a channel count as the reference MobileNetV2 does (multiple of ``divisor``)."""
+    new_value = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    if new_value < 0.9 * value:  # never round down by more than 10 %
+        new_value += divisor
+    return new_value
+
+
+def _conv2d(x: np.ndarray, w: np.ndarray, stride: int, groups: int) -> np.ndarray:
+    """NCHW convolution with "same" padding (k // 2), for dense or depthwise weights."""
+    n, c, h, wd = x.shape
+    k = w.shape[-1]
+    pad = k // 2
+    ho, wo = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
+    out = np.zeros((n, w.shape[0], ho, wo))
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, :, i : i + stride * ho : stride, j : j + stride * wo : stride]
+            if groups == 1:
+                out += np.matmul(w[:, :, i, j], patch.reshape(n, c, -1)).reshape(out.shape)
+            else:  # depthwise: groups == in channels == out channels
+                out += w[None, :, 0, i, j, None, None] * patch
+    return out
+
+
+class _GraphBuilder:
+    """Accumulates nodes and initializers while running a float64 numpy forward pass.
+
+    The forward pass over a small calibration batch of N(0, 1) inputs supplies the
+    BatchNorm statistics that get folded into each conv, as a trained network's running
+    statistics would, so activations stay in a sane range at any depth. All random draws
+    go through one generator, so a seed fixes the whole model.
+    """
+
+    def __init__(self, seed: int, opset: int, inputs: dict[str, tuple[int, ...]]) -> None:
+        if opset < 11:
+            raise ValueError(f"opset {opset} is too old: these models need opset >= 11 (Clip)")
+        self.opset = opset
+        self.rng = np.random.default_rng(seed)
+        self.values = {k: self.rng.standard_normal(shape) for k, shape in inputs.items()}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._counts: dict[str, int] = {}
+        self._relu6_bounds: list[str] = []
+
+    def _name(self, prefix: str) -> str:
+        index = self._counts.get(prefix, 0)
+        self._counts[prefix] = index + 1
+        return f"{prefix}_{index}"
+
+    def param(self, name: str, array: np.ndarray) -> str:
+        """Add a float32 initializer and return its name."""
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str | None = None, **attrs: object) -> str:
+        """Append one node (named after its single output) and return the output name."""
+        output = output or self._name(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    def conv(
+        self, x: str, cin: int, cout: int, *, kernel: int = 1, stride: int = 1,
+        groups: int = 1, act: str | None = None, gamma_scale: float = 1.0,
+    ) -> str:
+        """Conv + folded BatchNorm (+ ``"relu"`` or ``"relu6"``); returns the output name.
+
+        He-normal weights; BatchNorm uses the calibration batch's per-channel mean/var
+        and random gamma (about ``gamma_scale``) and beta, folded into weight and bias.
+        """
+        w = self.rng.standard_normal((cout, cin // groups, kernel, kernel))
+        w *= math.sqrt(2.0 / (cin // groups * kernel * kernel))
+        z = _conv2d(self.values[x], w, stride, groups)
+        gamma = gamma_scale * self.rng.uniform(0.75, 1.25, cout)
+        beta = 0.1 * self.rng.standard_normal(cout)
+        scale = gamma / np.sqrt(z.var(axis=(0, 2, 3)) + _BN_EPS)
+        bias = beta - z.mean(axis=(0, 2, 3)) * scale
+        y = z * scale[:, None, None] + bias[:, None, None]
+        name = self._name("conv")
+        weight = self.param(f"{name}.weight", w * scale[:, None, None, None])
+        pad = kernel // 2
+        out = self.node(
+            "Conv", [x, weight, self.param(f"{name}.bias", bias)], output=name,
+            kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4, group=groups,
+        )
+        if act == "relu":
+            out, y = self.node("Relu", [out]), np.maximum(y, 0.0)
+        elif act == "relu6":
+            if not self._relu6_bounds:  # one shared pair of scalar bounds
+                self._relu6_bounds = [self.param("relu6.min", np.array(0.0)),
+                                      self.param("relu6.max", np.array(6.0))]
+            out, y = self.node("Clip", [out, *self._relu6_bounds]), np.clip(y, 0.0, 6.0)
+        self.values[out] = y
+        return out
+
+    def add(self, a: str, b: str) -> str:
+        out = self.node("Add", [a, b])
+        self.values[out] = self.values[a] + self.values[b]
+        return out
+
+    def pool(self, x: str) -> str:
+        """GlobalAveragePool -> Flatten to [N, C]."""
+        out = self.node("Flatten", [self.node("GlobalAveragePool", [x])], axis=1)
+        self.values[out] = self.values[x].mean(axis=(2, 3))
+        return out
+
+    def head(self, x: str, num_classes: int, output: str) -> str:
+        """Pool + Gemm classifier, centred and scaled on the calibration batch.
+
+        The bias cancels the mean pooled feature (otherwise every input gets the same
+        argmax) and the weights are scaled so logits have std ``_LOGIT_STD``.
+        """
+        pooled = self.pool(x)
+        features = self.values[pooled]
+        mean = features.mean(axis=0)
+        w = self.rng.standard_normal((num_classes, mean.size)) / math.sqrt(mean.size)
+        w *= _LOGIT_STD / max(float(np.std((features - mean) @ w.T)), 1e-12)
+        weight = self.param("classifier.weight", w)
+        bias = self.param("classifier.bias", -w @ mean)
+        return self.node("Gemm", [pooled, weight, bias], output=output, transB=1)
+
+    def model(
+        self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+        *, doc: str, metadata: dict[str, str] | None = None,
+    ) -> onnx.ModelProto:
+        """Assemble the ModelProto (IR version: the oldest that supports the opset)."""
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
+        opset_ids = [helper.make_opsetid("", self.opset)]
+        model = helper.make_model(
+            graph, opset_imports=opset_ids, producer_name="edgekit.samples", doc_string=doc,
+            ir_version=helper.find_min_ir_version_for(opset_ids),
+        )
+        helper.set_model_props(model, {"name": name, **(metadata or {})})
+        return model
+
+
+def _save(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+    onnx.checker.check_model(model, full_check=True)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(model.SerializeToString())
+    return out
+
+
+def _float_input(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def build_mobilenet_v2(
+    path: str | os.PathLike[str],
+    *,
+    num_classes: int = 1000,
+    input_size: int = 224,
+    width_mult: float = 1.0,
+    seed: int = 0,
+    opset: int = 17,
+) -> Path:
+    """Write a MobileNetV2 classifier with deterministic random weights to ``path``.
+
+    The architecture follows the reference MobileNetV2 (torchvision layout): a 3x3/2
+    stem, inverted-residual blocks (1x1 expand, 3x3 depthwise, 1x1 linear projection;
+    expansion 6 except the first block) from the standard (t, c, n, s) table, residual
+    ``Add`` where stride is 1 and channels match, a 1x1 conv to 1280 channels (scaled by
+    ``width_mult`` when > 1), ``GlobalAveragePool``, ``Flatten`` and a ``Gemm``
+    classifier. ReLU6 is ``Clip(0, 6)``; BatchNorm is folded into the conv weights/bias.
+
+    Input ``"input"``: float32 ``[1, 3, input_size, input_size]``, NCHW, RGB,
+    ImageNet-normalised (``(x / 255 - mean) / std``, mean 0.485/0.456/0.406,
+    std 0.229/0.224/0.225). Output ``"logits"``: float32 ``[1, num_classes]``.
+
+    Weights are He-normal from ``seed``; the folded BatchNorm statistics and the
+    classifier bias come from a numpy forward pass over N(0, 1) inputs, so activations
+    stay in range, ReLU6 saturates now and then, logits have std ~3-5 and different inputs
+    get different argmax classes. Takes about a second at 224x224. Returns the path
+    written; the same arguments give byte-identical files. Needs ``opset >= 11``.
+    """
+    if num_classes < 1 or input_size < 32 or width_mult <= 0:
+        raise ValueError("need num_classes >= 1, input_size >= 32 and width_mult > 0")
+    b = _GraphBuilder(seed, opset, {"input": (_CALIBRATION_BATCH, 3, input_size, input_size)})
+    cin = _make_divisible(32 * width_mult)
+    last = _make_divisible(1280 * max(1.0, width_mult))
+    x = b.conv("input", 3, cin, kernel=3, stride=2, act="relu6", gamma_scale=_RELU6_GAMMA)
+    for t, c, n, s in _MOBILENET_V2_SETTINGS:
+        cout = _make_divisible(c * width_mult)
+        for i in range(n):
+            stride = s if i == 0 else 1
+            residual = stride == 1 and cin == cout
+            hidden, y = cin * t, x
+            if t != 1:
+                y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA)
+            y = b.conv(y, hidden, hidden, kernel=3, stride=stride, groups=hidden, act="relu6",
+                       gamma_scale=_RELU6_GAMMA)
+            y = b.conv(y, hidden, cout, gamma_scale=_RESIDUAL_GAMMA if residual else 1.0)
+            x, cin = (b.add(x, y) if residual else y), cout
+    x = b.conv(x, cin, last, act="relu6", gamma_scale=_RELU6_GAMMA)
+    b.head(x, num_classes, "logits")
+    model = b.model(
+        "mobilenetv2-edgekit-example",
+        [_float_input("input", [1, 3, input_size, input_size])],
+        [_float_input("logits", [1, num_classes])],
+        doc=(
+            f"MobileNetV2 (width {width_mult}, {input_size}x{input_size}, {num_classes} classes) "
+            f"built by edge.samples with deterministic random weights (seed {seed}); "
+            "not trained. Input: NCHW float32 RGB, (x/255 - mean)/std with ImageNet "
+            "mean/std. Output: raw logits."
+        ),
+        metadata={
+            "weights": f"deterministic random, seed {seed}",
+            "architecture": f"MobileNetV2 width_mult={width_mult}",
+            "input_layout": "NCHW", "colour_order": "RGB", "scale": "1/255",
+            "mean": ",".join(map(str, _IMAGENET_MEAN)), "std": ",".join(map(str, _IMAGENET_STD)),
+        },
+    )
+    return _save(model, path)
+
+
+def build_tiny_cnn(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    input_size: int = 32,
+    num_classes: int = 10,
+    dynamic_batch: bool = False,
+    opset: int = 17,
+) -> Path:
+    """Write a small CNN (3x Conv+Relu, GlobalAveragePool, Flatten, Gemm) to ``path``.
+
+    Input ``"input"``: float32 ``[1, 3, input_size, input_size]`` (batch is the symbolic
+    dim ``"batch"`` when ``dynamic_batch``); output ``"logits"``: ``[batch, num_classes]``.
+    Meant for fast unit tests (~26 kB, builds in a few ms). Needs ``opset >= 11``.
+    """
+    if num_classes < 1 or input_size < 4:
+        raise ValueError("need num_classes >= 1 and input_size >= 4")
+    b = _GraphBuilder(seed, opset, {"input": (_CALIBRATION_BATCH, 3, input_size, input_size)})
+    x = b.conv("input", 3, 8, kernel=3, act="relu")
+    x = b.conv(x, 8, 16, kernel=3, stride=2, act="relu")
+    x = b.conv(x, 16, 32, kernel=3, stride=2, act="relu")
+    b.head(x, num_classes, "logits")
+    batch: int | str = "batch" if dynamic_batch else 1
+    model = b.model(
+        "tiny-cnn-edgekit-example",
+        [_float_input("input", [batch, 3, input_size, input_size])],
+        [_float_input("logits", [batch, num_classes])],
+        doc=f"Tiny test CNN built by edge.samples with deterministic random weights (seed {seed}).",
+        metadata={"weights": f"deterministic random, seed {seed}"},
+    )
+    return _save(model, path)
+
+
+def build_two_input_model(path: str | os.PathLike[str], *, seed: int = 0, opset: int = 17) -> Path:
+    """Write a tiny two-input, two-output model to ``path`` (for multi-I/O tests).
+
+    Inputs: ``"image"`` float32 ``[1, 3, 16, 16]`` and ``"scale"`` float32 ``[1, 4]``.
+    Outputs: ``"features"`` ``[1, 4]`` = pooled conv features of ``image`` times ``scale``;
+    ``"embedding"`` ``[1, 8]`` = a linear layer applied to ``features``.
+    """
+    b = _GraphBuilder(seed, opset, {"image": (_CALIBRATION_BATCH, 3, 16, 16)})
+    pooled = b.pool(b.conv("image", 3, 4, kernel=3, stride=2, act="relu"))
+    features = b.node("Mul", [pooled, "scale"], output="features")
+    weight = b.param("embedding.weight", b.rng.standard_normal((8, 4)) / 2.0)
+    bias = b.param("embedding.bias", 0.1 * b.rng.standard_normal(8))
+    b.node("Gemm", [features, weight, bias], output="embedding", transB=1)
+    model = b.model(
+        "two-input-edgekit-example",
+        [_float_input("image", [1, 3, 16, 16]), _float_input("scale", [1, 4])],
+        [_float_input("features", [1, 4]), _float_input("embedding", [1, 8])],
+        doc=f"Two-input/two-output test model built by edge.samples (seed {seed}).",
+        metadata={"weights": f"deterministic random, seed {seed}"},
+    )
+    return _save(model, path)

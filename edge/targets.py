@@ -1,0 +1,254 @@
+"""Target profiles: one TOML file per device, validated on load.
+
+Search order: directories given explicitly (``--targets-dir``), then ``EDGEKIT_TARGETS_PATH``
+(``os.pathsep``-separated), then the profiles shipped inside the package. A user profile
+with the same name as a shipped one replaces it; ``TargetProfile.path`` says which file won.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from edge.capabilities import Host, Requirement, current_host, normalize_arch
+from edge.errors import PrecisionError, TargetError
+from edge.registry import did_you_mean
+
+SCHEMA_VERSION = 1
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "q4_k_m", "q4_0", "q5_k_m", "q8_0", "f16")
+ENV_VAR = "EDGEKIT_TARGETS_PATH"
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    converter: str
+    precision: str | None = None  # pinned precision for this step; None = the requested one
+
+
+@dataclass(frozen=True)
+class StepPlace:
+    """Where a step may run: OS and architecture lists, and whether it needs a GPU / the device."""
+
+    os: tuple[str, ...]
+    arch: tuple[str, ...]
+    needs_gpu: bool = False
+    needs_device: bool = False
+
+    def requirements(self) -> list[Requirement]:
+        reqs = [Requirement("os", "|".join(self.os)), Requirement("arch", "|".join(self.arch))]
+        if self.needs_gpu:
+            reqs.append(Requirement("nvidia-gpu", "gpu"))
+        return reqs
+
+    def allows(self, host: Host) -> bool:
+        return host.os in self.os and host.arch in {normalize_arch(a) for a in self.arch}
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    name: str
+    title: str
+    hardware: str
+    runner: str
+    default_precision: str
+    precisions: tuple[str, ...]
+    frame_budget_ms: float
+    chain: tuple[ChainStep, ...]
+    convert_place: StepPlace
+    run_place: StepPlace
+    accelerator: str
+    runtime_options: Mapping[str, Any] = field(default_factory=dict)
+    convert_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    notes: str = ""
+    path: Path | None = None
+
+    def check_precision(self, precision: str) -> str:
+        if precision not in self.precisions:
+            raise PrecisionError(
+                f"target {self.name!r} does not allow precision {precision!r}; "
+                f"{did_you_mean(precision, list(self.precisions))}allowed: {', '.join(self.precisions)}"
+            )
+        return precision
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "hardware": self.hardware,
+            "runner": self.runner,
+            "accelerator": self.accelerator,
+            "default_precision": self.default_precision,
+            "precisions": list(self.precisions),
+            "frame_budget_ms": self.frame_budget_ms,
+            "chain": [{"converter": s.converter, "precision": s.precision} for s in self.chain],
+            "convert": {"os": list(self.convert_place.os), "arch": list(self.convert_place.arch),
+                        "options": {k: dict(v) for k, v in self.convert_options.items()}},
+            "run": {"os": list(self.run_place.os), "arch": list(self.run_place.arch),
+                    "needs_gpu": self.run_place.needs_gpu, "needs_device": self.run_place.needs_device,
+                    "options": dict(self.runtime_options)},
+            "notes": self.notes,
+            "path": str(self.path) if self.path else None,
+        }
+
+
+# --- validation -------------------------------------------------------------------------
+
+_TOP = {
+    "schema_version": int, "name": str, "title": str, "hardware": str, "default_precision": str,
+    "precisions": list, "frame_budget_ms": (int, float), "notes": str, "convert": dict, "run": dict,
+}
+_REQUIRED_TOP = ("schema_version", "name", "title", "hardware", "default_precision", "precisions",
+                 "frame_budget_ms", "convert", "run")
+_CONVERT = {"chain": list, "os": list, "arch": list, "options": dict}
+_RUN = {"runner": str, "accelerator": str, "os": list, "arch": list, "needs_gpu": bool,
+        "needs_device": bool, "options": dict}
+
+
+class _Problems:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.items: list[str] = []
+
+    def add(self, key: str, problem: str) -> None:
+        self.items.append(f"{key}: {problem}")
+
+    def check_table(self, table: Mapping[str, Any], schema: Mapping[str, Any], prefix: str,
+                    required: Sequence[str] = ()) -> None:
+        for key, value in table.items():
+            full = f"{prefix}{key}"
+            if key not in schema:
+                self.add(full, f"unknown key; {did_you_mean(key, list(schema))}allowed: {', '.join(schema)}")
+                continue
+            expected = schema[key]
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                names = expected.__name__ if isinstance(expected, type) else "/".join(t.__name__ for t in expected)
+                self.add(full, f"expected {names}, got {type(value).__name__} {value!r}")
+        for key in required:
+            if key not in table:
+                self.add(f"{prefix}{key}", "missing")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise TargetError(f"invalid target profile {self.path}: " + "; ".join(self.items))
+
+
+def _str_list(p: _Problems, value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not value:
+        p.add(key, f"expected a non-empty list of strings, got {value!r}")
+        return ()
+    return tuple(value)
+
+
+def parse_profile(path: Path) -> TargetProfile:
+    """Read and validate one profile; every problem in the file is reported at once."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TargetError(f"target profile {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TargetError(f"target profile {path} is not valid TOML: {e}") from None
+
+    p = _Problems(path)
+    p.check_table(raw, _TOP, "", _REQUIRED_TOP)
+    conv = raw.get("convert", {}) if isinstance(raw.get("convert"), dict) else {}
+    run = raw.get("run", {}) if isinstance(raw.get("run"), dict) else {}
+    p.check_table(conv, _CONVERT, "convert.", ("chain", "os", "arch"))
+    p.check_table(run, _RUN, "run.", ("runner", "os", "arch"))
+    p.raise_if_any()
+
+    if raw["schema_version"] != SCHEMA_VERSION:
+        p.add("schema_version", f"this edgekit reads schema {SCHEMA_VERSION}, the file has {raw['schema_version']}")
+    if raw["name"] != path.stem:
+        p.add("name", f"{raw['name']!r} must match the file name {path.stem!r}")
+    precisions = _str_list(p, raw["precisions"], "precisions")
+    for prec in precisions:
+        if prec not in PRECISIONS:
+            p.add("precisions", f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}known: {', '.join(PRECISIONS)}")
+    if precisions and raw["default_precision"] not in precisions:
+        p.add("default_precision", f"{raw['default_precision']!r} is not in precisions {list(precisions)}")
+    if not raw["frame_budget_ms"] > 0:
+        p.add("frame_budget_ms", f"must be > 0, got {raw['frame_budget_ms']}")
+
+    chain: list[ChainStep] = []
+    for i, step in enumerate(conv.get("chain", [])):
+        key = f"convert.chain[{i}]"
+        if isinstance(step, str):
+            chain.append(ChainStep(step))
+        elif isinstance(step, dict) and isinstance(step.get("converter"), str) and set(step) <= {"converter", "precision"}:
+            chain.append(ChainStep(step["converter"], step.get("precision")))
+        else:
+            p.add(key, f"expected a converter name or {{converter = ..., precision = ...}}, got {step!r}")
+    if not chain:
+        p.add("convert.chain", "must name at least one converter")
+    options = conv.get("options", {})
+    for conv_name, opts in options.items():
+        if not isinstance(opts, dict):
+            p.add(f"convert.options.{conv_name}", f"expected a table of options, got {opts!r}")
+        elif conv_name not in {s.converter for s in chain}:
+            p.add(f"convert.options.{conv_name}", "options for a converter that is not in convert.chain")
+    convert_place = StepPlace(_str_list(p, conv.get("os"), "convert.os"), _str_list(p, conv.get("arch"), "convert.arch"))
+    run_place = StepPlace(
+        _str_list(p, run.get("os"), "run.os"), _str_list(p, run.get("arch"), "run.arch"),
+        needs_gpu=bool(run.get("needs_gpu", False)), needs_device=bool(run.get("needs_device", False)),
+    )
+    p.raise_if_any()
+    return TargetProfile(
+        name=raw["name"], title=raw["title"], hardware=raw["hardware"], runner=run["runner"],
+        default_precision=raw["default_precision"], precisions=precisions,
+        frame_budget_ms=float(raw["frame_budget_ms"]), chain=tuple(chain),
+        convert_place=convert_place, run_place=run_place, accelerator=run.get("accelerator", ""),
+        runtime_options=dict(run.get("options", {})), convert_options=dict(options),
+        notes=raw.get("notes", ""), path=path,
+    )
+
+
+def builtin_dir() -> Path:
+    """Shipped profiles: ``edge/targets`` in a wheel, ``<repo>/targets`` in a source checkout."""
+    here = Path(__file__).resolve().parent
+    inside = here / "targets"
+    return inside if inside.is_dir() else here.parent / "targets"
+
+
+def search_path(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Path]:
+    dirs = [Path(d) for d in extra_dirs]
+    env = os.environ.get(ENV_VAR, "")
+    dirs += [Path(d) for d in env.split(os.pathsep) if d]
+    for d in dirs:
+        if not d.is_dir():
+            raise TargetError(f"targets directory {d} does not exist",
+                              hint=f"check --targets-dir / {ENV_VAR}")
+    return dirs + [builtin_dir()]
+
+
+def load_targets(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> dict[str, TargetProfile]:
+    """All profiles on the search path, earlier directories winning over later ones."""
+    found: dict[str, TargetProfile] = {}
+    for d in search_path(extra_dirs):
+        for f in sorted(d.glob("*.toml")):
+            if f.stem not in found:
+                found[f.stem] = parse_profile(f)
+    return dict(sorted(found.items()))
+
+
+def get_target(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> TargetProfile:
+    dirs = search_path(extra_dirs)
+    for d in dirs:
+        f = d / f"{name}.toml"
+        if f.is_file():
+            return parse_profile(f)
+    names = sorted({f.stem for d in dirs for f in d.glob("*.toml")})
+    raise TargetError(f"unknown target {name!r}; {did_you_mean(name, names)}known targets: {', '.join(names)}",
+                      hint="add your own with --targets-dir or " + ENV_VAR)
+
+
+def host_can_run(profile: TargetProfile, host: Host | None = None) -> bool:
+    host = host or current_host()
+    return profile.run_place.allows(host) and not profile.run_place.needs_device \
+        and (host.nvidia_gpu or not profile.run_place.needs_gpu)
