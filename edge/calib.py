@@ -24,15 +24,17 @@ def generated_samples(io: IOSpec, pre: PreprocessSpec | None, count: int, seed: 
     standard-normal floats (or zeros for integer tensors) for the others."""
     rng = np.random.default_rng(seed + 1)
     frames = None
+    batch = 1
     if pre is not None:
         prep = Preprocessor(pre)
-        frames = (prep(f)[0] for f in random_frames(count, pre.size[0], pre.size[1], seed))
+        batch = int(io.input(pre.input).shape[0])
+        frames = (prep(f)[0] for f in random_frames(count * batch, pre.size[0], pre.size[1], seed))
     samples = []
     for _ in range(count):
         sample: dict[str, np.ndarray] = {}
         for t in io.inputs:
             if frames is not None and pre is not None and t.name == pre.input:
-                sample[t.name] = next(frames)
+                sample[t.name] = np.concatenate([next(frames) for _ in range(batch)]) if batch > 1 else next(frames)
             elif np.issubdtype(np.dtype(t.dtype), np.floating):
                 sample[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
             else:

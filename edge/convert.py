@@ -90,18 +90,20 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
 
 
 def runnable_here(target: TargetProfile, host: Host | None = None) -> str | None:
-    """None when this host can run the target's runner (possibly on a fallback device), else the reason."""
+    """None when this host can run the target's runner (possibly on a fallback device), else every reason."""
     host = host or current_host()
-    try:
-        cls = RUNNERS.get(target.runner)
-    except UnknownBackendError:
-        return f"runner {target.runner!r} is not available in edgekit {edge.__version__}"
-    found = problems(cls.requires, host)
+    found: list[str] = []
     if not target.run_place.allows(host):
-        found.insert(0, f"{target.name} runs on {'/'.join(target.run_place.os)} {'/'.join(target.run_place.arch)}, "
-                        f"this host is {host.os}/{host.arch}")
+        found.append(f"{target.name} runs on {'/'.join(target.run_place.os)} {'/'.join(target.run_place.arch)}, "
+                     f"this host is {host.os}/{host.arch}")
     if target.run_place.needs_gpu and not host.nvidia_gpu:
-        found.insert(0, "needs an NVIDIA GPU")
+        found.append("needs an NVIDIA GPU, this host has none")
+    if target.run_place.needs_device:
+        found.append(f"needs the device's accelerator ({target.accelerator})")
+    try:
+        found += problems(RUNNERS.get(target.runner).requires, host)
+    except UnknownBackendError:
+        found.append(f"runner {target.runner!r} is not in edgekit {edge.__version__}")
     return "; ".join(found) if found else None
 
 

@@ -119,6 +119,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "yolo": {"scale": 1.0 / 255.0, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "color": "RGB", "resize": "letterbox"},
     # scaled to 0..1 only
     "unit": {"scale": 1.0 / 255.0, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "color": "RGB"},
+    # PaddleOCR (PP-OCR) models: BGR, (x/255 - 0.5) / 0.5
+    "ppocr": {"scale": 1.0 / 255.0, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "color": "BGR"},
     # raw 0..255 floats
     "raw": {"scale": 1.0, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "color": "RGB"},
 }

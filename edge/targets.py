@@ -247,8 +247,3 @@ def get_target(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> 
     raise TargetError(f"unknown target {name!r}; {did_you_mean(name, names)}known targets: {', '.join(names)}",
                       hint="add your own with --targets-dir or " + ENV_VAR)
 
-
-def host_can_run(profile: TargetProfile, host: Host | None = None) -> bool:
-    host = host or current_host()
-    return profile.run_place.allows(host) and not profile.run_place.needs_device \
-        and (host.nvidia_gpu or not profile.run_place.needs_gpu)

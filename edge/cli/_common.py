@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, TypeVar
@@ -36,10 +37,11 @@ def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
     if not enabled:
         yield lambda _msg: None
         return
-    with err_console.status("starting") as status:
+    start = time.perf_counter()
+    with err_console.status("starting") as status:  # a spinner, plus one line per finished step
         def say(msg: str) -> None:
             status.update(msg)
-            err_console.log(msg, highlight=False)
+            err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {escape(msg)}", highlight=False)
         yield say
 
 

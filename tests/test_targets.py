@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge.converters.base import CONVERTERS
+from edge.errors import PrecisionError, TargetError
+from edge.runners.base import RUNNERS
+from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile
+
+SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}
+# Backends that later issues add. A shipped profile may name them only while they are listed
+# here; the planner must refuse them with a clear error until then.
+PENDING_CONVERTERS = {"onnx->tflite": "#3", "tflite->edgetpu": "#3", "onnx->coreml": "#4", "onnx->tensorrt-plan": "#4"}
+PENDING_RUNNERS = {"litert": "#3", "coreml": "#4", "tensorrt": "#4"}
+
+VALID = """
+schema_version = 1
+name = "{name}"
+title = "Test board"
+hardware = "a test board"
+default_precision = "fp32"
+precisions = ["fp32", "int8"]
+frame_budget_ms = 33.3
+
+[convert]
+chain = ["onnx->onnx"]
+os = ["linux", "darwin", "windows"]
+arch = ["x86_64", "aarch64"]
+
+[run]
+runner = "onnxruntime"
+os = ["linux", "darwin", "windows"]
+arch = ["x86_64", "aarch64"]
+
+[run.options]
+intra_op_num_threads = 1
+"""
+
+
+def test_every_shipped_profile_loads_and_names_known_backends() -> None:
+    profiles = load_targets()
+    assert SHIPPED <= set(profiles)
+    for p in profiles.values():
+        assert p.default_precision in p.precisions
+        for step in p.chain:
+            assert step.converter in CONVERTERS or step.converter in PENDING_CONVERTERS, (p.name, step.converter)
+        assert p.runner in RUNNERS or p.runner in PENDING_RUNNERS, (p.name, p.runner)
+        # options given to converters must be ones those converters take
+        for name, opts in p.convert_options.items():
+            if name in CONVERTERS:
+                CONVERTERS.get(name).check_options(opts)
+
+
+def test_pending_backends_are_really_absent() -> None:
+    # when an issue lands a backend, it must leave the pending list (this test tells)
+    for name in PENDING_CONVERTERS:
+        assert name not in CONVERTERS, f"{name} is registered now: remove it from PENDING_CONVERTERS"
+    for name in PENDING_RUNNERS:
+        assert name not in RUNNERS, f"{name} is registered now: remove it from PENDING_RUNNERS"
+
+
+def test_runtime_options_are_accepted_by_the_runner() -> None:
+    for p in load_targets().values():
+        if p.runner in RUNNERS:
+            cls = RUNNERS.get(p.runner)
+            assert set(p.runtime_options) <= set(cls.options), (p.name, set(p.runtime_options) - set(cls.options))
+
+
+def test_unknown_target_suggests_the_closest(tmp_path: Path) -> None:
+    with pytest.raises(TargetError, match="did you mean 'intel-igpu'"):
+        get_target("intel-gpu")
+
+
+def test_precision_not_allowed_lists_allowed() -> None:
+    with pytest.raises(PrecisionError, match="allowed: int8"):
+        get_target("coral-edgetpu").check_precision("fp16")
+
+
+def test_malformed_profile_reports_file_key_and_every_problem(tmp_path: Path) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text(VALID.format(name="board").replace('frame_budget_ms = 33.3', 'frame_budget_ms = "fast"')
+                 .replace('title = "Test board"', 'title = "Test board"\nhardwre = "typo"'))
+    with pytest.raises(TargetError) as e:
+        parse_profile(f)
+    msg = str(e.value)
+    assert str(f) in msg
+    assert "frame_budget_ms: expected int/float" in msg
+    assert "hardwre: unknown key; did you mean 'hardware'?" in msg
+
+
+def test_semantic_problems_reported_together(tmp_path: Path) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text(VALID.format(name="other").replace('default_precision = "fp32"', 'default_precision = "fp8"')
+                 .replace('precisions = ["fp32", "int8"]', 'precisions = ["fp32", "in8"]'))
+    with pytest.raises(TargetError) as e:
+        parse_profile(f)
+    msg = str(e.value)
+    assert "name: 'other' must match the file name 'board'" in msg
+    assert "unknown precision 'in8'; did you mean 'int8'?" in msg
+    assert "default_precision: 'fp8' is not in precisions" in msg
+
+
+def test_not_toml_is_a_target_error(tmp_path: Path) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text("this is [not toml")
+    with pytest.raises(TargetError, match="not valid TOML"):
+        parse_profile(f)
+
+
+def test_user_directory_adds_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "board.toml").write_text(VALID.format(name="board"))
+    (tmp_path / "x86-cpu.toml").write_text(VALID.format(name="x86-cpu").replace("Test board", "My x86"))
+    profiles = load_targets([tmp_path])
+    assert profiles["board"].frame_budget_ms == 33.3
+    assert profiles["x86-cpu"].title == "My x86" and profiles["x86-cpu"].path == tmp_path / "x86-cpu.toml"
+    assert profiles["intel-igpu"].path.parent == builtin_dir()
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert get_target("board").title == "Test board"
+
+
+def test_missing_targets_dir_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(TargetError, match="does not exist"):
+        load_targets([tmp_path / "nope"])
