@@ -341,3 +341,14 @@ def test_runner_context_manager_closes(ir: dict[str, ConversionResult], feeds: l
         assert r.infer(feeds[0])["logits"].shape == (1, 10)
     with pytest.raises(EdgeError, match="closed"):
         r.infer(feeds[0])
+
+
+def test_int8_needs_nncf_but_fp32_does_not(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import edge.capabilities as capabilities
+    from edge.errors import MissingDependencyError
+
+    real = capabilities._has_module
+    monkeypatch.setattr(capabilities, "_has_module", lambda name: name != "nncf" and real(name))
+    with pytest.raises(MissingDependencyError, match=r"edgekit-ml\[convert\]"):
+        convert(tiny, tmp_path / "int8", "int8", calib=calibration(io_spec(tiny), 2))
+    assert convert(tiny, tmp_path / "fp32", "fp32").artifact.exists()

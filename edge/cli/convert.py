@@ -45,6 +45,8 @@ def render_bundle(bundle: Any) -> None:
                                              if m.get("calibration") else ""))
     t.add_row("chain", " → ".join(f"{c['converter']} ({', '.join(f'{k} {v}' for k, v in c['tool_versions'].items())})"
                                   for c in m["chain"]))
+    for note in (n for c in m["chain"] for n in c.get("notes", [])):
+        t.add_row("[yellow]note[/]", note)
     for a in m["artifacts"]:
         t.add_row("artifact", f"{a['path']}  {a['bytes'] / 1e6:.2f} MB  sha256 {a['sha256'][:16]}…")
     io = bundle.io

@@ -57,9 +57,13 @@ class OnnxToOnnx(Converter):
         except Exception as e:
             raise ConversionError(f"onnxruntime could not convert {request.source} to {request.precision}: "
                                   f"{type(e).__name__}: {str(e)[:300]}") from e
+        notes = []
+        if details.get("ops_quantized") == 0:
+            notes.append(f"int8-dynamic found no {'/'.join(details['op_types'])} ops to quantize: the model is "
+                         "unchanged; use int8 (static, with calibration) for convolutional models")
         return ConversionResult(
             artifact=out, format="onnx", files=[p for p in request.workdir.iterdir() if p.is_file()],
-            tool_versions={"onnxruntime": ort.__version__, "onnx": onnx.__version__}, details=details,
+            tool_versions={"onnxruntime": ort.__version__, "onnx": onnx.__version__}, details=details, notes=notes,
         )
 
     # -- recipes ---------------------------------------------------------------------------
@@ -104,18 +108,37 @@ class OnnxToOnnx(Converter):
         if method_name not in _CALIBRATE:
             raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method_name!r}")
         per_channel = bool(opts.get("per_channel", True))
+        import onnxruntime as ort
+
         logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
-        with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp:
-            prepped = Path(tmp) / "prepped.onnx"
-            quant_pre_process(str(request.source), str(prepped), skip_symbolic_shape=True)
-            q.quantize_static(
-                str(prepped), str(out), _Reader(request.calibration.samples),
-                quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt,
-                per_channel=per_channel, calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method_name]),
-            )
+        ort.set_default_logger_severity(3)
+        tried: list[str] = []
+        # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
+        # Its Conv+Add fusion can leave a reshaped bias that the quantizer then emits as an invalid
+        # int32 DequantizeLinear (seen on PP-OCR's classifier); the result is validated and, when
+        # invalid, quantization is redone without that optimisation and the manifest says so.
+        for skip_optimization in (False, True):
+            with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp:
+                prepped = Path(tmp) / "prepped.onnx"
+                quant_pre_process(str(request.source), str(prepped), skip_symbolic_shape=True,
+                                  skip_optimization=skip_optimization)
+                q.quantize_static(
+                    str(prepped), str(out), _Reader(request.calibration.samples),
+                    quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt,
+                    per_channel=per_channel, calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method_name]),
+                )
+            try:
+                ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+                break
+            except Exception as e:
+                tried.append(f"with pre-optimisation: {str(e).splitlines()[0][:200]}")
+        else:
+            raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
+                                  + "; ".join(tried))
         return {"recipe": "static QDQ", "activations": opts.get("activation_type", "uint8"),
                 "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
-                "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples)}
+                "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
+                "pre_optimization": not skip_optimization, "retried_because": tried}
 
     def _int8_dynamic(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
@@ -123,7 +146,10 @@ class OnnxToOnnx(Converter):
         op_types = list(request.options.get("dynamic_op_types", ["MatMul", "Gemm"]))
         wt = _qtype(q, request.options.get("weight_type", "int8"), "weight_type")
         q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
-        return {"recipe": "dynamic int8", "op_types": op_types, "weights": request.options.get("weight_type", "int8")}
+        source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
+        matched = sum(op in op_types for op in source_ops)
+        return {"recipe": "dynamic int8", "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
+                "ops_quantized": matched, "ops_total": len(source_ops)}
 
 
 def _qtype(q: Any, name: str, option: str) -> Any:
