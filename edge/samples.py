@@ -37,6 +37,8 @@ _RESIDUAL_GAMMA = 0.5
 # now and then (~0.5 % of values), as in trained MobileNets; a converter that drops the
 # upper bound then shows up in parity checks.
 _RELU6_GAMMA = 2.0
+_RELU6_BETA = 0.0
+_ORTHOGONAL = False
 _CALIBRATION_BATCH = 4
 _LOGIT_STD = 3.0
 
@@ -106,6 +108,7 @@ class _GraphBuilder:
     def conv(
         self, x: str, cin: int, cout: int, *, kernel: int = 1, stride: int = 1,
         groups: int = 1, act: str | None = None, gamma_scale: float = 1.0,
+        beta_shift: float = 0.0,
     ) -> str:
         """Conv + folded BatchNorm (+ ``"relu"`` or ``"relu6"``); returns the output name.
 
@@ -113,10 +116,20 @@ class _GraphBuilder:
         and random gamma (about ``gamma_scale``) and beta, folded into weight and bias.
         """
         w = self.rng.standard_normal((cout, cin // groups, kernel, kernel))
+        if _ORTHOGONAL and groups == 1:
+            fan_in = cin // groups * kernel * kernel
+            a = w.reshape(cout, fan_in)
+            if cout >= fan_in:
+                q, r = np.linalg.qr(a)
+                a = q * np.sign(np.diag(r))
+            else:
+                q, r = np.linalg.qr(a.T)
+                a = (q * np.sign(np.diag(r))).T
+            w = a.reshape(w.shape)
         w *= math.sqrt(2.0 / (cin // groups * kernel * kernel))
         z = _conv2d(self.values[x], w, stride, groups)
         gamma = gamma_scale * self.rng.uniform(0.75, 1.25, cout)
-        beta = 0.1 * self.rng.standard_normal(cout)
+        beta = beta_shift + 0.1 * self.rng.standard_normal(cout)
         scale = gamma / np.sqrt(z.var(axis=(0, 2, 3)) + _BN_EPS)
         bias = beta - z.mean(axis=(0, 2, 3)) * scale
         y = z * scale[:, None, None] + bias[:, None, None]
@@ -223,7 +236,7 @@ def build_mobilenet_v2(
     b = _GraphBuilder(seed, opset, {"input": (_CALIBRATION_BATCH, 3, input_size, input_size)})
     cin = _make_divisible(32 * width_mult)
     last = _make_divisible(1280 * max(1.0, width_mult))
-    x = b.conv("input", 3, cin, kernel=3, stride=2, act="relu6", gamma_scale=_RELU6_GAMMA)
+    x = b.conv("input", 3, cin, kernel=3, stride=2, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
     for t, c, n, s in _MOBILENET_V2_SETTINGS:
         cout = _make_divisible(c * width_mult)
         for i in range(n):
@@ -231,12 +244,12 @@ def build_mobilenet_v2(
             residual = stride == 1 and cin == cout
             hidden, y = cin * t, x
             if t != 1:
-                y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA)
+                y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
             y = b.conv(y, hidden, hidden, kernel=3, stride=stride, groups=hidden, act="relu6",
-                       gamma_scale=_RELU6_GAMMA)
+                       gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
             y = b.conv(y, hidden, cout, gamma_scale=_RESIDUAL_GAMMA if residual else 1.0)
             x, cin = (b.add(x, y) if residual else y), cout
-    x = b.conv(x, cin, last, act="relu6", gamma_scale=_RELU6_GAMMA)
+    x = b.conv(x, cin, last, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
     b.head(x, num_classes, "logits")
     model = b.model(
         "mobilenetv2-edgekit-example",
