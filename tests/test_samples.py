@@ -89,17 +89,36 @@ def test_mobilenet_io_metadata_and_architecture(mobilenet: Path) -> None:
     assert n_params == 3_487_816 + 2  # + the two shared Clip bounds
 
 
+def _picture_inputs(count: int) -> list[np.ndarray]:
+    """The pipeline's generated frames (gradients plus noise), ImageNet-normalised NCHW."""
+    from edge.preprocess import random_frames
+
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    return [((f / 255.0 - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
+            for f in random_frames(count, 224, 224, seed=1234)]
+
+
 def test_mobilenet_logits_sane_and_argmax_varies(mobilenet: Path) -> None:
     session = _session(mobilenet)
-    rng = np.random.default_rng(1234)
-    logits = np.concatenate([
-        session.run(["logits"], {"input": rng.standard_normal((1, 3, 224, 224), np.float32)})[0]
-        for _ in range(32)
-    ])
+    logits = np.concatenate([session.run(["logits"], {"input": x})[0] for x in _picture_inputs(32)])
     assert logits.shape == (32, 1000) and logits.dtype == np.float32
     assert np.isfinite(logits).all()
     assert 1.0 <= float(logits.std(axis=1).mean()) <= 10.0
     assert len(set(logits.argmax(axis=1).tolist())) >= 5
+    # Out-of-distribution N(0, 1) inputs still give finite logits.
+    noise = np.random.default_rng(1234).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    assert np.isfinite(session.run(["logits"], {"input": noise})[0]).all()
+
+
+def test_mobilenet_relu6_saturates_sometimes(mobilenet: Path) -> None:
+    model = onnx.load(str(mobilenet))
+    clips = [n.output[0] for n in model.graph.node if n.op_type == "Clip"]
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.FLOAT, None)
+                              for c in clips)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = session.run(clips, {"input": _picture_inputs(1)[0]})
+    saturated = sum(int((o >= 6.0).sum()) for o in outs) / sum(o.size for o in outs)
+    assert 1e-4 < saturated < 0.05
 
 
 def test_mobilenet_options(tmp_path: Path) -> None:
