@@ -352,3 +352,11 @@ def test_int8_needs_nncf_but_fp32_does_not(tiny: Path, tmp_path: Path, monkeypat
     with pytest.raises(MissingDependencyError, match=r"edgekit-ml\[convert\]"):
         convert(tiny, tmp_path / "int8", "int8", calib=calibration(io_spec(tiny), 2))
     assert convert(tiny, tmp_path / "fp32", "fp32").artifact.exists()
+
+
+def test_compute_precisions_show_int8_layers(ir: dict[str, ConversionResult]) -> None:
+    with OpenVINORunner(ir["int8"].artifact, precision="int8") as r:
+        layers = r.info.details["compute_precisions"]
+    assert layers and (layers.get("i8", 0) + layers.get("u8", 0)) >= 3, layers  # convs + classifier in int8
+    with OpenVINORunner(ir["fp32"].artifact, precision="fp32") as r:
+        assert set(r.info.details["compute_precisions"]) == {"f32"}

@@ -107,6 +107,32 @@ def _match_device(wanted: str, available: list[str]) -> str | None:
     return None
 
 
+_NON_COMPUTE_LAYERS = frozenset({"Input", "Output", "Const", "Reorder", "Reshape", "Parameter", "Result",
+                                  "Constant", "Convert"})
+
+
+def _compute_precisions(compiled: Any) -> dict[str, int] | None:
+    """Runtime precision of the compute layers of the compiled graph, e.g. {"u8": 4, "i8": 1}.
+
+    INFERENCE_PRECISION_HINT says what non-quantized layers compute in (an int8 bundle reads
+    back "bf16" on AMX CPUs); the executable graph says what each layer really runs in.
+    None when the device does not report it.
+    """
+    try:
+        counts: dict[str, int] = {}
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            if "layerType" not in info or "runtimePrecision" not in info:
+                continue
+            if info["layerType"].astype(str) in _NON_COMPUTE_LAYERS:
+                continue
+            precision = info["runtimePrecision"].astype(str).lower()
+            counts[precision] = counts.get(precision, 0) + 1
+        return dict(sorted(counts.items())) or None
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
 def _spec(port: Any) -> TensorSpec:
     pshape = port.get_partial_shape()
     shape = tuple(int(d.get_length()) if d.is_static else str(d) for d in pshape)
@@ -233,6 +259,7 @@ class OpenVINORunner(Runner):
             "performance_hint": str(read(hints.performance_mode) or hint),
             "num_streams": int(streams) if streams is not None else None,
             "inference_precision_option": precision_opt,
+            "compute_precisions": _compute_precisions(compiled),
             "telemetry": telemetry,
         }
         if ignored:
