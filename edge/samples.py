@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["build_mobilenet_v2", "build_tiny_cnn", "build_two_input_model"]
+__all__ = ["build_mobilenet_v2", "build_tiny_cnn", "build_two_input_model", "write_text_line_images"]
 
 _BN_EPS = 1e-5
 # MobileNetV2 body (Sandler et al., 2018, table 2): expansion t, channels c, repeats n, stride s.
@@ -367,3 +367,40 @@ def build_two_input_model(path: str | os.PathLike[str], *, seed: int = 0, opset:
         metadata={"weights": f"deterministic random, seed {seed}"},
     )
     return _save(model, path)
+
+
+_WORDS = ("edge", "device", "camera", "frame", "budget", "latency", "parity", "bundle", "fleet", "model",
+          "orin", "coral", "neural", "engine", "quantize", "int8", "video", "sixty", "agent", "deploy")
+
+
+def write_text_line_images(directory: str | os.PathLike[str], count: int = 32, *, height: int = 48,
+                           width: int = 192, seed: int = 0) -> list[Path]:
+    """Synthetic text-line crops, as PP-OCR's direction classifier sees them; every other one rotated 180°.
+
+    Dark text on a light, slightly noisy background at ``height`` x ``width``; file names say the
+    orientation (``upright_NNN.png`` / ``rot180_NNN.png``). Real-looking calibration and parity
+    data for the pretrained classifier, made offline with Pillow's built-in font.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    font = ImageFont.load_default(size=int(height * 0.6))
+    paths = []
+    for i in range(count):
+        bg = int(rng.integers(200, 256))
+        img = Image.new("RGB", (width, height), (bg, bg, bg))
+        draw = ImageDraw.Draw(img)
+        text = " ".join(rng.choice(_WORDS, size=3))
+        ink = int(rng.integers(0, 80))
+        draw.text((int(rng.integers(2, 12)), int(rng.integers(2, height // 4))), text, fill=(ink, ink, ink), font=font)
+        arr = np.asarray(img).astype(np.int16) + rng.normal(0, 6, size=(height, width, 3)).astype(np.int16)
+        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        rotated = i % 2 == 1
+        if rotated:
+            img = img.rotate(180)
+        p = out / f"{'rot180' if rotated else 'upright'}_{i:03d}.png"
+        img.save(p)
+        paths.append(p)
+    return paths

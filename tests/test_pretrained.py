@@ -1,0 +1,49 @@
+"""A real trained network through every precision both host runtimes offer.
+
+The PP-OCR text-direction classifier (Apache-2.0) is extracted from the pinned rapidocr wheel by
+``examples/fetch_pretrained.py`` (CI runs it before the tests). Calibration and evaluation use
+synthetic text lines made in code; the classifier gets all of them right in fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.convert import convert
+from edge.preprocess import Preprocessor, read_image
+from edge.samples import write_text_line_images
+from tests.conftest import REPO
+
+MODEL = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL.name} missing: run python examples/fetch_pretrained.py")
+
+
+@pytest.fixture(scope="module")
+def text_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    calib = tmp_path_factory.mktemp("calib")
+    write_text_line_images(calib, 32, seed=0)
+    held_out = write_text_line_images(tmp_path_factory.mktemp("eval"), 40, seed=1)
+    return calib, held_out
+
+
+@pytest.mark.parametrize("target,precision", [
+    ("x86-cpu", "fp32"), ("x86-cpu", "fp16"), ("x86-cpu", "int8"),
+    ("intel-igpu", "fp32"), ("intel-igpu", "fp16"), ("intel-igpu", "int8"),
+])
+def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text_lines: tuple[Path, list[Path]],
+                                               tmp_path: Path) -> None:
+    calib, held_out = text_lines
+    b = convert(MODEL, target, tmp_path / "b", precision=precision, calib=calib if precision == "int8" else None,
+                input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr")
+    par = b.manifest["parity"]
+    assert par["passed"], par
+    pre = Preprocessor(b.preprocess)
+    correct = 0
+    with b.open_runner() as r:
+        for p in held_out:
+            (probs,) = r.infer({"x": pre(read_image(p))[0]}).values()
+            correct += int(np.argmax(probs[0]) == 1) == p.name.startswith("rot180")
+    assert correct / len(held_out) >= 0.95, (correct, len(held_out))
