@@ -145,7 +145,8 @@ class SshStore:
         # verify on the far side with sha256sum, then rename and switch the symlink atomically
         sums = "\n".join(f"{a['sha256']}  {a['path']}" for a in bundle.manifest["artifacts"])
         self._remote(
-            f"cd {shlex.quote(stage)} && printf %s {shlex.quote(sums + chr(10))} | sha256sum -c --quiet - && cd {root} && "
+            f"cd {shlex.quote(stage)} && {{ printf %s {shlex.quote(sums + chr(10))} | sha256sum -c --quiet - "
+            f"|| {{ cd / && rm -rf {shlex.quote(stage)}; echo 'bundle failed sha256 verification on the device' >&2; exit 1; }}; }} && cd {root} && "
             f"{{ [ -d {BUNDLES}/{bid} ] && rm -rf {shlex.quote(stage)} || mv {shlex.quote(stage)} {BUNDLES}/{bid}; }} && "
             f"old=$(readlink {CURRENT} 2>/dev/null || true) && "
             f"ln -sfn {BUNDLES}/{bid} .{CURRENT}.tmp && mv -T .{CURRENT}.tmp {CURRENT} && "
@@ -163,10 +164,15 @@ class SshStore:
         return out.strip()
 
 
+SSH_OPTIONS_ENV = "EDGEKIT_SSH_OPTIONS"
+
+
 def open_store(device: str | os.PathLike[str]) -> DeviceStore | SshStore:
+    """A local directory, or ``ssh://user@host[:port]/path`` (extra ssh options from $EDGEKIT_SSH_OPTIONS)."""
     d = str(device)
     if d.startswith("ssh://"):
-        return SshStore(d)
+        extra = shlex.split(os.environ.get(SSH_OPTIONS_ENV, ""))
+        return SshStore(d, ssh=("ssh", "-o", "BatchMode=yes", *extra))
     if "://" in d:
         raise DeployError(f"unsupported device address {d!r}", hint="use a local directory or ssh://user@host/path")
     return DeviceStore(d)
