@@ -43,7 +43,7 @@ def render_bench(r: dict[str, Any]) -> None:
 
 def bench_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory (from `edgekit convert`)."),
-    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Timed iterations [default: 200].",
+    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Timed iterations (default: 200).",
                                              show_default=False),
     duration: Optional[float] = typer.Option(None, "--duration", help="Run for this many seconds instead.",
                                              show_default=False),

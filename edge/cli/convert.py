@@ -72,7 +72,7 @@ def convert_cmd(
     model: Path = typer.Argument(..., help="Source model (.onnx)."),
     target: str = typer.Option(..., "--target", "-t", help="Target profile, e.g. x86-cpu, intel-igpu (see `edgekit targets`)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Bundle directory "
-                                          "[default: build/<model>-<target>-<precision>]", show_default=False),
+                                          "(default: build/<model>-<target>-<precision>).", show_default=False),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
     accept_parity_failure: bool = AcceptParity,
@@ -82,9 +82,12 @@ def convert_cmd(
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
-    out = output or Path("build") / f"{model.stem}-{target}-{precision or 'default'}"
+    if output is None:
+        from edge.targets import get_target
+
+        output = Path("build") / f"{model.stem}-{target}-{precision or get_target(target, dirs(targets_dir)).default_precision}"
     with steps(not as_json) as say:
-        bundle = convert(model, target, out, accept_parity_failure=accept_parity_failure,
+        bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
                          parity_samples=parity_samples, force=force, on_step=say, **kwargs)
     if as_json:
         print_json({"bundle": str(bundle.path), "manifest": bundle.manifest})

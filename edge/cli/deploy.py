@@ -26,7 +26,7 @@ def deploy_cmd(
     iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
     fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
     build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Where the bundle is built "
-                                             "[default: build/<model>-<target>].", show_default=False),
+                                             "(default: build/<model>-<target>).", show_default=False),
     accept_parity_failure: bool = AcceptParity,
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
