@@ -21,7 +21,7 @@ from edge.calib import RANDOM, generated_samples, load_calibration
 from edge.capabilities import Host, current_host, problems
 from edge.converters.base import CONVERTERS, ConversionRequest, Converter
 from edge.errors import CalibrationError, EdgeError, MissingDependencyError, ParityError, PrecisionError, UnknownBackendError
-from edge.onnxmodel import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx, sha256_file
+from edge.onnxmodel import io_spec, load_onnx, make_static, opset_of, resolve_static_inputs, save_onnx, sha256_file
 from edge.parity import check_parity
 from edge.runners.base import RUNNERS
 from edge.spec import IOSpec, PreprocessSpec, TensorSpec, default_preprocess
@@ -171,7 +171,7 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                        "frame_budget_ms": profile.frame_budget_ms,
                        "profile_sha256": sha256_file(profile.path) if profile.path else None},
             "source": {"file": src.name, "sha256": sha256_file(src), "format": "onnx",
-                       "opset": max((o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx")), default=None),
+                       "opset": opset_of(onnx_model),
                        "producer": f"{onnx_model.producer_name} {onnx_model.producer_version}".strip()},
             "precision": p.precision,
             "format": chain_record[-1]["output_format"],

@@ -49,6 +49,11 @@ def load_onnx(path: str | os.PathLike[str]) -> Any:
     return model
 
 
+def opset_of(model: Any) -> int:
+    """The model's default-domain opset."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
 def _dims(value_info: Any) -> tuple[int | str, ...]:
     dims: list[int | str] = []
     for d in value_info.type.tensor_type.shape.dim:

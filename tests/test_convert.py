@@ -119,7 +119,7 @@ def broken_target(tmp_path: Path):
 
 def test_parity_failure_stops_and_writes_nothing(models: dict[str, Path], tmp_path: Path, broken_target: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(ParityError, match="parity failed for broken fp32: logits: cosine") as e:
+    with pytest.raises(ParityError, match="parity failed for broken fp32: logits: mean cosine") as e:
         convert(models["tiny"], "broken", out, targets_dir=[broken_target])
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
     assert e.value.report is not None and not e.value.report.passed

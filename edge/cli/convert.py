@@ -63,7 +63,7 @@ def render_bundle(bundle: Any) -> None:
                             + (f" [yellow](fallback: {cand['fallback']})[/]" if cand.get("fallback") else ""))
         for o in par["outputs"]:
             top1 = f", top-1 {o['top1']:.1%}" if o["top1"] is not None else ""
-            t.add_row(f"  {o['name']}", f"cosine {o['cosine']:.6f}, max abs {o['max_abs']:.4g}, "
+            t.add_row(f"  {o['name']}", f"cosine {o['cosine']:.6f} (worst {o['cosine_min']:.6f}), max abs {o['max_abs']:.4g}, "
                                         f"mean abs {o['mean_abs']:.4g}{top1}")
     console.print(t)
 

@@ -8,6 +8,7 @@ VNNI-friendly kernels); dynamic int8 is applied to MatMul/Gemm only (dynamic Con
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Iterator, Mapping
 from edge.capabilities import Requirement
 from edge.converters.base import ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, ConversionError
-from edge.onnxmodel import load_onnx, save_onnx
+from edge.onnxmodel import load_onnx, opset_of, save_onnx
 
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
@@ -108,48 +109,71 @@ class OnnxToOnnx(Converter):
         if method_name not in _CALIBRATE:
             raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method_name!r}")
         per_channel = bool(opts.get("per_channel", True))
+        import onnx
         import onnxruntime as ort
+        from onnx import version_converter
 
-        logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
         ort.set_default_logger_severity(3)
         tried: list[str] = []
-        # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
-        # Its Conv+Add fusion can leave a reshaped bias that the quantizer then emits as an invalid
-        # int32 DequantizeLinear (seen on PP-OCR's classifier); the result is validated and, when
-        # invalid, quantization is redone without that optimisation and the manifest says so.
-        for skip_optimization in (False, True):
-            with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp:
-                prepped = Path(tmp) / "prepped.onnx"
-                quant_pre_process(str(request.source), str(prepped), skip_symbolic_shape=True,
+        with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp, _quiet_root_logger():
+            source = request.source
+            model = load_onnx(source)
+            opset = opset_of(model)
+            upgraded = None
+            if opset < 13:
+                # Per-channel DequantizeLinear needs its `axis` attribute, which exists from opset 13;
+                # the quantizer emits it anyway and the model fails to load (seen on PP-OCR, opset 11).
+                source = Path(tmp) / "opset13.onnx"
+                onnx.save(version_converter.convert_version(model, 13), str(source))
+                upgraded = f"{opset} -> 13"
+            # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
+            # The result is validated; if the quantizer still produced an invalid graph, quantization
+            # is redone without the pre-optimisation and the manifest says so.
+            for skip_optimization in (False, True):
+                prepped = Path(tmp) / f"prepped{int(skip_optimization)}.onnx"
+                quant_pre_process(str(source), str(prepped), skip_symbolic_shape=True,
                                   skip_optimization=skip_optimization)
                 q.quantize_static(
                     str(prepped), str(out), _Reader(request.calibration.samples),
                     quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt,
                     per_channel=per_channel, calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method_name]),
                 )
-            try:
-                ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-                break
-            except Exception as e:
-                tried.append(f"with pre-optimisation: {str(e).splitlines()[0][:200]}")
-        else:
-            raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
-                                  + "; ".join(tried))
+                try:
+                    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+                    break
+                except Exception as e:
+                    tried.append(f"with pre-optimisation: {str(e).splitlines()[0][:200]}")
+            else:
+                raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
+                                      + "; ".join(tried))
         return {"recipe": "static QDQ", "activations": opts.get("activation_type", "uint8"),
                 "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
                 "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
-                "pre_optimization": not skip_optimization, "retried_because": tried}
+                "pre_optimization": not skip_optimization, "retried_because": tried, "opset_upgraded": upgraded}
 
     def _int8_dynamic(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
 
         op_types = list(request.options.get("dynamic_op_types", ["MatMul", "Gemm"]))
         wt = _qtype(q, request.options.get("weight_type", "int8"), "weight_type")
-        q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
+        with _quiet_root_logger():
+            q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
         source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
         matched = sum(op in op_types for op in source_ops)
         return {"recipe": "dynamic int8", "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
                 "ops_quantized": matched, "ops_total": len(source_ops)}
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """onnxruntime's quantizer logs through the root logger (dozens of WARNING lines per model)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def _qtype(q: Any, name: str, option: str) -> Any:
