@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import string
 import sys
 import time
 from pathlib import Path
@@ -55,44 +54,19 @@ RUNTIMES = {  # runtime -> (target, precisions in table order)
     "openvino": ("intel-igpu", ("fp32", "fp16", "int8")),
 }
 PPOCR_SHAPE = (1, 3, 48, 192)
-PPOCR_LABELS = ("0", "180")  # output index -> orientation
+# output index 0 = upright ("0"), 1 = rotated ("180")
 
 
 # -- synthetic text lines ------------------------------------------------------------------
 
 def text_lines(directory: Path, count: int, seed: int) -> Path:
-    """``count`` 192x48 PNG text lines, deterministic for ``seed``; odd indices rotated 180 degrees."""
-    from PIL import Image, ImageDraw, ImageFont
+    """``count`` 192x48 PNG text lines (edge.samples), deterministic for ``seed``; odd ones rotated 180°."""
+    from edge.samples import write_text_line_images
 
-    directory.mkdir(parents=True, exist_ok=True)
-    if len(list(directory.glob("*.png"))) == count:
-        return directory
-    for old in directory.glob("*.png"):
-        old.unlink()
-    rng = np.random.default_rng(seed)
-    alphabet = list(string.ascii_letters + string.digits)
-    h, w = PPOCR_SHAPE[2], PPOCR_SHAPE[3]
-    for i in range(count):
-        bg = int(rng.integers(170, 256))          # white .. light grey
-        fg = int(rng.integers(0, 50))             # black .. dark grey
-        font = ImageFont.load_default(size=int(rng.integers(20, 33)))
-        im = Image.new("RGB", (w, h), (bg, bg, bg))
-        draw = ImageDraw.Draw(im)
-        words: list[str] = []
-        while True:
-            word = "".join(rng.choice(alphabet, size=int(rng.integers(2, 9))))
-            if draw.textlength(" ".join(words + [word]), font=font) > w - 8:
-                break
-            words.append(word)
-        text = " ".join(words) or word[:3]
-        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-        x = int(rng.integers(2, max(3, w - 2 - (right - left))))
-        y = (h - (bottom - top)) // 2 - top + int(rng.integers(-3, 4))
-        draw.text((x, y), text, fill=(fg, fg, fg), font=font)
-        label = PPOCR_LABELS[i % 2]
-        if label == "180":
-            im = im.rotate(180)
-        im.save(directory / f"{i:03d}_{label}.png")
+    if len(list(directory.glob("*.png"))) != count:
+        for old in directory.glob("*.png"):
+            old.unlink()
+        write_text_line_images(directory, count, height=PPOCR_SHAPE[2], width=PPOCR_SHAPE[3], seed=seed)
     return directory
 
 
@@ -108,7 +82,7 @@ def heldout_inputs(model_name: str, bundle: Any, heldout_dir: Path | None, count
         prep = Preprocessor(pre)
         files = sorted(heldout_dir.glob("*.png"))
         return ([{pre.input: prep(read_image(f))[0]} for f in files],
-                [PPOCR_LABELS.index(f.stem.split("_")[1]) for f in files])
+                [int(f.name.startswith("rot180")) for f in files])
     return generated_samples(bundle.io, pre, count, seed=4321), None
 
 

