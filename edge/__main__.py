@@ -1,0 +1,5 @@
+"""``python -m edge`` is ``edgekit``."""
+
+from edge.cli import main
+
+main()
