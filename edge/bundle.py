@@ -159,6 +159,11 @@ class Bundle:
         opts = {**spec.get("options", {}), **(options or {})}
         return cls(self.artifact, options=opts, precision=self.precision)
 
+    @property
+    def kind(self) -> str:
+        """"vision" (tensor in, tensor out) or "llm" (GGUF language model)."""
+        return str(self.manifest.get("kind", "vision"))
+
     def record(self, key: str, value: Any) -> None:
         """Add a report (e.g. the deploy-time benchmark) to the manifest; artifacts are untouched."""
         self.manifest[key] = value

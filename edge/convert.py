@@ -116,6 +116,11 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     """Convert ``model`` for ``target`` into a verified bundle at ``output``."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    from edge.llm.convert import convert_gguf, is_gguf
+
+    if is_gguf(model):
+        return convert_gguf(model, profile, output, precision=precision, accept_parity_failure=accept_parity_failure,
+                            force=force, on_step=on_step)
     p = plan(profile, precision)
     src = Path(model)
     say(f"reading {src}")

@@ -22,7 +22,7 @@ from edge.errors import PrecisionError, TargetError
 from edge.registry import did_you_mean
 
 SCHEMA_VERSION = 1
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "q4_k_m", "q4_0", "q5_k_m", "q8_0", "f16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0")
 ENV_VAR = "EDGEKIT_TARGETS_PATH"
 
 
@@ -52,6 +52,24 @@ class StepPlace:
 
 
 @dataclass(frozen=True)
+class LLMProfile:
+    """How the target runs GGUF language models (llama.cpp), beside its vision chain."""
+
+    runner: str
+    precisions: tuple[str, ...]
+    default_precision: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def check_precision(self, target: str, precision: str) -> str:
+        if precision not in self.precisions:
+            raise PrecisionError(
+                f"target {target!r} does not allow LLM precision {precision!r}; "
+                f"{did_you_mean(precision, list(self.precisions))}allowed: {', '.join(self.precisions)}"
+            )
+        return precision
+
+
+@dataclass(frozen=True)
 class TargetProfile:
     name: str
     title: str
@@ -68,6 +86,7 @@ class TargetProfile:
     convert_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: str = ""
     path: Path | None = None
+    llm: LLMProfile | None = None
 
     def check_precision(self, precision: str) -> str:
         if precision not in self.precisions:
@@ -94,6 +113,9 @@ class TargetProfile:
                     "needs_gpu": self.run_place.needs_gpu, "needs_device": self.run_place.needs_device,
                     "options": dict(self.runtime_options)},
             "notes": self.notes,
+            "llm": None if self.llm is None else {"runner": self.llm.runner, "precisions": list(self.llm.precisions),
+                                                  "default_precision": self.llm.default_precision,
+                                                  "options": dict(self.llm.options)},
             "path": str(self.path) if self.path else None,
         }
 
@@ -102,13 +124,14 @@ class TargetProfile:
 
 _TOP = {
     "schema_version": int, "name": str, "title": str, "hardware": str, "default_precision": str,
-    "precisions": list, "frame_budget_ms": (int, float), "notes": str, "convert": dict, "run": dict,
+    "precisions": list, "frame_budget_ms": (int, float), "notes": str, "convert": dict, "run": dict, "llm": dict,
 }
 _REQUIRED_TOP = ("schema_version", "name", "title", "hardware", "default_precision", "precisions",
                  "frame_budget_ms", "convert", "run")
 _CONVERT = {"chain": list, "os": list, "arch": list, "options": dict}
 _RUN = {"runner": str, "accelerator": str, "os": list, "arch": list, "needs_gpu": bool,
         "needs_device": bool, "options": dict}
+_LLM = {"runner": str, "precisions": list, "default_precision": str, "options": dict}
 
 
 class _Problems:
@@ -161,6 +184,9 @@ def parse_profile(path: Path) -> TargetProfile:
     run = raw.get("run", {}) if isinstance(raw.get("run"), dict) else {}
     p.check_table(conv, _CONVERT, "convert.", ("chain", "os", "arch"))
     p.check_table(run, _RUN, "run.", ("runner", "os", "arch"))
+    llm_raw = raw.get("llm") if isinstance(raw.get("llm"), dict) else None
+    if llm_raw is not None:
+        p.check_table(llm_raw, _LLM, "llm.", ("precisions", "default_precision"))
     p.raise_if_any()
 
     if raw["schema_version"] != SCHEMA_VERSION:
@@ -198,6 +224,16 @@ def parse_profile(path: Path) -> TargetProfile:
         _str_list(p, run.get("os"), "run.os"), _str_list(p, run.get("arch"), "run.arch"),
         needs_gpu=bool(run.get("needs_gpu", False)), needs_device=bool(run.get("needs_device", False)),
     )
+    llm = None
+    if llm_raw is not None:
+        llm_precisions = _str_list(p, llm_raw["precisions"], "llm.precisions")
+        for prec in llm_precisions:
+            if prec not in PRECISIONS:
+                p.add("llm.precisions", f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}")
+        if llm_precisions and llm_raw["default_precision"] not in llm_precisions:
+            p.add("llm.default_precision", f"{llm_raw['default_precision']!r} is not in llm.precisions")
+        llm = LLMProfile(llm_raw.get("runner", "llama.cpp"), llm_precisions, llm_raw["default_precision"],
+                         dict(llm_raw.get("options", {})))
     p.raise_if_any()
     return TargetProfile(
         name=raw["name"], title=raw["title"], hardware=raw["hardware"], runner=run["runner"],
@@ -205,7 +241,7 @@ def parse_profile(path: Path) -> TargetProfile:
         frame_budget_ms=float(raw["frame_budget_ms"]), chain=tuple(chain),
         convert_place=convert_place, run_place=run_place, accelerator=run.get("accelerator", ""),
         runtime_options=dict(run.get("options", {})), convert_options=dict(options),
-        notes=raw.get("notes", ""), path=path,
+        notes=raw.get("notes", ""), path=path, llm=llm,
     )
 
 

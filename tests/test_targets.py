@@ -47,6 +47,8 @@ def test_every_shipped_profile_loads_and_names_known_backends() -> None:
         for step in p.chain:
             assert step.converter in CONVERTERS or step.converter in PENDING_CONVERTERS, (p.name, step.converter)
         assert p.runner in RUNNERS or p.runner in PENDING_RUNNERS, (p.name, p.runner)
+        if p.llm is not None:
+            assert p.llm.runner in RUNNERS and p.llm.default_precision in p.llm.precisions
         # options given to converters must be ones those converters take
         for name, opts in p.convert_options.items():
             if name in CONVERTERS:
@@ -66,6 +68,9 @@ def test_runtime_options_are_accepted_by_the_runner() -> None:
         if p.runner in RUNNERS:
             cls = RUNNERS.get(p.runner)
             assert set(p.runtime_options) <= set(cls.options), (p.name, set(p.runtime_options) - set(cls.options))
+        if p.llm is not None:
+            cls = RUNNERS.get(p.llm.runner)
+            assert set(p.llm.options) <= set(cls.options), (p.name, set(p.llm.options) - set(cls.options))
 
 
 def test_unknown_target_suggests_the_closest(tmp_path: Path) -> None:

@@ -41,6 +41,29 @@ def render_bench(r: dict[str, Any]) -> None:
     console.print(t)
 
 
+def render_llm_bench(r: dict[str, Any]) -> None:
+    run = r["runner"]
+    t = Table(title=f"bench {r['bundle']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("runtime", f"{run['runtime']} on {run['device_used']} ({run['precision_used']}, "
+                         f"{run['threads'] or 'default'} threads)")
+    if run.get("fallback"):
+        t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
+    if not run["details"].get("amx_extra_buffers", True):
+        t.add_row("AMX", f"[yellow]off[/]: {run['details']['amx_probe']}")
+    t.add_row("load", f"{r['load_ms']:.1f} ms")
+    t.add_row("workload", f"{r['prompt_tokens']} prompt tokens, {r['gen_tokens']} generated, {r['repetitions']} repetitions")
+    t.add_row("time to first token", f"{r['ttft_ms']['mean']:.2f} ± {r['ttft_ms']['std']:.2f} ms")
+    t.add_row("prompt processing", f"{r['prompt_tps']['mean']:.1f} ± {r['prompt_tps']['std']:.1f} tokens/s")
+    t.add_row("generation", f"{r['gen_tps']['mean']:.1f} ± {r['gen_tps']['std']:.1f} tokens/s")
+    t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
+    if r["verdict"] != "no budget":
+        colour = "green" if r["verdict"] == "pass" else "red"
+        t.add_row("budget", f"[{colour}]{r['verdict']}[/] (ttft ≤ {r['ttft_budget_ms']} ms, ≥ {r['min_tps']} tokens/s)")
+    console.print(t)
+
+
 def bench_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory (from `edgekit convert`)."),
     iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Timed iterations (default: 200).",
@@ -50,10 +73,34 @@ def bench_cmd(
     warmup: int = typer.Option(10, "--warmup", help="Untimed iterations first."),
     fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
     record: bool = typer.Option(False, "--record", help="Store the report in the bundle's manifest."),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="LLM bundles: prompt length."),
+    gen_tokens: int = typer.Option(64, "--gen-tokens", help="LLM bundles: tokens generated per repetition."),
+    repetitions: int = typer.Option(3, "--repetitions", "-r", help="LLM bundles: repetitions (mean ± std)."),
+    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", help="LLM bundles: time-to-first-token budget.",
+                                            show_default=False),
+    min_tps: Optional[float] = typer.Option(None, "--min-tps", help="LLM bundles: minimum generation tokens/s.",
+                                            show_default=False),
     as_json: bool = JsonOut,
 ) -> None:
-    """Benchmark a bundle on this host: load time, p50/p90/p99/max latency, throughput, budget verdict (p99)."""
+    """Benchmark a bundle on this host: load time, p50/p90/p99/max latency, throughput, budget verdict (p99).
+
+    LLM (GGUF) bundles report time to first token, prompt and generation tokens/s instead."""
     b = Bundle.open(bundle)
+    if b.kind == "llm":
+        from edge.llm.bench import run_llm_benchmark
+
+        if not as_json:
+            err_console.print(f"benchmarking {b.id} ...", highlight=False)
+        llm_report = run_llm_benchmark(lambda **o: b.open_runner(o), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+                                       repetitions=repetitions, ttft_ms=ttft_ms, min_tps=min_tps, bundle=b.id,
+                                       target=b.target)
+        data = llm_report.to_json()
+        if record:
+            b.record("benchmark", data)
+        print_json(data) if as_json else render_llm_bench(data)
+        if llm_report.verdict == "fail":
+            raise typer.Exit(1)
+        return
     budget, source = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
     if not as_json:
         err_console.print(f"benchmarking {b.id} ...", highlight=False)

@@ -15,8 +15,9 @@ from edge.spec import PRESETS
 
 InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
                           show_default=False)
-Precision = typer.Option(None, "--precision", "-p", help="fp32, fp16, int8, int8-dynamic (the target says which "
-                         "it allows; default: the target's).", show_default=False)
+Precision = typer.Option(None, "--precision", "-p", help="fp32, fp16, int8, int8-dynamic; for .gguf: f16, q8_0, "
+                         "q5_k_m, q4_k_m, q4_0 (the target says which it allows; default: the target's).",
+                         show_default=False)
 Calib = typer.Option(None, "--calib", help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
                      "or 'random' to quantize on generated inputs (recorded as such).", show_default=False)
 Preprocess = typer.Option("imagenet", "--preprocess", help=f"Pre-processing preset for an image input: "
@@ -49,11 +50,21 @@ def render_bundle(bundle: Any) -> None:
         t.add_row("[yellow]note[/]", note)
     for a in m["artifacts"]:
         t.add_row("artifact", f"{a['path']}  {a['bytes'] / 1e6:.2f} MB  sha256 {a['sha256'][:16]}…")
-    io = bundle.io
-    t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
-    t.add_row("outputs", "; ".join(x.describe() for x in io.outputs))
+    if bundle.kind != "llm":
+        io = bundle.io
+        t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
+        t.add_row("outputs", "; ".join(x.describe() for x in io.outputs))
     par = m.get("parity") or {}
-    if par.get("skipped"):
+    if par.get("kind") == "llm":
+        d = m["chain"][0]["details"]
+        t.add_row("quantization", f"{d['quant_type']} ({d['dominant_type']}), {d['parameters']:,} parameters, "
+                                  f"{d['source_bytes'] / 1e6:.1f} MB -> {d['bytes'] / 1e6:.1f} MB ({d['size_ratio']:.0%})")
+        verdict = "[green]pass[/]" if par["passed"] else "[red]FAIL (accepted)[/]"
+        th = par["thresholds"]
+        t.add_row("quality gate", f"{verdict}: mean KL {par['kl_mean']:.4g} (p99 {par['kl_p99']:.3g}, limit "
+                                  f"{th['max_kl_mean']}), top-1 {par['top1']:.1%} (min {th['min_top1']:.0%}) "
+                                  f"on {par['tokens']} tokens vs the source")
+    elif par.get("skipped"):
         t.add_row("parity", f"[yellow]not run[/]: {par['skipped']}")
     else:
         verdict = "[green]pass[/]" if par["passed"] else "[red]FAIL (accepted)[/]"
@@ -69,7 +80,7 @@ def render_bundle(bundle: Any) -> None:
 
 
 def convert_cmd(
-    model: Path = typer.Argument(..., help="Source model (.onnx)."),
+    model: Path = typer.Argument(..., help="Source model: .onnx, or .gguf (language model, quantized by llama.cpp)."),
     target: str = typer.Option(..., "--target", "-t", help="Target profile, e.g. x86-cpu, intel-igpu (see `edgekit targets`)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Bundle directory "
                                           "(default: build/<model>-<target>-<precision>).", show_default=False),
@@ -85,7 +96,9 @@ def convert_cmd(
     if output is None:
         from edge.targets import get_target
 
-        output = Path("build") / f"{model.stem}-{target}-{precision or get_target(target, dirs(targets_dir)).default_precision}"
+        profile = get_target(target, dirs(targets_dir))
+        default = profile.llm.default_precision if model.suffix.lower() == ".gguf" and profile.llm else profile.default_precision
+        output = Path("build") / f"{model.stem}-{target}-{precision or default}"
     with steps(not as_json) as say:
         bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
                          parity_samples=parity_samples, force=force, on_step=say, **kwargs)

@@ -1,0 +1,1 @@
+"""LLMs on the edge through llama.cpp: GGUF reading, quantization with a quality gate, runner, benchmark."""

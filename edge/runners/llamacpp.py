@@ -1,0 +1,98 @@
+"""llama.cpp runner for GGUF bundles: threads/context/GPU layers from the profile, backend used reported.
+
+A GPU target whose llama.cpp build has no GPU backend runs on the CPU; that is recorded as a
+fallback, and ``require_gpu = true`` in the profile turns it into an error instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from edge.capabilities import Requirement
+from edge.errors import EdgeError, HardwareUnavailableError
+from edge.llm.gguf_file import read_gguf
+from edge.llm.llamacpp import amx_probe, llama_cpp_version, load_llama_cpp, open_llama
+from edge.runners.base import Runner, RunnerInfo
+from edge.spec import TensorSpec
+
+_QUANTIZED = ("Q", "IQ")
+
+
+class LlamaCppRunner(Runner):
+    name = "llama.cpp"
+    formats = ("gguf",)
+    requires = (Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
+                Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
+    options = {
+        "n_threads": "CPU threads; 0 = llama.cpp's default",
+        "n_ctx": "context length (tokens); must not exceed the model's",
+        "n_batch": "prompt batch size (default 512)",
+        "n_gpu_layers": "layers offloaded to the GPU; -1 = all, 0 = CPU only",
+        "require_gpu": "fail instead of falling back to the CPU when n_gpu_layers != 0 and no GPU backend exists",
+    }
+
+    def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "f16",
+                 logits_all: bool = False) -> None:
+        super().__init__(artifact, options=options, precision=precision)
+        llama_cpp = load_llama_cpp()
+        opts = self._options
+        info = read_gguf(self.artifact)
+        n_ctx = int(opts.get("n_ctx", 2048))
+        if info.context_length and n_ctx > info.context_length:
+            raise EdgeError(f"context {n_ctx} is longer than {self.artifact.name}'s trained context "
+                            f"{info.context_length}", hint="lower n_ctx in the target profile or pass a smaller one")
+        n_gpu_layers = int(opts.get("n_gpu_layers", 0))
+        gpu_build = bool(llama_cpp.llama_supports_gpu_offload())
+        fallback = None
+        if n_gpu_layers != 0 and not gpu_build:
+            msg = (f"profile asks for {n_gpu_layers if n_gpu_layers > 0 else 'all'} GPU layers, but this llama.cpp "
+                   f"build has no GPU backend; running on the CPU")
+            if opts.get("require_gpu", False):
+                raise HardwareUnavailableError(msg.replace("; running on the CPU", ""),
+                                               hint="install llama-cpp-python built with CUDA/Metal "
+                                                    "(CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)")
+            fallback, n_gpu_layers = msg, 0
+        quantized = info.dominant_type.startswith(_QUANTIZED)
+        probe = amx_probe() if quantized else {"ok": True, "reason": "not quantized"}
+        use_extra_bufts = bool(probe["ok"])
+        self.llm = open_llama(self.artifact, n_ctx=n_ctx, n_threads=int(opts.get("n_threads", 0)),
+                              n_batch=int(opts.get("n_batch", 512)), n_gpu_layers=n_gpu_layers,
+                              logits_all=logits_all, use_extra_bufts=use_extra_bufts)
+        self.n_vocab = int(self.llm.n_vocab())
+        self.inputs = (TensorSpec("tokens", ("n",), "int32"),)
+        self.outputs = (TensorSpec("logits", (self.n_vocab,), "float32"),)
+        self.info = RunnerInfo(
+            runtime=f"llama-cpp-python {llama_cpp_version()}",
+            device_requested="GPU" if int(opts.get("n_gpu_layers", 0)) != 0 else "CPU",
+            device_used="GPU" if n_gpu_layers != 0 else "CPU",
+            precision_used=info.dominant_type.lower(),
+            threads=int(self.llm.n_threads) if getattr(self.llm, "n_threads", None) else None,
+            fallback=fallback,
+            details={"n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "gpu_build": gpu_build,
+                     "architecture": info.architecture, "parameters": info.parameters,
+                     "amx_extra_buffers": use_extra_bufts, "amx_probe": probe.get("reason")},
+        )
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate ``tokens`` from a fresh context; returns the logits after the last one."""
+        tokens = [int(t) for t in np.asarray(feeds["tokens"]).ravel()]
+        self.llm.reset()
+        self.llm.eval(tokens)
+        return {"logits": np.array(self.llm._ctx.get_logits_ith(-1)[: self.n_vocab], dtype=np.float32)}
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True))
+
+    def generate(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0) -> Iterator[str]:
+        """Stream the completion of ``prompt`` piece by piece."""
+        for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
+            yield chunk["choices"][0]["text"]
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.close()
+            self.llm = None
