@@ -139,7 +139,11 @@ def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_la
     llama_cpp = load_llama_cpp()
     from llama_cpp import llama as llama_mod
 
-    kwargs = dict(n_ctx=n_ctx, n_threads=n_threads or None, n_threads_batch=n_threads or None, n_batch=n_batch,
+    # 0 = every CPU this process may use. llama-cpp-python's own default (cpu_count // 2) ran one
+    # thread on this 2-vCPU host: 1,053 vs 1,816 prompt tokens/s for a 40M-parameter f16 model.
+    if n_threads <= 0:
+        n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, n_batch=n_batch,
                   n_gpu_layers=n_gpu_layers, logits_all=logits_all, verbose=False)
     if use_extra_bufts:
         return llama_cpp.Llama(str(path), **kwargs)

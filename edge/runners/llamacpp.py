@@ -27,7 +27,7 @@ class LlamaCppRunner(Runner):
     requires = (Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
                 Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
     options = {
-        "n_threads": "CPU threads; 0 = llama.cpp's default",
+        "n_threads": "CPU threads; 0 = every CPU this process may use",
         "n_ctx": "context length (tokens); must not exceed the model's",
         "n_batch": "prompt batch size (default 512)",
         "n_gpu_layers": "layers offloaded to the GPU; -1 = all, 0 = CPU only",
@@ -86,9 +86,11 @@ class LlamaCppRunner(Runner):
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True))
 
-    def generate(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0) -> Iterator[str]:
+    def generate(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0,
+                 logit_bias: Mapping[int, float] | None = None) -> Iterator[str]:
         """Stream the completion of ``prompt`` piece by piece."""
-        for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
+        for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True,
+                                                logit_bias=dict(logit_bias) if logit_bias else None):
             yield chunk["choices"][0]["text"]
 
     def close(self) -> None:
