@@ -9,7 +9,6 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np

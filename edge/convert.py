@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,7 +23,7 @@ from edge.errors import CalibrationError, EdgeError, MissingDependencyError, Par
 from edge.onnxmodel import io_spec, load_onnx, make_static, opset_of, resolve_static_inputs, save_onnx, sha256_file
 from edge.parity import check_parity
 from edge.runners.base import RUNNERS
-from edge.spec import IOSpec, PreprocessSpec, TensorSpec, default_preprocess
+from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import TargetProfile, get_target
 
 Step = Callable[[str], None]

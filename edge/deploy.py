@@ -19,11 +19,11 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from edge.bundle import Bundle
-from edge.errors import BudgetError, DeployError, EdgeError
+from edge.errors import BudgetError, DeployError
 
 CURRENT, PREVIOUS, BUNDLES, HISTORY = "current", "previous", "bundles", "history.jsonl"
 

@@ -17,7 +17,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from edge.capabilities import Host, Requirement, current_host, normalize_arch
+from edge.capabilities import Host, Requirement, normalize_arch
 from edge.errors import PrecisionError, TargetError
 from edge.registry import did_you_mean
 

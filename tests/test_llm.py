@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edge.bundle import Bundle
 from edge.convert import convert
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
 from edge.llm.samples import build_tiny_llama

@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from edge.capabilities import Requirement, require
 from edge.converters.base import ConversionRequest, ConversionResult, Converter

@@ -36,7 +36,7 @@ def convert_gguf(model: str | os.PathLike[str], profile: TargetProfile, output: 
     conv = CONVERTERS.get(CONVERTER)
     missing = problems(conv.requires)
     if missing:
-        raise MissingDependencyError(f"cannot quantize GGUF on this host: " + "; ".join(missing))
+        raise MissingDependencyError("cannot quantize GGUF on this host: " + "; ".join(missing))
     src = Path(model)
     say(f"reading {src}")
     info = read_gguf(src)
