@@ -1,0 +1,112 @@
+"""Broker address, credentials and TLS, and the one place paho-mqtt is imported.
+
+``mqtt://[user@]host[:port]`` (1883) or ``mqtts://[user@]host[:port]`` (8883, TLS). A CA file
+implies TLS. Passwords never come from the command line (other users see argv): they come
+from ``--password-file`` or ``$EDGEKIT_MQTT_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from edge.errors import EdgeError, InputFileError, MissingDependencyError
+
+PASSWORD_ENV = "EDGEKIT_MQTT_PASSWORD"
+INSTALL_HINT = "pip install 'edgekit-ml[mqtt]'"
+
+
+def paho() -> Any:
+    """``paho.mqtt.client``, imported on first use (the agent on a device needs nothing else)."""
+    try:
+        import paho.mqtt  # noqa: F401
+        import paho.mqtt.client as client
+    except ImportError:
+        raise MissingDependencyError("the MQTT client library paho-mqtt is not installed", hint=INSTALL_HINT) from None
+    major = int(str(getattr(paho.mqtt, "__version__", "0")).split(".")[0] or 0)
+    if major < 2:
+        raise MissingDependencyError(f"paho-mqtt {paho.mqtt.__version__} is too old; edgekit needs 2.0 or newer",
+                                     hint=INSTALL_HINT)
+    return client
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    host: str
+    port: int
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    keepalive_s: int = 30
+    connect_timeout_s: float = 5.0
+
+    @classmethod
+    def from_url(cls, url: str, *, ca_file: str | os.PathLike[str] | None = None,
+                 cert_file: str | os.PathLike[str] | None = None, key_file: str | os.PathLike[str] | None = None,
+                 username: str | None = None, password: str | None = None,
+                 password_file: str | os.PathLike[str] | None = None, keepalive_s: int = 30) -> "BrokerConfig":
+        u = urlparse(url)
+        if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
+            raise EdgeError(f"bad broker address {url!r}", hint="use mqtt://host[:port] or mqtts://host[:port]")
+        if u.path not in ("", "/") or u.query:
+            raise EdgeError(f"bad broker address {url!r}: no path or query expected", hint="use mqtt://host[:port]")
+        if u.password:
+            raise EdgeError("a password in the broker URL would be visible to every user of this machine",
+                            hint=f"use --password-file or ${PASSWORD_ENV}")
+        try:
+            port = u.port
+        except ValueError:
+            raise EdgeError(f"bad port in broker address {url!r}") from None
+        tls = u.scheme == "mqtts" or ca_file is not None or cert_file is not None
+        if (cert_file is None) != (key_file is None):
+            raise EdgeError("a client certificate needs both --cert and --key")
+        for what, f in (("CA file", ca_file), ("client certificate", cert_file), ("client key", key_file)):
+            if f is not None and not Path(f).is_file():
+                raise InputFileError(f"{what} {f} does not exist")
+        if password_file is not None:
+            pf = Path(password_file)
+            if not pf.is_file():
+                raise InputFileError(f"password file {pf} does not exist")
+            password = pf.read_text(encoding="utf-8").rstrip("\r\n")
+        elif password is None:
+            password = os.environ.get(PASSWORD_ENV) or None
+        user = username or (unquote(u.username) if u.username else None)
+        if password is not None and user is None:
+            raise EdgeError("a password was given without a user name", hint="pass --username or mqtt://user@host")
+        return cls(host=u.hostname, port=port or (8883 if tls else 1883), tls=tls,
+                   ca_file=Path(ca_file) if ca_file else None, cert_file=Path(cert_file) if cert_file else None,
+                   key_file=Path(key_file) if key_file else None, username=user, password=password,
+                   keepalive_s=keepalive_s)
+
+    @property
+    def url(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file and self.key_file:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return ctx
+
+    def new_client(self, client_id: str, *, manual_ack: bool = False) -> Any:
+        """A fresh paho client (MQTT 5, callback API v2) with TLS and credentials applied; not connected."""
+        mqtt = paho()
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                        manual_ack=manual_ack)
+        c.connect_timeout = self.connect_timeout_s
+        ctx = self.ssl_context()
+        if ctx is not None:
+            c.tls_set_context(ctx)
+        if self.username is not None:
+            c.username_pw_set(self.username, self.password)
+        return c

@@ -1,0 +1,84 @@
+"""MQTT topics of the edgekit protocol, as a value that formats and parses itself.
+
+    edgekit/<fleet>/<device>/{birth,telemetry,state,death}
+    edgekit/<fleet>/<device>/cmd/<name>
+
+A fleet, device or command name containing ``/``, ``+`` or ``#`` (or nothing, or a NUL)
+would silently change what a topic or a subscription means, so it is refused here, once,
+instead of being escaped somewhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge.errors import EdgeError
+
+ROOT = "edgekit"
+KINDS = ("birth", "telemetry", "state", "death", "cmd")
+_FORBIDDEN = ("/", "+", "#", "\x00")
+MAX_PART = 128
+
+
+class TopicError(EdgeError):
+    """A topic, or a part of one, that is not a valid edgekit topic."""
+
+
+def check_part(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise TopicError(f"{what} must be a non-empty string, got {value!r}")
+    bad = [c for c in _FORBIDDEN if c in value]
+    if bad:
+        raise TopicError(f"{what} {value!r} contains {', '.join(repr(c) for c in bad)}",
+                         hint="device ids, fleet and command names may not contain '/', '+', '#' or NUL")
+    if len(value) > MAX_PART:
+        raise TopicError(f"{what} is {len(value)} characters long; at most {MAX_PART}")
+    if value != value.strip():
+        raise TopicError(f"{what} {value!r} has leading or trailing whitespace")
+    return value
+
+
+@dataclass(frozen=True)
+class Topic:
+    fleet: str
+    device: str
+    kind: str
+    command: str | None = None  # only for kind == "cmd"
+
+    def __post_init__(self) -> None:
+        check_part(self.fleet, "fleet")
+        check_part(self.device, "device id")
+        if self.kind not in KINDS:
+            raise TopicError(f"unknown topic kind {self.kind!r}; one of {', '.join(KINDS)}")
+        if (self.kind == "cmd") != (self.command is not None):
+            raise TopicError("a command name goes with kind 'cmd', and only with it")
+        if self.command is not None:
+            check_part(self.command, "command name")
+
+    def __str__(self) -> str:
+        base = f"{ROOT}/{self.fleet}/{self.device}/{self.kind}"
+        return base if self.command is None else f"{base}/{self.command}"
+
+    @classmethod
+    def parse(cls, topic: str) -> "Topic":
+        parts = topic.split("/")
+        if len(parts) not in (4, 5) or parts[0] != ROOT:
+            raise TopicError(f"not an edgekit topic: {topic[:200]!r}")
+        if len(parts) == 5 and parts[3] != "cmd":
+            raise TopicError(f"not an edgekit topic: {topic[:200]!r}")
+        return cls(parts[1], parts[2], parts[3], parts[4] if len(parts) == 5 else None)
+
+
+def fleet_filter(fleet: str = "+", kind: str = "+") -> str:
+    """A subscription filter for one kind of message (``+``: any) of every device of a fleet (``+``: any)."""
+    if fleet != "+":
+        check_part(fleet, "fleet")
+    if kind != "+" and kind not in KINDS:
+        raise TopicError(f"unknown topic kind {kind!r}")
+    return f"{ROOT}/{fleet}/+/{kind}"
+
+
+def shared(group: str, topic_filter: str) -> str:
+    """An MQTT 5 shared subscription: the broker gives each message to one member of ``group``."""
+    check_part(group, "shared subscription group")
+    return f"$share/{group}/{topic_filter}"

@@ -1,0 +1,5 @@
+"""Fleet side: the collector (MQTT shared subscription into SQLite/PostgreSQL), status, a fleet simulator.
+
+Modules: ``decode`` (checked decoding, every failure a counted reason), ``db`` (one schema,
+two databases), ``collector``, ``status``, ``simulate``.
+"""

@@ -1,0 +1,349 @@
+"""The fleet collector: an MQTT 5 shared subscription into SQLite or PostgreSQL, nothing lost.
+
+- Subscribes to ``$share/<group>/edgekit/<fleet>/+/+``: several collectors in one group
+  split the fleet's messages between them (each message goes to one of them).
+- Persistent MQTT session (clean_start false, session expiry): while a collector is away
+  the broker keeps its messages. Messages are acknowledged (manual PUBACK) only after the
+  transaction holding them is committed, so a crash between the two re-delivers instead of losing.
+- De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
+  (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection).
+- Gaps: ``streams`` counts, per device session, the stream messages received and the
+  highest seq seen or announced (births and deaths carry the stream position); the
+  difference is what is still missing (in flight, in the device's outbox, or dropped there).
+- State unknown (telemetry from a session whose birth this store has not seen, e.g. the
+  collector started after the retained birth, which shared subscriptions never deliver):
+  it sends ``cmd/rebirth`` to the device, at most once per ``rebirth_interval_s``.
+- Malformed, oversized, unknown-schema and topic/device mismatched payloads are counted and
+  logged (``Rejected``), acknowledged, and never stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge.agent.mqtt import BrokerConfig
+from edge.agent.netloop import Backoff, Connection, NetworkLoop
+from edge.agent.payloads import SCHEMA_VERSION, encode
+from edge.agent.topics import Topic, check_part, fleet_filter, shared
+from edge.fleet.db import FleetDB, open_db
+from edge.fleet.decode import MAX_PAYLOAD_BYTES, REASONS, Decoded, Rejected, decode, flag, integer, num, text
+
+log = logging.getLogger("edge.fleet")
+
+_NEWER = ("devices.session IS NULL OR devices.session < excluded.session OR "
+          "(devices.session = excluded.session AND devices.connection <= excluded.connection)")
+
+
+@dataclass
+class CollectorConfig:
+    broker: BrokerConfig
+    db_url: str = "sqlite:///fleet.db"
+    fleet: str = "+"
+    group: str = "edgekit-collectors"
+    client_id: str | None = None
+    session_expiry_s: int = 3600
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    rebirth_interval_s: float = 30.0
+    gap_grace_s: float = 10.0  # a gap shorter than this is a replay in progress, not worth a log line
+    batch_max: int = 500
+    receive_maximum: int = 1000
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        if self.fleet != "+":
+            check_part(self.fleet, "fleet")
+        check_part(self.group, "shared subscription group")
+        if self.client_id is None:
+            self.client_id = f"edgekit-collector-{self.group}-{socket.gethostname()}"[:200]
+
+
+def _new_stats() -> dict[str, Any]:
+    return {"received": 0, "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0}, "duplicates": 0,
+            "rejected": {r: 0 for r in REASONS}, "rebirths_sent": 0, "gaps_detected": 0, "gaps_filled": 0,
+            "db_errors": 0}
+
+
+class Collector:
+    def __init__(self, config: CollectorConfig, *, db: FleetDB | None = None) -> None:
+        self.config = config
+        self.db = db if db is not None else open_db(config.db_url)
+        self._own_db = db is None
+        self.stats = _new_stats()
+        self.loop: NetworkLoop | None = None
+        self.conn: Connection | None = None
+        self._acks: list[tuple[Any, int, int]] = []
+        self._births: dict[tuple[str, str], int] = {}  # device -> latest birth session known
+        self._rebirth_at: dict[tuple[str, str], float] = {}
+        self._touched: set[tuple[str, str, int]] = set()
+        self._gappy: dict[tuple[str, str, int], tuple[float, bool]] = {}  # stream -> (first seen, reported)
+        self._uncommitted = 0
+        self._own_loop = False
+
+    # storing -----------------------------------------------------------------------------
+    def handle(self, topic: str, payload: bytes, received_at: float | None = None) -> str:
+        """Decode and store one message (not committed until ``flush``). Returns what happened."""
+        self.stats["received"] += 1
+        now = time.time() if received_at is None else received_at
+        try:
+            d = decode(topic, payload, max_bytes=self.config.max_payload_bytes)
+        except Rejected as r:
+            n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
+            if n <= 20 or n % 1000 == 0:
+                log.warning("rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
+            return r.reason
+        raw = payload.decode("utf-8")
+        self._uncommitted += 1
+        if d.kind in ("telemetry", "state"):
+            inserted = self._store_stream(d, raw, now)
+        elif d.kind == "birth":
+            inserted = self._store_birth(d, raw, now)
+        else:
+            inserted = self._store_death(d, raw, now)
+        if not inserted:
+            self.stats["duplicates"] += 1
+            return "duplicate"
+        self.stats["stored"][d.kind] += 1
+        return "stored"
+
+    def _store_stream(self, d: Decoded, raw: str, now: float) -> bool:
+        x, db = d.payload, self.db
+        key = (d.fleet, d.device, d.session, d.seq)
+        if d.kind == "telemetry":
+            cur = db.execute(
+                "INSERT INTO telemetry (fleet, device, session, seq, ts, received_at, historical, fps, p50_ms, p99_ms, "
+                "max_ms, misses, frames, cpu_percent, rss_mb, temp_c, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (*key, d.ts, now, d.historical, num(x, "inference", "fps"), num(x, "inference", "latency_ms", "p50_ms"),
+                 num(x, "inference", "latency_ms", "p99_ms"), num(x, "inference", "latency_ms", "max_ms"),
+                 integer(x, "inference", "budget_misses"), integer(x, "inference", "frames"),
+                 num(x, "process", "cpu_percent"), num(x, "process", "rss_mb"), num(x, "thermal", "max_c"), raw))
+        else:
+            cur = db.execute(
+                "INSERT INTO states (fleet, device, session, seq, ts, received_at, historical, state, detail, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (*key, d.ts, now, d.historical, text(x, "state"), text(x, "detail", limit=2000), raw))
+        if cur.rowcount != 1:
+            return False
+        db.execute("INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
+                   "VALUES (?, ?, ?, 1, ?, 0, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
+                   "received = streams.received + 1, updated_at = excluded.updated_at, max_seq = CASE WHEN "
+                   "excluded.max_seq > streams.max_seq THEN excluded.max_seq ELSE streams.max_seq END",
+                   (d.fleet, d.device, d.session, d.seq, now))
+        self._touched.add((d.fleet, d.device, d.session))
+        db.execute("INSERT INTO devices (fleet, device, last_seen) VALUES (?, ?, ?) ON CONFLICT (fleet, device) "
+                   "DO UPDATE SET last_seen = excluded.last_seen "
+                   "WHERE devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen", (d.fleet, d.device, now))
+        newer = ("fleet = ? AND device = ? AND (last_session IS NULL OR last_session < ? OR "
+                 "(last_session = ? AND last_seq < ?))")
+        where = (d.fleet, d.device, d.session, d.session, d.seq)
+        if d.kind == "telemetry":
+            db.execute(
+                "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, fps = ?, p50_ms = ?, p99_ms = ?, "
+                "max_ms = ?, budget_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, "
+                "throttled = ?, spool_pending = ?, spool_dropped = ?, interval_s = coalesce(?, interval_s), "
+                "bundle_id = coalesce(?, bundle_id) WHERE " + newer,
+                (d.session, d.seq, d.ts, num(x, "inference", "fps"), num(x, "inference", "latency_ms", "p50_ms"),
+                 num(x, "inference", "latency_ms", "p99_ms"), num(x, "inference", "latency_ms", "max_ms"),
+                 num(x, "inference", "budget_ms"), integer(x, "inference", "budget_misses"),
+                 integer(x, "inference", "frames"), num(x, "process", "cpu_percent"), num(x, "process", "rss_mb"),
+                 num(x, "thermal", "max_c"), flag(x, "thermal", "throttled_now"), integer(x, "spool", "pending"),
+                 integer(x, "spool", "dropped_total"), num(x, "interval_s"), text(x, "bundle_id"), *where))
+        else:
+            db.execute("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
+                       "WHERE " + newer, (d.session, d.seq, d.ts, text(x, "state"), text(x, "detail", limit=2000), *where))
+        self._check_known(d)
+        return True
+
+    def _store_birth(self, d: Decoded, raw: str, now: float) -> bool:
+        x, db = d.payload, self.db
+        cur = db.execute("INSERT INTO births (fleet, device, session, connection, seq, ts, received_at, payload) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, raw))
+        if cur.rowcount != 1:
+            return False
+        db.execute(
+            "INSERT INTO devices (fleet, device, online, session, connection, birth_at, last_seen, interval_s, bundle_id, "
+            "target, runtime, device_used, precision_used, edgekit_version, hostname, state, state_detail) "
+            "VALUES (?, ?, TRUE, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET "
+            "online = TRUE, session = excluded.session, connection = excluded.connection, birth_at = excluded.birth_at, "
+            "last_seen = excluded.last_seen, interval_s = excluded.interval_s, bundle_id = excluded.bundle_id, "
+            "target = excluded.target, runtime = excluded.runtime, device_used = excluded.device_used, "
+            "precision_used = excluded.precision_used, edgekit_version = excluded.edgekit_version, "
+            "hostname = excluded.hostname, state = excluded.state, state_detail = excluded.state_detail, "
+            "death_at = NULL, death_reason = NULL WHERE " + _NEWER,
+            (d.fleet, d.device, d.session, d.connection, d.ts, now, num(x, "agent", "interval_s"),
+             text(x, "bundle", "id"), text(x, "bundle", "target"), text(x, "runner", "runtime"),
+             text(x, "runner", "device_used"), text(x, "runner", "precision_used"),
+             text(x, "agent", "edgekit_version"), text(x, "host", "hostname"), text(x, "state"),
+             text(x, "state_detail", limit=2000)))
+        self._announce(d, now)
+        key = (d.fleet, d.device)
+        if self._births.get(key, -1) < d.session:
+            self._births[key] = d.session
+        return True
+
+    def _store_death(self, d: Decoded, raw: str, now: float) -> bool:
+        db = self.db
+        reason = text(d.payload, "reason")
+        cur = db.execute("INSERT INTO deaths (fleet, device, session, connection, seq, ts, received_at, reason, payload) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, reason, raw))
+        if cur.rowcount != 1:
+            return False
+        db.execute("INSERT INTO devices (fleet, device, online, session, connection, death_at, death_reason) "
+                   "VALUES (?, ?, FALSE, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET online = FALSE, "
+                   "session = excluded.session, connection = excluded.connection, death_at = excluded.death_at, "
+                   "death_reason = excluded.death_reason WHERE " + _NEWER,
+                   (d.fleet, d.device, d.session, d.connection, now, reason))
+        self._announce(d, now)
+        return True
+
+    def _announce(self, d: Decoded, now: float) -> None:
+        """Births and deaths carry the stream position: messages up to it exist somewhere."""
+        self.db.execute("INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
+                        "VALUES (?, ?, ?, 0, 0, ?, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
+                        "announced_seq = CASE WHEN excluded.announced_seq > streams.announced_seq "
+                        "THEN excluded.announced_seq ELSE streams.announced_seq END",
+                        (d.fleet, d.device, d.session, d.seq, now))
+        self._touched.add((d.fleet, d.device, d.session))
+
+    # state unknown -> rebirth ------------------------------------------------------------
+    def _check_known(self, d: Decoded) -> None:
+        key = (d.fleet, d.device)
+        known = self._births.get(key)
+        if known is None or known < d.session:  # ask the store: another collector may have seen the birth
+            row = self.db.execute("SELECT max(session) FROM births WHERE fleet = ? AND device = ?", key).fetchone()
+            if row and row[0] is not None:
+                known = self._births[key] = int(row[0])
+        if known is None or known < d.session:
+            self.request_rebirth(d.fleet, d.device, "no birth seen for session %d" % d.session)
+
+    def request_rebirth(self, fleet: str, device: str, reason: str) -> bool:
+        key = (fleet, device)
+        now = time.monotonic()
+        if now - self._rebirth_at.get(key, -1e9) < self.config.rebirth_interval_s:
+            return False
+        if self.conn is None or not self.conn.connected:
+            return False
+        self._rebirth_at[key] = now
+        body = {"schema_version": SCHEMA_VERSION, "type": "cmd", "command": "rebirth", "fleet": fleet,
+                "device": device, "reason": reason, "ts": round(time.time(), 6)}
+        self.conn.publish(str(Topic(fleet, device, "cmd", "rebirth")), encode(body), qos=1)
+        self.stats["rebirths_sent"] += 1
+        log.info("asked %s/%s for a rebirth (%s)", fleet, device, reason)
+        return True
+
+    # committing --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Commit, then acknowledge what the commit made durable; then look at the streams touched."""
+        if not self._uncommitted and not self._acks:
+            return
+        try:
+            self._check_gaps()
+            self.db.commit()
+        except Exception as e:
+            self._db_failed(e)
+            return
+        self._uncommitted = 0
+        acks, self._acks = self._acks, []
+        if self.conn is not None:
+            for client, mid, qos in acks:
+                self.conn.ack(client, mid, qos)
+
+    def _check_gaps(self) -> None:
+        touched, self._touched = self._touched, set()
+        for key in touched:
+            row = self.db.execute("SELECT received, max_seq, announced_seq FROM streams WHERE fleet = ? AND device = ? "
+                                  "AND session = ?", key).fetchone()
+            if row is None:
+                continue
+            missing = max(row[1], row[2]) - row[0]
+            now = time.monotonic()
+            if missing > 0:
+                since, reported = self._gappy.setdefault(key, (now, False))
+                if not reported and now - since >= self.config.gap_grace_s:
+                    self._gappy[key] = (since, True)
+                    self.stats["gaps_detected"] += 1
+                    log.warning("%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, %d received)",
+                                key[0], key[1], key[2], missing, now - since, max(row[1], row[2]), row[0])
+            elif key in self._gappy:
+                since, reported = self._gappy.pop(key)
+                if reported:
+                    self.stats["gaps_filled"] += 1
+                    log.info("%s/%s session %d: gap filled after %.0f s", key[0], key[1], key[2], now - since)
+
+    def _db_failed(self, e: Exception) -> None:
+        """Roll back and drop the connection: the broker re-delivers everything not yet acknowledged."""
+        self.stats["db_errors"] += 1
+        log.error("database error, rolling back and reconnecting for re-delivery: %s", e)
+        try:
+            self.db.rollback()
+        except Exception:  # pragma: no cover - the connection itself is gone
+            pass
+        self._acks.clear()
+        self._uncommitted = 0
+        self._touched.clear()
+        if self.conn is not None and self.conn.client is not None:
+            self.conn.client.disconnect()
+
+    # MQTT --------------------------------------------------------------------------------
+    @property
+    def subscription(self) -> str:
+        return shared(self.config.group, fleet_filter(self.config.fleet))
+
+    def _message(self, conn: Connection, msg: Any) -> None:
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:
+            topic = "<not UTF-8>"
+        try:
+            self.handle(topic, bytes(msg.payload))
+        except Exception as e:
+            self._db_failed(e)
+            return
+        self._acks.append((conn.client, msg.mid, msg.qos))
+        if len(self._acks) >= self.config.batch_max:
+            self.flush()
+
+    def start(self, loop: NetworkLoop | None = None) -> "Collector":
+        c = self.config
+        self.loop = loop or NetworkLoop(name="edgekit-collector").start()
+        self._own_loop = loop is None
+        self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
+                               on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
+                               manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
+        self.loop.run(self.loop.after_io, self.flush)
+        self.conn.start()
+        return self
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters, read on the loop thread (consistent)."""
+        if self.loop is None:
+            return json.loads(json.dumps(self.stats))
+        return self.loop.run(lambda: json.loads(json.dumps(self.stats)))
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and self.conn.connected
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.loop is not None and self.conn is not None:
+            self.loop.run(self.flush)
+            self.loop.run(self.conn.close)
+            self.conn.closed.wait(timeout)
+            if self._own_loop:
+                self.loop.stop()
+        self.loop = None
+        if self._own_db:
+            self.db.close()
+
+    def __enter__(self) -> "Collector":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

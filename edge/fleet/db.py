@@ -1,0 +1,155 @@
+"""The collector's store: SQLite by default, PostgreSQL for ``postgresql://`` URLs, one schema.
+
+SQL is written once with ``?`` placeholders and portable syntax (``ON CONFLICT ... DO
+NOTHING/UPDATE ... WHERE``, ``DOUBLE PRECISION``, ``BIGINT``, ``BOOLEAN``), which both
+SQLite (3.24+) and PostgreSQL (9.5+) accept. Timestamps are Unix epoch seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from edge.errors import EdgeError, MissingDependencyError
+
+SCHEMA_VERSION = 1
+
+_DEVICE_COLUMNS = """
+    fleet TEXT NOT NULL, device TEXT NOT NULL,
+    online BOOLEAN, session BIGINT, connection BIGINT, birth_at DOUBLE PRECISION, death_at DOUBLE PRECISION,
+    death_reason TEXT, last_seen DOUBLE PRECISION, interval_s DOUBLE PRECISION,
+    bundle_id TEXT, target TEXT, runtime TEXT, device_used TEXT, precision_used TEXT, edgekit_version TEXT,
+    hostname TEXT, state TEXT, state_detail TEXT,
+    last_session BIGINT, last_seq BIGINT, last_ts DOUBLE PRECISION,
+    fps DOUBLE PRECISION, p50_ms DOUBLE PRECISION, p99_ms DOUBLE PRECISION, max_ms DOUBLE PRECISION,
+    budget_ms DOUBLE PRECISION, misses BIGINT, frames BIGINT, cpu_percent DOUBLE PRECISION, rss_mb DOUBLE PRECISION,
+    temp_c DOUBLE PRECISION, throttled BOOLEAN, spool_pending BIGINT, spool_dropped BIGINT,
+    PRIMARY KEY (fleet, device)"""
+
+SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS devices ({_DEVICE_COLUMNS})",
+    """CREATE TABLE IF NOT EXISTS births (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, connection BIGINT NOT NULL,
+        seq BIGINT NOT NULL, ts DOUBLE PRECISION NOT NULL, received_at DOUBLE PRECISION NOT NULL, payload TEXT NOT NULL,
+        PRIMARY KEY (fleet, device, session, connection, seq))""",
+    """CREATE TABLE IF NOT EXISTS deaths (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, connection BIGINT NOT NULL,
+        seq BIGINT NOT NULL, ts DOUBLE PRECISION NOT NULL, received_at DOUBLE PRECISION NOT NULL, reason TEXT,
+        payload TEXT NOT NULL, PRIMARY KEY (fleet, device, session, connection))""",
+    """CREATE TABLE IF NOT EXISTS telemetry (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, seq BIGINT NOT NULL,
+        ts DOUBLE PRECISION NOT NULL, received_at DOUBLE PRECISION NOT NULL, historical BOOLEAN NOT NULL,
+        fps DOUBLE PRECISION, p50_ms DOUBLE PRECISION, p99_ms DOUBLE PRECISION, max_ms DOUBLE PRECISION,
+        misses BIGINT, frames BIGINT, cpu_percent DOUBLE PRECISION, rss_mb DOUBLE PRECISION, temp_c DOUBLE PRECISION,
+        payload TEXT NOT NULL, PRIMARY KEY (fleet, device, session, seq))""",
+    """CREATE TABLE IF NOT EXISTS states (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, seq BIGINT NOT NULL,
+        ts DOUBLE PRECISION NOT NULL, received_at DOUBLE PRECISION NOT NULL, historical BOOLEAN NOT NULL,
+        state TEXT, detail TEXT, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, session, seq))""",
+    # one row per (device, session): how many stream messages arrived, the highest seq seen or announced
+    """CREATE TABLE IF NOT EXISTS streams (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, received BIGINT NOT NULL,
+        max_seq BIGINT NOT NULL, announced_seq BIGINT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (fleet, device, session))""",
+    "CREATE INDEX IF NOT EXISTS telemetry_received ON telemetry (received_at)",
+]
+
+
+class FleetDB:
+    """A DB-API connection with ``?`` placeholders on both dialects. Not thread-safe: one per thread."""
+
+    def __init__(self, conn: Any, dialect: str, url: str) -> None:
+        self.conn, self.dialect, self.url = conn, dialect, url
+        self._cur = conn.cursor()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.dialect == "postgresql":
+            sql = sql.replace("?", "%s")
+        self._cur.execute(sql, params)
+        return self._cur
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.execute(sql, params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        self.conn.rollback()
+
+    def close(self) -> None:
+        try:
+            self._cur.close()
+        finally:
+            self.conn.close()
+
+    def __enter__(self) -> "FleetDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def init_schema(self) -> None:
+        for stmt in SCHEMA:
+            self.execute(stmt)
+        row = self.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            self.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise EdgeError(f"{self.url} holds fleet schema {row[0]}; this edgekit uses {SCHEMA_VERSION}",
+                            hint="use a new database, or the edgekit version that created it")
+        self.commit()
+
+
+def _sqlite_path(url: str) -> str:
+    rest = url[len("sqlite://"):]
+    if rest in ("", "/", "/:memory:"):
+        return ":memory:"
+    if not rest.startswith("/"):
+        raise EdgeError(f"bad SQLite URL {url!r}", hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+    return rest[1:]
+
+
+def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
+    """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``."""
+    scheme = urlparse(url).scheme
+    if scheme == "sqlite":
+        path = _sqlite_path(url)
+        if path != ":memory:":
+            p = Path(path)
+            if must_exist and not p.exists():
+                raise EdgeError(f"fleet database {p} does not exist", hint="start `edgekit fleet collect` first")
+            p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        db = FleetDB(conn, "sqlite", url)
+    elif scheme in ("postgresql", "postgres"):
+        try:
+            import psycopg
+        except ImportError:
+            raise MissingDependencyError("PostgreSQL support needs psycopg 3",
+                                         hint="pip install 'edgekit-ml[fleet]'") from None
+        try:
+            conn = psycopg.connect(url, connect_timeout=10)
+        except psycopg.Error as e:
+            raise EdgeError(f"cannot connect to {_redact(url)}: {str(e).strip().splitlines()[0]}") from None
+        db = FleetDB(conn, "postgresql", url)
+    else:
+        raise EdgeError(f"unsupported database URL {_redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
+    try:
+        db.init_schema()  # idempotent
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -1,0 +1,171 @@
+"""A real Mosquitto for tests and benchmarks: own temporary config, a free loopback port, stopped after.
+
+Never port 1883, never a non-loopback address. Imported by the MQTT tests (not by conftest)
+and by ``benchmarks/fleet_ingest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+HOST = "127.0.0.1"
+
+
+def mosquitto_binary() -> str | None:
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        port = int(s.getsockname()[1])
+    assert port != 1883
+    return port
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {HOST}:{port} after {timeout} s")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(directory: Path, name: str = "edgekit-test-ca") -> TlsFiles:
+    """A CA, a server certificate for 127.0.0.1/localhost, and a client certificate (openssl CLI, EC keys)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl program is not installed (apt-get install openssl)")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+             "-subj", f"/CN={name}", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    for who, san in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", None)):
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={who}",
+                 "-keyout", f"{who}.key", "-out", f"{who}.csr", cwd=d)
+        ext = d / f"{who}.ext"
+        ext.write_text((san + "\n") if san else "basicConstraints=CA:FALSE\n")
+        _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-out", f"{who}.pem", "-extfile", ext.name, cwd=d)
+    for f in d.glob("*.key"):
+        f.chmod(0o644)  # mosquitto may drop privileges when started by root
+    return TlsFiles(d / "ca.pem", d / "ca.key", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
+def password_file(path: Path, users: dict[str, str]) -> Path:
+    exe = shutil.which("mosquitto_passwd")
+    if exe is None:
+        pytest.skip("mosquitto_passwd is not installed (it comes with the mosquitto package)")
+    path.write_text("")
+    for user, pw in users.items():
+        subprocess.run([exe, "-b", str(path), user, pw], check=True, capture_output=True, timeout=30)
+    path.chmod(0o644)
+    return path
+
+
+class Mosquitto:
+    """One broker process. ``restart()`` keeps the port and the persistence file."""
+
+    def __init__(self, workdir: Path, *, port: int | None = None, tls: TlsFiles | None = None,
+                 require_certificate: bool = False, passwords: Path | None = None, extra: str = "") -> None:
+        exe = mosquitto_binary()
+        if exe is None:
+            pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+        self.exe = exe
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.tls = tls
+        lines = [f"listener {self.port} {HOST}", f"allow_anonymous {'false' if passwords else 'true'}",
+                 "persistence true", f"persistence_location {self.workdir}/", "autosave_interval 1",
+                 "max_queued_messages 0",
+                 f"log_dest file {self.workdir}/mosquitto.log", "log_type error", "log_type warning",
+                 "log_type notice", "log_type information"]
+        if os.geteuid() == 0:
+            lines.append("user root")
+        if passwords:
+            lines.append(f"password_file {passwords}")
+        if tls:
+            lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}",
+                      f"require_certificate {'true' if require_certificate else 'false'}"]
+        self.config = self.workdir / "mosquitto.conf"
+        self.config.write_text("\n".join(lines) + "\n" + extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{HOST}:{self.port}"
+
+    def start(self) -> "Mosquitto":
+        self.proc = subprocess.Popen([self.exe, "-c", str(self.config)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        try:
+            wait_port(self.port)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"mosquitto did not start: {self.log()[-2000:]}") from None
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p.stderr:
+            p.stderr.close()
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def log(self) -> str:
+        f = self.workdir / "mosquitto.log"
+        return f.read_text(errors="replace") if f.exists() else ""
+
+    def __enter__(self) -> "Mosquitto":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    with Mosquitto(tmp_path / "broker") as m:
+        yield m
