@@ -1,7 +1,9 @@
 """Frame -> model input, from the bundle's ``PreprocessSpec``.
 
-One implementation serves calibration, parity and (later) the video pipeline, so they agree.
-Normalisation is folded into one multiply-add per channel written into a reused buffer.
+One implementation serves calibration, parity and the video pipeline (``edge.video``), so
+they agree. Normalisation is folded into one multiply-add per channel; for NCHW it is
+written straight into the channel planes of the output (no HWC intermediate, no transpose
+copy), and the caller may pass that output buffer in (``out=``) to reuse it frame after frame.
 """
 
 from __future__ import annotations
@@ -20,11 +22,25 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".
 
 @dataclass(frozen=True)
 class LetterboxTransform:
-    """Maps model-input coordinates back to the source frame: ``src = (x - pad) / scale``."""
+    """Maps model-input coordinates back to the source frame: ``src = (x - pad) / scale``.
+
+    Letterboxing scales both axes alike; a plain resize scales them apart (``scale_y``).
+    """
 
     scale: float
     pad_x: int
     pad_y: int
+    scale_y: float | None = None  # None: the same as ``scale``
+
+    def boxes_to_source(self, xyxy: np.ndarray, frame_hw: tuple[int, int]) -> np.ndarray:
+        """[N, 4] x1, y1, x2, y2 in model-input pixels -> source-frame pixels, clipped to the frame."""
+        sy = self.scale if self.scale_y is None else self.scale_y
+        out = np.empty_like(xyxy, dtype=np.float32)
+        out[:, 0::2] = (xyxy[:, 0::2] - self.pad_x) / self.scale
+        out[:, 1::2] = (xyxy[:, 1::2] - self.pad_y) / sy
+        np.clip(out[:, 0::2], 0, frame_hw[1], out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0, frame_hw[0], out=out[:, 1::2])
+        return out
 
 
 def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -54,31 +70,64 @@ class Preprocessor:
         self._mul = (spec.scale / std).astype(np.float32)
         self._add = (-np.asarray(spec.mean, dtype=np.float32) / std).astype(np.float32)
         h, w = spec.size
+        self.dtype = np.dtype(spec.dtype)
+        self.output_shape: tuple[int, ...] = (1, 3, h, w) if spec.layout == "NCHW" else (1, h, w, 3)
         self._hwc = np.empty((h, w, 3), dtype=np.float32)
+        self._chw = np.empty((3, h, w), dtype=np.float32)
         self._canvas = np.full((h, w, 3), spec.pad_value, dtype=np.uint8)
+        self._placed: tuple[int, int, int, int] | None = None  # where the last frame went on the canvas
 
-    def __call__(self, frame: np.ndarray) -> tuple[np.ndarray, LetterboxTransform]:
+    def new_output(self) -> np.ndarray:
+        """A buffer of the model input's shape and dtype, for ``out=``."""
+        return np.empty(self.output_shape, dtype=self.dtype)
+
+    def __call__(self, frame: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, LetterboxTransform]:
+        """Pre-process one frame into ``out`` (a fresh array when None) and say how to map boxes back."""
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             raise InputFileError(f"expected an HxWx3 uint8 frame, got {frame.dtype}{list(frame.shape)}")
+        fh, fw = frame.shape[:2]
         h, w = self.spec.size
+        if fh == 0 or fw == 0:
+            raise InputFileError(f"empty frame ({fw}x{fh})")
         if self.spec.resize == "letterbox":
-            scale = min(h / frame.shape[0], w / frame.shape[1])
-            nw, nh = max(1, round(frame.shape[1] * scale)), max(1, round(frame.shape[0] * scale))
+            scale = min(h / fh, w / fw)
+            nw, nh = round(fw * scale), round(fh * scale)
+            if nw < 1 or nh < 1:
+                raise InputFileError(
+                    f"a {fw}x{fh} frame cannot be letterboxed into the model's {w}x{h} input: "
+                    f"its picture would be {nw}x{nh} pixels",
+                    hint="crop the frames to a less extreme aspect ratio, or convert with --no-letterbox")
             px, py = (w - nw) // 2, (h - nh) // 2
             canvas = self._canvas
-            canvas[...] = self.spec.pad_value
+            if self._placed != (px, py, nw, nh):  # the padding only changes when the geometry does
+                canvas[...] = self.spec.pad_value
+                self._placed = (px, py, nw, nh)
             canvas[py:py + nh, px:px + nw] = _resize(frame, nw, nh)
             img, tf = canvas, LetterboxTransform(scale, px, py)
         else:
             img = _resize(frame, w, h)
-            tf = LetterboxTransform(min(h / frame.shape[0], w / frame.shape[1]), 0, 0)
-        if self.swap:
-            img = img[..., ::-1]
-        np.multiply(img, self._mul, out=self._hwc, casting="unsafe")
-        self._hwc += self._add
-        x = self._hwc.transpose(2, 0, 1) if self.spec.layout == "NCHW" else self._hwc
-        # a fresh contiguous array: the caller may keep it while the next frame is prepared
-        return np.ascontiguousarray(x[None], dtype=self.spec.dtype), tf
+            tf = LetterboxTransform(w / fw, 0, 0, scale_y=h / fh)
+        if out is None:
+            # a fresh array: the caller may keep it while the next frame is prepared
+            out = self.new_output()
+        elif out.shape != self.output_shape or out.dtype != self.dtype:
+            raise ValueError(f"out must be {self.dtype}{list(self.output_shape)}, got {out.dtype}{list(out.shape)}")
+        if self.spec.layout == "NCHW":
+            direct = self.dtype == np.float32  # else compute in float32, then cast once
+            planes = out[0] if direct else self._chw
+            for c in range(3):
+                src = img[..., 2 - c if self.swap else c]
+                np.multiply(src, self._mul[c], out=planes[c], casting="unsafe")
+                planes[c] += self._add[c]
+            if not direct:
+                np.copyto(out[0], planes, casting="unsafe")
+        else:
+            if self.swap:
+                img = img[..., ::-1]
+            np.multiply(img, self._mul, out=self._hwc, casting="unsafe")
+            self._hwc += self._add
+            np.copyto(out[0], self._hwc, casting="unsafe")
+        return out, tf
 
 
 def read_image(path: Path) -> np.ndarray:

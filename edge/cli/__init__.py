@@ -17,6 +17,7 @@ from edge.cli import convert as _convert
 from edge.cli import deploy as _deploy
 from edge.cli import doctor as _doctor
 from edge.cli import fleet as _fleet
+from edge.cli import run as _run
 from edge.cli import targets as _targets
 from edge.cli._common import command
 
@@ -48,6 +49,7 @@ app.command("convert")(command(_convert.convert_cmd))
 app.command("bench")(command(_bench.bench_cmd))
 app.command("deploy")(command(_deploy.deploy_cmd))
 app.command("rollback")(command(_deploy.rollback_cmd))
+app.command("run")(command(_run.run_cmd))
 app.command("agent")(command(_agent.agent_cmd))
 app.add_typer(_fleet.app, name="fleet")
 

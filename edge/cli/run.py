@@ -1,0 +1,144 @@
+"""``edgekit run``: a bundle on video frames (file, camera, images, synthetic) through the pipelined runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from edge.bundle import Bundle
+from edge.cli._common import JsonOut, console, err_console, fmt_ms, print_json
+from edge.cli.bench import BudgetMs, Fps
+from edge.stats import budget_from
+
+
+def _source_line(s: dict[str, Any]) -> str:
+    size = f"{s['width']}x{s['height']}" if s.get("width") else "?"
+    bits = [f"{s['kind']} {s['name']}", size]
+    if s.get("fps"):
+        bits.append(f"{s['fps']:.4g} fps")
+    if s.get("frame_count"):
+        bits.append(f"{s['frame_count']} frames")
+    if s.get("codec") or s.get("backend"):
+        bits.append(" ".join(v for v in (s.get("codec"), s.get("backend") and f"via {s['backend']}") if v))
+    return ", ".join(bits)
+
+
+def render_run(r: dict[str, Any]) -> None:
+    run = r["runner"]
+    f = r["frames"]
+    mode = {"offline": "offline: every frame, as fast as the pipeline goes",
+            "realtime": f"realtime: fed at {r['pace_fps'] or 0:.4g} fps, frames that would be late dropped",
+            "live": "live camera: the camera sets the pace, frames that would be late dropped",
+            "sequential": "sequential loop (read, pre-process, infer, post-process, repeat)"}[r["mode"]]
+    t = Table(title=f"run {r['bundle']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    t.add_row("source", _source_line(r["source"]))
+    t.add_row("mode", mode + (f"; {r['infer_workers']} inference workers" if r["infer_workers"] > 1 else ""))
+    if run:
+        t.add_row("runtime", f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
+                             + (f", {run['threads']} threads" if run.get("threads") else ""))
+    t.add_row("post-processing", r["postprocess"] + (f" -> {r['output']}" if r["output"] else ""))
+    drops = ", ".join(f"{k} {v}" for k, v in f["dropped_by_reason"].items() if v)
+    t.add_row("frames", f"in {f['in']}, processed {f['processed']}, dropped {f['dropped']}"
+                        + (f" ({drops})" if drops else "") + f", late {f['late']}")
+    e2e_label = ("end-to-end ms (incl. waits in full queues)" if r["mode"] == "offline" else "end-to-end ms")
+    for key, label in (("e2e", e2e_label), ("service", "service ms (sum of stages)")):
+        s = r[key]
+        if s:
+            t.add_row(label, f"p50 {fmt_ms(s['p50_ms'])}  p99 {fmt_ms(s['p99_ms'])}  max {fmt_ms(s['max_ms'])}")
+    bound = (f"; bound {r['bound_fps']:.1f} fps (slowest stage: {r['bottleneck']}), {r['pct_of_bound']:.0f}% of it"
+             if r["bound_fps"] and r["mode"] != "sequential" else "")
+    t.add_row("throughput", f"{r['effective_fps']:.1f} fps over {r['duration_s']:.2f} s{bound}")
+    t.add_row("host", f"{r['cpus']} CPUs" + (f", load average {r['load_avg']:.2f}" if r.get("load_avg") is not None
+                                             else ""))
+    if r["budget_ms"] is not None:
+        t.add_row("budget", f"{r['budget_ms']:.2f} ms ({r['budget_source']}): {f['deadline_misses']} deadline "
+                            f"misses of {f['in']} frames")
+    colour = {"pass": "green", "fail": "red"}.get(r["verdict"], "yellow")
+    t.add_row("verdict", f"[{colour}]{r['verdict']}[/]: {r['summary']}")
+    if r["hung_threads"]:
+        t.add_row("threads", f"[red]still running after the join timeout: {', '.join(r['hung_threads'])}[/]")
+    console.print(t)
+    st = Table(title="per stage (ms a frame)")
+    for col in ("stage", "frames", "p50", "p90", "p99", "max", "mean"):
+        st.add_column(col, justify="left" if col == "stage" else "right")
+    for name, s in r["stages"].items():
+        if s:
+            cells = (fmt_ms(s[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"))
+            st.add_row(name, str(s["count"]), *cells)
+    console.print(st)
+
+
+def run_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory (from `edgekit convert`)."),
+    video: Optional[Path] = typer.Option(None, "--video", help="Video file, decoded with OpenCV.", show_default=False),
+    camera: Optional[int] = typer.Option(None, "--camera", help="Camera index (live: it sets the pace).",
+                                         show_default=False),
+    images: Optional[Path] = typer.Option(None, "--images", help="Directory of images, in name order.",
+                                          show_default=False),
+    synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Generated frames of this size, e.g. 640x480 "
+                                            "(300 unless --max-frames).", show_default=False),
+    fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
+    realtime: bool = typer.Option(False, "--realtime", help="Feed frames at the source's fps; drop and count "
+                                  "frames that would be late."),
+    source_fps: Optional[float] = typer.Option(None, "--source-fps", help="The source's frame rate for --realtime "
+                                               "(default: the container's; for images and synthetic frames: --fps).",
+                                               show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write one JSON line per processed frame.",
+                                       show_default=False),
+    max_frames: Optional[int] = typer.Option(None, "--max-frames", "-n", help="Stop after this many frames.",
+                                             show_default=False),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after this many seconds.",
+                                             show_default=False),
+    task: str = typer.Option("auto", "--task", help="Post-processing: auto, classify (top-k), detect (YOLO boxes + "
+                             "NMS) or raw."),
+    top_k: int = typer.Option(5, "--top-k", help="Classes per frame for classifiers."),
+    conf: float = typer.Option(0.25, "--conf", help="Detection score threshold."),
+    iou: float = typer.Option(0.45, "--iou", help="NMS IoU threshold."),
+    queue_size: int = typer.Option(2, "--queue-size", help="Frames each queue between stages holds."),
+    infer_workers: int = typer.Option(1, "--infer-workers", help="Parallel inference workers, each with its own "
+                                      "runner and a share of the cores."),
+    sequential: bool = typer.Option(False, "--sequential", help="Run the plain loop instead (no pipelining)."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed inferences before the first frame."),
+    as_json: bool = JsonOut,
+) -> None:
+    """Run a bundle on video frames: decode, pre-process, infer and post-process in a pipeline; report
+    per-stage and end-to-end latency, dropped and late frames, effective fps and the verdict."""
+    from edge.video import PipelineOptions, PostConfig, open_source, run_pipeline, run_sequential
+
+    b = Bundle.open(bundle)
+    budget, source_label = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
+    options = PipelineOptions(realtime=realtime, source_fps=source_fps, budget_ms=budget, budget_source=source_label,
+                              queue_size=queue_size, infer_workers=infer_workers, max_frames=max_frames,
+                              duration_s=duration, warmup=warmup, out=out,
+                              post=PostConfig(task=task, top_k=top_k, conf=conf, iou=iou))  # type: ignore[arg-type]
+    with open_source(video=video, camera=camera, images=images, synthetic=synthetic, frames=max_frames,
+                     fps=source_fps or fps) as source:
+        run = run_sequential if sequential else run_pipeline
+        if as_json:
+            report = run(b, source, options)
+        else:
+            err_console.print(f"running {b.id} on {source.info.name} ...", highlight=False)
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err_console,
+                          transient=True) as bar:
+                task_id = bar.add_task("frames", total=None, detail="")
+
+                def progress(frames_in: int, processed: int, dropped: int, total: int | None) -> None:
+                    bar.update(task_id, completed=processed, total=total,
+                               detail=f"in {frames_in}, dropped {dropped}")
+
+                report = run(b, source, options, progress)
+    data = report.to_json()
+    if as_json:
+        print_json(data)
+    else:
+        render_run(data)
+    report.raise_for_failure()
+    if report.verdict == "fail":
+        raise typer.Exit(1)

@@ -1,0 +1,225 @@
+"""What a video run measured, and the verdict: does this pipeline hold the target fps on this host?
+
+Per-stage and end-to-end statistics use :class:`edge.stats.LatencyStats`, the code behind
+``edgekit bench``. Counting, per frame the source produced:
+
+* **processed**: went through every stage;
+* **dropped** (realtime and live runs only), by reason: ``behind`` (the decoder was a whole
+  frame interval behind the source clock, so the frame was skipped, as a camera overwrites a
+  frame nobody read), ``busy`` (a newer frame replaced it in a full queue), ``late`` (when
+  inference could start it was past its deadline, capture + budget, or would miss it by the
+  recent median inference + post-processing time);
+* **late**: processed, but its latency exceeded the budget: end-to-end (capture ->
+  post-processed) in realtime and live runs; in offline runs, which feed frames as fast as
+  the pipeline takes them so that queueing time says nothing about a real-time deadline,
+  the service latency (the sum of the frame's stage times).
+
+Deadline misses = dropped + late. Verdict with a budget: a realtime or live run holds when
+at most 1% of the frames miss their deadline (the p99 rule of ``bench``); an offline run
+holds when its throughput reaches the target fps and the p99 service latency is within the
+budget (a prediction: ``--realtime`` measures it).
+
+Counters are exact however long a run lasts; the latency statistics describe its last
+100,000 frames (``edge.video.job.STATS_WINDOW``), so a camera can run for days in flat memory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from edge.stats import LatencyStats
+from edge.video.errors import PipelineError
+
+STAGES = ("decode", "preprocess", "infer", "postprocess")
+DROP_REASONS = ("behind", "busy", "late")
+MISS_TOLERANCE = 0.01  # share of frames allowed to miss: the p99 rule of `edgekit bench`
+
+
+def stats_ns(samples: Iterable[int] | np.ndarray) -> LatencyStats | None:
+    a = np.asarray(samples, dtype=np.float64)
+    return LatencyStats.from_ms(a / 1e6) if a.size else None
+
+
+@dataclass
+class VideoReport:
+    bundle: str
+    target: str
+    source: dict[str, Any]
+    mode: str  # "offline", "realtime", "live" (camera) or "sequential" (no pipelining)
+    pace_fps: float | None  # the rate frames were fed at (realtime/live), None when as fast as possible
+    budget_ms: float | None
+    budget_source: str
+    frames_in: int
+    processed: int
+    dropped: dict[str, int]
+    late: int
+    stages: dict[str, LatencyStats | None]
+    e2e: LatencyStats | None
+    service: LatencyStats | None
+    duration_s: float
+    load_ms: float
+    runner: dict[str, Any]
+    postprocess: str
+    queue_size: int
+    infer_workers: int = 1
+    output: str | None = None
+    failure: dict[str, Any] | None = None
+    interrupted: bool = False
+    hung_threads: list[str] = field(default_factory=list)
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    load_avg: float | None = field(default_factory=lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    error: BaseException | None = field(default=None, repr=False, compare=False)  # the failing stage's exception
+
+    def raise_for_failure(self) -> None:
+        """Raise :class:`PipelineError` (an ``EdgeError``: stage, frame, cause) when a stage failed."""
+        if self.failure is None:
+            return
+        cause = self.error or RuntimeError(self.failure["error"])
+        raise PipelineError(self.failure["stage"], self.failure["frame"], cause) from cause
+
+    # -- derived -------------------------------------------------------------------------
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    @property
+    def deadline_misses(self) -> int:
+        return self.dropped_total + self.late
+
+    @property
+    def effective_fps(self) -> float:
+        return self.processed / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def target_fps(self) -> float | None:
+        return 1000.0 / self.budget_ms if self.budget_ms else None
+
+    def capacity_fps(self, stage: str) -> float | None:
+        """Frames a second ``stage`` can pass: its workers / its median time."""
+        s = self.stages.get(stage)
+        if s is None or s.p50_ms <= 0:
+            return None
+        return 1000.0 * (self.infer_workers if stage == "infer" else 1) / s.p50_ms
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The stage with the least capacity (for one worker per stage: the largest median time)."""
+        caps = {k: c for k in self.stages if (c := self.capacity_fps(k)) is not None}
+        return min(caps, key=caps.__getitem__) if caps else None
+
+    @property
+    def bound_fps(self) -> float | None:
+        """The most these stages allow: pipelined, the slowest stage's capacity; sequential, 1 / the
+        sum of the stage medians."""
+        if self.mode == "sequential":
+            total = sum(s.p50_ms for s in self.stages.values() if s is not None)
+            return 1000.0 / total if total > 0 else None
+        b = self.bottleneck
+        return self.capacity_fps(b) if b else None
+
+    @property
+    def pct_of_bound(self) -> float | None:
+        bound = self.bound_fps
+        return 100.0 * self.effective_fps / bound if bound else None
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is not None or self.frames_in == 0:
+            return "incomplete"
+        if self.budget_ms is None:
+            return "no budget"
+        if self.mode in ("realtime", "live"):
+            ok = self.frames_in > 0 and self.deadline_misses <= MISS_TOLERANCE * self.frames_in
+        else:
+            target = self.target_fps or 0.0
+            ok = (self.service is not None and self.effective_fps >= target
+                  and self.service.p99_ms <= self.budget_ms)
+        return "pass" if ok else "fail"
+
+    @property
+    def limit(self) -> str | None:
+        """Why the target is not held (None when it is, or there is no budget)."""
+        if self.verdict != "fail" or self.budget_ms is None:
+            return None
+        b = self.bottleneck
+        bs = self.stages.get(b) if b else None
+        interval = self.budget_ms
+        throughput_short = (self.dropped.get("behind", 0) + self.dropped.get("busy", 0) > 0
+                            if self.mode in ("realtime", "live") else self.effective_fps < (self.target_fps or 0))
+        if throughput_short and b and bs is not None:
+            cap = self.capacity_fps(b) or 0.0
+            work = sum(s.p50_ms for s in self.stages.values() if s is not None)
+            if self.mode == "sequential":
+                return (f"the loop: {work:.2f} ms a frame for all stages in turn (largest: {b} {bs.p50_ms:.2f} ms), "
+                        f"over the {interval:.2f} ms frame interval")
+            # frames arrive at the target rate, or faster when the source is paced above it
+            rate = max(self.target_fps or 0.0, self.pace_fps or 0.0 if self.mode == "realtime" else 0.0)
+            if cap < rate:
+                workers = f", {self.infer_workers} workers" if b == "infer" and self.infer_workers > 1 else ""
+                return (f"stage {b}: median {bs.p50_ms:.2f} ms a frame ({cap:.1f} fps{workers}), too slow for "
+                        f"{rate:.4g} fps")
+            load = f" (load average {self.load_avg:.2f} at the end)" if self.load_avg is not None else ""
+            return (f"CPU: no stage alone is too slow for {rate:.4g} fps (slowest: {b} {bs.p50_ms:.2f} ms), "
+                    f"but together they need {work:.2f} ms of work a frame on {self.cpus} CPU(s){load}")
+        lat = self.e2e if self.mode in ("realtime", "live") else self.service
+        worst = max(((k, v) for k, v in self.stages.items() if v is not None), key=lambda kv: kv[1].p99_ms,
+                    default=None)
+        if lat is not None and worst is not None:
+            which = "end-to-end" if lat is self.e2e else "service"
+            return (f"latency: {which} p99 {lat.p99_ms:.2f} ms over the {interval:.2f} ms budget; "
+                    f"largest stage p99: {worst[0]} {worst[1].p99_ms:.2f} ms")
+        return "no frame was processed"
+
+    def summary(self) -> str:
+        """One line: the verdict in words."""
+        if self.failure is not None:
+            f = self.failure
+            return f"stopped: stage {f['stage']} failed on frame {f['frame']}: {f['error']}"
+        if self.budget_ms is None:
+            return "no budget: pass --fps or --budget-ms for a verdict"
+        target = f"{self.target_fps:.4g} fps ({self.budget_ms:.2f} ms a frame)"
+        how = {"offline": " (predicted from an offline run; --realtime measures it)",
+               "sequential": " (sequential loop, no pipelining)"}.get(self.mode, "")
+        if self.mode == "realtime" and self.pace_fps and self.target_fps and self.pace_fps < 0.99 * self.target_fps:
+            how = (f" (frames arrived at the source's {self.pace_fps:.4g} fps, below the target: this tests "
+                   f"latency only; --source-fps {self.target_fps:.4g} tests the rate)")
+        if self.verdict == "pass":
+            return f"holds {target} in real time on this host{how}"
+        return f"does not hold {target} on this host{how}: {self.limit}"
+
+    def to_json(self) -> dict[str, Any]:
+        def st(s: LatencyStats | None) -> dict[str, Any] | None:
+            return s.to_json() if s is not None else None
+
+        r2 = (lambda v: round(v, 2) if v is not None else None)
+        return {
+            "bundle": self.bundle, "target": self.target, "source": self.source, "mode": self.mode,
+            "pace_fps": self.pace_fps, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
+            "target_fps": r2(self.target_fps),
+            "frames": {"in": self.frames_in, "processed": self.processed, "dropped": self.dropped_total,
+                       "dropped_by_reason": dict(self.dropped), "late": self.late,
+                       "deadline_misses": self.deadline_misses},
+            "stages": {k: st(v) for k, v in self.stages.items()},
+            "e2e": st(self.e2e), "service": st(self.service),
+            "duration_s": round(self.duration_s, 3), "effective_fps": r2(self.effective_fps),
+            "bottleneck": self.bottleneck, "bound_fps": r2(self.bound_fps), "pct_of_bound": r2(self.pct_of_bound),
+            "verdict": self.verdict, "limit": self.limit, "summary": self.summary(),
+            "load_ms": round(self.load_ms, 1), "runner": self.runner, "postprocess": self.postprocess,
+            "queue_size": self.queue_size, "infer_workers": self.infer_workers, "output": self.output,
+            "failure": self.failure,
+            "interrupted": self.interrupted, "hung_threads": self.hung_threads, "cpus": self.cpus,
+            "load_avg": None if self.load_avg is None else round(self.load_avg, 2),
+        }
+
+
+def empty_drops() -> dict[str, int]:
+    return {k: 0 for k in DROP_REASONS}
+
+
+def stage_stats(samples: Mapping[str, Iterable[int]]) -> dict[str, LatencyStats | None]:
+    return {k: stats_ns(samples.get(k, ())) for k in STAGES}
