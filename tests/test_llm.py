@@ -104,5 +104,10 @@ def test_cli_errors_and_budget(tiny_gguf: Path, tmp_path: Path) -> None:
     assert run_cli("convert", str(tiny_gguf), "-t", "x86-cpu", "-p", "q8_0", "-o", str(out)).returncode == 0
     p = run_cli("bench", str(out), "--gen-tokens", "4", "-r", "1", "--min-tps", "1e12")
     assert p.returncode == 1 and "fail" in p.stdout
+    p = run_cli("run", str(out), "--prompt", "the cat", "--max-tokens", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["pieces"] >= 1 and isinstance(r["text"], str) and r["runner"]["precision_used"] == "q8_0"
+    assert_user_error(run_cli("run", str(out)), "is a language model: give --prompt")
     assert_user_error(run_cli("convert", str(tiny_gguf), "-t", "x86-cpu", "-p", "q4_0", "-o", str(tmp_path / "x")),
                       "quality gate failed for q4_0")

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from edge.bundle import Bundle
+from edge.errors import EdgeError
 from edge.cli._common import JsonOut, console, err_console, fmt_ms, print_json
 from edge.cli.bench import BudgetMs, Fps
 from edge.stats import budget_from
@@ -105,13 +106,28 @@ def run_cmd(
                                       "runner and a share of the cores."),
     sequential: bool = typer.Option(False, "--sequential", help="Run the plain loop instead (no pipelining)."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed inferences before the first frame."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="LLM bundles: the prompt; the completion streams "
+                                         "to stdout.", show_default=False),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="LLM bundles: tokens to generate."),
+    temperature: float = typer.Option(0.0, "--temperature", help="LLM bundles: sampling temperature (0 = greedy)."),
     as_json: bool = JsonOut,
 ) -> None:
     """Run a bundle on video frames: decode, pre-process, infer and post-process in a pipeline; report
-    per-stage and end-to-end latency, dropped and late frames, effective fps and the verdict."""
+    per-stage and end-to-end latency, dropped and late frames, effective fps and the verdict.
+
+    For an LLM (GGUF) bundle: stream the completion of --prompt."""
+    b = Bundle.open(bundle)
+    if b.kind == "llm":
+        if prompt is None:
+            raise EdgeError(f"{b.id} is a language model: give --prompt TEXT")
+        if any(x is not None for x in (video, camera, images, synthetic)):
+            raise EdgeError("--video/--camera/--images/--synthetic are for vision bundles; an LLM bundle takes --prompt")
+        _run_llm(b, prompt, max_tokens, temperature, as_json)
+        return
+    if prompt is not None:
+        raise EdgeError(f"--prompt is for LLM (GGUF) bundles; {b.id} is a {b.manifest.get('format')} vision bundle")
     from edge.video import PipelineOptions, PostConfig, open_source, run_pipeline, run_sequential
 
-    b = Bundle.open(bundle)
     budget, source_label = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
     options = PipelineOptions(realtime=realtime, source_fps=source_fps, budget_ms=budget, budget_source=source_label,
                               queue_size=queue_size, infer_workers=infer_workers, max_frames=max_frames,
@@ -142,3 +158,29 @@ def run_cmd(
     report.raise_for_failure()
     if report.verdict == "fail":
         raise typer.Exit(1)
+
+
+def _run_llm(b: Bundle, prompt: str, max_tokens: int, temperature: float, as_json: bool) -> None:
+    import time
+
+    pieces: list[str] = []
+    with b.open_runner() as r:
+        start = time.perf_counter()
+        first = None
+        for piece in r.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+            first = first or time.perf_counter()
+            pieces.append(piece)
+            if not as_json:
+                typer.echo(piece, nl=False)
+        end = time.perf_counter()
+        info = r.info.to_json()
+    n = len(pieces)
+    ttft = ((first or end) - start) * 1e3
+    tps = (n - 1) / (end - first) if first and n > 1 and end > first else None
+    if as_json:
+        print_json({"bundle": b.id, "prompt": prompt, "text": "".join(pieces), "pieces": n, "ttft_ms": round(ttft, 2),
+                    "gen_tps": round(tps, 2) if tps else None, "runner": info})
+        return
+    typer.echo()
+    err_console.print(f"[dim]{n} pieces, first after {ttft:.0f} ms, {tps or 0:.1f}/s on {info['device_used']} "
+                      f"({info['precision_used']})[/]", highlight=False)
