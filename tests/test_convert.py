@@ -131,10 +131,13 @@ def test_parity_failure_accepted_is_recorded(models: dict[str, Path], tmp_path: 
     assert b.manifest["chain"][0]["converter"] == "onnx->onnx-broken"
 
 
-def test_plan_reports_every_missing_backend() -> None:
+def test_plan_reports_every_missing_backend(tmp_path: Path) -> None:
+    # two converters no installed plugin provides (the shipped coral-edgetpu chain has both of its own since #3)
+    (tmp_path / "board.toml").write_text(VALID.format(name="board").replace(
+        'chain = ["onnx->onnx"]', 'chain = ["onnx->warp", "warp->npu"]'))
     with pytest.raises(MissingDependencyError) as e:
-        plan(get_target("coral-edgetpu"))
-    assert "'onnx->tflite'" in str(e.value) and "'tflite->edgetpu'" in str(e.value)
+        plan(get_target("board", [tmp_path]))
+    assert "'onnx->warp'" in str(e.value) and "'warp->npu'" in str(e.value)
 
 
 def test_manifest_is_plain_json_and_verifiable(models: dict[str, Path], tmp_path: Path) -> None:

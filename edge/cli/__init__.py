@@ -16,9 +16,11 @@ from edge.cli import bench as _bench
 from edge.cli import convert as _convert
 from edge.cli import deploy as _deploy
 from edge.cli import doctor as _doctor
-from edge.cli import fleet as _fleet
 from edge.cli import run as _run
+from edge.cli import fleet as _fleet
 from edge.cli import targets as _targets
+from edge.cli import firmware as _firmware
+from edge.cli import toolchain as _toolchain
 from edge.cli._common import command
 
 app = typer.Typer(
@@ -52,6 +54,8 @@ app.command("rollback")(command(_deploy.rollback_cmd))
 app.command("run")(command(_run.run_cmd))
 app.command("agent")(command(_agent.agent_cmd))
 app.add_typer(_fleet.app, name="fleet")
+app.add_typer(_toolchain.app, name="toolchain")
+app.add_typer(_firmware.app, name="firmware")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

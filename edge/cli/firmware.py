@@ -1,0 +1,55 @@
+"""``edgekit firmware``: what goes onto devices and microcontrollers [``edge.firmware``]."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edge.cli._common import JsonOut, command, console, print_json
+from edge.errors import EdgeError
+
+app = typer.Typer(help="Device-image helpers: a .tflite as a C array for TensorFlow Lite Micro.", no_args_is_help=True)
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2}
+
+
+def parse_bytes(text: str | None) -> int | None:
+    """``"262144"``, ``"256K"``/``"256KiB"`` (1024), ``"256kB"`` (1000), ``"1M"``/``"1MiB"``."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise EdgeError(f"bad --max-bytes {text!r}", hint="a number of bytes, e.g. 262144, 256K, 256KiB, 256kB or 1M")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@app.command("c-array")
+@command
+def c_array_cmd(
+    model: Path = typer.Argument(..., help="A .tflite model (e.g. the full-integer model of an int8 bundle)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The .cc (or .c) file to write; the header "
+                                          "goes beside it. Default: <model>_data.cc here.", show_default=False),
+    name: Optional[str] = typer.Option(None, "--name", help="Array name (default: g_<file stem>_model_data).",
+                                       show_default=False),
+    max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="Flash budget: refuse a bigger model "
+                                            "(bytes, or 256K, 1M).", show_default=False),
+    force: bool = typer.Option(True, "--force/--no-force", help="Overwrite existing output files."),
+    as_json: bool = JsonOut,
+) -> None:
+    """Write MODEL as a 16-byte aligned `const unsigned char` array plus its length, for TensorFlow Lite Micro."""
+    from edge.firmware import write_c_array
+
+    out = output or Path(f"{model.stem}_data.cc")
+    res = write_c_array(model, out, name=name, max_bytes=parse_bytes(max_bytes), force=force)
+    data = {"source": str(res.source), "cc": str(res.cc), "header": str(res.header), "name": res.name,
+            "bytes": res.size, "sha256": res.sha256, "max_bytes": res.max_bytes, "budget_used": res.budget_used}
+    if as_json:
+        print_json(data)
+        return
+    budget = f", {res.budget_used:.0%} of the {res.max_bytes:,}-byte budget" if res.max_bytes else ""
+    console.print(f"wrote {res.cc} and {res.header}: {res.name}[{res.size:,}] (16-byte aligned){budget}",
+                  highlight=False)

@@ -1,0 +1,351 @@
+"""ONNX -> TFLite: float32, float16, dynamic-range int8 and full-integer int8.
+
+The conversion runs in the ``tflite`` toolchain environment (onnx2tf 1.29.24 + TensorFlow
+2.19, see :mod:`edge.toolchains`), driven as a subprocess by
+``edge/toolchains/tflite_driver.py``; this process only prepares the inputs, shows progress,
+writes the bundle files and checks the result with LiteRT. Why this path (README, design
+notes): onnx2tf is the maintained ONNX->TensorFlow translator (207 ONNX op types in 1.29.24, NCHW->NHWC
+layout rewriting so XNNPack and the Edge TPU get channels-last convolutions); torch-based
+paths (ai-edge-torch) need the PyTorch model, which an ONNX user does not have; onnx2tf 2.x
+needs Python >= 3.12.
+
+Layout: onnx2tf turns NCHW image inputs into NHWC. The converter writes ``model.io.json``
+beside ``model.tflite``: for every ONNX input and output, the TFLite tensor it became, the
+permutation between the two layouts and the quantization of int8/uint8 I/O. The ``litert``
+runner reads it, so callers feed the array they fed the ONNX model and get float32 back.
+
+Besides the bundle's parity check (done by ``convert`` through the target's runner), the
+converter checks its own output on LiteRT's builtin CPU kernels (no delegate) against
+onnxruntime fp32 and records it as ``details["cpu_parity"]``; with ``gate_cpu_parity`` a
+failure stops the conversion (used where the target's runner cannot run on the build host,
+e.g. the Edge TPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from edge import toolchains
+from edge.capabilities import Host, Requirement, require
+from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.errors import CalibrationError, ConversionError, MissingDependencyError, ParityError, PrecisionError
+
+log = logging.getLogger(__name__)
+
+TOOLCHAIN = "tflite"
+IO_SIDECAR_SUFFIX = ".io.json"
+IO_SCHEMA = "edgekit.tflite-io/1"
+_ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
+                   why="the converted model is checked against the source in onnxruntime")
+_LITERT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'",
+                      why="the converted model is loaded and checked with LiteRT")
+_IO_DTYPES = ("int8", "uint8", "float32")
+_PARITY_SAMPLES = 32
+
+Progress = Callable[[str], None]
+_progress: Progress | None = None
+
+
+def set_progress(fn: Progress | None) -> None:
+    """Where conversion progress goes (``None``: stderr when it is a terminal, and the log)."""
+    global _progress
+    _progress = fn
+
+
+def _say(msg: str) -> None:
+    log.info(msg)
+    if _progress is not None:
+        _progress(msg)
+    elif sys.stderr.isatty():
+        print(f"         {msg}", file=sys.stderr, flush=True)
+
+
+def sidecar_path(artifact: Path) -> Path:
+    return Path(artifact).with_suffix(IO_SIDECAR_SUFFIX)
+
+
+class OnnxToTFLite(Converter):
+    name = "onnx->tflite"
+    source_format = "onnx"
+    target_format = "tflite"
+    precisions = frozenset({"fp32", "fp16", "int8", "int8-dynamic"})
+    calibrated_precisions = frozenset({"int8"})
+    requires = (_ORT, _LITERT)
+    options = {
+        "io_dtype": "int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
+                    "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
+        "per_channel": "int8: per-channel weight scales (default true)",
+        "gate_cpu_parity": "stop when the .tflite fails parity on LiteRT's builtin CPU kernels (default false: "
+                           "the bundle's runner gates; set it where that runner cannot run on the build host)",
+        "timeout_s": "stop the toolchain after this many seconds (default 3600)",
+    }
+
+    @classmethod
+    def problems(cls, host: Host | None = None) -> list[str]:
+        # The toolchain is a requirement like a package: doctor and plan report it before any work.
+        return super().problems(host) + toolchains.problems(TOOLCHAIN)
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        self.check_options(request.options)
+        if request.precision not in self.precisions:
+            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
+                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+        require(self.requires, f"converter {self.name!r}")
+        opts = request.options
+        io_dtype = str(opts.get("io_dtype", "int8"))
+        if io_dtype not in _IO_DTYPES:
+            raise ConversionError(f"io_dtype must be one of {', '.join(_IO_DTYPES)}, got {io_dtype!r}")
+        timeout_s = float(opts.get("timeout_s", 3600))
+        int8 = request.precision == "int8"
+        calib = _check_samples(request, required=int8)
+        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
+
+        from edge.calib import generated_samples
+        from edge.parity import reference_outputs
+
+        if calib:
+            parity_inputs = [dict(s) for s in calib[:_PARITY_SAMPLES]]
+            parity_label = "calibration"
+        else:
+            parity_inputs = generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234)
+            parity_label = "generated"
+        names = [t.name for t in request.io.inputs]
+        t_start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
+            work = Path(tmp)
+            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names})
+            job: dict[str, Any] = {
+                "onnx": str(Path(request.source).resolve()), "workdir": str(work), "precision": request.precision,
+                "samples": str(work / "samples.npz"), "io_dtype": io_dtype,
+                "per_channel": bool(opts.get("per_channel", True)),
+                "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+                "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype}
+                            for t in request.io.outputs],
+            }
+            if int8:
+                np.savez(work / "calibration.npz", **{n: np.stack([s[n] for s in calib]) for n in names})
+                job["calibration"] = str(work / "calibration.npz")
+            _say(f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
+                 f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})")
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, on_event=_Reporter(), timeout_s=timeout_s)
+            if final["event"] == "error":
+                raise _error_from(final, request, work)
+            out = request.workdir / "model.tflite"
+            shutil.move(final["artifact"], out)
+        elapsed = time.perf_counter() - t_start
+        sidecar = write_sidecar(out, final["io"])
+        notes = _notes(final, sidecar)
+
+        _say("checking the .tflite on LiteRT's builtin CPU kernels against onnxruntime fp32")
+        reference = reference_outputs(Path(request.source), parity_inputs)
+        cpu_parity = _cpu_parity(out, request, parity_inputs, parity_label, reference)
+        if bool(opts.get("gate_cpu_parity", False)):
+            notes.append(f"parity of this {request.precision} .tflite on LiteRT's CPU kernels (it gates here: the "
+                         f"target's runner cannot run on this host): {_parity_line(cpu_parity)}")
+        if not cpu_parity["passed"]:
+            msg = (f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
+                   + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"]))
+            if bool(opts.get("gate_cpu_parity", False)):
+                raise ParityError(msg, cpu_parity, hint="nothing was written; set gate_cpu_parity = false in the "
+                                  "profile's [convert.options.\"onnx->tflite\"] to keep it anyway")
+            notes.append(msg)
+        details: dict[str, Any] = {
+            **final["details"],
+            "toolchain": st.manifest_record(),
+            "layout": [f"{t['name']}: {_layout_text(t)}" for t in json.loads(sidecar.read_text())["inputs"]],
+            "io_sidecar": sidecar.name,
+            "onnxsim": final.get("onnxsim", []),
+            "network_attempts": final.get("network_attempts", []),
+            "timings_s": {**final.get("timings", {}), "total": round(elapsed, 1)},
+            "cpu_parity": cpu_parity,
+        }
+        tool_versions = {k: v for k, v in final["tool_versions"].items() if k in ("onnx2tf", "tensorflow", "onnxsim",
+                                                                                 "onnx", "onnxruntime", "tf_keras")}
+        tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
+        _say(f"onnx->tflite done in {elapsed:.1f} s: {out.stat().st_size / 1e6:.2f} MB")
+        return ConversionResult(artifact=out, format="tflite", files=[out, sidecar], tool_versions=tool_versions,
+                                details=details, notes=notes)
+
+
+class _Reporter:
+    """Turns driver events into progress lines: every stage, heartbeats every 15 s, calibration every 3 s."""
+
+    def __init__(self) -> None:
+        self._last_beat = 0.0
+        self._last_progress = -1e9
+
+    def __call__(self, ev: Mapping[str, Any]) -> None:
+        kind, t = ev.get("event"), ev.get("elapsed_s", 0.0)
+        if kind == "stage":
+            _say(f"[{t:6.1f}s] {ev['stage']}")
+        elif kind == "heartbeat" and t - self._last_beat >= 15:
+            self._last_beat = t
+            _say(f"[{t:6.1f}s] still {ev['stage']} ({ev['stage_s']:.0f} s in this step)")
+        elif kind == "progress" and ev.get("total"):
+            done = ev["done"] == ev["total"]
+            if (done or t - self._last_progress >= 3) and ev["done"]:
+                self._last_progress = t
+                self._last_beat = t
+                _say(f"[{t:6.1f}s] {ev['stage']} {ev['done']}/{ev['total']}")
+
+
+def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mapping[str, Any]]:
+    """The calibration samples, each input present with the model's shape; every problem at once."""
+    samples = list(request.calibration.samples) if request.calibration is not None else []
+    if required and not samples:
+        raise CalibrationError(f"full-integer int8 TFLite needs calibration samples for {request.source}; none were given",
+                               hint="pass --calib DIR (.npy/.npz tensors or images), or --calib random for a smoke test")
+    problems: list[str] = []
+    for i, s in enumerate(samples):
+        for t in request.io.inputs:
+            if t.name not in s:
+                problems.append(f"sample {i} has no input {t.name!r}")
+                continue
+            a = np.asarray(s[t.name])
+            if tuple(a.shape) != tuple(t.shape):
+                problems.append(f"sample {i} input {t.name!r} has shape {list(a.shape)}, the model takes {list(t.shape)}")
+            elif a.dtype != np.dtype(t.dtype):
+                problems.append(f"sample {i} input {t.name!r} has dtype {a.dtype}, the model takes {t.dtype}")
+        if len(problems) >= 8:
+            problems.append("...")
+            break
+    if problems:
+        raise CalibrationError(f"calibration data does not fit {request.source}: " + "; ".join(problems))
+    return samples
+
+
+def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -> Exception:
+    kind, msg = ev.get("kind"), str(ev.get("message", ""))
+    log_copy = _keep_log(work)
+    where = f" (toolchain log: {log_copy})" if log_copy else ""
+    if kind == "unsupported_ops":
+        return ConversionError(f"{msg}: no TFLite translation exists for these ONNX ops",
+                               hint="replace them in the source model, or choose a target whose runtime has "
+                                    "them (x86-cpu, intel-igpu)")
+    if kind == "tflite_unsupported_ops":
+        return ConversionError(f"{msg}; the model would need TensorFlow's Flex kernels, which LiteRT on a device "
+                               "does not have", hint="replace these ops in the source model, or choose another target")
+    if kind == "calibration":
+        return CalibrationError(msg)
+    if kind == "toolchain":
+        return MissingDependencyError(msg, hint=ev.get("hint"))
+    return ConversionError(f"onnx->tflite failed on {request.source.name}: {msg}{where}")
+
+
+def _keep_log(work: Path) -> Path | None:
+    src = work / "convert.log"
+    if not src.is_file():
+        return None
+    dest = Path(tempfile.gettempdir()) / f"edgekit-tflite-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    shutil.copyfile(src, dest)
+    return dest
+
+
+def _parity_line(p: Mapping[str, Any]) -> str:
+    parts = []
+    for o in p["outputs"]:
+        top1 = f", top-1 {o['top1']:.1%}" if o["top1"] is not None else ""
+        parts.append(f"{o['name']} cosine {o['cosine']:.6f} (worst {o['cosine_min']:.4f}){top1}")
+    return f"{'passed' if p['passed'] else 'FAILED'} on {p['samples']} {p['inputs']} inputs: " + "; ".join(parts)
+
+
+def _layout_text(t: Mapping[str, Any]) -> str:
+    if t["perm_onnx_to_tflite"] == list(range(len(t["shape"]))):
+        s = f"{t['shape']} unchanged"
+    else:
+        s = (f"{t.get('layout') or 'ONNX'} {t['shape']} -> {t.get('tflite_layout') or 'TFLite'} {t['tflite_shape']} "
+             "(the runner transposes)")
+    if t.get("quantization"):
+        q = t["quantization"]
+        s += f", {t['tflite_dtype']} scale {q['scale']:.6g} zero point {q['zero_point']} (the runner converts)"
+    return s
+
+
+def _notes(final: Mapping[str, Any], sidecar: Path) -> list[str]:
+    notes = []
+    io = json.loads(sidecar.read_text())
+    changed = [t for t in io["inputs"] + io["outputs"] if t["perm_onnx_to_tflite"] != list(range(len(t["shape"])))]
+    if changed:
+        notes.append("layout: " + "; ".join(f"{t['name']} {_layout_text(t)}" for t in changed))
+    runs = final.get("onnxsim", [])
+    if not runs:
+        notes.append("onnx2tf did not run onnx-simplifier")
+    elif not all(r.get("ok") for r in runs):
+        bad = next(r for r in runs if not r.get("ok"))
+        notes.append(f"onnx-simplifier failed ({bad.get('error', '?')[:200]}); onnx2tf went on without it")
+    if final.get("network_attempts"):
+        notes.append(f"the toolchain tried to reach the network (refused): {final['network_attempts']}")
+    return notes
+
+
+# -- the I/O sidecar ---------------------------------------------------------------------
+
+def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | None = None) -> Path:
+    """``model.io.json``: ONNX tensors -> TFLite tensors, layouts and I/O quantization read from ``model``."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from edge.spec import image_layout
+
+    it = Interpreter(model_path=str(model), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    sigs = it.get_signature_list()
+    key = next(iter(sigs)) if sigs else None
+    if key is not None:
+        runner = it.get_signature_runner(key)
+        tin, tout = runner.get_input_details(), runner.get_output_details()
+    else:
+        tin = {d["name"]: d for d in it.get_input_details()}
+        tout = {d["name"]: d for d in it.get_output_details()}
+
+    def entry(t: Mapping[str, Any], details: Mapping[str, Any]) -> dict[str, Any]:
+        d = details.get(t["tflite_name"])
+        if d is None:
+            raise ConversionError(f"{model.name} has no tensor {t['tflite_name']!r} (it has {sorted(details)})")
+        scale, zp = d["quantization"]
+        tflite_shape = [int(x) for x in d["shape"]]
+        perm, layout = t["perm_onnx_to_tflite"], image_layout(t["onnx_shape"])
+        if layout == "NCHW" and perm == [0, 2, 3, 1]:
+            tflite_layout = "NHWC"
+        else:
+            tflite_layout = layout if perm == list(range(len(perm))) else None
+        return {
+            "name": t["name"], "shape": t["onnx_shape"], "dtype": "float32" if scale else str(np.dtype(d["dtype"])),
+            "layout": layout, "tflite_name": t["tflite_name"], "tflite_tensor": d.get("name"),
+            "tflite_shape": tflite_shape, "tflite_dtype": str(np.dtype(d["dtype"])), "tflite_layout": tflite_layout,
+            "perm_onnx_to_tflite": perm,
+            "quantization": {"scale": float(scale), "zero_point": int(zp)} if scale else None,
+        }
+
+    data = {"schema": IO_SCHEMA, "signature": key,
+            "inputs": [entry(t, tin) for t in io_map["inputs"]],
+            "outputs": [entry(t, tout) for t in io_map["outputs"]],
+            "cpu_model": cpu_model}
+    del it
+    path = sidecar_path(model)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _cpu_parity(model: Path, request: ConversionRequest, samples: list[Mapping[str, Any]], label: str,
+                reference: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    from edge.parity import ParityReport, compare, thresholds_for
+    from edge.runners.litert import LiteRTRunner
+
+    with LiteRTRunner(model, options={"delegate": "none", "num_threads": 0}, precision=request.precision) as runner:
+        cand = [runner.infer(s) for s in samples]
+        th = thresholds_for(request.precision, runner.info.precision_used)
+        report = ParityReport(precision=request.precision, thresholds=th, samples=len(samples), inputs=label,
+                              reference="onnxruntime fp32 CPUExecutionProvider",
+                              candidate={"runtime": runner.info.runtime, "device_used": runner.info.device_used},
+                              outputs=compare(reference, cand, th))
+    out = report.to_json()
+    out.pop("accepted_failure", None)
+    return out

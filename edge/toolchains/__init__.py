@@ -1,0 +1,472 @@
+"""Toolchain environments: heavy converter stacks in virtual environments of their own.
+
+onnx2tf 1.29 pins tensorflow 2.19, numpy 1.26, onnx 1.19, onnxruntime 1.23 and protobuf 4;
+installed beside edgekit's runtimes it downgrades them and breaks TensorFlow's own
+requirements. So such a stack lives in a separate venv that edgekit creates only when asked
+(``edgekit toolchain install NAME``; never during a conversion), drives as a subprocess,
+and whose exact package set is hashed (``lock_hash``: sha256 of ``pip freeze --all``) into
+every manifest it produces.
+
+Location: ``$EDGEKIT_TOOLCHAINS/<name>`` or, by default, ``<user cache>/edgekit/toolchains/<name>``
+(``$XDG_CACHE_HOME`` or ``~/.cache``), holding ``venv/``, ``install.log`` and ``toolchain.json``
+(written last: a directory without it is an unfinished install). The venv is made with the
+Python running edgekit. Each spec carries a reference lock (``<name>.lock``, the full
+``pip freeze`` of a verified install on ``lock_platform``) used as pip constraints on that
+platform, so installs there are identical; elsewhere only the top-level pins apply and the
+recorded lock hash says what was installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from edge.errors import EdgeError, MissingDependencyError
+
+ENV_VAR = "EDGEKIT_TOOLCHAINS"
+STATE_FILE = "toolchain.json"
+_HERE = Path(__file__).resolve().parent
+
+Output = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ToolchainSpec:
+    name: str
+    purpose: str
+    requirements: tuple[str, ...]  # top-level pins, exactly as given to pip
+    lock: str  # file in this package: full `pip freeze` of a verified install on lock_platform
+    lock_platform: str  # "linux-x86_64-cp311"
+    python_min: tuple[int, int]
+    python_max: tuple[int, int]  # inclusive
+    imports: tuple[str, ...]  # must import after install
+    programs: tuple[str, ...]  # must exist in venv/bin (called by PATH)
+    versions: tuple[str, ...]  # distributions whose versions converters record
+    size_hint: str
+
+    @property
+    def lock_text(self) -> str:
+        return (_HERE / self.lock).read_text(encoding="utf-8")
+
+    @property
+    def spec_hash(self) -> str:
+        """Changes when the pins or the reference lock change (an install from an older spec is outdated)."""
+        h = hashlib.sha256("\n".join(self.requirements).encode())
+        h.update("\n".join(lock_lines(self.lock_text.splitlines())).encode())  # comments do not count
+        return h.hexdigest()
+
+    @property
+    def install_command(self) -> str:
+        return f"edgekit toolchain install {self.name}"
+
+
+TOOLCHAINS: dict[str, ToolchainSpec] = {
+    "tflite": ToolchainSpec(
+        name="tflite",
+        purpose="ONNX -> TFLite (onnx2tf + TensorFlow) for the onnx->tflite converter",
+        # onnx2tf's own exact pins (1.29.24 is the newest release for Python < 3.12; 2.x needs >= 3.12).
+        # (the same versions onnx2tf pins itself, written out so the stack is readable here).
+        requirements=("onnx2tf==1.29.24", "tensorflow==2.19.0", "tf-keras==2.19.0", "onnxsim==0.4.36",
+                      "onnx==1.19.1", "onnxruntime==1.23.0", "numpy==1.26.4", "protobuf==4.25.5"),
+        lock="tflite.lock",
+        lock_platform="linux-x86_64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 12),  # tensorflow 2.19 has no wheels for 3.13
+        imports=("onnx2tf", "tensorflow", "tf_keras", "onnxsim", "onnxruntime"),
+        programs=("onnxsim",),
+        versions=("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime"),
+        size_hint="about 2.6 GB on disk, 1.5-3 min with a warm network",
+    ),
+}
+
+
+def get_spec(name: str) -> ToolchainSpec:
+    if name not in TOOLCHAINS:
+        from edge.registry import did_you_mean
+
+        raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, list(TOOLCHAINS))}"
+                        f"known toolchains: {', '.join(TOOLCHAINS)}")
+    return TOOLCHAINS[name]
+
+
+def root() -> Path:
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(cache) if cache else Path.home() / ".cache") / "edgekit" / "toolchains"
+
+
+def toolchain_dir(name: str) -> Path:
+    return root() / get_spec(name).name
+
+
+def this_platform() -> str:
+    return f"{sys.platform.replace('linux2', 'linux')}-{platform.machine().lower()}-cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def _venv_bin(venv: Path) -> Path:
+    return venv / ("Scripts" if sys.platform == "win32" else "bin")
+
+
+def _dist_fingerprint(venv: Path) -> str:
+    """Names of the installed distributions (dist-info directories): cheap to re-check on every status."""
+    names: list[str] = []
+    for sp in venv.glob("lib/python*/site-packages"):
+        names += [p.name for p in sp.glob("*.dist-info")]
+    for sp in venv.glob("Lib/site-packages"):
+        names += [p.name for p in sp.glob("*.dist-info")]
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+
+
+_INSTALLERS = ("pip", "setuptools")  # come with the Python build, not with the spec: left out of locks
+
+
+def lock_lines(freeze_lines: Iterable[str]) -> list[str]:
+    """``pip freeze --all`` lines that describe the environment: sorted, without pip/setuptools."""
+    out = [ln.strip() for ln in freeze_lines if ln.strip() and not ln.startswith("#")]
+    return sorted(ln for ln in out if ln.split("==")[0].lower() not in _INSTALLERS)
+
+
+def lock_hash(freeze_lines: Iterable[str]) -> str:
+    lines = lock_lines(freeze_lines)
+    return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
+
+
+@dataclass
+class ToolchainStatus:
+    name: str
+    path: Path
+    installed: bool
+    problem: str | None = None  # why it is not usable (None when it is)
+    python: str | None = None
+    lock_hash: str | None = None
+    reference_lock: bool | None = None  # installed with the reference lock as constraints
+    matches_reference: bool | None = None  # freeze equals the reference lock exactly
+    packages: dict[str, str] = field(default_factory=dict)
+    created_utc: str | None = None
+    install_seconds: float | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.installed and self.problem is None
+
+    @property
+    def venv(self) -> Path:
+        return self.path / "venv"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        d["usable"] = self.usable
+        return d
+
+    def manifest_record(self) -> dict[str, Any]:
+        """What a converter writes into the manifest: enough to rebuild the environment exactly."""
+        return {"name": self.name, "lock_hash": self.lock_hash, "python": self.python,
+                "reference_lock": self.reference_lock, "matches_reference": self.matches_reference,
+                "packages": self.packages}
+
+
+def status(name: str) -> ToolchainStatus:
+    spec = get_spec(name)
+    d = toolchain_dir(name)
+    st = ToolchainStatus(name=spec.name, path=d, installed=False)
+    state_file = d / STATE_FILE
+    if not state_file.is_file():
+        st.problem = (f"toolchain {spec.name!r} is not installed at {d}"
+                      + (" (an unfinished install is there)" if d.exists() else "")
+                      + f"; install it with: {spec.install_command} ({spec.size_hint})")
+        return st
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        st.problem = f"{state_file} is unreadable ({e}); reinstall with: {spec.install_command} --force"
+        return st
+    st.installed = True
+    st.python = state.get("python_version")
+    st.lock_hash = state.get("lock_hash")
+    st.reference_lock = state.get("reference_lock")
+    st.matches_reference = state.get("matches_reference")
+    st.packages = dict(state.get("packages", {}))
+    st.created_utc = state.get("created_utc")
+    st.install_seconds = state.get("install_seconds")
+    py = _venv_python(st.venv)
+    if not py.exists():
+        st.problem = f"{py} is missing; reinstall with: {spec.install_command} --force"
+    elif state.get("spec_hash") != spec.spec_hash:
+        st.problem = (f"toolchain {spec.name!r} at {d} was installed from another version of its spec "
+                      f"(edgekit's pins changed); update it with: {spec.install_command} --force")
+    elif state.get("dist_fingerprint") != _dist_fingerprint(st.venv):
+        st.problem = (f"packages in {st.venv} changed since it was installed, so its lock hash no longer "
+                      f"describes it; reinstall with: {spec.install_command} --force")
+    elif state.get("base_python") and not Path(state["base_python"]).exists():
+        st.problem = f"the Python it was made with ({state['base_python']}) is gone; reinstall with: " \
+                     f"{spec.install_command} --force"
+    return st
+
+
+def problems(name: str) -> list[str]:
+    """For a converter's ``problems()``: empty when the toolchain is installed and current."""
+    st = status(name)
+    return [] if st.usable else [st.problem or f"toolchain {name!r} is not usable"]
+
+
+def require(name: str, what: str) -> ToolchainStatus:
+    st = status(name)
+    if not st.usable:
+        raise MissingDependencyError(f"{what}: {st.problem}")
+    return st
+
+
+# -- install -----------------------------------------------------------------------------
+
+def _run(cmd: list[str], log: Any, on_output: Output | None, *, env: Mapping[str, str] | None = None) -> str:
+    """Run ``cmd``, streaming its output lines to ``log`` and ``on_output``; the output on success."""
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=dict(env) if env is not None else None)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            log.write(line)
+            if on_output is not None:
+                on_output(line.rstrip("\n"))
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    out = "".join(lines)
+    if rc != 0:
+        tail = " | ".join(ln.strip() for ln in lines[-8:] if ln.strip())
+        raise EdgeError(f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}",
+                        hint=f"full log: {log.name}")
+    return out
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV", "PYTHONSTARTUP")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def _base_python() -> str:
+    """The interpreter the venv is made from: the one running edgekit (its base, when inside a venv)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def install(name: str, *, force: bool = False, on_step: Output | None = None, on_output: Output | None = None,
+            use_reference_lock: bool | None = None) -> ToolchainStatus:
+    """Create (or, with ``force``, recreate) the toolchain environment ``name``. Explicit user action only.
+
+    ``on_step`` gets one line per step, ``on_output`` every line pip prints (also in ``install.log``).
+    """
+    spec = get_spec(name)
+    say = on_step or (lambda _line: None)
+    v = sys.version_info[:2]
+    if not spec.python_min <= v <= spec.python_max:
+        raise MissingDependencyError(
+            f"toolchain {spec.name!r} needs Python {'.'.join(map(str, spec.python_min))} to "
+            f"{'.'.join(map(str, spec.python_max))} (its pinned wheels exist only there); edgekit runs on "
+            f"Python {v[0]}.{v[1]} ({sys.executable})",
+            hint="run edgekit from a Python in that range to install and use this toolchain")
+    current = status(name)
+    d = current.path
+    if current.usable and not force:
+        say(f"toolchain {spec.name!r} is already installed at {d} (lock {current.lock_hash[:16] if current.lock_hash else '?'}); "
+            "use --force to reinstall")
+        return current
+    if d.exists():
+        say(f"removing {d}" + (" (unfinished install)" if not current.installed else ""))
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    venv = d / "venv"
+    t0 = time.perf_counter()
+    reference = this_platform() == spec.lock_platform if use_reference_lock is None else use_reference_lock
+    env = _clean_env()
+    try:
+        with open(d / "install.log", "w", encoding="utf-8") as log:
+            say(f"creating {venv} with Python {platform.python_version()} ({_base_python()})")
+            try:
+                _run([_base_python(), "-m", "venv", str(venv)], log, None, env=env)
+            except EdgeError as e:
+                raise EdgeError(f"could not create a virtual environment: {e.message}",
+                                hint="on Debian/Ubuntu: apt-get install python3-venv") from None
+            py = str(_venv_python(venv))
+            with tempfile.TemporaryDirectory(prefix="edgekit-toolchain-") as tmp:
+                req = Path(tmp) / "requirements.txt"
+                req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
+                cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off", "-r", str(req)]
+                if reference:
+                    lock = Path(tmp) / "constraints.txt"
+                    lock.write_text("\n".join(lock_lines(spec.lock_text.splitlines())) + "\n", encoding="utf-8")
+                    cmd += ["-c", str(lock)]
+                    say(f"installing {len(spec.requirements)} pinned requirements with the reference lock "
+                        f"({spec.lock_platform}) as constraints")
+                else:
+                    say(f"installing {len(spec.requirements)} pinned requirements (no reference lock for "
+                        f"{this_platform()}; the reference is {spec.lock_platform}): the lock hash records "
+                        "what was resolved")
+                _run(cmd, log, on_output, env=env)
+            say("checking the installed set (pip check)")
+            _run([py, "-m", "pip", "check"], log, None, env=env)
+            say(f"checking imports: {', '.join(spec.imports)}")
+            probe = ("import importlib, json, sys\n"
+                     f"mods = {list(spec.imports)!r}\n"
+                     "for m in mods: importlib.import_module(m)\n")
+            _run([py, "-c", probe], log, None, env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+            missing = [p for p in spec.programs if not (_venv_bin(venv) / p).exists()]
+            if missing:
+                raise EdgeError(f"toolchain {spec.name!r}: {', '.join(missing)} missing from {_venv_bin(venv)}")
+            freeze = _run([py, "-m", "pip", "freeze", "--all"], log, None, env=env).splitlines()
+    except BaseException:
+        say(f"install failed; the unfinished environment stays at {d} (log: {d / 'install.log'}) and is "
+            "removed by the next install")
+        raise
+    freeze = lock_lines(freeze)
+    packages = dict(ln.split("==", 1) for ln in freeze if "==" in ln)
+    reference_lines = lock_lines(spec.lock_text.splitlines())
+    state = {
+        "name": spec.name, "spec_hash": spec.spec_hash, "requirements": list(spec.requirements),
+        "python_version": platform.python_version(), "base_python": _base_python(), "platform": this_platform(),
+        "reference_lock": reference, "lock_hash": lock_hash(freeze),
+        "matches_reference": freeze == reference_lines, "packages": packages, "freeze": freeze,
+        "dist_fingerprint": _dist_fingerprint(venv),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "install_seconds": round(time.perf_counter() - t0, 1),
+        "edgekit_version": __import__("edge").__version__,
+    }
+    tmp_state = d / f".{STATE_FILE}.tmp"
+    tmp_state.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp_state, d / STATE_FILE)
+    st = status(name)
+    say(f"installed toolchain {spec.name!r} at {d} in {state['install_seconds']:.0f} s; lock hash {st.lock_hash}"
+        + ("" if st.matches_reference else " (differs from the reference lock)"))
+    return st
+
+
+def remove(name: str) -> bool:
+    d = toolchain_dir(name)
+    if not d.exists():
+        return False
+    shutil.rmtree(d)
+    return True
+
+
+def list_status() -> list[ToolchainStatus]:
+    return [status(n) for n in TOOLCHAINS]
+
+
+# -- running a driver --------------------------------------------------------------------
+
+Event = Mapping[str, Any]
+
+
+def driver_path(name: str) -> Path:
+    return _HERE / f"{name}_driver.py"
+
+
+def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Callable[[Event], None] | None = None,
+               timeout_s: float = 3600.0) -> tuple[dict[str, Any], ToolchainStatus]:
+    """Run ``<name>_driver.py`` with the toolchain's Python on ``job``; its final result or error event.
+
+    The toolchain's bin directory comes first on PATH (onnx2tf calls onnxsim by name), edgekit's
+    own environment variables that would leak packages in (PYTHONPATH, VIRTUAL_ENV) are dropped,
+    and the driver's log goes to ``workdir/convert.log``.
+    """
+    st = require(name, f"toolchain {name!r}")
+    job_file = workdir / "job.json"
+    job_file.write_text(json.dumps(dict(job)), encoding="utf-8")
+    env = _clean_env()
+    env["PATH"] = str(_venv_bin(st.venv)) + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(st.venv)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a converter never needs the GPU; TensorFlow would probe it
+    env["PYTHONUNBUFFERED"] = "1"
+    log_path = workdir / "convert.log"
+    final: dict[str, Any] | None = None
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([str(_venv_python(st.venv)), str(driver_path(name)), str(job_file)], cwd=workdir,
+                                stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1,
+                                start_new_session=True)
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            _kill(proc)
+
+        watchdog = threading.Timer(timeout_s, expire)  # reading stdout blocks; the timer does not
+        watchdog.daemon = True
+        watchdog.start()
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(ev, dict):
+                    continue
+                if ev.get("event") in ("result", "error"):
+                    final = ev
+                elif on_event is not None:
+                    on_event(ev)
+            proc.wait()
+        except BaseException:
+            _kill(proc)
+            raise
+        finally:
+            watchdog.cancel()
+        if timed_out.is_set():
+            raise EdgeError(f"toolchain {name!r} did not finish within {timeout_s:.0f} s; stopped it",
+                            hint=f"log: {log_path}; raise the converter option timeout_s for big models")
+    if final is None:
+        tail = _tail(log_path)
+        raise EdgeError(f"toolchain {name!r} driver exited with code {proc.returncode} without a result: {tail}",
+                        hint=f"log: {log_path}")
+    return final, st
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """Stop the driver and whatever it started (it runs in a session of its own)."""
+    import signal
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        proc.kill()
+    proc.wait()
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    useful = [ln for ln in text if ln.strip() and not ln.startswith(("W0000", "I0000", "E0000"))]
+    return " | ".join(useful[-lines:])[-1500:]
+
