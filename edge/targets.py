@@ -61,12 +61,7 @@ class LLMProfile:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def check_precision(self, target: str, precision: str) -> str:
-        if precision not in self.precisions:
-            raise PrecisionError(
-                f"target {target!r} does not allow LLM precision {precision!r}; "
-                f"{did_you_mean(precision, list(self.precisions))}allowed: {', '.join(self.precisions)}"
-            )
-        return precision
+        return _check_allowed(target, "LLM ", precision, self.precisions)
 
 
 @dataclass(frozen=True)
@@ -89,12 +84,7 @@ class TargetProfile:
     llm: LLMProfile | None = None
 
     def check_precision(self, precision: str) -> str:
-        if precision not in self.precisions:
-            raise PrecisionError(
-                f"target {self.name!r} does not allow precision {precision!r}; "
-                f"{did_you_mean(precision, list(self.precisions))}allowed: {', '.join(self.precisions)}"
-            )
-        return precision
+        return _check_allowed(self.name, "", precision, self.precisions)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -169,6 +159,25 @@ def _str_list(p: _Problems, value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _precisions(p: _Problems, table: Mapping[str, Any], prefix: str) -> tuple[str, ...]:
+    """``precisions`` and ``default_precision`` of a profile table, every problem recorded."""
+    precisions = _str_list(p, table["precisions"], f"{prefix}precisions")
+    for prec in precisions:
+        if prec not in PRECISIONS:
+            p.add(f"{prefix}precisions",
+                  f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}known: {', '.join(PRECISIONS)}")
+    if precisions and table["default_precision"] not in precisions:
+        p.add(f"{prefix}default_precision", f"{table['default_precision']!r} is not in {prefix}precisions {list(precisions)}")
+    return precisions
+
+
+def _check_allowed(target: str, kind: str, precision: str, allowed: tuple[str, ...]) -> str:
+    if precision not in allowed:
+        raise PrecisionError(f"target {target!r} does not allow {kind}precision {precision!r}; "
+                             f"{did_you_mean(precision, list(allowed))}allowed: {', '.join(allowed)}")
+    return precision
+
+
 def parse_profile(path: Path) -> TargetProfile:
     """Read and validate one profile; every problem in the file is reported at once."""
     try:
@@ -193,12 +202,7 @@ def parse_profile(path: Path) -> TargetProfile:
         p.add("schema_version", f"this edgekit reads schema {SCHEMA_VERSION}, the file has {raw['schema_version']}")
     if raw["name"] != path.stem:
         p.add("name", f"{raw['name']!r} must match the file name {path.stem!r}")
-    precisions = _str_list(p, raw["precisions"], "precisions")
-    for prec in precisions:
-        if prec not in PRECISIONS:
-            p.add("precisions", f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}known: {', '.join(PRECISIONS)}")
-    if precisions and raw["default_precision"] not in precisions:
-        p.add("default_precision", f"{raw['default_precision']!r} is not in precisions {list(precisions)}")
+    precisions = _precisions(p, raw, "")
     if not raw["frame_budget_ms"] > 0:
         p.add("frame_budget_ms", f"must be > 0, got {raw['frame_budget_ms']}")
 
@@ -226,13 +230,7 @@ def parse_profile(path: Path) -> TargetProfile:
     )
     llm = None
     if llm_raw is not None:
-        llm_precisions = _str_list(p, llm_raw["precisions"], "llm.precisions")
-        for prec in llm_precisions:
-            if prec not in PRECISIONS:
-                p.add("llm.precisions", f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}")
-        if llm_precisions and llm_raw["default_precision"] not in llm_precisions:
-            p.add("llm.default_precision", f"{llm_raw['default_precision']!r} is not in llm.precisions")
-        llm = LLMProfile(llm_raw.get("runner", "llama.cpp"), llm_precisions, llm_raw["default_precision"],
+        llm = LLMProfile(llm_raw.get("runner", "llama.cpp"), _precisions(p, llm_raw, "llm."), llm_raw["default_precision"],
                          dict(llm_raw.get("options", {})))
     p.raise_if_any()
     return TargetProfile(
