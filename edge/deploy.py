@@ -216,7 +216,7 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
 def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike[str], *,
            build_dir: str | os.PathLike[str] | None = None, bench_iterations: int = 200,
            fps: float | None = None, budget_ms: float | None = None,
-           accept_parity_failure: bool = False, accept_budget_failure: bool = False,
+           accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
            on_step: Callable[[str], None] | None = None, **convert_kwargs: Any) -> DeployResult:
     """Convert + parity + benchmark (on this host when the target runtime runs here) + ship."""
     from edge.bench import run_benchmark
@@ -236,7 +236,8 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     else:
         budget, source = budget_from(fps, budget_ms, profile.frame_budget_ms)
         say(f"benchmarking {bench_iterations} iterations on this host")
-        rep = run_benchmark(bundle.open_runner, iterations=bench_iterations, budget_ms=budget, budget_source=source,
+        extra = {"allow_cpu_fallback": True} if allow_cpu_fallback else {}
+        rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=bench_iterations, budget_ms=budget, budget_source=source,
                             bundle=bundle.id, target=profile.name)
         rep.on_target_device = rep.runner.get("fallback") is None
         if not rep.on_target_device:

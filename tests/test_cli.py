@@ -45,6 +45,7 @@ def test_convert_bench_flow(models: dict[str, Path], tmp_path: Path) -> None:
     assert r["runner"]["device_used"] == "CPU" and r["runner"]["precision_used"] == "f32"
     p = run_cli("bench", str(out), "--iterations", "5", "--budget-ms", "0.000001")
     assert p.returncode == 1 and "fail" in p.stdout
+    assert_user_error(run_cli("bench", str(out), "--allow-cpu-fallback"), "runner 'openvino' has no CPU fallback to allow")
 
 
 def test_deploy_and_rollback(models: dict[str, Path], tmp_path: Path) -> None:

@@ -21,6 +21,20 @@ err_console = Console(stderr=True)
 TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
                           "also read from EDGEKIT_TARGETS_PATH.", show_default=False)
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+AllowCpuFallback = typer.Option(False, "--allow-cpu-fallback", help="When the target's accelerator is missing (Edge "
+                                "TPU, TensorRT GPU), run on the CPU instead; every report then says CPU fallback.")
+
+
+def fallback_options(runner_name: str, allow: bool) -> dict[str, Any]:
+    """Runner options for ``--allow-cpu-fallback`` (refused for runners that have no such choice)."""
+    if not allow:
+        return {}
+    from edge.runners.base import RUNNERS
+
+    if "allow_cpu_fallback" not in RUNNERS.get(runner_name).options:
+        raise EdgeError(f"runner {runner_name!r} has no CPU fallback to allow: it runs on the CPU already, or "
+                        "falls back on its own and reports it")
+    return {"allow_cpu_fallback": True}
 
 
 def dirs(values: Optional[List[Path]]) -> list[Path]:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
-from edge.cli._common import JsonOut, console, err_console, fmt_ms, print_json
+from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, err_console, fmt_ms, print_json
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -80,6 +80,7 @@ def bench_cmd(
                                             show_default=False),
     min_tps: Optional[float] = typer.Option(None, "--min-tps", help="LLM bundles: minimum generation tokens/s.",
                                             show_default=False),
+    allow_cpu_fallback: bool = AllowCpuFallback,
     as_json: bool = JsonOut,
 ) -> None:
     """Benchmark a bundle on this host: load time, p50/p90/p99/max latency, throughput, budget verdict (p99).
@@ -104,7 +105,8 @@ def bench_cmd(
     budget, source = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
     if not as_json:
         err_console.print(f"benchmarking {b.id} ...", highlight=False)
-    report = run_benchmark(b.open_runner, iterations=iterations, duration_s=duration, warmup=warmup,
+    extra = fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback)
+    report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,
                            budget_ms=budget, budget_source=source, bundle=b.id, target=b.target)
     report.on_target_device = report.runner.get("fallback") is None
     data = report.to_json()

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from edge.cli._common import JsonOut, TargetsDir, console, err_console, print_json, steps
+from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import AcceptParity, Calib, InputShape, Letterbox, Precision, Preprocess, convert_kwargs, render_bundle
 from edge.deploy import deploy, rollback
@@ -29,6 +29,7 @@ def deploy_cmd(
                                              "(default: build/<model>-<target>).", show_default=False),
     accept_parity_failure: bool = AcceptParity,
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
+    allow_cpu_fallback: bool = AllowCpuFallback,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
     """Convert, check parity, benchmark on this host (when the target's runtime runs here), and ship to DEVICE."""
@@ -44,7 +45,8 @@ def deploy_cmd(
     with steps(not as_json) as say:
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
-                        accept_budget_failure=accept_budget_failure, on_step=say, **kwargs)
+                        accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
+                        on_step=say, **kwargs)
     if as_json:
         print_json(result.to_json())
         return

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from edge.bundle import Bundle
 from edge.errors import EdgeError
-from edge.cli._common import JsonOut, console, err_console, fmt_ms, print_json
+from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, err_console, fmt_ms, print_json
 from edge.cli.bench import BudgetMs, Fps
 from edge.stats import budget_from
 
@@ -108,6 +108,7 @@ def run_cmd(
     warmup: int = typer.Option(3, "--warmup", help="Untimed inferences before the first frame."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="LLM bundles: the prompt; the completion streams "
                                          "to stdout.", show_default=False),
+    allow_cpu_fallback: bool = AllowCpuFallback,
     max_tokens: int = typer.Option(64, "--max-tokens", help="LLM bundles: tokens to generate."),
     temperature: float = typer.Option(0.0, "--temperature", help="LLM bundles: sampling temperature (0 = greedy)."),
     as_json: bool = JsonOut,
@@ -132,7 +133,8 @@ def run_cmd(
     options = PipelineOptions(realtime=realtime, source_fps=source_fps, budget_ms=budget, budget_source=source_label,
                               queue_size=queue_size, infer_workers=infer_workers, max_frames=max_frames,
                               duration_s=duration, warmup=warmup, out=out,
-                              post=PostConfig(task=task, top_k=top_k, conf=conf, iou=iou))  # type: ignore[arg-type]
+                              post=PostConfig(task=task, top_k=top_k, conf=conf, iou=iou),
+                              runner_options=fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback) or None)  # type: ignore[arg-type]
     with open_source(video=video, camera=camera, images=images, synthetic=synthetic, frames=max_frames,
                      fps=source_fps or fps) as source:
         run = run_sequential if sequential else run_pipeline
