@@ -12,8 +12,8 @@ from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_p
 SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}
 # Backends that later issues add. A shipped profile may name them only while they are listed
 # here; the planner must refuse them with a clear error until then.
-PENDING_CONVERTERS = {"onnx->coreml": "#4", "onnx->tensorrt-plan": "#4"}
-PENDING_RUNNERS = {"coreml": "#4", "tensorrt": "#4"}
+PENDING_CONVERTERS: dict[str, str] = {}
+PENDING_RUNNERS: dict[str, str] = {}
 
 VALID = """
 schema_version = 1

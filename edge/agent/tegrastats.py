@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
@@ -25,6 +26,12 @@ _POWER = re.compile(r"\b([A-Z][A-Z0-9_]*) (\d+)(?:mW)?/(\d+)(?:mW)?(?=\s|$)")
 _NO_READING = -256.0
 _PLACEHOLDERS = {"pmic"}
 _NOT_POWER = {"RAM", "SWAP", "IRAM"}
+_GPC = re.compile(r"\bGR3D(?:_FREQ)? \d+%@\[([\d,]+)\]")
+# hardware engines: "NVENC off", "NVDEC 1164", "VIC_FREQ 0%@115", "NVDLA0 off", "APE 174", "MSENC 1164"
+_ENGINE = re.compile(r"\b(NVENC\d?|NVDEC\d?|MSENC|NVJPG\d?|VIC(?:_FREQ)?|OFA|NVDLA\d|PVA\d(?:_FREQ)?|APE)"
+                     r" (off|(?:(\d+)%@)?(\d+))(?=\s|$)")
+# the board's input rail, by generation: Nano/TX (POM_5V_IN), Xavier/Orin NX+Nano (VDD_IN), AGX Orin (VIN_SYS_5V0)
+_INPUT_RAILS = ("VDD_IN", "POM_5V_IN", "VIN_SYS_5V0", "VIN")
 
 
 def parse_tegrastats(line: str) -> dict[str, Any]:
@@ -52,6 +59,8 @@ def parse_tegrastats(line: str) -> dict[str, Any]:
         out["gpu_load_percent"] = int(m[1])
         if m[2]:
             out["gpu_freq_mhz"] = int(m[2])
+    if m := _GPC.search(line):  # Orin: one frequency per GPC
+        out["gpu_gpc_freq_mhz"] = [int(f) for f in m[1].split(",") if f]
     if m := _EMC.search(line):
         out["emc_load_percent"] = int(m[1])
         if m[2]:
@@ -69,6 +78,72 @@ def parse_tegrastats(line: str) -> dict[str, Any]:
              if name not in _NOT_POWER}
     if power:
         out["power"] = power
+        rail = next((r for r in _INPUT_RAILS if r in power), None)
+        if rail is not None:
+            out["input_power_mw"], out["input_rail"] = power[rail]["now_mw"], rail
+    engines: dict[str, Any] = {}
+    for name, value, load, freq in _ENGINE.findall(line):
+        key = name.lower().removesuffix("_freq")
+        engines[key] = None if value == "off" else {"freq_mhz": int(freq), **({"load_percent": int(load)} if load else {})}
+    if engines:
+        out["engines"] = engines  # None: powered off
+    return out
+
+
+# -- nvpmodel: the power mode ---------------------------------------------------------------
+
+_NVP_NAME = re.compile(r"NV Power Mode:\s*(.+?)\s*$", re.MULTILINE)
+_NVP_CONF = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>")
+_NVP_STATUS = re.compile(r"pmode:(\d+)")
+NVPMODEL_STATUS = "/var/lib/nvpmodel/status"
+NVPMODEL_CONF = "/etc/nvpmodel.conf"
+
+
+def parse_nvpmodel(text: str) -> dict[str, Any]:
+    """``nvpmodel -q`` output (JetPack 4-6): {"mode_name", "mode_id"}; warnings and verbose lines ignored."""
+    out: dict[str, Any] = {}
+    if m := _NVP_NAME.search(text):
+        out["mode_name"] = m[1]
+        rest = text[m.end():].split()
+        if rest and rest[0].isdigit():
+            out["mode_id"] = int(rest[0])
+    if "mode_id" not in out and (m := re.search(r"POWER_MODEL: ID=(\d+) NAME=(\S+)", text)):
+        out["mode_id"] = int(m[1])
+        out.setdefault("mode_name", m[2])
+    return out
+
+
+def parse_nvpmodel_conf(text: str) -> dict[int, str]:
+    """Mode id -> name from ``/etc/nvpmodel.conf`` (``< POWER_MODEL ID=0 NAME=MAXN >``)."""
+    return {int(i): name for i, name in _NVP_CONF.findall(text)}
+
+
+def read_nvpmodel(command: str = "nvpmodel", status_file: str = NVPMODEL_STATUS,
+                  conf_file: str = NVPMODEL_CONF) -> dict[str, Any] | None:
+    """The current power mode: ``nvpmodel -q``, else the status file + conf (no root needed); None off Jetson."""
+    exe = shutil.which(command)
+    if exe is not None:
+        try:
+            p = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=5, check=False)
+            parsed = parse_nvpmodel(p.stdout + "\n" + p.stderr)
+            if parsed:
+                return {**parsed, "source": "nvpmodel -q"}
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    try:
+        status = Path(status_file).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    m = _NVP_STATUS.search(status)
+    if m is None:
+        return None
+    out: dict[str, Any] = {"mode_id": int(m[1]), "source": status_file}
+    try:
+        names = parse_nvpmodel_conf(Path(conf_file).read_text(encoding="utf-8"))
+    except OSError:
+        names = {}
+    if out["mode_id"] in names:
+        out["mode_name"] = names[out["mode_id"]]
     return out
 
 

@@ -89,6 +89,22 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         versions=("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime"),
         size_hint="about 2.6 GB on disk, 1.5-3 min with a warm network",
     ),
+    "coreml": ToolchainSpec(
+        name="coreml",
+        purpose="ONNX -> Core ML ML Program (edgekit's ONNX->PyTorch bridge, torch.jit.trace, coremltools) "
+                "for the onnx->coreml converter",
+        # torch: the CPU wheel (its CUDA build is several GB); coremltools 9.0 is the newest release.
+        # No torchvision: edgekit's own bridge (edge/coreml_bridge.py) replaces onnx2torch, which needs it.
+        requirements=("torch==2.13.0", "coremltools==9.0", "onnx==1.23.2"),
+        lock="coreml.lock",
+        lock_platform="linux-x86_64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 13),
+        imports=("torch", "coremltools", "onnx"),
+        programs=(),
+        versions=("torch", "coremltools", "onnx", "numpy"),
+        size_hint="about 1.2 GB on disk, about 1 min with the torch CPU wheel available",
+    ),
 }
 
 

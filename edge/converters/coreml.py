@@ -1,0 +1,153 @@
+"""ONNX -> Core ML ML Program (``.mlpackage``), fp16 by default, for the Apple Neural Engine.
+
+Runs in the ``coreml`` toolchain environment (torch 2.13 CPU + coremltools 9.0 + onnx, see
+:mod:`edge.toolchains`), driven by ``edge/toolchains/coreml_driver.py``. The bridge:
+coremltools no longer reads ONNX, so the ONNX graph becomes a torch module with edgekit's own
+ONNX->PyTorch bridge (``edge/toolchains/coreml_bridge.py``; onnx2torch needs torchvision, which
+drags a multi-GB CUDA torch, and fails on ReduceMean opset 18), then ``torch.jit.trace``
+(``torch.export`` loses the I/O names) and ``ct.convert`` to an ML Program with float32 inputs
+declared explicitly (an iOS16+ target otherwise turns them fp16 silently).
+
+What Linux can check is checked and recorded in the manifest: the bridge against onnxruntime
+fp32 on the parity inputs (``details["bridge_parity"]``; a failure stops the conversion), the
+saved package loads as a spec, its I/O names/shapes/dtypes match the bundle's, and its op
+inventory with the ops known to keep a model off the Neural Engine flagged. Predictions need
+macOS (the ``coreml`` runner).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge import toolchains
+from edge.capabilities import Host, Requirement
+from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.errors import ConversionError, MissingDependencyError, ParityError, PrecisionError
+
+TOOLCHAIN = "coreml"
+COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
+_ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
+                   why="the bridged model is checked against the source in onnxruntime")
+_PARITY_SAMPLES = 8
+
+
+class OnnxToCoreML(Converter):
+    name = "onnx->coreml"
+    source_format = "onnx"
+    target_format = "mlpackage"
+    precisions = frozenset({"fp32", "fp16"})
+    requires = (_ORT,)
+    options = {
+        "compute_units": f"compute units the model is converted for: {', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)",
+        "minimum_deployment_target": "coremltools target, e.g. iOS16 (default), macOS13, iOS17",
+        "timeout_s": "stop the toolchain after this many seconds (default 900)",
+    }
+
+    @classmethod
+    def problems(cls, host: Host | None = None) -> list[str]:
+        return super().problems(host) + toolchains.problems(TOOLCHAIN)
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        self.check_options(request.options)
+        if request.precision not in self.precisions:
+            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
+                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+        opts = request.options
+        units = str(opts.get("compute_units", "CPU_AND_NE"))
+        if units not in COMPUTE_UNITS:
+            raise ConversionError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
+        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
+
+        from edge.calib import generated_samples
+        from edge.parity import ParityReport, compare, reference_outputs, thresholds_for
+
+        if request.calibration is not None and request.calibration.samples:
+            inputs, label = [dict(s) for s in request.calibration.samples[:_PARITY_SAMPLES]], "calibration"
+        else:
+            inputs, label = generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234), "generated"
+        names = [t.name for t in request.io.inputs]
+        t_start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
+            work = Path(tmp)
+            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
+            job: dict[str, Any] = {
+                "onnx": str(Path(request.source).resolve()), "workdir": str(work), "precision": request.precision,
+                "samples": str(work / "samples.npz"), "compute_units": units,
+                "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
+                "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
+                "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.outputs],
+                "description": f"edgekit {request.source.name}",
+            }
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
+            if final["event"] == "error":
+                if final.get("kind") == "unsupported_ops":
+                    raise ConversionError(final["message"], hint="replace these ops in the source model, or choose "
+                                          "a target whose runtime has them (x86-cpu)")
+                if final.get("kind") == "toolchain":
+                    raise MissingDependencyError(final["message"])
+                log = _keep_log(work)
+                raise ConversionError(f"onnx->coreml failed on {request.source.name}: {final['message']}"
+                                      + (f" (toolchain log: {log})" if log else ""))
+            bridged = np.load(final["bridge_outputs"])
+            candidate = [{k: bridged[k][i] for k in bridged.files} for i in range(len(inputs))]
+            out = request.workdir / "model.mlpackage"
+            shutil.move(final["artifact"], out)
+        reference = reference_outputs(Path(request.source), inputs)
+        th = thresholds_for("fp32", "f32")
+        bridge = ParityReport(precision="fp32", thresholds=th, samples=len(inputs), inputs=label,
+                              reference="onnxruntime fp32 CPUExecutionProvider",
+                              candidate={"runtime": f"edgekit ONNX->PyTorch bridge (torch {final['tool_versions']['torch']})",
+                                         "device_used": "CPU"},
+                              outputs=compare(reference, candidate, th)).to_json()
+        bridge.pop("accepted_failure", None)
+        if not bridge["passed"]:
+            raise ParityError(f"the ONNX->PyTorch bridge disagrees with onnxruntime on {request.source.name}: "
+                              + "; ".join(f"{o['name']}: {f}" for o in bridge["outputs"] for f in o["failures"]),
+                              bridge, hint="a bridge bug: report it with the model")
+        if final["io_problems"]:
+            raise ConversionError("the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"]))
+        notes = ["Core ML predictions need macOS; the bundle is ready to copy to a Mac "
+                 f"(compute units {units} at load)"]
+        if final["ane_flagged"]:
+            notes.append("ops that may keep the model off the Neural Engine: "
+                         + "; ".join(f"{k}: {v}" for k, v in final["ane_flagged"].items()))
+        if request.preprocess is not None:
+            notes.append("pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
+                         "other runtime), normalised by the caller as the manifest's preprocess spec says")
+        details = {
+            "recipe": f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})",
+            "toolchain": st.manifest_record(), "compute_units": units,
+            "minimum_deployment_target": job["minimum_deployment_target"],
+            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
+                           "io": final["io"], "io_matches_manifest": True},
+            "ops": final["ops"], "ane_flagged": final["ane_flagged"], "bridge_parity": bridge,
+            "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
+        }
+        tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
+        files = [p for p in out.rglob("*") if p.is_file()]
+        # A bundle's primary artifact is a file (hash-verified); an .mlpackage is a directory, so the primary
+        # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
+        return ConversionResult(artifact=out / "Manifest.json", format="mlpackage", files=files, tool_versions=tool_versions,
+                                details=details, notes=notes)
+
+
+def package_dir(artifact: Path) -> Path:
+    """The ``.mlpackage`` directory for a bundle's primary artifact (its Manifest.json, or the package)."""
+    artifact = Path(artifact)
+    return artifact.parent if artifact.name == "Manifest.json" and artifact.parent.suffix == ".mlpackage" else artifact
+
+
+def _keep_log(work: Path) -> Path | None:
+    src = work / "convert.log"
+    if not src.is_file():
+        return None
+    dest = Path(tempfile.gettempdir()) / f"edgekit-coreml-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    shutil.copyfile(src, dest)
+    return dest
+

@@ -1,0 +1,66 @@
+"""Core ML runner: ``MLModel.predict`` with the profile's compute units. macOS only.
+
+Elsewhere loading raises "Core ML predictions need macOS; the bundle is ready to copy to a
+Mac" (the bundle's package was already checked as a spec on the build host). Core ML decides
+per op where it runs (Neural Engine, GPU or CPU) within the compute units given; ``info`` says
+which units were allowed, not a device Core ML does not report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from edge.capabilities import Requirement
+from edge.errors import EdgeError, HardwareUnavailableError
+from edge.runners.base import Runner, RunnerInfo
+from edge.spec import TensorSpec, image_layout
+
+NEEDS_MACOS = "Core ML predictions need macOS; the bundle is ready to copy to a Mac"
+COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
+
+
+class CoreMLRunner(Runner):
+    name = "coreml"
+    formats = ("mlpackage",)
+    requires = (Requirement("os", "darwin", install=NEEDS_MACOS),
+                Requirement("python", "coremltools", install="pip install 'edgekit-ml[coreml]'"))
+    options = {"compute_units": f"{', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)"}
+
+    def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp16") -> None:
+        if sys.platform != "darwin":
+            raise HardwareUnavailableError(NEEDS_MACOS)
+        super().__init__(artifact, options=options, precision=precision)
+        import coremltools as ct
+
+        from edge.converters.coreml import package_dir
+
+        units = str(self._options.get("compute_units", "CPU_AND_NE"))
+        if units not in COMPUTE_UNITS:
+            raise EdgeError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
+        try:
+            self._model = ct.models.MLModel(str(package_dir(self.artifact)), compute_units=getattr(ct.ComputeUnit, units))
+        except Exception as e:
+            raise EdgeError(f"Core ML could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
+        desc = self._model.get_spec().description
+        self.inputs = tuple(_spec(f) for f in desc.input)
+        self.outputs = tuple(_spec(f) for f in desc.output)
+        self.info = RunnerInfo(runtime=f"coremltools {ct.__version__} (Core ML)", device_requested=units,
+                               device_used=f"Core ML with compute units {units} (placement per op is Core ML's)",
+                               precision_used={"fp16": "f16", "fp32": "f32"}.get(precision, precision),
+                               details={"compute_units": units})
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self._model.predict({k: np.asarray(v, dtype=np.float32) for k, v in feeds.items()})
+        return {t.name: np.asarray(out[t.name], dtype=np.float32).reshape(t.shape) for t in self.outputs}
+
+    def close(self) -> None:
+        self._model = None
+
+
+def _spec(f: Any) -> TensorSpec:
+    shape = tuple(int(d) for d in f.type.multiArrayType.shape)
+    return TensorSpec(f.name, shape, "float32", image_layout(shape))

@@ -1,0 +1,186 @@
+"""ONNX -> Core ML ML Program inside the ``coreml`` toolchain environment (torch + coremltools + onnx).
+
+Run by :class:`edge.converters.coreml.OnnxToCoreML` as ``<toolchain>/venv/bin/python
+coreml_driver.py job.json``. It must not import ``edge``; the bridge (``coreml_bridge.py``)
+sits beside it and is imported from this directory.
+
+Protocol: one JSON object per line on the original stdout (``stage`` | ``result`` | ``error``);
+whatever the libraries print goes to ``convert.log`` in the work directory.
+
+Steps: every ONNX op checked against the bridge (all unsupported ops in one error) -> the
+ONNX graph as a torch module -> outputs of that module on the parity samples (the parent
+compares them with onnxruntime: that checks the bridge) -> ``torch.jit.trace`` (keeps the
+positional I/O that coremltools renames to the ONNX names; ``torch.export`` loses them) ->
+``ct.convert`` to an ML Program with inputs declared ``float32`` explicitly (with an iOS16+
+deployment target they silently become fp16 otherwise) -> ``.mlpackage`` -> the checks that
+work on Linux: the package loads as a spec, its I/O names/shapes/dtypes, the op inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+_EVENTS: Any = None
+_START = time.time()
+
+# MIL ops known to keep a model (or that part of it) off the Neural Engine: community-measured
+# (github.com/hollance/neural-engine, Apple's "Deploying Transformers on the ANE" notes). Core ML
+# decides per op at load time; Xcode's performance report is the final word on a Mac.
+ANE_UNFRIENDLY = {
+    "gather": "gather with computed indices runs on the CPU",
+    "gather_nd": "runs on the CPU",
+    "scatter": "runs on the CPU", "scatter_nd": "runs on the CPU", "scatter_along_axis": "runs on the CPU",
+    "non_zero": "data-dependent shape: CPU", "topk": "CPU", "argsort": "CPU", "cumsum": "CPU",
+    "while_loop": "control flow: CPU", "cond": "control flow: CPU",
+    "random_uniform": "CPU", "random_normal": "CPU", "random_bernoulli": "CPU", "random_categorical": "CPU",
+    "lstm": "recurrent layers run on the CPU/GPU", "gru": "recurrent layers run on the CPU/GPU",
+    "rnn": "recurrent layers run on the CPU/GPU",
+    "einsum": "only some equations map to ANE matmuls",
+    "pixel_shuffle": "often split off the ANE", "resize_nearest_neighbor": "non-integer scales leave the ANE",
+    "layer_norm": "fine on recent ANEs, slow on A14/M1 over non-channel axes",
+}
+
+
+def emit(event: str, **data: Any) -> None:
+    _EVENTS.write(json.dumps({"event": event, "elapsed_s": round(time.time() - _START, 2), **data}) + "\n")
+    _EVENTS.flush()
+
+
+def stage(name: str) -> None:
+    emit("stage", stage=name)
+
+
+def op_inventory(spec: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+
+    def walk(block: Any) -> None:
+        for op in block.operations:
+            counts[op.type] = counts.get(op.type, 0) + 1
+            for b in op.blocks:
+                walk(b)
+
+    for fn in spec.mlProgram.functions.values():
+        for block in fn.block_specializations.values():
+            walk(block)
+    return dict(sorted(counts.items()))
+
+
+def describe(features: Any) -> list[dict[str, Any]]:
+    import coremltools as ct  # noqa: F401 - proto types
+
+    out = []
+    for f in features:
+        t = f.type.WhichOneof("Type")
+        if t == "multiArrayType":
+            arr = f.type.multiArrayType
+            from coremltools.proto import FeatureTypes_pb2 as ft
+
+            dtype = ft.ArrayFeatureType.ArrayDataType.Name(arr.dataType).lower()
+            out.append({"name": f.name, "shape": [int(d) for d in arr.shape],
+                        "dtype": {"float32": "float32", "float16": "float16", "double": "float64",
+                                  "int32": "int32"}.get(dtype, dtype)})
+        else:
+            out.append({"name": f.name, "type": t})
+    return out
+
+
+def main() -> int:
+    global _EVENTS
+    job = json.loads(Path(sys.argv[1]).read_text())
+    work = Path(job["workdir"])
+    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
+    log = open(work / "convert.log", "ab", buffering=0)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    timings: dict[str, float] = {}
+    try:
+        import numpy as np
+        import onnx
+
+        import coreml_bridge as bridge
+
+        t0 = time.time()
+        stage("checking ONNX ops against the bridge")
+        model = onnx.load(job["onnx"])
+        bad = bridge.unsupported_ops(model)
+        if bad:
+            emit("error", kind="unsupported_ops", message=str(bridge.UnsupportedOps(bad)), ops=bad)
+            return 1
+        import torch
+
+        torch.set_grad_enabled(False)
+        module = bridge.OnnxModule(model).eval()
+        names = [t["name"] for t in job["inputs"]]
+        stage("running the bridged torch module on the parity samples")
+        samples = np.load(job["samples"])
+        n = samples[names[0]].shape[0]
+        outs: dict[str, list[Any]] = {o: [] for o in module.output_names}
+        for i in range(n):
+            y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
+            y = y if isinstance(y, tuple) else (y,)
+            for name, v in zip(module.output_names, y):
+                outs[name].append(v.numpy())
+        np.savez(work / "bridge_outputs.npz", **{k: np.stack(v) for k, v in outs.items()})
+        timings["bridge_s"] = round(time.time() - t0, 2)
+
+        stage("torch.jit.trace")
+        t0 = time.time()
+        example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
+        traced = torch.jit.trace(module, example, check_trace=False)
+        timings["trace_s"] = round(time.time() - t0, 2)
+
+        stage("coremltools: ML Program")
+        t0 = time.time()
+        import coremltools as ct
+
+        precision = ct.precision.FLOAT16 if job["precision"] == "fp16" else ct.precision.FLOAT32
+        target = getattr(ct.target, job["minimum_deployment_target"])
+        mlmodel = ct.convert(
+            traced, convert_to="mlprogram", compute_precision=precision,
+            compute_units=getattr(ct.ComputeUnit, job["compute_units"]), minimum_deployment_target=target,
+            inputs=[ct.TensorType(name=t["name"], shape=tuple(t["shape"]), dtype=np.float32) for t in job["inputs"]],
+            outputs=[ct.TensorType(name=t["name"], dtype=np.float32) for t in job["outputs"]],
+        )
+        mlmodel.short_description = job.get("description", "")
+        out = work / "model.mlpackage"
+        mlmodel.save(str(out))
+        timings["convert_s"] = round(time.time() - t0, 2)
+
+        stage("checking the saved package (spec, I/O, op inventory)")
+        spec = ct.utils.load_spec(str(out))
+        ins, outs_spec = describe(spec.description.input), describe(spec.description.output)
+        problems = []
+        for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
+            for w, g in zip(want, got):
+                if w["name"] != g.get("name") or [int(d) for d in w["shape"]] != g.get("shape") \
+                        or g.get("dtype") != "float32":
+                    problems.append(f"{w['name']} {w['shape']} float32 became {g}")
+            if len(want) != len(got):
+                problems.append(f"expected {len(want)} tensors, the package has {len(got)}")
+        ops = op_inventory(spec)
+        flagged = {op: ANE_UNFRIENDLY[op] for op in ops if op in ANE_UNFRIENDLY}
+        emit("result", artifact=str(out), io={"inputs": ins, "outputs": outs_spec}, io_problems=problems,
+             spec_version=int(spec.specificationVersion), ops=ops, ane_flagged=flagged, timings=timings,
+             bridge_outputs=str(work / "bridge_outputs.npz"),
+             tool_versions={"torch": torch.__version__, "coremltools": ct.__version__, "onnx": onnx.__version__,
+                            "numpy": np.__version__})
+        return 0
+    except Exception as e:  # noqa: BLE001 - reported to the parent as an event
+        traceback.print_exc()
+        kind = "unsupported_ops" if type(e).__name__ == "UnsupportedOps" else "conversion"
+        emit("error", kind=kind, message=f"{type(e).__name__}: {str(e)[:1500]}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
