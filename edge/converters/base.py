@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from edge.capabilities import Host, Requirement, problems
-from edge.errors import ConversionError
+from edge.errors import ConversionError, PrecisionError
 from edge.registry import Registry, did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
@@ -50,10 +50,23 @@ class Converter(ABC):
     options: ClassVar[Mapping[str, str]] = {}
     #: precisions that need calibration samples
     calibrated_precisions: ClassVar[frozenset[str]] = frozenset()
+    #: the toolchain environment (edge.toolchains) the converter runs in, if any; a missing one is
+    #: reported like a missing package, before any work
+    toolchain: ClassVar[str | None] = None
 
     @classmethod
     def problems(cls, host: Host | None = None) -> list[str]:
-        return problems(cls.requires, host)
+        found = problems(cls.requires, host)
+        if cls.toolchain is not None:
+            from edge import toolchains
+
+            found += toolchains.problems(cls.toolchain)
+        return found
+
+    def check_precision(self, precision: str) -> None:
+        if precision not in self.precisions:
+            raise PrecisionError(f"converter {self.name!r} does not produce precision {precision!r}",
+                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

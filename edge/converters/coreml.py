@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from edge import toolchains
-from edge.capabilities import Host, Requirement
+from edge.capabilities import Requirement
 from edge.converters.base import ConversionRequest, ConversionResult, Converter
-from edge.errors import ConversionError, MissingDependencyError, ParityError, PrecisionError
+from edge.errors import ConversionError, MissingDependencyError, ParityError
 
 TOOLCHAIN = "coreml"
 COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
@@ -42,6 +42,7 @@ class OnnxToCoreML(Converter):
     source_format = "onnx"
     target_format = "mlpackage"
     precisions = frozenset({"fp32", "fp16"})
+    toolchain = TOOLCHAIN
     requires = (_ORT,)
     options = {
         "compute_units": f"compute units the model is converted for: {', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)",
@@ -49,15 +50,10 @@ class OnnxToCoreML(Converter):
         "timeout_s": "stop the toolchain after this many seconds (default 900)",
     }
 
-    @classmethod
-    def problems(cls, host: Host | None = None) -> list[str]:
-        return super().problems(host) + toolchains.problems(TOOLCHAIN)
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
-        if request.precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+        self.check_precision(request.precision)
         opts = request.options
         units = str(opts.get("compute_units", "CPU_AND_NE"))
         if units not in COMPUTE_UNITS:

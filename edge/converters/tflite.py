@@ -35,9 +35,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from edge import toolchains
-from edge.capabilities import Host, Requirement, require
+from edge.capabilities import Requirement, require
 from edge.converters.base import ConversionRequest, ConversionResult, Converter
-from edge.errors import CalibrationError, ConversionError, MissingDependencyError, ParityError, PrecisionError
+from edge.errors import CalibrationError, ConversionError, MissingDependencyError, ParityError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class OnnxToTFLite(Converter):
     target_format = "tflite"
     precisions = frozenset({"fp32", "fp16", "int8", "int8-dynamic"})
     calibrated_precisions = frozenset({"int8"})
+    toolchain = TOOLCHAIN
     requires = (_ORT, _LITERT)
     options = {
         "io_dtype": "int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
@@ -89,16 +90,10 @@ class OnnxToTFLite(Converter):
         "timeout_s": "stop the toolchain after this many seconds (default 3600)",
     }
 
-    @classmethod
-    def problems(cls, host: Host | None = None) -> list[str]:
-        # The toolchain is a requirement like a package: doctor and plan report it before any work.
-        return super().problems(host) + toolchains.problems(TOOLCHAIN)
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
-        if request.precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+        self.check_precision(request.precision)
         require(self.requires, f"converter {self.name!r}")
         opts = request.options
         io_dtype = str(opts.get("io_dtype", "int8"))
