@@ -120,6 +120,12 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     if is_gguf(model):
         return convert_gguf(model, profile, output, precision=precision, accept_parity_failure=accept_parity_failure,
                             force=force, on_step=on_step)
+    from edge.torch_source import convert_torch, is_torch_source
+
+    if is_torch_source(model):
+        return convert_torch(model, profile, output, precision=precision, calib=calib, input_shapes=input_shapes,
+                             preprocess=preprocess, letterbox=letterbox, accept_parity_failure=accept_parity_failure,
+                             force=force, on_step=on_step)
     p = plan(profile, precision)
     src = Path(model)
     say(f"reading {src}")

@@ -38,6 +38,9 @@ class ConversionResult:
     tool_versions: dict[str, str]
     details: dict[str, Any] = field(default_factory=dict)  # the recipe actually applied
     notes: list[str] = field(default_factory=list)
+    #: when the converter ran the source model itself (a PyTorch source): the inputs and its outputs on them,
+    #: the parity reference for the bundle
+    reference: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
 
 
 class Converter(ABC):

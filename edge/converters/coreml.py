@@ -28,7 +28,7 @@ import numpy as np
 from edge import toolchains
 from edge.capabilities import Requirement
 from edge.converters.base import ConversionRequest, ConversionResult, Converter
-from edge.errors import ConversionError, MissingDependencyError, ParityError
+from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 
 TOOLCHAIN = "coreml"
 COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
@@ -82,14 +82,7 @@ class OnnxToCoreML(Converter):
             }
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
             if final["event"] == "error":
-                if final.get("kind") == "unsupported_ops":
-                    raise ConversionError(final["message"], hint="replace these ops in the source model, or choose "
-                                          "a target whose runtime has them (x86-cpu)")
-                if final.get("kind") == "toolchain":
-                    raise MissingDependencyError(final["message"])
-                log = _keep_log(work)
-                raise ConversionError(f"onnx->coreml failed on {request.source.name}: {final['message']}"
-                                      + (f" (toolchain log: {log})" if log else ""))
+                _raise_driver_error(self.name, final, work, request.source)
             bridged = np.load(final["bridge_outputs"])
             candidate = [{k: bridged[k][i] for k in bridged.files} for i in range(len(inputs))]
             out = request.workdir / "model.mlpackage"
@@ -131,6 +124,129 @@ class OnnxToCoreML(Converter):
         # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
         return ConversionResult(artifact=out / "Manifest.json", format="mlpackage", files=files, tool_versions=tool_versions,
                                 details=details, notes=notes)
+
+
+def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
+    kind = final.get("kind")
+    if kind == "unsupported_ops":
+        raise ConversionError(final["message"], hint="replace these ops in the source model, or choose "
+                              "a target whose runtime has them (x86-cpu)")
+    if kind == "toolchain":
+        raise MissingDependencyError(final["message"])
+    if kind == "not_torch":
+        raise ModelError(final["message"], hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
+                         "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph")
+    if kind == "inputs":
+        raise ModelError(f"{source.name}: {final['message']}", hint="pass --input-shape NAME=1,3,224,224 for every input: "
+                         + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])))
+    log = _keep_log(work)
+    raise ConversionError(f"{converter} failed on {source.name}: {final['message']}"
+                          + (f" (toolchain log: {log})" if log else ""))
+
+
+class TorchToCoreML(Converter):
+    """A PyTorch source (TorchScript ``.pt``/``.ts``, or a ``torch.export`` ``.pt2``) straight to an ML Program.
+
+    No bridge: the model itself runs in the toolchain on the parity samples (the reference kept for device
+    parity), then the same ``ct.convert`` (float32 inputs declared explicitly) and spec checks as onnx->coreml.
+    Input names come from the TorchScript forward signature (ExportedProgram: its user inputs) and must be
+    the ``--input-shape`` names; outputs are named ``output_0``.. (torch models carry no output names).
+    """
+
+    name = "torch->coreml"
+    source_format = "torchscript"
+    target_format = "mlpackage"
+    precisions = frozenset({"fp32", "fp16"})
+    toolchain = TOOLCHAIN
+    options = OnnxToCoreML.options
+
+    @classmethod
+    def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
+        """The model's input names in order, read in the toolchain (TorchScript signature / ExportedProgram)."""
+        from edge.torch_source import torch_kind
+
+        toolchains.require(TOOLCHAIN, f"converter {cls.name!r}")
+        with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
+            job = {"torch": str(Path(source).resolve()), "torch_kind": torch_kind(source), "workdir": tmp,
+                   "inspect_only": True}
+            final, _ = toolchains.run_driver(TOOLCHAIN, job, Path(tmp), timeout_s=timeout_s)
+            if final["event"] == "error":
+                _raise_driver_error(cls.name, final, Path(tmp), Path(source))
+            return list(final["input_names"])
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        from edge.calib import generated_samples
+        from edge.torch_source import torch_kind
+
+        self.check_options(request.options)
+        self.check_precision(request.precision)
+        opts = request.options
+        units = str(opts.get("compute_units", "CPU_AND_NE"))
+        if units not in COMPUTE_UNITS:
+            raise ConversionError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
+        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
+        kind = torch_kind(request.source)
+        if request.calibration is not None and request.calibration.samples:
+            inputs, label = [dict(s) for s in request.calibration.samples[:_PARITY_SAMPLES]], "calibration"
+        else:
+            inputs, label = generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234), "generated"
+        names = [t.name for t in request.io.inputs]
+        t_start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
+            work = Path(tmp)
+            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
+            job: dict[str, Any] = {
+                "torch": str(Path(request.source).resolve()), "torch_kind": kind, "workdir": str(work),
+                "precision": request.precision, "samples": str(work / "samples.npz"), "compute_units": units,
+                "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
+                "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
+                "outputs": [], "description": f"edgekit {request.source.name}",
+            }
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
+            if final["event"] == "error":
+                _raise_driver_error(self.name, final, work, request.source)
+            ref = np.load(final["reference_outputs"])
+            reference = [{k: ref[k][i] for k in ref.files} for i in range(len(inputs))]
+            out = request.workdir / "model.mlpackage"
+            shutil.move(final["artifact"], out)
+        if final["io_problems"]:
+            raise ConversionError("the saved .mlpackage does not have the model's I/O: " + "; ".join(final["io_problems"]))
+        notes = [("Core ML predictions need macOS; the bundle is ready to copy to a Mac "
+                  f"(compute units {units} at load)"),
+                 "input names come from the " + ("TorchScript forward signature" if kind == "torchscript" else
+                                                 "ExportedProgram's user inputs")
+                 + "; outputs are named output_0.. in the model's return order (torch models carry no output names)"]
+        if final["ane_flagged"]:
+            notes.append("ops that may keep the model off the Neural Engine: "
+                         + "; ".join(f"{k}: {v}" for k, v in final["ane_flagged"].items()))
+        if request.preprocess is not None:
+            notes.append("pre-processing is not folded in: inputs stay float32 tensors, normalised by the caller "
+                         "as the manifest's preprocess spec says")
+        trace = "torch.jit.load" if kind == "torchscript" else "torch.export.load -> run_decompositions"
+        details = {
+            "recipe": f"PyTorch {kind} -> {trace} -> ML Program ({request.precision})",
+            "toolchain": st.manifest_record(), "compute_units": units,
+            "minimum_deployment_target": job["minimum_deployment_target"],
+            "io_names": {"inputs": list(final["input_names"]),
+                         "inputs_from": "TorchScript forward signature" if kind == "torchscript"
+                         else "ExportedProgram user inputs",
+                         "outputs": [o["name"] for o in final["outputs"]],
+                         "outputs_from": "generated: torch models carry no output names (output_<i> in return order)"},
+            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
+                           "io": final["io"], "io_matches_manifest": True},
+            "ops": final["ops"], "ane_flagged": final["ane_flagged"],
+            "torch_reference": {
+                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})", "samples": len(inputs),
+                "inputs": label, "seed": None if label == "calibration" else 1234,
+                "outputs": [{"name": k, "shape": list(ref[k].shape[1:]), "dtype": str(ref[k].dtype),
+                             "mean": float(ref[k].mean()), "std": float(ref[k].std()),
+                             "min": float(ref[k].min()), "max": float(ref[k].max())} for k in ref.files]},
+            "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
+        }
+        tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
+        files = [p for p in out.rglob("*") if p.is_file()]
+        return ConversionResult(artifact=out / "Manifest.json", format="mlpackage", files=files, tool_versions=tool_versions,
+                                details=details, notes=notes, reference=(inputs, reference))
 
 
 def package_dir(artifact: Path) -> Path:

@@ -1,6 +1,6 @@
-"""ONNX -> Core ML ML Program inside the ``coreml`` toolchain environment (torch + coremltools + onnx).
+"""ONNX or PyTorch -> Core ML ML Program inside the ``coreml`` toolchain environment (torch + coremltools + onnx).
 
-Run by :class:`edge.converters.coreml.OnnxToCoreML` as ``<toolchain>/venv/bin/python
+Run by :class:`edge.converters.coreml.OnnxToCoreML` (and ``TorchToCoreML``) as ``<toolchain>/venv/bin/python
 coreml_driver.py job.json``. It must not import ``edge``; the bridge (``coreml_bridge.py``)
 sits beside it and is imported from this directory.
 
@@ -14,6 +14,12 @@ positional I/O that coremltools renames to the ONNX names; ``torch.export`` lose
 ``ct.convert`` to an ML Program with inputs declared ``float32`` explicitly (with an iOS16+
 deployment target they silently become fp16 otherwise) -> ``.mlpackage`` -> the checks that
 work on Linux: the package loads as a spec, its I/O names/shapes/dtypes, the op inventory.
+
+A job with ``torch`` (and ``torch_kind``: ``torchscript`` | ``exported_program``) instead of ``onnx``
+loads the PyTorch model itself: its input names (TorchScript forward signature, or the
+ExportedProgram's user inputs) must be the job's, its outputs on the parity samples are the
+reference (``reference_outputs.npz``, named ``output_0``..: torch models carry no output names),
+and the same ``ct.convert`` and checks follow. ``inspect_only`` reports the input names and stops.
 """
 
 from __future__ import annotations
@@ -92,6 +98,105 @@ def describe(features: Any) -> list[dict[str, Any]]:
     return out
 
 
+def bridge_onnx(job: dict[str, Any], work: Path, timings: dict[str, float]) -> tuple[Any, dict[str, Any]] | None:
+    """ONNX source: the bridged module's outputs on the parity samples, then ``torch.jit.trace``."""
+    import coreml_bridge as bridge
+    import numpy as np
+    import onnx
+    import torch
+
+    t0 = time.time()
+    stage("checking ONNX ops against the bridge")
+    model = onnx.load(job["onnx"])
+    bad = bridge.unsupported_ops(model)
+    if bad:
+        emit("error", kind="unsupported_ops", message=str(bridge.UnsupportedOps(bad)), ops=bad)
+        return None
+    torch.set_grad_enabled(False)
+    module = bridge.OnnxModule(model).eval()
+    names = [t["name"] for t in job["inputs"]]
+    stage("running the bridged torch module on the parity samples")
+    samples = np.load(job["samples"])
+    n = samples[names[0]].shape[0]
+    outs: dict[str, list[Any]] = {o: [] for o in module.output_names}
+    for i in range(n):
+        y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
+        y = y if isinstance(y, tuple) else (y,)
+        for name, v in zip(module.output_names, y):
+            outs[name].append(v.numpy())
+    np.savez(work / "bridge_outputs.npz", **{k: np.stack(v) for k, v in outs.items()})
+    timings["bridge_s"] = round(time.time() - t0, 2)
+
+    stage("torch.jit.trace")
+    t0 = time.time()
+    example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
+    traced = torch.jit.trace(module, example, check_trace=False)
+    timings["trace_s"] = round(time.time() - t0, 2)
+    return traced, {"bridge_outputs": str(work / "bridge_outputs.npz")}
+
+
+class NotTorchModel(Exception):
+    pass
+
+
+def torch_inputs(path: str, kind: str) -> tuple[Any, list[str]]:
+    """Load a TorchScript archive or a torch.export ExportedProgram; the model and its input names in order."""
+    import torch
+
+    try:
+        if kind == "exported_program":
+            ep = torch.export.load(path)
+            return ep, [str(n) for n in ep.graph_signature.user_inputs]
+        module = torch.jit.load(path, map_location="cpu")
+    except Exception as e:
+        what = "torch.export.save" if kind == "exported_program" else "torch.jit.save"
+        raise NotTorchModel(f"{Path(path).name} is not a model saved with {what} ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''})") from e
+    return module.eval(), [a.name for a in module.forward.schema.arguments[1:]]
+
+
+def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]) -> tuple[Any, dict[str, Any]] | None:
+    """PyTorch source (TorchScript or ExportedProgram): check the inputs, run it on the parity samples (the
+    reference), name the outputs output_0.. (torch models carry no output names)."""
+    import numpy as np
+    import torch
+
+    torch.set_grad_enabled(False)
+    t0 = time.time()
+    stage(f"loading the {job['torch_kind']}")
+    model, names = torch_inputs(job["torch"], job["torch_kind"])
+    if job.get("inspect_only"):
+        emit("result", input_names=names)
+        return None
+    given = [t["name"] for t in job["inputs"]]
+    if sorted(given) != sorted(names):
+        emit("error", kind="inputs", input_names=names, message=(
+            f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"))
+        return None
+    by_name = {t["name"]: t for t in job["inputs"]}
+    job["inputs"] = [by_name[n] for n in names]  # the model's positional order
+    run = model.module() if job["torch_kind"] == "exported_program" else model
+    stage("running the PyTorch model on the parity samples (reference)")
+    samples = np.load(job["samples"])
+    n = samples[names[0]].shape[0]
+    outs: list[list[Any]] = []
+    for i in range(n):
+        y = run(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
+        y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
+        if not all(isinstance(v, torch.Tensor) for v in y):
+            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
+                            + ", ".join(type(v).__name__ for v in y))
+        outs.append([v.detach().float().numpy() for v in y])
+    out_names = [f"output_{j}" for j in range(len(outs[0]))]
+    np.savez(work / "reference_outputs.npz", **{k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)})
+    job["outputs"] = [{"name": k, "shape": list(outs[0][j].shape)} for j, k in enumerate(out_names)]
+    timings["reference_s"] = round(time.time() - t0, 2)
+    if job["torch_kind"] == "exported_program":
+        model = model.run_decompositions({})  # the ATen opset coremltools reads
+    return model, {"reference_outputs": str(work / "reference_outputs.npz"), "input_names": names,
+                   "outputs": job["outputs"]}
+
+
 def main() -> int:
     global _EVENTS
     job = json.loads(Path(sys.argv[1]).read_text())
@@ -105,39 +210,12 @@ def main() -> int:
     timings: dict[str, float] = {}
     try:
         import numpy as np
-        import onnx
 
-        import coreml_bridge as bridge
-
-        t0 = time.time()
-        stage("checking ONNX ops against the bridge")
-        model = onnx.load(job["onnx"])
-        bad = bridge.unsupported_ops(model)
-        if bad:
-            emit("error", kind="unsupported_ops", message=str(bridge.UnsupportedOps(bad)), ops=bad)
-            return 1
+        loaded = load_torch_source(job, work, timings) if "torch" in job else bridge_onnx(job, work, timings)
+        if loaded is None:
+            return 0 if job.get("inspect_only") else 1
+        traced, extra = loaded
         import torch
-
-        torch.set_grad_enabled(False)
-        module = bridge.OnnxModule(model).eval()
-        names = [t["name"] for t in job["inputs"]]
-        stage("running the bridged torch module on the parity samples")
-        samples = np.load(job["samples"])
-        n = samples[names[0]].shape[0]
-        outs: dict[str, list[Any]] = {o: [] for o in module.output_names}
-        for i in range(n):
-            y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
-            y = y if isinstance(y, tuple) else (y,)
-            for name, v in zip(module.output_names, y):
-                outs[name].append(v.numpy())
-        np.savez(work / "bridge_outputs.npz", **{k: np.stack(v) for k, v in outs.items()})
-        timings["bridge_s"] = round(time.time() - t0, 2)
-
-        stage("torch.jit.trace")
-        t0 = time.time()
-        example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
-        traced = torch.jit.trace(module, example, check_trace=False)
-        timings["trace_s"] = round(time.time() - t0, 2)
 
         stage("coremltools: ML Program")
         t0 = time.time()
@@ -171,13 +249,16 @@ def main() -> int:
         flagged = {op: ANE_UNFRIENDLY[op] for op in ops if op in ANE_UNFRIENDLY}
         emit("result", artifact=str(out), io={"inputs": ins, "outputs": outs_spec}, io_problems=problems,
              spec_version=int(spec.specificationVersion), ops=ops, ane_flagged=flagged, timings=timings,
-             bridge_outputs=str(work / "bridge_outputs.npz"),
-             tool_versions={"torch": torch.__version__, "coremltools": ct.__version__, "onnx": onnx.__version__,
-                            "numpy": np.__version__})
+             tool_versions={"torch": torch.__version__, "coremltools": ct.__version__, "numpy": np.__version__,
+                            **({"onnx": sys.modules["onnx"].__version__} if "onnx" in sys.modules else {})},
+             **extra)
         return 0
     except Exception as e:  # noqa: BLE001 - reported to the parent as an event
         traceback.print_exc()
         kind = "unsupported_ops" if type(e).__name__ == "UnsupportedOps" else "conversion"
+        if type(e).__name__ == "NotTorchModel":
+            emit("error", kind="not_torch", message=str(e)[:1500])
+            return 1
         emit("error", kind=kind, message=f"{type(e).__name__}: {str(e)[:1500]}")
         return 1
 

@@ -1,0 +1,127 @@
+"""PyTorch sources (TorchScript ``.pt``, ``torch.export`` ``.pt2``) -> Core ML for apple-ane, in the ``coreml`` toolchain.
+
+torch lives only in the toolchain's environment, so the models are built there (a subprocess with the
+toolchain's Python). Without the toolchain these tests skip saying so; ``EDGEKIT_REQUIRE_TOOLCHAINS=1``
+makes them fail instead. The checks that need no toolchain (dispatch, wrong target, not a torch file) always run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from edge import toolchains
+from edge.bundle import Bundle
+from edge.capabilities import env_flag
+from edge.convert import convert
+from edge.converters.base import CONVERTERS
+from edge.converters.coreml import TorchToCoreML, package_dir
+from edge.errors import ModelError, TargetError
+from edge.runners.coreml import NEEDS_MACOS
+from edge.torch_source import NOT_HERE, is_torch_source
+
+REQUIRE_ENV = "EDGEKIT_REQUIRE_TOOLCHAINS"
+
+_MAKE = r"""
+import sys, torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 10)
+    def forward(self, image):
+        y = torch.relu(self.conv(image))
+        return self.fc(y.mean((2, 3)))
+torch.manual_seed(0)
+m, x = Net().eval(), torch.randn(1, 3, 32, 32)
+torch.jit.save(torch.jit.trace(m, (x,)), sys.argv[1] + "/tiny.pt")
+torch.export.save(torch.export.export(m, (x,)), sys.argv[1] + "/tiny.pt2")
+torch.save(m.state_dict(), sys.argv[1] + "/weights.pt")
+"""
+
+
+@pytest.fixture(scope="module")
+def torch_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    st = toolchains.status("coreml")
+    if not st.usable:
+        if env_flag(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV}=1 but {st.problem}")
+        pytest.skip(f"needs the coreml toolchain: {st.problem}")
+    d = tmp_path_factory.mktemp("torch")
+    subprocess.run([str(toolchains._venv_python(st.venv)), "-c", _MAKE, str(d)], check=True, capture_output=True,
+                   timeout=300)
+    return d
+
+
+def test_registered() -> None:
+    assert CONVERTERS.get("torch->coreml") is TorchToCoreML
+    assert TorchToCoreML.source_format == "torchscript" and TorchToCoreML.toolchain == "coreml"
+
+
+def test_dispatch_by_suffix_and_zip(tmp_path: Path, models: dict[str, Path]) -> None:
+    assert is_torch_source(tmp_path / "m.pt") and is_torch_source(tmp_path / "m.ts") and is_torch_source("m.pt2")
+    assert not is_torch_source(models["tiny"])
+    ts = tmp_path / "model.bin"
+    with zipfile.ZipFile(ts, "w") as z:
+        z.writestr("model/code/__torch__.py", "")
+        z.writestr("model/constants.pkl", "")
+    assert is_torch_source(ts)
+
+
+def test_other_targets_refuse_torch(tmp_path: Path) -> None:
+    (tmp_path / "m.pt").write_bytes(b"PK\x03\x04")
+    with pytest.raises(TargetError, match=NOT_HERE):
+        convert(tmp_path / "m.pt", "x86-cpu", tmp_path / "out", input_shapes={"x": (1, 3, 8, 8)})
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_a_torch_file(tmp_path: Path) -> None:
+    (tmp_path / "m.pt").write_text("not a model")
+    with pytest.raises(ModelError, match="not a TorchScript or ExportedProgram file"):
+        convert(tmp_path / "m.pt", "apple-ane", tmp_path / "out", input_shapes={"x": (1, 3, 8, 8)})
+    assert not (tmp_path / "out").exists()
+
+
+def test_torch_save_checkpoint_refused(torch_models: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="torch.save checkpoint") as e:
+        convert(torch_models / "weights.pt", "apple-ane", tmp_path / "out", input_shapes={"image": (1, 3, 32, 32)})
+    assert "torch.jit.save" in (e.value.hint or "")
+
+
+def test_missing_input_shape_names_the_inputs(torch_models: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"--input-shape for every input \(image\)"):
+        convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out")
+    with pytest.raises(ModelError, match="the model's inputs are image; --input-shape gave x"):
+        convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out", input_shapes={"x": (1, 3, 32, 32)})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name,fmt", [("tiny.pt", "torchscript"), ("tiny.pt2", "torch-exported-program")])
+def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: str) -> None:
+    b = convert(torch_models / name, "apple-ane", tmp_path / "b", input_shapes={"image": (1, 3, 32, 32)})
+    m = Bundle.open(tmp_path / "b").manifest
+    assert m["source"]["format"] == fmt and m["format"] == "mlpackage" and m["precision"] == "fp16"
+    assert m["chain"][0]["converter"] == "torch->coreml"
+    assert package_dir(b.artifact).name == "model.mlpackage"
+    assert m["io"]["inputs"][0]["name"] == "image" and m["io"]["inputs"][0]["shape"] == [1, 3, 32, 32]
+    assert [(o["name"], o["shape"]) for o in m["io"]["outputs"]] == [("output_0", [1, 10])]
+    d = m["chain"][0]["details"]
+    assert d["spec_check"]["loads_as_spec"] and d["spec_check"]["io_matches_manifest"]
+    assert d["spec_check"]["io"]["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    assert d["spec_check"]["io"]["outputs"] == [{"name": "output_0", "shape": [1, 10], "dtype": "float32"}]
+    assert d["ops"]["conv"] == 1 and d["io_names"]["outputs"] == ["output_0"]
+    assert d["torch_reference"]["outputs"][0]["shape"] == [1, 10] and d["torch_reference"]["samples"] == 8
+    assert m["parity"]["passed"] is None and NEEDS_MACOS in m["parity"]["skipped"]
+    assert "torch_reference" in m["parity"]["reference"]
+    json.dumps(m)
+    # the saved package's spec loads in the toolchain (coremltools lives there only)
+    st = toolchains.status("coreml")
+    code = ("import sys, coremltools as ct; s = ct.utils.load_spec(sys.argv[1]); "
+            "print([i.name for i in s.description.input], [o.name for o in s.description.output])")
+    out = subprocess.run([str(toolchains._venv_python(st.venv)), "-c", code, str(package_dir(b.artifact))],
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    assert "['image'] ['output_0']" in out
