@@ -7,20 +7,19 @@ converter chain -> parity against onnxruntime fp32 -> bundle renamed into place.
 from __future__ import annotations
 
 import os
-import platform
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import edge
-from edge.bundle import SCHEMA_VERSION, Bundle, artifact_entries, bundle_id, staging_dir, write_json_atomic, MANIFEST
+from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+from edge.manifest import new_manifest, record_gate
 from edge.calib import RANDOM, generated_samples, load_calibration
 from edge.capabilities import Host, current_host, problems
 from edge.converters.base import CONVERTERS, ConversionRequest, Converter
-from edge.errors import CalibrationError, EdgeError, MissingDependencyError, ParityError, PrecisionError, UnknownBackendError
-from edge.onnxmodel import io_spec, load_onnx, make_static, opset_of, resolve_static_inputs, save_onnx, sha256_file
+from edge.errors import CalibrationError, EdgeError, MissingDependencyError, PrecisionError, UnknownBackendError
+from edge.onnxmodel import io_spec, load_onnx, make_static, opset_of, resolve_static_inputs, save_onnx
 from edge.parity import check_parity
 from edge.runners.base import RUNNERS
 from edge.spec import IOSpec, TensorSpec, default_preprocess
@@ -169,42 +168,18 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                                  "output_format": result.format, "tool_versions": result.tool_versions,
                                  "details": result.details, "notes": result.notes})
             current = result.artifact
-        files = [f for f in stage.rglob("*") if f.is_file()]
-        artifacts = artifact_entries(stage, files)
-        runner_options = dict(profile.runtime_options)
-        manifest: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "edgekit_version": edge.__version__,
-            "bundle_id": bundle_id(src.stem, profile.name, p.precision, [a["sha256"] for a in artifacts], runner_options),
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
-                       "frame_budget_ms": profile.frame_budget_ms,
-                       "profile_sha256": sha256_file(profile.path) if profile.path else None},
-            "source": {"file": src.name, "sha256": sha256_file(src), "format": "onnx",
-                       "opset": opset_of(onnx_model),
-                       "producer": f"{onnx_model.producer_name} {onnx_model.producer_version}".strip()},
-            "precision": p.precision,
-            "format": chain_record[-1]["output_format"],
-            "primary_artifact": current.relative_to(stage).as_posix(),
-            "artifacts": artifacts,
-            "chain": chain_record,
-            "calibration": calibration.provenance() if calibration is not None else None,
-            "io": io.to_json(),
-            "preprocess": pre.to_json() if pre else None,
-            "runner": {"name": profile.runner, "options": runner_options},
-            "parity": None,
-            "benchmark": None,
-            "build_host": {"os": current_host().os, "arch": current_host().arch, "python": platform.python_version()},
-        }
+        manifest = new_manifest(
+            source=src, profile=profile, precision=p.precision, stage=stage, primary=current, chain=chain_record,
+            source_info={"format": "onnx", "opset": opset_of(onnx_model),
+                         "producer": f"{onnx_model.producer_name} {onnx_model.producer_version}".strip()},
+            io=io, runner=profile.runner, runner_options=profile.runtime_options, calibration=calibration,
+            preprocess=pre, frame_budget_ms=profile.frame_budget_ms)
         if p.run_here is None:
             say(f"checking parity on {len(parity_inputs)} {label} inputs")
             with Bundle(stage, manifest).open_runner() as runner:
                 report = check_parity(static_src, runner, parity_inputs, p.precision, label, reference)
-            report.accepted_failure = not report.passed and accept_parity_failure
-            manifest["parity"] = report.to_json()
-            if not report.passed and not accept_parity_failure:
-                raise ParityError(f"parity failed for {profile.name} {p.precision}: " + "; ".join(report.failures()),
-                                  report, hint="nothing was written; pass --accept-parity-failure to keep it anyway")
+            record_gate(manifest, report, failed=f"parity failed for {profile.name} {p.precision}",
+                        accept=accept_parity_failure)
         else:
             manifest["parity"] = {"passed": None, "skipped": f"runner cannot run on this host: {p.run_here}"}
         write_json_atomic(stage / MANIFEST, manifest)

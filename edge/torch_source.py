@@ -10,20 +10,14 @@ itself, run in the toolchain on the parity inputs.
 from __future__ import annotations
 
 import os
-import platform
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-import edge
+from edge.manifest import new_manifest, record_gate
 from edge.bundle import (
     MANIFEST,
-    SCHEMA_VERSION,
     Bundle,
-    artifact_entries,
-    bundle_id,
     staging_dir,
     write_json_atomic,
 )
@@ -32,11 +26,9 @@ from edge.converters.base import CONVERTERS, ConversionRequest, Converter
 from edge.errors import (
     MissingDependencyError,
     ModelError,
-    ParityError,
     PrecisionError,
     TargetError,
 )
-from edge.onnxmodel import sha256_file
 from edge.spec import IOSpec, TensorSpec, default_preprocess, image_layout
 from edge.targets import TargetProfile
 
@@ -163,33 +155,13 @@ def convert_torch(model: str | os.PathLike[str], profile: TargetProfile, output:
                     tuple(TensorSpec(k, tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in reference[0].items()))
         chain_record = [{"converter": conv.name, "precision": precision, "output_format": result.format,
                          "tool_versions": result.tool_versions, "details": result.details, "notes": result.notes}]
-        artifacts = artifact_entries(stage, [f for f in stage.rglob("*") if f.is_file()])
-        runner_options = dict(profile.runtime_options)
-        manifest: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "edgekit_version": edge.__version__,
-            "bundle_id": bundle_id(src.stem, profile.name, precision, [a["sha256"] for a in artifacts], runner_options),
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
-                       "frame_budget_ms": profile.frame_budget_ms,
-                       "profile_sha256": sha256_file(profile.path) if profile.path else None},
-            "source": {"file": src.name, "sha256": sha256_file(src),
-                       "format": "torchscript" if kind == "torchscript" else "torch-exported-program",
-                       "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. "
-                                   "(torch models carry no output names)"},
-            "precision": precision,
-            "format": result.format,
-            "primary_artifact": result.artifact.relative_to(stage).as_posix(),
-            "artifacts": artifacts,
-            "chain": chain_record,
-            "calibration": calibration.provenance() if calibration is not None else None,
-            "io": io.to_json(),
-            "preprocess": pre.to_json() if pre else None,
-            "runner": {"name": profile.runner, "options": runner_options},
-            "parity": None,
-            "benchmark": None,
-            "build_host": {"os": host.os, "arch": host.arch, "python": platform.python_version()},
-        }
+        manifest = new_manifest(
+            source=src, profile=profile, precision=precision, stage=stage, primary=result.artifact, chain=chain_record,
+            source_info={"format": "torchscript" if kind == "torchscript" else "torch-exported-program",
+                         "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. "
+                                     "(torch models carry no output names)"},
+            io=io, runner=profile.runner, runner_options=profile.runtime_options, calibration=calibration,
+            preprocess=pre, frame_budget_ms=profile.frame_budget_ms)
         label = "calibration" if calibration is not None and calibration.samples else "generated"
         if run_here is None:
             from edge.parity import ParityReport, compare, thresholds_for
@@ -202,11 +174,8 @@ def convert_torch(model: str | os.PathLike[str], profile: TargetProfile, output:
                                       reference=result.details["torch_reference"]["runtime"],
                                       candidate=runner.info.to_json(),
                                       outputs=compare(reference, cand, thresholds_for(precision, runner.info.precision_used)))
-            report.accepted_failure = not report.passed and accept_parity_failure
-            manifest["parity"] = report.to_json()
-            if not report.passed and not accept_parity_failure:
-                raise ParityError(f"parity failed for {profile.name} {precision}: " + "; ".join(report.failures()),
-                                  report, hint="nothing was written; pass --accept-parity-failure to keep it anyway")
+            record_gate(manifest, report, failed=f"parity failed for {profile.name} {precision}",
+                        accept=accept_parity_failure)
         else:
             manifest["parity"] = {"passed": None, "skipped": f"runner cannot run on this host: {run_here}",
                                   "reference": "the PyTorch model on the parity inputs: summary in "

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import edge
-from edge.bundle import MANIFEST, SCHEMA_VERSION, Bundle, artifact_entries, bundle_id, staging_dir, write_json_atomic
-from edge.capabilities import current_host, problems
+from edge.manifest import new_manifest, record_gate
+from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+from edge.capabilities import problems
 from edge.converters.base import CONVERTERS, ConversionRequest
-from edge.errors import MissingDependencyError, ParityError, TargetError
+from edge.errors import MissingDependencyError, TargetError
 from edge.llm.gguf_file import read_gguf
 from edge.llm.quality import compare_gguf, gate_tokens
-from edge.onnxmodel import sha256_file
 from edge.spec import IOSpec, TensorSpec
 from edge.targets import TargetProfile
 
@@ -54,38 +51,15 @@ def convert_gguf(model: str | os.PathLike[str], profile: TargetProfile, output: 
             with LlamaCppRunner(src, options={"n_ctx": 64}) as r:
                 n_vocab = r.n_vocab
         report = compare_gguf(src, artifact, quant, gate_tokens(int(n_vocab), gate_token_count), llm.options)
-        gate = report.to_json()
-        gate["accepted_failure"] = not report.passed and accept_parity_failure
-        if not report.passed and not accept_parity_failure:
-            raise ParityError(f"quality gate failed for {quant}: " + "; ".join(report.failures()), report,
-                              hint="nothing was written; pass --accept-parity-failure to keep it anyway")
-        artifacts = artifact_entries(stage, [artifact])
-        options = dict(llm.options)
-        manifest: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "edgekit_version": edge.__version__,
-            "bundle_id": bundle_id(src.stem, profile.name, quant, [a["sha256"] for a in artifacts], options),
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "kind": "llm",
-            "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
-                       "frame_budget_ms": None, "profile_sha256": sha256_file(profile.path) if profile.path else None},
-            "source": {"file": src.name, "sha256": sha256_file(src), "format": "gguf", "architecture": info.architecture,
-                       "parameters": info.parameters, "type": info.dominant_type, "bytes": src.stat().st_size},
-            "precision": quant,
-            "format": "gguf",
-            "primary_artifact": "model.gguf",
-            "artifacts": artifacts,
-            "chain": [{"converter": CONVERTER, "precision": quant, "output_format": "gguf",
-                       "tool_versions": result.tool_versions, "details": result.details, "notes": result.notes}],
-            "calibration": None,
-            "io": IOSpec((TensorSpec("tokens", ("n",), "int32"),),
-                         (TensorSpec("logits", (int(n_vocab),), "float32"),)).to_json(),
-            "preprocess": None,
-            "runner": {"name": llm.runner, "options": options},
-            "parity": gate,
-            "benchmark": None,
-            "build_host": {"os": current_host().os, "arch": current_host().arch, "python": platform.python_version()},
-        }
+        manifest = new_manifest(
+            source=src, profile=profile, precision=quant, stage=stage, primary=artifact,
+            chain=[{"converter": CONVERTER, "precision": quant, "output_format": "gguf",
+                    "tool_versions": result.tool_versions, "details": result.details, "notes": result.notes}],
+            source_info={"format": "gguf", "architecture": info.architecture, "parameters": info.parameters,
+                         "type": info.dominant_type, "bytes": src.stat().st_size},
+            io=IOSpec((TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)),
+            runner=llm.runner, runner_options=llm.options, kind="llm")
+        record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=accept_parity_failure)
         write_json_atomic(stage / MANIFEST, manifest)
     return Bundle.open(output)
 

@@ -1,0 +1,67 @@
+"""The bundle manifest every conversion path writes (ONNX, GGUF, PyTorch sources), and its gate.
+
+One skeleton, so the fields a bundle promises (design.md: schema, versions, target, source and
+artifact hashes, chain, precision, calibration, I/O, pre-processing, runner, parity, benchmark)
+are the same whatever the source format.
+"""
+
+from __future__ import annotations
+
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import edge
+from edge.bundle import SCHEMA_VERSION, artifact_entries, bundle_id
+from edge.capabilities import current_host
+from edge.errors import ParityError
+from edge.onnxmodel import sha256_file
+
+
+def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, precision: str, stage: Path,
+                 primary: Path, chain: Sequence[Mapping[str, Any]], io: Any, runner: str,
+                 runner_options: Mapping[str, Any], calibration: Any = None, preprocess: Any = None,
+                 frame_budget_ms: float | None = None, kind: str | None = None) -> dict[str, Any]:
+    """The manifest of the bundle staged in ``stage`` (every file in it is an artifact); parity and
+    benchmark start empty."""
+    artifacts = artifact_entries(stage, [f for f in stage.rglob("*") if f.is_file()])
+    host = current_host()
+    manifest: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "edgekit_version": edge.__version__,
+        "bundle_id": bundle_id(source.stem, profile.name, precision, [a["sha256"] for a in artifacts], runner_options),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if kind is not None:
+        manifest["kind"] = kind
+    manifest.update({
+        "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
+                   "frame_budget_ms": frame_budget_ms,
+                   "profile_sha256": sha256_file(profile.path) if profile.path else None},
+        "source": {"file": source.name, "sha256": sha256_file(source), **source_info},
+        "precision": precision,
+        "format": chain[-1]["output_format"],
+        "primary_artifact": primary.relative_to(stage).as_posix(),
+        "artifacts": artifacts,
+        "chain": list(chain),
+        "calibration": calibration.provenance() if calibration is not None else None,
+        "io": io.to_json(),
+        "preprocess": preprocess.to_json() if preprocess is not None else None,
+        "runner": {"name": runner, "options": dict(runner_options)},
+        "parity": None,
+        "benchmark": None,
+        "build_host": {"os": host.os, "arch": host.arch, "python": platform.python_version()},
+    })
+    return manifest
+
+
+def record_gate(manifest: dict[str, Any], report: Any, *, failed: str, accept: bool) -> None:
+    """Put a parity/quality report in the manifest; stop with its numbers when it failed and
+    ``accept`` (``--accept-parity-failure``) was not given. ``failed`` starts the error message."""
+    data = report.to_json()
+    data["accepted_failure"] = not report.passed and accept
+    manifest["parity"] = data
+    if not report.passed and not accept:
+        raise ParityError(f"{failed}: " + "; ".join(report.failures()), report,
+                          hint="nothing was written; pass --accept-parity-failure to keep it anyway")
