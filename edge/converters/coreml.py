@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,32 +38,73 @@ _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onn
 _PARITY_SAMPLES = 8
 
 
-class OnnxToCoreML(Converter):
-    name = "onnx->coreml"
-    source_format = "onnx"
+@dataclass
+class _DriverRun:
+    """One conversion in the coreml toolchain: the job sent, the driver's final event, where the package went."""
+
+    job: dict[str, Any]
+    final: dict[str, Any]
+    status: Any
+    inputs: list[dict[str, np.ndarray]]
+    label: str
+    package: Path
+    arrays: dict[str, np.ndarray]  # the driver's per-sample outputs (bridge or torch reference), stacked
+    units: str
+    t_start: float
+
+    def notes(self, preprocess: Any) -> list[str]:
+        notes = [f"Core ML predictions need macOS; the bundle is ready to copy to a Mac (compute units {self.units} at load)"]
+        if self.final["ane_flagged"]:
+            notes.append("ops that may keep the model off the Neural Engine: "
+                         + "; ".join(f"{k}: {v}" for k, v in self.final["ane_flagged"].items()))
+        if preprocess is not None:
+            notes.append("pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
+                         "other runtime), normalised by the caller as the manifest's preprocess spec says")
+        return notes
+
+    def details(self, recipe: str, **extra: Any) -> dict[str, Any]:
+        final = self.final
+        return {
+            "recipe": recipe, "toolchain": self.status.manifest_record(), "compute_units": self.units,
+            "minimum_deployment_target": self.job["minimum_deployment_target"],
+            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
+                           "io": final["io"], "io_matches_manifest": True},
+            "ops": final["ops"], "ane_flagged": final["ane_flagged"], **extra,
+            "timings_s": {**final["timings"], "total": round(time.perf_counter() - self.t_start, 2)},
+        }
+
+    def result(self, details: dict[str, Any], notes: list[str], **kwargs: Any) -> ConversionResult:
+        tool_versions = {**self.final["tool_versions"],
+                         "toolchain": f"{TOOLCHAIN} (lock {(self.status.lock_hash or '?')[:12]})"}
+        files = [p for p in self.package.rglob("*") if p.is_file()]
+        # A bundle's primary artifact is a file (hash-verified); an .mlpackage is a directory, so the primary
+        # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
+        return ConversionResult(artifact=self.package / "Manifest.json", format="mlpackage", files=files,
+                                tool_versions=tool_versions, details=details, notes=notes, **kwargs)
+
+
+class _CoreMLConverter(Converter):
+    """What both Core ML converters share: options, checks, the toolchain run and the result."""
+
     target_format = "mlpackage"
     precisions = frozenset({"fp32", "fp16"})
     toolchain = TOOLCHAIN
-    requires = (_ORT,)
     options = {
         "compute_units": f"compute units the model is converted for: {', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)",
         "minimum_deployment_target": "coremltools target, e.g. iOS16 (default), macOS13, iOS17",
         "timeout_s": "stop the toolchain after this many seconds (default 900)",
     }
 
+    def _drive(self, request: ConversionRequest, source_job: dict[str, Any], outputs_key: str) -> _DriverRun:
+        from edge.calib import generated_samples
 
-    def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
         self.check_precision(request.precision)
         opts = request.options
         units = str(opts.get("compute_units", "CPU_AND_NE"))
         if units not in COMPUTE_UNITS:
             raise ConversionError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
-        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
-
-        from edge.calib import generated_samples
-        from edge.parity import ParityReport, compare, reference_outputs, thresholds_for
-
+        toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         if request.calibration is not None and request.calibration.samples:
             inputs, label = [dict(s) for s in request.calibration.samples[:_PARITY_SAMPLES]], "calibration"
         else:
@@ -73,25 +115,41 @@ class OnnxToCoreML(Converter):
             work = Path(tmp)
             np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
             job: dict[str, Any] = {
-                "onnx": str(Path(request.source).resolve()), "workdir": str(work), "precision": request.precision,
+                **source_job, "workdir": str(work), "precision": request.precision,
                 "samples": str(work / "samples.npz"), "compute_units": units,
                 "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
                 "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
-                "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.outputs],
                 "description": f"edgekit {request.source.name}",
             }
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, request.source)
-            bridged = np.load(final["bridge_outputs"])
-            candidate = [{k: bridged[k][i] for k in bridged.files} for i in range(len(inputs))]
+            with np.load(final[outputs_key]) as data:
+                arrays = {k: data[k] for k in data.files}
             out = request.workdir / "model.mlpackage"
             shutil.move(final["artifact"], out)
-        reference = reference_outputs(Path(request.source), inputs)
+        if final["io_problems"]:
+            raise ConversionError("the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"]))
+        return _DriverRun(job, final, st, inputs, label, out, arrays, units, t_start)
+
+
+class OnnxToCoreML(_CoreMLConverter):
+    name = "onnx->coreml"
+    source_format = "onnx"
+    requires = (_ORT,)
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        from edge.parity import ParityReport, compare, reference_outputs, thresholds_for
+
+        run = self._drive(request, {"onnx": str(Path(request.source).resolve()),
+                                    "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]}
+                                                for t in request.io.outputs]}, "bridge_outputs")
+        candidate = [{k: v[i] for k, v in run.arrays.items()} for i in range(len(run.inputs))]
+        reference = reference_outputs(Path(request.source), run.inputs)
         th = thresholds_for("fp32", "f32")
-        bridge = ParityReport(precision="fp32", thresholds=th, samples=len(inputs), inputs=label,
+        bridge = ParityReport(precision="fp32", thresholds=th, samples=len(run.inputs), inputs=run.label,
                               reference="onnxruntime fp32 CPUExecutionProvider",
-                              candidate={"runtime": f"edgekit ONNX->PyTorch bridge (torch {final['tool_versions']['torch']})",
+                              candidate={"runtime": f"edgekit ONNX->PyTorch bridge (torch {run.final['tool_versions']['torch']})",
                                          "device_used": "CPU"},
                               outputs=compare(reference, candidate, th)).to_json()
         bridge.pop("accepted_failure", None)
@@ -99,31 +157,9 @@ class OnnxToCoreML(Converter):
             raise ParityError(f"the ONNX->PyTorch bridge disagrees with onnxruntime on {request.source.name}: "
                               + "; ".join(f"{o['name']}: {f}" for o in bridge["outputs"] for f in o["failures"]),
                               bridge, hint="a bridge bug: report it with the model")
-        if final["io_problems"]:
-            raise ConversionError("the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"]))
-        notes = ["Core ML predictions need macOS; the bundle is ready to copy to a Mac "
-                 f"(compute units {units} at load)"]
-        if final["ane_flagged"]:
-            notes.append("ops that may keep the model off the Neural Engine: "
-                         + "; ".join(f"{k}: {v}" for k, v in final["ane_flagged"].items()))
-        if request.preprocess is not None:
-            notes.append("pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
-                         "other runtime), normalised by the caller as the manifest's preprocess spec says")
-        details = {
-            "recipe": f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})",
-            "toolchain": st.manifest_record(), "compute_units": units,
-            "minimum_deployment_target": job["minimum_deployment_target"],
-            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
-                           "io": final["io"], "io_matches_manifest": True},
-            "ops": final["ops"], "ane_flagged": final["ane_flagged"], "bridge_parity": bridge,
-            "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
-        }
-        tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
-        files = [p for p in out.rglob("*") if p.is_file()]
-        # A bundle's primary artifact is a file (hash-verified); an .mlpackage is a directory, so the primary
-        # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
-        return ConversionResult(artifact=out / "Manifest.json", format="mlpackage", files=files, tool_versions=tool_versions,
-                                details=details, notes=notes)
+        details = run.details(f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})",
+                              bridge_parity=bridge)
+        return run.result(details, run.notes(request.preprocess))
 
 
 def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
@@ -144,7 +180,7 @@ def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, sourc
                           + (f" (toolchain log: {log})" if log else ""))
 
 
-class TorchToCoreML(Converter):
+class TorchToCoreML(_CoreMLConverter):
     """A PyTorch source (TorchScript ``.pt``/``.ts``, or a ``torch.export`` ``.pt2``) straight to an ML Program.
 
     No bridge: the model itself runs in the toolchain on the parity samples (the reference kept for device
@@ -155,11 +191,6 @@ class TorchToCoreML(Converter):
 
     name = "torch->coreml"
     source_format = "torchscript"
-    target_format = "mlpackage"
-    precisions = frozenset({"fp32", "fp16"})
-    toolchain = TOOLCHAIN
-    options = OnnxToCoreML.options
-
     @classmethod
     def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
         """The model's input names in order, read in the toolchain (TorchScript signature / ExportedProgram)."""
@@ -175,78 +206,30 @@ class TorchToCoreML(Converter):
             return list(final["input_names"])
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.calib import generated_samples
         from edge.torch_source import torch_kind
 
-        self.check_options(request.options)
-        self.check_precision(request.precision)
-        opts = request.options
-        units = str(opts.get("compute_units", "CPU_AND_NE"))
-        if units not in COMPUTE_UNITS:
-            raise ConversionError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
-        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         kind = torch_kind(request.source)
-        if request.calibration is not None and request.calibration.samples:
-            inputs, label = [dict(s) for s in request.calibration.samples[:_PARITY_SAMPLES]], "calibration"
-        else:
-            inputs, label = generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234), "generated"
-        names = [t.name for t in request.io.inputs]
-        t_start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
-            work = Path(tmp)
-            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
-            job: dict[str, Any] = {
-                "torch": str(Path(request.source).resolve()), "torch_kind": kind, "workdir": str(work),
-                "precision": request.precision, "samples": str(work / "samples.npz"), "compute_units": units,
-                "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
-                "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
-                "outputs": [], "description": f"edgekit {request.source.name}",
-            }
-            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
-            if final["event"] == "error":
-                _raise_driver_error(self.name, final, work, request.source)
-            ref = np.load(final["reference_outputs"])
-            reference = [{k: ref[k][i] for k in ref.files} for i in range(len(inputs))]
-            out = request.workdir / "model.mlpackage"
-            shutil.move(final["artifact"], out)
-        if final["io_problems"]:
-            raise ConversionError("the saved .mlpackage does not have the model's I/O: " + "; ".join(final["io_problems"]))
-        notes = [("Core ML predictions need macOS; the bundle is ready to copy to a Mac "
-                  f"(compute units {units} at load)"),
-                 "input names come from the " + ("TorchScript forward signature" if kind == "torchscript" else
-                                                 "ExportedProgram's user inputs")
-                 + "; outputs are named output_0.. in the model's return order (torch models carry no output names)"]
-        if final["ane_flagged"]:
-            notes.append("ops that may keep the model off the Neural Engine: "
-                         + "; ".join(f"{k}: {v}" for k, v in final["ane_flagged"].items()))
-        if request.preprocess is not None:
-            notes.append("pre-processing is not folded in: inputs stay float32 tensors, normalised by the caller "
-                         "as the manifest's preprocess spec says")
+        run = self._drive(request, {"torch": str(Path(request.source).resolve()), "torch_kind": kind, "outputs": []},
+                          "reference_outputs")
+        ref, final = run.arrays, run.final
+        reference = [{k: v[i] for k, v in ref.items()} for i in range(len(run.inputs))]
+        source_of_names = "TorchScript forward signature" if kind == "torchscript" else "ExportedProgram user inputs"
+        notes = run.notes(request.preprocess)
+        notes.insert(1, f"input names come from the {source_of_names}; outputs are named output_0.. in the model's "
+                        "return order (torch models carry no output names)")
         trace = "torch.jit.load" if kind == "torchscript" else "torch.export.load -> run_decompositions"
-        details = {
-            "recipe": f"PyTorch {kind} -> {trace} -> ML Program ({request.precision})",
-            "toolchain": st.manifest_record(), "compute_units": units,
-            "minimum_deployment_target": job["minimum_deployment_target"],
-            "io_names": {"inputs": list(final["input_names"]),
-                         "inputs_from": "TorchScript forward signature" if kind == "torchscript"
-                         else "ExportedProgram user inputs",
-                         "outputs": [o["name"] for o in final["outputs"]],
-                         "outputs_from": "generated: torch models carry no output names (output_<i> in return order)"},
-            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
-                           "io": final["io"], "io_matches_manifest": True},
-            "ops": final["ops"], "ane_flagged": final["ane_flagged"],
-            "torch_reference": {
-                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})", "samples": len(inputs),
-                "inputs": label, "seed": None if label == "calibration" else 1234,
-                "outputs": [{"name": k, "shape": list(ref[k].shape[1:]), "dtype": str(ref[k].dtype),
-                             "mean": float(ref[k].mean()), "std": float(ref[k].std()),
-                             "min": float(ref[k].min()), "max": float(ref[k].max())} for k in ref.files]},
-            "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
-        }
-        tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
-        files = [p for p in out.rglob("*") if p.is_file()]
-        return ConversionResult(artifact=out / "Manifest.json", format="mlpackage", files=files, tool_versions=tool_versions,
-                                details=details, notes=notes, reference=(inputs, reference))
+        details = run.details(
+            f"PyTorch {kind} -> {trace} -> ML Program ({request.precision})",
+            io_names={"inputs": list(final["input_names"]), "inputs_from": source_of_names,
+                      "outputs": [o["name"] for o in final["outputs"]],
+                      "outputs_from": "generated: torch models carry no output names (output_<i> in return order)"},
+            torch_reference={
+                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})", "samples": len(run.inputs),
+                "inputs": run.label, "seed": None if run.label == "calibration" else 1234,
+                "outputs": [{"name": k, "shape": list(v.shape[1:]), "dtype": str(v.dtype), "mean": float(v.mean()),
+                             "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+                            for k, v in ref.items()]})
+        return run.result(details, notes, reference=(run.inputs, reference))
 
 
 def package_dir(artifact: Path) -> Path:
