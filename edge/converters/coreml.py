@@ -175,7 +175,7 @@ def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, sourc
     if kind == "inputs":
         raise ModelError(f"{source.name}: {final['message']}", hint="pass --input-shape NAME=1,3,224,224 for every input: "
                          + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])))
-    log = _keep_log(work)
+    log = toolchains.keep_log(work, TOOLCHAIN)
     raise ConversionError(f"{converter} failed on {source.name}: {final['message']}"
                           + (f" (toolchain log: {log})" if log else ""))
 
@@ -237,12 +237,4 @@ def package_dir(artifact: Path) -> Path:
     artifact = Path(artifact)
     return artifact.parent if artifact.name == "Manifest.json" and artifact.parent.suffix == ".mlpackage" else artifact
 
-
-def _keep_log(work: Path) -> Path | None:
-    src = work / "convert.log"
-    if not src.is_file():
-        return None
-    dest = Path(tempfile.gettempdir()) / f"edgekit-coreml-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    shutil.copyfile(src, dest)
-    return dest
 

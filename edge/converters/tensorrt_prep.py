@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from edge.capabilities import Requirement
 from edge.converters.base import ConversionRequest, ConversionResult, Converter
-from edge.errors import CalibrationError, ConversionError, PrecisionError
+from edge.errors import CalibrationError, ConversionError
 from edge.onnxmodel import load_onnx, save_onnx
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,7 @@ class OnnxToTensorRTPlan(Converter):
         import onnxruntime as ort
 
         self.check_options(request.options)
-        if request.precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+        self.check_precision(request.precision)
         opts = request.options
         workspace_mb = int(opts.get("workspace_mb", 1024))
         dla_core = int(opts.get("dla_core", -1))

@@ -220,7 +220,7 @@ def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mappin
 
 def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -> Exception:
     kind, msg = ev.get("kind"), str(ev.get("message", ""))
-    log_copy = _keep_log(work)
+    log_copy = toolchains.keep_log(work, TOOLCHAIN)
     where = f" (toolchain log: {log_copy})" if log_copy else ""
     if kind == "unsupported_ops":
         return ConversionError(f"{msg}: no TFLite translation exists for these ONNX ops",
@@ -234,15 +234,6 @@ def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -
     if kind == "toolchain":
         return MissingDependencyError(msg, hint=ev.get("hint"))
     return ConversionError(f"onnx->tflite failed on {request.source.name}: {msg}{where}")
-
-
-def _keep_log(work: Path) -> Path | None:
-    src = work / "convert.log"
-    if not src.is_file():
-        return None
-    dest = Path(tempfile.gettempdir()) / f"edgekit-tflite-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    shutil.copyfile(src, dest)
-    return dest
 
 
 def _parity_line(p: Mapping[str, Any]) -> str:

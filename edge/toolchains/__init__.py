@@ -404,6 +404,16 @@ def driver_path(name: str) -> Path:
     return _HERE / f"{name}_driver.py"
 
 
+def keep_log(work: Path, name: str) -> Path | None:
+    """Copy a failed driver run's ``convert.log`` out of its temporary work dir, for the error message."""
+    src = work / "convert.log"
+    if not src.is_file():
+        return None
+    dest = Path(tempfile.gettempdir()) / f"edgekit-{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    shutil.copyfile(src, dest)
+    return dest
+
+
 def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Callable[[Event], None] | None = None,
                timeout_s: float = 3600.0) -> tuple[dict[str, Any], ToolchainStatus]:
     """Run ``<name>_driver.py`` with the toolchain's Python on ``job``; its final result or error event.
