@@ -114,6 +114,67 @@ def require(reqs: Iterable[Requirement], what: str, host: Host | None = None) ->
     raise cls(f"{what}: " + "; ".join(found))
 
 
+#: CPU features that change what quantized/bf16 kernels compute, or how fast (Linux /proc/cpuinfo names).
+ISA_FLAGS = (
+    "avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8",
+    "amx_bf16", "amx_fp16",  # x86-64
+    "asimddp", "i8mm", "bf16", "sve",  # aarch64: dot product, int8 matmul, bf16, SVE
+)
+
+
+@dataclass(frozen=True)
+class CpuIsa:
+    """The build/run host's CPU as the int8 and bf16 kernels see it."""
+
+    model: str
+    flags: frozenset[str]  # the subset of ISA_FLAGS present; empty when unknown
+    known: bool  # False where the OS does not expose CPU flags to us (non-Linux)
+
+    @property
+    def int8_dot_product(self) -> bool:
+        """A u8*s8 dot product that accumulates in 32 bits (VNNI, AMX, ARM SDOT/UDOT).
+
+        Without it, x86 int8 kernels multiply with ``vpmaddubsw``, whose int16 pair sums
+        saturate: U8S8 int8 models can compute something else than on a VNNI CPU.
+        """
+        return bool(self.flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+
+    @property
+    def native_bf16(self) -> bool:
+        return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+    def describe(self) -> str:
+        if not self.known:
+            return f"{self.model} (CPU flags unknown on this OS)"
+        return f"{self.model} ({', '.join(sorted(self.flags)) or 'none of ' + '/'.join(ISA_FLAGS[:3])})"
+
+    def to_json(self) -> dict[str, object]:
+        return {"model": self.model, "flags": sorted(self.flags), "known": self.known,
+                "int8_dot_product": self.int8_dot_product, "native_bf16": self.native_bf16}
+
+
+def parse_cpuinfo(text: str) -> CpuIsa:
+    """The first processor block of a /proc/cpuinfo text (x86 "flags", ARM "Features")."""
+    model, flags = "", frozenset[str]()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model", "hardware") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = frozenset(value.split()) & frozenset(ISA_FLAGS)
+    return CpuIsa(model=model or platform.processor() or platform.machine(), flags=flags, known=bool(text))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_isa() -> CpuIsa:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    return parse_cpuinfo(text)
+
+
 def pip_extra(extra: str) -> str:
     return f"install it with: pip install 'edgekit-ml[{extra}]'"
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import edge
 from edge.bundle import SCHEMA_VERSION, artifact_entries, bundle_id
-from edge.capabilities import current_host
+from edge.capabilities import cpu_isa, current_host
 from edge.errors import ParityError
 from edge.onnxmodel import sha256_file
 
@@ -51,7 +51,8 @@ def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, 
         "runner": {"name": runner, "options": dict(runner_options)},
         "parity": None,
         "benchmark": None,
-        "build_host": {"os": host.os, "arch": host.arch, "python": platform.python_version()},
+        "build_host": {"os": host.os, "arch": host.arch, "python": platform.python_version(),
+                       "cpu": cpu_isa().to_json()},
     })
     return manifest
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from edge.capabilities import CpuIsa, cpu_isa
 from edge.runners.base import Runner
 
 
@@ -63,6 +64,7 @@ class ParityReport:
     candidate: dict[str, Any]
     outputs: list[OutputParity]
     accepted_failure: bool = False
+    host_notes: list[str] = field(default_factory=list)  # where this host's arithmetic may differ from the device's
 
     @property
     def passed(self) -> bool:
@@ -82,7 +84,7 @@ class ParityReport:
         return {
             "passed": self.passed, "accepted_failure": self.accepted_failure, "precision": self.precision,
             "thresholds": self.thresholds.to_json(), "samples": self.samples, "inputs": self.inputs,
-            "reference": self.reference, "candidate": self.candidate,
+            "reference": self.reference, "candidate": self.candidate, "host_notes": self.host_notes,
             "outputs": [{**{k: v for k, v in asdict(o).items() if k != "failures"},
                          "passed": o.passed, "failures": o.failures} for o in self.outputs],
         }
@@ -98,6 +100,30 @@ def thresholds_for(precision: str, precision_used: str | None = None) -> Thresho
     th = THRESHOLDS.get(precision, THRESHOLDS["int8"])
     used = THRESHOLDS.get(_COMPUTE.get(precision_used or "", ""), th)
     return Thresholds(min(th.min_cosine, used.min_cosine), min(th.min_top1, used.min_top1))
+
+
+def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = None) -> list[str]:
+    """What a parity figure measured on this CPU assumes about the device's CPU.
+
+    int8 and bf16 results depend on the ISA: x86 CPUs without VNNI/AMX multiply u8*s8 with
+    vpmaddubsw (int16 pair sums saturate), and bf16 is computed only where the CPU has it. A
+    bundle built on one kind of x86 CPU runs on others, so the report says which kind it saw.
+    """
+    isa = isa or cpu_isa()
+    notes = []
+    if precision.startswith("int8") and "avx2" in isa.flags:
+        if isa.int8_dot_product:
+            notes.append("int8 measured on a CPU with an int8 dot product (VNNI/AMX: exact int32 sums); on an "
+                         "x86 device without it onnxruntime computes u8u8 (x64_quant_precision) and OpenVINO "
+                         "keeps 7-bit weights only in the first layer, so results there can differ")
+        else:
+            notes.append("int8 measured on a CPU without VNNI/AMX (AVX2 u8s8 pair sums saturate): onnxruntime "
+                         "computes u8u8 here unless x64_quant_precision is off; a VNNI/AMX device computes exact "
+                         "u8s8 and can only agree better")
+    if precision_used == "bf16":
+        notes.append("computed in bf16, this CPU's OpenVINO default (AVX512-BF16/AMX); a CPU without bf16 computes "
+                     "f32 and can only agree better")
+    return notes
 
 
 def _is_classifier(shape: tuple[int, ...]) -> bool:
@@ -167,4 +193,5 @@ def check_parity(source_onnx: Path, runner: Runner, samples: Sequence[Mapping[st
         precision=precision, thresholds=th, samples=len(samples),
         inputs=inputs, reference=f"onnxruntime {ort.__version__} fp32 CPUExecutionProvider",
         candidate=runner.info.to_json(), outputs=compare(ref, cand, th),
+        host_notes=host_notes(precision, runner.info.precision_used),
     )
