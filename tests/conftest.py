@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,9 +39,89 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 def assert_user_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit code 2, one line on stderr naming the problem, no traceback."""
+    """Exit code 2, exactly one non-empty line on stderr naming the problem (every needle in it), no traceback."""
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
-    err = " ".join(p.stderr.split())
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"want exactly one line on stderr, got {len(lines)}:\n{p.stderr}"
     for n in needles:
-        assert n in err, f"{n!r} not in stderr: {p.stderr}"
+        assert n in lines[0], f"{n!r} not in stderr: {p.stderr}"
+
+
+# -- Skips: under CI=true only missing hardware may skip ------------------------------------------
+# CI (.ci/run) installs every tool and package the tests use: Mosquitto, openssl, PostgreSQL,
+# sshd/rsync, gcc/g++, the toolchain venvs, the pretrained example model and the `dev` extra
+# (llama-cpp-python, ai-edge-litert, nncf, onnxruntime, openvino, OpenCV, hypothesis). There a
+# skip means a broken install, so with CI=true it fails the run instead. The only skips that stay
+# skips are for hardware (or an OS) CI cannot have, or for hardware present that hides an error path:
+# their reason starts with "hardware: ", then a short label, e.g.
+# `pytest.skip("hardware: no Edge TPU compiler: ...")`, `pytest.mark.skipif(..., reason="hardware: not macOS: ...")`.
+HARDWARE = "hardware: "
+_SKIPS = pytest.StashKey[list]()
+
+
+def ci_strict() -> bool:
+    from edge.capabilities import env_flag
+
+    return env_flag("CI")
+
+
+def _skip_reason(rep: pytest.CollectReport | pytest.TestReport) -> str:
+    lr = rep.longrepr
+    msg = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return msg.removeprefix("Skipped: ")
+
+
+def _police_skip(config: pytest.Config, rep: pytest.CollectReport | pytest.TestReport) -> None:
+    if not rep.skipped or hasattr(rep, "wasxfail"):
+        return
+    reason = _skip_reason(rep)
+    seen = config.stash.setdefault(_SKIPS, [])
+    if reason.startswith(HARDWARE):
+        seen.append(("hardware", reason.removeprefix(HARDWARE)))
+    elif ci_strict():
+        seen.append(("failed", reason))
+        rep.outcome = "failed"
+        rep.longrepr = (f"CI=true: a skip that is not for missing hardware is a failure here: {reason}\n"
+                        f"(CI installs everything the tests use; only reasons starting with {HARDWARE!r} may skip "
+                        "— tests/conftest.py)")
+    else:
+        seen.append(("other", reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    outcome = yield
+    _police_skip(item.config, outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # module-level importorskip / skip
+    outcome = yield
+    _police_skip(collector.config, outcome.get_result())
+
+
+def _label(reason: str) -> str:
+    """The first clause of a reason: 'no NVIDIA GPU: TensorRT engine build needs ...' -> 'no NVIDIA GPU'."""
+    for sep in (": ", "; ", " ("):
+        reason = reason.split(sep, 1)[0]
+    return reason if len(reason) <= 60 else reason[:57] + "..."
+
+
+def _tally(reasons: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[_label(r)] = counts.get(_label(r), 0) + 1
+    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    seen = config.stash.get(_SKIPS, [])
+    hw = [r for k, r in seen if k == "hardware"]
+    other = [r for k, r in seen if k == "other"]
+    failed = [r for k, r in seen if k == "failed"]
+    line = (f"edgekit skips: {len(hw) + len(other)} (hardware: {len(hw)}{' — ' + _tally(hw) if hw else ''}; "
+            f"other: {len(other)}{' — ' + _tally(other) if other else ''})")
+    if failed:
+        line += f"; CI=true turned {len(failed)} skip(s) into failures: {_tally(failed)}"
+    terminalreporter.write_line(line)

@@ -44,6 +44,8 @@ class Runner(ABC):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     info: RunnerInfo
+    _closed: bool = False  # set by close(); validate() refuses use after it
+    _signature: tuple[tuple[str, tuple[int | str, ...], np.dtype], ...] | None = None  # inputs, built on first use
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         require(self.requires, f"runner {self.name!r}")
@@ -61,10 +63,14 @@ class Runner(ABC):
 
     @abstractmethod
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run once. ``feeds`` maps every input name to an array of its spec's shape and dtype."""
+        """Run once. ``feeds`` maps every input name to an array of its spec's shape and dtype.
+
+        Implementations start with ``self.validate(feeds)``: wrong, missing or unknown feeds and
+        a closed runner then fail the same way, as an ``EdgeError``, in every runner."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the runtime session."""
+        """Release the runtime session. Overrides call ``super().close()`` so ``validate`` refuses later use."""
+        self._closed = True
 
     def __enter__(self) -> "Runner":
         return self
@@ -72,22 +78,67 @@ class Runner(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- feed validation: one fast path for every runner's hot loop ------------------------
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise EdgeError(f"runner {self.name!r} for {self.artifact} is closed",
+                            hint="open a new runner (Bundle.open_runner) to infer again")
+
+    def validate(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Refuse a closed runner, and feeds that are not exactly ``self.inputs``, with an ``EdgeError``.
+
+        Fast path (every infer call): per input one dict lookup, a shape tuple compare and a dtype
+        identity check (numpy's builtin dtypes are singletons). Anything else -- dynamic dims, a
+        list instead of an array, an equal but distinct dtype object -- goes to ``check_feeds``,
+        which accepts what is right and names everything that is wrong."""
+        if self._closed:
+            self.check_open()
+        sig = self._signature
+        if sig is None:
+            sig = self._signature = tuple((t.name, tuple(t.shape), np.dtype(t.dtype)) for t in self.inputs)
+        if len(feeds) == len(sig):
+            try:
+                for name, shape, dtype in sig:
+                    a = feeds[name]
+                    if a.shape != shape or a.dtype is not dtype:
+                        break
+                else:
+                    return
+            except (KeyError, AttributeError, TypeError):
+                pass
+        self.check_feeds(feeds)
+
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Explicit, readable errors for wrong feeds (used by tools; ``infer`` stays lean)."""
+        """Every problem with ``feeds`` against ``self.inputs`` in one ``EdgeError``; dynamic dims match any size."""
         problems_: list[str] = []
         names = {t.name for t in self.inputs}
         for t in self.inputs:
             if t.name not in feeds:
-                problems_.append(f"missing input {t.name!r}")
+                problems_.append(f"missing input {t.name!r} ({t.dtype} {_dims(t.shape)})")
                 continue
             a = feeds[t.name]
-            if tuple(a.shape) != tuple(t.shape):
-                problems_.append(f"input {t.name!r} has shape {tuple(a.shape)}, expected {tuple(t.shape)}")
+            if not isinstance(a, np.ndarray):
+                problems_.append(f"input {t.name!r} is a {type(a).__name__}, expected a numpy array "
+                                 f"({t.dtype} {_dims(t.shape)})")
+                continue
+            if not _shape_matches(a.shape, t.shape):
+                problems_.append(f"input {t.name!r} has shape {_dims(a.shape)}, expected {_dims(t.shape)}")
             if a.dtype != np.dtype(t.dtype):
                 problems_.append(f"input {t.name!r} has dtype {a.dtype}, expected {t.dtype}")
-        problems_ += [f"unknown input {k!r}" for k in feeds if k not in names]
+        problems_ += [f"unknown input {k!r} (inputs: {', '.join(sorted(names))})" for k in feeds if k not in names]
         if problems_:
-            raise EdgeError("bad feeds for " + str(self.artifact) + ": " + "; ".join(problems_))
+            raise EdgeError(f"runner {self.name!r}: bad feeds for {self.artifact}: " + "; ".join(problems_),
+                            hint="build feeds from runner.inputs (name, shape, dtype)")
+
+
+def _dims(shape: tuple[int | str, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _shape_matches(got: tuple[int, ...], spec: tuple[int | str, ...]) -> bool:
+    """Same rank, and every static dim of ``spec`` equal (a str or non-positive dim is dynamic)."""
+    return len(got) == len(spec) and all(not isinstance(d, int) or d <= 0 or g == d for g, d in zip(got, spec))
 
 
 RUNNERS: Registry[Runner] = Registry("edgekit.runners", "runner")

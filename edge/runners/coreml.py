@@ -8,14 +8,13 @@ which units were allowed, not a device Core ML does not report.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from edge.capabilities import Requirement
-from edge.errors import EdgeError, HardwareUnavailableError
+from edge.errors import EdgeError
 from edge.runners.base import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
@@ -31,8 +30,7 @@ class CoreMLRunner(Runner):
     options = {"compute_units": f"{', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)"}
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp16") -> None:
-        if sys.platform != "darwin":
-            raise HardwareUnavailableError(NEEDS_MACOS)
+        # raises HardwareUnavailableError off macOS, naming every unmet requirement (NEEDS_MACOS included)
         super().__init__(artifact, options=options, precision=precision)
         import coremltools as ct
 
@@ -54,11 +52,13 @@ class CoreMLRunner(Runner):
                                details={"compute_units": units})
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self._model.predict({k: np.asarray(v, dtype=np.float32) for k, v in feeds.items()})
+        self.validate(feeds)
+        out = self._model.predict(dict(feeds))
         return {t.name: np.asarray(out[t.name], dtype=np.float32).reshape(t.shape) for t in self.outputs}
 
     def close(self) -> None:
         self._model = None
+        super().close()
 
 
 def _spec(f: Any) -> TensorSpec:

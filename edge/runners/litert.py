@@ -433,9 +433,8 @@ class LiteRTRunner(Runner):
     # -- inference -----------------------------------------------------------------------
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.validate(feeds)
         it = self._it
-        if it is None:
-            raise EdgeError(f"runner 'litert' for {self.artifact} is closed")
         for p, fn in zip(self._in, self._tensor_fns):
             x = feeds[p.name]
             cl = p.channels_last
@@ -473,7 +472,9 @@ class LiteRTRunner(Runner):
     def infer_native(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run on arrays already in the .tflite's own layout and dtype (keyed by the same names); raw outputs.
 
-        For pipelines that produce NHWC (or quantized) frames themselves and want no conversion."""
+        For pipelines that produce NHWC (or quantized) frames themselves and want no conversion; LiteRT's
+        own ``set_tensor`` checks their shapes and dtypes."""
+        self.check_open()
         it = self._it
         for name, (index, _shape, _dtype) in self._native_inputs.items():
             it.set_tensor(index, feeds[name])
@@ -487,6 +488,7 @@ class LiteRTRunner(Runner):
     def close(self) -> None:
         self._tensor_fns = []
         self._it = None
+        super().close()
 
 
 def delegation(it: Any) -> dict[str, Any]:

@@ -78,17 +78,37 @@ class LlamaCppRunner(Runner):
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` from a fresh context; returns the logits after the last one."""
-        tokens = [int(t) for t in np.asarray(feeds["tokens"]).ravel()]
+        self.check_open()
+        tokens = self._tokens(feeds)
         self.llm.reset()
         self.llm.eval(tokens)
         return {"logits": np.array(self.llm._ctx.get_logits_ith(-1)[: self.n_vocab], dtype=np.float32)}
 
+    def _tokens(self, feeds: Mapping[str, np.ndarray]) -> list[int]:
+        """``tokens``: a 1-D array of token ids of any integer dtype, 1 to n_ctx long, each below n_vocab."""
+        unknown = [k for k in feeds if k != "tokens"]
+        if "tokens" not in feeds or unknown:
+            raise EdgeError(f"runner 'llama.cpp' takes one input, 'tokens' (1-D integer token ids); got "
+                            f"{', '.join(repr(k) for k in feeds) or 'no inputs'}: "
+                            + ("missing input 'tokens'" if "tokens" not in feeds else f"unknown input {unknown[0]!r}"))
+        a = np.asarray(feeds["tokens"])
+        if a.dtype.kind not in "iu":
+            raise EdgeError(f"input 'tokens' has dtype {a.dtype}, expected integer token ids (int32)")
+        if a.ndim != 1 or not 0 < a.shape[0] <= self.llm.n_ctx():
+            raise EdgeError(f"input 'tokens' has shape {list(a.shape)}, expected [n] with 1 <= n <= n_ctx "
+                            f"({self.llm.n_ctx()})")
+        if a.min() < 0 or a.max() >= self.n_vocab:
+            raise EdgeError(f"input 'tokens' has ids outside the vocabulary [0, {self.n_vocab})")
+        return a.tolist()
+
     def tokenize(self, text: str) -> list[int]:
+        self.check_open()
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True))
 
     def generate(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0,
                  logit_bias: Mapping[int, float] | None = None) -> Iterator[str]:
         """Stream the completion of ``prompt`` piece by piece."""
+        self.check_open()
         for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True,
                                                 logit_bias=dict(logit_bias) if logit_bias else None):
             yield chunk["choices"][0]["text"]
@@ -98,3 +118,4 @@ class LlamaCppRunner(Runner):
         if llm is not None:
             llm.close()
             self.llm = None
+        super().close()

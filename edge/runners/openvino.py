@@ -269,6 +269,14 @@ class OpenVINORunner(Runner):
             "compute_precisions": _compute_precisions(compiled),
             "telemetry": telemetry,
         }
+        if target_precision is not None and precision_used not in (target_precision, "unknown"):
+            # e.g. bf16 asked on a CPU without AVX512-BF16/AMX: OpenVINO computes f32 and says nothing
+            try:
+                caps = list(core.get_property(device, props.device.capabilities))
+            except Exception:  # noqa: BLE001 - virtual devices do not report it
+                caps = []
+            details["precision_note"] = (f"asked for {target_precision}; {device_used} computes in {precision_used} "
+                                         f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})")
         if ignored:
             details["ignored_options"] = ignored
         self.info = RunnerInfo(
@@ -285,12 +293,12 @@ class OpenVINORunner(Runner):
         # share_inputs: no input copy (arrays must stay alive only during this call); the result
         # of infer() holds copies of the outputs (share_outputs=False), so the request's
         # buffers can be reused by the next call.
+        self.validate(feeds)
         req = self._request
-        if req is None:
-            raise EdgeError(f"runner 'openvino' for {self.artifact} is closed")
         # OVDict.values() is in the compiled model's output order (indexing it by port costs ~2 us)
         return dict(zip(self._output_names, req.infer(feeds, share_inputs=True).values()))
 
     def close(self) -> None:
         self._request = None
         self._compiled = None
+        super().close()

@@ -282,6 +282,7 @@ class TensorRTRunner(Runner):
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.validate(feeds)  # errors name this runner, also in the CPU fallback
         if self._ort is not None:
             return self._ort.infer(feeds)
         out = self._trt.infer(feed_dict=dict(feeds), copy_outputs_to_host=True)
@@ -294,6 +295,7 @@ class TensorRTRunner(Runner):
         if getattr(self, "_ort", None) is not None:
             self._ort.close()
             self._ort = None
+        super().close()
 
 
 def build_engine(trt: Any, logger: Any, onnx_path: Path, settings: Mapping[str, Any]) -> bytes:
