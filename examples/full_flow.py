@@ -43,10 +43,15 @@ def main() -> None:
         print(f"  bench: p50 {r.latency.p50_ms:.2f} ms p99 {r.latency.p99_ms:.2f} ms -> {r.verdict}")
 
     store = out / "devices" / "cam-01"
-    first = deploy(model, "x86-cpu", store, build_dir=out / "build" / "deploy-fp32", bench_iterations=args.iterations)
+    # deploy() refuses a bundle whose p99 misses the budget (BudgetError); a busy or slow host can
+    # miss 60 fps with this model, so the example ships anyway and prints the verdict it recorded.
+    first = deploy(model, "x86-cpu", store, build_dir=out / "build" / "deploy-fp32", bench_iterations=args.iterations,
+                   accept_budget_failure=True)
     second = deploy(model, "intel-igpu", store, build_dir=out / "build" / "deploy-igpu", precision="fp32",
-                    bench_iterations=args.iterations)
-    print(f"deployed {first.bundle.id}, then {second.bundle.id}; notes: {second.notes}")
+                    bench_iterations=args.iterations, accept_budget_failure=True)
+    for d in (first, second):
+        bench = d.benchmark or {}
+        print(f"deployed {d.bundle.id}: benchmark verdict {bench.get('verdict', 'not run')}; notes: {d.notes}")
     print(f"rollback -> {rollback(store)}; current = {DeviceStore(store).current}")
 
 

@@ -12,7 +12,7 @@ from conftest import assert_user_error, run_cli
 from edge.errors import EdgeError, InputFileError
 from edge.firmware import array_name, write_c_array
 
-pytest.importorskip("ai_edge_litert")
+pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 from test_litert import add_model  # noqa: E402
 
 CHECK_MAIN = r"""

@@ -158,11 +158,11 @@ def postgres_url() -> Iterator[str]:
     try:
         p = run(initdb, "-D", str(data), "-U", "edgekit", "--auth=trust", "-E", "UTF8", "--no-sync")
         if p.returncode != 0:
-            pytest.skip(f"initdb failed here: {p.stderr.strip()[-300:]}")
+            pytest.fail(f"initdb failed here: {p.stderr.strip()[-300:]}")
         p = run(pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o",
                 f"-c listen_addresses=127.0.0.1 -p {port} -k {d} -c fsync=off", "start")
         if p.returncode != 0:
-            pytest.skip(f"PostgreSQL did not start: {p.stderr.strip()[-300:]} {log.read_text()[-300:] if log.exists() else ''}")
+            pytest.fail(f"PostgreSQL did not start: {p.stderr.strip()[-300:]} {log.read_text()[-300:] if log.exists() else ''}")
         yield f"postgresql://edgekit@127.0.0.1:{port}/postgres"
     finally:
         if (data / "postmaster.pid").exists():

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-pytest.importorskip("ai_edge_litert")
+pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
 from ai_edge_litert import schema_py_generated as S  # noqa: E402
 
@@ -300,7 +300,7 @@ def _libedgetpu_loads() -> bool:
 
 def test_edgetpu_delegate_missing(tmp_path: Path) -> None:
     if _libedgetpu_loads():
-        pytest.skip("libedgetpu loads on this host: the missing-delegate path cannot be shown here")
+        pytest.skip("hardware: Edge TPU present: libedgetpu loads on this host: the missing-delegate path cannot be shown here")
     compiled = quantized_model(tmp_path / "model_edgetpu.tflite", np.uint8, custom_op=EDGETPU_CUSTOM_OP)
     assert read_tflite(compiled).edgetpu_compiled
     with pytest.raises(HardwareUnavailableError, match="libedgetpu.so.1 could not be loaded"):

@@ -1,7 +1,7 @@
 """ONNX -> TFLite for real, in the ``tflite`` toolchain (onnx2tf + TensorFlow), on the tiny CNN only.
 
 These tests need the toolchain: ``edgekit toolchain install tflite`` (about 1-2 min, 2.6 GB).
-Without it they skip, saying so; with ``EDGEKIT_REQUIRE_TOOLCHAINS=1`` (CI) they fail instead,
+Without it they skip, saying so; with ``CI=true`` they fail instead,
 so a CI that forgot the install cannot pass vacuously. MobileNetV2 is converted by
 benchmarks/litert.py, not here. Checks that do not need the toolchain (calibration errors,
 the Edge TPU compiler's log) are at the end and always run.
@@ -22,21 +22,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import assert_user_error, run_cli
 from edge import toolchains
-from edge.capabilities import env_flag
 from edge.errors import CalibrationError, ConversionError
 from edge.spec import Calibration
 
-pytest.importorskip("ai_edge_litert")
-
-REQUIRE_ENV = "EDGEKIT_REQUIRE_TOOLCHAINS"
+pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
 
 @pytest.fixture(scope="module")
 def toolchain() -> toolchains.ToolchainStatus:
     st = toolchains.status("tflite")
     if not st.usable:
-        if env_flag(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV}=1 but {st.problem}")
         pytest.skip(f"needs the tflite toolchain: {st.problem}")
     return st
 
@@ -112,7 +107,7 @@ def test_int8_details(convert_tiny: Callable[..., Any]) -> None:
 
 def test_coral_without_the_compiler(convert_tiny: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("edgetpu_compiler"):
-        pytest.skip("edgetpu_compiler is on PATH here: test_coral_compiled covers this host")
+        pytest.skip("hardware: Edge TPU compiler present: edgetpu_compiler is on PATH here: test_coral_compiled covers this host")
     b, _ = convert_tiny("coral-edgetpu", "int8")
     m = b.manifest
     tflite_step, tpu_step = m["chain"]
@@ -133,7 +128,7 @@ def test_coral_without_the_compiler(convert_tiny: Callable[..., Any], monkeypatc
 
 def test_coral_compiled(convert_tiny: Callable[..., Any]) -> None:
     if not shutil.which("edgetpu_compiler"):
-        pytest.skip("edgetpu_compiler is not on PATH (Google's Edge TPU compiler: x86-64 Linux only, from Coral's "
+        pytest.skip("hardware: no Edge TPU compiler: edgetpu_compiler is not on PATH (Google's Edge TPU compiler: x86-64 Linux only, from Coral's "
                     "apt repository, not installable here)")
     b, _ = convert_tiny("coral-edgetpu", "int8")
     d = b.manifest["chain"][1]["details"]

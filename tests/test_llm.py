@@ -41,7 +41,15 @@ def test_failing_quant_stops_and_accepted_one_runs(tiny_gguf: Path, tmp_path: Pa
         convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_0")
     assert not (tmp_path / "q4").exists()
     b = convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_k_m", accept_parity_failure=True)
-    assert b.manifest["parity"]["accepted_failure"] in (True, False)
+    # q4_k_m fails the gate on this model too (README: q4 types fail on random weights), clearly on top-1
+    # agreement (measured 78% against the 85% floor; its mean KL sits near the 0.10 limit, so it is not
+    # asserted either way). Accepting the failure keeps the bundle and records it as accepted.
+    gate = b.manifest["parity"]
+    assert gate["quant"] == "q4_k_m" and gate["tokens"] == 256
+    assert gate["thresholds"] == {"max_kl_mean": 0.10, "min_top1": 0.85}
+    assert gate["top1"] < gate["thresholds"]["min_top1"] and gate["kl_mean"] > 0, gate
+    assert gate["passed"] is False and gate["accepted_failure"] is True, gate
+    assert (tmp_path / "q4" / "manifest.json").is_file()
     # a quantized model through a multi-token prompt batch: the path that crashed on AMX. Run it in a
     # subprocess so a regression shows as a failed test, not a dead test runner.
     p = run_cli("bench", str(b.path), "--prompt-tokens", "64", "--gen-tokens", "8", "-r", "1", "--json")
@@ -66,7 +74,7 @@ def test_gpu_targets_never_fall_back_silently(tiny_gguf: Path, tmp_path: Path) -
     import llama_cpp
 
     if llama_cpp.llama_supports_gpu_offload():
-        pytest.skip("this llama.cpp build has a GPU backend")
+        pytest.skip("hardware: GPU present: this llama.cpp build has a GPU backend")
     jetson = convert(tiny_gguf, "jetson-orin", tmp_path / "j", precision="q8_0")
     with pytest.raises(HardwareUnavailableError, match="no GPU backend"):
         jetson.open_runner()

@@ -29,7 +29,7 @@ from edge.runners.tensorrt import (FALLBACK_LABEL, TensorRTRunner, cache_decisio
                                    engine_path, key_changes, missing_here, store_engine)
 
 TRT_MISSING = missing_here()
-needs_trt = pytest.mark.skipif(bool(TRT_MISSING), reason="TensorRT engine build needs: " + "; ".join(TRT_MISSING))
+needs_trt = pytest.mark.skipif(bool(TRT_MISSING), reason="hardware: no NVIDIA GPU/TensorRT: TensorRT engine build needs: " + "; ".join(TRT_MISSING))
 
 
 def test_registered() -> None:
@@ -150,7 +150,7 @@ def test_default_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 # -- runner: clear error, or a labelled CPU fallback ---------------------------------------
 
-@pytest.mark.skipif(not TRT_MISSING, reason="this host has TensorRT and a GPU")
+@pytest.mark.skipif(not TRT_MISSING, reason="hardware: TensorRT + GPU present: this host has TensorRT and a GPU")
 def test_runner_names_what_is_missing(fp16_bundle: Bundle) -> None:
     with pytest.raises((HardwareUnavailableError, MissingDependencyError)) as e:
         fp16_bundle.open_runner()
@@ -159,7 +159,7 @@ def test_runner_names_what_is_missing(fp16_bundle: Bundle) -> None:
     assert ("'tensorrt'" in msg) or ("NVIDIA GPU" in msg)
 
 
-@pytest.mark.skipif(not TRT_MISSING, reason="this host has TensorRT and a GPU: no fallback happens")
+@pytest.mark.skipif(not TRT_MISSING, reason="hardware: TensorRT + GPU present: no fallback happens")
 def test_cpu_fallback_runs_and_says_so_everywhere(int8_bundle: Bundle) -> None:
     with int8_bundle.open_runner({"allow_cpu_fallback": True}) as r:
         assert FALLBACK_LABEL in r.info.device_used and FALLBACK_LABEL in r.info.fallback

@@ -80,7 +80,7 @@ def test_codec_opencv_cannot_open(tmp_path: Path) -> None:
 def test_camera_that_does_not_exist() -> None:
     # No camera on this machine (nor on CI): the error path is tested, the capture path cannot be.
     if any(Path("/dev").glob("video*")):
-        pytest.skip("this host has a /dev/video* device; the missing-camera error is tested on hosts without one")
+        pytest.skip("hardware: camera present: this host has a /dev/video* device; the missing-camera error is tested on hosts without one")
     with pytest.raises(InputFileError, match="camera 7 does not exist: there is no /dev/video7") as e:
         CameraSource(7)
     assert "cameras on this host: none" in str(e.value)
