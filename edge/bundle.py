@@ -53,12 +53,18 @@ def staging_dir(dest: Path, *, force: bool) -> Iterator[Path]:
     dest = Path(dest)
     if dest.exists() and not force:
         raise BundleError(f"{dest} already exists", hint="pass --force to replace it, or choose another -o")
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]  # innermost first
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
         yield stage
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        for p in made:  # a refused conversion leaves no empty build/ behind either
+            try:
+                p.rmdir()
+            except OSError:  # something else was put there meanwhile: keep it
+                break
         raise
     old = None
     if dest.exists():

@@ -93,6 +93,9 @@ class DeviceStore:
         self._log(action, bundle_id, old)
 
     def rollback(self) -> str:
+        if not self.root.is_dir():
+            raise DeployError(f"device store {self.root} does not exist", hint="check --device; `edgekit deploy` "
+                              "creates a store")
         prev = self.previous
         if prev is None:
             raise DeployError(f"device store {self.root} has no previous bundle to roll back to")
@@ -226,6 +229,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
 
     say = on_step or (lambda _m: None)
     profile = get_target(target, convert_kwargs.get("targets_dir", ()))
+    open_store(device)  # a bad address, or no ssh/rsync, fails here: before minutes of work, with nothing built
     build = Path(build_dir) if build_dir else Path("build") / f"{Path(model).stem}-{target}"
     bundle = convert(model, profile, build, accept_parity_failure=accept_parity_failure, on_step=say, force=True,
                      **convert_kwargs)

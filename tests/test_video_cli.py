@@ -34,29 +34,43 @@ def files(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> 
 
 def test_run_json_and_jsonl(files: dict[str, Path]) -> None:
     out = files["dir"] / "detections.jsonl"
-    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--fps", "30", "--out", str(out), "--json")
-    assert p.returncode in (0, 1), p.stderr  # 1: the verdict failed on a busy host (like `edgekit bench`)
+    # 10 s a frame: no host misses it (offline: 0.1 fps throughput and a p99 service time under 10 s),
+    # so the verdict must be pass and the exit code 0
+    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--budget-ms", "10000", "--out", str(out),
+                "--json")
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     r = json.loads(p.stdout)
     assert r["frames"]["in"] == r["frames"]["processed"] == 20 and r["mode"] == "offline"
-    assert r["budget_ms"] == pytest.approx(1000 / 30) and r["budget_source"] == "30 fps"
-    assert r["verdict"] in ("pass", "fail") and r["summary"] and r["stages"]["infer"]["count"] == 20
-    assert (p.returncode == 1) == (r["verdict"] == "fail")
+    assert r["frames"]["dropped"] == r["frames"]["abandoned"] == r["frames"]["late"] == 0
+    assert r["budget_ms"] == 10000 and r["budget_source"] == "10000 ms"
+    assert r["verdict"] == "pass" and r["limit"] is None and r["stages"]["infer"]["count"] == 20
+    assert r["summary"].startswith("holds 0.1 fps (10000.00 ms a frame) in real time on this host"), r["summary"]
+    # a budget no host can hold: verdict fail and exit code 1 (the `edgekit bench` convention)
+    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--budget-ms", "0.000001", "--json")
+    assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+    r = json.loads(p.stdout)
+    assert r["verdict"] == "fail" and r["limit"] and r["summary"].startswith("does not hold"), r["summary"]
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["frame"] for x in lines] == list(range(20)) and all("detections" in x for x in lines)
 
 
 def test_run_table_realtime(files: dict[str, Path]) -> None:
-    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--realtime", "--budget-ms", "1000",
-                "--infer-workers", "2")
-    assert p.returncode in (0, 1), p.stderr  # 1: a loaded host dropped a frame (the table says which)
-    for needle in ("realtime: fed at 30 fps", "2 inference workers", "frames", "in 20", "per stage",
-                   "postprocess", "verdict", "host"):
+    # fed at 5 fps (200 ms between frames) with a 10 s budget: a frame is dropped only if the decoder falls
+    # 200 ms behind or two workers stay busy for 200 ms, which not even a loaded host does; so it passes
+    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--realtime", "--source-fps", "5",
+                "--budget-ms", "10000", "--infer-workers", "2")
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-2000:])
+    for needle in ("realtime: fed at 5 fps", "2 inference workers", "frames", "in 20, processed 20, dropped 0",
+                   "per stage", "postprocess", "host", "0 deadline misses of 20 frames",
+                   "pass: holds 0.1 fps (10000.00 ms a frame) in real time on this host"):
         assert needle in p.stdout, (needle, p.stdout)
+    verdict = next(line for line in p.stdout.splitlines() if " verdict " in line)
+    assert "pass: holds" in verdict and "fail" not in verdict, verdict
 
 
 def test_missing_camera_video_and_source_errors(files: dict[str, Path]) -> None:
     if any(Path("/dev").glob("video*")):
-        pytest.skip("this host has a camera device; the missing-camera error needs a host without one")
+        pytest.skip("hardware: camera present: this host has a camera device; the missing-camera error needs a host without one")
     assert_user_error(run_cli("run", str(files["det"]), "--camera", "0"), "camera 0 does not exist",
                       "there is no /dev/video0")
     assert_user_error(run_cli("run", str(files["det"]), "--video", str(files["dir"] / "nope.mp4")),
@@ -64,10 +78,16 @@ def test_missing_camera_video_and_source_errors(files: dict[str, Path]) -> None:
     assert_user_error(run_cli("run", str(files["det"])), "give exactly one source")
 
 
-def test_failing_stage_and_unusable_bundle(files: dict[str, Path]) -> None:
+def test_unreadable_image_and_unusable_bundle(files: dict[str, Path]) -> None:
+    # an image that does not decode is one dropped frame (named), not the end of the run; half the
+    # source lost makes the verdict "incomplete", exit code 1
     p = run_cli("run", str(files["det"]), "--images", str(files["bad"]), "--json")
-    assert_user_error(p, "stage 'decode' failed on frame 1", "cannot read image")
-    assert json.loads(p.stdout)["failure"]["stage"] == "decode"  # the report still comes out
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    r = json.loads(p.stdout)
+    assert r["failure"] is None and r["verdict"] == "incomplete", r
+    assert r["frames"]["in"] == 2 and r["frames"]["processed"] == 1 and r["frames"]["dropped"] == 1
+    assert r["frames"]["dropped_by_reason"]["unreadable"] == 1 and r["frames"]["unreadable"] == ["frame 1 (1.png)"]
+    assert "1.png" in p.stderr and "unreadable" in p.stderr  # logged as it happens
     assert_user_error(run_cli("run", str(files["two"]), "--synthetic", "64x48", "-n", "3"),
                       "only feed a model with one image input")
 

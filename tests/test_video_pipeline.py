@@ -19,7 +19,7 @@ from edge.convert import convert
 from edge.errors import EdgeError, ModelError
 from edge.samples import build_yolo_detector
 from edge.video import PipelineError, PipelineOptions, open_source, run_pipeline, run_sequential
-from edge.video.sources import write_synthetic_clip
+from edge.video.sources import ImageDirSource, write_synthetic_clip
 
 SMALL_DET = {"input_size": 128, "width": 8, "num_classes": 6}
 
@@ -79,7 +79,8 @@ def test_offline_detector_every_frame_in_order(det_bundle: Bundle, clip: Path, t
     assert all(0 <= x1 <= x2 <= 160 and 0 <= y1 <= y2 <= 120 for x1, y1, x2, y2 in boxes)  # in the source frame
     j = r.to_json()
     assert j["frames"] == {"in": 30, "processed": 30, "dropped": 0, "dropped_by_reason": {"behind": 0, "busy": 0,
-                           "late": 0}, "late": 0, "deadline_misses": 0}
+                           "late": 0, "unreadable": 0}, "abandoned": 0, "late": 0, "deadline_misses": 0,
+                           "declared": 30, "short_by": 0, "unreadable": []}
     assert set(j["stages"]) == {"decode", "preprocess", "infer", "postprocess"} and json.dumps(j)
 
 
@@ -132,18 +133,26 @@ def test_realtime_drops_what_would_be_late_and_counts_it(det_bundle: Bundle) -> 
     assert "does not hold 50 fps" in r.summary()
 
 
+class _DiskFailsAt3(ImageDirSource):
+    """An image directory whose storage fails (I/O error) on the fourth read: not one bad file but a dead source."""
+
+    def read(self):  # type: ignore[no-untyped-def]
+        if self._index == 3:
+            raise OSError(5, "Input/output error", "03.png")
+        return super().read()
+
+
 def test_a_failing_decode_stage_stops_everything_with_frame_and_stage(cls_bundle: Bundle, tmp_path: Path) -> None:
     for i in range(6):
         cv2.imwrite(str(tmp_path / f"{i:02d}.png"), np.full((40, 40, 3), i * 20, np.uint8))
-    (tmp_path / "03.png").write_bytes(b"\x89PNG\r\n not really")
-    with open_source(images=tmp_path) as src:
+    with _DiskFailsAt3(tmp_path) as src:
         t0 = time.perf_counter()
         r = run_pipeline(cls_bundle, src, PipelineOptions(queue_size=1))
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < 60  # stops, does not hang (the bound only catches a hang)
     assert r.failure is not None and (r.failure["stage"], r.failure["frame"]) == ("decode", 3)
-    assert "cannot read image" in r.failure["error"] and r.hung_threads == [] and r.verdict == "incomplete"
+    assert "Input/output error" in r.failure["error"] and r.hung_threads == [] and r.verdict == "incomplete"
     assert r.processed <= 3
-    with pytest.raises(PipelineError, match="stage 'decode' failed on frame 3: cannot read image .*03.png") as e:
+    with pytest.raises(PipelineError, match="stage 'decode' failed on frame 3: .*Input/output error") as e:
         r.raise_for_failure()
     assert isinstance(e.value, EdgeError) and e.value.stage == "decode" and e.value.frame == 3
 
@@ -172,12 +181,49 @@ def test_ctrl_c_ends_the_run_cleanly(cls_bundle: Bundle) -> None:
     with open_source(synthetic="64x48", frames=100000) as src:
         r = run_pipeline(cls_bundle, src, PipelineOptions(realtime=True, source_fps=200), progress)
     assert sent and r.interrupted and r.failure is None and r.hung_threads == []
-    assert 3 <= r.processed < 100000 and r.frames_in == r.processed + r.dropped_total + _in_flight(r)
+    # each counter is kept where it happens: frames_in by the decoder, processed by post-processing, dropped
+    # where a frame is dropped, abandoned from the queues and stages after the threads ended
+    assert 3 <= r.processed < 100000 and r.frames_in == r.processed + r.dropped_total + r.abandoned, r.to_json()
+    assert r.to_json()["frames"]["abandoned"] == r.abandoned
 
 
-def _in_flight(r: object) -> int:
-    # frames still queued when the stop came are neither processed nor dropped
-    return r.frames_in - r.processed - r.dropped_total  # type: ignore[attr-defined]
+def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundle) -> None:
+    # Post-processing blocks on its first frame until every stage and queue behind it is full, then fails:
+    # the run stops with 7 frames in flight (queue_size 1: post-processing's own, one in each of the three
+    # queues, one held by each of decode, pre-processing and inference). None was processed or dropped,
+    # so all 7 must come back as abandoned, counted from where they were, not derived from the others.
+    from edge.video.job import Job
+    from edge.video.pipeline import _Pipeline
+
+    release = threading.Event()
+    with open_source(synthetic="64x48", frames=50) as src:
+        job = Job(cls_bundle, src, PipelineOptions(queue_size=1, warmup=0), "offline")
+        job.open()
+        try:
+            class StuckPost:
+                describe = job.post.describe
+
+                def __call__(self, *args: object) -> object:
+                    assert release.wait(60), "the test never released post-processing"
+                    raise RuntimeError("post-processing gave up")
+
+            job.post = StuckPost()  # type: ignore[assignment]
+            pipe = _Pipeline(job)
+
+            def release_when_full() -> None:
+                deadline = time.monotonic() + 60
+                while not (job.frames_in == 7 and all(q.full() for q in pipe.q)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                release.set()
+
+            helper = threading.Thread(target=release_when_full)
+            helper.start()
+            r = pipe.run(None)
+            helper.join(60)
+        finally:
+            job.close()
+    assert r.failure is not None and r.failure["stage"] == "postprocess" and r.hung_threads == []
+    assert (r.frames_in, r.processed, r.dropped_total, r.abandoned) == (7, 0, 0, 7), r.to_json()
 
 
 def test_bundles_that_video_frames_cannot_feed(models: dict[str, Path], tmp_path: Path) -> None:
@@ -204,21 +250,25 @@ def test_option_checks(cls_bundle: Bundle, tmp_path: Path) -> None:
             run_sequential(cls_bundle, src, PipelineOptions(realtime=True, source_fps=10))
 
 
-def test_would_be_late_predicts_from_recent_stage_times(cls_bundle: Bundle) -> None:
+def test_would_be_late_predicts_from_recent_stage_times(cls_bundle: Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge.video import pipeline
     from edge.video.job import Job
-    from edge.video.pipeline import _Pipeline
 
     ms = 1_000_000
+    now = 10**12
+    monkeypatch.setattr(pipeline, "clock", lambda: now)  # a clock that stands still: exact boundaries, no timing luck
     with open_source(synthetic="64x48", frames=1) as src:
         job = Job(cls_bundle, src, PipelineOptions(realtime=True, source_fps=30, budget_ms=10.0), "realtime")
-        pipe = _Pipeline(job)
-        now = time.perf_counter_ns
-        assert pipe._would_be_late(now() - 1)  # already past its deadline
-        assert not pipe._would_be_late(now() + ms)  # no history yet: no prediction
+        pipe = pipeline._Pipeline(job)
+        assert pipe._would_be_late(now - 1)  # already past its deadline
+        assert not pipe._would_be_late(now)
+        assert not pipe._would_be_late(now + ms)  # no history yet: no prediction
         for stage, t in (("decode", 1), ("preprocess", 1), ("infer", 4), ("postprocess", 1)):
             job.samples[stage].extend([t * ms] * 15)
-        assert pipe._would_be_late(now() + 3 * ms)  # 5 ms of infer + post expected, 3 ms left
-        assert not pipe._would_be_late(now() + 8 * ms)
+        assert pipe._would_be_late(now + 3 * ms)  # 5 ms of infer + post expected, 3 ms left
+        assert pipe._would_be_late(now + 5 * ms - 1)  # the boundary: 1 ns short
+        assert not pipe._would_be_late(now + 5 * ms)  # exactly enough
+        assert not pipe._would_be_late(now + 8 * ms)
         job.samples["infer"].extend([8 * ms] * 15)  # 1 + 1 + 8 + 1 ms: now even a fresh frame misses 10 ms,
-        assert not pipe._would_be_late(now() + 3 * ms)  # so process it late rather than drop every frame
-        assert pipe._would_be_late(now() - 1)
+        assert not pipe._would_be_late(now + 3 * ms)  # so process it late rather than drop every frame
+        assert pipe._would_be_late(now - 1)

@@ -85,6 +85,18 @@ class BrokerConfig:
                    key_file=Path(key_file) if key_file else None, username=user, password=password,
                    keepalive_s=keepalive_s)
 
+    def check_reachable(self) -> None:
+        """Open (and close) a TCP connection to the broker: a wrong host or port, or a broker that is not
+        running, fails here with the reason. For a process that should not start without its broker;
+        the agent does not ask (a device runs and spools while the broker is away)."""
+        import socket
+
+        try:
+            socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s).close()
+        except OSError as e:
+            raise EdgeError(f"cannot reach the MQTT broker at {self.url}: {e.strerror or e}",
+                            hint="is it running, and is the address right?") from None
+
     @property
     def url(self) -> str:
         user = f"{self.username}@" if self.username else ""

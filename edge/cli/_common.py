@@ -45,10 +45,21 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
+def progress(msg: str) -> None:
+    """A progress line on stderr, for a person at a terminal only.
+
+    Piped or logged, stderr carries warnings, notes and the one-line error alone, so that a script
+    (or a CI log) reads a failure as exactly one line; ``--json`` is quiet either way.
+    """
+    if err_console.is_terminal:
+        err_console.print(msg, highlight=False)
+
+
 @contextmanager
 def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A spinner that shows the current step of a long operation (quiet in --json mode)."""
-    if not enabled:
+    """A spinner that shows the current step of a long operation, plus one line per step (at a terminal only,
+    like :func:`progress`; quiet in --json mode)."""
+    if not enabled or not err_console.is_terminal:
         yield lambda _msg: None
         return
     start = time.perf_counter()
@@ -74,7 +85,13 @@ def command(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except EdgeError as e:
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a message that quotes a tool's multi-line output (ssh, a compiler) keeps every
+    line, joined with `` | ``; the hint is already part of ``str(EdgeError)``, in parentheses."""
+    return " | ".join(part.strip() for part in text.splitlines() if part.strip())

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
-from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, err_console, fmt_ms, print_json
+from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, fmt_ms, print_json, progress
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -91,7 +91,7 @@ def bench_cmd(
         from edge.llm.bench import run_llm_benchmark
 
         if not as_json:
-            err_console.print(f"benchmarking {b.id} ...", highlight=False)
+            progress(f"benchmarking {b.id} ...")
         llm_report = run_llm_benchmark(lambda **o: b.open_runner(o), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                                        repetitions=repetitions, ttft_ms=ttft_ms, min_tps=min_tps, bundle=b.id,
                                        target=b.target)
@@ -103,9 +103,9 @@ def bench_cmd(
             raise typer.Exit(1)
         return
     budget, source = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
+    extra = fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback)  # refused before any progress line
     if not as_json:
-        err_console.print(f"benchmarking {b.id} ...", highlight=False)
-    extra = fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback)
+        progress(f"benchmarking {b.id} ...")
     report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,
                            budget_ms=budget, budget_source=source, bundle=b.id, target=b.target)
     report.on_target_device = report.runner.get("fallback") is None

@@ -44,11 +44,16 @@ def collect_cmd(
     """Store every device's births, deaths and telemetry (de-duplicated) until SIGTERM/Ctrl-C."""
     from edge.agent.netloop import Backoff
     from edge.fleet.collector import Collector, CollectorConfig
+    from edge.fleet.db import check_url
 
     setup_logging(log_level)
     cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file), db_url=db,
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, backoff=Backoff(0.5, reconnect_max))
+    # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
+    # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
+    check_url(db)
+    cfg.broker.check_reachable()
     with stop_on_signals() as stop:
         collector = Collector(cfg).start()
         loop = collector.loop

@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from edge.bundle import Bundle
 from edge.errors import EdgeError
-from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, err_console, fmt_ms, print_json
+from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
+                              progress as progress_line)
 from edge.cli.bench import BudgetMs, Fps
 from edge.stats import budget_from
 
@@ -45,7 +47,8 @@ def render_run(r: dict[str, Any]) -> None:
                              + (f", {run['threads']} threads" if run.get("threads") else ""))
     t.add_row("post-processing", r["postprocess"] + (f" -> {r['output']}" if r["output"] else ""))
     drops = ", ".join(f"{k} {v}" for k, v in f["dropped_by_reason"].items() if v)
-    t.add_row("frames", f"in {f['in']}, processed {f['processed']}, dropped {f['dropped']}"
+    declared = f" of {f['declared']} declared" if f.get("declared") is not None and f.get("short_by") else ""
+    t.add_row("frames", f"in {f['in']}{declared}, processed {f['processed']}, dropped {f['dropped']}"
                         + (f" ({drops})" if drops else "") + f", late {f['late']}")
     e2e_label = ("end-to-end ms (incl. waits in full queues)" if r["mode"] == "offline" else "end-to-end ms")
     for key, label in (("e2e", e2e_label), ("service", "service ms (sum of stages)")):
@@ -62,6 +65,8 @@ def render_run(r: dict[str, Any]) -> None:
                             f"misses of {f['in']} frames")
     colour = {"pass": "green", "fail": "red"}.get(r["verdict"], "yellow")
     t.add_row("verdict", f"[{colour}]{r['verdict']}[/]: {r['summary']}")
+    for note in r.get("notes", []):
+        t.add_row("note", f"[yellow]{escape(note)}[/]")
     if r["hung_threads"]:
         t.add_row("threads", f"[red]still running after the join timeout: {', '.join(r['hung_threads'])}[/]")
     console.print(t)
@@ -141,7 +146,7 @@ def run_cmd(
         if as_json:
             report = run(b, source, options)
         else:
-            err_console.print(f"running {b.id} on {source.info.name} ...", highlight=False)
+            progress_line(f"running {b.id} on {source.info.name} ...")
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err_console,
                           transient=True) as bar:
@@ -158,7 +163,7 @@ def run_cmd(
     else:
         render_run(data)
     report.raise_for_failure()
-    if report.verdict == "fail":
+    if report.verdict in ("fail", "incomplete"):  # incomplete: frames lost by the source (the notes say which)
         raise typer.Exit(1)
 
 

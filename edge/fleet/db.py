@@ -116,10 +116,20 @@ def _sqlite_path(url: str) -> str:
     return rest[1:]
 
 
-def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
-    """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``."""
+def check_url(url: str) -> str:
+    """The kind of database a URL names ("sqlite" or "postgresql"); a bad or unsupported URL raises. Touches nothing."""
     scheme = urlparse(url).scheme
     if scheme == "sqlite":
+        _sqlite_path(url)
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    raise EdgeError(f"unsupported database URL {_redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
+
+
+def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
+    """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``."""
+    if check_url(url) == "sqlite":
         path = _sqlite_path(url)
         if path != ":memory:":
             p = Path(path)
@@ -127,10 +137,15 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
                 raise EdgeError(f"fleet database {p} does not exist", hint="start `edgekit fleet collect` first")
             p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")  # the first read of the file: a non-database fails here
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise EdgeError(f"{path} cannot be used as the fleet database: {e}",
+                            hint="is it a SQLite file, and complete? give another --db") from None
         db = FleetDB(conn, "sqlite", url)
-    elif scheme in ("postgresql", "postgres"):
+    else:
         try:
             import psycopg
         except ImportError:
@@ -141,8 +156,6 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
         except psycopg.Error as e:
             raise EdgeError(f"cannot connect to {_redact(url)}: {str(e).strip().splitlines()[0]}") from None
         db = FleetDB(conn, "postgresql", url)
-    else:
-        raise EdgeError(f"unsupported database URL {_redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
     try:
         db.init_schema()  # idempotent
     except BaseException:

@@ -9,6 +9,15 @@ class SourceError(InputFileError):
     """A video file, camera or image directory that cannot be opened or read."""
 
 
+class UnreadableFrame(SourceError):
+    """One frame of a source cannot be decoded (a corrupt image in a directory). The source has moved
+    past it: the next ``read`` goes on with the frame after, and the runners count this one as dropped."""
+
+    def __init__(self, index: int, name: str, message: str) -> None:
+        self.index, self.name = index, name
+        super().__init__(message)
+
+
 class PipelineError(EdgeError):
     """A stage of the video pipeline failed; names the stage and the frame it was working on."""
 

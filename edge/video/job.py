@@ -7,6 +7,7 @@ both count and report the same way.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections import deque
@@ -21,9 +22,12 @@ import numpy as np
 from edge.bundle import Bundle
 from edge.errors import EdgeError, ModelError
 from edge.preprocess import LetterboxTransform, Preprocessor
+from edge.video.errors import UnreadableFrame
 from edge.video.postprocess import PostConfig, PostProcessor, make_postprocessor
 from edge.video.report import STAGES, VideoReport, empty_drops, stage_stats, stats_ns
 from edge.video.sources import FrameSource
+
+log = logging.getLogger("edge.video")
 
 Progress = Callable[[int, int, int, "int | None"], None]  # frames in, processed, dropped, expected total
 clock = time.perf_counter_ns
@@ -116,6 +120,9 @@ class Job:
         self.service: deque[int] = deque(maxlen=STATS_WINDOW)
         self.frames_in = self.processed = self.late = 0
         self.dropped = empty_drops()
+        self.abandoned = 0  # frames still in a queue or a stage when the run stopped (set by the runner)
+        self.source_ended = False  # the decoder reached the end of the source (not a limit, Ctrl-C or a failure)
+        self.unreadable: list[str] = []  # "frame 3 (x.png)" for each frame the source could not decode
         self.failure: dict[str, Any] | None = None
         self.current: dict[str, int | None] = {}  # thread name -> frame index it is working on
         self.stop = threading.Event()
@@ -197,6 +204,22 @@ class Job:
         with self._lock:
             self.dropped[reason] += 1
 
+    def unreadable_frame(self, e: UnreadableFrame) -> None:
+        """A frame the source read but could not decode: counted (in and dropped), named, logged; the run goes on."""
+        self.frames_in += 1
+        self.count_drop("unreadable")
+        if len(self.unreadable) < 1000:  # names for the report; the counter stays exact past that
+            self.unreadable.append(f"frame {e.index} ({e.name})")
+        log.warning("frame %d: %s; counted as dropped (unreadable), going on", e.index, e.message)
+
+    def short_by(self) -> int:
+        """Frames the source declared (up to --max-frames) but never delivered, when it ran out early."""
+        declared = self.source.info.frame_count
+        if not self.source_ended or declared is None:
+            return 0
+        m = self.options.max_frames
+        return max(0, (declared if m is None else min(declared, m)) - self.frames_in)
+
     def report(self, t_start: int, t_end: int, *, interrupted: bool = False, hung: list[str] | None = None
                ) -> VideoReport:
         failure = error = None
@@ -208,6 +231,8 @@ class Job:
             pace_fps=self.pace_fps if self.mode == "realtime" else self.source.info.fps if self.live else None,
             budget_ms=self.options.budget_ms, budget_source=self.options.budget_source,
             frames_in=self.frames_in, processed=self.processed, dropped=dict(self.dropped), late=self.late,
+            abandoned=self.abandoned, declared=self.source.info.frame_count, short_by=self.short_by(),
+            unreadable=list(self.unreadable),
             stages=stage_stats(self.samples), e2e=stats_ns(self.e2e), service=stats_ns(self.service),
             duration_s=(t_end - t_start) / 1e9, load_ms=self.load_ms,
             runner=self.runners[0].info.to_json() if self.runners else {},

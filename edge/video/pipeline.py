@@ -14,8 +14,12 @@ times) is dropped before inference; every drop is counted with its reason (see
 Stopping: the end of the source travels down as a sentinel; a stage that raises records
 its name and frame index and sets a stop event that every blocking get/put polls (every
 50 ms), so all threads leave promptly; they are joined with a timeout and any thread still
-alive is named in the report. OpenCV, numpy and the runtimes release the GIL in their
-heavy loops, so the stages overlap on several cores.
+alive is named in the report. Frames that were read but are still in a queue or a stage
+when the threads end (Ctrl-C, a failing stage) are counted as ``abandoned``: each stage keeps
+the frame it holds in ``held`` until it has handed it on, and after the join the runner counts
+those, the frames left in the queues and the ones post-processing held back for ordering.
+OpenCV, numpy and the runtimes release the GIL in their heavy loops, so the stages overlap on
+several cores.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 
 from edge.bundle import Bundle
 from edge.preprocess import LetterboxTransform
+from edge.video.errors import UnreadableFrame
 from edge.video.job import Item, Job, PipelineOptions, Progress, clock, expected_frames
 from edge.video.report import VideoReport
 from edge.video.sources import FrameSource
@@ -69,6 +74,8 @@ class _Pipeline:
         self.t_start = 0
         self._take_lock = threading.Lock()
         self._next_seq = 0
+        self.held: dict[str, Item | None] = {}  # thread name -> the frame it has taken and not yet handed on
+        self.pending: dict[int, Item] = {}  # post-processing: frames waiting for an earlier one, by seq
 
     def _get(self, q: queue.Queue[Any]) -> Any:
         while True:
@@ -128,22 +135,31 @@ class _Pipeline:
                         return
                 elif now >= capture + interval:  # the next frame is already due: this one is gone
                     if not src.skip():
+                        job.source_ended = True
                         break
                     job.frames_in += 1
                     job.count_drop("behind")
                     i += 1
                     continue
             t = clock()
-            frame = src.read()
+            try:
+                frame = src.read()
+            except UnreadableFrame as e:  # one corrupt image: count it, name it, go on with the next
+                job.unreadable_frame(e)
+                i += 1
+                continue
             done = clock()
             if frame is None:
+                job.source_ended = True
                 break
             job.samples["decode"].append(done - t)
             item = job.item(i, frame, capture if paced else done)
             item.times[0] = done - t
             job.frames_in += 1
+            self.held[me] = item
             if not self._forward(self.q[0], item):
                 return
+            self.held[me] = None
             i += 1
         self._put(self.q[0], _END)
 
@@ -154,6 +170,7 @@ class _Pipeline:
                 self._put(self.q[1], _END)
                 return
             job.current[me] = item.index
+            self.held[me] = item
             buf = self.pool.acquire(job.stop)
             if buf is None:
                 return
@@ -164,6 +181,7 @@ class _Pipeline:
             item.image = None
             if not self._forward(self.q[1], item):
                 return
+            self.held[me] = None
 
     def _take(self) -> Any:
         """The next frame for an inference worker, numbered in the order taken (= frame order)."""
@@ -200,6 +218,7 @@ class _Pipeline:
         try:
             while (item := self._take()) is not None and item is not _END:
                 job.current[me] = item.index
+                self.held[me] = item
                 if item.deadline is not None and self._would_be_late(item.deadline):
                     job.drop(item, "late", self.pool)
                     item.dropped = True  # post-processing still hears of it, to keep the order
@@ -212,12 +231,13 @@ class _Pipeline:
                     item.tensor = None
                 if not self._put(self.q[2], item):
                     return
+                self.held[me] = None
         finally:
             self._put(self.q[2], _END)  # one per worker
 
     def postprocess(self, me: str) -> None:
         job = self.job
-        pending: dict[int, Item] = {}
+        pending = self.pending
         next_seq, ended = 0, 0
         while ended < self.workers and (item := self._get(self.q[2])) is not None:
             if item is _END:
@@ -230,6 +250,7 @@ class _Pipeline:
                 if item.dropped:
                     continue
                 job.current[me] = item.index
+                self.held[me] = item
                 t = clock()
                 # both set by then: tf by the pre-processing, outputs by inference
                 result = job.post(cast(dict, item.outputs), cast(LetterboxTransform, item.tf), item.hw)
@@ -238,7 +259,20 @@ class _Pipeline:
                 job.samples["postprocess"].append(done - t)
                 item.outputs = None
                 job.finish(item, done)
+                self.held[me] = None
                 job.write(item, result, done)
+
+    def count_abandoned(self) -> int:
+        """Frames read but neither processed nor dropped: still held by a stage, queued, or waiting in
+        post-processing for an earlier frame. Exact once every thread has ended."""
+        left: list[Any] = [*self.held.values(), *self.pending.values()]
+        for q in self.q:
+            while True:
+                try:
+                    left.append(q.get_nowait())
+                except queue.Empty:
+                    break
+        return sum(1 for x in left if isinstance(x, Item) and not x.dropped)
 
     # -- driver ----------------------------------------------------------------------------
 
@@ -276,6 +310,7 @@ class _Pipeline:
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
         t_end = clock()
+        job.abandoned = self.count_abandoned()
         if progress is not None:
             progress(job.frames_in, job.processed, sum(job.dropped.values()), total)
         return job.report(self.t_start, t_end, interrupted=interrupted,

@@ -4,17 +4,24 @@ Per-stage and end-to-end statistics use :class:`edge.stats.LatencyStats`, the co
 ``edgekit bench``. Counting, per frame the source produced:
 
 * **processed**: went through every stage;
-* **dropped** (realtime and live runs only), by reason: ``behind`` (the decoder was a whole
-  frame interval behind the source clock, so the frame was skipped, as a camera overwrites a
-  frame nobody read), ``busy`` (a newer frame replaced it in a full queue), ``late`` (when
-  inference could start it was past its deadline, capture + budget, or would miss it by the
-  recent median inference + post-processing time);
+* **dropped**, by reason: ``behind`` (the decoder was a whole frame interval behind the
+  source clock, so the frame was skipped, as a camera overwrites a frame nobody read),
+  ``busy`` (a newer frame replaced it in a full queue), ``late`` (when inference could start
+  it was past its deadline, capture + budget, or would miss it by the recent median inference
+  + post-processing time): realtime and live runs only; and in any run ``unreadable`` (the
+  source could not decode it: a corrupt image in a directory; named in the notes);
+* **abandoned**: read from the source but neither processed nor dropped because the run stopped
+  (Ctrl-C, a failing stage) while the frame sat in a queue or a stage; counted from the queues
+  and the stages after the threads end, so processed + dropped + abandoned = frames in;
 * **late**: processed, but its latency exceeded the budget: end-to-end (capture ->
   post-processed) in realtime and live runs; in offline runs, which feed frames as fast as
   the pipeline takes them so that queueing time says nothing about a real-time deadline,
   the service latency (the sum of the frame's stage times).
 
-Deadline misses = dropped + late. Verdict with a budget: a realtime or live run holds when
+Frames the source declared (a container's frame count, the number of images) are compared with
+what it delivered: a file that ends early (truncated) is reported with both numbers.
+
+Deadline misses = dropped for time (not ``unreadable``) + late. Verdict with a budget: a realtime or live run holds when
 at most 1% of the frames miss their deadline (the p99 rule of ``bench``); an offline run
 holds when its throughput reaches the target fps and the p99 service latency is within the
 budget (a prediction: ``--realtime`` measures it).
@@ -35,8 +42,10 @@ from edge.stats import LatencyStats
 from edge.video.errors import PipelineError
 
 STAGES = ("decode", "preprocess", "infer", "postprocess")
-DROP_REASONS = ("behind", "busy", "late")
+DROP_REASONS = ("behind", "busy", "late", "unreadable")
+TIME_DROPS = ("behind", "busy", "late")  # drops that are deadline misses; `unreadable` is the source's fault
 MISS_TOLERANCE = 0.01  # share of frames allowed to miss: the p99 rule of `edgekit bench`
+NAMES_SHOWN = 5  # unreadable frames named in the notes
 
 
 def stats_ns(samples: Iterable[int] | np.ndarray) -> LatencyStats | None:
@@ -66,6 +75,10 @@ class VideoReport:
     postprocess: str
     queue_size: int
     infer_workers: int = 1
+    abandoned: int = 0  # in a queue or a stage when the run stopped: neither processed nor dropped
+    declared: int | None = None  # frames the source said it holds (container header, images), None if unknown
+    short_by: int = 0  # the source ran out this many frames before what it declared (capped by --max-frames)
+    unreadable: list[str] = field(default_factory=list)  # the frames dropped as unreadable: "frame 3 (x.png)"
     output: str | None = None
     failure: dict[str, Any] | None = None
     interrupted: bool = False
@@ -89,7 +102,38 @@ class VideoReport:
 
     @property
     def deadline_misses(self) -> int:
-        return self.dropped_total + self.late
+        return sum(self.dropped.get(k, 0) for k in TIME_DROPS) + self.late
+
+    @property
+    def frames_lost(self) -> int:
+        """Frames the run was meant to cover that never went through the pipeline: the source's
+        shortfall plus the unreadable ones. A shortfall of one frame is not counted: containers
+        without a frame count in their header give one estimated from duration x fps, which can be
+        a frame off."""
+        return (self.short_by if self.short_by > 1 else 0) + self.dropped.get("unreadable", 0)
+
+    @property
+    def source_incomplete(self) -> bool:
+        """More of the source was lost than the 1% of frames the p99 rule lets miss."""
+        return self.frames_lost > MISS_TOLERANCE * (self.frames_in + self.short_by)
+
+    def notes(self) -> list[str]:
+        """What the reader must know beyond the numbers: frames the source declared but never delivered."""
+        out = []
+        expected = self.frames_in + self.short_by
+        asked = "" if expected == self.declared else f" (of the {expected} this run asked for)"
+        if self.short_by == 1:
+            out.append(f"the source declared {self.declared} frames and delivered {self.frames_in}{asked}: its "
+                       "frame count is probably an estimate")
+        elif self.short_by:
+            out.append(f"the source declared {self.declared} frames but only {self.frames_in}{asked} could be "
+                       f"decoded: the file is truncated or corrupt; the figures cover those {self.frames_in}")
+        n = self.dropped.get("unreadable", 0)
+        if n:
+            names = ", ".join(self.unreadable[:NAMES_SHOWN]) + (f" and {n - NAMES_SHOWN} more" if n > NAMES_SHOWN
+                                                                 else "")
+            out.append(f"{n} of {self.frames_in} frames could not be decoded and were dropped (unreadable): {names}")
+        return out
 
     @property
     def effective_fps(self) -> float:
@@ -129,7 +173,11 @@ class VideoReport:
 
     @property
     def verdict(self) -> str:
-        if self.failure is not None or self.frames_in == 0:
+        # A source that lost frames (a truncated clip, corrupt images) makes the run "incomplete", not
+        # "pass": the timings are real, but they answer the question for a shorter input than the one
+        # asked about, and a gate (a script checking the exit code) must not pass a 60 fps check on a
+        # clip that silently lost half its frames. Not "fail" either: nothing says the pipeline is slow.
+        if self.failure is not None or self.frames_in == 0 or self.source_incomplete:
             return "incomplete"
         if self.budget_ms is None:
             return "no budget"
@@ -180,6 +228,9 @@ class VideoReport:
         if self.failure is not None:
             f = self.failure
             return f"stopped: stage {f['stage']} failed on frame {f['frame']}: {f['error']}"
+        if self.source_incomplete:
+            return (f"{self.frames_lost} of the {self.frames_in + self.short_by} frames the source declared never "
+                    "went through the pipeline (see the notes): no verdict on a partial input")
         if self.budget_ms is None:
             return "no budget: pass --fps or --budget-ms for a verdict"
         target = f"{self.target_fps:.4g} fps ({self.budget_ms:.2f} ms a frame)"
@@ -202,8 +253,10 @@ class VideoReport:
             "pace_fps": self.pace_fps, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
             "target_fps": r2(self.target_fps),
             "frames": {"in": self.frames_in, "processed": self.processed, "dropped": self.dropped_total,
-                       "dropped_by_reason": dict(self.dropped), "late": self.late,
-                       "deadline_misses": self.deadline_misses},
+                       "dropped_by_reason": dict(self.dropped), "abandoned": self.abandoned, "late": self.late,
+                       "deadline_misses": self.deadline_misses, "declared": self.declared,
+                       "short_by": self.short_by, "unreadable": list(self.unreadable)},
+            "notes": self.notes(),
             "stages": {k: st(v) for k, v in self.stages.items()},
             "e2e": st(self.e2e), "service": st(self.service),
             "duration_s": round(self.duration_s, 3), "effective_fps": r2(self.effective_fps),

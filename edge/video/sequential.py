@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from edge.bundle import Bundle
 from edge.errors import EdgeError
+from edge.video.errors import UnreadableFrame
 from edge.video.job import Job, PipelineOptions, Progress, clock, expected_frames
 from edge.video.report import STAGES, VideoReport
 from edge.video.sources import FrameSource
@@ -36,9 +37,15 @@ def run_sequential(bundle: Bundle, source: FrameSource, options: PipelineOptions
                     job.current[k] = i  # the loop is every stage at once
                 stage = "decode"
                 t0 = clock()
-                frame = source.read()
+                try:
+                    frame = source.read()
+                except UnreadableFrame as e:  # one corrupt image: counted and named, the loop goes on
+                    job.unreadable_frame(e)
+                    i += 1
+                    continue
                 t1 = clock()
                 if frame is None:
+                    job.source_ended = True
                     break
                 item = job.item(i, frame, t1)
                 job.frames_in += 1

@@ -10,9 +10,12 @@ inside the sources, so the rest of edgekit works without it.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,7 +24,7 @@ import numpy as np
 
 from edge.errors import EdgeError, MissingDependencyError
 from edge.preprocess import IMAGE_SUFFIXES
-from edge.video.errors import SourceError
+from edge.video.errors import SourceError, UnreadableFrame
 
 VIDEO_EXTRA = "pip install 'edgekit-ml[video]'"
 
@@ -80,7 +83,14 @@ class FrameSource(ABC):
         self.close()
 
     def __iter__(self) -> Iterator[Frame]:
-        while (f := self.read()) is not None:
+        """Every readable frame (unreadable ones are skipped; the runners count them)."""
+        while True:
+            try:
+                f = self.read()
+            except UnreadableFrame:
+                continue
+            if f is None:
+                return
             yield f
 
 
@@ -88,6 +98,40 @@ def _fourcc(cap: Any, cv2: Any) -> str | None:
     code = int(cap.get(cv2.CAP_PROP_FOURCC))
     text = "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4))
     return text.strip("\x00 ") if code and text.isprintable() else None
+
+
+@contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Catch what native code writes straight to file descriptor 2 while a file is opened.
+
+    OpenCV's own AVI reader and FFmpeg print their complaints there ("Unexpected element.
+    Expected: LIST"), which would make a one-line user error two lines, and say nothing the
+    error does not say better. The caught lines are handed back: an error quotes them; on
+    success they are written back to stderr, so another thread's output is never lost.
+    """
+    lines: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 (an embedding host): nothing to catch
+        yield lines
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", "replace")
+            lines.extend(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _quote_native(lines: list[str]) -> str:
+    """Native messages for an error line: printable characters only, short."""
+    text = "; ".join("".join(c for c in line if c.isprintable() and c != "\ufffd") for line in lines)
+    return f" ({text[:200]})" if text else ""
 
 
 def _container(path: Path) -> str | None:
@@ -125,23 +169,29 @@ class VideoFileSource(FrameSource):
             raise SourceError(f"video file {p} is empty")
         cv2 = cv2_module()
         self._cv2 = cv2
-        self._cap = cap = cv2.VideoCapture(str(p))
         container = _container(p)
-        if not cap.isOpened():
-            self._cap.release()
+        with _native_stderr() as native:
+            self._cap = cap = cv2.VideoCapture(str(p))
+            opened = cap.isOpened()
+            codec = _fourcc(cap, cv2) if opened else None
+            ok, first = cap.read() if opened else (False, None)
+        if not opened:
+            cap.release()
             if container:
                 raise SourceError(f"OpenCV {cv2.__version__} cannot decode {p}: it is {container}, but its codec "
-                                  "is not one this OpenCV build's FFmpeg can open",
+                                  "is not one this OpenCV build's FFmpeg can open, or the file is truncated or corrupt"
+                                  + _quote_native(native),
                                   hint="re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`")
-            raise SourceError(f"OpenCV {cv2.__version__} cannot open {p}: not a video file it can read",
+            raise SourceError(f"OpenCV {cv2.__version__} cannot open {p}: not a video file it can read"
+                              + _quote_native(native),
                               hint="give an .mp4/.avi/.mkv file, or a directory of images with --images")
-        codec = _fourcc(cap, cv2)
-        ok, first = cap.read()
         if not ok or first is None:
             cap.release()
             raise SourceError(f"OpenCV opened {p} ({container or 'unknown container'}, codec {codec or '?'}) "
-                              "but cannot decode a frame from it",
+                              "but cannot decode a frame from it" + _quote_native(native),
                               hint="the file may be truncated or use a codec this OpenCV build lacks; re-encode it")
+        if native:
+            sys.stderr.write("\n".join(native) + "\n")
         self._pending: np.ndarray | None = first
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
@@ -224,7 +274,13 @@ class CameraSource(FrameSource):
 
 
 class ImageDirSource(FrameSource):
-    """The images in a directory, in name order, as frames (at ``fps`` media time when given)."""
+    """The images in a directory, in name order, as frames (at ``fps`` media time when given).
+
+    A file that does not decode is one lost frame, not the end of the source: ``read`` raises
+    :class:`UnreadableFrame` for it and the next ``read`` goes on with the file after (the
+    runners count it as dropped, reason ``unreadable``). Only a directory where no image at
+    all decodes is refused when opened.
+    """
 
     def __init__(self, directory: str | Path, fps: float | None = None) -> None:
         d = Path(directory)
@@ -235,33 +291,38 @@ class ImageDirSource(FrameSource):
             raise SourceError(f"image directory {d} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
         self._cv2 = cv2_module()
         self._index = 0
-        first = self._load(self._files[0])
+        self._pending: tuple[int, np.ndarray] | None = None  # the image decoded here, and its index
+        first = None
+        for k, path in enumerate(self._files):  # the first image that decodes gives the frame size
+            first = self._cv2.imread(str(path), self._cv2.IMREAD_COLOR)
+            if first is not None:
+                self._pending = (k, first)
+                break
+        if first is None:
+            raise SourceError(f"none of the {len(self._files)} images in {d} can be decoded "
+                              f"(first: {self._files[0].name})", hint="are they images, and complete?")
         self.info = SourceInfo("images", str(d), first.shape[1], first.shape[0], fps, len(self._files), live=False)
-        self._pending: np.ndarray | None = first
-
-    def _load(self, path: Path) -> np.ndarray:
-        image = self._cv2.imread(str(path), self._cv2.IMREAD_COLOR)
-        if image is None:
-            raise SourceError(f"cannot read image {path}: not an image OpenCV can decode")
-        return image
 
     def read(self) -> Frame | None:
         if self._index >= len(self._files):
             return None
-        path = self._files[self._index]
-        if self._pending is not None:
-            image, self._pending = self._pending, None
-        else:
-            image = self._load(path)
-        fps = self.info.fps
-        frame = Frame(image, self._index / fps if fps else None, path.name)
+        index, path = self._index, self._files[self._index]
         self._index += 1
-        return frame
+        if self._pending is not None and self._pending[0] == index:
+            image: np.ndarray | None = self._pending[1]
+            self._pending = None
+        else:
+            image = self._cv2.imread(str(path), self._cv2.IMREAD_COLOR)
+        if image is None:
+            raise UnreadableFrame(index, path.name, f"cannot read image {path}: not an image OpenCV can decode")
+        fps = self.info.fps
+        return Frame(image, index / fps if fps else None, path.name)
 
     def skip(self) -> bool:
-        self._pending = None
         if self._index >= len(self._files):
             return False
+        if self._pending is not None and self._pending[0] == self._index:
+            self._pending = None
         self._index += 1
         return True
 
