@@ -2,8 +2,17 @@
 
 The PP-OCR text-direction classifier (Apache-2.0) is extracted from the pinned rapidocr wheel by
 ``examples/fetch_pretrained.py`` (CI runs it before the tests). Calibration and evaluation use
-synthetic text lines made in code; the fp32 classifier gets ~90% of them right, and every
-converted bundle must stay within 5 points of that.
+synthetic text lines made in code. Held out: 240 lines, so that one image is 0.4 points and the
+5-point limit is 12 images, not 2 (with 40 lines a different CPU failed it by one image).
+
+Measured with this file's data (accuracy of the bundle / agreement with the fp32 source, source 93.75%):
+
+| target, precision | Xeon (AVX-512 VNNI, AMX) | AMD Zen 2 (AVX2 only; qemu -cpu EPYC-Rome) |
+| --- | --- | --- |
+| x86-cpu fp32 / fp16 | 93.75 / 100 | see README "Machines differ" |
+| x86-cpu int8 | 91.67 / 96.25 | |
+| intel-igpu fp32 / fp16 | 93.75 / 100 | |
+| intel-igpu int8 | 90.83 / 97.08 | |
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ def static_source(directory: Path) -> Path:
 def text_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
     calib = tmp_path_factory.mktemp("calib")
     write_text_line_images(calib, 32, seed=0)
-    held_out = write_text_line_images(tmp_path_factory.mktemp("eval"), 40, seed=1)
+    held_out = write_text_line_images(tmp_path_factory.mktemp("eval"), 240, seed=1)
     return calib, held_out
 
 
@@ -56,6 +65,7 @@ def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text
         got = np.array([np.argmax(next(iter(r.infer(f).values()))[0]) == 1 for f in feeds])
     source = np.array([np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
                        for o in reference_outputs(static_source(tmp_path), feeds)])
-    source_acc, acc = (source == truth).mean(), (got == truth).mean()
-    assert source_acc >= 0.8, source_acc  # the text lines are readable: the trained model mostly gets them
-    assert acc >= source_acc - 0.05, (acc, source_acc)
+    source_acc, acc, agree = (source == truth).mean(), (got == truth).mean(), (got == source).mean()
+    assert source_acc >= 0.85, source_acc  # the text lines are readable: the trained model mostly gets them
+    assert acc >= source_acc - 0.05, (acc, source_acc)  # 12 of 240 images
+    assert agree >= 0.90, agree  # and it is the source's decision it keeps, not luck on other images
