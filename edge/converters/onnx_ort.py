@@ -22,6 +22,12 @@ from edge.onnxmodel import load_onnx, opset_of, save_onnx
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
 
+# What an int8 bundle assumes of the device's CPU, recorded in its chain details: the same bundle
+# computes exactly on every x86-64 CPU only because the runner sets session.x64quantprecision.
+_U8S8_ASSUMPTION = ("8-bit weights, no reduce_range: exact where the CPU has an int8 dot product (x86 VNNI/AMX, "
+                    "ARM dotprod); on x86 CPUs without one (e.g. AVX2-only AMD Zen 2) the onnxruntime runner computes "
+                    "u8u8 (x64_quant_precision, on by default), since u8s8 with vpmaddubsw saturates there")
+
 _CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
@@ -146,7 +152,7 @@ class OnnxToOnnx(Converter):
             else:
                 raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
                                       + "; ".join(tried))
-        return {"recipe": "static QDQ", "activations": opts.get("activation_type", "uint8"),
+        return {"recipe": "static QDQ", "isa_assumption": _U8S8_ASSUMPTION, "activations": opts.get("activation_type", "uint8"),
                 "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
                 "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
                 "pre_optimization": not skip_optimization, "retried_because": tried, "opset_upgraded": upgraded}
@@ -160,7 +166,7 @@ class OnnxToOnnx(Converter):
             q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
         source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
         matched = sum(op in op_types for op in source_ops)
-        return {"recipe": "dynamic int8", "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
+        return {"recipe": "dynamic int8", "isa_assumption": _U8S8_ASSUMPTION, "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
                 "ops_quantized": matched, "ops_total": len(source_ops)}
 
 
