@@ -158,9 +158,61 @@ print(json.dumps({"event": "result", "x": job["x"] * 2, "python": sys.executable
     final, st = toolchains.run_driver("mini", {"x": 21}, work, on_event=events.append)
     assert final["x"] == 42 and events == [{"event": "stage", "stage": "working"}]
     assert Path(str(final["python"])).parent == st.venv / "bin"
-    assert final["path0"] == str(st.venv / "bin") and final["pythonpath"] is None
+    # edgekit's PYTHONPATH does not leak in; the only entry is the offline guard's directory
+    assert final["path0"] == str(st.venv / "bin") and final["pythonpath"] == str(toolchains._GUARD_DIR)
     assert Path(str(final["cwd"])) == work
     assert "goes to the log" in (work / "convert.log").read_text()
+
+
+_NETWORK_DRIVER = """
+import socket, subprocess
+port = int(json.load(open(sys.argv[1]))["port"])
+out = {}
+for name, argv in [("tcp", None), ("udp", None),
+                   ("child", [sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}))"])]:
+    try:
+        if name == "tcp":
+            socket.socket().connect(("127.0.0.1", port))
+        elif name == "udp":
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", port))
+        else:
+            subprocess.run(argv, check=True, capture_output=True)
+        out[name] = "reached"
+    except (OSError, subprocess.CalledProcessError) as e:
+        out[name] = "refused"
+"""
+
+
+def test_run_driver_is_offline(use_mini: toolchains.ToolchainStatus, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11, attack 8: a driver and its children reach nothing, and the manifest record says how."""
+    import socket
+
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(8)
+        port = tcp.getsockname()[1]
+        udp.bind(("127.0.0.1", port))
+        _driver(tmp_path, monkeypatch, _NETWORK_DRIVER + "print(json.dumps({'event': 'result', **out}), flush=True)\n")
+        work = tmp_path / "work"
+        work.mkdir()
+        final, st = toolchains.run_driver("mini", {"port": port}, work)
+        assert (final["tcp"], final["udp"], final["child"]) == ("refused", "refused", "refused")
+        udp.settimeout(0.2)
+        with pytest.raises((TimeoutError, socket.timeout)):
+            udp.recv(8)
+        tcp.settimeout(0.2)
+        with pytest.raises((TimeoutError, socket.timeout)):
+            tcp.accept()
+    expected = toolchains.network_isolation().enforced
+    assert final["offline"]["enforced"] == expected and st.offline == final["offline"]
+    assert st.manifest_record()["offline"] == final["offline"]  # what converters write into the manifest
+    assert len(final["offline"]["attempts"]) == 3 and final["network_attempts"] == final["offline"]["attempts"]
+    assert "offline" not in toolchains.status("mini").to_json()  # only a run has one
+    # a driver that dies on a refused connection says so
+    _driver(tmp_path, monkeypatch, "import socket; socket.create_connection(('192.0.2.1', 443))\n")
+    with pytest.raises(EdgeError, match=r"tried to reach the network, refused: create_connection \('192.0.2.1', 443\)"):
+        toolchains.run_driver("mini", {}, work)
 
 
 def test_run_driver_failures(use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

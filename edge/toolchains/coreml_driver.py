@@ -5,7 +5,9 @@ coreml_driver.py job.json``. It must not import ``edge``; the bridge (``coreml_b
 sits beside it and is imported from this directory.
 
 Protocol: one JSON object per line on the original stdout (``stage`` | ``result`` | ``error``);
-whatever the libraries print goes to ``convert.log`` in the work directory.
+whatever the libraries print goes to ``convert.log`` in the work directory. The run is offline:
+the parent starts this driver through ``edge.toolchains.offline_popen``, as it does the tflite one
+(a network namespace where the host allows one, else an in-process socket guard).
 
 Steps: every ONNX op checked against the bridge (all unsupported ops in one error) -> the
 ONNX graph as a torch module -> outputs of that module on the parity samples (the parent

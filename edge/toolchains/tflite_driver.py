@@ -14,9 +14,10 @@ What it does, and why (measured with onnx2tf 1.29.24 / TensorFlow 2.19):
   reported at once with their node names (onnx2tf stops at the first).
 * onnx2tf writes over its input (it runs ``onnxsim in.onnx in.onnx``): it gets a copy.
 * onnx2tf downloads a calibration sample from GitHub whenever every input is a 3-channel
-  image, even for float conversion. The download function is replaced by local data and
-  outgoing connections are refused for the whole run, so a conversion is offline or fails
-  loudly.
+  image, even for float conversion. The download function is replaced by local data. The
+  run itself is offline: the parent starts this driver through ``edge.toolchains.offline_popen``
+  (a network namespace where the host allows one, else an in-process socket guard loaded in
+  every Python process of the run), so a conversion is offline or fails loudly.
 * onnx2tf calls ``onnxsim`` through PATH and silently skips simplification when it fails or
   is absent; the parent puts the toolchain's ``bin`` first on PATH and this driver records
   every onnxsim run and its outcome.
@@ -33,7 +34,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -46,7 +46,6 @@ _EVENTS: Any = None
 _STAGE = {"name": "starting", "since": time.time()}
 _START = time.time()
 _ONNXSIM_RUNS: list[dict[str, Any]] = []
-_NETWORK_ATTEMPTS: list[str] = []
 
 
 class DriverError(Exception):
@@ -70,36 +69,6 @@ def _heartbeat() -> None:
     while True:
         time.sleep(5.0)
         emit("heartbeat", stage=_STAGE["name"], stage_s=round(time.time() - _STAGE["since"], 1))
-
-
-# -- offline guard -----------------------------------------------------------------------
-
-def _guard_network() -> None:
-    """Refuse every outgoing connection except to local sockets: a conversion is offline by design."""
-    real_connect = socket.socket.connect
-    real_connect_ex = socket.socket.connect_ex
-
-    def local(sock: socket.socket, address: Any) -> bool:
-        if sock.family == getattr(socket, "AF_UNIX", None):
-            return True
-        host = address[0] if isinstance(address, tuple) else str(address)
-        return host in ("127.0.0.1", "::1", "localhost")
-
-    def connect(sock: socket.socket, address: Any) -> Any:
-        if not local(sock, address):
-            _NETWORK_ATTEMPTS.append(repr(address))
-            raise OSError(f"edgekit: network access refused during conversion (tried {address!r}); "
-                          "conversions are offline by design")
-        return real_connect(sock, address)
-
-    def connect_ex(sock: socket.socket, address: Any) -> Any:
-        if not local(sock, address):
-            _NETWORK_ATTEMPTS.append(repr(address))
-            return 111  # ECONNREFUSED
-        return real_connect_ex(sock, address)
-
-    socket.socket.connect = connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
 
 
 def _record_onnxsim() -> None:
@@ -423,7 +392,6 @@ def main() -> int:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     threading.Thread(target=_heartbeat, daemon=True).start()
-    _guard_network()
     timings: dict[str, float] = {}
     try:
         t0 = time.time()
@@ -487,15 +455,14 @@ def main() -> int:
             except Exception:  # noqa: BLE001 - informational
                 pass
         emit("result", artifact=str(out), io=io_map, details=details, tool_versions=versions,
-             onnxsim=_ONNXSIM_RUNS, network_attempts=_NETWORK_ATTEMPTS, timings=timings)
+             onnxsim=_ONNXSIM_RUNS, timings=timings)
         return 0
     except DriverError as e:
-        emit("error", kind=e.kind, message=str(e), network_attempts=_NETWORK_ATTEMPTS, **e.data)
+        emit("error", kind=e.kind, message=str(e), **e.data)
         return 3
     except BaseException as e:  # noqa: BLE001 - reported to the parent, with the traceback in the log
         traceback.print_exc()
-        emit("error", kind="internal", message=f"{type(e).__name__}: {str(e)[:1000]}",
-             network_attempts=_NETWORK_ATTEMPTS)
+        emit("error", kind="internal", message=f"{type(e).__name__}: {str(e)[:1000]}")
         return 4
     finally:
         sys.stdout.flush()
