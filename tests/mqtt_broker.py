@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -81,6 +81,43 @@ def make_ca(directory: Path, name: str = "edgekit-test-ca") -> TlsFiles:
     return TlsFiles(d / "ca.pem", d / "ca.key", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
 
 
+@dataclass(frozen=True)
+class FleetPki:
+    """A fleet CA made by ``edge.fleet.pki``, a broker certificate for 127.0.0.1, and provisioned clients."""
+
+    ca_dir: Path
+    tls: TlsFiles  # for ``Mosquitto(tls=...)``: the fleet CA, the broker's certificate and key
+    clients: dict[str, Any]  # device id or "collector:<name>" -> edge.fleet.pki.Provisioned
+
+
+def make_fleet_pki(directory: Path, devices: tuple[str, ...] = (), collectors: tuple[str, ...] = ("main",)) -> FleetPki:
+    """Everything an mTLS fleet broker needs, made the way `edgekit fleet ca init` / `fleet provision` make it."""
+    pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
+    from edge.fleet.pki import Role, init_ca, provision
+
+    d = Path(directory)
+    ca = init_ca(d / "ca")
+    server = provision(HOST, ca.directory, d / "broker", role=Role.SERVER, sans=(HOST, "localhost"))
+    clients: dict[str, Any] = {}
+    for name in devices:
+        clients[name] = provision(name, ca.directory, d / "devices" / name)
+    for name in collectors:
+        clients[f"collector:{name}"] = provision(name, ca.directory, d / "collectors" / name, role=Role.COLLECTOR)
+    server.key.chmod(0o644)  # mosquitto may drop privileges when started by root
+    tls = TlsFiles(ca.cert, ca.key, server.cert, server.key, server.cert, server.key)
+    return FleetPki(ca.directory, tls, clients)
+
+
+def mtls_broker(workdir: Path, pki: FleetPki, acl_file: Path) -> Mosquitto:
+    """A broker (not started) that takes only fleet-CA client certificates, their CN as the user name, and the ACL.
+
+    ``max_queued_messages 1000`` (a later line wins): with the ``0`` of the other test brokers, Mosquitto 2.0
+    also disconnects a client whose publish the ACL denied (it compares its queue length with the limit
+    there), which a production broker with the default limit does not do."""
+    return Mosquitto(workdir, tls=pki.tls, require_certificate=True, identity_as_username=True, acl_file=acl_file,
+                     extra="max_queued_messages 1000\n")
+
+
 def password_file(path: Path, users: dict[str, str]) -> Path:
     exe = shutil.which("mosquitto_passwd")
     if exe is None:
@@ -96,7 +133,8 @@ class Mosquitto:
     """One broker process. ``restart()`` keeps the port and the persistence file."""
 
     def __init__(self, workdir: Path, *, port: int | None = None, tls: TlsFiles | None = None,
-                 require_certificate: bool = False, passwords: Path | None = None, extra: str = "") -> None:
+                 require_certificate: bool = False, passwords: Path | None = None, identity_as_username: bool = False,
+                 acl_file: Path | None = None, extra: str = "") -> None:
         exe = mosquitto_binary()
         if exe is None:
             pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
@@ -105,7 +143,8 @@ class Mosquitto:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.tls = tls
-        lines = [f"listener {self.port} {HOST}", f"allow_anonymous {'false' if passwords else 'true'}",
+        anonymous = not (passwords or identity_as_username)
+        lines = [f"listener {self.port} {HOST}", f"allow_anonymous {'true' if anonymous else 'false'}",
                  "persistence true", f"persistence_location {self.workdir}/", "autosave_interval 1",
                  "max_queued_messages 0",
                  f"log_dest file {self.workdir}/mosquitto.log", "log_type error", "log_type warning",
@@ -117,6 +156,12 @@ class Mosquitto:
         if tls:
             lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}",
                       f"require_certificate {'true' if require_certificate else 'false'}"]
+        if identity_as_username:  # the client certificate's CN is the user name the ACL's %u stands for
+            if not (tls and require_certificate):
+                raise ValueError("use_identity_as_username needs a TLS listener with require_certificate")
+            lines.append("use_identity_as_username true")
+        if acl_file:
+            lines.append(f"acl_file {acl_file}")
         self.config = self.workdir / "mosquitto.conf"
         self.config.write_text("\n".join(lines) + "\n" + extra)
         self.proc: subprocess.Popen[bytes] | None = None

@@ -29,6 +29,7 @@ from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop, Will
 from edge.agent.outbox import Outbox
 from edge.agent.payloads import STREAM_KINDS, encode, mark_historical, message
+from edge.agent.ratelog import RateLimitedLog
 from edge.agent.topics import Topic
 
 log = logging.getLogger("edge.agent")
@@ -45,6 +46,7 @@ class DeviceSession:
         self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death")}
         self.cmd_filter = str(Topic(fleet, device, "cmd", "x"))[:-1] + "+"
         self._birth_body, self._on_command = birth_body, on_command
+        self._ratelog = RateLimitedLog(log)  # whoever can publish to cmd/ chooses how often these happen
         self.max_inflight = max_inflight
         self.session = outbox.next_session()
         self.seq = 0  # last stream seq issued in this session
@@ -60,7 +62,7 @@ class DeviceSession:
         self._high_sent = 0
         self._last_birth = 0.0
         self.counters = {"published": 0, "replayed": 0, "rejected_by_broker": 0, "unmatched": 0, "births": 0,
-                         "rebirth_requests": 0}
+                         "rebirth_requests": 0, "unknown_commands": 0}
         self.conn = Connection(loop, broker, client_id or f"edgekit-{fleet}-{device}",
                                subscriptions=[(self.cmd_filter, 1)], will=self._will,
                                on_connected=self._connected, on_disconnected=self._disconnected,
@@ -117,7 +119,8 @@ class DeviceSession:
         elif self._on_command is not None:
             self._on_command(str(t.command), bytes(msg.payload))
         else:
-            log.info("%s: ignoring unknown command %r", self.device, t.command)
+            self.counters["unknown_commands"] += 1
+            self._ratelog.info("unknown_command", "%s: ignoring unknown command %r", self.device, t.command)
 
     # the durable stream ------------------------------------------------------------------
     def submit(self, kind: str, body: dict[str, Any]) -> int:
@@ -176,7 +179,9 @@ class DeviceSession:
             return
         if code >= 0x80:  # e.g. not authorised: retrying would block the stream forever
             self.counters["rejected_by_broker"] += 1
-            log.error("%s: broker rejected a message (reason code 0x%02x); dropped", self.device, code)
+            self._ratelog.error("rejected_by_broker", "%s: broker rejected a message (reason code 0x%02x); dropped "
+                                "(0x87: not authorized: is the device id the CN of this device's certificate?)",
+                                self.device, code)
         else:
             self._hold_attempts = 0
         self.outbox.ack(row)

@@ -4,8 +4,9 @@
     edgekit/<fleet>/<device>/cmd/<name>
 
 A fleet, device or command name containing ``/``, ``+`` or ``#`` (or nothing, or a NUL)
-would silently change what a topic or a subscription means, so it is refused here, once,
-instead of being escaped somewhere else.
+would silently change what a topic or a subscription means, and one with a control character
+(newline, ESC) would forge log lines or terminal output wherever it is shown, so both are
+refused here, once, instead of being escaped somewhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def check_part(value: str, what: str) -> str:
     if bad:
         raise TopicError(f"{what} {value!r} contains {', '.join(repr(c) for c in bad)}",
                          hint="device ids, fleet and command names may not contain '/', '+', '#' or NUL")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):  # MQTT 5 §1.5.4: SHOULD NOT appear
+        raise TopicError(f"{what} {value!r} contains a control character",
+                         hint="a device id ends up in log lines and terminal tables, where one could forge either")
     if len(value) > MAX_PART:
         raise TopicError(f"{what} is {len(value)} characters long; at most {MAX_PART}")
     if value != value.strip():

@@ -1,4 +1,5 @@
-"""``edgekit fleet collect`` and ``edgekit fleet status``."""
+"""``edgekit fleet collect|status``, and the fleet's credentials: ``ca init``, ``provision``, ``csr``,
+``sign-csr``, ``acl`` (library: ``edge.fleet.pki``, ``edge.fleet.acl``)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, err_console, fmt_ms, print_json
+from edge.cli._common import JsonOut, command, console, err_console, print_json
 from edge.cli.agent import (Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username,
                             broker_config, setup_logging, stop_on_signals)
 
-app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, show where every device stands.",
-                  no_args_is_help=True)
+app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, show where every device stands; "
+                  "the fleet CA, device certificates and the broker ACL.", no_args_is_help=True)
+ca_app = typer.Typer(help="The fleet CA that signs device, collector and broker certificates.", no_args_is_help=True)
+app.add_typer(ca_app, name="ca")
 
 Db = typer.Option("sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or "
                   "postgresql://user@host/dbname.")
@@ -35,6 +39,9 @@ def collect_cmd(
                                        "this collector while it is disconnected."),
     rebirth_interval: float = typer.Option(30.0, "--rebirth-interval", help="At most one rebirth request per "
                                            "device per this many seconds."),
+    max_session_skew: float = typer.Option(300.0, "--max-session-skew", help="Refuse (and count) messages whose "
+                                           "session is further ahead of this host's clock, in seconds: a forged "
+                                           "far-future session would otherwise hide a device's real messages."),
     ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
     username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
@@ -49,7 +56,8 @@ def collect_cmd(
     setup_logging(log_level)
     cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file), db_url=db,
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
-                          rebirth_interval_s=rebirth_interval, backoff=Backoff(0.5, reconnect_max))
+                          rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
+                          backoff=Backoff(0.5, reconnect_max))
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)
@@ -59,7 +67,8 @@ def collect_cmd(
         loop = collector.loop
         assert loop is not None
         loop.run(lambda: loop.call_every(stats_interval, _log_stats, collector))
-        err_console.print(f"collecting {collector.subscription} from {cfg.broker.url} into {_redact(db)}; "
+        err_console.print(f"collecting {escape(collector.subscription)} from {escape(cfg.broker.url)} into "
+                          f"{escape(_redact(db))}; "
                           "SIGTERM or Ctrl-C stops it", highlight=False, soft_wrap=True)
         try:
             stop.wait(duration)
@@ -73,9 +82,15 @@ def collect_cmd(
 
 
 def _redact(url: str) -> str:
-    from edge.fleet.db import _redact as r
+    from edge.fleet.db import redact
 
-    return r(url)
+    return redact(url)
+
+
+def _cell(v: Any, limit: int = 80) -> str:
+    """Device-supplied text for a table cell: no rich markup, no control or bidi characters, bounded."""
+    text = "".join(c if c.isprintable() else "?" for c in str(v)[:limit])
+    return escape(text)
 
 
 def _stats_line(s: dict[str, Any]) -> str:
@@ -83,7 +98,8 @@ def _stats_line(s: dict[str, Any]) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in s["rejected"].items() if v)
     return (f"received {s['received']}, stored {sum(s['stored'].values())} ({s['stored']['telemetry']} telemetry), "
             f"duplicates {s['duplicates']}, rejected {rejected}{' (' + detail + ')' if detail else ''}, "
-            f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)")
+            f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)"
+            + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else ""))
 
 
 def _log_stats(collector: Any) -> None:
@@ -110,23 +126,24 @@ def status_cmd(
         print_json({"summary": summarize(rows), "devices": rows, "generated_at": time.time()})
         return
     if not rows:
-        console.print(f"no devices in {_redact(db)} yet", highlight=False)
+        console.print(f"no devices in {escape(_redact(db))} yet", highlight=False)
         return
-    t = Table(title=f"fleet status ({_redact(db)})")
+    t = Table(title=f"fleet status ({_cell(_redact(db), 200)})")
     for col, just in (("device", "left"), ("status", "left"), ("bundle", "left"), ("runtime", "left"),
                       ("fps", "right"), ("p50 ms", "right"), ("p99 ms", "right"), ("misses", "right"),
                       ("temp °C", "right"), ("CPU %", "right"), ("RSS MB", "right"), ("spool", "right"),
                       ("missing", "right"), ("last seen", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in rows:
+    for r in rows:  # every text from the store came from a device: _cell() it
         status = f"[{_COLOURS[r['status']]}]{r['status']}[/]"
         if r["status"] == "offline" and r.get("death_reason"):
-            status += f" [dim]({r['death_reason'][:30]})[/]"
+            status += f" [dim]({_cell(r['death_reason'], 30)})[/]"
         if r.get("state") == "error":
             status += " [red]error[/]"
         runtime = " ".join(x for x in (r.get("runtime"), r.get("device_used") and f"on {r['device_used']}") if x)
-        t.add_row(f"{r['fleet']}/{r['device']}", status, r.get("bundle_id") or "-", runtime or "-", _n(r.get("fps"), 1),
-                  fmt_ms(r.get("p50_ms")), fmt_ms(r.get("p99_ms")), _n(r.get("misses"), 0),
+        t.add_row(_cell(f"{r['fleet']}/{r['device']}", 200), status, _cell(r.get("bundle_id") or "-"),
+                  _cell(runtime or "-"), _n(r.get("fps"), 1),
+                  _n(r.get("p50_ms"), 2), _n(r.get("p99_ms"), 2), _n(r.get("misses"), 0),
                   _n(r.get("temp_c"), 1) + (" [red]throttled[/]" if r.get("throttled") else ""),
                   _n(r.get("cpu_percent"), 0), _n(r.get("rss_mb"), 0), _n(r.get("spool_pending"), 0),
                   f"[yellow]{r['missing']}[/]" if r["missing"] else "0", _ago(r.get("seen_ago_s")))
@@ -137,7 +154,9 @@ def status_cmd(
 
 
 def _n(v: Optional[float], nd: int) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f}" if abs(v) < 1e12 else f"{v:.3g}"  # a forged 1e299 stays one short cell
 
 
 def _ago(s: Optional[float]) -> str:
@@ -148,3 +167,115 @@ def _ago(s: Optional[float]) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min ago"
     return f"{s / 3600:.1f} h ago"
+
+
+# credentials ---------------------------------------------------------------------------------
+CaDir = typer.Option(..., "--ca", help="The fleet CA's directory (from `edgekit fleet ca init`).")
+Days = typer.Option(365, "--days", help="Days the certificate is valid (at most until the CA expires).")
+RoleOpt = typer.Option("device", "--role", help="device (CN = the device id), collector (CN = collector:NAME) "
+                       "or server (the broker; NAME and --san become its subjectAltNames).")
+San = typer.Option(None, "--san", help="Server certificates: a host name or IP address it answers to "
+                   "(repeatable; default: NAME).", show_default=False)
+
+
+@ca_app.command("init")
+@command
+def ca_init_cmd(
+    directory: Path = typer.Option(..., "--dir", help="New directory for ca.key (mode 0600) and ca.crt."),
+    name: str = typer.Option("edgekit fleet CA", "--name", help="The CA certificate's common name."),
+    days: int = typer.Option(3650, "--days", help="Days the CA certificate is valid."),
+    as_json: bool = JsonOut,
+) -> None:
+    """Create the fleet CA (ECDSA P-256). Keep ca.key offline; give brokers and devices ca.crt."""
+    from edge.fleet.pki import init_ca
+
+    files = init_ca(directory, name=name, days=days)
+    _done(as_json, {"ca_cert": str(files.cert), "ca_key": str(files.key)}, f"fleet CA: {files.cert} (key {files.key})")
+
+
+@app.command("provision")
+@command
+def provision_cmd(
+    name: str = typer.Argument(..., help="The device id (A-Z a-z 0-9 . _ -, at most 64), or the collector's/"
+                               "broker's name with --role."),
+    ca: Path = CaDir, out: Path = typer.Option(..., "--out", help="Directory for NAME.key, NAME.crt and ca.crt."),
+    role: str = RoleOpt, days: int = Days, san: Optional[list[str]] = San, as_json: bool = JsonOut,
+) -> None:
+    """Make a key and CSR (as the device would) and sign the CSR with the fleet CA, on this machine."""
+    from edge.fleet.pki import provision
+
+    p = provision(name, ca, out, role=_role(role), days=days, sans=san or ())
+    _done(as_json, {"identity": p.identity, "role": p.role.value, "key": str(p.key), "cert": str(p.cert),
+                    "ca_cert": str(p.ca_cert)}, f"{p.identity}: {p.cert} (key {p.key}, CA {p.ca_cert})")
+
+
+@app.command("csr")
+@command
+def csr_cmd(
+    name: str = typer.Argument(..., help="This device's id (or the collector's/broker's name with --role)."),
+    out: Path = typer.Option(..., "--out", help="Directory for NAME.key (mode 0600) and NAME.csr."),
+    role: str = RoleOpt, as_json: bool = JsonOut,
+) -> None:
+    """On the device: make its key (it stays here) and a CSR to send to the fleet CA."""
+    from edge.fleet.pki import make_device_key_and_csr
+
+    made = make_device_key_and_csr(name, out, role=_role(role))
+    csr = out / f"{name}.csr"
+    csr.write_bytes(made.csr)
+    _done(as_json, {"key": str(made.key), "csr": str(csr)}, f"key {made.key} (stays here); send {csr} to the CA")
+
+
+@app.command("sign-csr")
+@command
+def sign_csr_cmd(
+    csr: Path = typer.Argument(..., help="The device's CSR (PEM), from `edgekit fleet csr`."),
+    ca: Path = CaDir, out: Path = typer.Option(..., "--out", help="Where to write the certificate (PEM)."),
+    role: str = RoleOpt, days: int = Days, san: Optional[list[str]] = San, as_json: bool = JsonOut,
+) -> None:
+    """On the CA's machine: check a CSR and sign a certificate for it (no private key leaves the device)."""
+    from edge.errors import InputFileError
+    from edge.fleet.pki import certificate_identity, sign_csr
+
+    if not csr.is_file():
+        raise InputFileError(f"CSR {csr} does not exist")
+    if out.exists():
+        raise InputFileError(f"{out} already exists", hint="a certificate is never overwritten; give another --out")
+    cert = sign_csr(csr.read_bytes(), ca, role=_role(role), days=days, sans=san or ())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(cert)
+    who = certificate_identity(cert)
+    _done(as_json, {"identity": who, "cert": str(out)}, f"{who}: {out}")
+
+
+@app.command("acl")
+@command
+def acl_cmd(
+    fleet: str = typer.Option(..., "--fleet", help="The fleet the broker serves."),
+    out: Path = typer.Option(..., "--out", help="The Mosquitto acl_file to write."),
+    collector: Optional[list[str]] = typer.Option(None, "--collector", help="Collector name allowed to read the "
+                                                  "whole fleet (repeatable; default: main).", show_default=False),
+    as_json: bool = JsonOut,
+) -> None:
+    """Write a Mosquitto ACL: each device publishes only as itself and reads only its own commands."""
+    from edge.fleet.acl import DEFAULT_COLLECTOR, write_acl
+
+    path = write_acl(out, fleet, collectors=collector or [DEFAULT_COLLECTOR])
+    _done(as_json, {"acl_file": str(path)}, f"ACL for fleet {fleet}: {path} (the listener needs "
+          "require_certificate true, use_identity_as_username true, acl_file)")
+
+
+def _role(role: str) -> Any:
+    from edge.errors import EdgeError
+    from edge.fleet.pki import Role
+
+    try:
+        return Role(role)
+    except ValueError:
+        raise EdgeError(f"unknown --role {role!r}", hint="one of device, collector, server") from None
+
+
+def _done(as_json: bool, data: dict[str, Any], line: str) -> None:
+    if as_json:
+        print_json(data)
+    else:
+        console.print(escape(line), highlight=False, soft_wrap=True)

@@ -13,8 +13,11 @@
 - State unknown (telemetry from a session whose birth this store has not seen, e.g. the
   collector started after the retained birth, which shared subscriptions never deliver):
   it sends ``cmd/rebirth`` to the device, at most once per ``rebirth_interval_s``.
-- Malformed, oversized, unknown-schema and topic/device mismatched payloads are counted and
-  logged (``Rejected``), acknowledged, and never stop it.
+- Malformed, oversized, unknown-schema and topic/device mismatched payloads, and sessions
+  ahead of this collector's clock by more than ``max_session_skew_s``, are counted, logged at
+  most once per reason per 10 s (``Rejected``), acknowledged, never stored, and never stop it.
+- Whatever it keeps in memory per device is a cache of the database, bounded (least recently
+  updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ import json
 import logging
 import socket
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop
 from edge.agent.payloads import SCHEMA_VERSION, encode
+from edge.agent.ratelog import RateLimitedLog
 from edge.agent.topics import Topic, check_part, fleet_filter, shared
-from edge.fleet.db import FleetDB, open_db
-from edge.fleet.decode import MAX_PAYLOAD_BYTES, REASONS, Decoded, Rejected, decode, flag, integer, num, text
+from edge.fleet.db import FleetDB, open_db, scrub
+from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, decode, flag,
+                               integer, num, text)
 
 log = logging.getLogger("edge.fleet")
 
@@ -52,9 +58,13 @@ class CollectorConfig:
     gap_grace_s: float = 10.0  # a gap shorter than this is a replay in progress, not worth a log line
     batch_max: int = 500
     receive_maximum: int = 1000
+    max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
+    max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     backoff: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
+        if self.max_tracked < 1:
+            raise ValueError("max_tracked must be at least 1")
         if self.fleet != "+":
             check_part(self.fleet, "fleet")
         check_part(self.group, "shared subscription group")
@@ -65,7 +75,26 @@ class CollectorConfig:
 def _new_stats() -> dict[str, Any]:
     return {"received": 0, "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0}, "duplicates": 0,
             "rejected": {r: 0 for r in REASONS}, "rebirths_sent": 0, "gaps_detected": 0, "gaps_filled": 0,
-            "db_errors": 0}
+            "db_errors": 0, "evicted": 0}
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(OrderedDict, Generic[K, V]):  # type: ignore[type-arg]
+    """A dict of at most ``cap`` entries: setting one makes it the newest, the oldest goes past the cap."""
+
+    def __init__(self, cap: int, stats: dict[str, Any]) -> None:
+        super().__init__()
+        self.cap, self._stats = cap, stats
+
+    def __setitem__(self, key: K, value: V) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.cap:
+            self.popitem(last=False)
+            self._stats["evicted"] += 1
 
 
 class Collector:
@@ -77,10 +106,13 @@ class Collector:
         self.loop: NetworkLoop | None = None
         self.conn: Connection | None = None
         self._acks: list[tuple[Any, int, int]] = []
-        self._births: dict[tuple[str, str], int] = {}  # device -> latest birth session known
-        self._rebirth_at: dict[tuple[str, str], float] = {}
-        self._touched: set[tuple[str, str, int]] = set()
-        self._gappy: dict[tuple[str, str, int], tuple[float, bool]] = {}  # stream -> (first seen, reported)
+        cap = config.max_tracked
+        self._births: Bounded[tuple[str, str], int] = Bounded(cap, self.stats)  # device -> latest birth session known
+        self._rebirth_at: Bounded[tuple[str, str], float] = Bounded(cap, self.stats)
+        self._touched: set[tuple[str, str, int]] = set()  # emptied by every flush
+        # stream -> (first seen, reported)
+        self._gappy: Bounded[tuple[str, str, int], tuple[float, bool]] = Bounded(cap, self.stats)
+        self._ratelog = RateLimitedLog(log)
         self._uncommitted = 0
         self._own_loop = False
 
@@ -90,11 +122,11 @@ class Collector:
         self.stats["received"] += 1
         now = time.time() if received_at is None else received_at
         try:
-            d = decode(topic, payload, max_bytes=self.config.max_payload_bytes)
+            d = decode(topic, payload, max_bytes=self.config.max_payload_bytes, now=now,
+                       max_session_skew_s=self.config.max_session_skew_s)
         except Rejected as r:
             n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
-            if n <= 20 or n % 1000 == 0:
-                log.warning("rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
+            self._ratelog.warning(r.reason, "rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
             return r.reason
         raw = payload.decode("utf-8")
         self._uncommitted += 1
@@ -235,7 +267,7 @@ class Collector:
                 "device": device, "reason": reason, "ts": round(time.time(), 6)}
         self.conn.publish(str(Topic(fleet, device, "cmd", "rebirth")), encode(body), qos=1)
         self.stats["rebirths_sent"] += 1
-        log.info("asked %s/%s for a rebirth (%s)", fleet, device, reason)
+        self._ratelog.info("rebirth", "asked %s/%s for a rebirth (%s)", fleet, device, reason)
         return True
 
     # committing --------------------------------------------------------------------------
@@ -269,18 +301,21 @@ class Collector:
                 if not reported and now - since >= self.config.gap_grace_s:
                     self._gappy[key] = (since, True)
                     self.stats["gaps_detected"] += 1
-                    log.warning("%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, %d received)",
-                                key[0], key[1], key[2], missing, now - since, max(row[1], row[2]), row[0])
+                    self._ratelog.warning("gap", "%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, "
+                                          "%d received)", key[0], key[1], key[2], missing, now - since,
+                                          max(row[1], row[2]), row[0])
             elif key in self._gappy:
                 since, reported = self._gappy.pop(key)
                 if reported:
                     self.stats["gaps_filled"] += 1
-                    log.info("%s/%s session %d: gap filled after %.0f s", key[0], key[1], key[2], now - since)
+                    self._ratelog.info("gap_filled", "%s/%s session %d: gap filled after %.0f s", key[0], key[1],
+                                       key[2], now - since)
 
     def _db_failed(self, e: Exception) -> None:
         """Roll back and drop the connection: the broker re-delivers everything not yet acknowledged."""
         self.stats["db_errors"] += 1
-        log.error("database error, rolling back and reconnecting for re-delivery: %s", e)
+        log.error("database error, rolling back and reconnecting for re-delivery: %s",
+                  scrub(str(e), self.config.db_url))
         try:
             self.db.rollback()
         except Exception:  # pragma: no cover - the connection itself is gone
@@ -320,6 +355,10 @@ class Collector:
         self.loop.run(self.loop.after_io, self.flush)
         self.conn.start()
         return self
+
+    def tracked(self) -> dict[str, int]:
+        """How many entries each in-memory map holds (each at most ``config.max_tracked``)."""
+        return {"births": len(self._births), "rebirth_requests": len(self._rebirth_at), "gaps": len(self._gappy)}
 
     def snapshot(self) -> dict[str, Any]:
         """The counters, read on the loop thread (consistent)."""

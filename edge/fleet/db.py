@@ -11,7 +11,7 @@ import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from edge.errors import EdgeError, MissingDependencyError
 
@@ -63,7 +63,8 @@ class FleetDB:
     """A DB-API connection with ``?`` placeholders on both dialects. Not thread-safe: one per thread."""
 
     def __init__(self, conn: Any, dialect: str, url: str) -> None:
-        self.conn, self.dialect, self.url = conn, dialect, url
+        self.conn, self.dialect = conn, dialect
+        self.url = redact(url)  # for messages: the password of a postgresql:// URL is never kept here
         self._cur = conn.cursor()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -101,8 +102,8 @@ class FleetDB:
         row = self.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             self.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise EdgeError(f"{self.url} holds fleet schema {row[0]}; this edgekit uses {SCHEMA_VERSION}",
+        elif str(row[0]) != str(SCHEMA_VERSION):
+            raise EdgeError(f"{self.url} holds fleet schema {str(row[0])[:20]!r}; this edgekit uses {SCHEMA_VERSION}",
                             hint="use a new database, or the edgekit version that created it")
         self.commit()
 
@@ -112,19 +113,23 @@ def _sqlite_path(url: str) -> str:
     if rest in ("", "/", "/:memory:"):
         return ":memory:"
     if not rest.startswith("/"):
-        raise EdgeError(f"bad SQLite URL {url!r}", hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        raise EdgeError(f"bad SQLite URL {redact(url)!r}",
+                        hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db")
     return rest[1:]
 
 
 def check_url(url: str) -> str:
     """The kind of database a URL names ("sqlite" or "postgresql"); a bad or unsupported URL raises. Touches nothing."""
-    scheme = urlparse(url).scheme
+    try:
+        scheme = urlparse(url).scheme
+    except ValueError as e:  # e.g. an unclosed "[" of an IPv6 host
+        raise EdgeError(f"bad database URL {redact(url)!r}: {e}") from None
     if scheme == "sqlite":
         _sqlite_path(url)
         return "sqlite"
     if scheme in ("postgresql", "postgres"):
         return "postgresql"
-    raise EdgeError(f"unsupported database URL {_redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
+    raise EdgeError(f"unsupported database URL {redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
 
 
 def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
@@ -154,7 +159,8 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
         try:
             conn = psycopg.connect(url, connect_timeout=10)
         except psycopg.Error as e:
-            raise EdgeError(f"cannot connect to {_redact(url)}: {str(e).strip().splitlines()[0]}") from None
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise EdgeError(f"cannot connect to {redact(url)}: {scrub(first, url)}") from None
         db = FleetDB(conn, "postgresql", url)
     try:
         db.init_schema()  # idempotent
@@ -164,5 +170,32 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
     return db
 
 
-def _redact(url: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+_USERINFO_PASSWORD = re.compile(r"(://[^:/@?#]*):[^@/?#]*@")
+_PARAM_PASSWORD = re.compile(r"(?i)(password|passfile|sslpassword)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)")
+
+
+def redact(url: str) -> str:
+    """``url`` with every password in it (``user:pw@``, ``?password=``, ``password=...`` key/values) as ``***``."""
+    url = _USERINFO_PASSWORD.sub(r"\1:***@", url)
+    return _PARAM_PASSWORD.sub(r"\1\2***", url)
+
+
+def scrub(message: str, url: str) -> str:
+    """A driver's message with the URL's passwords taken out (a driver may quote the URL it could not parse)."""
+    secrets: set[str] = set()
+    try:
+        u = urlparse(url)
+        if u.password:
+            secrets |= {u.password, unquote(u.password)}
+    except ValueError:
+        m = re.search(r"://[^:/@?#]*:([^@/?#]*)@", url)
+        if m:
+            secrets |= {m.group(1), unquote(m.group(1))}
+    for m in _PARAM_PASSWORD.finditer(url):
+        v = m.group(3).strip("'")
+        secrets |= {v, unquote(v)}
+    message = message.replace(url, redact(url))
+    for secret in sorted((x for x in secrets if x and x != "***"), key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return redact(message)
+

@@ -16,9 +16,12 @@ from edge.agent.payloads import SCHEMA_VERSION
 from edge.agent.topics import Topic, TopicError
 
 MAX_PAYLOAD_BYTES = 64 * 1024
-REASONS = ("bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch")
+REASONS = ("bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
 KINDS = ("birth", "telemetry", "state", "death")
-_INT_MAX = 2**63 - 1
+# Every integer stored is below 2**53: exact in JSON everywhere (JavaScript, float parsers), and a sum of
+# up to 1024 of them still fits the 64-bit integers of SQLite and PostgreSQL.
+INT_LIMIT = 2**53
+MAX_SESSION_SKEW_S = 300.0
 
 
 class Rejected(Exception):
@@ -47,12 +50,16 @@ def _no_constants(name: str) -> Any:
 
 def _uint(obj: dict[str, Any], key: str) -> int:
     v = obj.get(key)
-    if type(v) is not int or not 0 <= v <= _INT_MAX:
-        raise Rejected("malformed", f"{key} must be an integer >= 0, got {str(v)[:40]!r}")
+    if type(v) is not int or not 0 <= v < INT_LIMIT:
+        raise Rejected("malformed", f"{key} must be an integer from 0 to 2**53-1, got {str(v)[:40]!r}")
     return v
 
 
-def decode(topic: str, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Decoded:
+def decode(topic: str, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
+           max_session_skew_s: float = MAX_SESSION_SKEW_S) -> Decoded:
+    """One message, checked. With ``now`` (the receiver's clock, Unix seconds), a session ahead of it by more
+    than ``max_session_skew_s`` is refused: agents number sessions from their clock, and a larger session
+    always wins, so one forged far-future session would freeze a device's row on forged data for good."""
     try:
         t = Topic.parse(topic)
     except TopicError as e:
@@ -78,6 +85,9 @@ def decode(topic: str, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) ->
         raise Rejected("topic_mismatch", f"payload says {str(obj.get('fleet'))[:40]!r}/{str(obj.get('device'))[:40]!r}, "
                                          f"topic says {t.fleet}/{t.device}")
     session, seq = _uint(obj, "session"), _uint(obj, "seq")
+    if now is not None and session > now + max_session_skew_s:
+        raise Rejected("future_session", f"session {session} is {session - now:.0f} s ahead of this collector's "
+                                         f"clock (at most {max_session_skew_s:.0f} s allowed)")
     ts = obj.get("ts")
     if type(ts) not in (int, float) or not math.isfinite(ts):
         raise Rejected("malformed", "ts must be a finite number")
@@ -103,7 +113,7 @@ def num(obj: Any, *path: str) -> float | None:
 
 def integer(obj: Any, *path: str) -> int | None:
     v = num(obj, *path)
-    return int(v) if v is not None and abs(v) <= _INT_MAX and v == int(v) else None
+    return int(v) if v is not None and abs(v) < INT_LIMIT and v == int(v) else None
 
 
 def text(obj: Any, *path: str, limit: int = 200) -> str | None:

@@ -34,9 +34,12 @@ def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = N
     with open_db(db_url, must_exist=True) as db:
         where, params = ("WHERE fleet = ?", (fleet,)) if fleet else ("", ())
         rows = db.query(f"SELECT * FROM devices {where} ORDER BY fleet, device", params)
-        gaps = db.query(f"SELECT fleet, device, sum(CASE WHEN max_seq > announced_seq THEN max_seq ELSE announced_seq END "
-                        f"- received) AS missing, sum(received) AS received FROM streams {where} GROUP BY fleet, device",
-                        params)
+        # summed as floating point: a device may have any number of sessions, and SQLite's integer sum()
+        # raises "integer overflow" past 2**63 instead of giving a number
+        gaps = db.query(f"SELECT fleet, device, sum(CAST(CASE WHEN max_seq > announced_seq THEN max_seq "
+                        f"ELSE announced_seq END - received AS DOUBLE PRECISION)) AS missing, "
+                        f"sum(CAST(received AS DOUBLE PRECISION)) AS received FROM streams {where} "
+                        f"GROUP BY fleet, device", params)
     missing = {(g["fleet"], g["device"]): (int(g["missing"] or 0), int(g["received"] or 0)) for g in gaps}
     out = []
     for r in rows:
