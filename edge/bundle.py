@@ -1,7 +1,10 @@
 """Bundles: a directory holding the artifact(s) and ``manifest.json``.
 
 A bundle is written into a staging directory beside its destination and renamed into place,
-so a crash never leaves half a bundle. Opening a bundle verifies every artifact's sha256.
+so a crash never leaves half a bundle. Opening a bundle reads its manifest once into the typed
+:class:`~edge.manifest_schema.Manifest` (validated: a malformed one is a ``ManifestError``),
+and verifying it checks that the directory holds exactly the listed files -- nothing else, no
+symlinks -- each with its recorded size and sha256.
 """
 
 from __future__ import annotations
@@ -10,24 +13,29 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from edge.errors import BundleError
+from edge.errors import BundleError, ManifestError
+from edge.manifest_schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifest, parse_manifest  # noqa: F401 - SCHEMA_VERSION re-exported
 from edge.onnxmodel import sha256_file
 from edge.spec import IOSpec, PreprocessSpec
+from edge.typedjson import Invalid, loads_strict, to_json
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 1
+SIGNATURE = "manifest.sig"  # a detached signature over the manifest: the one other file a bundle may hold
 
 
 def bundle_id(stem: str, target: str, precision: str, artifact_hashes: list[str], runner_options: Mapping[str, Any]) -> str:
     h = hashlib.sha256(json.dumps([target, precision, sorted(artifact_hashes), dict(runner_options)],
                                   sort_keys=True, default=str).encode()).hexdigest()
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in stem)[:40]
-    return f"{safe}-{target}-{precision}-{h[:10]}"
+    def word(s: str, n: int) -> str:  # ids are [A-Za-z0-9._-] and never start with '-' or '.'
+        return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in s)[:n].lstrip("-") or "x"
+
+    return f"{word(stem, 40)}-{word(target, 48)}-{word(precision, 16)}-{h[:10]}"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -81,96 +89,137 @@ def artifact_entries(directory: Path, files: list[Path]) -> list[dict[str, Any]]
 
 
 class Bundle:
-    """An opened (and, by default, verified) bundle directory."""
+    """An opened (and, by default, verified) bundle directory.
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.manifest = manifest
+    ``info`` is the typed, validated manifest: code reads it. ``manifest`` is the same manifest as
+    the plain JSON it was read from, kept for readers of string keys that are not converted yet
+    (edge/deploy.py, edge/agent/agent.py) and for tests; edits to it count only once passed to
+    ``Bundle(path, manifest)`` or ``record``, which validate them.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], manifest: Mapping[str, Any] | Manifest) -> None:
+        self.path = Path(path)
+        where = str(self.path / MANIFEST)
+        if isinstance(manifest, Manifest):
+            self.info, self.manifest = manifest, to_json(manifest)
+            return
+        try:  # what a writer in this process built: the JSON it becomes, under the same checks as a file
+            raw = loads_strict(json.dumps(manifest, default=str), max_depth=MAX_DEPTH)
+        except (Invalid, ValueError, TypeError, RecursionError) as e:
+            raise ManifestError(f"{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
+        self.info: Manifest = parse_manifest(raw, where)
+        self.manifest: dict[str, Any] = raw
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, verify: bool = True) -> "Bundle":
         p = Path(path)
-        if p.is_file() and p.name == MANIFEST:
+        if p.name == MANIFEST and not p.is_dir():
             p = p.parent
         mf = p / MANIFEST
         if not p.exists():
             raise BundleError(f"bundle {p} does not exist")
+        if mf.is_symlink():
+            raise ManifestError(f"{mf} is a symlink: a bundle holds its manifest itself")
         if not mf.is_file():
             raise BundleError(f"{p} is not a bundle: no {MANIFEST}", hint="create one with `edgekit convert`")
-        try:
-            manifest = json.loads(mf.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BundleError(f"{mf} is not valid JSON: {e}") from None
-        missing = [k for k in ("schema_version", "bundle_id", "artifacts", "primary_artifact", "runner", "io")
-                   if k not in manifest]
-        if missing:
-            raise BundleError(f"{mf} lacks {', '.join(missing)}")
-        if manifest["schema_version"] != SCHEMA_VERSION:
-            raise BundleError(f"{mf} has schema {manifest['schema_version']}; this edgekit reads {SCHEMA_VERSION}",
-                              hint="upgrade edgekit-ml")
-        b = cls(p, manifest)
+        info, raw = load_manifest(mf)
+        b = cls(p, info)
+        b.manifest = raw
         if verify:
             b.verify()
         return b
 
     def verify(self) -> None:
-        """Every artifact present with its recorded sha256; all problems reported together."""
-        problems = []
-        root = self.path.resolve()
-        for a in self.manifest["artifacts"]:
-            f = (self.path / a["path"]).resolve()
-            if root not in f.parents:
-                problems.append(f"{a['path']}: path escapes the bundle")
-            elif not f.is_file():
-                problems.append(f"{a['path']}: missing")
-            elif f.stat().st_size != a["bytes"] or sha256_file(f) != a["sha256"]:
-                problems.append(f"{a['path']}: sha256 differs from the manifest (altered or corrupt)")
-        if self.manifest["primary_artifact"] not in {a["path"] for a in self.manifest["artifacts"]}:
-            problems.append(f"primary artifact {self.manifest['primary_artifact']} is not listed")
+        """The directory holds exactly the listed files (plus the manifest and its signature), each a
+        regular file with its recorded size and sha256; no other file, directory or symlink. Every
+        problem is reported together."""
+        listed = {a.path: a for a in self.info.artifacts}
+        dirs = {"/".join(p.split("/")[:k]) for p in listed for k in range(1, p.count("/") + 1)}
+        problems: list[str] = []
+        found: set[str] = set()
+        root = self.path
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: problems.append(f"unreadable: {e}")):
+            rel_dir = Path(dirpath).relative_to(root).as_posix()
+            keep = []
+            for name in sorted(dirnames + filenames):
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                try:
+                    mode = os.lstat(os.path.join(dirpath, name)).st_mode
+                except OSError as e:
+                    problems.append(f"{rel}: unreadable ({e.strerror})")
+                    continue
+                if stat.S_ISLNK(mode):
+                    problems.append(f"{rel}: a symlink (a bundle holds only its listed files)")
+                elif stat.S_ISDIR(mode):
+                    if rel in dirs:
+                        keep.append(name)
+                    else:
+                        problems.append(f"{rel}/: not listed in the manifest")
+                elif not stat.S_ISREG(mode):
+                    problems.append(f"{rel}: not a regular file")
+                elif rel in listed:
+                    found.add(rel)
+                    a = listed[rel]
+                    f = root / rel
+                    if f.stat().st_size != a.bytes or sha256_file(f) != a.sha256:
+                        problems.append(f"{rel}: sha256 differs from the manifest (altered or corrupt)")
+                elif rel_dir != "." or name not in (MANIFEST, SIGNATURE):
+                    problems.append(f"{rel}: not listed in the manifest")
+            dirnames[:] = [d for d in dirnames if d in keep]
+        problems += [f"{p}: missing" for p in listed
+                     if p not in found and not any(q.startswith(p + ":") for q in problems)]
         if problems:
-            raise BundleError(f"bundle {self.path} failed verification: " + "; ".join(problems),
-                              hint="rebuild it with `edgekit convert`; do not edit bundle files by hand")
+            more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+            raise BundleError(f"bundle {self.path} failed verification: " + "; ".join(problems[:10]) + more,
+                              hint="rebuild it with `edgekit convert`; do not add, remove or edit bundle files by hand")
 
     @property
     def id(self) -> str:
-        return str(self.manifest["bundle_id"])
+        return self.info.bundle_id
 
     @property
     def target(self) -> str:
-        return str(self.manifest.get("target", {}).get("name", "?"))
+        return self.info.target.name
 
     @property
     def precision(self) -> str:
-        return str(self.manifest.get("precision", "fp32"))
+        return self.info.precision
 
     @property
     def artifact(self) -> Path:
-        return self.path / self.manifest["primary_artifact"]
+        return self.path / self.info.primary_artifact
 
     @property
     def io(self) -> IOSpec:
-        return IOSpec.from_json(self.manifest["io"])
+        return self.info.io.to_spec()  # type: ignore[no-any-return]
 
     @property
     def preprocess(self) -> PreprocessSpec | None:
-        pre = self.manifest.get("preprocess")
-        return PreprocessSpec.from_json(pre) if pre else None
+        pre = self.info.preprocess
+        return pre.to_spec() if pre is not None else None
+
+    @property
+    def frame_budget_ms(self) -> float | None:
+        return self.info.target.frame_budget_ms
 
     def open_runner(self, options: Mapping[str, Any] | None = None) -> Any:
-        """A runner for this bundle with the profile's runtime options (``options`` override keys)."""
+        """A runner for this bundle with the manifest's runner options; ``options`` (the caller's: CLI,
+        agent config) override keys and may add the device-only ones (a library path, a cache dir)."""
         from edge.runners.base import RUNNERS
 
-        spec = self.manifest["runner"]
-        cls = RUNNERS.get(spec["name"])
-        opts = {**spec.get("options", {}), **(options or {})}
+        spec = self.info.runner
+        cls = RUNNERS.get(spec.name)
+        opts = {**spec.options_dict, **(options or {})}
         return cls(self.artifact, options=opts, precision=self.precision)
 
     @property
     def kind(self) -> str:
         """"vision" (tensor in, tensor out) or "llm" (GGUF language model)."""
-        return str(self.manifest.get("kind", "vision"))
+        return self.info.kind
 
     def record(self, key: str, value: Any) -> None:
-        """Add a report (e.g. the deploy-time benchmark) to the manifest; artifacts are untouched."""
-        self.manifest[key] = value
-        write_json_atomic(self.path / MANIFEST, self.manifest)
+        """Add a report (e.g. the deploy-time benchmark) to the manifest; artifacts are untouched.
+        The result is validated first: a malformed report is a ``ManifestError`` and nothing is written."""
+        updated = Bundle(self.path, {**self.manifest, key: value})
+        write_json_atomic(self.path / MANIFEST, updated.manifest)
+        self.info, self.manifest = updated.info, updated.manifest

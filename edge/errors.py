@@ -64,6 +64,10 @@ class BundleError(EdgeError):
     """A bundle is missing, malformed, or its artifacts do not match their hashes."""
 
 
+class ManifestError(BundleError):
+    """A manifest.json that is not a valid manifest: the message names the file and the field."""
+
+
 class DeployError(EdgeError):
     """Shipping to a device store failed or was refused."""
 

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edge.bundle import Bundle, staging_dir
+from edge.bundle import Bundle, bundle_id, staging_dir
 from edge.convert import convert
-from edge.errors import BundleError
+from edge.errors import BundleError, ManifestError
+from edge.manifest_schema import ID, Manifest
+from edge.typedjson import to_json
 
 
 @pytest.fixture
@@ -39,12 +42,71 @@ def test_missing_artifact_is_refused(bundle: Bundle) -> None:
         Bundle.open(bundle.path)
 
 
-def test_artifact_path_cannot_escape(bundle: Bundle) -> None:
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../x", "./model.onnx", "a//b", ".hidden",
+                                  "-rf", "a\\b", ""])
+def test_artifact_path_cannot_escape(bundle: Bundle, path: str) -> None:
     m = bundle.manifest
-    m["artifacts"].append({"path": "../outside", "sha256": "0" * 64, "bytes": 1})
+    m["artifacts"].append({"path": path, "sha256": "0" * 64, "bytes": 1})
     (bundle.path / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(BundleError, match="escapes the bundle"):
+    with pytest.raises(ManifestError, match=r"manifest.json: field artifacts\[1\]\.path: "):
         Bundle.open(bundle.path)
+
+
+def test_a_bundle_is_exactly_its_listed_files(bundle: Bundle, tmp_path: Path) -> None:
+    """Attack 2 (issue 11): a library travelled inside the bundle as an unlisted file. Opening (and so
+    running or shipping) refuses anything not listed: files, directories, symlinks -- each named."""
+    (bundle.path / "libedgetpu.so.1").write_bytes(b"\x7fELF not listed")
+    with pytest.raises(BundleError, match="libedgetpu.so.1: not listed in the manifest"):
+        Bundle.open(bundle.path)
+    (bundle.path / "libedgetpu.so.1").unlink()
+    (bundle.path / "extra").mkdir()
+    with pytest.raises(BundleError, match="extra/: not listed"):
+        Bundle.open(bundle.path)
+    (bundle.path / "extra").rmdir()
+    (bundle.path / "link").symlink_to(tmp_path)
+    with pytest.raises(BundleError, match="link: a symlink"):
+        Bundle.open(bundle.path)
+    (bundle.path / "link").unlink()
+    # a listed artifact replaced by a symlink to an identical file outside is still refused
+    outside = tmp_path / "outside.onnx"
+    outside.write_bytes(bundle.artifact.read_bytes())
+    bundle.artifact.unlink()
+    bundle.artifact.symlink_to(outside)
+    with pytest.raises(BundleError, match="model.onnx: a symlink") as e:
+        Bundle.open(bundle.path)
+    assert "missing" not in str(e.value)
+    bundle.artifact.unlink()
+    bundle.artifact.write_bytes(outside.read_bytes())
+    # the manifest's signature (added by signing) is the one other file a bundle may hold
+    (bundle.path / "manifest.sig").write_bytes(b"sig")
+    Bundle.open(bundle.path)
+    assert Bundle.open(bundle.path, verify=False).id == bundle.id
+
+
+def test_manifest_may_not_be_a_symlink(bundle: Bundle, tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere.json"
+    real.write_bytes((bundle.path / "manifest.json").read_bytes())
+    (bundle.path / "manifest.json").unlink()
+    (bundle.path / "manifest.json").symlink_to(real)
+    with pytest.raises(ManifestError, match="is a symlink"):
+        Bundle.open(bundle.path, verify=False)
+
+
+def test_typed_manifest_is_what_code_reads(bundle: Bundle) -> None:
+    b = Bundle.open(bundle.path)
+    assert isinstance(b.info, Manifest) and b.info.bundle_id == b.id == b.manifest["bundle_id"]
+    assert b.info.runner.name == "onnxruntime" and b.info.artifacts[0].path == "model.onnx"
+    assert b.io.inputs[0].name == "input" and b.preprocess is not None and b.preprocess.size == (32, 32)
+    assert b.frame_budget_ms == pytest.approx(16.67)
+    with pytest.raises(AttributeError):
+        b.info.bundle_id = "other"  # type: ignore[misc]
+    assert to_json(b.info)["runner"] == b.manifest["runner"]
+
+
+def test_bundle_ids_are_safe_names() -> None:
+    for stem in ("-rf", "../..", "x$(id>PWNED)", "модель", ""):
+        bid = bundle_id(stem, "x86-cpu", "fp32", ["0" * 64], {})
+        assert re.fullmatch(ID, bid), bid
 
 
 def test_not_a_bundle(tmp_path: Path) -> None:
@@ -74,5 +136,14 @@ def test_staging_leaves_nothing_on_failure_and_keeps_the_old(tmp_path: Path) -> 
 
 
 def test_record_keeps_bundle_valid(bundle: Bundle) -> None:
-    bundle.record("benchmark", {"verdict": "pass"})
-    assert Bundle.open(bundle.path).manifest["benchmark"] == {"verdict": "pass"}
+    from edge.bench import run_benchmark
+
+    report = run_benchmark(bundle.open_runner, iterations=3, warmup=1, budget_ms=1000.0, bundle=bundle.id,
+                           target=bundle.target).to_json()
+    bundle.record("benchmark", report)
+    again = Bundle.open(bundle.path)
+    assert again.manifest["benchmark"] == report and again.info.benchmark.latency.count == 3  # type: ignore[union-attr]
+    before = (bundle.path / "manifest.json").read_bytes()
+    with pytest.raises(ManifestError, match="field benchmark.load_ms: missing"):
+        bundle.record("benchmark", {"verdict": "pass"})
+    assert (bundle.path / "manifest.json").read_bytes() == before  # nothing written

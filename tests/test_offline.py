@@ -13,7 +13,6 @@ in the manifest.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys

@@ -102,8 +102,8 @@ def bench_cmd(
         if llm_report.verdict == "fail":
             raise typer.Exit(1)
         return
-    budget, source = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
-    extra = fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback)  # refused before any progress line
+    budget, source = budget_from(fps, budget_ms, b.frame_budget_ms)
+    extra = fallback_options(b.info.runner.name, allow_cpu_fallback)  # refused before any progress line
     if not as_json:
         progress(f"benchmarking {b.id} ...")
     report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional
 
 import typer
 from rich.table import Table
@@ -35,47 +35,52 @@ def convert_kwargs(input_shape: Optional[List[str]], precision: Optional[str], c
 
 
 def render_bundle(bundle: Any) -> None:
-    m = bundle.manifest
+    from edge.manifest_schema import LLMQualityEvidence, ParityEvidence, SkippedParity
+
+    m = bundle.info
     t = Table(title=f"bundle {bundle.id}", show_header=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
     t.add_row("path", str(bundle.path))
-    t.add_row("target", f"{m['target']['name']} ({m['target']['title']})")
-    t.add_row("precision", m["precision"] + (f", calibration: {m['calibration']['kind']} "
-                                             f"{m['calibration']['source']} ({m['calibration']['count']})"
-                                             if m.get("calibration") else ""))
-    t.add_row("chain", " → ".join(f"{c['converter']} ({', '.join(f'{k} {v}' for k, v in c['tool_versions'].items())})"
-                                  for c in m["chain"]))
-    for note in (n for c in m["chain"] for n in c.get("notes", [])):
+    t.add_row("target", f"{m.target.name} ({m.target.title})")
+    cal = m.calibration if isinstance(m.calibration, Mapping) else {}
+    t.add_row("precision", m.precision + (f", calibration: {cal.get('kind')} {cal.get('source')} ({cal.get('count')})"
+                                          if cal else ""))
+    t.add_row("chain", " → ".join(f"{c.converter} ({', '.join(f'{k} {v}' for k, v in c.tool_versions.items())})"
+                                  for c in m.chain))
+    for note in (n for c in m.chain for n in c.notes):
         t.add_row("[yellow]note[/]", note)
-    for a in m["artifacts"]:
-        t.add_row("artifact", f"{a['path']}  {a['bytes'] / 1e6:.2f} MB  sha256 {a['sha256'][:16]}…")
+    for a in m.artifacts:
+        t.add_row("artifact", f"{a.path}  {a.bytes / 1e6:.2f} MB  sha256 {a.sha256[:16]}…")
     if bundle.kind != "llm":
         io = bundle.io
         t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
         t.add_row("outputs", "; ".join(x.describe() for x in io.outputs))
-    par = m.get("parity") or {}
-    if par.get("kind") == "llm":
-        d = m["chain"][0]["details"]
-        t.add_row("quantization", f"{d['quant_type']} ({d['dominant_type']}), {d['parameters']:,} parameters, "
-                                  f"{d['source_bytes'] / 1e6:.1f} MB -> {d['bytes'] / 1e6:.1f} MB ({d['size_ratio']:.0%})")
-        verdict = "[green]pass[/]" if par["passed"] else "[red]FAIL (accepted)[/]"
-        th = par["thresholds"]
-        t.add_row("quality gate", f"{verdict}: mean KL {par['kl_mean']:.4g} (p99 {par['kl_p99']:.3g}, limit "
-                                  f"{th['max_kl_mean']}), top-1 {par['top1']:.1%} (min {th['min_top1']:.0%}) "
-                                  f"on {par['tokens']} tokens vs the source")
-    elif par.get("skipped"):
-        t.add_row("parity", f"[yellow]not run[/]: {par['skipped']}")
-    else:
-        verdict = "[green]pass[/]" if par["passed"] else "[red]FAIL (accepted)[/]"
-        cand = par["candidate"]
-        t.add_row("parity", f"{verdict} on {par['samples']} {par['inputs']} inputs, {cand['device_used']} "
-                            f"computing in {cand['precision_used']}"
-                            + (f" [yellow](fallback: {cand['fallback']})[/]" if cand.get("fallback") else ""))
-        for o in par["outputs"]:
-            top1 = f", top-1 {o['top1']:.1%}" if o["top1"] is not None else ""
-            t.add_row(f"  {o['name']}", f"cosine {o['cosine']:.6f} (worst {o['cosine_min']:.6f}), max abs {o['max_abs']:.4g}, "
-                                        f"mean abs {o['mean_abs']:.4g}{top1}")
+    par = m.parity
+    if isinstance(par, LLMQualityEvidence):
+        d = m.chain[0].details if m.chain and isinstance(m.chain[0].details, Mapping) else {}
+        try:
+            t.add_row("quantization", f"{d['quant_type']} ({d['dominant_type']}), {d['parameters']:,} parameters, "
+                                      f"{d['source_bytes'] / 1e6:.1f} MB -> {d['bytes'] / 1e6:.1f} MB ({d['size_ratio']:.0%})")
+        except (KeyError, TypeError, ValueError):  # free-form converter details: shown when they are the usual
+            pass
+        verdict = "[green]pass[/]" if par.passed else "[red]FAIL (accepted)[/]"
+        th = par.thresholds
+        t.add_row("quality gate", f"{verdict}: mean KL {par.kl_mean:.4g} (p99 {par.kl_p99:.3g}, limit "
+                                  f"{th.max_kl_mean}), top-1 {par.top1:.1%} (min {th.min_top1:.0%}) "
+                                  f"on {par.tokens} tokens vs the source")
+    elif isinstance(par, SkippedParity):
+        t.add_row("parity", f"[yellow]not run[/]: {par.skipped}")
+    elif isinstance(par, ParityEvidence):
+        verdict = "[green]pass[/]" if par.passed else "[red]FAIL (accepted)[/]"
+        cand = par.candidate
+        t.add_row("parity", f"{verdict} on {par.samples} {par.inputs} inputs, {cand.device_used} "
+                            f"computing in {cand.precision_used}"
+                            + (f" [yellow](fallback: {cand.fallback})[/]" if cand.fallback else ""))
+        for o in par.outputs:
+            top1 = f", top-1 {o.top1:.1%}" if o.top1 is not None else ""
+            t.add_row(f"  {o.name}", f"cosine {o.cosine:.6f} (worst {o.cosine_min:.6f}), max abs {o.max_abs:.4g}, "
+                                     f"mean abs {o.mean_abs:.4g}{top1}")
     console.print(t)
 
 

@@ -20,7 +20,8 @@ def deploy_cmd(
                                            "MobileNetV2 (deterministic weights), written to build/example/."),
     target: str = typer.Option("x86-cpu", "--target", "-t", help="Target profile (see `edgekit targets`)."),
     device: str = typer.Option("devices/local", "--device", "-d", help="Device store: a directory, or "
-                               "ssh://user@host/path."),
+                               "ssh://user@host:port/path, user@ and :port optional (extra ssh options: "
+                               "$EDGEKIT_SSH_OPTIONS, -o Key=Value only)."),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
     iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
@@ -60,7 +61,8 @@ def deploy_cmd(
 
 def rollback_cmd(device: str = typer.Option(..., "--device", "-d", help="Device store (directory or ssh://...)."),
                  as_json: bool = JsonOut) -> None:
-    """Switch the device store back to its previous bundle (atomically)."""
+    """Switch the device store back to its previous bundle (atomically, under the store's lock; a switch a
+    killed deploy left half done is finished or undone first)."""
     bid = rollback(device)
     if as_json:
         print_json({"device": device, "current": bid})

@@ -131,15 +131,15 @@ def run_cmd(
         _run_llm(b, prompt, max_tokens, temperature, as_json)
         return
     if prompt is not None:
-        raise EdgeError(f"--prompt is for LLM (GGUF) bundles; {b.id} is a {b.manifest.get('format')} vision bundle")
+        raise EdgeError(f"--prompt is for LLM (GGUF) bundles; {b.id} is a {b.info.format} vision bundle")
     from edge.video import PipelineOptions, PostConfig, open_source, run_pipeline, run_sequential
 
-    budget, source_label = budget_from(fps, budget_ms, b.manifest.get("target", {}).get("frame_budget_ms"))
+    budget, source_label = budget_from(fps, budget_ms, b.frame_budget_ms)
     options = PipelineOptions(realtime=realtime, source_fps=source_fps, budget_ms=budget, budget_source=source_label,
                               queue_size=queue_size, infer_workers=infer_workers, max_frames=max_frames,
                               duration_s=duration, warmup=warmup, out=out,
                               post=PostConfig(task=task, top_k=top_k, conf=conf, iou=iou),
-                              runner_options=fallback_options(b.manifest["runner"]["name"], allow_cpu_fallback) or None)  # type: ignore[arg-type]
+                              runner_options=fallback_options(b.info.runner.name, allow_cpu_fallback) or None)  # type: ignore[arg-type]
     with open_source(video=video, camera=camera, images=images, synthetic=synthetic, frames=max_frames,
                      fps=source_fps or fps) as source:
         run = run_sequential if sequential else run_pipeline

@@ -12,7 +12,10 @@ What it makes explicit rather than silent (ai-edge-litert 2.3):
   ``allow_cpu_fallback``;
 * the Edge TPU: ``libedgetpu.so.1`` is loaded as a delegate; when it is missing (or the model
   was not compiled for the Edge TPU) loading fails unless ``allow_cpu_fallback``, and then
-  every report says "CPU fallback";
+  every report says "CPU fallback". Which library is loaded is the device's choice only:
+  ``$EDGEKIT_EDGETPU_LIBRARY`` or the ``edgetpu_library`` option given by the device's own
+  configuration (agent ``--runner-option``), an absolute path to a regular file. A bundle
+  never names it: a manifest carrying ``edgetpu_library`` is refused when the bundle is opened;
 * I/O: with the bundle's ``model.io.json`` the runner takes and returns what the ONNX model
   took and returned (NCHW float32): it transposes to the TFLite layout and quantizes int8/uint8
   inputs with their scale and zero point, and the reverse for outputs. A bare ``.tflite``
@@ -28,6 +31,7 @@ import contextlib
 import ctypes
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections import Counter
@@ -47,6 +51,8 @@ LITERT_REQUIREMENT = Requirement("python", "ai_edge_litert", install="pip instal
 ALLOW_CPU_FALLBACK_ENV = "EDGEKIT_ALLOW_CPU_FALLBACK"
 EDGETPU_LIBRARY = {"linux": "libedgetpu.so.1", "darwin": "libedgetpu.1.dylib", "win32": "edgetpu.dll"}.get(
     sys.platform, "libedgetpu.so.1")
+#: the device's Edge TPU delegate library when it is not the system's libedgetpu (absolute path)
+EDGETPU_LIBRARY_ENV = "EDGEKIT_EDGETPU_LIBRARY"
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 EDGETPU_INSTALL = ("install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
                    "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
@@ -193,6 +199,29 @@ def _quant(details: Mapping[str, Any]) -> tuple[float, int]:
     return float(scale), int(zp)
 
 
+def edgetpu_library(option: Any = None) -> str:
+    """The Edge TPU delegate library to load: the device's own choice -- the ``edgetpu_library``
+    option (given by the device's configuration, never a manifest) or ``$EDGEKIT_EDGETPU_LIBRARY``
+    -- which must be an absolute path to an existing regular file; else the system's libedgetpu,
+    by its soname."""
+    for value, source in ((option, "runner option edgetpu_library"),
+                          (os.environ.get(EDGETPU_LIBRARY_ENV), f"${EDGETPU_LIBRARY_ENV}")):
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or not os.path.isabs(value):
+            raise EdgeError(f"{source} must be an absolute path to the Edge TPU library, got {str(value)[:120]!r}",
+                            hint=f"e.g. /usr/lib/x86_64-linux-gnu/{EDGETPU_LIBRARY}; leave it unset for the system's")
+        try:
+            regular = stat.S_ISREG(os.stat(value).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            raise EdgeError(f"{source} is {value}, which is not an existing regular file",
+                            hint="point it at the installed libedgetpu, or leave it unset for the system's")
+        return value
+    return EDGETPU_LIBRARY
+
+
 class LiteRTRunner(Runner):
     name = "litert"
     formats = ("tflite", "edgetpu-tflite")
@@ -205,7 +234,9 @@ class LiteRTRunner(Runner):
                               "compiled for the Edge TPU, XNNPack refusing the model); reported as CPU fallback. "
                               f"Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command",
         "edgetpu_device": "which Edge TPU libedgetpu opens: '' (the first, default), 'usb', 'usb:0', 'pci:0'",
-        "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY})",
+        "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
+                           f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
+                           "bundle's manifest",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -258,7 +289,7 @@ class LiteRTRunner(Runner):
             return it
 
         if delegate == "edgetpu":
-            lib = str(opts.get("edgetpu_library", EDGETPU_LIBRARY))
+            lib = edgetpu_library(opts.get("edgetpu_library"))
             dev = str(opts.get("edgetpu_device", ""))
             problem = None
             fix = EDGETPU_INSTALL
@@ -270,9 +301,10 @@ class LiteRTRunner(Runner):
                 fix = "compile it on an x86-64 Linux host with edgetpu_compiler (or convert there)"
             else:
                 try:
-                    # dlopen first: load_delegate() on a missing library leaves a half-made Delegate whose
-                    # __del__ raises (ai-edge-litert 2.3)
-                    ctypes.CDLL(lib)
+                    # dlopen first: load_delegate() on a missing library, or one without the delegate
+                    # entry points, leaves a half-made Delegate whose __del__ raises (ai-edge-litert 2.3)
+                    if not hasattr(ctypes.CDLL(lib), "tflite_plugin_create_delegate"):
+                        raise ValueError("not a TFLite delegate library: no tflite_plugin_create_delegate")
                     with captured_stderr() as lines:
                         tpu = load_delegate(lib, {"device": dev} if dev else {})
                     runtime_log.extend(lines)
@@ -293,6 +325,10 @@ class LiteRTRunner(Runner):
                              f"or {ALLOW_CPU_FALLBACK_ENV}=1), reported as such")
                 if info.edgetpu_compiled:
                     cpu_model = (sidecar or {}).get("cpu_model")
+                    if cpu_model and (not isinstance(cpu_model, str) or Path(cpu_model).name != cpu_model
+                                      or cpu_model.startswith(".")):
+                        raise InputFileError(f"{path.with_suffix('.io.json')}: cpu_model must name a file next to "
+                                             f"the model, got {str(cpu_model)[:80]!r}")
                     if not cpu_model or not (path.parent / cpu_model).is_file():
                         raise HardwareUnavailableError(
                             f"runner 'litert' cannot use the Edge TPU ({problem}) and {path.name} cannot run on "

@@ -255,8 +255,8 @@ def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, wor
     if workers > 1:
         from edge.runners.base import RUNNERS
 
-        known = RUNNERS.get(bundle.manifest["runner"]["name"]).options
-        manifest_opts = bundle.manifest["runner"].get("options", {})
+        known = RUNNERS.get(bundle.info.runner.name).options
+        manifest_opts = bundle.info.runner.options
         for key in THREAD_OPTIONS:
             if key in known and not opts.get(key) and not manifest_opts.get(key):
                 opts[key] = max(1, (os.cpu_count() or 1) // workers)
