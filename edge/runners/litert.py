@@ -27,21 +27,20 @@ CPU.") are captured and kept in ``info.details["runtime_log"]``.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
 import stat
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from edge.capabilities import Requirement, env_flag
+from edge.native_stderr import captured_stderr
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
 from edge.runners.base import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
@@ -137,27 +136,6 @@ def load_sidecar(artifact: Path) -> dict[str, Any] | None:
     if data.get("schema") != "edgekit.tflite-io/1":
         raise InputFileError(f"{side} has schema {data.get('schema')!r}; this edgekit reads edgekit.tflite-io/1")
     return data
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[list[str]]:
-    """Capture what native code writes to fd 2 (LiteRT logs there) while loading; lines in the list."""
-    lines: list[str] = []
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
-        yield lines
-        return
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines += [ln for ln in tmp.read().decode(errors="replace").splitlines() if ln.strip()]
 
 
 def usable_cpus() -> int:

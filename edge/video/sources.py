@@ -10,12 +10,9 @@ inside the sources, so the rest of edgekit works without it.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from edge.errors import EdgeError, MissingDependencyError
+from edge.native_stderr import captured_stderr
 from edge.preprocess import IMAGE_SUFFIXES
 from edge.video.errors import SourceError, UnreadableFrame
 
@@ -100,34 +98,6 @@ def _fourcc(cap: Any, cv2: Any) -> str | None:
     return text.strip("\x00 ") if code and text.isprintable() else None
 
 
-@contextmanager
-def _native_stderr() -> Iterator[list[str]]:
-    """Catch what native code writes straight to file descriptor 2 while a file is opened.
-
-    OpenCV's own AVI reader and FFmpeg print their complaints there ("Unexpected element.
-    Expected: LIST"), which would make a one-line user error two lines, and say nothing the
-    error does not say better. The caught lines are handed back: an error quotes them; on
-    success they are written back to stderr, so another thread's output is never lost.
-    """
-    lines: list[str] = []
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no descriptor 2 (an embedding host): nothing to catch
-        yield lines
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode("utf-8", "replace")
-            lines.extend(line.strip() for line in text.splitlines() if line.strip())
-
-
 def _quote_native(lines: list[str]) -> str:
     """Native messages for an error line: printable characters only, short."""
     text = "; ".join("".join(c for c in line if c.isprintable() and c != "\ufffd") for line in lines)
@@ -170,7 +140,7 @@ class VideoFileSource(FrameSource):
         cv2 = cv2_module()
         self._cv2 = cv2
         container = _container(p)
-        with _native_stderr() as native:
+        with captured_stderr() as native:  # OpenCV/FFmpeg complain on fd 2; an error quotes it
             self._cap = cap = cv2.VideoCapture(str(p))
             opened = cap.isOpened()
             codec = _fourcc(cap, cv2) if opened else None
