@@ -7,7 +7,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+import time
+from typing import Any, Callable
 
 import pytest
 
@@ -36,6 +37,19 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     """The real console script in a subprocess: exit codes and stderr exactly as a user sees them."""
     full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
     return subprocess.run([EDGEKIT, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=300)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout`` s.
+
+    Tests wait on the condition they need, never on a fixed sleep: a loaded 2-core host is slow."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def assert_user_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:

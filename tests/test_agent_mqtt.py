@@ -11,11 +11,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from conftest import EDGEKIT
+from conftest import EDGEKIT, wait_for
 from edge.agent.agent import Agent, AgentConfig
 from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop
@@ -58,14 +58,6 @@ def make_store(root: Path, bundle: Bundle | None) -> Path:
     return root
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:

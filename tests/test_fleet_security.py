@@ -16,13 +16,13 @@ import sqlite3
 import stat
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
 
-from conftest import assert_user_error, run_cli  # noqa: E402
+from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
 from edge.agent.mqtt import BrokerConfig  # noqa: E402
 from edge.agent.netloop import Backoff, Connection, NetworkLoop  # noqa: E402
 from edge.agent.outbox import MemoryOutbox  # noqa: E402
@@ -43,14 +43,6 @@ FAST = Backoff(0.05, 0.5)
 BIG = 2**63 - 1
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # certificates ---------------------------------------------------------------------------------
