@@ -38,6 +38,15 @@ def bundle_id(stem: str, target: str, precision: str, artifact_hashes: list[str]
     return f"{word(stem, 40)}-{word(target, 48)}-{word(precision, 16)}-{h[:10]}"
 
 
+def bundle_name(stem: str, target: str) -> str:
+    """The series a bundle belongs to, for its signed ``version``: source stem + target (precision and
+    options are not part of it, so an fp16 rebuild of a model supersedes its fp32 bundle on a device)."""
+    def word(s: str, n: int) -> str:
+        return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in s)[:n].lstrip("-") or "x"
+
+    return f"{word(stem, 60)}-{word(target, 64)}"
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -111,7 +120,11 @@ class Bundle:
         self.manifest: dict[str, Any] = raw
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = True) -> "Bundle":
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, trust: Any = None) -> "Bundle":
+        """Open (and by default verify) the bundle at ``path``. ``trust``: a trust store (``TrustStore`` or
+        its directory) that must vouch for the bundle (``edge.trust``: signature, key, version, target);
+        None: ``$EDGEKIT_TRUST_DIR`` when set, else no check; False: no check (a signer, a store's own
+        staging, which checks with its own trust store)."""
         p = Path(path)
         if p.name == MANIFEST and not p.is_dir():
             p = p.parent
@@ -127,6 +140,14 @@ class Bundle:
         b.manifest = raw
         if verify:
             b.verify()
+        if trust is not False:
+            from edge.trust import resolve_trust
+
+            store = resolve_trust(trust) if trust is not None or os.environ.get("EDGEKIT_TRUST_DIR") else None
+            if store is not None:
+                if not verify:
+                    b.verify()  # a signature vouches for the hashes; the files must match them
+                store.check(b)
         return b
 
     def verify(self) -> None:
@@ -218,8 +239,10 @@ class Bundle:
         return self.info.kind
 
     def record(self, key: str, value: Any) -> None:
-        """Add a report (e.g. the deploy-time benchmark) to the manifest; artifacts are untouched.
-        The result is validated first: a malformed report is a ``ManifestError`` and nothing is written."""
+        """Add a report (e.g. the deploy-time benchmark) to the manifest; artifacts are untouched, a
+        signature is removed (it covered the old manifest). The result is validated first: a malformed
+        report is a ``ManifestError`` and nothing is written."""
         updated = Bundle(self.path, {**self.manifest, key: value})
+        (self.path / SIGNATURE).unlink(missing_ok=True)  # it signed the old manifest: sign again after recording
         write_json_atomic(self.path / MANIFEST, updated.manifest)
         self.info, self.manifest = updated.info, updated.manifest

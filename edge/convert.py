@@ -183,4 +183,4 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
         else:
             manifest["parity"] = {"passed": None, "skipped": f"runner cannot run on this host: {p.run_here}"}
         write_json_atomic(stage / MANIFEST, manifest)
-    return Bundle.open(output)
+    return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`

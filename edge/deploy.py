@@ -6,6 +6,7 @@ their names are re-exported here for the modules and scripts that import them fr
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any, Callable
 from edge.bundle import Bundle
 from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
                         _symlink_atomic, open_store, rollback)
+
+log = logging.getLogger("edge.deploy")
 
 
 @dataclass
@@ -29,14 +32,23 @@ class DeployResult:
 
 
 def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str], *,
-         accept_parity_failure: bool = False, accept_budget_failure: bool = False) -> str:
-    """Verify ``bundle`` and install it as the device's current bundle. Refuses failed gates."""
-    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+         accept_parity_failure: bool = False, accept_budget_failure: bool = False, trust: Any = None) -> str:
+    """Verify ``bundle`` and install it as the device's current bundle. Refuses failed gates and, where a
+    trust store applies (``trust``, else ``$EDGEKIT_TRUST_DIR``, else a local store's ``trust/``), what it
+    does not vouch for: checked here before anything is copied or sent, and again by a local store on the
+    copy that landed (the device side)."""
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, trust=False)
     b.verify()
     from edge.manifest import check_gates  # parity and budget recomputed from the figures, not read from flags
 
-    check_gates(b.info, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure)
-    with open_store(device) as store:
+    with open_store(device, trust=trust) as store:
+        if store.trust is None:
+            from edge.trust import no_trust_note
+
+            log.info(no_trust_note(f"device store {store.where}"))
+        else:  # the evidence the gates read is then the signed evidence
+            store.trust.check(b)
+        check_gates(b.info, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure)
         where = store.install(b)
     return str(where)
 
@@ -45,8 +57,11 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
            build_dir: str | os.PathLike[str] | None = None, bench_iterations: int = 200,
            fps: float | None = None, budget_ms: float | None = None,
            accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
-           on_step: Callable[[str], None] | None = None, **convert_kwargs: Any) -> DeployResult:
-    """Convert + parity + benchmark (on this host when the target runtime runs here) + ship."""
+           on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
+           **convert_kwargs: Any) -> DeployResult:
+    """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
+    ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship."""
+    from edge.signing import configured_sign_key
     from edge.bench import run_benchmark
     from edge.convert import convert
     from edge.stats import budget_from
@@ -74,6 +89,15 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
                          "its budget verdict is indicative and does not gate the deploy")
         report = rep.to_json()
         bundle.record("benchmark", report)
+    key = configured_sign_key(sign_key)
+    if key is not None:  # last: the signature covers the final manifest, benchmark included
+        from edge.signing import sign_bundle
+
+        say(f"signing {bundle.id} with {key}")
+        signed = sign_bundle(bundle.path, key)
+        notes.append(f"signed with key {signed.key_id}: {signed.name} version {signed.version}")
+        bundle = Bundle.open(bundle.path, trust=False)
     say(f"shipping {bundle.id} to {device}")
-    where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure)
+    where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
+                 trust=trust)
     return DeployResult(bundle, where, report, notes)

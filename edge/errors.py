@@ -68,6 +68,11 @@ class ManifestError(BundleError):
     """A manifest.json that is not a valid manifest: the message names the file and the field."""
 
 
+class SignatureError(BundleError):
+    """A bundle the trust store does not vouch for: unsigned, bad signature, unknown, revoked or expired
+    key, an older version than seen, or another target class; or a signing key that cannot be used."""
+
+
 class DeployError(EdgeError):
     """Shipping to a device store failed or was refused."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import edge
-from edge.bundle import SCHEMA_VERSION, artifact_entries, bundle_id
+from edge.bundle import SCHEMA_VERSION, artifact_entries, bundle_id, bundle_name
 from edge.capabilities import cpu_isa, current_host
 from edge.errors import BudgetError, DeployError, ParityError, TargetError
 from edge.manifest_schema import (BenchmarkEvidence, LLMQualityEvidence, Manifest, ParityEvidence, SkippedParity,
@@ -46,6 +46,7 @@ def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, 
         "schema_version": SCHEMA_VERSION,
         "edgekit_version": edge.__version__,
         "bundle_id": bundle_id(source.stem, profile.name, precision, [a["sha256"] for a in artifacts], runner_options),
+        "name": bundle_name(source.stem, profile.name),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if kind is not None:

@@ -355,6 +355,11 @@ class Manifest:
     runner: RunnerSpec = spec()
     created_utc: str | None = spec(None, pattern=UTC_TIME)
     kind: Literal["vision", "llm"] = "vision"
+    #: the series this bundle belongs to (default: source stem + target): ``version`` goes up within it
+    name: str | None = spec(None, pattern=ID)
+    #: set when the bundle is signed; a device refuses a lower one than it has seen for ``name`` (TUF's
+    #: rollback/freeze defence). Default: seconds since the epoch, so signers need no shared counter.
+    version: int | None = spec(None, ge=1, le=(1 << 53) - 1)
     source: SourceInfo | None = None
     chain: tuple[ChainStep, ...] = spec((), max_items=32)
     calibration: JSON = None

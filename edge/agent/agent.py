@@ -45,6 +45,7 @@ class AgentConfig:
     backoff: Backoff = field(default_factory=Backoff)
     client_id: str | None = None
     runner_options: dict[str, Any] = field(default_factory=dict)  # override the bundle's (e.g. intra_op_num_threads)
+    trust_dir: Path | None = None  # default: $EDGEKIT_TRUST_DIR, else <store>/trust when it exists
 
     def __post_init__(self) -> None:
         check_part(self.fleet, "fleet")
@@ -129,13 +130,22 @@ class Agent:
         if not cfg.store.is_dir():
             raise EdgeError(f"device store {cfg.store} does not exist",
                             hint="deploy a bundle to it first: edgekit deploy MODEL --device DIR")
-        store = DeviceStore(cfg.store)
+        try:
+            store = DeviceStore(cfg.store, trust=cfg.trust_dir)
+        except EdgeError as e:  # a trust store named but missing: refuse to run anything
+            self.state, self.state_detail = "error", str(e)
+            log.error("%s", e)
+            return
+        if store.trust is None:
+            from edge.trust import no_trust_note
+
+            log.info(no_trust_note(f"device store {cfg.store}"))
         if store.current is None:
             self.state, self.state_detail = "idle", "no bundle deployed in this store"
             log.warning("%s has no current bundle: reporting health only", cfg.store)
             return
         try:
-            self.bundle = store.bundle()
+            self.bundle = store.bundle()  # verified, and vouched for by the trust store when there is one
         except EdgeError as e:
             self.state, self.state_detail = "error", str(e)
             log.error("cannot open the current bundle: %s", e)

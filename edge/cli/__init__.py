@@ -17,6 +17,8 @@ from edge.cli import convert as _convert
 from edge.cli import deploy as _deploy
 from edge.cli import doctor as _doctor
 from edge.cli import run as _run
+from edge.cli import signing as _signing
+from edge.cli import trust as _trust
 from edge.cli import fleet as _fleet
 from edge.cli import targets as _targets
 from edge.cli import firmware as _firmware
@@ -54,6 +56,9 @@ app.command("rollback")(command(_deploy.rollback_cmd))
 app.command("run")(command(_run.run_cmd))
 app.command("agent")(command(_agent.agent_cmd))
 app.add_typer(_fleet.app, name="fleet")
+app.add_typer(_signing.app, name="keys")
+app.command("sign")(command(_signing.sign_cmd))
+app.add_typer(_trust.app, name="trust")
 app.add_typer(_toolchain.app, name="toolchain")
 app.add_typer(_firmware.app, name="firmware")
 

@@ -96,6 +96,9 @@ def agent_cmd(
     runner_option: Optional[List[str]] = typer.Option(None, "--runner-option", help="KEY=VALUE overriding the "
                                                       "bundle's runner options (repeatable; VALUE read as JSON when it "
                                                       "parses), e.g. intra_op_num_threads=1.", show_default=False),
+    trust_dir: Optional[Path] = typer.Option(None, "--trust-dir", help="Trust store the current bundle must be "
+                                             "signed for (default: $EDGEKIT_TRUST_DIR, else <store>/trust when it "
+                                             "exists; none: signatures are not checked).", show_default=False),
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration, log_level: str = LogLevel,
     as_json: bool = JsonOut,
 ) -> None:
@@ -108,7 +111,7 @@ def agent_cmd(
                       interval_s=interval, broker=broker_config(broker, ca, cert, key, username, password_file),
                       spool_max_messages=spool_max_messages, spool_max_bytes=int(spool_max_mb * 1024 * 1024),
                       backoff=Backoff(0.5, reconnect_max), client_id=client_id,
-                      runner_options=parse_runner_options(runner_option))
+                      runner_options=parse_runner_options(runner_option), trust_dir=trust_dir)
     with stop_on_signals() as stop:
         agent = Agent(cfg).start()
         assert agent.session is not None

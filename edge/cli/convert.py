@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps
+from edge.cli.signing import SignKey, sign_if_configured
 from edge.convert import convert
 from edge.onnxmodel import parse_input_shapes
 from edge.spec import PRESETS
@@ -94,6 +95,7 @@ def convert_cmd(
     accept_parity_failure: bool = AcceptParity,
     parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against onnxruntime fp32."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --output."),
+    sign_key: Optional[str] = SignKey,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
@@ -107,6 +109,7 @@ def convert_cmd(
     with steps(not as_json) as say:
         bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
                          parity_samples=parity_samples, force=force, on_step=say, **kwargs)
+        bundle = sign_if_configured(bundle, sign_key, say)
     if as_json:
         print_json({"bundle": str(bundle.path), "manifest": bundle.manifest})
     else:

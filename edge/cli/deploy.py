@@ -10,6 +10,7 @@ import typer
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import AcceptParity, Calib, InputShape, Letterbox, Precision, Preprocess, convert_kwargs, render_bundle
+from edge.cli.signing import SignKey
 from edge.deploy import deploy, rollback
 
 EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"
@@ -31,6 +32,10 @@ def deploy_cmd(
     accept_parity_failure: bool = AcceptParity,
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
     allow_cpu_fallback: bool = AllowCpuFallback,
+    sign_key: Optional[str] = SignKey,
+    trust_dir: Optional[Path] = typer.Option(None, "--trust-dir", help="Trust store the bundle must be signed for "
+                                             "(default: $EDGEKIT_TRUST_DIR, else a local store's <device>/trust).",
+                                             show_default=False),
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
     """Convert, check parity, benchmark on this host (when the target's runtime runs here), and ship to DEVICE."""
@@ -47,7 +52,7 @@ def deploy_cmd(
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
                         accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
-                        on_step=say, **kwargs)
+                        on_step=say, sign_key=sign_key, trust=trust_dir, **kwargs)
     if as_json:
         print_json(result.to_json())
         return

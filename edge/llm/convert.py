@@ -61,7 +61,7 @@ def convert_gguf(model: str | os.PathLike[str], profile: TargetProfile, output: 
             runner=llm.runner, runner_options=llm.options, kind="llm")
         record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=accept_parity_failure)
         write_json_atomic(stage / MANIFEST, manifest)
-    return Bundle.open(output)
+    return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`
 
 
 def is_gguf(path: str | os.PathLike[str]) -> bool:

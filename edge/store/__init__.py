@@ -8,6 +8,7 @@ layout, protocol and guarantees — see ``edge.store.base`` for the on-disk orde
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from edge.errors import DeployError
 from edge.store.base import (BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOUT_S, HISTORY, INSTALL_STEPS, PREVIOUS,
@@ -21,9 +22,12 @@ __all__ = ["BUNDLES", "CURRENT", "HISTORY", "INSTALL_STEPS", "PREVIOUS", "SSH_OP
 
 
 def open_store(device: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-               on_step: StepHook | None = None) -> Store:
+               on_step: StepHook | None = None, trust: Any = None) -> Store:
     """A local directory, or ``ssh://[user@]host[:port]/path`` (extra ``-o Key=Value`` ssh options from
-    $EDGEKIT_SSH_OPTIONS). A bad address fails here, before anything is built or sent."""
+    $EDGEKIT_SSH_OPTIONS). A bad address fails here, before anything is built or sent.
+
+    ``trust``: the trust store that must vouch for what is installed (``edge.trust.resolve_trust``:
+    default ``$EDGEKIT_TRUST_DIR``, else a local store's own ``trust/``; False: none)."""
     d = os.fspath(device)
     if isinstance(d, bytes):
         d = os.fsdecode(d)
@@ -31,10 +35,10 @@ def open_store(device: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_
         options = parse_ssh_options(os.environ.get(SSH_OPTIONS_ENV, ""))
         if on_step is not None:
             raise DeployError("step hooks run only for local stores (an ssh store's steps run on the device)")
-        return SshStore(d, options=options, lock_timeout=lock_timeout)
+        return SshStore(d, options=options, lock_timeout=lock_timeout, trust=trust)
     if "://" in d:
         raise DeployError(f"unsupported device address {d!r}", hint="use a local directory or ssh://user@host/path")
-    return DeviceStore(d, lock_timeout=lock_timeout, on_step=on_step)
+    return DeviceStore(d, lock_timeout=lock_timeout, on_step=on_step, trust=trust)
 
 
 def rollback(device: str | os.PathLike[str]) -> str:

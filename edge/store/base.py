@@ -60,6 +60,7 @@ from edge.errors import DeployError
 CURRENT, PREVIOUS, BUNDLES, HISTORY = "current", "previous", "bundles", "history.jsonl"
 INTENT, LOCK, PARTIAL = ".intent", ".lock", ".partial-"
 MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
 INTENT_VERSION = "v1"
 DEFAULT_LOCK_TIMEOUT_S = 300
 
@@ -231,6 +232,7 @@ class Store(ABC):
     """A device's bundle store. Writers (``install``, ``rollback``) hold the store's lock; readers take none."""
 
     where: str  # how messages name the store
+    trust: Any = None  # the edge.trust.TrustStore that must vouch for what is installed; None: nothing checked
 
     @abstractmethod
     def state(self) -> StoreState:
@@ -301,7 +303,9 @@ def checksum_args(bundle: Any) -> list[str]:
             raise DeployError(f"refusing to ship {bundle.path}: artifact {_show(path)} has no valid sha256",
                               hint="rebuild the bundle with `edgekit convert`")
         pairs += [sha, check_artifact_path(path)]
-    return [*pairs, sha256_file(bundle.path / MANIFEST_FILE), MANIFEST_FILE]
+    sig = Path(bundle.path) / SIGNATURE_FILE  # travels with the bundle: checked too, and a re-signed bundle
+    extra = [sha256_file(sig), SIGNATURE_FILE] if sig.is_file() and not sig.is_symlink() else []  # replaces its copy
+    return [*pairs, sha256_file(bundle.path / MANIFEST_FILE), MANIFEST_FILE, *extra]
 
 
 def _artifacts(bundle: Any) -> Iterable[Any]:

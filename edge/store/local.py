@@ -46,14 +46,22 @@ class DeviceStore(Store):
 
     ``on_step`` is called with each step's name (``INSTALL_STEPS``) just before the step runs: progress
     reporting, and the fault-injection tests that kill a writer at every step.
+
+    ``trust``: the device's trust store (``edge.trust``); default ``$EDGEKIT_TRUST_DIR``, else the
+    store's own ``trust/`` when it exists. With one, ``install`` admits only what it vouches for --
+    checked on the copy that landed, under the lock, where the version seen is recorded -- and
+    ``bundle`` opens only what it vouches for. Without one nothing is checked (logged at info level).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-                 on_step: StepHook | None = None) -> None:
+                 on_step: StepHook | None = None, trust: Any = None) -> None:
+        from edge.trust import resolve_trust
+
         self.root = Path(root)
         self.where = str(self.root)
         self.lock_timeout = lock_timeout
         self._on_step = on_step
+        self.trust = resolve_trust(trust, self.root) if trust is not False else None
 
     def _step(self, name: str) -> None:
         if self._on_step is not None:
@@ -106,7 +114,7 @@ class DeviceStore(Store):
         bid = st.current if which == CURRENT else st.previous
         if bid is None:
             raise DeployError(f"device store {self.where} has no {which} bundle")
-        return Bundle.open(self.root / BUNDLES / bid)
+        return Bundle.open(self.root / BUNDLES / bid, trust=self.trust or False)
 
     def history(self) -> list[dict[str, Any]]:
         with self._guard():
@@ -243,9 +251,11 @@ class DeviceStore(Store):
         self._step("finish")
         (self.root / INTENT).unlink()  # unsynced on purpose: an intent back after a power cut resolves the same
 
-    def _present(self, dest: Path, bid: str) -> bool:
-        """``bundles/<id>`` is there and verifies; a damaged one is moved aside (and removed) to be replaced."""
-        from edge.bundle import Bundle
+    def _present(self, dest: Path, bid: str, src: Path) -> bool:
+        """``bundles/<id>`` is there, verifies, and has the same manifest and signature as ``src`` (a bundle
+        signed or re-signed since it was last shipped replaces its old copy); otherwise it is moved aside
+        (and removed) to be replaced."""
+        from edge.bundle import MANIFEST, SIGNATURE, Bundle
 
         try:
             st = os.lstat(dest)
@@ -253,7 +263,8 @@ class DeviceStore(Store):
             return False
         if stat.S_ISDIR(st.st_mode):
             try:
-                if Bundle.open(dest).id == bid:
+                if Bundle.open(dest, trust=False).id == bid and all(
+                        _same_file(dest / name, src / name) for name in (MANIFEST, SIGNATURE)):
                     return True
             except EdgeError:
                 pass
@@ -286,7 +297,7 @@ class DeviceStore(Store):
         for d in sorted({stage, *(stage / rel for rel, _, is_dir in files if is_dir)}, key=lambda p: -len(p.parts)):
             _fsync_dir(d)
         self._step("verify")
-        landed = Bundle.open(stage)  # what landed, not what was sent
+        landed = Bundle.open(stage, trust=False)  # what landed, not what was sent
         if landed.id != bid:
             raise DeployError(f"bundle {src} changed while it was copied (now {landed.id})")
         return stage
@@ -299,13 +310,31 @@ class DeviceStore(Store):
             bundles = self.root / BUNDLES
             bundles.mkdir(exist_ok=True)
             dest = bundles / bid
-            if not self._present(dest, bid):
+            admitted = None
+            if not self._present(dest, bid, Path(bundle.path)):
                 stage = self._stage(Path(bundle.path), bundles, bid)
+                try:
+                    admitted = self._admit(stage)
+                except BaseException:
+                    shutil.rmtree(stage, ignore_errors=True)
+                    raise
                 self._step("rename")
                 os.rename(stage, dest)  # dest is absent: we hold the lock and checked
                 _fsync_dir(bundles)
+            else:
+                admitted = self._admit(dest)  # what will run is the copy already here: it must pass too
             self._switch(bid, "deploy")
+            if admitted is not None and self.trust is not None:
+                self.trust.record(admitted, bid)
         return dest
+
+    def _admit(self, path: Path) -> Any:
+        """The trust store's verdict on the bundle at ``path`` (None without a trust store)."""
+        if self.trust is None:
+            return None
+        from edge.bundle import Bundle
+
+        return self.trust.check(Bundle.open(path, trust=False))
 
     def rollback(self) -> str:
         from edge.bundle import Bundle
@@ -318,9 +347,24 @@ class DeviceStore(Store):
             prev = self._link(PREVIOUS)
             if prev is None:
                 raise DeployError(f"device store {self.where} has no previous bundle to roll back to")
-            Bundle.open(self.root / BUNDLES / prev)
+            back = Bundle.open(self.root / BUNDLES / prev, trust=False)
+            admitted = None
+            if self.trust is not None:  # the operator may go back a version, not to a revoked key's bundle
+                admitted = self.trust.check(back, older_ok=True)
             self._switch(prev, "rollback")
+            if admitted is not None and self.trust is not None:
+                self.trust.allow(admitted, prev)
         return prev
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Both absent, or both regular files with the same bytes (manifests and signatures: a few kB)."""
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except FileNotFoundError:
+        return not a.exists() and not b.exists()
+    except OSError:
+        return False
 
 
 def _last_byte(f: Path) -> bytes:

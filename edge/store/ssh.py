@@ -144,10 +144,16 @@ class SshStore(Store):
     """A device store at ``ssh://[user@]host[:port]/path``; behaves as ``DeviceStore`` does.
 
     ``options`` are extra ``-o Key=Value`` ssh options (``open_store`` reads $EDGEKIT_SSH_OPTIONS).
+    ``trust``: a trust store on this host (explicit, else ``$EDGEKIT_TRUST_DIR``) that must vouch for a
+    bundle before it is sent; the version admitted is recorded in it. The device's agent checks again
+    with the device's own trust store when it opens the bundle.
     """
 
     def __init__(self, url: str, *, options: Sequence[str] = (), lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-                 ssh: str = "ssh") -> None:
+                 ssh: str = "ssh", trust: Any = None) -> None:
+        from edge.trust import resolve_trust
+
+        self.trust = resolve_trust(trust) if trust is not False else None
         self.address = parse_ssh_url(url)
         self.options = check_ssh_options(options, "ssh options")
         self.where = url
@@ -292,11 +298,18 @@ class SshStore(Store):
 
     def install(self, bundle: Any) -> str:
         bid = check_bundle_id(bundle.id)
+        admitted = None
+        if self.trust is not None:  # before connecting: what is sent is what was checked (the tar carries manifest.sig)
+            from edge.bundle import Bundle
+
+            admitted = self.trust.check(Bundle.open(bundle.path, trust=False))
         sums = checksum_args(bundle)
         files = list(bundle_files(bundle.path))  # refuses links and devices before connecting
         rc, _ = self._run("install", self._timeout(), bid, "0", *sums, ok=(0, 3))
         if rc == 3:  # not on the device yet: send it
             self._run("install", self._timeout(), bid, "1", *sums, upload=(Path(bundle.path), files))
+        if admitted is not None and self.trust is not None:
+            self.trust.record(admitted, bid)
         return f"{self.address.login}:{self.address.path}/{BUNDLES}/{bid}"
 
     def rollback(self) -> str:
@@ -311,7 +324,7 @@ class SshStore(Store):
         _, text = self._run("manifest", prev)
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / MANIFEST).write_text(text, encoding="utf-8")
-            sums = checksum_args(Bundle.open(tmp, verify=False))
+            sums = checksum_args(Bundle.open(tmp, verify=False, trust=False))
         self._run("rollback", self._timeout(), prev, *sums)
         return prev
 
