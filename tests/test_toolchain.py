@@ -159,7 +159,7 @@ print(json.dumps({"event": "result", "x": job["x"] * 2, "python": sys.executable
     assert final["x"] == 42 and events == [{"event": "stage", "stage": "working"}]
     assert Path(str(final["python"])).parent == st.venv / "bin"
     # edgekit's PYTHONPATH does not leak in; the only entry is the offline guard's directory
-    assert final["path0"] == str(st.venv / "bin") and final["pythonpath"] == str(toolchains._GUARD_DIR)
+    assert final["path0"] == str(st.venv / "bin") and final["pythonpath"] == str(toolchains.offline.GUARD_DIR)
     assert Path(str(final["cwd"])) == work
     assert "goes to the log" in (work / "convert.log").read_text()
 
