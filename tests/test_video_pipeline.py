@@ -171,6 +171,10 @@ def test_a_frame_that_cannot_be_letterboxed_stops_the_preprocess_stage(det_bundl
 
 
 def test_ctrl_c_ends_the_run_cleanly(cls_bundle: Bundle) -> None:
+    # A shell starts background jobs with SIGINT ignored and Python then installs no KeyboardInterrupt
+    # handler: under `cmd &` (nohup, some CI runners) the SIGINT below would do nothing. Ctrl-C is what is
+    # tested, so the test installs Python's default handler for its duration.
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     sent = []
 
     def progress(frames_in: int, processed: int, dropped: int, total: int | None) -> None:
@@ -178,8 +182,11 @@ def test_ctrl_c_ends_the_run_cleanly(cls_bundle: Bundle) -> None:
             sent.append(True)
             os.kill(os.getpid(), signal.SIGINT)
 
-    with open_source(synthetic="64x48", frames=100000) as src:
-        r = run_pipeline(cls_bundle, src, PipelineOptions(realtime=True, source_fps=200), progress)
+    try:
+        with open_source(synthetic="64x48", frames=100000) as src:
+            r = run_pipeline(cls_bundle, src, PipelineOptions(realtime=True, source_fps=200), progress)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
     assert sent and r.interrupted and r.failure is None and r.hung_threads == []
     # each counter is kept where it happens: frames_in by the decoder, processed by post-processing, dropped
     # where a frame is dropped, abandoned from the queues and stages after the threads ended
