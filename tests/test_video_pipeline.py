@@ -267,18 +267,15 @@ def test_would_be_late_predicts_from_recent_stage_times(cls_bundle: Bundle, monk
     with open_source(synthetic="64x48", frames=1) as src:
         job = Job(cls_bundle, src, PipelineOptions(realtime=True, source_fps=30, budget_ms=10.0), "realtime")
         pipe = pipeline._Pipeline(job)
-        # no history yet: nothing says any frame can make it, so none is dropped, not even one already late
-        # (dropping it would keep the history empty: every frame dropped, for good, on a slow host)
-        assert not pipe._would_be_late(now - 1)
+        assert pipe._would_be_late(now - 1)  # already past its deadline
         assert not pipe._would_be_late(now)
-        assert not pipe._would_be_late(now + ms)
+        assert not pipe._would_be_late(now + ms)  # no history yet: no prediction
         for stage, t in (("decode", 1), ("preprocess", 1), ("infer", 4), ("postprocess", 1)):
             job.samples[stage].extend([t * ms] * 15)
-        assert pipe._would_be_late(now - 1)  # already past its deadline, and fresh frames make theirs
         assert pipe._would_be_late(now + 3 * ms)  # 5 ms of infer + post expected, 3 ms left
         assert pipe._would_be_late(now + 5 * ms - 1)  # the boundary: 1 ns short
         assert not pipe._would_be_late(now + 5 * ms)  # exactly enough
         assert not pipe._would_be_late(now + 8 * ms)
         job.samples["infer"].extend([8 * ms] * 15)  # 1 + 1 + 8 + 1 ms: now even a fresh frame misses 10 ms,
         assert not pipe._would_be_late(now + 3 * ms)  # so process it late rather than drop every frame
-        assert not pipe._would_be_late(now - 1)  # even one already late: the next would be too
+        assert pipe._would_be_late(now - 1)

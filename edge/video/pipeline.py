@@ -197,19 +197,20 @@ class _Pipeline:
     def _would_be_late(self, deadline: int) -> bool:
         """Past its deadline already, or the recent median inference + post-processing time says it will be.
 
-        A frame is only dropped when a fresh one would make it (the recent medians of all four stages
-        fit the budget). Without that evidence -- no history yet, or even fresh frames miss -- it is
-        processed and counted late: dropping then would drop every frame, and with nothing processed
-        the medians that could ever clear a frame never come (seen on a loaded 2-core host at 200 fps,
-        where decode and pre-processing alone took longer than the 5 ms budget: nothing was processed).
+        The prediction only drops a frame when a fresh one would make it (the recent medians of all
+        four stages fit the budget): when even fresh frames miss, dropping on a prediction would
+        drop them all, so they are processed and counted late instead.
         """
+        now = clock()
+        if now > deadline:
+            return True
         samples = self.job.samples
         if any(len(v) < _RECENT for v in samples.values()):
             return False
         median = {k: sorted(islice(reversed(v), _RECENT))[_RECENT // 2] for k, v in samples.items()}
         remaining = median["infer"] + median["postprocess"]
         fresh = median["decode"] + median["preprocess"] + remaining
-        return fresh < (self.job.budget_ns or 0) and clock() + remaining > deadline
+        return fresh < (self.job.budget_ns or 0) and now + remaining > deadline
 
     def infer(self, me: str, runner: Any) -> None:
         job = self.job
