@@ -235,8 +235,10 @@ def outbox_pending(store: Path) -> list[tuple[int, int]]:
 
 def start_cli_agent(url: str, store: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    # --flush-timeout 60: on a loaded 2-core host the default 10 s for the last acknowledgements was once too short
     return subprocess.Popen([EDGEKIT, "agent", "--device-id", "cam-01", "--fleet", "lab", "--broker", url, "--store",
-                             str(store), "--interval", "0.1", "--fps", "100", "--reconnect-max", "0.3", "--json"],
+                             str(store), "--interval", "0.1", "--fps", "100", "--reconnect-max", "0.3",
+                             "--flush-timeout", "60", "--json"],
                             stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env)
 
 
@@ -278,7 +280,7 @@ def test_sigkill_and_restart_the_outbox_replays_nothing_twice(broker: Mosquitto,
         wait_for(lambda: count(db, f"SELECT count(*) FROM telemetry WHERE session NOT IN ({marks}) AND NOT historical",
                                *sessions) >= 3, 30, "live telemetry from run 3")
         a.send_signal(signal.SIGTERM)
-        out, _ = a.communicate(timeout=30)
+        out, _ = a.communicate(timeout=90)
         assert a.returncode == 0, log.read_text()[-2000:]
         summary = json.loads(out)
         assert summary["outbox_flushed"] is True and summary["replayed"] >= 10

@@ -99,6 +99,9 @@ def agent_cmd(
     trust_dir: Optional[Path] = typer.Option(None, "--trust-dir", help="Trust store the current bundle must be "
                                              "signed for (default: $EDGEKIT_TRUST_DIR, else <store>/trust when it "
                                              "exists; none: signatures are not checked).", show_default=False),
+    flush_timeout: float = typer.Option(10.0, "--flush-timeout", min=0.0, help="At stop, how long to wait for "
+                                        "the broker to acknowledge what the outbox still holds (s); what is left "
+                                        "stays on disk for the next start."),
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration, log_level: str = LogLevel,
     as_json: bool = JsonOut,
 ) -> None:
@@ -122,7 +125,7 @@ def agent_cmd(
             stop.wait(duration)
         finally:
             session = agent.session
-            flushed = agent.stop()
+            flushed = agent.stop(flush_timeout)
     summary = {"device": device_id, "fleet": fleet, "session": session.session, "last_seq": session.seq,
                "outbox_flushed": flushed, **session.counters}
     if as_json:
