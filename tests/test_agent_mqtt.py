@@ -192,7 +192,9 @@ def test_agent_reports_and_every_payload_matches_the_schema(broker: Mosquitto, t
     birth = next(p for p in payloads if p["type"] == "birth" and p["device"] == "cam-01")
     assert birth["bundle"]["id"] == tiny_bundle.id and birth["host"]["cpu_count"] >= 1 and birth["agent"]["edgekit_version"]
     tel = [p for p in payloads if p["type"] == "telemetry" and p["device"] == "cam-01"]
-    assert all(p["process"]["rss_mb"] > 0 for p in tel) and tel[-1]["inference"]["latency_ms"]["p99_ms"] > 0
+    # the last window (sent at stop, after inference ended) may hold no frame: its latency is null then
+    timed = [p for p in tel if p["inference"]["latency_ms"] is not None]
+    assert all(p["process"]["rss_mb"] > 0 for p in tel) and timed and timed[-1]["inference"]["latency_ms"]["p99_ms"] > 0
 
 
 def stream_seqs(db: Path, device: str, session: int) -> list[int]:
