@@ -139,6 +139,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if failed:
         line += f"; CI=true turned {len(failed)} skip(s) into failures: {_tally(failed)}"
     terminalreporter.write_line(line)
+    # Threads a test left running (native inference or network loops) are the first suspects for the
+    # occasional SIGSEGV at the end of the run; name them so a crashing run says where to look.
+    import threading
+
+    left = sorted({t.name for t in threading.enumerate() if t is not threading.main_thread()})
+    if left:
+        terminalreporter.write_line(f"threads still running at the end: {', '.join(left)}")
 
 
 # -- Exit straight after the summary ---------------------------------------------------------------
