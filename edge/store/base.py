@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from edge.errors import DeployError
+from edge.manifest_schema import ID
 
 CURRENT, PREVIOUS, BUNDLES, HISTORY = "current", "previous", "bundles", "history.jsonl"
 INTENT, LOCK, PARTIAL = ".intent", ".lock", ".partial-"
@@ -71,7 +72,7 @@ SWITCH_STEPS = ("intent", "previous", "current", "commit", "finish", "unlock")
 
 StepHook = Callable[[str], None]
 
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ID = re.compile(ID)  # the manifest's own id rule: one definition
 _TXN = re.compile(r"[A-Za-z0-9-]{1,80}")
 _TIME = re.compile(r"[0-9T:+.-]{1,40}")
 
@@ -88,8 +89,7 @@ def check_bundle_id(bundle_id: object) -> str:
     because the store must not depend on every caller having validated: a name starting with '.' is
     the store's own staging space, and '.'/'..' would leave bundles/.
     """
-    if (not isinstance(bundle_id, str) or not _ID.fullmatch(bundle_id) or bundle_id in {".", ".."}
-            or bundle_id[0] in ".-"):
+    if not isinstance(bundle_id, str) or not _ID.fullmatch(bundle_id):
         raise DeployError(f"refusing bundle id {_show(bundle_id)}: a bundle id is 1-128 characters from "
                           "A-Z a-z 0-9 . _ - and starts with neither '.' nor '-'",
                           hint="rebuild the bundle with `edgekit convert`")
