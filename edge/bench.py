@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.runners.base import Runner
+from edge.backends.runner import Runner
 from edge.stats import LatencyStats
 
 

@@ -226,7 +226,7 @@ class Bundle:
     def open_runner(self, options: Mapping[str, Any] | None = None) -> Any:
         """A runner for this bundle with the manifest's runner options; ``options`` (the caller's: CLI,
         agent config) override keys and may add the device-only ones (a library path, a cache dir)."""
-        from edge.runners.base import RUNNERS
+        from edge.backends.runner import RUNNERS
 
         spec = self.info.runner
         cls = RUNNERS.get(spec.name)

@@ -17,11 +17,11 @@ from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
 from edge.manifest import new_manifest, record_gate
 from edge.calib import RANDOM, generated_samples, load_calibration
 from edge.capabilities import Host, current_host, problems
-from edge.converters.base import CONVERTERS, ConversionRequest, Converter
+from edge.backends.converter import CONVERTERS, ConversionRequest, Converter
 from edge.errors import CalibrationError, EdgeError, MissingDependencyError, PrecisionError, UnknownBackendError
 from edge.onnxmodel import io_spec, load_onnx, make_static, opset_of, resolve_static_inputs, save_onnx
 from edge.parity import check_parity
-from edge.runners.base import RUNNERS
+from edge.backends.runner import RUNNERS
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import TargetProfile, get_target
 

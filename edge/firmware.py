@@ -99,7 +99,7 @@ def write_c_array(model: str | os.PathLike[str], output: str | os.PathLike[str],
                   max_bytes: int | None = None, force: bool = True) -> CArray:
     """Write ``output`` (.cc/.c) and its header beside it; refuse non-TFLite input and over-budget models."""
     import edge
-    from edge.runners.litert import check_tflite_bytes
+    from edge.backends.litert.format import check_tflite_bytes
 
     src = Path(model)
     if not src.is_file():

@@ -178,7 +178,7 @@ class RunnerSpec:
 
 @dataclass(frozen=True)
 class RunnerInfo:
-    """What a runner reported about itself (``edge.runners.base.RunnerInfo``)."""
+    """What a runner reported about itself (``edge.backends.runner.RunnerInfo``)."""
 
     runtime: str = spec(max_len=256)
     device_requested: str = spec(max_len=256)
@@ -542,7 +542,7 @@ def check_runner(r: RunnerSpec, where: str = "runner") -> None:
     """The runner is installed, takes every option named, and each option is of its declared type;
     options naming a path, library or command are refused (they are the device's to give)."""
     refuse_device_options(r.name, r.options, where)
-    from edge.runners.base import RUNNERS
+    from edge.backends.runner import RUNNERS
 
     try:
         cls = RUNNERS.get(r.name)

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edge.capabilities import CpuIsa, cpu_isa
-from edge.runners.base import Runner
+from edge.backends.runner import Runner
 
 
 @dataclass(frozen=True)

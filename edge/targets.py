@@ -19,7 +19,7 @@ except ModuleNotFoundError:  # pragma: no cover - 3.10
 
 from edge.capabilities import Host, Requirement, normalize_arch
 from edge.errors import PrecisionError, TargetError
-from edge.registry import did_you_mean
+from edge.backends.registry import did_you_mean
 
 SCHEMA_VERSION = 1
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0")

@@ -22,7 +22,7 @@ from edge.bundle import (
     write_json_atomic,
 )
 from edge.capabilities import current_host
-from edge.converters.base import CONVERTERS, ConversionRequest, Converter
+from edge.backends.converter import CONVERTERS, ConversionRequest, Converter
 from edge.errors import (
     MissingDependencyError,
     ModelError,

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from edge.bundle import Bundle
 from edge.convert import convert, plan
-from edge.converters.base import CONVERTERS, ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import CONVERTERS, ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, MissingDependencyError, ModelError, ParityError, PrecisionError
 from edge.targets import get_target
 

@@ -18,11 +18,12 @@ import pytest
 from edge import toolchains
 from edge.bundle import Bundle
 from edge.convert import convert
-from edge.converters.base import CONVERTERS
-from edge.converters.coreml import OnnxToCoreML, package_dir
+from edge.backends.converter import CONVERTERS
+from edge.backends.coreml.convert import OnnxToCoreML
+from edge.backends.coreml.format import package_dir
 from edge.errors import ConversionError, HardwareUnavailableError
-from edge.runners.base import RUNNERS
-from edge.runners.coreml import NEEDS_MACOS, CoreMLRunner
+from edge.backends.runner import RUNNERS
+from edge.backends.coreml.run import NEEDS_MACOS, CoreMLRunner
 
 on_mac = pytest.mark.skipif(sys.platform != "darwin", reason="hardware: not macOS: " + NEEDS_MACOS)
 

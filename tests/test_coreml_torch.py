@@ -17,10 +17,11 @@ import pytest
 from edge import toolchains
 from edge.bundle import Bundle
 from edge.convert import convert
-from edge.converters.base import CONVERTERS
-from edge.converters.coreml import TorchToCoreML, package_dir
+from edge.backends.converter import CONVERTERS
+from edge.backends.coreml.convert import TorchToCoreML
+from edge.backends.coreml.format import package_dir
 from edge.errors import ModelError, TargetError
-from edge.runners.coreml import NEEDS_MACOS
+from edge.backends.coreml.run import NEEDS_MACOS
 from edge.torch_source import NOT_HERE, is_torch_source
 
 

@@ -22,8 +22,8 @@ pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (p
 from ai_edge_litert import schema_py_generated as S  # noqa: E402
 
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError  # noqa: E402
-from edge.runners.base import RUNNERS  # noqa: E402
-from edge.runners.litert import (ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTRunner, read_tflite,  # noqa: E402
+from edge.backends.runner import RUNNERS  # noqa: E402
+from edge.backends.litert.run import (ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTRunner, read_tflite,  # noqa: E402
                                  usable_cpus)
 
 _TYPES = {np.float32: S.TensorType.FLOAT32, np.int8: S.TensorType.INT8, np.uint8: S.TensorType.UINT8,
@@ -288,7 +288,7 @@ def test_edgetpu_refuses_a_model_not_compiled_for_it(tmp_path: Path) -> None:
 def _libedgetpu_loads() -> bool:
     from ai_edge_litert.interpreter import load_delegate
 
-    from edge.runners.litert import EDGETPU_LIBRARY
+    from edge.backends.litert.run import EDGETPU_LIBRARY
 
     try:
         ctypes.CDLL(EDGETPU_LIBRARY)

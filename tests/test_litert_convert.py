@@ -41,7 +41,7 @@ def convert_tiny(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
                  tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
     """convert(tiny, target, precision) once per (target, precision) in this module; progress lines kept."""
     from edge.convert import convert
-    from edge.converters import tflite
+    from edge.backends import tflite
 
     cache: dict[tuple[str, str], Any] = {}
     out = tmp_path_factory.mktemp("tflite-bundles")
@@ -202,7 +202,7 @@ def test_calibration_problems_via_cli(toolchain: toolchains.ToolchainStatus, mod
 # -- no toolchain needed -----------------------------------------------------------------
 
 def _request(models: dict[str, Path], tmp_path: Path, precision: str, samples: tuple[Any, ...] | None) -> Any:
-    from edge.converters.base import ConversionRequest
+    from edge.backends.converter import ConversionRequest
     from edge.onnxmodel import io_spec, load_onnx
 
     calib = None if samples is None else Calibration("test", "tensors", len(samples), samples)
@@ -211,7 +211,7 @@ def _request(models: dict[str, Path], tmp_path: Path, precision: str, samples: t
 
 
 def test_converter_checks_calibration_first(models: dict[str, Path], tmp_path: Path) -> None:
-    from edge.converters.tflite import OnnxToTFLite
+    from edge.backends.litert.convert import OnnxToTFLite
 
     conv = OnnxToTFLite()
     with pytest.raises(CalibrationError, match="full-integer int8 TFLite needs calibration samples"):
@@ -253,7 +253,7 @@ FULLY_CONNECTED                1          Operation is working on an unsupported
 
 
 def test_compiler_log_parsing() -> None:
-    from edge.converters.edgetpu import parse_compiler_log
+    from edge.backends.litert.edgetpu import parse_compiler_log
 
     p = parse_compiler_log(COMPILER_LOG)
     assert p["compiler_version"] == "16.0.384591198"
@@ -267,8 +267,8 @@ def test_compiler_log_parsing() -> None:
 
 
 def test_edgetpu_step_refuses_a_float_model(tmp_path: Path) -> None:
-    from edge.converters.base import ConversionRequest
-    from edge.converters.edgetpu import TFLiteToEdgeTPU
+    from edge.backends.converter import ConversionRequest
+    from edge.backends.litert.edgetpu import TFLiteToEdgeTPU
     from edge.spec import IOSpec
     from test_litert import add_model
 

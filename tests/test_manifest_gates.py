@@ -17,7 +17,7 @@ import pytest
 
 from edge.bundle import Bundle
 from edge.convert import convert
-from edge.converters.base import CONVERTERS
+from edge.backends.converter import CONVERTERS
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError, ManifestError
 from edge.manifest import check_gates, parity_verdict

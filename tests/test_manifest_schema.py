@@ -22,7 +22,7 @@ from edge.convert import convert
 from edge.errors import ManifestError
 from edge.manifest_schema import (DEVICE_ONLY_OPTIONS, MAX_BYTES, RUNNER_OPTIONS, Manifest, RunnerSpec, check_runner,
                                   device_only_hint, manifest_json_schema, published_schema)
-from edge.runners.base import RUNNERS
+from edge.backends.runner import RUNNERS
 from edge.targets import load_targets
 from edge.typedjson import Invalid, loads_strict, read, to_json
 

@@ -27,7 +27,7 @@ from tests.conftest import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
-from edge.runners.litert import EDGETPU_CUSTOM_OP, EDGETPU_LIBRARY_ENV, LiteRTRunner, edgetpu_library  # noqa: E402
+from edge.backends.litert.run import EDGETPU_CUSTOM_OP, EDGETPU_LIBRARY_ENV, LiteRTRunner, edgetpu_library  # noqa: E402
 
 from tests.test_litert import quantized_model  # noqa: E402
 

@@ -15,10 +15,11 @@ pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from edge.converters.base import ConversionRequest, ConversionResult  # noqa: E402
-from edge.converters.openvino_ir import OnnxToOpenVINO  # noqa: E402
+from edge.backends.converter import ConversionRequest, ConversionResult  # noqa: E402
+from edge.backends.openvino.convert import OnnxToOpenVINO  # noqa: E402
 from edge.errors import CalibrationError, ConversionError, EdgeError, HardwareUnavailableError  # noqa: E402
-from edge.runners.openvino import OpenVINORunner, disable_openvino_telemetry  # noqa: E402
+from edge.backends.openvino.format import disable_openvino_telemetry
+from edge.backends.openvino.run import OpenVINORunner  # noqa: E402
 from edge.samples import build_tiny_cnn, build_two_input_model  # noqa: E402
 from edge.spec import Calibration, IOSpec, TensorSpec  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The runner contract, one suite for every runner registered in ``edge.registry``.
+"""The runner contract, one suite for every runner registered in ``edge.backends.registry``.
 
 The runner list comes from the registry (entry points, built-in or plugin), so a new runner is
 tested as soon as it is registered: a real bundle of a tiny model is converted for the first
@@ -31,8 +31,8 @@ from edge.bundle import Bundle
 from edge.capabilities import current_host
 from edge.convert import conversion_problems, convert, runnable_here
 from edge.errors import EdgeError
-from edge.registry import runners
-from edge.runners.base import Runner
+from edge.backends.registry import runners
+from edge.backends.runner import Runner
 from edge.spec import TensorSpec
 from edge.targets import TargetProfile, load_targets
 
@@ -180,7 +180,7 @@ def _openvino_view(r: Any) -> dict[str, str]:
 
 
 def _litert_view(r: Any) -> dict[str, str]:
-    from edge.runners.litert import delegation
+    from edge.backends.litert.run import delegation
 
     took = delegation(r._it)["delegated_ops"]
     return {"device_used": "CPU (XNNPack)" if took else "CPU (builtin kernels)"}

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from edge.converters.base import CONVERTERS
+from edge.backends.converter import CONVERTERS
 from edge.errors import PrecisionError, TargetError
-from edge.runners.base import RUNNERS
+from edge.backends.runner import RUNNERS
 from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile
 
 SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}

@@ -18,14 +18,14 @@ from edge.agent.tegrastats import parse_nvpmodel, parse_nvpmodel_conf, parse_teg
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
 from edge.convert import convert
-from edge.converters.base import CONVERTERS, ConversionRequest
-from edge.converters.tensorrt_prep import (BUILD_FILE, OnnxToTensorRTPlan, check_symmetric_qdq, compatibility_report,
+from edge.backends.converter import CONVERTERS, ConversionRequest
+from edge.backends.tensorrt.convert import (BUILD_FILE, OnnxToTensorRTPlan, check_symmetric_qdq, compatibility_report,
                                            fold_graph)
 from edge.errors import ConversionError, HardwareUnavailableError, MissingDependencyError
 from edge.onnxmodel import io_spec, load_onnx
 from edge.parity import reference_outputs
-from edge.runners.base import RUNNERS
-from edge.runners.tensorrt import (FALLBACK_LABEL, TensorRTRunner, cache_decision, default_cache_dir, engine_key,
+from edge.backends.runner import RUNNERS
+from edge.backends.tensorrt.run import (FALLBACK_LABEL, TensorRTRunner, cache_decision, default_cache_dir, engine_key,
                                    engine_path, key_changes, missing_here, store_engine)
 
 TRT_MISSING = missing_here()

@@ -29,7 +29,7 @@ def fallback_options(runner_name: str, allow: bool) -> dict[str, Any]:
     """Runner options for ``--allow-cpu-fallback`` (refused for runners that have no such choice)."""
     if not allow:
         return {}
-    from edge.runners.base import RUNNERS
+    from edge.backends.runner import RUNNERS
 
     if "allow_cpu_fallback" not in RUNNERS.get(runner_name).options:
         raise EdgeError(f"runner {runner_name!r} has no CPU fallback to allow: it runs on the CPU already, or "

@@ -11,7 +11,7 @@ from typing import Callable
 from edge.manifest import new_manifest, record_gate
 from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
 from edge.capabilities import problems
-from edge.converters.base import CONVERTERS, ConversionRequest
+from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.errors import MissingDependencyError, TargetError
 from edge.llm.gguf_file import read_gguf
 from edge.llm.quality import compare_gguf, gate_tokens
@@ -44,7 +44,7 @@ def convert_gguf(model: str | os.PathLike[str], profile: TargetProfile, output: 
         artifact = stage / "model.gguf"
         shutil.move(str(result.artifact), artifact)
         say(f"quality gate: KL and top-1 against the source on {gate_token_count} tokens")
-        from edge.runners.llamacpp import LlamaCppRunner
+        from edge.backends.llamacpp.run import LlamaCppRunner
 
         n_vocab = next((t.shape[1] for t in info.tensors if t.name == "token_embd.weight"), None)
         if n_vocab is None:

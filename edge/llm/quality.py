@@ -61,7 +61,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def all_logits(path: Path, tokens: list[int], options: Mapping[str, Any]) -> np.ndarray:
-    from edge.runners.llamacpp import LlamaCppRunner
+    from edge.backends.llamacpp.run import LlamaCppRunner
 
     opts = {k: v for k, v in options.items() if k in LlamaCppRunner.options}
     opts["n_ctx"] = max(len(tokens) + 8, 64)

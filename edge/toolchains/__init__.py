@@ -111,7 +111,7 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
 
 def get_spec(name: str) -> ToolchainSpec:
     if name not in TOOLCHAINS:
-        from edge.registry import did_you_mean
+        from edge.backends.registry import did_you_mean
 
         raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, list(TOOLCHAINS))}"
                         f"known toolchains: {', '.join(TOOLCHAINS)}")

@@ -1,6 +1,6 @@
 """ONNX or PyTorch -> Core ML ML Program inside the ``coreml`` toolchain environment (torch + coremltools + onnx).
 
-Run by :class:`edge.converters.coreml.OnnxToCoreML` (and ``TorchToCoreML``) as ``<toolchain>/venv/bin/python
+Run by :class:`edge.backends.coreml.convert.OnnxToCoreML` (and ``TorchToCoreML``) as ``<toolchain>/venv/bin/python
 coreml_driver.py job.json``. It must not import ``edge``; the bridge (``coreml_bridge.py``)
 sits beside it and is imported from this directory.
 

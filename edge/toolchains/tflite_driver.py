@@ -1,6 +1,6 @@
 """ONNX -> TFLite inside the ``tflite`` toolchain environment (onnx2tf + TensorFlow).
 
-Run by :class:`edge.converters.tflite.OnnxToTFLite` as ``<toolchain>/venv/bin/python tflite_driver.py
+Run by :class:`edge.backends.litert.convert.OnnxToTFLite` as ``<toolchain>/venv/bin/python tflite_driver.py
 job.json``. It must not import ``edge`` (edgekit is not installed in the toolchain environment)
 and only uses the standard library plus the toolchain's own packages.
 

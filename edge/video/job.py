@@ -253,7 +253,7 @@ def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, wor
     """
     opts = dict(options or {})
     if workers > 1:
-        from edge.runners.base import RUNNERS
+        from edge.backends.runner import RUNNERS
 
         known = RUNNERS.get(bundle.info.runner.name).options
         manifest_opts = bundle.info.runner.options

@@ -11,7 +11,7 @@ Recipe notes (openvino 2026.4, nncf 3.4):
   weights stored as i8) with the profile's preset; the remaining float constants are kept
   f32. NNCF's progress bars are kept off stdout and its INFO logging is muted while it runs.
 * OpenVINO's and NNCF's opt-out telemetry is turned off before they are imported
-  (:func:`edge.runners.openvino.disable_openvino_telemetry`).
+  (:func:`edge.backends.openvino.run.disable_openvino_telemetry`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from edge.capabilities import Requirement, require
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, ConversionError, PrecisionError
-from edge.runners.openvino import OPENVINO_REQUIREMENT, disable_openvino_telemetry
+from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry
 
 NNCF_REQUIREMENT = Requirement("python", "nncf", install="pip install 'edgekit-ml[convert]'",
                                why="int8 OpenVINO IR is quantized with NNCF")

@@ -15,7 +15,7 @@ from edge.capabilities import Requirement
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.llm.gguf_file import read_gguf
 from edge.llm.llamacpp import amx_probe, llama_cpp_version, load_llama_cpp, open_llama
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec
 
 _QUANTIZED = ("Q", "IQ")

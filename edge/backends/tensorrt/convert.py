@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from edge.capabilities import Requirement
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA
 from edge.errors import CalibrationError, ConversionError
 from edge.onnxmodel import load_onnx, save_onnx
 
 log = logging.getLogger(__name__)
 
-BUILD_FILE = "trt_build.json"
-BUILD_SCHEMA = "edgekit.trt-build/1"
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[tensorrt]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[tensorrt]'")
 
@@ -177,7 +176,7 @@ def quantize_symmetric_qdq(source: Path, out: Path, request: ConversionRequest, 
     """TensorRT explicit quantization: int8 QDQ, symmetric activations and weights, fp32 biases."""
     from onnxruntime import quantization as q
 
-    from edge.converters.onnx_ort import _CALIBRATE, _quiet_root_logger, _Reader
+    from edge.backends.onnxruntime.convert import _CALIBRATE, _quiet_root_logger, _Reader
 
     if request.calibration is None or not request.calibration.samples:
         raise CalibrationError("int8 for TensorRT needs calibration samples",
@@ -294,12 +293,3 @@ def build_settings(request: ConversionRequest, *, workspace_mb: int, dla_core: i
     }
 
 
-def read_build_settings(bundle_dir: Path) -> dict[str, Any]:
-    path = Path(bundle_dir) / BUILD_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConversionError(f"{path} is missing: the bundle was not made by onnx->tensorrt-plan") from None
-    if data.get("schema") != BUILD_SCHEMA:
-        raise ConversionError(f"{path} has schema {data.get('schema')!r}, this edgekit reads {BUILD_SCHEMA}")
-    return data

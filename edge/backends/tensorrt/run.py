@@ -35,7 +35,7 @@ import numpy as np
 
 from edge.capabilities import Requirement, current_host, problems
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec
 
 CACHE_ENV = "EDGEKIT_ENGINE_CACHE"
@@ -214,7 +214,7 @@ class TensorRTRunner(Runner):
 
     # CPU fallback: same ONNX, onnxruntime CPU, labelled everywhere
     def _init_fallback(self, artifact: Path, opts: dict[str, Any], precision: str, missing: list[str]) -> None:
-        from edge.runners.ort import OnnxRuntimeRunner
+        from edge.backends.onnxruntime.run import OnnxRuntimeRunner
 
         unknown = [k for k in opts if k not in self.options]
         if unknown:
@@ -242,7 +242,7 @@ class TensorRTRunner(Runner):
         import tensorrt as trt
         from polygraphy.backend.trt import TrtRunner
 
-        from edge.converters.tensorrt_prep import read_build_settings
+        from edge.backends.tensorrt.format import read_build_settings
 
         settings = read_build_settings(self.artifact.parent)
         gpu, cc = gpu_identity(int(self._options.get("device", 0)))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from edge.capabilities import Requirement
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, ConversionError
 from edge.onnxmodel import load_onnx, opset_of, save_onnx
 

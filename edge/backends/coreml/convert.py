@@ -28,7 +28,7 @@ import numpy as np
 
 from edge import toolchains
 from edge.capabilities import Requirement
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 
 TOOLCHAIN = "coreml"
@@ -232,9 +232,5 @@ class TorchToCoreML(_CoreMLConverter):
         return run.result(details, notes, reference=(run.inputs, reference))
 
 
-def package_dir(artifact: Path) -> Path:
-    """The ``.mlpackage`` directory for a bundle's primary artifact (its Manifest.json, or the package)."""
-    artifact = Path(artifact)
-    return artifact.parent if artifact.name == "Manifest.json" and artifact.parent.suffix == ".mlpackage" else artifact
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from edge.capabilities import Requirement
 from edge.errors import EdgeError
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
 NEEDS_MACOS = "Core ML predictions need macOS; the bundle is ready to copy to a Mac"
@@ -34,7 +34,7 @@ class CoreMLRunner(Runner):
         super().__init__(artifact, options=options, precision=precision)
         import coremltools as ct
 
-        from edge.converters.coreml import package_dir
+        from edge.backends.coreml.format import package_dir
 
         units = str(self._options.get("compute_units", "CPU_AND_NE"))
         if units not in COMPUTE_UNITS:

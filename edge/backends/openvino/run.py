@@ -21,69 +21,20 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from edge.capabilities import Requirement, env_flag
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
-OPENVINO_REQUIREMENT = Requirement("python", "openvino", install="pip install 'edgekit-ml[openvino]'")
 
-#: set to 1 to leave OpenVINO's / NNCF's own telemetry as the user configured it
-TELEMETRY_ENV = "EDGEKIT_OPENVINO_TELEMETRY"
 
 _PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = ("bundle", "f32", "f16", "bf16")
 # devices that are not listed in available_devices but that OpenVINO resolves itself
 _VIRTUAL_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
 
-_telemetry_state: str | None = None
 
 
-def disable_openvino_telemetry() -> str:
-    """Stop OpenVINO and NNCF from sending usage telemetry from this process; say what was done.
-
-    What happens without it (openvino 2026.4, openvino-telemetry 2025.2, nncf 3.4): ``import
-    openvino`` initialises the ``openvino_telemetry.Telemetry`` singleton with
-    ``enable_opt_in_dialog=False`` (consent is assumed when ``~/intel/openvino_telemetry``
-    does not exist), writes a client id to ``~/intel/openvino_ga_cid`` and sends an
-    "import" event to Google Analytics from a forked helper process (3 s timeout);
-    ``ov.convert_model`` and ``nncf.quantize`` send more events through the same
-    singleton. There is no environment variable for it: the documented switch is
-    ``opt_in_out --opt_out``, which writes ``0`` into ``~/intel/openvino_telemetry`` for
-    every OpenVINO tool of the user, so edgekit does not do that. Instead it makes the
-    consent check of this process answer "declined" (``OptInChecker.check``) before
-    OpenVINO is imported, and clears the consent of an already created singleton.
-    ``disable_in_ci`` (``CI=true``) would also work but changes other tools' behaviour.
-
-    Set ``EDGEKIT_OPENVINO_TELEMETRY=1`` to leave telemetry as OpenVINO configures it.
-    Idempotent and cheap; call it before ``import openvino`` / ``import nncf``.
-    """
-    global _telemetry_state
-    if _telemetry_state is not None:
-        return _telemetry_state
-    if env_flag(TELEMETRY_ENV):
-        _telemetry_state = f"left as configured by OpenVINO ({TELEMETRY_ENV}=1)"
-        return _telemetry_state
-    try:
-        from openvino_telemetry import Telemetry
-        from openvino_telemetry.utils import opt_in_checker
-    except ImportError:
-        _telemetry_state = "off (openvino-telemetry is not installed)"
-        return _telemetry_state
-    try:
-        declined = opt_in_checker.ConsentCheckResult.DECLINED
-
-        def _declined(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return declined
-
-        opt_in_checker.OptInChecker.check = _declined  # every later Telemetry.init() declines
-        existing = getattr(Telemetry, "_SingletonMetaClass__single_instance", None)
-        if existing is not None:  # openvino was imported before edgekit could intervene
-            existing.consent = False
-        _telemetry_state = "off for this process (edgekit declined consent)"
-    except Exception as e:  # noqa: BLE001 - an unknown openvino-telemetry layout must not break inference
-        _telemetry_state = f"could not be turned off ({type(e).__name__}: {e})"
-    return _telemetry_state
 
 
 def _as_list(value: Any) -> list[str]:

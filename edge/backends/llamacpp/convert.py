@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.capabilities import Requirement
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError
 from edge.llm.gguf_file import check_quantizable, read_gguf
 from edge.llm.llamacpp import captured_log, llama_cpp_version, load_llama_cpp

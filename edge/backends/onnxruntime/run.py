@@ -14,7 +14,7 @@ import numpy as np
 
 from edge.capabilities import Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",

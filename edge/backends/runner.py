@@ -17,7 +17,7 @@ import numpy as np
 
 from edge.capabilities import Host, Requirement, problems, require
 from edge.errors import EdgeError
-from edge.registry import Registry
+from edge.backends.registry import Registry
 from edge.spec import TensorSpec
 
 

@@ -36,14 +36,13 @@ import numpy as np
 
 from edge import toolchains
 from edge.capabilities import Requirement, require
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.backends.litert.format import IO_SCHEMA, sidecar_path
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError, ParityError
 
 log = logging.getLogger(__name__)
 
 TOOLCHAIN = "tflite"
-IO_SIDECAR_SUFFIX = ".io.json"
-IO_SCHEMA = "edgekit.tflite-io/1"
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
                    why="the converted model is checked against the source in onnxruntime")
 _LITERT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'",
@@ -69,8 +68,6 @@ def _say(msg: str) -> None:
         print(f"         {msg}", file=sys.stderr, flush=True)
 
 
-def sidecar_path(artifact: Path) -> Path:
-    return Path(artifact).with_suffix(IO_SIDECAR_SUFFIX)
 
 
 class OnnxToTFLite(Converter):
@@ -323,7 +320,7 @@ def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | No
 def _cpu_parity(model: Path, request: ConversionRequest, samples: list[Mapping[str, Any]], label: str,
                 reference: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     from edge.parity import ParityReport, compare, thresholds_for
-    from edge.runners.litert import LiteRTRunner
+    from edge.backends.litert.run import LiteRTRunner
 
     with LiteRTRunner(model, options={"delegate": "none", "num_threads": 0}, precision=request.precision) as runner:
         cand = [runner.infer(s) for s in samples]

@@ -83,13 +83,13 @@ class Registry(Generic[T]):
 
 def converters() -> Registry:  # noqa: D401 - accessor
     """The converter registry."""
-    from edge.converters.base import CONVERTERS
+    from edge.backends.converter import CONVERTERS
 
     return CONVERTERS
 
 
 def runners() -> Registry:
     """The runner registry."""
-    from edge.runners.base import RUNNERS
+    from edge.backends.runner import RUNNERS
 
     return RUNNERS

@@ -28,7 +28,6 @@ CPU.") are captured and kept in ``info.details["runtime_log"]``.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import stat
 import sys
@@ -42,7 +41,8 @@ import numpy as np
 from edge.capabilities import Requirement, env_flag
 from edge.native_stderr import captured_stderr
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
-from edge.runners.base import Runner, RunnerInfo
+from edge.backends.litert.format import EDGETPU_CUSTOM_OP, load_sidecar, read_tflite
+from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
 LITERT_REQUIREMENT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'")
@@ -52,90 +52,20 @@ EDGETPU_LIBRARY = {"linux": "libedgetpu.so.1", "darwin": "libedgetpu.1.dylib", "
     sys.platform, "libedgetpu.so.1")
 #: the device's Edge TPU delegate library when it is not the system's libedgetpu (absolute path)
 EDGETPU_LIBRARY_ENV = "EDGEKIT_EDGETPU_LIBRARY"
-EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 EDGETPU_INSTALL = ("install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
                    "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
                    "for USB access")
 _DELEGATES = ("xnnpack", "edgetpu", "none")
-TFLITE_IDENTIFIER = b"TFL3"
 
 
 # -- the file itself ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class TFLiteFile:
-    """What the flatbuffer says, read without an interpreter."""
-
-    path: Path
-    size: int
-    schema_version: int
-    subgraphs: int
-    builtin_ops: tuple[str, ...]  # op code names, in the model's table
-    custom_ops: tuple[str, ...]
-    description: str
-
-    @property
-    def edgetpu_compiled(self) -> bool:
-        return EDGETPU_CUSTOM_OP in self.custom_ops
 
 
-def check_tflite_bytes(data: bytes, origin: str) -> None:
-    """Raise InputFileError unless ``data`` starts like a TFLite flatbuffer (identifier TFL3, root in range)."""
-    if len(data) < 16:
-        raise InputFileError(f"{origin} is not a TFLite model: {len(data)} bytes")
-    if data[4:8] != TFLITE_IDENTIFIER:
-        head = data[:8]
-        what = ("an ONNX/protobuf file" if head[:1] == b"\x08" else "a ZIP archive" if head[:2] == b"PK"
-                else "text" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else "something else")
-        raise InputFileError(f"{origin} is not a TFLite flatbuffer: its file identifier is {data[4:8]!r}, "
-                             f"not {TFLITE_IDENTIFIER!r} (it looks like {what})")
-    root = int.from_bytes(data[0:4], "little")
-    if not 8 <= root < len(data) - 4:
-        raise InputFileError(f"{origin} is a truncated or corrupt TFLite flatbuffer (root offset {root}, "
-                             f"{len(data)} bytes)")
 
 
-def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
-    p = Path(path)
-    if not p.is_file():
-        raise InputFileError(f"TFLite model {p} does not exist" if not p.exists() else f"{p} is not a file")
-    data = p.read_bytes()
-    check_tflite_bytes(data, str(p))
-    try:
-        from ai_edge_litert import schema_py_generated as schema
-
-        model = schema.Model.GetRootAs(data, 0)
-        names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-        builtin, custom = [], []
-        for i in range(model.OperatorCodesLength()):
-            oc = model.OperatorCodes(i)
-            code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-            if oc.CustomCode():
-                custom.append(oc.CustomCode().decode(errors="replace"))
-            else:
-                builtin.append(names.get(code, str(code)))
-        return TFLiteFile(p, len(data), model.Version(), model.SubgraphsLength(), tuple(builtin), tuple(custom),
-                          (model.Description() or b"").decode(errors="replace"))
-    except InputFileError:
-        raise
-    except ImportError:
-        return TFLiteFile(p, len(data), -1, -1, (), (), "")
-    except Exception as e:  # noqa: BLE001 - a flatbuffer that does not parse is a bad input file
-        raise InputFileError(f"{p} has a TFLite identifier but does not parse as a TFLite model: "
-                             f"{type(e).__name__}: {e}") from None
 
 
-def load_sidecar(artifact: Path) -> dict[str, Any] | None:
-    side = artifact.with_suffix(".io.json")
-    if not side.is_file():
-        return None
-    try:
-        data = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputFileError(f"{side} is not valid JSON: {e}") from None
-    if data.get("schema") != "edgekit.tflite-io/1":
-        raise InputFileError(f"{side} has schema {data.get('schema')!r}; this edgekit reads edgekit.tflite-io/1")
-    return data
 
 
 def usable_cpus() -> int:

@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from edge.converters.base import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError, MissingDependencyError, PrecisionError
 
 COMPILER = "edgetpu_compiler"
@@ -72,7 +72,7 @@ class TFLiteToEdgeTPU(Converter):
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.runners.litert import read_tflite
+        from edge.backends.litert.format import read_tflite
 
         self.check_options(request.options)
         if request.precision != "int8":

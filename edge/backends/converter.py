@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Mapping
 
 from edge.capabilities import Host, Requirement, problems
 from edge.errors import ConversionError, PrecisionError
-from edge.registry import Registry, did_you_mean
+from edge.backends.registry import Registry, did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
 

@@ -1,0 +1,1 @@
+"""The coreml backend: format (bundle contents), convert (build host), run (device)."""

@@ -1,0 +1,1 @@
+"""The litert backend: format (bundle contents), convert (build host), run (device)."""

@@ -1,0 +1,1 @@
+"""The llamacpp backend: format (bundle contents), convert (build host), run (device)."""

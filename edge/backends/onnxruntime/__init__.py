@@ -1,0 +1,1 @@
+"""The onnxruntime backend: format (bundle contents), convert (build host), run (device)."""

@@ -1,0 +1,1 @@
+"""The openvino backend: format (bundle contents), convert (build host), run (device)."""

@@ -1,0 +1,1 @@
+"""The tensorrt backend: format (bundle contents), convert (build host), run (device)."""
