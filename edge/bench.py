@@ -114,3 +114,25 @@ def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None =
                        latency=lat, duration_s=wall, throughput_fps=n / wall if wall > 0 else float("nan"),
                        peak_rss_mb=peak_rss_mb(), runner=info, budget_ms=budget_ms, budget_source=budget_source,
                        on_target_device=on_target_device)
+
+
+def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) -> tuple[bool, str]:
+    """Set ``report.on_target_device``: whether this host and the runner's device are ``target``'s device
+    class (``edge.targets.same_device_class``; ``target``: a profile or its name). Only then does the
+    budget verdict gate a deploy; otherwise it is indicative. The reason is recorded in
+    ``report.runner["details"]["device_class"]`` (the benchmark record has no field of its own for it)."""
+    from edge.capabilities import current_host
+    from edge.errors import TargetError
+    from edge.targets import get_target, same_device_class
+
+    try:
+        profile = get_target(target, targets_dir) if isinstance(target, str) else target
+    except TargetError:
+        same, why = False, f"device class unknown: target profile {target!r} is not on this host's search path"
+    else:
+        same, why = same_device_class(profile, current_host(), report.runner)
+    report.on_target_device = same
+    details = report.runner.get("details")
+    report.runner["details"] = {**(details if isinstance(details, Mapping) else {}),
+                                "device_class": {"same": same, "reason": why}}
+    return same, why

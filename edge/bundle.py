@@ -17,7 +17,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from edge.errors import BundleError, ManifestError
 from edge.manifest_schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifest, parse_manifest  # noqa: F401 - SCHEMA_VERSION re-exported
@@ -223,15 +223,33 @@ class Bundle:
     def frame_budget_ms(self) -> float | None:
         return self.info.target.frame_budget_ms
 
-    def open_runner(self, options: Mapping[str, Any] | None = None) -> Any:
+    def open_runner(self, options: Mapping[str, Any] | None = None, *,
+                    check_reference: bool | Literal["first"] = False, records: Any = None) -> Any:
         """A runner for this bundle with the manifest's runner options; ``options`` (the caller's: CLI,
-        agent config) override keys and may add the device-only ones (a library path, a cache dir)."""
+        agent config) override keys and may add the device-only ones (a library path, a cache dir).
+
+        ``check_reference``: run the bundle's reference pairs through the new runner
+        (``edge.refpairs.check_on_load``); the result is in ``runner.info.details["reference_check"]``.
+        "first" reuses a result ``records`` (the device store) holds for this bundle, runtime and
+        device, and records a new one; True checks again. Off by default: this is also how
+        conversion's parity (which compares more samples) and load-time benchmarks open a runner;
+        the agent and ``edgekit run``/``bench`` ask for it. A failed check does not raise: the
+        caller reads the result and decides."""
         from edge.backends.runner import RUNNERS
 
         spec = self.info.runner
         cls = RUNNERS.get(spec.name)
         opts = {**spec.options_dict, **(options or {})}
-        return cls(self.artifact, options=opts, precision=self.precision)
+        runner = cls(self.artifact, options=opts, precision=self.precision)
+        if check_reference:
+            from edge.refpairs import check_on_load
+
+            try:
+                check_on_load(self, runner, records=records, mode=check_reference)
+            except BaseException:
+                runner.close()
+                raise
+        return runner
 
     @property
     def kind(self) -> str:

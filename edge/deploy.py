@@ -25,10 +25,18 @@ class DeployResult:
     shipped_to: str
     benchmark: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
+    #: why parity was not run on this host (the manifest's skipped reason): the bundle ships unverified
+    unverified: str | None = None
+    #: whether the benchmark's budget verdict gated the deploy (same device class as the target's) and why;
+    #: None when there was no benchmark
+    budget_gates: bool | None = None
+    device_class: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"bundle_id": self.bundle.id, "bundle_path": str(self.bundle.path), "shipped_to": self.shipped_to,
-                "parity": self.bundle.manifest.get("parity"), "benchmark": self.benchmark, "notes": self.notes}
+                "parity": self.bundle.manifest.get("parity"), "unverified": self.unverified,
+                "benchmark": self.benchmark, "budget_gates": self.budget_gates, "device_class": self.device_class,
+                "notes": self.notes}
 
 
 def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str], *,
@@ -60,10 +68,16 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
            on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
            **convert_kwargs: Any) -> DeployResult:
     """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
-    ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship."""
+    ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
+
+    The benchmark's budget verdict gates only when this host is the target's device class
+    (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
+    target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
+    parity could not run here ships with ``DeployResult.unverified`` saying why."""
     from edge.signing import configured_sign_key
-    from edge.bench import run_benchmark
-    from edge.convert import convert
+    from edge.bench import judge_device_class, run_benchmark
+    from edge.manifest_schema import SkippedParity
+    from edge.pipeline import convert, runnable_here
     from edge.stats import budget_from
     from edge.targets import get_target
 
@@ -75,18 +89,27 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
                      **convert_kwargs)
     notes: list[str] = []
     report = None
-    if bundle.manifest["parity"].get("skipped"):
-        notes.append(f"benchmark skipped: {bundle.manifest['parity']['skipped']}")
+    gates = device_class = None
+    par = bundle.info.parity
+    unverified = par.skipped if isinstance(par, SkippedParity) else None
+    if unverified is not None:
+        say(f"unverified on this host: {unverified}")
+    run_here = runnable_here(profile)  # parity may have run on a host proxy; the benchmark needs the runner itself
+    if run_here is not None:
+        notes.append(f"not benchmarked: the target's runner cannot run on this host ({run_here}); run "
+                     f"`edgekit bench {bundle.path} --record` on the device")
     else:
         budget, source = budget_from(fps, budget_ms, profile.frame_budget_ms)
         say(f"benchmarking {bench_iterations} iterations on this host")
         extra = {"allow_cpu_fallback": True} if allow_cpu_fallback else {}
         rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=bench_iterations, budget_ms=budget, budget_source=source,
                             bundle=bundle.id, target=profile.name)
-        rep.on_target_device = rep.runner.get("fallback") is None
-        if not rep.on_target_device:
-            notes.append(f"benchmark ran on this host's fallback device ({rep.runner['fallback']}); "
-                         "its budget verdict is indicative and does not gate the deploy")
+        gates, device_class = judge_device_class(rep, profile)
+        if gates:
+            notes.append(f"the budget verdict gates this deploy: {device_class}")
+        else:
+            notes.append(f"the budget verdict is indicative and does not gate this deploy: {device_class}")
+        say(notes[-1])
         report = rep.to_json()
         bundle.record("benchmark", report)
     key = configured_sign_key(sign_key)
@@ -100,4 +123,5 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     say(f"shipping {bundle.id} to {device}")
     where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
                  trust=trust)
-    return DeployResult(bundle, where, report, notes)
+    return DeployResult(bundle, where, report, notes, unverified=unverified, budget_gates=gates,
+                        device_class=device_class)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from edge.capabilities import Host, current_host
-from edge.convert import conversion_problems, runnable_here
+from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import TargetProfile, load_targets
 
 

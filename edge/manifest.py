@@ -31,7 +31,8 @@ from edge.onnxmodel import sha256_file
 def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, precision: str, stage: Path,
                  primary: Path, chain: Sequence[Mapping[str, Any]], io: Any, runner: str,
                  runner_options: Mapping[str, Any], calibration: Any = None, preprocess: Any = None,
-                 frame_budget_ms: float | None = None, kind: str | None = None) -> dict[str, Any]:
+                 frame_budget_ms: float | None = None, kind: str | None = None,
+                 fmt: str | None = None) -> dict[str, Any]:
     """The manifest of the bundle staged in ``stage`` (every file in it is an artifact); parity and
     benchmark start empty. Runner options naming a file, library or command are refused: those are
     the device's own configuration, never bundle data."""
@@ -57,7 +58,7 @@ def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, 
                    "profile_sha256": sha256_file(profile.path) if profile.path else None},
         "source": {"file": source.name, "sha256": sha256_file(source), **source_info},
         "precision": precision,
-        "format": chain[-1]["output_format"],
+        "format": fmt or chain[-1]["output_format"],
         "primary_artifact": primary.relative_to(stage).as_posix(),
         "artifacts": artifacts,
         "chain": list(chain),
@@ -168,9 +169,13 @@ def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budg
             raise DeployError(f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
                               f"against a {budget} ms budget is {verdict!r}; the manifest was edited",
                               hint="benchmark it again with `edgekit bench --record`")
-        if not bench.on_target_device and bench.runner.fallback is None:
+        # off the target's device class: a fallback device, or another machine (edge.bench.judge_device_class)
+        dc = bench.runner.details.get("device_class") if isinstance(bench.runner.details, Mapping) else None
+        other_class = isinstance(dc, Mapping) and dc.get("same") is False and bool(dc.get("reason"))
+        if not bench.on_target_device and bench.runner.fallback is None and not other_class:
             raise DeployError(f"refusing to ship {bid}: its benchmark says it did not run on the target device "
-                              "but names no fallback (runner.fallback); the manifest was edited",
+                              "but names no fallback (runner.fallback) and no other device class "
+                              "(runner.details.device_class); the manifest was edited",
                               hint="benchmark it again with `edgekit bench --record`")
         if "fail" in (verdict, bench.verdict) and bench.on_target_device and not accept_budget_failure:
             raise BudgetError(f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget "

@@ -44,7 +44,11 @@ OPTION_KEY = r"^[a-z][a-z0-9_]{0,63}$"
 VERSION = r"^[A-Za-z0-9_.+-]{1,64}$"
 UTC_TIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{5,15}(Z|[+-][0-9]{2}:[0-9]{2})?$"
 
-Precision = Literal["fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0"]
+Precision = Literal["fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0",
+                    # GGUF files shipped as they came (--precision keep): llama.cpp's file types
+                    "f32", "q4_1", "q5_0", "q5_1", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q5_k_s",
+                    "q6_k", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "iq3_s",
+                    "iq3_m", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4_moe", "nvfp4", "q1_0"]
 DType = Literal["float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
                 "int64", "uint64", "bool"]
 _TEXT = dict(max_len=1024)
@@ -78,6 +82,14 @@ class SourceInfo:
     type: str | None = spec(None, max_len=64)
     bytes: int | None = spec(None, ge=0)
     io_names: str | None = spec(None, **_TEXT)
+    route: str | None = spec(None, **_TEXT)  # how the pipeline took it to the target (edge.pipeline.plan)
+    precision: str | None = spec(None, pattern=ID)  # what a TFLite / IR source already holds
+    file_type: str | None = spec(None, pattern=ID)  # a GGUF source's llama.cpp file type
+    weights: str | None = spec(None, pattern=r"^[^/\\\x00-\x1f\x7f]{1,256}$")  # an OpenVINO IR's .bin
+    runtime: str | None = spec(None, max_len=256)  # the runtime that read it (OpenVINO version)
+    ops: tuple[str, ...] = spec((), max_items=512, item=Rule(max_len=128))
+    tensor_types: Mapping[str, int] | None = spec(None, max_items=64, item=Rule(ge=0))
+    description: str | None = spec(None, **_TEXT)
 
 
 @dataclass(frozen=True)
@@ -273,6 +285,19 @@ Parity = Annotated[Union[ParityEvidence, LLMQualityEvidence, SkippedParity], Tag
 
 
 @dataclass(frozen=True)
+class ReferencePairs:
+    """A few source inputs with the source's outputs, in a bundle file (``edge.refpairs``): the device
+    runs them through its runner on first load and compares. ``file`` is None (``samples`` 0) when
+    none could be stored; ``note`` says why, or what was cut to keep the file small."""
+
+    samples: int = spec(ge=0, le=64)
+    reference: str = spec(min_len=1, **_TEXT)  # who computed the outputs
+    thresholds: Thresholds = spec()  # the build host's parity limits for the precision
+    file: str | None = spec(None, pattern=REL_PATH, max_len=1024)
+    note: str | None = spec(None, **_TEXT)
+
+
+@dataclass(frozen=True)
 class Latency:
     count: int = spec(ge=0, le=1 << 40)
     p50_ms: float = spec(**_MS)
@@ -365,6 +390,8 @@ class Manifest:
     calibration: JSON = None
     preprocess: Preprocess | None = None
     parity: Parity | None = None
+    #: reference input/output pairs the device checks on first load (absent in older bundles)
+    reference_pairs: ReferencePairs | None = None
     benchmark: Benchmark | None = None
     build_host: JSON = None
 
@@ -526,6 +553,16 @@ def check(m: Manifest) -> None:
             raise Invalid("parity.kind", "an LLM quality report in a vision bundle")
         if par.quant != m.precision:
             raise Invalid("parity.quant", f"{par.quant} differs from the bundle's precision {m.precision}")
+    ref = m.reference_pairs
+    if ref is not None:
+        if (ref.file is None) != (ref.samples == 0):
+            raise Invalid("reference_pairs.file", "a file goes with samples > 0, and no file with samples 0")
+        if ref.file is not None and ref.file not in seen:
+            raise Invalid("reference_pairs.file", f"{json.dumps(ref.file)} is not one of the artifacts")
+        if ref.file is not None and ref.file == m.primary_artifact:
+            raise Invalid("reference_pairs.file", "is the primary artifact")
+        if ref.file is not None and m.kind != "vision":
+            raise Invalid("reference_pairs", f"tensor reference pairs in a {m.kind} bundle")
     check_runner(m.runner)
 
 

@@ -1,7 +1,8 @@
 """Parity: does the converted model compute what the source computes?
 
-The reference is always the source ONNX in onnxruntime fp32 (CPU provider) on the same inputs.
-Per output: max and mean abs error, cosine similarity (mean over samples, and the worst
+The reference is the source model in its own reference runtime on the same inputs (ONNX:
+onnxruntime fp32 CPU provider; TFLite: LiteRT reference kernels; OpenVINO IR: OpenVINO CPU f32;
+PyTorch: the model itself in its toolchain; see ``edge.pipeline.sources``). Per output: max and mean abs error, cosine similarity (mean over samples, and the worst
 sample), and top-1 agreement when the output is classifier-shaped ([N, C] or [N, C, 1, 1] with C > 1). Thresholds per precision live here only.
 """
 
@@ -172,6 +173,19 @@ def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[M
     return results
 
 
+def _ort_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("onnxruntime")
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+#: who computes the reference for an ONNX source
+REFERENCE = f"onnxruntime {_ort_version()} fp32 CPUExecutionProvider"
+
+
 def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     import onnxruntime as ort
 
@@ -182,16 +196,17 @@ def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarr
     return [dict(zip(names, sess.run(names, dict(s)))) for s in samples]
 
 
-def check_parity(source_onnx: Path, runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
-                 precision: str, inputs: str, reference: Sequence[Mapping[str, np.ndarray]] | None = None) -> ParityReport:
-    import onnxruntime as ort
-
-    ref = list(reference) if reference is not None else reference_outputs(source_onnx, samples)
+def check_parity(runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
+                 reference: Sequence[Mapping[str, np.ndarray]], *, precision: str, inputs: str,
+                 reference_label: str, host_proxy: str | None = None) -> ParityReport:
+    """The one parity service: ``runner`` (the bundle's, or a host proxy for it) against ``reference``
+    (the source model's outputs on ``samples``, from the source's own reference runtime)."""
     cand = [runner.infer(s) for s in samples]
     th = thresholds_for(precision, runner.info.precision_used)
+    notes = host_notes(precision, runner.info.precision_used)
+    if host_proxy:
+        notes.insert(0, host_proxy)
     return ParityReport(
-        precision=precision, thresholds=th, samples=len(samples),
-        inputs=inputs, reference=f"onnxruntime {ort.__version__} fp32 CPUExecutionProvider",
-        candidate=runner.info.to_json(), outputs=compare(ref, cand, th),
-        host_notes=host_notes(precision, runner.info.precision_used),
+        precision=precision, thresholds=th, samples=len(samples), inputs=inputs, reference=reference_label,
+        candidate=runner.info.to_json(), outputs=compare(list(reference), cand, th), host_notes=notes,
     )

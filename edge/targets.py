@@ -22,6 +22,8 @@ from edge.errors import PrecisionError, TargetError
 from edge.backends.registry import did_you_mean
 
 SCHEMA_VERSION = 1
+ARCHS = ("x86_64", "aarch64", "armv7l", "riscv64")  # what run.device_arch may name (after aliases: amd64, arm64)
+PLATFORMS = {"jetson": "NVIDIA Jetson"}  # run.device_platform: the host must be one (Host.jetson: /etc/nv_tegra_release)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0")
 ENV_VAR = "EDGEKIT_TARGETS_PATH"
 
@@ -52,6 +54,41 @@ class StepPlace:
 
 
 @dataclass(frozen=True)
+class DeviceClass:
+    """The machines a target's devices are (``[run] device_arch``, ``device_os``, ``device_platform``,
+    ``accelerator``): a benchmark stands for the target only when it ran on one of them, on the accelerator.
+    ``run.os``/``run.arch`` say where the runner can run at all (an x86 build host runs arm-xnnpack's
+    LiteRT); this says where its timings mean something for the device."""
+
+    arch: tuple[str, ...]
+    os: tuple[str, ...]
+    platform: str | None = None  # a key of PLATFORMS: the host must be that platform, not just its arch
+    accelerator: str = ""
+
+    def describe(self) -> str:
+        where = f"{'/'.join(self.os)} {'/'.join(self.arch)}"
+        if self.platform:
+            where = f"{PLATFORMS[self.platform]} ({where})"
+        return f"{where}, {self.accelerator}" if self.accelerator else where
+
+
+def same_device_class(profile: "TargetProfile", host: Host, runner_info: Any) -> tuple[bool, str]:
+    """Whether a benchmark run on ``host`` with a runner that reported ``runner_info`` (a ``RunnerInfo``
+    or its JSON) measured ``profile``'s device class, and why: the host's OS, CPU architecture and
+    platform must be the device class's, and the runner must have used the target's accelerator (no
+    fallback). Only then does its latency say anything about the device's budget."""
+    dc = profile.device_class
+    fallback = runner_info.get("fallback") if isinstance(runner_info, Mapping) else getattr(runner_info, "fallback", None)
+    here = f"{host.os}/{host.arch}" + (f", {PLATFORMS['jetson']}" if host.jetson else "")
+    if host.os not in dc.os or host.arch not in dc.arch or (dc.platform == "jetson" and not host.jetson):
+        return False, f"different device class: this host is {here}; {profile.name}'s devices are {dc.describe()}"
+    if fallback:
+        accelerator = dc.accelerator or "the target's accelerator"
+        return False, f"different device class: the runner used its fallback, not {accelerator} ({fallback})"
+    return True, f"same device class: this host ({here}) is one of {profile.name}'s devices ({dc.describe()})"
+
+
+@dataclass(frozen=True)
 class LLMProfile:
     """How the target runs GGUF language models (llama.cpp), beside its vision chain."""
 
@@ -77,6 +114,7 @@ class TargetProfile:
     convert_place: StepPlace
     run_place: StepPlace
     accelerator: str
+    device_class: DeviceClass
     runtime_options: Mapping[str, Any] = field(default_factory=dict)
     convert_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: str = ""
@@ -101,6 +139,8 @@ class TargetProfile:
                         "options": {k: dict(v) for k, v in self.convert_options.items()}},
             "run": {"os": list(self.run_place.os), "arch": list(self.run_place.arch),
                     "needs_gpu": self.run_place.needs_gpu, "needs_device": self.run_place.needs_device,
+                    "device_arch": list(self.device_class.arch), "device_os": list(self.device_class.os),
+                    "device_platform": self.device_class.platform,
                     "options": dict(self.runtime_options)},
             "notes": self.notes,
             "llm": None if self.llm is None else {"runner": self.llm.runner, "precisions": list(self.llm.precisions),
@@ -120,7 +160,7 @@ _REQUIRED_TOP = ("schema_version", "name", "title", "hardware", "default_precisi
                  "frame_budget_ms", "convert", "run")
 _CONVERT = {"chain": list, "os": list, "arch": list, "options": dict}
 _RUN = {"runner": str, "accelerator": str, "os": list, "arch": list, "needs_gpu": bool,
-        "needs_device": bool, "options": dict}
+        "needs_device": bool, "device_arch": list, "device_os": list, "device_platform": str, "options": dict}
 _LLM = {"runner": str, "precisions": list, "default_precision": str, "options": dict}
 
 
@@ -228,6 +268,7 @@ def parse_profile(path: Path) -> TargetProfile:
         _str_list(p, run.get("os"), "run.os"), _str_list(p, run.get("arch"), "run.arch"),
         needs_gpu=bool(run.get("needs_gpu", False)), needs_device=bool(run.get("needs_device", False)),
     )
+    device_class = _device_class(p, run, run_place)
     llm = None
     if llm_raw is not None:
         llm = LLMProfile(llm_raw.get("runner", "llama.cpp"), _precisions(p, llm_raw, "llm."), llm_raw["default_precision"],
@@ -238,9 +279,35 @@ def parse_profile(path: Path) -> TargetProfile:
         default_precision=raw["default_precision"], precisions=precisions,
         frame_budget_ms=float(raw["frame_budget_ms"]), chain=tuple(chain),
         convert_place=convert_place, run_place=run_place, accelerator=run.get("accelerator", ""),
+        device_class=device_class,
         runtime_options=dict(run.get("options", {})), convert_options=dict(options),
         notes=raw.get("notes", ""), path=path, llm=llm,
     )
+
+
+def _device_class(p: _Problems, run: Mapping[str, Any], run_place: StepPlace) -> DeviceClass:
+    """``[run] device_arch`` (default: run.arch), ``device_os`` (default: run.os), ``device_platform``: every
+    problem recorded. A device class must be one the runner runs on: its arches and OSes are within run.arch and
+    run.os. A profile without ``device_arch`` (written before it existed) counts every run architecture as its
+    device class, as edgekit did then; the built-in profiles name theirs."""
+    given = run["device_arch"] if "device_arch" in run else list(run_place.arch)
+    archs = tuple(normalize_arch(a) for a in _str_list(p, given, "run.device_arch"))
+    for a in archs:
+        if a not in ARCHS:
+            p.add("run.device_arch", f"unknown architecture {a!r}; {did_you_mean(a, list(ARCHS))}known: {', '.join(ARCHS)}")
+    run_archs = {normalize_arch(a) for a in run_place.arch}
+    elsewhere = [a for a in archs if a in ARCHS and a not in run_archs]
+    if run_place.arch and elsewhere:
+        p.add("run.device_arch", f"{elsewhere} not in run.arch {list(run_place.arch)}: "
+                                 "the runner must run on the target's own devices")
+    oses = _str_list(p, run["device_os"], "run.device_os") if "device_os" in run else run_place.os
+    if run_place.os and [o for o in oses if o not in run_place.os]:
+        p.add("run.device_os", f"{[o for o in oses if o not in run_place.os]} not in run.os {list(run_place.os)}")
+    platform = run.get("device_platform")
+    if platform is not None and platform not in PLATFORMS:
+        p.add("run.device_platform", f"unknown platform {platform!r}; {did_you_mean(platform, list(PLATFORMS))}"
+                                     f"known: {', '.join(PLATFORMS)}")
+    return DeviceClass(archs, tuple(oses), platform, run.get("accelerator", ""))
 
 
 def builtin_dir() -> Path:

@@ -21,7 +21,7 @@ from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop
 from edge.agent.payloads import load_schema
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import DeviceStore
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.simulate import SimulatedFleet

@@ -7,7 +7,7 @@ import pytest
 
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import EdgeError
 from edge.stats import LatencyStats, budget_from
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import DeviceStore, ship
 from edge.video.sources import write_synthetic_clip
 from tests.conftest import assert_user_error, run_cli

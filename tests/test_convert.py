@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from edge.bundle import Bundle
-from edge.convert import convert, plan
+from edge.pipeline import convert, plan
 from edge.backends.converter import CONVERTERS, ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, MissingDependencyError, ModelError, ParityError, PrecisionError
 from edge.targets import get_target

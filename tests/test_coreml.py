@@ -17,7 +17,7 @@ import pytest
 
 from edge import toolchains
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
 from edge.backends.coreml.convert import OnnxToCoreML
 from edge.backends.coreml.format import package_dir

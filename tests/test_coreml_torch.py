@@ -16,13 +16,13 @@ import pytest
 
 from edge import toolchains
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
 from edge.backends.coreml.convert import TorchToCoreML
 from edge.backends.coreml.format import package_dir
-from edge.errors import ModelError, TargetError
+from edge.errors import ModelError
 from edge.backends.coreml.run import NEEDS_MACOS
-from edge.torch_source import NOT_HERE, is_torch_source
+from edge.pipeline.sources import is_torch_source
 
 
 _MAKE = r"""
@@ -56,7 +56,7 @@ def torch_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_registered() -> None:
     assert CONVERTERS.get("torch->coreml") is TorchToCoreML
-    assert TorchToCoreML.source_format == "torchscript" and TorchToCoreML.toolchain == "coreml"
+    assert TorchToCoreML.source_format == "torchscript" and TorchToCoreML.toolchain == "torch"
 
 
 def test_dispatch_by_suffix_and_zip(tmp_path: Path, models: dict[str, Path]) -> None:
@@ -69,11 +69,19 @@ def test_dispatch_by_suffix_and_zip(tmp_path: Path, models: dict[str, Path]) -> 
     assert is_torch_source(ts)
 
 
-def test_other_targets_refuse_torch(tmp_path: Path) -> None:
-    (tmp_path / "m.pt").write_bytes(b"PK\x03\x04")
-    with pytest.raises(TargetError, match=NOT_HERE):
-        convert(tmp_path / "m.pt", "x86-cpu", tmp_path / "out", input_shapes={"x": (1, 3, 8, 8)})
-    assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize("target,precision", [("x86-cpu", "fp32"), ("intel-igpu", "fp16"), ("jetson-orin", "fp16")])
+def test_other_targets_take_torch_through_onnx(torch_models: Path, tmp_path: Path, target: str, precision: str) -> None:
+    """PyTorch sources for every target: torch->onnx in the toolchain, then the target's ONNX chain; the
+    PyTorch model itself is the parity reference."""
+    b = convert(torch_models / "tiny.pt2", target, tmp_path / "b", precision=precision,
+                input_shapes={"image": (1, 3, 32, 32)})
+    m = b.manifest
+    assert [c["converter"] for c in m["chain"]][0] == "torch->onnx"
+    assert m["source"]["format"] == "torch-exported-program" and "torch->onnx" in m["source"]["route"]
+    assert m["parity"]["passed"] is True and m["parity"]["reference"].startswith("torch")
+    assert m["reference_pairs"]["samples"] > 0
+    if target == "jetson-orin":
+        assert any("host proxy" in n for n in m["parity"]["host_notes"])
 
 
 def test_not_a_torch_file(tmp_path: Path) -> None:
@@ -113,7 +121,8 @@ def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: 
     assert d["ops"]["conv"] == 1 and d["io_names"]["outputs"] == ["output_0"]
     assert d["torch_reference"]["outputs"][0]["shape"] == [1, 10] and d["torch_reference"]["samples"] == 8
     assert m["parity"]["passed"] is None and NEEDS_MACOS in m["parity"]["skipped"]
-    assert "torch_reference" in m["parity"]["reference"]
+    assert m["parity"]["reference"].startswith("torch ")  # the PyTorch model itself, named with its version
+    assert m["reference_pairs"]["samples"] > 0  # the Mac checks the package against them on first load
     json.dumps(m)
     # the saved package's spec loads in the toolchain (coremltools lives there only)
     st = toolchains.status("coreml")

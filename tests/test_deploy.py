@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import DeviceStore, SshStore, deploy, rollback, ship
 from edge.errors import BudgetError, DeployError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.capabilities import cpu_isa, parse_cpuinfo
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.parity import host_notes
 
 # Trimmed /proc/cpuinfo of the two CPU kinds CI lands on (flags as the kernel prints them).

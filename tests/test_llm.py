@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
 from edge.llm.samples import build_tiny_llama
 from tests.conftest import assert_user_error, run_cli

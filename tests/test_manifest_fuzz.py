@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import BudgetError, BundleError, DeployError, ManifestError
 from edge.manifest import check_gates
 

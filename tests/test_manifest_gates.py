@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError, ManifestError

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import ManifestError
 from edge.manifest_schema import (DEVICE_ONLY_OPTIONS, MAX_BYTES, RUNNER_OPTIONS, Manifest, RunnerSpec, check_runner,
                                   device_only_hint, manifest_json_schema, published_schema)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import EdgeError, HardwareUnavailableError, ManifestError, TargetError
 
 from tests.conftest import assert_user_error, run_cli

@@ -216,7 +216,7 @@ def _assert_offline_recorded(details: dict[str, Any], expected: str) -> None:
 def test_tflite_conversion_records_what_kept_it_offline(models: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
     _toolchain_or_skip("tflite")
-    from edge.convert import convert
+    from edge.pipeline import convert
 
     b = convert(models["tiny"], "arm-xnnpack", tmp_path / "b", precision="fp32")
     details = json.loads((b.path / "manifest.json").read_text())["chain"][0]["details"]
@@ -228,7 +228,7 @@ def test_tflite_conversion_records_what_kept_it_offline(models: dict[str, Path],
 def test_coreml_conversion_records_what_kept_it_offline(models: dict[str, Path], tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch, netns: str) -> None:
     _toolchain_or_skip("coreml")
-    from edge.convert import convert
+    from edge.pipeline import convert
 
     if netns == "off":  # the fallback, as on a host that refuses namespaces: the manifest says so
         monkeypatch.setenv(toolchains.NETNS_ENV, "0")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.onnxmodel import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx
 from edge.parity import reference_outputs
 from edge.preprocess import Preprocessor, read_image

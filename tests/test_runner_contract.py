@@ -29,7 +29,7 @@ import pytest
 
 from edge.bundle import Bundle
 from edge.capabilities import current_host
-from edge.convert import conversion_problems, convert, runnable_here
+from edge.pipeline import conversion_problems, convert, runnable_here
 from edge.errors import EdgeError
 from edge.backends.registry import runners
 from edge.backends.runner import Runner

@@ -19,7 +19,7 @@ from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture
 from edge.agent.agent import Agent, AgentConfig
 from edge.agent.mqtt import BrokerConfig
 from edge.bundle import MANIFEST, SIGNATURE, Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import ship
 from edge.errors import SignatureError
 from edge.signing import Signature, canonical_bytes, generate_key, sign_bundle

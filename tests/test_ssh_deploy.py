@@ -21,7 +21,7 @@ from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture
 from store_bundles import KillServer, clone_bundle
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import rollback, ship
 from edge.errors import DeployError
 from edge.store import INSTALL_STEPS, DeviceStore, SshStore

@@ -20,7 +20,7 @@ import pytest
 from store_bundles import KillServer, clone_bundle
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.store import INSTALL_STEPS, SWITCH_STEPS, DeviceStore
 
 ROUNDS = 20

@@ -16,7 +16,7 @@ from store_bundles import clone_bundle as clone
 from store_bundles import clone_dir
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import ship
 from edge.errors import DeployError, EdgeError
 from edge.store import DeviceStore, open_store, rollback

@@ -7,7 +7,8 @@ import pytest
 from edge.backends.converter import CONVERTERS
 from edge.errors import PrecisionError, TargetError
 from edge.backends.runner import RUNNERS
-from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile
+from edge.capabilities import Host
+from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile, same_device_class
 
 SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}
 
@@ -29,6 +30,7 @@ arch = ["x86_64", "aarch64"]
 runner = "onnxruntime"
 os = ["linux", "darwin", "windows"]
 arch = ["x86_64", "aarch64"]
+device_arch = ["aarch64"]
 
 [run.options]
 intra_op_num_threads = 1
@@ -124,3 +126,56 @@ def test_user_directory_adds_and_overrides(tmp_path: Path, monkeypatch: pytest.M
 def test_missing_targets_dir_is_reported(tmp_path: Path) -> None:
     with pytest.raises(TargetError, match="does not exist"):
         load_targets([tmp_path / "nope"])
+
+
+def test_device_class_defaults_and_is_checked_all_at_once(tmp_path: Path) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text(VALID.format(name="board").replace('device_arch = ["aarch64"]\n', ""))
+    # a profile written before device_arch existed keeps working: every run architecture is its device class
+    assert parse_profile(f).device_class.arch == tuple(parse_profile(f).run_place.arch)
+    f.write_text(VALID.format(name="board").replace('device_arch = ["aarch64"]', 'device_arch = ["arm64", "aarch46", "armv7l"]\n'
+                                                    'device_os = ["linux", "android"]\ndevice_platform = "jetsn"'))
+    with pytest.raises(TargetError) as e:
+        parse_profile(f)
+    msg = str(e.value)
+    assert "run.device_arch: unknown architecture 'aarch46'; did you mean 'aarch64'?" in msg
+    assert "run.device_arch: ['armv7l'] not in run.arch" in msg  # the runner must run on the devices themselves
+    assert "run.device_os: ['android'] not in run.os" in msg
+    assert "run.device_platform: unknown platform 'jetsn'; did you mean 'jetson'?" in msg
+    f.write_text(VALID.format(name="board").replace('device_arch = ["aarch64"]', 'device_arch = ["arm64"]'))
+    dc = parse_profile(f).device_class
+    assert dc.arch == ("aarch64",) and dc.os == ("linux", "darwin", "windows") and dc.platform is None
+
+
+X86 = Host("linux", "x86_64", nvidia_gpu=False, jetson=False)
+PI = Host("linux", "aarch64", nvidia_gpu=False, jetson=False)
+MAC = Host("darwin", "aarch64", nvidia_gpu=False, jetson=False)
+GPU_BOX = Host("linux", "aarch64", nvidia_gpu=True, jetson=False)
+ORIN = Host("linux", "aarch64", nvidia_gpu=True, jetson=True)
+
+
+@pytest.mark.parametrize("target,host,fallback,same", [
+    ("arm-xnnpack", X86, None, False),  # LiteRT runs on the x86 build host, but that is not a Pi
+    ("arm-xnnpack", MAC, None, False),
+    ("arm-xnnpack", PI, None, True),
+    ("arm-xnnpack", PI, "CPU fallback: XNNPack took none of the ops", False),
+    ("x86-cpu", X86, None, True),
+    ("x86-cpu", PI, None, False),
+    ("intel-igpu", X86, None, True),
+    ("intel-igpu", X86, "GPU not available: ran on CPU", False),  # the iGPU is the device, the CPU is not
+    ("jetson-orin", X86, None, False),
+    ("jetson-orin", GPU_BOX, None, False),  # an aarch64 server with an NVIDIA GPU is not a Jetson
+    ("jetson-orin", ORIN, None, True),
+    ("coral-edgetpu", X86, None, True),  # the Edge TPU (USB/PCIe) reached: the device class
+    ("coral-edgetpu", PI, "CPU fallback: libedgetpu.so.1 could not be loaded", False),
+    ("apple-ane", X86, None, False),
+    ("apple-ane", MAC, None, True),
+])
+def test_same_device_class(target: str, host: Host, fallback: str | None, same: bool) -> None:
+    ok, why = same_device_class(get_target(target), host, {"fallback": fallback})
+    assert ok is same
+    assert why.startswith("same device class: " if same else "different device class: ")
+    if not same and fallback:
+        assert fallback in why
+    elif not same:
+        assert f"this host is {host.os}/{host.arch}" in why and f"{target}'s devices are" in why

@@ -17,7 +17,7 @@ from conftest import run_cli
 from edge.agent.tegrastats import parse_nvpmodel, parse_nvpmodel_conf, parse_tegrastats, read_nvpmodel
 from edge.bench import run_benchmark
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.tensorrt.convert import (BUILD_FILE, OnnxToTensorRTPlan, check_symmetric_qdq, compatibility_report,
                                            fold_graph)

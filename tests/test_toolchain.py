@@ -15,7 +15,7 @@ import pytest
 
 from conftest import assert_user_error, run_cli
 from edge import toolchains
-from edge.convert import conversion_problems, plan
+from edge.pipeline import conversion_problems, plan
 from edge.errors import EdgeError, MissingDependencyError
 from edge.targets import get_target
 
@@ -233,3 +233,39 @@ def test_cli_show_and_list(empty_root: Path) -> None:
     assert data["installed"] is False and "onnx2tf==1.29.24" in data["requirements"]
     assert "edgekit toolchain install tflite" in data["problem"]
     assert_user_error(run_cli("toolchain", "install", "nope", env=env), "unknown toolchain 'nope'")
+
+
+def test_torch_toolchain_keeps_its_former_name(empty_root: Path) -> None:
+    """``coreml`` (CI's and the README's install command) is the ``torch`` toolchain; an install made under that
+    name is used where it is (a venv cannot move) until one exists under the new name."""
+    spec = toolchains.get_spec("coreml")
+    assert spec is toolchains.get_spec("torch") and spec.name == "torch" and toolchains.aliases() == {"coreml": "torch"}
+    listed = [s.name for s in toolchains.list_status()]
+    assert "coreml" not in toolchains.TOOLCHAINS and "coreml" not in listed and {"tflite", "torch"} <= set(listed)
+    assert toolchains.toolchain_dir("coreml") == toolchains.toolchain_dir("torch") == empty_root / "torch"
+    st = toolchains.status("coreml")
+    assert st.name == "torch" and not st.installed and "edgekit toolchain install torch" in (st.problem or "")
+    (empty_root / "coreml").mkdir(parents=True)
+    assert toolchains.toolchain_dir("torch") == empty_root / "torch"  # an unfinished old install is not adopted
+    (empty_root / "coreml" / toolchains.STATE_FILE).write_text("{}")
+    assert toolchains.toolchain_dir("torch") == toolchains.toolchain_dir("coreml") == empty_root / "coreml"
+    assert toolchains.status("torch").installed and toolchains.status("torch").path == empty_root / "coreml"
+    (empty_root / "torch").mkdir()
+    assert toolchains.toolchain_dir("coreml") == empty_root / "torch"  # the new name wins once it exists
+    with pytest.raises(EdgeError, match="unknown toolchain 'corml'; did you mean 'coreml'"):
+        toolchains.get_spec("corml")
+
+
+def test_run_driver_picks_a_driver_of_the_toolchain(use_mini: toolchains.ToolchainStatus, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One toolchain, several drivers (torch: coreml_driver.py, torch_onnx_driver.py)."""
+    asked: list[str] = []
+    body = "import json\nprint(json.dumps({'event': 'result', 'ok': True}), flush=True)\n"
+    (tmp_path / "other_driver.py").write_text(body)
+    monkeypatch.setattr(toolchains, "driver_path", lambda name: asked.append(name) or tmp_path / f"{name}_driver.py")
+    work = tmp_path / "work"
+    work.mkdir()
+    final, _ = toolchains.run_driver("mini", {}, work, driver="other")
+    assert final["ok"] is True and asked == ["other"]
+    monkeypatch.undo()
+    assert toolchains.driver_path("torch_onnx").is_file() and toolchains.driver_path("coreml").is_file()

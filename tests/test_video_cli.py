@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.samples import build_yolo_detector
 from edge.stats import LatencyStats
 from edge.video.report import VideoReport

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import InputFileError
 from edge.video import PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.report import VideoReport

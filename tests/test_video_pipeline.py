@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edge.bundle import Bundle
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.errors import EdgeError, ModelError
 from edge.samples import build_yolo_detector
 from edge.video import PipelineError, PipelineOptions, open_source, run_pipeline, run_sequential

@@ -25,6 +25,7 @@ from edge.agent.sources import open_source, parse_source
 from edge.agent.thermal import ThermalProbe
 from edge.agent.topics import check_part
 from edge.errors import EdgeError
+from edge.refpairs import describe as describe_check, runner_json
 
 log = logging.getLogger("edge.agent")
 DEFAULT_FPS = 30.0
@@ -109,6 +110,7 @@ class Agent:
         self._t0 = time.monotonic()
         self.bundle: Any = None
         self.runner: Any = None
+        self.reference_check: dict[str, Any] | None = None  # edge.refpairs.check_on_load's result
         self.worker: InferenceWorker | None = None
         self.state, self.state_detail = "idle", None
         self.fps: float | None = None
@@ -156,8 +158,8 @@ class Agent:
         if parse_source(cfg.source)[0] == "none":
             self.state, self.state_detail = "idle", "frame source 'none': the model is not run"
             return
-        try:
-            self.runner = self.bundle.open_runner(cfg.runner_options or None)
+        try:  # the reference pairs checked on first load, recorded in the store (edge.refpairs)
+            self.runner = self.bundle.open_runner(cfg.runner_options or None, check_reference="first", records=store)
             source = open_source(cfg.source, bundle=self.bundle, runner=self.runner, fps=self.fps)
         except EdgeError as e:
             if self.runner is not None:
@@ -169,6 +171,11 @@ class Agent:
         self._source_desc = getattr(source, "description", cfg.source)
         self.worker = InferenceWorker(self.runner, source, self.budget_ms)
         self.state, self.state_detail = "running", None
+        self.reference_check = self.runner.info.details.get("reference_check")
+        failed = describe_check(self.reference_check)
+        if failed is not None:  # reported in birth and state; rollout decides what to do about it
+            self.state_detail = failed
+            log.warning("%s", failed)
 
     # payload bodies ----------------------------------------------------------------------
     def birth_body(self) -> dict[str, Any]:
@@ -179,7 +186,8 @@ class Agent:
                       "interval_s": self.config.interval_s, "source": self._source_desc, "fps": self.fps,
                       "budget_ms": self.budget_ms},
             "bundle": None if b is None else {"id": b.id, "target": b.target, "precision": b.precision},
-            "runner": None if self.runner is None else self.runner.info.to_json(),
+            "runner": None if self.runner is None else runner_json(self.runner),
+            "reference_check": self.reference_check,
             "host": self._host,
         }
 

@@ -38,6 +38,9 @@ class RunnerInfo:
 class Runner(ABC):
     name: ClassVar[str]
     formats: ClassVar[tuple[str, ...]]  # artifact formats it loads
+    #: (runner, options, what it is) that computes on a build host what this runner will compute on the
+    #: device, for parity where this runner cannot run (TensorRT: onnxruntime on the prepared ONNX)
+    host_proxy: ClassVar[tuple[str, dict[str, Any], str] | None] = None
     requires: ClassVar[tuple[Requirement, ...]] = ()
     options: ClassVar[Mapping[str, str]] = {}
 

@@ -16,6 +16,7 @@ from edge.cli import bench as _bench
 from edge.cli import convert as _convert
 from edge.cli import deploy as _deploy
 from edge.cli import doctor as _doctor
+from edge.cli import finish as _finish
 from edge.cli import run as _run
 from edge.cli import signing as _signing
 from edge.cli import trust as _trust
@@ -50,6 +51,7 @@ def _root(version: Optional[bool] = typer.Option(None, "--version", callback=_ve
 app.add_typer(_targets.app, name="targets")
 app.command("doctor")(command(_doctor.doctor_cmd))
 app.command("convert")(command(_convert.convert_cmd))
+app.command("finish")(command(_finish.finish_cmd))
 app.command("bench")(command(_bench.bench_cmd))
 app.command("deploy")(command(_deploy.deploy_cmd))
 app.command("rollback")(command(_deploy.rollback_cmd))

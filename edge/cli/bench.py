@@ -6,15 +6,27 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from edge.bench import run_benchmark
+from edge.bench import judge_device_class, run_benchmark
 from edge.bundle import Bundle
-from edge.cli._common import AllowCpuFallback, JsonOut, fallback_options, console, fmt_ms, print_json, progress
+from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
+                              progress)
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
 BudgetMs = typer.Option(None, "--budget-ms", help="Frame budget in milliseconds.", show_default=False)
+
+
+def warn_on_reference_check(b: Bundle, options: dict[str, Any] | None) -> None:
+    """The bundle's reference pairs run on this device (``edge.refpairs``; once per bundle and device
+    when it lies in a device store, which records the result); a failure is one warning line on stderr."""
+    from edge.refpairs import check_bundle, describe
+
+    line = describe(check_bundle(b, options or None))
+    if line is not None:
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def render_bench(r: dict[str, Any]) -> None:
@@ -35,7 +47,8 @@ def render_bench(r: dict[str, Any]) -> None:
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
     if r["budget_ms"] is not None:
         colour = "green" if r["verdict"] == "pass" else "red"
-        extra = "" if r["on_target_device"] else " [yellow](measured on a fallback device: indicative only)[/]"
+        why = (run.get("details") or {}).get("device_class", {}).get("reason") or "measured on a fallback device"
+        extra = "" if r["on_target_device"] else f" [yellow](indicative only: {escape(why)})[/]"
         t.add_row("budget", f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms "
                             f"({r['budget_source']}){extra}")
     console.print(t)
@@ -104,11 +117,12 @@ def bench_cmd(
         return
     budget, source = budget_from(fps, budget_ms, b.frame_budget_ms)
     extra = fallback_options(b.info.runner.name, allow_cpu_fallback)  # refused before any progress line
+    warn_on_reference_check(b, extra)  # its own runner: the benchmark's load time stays the load alone
     if not as_json:
         progress(f"benchmarking {b.id} ...")
     report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,
                            budget_ms=budget, budget_source=source, bundle=b.id, target=b.target)
-    report.on_target_device = report.runner.get("fallback") is None
+    judge_device_class(report, b.target)  # budget verdict gates only for a benchmark on the target's device class
     data = report.to_json()
     if record:
         b.record("benchmark", data)

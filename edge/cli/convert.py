@@ -10,15 +10,18 @@ from rich.table import Table
 
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps
 from edge.cli.signing import SignKey, sign_if_configured
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.onnxmodel import parse_input_shapes
 from edge.spec import PRESETS
 
 InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
                           show_default=False)
 Precision = typer.Option(None, "--precision", "-p", help="fp32, fp16, int8, int8-dynamic; for .gguf: f16, q8_0, "
-                         "q5_k_m, q4_k_m, q4_0 (the target says which it allows; default: the target's).",
-                         show_default=False)
+                         "q5_k_m, q4_k_m, q4_0 (the target says which it allows; default: the target's), or keep: "
+                         "ship the source's own precision (the default for a quantized .gguf, and the only choice "
+                         "for a .tflite or OpenVINO IR the target runs as it is).", show_default=False)
+AllowRequantize = typer.Option(False, "--allow-requantize", help="Requantize an already quantized .gguf to "
+                               "--precision (llama.cpp's flag; quality is gated against the quantized source).")
 Calib = typer.Option(None, "--calib", help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
                      "or 'random' to quantize on generated inputs (recorded as such).", show_default=False)
 Preprocess = typer.Option("imagenet", "--preprocess", help=f"Pre-processing preset for an image input: "
@@ -86,14 +89,16 @@ def render_bundle(bundle: Any) -> None:
 
 
 def convert_cmd(
-    model: Path = typer.Argument(..., help="Source model: .onnx, or .gguf (language model, quantized by llama.cpp)."),
+    model: Path = typer.Argument(..., help="Source model: .onnx; .tflite; OpenVINO IR .xml (+ .bin); TorchScript "
+                                 "/ torch.export .pt, .ts, .pt2 (needs --input-shape); or .gguf (language model)."),
     target: str = typer.Option(..., "--target", "-t", help="Target profile, e.g. x86-cpu, intel-igpu (see `edgekit targets`)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Bundle directory "
                                           "(default: build/<model>-<target>-<precision>).", show_default=False),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
-    accept_parity_failure: bool = AcceptParity,
-    parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against onnxruntime fp32."),
+    accept_parity_failure: bool = AcceptParity, allow_requantize: bool = AllowRequantize,
+    parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against the source model in "
+                                       "its reference runtime."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --output."),
     sign_key: Optional[str] = SignKey,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
@@ -104,11 +109,15 @@ def convert_cmd(
         from edge.targets import get_target
 
         profile = get_target(target, dirs(targets_dir))
-        default = profile.llm.default_precision if model.suffix.lower() == ".gguf" and profile.llm else profile.default_precision
+        if model.suffix.lower() in (".gguf", ".tflite", ".xml"):
+            default = "keep"
+        else:
+            default = profile.default_precision
         output = Path("build") / f"{model.stem}-{target}-{precision or default}"
     with steps(not as_json) as say:
         bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
-                         parity_samples=parity_samples, force=force, on_step=say, **kwargs)
+                         parity_samples=parity_samples, force=force, allow_requantize=allow_requantize, on_step=say,
+                         **kwargs)
         bundle = sign_if_configured(bundle, sign_key, say)
     if as_json:
         print_json({"bundle": str(bundle.path), "manifest": bundle.manifest})

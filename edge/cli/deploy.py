@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
@@ -57,6 +58,8 @@ def deploy_cmd(
         print_json(result.to_json())
         return
     render_bundle(result.bundle)
+    if result.unverified is not None:
+        console.print(f"[yellow]unverified on this host:[/] {escape(result.unverified)}", highlight=False)
     if result.benchmark:
         render_bench(result.benchmark)
     for n in result.notes:

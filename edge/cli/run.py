@@ -14,7 +14,7 @@ from edge.bundle import Bundle
 from edge.errors import EdgeError
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
                               progress as progress_line)
-from edge.cli.bench import BudgetMs, Fps
+from edge.cli.bench import BudgetMs, Fps, warn_on_reference_check
 from edge.stats import budget_from
 
 
@@ -142,6 +142,7 @@ def run_cmd(
                               runner_options=fallback_options(b.info.runner.name, allow_cpu_fallback) or None)  # type: ignore[arg-type]
     with open_source(video=video, camera=camera, images=images, synthetic=synthetic, frames=max_frames,
                      fps=source_fps or fps) as source:
+        warn_on_reference_check(b, dict(options.runner_options or {}))  # after the source: its errors come first
         run = run_sequential if sequential else run_pipeline
         if as_json:
             report = run(b, source, options)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from edge.cli._common import command, JsonOut, TargetsDir, console, dirs, print_json
-from edge.convert import conversion_problems, runnable_here
+from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import builtin_dir, get_target, load_targets
 
 app = typer.Typer(help="List device profiles, or show one.", invoke_without_command=True, no_args_is_help=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -16,8 +17,12 @@ from typing import Any, Iterator
 from edge.errors import DeployError, EdgeError
 from edge.store.base import (ALREADY_NOTE, BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOUT_S, HISTORY, INTENT, LOCK,
                              PARTIAL, PREVIOUS, RECOVERED_NOTE, Intent, StepHook, Store, StoreState, bundle_files,
-                             check_bundle_id, damaged, history_entry, history_line, link_kind_message,
+                             check_bundle_id, damaged, history_entry, history_line, is_bundle_id, link_kind_message,
                              link_target_id, now_iso, parse_history, state_of, with_pending)
+
+#: ``checks/<bundle-id>.json``: the latest reference check of that bundle on this device (``edge.refpairs``)
+CHECKS = "checks"
+MAX_CHECK_BYTES = 1 << 20
 
 
 def new_txn() -> str:
@@ -51,6 +56,10 @@ class DeviceStore(Store):
     store's own ``trust/`` when it exists. With one, ``install`` admits only what it vouches for --
     checked on the copy that landed, under the lock, where the version seen is recorded -- and
     ``bundle`` opens only what it vouches for. Without one nothing is checked (logged at info level).
+
+    ``checks/<bundle-id>.json`` holds the latest reference check of each bundle run here
+    (``edge.refpairs``), so a second load does not check again; written by rename, outside the
+    writers' lock (one file per bundle, whole or absent).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
@@ -123,6 +132,42 @@ class DeviceStore(Store):
                 raise damaged(self.where, f"'{HISTORY}' is not a file")
             entries = parse_history(f.read_text(encoding="utf-8", errors="replace")) if f.exists() else []
         return with_pending(entries, self.state())
+
+    # reference checks (edge.refpairs) --------------------------------------------------------------
+    def reference_check(self, bundle_id: str) -> dict[str, Any] | None:
+        """The recorded reference check of ``bundle_id`` on this device; None when there is none, or
+        when the record is not one (too big, not JSON, another bundle's): the bundle is then checked again."""
+        f = self.root / CHECKS / f"{check_bundle_id(bundle_id)}.json"
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # absent, a symlink, unreadable: no usable record
+            return None
+        with os.fdopen(fd, "rb") as h:
+            if not stat.S_ISREG(os.fstat(h.fileno()).st_mode):
+                return None
+            data = h.read(MAX_CHECK_BYTES + 1)
+        try:
+            rec = json.loads(data) if len(data) <= MAX_CHECK_BYTES else None
+        except ValueError:
+            return None
+        return rec if isinstance(rec, dict) and rec.get("bundle_id") == bundle_id else None
+
+    def record_reference_check(self, bundle_id: str, result: Any) -> Path:
+        """Write ``checks/<bundle_id>.json`` (temporary file, fsync, rename, fsync the directory)."""
+        from edge.bundle import write_json_atomic
+
+        bid = check_bundle_id(bundle_id)
+        with self._guard():
+            if not self.root.is_dir():
+                raise DeployError(f"device store {self.where} does not exist")
+            d = self.root / CHECKS
+            if d.is_symlink() or (d.exists() and not d.is_dir()):
+                raise damaged(self.where, f"'{CHECKS}' is not a directory")
+            d.mkdir(exist_ok=True)
+            f = d / f"{bid}.json"
+            write_json_atomic(f, dict(result))
+            _fsync_dir(d)
+        return f
 
     # writing -----------------------------------------------------------------------------------
     @contextmanager
@@ -355,6 +400,21 @@ class DeviceStore(Store):
             if admitted is not None and self.trust is not None:
                 self.trust.allow(admitted, prev)
         return prev
+
+
+def store_holding(bundle_path: str | os.PathLike[str]) -> DeviceStore | None:
+    """The device store a bundle directory lies in (``<store>/bundles/<id>``, also when reached through
+    ``current`` or ``previous``), opened for its records only; None for a bundle anywhere else."""
+    try:
+        p = Path(bundle_path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    root = p.parent.parent
+    if p.parent.name != BUNDLES or not is_bundle_id(p.name):
+        return None
+    if not any((root / n).is_symlink() for n in (CURRENT, PREVIOUS)) and not (root / HISTORY).is_file():
+        return None
+    return DeviceStore(root, trust=False)
 
 
 def _same_file(a: Path, b: Path) -> bool:

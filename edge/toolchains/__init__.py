@@ -56,6 +56,9 @@ class ToolchainSpec:
     programs: tuple[str, ...]  # must exist in venv/bin (called by PATH)
     versions: tuple[str, ...]  # distributions whose versions converters record
     size_hint: str
+    #: names it had before (still accepted everywhere a name is, and an install made under one is used as it is:
+    #: a venv cannot be moved)
+    former_names: tuple[str, ...] = ()
 
     @property
     def lock_text(self) -> str:
@@ -90,14 +93,14 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         versions=("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime"),
         size_hint="about 2.6 GB on disk, 1.5-3 min with a warm network",
     ),
-    "coreml": ToolchainSpec(
-        name="coreml",
-        purpose="ONNX -> Core ML ML Program (edgekit's ONNX->PyTorch bridge, torch.jit.trace, coremltools) "
-                "for the onnx->coreml converter",
+    "torch": ToolchainSpec(
+        name="torch",
+        purpose="PyTorch CPU + coremltools + onnx for torch->onnx, torch->coreml and onnx->coreml",
         # torch: the CPU wheel (its CUDA build is several GB); coremltools 9.0 is the newest release.
-        # No torchvision: edgekit's own bridge (edge/coreml_bridge.py) replaces onnx2torch, which needs it.
+        # No torchvision: edgekit's own bridge (edge/toolchains/coreml_bridge.py) replaces onnx2torch, which needs it.
+        # No onnxscript: torch->onnx uses torch's TorchScript-based exporter (see torch_onnx_driver.py).
         requirements=("torch==2.13.0", "coremltools==9.0", "onnx==1.23.2"),
-        lock="coreml.lock",
+        lock="torch.lock",
         lock_platform="linux-x86_64-cp311",
         python_min=(3, 10),
         python_max=(3, 13),
@@ -105,15 +108,23 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         programs=(),
         versions=("torch", "coremltools", "onnx", "numpy"),
         size_hint="about 1.2 GB on disk, about 1 min with the torch CPU wheel available",
+        # named for Core ML first; it holds torch, which every PyTorch source needs, whatever the target
+        former_names=("coreml",),
     ),
 }
 
 
+def aliases() -> dict[str, str]:
+    """Former name -> the toolchain's name now (``coreml`` -> ``torch``)."""
+    return {old: spec.name for spec in TOOLCHAINS.values() for old in spec.former_names}
+
+
 def get_spec(name: str) -> ToolchainSpec:
+    name = aliases().get(name, name)
     if name not in TOOLCHAINS:
         from edge.backends.registry import did_you_mean
 
-        raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, list(TOOLCHAINS))}"
+        raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, [*TOOLCHAINS, *aliases()])}"
                         f"known toolchains: {', '.join(TOOLCHAINS)}")
     return TOOLCHAINS[name]
 
@@ -127,7 +138,15 @@ def root() -> Path:
 
 
 def toolchain_dir(name: str) -> Path:
-    return root() / get_spec(name).name
+    """``<root>/<name>``; an install made under a former name (``<root>/coreml``) while none exists under the
+    current one is that toolchain (a venv holds absolute paths, so it stays where it was made)."""
+    spec = get_spec(name)
+    d = root() / spec.name
+    if not d.exists():
+        for old in spec.former_names:
+            if (root() / old / STATE_FILE).is_file():
+                return root() / old
+    return d
 
 
 def this_platform() -> str:
@@ -416,6 +435,7 @@ Event = Mapping[str, Any]
 
 
 def driver_path(name: str) -> Path:
+    """``<name>_driver.py`` beside this module: a toolchain's own driver, or one named by ``run_driver(driver=)``."""
     return _HERE / f"{name}_driver.py"
 
 
@@ -430,8 +450,10 @@ def keep_log(work: Path, name: str) -> Path | None:
 
 
 def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Callable[[Event], None] | None = None,
-               timeout_s: float = 3600.0) -> tuple[dict[str, Any], ToolchainStatus]:
-    """Run ``<name>_driver.py`` with the toolchain's Python on ``job``; its final result or error event.
+               timeout_s: float = 3600.0, driver: str | None = None) -> tuple[dict[str, Any], ToolchainStatus]:
+    """Run ``<driver or name>_driver.py`` with the toolchain's Python on ``job``; its final result or error event.
+
+    One toolchain can serve several drivers (``torch``: ``coreml_driver.py``, ``torch_onnx_driver.py``).
 
     The toolchain's bin directory comes first on PATH (onnx2tf calls onnxsim by name), edgekit's
     own environment variables that would leak packages in (PYTHONPATH, VIRTUAL_ENV) are dropped,
@@ -453,7 +475,7 @@ def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Ca
     attempts_log.unlink(missing_ok=True)  # this run's attempts only
     final: dict[str, Any] | None = None
     with open(log_path, "ab") as log:
-        proc, offline = offline_popen([str(_venv_python(st.venv)), str(driver_path(name)), str(job_file)],
+        proc, offline = offline_popen([str(_venv_python(st.venv)), str(driver_path(driver or name)), str(job_file)],
                                       env=env, attempts_log=attempts_log, cwd=workdir, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
                                       start_new_session=True)

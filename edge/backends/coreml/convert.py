@@ -1,6 +1,6 @@
 """ONNX -> Core ML ML Program (``.mlpackage``), fp16 by default, for the Apple Neural Engine.
 
-Runs in the ``coreml`` toolchain environment (torch 2.13 CPU + coremltools 9.0 + onnx, see
+Runs in the ``torch`` toolchain environment (formerly ``coreml``: torch 2.13 CPU + coremltools 9.0 + onnx, see
 :mod:`edge.toolchains`), driven by ``edge/toolchains/coreml_driver.py``. The bridge:
 coremltools no longer reads ONNX, so the ONNX graph becomes a torch module with edgekit's own
 ONNX->PyTorch bridge (``edge/toolchains/coreml_bridge.py``; onnx2torch needs torchvision, which
@@ -31,7 +31,8 @@ from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 
-TOOLCHAIN = "coreml"
+TOOLCHAIN = "torch"
+DRIVER = "coreml"  # edge/toolchains/coreml_driver.py, one of the torch toolchain's drivers
 COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
                    why="the bridged model is checked against the source in onnxruntime")
@@ -40,7 +41,7 @@ _PARITY_SAMPLES = 8
 
 @dataclass
 class _DriverRun:
-    """One conversion in the coreml toolchain: the job sent, the driver's final event, where the package went."""
+    """One conversion in the torch toolchain: the job sent, the driver's final event, where the package went."""
 
     job: dict[str, Any]
     final: dict[str, Any]
@@ -121,7 +122,8 @@ class _CoreMLConverter(Converter):
                 "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
                 "description": f"edgekit {request.source.name}",
             }
-            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)))
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)),
+                                              driver=DRIVER)
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, request.source)
             with np.load(final[outputs_key]) as data:
@@ -194,19 +196,19 @@ class TorchToCoreML(_CoreMLConverter):
     @classmethod
     def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
         """The model's input names in order, read in the toolchain (TorchScript signature / ExportedProgram)."""
-        from edge.torch_source import torch_kind
+        from edge.pipeline.sources import torch_kind
 
         toolchains.require(TOOLCHAIN, f"converter {cls.name!r}")
         with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
             job = {"torch": str(Path(source).resolve()), "torch_kind": torch_kind(source), "workdir": tmp,
                    "inspect_only": True}
-            final, _ = toolchains.run_driver(TOOLCHAIN, job, Path(tmp), timeout_s=timeout_s)
+            final, _ = toolchains.run_driver(TOOLCHAIN, job, Path(tmp), timeout_s=timeout_s, driver=DRIVER)
             if final["event"] == "error":
                 _raise_driver_error(cls.name, final, Path(tmp), Path(source))
             return list(final["input_names"])
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.torch_source import torch_kind
+        from edge.pipeline.sources import torch_kind
 
         kind = torch_kind(request.source)
         run = self._drive(request, {"torch": str(Path(request.source).resolve()), "torch_kind": kind, "outputs": []},

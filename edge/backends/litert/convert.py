@@ -38,7 +38,7 @@ from edge import toolchains
 from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
-from edge.errors import CalibrationError, ConversionError, MissingDependencyError, ParityError
+from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,9 @@ class OnnxToTFLite(Converter):
         "io_dtype": "int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
                     "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
         "per_channel": "int8: per-channel weight scales (default true)",
-        "gate_cpu_parity": "stop when the .tflite fails parity on LiteRT's builtin CPU kernels (default false: "
-                           "the bundle's runner gates; set it where that runner cannot run on the build host)",
+        "gate_cpu_parity": "deprecated, ignored: the pipeline's one parity gate runs the bundle's runner, or its CPU "
+                           "fallback where the accelerator is not on the build host (--accept-parity-failure "
+                           "applies to both)",
         "timeout_s": "stop the toolchain after this many seconds (default 3600)",
     }
 
@@ -140,16 +141,9 @@ class OnnxToTFLite(Converter):
         _say("checking the .tflite on LiteRT's builtin CPU kernels against onnxruntime fp32")
         reference = reference_outputs(Path(request.source), parity_inputs)
         cpu_parity = _cpu_parity(out, request, parity_inputs, parity_label, reference)
-        if bool(opts.get("gate_cpu_parity", False)):
-            notes.append(f"parity of this {request.precision} .tflite on LiteRT's CPU kernels (it gates here: the "
-                         f"target's runner cannot run on this host): {_parity_line(cpu_parity)}")
         if not cpu_parity["passed"]:
-            msg = (f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
-                   + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"]))
-            if bool(opts.get("gate_cpu_parity", False)):
-                raise ParityError(msg, cpu_parity, hint="nothing was written; set gate_cpu_parity = false in the "
-                                  "profile's [convert.options.\"onnx->tflite\"] to keep it anyway")
-            notes.append(msg)
+            notes.append(f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
+                         + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"]))
         details: dict[str, Any] = {
             **final["details"],
             "toolchain": st.manifest_record(),

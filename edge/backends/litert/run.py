@@ -55,7 +55,7 @@ EDGETPU_LIBRARY_ENV = "EDGEKIT_EDGETPU_LIBRARY"
 EDGETPU_INSTALL = ("install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
                    "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
                    "for USB access")
-_DELEGATES = ("xnnpack", "edgetpu", "none")
+_DELEGATES = ("xnnpack", "edgetpu", "none", "reference")
 
 
 # -- the file itself ---------------------------------------------------------------------
@@ -135,7 +135,8 @@ class LiteRTRunner(Runner):
     formats = ("tflite", "edgetpu-tflite")
     requires = (LITERT_REQUIREMENT,)
     options = {
-        "delegate": "xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu) or none (builtin kernels only)",
+        "delegate": "xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) or "
+                    "reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)",
         "num_threads": "CPU threads; 0 (default) = every CPU this process may use. LiteRT's own default "
                        "(None) runs XNNPack on one thread",
         "allow_cpu_fallback": "run on the CPU when the delegate cannot be used (libedgetpu missing, model not "
@@ -176,7 +177,8 @@ class LiteRTRunner(Runner):
         fallback = None
         details: dict[str, Any] = {"delegate_requested": delegate, "model": path.name,
                                    "edgetpu_compiled": info.edgetpu_compiled}
-        device_requested = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)"}[delegate]
+        device_requested = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)",
+                            "reference": "CPU (reference kernels)"}[delegate]
         load_path = path
 
         def interpreter(model: Path, resolver: Any, delegates: list[Any] | None = None) -> Any:
@@ -249,6 +251,10 @@ class LiteRTRunner(Runner):
         elif delegate == "xnnpack":
             self._it = interpreter(path, OpResolverType.AUTO)
             device_used, precision_used = "CPU (XNNPack)", _precision_of(self._it)
+        elif delegate == "reference":
+            self._it = interpreter(path, OpResolverType.BUILTIN_REF)
+            device_used, precision_used = "CPU (reference kernels)", _precision_of(self._it)
+            details["delegate_applied"] = None
         else:
             self._it = interpreter(path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
             device_used, precision_used = "CPU (builtin kernels)", _precision_of(self._it)

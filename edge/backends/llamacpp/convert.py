@@ -29,7 +29,9 @@ class GGUFQuantize(Converter):
     precisions = frozenset(FTYPES)
     requires = (Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
                 Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
-    options = {"threads": "quantizer threads; 0 = llama.cpp's default"}
+    options = {"threads": "quantizer threads; 0 = llama.cpp's default",
+               "allow_requantize": "requantize a source that is already quantized (llama.cpp's allow_requantize; "
+                                   "the pipeline sets it only with --allow-requantize)"}
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
@@ -40,12 +42,14 @@ class GGUFQuantize(Converter):
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, FTYPES[request.precision])
         params.nthread = int(request.options.get("threads", 0))
+        params.allow_requantize = bool(request.options.get("allow_requantize", False))
         with captured_log() as log:
             rc = llama_cpp.llama_model_quantize(str(request.source).encode(), str(out).encode(), ctypes.byref(params))
         if rc != 0 or not out.exists():
             tail = " | ".join(line for line in log.lines[-6:] if line.strip())
-            raise ConversionError(f"llama.cpp could not quantize {request.source} ({info.architecture}) to "
-                                  f"{request.precision}: return code {rc}" + (f"; llama.cpp said: {tail}" if tail else ""),
+            raise ConversionError(f"llama.cpp could not quantize {request.source} ({info.architecture}, "
+                                  f"{info.dominant_type}) to {request.precision}: return code {rc}"
+                                  + (f"; llama.cpp said: {tail}" if tail else ""),
                                   hint="check that llama.cpp knows the architecture and the file is complete")
         q = read_gguf(out)
         details: dict[str, Any] = {

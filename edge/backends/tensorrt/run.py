@@ -192,6 +192,9 @@ def _short(r: Requirement) -> str:
 class TensorRTRunner(Runner):
     name = "tensorrt"
     formats = ("onnx",)
+    host_proxy = ("onnxruntime", {}, "TensorRT is not on this host: onnxruntime ran the prepared ONNX (folded; int8: "
+                  "symmetric QDQ), exactly what TensorRT will be given; the engine itself (its fp16/int8 kernels) "
+                  "is checked on the device against the bundle's reference pairs on first load")
     requires = (_TRT, _POLY, _GPU)
     options = {
         "allow_cpu_fallback": "when TensorRT or the GPU is missing, run the ONNX in onnxruntime on the CPU, "

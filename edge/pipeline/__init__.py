@@ -1,0 +1,13 @@
+"""The one conversion pipeline: source adapters, the planner, ``convert``.
+
+``edge.pipeline.convert`` takes ONNX, TFLite, OpenVINO IR, TorchScript / torch.export and GGUF
+sources through one planner, one parity service and one manifest builder (see ``pipeline.py``).
+Build-host code: nothing a device imports pulls it (``tests/test_layering.py``).
+"""
+
+from edge.pipeline.pipeline import convert
+from edge.pipeline.plan import KEEP, Plan, PlannedStep, conversion_problems, plan, resolve_chain, runnable_here
+from edge.pipeline.sources import Source, open_source
+
+__all__ = ["convert", "KEEP", "Plan", "PlannedStep", "conversion_problems", "plan", "resolve_chain", "runnable_here",
+           "Source", "open_source"]

@@ -1,0 +1,305 @@
+"""``convert``: any source model -> a verified bundle for a target. The one conversion pipeline.
+
+source adapter (what the file is, its I/O, its reference runtime) -> plan (every missing piece
+reported before work starts) -> calibration -> the planned converter chain (possibly none: the
+source ships as it is) -> reference pairs for the device -> manifest -> one parity gate -> bundle
+renamed into place. GGUF language models take the same route with llama.cpp's quality gate.
+
+Parity runs where this host can: the bundle's own runner; else a host proxy that computes what
+the device will be given (TensorRT: onnxruntime on the prepared ONNX; an accelerator that is not
+here: the runner's CPU fallback on the same int8 model), named as such in the report; else it is
+recorded as unverified with the reason, and the device checks the bundle's reference pairs on
+first load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+from edge.backends.converter import ConversionRequest
+from edge.calib import RANDOM, generated_samples, load_calibration
+from edge.errors import CalibrationError, MissingDependencyError, ModelError, PrecisionError, TargetError
+from edge.manifest import new_manifest, record_gate
+from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
+from edge.pipeline.sources import GGUFSource, OpenVINOSource, Source, TFLiteSource, open_source
+from edge.spec import IOSpec, TensorSpec, default_preprocess
+from edge.targets import ChainStep, TargetProfile, get_target
+
+#: what the bundle carries for the device to check on first load
+REFERENCE_PAIRS = 4
+
+
+def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: str | os.PathLike[str], *,
+            precision: str | None = None, calib: str | os.PathLike[str] | None = None,
+            input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+            letterbox: bool | None = None, targets_dir: Iterable[str | os.PathLike[str]] = (),
+            accept_parity_failure: bool = False, parity_samples: int = 32, force: bool = False,
+            allow_requantize: bool = False, on_step: Step | None = None) -> Bundle:
+    """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
+    into a verified bundle at ``output``."""
+    say = on_step or (lambda _msg: None)
+    profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    src = open_source(model)
+    if isinstance(src, GGUFSource):
+        return _convert_llm(src, profile, Path(output), precision=precision, allow_requantize=allow_requantize,
+                            accept_parity_failure=accept_parity_failure, force=force, say=say)
+    if profile.chain == () and profile.llm is not None:
+        raise TargetError(f"target {profile.name} runs GGUF language models only; {src.path.name} is {src.format}")
+    own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource)) else None
+    p = plan(profile, precision, source_format=src.format, source_precision=own, source_name=src.path.name)
+    if isinstance(src, TFLiteSource) and p.steps and p.steps[0].converter.name == "tflite->edgetpu" \
+            and not src.full_integer():
+        raise PrecisionError(f"{src.path.name} is not a full-integer TFLite (it is {own}); the Edge TPU runs "
+                             "full-integer int8 models only, and edgekit cannot quantize a .tflite file: TensorFlow's "
+                             "quantizer reads a SavedModel or Keras model, not a flatbuffer",
+                             hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "
+                                  "full-integer int8 .tflite (TFLiteConverter with a representative dataset)")
+    say(f"reading {src.path} ({src.format}; route: {p.route})")
+    io = src.io(input_shapes or {})
+    pre = None if preprocess == "none" else default_preprocess(io, preprocess, letterbox=letterbox)
+
+    calibration = None
+    if calib is not None:
+        say(f"loading calibration data from {calib}")
+        calibration = load_calibration(calib, io, pre)
+    elif p.needs_calibration:
+        raise CalibrationError(f"{p.precision} for {profile.name} needs calibration data",
+                               hint=f"pass --calib DIR (.npy/.npz tensors or images), or --calib {RANDOM} "
+                                    "to quantize on generated inputs (recorded as such in the manifest)")
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-convert-") as tmp, staging_dir(Path(output), force=force) as stage:
+        work = Path(tmp)
+        static = src.static_file(work, io)
+        if calibration is not None and calibration.samples:
+            parity_inputs, label = [dict(s) for s in calibration.samples[:parity_samples]], f"calibration ({calibration.kind})"
+        else:
+            parity_inputs, label = generated_samples(io, pre, parity_samples, seed=1234), "generated"
+        ref = src.reference(static, parity_inputs) if parity_inputs else None
+        reference: list[dict[str, Any]] | None = None
+        ref_label = ""
+        if ref is not None:
+            say(f"running the source model as the parity reference ({ref[1]})")
+            reference, ref_label = ref
+            io = _with_outputs(io, reference[0])
+
+        current, chain_record = static, []
+        for i, step in enumerate(p.steps):
+            say(f"converting with {step.converter.name} ({step.precision})")
+            last = i == len(p.steps) - 1
+            out_dir = stage if last else work / f"step{i}"
+            out_dir.mkdir(exist_ok=True)
+            result = step.converter().convert(ConversionRequest(
+                source=current, workdir=out_dir, precision=step.precision, io=io, preprocess=pre,
+                calibration=calibration, options=step.options))
+            if result.reference is not None and reference is None:  # a PyTorch source: the converter ran it
+                parity_inputs, reference = [dict(s) for s in result.reference[0]], list(result.reference[1])
+                ref_label = (result.details.get("torch_reference") or {}).get("runtime") or "the PyTorch model"
+                order = (result.details.get("io_names") or {}).get("inputs") or [t.name for t in io.inputs]
+                by_name = {t.name: t for t in io.inputs}
+                io = _with_outputs(IOSpec(tuple(by_name[n] for n in order), ()), reference[0])
+            chain_record.append({"converter": step.converter.name, "precision": step.precision,
+                                 "output_format": result.format, "tool_versions": result.tool_versions,
+                                 "details": result.details, "notes": result.notes})
+            current = result.artifact
+        fmt = None
+        if p.ships_source:
+            say(f"shipping {src.path.name} as it is ({p.precision})")
+            current = _copy_source(src, static, stage)
+            fmt = src.format
+        pairs = _write_reference_pairs(stage, parity_inputs, reference, p.precision, ref_label) \
+            if reference is not None else None
+        source_info = {**src.describe(), "route": p.route}
+        manifest = new_manifest(
+            source=src.path, profile=profile, precision=p.precision, stage=stage, primary=current, chain=chain_record,
+            source_info=source_info, io=io, runner=profile.runner, runner_options=profile.runtime_options,
+            calibration=calibration, preprocess=pre, frame_budget_ms=profile.frame_budget_ms, fmt=fmt)
+        if pairs is not None:
+            manifest["reference_pairs"] = pairs
+        _parity_gate(p, profile, stage, manifest, parity_inputs, reference, ref_label, label, accept_parity_failure,
+                     chain_record, say)
+        write_json_atomic(stage / MANIFEST, manifest)
+    return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`
+
+
+def _with_outputs(io: IOSpec, outputs: Mapping[str, Any]) -> IOSpec:
+    return IOSpec(io.inputs, tuple(TensorSpec(k, tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in outputs.items()))
+
+
+def _copy_source(src: Source, static: Path, stage: Path) -> Path:
+    if isinstance(src, OpenVINOSource):
+        import openvino as ov
+
+        model = ov.Core().read_model(str(static))
+        out = stage / "model.xml"
+        ov.save_model(model, str(out), compress_to_fp16=False)  # weights as the source holds them
+        return out
+    out = stage / ("model" + static.suffix)
+    shutil.copyfile(static, out)
+    return out
+
+
+def _write_reference_pairs(stage: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
+                           precision: str, reference: str) -> dict[str, Any]:
+    """A few of the parity inputs and the source's outputs on them, for the device's check on first load."""
+    from edge.refpairs import write_reference_pairs
+
+    return write_reference_pairs(stage, inputs[:REFERENCE_PAIRS], outputs[:REFERENCE_PAIRS], precision=precision,
+                                 reference=reference, samples=REFERENCE_PAIRS)
+
+
+def _host_proxy(p: Plan, profile: TargetProfile) -> tuple[str, dict[str, Any], str] | None:
+    """(runner, extra options, what it is) computing on this host what the device will compute, or None.
+
+    A runner names its own proxy (``host_proxy``: TensorRT -> onnxruntime on the prepared ONNX); a
+    runner with a CPU fallback for an accelerator that is not here (the Edge TPU) runs the same
+    integer model on the CPU."""
+    from edge.backends.runner import RUNNERS
+    from edge.capabilities import current_host
+
+    cls = RUNNERS.get(profile.runner)
+    proxy = getattr(cls, "host_proxy", None)
+    if proxy is not None and not _runner_problems(proxy[0]):
+        return proxy
+    if (profile.run_place.needs_device and "allow_cpu_fallback" in cls.options and not _runner_problems(profile.runner)
+            and profile.run_place.allows(current_host())):
+        return (profile.runner, {"allow_cpu_fallback": True},
+                f"{profile.accelerator} is not on this host: the same {p.precision} model ran on {profile.runner}'s "
+                "CPU fallback (the accelerator computes the same integer arithmetic); the device checks the bundle's "
+                "reference pairs on first load")
+    return None
+
+
+def _runner_problems(name: str) -> list[str]:
+    from edge.backends.runner import RUNNERS
+    from edge.capabilities import problems
+
+    return problems(RUNNERS.get(name).requires)
+
+
+def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[str, Any], inputs: list[dict[str, Any]],
+                 reference: list[dict[str, Any]] | None, ref_label: str, label: str, accept: bool,
+                 chain_record: list[dict[str, Any]], say: Step) -> None:
+    """The one gate: the bundle's runner, else a host proxy, else unverified with the reason."""
+    from edge.parity import check_parity
+
+    if reference is None:
+        manifest["parity"] = {"passed": None, "skipped": "no reference outputs: the source could not be run here"}
+        return
+    failed = f"parity failed for {profile.name} {p.precision}"
+    if p.run_here is None:
+        say(f"checking parity on {len(inputs)} {label} inputs")
+        with Bundle(stage, manifest).open_runner() as runner:
+            report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
+                                  reference_label=ref_label)
+        record_gate(manifest, report, failed=failed, accept=accept)
+        return
+    proxy = _host_proxy(p, profile)
+    if proxy is not None:
+        name, extra, what = proxy
+        say(f"checking parity on {len(inputs)} {label} inputs with a host proxy ({name})")
+        from edge.backends.runner import RUNNERS
+
+        b = Bundle(stage, manifest)
+        opts = {**b.info.runner.options_dict, **extra} if name == profile.runner else dict(extra)
+        with RUNNERS.get(name)(b.artifact, options=opts, precision=p.precision) as runner:
+            report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
+                                  reference_label=ref_label, host_proxy=f"host proxy: {what}")
+        record_gate(manifest, report, failed=f"{failed} (host proxy: {name})", accept=accept)
+        return
+    bridge = next((s["details"].get("bridge_parity") for s in chain_record if isinstance(s.get("details"), dict)
+                   and s["details"].get("bridge_parity")), None)
+    why = f"runner cannot run on this host: {p.run_here}"
+    if bridge is not None:
+        why += ("; the converter's fp32 ONNX->PyTorch bridge matched the source (chain[].details.bridge_parity), "
+                "the converted package is checked on the device (reference pairs)")
+    manifest["parity"] = {"passed": None, "skipped": why, "reference": ref_label or None}
+
+
+# -- GGUF language models ------------------------------------------------------------------------
+
+def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, precision: str | None,
+                 allow_requantize: bool, accept_parity_failure: bool, force: bool, say: Step) -> Bundle:
+    from edge.backends.converter import CONVERTERS
+    from edge.llm.quality import compare_gguf, gate_tokens
+
+    if profile.llm is None:
+        raise TargetError(f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",
+                          hint="targets with one: see `edgekit targets --json` (llm != null)")
+    llm = profile.llm
+    own = src.source_type
+    if precision in (None, KEEP):
+        quant = KEEP if src.prequantized or precision == KEEP else llm.default_precision
+    else:
+        quant = llm.check_precision(profile.name, precision)
+    if quant == own and src.prequantized:
+        quant = KEEP
+    if quant != KEEP and src.prequantized and not allow_requantize:
+        raise PrecisionError(f"{src.path.name} is already quantized ({own}); requantizing it to {quant} loses "
+                             "quality twice, so llama.cpp refuses it unless asked",
+                             hint=f"ship it as it is with --precision {KEEP} (the default for a quantized GGUF), or "
+                                  f"pass --allow-requantize to requantize (gated against the {own} source)")
+    steps = () if quant == KEEP else (ChainStep("gguf->gguf"),)
+    missing = conversion_problems(profile, chain=steps)
+    if missing:
+        raise MissingDependencyError(f"cannot quantize GGUF for {profile.name} on this host: " + "; ".join(missing))
+    precision_out = own if quant == KEEP else quant
+    say(f"reading {src.path} (gguf {own}, {src.info.architecture}, {src.info.parameters:,} parameters)")
+    n_vocab = next((t.shape[1] for t in src.info.tensors if t.name == "token_embd.weight"), None)
+    with tempfile.TemporaryDirectory(prefix="edgekit-gguf-") as tmp, staging_dir(output, force=force) as stage:
+        artifact = stage / "model.gguf"
+        chain_record: list[dict[str, Any]] = []
+        if quant == KEEP:
+            say(f"shipping {src.path.name} as it is ({own})")
+            shutil.copyfile(src.path, artifact)
+        else:
+            conv = CONVERTERS.get("gguf->gguf")
+            say(f"quantizing {own} to {quant} with llama.cpp" + (" (requantizing)" if src.prequantized else ""))
+            result = conv().convert(ConversionRequest(source=src.path, workdir=Path(tmp), precision=quant,
+                                                      io=IOSpec((), ()),
+                                                      options={"allow_requantize": bool(src.prequantized)}))
+            shutil.move(str(result.artifact), artifact)
+            chain_record.append({"converter": conv.name, "precision": quant, "output_format": "gguf",
+                                 "tool_versions": result.tool_versions, "details": result.details,
+                                 "notes": result.notes})
+        if n_vocab is None:
+            from edge.backends.llamacpp.run import LlamaCppRunner
+
+            with LlamaCppRunner(src.path, options={"n_ctx": 64}) as r:
+                n_vocab = r.n_vocab
+        manifest = new_manifest(
+            source=src.path, profile=profile, precision=precision_out, stage=stage, primary=artifact,
+            chain=chain_record, source_info={**src.describe(), "file_type": own}, fmt="gguf",
+            io=IOSpec((TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)),
+            runner=llm.runner, runner_options=llm.options, kind="llm")
+        if quant == KEEP:
+            say("checking that llama.cpp loads it")
+            _check_loads(artifact)
+            manifest["parity"] = {"passed": None, "skipped": f"the source ships as it is ({own}): there is nothing "
+                                                             "to compare it against (quality gate skipped)"}
+        else:
+            tokens = gate_tokens(int(n_vocab), 256)
+            say(f"quality gate: KL and top-1 against the {own} source on {len(tokens)} tokens")
+            report = compare_gguf(src.path, artifact, quant, tokens, llm.options)
+            record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=accept_parity_failure)
+        write_json_atomic(stage / MANIFEST, manifest)
+    return Bundle.open(output, trust=False)
+
+
+def _check_loads(path: Path) -> None:
+    """llama.cpp loads the file and evaluates two tokens: a truncated or corrupt GGUF stops here."""
+    from edge.backends.llamacpp.run import LlamaCppRunner
+
+    try:
+        with LlamaCppRunner(path, options={"n_ctx": 64}) as r:
+            r.infer({"tokens": np.asarray([1, 2], dtype=np.int32)})
+    except (ModelError, MissingDependencyError):
+        raise
+    except Exception as e:  # noqa: BLE001 - llama.cpp's own error: the file is unusable
+        raise ModelError(f"llama.cpp could not run {path.name}: {type(e).__name__}: {str(e)[:200]}") from None

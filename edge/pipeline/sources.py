@@ -1,0 +1,464 @@
+"""Source adapters: one per model file kind a user arrives with.
+
+Each adapter says what the file is (``format``: the converter/runner format string it enters the
+chain as), what it holds (``describe``: the manifest's ``source``), its static I/O, the file the
+chain starts from, the precision it already carries, and how to compute the parity reference on
+this host:
+
+=============  ====================  ==============================================================
+kind           format                reference
+=============  ====================  ==============================================================
+ONNX           ``onnx``              onnxruntime fp32, CPU provider, on the static source
+TFLite         ``tflite``            LiteRT's reference kernels (no delegate)
+OpenVINO IR    ``openvino-ir``       OpenVINO CPU with inference precision f32
+PyTorch        ``torchscript``       the PyTorch model itself, run by the first converter in its
+                                     toolchain (``ConversionResult.reference``)
+GGUF           ``gguf``              the source GGUF in llama.cpp (the LLM quality gate)
+=============  ====================  ==============================================================
+
+Detection reads the file's first bytes, never trusts the suffix alone, and refuses what it does
+not know with the kinds it does.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from edge.errors import InputFileError, ModelError
+from edge.spec import IOSpec, TensorSpec, image_layout
+
+Shapes = Mapping[str, Sequence[int]]
+Samples = list[dict[str, np.ndarray]]
+
+TORCH_FORMAT = "torchscript"  # TorchScript and ExportedProgram files alike: what torch converters read
+TORCH_SUFFIXES = (".pt", ".ts", ".pt2")
+KINDS = ("ONNX (.onnx)", "TFLite (.tflite)", "OpenVINO IR (.xml + .bin)", "TorchScript / torch.export (.pt, .ts, .pt2)",
+         "GGUF (.gguf)")
+
+
+@dataclass
+class Source:
+    """A model file as it arrived; subclasses know one kind."""
+
+    path: Path
+    format: str = field(init=False, default="")
+    kind: str = field(init=False, default="vision")  # "vision" (tensors in/out) or "llm"
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``source`` entry (file and sha256 are added by the manifest builder)."""
+        return {"format": self.format}
+
+    def own_precision(self) -> str | None:
+        """The precision the file already holds, when it ships as it is (no converter)."""
+        return None
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        raise NotImplementedError
+
+    def static_file(self, work: Path, io: IOSpec) -> Path:
+        """The file the chain starts from, with the static shapes of ``io``."""
+        return self.path
+
+    def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str] | None:
+        """Outputs of the source on ``inputs`` and who computed them; None when a converter does it."""
+        return None
+
+
+# -- ONNX ----------------------------------------------------------------------------------------
+
+@dataclass
+class OnnxSource(Source):
+    def __post_init__(self) -> None:
+        from edge.onnxmodel import load_onnx
+
+        self.format = "onnx"
+        self.model = load_onnx(self.path)
+
+    def describe(self) -> dict[str, Any]:
+        from edge.onnxmodel import opset_of
+
+        m = self.model
+        return {"format": "onnx", "opset": opset_of(m), "producer": f"{m.producer_name} {m.producer_version}".strip()}
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        from edge.onnxmodel import io_spec, resolve_static_inputs
+
+        return resolve_static_inputs(io_spec(self.model), {k: tuple(v) for k, v in input_shapes.items()}, self.path)
+
+    def static_file(self, work: Path, io: IOSpec) -> Path:
+        from edge.onnxmodel import make_static, save_onnx
+
+        return save_onnx(make_static(self.model, io), work / "source.static.onnx")
+
+    def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
+        from edge.parity import REFERENCE, reference_outputs
+
+        return reference_outputs(static, inputs), REFERENCE
+
+
+# -- TFLite --------------------------------------------------------------------------------------
+
+@dataclass
+class TFLiteSource(Source):
+    def __post_init__(self) -> None:
+        from edge.backends.litert.format import read_tflite
+
+        self.format = "tflite"
+        self.file = read_tflite(self.path)  # flatbuffer checked: identifier, root offset, schema parse
+        if self.file.edgetpu_compiled:
+            self.format = "edgetpu-tflite"
+        self._io: IOSpec | None = None
+        self._quant: dict[str, Any] | None = None
+
+    def _read(self) -> None:
+        if self._io is not None:
+            return
+        from edge.backends.litert.run import LiteRTRunner
+
+        if self.file.edgetpu_compiled:
+            raise ModelError(f"{self.path.name} is already compiled for the Edge TPU (edgetpu-custom-op): it runs only "
+                             "there and cannot be checked or converted on this host",
+                             hint="bring the int8 .tflite it was compiled from; edgekit compiles it for coral-edgetpu")
+        with LiteRTRunner(self.path, options={"delegate": "reference", "num_threads": 1}) as r:
+            self._io = IOSpec(tuple(r.inputs), tuple(r.outputs))
+            it = r._it
+            ins, outs = it.get_input_details(), it.get_output_details()
+            self._quant = {
+                "input_types": sorted({str(np.dtype(d["dtype"])) for d in ins}),
+                "output_types": sorted({str(np.dtype(d["dtype"])) for d in outs}),
+                "tensor_types": _tflite_tensor_types(it),
+            }
+
+    def own_precision(self) -> str:
+        self._read()
+        assert self._quant is not None
+        types = self._quant["tensor_types"]
+        if types.get("int8", 0) or types.get("uint8", 0):
+            return "int8" if not types.get("float32", 0) or self._full_integer_ops() else "int8-dynamic"
+        if types.get("float16", 0):
+            return "fp16"
+        return "fp32"
+
+    def _full_integer_ops(self) -> bool:
+        assert self._quant is not None
+        return self._quant["input_types"] != ["float32"] or self._quant["output_types"] != ["float32"] \
+            or self._quant["tensor_types"].get("int8", 0) > self._quant["tensor_types"].get("float32", 0)
+
+    def full_integer(self) -> bool:
+        """Every compute tensor int8/uint8 (what the Edge TPU needs); float I/O with quantize ops is allowed."""
+        self._read()
+        assert self._quant is not None
+        return self.own_precision() == "int8"
+
+    def describe(self) -> dict[str, Any]:
+        self._read()
+        f = self.file
+        return {"format": "tflite", "ops": sorted(set(f.builtin_ops) | set(f.custom_ops))[:512],
+                "precision": self.own_precision(), "tensor_types": (self._quant or {}).get("tensor_types", {}),
+                "description": f.description[:200] or None}
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        self._read()
+        assert self._io is not None
+        given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        for t in self._io.inputs:
+            if t.name in given and tuple(given[t.name]) != tuple(t.shape):
+                raise ModelError(f"{self.path.name}: input {t.name!r} has the static shape {list(t.shape)} in the "
+                                 f"TFLite file; --input-shape {t.name}={','.join(map(str, given[t.name]))} cannot "
+                                 "change it", hint="drop --input-shape for TFLite sources")
+        unknown = sorted(set(given) - {t.name for t in self._io.inputs})
+        if unknown:
+            raise ModelError(f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: "
+                             + ", ".join(t.name for t in self._io.inputs))
+        return self._io
+
+    def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
+        from edge.backends.litert.run import LiteRTRunner
+
+        with LiteRTRunner(static, options={"delegate": "reference", "num_threads": 0}) as r:
+            outs = [r.infer(s) for s in inputs]
+            runtime = r.info.runtime
+        return outs, f"{runtime} reference kernels (no delegate) on the source .tflite"
+
+
+def _tflite_tensor_types(it: Any) -> dict[str, int]:
+    """Element counts per dtype over the model's tensors (weights and activations)."""
+    counts: dict[str, int] = {}
+    for d in it.get_tensor_details():
+        n = int(np.prod(d["shape"])) if len(d["shape"]) else 1
+        k = str(np.dtype(d["dtype"]))
+        counts[k] = counts.get(k, 0) + n
+    return counts
+
+
+# -- OpenVINO IR ---------------------------------------------------------------------------------
+
+@dataclass
+class OpenVINOSource(Source):
+    def __post_init__(self) -> None:
+        self.format = "openvino-ir"
+        self.bin = self.path.with_suffix(".bin")
+        head = self.path.read_bytes()[:4096]
+        if b"<net" not in head:
+            raise InputFileError(f"{self.path} is XML but not an OpenVINO IR (no <net> element at the top)")
+        if not self.bin.is_file():
+            raise InputFileError(f"{self.path.name} is an OpenVINO IR but its weights {self.bin.name} are not next to it",
+                                 hint="an IR is two files: model.xml and model.bin, side by side")
+        self._model: Any = None
+
+    def _read(self) -> Any:
+        if self._model is None:
+            from edge.backends.openvino.format import disable_openvino_telemetry
+
+            disable_openvino_telemetry()
+            import openvino as ov
+
+            try:
+                self._model = ov.Core().read_model(str(self.path), str(self.bin))
+            except Exception as e:  # noqa: BLE001 - a malformed IR is a bad input file
+                raise InputFileError(f"OpenVINO could not read {self.path}: {str(e).splitlines()[0][:300]}") from None
+        return self._model
+
+    def own_precision(self) -> str:
+        from edge.backends.openvino.convert import _op_counts, _weight_types
+
+        m = self._read()
+        if _op_counts(m, "FakeQuantize", "FakeConvert").get("FakeQuantize", 0):
+            return "int8"
+        w = _weight_types(m)
+        return "fp16" if w.get("f16", 0) > w.get("f32", 0) else "fp32"
+
+    def describe(self) -> dict[str, Any]:
+        import openvino as ov
+
+        m = self._read()
+        return {"format": "openvino-ir", "weights": self.bin.name, "runtime": f"OpenVINO {ov.get_version()}",
+                "precision": self.own_precision(), "description": m.get_friendly_name()[:200] or None}
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        m = self._read()
+        given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        ins = []
+        for port in m.inputs:
+            name = port.get_any_name()
+            ps = port.get_partial_shape()
+            if ps.is_static:
+                shape = tuple(int(d.get_length()) for d in ps)
+                if name in given and given[name] != shape:
+                    raise ModelError(f"{self.path.name}: input {name!r} is static {list(shape)} in the IR; "
+                                     f"--input-shape cannot change it")
+            elif name in given:
+                shape = given[name]
+                if len(shape) != ps.rank.get_length() or any(
+                        d.is_static and d.get_length() != g for d, g in zip(ps, shape)):
+                    raise ModelError(f"{self.path.name}: --input-shape {name}={','.join(map(str, shape))} does not "
+                                     f"fit the IR's input shape {ps}")
+            else:
+                raise ModelError(f"{self.path.name}: input {name!r} has the dynamic shape {ps} in the IR; pass "
+                                 f"--input-shape {name}={_shape_template(ps)} with the size the model runs at",
+                                 hint="or save the IR with a static input (openvino.convert_model(..., input=[...]))")
+            ins.append(TensorSpec(name, shape, str(port.get_element_type().to_dtype()), image_layout(shape)))
+        unknown = sorted(set(given) - {t.name for t in ins})
+        if unknown:
+            raise ModelError(f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: "
+                             + ", ".join(t.name for t in ins))
+        outs = tuple(TensorSpec(p.get_any_name(), tuple(int(d.get_length()) if d.is_static else -1
+                                                       for d in p.get_partial_shape()),
+                                str(p.get_element_type().to_dtype())) for p in m.outputs)
+        return IOSpec(tuple(ins), outs)
+
+    def static_file(self, work: Path, io: IOSpec) -> Path:
+        m = self._read()
+        if all(p.get_partial_shape().is_static for p in m.inputs):
+            return self.path
+        import openvino as ov
+
+        m.reshape({t.name: ov.PartialShape(list(t.shape)) for t in io.inputs})
+        out = work / "source.static.xml"
+        ov.save_model(m, str(out), compress_to_fp16=False)
+        return out
+
+    def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
+        from edge.backends.openvino.run import OpenVINORunner
+
+        with OpenVINORunner(static, options={"device": ["CPU"], "inference_precision": "f32"}) as r:
+            outs = [r.infer(s) for s in inputs]
+            runtime = r.info.runtime
+        return outs, f"{runtime} CPU, inference precision f32, on the source IR"
+
+
+def _shape_template(ps: Any) -> str:
+    """``[?,3,?,?]`` -> ``1,3,H,W``: the static dims as they are, the batch 1, the rest named."""
+    rank = ps.rank.get_length()
+    names = {rank - 2: "H", rank - 1: "W"} if rank >= 3 else {}
+    return ",".join(str(d.get_length()) if d.is_static else "1" if i == 0 else names.get(i, f"D{i}")
+                    for i, d in enumerate(ps))
+
+
+# -- PyTorch -------------------------------------------------------------------------------------
+
+def _zip_names(path: Path) -> list[str] | None:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
+def _is_exported_program(names: Sequence[str]) -> bool:
+    return any(n.endswith(("/archive_format", "serialized_exported_program.json")) or "/models/" in n for n in names)
+
+
+def _is_torchscript(names: Sequence[str]) -> bool:
+    return any("/code/" in n for n in names) and any(n.endswith("/constants.pkl") for n in names)
+
+
+def is_torch_source(path: str | os.PathLike[str]) -> bool:
+    """A ``.pt``/``.ts``/``.pt2`` file, or any zip archive written by torch.jit.save / torch.export.save."""
+    p = Path(path)
+    if p.suffix.lower() in TORCH_SUFFIXES:
+        return True
+    if not p.is_file() or _magic(p)[:4] != b"PK\x03\x04":
+        return False
+    names = _zip_names(p)
+    return bool(names) and (_is_torchscript(names) or _is_exported_program(names))
+
+
+def torch_kind(path: str | os.PathLike[str]) -> str:
+    """``torchscript`` or ``exported_program``; a ModelError for anything else (with what to do instead)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"{p}: no such file")
+    names = _zip_names(p)
+    if names is None:
+        raise ModelError(f"{p.name} is not a TorchScript or ExportedProgram file (not a zip archive)",
+                         hint="save the model with torch.jit.save (after torch.jit.trace/script) or torch.export.save")
+    if _is_exported_program(names):
+        return "exported_program"
+    if _is_torchscript(names):
+        return "torchscript"
+    raise ModelError(f"{p.name} is not TorchScript: it looks like a torch.save checkpoint (weights/pickled module, "
+                     "no graph)", hint="load it in PyTorch, then torch.jit.save(torch.jit.trace(model, example)) "
+                                       "or torch.export.save(torch.export.export(model, example))")
+
+
+@dataclass
+class TorchSource(Source):
+    def __post_init__(self) -> None:
+        self.format = TORCH_FORMAT
+        self.torch_kind = torch_kind(self.path)
+
+    def describe(self) -> dict[str, Any]:
+        return {"format": "torchscript" if self.torch_kind == "torchscript" else "torch-exported-program",
+                "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. "
+                            "(torch models carry no output names)"}
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        shapes = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        if not shapes:
+            raise ModelError(f"{self.path}: a PyTorch model carries no input shapes; pass --input-shape for every "
+                             "input (NAME=1,3,224,224; the names are the forward() argument names)",
+                             hint="--input-shape x=1,3,224,224")
+        bad = [f"{k}={list(v)}" for k, v in shapes.items() if not v or any(d <= 0 for d in v)]
+        if bad:
+            raise ModelError(f"{self.path}: --input-shape needs positive dims: {', '.join(bad)}")
+        return IOSpec(tuple(TensorSpec(k, v, "float32", image_layout(v)) for k, v in shapes.items()), ())
+
+
+# -- GGUF ----------------------------------------------------------------------------------------
+
+#: GGUF tensor types of an unquantized model: quantizing from these is the normal flow
+UNQUANTIZED = ("F32", "F16", "BF16")
+
+
+@dataclass
+class GGUFSource(Source):
+    def __post_init__(self) -> None:
+        from edge.llm.gguf_file import read_gguf
+
+        self.format = "gguf"
+        self.kind = "llm"
+        self.info = read_gguf(self.path)
+
+    @property
+    def source_type(self) -> str:
+        """llama.cpp's file type as edgekit names precisions (q4_k_m, q4_1, f16...): ``general.file_type``,
+        else the dominant tensor type."""
+        ft = self.info.file_type
+        if ft is not None:
+            try:
+                import gguf
+
+                name = gguf.LlamaFileType(int(ft)).name
+                if name != "GUESSED":
+                    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+            except (ImportError, ValueError):
+                pass
+        return self.info.dominant_type.lower()
+
+    @property
+    def prequantized(self) -> bool:
+        return self.source_type.upper() not in UNQUANTIZED
+
+    def own_precision(self) -> str:
+        return self.source_type
+
+    def describe(self) -> dict[str, Any]:
+        i = self.info
+        return {"format": "gguf", "architecture": i.architecture, "parameters": i.parameters,
+                "type": i.dominant_type, "bytes": self.path.stat().st_size}
+
+    def io(self, input_shapes: Shapes) -> IOSpec:
+        return IOSpec((TensorSpec("tokens", ("n",), "int32"),), ())
+
+
+# -- detection -----------------------------------------------------------------------------------
+
+def _magic(p: Path) -> bytes:
+    try:
+        with open(p, "rb") as f:
+            return f.read(16)
+    except OSError as e:
+        raise InputFileError(f"cannot read {p}: {e.strerror}") from None
+
+
+def open_source(model: str | os.PathLike[str]) -> Source:
+    """The adapter for ``model``, chosen from its first bytes (the suffix only breaks ties)."""
+    p = Path(model)
+    if not p.exists():
+        raise InputFileError(f"model file {p} does not exist")
+    if p.is_dir():
+        if (p / "saved_model.pb").exists():
+            raise InputFileError(f"{p} is a TensorFlow SavedModel, not a model file edgekit reads",
+                                 hint="edgekit reads " + ", ".join(KINDS) + "; export it with tf2onnx "
+                                      f"(python -m tf2onnx.convert --saved-model {p} --output model.onnx) or "
+                                      "tf.lite.TFLiteConverter.from_saved_model")
+        what = "a Core ML package" if p.suffix == ".mlpackage" else "a directory"
+        raise InputFileError(f"{p} is {what}, not a model file edgekit reads", hint="edgekit reads " + ", ".join(KINDS))
+    head = _magic(p)
+    if head[:4] == b"GGUF" or p.suffix.lower() == ".gguf":
+        return GGUFSource(p)
+    if head[4:8] == b"TFL3" or p.suffix.lower() == ".tflite":
+        return TFLiteSource(p)
+    if head.lstrip()[:5] in (b"<?xml", b"<net ") or p.suffix.lower() == ".xml":
+        return OpenVINOSource(p)
+    if is_torch_source(p):
+        return TorchSource(p)
+    if p.suffix.lower() in (".h5", ".keras", ".pb", ".pth", ".ckpt", ".safetensors", ".bin", ".mlmodel"):
+        raise InputFileError(f"{p.name}: edgekit does not read {p.suffix} files",
+                             hint="it reads " + ", ".join(KINDS) + "; export to one of them first")
+    try:
+        return OnnxSource(p)
+    except InputFileError:
+        if p.suffix.lower() == ".onnx":
+            raise
+        # not ONNX either, and nothing in its first bytes says what it is
+        raise InputFileError(f"{p.name} is not a model file edgekit recognises: its first bytes {head[:8]!r} match "
+                             f"no kind it reads, and it does not parse as ONNX", hint="edgekit reads "
+                             + ", ".join(KINDS)) from None

@@ -1,0 +1,383 @@
+"""Reference pairs: a bundle's own parity check, run on the device where the bundle runs.
+
+The build host keeps a few of the parity inputs with the source model's outputs in
+``reference.npz``, a bundle file like any other (listed and hashed in the manifest, so an altered
+one fails ``Bundle.verify``). On first load the device runs the inputs through its runner and
+compares with :func:`edge.parity.compare` (cosine, max abs, top-1) plus an SNR per output: this is
+how a TensorRT engine, Core ML on the ANE or the Edge TPU is verified on the hardware that really
+computes it, which the build host cannot do.
+
+The file comes with the bundle, so nothing in it is trusted: it is read with
+``allow_pickle=False`` after its zip directory was checked (member names, count, uncompressed
+size), and every array must be what the bundle's I/O spec says (names, shapes, dtypes); every
+problem is one :class:`~edge.errors.BundleError` naming the file.
+
+Device side: standard library and numpy only (``edge.parity`` imports no runtime at module level).
+
+Layout of ``reference.npz``::
+
+    names      0-d unicode array: JSON {"inputs": [names...], "outputs": [names...]}
+    i<s>_<k>   sample s, input k (the k-th name of "inputs")
+    o<s>_<k>   sample s, output k
+
+Tensor names may hold '/', ':' or anything else, so they are never part of a key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from edge.errors import BundleError, EdgeError
+from edge.parity import THRESHOLDS, Thresholds, compare, thresholds_for
+
+REFERENCE_FILE = "reference.npz"
+#: what the writer keeps: a few small samples (an image classifier's pair is ~600 kB)
+MAX_BYTES = 8 << 20
+MAX_SAMPLES = 64  # the manifest's limit too
+#: what the reader accepts: the writer's cap plus room for the npz/npy headers
+MAX_FILE_BYTES = MAX_BYTES + (1 << 20)
+_MAX_MEMBERS = 4096
+_KEY = re.compile(r"^(names|[io](0|[1-9][0-9]{0,3})_(0|[1-9][0-9]{0,3}))\.npy$")
+_NAMES = "names"
+_HINT = "rebuild the bundle with `edgekit convert`; do not edit bundle files by hand"
+
+CheckMode = bool | Literal["first"]
+
+
+# -- writing (build host) ------------------------------------------------------------------------
+
+def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]],
+                          outputs: Sequence[Mapping[str, np.ndarray]], *, precision: str, reference: str,
+                          samples: int = 4) -> dict[str, Any]:
+    """Write ``stage/reference.npz`` from the first ``samples`` pairs; return the manifest's
+    ``reference_pairs`` entry. Call it before ``new_manifest`` (which lists and hashes every file
+    in ``stage``).
+
+    The file is capped at :data:`MAX_BYTES`: fewer samples are kept when they would not fit, and
+    none (no file, ``samples`` 0) when one pair alone is over it; ``note`` then says so.
+    ``reference`` names what computed ``outputs`` (e.g. "onnxruntime 1.23.0 fp32 CPU on the source
+    ONNX"); ``thresholds`` are edge.parity's limits for ``precision``."""
+    if len(inputs) != len(outputs):
+        raise ValueError(f"{len(inputs)} input samples but {len(outputs)} output samples")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"samples must be 1..{MAX_SAMPLES}, got {samples}")
+    if not inputs:
+        raise ValueError("no reference samples given")
+    in_names, out_names = list(inputs[0]), list(outputs[0])
+    for s in range(len(inputs)):
+        if list(inputs[s]) != in_names or list(outputs[s]) != out_names:
+            raise ValueError(f"sample {s} names other tensors than sample 0")
+    entry: dict[str, Any] = {"file": REFERENCE_FILE, "samples": 0, "reference": reference,
+                             "thresholds": thresholds_for(precision).to_json()}
+    wanted = min(samples, len(inputs))
+    pair_bytes = [sum(np.asarray(a).nbytes + 128 for a in (*inputs[s].values(), *outputs[s].values()))
+                  for s in range(wanted)]
+    keep, total = 0, 1024
+    while keep < wanted and total + pair_bytes[keep] <= MAX_BYTES:
+        total += pair_bytes[keep]
+        keep += 1
+    if keep == 0:
+        entry.update(file=None, note=f"no reference pairs stored: one input/output pair is {pair_bytes[0]:,} bytes, "
+                                     f"over the {MAX_BYTES >> 20} MiB cap")
+        return entry
+    if keep < wanted:
+        entry["note"] = (f"kept {keep} of {wanted} samples to stay under the {MAX_BYTES >> 20} MiB cap "
+                         f"({pair_bytes[0]:,} bytes a pair)")
+    arrays: dict[str, np.ndarray] = {_NAMES: np.array(json.dumps({"inputs": in_names, "outputs": out_names}))}
+    for s in range(keep):
+        for k, n in enumerate(in_names):
+            arrays[f"i{s}_{k}"] = np.ascontiguousarray(inputs[s][n])
+        for k, n in enumerate(out_names):
+            arrays[f"o{s}_{k}"] = np.ascontiguousarray(outputs[s][n])
+    bad = [f"{key}: {a.dtype}" for key, a in arrays.items() if a.dtype.hasobject or a.dtype.fields]
+    if bad:
+        raise ValueError(f"reference arrays must be plain numeric arrays: {', '.join(bad)}")
+    with open(Path(stage) / REFERENCE_FILE, "xb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+    entry["samples"] = keep
+    return entry
+
+
+# -- reading (device) ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReferencePairs:
+    """The pairs read from a bundle, checked against its I/O spec."""
+
+    inputs: list[dict[str, np.ndarray]]
+    outputs: list[dict[str, np.ndarray]]
+    file: Path
+
+
+def _field(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
+
+
+def _dims(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _fits(got: tuple[int, ...], want: Sequence[Any]) -> bool:
+    return len(got) == len(want) and all(not isinstance(d, int) or d <= 0 or g == d for g, d in zip(got, want))
+
+
+def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: Any) -> ReferencePairs:
+    """The pairs ``entry`` (the manifest's ``reference_pairs``) names in the bundle at ``bundle_path``,
+    each array checked against ``io`` (an ``edge.spec.IOSpec``): the same input and output names,
+    shapes that fit, the spec's dtypes, finite reference outputs, exactly ``entry.samples`` samples.
+    Every problem is reported in one :class:`BundleError` naming the file; nothing in the file can
+    run code (no pickles)."""
+    rel, count = _field(entry, "file"), _field(entry, "samples")
+    if not isinstance(rel, str) or not isinstance(count, int) or isinstance(count, bool) \
+            or not 1 <= count <= MAX_SAMPLES:
+        raise BundleError(f"bundle {bundle_path}: its reference_pairs entry names no file, or not 1-{MAX_SAMPLES} "
+                          "samples", hint=_HINT)
+    path = Path(bundle_path) / rel
+
+    def refuse(problem: str) -> BundleError:
+        return BundleError(f"{path}: reference pairs unusable: {problem}", hint=_HINT)
+
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise refuse(f"cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse("not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise refuse(f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a reference file may have")
+    in_specs, out_specs = list(io.inputs), list(io.outputs)
+    expected = {f"{_NAMES}.npy"} | {f"{p}{s}_{k}.npy" for s in range(count)
+                                    for p, specs in (("i", in_specs), ("o", out_specs)) for k in range(len(specs))}
+    try:  # the zip directory first: member names, count and sizes before numpy reads a byte of data
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+            if len(members) > _MAX_MEMBERS:
+                raise refuse(f"{len(members)} members")
+            names = [m.filename for m in members]
+            odd = [n for n in names if not _KEY.fullmatch(n)]
+            if odd:
+                raise refuse("unexpected member(s) " + ", ".join(repr(n[:60]) for n in odd[:5]))
+            if len(set(names)) != len(names):
+                raise refuse("a member is in the archive twice")
+            unpacked = sum(m.file_size for m in members)
+            if unpacked > 4 * MAX_FILE_BYTES:
+                raise refuse(f"unpacks to {unpacked:,} bytes")
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything a crafted archive makes zipfile raise
+        raise refuse(f"not an npz archive ({type(e).__name__}: {str(e)[:120]})") from None
+    problems = [f"missing {n[:-4]}" for n in sorted(expected - set(names))]
+    problems += [f"unexpected {n[:-4]} (the manifest says {count} samples of {len(in_specs)} inputs and "
+                 f"{len(out_specs)} outputs)" for n in sorted(set(names) - expected)]
+    if problems:
+        raise refuse("; ".join(problems))
+    inputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
+    outputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            raw = npz[_NAMES]
+            if raw.dtype.kind != "U" or raw.ndim != 0:
+                raise refuse("'names' is not a JSON string")
+            listed = json.loads(str(raw))
+            if not (isinstance(listed, dict) and set(listed) == {"inputs", "outputs"}
+                    and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())):
+                raise refuse("'names' is not {\"inputs\": [...], \"outputs\": [...]}")
+            for side, specs in (("inputs", in_specs), ("outputs", out_specs)):
+                if listed[side] != [t.name for t in specs]:
+                    problems.append(f"{side} {listed[side][:8]} are not the bundle's {[t.name for t in specs]}")
+            if problems:
+                raise refuse("; ".join(problems))
+            for s in range(count):
+                for prefix, specs, into in (("i", in_specs, inputs[s]), ("o", out_specs, outputs[s])):
+                    for k, t in enumerate(specs):
+                        a = npz[f"{prefix}{s}_{k}"]
+                        what = f"sample {s} {'input' if prefix == 'i' else 'output'} {t.name!r}"
+                        if a.dtype != np.dtype(t.dtype):
+                            problems.append(f"{what} is {a.dtype}, the bundle's I/O spec says {t.dtype}")
+                        if not _fits(a.shape, t.shape):
+                            problems.append(f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says "
+                                            f"{_dims(t.shape)}")
+                        if prefix == "o" and a.dtype.kind in "fc" and not np.isfinite(a).all():
+                            problems.append(f"{what} holds NaN or Inf")
+                        into[t.name] = a
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - object arrays (pickles), bad headers, truncated data
+        raise refuse(f"{type(e).__name__}: {str(e)[:160]}") from None
+    if problems:
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise refuse("; ".join(problems[:10]) + more)
+    return ReferencePairs(inputs, outputs, path)
+
+
+# -- checking (device) ---------------------------------------------------------------------------
+
+def gate_thresholds(entry_thresholds: Any, precision: str, precision_used: str | None) -> Thresholds:
+    """The limits the device checks with: the stricter of the bundle's (``entry_thresholds``) and this
+    edgekit's for ``precision``; where the runtime computes in something coarser (``precision_used``),
+    this edgekit's limits for that instead (``edge.parity.thresholds_for``), as parity does."""
+    code = THRESHOLDS.get(precision, THRESHOLDS["int8"])
+    used = thresholds_for(precision, precision_used)
+    if used != code:
+        return used
+    cos, top1 = _field(entry_thresholds, "min_cosine"), _field(entry_thresholds, "min_top1")
+    return Thresholds(max(code.min_cosine, float(cos)) if isinstance(cos, (int, float)) else code.min_cosine,
+                      max(code.min_top1, float(top1)) if isinstance(top1, (int, float)) else code.min_top1)
+
+
+def snr_db(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float | None:
+    """10*log10(sum(ref^2) / sum(err^2)) over all samples; None when it is not finite (no error at all,
+    or an all-zero reference)."""
+    ref = np.stack([np.asarray(r, dtype=np.float64) for r in reference])
+    err = ref - np.stack([np.asarray(c, dtype=np.float64) for c in candidate])
+    p_ref, p_err = float((ref ** 2).sum()), float((err ** 2).sum())
+    if not (math.isfinite(p_ref) and math.isfinite(p_err)) or p_ref <= 0 or p_err <= 0:
+        return None
+    return round(10.0 * math.log10(p_ref / p_err), 3)
+
+
+def _num(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _reference_sha256(bundle: Any, rel: str | None) -> str | None:
+    if rel is None:
+        return None
+    return next((a.sha256 for a in bundle.info.artifacts if a.path == rel), None)
+
+
+def runner_json(runner: Any) -> dict[str, Any]:
+    """``runner.info`` as JSON, without the reference check it carries (which names the runner itself)."""
+    info = runner.info.to_json()
+    info["details"] = {k: v for k, v in (info.get("details") or {}).items() if k != "reference_check"}
+    return info
+
+
+def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
+    """Run ``bundle``'s reference inputs through ``runner`` (opened on it) and compare with the
+    reference outputs. Returns a JSON-able record: ``passed`` (None, with ``skipped``, when there is
+    nothing to check), ``samples``, ``thresholds``, per-output ``outputs`` (cosine, max/mean abs,
+    top-1, ``snr_db``, failures), ``failures``, ``runner`` (the device actually used) and
+    ``checked_utc``. A file that cannot be used is a :class:`BundleError`; a runner that refuses
+    the inputs raises its ``EdgeError``."""
+    entry = bundle.info.reference_pairs
+    rel = entry.file if entry is not None else None
+    result: dict[str, Any] = {"passed": None, "samples": 0, "bundle_id": bundle.id,
+                              "reference_sha256": _reference_sha256(bundle, rel), "outputs": [], "failures": []}
+    if bundle.kind == "llm":
+        result["skipped"] = "not applicable to llm bundles (GGUF quality is gated by edge.llm.quality where built)"
+    elif entry is None:
+        result["skipped"] = "the bundle carries no reference pairs (built before they were written)"
+    elif rel is None:
+        result["skipped"] = entry.note or "the bundle carries no reference pairs"
+    if "skipped" in result:
+        return {**result, "runner": runner_json(runner), "checked_utc": _now()}
+    pairs = load_reference_pairs(bundle.path, entry, bundle.io)
+    th = gate_thresholds(entry.thresholds, bundle.precision, runner.info.precision_used)
+    candidate = [runner.infer(feeds) for feeds in pairs.inputs]
+    figures = compare(pairs.outputs, candidate, th)
+    outputs = []
+    for o in figures:
+        snr = None
+        if all(o.name in c and np.shape(c[o.name]) == np.shape(r[o.name]) for c, r in zip(candidate, pairs.outputs)):
+            snr = snr_db([r[o.name] for r in pairs.outputs], [c[o.name] for c in candidate])
+        outputs.append({"name": o.name, "cosine": _num(o.cosine), "cosine_min": _num(o.cosine_min),
+                        "max_abs": _num(o.max_abs), "mean_abs": _num(o.mean_abs), "top1": _num(o.top1),
+                        "snr_db": snr, "passed": o.passed, "failures": list(o.failures)})
+    result.update(passed=all(o.passed for o in figures), samples=len(pairs.inputs), thresholds=th.to_json(),
+                  reference=entry.reference, outputs=outputs,
+                  failures=[f"{o.name}: {f}" for o in figures for f in o.failures])
+    return {**result, "runner": runner_json(runner), "checked_utc": _now()}
+
+
+class CheckRecords(Protocol):
+    """Where a device keeps check results between loads (``edge.store.local.DeviceStore``)."""
+
+    def reference_check(self, bundle_id: str) -> dict[str, Any] | None: ...
+
+    def record_reference_check(self, bundle_id: str, result: Mapping[str, Any]) -> Any: ...
+
+
+def _still_valid(rec: Any, bundle: Any, runner: Any) -> bool:
+    """A recorded result answers for this load when it is about the same bundle, the same reference
+    file, and the same runtime, device and compute precision."""
+    if not isinstance(rec, dict) or rec.get("bundle_id") != bundle.id or not isinstance(rec.get("runner"), dict):
+        return False
+    entry = bundle.info.reference_pairs
+    if rec.get("reference_sha256") != _reference_sha256(bundle, entry.file if entry is not None else None):
+        return False
+    info = runner.info
+    return all(rec["runner"].get(k) == getattr(info, k) for k in ("runtime", "device_used", "precision_used"))
+
+
+def check_on_load(bundle: Any, runner: Any, *, records: CheckRecords | None = None,
+                  mode: CheckMode = "first") -> dict[str, Any]:
+    """The reference check for a runner just opened on ``bundle``, put in
+    ``runner.info.details["reference_check"]`` and returned. ``mode`` "first": a result in ``records``
+    for this bundle, reference file, runtime and device is reused (``"recorded": true``); True: check
+    again. A new result is written to ``records``. Never raises for what the bundle or the runner
+    does: an unusable file, a refused input or a runtime error on this device is a failed check
+    with ``error``."""
+    result: dict[str, Any] | None = None
+    if records is not None and mode == "first":
+        try:
+            rec = records.reference_check(bundle.id)
+        except EdgeError:
+            rec = None
+        if _still_valid(rec, bundle, runner):
+            result = {**rec, "recorded": True}  # type: ignore[dict-item]
+    if result is None:
+        try:
+            result = check_reference_pairs(bundle, runner)
+        except Exception as e:  # noqa: BLE001 - an unusable file, or a runtime failing on this device: a failed check
+            entry = bundle.info.reference_pairs
+            why = str(e) if isinstance(e, EdgeError) else f"{type(e).__name__}: {str(e)[:300]}"
+            result = {"passed": False, "samples": 0, "bundle_id": bundle.id,
+                      "reference_sha256": _reference_sha256(bundle, entry.file if entry is not None else None),
+                      "outputs": [], "failures": [], "error": why, "runner": runner_json(runner),
+                      "checked_utc": _now()}
+        result["recorded"] = False
+        if records is not None:
+            try:
+                records.record_reference_check(bundle.id, {k: v for k, v in result.items() if k != "recorded"})
+            except EdgeError as e:  # a read-only or full store: the result still stands for this load
+                result["record_error"] = str(e)
+    runner.info.details["reference_check"] = {k: v for k, v in result.items() if k != "runner"}
+    return result
+
+
+def check_bundle(bundle: Any, options: Mapping[str, Any] | None = None, *, records: CheckRecords | None = None,
+                 mode: CheckMode = "first") -> dict[str, Any]:
+    """Open a runner on ``bundle`` just for the reference check, and close it (``edgekit run``/``bench``,
+    which then open their own). ``records``: default, the device store holding the bundle, if any."""
+    if records is None:
+        from edge.store.local import store_holding
+
+        records = store_holding(bundle.path)
+    with bundle.open_runner(options, check_reference=mode or "first", records=records) as runner:
+        return {**runner.info.details["reference_check"], "runner": runner_json(runner)}
+
+
+def describe(result: Mapping[str, Any] | None) -> str | None:
+    """One line for a failed check (a CLI warning, a log line, the agent's state detail); None otherwise."""
+    if not result or result.get("passed") is not False:
+        return None
+    why = result.get("error") or "; ".join(result.get("failures") or []) or "failed"
+    where = (result.get("runner") or {}).get("device_used")
+    return (f"reference check failed for {result.get('bundle_id')}" + (f" on {where}" if where else "")
+            + f": {why}")

@@ -1,0 +1,89 @@
+"""Small PyTorch models for the tests, built inside the ``torch`` toolchain (torch lives only there).
+
+``build(dest)`` writes, with fixed seeds:
+
+- ``tiny.pt`` / ``tiny.pt2``: conv -> relu -> mean -> linear, input ``image`` [1, 3, 32, 32], one output [1, 10]
+  (the model tests/test_coreml_torch.py builds);
+- ``weights.pt``: that model's ``torch.save`` state dict (a checkpoint: no graph);
+- ``pair.pt`` (``torch.jit.script``: keeps its ``if``) / ``pair.pt2``: inputs ``image`` [1, 3, 16, 16] and ``scale``
+  [1, 4] in that order, BatchNorm, Dropout, MaxPool, bilinear resize, softmax; two outputs (features
+  [1, 4, 16, 16], probabilities [1, 4]);
+- ``fft.pt``: an ``rfft`` (no ONNX export for it), input ``signal`` [1, 16].
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from edge import toolchains
+
+TOOLCHAIN = "torch"
+
+_MAKE = r"""
+import sys, torch
+out = sys.argv[1]
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 10)
+    def forward(self, image):
+        y = torch.relu(self.conv(image))
+        return self.fc(y.mean((2, 3)))
+
+class Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.5)
+        self.head = torch.nn.Linear(4, 4)
+    def forward(self, image, scale):
+        y = torch.relu(self.bn(self.conv(image)))
+        small = torch.nn.functional.max_pool2d(y, 2)
+        up = torch.nn.functional.interpolate(small, scale_factor=2.0, mode="bilinear", align_corners=False)
+        feats = self.drop(up) * scale[:, :, None, None]
+        if feats.shape[1] == 4:
+            feats = feats + 1.0
+        return feats, torch.softmax(self.head(feats.mean((2, 3))), dim=1)
+
+class Fft(torch.nn.Module):
+    def forward(self, signal):
+        return torch.fft.rfft(signal).abs()
+
+torch.manual_seed(0)
+m, x = Net().eval(), torch.randn(1, 3, 32, 32)
+torch.jit.save(torch.jit.trace(m, (x,)), out + "/tiny.pt")
+torch.export.save(torch.export.export(m, (x,)), out + "/tiny.pt2")
+torch.save(m.state_dict(), out + "/weights.pt")
+
+torch.manual_seed(1)
+p = Pair()
+with torch.no_grad():  # running statistics that are not the identity, so BatchNorm is really exported
+    p.bn.running_mean.uniform_(-0.5, 0.5)
+    p.bn.running_var.uniform_(0.5, 2.0)
+p = p.eval()
+args = (torch.randn(1, 3, 16, 16), torch.rand(1, 4) + 0.5)
+torch.jit.save(torch.jit.script(p), out + "/pair.pt")
+torch.export.save(torch.export.export(p, args), out + "/pair.pt2")
+torch.jit.save(torch.jit.trace(Fft().eval(), (torch.randn(1, 16),)), out + "/fft.pt")
+"""
+
+
+def toolchain_problem() -> str | None:
+    """None when the torch toolchain is usable, else why not (a skip reason: no 'hardware: ' prefix)."""
+    st = toolchains.status(TOOLCHAIN)
+    return None if st.usable else f"needs the torch toolchain (edgekit toolchain install torch): {st.problem}"
+
+
+def build(dest: Path) -> Path:
+    st = toolchains.require(TOOLCHAIN, "building the test's PyTorch models")
+    dest.mkdir(parents=True, exist_ok=True)
+    script = dest / "make_models.py"  # a file, not -c: torch.jit.script reads the classes' source
+    script.write_text(_MAKE, encoding="utf-8")
+    done = subprocess.run([str(toolchains._venv_python(st.venv)), str(script), str(dest)], check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dest
