@@ -69,9 +69,9 @@ def ppocr_cls() -> Path:
 
 
 def convert_cached(model: Path, target: str, out: Path, *, reuse: bool, **kwargs: Any) -> Any:
-    """``edge.convert.convert`` (force, accept parity failure), or the existing bundle when ``reuse``."""
+    """``edge.pipeline.convert`` (force, accept parity failure), or the existing bundle when ``reuse``."""
     from edge.bundle import Bundle
-    from edge.convert import convert
+    from edge.pipeline import convert
 
     if reuse and (out / "manifest.json").is_file():
         return Bundle.open(out)

@@ -46,7 +46,7 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--workdir", metavar="DIR")
     args = p.parse_args()
-    from edge.convert import convert
+    from edge.pipeline import convert
     from edge.llm.bench import run_llm_benchmark
     from edge.llm.samples import build_tiny_llama
 

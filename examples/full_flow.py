@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from edge.bench import run_benchmark
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.deploy import DeviceStore, deploy, rollback
 from edge.samples import build_mobilenet_v2
 

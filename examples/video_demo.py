@@ -23,7 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edge.convert import convert
+from edge.pipeline import convert
 from edge.samples import build_yolo_detector
 from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
 
