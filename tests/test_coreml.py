@@ -18,7 +18,7 @@ import pytest
 from edge import toolchains
 from edge.bundle import Bundle
 from edge.pipeline import convert
-from edge.backends.converter import CONVERTERS
+from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.coreml.convert import OnnxToCoreML
 from edge.backends.coreml.format import package_dir
 from edge.errors import ConversionError, HardwareUnavailableError
@@ -204,6 +204,82 @@ def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStat
         convert(tmp_path / "u.onnx", "apple-ane", tmp_path / "out", preprocess="none")
     assert "Erf, Tanh" in str(e.value) and "t1" in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_converter_returns_an_fp16_host_proxy(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    """Off macOS the fp16 package cannot predict; the converter runs the traced module cast to half on its own
+    parity inputs instead. The reference is computed here, on exactly those inputs."""
+    from edge.parity import compare, reference_outputs, thresholds_for
+    from edge.pipeline.sources import OnnxSource
+
+    io = OnnxSource(models["tiny"]).io({})
+    (tmp_path / "out").mkdir()
+    result = CONVERTERS.get("onnx->coreml")().convert(ConversionRequest(
+        source=models["tiny"], workdir=tmp_path / "out", precision="fp16", io=io))
+    proxy = result.proxy
+    assert proxy is not None and proxy.precision_used == "f16" and proxy.fallback is None
+    assert "CPU fp16 (the traced module, cast to half)" in proxy.label and proxy.label.startswith("torch 2.")
+    assert proxy.info.runtime == f"host proxy: {proxy.label}" and proxy.info.precision_used == "f16"
+    assert proxy.inputs_from == "generated" and len(proxy.inputs) == len(proxy.outputs) == 8
+    assert result.details["host_proxy"] == {"label": proxy.label, "precision_used": "f16", "fallback": None,
+                                            "samples": 8}
+    reference = reference_outputs(models["tiny"], proxy.inputs)
+    [logits] = compare(reference, proxy.outputs, thresholds_for("fp16", proxy.precision_used))
+    assert logits.passed and logits.cosine >= 0.9999, logits
+    # It really computed in fp16: fp32 (the bridge, ~1e-5 here) cannot be 1e-3 of the output scale away.
+    ref = np.stack([r["logits"] for r in reference])
+    assert logits.max_abs > 1e-3 * np.abs(ref).max(), "labelled fp16 but as exact as fp32"
+
+
+# Runs in the toolchain: the driver's host_proxy on a module torch CPU cannot run in half (det -> lu_cpu),
+# then on one it can; prints what it returned.
+_PROXY_FALLBACK = r"""
+import json, sys, numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+import coreml_driver as d
+class Det(torch.nn.Module):
+    def forward(self, x):
+        return torch.det(x) + x.sum()
+class Lin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.fc(x)
+torch.manual_seed(0)
+samples = {"x": np.random.default_rng(0).standard_normal((3, 8, 8)).astype(np.float32)}
+out = {}
+for name, m in (("det", Det()), ("lin", Lin())):
+    traced = torch.jit.trace(m.eval(), (torch.from_numpy(samples["x"][0]),))
+    with_fb = d.host_proxy(traced, {"precision": "fp16"}, samples, ["x"], "the traced module", fallback=traced)
+    without = d.host_proxy(traced, {"precision": "fp16"}, samples, ["x"], "the TorchScript module")
+    fp32 = d.run_samples(traced, samples, ["x"])
+    out[name] = {"with": {k: v for k, v in with_fb.items() if k != "outputs"},
+                 "without": {k: v for k, v in without.items() if k != "outputs"},
+                 "same_as_fp32": all(np.array_equal(a[0], b[0]) for a, b in zip(with_fb["outputs"], fp32)),
+                 "still_fp32": next(traced.parameters(), torch.zeros(1)).dtype == torch.float32}
+print(json.dumps(out))
+"""
+
+
+def test_host_proxy_without_an_fp16_kernel_says_it_ran_fp32(toolchain: toolchains.ToolchainStatus) -> None:
+    import subprocess
+
+    run = subprocess.run([str(toolchains._venv_python(toolchain.venv)), "-c", _PROXY_FALLBACK,
+                          str(toolchains.driver_path("coreml").parent)], capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    det, lin = got["det"], got["lin"]
+    why = "torch CPU has no fp16 kernel for lu_cpu"
+    assert det["with"]["precision_used"] == "f32" and det["with"]["fallback"] == why
+    assert det["with"]["label"].endswith(f"CPU fp32 bridge: {why}") and "fp16" not in det["with"]["label"].split(":")[0]
+    assert det["same_as_fp32"]  # the fallback is the fp32 module itself, nothing else
+    assert det["without"] == {"label": None, "precision_used": None, "fallback": why}  # no stand-in claimed
+    assert lin["with"]["precision_used"] == "f16" and lin["with"]["fallback"] is None
+    assert "CPU fp16 (the traced module, cast to half)" in lin["with"]["label"]
+    assert not lin["same_as_fp32"] and lin["still_fp32"]  # computed in half, on a copy: ct.convert gets fp32
 
 
 @on_mac

@@ -12,17 +12,19 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edge import toolchains
 from edge.bundle import Bundle
 from edge.pipeline import convert
-from edge.backends.converter import CONVERTERS
+from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.coreml.convert import TorchToCoreML
 from edge.backends.coreml.format import package_dir
 from edge.errors import ModelError
 from edge.backends.coreml.run import NEEDS_MACOS
 from edge.pipeline.sources import is_torch_source
+from edge.spec import IOSpec, TensorSpec
 
 
 _MAKE = r"""
@@ -131,3 +133,22 @@ def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: 
     out = subprocess.run([str(toolchains._venv_python(st.venv)), "-c", code, str(package_dir(b.artifact))],
                          check=True, capture_output=True, text=True, timeout=300).stdout
     assert "['image'] ['output_0']" in out
+
+
+@pytest.mark.parametrize("name,what", [("tiny.pt", "the TorchScript module"),
+                                       ("tiny.pt2", "the decomposed ExportedProgram")])
+def test_fp16_host_proxy_on_the_reference_inputs(torch_models: Path, tmp_path: Path, name: str, what: str) -> None:
+    """The model itself cast to half, on the very inputs its fp32 outputs (the reference) were computed on."""
+    from edge.parity import compare, thresholds_for
+
+    io = IOSpec((TensorSpec("image", (1, 3, 32, 32), "float32"),), ())
+    result = CONVERTERS.get("torch->coreml")().convert(ConversionRequest(
+        source=torch_models / name, workdir=tmp_path, precision="fp16", io=io))
+    proxy, reference = result.proxy, result.reference
+    assert proxy is not None and reference is not None
+    assert proxy.precision_used == "f16" and f"CPU fp16 ({what}, cast to half)" in proxy.label
+    assert proxy.inputs is reference[0]  # the contract: a PyTorch source's reference is on the proxy's inputs
+    [out] = compare(reference[1], proxy.outputs, thresholds_for("fp16", proxy.precision_used))
+    assert out.name == "output_0" and out.passed and out.cosine >= 0.9999, out
+    want = np.stack([r["output_0"] for r in reference[1]])
+    assert out.max_abs > 1e-4 * np.abs(want).max(), "labelled fp16 but as exact as the fp32 reference"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from edge.capabilities import Host, Requirement, problems
+from edge.backends.runner import RunnerInfo
 from edge.errors import ConversionError, PrecisionError
 from edge.backends.registry import Registry, did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
@@ -30,6 +31,31 @@ class ConversionRequest:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HostProxy:
+    """What a converter computed on this host in place of the bundle's own runtime, for a target whose runtime
+    cannot run here (Core ML off macOS): the candidate for the parity gate when no runner can be opened.
+
+    ``inputs`` are the exact feeds the proxy ran on (the converter's parity samples, not the pipeline's), so the
+    reference must be computed on them: ``outputs[i]`` answers ``inputs[i]``. ``precision_used`` is in
+    :class:`RunnerInfo`'s vocabulary ("f16", "f32"): an fp16 bundle whose proxy could only run fp32 says so
+    here and in ``fallback``, never in the label alone.
+    """
+
+    label: str  # who computed them and how, e.g. "torch 2.13.0 CPU fp16 (the traced module, cast to half)"
+    precision_used: str  # what the arithmetic was actually in: "f16" | "f32"
+    inputs: list[dict[str, Any]]  # the parity inputs, as fed (name -> array)
+    outputs: list[dict[str, Any]]  # per input, in the same order: output name -> array
+    inputs_from: str  # "generated" | "calibration": what the inputs are, for the report
+    fallback: str | None = None  # why it did not compute in the bundle's precision
+
+    @property
+    def info(self) -> RunnerInfo:
+        """The parity report's candidate: names the proxy and its precision, like a runner's ``info``."""
+        return RunnerInfo(runtime=f"host proxy: {self.label}", device_requested="CPU", device_used="CPU",
+                          precision_used=self.precision_used, fallback=self.fallback)
+
+
 @dataclass
 class ConversionResult:
     artifact: Path  # the primary artifact (what the next step or the runner loads)
@@ -41,6 +67,11 @@ class ConversionResult:
     #: when the converter ran the source model itself (a PyTorch source): the inputs and its outputs on them,
     #: the parity reference for the bundle
     reference: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    #: when the bundle's runtime cannot run on this host, the converter's own stand-in for it (see
+    #: :class:`HostProxy`). Its ``inputs`` are the converter's: for an ONNX source the reference is the source
+    #: in onnxruntime on ``proxy.inputs`` (not on the pipeline's parity inputs); for a PyTorch source they are
+    #: ``reference[0]`` itself, so ``reference[1]`` is the reference
+    proxy: HostProxy | None = None
 
 
 class Converter(ABC):

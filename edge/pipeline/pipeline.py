@@ -56,7 +56,8 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     p = plan(profile, precision, source_format=src.format, source_precision=own, source_name=src.path.name)
     if isinstance(src, TFLiteSource) and p.steps and p.steps[0].converter.name == "tflite->edgetpu" \
             and not src.full_integer():
-        raise PrecisionError(f"{src.path.name} is not a full-integer TFLite (it is {own}); the Edge TPU runs "
+        floats = f"{own}, float ops: {', '.join(src.float_ops())}" if own == "int8-dynamic" else own
+        raise PrecisionError(f"{src.path.name} is not a full-integer TFLite (it is {floats}); the Edge TPU runs "
                              "full-integer int8 models only, and edgekit cannot quantize a .tflite file: TensorFlow's "
                              "quantizer reads a SavedModel or Keras model, not a flatbuffer",
                              hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "
@@ -142,6 +143,12 @@ def _copy_source(src: Source, static: Path, stage: Path) -> Path:
         return out
     out = stage / ("model" + static.suffix)
     shutil.copyfile(static, out)
+    if isinstance(src, TFLiteSource):
+        from edge.backends.litert.format import sidecar_path
+
+        side = sidecar_path(static)
+        if side.is_file():  # edgekit's I/O sidecar (ONNX names and layout): the source's I/O as it was read
+            shutil.copyfile(side, sidecar_path(out))
     return out
 
 

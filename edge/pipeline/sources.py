@@ -128,32 +128,28 @@ class TFLiteSource(Source):
         with LiteRTRunner(self.path, options={"delegate": "reference", "num_threads": 1}) as r:
             self._io = IOSpec(tuple(r.inputs), tuple(r.outputs))
             it = r._it
-            ins, outs = it.get_input_details(), it.get_output_details()
-            self._quant = {
-                "input_types": sorted({str(np.dtype(d["dtype"])) for d in ins}),
-                "output_types": sorted({str(np.dtype(d["dtype"])) for d in outs}),
-                "tensor_types": _tflite_tensor_types(it),
-            }
+            self._quant = {"tensor_types": _tflite_tensor_types(it), "float_ops": _float_compute_ops(it)}
 
     def own_precision(self) -> str:
+        """From what the ops compute, not from tensor sizes: a dynamic-range model (int8 weights, float
+        compute) can hold more int8 than float32 elements and is still not full-integer."""
         self._read()
         assert self._quant is not None
         types = self._quant["tensor_types"]
         if types.get("int8", 0) or types.get("uint8", 0):
-            return "int8" if not types.get("float32", 0) or self._full_integer_ops() else "int8-dynamic"
+            return "int8-dynamic" if self._quant["float_ops"] else "int8"
         if types.get("float16", 0):
             return "fp16"
         return "fp32"
 
-    def _full_integer_ops(self) -> bool:
-        assert self._quant is not None
-        return self._quant["input_types"] != ["float32"] or self._quant["output_types"] != ["float32"] \
-            or self._quant["tensor_types"].get("int8", 0) > self._quant["tensor_types"].get("float32", 0)
-
-    def full_integer(self) -> bool:
-        """Every compute tensor int8/uint8 (what the Edge TPU needs); float I/O with quantize ops is allowed."""
+    def float_ops(self) -> list[str]:
+        """Compute ops (QUANTIZE/DEQUANTIZE at the edges aside) that produce float tensors."""
         self._read()
         assert self._quant is not None
+        return list(self._quant["float_ops"])
+
+    def full_integer(self) -> bool:
+        """Every compute op int8/uint8 (what the Edge TPU needs); float I/O through QUANTIZE/DEQUANTIZE is allowed."""
         return self.own_precision() == "int8"
 
     def describe(self) -> dict[str, Any]:
@@ -185,6 +181,14 @@ class TFLiteSource(Source):
             outs = [r.infer(s) for s in inputs]
             runtime = r.info.runtime
         return outs, f"{runtime} reference kernels (no delegate) on the source .tflite"
+
+
+def _float_compute_ops(it: Any) -> list[str]:
+    """Names of the ops, QUANTIZE/DEQUANTIZE aside, whose results are float (what keeps a model off the Edge TPU)."""
+    floats = (np.dtype(np.float32), np.dtype(np.float16))
+    return sorted({o["op_name"] for o in it._get_ops_details()
+                   if o["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
+                   and any(np.dtype(t) in floats for t in o.get("result_types", []))})
 
 
 def _tflite_tensor_types(it: Any) -> dict[str, int]:

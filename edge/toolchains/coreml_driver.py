@@ -22,12 +22,21 @@ loads the PyTorch model itself: its input names (TorchScript forward signature, 
 ExportedProgram's user inputs) must be the job's, its outputs on the parity samples are the
 reference (``reference_outputs.npz``, named ``output_0``..: torch models carry no output names),
 and the same ``ct.convert`` and checks follow. ``inspect_only`` reports the input names and stops.
+
+Host proxy (both paths, after tracing): Core ML predicts only on macOS, so the module ``ct.convert`` receives
+runs here in the bundle's precision on the same parity samples (``proxy_outputs.npz``): for fp16 a copy cast
+with ``.half()`` and fed half inputs, so every weight and every intermediate is fp16 as in an fp16 ML Program
+(``torch.autocast`` was measured too and not taken: it computes only conv/linear/matmul in fp16 and keeps
+every other op and the activations between them fp32, so it would hide an fp16 overflow the package has; it
+is also slower). Where torch's CPU has no fp16 kernel for an op, an ONNX source falls back to the fp32 traced
+bridge and the label says so; a PyTorch source has no proxy then (its fp32 module is the reference itself).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -134,7 +143,78 @@ def bridge_onnx(job: dict[str, Any], work: Path, timings: dict[str, float]) -> t
     example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
     traced = torch.jit.trace(module, example, check_trace=False)
     timings["trace_s"] = round(time.time() - t0, 2)
-    return traced, {"bridge_outputs": str(work / "bridge_outputs.npz")}
+
+    stage(f"host proxy: the traced module in {job['precision']} on the parity samples")
+    t0 = time.time()
+    proxy = host_proxy(traced, job, samples, names, "the traced module", fallback=traced)
+    timings["proxy_s"] = round(time.time() - t0, 2)
+    return traced, {"bridge_outputs": str(work / "bridge_outputs.npz"), **save_proxy(proxy, module.output_names, work)}
+
+
+def run_samples(fn: Any, samples: Any, names: list[str], dtype: Any = None) -> list[list[Any]]:
+    """``fn`` on every parity sample (float inputs cast to ``dtype`` when given); per sample, its outputs as
+    float32 numpy arrays in return order."""
+    import numpy as np
+    import torch
+
+    outs = []
+    for i in range(samples[names[0]].shape[0]):
+        xs = [torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names]
+        if dtype is not None:
+            xs = [x.to(dtype) if x.is_floating_point() else x for x in xs]
+        y = fn(*xs)
+        y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
+        if not all(isinstance(v, torch.Tensor) for v in y):
+            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
+                            + ", ".join(type(v).__name__ for v in y))
+        outs.append([v.detach().float().numpy() for v in y])
+    return outs
+
+
+_NO_HALF_KERNEL = re.compile(r'"([^"]+)" not implemented for \'Half\'')
+
+
+def host_proxy(module: Any, job: dict[str, Any], samples: Any, names: list[str], what: str,
+               fallback: Any = None) -> dict[str, Any] | None:
+    """The host's stand-in for the package's predictions: ``module`` (what ``ct.convert`` receives; a copy is
+    cast, the module itself is left as it is) on the parity samples in the bundle's precision.
+
+    ``fallback``: the fp32 module to run when torch's CPU cannot run ``module`` in fp16 (None: no proxy then).
+    Returns {label, precision_used ("f16" | "f32"), fallback (why, or None), outputs (per sample)}, or None."""
+    import copy
+
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    if job["precision"] != "fp16":
+        return {"label": f"torch {version} CPU fp32 ({what})", "precision_used": "f32", "fallback": None,
+                "outputs": run_samples(module, samples, names)}
+    half = copy.deepcopy(module).half()
+    try:
+        return {"label": f"torch {version} CPU fp16 ({what}, cast to half)", "precision_used": "f16",
+                "fallback": None, "outputs": run_samples(half, samples, names, torch.float16)}
+    except RuntimeError as e:  # the fp32 run of the same module succeeded: this is fp16-specific
+        found = _NO_HALF_KERNEL.search(str(e))
+        why = (f"torch CPU has no fp16 kernel for {found.group(1)}" if found else
+               "the module does not run in fp16 on torch CPU: " + (str(e).strip().splitlines() or ["?"])[0][:300])
+    if fallback is None:
+        return {"label": None, "precision_used": None, "fallback": why, "outputs": None}
+    return {"label": f"torch {version} CPU fp32 bridge: {why}", "precision_used": "f32", "fallback": why,
+            "outputs": run_samples(fallback, samples, names)}
+
+
+def save_proxy(proxy: dict[str, Any] | None, out_names: list[str], work: Path) -> dict[str, Any]:
+    """``proxy_outputs.npz`` (stacked per output name, like the other outputs files) and the event's record."""
+    import numpy as np
+
+    if proxy is None:
+        return {}
+    if proxy["outputs"] is None:
+        return {"proxy": {k: v for k, v in proxy.items() if k != "outputs"}}
+    np.savez(work / "proxy_outputs.npz",
+             **{k: np.stack([o[j] for o in proxy["outputs"]]) for j, k in enumerate(out_names)})
+    return {"proxy": {**{k: v for k, v in proxy.items() if k != "outputs"},
+                      "outputs": str(work / "proxy_outputs.npz")}}
 
 
 class NotTorchModel(Exception):
@@ -180,23 +260,24 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
     run = model.module() if job["torch_kind"] == "exported_program" else model
     stage("running the PyTorch model on the parity samples (reference)")
     samples = np.load(job["samples"])
-    n = samples[names[0]].shape[0]
-    outs: list[list[Any]] = []
-    for i in range(n):
-        y = run(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
-        y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
-        if not all(isinstance(v, torch.Tensor) for v in y):
-            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
-                            + ", ".join(type(v).__name__ for v in y))
-        outs.append([v.detach().float().numpy() for v in y])
+    outs = run_samples(run, samples, names)
     out_names = [f"output_{j}" for j in range(len(outs[0]))]
     np.savez(work / "reference_outputs.npz", **{k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)})
     job["outputs"] = [{"name": k, "shape": list(outs[0][j].shape)} for j, k in enumerate(out_names)]
     timings["reference_s"] = round(time.time() - t0, 2)
     if job["torch_kind"] == "exported_program":
         model = model.run_decompositions({})  # the ATen opset coremltools reads
+
+    stage(f"host proxy: the model in {job['precision']} on the parity samples")
+    t0 = time.time()
+    proxy = None
+    if job["precision"] == "fp16":  # in fp32 the module is the reference itself: nothing to compare
+        what = "the TorchScript module" if job["torch_kind"] == "torchscript" else "the decomposed ExportedProgram"
+        proxy = host_proxy(model.module() if job["torch_kind"] == "exported_program" else model,
+                           job, samples, names, what)
+    timings["proxy_s"] = round(time.time() - t0, 2)
     return model, {"reference_outputs": str(work / "reference_outputs.npz"), "input_names": names,
-                   "outputs": job["outputs"]}
+                   "outputs": job["outputs"], **save_proxy(proxy, out_names, work)}
 
 
 def main() -> int:

@@ -12,7 +12,10 @@ What Linux can check is checked and recorded in the manifest: the bridge against
 fp32 on the parity inputs (``details["bridge_parity"]``; a failure stops the conversion), the
 saved package loads as a spec, its I/O names/shapes/dtypes match the bundle's, and its op
 inventory with the ops known to keep a model off the Neural Engine flagged. Predictions need
-macOS (the ``coreml`` runner).
+macOS (the ``coreml`` runner); in their place the result carries a host proxy
+(:class:`~edge.backends.converter.HostProxy`): the module ``ct.convert`` received, run by torch's CPU in the
+bundle's precision (fp16: cast to half) on the converter's parity inputs, or the fp32 bridge where torch has
+no fp16 kernel for an op, named as such (``details["host_proxy"]``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from edge import toolchains
 from edge.capabilities import Requirement
-from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 
 TOOLCHAIN = "torch"
@@ -52,6 +55,7 @@ class _DriverRun:
     arrays: dict[str, np.ndarray]  # the driver's per-sample outputs (bridge or torch reference), stacked
     units: str
     t_start: float
+    proxy: HostProxy | None  # the module ct.convert received, in the bundle's precision, on ``inputs``
 
     def notes(self, preprocess: Any) -> list[str]:
         notes = [f"Core ML predictions need macOS; the bundle is ready to copy to a Mac (compute units {self.units} at load)"]
@@ -61,6 +65,11 @@ class _DriverRun:
         if preprocess is not None:
             notes.append("pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
                          "other runtime), normalised by the caller as the manifest's preprocess spec says")
+        why = (self.final.get("proxy") or {}).get("fallback")
+        if self.proxy is None and why:
+            notes.append(f"no host proxy for the {self.job['precision']} package: {why}")
+        elif self.proxy is not None and self.proxy.fallback:
+            notes.append(f"the host proxy ran fp32, not {self.job['precision']}: {self.proxy.fallback}")
         return notes
 
     def details(self, recipe: str, **extra: Any) -> dict[str, Any]:
@@ -71,6 +80,9 @@ class _DriverRun:
             "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
                            "io": final["io"], "io_matches_manifest": True},
             "ops": final["ops"], "ane_flagged": final["ane_flagged"], **extra,
+            "host_proxy": ({"label": self.proxy.label, "precision_used": self.proxy.precision_used,
+                            "fallback": self.proxy.fallback, "samples": len(self.proxy.inputs)}
+                           if self.proxy is not None else None),
             "timings_s": {**final["timings"], "total": round(time.perf_counter() - self.t_start, 2)},
         }
 
@@ -81,7 +93,8 @@ class _DriverRun:
         # A bundle's primary artifact is a file (hash-verified); an .mlpackage is a directory, so the primary
         # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
         return ConversionResult(artifact=self.package / "Manifest.json", format="mlpackage", files=files,
-                                tool_versions=tool_versions, details=details, notes=notes, **kwargs)
+                                tool_versions=tool_versions, details=details, notes=notes, proxy=self.proxy,
+                                **kwargs)
 
 
 class _CoreMLConverter(Converter):
@@ -128,11 +141,23 @@ class _CoreMLConverter(Converter):
                 _raise_driver_error(self.name, final, work, request.source)
             with np.load(final[outputs_key]) as data:
                 arrays = {k: data[k] for k in data.files}
+            proxy = _load_proxy(final.get("proxy"), inputs, label)
             out = request.workdir / "model.mlpackage"
             shutil.move(final["artifact"], out)
         if final["io_problems"]:
             raise ConversionError("the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"]))
-        return _DriverRun(job, final, st, inputs, label, out, arrays, units, t_start)
+        return _DriverRun(job, final, st, inputs, label, out, arrays, units, t_start, proxy)
+
+
+def _load_proxy(record: dict[str, Any] | None, inputs: list[dict[str, np.ndarray]], label: str) -> HostProxy | None:
+    """The driver's host proxy (``proxy_outputs.npz``, stacked per output) as per-sample outputs on ``inputs``."""
+    if not record or not record.get("outputs"):
+        return None
+    with np.load(record["outputs"]) as data:
+        stacked = {k: data[k] for k in data.files}
+    return HostProxy(label=record["label"], precision_used=record["precision_used"], inputs=inputs,
+                     outputs=[{k: v[i] for k, v in stacked.items()} for i in range(len(inputs))],
+                     inputs_from=label, fallback=record.get("fallback"))
 
 
 class OnnxToCoreML(_CoreMLConverter):
