@@ -103,7 +103,8 @@ def thresholds_for(precision: str, precision_used: str | None = None) -> Thresho
     return Thresholds(min(th.min_cosine, used.min_cosine), min(th.min_top1, used.min_top1))
 
 
-def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = None) -> list[str]:
+def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = None,
+               runtime: str | None = None) -> list[str]:
     """What a parity figure measured on this CPU assumes about the device's CPU.
 
     int8 and bf16 results depend on the ISA: x86 CPUs without VNNI/AMX multiply u8*s8 with
@@ -112,7 +113,8 @@ def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = 
     """
     isa = isa or cpu_isa()
     notes = []
-    if precision.startswith("int8") and "avx2" in isa.flags:
+    isa_bound = runtime is None or runtime.split()[0].lower() in ("onnxruntime", "openvino")
+    if precision.startswith("int8") and "avx2" in isa.flags and isa_bound:
         if isa.int8_dot_product:
             notes.append("int8 measured on a CPU with an int8 dot product (VNNI/AMX: exact int32 sums); on an "
                          "x86 device without it onnxruntime computes u8u8 (x64_quant_precision) and OpenVINO "
@@ -203,7 +205,7 @@ def check_parity(runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
     (the source model's outputs on ``samples``, from the source's own reference runtime)."""
     cand = [runner.infer(s) for s in samples]
     th = thresholds_for(precision, runner.info.precision_used)
-    notes = host_notes(precision, runner.info.precision_used)
+    notes = host_notes(precision, runner.info.precision_used, runtime=runner.info.runtime)
     if host_proxy:
         notes.insert(0, host_proxy)
     return ParityReport(

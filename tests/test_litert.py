@@ -279,7 +279,7 @@ def test_edgetpu_refuses_a_model_not_compiled_for_it(tmp_path: Path) -> None:
     assert not read_tflite(m).edgetpu_compiled
     with pytest.raises(HardwareUnavailableError, match="not compiled for the Edge TPU") as e:
         LiteRTRunner(m, options={"delegate": "edgetpu"}, precision="int8")
-    assert "edgetpu_compiler -s -o" in str(e.value) and "allow_cpu_fallback" in str(e.value)
+    assert "edgekit finish BUNDLE" in str(e.value) and "allow_cpu_fallback" in str(e.value)
     with LiteRTRunner(m, options={"delegate": "edgetpu", "allow_cpu_fallback": True}, precision="int8") as r:
         assert r.info.fallback.startswith("CPU fallback: ") and "CPU fallback" in r.info.device_used
         assert r.info.device_requested == "Edge TPU"

@@ -51,7 +51,7 @@ def render_bundle(bundle: Any) -> None:
     t.add_row("precision", m.precision + (f", calibration: {cal.get('kind')} {cal.get('source')} ({cal.get('count')})"
                                           if cal else ""))
     t.add_row("chain", " → ".join(f"{c.converter} ({', '.join(f'{k} {v}' for k, v in c.tool_versions.items())})"
-                                  for c in m.chain))
+                                  for c in m.chain) or "none: the source ships as it is")
     for note in (n for c in m.chain for n in c.notes):
         t.add_row("[yellow]note[/]", note)
     for a in m.artifacts:

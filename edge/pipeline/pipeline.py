@@ -91,6 +91,8 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             io = _with_outputs(io, reference[0])
 
         current, chain_record = static, []
+        converter_proxy = None  # what the last converter computed in place of a runtime that is not here
+        torch_inputs = None
         for i, step in enumerate(p.steps):
             say(f"converting with {step.converter.name} ({step.precision})")
             last = i == len(p.steps) - 1
@@ -99,7 +101,9 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             result = step.converter().convert(ConversionRequest(
                 source=current, workdir=out_dir, precision=step.precision, io=io, preprocess=pre,
                 calibration=calibration, options=step.options))
+            converter_proxy = result.proxy if last else None
             if result.reference is not None and reference is None:  # a PyTorch source: the converter ran it
+                torch_inputs = result.reference[0]
                 parity_inputs, reference = [dict(s) for s in result.reference[0]], list(result.reference[1])
                 ref_label = (result.details.get("torch_reference") or {}).get("runtime") or "the PyTorch model"
                 order = (result.details.get("io_names") or {}).get("inputs") or [t.name for t in io.inputs]
@@ -123,8 +127,15 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             calibration=calibration, preprocess=pre, frame_budget_ms=profile.frame_budget_ms, fmt=fmt)
         if pairs is not None:
             manifest["reference_pairs"] = pairs
+        def reference_on(feeds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            """The source's outputs on other feeds (a converter's proxy ran on its own inputs)."""
+            if torch_inputs is not None:
+                return reference if feeds is torch_inputs else None
+            got = src.reference(static, feeds)
+            return got[0] if got is not None else None
+
         _parity_gate(p, profile, stage, manifest, parity_inputs, reference, ref_label, label, accept_parity_failure,
-                     chain_record, say)
+                     chain_record, say, converter_proxy, reference_on)
         write_json_atomic(stage / MANIFEST, manifest)
     return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`
 
@@ -192,8 +203,10 @@ def _runner_problems(name: str) -> list[str]:
 
 def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[str, Any], inputs: list[dict[str, Any]],
                  reference: list[dict[str, Any]] | None, ref_label: str, label: str, accept: bool,
-                 chain_record: list[dict[str, Any]], say: Step) -> None:
-    """The one gate: the bundle's runner, else a host proxy, else unverified with the reason."""
+                 chain_record: list[dict[str, Any]], say: Step, converter_proxy: Any = None,
+                 reference_on: Any = None) -> None:
+    """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
+    of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
     from edge.parity import check_parity
 
     if reference is None:
@@ -214,12 +227,34 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
         from edge.backends.runner import RUNNERS
 
         b = Bundle(stage, manifest)
-        opts = {**b.info.runner.options_dict, **extra} if name == profile.runner else dict(extra)
-        with RUNNERS.get(name)(b.artifact, options=opts, precision=p.precision) as runner:
+        same = name == profile.runner
+        opts = {**b.info.runner.options_dict, **extra} if same else dict(extra)
+        # another runtime loads the artifact as it is: an fp16/bf16 target precision (TensorRT builds fp16 from
+        # the fp32 ONNX on the device) is fp32 arithmetic there; int8 QDQ is int8 in both
+        as_loaded = p.precision if same or p.precision.startswith("int8") else "fp32"
+        with RUNNERS.get(name)(b.artifact, options=opts, precision=as_loaded) as runner:
             report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
                                   reference_label=ref_label, host_proxy=f"host proxy: {what}")
         record_gate(manifest, report, failed=f"{failed} (host proxy: {name})", accept=accept)
         return
+    if converter_proxy is not None and reference_on is not None:
+        from edge.parity import ParityReport, compare, thresholds_for
+
+        cp = converter_proxy
+        ref = reference_on(cp.inputs)
+        if ref is not None:
+            say(f"checking parity on {len(cp.inputs)} {cp.inputs_from} inputs against the converter's host proxy "
+                f"({cp.label})")
+            th = thresholds_for(p.precision, cp.precision_used)
+            notes = [f"host proxy: {cp.label}; the converted package itself is checked on the device against the "
+                     "bundle's reference pairs on first load"]
+            if cp.fallback:
+                notes.append(f"computed in {cp.precision_used}, not {p.precision}: {cp.fallback}")
+            report = ParityReport(precision=p.precision, thresholds=th, samples=len(cp.inputs), inputs=cp.inputs_from,
+                                  reference=ref_label, candidate=cp.info.to_json(), outputs=compare(ref, cp.outputs, th),
+                                  host_notes=notes)
+            record_gate(manifest, report, failed=f"{failed} (host proxy: {cp.label})", accept=accept)
+            return
     bridge = next((s["details"].get("bridge_parity") for s in chain_record if isinstance(s.get("details"), dict)
                    and s["details"].get("bridge_parity")), None)
     why = f"runner cannot run on this host: {p.run_here}"

@@ -363,12 +363,23 @@ class TorchSource(Source):
                 "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. "
                             "(torch models carry no output names)"}
 
+    def _input_names(self) -> list[str]:
+        """The forward() argument names, read in the torch toolchain; empty when it is not installed."""
+        from edge.backends.converter import CONVERTERS
+        from edge.errors import EdgeError
+
+        try:
+            return list(CONVERTERS.get("torch->onnx").input_names(self.path))  # type: ignore[attr-defined]
+        except (EdgeError, OSError):
+            return []
+
     def io(self, input_shapes: Shapes) -> IOSpec:
         shapes = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
         if not shapes:
+            names = self._input_names()
             raise ModelError(f"{self.path}: a PyTorch model carries no input shapes; pass --input-shape for every "
-                             "input (NAME=1,3,224,224; the names are the forward() argument names)",
-                             hint="--input-shape x=1,3,224,224")
+                             f"input ({', '.join(names) if names else 'the forward() argument names'})",
+                             hint=" ".join(f"--input-shape {n}=1,3,224,224" for n in names or ["x"]))
         bad = [f"{k}={list(v)}" for k, v in shapes.items() if not v or any(d <= 0 for d in v)]
         if bad:
             raise ModelError(f"{self.path}: --input-shape needs positive dims: {', '.join(bad)}")

@@ -206,9 +206,9 @@ class LiteRTRunner(Runner):
             tpu = None
             if not info.edgetpu_compiled:
                 problem = (f"{path.name} is not compiled for the Edge TPU (no {EDGETPU_CUSTOM_OP}: edgetpu_compiler "
-                           f"was not run on it), so the Edge TPU would run none of it; compile it with "
-                           f"`edgetpu_compiler -s -o {path.parent} {path}`")
-                fix = "compile it on an x86-64 Linux host with edgetpu_compiler (or convert there)"
+                           "was not run on it), so the Edge TPU would run none of it")
+                fix = ("compile the bundle with `edgekit finish BUNDLE` on an x86-64 Linux host that has "
+                       "edgetpu_compiler (or convert there)")
             else:
                 try:
                     # dlopen first: load_delegate() on a missing library, or one without the delegate
