@@ -24,8 +24,9 @@ import numpy as np
 
 from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
 from edge.backends.converter import ConversionRequest
-from edge.calib import RANDOM, generated_samples, load_calibration
-from edge.errors import CalibrationError, MissingDependencyError, ModelError, PrecisionError, TargetError
+from edge.calib import RANDOM, choose_parity_inputs, load_calibration
+from edge.tasks import TASK_CHOICES
+from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.manifest import new_manifest, record_gate
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
 from edge.pipeline.sources import GGUFSource, OpenVINOSource, Source, TFLiteSource, open_source
@@ -41,15 +42,21 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
             letterbox: bool | None = None, targets_dir: Iterable[str | os.PathLike[str]] = (),
             accept_parity_failure: bool = False, parity_samples: int = 32, force: bool = False,
-            allow_requantize: bool = False, on_step: Step | None = None) -> Bundle:
+            allow_requantize: bool = False, on_step: Step | None = None,
+            eval_text: str | os.PathLike[str] | None = None, parity_data: str | os.PathLike[str] | None = None,
+            task: str = "auto") -> Bundle:
     """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
-    into a verified bundle at ``output``."""
+    into a verified bundle at ``output``. ``eval_text``: a GGUF's quality gate evaluates this text file
+    instead of the built-in multilingual text (``edge.llm.evaltext``)."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
     src = open_source(model)
     if isinstance(src, GGUFSource):
         return _convert_llm(src, profile, Path(output), precision=precision, allow_requantize=allow_requantize,
-                            accept_parity_failure=accept_parity_failure, force=force, say=say)
+                            accept_parity_failure=accept_parity_failure, force=force, say=say, eval_text=eval_text)
+    if eval_text is not None:
+        raise InputFileError(f"--eval-text is the text a GGUF language model's quality gate evaluates; "
+                             f"{src.path.name} is {src.format}", hint="leave out --eval-text")
     if profile.chain == () and profile.llm is not None:
         raise TargetError(f"target {profile.name} runs GGUF language models only; {src.path.name} is {src.format}")
     own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource)) else None
@@ -64,6 +71,10 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                                   "full-integer int8 .tflite (TFLiteConverter with a representative dataset)")
     say(f"reading {src.path} ({src.format}; route: {p.route})")
     io = src.io(input_shapes or {})
+    if src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
+        from edge.opsupport import check_ops
+
+        check_ops(src.model, p.steps[0].converter.name, source=src.path, target=profile.name)
     pre = None if preprocess == "none" else default_preprocess(io, preprocess, letterbox=letterbox)
 
     calibration = None
@@ -78,10 +89,16 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     with tempfile.TemporaryDirectory(prefix="edgekit-convert-") as tmp, staging_dir(Path(output), force=force) as stage:
         work = Path(tmp)
         static = src.static_file(work, io)
-        if calibration is not None and calibration.samples:
-            parity_inputs, label = [dict(s) for s in calibration.samples[:parity_samples]], f"calibration ({calibration.kind})"
-        else:
-            parity_inputs, label = generated_samples(io, pre, parity_samples, seed=1234), "generated"
+        if task not in TASK_CHOICES:
+            from edge.errors import EdgeError
+
+            raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
+        # the user's --parity-data, else their calibration data (int8: held out of calibration), else generated
+        # inputs that look like the model's data; where they came from goes in the manifest
+        chosen = choose_parity_inputs(io, pre, count=parity_samples, parity_data=parity_data, calibration=calibration,
+                                      quantized=p.precision == "int8")
+        parity_inputs, label, calibration = chosen.samples, chosen.label, chosen.calibration
+        parity_opts = {"task": task, "input_provenance": chosen.provenance}
         ref = src.reference(static, parity_inputs) if parity_inputs else None
         reference: list[dict[str, Any]] | None = None
         ref_label = ""
@@ -134,8 +151,10 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             got = src.reference(static, feeds)
             return got[0] if got is not None else None
 
+        if torch_inputs is not None:  # a PyTorch source: the converter chose and ran the inputs
+            parity_opts["input_provenance"] = None
         _parity_gate(p, profile, stage, manifest, parity_inputs, reference, ref_label, label, accept_parity_failure,
-                     chain_record, say, converter_proxy, reference_on)
+                     chain_record, say, converter_proxy, reference_on, parity_opts)
         write_json_atomic(stage / MANIFEST, manifest)
     return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`
 
@@ -204,11 +223,12 @@ def _runner_problems(name: str) -> list[str]:
 def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[str, Any], inputs: list[dict[str, Any]],
                  reference: list[dict[str, Any]] | None, ref_label: str, label: str, accept: bool,
                  chain_record: list[dict[str, Any]], say: Step, converter_proxy: Any = None,
-                 reference_on: Any = None) -> None:
+                 reference_on: Any = None, parity_opts: Mapping[str, Any] | None = None) -> None:
     """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
     of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
     from edge.parity import check_parity
 
+    opts = dict(parity_opts or {})  # task, input_provenance
     if reference is None:
         manifest["parity"] = {"passed": None, "skipped": "no reference outputs: the source could not be run here"}
         return
@@ -217,7 +237,7 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
         say(f"checking parity on {len(inputs)} {label} inputs")
         with Bundle(stage, manifest).open_runner() as runner:
             report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
-                                  reference_label=ref_label)
+                                  reference_label=ref_label, **opts)
         record_gate(manifest, report, failed=failed, accept=accept)
         return
     proxy = _host_proxy(p, profile)
@@ -234,7 +254,7 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
         as_loaded = p.precision if same or p.precision.startswith("int8") else "fp32"
         with RUNNERS.get(name)(b.artifact, options=opts, precision=as_loaded) as runner:
             report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
-                                  reference_label=ref_label, host_proxy=f"host proxy: {what}")
+                                  reference_label=ref_label, host_proxy=f"host proxy: {what}", **opts)
         record_gate(manifest, report, failed=f"{failed} (host proxy: {name})", accept=accept)
         return
     if converter_proxy is not None and reference_on is not None:
@@ -251,8 +271,9 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
             if cp.fallback:
                 notes.append(f"computed in {cp.precision_used}, not {p.precision}: {cp.fallback}")
             report = ParityReport(precision=p.precision, thresholds=th, samples=len(cp.inputs), inputs=cp.inputs_from,
-                                  reference=ref_label, candidate=cp.info.to_json(), outputs=compare(ref, cp.outputs, th),
-                                  host_notes=notes)
+                                  reference=ref_label, candidate=cp.info.to_json(),
+                                  outputs=compare(ref, cp.outputs, th, task=opts.get("task", "auto")),
+                                  host_notes=notes, task=opts.get("task", "auto"))
             record_gate(manifest, report, failed=f"{failed} (host proxy: {cp.label})", accept=accept)
             return
     bridge = next((s["details"].get("bridge_parity") for s in chain_record if isinstance(s.get("details"), dict)
@@ -267,9 +288,13 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
 # -- GGUF language models ------------------------------------------------------------------------
 
 def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, precision: str | None,
-                 allow_requantize: bool, accept_parity_failure: bool, force: bool, say: Step) -> Bundle:
+                 allow_requantize: bool, accept_parity_failure: bool, force: bool, say: Step,
+                 eval_text: str | os.PathLike[str] | None = None) -> Bundle:
     from edge.backends.converter import CONVERTERS
-    from edge.llm.quality import compare_gguf, gate_tokens
+    from edge.llm.evaltext import eval_windows
+    from edge.llm.llamacpp import llama_cpp_version
+    from edge.llm.quality import compare_gguf, reference_samples
+    from edge.refpairs import write_llm_reference_pairs
 
     if profile.llm is None:
         raise TargetError(f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",
@@ -294,6 +319,12 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, preci
     precision_out = own if quant == KEEP else quant
     say(f"reading {src.path} (gguf {own}, {src.info.architecture}, {src.info.parameters:,} parameters)")
     n_vocab = next((t.shape[1] for t in src.info.tensors if t.name == "token_embd.weight"), None)
+    if n_vocab is None:
+        from edge.backends.llamacpp.run import LlamaCppRunner
+
+        with LlamaCppRunner(src.path, options={"n_ctx": 64}) as r:
+            n_vocab = r.n_vocab
+    text = eval_windows(src.path, int(n_vocab), eval_text=eval_text, context=src.info.context_length)
     with tempfile.TemporaryDirectory(prefix="edgekit-gguf-") as tmp, staging_dir(output, force=force) as stage:
         artifact = stage / "model.gguf"
         chain_record: list[dict[str, Any]] = []
@@ -310,25 +341,33 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, preci
             chain_record.append({"converter": conv.name, "precision": quant, "output_format": "gguf",
                                  "tool_versions": result.tool_versions, "details": result.details,
                                  "notes": result.notes})
-        if n_vocab is None:
-            from edge.backends.llamacpp.run import LlamaCppRunner
-
-            with LlamaCppRunner(src.path, options={"n_ctx": 64}) as r:
-                n_vocab = r.n_vocab
+        runtime = f"llama-cpp-python {llama_cpp_version()} on the build host's CPU"
+        report = None
+        if quant == KEEP:
+            say("checking that llama.cpp loads it")
+            _check_loads(artifact)
+            say(f"reference samples for the device: {own} itself on {text.describe()}")
+            pairs = write_llm_reference_pairs(stage, reference_samples(artifact, text, llm.options),
+                                              precision=precision_out,
+                                              reference=f"the shipped {own} GGUF itself, {runtime}")
+        else:
+            say(f"quality gate: KL and top-1 against the {own} source on {len(text.windows)} windows "
+                f"({text.tokens} tokens) of {text.describe()}")
+            report = compare_gguf(src.path, artifact, quant, text, llm.options)
+            pairs = write_llm_reference_pairs(
+                stage, report.reference_samples, precision=precision_out,
+                reference=f"the {own} source GGUF, {runtime}; positions where the build host's {quant} agrees "
+                          "with it on top-1")
         manifest = new_manifest(
             source=src.path, profile=profile, precision=precision_out, stage=stage, primary=artifact,
             chain=chain_record, source_info={**src.describe(), "file_type": own}, fmt="gguf",
             io=IOSpec((TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)),
             runner=llm.runner, runner_options=llm.options, kind="llm")
-        if quant == KEEP:
-            say("checking that llama.cpp loads it")
-            _check_loads(artifact)
+        manifest["reference_pairs"] = pairs
+        if report is None:
             manifest["parity"] = {"passed": None, "skipped": f"the source ships as it is ({own}): there is nothing "
                                                              "to compare it against (quality gate skipped)"}
         else:
-            tokens = gate_tokens(int(n_vocab), 256)
-            say(f"quality gate: KL and top-1 against the {own} source on {len(tokens)} tokens")
-            report = compare_gguf(src.path, artifact, quant, tokens, llm.options)
             record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=accept_parity_failure)
         write_json_atomic(stage / MANIFEST, manifest)
     return Bundle.open(output, trust=False)

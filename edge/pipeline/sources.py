@@ -94,7 +94,7 @@ class OnnxSource(Source):
     def static_file(self, work: Path, io: IOSpec) -> Path:
         from edge.onnxmodel import make_static, save_onnx
 
-        return save_onnx(make_static(self.model, io), work / "source.static.onnx")
+        return save_onnx(make_static(self.model, io, source=self.path), work / "source.static.onnx")
 
     def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
         from edge.parity import REFERENCE, reference_outputs

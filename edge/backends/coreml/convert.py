@@ -166,8 +166,11 @@ class OnnxToCoreML(_CoreMLConverter):
     requires = (_ORT,)
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
+        from edge.opsupport import check_ops
         from edge.parity import ParityReport, compare, reference_outputs, thresholds_for
 
+        self.check_options(request.options)
+        check_ops(request.source, self.name)  # every op the bridge lacks, before the toolchain starts
         run = self._drive(request, {"onnx": str(Path(request.source).resolve()),
                                     "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]}
                                                 for t in request.io.outputs]}, "bridge_outputs")

@@ -39,6 +39,7 @@ from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
+from edge.opsupport import check_ops
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class OnnxToTFLite(Converter):
         self.check_options(request.options)
         self.check_precision(request.precision)
         require(self.requires, f"converter {self.name!r}")
+        check_ops(request.source, self.name)  # every node onnx2tf cannot translate, before TensorFlow starts
         opts = request.options
         io_dtype = str(opts.get("io_dtype", "int8"))
         if io_dtype not in _IO_DTYPES:

@@ -90,6 +90,9 @@ class OnnxToTensorRTPlan(Converter):
             raise ConversionError(f"workspace_mb must be > 0, got {workspace_mb}")
         if dla_core < -1:
             raise ConversionError(f"dla_core must be -1 (GPU only) or a DLA core index, got {dla_core}")
+        from edge.opsupport import check_ops
+
+        check_ops(request.source, self.name)  # every node TensorRT's parser refuses, before folding/quantizing
         out = request.workdir / "model.onnx"
         tool_versions = {"onnx": onnx.__version__, "onnxruntime": ort.__version__}
         with tempfile.TemporaryDirectory(prefix="edgekit-trt-") as tmp:
