@@ -93,7 +93,6 @@ def direct_openvino(bundle: Any, runner: Any, pre: Any = None) -> tuple[Any, Any
 
     ``pre``: a (compiled, request, check) made earlier by this function (from another runner
     of the same bundle); only re-checked against ``runner``."""
-    import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
 
@@ -109,7 +108,9 @@ def direct_openvino(bundle: Any, runner: Any, pre: Any = None) -> tuple[Any, Any
     if pre is not None:
         compiled, request = pre[0], pre[1]
     else:
-        core = ov.Core()
+        from edge.backends.openvino.format import ov_core
+
+        core = ov_core()  # the process's one Core (edge.backends.openvino.format.ov_core says why)
         xml = bundle.artifact if bundle.artifact.suffix == ".xml" else bundle.artifact / "model.xml"
         compiled = core.compile_model(core.read_model(str(xml)), device, config)
         request = compiled.create_infer_request()

@@ -148,6 +148,44 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"threads still running at the end: {', '.join(left)}")
 
 
+# -- The main thread's alternate signal stack must stay in mapped memory ---------------------------
+# OpenVINO's CPU plugin swaps the calling thread's sigaltstack per plugin instance and restores it in
+# destruction order; two ov.Core objects freed out of order left it pointing at unmapped memory and the
+# next signal handler (faulthandler, Ctrl-C) crashed the run or corrupted memory (rc 139 in CI; see
+# edge.backends.openvino.format.ov_core). Checked after every test so a regression names the test.
+def altstack_problem() -> str | None:
+    """None when the calling thread has no alternate signal stack or it lies in mapped memory."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    class _Stack(ctypes.Structure):
+        _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+    ss = _Stack()
+    if ctypes.CDLL(None, use_errno=True).sigaltstack(None, ctypes.byref(ss)) != 0 or ss.flags & 2 or not ss.sp:
+        return None  # SS_DISABLE: handlers run on the thread's own stack
+    lo, hi = int(ss.sp), int(ss.sp) + int(ss.size)
+    covered = lo
+    with open("/proc/self/maps") as f:
+        spans = sorted((int(a, 16), int(b, 16), perm) for a, b, perm in
+                       ((ln.split()[0].split("-") + [ln.split()[1]]) for ln in f))
+    for a, b, perm in spans:
+        if a <= covered < b and "rw" in perm:
+            covered = b
+    if covered >= hi:
+        return None
+    return f"the main thread's alternate signal stack [{lo:#x}, {hi:#x}) is not mapped memory from {covered:#x} on"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    problem = altstack_problem()
+    if problem:
+        pytest.fail(f"{problem}: a signal handler would run on unmapped memory (did this test make its own "
+                    "openvino.Core? use edge.backends.openvino.format.ov_core)", pytrace=False)
+
+
 # -- Exit straight after the summary ---------------------------------------------------------------
 # This one process loads every runtime (onnxruntime, OpenVINO, LiteRT, llama.cpp, OpenCV) and their
 # thread pools. On a loaded 2-core host the interpreter's own shutdown then crashed now and then

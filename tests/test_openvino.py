@@ -18,7 +18,7 @@ onnx = pytest.importorskip("onnx")
 from edge.backends.converter import ConversionRequest, ConversionResult  # noqa: E402
 from edge.backends.openvino.convert import OnnxToOpenVINO  # noqa: E402
 from edge.errors import CalibrationError, ConversionError, EdgeError, HardwareUnavailableError  # noqa: E402
-from edge.backends.openvino.format import disable_openvino_telemetry
+from edge.backends.openvino.format import disable_openvino_telemetry, ov_core  # noqa: E402
 from edge.backends.openvino.run import OpenVINORunner  # noqa: E402
 from edge.samples import build_tiny_cnn, build_two_input_model  # noqa: E402
 from edge.spec import Calibration, IOSpec, TensorSpec  # noqa: E402
@@ -81,10 +81,9 @@ def global_cosine(got: list[list[np.ndarray]], ref: list[list[np.ndarray]]) -> f
 
 def constant_types(xml: Path) -> dict[str, int]:
     """Element types of the IR's float/int8 Constants, read independently of the converter."""
-    import openvino as ov
 
     counts: dict[str, int] = {}
-    for op in ov.Core().read_model(str(xml)).get_ordered_ops():
+    for op in ov_core().read_model(str(xml)).get_ordered_ops():
         if op.get_type_name() == "Constant":
             t = op.get_output_element_type(0).get_type_name()
             if t not in ("i32", "i64", "u64", "boolean"):
@@ -93,16 +92,14 @@ def constant_types(xml: Path) -> dict[str, int]:
 
 
 def op_types(xml: Path) -> set[str]:
-    import openvino as ov
 
-    return {op.get_type_name() for op in ov.Core().read_model(str(xml)).get_ordered_ops()}
+    return {op.get_type_name() for op in ov_core().read_model(str(xml)).get_ordered_ops()}
 
 
 def device_default_precision(xml: Path) -> str:
     """What OpenVINO's CPU plugin picks with no precision hint, asked independently of the runner."""
-    import openvino as ov
 
-    compiled = ov.Core().compile_model(str(xml), "CPU")
+    compiled = ov_core().compile_model(str(xml), "CPU")
     return compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
 
@@ -298,9 +295,8 @@ def test_outputs_are_not_overwritten_by_the_next_call(ir: dict[str, ConversionRe
 
 
 def test_device_fallback_is_recorded(ir: dict[str, ConversionResult]) -> None:
-    import openvino as ov
 
-    if any(d.startswith("GPU") for d in ov.Core().available_devices):
+    if any(d.startswith("GPU") for d in ov_core().available_devices):
         pytest.skip("hardware: GPU present: this host has an OpenVINO GPU device")
     with OpenVINORunner(ir["fp32"].artifact, options={"device": ["GPU", "CPU"]}, precision="fp32") as r:
         assert r.info.device_requested == "GPU"
@@ -309,9 +305,8 @@ def test_device_fallback_is_recorded(ir: dict[str, ConversionResult]) -> None:
 
 
 def test_missing_device_raises(ir: dict[str, ConversionResult]) -> None:
-    import openvino as ov
 
-    if "NPU" in ov.Core().available_devices:
+    if "NPU" in ov_core().available_devices:
         pytest.skip("hardware: NPU present: this host has an NPU")
     with pytest.raises(HardwareUnavailableError, match="NPU"):
         OpenVINORunner(ir["fp32"].artifact, options={"device": ["NPU"]}, precision="fp32")
@@ -323,9 +318,8 @@ def test_precision_used_is_read_back(ir: dict[str, ConversionResult]) -> None:
         assert r.info.precision_used == device_default_precision(xml)
     # bf16 only where the CPU plugin lists it (AVX512-BF16 / AMX); elsewhere (e.g. AVX2-only Zen 2)
     # OpenVINO computes f32, and the runner says that it did not get what was asked.
-    import openvino as ov
 
-    caps = list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    caps = list(ov_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     with OpenVINORunner(xml, options={"inference_precision": "bf16"}, precision="fp16") as r:
         if "BF16" in caps:
             assert r.info.precision_used == "bf16" and "precision_note" not in r.info.details

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from edge.capabilities import Requirement, env_flag
@@ -62,3 +63,32 @@ def disable_openvino_telemetry() -> str:
     except Exception as e:  # noqa: BLE001 - an unknown openvino-telemetry layout must not break inference
         _telemetry_state = f"could not be turned off ({type(e).__name__}: {e})"
     return _telemetry_state
+
+
+_core: Any = None
+_core_lock = threading.Lock()
+
+
+def ov_core() -> Any:
+    """The process's one ``openvino.Core``: every runner, converter and source adapter uses it.
+
+    Why one (openvino 2026.4, Linux): each CPU plugin instance — one per ``Core`` that touches the
+    CPU device — replaces the calling thread's alternate signal stack with a new mmap'd one and, when
+    it is destroyed, restores the stack it replaced only if its own is still current, then unmaps
+    its own (``SigAltStackSetup``, src/plugins/intel_cpu). Two Cores destroyed in the order they
+    were made (Python's garbage collector decides that order) leave the thread's alternate stack
+    pointing at unmapped memory: the next signal handler in that thread (Ctrl-C, SIGTERM to the
+    agent, the faulthandler) runs there and the process dies with SIGSEGV or corrupts whatever was
+    mapped there since. Measured in this repository: 3 of 11 whole test-suite runs died at exit
+    (rc 139) before edgekit kept one Core; the core dumps showed a signal frame on an unmapped
+    stack. One Core made once and never destroyed has nothing to restore out of order.
+    """
+    global _core
+    if _core is None:
+        with _core_lock:
+            if _core is None:
+                disable_openvino_telemetry()
+                import openvino as ov
+
+                _core = ov.Core()
+    return _core

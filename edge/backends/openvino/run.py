@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry
+from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
@@ -134,7 +134,7 @@ class OpenVINORunner(Runner):
 
         version = ov.get_version()
         short_version = version.split("-", 1)[0]
-        core = ov.Core()
+        core = ov_core()
         available = list(core.available_devices)
         device = None
         for w in wanted:
