@@ -118,7 +118,7 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
             if not par.top1 >= min_top1:
                 failures.append(f"top-1 agreement {par.top1:.1%} < {min_top1:.0%}")
     elif isinstance(par, ParityEvidence):
-        from edge.parity import _is_classifier, thresholds_for
+        from edge.parity import _is_classifier, output_failures, thresholds_for
 
         # the compute precision may loosen the limits only to another precision's limits in code
         th = thresholds_for(m.precision, par.candidate.precision_used)
@@ -130,12 +130,13 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
                 continue
             if not (math.isfinite(o.max_abs) and math.isfinite(o.mean_abs)):
                 failures.append(f"{o.name}: output missing, of another shape, or not finite")
-            if not o.cosine >= th.min_cosine:
-                failures.append(f"{o.name}: mean cosine {o.cosine:.6f} < {th.min_cosine}")
             if o.top1 is None and _is_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)):
                 failures.append(f"{o.name}: classifier output without a top-1 figure")
-            if o.top1 is not None and not o.top1 >= th.min_top1:
-                failures.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {th.min_top1:.0%}")
+            if o.degenerate and (o.ref_min is None or o.ref_max is None):
+                failures.append(f"{o.name}: marked degenerate without the reference's range")
+            # the one judgement edge.parity made when it was built: whether the reference was degenerate
+            # is recomputed from its recorded range, never taken from the flag
+            failures += [f"{o.name}: {f}" for f in output_failures(o, th)]
             failures += [f"{o.name}: {f}" for f in o.failures if f"{o.name}: {f}" not in failures]
     if failures and par.passed:
         return ParityVerdict("fail", failures, edited=f"its parity record says passed, but its figures fail this "

@@ -201,10 +201,22 @@ class RunnerInfo:
     details: JSON = None
 
 
+_UNIT = dict(ge=0.0, le=1.0)
+
+
 @dataclass(frozen=True)
 class Thresholds:
+    """A precision's parity limits (``edge.parity.Thresholds``); None: not gated."""
+
     min_cosine: float = spec(ge=-1.0, le=1.0)
     min_top1: float = spec(ge=0.0, le=1.0)
+    min_snr_db: float | None = spec(None, ge=-1000.0, le=1000.0)
+    max_rel_err: float | None = spec(None, ge=0.0, le=1e6)
+    degenerate_atol: float | None = spec(None, ge=0.0, le=1e6)
+    min_top5: float | None = spec(None, **_UNIT)
+    min_detection: float | None = spec(None, **_UNIT)
+    min_iou: float | None = spec(None, **_UNIT)
+    min_sequence: float | None = spec(None, **_UNIT)
 
 
 _COS = dict(ge=-1.001, le=1.001)  # float rounding puts a perfect match a hair above 1
@@ -222,6 +234,38 @@ class OutputFigures:
     top1: float | None = spec(ge=0.0, le=1.0)
     passed: bool = spec()
     failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
+    # absent in bundles built before issue 13; the gate then judges cosine and top-1 only
+    snr_db: float | None = spec(None, ge=-300.0, le=300.0)  # 300: no error at all
+    snr_db_min: float | None = spec(None, ge=-300.0, le=300.0)
+    rel_max_abs: float | None = spec(None, ge=0.0)  # None where the error is not finite
+    ref_min: float | None = spec(None, ge=-3.5e38, le=3.5e38)  # the reference's range: the gate recomputes
+    ref_max: float | None = spec(None, ge=-3.5e38, le=3.5e38)  # whether it was degenerate from these
+    cosine_samples: int | None = spec(None, ge=0, le=1 << 20)  # 0: one cosine pooled over every sample
+    degenerate: bool = False
+    degenerate_note: str | None = spec(None, **_TEXT)
+    task: Literal["classifier", "detector", "prob-map", "segmentation", "sequence"] | None = None
+    task_note: str | None = spec(None, **_TEXT)
+    task_degenerate: bool = False
+    top5: float | None = spec(None, **_UNIT)
+    precision: float | None = spec(None, **_UNIT)
+    recall: float | None = spec(None, **_UNIT)
+    iou: float | None = spec(None, **_UNIT)
+    sequence: float | None = spec(None, **_UNIT)
+    tokens: float | None = spec(None, **_UNIT)
+
+
+@dataclass(frozen=True)
+class ParityInputs:
+    """Where the parity inputs came from, in order of preference: the user's --parity-data, their --calib
+    data (held out from calibration for int8), or generated to look like the model's data."""
+
+    kind: Literal["parity-data", "calibration", "calibration-held-out", "generated", "mixed"] = spec()
+    count: int = spec(ge=0, le=1 << 20)
+    source: str | None = spec(None, **_TEXT)
+    generated: Mapping[str, str] | None = spec(None, max_items=256, item=Rule(**_TEXT))  # per input: what it was fed
+    generated_count: int = spec(0, ge=0, le=1 << 20)
+    disjoint_from_calibration: bool | None = None  # None: no calibration data was used
+    note: str | None = spec(None, **_TEXT)
 
 
 @dataclass(frozen=True)
@@ -239,12 +283,39 @@ class ParityEvidence:
     kind: Literal["vision"] = "vision"
     accepted_failure: bool = False
     host_notes: tuple[str, ...] = spec((), max_items=16, item=Rule(**_TEXT))
+    task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
+    input_provenance: ParityInputs | None = None
 
 
 @dataclass(frozen=True)
 class LLMThresholds:
     max_kl_mean: float = spec(ge=0.0, le=1e6)
     min_top1: float = spec(ge=0.0, le=1.0)
+
+
+@dataclass(frozen=True)
+class LLMTextFigures:
+    """The gate's figures on one evaluation text."""
+
+    name: str = spec(pattern=TENSOR_NAME)  # "en", ..., the user's file name, or "random"
+    windows: int = spec(ge=1, le=4096)
+    tokens: int = spec(ge=1, le=1 << 24)
+    kl_mean: float = spec(ge=0.0, finite=False)
+    top1: float = spec(ge=0.0, le=1.0)
+    sha256: str | None = spec(None, pattern=r"^[0-9a-f]{64}$")  # None for random ids
+
+
+@dataclass(frozen=True)
+class LLMEvalText:
+    """What the LLM gate evaluated (``edge.llm.evaltext``): text tokenized by the model, or random ids
+    with the reason."""
+
+    origin: Literal["built-in", "file", "random"] = spec()
+    description: str = spec(min_len=1, **_TEXT)
+    windows: int = spec(ge=1, le=4096)
+    window_tokens: int = spec(ge=1, le=1 << 20)
+    note: str | None = spec(None, **_TEXT)
+    texts: tuple[LLMTextFigures, ...] = spec((), max_items=64)
 
 
 @dataclass(frozen=True)
@@ -262,6 +333,7 @@ class LLMQualityEvidence:
     thresholds: LLMThresholds = spec()
     reference: str = spec(**_TEXT)
     accepted_failure: bool = False
+    eval: LLMEvalText | None = None  # absent in bundles built before the gate evaluated text
 
 
 @dataclass(frozen=True)
@@ -284,6 +356,10 @@ def _which_parity(raw: Any) -> type:
 Parity = Annotated[Union[ParityEvidence, LLMQualityEvidence, SkippedParity], Tagged(_which_parity)]
 
 
+def _which_thresholds(raw: Any) -> type:
+    return LLMThresholds if isinstance(raw, dict) and "max_kl_mean" in raw else Thresholds
+
+
 @dataclass(frozen=True)
 class ReferencePairs:
     """A few source inputs with the source's outputs, in a bundle file (``edge.refpairs``): the device
@@ -292,7 +368,8 @@ class ReferencePairs:
 
     samples: int = spec(ge=0, le=64)
     reference: str = spec(min_len=1, **_TEXT)  # who computed the outputs
-    thresholds: Thresholds = spec()  # the build host's parity limits for the precision
+    # the build host's limits for the precision: parity's, or edge.llm.quality's in an llm bundle
+    thresholds: Annotated[Union[Thresholds, LLMThresholds], Tagged(_which_thresholds)] = spec()
     file: str | None = spec(None, pattern=REL_PATH, max_len=1024)
     note: str | None = spec(None, **_TEXT)
 
@@ -561,8 +638,9 @@ def check(m: Manifest) -> None:
             raise Invalid("reference_pairs.file", f"{json.dumps(ref.file)} is not one of the artifacts")
         if ref.file is not None and ref.file == m.primary_artifact:
             raise Invalid("reference_pairs.file", "is the primary artifact")
-        if ref.file is not None and m.kind != "vision":
-            raise Invalid("reference_pairs", f"tensor reference pairs in a {m.kind} bundle")
+        if isinstance(ref.thresholds, LLMThresholds) != (m.kind == "llm"):
+            raise Invalid("reference_pairs.thresholds", f"{'an LLM' if m.kind == 'vision' else 'a tensor'} "
+                          f"reference's limits in a {m.kind} bundle")
     check_runner(m.runner)
 
 

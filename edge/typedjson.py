@@ -454,11 +454,9 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
              "maximum": MAX_INT if rule.le is None else rule.le}
     elif tp is float:
         s = {"type": "number"}
-        if rule.finite:
-            s.update(minimum=-MAX_FLOAT if rule.ge is None else rule.ge,
-                     maximum=MAX_FLOAT if rule.le is None else rule.le)
-        else:
-            s.update({k: v for k, v in (("minimum", rule.ge), ("maximum", rule.le)) if v is not None})
+        # the reader refuses finite values beyond MAX_FLOAT either way (JSON text cannot hold Infinity)
+        s.update(minimum=-MAX_FLOAT if rule.ge is None else rule.ge,
+                 maximum=MAX_FLOAT if rule.le is None else rule.le)
     elif tp is str:
         s = {"type": "string", "minLength": rule.min_len, "maxLength": rule.max_len,
              "pattern": _anchored(rule.pattern) if rule.pattern else NO_CONTROL}

@@ -142,7 +142,8 @@ def test_converter_declarations() -> None:
     assert (OnnxToOpenVINO.source_format, OnnxToOpenVINO.target_format) == ("onnx", "openvino-ir")
     assert OnnxToOpenVINO.precisions == {"fp32", "fp16", "int8"}
     assert OnnxToOpenVINO.calibrated_precisions == {"int8"}
-    assert set(OnnxToOpenVINO.options) == {"nncf_preset", "nncf_subset_size", "nncf_overflow_fix"}
+    assert set(OnnxToOpenVINO.options) == {"nncf_preset", "nncf_subset_size", "nncf_overflow_fix", "mixed_precision",
+                                          "mixed_precision_trials"}
     assert [r.name for r in OnnxToOpenVINO.requires] == ["openvino"]
     OnnxToOpenVINO.check_options({"nncf_preset": "mixed", "nncf_subset_size": 8})
     with pytest.raises(ConversionError, match="nncf_presets"):

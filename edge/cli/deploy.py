@@ -10,7 +10,8 @@ from rich.markup import escape
 
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
-from edge.cli.convert import AcceptParity, Calib, InputShape, Letterbox, Precision, Preprocess, convert_kwargs, render_bundle
+from edge.cli.convert import (AcceptParity, Calib, InputShape, Letterbox, ParityData, Precision, Preprocess, Task,
+                              convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
 from edge.deploy import deploy, rollback
 
@@ -26,6 +27,7 @@ def deploy_cmd(
                                "$EDGEKIT_SSH_OPTIONS, -o Key=Value only)."),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    parity_data: Optional[Path] = ParityData, task: str = Task,
     iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
     fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
     build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Where the bundle is built "
@@ -49,6 +51,7 @@ def deploy_cmd(
         if not as_json:
             err_console.print(f"no model given: using the built-in example MobileNetV2 at {model}", highlight=False)
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
+    kwargs.update(parity_data=parity_data, task=task)
     with steps(not as_json) as say:
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,

@@ -4,6 +4,10 @@ Recipe choices come from measurements on x86 (README, "Design notes"): static in
 uint8 activations and int8 per-channel weights (S8S8 was slower than fp32 on x86 without
 VNNI-friendly kernels); dynamic int8 is applied to MatMul/Gemm only (dynamic Conv ran
 5-13x slower than fp32).
+
+fp16 and int8 keep accuracy with ``mixed_precision = "auto"`` (edge.recipes): nodes whose fp32 activations
+leave fp16's range stay fp32, then the nodes adding the most error are kept in float (fp16: node_block_list;
+int8: nodes_to_exclude) until the candidate passes parity against the fp32 source; the details list them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ class OnnxToOnnx(Converter):
         "calibrate_method": "int8 static: minmax (default), entropy or percentile",
         "dynamic_op_types": "int8-dynamic: op types to quantize (default [MatMul, Gemm])",
         "optimization_level": "fp32: offline graph optimisation, basic or extended (default)",
+        "mixed_precision": "fp16/int8: auto (default) keeps in fp32 the nodes whose activations leave fp16's range, "
+                           "then the nodes adding the most error, until the candidate passes parity against the fp32 "
+                           "source on the search inputs (edge.recipes); off converts every node",
+        "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
+                                  "0 = only the range check for fp16, none for int8)",
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
@@ -64,7 +73,7 @@ class OnnxToOnnx(Converter):
         except Exception as e:
             raise ConversionError(f"onnxruntime could not convert {request.source} to {request.precision}: "
                                   f"{type(e).__name__}: {str(e)[:300]}") from e
-        notes = []
+        notes = list(details.pop("_notes", []))
         if details.get("ops_quantized") == 0:
             notes.append(f"int8-dynamic found no {'/'.join(details['op_types'])} ops to quantize: the model is "
                          "unchanged; use int8 (static, with calibration) for convolutional models")
@@ -95,11 +104,35 @@ class OnnxToOnnx(Converter):
     def _fp16(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model = load_onnx(request.source)
-        # keep_io_types: callers keep feeding float32 and receive float32
-        half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
-        save_onnx(half, out)
-        return {"recipe": "float16 weights and activations", "keep_io_types": True}
+        from edge import recipes
+
+        mode = recipes.parse_mode(request.options)
+        trials = recipes.parse_trials(request.options)
+        model = recipes.name_nodes(load_onnx(request.source))
+
+        def build(kept: list[str]) -> Any:
+            # keep_io_types: callers keep feeding float32 and receive float32
+            with _quiet_root_logger():
+                half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False,
+                                                node_block_list=kept)
+            recipes.drop_fp16_round_trips(half)
+            return half
+
+        details: dict[str, Any] = {"recipe": "float16 weights and activations", "keep_io_types": True,
+                                   "mixed_precision": mode}
+        if mode == "off":
+            save_onnx(build([]), out)
+            return details
+        found = _search_fp16(model, request, build, trials)
+        save_onnx(found.artifact, out)
+        details["kept_fp32"] = [k.to_json() for k in found.kept]
+        details["mixed_precision_search"] = found.to_json()
+        if found.kept:
+            details["recipe"] = "float16 with the nodes listed in kept_fp32 in float32"
+        note = found.note("fp32")
+        if note:
+            details["_notes"] = [note]
+        return details
 
     def _int8_static(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
@@ -115,6 +148,10 @@ class OnnxToOnnx(Converter):
         if method_name not in _CALIBRATE:
             raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method_name!r}")
         per_channel = bool(opts.get("per_channel", True))
+        from edge import recipes
+
+        mode = recipes.parse_mode(opts)
+        trials = recipes.parse_trials(opts)
         import onnx
         import onnxruntime as ort
         from onnx import version_converter
@@ -135,15 +172,18 @@ class OnnxToOnnx(Converter):
             # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
             # The result is validated; if the quantizer still produced an invalid graph, quantization
             # is redone without the pre-optimisation and the manifest says so.
+            def quantize(prepped: Path, exclude: list[str]) -> None:
+                q.quantize_static(
+                    str(prepped), str(out), _Reader(request.calibration.samples),  # type: ignore[union-attr]
+                    quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt, per_channel=per_channel,
+                    calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method_name]), nodes_to_exclude=exclude,
+                )
+
             for skip_optimization in (False, True):
                 prepped = Path(tmp) / f"prepped{int(skip_optimization)}.onnx"
                 quant_pre_process(str(source), str(prepped), skip_symbolic_shape=True,
                                   skip_optimization=skip_optimization)
-                q.quantize_static(
-                    str(prepped), str(out), _Reader(request.calibration.samples),
-                    quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt,
-                    per_channel=per_channel, calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method_name]),
-                )
+                quantize(prepped, [])
                 try:
                     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
                     break
@@ -152,10 +192,19 @@ class OnnxToOnnx(Converter):
             else:
                 raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
                                       + "; ".join(tried))
+            details: dict[str, Any] = {"mixed_precision": mode}
+            if mode == "auto":
+                found = _search_int8(prepped, request, quantize, out, trials)
+                details["kept_float"] = [k.to_json() for k in found.kept]
+                details["mixed_precision_search"] = found.to_json()
+                note = found.note("float (not quantized)")
+                if note:
+                    details["_notes"] = [note]
         return {"recipe": "static QDQ", "isa_assumption": _U8S8_ASSUMPTION, "activations": opts.get("activation_type", "uint8"),
                 "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
                 "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
-                "pre_optimization": not skip_optimization, "retried_because": tried, "opset_upgraded": upgraded}
+                "pre_optimization": not skip_optimization, "retried_because": tried, "opset_upgraded": upgraded,
+                **details}
 
     def _int8_dynamic(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
@@ -168,6 +217,47 @@ class OnnxToOnnx(Converter):
         matched = sum(op in op_types for op in source_ops)
         return {"recipe": "dynamic int8", "isa_assumption": _U8S8_ASSUMPTION, "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
                 "ops_quantized": matched, "ops_total": len(source_ops)}
+
+
+def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int) -> Any:
+    """Range check on the fp32 run, then the error-driven search (edge.recipes)."""
+    from edge import recipes
+
+    samples, origin = recipes.search_samples(request)
+    sizes = recipes.float_tensors(model)
+    reference = recipes.onnx_infer(model)
+    ranges = recipes.activation_ranges(reference, sizes, samples)
+    found = recipes.search(model=model, samples=samples, reference=reference, build=build,
+                           infer_of=recipes.onnx_infer, target_cosine=recipes.target_cosine("fp16"),
+                           initial=recipes.fp16_range_keep(model, ranges), max_trials=trials, sizes=sizes,
+                           why="adds {err} relative error in fp16 (error attribution on the search inputs)")
+    found.origin = origin
+    return found
+
+
+def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: Path, trials: int) -> Any:
+    """Nodes excluded from quantization, worst first, until the QDQ model passes (edge.recipes).
+
+    Node and tensor names are those of the pre-processed float model the quantizer read; it is also the
+    reference (the same function as the source, after BatchNorm folding)."""
+    import onnx
+
+    from edge import recipes
+
+    model = recipes.name_nodes(load_onnx(prepped))
+    onnx.save(model, str(prepped))
+    samples, origin = recipes.search_samples(request)
+
+    def build(kept: list[str]) -> Any:
+        quantize(prepped, kept)
+        return load_onnx(out)
+
+    found = recipes.search(model=model, samples=samples, reference=recipes.onnx_infer(model), build=build,
+                           infer_of=recipes.onnx_infer, graph_of=lambda c: c, target_cosine=recipes.target_cosine("int8"),
+                           max_trials=trials, why="adds {err} relative error when quantized (error attribution)")
+    save_onnx(found.artifact, out)  # the chosen candidate: the last one built may be another
+    found.origin = origin
+    return found
 
 
 @contextlib.contextmanager

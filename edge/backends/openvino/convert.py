@@ -10,6 +10,10 @@ Recipe notes (openvino 2026.4, nncf 3.4):
 * int8 is NNCF post-training quantization (FakeQuantize on activations and weights,
   weights stored as i8) with the profile's preset; the remaining float constants are kept
   f32. NNCF's progress bars are kept off stdout and its INFO logging is muted while it runs.
+* fp16 with ``mixed_precision = "auto"`` (edge.recipes) marks the ops that must compute in f32 with the
+  ``precise_0`` rt_info, which the IR keeps (``DisablePrecisionConversion``) and the GPU and CPU plugins honour
+  when they compute in f16; the search verifies with the CPU plugin forced to f16, as an iGPU computes.
+  int8 has no such search yet (NNCF ``ignored_scope`` would be the mechanism).
 * OpenVINO's and NNCF's opt-out telemetry is turned off before they are imported
   (:func:`edge.backends.openvino.run.disable_openvino_telemetry`).
 """
@@ -27,7 +31,7 @@ from typing import Any
 from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, ConversionError, PrecisionError
-from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry
+from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 
 NNCF_REQUIREMENT = Requirement("python", "nncf", install="pip install 'edgekit-ml[convert]'",
                                why="int8 OpenVINO IR is quantized with NNCF")
@@ -60,6 +64,104 @@ def _op_counts(model: Any, *types: str) -> dict[str, int]:
     return {t: counts.get(t, 0) for t in types}
 
 
+#: rt_info key that keeps an op in its original precision: serialized in the IR (as DisablePrecisionConversion)
+#: and honoured at compile time by the GPU and CPU plugins. ``disable_fp16_compression_0`` set from Python is a
+#: plain string: measured with OpenVINO 2026.4, it is neither saved in the IR nor honoured by the CPU plugin.
+_KEEP_PRECISION = "precise_0"
+_SKIP_MARK = frozenset({"Parameter", "Constant", "Result"})
+
+
+def _tensor_index(model: Any) -> dict[str, Any]:
+    """ONNX tensor name -> the OpenVINO op that produces it (OpenVINO keeps ONNX tensor names)."""
+    index: dict[str, Any] = {}
+    for op in model.get_ordered_ops():
+        for out in op.outputs():
+            for name in out.get_names():
+                index.setdefault(name, op)
+    return index
+
+
+def _ops_of(onnx_node: Any, index: dict[str, Any], limit: int = 64) -> list[Any]:
+    """The OpenVINO ops one ONNX node became: from the producers of its outputs up to its inputs' producers
+    (a Conv with a bias is a Convolution and an Add; only the Add carries the output's name)."""
+    inputs = {i for i in onnx_node.input if i}
+    start = [index[o] for o in onnx_node.output if o in index]
+    found: dict[str, Any] = {}
+    stack = list(start)
+    while stack and len(found) < limit:
+        op = stack.pop()
+        if op.get_friendly_name() in found or op.get_type_name() in _SKIP_MARK:
+            continue
+        names = set().union(*(o.get_names() for o in op.outputs())) if op.outputs() else set()
+        if names & inputs:
+            continue
+        found[op.get_friendly_name()] = op
+        stack.extend(v.get_node() for v in op.input_values())
+    return list(found.values())
+
+
+def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) -> tuple[Any, Any]:
+    """The fp16 model with the ops that must compute in f32 marked, and the search that chose them; the search
+    is None when this host cannot compute in f16 (only the range check is applied then)."""
+    import tempfile
+
+    from edge import recipes
+    from edge.onnxmodel import load_onnx
+
+    onnx_model = recipes.name_nodes(load_onnx(source))
+    samples, origin = recipes.search_samples(request)
+    sizes = recipes.float_tensors(onnx_model)
+    reference = recipes.onnx_infer(onnx_model)
+    initial = recipes.fp16_range_keep(onnx_model, recipes.activation_ranges(reference, sizes, samples))
+    by_name = {n.name: n for n in onnx_model.graph.node}
+    core = ov_core()
+
+    def build(kept: list[str]) -> Any:
+        model = ov.convert_model(str(source))
+        index = _tensor_index(model)
+        for name in kept:
+            for op in _ops_of(by_name[name], index):
+                op.get_rt_info()[_KEEP_PRECISION] = ""
+        return model
+
+    if "FP16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        return build([k.node for k in initial]), None
+
+    def infer_of(model: Any) -> recipes.Infer:
+        import numpy as np
+
+        tmp = tempfile.mkdtemp(prefix="edgekit-ovmp-")
+        xml = Path(tmp) / "m.xml"
+        ov.save_model(model, str(xml), compress_to_fp16=True)
+        known = set(_tensor_index(core.read_model(str(xml))))
+
+        def infer(feeds: Any, tensors: Any) -> list[dict[str, Any]]:
+            m = core.read_model(str(xml))
+            wanted = [t for t in tensors if t in known]
+            if wanted:
+                m.add_outputs(wanted)
+            compiled = core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": "f16"})
+            req = compiled.create_infer_request()
+            results = []
+            for feed in feeds:
+                req.infer(dict(feed))
+                row = {}
+                for port in compiled.outputs:
+                    value = np.array(req.get_tensor(port).data)
+                    for name in port.get_names():
+                        row[name] = value
+                results.append(row)
+            return results
+
+        return infer
+
+    found = recipes.search(model=onnx_model, samples=samples, reference=reference, build=build, infer_of=infer_of,
+                           target_cosine=recipes.target_cosine("fp16"), initial=initial, max_trials=trials,
+                           sizes=sizes, why="adds {err} relative error computed in f16 (error attribution)")
+    found.origin = origin + "; verified with OpenVINO's CPU plugin computing in f16"
+    return found.artifact, found
+
+
 # What each overflow-fix setting assumes of the device's CPU (recorded in the chain details).
 _OVERFLOW_FIX = {
     "all": "7-bit weights in every layer: u8*s8 pair sums fit int16, so every x86 CPU (VNNI or AVX2 only) "
@@ -85,6 +187,11 @@ class OnnxToOpenVINO(Converter):
         "nncf_subset_size": "int8: number of calibration samples NNCF uses (default: all samples given)",
         "nncf_overflow_fix": "int8: 7-bit weights so x86 CPUs without VNNI (AVX2 vpmaddubsw) do not saturate: "
                              "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
+        "mixed_precision": "fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
+                           "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
+                           "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
+                           "does (edge.recipes); off leaves every op to the device's precision",
+        "mixed_precision_trials": "fp16: at most this many re-verifications while growing the kept set (default 6)",
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
@@ -133,6 +240,23 @@ class OnnxToOpenVINO(Converter):
                              f"NNCF used {used}")
 
         compress = request.precision == "fp16"
+        if compress:
+            from edge import recipes
+
+            mode = recipes.parse_mode(request.options)
+            trials = recipes.parse_trials(request.options)
+            details["mixed_precision"] = mode
+            if mode == "auto":
+                model, found = _mixed_fp16(ov, source, request, trials)
+                if found is not None:
+                    details["kept_fp32"] = [k.to_json() for k in found.kept]
+                    details["mixed_precision_search"] = found.to_json()
+                    note = found.note("f32")
+                    if note:
+                        notes.append(note)
+                else:
+                    notes.append("mixed precision: this host's OpenVINO CPU plugin cannot compute in f16, so the fp16 "
+                                 "recipe was not verified here; only the activation range check was applied")
         xml = request.workdir / "model.xml"
         bin_ = xml.with_suffix(".bin")
         try:
@@ -143,7 +267,7 @@ class OnnxToOpenVINO(Converter):
 
         # Inspect what was really written, not what was asked for.
         try:
-            saved = ov.Core().read_model(str(xml))
+            saved = ov_core().read_model(str(xml))
         except Exception as e:
             raise ConversionError(f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: "
                                   f"{type(e).__name__}: {str(e)[:500]}") from e
