@@ -443,7 +443,8 @@ def fp16_range_keep(model: Any, ranges: Mapping[str, Range]) -> list[KeptNode]:
 
 def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference: Infer,
            build: Callable[[list[str]], Any], infer_of: Callable[[Any], Infer], target_cosine: float,
-           initial: Sequence[KeptNode] = (), eligible: Sequence[str] | None = None,
+           initial: Sequence[KeptNode] | Callable[[], Sequence[KeptNode]] = (),
+           eligible: Sequence[str] | None = None,
            max_trials: int = DEFAULT_TRIALS, why: str = "adds {err} relative error",
            sizes: Mapping[str, int] | None = None, graph_of: Callable[[Any], Any] | None = None) -> SearchResult:
     """Keep nodes in higher precision until the candidate's outputs reach ``target_cosine``.
@@ -452,13 +453,18 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
     makes a candidate and ``infer_of(candidate)`` runs it; ``graph_of(candidate)`` is its ONNX graph, when it
     has one, for :func:`attribute`. The first candidate keeps ``initial``; each further
     trial keeps the ``2**(trial-1)`` nodes adding the most error (see :func:`attribute`).
+
+    ``initial`` given as a callable is computed only when the plain candidate (nothing kept) fails: the
+    fp16 range check runs the fp32 graph with every tensor exposed (minutes on a 640x640 detector), which
+    a model that is fine in fp16 (most are) should not pay.
     """
     outputs = [o.name for o in model.graph.output]
     sizes = dict(sizes if sizes is not None else float_tensors(model))
     if eligible is None:
         eligible = [n.name for n in model.graph.node if any(o in sizes for o in n.output)]
     eligible = list(eligible)
-    kept = {k.node: k for k in initial}
+    lazy = initial if callable(initial) else None
+    kept = {} if lazy is not None else {k.node: k for k in initial}
     ref_out = reference(samples, [])
     result = SearchResult([], [], target_cosine, len(samples))
     best: tuple[float, Any, list[KeptNode], int] | None = None
@@ -476,6 +482,12 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
         if trial == max_trials:
             result.stopped = f"{max_trials} trials"
             break
+        if lazy is not None:  # the plain candidate failed: now the range-based set
+            extra = [k for k in lazy() if k.node not in kept]
+            lazy = None
+            if extra:
+                kept.update({k.node: k for k in extra})
+                continue
         room = int(MAX_KEPT_SHARE * len(eligible)) - len(kept)
         if room <= 0:
             result.stopped = f"{len(kept)} of {len(eligible)} nodes kept"

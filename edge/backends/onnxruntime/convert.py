@@ -226,10 +226,11 @@ def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(model)
     reference = recipes.onnx_infer(model)
-    ranges = recipes.activation_ranges(reference, sizes, samples)
     found = recipes.search(model=model, samples=samples, reference=reference, build=build,
                            infer_of=recipes.onnx_infer, target_cosine=recipes.target_cosine("fp16"),
-                           initial=recipes.fp16_range_keep(model, ranges), max_trials=trials, sizes=sizes,
+                           initial=lambda: recipes.fp16_range_keep(
+                               model, recipes.activation_ranges(reference, sizes, samples)),
+                           max_trials=trials, sizes=sizes,
                            why="adds {err} relative error in fp16 (error attribution on the search inputs)")
     found.origin = origin
     return found

@@ -112,7 +112,9 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(onnx_model)
     reference = recipes.onnx_infer(onnx_model)
-    initial = recipes.fp16_range_keep(onnx_model, recipes.activation_ranges(reference, sizes, samples))
+    def initial() -> list[Any]:  # the fp16 range check: computed only when needed (see recipes.search)
+        return recipes.fp16_range_keep(onnx_model, recipes.activation_ranges(reference, sizes, samples))
+
     by_name = {n.name: n for n in onnx_model.graph.node}
     core = ov_core()
 
@@ -125,7 +127,7 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
         return model
 
     if "FP16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
-        return build([k.node for k in initial]), None
+        return build([k.node for k in initial()]), None
 
     def infer_of(model: Any) -> recipes.Infer:
         import numpy as np
