@@ -107,16 +107,14 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
         return ParityVerdict("skipped", skipped=par.skipped)
     failures: list[str] = []
     if isinstance(par, LLMQualityEvidence):
-        from edge.llm.quality import THRESHOLDS as LLM_THRESHOLDS
+        from edge.llm.quality import thresholds as llm_thresholds
 
-        if par.quant not in LLM_THRESHOLDS:
-            failures.append(f"no quality thresholds for {par.quant}")
-        else:
-            max_kl, min_top1 = LLM_THRESHOLDS[par.quant]
-            if not par.kl_mean <= max_kl:
-                failures.append(f"mean KL {par.kl_mean:.4g} > {max_kl}")
-            if not par.top1 >= min_top1:
-                failures.append(f"top-1 agreement {par.top1:.1%} < {min_top1:.0%}")
+        max_kl, min_top1 = llm_thresholds(par.quant)
+        gated = par.top1_decisive if par.top1_decisive is not None else par.top1
+        if not par.kl_mean <= max_kl:
+            failures.append(f"mean KL {par.kl_mean:.4g} > {max_kl}")
+        if not gated >= min_top1:
+            failures.append(f"top-1 agreement {gated:.1%} < {min_top1:.0%}")
     elif isinstance(par, ParityEvidence):
         from edge.parity import _is_classifier, output_failures, thresholds_for
 

@@ -334,6 +334,8 @@ class LLMQualityEvidence:
     reference: str = spec(**_TEXT)
     accepted_failure: bool = False
     eval: LLMEvalText | None = None  # absent in bundles built before the gate evaluated text
+    top1_decisive: float | None = spec(None, ge=0.0, le=1.0)  # top-1 where the source leads by >= 0.1 nats
+    decisive_share: float | None = spec(None, ge=0.0, le=1.0)
 
 
 @dataclass(frozen=True)

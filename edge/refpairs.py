@@ -20,7 +20,8 @@ Layout of ``reference.npz``::
     i<s>_<k>   sample s, input k (the k-th name of "inputs")
     o<s>_<k>   sample s, output k
 
-Tensor names may hold '/', ':' or anything else, so they are never part of a key.
+Tensor names may hold '/', ':' or anything else, so they are never part of a key. A language
+model's pairs (kind "llm") use the same layout with their own tensors: see "language models" below.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ CheckMode = bool | Literal["first"]
 
 def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]],
                           outputs: Sequence[Mapping[str, np.ndarray]], *, precision: str, reference: str,
-                          samples: int = 4) -> dict[str, Any]:
+                          samples: int = 4, thresholds: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Write ``stage/reference.npz`` from the first ``samples`` pairs; return the manifest's
     ``reference_pairs`` entry. Call it before ``new_manifest`` (which lists and hashes every file
     in ``stage``).
@@ -67,7 +68,8 @@ def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]
     The file is capped at :data:`MAX_BYTES`: fewer samples are kept when they would not fit, and
     none (no file, ``samples`` 0) when one pair alone is over it; ``note`` then says so.
     ``reference`` names what computed ``outputs`` (e.g. "onnxruntime 1.23.0 fp32 CPU on the source
-    ONNX"); ``thresholds`` are edge.parity's limits for ``precision``."""
+    ONNX"); ``thresholds`` are edge.parity's limits for ``precision`` unless given (a language model's:
+    :func:`write_llm_reference_pairs`)."""
     if len(inputs) != len(outputs):
         raise ValueError(f"{len(inputs)} input samples but {len(outputs)} output samples")
     if not 1 <= samples <= MAX_SAMPLES:
@@ -79,7 +81,8 @@ def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]
         if list(inputs[s]) != in_names or list(outputs[s]) != out_names:
             raise ValueError(f"sample {s} names other tensors than sample 0")
     entry: dict[str, Any] = {"file": REFERENCE_FILE, "samples": 0, "reference": reference,
-                             "thresholds": thresholds_for(precision).to_json()}
+                             "thresholds": dict(thresholds) if thresholds is not None
+                             else thresholds_for(precision).to_json()}
     wanted = min(samples, len(inputs))
     pair_bytes = [sum(np.asarray(a).nbytes + 128 for a in (*inputs[s].values(), *outputs[s].values()))
                   for s in range(wanted)]
@@ -279,14 +282,14 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     rel = entry.file if entry is not None else None
     result: dict[str, Any] = {"passed": None, "samples": 0, "bundle_id": bundle.id,
                               "reference_sha256": _reference_sha256(bundle, rel), "outputs": [], "failures": []}
-    if bundle.kind == "llm":
-        result["skipped"] = "not applicable to llm bundles (GGUF quality is gated by edge.llm.quality where built)"
-    elif entry is None:
+    if entry is None:
         result["skipped"] = "the bundle carries no reference pairs (built before they were written)"
     elif rel is None:
         result["skipped"] = entry.note or "the bundle carries no reference pairs"
     if "skipped" in result:
         return {**result, "runner": runner_json(runner), "checked_utc": _now()}
+    if bundle.kind == "llm":
+        return {**_check_llm(bundle, runner, entry, result), "runner": runner_json(runner), "checked_utc": _now()}
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     th = gate_thresholds(entry.thresholds, bundle.precision, runner.info.precision_used)
     candidate = [runner.infer(feeds) for feeds in pairs.inputs]
@@ -303,6 +306,102 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
                   reference=entry.reference, outputs=outputs,
                   failures=[f"{o.name}: {f}" for o in figures for f in o.failures])
     return {**result, "runner": runner_json(runner), "checked_utc": _now()}
+
+
+# -- language models (GGUF) ----------------------------------------------------------------------
+#
+# An llm bundle's pairs are token prefixes (input "tokens") with the reference's top-k next-token
+# ids and log-probabilities after each (outputs "top_ids", "top_logprobs"; edge.llm.quality picks
+# them from the build host's gate). The device runs each prefix through its llama.cpp runner
+# (``infer`` gives the logits after the last token) and gates top-1 agreement and a KL estimate
+# over the top-k (plus one bucket for the rest of the vocabulary) against edge.llm.quality's
+# limits for the bundle's quant type.
+
+LLM_OUTPUTS = ("top_ids", "top_logprobs")
+_MAX_TOP_K = 64
+
+
+def _llm_io() -> Any:
+    from edge.spec import IOSpec, TensorSpec
+
+    return IOSpec((TensorSpec("tokens", ("n",), "int32"),),
+                  (TensorSpec("top_ids", ("k",), "int32"), TensorSpec("top_logprobs", ("k",), "float32")))
+
+
+def write_llm_reference_pairs(stage: Path, samples: Sequence[Any], *, precision: str, reference: str,
+                              note: str | None = None) -> dict[str, Any]:
+    """Write ``stage/reference.npz`` from ``samples`` (``edge.llm.quality.TopKSample``) for a GGUF
+    bundle of quant type ``precision``; return the manifest's ``reference_pairs`` entry."""
+    from edge.llm.quality import thresholds
+
+    if not samples:
+        raise ValueError("no reference samples given")
+    max_kl, min_top1 = thresholds(precision)
+    entry = write_reference_pairs(
+        stage, [{"tokens": np.asarray(s.tokens, dtype=np.int32)} for s in samples],
+        [{"top_ids": np.asarray(s.top_ids, dtype=np.int32), "top_logprobs": np.asarray(s.top_logprobs, np.float32)}
+         for s in samples], precision=precision, reference=reference, samples=min(len(samples), MAX_SAMPLES),
+        thresholds={"max_kl_mean": max_kl, "min_top1": min_top1})
+    if note:
+        entry["note"] = note if entry.get("note") is None else f"{entry['note']}; {note}"
+    return entry
+
+
+def _llm_problems(pairs: ReferencePairs, n_vocab: int) -> list[str]:
+    """What makes the stored samples meaningless as a reference (a crafted or damaged file)."""
+    problems = []
+    for s, (i, o) in enumerate(zip(pairs.inputs, pairs.outputs)):
+        tokens, ids, lps = i["tokens"], o["top_ids"], o["top_logprobs"]
+        if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= n_vocab:
+            problems.append(f"sample {s}: tokens are not 1..n ids below the vocabulary size {n_vocab}")
+        if ids.ndim != 1 or not 1 <= ids.size <= _MAX_TOP_K or ids.shape != lps.shape:
+            problems.append(f"sample {s}: top_ids and top_logprobs are not two lists of 1-{_MAX_TOP_K} entries")
+            continue
+        if ids.min() < 0 or ids.max() >= n_vocab or len(set(ids.tolist())) != ids.size:
+            problems.append(f"sample {s}: top_ids are not distinct ids below {n_vocab}")
+        if not np.isfinite(lps).all() or lps.max() > 1e-3 or (np.diff(lps) > 1e-6).any() \
+                or float(np.exp(lps.astype(np.float64)).sum()) > 1.001:
+            problems.append(f"sample {s}: top_logprobs are not descending log-probabilities summing to at most 1")
+    return problems
+
+
+def _check_llm(bundle: Any, runner: Any, entry: Any, result: dict[str, Any]) -> dict[str, Any]:
+    from edge.llm.quality import TopKSample, thresholds, topk_figures
+
+    pairs = load_reference_pairs(bundle.path, entry, _llm_io())
+    n_vocab = bundle.io.outputs[0].shape[0] if bundle.io.outputs else None
+    if not isinstance(n_vocab, int):
+        raise BundleError(f"bundle {bundle.path}: its io.outputs does not give the vocabulary size", hint=_HINT)
+    problems = _llm_problems(pairs, n_vocab)
+    if problems:
+        raise BundleError(f"{pairs.file}: reference pairs unusable: " + "; ".join(problems[:10]), hint=_HINT)
+    code_kl, code_top1 = thresholds(bundle.precision)
+    kept = _field(entry, "thresholds")
+    kl_b, top1_b = _field(kept, "max_kl_mean"), _field(kept, "min_top1")
+    max_kl = min(code_kl, float(kl_b)) if isinstance(kl_b, (int, float)) else code_kl
+    min_top1 = max(code_top1, float(top1_b)) if isinstance(top1_b, (int, float)) else code_top1
+    n_ctx = (runner.info.details or {}).get("n_ctx")
+    samples = [TopKSample(i["tokens"], o["top_ids"], o["top_logprobs"]) for i, o in zip(pairs.inputs, pairs.outputs)]
+    fit = [s for s in samples if not isinstance(n_ctx, int) or s.tokens.size <= n_ctx]
+    th = {"max_kl_mean": max_kl, "min_top1": min_top1}
+    if not fit:
+        return {**result, "skipped": f"every reference prefix is longer than this runner's context (n_ctx {n_ctx})",
+                "thresholds": th}
+    figures = [topk_figures(s, runner.infer({"tokens": s.tokens})["logits"]) for s in fit]
+    kls = [kl for kl, _ in figures]
+    kl_mean, top1 = float(np.mean(kls)), float(np.mean([agree for _, agree in figures]))
+    failures = []
+    if not kl_mean <= max_kl:
+        failures.append(f"mean KL over the reference's top-{samples[0].top_ids.size} {kl_mean:.4g} > {max_kl}")
+    if not top1 >= min_top1:
+        failures.append(f"top-1 agreement {top1:.1%} < {min_top1:.0%}")
+    out = {"name": "logits", "kl_topk_mean": _num(kl_mean), "kl_topk_max": _num(float(max(kls))), "top1": top1,
+           "passed": not failures, "failures": failures}
+    if len(fit) < len(samples):
+        out["note"] = f"{len(samples) - len(fit)} of {len(samples)} prefixes are longer than n_ctx {n_ctx}: not run"
+    result.update(passed=not failures, samples=len(fit), thresholds=th, reference=entry.reference, outputs=[out],
+                  failures=[f"logits: {f}" for f in failures])
+    return result
 
 
 class CheckRecords(Protocol):

@@ -32,20 +32,24 @@ def test_quantize_and_gate(tiny_gguf: Path, tmp_path: Path, quant: str) -> None:
     assert d["bytes"] < d["source_bytes"] or quant == "f16"
     assert "llama-cpp-python" in m["chain"][0]["tool_versions"]
     gate = m["parity"]
-    assert gate["passed"] and gate["tokens"] == 256 and 0 <= gate["kl_mean"] <= gate["thresholds"]["max_kl_mean"]
+    # the built-in text in the model's own tokens: 8 windows of 128 (tests/test_llm_quality.py)
+    assert gate["passed"] and gate["tokens"] == 1024 and gate["eval"]["origin"] == "built-in", gate
+    assert 0 <= gate["kl_mean"] <= gate["thresholds"]["max_kl_mean"]
 
 
 def test_failing_quant_stops_and_accepted_one_runs(tiny_gguf: Path, tmp_path: Path) -> None:
-    # random weights amplify quantization error (README, "LLMs"): q4_0 fails the gate here
+    # random weights amplify quantization error (README, "LLMs"): q4_0 fails the gate here, on text as on
+    # random ids (a random-weight model does not know text: measured q4_0 KL 0.17 / top-1 70% on both)
     with pytest.raises(ParityError, match="quality gate failed for q4_0"):
         convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_0")
     assert not (tmp_path / "q4").exists()
     b = convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_k_m", accept_parity_failure=True)
     # q4_k_m fails the gate on this model too (README: q4 types fail on random weights), clearly on top-1
-    # agreement (measured 78% against the 85% floor; its mean KL sits near the 0.10 limit, so it is not
-    # asserted either way). Accepting the failure keeps the bundle and records it as accepted.
+    # agreement (measured 77% on the built-in text, 75% on random ids, against the 85% floor; its mean KL
+    # sits near the 0.10 limit, so it is not asserted either way). Accepting the failure keeps the bundle
+    # and records it as accepted.
     gate = b.manifest["parity"]
-    assert gate["quant"] == "q4_k_m" and gate["tokens"] == 256
+    assert gate["quant"] == "q4_k_m" and gate["tokens"] == 1024
     assert gate["thresholds"] == {"max_kl_mean": 0.10, "min_top1": 0.85}
     assert gate["top1"] < gate["thresholds"]["min_top1"] and gate["kl_mean"] > 0, gate
     assert gate["passed"] is False and gate["accepted_failure"] is True, gate

@@ -28,6 +28,17 @@ Preprocess = typer.Option("imagenet", "--preprocess", help=f"Pre-processing pres
                           f"{', '.join(PRESETS)}, or none.")
 Letterbox = typer.Option(None, "--letterbox/--no-letterbox", help="Letterbox instead of plain resize "
                          "(default: per preset).", show_default=False)
+EvalText = typer.Option(None, "--eval-text", help="For .gguf: a UTF-8 text file the quality gate evaluates (tokenized "
+                        "by the model) instead of the built-in public-domain prose in four languages and code.",
+                        show_default=False)
+ParityData = typer.Option(None, "--parity-data", help="Inputs parity compares on (preferred over --calib and "
+                          "generated inputs): a directory or file of images, .npy/.npz tensors, .wav audio or .txt "
+                          "token ids. For int8 keep it apart from --calib (samples equal to one are dropped from "
+                          "calibration).", show_default=False)
+Task = typer.Option("auto", "--task", help="How parity judges the outputs beside the raw figures: auto (from the "
+                    "output shapes, recorded), classifier (top-1/top-5), detector (YOLOv5/v8/X heads: precision/"
+                    "recall of decoded boxes), prob-map (IoU of maps thresholded at 0.3), segmentation, sequence "
+                    "(CTC/token greedy decode), or none.")
 AcceptParity = typer.Option(False, "--accept-parity-failure", help="Keep a bundle that fails parity "
                             "(recorded in the manifest).")
 
@@ -81,10 +92,24 @@ def render_bundle(bundle: Any) -> None:
         t.add_row("parity", f"{verdict} on {par.samples} {par.inputs} inputs, {cand.device_used} "
                             f"computing in {cand.precision_used}"
                             + (f" [yellow](fallback: {cand.fallback})[/]" if cand.fallback else ""))
+        prov = par.input_provenance
+        if prov is not None and prov.disjoint_from_calibration is not None:
+            t.add_row("  inputs", "disjoint from the calibration samples" + (f" ({prov.note})" if prov.note else ""))
         for o in par.outputs:
             top1 = f", top-1 {o.top1:.1%}" if o.top1 is not None else ""
-            t.add_row(f"  {o.name}", f"cosine {o.cosine:.6f} (worst {o.cosine_min:.6f}), max abs {o.max_abs:.4g}, "
-                                     f"mean abs {o.mean_abs:.4g}{top1}")
+            snr = f", SNR {o.snr_db:.1f} dB" if o.snr_db is not None else ""
+            t.add_row(f"  {o.name}", f"cosine {o.cosine:.6f} (worst {o.cosine_min:.6f}){snr}, max abs {o.max_abs:.4g}"
+                                     + (f" ({o.rel_max_abs:.2%} of range)" if o.rel_max_abs is not None else "")
+                                     + f", mean abs {o.mean_abs:.4g}{top1}")
+            if o.task is not None:
+                figs = {"top-5": o.top5, "precision": o.precision, "recall": o.recall, "IoU": o.iou,
+                        "sequences": o.sequence, "tokens": o.tokens}
+                shown = ", ".join(f"{k} {v:.1%}" for k, v in figs.items() if v is not None) or "not judged"
+                t.add_row(f"  {o.name} ({o.task})", shown + (f" [yellow]({o.task_note})[/]" if o.task_degenerate
+                                                              and o.task_note else ""))
+            if o.degenerate:
+                t.add_row(f"  {o.name}", f"[yellow]degenerate reference[/]: {o.degenerate_note}; gated on absolute "
+                                         "error only (give --parity-data with real inputs)")
     console.print(t)
 
 
@@ -100,6 +125,8 @@ def convert_cmd(
     parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against the source model in "
                                        "its reference runtime."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --output."),
+    eval_text: Optional[Path] = EvalText,
+    parity_data: Optional[Path] = ParityData, task: str = Task,
     sign_key: Optional[str] = SignKey,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
@@ -117,6 +144,7 @@ def convert_cmd(
     with steps(not as_json) as say:
         bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
                          parity_samples=parity_samples, force=force, allow_requantize=allow_requantize, on_step=say,
+                         eval_text=eval_text, parity_data=parity_data, task=task,
                          **kwargs)
         bundle = sign_if_configured(bundle, sign_key, say)
     if as_json:

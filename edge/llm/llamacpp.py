@@ -161,3 +161,102 @@ def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_la
             return llama_cpp.Llama(str(path), **kwargs)
         finally:
             low.llama_model_default_params = original
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Texts tokenized by a model's own tokenizer (no special tokens added)."""
+
+    ids: list[list[int]]
+    unknown: list[int]  # per text: how many of its tokens are the tokenizer's unknown token
+    n_vocab: int
+    bos: int | None  # the id to start a window with, None where the model adds no BOS
+
+
+_TOKENIZE = r"""
+import json, sys
+from pathlib import Path
+from dataclasses import asdict
+from edge.errors import ModelError
+from edge.llm.llamacpp import tokenize_in_process
+args = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+try:
+    out = {"ok": asdict(tokenize_in_process(Path(args["path"]), args["texts"]))}
+except ModelError as e:
+    out = {"error": str(e)}
+Path(sys.argv[2]).write_text(json.dumps(out), encoding="utf-8")
+"""
+
+
+def tokenize_texts(path: Path, texts: list[str], *, timeout: float = 300) -> Tokenized:
+    """Tokenize ``texts`` with the tokenizer in the GGUF at ``path`` (its vocabulary only), in a
+    subprocess: llama.cpp ends the process on some vocabularies (an SPM vocabulary without byte
+    tokens throws ``std::out_of_range`` on a character it lacks), and that must not end ``convert``.
+    Every problem, a crash included, is a :class:`ModelError` saying why the tokenizer is unusable."""
+    from edge.errors import ModelError
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-tok-") as tmp:
+        args, result = Path(tmp) / "args.json", Path(tmp) / "result.json"
+        args.write_text(json.dumps({"path": str(Path(path).resolve()), "texts": list(texts)}), encoding="utf-8")
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding the edge package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        try:
+            p = subprocess.run([sys.executable, "-c", _TOKENIZE, str(args), str(result)], capture_output=True,
+                               text=True, timeout=timeout, env=env, check=False)
+        except subprocess.TimeoutExpired:
+            raise ModelError(f"llama.cpp's tokenizer did not finish on the text in {timeout:.0f} s") from None
+        if p.returncode != 0 or not result.is_file():
+            said = next((line.strip() for line in reversed(p.stderr.splitlines())
+                         if line.strip() and not line.startswith("[")), "")
+            raise ModelError(f"llama.cpp's tokenizer crashed on the text (exit {p.returncode}"
+                             + (f": {said[:200]}" if said else "") + ")")
+        out = json.loads(result.read_text(encoding="utf-8"))
+    if "error" in out:
+        raise ModelError(out["error"])
+    return Tokenized(**out["ok"])
+
+
+def tokenize_in_process(path: Path, texts: list[str]) -> Tokenized:
+    """:func:`tokenize_texts` in this process (what its subprocess runs): a vocabulary of type none is
+    refused before llama.cpp is asked, since tokenizing with it aborts."""
+    from edge.errors import ModelError
+
+    llama_cpp = load_llama_cpp()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with captured_log() as log:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+    if not model:
+        tail = " | ".join(line for line in log.lines[-4:] if line.strip())
+        raise ModelError(f"llama.cpp could not load the vocabulary of {Path(path).name}"
+                         + (f" (llama.cpp said: {tail})" if tail else ""))
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        if not vocab or llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
+            raise ModelError(f"{Path(path).name} has no tokenizer (tokenizer.ggml.model is none)")
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        bos = int(llama_cpp.llama_vocab_bos(vocab))
+        add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab)) and 0 <= bos < n_vocab
+        ids: list[list[int]] = []
+        unknown: list[int] = []
+        for text in texts:
+            data = text.encode("utf-8")
+            cap = len(data) + 16
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, False)
+            if n < 0:  # more tokens than bytes: a tokenizer this odd is asked once more with the size it gave
+                cap = -n
+                buf = (llama_cpp.llama_token * cap)()
+                n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, False)
+            if n < 0:
+                raise ModelError(f"{Path(path).name}'s tokenizer failed on the text (llama_tokenize returned {n})")
+            got = [int(t) for t in buf[:n]]
+            bad = [t for t in got if not 0 <= t < n_vocab]
+            if bad:
+                raise ModelError(f"{Path(path).name}'s tokenizer returned ids outside its vocabulary ({bad[0]})")
+            unknown.append(sum(1 for t in got if llama_cpp.llama_vocab_get_attr(vocab, t)
+                               & llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN))
+            ids.append(got)
+        return Tokenized(ids, unknown, n_vocab, bos if add_bos else None)
+    finally:
+        llama_cpp.llama_model_free(model)

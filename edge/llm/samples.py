@@ -38,10 +38,19 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+def _dummy_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """Placeholder pieces no text contains, no byte fallback: every character of a text is <unk>."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<dummy{i}>" for i in range(n_vocab - 3)]
+    return tokens, [0.0] * n_vocab, [2, 3, 3] + [1] * (n_vocab - 3)
+
+
 def build_tiny_llama(path: str | os.PathLike[str], *, n_vocab: int = 1024, n_embd: int = 256, n_layer: int = 2,
                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 512, n_ctx: int = 2048, seed: int = 0,
-                     dtype: str = "f16", logit_gain: float = 4.0) -> Path:
-    """Write a tiny llama GGUF (``dtype`` f16 or f32 weights; norms are always f32)."""
+                     dtype: str = "f16", logit_gain: float = 4.0, vocab: str = "letters") -> Path:
+    """Write a tiny llama GGUF (``dtype`` f16 or f32 weights; norms are always f32). ``vocab``
+    "letters": letter pieces with byte fallback (tokenizes any text); "dummy": placeholder pieces
+    without byte tokens (llama.cpp's tokenizer throws on the first character it lacks); "none": no
+    tokenizer at all (``tokenizer.ggml.model`` none), like a model converted without one."""
     try:
         import gguf
     except ImportError:
@@ -49,6 +58,8 @@ def build_tiny_llama(path: str | os.PathLike[str], *, n_vocab: int = 1024, n_emb
                                      hint="pip install 'edgekit-ml[llm]'") from None
     if dtype not in ("f16", "f32"):
         raise ValueError(f"dtype must be f16 or f32, got {dtype!r}")
+    if vocab not in ("letters", "dummy", "none"):
+        raise ValueError(f"vocab must be letters, dummy or none, got {vocab!r}")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -70,14 +81,18 @@ def build_tiny_llama(path: str | os.PathLike[str], *, n_vocab: int = 1024, n_emb
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab(n_vocab)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
+    if vocab == "none":
+        writer.add_tokenizer_model("none")
+        writer.add_vocab_size(n_vocab)
+    else:
+        tokens, scores, types = _vocab(n_vocab) if vocab == "letters" else _dummy_vocab(n_vocab)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
 
     writer.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * 0.5).astype(wdt))
     for i in range(n_layer):

@@ -167,7 +167,9 @@ def _copy_source(src: Source, static: Path, stage: Path) -> Path:
     if isinstance(src, OpenVINOSource):
         import openvino as ov
 
-        model = ov.Core().read_model(str(static))
+        from edge.backends.openvino.format import ov_core
+
+        model = ov_core().read_model(str(static))
         out = stage / "model.xml"
         ov.save_model(model, str(out), compress_to_fp16=False)  # weights as the source holds them
         return out
@@ -357,7 +359,7 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, preci
             pairs = write_llm_reference_pairs(
                 stage, report.reference_samples, precision=precision_out,
                 reference=f"the {own} source GGUF, {runtime}; positions where the build host's {quant} agrees "
-                          "with it on top-1")
+                          "with it on top-1", note=report.reference_note)
         manifest = new_manifest(
             source=src.path, profile=profile, precision=precision_out, stage=stage, primary=artifact,
             chain=chain_record, source_info={**src.describe(), "file_type": own}, fmt="gguf",
