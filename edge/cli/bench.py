@@ -103,6 +103,8 @@ def bench_cmd(
     if b.kind == "llm":
         from edge.llm.bench import run_llm_benchmark
 
+        warn_on_reference_check(b, None)  # the reference pairs, as for vision bundles
+
         if not as_json:
             progress(f"benchmarking {b.id} ...")
         llm_report = run_llm_benchmark(lambda **o: b.open_runner(o), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,

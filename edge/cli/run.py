@@ -128,6 +128,7 @@ def run_cmd(
             raise EdgeError(f"{b.id} is a language model: give --prompt TEXT")
         if any(x is not None for x in (video, camera, images, synthetic)):
             raise EdgeError("--video/--camera/--images/--synthetic are for vision bundles; an LLM bundle takes --prompt")
+        warn_on_reference_check(b, None)  # the reference pairs, as for vision bundles
         _run_llm(b, prompt, max_tokens, temperature, as_json)
         return
     if prompt is not None:
