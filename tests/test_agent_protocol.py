@@ -105,11 +105,13 @@ def test_sources() -> None:
         parse_source("webcam")
     with pytest.raises(EdgeError, match="needs an argument"):
         parse_source("video:")
-    from edge.agent.sources import _video_hook
+    assert parse_source("video:clip.mp4") == ("video", "clip.mp4")
+    assert parse_source("images:frames/") == ("images", "frames/")
+    with pytest.raises(EdgeError, match="camera is a number"):
+        parse_source("camera:front")
+    import edge.video
 
-    if _video_hook() is None:
-        with pytest.raises(EdgeError, match="not available in this edgekit yet"):
-            parse_source("video:clip.mp4")
+    assert callable(edge.video.open_agent_source)  # the agent's video sources exist (issue 14)
 
 
 def test_payload_envelope_and_historical_mark() -> None:
@@ -209,11 +211,7 @@ def test_cli_user_errors_are_one_line(tmp_path: Path) -> None:
     assert_user_error(run_cli("agent", "--device-id", "cam-01", "--store", str(tmp_path / "nope")), "does not exist")
     assert_user_error(run_cli(*base, "--device-id", "cam-01", "--broker", "tcp://x"), "bad broker address")
     assert_user_error(run_cli(*base, "--device-id", "cam-01", "--source", "webcam"), "unknown frame source")
-    from edge.agent.sources import _video_hook
-
-    if _video_hook() is None:
-        assert_user_error(run_cli(*base, "--device-id", "cam-01", "--source", "video:clip.mp4"),
-                          "not available in this edgekit yet")
+    assert_user_error(run_cli(*base, "--device-id", "cam-01", "--source", "camera:front"), "camera is a number")
     assert_user_error(run_cli("fleet", "collect", "--db", "oracle://x"), "unsupported database URL")
 
 

@@ -1,14 +1,22 @@
 """The device agent: runs the store's current bundle on a frame source and reports over MQTT.
 
-Threads: the inference worker (runner.infer in a loop, paced by the source) and the
-``NetworkLoop`` (MQTT, outbox, and the telemetry timer). The worker only appends latency
-samples under a lock; telemetry takes the window every interval.
+Threads: the inference worker (runner.infer in a loop, paced by the source), the
+``NetworkLoop`` (MQTT, outbox, and the telemetry timer) and the control thread, which polls the
+store's ``current`` link (a ``readlink`` a second: a deploy or rollback by anyone reloads the
+runner, trust-checked, without a restart) and applies desired states (``edge.agent.apply``). The
+worker only appends latency samples under a lock; telemetry takes the window every interval,
+a rollout's watch reads its own window.
+
+Imports stay lean: numpy, the runtime and ``edge.refpairs`` are imported only when a model runs
+(``--source none`` loads none of them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,16 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import edge
+from edge.agent.desired import DesiredError, DesiredState, ReportedState
+from edge.agent.download import DownloadOptions
 from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, NetworkLoop
 from edge.agent.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
 from edge.agent.session import DeviceSession
 from edge.agent.sources import open_source, parse_source
+from edge.agent.ratelog import RateLimitedLog
 from edge.agent.thermal import ThermalProbe
 from edge.agent.topics import check_part
 from edge.errors import EdgeError
-from edge.refpairs import describe as describe_check, runner_json
 
 log = logging.getLogger("edge.agent")
 DEFAULT_FPS = 30.0
@@ -47,12 +57,21 @@ class AgentConfig:
     client_id: str | None = None
     runner_options: dict[str, Any] = field(default_factory=dict)  # override the bundle's (e.g. intra_op_num_threads)
     trust_dir: Path | None = None  # default: $EDGEKIT_TRUST_DIR, else <store>/trust when it exists
+    poll_current_s: float = 1.0  # how often the store's `current` link is read (0: never; reload needs a restart)
+    desired: bool = True  # subscribe to edgekit/<fleet>/<device>/desired and apply it
+    artifact_root: Path | None = None  # the only directory a desired file:// URL may name
+    watch_s: float = 30.0  # after a switch, how long the new bundle is watched before it counts as running
+    smoke_frames: int = 30  # timed inferences of the smoke test's benchmark (0: no benchmark)
+    smoke_timeout_s: float = 300.0  # load + reference pairs + benchmark
+    download: DownloadOptions = field(default_factory=DownloadOptions)
 
     def __post_init__(self) -> None:
         check_part(self.fleet, "fleet")
         check_part(self.device_id, "device id")
         if self.interval_s <= 0:
             raise EdgeError(f"--interval must be > 0, got {self.interval_s}")
+        if self.poll_current_s < 0 or self.watch_s < 0 or self.smoke_frames < 0 or self.smoke_timeout_s <= 0:
+            raise EdgeError("--poll-current, --watch and --smoke-frames must be >= 0, --smoke-timeout > 0")
         parse_source(self.source)
 
 
@@ -63,6 +82,7 @@ class InferenceWorker:
         self.runner, self.source, self.budget_ms = runner, source, budget_ms
         self._lock = threading.Lock()
         self._samples: list[float] = []
+        self._health: list[float] = []  # a rollout's watch window (edge.agent.apply), apart from telemetry's
         self._misses = 0
         self.total = 0
         self.total_misses = 0
@@ -77,12 +97,15 @@ class InferenceWorker:
         infer = self.runner.infer
         clock = time.perf_counter_ns
         try:
-            for feeds in self.source.frames(self._stop):
-                t = clock()
-                infer(feeds)
-                ms = (clock() - t) / 1e6
+            for frame in self.source.frames(self._stop):
+                outputs = infer(frame.feeds)
+                if frame.finish is not None:
+                    frame.finish(outputs)
+                ms = (clock() - frame.started_ns) / 1e6
                 with self._lock:
                     self._samples.append(ms)
+                    if len(self._health) < 100_000:
+                        self._health.append(ms)
                     if ms > self.budget_ms:
                         self._misses += 1
         except Exception as e:  # reported in state and telemetry; the agent keeps reporting
@@ -97,6 +120,11 @@ class InferenceWorker:
         self.total_misses += misses
         return samples, misses
 
+    def take_health(self) -> list[float]:
+        with self._lock:
+            samples, self._health = self._health, []
+        return samples
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -108,6 +136,7 @@ class Agent:
         self.config = config
         self.started = time.time()
         self._t0 = time.monotonic()
+        self.store: Any = None
         self.bundle: Any = None
         self.runner: Any = None
         self.reference_check: dict[str, Any] | None = None  # edge.refpairs.check_on_load's result
@@ -123,17 +152,35 @@ class Agent:
         self._meter = CpuMeter()
         self._last_tel = time.monotonic()
         self._host = host_facts()
+        self._runtime_lock = threading.RLock()  # the runner, worker and bundle change together, under it
+        self._current_link: str | None = None  # what `current` pointed at when the runner was loaded
+        self.reloads = 0
+        self._control: threading.Thread | None = None
+        self._control_stop = threading.Event()
+        self._desired_q: "queue.Queue[DesiredState]" = queue.Queue()
+        self._desired_seen = 0  # highest desired version accepted (persisted ones included)
+        self._apply_cancel: threading.Event | None = None  # set when a newer desired state supersedes the apply
+        self._ratelog = RateLimitedLog(log)
+        self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0}
+        self.reported: ReportedState | None = None
 
     # bundle and runner -------------------------------------------------------------------
+    def _read_current(self) -> str | None:
+        try:
+            return os.readlink(self.config.store / "current")
+        except OSError:
+            return None
+
     def _load(self) -> None:
         from edge.deploy import DeviceStore
 
         cfg = self.config
+        self._current_link = self._read_current()
         if not cfg.store.is_dir():
             raise EdgeError(f"device store {cfg.store} does not exist",
                             hint="deploy a bundle to it first: edgekit deploy MODEL --device DIR")
         try:
-            store = DeviceStore(cfg.store, trust=cfg.trust_dir)
+            store = self.store = DeviceStore(cfg.store, trust=cfg.trust_dir)
         except EdgeError as e:  # a trust store named but missing: refuse to run anything
             self.state, self.state_detail = "error", str(e)
             log.error("%s", e)
@@ -158,6 +205,8 @@ class Agent:
         if parse_source(cfg.source)[0] == "none":
             self.state, self.state_detail = "idle", "frame source 'none': the model is not run"
             return
+        from edge.refpairs import describe as describe_check
+
         try:  # the reference pairs checked on first load, recorded in the store (edge.refpairs)
             self.runner = self.bundle.open_runner(cfg.runner_options or None, check_reference="first", records=store)
             source = open_source(cfg.source, bundle=self.bundle, runner=self.runner, fps=self.fps)
@@ -177,16 +226,132 @@ class Agent:
             self.state_detail = failed
             log.warning("%s", failed)
 
+    def _unload(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            close_source = getattr(self.worker.source, "close", None)
+            if close_source is not None:
+                close_source()
+            self.worker = None
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+        self.bundle = None
+        self.reference_check = None
+
+    def reload(self, why: str) -> None:
+        """Load the store's current bundle again (trust-checked, as at start) and report the change."""
+        with self._runtime_lock:
+            old = self.bundle.id if self.bundle is not None else None
+            self._unload()
+            try:
+                self._load()
+            except EdgeError as e:
+                self.state, self.state_detail = "error", str(e)
+            self.reloads += 1
+            if self.worker is not None:
+                self.worker.start()
+            new = self.bundle.id if self.bundle is not None else None
+            log.info("reloaded (%s): bundle %s -> %s, state %s", why, old, new, self.state)
+            if self.loop is not None and self.session is not None:
+                detail = self.state_detail or f"reloaded ({why}): {old} -> {new}"
+                self.loop.call_soon(self._set_state, self.state, detail)
+                self.loop.call_soon(self._rebirth)
+
+    def _rebirth(self) -> None:
+        if self.session is not None and self.session.connected:
+            self.session._publish_birth()  # the bundle and runner changed: the retained birth says so
+
+    def _poll_current(self) -> None:
+        if self._read_current() != self._current_link:
+            self.reload("the store's current bundle changed")
+
+    # desired state -----------------------------------------------------------------------
+    def _desired_file(self) -> Path:
+        return self.config.store / "agent" / "desired.json"
+
+    def _read_desired_record(self) -> dict[str, Any]:
+        try:
+            rec = json.loads(self._desired_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
+
+    def record_desired(self, desired: DesiredState, state: str) -> None:
+        """Persist the version applied (terminal states only): a restart never applies it, or older, again."""
+        from edge.bundle import write_json_atomic
+
+        write_json_atomic(self._desired_file(), {"version": desired.version, "rollout_id": desired.rollout_id,
+                                                 "bundle_id": desired.bundle_id, "state": state})
+
+    def _on_desired(self, payload: bytes) -> None:
+        """A desired payload from the broker (loop thread): checked, compared by version, queued."""
+        cfg = self.config
+        try:
+            d = DesiredState.parse(payload, fleet=cfg.fleet, device=cfg.device_id, artifact_root=cfg.artifact_root)
+        except DesiredError as e:
+            self.counters["desired_refused"] += 1
+            self._ratelog.warning("desired_refused", "refusing a desired state: %s", e)
+            return
+        if d.version <= self._desired_seen:  # late, duplicated or replayed: never backwards
+            self.counters["desired_ignored"] += 1
+            self._ratelog.info("desired_ignored", "ignoring desired version %d (rollout %s): version %d is newer "
+                               "or the same", d.version, d.rollout_id, self._desired_seen)
+            return
+        self._desired_seen = d.version
+        self.counters["desired_accepted"] += 1
+        self._desired_q.put(d)
+        cancel = self._apply_cancel
+        if cancel is not None:  # the apply in progress is moot: a stuck one never blocks the next
+            cancel.set()
+
+    def report(self, state: ReportedState) -> None:
+        """Publish the retained reported state (any thread)."""
+        self.reported = state
+        log.info("reported: %s%s", state.state, f" ({state.reason.code}: {state.reason.detail})" if state.reason else "")
+        if self.loop is not None and self.session is not None:
+            self.loop.call_soon(self.session.publish_reported, state.body())
+
+    def _control_loop(self) -> None:
+        from edge.agent.apply import Applier
+
+        poll = self.config.poll_current_s
+        while not self._control_stop.is_set():
+            try:
+                d = self._desired_q.get(timeout=poll or 1.0)
+            except queue.Empty:
+                d = None
+            if self._control_stop.is_set():
+                return
+            try:
+                if d is not None:
+                    while not self._desired_q.empty():  # the latest wins: older queued ones are moot
+                        d = self._desired_q.get_nowait()
+                    self._apply_cancel = threading.Event()
+                    try:
+                        Applier(self, d, self._apply_cancel, stopping=self._control_stop).run()
+                    finally:
+                        self._apply_cancel = None
+                elif poll:
+                    self._poll_current()
+            except Exception:  # a bug here must not stop the agent reporting
+                log.exception("control thread")
+
     # payload bodies ----------------------------------------------------------------------
     def birth_body(self) -> dict[str, Any]:
         b = self.bundle
+        runner = None
+        if self.runner is not None:
+            from edge.refpairs import runner_json
+
+            runner = runner_json(self.runner)
         return {
             "state": self.state, "state_detail": self.state_detail,
             "agent": {"edgekit_version": edge.__version__, "pid": os.getpid(), "started_at": round(self.started, 3),
                       "interval_s": self.config.interval_s, "source": self._source_desc, "fps": self.fps,
                       "budget_ms": self.budget_ms},
             "bundle": None if b is None else {"id": b.id, "target": b.target, "precision": b.precision},
-            "runner": None if self.runner is None else runner_json(self.runner),
+            "runner": runner,
             "reference_check": self.reference_check,
             "host": self._host,
         }
@@ -196,23 +361,25 @@ class Agent:
         window = now - self._last_tel
         self._last_tel = now
         inference: dict[str, Any] | None = None
-        if self.worker is not None:
+        worker = self.worker
+        if worker is not None:
             from edge.stats import LatencyStats
 
-            samples, misses = self.worker.take_window()
-            if self.worker.error and self.state != "error":
-                self._set_state("error", self.worker.error)
+            samples, misses = worker.take_window()
+            if worker.error and self.state != "error":
+                self._set_state("error", worker.error)
             inference = {
                 "frames": len(samples), "fps": round(len(samples) / window, 2) if window > 0 else None,
                 "target_fps": self.fps, "budget_ms": self.budget_ms, "budget_misses": misses,
-                "frames_dropped": getattr(self.worker.source, "dropped", 0),
-                "frames_total": self.worker.total, "budget_misses_total": self.worker.total_misses,
+                "frames_dropped": getattr(worker.source, "dropped", 0),
+                "frames_total": worker.total, "budget_misses_total": worker.total_misses,
                 "latency_ms": LatencyStats.from_ms(samples).to_json() if samples else None,
             }
         assert self.outbox is not None
+        bundle = self.bundle
         return {
             "interval_s": self.config.interval_s, "window_s": round(window, 3), "state": self.state,
-            "bundle_id": self.bundle.id if self.bundle is not None else None,
+            "bundle_id": bundle.id if bundle is not None else None,
             "uptime_s": round(now - self._t0, 1), "inference": inference, **process_and_system(self._meter),
             "thermal": self.thermal.sample() if self.thermal else None,
             "spool": {"pending": self.outbox.pending(), "pending_bytes": self.outbox.pending_bytes(),
@@ -233,13 +400,15 @@ class Agent:
     def start(self) -> "Agent":
         cfg = self.config
         self._load()
+        self._desired_seen = int(self._read_desired_record().get("version") or 0)
         try:
             self.outbox = SqliteOutbox(cfg.store / "agent" / "outbox.sqlite", max_messages=cfg.spool_max_messages,
                                        max_bytes=cfg.spool_max_bytes)
             self.thermal = ThermalProbe()
             self.loop = NetworkLoop().start()
             self.session = DeviceSession(self.loop, cfg.broker, cfg.fleet, cfg.device_id, self.outbox,
-                                         birth_body=self.birth_body, client_id=cfg.client_id, backoff=cfg.backoff)
+                                         birth_body=self.birth_body, client_id=cfg.client_id, backoff=cfg.backoff,
+                                         on_desired=self._on_desired if cfg.desired else None)
             log.info("agent %s/%s session %d, %s, state %s", cfg.fleet, cfg.device_id, self.session.session,
                      self._source_desc, self.state)
             self._last_tel = time.monotonic()
@@ -248,6 +417,9 @@ class Agent:
             self.loop.run(self.loop.call_every, cfg.interval_s, self._tick)
             if self.worker is not None:
                 self.worker.start()
+            if cfg.poll_current_s or cfg.desired:
+                self._control = threading.Thread(target=self._control_loop, name="edgekit-control", daemon=True)
+                self._control.start()
         except BaseException:
             self.close()
             raise
@@ -258,6 +430,7 @@ class Agent:
 
         Returns True when the outbox was empty at the end (everything acknowledged by the broker).
         """
+        self._stop_control()
         if self.worker is not None:
             self.worker.stop()
         flushed = False
@@ -268,22 +441,33 @@ class Agent:
         self.close()
         return flushed
 
+    def _stop_control(self) -> None:
+        self._control_stop.set()
+        cancel = self._apply_cancel
+        if cancel is not None:
+            cancel.set()
+        if self._control is not None and self._control is not threading.current_thread():
+            self._control.join(30.0)
+            if self._control.is_alive():
+                log.warning("the control thread did not stop within 30 s")
+            self._control = None
+
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            close_source = getattr(self.worker.source, "close", None)
-            if close_source is not None:
-                close_source()
+        self._stop_control()
+        with self._runtime_lock:
+            self._unload()
         if self.loop is not None:
             self.loop.stop()
             self.loop = None
-        for res in (self.runner, self.outbox, self.thermal):
+        for res in (self.outbox, self.thermal):
             if res is not None:
                 res.close()
-        self.runner = self.outbox = self.thermal = None
+        self.outbox = self.thermal = None
 
     def __enter__(self) -> "Agent":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+

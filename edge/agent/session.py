@@ -16,6 +16,8 @@ Everything here runs on the ``NetworkLoop`` thread; other threads use ``submit_t
   persistence file). The row is kept, the stream is held and rewound to the oldest such row,
   and resumed after a back-off, so the outbox (not the void) keeps what nobody received.
 - ``cmd/rebirth`` re-publishes the birth (a collector that lost track asks for it).
+- With ``on_desired``, the retained ``desired`` topic is subscribed too and its payloads handed
+  over; ``publish_reported`` publishes the retained ``reported`` state, again after every CONNACK.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ class DeviceSession:
     def __init__(self, loop: NetworkLoop, broker: BrokerConfig, fleet: str, device: str, outbox: Outbox, *,
                  birth_body: Callable[[], dict[str, Any]], client_id: str | None = None, max_inflight: int = 20,
                  backoff: Backoff = Backoff(), on_command: Callable[[str, bytes], None] | None = None,
-                 hold_unmatched: bool = True, hold_backoff: Backoff = Backoff(0.5, 30.0)) -> None:
+                 hold_unmatched: bool = True, hold_backoff: Backoff = Backoff(0.5, 30.0),
+                 on_desired: Callable[[bytes], None] | None = None) -> None:
         self.fleet, self.device, self.outbox, self.loop = fleet, device, outbox, loop
-        self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death")}
+        self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death", "reported",
+                                                                  "desired")}
         self.cmd_filter = str(Topic(fleet, device, "cmd", "x"))[:-1] + "+"
-        self._birth_body, self._on_command = birth_body, on_command
+        self._birth_body, self._on_command, self._on_desired = birth_body, on_command, on_desired
+        self._reported: bytes | None = None  # the latest reported state, re-published after every CONNACK
         self._ratelog = RateLimitedLog(log)  # whoever can publish to cmd/ chooses how often these happen
         self.max_inflight = max_inflight
         self.session = outbox.next_session()
@@ -64,7 +69,9 @@ class DeviceSession:
         self.counters = {"published": 0, "replayed": 0, "rejected_by_broker": 0, "unmatched": 0, "births": 0,
                          "rebirth_requests": 0, "unknown_commands": 0}
         self.conn = Connection(loop, broker, client_id or f"edgekit-{fleet}-{device}",
-                               subscriptions=[(self.cmd_filter, 1)], will=self._will,
+                               subscriptions=[(self.cmd_filter, 1)] + ([(self.topics["desired"], 1)]
+                                                                       if on_desired is not None else []),
+                               will=self._will,
                                on_connected=self._connected, on_disconnected=self._disconnected,
                                on_message=self._message, on_published=self._published, backoff=backoff)
 
@@ -94,6 +101,8 @@ class DeviceSession:
 
     def _connected(self, _conn: Connection) -> None:
         self._publish_birth()
+        if self._reported is not None:
+            self.conn.publish(self.topics["reported"], self._reported, qos=1, retain=True)
         self.pump()
 
     def _disconnected(self, _conn: Connection, _why: str) -> None:
@@ -110,7 +119,13 @@ class DeviceSession:
             t = Topic.parse(msg.topic)
         except Exception:
             return
-        if t.kind != "cmd" or t.device != self.device:
+        if t.device != self.device or t.fleet != self.fleet:
+            return
+        if t.kind == "desired":
+            if self._on_desired is not None:
+                self._on_desired(bytes(msg.payload))
+            return
+        if t.kind != "cmd":
             return
         if t.command == "rebirth":
             self.counters["rebirth_requests"] += 1
@@ -133,6 +148,11 @@ class DeviceSession:
         self.outbox.append(self.topics[kind], encode(msg), key)
         self.pump()
         return self.seq
+
+    def publish_reported(self, body: dict[str, Any]) -> None:
+        """The retained reported state (loop thread); kept and re-published after every CONNACK."""
+        self._reported = encode(message("reported", self.fleet, self.device, self.session, self.seq, body))
+        self.conn.publish(self.topics["reported"], self._reported, qos=1, retain=True)
 
     def submit_threadsafe(self, kind: str, body: dict[str, Any]) -> None:
         self.loop.call_soon(self.submit, kind, body)

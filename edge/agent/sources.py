@@ -1,40 +1,49 @@
-"""Frame sources for the agent: what the bundle's runner is fed.
+"""Frame sources for the agent: what the bundle's runner is fed, and what a frame's latency covers.
 
 ``synthetic`` (default): random inputs of the runner's own shapes and dtypes (the same
-generator as ``edgekit bench``), paced at ``fps``. ``none``: the model is not run at all
-(health telemetry only; the runtime is never imported). ``video:PATH`` and ``camera:N`` come
-from the video pipeline: the agent calls ``edge.video.open_agent_source`` and refuses them
-with a clear message while that does not exist. Its contract::
+generator as ``edgekit bench``), paced at ``fps``; a frame's latency is the inference alone.
+``none``: the model is not run at all (health telemetry only; the runtime is never imported).
+``video:FILE``, ``camera:N`` and ``images:DIR``: the application's workload through
+``edge.video`` (its sources, the bundle's ``Preprocessor`` and the post-processor ``edgekit
+run`` uses), from ``edge.video.open_agent_source``; a frame's latency is the application's:
+decode, pre-processing, inference and post-processing. The contract::
 
-    open_agent_source(kind: "video" | "camera", arg: str, *, bundle: Bundle, runner: Runner,
+    open_agent_source(kind: "video" | "camera" | "images", arg: str, *, bundle: Bundle, runner: Runner,
                       fps: float | None) -> source
-    source.frames(stop: threading.Event) -> Iterator[dict[str, np.ndarray]]  # feeds for runner.infer, paced
+    source.frames(stop: threading.Event) -> Iterator[AgentFrame]  # paced
     source.description: str; source.dropped: int (frames skipped); source.close()
+
+An ``AgentFrame`` is ``(feeds, started_ns, finish)``: the runner's inputs, when the frame's
+latency starts (``time.perf_counter_ns``), and what runs on the outputs (None: nothing).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 from edge.errors import EdgeError
 
-SOURCE_KINDS = ("synthetic", "none", "video", "camera")
+SOURCE_KINDS = ("synthetic", "none", "video", "camera", "images")
+_ARG_EXAMPLE = {"video": "clip.mp4", "camera": "0", "images": "frames/"}
+
+
+class AgentFrame(NamedTuple):
+    feeds: Mapping[str, Any]
+    started_ns: int
+    finish: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 def parse_source(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind not in SOURCE_KINDS:
-        raise EdgeError(f"unknown frame source {spec!r}", hint="use synthetic, none, video:PATH or camera:N")
-    if kind in ("video", "camera"):
+        raise EdgeError(f"unknown frame source {spec!r}", hint="use synthetic, none, video:FILE, camera:N or images:DIR")
+    if kind in _ARG_EXAMPLE:
         if not arg:
-            raise EdgeError(f"frame source {spec!r} needs an argument", hint=f"e.g. {kind}:{'clip.mp4' if kind == 'video' else '0'}")
-        if _video_hook() is None:
-            raise EdgeError(f"the {kind} source is not available in this edgekit yet (the agent takes frames from "
-                            "the video pipeline's edge.video.open_agent_source, which this install lacks)",
-                            hint="use --source synthetic to run the model on generated frames")
+            raise EdgeError(f"frame source {spec!r} needs an argument", hint=f"e.g. {kind}:{_ARG_EXAMPLE[kind]}")
+        if kind == "camera" and not arg.isdigit():
+            raise EdgeError(f"frame source {spec!r}: the camera is a number (/dev/videoN)", hint="e.g. camera:0")
     elif arg:
         raise EdgeError(f"frame source {kind!r} takes no argument, got {spec!r}")
     return kind, arg
@@ -53,35 +62,32 @@ class SyntheticSource:
         self._feeds = [random_feeds(runner, seed=seed + i) for i in range(pool)]
         self.dropped = 0
 
-    def frames(self, stop: threading.Event) -> Iterator[Mapping[str, Any]]:
-        period = 1.0 / self.fps
-        due = time.monotonic()
-        i = 0
-        while not stop.is_set():
-            now = time.monotonic()
-            if now < due:
-                if stop.wait(due - now):
-                    return
-            elif now - due > period:  # fell behind by more than a frame: skip, as a camera would
-                missed = int((now - due) / period)
-                self.dropped += missed
-                due += missed * period
-            yield self._feeds[i % len(self._feeds)]
-            i += 1
-            due += period
+    def frames(self, stop: threading.Event) -> Iterator[AgentFrame]:
+        for i in paced(self.fps, stop, self):
+            yield AgentFrame(self._feeds[i % len(self._feeds)], time.perf_counter_ns())
 
     def close(self) -> None:
         self._feeds = []
 
 
-def _video_hook() -> Any:
-    if importlib.util.find_spec("edge.video") is None:
-        return None
-    try:
-        import edge.video
-    except ImportError:
-        return None
-    return getattr(edge.video, "open_agent_source", None)
+def paced(fps: float, stop: threading.Event, counter: Any) -> Iterator[int]:
+    """0, 1, 2, ... at ``fps``; when more than a frame behind, skips (as a camera would), adding to
+    ``counter.dropped``. Ends when ``stop`` is set."""
+    period = 1.0 / fps
+    due = time.monotonic()
+    i = 0
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < due:
+            if stop.wait(due - now):
+                return
+        elif now - due > period:
+            missed = int((now - due) / period)
+            counter.dropped += missed
+            due += missed * period
+        yield i
+        i += 1
+        due += period
 
 
 def open_source(spec: str, *, bundle: Any, runner: Any, fps: float) -> Any:
@@ -90,4 +96,6 @@ def open_source(spec: str, *, bundle: Any, runner: Any, fps: float) -> Any:
         return SyntheticSource(runner, fps)
     if kind == "none":
         return None
-    return _video_hook()(kind, arg, bundle=bundle, runner=runner, fps=fps)
+    from edge.video import open_agent_source  # OpenCV and the pre/post-processing only for these sources
+
+    return open_agent_source(kind, arg, bundle=bundle, runner=runner, fps=fps)

@@ -1,7 +1,8 @@
 """MQTT topics of the edgekit protocol, as a value that formats and parses itself.
 
-    edgekit/<fleet>/<device>/{birth,telemetry,state,death}
-    edgekit/<fleet>/<device>/cmd/<name>
+    edgekit/<fleet>/<device>/{birth,telemetry,state,death,reported}   the device publishes
+    edgekit/<fleet>/<device>/desired                                   the device reads (retained)
+    edgekit/<fleet>/<device>/cmd/<name>                                the device reads
 
 A fleet, device or command name containing ``/``, ``+`` or ``#`` (or nothing, or a NUL)
 would silently change what a topic or a subscription means, and one with a control character
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 from edge.errors import EdgeError
 
 ROOT = "edgekit"
-KINDS = ("birth", "telemetry", "state", "death", "cmd")
+#: what a device publishes, plus ``cmd`` (read). The broker ACL (edge.fleet.acl) lets a device write every
+#: kind here except ``cmd``; ``desired`` is in ``INBOUND_KINDS``: a device reads it, never writes it.
+KINDS = ("birth", "telemetry", "state", "death", "reported", "cmd")
+INBOUND_KINDS = ("desired",)
 _FORBIDDEN = ("/", "+", "#", "\x00")
 MAX_PART = 128
 
@@ -52,8 +56,8 @@ class Topic:
     def __post_init__(self) -> None:
         check_part(self.fleet, "fleet")
         check_part(self.device, "device id")
-        if self.kind not in KINDS:
-            raise TopicError(f"unknown topic kind {self.kind!r}; one of {', '.join(KINDS)}")
+        if self.kind not in KINDS and self.kind not in INBOUND_KINDS:
+            raise TopicError(f"unknown topic kind {self.kind!r}; one of {', '.join(KINDS + INBOUND_KINDS)}")
         if (self.kind == "cmd") != (self.command is not None):
             raise TopicError("a command name goes with kind 'cmd', and only with it")
         if self.command is not None:
@@ -77,7 +81,7 @@ def fleet_filter(fleet: str = "+", kind: str = "+") -> str:
     """A subscription filter for one kind of message (``+``: any) of every device of a fleet (``+``: any)."""
     if fleet != "+":
         check_part(fleet, "fleet")
-    if kind != "+" and kind not in KINDS:
+    if kind != "+" and kind not in KINDS and kind not in INBOUND_KINDS:
         raise TopicError(f"unknown topic kind {kind!r}")
     return f"{ROOT}/{fleet}/+/{kind}"
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the agent's manifest checks do not need)
+    import numpy as np
+
 
 from edge.capabilities import Host, Requirement, problems, require
 from edge.errors import EdgeError
@@ -99,6 +101,8 @@ class Runner(ABC):
             self.check_open()
         sig = self._signature
         if sig is None:
+            import numpy as np
+
             sig = self._signature = tuple((t.name, tuple(t.shape), np.dtype(t.dtype)) for t in self.inputs)
         if len(feeds) == len(sig):
             try:
@@ -114,6 +118,8 @@ class Runner(ABC):
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Every problem with ``feeds`` against ``self.inputs`` in one ``EdgeError``; dynamic dims match any size."""
+        import numpy as np
+
         problems_: list[str] = []
         names = {t.name for t in self.inputs}
         for t in self.inputs:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import List, Optional
 
 import typer
 
+from edge.agent.main import broker_config, parse_runner_options, setup_logging, stop_on_signals  # noqa: F401
 from edge.cli._common import JsonOut, err_console, print_json
 
 Broker = typer.Option("mqtt://127.0.0.1:1883", "--broker", help="mqtt://host[:port] or mqtts://host[:port] (TLS).")
@@ -28,59 +25,14 @@ Duration = typer.Option(None, "--duration", help="Stop by itself after this many
 LogLevel = typer.Option("info", "--log-level", help="debug, info, warning or error.")
 
 
-def setup_logging(level: str) -> None:
-    lvl = getattr(logging, level.upper(), None)
-    if not isinstance(lvl, int):
-        from edge.errors import EdgeError
-
-        raise EdgeError(f"unknown --log-level {level!r}", hint="use debug, info, warning or error")
-    logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def broker_config(url: str, ca: Optional[Path], cert: Optional[Path], key: Optional[Path], username: Optional[str],
-                  password_file: Optional[Path]) -> Any:
-    from edge.agent.mqtt import BrokerConfig
-
-    return BrokerConfig.from_url(url, ca_file=ca, cert_file=cert, key_file=key, username=username,
-                                 password_file=password_file)
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[threading.Event]:
-    """An event set by SIGTERM/SIGINT (installed before anything starts, so a stop during start-up is clean too)."""
-    stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-def parse_runner_options(items: Optional[List[str]]) -> dict[str, Any]:
-    import json
-
-    from edge.errors import EdgeError
-
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise EdgeError(f"--runner-option wants KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def agent_cmd(
     device_id: str = typer.Option(..., "--device-id", help="This device's id (no '/', '+', '#')."),
     fleet: str = typer.Option("default", "--fleet", help="Fleet name: topics are edgekit/<fleet>/<device>/..."),
     store: Path = typer.Option(..., "--store", help="Device store (from `edgekit deploy --device`); the agent runs "
                                "its current bundle and keeps its outbox in <store>/agent/."),
     source: str = typer.Option("synthetic", "--source", help="Frames: synthetic (random inputs at --fps), none "
-                               "(health only, no runtime loaded), video:PATH or camera:N (with the video pipeline)."),
+                               "(health only, no runtime loaded), video:FILE, camera:N or images:DIR (the application's workload "
+                               "through edge.video: decode, pre-processing, inference, post-processing)."),
     fps: Optional[float] = typer.Option(None, "--fps", help="Source frame rate (default: the bundle's frame budget "
                                         "as a rate, else 30).", show_default=False),
     budget_ms: Optional[float] = typer.Option(None, "--budget-ms", help="Frame budget for budget misses (default: "
@@ -102,34 +54,39 @@ def agent_cmd(
     flush_timeout: float = typer.Option(10.0, "--flush-timeout", min=0.0, help="At stop, how long to wait for "
                                         "the broker to acknowledge what the outbox still holds (s); what is left "
                                         "stays on disk for the next start."),
+    poll_current: float = typer.Option(1.0, "--poll-current", min=0.0, help="How often the store's `current` "
+                                       "link is read; a change reloads the runner (s; 0: never)."),
+    no_desired: bool = typer.Option(False, "--no-desired", help="Do not subscribe to "
+                                    "edgekit/<fleet>/<device>/desired (no rollouts applied)."),
+    artifact_root: Optional[Path] = typer.Option(None, "--artifact-root", help="The only directory a desired "
+                                                 "state's file:// URL may name.", show_default=False),
+    watch: float = typer.Option(30.0, "--watch", min=0.0, help="After a switch, how long the new bundle is "
+                                "watched (p99, errors, fallback, reference drift) before it counts as running (s)."),
+    smoke_frames: int = typer.Option(30, "--smoke-frames", min=0, help="Timed inferences in the smoke test."),
+    smoke_timeout: float = typer.Option(300.0, "--smoke-timeout", help="Deadline of the smoke test (s)."),
+    download_timeout: float = typer.Option(600.0, "--download-timeout", help="Deadline of a download (s)."),
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration, log_level: str = LogLevel,
     as_json: bool = JsonOut,
 ) -> None:
-    """Run the device store's current bundle and report birth, telemetry and death over MQTT (until SIGTERM)."""
-    from edge.agent.agent import Agent, AgentConfig
-    from edge.agent.netloop import Backoff
+    """Run the device store's current bundle, apply desired states, report over MQTT (until SIGTERM).
+
+    The same agent as `python -m edge.agent`, which starts without this CLI's imports (~15 MB less)."""
+    from argparse import Namespace
+
+    from edge.agent.main import config_from, run
 
     setup_logging(log_level)
-    cfg = AgentConfig(fleet=fleet, device_id=device_id, store=store, source=source, fps=fps, budget_ms=budget_ms,
-                      interval_s=interval, broker=broker_config(broker, ca, cert, key, username, password_file),
-                      spool_max_messages=spool_max_messages, spool_max_bytes=int(spool_max_mb * 1024 * 1024),
-                      backoff=Backoff(0.5, reconnect_max), client_id=client_id,
-                      runner_options=parse_runner_options(runner_option), trust_dir=trust_dir)
-    with stop_on_signals() as stop:
-        agent = Agent(cfg).start()
-        assert agent.session is not None
-        err_console.print(f"agent {fleet}/{device_id} session {agent.session.session} → {cfg.broker.url}: "
-                          f"{agent.state}{' (' + agent.state_detail + ')' if agent.state_detail else ''}; "
-                          "SIGTERM or Ctrl-C stops it", highlight=False, soft_wrap=True)
-        try:
-            stop.wait(duration)
-        finally:
-            session = agent.session
-            flushed = agent.stop(flush_timeout)
-    summary = {"device": device_id, "fleet": fleet, "session": session.session, "last_seq": session.seq,
-               "outbox_flushed": flushed, **session.counters}
+    ns = Namespace(fleet=fleet, device_id=device_id, store=store, source=source, fps=fps, budget_ms=budget_ms,
+                   interval=interval, broker=broker, ca=ca, cert=cert, key=key, username=username,
+                   password_file=password_file, spool_max_messages=spool_max_messages, spool_max_mb=spool_max_mb,
+                   reconnect_max=reconnect_max, client_id=client_id, runner_option=runner_option, trust_dir=trust_dir,
+                   poll_current=poll_current, no_desired=no_desired, artifact_root=artifact_root, watch=watch,
+                   smoke_frames=smoke_frames, smoke_timeout=smoke_timeout, download_timeout=download_timeout)
+    cfg = config_from(ns)
+    summary = run(cfg, duration=duration, flush_timeout=flush_timeout,
+                  say=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     if as_json:
         print_json(summary)
-    elif not flushed:
+    elif not summary["outbox_flushed"]:
         err_console.print("[yellow]note:[/] the broker did not acknowledge everything; the rest stays in the "
                           f"outbox ({store}/agent/outbox.sqlite) and is sent on the next start", highlight=False)

@@ -20,9 +20,9 @@ from edge.video.pipeline import run_pipeline
 from edge.video.postprocess import PostConfig, make_postprocessor
 from edge.video.report import VideoReport
 from edge.video.sequential import run_sequential
-from edge.video.sources import FrameSource, open_source, write_synthetic_clip
+from edge.video.sources import FrameSource, open_agent_source, open_source, write_synthetic_clip
 
 __all__ = [
     "FrameSource", "PipelineError", "PipelineOptions", "PostConfig", "SourceError", "VideoReport",
-    "make_postprocessor", "open_source", "run_pipeline", "run_sequential", "write_synthetic_clip",
+    "make_postprocessor", "open_agent_source", "open_source", "run_pipeline", "run_sequential", "write_synthetic_clip",
 ]

@@ -410,3 +410,83 @@ def open_source(*, video: str | Path | None = None, camera: int | None = None, i
         return ImageDirSource(images, fps=fps)
     w, h = parse_size(synthetic) if isinstance(synthetic, str) else synthetic  # type: ignore[misc]
     return SyntheticSource(w, h, count=frames if frames is not None else 300, fps=fps)
+
+
+class AgentVideoSource:
+    """The device agent's workload from a video file, a camera or an image directory (``edge.agent.sources``).
+
+    Each frame is read, pre-processed by the bundle's ``Preprocessor`` (as ``edgekit run`` does) and
+    handed to the agent as ``(feeds, started_ns, finish)``: ``started_ns`` is taken before the read and
+    ``finish`` runs the post-processor ``edgekit run`` picks for the bundle, so the latency the agent
+    reports is the application's, decode to post-processed result. Files and image directories start
+    over at their end (the agent runs until stopped); frames are paced at ``fps`` (a camera paces itself).
+    """
+
+    def __init__(self, kind: str, arg: str, *, bundle: Any, fps: float | None) -> None:
+        from edge.errors import ModelError
+        from edge.preprocess import Preprocessor
+        from edge.video.postprocess import make_postprocessor
+
+        spec, inputs = bundle.preprocess, bundle.io.inputs
+        if spec is None or len(inputs) != 1:
+            raise ModelError(f"bundle {bundle.id} has no single image input to feed {kind} frames to",
+                             hint="use --source synthetic, or a bundle converted with a --preprocess preset")
+        self.kind, self.arg = kind, arg
+        self.pre = Preprocessor(spec, src_color="BGR")
+        self.input_name = spec.input
+        self.post = make_postprocessor(bundle.io)
+        self._source = self._open()
+        self.fps = fps or self._source.info.fps or 30.0
+        self.description = f"{kind} {arg} at {self.fps:g} fps" if kind != "camera" else f"camera {arg}"
+        self.dropped = 0
+        self.unreadable = 0
+        self.restarts = 0
+        self._buf = self.pre.new_output()
+
+    def _open(self) -> FrameSource:
+        if self.kind == "video":
+            return VideoFileSource(self.arg)
+        if self.kind == "camera":
+            return CameraSource(int(self.arg))
+        return ImageDirSource(self.arg)
+
+    def _read(self) -> Frame | None:
+        for _ in range(2):
+            try:
+                frame = self._source.read()
+            except UnreadableFrame:
+                self.unreadable += 1
+                self.dropped += 1
+                return None
+            if frame is not None or self._source.info.live:
+                return frame
+            self._source.close()  # the end of a file: start over
+            self._source = self._open()
+            self.restarts += 1
+        raise SourceError(f"{self.kind} source {self.arg} yields no frames")
+
+    def frames(self, stop: Any) -> Iterator[Any]:
+        from edge.agent.sources import AgentFrame, paced
+
+        ticks = paced(self.fps, stop, self) if not self._source.info.live else iter(int, 1)
+        for _ in ticks:
+            if stop.is_set():
+                return
+            t0 = time.perf_counter_ns()
+            frame = self._read()
+            if frame is None:
+                continue
+            x, tf = self.pre(frame.image, out=self._buf)
+            hw = (int(frame.image.shape[0]), int(frame.image.shape[1]))
+            yield AgentFrame({self.input_name: x}, t0, lambda outputs, tf=tf, hw=hw: self.post(outputs, tf, hw))
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def open_agent_source(kind: str, arg: str, *, bundle: Any, runner: Any = None, fps: float | None = None
+                      ) -> AgentVideoSource:
+    """The agent's ``video:FILE`` / ``camera:N`` / ``images:DIR`` source (contract: ``edge.agent.sources``)."""
+    if kind not in ("video", "camera", "images"):
+        raise EdgeError(f"unknown agent source kind {kind!r}", hint="use video:FILE, camera:N or images:DIR")
+    return AgentVideoSource(kind, arg, bundle=bundle, fps=fps)

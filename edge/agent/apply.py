@@ -1,0 +1,330 @@
+"""Apply one desired state on the device, and roll it back when the new model is unhealthy.
+
+    downloading    the artifact, resumed where a cut left it; free disk checked first (edge.agent.download)
+    verifying      its sha256 (before anything is unpacked), then unpacked into <store>/agent/staging and
+                   opened as a bundle: every listed sha256, exactly the listed files, the signature and
+                   version through the store's trust store when there is one; its id must be the desired one
+    smoke-testing  on the staged copy, before the switch: the runner loads; the device it uses is the one
+                   the bundle asks for (no fallback); the bundle's reference pairs pass (edge.refpairs); a
+                   short benchmark's p99 fits the budget
+    switching      DeviceStore.install (staged under the store's lock, trust-checked again, atomic switch of
+                   `current`); the agent reloads its runner from `current`, as at start
+    watching       for ``watch_s``: the application's p99 against the budget, inference errors, a fallback,
+                   and at the end the reference pairs again on the live runner (drift)
+    running        or, on a breach during the watch, ``DeviceStore.rollback`` and a reload: rolled-back
+
+Every outcome is reported (retained, ``edge.agent.desired.ReportedState``) with a machine-readable
+reason. Each step has a deadline (download: ``DownloadOptions.timeout_s``; smoke test:
+``smoke_timeout_s``, run in a thread so a hung runtime cannot block the agent; the watch is bounded
+by its window), so a stuck step ends as ``failed``/``timeout`` and never blocks the next desired state.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from edge.agent.desired import DesiredState, Reason, ReportedState
+from edge.agent.download import DownloadError, fetch
+from edge.errors import EdgeError, SignatureError
+
+if TYPE_CHECKING:
+    from edge.agent.agent import Agent
+
+log = logging.getLogger("edge.agent")
+
+
+class StepFailed(Exception):
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+class Applier:
+    def __init__(self, agent: "Agent", desired: DesiredState, stop: threading.Event, *,
+                 stopping: threading.Event | None = None) -> None:
+        """``stop``: set when a newer desired state supersedes this one, or the agent stops (``stopping``)."""
+        self.agent, self.d, self.stop = agent, desired, stop
+        self.stopping = stopping or threading.Event()
+        self.step = "downloading"
+        self.reference_check: dict[str, Any] | None = None
+        self.smoke: dict[str, Any] | None = None
+        self.health: dict[str, Any] | None = None
+        self.staged: Any = None  # the unpacked copy; removed before the outcome is reported
+
+    # reporting -----------------------------------------------------------------------------
+    def _running_id(self) -> str | None:
+        b = self.agent.bundle
+        return b.id if b is not None else None
+
+    def _report(self, state: str, reason: Reason | None = None, progress: dict[str, Any] | None = None) -> None:
+        self.agent.report(ReportedState(state=state, bundle_running=self._running_id(), rollout_id=self.d.rollout_id,
+                                        desired_version=self.d.version, desired_bundle=self.d.bundle_id,
+                                        reason=reason, reference_check=self.reference_check, smoke=self.smoke,
+                                        health=self.health, progress=progress))
+
+    def _enter(self, step: str) -> None:
+        self.step = step
+        self._report(step)
+
+    # the steps -----------------------------------------------------------------------------
+    def run(self) -> str:
+        """Apply; returns the terminal state (running, rolled-back or failed), reported and recorded."""
+        agent, d = self.agent, self.d
+        log.info("applying desired version %d (rollout %s): bundle %s", d.version, d.rollout_id, d.bundle_id)
+        try:
+            if self._running_id() == d.bundle_id and agent.state in ("running", "idle"):
+                # already installed (an agent stopped during the watch, or the same bundle again): watch only
+                self._enter("watching")
+                breach = self._watch()
+                return self._finish("running", None) if breach is None else self._roll_back(breach)
+            self._enter("downloading")
+            archive = self._download()
+            self._enter("verifying")
+            self.staged, bundle = self._verify(archive)
+            self._enter("smoke-testing")
+            self._smoke(bundle)
+            self._enter("switching")
+            breach = self._switch(bundle)
+            if breach is None:
+                self._enter("watching")
+                breach = self._watch()
+            if breach is None:
+                return self._finish("running", None)
+            return self._roll_back(breach)
+        except StepFailed as e:
+            if self.stop.is_set():
+                return self._interrupted()
+            return self._finish("failed", Reason(e.code, e.detail, self.step))
+        finally:
+            self._clean()
+
+    def _clean(self) -> None:
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            self.staged = None
+
+    def _interrupted(self) -> str:
+        """Superseded by a newer desired state (applied next), or the agent is stopping: then the version is
+        not recorded, so the retained desired state is applied again after the restart."""
+        if self.stopping.is_set():
+            self._clean()
+            self._report("failed", Reason("interrupted", "the agent stopped during the apply; it resumes at the "
+                                          "next start", self.step))
+            return "failed"
+        return self._finish("failed", Reason("superseded", "a newer desired state arrived", self.step))
+
+    def _finish(self, state: str, reason: Reason | None) -> str:
+        self._clean()
+        self._report(state, reason)
+        try:
+            self.agent.record_desired(self.d, state)
+        except (OSError, EdgeError) as e:  # the report stands; a restart may apply the same version again
+            log.warning("cannot record the desired version applied: %s", e)
+        return state
+
+    def _download(self) -> Any:
+        cfg = self.agent.config
+        last = [0.0]
+
+        def progress(have: int, total: int | None) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 1.0:
+                last[0] = now
+                self._report("downloading", progress={"bytes": have, "total": total})
+
+        try:
+            return fetch(self.d.artifact_url, cfg.store / "agent" / "downloads", self.d.sha256, size=self.d.size,
+                         options=cfg.download, stop=self.stop, progress=progress)
+        except DownloadError as e:
+            raise StepFailed(e.code, str(e)) from None
+        except OSError as e:
+            raise StepFailed("download_failed", f"{type(e).__name__}: {e}") from None
+
+    def _verify(self, archive: Any) -> tuple[Any, Any]:
+        from edge.agent.artifact import ArchiveError, unpack_bundle
+        from edge.bundle import Bundle
+
+        store = self.agent.store
+        if store is None:
+            raise StepFailed("install_failed", f"the device store {self.agent.config.store} is not usable: "
+                             f"{self.agent.state_detail}")
+        try:
+            staged = unpack_bundle(archive, self.agent.config.store / "agent" / "staging")
+        except ArchiveError as e:
+            raise StepFailed("bad_archive", str(e)) from None
+        try:
+            bundle = Bundle.open(staged, trust=store.trust if store is not None and store.trust is not None else False)
+        except SignatureError as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise StepFailed("untrusted", str(e)) from None
+        except EdgeError as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            code = "untrusted" if "trust" in type(e).__module__ or "Trust" in type(e).__name__ else "bundle_invalid"
+            raise StepFailed(code, str(e)) from None
+        if bundle.id != self.d.bundle_id:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise StepFailed("bundle_mismatch", f"the artifact holds bundle {bundle.id}, the desired state names "
+                             f"{self.d.bundle_id}")
+        return staged, bundle
+
+    def _budget(self, bundle: Any) -> float | None:
+        return self.d.budget_ms or self.agent.config.budget_ms or bundle.frame_budget_ms
+
+    def _smoke(self, bundle: Any) -> None:
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=self._smoke_body, args=(bundle, box), name="edgekit-smoke", daemon=True)
+        t.start()
+        timeout = self.agent.config.smoke_timeout_s
+        deadline = time.monotonic() + timeout
+        while t.is_alive() and time.monotonic() < deadline and not self.stop.is_set():
+            t.join(min(0.2, max(0.0, deadline - time.monotonic())))
+        if t.is_alive() and self.stop.is_set():
+            raise StepFailed("superseded", "the smoke test was cut short")
+        if t.is_alive():  # a hung runtime: the thread is abandoned (daemon), the apply fails and the agent goes on
+            raise StepFailed("timeout", f"the smoke test of {bundle.id} did not finish within {timeout:g} s")
+        if "failed" in box:
+            raise box["failed"]
+
+    def _smoke_body(self, bundle: Any, box: dict[str, Any]) -> None:
+        from edge.refpairs import check_on_load, describe
+
+        cfg = self.agent.config
+        try:
+            t0 = time.perf_counter()
+            try:
+                runner = bundle.open_runner(cfg.runner_options or None)
+            except Exception as e:  # noqa: BLE001 - any runtime failure to load is a failed smoke test
+                raise StepFailed("load_failed", f"{type(e).__name__}: {e}") from None
+            with runner:
+                load_ms = (time.perf_counter() - t0) * 1e3
+                info = runner.info
+                self.smoke = {"load_ms": round(load_ms, 1), "device_requested": info.device_requested,
+                              "device_used": info.device_used, "fallback": info.fallback}
+                if info.fallback or info.device_used != info.device_requested:
+                    raise StepFailed("fallback", f"{bundle.id} runs on {info.device_used}, not "
+                                     f"{info.device_requested}: {info.fallback or 'fallback'}")
+                self.reference_check = check_on_load(bundle, runner, records=self.agent.store, mode=True)
+                failed = describe(self.reference_check)
+                if failed is not None:
+                    raise StepFailed("reference_pairs_failed", failed)
+                self._bench(bundle, runner)
+        except StepFailed as e:
+            box["failed"] = e
+        except Exception as e:  # noqa: BLE001 - reported, the agent goes on
+            box["failed"] = StepFailed("inference_error", f"{type(e).__name__}: {e}")
+
+    def _bench(self, bundle: Any, runner: Any) -> None:
+        from edge.bench import random_feeds
+        from edge.stats import LatencyStats
+
+        n = self.agent.config.smoke_frames
+        if n <= 0:
+            return
+        feeds = random_feeds(runner)
+        for _ in range(3):
+            runner.infer(feeds)
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            runner.infer(feeds)
+            samples.append((time.perf_counter_ns() - t) / 1e6)
+        stats = LatencyStats.from_ms(samples)
+        budget = self._budget(bundle)
+        assert self.smoke is not None
+        self.smoke.update({"frames": n, "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
+                           "budget_ms": budget})
+        if budget is not None and stats.p99_ms > budget:
+            raise StepFailed("over_budget", f"{bundle.id}: smoke-test p99 {stats.p99_ms:.3f} ms over the budget "
+                             f"{budget:g} ms ({n} inferences on this device)")
+
+    def _switch(self, bundle: Any) -> Reason | None:
+        agent = self.agent
+        try:
+            agent.store.install(bundle)
+        except EdgeError as e:
+            raise StepFailed("untrusted" if "trust" in str(e).lower() else "install_failed", str(e)) from None
+        agent.reload(f"desired version {self.d.version} installed")
+        if self._running_id() != bundle.id or agent.state not in ("running", "idle"):
+            return Reason("load_failed", f"after the switch the agent runs {self._running_id()} in state "
+                          f"{agent.state}: {agent.state_detail or ''}", "switching")
+        return None
+
+    def _watch(self) -> Reason | None:
+        agent = self.agent
+        window = self.d.watch_s if self.d.watch_s is not None else agent.config.watch_s
+        worker = agent.worker
+        if worker is not None:
+            worker.take_health()  # the window starts now
+        deadline = time.monotonic() + window
+        samples: list[float] = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self.stop.wait(min(0.5, left)):
+                raise StepFailed("superseded", "the watch was cut short")
+            worker = agent.worker
+            if worker is not None:
+                samples += worker.take_health()
+                if worker.error:
+                    return Reason("watch_inference_error", worker.error, "watching")
+            runner = agent.runner
+            if runner is not None and runner.info.fallback:
+                return Reason("watch_fallback", f"the runner fell back: {runner.info.fallback}", "watching")
+            breach = self._latency(samples)
+            if breach is not None and len(samples) >= 20:
+                return breach
+        if worker is not None:
+            samples += worker.take_health()
+        breach = self._latency(samples)
+        if breach is not None:
+            return breach
+        return self._drift()
+
+    def _latency(self, samples: list[float]) -> Reason | None:
+        if not samples:
+            self.health = {"frames": 0}
+            return None
+        from edge.stats import LatencyStats
+
+        stats = LatencyStats.from_ms(samples)
+        budget = self._budget(self.agent.bundle) if self.agent.bundle is not None else None
+        errors = self.agent.worker.error if self.agent.worker is not None else None
+        self.health = {"frames": len(samples), "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
+                       "budget_ms": budget, "errors": 1 if errors else 0}
+        if budget is not None and stats.p99_ms > budget:
+            return Reason("watch_p99_over_budget", f"p99 {stats.p99_ms:.3f} ms over the budget {budget:g} ms on "
+                          f"{len(samples)} frames of the workload", "watching")
+        return None
+
+    def _drift(self) -> Reason | None:
+        """The reference pairs again on the live runner: a model that computes something else now is a breach."""
+        agent = self.agent
+        if agent.runner is None or agent.bundle is None:
+            return None
+        from edge.refpairs import check_reference_pairs, describe
+
+        with agent._runtime_lock:
+            try:
+                result = check_reference_pairs(agent.bundle, agent.runner)
+            except Exception as e:  # noqa: BLE001 - a check that cannot run on the live runner is a drift
+                return Reason("watch_reference_drift", f"{type(e).__name__}: {e}", "watching")
+        if self.health is not None:
+            self.health["reference_passed"] = result.get("passed")
+        failed = describe(result)
+        return Reason("watch_reference_drift", failed, "watching") if failed else None
+
+    def _roll_back(self, breach: Reason) -> str:
+        agent = self.agent
+        log.warning("rolling back %s: %s (%s)", self.d.bundle_id, breach.code, breach.detail)
+        try:
+            back = agent.store.rollback()
+        except EdgeError as e:
+            return self._finish("failed", Reason("rollback_failed", f"{breach.code}: {breach.detail}; rollback "
+                                                 f"failed: {e}", breach.step))
+        agent.reload(f"rolled back to {back}: {breach.code}")
+        return self._finish("rolled-back", breach)
