@@ -218,13 +218,10 @@ class OpenVINOSource(Source):
 
     def _read(self) -> Any:
         if self._model is None:
-            from edge.backends.openvino.format import disable_openvino_telemetry
-
-            disable_openvino_telemetry()
-            import openvino as ov
+            from edge.backends.openvino.format import ov_core
 
             try:
-                self._model = ov.Core().read_model(str(self.path), str(self.bin))
+                self._model = ov_core().read_model(str(self.path), str(self.bin))
             except Exception as e:  # noqa: BLE001 - a malformed IR is a bad input file
                 raise InputFileError(f"OpenVINO could not read {self.path}: {str(e).splitlines()[0][:300]}") from None
         return self._model
