@@ -26,33 +26,15 @@ from edge.pipeline.sources import is_torch_source
 from edge.spec import IOSpec, TensorSpec
 
 
-_MAKE = r"""
-import sys, torch
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.fc = torch.nn.Linear(8, 10)
-    def forward(self, image):
-        y = torch.relu(self.conv(image))
-        return self.fc(y.mean((2, 3)))
-torch.manual_seed(0)
-m, x = Net().eval(), torch.randn(1, 3, 32, 32)
-torch.jit.save(torch.jit.trace(m, (x,)), sys.argv[1] + "/tiny.pt")
-torch.export.save(torch.export.export(m, (x,)), sys.argv[1] + "/tiny.pt2")
-torch.save(m.state_dict(), sys.argv[1] + "/weights.pt")
-"""
-
-
 @pytest.fixture(scope="module")
 def torch_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    st = toolchains.status("coreml")
-    if not st.usable:
-        pytest.skip(f"needs the coreml toolchain: {st.problem}")
-    d = tmp_path_factory.mktemp("torch")
-    subprocess.run([str(toolchains._venv_python(st.venv)), "-c", _MAKE, str(d)], check=True, capture_output=True,
-                   timeout=300)
-    return d
+    """tiny.pt / tiny.pt2 / weights.pt (and the others of tests/torch_models.py), built in the torch toolchain."""
+    import torch_models as tm
+
+    problem = tm.toolchain_problem()
+    if problem:
+        pytest.skip(problem)
+    return tm.build(tmp_path_factory.mktemp("torch"))
 
 
 def test_registered() -> None:
