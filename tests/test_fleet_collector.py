@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
 import time
-from glob import glob
 from pathlib import Path
 from typing import Iterator
 
@@ -21,7 +15,7 @@ from edge.agent.payloads import encode, message
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
 from edge.fleet.status import fleet_status, summarize
-from mqtt_broker import free_port
+from pg_server import PostgresServer, PostgresUnavailable
 
 T0 = 1_767_225_600.0
 
@@ -122,52 +116,15 @@ def test_status_cli_table_and_json(tmp_path: Path) -> None:
 
 
 # PostgreSQL: a throw-away server, started here when the binaries are installed -------------
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    cands = sorted(glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return cands[-1] if cands else None
-
-
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        try:
-            pw = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server as")
-        runuser = shutil.which("runuser")
-        if runuser is None:
-            pytest.skip("running as root without runuser to start PostgreSQL as 'postgres'")
-        as_user = [runuser, "-u", "postgres", "--"]
-    d = Path(tempfile.mkdtemp(prefix="edgekit-pg-"))
-    if as_user:
-        os.chown(d, pw.pw_uid, pw.pw_gid)
-    port = free_port()
-    data, log = d / "data", d / "server.log"
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*as_user, *args], capture_output=True, text=True, timeout=60)
-
     try:
-        p = run(initdb, "-D", str(data), "-U", "edgekit", "--auth=trust", "-E", "UTF8", "--no-sync")
-        if p.returncode != 0:
-            pytest.fail(f"initdb failed here: {p.stderr.strip()[-300:]}")
-        p = run(pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o",
-                f"-c listen_addresses=127.0.0.1 -p {port} -k {d} -c fsync=off", "start")
-        if p.returncode != 0:
-            pytest.fail(f"PostgreSQL did not start: {p.stderr.strip()[-300:]} {log.read_text()[-300:] if log.exists() else ''}")
-        yield f"postgresql://edgekit@127.0.0.1:{port}/postgres"
-    finally:
-        if (data / "postmaster.pid").exists():
-            run(pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop")
-        shutil.rmtree(d, ignore_errors=True)
+        server = PostgresServer()
+    except PostgresUnavailable as e:
+        pytest.skip(str(e))
+    with server as url:
+        yield url
 
 
 def test_collector_store_on_postgresql(postgres_url: str) -> None:

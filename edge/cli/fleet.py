@@ -42,6 +42,13 @@ def collect_cmd(
     max_session_skew: float = typer.Option(300.0, "--max-session-skew", help="Refuse (and count) messages whose "
                                            "session is further ahead of this host's clock, in seconds: a forged "
                                            "far-future session would otherwise hide a device's real messages."),
+    batch_max: int = typer.Option(2000, "--batch-max", help="Messages per database transaction at most; they "
+                                  "are acknowledged to the broker after its commit."),
+    batch_interval_ms: float = typer.Option(50.0, "--batch-interval-ms", help="Commit at most this long after "
+                                            "a batch's first message (0: after every read from the socket); "
+                                            "bounds the delay batching adds."),
+    receive_maximum: int = typer.Option(10_000, "--receive-maximum", help="Unacknowledged messages the broker "
+                                        "may send (MQTT 5); at least --batch-max."),
     ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
     username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
@@ -57,6 +64,7 @@ def collect_cmd(
     cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file), db_url=db,
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
+                          batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
                           backoff=Backoff(0.5, reconnect_max))
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).

@@ -5,6 +5,11 @@
 - Persistent MQTT session (clean_start false, session expiry): while a collector is away
   the broker keeps its messages. Messages are acknowledged (manual PUBACK) only after the
   transaction holding them is committed, so a crash between the two re-delivers instead of losing.
+- Batches: messages are decoded as they arrive and written together, one transaction per
+  ``batch_max`` messages or ``batch_interval_ms`` after the first one, whichever comes first
+  (a telemetry run is one multi-row INSERT plus one upsert per stream and per device, not
+  five statements a message). The broker sends at most ``receive_maximum`` unacknowledged
+  messages, so that is at least ``batch_max``: it keeps sending while a batch commits.
 - De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
   (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection).
 - Gaps: ``streams`` counts, per device session, the stream messages received and the
@@ -31,18 +36,44 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, Connection, NetworkLoop
+from edge.agent.netloop import Backoff, Connection, NetworkLoop, Timer
 from edge.agent.payloads import SCHEMA_VERSION, encode
 from edge.agent.ratelog import RateLimitedLog
 from edge.agent.topics import Topic, check_part, fleet_filter, shared
+from edge.errors import EdgeError
 from edge.fleet.db import FleetDB, open_db, scrub
-from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, decode, flag,
-                               integer, num, text)
+from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, TopicCache, decode,
+                               flag, num, number, section, text, whole)
 
 log = logging.getLogger("edge.fleet")
 
 _NEWER = ("devices.session IS NULL OR devices.session < excluded.session OR "
           "(devices.session = excluded.session AND devices.connection <= excluded.connection)")
+STREAM_KINDS = ("telemetry", "state")
+_INSERT_TELEMETRY = (
+    "INSERT INTO telemetry (fleet, device, session, seq, ts, received_at, historical, fps, p50_ms, p99_ms, max_ms, "
+    "misses, frames, cpu_percent, rss_mb, temp_c, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT DO NOTHING")
+_INSERT_STATE = ("INSERT INTO states (fleet, device, session, seq, ts, received_at, historical, state, detail, payload) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
+_UPSERT_STREAM = (  # n new messages of one stream, the highest seq among them
+    "INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, 0, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
+    "received = streams.received + excluded.received, updated_at = excluded.updated_at, max_seq = CASE WHEN "
+    "excluded.max_seq > streams.max_seq THEN excluded.max_seq ELSE streams.max_seq END")
+_UPSERT_SEEN = ("INSERT INTO devices (fleet, device, last_seen) VALUES (?, ?, ?) ON CONFLICT (fleet, device) "
+                "DO UPDATE SET last_seen = excluded.last_seen "
+                "WHERE devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen")
+_NEWER_SEQ = ("fleet = ? AND device = ? AND (last_session IS NULL OR last_session < ? OR "
+              "(last_session = ? AND last_seq < ?))")
+_UPDATE_TELEMETRY = (
+    "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, fps = ?, p50_ms = ?, p99_ms = ?, "
+    "max_ms = ?, budget_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, "
+    "throttled = ?, spool_pending = ?, spool_dropped = ?, interval_s = coalesce(?, interval_s), "
+    "bundle_id = coalesce(?, bundle_id) WHERE " + _NEWER_SEQ)
+_UPDATE_STATE = ("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
+                 "WHERE " + _NEWER_SEQ)
+_Queued = tuple[Decoded, str, float]  # a decoded message, its payload as text, when it arrived
 
 
 @dataclass
@@ -56,8 +87,9 @@ class CollectorConfig:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     rebirth_interval_s: float = 30.0
     gap_grace_s: float = 10.0  # a gap shorter than this is a replay in progress, not worth a log line
-    batch_max: int = 500
-    receive_maximum: int = 1000
+    batch_max: int = 2000  # messages per transaction at most...
+    batch_interval_ms: float = 50.0  # ...and at most this long after the first one arrived (0: every read round)
+    receive_maximum: int = 10_000  # unacknowledged messages the broker may send; at least batch_max
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     backoff: Backoff = field(default_factory=Backoff)
@@ -65,6 +97,19 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
             raise ValueError("max_tracked must be at least 1")
+        problems = []
+        if not 1 <= self.batch_max <= 65535:
+            problems.append(f"batch size {self.batch_max} is not between 1 and 65535")
+        if not 0 <= self.batch_interval_ms <= 60_000:
+            problems.append(f"batch interval {self.batch_interval_ms} ms is not between 0 and 60000")
+        if not 1 <= self.receive_maximum <= 65535:  # a two-byte MQTT 5 property
+            problems.append(f"receive maximum {self.receive_maximum} is not between 1 and 65535")
+        elif self.receive_maximum < self.batch_max:
+            problems.append(f"receive maximum {self.receive_maximum} is below the batch size {self.batch_max}: "
+                            "the broker would stop sending before a batch is full")
+        if problems:
+            raise EdgeError("; ".join(problems), hint="e.g. --batch-max 2000 --batch-interval-ms 50 "
+                            "--receive-maximum 10000 (the receive maximum at least the batch size)")
         if self.fleet != "+":
             check_part(self.fleet, "fleet")
         check_part(self.group, "shared subscription group")
@@ -113,83 +158,150 @@ class Collector:
         # stream -> (first seen, reported)
         self._gappy: Bounded[tuple[str, str, int], tuple[float, bool]] = Bounded(cap, self.stats)
         self._ratelog = RateLimitedLog(log)
-        self._uncommitted = 0
+        self._topics = TopicCache(cap)
+        self._pending: list[_Queued] = []  # decoded, not written yet
+        self._uncommitted = 0  # written, not committed yet
+        self._batch_t0: float | None = None  # when the first message of the open batch arrived (monotonic)
+        self._timer: Timer | None = None  # wakes the loop when the open batch is due
         self._own_loop = False
 
     # storing -----------------------------------------------------------------------------
-    def handle(self, topic: str, payload: bytes, received_at: float | None = None) -> str:
-        """Decode and store one message (not committed until ``flush``). Returns what happened."""
+    def add(self, topic: str, payload: bytes, received_at: float | None = None) -> str | None:
+        """Decode one message and queue it for the next write; the reason when it is refused (counted, logged)."""
         self.stats["received"] += 1
         now = time.time() if received_at is None else received_at
         try:
-            d = decode(topic, payload, max_bytes=self.config.max_payload_bytes, now=now,
+            d = decode(self._topics(topic), payload, max_bytes=self.config.max_payload_bytes, now=now,
                        max_session_skew_s=self.config.max_session_skew_s)
         except Rejected as r:
             n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
             self._ratelog.warning(r.reason, "rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
             return r.reason
-        raw = payload.decode("utf-8")
-        self._uncommitted += 1
-        if d.kind in ("telemetry", "state"):
-            inserted = self._store_stream(d, raw, now)
-        elif d.kind == "birth":
-            inserted = self._store_birth(d, raw, now)
-        else:
-            inserted = self._store_death(d, raw, now)
-        if not inserted:
-            self.stats["duplicates"] += 1
-            return "duplicate"
-        self.stats["stored"][d.kind] += 1
-        return "stored"
+        self._pending.append((d, payload.decode("utf-8"), now))
+        return None
 
-    def _store_stream(self, d: Decoded, raw: str, now: float) -> bool:
-        x, db = d.payload, self.db
-        key = (d.fleet, d.device, d.session, d.seq)
-        if d.kind == "telemetry":
-            cur = db.execute(
-                "INSERT INTO telemetry (fleet, device, session, seq, ts, received_at, historical, fps, p50_ms, p99_ms, "
-                "max_ms, misses, frames, cpu_percent, rss_mb, temp_c, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (*key, d.ts, now, d.historical, num(x, "inference", "fps"), num(x, "inference", "latency_ms", "p50_ms"),
-                 num(x, "inference", "latency_ms", "p99_ms"), num(x, "inference", "latency_ms", "max_ms"),
-                 integer(x, "inference", "budget_misses"), integer(x, "inference", "frames"),
-                 num(x, "process", "cpu_percent"), num(x, "process", "rss_mb"), num(x, "thermal", "max_c"), raw))
-        else:
-            cur = db.execute(
-                "INSERT INTO states (fleet, device, session, seq, ts, received_at, historical, state, detail, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (*key, d.ts, now, d.historical, text(x, "state"), text(x, "detail", limit=2000), raw))
-        if cur.rowcount != 1:
-            return False
-        db.execute("INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
-                   "VALUES (?, ?, ?, 1, ?, 0, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
-                   "received = streams.received + 1, updated_at = excluded.updated_at, max_seq = CASE WHEN "
-                   "excluded.max_seq > streams.max_seq THEN excluded.max_seq ELSE streams.max_seq END",
-                   (d.fleet, d.device, d.session, d.seq, now))
-        self._touched.add((d.fleet, d.device, d.session))
-        db.execute("INSERT INTO devices (fleet, device, last_seen) VALUES (?, ?, ?) ON CONFLICT (fleet, device) "
-                   "DO UPDATE SET last_seen = excluded.last_seen "
-                   "WHERE devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen", (d.fleet, d.device, now))
-        newer = ("fleet = ? AND device = ? AND (last_session IS NULL OR last_session < ? OR "
-                 "(last_session = ? AND last_seq < ?))")
+    def handle(self, topic: str, payload: bytes, received_at: float | None = None) -> str:
+        """Decode and store one message (not committed until ``flush``). Returns what happened."""
+        reason = self.add(topic, payload, received_at)
+        if reason is not None:
+            return reason
+        return "stored" if self._write()[-1] else "duplicate"
+
+    def _write(self) -> list[bool]:
+        """Write the queued messages (not committed), in arrival order: runs of telemetry and state together,
+        births and deaths one by one between them. Which of them were new."""
+        pending, self._pending = self._pending, []
+        new: list[bool] = []
+        run: list[_Queued] = []
+        for item in pending:
+            d, raw, now = item
+            if d.kind in STREAM_KINDS:
+                run.append(item)
+                continue
+            if run:
+                new += self._store_streams(run)
+                run = []
+            new.append(self._store_birth(d, raw, now) if d.kind == "birth" else self._store_death(d, raw, now))
+        if run:
+            new += self._store_streams(run)
+        stored = self.stats["stored"]
+        for (d, _, _), ok in zip(pending, new):
+            if ok:
+                stored[d.kind] += 1
+            else:
+                self.stats["duplicates"] += 1
+        self._uncommitted += len(pending)
+        return new
+
+    def _store_streams(self, run: list[_Queued]) -> list[bool]:
+        """Telemetry and state messages: one multi-row INSERT per table (duplicates skipped by primary key), then
+        one upsert per stream (counts), per device (last seen) and per device and kind (latest values)."""
+        db = self.db
+        new = [False] * len(run)
+        rows: dict[str, tuple[list[int], list[tuple[Any, ...]]]] = {"telemetry": ([], []), "state": ([], [])}
+        first: set[tuple[str, str, str, int, int]] = set()
+        for i, (d, raw, now) in enumerate(run):
+            key = (d.kind, d.fleet, d.device, d.session, d.seq)
+            if key in first:  # a re-delivered copy in the same batch as the first one
+                continue
+            first.add(key)
+            idx, values = rows[d.kind]
+            idx.append(i)
+            x = d.payload
+            if d.kind == "telemetry":
+                inf, proc = section(x, "inference"), section(x, "process")
+                lat = section(inf, "latency_ms")
+                values.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, number(inf.get("fps")),
+                               number(lat.get("p50_ms")), number(lat.get("p99_ms")), number(lat.get("max_ms")),
+                               whole(inf.get("budget_misses")), whole(inf.get("frames")),
+                               number(proc.get("cpu_percent")), number(proc.get("rss_mb")),
+                               number(section(x, "thermal").get("max_c")), raw))
+            else:
+                values.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, text(x, "state"),
+                               text(x, "detail", limit=2000), raw))
+        for kind, sql in (("telemetry", _INSERT_TELEMETRY), ("state", _INSERT_STATE)):
+            idx, values = rows[kind]
+            if idx:
+                for i, ok in zip(idx, db.insert_new(sql, values)):
+                    new[i] = ok
+        streams: dict[tuple[str, str, int], list[Any]] = {}
+        seen: dict[tuple[str, str], float] = {}
+        top: dict[tuple[str, str], tuple[int, int]] = {}  # device -> highest (session, seq) so far, arrival order
+        latest: dict[tuple[str, str, str], tuple[int, int, int]] = {}  # (fleet, device, kind) -> (session, seq, i)
+        for i, (d, _, now) in enumerate(run):
+            if not new[i]:
+                continue
+            sk = (d.fleet, d.device, d.session)
+            agg = streams.get(sk)
+            if agg is None:
+                streams[sk] = [1, d.seq, now]
+            else:
+                agg[0] += 1
+                agg[1] = max(agg[1], d.seq)
+                agg[2] = max(agg[2], now)
+            dk = (d.fleet, d.device)
+            if seen.get(dk, -1.0) < now:
+                seen[dk] = now
+            pos = (d.session, d.seq)
+            if dk not in top or pos > top[dk]:  # only a message past every earlier one updates the device row
+                top[dk] = pos
+                latest[(d.fleet, d.device, d.kind)] = (d.session, d.seq, i)
+        if not streams:
+            return new
+        db.executemany(_UPSERT_STREAM, [(*k, n, mx, at) for k, (n, mx, at) in streams.items()])
+        self._touched.update(streams)
+        db.executemany(_UPSERT_SEEN, [(*k, at) for k, at in seen.items()])
+        # Per device, the last telemetry and the last state that were each past every message before them, in
+        # stream order: the row ends exactly as one UPDATE per message in arrival order leaves it (an older,
+        # replayed message never overwrites a newer one), for two statements per device instead of one a message.
+        firsts: dict[str, list[tuple[Any, ...]]] = {"telemetry": [], "state": []}
+        seconds: dict[str, list[tuple[Any, ...]]] = {"telemetry": [], "state": []}
+        for (fleet, device, kind), (session, seq, i) in latest.items():
+            other = latest.get((fleet, device, "state" if kind == "telemetry" else "telemetry"))
+            later = other is not None and (session, seq) > other[:2]
+            (seconds if later else firsts)[kind].append(self._device_update(run[i][0]))
+        for phase in (firsts, seconds):
+            for kind, sql in (("telemetry", _UPDATE_TELEMETRY), ("state", _UPDATE_STATE)):
+                if phase[kind]:
+                    db.executemany(sql, phase[kind])
+        for fleet, device, session in streams:
+            self._check_known(fleet, device, session)
+        return new
+
+    @staticmethod
+    def _device_update(d: Decoded) -> tuple[Any, ...]:
+        x = d.payload
         where = (d.fleet, d.device, d.session, d.session, d.seq)
-        if d.kind == "telemetry":
-            db.execute(
-                "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, fps = ?, p50_ms = ?, p99_ms = ?, "
-                "max_ms = ?, budget_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, "
-                "throttled = ?, spool_pending = ?, spool_dropped = ?, interval_s = coalesce(?, interval_s), "
-                "bundle_id = coalesce(?, bundle_id) WHERE " + newer,
-                (d.session, d.seq, d.ts, num(x, "inference", "fps"), num(x, "inference", "latency_ms", "p50_ms"),
-                 num(x, "inference", "latency_ms", "p99_ms"), num(x, "inference", "latency_ms", "max_ms"),
-                 num(x, "inference", "budget_ms"), integer(x, "inference", "budget_misses"),
-                 integer(x, "inference", "frames"), num(x, "process", "cpu_percent"), num(x, "process", "rss_mb"),
-                 num(x, "thermal", "max_c"), flag(x, "thermal", "throttled_now"), integer(x, "spool", "pending"),
-                 integer(x, "spool", "dropped_total"), num(x, "interval_s"), text(x, "bundle_id"), *where))
-        else:
-            db.execute("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
-                       "WHERE " + newer, (d.session, d.seq, d.ts, text(x, "state"), text(x, "detail", limit=2000), *where))
-        self._check_known(d)
-        return True
+        if d.kind == "state":
+            return (d.session, d.seq, d.ts, text(x, "state"), text(x, "detail", limit=2000), *where)
+        inf, proc, spool = section(x, "inference"), section(x, "process"), section(x, "spool")
+        lat = section(inf, "latency_ms")
+        return (d.session, d.seq, d.ts, number(inf.get("fps")), number(lat.get("p50_ms")), number(lat.get("p99_ms")),
+                number(lat.get("max_ms")), number(inf.get("budget_ms")), whole(inf.get("budget_misses")),
+                whole(inf.get("frames")), number(proc.get("cpu_percent")), number(proc.get("rss_mb")),
+                number(section(x, "thermal").get("max_c")), flag(x, "thermal", "throttled_now"),
+                whole(spool.get("pending")), whole(spool.get("dropped_total")), number(x.get("interval_s")),
+                text(x, "bundle_id"), *where)
 
     def _store_birth(self, d: Decoded, raw: str, now: float) -> bool:
         x, db = d.payload, self.db
@@ -245,15 +357,15 @@ class Collector:
         self._touched.add((d.fleet, d.device, d.session))
 
     # state unknown -> rebirth ------------------------------------------------------------
-    def _check_known(self, d: Decoded) -> None:
-        key = (d.fleet, d.device)
+    def _check_known(self, fleet: str, device: str, session: int) -> None:
+        key = (fleet, device)
         known = self._births.get(key)
-        if known is None or known < d.session:  # ask the store: another collector may have seen the birth
+        if known is None or known < session:  # ask the store: another collector may have seen the birth
             row = self.db.execute("SELECT max(session) FROM births WHERE fleet = ? AND device = ?", key).fetchone()
             if row and row[0] is not None:
                 known = self._births[key] = int(row[0])
-        if known is None or known < d.session:
-            self.request_rebirth(d.fleet, d.device, "no birth seen for session %d" % d.session)
+        if known is None or known < session:
+            self.request_rebirth(fleet, device, "no birth seen for session %d" % session)
 
     def request_rebirth(self, fleet: str, device: str, reason: str) -> bool:
         key = (fleet, device)
@@ -272,10 +384,16 @@ class Collector:
 
     # committing --------------------------------------------------------------------------
     def flush(self) -> None:
-        """Commit, then acknowledge what the commit made durable; then look at the streams touched."""
-        if not self._uncommitted and not self._acks:
+        """Write what is queued, commit, then acknowledge what the commit made durable; then look at the
+        streams touched."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._batch_t0 = None
+        if not self._pending and not self._uncommitted and not self._acks:
             return
         try:
+            self._write()
             self._check_gaps()
             self.db.commit()
         except Exception as e:
@@ -287,28 +405,47 @@ class Collector:
             for client, mid, qos in acks:
                 self.conn.ack(client, mid, qos)
 
+    def _after_io(self) -> None:
+        """After every round of socket events: commit the open batch when it is due, else wake up when it is."""
+        if self._batch_t0 is None:
+            return
+        wait = self.config.batch_interval_ms / 1000.0 - (time.monotonic() - self._batch_t0)
+        if wait <= 0:
+            self.flush()
+        elif self._timer is None and self.loop is not None:
+            self._timer = self.loop.call_later(wait, self._due)
+
+    def _due(self) -> None:
+        self._timer = None  # the loop runs _after_io right after its timers
+
+    GAP_QUERY_KEYS = 300  # streams per query: 900 parameters, below SQLite's oldest limit of 999
+
     def _check_gaps(self) -> None:
-        touched, self._touched = self._touched, set()
-        for key in touched:
-            row = self.db.execute("SELECT received, max_seq, announced_seq FROM streams WHERE fleet = ? AND device = ? "
-                                  "AND session = ?", key).fetchone()
-            if row is None:
-                continue
-            missing = max(row[1], row[2]) - row[0]
-            now = time.monotonic()
+        touched, self._touched = list(self._touched), set()
+        rows: list[tuple[Any, ...]] = []
+        for i in range(0, len(touched), self.GAP_QUERY_KEYS):
+            chunk = touched[i:i + self.GAP_QUERY_KEYS]
+            rows += self.db.execute(
+                "SELECT fleet, device, session, received, max_seq, announced_seq FROM streams WHERE "
+                "(fleet, device, session) IN (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")",
+                [v for key in chunk for v in key]).fetchall()
+        now = time.monotonic()
+        for fleet, device, session, received, max_seq, announced in rows:
+            key = (fleet, device, int(session))
+            missing = max(max_seq, announced) - received
             if missing > 0:
                 since, reported = self._gappy.setdefault(key, (now, False))
                 if not reported and now - since >= self.config.gap_grace_s:
                     self._gappy[key] = (since, True)
                     self.stats["gaps_detected"] += 1
                     self._ratelog.warning("gap", "%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, "
-                                          "%d received)", key[0], key[1], key[2], missing, now - since,
-                                          max(row[1], row[2]), row[0])
+                                          "%d received)", fleet, device, key[2], missing, now - since,
+                                          max(max_seq, announced), received)
             elif key in self._gappy:
                 since, reported = self._gappy.pop(key)
                 if reported:
                     self.stats["gaps_filled"] += 1
-                    self._ratelog.info("gap_filled", "%s/%s session %d: gap filled after %.0f s", key[0], key[1],
+                    self._ratelog.info("gap_filled", "%s/%s session %d: gap filled after %.0f s", fleet, device,
                                        key[2], now - since)
 
     def _db_failed(self, e: Exception) -> None:
@@ -321,6 +458,7 @@ class Collector:
         except Exception:  # pragma: no cover - the connection itself is gone
             pass
         self._acks.clear()
+        self._pending.clear()
         self._uncommitted = 0
         self._touched.clear()
         if self.conn is not None and self.conn.client is not None:
@@ -337,11 +475,13 @@ class Collector:
         except UnicodeDecodeError:
             topic = "<not UTF-8>"
         try:
-            self.handle(topic, bytes(msg.payload))
-        except Exception as e:
+            self.add(topic, msg.payload)
+        except Exception as e:  # a bug, not a message: re-delivered after the reconnect, not acknowledged
             self._db_failed(e)
             return
         self._acks.append((conn.client, msg.mid, msg.qos))
+        if self._batch_t0 is None:
+            self._batch_t0 = time.monotonic()
         if len(self._acks) >= self.config.batch_max:
             self.flush()
 
@@ -352,13 +492,14 @@ class Collector:
         self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
                                on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
                                manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
-        self.loop.run(self.loop.after_io, self.flush)
+        self.loop.run(self.loop.after_io, self._after_io)
         self.conn.start()
         return self
 
     def tracked(self) -> dict[str, int]:
         """How many entries each in-memory map holds (each at most ``config.max_tracked``)."""
-        return {"births": len(self._births), "rebirth_requests": len(self._rebirth_at), "gaps": len(self._gappy)}
+        return {"births": len(self._births), "rebirth_requests": len(self._rebirth_at), "gaps": len(self._gappy),
+                "topics": len(self._topics)}
 
     def snapshot(self) -> dict[str, Any]:
         """The counters, read on the loop thread (consistent)."""

@@ -73,6 +73,28 @@ class FleetDB:
         self._cur.execute(sql, params)
         return self._cur
 
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """One prepared statement for every row (PostgreSQL: pipelined, one round trip); rows changed."""
+        if self.dialect == "postgresql":
+            sql = sql.replace("?", "%s")
+        self._cur.executemany(sql, rows)
+        return int(self._cur.rowcount)
+
+    def insert_new(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[bool]:
+        """An ``INSERT ... ON CONFLICT DO NOTHING`` of every row; which rows it inserted.
+
+        All rows in one ``executemany`` when none of them is already stored (the common case); when some
+        are (re-deliveries), that is undone to a savepoint and the rows go one by one to tell which."""
+        if self.dialect == "sqlite" and not self.conn.in_transaction:
+            self._cur.execute("BEGIN")  # else the savepoint would open the transaction and its RELEASE commit it
+        self._cur.execute("SAVEPOINT edgekit_rows")
+        if self.executemany(sql, rows) == len(rows):
+            self._cur.execute("RELEASE SAVEPOINT edgekit_rows")
+            return [True] * len(rows)
+        self._cur.execute("ROLLBACK TO SAVEPOINT edgekit_rows")
+        self._cur.execute("RELEASE SAVEPOINT edgekit_rows")
+        return [self.execute(sql, row).rowcount == 1 for row in rows]
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         cur = self.execute(sql, params)
         names = [d[0] for d in cur.description]
@@ -108,14 +130,38 @@ class FleetDB:
         self.commit()
 
 
+SQLITE_SYNCHRONOUS = ("off", "normal", "full")
+DEFAULT_SQLITE_SYNCHRONOUS = "full"
+
+
 def _sqlite_path(url: str) -> str:
-    rest = url[len("sqlite://"):]
+    return _sqlite_options(url)[0]
+
+
+def _sqlite_options(url: str) -> tuple[str, str]:
+    """The file of a ``sqlite://`` URL and its ``?synchronous=`` setting (WAL mode always):
+
+    - ``full`` (default): the WAL is synced at every commit; a commit survives a power cut or an OS crash.
+      The collector acknowledges a batch only after its commit, so this is what "nothing lost" needs, and
+      batching makes it one fsync per batch, not per message.
+    - ``normal``: synced at checkpoints only; survives the collector's crash, but a power cut can take back
+      the last commits, whose messages the broker then no longer holds.
+    - ``off``: never synced; an OS crash can corrupt the file. For throw-away measurements only.
+    """
+    rest, _, query = url[len("sqlite://"):].partition("?")
+    sync = DEFAULT_SQLITE_SYNCHRONOUS
+    for part in filter(None, query.split("&")):
+        key, _, value = part.partition("=")
+        if key != "synchronous" or value.lower() not in SQLITE_SYNCHRONOUS:
+            raise EdgeError(f"bad SQLite URL option {part[:60]!r} in {redact(url)!r}",
+                            hint="the one option is ?synchronous=full (default), normal or off")
+        sync = value.lower()
     if rest in ("", "/", "/:memory:"):
-        return ":memory:"
+        return ":memory:", sync
     if not rest.startswith("/"):
         raise EdgeError(f"bad SQLite URL {redact(url)!r}",
                         hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db")
-    return rest[1:]
+    return rest[1:], sync
 
 
 def check_url(url: str) -> str:
@@ -135,7 +181,7 @@ def check_url(url: str) -> str:
 def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
     """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``."""
     if check_url(url) == "sqlite":
-        path = _sqlite_path(url)
+        path, sync = _sqlite_options(url)
         if path != ":memory:":
             p = Path(path)
             if must_exist and not p.exists():
@@ -144,7 +190,7 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
         conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")  # the first read of the file: a non-database fails here
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA synchronous={sync.upper()}")  # one of SQLITE_SYNCHRONOUS
         except sqlite3.DatabaseError as e:
             conn.close()
             raise EdgeError(f"{path} cannot be used as the fleet database: {e}",

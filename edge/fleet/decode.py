@@ -3,6 +3,12 @@
 The collector never trusts a payload: every failure is a ``Rejected`` with one of
 ``REASONS`` (counted and logged by the collector), never another exception. Fuzzed with
 hypothesis in ``tests/test_fleet_decode.py``.
+
+JSON is parsed with orjson when it is installed (the ``fleet`` extra; about 4x faster than the
+standard library on a telemetry message, which matters at tens of thousands of messages a
+second), and with the standard library otherwise. A payload orjson refuses is parsed again
+with the standard library, so both accept exactly the same messages (orjson alone refuses
+lone surrogate escapes, which ``json.dumps`` writes for a ``surrogateescape``'d string).
 """
 
 from __future__ import annotations
@@ -10,7 +16,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+try:
+    import orjson as _orjson
+except ImportError:  # optional: the standard library parses the same messages, slower
+    _orjson = None
 
 from edge.agent.payloads import SCHEMA_VERSION
 from edge.agent.topics import Topic, TopicError
@@ -55,21 +67,42 @@ def _uint(obj: dict[str, Any], key: str) -> int:
     return v
 
 
-def decode(topic: str, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
-           max_session_skew_s: float = MAX_SESSION_SKEW_S) -> Decoded:
-    """One message, checked. With ``now`` (the receiver's clock, Unix seconds), a session ahead of it by more
-    than ``max_session_skew_s`` is refused: agents number sessions from their clock, and a larger session
-    always wins, so one forged far-future session would freeze a device's row on forged data for good."""
+def _std_loads(payload: bytes) -> Any:
+    return json.loads(payload.decode("utf-8"), parse_constant=_no_constants)
+
+
+def _fast_loads(payload: bytes) -> Any:
+    try:
+        return _orjson.loads(payload)  # type: ignore[union-attr]
+    except _orjson.JSONDecodeError:  # type: ignore[union-attr]
+        return _std_loads(payload)  # the exact verdict (and message) of the standard library
+
+
+JSON_LIBRARY = "orjson" if _orjson is not None else "json"
+loads: Callable[[bytes], Any] = _fast_loads if _orjson is not None else _std_loads
+
+
+def parse_topic(topic: str) -> Topic:
     try:
         t = Topic.parse(topic)
     except TopicError as e:
         raise Rejected("bad_topic", str(e)) from None
     if t.kind not in KINDS:
         raise Rejected("bad_topic", f"the collector does not take {t.kind} messages")
+    return t
+
+
+def decode(topic: str | Topic, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
+           max_session_skew_s: float = MAX_SESSION_SKEW_S) -> Decoded:
+    """One message, checked. With ``now`` (the receiver's clock, Unix seconds), a session ahead of it by more
+    than ``max_session_skew_s`` is refused: agents number sessions from their clock, and a larger session
+    always wins, so one forged far-future session would freeze a device's row on forged data for good.
+    ``topic`` may be a ``Topic`` that ``parse_topic`` returned (``TopicCache`` keeps them)."""
+    t = topic if isinstance(topic, Topic) else parse_topic(topic)
     if len(payload) > max_bytes:
         raise Rejected("oversized", f"{len(payload)} bytes, limit {max_bytes}")
     try:
-        obj = json.loads(payload.decode("utf-8"), parse_constant=_no_constants)
+        obj = loads(payload)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise Rejected("malformed", f"not JSON: {str(e)[:80]}") from None
     if not isinstance(obj, dict):
@@ -100,20 +133,65 @@ def decode(topic: str, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES, no
     return Decoded(t.kind, t.fleet, t.device, session, seq, float(ts), obj, connection, historical)
 
 
+class TopicCache:
+    """``parse_topic`` remembered for up to ``cap`` valid topics (the oldest forgotten first): a device sends on
+    the same few topics all day, and checking every part of a topic costs more than orjson's parse of the payload.
+    Refused topics are not kept, so forged ones cost time, not memory."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._seen: dict[str, Topic] = {}
+
+    def __call__(self, topic: str) -> Topic:
+        t = self._seen.get(topic)
+        if t is None:
+            t = self._seen[topic] = parse_topic(topic)
+            if len(self._seen) > self.cap:
+                del self._seen[next(iter(self._seen))]
+        return t
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
 # lenient readers for the columns: a metric of the wrong type is stored as NULL, the message is kept
+def number(v: Any) -> float | None:
+    """``v`` as a float when it is a JSON number (not a bool) of magnitude below 1e300; None otherwise."""
+    t = type(v)
+    if (t is float or t is int) and -1e300 < v < 1e300:  # NaN and infinities fail; huge ints never overflow
+        return float(v)
+    return None
+
+
 def num(obj: Any, *path: str) -> float | None:
     for p in path:
         if not isinstance(obj, dict):
             return None
         obj = obj.get(p)
-    if type(obj) in (int, float) and math.isfinite(obj) and abs(obj) < 1e300:
-        return float(obj)
-    return None
+    return number(obj)
+
+
+def section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is an object, else an empty one (the lenient readers then give None)."""
+    v = obj.get(key)
+    return v if type(v) is dict else _EMPTY
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def whole(v: Any) -> int | None:
+    """``v`` as an int when it is a JSON number with no fraction below 2**53 in magnitude; None otherwise."""
+    f = number(v)
+    return int(f) if f is not None and abs(f) < INT_LIMIT and f == int(f) else None
 
 
 def integer(obj: Any, *path: str) -> int | None:
-    v = num(obj, *path)
-    return int(v) if v is not None and abs(v) < INT_LIMIT and v == int(v) else None
+    for p in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(p)
+    return whole(obj)
 
 
 def text(obj: Any, *path: str, limit: int = 200) -> str | None:

@@ -19,13 +19,33 @@ from edge.agent.outbox import MemoryOutbox
 from edge.agent.session import DeviceSession
 
 
-def _birth(i: int) -> dict[str, Any]:
+def birth_body(i: int, rate_hz: float) -> dict[str, Any]:
+    """The birth body of simulated device ``i`` (the envelope and ``connection`` are the session's)."""
     return {"state": "running", "state_detail": None,
             "agent": {"edgekit_version": edge.__version__, "pid": 0, "started_at": round(time.time(), 3),
-                      "interval_s": None, "source": "simulated", "fps": 30.0, "budget_ms": 33.3},
+                      "interval_s": 1.0 / rate_hz, "source": "simulated", "fps": 30.0, "budget_ms": 33.3},
             "bundle": {"id": "simulated-x86-cpu-fp32-0000000000", "target": "x86-cpu", "precision": "fp32"},
             "runner": {"runtime": "simulated", "device_requested": "CPU", "device_used": "CPU", "precision_used": "f32"},
             "host": {"hostname": f"sim-{i:05d}", "os": "linux", "arch": "aarch64", "model": "simulated"}}
+
+
+def telemetry_body(r: random.Random, rate_hz: float) -> dict[str, Any]:
+    """A telemetry body like the agent's (about 800 bytes of JSON with the envelope), numbers drawn from ``r``."""
+    p50 = 8.0 + r.random() * 4
+    return {"interval_s": 1.0 / rate_hz, "window_s": 1.0 / rate_hz, "state": "running",
+            "bundle_id": "simulated-x86-cpu-fp32-0000000000", "uptime_s": 0.0,
+            "inference": {"frames": 30, "fps": round(29 + r.random() * 2, 2), "target_fps": 30.0, "budget_ms": 33.3,
+                          "budget_misses": int(r.random() < 0.05), "frames_dropped": 0, "frames_total": 0,
+                          "budget_misses_total": 0,
+                          "latency_ms": {"count": 30, "p50_ms": round(p50, 4), "p90_ms": round(p50 * 1.2, 4),
+                                         "p99_ms": round(p50 * 1.6, 4), "max_ms": round(p50 * 1.9, 4),
+                                         "min_ms": round(p50 * 0.8, 4), "mean_ms": round(p50 * 1.05, 4),
+                                         "std_ms": 0.8}},
+            "process": {"cpu_percent": round(40 + r.random() * 20, 2), "rss_mb": 80.5, "threads": 6},
+            "system": {"cpu_percent": 55.0, "load1": 1.2, "mem_available_mb": 3000.0, "uptime_s": 1000},
+            "thermal": {"zones_c": {"cpu-thermal": round(50 + r.random() * 10, 2)}, "max_c": 55.0,
+                        "throttled_now": False},
+            "spool": {"pending": 0, "pending_bytes": 0, "dropped_total": 0, "max_messages": 50000}}
 
 
 class SimulatedFleet:
@@ -38,35 +58,16 @@ class SimulatedFleet:
         self._rng = random.Random(seed)
         self.connect_per_s = connect_per_s
         self.sessions = [DeviceSession(self.loop, broker, fleet, f"{prefix}-{i:05d}", MemoryOutbox(),
-                                       birth_body=lambda i=i: {**_birth(i), "agent": {**_birth(i)["agent"],
-                                                                                      "interval_s": 1.0 / rate_hz}},
+                                       birth_body=lambda i=i: birth_body(i, rate_hz),
                                        client_id=f"edgekit-{fleet}-{prefix}-{i:05d}", backoff=backoff)
                          for i in range(devices)]
         self._timers: list[Any] = []
         self.submitted = 0
         self._running = False
 
-    def _body(self) -> dict[str, Any]:
-        r = self._rng
-        p50 = 8.0 + r.random() * 4
-        return {"interval_s": 1.0 / self.rate_hz, "window_s": 1.0 / self.rate_hz, "state": "running",
-                "bundle_id": "simulated-x86-cpu-fp32-0000000000", "uptime_s": 0.0,
-                "inference": {"frames": 30, "fps": round(29 + r.random() * 2, 2), "target_fps": 30.0, "budget_ms": 33.3,
-                              "budget_misses": int(r.random() < 0.05), "frames_dropped": 0, "frames_total": 0,
-                              "budget_misses_total": 0,
-                              "latency_ms": {"count": 30, "p50_ms": round(p50, 4), "p90_ms": round(p50 * 1.2, 4),
-                                             "p99_ms": round(p50 * 1.6, 4), "max_ms": round(p50 * 1.9, 4),
-                                             "min_ms": round(p50 * 0.8, 4), "mean_ms": round(p50 * 1.05, 4),
-                                             "std_ms": 0.8}},
-                "process": {"cpu_percent": round(40 + r.random() * 20, 2), "rss_mb": 80.5, "threads": 6},
-                "system": {"cpu_percent": 55.0, "load1": 1.2, "mem_available_mb": 3000.0, "uptime_s": 1000},
-                "thermal": {"zones_c": {"cpu-thermal": round(50 + r.random() * 10, 2)}, "max_c": 55.0,
-                            "throttled_now": False},
-                "spool": {"pending": 0, "pending_bytes": 0, "dropped_total": 0, "max_messages": 50000}}
-
     def _tick(self, s: DeviceSession) -> None:
         if self._running:
-            s.submit("telemetry", self._body())
+            s.submit("telemetry", telemetry_body(self._rng, self.rate_hz))
             self.submitted += 1
 
     def _start_all(self) -> None:
