@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from edge.agent.topics import KINDS, ROOT, check_part
+from edge.agent.topics import INBOUND_KINDS, KINDS, ROOT, check_part
 from edge.fleet.pki import PkiError, Role, identity
 
 DEFAULT_COLLECTOR = "main"
@@ -38,10 +38,11 @@ def mosquitto_acl(fleet: str, *, collectors: Sequence[str] = (DEFAULT_COLLECTOR,
              "# use_identity_as_username true (written by `edgekit fleet acl`; edit the fleet, not this file).",
              "", "# every client: publish only as itself, read only its own commands"]
     lines += [f"pattern write {base}/%u/{kind}" for kind in KINDS if kind != "cmd"]
-    lines += [f"pattern read {base}/%u/cmd/#", ""]
+    lines += [f"pattern read {base}/%u/cmd/#"]
+    lines += [f"pattern read {base}/%u/{kind}" for kind in INBOUND_KINDS] + [""]  # its desired state (#14)
     for name in dict.fromkeys(collectors):  # in order, once each
         lines += [f"user {identity(name, Role.COLLECTOR)}", f"topic read {base}/+/+",
-                  f"topic write {base}/+/cmd/+", ""]
+                  f"topic write {base}/+/cmd/+"] + [f"topic write {base}/+/{kind}" for kind in INBOUND_KINDS] + [""]
     return "\n".join(lines)
 
 

@@ -175,6 +175,8 @@ class Collector:
                        max_session_skew_s=self.config.max_session_skew_s)
         except Rejected as r:
             n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
+            if r.reason == "not_stored":  # the rollout's own topics: expected on the fleet subscription
+                return r.reason
             self._ratelog.warning(r.reason, "rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
             return r.reason
         self._pending.append((d, payload.decode("utf-8"), now))

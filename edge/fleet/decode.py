@@ -28,8 +28,10 @@ from edge.agent.payloads import SCHEMA_VERSION
 from edge.agent.topics import Topic, TopicError
 
 MAX_PAYLOAD_BYTES = 64 * 1024
-REASONS = ("bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
+REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
 KINDS = ("birth", "telemetry", "state", "death")
+#: device topics the collector's subscription also sees and leaves alone (counted, not logged)
+NOT_STORED = ("desired", "reported")
 # Every integer stored is below 2**53: exact in JSON everywhere (JavaScript, float parsers), and a sum of
 # up to 1024 of them still fits the 64-bit integers of SQLite and PostgreSQL.
 INT_LIMIT = 2**53
@@ -87,6 +89,8 @@ def parse_topic(topic: str) -> Topic:
         t = Topic.parse(topic)
     except TopicError as e:
         raise Rejected("bad_topic", str(e)) from None
+    if t.kind in NOT_STORED:
+        raise Rejected("not_stored", f"{t.kind} messages are the rollout's (edge.agent.desired), not telemetry")
     if t.kind not in KINDS:
         raise Rejected("bad_topic", f"the collector does not take {t.kind} messages")
     return t
