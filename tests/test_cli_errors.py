@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edge.pipeline import convert
 from edge.deploy import DeviceStore, ship
 from edge.video.sources import write_synthetic_clip
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import REPO, assert_user_error, run_cli
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -69,6 +69,11 @@ def ws(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Pat
     d = tmp_path_factory.mktemp("ws")
     shutil.copy(models["tiny"], d / "tiny.onnx")
     build_outlier_model(d / "outlier.onnx")
+    # x86-cpu without the int8 recipe search (edge.recipes keeps the outlier conv float and passes): the
+    # parity refusal below is then the one a user without a rescuing recipe meets
+    (d / "targets").mkdir()
+    profile = (REPO / "targets" / "x86-cpu.toml").read_text().replace('mixed_precision = "auto"', 'mixed_precision = "off"')
+    (d / "targets" / "x86-cpu.toml").write_text(profile)
     b = convert(d / "tiny.onnx", "x86-cpu", d / "bundle", parity_samples=2)
     ship(b, d / "store")  # current set, no previous
     broken = {"no-manifest": None, "bad-manifest": "{not json", "no-artifact": ""}
@@ -115,7 +120,7 @@ def test_deploy(ws: Path, tmp_path: Path) -> None:
     refused(ws, "deploy", "tiny.onnx", "-d", "ssh://host-without-path", needles=("bad device URL",
                                                                                  "ssh://user@host/path"))
     refused(ws, "deploy", "tiny.onnx", "-d", "ftp://host/store", needles=("unsupported device address",))
-    refused(ws, "deploy", "outlier.onnx", "-p", "int8", "--calib", "random", "-d", "store",
+    refused(ws, "deploy", "outlier.onnx", "-p", "int8", "--calib", "random", "-d", "store", "--targets-dir", "targets",
             needles=("parity failed for x86-cpu int8", "mean cosine", "--accept-parity-failure"))
     # over budget on the target's own runtime: refused with exit 2 (edge.deploy.ship raises BudgetError);
     # the bundle it built and measured stays in --build-dir (outside the workspace), the store is untouched
