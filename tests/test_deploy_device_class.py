@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from edge import toolchains
 from edge.bundle import Bundle
 from edge.capabilities import current_host
@@ -62,17 +62,25 @@ def test_x86_cpu_benchmarked_here_gates(models: dict[str, Path], tmp_path: Path)
 
 
 def test_a_bundle_unverified_here_says_so(models: dict[str, Path], tmp_path: Path) -> None:
+    # a device class this host is not, whose runner has no host proxy: parity cannot run here at all
+    # (apple-ane now gates on the converter's fp16 host proxy, jetson/coral on theirs)
     if current_host().os == "darwin":
-        pytest.skip("hardware: macOS: Core ML runs here, so apple-ane parity is not skipped")
-    _toolchain("coreml")
-    r = deploy(models["tiny"], "apple-ane", tmp_path / "mac", build_dir=tmp_path / "b", bench_iterations=5)
+        pytest.skip("hardware: macOS: the 'elsewhere' profile below runs here")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    text = (REPO / "targets" / "x86-cpu.toml").read_text().replace('name = "x86-cpu"', 'name = "elsewhere"', 1)
+    run = text.index("[run]")
+    text = text[:run] + text[run:].replace('os = ["linux", "darwin", "windows"]', 'os = ["darwin"]', 1)
+    (targets / "elsewhere.toml").write_text(text)
+    r = deploy(models["tiny"], "elsewhere", tmp_path / "mac", build_dir=tmp_path / "b", bench_iterations=5,
+               targets_dir=[targets])
     assert r.unverified is not None and r.unverified.startswith("runner cannot run on this host: ")
     assert r.unverified == r.bundle.manifest["parity"]["skipped"]
     assert r.benchmark is None and r.budget_gates is None
     assert any(n.startswith("not benchmarked: the target's runner cannot run on this host") for n in r.notes)
     assert r.to_json()["unverified"] == r.unverified
-    p = run_cli("deploy", str(models["tiny"]), "-t", "apple-ane", "-d", str(tmp_path / "mac2"), "--build-dir",
-                str(tmp_path / "b2"), "-n", "5")
+    p = run_cli("deploy", str(models["tiny"]), "-t", "elsewhere", "-d", str(tmp_path / "mac2"), "--build-dir",
+                str(tmp_path / "b2"), "-n", "5", "--targets-dir", str(targets))
     assert p.returncode == 0, p.stderr
-    assert "unverified on this host: runner cannot run on this host: apple-ane runs on darwin" in \
+    assert "unverified on this host: runner cannot run on this host: elsewhere runs on darwin" in \
         " ".join(p.stdout.split())  # rich may wrap the long reason

@@ -250,11 +250,11 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
 
         b = Bundle(stage, manifest)
         same = name == profile.runner
-        opts = {**b.info.runner.options_dict, **extra} if same else dict(extra)
+        runner_opts = {**b.info.runner.options_dict, **extra} if same else dict(extra)
         # another runtime loads the artifact as it is: an fp16/bf16 target precision (TensorRT builds fp16 from
         # the fp32 ONNX on the device) is fp32 arithmetic there; int8 QDQ is int8 in both
         as_loaded = p.precision if same or p.precision.startswith("int8") else "fp32"
-        with RUNNERS.get(name)(b.artifact, options=opts, precision=as_loaded) as runner:
+        with RUNNERS.get(name)(b.artifact, options=runner_opts, precision=as_loaded) as runner:
             report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
                                   reference_label=ref_label, host_proxy=f"host proxy: {what}", **opts)
         record_gate(manifest, report, failed=f"{failed} (host proxy: {name})", accept=accept)
