@@ -100,9 +100,9 @@ def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]
     arrays: dict[str, np.ndarray] = {_NAMES: np.array(json.dumps({"inputs": in_names, "outputs": out_names}))}
     for s in range(keep):
         for k, n in enumerate(in_names):
-            arrays[f"i{s}_{k}"] = np.ascontiguousarray(inputs[s][n])
+            arrays[f"i{s}_{k}"] = np.asarray(inputs[s][n], order="C")  # ascontiguousarray makes a scalar [1]
         for k, n in enumerate(out_names):
-            arrays[f"o{s}_{k}"] = np.ascontiguousarray(outputs[s][n])
+            arrays[f"o{s}_{k}"] = np.asarray(outputs[s][n], order="C")
     bad = [f"{key}: {a.dtype}" for key, a in arrays.items() if a.dtype.hasobject or a.dtype.fields]
     if bad:
         raise ValueError(f"reference arrays must be plain numeric arrays: {', '.join(bad)}")
