@@ -26,6 +26,8 @@ model's pairs (kind "llm") use the same layout with their own tensors: see "lang
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -226,6 +228,10 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
 
 # -- checking (device) ---------------------------------------------------------------------------
 
+#: below this many reference pairs the device reports top-1 agreement and does not gate on it
+MIN_TOP1_SAMPLES = 10
+
+
 def gate_thresholds(entry_thresholds: Any, precision: str, precision_used: str | None) -> Thresholds:
     """The limits the device checks with: the stricter of the bundle's (``entry_thresholds``) and this
     edgekit's for ``precision``; where the runtime computes in something coarser (``precision_used``),
@@ -292,6 +298,12 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         return {**_check_llm(bundle, runner, entry, result), "runner": runner_json(runner), "checked_utc": _now()}
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     th = gate_thresholds(entry.thresholds, bundle.precision, runner.info.precision_used)
+    notes = []
+    if len(pairs.inputs) < MIN_TOP1_SAMPLES and th.min_top1 > 0:
+        # one flipped sample among 4 is 25 points: top-1 agreement is reported, the cosine gates
+        th = dataclasses.replace(th, min_top1=0.0)
+        notes.append(f"top-1 over {len(pairs.inputs)} samples is reported, not gated (one flip is "
+                     f"{100 / len(pairs.inputs):.0f} points; the build host gated it on more)")
     candidate = [runner.infer(feeds) for feeds in pairs.inputs]
     figures = compare(pairs.outputs, candidate, th)
     outputs = []
@@ -305,6 +317,8 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     result.update(passed=all(o.passed for o in figures), samples=len(pairs.inputs), thresholds=th.to_json(),
                   reference=entry.reference, outputs=outputs,
                   failures=[f"{o.name}: {f}" for o in figures for f in o.failures])
+    if notes:
+        result["notes"] = notes
     return {**result, "runner": runner_json(runner), "checked_utc": _now()}
 
 

@@ -68,7 +68,9 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     # -- CTC recogniser: PP-OCRv6 text line, 48x320
     ("ppocr-rec", "x86-cpu", "fp32", "pass"),
     ("ppocr-rec", "x86-cpu", "fp16", "pass"),
-    ("ppocr-rec", "x86-cpu", "int8", "pass"),
+    # parity passes on 32 samples (mean cosine 0.986, sequences 99.4 %), but the bundle's own reference
+    # pairs fail the device's first-load check on this very host (mean cosine 0.975 < 0.98)
+    ("ppocr-rec", "x86-cpu", "int8", "bug: reference check failed"),
     ("ppocr-rec", "intel-igpu", "fp32", "pass"),
     ("ppocr-rec", "intel-igpu", "fp16", "pass"),
     ("ppocr-rec", "arm-xnnpack", "fp32", "fails: TFLite's builtin op set cannot express tf.Erf"),

@@ -20,6 +20,7 @@ import pytest
 
 from edge import toolchains
 from edge.errors import EdgeError, InputFileError, ModelError, PrecisionError, TargetError
+from edge.pipeline.pipeline import REFERENCE_PAIRS
 from edge.pipeline import convert
 from edge.pipeline.plan import runnable_here
 from edge.refpairs import check_reference_pairs
@@ -105,10 +106,10 @@ def test_pretrained_tflite_ships_as_it_is_to_arm_xnnpack(face: Path, tmp_path: P
     assert "XNNPack" in par["candidate"]["device_used"] and par["host_notes"] == []
     assert all(o["cosine"] > 0.9999 for o in par["outputs"]), par["outputs"]
     # reference pairs for the device: written from the source's outputs, and the bundle's runner passes them
-    assert m["reference_pairs"]["samples"] == 4 and (b.path / m["reference_pairs"]["file"]).is_file()
+    assert m["reference_pairs"]["samples"] == REFERENCE_PAIRS and (b.path / m["reference_pairs"]["file"]).is_file()
     with b.open_runner() as r:
         check = check_reference_pairs(b, r)
-    assert check["passed"] is True and check["samples"] == 4, check
+    assert check["passed"] is True and check["samples"] == REFERENCE_PAIRS, check
 
 
 def test_float_tflite_cannot_be_made_int8(face: Path, tmp_path: Path) -> None:
@@ -267,7 +268,7 @@ def test_jetson_orin_parity_through_the_onnxruntime_proxy(ppocr: Path, tmp_path:
     assert par["passed"] is True and par["samples"] == 32, par
     assert par["candidate"]["runtime"].startswith("onnxruntime")
     assert any(n.startswith("host proxy:") and "onnxruntime ran the prepared ONNX" in n for n in par["host_notes"])
-    assert b.manifest["reference_pairs"]["samples"] == 4
+    assert b.manifest["reference_pairs"]["samples"] == REFERENCE_PAIRS
 
 
 # -- GGUF: pre-quantized sources --------------------------------------------------------------------

@@ -34,7 +34,7 @@ from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import ChainStep, TargetProfile, get_target
 
 #: what the bundle carries for the device to check on first load
-REFERENCE_PAIRS = 4
+REFERENCE_PAIRS = 16
 
 
 def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: str | os.PathLike[str], *,
