@@ -188,3 +188,13 @@ def test_fleet(ws: Path, tcp_listener: int) -> None:
     # a broker that is not there: refused at start, before the database file is created
     refused(ws, "fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--db", "sqlite:///fleet.db", "--duration", "5",
             needles=("cannot reach the MQTT broker at mqtt://127.0.0.1:1", "Connection refused"))
+
+
+def test_usage_errors_are_one_line(ws: Path) -> None:
+    """click's own refusals (unknown option, missing argument, a value of the wrong type, unknown command)
+    follow the same rule as edgekit's: one line naming the problem and where the help is, exit 2."""
+    refused(ws, "convert", "tiny.onnx", "--no-such-option", needles=("No such option: --no-such-option",
+                                                                     "edgekit convert --help"))
+    refused(ws, "bench", needles=("Missing argument", "edgekit bench --help"))
+    refused(ws, "bench", "bundle", "--warmup", "many", needles=("Invalid value for '--warmup'",))
+    refused(ws, "fleet", "no-such-command", needles=("No such command", "edgekit fleet --help"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import typer
+from rich.markup import escape
 
 import edge
 from edge.cli import agent as _agent
@@ -24,7 +25,8 @@ from edge.cli import fleet as _fleet
 from edge.cli import targets as _targets
 from edge.cli import firmware as _firmware
 from edge.cli import toolchain as _toolchain
-from edge.cli._common import command
+from edge.cli import tune as _tune
+from edge.cli._common import command, err_console, one_line
 
 app = typer.Typer(
     name="edgekit",
@@ -53,6 +55,7 @@ app.command("doctor")(command(_doctor.doctor_cmd))
 app.command("convert")(command(_convert.convert_cmd))
 app.command("finish")(command(_finish.finish_cmd))
 app.command("bench")(command(_bench.bench_cmd))
+app.command("tune")(command(_tune.tune_cmd))
 app.command("deploy")(command(_deploy.deploy_cmd))
 app.command("rollback")(command(_deploy.rollback_cmd))
 app.command("run")(command(_run.run_cmd))
@@ -65,5 +68,40 @@ app.add_typer(_toolchain.app, name="toolchain")
 app.add_typer(_firmware.app, name="firmware")
 
 
+def _click_errors() -> tuple[type[BaseException], type[BaseException], type[BaseException]]:
+    """(ClickException, UsageError, Abort) of the click typer runs on (recent typer vendors it)."""
+    try:
+        from typer._click import exceptions as ex  # type: ignore[import-not-found]
+    except ImportError:  # typer on the click package
+        from click import exceptions as ex  # type: ignore[no-redef]
+    return ex.ClickException, ex.UsageError, typer.Abort
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    app(args=list(argv) if argv is not None else None, prog_name="edgekit")
+    """The console script. A usage error (unknown option, missing argument, bad value) is one line on stderr
+    and exit 2, like every other refusal, instead of click's boxed multi-line form."""
+    import sys
+
+    from typer.main import get_command
+
+    click_error, usage_error, abort = _click_errors()
+    try:
+        rv = get_command(app).main(args=list(argv) if argv is not None else None, prog_name="edgekit",
+                                   standalone_mode=False)
+    except usage_error as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # the help is already printed
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        ctx = getattr(e, "ctx", None)
+        where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        err_console.print(f"[bold red]error:[/] {escape(one_line(e.format_message()))}{escape(where)}",  # type: ignore[attr-defined]
+                          highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
+    except click_error as e:
+        err_console.print(f"[bold red]error:[/] {escape(one_line(e.format_message()))}",  # type: ignore[attr-defined]
+                          highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
+    except abort:
+        err_console.print("Aborted.", highlight=False)
+        sys.exit(1)
+    # standalone_mode=False returns a command's value, or the code of a typer.Exit it raised
+    sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)

@@ -221,19 +221,8 @@ class TorchToCoreML(_CoreMLConverter):
 
     name = "torch->coreml"
     source_format = "torchscript"
-    @classmethod
-    def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
-        """The model's input names in order, read in the toolchain (TorchScript signature / ExportedProgram)."""
-        from edge.pipeline.sources import torch_kind
 
-        toolchains.require(TOOLCHAIN, f"converter {cls.name!r}")
-        with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
-            job = {"torch": str(Path(source).resolve()), "torch_kind": torch_kind(source), "workdir": tmp,
-                   "inspect_only": True}
-            final, _ = toolchains.run_driver(TOOLCHAIN, job, Path(tmp), timeout_s=timeout_s, driver=DRIVER)
-            if final["event"] == "error":
-                _raise_driver_error(cls.name, final, Path(tmp), Path(source))
-            return list(final["input_names"])
+    # Input names are read once, by the source (edge.pipeline.sources via torch->onnx's inspect_only job).
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         from edge.pipeline.sources import torch_kind
