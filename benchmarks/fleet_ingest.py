@@ -17,12 +17,15 @@ machine. End-to-end delay = collector's receive time - the device's message time
     .venv/bin/python benchmarks/fleet_ingest.py --mode live --devices 10000 --duration 60
     .venv/bin/python benchmarks/fleet_ingest.py --mode drain --variant src=/tmp/old --variant '' --repeat 3
     .venv/bin/python benchmarks/fleet_ingest.py --mode decode                    # json vs orjson vs msgspec
+    .venv/bin/python benchmarks/fleet_ingest.py --mode drain --variant collectors=1 --variant collectors=2
     .venv/bin/python benchmarks/fleet_ingest.py --mode drain --profile drain.prof  # collector in-process, cProfile
 
 ``--variant`` runs the drain once per variant, interleaved round-robin ``--repeat`` times, so
 variants compare under the same load: comma-separated ``src=DIR`` (another source tree's
 collector, e.g. ``git archive HEAD edge | tar -x -C DIR``), ``sync=off|normal|full`` (SQLite),
-``batch=N``, ``interval=MS``, ``receive=N`` (the collector's options); ``''`` is the defaults;
+``batch=N``, ``interval=MS``, ``receive=N`` (the collector's options), ``collectors=N`` (N collector
+processes in one shared-subscription group, as ``--collectors``), ``protocol=3.1.1`` (the collector on MQTT
+3.1.1: no shared subscription, and paho parses no MQTT 5 properties); ``''`` is the defaults;
 ``paho`` is the MQTT client alone (paho on the collector's network loop, acknowledging every
 message at once, nothing decoded or stored): the ceiling of a paho-based collector.
 """
@@ -159,13 +162,18 @@ def fleet_messages(n: int, devices: int, fleet: str = "sim", seed: int = 0) -> l
 
 
 # the collector -----------------------------------------------------------------------------
-def register_session(broker_url: str) -> None:
+def client_ids(n: int) -> list[str]:
+    """The collectors' client ids: one collector keeps the historical id; several are numbered."""
+    return [CLIENT_ID] if n == 1 else [f"{CLIENT_ID}-{i + 1}" for i in range(n)]
+
+
+def register_session(broker_url: str, client_id: str = CLIENT_ID, protocol: str = "5") -> None:
     """Connect once as the collector (persistent session, shared subscription), then go away."""
     from edge.fleet.collector import Collector, CollectorConfig
 
     with open_db("sqlite:///:memory:") as db:
-        c = Collector(CollectorConfig(BrokerConfig.from_url(broker_url), "sqlite:///:memory:", client_id=CLIENT_ID),
-                      db=db).start()
+        c = Collector(CollectorConfig(BrokerConfig.from_url(broker_url, protocol=protocol), "sqlite:///:memory:",
+                                      client_id=client_id), db=db).start()
         deadline = time.monotonic() + 10
         while not c.connected and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -175,9 +183,9 @@ def register_session(broker_url: str) -> None:
         c.stop()
 
 
-def collector_cmd(broker_url: str, db_url: str, options: list[str]) -> list[str]:
+def collector_cmd(broker_url: str, db_url: str, options: list[str], client_id: str = CLIENT_ID) -> list[str]:
     return [sys.executable, "-m", "edge", "fleet", "collect", "--broker", broker_url, "--db", db_url, "--json",
-            "--log-level", "warning", "--stats-interval", "3600", "--client-id", CLIENT_ID, *options]
+            "--log-level", "warning", "--stats-interval", "3600", "--client-id", client_id, *options]
 
 
 def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
@@ -191,20 +199,33 @@ def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
             sync = value
         elif key in names:
             opts += [names[key], value]
+        elif key == "protocol":
+            opts += ["--protocol", value]
+        elif key == "collectors":
+            opts += ["--collectors", value]  # taken out again by drain_once: not a collector option
         else:
-            raise SystemExit(f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N")
+            raise SystemExit(f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N, "
+                             "collectors=N")
     return src, sync, opts
 
 
 def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str,
                msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
     src, sync, opts = parse_variant("" if variant == "paho" else variant)
+    collectors = args.collectors
+    if "--collectors" in opts:
+        i = opts.index("--collectors")
+        collectors = int(opts[i + 1])
+        del opts[i:i + 2]
     work = Path(tempfile.mkdtemp(prefix="edgekit-drain-", dir=dbs.work))
     db_url = dbs.new(kind, sync)
     n = len(msgs) - args.drain_devices
-    out: dict[str, Any] = {"db": kind, "variant": variant or "defaults", "messages": n, "load_start": loadavg()}
+    out: dict[str, Any] = {"db": kind, "variant": variant or "defaults", "messages": n, "load_start": loadavg(),
+                           "collectors": collectors}
     with Mosquitto(work / "broker", extra="persistence false\n" + os.environ.get("BENCH_BROKER_EXTRA", "").replace(";", "\n")) as broker:  # the session lives in memory
-        register_session(broker.url)
+        ids = client_ids(collectors)
+        for cid in ids:  # the broker splits the pre-loaded messages between these sessions, round-robin
+            register_session(broker.url, cid, opts[opts.index("--protocol") + 1] if "--protocol" in opts else "5")
         out["preload_s"] = round(preload_qos1(broker.port, msgs), 2)
         env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(src)}
         log = open(work / "collector.log", "wb")
@@ -217,8 +238,9 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             out["profile"] = prof
             proc = None
         else:
-            proc = subprocess.Popen(collector_cmd(broker.url, db_url, opts), cwd=src, env=env,
-                                    stdout=subprocess.PIPE, stderr=log)
+            procs = [subprocess.Popen(collector_cmd(broker.url, db_url, opts, cid), cwd=src, env=env,
+                                      stdout=subprocess.PIPE, stderr=log) for cid in ids]
+            proc = procs[0]
         t0 = time.monotonic()
         first_cpu: tuple[float, float, float] | None = None
         last, last_change, done_cpu = -1, t0, (0.0, 0.0, 0.0)
@@ -227,7 +249,7 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             time.sleep(0.25)
             got = stored_count(db_url)
             now = time.monotonic()
-            cpus = (cpu_seconds(proc.pid), cpu_seconds(broker.proc.pid),  # type: ignore[union-attr]
+            cpus = (sum(cpu_seconds(p.pid) for p in procs), cpu_seconds(broker.proc.pid),  # type: ignore[union-attr]
                     tree_cpu_seconds(srv) if srv else 0.0)
             if got > 0 and first_cpu is None:
                 first_cpu, t_first, n_first = cpus, now, got
@@ -236,16 +258,20 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             if got >= n:
                 done_cpu, t_done = cpus, now
                 break
-            if now - last_change > 30 or proc.poll() is not None:
+            if now - last_change > 30 or any(p.poll() is not None for p in procs):
                 out["stalled_at"] = got
                 log.flush()
                 print(f"the collector stalled at {got} of {n} (exit {proc.poll()}): "
                       f"{(work / 'collector.log').read_text(errors='replace')[-1500:]}", file=sys.stderr)
                 break
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            cout, _ = proc.communicate(timeout=120)
-            stats = json.loads(cout) if cout.strip() else None
+            outs = []
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                cout, _ = p.communicate(timeout=120)
+                outs.append(json.loads(cout) if cout.strip() else None)
+            stats = None if None in outs else {k: sum(o[k] for o in outs) for k in ("duplicates", "db_errors")}
             if first_cpu is not None and "stalled_at" not in out and t_done > t_first:
                 w = t_done - t_first
                 out["cpu_percent"] = {k: round(100 * (done_cpu[i] - first_cpu[i]) / w, 1)
@@ -404,8 +430,9 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with Mosquitto(work / "broker") as broker:
             env = {**os.environ, "NO_COLOR": "1"}
-            collector = subprocess.Popen(collector_cmd(broker.url, db_url, []), stdout=subprocess.PIPE,
-                                         stderr=open(work / "collector.log", "wb"), env=env)
+            collectors = [subprocess.Popen(collector_cmd(broker.url, db_url, [], cid), stdout=subprocess.PIPE,
+                                           stderr=open(work / "collector.log", "ab"), env=env)
+                          for cid in client_ids(args.collectors)]
             time.sleep(2.0)  # the collector subscribes before the devices publish
             fleet = SimulatedFleet(BrokerConfig.from_url(broker.url), devices=args.devices, rate_hz=args.rate,
                                    connect_per_s=args.connect_rate)
@@ -418,8 +445,8 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 out["connected"] = fleet.connected()
                 out["connect_s"] = round(time.monotonic() - t, 2)
                 time.sleep(2.0)  # every device past its first telemetry
-                pids = {"collector": collector.pid, "broker": broker.proc.pid,  # type: ignore[union-attr]
-                        "simulator": os.getpid()}
+                pids = {"broker": broker.proc.pid, "simulator": os.getpid()}  # type: ignore[union-attr]
+                pids.update((f"collector-{i + 1}", c.pid) for i, c in enumerate(collectors))
                 cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
                 sub0, n0, w0 = fleet.submitted, stored_count(db_url), time.time()
                 m0 = time.monotonic()
@@ -436,14 +463,19 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 out["pending_on_devices"] = fleet.pending()
             finally:
                 fleet.stop()
-                collector.send_signal(signal.SIGTERM)
-                cout, _ = collector.communicate(timeout=60)
+                for c in collectors:
+                    c.send_signal(signal.SIGTERM)
+                couts = [c.communicate(timeout=60)[0] for c in collectors]
             window = m1 - m0
             out["offered_msgs_per_s"] = round(args.devices * args.rate, 1)
             out["made_msgs_per_s"] = round((sub1 - sub0) / window, 1)
             out["ingested_msgs_per_s"] = round((n1 - n0) / window, 1)
             out["cpu_percent"] = {k: round(100 * (cpu1[k] - cpu0[k]) / window, 1) for k in cpu0}
-            out["collector"] = json.loads(cout) if cout.strip() else None
+            outs = [json.loads(c) if c.strip() else None for c in couts]
+            out["collector"] = None if None in outs else {"duplicates": sum(o["duplicates"] for o in outs)}
+            out["collectors"] = len(collectors)
+            out["cpu_percent"]["collector"] = round(sum(v for k, v in out["cpu_percent"].items()
+                                                        if k.startswith("collector-")), 1)
             with open_db(db_url, must_exist=True) as db:
                 stored = int(db.execute("SELECT count(*) FROM telemetry").fetchone()[0])
                 delays = [r[0] * 1e3 for r in db.execute(
@@ -478,7 +510,8 @@ def live_lines(r: dict[str, Any]) -> list[str]:
         f"end-to-end delay ms: p50 {r['e2e_ms']['p50']}  p99 {r['e2e_ms']['p99']}  max {r['e2e_ms']['max']} "
         f"({r['e2e_ms']['count']} messages)",
         "p99 per 10 s: " + ", ".join(f"{w['p99']}" for w in r["e2e_ms_per_10s"]),
-        f"CPU %: collector {r['cpu_percent']['collector']}, mosquitto {r['cpu_percent']['broker']}, "
+        f"CPU %: collector {r['cpu_percent']['collector']} ({r['collectors']} process(es)), mosquitto "
+        f"{r['cpu_percent']['broker']}, "
         f"simulator {r['cpu_percent']['simulator']} (100 = one core, {r['cpus']} cores)",
         f"load average {r['load_start']} -> {r['load_end']}; keeps up: {'yes' if r['keeps_up'] else 'NO'}",
     ]
@@ -493,6 +526,8 @@ def main() -> None:
     ap.add_argument("--drain-devices", type=int, default=1000, help="devices they come from (one birth each)")
     ap.add_argument("--variant", action="append", help="a drain configuration (see above); repeatable")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the drain variants, interleaved")
+    ap.add_argument("--collectors", type=int, default=1, help="drain: collector processes in one shared-"
+                    "subscription group (the broker splits the messages between them)")
     ap.add_argument("--profile", default=None, help="drain: run the collector in-process under cProfile, print the top")
     ap.add_argument("--devices", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1.0, help="telemetry messages per device per second")
@@ -514,7 +549,8 @@ def main() -> None:
                 lines.append(f"MQTT client alone [paho, round {r['round']}]: {r['paho']['msgs_per_s']} msg/s, "
                              f"{r['paho']['msgs_per_loop_cpu_s']} msg per CPU-second of its loop thread")
                 continue
-            lines.append(f"drain capacity [{r['db']}, {r['variant']}]: {r['msgs_per_s']} msg/s "
+            lines.append(f"drain capacity [{r['db']}, {r['variant']}, {r['collectors']} collector(s)]: "
+                         f"{r['msgs_per_s']} msg/s "
                          f"({r['stored']}/{r['messages']} stored in {r['drain_s']} s, duplicates {r['duplicates']}, "
                          f"missing {r['missing_in_streams']}, exact: {'yes' if r['exact'] else 'NO'}; "
                          f"{r.get('msgs_per_collector_cpu_s')} msg per collector CPU-second; CPU % {r.get('cpu_percent')})")

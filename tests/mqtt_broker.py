@@ -262,3 +262,17 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
 def broker(tmp_path: Path) -> Iterator[Mosquitto]:
     with Mosquitto(tmp_path / "broker") as m:
         yield m
+
+
+BRIDGE_TOPICS = ("edgekit/# out 1", "edgekit/+/+/cmd/# in 1", "edgekit/+/+/desired in 1")
+
+
+def bridge_config(central: Mosquitto, *, name: str = "central", topics: tuple[str, ...] = BRIDGE_TOPICS,
+                  protocol: str = "mqttv311") -> str:
+    """Mosquitto config lines that bridge a site broker to ``central`` (for ``Mosquitto(extra=...)``): what the
+    devices publish goes out, commands and desired states come in; a persistent bridge session (QoS 1 kept
+    while the link is down), reconnecting after 1 s. ``protocol``: ``mqttv311`` or ``mqttv50``."""
+    lines = [f"connection {name}", f"address {HOST}:{central.port}", *(f"topic {t}" for t in topics),
+             "cleansession false", f"remote_clientid edgekit-bridge-{name}-{os.getpid()}", "restart_timeout 1",
+             f"bridge_protocol_version {protocol}", "try_private true"]
+    return "\n".join(lines) + "\n"

@@ -235,7 +235,7 @@ def test_systemd_unit() -> None:
     cp.optionxform = str  # type: ignore[assignment,method-assign]
     cp.read_string(unit.read_text())
     svc = cp["Service"]
-    assert " agent " in svc["ExecStart"] and "--store /var/lib/edgekit" in svc["ExecStart"]
+    assert " -m edge.agent " in svc["ExecStart"] and "--store /var/lib/edgekit" in svc["ExecStart"]  # lean entry
     assert svc["KillSignal"] == "SIGTERM" and int(svc["TimeoutStopSec"]) >= 15  # flush (10 s) + death
     assert svc["Restart"] in ("always", "on-failure") and svc["StateDirectory"] == "edgekit"
     assert cp["Install"]["WantedBy"] == "multi-user.target" and "network-online.target" in cp["Unit"]["After"]

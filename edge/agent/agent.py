@@ -5,7 +5,8 @@ Threads: the inference worker (runner.infer in a loop, paced by the source), the
 store's ``current`` link (a ``readlink`` a second: a deploy or rollback by anyone reloads the
 runner, trust-checked, without a restart) and applies desired states (``edge.agent.apply``). The
 worker only appends latency samples under a lock; telemetry takes the window every interval,
-a rollout's watch reads its own window.
+a rollout's watch reads its own window. With ``--source app`` the application runs the model and a fourth
+thread reads its reports from the app socket (``edge.agent.appsocket``) into the telemetry window.
 
 Imports stay lean: numpy, the runtime and ``edge.refpairs`` are imported only when a model runs
 (``--source none`` loads none of them).
@@ -73,6 +74,12 @@ class AgentConfig:
         if self.poll_current_s < 0 or self.watch_s < 0 or self.smoke_frames < 0 or self.smoke_timeout_s <= 0:
             raise EdgeError("--poll-current, --watch and --smoke-frames must be >= 0, --smoke-timeout > 0")
         parse_source(self.source)
+
+
+def rollout_summary(rollout_id: Any, desired_bundle: Any, version: Any, state: Any, reason: Any) -> dict[str, Any]:
+    """The reported state in short, as every ``state`` message carries it (``edge.fleet.metrics`` reads it)."""
+    return {"rollout_id": rollout_id, "desired_bundle": desired_bundle, "desired_version": version, "state": state,
+            "reason": reason}
 
 
 class InferenceWorker:
@@ -163,6 +170,9 @@ class Agent:
         self._ratelog = RateLimitedLog(log)
         self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0}
         self.reported: ReportedState | None = None
+        self._rollout: dict[str, Any] | None = None  # the latest reported state in short, in every state message
+        self.app: Any = None  # edge.agent.appsocket.AppSocket with --source app
+        self._app_totals = [0, 0]  # frames, budget misses the application reported since start
 
     # bundle and runner -------------------------------------------------------------------
     def _read_current(self) -> str | None:
@@ -202,8 +212,12 @@ class Agent:
         frame_budget = self.bundle.manifest.get("target", {}).get("frame_budget_ms")
         self.fps = cfg.fps or (1000.0 / frame_budget if frame_budget else DEFAULT_FPS)
         self.budget_ms = cfg.budget_ms or frame_budget or 1000.0 / self.fps
-        if parse_source(cfg.source)[0] == "none":
+        kind = parse_source(cfg.source)[0]
+        if kind == "none":
             self.state, self.state_detail = "idle", "frame source 'none': the model is not run"
+            return
+        if kind == "app":  # the application runs the bundle and reports over the app socket
+            self.state, self.state_detail = "running", None
             return
         from edge.refpairs import describe as describe_check
 
@@ -306,11 +320,15 @@ class Agent:
             cancel.set()
 
     def report(self, state: ReportedState) -> None:
-        """Publish the retained reported state (any thread)."""
+        """Publish the retained reported state (any thread), and a ``state`` message that carries its summary
+        (the stream the collector stores: fleet metrics read each device's rollout from its latest one)."""
         self.reported = state
+        self._rollout = rollout_summary(state.rollout_id, state.desired_bundle, state.desired_version, state.state,
+                                        state.reason.code if state.reason else None)
         log.info("reported: %s%s", state.state, f" ({state.reason.code}: {state.reason.detail})" if state.reason else "")
         if self.loop is not None and self.session is not None:
             self.loop.call_soon(self.session.publish_reported, state.body())
+            self.loop.call_soon(self._submit_state)
 
     def _control_loop(self) -> None:
         from edge.agent.apply import Applier
@@ -375,6 +393,8 @@ class Agent:
                 "frames_total": worker.total, "budget_misses_total": worker.total_misses,
                 "latency_ms": LatencyStats.from_ms(samples).to_json() if samples else None,
             }
+        if self.app is not None:
+            inference = self._app_inference(window)
         assert self.outbox is not None
         bundle = self.bundle
         return {
@@ -386,11 +406,39 @@ class Agent:
                       "dropped_total": self.outbox.dropped_total, "max_messages": self.outbox.max_messages},
         }
 
+    def _app_inference(self, window: float) -> dict[str, Any]:
+        """The telemetry ``inference`` section from what the application reported over the app socket."""
+        from edge.agent.appsocket import latency_json
+
+        w = self.app.take_window()
+        cfg = self.config
+        budget = self.budget_ms or cfg.budget_ms or (1000.0 / cfg.fps if cfg.fps else None)
+        misses = sum(1 for ms in w.samples if ms > budget) if budget else 0
+        self._app_totals[0] += w.frames
+        self._app_totals[1] += misses
+        # inference errors and not one good frame: the application's model is failing (state error until it
+        # reports frames again)
+        if w.errors and not w.frames and self.state != "error":
+            self._set_state("error", f"the application reported {w.errors} inference error(s) and no frame")
+        elif w.frames and self.state == "error" and (self.state_detail or "").startswith("the application"):
+            self._set_state("running", None)
+        return {"source": "app", "frames": w.frames, "fps": round(w.frames / window, 2) if window > 0 else None,
+                "target_fps": self.fps or cfg.fps, "budget_ms": budget, "budget_misses": misses,
+                "frames_dropped": w.dropped, "frames_total": self._app_totals[0],
+                "budget_misses_total": self._app_totals[1], "errors": w.errors,
+                "latency_ms": latency_json(w.samples) if w.samples else None,
+                "app": {"reports": w.reports, **self.app.counters()}}
+
     def _set_state(self, state: str, detail: str | None) -> None:
         self.state, self.state_detail = state, detail
+        self._submit_state()
+
+    def _submit_state(self) -> None:
+        """A ``state`` message (loop thread): the agent's state, the bundle it runs, the rollout it is in."""
         if self.session is not None:
-            self.session.submit("state", {"state": state, "detail": detail,
-                                          "bundle_id": self.bundle.id if self.bundle is not None else None})
+            self.session.submit("state", {"state": self.state, "detail": self.state_detail,
+                                          "bundle_id": self.bundle.id if self.bundle is not None else None,
+                                          "rollout": self._rollout})
 
     def _tick(self) -> None:
         assert self.session is not None
@@ -400,8 +448,18 @@ class Agent:
     def start(self) -> "Agent":
         cfg = self.config
         self._load()
-        self._desired_seen = int(self._read_desired_record().get("version") or 0)
+        record = self._read_desired_record()
+        self._desired_seen = int(record.get("version") or 0)
+        if self._desired_seen:  # where the last apply ended, until a new desired state arrives
+            self._rollout = rollout_summary(record.get("rollout_id"), record.get("bundle_id"), self._desired_seen,
+                                            record.get("state"), None)
         try:
+            kind, arg = parse_source(cfg.source)
+            if kind == "app":
+                from edge.agent.appsocket import AppSocket
+
+                self.app = AppSocket(Path(arg) if arg else cfg.store / "agent" / "app.sock").start()
+                self._source_desc = f"app:{self.app.path}"
             self.outbox = SqliteOutbox(cfg.store / "agent" / "outbox.sqlite", max_messages=cfg.spool_max_messages,
                                        max_bytes=cfg.spool_max_bytes)
             self.thermal = ThermalProbe()
@@ -459,10 +517,10 @@ class Agent:
         if self.loop is not None:
             self.loop.stop()
             self.loop = None
-        for res in (self.outbox, self.thermal):
+        for res in (self.outbox, self.thermal, self.app):
             if res is not None:
                 res.close()
-        self.outbox = self.thermal = None
+        self.outbox = self.thermal = self.app = None
 
     def __enter__(self) -> "Agent":
         return self.start()

@@ -29,11 +29,11 @@ def setup_logging(level: str) -> None:
 
 
 def broker_config(url: str, ca: Path | None, cert: Path | None, key: Path | None, username: str | None,
-                  password_file: Path | None) -> Any:
+                  password_file: Path | None, protocol: str = "5") -> Any:
     from edge.agent.mqtt import BrokerConfig
 
     return BrokerConfig.from_url(url, ca_file=ca, cert_file=cert, key_file=key, username=username,
-                                 password_file=password_file)
+                                 password_file=password_file, protocol=protocol)
 
 
 def parse_runner_options(items: Sequence[str] | None) -> dict[str, Any]:
@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--store", required=True, type=Path, help="Device store; the agent runs its current bundle and keeps its "
       "outbox, downloads and staging in <store>/agent/.")
     a("--source", default="synthetic", help="synthetic (random inputs at --fps), none (health only, no runtime "
-      "loaded), video:FILE, camera:N or images:DIR (the application's workload through edge.video).")
+      "loaded), video:FILE, camera:N or images:DIR (the application's workload through edge.video), or "
+      "app[:SOCKET] (the application runs the model and reports its frames over a Unix datagram socket, "
+      "default <store>/agent/app.sock: edge.agent.appsocket).")
     a("--fps", type=float, help="Source frame rate (default: the bundle's frame budget as a rate, else 30).")
     a("--budget-ms", type=float, help="Frame budget (default: the bundle's target frame budget).")
     a("--interval", type=float, default=5.0, help="Telemetry interval in seconds.")
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--key", type=Path, help="Client private key (PEM) for --cert.")
     a("--username", help="Broker user name.")
     a("--password-file", type=Path, help="File holding the broker password (or $EDGEKIT_MQTT_PASSWORD).")
+    a("--protocol", default="5", help="MQTT protocol version: 5 (default) or 3.1.1 (brokers without MQTT 5; "
+      "what needs MQTT 5 is degraded, said in one log line).")
     a("--client-id", help="MQTT client id (default: edgekit-<fleet>-<device>).")
     a("--spool-max-messages", type=int, default=50_000, help="Outbox bound (messages).")
     a("--spool-max-mb", type=float, default=64.0, help="Outbox bound (MiB).")
@@ -111,7 +115,8 @@ def config_from(ns: argparse.Namespace) -> Any:
 
     return AgentConfig(fleet=ns.fleet, device_id=ns.device_id, store=ns.store, source=ns.source, fps=ns.fps,
                        budget_ms=ns.budget_ms, interval_s=ns.interval,
-                       broker=broker_config(ns.broker, ns.ca, ns.cert, ns.key, ns.username, ns.password_file),
+                       broker=broker_config(ns.broker, ns.ca, ns.cert, ns.key, ns.username, ns.password_file,
+                                            getattr(ns, "protocol", "5")),
                        spool_max_messages=ns.spool_max_messages, spool_max_bytes=int(ns.spool_max_mb * 1024 * 1024),
                        backoff=Backoff(0.5, ns.reconnect_max), client_id=ns.client_id,
                        runner_options=parse_runner_options(ns.runner_option), trust_dir=ns.trust_dir,

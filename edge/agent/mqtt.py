@@ -3,6 +3,10 @@
 ``mqtt://[user@]host[:port]`` (1883) or ``mqtts://[user@]host[:port]`` (8883, TLS). A CA file
 implies TLS. Passwords never come from the command line (other users see argv): they come
 from ``--password-file`` or ``$EDGEKIT_MQTT_PASSWORD``.
+
+Protocol: MQTT 5 by default; ``protocol="3.1.1"`` for brokers that speak only that (NATS, Azure
+IoT Hub, older RabbitMQ). What needs MQTT 5 is then degraded, and ``degraded()`` says what:
+no shared subscriptions, no session expiry, no receive maximum, no PUBACK reason codes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from urllib.parse import unquote, urlparse
 from edge.errors import EdgeError, InputFileError, MissingDependencyError
 
 PASSWORD_ENV = "EDGEKIT_MQTT_PASSWORD"
+PROTOCOLS = ("5", "3.1.1")
+#: what each side loses on an MQTT 3.1.1 broker, said once in a log line
+DEGRADED = {
+    "collector": "MQTT 3.1.1: no shared subscription (this collector receives every message of the fleet; "
+                 "several collectors each store everything once, the database drops the copies), no receive "
+                 "maximum (the broker's own in-flight limit applies), no session expiry (the broker keeps this "
+                 "session's messages until it drops them by its own rules)",
+    "agent": "MQTT 3.1.1: no PUBACK reason codes, so a message no subscriber took (MQTT 5 reason 0x10) cannot be "
+             "held in the outbox: start the collector (its persistent session) before the devices",
+}
 INSTALL_HINT = "pip install 'edgekit-ml[mqtt]'"
 
 
@@ -46,12 +60,15 @@ class BrokerConfig:
     password: str | None = field(default=None, repr=False)
     keepalive_s: int = 30
     connect_timeout_s: float = 5.0
+    protocol: str = "5"  # or "3.1.1"
 
     @classmethod
     def from_url(cls, url: str, *, ca_file: str | os.PathLike[str] | None = None,
                  cert_file: str | os.PathLike[str] | None = None, key_file: str | os.PathLike[str] | None = None,
                  username: str | None = None, password: str | None = None,
-                 password_file: str | os.PathLike[str] | None = None, keepalive_s: int = 30) -> "BrokerConfig":
+                 password_file: str | os.PathLike[str] | None = None, keepalive_s: int = 30,
+                 protocol: str = "5") -> "BrokerConfig":
+        protocol = check_protocol(protocol)
         u = urlparse(url)
         if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
             raise EdgeError(f"bad broker address {url!r}", hint="use mqtt://host[:port] or mqtts://host[:port]")
@@ -83,7 +100,7 @@ class BrokerConfig:
         return cls(host=u.hostname, port=port or (8883 if tls else 1883), tls=tls,
                    ca_file=Path(ca_file) if ca_file else None, cert_file=Path(cert_file) if cert_file else None,
                    key_file=Path(key_file) if key_file else None, username=user, password=password,
-                   keepalive_s=keepalive_s)
+                   keepalive_s=keepalive_s, protocol=protocol)
 
     def check_reachable(self) -> None:
         """Open (and close) a TCP connection to the broker: a wrong host or port, or a broker that is not
@@ -110,11 +127,20 @@ class BrokerConfig:
             ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
         return ctx
 
-    def new_client(self, client_id: str, *, manual_ack: bool = False) -> Any:
-        """A fresh paho client (MQTT 5, callback API v2) with TLS and credentials applied; not connected."""
+    @property
+    def mqtt5(self) -> bool:
+        return self.protocol == "5"
+
+    def new_client(self, client_id: str, *, manual_ack: bool = False, clean_session: bool = True) -> Any:
+        """A fresh paho client (MQTT 5 or 3.1.1, callback API v2) with TLS and credentials applied; not connected.
+        ``clean_session`` is for MQTT 3.1.1 only (MQTT 5 gives ``clean_start`` to ``connect``)."""
         mqtt = paho()
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
-                        manual_ack=manual_ack)
+        if self.mqtt5:
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                            manual_ack=manual_ack)
+        else:
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
+                            clean_session=clean_session, manual_ack=manual_ack)
         c.connect_timeout = self.connect_timeout_s
         ctx = self.ssl_context()
         if ctx is not None:
@@ -122,3 +148,11 @@ class BrokerConfig:
         if self.username is not None:
             c.username_pw_set(self.username, self.password)
         return c
+
+
+def check_protocol(protocol: str) -> str:
+    p = str(protocol).strip().lower().removeprefix("mqtt").removeprefix("v")
+    p = {"311": "3.1.1", "5.0": "5"}.get(p, p)
+    if p not in PROTOCOLS:
+        raise EdgeError(f"unknown MQTT protocol version {str(protocol)[:40]!r}", hint="use --protocol 5 or 3.1.1")
+    return p

@@ -296,14 +296,15 @@ class Connection:
         self._retry = None
         if self.closing:
             return
-        c = self.broker.new_client(self.client_id, manual_ack=self.manual_ack)
+        c = self.broker.new_client(self.client_id, manual_ack=self.manual_ack, clean_session=self.clean_start)
         c.on_connect, c.on_disconnect = self._connected, self._disconnected
         c.on_message, c.on_publish = self._message, self._published
         will = self._will() if self._will else None
         if will is not None:
             c.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         props = None
-        if self.session_expiry_s or self.receive_maximum:
+        v5: dict[str, Any] = {"clean_start": self.clean_start} if self.broker.mqtt5 else {}  # 3.1.1: clean_session
+        if self.broker.mqtt5 and (self.session_expiry_s or self.receive_maximum):
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 
@@ -315,8 +316,7 @@ class Connection:
         self.loop.watch(c)
         self.client = c
         try:
-            c.connect(self.broker.host, self.broker.port, keepalive=self.broker.keepalive_s,
-                      clean_start=self.clean_start, properties=props)
+            c.connect(self.broker.host, self.broker.port, keepalive=self.broker.keepalive_s, properties=props, **v5)
         except Exception as e:  # refused, unreachable, TLS failure: all retried, the reason kept
             c.on_disconnect = None
             try:

@@ -22,12 +22,13 @@ Everything here runs on the ``NetworkLoop`` thread; other threads use ``submit_t
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from typing import Any, Callable
 
-from edge.agent.mqtt import BrokerConfig
+from edge.agent.mqtt import DEGRADED, BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop, Will
 from edge.agent.outbox import Outbox
 from edge.agent.payloads import STREAM_KINDS, encode, mark_historical, message
@@ -37,6 +38,12 @@ from edge.agent.topics import Topic
 log = logging.getLogger("edge.agent")
 REBIRTH_MIN_INTERVAL_S = 1.0
 NO_MATCHING_SUBSCRIBERS = 0x10
+
+
+@functools.lru_cache(maxsize=1)
+def _say_degraded() -> None:
+    """Once per process (a simulated fleet has a thousand sessions)."""
+    log.warning(DEGRADED["agent"])
 
 
 class DeviceSession:
@@ -68,6 +75,8 @@ class DeviceSession:
         self._last_birth = 0.0
         self.counters = {"published": 0, "replayed": 0, "rejected_by_broker": 0, "unmatched": 0, "births": 0,
                          "rebirth_requests": 0, "unknown_commands": 0}
+        if not broker.mqtt5:
+            _say_degraded()
         self.conn = Connection(loop, broker, client_id or f"edgekit-{fleet}-{device}",
                                subscriptions=[(self.cmd_filter, 1)] + ([(self.topics["desired"], 1)]
                                                                        if on_desired is not None else []),

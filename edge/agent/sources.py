@@ -3,6 +3,9 @@
 ``synthetic`` (default): random inputs of the runner's own shapes and dtypes (the same
 generator as ``edgekit bench``), paced at ``fps``; a frame's latency is the inference alone.
 ``none``: the model is not run at all (health telemetry only; the runtime is never imported).
+``app`` / ``app:SOCKET``: the application runs the model and reports its frames to the agent over a
+Unix datagram socket (``edge.agent.appsocket``; default ``<store>/agent/app.sock``); the agent runs
+no model either.
 ``video:FILE``, ``camera:N`` and ``images:DIR``: the application's workload through
 ``edge.video`` (its sources, the bundle's ``Preprocessor`` and the post-processor ``edgekit
 run`` uses), from ``edge.video.open_agent_source``; a frame's latency is the application's:
@@ -25,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 from edge.errors import EdgeError
 
-SOURCE_KINDS = ("synthetic", "none", "video", "camera", "images")
+SOURCE_KINDS = ("synthetic", "none", "app", "video", "camera", "images")
 _ARG_EXAMPLE = {"video": "clip.mp4", "camera": "0", "images": "frames/"}
 
 
@@ -38,13 +41,14 @@ class AgentFrame(NamedTuple):
 def parse_source(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind not in SOURCE_KINDS:
-        raise EdgeError(f"unknown frame source {spec!r}", hint="use synthetic, none, video:FILE, camera:N or images:DIR")
+        raise EdgeError(f"unknown frame source {spec!r}",
+                        hint="use synthetic, none, app[:SOCKET], video:FILE, camera:N or images:DIR")
     if kind in _ARG_EXAMPLE:
         if not arg:
             raise EdgeError(f"frame source {spec!r} needs an argument", hint=f"e.g. {kind}:{_ARG_EXAMPLE[kind]}")
         if kind == "camera" and not arg.isdigit():
             raise EdgeError(f"frame source {spec!r}: the camera is a number (/dev/videoN)", hint="e.g. camera:0")
-    elif arg:
+    elif arg and kind != "app":
         raise EdgeError(f"frame source {kind!r} takes no argument, got {spec!r}")
     return kind, arg
 
@@ -94,7 +98,7 @@ def open_source(spec: str, *, bundle: Any, runner: Any, fps: float) -> Any:
     kind, arg = parse_source(spec)
     if kind == "synthetic":
         return SyntheticSource(runner, fps)
-    if kind == "none":
+    if kind in ("none", "app"):
         return None
     from edge.video import open_agent_source  # OpenCV and the pre/post-processing only for these sources
 

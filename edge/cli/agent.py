@@ -23,6 +23,8 @@ ReconnectMax = typer.Option(60.0, "--reconnect-max", help="Longest wait between 
 Duration = typer.Option(None, "--duration", help="Stop by itself after this many seconds (default: run until "
                         "SIGTERM/Ctrl-C).", show_default=False)
 LogLevel = typer.Option("info", "--log-level", help="debug, info, warning or error.")
+Protocol = typer.Option("5", "--protocol", help="MQTT protocol version: 5, or 3.1.1 for brokers without MQTT 5 "
+                        "(what needs MQTT 5 is degraded, said in one log line).")
 
 
 def agent_cmd(
@@ -32,14 +34,16 @@ def agent_cmd(
                                "its current bundle and keeps its outbox in <store>/agent/."),
     source: str = typer.Option("synthetic", "--source", help="Frames: synthetic (random inputs at --fps), none "
                                "(health only, no runtime loaded), video:FILE, camera:N or images:DIR (the application's workload "
-                               "through edge.video: decode, pre-processing, inference, post-processing)."),
+                               "through edge.video: decode, pre-processing, inference, post-processing), or "
+                               "app[:SOCKET] (the application reports its frames over a Unix datagram socket, "
+                               "default <store>/agent/app.sock: edge.agent.appsocket)."),
     fps: Optional[float] = typer.Option(None, "--fps", help="Source frame rate (default: the bundle's frame budget "
                                         "as a rate, else 30).", show_default=False),
     budget_ms: Optional[float] = typer.Option(None, "--budget-ms", help="Frame budget for budget misses (default: "
                                               "the bundle's target frame budget).", show_default=False),
     interval: float = typer.Option(5.0, "--interval", help="Telemetry interval in seconds."),
     broker: str = Broker, ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
-    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
+    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
     client_id: Optional[str] = typer.Option(None, "--client-id", help="MQTT client id (default: "
                                             "edgekit-<fleet>-<device>).", show_default=False),
     spool_max_messages: int = typer.Option(50_000, "--spool-max-messages", help="Outbox bound (messages); past it "
@@ -78,7 +82,8 @@ def agent_cmd(
     setup_logging(log_level)
     ns = Namespace(fleet=fleet, device_id=device_id, store=store, source=source, fps=fps, budget_ms=budget_ms,
                    interval=interval, broker=broker, ca=ca, cert=cert, key=key, username=username,
-                   password_file=password_file, spool_max_messages=spool_max_messages, spool_max_mb=spool_max_mb,
+                   password_file=password_file, protocol=protocol, spool_max_messages=spool_max_messages,
+                   spool_max_mb=spool_max_mb,
                    reconnect_max=reconnect_max, client_id=client_id, runner_option=runner_option, trust_dir=trust_dir,
                    poll_current=poll_current, no_desired=no_desired, artifact_root=artifact_root, watch=watch,
                    smoke_frames=smoke_frames, smoke_timeout=smoke_timeout, download_timeout=download_timeout)

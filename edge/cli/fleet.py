@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from edge.cli._common import JsonOut, command, console, err_console, print_json
+from edge.cli.agent import Protocol
+from edge.cli.rollout import app as rollout_app
 from edge.cli.agent import (Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username,
                             broker_config, setup_logging, stop_on_signals)
 
@@ -19,9 +21,11 @@ app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, s
                   "the fleet CA, device certificates and the broker ACL.", no_args_is_help=True)
 ca_app = typer.Typer(help="The fleet CA that signs device, collector and broker certificates.", no_args_is_help=True)
 app.add_typer(ca_app, name="ca")
+app.add_typer(rollout_app, name="rollout")
 
 Db = typer.Option("sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or "
                   "postgresql://user@host/dbname.")
+MetricsAddr = typer.Option("127.0.0.1", "--metrics-addr", help="Address /metrics binds (0.0.0.0: every interface).")
 _COLOURS = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "magenta"}
 
 
@@ -50,9 +54,13 @@ def collect_cmd(
     receive_maximum: int = typer.Option(10_000, "--receive-maximum", help="Unacknowledged messages the broker "
                                         "may send (MQTT 5); at least --batch-max."),
     ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
-    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
+    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
     stats_interval: float = typer.Option(60.0, "--stats-interval", help="Log the counters every this many seconds."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this "
+                                               "port: fleet aggregates read from --db, and this collector's "
+                                               "counters (examples/grafana/).", show_default=False),
+    metrics_addr: str = MetricsAddr,
     log_level: str = LogLevel, as_json: bool = JsonOut,
 ) -> None:
     """Store every device's births, deaths and telemetry (de-duplicated) until SIGTERM/Ctrl-C."""
@@ -61,7 +69,7 @@ def collect_cmd(
     from edge.fleet.db import check_url
 
     setup_logging(log_level)
-    cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file), db_url=db,
+    cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file, protocol), db_url=db,
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
                           batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
@@ -70,8 +78,16 @@ def collect_cmd(
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)
     cfg.broker.check_reachable()
+    metrics = _serve_metrics(db, metrics_port, metrics_addr, fleet)  # first: a port in use is one line, nothing started
     with stop_on_signals() as stop:
-        collector = Collector(cfg).start()
+        try:
+            collector = Collector(cfg).start()
+        except BaseException:
+            if metrics is not None:
+                metrics.close()
+            raise
+        if metrics is not None:
+            metrics.add_collector(collector)
         loop = collector.loop
         assert loop is not None
         loop.run(lambda: loop.call_every(stats_interval, _log_stats, collector))
@@ -82,11 +98,48 @@ def collect_cmd(
             stop.wait(duration)
         finally:
             stats = collector.snapshot()
+            if metrics is not None:
+                metrics.close()
             collector.stop()
     if as_json:
         print_json(stats)
     else:
         err_console.print(_stats_line(stats), highlight=False)
+
+
+def _serve_metrics(db: str, port: Optional[int], addr: str, fleet: str) -> Any:
+    """``--metrics-port``: a MetricsServer for the collector about to start (None without the option)."""
+    if port is None:
+        return None
+    from edge.fleet.metrics import MetricsServer
+
+    server = MetricsServer(db, port=port, addr=addr, fleet=None if fleet == "+" else fleet)
+    err_console.print(f"metrics on {escape(server.url)}", highlight=False)
+    return server
+
+
+@app.command("metrics")
+@command
+def metrics_cmd(
+    db: str = Db,
+    port: int = typer.Option(9464, "--port", help="Serve Prometheus /metrics on this port."),
+    addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (0.0.0.0: every interface)."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="Only this fleet.", show_default=False),
+    stale_factor: float = typer.Option(3.0, "--stale-factor", help="Stale after this many telemetry intervals "
+                                       "of silence..."),
+    min_stale: float = typer.Option(15.0, "--min-stale", help="...and at least this many seconds."),
+    duration: Optional[float] = Duration,
+) -> None:
+    """Serve the fleet's Prometheus metrics from a collector database (the collectors may run elsewhere)."""
+    from edge.fleet.db import open_db
+    from edge.fleet.metrics import MetricsServer
+
+    open_db(db, must_exist=True).close()  # a wrong URL or a missing database: one line now, not at every scrape
+    with stop_on_signals() as stop, MetricsServer(db, port=port, addr=addr, fleet=fleet, stale_factor=stale_factor,
+                                                  min_stale_s=min_stale) as server:
+        err_console.print(f"fleet metrics from {escape(_redact(db))} on {escape(server.url)}; SIGTERM or Ctrl-C "
+                          "stops it", highlight=False, soft_wrap=True)
+        stop.wait(duration)
 
 
 def _redact(url: str) -> str:
@@ -116,6 +169,43 @@ def _log_stats(collector: Any) -> None:
     logging.getLogger("edge.fleet").info(_stats_line(collector.stats))
 
 
+@app.command("prune")
+@command
+def prune_cmd(
+    db: str = Db,
+    older_than: str = typer.Option(..., "--older-than", help="Remove what arrived longer ago than this: 30d, 12h, "
+                                   "90m, 3600s, 2w. PostgreSQL drops whole daily telemetry partitions."),
+    as_json: bool = JsonOut,
+) -> None:
+    """Retention: drop telemetry, states, old births/deaths and finished streams older than --older-than
+    (every device's row and its current session stay)."""
+    from edge.fleet.retention import prune_url
+
+    rep = prune_url(db, older_than)
+    if as_json:
+        print_json(rep.as_dict())
+        return
+    parts = ", ".join(f"{n} {t}" for t, n in rep.deleted.items() if n) or "nothing"
+    dropped = f"; dropped {len(rep.dropped_partitions)} partition(s)" if rep.dropped_partitions else ""
+    console.print(f"pruned {escape(_redact(db))} before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rep.cut))} "
+                  f"UTC: {parts}{dropped}", highlight=False)
+
+
+@app.command("partition")
+@command
+def partition_cmd(db: str = Db, as_json: bool = JsonOut) -> None:
+    """PostgreSQL: convert a telemetry table made before partitioning into daily partitions, in one transaction,
+    with the collectors stopped; its rows stay, as one partition that prune drops once all of it is old enough."""
+    from edge.fleet.migrate import partition_url
+
+    rep = partition_url(db)
+    if as_json:
+        print_json({"kept_in_legacy": rep.kept_in_legacy, "moved": rep.moved, "legacy_until": rep.legacy_until})
+        return
+    console.print(f"telemetry in {escape(_redact(db))} is partitioned by day: {rep.kept_in_legacy} older rows kept "
+                  f"as partition telemetry_legacy, {rep.moved} recent rows moved to daily partitions", highlight=False)
+
+
 @app.command("status")
 @command
 def status_cmd(
@@ -124,6 +214,8 @@ def status_cmd(
     stale_factor: float = typer.Option(3.0, "--stale-factor", help="Stale after this many telemetry intervals "
                                        "of silence..."),
     min_stale: float = typer.Option(15.0, "--min-stale", help="...and at least this many seconds."),
+    limit: int = typer.Option(200, "--limit", min=0, help="Table rows at most, devices that need a look (offline, "
+                              "stale, unknown) first; 0: every device. --json always lists every device."),
     as_json: bool = JsonOut,
 ) -> None:
     """One row per device: online/stale/offline, bundle, fps, p50/p99, budget misses, temperature, last seen."""
@@ -136,13 +228,17 @@ def status_cmd(
     if not rows:
         console.print(f"no devices in {escape(_redact(db))} yet", highlight=False)
         return
+    shown = rows
+    if limit and len(rows) > limit:  # a 10,000-row table helps nobody (and takes rich seconds to lay out)
+        order = {"offline": 0, "stale": 1, "unknown": 2, "online": 3}
+        shown = sorted(rows, key=lambda r: order[r["status"]])[:limit]  # stable: by device within a status
     t = Table(title=f"fleet status ({_cell(_redact(db), 200)})")
     for col, just in (("device", "left"), ("status", "left"), ("bundle", "left"), ("runtime", "left"),
                       ("fps", "right"), ("p50 ms", "right"), ("p99 ms", "right"), ("misses", "right"),
                       ("temp °C", "right"), ("CPU %", "right"), ("RSS MB", "right"), ("spool", "right"),
                       ("missing", "right"), ("last seen", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in rows:  # every text from the store came from a device: _cell() it
+    for r in shown:  # every text from the store came from a device: _cell() it
         status = f"[{_COLOURS[r['status']]}]{r['status']}[/]"
         if r["status"] == "offline" and r.get("death_reason"):
             status += f" [dim]({_cell(r['death_reason'], 30)})[/]"
@@ -156,6 +252,8 @@ def status_cmd(
                   _n(r.get("cpu_percent"), 0), _n(r.get("rss_mb"), 0), _n(r.get("spool_pending"), 0),
                   f"[yellow]{r['missing']}[/]" if r["missing"] else "0", _ago(r.get("seen_ago_s")))
     console.print(t)
+    if len(shown) < len(rows):
+        console.print(f"{len(rows) - len(shown)} more devices not shown (--limit 0 shows every one)", highlight=False)
     s = summarize(rows)
     console.print(", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k]) +
                   f" of {s['devices']} devices", highlight=False)

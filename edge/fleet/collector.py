@@ -1,7 +1,8 @@
 """The fleet collector: an MQTT 5 shared subscription into SQLite or PostgreSQL, nothing lost.
 
 - Subscribes to ``$share/<group>/edgekit/<fleet>/+/+``: several collectors in one group
-  split the fleet's messages between them (each message goes to one of them).
+  split the fleet's messages between them (each message goes to one of them). On an MQTT 3.1.1
+  broker (``BrokerConfig.protocol``) the subscription is the plain filter, said in one log line.
 - Persistent MQTT session (clean_start false, session expiry): while a collector is away
   the broker keeps its messages. Messages are acknowledged (manual PUBACK) only after the
   transaction holding them is committed, so a crash between the two re-delivers instead of losing.
@@ -11,7 +12,10 @@
   five statements a message). The broker sends at most ``receive_maximum`` unacknowledged
   messages, so that is at least ``batch_max``: it keeps sending while a batch commits.
 - De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
-  (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection).
+  (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection);
+  partitioned PostgreSQL telemetry by key lookup under per-device locks (``edge.fleet.db``). On
+  PostgreSQL every batch first locks its devices (advisory, one global order): collectors
+  sharing a fleet take turns per device and never deadlock on the upserts.
 - Gaps: ``streams`` counts, per device session, the stream messages received and the
   highest seq seen or announced (births and deaths carry the stream position); the
   difference is what is still missing (in flight, in the device's outbox, or dropped there).
@@ -35,13 +39,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from edge.agent.mqtt import BrokerConfig
+from edge.agent.mqtt import DEGRADED, BrokerConfig
 from edge.agent.netloop import Backoff, Connection, NetworkLoop, Timer
 from edge.agent.payloads import SCHEMA_VERSION, encode
 from edge.agent.ratelog import RateLimitedLog
 from edge.agent.topics import Topic, check_part, fleet_filter, shared
 from edge.errors import EdgeError
-from edge.fleet.db import FleetDB, open_db, scrub
+from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db, scrub
 from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, TopicCache, decode,
                                flag, num, number, section, text, whole)
 
@@ -145,7 +149,7 @@ class Bounded(OrderedDict, Generic[K, V]):  # type: ignore[type-arg]
 class Collector:
     def __init__(self, config: CollectorConfig, *, db: FleetDB | None = None) -> None:
         self.config = config
-        self.db = db if db is not None else open_db(config.db_url)
+        self.db = db if db is not None else open_db(config.db_url, application_name=COLLECTOR_APPLICATION)
         self._own_db = db is None
         self.stats = _new_stats()
         self.loop: NetworkLoop | None = None
@@ -193,6 +197,11 @@ class Collector:
         """Write the queued messages (not committed), in arrival order: runs of telemetry and state together,
         births and deaths one by one between them. Which of them were new."""
         pending, self._pending = self._pending, []
+        if pending and self.db.dialect == "postgresql":
+            # partitions first (DDL waits for other writers), then this batch's devices in one order: collectors
+            # sharing the fleet take turns per device, so the upserts below never deadlock between them
+            self.db.ensure_partitions_for(now for _, _, now in pending)
+            self.db.lock_devices({(d.fleet, d.device) for d, _, _ in pending})
         new: list[bool] = []
         run: list[_Queued] = []
         for item in pending:
@@ -244,7 +253,8 @@ class Collector:
         for kind, sql in (("telemetry", _INSERT_TELEMETRY), ("state", _INSERT_STATE)):
             idx, values = rows[kind]
             if idx:
-                for i, ok in zip(idx, db.insert_new(sql, values)):
+                ins = db.insert_telemetry if kind == "telemetry" else db.insert_new
+                for i, ok in zip(idx, ins(sql, values)):
                     new[i] = ok
         streams: dict[tuple[str, str, int], list[Any]] = {}
         seen: dict[tuple[str, str], float] = {}
@@ -427,9 +437,12 @@ class Collector:
         rows: list[tuple[Any, ...]] = []
         for i in range(0, len(touched), self.GAP_QUERY_KEYS):
             chunk = touched[i:i + self.GAP_QUERY_KEYS]
+            # the keys as a joined table: for a row-value IN (VALUES ...) SQLite scans all of streams (measured
+            # 48 ms vs 1 ms per 300 keys at 100,000 streams), on every flush
             rows += self.db.execute(
-                "SELECT fleet, device, session, received, max_seq, announced_seq FROM streams WHERE "
-                "(fleet, device, session) IN (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")",
+                "WITH k(f, d, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ") "
+                "SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM k JOIN streams t "
+                "ON t.fleet = k.f AND t.device = k.d AND t.session = k.s",
                 [v for key in chunk for v in key]).fetchall()
         now = time.monotonic()
         for fleet, device, session, received, max_seq, announced in rows:
@@ -469,6 +482,9 @@ class Collector:
     # MQTT --------------------------------------------------------------------------------
     @property
     def subscription(self) -> str:
+        """The shared subscription (MQTT 5); a plain one on MQTT 3.1.1, where ``$share`` is not standard."""
+        if not self.config.broker.mqtt5:
+            return fleet_filter(self.config.fleet)
         return shared(self.config.group, fleet_filter(self.config.fleet))
 
     def _message(self, conn: Connection, msg: Any) -> None:
@@ -489,6 +505,8 @@ class Collector:
 
     def start(self, loop: NetworkLoop | None = None) -> "Collector":
         c = self.config
+        if not c.broker.mqtt5:
+            log.warning(DEGRADED["collector"])
         self.loop = loop or NetworkLoop(name="edgekit-collector").start()
         self._own_loop = loop is None
         self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],

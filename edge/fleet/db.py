@@ -3,12 +3,24 @@
 SQL is written once with ``?`` placeholders and portable syntax (``ON CONFLICT ... DO
 NOTHING/UPDATE ... WHERE``, ``DOUBLE PRECISION``, ``BIGINT``, ``BOOLEAN``), which both
 SQLite (3.24+) and PostgreSQL (9.5+) accept. Timestamps are Unix epoch seconds.
+
+PostgreSQL (11+): a new database gets ``telemetry`` as a table partitioned by range of ``received_at``,
+one partition per UTC day (``telemetry_pYYYYMMDD``), created ahead (``PARTITIONS_AHEAD`` days) and on demand
+by the writer, so retention drops whole partitions (``edge.fleet.retention``). PostgreSQL cannot have a
+unique key across partitions that leaves out the partition key, so de-duplication by (fleet, device,
+session, seq) is done by the writer under a per-device lock (``lock_devices``): a row whose seq is past its
+stream's committed ``max_seq`` is new, any other is inserted only if no stored row has its key
+(``insert_telemetry``). A database made before partitioning (telemetry a plain table with its primary key)
+keeps working as it is: ``partitioned`` is false, rows are de-duplicated by the primary key and retention
+deletes rows; nothing is converted behind the user's back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import unquote, urlparse
@@ -56,7 +68,32 @@ SCHEMA = [
         max_seq BIGINT NOT NULL, announced_seq BIGINT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (fleet, device, session))""",
     "CREATE INDEX IF NOT EXISTS telemetry_received ON telemetry (received_at)",
+    "CREATE INDEX IF NOT EXISTS states_received ON states (received_at)",  # retention
 ]
+_TELEMETRY_TABLE = next(x for x in SCHEMA if x.startswith("CREATE TABLE IF NOT EXISTS telemetry "))
+_TELEMETRY_COLUMNS = _TELEMETRY_TABLE[_TELEMETRY_TABLE.index("(") + 1:_TELEMETRY_TABLE.index(", PRIMARY KEY")]
+# PostgreSQL, new databases: partitioned by day of arrival; the key index is not unique (see the module doc)
+PG_PARTITIONED_TELEMETRY = [
+    f"CREATE TABLE telemetry ({_TELEMETRY_COLUMNS}) PARTITION BY RANGE (received_at)",
+    "CREATE INDEX telemetry_key ON telemetry (fleet, device, session, seq)",
+    "CREATE INDEX telemetry_received ON telemetry (received_at)",
+]
+PARTITION_S = 86400  # one partition per UTC day
+PARTITIONS_AHEAD = 3  # days created ahead of the writer's clock (and one behind)
+TELEMETRY_COLUMNS = ("fleet", "device", "session", "seq", "ts", "received_at", "historical", "fps", "p50_ms",
+                     "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb", "temp_c", "payload")
+_PARTITION_LOCK = 0x6564676B69740001  # the advisory lock that serialises partition DDL between writers
+
+
+def partition_name(day: int) -> str:
+    """``telemetry_pYYYYMMDD`` for the UTC day starting at ``day * PARTITION_S``."""
+    return "telemetry_p" + time.strftime("%Y%m%d", time.gmtime(day * PARTITION_S))
+
+
+def device_lock_key(fleet: str, device: str) -> int:
+    """A signed 64-bit advisory lock key for one device (collisions only serialise two devices' writers)."""
+    h = hashlib.blake2b(f"{fleet}/{device}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(h, "big", signed=True)
 
 
 class FleetDB:
@@ -66,6 +103,8 @@ class FleetDB:
         self.conn, self.dialect = conn, dialect
         self.url = redact(url)  # for messages: the password of a postgresql:// URL is never kept here
         self._cur = conn.cursor()
+        self.partitioned = False  # PostgreSQL telemetry partitioned by day (set by init_schema)
+        self._days: set[int] = set()  # partitions known to exist
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self.dialect == "postgresql":
@@ -119,8 +158,25 @@ class FleetDB:
         self.close()
 
     def init_schema(self) -> None:
+        if self.dialect == "postgresql":
+            kind = self.execute("SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass('telemetry')").fetchone()
+            if kind is None:
+                self.execute("SELECT pg_advisory_xact_lock(?)", (_PARTITION_LOCK,))  # two writers starting at once
+                kind = self.execute("SELECT c.relkind FROM pg_class c "
+                                    "WHERE c.oid = to_regclass('telemetry')").fetchone()
+                if kind is None:
+                    for stmt in PG_PARTITIONED_TELEMETRY:
+                        self.execute(stmt)
+                    kind = ("p",)
+            self.partitioned = kind[0] == "p"
         for stmt in SCHEMA:
+            if self.partitioned and stmt.startswith(("CREATE TABLE IF NOT EXISTS telemetry ",
+                                                     "CREATE INDEX IF NOT EXISTS telemetry_")):
+                continue
             self.execute(stmt)
+        if self.partitioned:
+            day = int(time.time() // PARTITION_S)
+            self.ensure_partitions(range(day - 1, day + PARTITIONS_AHEAD + 1))
         row = self.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             self.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -128,6 +184,99 @@ class FleetDB:
             raise EdgeError(f"{self.url} holds fleet schema {str(row[0])[:20]!r}; this edgekit uses {SCHEMA_VERSION}",
                             hint="use a new database, or the edgekit version that created it")
         self.commit()
+
+    # PostgreSQL, partitioned telemetry ---------------------------------------------------------
+    def partitions(self) -> dict[int, str]:
+        """The telemetry partitions: UTC day number -> table name (only ``telemetry_pYYYYMMDD`` ones)."""
+        if not self.partitioned:
+            return {}
+        rows = self.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                            "WHERE i.inhparent = to_regclass('telemetry')").fetchall()
+        out = {}
+        for (name,) in rows:
+            m = re.fullmatch(r"telemetry_p(\d{8})", name)
+            if m:
+                t = time.strptime(m.group(1), "%Y%m%d")
+                out[int(_timegm(t) // PARTITION_S)] = name
+        return out
+
+    def ensure_partitions(self, days: Any) -> int:
+        """Create the daily partitions among ``days`` (day numbers) that do not exist yet; how many were made.
+
+        In the caller's transaction, before it takes any device lock (the DDL waits for other writers'
+        transactions; they never wait for this one's device locks, so no deadlock)."""
+        want = sorted(set(days) - self._days)
+        if not want or not self.partitioned:
+            return 0
+        self.execute("SELECT pg_advisory_xact_lock(?)", (_PARTITION_LOCK,))
+        have = self.partitions()
+        made = 0
+        for day in want:
+            if day not in have:
+                self.execute(f"CREATE TABLE {partition_name(day)} PARTITION OF telemetry FOR VALUES FROM "
+                             f"({day * PARTITION_S}) TO ({(day + 1) * PARTITION_S})")
+                made += 1
+        self._days.update(want)
+        self._days.update(have)
+        return made
+
+    def ensure_partitions_for(self, times: Any) -> int:
+        """The partitions these arrival times (Unix seconds) fall in, and ``PARTITIONS_AHEAD`` days past this
+        host's today: a writer that runs for weeks creates each day's partition days before its first row."""
+        today = int(time.time() // PARTITION_S)
+        return self.ensure_partitions({int(t // PARTITION_S) for t in times} |
+                                      set(range(today, today + PARTITIONS_AHEAD + 1)))
+
+    def forget_partitions(self) -> None:
+        """Drop what this connection knows about existing partitions (after a rollback or a DROP)."""
+        self._days.clear()
+
+    def lock_devices(self, keys: Any) -> None:
+        """PostgreSQL: lock these (fleet, device) pairs until the transaction ends, in one global order, so
+        writers of the same devices take turns and never deadlock. SQLite has one writer at a time anyway."""
+        if self.dialect != "postgresql":
+            return
+        locks = sorted({device_lock_key(f, d) for f, d in keys})
+        if locks:
+            self.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(?::bigint[]) AS k", (locks,))
+
+    def insert_telemetry(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[bool]:
+        """Insert telemetry rows (``TELEMETRY_COLUMNS``); which were new. ``sql`` is the primary-key path's
+        ``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and unpartitioned PostgreSQL. Partitioned: the
+        caller holds the rows' device locks (``lock_devices``); a row past its stream's committed highest
+        seq is new, the others are looked up by key (every partition's index) and inserted only if absent."""
+        if not self.partitioned:
+            return self.insert_new(sql, rows)
+        self.ensure_partitions_for(r[5] for r in rows)
+        streams = sorted({(r[0], r[1], r[2]) for r in rows})
+        top: dict[tuple[str, str, int], int] = {}
+        for i in range(0, len(streams), 300):
+            chunk = streams[i:i + 300]
+            top.update(((f, d, int(s)), int(m)) for f, d, s, m in self.execute(
+                "WITH k(f, d, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ") SELECT t.fleet, "
+                "t.device, t.session, t.max_seq FROM k JOIN streams t ON t.fleet = k.f AND t.device = k.d "
+                "AND t.session = k.s", [v for k in chunk for v in k]).fetchall())
+        fresh = [r for r in rows if r[3] > top.get((r[0], r[1], r[2]), -1)]
+        maybe = [i for i, r in enumerate(rows) if r[3] <= top.get((r[0], r[1], r[2]), -1)]
+        cols = ", ".join(TELEMETRY_COLUMNS)
+        if fresh:
+            self.executemany(f"INSERT INTO telemetry ({cols}) VALUES ({', '.join(['?'] * len(TELEMETRY_COLUMNS))})",
+                             fresh)
+        new = [True] * len(rows)
+        if maybe:
+            probe = (f"INSERT INTO telemetry ({cols}) SELECT {', '.join(['?'] * len(TELEMETRY_COLUMNS))} "
+                     "WHERE NOT EXISTS (SELECT 1 FROM telemetry WHERE fleet = ? AND device = ? AND session = ? "
+                     "AND seq = ?)")
+            args = [(*rows[i], *rows[i][:4]) for i in maybe]
+            for i, ok in zip(maybe, self.insert_new(probe, args)):
+                new[i] = ok
+        return new
+
+
+def _timegm(t: time.struct_time) -> float:
+    import calendar
+
+    return float(calendar.timegm(t))
 
 
 SQLITE_SYNCHRONOUS = ("off", "normal", "full")
@@ -178,8 +327,14 @@ def check_url(url: str) -> str:
     raise EdgeError(f"unsupported database URL {redact(url)!r}", hint="use sqlite:///fleet.db or postgresql://...")
 
 
-def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
-    """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``."""
+COLLECTOR_APPLICATION = "edgekit-collector"  # PostgreSQL application_name of a collector's connection
+
+
+def open_db(url: str, *, must_exist: bool = False, application_name: str = "edgekit") -> FleetDB:
+    """``sqlite:///fleet.db`` (relative), ``sqlite:////var/lib/edgekit/fleet.db`` (absolute) or ``postgresql://...``.
+
+    PostgreSQL: the connection's ``application_name`` (unless the URL sets one) says who it is in
+    ``pg_stat_activity`` (``fleet partition`` refuses to convert a database collectors are writing to)."""
     if check_url(url) == "sqlite":
         path, sync = _sqlite_options(url)
         if path != ":memory:":
@@ -203,7 +358,8 @@ def open_db(url: str, *, must_exist: bool = False) -> FleetDB:
             raise MissingDependencyError("PostgreSQL support needs psycopg 3",
                                          hint="pip install 'edgekit-ml[fleet]'") from None
         try:
-            conn = psycopg.connect(url, connect_timeout=10)
+            named = {} if "application_name" in url else {"application_name": application_name}
+            conn = psycopg.connect(url, connect_timeout=10, **named)
         except psycopg.Error as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise EdgeError(f"cannot connect to {redact(url)}: {scrub(first, url)}") from None

@@ -9,9 +9,10 @@ which units were allowed, not a device Core ML does not report.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
+    import numpy as np
 
 from edge.capabilities import Requirement
 from edge.errors import EdgeError
@@ -54,6 +55,8 @@ class CoreMLRunner(Runner):
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)
         out = self._model.predict(dict(feeds))
+        import numpy as np
+
         return {t.name: np.asarray(out[t.name], dtype=np.float32).reshape(t.shape) for t in self.outputs}
 
     def close(self) -> None:

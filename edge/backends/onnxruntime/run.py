@@ -8,9 +8,10 @@ CPU; the runner therefore reads ``session.get_providers()`` after creation.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
+    import numpy as np
 
 from edge.capabilities import Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError

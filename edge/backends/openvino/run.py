@@ -17,9 +17,10 @@ see :func:`disable_openvino_telemetry`); this module turns that off before impor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
+    import numpy as np
 
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
@@ -85,6 +86,8 @@ def _compute_precisions(compiled: Any) -> dict[str, int] | None:
 
 
 def _spec(port: Any) -> TensorSpec:
+    import numpy as np
+
     pshape = port.get_partial_shape()
     shape = tuple(int(d.get_length()) if d.is_static else str(d) for d in pshape)
     return TensorSpec(port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name,

@@ -29,9 +29,10 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
+    import numpy as np
 
 from edge.capabilities import Requirement, current_host, problems
 from edge.errors import EdgeError, HardwareUnavailableError
@@ -289,6 +290,8 @@ class TensorRTRunner(Runner):
         if self._ort is not None:
             return self._ort.infer(feeds)
         out = self._trt.infer(feed_dict=dict(feeds), copy_outputs_to_host=True)
+        import numpy as np
+
         return {t.name: np.asarray(out[t.name]) for t in self.outputs}
 
     def close(self) -> None:
