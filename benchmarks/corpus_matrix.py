@@ -10,9 +10,9 @@ time budget (``EXTRA``), goes through ``edge.pipeline.convert`` as a user's woul
 ``EdgeError``, its class and first words; ``bug:`` anything else, e.g. a runtime's own exception),
 the model file's size in the bundle, the parity figures recorded in the manifest (the worst
 output's cosine and SNR, and each task figure parity gated on; KL / top-1 for GGUF), the p50
-latency from ``edge.bench`` (``run_benchmark``: random feeds at the corpus's shapes, ``-n``
-iterations after 10 warm-up; for a GGUF, ms per generated token from ``edge.llm.bench``) and the
-conversion's wall and CPU seconds. A bundle whose reference pairs fail the check a device runs
+latency from ``edge.bench`` (``run_benchmark`` on what ``edgekit bench`` feeds: the bundle's first
+reference pair's input, ``-n`` iterations after 10 warm-up; for a GGUF, ms per generated token
+from ``edge.llm.bench``) and the conversion's wall and CPU seconds. A bundle whose reference pairs fail the check a device runs
 on first load is a ``bug:`` row. A status that disagrees with the test's entry is flagged
 "(the test expects ...)": that test fails today.
 
@@ -43,6 +43,7 @@ from tests.test_corpus import EXPECTED  # noqa: E402
 #: cases the test leaves out for its time budget (tests/test_corpus.py's docstring), measured here too
 EXTRA: tuple[tuple[str, str, str, str], ...] = (
     ("ppocr-det", "x86-cpu", "int8", "bench only"),
+    ("ddddocr-det", "x86-cpu", "int8", "bench only"),
     ("smollm2-135m", "x86-cpu", "keep", "bench only"),
     ("smollm2-135m", "arm-xnnpack", "keep", "bench only"),
 )
@@ -90,22 +91,12 @@ def _parity_metric(parity: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _feeds(m: CorpusModel, bundle: Any) -> dict[str, np.ndarray]:
-    """What ``edgekit bench`` feeds (standard normal floats, zeros otherwise), with the corpus's shapes
-    for dims the bundle keeps dynamic and its fixed values (Silero's sample rate: 0 would run the
-    8 kHz branch, a different graph)."""
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for t in bundle.io.inputs:
-        shape = t.shape if t.is_static else m.input_shapes.get(t.name, t.shape)
-        dt = np.dtype(t.dtype)
-        if t.name in m.fixed_inputs:
-            feeds[t.name] = np.full(shape, m.fixed_inputs[t.name], dtype=dt)
-        elif np.issubdtype(dt, np.floating):
-            feeds[t.name] = rng.standard_normal(shape).astype(dt)
-        else:
-            feeds[t.name] = np.zeros(shape, dtype=dt)
-    return feeds
+def _feeds(m: CorpusModel, bundle: Any) -> dict[str, np.ndarray] | None:
+    """What ``edgekit bench`` feeds (``edge.bench.bundle_feeds``: the bundle's first reference pair's input,
+    real shapes and values, Silero's sample rate 16000 included)."""
+    from edge.bench import bundle_feeds
+
+    return bundle_feeds(bundle)[0]
 
 
 def _latency(m: CorpusModel, bundle: Any, iterations: int) -> str:

@@ -56,24 +56,61 @@ def peak_rss_mb() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
-def random_feeds(runner: Runner, seed: int = 0) -> dict[str, np.ndarray]:
+_RANDOM = "standard-normal floats, zeros for other types"
+
+
+def bundle_feeds(bundle: Any) -> tuple[dict[str, np.ndarray] | None, str]:
+    """What a benchmark of ``bundle`` feeds: its first reference pair's inputs (``edge.refpairs``), i.e. an
+    input the model was built and checked on, with its real shapes and values (a scalar like Silero VAD's
+    sample rate gets its real value, where a zero would run another branch or be refused), and where they
+    came from in words. Without usable pairs: generated at the shapes of the bundle's I/O spec (static once
+    built, even where the model file keeps a dim dynamic, as Silero's does inside its If branches), or
+    ``(None, why)`` where the spec is not static either: the caller generates feeds from the runner
+    (:func:`random_feeds`)."""
+    from edge.errors import BundleError
+    from edge.refpairs import load_reference_pairs
+
+    entry = getattr(getattr(bundle, "info", None), "reference_pairs", None)
+    why = "the bundle carries no reference pairs"
+    if entry is not None and getattr(entry, "file", None) and getattr(entry, "samples", 0):
+        try:
+            pairs = load_reference_pairs(bundle.path, entry, bundle.io)
+        except BundleError as e:
+            why = f"reference pairs unusable: {e.message}"
+        else:
+            return dict(pairs.inputs[0]), f"reference pair 0 of {entry.file} (an input the bundle was checked on)"
+    specs = list(getattr(getattr(bundle, "io", None), "inputs", ()) or ())
+    if specs and all(t.is_static for t in specs):
+        return _random(specs), f"{_RANDOM} at the bundle's input shapes ({why})"
+    return None, f"{_RANDOM} ({why})"
+
+
+def _random(specs: Any, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
-    for t in runner.inputs:
+    for t in specs:
         if not t.is_static:
-            raise EdgeError(f"input {t.name!r} has dynamic shape {list(t.shape)}; benchmark needs static shapes")
+            raise EdgeError(f"input {t.name!r} has dynamic shape {list(t.shape)}; benchmark needs static shapes",
+                            hint="rebuild the bundle with --input-shape NAME=DIMS")
         dt = np.dtype(t.dtype)
         feeds[t.name] = (rng.standard_normal(t.shape).astype(dt) if np.issubdtype(dt, np.floating)
                          else np.zeros(t.shape, dtype=dt))
     return feeds
 
 
+def random_feeds(runner: Runner, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal floats (zeros for other types) at the runner's input shapes."""
+    return _random(runner.inputs, seed)
+
+
 def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None = None, duration_s: float | None = None,
                   warmup: int = 10, budget_ms: float | None = None, budget_source: str = "none",
                   feeds: Mapping[str, np.ndarray] | None = None, bundle: str | None = None,
                   target: str | None = None, on_target_device: bool = True,
-                  progress: Callable[[int, int | None], None] | None = None) -> BenchReport:
-    """Open a runner (timed as load), then measure. Default: 200 iterations."""
+                  progress: Callable[[int, int | None], None] | None = None,
+                  feeds_from: str | None = None) -> BenchReport:
+    """Open a runner (timed as load), then measure. Default: 200 iterations. ``feeds``: the input (default
+    :func:`random_feeds`); ``feeds_from``: where it came from, recorded in the runner's details."""
     if iterations is not None and duration_s is not None:
         raise EdgeError("give either --iterations or --duration, not both")
     if iterations is None and duration_s is None:
@@ -109,6 +146,9 @@ def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None =
                 break
         wall = (clock() - start) / 1e9
         info = runner.info.to_json()
+        details = info.get("details")
+        info["details"] = {**(details if isinstance(details, Mapping) else {}), "bench_inputs": feeds_from or (
+            "the caller's feeds" if feeds is not None else _RANDOM)}
     lat = LatencyStats.from_ms(np.asarray(samples, dtype=np.float64) / 1e6)
     return BenchReport(bundle=bundle, target=target, load_ms=load_ms, first_inference_ms=first_ms, warmup=warmup,
                        latency=lat, duration_s=wall, throughput_fps=n / wall if wall > 0 else float("nan"),

@@ -66,14 +66,15 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
            fps: float | None = None, budget_ms: float | None = None,
            accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
            on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
-           **convert_kwargs: Any) -> DeployResult:
+           tuned: Any = None, **convert_kwargs: Any) -> DeployResult:
     """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
     ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
 
     The benchmark's budget verdict gates only when this host is the target's device class
     (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
     target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
-    parity could not run here ships with ``DeployResult.unverified`` saying why."""
+    parity could not run here ships with ``DeployResult.unverified`` saying why. ``tuned``: an ``edgekit tune``
+    overlay (file or ``edge.tuned.TunedOverlay``) applied to the target before converting and benchmarking."""
     from edge.signing import configured_sign_key
     from edge.bench import judge_device_class, run_benchmark
     from edge.manifest_schema import SkippedParity
@@ -83,11 +84,18 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
 
     say = on_step or (lambda _m: None)
     profile = get_target(target, convert_kwargs.get("targets_dir", ()))
+    applied: list[str] = []
+    if tuned is not None:  # applied here, so the benchmark below runs the tuned runner and options too
+        from edge.tuned import apply_tuned
+
+        profile, convert_kwargs["precision"] = apply_tuned(profile, tuned, convert_kwargs.get("precision"),
+                                                           applied.append)
+        say(applied[-1])
     open_store(device)  # a bad address, bad ssh options or no ssh fail here: before minutes of work, nothing built
     build = Path(build_dir) if build_dir else Path("build") / f"{Path(model).stem}-{target}"
     bundle = convert(model, profile, build, accept_parity_failure=accept_parity_failure, on_step=say, force=True,
                      **convert_kwargs)
-    notes: list[str] = []
+    notes: list[str] = list(applied)  # what a tuned overlay applied, first
     report = None
     gates = device_class = None
     par = bundle.info.parity
@@ -102,8 +110,11 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         budget, source = budget_from(fps, budget_ms, profile.frame_budget_ms)
         say(f"benchmarking {bench_iterations} iterations on this host")
         extra = {"allow_cpu_fallback": True} if allow_cpu_fallback else {}
+        from edge.bench import bundle_feeds
+
+        feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
         rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=bench_iterations, budget_ms=budget, budget_source=source,
-                            bundle=bundle.id, target=profile.name)
+                            bundle=bundle.id, target=profile.name, feeds=feeds, feeds_from=feeds_from)
         gates, device_class = judge_device_class(rep, profile)
         if gates:
             notes.append(f"the budget verdict gates this deploy: {device_class}")

@@ -26,7 +26,8 @@ import numpy as np
 
 from edge.capabilities import CpuIsa, cpu_isa
 from edge.backends.runner import Runner
-from edge.tasks import TaskFigures, TaskJudge, blank_share, column_range, detect_task, fits, is_classifier
+from edge.tasks import (TaskFigures, TaskJudge, anchor_head, blank_share, column_range, detect_task, fits,
+                        is_classifier)
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,7 @@ def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[M
     dicts). ``task``: "auto" (detected per output from its shape and the reference's values), "none", a task
     of :data:`edge.tasks.TASKS` for every output it fits, or a mapping output name -> task."""
     results = []
+    shapes = {name: tuple(np.shape(v)) for name, v in reference[0].items()}
     for name in reference[0]:
         if any(name not in c for c in candidate):
             results.append(OutputParity(name, float("inf"), float("inf"), 0.0, 0.0, None, ["output missing in the converted model"]))
@@ -294,12 +296,13 @@ def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[M
                                         [f"shape {list(bad[1:])} differs from the source's {list(refs[0].shape[1:])}"]))
             continue
         wanted = task.get(name, "auto") if isinstance(task, Mapping) else task
-        results.append(_compare_output(name, refs, cands, th, wanted))
+        others = [s for n, s in shapes.items() if n != name]
+        results.append(_compare_output(name, refs, cands, th, wanted, others))
     return results
 
 
 def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], th: Thresholds,
-                    wanted: str) -> OutputParity:
+                    wanted: str, others: Sequence[tuple[int, ...]] = ()) -> OutputParity:
     """One output, one sample at a time (a recognizer's [1, 40, 18710] logits over 32 samples would be
     190 MB as one float64 stack)."""
     per = int(np.prod(refs[0].shape)) if refs[0].shape else 1
@@ -354,9 +357,13 @@ def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], 
     o.degenerate_note = degenerate_reason(o.ref_min, o.ref_max)
     o.degenerate = o.degenerate_note is not None
     shape = refs[0].shape
-    if is_classifier(shape):  # top-1 whatever the task: the classifier gate needs it
-        o.top1 = _judge("classifier", shape, refs, cands).figures["top1"]
-    _task(o, wanted, shape, refs, cands)
+    anchors = anchor_head(shape, others)
+    if anchors is not None and wanted == "auto":  # [1, N, 1] anchor scores are not N classes
+        o.task_note = anchors
+    else:
+        if is_classifier(shape):  # top-1 whatever the task: the classifier gate needs it
+            o.top1 = _judge("classifier", shape, refs, cands).figures["top1"]
+        _task(o, wanted, shape, refs, cands, others)
     if not finite:
         o.failures.append("NaN or Inf in the converted model's output")
     else:
@@ -380,12 +387,13 @@ def _judge(task: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: lis
     return judge.result()
 
 
-def _task(o: OutputParity, wanted: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
+def _task(o: OutputParity, wanted: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray],
+          others: Sequence[tuple[int, ...]] = ()) -> None:
     if wanted == "none":
         return
     lo, hi = column_range(refs)
     if wanted == "auto":
-        task = detect_task(o.name, shape, lo, hi)
+        task = detect_task(o.name, shape, lo, hi, others=others)
     elif fits(wanted, shape, lo, hi):
         task = wanted
     else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -68,9 +68,14 @@ class Trial:
     cosine: float  # worst output's mean cosine over the search samples
     finite: bool
     passed: bool
+    failures: list[str] = field(default_factory=list)  # the task judgement's (search with ``precision``)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kept": self.kept, "cosine": round(self.cosine, 6), "finite": self.finite, "passed": self.passed}
+        data: dict[str, Any] = {"kept": self.kept, "cosine": round(self.cosine, 6), "finite": self.finite,
+                                "passed": self.passed}
+        if self.failures:
+            data["failures"] = self.failures[:4]
+        return data
 
 
 @dataclass
@@ -83,6 +88,8 @@ class SearchResult:
     artifact: Any = None  # what the builder returned for the chosen candidate
     chosen: int = -1  # the trial whose candidate was kept: the passing one, else the best
     origin: str = ""  # what the search inputs are: "calibration (images)", "generated"
+    method: str | None = None  # int8: the calibration method of the chosen candidate
+    calibrations: dict[str, Any] | None = None  # int8: the calibrations' fully quantized candidates, when several
 
     @property
     def passed(self) -> bool:
@@ -92,7 +99,8 @@ class SearchResult:
         return {"target_cosine": round(self.target_cosine, 6), "search_samples": self.samples,
                 "search_inputs": self.origin,
                 "trials": [t.to_json() for t in self.trials], "chosen_trial": self.chosen % max(len(self.trials), 1),
-                "passed": self.passed, "stopped": self.stopped}
+                "passed": self.passed, "stopped": self.stopped,
+                **({"calibrations": self.calibrations} if self.calibrations else {})}
 
     def note(self, what: str) -> str | None:
         """One line for the manifest's notes, or None when nothing was kept and the first candidate passed."""
@@ -126,13 +134,26 @@ def name_nodes(model: Any) -> Any:
     return model
 
 
+def subgraph_nodes(graph: Any) -> list[Any]:
+    """The nodes of every If/Loop/Scan body inside ``graph``'s nodes, recursively (not ``graph``'s own)."""
+    found = []
+    for n in graph.node:
+        for attr in n.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                found += list(g.node) + subgraph_nodes(g)
+    return found
+
+
 def drop_fp16_round_trips(model: Any) -> int:
     """Remove Cast(fp32 -> fp16) -> Cast(fp16 -> fp32) pairs; in place, returns how many.
 
     onnxruntime's ``convert_float_to_float16`` passes a tensor between two blocked (fp32) nodes through fp16
     all the same, which is exactly what overflows; the consumer then reads the fp32 tensor directly.
+    The main graph's casts only; a tensor an If/Loop body reads from the outer scope counts as used, and the
+    renames reach into the bodies (Silero VAD's If branches read the fp16 cast of the graph's input).
     """
     graph = model.graph
+    inner = subgraph_nodes(graph)
     to = {n.name: next((a.i for a in n.attribute if a.name == "to"), None) for n in graph.node if n.op_type == "Cast"}
     producer = {o: n for n in graph.node for o in n.output}
     outputs = {o.name for o in graph.output}
@@ -148,18 +169,18 @@ def drop_fp16_round_trips(model: Any) -> int:
         drop.append(n)
     for n in drop:
         graph.node.remove(n)
-    for n in graph.node:
+    for n in [*graph.node, *inner]:
         for i, name in enumerate(n.input):
             if name in rename:
                 n.input[i] = rename[name]
-    used = {i for n in graph.node for i in n.input} | outputs
+    used = {i for n in [*graph.node, *inner] for i in n.input} | outputs
     restore: dict[str, str] = {}
     fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer} | outputs
     for n in [n for n in graph.node if n.op_type == "Cast" and to.get(n.name) == 10 and n.output[0] not in used]:
         graph.node.remove(n)
         if n.input[0] not in fixed:
             restore[n.input[0]] = n.output[0]  # the fp32 tensor takes its original name back
-    for n in graph.node:
+    for n in [*graph.node, *inner]:
         for seq in (n.input, n.output):
             for i, name in enumerate(seq):
                 if name in restore:
@@ -441,12 +462,32 @@ def fp16_range_keep(model: Any, ranges: Mapping[str, Range]) -> list[KeptNode]:
 # -- the search -----------------------------------------------------------------------------------------
 
 
+def task_failures(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
+                  precision: str, margin: float = MARGIN) -> list[str]:
+    """What the parity gate's task judgement (``edge.parity.compare``, --task auto) fails for ``candidate``,
+    with every task limit tightened by ``margin`` of its budget as the cosine target is (detection recall
+    0.90 -> 0.95 at int8): a YOLOX head quantized to cosine 0.9968 still lost 13 % of its detections."""
+    from edge.parity import compare, thresholds_for
+
+    th = thresholds_for(precision)
+
+    def tight(v: float | None) -> float | None:
+        return None if v is None else 1.0 - (1.0 - v) * margin
+
+    th = replace(th, min_top1=tight(th.min_top1), min_top5=tight(th.min_top5), min_detection=tight(th.min_detection),
+                 min_iou=tight(th.min_iou), min_sequence=tight(th.min_sequence))
+    task_words = ("top-1", "top-5", "detection", "IoU", "sequence")
+    return [f"{o.name}: {f}" for o in compare(list(reference), list(candidate), th)
+            for f in o.failures if any(w in f for w in task_words)]
+
+
 def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference: Infer,
            build: Callable[[list[str]], Any], infer_of: Callable[[Any], Infer], target_cosine: float,
            initial: Sequence[KeptNode] | Callable[[], Sequence[KeptNode]] = (),
            eligible: Sequence[str] | None = None,
            max_trials: int = DEFAULT_TRIALS, why: str = "adds {err} relative error",
-           sizes: Mapping[str, int] | None = None, graph_of: Callable[[Any], Any] | None = None) -> SearchResult:
+           sizes: Mapping[str, int] | None = None, graph_of: Callable[[Any], Any] | None = None,
+           precision: str | None = None) -> SearchResult:
     """Keep nodes in higher precision until the candidate's outputs reach ``target_cosine``.
 
     ``model`` is the float ONNX graph whose node and tensor names the candidates share; ``build(kept names)``
@@ -457,6 +498,9 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
     ``initial`` given as a callable is computed only when the plain candidate (nothing kept) fails: the
     fp16 range check runs the fp32 graph with every tensor exposed (minutes on a 640x640 detector), which
     a model that is fine in fp16 (most are) should not pay.
+
+    ``precision``: a candidate must also pass the gate's task figures for it (:func:`task_failures`), not only
+    the cosine target.
     """
     outputs = [o.name for o in model.graph.output]
     sizes = dict(sizes if sizes is not None else float_tensors(model))
@@ -471,9 +515,12 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
     for trial in range(max_trials + 1):
         candidate = build(list(kept))
         cand_infer = infer_of(candidate)
-        cos, finite = output_cosine(ref_out, cand_infer(samples, []), outputs)
+        cand_out = cand_infer(samples, [])
+        cos, finite = output_cosine(ref_out, cand_out, outputs)
         passed = finite and cos >= target_cosine
-        result.trials.append(Trial(len(kept), cos, finite, passed))
+        failures = task_failures(ref_out, cand_out, precision) if passed and precision is not None else []
+        passed = passed and not failures
+        result.trials.append(Trial(len(kept), cos, finite, passed, failures))
         score = cos if finite else -1.0
         if best is None or score > best[0] or passed:
             best = (score, candidate, list(kept.values()), trial)
@@ -503,6 +550,11 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
     assert best is not None
     result.artifact, result.kept, result.chosen = best[1], best[2], best[3]
     return result
+
+
+def trial_score(t: Trial) -> tuple[bool, int, float]:
+    """How good a candidate is, to compare two: passing, then fewer task-figure failures, then cosine."""
+    return (t.passed, -len(t.failures) if t.finite else -99, t.cosine if t.finite else -1.0)
 
 
 def target_cosine(precision: str, margin: float = MARGIN) -> float:

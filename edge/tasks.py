@@ -322,11 +322,41 @@ class TaskJudge:
                            f"{how}; 'sequence': identical decoded sequences, 'tokens': 1 - edit distance / length")
 
 
-def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
-                ctc_blank_share: float = 0.0) -> str | None:
-    """The task an output looks like, from its shape (batch included), name and the reference's value range
-    (``lo``/``hi`` per last-axis column over all samples), or None."""
+#: an SSD-style head has at least this many anchors (BlazeFace short range: 896, SSD MobileNet: 1917)
+_MIN_ANCHORS = 64
+#: the box regressor's width: 4 box values, plus keypoints (BlazeFace: 4 + 6 x 2 = 16)
+_BOX_COLUMNS = (4, 64)
+
+
+def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> str | None:
+    """Why an output is one tensor of an SSD-style anchor head (a note), or None.
+
+    Such a head gives, per anchor, box offsets in one output ([1, N, 4 + 2k]) and scores in another
+    ([1, N, C]), the same N in both and N larger than any width. Neither is decodable without the anchor
+    table, which lives outside the model (MediaPipe's BlazeFace: [1, 896, 16] regressors and [1, 896, 1]
+    logits); read alone, the scores look like a classifier over N "classes" and the regressors like a
+    sequence of N steps. Both are judged on raw figures only. ``others``: the model's other outputs."""
     s = _dims(shape)
+    if len(s) != 3 or s[0] != 1 or s[1] < _MIN_ANCHORS or s[2] >= s[1]:
+        return None
+    group = [s] + [_dims(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2] and _dims(o)[2] < s[1]]
+    if len(group) < 2 or not any(_BOX_COLUMNS[0] <= g[2] <= _BOX_COLUMNS[1] for g in group):
+        return None
+    if yolo_layout(s) is not None:
+        return None
+    widths = " and ".join(f"[1, {s[1]}, {g[2]}]" for g in sorted(group, key=lambda g: -g[2]))
+    return (f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
+            "table, which is not in the model): raw figures only")
+
+
+def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
+                ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = ()) -> str | None:
+    """The task an output looks like, from its shape (batch included), name and the reference's value range
+    (``lo``/``hi`` per last-axis column over all samples), or None. ``others``: the shapes of the model's
+    other outputs (an SSD-style anchor head spreads over two, see :func:`anchor_head`)."""
+    s = _dims(shape)
+    if anchor_head(s, others) is not None:
+        return None
     if is_classifier(s):
         return "classifier"
     if yolo_layout(s, lo, hi) is not None:

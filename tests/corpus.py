@@ -38,7 +38,7 @@ class CorpusModel:
     preprocess: str = "none"  # --preprocess preset
     letterbox: bool | None = None  # --letterbox
     source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
-    parity_task: str | None = None  # the task edge.tasks should detect on its output (--task auto), if any
+    parity_task: str | None = None  # the task edge.tasks should detect on its output (--task auto); None: no task
     fixed_inputs: dict[str, float] = field(default_factory=dict)  # inputs a caller sets to one value (a sample rate)
 
     @property

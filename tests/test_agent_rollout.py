@@ -18,12 +18,14 @@ import pytest
 
 from conftest import wait_for
 from edge.agent.agent import Agent, AgentConfig
-from edge.agent.artifact import ArchiveError, pack_bundle, unpack_bundle
+from edge.agent.appsocket import AppReporter
+from edge.agent.artifact import ArchiveError, archive_sha256, pack_bundle, unpack_bundle
 from edge.agent.desired import DesiredError, DesiredState, ReportedState
 from edge.agent.download import DownloadOptions
 from edge.agent.mqtt import BrokerConfig, paho
 from edge.agent.payloads import load_schema
 from edge.agent.netloop import Backoff
+from edge.bench import random_feeds
 from edge.bundle import Bundle
 from edge.deploy import DeviceStore
 from edge.pipeline import convert
@@ -486,3 +488,206 @@ def test_archives_with_links_or_escaping_names_are_refused(tmp_path: Path) -> No
 def test_pack_is_reproducible(tmp_path: Path, bundles: dict[str, Any]) -> None:
     assert pack_bundle(bundles["a"].path, tmp_path / "again.tar") == bundles["sha"]["a"]
     assert hashlib.sha256((tmp_path / "again.tar").read_bytes()).hexdigest() == bundles["sha"]["a"]
+
+
+# == issue #14 follow-ups: local rollback, nothing to do, the app's watch, step deadlines ==============
+
+def _states(fleet: Fleet, version: int) -> list[str]:
+    return [m["state"] for m in fleet.reported if m["desired_version"] == version]
+
+
+def test_archive_sha256_of_a_stored_bundle_is_its_packed_sha256(tmp_path: Path, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    stored = store / "bundles" / bundles["a"].id
+    assert archive_sha256(stored) == bundles["sha"]["a"]  # the copy the store made packs to the same bytes
+    assert archive_sha256(bundles["b"].path) == bundles["sha"]["b"] != bundles["sha"]["a"]
+
+
+# -- 1. a rollback to the store's previous bundle is a local switch -----------------------------------
+
+def test_rollback_to_the_previous_bundle_switches_locally_without_a_download(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    agent = start_agent(broker.url, store, watch_s=1.0)
+    try:
+        fleet.desire(**desired_for(bundles, http, "b", 2))
+        assert fleet.wait_state("running", "failed", "rolled-back", version=2)["state"] == "running"
+        assert DeviceStore(store).state().previous == bundles["a"].id
+        fleet.desire(**desired_for(bundles, http, "a", 3))  # the fleet rolls back: A's artifact URL and sha256
+        r = fleet.wait_state("running", "failed", "rolled-back", version=3)
+        assert r["state"] == "running" and r["bundle_running"] == bundles["a"].id, r
+        assert [p for p, _ in http.requests if p == "/a.tar"] == []  # never downloaded
+        assert [p for p, _ in http.requests if p == "/b.tar"] == ["/b.tar"]
+        assert agent.counters["local_switches"] == 1 and agent.counters["downloads"] == 1
+        v3 = [m for m in fleet.reported if m["desired_version"] == 3]
+        assert v3[0]["state"] == "verifying" and v3[0]["progress"] == {"from": "store"}
+        assert [m["state"] for m in v3][1:] == ["smoke-testing", "switching", "watching", "running"]
+        assert r["reference_check"]["passed"] is True and r["health"]["frames"] > 0  # smoke-tested and watched
+        st = DeviceStore(store).state()
+        assert (st.current, st.previous) == (bundles["a"].id, bundles["b"].id)
+        assert DeviceStore(store).history()[-1]["action"] == "rollback"
+        assert agent.bundle.id == bundles["a"].id
+        assert not (store / "agent" / "unconfirmed.json").exists()
+    finally:
+        agent.stop(5)
+
+
+def test_a_stored_copy_that_is_not_the_desired_artifact_is_downloaded(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    DeviceStore(store).install(bundles["b"])  # previous: A
+    agent = start_agent(broker.url, store, watch_s=0.5)
+    try:
+        d = desired_for(bundles, http, "a", 2)
+        d["sha256"] = "0" * 64  # names another artifact than the one the stored copy packs to
+        fleet.desire(**d)
+        r = fleet.wait_state("running", "failed", "rolled-back", version=2)
+        assert r["state"] == "failed" and r["reason"]["code"] == "sha256_mismatch", r  # downloaded, then refused
+        assert [p for p, _ in http.requests] == ["/a.tar"]
+        assert agent.counters["local_switches"] == 0 and DeviceStore(store).state().current == bundles["b"].id
+    finally:
+        agent.stop(5)
+
+
+# -- 2. a desired state naming the bundle already run: running at once --------------------------------
+
+def test_rollback_naming_the_bundle_already_running_reports_running_at_once(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    agent = start_agent(broker.url, store, watch_s=60.0)  # a watch would take a minute
+    try:
+        fleet.desire(**desired_for(bundles, http, "b", 2, budget_ms=0.0001))  # refused by the smoke test
+        assert fleet.wait_state("running", "failed", "rolled-back", version=2)["state"] == "failed"
+        t0 = time.monotonic()
+        fleet.desire(**desired_for(bundles, http, "a", 3))  # the controller's rollback: A, which never left
+        r = fleet.wait_state("running", "failed", "rolled-back", version=3, timeout=20)
+        assert time.monotonic() - t0 < 20
+        assert r["state"] == "running" and r["bundle_running"] == bundles["a"].id and r["reason"] is None
+        assert _states(fleet, 3) == ["running"]  # no download, no smoke test, no watch
+        assert agent.counters["already_running"] == 1 and [p for p, _ in http.requests if p == "/a.tar"] == []
+        assert DeviceStore(store).history()[-1]["action"] == "deploy"  # the store was not touched
+    finally:
+        agent.stop(5)
+
+
+# -- 4. a stuck step times out ------------------------------------------------------------------------
+
+def test_a_verify_step_past_its_deadline_fails_with_timeout(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    agent = start_agent(broker.url, store, verify_timeout_s=1e-6)  # no unpack + hashing fits in a microsecond
+    try:
+        fleet.desire(**desired_for(bundles, http, "b", 2))
+        r = fleet.wait_state("running", "failed", "rolled-back", version=2)
+        assert r["state"] == "failed" and r["reason"]["code"] == "timeout", r
+        assert r["reason"]["step"] == "verifying" and "did not finish within" in r["reason"]["detail"]
+        assert DeviceStore(store).state().current == bundles["a"].id and agent.bundle.id == bundles["a"].id
+        fleet.desire(**desired_for(bundles, http, "b", 3))  # the next desired state is not blocked
+        r = fleet.wait_state("failed", "running", version=3)
+        assert r["reason"]["code"] == "timeout"
+    finally:
+        agent.stop(5)
+
+
+# -- 3. --source app: the watch judges the application's frames; the application follows `current` ------
+
+class App:
+    """An application on edgekit's Python API: runs the store's current bundle itself, reloads it when
+    ``AppReporter.current_bundle()`` changes, and reports each frame's latency over the app socket."""
+
+    def __init__(self, sock: Path, store: Path, *, slow_on: str | None = None, crash_on: str | None = None) -> None:
+        self.reporter = AppReporter(sock, batch=5, max_delay_s=0.1, store=store)
+        self.slow_on, self.crash_on = slow_on, crash_on
+        self.ran: list[str] = []  # bundles loaded, in order
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        runner = None
+        current = None
+        try:
+            while not self.stop.is_set():
+                now = self.reporter.current_bundle()
+                if now is not None and now != current:
+                    if runner is not None:
+                        runner.close()
+                    current = now
+                    self.ran.append(now)
+                    self.reporter.flush()
+                    self.reporter.bundle = now
+                    runner = Bundle.open(self.reporter.store / "bundles" / now).open_runner(
+                        {"intra_op_num_threads": 1})
+                    feeds = random_feeds(runner)
+                if runner is None:
+                    time.sleep(0.05)
+                    continue
+                if current == self.crash_on:  # the application dies on this bundle: it reports nothing
+                    time.sleep(0.05)
+                    continue
+                t = time.perf_counter_ns()
+                runner.infer(feeds)
+                ms = (time.perf_counter_ns() - t) / 1e6
+                if current == self.slow_on:
+                    ms += 50.0  # the application's own pipeline is slow with this bundle
+                self.reporter.frame(ms)
+                time.sleep(0.02)
+        finally:
+            if runner is not None:
+                runner.close()
+
+    def __enter__(self) -> "App":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.reporter.close()
+
+
+def _app_agent(broker: Any, store: Path, sock: Path, **kw: Any) -> Any:
+    return start_agent(broker.url, store, source=f"app:{sock}", smoke_frames=0, watch_s=3.0, **kw)
+
+
+def test_app_source_watch_judges_the_applications_frames_and_the_app_follows_the_switch(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    sock = tmp_path / "app.sock"
+    agent = _app_agent(broker, store, sock)
+    try:
+        with App(sock, store, slow_on=bundles["b"].id) as app:
+            wait_for(lambda: agent.app.last_report is not None, 20, "the application's first report")
+            fleet.desire(**desired_for(bundles, http, "b", 2, budget_ms=20.0))
+            r = fleet.wait_state("running", "failed", "rolled-back", version=2)
+            assert r["state"] == "rolled-back", r
+            assert r["reason"]["code"] == "watch_p99_over_budget" and "the application reported" in \
+                r["reason"]["detail"]
+            assert r["health"]["source"] == "app" and r["health"]["frames"] >= 20 and r["health"]["p99_ms"] > 20
+            wait_for(lambda: app.ran == [bundles["a"].id, bundles["b"].id, bundles["a"].id], 10,
+                     f"the application to follow A -> B -> A (ran {app.ran})")
+            # a good bundle on the application's frames: watched and kept
+            fleet.desire(**desired_for(bundles, http, "b", 3, budget_ms=1000.0))
+            r = fleet.wait_state("running", "failed", "rolled-back", version=3)
+            assert r["state"] == "running", r
+            assert r["health"]["source"] == "app" and r["health"]["frames"] > 0 and r["health"]["errors"] == 0
+            assert r["health"]["p99_ms"] < 1000.0
+            wait_for(lambda: app.ran[-1] == bundles["b"].id, 10, "the application on B")
+    finally:
+        agent.stop(5)
+
+
+def test_app_that_stops_reporting_on_the_new_bundle_is_rolled_back(
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    store = store_with(tmp_path / "store", bundles["a"])
+    sock = tmp_path / "app.sock"
+    agent = _app_agent(broker, store, sock)
+    try:
+        with App(sock, store, crash_on=bundles["b"].id):
+            wait_for(lambda: agent.app.last_report is not None, 20, "the application's first report")
+            fleet.desire(**desired_for(bundles, http, "b", 2, budget_ms=1000.0))
+            r = fleet.wait_state("running", "failed", "rolled-back", version=2)
+            assert r["state"] == "rolled-back" and r["reason"]["code"] == "watch_inference_error", r
+            assert "none on" in r["reason"]["detail"] and r["health"]["frames"] == 0
+            assert DeviceStore(store).state().current == bundles["a"].id
+    finally:
+        agent.stop(5)

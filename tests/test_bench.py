@@ -55,3 +55,25 @@ def test_duration(tiny_bundle: Bundle) -> None:
     assert r.duration_s >= 0.2 and r.latency.count > 1
     with pytest.raises(EdgeError, match="not both"):
         run_benchmark(tiny_bundle.open_runner, duration_s=0.2, iterations=3)
+
+
+def test_bench_feeds_the_reference_pair_else_the_bundle_shapes(tiny_bundle: Bundle) -> None:
+    """`edgekit bench` feeds an input the bundle was checked on (its first reference pair); without usable
+    pairs, generated values at the bundle's own (static) input shapes, and the report says which."""
+    from types import SimpleNamespace
+
+    from edge.bench import bundle_feeds
+    from edge.refpairs import load_reference_pairs
+
+    feeds, why = bundle_feeds(tiny_bundle)
+    pair = load_reference_pairs(tiny_bundle.path, tiny_bundle.info.reference_pairs, tiny_bundle.io).inputs[0]
+    assert feeds is not None and why.startswith("reference pair 0 of reference.npz")
+    assert all(np.array_equal(feeds[k], pair[k]) for k in pair)
+    r = run_benchmark(tiny_bundle.open_runner, iterations=3, warmup=0, feeds=feeds, feeds_from=why)
+    assert r.to_json()["runner"]["details"]["bench_inputs"] == why
+
+    # a bundle without pairs (built before they were written, or too large to carry them)
+    bare = SimpleNamespace(info=SimpleNamespace(reference_pairs=None), io=tiny_bundle.io, path=tiny_bundle.path)
+    feeds, why = bundle_feeds(bare)
+    assert feeds is not None and "no reference pairs" in why and "at the bundle's input shapes" in why
+    assert {k: v.shape for k, v in feeds.items()} == {t.name: tuple(t.shape) for t in tiny_bundle.io.inputs}

@@ -21,11 +21,12 @@ models: when a fix lands, its entry flips to "pass" here, in the same change.
 Every outcome is computed once per (model, target, precision) and shared (``outcome`` fixture).
 Budget: the whole file in at most 8 minutes on the 2-core build host. Measured with other work on
 the host: 7 min 14 s at load ~3.3, 8 min 42 s beside a full test-suite run (load ~3), of which GGUF
-took 4 min (llama.cpp's two threads stall when the cores are shared; 12-20 s a case on an idle host).
+took 4 min (llama.cpp's two threads stall when the cores are shared; 12-20 s a case on an idle host);
+7 min 53 s at load ~3-4 once the three PP-OCR models converted for arm-xnnpack (50-60 s each).
 To stay there: ``arm-xnnpack`` (onnx2tf in the tflite toolchain, 25-75 s a model) at fp32, its
-default, only; int8 where calibration is cheap (PP-OCRv6 det on x86-cpu int8 passes but takes
-~110 s); GGUF on x86-cpu, requantized only. The slow cases are marked ``slow``: ``-m "not slow"``
-runs the rest (25 cases, 53 s).
+default, only; int8 where calibration is cheap (PP-OCRv6 det and ddddocr's detector on x86-cpu int8
+pass but take ~110 s and ~5 min: ``benchmarks/corpus_matrix.py`` runs them); GGUF on x86-cpu,
+requantized only. The slow cases are marked ``slow``: ``-m "not slow"`` runs the rest.
 """
 
 from __future__ import annotations
@@ -52,19 +53,22 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("ppocr-cls", "intel-igpu", "fp32", "pass"),
     ("ppocr-cls", "intel-igpu", "fp16", "pass"),
     ("ppocr-cls", "intel-igpu", "int8", "pass"),
-    # Paddle2ONNX names nodes "Conv@0", "Softmax@0", ...; onnx2tf turns "Softmax@0" into a TF scope name,
-    # which TF refuses, and the ConversionError carries onnx2tf's multi-line exception text.
-    ("ppocr-cls", "arm-xnnpack", "fp32", "bug: 'Softmax@0' is not a valid scope name"),
+    # Paddle2ONNX names nodes "Conv@0", "Softmax@0", ...; onnx2tf made "Softmax@0" a TF scope name, which TF
+    # refuses: the toolchain driver renames such nodes in onnx2tf's copy (tensor names are kept)
+    ("ppocr-cls", "arm-xnnpack", "fp32", "pass"),
     # -- probability map: PP-OCRv6 DBNet text detector at 320x320
     # (x86-cpu int8 passes with the int8 recipe, but takes ~110 s here: not in this file's budget)
     ("ppocr-det", "x86-cpu", "fp32", "pass"),
     ("ppocr-det", "x86-cpu", "fp16", "pass"),
     ("ppocr-det", "intel-igpu", "fp32", "pass"),
     ("ppocr-det", "intel-igpu", "fp16", "pass"),
+    # NNCF on the generated pages: cosine 0.976 (worst sample 0.62), map IoU 0.878. Tried, none kept: preset mixed
+    # 0.973, full bias correction 0.973, ignoring the ConvTranspose head 0.976, quantile ranges 0.619; min/max
+    # activation ranges 0.985 on these 32 inputs but 0.966 (vs 0.976) on 24 others: not a better recipe
     ("ppocr-det", "intel-igpu", "int8", "fails: mean cosine"),
-    # onnx2tf keeps ONNX Erf (GELU) as tf.math.erf, which TFLite's builtins lack (onnx2tf can rewrite it:
-    # replace_to_pseudo_operators=["Erf"]); found after ~25 s of conversion, not up front.
-    ("ppocr-det", "arm-xnnpack", "fp32", "fails: TFLite's builtin op set cannot express tf.Erf"),
+    # ONNX Erf (in a GELU onnx2tf does not recognise) was tf.math.erf, which TFLite's builtins lack; the driver
+    # asks onnx2tf for its builtin-only Erf (replace_to_pseudo_operators, max abs error 1.5e-7): fp32 parity holds
+    ("ppocr-det", "arm-xnnpack", "fp32", "pass"),
     # -- CTC recogniser: PP-OCRv6 text line, 48x320
     ("ppocr-rec", "x86-cpu", "fp32", "pass"),
     ("ppocr-rec", "x86-cpu", "fp16", "pass"),
@@ -73,11 +77,13 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("ppocr-rec", "x86-cpu", "int8", "bug: reference check failed"),
     ("ppocr-rec", "intel-igpu", "fp32", "pass"),
     ("ppocr-rec", "intel-igpu", "fp16", "pass"),
-    ("ppocr-rec", "arm-xnnpack", "fp32", "fails: TFLite's builtin op set cannot express tf.Erf"),
+    ("ppocr-rec", "arm-xnnpack", "fp32", "pass"),
     # -- YOLOX-style detector: ddddocr, 416x416
     ("ddddocr-det", "x86-cpu", "fp32", "pass"),
     ("ddddocr-det", "x86-cpu", "fp16", "pass"),
-    ("ddddocr-det", "x86-cpu", "int8", "fails: detection recall"),
+    # (x86-cpu int8 missed the gate, recall 86.7 %: the int8 search checked cosine only, 0.9966 on its inputs; it
+    # checks the task figures now, tries percentile calibration, keeps 63 nodes float and passes (P 0.969,
+    # R 0.962) in ~5 min here: benchmarks/corpus_matrix.py measures it, this file's budget does not hold it)
     ("ddddocr-det", "intel-igpu", "fp32", "pass"),
     ("ddddocr-det", "intel-igpu", "fp16", "pass"),
     ("ddddocr-det", "arm-xnnpack", "fp32", "pass"),
@@ -85,7 +91,8 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     # (its reference pairs once stored the scalar `sr` as [1] — np.ascontiguousarray — and the device's
     # first-load check refused them; edge.refpairs keeps 0-d inputs 0-d)
     ("silero-vad", "x86-cpu", "fp32", "pass"),
-    ("silero-vad", "x86-cpu", "fp16", "fails: could not convert"),
+    # (the fp16 recipe dropped a Cast of the graph's input that only the If branches read: InvalidGraph)
+    ("silero-vad", "x86-cpu", "fp16", "pass"),
     ("silero-vad", "intel-igpu", "fp32", "fails: cannot express 16 nodes"),
     ("silero-vad", "intel-igpu", "fp16", "fails: cannot express 16 nodes"),
     ("silero-vad", "arm-xnnpack", "fp32", "fails: cannot express 20 nodes"),
@@ -201,9 +208,11 @@ def test_corpus_case(case: tuple[str, str, str, str], outcome: Any) -> None:
         assert parity.get("accepted_failure") is not True, parity
         assert parity.get("passed") in (True, None), parity  # None: a source shipped as it is, gate skipped
         want = CORPUS[name].parity_task
+        judged = [o.get("task") for o in parity.get("outputs", [])]
         if want is not None:  # --task auto recognised what the output is, so its task figures gated
-            judged = [o.get("task") for o in parity.get("outputs", [])]
             assert want in judged, f"{what}: parity judged the outputs as {judged}, not {want}"
+        else:  # no task fits (Silero's probability and state; BlazeFace's anchor head): raw figures only
+            assert not any(judged), f"{what}: parity judged the outputs as {judged}; the corpus knows no task for them"
         return
     assert expected.startswith("fails: "), f"bad EXPECTED entry {expected!r}"
     needle = expected.removeprefix("fails: ")
@@ -217,3 +226,20 @@ def test_table_is_well_formed() -> None:
     for name, _target, _precision, expected in EXPECTED:
         assert name in CORPUS, name
         assert expected == "pass" or expected.startswith(("fails: ", "bug: ")), expected
+
+
+def test_bench_runs_a_stateful_bundle_on_its_reference_input(outcome: Any) -> None:
+    """`edgekit bench` on the Silero VAD bundle: it fed standard-normal floats and zeros for everything
+    else (sample rate 0, which the model refuses) and stopped at a dim the bundle keeps dynamic; it feeds
+    the bundle's first reference pair now: an input the bundle was checked on, real shapes and values."""
+    import json
+
+    from tests.conftest import run_cli
+
+    got = outcome("silero-vad", "x86-cpu", "fp32")
+    assert got.bundle is not None, got.error
+    p = run_cli("bench", str(got.bundle.path), "-n", "5", "--warmup", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["latency"]["count"] == 5
+    assert report["runner"]["details"]["bench_inputs"].startswith("reference pair 0 of reference.npz"), report["runner"]

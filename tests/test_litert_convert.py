@@ -281,3 +281,31 @@ def test_edgetpu_step_refuses_a_float_model(tmp_path: Path) -> None:
     req = ConversionRequest(source=src, workdir=out, precision="int8", io=IOSpec((), ()))
     with pytest.raises(ConversionError, match=r"float.tflite is not a full-integer model \(float ops: ADD\)"):
         TFLiteToEdgeTPU().convert(req)
+
+
+def test_erf_and_paddle_node_names_convert(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
+    """A GELU written with Mul (x * 0.7071 -> Erf -> ...; onnx2tf only recognises x / 1.4142 as GELU) kept ONNX
+    Erf as tf.math.erf, which TFLite's builtins lack; Paddle2ONNX's node names ("Softmax@0") are not TensorFlow
+    scope names, and onnx2tf failed on them with a multi-line error. The driver asks onnx2tf for its builtin-only
+    Erf and renames such nodes in onnx2tf's copy; fp32 parity holds (PP-OCRv6 det/rec and the PP-OCR classifier
+    of tests/test_corpus.py are the real cases)."""
+    from edge.pipeline import convert
+
+    f = TensorProto.FLOAT
+    c = {n: numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+         (("inv_sqrt2", 0.70710678), ("one", 1.0), ("half", 0.5))}
+    model = _onnx(tmp_path / "gelu.onnx",
+                  [helper.make_node("Mul", ["x", "inv_sqrt2"], ["s"], name="Mul@0"),
+                   helper.make_node("Erf", ["s"], ["e"], name="Erf@0"),
+                   helper.make_node("Add", ["e", "one"], ["a"], name="Add@0"),
+                   helper.make_node("Mul", ["x", "a"], ["m"], name="Mul@1"),
+                   helper.make_node("Mul", ["m", "half"], ["g"], name="Mul@2"),
+                   helper.make_node("Softmax", ["g"], ["y"], name="Softmax@0", axis=-1)],
+                  [helper.make_tensor_value_info("x", f, [1, 64])], [helper.make_tensor_value_info("y", f, [1, 64])],
+                  list(c.values()))
+    b = convert(model, "arm-xnnpack", tmp_path / "b", preprocess="none")
+    assert b.manifest["parity"]["passed"], b.manifest["parity"]
+    details = b.manifest["chain"][-1]["details"]
+    assert "Erf" in details["pseudo_operators"] and "max abs error 1.5e-7" in details["pseudo_operators"]["Erf"]
+    assert details["renamed_nodes"].startswith("6 ONNX node name(s)"), details["renamed_nodes"]
+    assert "EXP" in details["ops"], details["ops"]  # Abramowitz-Stegun: exp(-x^2) times a polynomial

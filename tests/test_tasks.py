@@ -152,3 +152,26 @@ def test_task_detection_by_shape_and_values() -> None:
     assert detect_task("mask", (1, 1, 64, 64), np.array([-3.0]), np.array([5.0])) is None  # not a probability
     assert detect_task("seg", (1, 21, 64, 64), None, None) == "segmentation"
     assert not fits("detector", (1, 100, 6), None, None) and fits("prob-map", (1, 1, 64, 64), None, None)
+
+
+def test_an_ssd_style_anchor_head_is_not_a_classifier_or_a_sequence() -> None:
+    """MediaPipe BlazeFace: [1, 896, 16] box/keypoint offsets and [1, 896, 1] logits per anchor. Alone, the
+    logits look like a classifier over 896 classes and the offsets like 896 steps of a sequence; together they
+    are an anchor head, judged on raw figures (parity gated top-1 over anchors before)."""
+    from edge.parity import THRESHOLDS, compare
+    from edge.tasks import anchor_head
+
+    boxes, scores = (1, 896, 16), (1, 896, 1)
+    assert detect_task("regressors", boxes, None, None, others=[scores]) is None
+    assert detect_task("classificators", scores, None, None, others=[boxes]) is None
+    assert "SSD-style anchor head" in (anchor_head(scores, [boxes]) or "")
+    assert detect_task("regressors", boxes, None, None) == "sequence"  # alone, still read as a sequence
+    assert detect_task("logits", (1, 40, 18710), None, None, others=[(1, 40, 18710)]) == "sequence"  # CTC: T < C
+    assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes]) == "classifier"
+    rng = np.random.default_rng(0)
+    ref = [{"regressors": rng.standard_normal(boxes).astype(np.float32),
+            "classificators": rng.standard_normal(scores).astype(np.float32)} for _ in range(4)]
+    cand = [{"regressors": r["regressors"], "classificators": r["classificators"] + 1e-7} for r in ref]
+    for o in compare(ref, cand, THRESHOLDS["fp32"]):
+        assert o.task is None and o.top1 is None and "SSD-style" in (o.task_note or ""), o
+        assert o.passed, o.failures

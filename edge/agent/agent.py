@@ -64,6 +64,7 @@ class AgentConfig:
     watch_s: float = 30.0  # after a switch, how long the new bundle is watched before it counts as running
     smoke_frames: int = 30  # timed inferences of the smoke test's benchmark (0: no benchmark)
     smoke_timeout_s: float = 300.0  # load + reference pairs + benchmark
+    verify_timeout_s: float = 300.0  # unpack + every file's sha256 (+ signature), or a stored copy's check
     download: DownloadOptions = field(default_factory=DownloadOptions)
 
     def __post_init__(self) -> None:
@@ -71,7 +72,8 @@ class AgentConfig:
         check_part(self.device_id, "device id")
         if self.interval_s <= 0:
             raise EdgeError(f"--interval must be > 0, got {self.interval_s}")
-        if self.poll_current_s < 0 or self.watch_s < 0 or self.smoke_frames < 0 or self.smoke_timeout_s <= 0:
+        if self.poll_current_s < 0 or self.watch_s < 0 or self.smoke_frames < 0 or self.smoke_timeout_s <= 0 \
+                or self.verify_timeout_s <= 0:
             raise EdgeError("--poll-current, --watch and --smoke-frames must be >= 0, --smoke-timeout > 0")
         parse_source(self.source)
 
@@ -168,7 +170,10 @@ class Agent:
         self._desired_seen = 0  # highest desired version accepted (persisted ones included)
         self._apply_cancel: threading.Event | None = None  # set when a newer desired state supersedes the apply
         self._ratelog = RateLimitedLog(log)
-        self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0}
+        # downloads: artifacts fetched; local_switches: desired bundles the store held (no download);
+        # already_running: desired states naming the bundle already run (reported running, no watch)
+        self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0, "downloads": 0,
+                         "local_switches": 0, "already_running": 0}
         self.reported: ReportedState | None = None
         self._rollout: dict[str, Any] | None = None  # the latest reported state in short, in every state message
         self.app: Any = None  # edge.agent.appsocket.AppSocket with --source app

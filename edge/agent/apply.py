@@ -13,18 +13,42 @@
                    and at the end the reference pairs again on the live runner (drift)
     running        or, on a breach during the watch, ``DeviceStore.rollback`` and a reload: rolled-back
 
+A bundle the store already holds is not downloaded again: when the desired bundle is the store's
+``previous`` (a fleet rollback) or its ``current`` while the agent does not run it, and the archive
+``pack_bundle`` makes of the stored copy has the desired sha256 (``archive_sha256``), the copy is
+verified (every file's sha256; the trust store, an older version allowed as for any rollback) under
+``verifying``, smoke-tested as usual, and switched to by ``DeviceStore.rollback`` (or a reload);
+``Agent.counters['local_switches']`` counts it and the report's ``progress`` says ``{"from": "store"}``.
+
+A desired state naming the bundle the agent already runs changes nothing: it is reported ``running`` at
+once, without a watch (the bundle was judged when it was switched to, or deployed by hand, and a rollback
+to it must not wait a watch window or risk rolling the device off its known-good bundle). The exception
+is a switch whose watch never finished (the agent stopped, or a newer desired state cut it short): the
+agent keeps ``<store>/agent/unconfirmed.json`` from the switch until its watch ends, and watches that
+bundle again.
+
+With ``--source app`` the watch reads the application's reports (``edge.agent.appsocket``): only those
+naming the new bundle (or none) count; p99 against the budget, the error rate (over 1% of the inferences
+fails it), and frames at all: an application that reported before the switch and reports nothing on the
+new bundle during the window (it crashed, or never reloaded) fails it; with ``--fps`` set, fewer than half
+the frames expected fail it too (the rollout's ``fps<0.95*target`` criterion is the precise check).
+
 Every outcome is reported (retained, ``edge.agent.desired.ReportedState``) with a machine-readable
-reason. Each step has a deadline (download: ``DownloadOptions.timeout_s``; smoke test:
-``smoke_timeout_s``, run in a thread so a hung runtime cannot block the agent; the watch is bounded
-by its window), so a stuck step ends as ``failed``/``timeout`` and never blocks the next desired state.
+reason. Each step has a deadline (download: ``DownloadOptions.timeout_s``; verify: ``verify_timeout_s``
+and smoke test: ``smoke_timeout_s``, each run in a thread so a hung disk or runtime cannot block the
+agent; the switch: the store's lock timeout; the watch is bounded by its window), so a stuck step ends as
+``failed``/``timeout`` and never blocks the next desired state.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge.agent.desired import DesiredState, Reason, ReportedState
@@ -77,18 +101,42 @@ class Applier:
         log.info("applying desired version %d (rollout %s): bundle %s", d.version, d.rollout_id, d.bundle_id)
         try:
             if self._running_id() == d.bundle_id and agent.state in ("running", "idle"):
-                # already installed (an agent stopped during the watch, or the same bundle again): watch only
+                if unconfirmed(agent.config.store) != d.bundle_id:
+                    # nothing changes: the bundle runs and was judged when it was switched to (or deployed)
+                    agent.counters["already_running"] += 1
+                    log.info("desired version %d names bundle %s, which this device already runs: nothing to do",
+                             d.version, d.bundle_id)
+                    return self._finish("running", None)
+                # switched to, but its watch never finished (the agent stopped, or it was superseded): watch
                 self._enter("watching")
                 breach = self._watch()
                 return self._finish("running", None) if breach is None else self._roll_back(breach)
-            self._enter("downloading")
-            archive = self._download()
-            self._enter("verifying")
-            self.staged, bundle = self._verify(archive)
-            self._enter("smoke-testing")
-            self._smoke(bundle)
-            self._enter("switching")
-            breach = self._switch(bundle)
+            held = self._held()
+            bundle = None
+            if held is not None:
+                self.step = "verifying"
+                self._report("verifying", progress={"from": "store"})
+                bundle = self._bounded(lambda: self._verify_held(held), self.agent.config.verify_timeout_s,
+                                       "checking the stored copy")
+            if bundle is not None:
+                agent.counters["local_switches"] += 1
+                log.info("bundle %s is in the store (%s) and matches the desired sha256: switching to it locally, "
+                         "no download", d.bundle_id, held)
+                self._enter("smoke-testing")
+                self._smoke(bundle)
+                self._enter("switching")
+                breach = self._switch(bundle, held)
+            else:
+                self._enter("downloading")
+                archive = self._download()
+                agent.counters["downloads"] += 1
+                self._enter("verifying")
+                self.staged, bundle = self._bounded(lambda: self._verify(archive), self.agent.config.verify_timeout_s,
+                                                    "verifying the artifact")
+                self._enter("smoke-testing")
+                self._smoke(bundle)
+                self._enter("switching")
+                breach = self._switch(bundle)
             if breach is None:
                 self._enter("watching")
                 breach = self._watch()
@@ -119,12 +167,78 @@ class Applier:
 
     def _finish(self, state: str, reason: Reason | None) -> str:
         self._clean()
+        if state in ("running", "rolled-back"):  # the watch ended: nothing is left unconfirmed
+            set_unconfirmed(self.agent.config.store, None)
         self._report(state, reason)
         try:
             self.agent.record_desired(self.d, state)
         except (OSError, EdgeError) as e:  # the report stands; a restart may apply the same version again
             log.warning("cannot record the desired version applied: %s", e)
         return state
+
+    def _bounded(self, fn: Any, timeout: float, what: str) -> Any:
+        """``fn()`` in a thread, for at most ``timeout`` s (a hung disk or runtime cannot block the agent: the
+        thread is abandoned, a daemon, and the step fails with ``timeout``)."""
+        box: dict[str, Any] = {}
+
+        def body() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the control thread
+                box["error"] = e
+
+        t = threading.Thread(target=body, name=f"edgekit-{self.step}", daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        while t.is_alive() and time.monotonic() < deadline and not self.stop.is_set():
+            t.join(min(0.2, max(0.0, deadline - time.monotonic())))
+        if t.is_alive() and self.stop.is_set():
+            raise StepFailed("superseded", f"{what} was cut short")
+        if t.is_alive():
+            raise StepFailed("timeout", f"{what} ({self.d.bundle_id}) did not finish within {timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _held(self) -> str | None:
+        """``previous`` or ``current`` when the store holds the desired bundle there (cheap: links only)."""
+        store = self.agent.store
+        if store is None:
+            return None
+        try:
+            st = store.state()
+        except EdgeError:
+            return None
+        for which, bid in (("previous", st.previous), ("current", st.current)):
+            if bid == self.d.bundle_id and (self.agent.config.store / "bundles" / bid).is_dir():
+                return which
+        return None
+
+    def _verify_held(self, which: str) -> Any:
+        """The stored copy, verified, when it is the desired artifact; None (download it) when it is not."""
+        from edge.agent.artifact import archive_sha256
+        from edge.bundle import Bundle
+
+        store = self.agent.store
+        path = self.agent.config.store / "bundles" / self.d.bundle_id
+        try:
+            bundle = Bundle.open(path, trust=False)
+            if bundle.id != self.d.bundle_id:
+                raise EdgeError(f"{path} holds bundle {bundle.id}")
+            sha = archive_sha256(path)
+        except (EdgeError, OSError) as e:
+            log.warning("the store's %s copy of %s cannot be used (%s): downloading it", which, self.d.bundle_id, e)
+            return None
+        if sha != self.d.sha256:
+            log.warning("the store's %s copy of %s packs to sha256 %s..., the desired state names %s...: "
+                        "downloading it", which, self.d.bundle_id, sha[:16], self.d.sha256[:16])
+            return None
+        if store.trust is not None:  # as for any rollback: an older version, never an untrusted one
+            try:
+                store.trust.check(bundle, older_ok=True)
+            except EdgeError as e:
+                raise StepFailed("untrusted", str(e)) from None
+        return bundle
 
     def _download(self) -> Any:
         cfg = self.agent.config
@@ -245,10 +359,17 @@ class Applier:
             raise StepFailed("over_budget", f"{bundle.id}: smoke-test p99 {stats.p99_ms:.3f} ms over the budget "
                              f"{budget:g} ms ({n} inferences on this device)")
 
-    def _switch(self, bundle: Any) -> Reason | None:
+    def _switch(self, bundle: Any, held: str | None = None) -> Reason | None:
         agent = self.agent
+        set_unconfirmed(agent.config.store, bundle.id)  # until its watch ends (a restart watches it again)
         try:
-            agent.store.install(bundle)
+            if held == "previous":
+                back = agent.store.rollback()  # under the store's lock; trust-checked with older_ok
+                if back != bundle.id:
+                    raise StepFailed("install_failed", f"the store's previous bundle changed meanwhile: switched "
+                                     f"to {back}, not {bundle.id}")
+            elif held is None:
+                agent.store.install(bundle)
         except EdgeError as e:
             raise StepFailed("untrusted" if "trust" in str(e).lower() else "install_failed", str(e)) from None
         agent.reload(f"desired version {self.d.version} installed")
@@ -260,6 +381,8 @@ class Applier:
     def _watch(self) -> Reason | None:
         agent = self.agent
         window = self.d.watch_s if self.d.watch_s is not None else agent.config.watch_s
+        if agent.app is not None:
+            return self._watch_app(window)
         worker = agent.worker
         if worker is not None:
             worker.take_health()  # the window starts now
@@ -288,6 +411,68 @@ class Applier:
         if breach is not None:
             return breach
         return self._drift()
+
+    def _watch_app(self, window: float) -> Reason | None:
+        """The watch on the application's own reports (``--source app``): only frames that name the new
+        bundle (or no bundle) count; p99 vs budget, the error rate, frames at all, and fps when it is set."""
+        from edge.agent.appsocket import latency_json
+
+        agent, app = self.agent, self.agent.app
+        bid = self._running_id()
+        alive_before = app.last_report is not None  # the application reported since the agent started
+        app.watch(bid)
+        t0 = time.monotonic()
+        deadline = t0 + window
+        samples: list[float] = []
+        frames = errors = 0
+        budget = self._budget(agent.bundle) if agent.bundle is not None else None
+
+        def judge(final: bool) -> Reason | None:
+            span = max(time.monotonic() - t0, 1e-9)
+            self.health = {"source": "app", "frames": frames, "errors": errors, "fps": round(frames / span, 2),
+                           "budget_ms": budget}
+            if samples:
+                lat = latency_json(samples)
+                self.health.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"])
+            tried = frames + errors
+            if errors and (final or tried >= 20) and errors > 0.01 * tried:
+                return Reason("watch_inference_error", f"the application reported {errors} inference error(s) in "
+                              f"{tried} inferences on {bid} (over 1%)", "watching")
+            if budget is not None and len(samples) >= (1 if final else 20) and self.health["p99_ms"] > budget:
+                return Reason("watch_p99_over_budget", f"p99 {self.health['p99_ms']:.3f} ms over the budget "
+                              f"{budget:g} ms on {len(samples)} frames the application reported", "watching")
+            if not final:
+                return None
+            if alive_before and frames == 0:
+                return Reason("watch_inference_error", f"the application reported frames before the switch and "
+                              f"none on {bid} during the {window:g} s watch (it stopped, crashed, or did not "
+                              "reload)", "watching")
+            fps = agent.config.fps
+            if fps and frames < 0.5 * fps * span:
+                return Reason("watch_inference_error", f"the application ran {frames / span:.2f} fps on {bid}, "
+                              f"under half the configured {fps:g} fps", "watching")
+            return None
+
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self.stop.wait(min(0.5, left)):
+                raise StepFailed("superseded", "the watch was cut short")
+            w = app.take_health()
+            samples += w.samples
+            frames += w.frames
+            errors += w.errors
+            breach = judge(False)
+            if breach is not None:
+                return breach
+        w = app.take_health()
+        samples += w.samples
+        frames += w.frames
+        errors += w.errors
+        if not alive_before and frames == 0:
+            log.warning("the application reported nothing during the watch of %s: not judged on its frames", bid)
+        return judge(True)
 
     def _latency(self, samples: list[float]) -> Reason | None:
         if not samples:
@@ -332,3 +517,31 @@ class Applier:
                                                  f"failed: {e}", breach.step))
         agent.reload(f"rolled back to {back}: {breach.code}")
         return self._finish("rolled-back", breach)
+
+
+UNCONFIRMED = "unconfirmed.json"
+
+
+def unconfirmed(store: Any) -> str | None:
+    """The bundle switched to whose watch has not ended (``<store>/agent/unconfirmed.json``), if any."""
+    try:
+        with open(os.path.join(store, "agent", UNCONFIRMED), encoding="utf-8") as f:
+            rec = json.loads(f.read(4096))
+    except (OSError, ValueError):
+        return None
+    bid = rec.get("bundle_id") if isinstance(rec, dict) else None
+    return bid if isinstance(bid, str) else None
+
+
+def set_unconfirmed(store: Any, bundle_id: str | None) -> None:
+    path = os.path.join(store, "agent", UNCONFIRMED)
+    try:
+        if bundle_id is None:
+            if os.path.exists(path):
+                os.unlink(path)
+            return
+        from edge.bundle import write_json_atomic
+
+        write_json_atomic(Path(path), {"bundle_id": bundle_id, "since": round(time.time(), 3)})
+    except OSError as e:  # at worst, a later desired state for this bundle is not watched again
+        log.warning("cannot record the unconfirmed switch to %s: %s", bundle_id, e)

@@ -10,6 +10,16 @@ One datagram, at most ``MAX_DATAGRAM`` bytes, is one JSON object::
     {"v": 1, "latency_ms": 8.2}                              one frame
     {"v": 1, "latency_ms": [8.2, 7.9, 9.1], "dropped": 1}    several frames (at most MAX_SAMPLES_PER_REPORT)
     {"v": 1, "errors": 1}                                    an inference that failed
+    {"v": 1, "latency_ms": 8.2, "bundle": "<bundle id>"}     the bundle that ran them (optional)
+
+**Following a switch.** The agent switches bundles by moving the store's ``current`` link (a rollout, a
+rollback, ``edgekit deploy``). The application learns it from ``AppReporter.current_bundle()`` (a
+``readlink`` of ``<store>/current``, cheap enough to call once a second or every N frames), reloads its
+model from ``<store>/bundles/<id>`` when it differs from the one it runs, and sets ``reporter.bundle`` to
+the id it now runs: its reports then carry that id. During a rollout's watch the agent judges the new
+bundle only on reports naming it (or naming no bundle): frames the application still ran on the old
+model after the switch do not count for or against the new one, and an application that reports frames
+before the switch and none on the new bundle during the watch (it crashed, or never reloaded) fails it.
 
 Nothing in a datagram is trusted: a datagram that is too large, not JSON, of another version, with an
 unknown field, or a value of the wrong type or out of range is dropped whole and counted by reason
@@ -26,12 +36,13 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 from edge.agent.ratelog import RateLimitedLog
@@ -45,10 +56,12 @@ MAX_SAMPLES_PER_REPORT = 1000
 MAX_SAMPLES_PER_WINDOW = 100_000  # past this, samples are counted in `overflow`, not kept
 MAX_LATENCY_MS = 1e7
 MAX_COUNT = 1_000_000
-FIELDS = {"v", "latency_ms", "errors", "dropped"}
+FIELDS = {"v", "latency_ms", "errors", "dropped", "bundle"}
 REFUSALS = ("oversized", "malformed", "version", "unknown_field", "bad_value")
 ENV_SOCKET = "EDGEKIT_APP_SOCKET"
+ENV_STORE = "EDGEKIT_STORE"
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included
+_BUNDLE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 
 
 class Refused(Exception):
@@ -64,6 +77,7 @@ class AppReport:
     latency_ms: tuple[float, ...] = ()
     errors: int = 0
     dropped: int = 0
+    bundle: str | None = None  # the bundle the application ran them on, when it says
 
     @classmethod
     def parse(cls, data: bytes) -> "AppReport":
@@ -87,7 +101,10 @@ class AppReport:
         for v in lat:
             if type(v) not in (int, float) or not 0 <= v < MAX_LATENCY_MS:  # NaN fails both comparisons
                 raise Refused("bad_value", f"latency_ms {str(v)[:20]!r} is not a number in [0, {MAX_LATENCY_MS:g})")
-        return cls(tuple(float(v) for v in lat), _count(obj, "errors"), _count(obj, "dropped"))
+        bundle = obj.get("bundle")
+        if bundle is not None and (not isinstance(bundle, str) or not _BUNDLE_ID.match(bundle)):
+            raise Refused("bad_value", f"bundle {str(bundle)[:40]!r} is not a bundle id")
+        return cls(tuple(float(v) for v in lat), _count(obj, "errors"), _count(obj, "dropped"), bundle)
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"v": VERSION}
@@ -97,6 +114,8 @@ class AppReport:
             body["errors"] = self.errors
         if self.dropped:
             body["dropped"] = self.dropped
+        if self.bundle is not None:
+            body["bundle"] = self.bundle
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -145,6 +164,15 @@ class AppWindow:
         return len(self.samples) + self.overflow
 
 
+def _fold(w: AppWindow, r: AppReport) -> None:
+    room = MAX_SAMPLES_PER_WINDOW - len(w.samples)
+    w.samples.extend(r.latency_ms[:max(0, room)])
+    w.overflow += max(0, len(r.latency_ms) - max(0, room))
+    w.errors += r.errors
+    w.dropped += r.dropped
+    w.reports += 1
+
+
 class AppSocket:
     """The agent's end: a Unix datagram socket at ``path`` read by a thread, reports accumulated per window."""
 
@@ -152,6 +180,9 @@ class AppSocket:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._window = AppWindow()
+        self._health = AppWindow()  # a rollout's watch window (edge.agent.apply), apart from telemetry's
+        self._health_bundle: str | None = None  # only reports naming this bundle (or none) go to _health
+        self.last_report: float | None = None  # time.monotonic() of the latest accepted report
         self.refused = {r: 0 for r in REFUSALS}
         self.received = 0
         self._ratelog = RateLimitedLog(log, interval_s=60.0)
@@ -215,19 +246,27 @@ class AppSocket:
             self._ratelog.warning(e.reason, "app socket: refused datagram #%d (%s): %s", n, e.reason, e.detail)
             return False
         with self._lock:
-            w = self._window
-            room = MAX_SAMPLES_PER_WINDOW - len(w.samples)
-            w.samples.extend(r.latency_ms[:max(0, room)])
-            w.overflow += max(0, len(r.latency_ms) - max(0, room))
-            w.errors += r.errors
-            w.dropped += r.dropped
-            w.reports += 1
+            _fold(self._window, r)
+            if r.bundle is None or r.bundle == self._health_bundle:
+                _fold(self._health, r)
             self.received += 1
+            self.last_report = time.monotonic()
         return True
 
     def take_window(self) -> AppWindow:
         with self._lock:
             w, self._window = self._window, AppWindow()
+        return w
+
+    def watch(self, bundle_id: str | None) -> None:
+        """Start a rollout's watch window: from now on, reports naming ``bundle_id`` (or no bundle) count."""
+        with self._lock:
+            self._health_bundle, self._health = bundle_id, AppWindow()
+
+    def take_health(self) -> AppWindow:
+        """The watch window's reports since the last call."""
+        with self._lock:
+            w, self._health = self._health, AppWindow()
         return w
 
     def counters(self) -> dict[str, Any]:
@@ -248,10 +287,15 @@ class AppSocket:
 
 class AppReporter:
     """The application's end. ``frame(ms)`` buffers (sent every ``batch`` frames or ``max_delay_s``);
-    ``report(...)`` sends at once. Never blocks, never raises for a missing or busy agent: counts ``lost``."""
+    ``report(...)`` sends at once. Never blocks, never raises for a missing or busy agent: counts ``lost``.
+
+    ``bundle``: the id of the bundle the application runs, sent with every report (set ``reporter.bundle``
+    after a reload). ``store``: the agent's device store, for ``current_bundle()``; default
+    ``$EDGEKIT_STORE``, else the store the default socket path ``<store>/agent/app.sock`` lies in."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, batch: int = 100,
-                 max_delay_s: float = 1.0) -> None:
+                 max_delay_s: float = 1.0, bundle: str | None = None,
+                 store: str | os.PathLike[str] | None = None) -> None:
         path = path if path is not None else os.environ.get(ENV_SOCKET)
         if not path:
             raise EdgeError("no app socket to report to", hint=f"pass its path, or set {ENV_SOCKET} (the agent's "
@@ -259,6 +303,14 @@ class AppReporter:
         if not 1 <= batch <= MAX_SAMPLES_PER_REPORT:
             raise ValueError(f"batch must be between 1 and {MAX_SAMPLES_PER_REPORT}")
         self.path = str(path)
+        if store is None and os.environ.get(ENV_STORE):
+            store = os.environ[ENV_STORE]
+        if store is None and Path(self.path).parent.name == "agent":
+            store = Path(self.path).parent.parent
+        self.store = Path(store) if store is not None else None
+        if bundle is not None and not _BUNDLE_ID.match(bundle):
+            raise ValueError(f"bundle {bundle!r} is not a bundle id")
+        self.bundle = bundle
         self.batch, self.max_delay_s = batch, max_delay_s
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
@@ -287,7 +339,7 @@ class AppReporter:
         with self._lock:
             buf, errors, self._buf, self._errors = self._buf, self._errors, [], 0
         if buf or errors:
-            self._send(AppReport(tuple(buf), errors, 0))
+            self._send(AppReport(tuple(buf), errors, 0, self.bundle))
 
     def report(self, *, latency_ms: float | Sequence[float] | None = None, errors: int = 0,
                dropped: int = 0) -> bool:
@@ -300,7 +352,22 @@ class AppReporter:
         for name, n in (("errors", errors), ("dropped", dropped)):
             if type(n) is not int or not 0 <= n <= MAX_COUNT:
                 raise ValueError(f"{name} must be an integer in [0, {MAX_COUNT}]")
-        return self._send(AppReport(tuple(float(v) for v in lat), errors, dropped))
+        return self._send(AppReport(tuple(float(v) for v in lat), errors, dropped, self.bundle))
+
+    def current_bundle(self) -> str | None:
+        """The id of the bundle the store's ``current`` link names now (None: no store known, no bundle, or a
+        link that is not ``bundles/<id>``). Compare it with the one the application runs and reload from
+        ``<store>/bundles/<id>`` when it changed; then set ``self.bundle``. Never raises."""
+        if self.store is None:
+            return None
+        try:
+            target = os.readlink(self.store / "current")
+        except OSError:
+            return None
+        parts = PurePosixPath(target).parts
+        if len(parts) != 2 or parts[0] != "bundles" or not _BUNDLE_ID.match(parts[1]):
+            return None
+        return parts[1]
 
     def _send(self, r: AppReport) -> bool:
         try:

@@ -18,6 +18,7 @@ import secrets
 import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from edge.errors import EdgeError
 
@@ -34,12 +35,47 @@ def pack_bundle(bundle_dir: str | os.PathLike[str], out: str | os.PathLike[str])
     from edge.bundle import Bundle
 
     b = Bundle.open(bundle_dir, trust=False)  # verified: what is packed is what the manifest lists
-    root = Path(b.path)
-    names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with open(tmp, "wb") as f:
+        _write_tar(Path(b.path), f)
+    os.replace(tmp, out)
+    h = hashlib.sha256()
+    with open(out, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def archive_sha256(bundle_dir: str | os.PathLike[str]) -> str:
+    """The sha256 ``pack_bundle`` would give this bundle directory, computed without writing the archive:
+    the device uses it to tell that a bundle already in its store is the artifact a desired state names."""
+    sink = _HashSink()
+    _write_tar(Path(bundle_dir), sink)
+    return sink.h.hexdigest()
+
+
+class _HashSink:
+    """A write-only file that hashes what tarfile writes to it."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.n = 0
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.n += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.n
+
+
+def _write_tar(root: Path, f: Any) -> None:
+    """The bundle directory's files as one tar, in a fixed order with fixed metadata (same bundle, same bytes)."""
+    names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in names:
             p = root / name
             info = tar.gettarinfo(str(p), arcname=name)
@@ -50,16 +86,10 @@ def pack_bundle(bundle_dir: str | os.PathLike[str], out: str | os.PathLike[str])
             if info.isdir():
                 tar.addfile(info)
             elif info.isfile():
-                with open(p, "rb") as f:
-                    tar.addfile(info, f)
+                with open(p, "rb") as src:
+                    tar.addfile(info, src)
             else:
                 raise ArchiveError(f"{p} is neither a file nor a directory; a bundle holds only those")
-    os.replace(tmp, out)
-    h = hashlib.sha256()
-    with open(out, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _safe_name(name: str) -> str:

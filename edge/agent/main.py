@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--watch", type=float, default=30.0, help="After a switch, how long the new bundle is watched (s).")
     a("--smoke-frames", type=int, default=30, help="Timed inferences in the smoke test (0: none).")
     a("--smoke-timeout", type=float, default=300.0, help="Deadline of the smoke test (s).")
+    a("--verify-timeout", type=float, default=300.0, help="Deadline of the artifact's unpack and hash check (s).")
     a("--download-timeout", type=float, default=600.0, help="Deadline of a download, retries included (s).")
     a("--duration", type=float, help="Stop by itself after this many seconds.")
     a("--log-level", default="info", help="debug, info, warning or error.")
@@ -122,6 +123,7 @@ def config_from(ns: argparse.Namespace) -> Any:
                        runner_options=parse_runner_options(ns.runner_option), trust_dir=ns.trust_dir,
                        poll_current_s=ns.poll_current, desired=not ns.no_desired, artifact_root=ns.artifact_root,
                        watch_s=ns.watch, smoke_frames=ns.smoke_frames, smoke_timeout_s=ns.smoke_timeout,
+                       verify_timeout_s=getattr(ns, "verify_timeout", 300.0),
                        download=DownloadOptions(timeout_s=ns.download_timeout))
 
 

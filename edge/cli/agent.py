@@ -68,6 +68,8 @@ def agent_cmd(
                                 "watched (p99, errors, fallback, reference drift) before it counts as running (s)."),
     smoke_frames: int = typer.Option(30, "--smoke-frames", min=0, help="Timed inferences in the smoke test."),
     smoke_timeout: float = typer.Option(300.0, "--smoke-timeout", help="Deadline of the smoke test (s)."),
+    verify_timeout: float = typer.Option(300.0, "--verify-timeout", help="Deadline of the artifact's unpack and "
+                                         "hash check (s)."),
     download_timeout: float = typer.Option(600.0, "--download-timeout", help="Deadline of a download (s)."),
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration, log_level: str = LogLevel,
     as_json: bool = JsonOut,
@@ -86,7 +88,8 @@ def agent_cmd(
                    spool_max_mb=spool_max_mb,
                    reconnect_max=reconnect_max, client_id=client_id, runner_option=runner_option, trust_dir=trust_dir,
                    poll_current=poll_current, no_desired=no_desired, artifact_root=artifact_root, watch=watch,
-                   smoke_frames=smoke_frames, smoke_timeout=smoke_timeout, download_timeout=download_timeout)
+                   smoke_frames=smoke_frames, smoke_timeout=smoke_timeout, download_timeout=download_timeout,
+                   verify_timeout=verify_timeout)
     cfg = config_from(ns)
     summary = run(cfg, duration=duration, flush_timeout=flush_timeout,
                   say=lambda line: err_console.print(line, highlight=False, soft_wrap=True))

@@ -122,8 +122,12 @@ def bench_cmd(
     warn_on_reference_check(b, extra)  # its own runner: the benchmark's load time stays the load alone
     if not as_json:
         progress(f"benchmarking {b.id} ...")
+    from edge.bench import bundle_feeds
+
+    feeds, feeds_from = bundle_feeds(b)  # the reference pairs' input: real shapes and values (a sample rate)
     report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,
-                           budget_ms=budget, budget_source=source, bundle=b.id, target=b.target)
+                           budget_ms=budget, budget_source=source, bundle=b.id, target=b.target, feeds=feeds,
+                           feeds_from=feeds_from)
     judge_device_class(report, b.target)  # budget verdict gates only for a benchmark on the target's device class
     data = report.to_json()
     if record:

@@ -31,6 +31,8 @@ Letterbox = typer.Option(None, "--letterbox/--no-letterbox", help="Letterbox ins
 EvalText = typer.Option(None, "--eval-text", help="For .gguf: a UTF-8 text file the quality gate evaluates (tokenized "
                         "by the model) instead of the built-in public-domain prose in four languages and code.",
                         show_default=False)
+Tuned = typer.Option(None, "--tuned", help="Apply a profile overlay from `edgekit tune` (OUT/tuned.toml): its "
+                     "runner, chain, precision and options; what it applies is printed.", show_default=False)
 ParityData = typer.Option(None, "--parity-data", help="Inputs parity compares on (preferred over --calib and "
                           "generated inputs): a directory or file of images, .npy/.npz tensors, .wav audio or .txt "
                           "token ids. For int8 keep it apart from --calib (samples equal to one are dropped from "
@@ -127,11 +129,18 @@ def convert_cmd(
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --output."),
     eval_text: Optional[Path] = EvalText,
     parity_data: Optional[Path] = ParityData, task: str = Task,
-    sign_key: Optional[str] = SignKey,
+    sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
+    overlay = None
+    if tuned is not None:  # read (and refused) before any work; convert applies it
+        from edge.tuned import read_overlay, resolve_precision
+
+        overlay = read_overlay(tuned)
+        precision = resolve_precision(overlay, precision)
+        kwargs["tuned"] = overlay
     if output is None:
         from edge.targets import get_target
 
@@ -148,6 +157,9 @@ def convert_cmd(
                          **kwargs)
         bundle = sign_if_configured(bundle, sign_key, say)
     if as_json:
-        print_json({"bundle": str(bundle.path), "manifest": bundle.manifest})
+        print_json({"bundle": str(bundle.path), "manifest": bundle.manifest,
+                    **({"tuned_applied": overlay.describe()} if overlay is not None else {})})
     else:
         render_bundle(bundle)
+        if overlay is not None:
+            console.print(f"tuned overlay {tuned} applied: {overlay.describe()}", highlight=False)

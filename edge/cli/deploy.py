@@ -11,7 +11,7 @@ from rich.markup import escape
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import (AcceptParity, Calib, InputShape, Letterbox, ParityData, Precision, Preprocess, Task,
-                              convert_kwargs, render_bundle)
+                              Tuned, convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
 from edge.deploy import deploy, rollback
 
@@ -35,7 +35,7 @@ def deploy_cmd(
     accept_parity_failure: bool = AcceptParity,
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
     allow_cpu_fallback: bool = AllowCpuFallback,
-    sign_key: Optional[str] = SignKey,
+    sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
     trust_dir: Optional[Path] = typer.Option(None, "--trust-dir", help="Trust store the bundle must be signed for "
                                              "(default: $EDGEKIT_TRUST_DIR, else a local store's <device>/trust).",
                                              show_default=False),
@@ -56,7 +56,7 @@ def deploy_cmd(
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
                         accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
-                        on_step=say, sign_key=sign_key, trust=trust_dir, **kwargs)
+                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, **kwargs)
     if as_json:
         print_json(result.to_json())
         return

@@ -44,12 +44,17 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             accept_parity_failure: bool = False, parity_samples: int = 32, force: bool = False,
             allow_requantize: bool = False, on_step: Step | None = None,
             eval_text: str | os.PathLike[str] | None = None, parity_data: str | os.PathLike[str] | None = None,
-            task: str = "auto") -> Bundle:
+            task: str = "auto", tuned: Any = None) -> Bundle:
     """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
     into a verified bundle at ``output``. ``eval_text``: a GGUF's quality gate evaluates this text file
-    instead of the built-in multilingual text (``edge.llm.evaltext``)."""
+    instead of the built-in multilingual text (``edge.llm.evaltext``). ``tuned``: an ``edgekit tune`` overlay
+    (its file, or a ``edge.tuned.TunedOverlay``) applied to the target: runner, chain, precision, options."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    if tuned is not None:
+        from edge.tuned import apply_tuned
+
+        profile, precision = apply_tuned(profile, tuned, precision, say)
     src = open_source(model)
     if isinstance(src, GGUFSource):
         return _convert_llm(src, profile, Path(output), precision=precision, allow_requantize=allow_requantize,

@@ -121,6 +121,44 @@ def unsupported_ops(onnx_path: Path) -> list[dict[str, str]]:
     return found
 
 
+#: characters a node name keeps: TensorFlow's scope names allow [A-Za-z0-9_.\\/>-] (onnx2tf already turns
+#: ':' and a leading '/' into valid ones); anything else ("Softmax@0" from Paddle2ONNX) is replaced by '_'
+_SCOPE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:>-")
+#: ONNX ops onnx2tf translates to TensorFlow ops TFLite's builtins lack, and its own replacement for each
+#: (replace_to_pseudo_operators): Erf -> Abramowitz-Stegun 7.1.26 (max abs error 1.5e-7, below fp32 parity's
+#: tolerance) built from Abs/Exp/Mul/Add/Div. A GELU onnx2tf recognises (x / sqrt(2) -> Erf -> +1 -> *x -> *0.5)
+#: becomes tf.nn.gelu (the TFLite GELU builtin) whatever this says.
+_PSEUDO_OPS = ("Erf",)
+
+
+def prepare_source(src: Path, dst: Path) -> dict[str, Any]:
+    """Copy ``src`` to ``dst`` (onnx2tf writes over its input) with node names TensorFlow accepts as scope
+    names, and say which ops onnx2tf should replace by builtin-only equivalents. Tensor names are kept: the
+    I/O map and the error messages' ONNX names go by them."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    renamed: list[str] = []
+    taken = {n.name for n, _ in _all_nodes(model.graph)}
+    for node, _prefix in _all_nodes(model.graph):
+        if node.name and not set(node.name) <= _SCOPE_CHARS:
+            new = "".join(c if c in _SCOPE_CHARS else "_" for c in node.name)
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            renamed.append(f"{node.name} -> {new}")
+            node.name = new
+    ops: dict[str, int] = {}
+    for node, _prefix in _all_nodes(model.graph):
+        if node.op_type in _PSEUDO_OPS and node.domain in ("", "ai.onnx"):
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    if renamed:
+        onnx.save(model, str(dst))
+    else:
+        shutil.copyfile(src, dst)
+    return {"renamed_nodes": len(renamed), "renamed_examples": renamed[:3], "pseudo_operators": ops}
+
+
 def _local_test_images() -> Any:
     """What onnx2tf would download (20 normalised 128x128 RGB images): deterministic local pictures."""
     import numpy as np
@@ -401,7 +439,7 @@ def main() -> int:
             raise DriverError("unsupported_ops", "onnx2tf cannot convert " + ", ".join(
                 f"{b['op']} (node {b['node']})" for b in bad), ops=bad)
         src = work / "source.onnx"
-        shutil.copyfile(job["onnx"], src)  # onnx2tf simplifies its input in place
+        prepared = prepare_source(Path(job["onnx"]), src)  # a copy: onnx2tf simplifies its input in place
 
         import numpy as np
         import onnx2tf
@@ -420,7 +458,10 @@ def main() -> int:
         t0 = time.time()
         try:
             keras_model = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(work / "saved_model"),
-                                          output_signaturedefs=True, non_verbose=False, verbosity="warn")
+                                          output_signaturedefs=True, non_verbose=False, verbosity="warn",
+                                          # onnx2tf's API compares lower-case names (its CLI lower-cases them)
+                                          replace_to_pseudo_operators=sorted(op.lower() for op in
+                                                                             prepared["pseudo_operators"]))
         except SystemExit as e:
             raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
         except Exception as e:  # noqa: BLE001
@@ -443,6 +484,14 @@ def main() -> int:
         timings["tflite_s"] = round(time.time() - t0, 2)
         stage("checking the .tflite loads with builtin kernels")
         details.update(inspect_tflite(out))
+        if prepared["pseudo_operators"]:
+            details["pseudo_operators"] = {
+                op: f"{n} node(s) built from TFLite builtins by onnx2tf (replace_to_pseudo_operators)"
+                + (": Abramowitz-Stegun 7.1.26, max abs error 1.5e-7" if op == "Erf" else "")
+                for op, n in prepared["pseudo_operators"].items()}
+        if prepared["renamed_nodes"]:
+            details["renamed_nodes"] = (f"{prepared['renamed_nodes']} ONNX node name(s) TensorFlow refuses as scope "
+                                        f"names, renamed for onnx2tf (e.g. {prepared['renamed_examples'][0]})")
 
         import onnx
         import tensorflow as tf

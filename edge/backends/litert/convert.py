@@ -211,8 +211,16 @@ def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mappin
     return samples
 
 
+def _one_line(text: str, limit: int = 600) -> str:
+    """A toolchain's message on one line: TensorFlow's and onnx2tf's exceptions span many (the full text is in
+    the toolchain log the error names)."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    flat = " / ".join(line for line in lines if line)
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
 def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -> Exception:
-    kind, msg = ev.get("kind"), str(ev.get("message", ""))
+    kind, msg = ev.get("kind"), _one_line(str(ev.get("message", "")))
     log_copy = toolchains.keep_log(work, TOOLCHAIN)
     where = f" (toolchain log: {log_copy})" if log_copy else ""
     if kind == "unsupported_ops":

@@ -1,0 +1,132 @@
+"""``edgekit tune`` against the exhaustive sweep of the same space, on the example MobileNetV2 and the pretrained
+PP-OCR text-direction classifier, target x86-cpu (onnxruntime and OpenVINO CPU), objective latency.
+
+For each model: the sweep (``strategy="exhaustive"``: every configuration measured at full length, interleaved)
+runs once, converting every recipe into a cache; then ``tune`` (successive halving) runs on the same cache.
+Reported:
+
+* both tables (configuration, parity, size, p50/p99, fps);
+* pick ratio: the latency of tune's pick as the sweep measured it over the sweep's best; and, because on a
+  shared host the two runs see different background load, the **head to head**: the pick and the sweep's best
+  interleaved side by side in one run (ratio of medians, 95% bootstrap CI); goal <= 1.05;
+* search wall-time ratio: tune's measuring time over the sweep's (conversions excluded: cached); goal <= 1/3;
+* total wall-time ratio from a cold cache: (conversions + tune's search) / (conversions + sweep's search).
+
+    python benchmarks/tune.py [--workdir DIR] [--json FILE] [--models mobilenetv2,ppocr-cls]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+PPOCR_SHAPE = (1, 3, 48, 192)
+
+
+def rows(result: Any) -> list[list[Any]]:
+    from edge.tune_report import row
+
+    out = []
+    for t in sorted(result.trials, key=lambda t: (t["result"] or {}).get("score", float("inf"))):
+        r = row(t)
+        out.append([r["configuration"], r["status"], r["size_mb"], r["parity"], C.f(r["p50_ms"]),
+                    C.f(r["p99_ms"]), r["fps"], r["measured"]])
+    return out
+
+
+def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) -> dict[str, Any]:
+    """tune's pick against the sweep's best, side by side in one interleaved run (blocks of 5, order rotated):
+    the ratio of their medians, with a 95% bootstrap interval over paired blocks."""
+    from edge.bundle import Bundle
+    from edge.tune_measure import _open
+    from edge.tune_space import Config
+
+    if best["id"] == pick["id"]:
+        return {"same": True, "ratio": 1.0, "ci_pct": [0.0, 0.0]}
+    calls, opened = {}, []
+    try:
+        for name, t in (("pick", pick), ("best", best)):
+            cfg = Config(t["runner"], t["precision"], tuple(t["recipe"].items()), tuple(t["options"].items()),
+                         t["workers"])
+            runner, feeds = _open(dict(t), Bundle.open(t["bundle"], trust=False), cfg)
+            opened.append(runner)
+            calls[name] = (runner.infer, (feeds,))
+        ms = C.interleaved(calls, iterations, block=5, warmup=20)
+    finally:
+        for r in opened:
+            r.close()
+    lo, hi = C.ratio_ci(ms["pick"], ms["best"], block=5)
+    return {"same": False, "ratio": float(np.median(ms["pick"]) / np.median(ms["best"])), "ci_pct": [lo, hi],
+            "pick_p50_ms": float(np.median(ms["pick"])), "best_p50_ms": float(np.median(ms["best"]))}
+
+
+HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "measured at"]
+
+
+def main() -> int:
+    from edge.tune import tune
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--workdir", metavar="DIR")
+    p.add_argument("--models", default="mobilenetv2,ppocr-cls")
+    p.add_argument("--iterations", "-n", type=int, default=400, help="head-to-head iterations per side (default 400)")
+    args = p.parse_args()
+    info = C.host_info()
+    results: dict[str, Any] = {"host": info, "models": {}}
+    with C.workdir(args.workdir) as wd:
+        for name in args.models.split(","):
+            if name == "mobilenetv2":
+                model, kw = C.mobilenet_v2(wd), {}
+            elif name == "ppocr-cls":
+                model, kw = C.ppocr_cls(), {"input_shapes": {"x": PPOCR_SHAPE}, "preprocess": "ppocr"}
+            else:
+                raise SystemExit(f"unknown model {name!r}")
+            cache = wd / f"cache-{name}"
+            common = dict(calib="random", cache=cache, pictures=False, **kw)
+            C.log(f"{name}: exhaustive sweep (converting every recipe into {cache})")
+            sweep = tune(model, "x86-cpu", out=wd / f"sweep-{name}", strategy="exhaustive",
+                         on_step=lambda m: C.log("  " + m), **common)
+            C.log(f"{name}: tune (successive halving, same conversion cache)")
+            tuned = tune(model, "x86-cpu", out=wd / f"tune-{name}", on_step=lambda m: C.log("  " + m), **common)
+            by_id = {t["id"]: t for t in sweep.trials}
+            best = sweep.winner
+            pick_in_sweep = by_id[tuned.winner["id"]]
+            pick_ratio = pick_in_sweep["result"]["score"] / best["result"]["score"]
+            search_ratio = tuned.search_s / sweep.search_s
+            total_ratio = (sweep.convert_s + tuned.search_s) / (sweep.convert_s + sweep.search_s)
+            h2h = head_to_head(best, tuned.winner, args.iterations)
+            print(C.table(HEAD, rows(sweep), title=f"\n{name}: exhaustive sweep, {len(sweep.trials)} configurations "
+                                                   f"(conversions {sweep.convert_s:.1f} s, measuring {sweep.search_s:.1f} s)"))
+            print(C.table(HEAD, rows(tuned), title=f"\n{name}: tune, successive halving (measuring {tuned.search_s:.1f} s, "
+                                                   f"{tuned.measured} measurements, {tuned.converted} conversions)"))
+            print(f"\n{name}: sweep best {best['label']} p50 {best['result']['score']:.3f} ms; tune's pick "
+                  f"{tuned.winner['label']}, {pick_in_sweep['result']['score']:.3f} ms in the sweep -> pick ratio "
+                  f"{pick_ratio:.3f} (goal <= 1.05)")
+            if h2h["same"]:
+                print(f"{name}: head to head: tune picked the sweep's best configuration (ratio 1)")
+            else:
+                print(f"{name}: head to head, interleaved, {args.iterations} each: pick {h2h['pick_p50_ms']:.3f} ms vs "
+                      f"best {h2h['best_p50_ms']:.3f} ms -> ratio {h2h['ratio']:.3f} (95% CI {h2h['ci_pct'][0]:+.1f}% "
+                      f"to {h2h['ci_pct'][1]:+.1f}%; goal <= 1.05)")
+            print(f"{name}: measuring time tune/sweep {tuned.search_s:.1f}/{sweep.search_s:.1f} s = {search_ratio:.2f} "
+                  f"(goal <= 0.33); with the {sweep.convert_s:.1f} s of conversions from a cold cache: "
+                  f"{total_ratio:.2f}")
+            print(f"{name}: pruned: " + "; ".join(sweep.pruned))
+            results["models"][name] = {"sweep": sweep.to_json(), "tune": tuned.to_json(), "pick_ratio": pick_ratio,
+                                       "head_to_head": h2h,
+                                       "search_ratio": search_ratio, "total_ratio": total_ratio}
+    print("\n" + C.host_line(info))
+    C.dump_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

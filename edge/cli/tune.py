@@ -1,0 +1,97 @@
+"""``edgekit tune``: search runner, precision and runner options for a target on this host; parity is a hard constraint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps
+from edge.cli.bench import BudgetMs, Fps
+from edge.cli.convert import InputShape, Letterbox, Preprocess
+from edge.tune_space import OBJECTIVES
+
+
+def render_tune(r: dict[str, Any]) -> None:
+    from edge.tune_report import row
+
+    t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
+    for col in ("configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "mem MB"):
+        t.add_column(col, overflow="fold")
+    order = {"chosen": 0, "measured": 1}
+    for trial in sorted(r["trials"], key=lambda x: (order.get(x["status"], 2), (x.get("result") or {}).get("score")
+                                                      or float("inf"))):
+        rw = row(trial)
+        status = rw["status"]
+        style = "green" if status == "chosen" else "red" if status.startswith(("parity failed", "conversion failed",
+                                                                                 "failed")) else ""
+        t.add_row(escape(rw["configuration"]), f"[{style}]{escape(status)}[/]" if style else escape(status),
+                  "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", escape(rw["parity"]),
+                  fmt_ms(rw["p50_ms"]), fmt_ms(rw["p99_ms"]), "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
+                  "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}")
+    console.print(t)
+    for p in r["pruned"]:
+        console.print(f"[dim]pruned:[/] {escape(p)}", highlight=False)
+    for n in r["notes"]:
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+    dc = r["device_class"]
+    console.print(("" if dc["same"] else "[yellow]") + escape(dc["reason"]) + ("" if dc["same"] else "[/]"),
+                  highlight=False)
+    if r["winner"] is not None:
+        console.print(f"[green]chosen[/] {escape(r['winner']['label'])}", highlight=False)
+        console.print(f"applied by --tuned: {escape(r['applied'] or '')}", highlight=False)
+    files = r["files"]
+    for what in ("overlay", "study", "html", "png"):
+        if files.get(what):
+            console.print(f"{what}: {escape(files[what])}", highlight=False)
+    console.print(f"{r['converted']} conversions, {r['measured']} measurements in {r['wall_s']:.1f} s", highlight=False)
+
+
+def tune_cmd(
+    model: Path = typer.Argument(..., help="Source model (.onnx)."),
+    target: str = typer.Option(..., "--target", "-t", help="Target profile (see `edgekit targets`)."),
+    budget_ms: Optional[float] = BudgetMs, fps: Optional[float] = Fps,
+    objective: str = typer.Option("latency", "--objective", help=f"{', '.join(OBJECTIVES)} (e2e: the video "
+                                  "pipeline over --video, decode to post-processing)."),
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Try at most this many configurations "
+                                             "(each runner and precision's defaults first).", show_default=False),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop converting and measuring after "
+                                                "this many seconds; the best so far wins.", show_default=False),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data for int8 (a directory of "
+                                        ".npy/.npz/images, or 'random'); without it int8 is left out.",
+                                        show_default=False),
+    video: Optional[Path] = typer.Option(None, "--video", help="Video file for --objective e2e.", show_default=False),
+    study: Optional[Path] = typer.Option(None, "--study", help="Study file (JSON of finished trials) to resume "
+                                         "from and write to (default: OUT/study.json).", show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory: tuned.toml, study.json, pareto.html/png, "
+                                       "the conversion cache (default: build/<model>-<target>-tune).",
+                                       show_default=False),
+    strategy: str = typer.Option("halving", "--strategy", help="halving (successive halving) or exhaustive."),
+    precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="Only these precisions "
+                                                  "(repeatable).", show_default=False),
+    runner: Optional[List[str]] = typer.Option(None, "--runner", help="Only these runners (repeatable).",
+                                               show_default=False),
+    input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+) -> None:
+    """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
+    for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
+    from edge.onnxmodel import parse_input_shapes
+    from edge.tune import tune
+
+    with steps(not as_json) as say:
+        result = tune(model, target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
+                      max_trials=max_trials, time_budget_s=time_budget, calib=calib, video=video, study=study,
+                      strategy=strategy, precisions=precision or None, runners=runner or None,
+                      input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
+                      targets_dir=dirs(targets_dir), on_step=say)
+    data = result.to_json()
+    if as_json:
+        print_json(data)
+    else:
+        render_tune(data)
+    if result.winner is None:
+        raise typer.Exit(1)
