@@ -27,7 +27,9 @@ collector, e.g. ``git archive HEAD edge | tar -x -C DIR``), ``sync=off|normal|fu
 processes in one shared-subscription group, as ``--collectors``), ``protocol=3.1.1`` (the collector on MQTT
 3.1.1: no shared subscription, and paho parses no MQTT 5 properties); ``''`` is the defaults;
 ``paho`` is the MQTT client alone (paho on the collector's network loop, acknowledging every
-message at once, nothing decoded or stored): the ceiling of a paho-based collector.
+message at once, nothing decoded or stored): the ceiling of a paho-based collector; ``lite`` the same
+with the lean client (edge.fleet.mqttlite); ``client=lite`` the collector on the lean client
+(``fleet collect --client lite``).
 """
 
 from __future__ import annotations
@@ -201,17 +203,19 @@ def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
             opts += [names[key], value]
         elif key == "protocol":
             opts += ["--protocol", value]
+        elif key == "client":
+            opts += ["--client", value]
         elif key == "collectors":
             opts += ["--collectors", value]  # taken out again by drain_once: not a collector option
         else:
             raise SystemExit(f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N, "
-                             "collectors=N")
+                             "collectors=N, protocol=5|3.1.1, client=paho|lite")
     return src, sync, opts
 
 
 def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str,
                msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
-    src, sync, opts = parse_variant("" if variant == "paho" else variant)
+    src, sync, opts = parse_variant("" if variant in ("paho", "lite") else variant)
     collectors = args.collectors
     if "--collectors" in opts:
         i = opts.index("--collectors")
@@ -229,9 +233,9 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
         out["preload_s"] = round(preload_qos1(broker.port, msgs), 2)
         env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(src)}
         log = open(work / "collector.log", "wb")
-        if variant == "paho":
-            out["paho"] = paho_drain(broker.url, len(msgs))
-            print(f"paho alone: {out['paho']}", file=sys.stderr)
+        if variant in ("paho", "lite"):
+            out[variant] = paho_drain(broker.url, len(msgs), lite=variant == "lite")
+            print(f"{variant} alone: {out[variant]}", file=sys.stderr)
             proc, stats = None, None
         elif args.profile:
             stats, prof = profile_drain(broker.url, db_url, n, opts)
@@ -295,9 +299,10 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
     return out
 
 
-def paho_drain(broker_url: str, n: int) -> dict[str, Any]:
+def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
     """The MQTT client alone: the collector's Connection (paho, MQTT 5, manual acks) on its NetworkLoop, every
-    message acknowledged at once, nothing decoded or stored. The ceiling of a paho-based collector here."""
+    message acknowledged at once, nothing decoded or stored. The ceiling of a paho-based collector here.
+    ``lite``: the same with edge.fleet.mqttlite's LiteConnection (acks written once per socket read)."""
     from edge.agent.netloop import Connection, NetworkLoop
 
     got = {"n": 0, "t0": 0.0, "t1": 0.0}
@@ -309,12 +314,29 @@ def paho_drain(broker_url: str, n: int) -> dict[str, Any]:
         got["t1"] = time.monotonic()
         conn.ack(conn.client, msg.mid, msg.qos)
 
+    def on_publish(conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
+        if got["n"] == 0:
+            got["t0"] = time.monotonic()
+        got["n"] += 1
+        got["t1"] = time.monotonic()
+        conn.ack(client, mid, qos)
+
     with NetworkLoop(name="edgekit-bench-paho") as loop:
         from edge.agent.topics import fleet_filter, shared
 
-        conn = Connection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,
-                          subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)], on_message=on_message,
-                          clean_start=False, session_expiry_s=3600, manual_ack=True, receive_maximum=10_000)
+        if lite:
+            from edge.fleet.mqttlite import LiteConnection
+
+            conn = LiteConnection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,
+                                  subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
+                                  on_publish=on_publish, clean_start=False, session_expiry_s=3600,
+                                  receive_maximum=10_000)
+            loop.run(lambda: loop.after_io(conn.ack_done))
+        else:
+            conn = Connection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,  # type: ignore[assignment]
+                              subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
+                              on_message=on_message, clean_start=False, session_expiry_s=3600, manual_ack=True,
+                              receive_maximum=10_000)
         cpu = loop.run(time.thread_time)  # the loop thread's CPU
         conn.start()
         deadline = time.monotonic() + 300
@@ -545,9 +567,10 @@ def main() -> None:
     if args.mode in ("both", "drain"):
         res["drain"] = runs = drain(args)
         for r in runs:
-            if r.get("paho"):
-                lines.append(f"MQTT client alone [paho, round {r['round']}]: {r['paho']['msgs_per_s']} msg/s, "
-                             f"{r['paho']['msgs_per_loop_cpu_s']} msg per CPU-second of its loop thread")
+            alone = "paho" if r.get("paho") else "lite" if r.get("lite") else None
+            if alone:
+                lines.append(f"MQTT client alone [{alone}, round {r['round']}]: {r[alone]['msgs_per_s']} msg/s, "
+                             f"{r[alone]['msgs_per_loop_cpu_s']} msg per CPU-second of its loop thread")
                 continue
             lines.append(f"drain capacity [{r['db']}, {r['variant']}, {r['collectors']} collector(s)]: "
                          f"{r['msgs_per_s']} msg/s "

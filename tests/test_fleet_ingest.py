@@ -173,13 +173,14 @@ def telemetry_count(db: Path) -> int:
         return 0
 
 
-def test_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["paho", "lite"])
+def test_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice(tmp_path: Path, client: str) -> None:
     devices, per_device = 50, 300
     n = devices * per_device
     msgs = [_msg("birth", f"d{i}", 5, 0, {"connection": 1}) for i in range(devices)]
     msgs += [_msg("telemetry", f"d{k % devices}", 5, k // devices + 1, {"inference": {"fps": 1.0}}) for k in range(n)]
     db = tmp_path / "fleet.db"
-    opts = ("--batch-max", "700", "--batch-interval-ms", "300", "--receive-maximum", "3000")
+    opts = ("--batch-max", "700", "--batch-interval-ms", "300", "--receive-maximum", "3000", "--client", client)
     with Mosquitto(tmp_path / "broker") as broker:
         p = collect(broker, db, *opts, "--duration", "1")  # registers the persistent session, then goes away
         assert p.wait(60) == 0, p.stderr.read().decode()[-2000:] if p.stderr else ""

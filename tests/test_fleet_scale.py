@@ -79,11 +79,13 @@ def scalar(url: str, sql: str) -> Any:
         return db.execute(sql).fetchone()[0]
 
 
-def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(pg: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["paho", "lite"])
+def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(pg: str, tmp_path: Path,
+                                                                                client: str) -> None:
     """Two collector processes share the fleet (one shared-subscription group, one PostgreSQL); one is SIGKILLed
     mid-drain, more telemetry and re-sent copies arrive while it is down, it restarts under its client id (the
     broker kept its session): every message stored exactly once, every device's row at its highest seq."""
-    url = new_database(pg, "several")
+    url = new_database(pg, f"several_{client}")
     devices, per_device, session, now = 40, 400, int(time.time()) - 100, time.time()
     first = [birth(f"d{i:02d}", session, now) for i in range(devices)]
     first += [tel(f"d{k % devices:02d}", session, k // devices + 1, now) for k in range(devices * per_device // 2)]
@@ -94,10 +96,10 @@ def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
     log = tmp_path / "collectors.log"
     with Mosquitto(tmp_path / "broker") as broker:
         for cid in ("c1", "c2"):  # register both persistent sessions, then go away
-            p = collect(broker, url, cid, log, "--duration", "0.5")
+            p = collect(broker, url, cid, log, "--duration", "0.5", "--client", client)
             assert p.wait(60) == 0, log.read_text()[-2000:]
         preload_qos1(broker.port, first)  # the broker splits them between the two sessions
-        c1, c2 = collect(broker, url, "c1", log), collect(broker, url, "c2", log)
+        c1, c2 = (collect(broker, url, cid, log, "--client", client) for cid in ("c1", "c2"))
         try:
             wait_for(lambda: scalar(url, "SELECT count(*) FROM telemetry") >= 2000, 60, "2000 rows stored")
             c1.send_signal(signal.SIGKILL)
@@ -106,7 +108,7 @@ def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
             assert killed_at < len(first) - devices, f"the kill came after the drain ({killed_at})"
             preload_qos1(broker.port, later + resent)  # while c1 is down: its share waits in its session
             time.sleep(1.0)
-            c1 = collect(broker, url, "c1", log)
+            c1 = collect(broker, url, "c1", log, "--client", client)
             wait_for(lambda: scalar(url, "SELECT count(*) FROM telemetry") >= n, 120, f"{n} rows stored")
             time.sleep(1.0)  # anything re-delivered late would show up now
         finally:

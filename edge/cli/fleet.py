@@ -53,6 +53,9 @@ def collect_cmd(
                                             "bounds the delay batching adds."),
     receive_maximum: int = typer.Option(10_000, "--receive-maximum", help="Unacknowledged messages the broker "
                                         "may send (MQTT 5); at least --batch-max."),
+    mqtt_client: str = typer.Option("lite", "--client", help="MQTT client: lite (a lean subscriber that parses "
+                                    "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
+                                    "the commit."),
     ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
     username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
@@ -73,7 +76,7 @@ def collect_cmd(
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
                           batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
-                          backoff=Backoff(0.5, reconnect_max))
+                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client)
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)

@@ -25,6 +25,8 @@
 - Malformed, oversized, unknown-schema and topic/device mismatched payloads, and sessions
   ahead of this collector's clock by more than ``max_session_skew_s``, are counted, logged at
   most once per reason per 10 s (``Rejected``), acknowledged, never stored, and never stop it.
+- MQTT client: ``edge.fleet.mqttlite`` by default (``client="lite"``: many messages parsed per socket read, no
+  message objects; measured 2x the collector's messages per CPU-second of paho), or paho-mqtt (``client="paho"``).
 - Whatever it keeps in memory per device is a cache of the database, bounded (least recently
   updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
 """
@@ -78,6 +80,7 @@ _UPDATE_TELEMETRY = (
 _UPDATE_STATE = ("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
                  "WHERE " + _NEWER_SEQ)
 _Queued = tuple[Decoded, str, float]  # a decoded message, its payload as text, when it arrived
+CLIENTS = ("paho", "lite")
 
 
 @dataclass
@@ -97,6 +100,7 @@ class CollectorConfig:
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     backoff: Backoff = field(default_factory=Backoff)
+    client: str = "lite"  # MQTT client: "lite" (edge.fleet.mqttlite, a lean subscriber) or "paho" (paho-mqtt)
 
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
@@ -111,6 +115,8 @@ class CollectorConfig:
         elif self.receive_maximum < self.batch_max:
             problems.append(f"receive maximum {self.receive_maximum} is below the batch size {self.batch_max}: "
                             "the broker would stop sending before a batch is full")
+        if self.client not in CLIENTS:
+            problems.append(f"unknown MQTT client {str(self.client)[:40]!r} (one of {', '.join(CLIENTS)})")
         if problems:
             raise EdgeError("; ".join(problems), hint="e.g. --batch-max 2000 --batch-interval-ms 50 "
                             "--receive-maximum 10000 (the receive maximum at least the batch size)")
@@ -416,6 +422,9 @@ class Collector:
         if self.conn is not None:
             for client, mid, qos in acks:
                 self.conn.ack(client, mid, qos)
+            done = getattr(self.conn, "ack_done", None)  # the lean client: the batch's PUBACKs in one write
+            if done is not None:
+                done()
 
     def _after_io(self) -> None:
         """After every round of socket events: commit the open batch when it is due, else wake up when it is."""
@@ -503,15 +512,36 @@ class Collector:
         if len(self._acks) >= self.config.batch_max:
             self.flush()
 
+    def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
+        """``_message`` for the lean client (edge.fleet.mqttlite): the same, without a message object."""
+        try:
+            self.add(topic, payload)
+        except Exception as e:  # a bug, not a message: re-delivered after the reconnect, not acknowledged
+            self._db_failed(e)
+            return
+        self._acks.append((client, mid, qos))
+        if self._batch_t0 is None:
+            self._batch_t0 = time.monotonic()
+        if len(self._acks) >= self.config.batch_max:
+            self.flush()
+
     def start(self, loop: NetworkLoop | None = None) -> "Collector":
         c = self.config
         if not c.broker.mqtt5:
             log.warning(DEGRADED["collector"])
         self.loop = loop or NetworkLoop(name="edgekit-collector").start()
         self._own_loop = loop is None
-        self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
-                               on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
-                               manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
+        if c.client == "lite":
+            from edge.fleet.mqttlite import LiteConnection
+
+            self.conn = LiteConnection(  # type: ignore[assignment]
+                self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
+                on_publish=self._lite_message, clean_start=False, session_expiry_s=c.session_expiry_s,
+                receive_maximum=c.receive_maximum, backoff=c.backoff)
+        else:
+            self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
+                                   on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
+                                   manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
         self.loop.run(self.loop.after_io, self._after_io)
         self.conn.start()
         return self
