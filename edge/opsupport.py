@@ -23,7 +23,15 @@ converter                   what it refuses up front
 ``onnx->openvino-ir``       ``If`` with branch outputs of different rank: the If output gets a
                             dynamic rank, which OpenVINO 2026.4's ONNX frontend refuses before a
                             Conv (Silero VAD) and its CPU plug-in refuses outright ("If operation
-                            with dynamic rank", the graph in tests/test_graphs.py)
+                            with dynamic rank", the graph in tests/test_graphs.py). If itself is
+                            not the limit (the GPU plug-in has a condition primitive,
+                            openvinotoolkit/openvino#18043): the frontend does not fold a
+                            condition computed from shapes, so Silero VAD fails the same way with
+                            static input/state and ``sr`` frozen to 16000 (measured, 2026.4.1);
+                            the frontend fix, openvinotoolkit/openvino#32677, was closed unmerged.
+                            What works is inlining every If at one sample rate and static shapes
+                            (snakers4/silero-vad#779's examples/openvino): OpenVINO CPU fp32 then
+                            matches onnxruntime (max abs 7.7e-8, 32 chained steps; measured)
 ==========================  ==================================================================
 
 Every offending node is listed at once, in one line, with the way forward.
@@ -101,7 +109,8 @@ _ONNX2TF_LIMITS: Mapping[str, Callable[[Any], str | None]] = {
 }
 _CPU_WAY = "choose x86-cpu, whose onnxruntime runs every ONNX op"
 _IF_WAY = ("re-export the model without those nodes (a different-rank If goes away when its condition is fixed at "
-           "export time, e.g. one sample rate), or ")
+           "export time: one sample rate and static input shapes, with every If whose condition is then constant "
+           "inlined, as Silero VAD's examples/openvino/convert.py does), or ")
 
 
 def _coreml_bridge_ops() -> frozenset[str]:

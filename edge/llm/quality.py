@@ -88,6 +88,7 @@ class QualityReport:
     reference_note: str | None = None
     top1_decisive: float | None = None  # top-1 where the source leads by >= DECISIVE_MARGIN nats
     decisive_share: float | None = None  # the share of positions that are decisive
+    source_type: str | None = None  # the source's file type (q4_1, f16...): a quantized one is requantized
 
     @property
     def gated_top1(self) -> float:
@@ -108,6 +109,9 @@ class QualityReport:
             out.append(f"top-1 agreement {self.gated_top1:.1%}{where} < {self.min_top1:.0%}")
         if out and self.eval and self.eval.get("origin") == "random":
             out.append(f"evaluated on {self.eval['description']}")
+        why = requantize_note(self.source_type, self.quant) if out else None
+        if why:
+            out.append(why)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +123,27 @@ class QualityReport:
         if self.eval is not None:
             out["eval"] = {**self.eval, "texts": self.by_text}
         return out
+
+
+def requantize_note(source_type: str | None, quant: str) -> str | None:
+    """Why a failed gate on a requantized source is expected, and what to do instead; None for an
+    unquantized source.
+
+    A quantized source's weights already sit on a grid; requantizing puts them on a second one, so its
+    rounding error adds to the first, and the gate compares with the quantized source only, so it sees the
+    second error alone: the loss against the original weights is larger than it measures. SmolLM2-135M
+    Q4_1 -> q4_k_m: decisive top-1 83.9 % < 85 % (its 576-wide rows also take k-quant fallback types).
+    Lowering the limit would pass a double quantization off as a q4_k_m one."""
+    from edge.llm.gguf_file import UNQUANTIZED_TYPES, quant_bits
+
+    if not source_type or source_type.lower() in UNQUANTIZED_TYPES:
+        return None
+    bits = quant_bits(source_type)
+    start = "an f16/bf16 GGUF of the model" + (" (or q8_0)" if bits is not None and bits < 8 else "")
+    return (f"the source is already quantized ({source_type}{f', {bits}-bit' if bits else ''}): requantizing to "
+            f"{quant} rounds its weights a second time and the errors compound (measured here against the "
+            f"{source_type} file, not the original weights); quantize from {start}, or ship the {source_type} "
+            "file as it is (--precision keep)")
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -232,13 +257,19 @@ def compare_gguf(source: Path, quantized: Path, quant: str, text: EvalText | Seq
     decisive = lead >= DECISIVE_MARGIN
     top1_decisive = float(all_agree[decisive].mean()) if int(decisive.sum()) >= MIN_DECISIVE else None
     max_kl, min_top1 = thresholds(quant)
+    try:
+        from edge.llm.gguf_file import file_type_name, read_gguf
+
+        source_type: str | None = file_type_name(read_gguf(source))
+    except Exception:  # noqa: BLE001 - only the failure message's advice depends on it
+        source_type = None
     samples = pick_reference(windows, p, q)
     host = [topk_figures(s, q[s.window][s.position]) for s in samples]
     note = (f"the build host's {quant} on these samples: mean KL over the top-{TOP_K} "
             f"{np.mean([h[0] for h in host]):.4g}, top-1 {sum(h[1] for h in host)}/{len(host)}") if host else None
     return QualityReport(quant, int(all_kl.size), float(all_kl.mean()), float(np.percentile(all_kl, 99)),
                          float(all_kl.max()), float(all_agree.mean()), max_kl, min_top1, text.to_json(), by_text,
-                         samples, note, top1_decisive, float(decisive.mean()))
+                         samples, note, top1_decisive, float(decisive.mean()), source_type)
 
 
 def reference_samples(model: Path, text: EvalText, options: Mapping[str, Any]) -> list[TopKSample]:
