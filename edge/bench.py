@@ -15,6 +15,7 @@ import numpy as np
 
 from edge.errors import EdgeError
 from edge.backends.runner import Runner
+from edge.manifest_schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
 from edge.stats import LatencyStats
 
 
@@ -33,6 +34,8 @@ class BenchReport:
     budget_ms: float | None
     budget_source: str
     on_target_device: bool  # False when the host ran it on a fallback device or another machine class
+    #: {"same": bool, "reason": str} once :func:`judge_device_class` judged it (the manifest's typed field)
+    device_class: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -48,6 +51,7 @@ class BenchReport:
             "throughput_fps": round(self.throughput_fps, 2), "peak_rss_mb": round(self.peak_rss_mb, 1),
             "runner": self.runner, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
             "verdict": self.verdict, "on_target_device": self.on_target_device,
+            **({"device_class": dict(self.device_class)} if self.device_class is not None else {}),
         }
 
 
@@ -159,8 +163,9 @@ def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None =
 def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) -> tuple[bool, str]:
     """Set ``report.on_target_device``: whether this host and the runner's device are ``target``'s device
     class (``edge.targets.same_device_class``; ``target``: a profile or its name). Only then does the
-    budget verdict gate a deploy; otherwise it is indicative. The reason is recorded in
-    ``report.runner["details"]["device_class"]`` (the benchmark record has no field of its own for it)."""
+    budget verdict gate a deploy; otherwise it is indicative. The judgement and its reason are recorded in
+    ``report.device_class`` (the manifest's ``benchmark.device_class``; manifests before it carried them in
+    ``runner.details.device_class``, which :func:`device_class_of` still reads)."""
     from edge.capabilities import current_host
     from edge.errors import TargetError
     from edge.targets import get_target, same_device_class
@@ -172,7 +177,5 @@ def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) 
     else:
         same, why = same_device_class(profile, current_host(), report.runner)
     report.on_target_device = same
-    details = report.runner.get("details")
-    report.runner["details"] = {**(details if isinstance(details, Mapping) else {}),
-                                "device_class": {"same": same, "reason": why}}
+    report.device_class = {"same": same, "reason": why}
     return same, why

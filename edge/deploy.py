@@ -31,12 +31,16 @@ class DeployResult:
     #: None when there was no benchmark
     budget_gates: bool | None = None
     device_class: str | None = None
+    #: ``deploy(tune=...)``: the tune's summary line, what its overlay applied, the winner and the files
+    tune: dict[str, Any] | None = None
+    #: the tune overlay this bundle was converted with (``--tuned`` or ``--tune``), one line; None without one
+    tuned_applied: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"bundle_id": self.bundle.id, "bundle_path": str(self.bundle.path), "shipped_to": self.shipped_to,
                 "parity": self.bundle.manifest.get("parity"), "unverified": self.unverified,
                 "benchmark": self.benchmark, "budget_gates": self.budget_gates, "device_class": self.device_class,
-                "notes": self.notes}
+                "tuned_applied": self.tuned_applied, "tune": self.tune, "notes": self.notes}
 
 
 def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str], *,
@@ -66,7 +70,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
            fps: float | None = None, budget_ms: float | None = None,
            accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
            on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
-           tuned: Any = None, **convert_kwargs: Any) -> DeployResult:
+           tuned: Any = None, tune: Any = None, **convert_kwargs: Any) -> DeployResult:
     """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
     ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
 
@@ -74,7 +78,10 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
     target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
     parity could not run here ships with ``DeployResult.unverified`` saying why. ``tuned``: an ``edgekit tune``
-    overlay (file or ``edge.tuned.TunedOverlay``) applied to the target before converting and benchmarking."""
+    overlay (file or ``edge.tuned.TunedOverlay``) applied to the target before converting and benchmarking.
+    ``tune``: True or an ``edge.tune.TuneOptions``: run ``edge.tune.tune`` first (this deploy's calibration,
+    input shapes, pre-processing, budget and precision) and deploy its winner's overlay; refused when no
+    configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``."""
     from edge.signing import configured_sign_key
     from edge.bench import judge_device_class, run_benchmark
     from edge.manifest_schema import SkippedParity
@@ -84,18 +91,37 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
 
     say = on_step or (lambda _m: None)
     profile = get_target(target, convert_kwargs.get("targets_dir", ()))
-    applied: list[str] = []
-    if tuned is not None:  # applied here, so the benchmark below runs the tuned runner and options too
-        from edge.tuned import apply_tuned
+    target_profile = profile
+    overlay = None
+    if tune is not None and tune is not False:
+        if tuned is not None:
+            from edge.errors import EdgeError
 
-        profile, convert_kwargs["precision"] = apply_tuned(profile, tuned, convert_kwargs.get("precision"),
-                                                           applied.append)
-        say(applied[-1])
+            raise EdgeError("give either --tune (tune now) or --tuned FILE (an overlay tuned before), not both")
+        tune = _tune_options(tune)
+    elif tuned is not None:  # read (and refused) before anything is built
+        from edge.tuned import TunedOverlay, read_overlay
+
+        overlay = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
     open_store(device)  # a bad address, bad ssh options or no ssh fail here: before minutes of work, nothing built
     build = Path(build_dir) if build_dir else Path("build") / f"{Path(model).stem}-{target}"
-    bundle = convert(model, profile, build, accept_parity_failure=accept_parity_failure, on_step=say, force=True,
-                     **convert_kwargs)
-    notes: list[str] = list(applied)  # what a tuned overlay applied, first
+    notes: list[str] = []
+    tune_info = None
+    if tune:
+        overlay, tune_info = _tune_first(model, profile, build, tune, fps, budget_ms, convert_kwargs, say)
+        notes.append(tune_info["summary"])
+    applied = None
+    if overlay is not None:  # applied here too, so the benchmark below runs the tuned runner and options
+        from edge.tuned import apply_overlay, resolve_precision
+
+        convert_kwargs["precision"] = resolve_precision(overlay, convert_kwargs.get("precision"))
+        profile = apply_overlay(profile, overlay)
+        applied = overlay.describe()
+        where = "" if overlay.tuned.get("same_device_class", True) else \
+            f" (tuned off the device: {overlay.tuned.get('device_class')})"
+        notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
+    bundle = convert(model, target_profile, build, accept_parity_failure=accept_parity_failure, on_step=say,
+                     force=True, tuned=overlay, **convert_kwargs)
     report = None
     gates = device_class = None
     par = bundle.info.parity
@@ -135,4 +161,49 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
                  trust=trust)
     return DeployResult(bundle, where, report, notes, unverified=unverified, budget_gates=gates,
-                        device_class=device_class)
+                        device_class=device_class, tune=tune_info, tuned_applied=applied)
+
+
+def _tune_options(tune: Any) -> Any:
+    from edge.errors import EdgeError
+    from edge.tune import TuneOptions
+
+    if tune is True:
+        return TuneOptions()
+    if not isinstance(tune, TuneOptions):
+        raise EdgeError(f"deploy(tune=...) takes True or an edge.tune.TuneOptions, got {type(tune).__name__}")
+    return tune
+
+
+def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | None, budget_ms: float | None,
+                convert_kwargs: dict[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """``edge.tune.tune`` with this deploy's inputs; (the winner's overlay, what deploy reports of the tune)."""
+    from edge.errors import EdgeError
+    from edge.tune import tune as run_tune
+    from edge.tuned import read_overlay
+
+    asked = convert_kwargs.get("precision")
+    precisions = opts.precisions or ((asked,) if asked else None)
+    say("tuning before converting (edgekit tune): " + (f"precisions {', '.join(precisions)}" if precisions
+                                                          else "every precision the target allows"))
+    result = run_tune(model, profile, out=opts.out if opts.out is not None else build.with_name(build.name + "-tune"),
+                      objective=opts.objective, budget_ms=budget_ms, fps=fps, max_trials=opts.max_trials,
+                      time_budget_s=opts.time_budget_s, calib=convert_kwargs.get("calib"), video=opts.video,
+                      study=opts.study, strategy=opts.strategy, runners=opts.runners, precisions=precisions,
+                      threads=opts.threads, schedule=opts.schedule, parity_samples=opts.parity_samples,
+                      targets_dir=convert_kwargs.get("targets_dir", ()), pictures=opts.pictures,
+                      input_shapes=convert_kwargs.get("input_shapes"),
+                      preprocess=convert_kwargs.get("preprocess", "imagenet"),
+                      letterbox=convert_kwargs.get("letterbox"), on_step=say)
+    summary = result.summary()
+    say(summary)
+    if result.winner is None or result.overlay_path is None:
+        raise EdgeError(f"deploy --tune: nothing to deploy: {summary}",
+                        hint=f"see the table and study in {Path(result.study_path or '.').parent} "
+                             "(`edgekit tune` prints it), or deploy without --tune")
+    info = {"summary": summary, "applied": result.applied, "winner": result.winner["id"],
+            "label": result.winner["label"], "objective": result.objective, "device_class": result.device_class,
+            "overlay": result.overlay_path, "study": result.study_path, "html": result.html_path,
+            "png": result.png_path, "converted": result.converted, "measured": result.measured,
+            "wall_s": round(result.wall_s, 2)}
+    return read_overlay(result.overlay_path), info

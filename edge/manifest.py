@@ -24,7 +24,7 @@ from edge.bundle import SCHEMA_VERSION, artifact_entries, bundle_id, bundle_name
 from edge.capabilities import cpu_isa, current_host
 from edge.errors import BudgetError, DeployError, ParityError, TargetError
 from edge.manifest_schema import (BenchmarkEvidence, LLMQualityEvidence, Manifest, ParityEvidence, SkippedParity,
-                                  device_only_hint)
+                                  device_class_of, device_only_hint)
 from edge.onnxmodel import sha256_file
 
 
@@ -169,12 +169,12 @@ def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budg
                               f"against a {budget} ms budget is {verdict!r}; the manifest was edited",
                               hint="benchmark it again with `edgekit bench --record`")
         # off the target's device class: a fallback device, or another machine (edge.bench.judge_device_class)
-        dc = bench.runner.details.get("device_class") if isinstance(bench.runner.details, Mapping) else None
-        other_class = isinstance(dc, Mapping) and dc.get("same") is False and bool(dc.get("reason"))
+        dc = device_class_of(bench)  # the typed field, else runner.details in older manifests
+        other_class = dc is not None and dc["same"] is False and bool(dc["reason"])
         if not bench.on_target_device and bench.runner.fallback is None and not other_class:
             raise DeployError(f"refusing to ship {bid}: its benchmark says it did not run on the target device "
                               "but names no fallback (runner.fallback) and no other device class "
-                              "(runner.details.device_class); the manifest was edited",
+                              "(benchmark.device_class); the manifest was edited",
                               hint="benchmark it again with `edgekit bench --record`")
         if "fail" in (verdict, bench.verdict) and bench.on_target_device and not accept_budget_failure:
             raise BudgetError(f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget "

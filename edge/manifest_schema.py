@@ -389,6 +389,15 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class DeviceClassJudgement:
+    """Whether a benchmark ran on the target's device class (``edge.targets.same_device_class``), and why:
+    only then does its budget verdict gate a deploy. Older manifests carry it in ``runner.details.device_class``."""
+
+    same: bool = spec()
+    reason: str = spec(min_len=1, **_TEXT)
+
+
+@dataclass(frozen=True)
 class BenchmarkEvidence:
     """A vision benchmark (``edge.bench.BenchReport``); the gate recomputes the verdict from p99 and budget."""
 
@@ -407,6 +416,7 @@ class BenchmarkEvidence:
     bundle: str | None = spec(None, pattern=ID)
     target: str | None = spec(None, pattern=ID)
     kind: Literal["vision"] = "vision"
+    device_class: DeviceClassJudgement | None = None
 
 
 @dataclass(frozen=True)
@@ -444,6 +454,34 @@ Benchmark = Annotated[Union[BenchmarkEvidence, LLMBenchmarkEvidence], Tagged(_wh
 
 
 @dataclass(frozen=True)
+class TunedHost:
+    """The host ``edgekit tune`` measured on."""
+
+    os: str = spec(pattern=ID)
+    arch: str = spec(pattern=ID)
+    cpu: str = spec(max_len=256, pattern=r"^[^\x00-\x1f\x7f]*$")
+    #: the ISA flags edgekit reads (edge.capabilities.ISA_FLAGS present on the CPU); empty when unknown
+    isa: tuple[str, ...] = spec((), max_items=64, item=Rule(pattern=r"^[a-z0-9_]{1,32}$"))
+    cpus: int | None = spec(None, ge=1, le=1 << 16)
+
+
+@dataclass(frozen=True)
+class TunedEvidence:
+    """The bundle was converted with an ``edgekit tune`` overlay (``convert``/``deploy --tuned``, ``deploy --tune``)."""
+
+    #: sha256 of the overlay's content (``edge.tuned.TunedOverlay.content_sha256``: its canonical JSON)
+    overlay_sha256: str = spec(pattern=SHA256)
+    #: the tune trial the overlay is (runner/precision/options), None for an overlay without a [tuned] table
+    configuration: str | None = spec(None, min_len=1, max_len=512, pattern=r"^[^\x00-\x1f\x7f]*$")
+    objective: Literal["latency", "throughput", "e2e"] | None = None
+    tuned_on: TunedHost | None = None
+    #: whether the tuning host is the target's device class, and why (None: the overlay does not say)
+    same_device_class: bool | None = None
+    device_class: str | None = spec(None, **_TEXT)
+    created_utc: str | None = spec(None, pattern=UTC_TIME)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A bundle's manifest.json (schema 1)."""
 
@@ -473,6 +511,8 @@ class Manifest:
     reference_pairs: ReferencePairs | None = None
     benchmark: Benchmark | None = None
     build_host: JSON = None
+    #: the tune overlay the bundle was converted with (absent: none, or an older bundle)
+    tuned: TunedEvidence | None = None
 
 
 # -- runner options ------------------------------------------------------------------------
@@ -491,6 +531,9 @@ class OnnxRuntimeOptions:
     intra_op_num_threads: int = spec(0, **_THREADS)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     x64_quant_precision: bool = True
+    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    inter_op_num_threads: int = spec(0, **_THREADS)  # execution_mode parallel only (the runner refuses it otherwise)
+    allow_spinning: bool = True
 
 
 @dataclass(frozen=True)
@@ -673,7 +716,30 @@ def check_runner(r: RunnerSpec, where: str = "runner") -> None:
                       f"{', '.join(k for k in declared if device_only_hint(r.name, k) is None) or 'none'}")
     typed = RUNNER_OPTIONS.get(r.name)
     if typed is not None:
-        read(typed, to_json(r.options), f"{where}.options")
+        opts = read(typed, to_json(r.options), f"{where}.options")
+        if isinstance(opts, OnnxRuntimeOptions) and opts.inter_op_num_threads and opts.execution_mode != "parallel":
+            raise Invalid(f"{where}.options.inter_op_num_threads", "applies only with execution_mode \"parallel\" "
+                          "(a sequential session runs one node at a time)")
+
+
+def device_class_of(benchmark: Any) -> dict[str, Any] | None:
+    """A recorded benchmark's device-class judgement ({"same", "reason"}): its ``device_class`` field (a typed
+    ``BenchmarkEvidence`` or its JSON), else where older manifests kept it (``runner.details.device_class``)."""
+    if benchmark is None:
+        return None
+    if isinstance(benchmark, Mapping):
+        dc = benchmark.get("device_class")
+        runner = benchmark.get("runner")
+        details = runner.get("details") if isinstance(runner, Mapping) else None
+    else:
+        typed = getattr(benchmark, "device_class", None)
+        dc = {"same": typed.same, "reason": typed.reason} if typed is not None else None
+        details = getattr(getattr(benchmark, "runner", None), "details", None)
+    if not isinstance(dc, Mapping) and isinstance(details, Mapping):
+        dc = details.get("device_class")
+    if isinstance(dc, Mapping) and isinstance(dc.get("same"), bool) and isinstance(dc.get("reason"), str):
+        return {"same": dc["same"], "reason": dc["reason"]}
+    return None
 
 
 # -- the published schema ----------------------------------------------------------------------

@@ -85,6 +85,21 @@ class TuneResult:
     convert_s: float = 0.0
     search_s: float = 0.0
 
+    def summary(self) -> str:
+        """One line: what was tried, what passed parity, what was chosen and how fast, and where it ran."""
+        failed = sum((t.get("parity") or {}).get("passed") is False for t in self.trials)
+        broken = sum(str(t.get("status", "")).startswith(("conversion failed", "failed")) for t in self.trials)
+        head = (f"tune {self.target} ({self.objective}, {self.strategy}): {len(self.trials)} configurations, "
+                f"{failed} failed parity" + (f", {broken} failed to convert or run" if broken else "")
+                + f", {len(self.pruned)} pruned groups")
+        if self.winner is None:
+            return head + "; none chosen"
+        res = self.winner.get("result") or {}
+        figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", " fps"))
+                         if isinstance(res.get(k), (int, float)))
+        where = "on the target's device class" if self.device_class.get("same") else "NOT on the target's device class"
+        return f"{head}; chosen {self.winner['label']} ({figs}), measured {where}"
+
     def to_json(self) -> dict[str, Any]:
         from edge.tune_report import pareto_front
 
@@ -92,10 +107,31 @@ class TuneResult:
                 "budget_ms": self.budget_ms, "budget_source": self.budget_source, "host": self.host,
                 "device_class": self.device_class, "winner": self.winner, "applied": self.applied,
                 "trials": self.trials, "pareto": [t["id"] for t in pareto_front(self.trials)], "pruned": self.pruned,
-                "notes": self.notes, "files": {"overlay": self.overlay_path, "study": self.study_path,
+                "summary": self.summary(), "notes": self.notes, "files": {"overlay": self.overlay_path, "study": self.study_path,
                                                "html": self.html_path, "png": self.png_path},
                 "measured": self.measured, "converted": self.converted, "wall_s": round(self.wall_s, 2),
                 "convert_s": round(self.convert_s, 2), "search_s": round(self.search_s, 2)}
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How ``deploy(..., tune=...)`` tunes before it converts (``tune=True``: these defaults). The model, target,
+    calibration, input shapes, pre-processing and budget are deploy's own; ``out`` defaults to
+    ``<build_dir>-tune``. ``precisions`` defaults to deploy's ``precision`` when one is given."""
+
+    objective: str = "latency"
+    strategy: str = "halving"
+    max_trials: int | None = None
+    time_budget_s: float | None = None
+    video: str | os.PathLike[str] | None = None
+    study: str | os.PathLike[str] | None = None
+    out: str | os.PathLike[str] | None = None
+    runners: tuple[str, ...] | None = None
+    precisions: tuple[str, ...] | None = None
+    threads: tuple[int, ...] | None = None
+    schedule: Schedule | None = None
+    parity_samples: int = 32
+    pictures: bool = True
 
 
 # -- recipe key and the conversion cache ---------------------------------------------------------
@@ -160,6 +196,13 @@ def _host() -> dict[str, Any]:
     from edge.tune_space import usable_cpus
 
     return {"os": h.os, "arch": h.arch, "cpu": cpu_isa().model, "cpus": usable_cpus()}
+
+
+def _isa() -> list[str]:
+    """The ISA flags edgekit reads on this CPU (``edge.capabilities.ISA_FLAGS``), for the overlay and manifest."""
+    from edge.capabilities import cpu_isa
+
+    return sorted(cpu_isa().flags)
 
 
 def _load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -466,7 +509,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  "model": model.name, "model_sha256": model_sha, "configuration": winner["id"],
                  "objective": objective, "strategy": strategy, "measured_on": f"{host['os']}/{host['arch']}",
-                 "cpu": host["cpu"], "cpus": host["cpus"], "device_used": runner_info.get("device_used") or "",
+                 "os": host["os"], "arch": host["arch"], "cpu": host["cpu"], "isa": _isa(), "cpus": host["cpus"],
+                 "device_used": runner_info.get("device_used") or "",
                  "precision_used": runner_info.get("precision_used") or "",
                  "same_device_class": same, "device_class": why,
                  "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),

@@ -40,7 +40,9 @@ class RunnerSpace:
 SPACES: dict[str, RunnerSpace] = {
     "onnxruntime": RunnerSpace(
         "onnxruntime", "onnx->onnx", "x86-cpu",
-        {"intra_op_num_threads": THREADS, "graph_optimization_level": ("all", "extended", "basic")},
+        {"intra_op_num_threads": THREADS, "graph_optimization_level": ("all", "extended", "basic"),
+         "execution_mode": ("sequential", "parallel"), "inter_op_num_threads": (0, 2),
+         "allow_spinning": (True, False)},
         {"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
         threads_option="intra_op_num_threads"),
     "openvino": RunnerSpace(
@@ -82,7 +84,8 @@ class Config:
     def label(self) -> str:
         """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
         short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
-                 "performance_hint": "hint", "mixed_precision": "mixed"}
+                 "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
+                 "inter_op_num_threads": "inter", "allow_spinning": "spin"}
         bits = [f"{short.get(k, k)}={_word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
         if self.workers != 1:
             bits.append(f"workers={self.workers}")
@@ -121,6 +124,27 @@ class Space:
         return TunedOverlay(target=profile.name, precision=cfg.bundle_precision, runner=cfg.runner, chain=(conv,),
                             convert_options={conv: {**self.convert_options[cfg.runner], **dict(cfg.recipe)}},
                             run_options=run_opts, tuned=dict(tuned))
+
+
+def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
+    """Why a combination of runner options cannot run or cannot differ from another one here ("what: why"),
+    None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
+    if runner != "onnxruntime":
+        return None
+    mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
+    intra, spin = opts.get("intra_op_num_threads", 0), opts.get("allow_spinning", True)
+    if inter and mode != "parallel":
+        return ("onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
+                "at a time (no inter-op threads)")
+    if mode == "parallel" and intra == 1:
+        return ("onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
+                "parallel mode adds an inter-op pool of its own")
+    if inter > cpus:
+        return f"onnxruntime inter_op_num_threads={inter}: more threads than the {cpus} CPUs this process may use"
+    if spin is False and intra == 1 and mode == "sequential":
+        return ("onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the "
+                "same as allow_spinning=true")
+    return None
 
 
 def usable_cpus() -> int:
@@ -259,6 +283,10 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
                 recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
                 for ovals in itertools.product(*[v for _, v in knobs]):
                     opts = base_opts + tuple(zip([k for k, _ in knobs], ovals))
+                    conflict = option_conflict(runner, dict(opts), cpus)
+                    if conflict is not None:
+                        space.pruned.append(conflict)
+                        continue
                     for w in (WORKERS if video else (1,)):
                         space.configs.append(Config(runner, prec, recipe, opts, w))
     space.pruned = list(dict.fromkeys(space.pruned))

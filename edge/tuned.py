@@ -61,6 +61,40 @@ class TunedOverlay:
                 "convert": {"options": {k: dict(v) for k, v in self.convert_options.items()}},
                 "run": {"options": dict(self.run_options)}, "tuned": dict(self.tuned)}
 
+    def content_sha256(self) -> str:
+        """What the overlay applies and records, hashed: sha256 of its canonical JSON (sorted keys, no spaces),
+        so the same overlay has the same hash whether read from its file or built in memory."""
+        import hashlib
+
+        data = json.dumps(self.to_toml_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(data.encode()).hexdigest()
+
+    def manifest_record(self) -> dict[str, Any]:
+        """The bundle manifest's ``tuned`` entry (``edge.manifest_schema.TunedEvidence``): the overlay's hash, the
+        trial it is, the objective, the host it was measured on and whether that is the target's device class.
+        The [tuned] table is data from a file: a value the manifest's rules refuse is left out, never carried."""
+        from edge.manifest_schema import TunedEvidence
+        from edge.typedjson import Invalid, read
+
+        t = self.tuned
+        os_, _, arch = str(t.get("measured_on") or "").partition("/")
+        host = {"os": t.get("os", os_), "arch": t.get("arch", arch), "cpu": t.get("cpu", ""),
+                "isa": t.get("isa", []), "cpus": t.get("cpus")}
+        rec: dict[str, Any] = {"overlay_sha256": self.content_sha256()}
+        fields = {"configuration": t.get("configuration"), "objective": t.get("objective"),
+                  "tuned_on": {k: v for k, v in host.items() if v not in (None, "")},
+                  "same_device_class": t.get("same_device_class"), "device_class": t.get("device_class"),
+                  "created_utc": t.get("created_utc")}
+        for key, value in fields.items():
+            if value in (None, "", {}):
+                continue
+            try:
+                read(TunedEvidence, {**rec, key: value})
+            except Invalid:
+                continue
+            rec[key] = value
+        return rec
+
     def describe(self) -> str:
         """One line: what applying it changes."""
         opts = ", ".join(f"{k}={_show(v)}" for k, v in sorted(self.run_options.items()))

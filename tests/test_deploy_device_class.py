@@ -7,6 +7,7 @@ time a Raspberry Pi. A bundle whose parity could not run here ships with "unveri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,23 @@ def test_arm_xnnpack_benchmarked_on_x86_does_not_gate(models: dict[str, Path], t
     assert r.unverified is None and DeviceStore(tmp_path / "pi").current == r.bundle.id
     bench = Bundle.open(tmp_path / "pi" / "bundles" / r.bundle.id).manifest["benchmark"]  # the shipped record
     assert bench["verdict"] == "fail" and bench["on_target_device"] is False and bench["runner"]["fallback"] is None
-    assert bench["runner"]["details"]["device_class"] == {"same": False, "reason": r.device_class}
+    assert bench["device_class"] == {"same": False, "reason": r.device_class}  # the typed field
+    assert "device_class" not in bench["runner"]["details"]
     ship(r.bundle.path, tmp_path / "pi2")  # the gate reads the record the same way: indicative, not edited
+    # a manifest from before the typed field kept the judgement in runner.details: still read, still gates alike
+    from edge.errors import DeployError
+    from edge.manifest import check_gates
+    from edge.manifest_schema import device_class_of, parse_manifest
+
+    old = json.loads(json.dumps(Bundle.open(r.bundle.path).manifest))
+    old["benchmark"]["runner"]["details"]["device_class"] = old["benchmark"].pop("device_class")
+    m = parse_manifest(old, "old manifest")
+    assert m.benchmark.device_class is None
+    assert device_class_of(m.benchmark) == {"same": False, "reason": r.device_class}
+    check_gates(m)
+    del old["benchmark"]["runner"]["details"]["device_class"]  # off-target with no reason at all: edited
+    with pytest.raises(DeployError, match=r"names no fallback .* \(benchmark.device_class\)"):
+        check_gates(parse_manifest(old, "old manifest"))
 
 
 @needs_x86

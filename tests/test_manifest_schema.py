@@ -63,8 +63,15 @@ def test_real_manifests_pass_both(manifest: tuple[Path, dict[str, Any]]) -> None
                       "reference": "source GGUF in llama.cpp, same tokens", "accepted_failure": False},
            "runner": {"name": "llama.cpp", "options": {"n_threads": 0, "n_ctx": 2048, "n_gpu_layers": -1,
                                                       "require_gpu": True}}, "preprocess": None}
+    # a bundle converted from an `edgekit tune` overlay says so (edge.tuned.TunedOverlay.manifest_record)
+    tuned = {**m, "tuned": {"overlay_sha256": "ab" * 32, "configuration": "openvino/fp32/num_threads=2/performance_hint"
+                            "=LATENCY", "objective": "e2e", "tuned_on": {"os": "linux", "arch": "x86_64",
+                                                                       "cpu": "AMD EPYC", "isa": ["avx2"], "cpus": 2},
+                            "same_device_class": False, "device_class": "different device class: ...",
+                            "created_utc": "2026-11-25T14:00:00+00:00"}}
+    bare_tuned = {**m, "tuned": {"overlay_sha256": "cd" * 32}}  # an overlay without a [tuned] table
     v = _validator()
-    for doc in (m, skipped, llm):
+    for doc in (m, skipped, llm, tuned, bare_tuned):
         assert not [e.message for e in v.iter_errors(doc)]
         typed = read(Manifest, doc)
         assert read(Manifest, to_json(typed)) == typed  # round trip
@@ -122,6 +129,12 @@ def test_limits_are_one_line_each(manifest: tuple[Path, dict[str, Any]], tmp_pat
     _refused(d, json.dumps({**m, "primary_artifact": "other.onnx"}), "field primary_artifact", "not one of the artifacts")
     _refused(d, json.dumps({**m, "parity": {**m["parity"], "passed": None}}), "field parity.passed: must be true or false")
     _refused(d, json.dumps({**m, "parity": {**m["parity"], "precision": "int8"}}), "field parity.precision")
+    _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "not a hash"}}), "field tuned.overlay_sha256")
+    _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "ab" * 32, "tuned_on": {"os": "linux", "arch": "x86_64",
+                                                                                  "cpu": "evil\u001b[2J"}}}),
+             "field tuned.tuned_on.cpu")
+    _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "ab" * 32, "objective": "fastest"}}),
+             "field tuned.objective")
 
 
 @pytest.mark.parametrize("runner,key,value", [

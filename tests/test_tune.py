@@ -245,3 +245,171 @@ def test_max_trials_and_time_budget_bound_the_search(tmp_path: Path, models: dic
     assert out_of_time.winner is None and out_of_time.overlay_path is None
     assert all(t["status"] == "not run (time budget)" for t in out_of_time.trials)
     assert out_of_time.converted == 0
+
+
+# -- deploy --tune, and the bundle's record of the overlay ----------------------------------------
+
+def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path: Path, models: dict[str, Path]) -> None:
+    from edge.bundle import Bundle
+    from edge.capabilities import cpu_isa
+    from edge.deploy import DeviceStore, deploy
+    from edge.tune import TuneOptions
+
+    opts = TuneOptions(runners=("openvino",), precisions=("fp32",), threads=(1,), schedule=QUICK, parity_samples=4,
+                       pictures=False)
+    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", build_dir=tmp_path / "b", bench_iterations=5, tune=opts,
+               parity_samples=4)
+    t = r.tune
+    assert t is not None and t["summary"].startswith("tune x86-cpu (latency, halving): ") and "chosen openvino fp32" in t["summary"]
+    assert r.notes[0] == t["summary"]  # the tune table's summary line, then what its overlay applied
+    ov = read_overlay(t["overlay"])
+    assert Path(t["overlay"]).parent == tmp_path / "b-tune" and r.tuned_applied == ov.describe() == t["applied"]
+    assert any(n.startswith("tuned overlay ") and ov.describe() in n for n in r.notes)
+    # converted, parity-checked, benchmarked and shipped with the winner's runner and options
+    assert r.bundle.info.runner.name == "openvino" and r.bundle.info.runner.options_dict["num_threads"] == 1
+    assert r.bundle.manifest["parity"]["passed"] is True and r.benchmark is not None
+    assert r.benchmark["runner"]["runtime"].startswith("OpenVINO") or "openvino" in r.benchmark["runner"]["runtime"].lower()
+    shipped = Bundle.open(tmp_path / "dev" / "bundles" / r.bundle.id)
+    assert DeviceStore(tmp_path / "dev").current == r.bundle.id
+    rec = shipped.manifest["tuned"]
+    isa = cpu_isa()
+    assert rec["overlay_sha256"] == ov.content_sha256() and len(rec["overlay_sha256"]) == 64
+    assert rec["configuration"] == t["winner"] and rec["objective"] == "latency"
+    assert rec["tuned_on"]["cpu"] == isa.model and rec["tuned_on"]["isa"] == sorted(isa.flags)
+    assert rec["same_device_class"] is t["device_class"]["same"] and rec["device_class"] == t["device_class"]["reason"]
+    tuned_info = shipped.info.tuned  # typed
+    assert tuned_info is not None and tuned_info.overlay_sha256 == rec["overlay_sha256"]
+    # the benchmark's device-class judgement is a typed field now
+    assert shipped.info.benchmark.device_class is not None
+    assert shipped.manifest["benchmark"]["device_class"]["same"] is r.budget_gates
+    js = r.to_json()
+    assert js["tune"]["winner"] == t["winner"] and js["tuned_applied"] == ov.describe()
+    # --tuned with the same overlay records the same hash; a bundle converted without one records nothing
+    again = convert(models["tiny"], "x86-cpu", tmp_path / "again", tuned=t["overlay"], parity_samples=4)
+    assert again.manifest["tuned"]["overlay_sha256"] == rec["overlay_sha256"]
+    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", parity_samples=4)
+    assert "tuned" not in plain.manifest and plain.info.tuned is None
+
+
+def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
+    from edge.deploy import DeviceStore, deploy
+    from edge.tune import TuneOptions
+
+    tiny = str(models["tiny"])
+    with pytest.raises(EdgeError, match="either --tune .* or --tuned FILE"):
+        deploy(tiny, "x86-cpu", tmp_path / "d1", tune=True, tuned=tmp_path / "x.toml")
+    # nothing passed (here: out of time before the first conversion): nothing is converted or shipped
+    late = TuneOptions(runners=("onnxruntime",), precisions=("fp32",), threads=(1,), time_budget_s=1e-6,
+                       pictures=False)
+    with pytest.raises(EdgeError, match="deploy --tune: nothing to deploy: tune x86-cpu .*none chosen"):
+        deploy(tiny, "x86-cpu", tmp_path / "d2", build_dir=tmp_path / "b2", tune=late)
+    assert not (tmp_path / "b2").exists() and DeviceStore(tmp_path / "d2").current is None
+    assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d3"), "--objective", "e2e"),
+                      "--objective tune(s) the model: give it with --tune")
+    assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d4"), "--tune", "--objective",
+                              "e2e", "--build-dir", str(tmp_path / "b4")), "--video")
+    # the CLI: one command, the tune's summary and the overlay applied in --json
+    p = run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d5"), "--build-dir", str(tmp_path / "b5"),
+                "--tune", "--max-trials", "2", "-n", "5", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["tune"]["summary"].startswith("tune x86-cpu (latency, halving): 2 configurations")
+    assert out["notes"][0] == out["tune"]["summary"] and out["tuned_applied"] == out["tune"]["applied"]
+    assert DeviceStore(tmp_path / "d5").current == out["bundle_id"]
+
+
+def test_overlay_manifest_record_keeps_only_valid_values() -> None:
+    from edge.manifest_schema import TunedEvidence
+    from edge.tuned import TunedOverlay
+    from edge.typedjson import read
+
+    base = dict(target="x86-cpu", precision="fp32", runner="onnxruntime", chain=("onnx->onnx",),
+                convert_options={"onnx->onnx": {}}, run_options={"intra_op_num_threads": 1})
+    bare = TunedOverlay(**base).manifest_record()
+    assert set(bare) == {"overlay_sha256"}
+    hostile = TunedOverlay(**base, tuned={"objective": "fastest", "configuration": "x" * 600, "cpu": "evil\x1b[2J",
+                                          "measured_on": "linux/x86_64", "isa": ["avx2", "../../etc"], "cpus": 0,
+                                          "same_device_class": "yes", "device_class": "different device class: ..."})
+    rec = hostile.manifest_record()
+    read(TunedEvidence, rec)  # what is recorded passes the manifest's rules
+    assert set(rec) == {"overlay_sha256", "device_class"}  # the rest is left out, never carried
+    assert rec["overlay_sha256"] != bare["overlay_sha256"]  # the [tuned] table is part of the content
+    # the hash is of the content: the same overlay read back from its TOML has the same hash
+    from edge.tuned import overlay_from_dict, overlay_toml
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    good = TunedOverlay(**base, tuned={"objective": "latency", "configuration": "onnxruntime/fp32",
+                                       "measured_on": "linux/x86_64", "cpu": "AMD EPYC", "isa": ["avx2"], "cpus": 2,
+                                       "same_device_class": True, "device_class": "same device class: ..."})
+    back = overlay_from_dict(tomllib.loads(overlay_toml(good)))
+    assert back.content_sha256() == good.content_sha256()
+    assert back.manifest_record()["tuned_on"] == {"os": "linux", "arch": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2"],
+                                                  "cpus": 2}
+
+
+# -- onnxruntime execution mode, inter-op threads and spinning --------------------------------------
+
+def test_onnxruntime_execution_mode_and_spinning_run_and_are_recorded(tmp_path: Path, models: dict[str, Path]) -> None:
+    import numpy as np
+
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+    from edge.bench import bundle_feeds
+    from edge.manifest_schema import RunnerSpec, check_runner
+    from edge.typedjson import Invalid
+
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", parity_samples=4)
+    feeds, _ = bundle_feeds(b)
+    with b.open_runner() as r:
+        want = r.infer(feeds)
+        d = r.info.details
+        assert (d["execution_mode"], d["inter_op_num_threads"], d["allow_spinning"]) == ("sequential", None, True)
+    opts = {"execution_mode": "parallel", "inter_op_num_threads": 2, "allow_spinning": False}
+    with b.open_runner(opts) as r:
+        got = r.infer(feeds)
+        d = r.info.details
+        assert (d["execution_mode"], d["inter_op_num_threads"], d["allow_spinning"]) == ("parallel", 2, False)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    check_runner(RunnerSpec("onnxruntime", opts))
+    # what cannot mean anything is refused, by the runner and by the manifest's option rules alike
+    with pytest.raises(EdgeError, match="inter_op_num_threads=2 applies only with execution_mode parallel"):
+        OnnxRuntimeRunner(b.path / b.info.primary_artifact, options={"inter_op_num_threads": 2})
+    with pytest.raises(EdgeError, match="execution_mode must be sequential or parallel"):
+        OnnxRuntimeRunner(b.path / b.info.primary_artifact, options={"execution_mode": "fast"})
+    with pytest.raises(Invalid, match="applies only with execution_mode"):
+        check_runner(RunnerSpec("onnxruntime", {"inter_op_num_threads": 2}))
+    with pytest.raises(Invalid, match="allow_spinning"):
+        check_runner(RunnerSpec("onnxruntime", {"allow_spinning": "yes"}))
+    with pytest.raises(Invalid, match="execution_mode"):
+        check_runner(RunnerSpec("onnxruntime", {"execution_mode": "ORT_PARALLEL"}))
+
+
+def test_onnxruntime_space_prunes_mode_and_spinning() -> None:
+    space = build_space(get_target("x86-cpu"), runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2])
+    cpus = usable_cpus()
+    opts = [dict(c.options) for c in space.configs]
+    assert opts[0] == {"intra_op_num_threads": min(2, cpus), "graph_optimization_level": "all",
+                       "execution_mode": "sequential", "inter_op_num_threads": 0, "allow_spinning": True}  # defaults first
+    for o in opts:
+        assert not (o["execution_mode"] == "parallel" and o["intra_op_num_threads"] == 1)
+        assert o["inter_op_num_threads"] == 0 or o["execution_mode"] == "parallel"
+        assert o["inter_op_num_threads"] <= cpus
+        if o["intra_op_num_threads"] == 1:
+            assert o["allow_spinning"] is True and o["execution_mode"] == "sequential"
+    pruned = "\n".join(space.pruned)
+    assert "execution_mode=parallel with intra_op_num_threads=1" in pruned
+    assert "inter_op_num_threads with execution_mode=sequential" in pruned
+    assert "allow_spinning=false with one thread, sequential" in pruned
+    if cpus >= 2:  # the multi-threaded configurations try both modes and spinning
+        multi = [o for o in opts if o["intra_op_num_threads"] == 2]
+        assert {(o["execution_mode"], o["allow_spinning"]) for o in multi} == {
+            ("sequential", True), ("sequential", False), ("parallel", True), ("parallel", False)}
+    assert len({c.id for c in space.configs}) == len(space.configs)
+    # every configuration's options pass the manifest's rules (what an overlay of it would carry)
+    from edge.manifest_schema import RunnerSpec, check_runner
+
+    for c in space.configs:
+        check_runner(RunnerSpec("onnxruntime", {**space.run_options["onnxruntime"], **dict(c.options)}))

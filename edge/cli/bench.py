@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edge.bench import judge_device_class, run_benchmark
+from edge.bench import device_class_of, judge_device_class, run_benchmark
 from edge.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
                               progress)
@@ -47,7 +47,7 @@ def render_bench(r: dict[str, Any]) -> None:
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
     if r["budget_ms"] is not None:
         colour = "green" if r["verdict"] == "pass" else "red"
-        why = (run.get("details") or {}).get("device_class", {}).get("reason") or "measured on a fallback device"
+        why = (device_class_of(r) or {}).get("reason") or "measured on a fallback device"
         extra = "" if r["on_target_device"] else f" [yellow](indicative only: {escape(why)})[/]"
         t.add_row("budget", f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms "
                             f"({r['budget_source']}){extra}")

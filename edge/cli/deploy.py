@@ -36,6 +36,17 @@ def deploy_cmd(
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
     allow_cpu_fallback: bool = AllowCpuFallback,
     sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
+    tune: bool = typer.Option(False, "--tune", help="Tune first (`edgekit tune` with this deploy's --calib, "
+                              "--input-shape, --preprocess, budget and --precision), then convert, check, benchmark "
+                              "and ship the winner's overlay; the tune's files go to <build-dir>-tune."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="With --tune: latency (default), throughput "
+                                            "or e2e (needs --video).", show_default=False),
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="With --tune: try at most this many "
+                                             "configurations.", show_default=False),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="With --tune: stop tuning after this "
+                                                "many seconds; the best so far wins.", show_default=False),
+    video: Optional[Path] = typer.Option(None, "--video", help="With --tune --objective e2e: the video file.",
+                                         show_default=False),
     trust_dir: Optional[Path] = typer.Option(None, "--trust-dir", help="Trust store the bundle must be signed for "
                                              "(default: $EDGEKIT_TRUST_DIR, else a local store's <device>/trust).",
                                              show_default=False),
@@ -52,14 +63,30 @@ def deploy_cmd(
             err_console.print(f"no model given: using the built-in example MobileNetV2 at {model}", highlight=False)
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
     kwargs.update(parity_data=parity_data, task=task)
+    tune_opts = None
+    tune_flags = {"--objective": objective, "--max-trials": max_trials, "--time-budget": time_budget, "--video": video}
+    if tune:
+        from edge.tune import TuneOptions
+
+        tune_opts = TuneOptions(objective=objective or "latency", max_trials=max_trials, time_budget_s=time_budget,
+                                video=video)
+    elif any(v is not None for v in tune_flags.values()):
+        from edge.errors import EdgeError
+
+        given = ", ".join(k for k, v in tune_flags.items() if v is not None)
+        raise EdgeError(f"{given} tune(s) the model: give it with --tune", hint="edgekit deploy MODEL --tune ...")
     with steps(not as_json) as say:
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
                         accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
-                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, **kwargs)
+                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, tune=tune_opts, **kwargs)
     if as_json:
         print_json(result.to_json())
         return
+    if result.tune is not None:
+        t = result.tune  # its summary line is the first note below
+        console.print("tune files: " + ", ".join(f"{what} {escape(str(t[what]))}" for what in ("overlay", "study", "html")
+                                                 if t.get(what)), highlight=False)
     render_bundle(result.bundle)
     if result.unverified is not None:
         console.print(f"[yellow]unverified on this host:[/] {escape(result.unverified)}", highlight=False)

@@ -47,6 +47,7 @@ def render_tune(r: dict[str, Any]) -> None:
     for what in ("overlay", "study", "html", "png"):
         if files.get(what):
             console.print(f"{what}: {escape(files[what])}", highlight=False)
+    console.print(escape(r["summary"]), highlight=False)
     console.print(f"{r['converted']} conversions, {r['measured']} measurements in {r['wall_s']:.1f} s", highlight=False)
 
 

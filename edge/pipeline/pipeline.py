@@ -51,10 +51,13 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     (its file, or a ``edge.tuned.TunedOverlay``) applied to the target: runner, chain, precision, options."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    tuned_record = None
     if tuned is not None:
-        from edge.tuned import apply_tuned
+        from edge.tuned import TunedOverlay, apply_tuned, read_overlay
 
-        profile, precision = apply_tuned(profile, tuned, precision, say)
+        overlay = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
+        profile, precision = apply_tuned(profile, overlay, precision, say)
+        tuned_record = overlay.manifest_record()  # the bundle says it came from a tuned overlay
     src = open_source(model)
     if isinstance(src, GGUFSource):
         return _convert_llm(src, profile, Path(output), precision=precision, allow_requantize=allow_requantize,
@@ -149,6 +152,8 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             calibration=calibration, preprocess=pre, frame_budget_ms=profile.frame_budget_ms, fmt=fmt)
         if pairs is not None:
             manifest["reference_pairs"] = pairs
+        if tuned_record is not None:
+            manifest["tuned"] = tuned_record
         def reference_on(feeds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             """The source's outputs on other feeds (a converter's proxy ran on its own inputs)."""
             if torch_inputs is not None:

@@ -38,6 +38,13 @@ class OnnxRuntimeRunner(Runner):
         "x64_quant_precision": "int8 on x86 CPUs without VNNI/AMX: compute U8U8 instead of U8S8, whose int16 "
                                "pair sums saturate (onnxruntime's session.x64quantprecision); true (default) "
                                "or false. No effect on CPUs with an int8 dot product",
+        "execution_mode": "sequential (default) or parallel: run independent branches of the graph at once "
+                          "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)",
+        "inter_op_num_threads": "threads running nodes in parallel (execution_mode parallel only); 0 = "
+                                "onnxruntime's default",
+        "allow_spinning": "thread-pool threads busy-wait for work between ops (true, onnxruntime's default: lower "
+                          "latency) or sleep (false: less CPU taken from the rest of the pipeline); "
+                          "session.intra_op/inter_op.allow_spinning",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -69,6 +76,12 @@ class OnnxRuntimeRunner(Runner):
         # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates. onnxruntime rewrites the
         # weights to U8 only where MlasPlatformU8S8Overflow() says the CPU needs it.
         so.add_session_config_entry("session.x64quantprecision", "1" if quant_precision else "0")
+        mode, inter, spinning = _threading(opts)
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = inter
+        spin = "1" if spinning else "0"
+        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        so.add_session_config_entry("session.inter_op.allow_spinning", spin)
         try:
             self._session = ort.InferenceSession(str(self.artifact), so, providers=usable)
         except Exception as e:
@@ -88,7 +101,8 @@ class OnnxRuntimeRunner(Runner):
             precision_used=_precision_used(self.precision),
             threads=threads or None,  # None: onnxruntime default (one per physical core)
             fallback=fallback,
-            details={"providers": used, "graph_optimization_level": level,
+            details={"providers": used, "graph_optimization_level": level, "execution_mode": mode,
+                     "inter_op_num_threads": inter or None, "allow_spinning": spinning,
                      **_int8_kernel(self.precision, quant_precision)},
         )
 
@@ -99,6 +113,24 @@ class OnnxRuntimeRunner(Runner):
     def close(self) -> None:
         self._session = None  # type: ignore[assignment]
         super().close()
+
+
+def _threading(opts: Mapping[str, Any]) -> tuple[str, int, bool]:
+    """(execution mode, inter-op threads, spinning) from the runner options, checked together."""
+    mode = opts.get("execution_mode", "sequential")
+    if mode not in ("sequential", "parallel"):
+        raise EdgeError(f"runner 'onnxruntime': execution_mode must be sequential or parallel, got {mode!r}")
+    inter = opts.get("inter_op_num_threads", 0)
+    if not isinstance(inter, int) or isinstance(inter, bool) or not 0 <= inter <= 4096:
+        raise EdgeError(f"runner 'onnxruntime': inter_op_num_threads must be an integer 0..4096, got {inter!r}")
+    if inter and mode != "parallel":
+        raise EdgeError(f"runner 'onnxruntime': inter_op_num_threads={inter} applies only with execution_mode "
+                        "parallel (a sequential session runs one node at a time)",
+                        hint="set execution_mode = \"parallel\", or leave inter_op_num_threads out")
+    spinning = opts.get("allow_spinning", True)
+    if not isinstance(spinning, bool):
+        raise EdgeError(f"runner 'onnxruntime': allow_spinning must be true or false, got {spinning!r}")
+    return mode, inter, spinning
 
 
 def _spec(arg: Any) -> TensorSpec:
