@@ -317,7 +317,7 @@ def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], 
         finite &= ok
         d = np.abs(a - b)
         if not ok:
-            d = np.nan_to_num(d, nan=np.inf)
+            d = np.nan_to_num(d, nan=np.inf, posinf=np.inf)  # nan_to_num makes inf the largest float
         max_abs = max(max_abs, float(d.max()) if d.size else 0.0)
         abs_sum += float(d.sum())
         count += d.size

@@ -219,3 +219,30 @@ def test_silero_vad_gets_a_sample_rate_a_zero_state_and_speech() -> None:
     ref = _reference(sess, samples)  # 8000 or 16000 only: a zero sample rate raised inside the model
     outs = compare(ref, ref, THRESHOLDS["fp32"])
     assert [o.task for o in outs] == [None, None] and not any(o.degenerate for o in outs)
+
+
+def test_an_infinite_output_is_a_parity_failure_the_manifest_can_record() -> None:
+    """fp16 overflow gives inf: the report fails parity and stays a valid manifest record. Before,
+    numpy's nan_to_num turned the inf error into the largest float, its ratio to the reference's range
+    overflowed to inf, and the manifest refused the record (tune showed every such trial as 'conversion
+    failed' instead of 'parity failed')."""
+    import json
+
+    from edge import typedjson
+    from edge.manifest_schema import OutputFigures
+    from edge.parity import _compare_output, thresholds_for
+
+    rng = np.random.default_rng(0)
+    refs = [rng.random((1, 100)).astype(np.float32) for _ in range(4)]
+    for bad in (np.inf, -np.inf, np.nan):
+        cands = [r.copy() for r in refs]
+        cands[1][0, 3] = bad
+        with np.errstate(over="ignore", invalid="ignore"):
+            o = _compare_output("y", refs, cands, thresholds_for("fp16"), "auto")
+        assert o.failures == ["NaN or Inf in the converted model's output"]
+        assert o.max_abs == float("inf") and o.rel_max_abs is None
+        from dataclasses import asdict
+        rec = {**{k: v for k, v in asdict(o).items() if k != "failures"}, "passed": False, "failures": o.failures}
+        back = json.loads(json.dumps(rec))  # Infinity survives Python's JSON, as the manifest writes it
+        figures = typedjson.read(OutputFigures, back, "parity.outputs[0]")
+        assert figures.max_abs == float("inf") and not figures.passed
