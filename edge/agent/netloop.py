@@ -260,7 +260,46 @@ class Will:
     retain: bool = True
 
 
-class Connection:
+class Reconnecting:
+    """The connect/retry state that ``Connection`` and the collector's lean client
+    (``edge.fleet.mqttlite.LiteConnection``) share; the subclass makes ``_attempt``."""
+
+    loop: "NetworkLoop"
+    broker: BrokerConfig
+    client_id: str
+    backoff: Backoff
+
+    def _init_reconnect(self) -> None:
+        self.client: Any = None
+        self.connected = False
+        self.closing = False
+        self.closed = threading.Event()
+        self.last_error: str | None = None
+        self.attempts = 0  # failed attempts since the last successful connect
+        self.connects = 0
+        self._retry: Timer | None = None
+        self._logged_error: str | None = None
+
+    def start(self) -> None:
+        self.loop.call_soon(self._attempt)
+
+    def _attempt(self) -> None:
+        raise NotImplementedError
+
+    def _failed(self, why: str) -> None:
+        self.last_error = why
+        delay = self.backoff.delay(self.attempts)
+        self.attempts += 1
+        level = logging.WARNING if why != self._logged_error else logging.DEBUG
+        log.log(level, "%s: cannot connect to %s (%s); retrying in %.1f s", self.client_id, self.broker.url, why, delay)
+        self._logged_error = why
+        if not self.closing:
+            self._retry = self.loop.call_later(delay, self._attempt)
+        else:
+            self.closed.set()
+
+
+class Connection(Reconnecting):
     """One MQTT client identity on a ``NetworkLoop``; all methods run on the loop thread."""
 
     def __init__(self, loop: NetworkLoop, broker: BrokerConfig, client_id: str, *,
@@ -278,18 +317,7 @@ class Connection:
         self._on_message, self._on_published = on_message, on_published
         self.clean_start, self.session_expiry_s, self.manual_ack = clean_start, session_expiry_s, manual_ack
         self.receive_maximum, self.backoff = receive_maximum, backoff
-        self.client: Any = None
-        self.connected = False
-        self.closing = False
-        self.closed = threading.Event()
-        self.last_error: str | None = None
-        self.attempts = 0  # failed attempts since the last successful connect
-        self.connects = 0
-        self._retry: Timer | None = None
-        self._logged_error: str | None = None
-
-    def start(self) -> None:
-        self.loop.call_soon(self._attempt)
+        self._init_reconnect()
 
     # connecting --------------------------------------------------------------------------
     def _attempt(self) -> None:
@@ -325,18 +353,6 @@ class Connection:
                 pass
             self.client = None
             self._failed(f"{type(e).__name__}: {e}")
-
-    def _failed(self, why: str) -> None:
-        self.last_error = why
-        delay = self.backoff.delay(self.attempts)
-        self.attempts += 1
-        level = logging.WARNING if why != self._logged_error else logging.DEBUG
-        log.log(level, "%s: cannot connect to %s (%s); retrying in %.1f s", self.client_id, self.broker.url, why, delay)
-        self._logged_error = why
-        if not self.closing:
-            self._retry = self.loop.call_later(delay, self._attempt)
-        else:
-            self.closed.set()
 
     def _connected(self, client: Any, _ud: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if client is not self.client:

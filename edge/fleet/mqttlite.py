@@ -28,12 +28,11 @@ import logging
 import socket
 import ssl
 import struct
-import threading
 import time
 from typing import Any, Callable
 
 from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, NetworkLoop, Timer
+from edge.agent.netloop import Backoff, NetworkLoop, Reconnecting
 
 log = logging.getLogger("edge.mqtt")
 
@@ -520,7 +519,7 @@ class LiteClient:
         self.owner._disconnected(self, why, level, refused)
 
 
-class LiteConnection:
+class LiteConnection(Reconnecting):
     """Same duties and interface as ``edge.agent.netloop.Connection`` for a subscriber with manual acks:
     ``start``, ``connected``, ``publish``, ``ack``, ``ack_done``, ``close``/``closed``, ``client``; messages
     come to ``on_publish(conn, client, topic, payload, mid, qos)``."""
@@ -535,18 +534,7 @@ class LiteConnection:
         self._on_publish = on_publish
         self.clean_start, self.session_expiry_s, self.receive_maximum = clean_start, session_expiry_s, receive_maximum
         self.backoff, self.max_packet_bytes = backoff, max_packet_bytes
-        self.client: LiteClient | None = None
-        self.connected = False
-        self.closing = False
-        self.closed = threading.Event()
-        self.last_error: str | None = None
-        self.attempts = 0
-        self.connects = 0
-        self._retry: Timer | None = None
-        self._logged_error: str | None = None
-
-    def start(self) -> None:
-        self.loop.call_soon(self._attempt)
+        self._init_reconnect()
 
     def _attempt(self) -> None:
         self._retry = None
@@ -561,18 +549,6 @@ class LiteConnection:
             self.client = None
             c.close("connect failed")  # nothing when no socket was opened; not this connection's any more
             self._failed(f"{type(e).__name__}: {e}")
-
-    def _failed(self, why: str) -> None:
-        self.last_error = why
-        delay = self.backoff.delay(self.attempts)
-        self.attempts += 1
-        level = logging.WARNING if why != self._logged_error else logging.DEBUG
-        log.log(level, "%s: cannot connect to %s (%s); retrying in %.1f s", self.client_id, self.broker.url, why, delay)
-        self._logged_error = why
-        if not self.closing:
-            self._retry = self.loop.call_later(delay, self._attempt)
-        else:
-            self.closed.set()
 
     def _connected(self, client: LiteClient, session_present: bool) -> None:
         if client is not self.client:
