@@ -79,11 +79,15 @@ def test_socket_takes_reports_counts_refusals_and_survives_garbage(tmp_path: Pat
             raw.sendto(rng.choice([junk, b'{"v": 1, ' + junk + b"}"]), str(path))
         raw.sendto(b"y" * (MAX_DATAGRAM + 100), str(path))
         raw.close()
+        # the reporter never blocks: a report that finds the socket's queue full (net.unix.max_dgram_qlen
+        # datagrams) is counted lost, so let the reader drain the garbage first (it did not, under load)
+        wait_for(lambda: sum(s.counters()["refused"].values()) == 301, 10, "the garbage to be read")
         with AppReporter(path, batch=10) as app:
             for i in range(25):
                 app.frame(float(i))
             app.frame(error=True)
             assert app.report(latency_ms=[100.0, 200.0], dropped=4)
+        assert app.lost == 0
         wait_for(lambda: s.received >= 4, 10, "the reports")  # 10 + 10 + report + the rest at close
         w = s.take_window()
         assert sorted(w.samples) == sorted([float(i) for i in range(25)] + [100.0, 200.0])
