@@ -49,7 +49,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from edge.agent.desired import DesiredState, Reason, ReportedState
 from edge.agent.download import DownloadError, fetch
@@ -386,14 +386,8 @@ class Applier:
         worker = agent.worker
         if worker is not None:
             worker.take_health()  # the window starts now
-        deadline = time.monotonic() + window
         samples: list[float] = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if self.stop.wait(min(0.5, left)):
-                raise StepFailed("superseded", "the watch was cut short")
+        for _ in self._ticks(window):
             worker = agent.worker
             if worker is not None:
                 samples += worker.take_health()
@@ -422,7 +416,6 @@ class Applier:
         alive_before = app.last_report is not None  # the application reported since the agent started
         app.watch(bid)
         t0 = time.monotonic()
-        deadline = t0 + window
         samples: list[float] = []
         frames = errors = 0
         budget = self._budget(agent.bundle) if agent.bundle is not None else None
@@ -453,12 +446,7 @@ class Applier:
                               f"under half the configured {fps:g} fps", "watching")
             return None
 
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if self.stop.wait(min(0.5, left)):
-                raise StepFailed("superseded", "the watch was cut short")
+        for _ in self._ticks(window, start=t0):
             w = app.take_health()
             samples += w.samples
             frames += w.frames
@@ -473,6 +461,15 @@ class Applier:
         if not alive_before and frames == 0:
             log.warning("the application reported nothing during the watch of %s: not judged on its frames", bid)
         return judge(True)
+
+    def _ticks(self, window: float, start: float | None = None) -> Iterator[None]:
+        """One step every 0.5 s until ``window`` seconds after ``start`` (default: now); a newer desired
+        state cuts the watch short."""
+        deadline = (time.monotonic() if start is None else start) + window
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stop.wait(min(0.5, left)):
+                raise StepFailed("superseded", "the watch was cut short")
+            yield
 
     def _latency(self, samples: list[float]) -> Reason | None:
         if not samples:
