@@ -154,7 +154,7 @@ def main() -> int:
             if (args.model and name not in args.model) or (args.target and target not in args.target):
                 continue
             m = CORPUS[name]
-            kwargs: dict[str, Any] = m.convert_kwargs()
+            kwargs: dict[str, Any] = m.convert_kwargs(target)
             if precision.startswith("int8"):
                 kwargs["calib"] = "random"
             if m.source_format == "gguf" and precision != "keep":

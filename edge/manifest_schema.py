@@ -69,6 +69,35 @@ class TargetInfo:
 
 
 @dataclass(frozen=True)
+class FrozenInput:
+    """A source input edgekit fixed to a value (``--freeze-input``): it is gone from the bundle's inputs."""
+
+    name: str = spec(pattern=TENSOR_NAME)
+    dtype: DType = spec()
+    value: tuple[float, ...] = spec(min_items=1, max_items=4096, item=Rule(ge=-1e300, le=1e300))
+    shape: tuple[int, ...] = spec((), max_items=1, item=Rule(ge=1, le=4096))
+
+
+@dataclass(frozen=True)
+class FrozenCheck:
+    """The frozen graph against the source on onnxruntime (``edge.freeze``)."""
+
+    samples: int = spec(ge=1, le=1 << 20)
+    inputs: str = spec(max_len=128)
+    max_error_over_range: float = spec(ge=0.0, le=1.0)
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """Inputs frozen to values, and the If nodes that then decided nothing at run time, inlined."""
+
+    inputs: tuple[FrozenInput, ...] = spec(min_items=1, max_items=64)
+    inlined_if: int = spec(0, ge=0, le=1 << 20)
+    kept_if: tuple[str, ...] = spec((), max_items=32, item=Rule(pattern=TENSOR_NAME))
+    check: FrozenCheck | None = None
+
+
+@dataclass(frozen=True)
 class SourceInfo:
     """The source model: its file name (never opened from here), hash, format and what its adapter read."""
 
@@ -90,6 +119,7 @@ class SourceInfo:
     ops: tuple[str, ...] = spec((), max_items=512, item=Rule(max_len=128))
     tensor_types: Mapping[str, int] | None = spec(None, max_items=64, item=Rule(ge=0))
     description: str | None = spec(None, **_TEXT)
+    frozen: Frozen | None = None  # --freeze-input: what was fixed, and the If nodes inlined
 
 
 @dataclass(frozen=True)
@@ -479,6 +509,9 @@ class TunedEvidence:
     same_device_class: bool | None = None
     device_class: str | None = spec(None, **_TEXT)
     created_utc: str | None = spec(None, pattern=UTC_TIME)
+    #: the video pipeline's inference workers the overlay was tuned with (``--objective e2e``); ``edgekit run`` and
+    #: the agent's video pipeline use it unless told otherwise (None: not tuned, one worker)
+    infer_workers: int | None = spec(None, ge=1, le=64)
 
 
 @dataclass(frozen=True)

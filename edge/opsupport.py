@@ -90,11 +90,17 @@ def _input_given(node: Any, index: int) -> bool:
 
 
 def _onnx2tf_lstm(node: Any) -> str | None:
-    if not _input_given(node, 3):
-        return "onnx2tf 1.29.24 needs the bias input B (KeyError on an omitted one)"
-    if _input_given(node, 5) or _input_given(node, 6):
-        return "onnx2tf 1.29.24 mistranslates an LSTM given its state initial_h/initial_c (a Reshape fails)"
-    return None
+    state = _input_given(node, 5) or _input_given(node, 6)
+    if _input_given(node, 3) and not state:
+        return None
+    from edge.lower import lstm_lowerable
+
+    why = lstm_lowerable(node)
+    if why is None:
+        return None  # the converter unrolls it into plain ops first (edge.lower.lower_lstm)
+    fails = "mistranslates an LSTM given its state initial_h/initial_c (a Reshape fails)" if state else \
+        "needs the bias input B (KeyError on an omitted one)"
+    return f"onnx2tf 1.29.24 {fails}, and edgekit lowers only the default LSTM form to plain ops (this one has {why})"
 
 
 # Measured with the pinned toolchain (onnx2tf 1.29.24, TensorFlow 2.19, tf_keras) on the graphs built in

@@ -364,6 +364,8 @@ def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.n
     unit = lo is not None and hi is not None and _in_unit(float(lo.min()), float(hi.max()))
     if len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8 and unit:
         return "prob-map"
+    if len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8 and unit:  # channels-last (a TFLite model's [N, H, W, 1])
+        return "prob-map"
     if len(s) == 4 and 2 <= s[1] <= 1024 and min(s[2:]) >= 8:
         return "segmentation"
     if len(s) == 3 and s[1] >= 2 and s[2] >= 3:  # [N, T, C]; a squeezed [N, H, W] map needs --task prob-map
@@ -379,7 +381,8 @@ def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray 
     if task == "detector":
         return yolo_layout(s, lo, hi) is not None
     if task == "prob-map":
-        return len(s) in (3, 4) and (len(s) == 3 or s[1] == 1) and min(s[-2:]) >= 8
+        return (len(s) == 3 and min(s[-2:]) >= 8) or (len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8) \
+            or (len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8)
     if task == "segmentation":
         return len(s) == 4 and s[1] >= 2 and min(s[2:]) >= 8
     if task == "sequence":

@@ -7,8 +7,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -208,3 +209,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+@pytest.fixture
+def no_leaked_threads() -> Iterator[None]:
+    """After the test, every ``edgekit-*`` thread it started has stopped (within 5 s): use it with
+    ``pytestmark = pytest.mark.usefixtures("no_leaked_threads")``."""
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
+        if not left:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"threads left running: {left}")
+

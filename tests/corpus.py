@@ -40,28 +40,35 @@ class CorpusModel:
     source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
     parity_task: str | None = None  # the task edge.tasks should detect on its output (--task auto); None: no task
     fixed_inputs: dict[str, float] = field(default_factory=dict)  # inputs a caller sets to one value (a sample rate)
+    #: --freeze-input for these targets (their runtimes cannot express the graph's control flow otherwise)
+    freeze: dict[str, str] = field(default_factory=dict)
+    freeze_targets: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
         return MODELS_DIR / self.file
 
-    def convert_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for ``edge.pipeline.convert`` (GGUF takes none of them)."""
+    def convert_kwargs(self, target: str | None = None) -> dict[str, object]:
+        """Keyword arguments for ``edge.pipeline.convert`` for ``target`` (GGUF takes none of them)."""
         if self.source_format == "gguf":
             return {}
         kw: dict[str, object] = {"preprocess": self.preprocess}
+        if self.freeze and target in self.freeze_targets:
+            kw["freeze"] = dict(self.freeze)
         if self.input_shapes:
             kw["input_shapes"] = self.input_shapes
         if self.letterbox is not None:
             kw["letterbox"] = self.letterbox
         return kw
 
-    def cli_args(self) -> list[str]:
+    def cli_args(self, target: str | None = None) -> list[str]:
         """The same as ``edgekit convert`` options."""
         if self.source_format == "gguf":
             return []
         args = [a for name, shape in self.input_shapes.items()
                 for a in ("--input-shape", f"{name}={','.join(map(str, shape))}")]
+        if self.freeze and target in self.freeze_targets:
+            args += [a for k, v in self.freeze.items() for a in ("--freeze-input", f"{k}={v}")]
         args += ["--preprocess", self.preprocess]
         if self.letterbox:
             args.append("--letterbox")
@@ -84,7 +91,10 @@ _MODELS = (
                 preprocess="raw", letterbox=True, parity_task="detector"),
     CorpusModel("silero-vad", "silero_vad.onnx", "audio-stateful",
                 "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)", "MIT",
-                input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000}),
+                input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000},
+                # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite has no control flow: both get
+                # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.freeze)
+                freeze={"sr": "16000"}, freeze_targets=("intel-igpu", "arm-xnnpack")),
     CorpusModel("face-detection", "face_detection_short_range.tflite", "tflite",
                 "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)", "Apache-2.0",
                 source_format="tflite"),

@@ -8,10 +8,8 @@ import re
 import signal
 import sqlite3
 import subprocess
-import threading
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -34,16 +32,7 @@ broker = mqtt_broker.broker  # the shared fixture: a Mosquitto of this test's ow
 FAST = Backoff(0.05, 0.5)
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        left = [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
-        if not left:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"threads left running: {left}")
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

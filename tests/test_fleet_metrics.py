@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -38,16 +37,7 @@ FAST = Backoff(0.05, 0.5)
 DASHBOARD = Path(__file__).resolve().parents[1] / "examples" / "grafana" / "edgekit-fleet.json"
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        left = [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
-        if not left:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"threads left running: {left}")
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")  # tests/conftest.py
 
 
 def birth(target: str, bundle: str, fallback: bool = False) -> dict[str, Any]:

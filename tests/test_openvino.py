@@ -96,13 +96,6 @@ def op_types(xml: Path) -> set[str]:
     return {op.get_type_name() for op in ov_core().read_model(str(xml)).get_ordered_ops()}
 
 
-def device_default_precision(xml: Path) -> str:
-    """What OpenVINO's CPU plugin picks with no precision hint, asked independently of the runner."""
-
-    compiled = ov_core().compile_model(str(xml), "CPU")
-    return compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-
-
 # ---------------------------------------------------------------- fixtures
 
 
@@ -315,8 +308,10 @@ def test_missing_device_raises(ir: dict[str, ConversionResult]) -> None:
 
 def test_precision_used_is_read_back(ir: dict[str, ConversionResult]) -> None:
     xml = ir["fp16"].artifact
-    with OpenVINORunner(xml, precision="fp16") as r:  # "bundle": the device default (bf16 on AMX CPUs)
-        assert r.info.precision_used == device_default_precision(xml)
+    with OpenVINORunner(xml, precision="fp16") as r:  # "bundle" on a CPU: f32, never its bf16 default
+        assert r.info.precision_used == "f32", r.info.precision_used
+    # (without the hint the CPU plug-in picks bf16 on AVX512-BF16/AMX CPUs: the same bundle then agreed less
+    # with its reference on those hosts than on others; MediaPipe's selfie segmentation fell below the gate)
     # bf16 only where the CPU plugin lists it (AVX512-BF16 / AMX); elsewhere (e.g. AVX2-only Zen 2)
     # OpenVINO computes f32, and the runner says that it did not get what was asked.
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge import toolchains
-from edge.errors import EdgeError, InputFileError, ModelError, PrecisionError, TargetError
+from edge.errors import EdgeError, InputFileError, ModelError, PrecisionError
 from edge.pipeline.pipeline import REFERENCE_PAIRS
 from edge.pipeline import convert
 from edge.pipeline.plan import runnable_here
@@ -176,14 +176,19 @@ def test_edgekit_tflite_keeps_its_io_sidecar(int8_bundle: Any, tmp_path: Path) -
         assert r.infer({"input": np.zeros((1, 3, 32, 32), np.float32)})["logits"].shape == (1, 10)
 
 
-@pytest.mark.parametrize("target", ["x86-cpu", "jetson-orin"])
-def test_tflite_refused_for_onnx_targets(face: Path, target: str, tmp_path: Path) -> None:
-    with pytest.raises(TargetError) as e:
-        convert(face, target, tmp_path / "b")
-    assert FACE.name in str(e.value) and "tf2onnx" in str(e.value)
-    p = run_cli("convert", str(face), "-t", target, "-o", str(tmp_path / "cli"))
-    assert_user_error(p, f"target {target} cannot take {FACE.name}", "tf2onnx", "bring the model's ONNX")
-    assert not (tmp_path / "cli").exists()
+@pytest.mark.parametrize("target,chain", [
+    ("x86-cpu", ["tflite->onnx", "onnx->onnx"]),  # tf2onnx in the tflite toolchain, then the profile's chain
+    ("jetson-orin", ["tflite->onnx", "onnx->tensorrt-plan"]),
+    ("intel-igpu", ["tflite->openvino-ir"]),  # OpenVINO's own TFLite frontend
+    ("arm-xnnpack", []),  # LiteRT loads it: shipped as it is
+])
+def test_tflite_routes_to_every_target(target: str, chain: list[str]) -> None:
+    """A TFLite source is no longer refused by ONNX targets (conversions: tests/test_tflite_sources.py)."""
+    from edge.pipeline.plan import resolve_chain
+    from edge.targets import get_target
+
+    steps, _route = resolve_chain(get_target(target), "tflite", source_name=FACE.name)
+    assert [s.converter for s in steps] == chain
 
 
 # -- OpenVINO IR ----------------------------------------------------------------------------------

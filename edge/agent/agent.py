@@ -178,6 +178,7 @@ class Agent:
         self._rollout: dict[str, Any] | None = None  # the latest reported state in short, in every state message
         self.app: Any = None  # edge.agent.appsocket.AppSocket with --source app
         self._app_totals = [0, 0]  # frames, budget misses the application reported since start
+        self.tune: Any = None  # edge.agent.tune_cmd.TuneJob while a cmd/tune request runs
 
     # bundle and runner -------------------------------------------------------------------
     def _read_current(self) -> str | None:
@@ -335,6 +336,30 @@ class Agent:
             self.loop.call_soon(self.session.publish_reported, state.body())
             self.loop.call_soon(self._submit_state)
 
+    # commands --------------------------------------------------------------------------
+    def _on_command(self, name: str, payload: bytes) -> None:
+        """``cmd/<name>`` other than rebirth (loop thread). ``tune``: ``edge.agent.tune_cmd``, imported on first use."""
+        if name == "tune":
+            from edge.agent.tune_cmd import handle
+
+            handle(self, payload)
+            return
+        if self.session is not None:
+            self.session.counters["unknown_commands"] += 1
+        self._ratelog.info("unknown_command", "ignoring unknown command %r", name)
+
+    def tune_busy(self) -> str | None:
+        """Why a tune request cannot start now (None: it can): one at a time, never beside a rollout's apply."""
+        if self.tune is not None:
+            return f"busy: tune {self.tune.req.study_id} is running"
+        if self._apply_cancel is not None or not self._desired_q.empty():
+            return "busy: a rollout's desired state is being applied (download to watch)"
+        return None
+
+    def tune_done(self, job: Any) -> None:
+        if self.tune is job:
+            self.tune = None
+
     def _control_loop(self) -> None:
         from edge.agent.apply import Applier
 
@@ -471,7 +496,8 @@ class Agent:
             self.loop = NetworkLoop().start()
             self.session = DeviceSession(self.loop, cfg.broker, cfg.fleet, cfg.device_id, self.outbox,
                                          birth_body=self.birth_body, client_id=cfg.client_id, backoff=cfg.backoff,
-                                         on_desired=self._on_desired if cfg.desired else None)
+                                         on_desired=self._on_desired if cfg.desired else None,
+                                         on_command=self._on_command)
             log.info("agent %s/%s session %d, %s, state %s", cfg.fleet, cfg.device_id, self.session.session,
                      self._source_desc, self.state)
             self._last_tel = time.monotonic()
@@ -517,6 +543,10 @@ class Agent:
 
     def close(self) -> None:
         self._stop_control()
+        job = self.tune
+        if job is not None:  # stops between downloads and trials; its thread removes the trial bundles
+            job.stop.set()
+            job.thread.join(10.0)
         with self._runtime_lock:
             self._unload()
         if self.loop is not None:

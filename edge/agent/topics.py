@@ -1,6 +1,7 @@
 """MQTT topics of the edgekit protocol, as a value that formats and parses itself.
 
     edgekit/<fleet>/<device>/{birth,telemetry,state,death,reported}   the device publishes
+    edgekit/<fleet>/<device>/tune                                      the device's replies to cmd/tune
     edgekit/<fleet>/<device>/desired                                   the device reads (retained)
     edgekit/<fleet>/<device>/cmd/<name>                                the device reads
 
@@ -19,7 +20,7 @@ from edge.errors import EdgeError
 ROOT = "edgekit"
 #: what a device publishes, plus ``cmd`` (read). The broker ACL (edge.fleet.acl) lets a device write every
 #: kind here except ``cmd``; ``desired`` is in ``INBOUND_KINDS``: a device reads it, never writes it.
-KINDS = ("birth", "telemetry", "state", "death", "reported", "cmd")
+KINDS = ("birth", "telemetry", "state", "death", "reported", "tune", "cmd")  # tune: cmd/tune replies
 INBOUND_KINDS = ("desired",)
 _FORBIDDEN = ("/", "+", "#", "\x00")
 MAX_PART = 128

@@ -16,6 +16,11 @@ from edge.spec import PRESETS
 
 InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
                           show_default=False)
+FreezeInput = typer.Option(None, "--freeze-input", help="Fix an ONNX input to a value, NAME=VALUE (a comma list for "
+                           "a 1-D input; repeatable), e.g. sr=16000: it leaves the bundle's inputs, and every If "
+                           "node it decides (with static shapes) is inlined, checked against the source. For "
+                           "graphs whose control flow a target cannot express (OpenVINO, TFLite).",
+                           show_default=False)
 Precision = typer.Option(None, "--precision", "-p", help="fp32, fp16, int8, int8-dynamic; for .gguf: f16, q8_0, "
                          "q5_k_m, q4_k_m, q4_0 (the target says which it allows; default: the target's), or keep: "
                          "ship the source's own precision (the default for a quantized .gguf, and the only choice "
@@ -73,6 +78,11 @@ def render_bundle(bundle: Any) -> None:
         io = bundle.io
         t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
         t.add_row("outputs", "; ".join(x.describe() for x in io.outputs))
+    fz = m.source.frozen if m.source is not None else None
+    if fz is not None:
+        vals = ", ".join(f"{f.name}={','.join(f'{v:g}' for v in f.value)}" for f in fz.inputs)
+        t.add_row("frozen", f"{vals} ({fz.inlined_if} If inlined"
+                  + (f"; {len(fz.kept_if)} If read input data and stay" if fz.kept_if else "") + ")")
     par = m.parity
     if isinstance(par, LLMQualityEvidence):
         d = m.chain[0].details if m.chain and isinstance(m.chain[0].details, Mapping) else {}
@@ -123,6 +133,7 @@ def convert_cmd(
                                           "(default: build/<model>-<target>-<precision>).", show_default=False),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    freeze_input: Optional[List[str]] = FreezeInput,
     accept_parity_failure: bool = AcceptParity, allow_requantize: bool = AllowRequantize,
     parity_samples: int = typer.Option(32, "--parity-samples", help="Inputs compared against the source model in "
                                        "its reference runtime."),
@@ -134,6 +145,10 @@ def convert_cmd(
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
+    if freeze_input:
+        from edge.freeze import parse_freeze
+
+        kwargs["freeze"] = parse_freeze(freeze_input)
     overlay = None
     if tuned is not None:  # read (and refused) before any work; convert applies it
         from edge.tuned import read_overlay, resolve_precision

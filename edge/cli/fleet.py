@@ -14,6 +14,7 @@ from rich.table import Table
 from edge.cli._common import JsonOut, command, console, err_console, print_json
 from edge.cli.agent import Protocol
 from edge.cli.rollout import app as rollout_app
+from edge.cli.fleet_tune import fleet_tune_cmd
 from edge.cli.agent import (Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username,
                             broker_config, setup_logging, stop_on_signals)
 
@@ -22,6 +23,7 @@ app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, s
 ca_app = typer.Typer(help="The fleet CA that signs device, collector and broker certificates.", no_args_is_help=True)
 app.add_typer(ca_app, name="ca")
 app.add_typer(rollout_app, name="rollout")
+app.command("tune")(fleet_tune_cmd)  # edge.cli.fleet_tune: tune on a connected device
 
 Db = typer.Option("sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or "
                   "postgresql://user@host/dbname.")

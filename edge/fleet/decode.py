@@ -31,7 +31,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
 KINDS = ("birth", "telemetry", "state", "death")
 #: device topics the collector's subscription also sees and leaves alone (counted, not logged)
-NOT_STORED = ("desired", "reported")
+NOT_STORED = ("desired", "reported", "tune")  # tune: replies to edgekit fleet tune (edge.agent.tune_cmd)
 # Every integer stored is below 2**53: exact in JSON everywhere (JavaScript, float parsers), and a sum of
 # up to 1024 of them still fits the 64-bit integers of SQLite and PostgreSQL.
 INT_LIMIT = 2**53

@@ -29,7 +29,7 @@ from edge.tasks import TASK_CHOICES
 from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.manifest import new_manifest, record_gate
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
-from edge.pipeline.sources import GGUFSource, OpenVINOSource, Source, TFLiteSource, open_source
+from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import ChainStep, TargetProfile, get_target
 
@@ -44,11 +44,13 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             accept_parity_failure: bool = False, parity_samples: int = 32, force: bool = False,
             allow_requantize: bool = False, on_step: Step | None = None,
             eval_text: str | os.PathLike[str] | None = None, parity_data: str | os.PathLike[str] | None = None,
-            task: str = "auto", tuned: Any = None) -> Bundle:
+            task: str = "auto", tuned: Any = None, freeze: Mapping[str, str] | None = None) -> Bundle:
     """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
     into a verified bundle at ``output``. ``eval_text``: a GGUF's quality gate evaluates this text file
     instead of the built-in multilingual text (``edge.llm.evaltext``). ``tuned``: an ``edgekit tune`` overlay
-    (its file, or a ``edge.tuned.TunedOverlay``) applied to the target: runner, chain, precision, options."""
+    (its file, or a ``edge.tuned.TunedOverlay``) applied to the target: runner, chain, precision, options.
+    ``freeze``: ONNX inputs fixed to values (``{"sr": "16000"}``; ``edge.freeze``): they leave the bundle's inputs,
+    and every If they decide (with the static shapes) is inlined, checked against the source first."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
     tuned_record = None
@@ -59,6 +61,9 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
         profile, precision = apply_tuned(profile, overlay, precision, say)
         tuned_record = overlay.manifest_record()  # the bundle says it came from a tuned overlay
     src = open_source(model)
+    if freeze and not isinstance(src, OnnxSource):
+        raise InputFileError(f"--freeze-input fixes inputs of an ONNX graph; {src.path.name} is {src.format}",
+                             hint="leave out --freeze-input")
     if isinstance(src, GGUFSource):
         return _convert_llm(src, profile, Path(output), precision=precision, allow_requantize=allow_requantize,
                             accept_parity_failure=accept_parity_failure, force=force, say=say, eval_text=eval_text)
@@ -79,6 +84,12 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                                   "full-integer int8 .tflite (TFLiteConverter with a representative dataset)")
     say(f"reading {src.path} ({src.format}; route: {p.route})")
     io = src.io(input_shapes or {})
+    seen_io = io  # what the data readers and the input generator recognise inputs by (frozen ones included)
+    if freeze:
+        say("freezing " + ", ".join(f"{k}={v}" for k, v in freeze.items()) + " and inlining the Ifs that decides")
+        src, io = src.frozen(freeze, io)
+        say(f"{src.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
+            f"(max error {src.record.check['max_error_over_range']:.2g} of the output's range)")
     if src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
         from edge.opsupport import check_ops
 
@@ -88,7 +99,7 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     calibration = None
     if calib is not None:
         say(f"loading calibration data from {calib}")
-        calibration = load_calibration(calib, io, pre)
+        calibration = _without_frozen(load_calibration(calib, seen_io, pre), io)
     elif p.needs_calibration:
         raise CalibrationError(f"{p.precision} for {profile.name} needs calibration data",
                                hint=f"pass --calib DIR (.npy/.npz tensors or images), or --calib {RANDOM} "
@@ -103,9 +114,10 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
             raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
         # the user's --parity-data, else their calibration data (int8: held out of calibration), else generated
         # inputs that look like the model's data; where they came from goes in the manifest
-        chosen = choose_parity_inputs(io, pre, count=parity_samples, parity_data=parity_data, calibration=calibration,
-                                      quantized=p.precision == "int8")
-        parity_inputs, label, calibration = chosen.samples, chosen.label, chosen.calibration
+        chosen = choose_parity_inputs(seen_io, pre, count=parity_samples, parity_data=parity_data,
+                                      calibration=calibration, quantized=p.precision == "int8")
+        parity_inputs, label = _only_inputs(chosen.samples, io), chosen.label
+        calibration = _without_frozen(chosen.calibration, io)
         parity_opts = {"task": task, "input_provenance": chosen.provenance}
         ref = src.reference(static, parity_inputs) if parity_inputs else None
         reference: list[dict[str, Any]] | None = None
@@ -167,6 +179,20 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                      chain_record, say, converter_proxy, reference_on, parity_opts)
         write_json_atomic(stage / MANIFEST, manifest)
     return Bundle.open(output, trust=False)  # just built here: unsigned until `edgekit sign`
+
+
+def _only_inputs(samples: list[dict[str, Any]], io: IOSpec) -> list[dict[str, Any]]:
+    """``samples`` without the inputs ``io`` lacks (those --freeze-input fixed)."""
+    names = {t.name for t in io.inputs}
+    return [{k: v for k, v in s.items() if k in names} for s in samples]
+
+
+def _without_frozen(calibration: Any, io: IOSpec) -> Any:
+    if calibration is None or not calibration.samples:
+        return calibration
+    import dataclasses
+
+    return dataclasses.replace(calibration, samples=tuple(_only_inputs([dict(s) for s in calibration.samples], io)))
 
 
 def _with_outputs(io: IOSpec, outputs: Mapping[str, Any]) -> IOSpec:

@@ -103,7 +103,8 @@ def resolve_chain(target: TargetProfile, source_format: str, *, runner: str | No
         final = CONVERTERS.get(chain[-1].converter).target_format
         first = CONVERTERS.get(chain[0].converter).source_format
         for cls in _converters():
-            if cls.source_format == source_format and cls.target_format == final and final != first:
+            if cls.source_format == source_format and cls.target_format == final and final != first \
+                    and cls.source_format != cls.target_format:  # a same-format rewrite is chosen by plan()
                 return (ChainStep(cls.name),), f"{cls.name} (reads {source_format}, writes {final})"
     try:
         formats = RUNNERS.get(runner).formats
@@ -129,8 +130,8 @@ def _a(word: str) -> str:
 
 def _bring_instead(source_format: str) -> str:
     return {
-        "tflite": "bring the model's ONNX instead: TFLite -> ONNX needs tf2onnx, which edgekit's tflite toolchain "
-                  "does not carry",
+        "tflite": "a TFLite source converts for ONNX chains through tflite->onnx (tf2onnx in the tflite toolchain), "
+                  "for OpenVINO through tflite->openvino-ir, and runs on LiteRT; otherwise bring the model's ONNX",
         "openvino-ir": "an OpenVINO IR runs on intel-igpu (OpenVINO, CPU fallback included); for other targets "
                        "bring the model's ONNX",
         "edgetpu-tflite": "a model compiled for the Edge TPU runs only on coral-edgetpu",
@@ -148,8 +149,13 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
     """
     chain, route = resolve_chain(target, source_format, source_name=source_name)
     what = f"{source_name} ({source_format})" if source_name else f"{_a(source_format)} {source_format} source"
+    own = source_precision or "fp32"
+    if not chain and precision not in (None, KEEP, own):
+        rewrite = next((c for c in _converters() if c.source_format == c.target_format == source_format
+                        and precision in c.precisions), None)
+        if rewrite is not None:  # e.g. tflite->tflite: an fp16-weight .tflite made fp32
+            chain, route = (ChainStep(rewrite.name, precision),), f"{rewrite.name} ({own} source, {precision} asked)"
     if not chain:
-        own = source_precision or "fp32"
         if precision not in (None, KEEP, own):
             raise PrecisionError(f"{what} ships to {target.name} as it is, in its own precision {own}; edgekit cannot "
                                  f"make it {precision}",

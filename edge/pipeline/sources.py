@@ -101,6 +101,29 @@ class OnnxSource(Source):
 
         return reference_outputs(static, inputs), REFERENCE
 
+    def frozen(self, values: Mapping[str, str], io: IOSpec) -> tuple["FrozenOnnxSource", IOSpec]:
+        """This source with ``values`` frozen and the Ifs they decide inlined (``edge.freeze``); its I/O."""
+        from edge.freeze import freeze_inputs
+
+        model, rest, record = freeze_inputs(self.model, values, io, source=self.path)
+        return FrozenOnnxSource(self.path, model, record), rest
+
+
+@dataclass
+class FrozenOnnxSource(OnnxSource):
+    """An ONNX source with inputs frozen (``--freeze-input``): ``path`` is still the user's file (the manifest
+    names and hashes it); ``model`` is the frozen graph the chain starts from."""
+
+    frozen_model: Any = None
+    record: Any = None
+
+    def __post_init__(self) -> None:
+        self.format = "onnx"
+        self.model = self.frozen_model
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "frozen": self.record.to_json()}
+
 
 # -- TFLite --------------------------------------------------------------------------------------
 
@@ -115,6 +138,18 @@ class TFLiteSource(Source):
             self.format = "edgetpu-tflite"
         self._io: IOSpec | None = None
         self._quant: dict[str, Any] | None = None
+        self.runnable, self.lowered = self.path, {}
+        from edge.backends.litert.rewrite import LOWERABLE
+
+        if set(self.file.custom_ops) & LOWERABLE:  # MediaPipe's ops -> builtins (exact), so stock LiteRT runs it
+            import tempfile
+            import weakref
+
+            from edge.backends.litert.from_tflite import prepare_tflite
+
+            tmp = tempfile.TemporaryDirectory(prefix="edgekit-tflite-src-")
+            weakref.finalize(self, tmp.cleanup)
+            self.runnable, self.lowered = prepare_tflite(self.path, Path(tmp.name))
 
     def _read(self) -> None:
         if self._io is not None:
@@ -125,7 +160,7 @@ class TFLiteSource(Source):
             raise ModelError(f"{self.path.name} is already compiled for the Edge TPU (edgetpu-custom-op): it runs only "
                              "there and cannot be checked or converted on this host",
                              hint="bring the int8 .tflite it was compiled from; edgekit compiles it for coral-edgetpu")
-        with LiteRTRunner(self.path, options={"delegate": "reference", "num_threads": 1}) as r:
+        with LiteRTRunner(self.runnable, options={"delegate": "reference", "num_threads": 1}) as r:
             self._io = IOSpec(tuple(r.inputs), tuple(r.outputs))
             it = r._it
             self._quant = {"tensor_types": _tflite_tensor_types(it), "float_ops": _float_compute_ops(it)}
@@ -159,6 +194,13 @@ class TFLiteSource(Source):
                 "precision": self.own_precision(), "tensor_types": (self._quant or {}).get("tensor_types", {}),
                 "description": f.description[:200] or None}
 
+    def static_file(self, work: Path, io: IOSpec) -> Path:
+        if not self.lowered:
+            return self.path
+        import shutil
+
+        return Path(shutil.copyfile(self.runnable, work / "source.lowered.tflite"))
+
     def io(self, input_shapes: Shapes) -> IOSpec:
         self._read()
         assert self._io is not None
@@ -180,7 +222,9 @@ class TFLiteSource(Source):
         with LiteRTRunner(static, options={"delegate": "reference", "num_threads": 0}) as r:
             outs = [r.infer(s) for s in inputs]
             runtime = r.info.runtime
-        return outs, f"{runtime} reference kernels (no delegate) on the source .tflite"
+        lowered = ", ".join(self.lowered.get("lowered_custom_ops", {}))
+        how = f" with {lowered} lowered to builtins (exact)" if lowered else ""
+        return outs, f"{runtime} reference kernels (no delegate) on the source .tflite{how}"
 
 
 def _float_compute_ops(it: Any) -> list[str]:

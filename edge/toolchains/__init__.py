@@ -79,18 +79,21 @@ class ToolchainSpec:
 TOOLCHAINS: dict[str, ToolchainSpec] = {
     "tflite": ToolchainSpec(
         name="tflite",
-        purpose="ONNX -> TFLite (onnx2tf + TensorFlow) for the onnx->tflite converter",
+        purpose="ONNX -> TFLite (onnx2tf + TensorFlow) for the onnx->tflite converter; TFLite -> ONNX (tf2onnx) "
+                "for tflite->onnx",
         # onnx2tf's own exact pins (1.29.24 is the newest release for Python < 3.12; 2.x needs >= 3.12).
         # (the same versions onnx2tf pins itself, written out so the stack is readable here).
+        # tf2onnx 1.17.0 (newest) needs only numpy>=1.23.5, onnx>=1.14, protobuf>=3.20, flatbuffers>=1.12 and
+        # requests, all already in the lock at these versions: it adds itself and nothing else (pip check clean).
         requirements=("onnx2tf==1.29.24", "tensorflow==2.19.0", "tf-keras==2.19.0", "onnxsim==0.4.36",
-                      "onnx==1.19.1", "onnxruntime==1.23.0", "numpy==1.26.4", "protobuf==4.25.5"),
+                      "onnx==1.19.1", "onnxruntime==1.23.0", "numpy==1.26.4", "protobuf==4.25.5", "tf2onnx==1.17.0"),
         lock="tflite.lock",
         lock_platform="linux-x86_64-cp311",
         python_min=(3, 10),
         python_max=(3, 12),  # tensorflow 2.19 has no wheels for 3.13
-        imports=("onnx2tf", "tensorflow", "tf_keras", "onnxsim", "onnxruntime"),
+        imports=("onnx2tf", "tensorflow", "tf_keras", "onnxsim", "onnxruntime", "tf2onnx"),
         programs=("onnxsim",),
-        versions=("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime"),
+        versions=("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime", "tf2onnx"),
         size_hint="about 2.6 GB on disk, 1.5-3 min with a warm network",
     ),
     "torch": ToolchainSpec(

@@ -1,4 +1,5 @@
-"""ONNX -> TFLite inside the ``tflite`` toolchain environment (onnx2tf + TensorFlow).
+"""ONNX -> TFLite inside the ``tflite`` toolchain environment (onnx2tf + TensorFlow); and TFLite -> ONNX
+with tf2onnx (a job whose ``task`` is ``"tflite->onnx"``: :func:`tflite_to_onnx`).
 
 Run by :class:`edge.backends.litert.convert.OnnxToTFLite` as ``<toolchain>/venv/bin/python tflite_driver.py
 job.json``. It must not import ``edge`` (edgekit is not installed in the toolchain environment)
@@ -177,12 +178,19 @@ def _local_test_images() -> Any:
 # -- layouts -----------------------------------------------------------------------------
 
 def _candidate_perms(onnx_shape: list[int], tf_shape: list[int]) -> list[list[int]]:
-    """Permutations p with onnx.transpose(p).shape == tf shape: identity and channels-last."""
+    """Permutations p with onnx.transpose(p).shape == tf shape: identity and channels-last, else (rank <= 4) any."""
     r = len(onnx_shape)
     cands = [list(range(r))]
     if r >= 3:
         cands.append([0, *range(2, r), 1])
-    return [p for p in cands if len(tf_shape) == r and [onnx_shape[i] for i in p] == list(tf_shape)]
+    found = [p for p in cands if len(tf_shape) == r and [onnx_shape[i] for i in p] == list(tf_shape)]
+    if found or len(tf_shape) != r or r > 4:
+        return found
+    # onnx2tf moved a non-image tensor's axes some other way (Silero VAD's state [2, 1, 128] came out [1, 2, 128]):
+    # any permutation giving that shape; several are told apart on a sample like the two above
+    import itertools
+
+    return [list(p) for p in itertools.permutations(range(r)) if [onnx_shape[i] for i in p] == list(tf_shape)]
 
 
 def _cos(a: Any, b: Any) -> float:
@@ -419,6 +427,34 @@ def inspect_tflite(path: Path) -> dict[str, Any]:
     return {"ops": dict(sorted(ops.items())), "op_count": sum(ops.values())}
 
 
+def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
+    """TFLite -> ONNX with tf2onnx (``job["task"] == "tflite->onnx"``). tf2onnx writes a model even when it
+    cannot translate an op (it keeps a ``TFL_<op>`` node): every such node is reported at once instead."""
+    import onnx
+    import tf2onnx
+
+    stage("tf2onnx: TFLite -> ONNX")
+    out = Path(job["workdir"]) / "model.onnx"
+    try:
+        model, _ = tf2onnx.convert.from_tflite(job["tflite"], opset=int(job.get("opset", 17)), output_path=str(out))
+    except Exception as e:  # noqa: BLE001
+        raise DriverError("tf2onnx", f"tf2onnx failed: {type(e).__name__}: {str(e)[:800]}") from e
+    # what tf2onnx left untranslated: TFL_<op> nodes, or a default-domain op ONNX does not define (a contrib op in
+    # another domain, e.g. com.microsoft, is tf2onnx's own choice and onnxruntime runs it)
+    bad = sorted({(n.op_type.removeprefix("TFL_"), n.domain or "ai.onnx") for n in model.graph.node
+                  if n.op_type.startswith("TFL_") or (n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type))})
+    if bad:
+        raise DriverError("unsupported_ops", "tf2onnx cannot translate TFLite op(s) "
+                          + ", ".join(op for op, _ in bad), ops=[{"op": op, "domain": d} for op, d in bad])
+    import tensorflow as tf
+
+    ops: dict[str, int] = {}
+    for n in model.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {"artifact": str(out), "details": {"opset": int(job.get("opset", 17)), "onnx_ops": dict(sorted(ops.items()))},
+            "tool_versions": {"tf2onnx": tf2onnx.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__}}
+
+
 def main() -> int:
     global _EVENTS
     job = json.loads(Path(sys.argv[1]).read_text())
@@ -433,6 +469,9 @@ def main() -> int:
     timings: dict[str, float] = {}
     try:
         t0 = time.time()
+        if job.get("task") == "tflite->onnx":
+            emit("result", **tflite_to_onnx(job), timings={"tf2onnx_s": round(time.time() - t0, 2)})
+            return 0
         stage("checking ONNX ops against onnx2tf")
         bad = unsupported_ops(Path(job["onnx"]))
         if bad:
@@ -461,7 +500,12 @@ def main() -> int:
                                           output_signaturedefs=True, non_verbose=False, verbosity="warn",
                                           # onnx2tf's API compares lower-case names (its CLI lower-cases them)
                                           replace_to_pseudo_operators=sorted(op.lower() for op in
-                                                                             prepared["pseudo_operators"]))
+                                                                             prepared["pseudo_operators"]),
+                                          # inputs that are no image (audio, recurrent state) keep their layout
+                                          keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
+                                          # edgekit folded the graph's constants itself (edge.lower): onnxsim would
+                                          # merge per-axis Slices into full-rank ones onnx2tf mistranslates
+                                          not_use_onnxsim=bool(job.get("no_onnxsim", False)))
         except SystemExit as e:
             raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
         except Exception as e:  # noqa: BLE001

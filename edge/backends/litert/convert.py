@@ -117,12 +117,16 @@ class OnnxToTFLite(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
+            lowered, lowered_count = _lower_for_onnx2tf(Path(request.source), work, request.io)
             np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names})
             job: dict[str, Any] = {
-                "onnx": str(Path(request.source).resolve()), "workdir": str(work), "precision": request.precision,
+                "onnx": str(Path(lowered or request.source).resolve()), "workdir": str(work),
+                "precision": request.precision,
                 "samples": str(work / "samples.npz"), "io_dtype": io_dtype,
                 "per_channel": bool(opts.get("per_channel", True)),
                 "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+                "keep_shape_inputs": _keep_shape_inputs(request) if lowered else [],
+                "no_onnxsim": bool(lowered),
                 "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype}
                             for t in request.io.outputs],
             }
@@ -156,6 +160,9 @@ class OnnxToTFLite(Converter):
             "timings_s": {**final.get("timings", {}), "total": round(elapsed, 1)},
             "cpu_parity": cpu_parity,
         }
+        if lowered_count:
+            details["lowered"] = {"LSTM": lowered_count}
+            notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.lower)")
         tool_versions = {k: v for k, v in final["tool_versions"].items() if k in ("onnx2tf", "tensorflow", "onnxsim",
                                                                                  "onnx", "onnxruntime", "tf_keras")}
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
@@ -184,6 +191,33 @@ class _Reporter:
                 self._last_progress = t
                 self._last_beat = t
                 _say(f"[{t:6.1f}s] {ev['stage']} {ev['done']}/{ev['total']}")
+
+
+def _keep_shape_inputs(request: ConversionRequest) -> list[str]:
+    """Inputs onnx2tf should not move to channels-last: with a lowered LSTM (edge.lower), the rank-3 non-image
+    inputs (audio frames, recurrent state [layers, batch, hidden]): onnx2tf reads them as NCW and slices the
+    transposed state along the wrong axis (measured on Silero VAD: a [1, 128, 0] slice)."""
+    return [t.name for t in request.io.inputs if t.layout is None and len(t.shape) == 3]
+
+
+def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, int]:
+    """The source with the LSTMs onnx2tf mistranslates (given their state) unrolled into plain ops
+    (``edge.lower``), in ``work``; (None, 0) when it has none."""
+    from edge.lower import drop_noop_slice_axes, fold_constants, lower_lstm, needs_lowering, squeeze_to_reshape
+    from edge.onnxmodel import load_onnx, save_onnx
+
+    model = load_onnx(source)
+    if not any(needs_lowering(n) for n in model.graph.node):
+        return None, 0
+    model, count = lower_lstm(model)
+    # the recurrent path's plumbing too: onnx2tf squeezes a channels-last rank-3 tensor on the wrong axis, and
+    # mistranslates the full-rank Slices onnxsim makes of per-axis ones: edgekit folds the constants itself (the
+    # job then runs onnx2tf without onnxsim) and keeps only the axes a Slice cuts
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in io.inputs}
+    model, _ = fold_constants(model, shapes)
+    model, _ = squeeze_to_reshape(model)
+    model, _ = drop_noop_slice_axes(model)
+    return save_onnx(model, work / "lowered.onnx"), count
 
 
 def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mapping[str, Any]]:

@@ -7,8 +7,9 @@ Two OpenVINO behaviours this runner makes visible instead of silent:
   as a sentence in ``RunnerInfo.fallback``;
 * compute precision: OpenVINO's CPU plugin computes in bf16 by default on CPUs with AMX
   (and f16 on GPUs), whatever the IR's weights are. ``inference_precision = "bundle"``
-  pins f32 for fp32 bundles and leaves the device default otherwise; what the compiled
-  model actually uses is read back from ``INFERENCE_PRECISION_HINT``.
+  pins f32 for fp32 bundles, and for fp16 bundles on a CPU (whose bf16 default is coarser than the
+  f16 they are checked for), and leaves the device default otherwise (f16 on a GPU); what the
+  compiled model actually uses is read back from ``INFERENCE_PRECISION_HINT``.
 
 ``import openvino`` sends a usage event to Google Analytics by default (opt-out telemetry,
 see :func:`disable_openvino_telemetry`); this module turns that off before importing it.
@@ -85,12 +86,19 @@ def _compute_precisions(compiled: Any) -> dict[str, int] | None:
         return None
 
 
-def _spec(port: Any) -> TensorSpec:
+def _ir_name(compiled_port: Any, model_port: Any) -> str:
+    """The compiled port's name as the IR gave it (when it still answers to that name)."""
+    names = compiled_port.get_names()
+    mine = model_port.get_any_name()
+    return mine if mine in names else compiled_port.get_any_name()
+
+
+def _spec(port: Any, name: str | None = None) -> TensorSpec:
     import numpy as np
 
     pshape = port.get_partial_shape()
     shape = tuple(int(d.get_length()) if d.is_static else str(d) for d in pshape)
-    return TensorSpec(port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name,
+    return TensorSpec(name or port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name,
                       image_layout(shape))
 
 
@@ -102,7 +110,8 @@ class OpenVINORunner(Runner):
         "device": "OpenVINO devices in order of preference, e.g. [GPU, CPU] (default [CPU]); "
                   "the first one present is used and a fallback is recorded",
         "performance_hint": "LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT",
-        "inference_precision": "bundle (default: f32 for fp32 bundles, the device's default otherwise), "
+        "inference_precision": "bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's "
+                               "default otherwise), "
                                "or force f32, f16 or bf16",
         "num_threads": "CPU inference threads; 0 = OpenVINO's default",
     }
@@ -178,6 +187,13 @@ class OpenVINORunner(Runner):
             # int8 bundle 19.3 ms with an f16 hint vs 1.64 ms without. bf16 costs accuracy (PP-OCR
             # classifier cosine 0.9985 vs 0.99997 in f16); parity gates it at the bf16 limits.
             target_precision = "f32" if self.precision == "fp32" else None
+            if self.precision == "fp16" and device == "CPU":
+                # ... but not an fp16 bundle on a CPU (the iGPU profile's fallback): its bf16 default is coarser
+                # than the f16 the bundle was checked for (MediaPipe's selfie segmentation: cosine 0.988 in bf16,
+                # 1.000 in f32 on an AVX512-BF16 EPYC), and f16 on a CPU without AMX-FP16 was slower than f32
+                # (above); f32 on the fp16 weights computes the same on every x86 CPU, so the build host's gate
+                # and the device agree. bf16 stays one option away (inference_precision = "bf16"; edgekit tune).
+                target_precision = "f32"
         if target_precision is not None:
             if "INFERENCE_PRECISION_HINT" in supported:
                 config[hints.inference_precision] = getattr(ov.Type, target_precision)
@@ -208,11 +224,14 @@ class OpenVINORunner(Runner):
 
         self._compiled = compiled
         self._request = compiled.create_infer_request()
-        self._input_names = [p.get_any_name() for p in compiled.inputs]
+        # the names as the IR has them: compiling folds tensor names into one port (a graph output fed by an
+        # Identity also answers to the Identity input's name) and get_any_name may then pick the folded one
+        in_names = [_ir_name(c, m) for c, m in zip(compiled.inputs, model.inputs)]
+        self._input_names = in_names
         self._output_ports = list(compiled.outputs)
-        self._output_names = [p.get_any_name() for p in self._output_ports]
-        self.inputs = tuple(_spec(p) for p in compiled.inputs)
-        self.outputs = tuple(_spec(p) for p in self._output_ports)
+        self._output_names = [_ir_name(c, m) for c, m in zip(self._output_ports, model.outputs)]
+        self.inputs = tuple(_spec(p, n) for p, n in zip(compiled.inputs, in_names))
+        self.outputs = tuple(_spec(p, n) for p, n in zip(self._output_ports, self._output_names))
         details: dict[str, Any] = {
             "openvino_version": version,
             "device_preference": wanted,

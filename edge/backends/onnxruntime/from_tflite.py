@@ -1,0 +1,100 @@
+"""TFLite -> ONNX with tf2onnx, run inside the ``tflite`` toolchain (TensorFlow + tf2onnx; edgekit's own
+environment carries neither). The planner prepends it to an ONNX chain (``x86-cpu``: then ``onnx->onnx``).
+
+Measured with tf2onnx 1.17.0 / TensorFlow 2.19 on MediaPipe's BlazeFace (fp16 weights): the DEQUANTIZE of
+the f16 weights is folded into f32 initializers, the TFLite tensor names stay the ONNX I/O names, NHWC inputs
+stay NHWC (Transpose nodes inside), max abs difference to LiteRT 5e-5 on outputs of magnitude 140.
+
+tf2onnx keeps an op it cannot translate as a ``TFL_<op>`` node and still writes the model; the driver lists
+every such node and this converter refuses in one line naming them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edge import toolchains
+from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.errors import ConversionError, MissingDependencyError
+
+TOOLCHAIN = "tflite"
+_OPSET = 17
+
+
+class TFLiteToOnnx(Converter):
+    name = "tflite->onnx"
+    source_format = "tflite"
+    target_format = "onnx"
+    precisions = frozenset({"fp32"})
+    toolchain = TOOLCHAIN
+    options = {"opset": f"ONNX opset tf2onnx writes (default {_OPSET})",
+               "timeout_s": "stop the toolchain after this many seconds (default 900)"}
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        self.check_options(request.options)
+        self.check_precision(request.precision)
+        try:
+            opset = int(request.options.get("opset", _OPSET))
+            timeout_s = float(request.options.get("timeout_s", 900))
+        except (TypeError, ValueError):
+            raise ConversionError(f"{self.name}: opset must be an integer and timeout_s a number, got "
+                                  f"{request.options.get('opset')!r} / {request.options.get('timeout_s')!r}") from None
+        if not 13 <= opset <= 21:
+            raise ConversionError(f"{self.name}: opset must be 13..21, got {opset}")
+        st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
+        source = Path(request.source).resolve()
+        with tempfile.TemporaryDirectory(prefix="edgekit-tf2onnx-") as tmp:
+            work = Path(tmp)
+            from edge.backends.litert.from_tflite import prepare_tflite
+
+            readable, lowered = prepare_tflite(source, work)  # MediaPipe's custom ops -> builtins tf2onnx knows
+            job = {"task": "tflite->onnx", "tflite": str(readable), "workdir": str(work), "opset": opset}
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=timeout_s)
+            if final["event"] == "error":
+                raise _error_from(final, source, work)
+            out = request.workdir / "model.onnx"
+            shutil.move(final["artifact"], out)
+        self._check_io(out, request)
+        tool_versions = dict(final.get("tool_versions", {}))
+        tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
+        details: dict[str, Any] = {**final.get("details", {}), "toolchain": st.manifest_record(),
+                                   "timings_s": final.get("timings", {})}
+        if lowered:
+            details["tflite_rewrite"] = lowered
+        return ConversionResult(artifact=out, format="onnx", files=[out], tool_versions=tool_versions, details=details)
+
+    @staticmethod
+    def _check_io(out: Path, request: ConversionRequest) -> None:
+        """The ONNX takes and gives what the TFLite did (names and shapes), or the parity gate compares nothing."""
+        from edge.onnxmodel import io_spec, load_onnx
+
+        got = io_spec(load_onnx(out))
+        want_in = {t.name: tuple(int(d) for d in t.shape) for t in request.io.inputs}
+        have_in = {t.name: tuple(int(d) if isinstance(d, int) else -1 for d in t.shape) for t in got.inputs}
+        missing = sorted(set(want_in) - set(have_in))
+        wrong = sorted(n for n in set(want_in) & set(have_in) if have_in[n] != want_in[n])
+        if missing or wrong:
+            raise ConversionError(f"tf2onnx's ONNX of {request.source.name} does not take the TFLite's inputs: "
+                                  + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                                              + [f"{n}: {list(have_in[n])} vs {list(want_in[n])}" for n in wrong]))
+        want_out = {t.name for t in request.io.outputs}
+        lost = sorted(want_out - {t.name for t in got.outputs})
+        if want_out and lost:
+            raise ConversionError(f"tf2onnx's ONNX of {request.source.name} lacks the TFLite's output(s) "
+                                  f"{', '.join(lost)}")
+
+
+def _error_from(ev: dict[str, Any], source: Path, work: Path) -> Exception:
+    kind = ev.get("kind")
+    msg = " / ".join(line.strip() for line in str(ev.get("message", "")).splitlines() if line.strip())[:600]
+    if kind == "unsupported_ops":
+        return ConversionError(f"{source.name}: {msg}",
+                               hint="a custom op needs its own lowering; bring the model's ONNX instead")
+    if kind == "toolchain":
+        return MissingDependencyError(msg, hint=ev.get("hint"))
+    log_copy = toolchains.keep_log(work, TOOLCHAIN)
+    where = f" (toolchain log: {log_copy})" if log_copy else ""
+    return ConversionError(f"tflite->onnx failed on {source.name}: {msg}{where}")

@@ -1,0 +1,81 @@
+"""``edgekit fleet tune MODEL --device ID``: ``edgekit tune``'s trials measured on a connected device
+(library: ``edge.fleet.tune_remote``; the device side: ``edge.agent.tune_cmd``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from edge.cli._common import JsonOut, TargetsDir, command, dirs, print_json, steps
+from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username, broker_config
+from edge.cli.bench import BudgetMs, Fps
+from edge.cli.convert import InputShape, Letterbox, Preprocess
+from edge.cli.signing import SignKey
+
+
+@command
+def fleet_tune_cmd(
+    model: Path = typer.Argument(..., help="Source model (.onnx)."),
+    device: str = typer.Option(..., "--device", help="The device whose agent measures the trials."),
+    fleet: str = typer.Option("default", "--fleet", help="The device's fleet."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target profile (default: the target of "
+                                         "the bundle the device runs, from its birth).", show_default=False),
+    artifact_base_url: Optional[str] = typer.Option(None, "--artifact-base-url", help="Where the device downloads "
+                                                    "the trial bundles: upload OUT/artifacts/*.tar there (each "
+                                                    "URL is checked first).", show_default=False),
+    serve: Optional[str] = typer.Option(None, "--serve", help="HOST:PORT: serve OUT/artifacts over HTTP from "
+                                        "here while the device fetches (port 0: any free one).",
+                                        show_default=False),
+    objective: str = typer.Option("latency", "--objective", help="latency or throughput."),
+    budget_ms: Optional[float] = BudgetMs, fps: Optional[float] = Fps,
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Send at most this many configurations "
+                                             "(each runner and precision's defaults first; at most 64).",
+                                             show_default=False),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data for int8 (a directory, or "
+                                        "'random'); without it int8 is left out.", show_default=False),
+    precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="Only these precisions "
+                                                  "(repeatable).", show_default=False),
+    runner: Optional[List[str]] = typer.Option(None, "--runner", help="Only these runners (repeatable).",
+                                               show_default=False),
+    threads: Optional[List[int]] = typer.Option(None, "--threads", help="Only these thread counts (repeatable).",
+                                                show_default=False),
+    reps: int = typer.Option(5, "--reps", help="Interleaved repetitions on the device."),
+    iters: int = typer.Option(40, "--iters", help="Timed inferences per trial and repetition."),
+    warmup: int = typer.Option(5, "--warmup", help="Untimed inferences per trial first."),
+    sign_key: Optional[str] = SignKey,
+    timeout: float = typer.Option(900.0, "--timeout", help="Wait this long (s) for the device's result."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory: tuned.toml, device-tune.json, "
+                                       "pareto.html/png, artifacts/, the conversion cache (default: "
+                                       "build/<model>-<device>-tune).", show_default=False),
+    input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    broker: str = Broker, ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
+    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
+    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+) -> None:
+    """Convert the tune space's trials here, have DEVICE's agent download, verify and measure them over MQTT,
+    and show the same table as `edgekit tune`, measured on the device."""
+    from edge.cli.tune import render_tune
+    from edge.fleet.tune_remote import tune_on_device
+    from edge.onnxmodel import parse_input_shapes
+    from edge.signing import configured_sign_key
+    from edge.tune import Schedule
+
+    with steps(not as_json) as say:
+        result = tune_on_device(
+            model, device, broker=broker_config(broker, ca, cert, key, username, password_file, protocol),
+            fleet=fleet, target=target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
+            max_trials=max_trials, calib=calib, runners=runner or None, precisions=precision or None,
+            threads=threads or None, schedule=Schedule(reps=reps, iters=iters, warmup=warmup),
+            artifact_base_url=artifact_base_url, serve=serve, timeout_s=timeout,
+            sign_key=configured_sign_key(sign_key),
+            input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
+            targets_dir=dirs(targets_dir), on_step=say)
+    data = result.to_json()
+    if as_json:
+        print_json(data)
+    else:
+        render_tune(data)  # its summary line ends with "measured on device ID (host, CPU, ISA)"
+    if result.winner is None:
+        raise typer.Exit(1)

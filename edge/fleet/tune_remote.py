@@ -1,0 +1,579 @@
+"""``edgekit fleet tune --device ID``: ``edgekit tune``'s trials converted here, measured on a connected device.
+
+    from edge.fleet.tune_remote import tune_on_device
+    result = tune_on_device("model.onnx", "cam-01", broker=BrokerConfig.from_url(url), fleet="lab",
+                            serve="127.0.0.1:0")
+    result.to_json()   # the same table and JSON as ``edgekit tune``, with ``device`` and ``measured_on``
+
+1. The device's retained birth says what it is (OS, architecture, CPUs, the bundle's target); the target
+   (``target``, else the birth's bundle's) must be the device's class.
+2. The space is ``edge.tune_space.build_space`` for that target (threads above the device's CPUs dropped), taken
+   in ``edgekit tune``'s order under ``max_trials``; each recipe is converted here through ``edge.tune``'s
+   cache (the same recipe key, the same bundle) and its conversion gate recorded as ``tune`` records it.
+3. Each bundle is packed as a rollout artifact (``edge.agent.artifact.pack_bundle``) and served: at
+   ``artifact_base_url`` (the user uploads ``OUT/artifacts/*.tar`` there; each URL is checked first), or by a
+   small HTTP server this call runs on ``serve`` (``ADDR:PORT``) until the device has replied.
+4. One ``cmd/tune`` request (``edge.agent.tune_cmd.TuneRequest``) goes to the device, which downloads, verifies
+   and measures every trial interleaved, as ``edgekit tune`` measures (one full-length rung: the exhaustive
+   strategy), and replies on ``edgekit/<fleet>/<device>/tune``.
+5. The reply (checked: nothing in it is trusted) becomes ``tune``'s trial records; the winner is chosen by the
+   same rule (``edge.tune.choose``: parity is a hard constraint) and written as an overlay stating the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from edge.agent.mqtt import BrokerConfig
+from edge.agent.netloop import Backoff, Connection, NetworkLoop
+from edge.agent.payloads import SCHEMA_VERSION, encode
+from edge.agent.topics import Topic, TopicError, check_part
+from edge.errors import EdgeError
+from edge.tune import Schedule, TuneResult
+
+Say = Callable[[str], None]
+MAX_REPLY = 1 << 20
+MAX_TRIALS = 64  # edge.agent.tune_cmd.MAX_TRIALS
+
+
+class RemoteTuneError(EdgeError):
+    """The device cannot be tuned: not connected, another class, refused or did not answer."""
+
+
+@dataclass
+class RemoteTuneResult(TuneResult):
+    device: dict[str, Any] = field(default_factory=dict)  # id, birth facts, what measured (the reply's host)
+
+    @property
+    def measured_on(self) -> str:
+        h = self.host
+        isa = [f for f in h.get("isa", []) if f.startswith(("avx", "amx", "sse4", "neon", "sve", "vnni", "fma"))]
+        return (f"measured on device {self.device.get('id')} ({h.get('hostname')}: {h.get('os')}/{h.get('arch')}, "
+                f"{h.get('cpu')}, {h.get('cpus')} CPUs" + (f", {' '.join(isa)}" if isa else "") + ")")
+
+    def summary(self) -> str:
+        return super().summary().replace("measured on the target's", "measured on the device, the target's") \
+            .replace("measured NOT on", "measured on the device, NOT on") + f"; {self.measured_on}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "device": self.device, "measured_on": self.measured_on}
+
+
+# -- the artifact server ----------------------------------------------------------------------------
+
+class ArtifactServer:
+    """``root``'s files over HTTP on ``addr`` (``HOST:PORT``, port 0: any free one), until ``close``."""
+
+    def __init__(self, root: Path, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise RemoteTuneError(f"--serve {addr!r}: expected HOST:PORT (port 0: any free one)")
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def list_directory(self, path: Any) -> None:  # type: ignore[override]
+                self.send_error(404)  # the archives by name only
+                return None
+
+        try:
+            self.httpd = ThreadingHTTPServer((host, int(port)), functools.partial(Handler, directory=str(root)))
+        except OSError as e:
+            raise RemoteTuneError(f"--serve {addr}: cannot listen there: {e}") from None
+        self.httpd.daemon_threads = True
+        shown = host if host not in ("0.0.0.0", "::", "") else __import__("socket").getfqdn()
+        self.base_url = f"http://{shown}:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="edgekit-tune-http", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5.0)
+
+    def __enter__(self) -> "ArtifactServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the MQTT side ------------------------------------------------------------------------------------
+
+class DeviceLink:
+    """One MQTT connection to one device: its retained birth and death, and its ``tune`` replies."""
+
+    def __init__(self, broker: BrokerConfig, fleet: str, device: str, client_id: str | None = None) -> None:
+        check_part(fleet, "fleet")
+        check_part(device, "device id")
+        self.fleet, self.device = fleet, device
+        self.client_id = client_id or f"edgekit-tune-{secrets.token_hex(4)}"
+        self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "death", "tune")}
+        self._sync = str(Topic(fleet, self.client_id[:100], "cmd", "tune-sync"))
+        self._token = secrets.token_hex(8)
+        self.birth: dict[str, Any] | None = None
+        self.death: dict[str, Any] | None = None
+        self.replies: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self.synced = threading.Event()
+        self.loop = NetworkLoop(name="edgekit-tune")
+        subs = [(self.topics[k], 1) for k in ("birth", "death", "tune")] + [(self._sync, 1)]
+        self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
+                               on_connected=self._connected, backoff=Backoff(0.2, 5.0))
+
+    def __enter__(self) -> "DeviceLink":
+        self.loop.start()
+        self.conn.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.loop.run(self.conn.close)
+            self.conn.closed.wait(5.0)
+        finally:
+            self.loop.stop()
+
+    def _connected(self, conn: Connection) -> None:
+        conn.publish(self._sync, self._token.encode(), qos=1)  # comes back after the retained messages
+
+    def _message(self, _conn: Connection, msg: Any) -> None:
+        try:
+            topic, payload = msg.topic, bytes(msg.payload)
+        except UnicodeDecodeError:
+            return
+        if topic == self._sync:
+            if payload == self._token.encode():
+                self.synced.set()
+            return
+        try:
+            t = Topic.parse(topic)
+        except TopicError:
+            return
+        if not payload or len(payload) > MAX_REPLY:
+            if not payload and t.kind in ("birth", "death"):
+                setattr(self, t.kind, None)
+            return
+        try:
+            obj = json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return
+        if not isinstance(obj, dict) or obj.get("device") != self.device or obj.get("fleet") != self.fleet:
+            return
+        if t.kind in ("birth", "death"):
+            setattr(self, t.kind, obj)
+        elif t.kind == "tune" and obj.get("type") == "tune":
+            self.replies.put(obj)
+
+    def online(self) -> bool:
+        from edge.fleet.rollout_view import DeviceView
+
+        return DeviceView(self.device, birth=self.birth, death=self.death).online
+
+    def send(self, payload: dict[str, Any]) -> None:
+        topic = str(Topic(self.fleet, self.device, "cmd", "tune"))
+        data = encode(payload)
+        if self.loop.run(lambda: self.conn.publish(topic, data, qos=1)) is None:
+            raise RemoteTuneError(f"cannot send the tune request to {self.device}: not connected to the broker")
+
+
+# -- the host side: space, conversions, artifacts -----------------------------------------------------
+
+@dataclass
+class _Prepared:
+    configs: list[Any]
+    recs: dict[str, dict[str, Any]]
+    bundles: dict[str, Any]  # recipe key -> Bundle or EdgeError
+    keys: dict[str, str]
+    notes: list[str]
+    converted: int
+    convert_s: float
+
+
+def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: Path, calib: Any,
+             parity_samples: int, source: Mapping[str, Any], say: Say) -> _Prepared:
+    """Convert each recipe once (``edge.tune``'s cache: the same key, the same bundle), recording the conversion
+    gate per trial as ``edge.tune.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
+    from edge.bundle import sha256_file
+    from edge.tune import _bundle_size, _convert_cached, calib_identity, recipe_key
+    from edge.tune_measure import _combine_parity
+
+    t0 = time.perf_counter()
+    model_sha = sha256_file(model)
+    calib_id = calib_identity(calib)
+    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, source) for c in configs}
+    bundles: dict[str, Any] = {}
+    recs: dict[str, dict[str, Any]] = {}
+    converted = 0
+    for c in configs:
+        rec = recs[c.id] = {"id": c.id, "label": c.label(), **c.to_json(), "status": "pending", "rungs": {},
+                            "parity": None, "recipe_key": keys[c.id]}
+        key = keys[c.id]
+        if key not in bundles:
+            say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
+            try:
+                bundles[key], fresh = _convert_cached(model, profile, c, space, key, cache, calib, parity_samples,
+                                                      source)
+                converted += int(fresh)
+            except EdgeError as e:
+                bundles[key] = e
+                converted += 1
+        b = bundles[key]
+        if isinstance(b, EdgeError):
+            rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
+            continue
+        rec["bundle"], rec["size_bytes"] = str(b.path), _bundle_size(b)
+        gate = b.manifest.get("parity") or {}
+        outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
+        par = {"conversion": gate.get("passed"),
+               "conversion_failures": [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+                                       for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
+                                       for f in o["failures"]][:4]}
+        if gate.get("passed") is None:
+            par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
+        _combine_parity(par)
+        rec["parity"] = par
+    return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0)
+
+
+def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None = None,
+               keys_dir: Any = None) -> dict[str, dict[str, Any]]:
+    """recipe key -> {url, sha256, size}: each bundle packed once as a rollout artifact into ``out``; with
+    ``sign_key``, a copy of it signed first (a device with a trust store refuses unsigned bundles, as for rollouts;
+    the cached bundle itself stays unsigned)."""
+    import shutil
+
+    from edge.agent.artifact import pack_bundle
+
+    out.mkdir(parents=True, exist_ok=True)
+    arts: dict[str, dict[str, Any]] = {}
+    for key, b in prep.bundles.items():
+        if isinstance(b, EdgeError):
+            continue
+        src = Path(b.path)
+        if sign_key is not None:
+            from edge.signing import sign_bundle
+
+            src = out.parent / "signed" / key
+            shutil.rmtree(src, ignore_errors=True)
+            shutil.copytree(b.path, src)
+            sign_bundle(src, sign_key, directory=keys_dir)
+        tar = out / f"{key}.tar"
+        sha = pack_bundle(src, tar)
+        arts[key] = {"url": f"{base_url.rstrip('/')}/{key}.tar", "sha256": sha, "size": tar.stat().st_size}
+    return arts
+
+
+# -- reading the device's reply (nothing in it is trusted) -------------------------------------------
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+
+
+def _text(v: Any, n: int = 400) -> str | None:
+    return v[:n] if isinstance(v, str) else None
+
+
+def _device_trial(obj: Any) -> dict[str, Any]:
+    """One trial of the reply, kept to the fields the table reads, each checked."""
+    if not isinstance(obj, dict):
+        return {"status": "failed: malformed reply"}
+    out: dict[str, Any] = {"status": _text(obj.get("status")) or "failed: no status in the reply"}
+    m = obj.get("measurement")
+    if isinstance(m, dict):
+        reps = m.get("rep_scores")
+        if isinstance(reps, list) and reps and len(reps) <= 1000 and all(_num(x) is not None for x in reps):
+            out["measurement"] = {"reps": len(reps), "iters": int(_num(m.get("iters")) or 0),
+                                  "rep_scores": [float(x) for x in reps],
+                                  **{k: _num(m.get(k)) for k in ("p50_ms", "p99_ms", "fps")}}
+    for k in ("load_ms", "memory_mb"):
+        if _num(obj.get(k)) is not None:
+            out[k] = _num(obj.get(k))
+    rt = obj.get("runtime")
+    if isinstance(rt, dict):
+        out["runtime"] = {k: (v if isinstance(v, (int, float, bool)) or v is None else str(v)[:200])
+                          for k, v in list(rt.items())[:8] if isinstance(k, str)}
+    par = obj.get("parity")
+    if isinstance(par, dict):
+        tr = par.get("trial") if isinstance(par.get("trial"), dict) else {}
+        passed = tr.get("passed")
+        out["parity"] = {"trial": {"passed": passed if passed in (True, False, None) else None,
+                                   "samples": _num(tr.get("samples")),
+                                   "failures": [f[:300] for f in tr.get("failures") or [] if isinstance(f, str)][:4]},
+                         "error": _num(par.get("error"))}
+    return out
+
+
+def _host_of(reply: Mapping[str, Any]) -> dict[str, Any]:
+    h = reply.get("host") if isinstance(reply.get("host"), dict) else {}
+    isa = h.get("isa") if isinstance(h.get("isa"), list) else []
+    return {"hostname": _text(h.get("hostname"), 128), "os": _text(h.get("os"), 32) or "?",
+            "arch": _text(h.get("arch"), 32) or "?", "cpu": _text(h.get("cpu"), 200) or "?",
+            "cpus": int(_num(h.get("cpus")) or 0), "isa": [f[:32] for f in isa if isinstance(f, str)][:64],
+            "nvidia_gpu": h.get("nvidia_gpu") is True, "jetson": h.get("jetson") is True}
+
+
+# -- the whole --------------------------------------------------------------------------------------
+
+def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, fleet: str = "default",
+                   target: str | Any | None = None, out: str | Path | None = None, objective: str = "latency",
+                   budget_ms: float | None = None, fps: float | None = None, max_trials: int | None = None,
+                   calib: str | None = None, runners: Sequence[str] | None = None,
+                   precisions: Sequence[str] | None = None, threads: Sequence[int] | None = None,
+                   schedule: Schedule | None = None, parity_samples: int = 32,
+                   artifact_base_url: str | None = None, serve: str | None = None, timeout_s: float = 900.0,
+                   sign_key: str | None = None, keys_dir: Any = None, cache: str | Path | None = None,
+                   answer_timeout_s: float = 30.0, targets_dir: Iterable[Any] = (),
+                   input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+                   letterbox: bool | None = None, pictures: bool = True, on_step: Say | None = None
+                   ) -> RemoteTuneResult:
+    """See the module docstring. Exactly one of ``artifact_base_url`` and ``serve`` says how the device gets
+    the bundles. ``timeout_s``: for the device's whole answer; ``answer_timeout_s``: for its first reply.
+    ``sign_key``: sign each trial bundle (a copy) for a device with a trust store. ``cache``: the conversion cache
+    (default ``OUT/cache``; ``edgekit tune``'s cache works too: the same recipe keys)."""
+    from edge.capabilities import Host
+    from edge.pipeline import open_source
+    from edge.stats import budget_from
+    from edge.targets import TargetProfile, get_target, same_device_class
+    from edge.tune import _priority, _score, choose
+    from edge.tune_space import build_space
+
+    t_start = time.perf_counter()
+    say = on_step or (lambda _m: None)
+    if (artifact_base_url is None) == (serve is None):
+        raise RemoteTuneError("give exactly one of --artifact-base-url URL (you upload OUT/artifacts/*.tar there) "
+                              "and --serve HOST:PORT (edgekit serves them while the device fetches)")
+    if objective == "e2e":
+        raise RemoteTuneError("--objective e2e runs the video pipeline on a file; over MQTT the device measures "
+                              "latency or throughput", hint="use --objective latency or throughput")
+    if objective not in ("latency", "throughput"):
+        raise RemoteTuneError(f"unknown objective {objective!r}", hint="choose latency or throughput")
+    if max_trials is not None and max_trials < 1:
+        raise RemoteTuneError(f"--max-trials must be >= 1, got {max_trials}")
+    sched = schedule or Schedule()
+    if not (1 <= sched.reps <= 50 and 1 <= sched.iters <= 10_000 and 0 <= sched.warmup <= 1_000):
+        raise RemoteTuneError("schedule: reps 1-50, iters 1-10000, warmup 0-1000 (what a device accepts)")
+    model = Path(model)
+    src = open_source(model)
+    if src.format != "onnx":
+        raise RemoteTuneError(f"edgekit fleet tune takes an ONNX model; {model.name} is {src.format}")
+    out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{device}-tune"
+    with DeviceLink(broker, fleet, device) as link:
+        say(f"reading {fleet}/{device}'s birth from {broker.url}")
+        if not link.synced.wait(15.0):
+            raise RemoteTuneError(f"cannot read the fleet from the broker {broker.url}: "
+                                  f"{link.conn.last_error or 'no answer'}")
+        if link.birth is None:
+            raise RemoteTuneError(f"device {device} has no birth in fleet {fleet} on {broker.url}: it never connected",
+                                  hint="start its agent (edgekit agent --device-id ...) and check --fleet")
+        if not link.online():
+            raise RemoteTuneError(f"device {device} is offline (its last will was published after its birth)")
+        birth = link.birth
+        bh = birth.get("host") if isinstance(birth.get("host"), dict) else {}
+        dev_host = Host(os=str(bh.get("os")), arch=str(bh.get("arch")), nvidia_gpu=bh.get("nvidia_gpu") is True,
+                        jetson=bh.get("jetson") is True)
+        dev_cpus = bh.get("cpu_count") if type(bh.get("cpu_count")) is int and bh.get("cpu_count") > 0 else None
+        if target is None:
+            tb = birth.get("bundle") if isinstance(birth.get("bundle"), dict) else {}
+            target = tb.get("target") if isinstance(tb.get("target"), str) else None
+            if target is None:
+                raise RemoteTuneError(f"device {device} runs no bundle, so its birth names no target",
+                                      hint="give --target T")
+        profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+        same, why = same_device_class(profile, dev_host, {})
+        if not same:
+            raise RemoteTuneError(f"device {device} cannot serve target {profile.name}: "
+                                  f"{why.replace('this host', 'the device')}")
+        budget, budget_source = budget_from(fps, budget_ms, profile.frame_budget_ms)
+        rank_budget = budget if (fps is not None or budget_ms is not None) else None
+        space = build_space(profile, objective=objective, calibrated=calib is not None, runners=runners,
+                            precisions=precisions, threads=threads, targets_dir=targets_dir)
+        notes = list(space.notes)
+        notes.append("the space is built on this host (runners and thread counts it has); the device measures it")
+        configs = _priority(space)
+        if dev_cpus is not None:
+            over = [c for c in configs if _threads(c) is not None and _threads(c) > dev_cpus]
+            if over:
+                space.pruned.append(f"{len(over)} configurations with more threads than the device's {dev_cpus} CPUs")
+                configs = [c for c in configs if c not in over]
+        cap = min(max_trials or MAX_TRIALS, MAX_TRIALS)
+        if len(configs) > cap:
+            notes.append(f"{'--max-trials' if max_trials else 'a request'} takes {cap}: {len(configs) - cap} of "
+                         f"{len(configs)} configurations not tried (each runner and precision's defaults first)")
+            configs = configs[:cap]
+        source = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
+                  "preprocess": preprocess, "letterbox": letterbox}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        prep = _prepare(model, profile, space, configs, Path(cache) if cache is not None else out_dir / "cache",
+                        calib, parity_samples, source, say)
+        server = ArtifactServer(out_dir / "artifacts", serve) if serve is not None else None
+        try:
+            (out_dir / "artifacts").mkdir(parents=True, exist_ok=True)
+            base = server.base_url if server is not None else str(artifact_base_url)
+            say("packing the trial bundles as rollout artifacts")
+            arts = _artifacts(prep, out_dir / "artifacts", base, sign_key, keys_dir)
+            if server is None:
+                from edge.fleet.rollout_spec import check_url
+
+                for a in arts.values():
+                    check_url(a["url"], a["size"])
+            sendable = [c for c in configs if prep.recs[c.id]["status"] == "pending"]
+            if not sendable:
+                raise RemoteTuneError("no configuration converted here: "
+                                      + "; ".join(prep.recs[c.id]["status"] for c in configs)[:600])
+            study = f"tune-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+            tid = {c.id: f"t{i:02d}" for i, c in enumerate(sendable)}
+            trials = [{"id": tid[c.id], **arts[prep.keys[c.id]], "runner": c.runner, "precision": c.precision,
+                       "options": dict(c.options)} for c in sendable]
+            request = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": fleet, "device": device,
+                       "ts": round(time.time(), 3), "study_id": study, "objective": objective,
+                       "schedule": {"reps": sched.reps, "iters": sched.iters, "warmup": sched.warmup},
+                       "trials": trials}
+            from edge.agent.tune_cmd import MAX_REQUEST_BYTES
+
+            if len(encode(request)) > MAX_REQUEST_BYTES:
+                raise RemoteTuneError(f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
+                                      hint="fewer trials (--max-trials), or shorter artifact URLs")
+            say(f"sending {len(trials)} trials to {device} (study {study})")
+            t_search = time.perf_counter()
+            link.send(request)
+            reply = _wait(link, study, device, answer_timeout_s, timeout_s, say)
+            search_s = time.perf_counter() - t_search
+        finally:
+            if server is not None:
+                server.close()
+    dev_trials = reply.get("trials") if isinstance(reply.get("trials"), list) else []
+    by_tid = {t.get("id"): t for t in dev_trials if isinstance(t, dict) and isinstance(t.get("id"), str)}
+    rung = f"0:{sched.reps}x{sched.iters}"
+    from edge.tune_measure import _combine_parity
+
+    for c in configs:
+        rec = prep.recs[c.id]
+        if c.id not in tid:
+            continue
+        got = _device_trial(by_tid.get(tid[c.id], {"status": "failed: the device did not report this trial"}))
+        rec["device_trial"] = tid[c.id]
+        for k in ("load_ms", "memory_mb", "runtime"):
+            if k in got:
+                rec[k] = got[k]
+        par = rec["parity"] or {}
+        if "parity" in got:
+            par["trial"], par["error"] = got["parity"]["trial"], got["parity"]["error"]
+        _combine_parity(par)
+        rec["parity"] = par
+        if "measurement" in got:
+            rec["rungs"][rung] = got["measurement"]
+            rec["status"] = ("measured" if par.get("passed") is True else
+                             "parity failed" if par.get("passed") is False else "parity not verified")
+        else:
+            rec["status"] = f"failed on the device: {got['status']}" if not got["status"].startswith("failed") \
+                else got["status"]
+    recs = [prep.recs[c.id] for c in configs]
+    for t in recs:
+        m = t["rungs"].get(rung)
+        t["result"] = {"rung": rung, **{k: v for k, v in m.items() if k != "rep_scores"},
+                       "score": _score(objective, m["rep_scores"])} if m else None
+    winner = choose(recs, rank_budget, objective)
+    if winner is not None:
+        winner["status"] = "chosen"
+    host = _host_of(reply)
+    dev_host = Host(os=host["os"], arch=host["arch"], nvidia_gpu=host["nvidia_gpu"], jetson=host["jetson"])
+    same, why = same_device_class(profile, dev_host, (winner or {}).get("runtime") or {})
+    why = why.replace("this host", f"device {device}")
+    if isinstance(reply.get("workload"), str):
+        notes.append(f"on the device during the measurement: {reply['workload'][:200]}")
+    result = RemoteTuneResult(model=str(model), target=profile.name, objective=objective, strategy="exhaustive",
+                              budget_ms=budget, budget_source=budget_source, trials=recs, pruned=space.pruned,
+                              notes=notes, winner=winner, device_class={"same": same, "reason": why}, host=host,
+                              measured=sum(1 for t in recs if t.get("result")), converted=prep.converted,
+                              convert_s=prep.convert_s, search_s=search_s,
+                              device={"id": device, "fleet": fleet, "study_id": study, "birth_host": bh,
+                                      "device_wall_s": _num(reply.get("wall_s"))})
+    if winner is None:
+        notes.append("no configuration passed parity on the device: nothing to apply")
+    else:
+        _write_overlay(result, space, profile, next(c for c in configs if c.id == winner["id"]), out_dir, model)
+    if pictures:
+        from edge.tune_report import write_html, write_png
+
+        result.html_path = str(write_html(out_dir / "pareto.html", result))
+        png = write_png(out_dir / "pareto.png", result)
+        if isinstance(png, Path):
+            result.png_path = str(png)
+        else:
+            notes.append(png)
+    (out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str), encoding="utf-8")
+    result.study_path = str(out_dir / "device-tune.json")
+    result.wall_s = time.perf_counter() - t_start
+    return result
+
+
+def _threads(c: Any) -> int | None:
+    opts = dict(c.options)
+    v = opts.get("intra_op_num_threads", opts.get("num_threads"))
+    return v if isinstance(v, int) else None
+
+
+def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, timeout_s: float, say: Say
+          ) -> dict[str, Any]:
+    """The device's final reply to ``study`` (``done``); its refusal, ``busy`` or failure as one error line."""
+    start = time.monotonic()
+    answered = False
+    while True:
+        limit = (answer_timeout_s if not answered else timeout_s) - (time.monotonic() - start)
+        try:
+            r = link.replies.get(timeout=max(0.0, limit))
+        except queue.Empty:
+            if not answered:
+                raise RemoteTuneError(f"device {device} did not answer the tune request within {answer_timeout_s:g} s",
+                                      hint="is its agent an edgekit version that knows cmd/tune, and connected?") \
+                    from None
+            raise RemoteTuneError(f"device {device} did not finish the tune within {timeout_s:g} s") from None
+        if r.get("study_id") not in (study, None):
+            continue
+        status = r.get("status")
+        if r.get("study_id") is None and status != "refused":
+            continue
+        answered = True
+        if status == "accepted":
+            say(f"{device} accepted {r.get('trials')} trials")
+        elif status == "progress":
+            say(f"{device}: {_text(r.get('step'), 200)}")
+        elif status == "done":
+            return r
+        elif status in ("refused", "busy", "failed"):
+            what = {"refused": "refused the tune request", "busy": "is busy", "failed": "failed the tune"}[status]
+            raise RemoteTuneError(f"device {device} {what}: {_text(r.get('error'), 600)}")
+
+
+def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
+    from edge.bundle import sha256_file
+    from edge.tuned import write_overlay
+
+    w, h = result.winner or {}, result.host
+    res = w.get("result") or {}
+    rt = w.get("runtime") or {}
+    tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
+             "model_sha256": sha256_file(model), "configuration": w["id"], "objective": result.objective,
+             "strategy": result.strategy, "measured_on": f"device {result.device['id']} ({h['os']}/{h['arch']})",
+             "os": h["os"], "arch": h["arch"], "cpu": h["cpu"], "isa": h["isa"], "cpus": h["cpus"],
+             "device_used": rt.get("device_used") or "", "precision_used": rt.get("precision_used") or "",
+             "same_device_class": result.device_class["same"], "device_class": result.device_class["reason"],
+             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
+             "parity_error": (w.get("parity") or {}).get("error"), "size_bytes": w.get("size_bytes")}
+    overlay = space.overlay(profile, cfg, tuned=tuned)
+    comments = [f"edgekit fleet tune: {w['label']} for {profile.name}, objective {result.objective}",
+                result.measured_on,
+                f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)"]
+    result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
+    result.applied = overlay.describe()
