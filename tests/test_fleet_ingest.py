@@ -211,3 +211,129 @@ def test_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice(tmp_p
     # acknowledged came again and was recognised (births: re-delivered when their batch had not committed)
     assert stats["stored"]["telemetry"] == n - first
     assert stats["rejected"] == {k: 0 for k in stats["rejected"]} and stats["db_errors"] == 0
+
+
+# the hot path's readers, the PostgreSQL array statements, the light simulator -----------------------
+def test_telemetry_columns_read_what_the_lenient_readers_read() -> None:
+    import random
+
+    from edge.fleet.simulate import telemetry_body
+
+    full = telemetry_body(random.Random(1), 1.0)
+    odd = {"inference": {"fps": True, "budget_misses": 2.5, "frames": 2**60, "budget_ms": "33",
+                         "latency_ms": {"p50_ms": 10**400, "p99_ms": None, "max_ms": -0.0}},
+           "process": [], "thermal": {"max_c": float("nan"), "throttled_now": 1}, "spool": {"pending": 3.0},
+           "interval_s": 2, "bundle_id": "b\x00\udcffx" * 80}
+    wrong = {"inference": "x", "thermal": {"throttled_now": True}, "spool": None, "bundle_id": 7}
+    for x in (full, odd, wrong, {}):
+        want = (dec.num(x, "inference", "fps"), dec.num(x, "inference", "latency_ms", "p50_ms"),
+                dec.num(x, "inference", "latency_ms", "p99_ms"), dec.num(x, "inference", "latency_ms", "max_ms"),
+                dec.integer(x, "inference", "budget_misses"), dec.integer(x, "inference", "frames"),
+                dec.num(x, "process", "cpu_percent"), dec.num(x, "process", "rss_mb"), dec.num(x, "thermal", "max_c"),
+                dec.num(x, "inference", "budget_ms"), dec.flag(x, "thermal", "throttled_now"),
+                dec.integer(x, "spool", "pending"), dec.integer(x, "spool", "dropped_total"),
+                dec.num(x, "interval_s"), dec.text(x, "bundle_id"))
+        got = dec.telemetry_columns(x)
+        assert len(got) == len(dec.TELEMETRY_METRICS) and got == want, x
+    assert dec.telemetry_columns(full)[0] == full["inference"]["fps"]  # not all None: the test can fail
+
+
+def test_unnest_turns_a_row_statement_into_one_over_column_arrays() -> None:
+    from edge.fleet.db import _unnest
+
+    assert _unnest("INSERT INTO s (a, b, c) VALUES (?, 0, ?) ON CONFLICT DO NOTHING", ("text", "bigint")) == (
+        "INSERT INTO s (a, b, c) SELECT u.c0, 0, u.c1 FROM unnest(%b::text[], %b::bigint[]) AS u(c0, c1) "
+        "ON CONFLICT DO NOTHING")
+    assert _unnest("UPDATE d SET x = coalesce(?, x) WHERE k = ? AND (v < ?)", ("float8", "text", "bigint")) == (
+        "UPDATE d SET x = coalesce(u.c0, x) FROM unnest(%b::float8[], %b::text[], %b::bigint[]) AS u(c0, c1, c2) "
+        "WHERE k = u.c1 AND (v < u.c2)")
+    with pytest.raises(ValueError, match="2 types for 3 parameters"):
+        _unnest("UPDATE d SET x = ? WHERE k = ? AND v = ?", ("text", "text"))
+
+
+def _device_and_row(url: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    import random
+
+    from edge.fleet.simulate import telemetry_body
+
+    body = telemetry_body(random.Random(3), 2.0)
+    body["thermal"]["throttled_now"] = True
+    body["spool"].update(pending=4, dropped_total=2)
+    c = Collector(cfg(url))
+    try:
+        for t, p in (_msg("birth", "a", 5, 0, {"connection": 1}), _msg("telemetry", "a", 5, 1, body),
+                     _msg("telemetry", "a", 5, 2, {**body, "bundle_id": None, "interval_s": "x"})):
+            assert c.add(t, p, received_at=T0 + 100) is None
+        c.flush()
+    finally:
+        c.db.close()
+    with open_db(url) as db:
+        dev = db.query("SELECT * FROM devices")[0]
+        row = db.query("SELECT * FROM telemetry WHERE seq = 2")[0]
+    return body, dev, row
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_the_device_row_and_the_telemetry_row_hold_the_payloads_values(tmp_path: Path, dialect: str,
+                                                                       request: pytest.FixtureRequest) -> None:
+    if dialect == "sqlite":
+        url = f"sqlite:///{tmp_path}/f.db"
+    else:
+        import psycopg
+
+        base = request.getfixturevalue("postgres_url")
+        with psycopg.connect(base, autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS columns")
+            c.execute("CREATE DATABASE columns")
+        url = base.rsplit("/", 1)[0] + "/columns"
+    body, dev, row = _device_and_row(url)
+    inf, lat = body["inference"], body["inference"]["latency_ms"]
+    want = {"last_seq": 2, "fps": inf["fps"], "p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"], "max_ms": lat["max_ms"],
+            "misses": inf["budget_misses"], "frames": inf["frames"], "cpu_percent": body["process"]["cpu_percent"],
+            "rss_mb": body["process"]["rss_mb"], "temp_c": body["thermal"]["max_c"], "budget_ms": inf["budget_ms"],
+            "throttled": True, "spool_pending": 4, "spool_dropped": 2,
+            "interval_s": 0.5, "bundle_id": body["bundle_id"]}  # seq 2's null and bad values keep seq 1's
+    assert {k: dev[k] for k in want} == want
+    assert {k: row[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb",
+                                "temp_c")} == {k: want[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses",
+                                                                    "frames", "cpu_percent", "rss_mb", "temp_c")}
+
+
+def test_the_light_simulator_is_seen_by_the_collector_as_devices(tmp_path: Path) -> None:
+    from edge.fleet.simulate import LightFleet
+
+    devices, rate = 40, 5.0
+    url = f"sqlite:///{tmp_path}/fleet.db"
+    with Mosquitto(tmp_path / "broker") as broker:
+        c = Collector(CollectorConfig(BrokerConfig.from_url(broker.url), url, client_id=CLIENT_ID,
+                                      batch_interval_ms=20)).start()
+        try:
+            deadline = time.monotonic() + 20
+            while not c.connected and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # SUBACK
+            fleet = LightFleet("127.0.0.1", broker.port, devices=devices, rate_hz=rate, connect_per_s=400).start()
+            deadline = time.monotonic() + 20
+            while fleet.submitted < devices * 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert fleet.connected() == devices and fleet.lost == 0
+            fleet.stop()
+            assert fleet.lost == 0 and fleet.connected() == 0  # every device said goodbye (death, DISCONNECT)
+            made = fleet.submitted
+            deadline = time.monotonic() + 20
+            while c.snapshot()["stored"]["death"] < devices and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stats = c.snapshot()
+        finally:
+            c.stop()
+    assert made >= devices * 8 and sum(fleet.seq) == made
+    assert stats["stored"] == {"birth": devices, "telemetry": made, "state": 0, "death": devices}
+    assert stats["duplicates"] == 0 and stats["rebirths_sent"] == 0 and stats["rejected"]["malformed"] == 0
+    with open_db(url) as db:
+        assert db.execute("SELECT count(*), count(DISTINCT device) FROM telemetry").fetchone() == (made, devices)
+        assert db.execute("SELECT coalesce(sum(max(max_seq, announced_seq) - received), 0) FROM streams"
+                          ).fetchone()[0] == 0
+        offline = db.execute("SELECT count(*) FROM devices WHERE online = 0 AND death_reason = 'shutdown'")
+        assert offline.fetchone()[0] == devices
+        lag = db.execute("SELECT max(received_at - ts) FROM telemetry").fetchone()[0]
+        assert 0 <= lag < 30  # each message stamped when it was written, on this host's clock

@@ -48,7 +48,7 @@ def collect_cmd(
     max_session_skew: float = typer.Option(300.0, "--max-session-skew", help="Refuse (and count) messages whose "
                                            "session is further ahead of this host's clock, in seconds: a forged "
                                            "far-future session would otherwise hide a device's real messages."),
-    batch_max: int = typer.Option(2000, "--batch-max", help="Messages per database transaction at most; they "
+    batch_max: int = typer.Option(5000, "--batch-max", help="Messages per database transaction at most; they "
                                   "are acknowledged to the broker after its commit."),
     batch_interval_ms: float = typer.Option(50.0, "--batch-interval-ms", help="Commit at most this long after "
                                             "a batch's first message (0: after every read from the socket); "

@@ -9,7 +9,8 @@
 - Batches: messages are decoded as they arrive and written together, one transaction per
   ``batch_max`` messages or ``batch_interval_ms`` after the first one, whichever comes first
   (a telemetry run is one multi-row INSERT plus one upsert per stream and per device, not
-  five statements a message). The broker sends at most ``receive_maximum`` unacknowledged
+  five statements a message; on PostgreSQL each of those is one statement over column arrays, not one
+  execution per row, ``FleetDB.bulk``). The broker sends at most ``receive_maximum`` unacknowledged
   messages, so that is at least ``batch_max``: it keeps sending while a batch commits.
 - De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
   (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection);
@@ -38,6 +39,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -49,7 +51,7 @@ from edge.agent.topics import Topic, check_part, fleet_filter, shared
 from edge.errors import EdgeError
 from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db, scrub
 from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, TopicCache, decode,
-                               flag, num, number, section, text, whole)
+                               num, telemetry_columns, text)
 
 log = logging.getLogger("edge.fleet")
 
@@ -74,13 +76,47 @@ _NEWER_SEQ = ("fleet = ? AND device = ? AND (last_session IS NULL OR last_sessio
               "(last_session = ? AND last_seq < ?))")
 _UPDATE_TELEMETRY = (
     "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, fps = ?, p50_ms = ?, p99_ms = ?, "
-    "max_ms = ?, budget_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, "
+    "max_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, budget_ms = ?, "
     "throttled = ?, spool_pending = ?, spool_dropped = ?, interval_s = coalesce(?, interval_s), "
-    "bundle_id = coalesce(?, bundle_id) WHERE " + _NEWER_SEQ)
+    "bundle_id = coalesce(?, bundle_id) WHERE " + _NEWER_SEQ)  # the values in TELEMETRY_METRICS order
 _UPDATE_STATE = ("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
                  "WHERE " + _NEWER_SEQ)
-_Queued = tuple[Decoded, str, float]  # a decoded message, its payload as text, when it arrived
+# PostgreSQL column types of the statements' parameters, in order (``FleetDB.bulk`` sends them as arrays)
+_STATE_TYPES = ("text", "text", "bigint", "bigint", "float8", "float8", "boolean", "text", "text", "text")
+_STREAM_TYPES = ("text", "text", "bigint", "bigint", "bigint", "float8")
+_SEEN_TYPES = ("text", "text", "float8")
+_WHERE_TYPES = ("text", "text", "bigint", "bigint", "bigint")
+_UPDATE_TELEMETRY_TYPES = ("bigint", "bigint", "float8", "float8", "float8", "float8", "float8", "bigint", "bigint",
+                           "float8", "float8", "float8", "float8", "boolean", "bigint", "bigint", "float8", "text",
+                           *_WHERE_TYPES)
+_UPDATE_STATE_TYPES = ("bigint", "bigint", "float8", "text", "text", *_WHERE_TYPES)
+def _seen_upsert(columns: tuple[str, ...]) -> str:
+    """``_UPSERT_SEEN`` and ``_UPDATE_TELEMETRY``/``_UPDATE_STATE`` in one statement: last_seen when later, the
+    columns when the message is past the row's (session, seq); interval_s and bundle_id kept when null."""
+    newer = ("(devices.last_session IS NULL OR devices.last_session < excluded.last_session OR "
+             "(devices.last_session = excluded.last_session AND devices.last_seq < excluded.last_seq))")
+    sets = ["last_seen = CASE WHEN devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen "
+            "THEN excluded.last_seen ELSE devices.last_seen END"]
+    for c in columns:
+        v = f"coalesce(excluded.{c}, devices.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"
+        sets.append(f"{c} = CASE WHEN {newer} THEN {v} ELSE devices.{c} END")
+    return (f"INSERT INTO devices (fleet, device, last_seen, {', '.join(columns)}) VALUES "
+            f"({', '.join(['?'] * (len(columns) + 3))}) ON CONFLICT (fleet, device) DO UPDATE SET " + ", ".join(sets))
+
+
+_SEEN_TELEMETRY = _seen_upsert(("last_session", "last_seq", "last_ts", "fps", "p50_ms", "p99_ms", "max_ms", "misses",
+                                "frames", "cpu_percent", "rss_mb", "temp_c", "budget_ms", "throttled", "spool_pending",
+                                "spool_dropped", "interval_s", "bundle_id"))  # _UPDATE_TELEMETRY's, in its order
+_SEEN_STATE = _seen_upsert(("last_session", "last_seq", "last_ts", "state", "state_detail"))
+_SEEN_TELEMETRY_TYPES = (*_SEEN_TYPES, *_UPDATE_TELEMETRY_TYPES[:-len(_WHERE_TYPES)])
+_SEEN_STATE_TYPES = (*_SEEN_TYPES, *_UPDATE_STATE_TYPES[:-len(_WHERE_TYPES)])
+
+# a decoded message, its payload as text, when it arrived, and for telemetry its values (``telemetry_columns``):
+# read as it arrives, so the parsed payload (some fifty objects) is freed at once instead of living until the
+# batch is written (measured: JSON parsing 2.8 instead of 5.0 µs a message when nothing parsed is kept)
+_Queued = tuple[Decoded, str, float, "tuple[Any, ...] | None"]
 CLIENTS = ("paho", "lite")
+_READ: Any = MappingProxyType({})  # the payload of a queued telemetry message: its values were read as it arrived
 
 
 @dataclass
@@ -94,7 +130,9 @@ class CollectorConfig:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     rebirth_interval_s: float = 30.0
     gap_grace_s: float = 10.0  # a gap shorter than this is a replay in progress, not worth a log line
-    batch_max: int = 2000  # messages per transaction at most...
+    # messages per transaction at most... (5000: measured at 10,000 devices x 1 Hz on 2 shared cores, p99 764 ms vs
+    # 2.3 s with 2000, the backlog no longer growing; drain +23 % on SQLite, +20 % on PostgreSQL)
+    batch_max: int = 5000
     batch_interval_ms: float = 50.0  # ...and at most this long after the first one arrived (0: every read round)
     receive_maximum: int = 10_000  # unacknowledged messages the broker may send; at least batch_max
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
@@ -118,7 +156,7 @@ class CollectorConfig:
         if self.client not in CLIENTS:
             problems.append(f"unknown MQTT client {str(self.client)[:40]!r} (one of {', '.join(CLIENTS)})")
         if problems:
-            raise EdgeError("; ".join(problems), hint="e.g. --batch-max 2000 --batch-interval-ms 50 "
+            raise EdgeError("; ".join(problems), hint="e.g. --batch-max 5000 --batch-interval-ms 50 "
                             "--receive-maximum 10000 (the receive maximum at least the batch size)")
         if self.fleet != "+":
             check_part(self.fleet, "fleet")
@@ -189,7 +227,11 @@ class Collector:
                 return r.reason
             self._ratelog.warning(r.reason, "rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
             return r.reason
-        self._pending.append((d, payload.decode("utf-8"), now))
+        m = None
+        if d.kind == "telemetry":
+            m = telemetry_columns(d.payload)
+            d = Decoded(d.kind, d.fleet, d.device, d.session, d.seq, d.ts, _READ, d.connection, d.historical)
+        self._pending.append((d, payload.decode("utf-8"), now, m))
         return None
 
     def handle(self, topic: str, payload: bytes, received_at: float | None = None) -> str:
@@ -206,12 +248,12 @@ class Collector:
         if pending and self.db.dialect == "postgresql":
             # partitions first (DDL waits for other writers), then this batch's devices in one order: collectors
             # sharing the fleet take turns per device, so the upserts below never deadlock between them
-            self.db.ensure_partitions_for(now for _, _, now in pending)
-            self.db.lock_devices({(d.fleet, d.device) for d, _, _ in pending})
+            self.db.ensure_partitions_for(item[2] for item in pending)
+            self.db.lock_devices({(item[0].fleet, item[0].device) for item in pending})
         new: list[bool] = []
         run: list[_Queued] = []
         for item in pending:
-            d, raw, now = item
+            d, raw, now, _ = item
             if d.kind in STREAM_KINDS:
                 run.append(item)
                 continue
@@ -222,7 +264,7 @@ class Collector:
         if run:
             new += self._store_streams(run)
         stored = self.stats["stored"]
-        for (d, _, _), ok in zip(pending, new):
+        for (d, _, _, _), ok in zip(pending, new):
             if ok:
                 stored[d.kind] += 1
             else:
@@ -235,38 +277,36 @@ class Collector:
         one upsert per stream (counts), per device (last seen) and per device and kind (latest values)."""
         db = self.db
         new = [False] * len(run)
-        rows: dict[str, tuple[list[int], list[tuple[Any, ...]]]] = {"telemetry": ([], []), "state": ([], [])}
-        first: set[tuple[str, str, str, int, int]] = set()
-        for i, (d, raw, now) in enumerate(run):
-            key = (d.kind, d.fleet, d.device, d.session, d.seq)
+        t_idx: list[int] = []
+        t_rows: list[tuple[Any, ...]] = []
+        s_idx: list[int] = []
+        s_rows: list[tuple[Any, ...]] = []
+        first: set[tuple[Any, ...]] = set()
+        for i, (d, raw, now, m) in enumerate(run):
+            key = d[:5]  # kind, fleet, device, session, seq
             if key in first:  # a re-delivered copy in the same batch as the first one
                 continue
             first.add(key)
-            idx, values = rows[d.kind]
-            idx.append(i)
-            x = d.payload
-            if d.kind == "telemetry":
-                inf, proc = section(x, "inference"), section(x, "process")
-                lat = section(inf, "latency_ms")
-                values.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, number(inf.get("fps")),
-                               number(lat.get("p50_ms")), number(lat.get("p99_ms")), number(lat.get("max_ms")),
-                               whole(inf.get("budget_misses")), whole(inf.get("frames")),
-                               number(proc.get("cpu_percent")), number(proc.get("rss_mb")),
-                               number(section(x, "thermal").get("max_c")), raw))
+            if m is not None:  # telemetry
+                t_idx.append(i)
+                t_rows.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, *m[:9], raw))
             else:
-                values.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, text(x, "state"),
+                x = d.payload
+                s_idx.append(i)
+                s_rows.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, text(x, "state"),
                                text(x, "detail", limit=2000), raw))
-        for kind, sql in (("telemetry", _INSERT_TELEMETRY), ("state", _INSERT_STATE)):
-            idx, values = rows[kind]
-            if idx:
-                ins = db.insert_telemetry if kind == "telemetry" else db.insert_new
-                for i, ok in zip(idx, ins(sql, values)):
-                    new[i] = ok
+        if t_idx:
+            for i, ok in zip(t_idx, db.insert_telemetry(_INSERT_TELEMETRY, t_rows)):
+                new[i] = ok
+        if s_idx:
+            for i, ok in zip(s_idx, db.insert_new(_INSERT_STATE, s_rows, _STATE_TYPES)):
+                new[i] = ok
         streams: dict[tuple[str, str, int], list[Any]] = {}
         seen: dict[tuple[str, str], float] = {}
         top: dict[tuple[str, str], tuple[int, int]] = {}  # device -> highest (session, seq) so far, arrival order
         latest: dict[tuple[str, str, str], tuple[int, int, int]] = {}  # (fleet, device, kind) -> (session, seq, i)
-        for i, (d, _, now) in enumerate(run):
+        carried: dict[tuple[str, str], list[Any]] = {}  # device -> the latest non-null interval_s, bundle_id
+        for i, (d, _, now, m) in enumerate(run):
             if not new[i]:
                 continue
             sk = (d.fleet, d.device, d.session)
@@ -275,51 +315,71 @@ class Collector:
                 streams[sk] = [1, d.seq, now]
             else:
                 agg[0] += 1
-                agg[1] = max(agg[1], d.seq)
-                agg[2] = max(agg[2], now)
-            dk = (d.fleet, d.device)
+                if d.seq > agg[1]:
+                    agg[1] = d.seq
+                if now > agg[2]:
+                    agg[2] = now
+            dk = sk[:2]
             if seen.get(dk, -1.0) < now:
                 seen[dk] = now
             pos = (d.session, d.seq)
-            if dk not in top or pos > top[dk]:  # only a message past every earlier one updates the device row
+            t = top.get(dk)
+            if t is None or pos > t:  # only a message past every earlier one updates the device row
                 top[dk] = pos
                 latest[(d.fleet, d.device, d.kind)] = (d.session, d.seq, i)
+                if m is not None and (m[-2] is not None or m[-1] is not None):  # kept by the row when null later
+                    kept = carried.setdefault(dk, [None, None])
+                    if m[-2] is not None:
+                        kept[0] = m[-2]
+                    if m[-1] is not None:
+                        kept[1] = m[-1]
         if not streams:
             return new
-        db.executemany(_UPSERT_STREAM, [(*k, n, mx, at) for k, (n, mx, at) in streams.items()])
+        db.bulk(_UPSERT_STREAM, [(*k, n, mx, at) for k, (n, mx, at) in streams.items()], _STREAM_TYPES)
         self._touched.update(streams)
-        db.executemany(_UPSERT_SEEN, [(*k, at) for k, at in seen.items()])
         # Per device, the last telemetry and the last state that were each past every message before them, in
         # stream order: the row ends exactly as one UPDATE per message in arrival order leaves it (an older,
         # replayed message never overwrites a newer one), for two statements per device instead of one a message.
+        # The first of them also carries the device's last_seen, as an upsert (the row may not exist yet): one
+        # write of the device row instead of two (measured at 10,000 devices, 500 a batch: PostgreSQL 13% more
+        # messages a second, SQLite 2%).
         firsts: dict[str, list[tuple[Any, ...]]] = {"telemetry": [], "state": []}
         seconds: dict[str, list[tuple[Any, ...]]] = {"telemetry": [], "state": []}
         for (fleet, device, kind), (session, seq, i) in latest.items():
             other = latest.get((fleet, device, "state" if kind == "telemetry" else "telemetry"))
             later = other is not None and (session, seq) > other[:2]
-            (seconds if later else firsts)[kind].append(self._device_update(run[i][0]))
-        for phase in (firsts, seconds):
-            for kind, sql in (("telemetry", _UPDATE_TELEMETRY), ("state", _UPDATE_STATE)):
-                if phase[kind]:
-                    db.executemany(sql, phase[kind])
+            m = run[i][3]
+            kept = carried.get((fleet, device))
+            if m is not None and kept is not None:  # as one UPDATE a message leaves coalesce(?, column)
+                m = (*m[:-2], kept[0] if m[-2] is None else m[-2], kept[1] if m[-1] is None else m[-1])
+            row = self._device_update(run[i][0], m)
+            if later:
+                seconds[kind].append(row)
+            else:
+                firsts[kind].append((fleet, device, seen.pop((fleet, device), None), *row[:-5]))
+        if seen:  # every device seen has a first row above; this is for the case that it has not
+            db.bulk(_UPSERT_SEEN, [(*k, at) for k, at in seen.items()], _SEEN_TYPES)
+        for kind, sql, types in (("telemetry", _SEEN_TELEMETRY, _SEEN_TELEMETRY_TYPES),
+                                 ("state", _SEEN_STATE, _SEEN_STATE_TYPES)):
+            if firsts[kind]:
+                db.bulk(sql, firsts[kind], types)
+        for kind, sql, types in (("telemetry", _UPDATE_TELEMETRY, _UPDATE_TELEMETRY_TYPES),
+                                 ("state", _UPDATE_STATE, _UPDATE_STATE_TYPES)):
+            if seconds[kind]:
+                db.bulk(sql, seconds[kind], types)
         for fleet, device, session in streams:
             self._check_known(fleet, device, session)
         return new
 
     @staticmethod
-    def _device_update(d: Decoded) -> tuple[Any, ...]:
+    def _device_update(d: Decoded, metrics: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+        """The parameters of ``_UPDATE_TELEMETRY`` or ``_UPDATE_STATE`` for this message (``metrics``: its
+        ``telemetry_columns``, when already read)."""
         x = d.payload
         where = (d.fleet, d.device, d.session, d.session, d.seq)
         if d.kind == "state":
             return (d.session, d.seq, d.ts, text(x, "state"), text(x, "detail", limit=2000), *where)
-        inf, proc, spool = section(x, "inference"), section(x, "process"), section(x, "spool")
-        lat = section(inf, "latency_ms")
-        return (d.session, d.seq, d.ts, number(inf.get("fps")), number(lat.get("p50_ms")), number(lat.get("p99_ms")),
-                number(lat.get("max_ms")), number(inf.get("budget_ms")), whole(inf.get("budget_misses")),
-                whole(inf.get("frames")), number(proc.get("cpu_percent")), number(proc.get("rss_mb")),
-                number(section(x, "thermal").get("max_c")), flag(x, "thermal", "throttled_now"),
-                whole(spool.get("pending")), whole(spool.get("dropped_total")), number(x.get("interval_s")),
-                text(x, "bundle_id"), *where)
+        return (d.session, d.seq, d.ts, *(metrics or telemetry_columns(x)), *where)
 
     def _store_birth(self, d: Decoded, raw: str, now: float) -> bool:
         x, db = d.payload, self.db

@@ -9,6 +9,10 @@ disk rather than the broker and the collector. Used by ``benchmarks/fleet_ingest
 from __future__ import annotations
 
 import random
+import selectors
+import socket
+import struct
+import threading
 import time
 from typing import Any
 
@@ -16,6 +20,7 @@ import edge
 from edge.agent.mqtt import BrokerConfig
 from edge.agent.netloop import Backoff, NetworkLoop
 from edge.agent.outbox import MemoryOutbox
+from edge.agent.payloads import encode, message
 from edge.agent.session import DeviceSession
 
 
@@ -120,3 +125,230 @@ class SimulatedFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LightFleet:
+    """Many devices at a small cost each, for the live benchmark at 10,000 devices on a small host.
+
+    Each device is still one real MQTT connection of its own (MQTT 3.1.1, its own client id, a retained
+    death armed as its will), and sends what an agent sends, so the broker and the collector do per device
+    exactly what they do for agents: a retained birth (seq 0, connection 1), then QoS 1 telemetry numbered
+    1, 2, ... in one session, each stamped with the time it is written to the socket, and a death (with the
+    stream position) before DISCONNECT at ``stop``. What is left out is the agent's own machinery: no
+    outbox, no replay, no re-connection (a dropped connection is counted in ``lost``, not re-made), no
+    keep-alive (0: off). Payloads are encoded once per device (``telemetry_body``) and only seq and ts are
+    written into a copy per message. All sockets are served by one thread (``selectors``), telemetry is
+    spread evenly over each period, device after device."""
+
+    _SEQ, _TS = 987654321987654, 1234567890.123456  # placeholders in the encoded template
+
+    def __init__(self, host: str, port: int, *, devices: int, rate_hz: float = 1.0, fleet: str = "sim",
+                 prefix: str = "dev", connect_per_s: float = 1000.0, seed: int = 0) -> None:
+        if devices < 1 or rate_hz <= 0 or connect_per_s <= 0:
+            raise ValueError("devices, rate and connect rate must be positive")
+        self.host, self.port, self.n, self.rate_hz, self.fleet = host, port, devices, rate_hz, fleet
+        self.prefix, self.connect_per_s = prefix, connect_per_s
+        self.session = int(time.time()) - 1
+        rng = random.Random(seed)
+        self.names = [f"{prefix}-{i:05d}" for i in range(devices)]
+        self._topics = [f"edgekit/{fleet}/{d}/telemetry".encode() for d in self.names]
+        self._templates = [self._template(d, rng) for d in self.names]
+        self._socks: list[Any] = [None] * devices
+        self._out: dict[int, bytearray] = {}  # device -> bytes the socket did not take yet
+        self.seq = [0] * devices
+        self.submitted = 0  # telemetry messages written (or queued behind a full socket)
+        self.acked = 0  # PUBACKs and CONNACKs read, minus the CONNACKs
+        self.lost = 0  # connections the broker closed (or that could not be made) before ``stop``
+        self._stop = threading.Event()
+        self._paused = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _template(self, device: str, rng: random.Random) -> tuple[bytes, bytes, bytes]:
+        body = {"historical": False, **telemetry_body(rng, self.rate_hz)}
+        raw = encode(message("telemetry", self.fleet, device, self.session, self._SEQ, body, ts=self._TS))
+        head, rest = raw.split(b"%d" % self._SEQ)
+        mid, tail = rest.split(b"%.6f" % self._TS)
+        return head, mid, tail
+
+    # MQTT packets (3.1.1) ----------------------------------------------------------------
+    @staticmethod
+    def _publish(topic: bytes, payload: bytes, mid: int, retain: bool = False) -> bytes:
+        var = struct.pack("!H", len(topic)) + topic + struct.pack("!H", mid)
+        return bytes([0x32 | int(retain)]) + _varint(len(var) + len(payload)) + var + payload
+
+    def _connect(self, i: int) -> bytes:
+        dev = self.names[i]
+        will_topic = f"edgekit/{self.fleet}/{dev}/death".encode()
+        will = encode(message("death", self.fleet, dev, self.session, 0,
+                              {"connection": 1, "reason": "last will: connection lost"}))
+        cid = f"edgekit-{self.fleet}-{dev}".encode()
+        body = (b"\x00\x04MQTT\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
+                struct.pack("!H", len(cid)) + cid + struct.pack("!H", len(will_topic)) + will_topic +
+                struct.pack("!H", len(will)) + will)
+        birth = encode(message("birth", self.fleet, dev, self.session, 0, {"connection": 1, **birth_body(i, self.rate_hz)}))
+        return (b"\x10" + _varint(len(body)) + body +
+                self._publish(f"edgekit/{self.fleet}/{dev}/birth".encode(), birth, 1, retain=True))
+
+    # the loop ------------------------------------------------------------------------------
+    def _send(self, i: int, data: bytes) -> None:
+        s = self._socks[i]
+        if s is None:
+            return
+        pending = self._out.get(i)
+        if pending is not None:
+            pending += data
+            return
+        try:
+            k = s.send(data)
+        except BlockingIOError:
+            k = 0
+        except OSError:
+            self._drop(i)
+            return
+        if k < len(data):
+            self._out[i] = bytearray(data[k:])
+            self._sel.modify(s, selectors.EVENT_READ | selectors.EVENT_WRITE, i)
+
+    def _drop(self, i: int) -> None:
+        s, self._socks[i] = self._socks[i], None
+        if s is not None:
+            self.lost += not self._stop.is_set()  # closed by the broker before ``stop``
+            self._out.pop(i, None)
+            self._sel.unregister(s)
+            s.close()
+
+    def _io(self, timeout: float) -> None:
+        for key, events in self._sel.select(timeout):
+            i, s = key.data, key.fileobj
+            if events & selectors.EVENT_READ:
+                try:
+                    data = s.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    data = None
+                except OSError:
+                    data = b""
+                if data == b"":
+                    self._drop(i)
+                    continue
+                if data:
+                    self.acked += len(data) // 4  # CONNACK and PUBACK: 4 bytes each on MQTT 3.1.1
+            if events & selectors.EVENT_WRITE and self._socks[i] is not None:
+                buf = self._out[i]
+                try:
+                    k = s.send(buf)
+                except BlockingIOError:
+                    k = 0
+                except OSError:
+                    self._drop(i)
+                    continue
+                del buf[:k]
+                if not buf:
+                    del self._out[i]
+                    self._sel.modify(s, selectors.EVENT_READ, i)
+
+    def _run(self) -> None:
+        period = 1.0 / self.rate_hz
+        t0 = time.monotonic()
+        opened = 0
+        sent = 0  # telemetry slots passed (device k % n, its seq k // n + 1)
+        t_send = None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            want = min(self.n, int((now - t0) * self.connect_per_s) + 1)
+            while opened < want:
+                try:
+                    s = socket.create_connection((self.host, self.port), timeout=10)
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    s.setblocking(False)
+                    self._socks[opened] = s
+                    self._sel.register(s, selectors.EVENT_READ, opened)
+                    self._send(opened, self._connect(opened))
+                except OSError:
+                    self.lost += 1
+                opened += 1
+            if opened == self.n and t_send is None:
+                t_send = time.monotonic() + 0.5  # every birth out first
+            if t_send is not None and not self._paused:
+                due = int((time.monotonic() - t_send) * self.n * self.rate_hz)
+                while sent < due:
+                    i = sent % self.n
+                    sent += 1
+                    if self._socks[i] is None:
+                        continue
+                    seq = self.seq[i] = self.seq[i] + 1
+                    head, mid, tail = self._templates[i]
+                    payload = b"%b%d%b%.6f%b" % (head, seq, mid, time.time(), tail)
+                    self._send(i, self._publish(self._topics[i], payload, seq % 65535 + 1))
+                    self.submitted += 1
+            elif t_send is not None:
+                sent = max(sent, int((time.monotonic() - t_send) * self.n * self.rate_hz))
+            self._io(min(0.002, period / 4))
+        self._close_all()
+
+    def _close_all(self) -> None:
+        for i, s in enumerate(self._socks):
+            if s is None:
+                continue
+            dev = self.names[i]
+            death = encode(message("death", self.fleet, dev, self.session, self.seq[i],
+                                   {"connection": 1, "reason": "shutdown"}))
+            self._send(i, self._publish(f"edgekit/{self.fleet}/{dev}/death".encode(), death, 65535, retain=True)
+                       + b"\xe0\x00")
+        deadline = time.monotonic() + 10
+        while self._out and time.monotonic() < deadline:
+            self._io(0.01)
+        for s in self._socks:
+            if s is not None:
+                try:
+                    s.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5  # the broker reads the death before it sees the connection end
+        while any(s is not None for s in self._socks) and time.monotonic() < deadline:
+            self._io(0.01)
+        for i in range(self.n):
+            s, self._socks[i] = self._socks[i], None
+            if s is not None:
+                self._sel.unregister(s)
+                s.close()
+        self._sel.close()
+
+    # control (any thread) ------------------------------------------------------------------
+    def start(self) -> "LightFleet":
+        self._sel = selectors.DefaultSelector()
+        self._thread = threading.Thread(target=self._run, name="edgekit-lightfleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def connected(self) -> int:
+        return sum(s is not None for s in self._socks)
+
+    def pending(self) -> int:
+        """Telemetry written and not acknowledged yet (approximate while connections are being made)."""
+        return max(0, self.submitted - (self.acked - self.connected() * 2))
+
+    def pause(self) -> None:
+        """Stop making telemetry (connections stay up)."""
+        self._paused = True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """A death per device (its stream position), then DISCONNECT."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "LightFleet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, b = n >> 7, n & 0x7F
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
