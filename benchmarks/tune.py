@@ -13,11 +13,16 @@ Reported:
 * total wall-time ratio from a cold cache: (conversions + tune's search) / (conversions + sweep's search).
 
     python benchmarks/tune.py [--workdir DIR] [--json FILE] [--models mobilenetv2,ppocr-cls]
+
+With ``--workdir`` kept from an earlier run the sweep is not measured again (its study file has every trial; its
+timings are read from ``sweep-NAME/timing.json``, written when it ran): only ``tune`` runs again, from scratch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,7 +99,18 @@ def main() -> int:
             C.log(f"{name}: exhaustive sweep (converting every recipe into {cache})")
             sweep = tune(model, "x86-cpu", out=wd / f"sweep-{name}", strategy="exhaustive",
                          on_step=lambda m: C.log("  " + m), **common)
+            timing = wd / f"sweep-{name}" / "timing.json"
+            if sweep.measured:  # measured now: its timings are kept for a later run that reuses the sweep
+                timing.write_text(json.dumps({"convert_s": sweep.convert_s, "search_s": sweep.search_s,
+                                              "loadavg_1m_at_end": C.host_info().get("loadavg_1m")}))
+            else:  # every trial came from the study: the sweep's own timings are those of the run that measured it
+                if not timing.is_file():
+                    raise SystemExit(f"{timing} is missing: remove {wd / f'sweep-{name}'} to measure the sweep again")
+                t = json.loads(timing.read_text())
+                sweep.convert_s, sweep.search_s = float(t["convert_s"]), float(t["search_s"])
+                C.log(f"{name}: the sweep came from its study (measured earlier: {sweep.search_s:.1f} s)")
             C.log(f"{name}: tune (successive halving, same conversion cache)")
+            shutil.rmtree(wd / f"tune-{name}", ignore_errors=True)  # a fresh search, never resumed
             tuned = tune(model, "x86-cpu", out=wd / f"tune-{name}", on_step=lambda m: C.log("  " + m), **common)
             by_id = {t["id"]: t for t in sweep.trials}
             best = sweep.winner

@@ -7,10 +7,11 @@ late are dropped):
 
 * before: the target's default configuration (x86-cpu: onnxruntime fp32, the profile's runner options,
   one inference worker);
-* tune: ``edge.tune.tune(objective="e2e", video=clip)`` over the target's space (the video pipeline's frame
-  rate is the objective; parity a hard constraint), budget 60 fps;
-* after: the bundle converted with the winner's overlay (``convert --tuned``), with the winner's inference
-  workers (the overlay carries runner options, not the pipeline's workers: passed as ``--infer-workers``).
+* tune: ``edge.tune.tune(objective="e2e", video=clip, fps=60)`` over the target's space: every trial runs the
+  video pipeline in realtime at 60 fps; ranked by the frames it missed (dropped, or processed past their deadline),
+  then by its median frame time; parity a hard constraint;
+* after: the bundle converted with the winner's overlay (``convert --tuned``); the overlay's inference workers are
+  recorded in the bundle and the pipeline runs with them by default (as ``edgekit run`` and the agent do).
 
 Before and after run alternately, ``--pairs`` times each (a shared host's background load hits both alike);
 reported: frames in/processed/dropped per run and the median dropped of each side.
@@ -32,16 +33,18 @@ import _common as C  # noqa: E402
 FPS = 60.0
 
 
-def realtime(bundle: Any, clip: Path, workers: int, frames: int) -> dict[str, Any]:
+def realtime(bundle: Any, clip: Path, frames: int) -> dict[str, Any]:
+    """One ``edgekit run --realtime --fps 60`` of ``bundle`` (its own inference workers: 1, or the tuned ones)."""
     from edge.video import PipelineOptions, open_source, run_pipeline
 
     with open_source(video=str(clip)) as source:
         rep = run_pipeline(bundle, source, PipelineOptions(realtime=True, budget_ms=1000.0 / FPS, budget_source="60 fps",
-                                                           infer_workers=workers, max_frames=frames))
+                                                           max_frames=frames))
     rep.raise_for_failure()
     r = rep.to_json()
     f = r["frames"]
     return {"in": f["in"], "processed": f["processed"], "dropped": f["dropped"], "late": f["late"],
+            "missed": rep.deadline_misses, "workers": r["infer_workers"],
             "dropped_by_reason": f["dropped_by_reason"], "effective_fps": r["effective_fps"],
             "bound_fps": r["bound_fps"], "bottleneck": r["bottleneck"],
             "infer_p50_ms": (r["stages"].get("infer") or {}).get("p50_ms")}
@@ -75,37 +78,43 @@ def main() -> int:
                       preprocess="yolo", precisions=args.precisions.split(","),
                       runners=args.runners.split(",") if args.runners else None, time_budget_s=args.time_budget,
                       pictures=False, on_step=lambda m: C.log("  " + m))
-        print(C.table(["configuration", "status", "parity", "fps", "p50 ms", "p99 ms"],
-                      [[r["configuration"], r["status"], r["parity"], C.f(r["fps"], 1), C.f(r["p50_ms"]),
-                        C.f(r["p99_ms"])]
-                       for r in (row(t) for t in sorted(result.trials, key=lambda t: (t["result"] or {}).get(
-                           "score", float("inf"))))],
-                      title=f"\ntune e2e: {result.summary()}"))
+        def rank(t: dict[str, Any]) -> tuple[float, float]:
+            res = t["result"] or {}
+            return (res.get("missed", 1e9) or 0) / (res.get("frames") or 1), res.get("score", float("inf"))
+
+        print(C.table(["configuration", "status", "parity", "missed at 60 fps", "fps", "p50 ms", "p99 ms", "measured at"],
+                      [[r["configuration"], r["status"], r["parity"], r["missed"] or "-", C.f(r["fps"], 1),
+                        C.f(r["p50_ms"]), C.f(r["p99_ms"]), r["measured"]]
+                       for r in (row(t) for t in sorted(result.trials, key=rank)) if r["measured"]],
+                      title=f"\ntune e2e (measured trials; {result.measured} measurements in {result.search_s:.0f} s, "
+                            f"{result.converted} conversions in {result.convert_s:.0f} s): {result.summary()}"))
         if result.winner is None:
             print("no configuration passed parity: nothing to compare")
             return 1
         workers = int(result.winner["workers"])
         after = convert(model, "x86-cpu", wd / "tuned", tuned=result.overlay_path, preprocess="yolo", force=True,
                         calib="random")
-        C.log(f"tuned: {result.applied}; infer workers {workers}")
+        C.log(f"tuned: {result.applied}; the bundle records {after.info.tuned.infer_workers} inference workers")
         runs: dict[str, list[dict[str, Any]]] = {"default": [], "tuned": []}
         for i in range(args.pairs):
-            for side, b, w in (("default", before, 1), ("tuned", after, workers))[::1 if i % 2 == 0 else -1]:
-                runs[side].append(realtime(b, clip, w, args.frames))
+            for side, b in (("default", before), ("tuned", after))[::1 if i % 2 == 0 else -1]:
+                runs[side].append(realtime(b, clip, args.frames))
                 r = runs[side][-1]
-                C.log(f"  {side} run {len(runs[side])}: processed {r['processed']}/{r['in']}, dropped {r['dropped']} "
+                C.log(f"  {side} run {len(runs[side])} ({r['workers']} workers): processed {r['processed']}/{r['in']}, "
+                      f"missed {r['missed']}, dropped {r['dropped']} "
                       f"{r['dropped_by_reason']}, {r['effective_fps']:.1f} fps (bound {r['bound_fps']:.1f}, "
                       f"{r['bottleneck']})")
         rows = []
         for side, label in (("default", f"{before.info.runner.name} {before.precision} (profile defaults), 1 worker"),
                             ("tuned", f"{result.winner['label']}")):
             rs = runs[side]
-            rows.append([side, label, " ".join(str(r["dropped"]) for r in rs),
-                         statistics.median(r["dropped"] for r in rs),
+            rows.append([side, label, rs[0]["workers"], " ".join(str(r["dropped"]) for r in rs),
+                         statistics.median(r["dropped"] for r in rs), " ".join(str(r["missed"]) for r in rs),
                          statistics.median(r["processed"] for r in rs), rs[0]["in"],
                          C.f(statistics.median(r["bound_fps"] for r in rs), 1),
                          C.f(statistics.median(r["infer_p50_ms"] or 0 for r in rs))])
-        print(C.table(["side", "configuration", "dropped per run", "median dropped", "median processed", "frames",
+        print(C.table(["side", "configuration", "workers", "dropped per run", "median dropped",
+                       "missed per run (dropped + late)", "median processed", "frames",
                        "bound fps", "infer p50 ms"], rows,
                       title=f"\n640x480 clip at {FPS:.0f} fps realtime, {args.pairs} alternated runs per side"))
         print("\n" + C.host_line(info))

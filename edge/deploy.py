@@ -190,7 +190,11 @@ def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | N
                       objective=opts.objective, budget_ms=budget_ms, fps=fps, max_trials=opts.max_trials,
                       time_budget_s=opts.time_budget_s, calib=convert_kwargs.get("calib"), video=opts.video,
                       study=opts.study, strategy=opts.strategy, runners=opts.runners, precisions=precisions,
-                      threads=opts.threads, schedule=opts.schedule, parity_samples=opts.parity_samples,
+                      threads=opts.threads, schedule=opts.schedule,
+                      # the trials are gated as this deploy's conversion will be: its samples, inputs and task
+                      parity_samples=convert_kwargs.get("parity_samples", opts.parity_samples),
+                      parity_data=convert_kwargs.get("parity_data"), task=convert_kwargs.get("task", "auto"),
+                      freeze=convert_kwargs.get("freeze"),
                       targets_dir=convert_kwargs.get("targets_dir", ()), pictures=opts.pictures,
                       input_shapes=convert_kwargs.get("input_shapes"),
                       preprocess=convert_kwargs.get("preprocess", "imagenet"),

@@ -11,11 +11,14 @@ recipe and runner options, pruned with reasons. Each trial converts through the 
 parity is a hard constraint: the conversion's gate and the trial's own runner options on the bundle's
 reference pairs must both pass, and a trial that fails is reported, never chosen. The objective is
 measured as ``bench`` measures it (only ``infer`` timed) in interleaved repetitions, the score being
-the median of the repetitions' medians (``e2e``: the video pipeline's frame rate over ``video``).
+the median of the repetitions' medians. ``e2e`` runs the video pipeline over ``video`` as ``edgekit run --realtime``
+does, frames fed at the target rate (``fps``/``budget_ms``, else the video's own): a trial ranks by the share of
+frames it missed (dropped, or processed past their deadline), then by its median frame time; the video pipeline's
+inference workers are part of its space and of the overlay.
 
 Search: successive halving (default) — every trial gets a short measurement, the best third goes on to a
-longer one, until at most ``eta`` remain, which are measured as the exhaustive sweep measures every
-trial (``strategy="exhaustive"``). Every finished measurement is written to the study file at once, so an
+longer one, until ``eta`` finalists remain, which get as many samples as the exhaustive sweep gives every
+trial (``strategy="exhaustive"``), in short blocks (``Schedule.final``). Every finished measurement is written to the study file at once, so an
 interrupted or repeated run resumes: conversions and measurements in it are not done again.
 """
 
@@ -32,11 +35,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from edge.errors import EdgeError
-from edge.tune_measure import MAX_OPEN, SHORT_REPS, _combine_parity, _measure_chunk, _Pool, _score
+from edge.tune_measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, _combine_parity,
+                               _measure_chunk, _Pool, _score, missed_share, rank_key)
 from edge.tune_space import OBJECTIVES, Config, Space, build_space
 
 STUDY_VERSION = 1
+#: e2e: the share of frames a configuration may miss at the target rate and still count as holding it (the p99
+#: rule of ``edgekit bench`` and ``run``)
+E2E_MISS_TOLERANCE = 0.01
 STRATEGIES = ("halving", "exhaustive")
+#: inferences per timed block of the finalists' measurement after successive halving (Schedule.final)
+FINAL_BLOCK = 10
 Say = Callable[[str], None]
 
 
@@ -50,14 +59,29 @@ class Schedule:
     warmup: int = 5
     eta: int = 3
 
-    def rungs(self, n: int) -> list[tuple[int, int]]:
+    def rungs(self, n: int, objective: str = "latency") -> list[tuple[int, int]]:
         """(reps, iters) per rung of successive halving for ``n`` trials; the last is the full measurement."""
         rounds = max(0, math.ceil(math.log(max(n, 1) / self.eta, self.eta))) if n > self.eta else 0
         full = self.reps * self.iters
-        # a short rung takes 1/eta of the next one's samples (at least 12), in 6 repetitions: finely interleaved,
-        # so a burst of background load hits every trial of the rung alike
-        return [(SHORT_REPS, max(2, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
-                for k in range(rounds)] + [(self.reps, self.iters)]
+        if objective == "e2e":
+            # realtime: a repetition lasts frames/fps whatever the configuration, and frames are dropped only once
+            # a queue has filled: few, long repetitions (at least MIN_E2E_FRAMES frames each)
+            return [(E2E_SHORT_REPS, max(MIN_E2E_FRAMES, math.ceil(full / self.eta ** (rounds - k) / E2E_SHORT_REPS)))
+                    for k in range(rounds)] + [(self.reps, self.iters)]
+        # a short rung takes 1/eta of the next one's samples (at least 12), in SHORT_REPS repetitions of blocks
+        # long enough to measure a warm runtime (edge.tune_measure.SHORT_BLOCK)
+        short = [(SHORT_REPS, max(SHORT_BLOCK, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
+                 for k in range(rounds)]
+        return short + [self.final(rounds > 0)]
+
+    def final(self, halving: bool = True) -> tuple[int, int]:
+        """(reps, iters) of the full measurement. After halving the few finalists take the same samples in blocks
+        of at most FINAL_BLOCK inferences: near-equals are decided there, and with short blocks one rotation
+        through them is short, so a burst of background load (on a shared host, seconds long) hits each alike
+        (a 5x40 final on a loaded 2-core host once ranked two configurations 15% apart head to head the wrong way)."""
+        if not halving or self.iters <= FINAL_BLOCK:
+            return self.reps, self.iters
+        return math.ceil(self.reps * self.iters / FINAL_BLOCK), FINAL_BLOCK
 
 
 @dataclass
@@ -97,6 +121,9 @@ class TuneResult:
         res = self.winner.get("result") or {}
         figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", " fps"))
                          if isinstance(res.get(k), (int, float)))
+        if isinstance(res.get("missed"), int):
+            figs += (f", {res['missed']} of {res.get('frames')} frames missed at {res.get('pace_fps') or 0:.4g} fps "
+                     f"({res.get('dropped')} dropped, {res.get('late')} late)")
         where = "on the target's device class" if self.device_class.get("same") else "NOT on the target's device class"
         return f"{head}; chosen {self.winner['label']} ({figs}), measured {where}"
 
@@ -116,7 +143,8 @@ class TuneResult:
 @dataclass(frozen=True)
 class TuneOptions:
     """How ``deploy(..., tune=...)`` tunes before it converts (``tune=True``: these defaults). The model, target,
-    calibration, input shapes, pre-processing and budget are deploy's own; ``out`` defaults to
+    calibration, input shapes, pre-processing, parity data, task and budget are deploy's own (and its
+    ``parity_samples`` when it is given one: the trials are gated as its conversion will be); ``out`` defaults to
     ``<build_dir>-tune``. ``precisions`` defaults to deploy's ``precision`` when one is given."""
 
     objective: str = "latency"
@@ -140,10 +168,15 @@ def calib_identity(calib: str | os.PathLike[str] | None) -> str | None:
     """What the calibration data is, for the recipe key: 'random', or a digest of the files' names, sizes, times."""
     if calib is None or str(calib) == "random":
         return None if calib is None else "random"
-    p = Path(calib)
+    return data_identity(calib, "calibration data")
+
+
+def data_identity(data: str | os.PathLike[str], what: str = "data") -> str:
+    """A digest of a file's or directory's files (names, sizes, modification times), for the recipe key."""
+    p = Path(data)
     files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
     if not files:
-        raise EdgeError(f"calibration data {p} does not exist or is empty")
+        raise EdgeError(f"{what} {p} does not exist or is empty")
     h = hashlib.sha256()
     for f in files:
         st = f.stat()
@@ -242,6 +275,11 @@ def _record_problem(tid: Any, rec: Any) -> str | None:
         if not isinstance(reps, list) or not reps or not all(isinstance(x, (int, float)) and math.isfinite(x)
                                                               for x in reps):
             return f"rungs.{name}.rep_scores: expected a list of finite numbers"
+        for key in ("rep_missed", "rep_frames"):  # e2e: frames missed and frames fed, per repetition
+            got = r.get(key, [0] * len(reps))
+            if not isinstance(got, list) or len(got) != len(reps) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+                return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
     par = rec.get("parity")
     if par is not None and (not isinstance(par, dict) or par.get("passed") not in (True, False, None)):
         return "parity.passed must be true, false or null"
@@ -280,12 +318,14 @@ def _ranked(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, 
 
     def within(r: dict[str, Any]) -> bool:
         m = r["rungs"][rung]
+        if objective == "e2e":  # the budget is the pace: within it when (almost) no frame was missed
+            return missed_share(m) <= E2E_MISS_TOLERANCE
         if budget_ms is None:
             return True
         if objective == "latency":
             return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
         return -_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
-    return sorted(ok, key=lambda r: (not within(r), _score(objective, r["rungs"][rung]["rep_scores"]), r["id"]))
+    return sorted(ok, key=lambda r: (not within(r), rank_key(objective, r["rungs"][rung]), r["id"]))
 
 
 def choose(trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
@@ -318,12 +358,16 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
          threads: Sequence[int] | None = None, schedule: Schedule | None = None, cache: str | os.PathLike[str] | None = None,
          parity_samples: int = 32, targets_dir: Iterable[str | os.PathLike[str]] = (), pictures: bool = True,
          input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
-         letterbox: bool | None = None, on_step: Say | None = None) -> TuneResult:
+         letterbox: bool | None = None, on_step: Say | None = None,
+         parity_data: str | os.PathLike[str] | None = None, task: str = "auto",
+         freeze: Mapping[str, str] | None = None) -> TuneResult:
     """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring.
 
     ``out``: where the overlay (``tuned.toml``), ``study.json`` (unless ``study``), ``pareto.html``/``.png`` and
     the conversion cache (``cache/``, unless ``cache``) go. ``video``: required for ``objective="e2e"``.
-    ``input_shapes``, ``preprocess``, ``letterbox``: as ``convert`` takes them (part of the recipe key)."""
+    ``input_shapes``, ``preprocess``, ``letterbox``, ``freeze``, ``parity_data``, ``task``: as ``convert`` takes them
+    (part of the recipe key): every trial is the model and is gated on the inputs and by the task the conversion of
+    the winner will be."""
     from edge.bundle import sha256_file
     from edge.capabilities import current_host
     from edge.pipeline import open_source
@@ -361,9 +405,22 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     # a budget the user gave ranks the trials within it first; the profile's default is reported, not ranked on
     # (a short rung's p99 is the worst of a few samples: ranking on it would eliminate on noise)
     rank_budget = budget if (fps is not None or budget_ms is not None) else None
+    # e2e runs as `edgekit run --realtime` runs: frames fed at the rate asked for, else at the video's own
+    pace_fps = 1000.0 / rank_budget if (objective == "e2e" and rank_budget) else None
     calib_id = calib_identity(calib)
-    source = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
-              "preprocess": preprocess, "letterbox": letterbox}
+    from edge.tasks import TASK_CHOICES
+
+    if task not in TASK_CHOICES:
+        raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
+    source: dict[str, Any] = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
+                              "preprocess": preprocess, "letterbox": letterbox}
+    if task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
+        source["task"] = task
+    if freeze:
+        source["freeze"] = {str(k): str(v) for k, v in freeze.items()}
+    if parity_data is not None:  # the key holds what the files are, the conversion reads them
+        source["parity_data"] = str(parity_data)
+    keyed = {**source, "parity_data": data_identity(parity_data, "parity data")} if parity_data is not None else source
     space = build_space(profile, objective=objective, calibrated=calib is not None, video=video_path is not None,
                         runners=runners, precisions=precisions, threads=threads, targets_dir=targets_dir)
     out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{profile.name}-tune"
@@ -374,6 +431,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     host = _host()
     header = {"model_sha256": model_sha, "target": profile.name, "objective": objective, "strategy": strategy,
               "video": video_path.name if video_path else None, "host": host}
+    if objective == "e2e":  # measured at a rate: another rate's measurements do not compare
+        header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
     stored = _load_study(study_path, header)
     configs = _priority(space)
     notes = list(space.notes)
@@ -399,7 +458,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     bundles: dict[str, Any] = {}
     converted = 0
     t_conv = time.perf_counter()
-    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, source) for c in configs}
+    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, keyed) for c in configs}
     for c in configs:
         rec, key = recs[c.id], keys[c.id]
         rec["recipe_key"] = key
@@ -441,7 +500,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     # measurement: successive halving, or every trial at full length
     t_search = time.perf_counter()
     alive = [c for c in configs if "bundle" in recs[c.id]]
-    rungs = sched.rungs(len(alive)) if strategy == "halving" else [(sched.reps, sched.iters)]
+    rungs = sched.rungs(len(alive), objective) if strategy == "halving" else [(sched.reps, sched.iters)]
     measured = 0
     pool = _Pool()
     try:
@@ -457,16 +516,21 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 break
             todo = [c for c in alive if name not in recs[c.id]["rungs"]]
             say(f"measuring {len(alive)} trials, {reps} interleaved repetitions of {iters} "
-                f"{'frames' if video_path else 'inferences'}" + (f" ({len(alive) - len(todo)} from the study)"
+                f"{'frames in realtime' if video_path else 'inferences'}" + (f" ({len(alive) - len(todo)} from the study)"
                                                                   if len(todo) < len(alive) else ""))
             for i in range(0, len(todo), MAX_OPEN):
                 chunk = todo[i:i + MAX_OPEN]
+                # the first of several latency/throughput rungs eliminates most trials: their own reference checks
+                # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
                 measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters, sched.warmup,
-                                           video_path, budget, pool)
+                                           video_path, budget, pool, pace_fps,
+                                           check=not (k == 0 and len(rungs) > 1 and video_path is None))
                 _save_study(study_path, header, recs)
             last = k == len(rungs) - 1
             ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
-            keep = ranked if last else ranked[:max(1, math.ceil(len(alive) / sched.eta))]
+            # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise
+            # must not leave it only two to choose from
+            keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
             kept = {r["id"] for r in keep}
             for c in alive:
                 rec = recs[c.id]
@@ -489,7 +553,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     winner = choose(trials, rank_budget, objective)
     for t in trials:
         best = _best_rung(t)
-        t["result"] = {"rung": best, **{k: v for k, v in t["rungs"][best].items() if k != "rep_scores"},
+        t["result"] = {"rung": best, **{k: v for k, v in t["rungs"][best].items() if not k.startswith("rep_")},
                        "score": _score(objective, t["rungs"][best]["rep_scores"])} if best else None
     if winner is not None:
         winner["status"] = "chosen"
@@ -515,6 +579,9 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                  "same_device_class": same, "device_class": why,
                  "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
                  "parity_error": (winner.get("parity") or {}).get("error"), "size_bytes": winner.get("size_bytes")}
+        if objective == "e2e":
+            tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
+                          "frames": res.get("frames")})
         overlay = space.overlay(profile, cfg, tuned=tuned)
         from edge.tuned import write_overlay
 

@@ -15,17 +15,21 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.tune_space import Config
+from edge.tune_space import OBJECTIVES, Config
 
 #: runners open at once while interleaving (memory: each holds a compiled model)
 MAX_OPEN = 16
-#: repetitions of a short (not the last) rung of successive halving
-SHORT_REPS = 6
+#: repetitions of a short (not the last) rung of successive halving: few, with blocks of at least
+#: SHORT_BLOCK inferences. Measured on the PP-OCR classifier's trials, 16 interleaved on a loaded 2-core host:
+#: 6 repetitions of 2 calls (1 untimed first) ranked them against 5x40 with Spearman 0.60-0.70 and medians 1.8-4.7x
+#: the warm ones; 2 repetitions of 6 calls (3 untimed first) with 0.91 and 0.99-1.5x, in less wall time
+SHORT_REPS = 2
+SHORT_BLOCK = 6
 #: untimed inferences before each trial's timed block of a repetition: after the other trials' turns the
 #: runtime's worker threads may sleep and its weights left the cache (seen in benchmarks/tune.py without it: the
 #: PP-OCR classifier on OpenVINO, 0.48 ms median in 40-call blocks, measured 6 ms in 2-call blocks), which would
 #: rank trials by wake-up time, not by latency
-SETTLE = 1
+SETTLE = 3
 #: runners kept open between rungs while the memory they added stays under this (MB)
 KEEP_OPEN_MB = 1024.0
 
@@ -40,13 +44,48 @@ def _rss_mb() -> float:
         return peak_rss_mb()
 
 
+#: video frames per repetition of an ``e2e`` measurement, at least: dropping is a queue's behaviour, which a
+#: handful of frames at the target rate does not show (the first frames find every queue empty)
+MIN_E2E_FRAMES = 30
+#: repetitions of a short ``e2e`` rung: each is ``frames / fps`` seconds of wall time whatever the configuration
+E2E_SHORT_REPS = 2
+
+
 def _score(objective: str, rep_scores: Sequence[float]) -> float:
-    """Lower is better: latency in ms; throughput and e2e as negative frames per second."""
+    """Lower is better: the median of the repetitions' scores, whose unit the objective sets (``latency``: the
+    repetition's median inference in ms; ``throughput``: minus its inferences per second; ``e2e``: its median
+    frame time in ms, decode to post-processing, at the target rate in realtime pacing). For ``e2e`` the frames
+    missed come first: :func:`rank_key`."""
+    if objective not in OBJECTIVES:
+        raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
+    if objective == "e2e" and any(x < 0 for x in rep_scores):
+        # a study written before e2e ran at the target rate stored minus the frame rate: not comparable
+        raise EdgeError("e2e repetition scores are frame times in ms (>= 0); got a negative one",
+                        hint="remove the study file written by an older edgekit to measure again")
     return float(np.median(rep_scores))
 
 
-def _open(rec: dict[str, Any], bundle: Any, cfg: Config) -> tuple[Any, dict[str, np.ndarray]]:
-    from edge.refpairs import check_reference_pairs, load_reference_pairs
+def missed_share(rung: Mapping[str, Any]) -> float:
+    """``e2e``: the median over repetitions of the share of frames missed at the target rate (dropped, or
+    processed past their deadline); 0 for a rung without that record."""
+    missed, frames = rung.get("rep_missed"), rung.get("rep_frames")
+    if not isinstance(missed, list) or not isinstance(frames, list) or not missed or len(missed) != len(frames):
+        return 0.0
+    return float(np.median([m / max(1, f) for m, f in zip(missed, frames)]))
+
+
+def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
+    """How a measured rung ranks, lower first: ``e2e`` by the share of frames missed at the target rate
+    (a configuration that misses frames loses to one that does not), then by :func:`_score`; the other
+    objectives by :func:`_score` alone."""
+    score = _score(objective, rung["rep_scores"])
+    return (missed_share(rung) if objective == "e2e" else 0.0, score)
+
+
+def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True) -> tuple[Any, dict[str, np.ndarray]]:
+    """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
+    the trial's own reference check too (:func:`_check`)."""
+    from edge.refpairs import load_reference_pairs
     from edge.bench import random_feeds
 
     before = _rss_mb()
@@ -63,13 +102,21 @@ def _open(rec: dict[str, Any], bundle: Any, cfg: Config) -> tuple[Any, dict[str,
         rec["memory_mb"] = round(max(0.0, _rss_mb() - before), 1)
         info = runner.info.to_json()
         rec["runtime"] = {k: info.get(k) for k in ("runtime", "device_used", "precision_used", "threads", "fallback")}
-        if rec.get("parity") is None or rec["parity"].get("trial") is None:
-            check = check_reference_pairs(bundle, runner)
-            _merge_parity(rec, check)
+        if check:
+            _check(rec, bundle, runner)
     except BaseException:
         runner.close()
         raise
     return runner, feeds
+
+
+def _check(rec: dict[str, Any], bundle: Any, runner: Any) -> None:
+    """The trial's own reference check (its runner options on the bundle's reference pairs), unless done (in this
+    run or the study)."""
+    from edge.refpairs import check_reference_pairs
+
+    if rec.get("parity") is None or rec["parity"].get("trial") is None:
+        _merge_parity(rec, check_reference_pairs(bundle, runner))
 
 
 def _merge_parity(rec: dict[str, Any], check: Mapping[str, Any]) -> None:
@@ -138,9 +185,12 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
 
 
 def _measure_video(items: Sequence[tuple[str, Any, Config]], video: Path, reps: int, frames: int,
-                   budget_ms: float | None) -> dict[str, dict[str, Any]]:
+                   budget_ms: float | None, pace_fps: float | None = None) -> dict[str, dict[str, Any]]:
     """``e2e``: the video pipeline (decode, pre-processing, inference, post-processing) over the first ``frames``
-    frames of ``video``, as fast as it goes; each repetition runs every trial once, in rotated order."""
+    frames of ``video`` as ``edgekit run --realtime`` runs it: frames fed at ``pace_fps`` (default: the video's
+    own rate, else the budget's), a frame that would be late dropped. Each repetition runs every trial once, in
+    rotated order. Per repetition: the median frame time (the score), and the frames missed at that rate
+    (dropped for time, or processed late)."""
     from edge.video import PipelineOptions, open_source, run_pipeline
 
     runs: dict[str, list[Any]] = {n: [] for n, _, _ in items}
@@ -149,14 +199,24 @@ def _measure_video(items: Sequence[tuple[str, Any, Config]], video: Path, reps: 
         for n, bundle, cfg in list(items[rot:]) + list(items[:rot]):
             with open_source(video=str(video)) as source:
                 rep = run_pipeline(bundle, source, PipelineOptions(
-                    max_frames=frames, runner_options=dict(cfg.options), infer_workers=cfg.workers, warmup=2,
-                    budget_ms=budget_ms))
+                    realtime=True, source_fps=pace_fps, max_frames=frames, runner_options=dict(cfg.options),
+                    infer_workers=cfg.workers, warmup=2, budget_ms=budget_ms,
+                    budget_source="tune" if budget_ms else "none"))
             rep.raise_for_failure()
             runs[n].append(rep)
     out = {}
     for n, reports in runs.items():
         e2e = [x.e2e for x in reports if x.e2e is not None]
-        out[n] = {"reps": reps, "iters": frames, "rep_scores": [round(-x.effective_fps, 3) for x in reports],
+        # a repetition that processed nothing scores its whole length: it lost every frame
+        scores = [round(x.e2e.p50_ms, 4) if x.e2e is not None else round(1000.0 * frames / (x.pace_fps or 1.0), 4)
+                  for x in reports]
+        missed = [int(x.deadline_misses) for x in reports]
+        out[n] = {"reps": reps, "iters": frames, "rep_scores": scores,
+                  "rep_missed": missed, "rep_frames": [int(x.frames_in) for x in reports],
+                  "dropped": int(np.median([x.dropped_total for x in reports])),
+                  "late": int(np.median([x.late for x in reports])),
+                  "missed": int(np.median(missed)), "frames": int(np.median([x.frames_in for x in reports])),
+                  "pace_fps": round(reports[0].pace_fps, 3) if reports[0].pace_fps else None,
                   "p50_ms": round(float(np.median([s.p50_ms for s in e2e])), 4) if e2e else None,
                   "p99_ms": round(float(np.median([s.p99_ms for s in e2e])), 4) if e2e else None,
                   "fps": round(float(np.median([x.effective_fps for x in reports])), 2)}
@@ -171,11 +231,17 @@ class _Pool:
         self.open: dict[str, tuple[Any, dict[str, np.ndarray], float]] = {}
         self.cap_mb = cap_mb
 
-    def get(self, rec: dict[str, Any], bundle: Any, cfg: Config) -> tuple[Any, dict[str, np.ndarray]]:
+    def get(self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True) -> tuple[Any, dict[str, np.ndarray]]:
         if cfg.id not in self.open:
-            runner, feeds = _open(rec, bundle, cfg)
+            runner, feeds = _open(rec, bundle, cfg, check=check)
             self.open[cfg.id] = (runner, feeds, float(rec.get("memory_mb") or 0.0))
         runner, feeds, _ = self.open[cfg.id]
+        if check:  # opened unchecked for an earlier rung: checked now that it may be chosen
+            try:
+                _check(rec, bundle, runner)
+            except BaseException:
+                self.close([cfg.id])
+                raise
         return runner, feeds
 
     def close(self, ids: Iterable[str]) -> None:
@@ -197,13 +263,16 @@ class _Pool:
 
 def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
                    keys: Mapping[str, str], name: str, objective: str, reps: int, iters: int, warmup: int,
-                   video: Path | None, budget_ms: float | None, pool: _Pool) -> int:
-    """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured."""
+                   video: Path | None, budget_ms: float | None, pool: _Pool, pace_fps: float | None = None,
+                   check: bool = True) -> int:
+    """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
+    ``check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
+    still holds: a trial that failed it is never chosen)."""
     opened: dict[str, tuple[Any, dict[str, np.ndarray]]] = {}
     for c in chunk:
         rec = recs[c.id]
         try:
-            opened[c.id] = pool.get(rec, bundles[keys[c.id]], c)
+            opened[c.id] = pool.get(rec, bundles[keys[c.id]], c, check=check)
         except EdgeError as e:
             rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
             rec.setdefault("parity", {})["passed"] = None
@@ -214,9 +283,9 @@ def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bun
     else:
         pool.close(opened)  # the pipeline opens its own runners
         items = [(cid, bundles[keys[cid]], next(c for c in chunk if c.id == cid)) for cid in opened]
-        got = _measure_video(items, video, reps, iters, budget_ms)
+        got = _measure_video(items, video, reps, iters, budget_ms, pace_fps)
     for cid, m in got.items():
         recs[cid]["rungs"][name] = m
     # over the memory bound: the chunk's worst close first (the best are the likely survivors)
-    pool.keep_within(sorted(got, key=lambda cid: -_score(objective, got[cid]["rep_scores"])))
+    pool.keep_within(sorted(got, key=lambda cid: rank_key(objective, got[cid]), reverse=True))
     return len(got)

@@ -1,6 +1,7 @@
 """What ``edgekit tune`` shows: the table rows, the Pareto front, a self-contained HTML page and a PNG.
 
-The Pareto front is over the trials that passed parity: a trial is on it when no other trial is at least as
+The Pareto front is over the trials that passed parity, their own reference check included (a trial eliminated
+by the first rung of successive halving before that check ran is left out): a trial is on it when no other trial is at least as
 good on latency (p50), parity error (1 - worst output cosine on the reference pairs) and artifact size, and
 better on one. The HTML page draws it as inline SVG (no script, no network); the PNG needs matplotlib
 (``pip install 'edgekit-ml[tune]'``), imported only here.
@@ -14,25 +15,35 @@ from typing import Any, Mapping, Sequence
 
 
 def row(t: Mapping[str, Any]) -> dict[str, Any]:
-    """One table row: configuration, status, size, parity, p50/p99, fps, memory."""
+    """One table row: configuration, status, size, parity, p50/p99, fps, memory; for ``e2e`` also the frames
+    missed at the target rate (``missed``: "D dropped + L late / N" per repetition's median)."""
     res = t.get("result") or {}
     par = t.get("parity") or {}
     passed = par.get("passed")
     parity = "pass" if passed is True else "FAIL" if passed is False else "-"
     if par.get("error") is not None:
         parity += f" ({par['error']:.1e})"
+    elif passed is True and par.get("trial") is None:  # eliminated before its own reference check ran
+        parity += " (gate)"
     size = t.get("size_bytes")
     return {"configuration": t.get("label") or t.get("id"), "status": t.get("status", ""),
             "size_mb": round(size / 1e6, 2) if isinstance(size, (int, float)) else None, "parity": parity,
             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-            "memory_mb": t.get("memory_mb"), "measured": res.get("rung")}
+            "memory_mb": t.get("memory_mb"), "measured": res.get("rung"), "dropped": res.get("dropped"),
+            "late": res.get("late"), "missed": _missed(res)}
+
+
+def _missed(res: Mapping[str, Any]) -> str | None:
+    if not isinstance(res.get("missed"), int):
+        return None
+    return f"{res.get('dropped')} dropped + {res.get('late')} late / {res.get('frames')}"
 
 
 def _metrics(t: Mapping[str, Any]) -> tuple[float, float, float] | None:
     res = t.get("result") or {}
     par = t.get("parity") or {}
-    if par.get("passed") is not True or res.get("p50_ms") is None:
-        return None
+    if par.get("passed") is not True or res.get("p50_ms") is None or par.get("trial") is None:
+        return None  # (no trial check: eliminated early, its parity error on its own runner options is unknown)
     return float(res["p50_ms"]), float(par.get("error") or 0.0), float(t.get("size_bytes") or 0)
 
 
@@ -101,6 +112,8 @@ def write_html(path: Path, result: Any) -> Path:
     e = html.escape
     rows = [row(t) for t in result.trials]
     cols = ["configuration", "status", "size_mb", "parity", "p50_ms", "p99_ms", "fps", "memory_mb", "measured"]
+    if result.objective == "e2e":
+        cols.insert(4, "missed")
     table = "".join("<tr>" + "".join(f"<td>{e('' if r[c] is None else str(r[c]))}</td>" for c in cols) + "</tr>"
                     for r in rows)
     win = result.winner

@@ -107,6 +107,8 @@ class Space:
     convert_options: dict[str, dict[str, Any]]  # runner -> its converter's base options on this target
     run_options: dict[str, dict[str, Any]]  # runner -> its base runner options on this target
     notes: list[str] = field(default_factory=list)
+    #: the space was built for the video pipeline (objective e2e): an overlay then carries the inference workers
+    video: bool = False
 
     def base_profile(self, profile: Any, cfg: Config) -> Any:
         """``profile`` set up to convert ``cfg`` (its runner, chain and recipe; the base runner options)."""
@@ -123,7 +125,8 @@ class Space:
             run_opts.update(dict(cfg.options))
         return TunedOverlay(target=profile.name, precision=cfg.bundle_precision, runner=cfg.runner, chain=(conv,),
                             convert_options={conv: {**self.convert_options[cfg.runner], **dict(cfg.recipe)}},
-                            run_options=run_opts, tuned=dict(tuned))
+                            run_options=run_opts, tuned=dict(tuned),
+                            infer_workers=cfg.workers if (with_knobs and self.video) else None)
 
 
 def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
@@ -212,7 +215,7 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
     thread_values = tuple(threads) if threads else THREADS
     if any(not isinstance(t, int) or t < 1 for t in thread_values):
         raise EdgeError(f"threads must be integers >= 1, got {list(thread_values)}")
-    space = Space([], [], {}, {})
+    space = Space([], [], {}, {}, video=video)
     for runner in serving:
         if runner not in SPACES:
             space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")

@@ -11,6 +11,8 @@ An overlay is a small TOML file (written by :func:`write_overlay`, read by :func
     ...
     [run.options]                 # replaces the profile's runner options
     ...
+    [video]                       # --objective e2e only: the video pipeline's inference workers, recorded in the
+    infer_workers = 2             # bundle (manifest tuned.infer_workers); `edgekit run` and the agent use it
     [tuned]                       # where and how it was measured: informational, never applied
     same_device_class = false
     device_class = "different device class: ..."
@@ -39,7 +41,9 @@ from edge.errors import TargetError
 
 OVERLAY_VERSION = 1
 MAX_BYTES = 64 * 1024
-_TOP = {"schema_version", "target", "precision", "runner", "chain", "convert", "run", "tuned"}
+_TOP = {"schema_version", "target", "precision", "runner", "chain", "convert", "run", "video", "tuned"}
+#: the most inference workers an overlay may ask the video pipeline for (the manifest's limit)
+MAX_WORKERS = 64
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,17 @@ class TunedOverlay:
     run_options: Mapping[str, Any]
     tuned: Mapping[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    #: the video pipeline's inference workers (tuned with --objective e2e); None: not part of the overlay
+    infer_workers: int | None = None
 
     def to_toml_dict(self) -> dict[str, Any]:
-        return {"schema_version": OVERLAY_VERSION, "target": self.target, "precision": self.precision,
-                "runner": self.runner, "chain": list(self.chain),
-                "convert": {"options": {k: dict(v) for k, v in self.convert_options.items()}},
-                "run": {"options": dict(self.run_options)}, "tuned": dict(self.tuned)}
+        d = {"schema_version": OVERLAY_VERSION, "target": self.target, "precision": self.precision,
+             "runner": self.runner, "chain": list(self.chain),
+             "convert": {"options": {k: dict(v) for k, v in self.convert_options.items()}},
+             "run": {"options": dict(self.run_options)}, "tuned": dict(self.tuned)}
+        if self.infer_workers is not None:  # absent otherwise: an overlay without it hashes as it always did
+            d["video"] = {"infer_workers": self.infer_workers}
+        return d
 
     def content_sha256(self) -> str:
         """What the overlay applies and records, hashed: sha256 of its canonical JSON (sorted keys, no spaces),
@@ -81,6 +90,8 @@ class TunedOverlay:
         host = {"os": t.get("os", os_), "arch": t.get("arch", arch), "cpu": t.get("cpu", ""),
                 "isa": t.get("isa", []), "cpus": t.get("cpus")}
         rec: dict[str, Any] = {"overlay_sha256": self.content_sha256()}
+        if self.infer_workers is not None:  # applied, not informational: validated when the overlay was read
+            rec["infer_workers"] = self.infer_workers
         fields = {"configuration": t.get("configuration"), "objective": t.get("objective"),
                   "tuned_on": {k: v for k, v in host.items() if v not in (None, "")},
                   "same_device_class": t.get("same_device_class"), "device_class": t.get("device_class"),
@@ -101,7 +112,9 @@ class TunedOverlay:
         conv = "; ".join(f"{c}: " + ", ".join(f"{k}={_show(v)}" for k, v in sorted(o.items()))
                          for c, o in self.convert_options.items() if o)
         return (f"{self.runner} {self.precision} via {' -> '.join(self.chain)}; runner options {opts or 'none'}"
-                + (f"; convert options {conv}" if conv else ""))
+                + (f"; convert options {conv}" if conv else "")
+                + (f"; video pipeline: {self.infer_workers} inference worker{'s' if self.infer_workers != 1 else ''}"
+                   if self.infer_workers is not None else ""))
 
 
 def _show(v: Any) -> str:
@@ -162,6 +175,13 @@ def overlay_problems(raw: Mapping[str, Any]) -> list[str]:
         found.append(f"runner: unknown runner {raw['runner']!r} (installed: {', '.join(RUNNERS.names())})")
     if "tuned" in raw and not isinstance(raw["tuned"], dict):
         found.append("tuned: expected a table")
+    video = raw.get("video", {})
+    if not isinstance(video, dict) or set(video) - {"infer_workers"}:
+        found.append("video: expected a table with one key, infer_workers")
+    elif "infer_workers" in video:
+        w = video["infer_workers"]
+        if not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= MAX_WORKERS:
+            found.append(f"video.infer_workers: expected an integer from 1 to {MAX_WORKERS}, got {w!r}")
     return found
 
 
@@ -173,7 +193,8 @@ def overlay_from_dict(raw: Mapping[str, Any], where: str = "overlay") -> TunedOv
     conv = raw.get("convert", {}).get("options", {})
     return TunedOverlay(target=raw["target"], precision=raw["precision"], runner=raw["runner"],
                         chain=tuple(raw["chain"]), convert_options={k: dict(v) for k, v in conv.items()},
-                        run_options=dict(raw.get("run", {}).get("options", {})), tuned=dict(raw.get("tuned", {})))
+                        run_options=dict(raw.get("run", {}).get("options", {})), tuned=dict(raw.get("tuned", {})),
+                        infer_workers=raw.get("video", {}).get("infer_workers"))
 
 
 def read_overlay(path: str | os.PathLike[str]) -> TunedOverlay:
@@ -250,6 +271,8 @@ def overlay_toml(overlay: TunedOverlay, comments: list[str] = ()) -> str:  # typ
         lines += ["", f"[convert.options.{_toml_key(name)}]"] + [f"{_toml_key(k)} = {_toml_value(v)}"
                                                                  for k, v in opts.items()]
     lines += ["", "[run.options]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["run"]["options"].items()]
+    if "video" in d:
+        lines += ["", "[video]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["video"].items()]
     lines += ["", "[tuned]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["tuned"].items() if v is not None]
     return "\n".join(lines) + "\n"
 

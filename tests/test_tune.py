@@ -210,9 +210,10 @@ def test_bad_input_is_one_line(tmp_path: Path, models: dict[str, Path]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('schema_version = 1\ntarget = "x86-cpu"\nprecision = "fp32"\nrunner = "openvino"\n'
                    'chain = ["onnx->openvino-ir"]\nsurprise = 1\n[run.options]\nnum_threads = "many"\n'
-                   'plugin_library = "/tmp/evil.so"\n')
+                   'plugin_library = "/tmp/evil.so"\n[video]\ninfer_workers = 0\n')
     assert_user_error(run_cli("convert", tiny, "-t", "x86-cpu", "--tuned", str(bad), "-o", str(tmp_path / "b")),
-                      "invalid tuned overlay", "surprise: unknown key", "plugin_library")
+                      "invalid tuned overlay", "surprise: unknown key", "plugin_library",
+                      "video.infer_workers: expected an integer from 1 to 64, got 0")
     (tmp_path / "notoml.toml").write_text("target = [")
     assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "store"), "--tuned",
                               str(tmp_path / "notoml.toml")), "is not valid TOML")
@@ -221,17 +222,96 @@ def test_bad_input_is_one_line(tmp_path: Path, models: dict[str, Path]) -> None:
     assert not (tmp_path / "b").exists() and not (tmp_path / "store").exists()
 
 
-def test_e2e_objective_over_a_video(tmp_path: Path, models: dict[str, Path]) -> None:
-    from edge.video import write_synthetic_clip
+def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path: Path,
+                                                                        models: dict[str, Path]) -> None:
+    import dataclasses
+
+    from edge.bundle import Bundle
+    from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
 
     clip = write_synthetic_clip(tmp_path / "clip.avi", frames=12, width=64, height=48, codec="MJPG")
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", objective="e2e", video=clip, runners=["onnxruntime"],
-             precisions=["fp32"], threads=[1], schedule=Schedule(reps=2, iters=6, warmup=1), parity_samples=4,
-             pictures=False)
+    kw: dict[str, Any] = dict(objective="e2e", video=clip, runners=["onnxruntime"], precisions=["fp32"], threads=[1],
+                              schedule=Schedule(reps=2, iters=6, warmup=1), parity_samples=4, pictures=False)
+    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", fps=30, **kw)
     assert {t["workers"] for t in r.trials} == {1, 2}
-    assert r.winner is not None and r.winner["result"]["fps"] > 0
-    # e2e scores are the pipeline's frame rate (negative: lower is better), one per repetition
-    assert all(s < 0 for t in r.trials if t["result"] for s in t["rungs"][t["result"]["rung"]]["rep_scores"])
+    assert r.winner is not None
+    for t in r.trials:
+        if not t["result"]:
+            continue
+        for name, m in t["rungs"].items():
+            # realtime at the target rate: every repetition fed its frames (a short rung at least 30: the whole
+            # 12-frame clip) at 30 fps, and says what it missed
+            assert m["pace_fps"] == pytest.approx(30.0) and m["rep_frames"] == [min(m["iters"], 12)] * m["reps"]
+            assert m["iters"] >= 30 or name == t["result"]["rung"]
+            assert len(m["rep_missed"]) == m["reps"] and all(0 <= x <= 12 for x in m["rep_missed"])
+            assert all(s > 0 for s in m["rep_scores"])  # the repetition's median frame time (ms)
+    assert "frames missed at 30 fps" in r.summary()
+    # the video pipeline's inference workers are part of the overlay, and applied by what runs the bundle
+    ov = read_overlay(r.overlay_path)
+    assert ov.infer_workers == r.winner["workers"] and "inference worker" in ov.describe()
+    two = dataclasses.replace(ov, infer_workers=2, path=None)
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b2", tuned=two, parity_samples=4)
+    assert b.manifest["tuned"]["infer_workers"] == 2 and Bundle.open(b.path).info.tuned.infer_workers == 2
+    with open_source(video=str(clip)) as src:
+        assert run_pipeline(b, src, PipelineOptions(max_frames=4)).infer_workers == 2  # the bundle's own
+    with open_source(video=str(clip)) as src:
+        assert run_pipeline(b, src, PipelineOptions(max_frames=4, infer_workers=1)).infer_workers == 1  # asked for
+    p = run_cli("run", str(b.path), "--video", str(clip), "--max-frames", "4", "--budget-ms", "1000", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["infer_workers"] == 2
+    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", parity_samples=4)
+    with open_source(video=str(clip)) as src:
+        assert run_pipeline(plain, src, PipelineOptions(max_frames=4)).infer_workers == 1
+    # far above what the pipeline can hold (2000 fps: 0.5 ms a frame, decode to post-processing) frames are
+    # missed and counted; a study made at another rate is refused, not mixed in
+    fast = tune(models["tiny"], "x86-cpu", out=tmp_path / "fast", fps=2000, **kw)
+    assert all(t["result"]["missed"] > 0 for t in fast.trials if t["result"])
+    with pytest.raises(EdgeError, match="was made for e2e_pace"):
+        tune(models["tiny"], "x86-cpu", out=tmp_path / "fast", study=r.study_path, fps=2000, **kw)
+
+
+def test_e2e_ranks_missed_frames_before_latency() -> None:
+    from edge.tune_measure import rank_key
+
+    def e2e(tid: str, p50: float, missed: int) -> dict[str, Any]:
+        return {"id": tid, "parity": {"passed": True},
+                "rungs": {"0:2x30": {"rep_scores": [p50, p50], "rep_missed": [missed, missed], "rep_frames": [30, 30]}}}
+    fast_but_drops, holds = e2e("drops", 5.0, 3), e2e("holds", 12.0, 0)
+    assert choose([fast_but_drops, holds], objective="e2e")["id"] == "holds"
+    assert choose([fast_but_drops, holds, e2e("holds-faster", 9.0, 0)], objective="e2e")["id"] == "holds-faster"
+    assert choose([e2e("a", 5.0, 6), e2e("b", 4.0, 9)], objective="e2e")["id"] == "a"  # fewer missed first
+    assert rank_key("latency", holds["rungs"]["0:2x30"]) == (0.0, 12.0)
+    with pytest.raises(EdgeError, match="unknown objective"):
+        rank_key("fastest", holds["rungs"]["0:2x30"])
+
+
+def test_successive_halving_rungs_finalists_and_deferred_checks(tmp_path: Path, models: dict[str, Path]) -> None:
+    from edge.tune_measure import SHORT_BLOCK, SHORT_REPS
+    from edge.tune_report import pareto_front, row
+
+    # short rungs: few repetitions of warm blocks; the finalists: the sweep's samples in short blocks
+    assert Schedule().rungs(136) == [(SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, 11),
+                                     (SHORT_REPS, 33), (20, 10)]
+    assert Schedule().rungs(3) == [(5, 40)] and Schedule().final(halving=False) == (5, 40)
+    assert Schedule(reps=2, iters=5).rungs(21, "e2e") == [(2, 30), (2, 30), (2, 5)]  # e2e: at least 30 frames
+    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"],
+             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False)
+    n = len(r.trials)
+    rungs = QUICK.rungs(n)
+    assert n >= 10 and len(rungs) >= 2, (n, rungs)
+    first, last = f"0:{rungs[0][0]}x{rungs[0][1]}", f"{len(rungs) - 1}:{rungs[-1][0]}x{rungs[-1][1]}"
+    assert all(first in t["rungs"] for t in r.trials)  # every trial measured once
+    finalists = [t for t in r.trials if last in t["rungs"]]
+    assert len(finalists) == QUICK.eta  # at least eta finalists
+    survivors = [t for t in r.trials if len(t["rungs"]) > 1]
+    dropped = [t for t in r.trials if t["status"] == f"eliminated at {first}"]
+    assert dropped and len(survivors) + len(dropped) == n
+    # a trial's own reference check runs once it survives the first rung; one eliminated there shows the gate
+    assert all(t["parity"]["trial"]["passed"] is True for t in survivors)
+    assert all(t["parity"].get("trial") is None and t["parity"]["passed"] is True for t in dropped)
+    assert all(row(t)["parity"] == "pass (gate)" for t in dropped)
+    assert {t["id"] for t in pareto_front(r.trials)} <= {t["id"] for t in survivors}
+    assert r.winner in finalists and r.winner["parity"]["trial"]["passed"] is True
 
 
 def test_max_trials_and_time_budget_bound_the_search(tmp_path: Path, models: dict[str, Path]) -> None:
@@ -308,14 +388,29 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
                       "--objective tune(s) the model: give it with --tune")
     assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d4"), "--tune", "--objective",
                               "e2e", "--build-dir", str(tmp_path / "b4")), "--video")
-    # the CLI: one command, the tune's summary and the overlay applied in --json
+    # the CLI: one command, the tune's summary and the overlay applied in --json; the deploy's --parity-data and
+    # --task gate every trial of the tune as they gate the deploy's own conversion
+    import numpy as np
+
+    from edge.bundle import Bundle
+
+    pd = tmp_path / "parity-data"
+    pd.mkdir()
+    for i in range(4):
+        np.save(pd / f"{i}.npy", np.random.default_rng(i).random((1, 3, 32, 32), dtype=np.float32))
     p = run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d5"), "--build-dir", str(tmp_path / "b5"),
-                "--tune", "--max-trials", "2", "-n", "5", "--json")
+                "--tune", "--max-trials", "2", "-n", "5", "--parity-data", str(pd), "--task", "none", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["tune"]["summary"].startswith("tune x86-cpu (latency, halving): 2 configurations")
     assert out["notes"][0] == out["tune"]["summary"] and out["tuned_applied"] == out["tune"]["applied"]
     assert DeviceStore(tmp_path / "d5").current == out["bundle_id"]
+    trials = json.loads(Path(out["tune"]["study"]).read_text())["trials"]
+    gated = [Bundle.open(t["bundle"], trust=False).manifest["parity"] for t in trials.values()]
+    assert len(gated) == 2 and gated[0]["passed"] is True
+    for par in [*gated, out["parity"]]:
+        assert par["task"] == "none" and par["samples"] == 4
+        assert par["input_provenance"]["kind"] == "parity-data" and par["input_provenance"]["source"] == str(pd)
 
 
 def test_overlay_manifest_record_keeps_only_valid_values() -> None:

@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
 from edge.cli.bench import BudgetMs, Fps, render_bench
-from edge.cli.convert import (AcceptParity, Calib, InputShape, Letterbox, ParityData, Precision, Preprocess, Task,
-                              Tuned, convert_kwargs, render_bundle)
+from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Letterbox, ParityData, Precision,
+                              Preprocess, Task, Tuned, convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
 from edge.deploy import deploy, rollback
 
@@ -27,6 +27,7 @@ def deploy_cmd(
                                "$EDGEKIT_SSH_OPTIONS, -o Key=Value only)."),
     precision: Optional[str] = Precision, calib: Optional[str] = Calib,
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    freeze_input: Optional[List[str]] = FreezeInput,
     parity_data: Optional[Path] = ParityData, task: str = Task,
     iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
     fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
@@ -37,7 +38,8 @@ def deploy_cmd(
     allow_cpu_fallback: bool = AllowCpuFallback,
     sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
     tune: bool = typer.Option(False, "--tune", help="Tune first (`edgekit tune` with this deploy's --calib, "
-                              "--input-shape, --preprocess, budget and --precision), then convert, check, benchmark "
+                              "--input-shape, --preprocess, --parity-data, --task, budget and --precision: every "
+                              "trial gated as this deploy will be), then convert, check, benchmark "
                               "and ship the winner's overlay; the tune's files go to <build-dir>-tune."),
     objective: Optional[str] = typer.Option(None, "--objective", help="With --tune: latency (default), throughput "
                                             "or e2e (needs --video).", show_default=False),
@@ -63,6 +65,10 @@ def deploy_cmd(
             err_console.print(f"no model given: using the built-in example MobileNetV2 at {model}", highlight=False)
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
     kwargs.update(parity_data=parity_data, task=task)
+    if freeze_input:
+        from edge.freeze import parse_freeze
+
+        kwargs["freeze"] = parse_freeze(freeze_input)
     tune_opts = None
     tune_flags = {"--objective": objective, "--max-trials": max_trials, "--time-budget": time_budget, "--video": video}
     if tune:

@@ -107,8 +107,10 @@ def run_cmd(
     conf: float = typer.Option(0.25, "--conf", help="Detection score threshold."),
     iou: float = typer.Option(0.45, "--iou", help="NMS IoU threshold."),
     queue_size: int = typer.Option(2, "--queue-size", help="Frames each queue between stages holds."),
-    infer_workers: int = typer.Option(1, "--infer-workers", help="Parallel inference workers, each with its own "
-                                      "runner and a share of the cores."),
+    infer_workers: Optional[int] = typer.Option(None, "--infer-workers", show_default=False,
+                                                help="Parallel inference workers, each with its own runner and a "
+                                                "share of the cores (default: the bundle's tuned workers, from "
+                                                "`edgekit tune --objective e2e`, else 1)."),
     sequential: bool = typer.Option(False, "--sequential", help="Run the plain loop instead (no pipelining)."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed inferences before the first frame."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="LLM bundles: the prompt; the completion streams "

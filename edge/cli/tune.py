@@ -11,7 +11,7 @@ from rich.table import Table
 
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps
 from edge.cli.bench import BudgetMs, Fps
-from edge.cli.convert import InputShape, Letterbox, Preprocess
+from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.tune_space import OBJECTIVES
 
 
@@ -19,19 +19,30 @@ def render_tune(r: dict[str, Any]) -> None:
     from edge.tune_report import row
 
     t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
-    for col in ("configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "mem MB"):
+    e2e = r["objective"] == "e2e"
+    cols = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "mem MB"]
+    if e2e:  # frames the pipeline could not process in time at the target rate: ranked on first
+        cols.insert(4, "missed at " + _pace(r))
+    for col in cols:
         t.add_column(col, overflow="fold")
     order = {"chosen": 0, "measured": 1}
-    for trial in sorted(r["trials"], key=lambda x: (order.get(x["status"], 2), (x.get("result") or {}).get("score")
-                                                      or float("inf"))):
+
+    def rank(x: dict[str, Any]) -> tuple[Any, ...]:
+        res = x.get("result") or {}
+        missed = (res.get("missed") or 0) / (res.get("frames") or 1)  # e2e: missed frames first, as tune ranks
+        return order.get(x["status"], 2), missed, res.get("score") if res.get("score") is not None else float("inf")
+    for trial in sorted(r["trials"], key=rank):
         rw = row(trial)
         status = rw["status"]
         style = "green" if status == "chosen" else "red" if status.startswith(("parity failed", "conversion failed",
                                                                                  "failed")) else ""
-        t.add_row(escape(rw["configuration"]), f"[{style}]{escape(status)}[/]" if style else escape(status),
-                  "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", escape(rw["parity"]),
-                  fmt_ms(rw["p50_ms"]), fmt_ms(rw["p99_ms"]), "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
-                  "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}")
+        cells = [escape(rw["configuration"]), f"[{style}]{escape(status)}[/]" if style else escape(status),
+                 "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", escape(rw["parity"]),
+                 fmt_ms(rw["p50_ms"]), fmt_ms(rw["p99_ms"]), "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
+                 "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}"]
+        if e2e:
+            cells.insert(4, escape(rw["missed"] or "-"))
+        t.add_row(*cells)
     console.print(t)
     for p in r["pruned"]:
         console.print(f"[dim]pruned:[/] {escape(p)}", highlight=False)
@@ -49,6 +60,15 @@ def render_tune(r: dict[str, Any]) -> None:
             console.print(f"{what}: {escape(files[what])}", highlight=False)
     console.print(escape(r["summary"]), highlight=False)
     console.print(f"{r['converted']} conversions, {r['measured']} measurements in {r['wall_s']:.1f} s", highlight=False)
+
+
+def _pace(r: dict[str, Any]) -> str:
+    """The rate the e2e trials were fed at (the winner's, else any measured trial's)."""
+    for trial in [r.get("winner") or {}, *r["trials"]]:
+        fps = (trial.get("result") or {}).get("pace_fps")
+        if isinstance(fps, (int, float)):
+            return f"{fps:.4g} fps"
+    return "the target rate"
 
 
 def tune_cmd(
@@ -76,10 +96,12 @@ def tune_cmd(
     runner: Optional[List[str]] = typer.Option(None, "--runner", help="Only these runners (repeatable).",
                                                show_default=False),
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
+    freeze_input: Optional[List[str]] = FreezeInput, parity_data: Optional[Path] = ParityData, task: str = Task,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
     """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
     for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
+    from edge.freeze import parse_freeze
     from edge.onnxmodel import parse_input_shapes
     from edge.tune import tune
 
@@ -88,6 +110,7 @@ def tune_cmd(
                       max_trials=max_trials, time_budget_s=time_budget, calib=calib, video=video, study=study,
                       strategy=strategy, precisions=precision or None, runners=runner or None,
                       input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
+                      parity_data=parity_data, task=task, freeze=parse_freeze(freeze_input) if freeze_input else None,
                       targets_dir=dirs(targets_dir), on_step=say)
     data = result.to_json()
     if as_json:

@@ -43,7 +43,9 @@ class PipelineOptions:
     budget_ms: float | None = None
     budget_source: str = "none"
     queue_size: int = 2
-    infer_workers: int = 1  # parallel inference workers, each with its own runner (and a share of the cores)
+    #: parallel inference workers, each with its own runner (and a share of the cores); None: the bundle's own
+    #: (an `edgekit tune --objective e2e` overlay records them in the manifest, tuned.infer_workers), else 1
+    infer_workers: int | None = None
     max_frames: int | None = None
     duration_s: float | None = None
     warmup: int = 3  # untimed inferences before the first frame
@@ -55,7 +57,7 @@ class PipelineOptions:
     def __post_init__(self) -> None:
         if self.queue_size < 1:
             raise EdgeError(f"--queue-size must be >= 1, got {self.queue_size}")
-        if self.infer_workers < 1:
+        if self.infer_workers is not None and self.infer_workers < 1:
             raise EdgeError(f"--infer-workers must be >= 1, got {self.infer_workers}")
         if self.max_frames is not None and self.max_frames < 1:
             raise EdgeError(f"--max-frames must be >= 1, got {self.max_frames}")
@@ -141,7 +143,7 @@ class Job:
                 raise EdgeError(f"--out {out} is a directory; give a file name such as detections.jsonl")
             out.parent.mkdir(parents=True, exist_ok=True)
             self.sink = out.open("w", encoding="utf-8")
-        workers = o.infer_workers if self.mode != "sequential" else 1
+        workers = (o.infer_workers or bundle_workers(self.bundle)) if self.mode != "sequential" else 1
         options = worker_runner_options(self.bundle, o.runner_options, workers)
         t0 = clock()
         for _ in range(workers):
@@ -236,13 +238,20 @@ class Job:
             stages=stage_stats(self.samples), e2e=stats_ns(self.e2e), service=stats_ns(self.service),
             duration_s=(t_end - t_start) / 1e9, load_ms=self.load_ms,
             runner=self.runners[0].info.to_json() if self.runners else {},
-            infer_workers=len(self.runners) or self.options.infer_workers,
+            infer_workers=len(self.runners) or self.options.infer_workers or 1,
             postprocess=self.post.describe(), queue_size=self.options.queue_size,
             output=str(self.options.out) if self.options.out is not None else None,
             failure=failure, error=error, interrupted=interrupted, hung_threads=hung or [])
 
 
 THREAD_OPTIONS = ("intra_op_num_threads", "num_threads")  # onnxruntime, OpenVINO
+
+
+def bundle_workers(bundle: Bundle) -> int:
+    """The inference workers ``bundle`` was tuned with (manifest ``tuned.infer_workers``, validated when the
+    manifest was read), else 1."""
+    tuned = bundle.info.tuned
+    return int(tuned.infer_workers) if tuned is not None and tuned.infer_workers else 1
 
 
 def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, workers: int) -> dict[str, Any]:
