@@ -22,6 +22,13 @@ _DEFAULT_ACTS = ("Sigmoid", "Tanh", "Tanh")
 MAX_STEPS = 64
 
 
+def _replace_nodes(graph: Any, nodes: list[Any], initializers: list[Any]) -> None:
+    """``graph``'s nodes become ``nodes`` (in order) and ``initializers`` are added."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(initializers)
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
@@ -221,9 +228,7 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
             new_nodes.append(helper.make_node("Reshape", [c, one], [outs[2]], name=f"{p}/Y_c"))
         count += 1
     if count:
-        del g.node[:]
-        g.node.extend(new_nodes)
-        g.initializer.extend(new_inits)
+        _replace_nodes(g, new_nodes, new_inits)
     return model, count
 
 
@@ -252,9 +257,7 @@ def squeeze_to_reshape(model: Any) -> tuple[Any, int]:
         else:
             new.append(n)
     if count:
-        del g.node[:]
-        g.node.extend(new)
-        g.initializer.extend(inits)
+        _replace_nodes(g, new, inits)
     return model, count
 
 
@@ -302,9 +305,7 @@ def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
         new.append(helper.make_node("Slice", [n.input[0], *parts], list(n.output), name=name))
         count += 1
     if count:
-        del g.node[:]
-        g.node.extend(new)
-        g.initializer.extend(inits)
+        _replace_nodes(g, new, inits)
     return model, count
 
 

@@ -593,14 +593,9 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
         result.applied = overlay.describe()
     if pictures:
-        from edge.tune_report import write_html, write_png
+        from edge.tune_report import write_pictures
 
-        result.html_path = str(write_html(out_dir / "pareto.html", result))
-        png = write_png(out_dir / "pareto.png", result)
-        if isinstance(png, Path):
-            result.png_path = str(png)
-        else:
-            notes.append(png)
+        write_pictures(out_dir, result, notes)
     result.wall_s = time.perf_counter() - t_start
     return result
 

@@ -174,3 +174,15 @@ def write_png(path: Path, result: Any) -> Path | str:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def write_pictures(out_dir: Path, result: Any, notes: list[str]) -> None:
+    """The Pareto front as ``pareto.html`` and ``pareto.png`` in ``out_dir``, their paths set on ``result``; why
+    the PNG is missing (no matplotlib) goes to ``notes``."""
+    result.html_path = str(write_html(out_dir / "pareto.html", result))
+    png = write_png(out_dir / "pareto.png", result)
+    if isinstance(png, Path):
+        result.png_path = str(png)
+    else:
+        notes.append(png)
+

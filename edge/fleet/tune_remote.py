@@ -504,14 +504,9 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
     else:
         _write_overlay(result, space, profile, next(c for c in configs if c.id == winner["id"]), out_dir, model)
     if pictures:
-        from edge.tune_report import write_html, write_png
+        from edge.tune_report import write_pictures
 
-        result.html_path = str(write_html(out_dir / "pareto.html", result))
-        png = write_png(out_dir / "pareto.png", result)
-        if isinstance(png, Path):
-            result.png_path = str(png)
-        else:
-            notes.append(png)
+        write_pictures(out_dir, result, notes)
     (out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str), encoding="utf-8")
     result.study_path = str(out_dir / "device-tune.json")
     result.wall_s = time.perf_counter() - t_start

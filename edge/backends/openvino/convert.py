@@ -186,6 +186,15 @@ _OVERFLOW_FIX = {
 }
 
 
+def overflow_fix_option(request: ConversionRequest) -> str:
+    """The request's ``nncf_overflow_fix`` (default "all"), checked."""
+    overflow_fix = str(request.options.get("nncf_overflow_fix", "all")).lower()
+    if overflow_fix not in _OVERFLOW_FIX:
+        raise ConversionError(f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, "
+                              f"got {request.options.get('nncf_overflow_fix')!r}")
+    return overflow_fix
+
+
 class OnnxToOpenVINO(Converter):
     name = "onnx->openvino-ir"
     source_format = "onnx"
@@ -225,10 +234,7 @@ class OnnxToOpenVINO(Converter):
         # Default "all": measured on the PP-OCR classifier (240 text lines), first_layer failed parity on an
         # AVX2-only Zen 2 (cosine 0.9798, worst 0.64) while "all" passed there (0.9960) and was no worse on
         # an AMX Xeon (0.9981 vs 0.9945; accuracy 91.3% vs 90.8%, source 93.8%).
-        overflow_fix = str(request.options.get("nncf_overflow_fix", "all")).lower()
-        if overflow_fix not in _OVERFLOW_FIX:
-            raise ConversionError(f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, "
-                                  f"got {request.options.get('nncf_overflow_fix')!r}")
+        overflow_fix = overflow_fix_option(request)
 
         telemetry = disable_openvino_telemetry()
         import openvino as ov

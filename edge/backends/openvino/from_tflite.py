@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.backends.openvino.convert import (_OVERFLOW_FIX, NNCF_REQUIREMENT, OnnxToOpenVINO, _dist_version,
-                                            _op_counts, _weight_types)
+from edge.backends.openvino.convert import (NNCF_REQUIREMENT, OnnxToOpenVINO, _dist_version, _op_counts,
+                                            _weight_types, overflow_fix_option)
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
@@ -117,10 +117,7 @@ class TFLiteToOpenVINO(Converter):
                                    hint="pass --calib DIR, or --calib random for a smoke test")
         helper = OnnxToOpenVINO()
         preset, subset_size = helper._int8_options(request) if int8 else (None, None)
-        overflow_fix = str(request.options.get("nncf_overflow_fix", "all")).lower()
-        if overflow_fix not in _OVERFLOW_FIX:
-            raise ConversionError(f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, "
-                                  f"got {request.options.get('nncf_overflow_fix')!r}")
+        overflow_fix = overflow_fix_option(request)
 
         telemetry = disable_openvino_telemetry()
         import openvino as ov
