@@ -195,7 +195,17 @@ def _conditions(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray
     # no graph optimisation: onnxruntime 1.23 itself inlines constant-condition Ifs and fails on nested ones
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return [bool(np.asarray(v).reshape(-1)[0]) for v in sess.run(list(names), dict(feeds))]
+    try:
+        values = sess.run(list(names), dict(feeds))
+    except Exception as e:  # noqa: BLE001 - onnxruntime ran more of the graph than the conditions, and it failed
+        from edge.onnxmodel import describe_ort_error
+
+        raise _RunError(describe_ort_error(str(e))) from None
+    return [bool(np.asarray(v).reshape(-1)[0]) for v in values]
+
+
+class _RunError(Exception):
+    """The graph does not run with the frozen values at these shapes (the message: onnxruntime's, one line)."""
 
 
 def _zeros(io: IOSpec) -> dict[str, np.ndarray]:
@@ -300,7 +310,10 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
     feeds = _zeros(rest)
     inlined, kept = 0, []
     for _ in range(MAX_ROUNDS):
-        k, kept = _inline_round(frozen, feeds)
+        try:
+            k, kept = _inline_round(frozen, feeds)
+        except _RunError as e:
+            raise _does_not_run(where, arrays, str(e)) from None
         inlined += k
         if k == 0:
             break
@@ -310,6 +323,12 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
         inlined_if=inlined, kept_if=kept)
     record.check = _check(model, frozen, io, rest, arrays, where)
     return frozen, rest, record
+
+
+def _does_not_run(where: str, arrays: Mapping[str, np.ndarray], why: str) -> ModelError:
+    shown = ", ".join(f"{k}={v.tolist()}" for k, v in arrays.items())
+    return ModelError(f"{where} does not run with {shown} at these input shapes: {why}",
+                      hint="check the value and the --input-shape the model expects with it")
 
 
 def _check(original: Any, frozen: Any, io: IOSpec, rest: IOSpec, arrays: Mapping[str, np.ndarray],
@@ -334,7 +353,10 @@ def _check(original: Any, frozen: Any, io: IOSpec, rest: IOSpec, arrays: Mapping
     worst: dict[str, float] = {}
     for _ in range(CHECK_SAMPLES):
         x = _normal(rest, rng)
-        a = ref.run(names, {**x, **arrays})
+        try:
+            a = ref.run(names, {**x, **arrays})
+        except Exception as e:  # noqa: BLE001 - onnxruntime's run error is the message
+            raise _does_not_run(where, arrays, describe_ort_error(str(e))) from None
         b = got.run(names, x)
         for name, u, v in zip(names, a, b):
             u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)

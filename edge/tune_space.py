@@ -50,7 +50,10 @@ SPACES: dict[str, RunnerSpace] = {
         {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT")},
         {"fp16": {"mixed_precision": ("auto", "off")}},
         threads_option="num_threads"),
-    "litert": RunnerSpace("litert", "onnx->tflite", "arm-xnnpack", {"num_threads": THREADS},
+    # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
+    # models pay its packing), and some ops stay outside it anyway
+    "litert": RunnerSpace("litert", "onnx->tflite", "arm-xnnpack",
+                          {"num_threads": THREADS, "delegate": ("xnnpack", "none")},
                           threads_option="num_threads"),
 }
 #: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -149,3 +150,25 @@ def test_an_lstm_given_its_state_converts_for_litert(tmp_path: Path) -> None:
     convert(path, "arm-xnnpack", tmp_path / "b", precision="fp32", input_shapes=SHAPES["lstm_state"], preprocess="none")
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert m["parity"]["passed"] and m["chain"][0]["details"]["lowered"] == {"LSTM": 1}
+
+
+def test_tune_trials_convert_the_frozen_graph(tmp_path: Path) -> None:
+    """edgekit tune --freeze-input: every trial converts the graph with sr fixed (OpenVINO cannot take its Ifs
+    otherwise); a value the graph cannot run with at these shapes is one line, not a traceback."""
+    from edge.tune import Schedule, tune
+
+    path = build_vad_like(tmp_path / "vad_like.onnx")
+    kw: dict[str, Any] = dict(runners=["openvino"], precisions=["fp32"], threads=[1], input_shapes=SHAPES["vad_like"],
+                              preprocess="none", pictures=False, schedule=Schedule(reps=2, iters=5, warmup=1),
+                              parity_samples=4)
+    res = tune(path, "intel-igpu", out=tmp_path / "t", freeze={"sr": "16000"}, **kw)
+    assert res.winner is not None, res.summary()
+    # sr = 8000 picks the 256-sample branch: two frames of the 512-sample window, which its LSTM cannot take. Each
+    # trial says so in one line, and none reuses the sr=16000 conversions (the frozen values are in the recipe)
+    bad = tune(path, "intel-igpu", out=tmp_path / "t2", freeze={"sr": "8000"}, cache=tmp_path / "t" / "cache", **kw)
+    assert bad.winner is None and bad.trials
+    for t in bad.trials:
+        assert t["status"].startswith("conversion failed: vad_like.onnx does not run with sr=8000 at these input "
+                                      "shapes: "), t["status"]
+        assert "\n" not in t["status"] and "LSTM" in t["status"]
+    assert not {t["recipe_key"] for t in bad.trials} & {t["recipe_key"] for t in res.trials}

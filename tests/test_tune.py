@@ -63,6 +63,7 @@ def test_space_per_device_class() -> None:
     # a target naming its delegate or accelerator is served by its own runner only
     arm = build_space(get_target("arm-xnnpack"), calibrated=True)
     assert {c.runner for c in arm.configs} == {"litert"}
+    assert {dict(c.options)["delegate"] for c in arm.configs} == {"xnnpack", "none"}  # XNNPack or builtin kernels
     igpu = build_space(get_target("intel-igpu"), calibrated=True)
     assert {c.runner for c in igpu.configs} == {"openvino"}
     assert igpu.run_options["openvino"]["device"] == ["GPU", "CPU"]  # the target's own preference is kept
