@@ -28,7 +28,7 @@ from edge.agent.netloop import Backoff, Connection, NetworkLoop
 from edge.agent.payloads import encode, message
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
-from edge.fleet.mqttlite import LiteConnection, Malformed, PacketReader, properties, varint
+from edge.fleet.mqttlite import LiteConnection, Malformed, PacketReader, TooLarge, properties, varint
 from mqtt_broker import Mosquitto, free_port, make_ca, password_file, preload_qos1
 
 T0 = time.time() - 100
@@ -226,7 +226,29 @@ def test_random_bytes_are_parsed_or_refused_cleanly(data: bytes, mqtt5: bool) ->
         assert str(m) and "\n" not in str(m)
         return
     for topic, payload, mid, qos in pubs:
-        assert isinstance(topic, str) and isinstance(payload, bytes) and qos in (0, 1) and (mid > 0) == (qos == 1)
+        assert isinstance(topic, str) and isinstance(payload, (bytes, TooLarge)) and qos in (0, 1)
+        assert (mid > 0) == (qos == 1)
+
+
+@pytest.mark.parametrize("mqtt5", [False, True])
+def test_an_oversized_publish_is_skipped_not_refused(mqtt5: bool) -> None:
+    """An MQTT 3.1.1 broker sends a PUBLISH over the client's limit (it has no Maximum Packet Size to honour):
+    refusing it reconnected and got it re-delivered for ever. Its topic and id are handed on with ``TooLarge``
+    (only the length), its payload skipped unread however it is split, and the next packet reads as ever."""
+    big = publish_packet(b"edgekit/f/d1/telemetry", b"x" * 5000, 7, 1, mqtt5)
+    after = publish_packet(b"edgekit/f/d1/telemetry", b"{}", 8, 1, mqtt5)
+    stream = big + after
+    for cuts in ([], [1], [3, 10], [30, 2000, 4000], list(range(1, len(stream), 997))):
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+        pubs: list[Any] = []
+        r = PacketReader(mqtt5, lambda *a: pubs.append(a), lambda k, b: None, 1024)
+        for c in chunks:
+            r.feed(c)
+        (topic, payload, mid, qos), second = pubs
+        assert (topic, mid, qos) == ("edgekit/f/d1/telemetry", 7, 1) and isinstance(payload, TooLarge)
+        assert len(payload) == 5000 + (1 if mqtt5 else 0)  # MQTT 5: its (empty) properties' length byte too
+        assert second == ("edgekit/f/d1/telemetry", b"{}", 8, 1)
+        assert r.buffered == 0
 
 
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.binary(max_size=60), st.integers(1, 65535),
@@ -246,7 +268,7 @@ def test_packets_split_anywhere_read_the_same(packets: list[Any], cuts: list[int
 
 @pytest.mark.parametrize("data, reason", [
     (b"\x30\xff\xff\xff\xff\x01", "longer than 4 bytes"),
-    (b"\x30\xff\xff\x7f", "over the limit"),
+    (b"\x90\xff\xff\x7f", "over the limit"),  # an oversized PUBLISH is skipped (below); anything else refused
     (b"\x32\x03\x00\x05a", "topic runs past"),
     (b"\x32\x04\x00\x01a\x00", "packet id"),
     (b"\x32\x05\x00\x01a\x00\x00", "packet id 0"),

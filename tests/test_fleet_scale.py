@@ -343,3 +343,28 @@ def test_agents_and_collector_on_mqtt_3_1_1(tmp_path: Path, caplog: pytest.LogCa
     assert config_from(ns).broker.protocol == "3.1.1"
     assert_user_error(run_cli("fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--protocol", "3.1"),
                       "unknown MQTT protocol")
+
+
+def test_an_oversized_message_on_mqtt_3_1_1_is_counted_not_a_reconnect_loop(tmp_path: Path) -> None:
+    """A 3.1.1 broker has no Maximum Packet Size to honour and sends a 2 MiB message to the collector, whose lean
+    client reads at most 1 MiB a packet: it used to drop the connection, get the message re-delivered on
+    reconnect, and loop for ever, every device's telemetry stuck behind it. Now it is counted as oversized,
+    acknowledged, and what follows is stored; the collector connected once."""
+    db = tmp_path / "fleet.db"
+    now = time.time()
+    with Mosquitto(tmp_path / "broker") as broker:
+        col = Collector(CollectorConfig(BrokerConfig.from_url(broker.url, protocol="3.1.1"), f"sqlite:///{db}",
+                                        client_id="edgekit-test-collector", batch_interval_ms=20)).start()
+        try:
+            wait_for(lambda: col.connected, what="collector connected")
+            time.sleep(0.3)  # its SUBACK
+            big = ("edgekit/lab/d1/telemetry", b"x" * (2 << 20))
+            preload_qos1(broker.port, [birth("d1", 1, now), big, tel("d1", 1, 1, now), tel("d1", 1, 2, now)])
+            url = f"sqlite:///{db}"
+            wait_for(lambda: scalar(url, "SELECT count(*) FROM telemetry") == 2, 30, "the two telemetry messages")
+            stats = col.snapshot()
+        finally:
+            col.stop()
+        log = broker.log()
+    assert stats["rejected"]["oversized"] == 1, stats["rejected"]
+    assert log.count("as edgekit-test-collector (p2,") == 1, log[-2000:]

@@ -13,8 +13,9 @@ it stores anything. This client does only what the collector needs:
   PUBLISH becomes ``on_publish(topic, payload, mid, qos)`` and nothing else (its properties are
   skipped by their length).
 - Everything read is untrusted: a packet over ``max_packet_bytes`` (announced to an MQTT 5
-  broker as its Maximum Packet Size, so it drops such messages rather than sending them), a
-  malformed length, a packet type a subscriber never gets, or a field past its packet ends the
+  broker as its Maximum Packet Size, so it drops such messages rather than sending them; an MQTT
+  3.1.1 broker sends them: such a PUBLISH is handed on as ``TooLarge`` and its payload skipped
+  unread, anything else oversized is refused), a malformed length, a packet type a subscriber never gets, or a field past its packet ends the
   connection with one logged line (``Malformed``) and a reconnect, never an exception out of the
   network loop.
 
@@ -37,6 +38,21 @@ from edge.agent.netloop import Backoff, NetworkLoop, Reconnecting
 log = logging.getLogger("edge.mqtt")
 
 MAX_PACKET_BYTES = 1 << 20  # the collector refuses payloads over 64 KiB anyway (counted as oversized)
+
+
+class TooLarge:
+    """The payload of a PUBLISH over ``max_packet_bytes``, skipped unread: only its length is known (``len``)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"TooLarge({self.size})"
 READ_BYTES = 1 << 20
 NOT_UTF8 = "<not UTF-8>"
 
@@ -140,7 +156,7 @@ class PacketReader:
     ``feed``. Raises ``Malformed`` at the first packet it will not take (the connection is then
     unusable: the caller closes it). ``on_publish`` may set ``stopped`` to end the current ``feed``."""
 
-    __slots__ = ("mqtt5", "max_packet", "on_publish", "on_control", "_rest", "stopped", "_topics")
+    __slots__ = ("mqtt5", "max_packet", "on_publish", "on_control", "_rest", "stopped", "_topics", "_skip")
 
     def __init__(self, mqtt5: bool, on_publish: Callable[[str, bytes, int, int], None],
                  on_control: Callable[[int, bytes], None], max_packet: int = MAX_PACKET_BYTES) -> None:
@@ -149,12 +165,53 @@ class PacketReader:
         self._rest = b""
         self.stopped = False
         self._topics: dict[bytes, str] = {}
+        self._skip = 0  # bytes of an oversized PUBLISH's payload still to discard as they arrive
 
     @property
     def buffered(self) -> int:
         return len(self._rest)
 
+    def _oversized(self, data: bytes, p: int, q: int, length: int) -> int | None:
+        """An oversized PUBLISH at ``p`` (its remaining length ``length`` starts at ``q``): hand it on as
+        ``TooLarge`` once its topic and packet id are here, and skip its payload; where parsing goes on, or None
+        to wait for more bytes (at most a 64 KiB topic's worth is held)."""
+        n, b0 = len(data), data[p]
+        qos = (b0 >> 1) & 3
+        if qos > 1:
+            raise Malformed("PUBLISH at QoS %d: this client subscribes at QoS 1" % qos if qos == 2 else
+                            "PUBLISH with QoS bits 3")
+        if q + 2 > n:
+            return None
+        t = q + 2 + ((data[q] << 8) | data[q + 1])
+        head = t + (2 if qos else 0)
+        if head > q + length:
+            raise Malformed("PUBLISH topic runs past the packet")
+        if head > n:
+            return None
+        raw = data[q + 2:t]
+        if not raw:
+            raise Malformed("PUBLISH with an empty topic (topic aliases were not allowed)")
+        try:
+            topic = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            topic = NOT_UTF8
+        mid = ((data[t] << 8) | data[t + 1]) if qos else 0
+        if qos and not mid:
+            raise Malformed("PUBLISH with packet id 0")
+        end = q + length
+        self.on_publish(topic, TooLarge(end - head), mid, qos)
+        if end > n:
+            self._skip = end - n
+            return n
+        return end
+
     def feed(self, data: bytes) -> None:
+        if self._skip:
+            drop = min(self._skip, len(data))
+            self._skip -= drop
+            data = data[drop:]
+            if not data:
+                return
         if self._rest:
             data = self._rest + data
             self._rest = b""
@@ -181,7 +238,18 @@ class PacketReader:
                 if shift > 21:
                     raise Malformed("remaining length longer than 4 bytes")
             if length + (q - p) > self.max_packet:
-                raise Malformed(f"packet of {length + (q - p)} bytes is over the limit of {self.max_packet}")
+                if b0 >> 4 != PUBLISH:
+                    raise Malformed(f"packet of {length + (q - p)} bytes is over the limit of {self.max_packet}")
+                # An MQTT 3.1.1 broker has no Maximum Packet Size to honour: refusing the packet would reconnect
+                # and get it re-delivered for ever (one device's oversized message stopping the fleet's
+                # telemetry). Its topic and packet id are read, its payload skipped unread as it arrives, and
+                # the owner gets ``TooLarge`` for it (the collector counts it oversized and acknowledges it).
+                got = self._oversized(data, p, q, length)
+                if got is None:
+                    self._rest = data[p:]
+                    return
+                p = got
+                continue
             end = q + length
             if end > n:
                 self._rest = data[p:]
