@@ -71,18 +71,6 @@ _KEEP_PRECISION = "precise_0"
 _SKIP_MARK = frozenset({"Parameter", "Constant", "Result"})
 
 
-def _pin_io_names(model: Any, io: Any) -> None:
-    """Give each model input/output port exactly the ONNX graph's name for it. A port carries every tensor name
-    folded into it (a graph output fed by an Identity also holds the Identity input's name), and a runner reads
-    one of them (``get_any_name``): Silero VAD with its Ifs inlined came out as ``.../ReduceMean_output_0``."""
-    wanted = {t.name for t in (*io.inputs, *io.outputs)} if io is not None else set()
-    for port in (*model.inputs, *model.outputs):
-        names = set(port.get_names())
-        mine = names & wanted
-        if len(names) > 1 and len(mine) == 1:
-            port.get_tensor().set_names(mine)
-
-
 def _tensor_index(model: Any) -> dict[str, Any]:
     """ONNX tensor name -> the OpenVINO op that produces it (OpenVINO keeps ONNX tensor names)."""
     index: dict[str, Any] = {}
@@ -279,7 +267,6 @@ class OnnxToOpenVINO(Converter):
                                  "recipe was not verified here; only the activation range check was applied")
         xml = request.workdir / "model.xml"
         bin_ = xml.with_suffix(".bin")
-        _pin_io_names(model, request.io)
         try:
             ov.save_model(model, str(xml), compress_to_fp16=compress)
         except Exception as e:
