@@ -181,27 +181,30 @@ def _static_analysis(graph: Any) -> tuple[dict[str, bool], dict[str, bool]]:
     return value, shape
 
 
-def _conditions(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[bool]:
+def probe(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The values of the tensors ``names`` of ``model`` on ``feeds``, by onnxruntime (``_RunError`` when it
+    cannot run them: the message is onnxruntime's, one line). Also ``edge.lower``'s evaluator."""
     import onnx
     import onnxruntime as ort
 
-    probe = type(model)()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
-    for n in names:
-        probe.graph.output.append(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.BOOL, None))
+    from edge.onnxmodel import _copy, describe_ort_error
+
+    m = _copy(model)
+    del m.graph.output[:]
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)  # no type: onnxruntime takes the node's
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # no graph optimisation: onnxruntime 1.23 itself inlines constant-condition Ifs and fails on nested ones
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     try:
-        values = sess.run(list(names), dict(feeds))
-    except Exception as e:  # noqa: BLE001 - onnxruntime ran more of the graph than the conditions, and it failed
-        from edge.onnxmodel import describe_ort_error
-
+        return sess.run(list(names), dict(feeds))
+    except Exception as e:  # noqa: BLE001 - onnxruntime ran more of the graph than asked, and it failed
         raise _RunError(describe_ort_error(str(e))) from None
-    return [bool(np.asarray(v).reshape(-1)[0]) for v in values]
+
+
+def _conditions(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[bool]:
+    return [bool(np.asarray(v).reshape(-1)[0]) for v in probe(model, names, feeds)]
 
 
 class _RunError(Exception):

@@ -71,33 +71,26 @@ def needs_lowering(node: Any) -> bool:
 def _evaluate(model: Any, names: list[str], shapes: dict[str, tuple[int, ...]], *,
               shape_only: bool = False) -> dict[str, np.ndarray]:
     """The values of ``names`` that are computed from constants only (never from input data), by onnxruntime;
-    ``shape_only``: tensors whose *shape* is (their values are then only good for the shape)."""
-    import onnx
-    import onnxruntime as ort
+    ``shape_only``: tensors whose *shape* is (their values are then only good for the shape). The graph's inputs
+    are fed zeros of ``shapes``; {} when one of them has none."""
+    from onnx.helper import tensor_dtype_to_np_dtype
 
-    from edge.freeze import _static_analysis
+    from edge.freeze import _static_analysis, probe
 
     known_value, known_shape = _static_analysis(model.graph)
     known = known_shape if shape_only else known_value
     names = [n for n in names if known.get(n, False)]
     if not names:
         return {}
-    probe = type(model)()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
-    for n in names:
-        probe.graph.output.append(onnx.ValueInfoProto(name=n))  # no type: onnxruntime takes the node's
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    inits = {i.name for i in model.graph.initializer}
     feeds = {}
-    for i in sess.get_inputs():
-        shape = shapes.get(i.name)
-        if shape is None:
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if vi.name not in shapes:
             return {}
-        feeds[i.name] = np.zeros(shape, np.float32 if "float" in i.type else np.int64)
-    return dict(zip(names, sess.run(names, feeds)))
+        feeds[vi.name] = np.zeros(shapes[vi.name], tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    return dict(zip(names, probe(model, names, feeds)))
 
 
 def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
