@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from edge.fleet.mqttlite import _packet, _str
+
 HOST = "127.0.0.1"
 
 
@@ -211,20 +213,6 @@ class Mosquitto:
         self.stop()
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n % 128, n // 128
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("!H", len(b)) + b
-
-
 def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 5000) -> float:
     """QoS 1 PUBLISH packets on one MQTT 3.1.1 connection, at most ``window`` unacknowledged; seconds taken.
 
@@ -233,7 +221,7 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as s:
         body = _str("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + _str(f"edgekit-bench-preload-{os.getpid()}")
-        s.sendall(b"\x10" + _varint(len(body)) + body)
+        s.sendall(_packet(0x10, body))
         if s.recv(4) != b"\x20\x02\x00\x00":
             raise RuntimeError("the broker refused the pre-loader's connection")
         buf = bytearray()
@@ -244,7 +232,7 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
             for i, (topic, payload) in enumerate(chunk):
                 mid = (start + i) % 65535 + 1
                 var = _str(topic) + struct.pack("!H", mid)
-                out += b"\x32" + _varint(len(var) + len(payload)) + var + payload
+                out += _packet(0x32, var + payload)
             s.sendall(out)
             want = (start + len(chunk)) * 4
             while acked * 4 < want:

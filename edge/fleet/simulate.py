@@ -22,6 +22,7 @@ from edge.agent.netloop import Backoff, NetworkLoop
 from edge.agent.outbox import MemoryOutbox
 from edge.agent.payloads import encode, message
 from edge.agent.session import DeviceSession
+from edge.fleet.mqttlite import _packet, _str
 
 
 def birth_body(i: int, rate_hz: float) -> dict[str, Any]:
@@ -174,8 +175,7 @@ class LightFleet:
     # MQTT packets (3.1.1) ----------------------------------------------------------------
     @staticmethod
     def _publish(topic: bytes, payload: bytes, mid: int, retain: bool = False) -> bytes:
-        var = struct.pack("!H", len(topic)) + topic + struct.pack("!H", mid)
-        return bytes([0x32 | int(retain)]) + _varint(len(var) + len(payload)) + var + payload
+        return _packet(0x32 | int(retain), _str(topic) + struct.pack("!H", mid) + payload)
 
     def _connect(self, i: int) -> bytes:
         dev = self.names[i]
@@ -183,11 +183,10 @@ class LightFleet:
         will = encode(message("death", self.fleet, dev, self.session, 0,
                               {"connection": 1, "reason": "last will: connection lost"}))
         cid = f"edgekit-{self.fleet}-{dev}".encode()
-        body = (b"\x00\x04MQTT\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
-                struct.pack("!H", len(cid)) + cid + struct.pack("!H", len(will_topic)) + will_topic +
-                struct.pack("!H", len(will)) + will)
+        body = (_str(b"MQTT") + b"\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
+                _str(cid) + _str(will_topic) + _str(will))
         birth = encode(message("birth", self.fleet, dev, self.session, 0, {"connection": 1, **birth_body(i, self.rate_hz)}))
-        return (b"\x10" + _varint(len(body)) + body +
+        return (_packet(0x10, body) +
                 self._publish(f"edgekit/{self.fleet}/{dev}/birth".encode(), birth, 1, retain=True))
 
     # the loop ------------------------------------------------------------------------------
@@ -343,12 +342,3 @@ class LightFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, b = n >> 7, n & 0x7F
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
