@@ -123,9 +123,28 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
     computed = _evaluate(model, wanted, shapes) if wanted else {}
 
     producers = {o: n for n in g.node for o in n.output if o}
+
+    def unsqueezed(name: str) -> str | None:
+        """The input of the Unsqueeze(axis 0) that makes ``name``, or None."""
+        q = producers.get(name)
+        if q is None or q.op_type != "Unsqueeze":
+            return None
+        axes = _attrs(q).get("axes")
+        if axes is None and len(q.input) > 1:
+            axes = const(q.input[1])
+        return q.input[0] if axes is not None and [int(a) for a in np.ravel(axes)] == [0] else None
+
+    # shapes ONNX's inference gave up on upstream (the inputs, the states' sources): onnxruntime computes them,
+    # for every LSTM in one run, when they are static
+    unknown = [x for n in todo for x in [n.input[0], *(unsqueezed(n.input[i]) for i in (5, 6) if _given(n, i))]
+               if x and x not in shapes]
+    shapes.update({k: tuple(v.shape) for k, v in _evaluate(model, unknown, shapes, shape_only=True).items()}
+                  if unknown else {})
+
+    lowering = {id(n) for n in todo}
     new_nodes, new_inits, count = [], [], 0
     for k, n in enumerate(g.node):
-        if n.op_type != "LSTM" or (only_stateful and not needs_lowering(n)) or lstm_lowerable(n) is not None:
+        if id(n) not in lowering:
             new_nodes.append(n)
             continue
         label = n.name or f"LSTM_{k}"
@@ -138,9 +157,6 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
             raise ConversionError(f"node {label!r} (LSTM): its weights are computed, not constants; edgekit lowers "
                                   "an LSTM with constant W, R, B only")
         xs = shapes.get(n.input[0])
-        if xs is None:  # ONNX's inference gave up upstream; onnxruntime computes it when it is static
-            got = _evaluate(model, [n.input[0]], shapes, shape_only=True).get(n.input[0])
-            xs = tuple(got.shape) if got is not None else None
         if xs is None or len(xs) != 3:
             raise ConversionError(f"node {label!r} (LSTM): its input's shape is not static here, so its steps "
                                   "cannot be unrolled", hint="pass --input-shape for every dynamic input")
@@ -164,15 +180,9 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
         def _state_2d(name: str, batch: int, hidden: int, tag: str) -> str:
             """The [B, H] state: an Unsqueeze(axis 0) of a [B, H] tensor is skipped (onnx2tf reads the rank-3
             tensor as NCW and slices Silero VAD's state along the wrong axis), else a Reshape."""
-            q = producers.get(name)
-            if q is not None and q.op_type == "Unsqueeze":
-                axes = _attrs(q).get("axes")
-                if axes is None and len(q.input) > 1:
-                    axes = const(q.input[1])
-                if axes is not None and [int(a) for a in np.ravel(axes)] == [0]:
-                    got = _evaluate(model, [q.input[0]], shapes, shape_only=True).get(q.input[0])
-                    if got is not None and tuple(got.shape) == (batch, hidden):
-                        return q.input[0]
+            src = unsqueezed(name)
+            if src is not None and shapes.get(src) == (batch, hidden):
+                return src
             return node("Reshape", [name, bh], tag)
 
         wt, rt, bb = init("Wt", W[0].T.astype(W.dtype)), init("Rt", R[0].T.astype(R.dtype)), init("B", bias)
