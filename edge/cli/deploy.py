@@ -38,7 +38,7 @@ def deploy_cmd(
     allow_cpu_fallback: bool = AllowCpuFallback,
     sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
     tune: bool = typer.Option(False, "--tune", help="Tune first (`edgekit tune` with this deploy's --calib, "
-                              "--input-shape, --preprocess, --parity-data, --task, budget and --precision: every "
+                              "--input-shape, --freeze-input, --preprocess, --parity-data, --task, budget and --precision: every "
                               "trial gated as this deploy will be), then convert, check, benchmark "
                               "and ship the winner's overlay; the tune's files go to <build-dir>-tune."),
     objective: Optional[str] = typer.Option(None, "--objective", help="With --tune: latency (default), throughput "
