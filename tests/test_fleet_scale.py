@@ -176,6 +176,37 @@ def test_partitioned_postgresql_dedupes_across_days_and_prunes_whole_partitions(
         assert [r[0] for r in db.execute("SELECT seq FROM telemetry ORDER BY seq")] == [6, 7]
 
 
+def test_partitioned_batch_mixing_new_rows_redeliveries_and_gap_fillers(pg: str) -> None:
+    """One batch of three kinds, in one insert: rows past the stream's stored max seq (copied in without a
+    lookup), re-deliveries of stored rows and a late gap filler below max seq (both looked up by key)."""
+    url = new_database(pg, "mixed")
+    now = time.time()
+    c = offline_collector(url)
+    try:
+        for m in (birth("a", 100, now), birth("b", 100, now)):
+            c.add(*m, received_at=now)
+        for dev, seqs in (("a", (1, 2, 4, 5)), ("b", (1, 2))):
+            for seq in seqs:
+                c.add(*tel(dev, 100, seq, now), received_at=now)
+        c.flush()  # a: max seq 5 with 3 missing; b: 1, 2
+        # a: 5 and 2 again (stored), 3 (the gap), 6 (new); b: 1 again, 3, 4 (new); c: a stream with no row yet
+        for dev, seq in (("a", 5), ("a", 3), ("b", 1), ("a", 2), ("b", 3), ("a", 6), ("b", 4), ("c", 1)):
+            c.add(*tel(dev, 100, seq, now), received_at=now)
+        new = c._write()
+        c.flush()
+        assert new == [False, True, False, False, True, True, True, True]
+    finally:
+        c.db.close()
+    with open_db(url) as db:
+        got = {(r[0], r[1]) for r in db.execute("SELECT device, seq FROM telemetry").fetchall()}
+        assert got == {("a", s) for s in range(1, 7)} | {("b", s) for s in range(1, 5)} | {("c", 1)}
+        assert db.execute("SELECT count(*) FROM telemetry").fetchone()[0] == len(got)  # nothing twice
+        streams = {r[0]: r[1:] for r in db.execute("SELECT device, received, max_seq FROM streams").fetchall()}
+        assert streams == {"a": (6, 6), "b": (4, 4), "c": (1, 1)}
+        fps = db.execute("SELECT fps FROM telemetry WHERE device = 'a' AND seq = 3").fetchone()[0]
+        assert fps == 3.0  # the gap filler's own values, through the lookup statement
+
+
 def test_an_unpartitioned_postgresql_database_keeps_working(pg: str) -> None:
     """A database created before partitioning (telemetry a plain table with its primary key): used as it is."""
     import psycopg

@@ -93,14 +93,15 @@ _UPDATE_STATE_TYPES = ("bigint", "bigint", "float8", "text", "text", *_WHERE_TYP
 def _seen_upsert(columns: tuple[str, ...]) -> str:
     """``_UPSERT_SEEN`` and ``_UPDATE_TELEMETRY``/``_UPDATE_STATE`` in one statement: last_seen when later, the
     columns when the message is past the row's (session, seq); interval_s and bundle_id kept when null."""
-    newer = ("(devices.last_session IS NULL OR devices.last_session < excluded.last_session OR "
-             "(devices.last_session = excluded.last_session AND devices.last_seq < excluded.last_seq))")
-    sets = ["last_seen = CASE WHEN devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen "
-            "THEN excluded.last_seen ELSE devices.last_seen END"]
+    # a row value comparison (SQLite 3.15+, PostgreSQL) and the alias d: the statement stays under psycopg's 4 KB
+    # cache limit, past which it re-parses the query text on every execution (2.5 ms a batch)
+    newer = "(d.last_session IS NULL OR (d.last_session, d.last_seq) < (excluded.last_session, excluded.last_seq))"
+    sets = ["last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen "
+            "THEN excluded.last_seen ELSE d.last_seen END"]
     for c in columns:
-        v = f"coalesce(excluded.{c}, devices.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"
-        sets.append(f"{c} = CASE WHEN {newer} THEN {v} ELSE devices.{c} END")
-    return (f"INSERT INTO devices (fleet, device, last_seen, {', '.join(columns)}) VALUES "
+        v = f"coalesce(excluded.{c}, d.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"
+        sets.append(f"{c} = CASE WHEN {newer} THEN {v} ELSE d.{c} END")
+    return (f"INSERT INTO devices AS d (fleet, device, last_seen, {', '.join(columns)}) VALUES "
             f"({', '.join(['?'] * (len(columns) + 3))}) ON CONFLICT (fleet, device) DO UPDATE SET " + ", ".join(sets))
 
 
@@ -110,6 +111,10 @@ _SEEN_TELEMETRY = _seen_upsert(("last_session", "last_seq", "last_ts", "fps", "p
 _SEEN_STATE = _seen_upsert(("last_session", "last_seq", "last_ts", "state", "state_detail"))
 _SEEN_TELEMETRY_TYPES = (*_SEEN_TYPES, *_UPDATE_TELEMETRY_TYPES[:-len(_WHERE_TYPES)])
 _SEEN_STATE_TYPES = (*_SEEN_TYPES, *_UPDATE_STATE_TYPES[:-len(_WHERE_TYPES)])
+
+_GAP_QUERY_PG = ("SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM unnest(%b::text[], "
+                 "%b::text[], %b::bigint[]) AS k(f, d, s) JOIN streams t ON t.fleet = k.f AND t.device = k.d "
+                 "AND t.session = k.s")
 
 # a decoded message, its payload as text, when it arrived, and for telemetry its values (``telemetry_columns``):
 # read as it arrives, so the parsed payload (some fifty objects) is freed at once instead of living until the
@@ -504,6 +509,9 @@ class Collector:
     def _check_gaps(self) -> None:
         touched, self._touched = list(self._touched), set()
         rows: list[tuple[Any, ...]] = []
+        if touched and self.db.dialect == "postgresql":  # the keys as three arrays: one short statement
+            rows = self.db.execute(_GAP_QUERY_PG, [list(c) for c in zip(*touched)]).fetchall()
+            touched = []
         for i in range(0, len(touched), self.GAP_QUERY_KEYS):
             chunk = touched[i:i + self.GAP_QUERY_KEYS]
             # the keys as a joined table: for a row-value IN (VALUES ...) SQLite scans all of streams (measured
