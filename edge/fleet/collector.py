@@ -49,6 +49,7 @@ from edge.agent.payloads import SCHEMA_VERSION, encode
 from edge.agent.ratelog import RateLimitedLog
 from edge.agent.topics import Topic, check_part, fleet_filter, shared
 from edge.errors import EdgeError
+from edge.fleet import pgarray
 from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db, scrub
 from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, TopicCache, decode,
                                num, telemetry_columns, text)
@@ -510,7 +511,7 @@ class Collector:
         touched, self._touched = list(self._touched), set()
         rows: list[tuple[Any, ...]] = []
         if touched and self.db.dialect == "postgresql":  # the keys as three arrays: one short statement
-            rows = self.db.execute(_GAP_QUERY_PG, [list(c) for c in zip(*touched)]).fetchall()
+            rows = self.db.execute(_GAP_QUERY_PG, pgarray.columns(touched, ("text", "text", "bigint"))).fetchall()
             touched = []
         for i in range(0, len(touched), self.GAP_QUERY_KEYS):
             chunk = touched[i:i + self.GAP_QUERY_KEYS]

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from urllib.parse import unquote, urlparse
 
 from edge.errors import EdgeError, MissingDependencyError
+from edge.fleet import pgarray
 
 SCHEMA_VERSION = 1
 
@@ -143,7 +144,7 @@ class FleetDB:
             return self.executemany(sql, rows)
         if not rows:
             return 0
-        self._cur.execute(_unnest(sql, types), [list(c) for c in zip(*rows)])
+        self._cur.execute(_unnest(sql, types), pgarray.columns(rows, types))
         return int(self._cur.rowcount)
 
     def insert_new(self, sql: str, rows: Sequence[Sequence[Any]], types: Sequence[str] | None = None,
@@ -159,7 +160,7 @@ class FleetDB:
                 return []
             names = sql[sql.index("(") + 1:sql.index(")")].split(",")[:key]
             self._cur.execute(_unnest(sql, types) + " RETURNING " + ", ".join(n.strip() for n in names),
-                              [list(c) for c in zip(*rows)])
+                              pgarray.columns(rows, types))
             got = set(self._cur.fetchall())
             return [tuple(r[:key]) in got for r in rows]
         if self.dialect == "sqlite" and not self.conn.in_transaction:
@@ -296,7 +297,7 @@ class FleetDB:
         # Python: 3x the client CPU; the per-row subquery is server CPU). The rest, re-deliveries and late gap
         # fillers, takes the statement that looks its key up.
         streams = {(r[0], r[1], r[2]) for r in rows}
-        self._cur.execute(_STREAM_MAX_SEQ, [list(c) for c in zip(*streams)])
+        self._cur.execute(_STREAM_MAX_SEQ, pgarray.columns(list(streams), ("text", "text", "bigint")))
         top = {(f, d, s): m for f, d, s, m in self._cur.fetchall()}
         fresh = [r[3] > top.get((r[0], r[1], r[2]), -1) for r in rows]
         with self._cur.copy(_COPY_TELEMETRY) as cp:
@@ -307,7 +308,7 @@ class FleetDB:
         maybe = [r for r, new in zip(rows, fresh) if not new]
         if not maybe:
             return fresh
-        self._cur.execute(_PARTITIONED_INSERT, [list(c) for c in zip(*maybe)])
+        self._cur.execute(_PARTITIONED_INSERT, pgarray.columns(maybe, TELEMETRY_TYPES))
         got = set(self._cur.fetchall())
         return [new or tuple(r[:4]) in got for r, new in zip(rows, fresh)]
 
@@ -438,6 +439,7 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
         except psycopg.Error as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise EdgeError(f"cannot connect to {redact(url)}: {scrub(first, url)}") from None
+        pgarray.register(conn)
         db = FleetDB(conn, "postgresql", url)
     try:
         db.init_schema()  # idempotent
