@@ -191,6 +191,8 @@ def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | N
                       time_budget_s=opts.time_budget_s, calib=convert_kwargs.get("calib"), video=opts.video,
                       study=opts.study, strategy=opts.strategy, runners=opts.runners, precisions=precisions,
                       threads=opts.threads, schedule=opts.schedule,
+                      # deploy ships its conversion at its own input shapes: a batched winner is not what it ships
+                      batches=(1,),
                       # the trials are gated as this deploy's conversion will be: its samples, inputs and task
                       parity_samples=convert_kwargs.get("parity_samples", opts.parity_samples),
                       parity_data=convert_kwargs.get("parity_data"), task=convert_kwargs.get("task", "auto"),

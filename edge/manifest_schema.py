@@ -585,6 +585,7 @@ class LiteRTOptions:
     num_threads: int = spec(0, **_THREADS)
     allow_cpu_fallback: bool = False
     edgetpu_device: str = spec("", pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$")
+    xnnpack_latest_features: bool = False  # delegate xnnpack only (the runner refuses it otherwise)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from edge.errors import EdgeError
 from edge.tune_measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, _combine_parity,
                                _measure_chunk, _Pool, _score, missed_share, rank_key)
-from edge.tune_space import OBJECTIVES, Config, Space, build_space
+from edge.tune_space import BATCHES, OBJECTIVES, Config, Space, batch_plan, build_space
 
 STUDY_VERSION = 1
 #: e2e: the share of frames a configuration may miss at the target rate and still count as holding it (the p99
@@ -119,7 +119,8 @@ class TuneResult:
         if self.winner is None:
             return head + "; none chosen"
         res = self.winner.get("result") or {}
-        figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", " fps"))
+        per_s = " items/s" if self.objective == "throughput" else " fps"  # a batched trial counts items
+        figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", per_s))
                          if isinstance(res.get(k), (int, float)))
         if isinstance(res.get("missed"), int):
             figs += (f", {res['missed']} of {res.get('frames')} frames missed at {res.get('pace_fps') or 0:.4g} fps "
@@ -299,13 +300,14 @@ def _save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[st
 # -- the search -----------------------------------------------------------------------------------
 
 def _priority(space: Space) -> list[Config]:
-    """The order trials are taken in under --max-trials: each runner and precision's defaults first."""
+    """The order trials are taken in under --max-trials: each runner, precision, recipe and batch's defaults first
+    (batch 1 before the batched ones: it is their per-item reference)."""
     import random
 
     firsts, rest = [], []
-    seen: set[tuple[str, str, tuple[Any, ...]]] = set()
+    seen: set[tuple[str, str, tuple[Any, ...], int]] = set()
     for c in space.configs:
-        k = (c.runner, c.precision, c.recipe)
+        k = (c.runner, c.precision, c.recipe, c.batch)
         (rest if k in seen else firsts).append(c)
         seen.add(k)
     random.Random(0).shuffle(rest)
@@ -360,14 +362,16 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
          input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
          letterbox: bool | None = None, on_step: Say | None = None,
          parity_data: str | os.PathLike[str] | None = None, task: str = "auto",
-         freeze: Mapping[str, str] | None = None) -> TuneResult:
+         freeze: Mapping[str, str] | None = None, batches: Sequence[int] | None = None) -> TuneResult:
     """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring.
 
     ``out``: where the overlay (``tuned.toml``), ``study.json`` (unless ``study``), ``pareto.html``/``.png`` and
     the conversion cache (``cache/``, unless ``cache``) go. ``video``: required for ``objective="e2e"``.
     ``input_shapes``, ``preprocess``, ``letterbox``, ``freeze``, ``parity_data``, ``task``: as ``convert`` takes them
     (part of the recipe key): every trial is the model and is gated on the inputs and by the task the conversion of
-    the winner will be."""
+    the winner will be. ``batches``: the batch sizes tried for ``objective="throughput"`` (default
+    ``edge.tune_space.BATCHES``, for a model whose first input dimension is a batch: ``edge.tune_space.batch_plan``);
+    ``[1]`` tunes batch 1 only."""
     from edge.bundle import sha256_file
     from edge.capabilities import current_host
     from edge.pipeline import open_source
@@ -421,9 +425,15 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     if parity_data is not None:  # the key holds what the files are, the conversion reads them
         source["parity_data"] = str(parity_data)
     keyed = {**source, "parity_data": data_identity(parity_data, "parity data")} if parity_data is not None else source
-    space = build_space(profile, objective=objective, calibrated=calib is not None, video=video_path is not None,
-                        runners=runners, precisions=precisions, threads=threads, targets_dir=targets_dir)
+    if batches is not None and (not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64
+                                                   for b in batches)):
+        raise EdgeError(f"batches must be integers from 1 to 64, got {list(batches)}")
     out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{profile.name}-tune"
+    # throughput: batch sizes where the model's first input dimension is a batch (onnxruntime tries batch 2 once)
+    plan = batch_plan(model, out_dir / "batch", input_shapes, tuple(batches or BATCHES)) \
+        if objective == "throughput" and any(b != 1 for b in (batches or BATCHES)) else None
+    space = build_space(profile, objective=objective, calibrated=calib is not None, video=video_path is not None,
+                        runners=runners, precisions=precisions, threads=threads, targets_dir=targets_dir, batch=plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache) if cache is not None else out_dir / "cache"
     study_path = Path(study) if study is not None else out_dir / "study.json"
@@ -458,7 +468,13 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     bundles: dict[str, Any] = {}
     converted = 0
     t_conv = time.perf_counter()
-    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, keyed) for c in configs}
+    def batched(c: Config, src: Mapping[str, Any]) -> dict[str, Any]:
+        """The conversion source of a batched trial: the model converted at input shapes of batch N."""
+        if c.batch == 1 or space.batch is None:
+            return dict(src)
+        return {**src, "input_shapes": {**src.get("input_shapes", {}), **space.batch.input_shapes(c.batch)}}
+
+    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, batched(c, keyed)) for c in configs}
     for c in configs:
         rec, key = recs[c.id], keys[c.id]
         rec["recipe_key"] = key
@@ -470,7 +486,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 continue
             say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
             try:
-                b, fresh = _convert_cached(model, profile, c, space, key, cache_dir, calib, parity_samples, source)
+                b, fresh = _convert_cached(space.batch.model if (c.batch != 1 and space.batch) else model, profile, c,
+                                           space, key, cache_dir, calib, parity_samples, batched(c, source))
             except EdgeError as e:
                 bundles[key] = e
                 converted += 1
@@ -496,6 +513,14 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         _combine_parity(par)
     convert_s = time.perf_counter() - t_conv
     _save_study(study_path, header, recs)
+    # a batched trial's per-item reference: the batch-1 bundle of its runner, precision and recipe
+    singles: dict[str, Any] = {}
+    for c in configs:
+        if c.batch != 1:
+            one = bundles.get(recipe_key(model_sha, profile, Config(c.runner, c.precision, c.recipe, c.options,
+                                                                    c.workers, 1), space, calib_id, parity_samples,
+                                         keyed))
+            singles[c.id] = None if isinstance(one, EdgeError) else one
 
     # measurement: successive halving, or every trial at full length
     t_search = time.perf_counter()
@@ -524,7 +549,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
                 measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters, sched.warmup,
                                            video_path, budget, pool, pace_fps,
-                                           check=not (k == 0 and len(rungs) > 1 and video_path is None))
+                                           check=not (k == 0 and len(rungs) > 1 and video_path is None),
+                                           singles=singles)
                 _save_study(study_path, header, recs)
             last = k == len(rungs) - 1
             ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
@@ -582,6 +608,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         if objective == "e2e":
             tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
                           "frames": res.get("frames")})
+        if objective == "throughput":  # items per inference; fps above is items per second
+            tuned["batch"] = cfg.batch
         overlay = space.overlay(profile, cfg, tuned=tuned)
         from edge.tuned import write_overlay
 
@@ -589,6 +617,11 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                     f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)"]
         if not same:
             comments.append(f"NOT the target's device class: {why}; re-tune on the device")
+        if cfg.batch != 1 and space.batch is not None:
+            shapes = " ".join(f"--input-shape {k}={','.join(map(str, v))}" for k, v in space.batch.input_shapes(cfg.batch).items())
+            comments.append(f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
+                            f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
+                            "batch 1: export it with a dynamic first dimension first)")
         comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
         result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
         result.applied = overlay.describe()

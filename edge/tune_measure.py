@@ -1,6 +1,11 @@
 """Measuring ``edgekit tune``'s trials: open (and parity-check) a trial's runner, time interleaved repetitions
 as ``bench`` times (only ``infer``), or run the video pipeline for ``e2e``; runners kept open between rungs.
 
+A batched trial (``Config.batch`` N > 1, objective throughput) runs a bundle converted at batch N on its own
+reference pairs (N distinct samples stacked), counts N items per inference (``fps`` is items per second), and
+passes parity only when, besides its own check at batch N, each item of a batch matches the batch-1 reference
+(:class:`_PerItem`: the batch-1 bundle's reference pairs, each sample placed at every position of a batch in turn).
+
 The search itself (space, conversions, study, successive halving, the winner) is ``edge.tune``.
 """
 
@@ -82,9 +87,10 @@ def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
     return (missed_share(rung) if objective == "e2e" else 0.0, score)
 
 
-def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True) -> tuple[Any, dict[str, np.ndarray]]:
+def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
+          ) -> tuple[Any, dict[str, np.ndarray]]:
     """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
-    the trial's own reference check too (:func:`_check`)."""
+    the trial's own reference check too (:func:`_check`; ``single``: a batched trial's batch-1 bundle)."""
     from edge.refpairs import load_reference_pairs
     from edge.bench import random_feeds
 
@@ -102,21 +108,60 @@ def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True) -> 
         rec["memory_mb"] = round(max(0.0, _rss_mb() - before), 1)
         info = runner.info.to_json()
         rec["runtime"] = {k: info.get(k) for k in ("runtime", "device_used", "precision_used", "threads", "fallback")}
+        if cfg.batch != 1:
+            lead = {int(np.shape(v)[0]) if np.ndim(v) else 0 for v in feeds.values()}
+            if lead != {cfg.batch}:
+                raise EdgeError(f"trial {cfg.id}: its bundle's inputs have first dimension {sorted(lead)}, not the "
+                                f"batch {cfg.batch} it was converted for")
+        rec["batch"] = cfg.batch
         if check:
-            _check(rec, bundle, runner)
+            _check(rec, bundle, runner, cfg, single)
     except BaseException:
         runner.close()
         raise
     return runner, feeds
 
 
-def _check(rec: dict[str, Any], bundle: Any, runner: Any) -> None:
+def _check(rec: dict[str, Any], bundle: Any, runner: Any, cfg: Config | None = None, single: Any = None) -> None:
     """The trial's own reference check (its runner options on the bundle's reference pairs), unless done (in this
-    run or the study)."""
-    from edge.refpairs import check_reference_pairs
+    run or the study); for a batched trial also the per-item check against ``single``, the batch-1 bundle."""
+    from edge.refpairs import check_reference_pairs, load_reference_pairs
 
     if rec.get("parity") is None or rec["parity"].get("trial") is None:
         _merge_parity(rec, check_reference_pairs(bundle, runner))
+    n = cfg.batch if cfg is not None else 1
+    if n != 1 and (rec["parity"].get("per_item") or {}).get("passed") is None:
+        par = rec["parity"]
+        entry = getattr(getattr(single, "info", None), "reference_pairs", None)
+        if single is None or entry is None or entry.file is None:
+            par["per_item"] = {"passed": None, "batch": n, "failures": [
+                "per-item check not run: no batch-1 bundle with reference pairs for this runner, precision and recipe"]}
+        else:
+            inputs = list(load_reference_pairs(single.path, entry, single.io).inputs)
+            got = check_reference_pairs(single, _PerItem(runner, n, inputs))
+            par["per_item"] = {"passed": got.get("passed"), "batch": n, "samples": got.get("samples"),
+                               "failures": [f"per item at batch {n}: {f}" for f in (got.get("failures") or [])][:4]}
+        _combine_parity(par)
+
+
+class _PerItem:
+    """A batched runner seen as a batch-1 one, for the batch-1 bundle's reference check: each sample asked for is
+    run inside a batch of ``n`` (the others: other reference samples), at position ``k % n`` for the k-th call, and
+    its own item of the outputs returned."""
+
+    def __init__(self, runner: Any, n: int, inputs: Sequence[Mapping[str, np.ndarray]]) -> None:
+        self._runner, self._n, self._inputs, self._k = runner, n, list(inputs), 0
+        self.info = runner.info
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n, k, pool = self._n, self._k, self._inputs
+        self._k += 1
+        pos = k % n
+        items = [pool[(k - pos + j) % len(pool)] if pool else feeds for j in range(n)]
+        items[pos] = feeds
+        batch = {name: np.concatenate([np.asarray(it[name]) for it in items], axis=0) for name in feeds}
+        out = self._runner.infer(batch)
+        return {name: v[pos:pos + 1] for name, v in out.items()}
 
 
 def _merge_parity(rec: dict[str, Any], check: Mapping[str, Any]) -> None:
@@ -135,15 +180,22 @@ def _combine_parity(par: dict[str, Any]) -> None:
     trial = (par.get("trial") or {}).get("passed")
     ran = [p for p in (par.get("conversion"), trial) if p is not None]
     par["passed"] = None if not ran else all(ran)
-    par["failures"] = list(par.get("conversion_failures") or []) + list((par.get("trial") or {}).get("failures") or [])
+    per = par.get("per_item")
+    if per is not None and per.get("passed") is not True and par["passed"] is not False:
+        par["passed"] = per.get("passed")  # a batched trial whose items were not checked is not verified
+    par["failures"] = list(par.get("conversion_failures") or []) + list((par.get("trial") or {}).get("failures") or []) \
+        + list((per or {}).get("failures") or [] if (per or {}).get("passed") is not True else [])
 
 
 def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objective: str, reps: int, iters: int,
-                   warmup: int) -> dict[str, dict[str, Any]]:
+                   warmup: int, batches: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """Interleaved repetitions: in repetition r every runner runs ``iters`` timed inferences (after ``SETTLE``
     untimed ones), the order rotated by r, so drift and background load hit every trial alike. Only ``infer``
-    is timed (as ``bench``)."""
+    is timed (as ``bench``). ``batches``: items per inference per trial (default 1): throughput and ``fps`` count
+    items (objective throughput: ``fps`` is the median of the repetitions' items per second, what the trials rank
+    on); ``p50_ms``/``p99_ms`` are per inference (of the whole batch)."""
     names = list(opened)
+    per = {n: int((batches or {}).get(n, 1)) for n in names}
     for n in names:
         runner, feeds = opened[n]
         for _ in range(warmup):
@@ -171,7 +223,7 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
                 wall = (clock() - start) / 1e9
                 ms = np.asarray(got, dtype=np.float64) / 1e6
                 samples[n] += ms.tolist()
-                reps_out[n].append(float(np.median(ms)) if objective == "latency" else -iters / wall)
+                reps_out[n].append(float(np.median(ms)) if objective == "latency" else -iters * per[n] / wall)
     finally:
         if was:
             gc.enable()
@@ -180,7 +232,10 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
         a = np.asarray(samples[n])
         out[n] = {"reps": reps, "iters": iters, "rep_scores": [round(x, 5) for x in reps_out[n]],
                   "p50_ms": round(float(np.percentile(a, 50)), 4), "p99_ms": round(float(np.percentile(a, 99)), 4),
-                  "fps": round(1000.0 / float(a.mean()), 2)}
+                  # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
+                  # table's items/s and the choice agree; else inferences per second over every sample
+                  "fps": round(-float(np.median(reps_out[n])), 2) if objective == "throughput"
+                  else round(1000.0 * per[n] / float(a.mean()), 2), "batch": per[n]}
     return out
 
 
@@ -231,14 +286,15 @@ class _Pool:
         self.open: dict[str, tuple[Any, dict[str, np.ndarray], float]] = {}
         self.cap_mb = cap_mb
 
-    def get(self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True) -> tuple[Any, dict[str, np.ndarray]]:
+    def get(self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
+            ) -> tuple[Any, dict[str, np.ndarray]]:
         if cfg.id not in self.open:
-            runner, feeds = _open(rec, bundle, cfg, check=check)
+            runner, feeds = _open(rec, bundle, cfg, check=check, single=single)
             self.open[cfg.id] = (runner, feeds, float(rec.get("memory_mb") or 0.0))
         runner, feeds, _ = self.open[cfg.id]
         if check:  # opened unchecked for an earlier rung: checked now that it may be chosen
             try:
-                _check(rec, bundle, runner)
+                _check(rec, bundle, runner, cfg, single)
             except BaseException:
                 self.close([cfg.id])
                 raise
@@ -264,22 +320,23 @@ class _Pool:
 def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
                    keys: Mapping[str, str], name: str, objective: str, reps: int, iters: int, warmup: int,
                    video: Path | None, budget_ms: float | None, pool: _Pool, pace_fps: float | None = None,
-                   check: bool = True) -> int:
+                   check: bool = True, singles: Mapping[str, Any] | None = None) -> int:
     """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
     ``check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
-    still holds: a trial that failed it is never chosen)."""
+    still holds: a trial that failed it is never chosen). ``singles``: a batched trial's id -> its batch-1 bundle
+    (the per-item reference)."""
     opened: dict[str, tuple[Any, dict[str, np.ndarray]]] = {}
     for c in chunk:
         rec = recs[c.id]
         try:
-            opened[c.id] = pool.get(rec, bundles[keys[c.id]], c, check=check)
+            opened[c.id] = pool.get(rec, bundles[keys[c.id]], c, check=check, single=(singles or {}).get(c.id))
         except EdgeError as e:
             rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
             rec.setdefault("parity", {})["passed"] = None
     if not opened:
         return 0
     if video is None:
-        got = _measure_infer(opened, objective, reps, iters, warmup)
+        got = _measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in chunk})
     else:
         pool.close(opened)  # the pipeline opens its own runners
         items = [(cid, bundles[keys[cid]], next(c for c in chunk if c.id == cid)) for cid in opened]

@@ -29,7 +29,7 @@ def row(t: Mapping[str, Any]) -> dict[str, Any]:
     return {"configuration": t.get("label") or t.get("id"), "status": t.get("status", ""),
             "size_mb": round(size / 1e6, 2) if isinstance(size, (int, float)) else None, "parity": parity,
             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-            "memory_mb": t.get("memory_mb"), "measured": res.get("rung"), "dropped": res.get("dropped"),
+            "batch": t.get("batch", 1), "memory_mb": t.get("memory_mb"), "measured": res.get("rung"), "dropped": res.get("dropped"),
             "late": res.get("late"), "missed": _missed(res)}
 
 

@@ -11,7 +11,13 @@ run or cannot mean anything here, each with its reason:
 * precisions: the target's precisions the runner's converter produces; bf16 only as OpenVINO's compute
   precision on an fp32 IR, and only where OpenVINO reports BF16 for the CPU; int8 only with calibration;
 * threads: up to the CPUs this process may use; OpenVINO's THROUGHPUT hint only for the throughput
-  objective (a single stream of frames runs one request at a time, which THROUGHPUT's streams split).
+  objective (a single stream of frames runs one request at a time, which THROUGHPUT's streams split);
+* LiteRT: XNNPack with or without its latest-features delegate (``xnnpack_latest_features``, the one XNNPack
+  switch ai-edge-litert's Interpreter takes), never with ``delegate=none`` (it would apply XNNPack anyway);
+* batch (objective ``throughput`` only): :data:`BATCHES` items per inference, converted at that batch (the pipeline
+  converts a static copy of the model, so the batch is part of the recipe and of its cache key), for a model whose
+  first input dimension is a batch dimension -- :func:`batch_plan` runs onnxruntime once at batch 2 to find out,
+  and a model that fails is pruned with the reason.
 """
 
 from __future__ import annotations
@@ -19,11 +25,16 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 OBJECTIVES = ("latency", "throughput", "e2e")
 THREADS = (1, 2, 4, 8, 16)
 WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
+#: items per inference tried for the throughput objective (batch 1 first: the default)
+BATCHES = (1, 2, 4, 8)
+#: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
+MAX_BATCH_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,11 @@ SPACES: dict[str, RunnerSpace] = {
         threads_option="num_threads"),
     # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
     # models pay its packing), and some ops stay outside it anyway
+    # xnnpack_latest_features: ai-edge-litert's experimental_default_delegate_latest_features, an XNNPack delegate
+    # created with TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
     "litert": RunnerSpace("litert", "onnx->tflite", "arm-xnnpack",
-                          {"num_threads": THREADS, "delegate": ("xnnpack", "none")},
+                          {"num_threads": THREADS, "delegate": ("xnnpack", "none"),
+                           "xnnpack_latest_features": (False, True)},
                           threads_option="num_threads"),
 }
 #: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;
@@ -70,6 +84,8 @@ class Config:
     recipe: tuple[tuple[str, Any], ...] = ()  # convert options set by the search
     options: tuple[tuple[str, Any], ...] = ()  # runner options set by the search
     workers: int = 1
+    #: items per inference (objective throughput): converted at this batch, fed N stacked samples
+    batch: int = 1
 
     @property
     def bundle_precision(self) -> str:
@@ -82,21 +98,25 @@ class Config:
         parts += [f"{k}={_word(v)}" for k, v in self.options if k != "inference_precision"]
         if self.workers != 1:
             parts.append(f"workers={self.workers}")
+        if self.batch != 1:
+            parts.append(f"batch={self.batch}")
         return "/".join(parts)
 
     def label(self) -> str:
         """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
         short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
                  "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
-                 "inter_op_num_threads": "inter", "allow_spinning": "spin"}
+                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest"}
         bits = [f"{short.get(k, k)}={_word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
         if self.workers != 1:
             bits.append(f"workers={self.workers}")
+        if self.batch != 1:
+            bits.append(f"batch={self.batch}")
         return f"{self.runner} {self.precision} " + " ".join(bits)
 
     def to_json(self) -> dict[str, Any]:
         return {"runner": self.runner, "precision": self.precision, "recipe": dict(self.recipe),
-                "options": dict(self.options), "workers": self.workers}
+                "options": dict(self.options), "workers": self.workers, "batch": self.batch}
 
 
 def _word(v: Any) -> str:
@@ -112,6 +132,8 @@ class Space:
     notes: list[str] = field(default_factory=list)
     #: the space was built for the video pipeline (objective e2e): an overlay then carries the inference workers
     video: bool = False
+    #: how batched trials are converted (objective throughput); None: batch 1 only
+    batch: "BatchPlan | None" = None
 
     def base_profile(self, profile: Any, cfg: Config) -> Any:
         """``profile`` set up to convert ``cfg`` (its runner, chain and recipe; the base runner options)."""
@@ -135,6 +157,11 @@ class Space:
 def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
     """Why a combination of runner options cannot run or cannot differ from another one here ("what: why"),
     None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
+    if runner == "litert":
+        if opts.get("xnnpack_latest_features") and str(opts.get("delegate", "xnnpack")).lower() != "xnnpack":
+            return ("litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
+                    "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)")
+        return None
     if runner != "onnxruntime":
         return None
     mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
@@ -151,6 +178,117 @@ def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | No
         return ("onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the "
                 "same as allow_spinning=true")
     return None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Whether ``model``'s first input dimension is a batch dimension, and how a batched trial is converted.
+
+    ``batches``: the batch sizes worth a trial (1 first); ``problem``: why batch > 1 is pruned (None: it is not);
+    ``model``: a copy of the model whose inputs' first dimension is symbolic, which batched trials are converted
+    from (at ``input_shapes(n)``: the pipeline converts a static copy); ``shapes``: each input's batch-1 shape."""
+
+    batches: tuple[int, ...] = (1,)
+    problem: str | None = None
+    model: Path | None = None
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pruned: tuple[str, ...] = ()
+
+    def input_shapes(self, n: int) -> dict[str, list[int]]:
+        return {k: [n, *v[1:]] for k, v in self.shapes.items()}
+
+
+_ONNX_NP = {1: "float32", 10: "float16", 11: "float64", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
+            9: "bool"}
+
+
+def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               batches: Sequence[int] = BATCHES) -> BatchPlan:
+    """Find out whether ``model`` (ONNX) can run batched: every input's first dimension must be 1 or symbolic,
+    and a copy with that dimension symbolic must run in onnxruntime at batch 2, give outputs whose first dimension
+    is 2, and give each item what batch 1 gives it. Anything else is the plan's ``problem`` (batch > 1 pruned).
+    Writes the copy as ``out_dir/<stem>.batch.onnx``."""
+    import numpy as np
+    import onnx
+
+    model = Path(model)
+    given = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    try:
+        m = onnx.load(str(model))
+    except Exception as e:  # noqa: BLE001 - reported as the reason batch is pruned
+        return BatchPlan(problem=f"cannot read {model.name}: {str(e).splitlines()[0][:200]}")
+    inits = {i.name for i in m.graph.initializer}
+    inputs = [i for i in m.graph.input if i.name not in inits]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in inputs:
+        dims = list(i.type.tensor_type.shape.dim)
+        if not i.type.tensor_type.HasField("shape") or not dims:
+            return BatchPlan(problem=f"input {i.name!r} has no first dimension to batch (rank 0 or undeclared)")
+        d0 = dims[0]
+        if d0.HasField("dim_value") and d0.dim_value not in (0, 1):
+            return BatchPlan(problem=f"input {i.name!r} has a fixed first dimension {d0.dim_value}: not a batch of one")
+        if i.name in given:
+            shape = given[i.name]
+            if len(shape) != len(dims) or shape[0] != 1:
+                return BatchPlan(problem=f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs "
+                                         f"its first dimension 1, rank {len(dims)}")
+        else:
+            rest = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims[1:]]
+            if None in rest:
+                return BatchPlan(problem=f"input {i.name!r} has dynamic dims besides the first: pass --input-shape")
+            shape = (1, *rest)  # type: ignore[arg-type]
+        shapes[i.name] = tuple(int(x) for x in shape)
+    for i in inputs:
+        i.type.tensor_type.shape.dim[0].Clear()
+        i.type.tensor_type.shape.dim[0].dim_param = "edgekit_batch"
+    for k, o in enumerate(m.graph.output):
+        if o.type.tensor_type.HasField("shape") and len(o.type.tensor_type.shape.dim):
+            o.type.tensor_type.shape.dim[0].Clear()
+            o.type.tensor_type.shape.dim[0].dim_param = f"edgekit_out{k}"
+    del m.graph.value_info[:]  # intermediate shapes recorded at batch 1
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    variant = out / f"{model.stem}.batch.onnx"
+    try:
+        onnx.save(m, str(variant))
+    except (ValueError, OSError) as e:  # e.g. over protobuf's 2 GB: no batched copy, no batched trials
+        return BatchPlan(problem=f"cannot write a batched copy of {model.name}: {str(e).splitlines()[0][:200]}")
+    types = {i.name: _ONNX_NP.get(i.type.tensor_type.elem_type, "float32") for i in inputs}
+    rng = np.random.default_rng(0)
+
+    def sample(n: int) -> dict[str, np.ndarray]:
+        return {k: (rng.standard_normal((n, *v[1:])).astype(types[k]) if types[k].startswith("float")
+                    else np.zeros((n, *v[1:]), types[k])) for k, v in shapes.items()}
+
+    try:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # the failure is the reason given, not a log line
+        sess = ort.InferenceSession(str(variant), so, providers=["CPUExecutionProvider"])
+        two = sample(2)
+        got = sess.run(None, two)
+        singles = [sess.run(None, {k: v[j:j + 1] for k, v in two.items()}) for j in range(2)]
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the reason
+        msg = " ".join(str(e).split())[:240]
+        return BatchPlan(problem=f"onnxruntime cannot run {model.name} at batch 2 ({msg}); the graph fixes its batch")
+    names = [o.name for o in sess.get_outputs()]
+    for k, name in enumerate(names):
+        a = np.asarray(got[k])
+        if a.ndim == 0 or a.shape[0] != 2:
+            return BatchPlan(problem=f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension "
+                                     "is not the batch, so items cannot be told apart")
+        for j in range(2):
+            ref = np.asarray(singles[j][k])
+            if ref.shape[1:] != a.shape[1:] or not np.allclose(a[j:j + 1].astype(np.float64), ref.astype(np.float64),
+                                                                rtol=1e-3, atol=1e-4 * (1 + float(np.abs(ref).max(initial=0)))):
+                return BatchPlan(problem=f"output {name!r}: item {j} of a batch of 2 differs from the same input alone "
+                                         "(the graph mixes items across the batch)")
+    item_bytes = sum(int(np.prod(v)) * np.dtype(types[k]).itemsize for k, v in shapes.items())
+    ok = tuple(b for b in batches if b == 1 or b * item_bytes <= MAX_BATCH_BYTES)
+    pruned = tuple(f"batch={b}: {b} items are {b * item_bytes / (1 << 20):.0f} MB of input, over the "
+                   f"{MAX_BATCH_BYTES >> 20} MB cap" for b in batches if b not in ok)
+    return BatchPlan(batches=tuple(sorted(set(ok) | {1})), model=variant, shapes=shapes, pruned=pruned)
 
 
 def usable_cpus() -> int:
@@ -186,12 +324,13 @@ def openvino_cpu_capabilities() -> list[str] | None:
 def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = False, video: bool = False,
                 runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
                 threads: Sequence[int] | None = None, targets_dir: Iterable[Any] = (),
-                bf16_capabilities: list[str] | None | str = "ask") -> Space:
+                bf16_capabilities: list[str] | None | str = "ask", batch: BatchPlan | None = None) -> Space:
     """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
 
     ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
     cannot use is an error, never silently dropped. ``bf16_capabilities``: OpenVINO CPU's reported
-    capabilities (default: asked from OpenVINO)."""
+    capabilities (default: asked from OpenVINO). ``batch``: the model's :func:`batch_plan` (objective throughput
+    only; None: batch 1)."""
     from edge.backends.converter import CONVERTERS
     from edge.backends.runner import RUNNERS
     from edge.capabilities import problems
@@ -219,6 +358,17 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
     if any(not isinstance(t, int) or t < 1 for t in thread_values):
         raise EdgeError(f"threads must be integers >= 1, got {list(thread_values)}")
     space = Space([], [], {}, {}, video=video)
+    batches: tuple[int, ...] = (1,)
+    if objective != "throughput":
+        space.pruned.append(f"batch > 1: only for the throughput objective (objective {objective} runs one item per "
+                            "inference, as a stream of frames does)")
+    elif batch is not None:
+        if batch.problem:
+            space.pruned.append(f"batch > 1: {batch.problem}")
+        else:
+            batches = tuple(batch.batches)
+            space.batch = batch
+        space.pruned.extend(batch.pruned)
     for runner in serving:
         if runner not in SPACES:
             space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")
@@ -294,7 +444,8 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
                         space.pruned.append(conflict)
                         continue
                     for w in (WORKERS if video else (1,)):
-                        space.configs.append(Config(runner, prec, recipe, opts, w))
+                        for n in batches:
+                            space.configs.append(Config(runner, prec, recipe, opts, w, n))
     space.pruned = list(dict.fromkeys(space.pruned))
     if not space.configs:
         raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))

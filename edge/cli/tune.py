@@ -20,7 +20,9 @@ def render_tune(r: dict[str, Any]) -> None:
 
     t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
     e2e = r["objective"] == "e2e"
-    cols = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "mem MB"]
+    # throughput: a batched trial's fps counts items (its p50/p99 are per inference of the whole batch)
+    cols = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms",
+            "items/s" if r["objective"] == "throughput" else "fps", "mem MB"]
     if e2e:  # frames the pipeline could not process in time at the target rate: ranked on first
         cols.insert(4, "missed at " + _pace(r))
     for col in cols:
@@ -95,6 +97,9 @@ def tune_cmd(
                                                   "(repeatable).", show_default=False),
     runner: Optional[List[str]] = typer.Option(None, "--runner", help="Only these runners (repeatable).",
                                                show_default=False),
+    batch: Optional[List[int]] = typer.Option(None, "--batch", help="Objective throughput: only these batch sizes "
+                                              "(repeatable; default 1, 2, 4, 8 where the model's first input "
+                                              "dimension is a batch).", show_default=False),
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
     freeze_input: Optional[List[str]] = FreezeInput, parity_data: Optional[Path] = ParityData, task: str = Task,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
@@ -108,7 +113,7 @@ def tune_cmd(
     with steps(not as_json) as say:
         result = tune(model, target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
                       max_trials=max_trials, time_budget_s=time_budget, calib=calib, video=video, study=study,
-                      strategy=strategy, precisions=precision or None, runners=runner or None,
+                      strategy=strategy, precisions=precision or None, runners=runner or None, batches=batch or None,
                       input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
                       parity_data=parity_data, task=task, freeze=parse_freeze(freeze_input) if freeze_input else None,
                       targets_dir=dirs(targets_dir), on_step=say)

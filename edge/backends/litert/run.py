@@ -10,6 +10,13 @@ What it makes explicit rather than silent (ai-edge-litert 2.3):
   line). The runner reads the execution plan after loading (``DELEGATE`` nodes and the ops
   they replaced) and records it; when XNNPack took none of the model, loading fails unless
   ``allow_cpu_fallback``;
+* XNNPack's flags: of them, ai-edge-litert 2.3's Interpreter takes only
+  ``experimental_default_delegate_latest_features`` (an XNNPack delegate created with
+  ENABLE_LATEST_OPERATORS), the runner option ``xnnpack_latest_features``; it is applied with an op
+  resolver that has no default delegate, so the execution plan's XNNPack partition is that delegate's.
+  FP16 inference, dynamic-range fully-connected and the weight cache are XNNPack flags only the
+  CompiledModel API's ``CpuOptions(xnnpack_flags=...)`` sets; no XNNPack delegate plugin library and no
+  environment variable for them ships with the package;
 * the Edge TPU: ``libedgetpu.so.1`` is loaded as a delegate; when it is missing (or the model
   was not compiled for the Edge TPU) loading fails unless ``allow_cpu_fallback``, and then
   every report says "CPU fallback". Which library is loaded is the device's choice only:
@@ -143,6 +150,10 @@ class LiteRTRunner(Runner):
                               "compiled for the Edge TPU, XNNPack refusing the model); reported as CPU fallback. "
                               f"Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command",
         "edgetpu_device": "which Edge TPU libedgetpu opens: '' (the first, default), 'usb', 'usb:0', 'pci:0'",
+        "xnnpack_latest_features": "delegate xnnpack only: create XNNPack with its latest operators enabled "
+                                   "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
+                                   "experimental_default_delegate_latest_features) instead of LiteRT's default "
+                                   "XNNPack; true or false (default)",
         "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
                            f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
                            "bundle's manifest",
@@ -165,6 +176,15 @@ class LiteRTRunner(Runner):
         if threads < 0:
             raise EdgeError(f"runner 'litert': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
         threads = threads or usable_cpus()
+        latest = opts.get("xnnpack_latest_features", False)
+        if not isinstance(latest, bool):
+            raise EdgeError(f"runner 'litert': xnnpack_latest_features must be true or false, got {latest!r}")
+        if latest and delegate != "xnnpack":
+            # the flag makes the interpreter add an XNNPack delegate of its own whatever the op resolver: with
+            # delegate none/reference it would silently run XNNPack (measured: ai-edge-litert 2.3)
+            raise EdgeError(f"runner 'litert': xnnpack_latest_features applies to delegate xnnpack only, not "
+                            f"{delegate} (it would apply XNNPack anyway)",
+                            hint="set delegate = \"xnnpack\", or leave xnnpack_latest_features out")
         allow_fallback = bool(opts.get("allow_cpu_fallback", False)) or env_flag(ALLOW_CPU_FALLBACK_ENV)
 
         path = self.artifact
@@ -180,12 +200,19 @@ class LiteRTRunner(Runner):
         device_requested = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)",
                             "reference": "CPU (reference kernels)"}[delegate]
         load_path = path
+        # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries no
+        # default delegate, so the execution plan's DELEGATE nodes are that delegate's (none would mean the flag
+        # did not reach the interpreter)
+        no_default = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        if latest:
+            details["xnnpack_latest_features"] = True
 
         def interpreter(model: Path, resolver: Any, delegates: list[Any] | None = None) -> Any:
             with captured_stderr() as lines:
                 try:
                     it = Interpreter(model_path=str(model), num_threads=threads, experimental_delegates=delegates,
-                                     experimental_op_resolver_type=resolver)
+                                     experimental_op_resolver_type=resolver,
+                                     experimental_default_delegate_latest_features=latest and resolver is no_default)
                     it.allocate_tensors()
                 except (ValueError, RuntimeError) as e:
                     err = str(e)
@@ -249,7 +276,7 @@ class LiteRTRunner(Runner):
                 device_used, precision_used = "CPU (XNNPack) [CPU fallback]", _precision_of(self._it)
                 details["delegate_applied"] = None
         elif delegate == "xnnpack":
-            self._it = interpreter(path, OpResolverType.AUTO)
+            self._it = interpreter(path, no_default if latest else OpResolverType.AUTO)
             device_used, precision_used = "CPU (XNNPack)", _precision_of(self._it)
         elif delegate == "reference":
             self._it = interpreter(path, OpResolverType.BUILTIN_REF)
@@ -275,7 +302,7 @@ class LiteRTRunner(Runner):
                 device_used = "CPU (builtin kernels) [CPU fallback]"
                 details["delegate_applied"] = None
             else:
-                details["delegate_applied"] = "XNNPack"
+                details["delegate_applied"] = "XNNPack (latest operators)" if latest else "XNNPack"
         elif delegate == "edgetpu" and fallback is None:
             details["edgetpu_ops"] = plan["delegated_ops"]
 
