@@ -1,8 +1,10 @@
 """``edgekit fleet tune --device ID`` (edge.fleet.tune_remote + edge.agent.tune_cmd): a real Mosquitto, a real agent
 process (``python -m edge.agent``), trials converted here, served over HTTP, downloaded, verified and measured by
 the agent, the same table returned. Malformed requests are refused naming the field; a wrong sha256 is refused
-before anything is unpacked; a second request while one runs is answered ``busy``. Figures are asserted to exist
-and to come from the device, never their size."""
+before anything is unpacked; a second request while one runs is answered ``busy``; a rollout arriving during a tune
+waits for it, then is applied; successive halving runs one request per rung and a re-run resumes from the study; a
+runner the device lacks is pruned with its reason. Figures are asserted to exist and to come from the device, never
+their size."""
 
 from __future__ import annotations
 
@@ -39,14 +41,19 @@ def mqtt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @contextmanager
-def agent_process(url: str, root: Path, device: str, *extra: str) -> Iterator[dict[str, Any]]:
-    """A real agent process (``python -m edge.agent``) with an empty store: no model of its own runs."""
+def agent_process(url: str, root: Path, device: str, *extra: str, lacking: tuple[str, ...] = ()
+                  ) -> Iterator[dict[str, Any]]:
+    """A real agent process (``python -m edge.agent``) with an empty store: no model of its own runs. ``lacking``:
+    Python packages the process cannot import (``sys.modules[name] = None``), as on a device without them."""
     store = root / "store"
     store.mkdir(parents=True)
     log = root / "agent.log"
-    p = subprocess.Popen([sys.executable, "-m", "edge.agent", "--device-id", device, "--fleet", FLEET, "--broker",
+    start = ["-m", "edge.agent"] if not lacking else [
+        "-c", f"import runpy, sys; sys.modules.update(dict.fromkeys({list(lacking)!r})); sys.argv[0] = 'edge.agent'; "
+        "runpy.run_module('edge.agent', run_name='__main__', alter_sys=True)"]
+    p = subprocess.Popen([sys.executable, *start, "--device-id", device, "--fleet", FLEET, "--broker",
                           url, "--store", str(store), "--source", "none", "--interval", "5", "--poll-current", "0",
-                          "--download-timeout", "60", "--log-level", "info", *extra],
+                          "--download-timeout", "60", "--log-level", "info", "--flush-timeout", "1", *extra],
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     try:
         with DeviceLink(BrokerConfig.from_url(url), FLEET, device) as link:
@@ -134,7 +141,8 @@ def test_fleet_tune_measures_on_the_device_and_returns_the_table(mqtt: Any, agen
     assert f"measured on device {DEVICE}" in overlay and r["winner"]["id"] in overlay
     # the agent downloaded and measured them, then deleted the trial bundles
     log = agent["log"].read_text()
-    assert f"tune {r['device']['study_id']}: done" in log, log[-2000:]
+    assert f"tune {r['device']['study_id']}-r0: done" in log, log[-2000:]  # 3 trials: one rung (halving keeps 3)
+    assert r["strategy"] == "halving" and r["device"]["requests"] == 1 and r["device"]["rungs"] == ["0:2x5"]
     assert not any((agent["store"] / "agent" / "tune").iterdir())
     # the table, as a person sees it, from the same JSON
     from edge.cli.tune import render_tune
@@ -193,6 +201,65 @@ def test_wrong_sha256_is_refused_before_unpacking_and_busy_while_running(link: D
     assert not any((agent["store"] / "agent" / "tune").iterdir())
 
 
+class Reported:
+    """The device's retained ``reported`` stream, as the collector reads it (each message with its arrival order)."""
+
+    def __init__(self, url: str, device: str = DEVICE) -> None:
+        from edge.agent.mqtt import paho
+
+        mqtt = paho()
+        cfg = BrokerConfig.from_url(url)
+        self.topic = f"edgekit/{FLEET}/{device}"
+        self.msgs: list[dict[str, Any]] = []
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-reported-{device}",
+                             protocol=mqtt.MQTTv5)
+        self.c.on_message = lambda _c, _u, m: m.payload and self.msgs.append(json.loads(m.payload))
+        self.c.connect(cfg.host, cfg.port)
+        self.c.subscribe(f"{self.topic}/reported", qos=1)
+        self.c.loop_start()
+
+    def desire(self, body: dict[str, Any] | None) -> None:
+        data = json.dumps(body) if body is not None else b""  # None: clear the retained desired state
+        self.c.publish(f"{self.topic}/desired", data, qos=1, retain=True).wait_for_publish(5)
+
+    def of(self, version: int) -> list[dict[str, Any]]:
+        return [m for m in list(self.msgs) if m.get("desired_version") == version]
+
+    def __enter__(self) -> "Reported":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def test_a_rollout_arriving_during_a_tune_waits_for_it_then_is_applied(mqtt: Any, link: DeviceLink,
+                                                                       agent: dict[str, Any]) -> None:
+    """Never applied beside the tune (its download would not even start), never lost: applied once it ends."""
+    version = 7
+    with Reported(mqtt.url) as fleet, HoldServer() as hold:
+        link.send(request(f"http://127.0.0.1:{hold.port}/slow.tar", study_id="held"))
+        wait_for(lambda: hold.held, 20, "the tune's download to start")
+        fleet.desire({"schema_version": SCHEMA_VERSION, "type": "desired", "fleet": FLEET, "device": DEVICE,
+                      "rollout_id": "r-held", "bundle_id": "b-held", "version": version,
+                      "artifact_url": f"http://127.0.0.1:{hold.port}/rollout.tar", "sha256": SHA, "size": 1000})
+        first = wait_for(lambda: fleet.of(version), 20, "the device's report of the held rollout")[0]
+        assert first["state"] == "idle" and first["progress"] == {"waiting_for": "tune", "study_id": "held"}, first
+        assert first["rollout_id"] == "r-held" and first["desired_bundle"] == "b-held", first
+        time.sleep(1.5)  # an apply beside the tune would have reported downloading and connected by now
+        assert [m["state"] for m in fleet.of(version)] == ["idle"], fleet.of(version)
+        assert set(hold.paths) == {"/slow.tar"}, hold.paths  # the tune's download only (it retries each quiet second)
+        hold.answer.set()  # the tune's download fails (404), the tune ends, then the rollout is applied
+        done = final(link, "held")
+        assert done["status"] == "done" and done["rollout_waiting"] == {"rollout_id": "r-held", "version": version}
+        last = wait_for(lambda: (fleet.of(version) or [{}])[-1].get("state") in ("failed", "running")
+                        and fleet.of(version)[-1], 30, "the rollout's outcome")
+        fleet.desire(None)
+    states = [m["state"] for m in fleet.of(version)]
+    assert states[0] == "idle" and "downloading" in states and last["state"] == "failed", states
+    assert last["reason"]["code"] == "download_failed" and "404" in last["reason"]["detail"], last
+
+
 class HoldServer:
     """Accepts HTTP connections and says nothing until ``answer`` is set; then answers 404."""
 
@@ -204,6 +271,7 @@ class HoldServer:
         self.port = self.sock.getsockname()[1]
         self.answer, self.done = threading.Event(), threading.Event()
         self.held: list[socket.socket] = []
+        self.paths: list[str] = []  # each request's path, as it came
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -214,6 +282,11 @@ class HoldServer:
                 c = None
             if c is not None:
                 self.held.append(c)
+                c.settimeout(2.0)
+                try:
+                    self.paths.append(c.recv(4096).split(b" ", 2)[1].decode())
+                except (OSError, IndexError, UnicodeDecodeError):
+                    self.paths.append("?")
             if self.answer.is_set():
                 for c in self.held:
                     try:
@@ -264,6 +337,92 @@ def test_device_with_a_trust_store_measures_signed_trials_only(mqtt: Any, models
     assert unsigned.winner is None and "unsigned" in t["status"] and t.get("result") is None, t["status"]
     (t,) = signed.trials
     assert signed.winner is t and t["result"]["p50_ms"] > 0 and t["parity"]["passed"] is True, t
+
+
+def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_the_study(
+        mqtt: Any, agent: dict[str, Any], models: dict[str, Path], work: Path, tmp_path: Path) -> None:
+    from edge.errors import EdgeError
+    from edge.tune import Schedule
+    from edge.tune_measure import _score
+
+    kw: dict[str, Any] = dict(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu",
+                              cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"],
+                              precisions=["fp32"], threads=[1], schedule=Schedule(reps=2, iters=5, warmup=1),
+                              serve="127.0.0.1:0", pictures=False, out=tmp_path / "o")
+    r = tune_on_device(models["tiny"], DEVICE, **kw)
+    assert r.converted == 0 and len(r.trials) == 4  # the first test's cache: two recipes, four configurations
+    # 4 trials: a short rung for all, the best 3 (at least eta) at full length; one request per rung
+    assert r.device["rungs"] == ["0:2x6", "1:2x5"] and r.device["requests"] == 2 and r.measured == 4 + 3
+    (out,) = [t for t in r.trials if t["status"] == "eliminated at 0:2x6"]
+    finalists = [t for t in r.trials if t is not out]
+    assert list(out["rungs"]) == ["0:2x6"] and all(list(t["rungs"]) == ["0:2x6", "1:2x5"] for t in finalists)
+    worst = _score("latency", out["rungs"]["0:2x6"]["rep_scores"])
+    assert all(_score("latency", t["rungs"]["0:2x6"]["rep_scores"]) <= worst for t in finalists)
+    assert all(t["parity"]["trial"]["passed"] is True for t in r.trials)  # checked on the device, every rung
+    assert r.winner in finalists and r.winner["result"]["rung"] == "1:2x5"
+    log = agent["log"].read_text()
+    sid = r.device["study_id"]
+    assert f"tune {sid}-r0: 4 trials, latency, 2x6" in log and f"tune {sid}-r1: 3 trials, latency, 2x5" in log
+    study = json.loads((tmp_path / "o" / "study.json").read_text())
+    assert study["device"] == f"{FLEET}/{DEVICE}" and r.study_path == str(tmp_path / "o" / "study.json")
+
+    # a run cut short before one finalist's full measurement: the re-run sends only that one, only at full length
+    cut = finalists[0]["id"]
+    del study["trials"][cut]["rungs"]["1:2x5"]
+    (tmp_path / "o" / "study.json").write_text(json.dumps(study))
+    r2 = tune_on_device(models["tiny"], DEVICE, **kw)
+    sid2 = r2.device["study_id"]
+    log = agent["log"].read_text()
+    assert f"tune {sid2}-r1: 1 trials, latency, 2x5" in log and f"tune {sid2}-r0" not in log
+    assert r2.measured == 1 and r2.device["requests"] == 1, (r2.measured, r2.device)
+    assert any("4 trials resumed from the study" in n for n in r2.notes), r2.notes
+    kept = {t["id"]: t["rungs"] for t in r.trials}
+    again = {t["id"]: t["rungs"] for t in r2.trials}
+    assert all(again[i] == kept[i] for i in kept if i != cut)  # not measured again
+    assert again[cut]["0:2x6"] == kept[cut]["0:2x6"] and again[cut]["1:2x5"] != kept[cut]["1:2x5"]
+    # a study of another device is refused before anything is converted or sent
+    study = json.loads((tmp_path / "o" / "study.json").read_text())
+    (tmp_path / "o" / "study.json").write_text(json.dumps({**study, "device": f"{FLEET}/dev-9"}))
+    with pytest.raises(EdgeError, match=f"made for device '{FLEET}/dev-9', this run is '{FLEET}/{DEVICE}'"):
+        tune_on_device(models["tiny"], DEVICE, **kw)
+
+
+def test_a_runner_the_device_lacks_is_pruned_with_its_reason_before_any_download(
+        mqtt: Any, models: dict[str, Path], work: Path, tmp_path: Path) -> None:
+    from edge.tune import Schedule
+
+    steps: list[str] = []
+    with agent_process(mqtt.url, tmp_path / "dev3", "dev-3", lacking=("openvino",)) as dev:
+        r = tune_on_device(models["tiny"], "dev-3", broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET,
+                           target="x86-cpu", cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"],
+                           precisions=["fp32"], threads=[1], max_trials=2, schedule=Schedule(reps=2, iters=5, warmup=1),
+                           serve="127.0.0.1:0", pictures=False, out=tmp_path / "o", on_step=steps.append)
+    (ov,) = [t for t in r.trials if t["runner"] == "openvino"]
+    assert ov["status"].startswith("pruned on the device: runner openvino cannot run on this device: Python "
+                                   "package providing 'openvino' is not installed"), ov["status"]
+    assert ov["result"] is None and "load_ms" not in ov
+    assert [p for p in r.pruned if p.startswith("runner openvino") and p.endswith("(device dev-3)")], r.pruned
+    assert [s for s in steps if "fetching" in s] == ["dev-3: fetching 1"], steps  # the onnxruntime bundle only
+    assert r.winner is not None and r.winner["runner"] == "onnxruntime" and "failed to convert" not in r.summary()
+    assert "failed to load" not in dev["log"].read_text()
+
+
+def test_rungs_stay_within_what_a_device_accepts() -> None:
+    from edge.agent.tune_cmd import LIMITS
+    from edge.errors import EdgeError
+    from edge.fleet.tune_rungs import MAX_ITERS, MAX_REPS, plan_rungs
+    from edge.tune import Schedule
+
+    assert (MAX_REPS, MAX_ITERS) == (LIMITS["reps"][1], LIMITS["iters"][1])
+    for sched in (Schedule(), Schedule(reps=50, iters=10_000), Schedule(reps=1, iters=1), Schedule(reps=7, iters=13)):
+        for n in (1, 3, 4, 10, 64):
+            rungs = plan_rungs(sched, n, "halving", "latency")
+            assert len(rungs) == (1 if n <= 3 else 2 if n <= 9 else 3 if n <= 27 else 4), (n, rungs)
+            assert all(1 <= r <= MAX_REPS and 1 <= i <= MAX_ITERS for r, i in rungs), (sched, n, rungs)
+            assert rungs[-1][0] * rungs[-1][1] >= sched.reps * sched.iters  # the finalists: the full samples
+    assert plan_rungs(Schedule(), 64, "exhaustive", "latency") == [(5, 40)]
+    with pytest.raises(EdgeError, match="unknown strategy"):
+        plan_rungs(Schedule(), 4, "grid", "latency")
 
 
 def test_the_agent_stays_lean_until_a_tune_arrives() -> None:

@@ -179,6 +179,9 @@ class Agent:
         self.app: Any = None  # edge.agent.appsocket.AppSocket with --source app
         self._app_totals = [0, 0]  # frames, budget misses the application reported since start
         self.tune: Any = None  # edge.agent.tune_cmd.TuneJob while a cmd/tune request runs
+        # a tune and a rollout's apply never run together: each starts under this lock, seeing the other not running
+        self._tune_gate = threading.Lock()
+        self.held: DesiredState | None = None  # a desired state waiting for the tune to end (applied after it)
 
     # bundle and runner -------------------------------------------------------------------
     def _read_current(self) -> str | None:
@@ -352,9 +355,19 @@ class Agent:
         """Why a tune request cannot start now (None: it can): one at a time, never beside a rollout's apply."""
         if self.tune is not None:
             return f"busy: tune {self.tune.req.study_id} is running"
+        if self.held is not None:  # it waited for the last tune: it goes first
+            return f"busy: rollout {self.held.rollout_id} (desired version {self.held.version}) is waiting to be applied"
         if self._apply_cancel is not None or not self._desired_q.empty():
             return "busy: a rollout's desired state is being applied (download to watch)"
         return None
+
+    def tune_start(self, job: Any) -> str | None:
+        """Start ``job`` (the MQTT loop thread) unless busy; returns why not."""
+        with self._tune_gate:
+            busy = self.tune_busy()
+            if busy is None:
+                self.tune = job
+            return busy
 
     def tune_done(self, job: Any) -> None:
         if self.tune is job:
@@ -375,7 +388,9 @@ class Agent:
                 if d is not None:
                     while not self._desired_q.empty():  # the latest wins: older queued ones are moot
                         d = self._desired_q.get_nowait()
-                    self._apply_cancel = threading.Event()
+                    d = self._hold_for_tune(d)  # sets _apply_cancel when it returns one
+                    if d is None:
+                        return
                     try:
                         Applier(self, d, self._apply_cancel, stopping=self._control_stop).run()
                     finally:
@@ -384,6 +399,35 @@ class Agent:
                     self._poll_current()
             except Exception:  # a bug here must not stop the agent reporting
                 log.exception("control thread")
+
+    def _hold_for_tune(self, d: DesiredState) -> DesiredState | None:
+        """The desired state to apply now, once no device tune runs (None: the agent is stopping). A rollout that
+        arrives during a tune is held, never lost and never applied beside it (an apply would load a model and
+        download while the tune measures): reported ``idle`` with ``progress.waiting_for = "tune"`` until the tune
+        ends; a newer desired state arriving meanwhile replaces it (the latest wins, as always)."""
+        shown: DesiredState | None = None
+        while True:
+            with self._tune_gate:
+                job = self.tune
+                if job is None:
+                    self.held = None
+                    self._apply_cancel = threading.Event()
+                    return d
+                self.held = d
+            if shown is not d:
+                log.info("desired version %d (rollout %s) waits for tune %s to end", d.version, d.rollout_id,
+                         job.req.study_id)
+                running = self.bundle.id if self.bundle is not None else None
+                self.report(ReportedState(state="idle", bundle_running=running, rollout_id=d.rollout_id,
+                                          desired_version=d.version, desired_bundle=d.bundle_id,
+                                          progress={"waiting_for": "tune", "study_id": job.req.study_id}))
+                shown = d
+            if self._control_stop.wait(0.2):
+                with self._tune_gate:
+                    self.held = None  # not recorded: the retained desired state is applied after a restart
+                return None
+            while not self._desired_q.empty():
+                d = self._desired_q.get_nowait()
 
     # payload bodies ----------------------------------------------------------------------
     def birth_body(self) -> dict[str, Any]:

@@ -7,8 +7,12 @@
 Nothing in a request is trusted: its size, every field's type and range, the artifact URLs (``http(s)://`` only,
 no credentials), sha256s, trial ids and runner options (only the options the bundle's runner declares, scalar
 values) are checked into frozen dataclasses before anything is fetched; a refusal names the field. One request
-runs at a time, never while a rollout's apply (download to watch) runs: a second gets ``busy``.
+runs at a time, never while a rollout's apply (download to watch) runs: a second gets ``busy``. A desired state
+that arrives during a tune is held until the tune ends, then applied (``Agent._hold_for_tune``: reported ``idle``
+with ``progress.waiting_for = "tune"`` meanwhile; the ``done`` reply names it in ``rollout_waiting``).
 
+A trial whose runner this device cannot run (the runner's declared requirements: a package, the OS, a GPU) is
+answered ``unavailable: <what is missing>`` before anything is fetched; the host lists it as pruned on the device.
 Each trial's bundle travels as a rollout artifact does (``edge.agent.download.fetch``: resume, sha256; then
 ``unpack_bundle`` and ``Bundle.open`` with the store's trust store, as ``edge.agent.apply`` verifies), and is
 measured as ``edgekit tune`` measures on the host (``edge.tune_measure``: the trial's own reference check, then
@@ -42,6 +46,8 @@ log = logging.getLogger("edge.agent")
 
 REQUEST_TYPE = "tune-request"
 REPLY_KIND = "tune"
+#: a trial's status when this device lacks what its runner needs (a package, the OS, a GPU): not fetched, not run
+UNAVAILABLE = "unavailable"
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_TRIALS = 64
 MAX_URL = 2048
@@ -217,6 +223,9 @@ class TuneJob:
             final: tuple[str, dict[str, Any]] = ("done", {"host": device_host(), "trials": trials,
                                                           "wall_s": round(time.monotonic() - t0, 2),
                                                           "workload": self._workload()})
+            held = self.agent.held
+            if held is not None:  # a rollout waited for this tune; the agent applies it now
+                final[1]["rollout_waiting"] = {"rollout_id": held.rollout_id, "version": held.version}
         except TuneRequestError as e:
             final = ("refused", {"field": e.field, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - reported to the host; the agent goes on
@@ -246,8 +255,17 @@ class TuneJob:
                     raise TuneRequestError(f"trials[{i}].options.{k}", f"runner {t.runner!r} takes no such option "
                                            f"(it takes: {', '.join(sorted(cls.options))})")
         recs: dict[str, dict[str, Any]] = {t.id: {"id": t.id, "status": "pending"} for t in req.trials}
+        lacking: dict[str, list[str]] = {}  # runner -> what this device lacks for it (its declared requirements)
+        for t in req.trials:
+            if t.runner not in lacking:
+                lacking[t.runner] = RUNNERS.get(t.runner).problems()
+            if lacking[t.runner]:  # said before anything is fetched, not found by failing to load
+                recs[t.id]["status"] = (f"{UNAVAILABLE}: runner {t.runner} cannot run on this device: "
+                                        + "; ".join(lacking[t.runner]))[:400]
         bundles: dict[str, Any] = {}  # sha256 -> Bundle or the error that stopped it
         for n, t in enumerate(req.trials):
+            if recs[t.id]["status"] != "pending":
+                continue
             if t.sha256 not in bundles:
                 self._reply("progress", step=f"fetching {len(bundles) + 1}", trial=t.id)
                 bundles[t.sha256] = self._fetch(t)
@@ -338,12 +356,11 @@ def handle(agent: "Agent", payload: bytes) -> TuneJob | None:
         log.warning("%s", e)
         reply(agent, "refused", _study_of(payload), field=e.field, error=str(e))
         return None
-    busy = agent.tune_busy()
+    job = TuneJob(agent, req)
+    busy = agent.tune_start(job)  # checked and taken under the agent's lock: an apply cannot start between
     if busy is not None:
         reply(agent, "busy", req.study_id, error=busy)
         return None
-    job = TuneJob(agent, req)
-    agent.tune = job
     reply(agent, "accepted", req.study_id, trials=len(req.trials))
     log.info("tune %s: %d trials, %s, %dx%d", req.study_id, len(req.trials), req.objective, req.reps, req.iters)
     job.thread.start()

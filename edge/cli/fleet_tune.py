@@ -41,21 +41,29 @@ def fleet_tune_cmd(
                                                show_default=False),
     threads: Optional[List[int]] = typer.Option(None, "--threads", help="Only these thread counts (repeatable).",
                                                 show_default=False),
-    reps: int = typer.Option(5, "--reps", help="Interleaved repetitions on the device."),
-    iters: int = typer.Option(40, "--iters", help="Timed inferences per trial and repetition."),
+    strategy: str = typer.Option("halving", "--strategy", help="halving: a short measurement of every trial, then "
+                                 "the best third (at least 3) measured again, one request per rung, until the "
+                                 "finalists get the full one; exhaustive: every trial at full length, one request."),
+    study: Optional[Path] = typer.Option(None, "--study", help="Study file to resume from and write to after every "
+                                         "rung (default: OUT/study.json); it names the device, model, target and "
+                                         "objective, and one made for others is refused.", show_default=False),
+    reps: int = typer.Option(5, "--reps", help="Interleaved repetitions on the device (the full measurement)."),
+    iters: int = typer.Option(40, "--iters", help="Timed inferences per trial and repetition (the full "
+                              "measurement)."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed inferences per trial first."),
     sign_key: Optional[str] = SignKey,
-    timeout: float = typer.Option(900.0, "--timeout", help="Wait this long (s) for the device's result."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory: tuned.toml, device-tune.json, "
-                                       "pareto.html/png, artifacts/, the conversion cache (default: "
-                                       "build/<model>-<device>-tune).", show_default=False),
+    timeout: float = typer.Option(900.0, "--timeout", help="Wait this long (s) for the device's results (every rung)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory: tuned.toml, study.json, "
+                                       "device-tune.json, pareto.html/png, artifacts/, the conversion cache "
+                                       "(default: build/<model>-<device>-tune).", show_default=False),
     input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
     broker: str = Broker, ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
     username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
 ) -> None:
-    """Convert the tune space's trials here, have DEVICE's agent download, verify and measure them over MQTT,
-    and show the same table as `edgekit tune`, measured on the device."""
+    """Convert the tune space's trials here, have DEVICE's agent download, verify and measure them over MQTT
+    (successive halving: one request per rung), and show the same table as `edgekit tune`, measured on the
+    device. A re-run with the same --study (or --out) measures only what the study lacks."""
     from edge.cli.tune import render_tune
     from edge.fleet.tune_remote import tune_on_device
     from edge.onnxmodel import parse_input_shapes
@@ -68,7 +76,7 @@ def fleet_tune_cmd(
             fleet=fleet, target=target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
             max_trials=max_trials, calib=calib, runners=runner or None, precisions=precision or None,
             threads=threads or None, schedule=Schedule(reps=reps, iters=iters, warmup=warmup),
-            artifact_base_url=artifact_base_url, serve=serve, timeout_s=timeout,
+            artifact_base_url=artifact_base_url, serve=serve, timeout_s=timeout, strategy=strategy, study=study,
             sign_key=configured_sign_key(sign_key),
             input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
             targets_dir=dirs(targets_dir), on_step=say)

@@ -8,6 +8,12 @@ With ``require_certificate true`` and ``use_identity_as_username true``, ``%u`` 
 - each collector identity (``collector:<name>``) reads every device's messages of the fleet
   (shared subscriptions included) and may publish commands (``cmd/rebirth``) to any of them.
 
+A fleet tool's own sync marker (``edgekit fleet tune``'s ``cmd/tune-sync``, the rollout controller's
+``cmd/rollout-sync``: published to itself, it comes back after the retained messages) goes under the name
+the broker knows the tool by (:func:`own_level`): ``edgekit/<fleet>/collector:<name>/cmd/<marker>``. The
+``%u/cmd/#`` read pattern lets that identity, and only it, read it; only collector identities may write any
+``cmd/`` (devices none), and no device id can be ``collector:<name>`` (``:`` is not in a device id).
+
 Anything else is denied: Mosquitto drops a denied publish (an MQTT 5 client gets "not
 authorized" in its PUBACK) and never delivers a message the reader may not read.
 One fleet per ACL file: a device certificate is not bound to a fleet, so a broker serving
@@ -18,9 +24,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from edge.agent.topics import INBOUND_KINDS, KINDS, ROOT, check_part
+from edge.errors import EdgeError
 from edge.fleet.pki import PkiError, Role, identity
 
 DEFAULT_COLLECTOR = "main"
@@ -44,6 +51,30 @@ def mosquitto_acl(fleet: str, *, collectors: Sequence[str] = (DEFAULT_COLLECTOR,
         lines += [f"user {identity(name, Role.COLLECTOR)}", f"topic read {base}/+/+",
                   f"topic write {base}/+/cmd/+"] + [f"topic write {base}/+/{kind}" for kind in INBOUND_KINDS] + [""]
     return "\n".join(lines)
+
+
+def own_level(broker: Any, client_id: str) -> str:
+    """The topic level for a client's own markers (``edgekit/<fleet>/<level>/cmd/...``): the name the broker knows it
+    by, which the ACL's ``%u`` is: ``broker.username``, else its client certificate's CN
+    (``use_identity_as_username``), else (a broker without either) the client id."""
+    for name in (getattr(broker, "username", None), _cert_cn(getattr(broker, "cert_file", None))):
+        if name:
+            try:
+                return check_part(name, "user name")
+            except EdgeError:
+                pass
+    return client_id[:100]
+
+
+def _cert_cn(cert_file: Any) -> str | None:
+    if cert_file is None:
+        return None
+    from edge.fleet.pki import certificate_identity
+
+    try:
+        return certificate_identity(Path(cert_file).read_bytes())
+    except (OSError, EdgeError):  # unreadable here, or no cryptography: the connection itself says what is wrong
+        return None
 
 
 def write_acl(path: str | os.PathLike[str], fleet: str, *, collectors: Sequence[str] = (DEFAULT_COLLECTOR,)) -> Path:

@@ -96,7 +96,9 @@ class FleetView:
         check_part(fleet, "fleet")
         self.broker, self.fleet, self.telemetry = broker, fleet, telemetry
         self.client_id = client_id or f"edgekit-rollout-{secrets.token_hex(4)}"
-        self._sync_topic = str(Topic(fleet, self.client_id[:100], "cmd", "rollout-sync"))
+        from edge.fleet.acl import own_level  # the identity the broker knows: the generated ACL lets it read its own
+
+        self._sync_topic = str(Topic(fleet, own_level(broker, self.client_id), "cmd", "rollout-sync"))
         self._token = ""
         kinds = ["birth", "death", "desired", "reported"] + (["telemetry"] if telemetry else [])
         subs = [(f"edgekit/{fleet}/+/{k}", 0 if k == "telemetry" else 1) for k in kinds] + [(self._sync_topic, 1)]

@@ -13,18 +13,20 @@
 3. Each bundle is packed as a rollout artifact (``edge.agent.artifact.pack_bundle``) and served: at
    ``artifact_base_url`` (the user uploads ``OUT/artifacts/*.tar`` there; each URL is checked first), or by a
    small HTTP server this call runs on ``serve`` (``ADDR:PORT``) until the device has replied.
-4. One ``cmd/tune`` request (``edge.agent.tune_cmd.TuneRequest``) goes to the device, which downloads, verifies
-   and measures every trial interleaved, as ``edgekit tune`` measures (one full-length rung: the exhaustive
-   strategy), and replies on ``edgekit/<fleet>/<device>/tune``.
-5. The reply (checked: nothing in it is trusted) becomes ``tune``'s trial records; the winner is chosen by the
-   same rule (``edge.tune.choose``: parity is a hard constraint) and written as an overlay stating the device.
+4. One ``cmd/tune`` request (``edge.agent.tune_cmd.TuneRequest``) per rung of successive halving
+   (``edge.fleet.tune_rungs``: ``edgekit tune``'s rungs and elimination rule; ``strategy="exhaustive"``: one
+   full-length rung) goes to the device, which downloads, verifies and measures that rung's trials interleaved,
+   as ``edgekit tune`` measures, and replies on ``edgekit/<fleet>/<device>/tune``.
+5. The replies (checked: nothing in them is trusted) become ``tune``'s trial records, written to the study file
+   after every rung (a re-run with the same study sends only what it lacks; a study of another device, model,
+   target or objective is refused); the winner is chosen by the same rule (``edge.tune.choose``: parity is a hard
+   constraint) and written as an overlay stating the device.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import queue
 import secrets
 import threading
@@ -40,6 +42,9 @@ from edge.agent.netloop import Backoff, Connection, NetworkLoop
 from edge.agent.payloads import SCHEMA_VERSION, encode
 from edge.agent.topics import Topic, TopicError, check_part
 from edge.errors import EdgeError
+from edge.fleet.acl import own_level
+from edge.fleet.tune_rungs import (device_pruned, device_trial, host_of, load_study, num, plan_rungs, resume,
+                                    save_study, search, study_header, text)
 from edge.tune import Schedule, TuneResult
 
 Say = Callable[[str], None]
@@ -121,7 +126,8 @@ class DeviceLink:
         self.fleet, self.device = fleet, device
         self.client_id = client_id or f"edgekit-tune-{secrets.token_hex(4)}"
         self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "death", "tune")}
-        self._sync = str(Topic(fleet, self.client_id[:100], "cmd", "tune-sync"))
+        # under the identity the broker knows (edge.fleet.acl.own_level): the generated ACL lets it read only its own
+        self._sync = str(Topic(fleet, own_level(broker, self.client_id), "cmd", "tune-sync"))
         self._token = secrets.token_hex(8)
         self.birth: dict[str, Any] | None = None
         self.death: dict[str, Any] | None = None
@@ -198,6 +204,7 @@ class _Prepared:
     notes: list[str]
     converted: int
     convert_s: float
+    model_sha: str = ""
 
 
 def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: Path, calib: Any,
@@ -243,7 +250,7 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
             par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
         _combine_parity(par)
         rec["parity"] = par
-    return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0)
+    return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0, model_sha)
 
 
 def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None = None,
@@ -274,55 +281,6 @@ def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None =
     return arts
 
 
-# -- reading the device's reply (nothing in it is trusted) -------------------------------------------
-
-def _num(v: Any) -> float | None:
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
-
-
-def _text(v: Any, n: int = 400) -> str | None:
-    return v[:n] if isinstance(v, str) else None
-
-
-def _device_trial(obj: Any) -> dict[str, Any]:
-    """One trial of the reply, kept to the fields the table reads, each checked."""
-    if not isinstance(obj, dict):
-        return {"status": "failed: malformed reply"}
-    out: dict[str, Any] = {"status": _text(obj.get("status")) or "failed: no status in the reply"}
-    m = obj.get("measurement")
-    if isinstance(m, dict):
-        reps = m.get("rep_scores")
-        if isinstance(reps, list) and reps and len(reps) <= 1000 and all(_num(x) is not None for x in reps):
-            out["measurement"] = {"reps": len(reps), "iters": int(_num(m.get("iters")) or 0),
-                                  "rep_scores": [float(x) for x in reps],
-                                  **{k: _num(m.get(k)) for k in ("p50_ms", "p99_ms", "fps")}}
-    for k in ("load_ms", "memory_mb"):
-        if _num(obj.get(k)) is not None:
-            out[k] = _num(obj.get(k))
-    rt = obj.get("runtime")
-    if isinstance(rt, dict):
-        out["runtime"] = {k: (v if isinstance(v, (int, float, bool)) or v is None else str(v)[:200])
-                          for k, v in list(rt.items())[:8] if isinstance(k, str)}
-    par = obj.get("parity")
-    if isinstance(par, dict):
-        tr = par.get("trial") if isinstance(par.get("trial"), dict) else {}
-        passed = tr.get("passed")
-        out["parity"] = {"trial": {"passed": passed if passed in (True, False, None) else None,
-                                   "samples": _num(tr.get("samples")),
-                                   "failures": [f[:300] for f in tr.get("failures") or [] if isinstance(f, str)][:4]},
-                         "error": _num(par.get("error"))}
-    return out
-
-
-def _host_of(reply: Mapping[str, Any]) -> dict[str, Any]:
-    h = reply.get("host") if isinstance(reply.get("host"), dict) else {}
-    isa = h.get("isa") if isinstance(h.get("isa"), list) else []
-    return {"hostname": _text(h.get("hostname"), 128), "os": _text(h.get("os"), 32) or "?",
-            "arch": _text(h.get("arch"), 32) or "?", "cpu": _text(h.get("cpu"), 200) or "?",
-            "cpus": int(_num(h.get("cpus")) or 0), "isa": [f[:32] for f in isa if isinstance(f, str)][:64],
-            "nvidia_gpu": h.get("nvidia_gpu") is True, "jetson": h.get("jetson") is True}
-
-
 # -- the whole --------------------------------------------------------------------------------------
 
 def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, fleet: str = "default",
@@ -333,19 +291,22 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
                    schedule: Schedule | None = None, parity_samples: int = 32,
                    artifact_base_url: str | None = None, serve: str | None = None, timeout_s: float = 900.0,
                    sign_key: str | None = None, keys_dir: Any = None, cache: str | Path | None = None,
-                   answer_timeout_s: float = 30.0, targets_dir: Iterable[Any] = (),
+                   answer_timeout_s: float = 30.0, targets_dir: Iterable[Any] = (), strategy: str = "halving",
+                   study: str | Path | None = None,
                    input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
                    letterbox: bool | None = None, pictures: bool = True, on_step: Say | None = None
                    ) -> RemoteTuneResult:
     """See the module docstring. Exactly one of ``artifact_base_url`` and ``serve`` says how the device gets
     the bundles. ``timeout_s``: for the device's whole answer; ``answer_timeout_s``: for its first reply.
     ``sign_key``: sign each trial bundle (a copy) for a device with a trust store. ``cache``: the conversion cache
-    (default ``OUT/cache``; ``edgekit tune``'s cache works too: the same recipe keys)."""
+    (default ``OUT/cache``; ``edgekit tune``'s cache works too: the same recipe keys). ``strategy``: ``halving``
+    (rungs, ``edge.fleet.tune_rungs``) or ``exhaustive`` (one full-length request). ``study``: the study file
+    (default ``OUT/study.json``); a re-run with it measures only what it lacks."""
     from edge.capabilities import Host
     from edge.pipeline import open_source
     from edge.stats import budget_from
     from edge.targets import TargetProfile, get_target, same_device_class
-    from edge.tune import _priority, _score, choose
+    from edge.tune import _best_rung, _priority, _score, choose
     from edge.tune_space import build_space
 
     t_start = time.perf_counter()
@@ -361,13 +322,15 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
     if max_trials is not None and max_trials < 1:
         raise RemoteTuneError(f"--max-trials must be >= 1, got {max_trials}")
     sched = schedule or Schedule()
-    if not (1 <= sched.reps <= 50 and 1 <= sched.iters <= 10_000 and 0 <= sched.warmup <= 1_000):
-        raise RemoteTuneError("schedule: reps 1-50, iters 1-10000, warmup 0-1000 (what a device accepts)")
+    if not (1 <= sched.reps <= 50 and 1 <= sched.iters <= 10_000 and 0 <= sched.warmup <= 1_000 and sched.eta >= 2):
+        raise RemoteTuneError("schedule: reps 1-50, iters 1-10000, warmup 0-1000 (what a device accepts), eta >= 2")
+    plan_rungs(sched, 1, strategy, objective)  # an unknown strategy is refused before anything runs
     model = Path(model)
     src = open_source(model)
     if src.format != "onnx":
         raise RemoteTuneError(f"edgekit fleet tune takes an ONNX model; {model.name} is {src.format}")
     out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{device}-tune"
+    study_path = Path(study) if study is not None else out_dir / "study.json"
     with DeviceLink(broker, fleet, device) as link:
         say(f"reading {fleet}/{device}'s birth from {broker.url}")
         if not link.synced.wait(15.0):
@@ -414,6 +377,11 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
         source = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
                   "preprocess": preprocess, "letterbox": letterbox}
         out_dir.mkdir(parents=True, exist_ok=True)
+        from edge.bundle import sha256_file
+
+        # a study of another device, model, target or objective is refused before anything is converted
+        header = study_header(sha256_file(model), profile.name, objective, strategy, fleet, device, bh)
+        stored, measured_by = load_study(study_path, header)
         prep = _prepare(model, profile, space, configs, Path(cache) if cache is not None else out_dir / "cache",
                         calib, parity_samples, source, say)
         server = ArtifactServer(out_dir / "artifacts", serve) if serve is not None else None
@@ -431,74 +399,86 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
             if not sendable:
                 raise RemoteTuneError("no configuration converted here: "
                                       + "; ".join(prep.recs[c.id]["status"] for c in configs)[:600])
+            resumed = resume(prep.recs, stored)
+            if resumed:
+                notes.append(f"{resumed} trials resumed from the study {study_path} (measured on this device before)")
             study = f"tune-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
             tid = {c.id: f"t{i:02d}" for i, c in enumerate(sendable)}
-            trials = [{"id": tid[c.id], **arts[prep.keys[c.id]], "runner": c.runner, "precision": c.precision,
-                       "options": dict(c.options)} for c in sendable]
-            request = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": fleet, "device": device,
-                       "ts": round(time.time(), 3), "study_id": study, "objective": objective,
-                       "schedule": {"reps": sched.reps, "iters": sched.iters, "warmup": sched.warmup},
-                       "trials": trials}
+            for c in sendable:
+                prep.recs[c.id]["device_trial"] = tid[c.id]
+            rungs = plan_rungs(sched, len(sendable), strategy, objective)
             from edge.agent.tune_cmd import MAX_REQUEST_BYTES
 
-            if len(encode(request)) > MAX_REQUEST_BYTES:
-                raise RemoteTuneError(f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
-                                      hint="fewer trials (--max-trials), or shorter artifact URLs")
-            say(f"sending {len(trials)} trials to {device} (study {study})")
+            def exchange(todo: Sequence[Any], k: int, reps: int, iters: int) -> dict[str, Any]:
+                """One rung: its trials to the device, its final reply (trials keyed by config id)."""
+                rung_study = f"{study}-r{k}"
+                request = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": fleet,
+                           "device": device, "ts": round(time.time(), 3), "study_id": rung_study,
+                           "objective": objective, "schedule": {"reps": reps, "iters": iters, "warmup": sched.warmup},
+                           "trials": [{"id": tid[c.id], **arts[prep.keys[c.id]], "runner": c.runner,
+                                       "precision": c.precision, "options": dict(c.options)} for c in todo]}
+                if len(encode(request)) > MAX_REQUEST_BYTES:
+                    raise RemoteTuneError(f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
+                                          hint="fewer trials (--max-trials), or shorter artifact URLs")
+                say(f"sending {len(todo)} trials to {device} (study {rung_study}: {reps} repetitions of {iters})")
+                link.send(request)
+                left = timeout_s - (time.perf_counter() - t_search)
+                try:
+                    reply = _wait(link, rung_study, device, min(answer_timeout_s, max(left, 0.0)), left, say)
+                except RemoteTuneError as e:
+                    raise RemoteTuneError(f"{e.message} (rung {k}: {reps}x{iters})", hint=(
+                        f"{e.hint + '; ' if e.hint else ''}the trials measured so far are in {study_path}: "
+                        "run again with the same --study to resume")) from None
+                back = {t.get("id"): t for t in reply.get("trials") or [] if isinstance(t, dict)} \
+                    if isinstance(reply.get("trials"), list) else {}
+                reply["trials"] = {c.id: device_trial(back[tid[c.id]]) for c in todo if tid[c.id] in back}
+                state["host"] = host_of(reply)
+                state["wall_s"] += num(reply.get("wall_s")) or 0.0
+                state["measured"] += sum(1 for t in reply["trials"].values() if "measurement" in t)
+                return reply
+
+            state: dict[str, Any] = {"host": measured_by, "wall_s": 0.0, "measured": 0}
             t_search = time.perf_counter()
-            link.send(request)
-            reply = _wait(link, study, device, answer_timeout_s, timeout_s, say)
+            replies = search(sendable, prep.recs, rungs, exchange, objective=objective, rank_budget=rank_budget,
+                             eta=sched.eta, say=say,
+                             save=lambda: save_study(study_path, header, prep.recs, state["host"]))
             search_s = time.perf_counter() - t_search
         finally:
             if server is not None:
                 server.close()
-    dev_trials = reply.get("trials") if isinstance(reply.get("trials"), list) else []
-    by_tid = {t.get("id"): t for t in dev_trials if isinstance(t, dict) and isinstance(t.get("id"), str)}
-    rung = f"0:{sched.reps}x{sched.iters}"
-    from edge.tune_measure import _combine_parity
-
-    for c in configs:
-        rec = prep.recs[c.id]
-        if c.id not in tid:
-            continue
-        got = _device_trial(by_tid.get(tid[c.id], {"status": "failed: the device did not report this trial"}))
-        rec["device_trial"] = tid[c.id]
-        for k in ("load_ms", "memory_mb", "runtime"):
-            if k in got:
-                rec[k] = got[k]
-        par = rec["parity"] or {}
-        if "parity" in got:
-            par["trial"], par["error"] = got["parity"]["trial"], got["parity"]["error"]
-        _combine_parity(par)
-        rec["parity"] = par
-        if "measurement" in got:
-            rec["rungs"][rung] = got["measurement"]
-            rec["status"] = ("measured" if par.get("passed") is True else
-                             "parity failed" if par.get("passed") is False else "parity not verified")
-        else:
-            rec["status"] = f"failed on the device: {got['status']}" if not got["status"].startswith("failed") \
-                else got["status"]
     recs = [prep.recs[c.id] for c in configs]
+    space.pruned.extend(device_pruned(recs, device))
     for t in recs:
-        m = t["rungs"].get(rung)
-        t["result"] = {"rung": rung, **{k: v for k, v in m.items() if k != "rep_scores"},
+        best = _best_rung(t)
+        m = t["rungs"][best] if best else None
+        t["result"] = {"rung": best, **{k: v for k, v in m.items() if not k.startswith("rep_")},
                        "score": _score(objective, m["rep_scores"])} if m else None
     winner = choose(recs, rank_budget, objective)
     if winner is not None:
         winner["status"] = "chosen"
-    host = _host_of(reply)
+    save_study(study_path, header, prep.recs, state["host"])
+    host = state["host"] or host_of({"host": {"hostname": bh.get("hostname"), "os": bh.get("os"),
+                                              "arch": bh.get("arch"), "cpus": bh.get("cpu_count")}})
     dev_host = Host(os=host["os"], arch=host["arch"], nvidia_gpu=host["nvidia_gpu"], jetson=host["jetson"])
     same, why = same_device_class(profile, dev_host, (winner or {}).get("runtime") or {})
     why = why.replace("this host", f"device {device}")
-    if isinstance(reply.get("workload"), str):
-        notes.append(f"on the device during the measurement: {reply['workload'][:200]}")
-    result = RemoteTuneResult(model=str(model), target=profile.name, objective=objective, strategy="exhaustive",
+    for reply in replies[-1:]:
+        if isinstance(reply.get("workload"), str):
+            notes.append(f"on the device during the measurement: {reply['workload'][:200]}")
+    for reply in replies:
+        held = reply.get("rollout_waiting")
+        if isinstance(held, dict) and isinstance(held.get("rollout_id"), str) and type(held.get("version")) is int:
+            notes.append(f"rollout {held['rollout_id'][:128]} (desired version {held['version']}) arrived during the "
+                         "tune and waited for it; the device applied it after that request")
+    result = RemoteTuneResult(model=str(model), target=profile.name, objective=objective, strategy=strategy,
                               budget_ms=budget, budget_source=budget_source, trials=recs, pruned=space.pruned,
                               notes=notes, winner=winner, device_class={"same": same, "reason": why}, host=host,
-                              measured=sum(1 for t in recs if t.get("result")), converted=prep.converted,
+                              measured=state["measured"], converted=prep.converted,
                               convert_s=prep.convert_s, search_s=search_s,
                               device={"id": device, "fleet": fleet, "study_id": study, "birth_host": bh,
-                                      "device_wall_s": _num(reply.get("wall_s"))})
+                                      "requests": len(replies), "rungs": [f"{k}:{r}x{i}" for k, (r, i) in
+                                                                          enumerate(rungs)],
+                                      "device_wall_s": round(state["wall_s"], 2)})
     if winner is None:
         notes.append("no configuration passed parity on the device: nothing to apply")
     else:
@@ -507,8 +487,8 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
         from edge.tune_report import write_pictures
 
         write_pictures(out_dir, result, notes)
+    result.study_path = str(study_path)
     (out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str), encoding="utf-8")
-    result.study_path = str(out_dir / "device-tune.json")
     result.wall_s = time.perf_counter() - t_start
     return result
 
@@ -543,12 +523,12 @@ def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, ti
         if status == "accepted":
             say(f"{device} accepted {r.get('trials')} trials")
         elif status == "progress":
-            say(f"{device}: {_text(r.get('step'), 200)}")
+            say(f"{device}: {text(r.get('step'), 200)}")
         elif status == "done":
             return r
         elif status in ("refused", "busy", "failed"):
             what = {"refused": "refused the tune request", "busy": "is busy", "failed": "failed the tune"}[status]
-            raise RemoteTuneError(f"device {device} {what}: {_text(r.get('error'), 600)}")
+            raise RemoteTuneError(f"device {device} {what}: {text(r.get('error'), 600)}")
 
 
 def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
