@@ -31,7 +31,7 @@ processes in one shared-subscription group, as ``--collectors``), ``protocol=3.1
 3.1.1: no shared subscription, and paho parses no MQTT 5 properties); ``''`` is the defaults;
 ``paho`` is the MQTT client alone (paho on the collector's network loop, acknowledging every
 message at once, nothing decoded or stored): the ceiling of a paho-based collector; ``lite`` the same
-with the lean client (edge.fleet.mqttlite); ``client=lite`` the collector on the lean client
+with the lean client (edge.fleet.mqttlite); ``client=lite`` the collector on the lean client; ``pipeline=off`` the collector writing on its network thread
 (``fleet collect --client lite``).
 """
 
@@ -208,11 +208,13 @@ def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
             opts += ["--protocol", value]
         elif key == "client":
             opts += ["--client", value]
+        elif key == "pipeline":
+            opts += ["--pipeline" if value == "on" else "--no-pipeline"]
         elif key == "collectors":
             opts += ["--collectors", value]  # taken out again by drain_once: not a collector option
         else:
             raise SystemExit(f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N, "
-                             "collectors=N, protocol=5|3.1.1, client=paho|lite")
+                             "collectors=N, protocol=5|3.1.1, client=paho|lite, pipeline=on|off")
     return src, sync, opts
 
 

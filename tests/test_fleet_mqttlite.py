@@ -103,6 +103,41 @@ def test_killed_before_commit_the_broker_redelivers_and_nothing_is_lost_or_doubl
     assert stats["stored"]["telemetry"] == n - 1975 and stats["duplicates"] == 0 and stats["db_errors"] == 0
 
 
+def test_a_batch_failing_on_the_writer_thread_is_rolled_back_unacknowledged_and_redelivered(tmp_path: Path) -> None:
+    """The pipeline (a writer thread commits while the network thread reads on): a batch whose write fails is
+    rolled back and never acknowledged, the connection is dropped, and the broker's re-delivery stores every
+    message once the store takes it again, while later batches keep their order."""
+    url = f"sqlite:///{tmp_path}/f.db"
+    with open_db(url) as db:  # a trap: the store refuses seq 40 while armed
+        db.execute("CREATE TABLE trap (armed INTEGER)")
+        db.execute("INSERT INTO trap VALUES (1)")
+        db.execute("CREATE TRIGGER trap_seq BEFORE INSERT ON telemetry WHEN NEW.seq = 40 AND "
+                   "(SELECT armed FROM trap) = 1 BEGIN SELECT RAISE(ABORT, 'trap'); END")
+        db.commit()
+    msgs = fleet(5, 60)
+    with Mosquitto(tmp_path / "broker") as broker:
+        c = lite_collector(BrokerConfig.from_url(broker.url), url, "piped", batch_max=50, batch_interval_ms=20,
+                           receive_maximum=100).start()
+        try:
+            assert c._writer is not None and c._writer.is_alive()
+            wait_for(lambda: c.connected, 20, "the collector")
+            time.sleep(0.3)
+            preload_qos1(broker.port, msgs)
+            wait_for(lambda: c.snapshot()["db_errors"] >= 2, 30, "the trapped batch failing (and again, re-delivered)")
+            assert count(url) < 300
+            with open_db(url) as db:
+                db.execute("UPDATE trap SET armed = 0")
+                db.commit()
+            wait_for(lambda: count(url) >= 300, 60, "every message stored after the trap is gone")
+            time.sleep(0.3)
+        finally:
+            c.stop()
+    assert c._writer is None
+    assert count(url) == 300 and count(url, "SELECT count(*) FROM births") == 5
+    assert count(url, "SELECT sum(received) FROM streams") == 300  # the failed batches' counts rolled back too
+    assert count(url, "SELECT count(*) FROM streams WHERE received <> max_seq") == 0  # no gaps
+
+
 # shared subscriptions, MQTT 3.1.1 ---------------------------------------------------------------
 def test_two_lite_collectors_in_one_group_split_the_messages(tmp_path: Path) -> None:
     n_dev, per = 10, 150

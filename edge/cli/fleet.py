@@ -58,6 +58,9 @@ def collect_cmd(
     mqtt_client: str = typer.Option("lite", "--client", help="MQTT client: lite (a lean subscriber that parses "
                                     "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
                                     "the commit."),
+    pipeline: bool = typer.Option(True, "--pipeline/--no-pipeline", help="Write and commit each batch on a "
+                                  "writer thread while the next one is read and decoded (default); "
+                                  "--no-pipeline does both on the network thread, one after the other."),
     ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
     username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
     reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
@@ -78,7 +81,7 @@ def collect_cmd(
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
                           batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
-                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client)
+                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client, pipeline=pipeline)
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)

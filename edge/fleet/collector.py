@@ -12,6 +12,11 @@
   five statements a message; on PostgreSQL each of those is one statement over column arrays, not one
   execution per row, ``FleetDB.bulk``). The broker sends at most ``receive_maximum`` unacknowledged
   messages, so that is at least ``batch_max``: it keeps sending while a batch commits.
+- Pipelined (``pipeline``, the default for a running collector): a writer thread writes and commits one batch
+  while the network thread reads and decodes the next (the database's round trips and the server's work no
+  longer stall the socket). One batch in flight at a time, so batches commit in arrival order; each batch's
+  PUBACKs go out from the network thread after its commit, in order; a failed write drops the connection and
+  everything unacknowledged is re-delivered, as without the pipeline.
 - De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
   (fleet, device, session, connection, seq), deaths by (fleet, device, session, connection);
   partitioned PostgreSQL telemetry by key lookup under per-device locks (``edge.fleet.db``). On
@@ -36,7 +41,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import socket
+import threading
 import time
 from collections import OrderedDict
 from types import MappingProxyType
@@ -145,6 +152,8 @@ class CollectorConfig:
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     backoff: Backoff = field(default_factory=Backoff)
     client: str = "lite"  # MQTT client: "lite" (edge.fleet.mqttlite, a lean subscriber) or "paho" (paho-mqtt)
+    # write and commit each batch on a writer thread while the network thread decodes the next (see the module doc)
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
@@ -218,6 +227,14 @@ class Collector:
         self._batch_t0: float | None = None  # when the first message of the open batch arrived (monotonic)
         self._timer: Timer | None = None  # wakes the loop when the open batch is due
         self._own_loop = False
+        # the pipeline (loop thread: _inflight, _broken; writer thread: _write, _check_gaps, commit)
+        self._writer: threading.Thread | None = None
+        self._batches: queue.SimpleQueue[tuple[list[_Queued], list[tuple[Any, int, int]]] | None] = queue.SimpleQueue()
+        self._inflight = False  # a batch handed to the writer and not completed on the loop thread yet
+        self._idle = threading.Event()  # the writer holds no batch (set before it posts the completion)
+        self._idle.set()
+        self._done: tuple[list[tuple[Any, int, int]], BaseException | None] | None = None  # its last batch's outcome
+        self._broken = False  # a failure on the loop thread while a batch was in flight: cleaned up after it
 
     # storing -----------------------------------------------------------------------------
     def add(self, topic: str, payload: bytes, received_at: float | None = None) -> str | None:
@@ -247,10 +264,11 @@ class Collector:
             return reason
         return "stored" if self._write()[-1] else "duplicate"
 
-    def _write(self) -> list[bool]:
-        """Write the queued messages (not committed), in arrival order: runs of telemetry and state together,
-        births and deaths one by one between them. Which of them were new."""
-        pending, self._pending = self._pending, []
+    def _write(self, pending: list[_Queued] | None = None) -> list[bool]:
+        """Write the queued messages (``pending``, else those queued here; not committed), in arrival order: runs of
+        telemetry and state together, births and deaths one by one between them. Which of them were new."""
+        if pending is None:
+            pending, self._pending = self._pending, []
         if pending and self.db.dialect == "postgresql":
             # partitions first (DDL waits for other writers), then this batch's devices in one order: collectors
             # sharing the fleet take turns per device, so the upserts below never deadlock between them
@@ -452,6 +470,9 @@ class Collector:
             self.request_rebirth(fleet, device, "no birth seen for session %d" % session)
 
     def request_rebirth(self, fleet: str, device: str, reason: str) -> bool:
+        if self.loop is not None and self._writer is not None and not self.loop.in_loop:
+            self.loop.call_soon(self.request_rebirth, fleet, device, reason)  # the writer: MQTT is the loop's
+            return False
         key = (fleet, device)
         now = time.monotonic()
         if now - self._rebirth_at.get(key, -1e9) < self.config.rebirth_interval_s:
@@ -473,6 +494,11 @@ class Collector:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._inflight:  # the writer's batch first: its commit and PUBACKs come before this one's
+            self._idle.wait()
+            self._complete()
+            if self._broken:
+                return
         self._batch_t0 = None
         if not self._pending and not self._uncommitted and not self._acks:
             return
@@ -498,9 +524,71 @@ class Collector:
             return
         wait = self.config.batch_interval_ms / 1000.0 - (time.monotonic() - self._batch_t0)
         if wait <= 0:
-            self.flush()
+            self._batch_due()
         elif self._timer is None and self.loop is not None:
             self._timer = self.loop.call_later(wait, self._due)
+
+    def _batch_due(self) -> None:
+        """The open batch is full or old enough: to the writer (pipelined), else written here."""
+        if self._writer is None:
+            self.flush()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._inflight:  # the writer is busy: this batch goes when it is done (_complete)
+            return
+        self._batch_t0 = None
+        if not self._pending and not self._acks:
+            return
+        pending, acks = self._pending, self._acks
+        self._pending, self._acks = [], []
+        self._inflight = True
+        self._idle.clear()
+        self._batches.put((pending, acks))
+
+    def _write_batches(self) -> None:
+        """The writer thread: write, look at the gaps, commit; then the loop thread acknowledges (``_complete``)."""
+        while True:
+            item = self._batches.get()
+            if item is None:
+                return
+            pending, acks = item
+            error: BaseException | None = None
+            try:
+                self._write(pending)
+                self._check_gaps()
+                self.db.commit()
+                self._uncommitted = 0
+            except Exception as e:  # handled on the loop thread (_complete -> _db_failed)
+                error = e
+            self._done = (acks, error)
+            self._idle.set()
+            loop = self.loop
+            if loop is not None:
+                loop.call_soon(self._complete)
+
+    def _complete(self) -> None:
+        """Loop thread: the writer's batch is committed (acknowledge it) or failed (roll back, reconnect)."""
+        done, self._done = self._done, None
+        if done is None:  # already completed by a flush
+            return
+        self._inflight = False
+        acks, error = done
+        if error is not None or self._broken:
+            self._broken = False
+            self._db_failed(error if error is not None else RuntimeError("failed while a batch was being written"))
+            return
+        if self.conn is not None:
+            for client, mid, qos in acks:
+                self.conn.ack(client, mid, qos)
+            ack_done = getattr(self.conn, "ack_done", None)
+            if ack_done is not None:
+                ack_done()
+        if len(self._acks) >= self.config.batch_max:
+            self._batch_due()
+        else:
+            self._after_io()
 
     def _due(self) -> None:
         self._timer = None  # the loop runs _after_io right after its timers
@@ -543,6 +631,15 @@ class Collector:
 
     def _db_failed(self, e: Exception) -> None:
         """Roll back and drop the connection: the broker re-delivers everything not yet acknowledged."""
+        if self._inflight:  # the writer holds the database: drop the connection now, clean up after its batch
+            self._broken = True
+            self._acks.clear()
+            self._pending.clear()
+            if self.conn is not None and self.conn.client is not None:
+                self.conn.client.disconnect()
+            log.error("error while a batch was being written, reconnecting for re-delivery: %s",
+                      scrub(str(e), self.config.db_url))
+            return
         self.stats["db_errors"] += 1
         log.error("database error, rolling back and reconnecting for re-delivery: %s",
                   scrub(str(e), self.config.db_url))
@@ -579,7 +676,7 @@ class Collector:
         if self._batch_t0 is None:
             self._batch_t0 = time.monotonic()
         if len(self._acks) >= self.config.batch_max:
-            self.flush()
+            self._batch_due()
 
     def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
         """``_message`` for the lean client (edge.fleet.mqttlite): the same, without a message object."""
@@ -592,7 +689,7 @@ class Collector:
         if self._batch_t0 is None:
             self._batch_t0 = time.monotonic()
         if len(self._acks) >= self.config.batch_max:
-            self.flush()
+            self._batch_due()
 
     def start(self, loop: NetworkLoop | None = None) -> "Collector":
         c = self.config
@@ -612,6 +709,9 @@ class Collector:
                                    on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
                                    manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
         self.loop.run(self.loop.after_io, self._after_io)
+        if c.pipeline:
+            self._writer = threading.Thread(target=self._write_batches, name="edgekit-collector-writer", daemon=True)
+            self._writer.start()
         self.conn.start()
         return self
 
@@ -632,11 +732,15 @@ class Collector:
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.loop is not None and self.conn is not None:
-            self.loop.run(self.flush)
+            self.loop.run(self.flush, timeout=max(timeout, 60.0))  # the writer's batch, then the rest
             self.loop.run(self.conn.close)
             self.conn.closed.wait(timeout)
             if self._own_loop:
                 self.loop.stop()
+        if self._writer is not None:
+            self._batches.put(None)
+            self._writer.join(timeout)
+            self._writer = None
         self.loop = None
         if self._own_db:
             self.db.close()
