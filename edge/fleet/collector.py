@@ -570,6 +570,8 @@ class Collector:
 
     def _complete(self) -> None:
         """Loop thread: the writer's batch is committed (acknowledge it) or failed (roll back, reconnect)."""
+        if not self._idle.is_set():  # the writer is still finishing: its own call comes next
+            return
         done, self._done = self._done, None
         if done is None:  # already completed by a flush
             return
