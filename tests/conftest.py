@@ -64,7 +64,7 @@ def assert_user_error(p: subprocess.CompletedProcess[str], *needles: str) -> Non
 
 
 # -- Skips: under CI=true only missing hardware may skip ------------------------------------------
-# CI (.ci/run) installs every tool and package the tests use: Mosquitto, openssl, PostgreSQL,
+# CI (.ci/run) installs every tool and package the tests use: Mosquitto, RabbitMQ, openssl, PostgreSQL,
 # sshd/rsync, gcc/g++, the toolchain venvs, the pretrained example model and the `dev` extra
 # (llama-cpp-python, ai-edge-litert, nncf, onnxruntime, openvino, OpenCV, hypothesis). There a
 # skip means a broken install, so with CI=true it fails the run instead. The only skips that stay
