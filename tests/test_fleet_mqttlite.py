@@ -78,7 +78,9 @@ def test_killed_before_commit_the_broker_redelivers_and_nothing_is_lost_or_doubl
     msgs = fleet(devices, per_device)
     db = tmp_path / "fleet.db"
     url = f"sqlite:///{db}"
-    opts = ("--batch-max", "1000", "--batch-interval-ms", "60000", "--receive-maximum", "1000")
+    # without the pipeline: a batch waits for its interval on the network thread (the pipeline's group commit
+    # would write it at once; its kill is the next test)
+    opts = ("--batch-max", "1000", "--batch-interval-ms", "60000", "--receive-maximum", "1000", "--no-pipeline")
     with Mosquitto(tmp_path / "broker") as broker:
         p = collect(broker, db, *opts, "--duration", "0.5")  # registers the persistent session, then goes away
         assert p.wait(60) == 0, p.stderr.read().decode()[-2000:] if p.stderr else ""
@@ -101,6 +103,43 @@ def test_killed_before_commit_the_broker_redelivers_and_nothing_is_lost_or_doubl
             == (n, n)
         assert s.execute("SELECT coalesce(sum(max_seq - received), 0) FROM streams").fetchone()[0] == 0
     assert stats["stored"]["telemetry"] == n - 1975 and stats["duplicates"] == 0 and stats["db_errors"] == 0
+
+
+def test_pipelined_collector_killed_while_its_writer_waits_loses_nothing(tmp_path: Path) -> None:
+    """The pipeline reads on while its writer is held (another process holds SQLite's write lock): messages it
+    received are not acknowledged before their commit, so SIGKILL there loses none of them."""
+    import sqlite3
+
+    devices, per_device = 20, 100
+    n = devices * per_device
+    db = tmp_path / "fleet.db"
+    url = f"sqlite:///{db}"
+    with Mosquitto(tmp_path / "broker") as broker:
+        p = collect(broker, db, "--duration", "0.5")  # the schema and the persistent session
+        assert p.wait(60) == 0, p.stderr.read().decode()[-2000:] if p.stderr else ""
+        preload_qos1(broker.port, fleet(devices, per_device))
+        lock = sqlite3.connect(db, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # the writer's first INSERT waits (busy timeout 10 s)
+        try:
+            p = collect(broker, db, "--receive-maximum", "5000")
+            time.sleep(2.5)  # connected, the backlog received and decoded, the first batch waiting on the lock
+            assert p.poll() is None
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        assert count(url) == 0
+        p = collect(broker, db)
+        wait_for(lambda: count(url) >= n, 60, f"{n} rows")
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()[-2000:]
+    stats = json.loads(out)
+    assert stats["received"] >= n + devices  # every message came again: none had been acknowledged
+    assert count(url) == n and count(url, "SELECT count(*) FROM births") == devices
+    assert count(url, "SELECT coalesce(sum(max_seq - received), 0) FROM streams") == 0
 
 
 def test_a_batch_failing_on_the_writer_thread_is_rolled_back_unacknowledged_and_redelivered(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@
   messages, so that is at least ``batch_max``: it keeps sending while a batch commits.
 - Pipelined (``pipeline``, the default for a running collector): a writer thread writes and commits one batch
   while the network thread reads and decodes the next (the database's round trips and the server's work no
-  longer stall the socket). One batch in flight at a time, so batches commit in arrival order; each batch's
+  longer stall the socket). A batch goes to the writer as soon as it is free (group commit: ``batch_interval_ms``
+  only bounds the wait without the pipeline; ``batch_max`` still caps a batch). One batch in flight at a time, so
+  batches commit in arrival order; each batch's
   PUBACKs go out from the network thread after its commit, in order; a failed write drops the connection and
   everything unacknowledged is re-delivered, as without the pipeline.
 - De-duplicates by primary key: telemetry/state by (fleet, device, session, seq), births by
@@ -519,11 +521,15 @@ class Collector:
                 done()
 
     def _after_io(self) -> None:
-        """After every round of socket events: commit the open batch when it is due, else wake up when it is."""
+        """After every round of socket events: commit the open batch when it is due, else wake up when it is.
+        Pipelined, a batch is due as soon as the writer is free (group commit: what arrived while the last batch
+        was committing goes in the next one, so batches grow with the load and a quiet fleet waits for nothing;
+        a broker that sends few unacknowledged messages at a time, such as RabbitMQ's default prefetch of 10, is
+        not held to one batch per interval)."""
         if self._batch_t0 is None:
             return
         wait = self.config.batch_interval_ms / 1000.0 - (time.monotonic() - self._batch_t0)
-        if wait <= 0:
+        if wait <= 0 or (self._writer is not None and not self._inflight):
             self._batch_due()
         elif self._timer is None and self.loop is not None:
             self._timer = self.loop.call_later(wait, self._due)
