@@ -5,9 +5,12 @@ For each model: the sweep (``strategy="exhaustive"``: every configuration measur
 runs once, converting every recipe into a cache; then ``tune`` (successive halving) runs on the same cache.
 Reported:
 
-* both tables (configuration, parity, size, p50/p99, fps);
-* pick ratio: the latency of tune's pick as the sweep measured it over the sweep's best; and, because on a
-  shared host the two runs see different background load, the **head to head**: the pick and the sweep's best
+* both tables (configuration, parity, size, raw p50/p99, the figure relative to the anchor, fps);
+* pick ratio: the latency of tune's pick as the sweep measured it over the sweep's best. The sweep measures its
+  trials in chunks (edge.tune_measure.MAX_OPEN open at once) under background load that drifts between them, so
+  one anchor trial is measured in every chunk and the sweep ranks by each trial's ratio to it in the same chunk
+  ("vs anchor"): the pick ratio is the ratio of those figures (the raw p50 ratio is printed beside it). And,
+  because on a shared host the two runs see different load, the **head to head**: the pick and the sweep's best
   interleaved side by side in one run (ratio of medians, 95% bootstrap CI); goal <= 1.05;
 * search wall-time ratio: tune's measuring time over the sweep's (conversions excluded: cached); goal <= 1/3;
 * total wall-time ratio from a cold cache: (conversions + tune's search) / (conversions + sweep's search).
@@ -38,12 +41,27 @@ PPOCR_SHAPE = (1, 3, 48, 192)
 def rows(result: Any) -> list[list[Any]]:
     from edge.tune_report import row
 
+    def order(t: dict[str, Any]) -> tuple[float, float]:  # as the search ranked: by the figure relative to the anchor
+        res = t["result"] or {}
+        return res.get("vs_anchor", float("inf")), res.get("score", float("inf"))
+
     out = []
-    for t in sorted(result.trials, key=lambda t: (t["result"] or {}).get("score", float("inf"))):
+    for t in sorted(result.trials, key=order):
         r = row(t)
+        rel = (t["result"] or {}).get("vs_anchor")
         out.append([r["configuration"], r["status"], r["size_mb"], r["parity"], C.f(r["p50_ms"]),
-                    C.f(r["p99_ms"]), r["fps"], r["measured"]])
+                    C.f(r["p99_ms"]), f"{rel:.3f}" if rel is not None else "-", r["fps"], r["measured"]])
     return out
+
+
+def pick_ratio(pick: dict[str, Any], best: dict[str, Any]) -> tuple[float, str]:
+    """The pick over the sweep's best in the sweep's own figures: by their ratios to the anchor measured in the
+    same chunk when the sweep has them (its chunks ran under different background load), else by raw p50."""
+    a, b = pick["result"], best["result"]
+    if a.get("vs_anchor") is not None and b.get("vs_anchor") is not None \
+            and a.get("anchor", {}).get("id") == b.get("anchor", {}).get("id"):
+        return a["vs_anchor"] / b["vs_anchor"], "relative to the anchor in each chunk"
+    return a["score"] / b["score"], "raw p50"
 
 
 def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) -> dict[str, Any]:
@@ -72,7 +90,7 @@ def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) ->
             "pick_p50_ms": float(np.median(ms["pick"])), "best_p50_ms": float(np.median(ms["best"]))}
 
 
-HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "fps", "measured at"]
+HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "vs anchor", "fps", "measured at"]
 
 
 def main() -> int:
@@ -115,7 +133,8 @@ def main() -> int:
             by_id = {t["id"]: t for t in sweep.trials}
             best = sweep.winner
             pick_in_sweep = by_id[tuned.winner["id"]]
-            pick_ratio = pick_in_sweep["result"]["score"] / best["result"]["score"]
+            ratio, basis = pick_ratio(pick_in_sweep, best)
+            raw_ratio = pick_in_sweep["result"]["score"] / best["result"]["score"]
             search_ratio = tuned.search_s / sweep.search_s
             total_ratio = (sweep.convert_s + tuned.search_s) / (sweep.convert_s + sweep.search_s)
             h2h = head_to_head(best, tuned.winner, args.iterations)
@@ -125,7 +144,10 @@ def main() -> int:
                                                    f"{tuned.measured} measurements, {tuned.converted} conversions)"))
             print(f"\n{name}: sweep best {best['label']} p50 {best['result']['score']:.3f} ms; tune's pick "
                   f"{tuned.winner['label']}, {pick_in_sweep['result']['score']:.3f} ms in the sweep -> pick ratio "
-                  f"{pick_ratio:.3f} (goal <= 1.05)")
+                  f"{ratio:.3f} ({basis}; raw p50s: {raw_ratio:.3f}; goal <= 1.05)")
+            for note in sweep.notes + tuned.notes:
+                if "anchor" in note:
+                    print(f"{name}: {note}")
             if h2h["same"]:
                 print(f"{name}: head to head: tune picked the sweep's best configuration (ratio 1)")
             else:
@@ -136,7 +158,8 @@ def main() -> int:
                   f"(goal <= 0.33); with the {sweep.convert_s:.1f} s of conversions from a cold cache: "
                   f"{total_ratio:.2f}")
             print(f"{name}: pruned: " + "; ".join(sweep.pruned))
-            results["models"][name] = {"sweep": sweep.to_json(), "tune": tuned.to_json(), "pick_ratio": pick_ratio,
+            results["models"][name] = {"sweep": sweep.to_json(), "tune": tuned.to_json(), "pick_ratio": ratio,
+                                       "pick_ratio_basis": basis, "pick_ratio_raw_p50": raw_ratio,
                                        "head_to_head": h2h,
                                        "search_ratio": search_ratio, "total_ratio": total_ratio}
     print("\n" + C.host_line(info))

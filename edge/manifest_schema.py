@@ -577,6 +577,8 @@ class OpenVINOOptions:
                               "latency", "throughput", "cumulative_throughput"] = "LATENCY"
     inference_precision: Literal["bundle", "f32", "f16", "bf16", "BUNDLE", "F32", "F16", "BF16"] = "bundle"
     num_threads: int = spec(0, **_THREADS)
+    # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
+    num_streams: int | Literal["AUTO", "auto"] = spec(0, ge=0, le=1024)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,10 @@ inference workers are part of its space and of the overlay.
 
 Search: successive halving (default) — every trial gets a short measurement, the best third goes on to a
 longer one, until ``eta`` finalists remain, which get as many samples as the exhaustive sweep gives every
-trial (``strategy="exhaustive"``), in short blocks (``Schedule.final``). Every finished measurement is written to the study file at once, so an
+trial (``strategy="exhaustive"``), in short blocks (``Schedule.final``). A rung with more trials than are open at
+once (``MAX_OPEN``) is measured in chunks, each with the same anchor trial, and ranked by each trial's ratio to the
+anchor in its chunk (``vs_anchor`` in the study; the raw p50/p99 are kept and reported): background load that
+drifts between chunks does not rank them. Every finished measurement is written to the study file at once, so an
 interrupted or repeated run resumes: conversions and measurements in it are not done again.
 """
 
@@ -46,6 +49,14 @@ E2E_MISS_TOLERANCE = 0.01
 STRATEGIES = ("halving", "exhaustive")
 #: inferences per timed block of the finalists' measurement after successive halving (Schedule.final)
 FINAL_BLOCK = 10
+#: (reps, iters) of the first rung when successive halving has several short ones: one warm block per trial.
+#: Measured on the PP-OCR classifier's 136 trials (benchmarks/tune.py, loaded 2-core host): ranked by the first of
+#: its 2 repetitions of 6 alone, rung 0 kept 9 of the sweep's 10 best and its 3 best (Spearman 0.72 against the
+#: 5x40 sweep; the median of both repetitions: 10, 3, 0.67), in half the inferences
+FIRST_RUNG = (1, SHORT_BLOCK)
+#: untimed inferences per trial before a short rung (the full measurement: Schedule.warmup): a trial was warmed
+#: when it was opened, and every timed block follows edge.tune_measure.SETTLE untimed calls
+SHORT_WARMUP = 1
 Say = Callable[[str], None]
 
 
@@ -72,6 +83,10 @@ class Schedule:
         # long enough to measure a warm runtime (edge.tune_measure.SHORT_BLOCK)
         short = [(SHORT_REPS, max(SHORT_BLOCK, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
                  for k in range(rounds)]
+        if rounds >= 2:
+            # the first of several short rungs only separates the best third from clearly slower trials, and on a
+            # small model opening a trial costs more than measuring it: one warm block (FIRST_RUNG)
+            short[0] = FIRST_RUNG
         return short + [self.final(rounds > 0)]
 
     def final(self, halving: bool = True) -> tuple[int, int]:
@@ -281,6 +296,11 @@ def _record_problem(tid: Any, rec: Any) -> str | None:
             if not isinstance(got, list) or len(got) != len(reps) or not all(
                     isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
                 return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
+        if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (_measure_chunk)
+            rel, a = r.get("vs_anchor"), r.get("anchor")
+            if not isinstance(rel, (int, float)) or isinstance(rel, bool) or not math.isfinite(rel) or rel <= 0 \
+                    or not isinstance(a, dict) or not isinstance(a.get("id"), str):
+                return f"rungs.{name}: vs_anchor must be a finite number > 0 and anchor an object with an id"
     par = rec.get("parity")
     if par is not None and (not isinstance(par, dict) or par.get("passed") not in (True, False, None)):
         return "parity.passed must be true, false or null"
@@ -327,7 +347,21 @@ def _ranked(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, 
         if objective == "latency":
             return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
         return -_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
-    return sorted(ok, key=lambda r: (not within(r), rank_key(objective, r["rungs"][rung]), r["id"]))
+    # measured in several chunks, each with the same anchor: ranked by the ratio to it (else on raw figures: a
+    # rung measured in one chunk, or one whose records mix anchors, e.g. resumed from an older study)
+    relative = bool(ok) and objective != "e2e" and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1 \
+        and all(_anchor_id(r["rungs"][rung]) is not None for r in ok)
+
+    def key(r: dict[str, Any]) -> tuple[float, float]:
+        m = r["rungs"][rung]
+        return (0.0, float(m["vs_anchor"])) if relative else rank_key(objective, m)
+    return sorted(ok, key=lambda r: (not within(r), key(r), r["id"]))
+
+
+def _anchor_id(m: Mapping[str, Any]) -> str | None:
+    """The anchor a rung record was measured against (None: none, or no figure relative to it)."""
+    a = m.get("anchor")
+    return a.get("id") if isinstance(a, dict) and isinstance(m.get("vs_anchor"), (int, float)) else None
 
 
 def choose(trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
@@ -443,6 +477,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
               "video": video_path.name if video_path else None, "host": host}
     if objective == "e2e":  # measured at a rate: another rate's measurements do not compare
         header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
+    if objective == "throughput":  # a study measured one request at a time throughout does not compare
+        header["throughput_requests"] = "openvino: its optimal number in flight; the others: one"
     stored = _load_study(study_path, header)
     configs = _priority(space)
     notes = list(space.notes)
@@ -543,15 +579,28 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
             say(f"measuring {len(alive)} trials, {reps} interleaved repetitions of {iters} "
                 f"{'frames in realtime' if video_path else 'inferences'}" + (f" ({len(alive) - len(todo)} from the study)"
                                                                   if len(todo) < len(alive) else ""))
-            for i in range(0, len(todo), MAX_OPEN):
-                chunk = todo[i:i + MAX_OPEN]
+            # more trials than one chunk holds: the background load differs between chunks, so an anchor (the
+            # rung's first trial: the space's defaults at the first rung, the best of the last one after) is
+            # measured in every chunk and the rung ranked by each trial's ratio to it in its own chunk
+            # (e2e: a repetition lasts as long whatever the load; its chunks are ranked on their own figures)
+            anchor = todo[0] if len(todo) > MAX_OPEN and video_path is None else None
+            size = MAX_OPEN - 1 if anchor is not None else MAX_OPEN
+            for i in range(0, len(todo), size):
+                chunk = todo[i:i + size]
                 # the first of several latency/throughput rungs eliminates most trials: their own reference checks
                 # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
-                measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters, sched.warmup,
+                measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters,
+                                           sched.warmup if k == len(rungs) - 1 else min(sched.warmup, SHORT_WARMUP),
                                            video_path, budget, pool, pace_fps,
                                            check=not (k == 0 and len(rungs) > 1 and video_path is None),
-                                           singles=singles)
+                                           singles=singles, anchor=anchor)
                 _save_study(study_path, header, recs)
+                if anchor is not None and name not in recs[anchor.id]["rungs"]:
+                    anchor = None  # it failed to load: the rung is ranked on raw figures (_ranked)
+            if anchor is not None:
+                notes.append(f"{name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each with "
+                             f"the anchor {recs[anchor.id]['label']}: ranked by each trial's ratio to the anchor in "
+                             "its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw figures")
             last = k == len(rungs) - 1
             ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
             # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise

@@ -87,11 +87,36 @@ def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
     return (missed_share(rung) if objective == "e2e" else 0.0, score)
 
 
-def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
-          ) -> tuple[Any, dict[str, np.ndarray]]:
-    """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
-    the trial's own reference check too (:func:`_check`; ``single``: a batched trial's batch-1 bundle)."""
+def vs_anchor(objective: str, rep_scores: Sequence[float], anchor_scores: Sequence[float]) -> float:
+    """A trial's figure relative to the anchor trial measured in the same chunk, lower is better and 1.0 for the
+    anchor: the median over repetitions of its ratio to the anchor's in the same repetition (``latency``: median
+    ms over the anchor's; ``throughput``: the anchor's items per second over its own). Trials measured in
+    different chunks (under different background load) compare by this figure, not by their raw medians."""
+    if objective not in ("latency", "throughput"):
+        raise EdgeError(f"an anchor-relative figure is for latency or throughput, not {objective!r}")
+    pairs = list(zip(rep_scores, anchor_scores))
+    if not pairs or len(rep_scores) != len(anchor_scores) or any(a == 0 or t == 0 for t, a in pairs):
+        raise EdgeError("an anchor-relative figure needs one nonzero score per repetition from both trials")
+    # latency: t/a (ms over ms); throughput scores are minus items per second: a/t is the anchor's over the trial's
+    return float(np.median([t / a if objective == "latency" else a / t for t, a in pairs]))
+
+
+def _first_inputs(bundle: Any) -> dict[str, np.ndarray] | None:
+    """The first reference sample's inputs of ``bundle`` (None: it has no reference pairs)."""
     from edge.refpairs import load_reference_pairs
+
+    entry = bundle.info.reference_pairs
+    if entry is None or entry.file is None:
+        return None
+    return dict(load_reference_pairs(bundle.path, entry, bundle.io).inputs[0])
+
+
+def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None,
+          inputs: Mapping[str, np.ndarray] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+    """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
+    the trial's own reference check too (:func:`_check`; ``single``: a batched trial's batch-1 bundle).
+    ``inputs``: the bundle's first reference inputs when the caller has them (:func:`_first_inputs`; the trials
+    of one bundle share them, read-only), else read here."""
     from edge.bench import random_feeds
 
     before = _rss_mb()
@@ -99,10 +124,7 @@ def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, sin
     runner = bundle.open_runner(dict(cfg.options))
     rec["load_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
     try:
-        entry = bundle.info.reference_pairs
-        feeds = None
-        if entry is not None and entry.file is not None:
-            feeds = load_reference_pairs(bundle.path, entry, bundle.io).inputs[0]
+        feeds = inputs if inputs is not None else _first_inputs(bundle)
         feeds = dict(feeds) if feeds is not None else random_feeds(runner)
         runner.infer(feeds)
         rec["memory_mb"] = round(max(0.0, _rss_mb() - before), 1)
@@ -193,9 +215,20 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
     untimed ones), the order rotated by r, so drift and background load hit every trial alike. Only ``infer``
     is timed (as ``bench``). ``batches``: items per inference per trial (default 1): throughput and ``fps`` count
     items (objective throughput: ``fps`` is the median of the repetitions' items per second, what the trials rank
-    on); ``p50_ms``/``p99_ms`` are per inference (of the whole batch)."""
+    on); ``p50_ms``/``p99_ms`` are per inference (of the whole batch).
+
+    Objective throughput, a runner with ``run_concurrent`` (OpenVINO): its ``requests`` (the compiled model's
+    optimal number of infer requests: one per stream) are kept in flight, as benchmark_app and a server run it, so
+    the THROUGHPUT hint's streams show what they serve; its items per second are completed inferences x batch over
+    the block's wall time, and its p50/p99 each request's latency (start to completion) with the others in flight.
+    The other runners run one request at a time (onnxruntime's intra-op threads already take the cores for one
+    request; LiteRT's interpreter serves one). ``requests`` in the result says which: 1, or how many were in flight.
+    The latency objective is always one synchronous request at a time: a stream of frames."""
     names = list(opened)
     per = {n: int((batches or {}).get(n, 1)) for n in names}
+    concurrent = {n: getattr(opened[n][0], "run_concurrent", None) if objective == "throughput" else None
+                  for n in names}
+    in_flight = {n: int(getattr(opened[n][0], "requests", 1)) if concurrent[n] else 1 for n in names}
     for n in names:
         runner, feeds = opened[n]
         for _ in range(warmup):
@@ -211,6 +244,12 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
             rot = r % len(names)
             for n in names[rot:] + names[:rot]:
                 runner, feeds = opened[n]
+                if concurrent[n] is not None:  # N requests in flight (untimed first: its queue, woken threads)
+                    concurrent[n](feeds, max(SETTLE, 2 * in_flight[n]))
+                    wall, lat = concurrent[n](feeds, iters)
+                    samples[n] += (np.asarray(lat, dtype=np.float64) / 1e6).tolist()
+                    reps_out[n].append(-iters * per[n] / wall)
+                    continue
                 infer = runner.infer
                 for _ in range(SETTLE):  # untimed: the runtime's threads wake from the other trials' turns
                     infer(feeds)
@@ -235,7 +274,7 @@ def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], obje
                   # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
                   # table's items/s and the choice agree; else inferences per second over every sample
                   "fps": round(-float(np.median(reps_out[n])), 2) if objective == "throughput"
-                  else round(1000.0 * per[n] / float(a.mean()), 2), "batch": per[n]}
+                  else round(1000.0 * per[n] / float(a.mean()), 2), "batch": per[n], "requests": in_flight[n]}
     return out
 
 
@@ -285,11 +324,16 @@ class _Pool:
     def __init__(self, cap_mb: float = KEEP_OPEN_MB) -> None:
         self.open: dict[str, tuple[Any, dict[str, np.ndarray], float]] = {}
         self.cap_mb = cap_mb
+        # per bundle: its first reference inputs, read once for all the trials (runner options) that share it
+        self.inputs: dict[str, dict[str, np.ndarray] | None] = {}
 
     def get(self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
             ) -> tuple[Any, dict[str, np.ndarray]]:
         if cfg.id not in self.open:
-            runner, feeds = _open(rec, bundle, cfg, check=check, single=single)
+            where = str(bundle.path)
+            if where not in self.inputs:
+                self.inputs[where] = _first_inputs(bundle)
+            runner, feeds = _open(rec, bundle, cfg, check=check, single=single, inputs=self.inputs[where])
             self.open[cfg.id] = (runner, feeds, float(rec.get("memory_mb") or 0.0))
         runner, feeds, _ = self.open[cfg.id]
         if check:  # opened unchecked for an earlier rung: checked now that it may be chosen
@@ -320,29 +364,44 @@ class _Pool:
 def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
                    keys: Mapping[str, str], name: str, objective: str, reps: int, iters: int, warmup: int,
                    video: Path | None, budget_ms: float | None, pool: _Pool, pace_fps: float | None = None,
-                   check: bool = True, singles: Mapping[str, Any] | None = None) -> int:
+                   check: bool = True, singles: Mapping[str, Any] | None = None, anchor: Config | None = None) -> int:
     """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
     ``check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
     still holds: a trial that failed it is never chosen). ``singles``: a batched trial's id -> its batch-1 bundle
-    (the per-item reference)."""
+    (the per-item reference). ``anchor`` (latency and throughput): a trial measured in every chunk of a rung
+    that needs several, interleaved with the chunk's own (its record is written only where it is one of
+    ``chunk``); each trial's rung record gets ``vs_anchor`` (:func:`vs_anchor`) and ``anchor`` (its id and its
+    raw figures in this chunk), which rank the rung when every trial in it has them (``edge.tune._ranked``)."""
+    members = list(chunk)
+    if anchor is not None and video is None and all(c.id != anchor.id for c in chunk):
+        members.append(anchor)  # measured as this chunk's reference
+    own = {c.id for c in chunk}
     opened: dict[str, tuple[Any, dict[str, np.ndarray]]] = {}
-    for c in chunk:
+    for c in members:
         rec = recs[c.id]
         try:
             opened[c.id] = pool.get(rec, bundles[keys[c.id]], c, check=check, single=(singles or {}).get(c.id))
         except EdgeError as e:
             rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
             rec.setdefault("parity", {})["passed"] = None
-    if not opened:
+    if not opened.keys() & own:
         return 0
     if video is None:
-        got = _measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in chunk})
+        got = _measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in members})
     else:
         pool.close(opened)  # the pipeline opens its own runners
         items = [(cid, bundles[keys[cid]], next(c for c in chunk if c.id == cid)) for cid in opened]
         got = _measure_video(items, video, reps, iters, budget_ms, pace_fps)
+    ref = got.get(anchor.id) if anchor is not None else None
+    if ref is not None:
+        ref = dict(ref)  # (its raw figures, before its own record, when it is one of the chunk, gets vs_anchor)
     for cid, m in got.items():
+        if cid not in own:
+            continue
+        if ref is not None and anchor is not None:
+            m["vs_anchor"] = round(vs_anchor(objective, m["rep_scores"], ref["rep_scores"]), 5)
+            m["anchor"] = {"id": anchor.id, "p50_ms": ref["p50_ms"], "rep_scores": ref["rep_scores"]}
         recs[cid]["rungs"][name] = m
     # over the memory bound: the chunk's worst close first (the best are the likely survivors)
     pool.keep_within(sorted(got, key=lambda cid: rank_key(objective, got[cid]), reverse=True))
-    return len(got)
+    return len(got.keys() & own)

@@ -30,7 +30,7 @@ def row(t: Mapping[str, Any]) -> dict[str, Any]:
             "size_mb": round(size / 1e6, 2) if isinstance(size, (int, float)) else None, "parity": parity,
             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
             "batch": t.get("batch", 1), "memory_mb": t.get("memory_mb"), "measured": res.get("rung"), "dropped": res.get("dropped"),
-            "late": res.get("late"), "missed": _missed(res)}
+            "late": res.get("late"), "missed": _missed(res), "requests": res.get("requests")}
 
 
 def _missed(res: Mapping[str, Any]) -> str | None:

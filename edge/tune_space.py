@@ -12,6 +12,10 @@ run or cannot mean anything here, each with its reason:
   precision on an fp32 IR, and only where OpenVINO reports BF16 for the CPU; int8 only with calibration;
 * threads: up to the CPUs this process may use; OpenVINO's THROUGHPUT hint only for the throughput
   objective (a single stream of frames runs one request at a time, which THROUGHPUT's streams split);
+* OpenVINO's ``num_streams`` (objective ``throughput`` only, measured with the compiled model's optimal number of
+  requests in flight): the hint's own choice (option not set), then :data:`STREAMS` up to the usable CPUs, with
+  the THROUGHPUT hint only (LATENCY is one stream, and OpenVINO lets NUM_STREAMS override it) and never more
+  streams than ``num_threads``;
 * LiteRT: XNNPack with or without its latest-features delegate (``xnnpack_latest_features``, the one XNNPack
   switch ai-edge-litert's Interpreter takes), never with ``delegate=none`` (it would apply XNNPack anyway);
 * batch (objective ``throughput`` only): :data:`BATCHES` items per inference, converted at that batch (the pipeline
@@ -35,6 +39,8 @@ WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
 BATCHES = (1, 2, 4, 8)
 #: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
 MAX_BATCH_BYTES = 64 << 20
+#: OpenVINO streams tried for the throughput objective, after the hint's own choice (0: option not set)
+STREAMS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ SPACES: dict[str, RunnerSpace] = {
         threads_option="intra_op_num_threads"),
     "openvino": RunnerSpace(
         "openvino", "onnx->openvino-ir", "intel-igpu",
-        {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT")},
+        {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT"), "num_streams": STREAMS},
         {"fp16": {"mixed_precision": ("auto", "off")}},
         threads_option="num_threads"),
     # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
@@ -106,7 +112,8 @@ class Config:
         """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
         short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
                  "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
-                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest"}
+                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest",
+                 "num_streams": "streams"}
         bits = [f"{short.get(k, k)}={_word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
         if self.workers != 1:
             bits.append(f"workers={self.workers}")
@@ -161,6 +168,18 @@ def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | No
         if opts.get("xnnpack_latest_features") and str(opts.get("delegate", "xnnpack")).lower() != "xnnpack":
             return ("litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
                     "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)")
+        return None
+    if runner == "openvino":
+        streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
+        if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":
+            # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=2 reads back LATENCY with 2 streams and 2
+            # optimal requests; tests/test_tune_streams.py checks it against the installed OpenVINO
+            return ("openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
+                    "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
+                    "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams")
+        if isinstance(streams, int) and threads and streams > threads:
+            return (f"openvino num_streams={streams} with num_threads={threads}: every stream runs on threads of its "
+                    "own (OpenVINO would run fewer streams; the runner refuses it)")
         return None
     if runner != "onnxruntime":
         return None
@@ -433,12 +452,25 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
                                             f"objective (objective {objective} runs one request at a time, which "
                                             "THROUGHPUT's streams split the CPU for)")
                     values = ("LATENCY",)
+                if name == "num_streams":  # 0: not set, the hint's own choice
+                    if objective != "throughput":
+                        space.pruned.append(f"{runner} num_streams: only for the throughput objective (objective "
+                                            f"{objective} runs one request at a time; a stream serves one request)")
+                        values = (0,)
+                    else:
+                        over = [n for n in values if n > cpus]
+                        if over:
+                            space.pruned.append(f"{runner} num_streams={','.join(map(str, over))}: more streams than "
+                                                f"the {cpus} CPUs this process may use (OpenVINO caps them)")
+                        values = tuple(n for n in values if n <= cpus)
                 knobs.append((name, tuple(values)))
             base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
             for rvals in itertools.product(*[v for _, v in recipe_knobs]):
                 recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
                 for ovals in itertools.product(*[v for _, v in knobs]):
-                    opts = base_opts + tuple(zip([k for k, _ in knobs], ovals))
+                    # an option at its "not set" value is left out (the id stays what it was without the option)
+                    opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals)
+                                             if not (k == "num_streams" and v == 0))
                     conflict = option_conflict(runner, dict(opts), cpus)
                     if conflict is not None:
                         space.pruned.append(conflict)

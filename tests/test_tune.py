@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from edge.errors import EdgeError, TargetError
@@ -291,8 +292,10 @@ def test_successive_halving_rungs_finalists_and_deferred_checks(tmp_path: Path, 
     from edge.tune_report import pareto_front, row
 
     # short rungs: few repetitions of warm blocks; the finalists: the sweep's samples in short blocks
-    assert Schedule().rungs(136) == [(SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, 11),
+    # the first of several short rungs: one warm block per trial (FIRST_RUNG)
+    assert Schedule().rungs(136) == [(1, SHORT_BLOCK), (SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, 11),
                                      (SHORT_REPS, 33), (20, 10)]
+    assert Schedule().rungs(9) == [(SHORT_REPS, 33), (20, 10)]  # a single short rung keeps its repetitions
     assert Schedule().rungs(3) == [(5, 40)] and Schedule().final(halving=False) == (5, 40)
     assert Schedule(reps=2, iters=5).rungs(21, "e2e") == [(2, 30), (2, 30), (2, 5)]  # e2e: at least 30 frames
     r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"],
@@ -313,6 +316,75 @@ def test_successive_halving_rungs_finalists_and_deferred_checks(tmp_path: Path, 
     assert all(row(t)["parity"] == "pass (gate)" for t in dropped)
     assert {t["id"] for t in pareto_front(r.trials)} <= {t["id"] for t in survivors}
     assert r.winner in finalists and r.winner["parity"]["trial"]["passed"] is True
+
+
+def test_anchor_relative_ranking_across_chunks() -> None:
+    from edge.tune_measure import vs_anchor
+
+    # latency: the median over repetitions of ms over the anchor's ms in the same repetition
+    assert vs_anchor("latency", [2.0, 3.0, 9.0], [1.0, 2.0, 3.0]) == 2.0
+    assert vs_anchor("throughput", [-50.0, -60.0], [-100.0, -120.0]) == 2.0  # half the anchor's items per second
+    with pytest.raises(EdgeError, match="one nonzero score per repetition"):
+        vs_anchor("latency", [1.0], [1.0, 2.0])
+
+    def rec(tid: str, p50: float, rel: float | None, anchor: str = "A") -> dict[str, Any]:
+        m: dict[str, Any] = {"rep_scores": [p50], "p50_ms": p50, "p99_ms": p50}
+        if rel is not None:
+            m.update(vs_anchor=rel, anchor={"id": anchor, "p50_ms": p50 / rel})
+        return {"id": tid, "parity": {"passed": True}, "rungs": {"0:5x40": m}}
+    # b's chunk ran under load: raw it looks slower, against the anchor measured beside it it is faster
+    a, b = rec("a", 1.0, 1.0), rec("b", 1.5, 0.9)
+    assert choose([a, b])["id"] == "b"
+    assert choose([rec("a", 1.0, None), rec("b", 1.5, None)])["id"] == "a"  # one chunk: raw figures
+    # records measured against different anchors (or without one) do not compare relatively: raw figures
+    assert choose([a, rec("b", 1.5, 0.9, anchor="other")])["id"] == "a"
+    assert choose([a, rec("b", 1.5, None)])["id"] == "a"
+
+
+def test_study_refuses_a_bad_anchor_record(tmp_path: Path) -> None:
+    from edge.tune import _load_study, _save_study
+
+    header = {"model_sha256": "x"}
+    good = {"status": "measured", "rungs": {"0:2x5": {"rep_scores": [1.0], "vs_anchor": 0.5, "anchor": {"id": "a"}}}}
+    path = tmp_path / "study.json"
+    _save_study(path, header, {"t": good})
+    assert _load_study(path, header)["t"]["rungs"]["0:2x5"]["vs_anchor"] == 0.5
+    for bad in (float("nan"), 0, "1", True):
+        _save_study(path, header, {"t": {**good, "rungs": {"0:2x5": {**good["rungs"]["0:2x5"], "vs_anchor": bad}}}})
+        with pytest.raises(EdgeError, match="vs_anchor must be a finite number > 0"):
+            _load_study(path, header)
+
+
+def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    import edge.tune
+
+    monkeypatch.setattr(edge.tune, "MAX_OPEN", 4)  # 3 trials and the anchor per chunk
+    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "sweep", runners=["onnxruntime"], precisions=["fp32"],
+             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False, strategy="exhaustive")
+    n = len(r.trials)
+    assert n > 6
+    rung = "0:2x5"
+    first = r.trials[0]  # the first trial (the space's defaults) is the anchor
+    anchored = [t["rungs"][rung] for t in r.trials]
+    assert {m["anchor"]["id"] for m in anchored} == {first["id"]} and first["rungs"][rung]["vs_anchor"] == 1.0
+    # measured again in every chunk: the anchor figures beside the other chunks' trials are not its own record's
+    assert len({tuple(m["anchor"]["rep_scores"]) for m in anchored}) == -(-n // 3)  # one per chunk
+    for m in anchored:
+        ratios = [t / a for t, a in zip(m["rep_scores"], m["anchor"]["rep_scores"])]
+        assert m["vs_anchor"] == pytest.approx(float(np.median(ratios)), rel=1e-3)
+    ok = [t for t in r.trials if t["parity"]["passed"] is True]
+    assert r.winner["id"] == min(ok, key=lambda t: t["result"]["vs_anchor"])["id"]  # ranked relative to the anchor
+    assert r.winner["result"]["p50_ms"] > 0 and r.winner["result"]["anchor"]["id"] == first["id"]  # raw kept too
+    assert any("anchor" in note and "raw figures" in note for note in r.to_json()["notes"])
+    # successive halving: the first rung (several chunks) has the anchor; the finalists fit one chunk, raw figures
+    h = tune(models["tiny"], "x86-cpu", out=tmp_path / "halving", runners=["onnxruntime"], precisions=["fp32"],
+             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False, cache=tmp_path / "sweep" / "cache")
+    rungs = QUICK.rungs(n)
+    first_rung, last = f"0:{rungs[0][0]}x{rungs[0][1]}", f"{len(rungs) - 1}:{rungs[-1][0]}x{rungs[-1][1]}"
+    assert all("vs_anchor" in t["rungs"][first_rung] for t in h.trials)
+    assert all("vs_anchor" not in t["rungs"][last] for t in h.trials if last in t["rungs"])
+    assert h.winner["rungs"][last]
 
 
 def test_max_trials_and_time_budget_bound_the_search(tmp_path: Path, models: dict[str, Path]) -> None:

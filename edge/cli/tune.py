@@ -25,6 +25,9 @@ def render_tune(r: dict[str, Any]) -> None:
             "items/s" if r["objective"] == "throughput" else "fps", "mem MB"]
     if e2e:  # frames the pipeline could not process in time at the target rate: ranked on first
         cols.insert(4, "missed at " + _pace(r))
+    throughput = r["objective"] == "throughput"
+    if throughput:  # requests in flight while measured (OpenVINO: its optimal number; the others 1)
+        cols.insert(4, "requests")
     for col in cols:
         t.add_column(col, overflow="fold")
     order = {"chosen": 0, "measured": 1}
@@ -44,6 +47,8 @@ def render_tune(r: dict[str, Any]) -> None:
                  "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}"]
         if e2e:
             cells.insert(4, escape(rw["missed"] or "-"))
+        if throughput:
+            cells.insert(4, "-" if rw.get("requests") is None else str(rw["requests"]))
         t.add_row(*cells)
     console.print(t)
     for p in r["pruned"]:

@@ -9,7 +9,12 @@ Two OpenVINO behaviours this runner makes visible instead of silent:
   (and f16 on GPUs), whatever the IR's weights are. ``inference_precision = "bundle"``
   pins f32 for fp32 bundles, and for fp16 bundles on a CPU (whose bf16 default is coarser than the
   f16 they are checked for), and leaves the device default otherwise (f16 on a GPU); what the
-  compiled model actually uses is read back from ``INFERENCE_PRECISION_HINT``.
+  compiled model actually uses is read back from ``INFERENCE_PRECISION_HINT``;
+* streams: ``num_streams`` (OpenVINO's NUM_STREAMS: parallel inference streams, each with its own threads)
+  is passed as asked and read back; OpenVINO caps it at the CPUs (or threads) it has without saying so,
+  which ``RunnerInfo.details["streams_note"]`` then says. Several streams only help with several requests in
+  flight: :meth:`OpenVINORunner.run_concurrent` keeps the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
+  (``details["optimal_requests"]``) in flight in an ``AsyncInferQueue``, as benchmark_app does.
 
 ``import openvino`` sends a usage event to Google Analytics by default (opt-out telemetry,
 see :func:`disable_openvino_telemetry`); this module turns that off before importing it.
@@ -32,6 +37,26 @@ from edge.spec import TensorSpec, image_layout
 
 _PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = ("bundle", "f32", "f16", "bf16")
+#: the most streams asked for (OpenVINO caps them at its CPUs anyway; more is a typo)
+MAX_STREAMS = 1024
+
+
+def parse_num_streams(value: Any) -> int | str:
+    """``num_streams`` as the runner takes it: an integer >= 0 (0: not set, the performance hint decides) or
+    "AUTO" (OpenVINO's throughput-oriented choice); :class:`EdgeError` otherwise."""
+    if isinstance(value, str) and value.strip().upper() == "AUTO":
+        return "AUTO"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        n = -1
+    else:
+        try:
+            n = int(value)
+        except ValueError:
+            n = -1
+    if not 0 <= n <= MAX_STREAMS:
+        raise EdgeError(f"runner 'openvino': num_streams must be an integer from 1 to {MAX_STREAMS} (0: the "
+                        f"performance hint's choice) or AUTO, got {value!r}")
+    return n
 # devices that are not listed in available_devices but that OpenVINO resolves itself
 _VIRTUAL_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
 
@@ -114,12 +139,16 @@ class OpenVINORunner(Runner):
                                "default otherwise), "
                                "or force f32, f16 or bf16",
         "num_threads": "CPU inference threads; 0 = OpenVINO's default",
+        "num_streams": "parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the performance hint's "
+                       "choice (LATENCY: 1; THROUGHPUT: several). Not with LATENCY and AUTO (OpenVINO then "
+                       "switches to THROUGHPUT), nor above num_threads",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)
         self._request: Any = None
         self._compiled: Any = None
+        self._queue: Any = None
         telemetry = disable_openvino_telemetry()
         import openvino as ov
         import openvino.properties as props
@@ -143,6 +172,16 @@ class OpenVINORunner(Runner):
             threads = -1
         if threads < 0:
             raise EdgeError(f"runner 'openvino': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
+        streams_opt = parse_num_streams(opts.get("num_streams", 0))
+        if streams_opt == "AUTO" and hint == "LATENCY":
+            # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
+            raise EdgeError("runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
+                            "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
+                            hint="use performance_hint = \"THROUGHPUT\" (its own choice of streams), or a number")
+        if isinstance(streams_opt, int) and threads and streams_opt > threads:
+            raise EdgeError(f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
+                            f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
+                            hint="ask for at most as many streams as threads, or num_threads = 0")
 
         version = ov.get_version()
         short_version = version.split("-", 1)[0]
@@ -204,6 +243,11 @@ class OpenVINORunner(Runner):
                 config[props.inference_num_threads] = threads
             else:
                 ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
+        if streams_opt:
+            if "NUM_STREAMS" in supported:
+                config[props.num_streams] = props.streams.Num.AUTO if streams_opt == "AUTO" else streams_opt
+            else:
+                ignored.append(f"num_streams {streams_opt} ({device} has no NUM_STREAMS)")
         try:
             compiled = core.compile_model(model, device, config)
         except Exception as e:
@@ -221,6 +265,7 @@ class OpenVINORunner(Runner):
         precision_used = precision_read.get_type_name() if precision_read is not None else "unknown"
         threads_read = read(props.inference_num_threads)
         streams = read(props.num_streams)
+        nireq = read(props.optimal_number_of_infer_requests)
 
         self._compiled = compiled
         self._request = compiled.create_infer_request()
@@ -238,6 +283,8 @@ class OpenVINORunner(Runner):
             "available_devices": available,
             "performance_hint": str(read(hints.performance_mode) or hint),
             "num_streams": int(streams) if streams is not None else None,
+            "num_streams_option": streams_opt,
+            "optimal_requests": int(nireq) if nireq else None,
             "inference_precision_option": precision_opt,
             "compute_precisions": _compute_precisions(compiled),
             "telemetry": telemetry,
@@ -250,6 +297,10 @@ class OpenVINORunner(Runner):
                 caps = []
             details["precision_note"] = (f"asked for {target_precision}; {device_used} computes in {precision_used} "
                                          f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})")
+        if isinstance(streams_opt, int) and streams_opt and streams is not None and int(streams) != streams_opt \
+                and "NUM_STREAMS" in supported:
+            # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
+            details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
         if ignored:
             details["ignored_options"] = ignored
         self.info = RunnerInfo(
@@ -271,7 +322,88 @@ class OpenVINORunner(Runner):
         # OVDict.values() is in the compiled model's output order (indexing it by port costs ~2 us)
         return dict(zip(self._output_names, req.infer(feeds, share_inputs=True).values()))
 
+    @property
+    def requests(self) -> int:
+        """The requests to keep in flight for throughput: the compiled model's OPTIMAL_NUMBER_OF_INFER_REQUESTS
+        (1 under LATENCY; one per stream under THROUGHPUT), 1 when the device does not say."""
+        return max(1, int(self.info.details.get("optimal_requests") or 1))
+
+    def _async_queue(self, requests: int | None) -> tuple[Any, int]:
+        import openvino as ov
+
+        n = self.requests if requests is None else int(requests)
+        if not 1 <= n <= 256:
+            raise EdgeError(f"runner 'openvino': requests in flight must be from 1 to 256, got {requests!r}")
+        if self._compiled is None:
+            raise EdgeError("runner 'openvino' is closed")
+        if self._queue is None or len(self._queue) != n:
+            self._queue = ov.AsyncInferQueue(self._compiled, n)
+        return self._queue, n
+
+    def infer_concurrent(self, feeds_list: "list[Mapping[str, np.ndarray]]", requests: int | None = None
+                         ) -> list[dict[str, np.ndarray]]:
+        """Every feeds of ``feeds_list`` inferred with up to ``requests`` (default :attr:`requests`) in flight in
+        an ``AsyncInferQueue``; the outputs (copies) in the order of ``feeds_list``. The arrays are shared with
+        the requests, not copied: they stay alive in ``feeds_list`` until every request is done."""
+        for feeds in feeds_list:
+            self.validate(feeds)
+        queue, _ = self._async_queue(requests)
+        got: list[Any] = [None] * len(feeds_list)
+        n_out = len(self._output_ports)
+
+        def done(request: Any, k: int) -> None:
+            got[k] = [request.get_output_tensor(i).data.copy() for i in range(n_out)]
+
+        queue.set_callback(done)
+        try:
+            for k, feeds in enumerate(feeds_list):
+                queue.start_async(feeds, k, share_inputs=True)
+            queue.wait_all()
+        except Exception as e:
+            queue.wait_all()
+            raise EdgeError(f"OpenVINO inference failed: {type(e).__name__}: {str(e)[:300]}") from e
+        missing = [k for k, g in enumerate(got) if g is None]
+        if missing:
+            raise EdgeError(f"OpenVINO returned no outputs for {len(missing)} of {len(got)} concurrent requests")
+        return [dict(zip(self._output_names, g)) for g in got]
+
+    def run_concurrent(self, feeds: Mapping[str, np.ndarray], count: int, requests: int | None = None
+                       ) -> tuple[float, list[int]]:
+        """``count`` inferences of ``feeds`` with up to ``requests`` (default :attr:`requests`) in flight, as
+        benchmark_app runs them (outputs left in the requests' buffers): the wall time in seconds from the
+        first start to the last completion, and each request's latency in ns (from its start, once a request
+        was idle, to its completion callback)."""
+        import time
+
+        self.validate(feeds)
+        queue, _ = self._async_queue(requests)
+        clock = time.perf_counter_ns
+        lat: list[int] = []
+
+        def done(request: Any, t0: int) -> None:
+            lat.append(clock() - t0)
+
+        queue.set_callback(done)
+        idle, start_async = queue.get_idle_request_id, queue.start_async
+        try:
+            start = clock()
+            for _ in range(int(count)):
+                idle()  # blocks (without the GIL) until a request is free: its latency starts when it starts
+                start_async(feeds, clock(), share_inputs=True)
+            queue.wait_all()
+            wall = (clock() - start) / 1e9
+        except Exception as e:
+            queue.wait_all()
+            raise EdgeError(f"OpenVINO inference failed: {type(e).__name__}: {str(e)[:300]}") from e
+        return wall, lat
+
     def close(self) -> None:
+        if self._queue is not None:
+            try:
+                self._queue.wait_all()
+            except Exception:  # noqa: BLE001 - closing: a failed request was reported by its caller
+                pass
+        self._queue = None
         self._request = None
         self._compiled = None
         super().close()
