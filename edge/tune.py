@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from edge.errors import EdgeError
-from edge.tune_measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, _combine_parity,
-                               _measure_chunk, _Pool, _score, missed_share, rank_key)
+from edge.tune_measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
+                               _combine_parity, _measure_chunk, _Pool, _score, missed_share, rank_key)
 from edge.tune_space import BATCHES, OBJECTIVES, Config, Space, batch_plan, build_space
 
 STUDY_VERSION = 1
@@ -478,7 +478,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     if objective == "e2e":  # measured at a rate: another rate's measurements do not compare
         header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
     if objective == "throughput":  # a study measured one request at a time throughout does not compare
-        header["throughput_requests"] = "openvino: its optimal number in flight; the others: one"
+        header["throughput_requests"] = THROUGHPUT_REQUESTS
     stored = _load_study(study_path, header)
     configs = _priority(space)
     notes = list(space.notes)

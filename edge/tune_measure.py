@@ -79,6 +79,9 @@ def missed_share(rung: Mapping[str, Any]) -> float:
     return float(np.median([m / max(1, f) for m, f in zip(missed, frames)]))
 
 
+#: how the throughput objective is measured (in a study's header: a study measured otherwise does not compare)
+THROUGHPUT_REQUESTS = "openvino: its optimal number in flight; the others: one"
+
 def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
     """How a measured rung ranks, lower first: ``e2e`` by the share of frames missed at the target rate
     (a configuration that misses frames loses to one that does not), then by :func:`_score`; the other

@@ -176,10 +176,15 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
 def study_header(model_sha256: str, target: str, objective: str, strategy: str, fleet: str, device: str,
                  birth_host: Mapping[str, Any]) -> dict[str, Any]:
     """What a study is of: measurements of another device, model, target or objective do not compare."""
-    return {"model_sha256": model_sha256, "target": target, "objective": objective, "strategy": strategy,
-            "device": f"{fleet}/{device}",
-            "device_host": {k: birth_host.get(k) if isinstance(birth_host.get(k), (str, int)) else None
-                            for k in ("os", "arch", "cpu_count")}}
+    from edge.tune_measure import THROUGHPUT_REQUESTS
+
+    header = {"model_sha256": model_sha256, "target": target, "objective": objective, "strategy": strategy,
+              "device": f"{fleet}/{device}",
+              "device_host": {k: birth_host.get(k) if isinstance(birth_host.get(k), (str, int)) else None
+                              for k in ("os", "arch", "cpu_count")}}
+    if objective == "throughput":  # the device measures as edgekit tune does (edge.tune_measure._measure_infer)
+        header["throughput_requests"] = THROUGHPUT_REQUESTS
+    return header
 
 
 def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
