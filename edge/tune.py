@@ -319,6 +319,21 @@ def _save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[st
 
 # -- the search -----------------------------------------------------------------------------------
 
+def mark_rung(records: Iterable[dict[str, Any]], kept: set[str], name: str, last: bool) -> None:
+    """After rung ``name``: each record's status (unless already failed, pruned or failing parity): parity failed
+    or not verified, eliminated (not in ``kept``), or measured (a survivor of the last rung)."""
+    for rec in records:
+        if rec["status"].startswith(("failed", "parity", "pruned")):
+            continue
+        passed = (rec.get("parity") or {}).get("passed")
+        if passed is not True:
+            rec["status"] = "parity failed" if passed is False else "parity not verified"
+        elif rec["id"] not in kept:
+            rec["status"] = f"eliminated at {name}"
+        elif last:
+            rec["status"] = "measured"
+
+
 def _priority(space: Space) -> list[Config]:
     """The order trials are taken in under --max-trials: each runner, precision, recipe and batch's defaults first
     (batch 1 before the batched ones: it is their per-item reference)."""
@@ -607,17 +622,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
             # must not leave it only two to choose from
             keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
             kept = {r["id"] for r in keep}
-            for c in alive:
-                rec = recs[c.id]
-                if rec["status"].startswith(("failed", "parity")):
-                    continue
-                if (rec.get("parity") or {}).get("passed") is not True:
-                    rec["status"] = "parity failed" if (rec.get("parity") or {}).get("passed") is False \
-                        else "parity not verified"
-                elif c.id not in kept:
-                    rec["status"] = f"eliminated at {name}"
-                else:
-                    rec["status"] = "measured" if last else rec["status"]
+            mark_rung((recs[c.id] for c in alive), kept, name, last)
             alive = [by_id[i] for i in (r["id"] for r in keep)]
             pool.close([i for i in list(pool.open) if i not in kept])
     finally:

@@ -132,7 +132,7 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
     """Successive halving over ``configs`` (their records in ``recs``): per rung, ``exchange(todo, k, reps,
     iters)`` sends the trials without a measurement at that rung yet and returns the device's final reply
     (trials keyed by config id: ``{"trials": {id: reply trial}}``); returns the replies, in order."""
-    from edge.tune import _ranked
+    from edge.tune import _ranked, mark_rung
 
     by_id = {c.id: c for c in configs}
     alive = list(configs)
@@ -154,18 +154,7 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
         last = k == len(rungs) - 1
         ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
         keep = ranked if last else ranked[:max(min(eta, len(ranked)), math.ceil(len(alive) / eta))]
-        kept = {r["id"] for r in keep}
-        for c in alive:
-            rec = recs[c.id]
-            if rec["status"].startswith(("failed", "parity", "pruned")):
-                continue
-            if (rec.get("parity") or {}).get("passed") is not True:
-                rec["status"] = "parity failed" if (rec.get("parity") or {}).get("passed") is False \
-                    else "parity not verified"
-            elif c.id not in kept:
-                rec["status"] = f"eliminated at {name}"
-            elif last:
-                rec["status"] = "measured"
+        mark_rung((recs[c.id] for c in alive), {r["id"] for r in keep}, name, last)
         alive = [by_id[r["id"]] for r in keep]
     save()
     return replies
