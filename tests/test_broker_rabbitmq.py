@@ -8,6 +8,7 @@ processes: three RabbitMQ nodes in one cluster (``tests/rabbitmq_broker.py``), t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -23,8 +24,9 @@ from conftest import REPO, wait_for
 from mqtt_broker import HOST
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
-from edge.agent.mqtt import DEGRADED
-from edge.fleet.mqttlite import _packet, _str
+from edge.agent.mqtt import DEGRADED, MQTT5_UNANSWERED, BrokerConfig
+from edge.agent.netloop import Backoff, Connection, NetworkLoop
+from edge.fleet.mqttlite import LiteConnection, _packet, _str
 
 pytestmark = pytest.mark.skipif(rabbitmq_missing() is not None, reason=str(rabbitmq_missing()))
 FLEET = "lab"
@@ -145,42 +147,64 @@ def outbox_rows(store: Path) -> int:
         return int(c.execute("SELECT count(*) FROM outbox").fetchone()[0])
 
 
-def test_cluster_agent_on_one_node_collector_on_another_and_the_agents_node_restarted(cluster: RabbitCluster,
-                                                                                       tmp_path: Path) -> None:
-    """The agent on node a, the collector on node b: the cluster routes everything across, each message stored
-    once. Node a stops: the agent (one broker address, no fail-over of its own) keeps its stream in its outbox
-    and retries a; node a back (it rejoins the cluster by itself), the agent reconnects and replays the outbox:
-    nothing lost, nothing stored twice."""
-    a, b = cluster["a"], cluster["b"]
-    db, clog, alog, store = tmp_path / "fleet.db", tmp_path / "collector.log", tmp_path / "agent.log", tmp_path / "s"
-    col = collector(b.url, db, clog, "edgekit-test-col-2")
+def telemetry(db: Path, device: str) -> int:
+    return count(db, "SELECT count(*) FROM telemetry WHERE device = ?", device)
+
+
+def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: RabbitCluster, tmp_path: Path) -> None:
+    """The collector on node c; agent cam-02 given node a only, agent cam-03 given nodes a and b
+    (``--broker mqtt://a,mqtt://b``); both connect to a and the cluster routes their streams to c. Node a stops:
+    cam-03 moves to b by itself (no restart) and its stream goes on; cam-02 (one address, no fail-over) keeps its
+    stream in its outbox and retries a. Node a back (it rejoins the cluster by itself): cam-02 reconnects and
+    replays its outbox. Both streams stored exactly once."""
+    a, b, c = cluster["a"], cluster["b"], cluster["c"]
+    if not a.running:  # a test run in another order stopped it
+        a.start()
+    db, clog = tmp_path / "fleet.db", tmp_path / "collector.log"
+    one, two = tmp_path / "cam-02", tmp_path / "cam-03"
+    alog = {d: d / "agent.log" for d in (one, two)}
+    col = collector(c.url, db, clog, "edgekit-test-col-2")
     procs = [col]
     try:
-        wait_for(lambda: f"connected to {b.url}" in clog.read_text(), 60, "the collector connected to node b")
-        ag = agent(a.url, store, alog, "cam-02")
-        procs.append(ag)
-        wait_for(lambda: count(db, "SELECT count(*) FROM telemetry") >= 10, 60, "telemetry from node a stored via b")
+        wait_for(lambda: f"connected to {c.url}" in clog.read_text(), 60, "the collector connected to node c")
+        ag1 = agent(a.url, one / "s", alog[one], "cam-02")
+        ag2 = agent(f"{a.url},{b.url}", two / "s", alog[two], "cam-03")
+        procs += [ag1, ag2]
+        wait_for(lambda: telemetry(db, "cam-02") >= 10 and telemetry(db, "cam-03") >= 10, 60,
+                 "telemetry of both agents from node a stored via c")
+        assert f"connected to {a.url}" in alog[two].read_text(), alog[two].read_text()[-3000:]  # the first node
         a.stop()  # a clean shutdown of node a; b and c stay up
-        wait_for(lambda: outbox_rows(store) >= 10, 60, "10 messages kept in the agent's outbox")
-        assert ag.poll() is None and f"cannot connect to {a.url}" in alog.read_text(), alog.read_text()[-3000:]
-        held = count(db, "SELECT count(*) FROM telemetry")
+        held2 = telemetry(db, "cam-03")
+        wait_for(lambda: f"connected to {b.url}" in alog[two].read_text(), 60, "cam-03 moved to node b")
+        wait_for(lambda: telemetry(db, "cam-03") >= held2 + 15, 60, "cam-03's telemetry through node b")
+        wait_for(lambda: outbox_rows(one / "s") >= 10, 60, "10 messages kept in cam-02's outbox")
+        assert not a.running and ag1.poll() is None and ag2.poll() is None
+        assert f"cannot connect to {a.url}" in alog[one].read_text(), alog[one].read_text()[-3000:]
+        assert f"connection to {a.url} lost" in alog[two].read_text(), alog[two].read_text()[-3000:]
+        held1 = telemetry(db, "cam-02")
         a.start()
-        wait_for(lambda: alog.read_text().count(f"connected to {a.url}") >= 2, 60, "the agent reconnected to node a")
-        wait_for(lambda: outbox_rows(store) == 0 and count(db, "SELECT count(*) FROM telemetry") >= held + 15, 60,
-                 "the outbox replayed and live telemetry after it")
-        summary = stop(ag, alog)
-        wait_for(lambda: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
-                               summary["session"]), 30, "the agent's death")
+        wait_for(lambda: alog[one].read_text().count(f"connected to {a.url}") >= 2, 60, "cam-02 reconnected to a")
+        wait_for(lambda: outbox_rows(one / "s") == 0 and telemetry(db, "cam-02") >= held1 + 15, 60,
+                 "cam-02's outbox replayed and live telemetry after it")
+        summaries = [stop(ag1, alog[one]), stop(ag2, alog[two])]
+        for sm in summaries:
+            wait_for(lambda: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
+                                   sm["session"]), 30, f"{sm['device']}'s death")
         stats = stop(col, clog)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-    assert summary["outbox_flushed"] is True and summary["replayed"] >= 10
-    assert seqs(db, "cam-02", summary["session"]) == list(range(1, summary["last_seq"] + 1)), "lost or stored twice"
-    assert stats["duplicates"] == 0 and stats["db_errors"] == 0
-    assert accepted(a, f"edgekit-{FLEET}-cam-02") and accepted(b, "edgekit-test-col-2")
+    one_sum, two_sum = summaries
+    assert one_sum["outbox_flushed"] is True and one_sum["replayed"] >= 10
+    assert two_sum["outbox_flushed"] is True
+    for sm in summaries:
+        assert seqs(db, sm["device"], sm["session"]) == list(range(1, sm["last_seq"] + 1)), f"{sm['device']}: lost " \
+            "or stored twice"
+    assert stats["db_errors"] == 0  # copies (a PUBACK lost as node a went down: replayed) the database dropped
+    assert accepted(a, f"edgekit-{FLEET}-cam-02") and accepted(c, "edgekit-test-col-2")
+    assert accepted(a, f"edgekit-{FLEET}-cam-03") and accepted(b, f"edgekit-{FLEET}-cam-03")
 
 
 def connack(port: int, level: int) -> bytes:
@@ -192,13 +216,31 @@ def connack(port: int, level: int) -> bytes:
         return s.recv(16)
 
 
-def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster: RabbitCluster) -> None:
+def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster: RabbitCluster,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     """Why ``--protocol 3.1.1`` is needed (the README says so): RabbitMQ before 3.13 answers an MQTT 5 CONNECT by
-    closing the connection, no CONNACK; edgekit's default (MQTT 5) then retries for ever."""
+    closing the connection, no CONNACK; edgekit's default (MQTT 5) then retries for ever, and says once (both
+    clients: the agent's paho and the collector's lean one) what to do."""
     version = rabbitmq_version()
     node = cluster["b"]
     assert connack(node.port, 4) == b"\x20\x02\x00\x00", version  # accepted
     if tuple(int(x) for x in version.split(".")[:2]) >= (3, 13):  # native MQTT 5 (untested: Debian 12 has 3.10)
         assert connack(node.port, 5)[:1] == b"\x20", version
-    else:
-        assert connack(node.port, 5) == b"", version
+        return
+    assert connack(node.port, 5) == b"", version
+    caplog.set_level(logging.INFO, logger="edge.mqtt")
+    broker = BrokerConfig.from_url(node.url)  # MQTT 5, the default
+    with NetworkLoop() as loop:
+        conns = [Connection(loop, broker, "edgekit-probe-paho", backoff=Backoff(0.05, 0.2)),
+                 LiteConnection(loop, broker, "edgekit-probe-lite", subscriptions=[("x/#", 1)],
+                                on_publish=lambda *_: None, backoff=Backoff(0.05, 0.2))]
+        for conn in conns:
+            conn.start()
+        try:
+            wait_for(lambda: all(conn.attempts >= 3 for conn in conns), 30, "three unanswered attempts each")
+        finally:
+            for conn in conns:
+                loop.run(conn.close)
+    for who in ("edgekit-probe-paho", "edgekit-probe-lite"):
+        said = [r for r in caplog.records if r.getMessage().startswith(f"{who}: {node.url}: {MQTT5_UNANSWERED}")]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING, caplog.text[-3000:]

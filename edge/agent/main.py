@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fps", type=float, help="Source frame rate (default: the bundle's frame budget as a rate, else 30).")
     a("--budget-ms", type=float, help="Frame budget (default: the bundle's target frame budget).")
     a("--interval", type=float, default=5.0, help="Telemetry interval in seconds.")
-    a("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host[:port] or mqtts://host[:port] (TLS).")
+    a("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host[:port] or mqtts://host[:port] (TLS); several "
+      "nodes of one cluster joined by commas (one scheme, user and CA), tried in turn when one cannot be reached or "
+      "the connection drops.")
     a("--ca", type=Path, help="CA certificate (PEM) that signed the broker's certificate; implies TLS.")
     a("--cert", type=Path, help="Client certificate (PEM).")
     a("--key", type=Path, help="Client private key (PEM) for --cert.")

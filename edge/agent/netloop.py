@@ -9,7 +9,9 @@ hand work over with ``call_soon``.
 paho client, so nothing paho kept in memory from the last connection is re-sent behind
 the caller's back (the device's durable outbox decides what is re-sent). Before each
 attempt the will is re-armed; after each CONNACK the subscription table is replayed and
-the owner's ``on_connected`` runs. Failed attempts back off exponentially with jitter.
+the owner's ``on_connected`` runs. Failed attempts back off exponentially with jitter. A broker
+given as several nodes of one cluster is tried node after node (round robin): each failed attempt
+and each lost connection moves to the next one.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from edge.agent.mqtt import BrokerConfig
+from edge.agent.mqtt import MQTT5_UNANSWERED, BrokerConfig
 
 log = logging.getLogger("edge.mqtt")
 
@@ -279,6 +281,10 @@ class Reconnecting:
         self.connects = 0
         self._retry: Timer | None = None
         self._logged_error: str | None = None
+        self._node = 0  # which of the broker's addresses the next attempt uses (round robin)
+        self.node: BrokerConfig = self.broker.at(0)  # the address of the current (or last) attempt
+        self._errors_said: set[str] = set()  # several nodes: each node's error said once at WARNING until connected
+        self._hinted_mqtt5 = False  # the MQTT5_UNANSWERED line, said once
 
     def start(self) -> None:
         self.loop.call_soon(self._attempt)
@@ -286,17 +292,61 @@ class Reconnecting:
     def _attempt(self) -> None:
         raise NotImplementedError
 
+    def _next_node(self) -> BrokerConfig:
+        """The address for this attempt (round robin over a cluster's nodes; always the one for a single address)."""
+        self.node = self.broker.at(self._node)
+        return self.node
+
+    def _advance(self) -> str:
+        """After a failure or a lost connection: move to the next node; how the retry log line names it."""
+        n = len(self.broker.endpoints)
+        if n == 1:
+            return ""
+        self._node = (self._node + 1) % n
+        return f" {self.broker.at(self._node).url}"
+
+    def _up(self) -> None:
+        """Bookkeeping of a successful CONNACK."""
+        self.connected = True
+        self.connects += 1
+        self.attempts = 0
+        self.last_error = self._logged_error = None
+        self._errors_said.clear()
+
     def _failed(self, why: str) -> None:
         self.last_error = why
         delay = self.backoff.delay(self.attempts)
         self.attempts += 1
-        level = logging.WARNING if why != self._logged_error else logging.DEBUG
-        log.log(level, "%s: cannot connect to %s (%s); retrying in %.1f s", self.client_id, self.broker.url, why, delay)
+        where = self.node.url
+        nxt = self._advance()
+        if nxt:  # several nodes: the round robin would repeat each node's error, said once
+            key = f"{where}: {why}"
+            level = logging.WARNING if key not in self._errors_said else logging.DEBUG
+            self._errors_said.add(key)
+        else:
+            level = logging.WARNING if why != self._logged_error else logging.DEBUG
+        log.log(level, "%s: cannot connect to %s (%s); retrying%s in %.1f s", self.client_id, where, why, nxt, delay)
         self._logged_error = why
         if not self.closing:
             self._retry = self.loop.call_later(delay, self._attempt)
         else:
             self.closed.set()
+
+    def _lost(self, why: str) -> None:
+        """A connection that was up went away: retry at once-ish (first back-off step), on the next node."""
+        where = self.node.url
+        nxt = self._advance()
+        log.warning("%s: connection to %s lost (%s)%s", self.client_id, where, why,
+                    f"; trying{nxt}" if nxt else "")
+        self.attempts = 0
+        self.last_error = f"connection lost: {why}"
+        self._retry = self.loop.call_later(self.backoff.delay(0), self._attempt)
+
+    def _unanswered_mqtt5(self) -> None:
+        """The broker closed a plain-TCP MQTT 5 CONNECT without any CONNACK: say once what that likely means."""
+        if not self._hinted_mqtt5:
+            self._hinted_mqtt5 = True
+            log.warning("%s: %s: %s", self.client_id, self.node.url, MQTT5_UNANSWERED)
 
 
 class Connection(Reconnecting):
@@ -317,6 +367,7 @@ class Connection(Reconnecting):
         self._on_message, self._on_published = on_message, on_published
         self.clean_start, self.session_expiry_s, self.manual_ack = clean_start, session_expiry_s, manual_ack
         self.receive_maximum, self.backoff = receive_maximum, backoff
+        self._connack_seen = False  # this attempt got a CONNACK (accepting or refusing)
         self._init_reconnect()
 
     # connecting --------------------------------------------------------------------------
@@ -324,7 +375,9 @@ class Connection(Reconnecting):
         self._retry = None
         if self.closing:
             return
-        c = self.broker.new_client(self.client_id, manual_ack=self.manual_ack, clean_session=self.clean_start)
+        node = self._next_node()
+        self._connack_seen = False
+        c = node.new_client(self.client_id, manual_ack=self.manual_ack, clean_session=self.clean_start)
         c.on_connect, c.on_disconnect = self._connected, self._disconnected
         c.on_message, c.on_publish = self._message, self._published
         will = self._will() if self._will else None
@@ -344,7 +397,7 @@ class Connection(Reconnecting):
         self.loop.watch(c)
         self.client = c
         try:
-            c.connect(self.broker.host, self.broker.port, keepalive=self.broker.keepalive_s, properties=props, **v5)
+            c.connect(node.host, node.port, keepalive=node.keepalive_s, properties=props, **v5)
         except Exception as e:  # refused, unreachable, TLS failure: all retried, the reason kept
             c.on_disconnect = None
             try:
@@ -357,22 +410,26 @@ class Connection(Reconnecting):
     def _connected(self, client: Any, _ud: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if client is not self.client:
             return
+        self._connack_seen = True
         if reason.is_failure:
             self.last_error = f"broker refused the connection: {reason}"
             return  # the broker closes the socket; _disconnected schedules the retry
-        self.connected = True
-        self.connects += 1
-        self.attempts = 0
-        self.last_error = self._logged_error = None
-        log.info("%s: connected to %s", self.client_id, self.broker.url)
+        self._up()
+        log.info("%s: connected to %s", self.client_id, self.node.url)
         if self.subscriptions:
             client.subscribe(list(self.subscriptions))
         if self._on_connected:
             self._on_connected(self)
 
-    def _disconnected(self, client: Any, _ud: Any, _flags: Any, reason: Any, _props: Any) -> None:
+    def _disconnected(self, client: Any, _ud: Any, flags: Any, reason: Any, _props: Any) -> None:
         if client is not self.client:
             return
+        if (not self.connected and not self._connack_seen and self.node.mqtt5 and not self.node.tls
+                and not getattr(flags, "is_disconnect_packet_from_server", False)
+                and str(reason) == "Unspecified error"):
+            # TCP connected, CONNECT sent, then the socket closed without a byte of answer (a reset or EOF: paho
+            # says "Unspecified error"; garbage would be a protocol error, a silent broker a keep-alive timeout)
+            self._unanswered_mqtt5()
         was = self.connected
         self.connected = False
         self.client = None
@@ -383,11 +440,7 @@ class Connection(Reconnecting):
             self.closed.set()
             return
         if was:
-            log.warning("%s: connection to %s lost (%s)", self.client_id, self.broker.url, why)
-            self.attempts = 0
-            self.last_error = f"connection lost: {why}"
-            delay = self.backoff.delay(0)
-            self._retry = self.loop.call_later(delay, self._attempt)
+            self._lost(why)
         else:
             self._failed(why)
 

@@ -10,7 +10,9 @@ import typer
 from edge.agent.main import broker_config, parse_runner_options, setup_logging, stop_on_signals  # noqa: F401
 from edge.cli._common import JsonOut, err_console, print_json
 
-Broker = typer.Option("mqtt://127.0.0.1:1883", "--broker", help="mqtt://host[:port] or mqtts://host[:port] (TLS).")
+Broker = typer.Option("mqtt://127.0.0.1:1883", "--broker", help="mqtt://host[:port] or mqtts://host[:port] (TLS); "
+                      "several nodes of one cluster joined by commas (mqtt://a:1883,mqtt://b:1883: one scheme, "
+                      "user and CA), tried in turn when one cannot be reached or the connection drops.")
 Ca = typer.Option(None, "--ca", help="CA certificate file (PEM) that signed the broker's certificate; implies TLS.",
                   show_default=False)
 Cert = typer.Option(None, "--cert", help="Client certificate (PEM), for brokers that require one.", show_default=False)

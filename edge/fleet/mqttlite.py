@@ -329,6 +329,7 @@ class LiteClient:
         self._inflight: set[int] = set()  # our QoS 1 publishes not acknowledged yet
         self.sub_mid = 0
         self.closed_reason: str | None = None
+        self._heard = False  # any byte from the broker on this connection
         # set by NetworkLoop.watch
         self.on_socket_open: Callable[..., None] | None = None
         self.on_socket_close: Callable[..., None] | None = None
@@ -337,8 +338,9 @@ class LiteClient:
 
     # connecting --------------------------------------------------------------------------
     def connect(self) -> None:
-        """TCP (and TLS) connect, blocking for at most the broker's connect timeout, then CONNECT."""
-        b, o = self.owner.broker, self.owner
+        """TCP (and TLS) connect, blocking for at most the broker's connect timeout, then CONNECT (to the node
+        of the broker's addresses this attempt is for)."""
+        b, o = self.owner.node, self.owner
         sock: Any = socket.create_connection((b.host, b.port), timeout=b.connect_timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -397,7 +399,7 @@ class LiteClient:
         if sock is None:
             return
         chunks: list[bytes] = []
-        total, eof, error = 0, False, None
+        total, eof, error, reset = 0, False, None, False
         tls = isinstance(sock, ssl.SSLSocket)
         while total < READ_BYTES:
             try:
@@ -406,6 +408,7 @@ class LiteClient:
                 break
             except OSError as e:
                 error = f"read failed: {e}"
+                reset = isinstance(e, ConnectionResetError)
                 break
             if not data:
                 eof = True
@@ -415,6 +418,7 @@ class LiteClient:
             if not tls:  # one recv took what the kernel held
                 break
         if chunks:
+            self._heard = True
             self._last_in = time.monotonic()
             try:
                 self.reader.feed(chunks[0] if len(chunks) == 1 else b"".join(chunks))
@@ -426,6 +430,8 @@ class LiteClient:
                 self.close(f"error handling a packet: {type(e).__name__}", level=logging.WARNING)
                 return
         if error or eof:
+            if (eof or reset) and self.mqtt5 and not tls and not self._heard:
+                self.owner._unanswered_mqtt5()  # plain TCP, CONNECT sent, closed without a byte of answer
             self.close(error or "the broker closed the connection")
 
     def loop_write(self) -> None:
@@ -608,6 +614,7 @@ class LiteConnection(Reconnecting):
         self._retry = None
         if self.closing:
             return
+        self._next_node()
         c = LiteClient(self)
         self.loop.watch(c)
         self.client = c
@@ -621,11 +628,8 @@ class LiteConnection(Reconnecting):
     def _connected(self, client: LiteClient, session_present: bool) -> None:
         if client is not self.client:
             return
-        self.connected = True
-        self.connects += 1
-        self.attempts = 0
-        self.last_error = self._logged_error = None
-        log.info("%s: connected to %s (lean client, session present: %s)", self.client_id, self.broker.url,
+        self._up()
+        log.info("%s: connected to %s (lean client, session present: %s)", self.client_id, self.node.url,
                  session_present)
         if self.subscriptions:
             client.subscribe(self.subscriptions)
@@ -640,10 +644,7 @@ class LiteConnection(Reconnecting):
             self.closed.set()
             return
         if was:
-            log.log(max(level, logging.WARNING), "%s: connection to %s lost (%s)", self.client_id, self.broker.url, why)
-            self.attempts = 0
-            self.last_error = f"connection lost: {why}"
-            self._retry = self.loop.call_later(self.backoff.delay(0), self._attempt)
+            self._lost(why)
         else:
             self._failed(why)
 
