@@ -416,12 +416,19 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
                 raise EdgeError(f"fleet database {p} does not exist", hint="start `edgekit fleet collect` first")
             p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")  # the first read of the file: a non-database fails here
+
+        def setup() -> None:
+            # the first read of the file: a non-database fails here; WAL set only when not yet (another writer's
+            # file is WAL already, and asking again can be refused while it writes)
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={sync.upper()}")  # one of SQLITE_SYNCHRONOUS
             # pages kept between transactions: up to 64 MiB (the default is 2 MiB), so the telemetry key index's
             # pages stay in memory; measured 5-15% more messages a second in the collector's batches
             conn.execute("PRAGMA cache_size=-65536")
+
+        try:
+            _while_locked(setup, conn)
         except sqlite3.DatabaseError as e:
             conn.close()
             raise EdgeError(f"{path} cannot be used as the fleet database: {e}",
@@ -442,11 +449,31 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
         pgarray.register(conn)
         db = FleetDB(conn, "postgresql", url)
     try:
-        db.init_schema()  # idempotent
+        if db.dialect == "sqlite":  # beside a busy writer (another collector) the schema check can be refused
+            _while_locked(db.init_schema, conn)
+        else:
+            db.init_schema()  # idempotent
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _while_locked(fn: Any, conn: Any, patience_s: float = 30.0) -> None:
+    """``fn()`` again while SQLite says the database is locked, for up to ``patience_s``. Its busy timeout does
+    not cover every case: a read that must become a write after another connection committed (WAL's
+    BUSY_SNAPSHOT) is refused at once, and a collector next to a busy one meets that on opening the file."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fn()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            if conn.in_transaction:
+                conn.rollback()
+            time.sleep(0.05)
 
 
 _USERINFO_PASSWORD = re.compile(r"(://[^:/@?#]*):[^@/?#]*@")
