@@ -207,6 +207,41 @@ def test_partitioned_batch_mixing_new_rows_redeliveries_and_gap_fillers(pg: str)
         assert fps == 3.0  # the gap filler's own values, through the lookup statement
 
 
+def test_a_batch_refused_at_commit_is_not_counted_twice_when_redelivered(pg: str) -> None:
+    """The counters follow the database: a batch whose commit fails is rolled back and taken out of
+    stats["stored"], so its re-delivery counts once (a deferred constraint trigger refuses the commit)."""
+    url = new_database(pg, "atcommit")
+    now = time.time()
+    with open_db(url) as db:
+        db.execute("CREATE TABLE trap (armed BOOLEAN)")
+        db.execute("INSERT INTO trap VALUES (TRUE)")
+        db.execute("CREATE FUNCTION trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                   "IF (SELECT armed FROM trap) THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NULL; END $$")
+        db.execute("CREATE CONSTRAINT TRIGGER trap AFTER INSERT OR UPDATE ON streams DEFERRABLE INITIALLY DEFERRED "
+                   "FOR EACH ROW EXECUTE FUNCTION trap()")
+        db.commit()
+    msgs = [birth("cam", 100, now)] + [tel("cam", 100, seq, now) for seq in (1, 2, 3)]
+    c = offline_collector(url)
+    try:
+        for m in msgs:
+            c.add(*m, received_at=now)
+        c.flush()  # the commit fails: rolled back
+        assert c.stats["db_errors"] == 1
+        assert c.stats["stored"] == {"birth": 0, "death": 0, "telemetry": 0, "state": 0}
+        with open_db(url) as db:
+            db.execute("UPDATE trap SET armed = FALSE")
+            db.commit()
+        for m in msgs:  # the broker's re-delivery
+            c.add(*m, received_at=now)
+        c.flush()
+        assert c.stats["stored"] == {"birth": 1, "death": 0, "telemetry": 3, "state": 0}
+        assert c.stats["duplicates"] == 0 and c.stats["db_errors"] == 1
+    finally:
+        c.db.close()
+    with open_db(url) as db:
+        assert db.execute("SELECT count(*) FROM telemetry").fetchone()[0] == 3
+
+
 def test_an_unpartitioned_postgresql_database_keeps_working(pg: str) -> None:
     """A database created before partitioning (telemetry a plain table with its primary key): used as it is."""
     import psycopg

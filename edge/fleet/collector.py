@@ -226,6 +226,9 @@ class Collector:
         self._topics = TopicCache(cap)
         self._pending: list[_Queued] = []  # decoded, not written yet
         self._uncommitted = 0  # written, not committed yet
+        # what the open transaction added to stats["stored"] and stats["duplicates"]: taken back on a rollback, so
+        # a batch that fails and is re-delivered is counted once
+        self._tally: dict[str, int] = {}
         self._batch_t0: float | None = None  # when the first message of the open batch arrived (monotonic)
         self._timer: Timer | None = None  # wakes the loop when the open batch is due
         self._own_loop = False
@@ -289,8 +292,10 @@ class Collector:
             new.append(self._store_birth(d, raw, now) if d.kind == "birth" else self._store_death(d, raw, now))
         if run:
             new += self._store_streams(run)
-        stored = self.stats["stored"]
+        stored, tally = self.stats["stored"], self._tally
         for (d, _, _, _), ok in zip(pending, new):
+            key = d.kind if ok else "duplicates"
+            tally[key] = tally.get(key, 0) + 1
             if ok:
                 stored[d.kind] += 1
             else:
@@ -512,6 +517,7 @@ class Collector:
             self._db_failed(e)
             return
         self._uncommitted = 0
+        self._tally = {}
         acks, self._acks = self._acks, []
         if self.conn is not None:
             for client, mid, qos in acks:
@@ -566,6 +572,7 @@ class Collector:
                 self._check_gaps()
                 self.db.commit()
                 self._uncommitted = 0
+                self._tally = {}
             except Exception as e:  # handled on the loop thread (_complete -> _db_failed)
                 error = e
             self._done = (acks, error)
@@ -655,6 +662,12 @@ class Collector:
             self.db.rollback()
         except Exception:  # pragma: no cover - the connection itself is gone
             pass
+        tally, self._tally = self._tally, {}
+        for key, n in tally.items():  # rolled back: counted again when re-delivered
+            if key == "duplicates":
+                self.stats["duplicates"] -= n
+            else:
+                self.stats["stored"][key] -= n
         self._acks.clear()
         self._pending.clear()
         self._uncommitted = 0
