@@ -519,6 +519,10 @@ class Collector:
         self._uncommitted = 0
         self._tally = {}
         acks, self._acks = self._acks, []
+        self._acknowledge(acks)
+
+    def _acknowledge(self, acks: list[tuple[Any, int, int]]) -> None:
+        """Loop thread: a committed batch's PUBACKs, in order."""
         if self.conn is not None:
             for client, mid, qos in acks:
                 self.conn.ack(client, mid, qos)
@@ -594,12 +598,7 @@ class Collector:
             self._broken = False
             self._db_failed(error if error is not None else RuntimeError("failed while a batch was being written"))
             return
-        if self.conn is not None:
-            for client, mid, qos in acks:
-                self.conn.ack(client, mid, qos)
-            ack_done = getattr(self.conn, "ack_done", None)
-            if ack_done is not None:
-                ack_done()
+        self._acknowledge(acks)
         if len(self._acks) >= self.config.batch_max:
             self._batch_due()
         else:

@@ -282,16 +282,15 @@ class FleetDB:
     def insert_telemetry(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[bool]:
         """Insert telemetry rows (``TELEMETRY_COLUMNS``, keys unique among them); which were new. ``sql`` is the
         primary-key path's ``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and unpartitioned PostgreSQL.
-        Partitioned: the caller holds the rows' device locks (``lock_devices``); one statement inserts a row
-        when its seq is past its stream's committed highest seq, or else when no stored row has its key (a
-        lookup in every partition's index), and returns the keys it inserted."""
+        Partitioned: the caller has made the rows' partitions (``ensure_partitions_for``, before any lock) and
+        holds the rows' device locks (``lock_devices``); a row whose seq is past its stream's committed highest seq
+        goes in by COPY, any other only when no stored row has its key (a lookup in every partition's index)."""
         if self.dialect == "postgresql" and not self.partitioned:
             return self.insert_new(sql, rows, TELEMETRY_TYPES)
         if not self.partitioned:
             return self.insert_new(sql, rows)
         if not rows:
             return []
-        self.ensure_partitions_for(r[5] for r in rows)
         # The streams' committed highest seq (under the caller's device locks nobody else moves it): a row past it
         # is new for sure and goes in by binary COPY, psycopg's C path (the arrays of one statement are dumped in
         # Python: 3x the client CPU; the per-row subquery is server CPU). The rest, re-deliveries and late gap

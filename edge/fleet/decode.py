@@ -227,21 +227,8 @@ def telemetry_columns(x: Mapping[str, Any]) -> tuple[Any, ...]:
     """A telemetry payload's stored values (``TELEMETRY_METRICS``), each read as the lenient readers above read
     it (``number``, ``whole``, ``flag``, ``text``: a value of the wrong type is None), in one pass: the
     collector's hot path, once a message for the telemetry row and the device row both."""
-    inf = x.get("inference")
-    if type(inf) is not dict:
-        inf = _EMPTY
-    lat = inf.get("latency_ms")
-    if type(lat) is not dict:
-        lat = _EMPTY
-    proc = x.get("process")
-    if type(proc) is not dict:
-        proc = _EMPTY
-    thermal = x.get("thermal")
-    if type(thermal) is not dict:
-        thermal = _EMPTY
-    spool = x.get("spool")
-    if type(spool) is not dict:
-        spool = _EMPTY
+    inf, proc, spool = section(x, "inference"), section(x, "process"), section(x, "spool")
+    thermal, lat = section(x, "thermal"), section(inf, "latency_ms")
     throttled = thermal.get("throttled_now")
     bundle = x.get("bundle_id")
     return (number(inf.get("fps")), number(lat.get("p50_ms")), number(lat.get("p99_ms")), number(lat.get("max_ms")),
