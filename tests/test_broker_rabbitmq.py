@@ -105,6 +105,14 @@ def accepted(node: Any, client_id: str) -> bool:
     return f"client id: {client_id})" in node.log()
 
 
+def kill_left(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Whatever a failed test left running."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
 def test_agent_and_collector_through_rabbitmq_mqtt_3_1_1(cluster: RabbitCluster, tmp_path: Path) -> None:
     """Birth, telemetry and death from the agent through one RabbitMQ node, each stored once; both sides
     connected with MQTT 3.1.1 and said what that degrades. Node b: the cluster test stops node a."""
@@ -125,10 +133,7 @@ def test_agent_and_collector_through_rabbitmq_mqtt_3_1_1(cluster: RabbitCluster,
                                session), 30, "the agent's death")
         stats = stop(col, clog)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_left(procs)
     assert summary["outbox_flushed"] is True and summary["births"] == 1
     assert seqs(db, "cam-01", session) == list(range(1, last + 1)), "lost or stored twice"
     assert count(db, "SELECT count(*) FROM births WHERE device = 'cam-01'") == 1
@@ -192,10 +197,7 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
                                    sm["session"]), 30, f"{sm['device']}'s death")
         stats = stop(col, clog)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_left(procs)
     one_sum, two_sum = summaries
     assert one_sum["outbox_flushed"] is True and one_sum["replayed"] >= 10
     assert two_sum["outbox_flushed"] is True
