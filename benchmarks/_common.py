@@ -52,7 +52,7 @@ def workdir(path: str | None) -> Iterator[Path]:
 
 def mobilenet_v2(directory: Path) -> Path:
     """The example MobileNetV2 (deterministic random weights, byte-identical for the same arguments)."""
-    from edge.samples import build_mobilenet_v2
+    from edge.graph.samples import build_mobilenet_v2
 
     path = directory / "mobilenetv2.onnx"
     if not path.exists():
@@ -70,7 +70,7 @@ def ppocr_cls() -> Path:
 
 def convert_cached(model: Path, target: str, out: Path, *, reuse: bool, **kwargs: Any) -> Any:
     """``edge.pipeline.convert`` (force, accept parity failure), or the existing bundle when ``reuse``."""
-    from edge.bundle import Bundle
+    from edge.bundle.bundle import Bundle
     from edge.pipeline import convert
 
     if reuse and (out / "manifest.json").is_file():

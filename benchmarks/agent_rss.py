@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from edge.deploy import DeviceStore  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
-from edge.samples import build_tiny_cnn  # noqa: E402
+from edge.graph.samples import build_tiny_cnn  # noqa: E402
 from mqtt_broker import Mosquitto  # noqa: E402
 
 

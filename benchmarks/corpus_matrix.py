@@ -3,7 +3,7 @@
 
     python benchmarks/corpus_matrix.py [-n 50] [--model NAME]... [--target NAME]... [--json FILE] [--workdir DIR]
 
-Every case of ``tests/test_corpus.py``'s ``EXPECTED`` table (model x target x precision, real
+Every case of ``tests/pipeline/test_corpus.py``'s ``EXPECTED`` table (model x target x precision, real
 pretrained models from ``examples/fetch_pretrained.py``), and the few the test leaves out for its
 time budget (``EXTRA``), goes through ``edge.pipeline.convert`` as a user's would, without
 ``--accept-parity-failure``. A row says what happened (``pass``; ``fails:`` a clear one-line
@@ -38,9 +38,9 @@ import _common as C  # noqa: E402
 
 sys.path.insert(0, str(C.REPO))
 from tests.corpus import CORPUS, CorpusModel  # noqa: E402
-from tests.test_corpus import EXPECTED  # noqa: E402
+from tests.pipeline.test_corpus import EXPECTED  # noqa: E402
 
-#: cases the test leaves out for its time budget (tests/test_corpus.py's docstring), measured here too
+#: cases the test leaves out for its time budget (tests/pipeline/test_corpus.py's docstring), measured here too
 EXTRA: tuple[tuple[str, str, str, str], ...] = (
     ("ppocr-det", "x86-cpu", "int8", "bench only"),
     ("ddddocr-det", "x86-cpu", "int8", "bench only"),

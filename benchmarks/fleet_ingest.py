@@ -31,7 +31,7 @@ processes in one shared-subscription group, as ``--collectors``), ``protocol=3.1
 3.1.1: no shared subscription, and paho parses no MQTT 5 properties); ``''`` is the defaults;
 ``paho`` is the MQTT client alone (paho on the collector's network loop, acknowledging every
 message at once, nothing decoded or stored): the ceiling of a paho-based collector; ``lite`` the same
-with the lean client (edge.fleet.mqttlite); ``client=lite`` the collector on the lean client; ``pipeline=off`` the collector writing on its network thread
+with the lean client (edge.mqtt.lite); ``client=lite`` the collector on the lean client; ``pipeline=off`` the collector writing on its network thread
 (``fleet collect --client lite``).
 """
 
@@ -59,8 +59,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from mqtt_broker import Mosquitto, mosquitto_binary, preload_qos1  # noqa: E402
 
-from edge.agent.mqtt import BrokerConfig  # noqa: E402
-from edge.agent.payloads import encode, message  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.simulate import LightFleet, SimulatedFleet, birth_body, telemetry_body  # noqa: E402
 
@@ -307,8 +307,8 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
 def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
     """The MQTT client alone: the collector's Connection (paho, MQTT 5, manual acks) on its NetworkLoop, every
     message acknowledged at once, nothing decoded or stored. The ceiling of a paho-based collector here.
-    ``lite``: the same with edge.fleet.mqttlite's LiteConnection (acks written once per socket read)."""
-    from edge.agent.netloop import Connection, NetworkLoop
+    ``lite``: the same with edge.mqtt.lite's LiteConnection (acks written once per socket read)."""
+    from edge.mqtt.netloop import Connection, NetworkLoop
 
     got = {"n": 0, "t0": 0.0, "t1": 0.0}
 
@@ -327,10 +327,10 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
         conn.ack(client, mid, qos)
 
     with NetworkLoop(name="edgekit-bench-paho") as loop:
-        from edge.agent.topics import fleet_filter, shared
+        from edge.mqtt.topics import fleet_filter, shared
 
         if lite:
-            from edge.fleet.mqttlite import LiteConnection
+            from edge.mqtt.lite import LiteConnection
 
             conn = LiteConnection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,
                                   subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],

@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from edge.agent.mqtt import BrokerConfig  # noqa: E402
-from edge.agent.payloads import encode, message  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.simulate import birth_body, telemetry_body  # noqa: E402
 from edge.fleet.status import fleet_status  # noqa: E402

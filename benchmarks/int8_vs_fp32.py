@@ -60,8 +60,8 @@ PPOCR_SHAPE = (1, 3, 48, 192)
 # -- synthetic text lines ------------------------------------------------------------------
 
 def text_lines(directory: Path, count: int, seed: int) -> Path:
-    """``count`` 192x48 PNG text lines (edge.samples), deterministic for ``seed``; odd ones rotated 180°."""
-    from edge.samples import write_text_line_images
+    """``count`` 192x48 PNG text lines (edge.graph.samples), deterministic for ``seed``; odd ones rotated 180°."""
+    from edge.graph.samples import write_text_line_images
 
     if len(list(directory.glob("*.png"))) != count:
         for old in directory.glob("*.png"):
@@ -73,7 +73,7 @@ def text_lines(directory: Path, count: int, seed: int) -> Path:
 def heldout_inputs(model_name: str, bundle: Any, heldout_dir: Path | None, count: int
                    ) -> tuple[list[dict[str, np.ndarray]], list[int] | None]:
     """Held-out samples (not used for calibration or parity) and, for text lines, their labels."""
-    from edge.calib import generated_samples
+    from edge.verify.inputs import generated_samples
     from edge.preprocess import Preprocessor, read_image
 
     pre = bundle.preprocess
@@ -108,7 +108,7 @@ def main() -> int:
         logging.getLogger().setLevel(logging.ERROR)
 
     from edge.bench import random_feeds
-    from edge.parity import reference_outputs
+    from edge.verify.parity import reference_outputs
 
     info = C.host_info()
     models = ("mobilenetv2", "ppocr-cls") if args.models == "both" else (args.models,)
@@ -194,7 +194,7 @@ def _top1(outputs: dict[str, np.ndarray]) -> int:
 
 def _static_source(src: Path, bundle: Any, wd: Path) -> Path:
     """The source with the bundle's static input shapes (what convert() used as the parity reference)."""
-    from edge.onnxmodel import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx
+    from edge.graph.model import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx
 
     out = wd / f"{src.stem}.static.onnx"
     if not out.exists():

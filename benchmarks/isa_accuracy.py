@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge.capabilities import cpu_isa  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
-from edge.parity import reference_outputs  # noqa: E402
+from edge.verify.parity import reference_outputs  # noqa: E402
 from edge.preprocess import Preprocessor, read_image  # noqa: E402
-from edge.samples import write_text_line_images  # noqa: E402
-from tests.test_pretrained import MODEL, static_source  # noqa: E402
+from edge.graph.samples import write_text_line_images  # noqa: E402
+from tests.pipeline.test_pretrained import MODEL, static_source  # noqa: E402
 
 
 def main() -> None:

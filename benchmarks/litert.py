@@ -251,7 +251,7 @@ def main() -> int:
     with C.workdir(args.workdir) as wd:
         reuse = bool(args.workdir)
         model = C.mobilenet_v2(wd)
-        from edge.onnxmodel import sha256_file
+        from edge.graph.model import sha256_file
         results["model"] = {"path": str(model), "sha256": sha256_file(model)}
         bundles = {"onnxruntime fp32": C.convert_cached(model, "x86-cpu", wd / "mnv2-x86-cpu-fp32", reuse=reuse,
                                                         precision="fp32", calib="random")}

@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from mqtt_broker import preload_qos1  # noqa: E402
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
 
-from edge.agent.payloads import encode, message  # noqa: E402
-from edge.fleet.mqttlite import _packet, _str  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
+from edge.mqtt.lite import _packet, _str  # noqa: E402
 
 DEVICES = 50
 

@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import mqtt_broker  # noqa: E402  (tests/: the Mosquitto fixture)
-from edge.agent.desired import DesiredState  # noqa: E402
-from edge.agent.mqtt import BrokerConfig  # noqa: E402
+from edge.mqtt.desired import DesiredState  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.rollout import FleetView, RolloutBundle, RolloutController, RolloutSpec, start_rollout  # noqa: E402
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet  # noqa: E402

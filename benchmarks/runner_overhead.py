@@ -301,7 +301,7 @@ def main() -> int:
     with C.workdir(args.workdir) as wd:
         reuse = bool(args.workdir)
         model = C.mobilenet_v2(wd)
-        from edge.onnxmodel import sha256_file
+        from edge.graph.model import sha256_file
         results["model"] = {"path": str(model), "sha256": sha256_file(model)}
         C.log(f"model: {model}")
         if args.runtime in ("onnxruntime", "both"):

@@ -7,7 +7,7 @@ Reported:
 
 * both tables (configuration, parity, size, raw p50/p99, the figure relative to the anchor, fps);
 * pick ratio: the latency of tune's pick as the sweep measured it over the sweep's best. The sweep measures its
-  trials in chunks (edge.tune_measure.MAX_OPEN open at once) under background load that drifts between them, so
+  trials in chunks (edge.tune.measure.MAX_OPEN open at once) under background load that drifts between them, so
   one anchor trial is measured in every chunk and the sweep ranks by each trial's ratio to it in the same chunk
   ("vs anchor"): the pick ratio is the ratio of those figures (the raw p50 ratio is printed beside it). And,
   because on a shared host the two runs see different load, the **head to head**: the pick and the sweep's best
@@ -39,7 +39,7 @@ PPOCR_SHAPE = (1, 3, 48, 192)
 
 
 def rows(result: Any) -> list[list[Any]]:
-    from edge.tune_report import row
+    from edge.tune.report import row
 
     def order(t: dict[str, Any]) -> tuple[float, float]:  # as the search ranked: by the figure relative to the anchor
         res = t["result"] or {}
@@ -67,9 +67,9 @@ def pick_ratio(pick: dict[str, Any], best: dict[str, Any]) -> tuple[float, str]:
 def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) -> dict[str, Any]:
     """tune's pick against the sweep's best, side by side in one interleaved run (blocks of 5, order rotated):
     the ratio of their medians, with a 95% bootstrap interval over paired blocks."""
-    from edge.bundle import Bundle
-    from edge.tune_measure import _open
-    from edge.tune_space import Config
+    from edge.bundle.bundle import Bundle
+    from edge.tune.measure import _open
+    from edge.tune.space import Config
 
     if best["id"] == pick["id"]:
         return {"same": True, "ratio": 1.0, "ci_pct": [0.0, 0.0]}
@@ -94,7 +94,7 @@ HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "vs 
 
 
 def main() -> int:
-    from edge.tune import tune
+    from edge.tune.search import tune
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE")

@@ -1,13 +1,13 @@
 """``edgekit tune --objective e2e`` on the video path: frames dropped at 60 fps realtime before and after.
 
-The example YOLO-style detector (``edge.samples.build_yolo_detector``, 320x320, deterministic weights) on a
+The example YOLO-style detector (``edge.graph.samples.build_yolo_detector``, 320x320, deterministic weights) on a
 synthetic 640x480 clip at 60 fps (``edge.video.write_synthetic_clip``), run as ``edgekit run --realtime``
 runs it (``edge.video.run_pipeline``: decode, pre-processing, inference, post-processing; frames that would be
 late are dropped):
 
 * before: the target's default configuration (x86-cpu: onnxruntime fp32, the profile's runner options,
   one inference worker);
-* tune: ``edge.tune.tune(objective="e2e", video=clip, fps=60)`` over the target's space: every trial runs the
+* tune: ``edge.tune.search.tune(objective="e2e", video=clip, fps=60)`` over the target's space: every trial runs the
   video pipeline in realtime at 60 fps; ranked by the frames it missed (dropped, or processed past their deadline),
   then by its median frame time; parity a hard constraint;
 * after: the bundle converted with the winner's overlay (``convert --tuned``); the overlay's inference workers are
@@ -52,9 +52,9 @@ def realtime(bundle: Any, clip: Path, frames: int) -> dict[str, Any]:
 
 def main() -> int:
     from edge.pipeline import convert
-    from edge.samples import build_yolo_detector
-    from edge.tune import tune
-    from edge.tune_report import row
+    from edge.graph.samples import build_yolo_detector
+    from edge.tune.search import tune
+    from edge.tune.report import row
     from edge.video import write_synthetic_clip
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pipelined video runner vs a plain sequential loop, on the example detector at 640x480.
 
-Set-up (offline, deterministic): the example YOLO-style detector (``edge.samples.
+Set-up (offline, deterministic): the example YOLO-style detector (``edge.graph.samples.
 build_yolo_detector``: 320x320 input, width 16 (``--width``), 80 classes, random weights) converted for
 ``x86-cpu`` (fp32, onnxruntime), and a 640x480 mp4v clip of ``edge.video.sources.SyntheticScene``
 written with OpenCV. Every side decodes the real clip file.
@@ -50,7 +50,7 @@ SIDES = {"sequential": {"infer_workers": 1}, "pipelined": {"infer_workers": 1}, 
 
 
 def build(work: Path, frames: int, size: int, width: int, reuse: bool) -> tuple[Any, Path]:
-    from edge.samples import build_yolo_detector
+    from edge.graph.samples import build_yolo_detector
     from edge.video import write_synthetic_clip
 
     model = work / f"yolo-det-{size}-w{width}.onnx"

@@ -15,7 +15,7 @@ import numpy as np
 
 from edge.errors import EdgeError
 from edge.backends.runner import Runner
-from edge.manifest_schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
+from edge.bundle.schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
 from edge.stats import LatencyStats
 
 
@@ -64,7 +64,7 @@ _RANDOM = "standard-normal floats, zeros for other types"
 
 
 def bundle_feeds(bundle: Any) -> tuple[dict[str, np.ndarray] | None, str]:
-    """What a benchmark of ``bundle`` feeds: its first reference pair's inputs (``edge.refpairs``), i.e. an
+    """What a benchmark of ``bundle`` feeds: its first reference pair's inputs (``edge.verify.refpairs``), i.e. an
     input the model was built and checked on, with its real shapes and values (a scalar like Silero VAD's
     sample rate gets its real value, where a zero would run another branch or be refused), and where they
     came from in words. Without usable pairs: generated at the shapes of the bundle's I/O spec (static once
@@ -72,7 +72,7 @@ def bundle_feeds(bundle: Any) -> tuple[dict[str, np.ndarray] | None, str]:
     ``(None, why)`` where the spec is not static either: the caller generates feeds from the runner
     (:func:`random_feeds`)."""
     from edge.errors import BundleError
-    from edge.refpairs import load_reference_pairs
+    from edge.verify.refpairs import load_reference_pairs
 
     entry = getattr(getattr(bundle, "info", None), "reference_pairs", None)
     why = "the bundle carries no reference pairs"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
                         _symlink_atomic, open_store, rollback)
 
@@ -51,11 +51,11 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
     copy that landed (the device side)."""
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, trust=False)
     b.verify()
-    from edge.manifest import check_gates  # parity and budget recomputed from the figures, not read from flags
+    from edge.bundle.manifest import check_gates  # parity and budget recomputed from the figures, not read from flags
 
     with open_store(device, trust=trust) as store:
         if store.trust is None:
-            from edge.trust import no_trust_note
+            from edge.bundle.trust import no_trust_note
 
             log.info(no_trust_note(f"device store {store.where}"))
         else:  # the evidence the gates read is then the signed evidence
@@ -78,13 +78,13 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
     target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
     parity could not run here ships with ``DeployResult.unverified`` saying why. ``tuned``: an ``edgekit tune``
-    overlay (file or ``edge.tuned.TunedOverlay``) applied to the target before converting and benchmarking.
-    ``tune``: True or an ``edge.tune.TuneOptions``: run ``edge.tune.tune`` first (this deploy's calibration,
+    overlay (file or ``edge.tune.overlay.TunedOverlay``) applied to the target before converting and benchmarking.
+    ``tune``: True or an ``edge.tune.search.TuneOptions``: run ``edge.tune.search.tune`` first (this deploy's calibration,
     input shapes, pre-processing, budget and precision) and deploy its winner's overlay; refused when no
     configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``."""
-    from edge.signing import configured_sign_key
+    from edge.bundle.signing import configured_sign_key
     from edge.bench import judge_device_class, run_benchmark
-    from edge.manifest_schema import SkippedParity
+    from edge.bundle.schema import SkippedParity
     from edge.pipeline import convert, runnable_here
     from edge.stats import budget_from
     from edge.targets import get_target
@@ -100,7 +100,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
             raise EdgeError("give either --tune (tune now) or --tuned FILE (an overlay tuned before), not both")
         tune = _tune_options(tune)
     elif tuned is not None:  # read (and refused) before anything is built
-        from edge.tuned import TunedOverlay, read_overlay
+        from edge.tune.overlay import TunedOverlay, read_overlay
 
         overlay = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
     open_store(device)  # a bad address, bad ssh options or no ssh fail here: before minutes of work, nothing built
@@ -112,7 +112,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         notes.append(tune_info["summary"])
     applied = None
     if overlay is not None:  # applied here too, so the benchmark below runs the tuned runner and options
-        from edge.tuned import apply_overlay, resolve_precision
+        from edge.tune.overlay import apply_overlay, resolve_precision
 
         convert_kwargs["precision"] = resolve_precision(overlay, convert_kwargs.get("precision"))
         profile = apply_overlay(profile, overlay)
@@ -151,7 +151,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         bundle.record("benchmark", report)
     key = configured_sign_key(sign_key)
     if key is not None:  # last: the signature covers the final manifest, benchmark included
-        from edge.signing import sign_bundle
+        from edge.bundle.signing import sign_bundle
 
         say(f"signing {bundle.id} with {key}")
         signed = sign_bundle(bundle.path, key)
@@ -166,21 +166,21 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
 
 def _tune_options(tune: Any) -> Any:
     from edge.errors import EdgeError
-    from edge.tune import TuneOptions
+    from edge.tune.search import TuneOptions
 
     if tune is True:
         return TuneOptions()
     if not isinstance(tune, TuneOptions):
-        raise EdgeError(f"deploy(tune=...) takes True or an edge.tune.TuneOptions, got {type(tune).__name__}")
+        raise EdgeError(f"deploy(tune=...) takes True or an edge.tune.search.TuneOptions, got {type(tune).__name__}")
     return tune
 
 
 def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | None, budget_ms: float | None,
                 convert_kwargs: dict[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
-    """``edge.tune.tune`` with this deploy's inputs; (the winner's overlay, what deploy reports of the tune)."""
+    """``edge.tune.search.tune`` with this deploy's inputs; (the winner's overlay, what deploy reports of the tune)."""
     from edge.errors import EdgeError
-    from edge.tune import tune as run_tune
-    from edge.tuned import read_overlay
+    from edge.tune.search import tune as run_tune
+    from edge.tune.overlay import read_overlay
 
     asked = convert_kwargs.get("precision")
     precisions = opts.precisions or ((asked,) if asked else None)

@@ -4,7 +4,7 @@
     python examples/build_models.py                        # -> examples/models/mobilenetv2.onnx
     python examples/build_models.py -o /tmp/m.onnx --seed 1 --input-size 160 --num-classes 10
 
-Offline: the model is generated with onnx + numpy by ``edge.samples``; same arguments,
+Offline: the model is generated with onnx + numpy by ``edge.graph.samples``; same arguments,
 same bytes. See examples/models/README.md for its input spec.
 """
 
@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 try:
-    from edge.samples import build_mobilenet_v2
+    from edge.graph.samples import build_mobilenet_v2
 except ModuleNotFoundError as exc:  # run from a checkout without `pip install -e .`
     if exc.name != "edge":
         raise
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from edge.samples import build_mobilenet_v2
+    from edge.graph.samples import build_mobilenet_v2
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "models" / "mobilenetv2.onnx"
 

@@ -105,7 +105,7 @@ MODELS: dict[str, Pinned] = {
         pip_args=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
                   "--abi", "cp311"),
     ),
-    # The conformance corpus (tests/test_corpus.py): one real model per kind a user deploys.
+    # The conformance corpus (tests/pipeline/test_corpus.py): one real model per kind a user deploys.
     "ppocr-det": Pinned(
         project="rapidocr", version="3.10.0",
         wheel_filename="rapidocr-3.10.0-py3-none-any.whl",

@@ -17,7 +17,7 @@ from pathlib import Path
 from edge.bench import run_benchmark
 from edge.pipeline import convert
 from edge.deploy import DeviceStore, deploy, rollback
-from edge.samples import build_mobilenet_v2
+from edge.graph.samples import build_mobilenet_v2
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 from edge.pipeline import convert
-from edge.samples import build_yolo_detector
+from edge.graph.samples import build_yolo_detector
 from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
 
 

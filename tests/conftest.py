@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from edge.samples import build_mobilenet_v2, build_tiny_cnn, build_two_input_model
+from edge.graph.samples import build_mobilenet_v2, build_tiny_cnn, build_two_input_model
 
 REPO = Path(__file__).resolve().parent.parent
 EDGEKIT = shutil.which("edgekit", path=str(Path(sys.executable).parent)) or "edgekit"

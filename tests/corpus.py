@@ -38,7 +38,7 @@ class CorpusModel:
     preprocess: str = "none"  # --preprocess preset
     letterbox: bool | None = None  # --letterbox
     source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
-    parity_task: str | None = None  # the task edge.tasks should detect on its output (--task auto); None: no task
+    parity_task: str | None = None  # the task edge.verify.tasks should detect on its output (--task auto); None: no task
     fixed_inputs: dict[str, float] = field(default_factory=dict)  # inputs a caller sets to one value (a sample rate)
     #: --freeze-input for these targets (their runtimes cannot express the graph's control flow otherwise)
     freeze: dict[str, str] = field(default_factory=dict)
@@ -93,7 +93,7 @@ _MODELS = (
                 "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)", "MIT",
                 input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000},
                 # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite has no control flow: both get
-                # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.freeze)
+                # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.graph.freeze)
                 freeze={"sr": "16000"}, freeze_targets=("intel-igpu", "arm-xnnpack")),
     CorpusModel("face-detection", "face_detection_short_range.tflite", "tflite",
                 "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)", "Apache-2.0",

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from edge.fleet.mqttlite import _packet, _str
+from edge.mqtt.lite import _packet, _str
 
 HOST = "127.0.0.1"
 

@@ -1,6 +1,6 @@
 """A throw-away PostgreSQL server for tests and benchmarks: own data directory, a free loopback port, stopped after.
 
-Imported by ``tests/test_fleet_collector.py`` (the ``postgres_url`` fixture), ``tests/test_fleet_ingest.py``
+Imported by ``tests/fleet/test_fleet_collector.py`` (the ``postgres_url`` fixture), ``tests/fleet/test_fleet_ingest.py``
 and ``benchmarks/fleet_ingest.py``. Raises ``PostgresUnavailable`` (with the reason) when the server
 binaries, or a user to run them as, are missing: tests skip on it, the benchmark stops with it.
 """

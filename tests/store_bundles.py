@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from edge.bundle import MANIFEST, Bundle
+from edge.bundle.bundle import MANIFEST, Bundle
 
 
 def clone_dir(base: Bundle, root: Path, bundle_id: str) -> Path:
@@ -37,7 +37,7 @@ def clone_bundle(base: Bundle, root: Path, bundle_id: str) -> Bundle:
 # at a random moment after it reports that it started the operation.
 KILL_SERVER = r"""
 import json, os, signal, sys, time
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.store import DeviceStore
 
 import tempfile

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.bench import run_benchmark
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.errors import EdgeError
 from edge.stats import LatencyStats, budget_from
@@ -63,7 +63,7 @@ def test_bench_feeds_the_reference_pair_else_the_bundle_shapes(tiny_bundle: Bund
     from types import SimpleNamespace
 
     from edge.bench import bundle_feeds
-    from edge.refpairs import load_reference_pairs
+    from edge.verify.refpairs import load_reference_pairs
 
     feeds, why = bundle_feeds(tiny_bundle)
     pair = load_reference_pairs(tiny_bundle.path, tiny_bundle.info.reference_pairs, tiny_bundle.io).inputs[0]

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 # Build-host code: converters, toolchain launchers and the conversion pipeline.
-BUILD_SIDE = ("edge.backends.converter", "edge.toolchains", "edge.pipeline", "edge.calib")
+BUILD_SIDE = ("edge.backends.converter", "edge.toolchains", "edge.pipeline", "edge.verify.inputs")
 RUNNERS = ["edge.backends.onnxruntime.run", "edge.backends.openvino.run", "edge.backends.litert.run",
            "edge.backends.tensorrt.run", "edge.backends.coreml.run", "edge.backends.llamacpp.run"]
 
@@ -30,7 +30,7 @@ def _build_side(mods: list[str]) -> list[str]:
     return [m for m in mods if m.startswith(BUILD_SIDE) or m.endswith(".convert") or m.endswith(".edgetpu")]
 
 
-@pytest.mark.parametrize("module", RUNNERS + ["edge.bundle", "edge.refpairs", "edge.agent.agent", "edge.video.pipeline"])
+@pytest.mark.parametrize("module", RUNNERS + ["edge.bundle.bundle", "edge.verify.refpairs", "edge.agent.agent", "edge.video.pipeline"])
 def test_device_side_imports_no_converter_code(module: str) -> None:
     mods = _imported_after(module)
     assert module in mods

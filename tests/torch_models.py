@@ -3,7 +3,7 @@
 ``build(dest)`` writes, with fixed seeds:
 
 - ``tiny.pt`` / ``tiny.pt2``: conv -> relu -> mean -> linear, input ``image`` [1, 3, 32, 32], one output [1, 10]
-  (the model tests/test_coreml_torch.py builds);
+  (the model tests/backends/test_coreml_torch.py builds);
 - ``weights.pt``: that model's ``torch.save`` state dict (a checkpoint: no graph);
 - ``pair.pt`` (``torch.jit.script``: keeps its ``if``) / ``pair.pt2``: inputs ``image`` [1, 3, 16, 16] and ``scale``
   [1, 4] in that order, BatchNorm, Dropout, MaxPool, bilinear resize, softmax; two outputs (features

@@ -8,7 +8,7 @@ worker only appends latency samples under a lock; telemetry takes the window eve
 a rollout's watch reads its own window. With ``--source app`` the application runs the model and a fourth
 thread reads its reports from the app socket (``edge.agent.appsocket``) into the telemetry window.
 
-Imports stay lean: numpy, the runtime and ``edge.refpairs`` are imported only when a model runs
+Imports stay lean: numpy, the runtime and ``edge.verify.refpairs`` are imported only when a model runs
 (``--source none`` loads none of them).
 """
 
@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import edge
-from edge.agent.desired import DesiredError, DesiredState, ReportedState
+from edge.mqtt.desired import DesiredError, DesiredState, ReportedState
 from edge.agent.download import DownloadOptions
 from edge.agent.health import CpuMeter, host_facts, process_and_system
-from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, NetworkLoop
-from edge.agent.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
-from edge.agent.session import DeviceSession
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, NetworkLoop
+from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
+from edge.mqtt.session import DeviceSession
 from edge.agent.sources import open_source, parse_source
-from edge.agent.ratelog import RateLimitedLog
+from edge.mqtt.ratelog import RateLimitedLog
 from edge.agent.thermal import ThermalProbe
-from edge.agent.topics import check_part
+from edge.mqtt.topics import check_part
 from edge.errors import EdgeError
 
 log = logging.getLogger("edge.agent")
@@ -148,7 +148,7 @@ class Agent:
         self.store: Any = None
         self.bundle: Any = None
         self.runner: Any = None
-        self.reference_check: dict[str, Any] | None = None  # edge.refpairs.check_on_load's result
+        self.reference_check: dict[str, Any] | None = None  # edge.verify.refpairs.check_on_load's result
         self.worker: InferenceWorker | None = None
         self.state, self.state_detail = "idle", None
         self.fps: float | None = None
@@ -205,7 +205,7 @@ class Agent:
             log.error("%s", e)
             return
         if store.trust is None:
-            from edge.trust import no_trust_note
+            from edge.bundle.trust import no_trust_note
 
             log.info(no_trust_note(f"device store {cfg.store}"))
         if store.current is None:
@@ -228,9 +228,9 @@ class Agent:
         if kind == "app":  # the application runs the bundle and reports over the app socket
             self.state, self.state_detail = "running", None
             return
-        from edge.refpairs import describe as describe_check
+        from edge.verify.refpairs import describe as describe_check
 
-        try:  # the reference pairs checked on first load, recorded in the store (edge.refpairs)
+        try:  # the reference pairs checked on first load, recorded in the store (edge.verify.refpairs)
             self.runner = self.bundle.open_runner(cfg.runner_options or None, check_reference="first", records=store)
             source = open_source(cfg.source, bundle=self.bundle, runner=self.runner, fps=self.fps)
         except EdgeError as e:
@@ -302,7 +302,7 @@ class Agent:
 
     def record_desired(self, desired: DesiredState, state: str) -> None:
         """Persist the version applied (terminal states only): a restart never applies it, or older, again."""
-        from edge.bundle import write_json_atomic
+        from edge.bundle.bundle import write_json_atomic
 
         write_json_atomic(self._desired_file(), {"version": desired.version, "rollout_id": desired.rollout_id,
                                                  "bundle_id": desired.bundle_id, "state": state})
@@ -434,7 +434,7 @@ class Agent:
         b = self.bundle
         runner = None
         if self.runner is not None:
-            from edge.refpairs import runner_json
+            from edge.verify.refpairs import runner_json
 
             runner = runner_json(self.runner)
         return {

@@ -5,7 +5,7 @@
                    opened as a bundle: every listed sha256, exactly the listed files, the signature and
                    version through the store's trust store when there is one; its id must be the desired one
     smoke-testing  on the staged copy, before the switch: the runner loads; the device it uses is the one
-                   the bundle asks for (no fallback); the bundle's reference pairs pass (edge.refpairs); a
+                   the bundle asks for (no fallback); the bundle's reference pairs pass (edge.verify.refpairs); a
                    short benchmark's p99 fits the budget
     switching      DeviceStore.install (staged under the store's lock, trust-checked again, atomic switch of
                    `current`); the agent reloads its runner from `current`, as at start
@@ -33,7 +33,7 @@ fails it), and frames at all: an application that reported before the switch and
 new bundle during the window (it crashed, or never reloaded) fails it; with ``--fps`` set, fewer than half
 the frames expected fail it too (the rollout's ``fps<0.95*target`` criterion is the precise check).
 
-Every outcome is reported (retained, ``edge.agent.desired.ReportedState``) with a machine-readable
+Every outcome is reported (retained, ``edge.mqtt.desired.ReportedState``) with a machine-readable
 reason. Each step has a deadline (download: ``DownloadOptions.timeout_s``; verify: ``verify_timeout_s``
 and smoke test: ``smoke_timeout_s``, each run in a thread so a hung disk or runtime cannot block the
 agent; the switch: the store's lock timeout; the watch is bounded by its window), so a stuck step ends as
@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from edge.agent.desired import DesiredState, Reason, ReportedState
+from edge.mqtt.desired import DesiredState, Reason, ReportedState
 from edge.agent.download import DownloadError, fetch
 from edge.errors import EdgeError, SignatureError
 
@@ -216,8 +216,8 @@ class Applier:
 
     def _verify_held(self, which: str) -> Any:
         """The stored copy, verified, when it is the desired artifact; None (download it) when it is not."""
-        from edge.agent.artifact import archive_sha256
-        from edge.bundle import Bundle
+        from edge.bundle.archive import archive_sha256
+        from edge.bundle.bundle import Bundle
 
         store = self.agent.store
         path = self.agent.config.store / "bundles" / self.d.bundle_id
@@ -259,8 +259,8 @@ class Applier:
             raise StepFailed("download_failed", f"{type(e).__name__}: {e}") from None
 
     def _verify(self, archive: Any) -> tuple[Any, Any]:
-        from edge.agent.artifact import ArchiveError, unpack_bundle
-        from edge.bundle import Bundle
+        from edge.bundle.archive import ArchiveError, unpack_bundle
+        from edge.bundle.bundle import Bundle
 
         store = self.agent.store
         if store is None:
@@ -304,7 +304,7 @@ class Applier:
             raise box["failed"]
 
     def _smoke_body(self, bundle: Any, box: dict[str, Any]) -> None:
-        from edge.refpairs import check_on_load, describe
+        from edge.verify.refpairs import check_on_load, describe
 
         cfg = self.agent.config
         try:
@@ -492,7 +492,7 @@ class Applier:
         agent = self.agent
         if agent.runner is None or agent.bundle is None:
             return None
-        from edge.refpairs import check_reference_pairs, describe
+        from edge.verify.refpairs import check_reference_pairs, describe
 
         with agent._runtime_lock:
             try:
@@ -537,7 +537,7 @@ def set_unconfirmed(store: Any, bundle_id: str | None) -> None:
             if os.path.exists(path):
                 os.unlink(path)
             return
-        from edge.bundle import write_json_atomic
+        from edge.bundle.bundle import write_json_atomic
 
         write_json_atomic(Path(path), {"bundle_id": bundle_id, "since": round(time.time(), 3)})
     except OSError as e:  # at worst, a later desired state for this bundle is not watched again

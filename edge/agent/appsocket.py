@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
-from edge.agent.ratelog import RateLimitedLog
+from edge.mqtt.ratelog import RateLimitedLog
 from edge.errors import EdgeError
 
 log = logging.getLogger("edge.agent.app")

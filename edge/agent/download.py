@@ -30,7 +30,7 @@ DISK_MARGIN = 16 << 20  # free space kept beyond the artifact: the unpacked copy
 class DownloadError(EdgeError):
     def __init__(self, code: str, message: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
-        self.code = code  # a edge.agent.desired.REASONS code
+        self.code = code  # a edge.mqtt.desired.REASONS code
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def setup_logging(level: str) -> None:
 
 def broker_config(url: str, ca: Path | None, cert: Path | None, key: Path | None, username: str | None,
                   password_file: Path | None, protocol: str = "5") -> Any:
-    from edge.agent.mqtt import BrokerConfig
+    from edge.mqtt.client import BrokerConfig
 
     return BrokerConfig.from_url(url, ca_file=ca, cert_file=cert, key_file=key, username=username,
                                  password_file=password_file, protocol=protocol)
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(ns: argparse.Namespace) -> Any:
     from edge.agent.agent import AgentConfig
     from edge.agent.download import DownloadOptions
-    from edge.agent.netloop import Backoff
+    from edge.mqtt.netloop import Backoff
 
     return AgentConfig(fleet=ns.fleet, device_id=ns.device_id, store=ns.store, source=ns.source, fps=ns.fps,
                        budget_ms=ns.budget_ms, interval_s=ns.interval,

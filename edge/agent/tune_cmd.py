@@ -15,11 +15,11 @@ A trial whose runner this device cannot run (the runner's declared requirements:
 answered ``unavailable: <what is missing>`` before anything is fetched; the host lists it as pruned on the device.
 Each trial's bundle travels as a rollout artifact does (``edge.agent.download.fetch``: resume, sha256; then
 ``unpack_bundle`` and ``Bundle.open`` with the store's trust store, as ``edge.agent.apply`` verifies), and is
-measured as ``edgekit tune`` measures on the host (``edge.tune_measure``: the trial's own reference check, then
+measured as ``edgekit tune`` measures on the host (``edge.tune.measure``: the trial's own reference check, then
 interleaved repetitions timing only ``infer``). The trial bundles are deleted afterwards.
 
 This module is imported when the first ``cmd/tune`` arrives, never at agent start; numpy, the runtimes and
-``edge.tune_measure`` only inside the worker thread.
+``edge.tune.measure`` only inside the worker thread.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
-from edge.agent.payloads import SCHEMA_VERSION, encode, message
-from edge.agent.topics import Topic
+from edge.mqtt.payloads import SCHEMA_VERSION, encode, message
+from edge.mqtt.topics import Topic
 from edge.errors import EdgeError
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ def device_host() -> dict[str, Any]:
     import socket
 
     from edge.capabilities import cpu_isa, current_host
-    from edge.tune_space import usable_cpus
+    from edge.tune.space import usable_cpus
 
     h, isa = current_host(), cpu_isa()
     return {"hostname": socket.gethostname(), "os": h.os, "arch": h.arch, "cpu": isa.model, "isa": sorted(isa.flags),
@@ -282,9 +282,9 @@ class TuneJob:
 
     def _fetch(self, t: TuneTrial) -> Any:
         """The trial's bundle, downloaded and verified as a rollout's; the reason (text) when it cannot be."""
-        from edge.agent.artifact import ArchiveError, unpack_bundle
+        from edge.bundle.archive import ArchiveError, unpack_bundle
         from edge.agent.download import DownloadError, fetch
-        from edge.bundle import Bundle
+        from edge.bundle.bundle import Bundle
 
         agent = self.agent
         try:
@@ -305,8 +305,8 @@ class TuneJob:
             return f"untrusted or invalid bundle: {str(e).splitlines()[0][:300]}"
 
     def _measure(self, todo: list[TuneTrial], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any]) -> None:
-        from edge.tune_measure import MAX_OPEN, _measure_infer, _open
-        from edge.tune_space import Config
+        from edge.tune.measure import MAX_OPEN, _measure_infer, _open
+        from edge.tune.space import Config
 
         req = self.req
         done = 0

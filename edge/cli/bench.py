@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edge.bench import device_class_of, judge_device_class, run_benchmark
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
                               progress)
 from edge.stats import budget_from
@@ -20,9 +20,9 @@ BudgetMs = typer.Option(None, "--budget-ms", help="Frame budget in milliseconds.
 
 
 def warn_on_reference_check(b: Bundle, options: dict[str, Any] | None) -> None:
-    """The bundle's reference pairs run on this device (``edge.refpairs``; once per bundle and device
+    """The bundle's reference pairs run on this device (``edge.verify.refpairs``; once per bundle and device
     when it lies in a device store, which records the result); a failure is one warning line on stderr."""
-    from edge.refpairs import check_bundle, describe
+    from edge.verify.refpairs import check_bundle, describe
 
     line = describe(check_bundle(b, options or None))
     if line is not None:

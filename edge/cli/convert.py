@@ -11,7 +11,7 @@ from rich.table import Table
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps
 from edge.cli.signing import SignKey, sign_if_configured
 from edge.pipeline import convert
-from edge.onnxmodel import parse_input_shapes
+from edge.graph.model import parse_input_shapes
 from edge.spec import PRESETS
 
 InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
@@ -57,7 +57,7 @@ def convert_kwargs(input_shape: Optional[List[str]], precision: Optional[str], c
 
 
 def render_bundle(bundle: Any) -> None:
-    from edge.manifest_schema import LLMQualityEvidence, ParityEvidence, SkippedParity
+    from edge.bundle.schema import LLMQualityEvidence, ParityEvidence, SkippedParity
 
     m = bundle.info
     t = Table(title=f"bundle {bundle.id}", show_header=False)
@@ -146,12 +146,12 @@ def convert_cmd(
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
     if freeze_input:
-        from edge.freeze import parse_freeze
+        from edge.graph.freeze import parse_freeze
 
         kwargs["freeze"] = parse_freeze(freeze_input)
     overlay = None
     if tuned is not None:  # read (and refused) before any work; convert applies it
-        from edge.tuned import read_overlay, resolve_precision
+        from edge.tune.overlay import read_overlay, resolve_precision
 
         overlay = read_overlay(tuned)
         precision = resolve_precision(overlay, precision)

@@ -56,7 +56,7 @@ def deploy_cmd(
 ) -> None:
     """Convert, check parity, benchmark on this host (when the target's runtime runs here), and ship to DEVICE."""
     if model is None:
-        from edge.samples import build_mobilenet_v2
+        from edge.graph.samples import build_mobilenet_v2
 
         model = EXAMPLE_MODEL
         if not model.exists():
@@ -66,13 +66,13 @@ def deploy_cmd(
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
     kwargs.update(parity_data=parity_data, task=task)
     if freeze_input:
-        from edge.freeze import parse_freeze
+        from edge.graph.freeze import parse_freeze
 
         kwargs["freeze"] = parse_freeze(freeze_input)
     tune_opts = None
     tune_flags = {"--objective": objective, "--max-trials": max_trials, "--time-budget": time_budget, "--video": video}
     if tune:
-        from edge.tune import TuneOptions
+        from edge.tune.search import TuneOptions
 
         tune_opts = TuneOptions(objective=objective or "latency", max_trials=max_trials, time_budget_s=time_budget,
                                 video=video)

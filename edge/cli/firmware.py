@@ -1,4 +1,4 @@
-"""``edgekit firmware``: what goes onto devices and microcontrollers [``edge.firmware``]."""
+"""``edgekit firmware``: what goes onto devices and microcontrollers [``edge.backends.litert.firmware``]."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def c_array_cmd(
     as_json: bool = JsonOut,
 ) -> None:
     """Write MODEL as a 16-byte aligned `const unsigned char` array plus its length, for TensorFlow Lite Micro."""
-    from edge.firmware import write_c_array
+    from edge.backends.litert.firmware import write_c_array
 
     out = output or Path(f"{model.stem}_data.cc")
     res = write_c_array(model, out, name=name, max_bytes=parse_bytes(max_bytes), force=force)

@@ -72,7 +72,7 @@ def collect_cmd(
     log_level: str = LogLevel, as_json: bool = JsonOut,
 ) -> None:
     """Store every device's births, deaths and telemetry (de-duplicated) until SIGTERM/Ctrl-C."""
-    from edge.agent.netloop import Backoff
+    from edge.mqtt.netloop import Backoff
     from edge.fleet.collector import Collector, CollectorConfig
     from edge.fleet.db import check_url
 

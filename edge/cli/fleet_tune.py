@@ -1,5 +1,5 @@
 """``edgekit fleet tune MODEL --device ID``: ``edgekit tune``'s trials measured on a connected device
-(library: ``edge.fleet.tune_remote``; the device side: ``edge.agent.tune_cmd``)."""
+(library: ``edge.tune.remote``; the device side: ``edge.agent.tune_cmd``)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,10 @@ def fleet_tune_cmd(
     (successive halving: one request per rung), and show the same table as `edgekit tune`, measured on the
     device. A re-run with the same --study (or --out) measures only what the study lacks."""
     from edge.cli.tune import render_tune
-    from edge.fleet.tune_remote import tune_on_device
-    from edge.onnxmodel import parse_input_shapes
-    from edge.signing import configured_sign_key
-    from edge.tune import Schedule
+    from edge.tune.remote import tune_on_device
+    from edge.graph.model import parse_input_shapes
+    from edge.bundle.signing import configured_sign_key
+    from edge.tune.search import Schedule
 
     with steps(not as_json) as say:
         result = tune_on_device(

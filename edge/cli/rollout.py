@@ -225,7 +225,7 @@ def pack_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
              out: Path = typer.Argument(..., help="Archive to write (upload it where --artifact-url points)."),
              json_out: bool = JsonOut) -> None:
     """Write the archive devices download for a bundle (reproducible: the same bundle, the same sha256)."""
-    from edge.agent.artifact import pack_bundle
+    from edge.bundle.archive import pack_bundle
     from edge.fleet.rollout import RolloutError
 
     if not (bundle / "manifest.json").is_file():

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
                               progress as progress_line)

@@ -21,8 +21,8 @@ SignKey = typer.Option(None, "--sign-key", help="Sign the bundle with this key (
 
 def sign_if_configured(bundle: Any, key: Optional[str], say: Callable[[str], None]) -> Any:
     """``bundle`` signed with ``key`` (else $EDGEKIT_SIGN_KEY) and reopened; as it is when neither names a key."""
-    from edge.bundle import Bundle
-    from edge.signing import configured_sign_key, sign_bundle
+    from edge.bundle.bundle import Bundle
+    from edge.bundle.signing import configured_sign_key, sign_bundle
 
     k = configured_sign_key(key)
     if k is None:
@@ -37,7 +37,7 @@ def sign_if_configured(bundle: Any, key: Optional[str], say: Callable[[str], Non
 def generate_cmd(name: str = typer.Argument(..., help="Key name (A-Z a-z 0-9 . _ -)."),
                  directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
     """Make an Ed25519 key: NAME.pem (private, mode 0600) and NAME.pub (give this to devices)."""
-    from edge.signing import generate_key
+    from edge.bundle.signing import generate_key
 
     k = generate_key(name, directory)
     if as_json:
@@ -50,7 +50,7 @@ def generate_cmd(name: str = typer.Argument(..., help="Key name (A-Z a-z 0-9 . _
 @command
 def list_cmd(directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
     """The keys in the keys directory, with their key ids."""
-    from edge.signing import keys_dir, list_keys
+    from edge.bundle.signing import keys_dir, list_keys
 
     keys = list_keys(directory)
     if as_json:
@@ -70,7 +70,7 @@ def export_cmd(name: str = typer.Argument(..., help="Key name."), directory: Opt
                output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the public key here "
                                                      "(default: stdout).", show_default=False)) -> None:
     """Print NAME's public key (PEM), for `edgekit trust add` on devices."""
-    from edge.signing import export_public_key
+    from edge.bundle.signing import export_public_key
 
     pem = export_public_key(name, directory)
     if output is None:
@@ -88,7 +88,7 @@ def sign_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
              directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
     """Sign BUNDLE: set its name and version in the manifest, write manifest.sig over the canonical manifest."""
     from edge.errors import SignatureError
-    from edge.signing import configured_sign_key, sign_bundle
+    from edge.bundle.signing import configured_sign_key, sign_bundle
 
     k = configured_sign_key(key)
     if k is None:

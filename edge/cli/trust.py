@@ -1,4 +1,4 @@
-"""``edgekit trust add|revoke|list|target``: a device's trust store (``edge.trust``)."""
+"""``edgekit trust add|revoke|list|target``: a device's trust store (``edge.bundle.trust``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from edge.cli._common import JsonOut, command, console, print_json
-from edge.trust import TrustStore
+from edge.bundle.trust import TrustStore
 
 app = typer.Typer(help="A device's trust store: the keys its bundles must be signed with.", no_args_is_help=True)
 
@@ -22,7 +22,7 @@ def _trust(store: Optional[Path], trust_dir: Optional[Path], *, create: bool) ->
     import os
 
     from edge.errors import SignatureError
-    from edge.trust import STORE_TRUST, TRUST_DIR_ENV
+    from edge.bundle.trust import STORE_TRUST, TRUST_DIR_ENV
 
     if store is not None and trust_dir is not None:
         raise SignatureError("give --store or --trust-dir, not both")

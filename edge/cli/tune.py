@@ -12,11 +12,11 @@ from rich.table import Table
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
-from edge.tune_space import OBJECTIVES
+from edge.tune.space import OBJECTIVES
 
 
 def render_tune(r: dict[str, Any]) -> None:
-    from edge.tune_report import row
+    from edge.tune.report import row
 
     t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
     e2e = r["objective"] == "e2e"
@@ -111,9 +111,9 @@ def tune_cmd(
 ) -> None:
     """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
     for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
-    from edge.freeze import parse_freeze
-    from edge.onnxmodel import parse_input_shapes
-    from edge.tune import tune
+    from edge.graph.freeze import parse_freeze
+    from edge.graph.model import parse_input_shapes
+    from edge.tune.search import tune
 
     with steps(not as_json) as say:
         result = tune(model, target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from edge.agent.topics import INBOUND_KINDS, KINDS, ROOT, check_part
+from edge.mqtt.topics import INBOUND_KINDS, KINDS, ROOT, check_part
 from edge.errors import EdgeError
 from edge.fleet.pki import PkiError, Role, identity
 

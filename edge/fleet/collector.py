@@ -33,7 +33,7 @@
 - Malformed, oversized, unknown-schema and topic/device mismatched payloads, and sessions
   ahead of this collector's clock by more than ``max_session_skew_s``, are counted, logged at
   most once per reason per 10 s (``Rejected``), acknowledged, never stored, and never stop it.
-- MQTT client: ``edge.fleet.mqttlite`` by default (``client="lite"``: many messages parsed per socket read, no
+- MQTT client: ``edge.mqtt.lite`` by default (``client="lite"``: many messages parsed per socket read, no
   message objects; measured 2x the collector's messages per CPU-second of paho), or paho-mqtt (``client="paho"``).
 - Whatever it keeps in memory per device is a cache of the database, bounded (least recently
   updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
@@ -52,11 +52,11 @@ from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from edge.agent.mqtt import DEGRADED, BrokerConfig
-from edge.agent.netloop import Backoff, Connection, NetworkLoop, Timer
-from edge.agent.payloads import SCHEMA_VERSION, encode
-from edge.agent.ratelog import RateLimitedLog
-from edge.agent.topics import Topic, check_part, fleet_filter, shared
+from edge.mqtt.client import DEGRADED, BrokerConfig
+from edge.mqtt.netloop import Backoff, Connection, NetworkLoop, Timer
+from edge.mqtt.payloads import SCHEMA_VERSION, encode
+from edge.mqtt.ratelog import RateLimitedLog
+from edge.mqtt.topics import Topic, check_part, fleet_filter, shared
 from edge.errors import EdgeError
 from edge.fleet import pgarray
 from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db, scrub
@@ -153,7 +153,7 @@ class CollectorConfig:
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     backoff: Backoff = field(default_factory=Backoff)
-    client: str = "lite"  # MQTT client: "lite" (edge.fleet.mqttlite, a lean subscriber) or "paho" (paho-mqtt)
+    client: str = "lite"  # MQTT client: "lite" (edge.mqtt.lite, a lean subscriber) or "paho" (paho-mqtt)
     # write and commit each batch on a writer thread while the network thread decodes the next (see the module doc)
     pipeline: bool = True
 
@@ -699,7 +699,7 @@ class Collector:
             self._batch_due()
 
     def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
-        """``_message`` for the lean client (edge.fleet.mqttlite): the same, without a message object."""
+        """``_message`` for the lean client (edge.mqtt.lite): the same, without a message object."""
         try:
             self.add(topic, payload)
         except Exception as e:  # a bug, not a message: re-delivered after the reconnect, not acknowledged
@@ -718,7 +718,7 @@ class Collector:
         self.loop = loop or NetworkLoop(name="edgekit-collector").start()
         self._own_loop = loop is None
         if c.client == "lite":
-            from edge.fleet.mqttlite import LiteConnection
+            from edge.mqtt.lite import LiteConnection
 
             self.conn = LiteConnection(  # type: ignore[assignment]
                 self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],

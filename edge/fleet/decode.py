@@ -2,7 +2,7 @@
 
 The collector never trusts a payload: every failure is a ``Rejected`` with one of
 ``REASONS`` (counted and logged by the collector), never another exception. Fuzzed with
-hypothesis in ``tests/test_fleet_decode.py``.
+hypothesis in ``tests/fleet/test_fleet_decode.py``.
 
 JSON is parsed with orjson when it is installed (the ``fleet`` extra; about 4x faster than the
 standard library on a telemetry message, which matters at tens of thousands of messages a
@@ -23,8 +23,8 @@ try:
 except ImportError:  # optional: the standard library parses the same messages, slower
     _orjson = None
 
-from edge.agent.payloads import SCHEMA_VERSION
-from edge.agent.topics import Topic, TopicError
+from edge.mqtt.payloads import SCHEMA_VERSION
+from edge.mqtt.topics import Topic, TopicError
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
@@ -91,7 +91,7 @@ def parse_topic(topic: str) -> Topic:
     except TopicError as e:
         raise Rejected("bad_topic", str(e)) from None
     if t.kind in NOT_STORED:
-        raise Rejected("not_stored", f"{t.kind} messages are the rollout's (edge.agent.desired), not telemetry")
+        raise Rejected("not_stored", f"{t.kind} messages are the rollout's (edge.mqtt.desired), not telemetry")
     if t.kind not in KINDS:
         raise Rejected("bad_topic", f"the collector does not take {t.kind} messages")
     return t

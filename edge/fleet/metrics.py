@@ -19,7 +19,7 @@ quantile label: 0 = min, 1 = max): ``edgekit_latency_p99_ms{quantile="0.5"}`` is
 window p99, ``{quantile="1"}`` the worst device. Stale and offline devices are counted, not averaged.
 
 Metric reference: ``METRICS`` (name -> help); the Grafana dashboard in ``examples/grafana/`` uses
-only those names (``tests/test_fleet_metrics.py`` checks it).
+only those names (``tests/fleet/test_fleet_metrics.py`` checks it).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from edge.fleet.status import STATUSES, classify
 log = logging.getLogger("edge.fleet.metrics")
 
 QUANTILES = (0.0, 0.01, 0.5, 0.9, 0.99, 1.0)
-#: reported rollout states (edge.agent.desired.STATES) and reason codes (REASONS), copied so the collector host
+#: reported rollout states (edge.mqtt.desired.STATES) and reason codes (REASONS), copied so the collector host
 #: needs no agent import here; tests check they match
 ROLLOUT_STATES = ("idle", "downloading", "verifying", "smoke-testing", "switching", "watching", "running",
                   "rolled-back", "failed")
@@ -312,7 +312,7 @@ class FleetReader:
 
     def _add(self, snap: FleetSnapshot, r: dict[str, Any], now: float, fallback: bool | None,
              rollout: RolloutView | None) -> None:
-        fleet = r["fleet"]  # checked by the collector (edge.agent.topics.check_part): a label as it is
+        fleet = r["fleet"]  # checked by the collector (edge.mqtt.topics.check_part): a label as it is
         labels = self._labels
         target = labels[r["target"]] if r["target"] in labels else labels.setdefault(r["target"], label(r["target"]))
         bundle = labels[r["bundle_id"]] if r["bundle_id"] in labels else labels.setdefault(r["bundle_id"],

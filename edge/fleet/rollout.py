@@ -45,8 +45,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from edge.agent.desired import DesiredState, TERMINAL
-from edge.agent.topics import check_part
+from edge.mqtt.desired import DesiredState, TERMINAL
+from edge.mqtt.topics import check_part
 from edge.fleet.db import FleetDB
 from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutSpec, breaches,
                                      check_url, evaluate, parse_duration, parse_group, parse_percent, parse_waves)

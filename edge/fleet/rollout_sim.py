@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import edge
-from edge.agent.desired import DesiredError, DesiredState, Reason, ReportedState
-from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, NetworkLoop
-from edge.agent.outbox import MemoryOutbox
-from edge.agent.session import DeviceSession
+from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, NetworkLoop
+from edge.mqtt.outbox import MemoryOutbox
+from edge.mqtt.session import DeviceSession
 
 
 @dataclass(frozen=True)
 class Outcome:
     state: str = "running"  # running, failed or rolled-back
-    code: str | None = None  # reason code (edge.agent.desired.REASONS) when not running
+    code: str | None = None  # reason code (edge.mqtt.desired.REASONS) when not running
     p99_ms: float = 5.0
     budget_ms: float = 16.67
     delay_s: float = 0.05  # how long the apply takes

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from edge.agent.desired import DesiredError, check_artifact_url
-from edge.agent.topics import check_part
+from edge.mqtt.desired import DesiredError, check_artifact_url
+from edge.mqtt.topics import check_part
 from edge.errors import EdgeError
 
 
@@ -219,8 +219,8 @@ class RolloutBundle:
                 ) -> "RolloutBundle":
         """Open the bundle (verified), pack it as the devices will download it (sha256, size), and check
         that ``url`` answers with that many bytes before anything is published."""
-        from edge.agent.artifact import pack_bundle
-        from edge.bundle import Bundle
+        from edge.bundle.archive import pack_bundle
+        from edge.bundle.bundle import Bundle
 
         p = Path(bundle_dir)
         if not (p / "manifest.json").is_file():

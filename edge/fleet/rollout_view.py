@@ -13,11 +13,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from edge.agent.desired import ReportedState
-from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, Connection, NetworkLoop
-from edge.agent.payloads import encode
-from edge.agent.topics import Topic, TopicError, check_part
+from edge.mqtt.desired import ReportedState
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.payloads import encode
+from edge.mqtt.topics import Topic, TopicError, check_part
 
 MAX_PAYLOAD = 64 * 1024
 

@@ -17,12 +17,12 @@ import time
 from typing import Any
 
 import edge
-from edge.agent.mqtt import BrokerConfig
-from edge.agent.netloop import Backoff, NetworkLoop
-from edge.agent.outbox import MemoryOutbox
-from edge.agent.payloads import encode, message
-from edge.agent.session import DeviceSession
-from edge.fleet.mqttlite import _packet, _str
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, NetworkLoop
+from edge.mqtt.outbox import MemoryOutbox
+from edge.mqtt.payloads import encode, message
+from edge.mqtt.session import DeviceSession
+from edge.mqtt.lite import _packet, _str
 
 
 def birth_body(i: int, rate_hz: float) -> dict[str, Any]:

@@ -6,7 +6,7 @@ tokenized by the model (``edge.llm.evaltext``). Thresholds per quant type live h
 failing quant stops ``convert`` like a failing parity check.
 
 The same evaluation picks the bundle's reference samples for the device's check on first load
-(``edge.refpairs``): prefixes of the windows with the source's top-k next-token log-probabilities.
+(``edge.verify.refpairs``): prefixes of the windows with the source's top-k next-token log-probabilities.
 """
 
 from __future__ import annotations

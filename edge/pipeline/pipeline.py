@@ -22,12 +22,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+from edge.bundle.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
 from edge.backends.converter import ConversionRequest
-from edge.calib import RANDOM, choose_parity_inputs, load_calibration
-from edge.tasks import TASK_CHOICES
+from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
+from edge.verify.tasks import TASK_CHOICES
 from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
-from edge.manifest import new_manifest, record_gate
+from edge.bundle.manifest import new_manifest, record_gate
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
@@ -48,14 +48,14 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
     into a verified bundle at ``output``. ``eval_text``: a GGUF's quality gate evaluates this text file
     instead of the built-in multilingual text (``edge.llm.evaltext``). ``tuned``: an ``edgekit tune`` overlay
-    (its file, or a ``edge.tuned.TunedOverlay``) applied to the target: runner, chain, precision, options.
-    ``freeze``: ONNX inputs fixed to values (``{"sr": "16000"}``; ``edge.freeze``): they leave the bundle's inputs,
+    (its file, or a ``edge.tune.overlay.TunedOverlay``) applied to the target: runner, chain, precision, options.
+    ``freeze``: ONNX inputs fixed to values (``{"sr": "16000"}``; ``edge.graph.freeze``): they leave the bundle's inputs,
     and every If they decide (with the static shapes) is inlined, checked against the source first."""
     say = on_step or (lambda _msg: None)
     profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
     tuned_record = None
     if tuned is not None:
-        from edge.tuned import TunedOverlay, apply_tuned, read_overlay
+        from edge.tune.overlay import TunedOverlay, apply_tuned, read_overlay
 
         overlay = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
         profile, precision = apply_tuned(profile, overlay, precision, say)
@@ -91,7 +91,7 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
         say(f"{src.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
             f"(max error {src.record.check['max_error_over_range']:.2g} of the output's range)")
     if src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
-        from edge.opsupport import check_ops
+        from edge.graph.opsupport import check_ops
 
         check_ops(src.model, p.steps[0].converter.name, source=src.path, target=profile.name)
     pre = None if preprocess == "none" else default_preprocess(io, preprocess, letterbox=letterbox)
@@ -223,7 +223,7 @@ def _copy_source(src: Source, static: Path, stage: Path) -> Path:
 def _write_reference_pairs(stage: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
                            precision: str, reference: str) -> dict[str, Any]:
     """A few of the parity inputs and the source's outputs on them, for the device's check on first load."""
-    from edge.refpairs import write_reference_pairs
+    from edge.verify.refpairs import write_reference_pairs
 
     return write_reference_pairs(stage, inputs[:REFERENCE_PAIRS], outputs[:REFERENCE_PAIRS], precision=precision,
                                  reference=reference, samples=REFERENCE_PAIRS)
@@ -264,7 +264,7 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
                  reference_on: Any = None, parity_opts: Mapping[str, Any] | None = None) -> None:
     """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
     of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
-    from edge.parity import check_parity
+    from edge.verify.parity import check_parity
 
     opts = dict(parity_opts or {})  # task, input_provenance
     if reference is None:
@@ -296,7 +296,7 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
         record_gate(manifest, report, failed=f"{failed} (host proxy: {name})", accept=accept)
         return
     if converter_proxy is not None and reference_on is not None:
-        from edge.parity import ParityReport, compare, thresholds_for
+        from edge.verify.parity import ParityReport, compare, thresholds_for
 
         cp = converter_proxy
         ref = reference_on(cp.inputs)
@@ -332,7 +332,7 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, *, preci
     from edge.llm.evaltext import eval_windows
     from edge.llm.llamacpp import llama_cpp_version
     from edge.llm.quality import compare_gguf, reference_samples
-    from edge.refpairs import write_llm_reference_pairs
+    from edge.verify.refpairs import write_llm_reference_pairs
 
     if profile.llm is None:
         raise TargetError(f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",

@@ -75,35 +75,35 @@ class Source:
 @dataclass
 class OnnxSource(Source):
     def __post_init__(self) -> None:
-        from edge.onnxmodel import load_onnx
+        from edge.graph.model import load_onnx
 
         self.format = "onnx"
         self.model = load_onnx(self.path)
 
     def describe(self) -> dict[str, Any]:
-        from edge.onnxmodel import opset_of
+        from edge.graph.model import opset_of
 
         m = self.model
         return {"format": "onnx", "opset": opset_of(m), "producer": f"{m.producer_name} {m.producer_version}".strip()}
 
     def io(self, input_shapes: Shapes) -> IOSpec:
-        from edge.onnxmodel import io_spec, resolve_static_inputs
+        from edge.graph.model import io_spec, resolve_static_inputs
 
         return resolve_static_inputs(io_spec(self.model), {k: tuple(v) for k, v in input_shapes.items()}, self.path)
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
-        from edge.onnxmodel import make_static, save_onnx
+        from edge.graph.model import make_static, save_onnx
 
         return save_onnx(make_static(self.model, io, source=self.path), work / "source.static.onnx")
 
     def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
-        from edge.parity import REFERENCE, reference_outputs
+        from edge.verify.parity import REFERENCE, reference_outputs
 
         return reference_outputs(static, inputs), REFERENCE
 
     def frozen(self, values: Mapping[str, str], io: IOSpec) -> tuple["FrozenOnnxSource", IOSpec]:
-        """This source with ``values`` frozen and the Ifs they decide inlined (``edge.freeze``); its I/O."""
-        from edge.freeze import freeze_inputs
+        """This source with ``values`` frozen and the Ifs they decide inlined (``edge.graph.freeze``); its I/O."""
+        from edge.graph.freeze import freeze_inputs
 
         model, rest, record = freeze_inputs(self.model, values, io, source=self.path)
         return FrozenOnnxSource(self.path, model, record), rest

@@ -26,7 +26,7 @@ def open_store(device: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_
     """A local directory, or ``ssh://[user@]host[:port]/path`` (extra ``-o Key=Value`` ssh options from
     $EDGEKIT_SSH_OPTIONS). A bad address fails here, before anything is built or sent.
 
-    ``trust``: the trust store that must vouch for what is installed (``edge.trust.resolve_trust``:
+    ``trust``: the trust store that must vouch for what is installed (``edge.bundle.trust.resolve_trust``:
     default ``$EDGEKIT_TRUST_DIR``, else a local store's own ``trust/``; False: none)."""
     d = os.fspath(device)
     if isinstance(d, bytes):

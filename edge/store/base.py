@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from edge.errors import DeployError
-from edge.manifest_schema import ID
+from edge.bundle.schema import ID
 
 CURRENT, PREVIOUS, BUNDLES, HISTORY = "current", "previous", "bundles", "history.jsonl"
 INTENT, LOCK, PARTIAL = ".intent", ".lock", ".partial-"
@@ -232,7 +232,7 @@ class Store(ABC):
     """A device's bundle store. Writers (``install``, ``rollback``) hold the store's lock; readers take none."""
 
     where: str  # how messages name the store
-    trust: Any = None  # the edge.trust.TrustStore that must vouch for what is installed; None: nothing checked
+    trust: Any = None  # the edge.bundle.trust.TrustStore that must vouch for what is installed; None: nothing checked
 
     @abstractmethod
     def state(self) -> StoreState:
@@ -293,7 +293,7 @@ def bundle_files(root: Any) -> Iterator[tuple[str, Any, bool]]:
 
 def checksum_args(bundle: Any) -> list[str]:
     """sha256/path pairs for the device to check: every listed artifact, and the manifest file itself."""
-    from edge.onnxmodel import sha256_file
+    from edge.graph.model import sha256_file
 
     pairs: list[str] = []
     for a in _artifacts(bundle):

@@ -20,7 +20,7 @@ from edge.store.base import (ALREADY_NOTE, BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOU
                              check_bundle_id, damaged, history_entry, history_line, is_bundle_id, link_kind_message,
                              link_target_id, now_iso, parse_history, state_of, with_pending)
 
-#: ``checks/<bundle-id>.json``: the latest reference check of that bundle on this device (``edge.refpairs``)
+#: ``checks/<bundle-id>.json``: the latest reference check of that bundle on this device (``edge.verify.refpairs``)
 CHECKS = "checks"
 MAX_CHECK_BYTES = 1 << 20
 
@@ -52,19 +52,19 @@ class DeviceStore(Store):
     ``on_step`` is called with each step's name (``INSTALL_STEPS``) just before the step runs: progress
     reporting, and the fault-injection tests that kill a writer at every step.
 
-    ``trust``: the device's trust store (``edge.trust``); default ``$EDGEKIT_TRUST_DIR``, else the
+    ``trust``: the device's trust store (``edge.bundle.trust``); default ``$EDGEKIT_TRUST_DIR``, else the
     store's own ``trust/`` when it exists. With one, ``install`` admits only what it vouches for --
     checked on the copy that landed, under the lock, where the version seen is recorded -- and
     ``bundle`` opens only what it vouches for. Without one nothing is checked (logged at info level).
 
     ``checks/<bundle-id>.json`` holds the latest reference check of each bundle run here
-    (``edge.refpairs``), so a second load does not check again; written by rename, outside the
+    (``edge.verify.refpairs``), so a second load does not check again; written by rename, outside the
     writers' lock (one file per bundle, whole or absent).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
                  on_step: StepHook | None = None, trust: Any = None) -> None:
-        from edge.trust import resolve_trust
+        from edge.bundle.trust import resolve_trust
 
         self.root = Path(root)
         self.where = str(self.root)
@@ -117,7 +117,7 @@ class DeviceStore(Store):
 
     def bundle(self, which: str = CURRENT) -> Any:
         """The current (or previous) bundle, opened and verified."""
-        from edge.bundle import Bundle
+        from edge.bundle.bundle import Bundle
 
         st = self.state()
         bid = st.current if which == CURRENT else st.previous
@@ -133,7 +133,7 @@ class DeviceStore(Store):
             entries = parse_history(f.read_text(encoding="utf-8", errors="replace")) if f.exists() else []
         return with_pending(entries, self.state())
 
-    # reference checks (edge.refpairs) --------------------------------------------------------------
+    # reference checks (edge.verify.refpairs) --------------------------------------------------------------
     def reference_check(self, bundle_id: str) -> dict[str, Any] | None:
         """The recorded reference check of ``bundle_id`` on this device; None when there is none, or
         when the record is not one (too big, not JSON, another bundle's): the bundle is then checked again."""
@@ -154,7 +154,7 @@ class DeviceStore(Store):
 
     def record_reference_check(self, bundle_id: str, result: Any) -> Path:
         """Write ``checks/<bundle_id>.json`` (temporary file, fsync, rename, fsync the directory)."""
-        from edge.bundle import write_json_atomic
+        from edge.bundle.bundle import write_json_atomic
 
         bid = check_bundle_id(bundle_id)
         with self._guard():
@@ -300,7 +300,7 @@ class DeviceStore(Store):
         """``bundles/<id>`` is there, verifies, and has the same manifest and signature as ``src`` (a bundle
         signed or re-signed since it was last shipped replaces its old copy); otherwise it is moved aside
         (and removed) to be replaced."""
-        from edge.bundle import MANIFEST, SIGNATURE, Bundle
+        from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle
 
         try:
             st = os.lstat(dest)
@@ -320,7 +320,7 @@ class DeviceStore(Store):
         return False
 
     def _stage(self, src: Path, bundles: Path, bid: str) -> Path:
-        from edge.bundle import Bundle
+        from edge.bundle.bundle import Bundle
 
         self._step("stage")
         files = list(bundle_files(src))  # refuses links and devices before anything is written
@@ -377,12 +377,12 @@ class DeviceStore(Store):
         """The trust store's verdict on the bundle at ``path`` (None without a trust store)."""
         if self.trust is None:
             return None
-        from edge.bundle import Bundle
+        from edge.bundle.bundle import Bundle
 
         return self.trust.check(Bundle.open(path, trust=False))
 
     def rollback(self) -> str:
-        from edge.bundle import Bundle
+        from edge.bundle.bundle import Bundle
 
         if self.root.is_dir() and self.state().previous is None:  # refused without taking the lock: nothing written
             raise DeployError(f"device store {self.where} has no previous bundle to roll back to")

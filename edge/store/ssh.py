@@ -151,7 +151,7 @@ class SshStore(Store):
 
     def __init__(self, url: str, *, options: Sequence[str] = (), lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
                  ssh: str = "ssh", trust: Any = None) -> None:
-        from edge.trust import resolve_trust
+        from edge.bundle.trust import resolve_trust
 
         self.trust = resolve_trust(trust) if trust is not False else None
         self.address = parse_ssh_url(url)
@@ -300,7 +300,7 @@ class SshStore(Store):
         bid = check_bundle_id(bundle.id)
         admitted = None
         if self.trust is not None:  # before connecting: what is sent is what was checked (the tar carries manifest.sig)
-            from edge.bundle import Bundle
+            from edge.bundle.bundle import Bundle
 
             admitted = self.trust.check(Bundle.open(bundle.path, trust=False))
         sums = checksum_args(bundle)
@@ -313,7 +313,7 @@ class SshStore(Store):
         return f"{self.address.login}:{self.address.path}/{BUNDLES}/{bid}"
 
     def rollback(self) -> str:
-        from edge.bundle import MANIFEST, Bundle
+        from edge.bundle.bundle import MANIFEST, Bundle
 
         exists, st = self._facts()
         if not exists:

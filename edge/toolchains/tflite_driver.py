@@ -503,7 +503,7 @@ def main() -> int:
                                                                              prepared["pseudo_operators"]),
                                           # inputs that are no image (audio, recurrent state) keep their layout
                                           keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
-                                          # edgekit folded the graph's constants itself (edge.lower): onnxsim would
+                                          # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
                                           # merge per-axis Slices into full-rank ones onnx2tf mistranslates
                                           not_use_onnxsim=bool(job.get("no_onnxsim", False)))
         except SystemExit as e:

@@ -1,6 +1,6 @@
 """Video-frame inference: sources, a pipelined runner that accounts for every frame, and its report.
 
-    from edge.bundle import Bundle
+    from edge.bundle.bundle import Bundle
     from edge.video import PipelineOptions, open_source, run_pipeline
 
     with open_source(video="clip.mp4") as source:

@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError, ModelError
 from edge.preprocess import LetterboxTransform, Preprocessor
 from edge.video.errors import UnreadableFrame

@@ -32,7 +32,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.preprocess import LetterboxTransform
 from edge.video.errors import UnreadableFrame
 from edge.video.job import Item, Job, PipelineOptions, Progress, clock, expected_frames

@@ -5,7 +5,7 @@ Counted and reported exactly like the pipeline (same ``Job``), so the two compar
 
 from __future__ import annotations
 
-from edge.bundle import Bundle
+from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.video.errors import UnreadableFrame
 from edge.video.job import Job, PipelineOptions, Progress, clock, expected_frames

@@ -110,7 +110,7 @@ class _CoreMLConverter(Converter):
     }
 
     def _drive(self, request: ConversionRequest, source_job: dict[str, Any], outputs_key: str) -> _DriverRun:
-        from edge.calib import generated_samples
+        from edge.verify.inputs import generated_samples
 
         self.check_options(request.options)
         self.check_precision(request.precision)
@@ -166,8 +166,8 @@ class OnnxToCoreML(_CoreMLConverter):
     requires = (_ORT,)
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.opsupport import check_ops
-        from edge.parity import ParityReport, compare, reference_outputs, thresholds_for
+        from edge.graph.opsupport import check_ops
+        from edge.verify.parity import ParityReport, compare, reference_outputs, thresholds_for
 
         self.check_options(request.options)
         check_ops(request.source, self.name)  # every op the bridge lacks, before the toolchain starts

@@ -39,7 +39,7 @@ from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
-from edge.opsupport import check_ops
+from edge.graph.opsupport import check_ops
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ class OnnxToTFLite(Converter):
         calib = _check_samples(request, required=int8)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
 
-        from edge.calib import generated_samples
-        from edge.parity import reference_outputs
+        from edge.verify.inputs import generated_samples
+        from edge.verify.parity import reference_outputs
 
         if calib:
             parity_inputs = [dict(s) for s in calib[:_PARITY_SAMPLES]]
@@ -162,7 +162,7 @@ class OnnxToTFLite(Converter):
         }
         if lowered_count:
             details["lowered"] = {"LSTM": lowered_count}
-            notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.lower)")
+            notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.graph.lower)")
         tool_versions = {k: v for k, v in final["tool_versions"].items() if k in ("onnx2tf", "tensorflow", "onnxsim",
                                                                                  "onnx", "onnxruntime", "tf_keras")}
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
@@ -194,7 +194,7 @@ class _Reporter:
 
 
 def _keep_shape_inputs(request: ConversionRequest) -> list[str]:
-    """Inputs onnx2tf should not move to channels-last: with a lowered LSTM (edge.lower), the rank-3 non-image
+    """Inputs onnx2tf should not move to channels-last: with a lowered LSTM (edge.graph.lower), the rank-3 non-image
     inputs (audio frames, recurrent state [layers, batch, hidden]): onnx2tf reads them as NCW and slices the
     transposed state along the wrong axis (measured on Silero VAD: a [1, 128, 0] slice)."""
     return [t.name for t in request.io.inputs if t.layout is None and len(t.shape) == 3]
@@ -202,9 +202,9 @@ def _keep_shape_inputs(request: ConversionRequest) -> list[str]:
 
 def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, int]:
     """The source with the LSTMs onnx2tf mistranslates (given their state) unrolled into plain ops
-    (``edge.lower``), in ``work``; (None, 0) when it has none."""
-    from edge.lower import drop_noop_slice_axes, fold_constants, lower_lstm, needs_lowering, squeeze_to_reshape
-    from edge.onnxmodel import load_onnx, save_onnx
+    (``edge.graph.lower``), in ``work``; (None, 0) when it has none."""
+    from edge.graph.lower import drop_noop_slice_axes, fold_constants, lower_lstm, needs_lowering, squeeze_to_reshape
+    from edge.graph.model import load_onnx, save_onnx
 
     model = load_onnx(source)
     if not any(needs_lowering(n) for n in model.graph.node):
@@ -357,7 +357,7 @@ def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | No
 
 def _cpu_parity(model: Path, request: ConversionRequest, samples: list[Mapping[str, Any]], label: str,
                 reference: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-    from edge.parity import ParityReport, compare, thresholds_for
+    from edge.verify.parity import ParityReport, compare, thresholds_for
     from edge.backends.litert.run import LiteRTRunner
 
     with LiteRTRunner(model, options={"delegate": "none", "num_threads": 0}, precision=request.precision) as runner:

@@ -191,10 +191,10 @@ def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequ
 
 @dataclass(frozen=True)
 class FinishResult:
-    bundle: Any  # edge.bundle.Bundle: the finished bundle, opened and verified
+    bundle: Any  # edge.bundle.bundle.Bundle: the finished bundle, opened and verified
     source_id: str  # the uncompiled bundle it was made from
     compiled: CompiledModel
-    signed: Any  # edge.signing.SignResult, or None
+    signed: Any  # edge.bundle.signing.SignResult, or None
     notes: list[str]
 
     def to_json(self) -> dict[str, Any]:
@@ -214,14 +214,14 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
 
     The bundle is verified first; the new one is built in a staging directory beside ``output`` and
     renamed into place, so a failure leaves whatever was there untouched. Its primary artifact is the
-    compiled model; every artifact is hashed again and the bundle id follows (``edge.bundle.bundle_id``);
+    compiled model; every artifact is hashed again and the bundle id follows (``edge.bundle.bundle.bundle_id``);
     the chain gets a ``tflite->edgetpu`` step saying what the compiler did. A benchmark recorded for the
     uncompiled model is dropped. ``key`` (else ``$EDGEKIT_SIGN_KEY``) signs it; without one the old
     signature, which covered the old manifest, is gone and a note says so. Compiler arguments and
     timeout default to the target profile's ``[convert.options."tflite->edgetpu"]``."""
-    from edge.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+    from edge.bundle.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
     from edge.errors import BundleError
-    from edge.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key, sign_bundle
+    from edge.bundle.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key, sign_bundle
 
     src = Bundle.open(path, verify=False, trust=False)
     notes: list[str] = []
@@ -310,7 +310,7 @@ def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]],
 def _copy_verified(bundle: Any, stage: Path) -> None:
     """Copy the listed artifacts into ``stage``, each checked against its recorded size and sha256 (all problems at once)."""
     from edge.errors import BundleError
-    from edge.onnxmodel import sha256_file
+    from edge.graph.model import sha256_file
 
     problems = []
     for a in bundle.info.artifacts:
@@ -329,7 +329,7 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
     from datetime import datetime, timezone
 
     import edge
-    from edge.bundle import artifact_entries, bundle_id
+    from edge.bundle.bundle import artifact_entries, bundle_id
     from edge.capabilities import current_host
 
     info = src.info

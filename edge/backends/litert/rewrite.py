@@ -9,7 +9,7 @@ Pure flatbuffers (the object API of ``ai_edge_litert.schema_py_generated``): no 
   ``stride_width``, ``stride_height``; weights OHWI, bias [O], no activation, float32 only. It computes its output
   size as ``stride * (in - 1) + filter - pad`` with ``pad = max(0, filter - (in - 1) % stride - 1)`` under SAME
   (0 under VALID) and offsets by ``pad // 2``; the builtin, given that output size, derives the same total
-  padding and offset (``ComputePaddingWithOffset``), so the lowering is exact (tests/test_tflite_sources.py
+  padding and offset (``ComputePaddingWithOffset``), so the lowering is exact (tests/pipeline/test_tflite_sources.py
   checks it against numpy).
 * :func:`dequantize_fp16_weights`: every ``DEQUANTIZE`` whose input is a float16 constant becomes an f32 constant
   holding the same values (each f16 is exactly an f32): an "fp16-weight" model becomes an fp32 one that computes

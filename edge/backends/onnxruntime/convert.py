@@ -5,7 +5,7 @@ uint8 activations and int8 per-channel weights (S8S8 was slower than fp32 on x86
 VNNI-friendly kernels); dynamic int8 is applied to MatMul/Gemm only (dynamic Conv ran
 5-13x slower than fp32).
 
-fp16 and int8 keep accuracy with ``mixed_precision = "auto"`` (edge.recipes): nodes whose fp32 activations
+fp16 and int8 keep accuracy with ``mixed_precision = "auto"`` (edge.graph.recipes): nodes whose fp32 activations
 leave fp16's range stay fp32, then the nodes adding the most error are kept in float (fp16: node_block_list;
 int8: nodes_to_exclude) until the candidate passes parity against the fp32 source; the details list them.
 """
@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import CalibrationError, ConversionError
-from edge.onnxmodel import load_onnx, opset_of, save_onnx
+from edge.graph.model import load_onnx, opset_of, save_onnx
 
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
@@ -55,7 +55,7 @@ class OnnxToOnnx(Converter):
         "optimization_level": "fp32: offline graph optimisation, basic or extended (default)",
         "mixed_precision": "fp16/int8: auto (default) keeps in fp32 the nodes whose activations leave fp16's range, "
                            "then the nodes adding the most error, until the candidate passes parity against the fp32 "
-                           "source on the search inputs (edge.recipes); off converts every node",
+                           "source on the search inputs (edge.graph.recipes); off converts every node",
         "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
                                   "0 = only the range check for fp16, none for int8)",
     }
@@ -109,7 +109,7 @@ class OnnxToOnnx(Converter):
     def _fp16(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        from edge import recipes
+        from edge.graph import recipes
 
         mode = recipes.parse_mode(request.options)
         trials = recipes.parse_trials(request.options)
@@ -153,7 +153,7 @@ class OnnxToOnnx(Converter):
         if method_name not in _CALIBRATE:
             raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method_name!r}")
         per_channel = bool(opts.get("per_channel", True))
-        from edge import recipes
+        from edge.graph import recipes
 
         mode = recipes.parse_mode(opts)
         trials = recipes.parse_trials(opts)
@@ -232,8 +232,8 @@ class OnnxToOnnx(Converter):
 
 
 def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int) -> Any:
-    """Range check on the fp32 run, then the error-driven search (edge.recipes)."""
-    from edge import recipes
+    """Range check on the fp32 run, then the error-driven search (edge.graph.recipes)."""
+    from edge.graph import recipes
 
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(model)
@@ -257,7 +257,7 @@ _FALLBACK_CALIBRATION = "percentile"
 
 def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: Path, trials: int,
                  method: str) -> Any:
-    """Nodes excluded from quantization, worst first, until the QDQ model passes (edge.recipes). When the
+    """Nodes excluded from quantization, worst first, until the QDQ model passes (edge.graph.recipes). When the
     fully quantized model fails with ``method``'s calibration, the other calibration's is tried first and the
     search goes on from it if it does better; ``found.method`` is the one used.
 
@@ -265,7 +265,7 @@ def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: 
     reference (the same function as the source, after BatchNorm folding)."""
     import onnx
 
-    from edge import recipes
+    from edge.graph import recipes
 
     model = recipes.name_nodes(load_onnx(prepped))
     onnx.save(model, str(prepped))

@@ -69,7 +69,7 @@ class TFLiteToOnnx(Converter):
     @staticmethod
     def _check_io(out: Path, request: ConversionRequest) -> None:
         """The ONNX takes and gives what the TFLite did (names and shapes), or the parity gate compares nothing."""
-        from edge.onnxmodel import io_spec, load_onnx
+        from edge.graph.model import io_spec, load_onnx
 
         got = io_spec(load_onnx(out))
         want_in = {t.name: tuple(int(d) for d in t.shape) for t in request.io.inputs}

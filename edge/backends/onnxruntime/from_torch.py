@@ -36,7 +36,7 @@ EXPORTER = "torch.onnx.export, TorchScript-based exporter (dynamo=False)"
 def parity_inputs(request: ConversionRequest) -> tuple[list[dict[str, np.ndarray]], str]:
     """The inputs the PyTorch model runs on for the reference: the user's calibration samples first, else
     inputs generated to match the pre-processing (the same rule and seed as torch->coreml)."""
-    from edge.calib import generated_samples
+    from edge.verify.inputs import generated_samples
 
     if request.calibration is not None and request.calibration.samples:
         return [dict(s) for s in request.calibration.samples[:PARITY_SAMPLES]], "calibration"

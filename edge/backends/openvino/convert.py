@@ -10,7 +10,7 @@ Recipe notes (openvino 2026.4, nncf 3.4):
 * int8 is NNCF post-training quantization (FakeQuantize on activations and weights,
   weights stored as i8) with the profile's preset; the remaining float constants are kept
   f32. NNCF's progress bars are kept off stdout and its INFO logging is muted while it runs.
-* fp16 with ``mixed_precision = "auto"`` (edge.recipes) marks the ops that must compute in f32 with the
+* fp16 with ``mixed_precision = "auto"`` (edge.graph.recipes) marks the ops that must compute in f32 with the
   ``precise_0`` rt_info, which the IR keeps (``DisablePrecisionConversion``) and the GPU and CPU plugins honour
   when they compute in f16; the search verifies with the CPU plugin forced to f16, as an iGPU computes.
   int8 has no such search yet (NNCF ``ignored_scope`` would be the mechanism).
@@ -105,8 +105,8 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
     is None when this host cannot compute in f16 (only the range check is applied then)."""
     import tempfile
 
-    from edge import recipes
-    from edge.onnxmodel import load_onnx
+    from edge.graph import recipes
+    from edge.graph.model import load_onnx
 
     onnx_model = recipes.name_nodes(load_onnx(source))
     samples, origin = recipes.search_samples(request)
@@ -201,7 +201,7 @@ class OnnxToOpenVINO(Converter):
         "mixed_precision": "fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
                            "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
                            "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
-                           "does (edge.recipes); off leaves every op to the device's precision",
+                           "does (edge.graph.recipes); off leaves every op to the device's precision",
         "mixed_precision_trials": "fp16: at most this many re-verifications while growing the kept set (default 6)",
     }
 
@@ -249,7 +249,7 @@ class OnnxToOpenVINO(Converter):
 
         compress = request.precision == "fp16"
         if compress:
-            from edge import recipes
+            from edge.graph import recipes
 
             mode = recipes.parse_mode(request.options)
             trials = recipes.parse_trials(request.options)

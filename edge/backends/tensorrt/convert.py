@@ -35,7 +35,7 @@ from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA
 from edge.errors import CalibrationError, ConversionError
-from edge.onnxmodel import load_onnx, save_onnx
+from edge.graph.model import load_onnx, save_onnx
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class OnnxToTensorRTPlan(Converter):
             raise ConversionError(f"workspace_mb must be > 0, got {workspace_mb}")
         if dla_core < -1:
             raise ConversionError(f"dla_core must be -1 (GPU only) or a DLA core index, got {dla_core}")
-        from edge.opsupport import check_ops
+        from edge.graph.opsupport import check_ops
 
         check_ops(request.source, self.name)  # every node TensorRT's parser refuses, before folding/quantizing
         out = request.workdir / "model.onnx"

@@ -1,0 +1,142 @@
+"""How a bundle travels to a device: one uncompressed tar of the bundle directory's files.
+
+``pack_bundle`` (build host, the rollout side) writes the bundle's files (manifest, signature,
+every listed artifact) at the top level of the tar, in a fixed order with fixed metadata, so the
+same bundle always packs to the same bytes and the same sha256. ``unpack_bundle`` (device) takes
+only regular files and directories with plain relative names -- no links, devices, absolute
+paths, ``..`` or names starting with '.' or '-' -- within a size and member bound, into a fresh
+staging directory; the caller then opens it with ``Bundle.open`` (every listed sha256, exactly
+the listed files, the signature where a trust store exists) before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import secrets
+import shutil
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from edge.errors import EdgeError
+
+MAX_MEMBERS = 4096
+MAX_UNPACKED = 8 << 30
+
+
+class ArchiveError(EdgeError):
+    """A bundle archive the device refuses to unpack."""
+
+
+def pack_bundle(bundle_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
+    """Write ``out`` (a tar of the bundle directory's files); returns its sha256."""
+    from edge.bundle.bundle import Bundle
+
+    b = Bundle.open(bundle_dir, trust=False)  # verified: what is packed is what the manifest lists
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
+    with open(tmp, "wb") as f:
+        _write_tar(Path(b.path), f)
+    os.replace(tmp, out)
+    h = hashlib.sha256()
+    with open(out, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def archive_sha256(bundle_dir: str | os.PathLike[str]) -> str:
+    """The sha256 ``pack_bundle`` would give this bundle directory, computed without writing the archive:
+    the device uses it to tell that a bundle already in its store is the artifact a desired state names."""
+    sink = _HashSink()
+    _write_tar(Path(bundle_dir), sink)
+    return sink.h.hexdigest()
+
+
+class _HashSink:
+    """A write-only file that hashes what tarfile writes to it."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.n = 0
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.n += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.n
+
+
+def _write_tar(root: Path, f: Any) -> None:
+    """The bundle directory's files as one tar, in a fixed order with fixed metadata (same bundle, same bytes)."""
+    names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            p = root / name
+            info = tar.gettarinfo(str(p), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            info.mode = 0o755 if info.isdir() else 0o644
+            if info.isdir():
+                tar.addfile(info)
+            elif info.isfile():
+                with open(p, "rb") as src:
+                    tar.addfile(info, src)
+            else:
+                raise ArchiveError(f"{p} is neither a file nor a directory; a bundle holds only those")
+
+
+def _safe_name(name: str) -> str:
+    p = PurePosixPath(name)
+    if not name or p.is_absolute() or any(part in ("", ".", "..") for part in p.parts) or "\\" in name \
+            or any(part.startswith((".", "-")) for part in p.parts) or any(ord(c) < 0x20 for c in name):
+        raise ArchiveError(f"bundle archive member {name[:200]!r} is not a plain relative name")
+    return str(p)
+
+
+def unpack_bundle(archive: str | os.PathLike[str], staging: str | os.PathLike[str]) -> Path:
+    """Unpack ``archive`` into a new directory under ``staging``; returns it (the caller removes it)."""
+    staging = Path(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    dest = staging / f"unpack-{secrets.token_hex(6)}"
+    dest.mkdir()
+    try:
+        try:
+            tar = tarfile.open(archive, "r:")
+        except (tarfile.TarError, OSError) as e:
+            raise ArchiveError(f"bundle archive is not a tar file: {e}") from None
+        with tar:
+            total = 0
+            for n, m in enumerate(tar):
+                if n >= MAX_MEMBERS:
+                    raise ArchiveError(f"bundle archive has more than {MAX_MEMBERS} members")
+                name = _safe_name(m.name)
+                out = dest / name
+                if m.isdir():
+                    out.mkdir(parents=True, exist_ok=True)
+                    continue
+                if not m.isfile():
+                    raise ArchiveError(f"bundle archive member {name!r} is a link or a device; a bundle holds "
+                                       "regular files only")
+                total += m.size
+                if total > MAX_UNPACKED:
+                    raise ArchiveError(f"bundle archive unpacks to more than {MAX_UNPACKED >> 30} GiB")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(m)
+                if src is None:  # pragma: no cover - isfile() members always have data
+                    raise ArchiveError(f"bundle archive member {name!r} has no data")
+                with src, open(out, "xb") as o:
+                    shutil.copyfileobj(src, o, 1 << 20)
+    except (tarfile.TarError, EOFError, io.UnsupportedOperation) as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise ArchiveError(f"bundle archive is damaged: {e}") from None
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest

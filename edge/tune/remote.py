@@ -1,0 +1,554 @@
+"""``edgekit fleet tune --device ID``: ``edgekit tune``'s trials converted here, measured on a connected device.
+
+    from edge.tune.remote import tune_on_device
+    result = tune_on_device("model.onnx", "cam-01", broker=BrokerConfig.from_url(url), fleet="lab",
+                            serve="127.0.0.1:0")
+    result.to_json()   # the same table and JSON as ``edgekit tune``, with ``device`` and ``measured_on``
+
+1. The device's retained birth says what it is (OS, architecture, CPUs, the bundle's target); the target
+   (``target``, else the birth's bundle's) must be the device's class.
+2. The space is ``edge.tune.space.build_space`` for that target (threads above the device's CPUs dropped), taken
+   in ``edgekit tune``'s order under ``max_trials``; each recipe is converted here through ``edge.tune.search``'s
+   cache (the same recipe key, the same bundle) and its conversion gate recorded as ``tune`` records it.
+3. Each bundle is packed as a rollout artifact (``edge.bundle.archive.pack_bundle``) and served: at
+   ``artifact_base_url`` (the user uploads ``OUT/artifacts/*.tar`` there; each URL is checked first), or by a
+   small HTTP server this call runs on ``serve`` (``ADDR:PORT``) until the device has replied.
+4. One ``cmd/tune`` request (``edge.agent.tune_cmd.TuneRequest``) per rung of successive halving
+   (``edge.tune.rungs``: ``edgekit tune``'s rungs and elimination rule; ``strategy="exhaustive"``: one
+   full-length rung) goes to the device, which downloads, verifies and measures that rung's trials interleaved,
+   as ``edgekit tune`` measures, and replies on ``edgekit/<fleet>/<device>/tune``.
+5. The replies (checked: nothing in them is trusted) become ``tune``'s trial records, written to the study file
+   after every rung (a re-run with the same study sends only what it lacks; a study of another device, model,
+   target or objective is refused); the winner is chosen by the same rule (``edge.tune.search.choose``: parity is a hard
+   constraint) and written as an overlay stating the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.payloads import SCHEMA_VERSION, encode
+from edge.mqtt.topics import Topic, TopicError, check_part
+from edge.errors import EdgeError
+from edge.fleet.acl import own_level
+from edge.tune.rungs import (device_pruned, device_trial, host_of, load_study, num, plan_rungs, resume,
+                                    save_study, search, study_header, text)
+from edge.tune.search import Schedule, TuneResult
+
+Say = Callable[[str], None]
+MAX_REPLY = 1 << 20
+MAX_TRIALS = 64  # edge.agent.tune_cmd.MAX_TRIALS
+
+
+class RemoteTuneError(EdgeError):
+    """The device cannot be tuned: not connected, another class, refused or did not answer."""
+
+
+@dataclass
+class RemoteTuneResult(TuneResult):
+    device: dict[str, Any] = field(default_factory=dict)  # id, birth facts, what measured (the reply's host)
+
+    @property
+    def measured_on(self) -> str:
+        h = self.host
+        isa = [f for f in h.get("isa", []) if f.startswith(("avx", "amx", "sse4", "neon", "sve", "vnni", "fma"))]
+        return (f"measured on device {self.device.get('id')} ({h.get('hostname')}: {h.get('os')}/{h.get('arch')}, "
+                f"{h.get('cpu')}, {h.get('cpus')} CPUs" + (f", {' '.join(isa)}" if isa else "") + ")")
+
+    def summary(self) -> str:
+        return super().summary().replace("measured on the target's", "measured on the device, the target's") \
+            .replace("measured NOT on", "measured on the device, NOT on") + f"; {self.measured_on}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "device": self.device, "measured_on": self.measured_on}
+
+
+# -- the artifact server ----------------------------------------------------------------------------
+
+class ArtifactServer:
+    """``root``'s files over HTTP on ``addr`` (``HOST:PORT``, port 0: any free one), until ``close``."""
+
+    def __init__(self, root: Path, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise RemoteTuneError(f"--serve {addr!r}: expected HOST:PORT (port 0: any free one)")
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def list_directory(self, path: Any) -> None:  # type: ignore[override]
+                self.send_error(404)  # the archives by name only
+                return None
+
+        try:
+            self.httpd = ThreadingHTTPServer((host, int(port)), functools.partial(Handler, directory=str(root)))
+        except OSError as e:
+            raise RemoteTuneError(f"--serve {addr}: cannot listen there: {e}") from None
+        self.httpd.daemon_threads = True
+        shown = host if host not in ("0.0.0.0", "::", "") else __import__("socket").getfqdn()
+        self.base_url = f"http://{shown}:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="edgekit-tune-http", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5.0)
+
+    def __enter__(self) -> "ArtifactServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the MQTT side ------------------------------------------------------------------------------------
+
+class DeviceLink:
+    """One MQTT connection to one device: its retained birth and death, and its ``tune`` replies."""
+
+    def __init__(self, broker: BrokerConfig, fleet: str, device: str, client_id: str | None = None) -> None:
+        check_part(fleet, "fleet")
+        check_part(device, "device id")
+        self.fleet, self.device = fleet, device
+        self.client_id = client_id or f"edgekit-tune-{secrets.token_hex(4)}"
+        self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "death", "tune")}
+        # under the identity the broker knows (edge.fleet.acl.own_level): the generated ACL lets it read only its own
+        self._sync = str(Topic(fleet, own_level(broker, self.client_id), "cmd", "tune-sync"))
+        self._token = secrets.token_hex(8)
+        self.birth: dict[str, Any] | None = None
+        self.death: dict[str, Any] | None = None
+        self.replies: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self.synced = threading.Event()
+        self.loop = NetworkLoop(name="edgekit-tune")
+        subs = [(self.topics[k], 1) for k in ("birth", "death", "tune")] + [(self._sync, 1)]
+        self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
+                               on_connected=self._connected, backoff=Backoff(0.2, 5.0))
+
+    def __enter__(self) -> "DeviceLink":
+        self.loop.start()
+        self.conn.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.loop.run(self.conn.close)
+            self.conn.closed.wait(5.0)
+        finally:
+            self.loop.stop()
+
+    def _connected(self, conn: Connection) -> None:
+        conn.publish(self._sync, self._token.encode(), qos=1)  # comes back after the retained messages
+
+    def _message(self, _conn: Connection, msg: Any) -> None:
+        try:
+            topic, payload = msg.topic, bytes(msg.payload)
+        except UnicodeDecodeError:
+            return
+        if topic == self._sync:
+            if payload == self._token.encode():
+                self.synced.set()
+            return
+        try:
+            t = Topic.parse(topic)
+        except TopicError:
+            return
+        if not payload or len(payload) > MAX_REPLY:
+            if not payload and t.kind in ("birth", "death"):
+                setattr(self, t.kind, None)
+            return
+        try:
+            obj = json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return
+        if not isinstance(obj, dict) or obj.get("device") != self.device or obj.get("fleet") != self.fleet:
+            return
+        if t.kind in ("birth", "death"):
+            setattr(self, t.kind, obj)
+        elif t.kind == "tune" and obj.get("type") == "tune":
+            self.replies.put(obj)
+
+    def online(self) -> bool:
+        from edge.fleet.rollout_view import DeviceView
+
+        return DeviceView(self.device, birth=self.birth, death=self.death).online
+
+    def send(self, payload: dict[str, Any]) -> None:
+        topic = str(Topic(self.fleet, self.device, "cmd", "tune"))
+        data = encode(payload)
+        if self.loop.run(lambda: self.conn.publish(topic, data, qos=1)) is None:
+            raise RemoteTuneError(f"cannot send the tune request to {self.device}: not connected to the broker")
+
+
+# -- the host side: space, conversions, artifacts -----------------------------------------------------
+
+@dataclass
+class _Prepared:
+    configs: list[Any]
+    recs: dict[str, dict[str, Any]]
+    bundles: dict[str, Any]  # recipe key -> Bundle or EdgeError
+    keys: dict[str, str]
+    notes: list[str]
+    converted: int
+    convert_s: float
+    model_sha: str = ""
+
+
+def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: Path, calib: Any,
+             parity_samples: int, source: Mapping[str, Any], say: Say) -> _Prepared:
+    """Convert each recipe once (``edge.tune.search``'s cache: the same key, the same bundle), recording the conversion
+    gate per trial as ``edge.tune.search.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
+    from edge.bundle.bundle import sha256_file
+    from edge.tune.search import _bundle_size, _convert_cached, calib_identity, recipe_key
+    from edge.tune.measure import _combine_parity
+
+    t0 = time.perf_counter()
+    model_sha = sha256_file(model)
+    calib_id = calib_identity(calib)
+    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, source) for c in configs}
+    bundles: dict[str, Any] = {}
+    recs: dict[str, dict[str, Any]] = {}
+    converted = 0
+    for c in configs:
+        rec = recs[c.id] = {"id": c.id, "label": c.label(), **c.to_json(), "status": "pending", "rungs": {},
+                            "parity": None, "recipe_key": keys[c.id]}
+        key = keys[c.id]
+        if key not in bundles:
+            say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
+            try:
+                bundles[key], fresh = _convert_cached(model, profile, c, space, key, cache, calib, parity_samples,
+                                                      source)
+                converted += int(fresh)
+            except EdgeError as e:
+                bundles[key] = e
+                converted += 1
+        b = bundles[key]
+        if isinstance(b, EdgeError):
+            rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
+            continue
+        rec["bundle"], rec["size_bytes"] = str(b.path), _bundle_size(b)
+        gate = b.manifest.get("parity") or {}
+        outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
+        par = {"conversion": gate.get("passed"),
+               "conversion_failures": [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+                                       for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
+                                       for f in o["failures"]][:4]}
+        if gate.get("passed") is None:
+            par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
+        _combine_parity(par)
+        rec["parity"] = par
+    return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0, model_sha)
+
+
+def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None = None,
+               keys_dir: Any = None) -> dict[str, dict[str, Any]]:
+    """recipe key -> {url, sha256, size}: each bundle packed once as a rollout artifact into ``out``; with
+    ``sign_key``, a copy of it signed first (a device with a trust store refuses unsigned bundles, as for rollouts;
+    the cached bundle itself stays unsigned)."""
+    import shutil
+
+    from edge.bundle.archive import pack_bundle
+
+    out.mkdir(parents=True, exist_ok=True)
+    arts: dict[str, dict[str, Any]] = {}
+    for key, b in prep.bundles.items():
+        if isinstance(b, EdgeError):
+            continue
+        src = Path(b.path)
+        if sign_key is not None:
+            from edge.bundle.signing import sign_bundle
+
+            src = out.parent / "signed" / key
+            shutil.rmtree(src, ignore_errors=True)
+            shutil.copytree(b.path, src)
+            sign_bundle(src, sign_key, directory=keys_dir)
+        tar = out / f"{key}.tar"
+        sha = pack_bundle(src, tar)
+        arts[key] = {"url": f"{base_url.rstrip('/')}/{key}.tar", "sha256": sha, "size": tar.stat().st_size}
+    return arts
+
+
+# -- the whole --------------------------------------------------------------------------------------
+
+def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, fleet: str = "default",
+                   target: str | Any | None = None, out: str | Path | None = None, objective: str = "latency",
+                   budget_ms: float | None = None, fps: float | None = None, max_trials: int | None = None,
+                   calib: str | None = None, runners: Sequence[str] | None = None,
+                   precisions: Sequence[str] | None = None, threads: Sequence[int] | None = None,
+                   schedule: Schedule | None = None, parity_samples: int = 32,
+                   artifact_base_url: str | None = None, serve: str | None = None, timeout_s: float = 900.0,
+                   sign_key: str | None = None, keys_dir: Any = None, cache: str | Path | None = None,
+                   answer_timeout_s: float = 30.0, targets_dir: Iterable[Any] = (), strategy: str = "halving",
+                   study: str | Path | None = None,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+                   letterbox: bool | None = None, pictures: bool = True, on_step: Say | None = None
+                   ) -> RemoteTuneResult:
+    """See the module docstring. Exactly one of ``artifact_base_url`` and ``serve`` says how the device gets
+    the bundles. ``timeout_s``: for the device's whole answer; ``answer_timeout_s``: for its first reply.
+    ``sign_key``: sign each trial bundle (a copy) for a device with a trust store. ``cache``: the conversion cache
+    (default ``OUT/cache``; ``edgekit tune``'s cache works too: the same recipe keys). ``strategy``: ``halving``
+    (rungs, ``edge.tune.rungs``) or ``exhaustive`` (one full-length request). ``study``: the study file
+    (default ``OUT/study.json``); a re-run with it measures only what it lacks."""
+    from edge.capabilities import Host
+    from edge.pipeline import open_source
+    from edge.stats import budget_from
+    from edge.targets import TargetProfile, get_target, same_device_class
+    from edge.tune.search import _best_rung, _priority, _score, choose
+    from edge.tune.space import build_space
+
+    t_start = time.perf_counter()
+    say = on_step or (lambda _m: None)
+    if (artifact_base_url is None) == (serve is None):
+        raise RemoteTuneError("give exactly one of --artifact-base-url URL (you upload OUT/artifacts/*.tar there) "
+                              "and --serve HOST:PORT (edgekit serves them while the device fetches)")
+    if objective == "e2e":
+        raise RemoteTuneError("--objective e2e runs the video pipeline on a file; over MQTT the device measures "
+                              "latency or throughput", hint="use --objective latency or throughput")
+    if objective not in ("latency", "throughput"):
+        raise RemoteTuneError(f"unknown objective {objective!r}", hint="choose latency or throughput")
+    if max_trials is not None and max_trials < 1:
+        raise RemoteTuneError(f"--max-trials must be >= 1, got {max_trials}")
+    sched = schedule or Schedule()
+    if not (1 <= sched.reps <= 50 and 1 <= sched.iters <= 10_000 and 0 <= sched.warmup <= 1_000 and sched.eta >= 2):
+        raise RemoteTuneError("schedule: reps 1-50, iters 1-10000, warmup 0-1000 (what a device accepts), eta >= 2")
+    plan_rungs(sched, 1, strategy, objective)  # an unknown strategy is refused before anything runs
+    model = Path(model)
+    src = open_source(model)
+    if src.format != "onnx":
+        raise RemoteTuneError(f"edgekit fleet tune takes an ONNX model; {model.name} is {src.format}")
+    out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{device}-tune"
+    study_path = Path(study) if study is not None else out_dir / "study.json"
+    with DeviceLink(broker, fleet, device) as link:
+        say(f"reading {fleet}/{device}'s birth from {broker.url}")
+        if not link.synced.wait(15.0):
+            raise RemoteTuneError(f"cannot read the fleet from the broker {broker.url}: "
+                                  f"{link.conn.last_error or 'no answer'}")
+        if link.birth is None:
+            raise RemoteTuneError(f"device {device} has no birth in fleet {fleet} on {broker.url}: it never connected",
+                                  hint="start its agent (edgekit agent --device-id ...) and check --fleet")
+        if not link.online():
+            raise RemoteTuneError(f"device {device} is offline (its last will was published after its birth)")
+        birth = link.birth
+        bh = birth.get("host") if isinstance(birth.get("host"), dict) else {}
+        dev_host = Host(os=str(bh.get("os")), arch=str(bh.get("arch")), nvidia_gpu=bh.get("nvidia_gpu") is True,
+                        jetson=bh.get("jetson") is True)
+        dev_cpus = bh.get("cpu_count") if type(bh.get("cpu_count")) is int and bh.get("cpu_count") > 0 else None
+        if target is None:
+            tb = birth.get("bundle") if isinstance(birth.get("bundle"), dict) else {}
+            target = tb.get("target") if isinstance(tb.get("target"), str) else None
+            if target is None:
+                raise RemoteTuneError(f"device {device} runs no bundle, so its birth names no target",
+                                      hint="give --target T")
+        profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+        same, why = same_device_class(profile, dev_host, {})
+        if not same:
+            raise RemoteTuneError(f"device {device} cannot serve target {profile.name}: "
+                                  f"{why.replace('this host', 'the device')}")
+        budget, budget_source = budget_from(fps, budget_ms, profile.frame_budget_ms)
+        rank_budget = budget if (fps is not None or budget_ms is not None) else None
+        space = build_space(profile, objective=objective, calibrated=calib is not None, runners=runners,
+                            precisions=precisions, threads=threads, targets_dir=targets_dir)
+        notes = list(space.notes)
+        notes.append("the space is built on this host (runners and thread counts it has); the device measures it")
+        configs = _priority(space)
+        if dev_cpus is not None:
+            over = [c for c in configs if _threads(c) is not None and _threads(c) > dev_cpus]
+            if over:
+                space.pruned.append(f"{len(over)} configurations with more threads than the device's {dev_cpus} CPUs")
+                configs = [c for c in configs if c not in over]
+        cap = min(max_trials or MAX_TRIALS, MAX_TRIALS)
+        if len(configs) > cap:
+            notes.append(f"{'--max-trials' if max_trials else 'a request'} takes {cap}: {len(configs) - cap} of "
+                         f"{len(configs)} configurations not tried (each runner and precision's defaults first)")
+            configs = configs[:cap]
+        source = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
+                  "preprocess": preprocess, "letterbox": letterbox}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        from edge.bundle.bundle import sha256_file
+
+        # a study of another device, model, target or objective is refused before anything is converted
+        header = study_header(sha256_file(model), profile.name, objective, strategy, fleet, device, bh)
+        stored, measured_by = load_study(study_path, header)
+        prep = _prepare(model, profile, space, configs, Path(cache) if cache is not None else out_dir / "cache",
+                        calib, parity_samples, source, say)
+        server = ArtifactServer(out_dir / "artifacts", serve) if serve is not None else None
+        try:
+            (out_dir / "artifacts").mkdir(parents=True, exist_ok=True)
+            base = server.base_url if server is not None else str(artifact_base_url)
+            say("packing the trial bundles as rollout artifacts")
+            arts = _artifacts(prep, out_dir / "artifacts", base, sign_key, keys_dir)
+            if server is None:
+                from edge.fleet.rollout_spec import check_url
+
+                for a in arts.values():
+                    check_url(a["url"], a["size"])
+            sendable = [c for c in configs if prep.recs[c.id]["status"] == "pending"]
+            if not sendable:
+                raise RemoteTuneError("no configuration converted here: "
+                                      + "; ".join(prep.recs[c.id]["status"] for c in configs)[:600])
+            resumed = resume(prep.recs, stored)
+            if resumed:
+                notes.append(f"{resumed} trials resumed from the study {study_path} (measured on this device before)")
+            study = f"tune-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+            tid = {c.id: f"t{i:02d}" for i, c in enumerate(sendable)}
+            for c in sendable:
+                prep.recs[c.id]["device_trial"] = tid[c.id]
+            rungs = plan_rungs(sched, len(sendable), strategy, objective)
+            from edge.agent.tune_cmd import MAX_REQUEST_BYTES
+
+            def exchange(todo: Sequence[Any], k: int, reps: int, iters: int) -> dict[str, Any]:
+                """One rung: its trials to the device, its final reply (trials keyed by config id)."""
+                rung_study = f"{study}-r{k}"
+                request = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": fleet,
+                           "device": device, "ts": round(time.time(), 3), "study_id": rung_study,
+                           "objective": objective, "schedule": {"reps": reps, "iters": iters, "warmup": sched.warmup},
+                           "trials": [{"id": tid[c.id], **arts[prep.keys[c.id]], "runner": c.runner,
+                                       "precision": c.precision, "options": dict(c.options)} for c in todo]}
+                if len(encode(request)) > MAX_REQUEST_BYTES:
+                    raise RemoteTuneError(f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
+                                          hint="fewer trials (--max-trials), or shorter artifact URLs")
+                say(f"sending {len(todo)} trials to {device} (study {rung_study}: {reps} repetitions of {iters})")
+                link.send(request)
+                left = timeout_s - (time.perf_counter() - t_search)
+                try:
+                    reply = _wait(link, rung_study, device, min(answer_timeout_s, max(left, 0.0)), left, say)
+                except RemoteTuneError as e:
+                    raise RemoteTuneError(f"{e.message} (rung {k}: {reps}x{iters})", hint=(
+                        f"{e.hint + '; ' if e.hint else ''}the trials measured so far are in {study_path}: "
+                        "run again with the same --study to resume")) from None
+                back = {t.get("id"): t for t in reply.get("trials") or [] if isinstance(t, dict)} \
+                    if isinstance(reply.get("trials"), list) else {}
+                reply["trials"] = {c.id: device_trial(back[tid[c.id]]) for c in todo if tid[c.id] in back}
+                state["host"] = host_of(reply)
+                state["wall_s"] += num(reply.get("wall_s")) or 0.0
+                state["measured"] += sum(1 for t in reply["trials"].values() if "measurement" in t)
+                return reply
+
+            state: dict[str, Any] = {"host": measured_by, "wall_s": 0.0, "measured": 0}
+            t_search = time.perf_counter()
+            replies = search(sendable, prep.recs, rungs, exchange, objective=objective, rank_budget=rank_budget,
+                             eta=sched.eta, say=say,
+                             save=lambda: save_study(study_path, header, prep.recs, state["host"]))
+            search_s = time.perf_counter() - t_search
+        finally:
+            if server is not None:
+                server.close()
+    recs = [prep.recs[c.id] for c in configs]
+    space.pruned.extend(device_pruned(recs, device))
+    for t in recs:
+        best = _best_rung(t)
+        m = t["rungs"][best] if best else None
+        t["result"] = {"rung": best, **{k: v for k, v in m.items() if not k.startswith("rep_")},
+                       "score": _score(objective, m["rep_scores"])} if m else None
+    winner = choose(recs, rank_budget, objective)
+    if winner is not None:
+        winner["status"] = "chosen"
+    save_study(study_path, header, prep.recs, state["host"])
+    host = state["host"] or host_of({"host": {"hostname": bh.get("hostname"), "os": bh.get("os"),
+                                              "arch": bh.get("arch"), "cpus": bh.get("cpu_count")}})
+    dev_host = Host(os=host["os"], arch=host["arch"], nvidia_gpu=host["nvidia_gpu"], jetson=host["jetson"])
+    same, why = same_device_class(profile, dev_host, (winner or {}).get("runtime") or {})
+    why = why.replace("this host", f"device {device}")
+    for reply in replies[-1:]:
+        if isinstance(reply.get("workload"), str):
+            notes.append(f"on the device during the measurement: {reply['workload'][:200]}")
+    for reply in replies:
+        held = reply.get("rollout_waiting")
+        if isinstance(held, dict) and isinstance(held.get("rollout_id"), str) and type(held.get("version")) is int:
+            notes.append(f"rollout {held['rollout_id'][:128]} (desired version {held['version']}) arrived during the "
+                         "tune and waited for it; the device applied it after that request")
+    result = RemoteTuneResult(model=str(model), target=profile.name, objective=objective, strategy=strategy,
+                              budget_ms=budget, budget_source=budget_source, trials=recs, pruned=space.pruned,
+                              notes=notes, winner=winner, device_class={"same": same, "reason": why}, host=host,
+                              measured=state["measured"], converted=prep.converted,
+                              convert_s=prep.convert_s, search_s=search_s,
+                              device={"id": device, "fleet": fleet, "study_id": study, "birth_host": bh,
+                                      "requests": len(replies), "rungs": [f"{k}:{r}x{i}" for k, (r, i) in
+                                                                          enumerate(rungs)],
+                                      "device_wall_s": round(state["wall_s"], 2)})
+    if winner is None:
+        notes.append("no configuration passed parity on the device: nothing to apply")
+    else:
+        _write_overlay(result, space, profile, next(c for c in configs if c.id == winner["id"]), out_dir, model)
+    if pictures:
+        from edge.tune.report import write_pictures
+
+        write_pictures(out_dir, result, notes)
+    result.study_path = str(study_path)
+    (out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str), encoding="utf-8")
+    result.wall_s = time.perf_counter() - t_start
+    return result
+
+
+def _threads(c: Any) -> int | None:
+    opts = dict(c.options)
+    v = opts.get("intra_op_num_threads", opts.get("num_threads"))
+    return v if isinstance(v, int) else None
+
+
+def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, timeout_s: float, say: Say
+          ) -> dict[str, Any]:
+    """The device's final reply to ``study`` (``done``); its refusal, ``busy`` or failure as one error line."""
+    start = time.monotonic()
+    answered = False
+    while True:
+        limit = (answer_timeout_s if not answered else timeout_s) - (time.monotonic() - start)
+        try:
+            r = link.replies.get(timeout=max(0.0, limit))
+        except queue.Empty:
+            if not answered:
+                raise RemoteTuneError(f"device {device} did not answer the tune request within {answer_timeout_s:g} s",
+                                      hint="is its agent an edgekit version that knows cmd/tune, and connected?") \
+                    from None
+            raise RemoteTuneError(f"device {device} did not finish the tune within {timeout_s:g} s") from None
+        if r.get("study_id") not in (study, None):
+            continue
+        status = r.get("status")
+        if r.get("study_id") is None and status != "refused":
+            continue
+        answered = True
+        if status == "accepted":
+            say(f"{device} accepted {r.get('trials')} trials")
+        elif status == "progress":
+            say(f"{device}: {text(r.get('step'), 200)}")
+        elif status == "done":
+            return r
+        elif status in ("refused", "busy", "failed"):
+            what = {"refused": "refused the tune request", "busy": "is busy", "failed": "failed the tune"}[status]
+            raise RemoteTuneError(f"device {device} {what}: {text(r.get('error'), 600)}")
+
+
+def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
+    from edge.bundle.bundle import sha256_file
+    from edge.tune.overlay import write_overlay
+
+    w, h = result.winner or {}, result.host
+    res = w.get("result") or {}
+    rt = w.get("runtime") or {}
+    tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
+             "model_sha256": sha256_file(model), "configuration": w["id"], "objective": result.objective,
+             "strategy": result.strategy, "measured_on": f"device {result.device['id']} ({h['os']}/{h['arch']})",
+             "os": h["os"], "arch": h["arch"], "cpu": h["cpu"], "isa": h["isa"], "cpus": h["cpus"],
+             "device_used": rt.get("device_used") or "", "precision_used": rt.get("precision_used") or "",
+             "same_device_class": result.device_class["same"], "device_class": result.device_class["reason"],
+             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
+             "parity_error": (w.get("parity") or {}).get("error"), "size_bytes": w.get("size_bytes")}
+    overlay = space.overlay(profile, cfg, tuned=tuned)
+    comments = [f"edgekit fleet tune: {w['label']} for {profile.name}, objective {result.objective}",
+                result.measured_on,
+                f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)"]
+    result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
+    result.applied = overlay.describe()

@@ -1,0 +1,694 @@
+"""``edgekit tune``: the fastest configuration of a model for a target that keeps parity, found on this host.
+
+    from edge.tune.search import tune
+    result = tune("model.onnx", "x86-cpu", out="build/tune", calib="random")
+    result.winner            # the chosen trial (None when no configuration passed parity)
+    result.overlay_path      # the winner as a profile overlay: edgekit convert/deploy --tuned FILE
+
+The space (``edge.tune.space``) is every runner that serves the target's device class here, precision,
+recipe and runner options, pruned with reasons. Each trial converts through the one pipeline
+(``edge.pipeline.convert``; the bundle cached on disk by its recipe key, so a re-run converts nothing);
+parity is a hard constraint: the conversion's gate and the trial's own runner options on the bundle's
+reference pairs must both pass, and a trial that fails is reported, never chosen. The objective is
+measured as ``bench`` measures it (only ``infer`` timed) in interleaved repetitions, the score being
+the median of the repetitions' medians. ``e2e`` runs the video pipeline over ``video`` as ``edgekit run --realtime``
+does, frames fed at the target rate (``fps``/``budget_ms``, else the video's own): a trial ranks by the share of
+frames it missed (dropped, or processed past their deadline), then by its median frame time; the video pipeline's
+inference workers are part of its space and of the overlay.
+
+Search: successive halving (default) — every trial gets a short measurement, the best third goes on to a
+longer one, until ``eta`` finalists remain, which get as many samples as the exhaustive sweep gives every
+trial (``strategy="exhaustive"``), in short blocks (``Schedule.final``). A rung with more trials than are open at
+once (``MAX_OPEN``) is measured in chunks, each with the same anchor trial, and ranked by each trial's ratio to the
+anchor in its chunk (``vs_anchor`` in the study; the raw p50/p99 are kept and reported): background load that
+drifts between chunks does not rank them. Every finished measurement is written to the study file at once, so an
+interrupted or repeated run resumes: conversions and measurements in it are not done again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from edge.errors import EdgeError
+from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
+                               _combine_parity, _measure_chunk, _Pool, _score, missed_share, rank_key)
+from edge.tune.space import BATCHES, OBJECTIVES, Config, Space, batch_plan, build_space
+
+STUDY_VERSION = 1
+#: e2e: the share of frames a configuration may miss at the target rate and still count as holding it (the p99
+#: rule of ``edgekit bench`` and ``run``)
+E2E_MISS_TOLERANCE = 0.01
+STRATEGIES = ("halving", "exhaustive")
+#: inferences per timed block of the finalists' measurement after successive halving (Schedule.final)
+FINAL_BLOCK = 10
+#: (reps, iters) of the first rung when successive halving has several short ones: one warm block per trial.
+#: Measured on the PP-OCR classifier's 136 trials (benchmarks/tune.py, loaded 2-core host): ranked by the first of
+#: its 2 repetitions of 6 alone, rung 0 kept 9 of the sweep's 10 best and its 3 best (Spearman 0.72 against the
+#: 5x40 sweep; the median of both repetitions: 10, 3, 0.67), in half the inferences
+FIRST_RUNG = (1, SHORT_BLOCK)
+#: untimed inferences per trial before a short rung (the full measurement: Schedule.warmup): a trial was warmed
+#: when it was opened, and every timed block follows edge.tune.measure.SETTLE untimed calls
+SHORT_WARMUP = 1
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long each measurement is: ``reps`` interleaved repetitions of ``iters`` timed inferences
+    (``e2e``: ``iters`` video frames) after ``warmup`` untimed ones."""
+
+    reps: int = 5
+    iters: int = 40
+    warmup: int = 5
+    eta: int = 3
+
+    def rungs(self, n: int, objective: str = "latency") -> list[tuple[int, int]]:
+        """(reps, iters) per rung of successive halving for ``n`` trials; the last is the full measurement."""
+        rounds = max(0, math.ceil(math.log(max(n, 1) / self.eta, self.eta))) if n > self.eta else 0
+        full = self.reps * self.iters
+        if objective == "e2e":
+            # realtime: a repetition lasts frames/fps whatever the configuration, and frames are dropped only once
+            # a queue has filled: few, long repetitions (at least MIN_E2E_FRAMES frames each)
+            return [(E2E_SHORT_REPS, max(MIN_E2E_FRAMES, math.ceil(full / self.eta ** (rounds - k) / E2E_SHORT_REPS)))
+                    for k in range(rounds)] + [(self.reps, self.iters)]
+        # a short rung takes 1/eta of the next one's samples (at least 12), in SHORT_REPS repetitions of blocks
+        # long enough to measure a warm runtime (edge.tune.measure.SHORT_BLOCK)
+        short = [(SHORT_REPS, max(SHORT_BLOCK, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
+                 for k in range(rounds)]
+        if rounds >= 2:
+            # the first of several short rungs only separates the best third from clearly slower trials, and on a
+            # small model opening a trial costs more than measuring it: one warm block (FIRST_RUNG)
+            short[0] = FIRST_RUNG
+        return short + [self.final(rounds > 0)]
+
+    def final(self, halving: bool = True) -> tuple[int, int]:
+        """(reps, iters) of the full measurement. After halving the few finalists take the same samples in blocks
+        of at most FINAL_BLOCK inferences: near-equals are decided there, and with short blocks one rotation
+        through them is short, so a burst of background load (on a shared host, seconds long) hits each alike
+        (a 5x40 final on a loaded 2-core host once ranked two configurations 15% apart head to head the wrong way)."""
+        if not halving or self.iters <= FINAL_BLOCK:
+            return self.reps, self.iters
+        return math.ceil(self.reps * self.iters / FINAL_BLOCK), FINAL_BLOCK
+
+
+@dataclass
+class TuneResult:
+    model: str
+    target: str
+    objective: str
+    strategy: str
+    budget_ms: float | None
+    budget_source: str
+    trials: list[dict[str, Any]]
+    pruned: list[str]
+    notes: list[str]
+    winner: dict[str, Any] | None
+    device_class: dict[str, Any]
+    host: dict[str, Any]
+    applied: str | None = None  # what the overlay applies, one line
+    overlay_path: str | None = None
+    study_path: str | None = None
+    html_path: str | None = None
+    png_path: str | None = None
+    measured: int = 0  # measurements taken in this run (0 when everything came from the study)
+    converted: int = 0  # conversions run in this run (0 when every bundle came from the cache)
+    wall_s: float = 0.0
+    convert_s: float = 0.0
+    search_s: float = 0.0
+
+    def summary(self) -> str:
+        """One line: what was tried, what passed parity, what was chosen and how fast, and where it ran."""
+        failed = sum((t.get("parity") or {}).get("passed") is False for t in self.trials)
+        broken = sum(str(t.get("status", "")).startswith(("conversion failed", "failed")) for t in self.trials)
+        head = (f"tune {self.target} ({self.objective}, {self.strategy}): {len(self.trials)} configurations, "
+                f"{failed} failed parity" + (f", {broken} failed to convert or run" if broken else "")
+                + f", {len(self.pruned)} pruned groups")
+        if self.winner is None:
+            return head + "; none chosen"
+        res = self.winner.get("result") or {}
+        per_s = " items/s" if self.objective == "throughput" else " fps"  # a batched trial counts items
+        figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", per_s))
+                         if isinstance(res.get(k), (int, float)))
+        if isinstance(res.get("missed"), int):
+            figs += (f", {res['missed']} of {res.get('frames')} frames missed at {res.get('pace_fps') or 0:.4g} fps "
+                     f"({res.get('dropped')} dropped, {res.get('late')} late)")
+        where = "on the target's device class" if self.device_class.get("same") else "NOT on the target's device class"
+        return f"{head}; chosen {self.winner['label']} ({figs}), measured {where}"
+
+    def to_json(self) -> dict[str, Any]:
+        from edge.tune.report import pareto_front
+
+        return {"model": self.model, "target": self.target, "objective": self.objective, "strategy": self.strategy,
+                "budget_ms": self.budget_ms, "budget_source": self.budget_source, "host": self.host,
+                "device_class": self.device_class, "winner": self.winner, "applied": self.applied,
+                "trials": self.trials, "pareto": [t["id"] for t in pareto_front(self.trials)], "pruned": self.pruned,
+                "summary": self.summary(), "notes": self.notes, "files": {"overlay": self.overlay_path, "study": self.study_path,
+                                               "html": self.html_path, "png": self.png_path},
+                "measured": self.measured, "converted": self.converted, "wall_s": round(self.wall_s, 2),
+                "convert_s": round(self.convert_s, 2), "search_s": round(self.search_s, 2)}
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How ``deploy(..., tune=...)`` tunes before it converts (``tune=True``: these defaults). The model, target,
+    calibration, input shapes, pre-processing, parity data, task and budget are deploy's own (and its
+    ``parity_samples`` when it is given one: the trials are gated as its conversion will be); ``out`` defaults to
+    ``<build_dir>-tune``. ``precisions`` defaults to deploy's ``precision`` when one is given."""
+
+    objective: str = "latency"
+    strategy: str = "halving"
+    max_trials: int | None = None
+    time_budget_s: float | None = None
+    video: str | os.PathLike[str] | None = None
+    study: str | os.PathLike[str] | None = None
+    out: str | os.PathLike[str] | None = None
+    runners: tuple[str, ...] | None = None
+    precisions: tuple[str, ...] | None = None
+    threads: tuple[int, ...] | None = None
+    schedule: Schedule | None = None
+    parity_samples: int = 32
+    pictures: bool = True
+
+
+# -- recipe key and the conversion cache ---------------------------------------------------------
+
+def calib_identity(calib: str | os.PathLike[str] | None) -> str | None:
+    """What the calibration data is, for the recipe key: 'random', or a digest of the files' names, sizes, times."""
+    if calib is None or str(calib) == "random":
+        return None if calib is None else "random"
+    return data_identity(calib, "calibration data")
+
+
+def data_identity(data: str | os.PathLike[str], what: str = "data") -> str:
+    """A digest of a file's or directory's files (names, sizes, modification times), for the recipe key."""
+    p = Path(data)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
+    if not files:
+        raise EdgeError(f"{what} {p} does not exist or is empty")
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def recipe_key(model_sha256: str, profile: Any, cfg: Config, space: Space, calib_id: str | None,
+               parity_samples: int, source: Mapping[str, Any] | None = None) -> str:
+    """The conversion's identity: the same key, the same bundle (runner options are not part of it)."""
+    import edge
+
+    ov = space.overlay(profile, cfg, tuned={}, with_knobs=False)
+    data = {"edgekit": edge.__version__, "model": model_sha256, "target": profile.name, "runner": cfg.runner,
+            "chain": list(ov.chain), "precision": cfg.bundle_precision,
+            "convert_options": {k: dict(v) for k, v in ov.convert_options.items()},
+            "run_options": dict(ov.run_options), "calib": calib_id, "parity_samples": parity_samples,
+            "source": dict(source or {})}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path,
+                    calib: Any, parity_samples: int, source: Mapping[str, Any]) -> tuple[Any, bool]:
+    """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache."""
+    from edge.bundle.bundle import Bundle
+    from edge.pipeline import convert
+
+    out = cache / key
+    if (out / "manifest.json").is_file():
+        try:
+            return Bundle.open(out, trust=False), False
+        except EdgeError:
+            pass  # a damaged cache entry is converted again
+    b = convert(model, space.base_profile(profile, cfg), out, precision=cfg.bundle_precision, calib=calib,
+                accept_parity_failure=True, force=True, parity_samples=parity_samples, **source)
+    return b, True
+
+
+def _bundle_size(b: Any) -> int:
+    ref = (b.manifest.get("reference_pairs") or {}).get("file")
+    return sum(int(a["bytes"]) for a in b.manifest.get("artifacts", []) if a.get("path") != ref)
+
+
+# -- the study file -----------------------------------------------------------------------------
+
+def _host() -> dict[str, Any]:
+    from edge.capabilities import cpu_isa, current_host
+
+    h = current_host()
+    from edge.tune.space import usable_cpus
+
+    return {"os": h.os, "arch": h.arch, "cpu": cpu_isa().model, "cpus": usable_cpus()}
+
+
+def _isa() -> list[str]:
+    """The ISA flags edgekit reads on this CPU (``edge.capabilities.ISA_FLAGS``), for the overlay and manifest."""
+    from edge.capabilities import cpu_isa
+
+    return sorted(cpu_isa().flags)
+
+
+def _load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The trials of a study file made for the same model, target, objective and host; refused otherwise."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EdgeError(f"study file {path} is not valid JSON: {e}", hint="remove it to start a new study") from None
+    if not isinstance(data, dict) or data.get("study_version") != STUDY_VERSION or not isinstance(data.get("trials"), dict):
+        raise EdgeError(f"study file {path} is not an edgekit tune study (study_version {STUDY_VERSION})",
+                        hint="remove it to start a new study")
+    for key, want in header.items():
+        if data.get(key) != want:
+            raise EdgeError(f"study file {path} was made for {key} {data.get(key)!r}, this run is {want!r}",
+                            hint="give another --study file, or remove it to start a new study")
+    trials: dict[str, dict[str, Any]] = {}
+    for tid, rec in data["trials"].items():
+        problem = _record_problem(tid, rec)
+        if problem:
+            raise EdgeError(f"study file {path}: trial {tid[:80]!r}: {problem}", hint="remove it to start a new study")
+        trials[tid] = rec
+    return trials
+
+
+def _record_problem(tid: Any, rec: Any) -> str | None:
+    """Why a study record cannot be used (None: fine). Only the fields tune reads back are checked."""
+    if not isinstance(tid, str) or not isinstance(rec, dict):
+        return "expected an object"
+    if not isinstance(rec.get("status"), str) or not isinstance(rec.get("rungs", {}), dict):
+        return "status must be text and rungs an object"
+    for name, r in rec.get("rungs", {}).items():
+        if not isinstance(r, dict):
+            return f"rungs.{name}: expected an object"
+        reps = r.get("rep_scores")
+        if not isinstance(reps, list) or not reps or not all(isinstance(x, (int, float)) and math.isfinite(x)
+                                                              for x in reps):
+            return f"rungs.{name}.rep_scores: expected a list of finite numbers"
+        for key in ("rep_missed", "rep_frames"):  # e2e: frames missed and frames fed, per repetition
+            got = r.get(key, [0] * len(reps))
+            if not isinstance(got, list) or len(got) != len(reps) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+                return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
+        if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (_measure_chunk)
+            rel, a = r.get("vs_anchor"), r.get("anchor")
+            if not isinstance(rel, (int, float)) or isinstance(rel, bool) or not math.isfinite(rel) or rel <= 0 \
+                    or not isinstance(a, dict) or not isinstance(a.get("id"), str):
+                return f"rungs.{name}: vs_anchor must be a finite number > 0 and anchor an object with an id"
+    par = rec.get("parity")
+    if par is not None and (not isinstance(par, dict) or par.get("passed") not in (True, False, None)):
+        return "parity.passed must be true, false or null"
+    return None
+
+
+def _save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[str, dict[str, Any]]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"study_version": STUDY_VERSION, **header, "trials": trials}, indent=1, default=str),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# -- the search -----------------------------------------------------------------------------------
+
+def mark_rung(records: Iterable[dict[str, Any]], kept: set[str], name: str, last: bool) -> None:
+    """After rung ``name``: each record's status (unless already failed, pruned or failing parity): parity failed
+    or not verified, eliminated (not in ``kept``), or measured (a survivor of the last rung)."""
+    for rec in records:
+        if rec["status"].startswith(("failed", "parity", "pruned")):
+            continue
+        passed = (rec.get("parity") or {}).get("passed")
+        if passed is not True:
+            rec["status"] = "parity failed" if passed is False else "parity not verified"
+        elif rec["id"] not in kept:
+            rec["status"] = f"eliminated at {name}"
+        elif last:
+            rec["status"] = "measured"
+
+
+def _priority(space: Space) -> list[Config]:
+    """The order trials are taken in under --max-trials: each runner, precision, recipe and batch's defaults first
+    (batch 1 before the batched ones: it is their per-item reference)."""
+    import random
+
+    firsts, rest = [], []
+    seen: set[tuple[str, str, tuple[Any, ...], int]] = set()
+    for c in space.configs:
+        k = (c.runner, c.precision, c.recipe, c.batch)
+        (rest if k in seen else firsts).append(c)
+        seen.add(k)
+    random.Random(0).shuffle(rest)
+    return firsts + rest
+
+
+def _ranked(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str) -> list[dict[str, Any]]:
+    """Trials that passed parity and were measured at ``rung``, best first: those within the budget first."""
+    ok = [r for r in recs if (r.get("parity") or {}).get("passed") is True and rung in r.get("rungs", {})]
+
+    def within(r: dict[str, Any]) -> bool:
+        m = r["rungs"][rung]
+        if objective == "e2e":  # the budget is the pace: within it when (almost) no frame was missed
+            return missed_share(m) <= E2E_MISS_TOLERANCE
+        if budget_ms is None:
+            return True
+        if objective == "latency":
+            return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
+        return -_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
+    # measured in several chunks, each with the same anchor: ranked by the ratio to it (else on raw figures: a
+    # rung measured in one chunk, or one whose records mix anchors, e.g. resumed from an older study)
+    relative = bool(ok) and objective != "e2e" and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1 \
+        and all(_anchor_id(r["rungs"][rung]) is not None for r in ok)
+
+    def key(r: dict[str, Any]) -> tuple[float, float]:
+        m = r["rungs"][rung]
+        return (0.0, float(m["vs_anchor"])) if relative else rank_key(objective, m)
+    return sorted(ok, key=lambda r: (not within(r), key(r), r["id"]))
+
+
+def _anchor_id(m: Mapping[str, Any]) -> str | None:
+    """The anchor a rung record was measured against (None: none, or no figure relative to it)."""
+    a = m.get("anchor")
+    return a.get("id") if isinstance(a, dict) and isinstance(m.get("vs_anchor"), (int, float)) else None
+
+
+def choose(trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
+           ) -> dict[str, Any] | None:
+    """The winner: the best trial at the deepest rung any trial that passed parity reached; a trial that failed
+    parity (or was not checked) is never chosen, however fast."""
+    rungs = sorted({k for t in trials if (t.get("parity") or {}).get("passed") is True for k in t.get("rungs", {})},
+                   key=_rung_order)
+    for rung in reversed(rungs):
+        ranked = _ranked(trials, rung, budget_ms, objective)
+        if ranked:
+            return ranked[0]
+    return None
+
+
+def _rung_order(name: str) -> int:
+    """Rungs are named "K:REPSxITERS"; a later rung is a longer measurement of fewer trials."""
+    try:
+        return int(name.partition(":")[0])
+    except ValueError:
+        return -1
+
+
+def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.PathLike[str] | None = None,
+         objective: str = "latency", budget_ms: float | None = None, fps: float | None = None,
+         max_trials: int | None = None, time_budget_s: float | None = None,
+         calib: str | os.PathLike[str] | None = None, video: str | os.PathLike[str] | None = None,
+         study: str | os.PathLike[str] | None = None, strategy: str = "halving",
+         runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
+         threads: Sequence[int] | None = None, schedule: Schedule | None = None, cache: str | os.PathLike[str] | None = None,
+         parity_samples: int = 32, targets_dir: Iterable[str | os.PathLike[str]] = (), pictures: bool = True,
+         input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+         letterbox: bool | None = None, on_step: Say | None = None,
+         parity_data: str | os.PathLike[str] | None = None, task: str = "auto",
+         freeze: Mapping[str, str] | None = None, batches: Sequence[int] | None = None) -> TuneResult:
+    """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring.
+
+    ``out``: where the overlay (``tuned.toml``), ``study.json`` (unless ``study``), ``pareto.html``/``.png`` and
+    the conversion cache (``cache/``, unless ``cache``) go. ``video``: required for ``objective="e2e"``.
+    ``input_shapes``, ``preprocess``, ``letterbox``, ``freeze``, ``parity_data``, ``task``: as ``convert`` takes them
+    (part of the recipe key): every trial is the model and is gated on the inputs and by the task the conversion of
+    the winner will be. ``batches``: the batch sizes tried for ``objective="throughput"`` (default
+    ``edge.tune.space.BATCHES``, for a model whose first input dimension is a batch: ``edge.tune.space.batch_plan``);
+    ``[1]`` tunes batch 1 only."""
+    from edge.bundle.bundle import sha256_file
+    from edge.capabilities import current_host
+    from edge.pipeline import open_source
+    from edge.stats import budget_from
+    from edge.targets import TargetProfile, get_target, same_device_class
+
+    t_start = time.perf_counter()
+    say = on_step or (lambda _m: None)
+    if strategy not in STRATEGIES:
+        raise EdgeError(f"unknown strategy {strategy!r}", hint=f"choose one of {', '.join(STRATEGIES)}")
+    if objective not in OBJECTIVES:
+        raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
+    if (objective == "e2e") != (video is not None):
+        raise EdgeError("--objective e2e measures the video pipeline: give --video FILE with it (and only with it)",
+                        hint="--objective e2e --video clip.mp4, or --objective latency|throughput without --video")
+    if max_trials is not None and max_trials < 1:
+        raise EdgeError(f"--max-trials must be >= 1, got {max_trials}")
+    if time_budget_s is not None and time_budget_s <= 0:
+        raise EdgeError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
+    if parity_samples < 2:
+        raise EdgeError(f"parity samples must be >= 2, got {parity_samples}")
+    sched = schedule or Schedule()
+    if sched.reps < 1 or sched.iters < 1 or sched.eta < 2 or sched.warmup < 0:
+        raise EdgeError("schedule: reps and iters must be >= 1, eta >= 2, warmup >= 0")
+    profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    model = Path(model)
+    src = open_source(model)
+    if src.format != "onnx":
+        raise EdgeError(f"edgekit tune takes an ONNX model; {model.name} is {src.format}",
+                        hint="export the model to ONNX (edgekit convert takes the other formats as they are)")
+    video_path = Path(video) if video is not None else None
+    if video_path is not None and not video_path.is_file():
+        raise EdgeError(f"video {video_path} does not exist")
+    budget, budget_source = budget_from(fps, budget_ms, profile.frame_budget_ms)
+    # a budget the user gave ranks the trials within it first; the profile's default is reported, not ranked on
+    # (a short rung's p99 is the worst of a few samples: ranking on it would eliminate on noise)
+    rank_budget = budget if (fps is not None or budget_ms is not None) else None
+    # e2e runs as `edgekit run --realtime` runs: frames fed at the rate asked for, else at the video's own
+    pace_fps = 1000.0 / rank_budget if (objective == "e2e" and rank_budget) else None
+    calib_id = calib_identity(calib)
+    from edge.verify.tasks import TASK_CHOICES
+
+    if task not in TASK_CHOICES:
+        raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
+    source: dict[str, Any] = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
+                              "preprocess": preprocess, "letterbox": letterbox}
+    if task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
+        source["task"] = task
+    if freeze:
+        source["freeze"] = {str(k): str(v) for k, v in freeze.items()}
+    if parity_data is not None:  # the key holds what the files are, the conversion reads them
+        source["parity_data"] = str(parity_data)
+    keyed = {**source, "parity_data": data_identity(parity_data, "parity data")} if parity_data is not None else source
+    if batches is not None and (not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64
+                                                   for b in batches)):
+        raise EdgeError(f"batches must be integers from 1 to 64, got {list(batches)}")
+    out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{profile.name}-tune"
+    # throughput: batch sizes where the model's first input dimension is a batch (onnxruntime tries batch 2 once)
+    plan = batch_plan(model, out_dir / "batch", input_shapes, tuple(batches or BATCHES)) \
+        if objective == "throughput" and any(b != 1 for b in (batches or BATCHES)) else None
+    space = build_space(profile, objective=objective, calibrated=calib is not None, video=video_path is not None,
+                        runners=runners, precisions=precisions, threads=threads, targets_dir=targets_dir, batch=plan)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(cache) if cache is not None else out_dir / "cache"
+    study_path = Path(study) if study is not None else out_dir / "study.json"
+    model_sha = sha256_file(model)
+    host = _host()
+    header = {"model_sha256": model_sha, "target": profile.name, "objective": objective, "strategy": strategy,
+              "video": video_path.name if video_path else None, "host": host}
+    if objective == "e2e":  # measured at a rate: another rate's measurements do not compare
+        header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
+    if objective == "throughput":  # a study measured one request at a time throughout does not compare
+        header["throughput_requests"] = THROUGHPUT_REQUESTS
+    stored = _load_study(study_path, header)
+    configs = _priority(space)
+    notes = list(space.notes)
+    if max_trials is not None and len(configs) > max_trials:
+        notes.append(f"--max-trials {max_trials}: {len(configs) - max_trials} of {len(configs)} configurations "
+                     "not tried (each runner and precision's defaults were taken first)")
+        configs = configs[:max_trials]
+    deadline = t_start + time_budget_s if time_budget_s is not None else None
+
+    def over_time() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    recs: dict[str, dict[str, Any]] = {}
+    by_id = {c.id: c for c in configs}
+    for c in configs:
+        base = {"id": c.id, "label": c.label(), **c.to_json(), "status": "pending", "rungs": {}, "parity": None}
+        old = stored.get(c.id)
+        if old:  # measurements and the trial's parity check come from the study; the status is found again
+            base["rungs"], base["parity"] = dict(old.get("rungs") or {}), old.get("parity")
+            base.update({k: old[k] for k in ("runtime", "load_ms", "memory_mb") if isinstance(old.get(k), (dict, int, float))})
+        recs[c.id] = base
+    # conversions: one per recipe key, shared by the trials that differ only in runner options
+    bundles: dict[str, Any] = {}
+    converted = 0
+    t_conv = time.perf_counter()
+    def batched(c: Config, src: Mapping[str, Any]) -> dict[str, Any]:
+        """The conversion source of a batched trial: the model converted at input shapes of batch N."""
+        if c.batch == 1 or space.batch is None:
+            return dict(src)
+        return {**src, "input_shapes": {**src.get("input_shapes", {}), **space.batch.input_shapes(c.batch)}}
+
+    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, batched(c, keyed)) for c in configs}
+    for c in configs:
+        rec, key = recs[c.id], keys[c.id]
+        rec["recipe_key"] = key
+        if key in bundles:
+            b = bundles[key]
+        else:
+            if over_time():
+                rec["status"] = "not run (time budget)"
+                continue
+            say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
+            try:
+                b, fresh = _convert_cached(space.batch.model if (c.batch != 1 and space.batch) else model, profile, c,
+                                           space, key, cache_dir, calib, parity_samples, batched(c, source))
+            except EdgeError as e:
+                bundles[key] = e
+                converted += 1
+                b = e
+            else:
+                bundles[key] = b
+                converted += int(fresh)
+        if isinstance(b, EdgeError):
+            rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
+            continue
+        rec["bundle"] = str(b.path)
+        rec["size_bytes"] = _bundle_size(b)
+        gate = b.manifest.get("parity") or {}
+        par = rec.get("parity") or {}
+        par["conversion"] = gate.get("passed")
+        outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
+        par["conversion_failures"] = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+                                      for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
+                                      for f in o["failures"]][:4]
+        if gate.get("passed") is None:
+            par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
+        rec["parity"] = par
+        _combine_parity(par)
+    convert_s = time.perf_counter() - t_conv
+    _save_study(study_path, header, recs)
+    # a batched trial's per-item reference: the batch-1 bundle of its runner, precision and recipe
+    singles: dict[str, Any] = {}
+    for c in configs:
+        if c.batch != 1:
+            one = bundles.get(recipe_key(model_sha, profile, Config(c.runner, c.precision, c.recipe, c.options,
+                                                                    c.workers, 1), space, calib_id, parity_samples,
+                                         keyed))
+            singles[c.id] = None if isinstance(one, EdgeError) else one
+
+    # measurement: successive halving, or every trial at full length
+    t_search = time.perf_counter()
+    alive = [c for c in configs if "bundle" in recs[c.id]]
+    rungs = sched.rungs(len(alive), objective) if strategy == "halving" else [(sched.reps, sched.iters)]
+    measured = 0
+    pool = _Pool()
+    try:
+        for k, (reps, iters) in enumerate(rungs):
+            if not alive:
+                break
+            name = f"{k}:{reps}x{iters}"  # rung index first: two rungs of the same length stay apart
+            if over_time():
+                for c in alive:
+                    recs[c.id]["status"] = f"not measured at {name} (time budget)"
+                notes.append(f"--time-budget reached before the {name} measurement: the winner comes from a "
+                             "shorter one")
+                break
+            todo = [c for c in alive if name not in recs[c.id]["rungs"]]
+            say(f"measuring {len(alive)} trials, {reps} interleaved repetitions of {iters} "
+                f"{'frames in realtime' if video_path else 'inferences'}" + (f" ({len(alive) - len(todo)} from the study)"
+                                                                  if len(todo) < len(alive) else ""))
+            # more trials than one chunk holds: the background load differs between chunks, so an anchor (the
+            # rung's first trial: the space's defaults at the first rung, the best of the last one after) is
+            # measured in every chunk and the rung ranked by each trial's ratio to it in its own chunk
+            # (e2e: a repetition lasts as long whatever the load; its chunks are ranked on their own figures)
+            anchor = todo[0] if len(todo) > MAX_OPEN and video_path is None else None
+            size = MAX_OPEN - 1 if anchor is not None else MAX_OPEN
+            for i in range(0, len(todo), size):
+                chunk = todo[i:i + size]
+                # the first of several latency/throughput rungs eliminates most trials: their own reference checks
+                # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
+                measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters,
+                                           sched.warmup if k == len(rungs) - 1 else min(sched.warmup, SHORT_WARMUP),
+                                           video_path, budget, pool, pace_fps,
+                                           check=not (k == 0 and len(rungs) > 1 and video_path is None),
+                                           singles=singles, anchor=anchor)
+                _save_study(study_path, header, recs)
+                if anchor is not None and name not in recs[anchor.id]["rungs"]:
+                    anchor = None  # it failed to load: the rung is ranked on raw figures (_ranked)
+            if anchor is not None:
+                notes.append(f"{name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each with "
+                             f"the anchor {recs[anchor.id]['label']}: ranked by each trial's ratio to the anchor in "
+                             "its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw figures")
+            last = k == len(rungs) - 1
+            ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
+            # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise
+            # must not leave it only two to choose from
+            keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
+            kept = {r["id"] for r in keep}
+            mark_rung((recs[c.id] for c in alive), kept, name, last)
+            alive = [by_id[i] for i in (r["id"] for r in keep)]
+            pool.close([i for i in list(pool.open) if i not in kept])
+    finally:
+        pool.close_all()
+    search_s = time.perf_counter() - t_search
+
+    trials = [recs[c.id] for c in configs]
+    winner = choose(trials, rank_budget, objective)
+    for t in trials:
+        best = _best_rung(t)
+        t["result"] = {"rung": best, **{k: v for k, v in t["rungs"][best].items() if not k.startswith("rep_")},
+                       "score": _score(objective, t["rungs"][best]["rep_scores"])} if best else None
+    if winner is not None:
+        winner["status"] = "chosen"
+    _save_study(study_path, header, recs)
+    runner_info = (winner or {}).get("runtime") or {}
+    same, why = same_device_class(profile, current_host(), runner_info)
+    result = TuneResult(model=str(model), target=profile.name, objective=objective, strategy=strategy,
+                        budget_ms=budget, budget_source=budget_source, trials=trials, pruned=space.pruned, notes=notes,
+                        winner=winner, device_class={"same": same, "reason": why}, host=host,
+                        study_path=str(study_path), measured=measured, converted=converted,
+                        convert_s=convert_s, search_s=search_s)
+    if winner is None:
+        notes.append("no configuration passed parity: nothing to apply")
+    else:
+        cfg = by_id[winner["id"]]
+        res = winner["result"]
+        tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "model": model.name, "model_sha256": model_sha, "configuration": winner["id"],
+                 "objective": objective, "strategy": strategy, "measured_on": f"{host['os']}/{host['arch']}",
+                 "os": host["os"], "arch": host["arch"], "cpu": host["cpu"], "isa": _isa(), "cpus": host["cpus"],
+                 "device_used": runner_info.get("device_used") or "",
+                 "precision_used": runner_info.get("precision_used") or "",
+                 "same_device_class": same, "device_class": why,
+                 "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
+                 "parity_error": (winner.get("parity") or {}).get("error"), "size_bytes": winner.get("size_bytes")}
+        if objective == "e2e":
+            tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
+                          "frames": res.get("frames")})
+        if objective == "throughput":  # items per inference; fps above is items per second
+            tuned["batch"] = cfg.batch
+        overlay = space.overlay(profile, cfg, tuned=tuned)
+        from edge.tune.overlay import write_overlay
+
+        comments = [f"edgekit tune: {winner['label']} for {profile.name}, objective {objective}",
+                    f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)"]
+        if not same:
+            comments.append(f"NOT the target's device class: {why}; re-tune on the device")
+        if cfg.batch != 1 and space.batch is not None:
+            shapes = " ".join(f"--input-shape {k}={','.join(map(str, v))}" for k, v in space.batch.input_shapes(cfg.batch).items())
+            comments.append(f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
+                            f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
+                            "batch 1: export it with a dynamic first dimension first)")
+        comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
+        result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
+        result.applied = overlay.describe()
+    if pictures:
+        from edge.tune.report import write_pictures
+
+        write_pictures(out_dir, result, notes)
+    result.wall_s = time.perf_counter() - t_start
+    return result
+
+
+def _best_rung(t: Mapping[str, Any]) -> str | None:
+    names = sorted(t.get("rungs", {}), key=_rung_order)
+    return names[-1] if names else None
+
+

@@ -1,0 +1,484 @@
+"""The declarative search space of ``edgekit tune``: runners, precisions, recipes and runner options per target.
+
+Data first (Olive's ``OrtSessionParamsTuning`` is the model): :data:`SPACES` says, per runner, which
+converter feeds it, which recipe knobs (convert options) and which runner options are worth trying.
+:func:`build_space` expands it for one target on this host and prunes every combination that cannot
+run or cannot mean anything here, each with its reason:
+
+* runners: the target's own, plus, for a target whose accelerator is a plain CPU, every CPU runner for
+  its architecture (:data:`CPU_RUNNERS`: x86-cpu is served by onnxruntime and OpenVINO's CPU plugin);
+  a runner or converter this host lacks is pruned with what is missing;
+* precisions: the target's precisions the runner's converter produces; bf16 only as OpenVINO's compute
+  precision on an fp32 IR, and only where OpenVINO reports BF16 for the CPU; int8 only with calibration;
+* threads: up to the CPUs this process may use; OpenVINO's THROUGHPUT hint only for the throughput
+  objective (a single stream of frames runs one request at a time, which THROUGHPUT's streams split);
+* OpenVINO's ``num_streams`` (objective ``throughput`` only, measured with the compiled model's optimal number of
+  requests in flight): the hint's own choice (option not set), then :data:`STREAMS` up to the usable CPUs, with
+  the THROUGHPUT hint only (LATENCY is one stream, and OpenVINO lets NUM_STREAMS override it) and never more
+  streams than ``num_threads``;
+* LiteRT: XNNPack with or without its latest-features delegate (``xnnpack_latest_features``, the one XNNPack
+  switch ai-edge-litert's Interpreter takes), never with ``delegate=none`` (it would apply XNNPack anyway);
+* batch (objective ``throughput`` only): :data:`BATCHES` items per inference, converted at that batch (the pipeline
+  converts a static copy of the model, so the batch is part of the recipe and of its cache key), for a model whose
+  first input dimension is a batch dimension -- :func:`batch_plan` runs onnxruntime once at batch 2 to find out,
+  and a model that fails is pruned with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+OBJECTIVES = ("latency", "throughput", "e2e")
+THREADS = (1, 2, 4, 8, 16)
+WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
+#: items per inference tried for the throughput objective (batch 1 first: the default)
+BATCHES = (1, 2, 4, 8)
+#: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
+MAX_BATCH_BYTES = 64 << 20
+#: OpenVINO streams tried for the throughput objective, after the hint's own choice (0: option not set)
+STREAMS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class RunnerSpace:
+    runner: str
+    converter: str  # the one converter that takes an ONNX source to what the runner loads
+    home: str  # the shipped target whose convert options this runner takes on a target with another chain
+    options: Mapping[str, tuple[Any, ...]]  # runner option -> values tried (the first is the default)
+    recipes: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)  # precision -> convert knobs
+    #: the runner option naming the thread count (THREADS are filtered to this host's CPUs)
+    threads_option: str | None = None
+
+
+SPACES: dict[str, RunnerSpace] = {
+    "onnxruntime": RunnerSpace(
+        "onnxruntime", "onnx->onnx", "x86-cpu",
+        {"intra_op_num_threads": THREADS, "graph_optimization_level": ("all", "extended", "basic"),
+         "execution_mode": ("sequential", "parallel"), "inter_op_num_threads": (0, 2),
+         "allow_spinning": (True, False)},
+        {"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
+        threads_option="intra_op_num_threads"),
+    "openvino": RunnerSpace(
+        "openvino", "onnx->openvino-ir", "intel-igpu",
+        {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT"), "num_streams": STREAMS},
+        {"fp16": {"mixed_precision": ("auto", "off")}},
+        threads_option="num_threads"),
+    # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
+    # models pay its packing), and some ops stay outside it anyway
+    # xnnpack_latest_features: ai-edge-litert's experimental_default_delegate_latest_features, an XNNPack delegate
+    # created with TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
+    "litert": RunnerSpace("litert", "onnx->tflite", "arm-xnnpack",
+                          {"num_threads": THREADS, "delegate": ("xnnpack", "none"),
+                           "xnnpack_latest_features": (False, True)},
+                          threads_option="num_threads"),
+}
+#: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;
+#: a target that names a delegate or an accelerator (XNNPack, an iGPU) by its own runner only
+CPU_RUNNERS = {"x86_64": ("onnxruntime", "openvino")}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the space: what is converted (runner, precision, recipe) and how it runs (options, workers)."""
+
+    runner: str
+    precision: str  # as tuned: fp32, fp16, bf16 (OpenVINO compute precision on an fp32 IR), int8, int8-dynamic
+    recipe: tuple[tuple[str, Any], ...] = ()  # convert options set by the search
+    options: tuple[tuple[str, Any], ...] = ()  # runner options set by the search
+    workers: int = 1
+    #: items per inference (objective throughput): converted at this batch, fed N stacked samples
+    batch: int = 1
+
+    @property
+    def bundle_precision(self) -> str:
+        return "fp32" if self.precision == "bf16" else self.precision
+
+    @property
+    def id(self) -> str:
+        parts = [self.runner, self.precision]
+        parts += [f"{k}={_word(v)}" for k, v in self.recipe]
+        parts += [f"{k}={_word(v)}" for k, v in self.options if k != "inference_precision"]
+        if self.workers != 1:
+            parts.append(f"workers={self.workers}")
+        if self.batch != 1:
+            parts.append(f"batch={self.batch}")
+        return "/".join(parts)
+
+    def label(self) -> str:
+        """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
+        short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
+                 "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
+                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest",
+                 "num_streams": "streams"}
+        bits = [f"{short.get(k, k)}={_word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
+        if self.workers != 1:
+            bits.append(f"workers={self.workers}")
+        if self.batch != 1:
+            bits.append(f"batch={self.batch}")
+        return f"{self.runner} {self.precision} " + " ".join(bits)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runner": self.runner, "precision": self.precision, "recipe": dict(self.recipe),
+                "options": dict(self.options), "workers": self.workers, "batch": self.batch}
+
+
+def _word(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, bool) else str(v)
+
+
+@dataclass
+class Space:
+    configs: list[Config]
+    pruned: list[str]  # "what: why", one per pruned combination group
+    convert_options: dict[str, dict[str, Any]]  # runner -> its converter's base options on this target
+    run_options: dict[str, dict[str, Any]]  # runner -> its base runner options on this target
+    notes: list[str] = field(default_factory=list)
+    #: the space was built for the video pipeline (objective e2e): an overlay then carries the inference workers
+    video: bool = False
+    #: how batched trials are converted (objective throughput); None: batch 1 only
+    batch: "BatchPlan | None" = None
+
+    def base_profile(self, profile: Any, cfg: Config) -> Any:
+        """``profile`` set up to convert ``cfg`` (its runner, chain and recipe; the base runner options)."""
+        from edge.tune.overlay import apply_overlay
+
+        return apply_overlay(profile, self.overlay(profile, cfg, tuned={}, with_knobs=False))
+
+    def overlay(self, profile: Any, cfg: Config, *, tuned: Mapping[str, Any], with_knobs: bool = True) -> Any:
+        from edge.tune.overlay import TunedOverlay
+
+        conv = SPACES[cfg.runner].converter
+        run_opts = dict(self.run_options[cfg.runner])
+        if with_knobs:
+            run_opts.update(dict(cfg.options))
+        return TunedOverlay(target=profile.name, precision=cfg.bundle_precision, runner=cfg.runner, chain=(conv,),
+                            convert_options={conv: {**self.convert_options[cfg.runner], **dict(cfg.recipe)}},
+                            run_options=run_opts, tuned=dict(tuned),
+                            infer_workers=cfg.workers if (with_knobs and self.video) else None)
+
+
+def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
+    """Why a combination of runner options cannot run or cannot differ from another one here ("what: why"),
+    None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
+    if runner == "litert":
+        if opts.get("xnnpack_latest_features") and str(opts.get("delegate", "xnnpack")).lower() != "xnnpack":
+            return ("litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
+                    "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)")
+        return None
+    if runner == "openvino":
+        streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
+        if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":
+            # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=2 reads back LATENCY with 2 streams and 2
+            # optimal requests; tests/tune/test_tune_streams.py checks it against the installed OpenVINO
+            return ("openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
+                    "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
+                    "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams")
+        if isinstance(streams, int) and threads and streams > threads:
+            return (f"openvino num_streams={streams} with num_threads={threads}: every stream runs on threads of its "
+                    "own (OpenVINO would run fewer streams; the runner refuses it)")
+        return None
+    if runner != "onnxruntime":
+        return None
+    mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
+    intra, spin = opts.get("intra_op_num_threads", 0), opts.get("allow_spinning", True)
+    if inter and mode != "parallel":
+        return ("onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
+                "at a time (no inter-op threads)")
+    if mode == "parallel" and intra == 1:
+        return ("onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
+                "parallel mode adds an inter-op pool of its own")
+    if inter > cpus:
+        return f"onnxruntime inter_op_num_threads={inter}: more threads than the {cpus} CPUs this process may use"
+    if spin is False and intra == 1 and mode == "sequential":
+        return ("onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the "
+                "same as allow_spinning=true")
+    return None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Whether ``model``'s first input dimension is a batch dimension, and how a batched trial is converted.
+
+    ``batches``: the batch sizes worth a trial (1 first); ``problem``: why batch > 1 is pruned (None: it is not);
+    ``model``: a copy of the model whose inputs' first dimension is symbolic, which batched trials are converted
+    from (at ``input_shapes(n)``: the pipeline converts a static copy); ``shapes``: each input's batch-1 shape."""
+
+    batches: tuple[int, ...] = (1,)
+    problem: str | None = None
+    model: Path | None = None
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pruned: tuple[str, ...] = ()
+
+    def input_shapes(self, n: int) -> dict[str, list[int]]:
+        return {k: [n, *v[1:]] for k, v in self.shapes.items()}
+
+
+_ONNX_NP = {1: "float32", 10: "float16", 11: "float64", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
+            9: "bool"}
+
+
+def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               batches: Sequence[int] = BATCHES) -> BatchPlan:
+    """Find out whether ``model`` (ONNX) can run batched: every input's first dimension must be 1 or symbolic,
+    and a copy with that dimension symbolic must run in onnxruntime at batch 2, give outputs whose first dimension
+    is 2, and give each item what batch 1 gives it. Anything else is the plan's ``problem`` (batch > 1 pruned).
+    Writes the copy as ``out_dir/<stem>.batch.onnx``."""
+    import numpy as np
+    import onnx
+
+    model = Path(model)
+    given = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    try:
+        m = onnx.load(str(model))
+    except Exception as e:  # noqa: BLE001 - reported as the reason batch is pruned
+        return BatchPlan(problem=f"cannot read {model.name}: {str(e).splitlines()[0][:200]}")
+    inits = {i.name for i in m.graph.initializer}
+    inputs = [i for i in m.graph.input if i.name not in inits]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in inputs:
+        dims = list(i.type.tensor_type.shape.dim)
+        if not i.type.tensor_type.HasField("shape") or not dims:
+            return BatchPlan(problem=f"input {i.name!r} has no first dimension to batch (rank 0 or undeclared)")
+        d0 = dims[0]
+        if d0.HasField("dim_value") and d0.dim_value not in (0, 1):
+            return BatchPlan(problem=f"input {i.name!r} has a fixed first dimension {d0.dim_value}: not a batch of one")
+        if i.name in given:
+            shape = given[i.name]
+            if len(shape) != len(dims) or shape[0] != 1:
+                return BatchPlan(problem=f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs "
+                                         f"its first dimension 1, rank {len(dims)}")
+        else:
+            rest = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims[1:]]
+            if None in rest:
+                return BatchPlan(problem=f"input {i.name!r} has dynamic dims besides the first: pass --input-shape")
+            shape = (1, *rest)  # type: ignore[arg-type]
+        shapes[i.name] = tuple(int(x) for x in shape)
+    for i in inputs:
+        i.type.tensor_type.shape.dim[0].Clear()
+        i.type.tensor_type.shape.dim[0].dim_param = "edgekit_batch"
+    for k, o in enumerate(m.graph.output):
+        if o.type.tensor_type.HasField("shape") and len(o.type.tensor_type.shape.dim):
+            o.type.tensor_type.shape.dim[0].Clear()
+            o.type.tensor_type.shape.dim[0].dim_param = f"edgekit_out{k}"
+    del m.graph.value_info[:]  # intermediate shapes recorded at batch 1
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    variant = out / f"{model.stem}.batch.onnx"
+    try:
+        onnx.save(m, str(variant))
+    except (ValueError, OSError) as e:  # e.g. over protobuf's 2 GB: no batched copy, no batched trials
+        return BatchPlan(problem=f"cannot write a batched copy of {model.name}: {str(e).splitlines()[0][:200]}")
+    types = {i.name: _ONNX_NP.get(i.type.tensor_type.elem_type, "float32") for i in inputs}
+    rng = np.random.default_rng(0)
+
+    def sample(n: int) -> dict[str, np.ndarray]:
+        return {k: (rng.standard_normal((n, *v[1:])).astype(types[k]) if types[k].startswith("float")
+                    else np.zeros((n, *v[1:]), types[k])) for k, v in shapes.items()}
+
+    try:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # the failure is the reason given, not a log line
+        sess = ort.InferenceSession(str(variant), so, providers=["CPUExecutionProvider"])
+        two = sample(2)
+        got = sess.run(None, two)
+        singles = [sess.run(None, {k: v[j:j + 1] for k, v in two.items()}) for j in range(2)]
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the reason
+        msg = " ".join(str(e).split())[:240]
+        return BatchPlan(problem=f"onnxruntime cannot run {model.name} at batch 2 ({msg}); the graph fixes its batch")
+    names = [o.name for o in sess.get_outputs()]
+    for k, name in enumerate(names):
+        a = np.asarray(got[k])
+        if a.ndim == 0 or a.shape[0] != 2:
+            return BatchPlan(problem=f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension "
+                                     "is not the batch, so items cannot be told apart")
+        for j in range(2):
+            ref = np.asarray(singles[j][k])
+            if ref.shape[1:] != a.shape[1:] or not np.allclose(a[j:j + 1].astype(np.float64), ref.astype(np.float64),
+                                                                rtol=1e-3, atol=1e-4 * (1 + float(np.abs(ref).max(initial=0)))):
+                return BatchPlan(problem=f"output {name!r}: item {j} of a batch of 2 differs from the same input alone "
+                                         "(the graph mixes items across the batch)")
+    item_bytes = sum(int(np.prod(v)) * np.dtype(types[k]).itemsize for k, v in shapes.items())
+    ok = tuple(b for b in batches if b == 1 or b * item_bytes <= MAX_BATCH_BYTES)
+    pruned = tuple(f"batch={b}: {b} items are {b * item_bytes / (1 << 20):.0f} MB of input, over the "
+                   f"{MAX_BATCH_BYTES >> 20} MB cap" for b in batches if b not in ok)
+    return BatchPlan(batches=tuple(sorted(set(ok) | {1})), model=variant, shapes=shapes, pruned=pruned)
+
+
+def usable_cpus() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def runners_for(profile: Any) -> tuple[str, ...]:
+    """The runners that serve ``profile``'s device class (the target's own first)."""
+    found = [profile.runner]
+    if profile.accelerator.strip().upper() == "CPU":
+        for arch in profile.device_class.arch:
+            found += [r for r in CPU_RUNNERS.get(arch, ()) if r not in found]
+    return tuple(found)
+
+
+def openvino_cpu_capabilities() -> list[str] | None:
+    """What OpenVINO's CPU plugin reports it computes in (FP32, BF16, FP16, INT8...), None when it cannot say."""
+    try:
+        from edge.backends.openvino.format import ov_core
+
+        import openvino.properties as props
+
+        return [str(c) for c in ov_core().get_property("CPU", props.device.capabilities)]
+    except Exception:  # noqa: BLE001 - no OpenVINO, no CPU plugin: bf16 is then pruned with this reason
+        return None
+
+
+def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = False, video: bool = False,
+                runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
+                threads: Sequence[int] | None = None, targets_dir: Iterable[Any] = (),
+                bf16_capabilities: list[str] | None | str = "ask", batch: BatchPlan | None = None) -> Space:
+    """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
+
+    ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
+    cannot use is an error, never silently dropped. ``bf16_capabilities``: OpenVINO CPU's reported
+    capabilities (default: asked from OpenVINO). ``batch``: the model's :func:`batch_plan` (objective throughput
+    only; None: batch 1)."""
+    from edge.backends.converter import CONVERTERS
+    from edge.backends.runner import RUNNERS
+    from edge.capabilities import problems
+    from edge.errors import EdgeError
+    from edge.pipeline import conversion_problems
+    from edge.targets import ChainStep, get_target
+
+    if objective not in OBJECTIVES:
+        raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
+    serving = runners_for(profile)
+    if runners:
+        unknown = [r for r in runners if r not in serving]
+        if unknown:
+            raise EdgeError(f"runner(s) {', '.join(unknown)} do not serve {profile.name}'s device class "
+                            f"({profile.device_class.describe()})", hint=f"choose from {', '.join(serving)}")
+        serving = tuple(r for r in serving if r in runners)
+    allowed_prec = tuple(profile.precisions) + (("bf16",) if "bf16" not in profile.precisions else ())
+    if precisions:
+        unknown = [p for p in precisions if p not in allowed_prec]
+        if unknown:
+            raise EdgeError(f"precision(s) {', '.join(unknown)} are not tunable for {profile.name}",
+                            hint=f"choose from {', '.join(allowed_prec)}")
+    cpus = usable_cpus()
+    thread_values = tuple(threads) if threads else THREADS
+    if any(not isinstance(t, int) or t < 1 for t in thread_values):
+        raise EdgeError(f"threads must be integers >= 1, got {list(thread_values)}")
+    space = Space([], [], {}, {}, video=video)
+    batches: tuple[int, ...] = (1,)
+    if objective != "throughput":
+        space.pruned.append(f"batch > 1: only for the throughput objective (objective {objective} runs one item per "
+                            "inference, as a stream of frames does)")
+    elif batch is not None:
+        if batch.problem:
+            space.pruned.append(f"batch > 1: {batch.problem}")
+        else:
+            batches = tuple(batch.batches)
+            space.batch = batch
+        space.pruned.extend(batch.pruned)
+    for runner in serving:
+        if runner not in SPACES:
+            space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")
+            continue
+        rs = SPACES[runner]
+        try:
+            missing = problems(RUNNERS.get(runner).requires)
+        except EdgeError as e:
+            missing = [str(e)]
+        chain = (ChainStep(rs.converter),)
+        missing += [m for m in conversion_problems(profile, chain=chain) if m not in missing]
+        if missing:
+            space.pruned.append(f"{runner}: cannot run or convert here: {'; '.join(missing)}")
+            continue
+        if runner == profile.runner and profile.chain and profile.chain[-1].converter == rs.converter:
+            conv_opts = dict(profile.convert_options.get(rs.converter, {}))
+            run_opts = dict(profile.runtime_options)
+        else:  # another runner on this target: its home target's recipe, pinned to the target's device
+            home = get_target(rs.home, targets_dir)
+            conv_opts = dict(home.convert_options.get(rs.converter, {}))
+            run_opts = dict(home.runtime_options)
+            if runner == "openvino":
+                run_opts["device"] = ["CPU"]
+                space.notes.append(f"openvino on {profile.name}: the CPU plugin (device CPU), "
+                                   f"{rs.home}'s conversion recipe")
+        space.convert_options[runner], space.run_options[runner] = conv_opts, run_opts
+        conv_precisions = CONVERTERS.get(rs.converter).precisions
+        for prec in allowed_prec:
+            if precisions and prec not in precisions:
+                continue
+            if prec == "bf16":
+                if runner != "openvino":
+                    space.pruned.append(f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
+                                        "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)")
+                    continue
+                caps = openvino_cpu_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
+                if not caps or "BF16" not in caps:
+                    space.pruned.append(f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
+                                        f"(it reports {', '.join(caps) if caps else 'nothing'})")
+                    continue
+            elif prec not in conv_precisions:
+                space.pruned.append(f"{runner} {prec}: converter {rs.converter} cannot produce it "
+                                    f"(it produces {', '.join(sorted(conv_precisions))})")
+                continue
+            if prec == "int8" and not calibrated:
+                space.pruned.append(f"{runner} int8: static int8 needs calibration data "
+                                    "(pass --calib DIR, or --calib random for generated inputs)")
+                continue
+            knobs: list[tuple[str, tuple[Any, ...]]] = []
+            recipe_knobs = list(rs.recipes.get(prec, {}).items())
+            for name, values in rs.options.items():
+                if name == rs.threads_option:
+                    ok = tuple(t for t in thread_values if t <= cpus)
+                    over = [t for t in thread_values if t > cpus]
+                    if over:
+                        space.pruned.append(f"{runner} {name}={','.join(map(str, over))}: more threads than the "
+                                            f"{cpus} CPUs this process may use")
+                    values = tuple(sorted(ok, reverse=True)) or (cpus,)  # all CPUs first: the default
+                if name == "performance_hint" and objective != "throughput":
+                    if "THROUGHPUT" in values:
+                        space.pruned.append(f"{runner} performance_hint=THROUGHPUT: only for the throughput "
+                                            f"objective (objective {objective} runs one request at a time, which "
+                                            "THROUGHPUT's streams split the CPU for)")
+                    values = ("LATENCY",)
+                if name == "num_streams":  # 0: not set, the hint's own choice
+                    if objective != "throughput":
+                        space.pruned.append(f"{runner} num_streams: only for the throughput objective (objective "
+                                            f"{objective} runs one request at a time; a stream serves one request)")
+                        values = (0,)
+                    else:
+                        over = [n for n in values if n > cpus]
+                        if over:
+                            space.pruned.append(f"{runner} num_streams={','.join(map(str, over))}: more streams than "
+                                                f"the {cpus} CPUs this process may use (OpenVINO caps them)")
+                        values = tuple(n for n in values if n <= cpus)
+                knobs.append((name, tuple(values)))
+            base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
+            for rvals in itertools.product(*[v for _, v in recipe_knobs]):
+                recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
+                for ovals in itertools.product(*[v for _, v in knobs]):
+                    # an option at its "not set" value is left out (the id stays what it was without the option)
+                    opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals)
+                                             if not (k == "num_streams" and v == 0))
+                    conflict = option_conflict(runner, dict(opts), cpus)
+                    if conflict is not None:
+                        space.pruned.append(conflict)
+                        continue
+                    for w in (WORKERS if video else (1,)):
+                        for n in batches:
+                            space.configs.append(Config(runner, prec, recipe, opts, w, n))
+    space.pruned = list(dict.fromkeys(space.pruned))
+    if not space.configs:
+        raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
+    return space

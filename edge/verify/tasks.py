@@ -1,0 +1,410 @@
+"""What an output means, and the agreement a user of it feels: task decoders for parity.
+
+Raw-tensor metrics (cosine, SNR) say how close two tensors are; these say whether the converted
+model *does the same thing*: a classifier picks the same class, a detector finds the same boxes, a
+probability map covers the same pixels, a recognizer reads the same text. Each task has a detector
+(:func:`detect_task`, from the output's shape and the reference's values) and an accumulator that
+takes (reference, candidate) one sample at a time and returns its figures.
+
+numpy only: ``edge.verify.parity`` imports this, and the device-side reference-pair check imports
+``edge.verify.parity`` (tests/test_layering.py keeps that graph small).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+#: the tasks parity knows how to decode; "auto" detects one per output, "none" keeps raw metrics only
+TASKS = ("classifier", "detector", "prob-map", "segmentation", "sequence")
+TASK_CHOICES = ("auto", *TASKS, "none")
+
+#: DBNet's binarisation threshold (PaddleOCR det_db_thresh); a probability map is compared thresholded here
+PROB_THRESHOLD = 0.3
+#: detections: score threshold (YOLO's usual conf), NMS IoU, and the IoU that pairs a detection with another
+DET_SCORE = 0.25
+DET_NMS_IOU = 0.45
+DET_MATCH_IOU = 0.5
+#: a detection scoring within this fraction below DET_SCORE still counts as present when pairing: a score
+#: of 0.26 in one model and 0.24 in the other is the same detection, not a miss and a false positive
+DET_SCORE_MARGIN = 0.2
+_YOLO_STRIDES = (8, 16, 32)
+_MIN_GRID = 21 * 4  # a YOLO head has sum over strides 8/16/32 of (H/s)(W/s) = 21*H*W/1024 cells
+
+
+def _dims(shape: Sequence[int]) -> list[int]:
+    return [int(d) for d in shape]
+
+
+def is_classifier(shape: Sequence[int]) -> bool:
+    """[N, C] or [N, C, 1, 1] with C > 1."""
+    dims = [d for d in shape[1:] if d != 1]
+    return len(shape) >= 2 and len(dims) == 1 and dims[0] > 1 and shape[1] == dims[0]
+
+
+def _in_unit(lo: float, hi: float) -> bool:
+    return lo >= -1e-6 and hi <= 1 + 1e-6
+
+
+@dataclass(frozen=True)
+class YoloLayout:
+    """How a YOLO-family head lays out its predictions (one output tensor, batch 1)."""
+
+    transposed: bool  # [1, 4 + C, N] (YOLOv8) instead of [1, N, K]
+    objectness: bool  # column 4 is objectness (YOLOv5 / YOLOX), else class scores start at 4 (YOLOv8)
+    raw_boxes: bool  # YOLOX without decode_in_inference: xy offsets and log sizes per grid cell
+    sigmoid: bool  # scores are logits
+
+
+def yolo_layout(shape: Sequence[int], lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> YoloLayout | None:
+    """The head layout of a [1, N, K] or [1, K, N] output, or None when it is not YOLO-shaped.
+
+    ``lo``/``hi``: the reference's per-column minimum and maximum (K values each), when known: they tell a
+    decoded head (box centres in input pixels) from a raw YOLOX one (offsets of a few cells), and
+    probabilities from logits."""
+    s = _dims(shape)
+    if len(s) != 3 or s[0] != 1:
+        return None
+    n, k, transposed = (s[1], s[2], False) if s[1] >= s[2] else (s[2], s[1], True)
+    if n % 21 or n < _MIN_GRID or not 5 <= k <= 1024:
+        return None
+    objectness = not transposed and k >= 6
+    raw = sigmoid = False
+    if lo is not None and hi is not None:
+        raw = float(max(abs(lo[0]), abs(hi[0]), abs(lo[1]), abs(hi[1]))) < 8.0  # decoded centres reach the image
+        raw = raw and (not transposed) and _grid_side(n) is not None
+        sigmoid = not _in_unit(float(lo[4:].min()), float(hi[4:].max()))
+    return YoloLayout(transposed, objectness, raw, sigmoid)
+
+
+def _grid_side(n: int) -> int | None:
+    """The square input side a YOLOX head of ``n`` cells was exported at (21 * side^2 / 1024 = n)."""
+    side = math.isqrt(n * 1024 // 21)
+    return side if side % 32 == 0 and sum((side // s) ** 2 for s in _YOLO_STRIDES) == n else None
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
+
+
+def decode_yolo(pred: np.ndarray, layout: YoloLayout, score: float = DET_SCORE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's head output -> (boxes xyxy [M, 4], scores [M], classes [M]) after class-aware NMS, scores
+    >= ``score``, best first."""
+    p = np.asarray(pred, dtype=np.float64).reshape(pred.shape[-2:])
+    if layout.transposed:
+        p = p.T
+    p = p.copy()
+    if layout.raw_boxes:
+        side = _grid_side(len(p))
+        grids, strides = [], []
+        for s in _YOLO_STRIDES:
+            g = side // s  # type: ignore[operator]
+            yy, xx = np.mgrid[0:g, 0:g]
+            grids.append(np.stack([xx.ravel(), yy.ravel()], axis=1))
+            strides.append(np.full((g * g, 1), s))
+        grid, stride = np.concatenate(grids), np.concatenate(strides)
+        p[:, :2] = (p[:, :2] + grid) * stride
+        p[:, 2:4] = np.exp(np.clip(p[:, 2:4], -20, 20)) * stride
+    scores = p[:, 4:]
+    if layout.sigmoid:
+        scores = _sigmoid(scores)
+    if layout.objectness:
+        cls = scores[:, 1:] if scores.shape[1] > 1 else np.ones((len(p), 1))
+        conf_all = scores[:, :1] * cls
+    else:
+        conf_all = scores
+    classes = conf_all.argmax(axis=1)
+    conf = conf_all[np.arange(len(p)), classes]
+    keep = conf >= score
+    cx, cy, w, h = p[keep, 0], p[keep, 1], p[keep, 2], p[keep, 3]
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    kept = nms(boxes, conf[keep], classes[keep])
+    return boxes[kept], conf[keep][kept], classes[keep][kept]
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU matrix [len(a), len(b)] of xyxy boxes."""
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(axis=2)
+    area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(axis=1)
+    area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(axis=1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, inter / union, 0.0)
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = DET_NMS_IOU,
+        max_det: int = 300) -> np.ndarray:
+    """Indices kept by greedy class-aware NMS, best score first."""
+    order = np.argsort(-scores, kind="stable")[:10 * max_det]
+    keep: list[int] = []
+    while len(order) and len(keep) < max_det:
+        i = int(order[0])
+        keep.append(i)
+        rest = order[1:]
+        same = classes[rest] == classes[i]
+        overlap = box_iou(boxes[i:i + 1], boxes[rest])[0]
+        order = rest[~(same & (overlap > iou))]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def match_detections(ref: tuple[np.ndarray, np.ndarray, np.ndarray], cand: tuple[np.ndarray, np.ndarray, np.ndarray],
+                     iou: float = DET_MATCH_IOU) -> int:
+    """Pairs (greedy, best candidate score first): IoU >= ``iou`` and the same class, each used once."""
+    rb, _, rc = ref
+    cb, cs, cc = cand
+    if not len(rb) or not len(cb):
+        return 0
+    m = box_iou(cb, rb)
+    m[cc[:, None] != rc[None, :]] = 0.0
+    used = np.zeros(len(rb), bool)
+    pairs = 0
+    for i in np.argsort(-cs, kind="stable"):
+        j = np.where(~used & (m[i] >= iou))[0]
+        if len(j):
+            used[j[m[i, j].argmax()]] = True
+            pairs += 1
+    return pairs
+
+
+def _strict(dets: tuple[np.ndarray, np.ndarray, np.ndarray], score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keep = dets[1] >= score
+    return dets[0][keep], dets[1][keep], dets[2][keep]
+
+
+def ctc_greedy(logits: np.ndarray, blank: int = 0) -> list[int]:
+    """argmax per step, repeats collapsed, blanks dropped (CTC best path)."""
+    best = np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(axis=1)
+    out, prev = [], -1
+    for t in best.tolist():
+        if t != prev and t != blank:
+            out.append(t)
+        prev = t
+    return out
+
+
+def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
+    """Levenshtein distance."""
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+@dataclass
+class TaskFigures:
+    """One output's task-level agreement of the converted model with the reference."""
+
+    task: str
+    figures: dict[str, float | None]  # e.g. {"top1": 0.98, "top5": 1.0}
+    note: str | None = None  # how it was decoded, or why it could not be judged
+    degenerate: bool = False  # nothing to agree on with these inputs (no detections, empty maps)
+
+
+@dataclass
+class _Acc:
+    task: str
+    counts: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+
+    def add(self, key: str, value: float) -> None:
+        self.counts[key] = self.counts.get(key, 0.0) + value
+
+
+class TaskJudge:
+    """Accumulates one output's task figures over samples: ``add(ref, cand)`` per sample, then ``result()``."""
+
+    def __init__(self, task: str, shape: Sequence[int], lo: np.ndarray | None = None, hi: np.ndarray | None = None,
+                 *, ctc_blank_share: float = 0.0) -> None:
+        self.task = task
+        self.shape = _dims(shape)
+        self.acc = _Acc(task)
+        self.layout = yolo_layout(shape, lo, hi) if task == "detector" else None
+        self.ctc = ctc_blank_share >= 0.2  # the blank (class 0) is the reference's best class at >= 20 % of steps
+        if task == "detector" and self.layout is None:
+            raise ValueError(f"shape {self.shape} is not a YOLO-family head ([1, N, 5 + C] or [1, 4 + C, N])")
+
+    def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        a = self.acc
+        a.samples += 1
+        if self.task == "classifier":
+            r = np.asarray(ref, np.float64).reshape(self.shape[0], -1)
+            c = np.asarray(cand, np.float64).reshape(self.shape[0], -1)
+            top_ref = r.argmax(axis=1)
+            a.add("n", len(r))
+            a.add("top1", float((top_ref == c.argmax(axis=1)).sum()))
+            k = min(5, r.shape[1])
+            top5 = np.argsort(-c, axis=1, kind="stable")[:, :k]
+            a.add("top5", float((top5 == top_ref[:, None]).any(axis=1).sum()))
+        elif self.task == "detector":
+            assert self.layout is not None
+            low = DET_SCORE * (1 - DET_SCORE_MARGIN)
+            rd, cd = decode_yolo(ref, self.layout, low), decode_yolo(cand, self.layout, low)
+            rs, cs = _strict(rd, DET_SCORE), _strict(cd, DET_SCORE)
+            a.add("ref", len(rs[0]))
+            a.add("cand", len(cs[0]))
+            a.add("tp_cand", match_detections(rd, cs))  # converted detections the reference has
+            a.add("tp_ref", match_detections(cd, rs))  # reference detections the converted model has
+        elif self.task == "prob-map":
+            r, c = np.asarray(ref) >= PROB_THRESHOLD, np.asarray(cand) >= PROB_THRESHOLD
+            a.add("inter", float((r & c).sum()))
+            a.add("union", float((r | c).sum()))
+            a.add("ref_px", float(r.sum()))
+        elif self.task == "segmentation":
+            r, c = np.asarray(ref).argmax(axis=1), np.asarray(cand).argmax(axis=1)
+            a.add("agree", float((r == c).sum()))
+            a.add("px", float(r.size))
+            for k in np.union1d(np.unique(r), np.unique(c)).tolist():
+                a.add(f"i{k}", float(((r == k) & (c == k)).sum()))
+                a.add(f"u{k}", float(((r == k) | (c == k)).sum()))
+        elif self.task == "sequence":
+            r = np.asarray(ref).reshape(-1, self.shape[-2], self.shape[-1])
+            c = np.asarray(cand).reshape(r.shape)
+            for rr, cc in zip(r, c):
+                if self.ctc:
+                    sr, sc = ctc_greedy(rr), ctc_greedy(cc)
+                else:
+                    sr, sc = rr.argmax(axis=1).tolist(), cc.argmax(axis=1).tolist()
+                a.add("seqs", 1)
+                a.add("same", float(sr == sc))
+                a.add("dist", float(edit_distance(sr, sc)))
+                a.add("len", float(max(len(sr), len(sc))))
+        else:
+            raise ValueError(f"unknown task {self.task!r}")
+
+    def result(self) -> TaskFigures:
+        c, t = self.acc.counts, self.task
+        if t == "classifier":
+            n = c.get("n", 0.0) or 1.0
+            figs: dict[str, float | None] = {"top1": c.get("top1", 0.0) / n}
+            if self.shape and max(self.shape[1:], default=0) > 5:
+                figs["top5"] = c.get("top5", 0.0) / n
+            return TaskFigures(t, figs)
+        if t == "detector":
+            assert self.layout is not None
+            how = ("YOLOX raw head, grid-decoded" if self.layout.raw_boxes else
+                   "YOLOv8 head" if self.layout.transposed else "YOLOv5/YOLOX decoded head")
+            note = (f"{how}; score >= {DET_SCORE} (pairs down to {DET_SCORE * (1 - DET_SCORE_MARGIN):.2f}), "
+                    f"NMS IoU {DET_NMS_IOU}, paired at IoU >= {DET_MATCH_IOU} with the same class; "
+                    f"{int(c.get('ref', 0))} reference and {int(c.get('cand', 0))} converted detections")
+            if not c.get("ref") and not c.get("cand"):
+                return TaskFigures(t, {"precision": None, "recall": None, "detections": 0.0},
+                                   note + ": no detections on these inputs", degenerate=True)
+            # no detections claimed: no false ones (recall says what was missed), and the other way round
+            precision = c.get("tp_cand", 0.0) / c["cand"] if c.get("cand") else 1.0
+            recall = c.get("tp_ref", 0.0) / c["ref"] if c.get("ref") else 1.0
+            return TaskFigures(t, {"precision": precision, "recall": recall, "detections": c.get("ref", 0.0)}, note)
+        if t == "prob-map":
+            note = f"pixels >= {PROB_THRESHOLD} compared; the reference marks {int(c.get('ref_px', 0))}"
+            if not c.get("union"):
+                return TaskFigures(t, {"iou": None}, note + ": both maps are empty on these inputs", degenerate=True)
+            return TaskFigures(t, {"iou": c.get("inter", 0.0) / c["union"]}, note)
+        if t == "segmentation":
+            ious = [c[f"i{k[1:]}"] / c[k] for k in c if k.startswith("u") and c[k] > 0]
+            return TaskFigures(t, {"iou": float(np.mean(ious)) if ious else None,
+                                   "pixel_agreement": c.get("agree", 0.0) / (c.get("px") or 1.0)},
+                               "per-pixel argmax; mean IoU over the classes present")
+        n = c.get("seqs", 0.0) or 1.0
+        how = "CTC greedy decode (blank 0)" if self.ctc else "argmax per position"
+        if not c.get("len"):
+            return TaskFigures(t, {"sequence": None, "tokens": None}, how + ": every decoded sequence is empty",
+                               degenerate=True)
+        return TaskFigures(t, {"sequence": c.get("same", 0.0) / n, "tokens": 1.0 - c.get("dist", 0.0) / c["len"]},
+                           f"{how}; 'sequence': identical decoded sequences, 'tokens': 1 - edit distance / length")
+
+
+#: an SSD-style head has at least this many anchors (BlazeFace short range: 896, SSD MobileNet: 1917)
+_MIN_ANCHORS = 64
+#: the box regressor's width: 4 box values, plus keypoints (BlazeFace: 4 + 6 x 2 = 16)
+_BOX_COLUMNS = (4, 64)
+
+
+def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> str | None:
+    """Why an output is one tensor of an SSD-style anchor head (a note), or None.
+
+    Such a head gives, per anchor, box offsets in one output ([1, N, 4 + 2k]) and scores in another
+    ([1, N, C]), the same N in both and N larger than any width. Neither is decodable without the anchor
+    table, which lives outside the model (MediaPipe's BlazeFace: [1, 896, 16] regressors and [1, 896, 1]
+    logits); read alone, the scores look like a classifier over N "classes" and the regressors like a
+    sequence of N steps. Both are judged on raw figures only. ``others``: the model's other outputs."""
+    s = _dims(shape)
+    if len(s) != 3 or s[0] != 1 or s[1] < _MIN_ANCHORS or s[2] >= s[1]:
+        return None
+    group = [s] + [_dims(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2] and _dims(o)[2] < s[1]]
+    if len(group) < 2 or not any(_BOX_COLUMNS[0] <= g[2] <= _BOX_COLUMNS[1] for g in group):
+        return None
+    if yolo_layout(s) is not None:
+        return None
+    widths = " and ".join(f"[1, {s[1]}, {g[2]}]" for g in sorted(group, key=lambda g: -g[2]))
+    return (f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
+            "table, which is not in the model): raw figures only")
+
+
+def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
+                ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = ()) -> str | None:
+    """The task an output looks like, from its shape (batch included), name and the reference's value range
+    (``lo``/``hi`` per last-axis column over all samples), or None. ``others``: the shapes of the model's
+    other outputs (an SSD-style anchor head spreads over two, see :func:`anchor_head`)."""
+    s = _dims(shape)
+    if anchor_head(s, others) is not None:
+        return None
+    if is_classifier(s):
+        return "classifier"
+    if yolo_layout(s, lo, hi) is not None:
+        return "detector"
+    unit = lo is not None and hi is not None and _in_unit(float(lo.min()), float(hi.max()))
+    if len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8 and unit:
+        return "prob-map"
+    if len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8 and unit:  # channels-last (a TFLite model's [N, H, W, 1])
+        return "prob-map"
+    if len(s) == 4 and 2 <= s[1] <= 1024 and min(s[2:]) >= 8:
+        return "segmentation"
+    if len(s) == 3 and s[1] >= 2 and s[2] >= 3:  # [N, T, C]; a squeezed [N, H, W] map needs --task prob-map
+        return "sequence"
+    return None
+
+
+def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None) -> bool:
+    """Whether ``task`` (asked for with --task) can decode an output of this shape."""
+    s = _dims(shape)
+    if task == "classifier":
+        return is_classifier(s)
+    if task == "detector":
+        return yolo_layout(s, lo, hi) is not None
+    if task == "prob-map":
+        return (len(s) == 3 and min(s[-2:]) >= 8) or (len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8) \
+            or (len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8)
+    if task == "segmentation":
+        return len(s) == 4 and s[1] >= 2 and min(s[2:]) >= 8
+    if task == "sequence":
+        return len(s) == 3 and s[1] >= 2 and s[2] >= 2
+    return False
+
+
+def column_range(ref: Sequence[np.ndarray], transposed_ok: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column (last axis; the middle axis of a [1, K, N] head) min and max over samples."""
+    a = np.asarray(ref[0])
+    axis_last = not (a.ndim == 3 and a.shape[1] < a.shape[2] and transposed_ok and a.shape[2] % 21 == 0)
+    lo = hi = None
+    for r in ref:
+        x = np.asarray(r, dtype=np.float64)
+        x = x.reshape(-1, x.shape[-1]) if axis_last else np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])
+        rl, rh = x.min(axis=0), x.max(axis=0)
+        lo = rl if lo is None else np.minimum(lo, rl)
+        hi = rh if hi is None else np.maximum(hi, rh)
+    return lo, hi  # type: ignore[return-value]
+
+
+def blank_share(ref: Sequence[np.ndarray]) -> float:
+    """The share of steps where class 0 is the best class (CTC's blank dominates a recognizer's output)."""
+    best = np.concatenate([np.asarray(r).reshape(-1, np.shape(r)[-1]).argmax(axis=1) for r in ref])
+    return float((best == 0).mean()) if best.size else 0.0

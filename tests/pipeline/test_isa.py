@@ -1,0 +1,71 @@
+"""The CPU's ISA as edgekit records it, and what parity reports say about it on any x86-64 host.
+
+The int8 and bf16 arithmetic of a CPU depends on its ISA (VNNI/AMX vs AVX2's saturating
+vpmaddubsw; bf16 only with AVX512-BF16/AMX). These tests pin the parsing and the notes on
+cpuinfo texts of both CPU kinds this project's machines have, whatever CPU runs them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edge.capabilities import cpu_isa, parse_cpuinfo
+from edge.pipeline import convert
+from edge.verify.parity import host_notes
+
+# Trimmed /proc/cpuinfo of the two CPU kinds CI lands on (flags as the kernel prints them).
+ZEN2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B12
+flags\t\t: fpu vme sse sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand avx2 bmi2 sha_ni clzero
+"""
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse sse2 avx avx2 avx512f avx512dq avx512_vnni avx512_bf16 avx_vnni amx_bf16 amx_tile amx_int8
+"""
+GRAVITON = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+"""
+
+
+def test_cpuinfo_of_both_x86_kinds_and_arm() -> None:
+    zen2, spr, arm = parse_cpuinfo(ZEN2), parse_cpuinfo(SAPPHIRE_RAPIDS), parse_cpuinfo(GRAVITON)
+    assert zen2.model == "AMD EPYC 7B12" and zen2.flags == {"avx2"}
+    assert not zen2.int8_dot_product and not zen2.native_bf16
+    assert spr.flags == {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_tile", "amx_int8"}
+    assert spr.int8_dot_product and spr.native_bf16
+    assert arm.flags == {"asimddp"} and arm.int8_dot_product and not arm.native_bf16
+    assert not parse_cpuinfo("").known and "unknown" in parse_cpuinfo("").describe()
+
+
+def test_parity_notes_name_the_isa_the_result_depends_on() -> None:
+    zen2, spr = parse_cpuinfo(ZEN2), parse_cpuinfo(SAPPHIRE_RAPIDS)
+    assert host_notes("fp32", "f32", zen2) == host_notes("fp32", "f32", spr) == []
+    (on_zen2,) = host_notes("int8", "int8 (QDQ)", zen2)
+    assert "without VNNI/AMX" in on_zen2 and "u8u8" in on_zen2
+    (on_spr,) = host_notes("int8", "int8 (QDQ)", spr)
+    assert "with an int8 dot product" in on_spr and "without it" in on_spr
+    bf16 = host_notes("fp16", "bf16", spr)
+    assert len(bf16) == 1 and "bf16" in bf16[0] and "f32" in bf16[0]
+
+
+def test_manifest_records_the_build_cpu_and_the_int8_kernel(models: dict[str, Path], tmp_path: Path) -> None:
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(32):  # a quarter is held out of calibration for parity: 8 samples, not 2
+        np.save(calib / f"{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="int8", calib=calib)
+    isa = cpu_isa()
+    assert b.manifest["build_host"]["cpu"] == isa.to_json()
+    par = b.manifest["parity"]
+    assert par["host_notes"] == host_notes("int8", par["candidate"]["precision_used"], isa)
+    details = par["candidate"]["details"]
+    assert details["x64_quant_precision"] is True  # the profile's default: exact on every x86-64 CPU
+    if "avx2" in isa.flags:
+        expected = "u8s8, 32-bit dot product" if isa.int8_dot_product else "u8u8"
+        assert details["int8_kernel"].startswith(expected), details
