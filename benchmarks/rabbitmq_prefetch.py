@@ -36,7 +36,7 @@ from mqtt_broker import preload_qos1  # noqa: E402
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
 
 from edge.mqtt.payloads import encode, message  # noqa: E402
-from edge.mqtt.lite import _packet, _str  # noqa: E402
+from edge.mqtt.lite import mqtt_packet, mqtt_string  # noqa: E402
 
 DEVICES = 50
 
@@ -58,7 +58,7 @@ def forget(port: int, client_id: str) -> None:
     """A clean-session CONNECT under the collector's id, then DISCONNECT: RabbitMQ deletes its queue, so the
     next run's pre-load is not copied into it too."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(_packet(0x10, _str("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 30) + _str(client_id)))
+        s.sendall(mqtt_packet(0x10, mqtt_string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 30) + mqtt_string(client_id)))
         if s.recv(4) != b"\x20\x02\x00\x00":
             raise RuntimeError(f"the broker refused {client_id}'s clean session")
         s.sendall(b"\xe0\x00")

@@ -68,7 +68,7 @@ def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) ->
     """tune's pick against the sweep's best, side by side in one interleaved run (blocks of 5, order rotated):
     the ratio of their medians, with a 95% bootstrap interval over paired blocks."""
     from edge.bundle.bundle import Bundle
-    from edge.tune.measure import _open
+    from edge.tune.measure import open_trial_runner
     from edge.tune.space import Config
 
     if best["id"] == pick["id"]:
@@ -78,7 +78,7 @@ def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) ->
         for name, t in (("pick", pick), ("best", best)):
             cfg = Config(t["runner"], t["precision"], tuple(t["recipe"].items()), tuple(t["options"].items()),
                          t["workers"])
-            runner, feeds = _open(dict(t), Bundle.open(t["bundle"], trust=False), cfg)
+            runner, feeds = open_trial_runner(dict(t), Bundle.open(t["bundle"], trust=False), cfg)
             opened.append(runner)
             calls[name] = (runner.infer, (feeds,))
         ms = C.interleaved(calls, iterations, block=5, warmup=20)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from edge.bundle.bundle import Bundle
 from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
-                        _symlink_atomic, open_store, rollback)
+                        symlink_atomic, open_store, rollback)
 
 log = logging.getLogger("edge.deploy")
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from edge.mqtt.lite import _packet, _str
+from edge.mqtt.lite import mqtt_packet, mqtt_string
 
 HOST = "127.0.0.1"
 
@@ -220,8 +220,8 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
     to drain it, and the pre-load is not what is measured."""
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as s:
-        body = _str("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + _str(f"edgekit-bench-preload-{os.getpid()}")
-        s.sendall(_packet(0x10, body))
+        body = mqtt_string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + mqtt_string(f"edgekit-bench-preload-{os.getpid()}")
+        s.sendall(mqtt_packet(0x10, body))
         if s.recv(4) != b"\x20\x02\x00\x00":
             raise RuntimeError("the broker refused the pre-loader's connection")
         buf = bytearray()
@@ -231,8 +231,8 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
             out = bytearray()
             for i, (topic, payload) in enumerate(chunk):
                 mid = (start + i) % 65535 + 1
-                var = _str(topic) + struct.pack("!H", mid)
-                out += _packet(0x32, var + payload)
+                var = mqtt_string(topic) + struct.pack("!H", mid)
+                out += mqtt_packet(0x32, var + payload)
             s.sendall(out)
             want = (start + len(chunk)) * 4
             while acked * 4 < want:

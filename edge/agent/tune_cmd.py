@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
-from edge.mqtt.payloads import SCHEMA_VERSION, encode, message
+from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES, SCHEMA_VERSION, encode, message
 from edge.mqtt.topics import Topic
 from edge.errors import EdgeError
 
@@ -48,7 +48,6 @@ REQUEST_TYPE = "tune-request"
 REPLY_KIND = "tune"
 #: a trial's status when this device lacks what its runner needs (a package, the OS, a GPU): not fetched, not run
 UNAVAILABLE = "unavailable"
-MAX_REQUEST_BYTES = 64 * 1024
 MAX_TRIALS = 64
 MAX_URL = 2048
 OBJECTIVES = ("latency", "throughput")  # e2e needs the video on the device: not over MQTT
@@ -305,7 +304,7 @@ class TuneJob:
             return f"untrusted or invalid bundle: {str(e).splitlines()[0][:300]}"
 
     def _measure(self, todo: list[TuneTrial], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any]) -> None:
-        from edge.tune.measure import MAX_OPEN, _measure_infer, _open
+        from edge.tune.measure import MAX_OPEN, measure_infer, open_trial_runner
         from edge.tune.space import Config
 
         req = self.req
@@ -317,7 +316,7 @@ class TuneJob:
                     rec = recs[t.id]
                     cfg = Config(t.runner, t.precision, (), t.options)
                     try:
-                        opened[t.id] = _open(rec, bundles[t.sha256], cfg)
+                        opened[t.id] = open_trial_runner(rec, bundles[t.sha256], cfg)
                     except EdgeError as e:
                         rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
                     if self.stop.is_set():
@@ -325,7 +324,7 @@ class TuneJob:
                 self._reply("progress", step=f"measuring {len(opened)} trials, {req.reps} interleaved repetitions "
                             f"of {req.iters} inferences", done=done, total=len(todo))
                 if opened:
-                    got = _measure_infer(opened, req.objective, req.reps, req.iters, req.warmup)
+                    got = measure_infer(opened, req.objective, req.reps, req.iters, req.warmup)
                     for tid, m in got.items():
                         recs[tid]["measurement"] = m
                         recs[tid]["status"] = "measured"

@@ -116,7 +116,7 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
         if not gated >= min_top1:
             failures.append(f"top-1 agreement {gated:.1%} < {min_top1:.0%}")
     elif isinstance(par, ParityEvidence):
-        from edge.verify.parity import _is_classifier, output_failures, thresholds_for
+        from edge.verify.parity import looks_like_classifier, output_failures, thresholds_for
 
         # the compute precision may loosen the limits only to another precision's limits in code
         th = thresholds_for(m.precision, par.candidate.precision_used)
@@ -128,7 +128,7 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
                 continue
             if not (math.isfinite(o.max_abs) and math.isfinite(o.mean_abs)):
                 failures.append(f"{o.name}: output missing, of another shape, or not finite")
-            if o.top1 is None and _is_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)):
+            if o.top1 is None and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)):
                 failures.append(f"{o.name}: classifier output without a top-1 figure")
             if o.degenerate and (o.ref_min is None or o.ref_max is None):
                 failures.append(f"{o.name}: marked degenerate without the reference's range")

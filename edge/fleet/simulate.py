@@ -22,7 +22,7 @@ from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession
-from edge.mqtt.lite import _packet, _str
+from edge.mqtt.lite import mqtt_packet, mqtt_string
 
 
 def birth_body(i: int, rate_hz: float) -> dict[str, Any]:
@@ -175,7 +175,7 @@ class LightFleet:
     # MQTT packets (3.1.1) ----------------------------------------------------------------
     @staticmethod
     def _publish(topic: bytes, payload: bytes, mid: int, retain: bool = False) -> bytes:
-        return _packet(0x32 | int(retain), _str(topic) + struct.pack("!H", mid) + payload)
+        return mqtt_packet(0x32 | int(retain), mqtt_string(topic) + struct.pack("!H", mid) + payload)
 
     def _connect(self, i: int) -> bytes:
         dev = self.names[i]
@@ -183,10 +183,10 @@ class LightFleet:
         will = encode(message("death", self.fleet, dev, self.session, 0,
                               {"connection": 1, "reason": "last will: connection lost"}))
         cid = f"edgekit-{self.fleet}-{dev}".encode()
-        body = (_str(b"MQTT") + b"\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
-                _str(cid) + _str(will_topic) + _str(will))
+        body = (mqtt_string(b"MQTT") + b"\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
+                mqtt_string(cid) + mqtt_string(will_topic) + mqtt_string(will))
         birth = encode(message("birth", self.fleet, dev, self.session, 0, {"connection": 1, **birth_body(i, self.rate_hz)}))
-        return (_packet(0x10, body) +
+        return (mqtt_packet(0x10, body) +
                 self._publish(f"edgekit/{self.fleet}/{dev}/birth".encode(), birth, 1, retain=True))
 
     # the loop ------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ _SHAPE_FROM_VALUES: dict[str, tuple[int, ...]] = {
 }
 
 
-def _static_analysis(graph: Any) -> tuple[dict[str, bool], dict[str, bool]]:
+def static_analysis(graph: Any) -> tuple[dict[str, bool], dict[str, bool]]:
     """(value known, shape known) per tensor of ``graph`` with every input at a static shape, in one pass over
     the (topologically ordered) nodes. A value is known when it is computed from constants, frozen values and
     known shapes only, never from input data; a shape is known when it follows from known shapes and known
@@ -187,9 +187,9 @@ def probe(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> 
     import onnx
     import onnxruntime as ort
 
-    from edge.graph.model import _copy, describe_ort_error
+    from edge.graph.model import copy_model, describe_ort_error
 
-    m = _copy(model)
+    m = copy_model(model)
     del m.graph.output[:]
     m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)  # no type: onnxruntime takes the node's
     so = ort.SessionOptions()
@@ -236,7 +236,7 @@ def _inline_round(model: Any, feeds: Mapping[str, np.ndarray]) -> tuple[int, lis
     ifs = [n for n in g.node if n.op_type == "If"]
     if not ifs:
         return 0, []
-    known, _shapes = _static_analysis(g)
+    known, _shapes = static_analysis(g)
     ready = [n for n in ifs if known.get(n.input[0], False)]
     kept = [n.name or n.output[0] for n in ifs if n not in ready]
     if not ready:
@@ -279,7 +279,7 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
     """``model`` with ``values`` frozen and the Ifs they (with ``io``'s static shapes) decide inlined; the
     I/O without the frozen inputs; what was done. ``io``: the model's inputs at static shapes (frozen ones
     included or not). Checked against ``model`` on onnxruntime (see the module docstring)."""
-    from edge.graph.model import _copy, _infer, _set_input_dims
+    from edge.graph.model import copy_model, infer_shapes, set_input_dims
 
     where = Path(source).name if source else "the model"
     g = model.graph
@@ -301,7 +301,7 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
 
     from onnx import numpy_helper
 
-    frozen = _copy(model)
+    frozen = copy_model(model)
     kept_inputs = [vi for vi in frozen.graph.input if vi.name not in arrays]
     del frozen.graph.input[:]
     frozen.graph.input.extend(kept_inputs)
@@ -320,7 +320,7 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
         inlined += k
         if k == 0:
             break
-    frozen = _infer(_set_input_dims(frozen, {t.name: tuple(int(d) for d in t.shape) for t in rest.inputs}))
+    frozen = infer_shapes(set_input_dims(frozen, {t.name: tuple(int(d) for d in t.shape) for t in rest.inputs}))
     record = FreezeRecord(
         inputs={n: {"value": a.tolist(), "dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
         inlined_if=inlined, kept_if=kept)

@@ -75,9 +75,9 @@ def _evaluate(model: Any, names: list[str], shapes: dict[str, tuple[int, ...]], 
     are fed zeros of ``shapes``; {} when one of them has none."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    from edge.graph.freeze import _static_analysis, probe
+    from edge.graph.freeze import static_analysis, probe
 
-    known_value, known_shape = _static_analysis(model.graph)
+    known_value, known_shape = static_analysis(model.graph)
     known = known_shape if shape_only else known_value
     names = [n for n in names if known.get(n, False)]
     if not names:
@@ -317,10 +317,10 @@ def fold_constants(model: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[Any,
     initializer holding its value (onnxruntime computes it once), and the nodes that only fed them go."""
     from onnx import numpy_helper
 
-    from edge.graph.freeze import _static_analysis
+    from edge.graph.freeze import static_analysis
 
     g = model.graph
-    known, _ = _static_analysis(g)
+    known, _ = static_analysis(g)
     inits = {i.name for i in g.initializer}
     names = [o for n in g.node if n.op_type != "Constant" for o in n.output if o and known.get(o) and o not in inits]
     values = _evaluate(model, names, shapes) if names else {}

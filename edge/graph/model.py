@@ -250,16 +250,16 @@ def resolve_static_inputs(io: IOSpec, shapes: Mapping[str, tuple[int, ...]], mod
 
 # -- static shapes -------------------------------------------------------------------------------
 
-def _copy(model: Any) -> Any:
+def copy_model(model: Any) -> Any:
     m = type(model)()
     m.CopyFrom(model)
     return m
 
 
-def _set_input_dims(model: Any, dims: Mapping[str, Mapping[int, int] | tuple[int, ...]]) -> Any:
+def set_input_dims(model: Any, dims: Mapping[str, Mapping[int, int] | tuple[int, ...]]) -> Any:
     """Copy of ``model`` with top-level input dims set: a full shape (rank included) or ``{index: value}``.
     Nothing inside the graph is touched: subgraphs keep their own (often dynamic) annotations."""
-    m = _copy(model)
+    m = copy_model(model)
     for vi in m.graph.input:
         want = dims.get(vi.name)
         if want is None:
@@ -324,10 +324,10 @@ def _loader(model: Any) -> _OrtLoader | None:
         return None
 
 
-def _infer(model: Any) -> Any:
+def infer_shapes(model: Any) -> Any:
     """ONNX shape inference, best effort: it never fails the conversion (runtimes infer again)."""
     onnx = _onnx()
-    m = _copy(model)
+    m = copy_model(model)
     del m.graph.value_info[:]  # stale intermediate shapes of the dynamic graph
     try:
         return onnx.shape_inference.infer_shapes(m, strict_mode=False)
@@ -349,8 +349,8 @@ def make_static(model: Any, io: IOSpec, *, source: str | os.PathLike[str] | None
     spec = {t.name: t for t in io.inputs}
     declared = {t.name: t.shape for t in io_spec(model, source).inputs}
     full = {n: tuple(int(d) for d in t.shape) for n, t in spec.items() if n in declared}
-    fixed = _set_input_dims(model, full)
-    inferred = _infer(fixed)
+    fixed = set_input_dims(model, full)
+    inferred = infer_shapes(fixed)
     loader = _loader(model)
     if loader is None or loader.problem(inferred) is None:
         return inferred
@@ -368,7 +368,7 @@ def make_static(model: Any, io: IOSpec, *, source: str | os.PathLike[str] | None
         steps: list[Mapping[int, int] | tuple[int, ...]] = [shape] if d0 == UNKNOWN_RANK else \
             [{i: v} for i, v in enumerate(shape) if not (isinstance(d0[i], int) and d0[i] > 0)]
         for step in steps:
-            trial = _set_input_dims(current, {n: step})
+            trial = set_input_dims(current, {n: step})
             if loader.problem(trial) is None:
                 current = trial
             else:

@@ -82,14 +82,14 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _str(s: str | bytes) -> bytes:
+def mqtt_string(s: str | bytes) -> bytes:
     b = s.encode("utf-8") if isinstance(s, str) else s
     if len(b) > 65535:
         raise ValueError("an MQTT string is at most 65535 bytes")
     return struct.pack("!H", len(b)) + b
 
 
-def _packet(first: int, body: bytes) -> bytes:
+def mqtt_packet(first: int, body: bytes) -> bytes:
     return bytes((first,)) + varint(len(body)) + body
 
 
@@ -360,14 +360,14 @@ class LiteClient:
     def _connect_packet(self, o: "LiteConnection") -> bytes:
         b = o.broker
         flags = 0 if not o.clean_start else 0x02
-        payload = _str(o.client_id)
+        payload = mqtt_string(o.client_id)
         if b.username is not None:
             flags |= 0x80
-            payload += _str(b.username)
+            payload += mqtt_string(b.username)
             if b.password is not None:
                 flags |= 0x40
-                payload += _str(b.password)
-        head = _str("MQTT") + bytes((5 if self.mqtt5 else 4, flags)) + struct.pack("!H", b.keepalive_s)
+                payload += mqtt_string(b.password)
+        head = mqtt_string("MQTT") + bytes((5 if self.mqtt5 else 4, flags)) + struct.pack("!H", b.keepalive_s)
         if self.mqtt5:
             props = bytearray()
             if o.session_expiry_s:
@@ -376,14 +376,14 @@ class LiteClient:
                 props += b"\x21" + struct.pack("!H", o.receive_maximum)
             props += b"\x27" + struct.pack("!I", o.max_packet_bytes)
             head += varint(len(props)) + bytes(props)
-        return _packet(CONNECT << 4, head + payload)
+        return mqtt_packet(CONNECT << 4, head + payload)
 
     def subscribe(self, subs: list[tuple[str, int]]) -> None:
         self.sub_mid = self._next_mid()
         body = struct.pack("!H", self.sub_mid) + (b"\x00" if self.mqtt5 else b"")
         for topic, qos in subs:
-            body += _str(topic) + bytes((qos & 3,))
-        self._send(_packet((SUBSCRIBE << 4) | 0x02, body))
+            body += mqtt_string(topic) + bytes((qos & 3,))
+        self._send(mqtt_packet((SUBSCRIBE << 4) | 0x02, body))
 
     def _next_mid(self) -> int:
         self._mid = self._mid % 65535 + 1
@@ -494,14 +494,14 @@ class LiteClient:
         if qos and len(self._inflight) >= self.server_receive_max:
             return None
         mid = 0
-        var = _str(topic)
+        var = mqtt_string(topic)
         if qos:
             mid = self._next_mid()
             var += struct.pack("!H", mid)
             self._inflight.add(mid)
         if self.mqtt5:
             var += b"\x00"
-        self._send(_packet((PUBLISH << 4) | (min(qos, 1) << 1) | (1 if retain else 0), var + payload))
+        self._send(mqtt_packet((PUBLISH << 4) | (min(qos, 1) << 1) | (1 if retain else 0), var + payload))
         return mid
 
     # control packets ---------------------------------------------------------------------

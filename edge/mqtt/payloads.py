@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+#: the largest cmd/tune request a device reads (the host refuses to send a bigger one)
+MAX_TUNE_REQUEST_BYTES = 64 * 1024
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "edgekit-mqtt-v1.schema.json"
 STREAM_KINDS = ("telemetry", "state")  # spooled, numbered, replayed
 CONTROL_KINDS = ("birth", "death")  # retained, per connection

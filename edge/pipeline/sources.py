@@ -271,12 +271,12 @@ class OpenVINOSource(Source):
         return self._model
 
     def own_precision(self) -> str:
-        from edge.backends.openvino.convert import _op_counts, _weight_types
+        from edge.backends.openvino.convert import op_counts, weight_types
 
         m = self._read()
-        if _op_counts(m, "FakeQuantize", "FakeConvert").get("FakeQuantize", 0):
+        if op_counts(m, "FakeQuantize", "FakeConvert").get("FakeQuantize", 0):
             return "int8"
-        w = _weight_types(m)
+        w = weight_types(m)
         return "fp16" if w.get("f16", 0) > w.get("f32", 0) else "fp32"
 
     def describe(self) -> dict[str, Any]:

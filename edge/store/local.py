@@ -37,7 +37,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _symlink_atomic(link: Path, target: str) -> None:
+def symlink_atomic(link: Path, target: str) -> None:
     """Point ``link`` at ``target`` by renaming a new symlink over it: readers see old or new, never neither."""
     tmp = link.parent / f".{link.name}.tmp"
     tmp.unlink(missing_ok=True)
@@ -223,7 +223,7 @@ class DeviceStore(Store):
             (self.root / name).unlink(missing_ok=True)
             _fsync_dir(self.root)
         else:
-            _symlink_atomic(self.root / name, f"{BUNDLES}/{bid}")
+            symlink_atomic(self.root / name, f"{BUNDLES}/{bid}")
 
     def _append_history(self, entry: dict[str, Any]) -> None:
         f = self.root / HISTORY

@@ -56,7 +56,7 @@ MIN_E2E_FRAMES = 30
 E2E_SHORT_REPS = 2
 
 
-def _score(objective: str, rep_scores: Sequence[float]) -> float:
+def trial_score(objective: str, rep_scores: Sequence[float]) -> float:
     """Lower is better: the median of the repetitions' scores, whose unit the objective sets (``latency``: the
     repetition's median inference in ms; ``throughput``: minus its inferences per second; ``e2e``: its median
     frame time in ms, decode to post-processing, at the target rate in realtime pacing). For ``e2e`` the frames
@@ -84,9 +84,9 @@ THROUGHPUT_REQUESTS = "openvino: its optimal number in flight; the others: one"
 
 def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
     """How a measured rung ranks, lower first: ``e2e`` by the share of frames missed at the target rate
-    (a configuration that misses frames loses to one that does not), then by :func:`_score`; the other
-    objectives by :func:`_score` alone."""
-    score = _score(objective, rung["rep_scores"])
+    (a configuration that misses frames loses to one that does not), then by :func:`trial_score`; the other
+    objectives by :func:`trial_score` alone."""
+    score = trial_score(objective, rung["rep_scores"])
     return (missed_share(rung) if objective == "e2e" else 0.0, score)
 
 
@@ -114,7 +114,7 @@ def _first_inputs(bundle: Any) -> dict[str, np.ndarray] | None:
     return dict(load_reference_pairs(bundle.path, entry, bundle.io).inputs[0])
 
 
-def _open(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None,
+def open_trial_runner(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None,
           inputs: Mapping[str, np.ndarray] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
     """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
     the trial's own reference check too (:func:`_check`; ``single``: a batched trial's batch-1 bundle).
@@ -166,7 +166,7 @@ def _check(rec: dict[str, Any], bundle: Any, runner: Any, cfg: Config | None = N
             got = check_reference_pairs(single, _PerItem(runner, n, inputs))
             par["per_item"] = {"passed": got.get("passed"), "batch": n, "samples": got.get("samples"),
                                "failures": [f"per item at batch {n}: {f}" for f in (got.get("failures") or [])][:4]}
-        _combine_parity(par)
+        combine_parity(par)
 
 
 class _PerItem:
@@ -196,10 +196,10 @@ def _merge_parity(rec: dict[str, Any], check: Mapping[str, Any]) -> None:
     par["trial"] = {"passed": check.get("passed"), "samples": check.get("samples"),
                     "failures": list(check.get("failures") or [])[:4]}
     par["error"] = round(max(1.0 - c for c in cos), 8) if cos else None
-    _combine_parity(par)
+    combine_parity(par)
 
 
-def _combine_parity(par: dict[str, Any]) -> None:
+def combine_parity(par: dict[str, Any]) -> None:
     """A trial passes parity when the conversion's gate and its own reference check both passed (one that
     could not run does not count either way; neither ran: not verified)."""
     trial = (par.get("trial") or {}).get("passed")
@@ -212,7 +212,7 @@ def _combine_parity(par: dict[str, Any]) -> None:
         + list((per or {}).get("failures") or [] if (per or {}).get("passed") is not True else [])
 
 
-def _measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objective: str, reps: int, iters: int,
+def measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objective: str, reps: int, iters: int,
                    warmup: int, batches: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """Interleaved repetitions: in repetition r every runner runs ``iters`` timed inferences (after ``SETTLE``
     untimed ones), the order rotated by r, so drift and background load hit every trial alike. Only ``infer``
@@ -320,7 +320,7 @@ def _measure_video(items: Sequence[tuple[str, Any, Config]], video: Path, reps: 
     return out
 
 
-class _Pool:
+class Pool:
     """Runners kept open between rungs, so a survivor is not loaded (and warmed) again for each rung: on small
     models loading costs more than a short measurement. Bounded by the memory the open runners added."""
 
@@ -336,7 +336,7 @@ class _Pool:
             where = str(bundle.path)
             if where not in self.inputs:
                 self.inputs[where] = _first_inputs(bundle)
-            runner, feeds = _open(rec, bundle, cfg, check=check, single=single, inputs=self.inputs[where])
+            runner, feeds = open_trial_runner(rec, bundle, cfg, check=check, single=single, inputs=self.inputs[where])
             self.open[cfg.id] = (runner, feeds, float(rec.get("memory_mb") or 0.0))
         runner, feeds, _ = self.open[cfg.id]
         if check:  # opened unchecked for an earlier rung: checked now that it may be chosen
@@ -364,9 +364,9 @@ class _Pool:
         self.close(list(self.open))
 
 
-def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
+def measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
                    keys: Mapping[str, str], name: str, objective: str, reps: int, iters: int, warmup: int,
-                   video: Path | None, budget_ms: float | None, pool: _Pool, pace_fps: float | None = None,
+                   video: Path | None, budget_ms: float | None, pool: Pool, pace_fps: float | None = None,
                    check: bool = True, singles: Mapping[str, Any] | None = None, anchor: Config | None = None) -> int:
     """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
     ``check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
@@ -390,7 +390,7 @@ def _measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bun
     if not opened.keys() & own:
         return 0
     if video is None:
-        got = _measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in members})
+        got = measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in members})
     else:
         pool.close(opened)  # the pipeline opens its own runners
         items = [(cid, bundles[keys[cid]], next(c for c in chunk if c.id == cid)) for cid in opened]

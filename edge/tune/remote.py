@@ -212,8 +212,8 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
     """Convert each recipe once (``edge.tune.search``'s cache: the same key, the same bundle), recording the conversion
     gate per trial as ``edge.tune.search.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
     from edge.bundle.bundle import sha256_file
-    from edge.tune.search import _bundle_size, _convert_cached, calib_identity, recipe_key
-    from edge.tune.measure import _combine_parity
+    from edge.tune.search import bundle_size, convert_cached, calib_identity, recipe_key
+    from edge.tune.measure import combine_parity
 
     t0 = time.perf_counter()
     model_sha = sha256_file(model)
@@ -229,7 +229,7 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
         if key not in bundles:
             say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
             try:
-                bundles[key], fresh = _convert_cached(model, profile, c, space, key, cache, calib, parity_samples,
+                bundles[key], fresh = convert_cached(model, profile, c, space, key, cache, calib, parity_samples,
                                                       source)
                 converted += int(fresh)
             except EdgeError as e:
@@ -239,7 +239,7 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
         if isinstance(b, EdgeError):
             rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
             continue
-        rec["bundle"], rec["size_bytes"] = str(b.path), _bundle_size(b)
+        rec["bundle"], rec["size_bytes"] = str(b.path), bundle_size(b)
         gate = b.manifest.get("parity") or {}
         outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
         par = {"conversion": gate.get("passed"),
@@ -248,7 +248,7 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
                                        for f in o["failures"]][:4]}
         if gate.get("passed") is None:
             par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
-        _combine_parity(par)
+        combine_parity(par)
         rec["parity"] = par
     return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0, model_sha)
 
@@ -306,7 +306,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
     from edge.pipeline import open_source
     from edge.stats import budget_from
     from edge.targets import TargetProfile, get_target, same_device_class
-    from edge.tune.search import _best_rung, _priority, _score, choose
+    from edge.tune.search import best_rung, priority, trial_score, choose
     from edge.tune.space import build_space
 
     t_start = time.perf_counter()
@@ -363,7 +363,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
                             precisions=precisions, threads=threads, targets_dir=targets_dir)
         notes = list(space.notes)
         notes.append("the space is built on this host (runners and thread counts it has); the device measures it")
-        configs = _priority(space)
+        configs = priority(space)
         if dev_cpus is not None:
             over = [c for c in configs if _threads(c) is not None and _threads(c) > dev_cpus]
             if over:
@@ -407,7 +407,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
             for c in sendable:
                 prep.recs[c.id]["device_trial"] = tid[c.id]
             rungs = plan_rungs(sched, len(sendable), strategy, objective)
-            from edge.agent.tune_cmd import MAX_REQUEST_BYTES
+            from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES
 
             def exchange(todo: Sequence[Any], k: int, reps: int, iters: int) -> dict[str, Any]:
                 """One rung: its trials to the device, its final reply (trials keyed by config id)."""
@@ -449,10 +449,10 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
     recs = [prep.recs[c.id] for c in configs]
     space.pruned.extend(device_pruned(recs, device))
     for t in recs:
-        best = _best_rung(t)
+        best = best_rung(t)
         m = t["rungs"][best] if best else None
         t["result"] = {"rung": best, **{k: v for k, v in m.items() if not k.startswith("rep_")},
-                       "score": _score(objective, m["rep_scores"])} if m else None
+                       "score": trial_score(objective, m["rep_scores"])} if m else None
     winner = choose(recs, rank_budget, objective)
     if winner is not None:
         winner["status"] = "chosen"

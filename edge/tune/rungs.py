@@ -4,7 +4,7 @@ a re-run resume, and the reading of each reply (nothing in it is trusted).
 Rungs follow ``edgekit tune``'s rule (``edge.tune.search.Schedule.rungs``): every trial gets a short measurement, the best
 third (at least ``eta``) goes on, the finalists get the full one. Each rung is one ``cmd/tune`` request holding
 only that rung's trials, so the agent measures what it is sent, within its own request limits, and the host decides
-who goes on (``edge.tune.search._ranked``, as ``tune`` ranks). The device keeps no trial bundle between requests: a
+who goes on (``edge.tune.search.ranked_trials``, as ``tune`` ranks). The device keeps no trial bundle between requests: a
 finalist is downloaded again for the next rung. Parity is a hard constraint: the device checks each trial's
 reference pairs on every rung, and only trials that passed are ranked or chosen.
 
@@ -80,7 +80,7 @@ def host_of(reply: Mapping[str, Any]) -> dict[str, Any]:
 
 def merge(rec: dict[str, Any], got: Mapping[str, Any], rung: str) -> bool:
     """One rung's reply for one trial into its record; True when it was measured."""
-    from edge.tune.measure import _combine_parity
+    from edge.tune.measure import combine_parity
 
     for k in ("load_ms", "memory_mb", "runtime"):
         if k in got:
@@ -88,7 +88,7 @@ def merge(rec: dict[str, Any], got: Mapping[str, Any], rung: str) -> bool:
     par = rec.get("parity") or {}
     if "parity" in got:
         par["trial"], par["error"] = got["parity"]["trial"], got["parity"]["error"]
-    _combine_parity(par)
+    combine_parity(par)
     rec["parity"] = par
     if "measurement" in got:
         rec["rungs"][rung] = got["measurement"]
@@ -132,7 +132,7 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
     """Successive halving over ``configs`` (their records in ``recs``): per rung, ``exchange(todo, k, reps,
     iters)`` sends the trials without a measurement at that rung yet and returns the device's final reply
     (trials keyed by config id: ``{"trials": {id: reply trial}}``); returns the replies, in order."""
-    from edge.tune.search import _ranked, mark_rung
+    from edge.tune.search import ranked_trials, mark_rung
 
     by_id = {c.id: c for c in configs}
     alive = list(configs)
@@ -152,7 +152,7 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
                 merge(recs[c.id], got.get(c.id, {"status": "failed: the device did not report this trial"}), name)
             save()
         last = k == len(rungs) - 1
-        ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
+        ranked = ranked_trials((recs[c.id] for c in alive), name, rank_budget, objective)
         keep = ranked if last else ranked[:max(min(eta, len(ranked)), math.ceil(len(alive) / eta))]
         mark_rung((recs[c.id] for c in alive), {r["id"] for r in keep}, name, last)
         alive = [by_id[r["id"]] for r in keep]
@@ -178,9 +178,9 @@ def study_header(model_sha256: str, target: str, objective: str, strategy: str, 
 
 def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """(trials by config id, who measured them) from a study made for ``header``; refused otherwise."""
-    from edge.tune.search import _load_study
+    from edge.tune.search import load_study
 
-    trials = _load_study(path, header)  # checks the header and every record's rungs
+    trials = load_study(path, header)  # checks the header and every record's rungs
     measured_by = None
     if trials:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -191,14 +191,14 @@ def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[st
 
 def save_study(path: Path, header: Mapping[str, Any], recs: Mapping[str, dict[str, Any]],
                measured_by: Mapping[str, Any] | None) -> None:
-    from edge.tune.search import _save_study
+    from edge.tune.search import save_study
 
-    _save_study(path, {**header, "measured_by": measured_by}, recs)
+    save_study(path, {**header, "measured_by": measured_by}, recs)
 
 
 def resume(recs: Mapping[str, dict[str, Any]], stored: Mapping[str, dict[str, Any]]) -> int:
     """The device's measurements and parity checks of a study into this run's records; the number resumed."""
-    from edge.tune.measure import _combine_parity
+    from edge.tune.measure import combine_parity
 
     n = 0
     for cid, rec in recs.items():
@@ -210,7 +210,7 @@ def resume(recs: Mapping[str, dict[str, Any]], stored: Mapping[str, dict[str, An
         par = rec.get("parity") or {}
         if isinstance(old_par.get("trial"), dict):
             par["trial"], par["error"] = old_par["trial"], num(old_par.get("error"))
-        _combine_parity(par)
+        combine_parity(par)
         rec["parity"] = par
         for k in ("runtime", "load_ms", "memory_mb"):
             if isinstance(old.get(k), (dict, int, float)) and not isinstance(old.get(k), bool):

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from edge.errors import EdgeError
 from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
-                               _combine_parity, _measure_chunk, _Pool, _score, missed_share, rank_key)
+                               combine_parity, measure_chunk, Pool, trial_score, missed_share, rank_key)
 from edge.tune.space import BATCHES, OBJECTIVES, Config, Space, batch_plan, build_space
 
 STUDY_VERSION = 1
@@ -214,7 +214,7 @@ def recipe_key(model_sha256: str, profile: Any, cfg: Config, space: Space, calib
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path,
+def convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path,
                     calib: Any, parity_samples: int, source: Mapping[str, Any]) -> tuple[Any, bool]:
     """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache."""
     from edge.bundle.bundle import Bundle
@@ -231,7 +231,7 @@ def _convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: s
     return b, True
 
 
-def _bundle_size(b: Any) -> int:
+def bundle_size(b: Any) -> int:
     ref = (b.manifest.get("reference_pairs") or {}).get("file")
     return sum(int(a["bytes"]) for a in b.manifest.get("artifacts", []) if a.get("path") != ref)
 
@@ -254,7 +254,7 @@ def _isa() -> list[str]:
     return sorted(cpu_isa().flags)
 
 
-def _load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The trials of a study file made for the same model, target, objective and host; refused otherwise."""
     if not path.exists():
         return {}
@@ -296,7 +296,7 @@ def _record_problem(tid: Any, rec: Any) -> str | None:
             if not isinstance(got, list) or len(got) != len(reps) or not all(
                     isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
                 return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
-        if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (_measure_chunk)
+        if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (measure_chunk)
             rel, a = r.get("vs_anchor"), r.get("anchor")
             if not isinstance(rel, (int, float)) or isinstance(rel, bool) or not math.isfinite(rel) or rel <= 0 \
                     or not isinstance(a, dict) or not isinstance(a.get("id"), str):
@@ -307,7 +307,7 @@ def _record_problem(tid: Any, rec: Any) -> str | None:
     return None
 
 
-def _save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[str, dict[str, Any]]) -> None:
+def save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[str, dict[str, Any]]) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +334,7 @@ def mark_rung(records: Iterable[dict[str, Any]], kept: set[str], name: str, last
             rec["status"] = "measured"
 
 
-def _priority(space: Space) -> list[Config]:
+def priority(space: Space) -> list[Config]:
     """The order trials are taken in under --max-trials: each runner, precision, recipe and batch's defaults first
     (batch 1 before the batched ones: it is their per-item reference)."""
     import random
@@ -349,7 +349,7 @@ def _priority(space: Space) -> list[Config]:
     return firsts + rest
 
 
-def _ranked(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str) -> list[dict[str, Any]]:
+def ranked_trials(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str) -> list[dict[str, Any]]:
     """Trials that passed parity and were measured at ``rung``, best first: those within the budget first."""
     ok = [r for r in recs if (r.get("parity") or {}).get("passed") is True and rung in r.get("rungs", {})]
 
@@ -361,7 +361,7 @@ def _ranked(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, 
             return True
         if objective == "latency":
             return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
-        return -_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
+        return -trial_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
     # measured in several chunks, each with the same anchor: ranked by the ratio to it (else on raw figures: a
     # rung measured in one chunk, or one whose records mix anchors, e.g. resumed from an older study)
     relative = bool(ok) and objective != "e2e" and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1 \
@@ -386,7 +386,7 @@ def choose(trials: Sequence[dict[str, Any]], budget_ms: float | None = None, obj
     rungs = sorted({k for t in trials if (t.get("parity") or {}).get("passed") is True for k in t.get("rungs", {})},
                    key=_rung_order)
     for rung in reversed(rungs):
-        ranked = _ranked(trials, rung, budget_ms, objective)
+        ranked = ranked_trials(trials, rung, budget_ms, objective)
         if ranked:
             return ranked[0]
     return None
@@ -494,8 +494,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
     if objective == "throughput":  # a study measured one request at a time throughout does not compare
         header["throughput_requests"] = THROUGHPUT_REQUESTS
-    stored = _load_study(study_path, header)
-    configs = _priority(space)
+    stored = load_study(study_path, header)
+    configs = priority(space)
     notes = list(space.notes)
     if max_trials is not None and len(configs) > max_trials:
         notes.append(f"--max-trials {max_trials}: {len(configs) - max_trials} of {len(configs)} configurations "
@@ -537,7 +537,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 continue
             say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
             try:
-                b, fresh = _convert_cached(space.batch.model if (c.batch != 1 and space.batch) else model, profile, c,
+                b, fresh = convert_cached(space.batch.model if (c.batch != 1 and space.batch) else model, profile, c,
                                            space, key, cache_dir, calib, parity_samples, batched(c, source))
             except EdgeError as e:
                 bundles[key] = e
@@ -550,7 +550,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
             rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
             continue
         rec["bundle"] = str(b.path)
-        rec["size_bytes"] = _bundle_size(b)
+        rec["size_bytes"] = bundle_size(b)
         gate = b.manifest.get("parity") or {}
         par = rec.get("parity") or {}
         par["conversion"] = gate.get("passed")
@@ -561,9 +561,9 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         if gate.get("passed") is None:
             par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
         rec["parity"] = par
-        _combine_parity(par)
+        combine_parity(par)
     convert_s = time.perf_counter() - t_conv
-    _save_study(study_path, header, recs)
+    save_study(study_path, header, recs)
     # a batched trial's per-item reference: the batch-1 bundle of its runner, precision and recipe
     singles: dict[str, Any] = {}
     for c in configs:
@@ -578,7 +578,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     alive = [c for c in configs if "bundle" in recs[c.id]]
     rungs = sched.rungs(len(alive), objective) if strategy == "halving" else [(sched.reps, sched.iters)]
     measured = 0
-    pool = _Pool()
+    pool = Pool()
     try:
         for k, (reps, iters) in enumerate(rungs):
             if not alive:
@@ -604,20 +604,20 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 chunk = todo[i:i + size]
                 # the first of several latency/throughput rungs eliminates most trials: their own reference checks
                 # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
-                measured += _measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters,
+                measured += measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters,
                                            sched.warmup if k == len(rungs) - 1 else min(sched.warmup, SHORT_WARMUP),
                                            video_path, budget, pool, pace_fps,
                                            check=not (k == 0 and len(rungs) > 1 and video_path is None),
                                            singles=singles, anchor=anchor)
-                _save_study(study_path, header, recs)
+                save_study(study_path, header, recs)
                 if anchor is not None and name not in recs[anchor.id]["rungs"]:
-                    anchor = None  # it failed to load: the rung is ranked on raw figures (_ranked)
+                    anchor = None  # it failed to load: the rung is ranked on raw figures (ranked_trials)
             if anchor is not None:
                 notes.append(f"{name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each with "
                              f"the anchor {recs[anchor.id]['label']}: ranked by each trial's ratio to the anchor in "
                              "its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw figures")
             last = k == len(rungs) - 1
-            ranked = _ranked((recs[c.id] for c in alive), name, rank_budget, objective)
+            ranked = ranked_trials((recs[c.id] for c in alive), name, rank_budget, objective)
             # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise
             # must not leave it only two to choose from
             keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
@@ -632,12 +632,12 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     trials = [recs[c.id] for c in configs]
     winner = choose(trials, rank_budget, objective)
     for t in trials:
-        best = _best_rung(t)
+        best = best_rung(t)
         t["result"] = {"rung": best, **{k: v for k, v in t["rungs"][best].items() if not k.startswith("rep_")},
-                       "score": _score(objective, t["rungs"][best]["rep_scores"])} if best else None
+                       "score": trial_score(objective, t["rungs"][best]["rep_scores"])} if best else None
     if winner is not None:
         winner["status"] = "chosen"
-    _save_study(study_path, header, recs)
+    save_study(study_path, header, recs)
     runner_info = (winner or {}).get("runtime") or {}
     same, why = same_device_class(profile, current_host(), runner_info)
     result = TuneResult(model=str(model), target=profile.name, objective=objective, strategy=strategy,
@@ -687,7 +687,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     return result
 
 
-def _best_rung(t: Mapping[str, Any]) -> str | None:
+def best_rung(t: Mapping[str, Any]) -> str | None:
     names = sorted(t.get("rungs", {}), key=_rung_order)
     return names[-1] if names else None
 

@@ -273,7 +273,7 @@ def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = 
     return notes
 
 
-def _is_classifier(shape: tuple[int, ...]) -> bool:
+def looks_like_classifier(shape: tuple[int, ...]) -> bool:
     return is_classifier(shape)
 
 

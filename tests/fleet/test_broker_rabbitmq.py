@@ -26,7 +26,7 @@ from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
 from edge.mqtt.client import DEGRADED, MQTT5_UNANSWERED, BrokerConfig
 from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
-from edge.mqtt.lite import LiteConnection, _packet, _str
+from edge.mqtt.lite import LiteConnection, mqtt_packet, mqtt_string
 
 pytestmark = pytest.mark.skipif(rabbitmq_missing() is not None, reason=str(rabbitmq_missing()))
 FLEET = "lab"
@@ -212,9 +212,9 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
 def connack(port: int, level: int) -> bytes:
     """The broker's answer to a bare CONNECT of protocol level 4 (MQTT 3.1.1) or 5 (b'': it closed the socket)."""
     props = b"\x00" if level == 5 else b""
-    body = _str("MQTT") + bytes([level, 0x02]) + struct.pack("!H", 30) + props + _str(f"edgekit-probe-{level}")
+    body = mqtt_string("MQTT") + bytes([level, 0x02]) + struct.pack("!H", 30) + props + mqtt_string(f"edgekit-probe-{level}")
     with socket.create_connection((HOST, port), timeout=10) as s:
-        s.sendall(_packet(0x10, body))
+        s.sendall(mqtt_packet(0x10, body))
         return s.recv(16)
 
 

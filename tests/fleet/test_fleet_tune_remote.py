@@ -343,7 +343,7 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
         mqtt: Any, agent: dict[str, Any], models: dict[str, Path], work: Path, tmp_path: Path) -> None:
     from edge.errors import EdgeError
     from edge.tune.search import Schedule
-    from edge.tune.measure import _score
+    from edge.tune.measure import trial_score
 
     kw: dict[str, Any] = dict(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu",
                               cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"],
@@ -356,8 +356,8 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
     (out,) = [t for t in r.trials if t["status"] == "eliminated at 0:2x6"]
     finalists = [t for t in r.trials if t is not out]
     assert list(out["rungs"]) == ["0:2x6"] and all(list(t["rungs"]) == ["0:2x6", "1:2x5"] for t in finalists)
-    worst = _score("latency", out["rungs"]["0:2x6"]["rep_scores"])
-    assert all(_score("latency", t["rungs"]["0:2x6"]["rep_scores"]) <= worst for t in finalists)
+    worst = trial_score("latency", out["rungs"]["0:2x6"]["rep_scores"])
+    assert all(trial_score("latency", t["rungs"]["0:2x6"]["rep_scores"]) <= worst for t in finalists)
     assert all(t["parity"]["trial"]["passed"] is True for t in r.trials)  # checked on the device, every rung
     assert r.winner in finalists and r.winner["result"]["rung"] == "1:2x5"
     log = agent["log"].read_text()

@@ -342,17 +342,17 @@ def test_anchor_relative_ranking_across_chunks() -> None:
 
 
 def test_study_refuses_a_bad_anchor_record(tmp_path: Path) -> None:
-    from edge.tune.search import _load_study, _save_study
+    from edge.tune.search import load_study, save_study
 
     header = {"model_sha256": "x"}
     good = {"status": "measured", "rungs": {"0:2x5": {"rep_scores": [1.0], "vs_anchor": 0.5, "anchor": {"id": "a"}}}}
     path = tmp_path / "study.json"
-    _save_study(path, header, {"t": good})
-    assert _load_study(path, header)["t"]["rungs"]["0:2x5"]["vs_anchor"] == 0.5
+    save_study(path, header, {"t": good})
+    assert load_study(path, header)["t"]["rungs"]["0:2x5"]["vs_anchor"] == 0.5
     for bad in (float("nan"), 0, "1", True):
-        _save_study(path, header, {"t": {**good, "rungs": {"0:2x5": {**good["rungs"]["0:2x5"], "vs_anchor": bad}}}})
+        save_study(path, header, {"t": {**good, "rungs": {"0:2x5": {**good["rungs"]["0:2x5"], "vs_anchor": bad}}}})
         with pytest.raises(EdgeError, match="vs_anchor must be a finite number > 0"):
-            _load_study(path, header)
+            load_study(path, header)
 
 
 def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch

@@ -22,7 +22,7 @@ from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.targets import get_target
 from edge.tune.search import Schedule, tune
-from edge.tune.measure import _open
+from edge.tune.measure import open_trial_runner
 from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, batch_plan, build_space
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
@@ -148,7 +148,7 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
                   force=True)
     assert two.manifest["parity"]["passed"] is True
     rec: dict[str, Any] = {}
-    runner, feeds = _open(rec, two, Config("onnxruntime", "fp32", batch=2), single=one)
+    runner, feeds = open_trial_runner(rec, two, Config("onnxruntime", "fp32", batch=2), single=one)
     runner.close()
     assert feeds["input"].shape == (2, 3, 4, 4)
     par = rec["parity"]
@@ -157,7 +157,7 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
     assert any(f.startswith("per item at batch 2") for f in par["failures"])
     # without a batch-1 bundle to check against, a batched trial is not verified (never chosen either)
     rec = {}
-    _open(rec, two, Config("onnxruntime", "fp32", batch=2), single=None)[0].close()
+    open_trial_runner(rec, two, Config("onnxruntime", "fp32", batch=2), single=None)[0].close()
     assert rec["parity"]["passed"] is None and "per-item check not run" in rec["parity"]["failures"][-1]
 
 

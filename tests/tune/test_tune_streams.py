@@ -17,7 +17,7 @@ from edge.errors import EdgeError
 from edge.bundle.schema import Invalid, RunnerSpec, check_runner
 from edge.targets import get_target
 from edge.tune.search import Schedule, tune
-from edge.tune.measure import _measure_infer
+from edge.tune.measure import measure_infer
 from edge.tune.space import STREAMS, build_space, usable_cpus
 from edge.tune.overlay import read_overlay, write_overlay
 
@@ -38,7 +38,7 @@ def ir(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Pat
     return xml
 
 
-def _open(xml: Path, **options: object) -> OpenVINORunner:
+def open_trial_runner(xml: Path, **options: object) -> OpenVINORunner:
     return OpenVINORunner(xml, options={"device": ["CPU"], **options})
 
 
@@ -63,24 +63,24 @@ def _feeds(runner: OpenVINORunner, n: int, seed: int = 0) -> list[dict[str, np.n
 def test_num_streams_reaches_openvino_and_is_read_back(ir: Path) -> None:
     asked = [1, 2] if CPUS >= 2 else [1]
     for n in asked:
-        with _open(ir, performance_hint="THROUGHPUT", num_streams=n) as r:
+        with open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams=n) as r:
             streams, nireq, hint = _read_back(r)
             assert streams == n and hint == "THROUGHPUT"
             d = r.info.details
             assert d["num_streams"] == streams and d["num_streams_option"] == n and "streams_note" not in d
             assert d["optimal_requests"] == nireq and r.requests == nireq >= 1
-    with _open(ir, performance_hint="THROUGHPUT", num_streams="auto") as r:  # OpenVINO's own choice
+    with open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams="auto") as r:  # OpenVINO's own choice
         streams, nireq, _ = _read_back(r)
         assert r.info.details["num_streams_option"] == "AUTO" and r.info.details["num_streams"] == streams >= 1
     # more streams than CPUs: OpenVINO runs what it can; a difference from what was asked is said, not hidden
     many = min(4 * CPUS, 1024)
-    with _open(ir, performance_hint="THROUGHPUT", num_streams=many) as r:
+    with open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams=many) as r:
         streams, _, _ = _read_back(r)
         d = r.info.details
         assert d["num_streams"] == streams
         assert (d.get("streams_note") == f"asked for {many} streams; CPU runs {streams}") == (streams != many)
     # not set: the hint decides (LATENCY: one stream, one request here), recorded as read back
-    with _open(ir) as r:
+    with open_trial_runner(ir) as r:
         streams, nireq, hint = _read_back(r)
         assert hint == "LATENCY" and r.info.details["num_streams_option"] == 0
         assert r.info.details["num_streams"] == streams and r.requests == nireq
@@ -90,7 +90,7 @@ def test_num_streams_reaches_openvino_and_is_read_back(ir: Path) -> None:
 def test_latency_hint_with_streams_is_what_the_space_prunes(ir: Path) -> None:
     """The space prunes num_streams under LATENCY because OpenVINO lets NUM_STREAMS override the hint's one stream
     (it keeps reporting LATENCY): checked against the installed OpenVINO, so the reason stays true."""
-    with _open(ir, performance_hint="LATENCY", num_streams=2) as r:
+    with open_trial_runner(ir, performance_hint="LATENCY", num_streams=2) as r:
         assert _read_back(r) == (2, 2, "LATENCY")
 
 
@@ -104,7 +104,7 @@ def test_latency_hint_with_streams_is_what_the_space_prunes(ir: Path) -> None:
 ])
 def test_nonsense_streams_are_refused_in_one_line(ir: Path, options: dict, message: str) -> None:
     with pytest.raises(EdgeError, match=message) as e:
-        _open(ir, **options)
+        open_trial_runner(ir, **options)
     assert "\n" not in str(e.value)
 
 
@@ -119,7 +119,7 @@ def test_manifest_takes_num_streams_typed() -> None:
 # -- the concurrent path ----------------------------------------------------------------------------
 
 def test_concurrent_outputs_are_the_synchronous_ones(ir: Path) -> None:
-    with _open(ir, performance_hint="THROUGHPUT", num_streams=min(2, CPUS)) as r:
+    with open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams=min(2, CPUS)) as r:
         feeds = _feeds(r, 7)
         sync = [r.infer(f) for f in feeds]
         for requests in (None, 3):  # the optimal number, and more requests than streams
@@ -140,18 +140,18 @@ def test_concurrent_outputs_are_the_synchronous_ones(ir: Path) -> None:
 def test_throughput_measures_openvino_with_its_requests_in_flight(ir: Path, models: dict[str, Path]) -> None:
     from edge.backends.onnxruntime.run import OnnxRuntimeRunner
 
-    tp = _open(ir, performance_hint="THROUGHPUT", num_streams=min(2, CPUS))
-    lat = _open(ir, performance_hint="LATENCY")
+    tp = open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams=min(2, CPUS))
+    lat = open_trial_runner(ir, performance_hint="LATENCY")
     ort = OnnxRuntimeRunner(models["tiny"])
     opened = {n: (r, _feeds(r, 1)[0]) for n, r in (("tp", tp), ("lat", lat), ("ort", ort))}
     try:
-        got = _measure_infer(opened, "throughput", reps=2, iters=8, warmup=1, batches={"tp": 2})
+        got = measure_infer(opened, "throughput", reps=2, iters=8, warmup=1, batches={"tp": 2})
         assert got["tp"]["requests"] == _read_back(tp)[1] == tp.requests
         assert got["lat"]["requests"] == 1 and got["ort"]["requests"] == 1  # one request at a time
         for m in got.values():
             assert len(m["rep_scores"]) == 2 and all(x < 0 for x in m["rep_scores"]) and m["fps"] > 0
         # the latency objective: one synchronous request at a time, whatever the hint
-        assert _measure_infer(opened, "latency", reps=1, iters=4, warmup=0)["tp"]["requests"] == 1
+        assert measure_infer(opened, "latency", reps=1, iters=4, warmup=0)["tp"]["requests"] == 1
     finally:
         for r, _ in opened.values():
             r.close()
@@ -196,6 +196,6 @@ def test_throughput_tune_records_requests_and_streams(tmp_path: Path, models: di
     for t in measured:
         opts = {k: v for k, v in t["options"].items() if k != "device"}
         assert "num_streams" not in opts or opts["performance_hint"] == "THROUGHPUT"
-        with _open(ir, **opts) as runner:  # what OpenVINO reports for the trial's options: its requests in flight
+        with open_trial_runner(ir, **opts) as runner:  # what OpenVINO reports for the trial's options: its requests in flight
             assert t["result"]["requests"] == runner.requests == _read_back(runner)[1]
     assert all("requests" in (t["result"] or {"requests": 0}) for t in r.to_json()["trials"])

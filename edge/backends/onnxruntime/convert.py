@@ -33,7 +33,7 @@ _U8S8_ASSUMPTION = ("8-bit weights, no reduce_range: exact where the CPU has an 
                     "ARM dotprod); on x86 CPUs without one (e.g. AVX2-only AMD Zen 2) the onnxruntime runner computes "
                     "u8u8 (x64_quant_precision, on by default), since u8s8 with vpmaddubsw saturates there")
 
-_CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
 
@@ -117,7 +117,7 @@ class OnnxToOnnx(Converter):
 
         def build(kept: list[str]) -> Any:
             # keep_io_types: callers keep feeding float32 and receive float32
-            with _quiet_root_logger():
+            with quiet_root_logger():
                 half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False,
                                                 node_block_list=kept)
             recipes.drop_fp16_round_trips(half)
@@ -150,8 +150,8 @@ class OnnxToOnnx(Converter):
         act = _qtype(q, opts.get("activation_type", "uint8"), "activation_type")
         wt = _qtype(q, opts.get("weight_type", "int8"), "weight_type")
         method_name = opts.get("calibrate_method", "minmax")
-        if method_name not in _CALIBRATE:
-            raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method_name!r}")
+        if method_name not in CALIBRATE:
+            raise ConversionError(f"calibrate_method must be one of {', '.join(CALIBRATE)}, got {method_name!r}")
         per_channel = bool(opts.get("per_channel", True))
         from edge.graph import recipes
 
@@ -163,7 +163,7 @@ class OnnxToOnnx(Converter):
 
         ort.set_default_logger_severity(3)
         tried: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp, _quiet_root_logger():
+        with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp, quiet_root_logger():
             source = request.source
             model = load_onnx(source)
             opset = opset_of(model)
@@ -183,9 +183,9 @@ class OnnxToOnnx(Converter):
 
             def _quantize_static(prepped: Path, exclude: list[str], method: str) -> None:
                 q.quantize_static(
-                    str(prepped), str(out), _Reader(request.calibration.samples),  # type: ignore[union-attr]
+                    str(prepped), str(out), Reader(request.calibration.samples),  # type: ignore[union-attr]
                     quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt, per_channel=per_channel,
-                    calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method]), nodes_to_exclude=exclude,
+                    calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), nodes_to_exclude=exclude,
                 )
 
             for skip_optimization in (False, True):
@@ -223,7 +223,7 @@ class OnnxToOnnx(Converter):
 
         op_types = list(request.options.get("dynamic_op_types", ["MatMul", "Gemm"]))
         wt = _qtype(q, request.options.get("weight_type", "int8"), "weight_type")
-        with _quiet_root_logger():
+        with quiet_root_logger():
             q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
         source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
         matched = sum(op in op_types for op in source_ops)
@@ -302,7 +302,7 @@ def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: 
 
 
 @contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
+def quiet_root_logger() -> Iterator[None]:
     """onnxruntime's quantizer logs through the root logger (dozens of WARNING lines per model)."""
     root = logging.getLogger()
     level = root.level
@@ -319,7 +319,7 @@ def _qtype(q: Any, name: str, option: str) -> Any:
     return getattr(q.QuantType, _QTYPES[name])
 
 
-class _Reader:
+class Reader:
     """onnxruntime's CalibrationDataReader protocol over in-memory samples."""
 
     def __init__(self, samples: tuple[Mapping[str, Any], ...]) -> None:

@@ -41,14 +41,14 @@ _PRESETS = ("performance", "mixed")
 _WEIGHT_TYPES = frozenset({"f64", "f32", "f16", "bf16", "i8", "u8", "i4", "u4", "nf4", "f8e4m3", "f8e5m2"})
 
 
-def _dist_version(dist: str, fallback: str = "unknown") -> str:
+def dist_version(dist: str, fallback: str = "unknown") -> str:
     try:
         return version(dist)
     except PackageNotFoundError:
         return fallback
 
 
-def _weight_types(model: Any) -> dict[str, int]:
+def weight_types(model: Any) -> dict[str, int]:
     """Count of weight-like Constants per element type, e.g. {"f32": 7}."""
     counts: Counter[str] = Counter()
     for op in model.get_ordered_ops():
@@ -59,7 +59,7 @@ def _weight_types(model: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _op_counts(model: Any, *types: str) -> dict[str, int]:
+def op_counts(model: Any, *types: str) -> dict[str, int]:
     counts = Counter(op.get_type_name() for op in model.get_ordered_ops())
     return {t: counts.get(t, 0) for t in types}
 
@@ -232,15 +232,15 @@ class OnnxToOpenVINO(Converter):
             model = ov.convert_model(str(source))
         except Exception as e:
             raise ConversionError(f"OpenVINO could not convert {source}: {type(e).__name__}: {str(e)[:500]}") from e
-        source_types = _weight_types(model)
+        source_types = weight_types(model)
 
-        tool_versions = {"openvino": _dist_version("openvino", ov.get_version().split("-", 1)[0])}
+        tool_versions = {"openvino": dist_version("openvino", ov.get_version().split("-", 1)[0])}
         details: dict[str, Any] = {"openvino_build": ov.get_version()}
         notes: list[str] = []
         if int8:
             assert preset is not None and subset_size is not None
             model, used = self._quantize(model, request, preset, subset_size, overflow_fix)
-            tool_versions["nncf"] = _dist_version("nncf")
+            tool_versions["nncf"] = dist_version("nncf")
             details.update(nncf_preset=preset, nncf_subset_size=used, calibration_samples=len(request.calibration.samples),  # type: ignore[union-attr]
                            nncf_overflow_fix=overflow_fix, isa_assumption=_OVERFLOW_FIX[overflow_fix])
             if used < subset_size:
@@ -279,13 +279,13 @@ class OnnxToOpenVINO(Converter):
         except Exception as e:
             raise ConversionError(f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: "
                                   f"{type(e).__name__}: {str(e)[:500]}") from e
-        saved_types = _weight_types(saved)
+        saved_types = weight_types(saved)
         if request.precision in ("fp32", "int8") and "f16" in saved_types and "f16" not in source_types:
             raise ConversionError(f"OpenVINO saved f16 weights for {source} although compress_to_fp16=False "
                                   f"(weights: {saved_types}); the {request.precision} IR would not be what it claims")
         if compress and "f16" not in saved_types and saved_types:
             notes.append(f"compress_to_fp16 left no f16 weights (weights: {saved_types})")
-        ops = _op_counts(saved, "FakeQuantize", "FakeConvert")
+        ops = op_counts(saved, "FakeQuantize", "FakeConvert")
         if int8 and not ops["FakeQuantize"]:
             raise ConversionError(f"NNCF quantized no operation of {source} (no FakeQuantize in the IR)",
                                   hint="the model may have no Conv/MatMul/Gemm; use fp16 or fp32")

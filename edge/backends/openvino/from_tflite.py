@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.backends.openvino.convert import (NNCF_REQUIREMENT, OnnxToOpenVINO, _dist_version, _op_counts,
-                                            _weight_types, overflow_fix_option)
+from edge.backends.openvino.convert import (NNCF_REQUIREMENT, OnnxToOpenVINO, dist_version, op_counts,
+                                            weight_types, overflow_fix_option)
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
@@ -127,7 +127,7 @@ class TFLiteToOpenVINO(Converter):
         source = Path(request.source)
         readable, lowered = prepare_tflite(source, tmp)  # MediaPipe's custom ops -> builtins
         model = self._read(ov, readable, source)
-        source_types = _weight_types(model)
+        source_types = weight_types(model)
         details: dict[str, Any] = {"openvino_build": ov.get_version(), "frontend": "tflite"}
         if lowered:
             details["tflite_rewrite"] = lowered
@@ -137,11 +137,11 @@ class TFLiteToOpenVINO(Converter):
         if request.precision in ("fp32", "int8"):
             folded = fold_f16_constants(model)
             details["f16_weights_folded_to_f32"] = folded
-        tool_versions = {"openvino": _dist_version("openvino", ov.get_version().split("-", 1)[0])}
+        tool_versions = {"openvino": dist_version("openvino", ov.get_version().split("-", 1)[0])}
         if int8:
             assert preset is not None and subset_size is not None
             model, used = helper._quantize(model, request, preset, subset_size, overflow_fix)
-            tool_versions["nncf"] = _dist_version("nncf")
+            tool_versions["nncf"] = dist_version("nncf")
             details.update(nncf_preset=preset, nncf_subset_size=used, nncf_overflow_fix=overflow_fix)
         compress = request.precision == "fp16"
         if compress:
@@ -154,11 +154,11 @@ class TFLiteToOpenVINO(Converter):
         except Exception as e:  # noqa: BLE001
             raise ConversionError(f"OpenVINO could not save the IR of {source.name}: {type(e).__name__}: "
                                   f"{str(e)[:300]}") from None
-        saved_types = _weight_types(saved)
+        saved_types = weight_types(saved)
         if request.precision in ("fp32", "int8") and "f16" in saved_types:
             raise ConversionError(f"the {request.precision} IR of {source.name} still holds f16 weights "
                                   f"({saved_types}) after folding {folded}; it would not be what it claims")
-        if int8 and not _op_counts(saved, "FakeQuantize")["FakeQuantize"]:
+        if int8 and not op_counts(saved, "FakeQuantize")["FakeQuantize"]:
             raise ConversionError(f"NNCF quantized no operation of {source.name} (no FakeQuantize in the IR)")
         details.update(compress_to_fp16=compress, weight_element_types=saved_types,
                        source_weight_element_types=source_types, bin_bytes=xml.with_suffix(".bin").stat().st_size,

@@ -179,22 +179,22 @@ def quantize_symmetric_qdq(source: Path, out: Path, request: ConversionRequest, 
     """TensorRT explicit quantization: int8 QDQ, symmetric activations and weights, fp32 biases."""
     from onnxruntime import quantization as q
 
-    from edge.backends.onnxruntime.convert import _CALIBRATE, _quiet_root_logger, _Reader
+    from edge.backends.onnxruntime.convert import CALIBRATE, quiet_root_logger, Reader
 
     if request.calibration is None or not request.calibration.samples:
         raise CalibrationError("int8 for TensorRT needs calibration samples",
                                hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random")
     method = str(opts.get("calibrate_method", "minmax"))
-    if method not in _CALIBRATE:
-        raise ConversionError(f"calibrate_method must be one of {', '.join(_CALIBRATE)}, got {method!r}")
+    if method not in CALIBRATE:
+        raise ConversionError(f"calibrate_method must be one of {', '.join(CALIBRATE)}, got {method!r}")
     per_channel = bool(opts.get("per_channel", True))
     extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
     try:
-        with _quiet_root_logger():
-            q.quantize_static(str(source), str(out), _Reader(request.calibration.samples),
+        with quiet_root_logger():
+            q.quantize_static(str(source), str(out), Reader(request.calibration.samples),
                               quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8,
                               weight_type=q.QuantType.QInt8, per_channel=per_channel,
-                              calibrate_method=getattr(q.CalibrationMethod, _CALIBRATE[method]), extra_options=extra)
+                              calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), extra_options=extra)
     except Exception as e:
         raise ConversionError(f"int8 QDQ quantization of {request.source.name} failed: {type(e).__name__}: "
                               f"{str(e)[:300]}") from e
