@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from edge.capabilities import Host, current_host
 from edge.pipeline import conversion_problems, runnable_here
+from edge.toolchains import aarch64
 from edge.targets import TargetProfile, load_targets
 
 
@@ -35,3 +36,11 @@ def doctor(targets_dir: Iterable[str | os.PathLike[str]] = (), host: Host | None
     host = host or current_host()
     return [TargetHealth(t, tuple(conversion_problems(t, host)), runnable_here(t, host))
             for t in load_targets(targets_dir).values()]
+
+
+def emulation() -> dict[str, dict[str, Any]]:
+    """Per device ISA this host can check under emulation (``edgekit verify --isa``): ready or not, and one line
+    saying what it runs with, how to install it, or what this host lacks."""
+    st = aarch64.status()
+    return {aarch64.ISA: {"ready": st.usable, "detail": aarch64.describe()}}
+

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
+from rich.markup import escape
 from rich.table import Table
 
 from edge.capabilities import current_host
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json
-from edge.doctor import doctor
+from edge.doctor import doctor, emulation
 
 
 def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut) -> None:
@@ -17,7 +18,7 @@ def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = J
     health = doctor(dirs(targets_dir))
     host = current_host()
     if as_json:
-        print_json({"host": host.describe(), "targets": [h.to_json() for h in health]})
+        print_json({"host": host.describe(), "targets": [h.to_json() for h in health], "emulation": emulation()})
         return
     t = Table(title=f"edgekit doctor: this host is {host.describe()}")
     for col in ("target", "convert here", "run here", "what is missing"):
@@ -27,3 +28,8 @@ def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = J
         t.add_row(h.target.name, "[green]yes[/]" if h.can_convert else "[red]no[/]",
                   "[green]yes[/]" if h.can_run else "[yellow]no[/]", "\n".join(missing) or "-")
     console.print(t)
+    for isa, e in emulation().items():
+        console.print(f"{isa} (emulated, `edgekit verify --isa {isa}`): "
+                      + (f"[green]{escape(e['detail'])}[/]" if e["ready"] else f"[yellow]{escape(e['detail'])}[/]"),
+                      highlight=False)
+

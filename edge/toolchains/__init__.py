@@ -29,15 +29,18 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from edge.errors import EdgeError, MissingDependencyError
+from edge.toolchains.state import (  # noqa: F401 - re-exported: callers and tests use these names here
+    ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root,
+)
+from edge.toolchains.state import run_logged as _run
+from edge.toolchains import aarch64
 
-ENV_VAR = "EDGEKIT_TOOLCHAINS"
-STATE_FILE = "toolchain.json"
 _HERE = Path(__file__).resolve().parent
 
 Output = Callable[[str], None]
@@ -59,6 +62,9 @@ class ToolchainSpec:
     #: names it had before (still accepted everywhere a name is, and an install made under one is used as it is:
     #: a venv cannot be moved)
     former_names: tuple[str, ...] = ()
+    #: "venv": a virtual environment of this host's Python (above); "emulator": ``edge.toolchains.aarch64``
+    #: (qemu, an arm64 root and aarch64 wheels), installed and checked by that module
+    kind: str = "venv"
 
     @property
     def lock_text(self) -> str:
@@ -114,6 +120,21 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         # named for Core ML first; it holds torch, which every PyTorch source needs, whatever the target
         former_names=("coreml",),
     ),
+    "aarch64": ToolchainSpec(
+        name="aarch64",
+        purpose="an emulated aarch64 device (qemu-user, Debian arm64, the aarch64 LiteRT/onnxruntime wheels) for "
+                "`edgekit verify --isa aarch64` and the agent's aarch64 test",
+        requirements=aarch64.WHEELS,
+        lock=aarch64.LOCK_FILE,
+        lock_platform="linux-aarch64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 14),  # the host's pip only downloads and unpacks
+        imports=("numpy", "onnxruntime", "ai_edge_litert.interpreter", "paho.mqtt.client", "cryptography"),
+        programs=(),
+        versions=("ai-edge-litert", "onnxruntime", "numpy"),
+        size_hint=aarch64.SIZE_HINT,
+        kind="emulator",
+    ),
 }
 
 
@@ -130,14 +151,6 @@ def get_spec(name: str) -> ToolchainSpec:
         raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, [*TOOLCHAINS, *aliases()])}"
                         f"known toolchains: {', '.join(TOOLCHAINS)}")
     return TOOLCHAINS[name]
-
-
-def root() -> Path:
-    env = os.environ.get(ENV_VAR, "").strip()
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(cache) if cache else Path.home() / ".cache") / "edgekit" / "toolchains"
 
 
 def toolchain_dir(name: str) -> Path:
@@ -174,63 +187,10 @@ def _dist_fingerprint(venv: Path) -> str:
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
 
 
-_INSTALLERS = ("pip", "setuptools")  # come with the Python build, not with the spec: left out of locks
-
-
-def lock_lines(freeze_lines: Iterable[str]) -> list[str]:
-    """``pip freeze --all`` lines that describe the environment: sorted, without pip/setuptools."""
-    out = [ln.strip() for ln in freeze_lines if ln.strip() and not ln.startswith("#")]
-    return sorted(ln for ln in out if ln.split("==")[0].lower() not in _INSTALLERS)
-
-
-def lock_hash(freeze_lines: Iterable[str]) -> str:
-    lines = lock_lines(freeze_lines)
-    return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
-
-
-@dataclass
-class ToolchainStatus:
-    name: str
-    path: Path
-    installed: bool
-    problem: str | None = None  # why it is not usable (None when it is)
-    python: str | None = None
-    lock_hash: str | None = None
-    reference_lock: bool | None = None  # installed with the reference lock as constraints
-    matches_reference: bool | None = None  # freeze equals the reference lock exactly
-    packages: dict[str, str] = field(default_factory=dict)
-    created_utc: str | None = None
-    install_seconds: float | None = None
-    offline: dict[str, Any] | None = None  # set on the status run_driver returns: what kept that run offline
-
-    @property
-    def usable(self) -> bool:
-        return self.installed and self.problem is None
-
-    @property
-    def venv(self) -> Path:
-        return self.path / "venv"
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["path"] = str(self.path)
-        d["usable"] = self.usable
-        if d["offline"] is None:
-            del d["offline"]
-        return d
-
-    def manifest_record(self) -> dict[str, Any]:
-        """What a converter writes into the manifest: enough to rebuild the environment exactly."""
-        record = {"name": self.name, "lock_hash": self.lock_hash, "python": self.python,
-                  "reference_lock": self.reference_lock, "matches_reference": self.matches_reference,
-                  "packages": self.packages}
-        if self.offline is not None:
-            record["offline"] = self.offline
-        return record
-
-
 def status(name: str) -> ToolchainStatus:
     spec = get_spec(name)
+    if spec.kind == "emulator":
+        return aarch64.status()
     d = toolchain_dir(name)
     st = ToolchainStatus(name=spec.name, path=d, installed=False)
     state_file = d / STATE_FILE
@@ -282,33 +242,6 @@ def require(name: str, what: str) -> ToolchainStatus:
 
 # -- install -----------------------------------------------------------------------------
 
-def _run(cmd: list[str], log: Any, on_output: Output | None, *, env: Mapping[str, str] | None = None) -> str:
-    """Run ``cmd``, streaming its output lines to ``log`` and ``on_output``; the output on success."""
-    log.write(f"$ {' '.join(cmd)}\n")
-    log.flush()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=dict(env) if env is not None else None)
-    lines: list[str] = []
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            log.write(line)
-            if on_output is not None:
-                on_output(line.rstrip("\n"))
-        rc = proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    out = "".join(lines)
-    if rc != 0:
-        tail = " | ".join(ln.strip() for ln in lines[-8:] if ln.strip())
-        raise EdgeError(f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}",
-                        hint=f"full log: {log.name}")
-    return out
-
-
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV", "PYTHONSTARTUP")}
@@ -329,6 +262,8 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
     ``on_step`` gets one line per step, ``on_output`` every line pip prints (also in ``install.log``).
     """
     spec = get_spec(name)
+    if spec.kind == "emulator":
+        return aarch64.install(force=force, on_step=on_step, on_output=on_output)
     say = on_step or (lambda _line: None)
     v = sys.version_info[:2]
     if not spec.python_min <= v <= spec.python_max:

@@ -1,0 +1,112 @@
+"""What every toolchain shares: where toolchains live, their state file, lock hashing and the status record.
+
+Kept apart from ``edge.toolchains`` (which re-exports it) so that a toolchain of another kind
+(``edge.toolchains.aarch64``: an emulator, not a venv) uses the same pieces without importing the package
+that dispatches to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from edge.errors import EdgeError
+
+ENV_VAR = "EDGEKIT_TOOLCHAINS"
+STATE_FILE = "toolchain.json"
+
+Output = Callable[[str], None]
+
+
+def root() -> Path:
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(cache) if cache else Path.home() / ".cache") / "edgekit" / "toolchains"
+
+
+INSTALLERS = ("pip", "setuptools")  # come with the Python build, not with the spec: left out of locks
+
+
+def lock_lines(freeze_lines: Iterable[str]) -> list[str]:
+    """``pip freeze --all`` lines that describe the environment: sorted, without pip/setuptools."""
+    out = [ln.strip() for ln in freeze_lines if ln.strip() and not ln.startswith("#")]
+    return sorted(ln for ln in out if ln.split("==")[0].lower() not in INSTALLERS)
+
+
+def lock_hash(freeze_lines: Iterable[str]) -> str:
+    lines = lock_lines(freeze_lines)
+    return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
+
+
+@dataclass
+class ToolchainStatus:
+    name: str
+    path: Path
+    installed: bool
+    problem: str | None = None  # why it is not usable (None when it is)
+    python: str | None = None
+    lock_hash: str | None = None
+    reference_lock: bool | None = None  # installed with the reference lock as constraints
+    matches_reference: bool | None = None  # freeze equals the reference lock exactly
+    packages: dict[str, str] = field(default_factory=dict)
+    created_utc: str | None = None
+    install_seconds: float | None = None
+    offline: dict[str, Any] | None = None  # set on the status run_driver returns: what kept that run offline
+
+    @property
+    def usable(self) -> bool:
+        return self.installed and self.problem is None
+
+    @property
+    def venv(self) -> Path:
+        return self.path / "venv"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        d["usable"] = self.usable
+        if d["offline"] is None:
+            del d["offline"]
+        return d
+
+    def manifest_record(self) -> dict[str, Any]:
+        """What a converter writes into the manifest: enough to rebuild the environment exactly."""
+        record = {"name": self.name, "lock_hash": self.lock_hash, "python": self.python,
+                  "reference_lock": self.reference_lock, "matches_reference": self.matches_reference,
+                  "packages": self.packages}
+        if self.offline is not None:
+            record["offline"] = self.offline
+        return record
+
+
+def run_logged(cmd: list[str], log: Any, on_output: Output | None, *, env: Mapping[str, str] | None = None) -> str:
+    """Run ``cmd`` (an install step), streaming its output lines to ``log`` and ``on_output``; the output on success."""
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=dict(env) if env is not None else None)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            log.write(line)
+            if on_output is not None:
+                on_output(line.rstrip("\n"))
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    out = "".join(lines)
+    if rc != 0:
+        tail = " | ".join(ln.strip() for ln in lines[-8:] if ln.strip())
+        raise EdgeError(f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}",
+                        hint=f"full log: {log.name}")
+    return out

@@ -1,0 +1,77 @@
+"""The aarch64 emulator toolchain: what it installed runs the device runtimes on the ARM instruction set."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from edge import toolchains
+from edge.errors import EdgeError
+from edge.toolchains import aarch64
+from tests.conftest import run_cli
+from tests.emulation import emulator_or_skip
+
+_INDEX = """Package: qemu-system
+Version: 1:10.0.2
+Architecture: amd64
+Filename: pool/main/q/qemu/qemu-system_10.0.2_amd64.deb
+SHA256: {a}
+
+Package: qemu-user
+Version: 1:10.0.2+ds-2~bpo12+1
+Architecture: amd64
+Filename: pool/main/q/qemu/qemu-user_10.0.2_amd64.deb
+SHA256: {b}
+"""
+
+
+def test_packages_index_is_read_and_checked() -> None:
+    text = _INDEX.format(a="a" * 64, b="b" * 64)
+    e = aarch64.parse_packages_index(text, "qemu-user")
+    assert e == aarch64.DebEntry("qemu-user", "1:10.0.2+ds-2~bpo12+1", "pool/main/q/qemu/qemu-user_10.0.2_amd64.deb",
+                                 "b" * 64)
+    assert aarch64.parse_packages_index(text, "qemu-user-static") is None
+    for bad in (text.replace("pool/main/q/qemu/qemu-user_", "pool/../../etc/qemu-user_"),
+                text.replace("b" * 64, "B" * 64), text.replace("Filename: pool", "Filename: /pool")):
+        with pytest.raises(EdgeError, match="malformed"):
+            aarch64.parse_packages_index(bad, "qemu-user")
+    assert lzma.decompress(lzma.compress(text.encode())).decode() == text  # what the install reads: xz
+
+
+def test_a_host_that_cannot_is_told_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(toolchains.ENV_VAR, str(tmp_path / "tc"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap, dpkg-deb or wget on it
+    monkeypatch.setattr(aarch64, "_which", lambda p: None)
+    problems = aarch64.host_problems()
+    assert any("debootstrap, dpkg-deb, wget missing" in p for p in problems), problems
+    st = toolchains.status("aarch64")
+    assert not st.usable and "cannot be installed on this host" in (st.problem or "")
+    assert "\n" not in (st.problem or "")
+    with pytest.raises(toolchains.MissingDependencyError, match="debootstrap"):
+        toolchains.install("aarch64")
+    assert not (tmp_path / "tc" / "aarch64").exists()
+
+
+def test_not_installed_names_the_install_command(tmp_path: Path) -> None:
+    env = {toolchains.ENV_VAR: str(tmp_path / "tc")}
+    doc = json.loads(run_cli("doctor", "--json", env=env).stdout)["emulation"]["aarch64"]
+    assert doc["ready"] is False
+    if not aarch64.host_problems():
+        assert "edgekit toolchain install aarch64" in doc["detail"]
+
+
+def test_the_installed_guest_is_an_arm_core() -> None:
+    em = emulator_or_skip()
+    st = toolchains.status("aarch64")
+    assert st.usable and st.matches_reference and st.packages["onnxruntime"] == "1.32.0"
+    assert st.lock_hash == toolchains.lock_hash(f"{k}=={v}" for k, v in st.packages.items())
+    seen = aarch64.probe(em.with_cpu("cortex-a72"))  # Raspberry Pi 4: ARM part 0xd08, as qemu emulates it
+    assert seen["machine"] == "aarch64" and seen["cpu_part"] == "0xd08", seen
+    assert seen["versions"]["ai-edge-litert"] == "2.3.0" and seen["versions"]["numpy"] == "2.4.6"
+    with pytest.raises(EdgeError, match="unknown emulated core 'max'"):
+        em.with_cpu("max")
+    doc = json.loads(run_cli("doctor", "--json").stdout)["emulation"]["aarch64"]
+    assert doc["ready"] is True and "qemu-aarch64 10." in doc["detail"]
