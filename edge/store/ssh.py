@@ -28,12 +28,24 @@ from edge.store.remote import REMOTE_SCRIPT
 SSH_OPTIONS_ENV = "EDGEKIT_SSH_OPTIONS"
 URL_HINT = "use ssh://user@host/path/to/store (user@ and :port are optional)"
 
-# ssh options that run a command or load code on this host (or replace the remote command): never
-# from an environment variable a deploy script may inherit.
-REFUSED_SSH_OPTIONS = frozenset({
-    "proxycommand", "localcommand", "permitlocalcommand", "knownhostscommand", "remotecommand", "match",
-    "include", "pkcs11provider", "securitykeyprovider", "sessiontype", "stdinnull", "forkafterauthentication",
-})
+# The ssh options $EDGEKIT_SSH_OPTIONS may set: how to authenticate, which host keys to trust, timeouts and
+# keep-alives, algorithms, logging. Everything else is refused: options that run a command or load code on
+# this host (ProxyCommand, LocalCommand, XAuthLocation, KnownHostsCommand, PKCS11Provider, ...), that send
+# the connection elsewhere than the URL names (Hostname, ProxyJump, ControlPath, User), that forward
+# anything to the device (ForwardX11, ForwardAgent, LocalForward, ...) or read more configuration
+# (Include, Match). An allow-list, so an option ssh adds tomorrow is refused until someone reads it.
+ALLOWED_SSH_OPTIONS = {k.lower(): k for k in (
+    "IdentityFile", "IdentitiesOnly", "IdentityAgent", "CertificateFile", "Port",
+    "UserKnownHostsFile", "GlobalKnownHostsFile", "StrictHostKeyChecking", "CheckHostIP", "HashKnownHosts",
+    "UpdateHostKeys", "VerifyHostKeyDNS", "HostKeyAlgorithms",
+    "ConnectTimeout", "ConnectionAttempts", "ServerAliveInterval", "ServerAliveCountMax", "TCPKeepAlive",
+    "AddressFamily", "IPQoS", "Compression", "RekeyLimit", "LogLevel",
+    "Ciphers", "MACs", "KexAlgorithms", "PubkeyAcceptedAlgorithms", "PubkeyAcceptedKeyTypes",
+    "CASignatureAlgorithms", "PreferredAuthentications", "PubkeyAuthentication", "PasswordAuthentication",
+    "KbdInteractiveAuthentication", "NumberOfPasswordPrompts",
+)}
+SSH_OPTIONS_HINT = ("allowed: " + ", ".join(sorted(ALLOWED_SSH_OPTIONS.values(), key=str.lower))
+                    + "; anything else belongs in ~/.ssh/config for the host, if you mean it")
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})")
@@ -107,7 +119,7 @@ def parse_ssh_url(url: str) -> SshAddress:
 
 
 def check_ssh_options(tokens: Sequence[str], source: str = SSH_OPTIONS_ENV) -> list[str]:
-    """Only ``-o Key=Value`` pairs, and none of the keys that run commands or load code."""
+    """Only ``-o Key=Value`` pairs whose key is in ``ALLOWED_SSH_OPTIONS`` (any other is refused)."""
     out: list[str] = []
     toks = list(tokens)
     i = 0
@@ -119,9 +131,9 @@ def check_ssh_options(tokens: Sequence[str], source: str = SSH_OPTIONS_ENV) -> l
         if m is None:
             raise DeployError(f"{source}: '-o {toks[i + 1]}' is not Key=Value",
                               hint="e.g. -o ConnectTimeout=10")
-        if m.group(1).lower() in REFUSED_SSH_OPTIONS:
-            raise DeployError(f"{source}: ssh option {m.group(1)} is refused: it runs a command or loads code",
-                              hint="configure it in ~/.ssh/config for the host instead, if you mean it")
+        if m.group(1).lower() not in ALLOWED_SSH_OPTIONS:
+            raise DeployError(f"{source}: ssh option {m.group(1)} is refused: only authentication, host-key, "
+                              "timeout, algorithm and logging options are accepted", hint=SSH_OPTIONS_HINT)
         out += ["-o", f"{m.group(1)}={m.group(2)}"]
         i += 2
     return out
