@@ -199,7 +199,7 @@ def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | N
                       freeze=convert_kwargs.get("freeze"),
                       targets_dir=convert_kwargs.get("targets_dir", ()), pictures=opts.pictures,
                       input_shapes=convert_kwargs.get("input_shapes"),
-                      preprocess=convert_kwargs.get("preprocess", "imagenet"),
+                      preprocess=convert_kwargs.get("preprocess", "auto"),
                       letterbox=convert_kwargs.get("letterbox"), on_step=say)
     summary = result.summary()
     say(summary)

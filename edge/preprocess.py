@@ -60,18 +60,26 @@ def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     return np.asarray(Image.fromarray(img).resize((width, height), Image.BILINEAR))
 
 
+#: ITU-R BT.601 luma weights (R, G, B): what a grey model input is made of
+LUMA = (0.299, 0.587, 0.114)
+
+
 class Preprocessor:
-    """Callable: HxWx3 uint8 frame in ``src_color`` order -> batch-of-1 tensor for the model."""
+    """Callable: HxWx3 uint8 frame in ``src_color`` order -> batch-of-1 tensor for the model (3 channels, or
+    one luminance channel for ``color="GRAY"``, normalised with the first mean/std)."""
 
     def __init__(self, spec: PreprocessSpec, src_color: str = "RGB") -> None:
         self.spec = spec
-        self.swap = src_color != spec.color
+        self.grey = spec.color == "GRAY"
+        self.swap = src_color != spec.color and not self.grey
+        self._luma = np.asarray(LUMA[::-1] if src_color == "BGR" else LUMA, dtype=np.float32)
         std = np.asarray(spec.std, dtype=np.float32)
         self._mul = (spec.scale / std).astype(np.float32)
         self._add = (-np.asarray(spec.mean, dtype=np.float32) / std).astype(np.float32)
         h, w = spec.size
         self.dtype = np.dtype(spec.dtype)
-        self.output_shape: tuple[int, ...] = (1, 3, h, w) if spec.layout == "NCHW" else (1, h, w, 3)
+        c = 1 if self.grey else 3
+        self.output_shape: tuple[int, ...] = (1, c, h, w) if spec.layout == "NCHW" else (1, h, w, c)
         self._hwc = np.empty((h, w, 3), dtype=np.float32)
         self._chw = np.empty((3, h, w), dtype=np.float32)
         self._canvas = np.full((h, w, 3), spec.pad_value, dtype=np.uint8)
@@ -112,7 +120,11 @@ class Preprocessor:
             out = self.new_output()
         elif out.shape != self.output_shape or out.dtype != self.dtype:
             raise ValueError(f"out must be {self.dtype}{list(self.output_shape)}, got {out.dtype}{list(out.shape)}")
-        if self.spec.layout == "NCHW":
+        if self.grey:
+            y = img.astype(np.float32) @ self._luma
+            y = y * self._mul[0] + self._add[0]
+            np.copyto(out[0], y[None] if self.spec.layout == "NCHW" else y[..., None], casting="unsafe")
+        elif self.spec.layout == "NCHW":
             direct = self.dtype == np.float32  # else compute in float32, then cast once
             planes = out[0] if direct else self._chw
             for c in range(3):

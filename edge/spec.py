@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Mapping, Sequence
 
 Layout = Literal["NCHW", "NHWC"]
-ColorOrder = Literal["RGB", "BGR"]
+ColorOrder = Literal["RGB", "BGR", "GRAY"]  # GRAY: one luminance channel
 ResizeMode = Literal["resize", "letterbox"]
 
 
@@ -139,21 +139,44 @@ def image_layout(shape: Sequence[int | str]) -> Layout | None:
     return None
 
 
-def default_preprocess(io: IOSpec, preset: str = "imagenet", *, letterbox: bool | None = None) -> PreprocessSpec | None:
-    """The pre-processing spec for the first image-shaped input, or None when there is none."""
-    if preset not in PRESETS:
+#: ``--preprocess auto``: a pre-processing only where it is certain (see :func:`default_preprocess`)
+AUTO = "auto"
+
+
+def image_channels(t: TensorSpec) -> int | None:
+    """The channel count (1 or 3) of a static image-shaped input, else None."""
+    layout = image_layout(t.shape)
+    if layout is None or not t.is_static:
+        return None
+    return int(t.shape[1] if layout == "NCHW" else t.shape[3])
+
+
+def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None = None) -> PreprocessSpec | None:
+    """The pre-processing spec for the first image-shaped input, or None when there is none.
+
+    A named ``preset`` is a declaration: it applies to the first image-shaped input, a 1-channel one
+    as grey (``color="GRAY"``). ``auto`` applies one only where it is certain: a 3-channel image input
+    (``imagenet``; uint8: ``raw`` pixels); a 1-channel ``[1,1,H,W]`` / ``[1,T,F,1]`` input
+    may be a grey picture, a spectrogram or a feature map, so it gets none (its parity inputs follow its
+    own shape, ``edge.verify.inputs``)."""
+    if preset != AUTO and preset not in PRESETS:
         from edge.errors import EdgeError
 
-        raise EdgeError(f"unknown pre-processing preset {preset!r}", hint=f"choose one of {', '.join(PRESETS)}")
+        raise EdgeError(f"unknown pre-processing preset {preset!r}", hint=f"choose one of {AUTO}, {', '.join(PRESETS)}")
     for t in io.inputs:
-        layout = image_layout(t.shape)
-        if layout is None or not t.is_static:
+        channels = image_channels(t)
+        if channels is None or (preset == AUTO and channels != 3):
             continue
+        layout = image_layout(t.shape)
         h, w = (t.shape[2], t.shape[3]) if layout == "NCHW" else (t.shape[1], t.shape[2])
-        fields: dict[str, Any] = dict(PRESETS[preset])
+        name = preset if preset != AUTO else ("raw" if t.dtype == "uint8" else "imagenet")
+        fields: dict[str, Any] = dict(PRESETS[name])
+        if channels == 1:
+            fields["color"] = "GRAY"
         if letterbox is not None:
             fields["resize"] = "letterbox" if letterbox else "resize"
-        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype, preset=preset, **fields)
+        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype,  # type: ignore[arg-type]
+                              preset=name, **fields)
     return None
 
 

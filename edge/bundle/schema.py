@@ -177,7 +177,7 @@ class Preprocess:
     input: str = spec(pattern=TENSOR_NAME)
     size: tuple[int, int] = spec(item=Rule(ge=1, le=65536))
     layout: Literal["NCHW", "NHWC"] = "NCHW"
-    color: Literal["RGB", "BGR"] = "RGB"
+    color: Literal["RGB", "BGR", "GRAY"] = "RGB"
     scale: float = spec(1.0 / 255.0, ge=-1e6, le=1e6)
     mean: tuple[float, float, float] = spec((0.485, 0.456, 0.406), item=_3F)
     std: tuple[float, float, float] = spec((0.229, 0.224, 0.225), item=Rule(ge=1e-9, le=1e6))

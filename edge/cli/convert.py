@@ -29,8 +29,9 @@ AllowRequantize = typer.Option(False, "--allow-requantize", help="Requantize an 
                                "--precision (llama.cpp's flag; quality is gated against the quantized source).")
 Calib = typer.Option(None, "--calib", help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
                      "or 'random' to quantize on generated inputs (recorded as such).", show_default=False)
-Preprocess = typer.Option("imagenet", "--preprocess", help=f"Pre-processing preset for an image input: "
-                          f"{', '.join(PRESETS)}, or none.")
+Preprocess = typer.Option("auto", "--preprocess", help=f"Pre-processing preset for an image input: "
+                          f"{', '.join(PRESETS)}, or none. auto: imagenet for a 3-channel image input (raw for uint8), "
+                          "none for a 1-channel one (grey picture or spectrogram: name a preset to declare it).")
 Letterbox = typer.Option(None, "--letterbox/--no-letterbox", help="Letterbox instead of plain resize "
                          "(default: per preset).", show_default=False)
 EvalText = typer.Option(None, "--eval-text", help="For .gguf: a UTF-8 text file the quality gate evaluates (tokenized "

@@ -39,7 +39,7 @@ REFERENCE_PAIRS = 16
 
 def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: str | os.PathLike[str], *,
             precision: str | None = None, calib: str | os.PathLike[str] | None = None,
-            input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+            input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "auto",
             letterbox: bool | None = None, targets_dir: Iterable[str | os.PathLike[str]] = (),
             accept_parity_failure: bool = False, parity_samples: int = 32, force: bool = False,
             allow_requantize: bool = False, on_step: Step | None = None,

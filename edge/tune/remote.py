@@ -293,7 +293,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
                    sign_key: str | None = None, keys_dir: Any = None, cache: str | Path | None = None,
                    answer_timeout_s: float = 30.0, targets_dir: Iterable[Any] = (), strategy: str = "halving",
                    study: str | Path | None = None,
-                   input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+                   input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "auto",
                    letterbox: bool | None = None, pictures: bool = True, on_step: Say | None = None
                    ) -> RemoteTuneResult:
     """See the module docstring. Exactly one of ``artifact_base_url`` and ``serve`` says how the device gets

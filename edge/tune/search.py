@@ -408,7 +408,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
          runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
          threads: Sequence[int] | None = None, schedule: Schedule | None = None, cache: str | os.PathLike[str] | None = None,
          parity_samples: int = 32, targets_dir: Iterable[str | os.PathLike[str]] = (), pictures: bool = True,
-         input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "imagenet",
+         input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "auto",
          letterbox: bool | None = None, on_step: Say | None = None,
          parity_data: str | os.PathLike[str] | None = None, task: str = "auto",
          freeze: Mapping[str, str] | None = None, batches: Sequence[int] | None = None) -> TuneResult:

@@ -17,7 +17,7 @@ import numpy as np
 
 from edge.errors import CalibrationError, EdgeError
 from edge.preprocess import IMAGE_SUFFIXES, Preprocessor, read_image
-from edge.spec import Calibration, IOSpec, PreprocessSpec, TensorSpec
+from edge.spec import Calibration, IOSpec, PreprocessSpec, TensorSpec, image_channels, image_layout
 
 RANDOM = "random"
 TENSOR_SUFFIXES = frozenset({".npy", ".npz"})
@@ -31,6 +31,10 @@ _IDS = re.compile(r"(^|_)(input_ids|ids|tokens?|token_ids)$", re.I)
 _MASK = re.compile(r"mask", re.I)
 _TYPES = re.compile(r"token_type|segment", re.I)
 _POSITIONS = re.compile(r"position", re.I)
+#: a 1-channel plane named like audio features: a spectrogram, not a picture
+_SPECTRAL = re.compile(r"mel|spec|fbank|filterbank|mfcc|feat|audio|speech|wav|sound", re.I)
+#: the smallest side of a plane generated as a picture or a spectrogram (below: a feature map, standard normal)
+MIN_PLANE = 8
 #: what a sample-rate input gets: the rate speech models are trained at
 SAMPLE_RATE = 16000
 #: token ids drawn for an id input: low ids are the common tokens of any vocabulary
@@ -68,6 +72,9 @@ def _kind(t: TensorSpec, io: IOSpec, pre: PreprocessSpec | None) -> str:
     floating = np.issubdtype(np.dtype(t.dtype), np.floating)
     if floating and _audio_length(t, io):
         return f"speech-like audio at {_sample_rate(io)} Hz (voiced formants, fricatives, pauses)"
+    plane = _plane(t)
+    if plane is not None:
+        return plane
     if _STATE.search(t.name):
         return "zeros (initial recurrent state)"
     if floating:
@@ -85,8 +92,65 @@ def _kind(t: TensorSpec, io: IOSpec, pre: PreprocessSpec | None) -> str:
     return "zeros"
 
 
+def _plane(t: TensorSpec) -> str | None:
+    """What an image-shaped input with no declared pre-processing gets: its own shape, layout and dtype,
+    in a range its dtype makes plausible (no mean/std is guessed), or None when it is not image-shaped."""
+    channels = image_channels(t)
+    floating = np.issubdtype(np.dtype(t.dtype), np.floating)
+    if channels is None or not (floating or t.dtype == "uint8"):
+        return None
+    layout = image_layout(t.shape)
+    h, w = (int(t.shape[2]), int(t.shape[3])) if layout == "NCHW" else (int(t.shape[1]), int(t.shape[2]))
+    if min(h, w) < MIN_PLANE:
+        return None
+    where = f"{channels} channel{'s' if channels > 1 else ''}, {layout}"
+    if channels == 1 and floating and _SPECTRAL.search(t.name):
+        return f"log-mel spectrogram of speech-like audio, standardised (time x frequency; {where})"
+    span = "0..1" if floating else "0..255"
+    grey = "grey " if channels == 1 else ""
+    return f"{grey}natural-image frames in {span} ({where}; no pre-processing declared)"
+
+
+def _plane_value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """One sample for :func:`_plane`'s kinds."""
+    shape = tuple(int(d) for d in t.shape)
+    nchw = image_layout(shape) == "NCHW"
+    n, c, h, w = (shape[0], shape[1], shape[2], shape[3]) if nchw else (shape[0], shape[3], shape[1], shape[2])
+    if kind.startswith("log-mel"):
+        planes = np.stack([log_mel(h, w, SAMPLE_RATE, rng) for _ in range(n)])[:, None]  # N,1,T,F
+    else:
+        frames = np.stack(list(natural_frames(n, h, w, int(rng.integers(0, 2**31))))).astype(np.float32)  # N,H,W,3
+        if c == 1:
+            frames = frames @ np.asarray([0.299, 0.587, 0.114], np.float32)[:, None]
+        planes = frames.transpose(0, 3, 1, 2)  # N,C,H,W
+        if np.issubdtype(np.dtype(t.dtype), np.floating):
+            planes = planes / 255.0
+    out = planes if nchw else planes.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(out).astype(t.dtype)
+
+
+def log_mel(frames: int, bands: int, rate: int, rng: np.random.Generator) -> np.ndarray:
+    """A ``frames`` x ``bands`` log-mel spectrogram (25 ms windows, 10 ms hop) of :func:`speech_like` audio,
+    standardised to zero mean and unit variance: what keyword spotters and audio classifiers are fed."""
+    win, hop = int(0.025 * rate), int(0.010 * rate)
+    n_fft = 1 << (win - 1).bit_length()
+    audio = speech_like(win + hop * (frames - 1), rate, rng).astype(np.float64)
+    idx = np.arange(win)[None, :] + hop * np.arange(frames)[:, None]
+    power = np.abs(np.fft.rfft(audio[idx] * np.hanning(win), n=n_fft)) ** 2
+    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)  # noqa: E731
+    edges = 700.0 * (10 ** (np.linspace(mel(20.0), mel(rate / 2), bands + 2) / 2595.0) - 1)
+    bins = np.fft.rfftfreq(n_fft, 1.0 / rate)
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    fb = np.clip(np.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid)), 0, None)
+    fb[np.arange(bands), np.abs(bins[None, :] - mid).argmin(axis=1)] += 1.0  # a low band narrower than a bin
+    spec = np.log(power @ fb.T + 1e-6)
+    return ((spec - spec.mean()) / (spec.std() + 1e-9)).astype(np.float32)
+
+
 def _value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
     shape, dtype = tuple(int(d) for d in t.shape), np.dtype(t.dtype)
+    if kind.startswith(("log-mel", "natural-image", "grey natural-image")):
+        return _plane_value(t, kind, rng)
     if kind.startswith("speech-like"):
         n = shape[-1]
         return speech_like(n, SAMPLE_RATE, rng).reshape(shape).astype(dtype)
