@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import typer
-from rich.markup import escape
 
 import edge
 from edge.cli import agent as _agent
@@ -26,7 +25,7 @@ from edge.cli import targets as _targets
 from edge.cli import firmware as _firmware
 from edge.cli import toolchain as _toolchain
 from edge.cli import tune as _tune
-from edge.cli._common import command, err_console, one_line
+from edge.cli._common import command, err_console, one_line, safe
 
 app = typer.Typer(
     name="edgekit",
@@ -93,11 +92,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        err_console.print(f"[bold red]error:[/] {escape(one_line(e.format_message()))}{escape(where)}",  # type: ignore[attr-defined]
+        err_console.print(f"[bold red]error:[/] {safe(one_line(e.format_message()))}{safe(where)}",  # type: ignore[attr-defined]
                           highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except click_error as e:
-        err_console.print(f"[bold red]error:[/] {escape(one_line(e.format_message()))}",  # type: ignore[attr-defined]
+        err_console.print(f"[bold red]error:[/] {safe(one_line(e.format_message()))}",  # type: ignore[attr-defined]
                           highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except abort:

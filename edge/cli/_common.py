@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,17 +13,49 @@ from typing import Any, Callable, Iterator, List, Optional, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from edge.errors import EdgeError
 
-console = Console()
-err_console = Console(stderr=True)
 
 TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
                           "also read from EDGEKIT_TARGETS_PATH.", show_default=False)
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 AllowCpuFallback = typer.Option(False, "--allow-cpu-fallback", help="When the target's accelerator is missing (Edge "
                                 "TPU, TensorRT GPU), run on the CPU instead; every report then says CPU fallback.")
+
+
+# What a terminal acts on instead of showing: C0 controls (ESC starts CSI/OSC sequences that recolour, retitle,
+# or on some terminals write files), DEL, the C1 range (0x9b is a one-byte CSI), Unicode line separators and
+# the bidi overrides that make a file name read backwards. Newline stays: callers that need one line split on it.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), never sent to the terminal raw.
+
+    Every user-controlled string the CLI prints (file names, ids, reasons, error messages) passes here."""
+    return _UNPRINTABLE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                       else f"\\u{ord(m.group()):04x}"), str(text))
+
+
+def safe(text: object) -> str:
+    """``text`` ready for a rich markup string: control characters escaped (:func:`printable`) and
+    ``[...]`` shown as written instead of read as markup."""
+    return escape(printable(text))
+
+
+class SafeConsole(Console):
+    """A rich console that escapes control characters in every string it renders (prints, table cells,
+    panels), so a hostile file name, id or reason never reaches the terminal raw, even where a renderer
+    forgot :func:`safe`. Styles come from markup, never from control characters in the text."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+
+console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 
 def fallback_options(runner_name: str, allow: bool) -> dict[str, Any]:
@@ -66,7 +99,7 @@ def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
     with err_console.status("starting") as status:  # a spinner, plus one line per finished step
         def say(msg: str) -> None:
             status.update(msg)
-            err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {escape(msg)}", highlight=False)
+            err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {safe(msg)}", highlight=False)
         yield say
 
 
@@ -85,7 +118,7 @@ def command(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except EdgeError as e:
-            err_console.print(f"[bold red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {safe(one_line(str(e)))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -93,5 +126,6 @@ def command(fn: F) -> F:
 
 def one_line(text: str) -> str:
     """``text`` on one line: a message that quotes a tool's multi-line output (ssh, a compiler) keeps every
-    line, joined with `` | ``; the hint is already part of ``str(EdgeError)``, in parentheses."""
-    return " | ".join(part.strip() for part in text.splitlines() if part.strip())
+    line, joined with `` | ``; the hint is already part of ``str(EdgeError)``, in parentheses. Control
+    characters are escaped (:func:`printable`)."""
+    return printable(" | ".join(part.strip() for part in text.splitlines() if part.strip()))

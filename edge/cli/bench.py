@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from edge.bench import device_class_of, judge_device_class, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
-                              progress)
+                              progress, safe)
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -26,7 +25,7 @@ def warn_on_reference_check(b: Bundle, options: dict[str, Any] | None) -> None:
 
     line = describe(check_bundle(b, options or None))
     if line is not None:
-        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {safe(line)}", highlight=False, soft_wrap=True)
 
 
 def render_bench(r: dict[str, Any]) -> None:
@@ -48,7 +47,7 @@ def render_bench(r: dict[str, Any]) -> None:
     if r["budget_ms"] is not None:
         colour = "green" if r["verdict"] == "pass" else "red"
         why = (device_class_of(r) or {}).get("reason") or "measured on a fallback device"
-        extra = "" if r["on_target_device"] else f" [yellow](indicative only: {escape(why)})[/]"
+        extra = "" if r["on_target_device"] else f" [yellow](indicative only: {safe(why)})[/]"
         t.add_row("budget", f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms "
                             f"({r['budget_source']}){extra}")
     console.print(t)

@@ -8,7 +8,7 @@ from typing import Any, List, Mapping, Optional
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps, safe
 from edge.cli.signing import SignKey, sign_if_configured
 from edge.pipeline import convert
 from edge.graph.model import parse_input_shapes
@@ -64,7 +64,7 @@ def render_bundle(bundle: Any) -> None:
     t = Table(title=f"bundle {bundle.id}", show_header=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
-    t.add_row("path", str(bundle.path))
+    t.add_row("path", safe(bundle.path))
     t.add_row("target", f"{m.target.name} ({m.target.title})")
     cal = m.calibration if isinstance(m.calibration, Mapping) else {}
     t.add_row("precision", m.precision + (f", calibration: {cal.get('kind')} {cal.get('source')} ({cal.get('count')})"
@@ -72,9 +72,9 @@ def render_bundle(bundle: Any) -> None:
     t.add_row("chain", " → ".join(f"{c.converter} ({', '.join(f'{k} {v}' for k, v in c.tool_versions.items())})"
                                   for c in m.chain) or "none: the source ships as it is")
     for note in (n for c in m.chain for n in c.notes):
-        t.add_row("[yellow]note[/]", note)
+        t.add_row("[yellow]note[/]", safe(note))
     for a in m.artifacts:
-        t.add_row("artifact", f"{a.path}  {a.bytes / 1e6:.2f} MB  sha256 {a.sha256[:16]}…")
+        t.add_row("artifact", f"{safe(a.path)}  {a.bytes / 1e6:.2f} MB  sha256 {a.sha256[:16]}…")
     if bundle.kind != "llm":
         io = bundle.io
         t.add_row("inputs", "; ".join(x.describe() for x in io.inputs))
@@ -98,7 +98,7 @@ def render_bundle(bundle: Any) -> None:
                                   f"{th.max_kl_mean}), top-1 {par.top1:.1%} (min {th.min_top1:.0%}) "
                                   f"on {par.tokens} tokens vs the source")
     elif isinstance(par, SkippedParity):
-        t.add_row("parity", f"[yellow]not run[/]: {par.skipped}")
+        t.add_row("parity", f"[yellow]not run[/]: {safe(par.skipped)}")
     elif isinstance(par, ParityEvidence):
         verdict = "[green]pass[/]" if par.passed else "[red]FAIL (accepted)[/]"
         cand = par.candidate
@@ -107,7 +107,7 @@ def render_bundle(bundle: Any) -> None:
                             + (f" [yellow](fallback: {cand.fallback})[/]" if cand.fallback else ""))
         prov = par.input_provenance
         if prov is not None and prov.disjoint_from_calibration is not None:
-            t.add_row("  inputs", "disjoint from the calibration samples" + (f" ({prov.note})" if prov.note else ""))
+            t.add_row("  inputs", "disjoint from the calibration samples" + (f" ({safe(prov.note)})" if prov.note else ""))
         for o in par.outputs:
             top1 = f", top-1 {o.top1:.1%}" if o.top1 is not None else ""
             snr = f", SNR {o.snr_db:.1f} dB" if o.snr_db is not None else ""
@@ -178,4 +178,4 @@ def convert_cmd(
     else:
         render_bundle(bundle)
         if overlay is not None:
-            console.print(f"tuned overlay {tuned} applied: {overlay.describe()}", highlight=False)
+            console.print(f"tuned overlay {safe(tuned)} applied: {safe(overlay.describe())}", highlight=False)

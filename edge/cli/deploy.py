@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
 
-from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps
+from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps, safe
 from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Letterbox, ParityData, Precision,
                               Preprocess, Task, Tuned, convert_kwargs, render_bundle)
@@ -62,7 +61,7 @@ def deploy_cmd(
         if not model.exists():
             build_mobilenet_v2(model)
         if not as_json:
-            err_console.print(f"no model given: using the built-in example MobileNetV2 at {model}", highlight=False)
+            err_console.print(f"no model given: using the built-in example MobileNetV2 at {safe(model)}", highlight=False)
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
     kwargs.update(parity_data=parity_data, task=task)
     if freeze_input:
@@ -91,16 +90,16 @@ def deploy_cmd(
         return
     if result.tune is not None:
         t = result.tune  # its summary line is the first note below
-        console.print("tune files: " + ", ".join(f"{what} {escape(str(t[what]))}" for what in ("overlay", "study", "html")
+        console.print("tune files: " + ", ".join(f"{what} {safe(str(t[what]))}" for what in ("overlay", "study", "html")
                                                  if t.get(what)), highlight=False)
     render_bundle(result.bundle)
     if result.unverified is not None:
-        console.print(f"[yellow]unverified on this host:[/] {escape(result.unverified)}", highlight=False)
+        console.print(f"[yellow]unverified on this host:[/] {safe(result.unverified)}", highlight=False)
     if result.benchmark:
         render_bench(result.benchmark)
     for n in result.notes:
-        console.print(f"[yellow]note:[/] {n}", highlight=False)
-    console.print(f"[green]shipped[/] {result.bundle.id} → {result.shipped_to}", highlight=False)
+        console.print(f"[yellow]note:[/] {safe(n)}", highlight=False)
+    console.print(f"[green]shipped[/] {safe(result.bundle.id)} → {safe(result.shipped_to)}", highlight=False)
 
 
 def rollback_cmd(device: str = typer.Option(..., "--device", "-d", help="Device store (directory or ssh://...)."),
@@ -111,4 +110,4 @@ def rollback_cmd(device: str = typer.Option(..., "--device", "-d", help="Device 
     if as_json:
         print_json({"device": device, "current": bid})
     else:
-        console.print(f"rolled back: {device} now runs {bid}", highlight=False)
+        console.print(f"rolled back: {safe(device)} now runs {safe(bid)}", highlight=False)

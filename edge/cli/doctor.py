@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
-from rich.markup import escape
 from rich.table import Table
 
 from edge.capabilities import current_host
-from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, safe
 from edge.doctor import doctor, emulation
 
 
@@ -20,16 +19,16 @@ def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = J
     if as_json:
         print_json({"host": host.describe(), "targets": [h.to_json() for h in health], "emulation": emulation()})
         return
-    t = Table(title=f"edgekit doctor: this host is {host.describe()}")
+    t = Table(title=safe(f"edgekit doctor: this host is {host.describe()}"))
     for col in ("target", "convert here", "run here", "what is missing"):
         t.add_column(col, overflow="fold")
     for h in health:
         missing = list(h.convert_problems) + ([h.run_problem] if h.run_problem else [])
-        t.add_row(h.target.name, "[green]yes[/]" if h.can_convert else "[red]no[/]",
-                  "[green]yes[/]" if h.can_run else "[yellow]no[/]", "\n".join(missing) or "-")
+        t.add_row(safe(h.target.name), "[green]yes[/]" if h.can_convert else "[red]no[/]",
+                  "[green]yes[/]" if h.can_run else "[yellow]no[/]", safe("\n".join(missing)) or "-")
     console.print(t)
     for isa, e in emulation().items():
         console.print(f"{isa} (emulated, `edgekit verify --isa {isa}`): "
-                      + (f"[green]{escape(e['detail'])}[/]" if e["ready"] else f"[yellow]{escape(e['detail'])}[/]"),
+                      + (f"[green]{safe(e['detail'])}[/]" if e["ready"] else f"[yellow]{safe(e['detail'])}[/]"),
                       highlight=False)
 

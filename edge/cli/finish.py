@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from edge.cli._common import JsonOut, TargetsDir, console, print_json, steps
+from edge.cli._common import JsonOut, TargetsDir, console, print_json, steps, safe
 
 
 def finish_cmd(
@@ -37,5 +37,5 @@ def finish_cmd(
 
     render_bundle(result.bundle)
     for n in result.notes:
-        console.print(f"[yellow]note:[/] {n}", highlight=False)
-    console.print(f"[green]finished[/] {result.source_id} → {result.bundle.id} at {result.bundle.path}", highlight=False)
+        console.print(f"[yellow]note:[/] {safe(n)}", highlight=False)
+    console.print(f"[green]finished[/] {safe(result.source_id)} → {safe(result.bundle.id)} at {safe(result.bundle.path)}", highlight=False)

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, err_console, print_json
+from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
 from edge.cli.agent import Protocol
 from edge.cli.rollout import app as rollout_app
 from edge.cli.fleet_tune import fleet_tune_cmd
@@ -99,8 +98,8 @@ def collect_cmd(
         loop = collector.loop
         assert loop is not None
         loop.run(lambda: loop.call_every(stats_interval, _log_stats, collector))
-        err_console.print(f"collecting {escape(collector.subscription)} from {escape(cfg.broker.url)} into "
-                          f"{escape(_redact(db))}; "
+        err_console.print(f"collecting {safe(collector.subscription)} from {safe(cfg.broker.url)} into "
+                          f"{safe(_redact(db))}; "
                           "SIGTERM or Ctrl-C stops it", highlight=False, soft_wrap=True)
         try:
             stop.wait(duration)
@@ -122,7 +121,7 @@ def _serve_metrics(db: str, port: Optional[int], addr: str, fleet: str) -> Any:
     from edge.fleet.metrics import MetricsServer
 
     server = MetricsServer(db, port=port, addr=addr, fleet=None if fleet == "+" else fleet)
-    err_console.print(f"metrics on {escape(server.url)}", highlight=False)
+    err_console.print(f"metrics on {safe(server.url)}", highlight=False)
     return server
 
 
@@ -145,7 +144,7 @@ def metrics_cmd(
     open_db(db, must_exist=True).close()  # a wrong URL or a missing database: one line now, not at every scrape
     with stop_on_signals() as stop, MetricsServer(db, port=port, addr=addr, fleet=fleet, stale_factor=stale_factor,
                                                   min_stale_s=min_stale) as server:
-        err_console.print(f"fleet metrics from {escape(_redact(db))} on {escape(server.url)}; SIGTERM or Ctrl-C "
+        err_console.print(f"fleet metrics from {safe(_redact(db))} on {safe(server.url)}; SIGTERM or Ctrl-C "
                           "stops it", highlight=False, soft_wrap=True)
         stop.wait(duration)
 
@@ -159,7 +158,7 @@ def _redact(url: str) -> str:
 def _cell(v: Any, limit: int = 80) -> str:
     """Device-supplied text for a table cell: no rich markup, no control or bidi characters, bounded."""
     text = "".join(c if c.isprintable() else "?" for c in str(v)[:limit])
-    return escape(text)
+    return safe(text)
 
 
 def _stats_line(s: dict[str, Any]) -> str:
@@ -195,7 +194,7 @@ def prune_cmd(
         return
     parts = ", ".join(f"{n} {t}" for t, n in rep.deleted.items() if n) or "nothing"
     dropped = f"; dropped {len(rep.dropped_partitions)} partition(s)" if rep.dropped_partitions else ""
-    console.print(f"pruned {escape(_redact(db))} before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rep.cut))} "
+    console.print(f"pruned {safe(_redact(db))} before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rep.cut))} "
                   f"UTC: {parts}{dropped}", highlight=False)
 
 
@@ -210,7 +209,7 @@ def partition_cmd(db: str = Db, as_json: bool = JsonOut) -> None:
     if as_json:
         print_json({"kept_in_legacy": rep.kept_in_legacy, "moved": rep.moved, "legacy_until": rep.legacy_until})
         return
-    console.print(f"telemetry in {escape(_redact(db))} is partitioned by day: {rep.kept_in_legacy} older rows kept "
+    console.print(f"telemetry in {safe(_redact(db))} is partitioned by day: {rep.kept_in_legacy} older rows kept "
                   f"as partition telemetry_legacy, {rep.moved} recent rows moved to daily partitions", highlight=False)
 
 
@@ -234,7 +233,7 @@ def status_cmd(
         print_json({"summary": summarize(rows), "devices": rows, "generated_at": time.time()})
         return
     if not rows:
-        console.print(f"no devices in {escape(_redact(db))} yet", highlight=False)
+        console.print(f"no devices in {safe(_redact(db))} yet", highlight=False)
         return
     shown = rows
     if limit and len(rows) > limit:  # a 10,000-row table helps nobody (and takes rich seconds to lay out)
@@ -392,4 +391,4 @@ def _done(as_json: bool, data: dict[str, Any], line: str) -> None:
     if as_json:
         print_json(data)
     else:
-        console.print(escape(line), highlight=False, soft_wrap=True)
+        console.print(safe(line), highlight=False, soft_wrap=True)

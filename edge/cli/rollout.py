@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, print_json, progress
+from edge.cli._common import JsonOut, command, console, print_json, progress, safe
 from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username, broker_config, setup_logging, \
     stop_on_signals
 from edge.errors import EdgeError
@@ -49,7 +48,7 @@ def _drive(db: Any, rid: str, view: Any, timeout: float | None, json_out: bool, 
         for e in ctl.store.events(rid, since=seen[0]):
             seen[0] = e["seq"]
             where = e["device"] or e["cohort"] or ""
-            progress(f"{e['kind']:<26} {escape(where):<20} {escape(e['reason'] or '')}")
+            progress(f"{e['kind']:<26} {safe(where):<20} {safe(e['reason'] or '')}")
 
     with stop_on_signals() as stop:
         return ctl.run(timeout_s=timeout, stop=stop, on_step=show, wait_devices=wait_devices)
@@ -59,17 +58,17 @@ def _render(st: dict[str, Any], json_out: bool) -> None:
     if json_out:
         print_json(st)
         return
-    console.print(f"rollout [bold]{escape(st['id'])}[/] fleet {escape(st['fleet'])}: [bold]{st['state']}[/]"
-                  + (f" ({escape(st['reason'])})" if st.get("reason") else ""), highlight=False)
+    console.print(f"rollout [bold]{safe(st['id'])}[/] fleet {safe(st['fleet'])}: [bold]{st['state']}[/]"
+                  + (f" ({safe(st['reason'])})" if st.get("reason") else ""), highlight=False)
     t = Table("cohort", "bundle", "state", "wave", "devices", "rollback", "reason")
     for c in st["cohorts"]:
         fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"  # noqa: E731
-        t.add_row(escape(c["cohort"]), escape(c["bundle_id"]), c["state"], str(c["wave"]), fmt(c["devices"]),
-                  fmt(c["rollback"]), escape(c["reason"] or ""))
+        t.add_row(safe(c["cohort"]), safe(c["bundle_id"]), c["state"], str(c["wave"]), fmt(c["devices"]),
+                  fmt(c["rollback"]), safe(c["reason"] or ""))
     console.print(t)
     for e in st["events"][-15:]:
-        console.print(f"  #{e['seq']:<4} {e['kind']:<26} {escape(e['device'] or e['cohort'] or ''):<20} "
-                      f"{escape(e['reason'] or '')}", highlight=False)
+        console.print(f"  #{e['seq']:<4} {e['kind']:<26} {safe(e['device'] or e['cohort'] or ''):<20} "
+                      f"{safe(e['reason'] or '')}", highlight=False)
 
 
 @app.command("start")
@@ -234,4 +233,4 @@ def pack_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
     if json_out:
         print_json({"archive": str(out), "sha256": sha, "size": out.stat().st_size})
     else:
-        console.print(f"{escape(str(out))}  sha256 {sha}  {out.stat().st_size} bytes", highlight=False)
+        console.print(f"{safe(str(out))}  sha256 {sha}  {out.stat().st_size} bytes", highlight=False)

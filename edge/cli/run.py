@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
-                              progress as progress_line)
+                              progress as progress_line, safe)
 from edge.cli.bench import BudgetMs, Fps, warn_on_reference_check
 from edge.stats import budget_from
 
@@ -66,7 +65,7 @@ def render_run(r: dict[str, Any]) -> None:
     colour = {"pass": "green", "fail": "red"}.get(r["verdict"], "yellow")
     t.add_row("verdict", f"[{colour}]{r['verdict']}[/]: {r['summary']}")
     for note in r.get("notes", []):
-        t.add_row("note", f"[yellow]{escape(note)}[/]")
+        t.add_row("note", f"[yellow]{safe(note)}[/]")
     if r["hung_threads"]:
         t.add_row("threads", f"[red]still running after the join timeout: {', '.join(r['hung_threads'])}[/]")
     console.print(t)

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from edge.cli._common import command, JsonOut, TargetsDir, console, dirs, print_json
+from edge.cli._common import command, JsonOut, TargetsDir, console, dirs, print_json, safe
 from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import builtin_dir, get_target, load_targets
 
@@ -26,13 +26,15 @@ def list_targets(ctx: typer.Context, targets_dir: Optional[List[Path]] = Targets
         print_json([p.to_json() for p in profiles.values()])
         return
     t = Table(title="edgekit targets")
-    for col in ("target", "device", "runtime", "converter chain", "precisions", "budget ms", "source"):
-        t.add_column(col)
+    # a name is what the user types next: shown whole (no ellipsis at 80 columns); other cells wrap
+    t.add_column("target", no_wrap=True, min_width=max((len(n) for n in profiles), default=6))
+    for col in ("device", "runtime", "converter chain", "precisions", "budget ms", "source"):
+        t.add_column(col, overflow="fold")
     for p in profiles.values():
-        precs = ", ".join(f"[bold]{x}[/]" if x == p.default_precision else x for x in p.precisions)
+        precs = ", ".join(f"[bold]{safe(x)}[/]" if x == p.default_precision else safe(x) for x in p.precisions)
         src = "built-in" if p.path and p.path.parent.resolve() == builtin_dir().resolve() else str(p.path)
-        t.add_row(p.name, p.title, p.runner, " → ".join(s.converter for s in p.chain), precs,
-                  f"{p.frame_budget_ms:g}", src)
+        t.add_row(safe(p.name), safe(p.title), safe(p.runner), safe(" → ".join(s.converter for s in p.chain)), precs,
+                  f"{p.frame_budget_ms:g}", safe(src))
     console.print(t)
 
 
@@ -47,28 +49,30 @@ def show(name: str = typer.Argument(..., help="Target name, e.g. intel-igpu."),
         print_json({**p.to_json(), "this_host": {"can_convert": not conv, "convert_problems": conv,
                                                  "can_run": run is None, "run_problem": run}})
         return
-    t = Table(title=f"{p.name}: {p.title}", show_header=False)
-    t.add_column(style="bold")
-    t.add_column()
-    t.add_row("hardware", p.hardware)
-    t.add_row("accelerator", p.accelerator)
-    t.add_row("precisions", ", ".join(p.precisions) + f" (default {p.default_precision})")
-    t.add_row("frame budget", f"{p.frame_budget_ms:g} ms ({1000 / p.frame_budget_ms:.0f} fps)")
-    t.add_row("convert chain", " → ".join(s.converter + (f" [{s.precision}]" if s.precision else "") for s in p.chain))
-    t.add_row("convert runs on", f"{'/'.join(p.convert_place.os)} on {'/'.join(p.convert_place.arch)} (build host)")
-    for conv_name, opts in p.convert_options.items():
-        t.add_row(f"  {conv_name} options", ", ".join(f"{k}={v}" for k, v in opts.items()))
+    t = Table(title=safe(f"{p.name}: {p.title}"), show_header=False)
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
+    rows: list[tuple[str, str]] = [
+        ("hardware", p.hardware), ("accelerator", p.accelerator),
+        ("precisions", ", ".join(p.precisions) + f" (default {p.default_precision})"),
+        ("frame budget", f"{p.frame_budget_ms:g} ms ({1000 / p.frame_budget_ms:.0f} fps)"),
+        ("convert chain", " → ".join(s.converter + (f" [{s.precision}]" if s.precision else "") for s in p.chain)),
+        ("convert runs on", f"{'/'.join(p.convert_place.os)} on {'/'.join(p.convert_place.arch)} (build host)"),
+    ]
+    rows += [(f"  {conv_name} options", ", ".join(f"{k}={v}" for k, v in opts.items()))
+             for conv_name, opts in p.convert_options.items()]
     where = f"{'/'.join(p.run_place.os)} on {'/'.join(p.run_place.arch)}"
     if p.run_place.needs_gpu:
         where += ", needs an NVIDIA GPU"
     if p.run_place.needs_device:
         where += ", needs the device's accelerator attached"
-    t.add_row("runner", p.runner)
-    t.add_row("runs on", where)
-    t.add_row("runtime options", ", ".join(f"{k}={v}" for k, v in p.runtime_options.items()) or "-")
-    t.add_row("this host converts", "yes" if not conv else "[red]no[/]: " + "; ".join(conv))
-    t.add_row("this host runs", "yes" if run is None else "[yellow]no[/]: " + run)
+    rows += [("runner", p.runner), ("runs on", where),
+             ("runtime options", ", ".join(f"{k}={v}" for k, v in p.runtime_options.items()) or "-")]
+    for label, value in rows:
+        t.add_row(safe(label), safe(value))
+    t.add_row("this host converts", "yes" if not conv else "[red]no[/]: " + safe("; ".join(conv)))
+    t.add_row("this host runs", "yes" if run is None else "[yellow]no[/]: " + safe(run))
     if p.notes:
-        t.add_row("notes", p.notes)
-    t.add_row("profile file", str(p.path))
+        t.add_row("notes", safe(p.notes))
+    t.add_row("profile file", safe(str(p.path)))
     console.print(t)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from edge import toolchains
-from edge.cli._common import JsonOut, command, console, err_console, print_json
+from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
 
 app = typer.Typer(help="Toolchain environments: heavy converter stacks (TensorFlow + onnx2tf) in virtual "
                        "environments of their own, created only by `edgekit toolchain install`.",
@@ -32,7 +31,7 @@ def list_cmd(as_json: bool = JsonOut) -> None:
         t.add_column(col, overflow="fold")
     for st in rows:
         spec = toolchains.get_spec(st.name)
-        state = "[green]ready[/]" if st.usable else f"[yellow]{escape(st.problem or '')}[/]"
+        state = "[green]ready[/]" if st.usable else f"[yellow]{safe(st.problem or '')}[/]"
         lock = "-" if not st.lock_hash else st.lock_hash[:16] + ("" if st.matches_reference else " (not the reference)")
         t.add_row(st.name, spec.purpose, "yes" if st.installed else "no", lock, st.python or "-", state)
     console.print(t)
@@ -54,18 +53,18 @@ def install_cmd(name: str = Name,
         st = toolchains.install(name, force=force, use_reference_lock=False if no_reference_lock else None)
         print_json(st.to_json())
         return
-    err_console.print(f"installing toolchain [bold]{spec.name}[/] ({escape(spec.purpose)}; {spec.size_hint})",
+    err_console.print(f"installing toolchain [bold]{spec.name}[/] ({safe(spec.purpose)}; {spec.size_hint})",
                       highlight=False)
     with err_console.status("starting") as status:
         def step(msg: str) -> None:
-            status.update(escape(msg))
-            err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {escape(msg)}", highlight=False)
+            status.update(safe(msg))
+            err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {safe(msg)}", highlight=False)
 
         def output(line: str) -> None:
             if verbose:
-                err_console.print(f"[dim]{escape(line)}[/]", highlight=False)
+                err_console.print(f"[dim]{safe(line)}[/]", highlight=False)
             elif line.startswith(("Collecting", "Installing collected", "Successfully installed")):
-                status.update(f"pip: {escape(line[:100])}")
+                status.update(f"pip: {safe(line[:100])}")
 
         st = toolchains.install(name, force=force, on_step=step, on_output=output,
                                 use_reference_lock=False if no_reference_lock else None)
@@ -90,7 +89,7 @@ def show_cmd(name: str = Name, as_json: bool = JsonOut) -> None:
     t.add_row("pins", ", ".join(spec.requirements))
     t.add_row("reference lock", f"{spec.lock} ({spec.lock_platform})")
     t.add_row("path", str(st.path))
-    t.add_row("state", "[green]ready[/]" if st.usable else f"[yellow]{escape(st.problem or '')}[/]")
+    t.add_row("state", "[green]ready[/]" if st.usable else f"[yellow]{safe(st.problem or '')}[/]")
     if st.installed:
         t.add_row("lock hash", f"{st.lock_hash}" + ("" if st.matches_reference else " (not the reference lock)"))
         t.add_row("python", st.python or "?")

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps, safe
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.tune.space import OBJECTIVES
@@ -41,31 +40,31 @@ def render_tune(r: dict[str, Any]) -> None:
         status = rw["status"]
         style = "green" if status == "chosen" else "red" if status.startswith(("parity failed", "conversion failed",
                                                                                  "failed")) else ""
-        cells = [escape(rw["configuration"]), f"[{style}]{escape(status)}[/]" if style else escape(status),
-                 "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", escape(rw["parity"]),
+        cells = [safe(rw["configuration"]), f"[{style}]{safe(status)}[/]" if style else safe(status),
+                 "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", safe(rw["parity"]),
                  fmt_ms(rw["p50_ms"]), fmt_ms(rw["p99_ms"]), "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
                  "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}"]
         if e2e:
-            cells.insert(4, escape(rw["missed"] or "-"))
+            cells.insert(4, safe(rw["missed"] or "-"))
         if throughput:
             cells.insert(4, "-" if rw.get("requests") is None else str(rw["requests"]))
         t.add_row(*cells)
     console.print(t)
     for p in r["pruned"]:
-        console.print(f"[dim]pruned:[/] {escape(p)}", highlight=False)
+        console.print(f"[dim]pruned:[/] {safe(p)}", highlight=False)
     for n in r["notes"]:
-        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+        console.print(f"[yellow]note:[/] {safe(n)}", highlight=False)
     dc = r["device_class"]
-    console.print(("" if dc["same"] else "[yellow]") + escape(dc["reason"]) + ("" if dc["same"] else "[/]"),
+    console.print(("" if dc["same"] else "[yellow]") + safe(dc["reason"]) + ("" if dc["same"] else "[/]"),
                   highlight=False)
     if r["winner"] is not None:
-        console.print(f"[green]chosen[/] {escape(r['winner']['label'])}", highlight=False)
-        console.print(f"applied by --tuned: {escape(r['applied'] or '')}", highlight=False)
+        console.print(f"[green]chosen[/] {safe(r['winner']['label'])}", highlight=False)
+        console.print(f"applied by --tuned: {safe(r['applied'] or '')}", highlight=False)
     files = r["files"]
     for what in ("overlay", "study", "html", "png"):
         if files.get(what):
-            console.print(f"{what}: {escape(files[what])}", highlight=False)
-    console.print(escape(r["summary"]), highlight=False)
+            console.print(f"{what}: {safe(files[what])}", highlight=False)
+    console.print(safe(r["summary"]), highlight=False)
     console.print(f"{r['converted']} conversions, {r['measured']} measurements in {r['wall_s']:.1f} s", highlight=False)
 
 

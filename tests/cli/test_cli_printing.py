@@ -1,0 +1,47 @@
+"""What the CLI prints is safe and whole (issue #26 items 11 and 16): control characters in user-controlled
+text are escaped, ``[extra]`` is not eaten as rich markup, target names are never cut."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import assert_user_error, run_cli
+
+RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+HOSTILE = "x\x1b]0;owned\x07\x1b[31mred\x9b2J\u202egnp.onnx"
+
+
+def test_error_lines_escape_terminal_sequences_in_file_names(tmp_path: Path) -> None:
+    p = run_cli("bench", str(tmp_path / HOSTILE))
+    assert_user_error(p, "does not exist")
+    assert not RAW_CONTROLS.search(p.stderr), repr(p.stderr)
+    assert "\\x1b]0;owned\\x07\\x1b[31mred\\x9b2J\\u202egnp.onnx" in p.stderr  # shown, escaped, not hidden
+
+
+def _profile(d: Path, name: str, title: str) -> None:
+    src = (Path(__file__).parents[2] / "targets" / "x86-cpu.toml").read_text()
+    src = src.replace('name = "x86-cpu"', f'name = "{name}"').replace('title = "x86-64 CPU (ONNX Runtime)"',
+                                                                       f'title = "{title}"')
+    (d / f"{name}.toml").write_text(src)
+
+
+def test_targets_table_shows_long_names_whole_and_escapes_profile_text(tmp_path: Path) -> None:
+    name = "customer-site-7-line-b-inspection-camera-x86-cpu-fp32-2026"
+    _profile(tmp_path, name, "evil \\u001b[2J\\u001b]0;owned\\u0007 title [bold]not markup[/]")
+    p = run_cli("targets", "--targets-dir", str(tmp_path), env={"COLUMNS": "80"})
+    assert p.returncode == 0, p.stderr
+    assert name in p.stdout, p.stdout  # whole, on one line, even at 80 columns
+    assert not RAW_CONTROLS.search(p.stdout), repr(p.stdout)
+    p = run_cli("targets", "show", name, "--targets-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert not RAW_CONTROLS.search(p.stdout) and "\\x1b[2J" in p.stdout and "[bold]not markup[/]" in p.stdout
+
+
+def test_install_hints_keep_their_extra_in_brackets() -> None:
+    wide = {"COLUMNS": "250"}
+    for args in (("doctor",), ("targets", "show", "apple-ane")):
+        p = run_cli(*args, env=wide)
+        assert p.returncode == 0, p.stderr
+        assert "pip install 'edgekit-ml[coreml]'" in p.stdout, p.stdout
+        assert "pip install 'edgekit-ml'" not in p.stdout
