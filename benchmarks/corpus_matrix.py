@@ -142,6 +142,7 @@ def main() -> int:
     args = p.parse_args()
     C.json_to_stdout(args)
     from edge.pipeline import convert
+    from edge.verify.refpairs import open_checked
 
     missing = sorted({m for m, *_ in (*EXPECTED, *EXTRA) if not CORPUS[m].path.is_file()})
     if missing:
@@ -177,7 +178,7 @@ def main() -> int:
                 row.update(size=_model_bytes(bundle), parity=_parity_metric(parity),
                            p50=_latency(m, bundle, args.iterations), parity_report=parity)
                 if bundle.kind != "llm":  # what a device runs on first load, as the test checks it
-                    with bundle.open_runner(check_reference=True) as runner:
+                    with open_checked(bundle, mode=True) as runner:
                         check = dict(runner.info.details["reference_check"])
                     row["reference_check"] = check
                     if not check.get("passed"):

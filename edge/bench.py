@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from edge.errors import EdgeError
+from edge.errors import BundleError, EdgeError, TargetError
 from edge.backends.runner import Runner
 from edge.bundle.schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
 from edge.stats import LatencyStats
@@ -71,7 +71,6 @@ def bundle_feeds(bundle: Any) -> tuple[dict[str, np.ndarray] | None, str]:
     built, even where the model file keeps a dim dynamic, as Silero's does inside its If branches), or
     ``(None, why)`` where the spec is not static either: the caller generates feeds from the runner
     (:func:`random_feeds`)."""
-    from edge.errors import BundleError
     from edge.verify.refpairs import load_reference_pairs
 
     entry = getattr(getattr(bundle, "info", None), "reference_pairs", None)
@@ -167,7 +166,6 @@ def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) 
     ``report.device_class`` (the manifest's ``benchmark.device_class``; manifests before it carried them in
     ``runner.details.device_class``, which :func:`device_class_of` still reads)."""
     from edge.capabilities import current_host
-    from edge.errors import TargetError
     from edge.targets import get_target, same_device_class
 
     try:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from edge.bundle.bundle import Bundle
 from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
                         symlink_atomic, open_store, rollback)
+from edge.errors import EdgeError
 
 log = logging.getLogger("edge.deploy")
 
@@ -51,7 +52,7 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
     copy that landed (the device side)."""
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, trust=False)
     b.verify()
-    from edge.bundle.manifest import check_gates  # parity and budget recomputed from the figures, not read from flags
+    from edge.verify.gates import check_gates  # parity and budget recomputed from the figures, not read from flags
 
     with open_store(device, trust=trust) as store:
         if store.trust is None:
@@ -95,8 +96,6 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     overlay = None
     if tune is not None and tune is not False:
         if tuned is not None:
-            from edge.errors import EdgeError
-
             raise EdgeError("give either --tune (tune now) or --tuned FILE (an overlay tuned before), not both")
         tune = _tune_options(tune)
     elif tuned is not None:  # read (and refused) before anything is built
@@ -151,7 +150,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         bundle.record("benchmark", report)
     key = configured_sign_key(sign_key)
     if key is not None:  # last: the signature covers the final manifest, benchmark included
-        from edge.bundle.signing import sign_bundle
+        from edge.bundle.bundle import sign_bundle
 
         say(f"signing {bundle.id} with {key}")
         signed = sign_bundle(bundle.path, key)
@@ -165,7 +164,6 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
 
 
 def _tune_options(tune: Any) -> Any:
-    from edge.errors import EdgeError
     from edge.tune.search import TuneOptions
 
     if tune is True:
@@ -178,7 +176,6 @@ def _tune_options(tune: Any) -> Any:
 def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | None, budget_ms: float | None,
                 convert_kwargs: dict[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
     """``edge.tune.search.tune`` with this deploy's inputs; (the winner's overlay, what deploy reports of the tune)."""
-    from edge.errors import EdgeError
     from edge.tune.search import tune as run_tune
     from edge.tune.overlay import read_overlay
 

@@ -6,6 +6,8 @@ The CLI prints ``str(err)`` on one line and exits with code 2; anything that is 
 
 from __future__ import annotations
 
+import difflib
+
 
 class EdgeError(Exception):
     """Base of every error edgekit raises on purpose."""
@@ -79,3 +81,9 @@ class DeployError(EdgeError):
 
 class HardwareUnavailableError(MissingDependencyError):
     """The step needs hardware (GPU, NPU, OS) this host does not have."""
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """'did you mean 'x86-cpu'? ' for a near miss among ``choices``, else ''."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}? " if close else ""

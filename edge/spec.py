@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Mapping, Sequence
+from edge.errors import EdgeError
 
 Layout = Literal["NCHW", "NHWC"]
 ColorOrder = Literal["RGB", "BGR", "GRAY"]  # GRAY: one luminance channel
@@ -160,8 +161,6 @@ def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None
     may be a grey picture, a spectrogram or a feature map, so it gets none (its parity inputs follow its
     own shape, ``edge.verify.inputs``)."""
     if preset != AUTO and preset not in PRESETS:
-        from edge.errors import EdgeError
-
         raise EdgeError(f"unknown pre-processing preset {preset!r}", hint=f"choose one of {AUTO}, {', '.join(PRESETS)}")
     for t in io.inputs:
         channels = image_channels(t)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import numpy as np
+from edge.errors import EdgeError
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ class LatencyStats:
 
 def budget_from(fps: float | None, budget_ms: float | None, default_ms: float | None) -> tuple[float | None, str]:
     """The frame budget in ms and where it came from. ``--fps`` and ``--budget-ms`` exclude each other."""
-    from edge.errors import EdgeError
-
     if fps is not None and budget_ms is not None:
         raise EdgeError("give either --fps or --budget-ms, not both")
     if fps is not None:

@@ -18,8 +18,7 @@ except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from edge.capabilities import Host, Requirement, normalize_arch
-from edge.errors import PrecisionError, TargetError
-from edge.backends.registry import did_you_mean
+from edge.errors import PrecisionError, TargetError, did_you_mean
 
 SCHEMA_VERSION = 1
 ARCHS = ("x86_64", "aarch64", "armv7l", "riscv64")  # what run.device_arch may name (after aliases: amd64, arm64)

@@ -161,7 +161,7 @@ class Agent:
         self._meter = CpuMeter()
         self._last_tel = time.monotonic()
         self._host = host_facts()
-        self._runtime_lock = threading.RLock()  # the runner, worker and bundle change together, under it
+        self.runtime_lock = threading.RLock()  # the runner, worker and bundle change together, under it
         self._current_link: str | None = None  # what `current` pointed at when the runner was loaded
         self.reloads = 0
         self._control: threading.Thread | None = None
@@ -191,7 +191,7 @@ class Agent:
             return None
 
     def _load(self) -> None:
-        from edge.deploy import DeviceStore
+        from edge.store import DeviceStore
 
         cfg = self.config
         self._current_link = self._read_current()
@@ -228,10 +228,10 @@ class Agent:
         if kind == "app":  # the application runs the bundle and reports over the app socket
             self.state, self.state_detail = "running", None
             return
-        from edge.verify.refpairs import describe as describe_check
+        from edge.verify.refpairs import describe as describe_check, open_checked
 
         try:  # the reference pairs checked on first load, recorded in the store (edge.verify.refpairs)
-            self.runner = self.bundle.open_runner(cfg.runner_options or None, check_reference="first", records=store)
+            self.runner = open_checked(self.bundle, cfg.runner_options or None, mode="first", records=store)
             source = open_source(cfg.source, bundle=self.bundle, runner=self.runner, fps=self.fps)
         except EdgeError as e:
             if self.runner is not None:
@@ -264,7 +264,7 @@ class Agent:
 
     def reload(self, why: str) -> None:
         """Load the store's current bundle again (trust-checked, as at start) and report the change."""
-        with self._runtime_lock:
+        with self.runtime_lock:
             old = self.bundle.id if self.bundle is not None else None
             self._unload()
             try:
@@ -302,7 +302,7 @@ class Agent:
 
     def record_desired(self, desired: DesiredState, state: str) -> None:
         """Persist the version applied (terminal states only): a restart never applies it, or older, again."""
-        from edge.bundle.bundle import write_json_atomic
+        from edge.bundle.typedjson import write_json_atomic
 
         write_json_atomic(self._desired_file(), {"version": desired.version, "rollout_id": desired.rollout_id,
                                                  "bundle_id": desired.bundle_id, "state": state})
@@ -591,7 +591,7 @@ class Agent:
         if job is not None:  # stops between downloads and trials; its thread removes the trial bundles
             job.stop.set()
             job.thread.join(10.0)
-        with self._runtime_lock:
+        with self.runtime_lock:
             self._unload()
         if self.loop is not None:
             self.loop.stop()

@@ -49,14 +49,12 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from edge.mqtt.desired import DesiredState, Reason, ReportedState
 from edge.agent.download import DownloadError, fetch
+from edge.agent.host import AgentHost
 from edge.errors import EdgeError, SignatureError
-
-if TYPE_CHECKING:
-    from edge.agent.agent import Agent
 
 log = logging.getLogger("edge.agent")
 
@@ -68,7 +66,7 @@ class StepFailed(Exception):
 
 
 class Applier:
-    def __init__(self, agent: "Agent", desired: DesiredState, stop: threading.Event, *,
+    def __init__(self, agent: AgentHost, desired: DesiredState, stop: threading.Event, *,
                  stopping: threading.Event | None = None) -> None:
         """``stop``: set when a newer desired state supersedes this one, or the agent stops (``stopping``)."""
         self.agent, self.d, self.stop = agent, desired, stop
@@ -494,7 +492,7 @@ class Applier:
             return None
         from edge.verify.refpairs import check_reference_pairs, describe
 
-        with agent._runtime_lock:
+        with agent.runtime_lock:
             try:
                 result = check_reference_pairs(agent.bundle, agent.runner)
             except Exception as e:  # noqa: BLE001 - a check that cannot run on the live runner is a drift
@@ -537,7 +535,7 @@ def set_unconfirmed(store: Any, bundle_id: str | None) -> None:
             if os.path.exists(path):
                 os.unlink(path)
             return
-        from edge.bundle.bundle import write_json_atomic
+        from edge.bundle.typedjson import write_json_atomic
 
         write_json_atomic(Path(path), {"bundle_id": bundle_id, "since": round(time.time(), 3)})
     except OSError as e:  # at worst, a later desired state for this bundle is not watched again

@@ -24,18 +24,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, Iterator
 
 from edge.errors import EdgeError
+from edge.video.frames import AgentFrame, paced  # noqa: F401 - AgentFrame: the sources' contract
 
 SOURCE_KINDS = ("synthetic", "none", "app", "video", "camera", "images")
 _ARG_EXAMPLE = {"video": "clip.mp4", "camera": "0", "images": "frames/"}
-
-
-class AgentFrame(NamedTuple):
-    feeds: Mapping[str, Any]
-    started_ns: int
-    finish: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 def parse_source(spec: str) -> tuple[str, str]:
@@ -74,32 +69,12 @@ class SyntheticSource:
         self._feeds = []
 
 
-def paced(fps: float, stop: threading.Event, counter: Any) -> Iterator[int]:
-    """0, 1, 2, ... at ``fps``; when more than a frame behind, skips (as a camera would), adding to
-    ``counter.dropped``. Ends when ``stop`` is set."""
-    period = 1.0 / fps
-    due = time.monotonic()
-    i = 0
-    while not stop.is_set():
-        now = time.monotonic()
-        if now < due:
-            if stop.wait(due - now):
-                return
-        elif now - due > period:
-            missed = int((now - due) / period)
-            counter.dropped += missed
-            due += missed * period
-        yield i
-        i += 1
-        due += period
-
-
 def open_source(spec: str, *, bundle: Any, runner: Any, fps: float) -> Any:
     kind, arg = parse_source(spec)
     if kind == "synthetic":
         return SyntheticSource(runner, fps)
     if kind in ("none", "app"):
         return None
-    from edge.video import open_agent_source  # OpenCV and the pre/post-processing only for these sources
+    from edge.video.sources import open_agent_source  # OpenCV and the pre/post-processing only for these sources
 
     return open_agent_source(kind, arg, bundle=bundle, runner=runner, fps=fps)

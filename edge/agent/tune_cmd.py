@@ -32,15 +32,13 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES, SCHEMA_VERSION, encode, message
 from edge.mqtt.topics import Topic
+from edge.agent.host import AgentHost
 from edge.errors import EdgeError
-
-if TYPE_CHECKING:
-    from edge.agent.agent import Agent
 
 log = logging.getLogger("edge.agent")
 
@@ -196,7 +194,7 @@ def device_host() -> dict[str, Any]:
     import socket
 
     from edge.capabilities import cpu_isa, current_host
-    from edge.tune.space import usable_cpus
+    from edge.tune.config import usable_cpus
 
     h, isa = current_host(), cpu_isa()
     return {"hostname": socket.gethostname(), "os": h.os, "arch": h.arch, "cpu": isa.model, "isa": sorted(isa.flags),
@@ -206,7 +204,7 @@ def device_host() -> dict[str, Any]:
 class TuneJob:
     """One request on its own thread; ``Agent.tune`` holds it while it runs."""
 
-    def __init__(self, agent: "Agent", req: TuneRequest) -> None:
+    def __init__(self, agent: AgentHost, req: TuneRequest) -> None:
         self.agent, self.req = agent, req
         self.stop = threading.Event()
         self.dir = agent.config.store / "agent" / "tune" / f"{req.study_id}-{secrets.token_hex(4)}"
@@ -305,7 +303,7 @@ class TuneJob:
 
     def _measure(self, todo: list[TuneTrial], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any]) -> None:
         from edge.tune.measure import MAX_OPEN, measure_infer, open_trial_runner
-        from edge.tune.space import Config
+        from edge.tune.config import Config
 
         req = self.req
         done = 0
@@ -334,7 +332,7 @@ class TuneJob:
                     runner.close()
 
 
-def reply(agent: "Agent", status: str, study_id: str | None, **body: Any) -> None:
+def reply(agent: AgentHost, status: str, study_id: str | None, **body: Any) -> None:
     """One reply on ``edgekit/<fleet>/<device>/tune`` (QoS 1, not retained), from any thread."""
     cfg, session, loop = agent.config, agent.session, agent.loop
     if session is None or loop is None:
@@ -346,7 +344,7 @@ def reply(agent: "Agent", status: str, study_id: str | None, **body: Any) -> Non
     loop.call_soon(lambda: session.conn.publish(topic, data, qos=1))
 
 
-def handle(agent: "Agent", payload: bytes) -> TuneJob | None:
+def handle(agent: AgentHost, payload: bytes) -> TuneJob | None:
     """A ``cmd/tune`` payload (the MQTT loop thread): refused, busy, or started on its own thread."""
     cfg = agent.config
     try:

@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Mapping
 from edge.capabilities import Host, Requirement, problems
 from edge.backends.runner import RunnerInfo
 from edge.errors import ConversionError, PrecisionError
-from edge.backends.registry import Registry, did_you_mean
+from edge.backends.registry import Registry
+from edge.errors import did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
 

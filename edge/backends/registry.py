@@ -7,18 +7,12 @@ loaded only when a name is asked for, so listing backends imports no runtime.
 
 from __future__ import annotations
 
-import difflib
 from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
-from edge.errors import EdgeError, UnknownBackendError
+from edge.errors import EdgeError, UnknownBackendError, did_you_mean
 
 T = TypeVar("T")
-
-
-def did_you_mean(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}? " if close else ""
 
 
 class Registry(Generic[T]):
@@ -79,17 +73,3 @@ class Registry(Generic[T]):
 
     def unregister(self, name: str) -> None:
         self._loaded.pop(name, None)
-
-
-def converters() -> Registry:  # noqa: D401 - accessor
-    """The converter registry."""
-    from edge.backends.converter import CONVERTERS
-
-    return CONVERTERS
-
-
-def runners() -> Registry:
-    """The runner registry."""
-    from edge.backends.runner import RUNNERS
-
-    return RUNNERS

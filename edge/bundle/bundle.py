@@ -15,15 +15,18 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Iterator, Mapping
 
-from edge.errors import BundleError, ManifestError
+from edge.errors import BundleError, ManifestError, SignatureError
 from edge.bundle.schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifest, parse_manifest  # noqa: F401 - SCHEMA_VERSION re-exported
 from edge.graph.model import sha256_file
 from edge.spec import IOSpec, PreprocessSpec
-from edge.bundle.typedjson import Invalid, loads_strict, to_json
+from edge.bundle.signing import SIGNATURE_FILE, SIGNER_VERSIONS, Signature, canonical_bytes, key_id, keys_dir, load_signing_key
+from edge.bundle.typedjson import Invalid, loads_strict, to_json, write_json_atomic
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # a detached signature over the manifest: the one other file a bundle may hold
@@ -45,20 +48,6 @@ def bundle_name(stem: str, target: str) -> str:
         return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in s)[:n].lstrip("-") or "x"
 
     return f"{word(stem, 60)}-{word(target, 64)}"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @contextmanager
@@ -223,33 +212,17 @@ class Bundle:
     def frame_budget_ms(self) -> float | None:
         return self.info.target.frame_budget_ms
 
-    def open_runner(self, options: Mapping[str, Any] | None = None, *,
-                    check_reference: bool | Literal["first"] = False, records: Any = None) -> Any:
+    def open_runner(self, options: Mapping[str, Any] | None = None) -> Any:
         """A runner for this bundle with the manifest's runner options; ``options`` (the caller's: CLI,
         agent config) override keys and may add the device-only ones (a library path, a cache dir).
-
-        ``check_reference``: run the bundle's reference pairs through the new runner
-        (``edge.verify.refpairs.check_on_load``); the result is in ``runner.info.details["reference_check"]``.
-        "first" reuses a result ``records`` (the device store) holds for this bundle, runtime and
-        device, and records a new one; True checks again. Off by default: this is also how
-        conversion's parity (which compares more samples) and load-time benchmarks open a runner;
-        the agent and ``edgekit run``/``bench`` ask for it. A failed check does not raise: the
-        caller reads the result and decides."""
+        Opening runs no reference check: ``edge.verify.refpairs.open_checked`` does, for the callers
+        that want one (the agent, ``edgekit run``/``bench``)."""
         from edge.backends.runner import RUNNERS
 
         spec = self.info.runner
         cls = RUNNERS.get(spec.name)
         opts = {**spec.options_dict, **(options or {})}
-        runner = cls(self.artifact, options=opts, precision=self.precision)
-        if check_reference:
-            from edge.verify.refpairs import check_on_load
-
-            try:
-                check_on_load(self, runner, records=records, mode=check_reference)
-            except BaseException:
-                runner.close()
-                raise
-        return runner
+        return cls(self.artifact, options=opts, precision=self.precision)
 
     @property
     def kind(self) -> str:
@@ -264,3 +237,59 @@ class Bundle:
         (self.path / SIGNATURE).unlink(missing_ok=True)  # it signed the old manifest: sign again after recording
         write_json_atomic(self.path / MANIFEST, updated.manifest)
         self.info, self.manifest = updated.info, updated.manifest
+
+
+@dataclass(frozen=True)
+class SignResult:
+    bundle_id: str
+    name: str
+    version: int
+    key_id: str
+    signature_path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bundle_id": self.bundle_id, "name": self.name, "version": self.version, "key_id": self.key_id,
+                "signature": str(self.signature_path)}
+
+
+def _next_version(d: Path, name: str, wanted: int | None) -> int:
+    """``wanted``, else seconds since the epoch -- raised past what this signer last gave ``name``, so two
+    signings in one second still go up. Recorded in the keys dir."""
+    f = d / SIGNER_VERSIONS
+    try:
+        seen = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+    except (OSError, ValueError):
+        seen = {}
+    seen = seen if isinstance(seen, dict) else {}
+    last = seen.get(name) if isinstance(seen.get(name), int) else 0
+    version = wanted if wanted is not None else max(int(time.time()), last + 1)
+    if d.is_dir():
+        write_json_atomic(f, {**seen, name: max(version, last)})
+    return version
+
+
+def sign_bundle(bundle: str | os.PathLike[str], key: str, *, version: int | None = None,
+                directory: str | os.PathLike[str] | None = None) -> SignResult:
+    """Sign the bundle at ``bundle`` with ``key`` (a name in the keys dir, or a PEM path).
+
+    The bundle is verified first (exactly its files, every hash). Its manifest gets ``name`` (when it
+    has none) and ``version`` (``version``, else the next one for its name: see :func:`_next_version`),
+    is rewritten through the validated writer, and ``manifest.sig`` is written over its canonical bytes.
+    Artifacts are never touched.
+    """
+    private, _ = load_signing_key(key, directory)
+    if version is not None and not (isinstance(version, int) and 1 <= version < (1 << 53)):
+        raise SignatureError(f"--version must be an integer from 1 to 2^53-1, got {version!r}")
+    b = Bundle.open(bundle, trust=False)
+    info = b.info
+    name = info.name or bundle_name(Path(info.source.file).stem if info.source else info.bundle_id, info.target.name)
+    sig_path = b.path / SIGNATURE_FILE
+    sig_path.unlink(missing_ok=True)  # a signature over the old manifest must not outlive it
+    v = _next_version(keys_dir(directory), name, version)
+    b.record("name", name)
+    b.record("version", v)
+    _, raw = load_manifest(b.path / "manifest.json")  # what a device will read, not what we meant to write
+    pub = private.public_key()
+    sig = Signature(key_id(pub), private.sign(canonical_bytes(raw)))
+    write_json_atomic(sig_path, sig.to_json())
+    return SignResult(b.id, name, v, sig.key_id, sig_path)

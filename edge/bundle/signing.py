@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -249,68 +248,6 @@ class Signature:
         if len(sig) != 64:
             raise bad("signature is not 64 bytes of base64")
         return cls(raw["key_id"], sig)
-
-
-@dataclass(frozen=True)
-class SignResult:
-    bundle_id: str
-    name: str
-    version: int
-    key_id: str
-    signature_path: Path
-
-    def to_json(self) -> dict[str, Any]:
-        return {"bundle_id": self.bundle_id, "name": self.name, "version": self.version, "key_id": self.key_id,
-                "signature": str(self.signature_path)}
-
-
-def _next_version(d: Path, name: str, wanted: int | None) -> int:
-    """``wanted``, else seconds since the epoch -- raised past what this signer last gave ``name``, so two
-    signings in one second still go up. Recorded in the keys dir."""
-    from edge.bundle.bundle import write_json_atomic
-
-    f = d / SIGNER_VERSIONS
-    try:
-        seen = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-    except (OSError, ValueError):
-        seen = {}
-    seen = seen if isinstance(seen, dict) else {}
-    last = seen.get(name) if isinstance(seen.get(name), int) else 0
-    version = wanted if wanted is not None else max(int(time.time()), last + 1)
-    if d.is_dir():
-        write_json_atomic(f, {**seen, name: max(version, last)})
-    return version
-
-
-def sign_bundle(bundle: str | os.PathLike[str], key: str, *, version: int | None = None,
-                directory: str | os.PathLike[str] | None = None) -> SignResult:
-    """Sign the bundle at ``bundle`` with ``key`` (a name in the keys dir, or a PEM path).
-
-    The bundle is verified first (exactly its files, every hash). Its manifest gets ``name`` (when it
-    has none) and ``version`` (``version``, else the next one for its name: see :func:`_next_version`),
-    is rewritten through the validated writer, and ``manifest.sig`` is written over its canonical bytes.
-    Artifacts are never touched.
-    """
-    from edge.bundle.bundle import Bundle, bundle_name, write_json_atomic
-
-    private, _ = load_signing_key(key, directory)
-    if version is not None and not (isinstance(version, int) and 1 <= version < (1 << 53)):
-        raise SignatureError(f"--version must be an integer from 1 to 2^53-1, got {version!r}")
-    b = Bundle.open(bundle, trust=False)
-    info = b.info
-    name = info.name or bundle_name(Path(info.source.file).stem if info.source else info.bundle_id, info.target.name)
-    sig_path = b.path / SIGNATURE_FILE
-    sig_path.unlink(missing_ok=True)  # a signature over the old manifest must not outlive it
-    v = _next_version(keys_dir(directory), name, version)
-    b.record("name", name)
-    b.record("version", v)
-    from edge.bundle.schema import load_manifest
-
-    _, raw = load_manifest(b.path / "manifest.json")  # what a device will read, not what we meant to write
-    pub = private.public_key()
-    sig = Signature(key_id(pub), private.sign(canonical_bytes(raw)))
-    write_json_atomic(sig_path, sig.to_json())
-    return SignResult(b.id, name, v, sig.key_id, sig_path)
 
 
 def verify_signature(raw_manifest: Mapping[str, Any], sig: Signature, public_key: Any) -> bool:

@@ -196,7 +196,7 @@ class TrustStore:
             os.close(fd)
 
     def _write(self, name: str, data: Any) -> None:
-        from edge.bundle.bundle import write_json_atomic
+        from edge.bundle.typedjson import write_json_atomic
 
         write_json_atomic(self.root / name, data)
 

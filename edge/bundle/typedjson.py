@@ -20,11 +20,14 @@ import collections.abc
 import dataclasses
 import json
 import math
+import os
 import re
+import tempfile
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from functools import lru_cache
+from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Callable, Literal, Mapping, NewType, Union, get_args, get_origin
 
@@ -505,3 +508,17 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
 
 def _anchored(pattern: str) -> str:
     return (pattern if pattern.startswith("^") else "^" + pattern) + ("" if pattern.endswith("$") else "$")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

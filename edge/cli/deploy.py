@@ -13,6 +13,7 @@ from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Lett
                               Preprocess, Task, Tuned, convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
 from edge.deploy import deploy, rollback
+from edge.errors import EdgeError
 
 EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"
 
@@ -76,8 +77,6 @@ def deploy_cmd(
         tune_opts = TuneOptions(objective=objective or "latency", max_trials=max_trials, time_budget_s=time_budget,
                                 video=video)
     elif any(v is not None for v in tune_flags.values()):
-        from edge.errors import EdgeError
-
         given = ", ".join(k for k, v in tune_flags.items() if v is not None)
         raise EdgeError(f"{given} tune(s) the model: give it with --tune", hint="edgekit deploy MODEL --tune ...")
     with steps(not as_json) as say:

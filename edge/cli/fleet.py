@@ -16,6 +16,7 @@ from edge.cli.rollout import app as rollout_app
 from edge.cli.fleet_tune import fleet_tune_cmd
 from edge.cli.agent import (Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username,
                             broker_config, setup_logging, stop_on_signals)
+from edge.errors import EdgeError, InputFileError
 
 app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, show where every device stands; "
                   "the fleet CA, device certificates and the broker ACL.", no_args_is_help=True)
@@ -346,7 +347,6 @@ def sign_csr_cmd(
     role: str = RoleOpt, days: int = Days, san: Optional[list[str]] = San, as_json: bool = JsonOut,
 ) -> None:
     """On the CA's machine: check a CSR and sign a certificate for it (no private key leaves the device)."""
-    from edge.errors import InputFileError
     from edge.fleet.pki import certificate_identity, sign_csr
 
     if not csr.is_file():
@@ -378,7 +378,6 @@ def acl_cmd(
 
 
 def _role(role: str) -> Any:
-    from edge.errors import EdgeError
     from edge.fleet.pki import Role
 
     try:

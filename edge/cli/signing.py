@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from edge.cli._common import JsonOut, command, console, print_json
+from edge.errors import SignatureError
 
 app = typer.Typer(help="Signing keys (Ed25519) for bundles: generate, list, export the public key.",
                   no_args_is_help=True)
@@ -22,7 +23,8 @@ SignKey = typer.Option(None, "--sign-key", help="Sign the bundle with this key (
 def sign_if_configured(bundle: Any, key: Optional[str], say: Callable[[str], None]) -> Any:
     """``bundle`` signed with ``key`` (else $EDGEKIT_SIGN_KEY) and reopened; as it is when neither names a key."""
     from edge.bundle.bundle import Bundle
-    from edge.bundle.signing import configured_sign_key, sign_bundle
+    from edge.bundle.signing import configured_sign_key
+    from edge.bundle.bundle import sign_bundle
 
     k = configured_sign_key(key)
     if k is None:
@@ -87,8 +89,8 @@ def sign_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
                                                    show_default=False),
              directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
     """Sign BUNDLE: set its name and version in the manifest, write manifest.sig over the canonical manifest."""
-    from edge.errors import SignatureError
-    from edge.bundle.signing import configured_sign_key, sign_bundle
+    from edge.bundle.signing import configured_sign_key
+    from edge.bundle.bundle import sign_bundle
 
     k = configured_sign_key(key)
     if k is None:

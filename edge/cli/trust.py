@@ -10,6 +10,7 @@ from rich.table import Table
 
 from edge.cli._common import JsonOut, command, console, print_json
 from edge.bundle.trust import TrustStore
+from edge.errors import InputFileError, SignatureError
 
 app = typer.Typer(help="A device's trust store: the keys its bundles must be signed with.", no_args_is_help=True)
 
@@ -21,7 +22,6 @@ TrustDir = typer.Option(None, "--trust-dir", help="The trust store directory its
 def _trust(store: Optional[Path], trust_dir: Optional[Path], *, create: bool) -> TrustStore:
     import os
 
-    from edge.errors import SignatureError
     from edge.bundle.trust import STORE_TRUST, TRUST_DIR_ENV
 
     if store is not None and trust_dir is not None:
@@ -45,8 +45,6 @@ def add_cmd(key: Path = typer.Argument(..., help="Public key (PEM, from `edgekit
                                                   show_default=False),
             as_json: bool = JsonOut) -> None:
     """Trust KEY for this device's bundles (several keys may be trusted at once: rotation)."""
-    from edge.errors import InputFileError
-
     try:
         pem = key.read_bytes()[: 1 << 16]
     except OSError as e:

@@ -13,7 +13,7 @@ converter                   what it refuses up front
                             ``keras.backend.switch``: PINTO0309/onnx2tf#782, the Silero VAD case);
                             Loop, Scan and LSTM forms its translators fail on with the pinned
                             TensorFlow 2.19 (measured, see ``_ONNX2TF_LIMITS``)
-``onnx->tensorrt-plan``     :data:`edge.backends.tensorrt.convert.TRT_UNSUPPORTED_OPS`,
+``onnx->tensorrt-plan``     :data:`edge.backends.tensorrt.format.TRT_UNSUPPORTED_OPS`,
                             non-default domains, and ``If`` with branch outputs of different
                             rank (onnx-tensorrt docs/operators.md: "output tensors of the two
                             conditional branches must have broadcastable shapes")
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from edge.backends.tensorrt.format import TRT_UNSUPPORTED_OPS
 from edge.errors import ConversionError
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -132,8 +133,6 @@ def _coreml_bridge_ops() -> frozenset[str]:
 
 @functools.cache
 def rules() -> Mapping[str, OpSupport]:
-    from edge.backends.tensorrt.convert import TRT_UNSUPPORTED_OPS
-
     return {
         "onnx->tflite": OpSupport(
             "onnx->tflite", "onnx2tf 1.29.24", unsupported=_ONNX2TF_MISSING, other_domains=_ONNX2TF_CONTRIB,

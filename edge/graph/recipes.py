@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from edge.errors import ConversionError
 
 FP16_MAX = 65504.0
 #: a tensor above this stays fp32: half of fp16's largest finite value
@@ -566,8 +567,6 @@ def target_cosine(precision: str, margin: float = MARGIN) -> float:
 
 
 def parse_mode(options: Mapping[str, Any], key: str = "mixed_precision") -> str:
-    from edge.errors import ConversionError
-
     mode = str(options.get(key, "auto")).lower()
     if mode not in MODES:
         raise ConversionError(f"{key} must be one of {', '.join(MODES)}, got {options.get(key)!r}")
@@ -575,8 +574,6 @@ def parse_mode(options: Mapping[str, Any], key: str = "mixed_precision") -> str:
 
 
 def parse_trials(options: Mapping[str, Any], key: str = "mixed_precision_trials") -> int:
-    from edge.errors import ConversionError
-
     raw = options.get(key, DEFAULT_TRIALS)
     try:
         n = int(raw)

@@ -15,7 +15,7 @@ import numpy as np
 
 from edge.bench import peak_rss_mb
 from edge.errors import EdgeError
-from edge.llm.quality import gate_tokens
+from edge.llm.evaltext import gate_tokens
 
 
 @dataclass

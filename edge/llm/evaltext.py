@@ -102,9 +102,16 @@ def _windows(name: str, ids: list[int], bos: int | None, window: int) -> list[Ev
     return out
 
 
-def random_windows(n_vocab: int, note: str, *, window: int = WINDOW_TOKENS, count: int = RANDOM_WINDOWS) -> EvalText:
-    from edge.llm.quality import gate_tokens
+def gate_tokens(n_vocab: int, count: int = 256, seed: int = 0) -> list[int]:
+    """Deterministic random token sequence (BOS first): the fallback for a model that cannot
+    tokenize text, and the benchmark's prompt; ids avoid the first control tokens."""
+    import numpy as np
 
+    rng = np.random.default_rng(seed)
+    return [1] + [int(t) for t in rng.integers(3, n_vocab, size=count - 1)]
+
+
+def random_windows(n_vocab: int, note: str, *, window: int = WINDOW_TOKENS, count: int = RANDOM_WINDOWS) -> EvalText:
     return EvalText("random", tuple(EvalWindow("random", 0, tuple(gate_tokens(n_vocab, window, seed=i)))
                                     for i in range(count)), {}, note)
 

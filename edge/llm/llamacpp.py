@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from edge.errors import MissingDependencyError
+from edge.errors import MissingDependencyError, ModelError
 
 _LOAD_LOCK = threading.Lock()
 
@@ -193,8 +193,6 @@ def tokenize_texts(path: Path, texts: list[str], *, timeout: float = 300) -> Tok
     subprocess: llama.cpp ends the process on some vocabularies (an SPM vocabulary without byte
     tokens throws ``std::out_of_range`` on a character it lacks), and that must not end ``convert``.
     Every problem, a crash included, is a :class:`ModelError` saying why the tokenizer is unusable."""
-    from edge.errors import ModelError
-
     with tempfile.TemporaryDirectory(prefix="edgekit-tok-") as tmp:
         args, result = Path(tmp) / "args.json", Path(tmp) / "result.json"
         args.write_text(json.dumps({"path": str(Path(path).resolve()), "texts": list(texts)}), encoding="utf-8")
@@ -219,8 +217,6 @@ def tokenize_texts(path: Path, texts: list[str], *, timeout: float = 300) -> Tok
 def tokenize_in_process(path: Path, texts: list[str]) -> Tokenized:
     """:func:`tokenize_texts` in this process (what its subprocess runs): a vocabulary of type none is
     refused before llama.cpp is asked, since tokenizing with it aborts."""
-    from edge.errors import ModelError
-
     llama_cpp = load_llama_cpp()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True

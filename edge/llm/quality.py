@@ -276,10 +276,3 @@ def reference_samples(model: Path, text: EvalText, options: Mapping[str, Any]) -
     """Reference samples computed by ``model`` itself (a GGUF shipped as it is)."""
     windows = [list(w.tokens) for w in text.windows]
     return pick_reference(windows, window_logprobs(model, windows, options))
-
-
-def gate_tokens(n_vocab: int, count: int = 256, seed: int = 0) -> list[int]:
-    """Deterministic random token sequence (BOS first): the fallback for a model that cannot
-    tokenize text, and the benchmark's prompt; ids avoid the first control tokens."""
-    rng = np.random.default_rng(seed)
-    return [1] + [int(t) for t in rng.integers(3, n_vocab, size=count - 1)]

@@ -22,11 +22,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from edge.bundle.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
+from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
+from edge.bundle.typedjson import write_json_atomic
 from edge.backends.converter import ConversionRequest
 from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
 from edge.verify.tasks import TASK_CHOICES
-from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
+from edge.errors import CalibrationError, EdgeError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.bundle.manifest import new_manifest, record_gate
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
@@ -109,8 +110,6 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
         work = Path(tmp)
         static = src.static_file(work, io)
         if task not in TASK_CHOICES:
-            from edge.errors import EdgeError
-
             raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
         # the user's --parity-data, else their calibration data (int8: held out of calibration), else generated
         # inputs that look like the model's data; where they came from goes in the manifest

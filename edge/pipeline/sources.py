@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from edge.errors import InputFileError, ModelError
+from edge.errors import EdgeError, InputFileError, ModelError
 from edge.spec import IOSpec, TensorSpec, image_layout
 
 Shapes = Mapping[str, Sequence[int]]
@@ -407,7 +407,6 @@ class TorchSource(Source):
     def _input_names(self) -> list[str]:
         """The forward() argument names, read in the torch toolchain; empty when it is not installed."""
         from edge.backends.converter import CONVERTERS
-        from edge.errors import EdgeError
 
         try:
             return list(CONVERTERS.get("torch->onnx").input_names(self.path))  # type: ignore[attr-defined]

@@ -154,7 +154,7 @@ class DeviceStore(Store):
 
     def record_reference_check(self, bundle_id: str, result: Any) -> Path:
         """Write ``checks/<bundle_id>.json`` (temporary file, fsync, rename, fsync the directory)."""
-        from edge.bundle.bundle import write_json_atomic
+        from edge.bundle.typedjson import write_json_atomic
 
         bid = check_bundle_id(bundle_id)
         with self._guard():

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from edge.errors import EdgeError, MissingDependencyError
+from edge.errors import EdgeError, MissingDependencyError, did_you_mean
 from edge.toolchains.state import (  # noqa: F401 - re-exported: callers and tests use these names here
     ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root,
 )
@@ -146,8 +146,6 @@ def aliases() -> dict[str, str]:
 def get_spec(name: str) -> ToolchainSpec:
     name = aliases().get(name, name)
     if name not in TOOLCHAINS:
-        from edge.backends.registry import did_you_mean
-
         raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, [*TOOLCHAINS, *aliases()])}"
                         f"known toolchains: {', '.join(TOOLCHAINS)}")
     return TOOLCHAINS[name]

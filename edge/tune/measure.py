@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.tune.space import OBJECTIVES, Config
+from edge.tune.config import OBJECTIVES, Config
 
 #: runners open at once while interleaving (memory: each holds a compiled model)
 MAX_OPEN = 16

@@ -269,7 +269,7 @@ def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None =
             continue
         src = Path(b.path)
         if sign_key is not None:
-            from edge.bundle.signing import sign_bundle
+            from edge.bundle.bundle import sign_bundle
 
             src = out.parent / "signed" / key
             shutil.rmtree(src, ignore_errors=True)

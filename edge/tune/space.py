@@ -27,12 +27,12 @@ run or cannot mean anything here, each with its reason:
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+from edge.errors import EdgeError
+from edge.tune.config import OBJECTIVES, Config, usable_cpus, word  # noqa: F401 - OBJECTIVES, usable_cpus re-exported
 
-OBJECTIVES = ("latency", "throughput", "e2e")
 THREADS = (1, 2, 4, 8, 16)
 WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
 #: items per inference tried for the throughput objective (batch 1 first: the default)
@@ -79,55 +79,6 @@ SPACES: dict[str, RunnerSpace] = {
 #: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;
 #: a target that names a delegate or an accelerator (XNNPack, an iGPU) by its own runner only
 CPU_RUNNERS = {"x86_64": ("onnxruntime", "openvino")}
-
-
-@dataclass(frozen=True)
-class Config:
-    """One point of the space: what is converted (runner, precision, recipe) and how it runs (options, workers)."""
-
-    runner: str
-    precision: str  # as tuned: fp32, fp16, bf16 (OpenVINO compute precision on an fp32 IR), int8, int8-dynamic
-    recipe: tuple[tuple[str, Any], ...] = ()  # convert options set by the search
-    options: tuple[tuple[str, Any], ...] = ()  # runner options set by the search
-    workers: int = 1
-    #: items per inference (objective throughput): converted at this batch, fed N stacked samples
-    batch: int = 1
-
-    @property
-    def bundle_precision(self) -> str:
-        return "fp32" if self.precision == "bf16" else self.precision
-
-    @property
-    def id(self) -> str:
-        parts = [self.runner, self.precision]
-        parts += [f"{k}={_word(v)}" for k, v in self.recipe]
-        parts += [f"{k}={_word(v)}" for k, v in self.options if k != "inference_precision"]
-        if self.workers != 1:
-            parts.append(f"workers={self.workers}")
-        if self.batch != 1:
-            parts.append(f"batch={self.batch}")
-        return "/".join(parts)
-
-    def label(self) -> str:
-        """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
-        short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
-                 "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
-                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest",
-                 "num_streams": "streams"}
-        bits = [f"{short.get(k, k)}={_word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
-        if self.workers != 1:
-            bits.append(f"workers={self.workers}")
-        if self.batch != 1:
-            bits.append(f"batch={self.batch}")
-        return f"{self.runner} {self.precision} " + " ".join(bits)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"runner": self.runner, "precision": self.precision, "recipe": dict(self.recipe),
-                "options": dict(self.options), "workers": self.workers, "batch": self.batch}
-
-
-def _word(v: Any) -> str:
-    return json.dumps(v) if isinstance(v, bool) else str(v)
 
 
 @dataclass
@@ -310,15 +261,6 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
     return BatchPlan(batches=tuple(sorted(set(ok) | {1})), model=variant, shapes=shapes, pruned=pruned)
 
 
-def usable_cpus() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def runners_for(profile: Any) -> tuple[str, ...]:
     """The runners that serve ``profile``'s device class (the target's own first)."""
     found = [profile.runner]
@@ -353,7 +295,6 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
     from edge.backends.converter import CONVERTERS
     from edge.backends.runner import RUNNERS
     from edge.capabilities import problems
-    from edge.errors import EdgeError
     from edge.pipeline import conversion_problems
     from edge.targets import ChainStep, get_target
 

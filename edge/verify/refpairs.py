@@ -593,6 +593,19 @@ def check_on_load(bundle: Any, runner: Any, *, records: CheckRecords | None = No
     return result
 
 
+def open_checked(bundle: Any, options: Mapping[str, Any] | None = None, *, mode: CheckMode = "first",
+                 records: CheckRecords | None = None) -> Any:
+    """A runner on ``bundle`` (``Bundle.open_runner``) whose reference pairs were checked by
+    :func:`check_on_load` (result in ``runner.info.details["reference_check"]``); the caller owns it."""
+    runner = bundle.open_runner(options)
+    try:
+        check_on_load(bundle, runner, records=records, mode=mode)
+    except BaseException:
+        runner.close()
+        raise
+    return runner
+
+
 def check_bundle(bundle: Any, options: Mapping[str, Any] | None = None, *, records: CheckRecords | None = None,
                  mode: CheckMode = "first") -> dict[str, Any]:
     """Open a runner on ``bundle`` just for the reference check, and close it (``edgekit run``/``bench``,
@@ -601,7 +614,7 @@ def check_bundle(bundle: Any, options: Mapping[str, Any] | None = None, *, recor
         from edge.store.local import store_holding
 
         records = store_holding(bundle.path)
-    with bundle.open_runner(options, check_reference=mode or "first", records=records) as runner:
+    with open_checked(bundle, options, mode=mode or "first", records=records) as runner:
         return {**runner.info.details["reference_check"], "runner": runner_json(runner)}
 
 

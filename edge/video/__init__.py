@@ -14,13 +14,20 @@ is imported only by the sources that need it (``pip install 'edgekit-ml[video]'`
 
 from __future__ import annotations
 
-from edge.video.errors import PipelineError, SourceError
-from edge.video.job import PipelineOptions
-from edge.video.pipeline import run_pipeline
-from edge.video.postprocess import PostConfig, make_postprocessor
-from edge.video.report import VideoReport
-from edge.video.sequential import run_sequential
-from edge.video.sources import FrameSource, open_agent_source, open_source, write_synthetic_clip
+from importlib import import_module
+from typing import Any
+
+_LAZY = {"PipelineError": "errors", "SourceError": "errors", "PipelineOptions": "job", "run_pipeline": "pipeline",
+         "PostConfig": "postprocess", "make_postprocessor": "postprocess", "VideoReport": "report",
+         "run_sequential": "sequential", "FrameSource": "sources", "open_agent_source": "sources",
+         "open_source": "sources", "write_synthetic_clip": "sources"}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: importing edge.video.frames (the agent) pulls no numpy
+    if name in _LAZY:
+        return getattr(import_module(f"edge.video.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'edge.video' has no attribute {name!r}")
+
 
 __all__ = [
     "FrameSource", "PipelineError", "PipelineOptions", "PostConfig", "SourceError", "VideoReport",

@@ -19,10 +19,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from edge.errors import EdgeError, MissingDependencyError
+from edge.errors import EdgeError, MissingDependencyError, ModelError
 from edge.native_stderr import captured_stderr
 from edge.preprocess import IMAGE_SUFFIXES
 from edge.video.errors import SourceError, UnreadableFrame
+from edge.video.frames import AgentFrame, paced
+
 
 VIDEO_EXTRA = "pip install 'edgekit-ml[video]'"
 
@@ -423,7 +425,6 @@ class AgentVideoSource:
     """
 
     def __init__(self, kind: str, arg: str, *, bundle: Any, fps: float | None) -> None:
-        from edge.errors import ModelError
         from edge.preprocess import Preprocessor
         from edge.video.postprocess import make_postprocessor
 
@@ -466,8 +467,6 @@ class AgentVideoSource:
         raise SourceError(f"{self.kind} source {self.arg} yields no frames")
 
     def frames(self, stop: Any) -> Iterator[Any]:
-        from edge.agent.sources import AgentFrame, paced
-
         ticks = paced(self.fps, stop, self) if not self._source.info.live else iter(int, 1)
         for _ in ticks:
             if stop.is_set():

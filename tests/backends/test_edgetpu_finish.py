@@ -144,7 +144,8 @@ def test_the_converter_names_edgekit_finish(uncompiled: Path) -> None:
 
 def test_in_place_signature_dropped_or_renewed(uncompiled: Path, compiler: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge.bundle.signing import generate_key, sign_bundle
+    from edge.bundle.signing import generate_key
+    from edge.bundle.bundle import sign_bundle
     from edge.bundle.trust import TrustStore
 
     monkeypatch.setenv("EDGEKIT_KEYS_DIR", str(tmp_path / "keys"))

@@ -31,12 +31,12 @@ from edge.bundle.bundle import Bundle
 from edge.capabilities import current_host
 from edge.pipeline import conversion_problems, convert, runnable_here
 from edge.errors import EdgeError
-from edge.backends.registry import runners
+from edge.backends.runner import RUNNERS
 from edge.backends.runner import Runner
 from edge.spec import TensorSpec
 from edge.targets import TargetProfile, load_targets
 
-RUNNER_NAMES = runners().names()
+RUNNER_NAMES = RUNNERS.names()
 _HARDWARE_KINDS = ("os", "arch", "nvidia-gpu")
 _DYNAMIC_DIM = 8  # the size given to a dynamic dim ("n" tokens of an LLM)
 
@@ -66,7 +66,7 @@ def _candidates(name: str) -> list[tuple[TargetProfile, bool]]:
 
 def _skip_unavailable(name: str, tmp: Path) -> None:
     """A runner whose declared requirements are unmet must refuse to load naming each of them; then skip."""
-    cls = runners().get(name)
+    cls = RUNNERS.get(name)
     unmet = [r for r in cls.requires if r.problem() is not None]
     if not unmet:
         return

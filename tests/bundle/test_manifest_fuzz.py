@@ -23,7 +23,7 @@ from edge.bench import run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.errors import BudgetError, BundleError, DeployError, ManifestError
-from edge.bundle.manifest import check_gates
+from edge.verify.gates import check_gates
 
 from tests.conftest import assert_user_error, run_cli
 

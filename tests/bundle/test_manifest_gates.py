@@ -20,7 +20,7 @@ from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError, ManifestError
-from edge.bundle.manifest import check_gates, parity_verdict
+from edge.verify.gates import check_gates, parity_verdict
 
 from tests.pipeline.test_convert import BrokenConverter
 from tests.test_targets import VALID

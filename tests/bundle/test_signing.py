@@ -22,7 +22,8 @@ from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle
 from edge.pipeline import convert
 from edge.deploy import ship
 from edge.errors import SignatureError
-from edge.bundle.signing import Signature, canonical_bytes, generate_key, sign_bundle
+from edge.bundle.signing import Signature, canonical_bytes, generate_key
+from edge.bundle.bundle import sign_bundle
 from edge.store import DeviceStore, rollback
 from edge.bundle.trust import TrustStore
 

@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 from conftest import assert_user_error, run_cli
 
-from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries, write_json_atomic
+from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
+from edge.bundle.typedjson import write_json_atomic
 from edge.errors import EdgeError, InputFileError, ModelError
 from edge.llm.evaltext import BUILTIN_TEXTS, MAX_WINDOWS, WINDOW_TOKENS, builtin_texts, eval_windows
 from edge.llm.quality import THRESHOLDS, TopKSample, log_softmax, top_k, topk_figures
 from edge.llm.samples import build_tiny_llama
 from edge.pipeline import convert
-from edge.verify.refpairs import (REFERENCE_FILE, check_bundle, check_on_load, check_reference_pairs, describe,
+from edge.verify.refpairs import (REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
                            write_reference_pairs)
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
@@ -206,7 +207,7 @@ def test_reference_pairs_are_written_and_pass_where_the_bundle_runs(q8: Bundle) 
     assert entry["note"].startswith("the build host's q8_0 on these samples: mean KL over the top-8 "), entry
     assert entry["note"].endswith("top-1 8/8"), entry
     assert (q8.path / REFERENCE_FILE).stat().st_size < 64 << 10  # small: token prefixes and top-8 per sample
-    with q8.open_runner(check_reference=True) as r:
+    with open_checked(q8, mode=True) as r:
         check = r.info.details["reference_check"]
     assert check["passed"] is True and check["samples"] == 8 and check["failures"] == [], check
     out = check["outputs"][0]
@@ -274,7 +275,7 @@ def test_shipped_gguf_carries_pairs_from_itself(tiny: Path, tmp_path: Path) -> N
     entry = m["reference_pairs"]
     assert entry["samples"] == 8 and "the shipped q4_0 GGUF itself" in entry["reference"], entry
     assert entry["thresholds"] == {"max_kl_mean": THRESHOLDS["q4_0"][0], "min_top1": THRESHOLDS["q4_0"][1]}
-    with b.open_runner(check_reference=True) as r:
+    with open_checked(b, mode=True) as r:
         check = r.info.details["reference_check"]
     # the device computes what the host did on the same file: the same top-1 everywhere, KL ~0
     assert check["passed"] is True and check["outputs"][0]["top1"] == 1.0, check

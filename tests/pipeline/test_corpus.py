@@ -40,6 +40,7 @@ import pytest
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.pipeline import convert
+from edge.verify.refpairs import open_checked
 from tests.corpus import CORPUS, corpus_model
 
 # model, target, precision, expected. "keep": the source's own precision (a TFLite or GGUF that
@@ -187,7 +188,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
             except Exception as e:  # noqa: BLE001 - every outcome is recorded; the test judges it
                 out = Outcome(error=e)
             if out.bundle is not None and out.bundle.kind != "llm":  # (GGUF: seconds of llama.cpp; test_llm*)
-                with out.bundle.open_runner(check_reference=True) as runner:
+                with open_checked(out.bundle, mode=True) as runner:
                     out.reference_check = dict(runner.info.details["reference_check"])
             out.seconds = time.monotonic() - t0
             done[key] = out

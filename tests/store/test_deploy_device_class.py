@@ -47,7 +47,7 @@ def test_arm_xnnpack_benchmarked_on_x86_does_not_gate(models: dict[str, Path], t
     ship(r.bundle.path, tmp_path / "pi2")  # the gate reads the record the same way: indicative, not edited
     # a manifest from before the typed field kept the judgement in runner.details: still read, still gates alike
     from edge.errors import DeployError
-    from edge.bundle.manifest import check_gates
+    from edge.verify.gates import check_gates
     from edge.bundle.schema import device_class_of, parse_manifest
 
     old = json.loads(json.dumps(Bundle.open(r.bundle.path).manifest))

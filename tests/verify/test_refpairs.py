@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries, write_json_atomic
+from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
+from edge.bundle.typedjson import write_json_atomic
 from edge.errors import BundleError, ManifestError
 from edge.verify.parity import THRESHOLDS, reference_outputs
-from edge.verify.refpairs import (MAX_BYTES, REFERENCE_FILE, check_bundle, check_on_load, check_reference_pairs, describe,
+from edge.verify.refpairs import (MAX_BYTES, REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
                            load_reference_pairs, snr_db, write_reference_pairs)
 from edge.spec import IOSpec, TensorSpec
 
@@ -221,7 +222,7 @@ def test_pairs_pass_on_the_runtime_that_runs_the_bundle(runtime: str, converted:
     b = with_pairs(converted(runtime), models["two_input"], tmp_path / "b")
     assert b.info.reference_pairs is not None and b.info.reference_pairs.samples == 4
     assert REFERENCE_FILE in {a.path for a in b.info.artifacts}
-    with b.open_runner(check_reference=True) as r:
+    with open_checked(b, mode=True) as r:
         res = r.info.details["reference_check"]
         assert r.info.runtime.split()[0] in ("onnxruntime", "openvino", "litert", "ai-edge-litert", "LiteRT")
     assert res["passed"] is True, res
@@ -242,7 +243,7 @@ def test_a_runner_computing_something_else_fails_the_check(runtime: str, convert
 
     b = with_pairs(converted(runtime), models["two_input"], tmp_path / "b", perturb=perturb)
     b.verify()  # the file is listed and hashed: verification passes, the check must catch it
-    with b.open_runner(check_reference=True) as r:
+    with open_checked(b, mode=True) as r:
         res = r.info.details["reference_check"]
     assert res["passed"] is False
     bad = {o["name"]: o for o in res["outputs"]}
@@ -351,7 +352,7 @@ def test_a_pickled_reference_file_is_a_failed_check_not_a_crash(ort_bundle: Bund
         return ort_bundle.manifest["reference_pairs"]
 
     b = rebuild(ort_bundle, tmp_path / "b", edit)  # verifies: the pickle is listed and hashed
-    with b.open_runner(check_reference=True) as r:
+    with open_checked(b, mode=True) as r:
         res = r.info.details["reference_check"]
     assert res["passed"] is False and "Object arrays cannot be loaded" in res["error"]
     assert str(b.path / REFERENCE_FILE) in res["error"]
@@ -363,7 +364,7 @@ def test_old_bundles_without_pairs_open_and_skip(ort_bundle: Bundle, tmp_path: P
     assert b.info.reference_pairs is None
     with b.open_runner() as r:  # default: no check (conversion's parity, load-time benchmarks)
         assert "reference_check" not in r.info.details
-    with b.open_runner(check_reference=True) as r:
+    with open_checked(b, mode=True) as r:
         res = r.info.details["reference_check"]
         assert res["passed"] is None and "no reference pairs" in res["skipped"]
         assert check_reference_pairs(b, r)["passed"] is None
@@ -400,7 +401,7 @@ def test_the_store_records_the_check_once_and_reuses_it(ort_bundle: Bundle, tmp_
     calls = []
     real = refpairs.check_reference_pairs
     monkeypatch.setattr(refpairs, "check_reference_pairs", lambda *a: calls.append(1) or real(*a))
-    with b.open_runner(check_reference="first", records=store) as r:
+    with open_checked(b, mode="first", records=store) as r:
         first = r.info.details["reference_check"]
     assert first["passed"] is True and first["recorded"] is False and len(calls) == 1
     record = tmp_path / "store" / "checks" / f"{b.id}.json"
@@ -408,16 +409,16 @@ def test_the_store_records_the_check_once_and_reuses_it(ort_bundle: Bundle, tmp_
     assert on_disk["passed"] is True and on_disk["bundle_id"] == b.id and "recorded" not in on_disk
     assert on_disk["runner"]["device_used"] == r.info.device_used
     assert not [p for p in record.parent.iterdir() if p.name.startswith(".")]  # no temporary left
-    with b.open_runner(check_reference="first", records=store) as r:
+    with open_checked(b, mode="first", records=store) as r:
         again = r.info.details["reference_check"]
     assert again["recorded"] is True and len(calls) == 1
     assert again["checked_utc"] == first["checked_utc"]
-    with b.open_runner(check_reference=True, records=store) as r:  # asked: checked again
+    with open_checked(b, mode=True, records=store) as r:  # asked: checked again
         assert r.info.details["reference_check"]["recorded"] is False and len(calls) == 2
     # another device or runtime than the record's: checked again
     on_disk["runner"]["device_used"] = "some other device"
     record.write_text(json.dumps(on_disk))
-    with b.open_runner(check_reference="first", records=store) as r:
+    with open_checked(b, mode="first", records=store) as r:
         assert r.info.details["reference_check"]["recorded"] is False and len(calls) == 3
     # a record that is not one is ignored, then replaced
     record.write_text("{not json")

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import EDGETPU_CUSTOM_OP as EDGETPU_OP
-from edge.errors import ConversionError, MissingDependencyError, PrecisionError
+from edge.errors import BundleError, ConversionError, MissingDependencyError, PrecisionError, TargetError
 
 COMPILER = "edgetpu_compiler"
 COMPILER_INSTALL = ("edgetpu_compiler runs on x86-64 Linux only; install it from Coral's apt repository "
@@ -219,9 +219,10 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
     uncompiled model is dropped. ``key`` (else ``$EDGEKIT_SIGN_KEY``) signs it; without one the old
     signature, which covered the old manifest, is gone and a note says so. Compiler arguments and
     timeout default to the target profile's ``[convert.options."tflite->edgetpu"]``."""
-    from edge.bundle.bundle import MANIFEST, Bundle, staging_dir, write_json_atomic
-    from edge.errors import BundleError
-    from edge.bundle.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key, sign_bundle
+    from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
+    from edge.bundle.typedjson import write_json_atomic
+    from edge.bundle.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key
+    from edge.bundle.bundle import sign_bundle
 
     src = Bundle.open(path, verify=False, trust=False)
     notes: list[str] = []
@@ -281,7 +282,6 @@ def _compiler_leftovers(bundle: Any) -> list[str]:
 
 def _check_finishable(bundle: Any) -> None:
     from edge.backends.litert.format import read_tflite
-    from edge.errors import BundleError
 
     info = bundle.info
     delegate = info.runner.options_dict.get("delegate")
@@ -296,7 +296,6 @@ def _check_finishable(bundle: Any) -> None:
 
 def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]], notes: list[str]) -> dict[str, Any]:
     """The target profile's options for the compiler step, as ``convert`` would have used them."""
-    from edge.errors import TargetError
     from edge.targets import get_target
 
     try:
@@ -309,7 +308,6 @@ def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]],
 
 def _copy_verified(bundle: Any, stage: Path) -> None:
     """Copy the listed artifacts into ``stage``, each checked against its recorded size and sha256 (all problems at once)."""
-    from edge.errors import BundleError
     from edge.graph.model import sha256_file
 
     problems = []

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA
+from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA, TRT_RESTRICTED_OPS, TRT_UNSUPPORTED_OPS  # noqa: F401
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
 
@@ -42,24 +42,6 @@ log = logging.getLogger(__name__)
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[tensorrt]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[tensorrt]'")
 
-# ONNX ops TensorRT's ONNX parser (onnx-tensorrt, TensorRT 8.6-10.x, docs/operators.md) does not
-# implement, plus the integer-arithmetic quantized ops that onnxruntime emits in QOperator format
-# (TensorRT only takes QDQ). Ops from a non-default domain (com.microsoft ...) are flagged too.
-TRT_UNSUPPORTED_OPS = frozenset({
-    "BitShift", "Bernoulli", "Col2Im", "ConcatFromSequence", "ConvInteger", "DynamicQuantizeLinear",
-    "ImageDecoder", "MatMulInteger", "MelWeightMatrix", "Multinomial", "Optional", "OptionalGetElement",
-    "OptionalHasElement", "QLinearConv", "QLinearMatMul", "RegexFullMatch", "SequenceAt", "SequenceConstruct",
-    "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "SplitToSequence", "StringConcat",
-    "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique",
-})
-# Parsed, but known to run slowly or with restrictions worth a look (from the same table).
-TRT_RESTRICTED_OPS = {
-    "Loop": "supported, but loops run step by step (no fusion across iterations)",
-    "NonZero": "data-dependent output shape: needs TensorRT >= 8.5 and stops fusion",
-    "NonMaxSuppression": "data-dependent output shape; often faster as an EfficientNMS plugin",
-    "Resize": "only nearest/linear/cubic with the common coordinate modes",
-    "ScatterND": "no reduction attribute before TensorRT 10",
-}
 
 
 class OnnxToTensorRTPlan(Converter):

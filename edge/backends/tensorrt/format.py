@@ -14,6 +14,25 @@ BUILD_FILE = "trt_build.json"
 
 BUILD_SCHEMA = "edgekit.trt-build/1"
 
+# ONNX ops TensorRT's ONNX parser (onnx-tensorrt, TensorRT 8.6-10.x, docs/operators.md) does not
+# implement, plus the integer-arithmetic quantized ops that onnxruntime emits in QOperator format
+# (TensorRT only takes QDQ). Ops from a non-default domain (com.microsoft ...) are flagged too.
+TRT_UNSUPPORTED_OPS = frozenset({
+    "BitShift", "Bernoulli", "Col2Im", "ConcatFromSequence", "ConvInteger", "DynamicQuantizeLinear",
+    "ImageDecoder", "MatMulInteger", "MelWeightMatrix", "Multinomial", "Optional", "OptionalGetElement",
+    "OptionalHasElement", "QLinearConv", "QLinearMatMul", "RegexFullMatch", "SequenceAt", "SequenceConstruct",
+    "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "SplitToSequence", "StringConcat",
+    "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique",
+})
+# Parsed, but known to run slowly or with restrictions worth a look (from the same table).
+TRT_RESTRICTED_OPS = {
+    "Loop": "supported, but loops run step by step (no fusion across iterations)",
+    "NonZero": "data-dependent output shape: needs TensorRT >= 8.5 and stops fusion",
+    "NonMaxSuppression": "data-dependent output shape; often faster as an EfficientNMS plugin",
+    "Resize": "only nearest/linear/cubic with the common coordinate modes",
+    "ScatterND": "no reduction attribute before TensorRT 10",
+}
+
 
 def read_build_settings(bundle_dir: Path) -> dict[str, Any]:
     path = Path(bundle_dir) / BUILD_FILE

@@ -1,0 +1,69 @@
+"""One point of the tuner's search space (:class:`Config`) and what a device needs to run one: kept apart from
+``space`` (which plans a study on the build host and reaches the converters) so the agent's ``cmd/tune``
+handler imports no build-host code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+OBJECTIVES = ("latency", "throughput", "e2e")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the space: what is converted (runner, precision, recipe) and how it runs (options, workers)."""
+
+    runner: str
+    precision: str  # as tuned: fp32, fp16, bf16 (OpenVINO compute precision on an fp32 IR), int8, int8-dynamic
+    recipe: tuple[tuple[str, Any], ...] = ()  # convert options set by the search
+    options: tuple[tuple[str, Any], ...] = ()  # runner options set by the search
+    workers: int = 1
+    #: items per inference (objective throughput): converted at this batch, fed N stacked samples
+    batch: int = 1
+
+    @property
+    def bundle_precision(self) -> str:
+        return "fp32" if self.precision == "bf16" else self.precision
+
+    @property
+    def id(self) -> str:
+        parts = [self.runner, self.precision]
+        parts += [f"{k}={word(v)}" for k, v in self.recipe]
+        parts += [f"{k}={word(v)}" for k, v in self.options if k != "inference_precision"]
+        if self.workers != 1:
+            parts.append(f"workers={self.workers}")
+        if self.batch != 1:
+            parts.append(f"batch={self.batch}")
+        return "/".join(parts)
+
+    def label(self) -> str:
+        """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
+        short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
+                 "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
+                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest",
+                 "num_streams": "streams"}
+        bits = [f"{short.get(k, k)}={word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
+        if self.workers != 1:
+            bits.append(f"workers={self.workers}")
+        if self.batch != 1:
+            bits.append(f"batch={self.batch}")
+        return f"{self.runner} {self.precision} " + " ".join(bits)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runner": self.runner, "precision": self.precision, "recipe": dict(self.recipe),
+                "options": dict(self.options), "workers": self.workers, "batch": self.batch}
+
+
+def word(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, bool) else str(v)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
