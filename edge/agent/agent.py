@@ -14,7 +14,7 @@ Imports stay lean: numpy, the runtime and ``edge.verify.refpairs`` are imported 
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import os
 import queue
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import edge
-from edge.mqtt.desired import DesiredError, DesiredState, ReportedState
+from edge.bundle.typedjson import UnreadableFile, read_json_file, write_json_atomic
+from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.agent.download import DownloadOptions
 from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.mqtt.client import BrokerConfig
@@ -76,6 +77,16 @@ class AgentConfig:
                 or self.verify_timeout_s <= 0:
             raise EdgeError("--poll-current, --watch and --smoke-frames must be >= 0, --smoke-timeout > 0")
         parse_source(self.source)
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One of the agent's own small JSON records; {} when it is missing or damaged (then rewritten)."""
+    try:
+        rec = read_json_file(path, what="agent record", max_bytes=64 << 10, missing={})
+    except UnreadableFile as e:
+        log.warning("%s: ignored", e)
+        return {}
+    return rec if isinstance(rec, dict) else {}
 
 
 def rollout_summary(rollout_id: Any, desired_bundle: Any, version: Any, state: Any, reason: Any) -> dict[str, Any]:
@@ -169,7 +180,8 @@ class Agent:
         self._desired_q: "queue.Queue[DesiredState]" = queue.Queue()
         self._desired_seen = 0  # highest desired version accepted (persisted ones included)
         self._apply_cancel: threading.Event | None = None  # set when a newer desired state supersedes the apply
-        self._ratelog = RateLimitedLog(log)
+        self.ratelog = RateLimitedLog(log)
+        self._refused_digest: str | None = None  # sha256 of the last desired payload refused (reported once)
         # downloads: artifacts fetched; local_switches: desired bundles the store held (no download);
         # already_running: desired states naming the bundle already run (reported running, no watch)
         self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0, "downloads": 0,
@@ -294,16 +306,10 @@ class Agent:
         return self.config.store / "agent" / "desired.json"
 
     def _read_desired_record(self) -> dict[str, Any]:
-        try:
-            rec = json.loads(self._desired_file().read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return rec if isinstance(rec, dict) else {}
+        return read_record(self._desired_file())
 
     def record_desired(self, desired: DesiredState, state: str) -> None:
         """Persist the version applied (terminal states only): a restart never applies it, or older, again."""
-        from edge.bundle.typedjson import write_json_atomic
-
         write_json_atomic(self._desired_file(), {"version": desired.version, "rollout_id": desired.rollout_id,
                                                  "bundle_id": desired.bundle_id, "state": state})
 
@@ -313,12 +319,14 @@ class Agent:
         try:
             d = DesiredState.parse(payload, fleet=cfg.fleet, device=cfg.device_id, artifact_root=cfg.artifact_root)
         except DesiredError as e:
-            self.counters["desired_refused"] += 1
-            self._ratelog.warning("desired_refused", "refusing a desired state: %s", e)
+            self._refuse_desired(payload, str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a check missed: still one refusal, never a traceback per message
+            self._refuse_desired(payload, f"{type(e).__name__}: {str(e)[:200]}")
             return
         if d.version <= self._desired_seen:  # late, duplicated or replayed: never backwards
             self.counters["desired_ignored"] += 1
-            self._ratelog.info("desired_ignored", "ignoring desired version %d (rollout %s): version %d is newer "
+            self.ratelog.info("desired_ignored", "ignoring desired version %d (rollout %s): version %d is newer "
                                "or the same", d.version, d.rollout_id, self._desired_seen)
             return
         self._desired_seen = d.version
@@ -327,6 +335,31 @@ class Agent:
         cancel = self._apply_cancel
         if cancel is not None:  # the apply in progress is moot: a stuck one never blocks the next
             cancel.set()
+
+    def _refuse_desired(self, payload: bytes, why: str) -> None:
+        """A desired payload that cannot be applied: logged (rate-limited) and reported ``failed`` once. The same
+        payload delivered again (a retained message after every reconnect, or after a restart: the digest of
+        the last one refused is kept in ``<store>/agent/refused.json``) is counted, never reported again."""
+        self.counters["desired_refused"] += 1
+        self.ratelog.warning("desired_refused", "refusing a desired state: %s", why)
+        digest = hashlib.sha256(payload).hexdigest()
+        if digest == self._refused_digest:
+            return
+        self._refused_digest = digest
+        rollout_id, version, bundle_id = salvage(payload)
+        if version is not None and version <= self._desired_seen:
+            return  # an old version: moot whatever it says (never reported over the state of a newer one)
+        running = self.bundle.id if self.bundle is not None else None
+        self.report(ReportedState(state="failed", bundle_running=running, rollout_id=rollout_id,
+                                  desired_version=version, desired_bundle=bundle_id,
+                                  reason=Reason("invalid_desired", f"invalid desired state: {why}", "received")))
+        try:
+            write_json_atomic(self._refused_file(), {"sha256": digest})
+        except OSError as e:
+            self.ratelog.warning("refused_record", "cannot record the refused desired state: %s", e)
+
+    def _refused_file(self) -> Path:
+        return self.config.store / "agent" / "refused.json"
 
     def report(self, state: ReportedState) -> None:
         """Publish the retained reported state (any thread), and a ``state`` message that carries its summary
@@ -349,7 +382,7 @@ class Agent:
             return
         if self.session is not None:
             self.session.counters["unknown_commands"] += 1
-        self._ratelog.info("unknown_command", "ignoring unknown command %r", name)
+        self.ratelog.info("unknown_command", "ignoring unknown command %r", name)
 
     def tune_busy(self) -> str | None:
         """Why a tune request cannot start now (None: it can): one at a time, never beside a rollout's apply."""
@@ -524,6 +557,8 @@ class Agent:
         self._load()
         record = self._read_desired_record()
         self._desired_seen = int(record.get("version") or 0)
+        refused = read_record(self._refused_file())
+        self._refused_digest = refused.get("sha256") if isinstance(refused.get("sha256"), str) else None
         if self._desired_seen:  # where the last apply ended, until a new desired state arrives
             self._rollout = rollout_summary(record.get("rollout_id"), record.get("bundle_id"), self._desired_seen,
                                             record.get("state"), None)

@@ -149,10 +149,14 @@ def _url(v: Any, where: str) -> str:
         raise TuneRequestError(where, f"must be a URL of at most {MAX_URL} characters")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in v):
         raise TuneRequestError(where, "contains whitespace or a control character")
-    u = urlparse(v)
+    try:  # a bad IPv6 host or port makes urlparse or .port raise ValueError: a refusal, never a traceback
+        u = urlparse(v)
+        host, _port = u.hostname, u.port
+    except ValueError as e:
+        raise TuneRequestError(where, f"is not a valid URL: {str(e)[:80]}") from None
     if u.scheme not in ("http", "https"):
         raise TuneRequestError(where, f"scheme {u.scheme[:20]!r} is not allowed: http:// or https:// only")
-    if not u.hostname:
+    if not host:
         raise TuneRequestError(where, "has no host")
     if u.username or u.password:
         raise TuneRequestError(where, "carries credentials; use a presigned URL (query) instead")
@@ -350,12 +354,17 @@ def handle(agent: AgentHost, payload: bytes) -> TuneJob | None:
     try:
         req = TuneRequest.parse(payload, fleet=cfg.fleet, device=cfg.device_id)
     except TuneRequestError as e:
-        log.warning("%s", e)
+        agent.ratelog.warning("tune_refused", "%s", e)  # one line per interval: the sender chooses the rate
         reply(agent, "refused", _study_of(payload), field=e.field, error=str(e))
+        return None
+    except Exception as e:  # noqa: BLE001 - a check missed: still a refusal, never a traceback per message
+        agent.ratelog.warning("tune_refused", "tune request refused: %s: %s", type(e).__name__, str(e)[:200])
+        reply(agent, "refused", _study_of(payload), field="payload", error=f"{type(e).__name__}: {str(e)[:200]}")
         return None
     job = TuneJob(agent, req)
     busy = agent.tune_start(job)  # checked and taken under the agent's lock: an apply cannot start between
     if busy is not None:
+        agent.ratelog.info("tune_busy", "tune %s: %s", req.study_id, busy)
         reply(agent, "busy", req.study_id, error=busy)
         return None
     reply(agent, "accepted", req.study_id, trials=len(req.trials))

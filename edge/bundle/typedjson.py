@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import types
 import typing
@@ -30,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Callable, Literal, Mapping, NewType, Union, get_args, get_origin
+
+from edge.errors import InputFileError
 
 #: free-form JSON (objects become read-only mappings, arrays tuples), bounded by :data:`FREE_DEPTH`
 JSON = NewType("JSON", object)
@@ -522,3 +525,95 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# -- one safe reader for every JSON/TOML file the product loads ----------------------------------
+
+MAX_FILE_BYTES = 16 << 20  # a profile, a study, a record: far below; a FIFO or /dev/zero never gets this far
+FILE_DEPTH = 64
+_MISSING = object()
+_TOML_SKIP = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*', re.S)
+
+
+class UnreadableFile(InputFileError):
+    """A JSON/TOML file edgekit will not read: not a regular file, too big, too deep, not valid, unreadable."""
+
+
+def read_bounded(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES, what: str = "file") -> bytes:
+    """The bytes of ``path``, a regular file (symlinks followed) of at most ``max_bytes``. A FIFO, a device, a
+    directory or a socket is refused without blocking (opened non-blocking, checked with fstat before a read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UnreadableFile(f"cannot read {what} {os.fspath(path)!s:.300}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is not a regular file",
+                                 hint="name a file, not a directory, FIFO or device")
+        if st.st_size > max_bytes:
+            raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is {st.st_size} bytes; at most {max_bytes}")
+        chunks, got = [], 0
+        while got <= max_bytes and (chunk := os.read(fd, min(1 << 20, max_bytes + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise UnreadableFile(f"cannot read {what} {os.fspath(path)!s:.300}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is over {max_bytes} bytes")
+    return data
+
+
+def _text(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
+    try:
+        return read_bounded(path, max_bytes=max_bytes, what=what).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is not UTF-8 text: {e}") from None
+
+
+def read_json_file(path: str | os.PathLike[str], *, what: str = "JSON file", max_bytes: int = MAX_FILE_BYTES,
+                   max_depth: int = FILE_DEPTH, missing: Any = _MISSING) -> Any:
+    """A JSON document from ``path`` through :func:`loads_strict` (depth, duplicate keys, NaN, integer digits)
+    after :func:`read_bounded` (regular file, size). ``missing``: returned when nothing exists at ``path`` (not
+    even a dangling link); every other failure is an :class:`UnreadableFile` naming the file and the problem."""
+    if missing is not _MISSING and not os.path.lexists(path):
+        return missing
+    text = _text(path, max_bytes, what)
+    try:
+        return loads_strict(text, max_depth=max_depth)
+    except Invalid as e:
+        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300}: {e.problem}") from None
+
+
+def loads_toml_strict(text: str, *, max_depth: int = FILE_DEPTH) -> dict[str, Any]:
+    """``tomllib.loads`` that refuses nesting deeper than ``max_depth`` (checked before parsing: no
+    RecursionError) and integers longer than Python converts; raises :class:`Invalid`."""
+    import tomllib
+
+    depth = deepest = 0
+    for b in _BRACKETS.findall(_TOML_SKIP.sub("", text)):
+        depth = max(0, depth + (1 if b in "[{" else -1))
+        deepest = max(deepest, depth)
+        if deepest > max_depth:
+            raise Invalid("", f"nested deeper than {max_depth} levels")
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise Invalid("", f"nested deeper than {max_depth} levels") from None
+    except tomllib.TOMLDecodeError as e:
+        raise Invalid("", f"not valid TOML: {e}") from None
+    except ValueError as e:  # an integer literal longer than Python converts (sys.get_int_max_str_digits)
+        raise Invalid("", f"not valid TOML: {str(e)[:120]}") from None
+
+
+def read_toml_file(path: str | os.PathLike[str], *, what: str = "TOML file", max_bytes: int = MAX_FILE_BYTES,
+                   max_depth: int = FILE_DEPTH) -> dict[str, Any]:
+    """A TOML document from ``path``, read as :func:`read_json_file` reads JSON."""
+    text = _text(path, max_bytes, what)
+    try:
+        return loads_toml_strict(text, max_depth=max_depth)
+    except Invalid as e:
+        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300}: {e.problem}") from None

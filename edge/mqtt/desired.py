@@ -49,7 +49,8 @@ TERMINAL = ("running", "rolled-back", "failed")
 REASONS = ("bad_artifact_url", "download_failed", "disk_full", "sha256_mismatch", "bad_archive", "bundle_invalid",
            "untrusted", "install_failed", "load_failed", "reference_pairs_failed", "fallback", "over_budget",
            "inference_error", "watch_p99_over_budget", "watch_fallback", "watch_inference_error",
-           "watch_reference_drift", "timeout", "rollback_failed", "bundle_mismatch", "superseded", "interrupted")
+           "watch_reference_drift", "timeout", "rollback_failed", "bundle_mismatch", "superseded", "interrupted",
+           "invalid_desired")
 
 
 def _id(obj: Mapping[str, Any], key: str) -> str:
@@ -80,13 +81,26 @@ def _pos(obj: Mapping[str, Any], key: str) -> float | None:
 
 def check_artifact_url(url: Any, artifact_root: Path | None) -> str:
     """``http(s)://host/...`` (no credentials in it), or ``file://`` naming a file under ``artifact_root``."""
+    try:
+        return _check_artifact_url(url, artifact_root)
+    except DesiredError:
+        raise
+    except ValueError as e:  # urllib's own parsing refused it (a bad percent-escape, a bad host)
+        raise DesiredError(f"desired.artifact_url {str(url)[:200]!r} is not a valid URL: {e}") from None
+
+
+def _check_artifact_url(url: Any, artifact_root: Path | None) -> str:
     if not isinstance(url, str) or not url or len(url) > MAX_URL:
         raise DesiredError(f"desired.artifact_url must be a URL of at most {MAX_URL} characters")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
         raise DesiredError("desired.artifact_url contains whitespace or a control character")
-    u = urlparse(url)
+    try:  # urlparse and .port raise ValueError on a bad IPv6 host or port: a refusal, never a traceback
+        u = urlparse(url)
+        host, _port = u.hostname, u.port
+    except ValueError as e:
+        raise DesiredError(f"desired.artifact_url {url[:200]!r} is not a valid URL: {e}") from None
     if u.scheme in ("http", "https"):
-        if not u.hostname:
+        if not host:
             raise DesiredError(f"desired.artifact_url {url[:200]!r} has no host")
         if u.username or u.password:
             raise DesiredError("desired.artifact_url carries credentials; use a presigned URL (query) instead")
@@ -99,10 +113,13 @@ def check_artifact_url(url: Any, artifact_root: Path | None) -> str:
         if u.netloc not in ("", "localhost") or u.query or u.fragment:
             raise DesiredError(f"desired.artifact_url {url[:200]!r}: file:// URLs take a path only")
         root = artifact_root.resolve()
-        p = Path(unquote(u.path))
+        path = unquote(u.path, errors="strict")  # not valid UTF-8 once unquoted: UnicodeDecodeError, a ValueError
+        if "\x00" in path:
+            raise DesiredError(f"desired.artifact_url {url[:200]!r} holds a NUL byte")
+        p = Path(path)
         try:
             resolved = p.resolve(strict=False)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):
             raise DesiredError(f"desired.artifact_url {url[:200]!r} does not resolve") from None
         if not p.is_absolute() or not resolved.is_relative_to(root) or resolved == root:
             raise DesiredError(f"desired.artifact_url {url[:200]!r} is outside the artifact root {root}")
@@ -163,6 +180,24 @@ class DesiredState:
         for k in ("session", "seq"):  # desired is written by the rollout side, not a device session
             msg.pop(k)
         return msg
+
+
+def salvage(payload: bytes) -> tuple[str | None, int | None, str | None]:
+    """From a desired payload that was refused: its rollout_id, version and bundle_id where each is well formed
+    (None where not), so the refusal can be reported against the rollout that sent it. Never raises."""
+    try:
+        obj = json.loads(payload[:MAX_DESIRED_BYTES].decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, None, None
+    if not isinstance(obj, dict):
+        return None, None, None
+    out: list[Any] = []
+    for key, check in (("rollout_id", _id), ("version", _uint), ("bundle_id", _id)):
+        try:
+            out.append(check(obj, key))
+        except DesiredError:
+            out.append(None)
+    return out[0], out[1], out[2]
 
 
 def _no_constant(name: str) -> Any:

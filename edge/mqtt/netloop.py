@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
+from edge.mqtt.ratelog import RateLimitedLog
 
 log = logging.getLogger("edge.mqtt")
 
@@ -60,6 +61,7 @@ class NetworkLoop:
         self._clients: dict[Any, Any] = {}  # paho client -> its socket
         self._after_io: list[Callable[[], None]] = []
         self._stop = False
+        self._errlog = RateLimitedLog(log)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.errors = 0
 
@@ -178,8 +180,8 @@ class NetworkLoop:
         try:
             return fn(*args)
         except Exception:  # a bug in one callback must not stop every client on this loop
-            self.errors += 1
-            log.exception("error in MQTT network loop")
+            self.errors += 1  # rate-limited: a message that trips a bug may arrive a thousand times a second
+            self._errlog.log(logging.ERROR, "callback", "error in MQTT network loop", exc_info=True)
             return None
 
     # the loop ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ class RateLimitedLog:
         self._held: dict[str, int] = {}  # reason -> lines held back since then
         self.total: dict[str, int] = {}  # reason -> every call, written or not
 
-    def log(self, level: int, reason: str, msg: str, *args: Any) -> bool:
+    def log(self, level: int, reason: str, msg: str, *args: Any, exc_info: bool = False) -> bool:
         """Log ``msg % args`` unless a line for ``reason`` was written less than ``interval_s`` ago. True if written."""
         if reason not in self.total and len(self.total) >= self.max_reasons:
             reason = "other"
@@ -38,7 +38,7 @@ class RateLimitedLog:
         if held:
             msg += " (and %d more like it in the last %.0f s)"
             args = (*args, held, now - last if last is not None else 0.0)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
         return True
 
     def warning(self, reason: str, msg: str, *args: Any) -> bool:
