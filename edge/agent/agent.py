@@ -25,19 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import edge
-from edge.bundle.typedjson import UnreadableFile, read_json_file, write_json_atomic
-from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.agent.download import DownloadOptions
 from edge.agent.health import CpuMeter, host_facts, process_and_system
+from edge.agent.sources import open_source, parse_source
+from edge.agent.thermal import ThermalProbe
+from edge.bundle.typedjson import UnreadableFile, read_json_file, write_json_atomic
+from edge.errors import EdgeError
 from edge.mqtt.client import BrokerConfig
+from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
-from edge.mqtt.session import DeviceSession
-from edge.agent.sources import open_source, parse_source
 from edge.mqtt.ratelog import RateLimitedLog
-from edge.agent.thermal import ThermalProbe
+from edge.mqtt.session import DeviceSession
 from edge.mqtt.topics import check_part
-from edge.errors import EdgeError
 
 log = logging.getLogger("edge.agent")
 DEFAULT_FPS = 30.0
@@ -177,7 +177,7 @@ class Agent:
         self.reloads = 0
         self._control: threading.Thread | None = None
         self._control_stop = threading.Event()
-        self._desired_q: "queue.Queue[DesiredState]" = queue.Queue()
+        self._desired_q: queue.Queue[DesiredState] = queue.Queue()
         self._desired_seen = 0  # highest desired version accepted (persisted ones included)
         self._apply_cancel: threading.Event | None = None  # set when a newer desired state supersedes the apply
         self.ratelog = RateLimitedLog(log)
@@ -240,7 +240,8 @@ class Agent:
         if kind == "app":  # the application runs the bundle and reports over the app socket
             self.state, self.state_detail = "running", None
             return
-        from edge.verify.refpairs import describe as describe_check, open_checked
+        from edge.verify.refpairs import describe as describe_check
+        from edge.verify.refpairs import open_checked
 
         try:  # the reference pairs checked on first load, recorded in the store (edge.verify.refpairs)
             self.runner = open_checked(self.bundle, cfg.runner_options or None, mode="first", records=store)
@@ -552,7 +553,7 @@ class Agent:
         self.session.submit("telemetry", self.telemetry_body())
 
     # lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "Agent":
+    def start(self) -> Agent:
         cfg = self.config
         self._load()
         record = self._read_desired_record()
@@ -636,7 +637,7 @@ class Agent:
                 res.close()
         self.outbox = self.thermal = self.app = None
 
-    def __enter__(self) -> "Agent":
+    def __enter__(self) -> Agent:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,6 +10,7 @@ import threading
 from typing import Any, Protocol
 
 from edge.mqtt.desired import DesiredState, ReportedState
+from edge.mqtt.ratelog import RateLimitedLog
 
 
 class AgentHost(Protocol):
@@ -26,6 +27,7 @@ class AgentHost(Protocol):
     counters: dict[str, int]
     held: DesiredState | None  # a desired state waiting for a tune to end
     runtime_lock: threading.RLock  # the runner, worker and bundle change together, under it
+    ratelog: RateLimitedLog  # every line caused by a message: at most one per reason per interval
 
     def reload(self, why: str) -> None: ...
 

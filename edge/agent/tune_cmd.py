@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES, SCHEMA_VERSION, encode, message
-from edge.mqtt.topics import Topic
 from edge.agent.host import AgentHost
 from edge.errors import EdgeError
+from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES
+from edge.mqtt.payloads import SCHEMA_VERSION, encode, message
+from edge.mqtt.topics import Topic
 
 log = logging.getLogger("edge.agent")
 
@@ -87,7 +88,7 @@ class TuneRequest:
     trials: tuple[TuneTrial, ...]
 
     @classmethod
-    def parse(cls, payload: bytes, *, fleet: str, device: str) -> "TuneRequest":
+    def parse(cls, payload: bytes, *, fleet: str, device: str) -> TuneRequest:
         if len(payload) > MAX_REQUEST_BYTES:
             raise TuneRequestError("payload", f"{len(payload)} bytes; at most {MAX_REQUEST_BYTES}")
         try:
@@ -283,8 +284,8 @@ class TuneJob:
 
     def _fetch(self, t: TuneTrial) -> Any:
         """The trial's bundle, downloaded and verified as a rollout's; the reason (text) when it cannot be."""
-        from edge.bundle.archive import ArchiveError, unpack_bundle
         from edge.agent.download import DownloadError, fetch
+        from edge.bundle.archive import ArchiveError, unpack_bundle
         from edge.bundle.bundle import Bundle
 
         agent = self.agent
@@ -306,8 +307,8 @@ class TuneJob:
             return f"untrusted or invalid bundle: {str(e).splitlines()[0][:300]}"
 
     def _measure(self, todo: list[TuneTrial], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any]) -> None:
-        from edge.tune.measure import MAX_OPEN, measure_infer, open_trial_runner
         from edge.tune.config import Config
+        from edge.tune.measure import MAX_OPEN, measure_infer, open_trial_runner
 
         req = self.req
         done = 0

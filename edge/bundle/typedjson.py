@@ -27,7 +27,7 @@ import tempfile
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Callable, Literal, Mapping, NewType, Union, get_args, get_origin
@@ -70,8 +70,8 @@ class Rule:
     finite: bool = True  # False: +/-Infinity accepted (a figure that really was infinite); NaN never
     min_items: int = 0
     max_items: int = 1024
-    item: "Rule | None" = None
-    key: "Rule | None" = None
+    item: Rule | None = None
+    key: Rule | None = None
     doc: str | None = None
 
 
@@ -94,7 +94,7 @@ def _rule_of(f: dataclasses.Field[Any]) -> Rule:
     return f.metadata.get("rule", Rule())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
@@ -600,7 +600,8 @@ def loads_toml_strict(text: str, *, max_depth: int = FILE_DEPTH) -> dict[str, An
         if deepest > max_depth:
             raise Invalid("", f"nested deeper than {max_depth} levels")
     try:
-        return tomllib.loads(text)
+        doc: dict[str, Any] = tomllib.loads(text)
+        return doc
     except RecursionError:
         raise Invalid("", f"nested deeper than {max_depth} levels") from None
     except tomllib.TOMLDecodeError as e:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from edge.mqtt.payloads import SCHEMA_VERSION, message
 from edge.errors import EdgeError
+from edge.mqtt.payloads import SCHEMA_VERSION, message
 
 MAX_DESIRED_BYTES = 16 * 1024
 MAX_URL = 2048
@@ -140,7 +140,7 @@ class DesiredState:
     watch_s: float | None = None  # how long the new bundle is watched after the switch; default: the agent's
 
     @classmethod
-    def parse(cls, payload: bytes, *, fleet: str, device: str, artifact_root: Path | None = None) -> "DesiredState":
+    def parse(cls, payload: bytes, *, fleet: str, device: str, artifact_root: Path | None = None) -> DesiredState:
         if len(payload) > MAX_DESIRED_BYTES:
             raise DesiredError(f"desired payload is {len(payload)} bytes; at most {MAX_DESIRED_BYTES}")
         try:
@@ -153,7 +153,7 @@ class DesiredState:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], *, fleet: str, device: str,
-                  artifact_root: Path | None = None) -> "DesiredState":
+                  artifact_root: Path | None = None) -> DesiredState:
         unknown = sorted(set(obj) - DESIRED_FIELDS)
         if unknown:
             raise DesiredError(f"desired payload has unknown fields: {', '.join(repr(k)[:40] for k in unknown[:10])}")
@@ -245,7 +245,7 @@ class ReportedState:
                 "progress": self.progress}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "ReportedState":
+    def from_json(cls, obj: Mapping[str, Any]) -> ReportedState:
         """Read back a reported payload (tests, the rollout side); checks the closed sets."""
         r = obj.get("reason")
         return cls(state=obj["state"], bundle_running=obj.get("bundle_running"), rollout_id=obj.get("rollout_id"),

@@ -66,7 +66,7 @@ class NetworkLoop:
         self.errors = 0
 
     # lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "NetworkLoop":
+    def start(self) -> NetworkLoop:
         self._thread.start()
         self.call_every(self.MISC_INTERVAL_S, self._misc)
         return self
@@ -85,7 +85,7 @@ class NetworkLoop:
             s.close()
         self._sel.close()
 
-    def __enter__(self) -> "NetworkLoop":
+    def __enter__(self) -> NetworkLoop:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -268,7 +268,7 @@ class Reconnecting:
     """The connect/retry state that ``Connection`` and the collector's lean client
     (``edge.mqtt.lite.LiteConnection``) share; the subclass makes ``_attempt``."""
 
-    loop: "NetworkLoop"
+    loop: NetworkLoop
     broker: BrokerConfig
     client_id: str
     backoff: Backoff
@@ -357,10 +357,10 @@ class Connection(Reconnecting):
     def __init__(self, loop: NetworkLoop, broker: BrokerConfig, client_id: str, *,
                  subscriptions: list[tuple[str, int]] | None = None,
                  will: Callable[[], Will | None] | None = None,
-                 on_connected: Callable[["Connection"], None] | None = None,
-                 on_disconnected: Callable[["Connection", str], None] | None = None,
-                 on_message: Callable[["Connection", Any], None] | None = None,
-                 on_published: Callable[["Connection", int, int], None] | None = None,
+                 on_connected: Callable[[Connection], None] | None = None,
+                 on_disconnected: Callable[[Connection, str], None] | None = None,
+                 on_message: Callable[[Connection, Any], None] | None = None,
+                 on_published: Callable[[Connection, int, int], None] | None = None,
                  clean_start: bool = True, session_expiry_s: int = 0, manual_ack: bool = False,
                  receive_maximum: int | None = None, backoff: Backoff = Backoff()) -> None:
         self.loop, self.broker, self.client_id = loop, broker, client_id

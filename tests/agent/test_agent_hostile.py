@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import pytest
-
-from conftest import wait_for
-from edge.mqtt.client import BrokerConfig, paho
 import mqtt_broker
+import pytest
+from conftest import wait_for
+
+from edge.mqtt.client import BrokerConfig, paho
 
 broker = mqtt_broker.broker
 FLEET, DEVICE = "lab", "cam-09"
@@ -117,7 +117,8 @@ def test_hostile_desired_state_is_reported_once_across_a_restart(tmp_path: Path,
     for run in range(2):
         p = start_agent_process(broker.url, tmp_path / "store", tmp_path / f"agent{run}.log")
         try:
-            wait_for(lambda: len(watcher.of("telemetry")) >= 2 * (run + 1), 30, "telemetry")
+            want = 2 * (run + 1)
+            wait_for(lambda: len(watcher.of("telemetry")) >= want, 30, "telemetry")  # noqa: B023
             time.sleep(1.0)
         finally:
             assert stop(p) == 0
