@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Accuracy of the pretrained PP-OCR direction classifier through target/precision pairs, on this CPU.
 
-The figures behind README "Machines differ": bundle accuracy on N held-out synthetic text lines,
+The figures behind docs/design-notes.md, "Machines differ": bundle accuracy on N held-out synthetic text lines,
 agreement with the fp32 source, and the parity gate's mean/worst cosine. Run it natively, and
 under another CPU's ISA with user-mode emulation (slow: minutes per int8 conversion):
 

@@ -32,7 +32,7 @@ def main() -> None:
     for target, precision in (("x86-cpu", "fp32"), ("x86-cpu", "int8"), ("intel-igpu", "fp16")):
         calib = "random" if precision == "int8" else None
         # The example's weights are random: low-precision parity on it is far worse than on a trained
-        # net (README, "Example models"), so the int8/fp16 bundles are kept with the failure recorded.
+        # net (examples/models/README.md), so the int8/fp16 bundles are kept with the failure recorded.
         b = convert(model, target, out / "build" / f"mnv2-{target}-{precision}", precision=precision, calib=calib,
                     force=True, accept_parity_failure=True, on_step=lambda m: print(f"  {m}"))
         par = b.manifest["parity"]

@@ -1,6 +1,6 @@
 """The llama.cpp layer: lazy import, log capture, model loading, and the AMX probe.
 
-AMX crash (found on this project's build host; see README "LLMs"): llama-cpp-python 0.3.36
+AMX crash (found on this project's build host; see docs/llm.md): llama-cpp-python 0.3.36
 compiled here with GCC 12 segfaults on the first prompt batch of every quantized model. gdb puts
 the fault on the first instruction of ``ggml_backend_amx_mul_mat``, ``ldtilecfg 0xc0(%rsp)``;
 the 64-byte tile configuration it loads has only its first 32 bytes zeroed (one ``vmovdqa

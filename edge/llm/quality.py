@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from edge.llm.evaltext import EvalText
 
 # (max mean KL in nats, min top-1 agreement) over the evaluated positions. Set on the tiny
-# random-weight test model (README, "LLMs"). Trained models, measured:
+# random-weight test model (docs/llm.md). Trained models, measured:
 # - a 135M llama from its f16 source on 115 tokens of English prose (issue 13): q8_0 KL 0.0032 /
 #   top-1 97.4%, q4_k_m KL 0.043 / 89.6% (on random ids: q8_0 top-1 87.9%, q4_k_m 65.6%);
 # - SmolLM2-135M-Instruct, the only trained GGUF here, ships as Q4_1 (examples/models): requantized

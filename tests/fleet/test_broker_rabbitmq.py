@@ -220,7 +220,7 @@ def connack(port: int, level: int) -> bytes:
 
 def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster: RabbitCluster,
                                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """Why ``--protocol 3.1.1`` is needed (the README says so): RabbitMQ before 3.13 answers an MQTT 5 CONNECT by
+    """Why ``--protocol 3.1.1`` is needed (docs/fleet-scale.md says so): RabbitMQ before 3.13 answers an MQTT 5 CONNECT by
     closing the connection, no CONNACK; edgekit's default (MQTT 5) then retries for ever, and says once (both
     clients: the agent's paho and the collector's lean one) what to do."""
     version = rabbitmq_version()

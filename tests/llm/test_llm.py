@@ -38,13 +38,13 @@ def test_quantize_and_gate(tiny_gguf: Path, tmp_path: Path, quant: str) -> None:
 
 
 def test_failing_quant_stops_and_accepted_one_runs(tiny_gguf: Path, tmp_path: Path) -> None:
-    # random weights amplify quantization error (README, "LLMs"): q4_0 fails the gate here, on text as on
+    # random weights amplify quantization error (docs/llm.md): q4_0 fails the gate here, on text as on
     # random ids (a random-weight model does not know text: measured q4_0 KL 0.17 / top-1 70% on both)
     with pytest.raises(ParityError, match="quality gate failed for q4_0"):
         convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_0")
     assert not (tmp_path / "q4").exists()
     b = convert(tiny_gguf, "x86-cpu", tmp_path / "q4", precision="q4_k_m", accept_parity_failure=True)
-    # q4_k_m fails the gate on this model too (README: q4 types fail on random weights), clearly on top-1
+    # q4_k_m fails the gate on this model too (docs/llm.md: q4 types fail on random weights), clearly on top-1
     # agreement (measured 77% on the built-in text, 75% on random ids, against the 85% floor; its mean KL
     # sits near the 0.10 limit, so it is not asserted either way). Accepting the failure keeps the bundle
     # and records it as accepted.

@@ -9,7 +9,7 @@ Measured with this file's data (accuracy of the bundle / agreement with the fp32
 
 | target, precision | Xeon (AVX-512 VNNI, AMX) | AMD Zen 2 (AVX2 only; qemu -cpu EPYC-Rome) |
 | --- | --- | --- |
-| x86-cpu fp32 / fp16 | 93.75 / 100 | see README "Machines differ" |
+| x86-cpu fp32 / fp16 | 93.75 / 100 | see docs/design-notes.md, "Machines differ" |
 | x86-cpu int8 | 91.67 / 96.25 | |
 | intel-igpu fp32 / fp16 | 93.75 / 100 | |
 | intel-igpu int8 | 90.83 / 97.08 | |

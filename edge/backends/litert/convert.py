@@ -3,8 +3,8 @@
 The conversion runs in the ``tflite`` toolchain environment (onnx2tf 1.29.24 + TensorFlow
 2.19, see :mod:`edge.toolchains`), driven as a subprocess by
 ``edge/toolchains/tflite_driver.py``; this process only prepares the inputs, shows progress,
-writes the bundle files and checks the result with LiteRT. Why this path (README, design
-notes): onnx2tf is the maintained ONNX->TensorFlow translator (207 ONNX op types in 1.29.24, NCHW->NHWC
+writes the bundle files and checks the result with LiteRT. Why this path
+(docs/design-notes.md): onnx2tf is the maintained ONNX->TensorFlow translator (207 ONNX op types in 1.29.24, NCHW->NHWC
 layout rewriting so XNNPack and the Edge TPU get channels-last convolutions); torch-based
 paths (ai-edge-torch) need the PyTorch model, which an ONNX user does not have; onnx2tf 2.x
 needs Python >= 3.12.

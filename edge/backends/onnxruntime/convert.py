@@ -1,6 +1,6 @@
 """ONNX -> ONNX with onnxruntime's own tools: offline graph optimisation, fp16, int8 QDQ, int8 dynamic.
 
-Recipe choices come from measurements on x86 (README, "Design notes"): static int8 is QDQ with
+Recipe choices come from measurements on x86 (docs/design-notes.md): static int8 is QDQ with
 uint8 activations and int8 per-channel weights (S8S8 was slower than fp32 on x86 without
 VNNI-friendly kernels); dynamic int8 is applied to MatMul/Gemm only (dynamic Conv ran
 5-13x slower than fp32).
