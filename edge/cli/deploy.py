@@ -19,7 +19,7 @@ EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"
 
 
 def deploy_cmd(
-    model: Optional[Path] = typer.Argument(None, help="Source model (.onnx). Omitted: the built-in example "
+    model: Optional[Path] = typer.Argument(None, help="Source model (.onnx, .tflite, OpenVINO .xml, .pt/.pt2, .gguf). Omitted: the built-in example "
                                            "MobileNetV2 (deterministic weights), written to build/example/."),
     target: str = typer.Option("x86-cpu", "--target", "-t", help="Target profile (see `edgekit targets`)."),
     device: str = typer.Option("devices/local", "--device", "-d", help="Device store: a directory, or "

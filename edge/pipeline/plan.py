@@ -135,7 +135,7 @@ def _bring_instead(source_format: str) -> str:
         "openvino-ir": "an OpenVINO IR runs on intel-igpu (OpenVINO, CPU fallback included); for other targets "
                        "bring the model's ONNX",
         "edgetpu-tflite": "a model compiled for the Edge TPU runs only on coral-edgetpu",
-        "torchscript": "install the torch toolchain (edgekit toolchain install coreml) or torch.onnx.export the model",
+        "torchscript": "install the torch toolchain (edgekit toolchain install torch) or torch.onnx.export the model",
     }.get(source_format, "bring the model as ONNX")
 
 

@@ -1,6 +1,6 @@
 """Core ML / Apple Neural Engine: ONNX -> edgekit bridge -> torch.jit.trace -> ML Program, in the ``coreml`` toolchain.
 
-Conversion tests need the toolchain (``edgekit toolchain install coreml``, about 40 s and 1.1 GB
+Conversion tests need the toolchain (``edgekit toolchain install torch``, about 40 s and 1.1 GB
 with the torch CPU wheel available); without it they skip saying so, and with
 ``CI=true`` they fail instead (tests/conftest.py). Predictions need macOS: those tests
 skip with the runner's own message elsewhere.
