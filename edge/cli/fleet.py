@@ -252,6 +252,8 @@ def status_cmd(
             status += f" [dim]({_cell(r['death_reason'], 30)})[/]"
         if r.get("state") == "error":
             status += " [red]error[/]"
+        if r.get("flag"):
+            status += " [red]flagged[/]"
         runtime = " ".join(x for x in (r.get("runtime"), r.get("device_used") and f"on {r['device_used']}") if x)
         t.add_row(_cell(f"{r['fleet']}/{r['device']}", 200), status, _cell(r.get("bundle_id") or "-"),
                   _cell(runtime or "-"), _n(r.get("fps"), 1),
@@ -262,6 +264,12 @@ def status_cmd(
     console.print(t)
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more devices not shown (--limit 0 shows every one)", highlight=False)
+    flagged = [r for r in rows if r.get("flag")]
+    for r in flagged[:5]:
+        console.print(f"[red]flagged[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['flag']['summary'], 200)} "
+                      "(forged or broken sequence numbers; the row shows the device's own stream)", highlight=False)
+    if len(flagged) > 5:
+        console.print(f"{len(flagged) - 5} more flagged devices (--json lists them)", highlight=False)
     s = summarize(rows)
     console.print(", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k]) +
                   f" of {s['devices']} devices", highlight=False)

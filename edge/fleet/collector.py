@@ -37,6 +37,11 @@
   message objects; measured 2x the collector's messages per CPU-second of paho), or paho-mqtt (``client="paho"``).
 - Whatever it keeps in memory per device is a cache of the database, bounded (least recently
   updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
+- Forged streams (a broker without the ACL) cannot take a device's row: a session replaces the row's only with a
+  birth (telemetry of a session other than the device's latest birth is stored, never shown as the device's
+  state; a birth resets the row's stream position), and a message more than ``max_seq_jump`` past its stream's
+  position (the highest seq stored or announced by a birth) is refused (``seq_jump``), counted, and flagged on
+  the device (``stream_flags``, shown by ``fleet status``) instead of winning the stream.
 """
 
 from __future__ import annotations
@@ -152,6 +157,10 @@ class CollectorConfig:
     receive_maximum: int = 10_000  # unacknowledged messages the broker may send; at least batch_max
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
+    # a stream message further than this past its stream's position is refused and flagged (see the module doc):
+    # an agent's seq grows by one a message and every reconnect's birth announces it, so a real stream never
+    # jumps this far between two messages the collector sees
+    max_seq_jump: int = 1_000_000
     backoff: Backoff = field(default_factory=Backoff)
     client: str = "lite"  # MQTT client: "lite" (edge.mqtt.lite, a lean subscriber) or "paho" (paho-mqtt)
     # write and commit each batch on a writer thread while the network thread decodes the next (see the module doc)
@@ -160,6 +169,8 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
             raise ValueError("max_tracked must be at least 1")
+        if self.max_seq_jump < 1:
+            raise ValueError("max_seq_jump must be at least 1")
         problems = []
         if not 1 <= self.batch_max <= 65535:
             problems.append(f"batch size {self.batch_max} is not between 1 and 65535")
@@ -222,6 +233,8 @@ class Collector:
         self._touched: set[tuple[str, str, int]] = set()  # emptied by every flush
         # stream -> (first seen, reported)
         self._gappy: Bounded[tuple[str, str, int], tuple[float, bool]] = Bounded(cap, self.stats)
+        # stream -> its position: the highest seq stored or announced (a cache of ``streams``)
+        self._positions: Bounded[tuple[str, str, int], int] = Bounded(cap, self.stats)
         self._ratelog = RateLimitedLog(log)
         self._topics = TopicCache(cap)
         self._pending: list[_Queued] = []  # decoded, not written yet
@@ -267,11 +280,13 @@ class Collector:
         reason = self.add(topic, payload, received_at)
         if reason is not None:
             return reason
-        return "stored" if self._write()[-1] else "duplicate"
+        new = self._write()[-1]
+        return "seq_jump" if new is None else "stored" if new else "duplicate"
 
-    def _write(self, pending: list[_Queued] | None = None) -> list[bool]:
+    def _write(self, pending: list[_Queued] | None = None) -> list[bool | None]:
         """Write the queued messages (``pending``, else those queued here; not committed), in arrival order: runs of
-        telemetry and state together, births and deaths one by one between them. Which of them were new."""
+        telemetry and state together, births and deaths one by one between them. Which of them were new (None:
+        refused for a sequence jump)."""
         if pending is None:
             pending, self._pending = self._pending, []
         if pending and self.db.dialect == "postgresql":
@@ -279,7 +294,7 @@ class Collector:
             # sharing the fleet take turns per device, so the upserts below never deadlock between them
             self.db.ensure_partitions_for(item[2] for item in pending)
             self.db.lock_devices({(item[0].fleet, item[0].device) for item in pending})
-        new: list[bool] = []
+        new: list[bool | None] = []
         run: list[_Queued] = []
         for item in pending:
             d, raw, now, _ = item
@@ -294,20 +309,25 @@ class Collector:
             new += self._store_streams(run)
         stored, tally = self.stats["stored"], self._tally
         for (d, _, _, _), ok in zip(pending, new):
-            key = d.kind if ok else "duplicates"
+            key = "seq_jump" if ok is None else d.kind if ok else "duplicates"
             tally[key] = tally.get(key, 0) + 1
-            if ok:
+            if ok is None:
+                self.stats["rejected"]["seq_jump"] += 1
+            elif ok:
                 stored[d.kind] += 1
             else:
                 self.stats["duplicates"] += 1
         self._uncommitted += len(pending)
         return new
 
-    def _store_streams(self, run: list[_Queued]) -> list[bool]:
+    def _store_streams(self, run: list[_Queued]) -> list[bool | None]:
         """Telemetry and state messages: one multi-row INSERT per table (duplicates skipped by primary key), then
-        one upsert per stream (counts), per device (last seen) and per device and kind (latest values)."""
+        one upsert per stream (counts), per device (last seen) and per device and kind (latest values). Messages
+        too far past their stream's position are refused (None), and only messages of a device's latest birth's
+        session (or of any, while no birth is known) update its row."""
         db = self.db
-        new = [False] * len(run)
+        refused = self._seq_jumps(run)
+        new: list[bool | None] = [None if i in refused else False for i in range(len(run))]
         t_idx: list[int] = []
         t_rows: list[tuple[Any, ...]] = []
         s_idx: list[int] = []
@@ -315,7 +335,7 @@ class Collector:
         first: set[tuple[Any, ...]] = set()
         for i, (d, raw, now, m) in enumerate(run):
             key = d[:5]  # kind, fleet, device, session, seq
-            if key in first:  # a re-delivered copy in the same batch as the first one
+            if key in first or i in refused:  # a re-delivered copy in the same batch as the first one
                 continue
             first.add(key)
             if m is not None:  # telemetry
@@ -337,6 +357,11 @@ class Collector:
         top: dict[tuple[str, str], tuple[int, int]] = {}  # device -> highest (session, seq) so far, arrival order
         latest: dict[tuple[str, str, str], tuple[int, int, int]] = {}  # (fleet, device, kind) -> (session, seq, i)
         carried: dict[tuple[str, str], list[Any]] = {}  # device -> the latest non-null interval_s, bundle_id
+        newest: dict[tuple[str, str], int] = {}  # device -> its newest session in this run
+        for i, (d, _, _, _) in enumerate(run):
+            if new[i] and newest.get((d.fleet, d.device), -1) < d.session:
+                newest[(d.fleet, d.device)] = d.session
+        births = self._birth_sessions(newest)
         for i, (d, _, now, m) in enumerate(run):
             if not new[i]:
                 continue
@@ -355,6 +380,9 @@ class Collector:
                 seen[dk] = now
             pos = (d.session, d.seq)
             t = top.get(dk)
+            birth = births.get(dk)
+            if birth is not None and d.session != birth:  # another session than the latest birth's: history only
+                continue
             if t is None or pos > t:  # only a message past every earlier one updates the device row
                 top[dk] = pos
                 latest[(d.fleet, d.device, d.kind)] = (d.session, d.seq, i)
@@ -399,8 +427,75 @@ class Collector:
             if seconds[kind]:
                 db.bulk(sql, seconds[kind], types)
         for fleet, device, session in streams:
-            self._check_known(fleet, device, session)
+            self._check_known(fleet, device, session, births.get((fleet, device)))
         return new
+
+    def _birth_sessions(self, newest: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+        """Each device's latest birth session known (the cache; the store when the cache has none or one older
+        than the device's newest session here: another collector may have seen the birth); devices with none
+        are left out."""
+        out: dict[tuple[str, str], int] = {}
+        for key, session in newest.items():
+            known = self._births.get(key)
+            if known is None or known < session:
+                row = self.db.execute("SELECT max(session) FROM births WHERE fleet = ? AND device = ?", key).fetchone()
+                if row and row[0] is not None:
+                    known = self._births[key] = int(row[0])
+            if known is not None:
+                out[key] = known
+        return out
+
+    def _seq_jumps(self, run: list[_Queued]) -> set[int]:
+        """The indices of ``run`` whose seq is more than ``max_seq_jump`` past their stream's position (the highest
+        seq stored or announced; 0 for a stream not known yet: a session numbers its messages from 1, and a device
+        whose birth this store never saw is asked for one, which announces its position). Each is checked again
+        against the store before it is refused (another collector of the group may have moved the stream on);
+        each device so refused is flagged (``stream_flags``) and logged at a bounded rate."""
+        bound, positions = self.config.max_seq_jump, self._positions
+        keys = {(d.fleet, d.device, d.session) for d, _, _, _ in run}
+        unknown = [k for k in keys if k not in positions]
+        if unknown:
+            for fleet, device, session, _, max_seq, announced in self._stream_rows(unknown):
+                positions[(fleet, device, int(session))] = int(max(max_seq, announced))
+        suspects: list[int] = []
+        for i, (d, _, _, _) in enumerate(run):
+            k = (d.fleet, d.device, d.session)
+            at = positions.get(k)
+            if d.seq > (at or 0) + bound:
+                suspects.append(i)
+            elif at is None or d.seq > at:
+                positions[k] = d.seq
+        if not suspects:
+            return set()
+        fresh = {(f, dv, int(s)): int(max(m, a)) for f, dv, s, _, m, a in
+                 self._stream_rows(list({run[i][0][1:4] for i in suspects}))}  # type: ignore[misc]
+        refused: set[int] = set()
+        for i in suspects:
+            d, _, now, _ = run[i]
+            k = (d.fleet, d.device, d.session)
+            at = max(fresh.get(k, 0), positions.get(k, 0))
+            if d.seq <= at + bound:
+                positions[k] = max(at, d.seq)
+                continue
+            refused.add(i)
+            self._flag(d, at, now)
+            if k not in fresh:  # a stream no birth announced: if the device is real, its birth says where it is
+                self._check_known(d.fleet, d.device, d.session, self._births.get((d.fleet, d.device)))
+        return refused
+
+    def _flag(self, d: Decoded, at: int, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO stream_flags (fleet, device, session, reason, refused, max_seq, stream_seq, first_at, last_at) "
+            "VALUES (?, ?, ?, 'seq_jump', 1, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET "
+            "refused = CASE WHEN stream_flags.session = excluded.session THEN stream_flags.refused + 1 ELSE 1 END, "
+            "first_at = CASE WHEN stream_flags.session = excluded.session THEN stream_flags.first_at "
+            "ELSE excluded.first_at END, max_seq = CASE WHEN stream_flags.session = excluded.session AND "
+            "stream_flags.max_seq > excluded.max_seq THEN stream_flags.max_seq ELSE excluded.max_seq END, "
+            "session = excluded.session, stream_seq = excluded.stream_seq, last_at = excluded.last_at",
+            (d.fleet, d.device, d.session, d.seq, at, now, now))
+        self._ratelog.warning("seq_jump", "%s/%s session %d: refused a %s with seq %d, %d past the stream's position "
+                              "%d (more than %d: forged or broken; flagged in fleet status)", d.fleet, d.device,
+                              d.session, d.kind, d.seq, d.seq - at, at, self.config.max_seq_jump)
 
     @staticmethod
     def _device_update(d: Decoded, metrics: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
@@ -421,19 +516,24 @@ class Collector:
             return False
         db.execute(
             "INSERT INTO devices (fleet, device, online, session, connection, birth_at, last_seen, interval_s, bundle_id, "
-            "target, runtime, device_used, precision_used, edgekit_version, hostname, state, state_detail) "
-            "VALUES (?, ?, TRUE, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET "
+            "target, runtime, device_used, precision_used, edgekit_version, hostname, state, state_detail, "
+            "last_session, last_seq) "
+            "VALUES (?, ?, TRUE, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET "
             "online = TRUE, session = excluded.session, connection = excluded.connection, birth_at = excluded.birth_at, "
             "last_seen = excluded.last_seen, interval_s = excluded.interval_s, bundle_id = excluded.bundle_id, "
             "target = excluded.target, runtime = excluded.runtime, device_used = excluded.device_used, "
             "precision_used = excluded.precision_used, edgekit_version = excluded.edgekit_version, "
             "hostname = excluded.hostname, state = excluded.state, state_detail = excluded.state_detail, "
-            "death_at = NULL, death_reason = NULL WHERE " + _NEWER,
+            "death_at = NULL, death_reason = NULL, "
+            # the birth's session is the device's now: its stream position restarts at the birth's (whatever a
+            # stream of another session, e.g. a forged one, had put there)
+            "last_session = excluded.last_session, last_seq = CASE WHEN devices.last_session = excluded.last_session "
+            "AND devices.last_seq > excluded.last_seq THEN devices.last_seq ELSE excluded.last_seq END WHERE " + _NEWER,
             (d.fleet, d.device, d.session, d.connection, d.ts, now, num(x, "agent", "interval_s"),
              text(x, "bundle", "id"), text(x, "bundle", "target"), text(x, "runner", "runtime"),
              text(x, "runner", "device_used"), text(x, "runner", "precision_used"),
              text(x, "agent", "edgekit_version"), text(x, "host", "hostname"), text(x, "state"),
-             text(x, "state_detail", limit=2000)))
+             text(x, "state_detail", limit=2000), d.session, d.seq))
         self._announce(d, now)
         key = (d.fleet, d.device)
         if self._births.get(key, -1) < d.session:
@@ -464,15 +564,14 @@ class Collector:
                         "THEN excluded.announced_seq ELSE streams.announced_seq END",
                         (d.fleet, d.device, d.session, d.seq, now))
         self._touched.add((d.fleet, d.device, d.session))
+        k = (d.fleet, d.device, d.session)
+        if self._positions.get(k, -1) < d.seq:
+            self._positions[k] = d.seq
 
     # state unknown -> rebirth ------------------------------------------------------------
-    def _check_known(self, fleet: str, device: str, session: int) -> None:
-        key = (fleet, device)
-        known = self._births.get(key)
-        if known is None or known < session:  # ask the store: another collector may have seen the birth
-            row = self.db.execute("SELECT max(session) FROM births WHERE fleet = ? AND device = ?", key).fetchone()
-            if row and row[0] is not None:
-                known = self._births[key] = int(row[0])
+    def _check_known(self, fleet: str, device: str, session: int, known: int | None) -> None:
+        """Ask for a rebirth when no birth is known for ``session`` (``known``: the latest birth session known,
+        from ``_birth_sessions``, which already asked the store)."""
         if known is None or known < session:
             self.request_rebirth(fleet, device, "no birth seen for session %d" % session)
 
@@ -611,21 +710,8 @@ class Collector:
 
     def _check_gaps(self) -> None:
         touched, self._touched = list(self._touched), set()
-        rows: list[tuple[Any, ...]] = []
-        if touched and self.db.dialect == "postgresql":  # the keys as three arrays: one short statement
-            rows = self.db.execute(_GAP_QUERY_PG, pgarray.columns(touched, ("text", "text", "bigint"))).fetchall()
-            touched = []
-        for i in range(0, len(touched), self.GAP_QUERY_KEYS):
-            chunk = touched[i:i + self.GAP_QUERY_KEYS]
-            # the keys as a joined table: for a row-value IN (VALUES ...) SQLite scans all of streams (measured
-            # 48 ms vs 1 ms per 300 keys at 100,000 streams), on every flush
-            rows += self.db.execute(
-                "WITH k(f, d, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ") "
-                "SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM k JOIN streams t "
-                "ON t.fleet = k.f AND t.device = k.d AND t.session = k.s",
-                [v for key in chunk for v in key]).fetchall()
         now = time.monotonic()
-        for fleet, device, session, received, max_seq, announced in rows:
+        for fleet, device, session, received, max_seq, announced in self._stream_rows(touched):
             key = (fleet, device, int(session))
             missing = max(max_seq, announced) - received
             if missing > 0:
@@ -642,6 +728,23 @@ class Collector:
                     self.stats["gaps_filled"] += 1
                     self._ratelog.info("gap_filled", "%s/%s session %d: gap filled after %.0f s", fleet, device,
                                        key[2], now - since)
+
+    def _stream_rows(self, touched: list[tuple[str, str, int]]) -> list[tuple[Any, ...]]:
+        """(fleet, device, session, received, max_seq, announced_seq) of these streams, those the store has."""
+        rows: list[tuple[Any, ...]] = []
+        if touched and self.db.dialect == "postgresql":  # the keys as three arrays: one short statement
+            rows = self.db.execute(_GAP_QUERY_PG, pgarray.columns(touched, ("text", "text", "bigint"))).fetchall()
+            touched = []
+        for i in range(0, len(touched), self.GAP_QUERY_KEYS):
+            chunk = touched[i:i + self.GAP_QUERY_KEYS]
+            # the keys as a joined table: for a row-value IN (VALUES ...) SQLite scans all of streams (measured
+            # 48 ms vs 1 ms per 300 keys at 100,000 streams), on every flush
+            rows += self.db.execute(
+                "WITH k(f, d, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ") "
+                "SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM k JOIN streams t "
+                "ON t.fleet = k.f AND t.device = k.d AND t.session = k.s",
+                [v for key in chunk for v in key]).fetchall()
+        return rows
 
     def _db_failed(self, e: Exception) -> None:
         """Roll back and drop the connection: the broker re-delivers everything not yet acknowledged."""
@@ -665,6 +768,8 @@ class Collector:
         for key, n in tally.items():  # rolled back: counted again when re-delivered
             if key == "duplicates":
                 self.stats["duplicates"] -= n
+            elif key == "seq_jump":
+                self.stats["rejected"]["seq_jump"] -= n
             else:
                 self.stats["stored"][key] -= n
         self._acks.clear()
@@ -738,7 +843,7 @@ class Collector:
     def tracked(self) -> dict[str, int]:
         """How many entries each in-memory map holds (each at most ``config.max_tracked``)."""
         return {"births": len(self._births), "rebirth_requests": len(self._rebirth_at), "gaps": len(self._gappy),
-                "topics": len(self._topics)}
+                "topics": len(self._topics), "streams": len(self._positions)}
 
     def snapshot(self) -> dict[str, Any]:
         """The counters, read on the loop thread (consistent)."""

@@ -68,6 +68,12 @@ SCHEMA = [
         fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, received BIGINT NOT NULL,
         max_seq BIGINT NOT NULL, announced_seq BIGINT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (fleet, device, session))""",
+    # per device, the latest stream refused for a sequence jump (a forged or broken sender): shown by fleet status.
+    # Added after schema 1 was released: created where missing, so older databases gain it on open.
+    """CREATE TABLE IF NOT EXISTS stream_flags (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, reason TEXT NOT NULL,
+        refused BIGINT NOT NULL, max_seq BIGINT NOT NULL, stream_seq BIGINT NOT NULL,
+        first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (fleet, device))""",
     "CREATE INDEX IF NOT EXISTS telemetry_received ON telemetry (received_at)",
     "CREATE INDEX IF NOT EXISTS states_received ON states (received_at)",  # retention
 ]

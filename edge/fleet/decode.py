@@ -27,7 +27,8 @@ from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.mqtt.topics import Topic, TopicError
 
 MAX_PAYLOAD_BYTES = 64 * 1024
-REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session")
+REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session",
+           "seq_jump")  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump)
 KINDS = ("birth", "telemetry", "state", "death")
 #: device topics the collector's subscription also sees and leaves alone (counted, not logged)
 NOT_STORED = ("desired", "reported", "tune")  # tune: replies to edgekit fleet tune (edge.agent.tune_cmd)

@@ -4,6 +4,9 @@ A device is ``online`` when its latest birth is not followed by a matching death
 was heard from within ``stale_factor`` telemetry intervals (at least ``min_stale_s``);
 ``stale`` when it is online by the books but silent for longer; ``offline`` after a death
 (clean shutdown or last will); ``unknown`` when telemetry arrived but no birth yet.
+
+``flag`` (or None) says when the collector refused a stream of the device for a sequence jump (a forged or
+broken sender, ``Collector.max_seq_jump``): the row shows the device's real stream, the flag that someone tried.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = N
         # summed as floating point: a device may have any number of sessions, and SQLite's integer sum()
         # raises "integer overflow" past 2**63 instead of giving a number
         rows = db.query(
-            f"SELECT d.*, g.gap_missing, g.gap_received FROM devices d LEFT JOIN (SELECT fleet, device, "
+            f"SELECT d.*, g.gap_missing, g.gap_received, f.reason AS flag_reason, f.session AS flag_session, "
+            f"f.refused AS flag_refused, f.max_seq AS flag_max_seq, f.stream_seq AS flag_stream_seq, "
+            f"f.last_at AS flag_at FROM devices d LEFT JOIN (SELECT fleet, device, "
             f"sum(CAST(CASE WHEN max_seq > announced_seq THEN max_seq ELSE announced_seq END - received AS DOUBLE "
             f"PRECISION)) AS gap_missing, sum(CAST(received AS DOUBLE PRECISION)) AS gap_received FROM streams "
             f"{where} GROUP BY fleet, device) g ON g.fleet = d.fleet AND g.device = d.device "
+            f"LEFT JOIN stream_flags f ON f.fleet = d.fleet AND f.device = d.device "
             f"{where.replace('fleet', 'd.fleet')} ORDER BY d.fleet, d.device", params * 2)
     out = []
     for r in rows:
@@ -50,6 +56,11 @@ def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = N
         r["status"] = classify(r, now, stale_factor=stale_factor, min_stale_s=min_stale_s)
         r["seen_ago_s"] = None if r.get("last_seen") is None else round(now - r["last_seen"], 1)
         r["missing"], r["messages"] = int(r.pop("gap_missing") or 0), int(r.pop("gap_received") or 0)
+        flag = {k[5:]: r.pop(k) for k in ("flag_reason", "flag_session", "flag_refused", "flag_max_seq",
+                                          "flag_stream_seq", "flag_at")}
+        r["flag"] = None if flag["reason"] is None else {
+            **flag, "summary": f"{flag['refused']} message(s) of session {flag['session']} refused: seq up to "
+                               f"{flag['max_seq']} where the stream was at {flag['stream_seq']}"}
         out.append(r)
     return out
 

@@ -313,8 +313,10 @@ def test_sequence_numbers_are_bounded_and_status_never_overflows(tmp_path: Path)
     assert c.handle(*msg("telemetry", "cam-01", 7, BIG), received_at=now) == "malformed"
     assert c.handle(*msg("telemetry", "cam-01", 7, 5, {"inference": {"frames": 2**60, "budget_misses": -(2**60)}}),
                     received_at=now) == "stored"
-    for session in range(1, 1101):  # many sessions, each claiming the largest seq allowed: sums past 2**63
-        assert c.handle(*msg("state", "cam-02", session, 2**53 - 1), received_at=now) == "stored"
+    # a stream message that far past its stream's position is refused (#26: it would have won the stream)...
+    assert c.handle(*msg("state", "cam-02", 1, 2**53 - 1), received_at=now) == "seq_jump"
+    for session in range(1, 1101):  # ...births announce any position: many, each the largest seq, sums past 2**63
+        assert c.handle(*msg("birth", "cam-02", session, 2**53 - 1), received_at=now) == "stored"
     c.flush()
     c.db.close()
     rows = {r["device"]: r for r in fleet_status(url, now=now)}
