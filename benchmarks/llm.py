@@ -94,7 +94,7 @@ def main() -> int:
         for r in range(3):
             for q in (("f16", "q4_k_m") if r % 2 == 0 else ("q4_k_m", "f16")):
                 b = bundles[q]
-                rep = run_llm_benchmark(lambda **o: b.open_runner(o), prompt_tokens=128, gen_tokens=args.gen_tokens,
+                rep = run_llm_benchmark(lambda _b=b, **o: _b.open_runner(o), prompt_tokens=128, gen_tokens=args.gen_tokens,
                                         repetitions=3)
                 reps[q].append(rep.to_json())
         def med_of(q: str, key: str) -> float:

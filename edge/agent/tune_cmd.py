@@ -265,7 +265,7 @@ class TuneJob:
                 recs[t.id]["status"] = (f"{UNAVAILABLE}: runner {t.runner} cannot run on this device: "
                                         + "; ".join(lacking[t.runner]))[:400]
         bundles: dict[str, Any] = {}  # sha256 -> Bundle or the error that stopped it
-        for n, t in enumerate(req.trials):
+        for t in req.trials:
             if recs[t.id]["status"] != "pending":
                 continue
             if t.sha256 not in bundles:

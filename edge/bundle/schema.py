@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping, Union
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 from edge.errors import ManifestError
 from edge.bundle.typedjson import (JSON, Invalid, Rule, Tagged, join_path, json_schema, loads_strict, read, show_value, spec,
@@ -194,7 +194,7 @@ class Preprocess:
                               dtype=self.dtype, preset=self.preset)
 
 
-OptionValue = Union[bool, int, float, str, tuple[Union[bool, int, float, str], ...]]
+OptionValue = bool | int | float | str | tuple[bool | int | float | str, ...]
 _OPTION_VALUE = Rule(pattern=OPTION_TEXT, max_len=64, max_items=16, item=Rule(pattern=OPTION_TEXT, max_len=64))
 
 
@@ -385,7 +385,7 @@ def _which_parity(raw: Any) -> type:
     return ParityEvidence
 
 
-Parity = Annotated[Union[ParityEvidence, LLMQualityEvidence, SkippedParity], Tagged(_which_parity)]
+Parity = Annotated[ParityEvidence | LLMQualityEvidence | SkippedParity, Tagged(_which_parity)]
 
 
 def _which_thresholds(raw: Any) -> type:
@@ -401,7 +401,7 @@ class ReferencePairs:
     samples: int = spec(ge=0, le=64)
     reference: str = spec(min_len=1, **_TEXT)  # who computed the outputs
     # the build host's limits for the precision: parity's, or edge.llm.quality's in an llm bundle
-    thresholds: Annotated[Union[Thresholds, LLMThresholds], Tagged(_which_thresholds)] = spec()
+    thresholds: Annotated[Thresholds | LLMThresholds, Tagged(_which_thresholds)] = spec()
     file: str | None = spec(None, pattern=REL_PATH, max_len=1024)
     note: str | None = spec(None, **_TEXT)
 
@@ -480,7 +480,7 @@ def _which_benchmark(raw: Any) -> type:
     return LLMBenchmarkEvidence if isinstance(raw, dict) and raw.get("kind") == "llm" else BenchmarkEvidence
 
 
-Benchmark = Annotated[Union[BenchmarkEvidence, LLMBenchmarkEvidence], Tagged(_which_benchmark)]
+Benchmark = Annotated[BenchmarkEvidence | LLMBenchmarkEvidence, Tagged(_which_benchmark)]
 
 
 @dataclass(frozen=True)

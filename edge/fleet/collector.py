@@ -573,7 +573,7 @@ class Collector:
         """Ask for a rebirth when no birth is known for ``session`` (``known``: the latest birth session known,
         from ``_birth_sessions``, which already asked the store)."""
         if known is None or known < session:
-            self.request_rebirth(fleet, device, "no birth seen for session %d" % session)
+            self.request_rebirth(fleet, device, f"no birth seen for session {session}")
 
     def request_rebirth(self, fleet: str, device: str, reason: str) -> bool:
         if self.loop is not None and self._writer is not None and not self.loop.in_loop:

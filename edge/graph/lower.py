@@ -168,16 +168,20 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
         p = f"{label}/lowered"
         bias = (B[0][:4 * H] + B[0][4 * H:]) if B is not None else np.zeros(4 * H, W.dtype)
 
-        def init(name: str, arr: np.ndarray) -> str:
+        # this LSTM's helpers, its prefix bound now (they are called in this iteration only)
+        def init(name: str, arr: np.ndarray, p: str = p) -> str:
             new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), f"{p}/{name}"))
             return f"{p}/{name}"
 
-        def node(op: str, ins: list[str], name: str, **kw: Any) -> str:
+        def node(op: str, ins: list[str], name: str, p: str = p, **kw: Any) -> str:
             out = f"{p}/{name}"
             new_nodes.append(helper.make_node(op, ins, [out], name=out, **kw))
             return out
 
-        def _state_2d(name: str, batch: int, hidden: int, tag: str) -> str:
+        wt, rt, bb = init("Wt", W[0].T.astype(W.dtype)), init("Rt", R[0].T.astype(R.dtype)), init("B", bias)
+        bh = init("shape_bh", np.array([batch, H], np.int64))
+
+        def _state_2d(name: str, batch: int, hidden: int, tag: str, bh: str = bh) -> str:
             """The [B, H] state: an Unsqueeze(axis 0) of a [B, H] tensor is skipped (onnx2tf reads the rank-3
             tensor as NCW and slices Silero VAD's state along the wrong axis), else a Reshape."""
             src = unsqueezed(name)
@@ -185,8 +189,6 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
                 return src
             return node("Reshape", [name, bh], tag)
 
-        wt, rt, bb = init("Wt", W[0].T.astype(W.dtype)), init("Rt", R[0].T.astype(R.dtype)), init("B", bias)
-        bh = init("shape_bh", np.array([batch, H], np.int64))
         bi = init("shape_bi", np.array([batch, -1], np.int64))
         one = init("shape_1bh", np.array([1, batch, H], np.int64))
         ax0, ax1 = init("axis0", np.array([0], np.int64)), init("axis1", np.array([1], np.int64))

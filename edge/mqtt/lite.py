@@ -96,7 +96,7 @@ def mqtt_packet(first: int, body: bytes) -> bytes:
 def _read_varint(data: bytes, p: int, end: int) -> tuple[int, int]:
     """A variable byte integer at ``p`` (not past ``end``): its value and the position after it."""
     n = shift = 0
-    for i in range(4):
+    for _ in range(4):
         if p >= end:
             raise Malformed("variable byte integer runs past the packet")
         b = data[p]
@@ -178,7 +178,7 @@ class PacketReader:
         n, b0 = len(data), data[p]
         qos = (b0 >> 1) & 3
         if qos > 1:
-            raise Malformed("PUBLISH at QoS %d: this client subscribes at QoS 1" % qos if qos == 2 else
+            raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
                             "PUBLISH with QoS bits 3")
         if q + 2 > n:
             return None
@@ -258,7 +258,7 @@ class PacketReader:
             if kind == PUBLISH:
                 qos = (b0 >> 1) & 3
                 if qos > 1:
-                    raise Malformed("PUBLISH at QoS %d: this client subscribes at QoS 1" % qos if qos == 2 else
+                    raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
                                     "PUBLISH with QoS bits 3")
                 if q + 2 > end:
                     raise Malformed("PUBLISH too short for its topic length")

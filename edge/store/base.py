@@ -258,7 +258,7 @@ class Store(ABC):
     def history(self) -> list[dict[str, Any]]:
         """One entry per completed switch, oldest first."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Nothing is held between calls (locks and connections live for one operation); kept for ``with``."""
 
     def __enter__(self) -> "Store":

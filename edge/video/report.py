@@ -247,7 +247,9 @@ class VideoReport:
         def st(s: LatencyStats | None) -> dict[str, Any] | None:
             return s.to_json() if s is not None else None
 
-        r2 = (lambda v: round(v, 2) if v is not None else None)
+        def r2(v: float | None) -> float | None:
+            return round(v, 2) if v is not None else None
+
         return {
             "bundle": self.bundle, "target": self.target, "source": self.source, "mode": self.mode,
             "pace_fps": self.pace_fps, "budget_ms": self.budget_ms, "budget_source": self.budget_source,

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import numpy as np
@@ -32,14 +33,14 @@ from edge.backends.litert.run import EDGETPU_CUSTOM_OP, EDGETPU_LIBRARY_ENV, Lit
 from tests.backends.test_litert import quantized_model  # noqa: E402
 
 MARKER_ENV = "EDGEKIT_TEST_CONSTRUCTOR_MARKER"
-CONSTRUCTOR = r"""
+CONSTRUCTOR = Template(r"""
 #include <stdio.h>
 #include <stdlib.h>
 __attribute__((constructor)) static void ran(void) {
-    const char *p = getenv("%s");
+    const char *p = getenv("$marker");
     if (p) { FILE *f = fopen(p, "w"); if (f) { fputs("constructor ran", f); fclose(f); } }
 }
-""" % MARKER_ENV
+""").substitute(marker=MARKER_ENV)
 
 
 def _library(path: Path) -> Path:

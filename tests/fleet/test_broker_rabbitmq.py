@@ -193,8 +193,8 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
                  "cam-02's outbox replayed and live telemetry after it")
         summaries = [stop(ag1, alog[one]), stop(ag2, alog[two])]
         for sm in summaries:
-            wait_for(lambda: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
-                                   sm["session"]), 30, f"{sm['device']}'s death")
+            wait_for(lambda sm=sm: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
+                                         sm["session"]), 30, f"{sm['device']}'s death")
         stats = stop(col, clog)
     finally:
         kill_left(procs)

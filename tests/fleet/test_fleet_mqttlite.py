@@ -315,7 +315,7 @@ def test_an_oversized_publish_is_skipped_not_refused(mqtt5: bool) -> None:
     for cuts in ([], [1], [3, 10], [30, 2000, 4000], list(range(1, len(stream), 997))):
         chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
         pubs: list[Any] = []
-        r = PacketReader(mqtt5, lambda *a: pubs.append(a), lambda k, b: None, 1024)
+        r = PacketReader(mqtt5, lambda *a, pubs=pubs: pubs.append(a), lambda k, b: None, 1024)
         for c in chunks:
             r.feed(c)
         (topic, payload, mid, qos), second = pubs

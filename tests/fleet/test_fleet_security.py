@@ -420,7 +420,7 @@ def _raw_pg(url: str) -> Any:
 def test_rejections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
     c = collector()
     with caplog.at_level(logging.INFO, logger="edge.fleet"):
-        for i in range(5_000):
+        for _ in range(5_000):
             c.handle("edgekit/lab/cam-01/telemetry", b"not json")
             c.handle(*msg("telemetry", "cam-01", int(time.time()) + 10**6, 1), received_at=time.time())
     lines = [r for r in caplog.records if r.name == "edge.fleet"]

@@ -16,17 +16,17 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto as T
-from onnx import helper as h
-from onnx import numpy_helper as nh
+from onnx import TensorProto as T  # noqa: E402
+from onnx import helper as h  # noqa: E402
+from onnx import numpy_helper as nh  # noqa: E402
 
-from edge.graph import recipes
-from edge.backends.converter import ConversionRequest
-from edge.backends.openvino.format import ov_core
-from edge.errors import ConversionError
-from edge.graph.model import io_spec
-from edge.verify.parity import thresholds_for
-from edge.spec import Calibration
+from edge.graph import recipes  # noqa: E402
+from edge.backends.converter import ConversionRequest  # noqa: E402
+from edge.backends.openvino.format import ov_core  # noqa: E402
+from edge.errors import ConversionError  # noqa: E402
+from edge.graph.model import io_spec  # noqa: E402
+from edge.verify.parity import thresholds_for  # noqa: E402
+from edge.spec import Calibration  # noqa: E402
 
 
 def overflow_model(seed: int = 0) -> onnx.ModelProto:
