@@ -98,6 +98,8 @@ class Bundle:
     def __init__(self, path: str | os.PathLike[str], manifest: Mapping[str, Any] | Manifest) -> None:
         self.path = Path(path)
         where = str(self.path / MANIFEST)
+        self.info: Manifest
+        self.manifest: dict[str, Any]
         if isinstance(manifest, Manifest):
             self.info, self.manifest = manifest, to_json(manifest)
             return
@@ -105,8 +107,8 @@ class Bundle:
             raw = loads_strict(json.dumps(manifest, default=str), max_depth=MAX_DEPTH)
         except (Invalid, ValueError, TypeError, RecursionError) as e:
             raise ManifestError(f"{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
-        self.info: Manifest = parse_manifest(raw, where)
-        self.manifest: dict[str, Any] = raw
+        self.info = parse_manifest(raw, where)
+        self.manifest = raw
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, verify: bool = True, trust: Any = None) -> "Bundle":
@@ -261,7 +263,8 @@ def _next_version(d: Path, name: str, wanted: int | None) -> int:
     except (OSError, ValueError):
         seen = {}
     seen = seen if isinstance(seen, dict) else {}
-    last = seen.get(name) if isinstance(seen.get(name), int) else 0
+    given = seen.get(name)
+    last = given if isinstance(given, int) else 0
     version = wanted if wanted is not None else max(int(time.time()), last + 1)
     if d.is_dir():
         write_json_atomic(f, {**seen, name: max(version, last)})

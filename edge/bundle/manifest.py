@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import edge
-from edge.bundle.bundle import SCHEMA_VERSION, artifact_entries, bundle_id, bundle_name
+from edge.bundle.bundle import artifact_entries, bundle_id, bundle_name
+from edge.bundle.schema import SCHEMA_VERSION
 from edge.capabilities import cpu_isa, current_host
 from edge.errors import ParityError, TargetError
 from edge.bundle.schema import (device_only_hint)

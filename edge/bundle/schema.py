@@ -51,8 +51,8 @@ Precision = Literal["fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0
                     "iq3_m", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4_moe", "nvfp4", "q1_0"]
 DType = Literal["float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
                 "int64", "uint64", "bool"]
-_TEXT = dict(max_len=1024)
-_MS = dict(ge=0.0, le=1e9)
+_TEXT: dict[str, Any] = dict(max_len=1024)
+_MS: dict[str, Any] = dict(ge=0.0, le=1e9)
 
 
 # -- the tree -------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class ChainStep:
     precision: Precision | None = spec()
     output_format: str = spec(pattern=ID)
     tool_versions: Mapping[str, str | None] = spec(max_items=256, item=Rule(max_len=256))
-    details: JSON = None
+    details: JSON = JSON(None)
     notes: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
 
 
@@ -215,7 +215,8 @@ class RunnerSpec:
 
     @property
     def options_dict(self) -> dict[str, Any]:
-        return to_json(self.options)
+        options: dict[str, Any] = to_json(self.options)
+        return options
 
 
 @dataclass(frozen=True)
@@ -228,10 +229,10 @@ class RunnerInfo:
     precision_used: str = spec(max_len=128)
     threads: int | None = spec(None, ge=0, le=1 << 16)
     fallback: str | None = spec(None, **_TEXT)
-    details: JSON = None
+    details: JSON = JSON(None)
 
 
-_UNIT = dict(ge=0.0, le=1.0)
+_UNIT: dict[str, Any] = dict(ge=0.0, le=1.0)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ class Thresholds:
     min_sequence: float | None = spec(None, **_UNIT)
 
 
-_COS = dict(ge=-1.001, le=1.001)  # float rounding puts a perfect match a hair above 1
+_COS: dict[str, Any] = dict(ge=-1.001, le=1.001)  # float rounding puts a perfect match a hair above 1
 
 
 @dataclass(frozen=True)
@@ -468,7 +469,7 @@ class LLMBenchmarkEvidence:
     prompt_tps: MeanStd = spec()
     gen_tps: MeanStd = spec()
     peak_rss_mb: float = spec(ge=0.0, le=1e9)
-    runner: JSON = None
+    runner: JSON = JSON(None)
     ttft_budget_ms: float | None = spec(None, ge=1e-9, le=1e9)
     min_tps: float | None = spec(None, ge=0.0, le=1e9)
     verdict: Literal["pass", "fail", "no budget"] = "no budget"
@@ -537,13 +538,13 @@ class Manifest:
     version: int | None = spec(None, ge=1, le=(1 << 53) - 1)
     source: SourceInfo | None = None
     chain: tuple[ChainStep, ...] = spec((), max_items=32)
-    calibration: JSON = None
+    calibration: JSON = JSON(None)
     preprocess: Preprocess | None = None
     parity: Parity | None = None
     #: reference input/output pairs the device checks on first load (absent in older bundles)
     reference_pairs: ReferencePairs | None = None
     benchmark: Benchmark | None = None
-    build_host: JSON = None
+    build_host: JSON = JSON(None)
     #: the tune overlay the bundle was converted with (absent: none, or an older bundle)
     tuned: TunedEvidence | None = None
 
@@ -553,8 +554,8 @@ class Manifest:
 # ``options`` (its declared option names) minus the device-only ones must equal these fields;
 # a test checks it. Plugin runners' options get the generic checks of RunnerSpec only.
 
-_THREADS = dict(ge=0, le=4096)
-_WORD = dict(pattern=OPTION_TEXT, max_len=64)
+_THREADS: dict[str, Any] = dict(ge=0, le=4096)
+_WORD: dict[str, Any] = dict(pattern=OPTION_TEXT, max_len=64)
 
 
 @dataclass(frozen=True)
@@ -674,7 +675,7 @@ def parse_manifest(raw: Any, source: str) -> Manifest:
         runner = raw.get("runner") if isinstance(raw, dict) else None
         if isinstance(runner, dict) and isinstance(runner.get("name"), str) and isinstance(runner.get("options"), dict):
             refuse_device_options(runner["name"], runner["options"])  # said first, whatever else is wrong there
-        m = read(Manifest, raw)
+        m: Manifest = read(Manifest, raw)
         check(m)
     except Invalid as e:
         raise ManifestError(f"{source}: field {e.where}: {e.problem}" if e.where else f"{source}: {e.problem}",
@@ -785,7 +786,8 @@ def manifest_json_schema() -> dict[str, Any]:
 
 
 def published_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return schema
 
 
 def write_schema(path: Path = SCHEMA_FILE) -> None:

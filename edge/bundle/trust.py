@@ -173,7 +173,8 @@ class TrustStore:
         seen = self.versions().get(info.name)
         if isinstance(seen, dict) and isinstance(seen.get("version"), int):
             top, top_id = seen["version"], seen.get("bundle_id")
-            allowed = seen.get("allowed") if isinstance(seen.get("allowed"), list) else []
+            listed = seen.get("allowed")
+            allowed = listed if isinstance(listed, list) else []
             if info.version < top and bid not in allowed and not older_ok:
                 raise SignatureError(f"refusing {where}: version {info.version} of {info.name} is older than "
                                      f"version {top} already seen here (a rollback or freeze attempt?)",

@@ -91,7 +91,8 @@ class Tagged:
 
 
 def _rule_of(f: dataclasses.Field[Any]) -> Rule:
-    return f.metadata.get("rule", Rule())
+    rule: Rule = f.metadata.get("rule", Rule())  # spec() puts a Rule there
+    return rule
 
 
 @cache
@@ -361,8 +362,12 @@ def to_json(obj: Any) -> Any:
         out = {}
         for f in fields(obj):
             v = getattr(obj, f.name)
-            has_default = f.default is not MISSING or f.default_factory is not MISSING
-            if has_default and v == (f.default if f.default is not MISSING else f.default_factory()):
+            default: Any = MISSING
+            if f.default is not MISSING:
+                default = f.default
+            elif f.default_factory is not MISSING:
+                default = f.default_factory()
+            if default is not MISSING and v == default:
                 continue
             out[f.name] = to_json(v)
         return out
@@ -479,7 +484,7 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
         key = rule.key or Rule(max_len=256, min_len=1)
         s = {"type": "object", "additionalProperties": _schema(vt, rule.item or Rule(), defs),
              "propertyNames": _schema(str, key, defs), "minProperties": rule.min_items, "maxProperties": rule.max_items}
-    elif is_dataclass(tp):
+    elif is_dataclass(tp) and isinstance(tp, type):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}  # placeholder: recursion stops here
