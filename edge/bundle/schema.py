@@ -567,7 +567,8 @@ class OnnxRuntimeOptions:
     x64_quant_precision: bool = True
     execution_mode: Literal["sequential", "parallel"] = "sequential"
     inter_op_num_threads: int = spec(0, **_THREADS)  # execution_mode parallel only (the runner refuses it otherwise)
-    allow_spinning: bool = True
+    allow_spinning: bool | None = None  # None: edgekit's policy (off; edge.backends.threads)
+    reserve_cpus: float = spec(0.0, ge=0, le=4096)
 
 
 @dataclass(frozen=True)
@@ -580,6 +581,7 @@ class OpenVINOOptions:
     num_threads: int = spec(0, **_THREADS)
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
     num_streams: int | Literal["AUTO", "auto"] = spec(0, ge=0, le=1024)
+    reserve_cpus: float = spec(0.0, ge=0, le=4096)
 
 
 @dataclass(frozen=True)
@@ -589,6 +591,7 @@ class LiteRTOptions:
     allow_cpu_fallback: bool = False
     edgetpu_device: str = spec("", pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$")
     xnnpack_latest_features: bool = False  # delegate xnnpack only (the runner refuses it otherwise)
+    reserve_cpus: float = spec(0.0, ge=0, le=4096)
 
 
 @dataclass(frozen=True)

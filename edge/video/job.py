@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import deque
 import time
@@ -19,6 +18,7 @@ from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
+from edge.backends.threads import PIPELINE_STAGE_CPUS, plan_threads
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError, ModelError
 from edge.preprocess import LetterboxTransform, Preprocessor
@@ -144,7 +144,9 @@ class Job:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.sink = out.open("w", encoding="utf-8")
         workers = (o.infer_workers or bundle_workers(self.bundle)) if self.mode != "sequential" else 1
-        options = worker_runner_options(self.bundle, o.runner_options, workers)
+        # decode, pre- and post-processing run beside inference in the pipelined modes: the runners leave them room
+        stages = 3 if self.mode != "sequential" else 0
+        options = worker_runner_options(self.bundle, o.runner_options, workers, stages=stages)
         t0 = clock()
         for _ in range(workers):
             self.runners.append(self.bundle.open_runner(options))
@@ -254,21 +256,28 @@ def bundle_workers(bundle: Bundle) -> int:
     return int(tuned.infer_workers) if tuned is not None and tuned.infer_workers else 1
 
 
-def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, workers: int) -> dict[str, Any]:
-    """Runner options for ``workers`` parallel runners: the cores shared out unless threads were set.
+def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, workers: int, *,
+                          stages: int = 0) -> dict[str, Any]:
+    """Runner options for ``workers`` parallel runners beside ``stages`` other pipeline stages.
 
-    One runner using every core is the lowest latency; on a small CPU, runners with a share of
-    the cores each keep all of them busier (less time in the runtime's barriers between ops).
+    The runners' own policy (``edge.backends.threads``) picks threads from the CPUs other processes leave;
+    the stages are reserved for it (``reserve_cpus``, ``PIPELINE_STAGE_CPUS`` each). With several workers,
+    the cores it would give one runner are shared out unless threads were set: one runner using every core
+    is the lowest latency; on a small CPU, runners with a share of the cores each keep all of them busier
+    (less time in the runtime's barriers between ops).
     """
-    opts = dict(options or {})
-    if workers > 1:
-        from edge.backends.runner import RUNNERS
+    from edge.backends.runner import RUNNERS
 
-        known = RUNNERS.get(bundle.info.runner.name).options
-        manifest_opts = bundle.info.runner.options
+    opts = dict(options or {})
+    known = RUNNERS.get(bundle.info.runner.name).options
+    manifest_opts = bundle.info.runner.options
+    if stages and "reserve_cpus" in known and "reserve_cpus" not in opts and "reserve_cpus" not in manifest_opts:
+        opts["reserve_cpus"] = round(stages * PIPELINE_STAGE_CPUS, 2)
+    if workers > 1:
+        free = plan_threads(0, None, reserve=float(opts.get("reserve_cpus", 0))).threads
         for key in THREAD_OPTIONS:
             if key in known and not opts.get(key) and not manifest_opts.get(key):
-                opts[key] = max(1, (os.cpu_count() or 1) // workers)
+                opts[key] = max(1, free // workers)
     return opts
 
 

@@ -171,10 +171,11 @@ def test_xnnpack_applied_and_recorded(tmp_path: Path) -> None:
         assert [t.name for t in r.inputs] == ["x"] and r.inputs[0].shape == (1, 4, 4, 3)
 
 
-def test_num_threads_zero_means_every_usable_cpu(tmp_path: Path) -> None:
-    # LiteRT's own default (None) runs XNNPack on one thread; the runner never leaves it at that.
+def test_num_threads_zero_means_the_thread_policy(tmp_path: Path) -> None:
+    # LiteRT's own default (None) runs XNNPack on one thread; the runner never leaves it at that: 0 is the
+    # policy's count (edge.backends.threads: the CPUs other processes leave, at least 1)
     with LiteRTRunner(add_model(tmp_path / "add.tflite")) as r:
-        assert r.info.threads == usable_cpus()
+        assert 1 <= r.info.threads == r.info.details["threads_policy"]["threads"] <= usable_cpus()
     with pytest.raises(EdgeError, match="num_threads must be an integer >= 0"):
         LiteRTRunner(tmp_path / "add.tflite", options={"num_threads": -1})
 

@@ -4,7 +4,8 @@ What it makes explicit rather than silent (ai-edge-litert 2.3):
 
 * threads: ``Interpreter(num_threads=None)`` runs XNNPack on one thread (measured here:
   5.2 ms against 2.8 ms with 2 threads for MobileNetV2), so the runner always passes a count:
-  the profile's ``num_threads``, where 0 means every CPU this process may use;
+  the profile's ``num_threads``, where 0 means edgekit's choice (``edge.backends.threads``: the CPUs
+  other processes and ``reserve_cpus`` leave, recorded in ``details["threads_policy"]``);
 * the delegate actually applied: XNNPack is LiteRT's default delegate and is applied
   silently, or silently not (a model it cannot take runs on the builtin kernels with one log
   line). The runner reads the execution plan after loading (``DELEGATE`` nodes and the ops
@@ -50,6 +51,7 @@ from edge.native_stderr import captured_stderr
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
 from edge.backends.litert.format import EDGETPU_CUSTOM_OP, load_sidecar, read_tflite
 from edge.backends.runner import Runner, RunnerInfo
+from edge.backends.threads import plan_threads, reserve_option, usable_cpus  # noqa: F401 - usable_cpus re-exported
 from edge.spec import TensorSpec, image_layout
 
 LITERT_REQUIREMENT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'")
@@ -73,13 +75,6 @@ _DELEGATES = ("xnnpack", "edgetpu", "none", "reference")
 
 
 
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # -- I/O plans ---------------------------------------------------------------------------
@@ -144,7 +139,10 @@ class LiteRTRunner(Runner):
     options = {
         "delegate": "xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) or "
                     "reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)",
-        "num_threads": "CPU threads; 0 (default) = every CPU this process may use. LiteRT's own default "
+        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
+                        "automatic thread count leaves them free. Default 0",
+        "num_threads": "CPU threads; 0 (default) = edgekit's choice: the CPUs this process may use that other "
+                       "processes and reserve_cpus leave (edge.backends.threads). LiteRT's own default "
                        "(None) runs XNNPack on one thread",
         "allow_cpu_fallback": "run on the CPU when the delegate cannot be used (libedgetpu missing, model not "
                               "compiled for the Edge TPU, XNNPack refusing the model); reported as CPU fallback. "
@@ -175,7 +173,8 @@ class LiteRTRunner(Runner):
             threads = -1
         if threads < 0:
             raise EdgeError(f"runner 'litert': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
-        threads = threads or usable_cpus()
+        cpu_plan = plan_threads(threads, None, reserve=reserve_option(self.name, opts), spin_option=False)
+        threads = cpu_plan.threads
         latest = opts.get("xnnpack_latest_features", False)
         if not isinstance(latest, bool):
             raise EdgeError(f"runner 'litert': xnnpack_latest_features must be true or false, got {latest!r}")
@@ -308,7 +307,7 @@ class LiteRTRunner(Runner):
 
         self._model_file = load_path
         self._setup_io(sidecar, load_path)
-        details.update(threads_requested=opts.get("num_threads", 0), io=self._io_summary(sidecar),
+        details.update(threads_requested=opts.get("num_threads", 0), threads_policy=cpu_plan.to_json(), io=self._io_summary(sidecar),
                        runtime_log=runtime_log[-20:])
         self.info = RunnerInfo(runtime=f"ai-edge-litert {version}", device_requested=device_requested,
                                device_used=device_used, precision_used=precision_used, threads=threads,

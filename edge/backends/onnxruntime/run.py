@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 from edge.capabilities import Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.backends.runner import Runner, RunnerInfo
+from edge.backends.threads import plan_threads, reserve_option
 from edge.spec import TensorSpec, image_layout
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -33,7 +34,10 @@ class OnnxRuntimeRunner(Runner):
     requires = (Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'"),)
     options = {
         "providers": "execution providers in order of preference (default [CPUExecutionProvider])",
-        "intra_op_num_threads": "threads inside an op; 0 = onnxruntime's default (one per physical core)",
+        "intra_op_num_threads": "threads inside an op; 0 (default) = edgekit's choice: the CPUs that other processes "
+                                "and reserve_cpus leave (edge.backends.threads, docs/performance.md)",
+        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
+                        "automatic thread count leaves them free. Default 0",
         "graph_optimization_level": "disable, basic, extended or all (default all)",
         "x64_quant_precision": "int8 on x86 CPUs without VNNI/AMX: compute U8U8 instead of U8S8, whose int16 "
                                "pair sums saturate (onnxruntime's session.x64quantprecision); true (default) "
@@ -42,9 +46,9 @@ class OnnxRuntimeRunner(Runner):
                           "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)",
         "inter_op_num_threads": "threads running nodes in parallel (execution_mode parallel only); 0 = "
                                 "onnxruntime's default",
-        "allow_spinning": "thread-pool threads busy-wait for work between ops (true, onnxruntime's default: lower "
-                          "latency) or sleep (false: less CPU taken from the rest of the pipeline); "
-                          "session.intra_op/inter_op.allow_spinning",
+        "allow_spinning": "thread-pool threads busy-wait for work between ops (true, onnxruntime's own default: "
+                          "lower latency on an idle machine) or sleep (false, edgekit's default: the core goes back "
+                          "to the rest of the device); session.intra_op/inter_op.allow_spinning",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -63,7 +67,9 @@ class OnnxRuntimeRunner(Runner):
             )
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        threads = int(opts.get("intra_op_num_threads", 0))
+        mode, inter, spinning = _threading(opts)
+        plan = plan_threads(_thread_option(opts), spinning, reserve=reserve_option(self.name, opts))
+        threads = plan.threads
         so.intra_op_num_threads = threads
         level = opts.get("graph_optimization_level", "all")
         if level not in _LEVELS:
@@ -76,10 +82,9 @@ class OnnxRuntimeRunner(Runner):
         # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates. onnxruntime rewrites the
         # weights to U8 only where MlasPlatformU8S8Overflow() says the CPU needs it.
         so.add_session_config_entry("session.x64quantprecision", "1" if quant_precision else "0")
-        mode, inter, spinning = _threading(opts)
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
         so.inter_op_num_threads = inter
-        spin = "1" if spinning else "0"
+        spin = "1" if plan.spinning else "0"
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
         try:
@@ -99,10 +104,11 @@ class OnnxRuntimeRunner(Runner):
             device_requested=wanted[0],
             device_used=used[0],
             precision_used=_precision_used(self.precision),
-            threads=threads or None,  # None: onnxruntime default (one per physical core)
+            threads=threads,
             fallback=fallback,
             details={"providers": used, "graph_optimization_level": level, "execution_mode": mode,
-                     "inter_op_num_threads": inter or None, "allow_spinning": spinning,
+                     "inter_op_num_threads": inter or None, "allow_spinning": plan.spinning,
+                     "threads_policy": plan.to_json(),
                      **_int8_kernel(self.precision, quant_precision)},
         )
 
@@ -115,7 +121,14 @@ class OnnxRuntimeRunner(Runner):
         super().close()
 
 
-def _threading(opts: Mapping[str, Any]) -> tuple[str, int, bool]:
+def _thread_option(opts: Mapping[str, Any]) -> int:
+    threads = opts.get("intra_op_num_threads", 0)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 4096:
+        raise EdgeError(f"runner 'onnxruntime': intra_op_num_threads must be an integer 0..4096, got {threads!r}")
+    return threads
+
+
+def _threading(opts: Mapping[str, Any]) -> tuple[str, int, bool | None]:
     """(execution mode, inter-op threads, spinning) from the runner options, checked together."""
     mode = opts.get("execution_mode", "sequential")
     if mode not in ("sequential", "parallel"):
@@ -127,8 +140,8 @@ def _threading(opts: Mapping[str, Any]) -> tuple[str, int, bool]:
         raise EdgeError(f"runner 'onnxruntime': inter_op_num_threads={inter} applies only with execution_mode "
                         "parallel (a sequential session runs one node at a time)",
                         hint="set execution_mode = \"parallel\", or leave inter_op_num_threads out")
-    spinning = opts.get("allow_spinning", True)
-    if not isinstance(spinning, bool):
+    spinning = opts.get("allow_spinning")  # None: the policy's (off)
+    if spinning is not None and not isinstance(spinning, bool):
         raise EdgeError(f"runner 'onnxruntime': allow_spinning must be true or false, got {spinning!r}")
     return mode, inter, spinning
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.backends.runner import Runner, RunnerInfo
+from edge.backends.threads import plan_threads, reserve_option
 from edge.spec import TensorSpec, image_layout
 
 
@@ -138,7 +139,10 @@ class OpenVINORunner(Runner):
         "inference_precision": "bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's "
                                "default otherwise), "
                                "or force f32, f16 or bf16",
-        "num_threads": "CPU inference threads; 0 = OpenVINO's default",
+        "num_threads": "CPU inference threads; 0 (default) = edgekit's choice: the CPUs that other processes and "
+                       "reserve_cpus leave (edge.backends.threads), with CPU pinning off when they are shared",
+        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
+                        "automatic thread count leaves them free. Default 0",
         "num_streams": "parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the performance hint's "
                        "choice (LATENCY: 1; THROUGHPUT: several). Not with LATENCY and AUTO (OpenVINO then "
                        "switches to THROUGHPUT), nor above num_threads",
@@ -173,6 +177,7 @@ class OpenVINORunner(Runner):
         if threads < 0:
             raise EdgeError(f"runner 'openvino': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
         streams_opt = parse_num_streams(opts.get("num_streams", 0))
+        reserve = reserve_option(self.name, opts)
         if streams_opt == "AUTO" and hint == "LATENCY":
             # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
             raise EdgeError("runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
@@ -238,7 +243,17 @@ class OpenVINORunner(Runner):
                 config[hints.inference_precision] = getattr(ov.Type, target_precision)
             else:
                 ignored.append(f"inference_precision {target_precision} ({device} has no INFERENCE_PRECISION_HINT)")
-        if threads > 0:
+        plan = None
+        if device == "CPU" and "INFERENCE_NUM_THREADS" in supported:
+            plan = plan_threads(threads, None, reserve=reserve, spin_option=False)
+            # every stream needs a thread of its own: the automatic count never goes below the streams asked for
+            n = max(plan.threads, streams_opt) if isinstance(streams_opt, int) and not threads else plan.threads
+            config[props.inference_num_threads] = n
+            if plan.shared and not threads and "ENABLE_CPU_PINNING" in supported:
+                # pinned threads wait for their core while another process runs there; unpinned, the scheduler
+                # moves them to whichever core is free
+                config[props.hint.enable_cpu_pinning] = False
+        elif threads > 0:
             if "INFERENCE_NUM_THREADS" in supported:
                 config[props.inference_num_threads] = threads
             else:
@@ -301,6 +316,8 @@ class OpenVINORunner(Runner):
                 and "NUM_STREAMS" in supported:
             # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
             details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
+        if plan is not None:
+            details["threads_policy"] = {**plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
         if ignored:
             details["ignored_options"] = ignored
         self.info = RunnerInfo(
