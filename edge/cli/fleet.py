@@ -55,6 +55,10 @@ def collect_cmd(
                                             "bounds the delay batching adds."),
     receive_maximum: int = typer.Option(10_000, "--receive-maximum", help="Unacknowledged messages the broker "
                                         "may send (MQTT 5); at least --batch-max."),
+    max_backlog: int = typer.Option(0, "--max-backlog", help="Messages waiting for the database at most; QoS 0 "
+                                    "messages past it are shed and counted (0: twice --batch-max, at least 20000)."),
+    max_seq_jump: int = typer.Option(1_000_000, "--max-seq-jump", help="Refuse (count, flag in fleet status) a "
+                                     "message this far past its stream's position: forged or broken."),
     mqtt_client: str = typer.Option("lite", "--client", help="MQTT client: lite (a lean subscriber that parses "
                                     "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
                                     "the commit."),
@@ -81,7 +85,8 @@ def collect_cmd(
                           fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
                           rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
                           batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
-                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client, pipeline=pipeline)
+                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client, pipeline=pipeline,
+                          max_backlog=max_backlog, max_seq_jump=max_seq_jump)
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)
@@ -168,7 +173,9 @@ def _stats_line(s: dict[str, Any]) -> str:
     return (f"received {s['received']}, stored {sum(s['stored'].values())} ({s['stored']['telemetry']} telemetry), "
             f"duplicates {s['duplicates']}, rejected {rejected}{' (' + detail + ')' if detail else ''}, "
             f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)"
-            + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else ""))
+            + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else "")
+            + (f", {s['shed']} QoS 0 messages shed (backlog full)" if s.get("shed") else "")
+            + (f", {s['overflows']} receive-maximum overflows" if s.get("overflows") else ""))
 
 
 def _log_stats(collector: Any) -> None:

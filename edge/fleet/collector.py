@@ -37,6 +37,11 @@
   message objects; measured 2x the collector's messages per CPU-second of paho), or paho-mqtt (``client="paho"``).
 - Whatever it keeps in memory per device is a cache of the database, bounded (least recently
   updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
+- Bounded backlog at every QoS: at most ``max_backlog`` messages wait decoded for the writer (plus the one
+  batch it writes). Past that, QoS 0 messages (which the broker's receive maximum does not limit) are shed
+  before they are decoded, counted in ``shed``; QoS 1 beyond ``max_backlog + receive_maximum`` means the
+  broker ignores the receive maximum: the connection is dropped (counted in ``overflows``) and the broker
+  re-delivers what was not acknowledged. A flood costs counters, never memory.
 - Forged streams (a broker without the ACL) cannot take a device's row: a session replaces the row's only with a
   birth (telemetry of a session other than the device's latest birth is stored, never shown as the device's
   state; a birth resets the row's stream position), and a message more than ``max_seq_jump`` past its stream's
@@ -155,6 +160,9 @@ class CollectorConfig:
     batch_max: int = 5000
     batch_interval_ms: float = 50.0  # ...and at most this long after the first one arrived (0: every read round)
     receive_maximum: int = 10_000  # unacknowledged messages the broker may send; at least batch_max
+    # decoded messages waiting for the writer at most; QoS 0 past it is shed (module doc). 0: twice batch_max, at
+    # least 20,000 (a few MB: a decoded telemetry message holds about 1 KB)
+    max_backlog: int = 0
     max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
     # a stream message further than this past its stream's position is refused and flagged (see the module doc):
@@ -169,9 +177,9 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
             raise ValueError("max_tracked must be at least 1")
-        if self.max_seq_jump < 1:
-            raise ValueError("max_seq_jump must be at least 1")
         problems = []
+        if not 1 <= self.max_seq_jump < 2**53:
+            problems.append(f"max seq jump {self.max_seq_jump} is not between 1 and 2**53-1")
         if not 1 <= self.batch_max <= 65535:
             problems.append(f"batch size {self.batch_max} is not between 1 and 65535")
         if not 0 <= self.batch_interval_ms <= 60_000:
@@ -181,6 +189,10 @@ class CollectorConfig:
         elif self.receive_maximum < self.batch_max:
             problems.append(f"receive maximum {self.receive_maximum} is below the batch size {self.batch_max}: "
                             "the broker would stop sending before a batch is full")
+        if self.max_backlog == 0:
+            self.max_backlog = max(20_000, 2 * self.batch_max)
+        if not self.batch_max <= self.max_backlog <= 1_000_000:
+            problems.append(f"backlog limit {self.max_backlog} is not between the batch size and 1000000")
         if self.client not in CLIENTS:
             problems.append(f"unknown MQTT client {str(self.client)[:40]!r} (one of {', '.join(CLIENTS)})")
         if problems:
@@ -196,7 +208,7 @@ class CollectorConfig:
 def _new_stats() -> dict[str, Any]:
     return {"received": 0, "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0}, "duplicates": 0,
             "rejected": {r: 0 for r in REASONS}, "rebirths_sent": 0, "gaps_detected": 0, "gaps_filled": 0,
-            "db_errors": 0, "evicted": 0}
+            "db_errors": 0, "evicted": 0, "shed": 0, "overflows": 0, "backlog_high": 0}
 
 
 K = TypeVar("K")
@@ -787,7 +799,34 @@ class Collector:
             return fleet_filter(self.config.fleet)
         return shared(self.config.group, fleet_filter(self.config.fleet))
 
+    def _admit(self, qos: int) -> bool:
+        """Whether one more message fits the backlog (see the module doc); counts and logs what does not."""
+        n = len(self._pending)
+        if n > self.stats["backlog_high"]:
+            self.stats["backlog_high"] = n
+        limit = self.config.max_backlog
+        if n < limit:
+            return True
+        if not qos:
+            self.stats["received"] += 1
+            self.stats["shed"] += 1
+            self._ratelog.warning("shed", "backlog full (%d messages waiting for the database): shedding QoS 0 "
+                                  "messages (%d so far)", n, self.stats["shed"])
+            return False
+        if n < limit + self.config.receive_maximum:
+            return True
+        self.stats["overflows"] += 1
+        log.error("the broker sent more unacknowledged messages than the receive maximum (%d): reconnecting, "
+                  "the broker re-delivers", self.config.receive_maximum)
+        self._pending.clear()
+        self._acks.clear()
+        if self.conn is not None and self.conn.client is not None:
+            self.conn.client.disconnect()
+        return False
+
     def _message(self, conn: Connection, msg: Any) -> None:
+        if not self._admit(msg.qos):
+            return
         try:
             topic = msg.topic
         except UnicodeDecodeError:
@@ -805,6 +844,8 @@ class Collector:
 
     def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
         """``_message`` for the lean client (edge.mqtt.lite): the same, without a message object."""
+        if not self._admit(qos):
+            return
         try:
             self.add(topic, payload)
         except Exception as e:  # a bug, not a message: re-delivered after the reconnect, not acknowledged
