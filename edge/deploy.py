@@ -71,7 +71,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
            fps: float | None = None, budget_ms: float | None = None,
            accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
            on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
-           tuned: Any = None, tune: Any = None, **convert_kwargs: Any) -> DeployResult:
+           tuned: Any = None, tune: Any = None, isa_check: bool = True, **convert_kwargs: Any) -> DeployResult:
     """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
     ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
 
@@ -82,7 +82,9 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     overlay (file or ``edge.tune.overlay.TunedOverlay``) applied to the target before converting and benchmarking.
     ``tune``: True or an ``edge.tune.search.TuneOptions``: run ``edge.tune.search.tune`` first (this deploy's calibration,
     input shapes, pre-processing, budget and precision) and deploy its winner's overlay; refused when no
-    configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``."""
+    configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``.
+    ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated aarch64 when the
+    toolchain is installed (``edge.verify.isa.check_after_convert``; its line is in ``notes``)."""
     from edge.bundle.signing import configured_sign_key
     from edge.bench import judge_device_class, run_benchmark
     from edge.bundle.schema import SkippedParity
@@ -121,6 +123,13 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
     bundle = convert(model, target_profile, build, accept_parity_failure=accept_parity_failure, on_step=say,
                      force=True, tuned=overlay, **convert_kwargs)
+    from edge.verify.isa import check_after_convert
+
+    line, _ = check_after_convert(bundle, target_profile, enabled=isa_check, accept_failure=accept_parity_failure)
+    if line:  # "checked on aarch64 (emulated cortex-a76): pass ..." or why not
+        say(line)
+        notes.append(line)
+        bundle = Bundle.open(bundle.path, trust=False)
     report = None
     gates = device_class = None
     par = bundle.info.parity

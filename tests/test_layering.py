@@ -32,7 +32,8 @@ def _build_side(mods: list[str]) -> list[str]:
     return [m for m in mods if m.startswith(BUILD_SIDE) or m.endswith(".convert") or m.endswith(".edgetpu")]
 
 
-@pytest.mark.parametrize("module", RUNNERS + ["edge.bundle.bundle", "edge.verify.refpairs", "edge.agent.agent", "edge.video.pipeline"])
+@pytest.mark.parametrize("module", RUNNERS + ["edge.bundle.bundle", "edge.verify.refpairs", "edge.verify.isa_guest",
+                                    "edge.agent.agent", "edge.video.pipeline"])
 def test_device_side_imports_no_converter_code(module: str) -> None:
     mods = _imported_after(module)
     assert module in mods

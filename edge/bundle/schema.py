@@ -516,6 +516,48 @@ class TunedEvidence:
 
 
 @dataclass(frozen=True)
+class IsaOutput:
+    """One output of a bundle run on another instruction set (``edge.verify.isa``): the largest difference from the
+    build host's own runtime on the same inputs, the limit it was held to (from the output's range), and the
+    figures against the reference outputs the bundle carries."""
+
+    name: str = spec(pattern=TENSOR_NAME)
+    max_abs_vs_host: float = spec(ge=0.0, le=3.5e38)
+    range: float = spec(ge=0.0, le=3.5e38)  # of the reference outputs: what the limit is relative to
+    limit: float = spec(ge=0.0, le=3.5e38)
+    passed: bool = spec()
+    cosine: float | None = spec(None, ge=-1.0001, le=1.0001)  # against the reference outputs
+    max_abs: float | None = spec(None, ge=0.0, le=3.5e38)  # against the reference outputs
+    snr_db: float | None = spec(None, ge=-1e4, le=1e4)
+
+
+@dataclass(frozen=True)
+class IsaEvidence:
+    """The bundle's reference pairs run on a device's instruction set (``edgekit verify --isa aarch64``). Under
+    emulation (``emulated``: qemu user mode, the real aarch64 runtime wheels) it proves numerics on that ISA, never
+    speed. ``passed``: every output within its limit against the build host and the bundle's own reference check
+    passed there."""
+
+    isa: Literal["aarch64"] = spec()
+    cpu: str = spec(pattern=ID)  # the (emulated) core: cortex-a72, cortex-a76, neoverse-n1
+    emulated: bool = spec()
+    label: str = spec(min_len=1, max_len=256)  # "checked on aarch64 (emulated cortex-a76)"
+    runtime: str = spec(min_len=1, max_len=256)  # what ran there: "ai-edge-litert 2.3.0"
+    device_used: str = spec(max_len=256)
+    host_runtime: str = spec(max_len=256)  # what the differences are against: the build host's runtime
+    samples: int = spec(ge=0, le=64)
+    passed: bool = spec()
+    checked_utc: str = spec(pattern=UTC_TIME)
+    emulator: str | None = spec(None, max_len=256)  # "qemu-aarch64 10.0.2"
+    cpu_part: str | None = spec(None, pattern=r"^0x[0-9a-fA-F]{1,8}$")  # what /proc/cpuinfo said there
+    versions: Mapping[str, str] | None = spec(None, max_items=16, item=Rule(pattern=VERSION))
+    reference_check: bool | None = None  # the bundle's own reference check (edge.verify.refpairs) there
+    outputs: tuple[IsaOutput, ...] = spec((), max_items=64)
+    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
+    toolchain_lock_hash: str | None = spec(None, pattern=SHA256)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A bundle's manifest.json (schema 1)."""
 
@@ -547,6 +589,8 @@ class Manifest:
     build_host: JSON = JSON(None)
     #: the tune overlay the bundle was converted with (absent: none, or an older bundle)
     tuned: TunedEvidence | None = None
+    #: the reference pairs run on a device instruction set (``edgekit verify --isa``), one per ISA and core
+    verified_on: tuple[IsaEvidence, ...] = spec((), max_items=8)
 
 
 # -- runner options ------------------------------------------------------------------------

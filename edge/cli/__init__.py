@@ -25,6 +25,7 @@ from edge.cli import targets as _targets
 from edge.cli import firmware as _firmware
 from edge.cli import toolchain as _toolchain
 from edge.cli import tune as _tune
+from edge.cli import verify as _verify
 from edge.cli._common import command, err_console, one_line, safe
 
 app = typer.Typer(
@@ -54,6 +55,7 @@ app.command("doctor")(command(_doctor.doctor_cmd))
 app.command("convert")(command(_convert.convert_cmd))
 app.command("finish")(command(_finish.finish_cmd))
 app.command("bench")(command(_bench.bench_cmd))
+app.command("verify")(command(_verify.verify_cmd))
 app.command("tune")(command(_tune.tune_cmd))
 app.command("deploy")(command(_deploy.deploy_cmd))
 app.command("rollback")(command(_deploy.rollback_cmd))

@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, steps, safe
 from edge.cli.signing import SignKey, sign_if_configured
+from edge.bundle.bundle import Bundle
+from edge.cli.verify import NoIsaCheck, isa_check
 from edge.pipeline import convert
 from edge.graph.model import parse_input_shapes
 from edge.spec import PRESETS
@@ -142,7 +145,7 @@ def convert_cmd(
     eval_text: Optional[Path] = EvalText,
     parity_data: Optional[Path] = ParityData, task: str = Task,
     sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
-    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut, no_isa_check: bool = NoIsaCheck,
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
     kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
@@ -171,11 +174,15 @@ def convert_cmd(
                          parity_samples=parity_samples, force=force, allow_requantize=allow_requantize, on_step=say,
                          eval_text=eval_text, parity_data=parity_data, task=task,
                          **kwargs)
-        bundle = sign_if_configured(bundle, sign_key, say)
+        isa_line = isa_check(bundle, target, targets_dir, enabled=not no_isa_check,
+                             accept_failure=accept_parity_failure, say=say)
+        bundle = sign_if_configured(Bundle.open(bundle.path, trust=False), sign_key, say)
     if as_json:
-        print_json({"bundle": str(bundle.path), "manifest": bundle.manifest,
+        print_json({"bundle": str(bundle.path), "manifest": bundle.manifest, "isa_check": isa_line,
                     **({"tuned_applied": overlay.describe()} if overlay is not None else {})})
     else:
         render_bundle(bundle)
+        if isa_line:
+            console.print(escape(isa_line), highlight=False)
         if overlay is not None:
             console.print(f"tuned overlay {safe(tuned)} applied: {safe(overlay.describe())}", highlight=False)

@@ -12,6 +12,7 @@ from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Letterbox, ParityData, Precision,
                               Preprocess, Task, Tuned, convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
+from edge.cli.verify import NoIsaCheck
 from edge.deploy import deploy, rollback
 from edge.errors import EdgeError
 
@@ -36,7 +37,7 @@ def deploy_cmd(
     accept_parity_failure: bool = AcceptParity,
     accept_budget_failure: bool = typer.Option(False, "--accept-budget-failure", help="Ship even when p99 is over budget."),
     allow_cpu_fallback: bool = AllowCpuFallback,
-    sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
+    sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned, no_isa_check: bool = NoIsaCheck,
     tune: bool = typer.Option(False, "--tune", help="Tune first (`edgekit tune` with this deploy's --calib, "
                               "--input-shape, --freeze-input, --preprocess, --parity-data, --task, budget and --precision: every "
                               "trial gated as this deploy will be), then convert, check, benchmark "
@@ -83,7 +84,8 @@ def deploy_cmd(
         result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
                         budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
                         accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
-                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, tune=tune_opts, **kwargs)
+                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, tune=tune_opts,
+                        isa_check=not no_isa_check, **kwargs)
     if as_json:
         print_json(result.to_json())
         return

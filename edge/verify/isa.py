@@ -1,0 +1,260 @@
+"""A bundle checked on the device's instruction set: ``edgekit verify BUNDLE --isa aarch64 [--cpu CORE]``.
+
+The bundle's own reference inputs run under user-mode emulation (``edge.toolchains.aarch64``) through the
+runner its manifest names, with the real aarch64 runtime wheels: LiteRT/XNNPack and onnxruntime/MLAS pick
+their ARM kernels (NEON, dot-product, fp16 arithmetic) exactly as on a Raspberry Pi or a Graviton. The guest
+runs edgekit's own runner code from this installation (``edge.verify.isa_guest``: the package is put on the
+guest's PYTHONPATH; only the runtime wheels come from the emulated root) and hands back its raw outputs.
+
+The build host then judges them twice, per output:
+
+* against the build host's own runtime on the same inputs (x86 vs ARM): the largest difference must stay
+  within :func:`isa_limit` of the output's range. The limits come from the differences measured on the
+  conformance corpus (docs/aarch64.md): float bundles differ by ~1e-7 of the range, so 1e-5 of it is the
+  limit; an int8 bundle may round a requantisation differently on ARM (one quantisation step), so 2 % of it;
+* against the reference outputs the bundle carries, with the bundle's own gate
+  (:func:`edge.verify.refpairs.check_reference_pairs`, as a device checks on first load).
+
+The result is the manifest's ``verified_on`` evidence (``edge.bundle.schema.IsaEvidence``), labelled
+``emulated``: it proves numerics on the ISA, never speed (emulation is 300-1000x slower than a device).
+
+Signed bundles: the evidence is a manifest field like parity and the benchmark, so a signature covers it.
+Recording it changes the manifest, so the old signature (over the manifest without it) is removed
+(``Bundle.record``) and the bundle must be signed again (``--key``, or ``edgekit sign``): a separate
+unsigned record beside a signed manifest could be swapped or forged; one signature over both cannot.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from edge.backends.runner import RunnerInfo
+from edge.bundle.bundle import Bundle
+from edge.errors import BundleError, EdgeError, ParityError
+from edge.toolchains import aarch64
+from edge.verify.refpairs import check_reference_pairs, load_reference_pairs, runner_json
+
+ISAS = (aarch64.ISA,)
+#: |ARM - x86| over the output's range, per bundle precision class (see the module docstring and docs/aarch64.md)
+FLOAT_LIMIT = 1e-5
+INT8_LIMIT = 2e-2
+#: below this range an output is compared in absolute terms (a constant output, a mask of zeros)
+ABS_FLOOR = 1e-6
+_MAX_OUT_BYTES = 64 << 20
+
+
+def isa_limit(precision: str, value_range: float) -> float:
+    """The largest |ARM - x86| difference an output of ``value_range`` may show in a bundle of ``precision``."""
+    rel = INT8_LIMIT if precision.startswith("int8") else FLOAT_LIMIT
+    return max(rel * value_range, ABS_FLOOR)
+
+
+class ReplayRunner:
+    """The outputs the guest computed, handed back in order to ``check_reference_pairs`` as if it ran them."""
+
+    def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[dict[str, np.ndarray]],
+                 info: RunnerInfo) -> None:
+        self._inputs, self._outputs, self.info, self._next = list(inputs), list(outputs), info, 0
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        s = self._next
+        if s >= len(self._outputs) or any(not np.array_equal(feeds[k], v) for k, v in self._inputs[s].items()):
+            raise EdgeError("the reference check asked for an input the emulated run did not compute")
+        self._next += 1
+        return self._outputs[s]
+
+
+def guest_pythonpath(tmp: Path) -> Path:
+    """A directory for the guest's PYTHONPATH: ``edge`` (a link to this installation's package, so the guest
+    runs this edgekit's runner code) and a dist-info with its entry points (the runner registry reads them)."""
+    import edge
+
+    site = tmp / "site"
+    site.mkdir()
+    (site / "edge").symlink_to(Path(edge.__file__).resolve().parent, target_is_directory=True)
+    info = site / f"edgekit_ml-{edge.__version__}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: edgekit-ml\nVersion: {edge.__version__}\n",
+                                   encoding="utf-8")
+    try:
+        eps = md.distribution("edgekit-ml").read_text("entry_points.txt") or ""
+    except md.PackageNotFoundError:
+        eps = ""
+    if "[edgekit.runners]" not in eps:
+        raise EdgeError("edgekit's entry points are not installed, so the guest could not find its runners",
+                        hint="install edgekit (pip install -e .), not just put it on sys.path")
+    (info / "entry_points.txt").write_text(eps, encoding="utf-8")
+    return site
+
+
+def _guest_run(em: aarch64.Emulator, bundle: Bundle, tmp: Path, timeout_s: float) -> tuple[dict[str, Any], Path]:
+    out = tmp / "outputs.npz"
+    r = em.run("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out),
+               pythonpath=(guest_pythonpath(tmp),), timeout_s=timeout_s)
+    lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
+    try:
+        result = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        result = {}
+    if r.returncode != 0 or "error" in result or not out.is_file():
+        why = result.get("error") or (f"killed by signal {-r.returncode}" if r.returncode < 0 else
+                                      f"exit code {r.returncode}: "
+                                      + ((r.stderr.strip().splitlines() or ['no output'])[-1][:300]))
+        raise EdgeError(f"bundle {bundle.id} did not run on emulated {em.cpu}: {why}")
+    return result, out
+
+
+def _read_outputs(path: Path, bundle: Bundle, samples: int) -> list[dict[str, np.ndarray]]:
+    """The guest's outputs, checked against the bundle's I/O spec (sizes bounded, no pickles)."""
+    if path.stat().st_size > _MAX_OUT_BYTES:
+        raise BundleError(f"{path}: the emulated run wrote over {_MAX_OUT_BYTES >> 20} MiB")
+    specs = list(bundle.io.outputs)
+    outs: list[dict[str, np.ndarray]] = [{} for _ in range(samples)]
+    with np.load(path, allow_pickle=False) as npz:
+        if set(npz.files) != {f"o{s}_{k}" for s in range(samples) for k in range(len(specs))}:
+            raise EdgeError(f"the emulated run returned {sorted(npz.files)[:8]}, not {samples} samples of "
+                            f"{len(specs)} outputs")
+        for s in range(samples):
+            for k, t in enumerate(specs):
+                outs[s][t.name] = npz[f"o{s}_{k}"]
+    return outs
+
+
+def _figure(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], arm: Sequence[Mapping[str, np.ndarray]],
+                host: Sequence[Mapping[str, np.ndarray]], gate: Mapping[str, Any]) -> list[dict[str, Any]]:
+    by_name = {o.get("name"): o for o in gate.get("outputs") or []}
+    out = []
+    for t in bundle.io.outputs:
+        n = t.name
+        if any(np.shape(a[n]) != np.shape(h[n]) for a, h in zip(arm, host)):
+            diff = math.inf
+        else:
+            diff = max(float(np.max(np.abs(np.asarray(a[n], np.float64) - np.asarray(h[n], np.float64)), initial=0.0))
+                       for a, h in zip(arm, host))
+        ref = [np.asarray(r[n], np.float64) for r in reference]
+        rng = float(max(np.max(r, initial=0.0) for r in ref) - min(np.min(r, initial=0.0) for r in ref))
+        limit = isa_limit(bundle.precision, rng)
+        g = by_name.get(n, {})
+        out.append({"name": n, "max_abs_vs_host": diff if math.isfinite(diff) else 3.4e38, "range": rng,
+                    "limit": limit, "passed": diff <= limit, "cosine": _figure(g.get("cosine")),
+                    "max_abs": _figure(g.get("max_abs")), "snr_db": _figure(g.get("snr_db"))})
+    return out
+
+
+def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, cpu: str = aarch64.DEFAULT_CPU,
+               record: bool = True, timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Run ``bundle_path``'s reference pairs on emulated ``isa``/``cpu``, judge them (module docstring) and, with
+    ``record``, put the evidence in the manifest's ``verified_on`` (replacing one for the same ISA and core; a
+    signature is removed: sign again). Returns the evidence (``IsaEvidence`` as JSON). A bundle that cannot run
+    there is an :class:`EdgeError`; one that runs and differs is evidence with ``passed`` False."""
+    if isa not in ISAS:
+        raise EdgeError(f"unknown instruction set {isa!r}; edgekit checks: {', '.join(ISAS)}")
+    bundle = Bundle.open(bundle_path)
+    if bundle.kind != "vision":
+        raise EdgeError(f"bundle {bundle.id} is a language model: its aarch64 runtime (llama.cpp) has no wheel "
+                        "to emulate", hint="see docs/aarch64.md: what llama.cpp on aarch64 would need")
+    entry = bundle.info.reference_pairs
+    if entry is None or entry.file is None:
+        raise EdgeError(f"bundle {bundle.id} carries no reference pairs to run on {isa}",
+                        hint="rebuild it with `edgekit convert` (it writes them by default)")
+    em = aarch64.require().with_cpu(cpu)
+    pairs = load_reference_pairs(bundle.path, entry, bundle.io)
+    with tempfile.TemporaryDirectory(prefix="edgekit-isa-") as tmp:
+        guest, out = _guest_run(em, bundle, Path(tmp), timeout_s)
+        arm = _read_outputs(out, bundle, len(pairs.inputs))
+    info = RunnerInfo(**{k: guest["runner"][k] for k in ("runtime", "device_requested", "device_used",
+                                                          "precision_used", "threads", "fallback")})
+    gate = check_reference_pairs(bundle, ReplayRunner(pairs.inputs, arm, info))
+    with bundle.open_runner() as runner:
+        host = [runner.infer(feeds) for feeds in pairs.inputs]
+        host_info = runner_json(runner)
+    outputs = _per_output(bundle, pairs.outputs, arm, host, gate)
+    failures = [f"{o['name']}: |{isa} - x86| {o['max_abs_vs_host']:.3g} > {o['limit']:.3g}" for o in outputs
+                if not o["passed"]] + [f"reference check: {f}" for f in gate.get("failures") or []]
+    state = aarch64.read_state() or {}
+    evidence = {
+        "isa": isa, "cpu": cpu, "emulated": True, "label": f"checked on {isa} (emulated {cpu})",
+        "runtime": info.runtime, "device_used": info.device_used, "host_runtime": host_info["runtime"],
+        "samples": len(pairs.inputs), "passed": not failures and gate.get("passed") is not False,
+        "checked_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "emulator": f"qemu-aarch64 {state.get('qemu', {}).get('version', '?')}", "cpu_part": guest.get("cpu_part"),
+        "versions": guest.get("versions") or {}, "reference_check": gate.get("passed"), "outputs": outputs,
+        "failures": failures[:64], "toolchain_lock_hash": state.get("lock_hash"),
+    }
+    if guest.get("machine") != "aarch64":
+        raise EdgeError(f"the emulated run reports machine {guest.get('machine')!r}, not aarch64")
+    if record:
+        kept = [e for e in bundle.manifest.get("verified_on") or [] if (e.get("isa"), e.get("cpu")) != (isa, cpu)]
+        bundle.record("verified_on", [*kept, evidence][-8:])
+    return evidence
+
+
+def describe(evidence: Mapping[str, Any]) -> str:
+    """One line: "checked on aarch64 (emulated cortex-a76): pass, max |ARM - x86| 3.1e-07 of range (logits)"."""
+    outs = evidence.get("outputs") or []
+    worst = max(outs, key=lambda o: o["max_abs_vs_host"] / max(o["range"], ABS_FLOOR), default=None)
+    fig = "" if worst is None else (f", max |{evidence['isa']} - x86| {worst['max_abs_vs_host']:.2g} "
+                                    f"(limit {worst['limit']:.2g}, {worst['name']})")
+    verdict = "pass" if evidence.get("passed") else "FAIL: " + "; ".join(evidence.get("failures") or [])[:300]
+    return f"{evidence['label']}: {verdict}{fig}"
+
+
+#: runners whose aarch64 runtime the toolchain carries (wheels), so a bundle for them can run emulated
+EMULATED_RUNNERS = ("litert", "onnxruntime")
+
+
+def isa_for(bundle: Bundle, profile: Any) -> tuple[str | None, str]:
+    """The ISA to check ``bundle`` (built for ``profile``) on, or None with the reason it is not checked (empty
+    when the target's devices are not aarch64)."""
+    archs = tuple(getattr(getattr(profile, "device_class", None), "arch", ()) or ())
+    if aarch64.ISA not in archs:
+        return None, ""  # the build host's own ISA family, or one edgekit does not emulate: nothing to say
+    if bundle.kind != "vision":
+        return None, "a language model: llama.cpp has no aarch64 wheel to emulate (docs/aarch64.md)"
+    runner = bundle.info.runner
+    if runner.name not in EMULATED_RUNNERS:
+        return None, f"the {runner.name} runtime has no aarch64 wheel in the emulator"
+    delegate = str(runner.options_dict.get("delegate", "")).lower()
+    if delegate == "edgetpu":
+        return None, "the Edge TPU delegate runs on the accelerator, which emulation does not have"
+    if bundle.info.reference_pairs is None or bundle.info.reference_pairs.file is None:
+        return None, "the bundle carries no reference pairs"
+    return aarch64.ISA, ""
+
+
+def check_after_convert(bundle: Bundle, profile: Any, *, enabled: bool = True, accept_failure: bool = False,
+                        cpu: str = aarch64.DEFAULT_CPU) -> tuple[str, dict[str, Any] | None]:
+    """What ``convert``/``deploy`` do for a bundle whose devices are aarch64: the reference pairs on emulated
+    ``cpu`` when the toolchain is installed, recorded in the manifest. Returns the report's line ("checked on
+    aarch64 (emulated cortex-a76): pass ..." or why not; empty for a target whose devices are not aarch64) and the
+    evidence. A failed check raises
+    :class:`~edge.errors.ParityError` unless ``accept_failure``."""
+    isa, why = isa_for(bundle, profile)
+    if isa is None:
+        return (f"not checked on aarch64: {why}" if why else ""), None
+    if not enabled:
+        return f"not checked on {isa}: skipped (--no-isa-check)", None
+    st = aarch64.status()
+    if not st.usable:
+        return f"not checked on {isa}: {st.problem}", None
+    evidence = verify_isa(bundle.path, isa=isa, cpu=cpu)
+    line = describe(evidence)
+    if not evidence["passed"] and not accept_failure:
+        raise ParityError(f"bundle {bundle.id}: {line}",
+                          hint="it computes differently on the device ISA; --accept-parity-failure ships it anyway, "
+                               "--no-isa-check skips the check")
+    return line, evidence

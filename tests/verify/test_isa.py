@@ -1,0 +1,86 @@
+"""A bundle checked on the device's instruction set: the tiny CNN through arm-xnnpack, run on emulated aarch64.
+
+The CI subset of issue #22 (tiny model, few samples: emulation is 300-1000x slower than a device). The
+corpus-wide figures come from benchmarks/corpus_aarch64.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edge import toolchains
+from edge.bundle.bundle import SIGNATURE, Bundle
+from edge.bundle.signing import generate_key
+from edge.bundle.trust import TrustStore
+from edge.verify import isa
+from tests.conftest import assert_user_error, run_cli
+from tests.emulation import emulator_or_skip
+
+
+@pytest.fixture(scope="module")
+def arm_bundle(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> tuple[Path, dict]:
+    """`edgekit convert tiny.onnx -t arm-xnnpack`: with the toolchain installed it checks on aarch64 by default."""
+    emulator_or_skip()
+    if not toolchains.status("tflite").usable:
+        pytest.skip(toolchains.status("tflite").problem or "toolchain 'tflite' is not usable")
+    out = tmp_path_factory.mktemp("isa") / "tiny-arm"
+    p = run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-o", str(out), "--json",
+                env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""})
+    assert p.returncode == 0, p.stderr
+    return out, json.loads(p.stdout)
+
+
+def test_convert_checks_on_emulated_aarch64(arm_bundle: tuple[Path, dict]) -> None:
+    out, doc = arm_bundle
+    assert doc["isa_check"].startswith("checked on aarch64 (emulated cortex-a76): pass"), doc["isa_check"]
+    (ev,) = Bundle.open(out).info.verified_on  # the evidence is part of the (verified) manifest
+    assert (ev.isa, ev.cpu, ev.emulated, ev.passed, ev.reference_check) == ("aarch64", "cortex-a76", True, True, True)
+    assert ev.cpu_part == "0xd0b" and ev.runtime == "ai-edge-litert 2.3.0" and ev.emulator.startswith("qemu-aarch64 ")
+    assert ev.device_used == "CPU (XNNPack)" and ev.versions["onnxruntime"] == "1.32.0"
+    (o,) = ev.outputs
+    # XNNPack's ARM kernels are not x86's: the figures differ a little, and stay far inside the limit
+    assert o.name == "logits" and 0 <= o.max_abs_vs_host <= o.limit == isa.isa_limit("fp32", o.range)
+    assert o.cosine is not None and o.cosine > 0.9999 and ev.samples >= 4
+
+
+def test_verify_a_signed_bundle_signs_the_evidence_again(arm_bundle: tuple[Path, dict], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    src, _ = arm_bundle
+    b = tmp_path / "b"
+    shutil.copytree(src, b)
+    env = {"EDGEKIT_KEYS_DIR": str(tmp_path / "keys"), "EDGEKIT_TRUST_DIR": "", "EDGEKIT_SIGN_KEY": ""}
+    monkeypatch.setenv("EDGEKIT_KEYS_DIR", env["EDGEKIT_KEYS_DIR"])
+    generate_key("ci")
+    assert run_cli("sign", str(b), "--key", "ci", env=env).returncode == 0
+    p = run_cli("verify", str(b), "--isa", "aarch64", "--cpu", "neoverse-n1", "--key", "ci", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["label"] == "checked on aarch64 (emulated neoverse-n1)" and doc["cpu_part"] == "0xd0c"
+    assert doc["resigned"]["key_id"]
+    trust = TrustStore(tmp_path / "trust")
+    trust.add_key((tmp_path / "keys" / "ci.pub").read_bytes(), "ci")
+    signed = Bundle.open(b, trust=trust)  # the signature covers the new evidence
+    assert [(e.cpu, e.passed) for e in signed.info.verified_on] == [("cortex-a76", True), ("neoverse-n1", True)]
+    # without a key: the stale signature goes, and the user is told to sign again
+    p = run_cli("verify", str(b), "--cpu", "cortex-a72", env=env)
+    assert p.returncode == 0 and "sign it again" in p.stderr and not (b / SIGNATURE).exists()
+    assert "checked on aarch64 (emulated cortex-a72): pass" in " ".join(p.stdout.split())
+
+
+def test_a_difference_over_the_limit_fails(arm_bundle: tuple[Path, dict], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    src, _ = arm_bundle
+    b = tmp_path / "b"
+    shutil.copytree(src, b)
+    before = (b / "manifest.json").read_text()
+    monkeypatch.setattr(isa, "FLOAT_LIMIT", 0.0)  # any ARM-vs-x86 difference at all is now over the limit
+    monkeypatch.setattr(isa, "ABS_FLOOR", 0.0)
+    ev = isa.verify_isa(b, record=False)
+    assert ev["passed"] is False and ev["reference_check"] is True
+    assert ev["failures"] and ev["failures"][0].startswith("logits: |aarch64 - x86| ")
+    assert (b / "manifest.json").read_text() == before  # record=False leaves the manifest alone
+    assert_user_error(run_cli("verify", str(b), "--cpu", "max"), "unknown emulated core 'max'")
