@@ -158,7 +158,7 @@ class PacketReader:
 
     __slots__ = ("mqtt5", "max_packet", "on_publish", "on_control", "_rest", "stopped", "_topics", "_skip")
 
-    def __init__(self, mqtt5: bool, on_publish: Callable[[str, bytes, int, int], None],
+    def __init__(self, mqtt5: bool, on_publish: Callable[[str, bytes | TooLarge, int, int], None],
                  on_control: Callable[[int, bytes], None], max_packet: int = MAX_PACKET_BYTES) -> None:
         self.mqtt5, self.max_packet = mqtt5, max_packet
         self.on_publish, self.on_control = on_publish, on_control
@@ -506,7 +506,7 @@ class LiteClient:
 
     # control packets ---------------------------------------------------------------------
     @staticmethod
-    def _early_publish(topic: str, payload: bytes, mid: int, qos: int) -> None:
+    def _early_publish(topic: str, payload: bytes | TooLarge, mid: int, qos: int) -> None:
         raise Malformed("PUBLISH before CONNACK")
 
     def _control(self, kind: int, body: bytes) -> None:
@@ -600,7 +600,7 @@ class LiteConnection(Reconnecting):
 
     def __init__(self, loop: NetworkLoop, broker: BrokerConfig, client_id: str, *,
                  subscriptions: list[tuple[str, int]],
-                 on_publish: Callable[["LiteConnection", LiteClient, str, bytes, int, int], None],
+                 on_publish: Callable[["LiteConnection", LiteClient, str, bytes | TooLarge, int, int], None],
                  clean_start: bool = False, session_expiry_s: int = 0, receive_maximum: int | None = None,
                  backoff: Backoff = Backoff(), max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
         self.loop, self.broker, self.client_id = loop, broker, client_id
@@ -648,13 +648,14 @@ class LiteConnection(Reconnecting):
         else:
             self._failed(why)
 
-    def _publish_in(self, topic: str, payload: bytes, mid: int, qos: int) -> None:
-        self._on_publish(self, self.client, topic, payload, mid, qos)  # type: ignore[arg-type]
+    def _publish_in(self, topic: str, payload: bytes | TooLarge, mid: int, qos: int) -> None:
+        self._on_publish(self, self.client, topic, payload, mid, qos)
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> int | None:
         if not self.connected or self.client is None:
             return None
-        return self.client.publish(topic, payload, qos=qos, retain=retain)
+        mid: int | None = self.client.publish(topic, payload, qos=qos, retain=retain)
+        return mid
 
     def ack(self, client: Any, mid: int, qos: int) -> None:
         """Queue the PUBACK of a message this connection delivered (nothing for QoS 0 or an older connection)."""

@@ -251,8 +251,8 @@ class Backoff:
     max_s: float = 60.0
     jitter: float = 0.5
 
-    def delay(self, attempt: int, rng: random.Random = random._inst) -> float:  # type: ignore[attr-defined]
-        d = min(self.max_s, self.base_s * (2 ** min(attempt, 30)))
+    def delay(self, attempt: int, rng: random.Random = random._inst) -> float:
+        d = min(self.max_s, self.base_s * (2.0 ** min(attempt, 30)))
         return d * rng.uniform(1.0 - self.jitter, 1.0)
 
 
@@ -391,7 +391,7 @@ class Connection(Reconnecting):
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]  # paho leaves it unannotated
             if self.session_expiry_s:
                 props.SessionExpiryInterval = self.session_expiry_s
             if self.receive_maximum:

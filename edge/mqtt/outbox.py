@@ -69,6 +69,8 @@ class SqliteOutbox:
                 conn_key TEXT, created REAL NOT NULL);
             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
         """)
+        self._count: int
+        self._bytes: int
         self._count, self._bytes = self._db.execute(
             "SELECT count(*), coalesce(sum(length(payload)), 0) FROM outbox").fetchone()
         self._dropped = self._meta("dropped")

@@ -65,4 +65,5 @@ def mark_historical(payload: bytes) -> bytes:
 
 
 def load_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return schema

@@ -137,14 +137,18 @@ def log_mel(frames: int, bands: int, rate: int, rng: np.random.Generator) -> np.
     audio = speech_like(win + hop * (frames - 1), rate, rng).astype(np.float64)
     idx = np.arange(win)[None, :] + hop * np.arange(frames)[:, None]
     power = np.abs(np.fft.rfft(audio[idx] * np.hanning(win), n=n_fft)) ** 2
-    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)  # noqa: E731
+
+    def mel(f: float) -> float:
+        return float(2595.0 * np.log10(1.0 + f / 700.0))
+
     edges = 700.0 * (10 ** (np.linspace(mel(20.0), mel(rate / 2), bands + 2) / 2595.0) - 1)
     bins = np.fft.rfftfreq(n_fft, 1.0 / rate)
     lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
     fb = np.clip(np.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid)), 0, None)
     fb[np.arange(bands), np.abs(bins[None, :] - mid).argmin(axis=1)] += 1.0  # a low band narrower than a bin
     spec = np.log(power @ fb.T + 1e-6)
-    return ((spec - spec.mean()) / (spec.std() + 1e-9)).astype(np.float32)
+    result: np.ndarray = ((spec - spec.mean()) / (spec.std() + 1e-9)).astype(np.float32)
+    return result
 
 
 def _value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
@@ -161,7 +165,8 @@ def _value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
     if kind.startswith("ones"):
         return np.ones(shape, dtype=dtype)
     if kind.startswith("positions"):
-        return np.broadcast_to(np.arange(shape[-1] if shape else 1), shape).astype(dtype).copy()
+        result: np.ndarray = np.broadcast_to(np.arange(shape[-1] if shape else 1), shape).astype(dtype).copy()
+        return result
     if kind.startswith("token ids"):
         return rng.integers(1, MAX_TOKEN_ID, size=shape).astype(dtype)
     return np.zeros(shape, dtype=dtype)
@@ -204,7 +209,8 @@ def _pink(rng: np.random.Generator, h: int, w: int, alpha: float = 1.0) -> np.nd
     spec = (rng.standard_normal(f.shape) + 1j * rng.standard_normal(f.shape)) / f ** alpha
     spec[0, 0] = 0.0
     x = np.fft.irfft2(spec, s=(h, w))
-    return (x - x.mean()) / (x.std() + 1e-12)
+    result: np.ndarray = (x - x.mean()) / (x.std() + 1e-12)
+    return result
 
 
 def natural_frames(count: int, height: int, width: int, seed: int = 0) -> Iterator[np.ndarray]:
@@ -270,7 +276,8 @@ def _text(img: np.ndarray, rng: np.random.Generator, line: bool) -> None:
     font = ImageFont.load_default(size=size)
     y = int(rng.integers(0, max(1, ph // 6))) if not line else (ph - size) // 2 - size // 8
     while y + size <= ph or (line and y < ph // 2):
-        words, x = [], int(rng.integers(1, max(2, size)))
+        words: list[str] = []
+        x = int(rng.integers(1, max(2, size)))
         while True:
             word = "".join(rng.choice(alphabet, size=int(rng.integers(2, 9))))
             if draw.textlength(" ".join([*words, word]), font=font) > pw - x - 2:
@@ -308,7 +315,8 @@ def speech_like(n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
         a = int(rng.integers(0, n // 2))
         out[a:a + n // 3] *= 0.02
     out += 0.002 * noise
-    return (out / (np.abs(out).max() + 1e-9) * rng.uniform(0.1, 0.5)).astype(np.float32)
+    result: np.ndarray = (out / (np.abs(out).max() + 1e-9) * rng.uniform(0.1, 0.5)).astype(np.float32)
+    return result
 
 
 def _resonate(x: np.ndarray, fc: float, bw: float, rate: int) -> np.ndarray:
@@ -466,7 +474,8 @@ def read_wav(path: Path, rate: int) -> np.ndarray:
     if sr != rate and len(x) > 1:
         n_out = int(round(len(x) * rate / sr))
         x = np.interp(np.linspace(0, len(x) - 1, n_out), np.arange(len(x)), x)
-    return x.astype(np.float32)
+    result: np.ndarray = x.astype(np.float32)
+    return result
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,7 @@ def pair_limits(o: Any, th: Thresholds, built: Any | None, pairs: int, parity_sa
       parity passes its own check on the build host by construction; a device computing something else
       (a saturated fp16 map: cosine 0.03) is far under both.
     """
-    changed: dict[str, float | None] = {}
+    changed: dict[str, Any] = {}  # Thresholds field -> its value here (None: not gated)
     notes: list[str] = []
     if pairs < MIN_TOP1_SAMPLES:
         off = {k: (0.0 if k == "min_top1" else None) for k, fig in _AGREEMENT
@@ -372,7 +372,7 @@ def _reference_sha256(bundle: Any, rel: str | None) -> str | None:
 
 def runner_json(runner: Any) -> dict[str, Any]:
     """``runner.info`` as JSON, without the reference check it carries (which names the runner itself)."""
-    info = runner.info.to_json()
+    info: dict[str, Any] = runner.info.to_json()
     info["details"] = {k: v for k, v in (info.get("details") or {}).items() if k != "reference_check"}
     return info
 

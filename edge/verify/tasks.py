@@ -87,7 +87,8 @@ def _grid_side(n: int) -> int | None:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
+    y: np.ndarray = 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
+    return y
 
 
 def decode_yolo(pred: np.ndarray, layout: YoloLayout, score: float = DET_SCORE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -235,6 +236,8 @@ class TaskJudge:
 
     def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
         a = self.acc
+        r: np.ndarray  # the reference's and the candidate's outputs, as the task reads them
+        c: np.ndarray
         a.samples += 1
         if self.task == "classifier":
             r = np.asarray(ref, np.float64).reshape(self.shape[0], -1)
