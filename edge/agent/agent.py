@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import edge
-from edge.agent.download import DownloadOptions
+from edge.agent.download import DownloadOptions, clean_work_dirs
 from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.agent.sources import open_source, parse_source
 from edge.agent.thermal import ThermalProbe
@@ -555,6 +555,10 @@ class Agent:
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> Agent:
         cfg = self.config
+        removed = clean_work_dirs(cfg.store / "agent")  # what an earlier run left: unused, never resumed past
+        if any(removed.values()):
+            log.info("removed what an earlier run left in %s: %s", cfg.store / "agent",
+                     ", ".join(f"{n} in {k}" for k, n in removed.items() if n))
         self._load()
         record = self._read_desired_record()
         self._desired_seen = int(record.get("version") or 0)

@@ -51,12 +51,17 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from edge.mqtt.desired import DesiredState, Reason, ReportedState
-from edge.agent.download import DownloadError, fetch
+from edge.agent.download import DownloadError, discard_download, fetch
 from edge.agent.host import AgentHost
 from edge.errors import EdgeError, SignatureError
+from edge.mqtt.desired import DesiredState, Reason, ReportedState
 
 log = logging.getLogger("edge.agent")
+
+
+#: the reason code of an error no step foresaw, by the step it happened in
+UNFORESEEN = {"downloading": "download_failed", "verifying": "bad_archive", "smoke-testing": "inference_error",
+              "switching": "install_failed", "watching": "watch_inference_error"}
 
 
 class StepFailed(Exception):
@@ -145,6 +150,11 @@ class Applier:
             if self.stop.is_set():
                 return self._interrupted()
             return self._finish("failed", Reason(e.code, e.detail, self.step))
+        except Exception as e:  # noqa: BLE001 - a failure no step foresaw still ends in a terminal state
+            log.warning("apply of desired version %d failed while %s: %s: %s", d.version, self.step,
+                        type(e).__name__, e)
+            code = UNFORESEEN.get(self.step, "install_failed")
+            return self._finish("failed", Reason(code, f"{type(e).__name__}: {str(e)[:500]}", self.step))
         finally:
             self._clean()
 
@@ -165,6 +175,7 @@ class Applier:
 
     def _finish(self, state: str, reason: Reason | None) -> str:
         self._clean()
+        discard_download(self.agent.config.store / "agent" / "downloads", self.d.sha256)
         if state in ("running", "rolled-back"):  # the watch ended: nothing is left unconfirmed
             set_unconfirmed(self.agent.config.store, None)
         self._report(state, reason)
@@ -265,7 +276,7 @@ class Applier:
             raise StepFailed("install_failed", f"the device store {self.agent.config.store} is not usable: "
                              f"{self.agent.state_detail}")
         try:
-            staged = unpack_bundle(archive, self.agent.config.store / "agent" / "staging")
+            staged = unpack_bundle(archive, self.agent.config.store / "agent" / "staging", sha256=self.d.sha256)
         except ArchiveError as e:
             raise StepFailed("bad_archive", str(e)) from None
         try:

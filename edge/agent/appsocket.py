@@ -61,7 +61,7 @@ REFUSALS = ("oversized", "malformed", "version", "unknown_field", "bad_value")
 ENV_SOCKET = "EDGEKIT_APP_SOCKET"
 ENV_STORE = "EDGEKIT_STORE"
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included
-_BUNDLE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_BUNDLE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 class Refused(Exception):
@@ -102,7 +102,7 @@ class AppReport:
             if type(v) not in (int, float) or not 0 <= v < MAX_LATENCY_MS:  # NaN fails both comparisons
                 raise Refused("bad_value", f"latency_ms {str(v)[:20]!r} is not a number in [0, {MAX_LATENCY_MS:g})")
         bundle = obj.get("bundle")
-        if bundle is not None and (not isinstance(bundle, str) or not _BUNDLE_ID.match(bundle)):
+        if bundle is not None and (not isinstance(bundle, str) or not _BUNDLE_ID.fullmatch(bundle)):
             raise Refused("bad_value", f"bundle {str(bundle)[:40]!r} is not a bundle id")
         return cls(tuple(float(v) for v in lat), _count(obj, "errors"), _count(obj, "dropped"), bundle)
 
@@ -308,7 +308,7 @@ class AppReporter:
         if store is None and Path(self.path).parent.name == "agent":
             store = Path(self.path).parent.parent
         self.store = Path(store) if store is not None else None
-        if bundle is not None and not _BUNDLE_ID.match(bundle):
+        if bundle is not None and not _BUNDLE_ID.fullmatch(bundle):
             raise ValueError(f"bundle {bundle!r} is not a bundle id")
         self.bundle = bundle
         self.batch, self.max_delay_s = batch, max_delay_s
@@ -365,7 +365,7 @@ class AppReporter:
         except OSError:
             return None
         parts = PurePosixPath(target).parts
-        if len(parts) != 2 or parts[0] != "bundles" or not _BUNDLE_ID.match(parts[1]):
+        if len(parts) != 2 or parts[0] != "bundles" or not _BUNDLE_ID.fullmatch(parts[1]):
             return None
         return parts[1]
 

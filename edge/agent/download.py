@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import threading
 import time
@@ -27,10 +28,14 @@ POLL_S = 1.0
 DISK_MARGIN = 16 << 20  # free space kept beyond the artifact: the unpacked copy needs room too (x2 below)
 
 
+MAX_DOWNLOAD = 8 << 30  # the cap when a desired state declares no size (a tune trial always declares one)
+
+
 class DownloadError(EdgeError):
-    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+    def __init__(self, code: str, message: str, hint: str | None = None, *, discard: bool = False) -> None:
         super().__init__(message, hint=hint)
         self.code = code  # a edge.mqtt.desired.REASONS code
+        self.discard = discard  # what was written is refused: the partial file is deleted, never resumed
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class DownloadOptions:
     read_timeout_s: float = 30.0  # a server silent this long fails an attempt; the next resumes
     attempts: int = 5
     retry_delay_s: float = 0.5
+    max_bytes: int = MAX_DOWNLOAD  # the most written when the desired state declares no size
 
 
 Progress = Callable[[int, int | None], None]  # bytes held, total when known
@@ -70,8 +76,21 @@ def fetch(url: str, dest_dir: Path, sha256: str, *, size: int | None = None,
     if done.is_file() and _sha256(done) == sha256:
         return done  # downloaded once per device
     part = dest_dir / f"{sha256}.part"
+    limit = size if size is not None else options.max_bytes
+    if _size(part) > limit:  # left by an older agent: never resumed past what may be written
+        part.unlink(missing_ok=True)
     if size is not None:
-        check_free(dest_dir, max(0, size - (part.stat().st_size if part.exists() else 0)))
+        check_free(dest_dir, max(0, size - _size(part)))
+    try:
+        return _fetch(url, part, done, sha256, size, limit, options, stop, progress)
+    except DownloadError as e:
+        if e.discard:
+            part.unlink(missing_ok=True)
+        raise
+
+
+def _fetch(url: str, part: Path, done: Path, sha256: str, size: int | None, limit: int, options: DownloadOptions,
+           stop: threading.Event | None, progress: Progress | None) -> Path:
     deadline = time.monotonic() + options.timeout_s
     import http.client  # here, not at the top: urllib/http cost the agent ~1 MB it needs only to download
     import urllib.error
@@ -85,7 +104,7 @@ def fetch(url: str, dest_dir: Path, sha256: str, *, size: int | None = None,
         if time.monotonic() >= deadline:
             raise DownloadError("timeout", f"download of {_show(url)} took over {options.timeout_s:g} s ({last})")
         try:
-            total = _attempt(url, part, size, options, deadline, stop, progress)
+            total = _attempt(url, part, size, limit, options, deadline, stop, progress)
         except DownloadError:
             raise
         except (OSError, urllib.error.URLError, TimeoutError, http.client.HTTPException) as e:
@@ -104,7 +123,7 @@ def fetch(url: str, dest_dir: Path, sha256: str, *, size: int | None = None,
             continue
         if size is not None and total != size:
             raise DownloadError("sha256_mismatch", f"artifact {_show(url)} is {total} bytes, the desired state says "
-                                f"{size}")
+                                f"{size}", discard=True)
         got = _sha256(part)
         if got != sha256:
             part.unlink(missing_ok=True)  # a corrupt artifact is never resumed or installed
@@ -131,20 +150,28 @@ def _show(url: str) -> str:
     return f"{u.scheme}://{u.netloc}{u.path}"[:200]  # never the query: a presigned URL's signature stays out of logs
 
 
-def _attempt(url: str, part: Path, size: int | None, options: DownloadOptions, deadline: float,
+def _too_big(url: str, total: int, limit: int, size: int | None) -> DownloadError:
+    said = f"the desired state says {size}" if size is not None else f"at most {limit} are downloaded"
+    return DownloadError("download_failed", f"artifact {_show(url)} is over {total - 1} bytes, {said}; refused "
+                         "and deleted", discard=True)
+
+
+def _attempt(url: str, part: Path, size: int | None, limit: int, options: DownloadOptions, deadline: float,
              stop: threading.Event | None, progress: Progress | None) -> int:
-    have = part.stat().st_size if part.exists() else 0
+    have = _size(part)
     u = urlparse(url)
     if u.scheme == "file":
         src = Path(unquote(u.path))
         if not src.is_file():
             raise DownloadError("download_failed", f"artifact {_show(url)} does not exist")
         total = src.stat().st_size
+        if total > limit:
+            raise _too_big(url, total + 1, limit, size)
         if size is None:
             check_free(part.parent, max(0, total - have))
         with open(src, "rb") as i, open(part, "ab" if have <= total else "wb") as o:
             i.seek(have if have <= total else 0)
-            _copy(i, o, have if have <= total else 0, total, deadline, stop, progress)
+            _copy(i, o, have if have <= total else 0, total, deadline, stop, progress, limit=(url, limit, size))
         return part.stat().st_size
     import urllib.error
     import urllib.request
@@ -171,10 +198,12 @@ def _attempt(url: str, part: Path, size: int | None, options: DownloadOptions, d
             have, mode = 0, "wb"
             length = resp.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+        if total is not None and total > limit:  # said before a byte of the body is written
+            raise _too_big(url, total + 1, limit, size)
         if total is not None and size is None:
             check_free(part.parent, max(0, total - have))
         with open(part, mode) as o:
-            _copy(resp, o, have, total, deadline, stop, progress)  # type: ignore[arg-type]
+            _copy(resp, o, have, total, deadline, stop, progress, limit=(url, limit, size))  # type: ignore[arg-type]
     got = part.stat().st_size
     if total is not None and got < total:
         raise OSError(f"connection ended at {got} of {total} bytes")
@@ -182,7 +211,10 @@ def _attempt(url: str, part: Path, size: int | None, options: DownloadOptions, d
 
 
 def _copy(src: BinaryIO, out: BinaryIO, have: int, total: int | None, deadline: float,
-          stop: threading.Event | None, progress: Progress | None) -> None:
+          stop: threading.Event | None, progress: Progress | None, *, limit: tuple[str, int, int | None]) -> None:
+    """Copy until the end of ``src``; a body longer than ``limit`` (the declared size, else the cap) is refused
+    at the first byte past it (an endless body writes no more than the limit)."""
+    url, most, size = limit
     while True:
         if stop is not None and stop.is_set():
             raise DownloadError("download_failed", "download stopped")
@@ -191,9 +223,64 @@ def _copy(src: BinaryIO, out: BinaryIO, have: int, total: int | None, deadline: 
         chunk = src.read(CHUNK)
         if not chunk:
             break
+        if have + len(chunk) > most:
+            raise _too_big(url, have + len(chunk), most, size)
         out.write(chunk)
         have += len(chunk)
         if progress is not None:
             progress(have, total)
     out.flush()
     os.fsync(out.fileno())
+
+
+PART_KEEP_S = 24 * 3600  # a partial download younger than this is kept at start, to be resumed
+_ARTIFACT = re.compile(r"[0-9a-f]{64}(\.part)?")
+
+
+def clean_work_dirs(agent_dir: Path, *, now: float | None = None) -> dict[str, int]:
+    """At agent start: what an earlier run left behind and nothing will use. ``staging/`` (``unpack-*`` of an
+    abandoned verify) and ``tune/`` (trial bundles) are emptied; in ``downloads/`` every complete archive goes
+    (its bundle was installed or refused; the store keeps installed bundles), and so does every partial one
+    but the newest, when it is younger than a day (a restart mid-download resumes it). Returns what was removed."""
+    removed = {"staging": 0, "tune": 0, "downloads": 0}
+    for sub in ("staging", "tune"):
+        for p in _entries(agent_dir / sub):
+            _remove(p)
+            removed[sub] += 1
+    parts = []
+    for p in _entries(agent_dir / "downloads"):
+        if p.is_file() and not p.is_symlink() and _ARTIFACT.fullmatch(p.name) and p.name.endswith(".part"):
+            parts.append((p.stat().st_mtime, p))
+            continue
+        _remove(p)
+        removed["downloads"] += 1
+    parts.sort(reverse=True)
+    now = time.time() if now is None else now
+    for i, (mtime, p) in enumerate(parts):
+        if i > 0 or now - mtime > PART_KEEP_S:
+            _remove(p)
+            removed["downloads"] += 1
+    return removed
+
+
+def discard_download(dest_dir: Path, sha256: str) -> None:
+    """The archive and partial file of ``sha256``, once its apply ended: the store holds what it needs."""
+    for p in (dest_dir / sha256, dest_dir / f"{sha256}.part"):
+        p.unlink(missing_ok=True)
+
+
+def _entries(d: Path) -> list[Path]:
+    try:
+        return list(d.iterdir()) if d.is_dir() and not d.is_symlink() else []
+    except OSError:
+        return []
+
+
+def _remove(p: Path) -> None:
+    try:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    except OSError:
+        pass

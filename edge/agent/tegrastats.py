@@ -17,7 +17,7 @@ from typing import Any
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
 _SWAP = re.compile(r"\bSWAP (\d+)/(\d+)MB")
 _CPU = re.compile(r"\bCPU \[([^\]]*)\](?:@(\d+))?", re.IGNORECASE)
-_CPU_CORE = re.compile(r"^(\d+)%(?:@(\d+))?$")
+_CPU_CORE = re.compile(r"(\d+)%(?:@(\d+))?")
 _GPU = re.compile(r"\bGR3D(?:_FREQ)? (\d+)%(?:@\[?(\d+)[^\s]*)?")
 _EMC = re.compile(r"\bEMC(?:_FREQ)? (\d+)%(?:@(\d+))?")
 _TEMP = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*)@(-?\d+(?:\.\d+)?)C\b")
@@ -45,7 +45,7 @@ def parse_tegrastats(line: str) -> dict[str, Any]:
         cores: list[dict[str, int] | None] = []
         for item in m[1].split(","):
             item = item.strip()
-            core = _CPU_CORE.match(item)
+            core = _CPU_CORE.fullmatch(item)
             if core is None:  # "off": a core that is powered down
                 cores.append(None)
                 continue

@@ -53,9 +53,9 @@ OBJECTIVES = ("latency", "throughput")  # e2e needs the video on the device: not
 LIMITS = {"reps": (1, 50), "iters": (1, 10_000), "warmup": (0, 1_000)}
 REQUEST_FIELDS = {"schema_version", "type", "fleet", "device", "ts", "study_id", "objective", "schedule", "trials"}
 TRIAL_FIELDS = {"id", "url", "sha256", "size", "runner", "precision", "options"}
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+_SHA = re.compile(r"[0-9a-f]{64}")
 MAX_SIZE = 8 << 30
 
 
@@ -134,7 +134,7 @@ def _unknown(obj: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
 
 
 def _ident(v: Any, where: str) -> str:
-    if not isinstance(v, str) or not _ID.match(v) or v.startswith((".", "-")):
+    if not isinstance(v, str) or not _ID.fullmatch(v) or v.startswith((".", "-")):
         raise TuneRequestError(where, "must be an id ([A-Za-z0-9._-], 1-64, not starting with '.' or '-')")
     return v
 
@@ -169,19 +169,19 @@ def _trial(t: Any, where: str) -> TuneTrial:
         raise TuneRequestError(where, "must be an object")
     _unknown(t, TRIAL_FIELDS, where + ".")
     sha = t.get("sha256")
-    if not isinstance(sha, str) or not _SHA.match(sha):
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
         raise TuneRequestError(f"{where}.sha256", "must be 64 lower-case hex digits")
     runner = t.get("runner")
-    if not isinstance(runner, str) or not _NAME.match(runner):
+    if not isinstance(runner, str) or not _NAME.fullmatch(runner):
         raise TuneRequestError(f"{where}.runner", "must be a runner name ([A-Za-z0-9_], 1-64)")
     precision = t.get("precision")
-    if not isinstance(precision, str) or not _ID.match(precision):
+    if not isinstance(precision, str) or not _ID.fullmatch(precision):
         raise TuneRequestError(f"{where}.precision", "must be a precision name")
     opts = t.get("options")
     if not isinstance(opts, dict) or len(opts) > 16:
         raise TuneRequestError(f"{where}.options", "must be an object of at most 16 runner options")
     for k, v in opts.items():
-        if not _NAME.match(k):
+        if not _NAME.fullmatch(k):
             raise TuneRequestError(f"{where}.options", f"option name {k[:40]!r} is not [A-Za-z0-9_]")
         ok = (isinstance(v, bool) or (type(v) is int and -2**31 <= v < 2**31)
               or (isinstance(v, str) and len(v) <= 64 and v.isprintable()))
@@ -292,7 +292,7 @@ class TuneJob:
         try:
             archive = fetch(t.url, self.dir / "downloads", t.sha256, size=t.size, options=agent.config.download,
                             stop=self.stop)
-            staged = unpack_bundle(archive, self.dir / "staging")
+            staged = unpack_bundle(archive, self.dir / "staging", sha256=t.sha256)
             archive.unlink(missing_ok=True)
         except DownloadError as e:
             return f"{e.code}: {str(e)[:300]}"

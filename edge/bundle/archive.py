@@ -100,43 +100,100 @@ def _safe_name(name: str) -> str:
     return str(p)
 
 
-def unpack_bundle(archive: str | os.PathLike[str], staging: str | os.PathLike[str]) -> Path:
-    """Unpack ``archive`` into a new directory under ``staging``; returns it (the caller removes it)."""
+def unpack_bundle(archive: str | os.PathLike[str], staging: str | os.PathLike[str], *,
+                  sha256: str | None = None) -> Path:
+    """Unpack ``archive`` into a new directory under ``staging``; returns it (the caller removes it).
+
+    With ``sha256`` the archive's bytes are hashed first, from the same open file that is then unpacked, and
+    nothing is written unless they match. Only regular files and directories with plain names are taken, each
+    name once (no duplicate, no file under a file's name, no file where a directory was); sparse members are
+    refused, so what is unpacked is bytes the archive holds: at most its own size."""
     staging = Path(staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    dest = staging / f"unpack-{secrets.token_hex(6)}"
-    dest.mkdir()
     try:
+        f = open(archive, "rb")  # noqa: SIM115 - closed below, after the tar read from it
+    except OSError as e:
+        raise ArchiveError(f"cannot read the bundle archive: {e.strerror or e}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if sha256 is not None:
+            got = _hash(f)
+            if got != sha256:
+                raise ArchiveError(f"bundle archive has sha256 {got[:16]}..., {sha256[:16]}... was expected; "
+                                   "nothing unpacked")
+            f.seek(0)
+        staging.mkdir(parents=True, exist_ok=True)
+        dest = staging / f"unpack-{secrets.token_hex(6)}"
+        dest.mkdir()
         try:
-            tar = tarfile.open(archive, "r:")
-        except (tarfile.TarError, OSError) as e:
-            raise ArchiveError(f"bundle archive is not a tar file: {e}") from None
-        with tar:
-            total = 0
-            for n, m in enumerate(tar):
-                if n >= MAX_MEMBERS:
-                    raise ArchiveError(f"bundle archive has more than {MAX_MEMBERS} members")
-                name = _safe_name(m.name)
-                out = dest / name
-                if m.isdir():
-                    out.mkdir(parents=True, exist_ok=True)
-                    continue
-                if not m.isfile():
-                    raise ArchiveError(f"bundle archive member {name!r} is a link or a device; a bundle holds "
-                                       "regular files only")
-                total += m.size
-                if total > MAX_UNPACKED:
-                    raise ArchiveError(f"bundle archive unpacks to more than {MAX_UNPACKED >> 30} GiB")
-                out.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(m)
-                if src is None:  # pragma: no cover - isfile() members always have data
-                    raise ArchiveError(f"bundle archive member {name!r} has no data")
-                with src, open(out, "xb") as o:
-                    shutil.copyfileobj(src, o, 1 << 20)
-    except (tarfile.TarError, EOFError, io.UnsupportedOperation) as e:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise ArchiveError(f"bundle archive is damaged: {e}") from None
-    except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
+            _unpack(f, dest, min(size, MAX_UNPACKED))
+        except (tarfile.TarError, EOFError, io.UnsupportedOperation) as e:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise ArchiveError(f"bundle archive is damaged: {e}") from None
+        except OSError as e:  # a name clash the checks missed, a full disk: a refusal, never a traceback
+            shutil.rmtree(dest, ignore_errors=True)
+            raise ArchiveError(f"cannot unpack the bundle archive: {type(e).__name__}: {e.strerror or e}") from None
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
     return dest
+
+
+def _hash(f: Any) -> str:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _unpack(f: Any, dest: Path, most: int) -> None:
+    """The members of the tar open on ``f`` into ``dest``: ``most`` bytes at most in all."""
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")
+    except tarfile.TarError as e:
+        raise ArchiveError(f"bundle archive is not a tar file: {e}") from None
+    seen: dict[str, bool] = {}  # name -> is a directory
+    with tar:
+        total = 0
+        for n, m in enumerate(tar):
+            if n >= MAX_MEMBERS:
+                raise ArchiveError(f"bundle archive has more than {MAX_MEMBERS} members")
+            name = _safe_name(m.name)
+            _check_member(m, name, seen)
+            out = dest / name
+            if m.isdir():
+                out.mkdir(parents=True, exist_ok=True)
+                continue
+            total += m.size
+            if total > most:
+                raise ArchiveError(f"bundle archive unpacks to more than {most} bytes (its own size, or the "
+                                   f"{MAX_UNPACKED >> 30} GiB bound)")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            if src is None:  # pragma: no cover - regular members always have data
+                raise ArchiveError(f"bundle archive member {name!r} has no data")
+            with src, open(out, "xb") as o:
+                shutil.copyfileobj(src, o, 1 << 20)
+                if o.tell() != m.size:
+                    raise ArchiveError(f"bundle archive member {name!r} is cut short")
+
+
+def _check_member(m: tarfile.TarInfo, name: str, seen: dict[str, bool]) -> None:
+    """A regular file or a directory, not sparse, whose name clashes with no member before it."""
+    if m.isdir():
+        kind = True
+    elif m.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not m.issparse() \
+            and not any(k.startswith("GNU.sparse") for k in m.pax_headers):
+        kind = False
+    else:
+        what = "sparse" if m.issparse() or m.type == tarfile.GNUTYPE_SPARSE or \
+            any(k.startswith("GNU.sparse") for k in m.pax_headers) else "a link, a device or a special member"
+        raise ArchiveError(f"bundle archive member {name!r} is {what}; a bundle holds regular files only")
+    if name in seen and not (kind and seen[name]):
+        raise ArchiveError(f"bundle archive holds {name!r} twice")
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if seen.get(parent) is False:
+            raise ArchiveError(f"bundle archive member {name!r} lies under the file {parent!r}")
+        seen[parent] = True  # a directory from now on, named or not
+    seen[name] = kind

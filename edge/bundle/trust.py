@@ -23,7 +23,6 @@ alone; a store whose ``trust/`` anyone can write vouches for anything.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 from contextlib import contextmanager
@@ -32,8 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from edge.errors import SignatureError
 from edge.bundle.signing import KEY_ID, SIGNATURE_FILE, Signature, key_id, load_public_pem, verify_signature
+from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.errors import SignatureError
 
 log = logging.getLogger("edge.bundle.trust")
 TRUST_DIR_ENV = "EDGEKIT_TRUST_DIR"
@@ -86,39 +86,50 @@ class TrustStore:
 
     # reading ------------------------------------------------------------------------------------
     def _json(self, name: str, default: Any) -> Any:
+        """``name`` read strictly; ``default`` only when nothing at all is there. A link (dangling or not), a
+        directory, a FIFO, a file too big or not JSON: the store is damaged and refuses everything (fail closed)."""
         f = self.root / name
-        if not f.exists():
+        if not os.path.lexists(f):
             return default
         try:
-            if f.is_symlink() or not f.is_file() or f.stat().st_size > MAX_FILE:
-                raise ValueError
-            return json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
-            raise SignatureError(f"trust store {self.root} is damaged: {name} is not a JSON file",
-                                 hint="restore it, or remove it and add the keys again with `edgekit trust`") \
-                from None
+            if f.is_symlink():
+                raise UnreadableFile(f"{name} is a symbolic link")
+            return read_json_file(f, what=name, max_bytes=MAX_FILE, max_depth=8)
+        except UnreadableFile as e:
+            raise damaged(self.root, f"{name} is not a readable JSON file ({e.message})") from None
 
     def revoked(self) -> set[str]:
         data = self._json(REVOKED, {"revoked": []})
         ids = data.get("revoked") if isinstance(data, dict) else None
         if not isinstance(ids, list) or not all(isinstance(i, str) and KEY_ID.fullmatch(i) for i in ids):
-            raise SignatureError(f"trust store {self.root} is damaged: {REVOKED} is not "
-                                 '{"revoked": [16-hex-digit key ids]}')
+            raise damaged(self.root, f'{REVOKED} is not {{"revoked": [16-hex-digit key ids]}}')
         return set(ids)
 
     def targets(self) -> tuple[str, ...] | None:
         data = self._json(DEVICE, {})
-        t = data.get("targets") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            raise damaged(self.root, f"{DEVICE} is not an object")
+        t = data.get("targets")
         if t is None:
             return None
         if not isinstance(t, list) or not all(isinstance(x, str) for x in t):
-            raise SignatureError(f"trust store {self.root} is damaged: {DEVICE} targets is not a list of names")
+            raise damaged(self.root, f"{DEVICE} targets is not a list of names")
         return tuple(t)
 
     def versions(self) -> dict[str, Any]:
+        """``versions.json``, every entry checked: a wrong-typed one would silently turn anti-rollback off."""
         data = self._json(VERSIONS, {})
         if not isinstance(data, dict):
-            raise SignatureError(f"trust store {self.root} is damaged: {VERSIONS} is not an object")
+            raise damaged(self.root, f"{VERSIONS} is not an object")
+        for name, seen in data.items():
+            ok = (isinstance(seen, dict) and set(seen) <= {"version", "bundle_id", "allowed"}
+                  and type(seen.get("version")) is int and seen["version"] >= 0
+                  and isinstance(seen.get("bundle_id"), (str, type(None)))
+                  and isinstance(seen.get("allowed", []), list)
+                  and all(isinstance(x, str) for x in seen.get("allowed", [])))
+            if not ok:
+                raise damaged(self.root, f"{VERSIONS} entry {str(name)[:60]!r} is not "
+                              '{"version": N, "bundle_id": ID, "allowed": [ID, ...]}')
         return data
 
     def keys(self) -> dict[str, TrustedKey]:
@@ -133,7 +144,9 @@ class TrustStore:
             key = load_public_pem(data, str(pub))
             kid = key_id(key)
             meta = self._json(f"{KEYS}/{kid}.json", {})
-            na = meta.get("not_after") if isinstance(meta, dict) else None
+            na = meta.get("not_after") if isinstance(meta, dict) else ...
+            if na is ... or not isinstance(na, (str, type(None))):
+                raise damaged(self.root, f'{KEYS}/{kid}.json is not {{"not_after": ISO-8601 time}}')
             out[kid] = TrustedKey(kid, key, pub, parse_time(na, str(d / f"{kid}.json")) if na else None, kid in revoked)
         return out
 
@@ -170,11 +183,10 @@ class TrustStore:
         if targets is not None and info.target.name not in targets:
             raise SignatureError(f"refusing {where}: it is built for target {info.target.name}, this device runs "
                                  f"{', '.join(targets)}", hint="convert it for this device's target")
-        seen = self.versions().get(info.name)
-        if isinstance(seen, dict) and isinstance(seen.get("version"), int):
+        seen = self.versions().get(info.name)  # every entry checked: a damaged file refuses, never skips
+        if seen is not None:
             top, top_id = seen["version"], seen.get("bundle_id")
-            listed = seen.get("allowed")
-            allowed = listed if isinstance(listed, list) else []
+            allowed = seen.get("allowed", [])
             if info.version < top and bid not in allowed and not older_ok:
                 raise SignatureError(f"refusing {where}: version {info.version} of {info.name} is older than "
                                      f"version {top} already seen here (a rollback or freeze attempt?)",
@@ -268,9 +280,19 @@ def resolve_trust(explicit: TrustStore | str | os.PathLike[str] | None = None,
             raise SignatureError(f"${TRUST_DIR_ENV} names {env}, which is not a directory",
                                  hint="create it with `edgekit trust add KEY.pub --trust-dir DIR`, or unset it")
         return TrustStore(env)
-    if store_root is not None and (Path(store_root) / STORE_TRUST).is_dir():
-        return TrustStore(Path(store_root) / STORE_TRUST)
+    if store_root is not None:
+        own = Path(store_root) / STORE_TRUST
+        if own.is_dir():
+            return TrustStore(own)
+        if os.path.lexists(own):  # a file, a dangling link, a FIFO: damaged, never "no trust store"
+            raise damaged(own, "it is not a directory")
     return None
+
+
+def damaged(root: Path, problem: str) -> SignatureError:
+    """The one-line refusal of a trust store that exists but cannot be read: it refuses every bundle."""
+    return SignatureError(f"trust store {root} is damaged: {problem}; every bundle is refused until it is repaired",
+                          hint="restore it, or remove it and add the keys again with `edgekit trust add KEY.pub`")
 
 
 def no_trust_note(where: str) -> str:

@@ -44,9 +44,9 @@ QUANTILES = (0.0, 0.01, 0.5, 0.9, 0.99, 1.0)
 ROLLOUT_STATES = ("idle", "downloading", "verifying", "smoke-testing", "switching", "watching", "running",
                   "rolled-back", "failed")
 OTHER = "other"
-_LABEL_OK = re.compile(r"^[A-Za-z0-9._:+@=-]{1,128}$")
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_REASON = re.compile(r"^[a-z0-9_]{1,40}$")
+_LABEL_OK = re.compile(r"[A-Za-z0-9._:+@=-]{1,128}")
+_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_REASON = re.compile(r"[a-z0-9_]{1,40}")
 _KEYS_PER_QUERY = 200  # 4 values per key: 800 parameters, below SQLite's oldest limit of 999
 
 GROUP = ("fleet", "target", "bundle")
@@ -82,7 +82,7 @@ COLLECTOR_METRICS: dict[str, str] = {  # the in-process collector's own counters
 
 def label(value: Any) -> str | None:
     """A device-supplied text as a label value when it is a plain id (no spaces, quotes or controls), else None."""
-    return value if isinstance(value, str) and _LABEL_OK.match(value) else None
+    return value if isinstance(value, str) and _LABEL_OK.fullmatch(value) else None
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -113,12 +113,12 @@ class RolloutView:
         if not isinstance(r, dict):
             return None
         rid, state = r.get("rollout_id"), r.get("state")
-        if not isinstance(rid, str) or not _ID.match(rid) or state not in ROLLOUT_STATES:
+        if not isinstance(rid, str) or not _ID.fullmatch(rid) or state not in ROLLOUT_STATES:
             return None
         desired = r.get("desired_bundle")
         reason = r.get("reason")
-        return cls(rid, desired if isinstance(desired, str) and _ID.match(desired) else None, state,
-                   reason if isinstance(reason, str) and _REASON.match(reason) else None)
+        return cls(rid, desired if isinstance(desired, str) and _ID.fullmatch(desired) else None, state,
+                   reason if isinstance(reason, str) and _REASON.fullmatch(reason) else None)
 
 
 def runner_fallback(payload: Any) -> bool | None:

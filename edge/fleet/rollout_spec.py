@@ -62,7 +62,7 @@ class Criterion:
     def parse(cls, text: str) -> "Criterion":
         t = text.strip().lower().replace(" ", "")
         for metric, rx in _CRIT:
-            m = rx.match(t)
+            m = rx.fullmatch(t)
             if m is None:
                 continue
             g = m.groupdict()

@@ -30,8 +30,8 @@ from edge.mqtt.payloads import SCHEMA_VERSION, message
 MAX_DESIRED_BYTES = 16 * 1024
 MAX_URL = 2048
 MAX_VERSION = 2**53
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_SHA = re.compile(r"[0-9a-f]{64}")
 DESIRED_FIELDS = {"schema_version", "type", "fleet", "device", "ts", "rollout_id", "bundle_id", "version", "replaces",
                   "artifact_url", "sha256", "size", "budget_ms", "watch_s"}
 
@@ -55,7 +55,7 @@ REASONS = ("bad_artifact_url", "download_failed", "disk_full", "sha256_mismatch"
 
 def _id(obj: Mapping[str, Any], key: str) -> str:
     v = obj.get(key)
-    if not isinstance(v, str) or not _ID.match(v) or v.startswith((".", "-")):
+    if not isinstance(v, str) or not _ID.fullmatch(v) or v.startswith((".", "-")):
         raise DesiredError(f"desired.{key} must be an id ([A-Za-z0-9._-], 1-128, not starting with '.' or '-'), "
                            f"got {str(v)[:80]!r}")
     return v
@@ -162,7 +162,7 @@ class DesiredState:
         if obj.get("fleet") != fleet or obj.get("device") != device:
             raise DesiredError("desired payload names another fleet or device than its topic")
         sha = obj.get("sha256")
-        if not isinstance(sha, str) or not _SHA.match(sha):
+        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
             raise DesiredError("desired.sha256 must be 64 lower-case hex digits")
         version = _uint(obj, "version")
         replaces = _uint(obj, "replaces", optional=True)

@@ -298,7 +298,7 @@ class DebEntry:
     sha256: str
 
 
-_FILENAME = re.compile(r"^pool/[A-Za-z0-9._+~/-]{1,300}\.deb$")
+_FILENAME = re.compile(r"pool/[A-Za-z0-9._+~/-]{1,300}\.deb")
 
 
 def parse_packages_index(text: str, package: str, architecture: str = "amd64") -> DebEntry | None:

@@ -25,9 +25,9 @@ TENSOR_SUFFIXES = frozenset({".npy", ".npz"})
 
 #: input names that carry recurrent state: zeros are the state a stream starts from
 _STATE = re.compile(r"(^|_)(state|states|h0|c0|hidden|cache|past|memory)(_|$|n$|\d)", re.I)
-_SAMPLE_RATE = re.compile(r"^(sr|sample_?rate|sampling_?rate|fs)$", re.I)
+_SAMPLE_RATE = re.compile(r"(sr|sample_?rate|sampling_?rate|fs)", re.I)
 _AUDIO = re.compile(r"audio|wav|pcm|speech|waveform|signal", re.I)
-_IDS = re.compile(r"(^|_)(input_ids|ids|tokens?|token_ids)$", re.I)
+_IDS = re.compile(r"(^|_)(input_ids|ids|tokens?|token_ids)\Z", re.I)
 _MASK = re.compile(r"mask", re.I)
 _TYPES = re.compile(r"token_type|segment", re.I)
 _POSITIONS = re.compile(r"position", re.I)
@@ -48,7 +48,7 @@ def _audio_length(t: TensorSpec, io: IOSpec) -> int | None:
         return None
     if len(shape) == 2 or (len(shape) == 3 and shape[1] == 1):
         n = shape[-1]
-        has_rate = any(_SAMPLE_RATE.match(x.name) for x in io.inputs)
+        has_rate = any(_SAMPLE_RATE.fullmatch(x.name) for x in io.inputs)
         if n >= 64 and (has_rate or _AUDIO.search(t.name)) or (len(shape) == 3 and n >= 1024):
             return n
     return None
@@ -79,7 +79,7 @@ def _kind(t: TensorSpec, io: IOSpec, pre: PreprocessSpec | None) -> str:
         return "zeros (initial recurrent state)"
     if floating:
         return "standard normal"
-    if _SAMPLE_RATE.match(t.name):
+    if _SAMPLE_RATE.fullmatch(t.name):
         return f"sample rate {SAMPLE_RATE}"
     if _MASK.search(t.name):
         return "ones (mask)"

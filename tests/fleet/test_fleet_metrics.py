@@ -252,7 +252,7 @@ def test_closed_sets_match_the_agent() -> None:
     assert ROLLOUT_STATES == STATES
     from edge.fleet import metrics
 
-    assert all(metrics._REASON.match(r) for r in REASONS)
+    assert all(metrics._REASON.fullmatch(r) for r in REASONS)
 
 
 def test_metrics_cli_bad_input(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def parse_compiler_log(text: str) -> dict[str, Any]:
     """
     rows = []
     for line in text.splitlines():
-        m = re.match(r"^\s*([A-Z][A-Z0-9_]*)\s+(\d+)\s+(\S.*?)\s*$", line)
+        m = re.fullmatch(r"\s*([A-Z][A-Z0-9_]*)\s+(\d+)\s+(\S.*?)\s*", line)
         if m and m.group(1) not in ("Operator",):
             rows.append({"op": m.group(1), "count": int(m.group(2)), "status": m.group(3),
                          "on": "tpu" if m.group(3).startswith(_MAPPED) else "cpu"})
@@ -363,7 +363,7 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
 
 def _final_dir(workdir: Path) -> str:
     """The bundle directory the work directory becomes (``convert`` stages ``.NAME.partial-XXXX`` beside it)."""
-    m = re.match(r"^\.(.+)\.partial-[^/]*$", workdir.name)
+    m = re.fullmatch(r"\.(.+)\.partial-[^/]*", workdir.name)
     return str(workdir.parent / m.group(1)) if m else "BUNDLE"
 
 
