@@ -40,3 +40,77 @@ def one_channel_net(path: Path, shape: Sequence[int], *, name: str = "x", classe
               helper.make_node("Flatten", ["g"], ["logits"])]
     return _save(path, nodes, [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))],
                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])], [w])
+
+
+def _conv_trunk(rng: np.random.Generator, x: str, cin: int, cout: int, name: str,
+                stride: int = 2) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    w = numpy_helper.from_array((rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32),
+                                f"{name}_w")
+    nodes = [helper.make_node("Conv", [x, w.name], [f"{name}_c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+             helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"])]
+    return nodes, [w], f"{name}_r"
+
+
+def anchor_detector(path: Path, side: int = 192) -> Path:
+    """A palm-detector-like SSD head: ``[1, 3, side, side]`` -> regressors ``[1, 2016, 18]`` (box + 7 keypoints)
+    and classificators ``[1, 2016, 1]`` over 2016 anchors (2 per cell on 24x24, 6 per cell on 12x12: MediaPipe's
+    palm detection). 2016 = 21 * 96, so by its row count alone it is also a YOLO head."""
+    rng = np.random.default_rng(1)
+    nodes, inits, x = _conv_trunk(rng, "image", 3, 8, "s1", 4)  # 48
+    n2, i2, x = _conv_trunk(rng, x, 8, 16, "s2")  # 24
+    n3, i3, y = _conv_trunk(rng, x, 16, 16, "s3")  # 12
+    nodes, inits = nodes + n2 + n3, inits + i2 + i3
+    outs = {}
+    for what, per in (("reg", 18), ("cls", 1)):
+        parts = []
+        for src, cells, anchors in ((x, 24, 2), (y, 12, 6)):
+            w = numpy_helper.from_array((rng.standard_normal((anchors * per, 16, 1, 1)) * 0.2).astype(np.float32),
+                                        f"{what}{cells}_w")
+            inits.append(w)
+            shape = numpy_helper.from_array(np.array([1, cells * cells * anchors, per], np.int64), f"{what}{cells}_s")
+            inits.append(shape)
+            nodes += [helper.make_node("Conv", [src, w.name], [f"{what}{cells}_c"]),
+                      helper.make_node("Transpose", [f"{what}{cells}_c"], [f"{what}{cells}_t"], perm=[0, 2, 3, 1]),
+                      helper.make_node("Reshape", [f"{what}{cells}_t", shape.name], [f"{what}{cells}_r"])]
+            parts.append(f"{what}{cells}_r")
+        outs[what] = parts
+    nodes += [helper.make_node("Concat", outs["reg"], ["regressors"], axis=1),
+              helper.make_node("Concat", outs["cls"], ["classificators"], axis=1)]
+    return _save(path, nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, side, side])],
+                 [helper.make_tensor_value_info("regressors", TensorProto.FLOAT, [1, 2016, 18]),
+                  helper.make_tensor_value_info("classificators", TensorProto.FLOAT, [1, 2016, 1])], inits)
+
+
+def regressor(path: Path, values: int = 10, *, output: str = "Identity", softmax: bool = False) -> Path:
+    """``[1, 3, 64, 64]`` -> ``[1, values]``: five (x, y) landmarks (or, ``softmax``, a ``values``-class
+    classifier's probabilities) after a small conv trunk and a dense layer."""
+    rng = np.random.default_rng(2)
+    nodes, inits, x = _conv_trunk(rng, "image", 3, 8, "s1", 4)
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["g"]))
+    nodes.append(helper.make_node("Flatten", ["g"], ["f"]))
+    w = numpy_helper.from_array((rng.standard_normal((8, values)) * 2).astype(np.float32), "dense_w")
+    b = numpy_helper.from_array(np.linspace(0.2, 0.8, values).astype(np.float32), "dense_b")
+    inits += [w, b]
+    nodes.append(helper.make_node("Gemm", ["f", "dense_w", "dense_b"], ["z" if softmax else output]))
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["z"], [output], axis=1))
+    return _save(path, nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])],
+                 [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, values])], inits)
+
+
+def text_encoder(path: Path, seq: int = 16, hidden: int = 32, vocab: int = 1000,
+                 output: str = "last_hidden_state") -> Path:
+    """A transformer-encoder-shaped model: token ids ``[1, seq]`` -> embeddings -> one dense + GELU-ish layer with
+    layer norm -> hidden states ``[1, seq, hidden]`` (not per-step class scores)."""
+    rng = np.random.default_rng(3)
+    emb = numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "emb")
+    w = numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32), "w")
+    gamma = numpy_helper.from_array(np.ones(hidden, np.float32), "gamma")
+    beta = numpy_helper.from_array(np.zeros(hidden, np.float32), "beta")
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "w"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["t"]),
+             helper.make_node("Add", ["t", "e"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "gamma", "beta"], [output], axis=-1)]
+    return _save(path, nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
+                 [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, seq, hidden])], [emb, w, gamma, beta])

@@ -316,6 +316,7 @@ class ParityEvidence:
     host_notes: tuple[str, ...] = spec((), max_items=16, item=Rule(**_TEXT))
     task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
     input_provenance: ParityInputs | None = None
+    shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,8 @@ def render_bundle(bundle: Any) -> None:
                                      + (f" ({o.rel_max_abs:.2%} of range)" if o.rel_max_abs is not None else "")
                                      + f", mean abs {o.mean_abs:.4g}{top1}")
             if o.task is not None:
-                figs = {"top-5": o.top5, "precision": o.precision, "recall": o.recall, "IoU": o.iou,
-                        "sequences": o.sequence, "tokens": o.tokens}
+                figs = {"top-1": o.top1 if o.task == "classifier" else None, "top-5": o.top5, "precision": o.precision,
+                        "recall": o.recall, "IoU": o.iou, "sequences": o.sequence, "tokens": o.tokens}
                 shown = ", ".join(f"{k} {v:.1%}" for k, v in figs.items() if v is not None) or "not judged"
                 t.add_row(f"  {o.name} ({o.task})", shown + (f" [yellow]({o.task_note})[/]" if o.task_degenerate
                                                               and o.task_note else ""))

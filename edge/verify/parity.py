@@ -26,8 +26,8 @@ import numpy as np
 
 from edge.capabilities import CpuIsa, cpu_isa
 from edge.backends.runner import Runner
-from edge.verify.tasks import (TaskFigures, TaskJudge, anchor_head, blank_share, column_range, detect_task, fits,
-                        is_classifier)
+from edge.verify.tasks import (TaskFigures, TaskGuess, TaskJudge, blank_share, column_range,
+                               explain_task, fits, is_classifier, row_kind)
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,7 @@ class ParityReport:
     host_notes: list[str] = field(default_factory=list)  # where this host's arithmetic may differ from the device's
     task: str = "auto"  # --task as asked; each output records the task it was judged by
     input_provenance: dict[str, Any] | None = None  # edge.verify.inputs.ParityInputs.provenance()
+    shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: exact by identity
 
     @property
     def passed(self) -> bool:
@@ -213,6 +214,8 @@ class ParityReport:
         }
         if self.input_provenance is not None:
             data["input_provenance"] = self.input_provenance
+        if self.shipped_as_is:
+            data["shipped_as_is"] = True
         return data
 
 
@@ -356,14 +359,7 @@ def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], 
                      ref_max=rmax if count else None, cosine_samples=cos_samples)
     o.degenerate_note = degenerate_reason(o.ref_min, o.ref_max)
     o.degenerate = o.degenerate_note is not None
-    shape = refs[0].shape
-    anchors = anchor_head(shape, others)
-    if anchors is not None and wanted == "auto":  # [1, N, 1] anchor scores are not N classes
-        o.task_note = anchors
-    else:
-        if is_classifier(shape):  # top-1 whatever the task: the classifier gate needs it
-            o.top1 = _judge("classifier", shape, refs, cands).figures["top1"]
-        _task(o, wanted, shape, refs, cands, others)
+    _task(o, wanted, refs[0].shape, refs, cands, others)
     if not finite:
         o.failures.append("NaN or Inf in the converted model's output")
     else:
@@ -387,22 +383,39 @@ def _judge(task: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: lis
     return judge.result()
 
 
+def guess_task(name: str, refs: Sequence[np.ndarray], others: Sequence[tuple[int, ...]] = ()) -> TaskGuess:
+    """What ``--task auto`` concludes about one output from the reference's values (:func:`explain_task`)."""
+    shape = tuple(np.shape(refs[0]))
+    lo, hi = column_range(refs)
+    rows = row_kind(refs) if len(shape) in (2, 3) or is_classifier(shape) else None
+    channels = row_kind(refs, axis=1) if len(shape) == 4 and shape[1] >= 2 else None
+    blank = blank_share(refs) if len(shape) == 3 else 0.0
+    return explain_task(name, shape, lo, hi, blank, others=others, rows=rows, channel_rows=channels)
+
+
 def _task(o: OutputParity, wanted: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray],
           others: Sequence[tuple[int, ...]] = ()) -> None:
-    if wanted == "none":
-        return
+    """Judge ``o`` by the task asked for, else by the one its evidence makes unambiguous (``--task auto``); a
+    classifier keeps its top-1 gate under any --task. Where no task applies, ``task_note`` says why."""
+    guess = guess_task(o.name, refs, others)
     lo, hi = column_range(refs)
-    if wanted == "auto":
-        task = detect_task(o.name, shape, lo, hi, others=others)
+    if wanted in ("auto", "none"):
+        task = guess.task if wanted == "auto" or guess.task == "classifier" else None
+        if task is None and wanted == "auto":
+            o.task_note = guess.evidence
     elif fits(wanted, shape, lo, hi):
         task = wanted
     else:
         o.task_note = f"--task {wanted} does not fit this output's shape {list(shape)}: raw figures only"
-        return
+        task = "classifier" if guess.task == "classifier" else None
     if task is None:
         return
     figs = _judge(task, shape, refs, cands)
-    o.task, o.task_note, o.task_degenerate = task, figs.note, figs.degenerate
+    if wanted == "none" or (wanted not in ("auto", task)):  # top-1 only: the classifier gate under another --task
+        o.top1 = figs.figures["top1"]
+        return
+    o.task, o.task_degenerate = task, figs.degenerate
+    o.task_note = figs.note if wanted != "auto" else "; ".join(x for x in (guess.evidence, figs.note) if x)
     for k, v in figs.figures.items():
         if hasattr(o, k) and k not in ("name",):
             setattr(o, k, v)
@@ -434,17 +447,28 @@ def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarr
 def check_parity(runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
                  reference: Sequence[Mapping[str, np.ndarray]], *, precision: str, inputs: str,
                  reference_label: str, host_proxy: str | None = None, task: str = "auto",
-                 input_provenance: Mapping[str, Any] | None = None) -> ParityReport:
+                 input_provenance: Mapping[str, Any] | None = None, shipped_as_is: bool = False) -> ParityReport:
     """The one parity service: ``runner`` (the bundle's, or a host proxy for it) against ``reference``
     (the source model's outputs on ``samples``, from the source's own reference runtime). ``task``: see
-    :func:`compare`; ``input_provenance``: where ``samples`` came from, for the manifest."""
+    :func:`compare`; ``input_provenance``: where ``samples`` came from, for the manifest.
+
+    ``shipped_as_is``: the bundle's file is, byte for byte, the file the reference ran. Nothing was converted,
+    so parity is exact by identity and recorded so; the runner still runs (the bundle must load), and how far
+    its runtime's arithmetic strays from the reference runtime's on this host is a note, not a verdict on a
+    conversion that did not happen."""
     cand = [runner.infer(s) for s in samples]
     th = thresholds_for(precision, runner.info.precision_used)
     notes = host_notes(precision, runner.info.precision_used, runtime=runner.info.runtime)
     if host_proxy:
         notes.insert(0, host_proxy)
+    outputs = compare(list(reference), cand, th, task=task)
+    if shipped_as_is:
+        drift = ", ".join(f"{o.name} cosine {o.cosine:.6f} max abs {o.max_abs:.3g}" for o in outputs)
+        notes.insert(0, f"the bundle ships the reference's file byte for byte: parity exact by identity; "
+                        f"{runner.info.runtime} on this host gave {drift}"[:1000])
+        outputs = compare(list(reference), list(reference), th, task=task)
     return ParityReport(
         precision=precision, thresholds=th, samples=len(samples), inputs=inputs, reference=reference_label,
-        candidate=runner.info.to_json(), outputs=compare(list(reference), cand, th, task=task), host_notes=notes,
-        task=task, input_provenance=dict(input_provenance) if input_provenance is not None else None,
+        candidate=runner.info.to_json(), outputs=outputs, host_notes=notes, task=task,
+        input_provenance=dict(input_provenance) if input_provenance is not None else None, shipped_as_is=shipped_as_is,
     )

@@ -13,6 +13,7 @@ numpy only: ``edge.verify.parity`` imports this, and the device-side reference-p
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -345,35 +346,105 @@ def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> s
     group = [s] + [_dims(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2] and _dims(o)[2] < s[1]]
     if len(group) < 2 or not any(_BOX_COLUMNS[0] <= g[2] <= _BOX_COLUMNS[1] for g in group):
         return None
-    if yolo_layout(s) is not None:
-        return None
     widths = " and ".join(f"[1, {s[1]}, {g[2]}]" for g in sorted(group, key=lambda g: -g[2]))
     return (f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
             "table, which is not in the model): raw figures only")
 
 
-def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
-                ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = ()) -> str | None:
-    """The task an output looks like, from its shape (batch included), name and the reference's value range
-    (``lo``/``hi`` per last-axis column over all samples), or None. ``others``: the shapes of the model's
-    other outputs (an SSD-style anchor head spreads over two, see :func:`anchor_head`)."""
+#: output names that declare a decodable task (a classifier's or recogniser's scores)
+_SCORE_NAMES = re.compile(r"logit|prob|softmax|class|cls|score|label|pred|ctc|char|token|tag", re.I)
+#: output names that declare a regression or a representation: no class, box or token to agree on
+_VALUE_NAMES = re.compile(r"landmark|keypoint|kpt|point|embed|feature|feat|hidden|state|encoder|pool|vector|"
+                          r"coord|pose|regress|mesh|depth|angle|offset|box|proj|output_\d+_value", re.I)
+_SEG_NAMES = re.compile(r"seg|mask|semantic|parsing|label|class|logit", re.I)
+
+
+def row_kind(refs: Sequence[np.ndarray], axis: int = -1) -> str | None:
+    """What every row of the reference along ``axis`` is, over all samples: ``probabilities`` (in [0, 1], sum 1:
+    a softmax), ``log-probabilities`` (<= 0, logsumexp 0: a log-softmax), or None (raw values)."""
+    prob = logp = True
+    for r in refs:
+        x = np.moveaxis(np.asarray(r, dtype=np.float64), axis, -1)
+        if x.size == 0 or x.shape[-1] < 2 or not np.isfinite(x).all():
+            return None
+        if prob and not (x.min() >= -1e-6 and x.max() <= 1 + 1e-6 and np.allclose(x.sum(-1), 1.0, atol=1e-3)):
+            prob = False
+        if logp and not (x.max() <= 1e-6 and np.allclose(np.log(np.exp(x).sum(-1)), 0.0, atol=1e-3)):
+            logp = False
+        if not (prob or logp):
+            return None
+    return "probabilities" if prob else "log-probabilities"
+
+
+@dataclass(frozen=True)
+class TaskGuess:
+    """The task an output is judged by (None: raw figures only) and the evidence for that conclusion."""
+
+    task: str | None
+    evidence: str
+
+
+def explain_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
+                 ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = (),
+                 rows: str | None = None, channel_rows: str | None = None) -> TaskGuess:
+    """The task an output is unambiguously, with the evidence; else None and why its shape alone does not tell.
+
+    A shape is never enough on its own: a ``[1, C]`` tensor is a classifier's logits, a landmark regressor's
+    coordinates or an embedding; ``[1, T, C]`` is per-step logits or a transformer's hidden state; an
+    SSD anchor head's ``[1, 2016, 18]`` has as many rows as a YOLO head. Evidence is the reference's values
+    (``rows``: :func:`row_kind` over the last axis; ``channel_rows``: over axis 1; ``ctc_blank_share``), the
+    output's name, and the model's other outputs. ``lo``/``hi``: per last-axis column min/max."""
     s = _dims(shape)
-    if anchor_head(s, others) is not None:
-        return None
+    anchors = anchor_head(s, others)
+    if anchors is not None:
+        return TaskGuess(None, anchors)
+    named_scores = bool(_SCORE_NAMES.search(name)) and not _VALUE_NAMES.search(name)
+    named_values = bool(_VALUE_NAMES.search(name))
     if is_classifier(s):
-        return "classifier"
-    if yolo_layout(s, lo, hi) is not None:
-        return "detector"
+        if rows is not None:
+            return TaskGuess("classifier", f"every row is a {rows[:-1]} distribution over {max(s[1:])} classes")
+        if named_scores:
+            return TaskGuess("classifier", f"[N, C] output named {name!r} (class scores)")
+        what = "a regression (named so)" if named_values else "logits, landmarks or an embedding alike"
+        return TaskGuess(None, f"a {s} output is {what}: raw figures only (--task classifier gates top-1)")
+    layout = yolo_layout(s, lo, hi)
+    if layout is not None:
+        split = [list(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2]]
+        if split:
+            return TaskGuess(None, f"{s} shares its {s[1]} rows with {split}: boxes and scores in separate "
+                                   "tensors (an anchor or split head), not one YOLO head: raw figures only")
+        return TaskGuess("detector", f"one [1, N, K] head with N = {s[1] if not layout.transposed else s[2]} = 21k "
+                                     "(YOLO's three strides) and no other per-row output")
     unit = lo is not None and hi is not None and _in_unit(float(lo.min()), float(hi.max()))
     if len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8 and unit:
-        return "prob-map"
+        return TaskGuess("prob-map", "a 1-channel plane with every value in [0, 1]")
     if len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8 and unit:  # channels-last (a TFLite model's [N, H, W, 1])
-        return "prob-map"
+        return TaskGuess("prob-map", "a 1-channel plane (channels last) with every value in [0, 1]")
     if len(s) == 4 and 2 <= s[1] <= 1024 and min(s[2:]) >= 8:
-        return "segmentation"
+        if channel_rows is not None:
+            return TaskGuess("segmentation", f"per-pixel {channel_rows} over {s[1]} channels")
+        if _SEG_NAMES.search(name) and not named_values:
+            return TaskGuess("segmentation", f"[N, C, H, W] output named {name!r}")
+        return TaskGuess(None, f"a {s} map may be class scores or features: raw figures only "
+                               "(--task segmentation judges per-pixel argmax)")
     if len(s) == 3 and s[1] >= 2 and s[2] >= 3:  # [N, T, C]; a squeezed [N, H, W] map needs --task prob-map
-        return "sequence"
-    return None
+        if rows is not None:
+            return TaskGuess("sequence", f"every step is a {rows[:-1]} distribution over {s[2]} classes")
+        if ctc_blank_share >= 0.2:
+            return TaskGuess("sequence", f"class 0 (a CTC blank) is the best class at {ctc_blank_share:.0%} of steps")
+        if named_scores:
+            return TaskGuess("sequence", f"[N, T, C] output named {name!r} (per-step scores)")
+        return TaskGuess(None, f"a {s} output may be per-step logits or hidden states: raw figures only "
+                               "(--task sequence judges decoded sequences)")
+    return TaskGuess(None, f"no task decodes a {s} output: raw figures only")
+
+
+def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
+                ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = (),
+                rows: str | None = None, channel_rows: str | None = None) -> str | None:
+    """The task an output unambiguously is (:func:`explain_task`), or None."""
+    return explain_task(name, shape, lo, hi, ctc_blank_share, others=others, rows=rows,
+                        channel_rows=channel_rows).task
 
 
 def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None) -> bool:

@@ -76,7 +76,7 @@ def test_hiding_a_figure_is_refused(failed: Bundle) -> None:
         m["parity"]["outputs"][0].update(top1=None, cosine=1.0)  # a classifier's top-1 left out
 
     v = parity_verdict(_edit(failed, drop_top1).info)
-    assert v.edited and "classifier output without a top-1 figure" in v.edited
+    assert v.edited and "classifier-shaped output with neither a top-1 figure nor a reason" in v.edited
     rename = _edit(failed, lambda m: (_claim_pass(m), m["parity"]["outputs"][0].update(name="other")))
     assert "logits: no parity figures" in (parity_verdict(rename.info).edited or "")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.verify.tasks import (TaskJudge, box_iou, column_range, ctc_greedy, decode_yolo, detect_task, edit_distance, fits,
-                        nms, yolo_layout)
+from edge.verify.tasks import (TaskJudge, blank_share, box_iou, column_range, ctc_greedy, decode_yolo, detect_task,
+                               edit_distance, fits, nms, row_kind, yolo_layout)
 
 SIDE = 416  # ddddocr's YOLOX input: 52^2 + 26^2 + 13^2 = 3549 cells
 CELLS = sum((SIDE // s) ** 2 for s in (8, 16, 32))
@@ -135,7 +135,9 @@ def test_ctc_greedy_decode_and_sequence_agreement() -> None:
     assert edit_distance([3, 3, 5, 7], [3, 5, 7]) == 1 and edit_distance([], [1, 2]) == 2
     other = np.eye(10)[[0, 3, 3, 0, 0, 5, 5, 0, 0, 7]][None].astype(np.float32)  # drops the second 3
     lo, hi = column_range([logits])
-    assert detect_task("fetch_name_0", logits.shape, lo, hi) == "sequence"
+    assert detect_task("fetch_name_0", logits.shape, lo, hi) is None  # by shape alone: logits or hidden states
+    assert detect_task("fetch_name_0", logits.shape, lo, hi, blank_share([logits])) == "sequence"  # CTC's blank
+    assert detect_task("fetch_name_0", logits.shape, lo, hi, rows=row_kind([logits])) == "sequence"  # softmaxed
     j = TaskJudge("sequence", logits.shape, ctc_blank_share=0.4)
     j.add(logits, logits)
     j.add(logits, other)
@@ -165,9 +167,10 @@ def test_an_ssd_style_anchor_head_is_not_a_classifier_or_a_sequence() -> None:
     assert detect_task("regressors", boxes, None, None, others=[scores]) is None
     assert detect_task("classificators", scores, None, None, others=[boxes]) is None
     assert "SSD-style anchor head" in (anchor_head(scores, [boxes]) or "")
-    assert detect_task("regressors", boxes, None, None) == "sequence"  # alone, still read as a sequence
+    assert detect_task("regressors", boxes, None, None) is None  # alone: offsets, not a sequence (issue #23)
     assert detect_task("logits", (1, 40, 18710), None, None, others=[(1, 40, 18710)]) == "sequence"  # CTC: T < C
-    assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes]) == "classifier"
+    assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes]) is None  # by shape: a 2-value regression?
+    assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes], rows="probabilities") == "classifier"
     rng = np.random.default_rng(0)
     ref = [{"regressors": rng.standard_normal(boxes).astype(np.float32),
             "classificators": rng.standard_normal(scores).astype(np.float32)} for _ in range(4)]
