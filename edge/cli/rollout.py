@@ -93,7 +93,8 @@ def start_cmd(
                                        "timed out; it never holds a wave up."),
     abort_if: Optional[List[str]] = typer.Option(None, "--abort-if", help="Abort criterion (repeatable): "
                                                  "p99>budget, fps<0.95*target, fallback, parity<threshold "
-                                                 "[@N | @P%], errors>1%, failed>N, rolled_back>N, timed_out>P%.",
+                                                 "[@N | @P%], errors>1%, failed>N, rolled_back>N, timed_out>P%. Default: failed>0 (one failed "
+                                                 "device stops its cohort); 'none': no criterion.",
                                                  show_default=False),
     success_rate: Optional[str] = typer.Option(None, "--success-rate", help="Go on to the next wave only if this "
                                                "share of the devices that answered runs the bundle (hawkBit's "

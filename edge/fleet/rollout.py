@@ -199,10 +199,25 @@ class RolloutController:
                     new = "partial"
                 reason = r["reason"] if state == "aborting" else "; ".join(
                     f"{c['cohort']}: {c['state']}" + (f" ({c['reason']})" if c["reason"] else "") for c in cohorts)
+                if new == "completed":
+                    new, reason = self._on_bundle(rows, reason)
                 self.store.set_rollout_state(self.rid, new, reason, now)
                 self._event(f"rollout_{new}", now, reason=reason)
                 state = new
         return state
+
+    @staticmethod
+    def _on_bundle(rows: list[dict[str, Any]], cohorts: str) -> tuple[str, str]:
+        """Every cohort completed its waves: "completed" says how many devices run the bundle, and is only said
+        when some do (none: "partial", "completed: 0 of 3 devices on the bundle")."""
+        active = [x for x in rows if x["state"] != "skipped"]
+        on = sum(1 for x in active if x["state"] == "running")
+        others = {s: sum(1 for x in active if x["state"] == s) for s in ("failed", "rolled-back", "timed-out",
+                                                                          "assigned")}
+        detail = ", ".join(f"{n} {s}" for s, n in others.items() if n)
+        reason = (f"completed: {on} of {len(active)} devices on the bundle" + (f" ({detail})" if detail else "")
+                  + f"; {cohorts}")
+        return ("completed" if on else "partial"), reason
 
     def _observe(self, row: dict[str, Any], dv: DeviceView | None, now: float) -> None:
         dev = row["device"]

@@ -45,6 +45,10 @@ _CRIT = [
 CRITERIA_HELP = ("p99>budget | p99>K*budget | p99>MS | fps<K*target | fps<FPS | fallback | parity<threshold, "
                  "each optionally @N (more than N devices) or @P% (more than P% of finished devices); "
                  "errors|failed|rolled_back|timed_out >N or >P%")
+# With no --abort-if, one failed device (it refused or could not install or run the bundle) stops its cohort:
+# a canary exists to catch exactly that. ``--abort-if none`` says the operator wants no criterion at all.
+DEFAULT_ABORT_IF = ("failed>0",)
+NO_CRITERIA = "none"
 INFERENCE_ERRORS = ("inference_error", "watch_inference_error", "load_failed")
 NOT_ERRORS = ("superseded", "interrupted")
 
@@ -141,6 +145,18 @@ def parse_group(v: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _criteria(texts: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """--abort-if as given; none given: ``DEFAULT_ABORT_IF``; ``none`` alone: no criterion."""
+    if not texts:
+        return DEFAULT_ABORT_IF
+    if any(t.strip().lower() == NO_CRITERIA for t in texts):
+        if len(texts) > 1:
+            raise RolloutError("--abort-if none cannot be combined with other criteria",
+                               hint="give either 'none' (no abort criterion) or the criteria you want")
+        return ()
+    return tuple(Criterion.parse(a).text for a in texts)
+
+
 @dataclass(frozen=True)
 class RolloutSpec:
     fleet: str
@@ -148,7 +164,7 @@ class RolloutSpec:
     waves: tuple[float, ...] = (0.25, 0.5, 1.0)
     watch_s: float = 600.0  # each wave is watched at least this long
     device_timeout_s: float = 900.0  # a device that has not answered by then is timed out (never blocks a wave)
-    abort_if: tuple[str, ...] = ()
+    abort_if: tuple[str, ...] = DEFAULT_ABORT_IF
     min_devices: int = 1  # percentage criteria apply once this many devices of the cohort finished
     targets: tuple[str, ...] = ()  # only these target classes (default: every bundle's)
     groups: tuple[tuple[str, str], ...] = ()  # birth field=glob, all must match
@@ -180,7 +196,7 @@ class RolloutSpec:
         return cls(fleet=fleet, canary=parse_percent(canary, "--canary"), waves=tuple(parse_waves(waves)),
                    watch_s=parse_duration(watch, "--watch"),
                    device_timeout_s=parse_duration(device_timeout, "--device-timeout"),
-                   abort_if=tuple(Criterion.parse(a).text for a in abort_if), min_devices=min_devices,
+                   abort_if=_criteria(abort_if), min_devices=min_devices,
                    targets=tuple(targets), groups=tuple(parse_group(g) for g in groups), budget_ms=budget_ms,
                    device_watch_s=None if device_watch is None else parse_duration(device_watch, "--device-watch"),
                    success_rate=None if success_rate is None else parse_percent(success_rate, "--success-rate"))

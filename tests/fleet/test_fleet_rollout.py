@@ -458,7 +458,8 @@ def test_a_wave_below_the_success_rate_aborts_its_cohort(broker: Any, db: Any, v
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(20)}, behaviour=behaviour)
     try:
         synced_with(view, 20)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%")
+        spec = RolloutSpec.parse(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%",
+                                 abort_if=["none"])  # the success rate alone (no default failed>0)
         rid = start_rollout(db, view, spec, [new], previous=[old])
         res = drive(RolloutController(db, rid, view), lambda r: r.finished, 30, "the abort")
         c = status(db, rid)["cohorts"][0]
