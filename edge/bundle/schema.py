@@ -300,6 +300,21 @@ class ParityInputs:
 
 
 @dataclass(frozen=True)
+class PrecisionTrial:
+    """The bundle's parity in a runtime's faster compute precision (OpenVINO's bf16 on a CPU whose plugin lists
+    BF16), measured where it was built (``edge.pipeline.precision_trial``). The bundle's runner options say
+    ``inference_precision = "fast"`` only when it passed; the device's reference-pair check re-checks it."""
+
+    compute: str = spec(pattern=ID)  # "bf16"
+    passed: bool = spec()
+    thresholds: Thresholds = spec()
+    candidate: RunnerInfo = spec()
+    outputs: tuple[OutputFigures, ...] = spec(min_items=1, max_items=1024)
+    capabilities: tuple[str, ...] = spec((), max_items=64, item=Rule(pattern=ID))  # OPTIMIZATION_CAPABILITIES
+    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
+
+
+@dataclass(frozen=True)
 class ParityEvidence:
     """A vision model's parity report (``edge.verify.parity.ParityReport``)."""
 
@@ -317,6 +332,7 @@ class ParityEvidence:
     task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
     input_provenance: ParityInputs | None = None
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
+    precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
 
 
 @dataclass(frozen=True)
@@ -622,7 +638,7 @@ class OpenVINOOptions:
                                          item=Rule(pattern=r"^[A-Za-z0-9_.:-]{1,64}$"))
     performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT",
                               "latency", "throughput", "cumulative_throughput"] = "LATENCY"
-    inference_precision: Literal["bundle", "f32", "f16", "bf16", "BUNDLE", "F32", "F16", "BF16"] = "bundle"
+    inference_precision: Literal["bundle", "fast", "f32", "f16", "bf16", "BUNDLE", "FAST", "F32", "F16", "BF16"] = "bundle"
     num_threads: int = spec(0, **_THREADS)
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
     num_streams: int | Literal["AUTO", "auto"] = spec(0, ge=0, le=1024)

@@ -31,6 +31,7 @@ from edge.verify.tasks import TASK_CHOICES
 from edge.errors import CalibrationError, EdgeError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.bundle.manifest import new_manifest, record_gate
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
+from edge.pipeline.precision_trial import try_fast_precision
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import ChainStep, TargetProfile, get_target
@@ -279,6 +280,8 @@ def _parity_gate(p: Plan, profile: TargetProfile, stage: Path, manifest: dict[st
             report = check_parity(runner, inputs, reference, precision=p.precision, inputs=label,
                                   reference_label=ref_label, **opts)
         record_gate(manifest, report, failed=failed, accept=accept)
+        try_fast_precision(p.precision, stage, manifest, inputs, reference, label=label, reference_label=ref_label,
+                           parity_opts=opts, say=say)
         return
     proxy = _host_proxy(p, profile)
     if proxy is not None:

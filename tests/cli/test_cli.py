@@ -44,7 +44,9 @@ def test_convert_bench_flow(models: dict[str, Path], tmp_path: Path) -> None:
     r = json.loads(p.stdout)
     assert r["latency"]["count"] == 20 and r["budget_source"] == "0.1 fps" and r["verdict"] == "pass"
     assert r["budget_ms"] == 10000
-    assert r["runner"]["device_used"] == "CPU" and r["runner"]["precision_used"] == "f32"
+    # bf16 only where the build's bf16 parity trial passed on a CPU listing BF16 (edge.pipeline.precision_trial)
+    fast = json.loads((out / "manifest.json").read_text())["runner"]["options"]["inference_precision"] == "fast"
+    assert r["runner"]["device_used"] == "CPU" and r["runner"]["precision_used"] == ("bf16" if fast else "f32")
     p = run_cli("bench", str(out), "--iterations", "5", "--budget-ms", "0.000001")
     assert p.returncode == 1 and "fail" in p.stdout
     assert_user_error(run_cli("bench", str(out), "--allow-cpu-fallback"), "runner 'openvino' has no CPU fallback to allow")

@@ -225,11 +225,14 @@ def test_pairs_pass_on_the_runtime_that_runs_the_bundle(runtime: str, converted:
     with open_checked(b, mode=True) as r:
         res = r.info.details["reference_check"]
         assert r.info.runtime.split()[0] in ("onnxruntime", "openvino", "litert", "ai-edge-litert", "LiteRT")
+        # OpenVINO computes in bf16 where the build's bf16 parity trial passed on a CPU listing BF16 (#25)
+        bf16 = r.info.precision_used == "bf16"
     assert res["passed"] is True, res
     assert res["samples"] == 4 and res["recorded"] is False
     assert {o["name"] for o in res["outputs"]} == {"features", "embedding"}
     for o in res["outputs"]:
-        assert o["cosine"] > 0.99999 and o["passed"] and (o["snr_db"] is None or o["snr_db"] > 60), o
+        assert o["cosine"] > (0.9999 if bf16 else 0.99999) and o["passed"], o
+        assert o["snr_db"] is None or o["snr_db"] > (30 if bf16 else 60), o
     assert res["thresholds"]["min_cosine"] >= THRESHOLDS["fp32"].min_cosine or runtime == "openvino"
     json.dumps(res, allow_nan=False)  # JSON as it is
 

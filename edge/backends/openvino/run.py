@@ -37,7 +37,7 @@ from edge.spec import TensorSpec, image_layout
 
 
 _PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
-_PRECISIONS = ("bundle", "f32", "f16", "bf16")
+_PRECISIONS = ("bundle", "fast", "f32", "f16", "bf16")
 #: the most streams asked for (OpenVINO caps them at its CPUs anyway; more is a typo)
 MAX_STREAMS = 1024
 
@@ -137,8 +137,9 @@ class OpenVINORunner(Runner):
                   "the first one present is used and a fallback is recorded",
         "performance_hint": "LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT",
         "inference_precision": "bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's "
-                               "default otherwise), "
-                               "or force f32, f16 or bf16",
+                               "default otherwise); fast (written by edgekit convert only when the bundle passed "
+                               "parity in bf16 on a CPU: bf16 on a CPU whose plugin lists BF16, f32 on other CPUs, "
+                               "as bundle elsewhere); or force f32, f16 or bf16",
         "num_threads": "CPU inference threads; 0 (default) = edgekit's choice: the CPUs that other processes and "
                        "reserve_cpus leave (edge.backends.threads), with CPU pinning off when they are shared",
         "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
@@ -224,7 +225,11 @@ class OpenVINORunner(Runner):
         ignored: list[str] = []
         config: dict[Any, Any] = {hints.performance_mode: getattr(hints.PerformanceMode, hint)}
         target_precision = precision_opt
-        if precision_opt == "bundle":
+        caps: list[str] = []
+        if precision_opt == "fast" and device == "CPU":
+            caps = optimization_capabilities(core, device)
+            target_precision = fast_cpu_precision(caps)
+        elif precision_opt in ("bundle", "fast"):
             # fp32 bundles compute in f32; the others in the device's own default (bf16 on AMX CPUs,
             # f16 on GPUs). Forcing f16 on this host's Xeon (FP16 listed, no AMX-FP16) was measured
             # slower: MobileNetV2 fp16 bundle 4.06 ms f16 vs 1.72 ms bf16 vs 3.16 ms f32, and an
@@ -316,6 +321,11 @@ class OpenVINORunner(Runner):
                 and "NUM_STREAMS" in supported:
             # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
             details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
+        if precision_opt == "fast":
+            details["fast_precision"] = {
+                "capabilities": caps, "computes": target_precision or "the device default",
+                "why": ("bf16 passed parity where the bundle was built: bf16 where the CPU plugin lists BF16, else f32"
+                        if device == "CPU" else f"the bf16 evidence is for CPUs; {device} computes as with bundle")}
         if plan is not None:
             details["threads_policy"] = {**plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
         if ignored:
@@ -424,3 +434,17 @@ class OpenVINORunner(Runner):
         self._request = None
         self._compiled = None
         super().close()
+
+
+def optimization_capabilities(core: Any, device: str) -> list[str]:
+    """The device's OPTIMIZATION_CAPABILITIES (``["BF16", "FP32", "INT8", ...]``); empty when it does not say."""
+    try:
+        return [str(c) for c in core.get_property(device, "OPTIMIZATION_CAPABILITIES")]
+    except Exception:  # noqa: BLE001 - virtual devices do not report it
+        return []
+
+
+def fast_cpu_precision(capabilities: list[str] | tuple[str, ...]) -> str:
+    """What ``inference_precision = "fast"`` computes in on a CPU: bf16 where the plugin lists BF16 (native bf16:
+    AVX512-BF16 or AMX), f32 elsewhere. The bundle carries it only after its parity in bf16 passed (issue #25)."""
+    return "bf16" if "BF16" in {c.upper() for c in capabilities} else "f32"

@@ -1,0 +1,84 @@
+"""Precision by evidence on CPUs (issue #25 item 2): OpenVINO's fast precision only where parity says so.
+
+OpenVINO's CPU plugin computes in bf16 by default on CPUs that have it (AVX512-BF16, AMX: the plugin
+lists ``BF16`` in ``OPTIMIZATION_CAPABILITIES``): 2-2.5x faster than f32 for YOLOv8n-320 on an
+AVX512-BF16 EPYC, but coarser (MediaPipe's selfie segmentation fell to cosine 0.988). The runner
+therefore pins f32 for fp32 and fp16 bundles (``inference_precision = "bundle"``).
+
+Here, where the bundle is built and its f32 parity has passed, the same inputs are run once more with
+``inference_precision = "fast"`` (bf16 on this CPU) against the same reference, at the bf16 limits of
+``edge.verify.parity``. The result is kept in the manifest as evidence (``parity.precision_trials``);
+only when it passed do the bundle's runner options say ``inference_precision = "fast"``, so a device
+whose CPU lists BF16 computes in bf16 and every other CPU in f32. The device's reference-pair check
+(``edge.verify.refpairs``) compares its own bf16 outputs with the reference on first load, at the same
+bf16 limits. Where this host cannot compute bf16 nothing is tried and the bundle stays f32 everywhere:
+no evidence, no bf16. An explicit ``inference_precision`` (profile, tuned overlay) is never changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from edge.bundle.bundle import Bundle
+from edge.errors import EdgeError
+
+#: bundle precisions whose OpenVINO CPU default the trial may change (int8 already runs in the device's default)
+TRIAL_PRECISIONS = ("fp32", "fp16")
+
+
+def trial_wanted(runner: str, options: Mapping[str, Any], precision: str, parity_passed: bool | None) -> str | None:
+    """None when the bf16 trial should run; else why not (a sentence for the build log)."""
+    if runner != "openvino":
+        return f"runner {runner} has no fast CPU precision to try"
+    chosen = str(options.get("inference_precision", "bundle")).lower()
+    if chosen != "bundle":
+        return f"inference_precision = {chosen!r} was set explicitly"
+    if precision not in TRIAL_PRECISIONS:
+        return f"a {precision} bundle already computes in the device's default"
+    if parity_passed is not True:
+        return "the bundle's own parity did not pass"
+    return None
+
+
+def try_fast_precision(precision: str, stage: Path, manifest: dict[str, Any], inputs: list[dict[str, Any]],
+                       reference: list[dict[str, Any]], *, label: str, reference_label: str,
+                       parity_opts: Mapping[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
+    """Run the bf16 trial on this host when it applies; record it in ``manifest`` and return it (None: not run)."""
+    from edge.verify.parity import check_parity
+
+    spec = manifest["runner"]
+    options = dict(spec.get("options") or {})
+    parity = manifest.get("parity") or {}
+    if trial_wanted(spec["name"], options, precision, parity.get("passed")) is not None:
+        return None
+    trial_manifest = {**manifest, "runner": {**spec, "options": {**options, "inference_precision": "fast"}}}
+    try:
+        runner = Bundle(stage, trial_manifest).open_runner()
+    except EdgeError as e:  # the f32 bundle passed: a failing trial only means no bf16
+        say(f"bf16 trial not run: {e.message}")
+        return None
+    with runner:
+        info = runner.info
+        fast = info.details.get("fast_precision") or {}
+        caps = [str(c) for c in fast.get("capabilities", [])]
+        if info.device_used != "CPU" or info.precision_used != "bf16":
+            say(f"bf16 trial not run: {info.device_used} computes in {info.precision_used} "
+                f"(CPU capabilities: {', '.join(caps) or 'not reported'})")
+            return None
+        say(f"checking parity in bf16 ({info.device_used}) on {len(inputs)} {label} inputs")
+        report = check_parity(runner, inputs, reference, precision=precision, inputs=label,
+                              reference_label=reference_label, **dict(parity_opts))
+    data = report.to_json()
+    trial = {"compute": "bf16", "passed": report.passed, "thresholds": data["thresholds"],
+             "candidate": data["candidate"], "outputs": data["outputs"], "failures": report.failures()[:64],
+             "capabilities": caps[:64]}
+    parity.setdefault("precision_trials", []).append(trial)
+    manifest["parity"] = parity
+    if report.passed:
+        options["inference_precision"] = "fast"
+        manifest["runner"] = {**spec, "options": options}
+        say("bf16 passed parity: the bundle computes in bf16 on CPUs that list BF16 (inference_precision fast)")
+    else:
+        say("bf16 failed parity (" + "; ".join(report.failures()[:3]) + "): the bundle stays f32 on CPUs")
+    return trial

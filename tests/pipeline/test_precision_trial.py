@@ -1,0 +1,98 @@
+"""Precision by evidence on CPUs (issue #25 item 2): OpenVINO computes in bf16 only where the bundle's parity
+in bf16 passed where it was built. The decision is tested on every host; the bf16 path only where the CPU
+plugin lists BF16 (CI may be AVX2-only: those skip with a "hardware:" reason). Nothing here times anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.backends.openvino.format import ov_core
+from edge.backends.openvino.run import OpenVINORunner, fast_cpu_precision, optimization_capabilities
+from edge.bundle.bundle import Bundle
+from edge.pipeline import convert
+from edge.pipeline.precision_trial import trial_wanted, try_fast_precision
+from edge.verify.refpairs import check_reference_pairs
+
+CAPS = optimization_capabilities(ov_core(), "CPU")
+NEEDS_BF16 = pytest.mark.skipif("BF16" not in CAPS, reason="hardware: this CPU's OpenVINO plugin does not list "
+                                f"BF16 in OPTIMIZATION_CAPABILITIES ({', '.join(CAPS) or 'none'})")
+
+
+def test_fast_precision_follows_the_plugin_s_capabilities() -> None:
+    assert fast_cpu_precision(["BF16", "WINOGRAD", "FP32", "INT8"]) == "bf16"
+    assert fast_cpu_precision(["FP32", "FP16", "INT8", "BIN"]) == "f32"  # an AVX2-only or FP16-only CPU
+    assert fast_cpu_precision([]) == "f32"
+
+
+@pytest.mark.parametrize(("runner", "options", "precision", "passed", "why"), [
+    ("openvino", {}, "fp32", True, None),
+    ("openvino", {"inference_precision": "bundle"}, "fp16", True, None),
+    ("openvino", {"inference_precision": "f32"}, "fp32", True, "set explicitly"),  # a profile or tuned overlay
+    ("openvino", {"inference_precision": "bf16"}, "fp32", True, "set explicitly"),
+    ("openvino", {}, "int8", True, "device's default"),
+    ("openvino", {}, "fp32", False, "did not pass"),
+    ("openvino", {}, "fp32", None, "did not pass"),
+    ("onnxruntime", {}, "fp32", True, "no fast CPU precision"),
+])
+def test_when_the_bf16_trial_runs(runner: str, options: dict, precision: str, passed: bool | None,
+                                  why: str | None) -> None:
+    got = trial_wanted(runner, options, precision, passed)
+    assert (got is None) if why is None else (got is not None and why in got)
+
+
+def test_fast_option_reads_back_what_the_cpu_can(models: dict[str, Path]) -> None:
+    """Any host: "fast" compiles to bf16 where the plugin lists BF16 and to f32 elsewhere, as read back."""
+    with OpenVINORunner(models["tiny"], options={"inference_precision": "fast"}) as r:
+        hint = r._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        assert hint == r.info.precision_used == fast_cpu_precision(CAPS)
+        assert r.info.details["fast_precision"]["capabilities"] == CAPS
+
+
+def test_convert_records_the_trial_only_where_bf16_exists(models: dict[str, Path], tmp_path: Path) -> None:
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    trials = b.manifest["parity"].get("precision_trials", [])
+    option = b.info.runner.options_dict.get("inference_precision")
+    if "BF16" not in CAPS:  # no evidence, no bf16: the bundle stays f32 on every CPU
+        assert trials == [] and option == "bundle"
+        return
+    assert [t["compute"] for t in trials] == ["bf16"] and trials[0]["candidate"]["precision_used"] == "bf16"
+    assert option == ("fast" if trials[0]["passed"] else "bundle")
+
+
+@NEEDS_BF16
+def test_bf16_that_passes_is_used_and_rechecked_by_the_reference_pairs(models: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    assert b.manifest["parity"]["precision_trials"][0]["passed"] is True
+    assert b.info.runner.options_dict["inference_precision"] == "fast"
+    with b.open_runner() as r:
+        assert r._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == "bf16"
+        check = check_reference_pairs(b, r)
+    assert check["passed"] is True and check["runner"]["precision_used"] == "bf16"
+    # the device's check is judged at the bf16 limits: not the fp32 ones
+    assert check["thresholds"]["min_cosine"] == pytest.approx(0.995)
+
+
+@NEEDS_BF16
+def test_bf16_that_fails_parity_keeps_f32(models: dict[str, Path], tmp_path: Path) -> None:
+    """A reference the bf16 outputs cannot meet (shifted at ~12 dB SNR, under bf16's 18 dB): the trial is
+    recorded as failed and the runner options stay "bundle" (f32 on every CPU)."""
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    manifest = {**b.manifest, "runner": {"name": "openvino", "options": {"device": ["CPU"]}},
+                "parity": {**b.manifest["parity"], "precision_trials": []}}
+    rng = np.random.default_rng(0)
+    with OpenVINORunner(b.artifact, options={"inference_precision": "f32"}) as r:
+        inputs = [{t.name: rng.random(t.shape, dtype=np.float32) for t in r.inputs} for _ in range(4)]
+        ref = [r.infer(x) for x in inputs]
+    off = [{k: v + 0.25 * np.abs(v).mean() * rng.standard_normal(v.shape).astype(np.float32) for k, v in o.items()}
+           for o in ref]
+    said: list[str] = []
+    trial = try_fast_precision("fp32", b.path, manifest, inputs, off, label="test", reference_label="shifted",
+                               parity_opts={}, say=said.append)
+    assert trial is not None and trial["passed"] is False and trial["failures"]
+    assert "inference_precision" not in manifest["runner"]["options"]
+    assert manifest["parity"]["precision_trials"] == [trial] and any("stays f32" in s for s in said)
+    assert Bundle(b.path, manifest).info.parity is not None  # the manifest schema takes what was recorded
