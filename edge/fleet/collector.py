@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from edge.mqtt.client import DEGRADED, BrokerConfig
+from edge.mqtt.lite import LiteConnection, TooLarge
 from edge.mqtt.netloop import Backoff, Connection, NetworkLoop, Timer
 from edge.mqtt.payloads import SCHEMA_VERSION, encode
 from edge.mqtt.ratelog import RateLimitedLog
@@ -237,7 +238,7 @@ class Collector:
         self._own_db = db is None
         self.stats = _new_stats()
         self.loop: NetworkLoop | None = None
-        self.conn: Connection | None = None
+        self.conn: Connection | LiteConnection | None = None
         self._acks: list[tuple[Any, int, int]] = []
         cap = config.max_tracked
         self._births: Bounded[tuple[str, str], int] = Bounded(cap, self.stats)  # device -> latest birth session known
@@ -267,7 +268,7 @@ class Collector:
         self._broken = False  # a failure on the loop thread while a batch was in flight: cleaned up after it
 
     # storing -----------------------------------------------------------------------------
-    def add(self, topic: str, payload: bytes, received_at: float | None = None) -> str | None:
+    def add(self, topic: str, payload: bytes | TooLarge, received_at: float | None = None) -> str | None:
         """Decode one message and queue it for the next write; the reason when it is refused (counted, logged)."""
         self.stats["received"] += 1
         now = time.time() if received_at is None else received_at
@@ -284,7 +285,8 @@ class Collector:
         if d.kind == "telemetry":
             m = telemetry_columns(d.payload)
             d = Decoded(d.kind, d.fleet, d.device, d.session, d.seq, d.ts, _READ, d.connection, d.historical)
-        self._pending.append((d, payload.decode("utf-8"), now, m))
+        text = payload.decode("utf-8") if isinstance(payload, bytes) else ""  # decode refuses a TooLarge
+        self._pending.append((d, text, now, m))
         return None
 
     def handle(self, topic: str, payload: bytes, received_at: float | None = None) -> str:
@@ -420,9 +422,9 @@ class Collector:
             other = latest.get((fleet, device, "state" if kind == "telemetry" else "telemetry"))
             later = other is not None and (session, seq) > other[:2]
             m = run[i][3]
-            kept = carried.get((fleet, device))
-            if m is not None and kept is not None:  # as one UPDATE a message leaves coalesce(?, column)
-                m = (*m[:-2], kept[0] if m[-2] is None else m[-2], kept[1] if m[-1] is None else m[-1])
+            held = carried.get((fleet, device))
+            if m is not None and held is not None:  # as one UPDATE a message leaves coalesce(?, column)
+                m = (*m[:-2], held[0] if m[-2] is None else m[-2], held[1] if m[-1] is None else m[-1])
             row = self._device_update(run[i][0], m)
             if later:
                 seconds[kind].append(row)
@@ -480,7 +482,7 @@ class Collector:
         if not suspects:
             return set()
         fresh = {(f, dv, int(s)): int(max(m, a)) for f, dv, s, _, m, a in
-                 self._stream_rows(list({run[i][0][1:4] for i in suspects}))}  # type: ignore[misc]
+                 self._stream_rows(list({run[i][0][1:4] for i in suspects}))}
         refused: set[int] = set()
         for i in suspects:
             d, _, now, _ = run[i]
@@ -758,7 +760,7 @@ class Collector:
                 [v for key in chunk for v in key]).fetchall()
         return rows
 
-    def _db_failed(self, e: Exception) -> None:
+    def _db_failed(self, e: BaseException) -> None:
         """Roll back and drop the connection: the broker re-delivers everything not yet acknowledged."""
         if self._inflight:  # the writer holds the database: drop the connection now, clean up after its batch
             self._broken = True
@@ -842,7 +844,7 @@ class Collector:
         if len(self._acks) >= self.config.batch_max:
             self._batch_due()
 
-    def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes, mid: int, qos: int) -> None:
+    def _lite_message(self, conn: Any, client: Any, topic: str, payload: bytes | TooLarge, mid: int, qos: int) -> None:
         """``_message`` for the lean client (edge.mqtt.lite): the same, without a message object."""
         if not self._admit(qos):
             return
@@ -864,21 +866,20 @@ class Collector:
         self.loop = loop or NetworkLoop(name="edgekit-collector").start()
         self._own_loop = loop is None
         if c.client == "lite":
-            from edge.mqtt.lite import LiteConnection
-
-            self.conn = LiteConnection(  # type: ignore[assignment]
+            conn: Connection | LiteConnection = LiteConnection(
                 self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
                 on_publish=self._lite_message, clean_start=False, session_expiry_s=c.session_expiry_s,
                 receive_maximum=c.receive_maximum, backoff=c.backoff)
         else:
-            self.conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
-                                   on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
-                                   manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
+            conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
+                              on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
+                              manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
+        self.conn = conn
         self.loop.run(self.loop.after_io, self._after_io)
         if c.pipeline:
             self._writer = threading.Thread(target=self._write_batches, name="edgekit-collector-writer", daemon=True)
             self._writer.start()
-        self.conn.start()
+        conn.start()
         return self
 
     def tracked(self) -> dict[str, int]:
@@ -888,9 +889,9 @@ class Collector:
 
     def snapshot(self) -> dict[str, Any]:
         """The counters, read on the loop thread (consistent)."""
-        if self.loop is None:
-            return json.loads(json.dumps(self.stats))
-        return self.loop.run(lambda: json.loads(json.dumps(self.stats)))
+        stats: dict[str, Any] = (json.loads(json.dumps(self.stats)) if self.loop is None
+                                 else self.loop.run(lambda: json.loads(json.dumps(self.stats))))
+        return stats
 
     @property
     def connected(self) -> bool:

@@ -446,13 +446,13 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
             raise MissingDependencyError("PostgreSQL support needs psycopg 3",
                                          hint="pip install 'edgekit-ml[fleet]'") from None
         try:
-            named = {} if "application_name" in url else {"application_name": application_name}
-            conn = psycopg.connect(url, connect_timeout=10, **named)
+            named: dict[str, Any] = {} if "application_name" in url else {"application_name": application_name}
+            pg = psycopg.connect(url, connect_timeout=10, **named)
         except psycopg.Error as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise EdgeError(f"cannot connect to {redact(url)}: {scrub(first, url)}") from None
-        pgarray.register(conn)
-        db = FleetDB(conn, "postgresql", url)
+        pgarray.register(pg)
+        db = FleetDB(pg, "postgresql", url)
     try:
         if db.dialect == "sqlite":  # beside a busy writer (another collector) the schema check can be refused
             _while_locked(db.init_schema, conn)

@@ -18,11 +18,13 @@ import math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
+_orjson: Any  # the orjson module, or None where it is not installed
 try:
     import orjson as _orjson
 except ImportError:  # optional: the standard library parses the same messages, slower
     _orjson = None
 
+from edge.mqtt.lite import TooLarge
 from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.mqtt.topics import Topic, TopicError
 
@@ -77,8 +79,8 @@ def _std_loads(payload: bytes) -> Any:
 
 def _fast_loads(payload: bytes) -> Any:
     try:
-        return _orjson.loads(payload)  # type: ignore[union-attr]
-    except _orjson.JSONDecodeError:  # type: ignore[union-attr]
+        return _orjson.loads(payload)
+    except _orjson.JSONDecodeError:
         return _std_loads(payload)  # the exact verdict (and message) of the standard library
 
 
@@ -98,14 +100,14 @@ def parse_topic(topic: str) -> Topic:
     return t
 
 
-def decode(topic: str | Topic, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
+def decode(topic: str | Topic, payload: bytes | TooLarge, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
            max_session_skew_s: float = MAX_SESSION_SKEW_S) -> Decoded:
     """One message, checked. With ``now`` (the receiver's clock, Unix seconds), a session ahead of it by more
     than ``max_session_skew_s`` is refused: agents number sessions from their clock, and a larger session
     always wins, so one forged far-future session would freeze a device's row on forged data for good.
     ``topic`` may be a ``Topic`` that ``parse_topic`` returned (``TopicCache`` keeps them)."""
     t = topic if isinstance(topic, Topic) else parse_topic(topic)
-    if len(payload) > max_bytes:
+    if len(payload) > max_bytes or isinstance(payload, TooLarge):  # TooLarge: skipped unread by the lean client
         raise Rejected("oversized", f"{len(payload)} bytes, limit {max_bytes}")
     try:
         obj = loads(payload)
@@ -128,7 +130,7 @@ def decode(topic: str | Topic, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_B
         raise Rejected("future_session", f"session {session} is {session - now:.0f} s ahead of this collector's "
                                          f"clock (at most {max_session_skew_s:.0f} s allowed)")
     ts = obj.get("ts")
-    if type(ts) not in (int, float) or not math.isfinite(ts):
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):  # JSON: exactly these
         raise Rejected("malformed", "ts must be a finite number")
     connection = _uint(obj, "connection") if t.kind in ("birth", "death") else None
     historical = obj.get("historical", False)

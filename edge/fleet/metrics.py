@@ -202,8 +202,8 @@ class FleetSnapshot:
         rdev = gauge("edgekit_rollout_devices", (*rlabels, "state"))
         ron = gauge("edgekit_rollout_devices_on_desired", rlabels)
         rfail = gauge("edgekit_rollout_failures", (*rlabels, "reason"))
-        for key, r in sorted(self.rollouts.items()):
-            k = list(key)
+        for rkey, r in sorted(self.rollouts.items()):
+            k = list(rkey)
             for state in ROLLOUT_STATES:
                 rdev.add_metric([*k, state], r.states.get(state, 0))
             ron.add_metric(k, r.on_desired)

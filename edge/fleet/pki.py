@@ -132,20 +132,23 @@ def _new_key() -> Any:
 def _key_pem(key: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    pem: bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption())
+    return pem
 
 
 def _pem(obj: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return obj.public_bytes(serialization.Encoding.PEM)
+    pem: bytes = obj.public_bytes(serialization.Encoding.PEM)
+    return pem
 
 
 def _public_der(pub: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    der: bytes = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
 
 
 def _name(cn: str) -> Any:

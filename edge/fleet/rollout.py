@@ -43,7 +43,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from edge.mqtt.desired import DesiredState, TERMINAL
 from edge.mqtt.topics import check_part
@@ -169,7 +169,7 @@ class RolloutController:
                           unconfirmed=unconfirmed)
 
     def _decide(self, r: dict[str, Any], snap: dict[str, DeviceView], now: float) -> str:
-        state = r["state"]
+        state: str = r["state"]
         cohorts = self.store.cohorts(self.rid)
         rows = self.store.devices(self.rid)
         for row in rows:
@@ -465,7 +465,7 @@ def new_rollout_id() -> str:
 
 
 def start_rollout(db: FleetDB, view: FleetView, spec: RolloutSpec, bundles: list[RolloutBundle], *,
-                  previous: list[RolloutBundle] = (), rollout_id: str | None = None, sync_timeout_s: float = 15.0,
+                  previous: Sequence[RolloutBundle] = (), rollout_id: str | None = None, sync_timeout_s: float = 15.0,
                   now: float | None = None) -> str:
     """Record a new rollout (nothing is published yet: the controller's first step does that). Refuses an
     empty fleet, two bundles for one target class, and a target filter that names none of the bundles."""

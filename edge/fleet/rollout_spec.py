@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
 from edge.mqtt.desired import DesiredError, check_artifact_url
@@ -316,13 +316,15 @@ def breaches(c: Criterion, row: Mapping[str, Any], report: Mapping[str, Any] | N
             return f"inference errors ({code or 'health'})"
         return None
     if c.metric == "fallback":
-        smoke = rep.get("smoke") if isinstance(rep.get("smoke"), dict) else {}
+        given = rep.get("smoke")
+        smoke = given if isinstance(given, dict) else {}
         if code in ("fallback", "watch_fallback") or smoke.get("fallback"):
             return f"fallback ({code or smoke.get('fallback')})"
         return None
     if c.metric == "parity":
-        rc = rep.get("reference_check") if isinstance(rep.get("reference_check"), dict) else {}
-        health = rep.get("health") if isinstance(rep.get("health"), dict) else {}
+        given_rc, given_health = rep.get("reference_check"), rep.get("health")
+        rc = given_rc if isinstance(given_rc, dict) else {}
+        health = given_health if isinstance(given_health, dict) else {}
         if code in ("reference_pairs_failed", "watch_reference_drift") or rc.get("passed") is False \
                 or health.get("reference_passed") is False:
             return f"reference pairs failed ({code or 'reference_check'})"
@@ -358,7 +360,7 @@ def breaches(c: Criterion, row: Mapping[str, Any], report: Mapping[str, Any] | N
     raise AssertionError(c.metric)  # pragma: no cover - the parser knows no other metric
 
 
-def evaluate(c: Criterion, rows: list[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any] | None],
+def evaluate(c: Criterion, rows: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any] | None],
              telemetry: Mapping[str, Mapping[str, Any] | None], bundle_id: str, min_devices: int) -> str | None:
     """The abort reason when the cohort's devices (``rows``) breach ``c``, else None."""
     finished = [r for r in rows if r["state"] not in ("assigned", "skipped")]

@@ -54,9 +54,10 @@ class DeviceView:
     @property
     def bundle_id(self) -> str | None:
         r = self.reported
-        if r is not None and isinstance(r.get("bundle_running"), str):
+        running = r.get("bundle_running") if r is not None else None
+        if r is not None and isinstance(running, str):
             if self.birth is None or _int(r.get("ts")) >= _int(self.birth.get("ts")):
-                return r["bundle_running"]
+                return running
         b = self.bundle.get("id")
         return b if isinstance(b, str) else None
 

@@ -8,13 +8,14 @@ disk rather than the broker and the collector. Used by ``benchmarks/fleet_ingest
 
 from __future__ import annotations
 
+import functools
 import random
 import selectors
 import socket
 import struct
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import edge
 from edge.mqtt.client import BrokerConfig
@@ -64,7 +65,7 @@ class SimulatedFleet:
         self._rng = random.Random(seed)
         self.connect_per_s = connect_per_s
         self.sessions = [DeviceSession(self.loop, broker, fleet, f"{prefix}-{i:05d}", MemoryOutbox(),
-                                       birth_body=lambda i=i: birth_body(i, rate_hz),
+                                       birth_body=functools.partial(birth_body, i, rate_hz),
                                        client_id=f"edgekit-{fleet}-{prefix}-{i:05d}", backoff=backoff)
                          for i in range(devices)]
         self._timers: list[Any] = []
@@ -219,7 +220,7 @@ class LightFleet:
 
     def _io(self, timeout: float) -> None:
         for key, events in self._sel.select(timeout):
-            i, s = key.data, key.fileobj
+            i, s = key.data, cast(socket.socket, key.fileobj)  # only sockets are registered here
             if events & selectors.EVENT_READ:
                 try:
                     data = s.recv(65536)
