@@ -1,12 +1,26 @@
 """One error hierarchy. Each error says what is wrong and what to do next.
 
-The CLI prints ``str(err)`` on one line and exits with code 2; anything that is not an
-``EdgeError`` is a bug and keeps its traceback.
+The CLI prints ``str(err)`` on one line and exits with code 2 (:data:`USER_ERROR`). Anything that is
+not an ``EdgeError`` is a bug: it too becomes one line (:func:`internal_error_line`: the step, the
+exception, the log file its traceback was saved to) and exit code 3 (:data:`INTERNAL_ERROR`), so a
+script tells "you gave me something wrong" from "edgekit has a bug" and no traceback reaches a user.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+#: exit codes: the user's input was refused; edgekit failed unexpectedly (a bug)
+USER_ERROR = 2
+INTERNAL_ERROR = 3
+#: crash logs kept in the log directory (the oldest go first)
+KEEP_CRASH_LOGS = 50
 
 
 class EdgeError(Exception):
@@ -87,3 +101,49 @@ def did_you_mean(name: str, choices: list[str]) -> str:
     """'did you mean 'x86-cpu'? ' for a near miss among ``choices``, else ''."""
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
     return f"did you mean {close[0]!r}? " if close else ""
+
+
+def crash_log_dir() -> Path:
+    """Where tracebacks of internal errors go: ``$EDGEKIT_LOG_DIR``, else ``$XDG_STATE_HOME/edgekit/crashes``
+    (``~/.local/state/edgekit/crashes``)."""
+    env = os.environ.get("EDGEKIT_LOG_DIR", "").strip()
+    if env:
+        return Path(env).expanduser()
+    state = os.environ.get("XDG_STATE_HOME", "").strip()
+    return (Path(state) if state else Path.home() / ".local" / "state") / "edgekit" / "crashes"
+
+
+def save_traceback(step: str, exc: BaseException) -> Path | None:
+    """Write ``exc``'s traceback (with the command line and versions) to a new file under :func:`crash_log_dir`
+    (mode 0600; at most :data:`KEEP_CRASH_LOGS` kept) and return its path; None when no file could be written."""
+    version = getattr(sys.modules.get("edge"), "__version__", "?")  # the package is loaded: no import needed
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    word = "".join(c if c.isalnum() else "-" for c in step)[:40] or "edgekit"
+    text = (f"edgekit {version} internal error in {step}\n"
+            f"time: {stamp}\ncommand: {sys.argv!r}\npython: {sys.version.split()[0]} on {sys.platform}\n\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    fallback = Path(tempfile.gettempdir()) / f"edgekit-crashes-{getattr(os, 'getuid', lambda: 0)()}"
+    for d in (crash_log_dir(), fallback):
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = d / f"{stamp}-{os.getpid()}-{word}.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(text)
+            old = sorted(d.glob("*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_CRASH_LOGS]
+            for p in old:
+                p.unlink(missing_ok=True)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def internal_error_line(step: str, exc: BaseException) -> str:
+    """``internal error in STEP: Type: message; details in FILE``, the traceback saved (:func:`save_traceback`).
+    The message is cut to one line of at most 300 characters; control characters are the caller's to escape."""
+    path = save_traceback(step, exc)
+    message = " | ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    message = message if len(message) <= 300 else message[:297] + "..."
+    where = f"details in {path}" if path is not None else "the traceback could not be saved (no writable log directory)"
+    return f"internal error in {step}: {type(exc).__name__}: {message or '(no message)'}; {where}"

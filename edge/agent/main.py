@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from edge.errors import EdgeError
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line
 
 
 def setup_logging(level: str) -> None:
@@ -155,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = run(config_from(ns), duration=ns.duration, flush_timeout=ns.flush_timeout)
     except EdgeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USER_ERROR
+    except Exception as e:  # noqa: BLE001 - the firewall: one line, the traceback in a log file, exit 3
+        print(f"error: {internal_error_line('agent', e)}", file=sys.stderr)
+        return INTERNAL_ERROR
     if ns.as_json:
         print(json.dumps(summary))
     elif not summary["outbox_flushed"]:

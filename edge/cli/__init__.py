@@ -1,7 +1,8 @@
 """The ``edgekit`` command: a thin typer layer over the ``edge`` library.
 
 One module per command group. Commands parse, call one library function, and render a rich
-table or ``--json``. ``EdgeError`` becomes one line on stderr and exit code 2.
+table or ``--json``. ``EdgeError`` becomes one line on stderr and exit code 2;
+any other exception one line naming its log file, and exit code 3.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from edge.cli import toolchain as _toolchain
 from edge.cli import tune as _tune
 from edge.cli import verify as _verify
 from edge.cli._common import command, err_console, one_line, safe
+from edge.errors import INTERNAL_ERROR, internal_error_line
 
 app = typer.Typer(
     name="edgekit",
@@ -83,9 +85,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     and exit 2, like every other refusal, instead of click's boxed multi-line form."""
     import sys
 
+    click_error, usage_error, abort = _click_errors()
+    try:
+        rv = _dispatch(argv, usage_error, click_error, abort)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - outside any command (option parsing, a group): still one line, exit 3
+        err_console.print(f"[bold red]error:[/] {safe(internal_error_line('edgekit', e))}", highlight=False,
+                          soft_wrap=True)
+        sys.exit(INTERNAL_ERROR)
+    # standalone_mode=False returns a command's value, or the code of a typer.Exit it raised
+    sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+def _dispatch(argv: Sequence[str] | None, usage_error: type[BaseException], click_error: type[BaseException],
+              abort: type[BaseException]) -> object:
+    """Run the command line; click's own errors become one line and their exit code."""
+    import sys
+
     from typer.main import get_command
 
-    click_error, usage_error, abort = _click_errors()
     try:
         rv = get_command(app).main(args=list(argv) if argv is not None else None, prog_name="edgekit",
                                    standalone_mode=False)
@@ -104,5 +123,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     except abort:
         err_console.print("Aborted.", highlight=False)
         sys.exit(1)
-    # standalone_mode=False returns a command's value, or the code of a typer.Exit it raised
-    sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+    return rv

@@ -8,14 +8,14 @@ import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from edge.errors import EdgeError
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line
 
 
 TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
@@ -111,7 +111,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def command(fn: F) -> F:
-    """An ``EdgeError`` becomes one line on stderr and exit code 2; other exceptions are bugs and keep their traceback."""
+    """An ``EdgeError`` becomes one line on stderr and exit code 2. Any other exception is a bug in edgekit: one
+    line too (``internal error in STEP: Type: message; details in FILE``), its traceback saved to that file
+    (``edge.errors.save_traceback``), exit code 3. typer's and click's own exits pass through."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -119,9 +121,35 @@ def command(fn: F) -> F:
             return fn(*args, **kwargs)
         except EdgeError as e:
             err_console.print(f"[bold red]error:[/] {safe(one_line(str(e)))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(USER_ERROR) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the firewall: every bug becomes one line and a log file
+            if type(e).__module__.split(".")[0] in ("click", "typer"):  # a usage error raised inside a command
+                raise
+            internal_error(_step_name(fn), e)
 
     return wrapper  # type: ignore[return-value]
+
+
+def internal_error(step: str, exc: BaseException) -> NoReturn:
+    """Print :func:`edge.errors.internal_error_line` on stderr and exit with code 3."""
+    err_console.print(f"[bold red]error:[/] {safe(internal_error_line(step, exc))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(INTERNAL_ERROR) from None
+
+
+def _step_name(fn: Callable[..., Any]) -> str:
+    """The command as typed (``fleet collect``), else the function's name without ``_cmd``."""
+    try:  # recent typer vendors click; older typer runs on the click package
+        from typer._click.globals import get_current_context  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from click import get_current_context  # type: ignore[no-redef]
+        except ImportError:
+            get_current_context = None
+    ctx = get_current_context(silent=True) if get_current_context is not None else None
+    path = str(getattr(ctx, "command_path", "") or "").split()
+    return " ".join(path[1:]) if len(path) > 1 else fn.__name__.removesuffix("_cmd").replace("_", " ")
 
 
 def one_line(text: str) -> str:
