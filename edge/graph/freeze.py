@@ -157,8 +157,12 @@ def static_analysis(graph: Any) -> tuple[dict[str, bool], dict[str, bool]]:
             value[vi.name], shape[vi.name] = False, True
     for n in graph.node:
         ins = [i for i in n.input if i]
-        vs = lambda i: value.get(i, False)  # noqa: E731 - an outer-scope name is not known
-        ss = lambda i: shape.get(i, False)  # noqa: E731
+        def vs(i: str) -> bool:
+            return value.get(i, False)
+
+        def ss(i: str) -> bool:
+            return shape.get(i, False)
+
         control = any(a.type in (5, 10) for a in n.attribute)  # GRAPH / GRAPHS: If, Loop, Scan
         if control or n.op_type in _NONDETERMINISTIC:
             v = s = False
@@ -198,7 +202,8 @@ def probe(model: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> 
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     try:
-        return sess.run(list(names), dict(feeds))
+        out: list[np.ndarray] = sess.run(list(names), dict(feeds))
+        return out
     except Exception as e:  # noqa: BLE001 - onnxruntime ran more of the graph than asked, and it failed
         raise _RunError(describe_ort_error(str(e))) from None
 
@@ -311,7 +316,8 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
     # can make a branch that is not taken invalid for onnxruntime's load-time inference (a Squeeze of a dim that is
     # then 2), and ONNX's inferred annotations crashed onnxruntime 1.23 (SIGSEGV) on Silero's Ifs
     feeds = _zeros(rest)
-    inlined, kept = 0, []
+    inlined = 0
+    kept: list[str] = []
     for _ in range(MAX_ROUNDS):
         try:
             k, kept = _inline_round(frozen, feeds)

@@ -193,7 +193,7 @@ def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
         one = init("shape_1bh", np.array([1, batch, H], np.int64))
         ax0, ax1 = init("axis0", np.array([0], np.int64)), init("axis1", np.array([1], np.int64))
         gate = [init(f"g{j}", np.array([j * H], np.int64)) for j in range(5)]
-        zeros = None
+        zeros = ""  # read only where a state is not given, and then set here
         if not (_given(n, 5) and _given(n, 6)):
             zeros = init("zeros", np.zeros((batch, H), W.dtype))
         h = _state_2d(n.input[5], batch, H, "h_init") if _given(n, 5) else zeros

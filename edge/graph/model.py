@@ -361,12 +361,13 @@ def make_static(model: Any, io: IOSpec, *, source: str | os.PathLike[str] | None
     if own is not None:
         raise ModelError(f"{name}: onnxruntime cannot load the model as it is: {own}",
                          hint="check the file with onnxruntime; re-export it with a newer exporter or opset")
-    current, kept = model, {}
+    current = model
+    kept: dict[str, list[int]] = {}
     # rank-unknown inputs get their whole shape at once; the others one dim at a time
     for n, shape in full.items():
         d0 = declared[n]
         steps: list[Mapping[int, int] | tuple[int, ...]] = [shape] if d0 == UNKNOWN_RANK else \
-            [{i: v} for i, v in enumerate(shape) if not (isinstance(d0[i], int) and d0[i] > 0)]
+            [{i: v} for i, v in enumerate(shape) if not (isinstance(di := d0[i], int) and di > 0)]
         for step in steps:
             trial = set_input_dims(current, {n: step})
             if loader.problem(trial) is None:

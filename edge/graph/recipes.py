@@ -475,7 +475,7 @@ def task_failures(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequ
     def tight(v: float | None) -> float | None:
         return None if v is None else 1.0 - (1.0 - v) * margin
 
-    th = replace(th, min_top1=tight(th.min_top1), min_top5=tight(th.min_top5), min_detection=tight(th.min_detection),
+    th = replace(th, min_top1=1.0 - (1.0 - th.min_top1) * margin, min_top5=tight(th.min_top5), min_detection=tight(th.min_detection),
                  min_iou=tight(th.min_iou), min_sequence=tight(th.min_sequence))
     task_words = ("top-1", "top-5", "detection", "IoU", "sequence")
     return [f"{o.name}: {f}" for o in compare(list(reference), list(candidate), th)
@@ -508,8 +508,12 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
     if eligible is None:
         eligible = [n.name for n in model.graph.node if any(o in sizes for o in n.output)]
     eligible = list(eligible)
-    lazy = initial if callable(initial) else None
-    kept = {} if lazy is not None else {k.node: k for k in initial}
+    lazy: Callable[[], Sequence[KeptNode]] | None = None
+    kept: dict[str, KeptNode] = {}
+    if callable(initial):
+        lazy = initial
+    else:
+        kept = {k.node: k for k in initial}
     ref_out = reference(samples, [])
     result = SearchResult([], [], target_cosine, len(samples))
     best: tuple[float, Any, list[KeptNode], int] | None = None

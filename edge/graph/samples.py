@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -141,7 +142,7 @@ class _GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
         return name
 
-    def node(self, op: str, inputs: list[str], output: str | None = None, **attrs: object) -> str:
+    def node(self, op: str, inputs: list[str], output: str | None = None, **attrs: Any) -> str:
         """Append one node (named after its single output) and return the output name."""
         output = output or self._name(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
@@ -403,7 +404,7 @@ def write_text_line_images(directory: str | os.PathLike[str], count: int = 32, *
             words.append(word)
         text = " ".join(words) or word[:3]
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-        x = int(rng.integers(2, max(3, width - 2 - (right - left))))
+        x = int(rng.integers(2, int(max(3, width - 2 - (right - left)))))
         y = (height - (bottom - top)) // 2 - top + int(rng.integers(-3, 4))
         draw.text((x, y), text, fill=(fg, fg, fg), font=font)
         rotated = i % 2 == 1
