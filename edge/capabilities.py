@@ -153,9 +153,19 @@ class CpuIsa:
                 "int8_dot_product": self.int8_dot_product, "native_bf16": self.native_bf16}
 
 
+#: ARM Ltd. (implementer 0x41) core part numbers as aarch64 Linux's /proc/cpuinfo gives them ("CPU part"), which
+#: carries no model name there: the Raspberry Pi 3/4/5 cores, Graviton's Neoverse, the Jetson Orin's A78AE
+ARM_PARTS = {"0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57",
+             "0xd08": "Cortex-A72", "0xd09": "Cortex-A73", "0xd0a": "Cortex-A75", "0xd0b": "Cortex-A76",
+             "0xd0c": "Neoverse-N1", "0xd0d": "Cortex-A77", "0xd40": "Neoverse-V1", "0xd41": "Cortex-A78",
+             "0xd42": "Cortex-A78AE", "0xd46": "Cortex-A510", "0xd47": "Cortex-A710", "0xd49": "Neoverse-N2",
+             "0xd4f": "Neoverse-V2"}
+
+
 def parse_cpuinfo(text: str) -> CpuIsa:
-    """The first processor block of a /proc/cpuinfo text (x86 "flags", ARM "Features")."""
-    model, flags = "", frozenset[str]()
+    """The first processor block of a /proc/cpuinfo text (x86 "flags", ARM "Features"; an ARM Ltd. core is named
+    from its "CPU implementer"/"CPU part": aarch64 Linux gives no model name, or a generic "ARMv8 Processor")."""
+    model, flags, arm = "", frozenset[str](), {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
@@ -163,6 +173,10 @@ def parse_cpuinfo(text: str) -> CpuIsa:
             model = value.strip()
         elif key in ("flags", "features") and not flags:
             flags = frozenset(value.split()) & frozenset(ISA_FLAGS)
+        elif key in ("cpu implementer", "cpu part"):
+            arm.setdefault(key, value.strip().lower())
+    if arm.get("cpu implementer") == "0x41" and arm.get("cpu part") in ARM_PARTS:  # over "ARMv8 Processor rev 1"
+        model = f"ARM {ARM_PARTS[arm['cpu part']]}"
     return CpuIsa(model=model or platform.processor() or platform.machine(), flags=flags, known=bool(text))
 
 

@@ -119,7 +119,7 @@ def device_model() -> str | None:
 
 def host_facts() -> dict[str, Any]:
     """What a fleet operator wants to know about the box, once per birth."""
-    from edge.capabilities import current_host
+    from edge.capabilities import cpu_isa, current_host
 
     h = current_host()
     mem = meminfo_mb()
@@ -132,6 +132,7 @@ def host_facts() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "mem_total_mb": _r(mem.get("MemTotal"), 1),
         "model": device_model(),
+        "cpu": cpu_isa().model,  # "ARM Cortex-A76" on a Raspberry Pi 5 (or under qemu -cpu cortex-a76)
         "nvidia_gpu": h.nvidia_gpu,
         "jetson": h.jetson,
     }

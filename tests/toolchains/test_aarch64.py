@@ -75,3 +75,15 @@ def test_the_installed_guest_is_an_arm_core() -> None:
         em.with_cpu("max")
     doc = json.loads(run_cli("doctor", "--json").stdout)["emulation"]["aarch64"]
     assert doc["ready"] is True and "qemu-aarch64 10." in doc["detail"]
+
+
+@pytest.mark.parametrize("cpu, name", [("cortex-a72", "ARM Cortex-A72"), ("cortex-a76", "ARM Cortex-A76"),
+                                       ("neoverse-n1", "ARM Neoverse-N1")])
+def test_an_arm_core_is_named_from_its_part(cpu: str, name: str) -> None:
+    from edge.capabilities import parse_cpuinfo
+
+    text = aarch64.cpuinfo_text(cpu)  # what qemu 7.2 is given, and the form aarch64 Linux writes
+    assert parse_cpuinfo(text).model == name
+    # qemu 10 adds a generic model name, as some kernels do: the part still names the core
+    assert parse_cpuinfo("model name\t: ARMv8 Processor rev 1 (v8l)\n" + text).model == name
+    assert "asimddp" in parse_cpuinfo(aarch64.cpuinfo_text("cortex-a76")).flags
