@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -85,11 +86,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``.
     ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated aarch64 when the
     toolchain is installed (``edge.verify.isa.check_after_convert``; its line is in ``notes``)."""
-    from edge.bundle.signing import configured_sign_key
-    from edge.bench import judge_device_class, run_benchmark
-    from edge.bundle.schema import SkippedParity
-    from edge.pipeline import convert, runnable_here
-    from edge.stats import budget_from
+    from edge.pipeline import convert
     from edge.targets import get_target
 
     say = on_step or (lambda _m: None)
@@ -121,9 +118,73 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
         where = "" if overlay.tuned.get("same_device_class", True) else \
             f" (tuned off the device: {overlay.tuned.get('device_class')})"
         notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
-    bundle = convert(model, target_profile, build, accept_parity_failure=accept_parity_failure, on_step=say,
+    check_build_dir(build)
+    stage = build.parent / f".{build.name}.deploy-{os.getpid()}"
+    bundle = convert(model, target_profile, stage, accept_parity_failure=accept_parity_failure, on_step=say,
                      force=True, tuned=overlay, **convert_kwargs)
+    try:
+        bundle, report, notes2, unverified, gates, device_class, where = _check_and_ship(
+            bundle, target_profile, profile, device, say, bench_iterations=bench_iterations, fps=fps,
+            budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
+            accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback, sign_key=sign_key,
+            trust=trust, isa_check=isa_check, final=build)
+    except BaseException as e:
+        kept = _keep_refused(stage, build)
+        if isinstance(e, EdgeError) and kept is not None:
+            e.hint = (f"{e.hint}; " if e.hint else "") + kept
+            e.args = (f"{e.message} ({e.hint})",)
+        raise
+    _replace_dir(stage, build)
+    bundle = Bundle.open(build, trust=False)
+    return DeployResult(bundle, where, report, notes + notes2, unverified=unverified, budget_gates=gates,
+                        device_class=device_class, tune=tune_info, tuned_applied=applied)
+
+
+def check_build_dir(build: Path) -> None:
+    """A build directory that exists must be an earlier bundle (it is replaced once the new one ships): never a
+    directory of the user's that a typo in --build-dir named."""
+    if build.is_symlink() or (build.exists() and not (build.is_dir() and (build / "manifest.json").is_file())):
+        raise EdgeError(f"--build-dir {build} exists and is not an edgekit bundle: it would be replaced",
+                        hint="choose another --build-dir, or remove it yourself")
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.replace(dest, old)
+    os.replace(new, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _keep_refused(stage: Path, build: Path) -> str | None:
+    """A deploy refused after converting: the earlier build stays as it was; the new bundle is kept for a look
+    (in the build directory when there was none, else beside it as ``<build>.refused``). What to tell the user."""
+    if not stage.exists():
+        return None
+    if not build.exists():
+        os.replace(stage, build)
+        return f"the bundle built is in {build}"
+    refused = build.with_name(build.name + ".refused")
+    _replace_dir(stage, refused)
+    return f"the bundle built is in {refused}; {build} still holds the earlier build"
+
+
+def _check_and_ship(bundle: Bundle, target_profile: Any, profile: Any, device: Any, say: Callable[[str], None], *,
+                    bench_iterations: int, fps: float | None, budget_ms: float | None, accept_parity_failure: bool,
+                    accept_budget_failure: bool, allow_cpu_fallback: bool, sign_key: str | None, trust: Any,
+                    isa_check: bool, final: Path) -> tuple[Bundle, Any, list[str], Any, Any, Any, str]:
+    """The converted bundle (in its staging directory; ``final``: where it goes once shipped): ISA check,
+    benchmark, signature, ship."""
+    from edge.bundle.signing import configured_sign_key
+    from edge.bench import judge_device_class, run_benchmark
+    from edge.bundle.schema import SkippedParity
+    from edge.pipeline import runnable_here
+    from edge.stats import budget_from
     from edge.verify.isa import check_after_convert
+
+    notes: list[str] = []
 
     line, _ = check_after_convert(bundle, target_profile, enabled=isa_check, accept_failure=accept_parity_failure)
     if line:  # "checked on aarch64 (emulated cortex-a76): pass ..." or why not
@@ -139,7 +200,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     run_here = runnable_here(profile)  # parity may have run on a host proxy; the benchmark needs the runner itself
     if run_here is not None:
         notes.append(f"not benchmarked: the target's runner cannot run on this host ({run_here}); run "
-                     f"`edgekit bench {bundle.path} --record` on the device")
+                     f"`edgekit bench {final} --record` on the device")
     else:
         budget, source = budget_from(fps, budget_ms, profile.frame_budget_ms)
         say(f"benchmarking {bench_iterations} iterations on this host")
@@ -168,8 +229,7 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     say(f"shipping {bundle.id} to {device}")
     where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
                  trust=trust)
-    return DeployResult(bundle, where, report, notes, unverified=unverified, budget_gates=gates,
-                        device_class=device_class, tune=tune_info, tuned_applied=applied)
+    return bundle, report, notes, unverified, gates, device_class, where
 
 
 def _tune_options(tune: Any) -> Any:

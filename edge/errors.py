@@ -16,7 +16,9 @@ import time
 import traceback
 from pathlib import Path
 
-#: exit codes: the user's input was refused; edgekit failed unexpectedly (a bug)
+#: exit codes: a measured verdict refused the work (over budget: as `edgekit bench`); the user's input was
+#: refused; edgekit failed unexpectedly (a bug)
+VERDICT_FAILED = 1
 USER_ERROR = 2
 INTERNAL_ERROR = 3
 #: crash logs kept in the log directory (the oldest go first)
@@ -24,7 +26,10 @@ KEEP_CRASH_LOGS = 50
 
 
 class EdgeError(Exception):
-    """Base of every error edgekit raises on purpose."""
+    """Base of every error edgekit raises on purpose. The CLI prints it as one line and exits ``exit_code``:
+    2 (the input or the setup is wrong) unless a subclass says otherwise."""
+
+    exit_code = USER_ERROR
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         self.message = message
@@ -73,7 +78,10 @@ class ParityError(EdgeError):
 
 
 class BudgetError(EdgeError):
-    """The benchmark's p99 latency is over the frame budget."""
+    """The benchmark's p99 latency is over the frame budget. A measured verdict, not a wrong input: exit 1, the
+    code ``edgekit bench`` gives for the same verdict, so a script reads "over budget" the same from both."""
+
+    exit_code = VERDICT_FAILED
 
 
 class BundleError(EdgeError):

@@ -111,7 +111,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def command(fn: F) -> F:
-    """An ``EdgeError`` becomes one line on stderr and exit code 2. Any other exception is a bug in edgekit: one
+    """An ``EdgeError`` becomes one line on stderr and its exit code (``EdgeError.exit_code``: 2, or 1 for a
+    verdict such as over budget). Any other exception is a bug in edgekit: one
     line too (``internal error in STEP: Type: message; details in FILE``), its traceback saved to that file
     (``edge.errors.save_traceback``), exit code 3. typer's and click's own exits pass through."""
 
@@ -121,7 +122,7 @@ def command(fn: F) -> F:
             return fn(*args, **kwargs)
         except EdgeError as e:
             err_console.print(f"[bold red]error:[/] {safe(one_line(str(e)))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(USER_ERROR) from None
+            raise typer.Exit(getattr(e, "exit_code", USER_ERROR)) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the firewall: every bug becomes one line and a log file

@@ -64,6 +64,8 @@ def render_llm_bench(r: dict[str, Any]) -> None:
         t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
     if not run["details"].get("amx_extra_buffers", True):
         t.add_row("AMX", f"[yellow]off[/]: {run['details']['amx_probe']}")
+    if run["details"].get("n_ctx_note"):
+        t.add_row("context", f"[yellow]{safe(run['details']['n_ctx_note'])}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms")
     t.add_row("workload", f"{r['prompt_tokens']} prompt tokens, {r['gen_tokens']} generated, {r['repetitions']} repetitions")
     t.add_row("time to first token", f"{r['ttft_ms']['mean']:.2f} ± {r['ttft_ms']['std']:.2f} ms")
@@ -103,6 +105,11 @@ def bench_cmd(
         from edge.llm.bench import run_llm_benchmark
 
         warn_on_reference_check(b, None)  # the reference pairs, as for vision bundles
+        from edge.backends.llamacpp.run import context_note
+
+        note = context_note(b.artifact, b.info.runner.options_dict)
+        if note is not None:  # the profile's n_ctx is longer than this model was trained for
+            err_console.print(f"[yellow]note:[/] {safe(note)}", highlight=False, soft_wrap=True)
 
         if not as_json:
             progress(f"benchmarking {b.id} ...")

@@ -122,11 +122,16 @@ def test_deploy(ws: Path, tmp_path: Path) -> None:
     refused(ws, "deploy", "tiny.onnx", "-d", "ftp://host/store", needles=("unsupported device address",))
     refused(ws, "deploy", "outlier.onnx", "-p", "int8", "--calib", "random", "-d", "store", "--targets-dir", "targets",
             needles=("parity failed for x86-cpu int8", "mean cosine", "--accept-parity-failure"))
-    # over budget on the target's own runtime: refused with exit 2 (edge.deploy.ship raises BudgetError);
-    # the bundle it built and measured stays in --build-dir (outside the workspace), the store is untouched
-    refused(ws, "deploy", "tiny.onnx", "-d", "store", "--budget-ms", "0.000001", "-n", "5",
-            "--build-dir", str(tmp_path / "built"),
-            needles=("refusing to ship", "over the", "--accept-budget-failure"))
+    # over budget on the target's own runtime: refused with exit 1, as `edgekit bench` over budget (a verdict:
+    # BudgetError.exit_code); the bundle it built and measured stays in --build-dir (outside the workspace), the
+    # store is untouched
+    before = snapshot(ws)
+    p = run_cli("deploy", "tiny.onnx", "-d", "store", "--budget-ms", "0.000001", "-n", "5",
+                "--build-dir", str(tmp_path / "built"), cwd=ws)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and all(n in lines[0] for n in ("refusing to ship", "over the", "--accept-budget-failure"))
+    assert snapshot(ws) == before
     assert (tmp_path / "built" / "manifest.json").is_file()
 
 

@@ -70,8 +70,20 @@ def test_runner_infer_generate_and_context(tiny_gguf: Path, tmp_path: Path) -> N
         text = "".join(r.generate("the cat", max_tokens=8))
         assert isinstance(text, str) and text
         assert r.info.device_used == "CPU" and r.info.precision_used == "q8_0"
-    with pytest.raises(EdgeError, match="longer than"):
-        b.open_runner({"n_ctx": 100_000})
+    with b.open_runner({"n_ctx": 100_000}) as r:  # past the trained context: the trained one, said (#26)
+        assert r.info.details["n_ctx"] == 2048 and "trained context 2048: using 2048" in r.info.details["n_ctx_note"]
+
+
+def test_a_profile_context_past_the_models_is_the_models_with_a_note(tmp_path: Path) -> None:
+    """#26 item 16: the target's n_ctx (2048) exceeds this model's trained context (256): bench runs on 256 and
+    says so, instead of failing."""
+    short = build_tiny_llama(tmp_path / "short.gguf", n_ctx=256)
+    out = tmp_path / "b"
+    assert run_cli("convert", str(short), "-t", "x86-cpu", "-p", "q8_0", "-o", str(out)).returncode == 0
+    p = run_cli("bench", str(out), "--gen-tokens", "4", "-r", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["runner"]["details"]["n_ctx"] <= 256
+    assert "note: n_ctx 2048 is longer than model.gguf's trained context 256: using 256" in p.stderr, p.stderr
 
 
 def test_gpu_targets_never_fall_back_silently(tiny_gguf: Path, tmp_path: Path) -> None:

@@ -21,6 +21,19 @@ from edge.spec import TensorSpec
 _QUANTIZED = ("Q", "IQ")
 
 
+def fit_context(n_ctx: int, trained: int | None, name: str) -> tuple[int, str | None]:
+    """The context to open: ``n_ctx``, or the model's trained context when ``n_ctx`` is longer (a profile's n_ctx
+    serves every model of its class; a model trained on less cannot use more), with the note that says so."""
+    if trained and n_ctx > trained:
+        return int(trained), f"n_ctx {n_ctx} is longer than {name}'s trained context {trained}: using {trained}"
+    return n_ctx, None
+
+
+def context_note(artifact: Path, options: Mapping[str, Any]) -> str | None:
+    """The note ``fit_context`` gives for a bundle's artifact and runner options (None when n_ctx fits)."""
+    return fit_context(int(options.get("n_ctx", 2048)), read_gguf(artifact).context_length, artifact.name)[1]
+
+
 class LlamaCppRunner(Runner):
     name = "llama.cpp"
     formats = ("gguf",)
@@ -28,7 +41,7 @@ class LlamaCppRunner(Runner):
                 Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
     options = {
         "n_threads": "CPU threads; 0 = every CPU this process may use",
-        "n_ctx": "context length (tokens); must not exceed the model's",
+        "n_ctx": "context length (tokens); past the model's trained context, the trained context (with a note)",
         "n_batch": "prompt batch size (default 512)",
         "n_gpu_layers": "layers offloaded to the GPU; -1 = all, 0 = CPU only",
         "require_gpu": "fail instead of falling back to the CPU when n_gpu_layers != 0 and no GPU backend exists",
@@ -40,10 +53,7 @@ class LlamaCppRunner(Runner):
         llama_cpp = load_llama_cpp()
         opts = self._options
         info = read_gguf(self.artifact)
-        n_ctx = int(opts.get("n_ctx", 2048))
-        if info.context_length and n_ctx > info.context_length:
-            raise EdgeError(f"context {n_ctx} is longer than {self.artifact.name}'s trained context "
-                            f"{info.context_length}", hint="lower n_ctx in the target profile or pass a smaller one")
+        n_ctx, ctx_note = fit_context(int(opts.get("n_ctx", 2048)), info.context_length, self.artifact.name)
         n_gpu_layers = int(opts.get("n_gpu_layers", 0))
         gpu_build = bool(llama_cpp.llama_supports_gpu_offload())
         fallback = None
@@ -71,7 +81,7 @@ class LlamaCppRunner(Runner):
             precision_used=info.dominant_type.lower(),
             threads=int(self.llm.n_threads) if getattr(self.llm, "n_threads", None) else None,
             fallback=fallback,
-            details={"n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "gpu_build": gpu_build,
+            details={"n_ctx": n_ctx, **({"n_ctx_note": ctx_note} if ctx_note else {}), "n_gpu_layers": n_gpu_layers, "gpu_build": gpu_build,
                      "architecture": info.architecture, "parameters": info.parameters,
                      "amx_extra_buffers": use_extra_bufts, "amx_probe": probe.get("reason")},
         )
