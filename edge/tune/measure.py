@@ -247,9 +247,10 @@ def measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objec
             rot = r % len(names)
             for n in names[rot:] + names[:rot]:
                 runner, feeds = opened[n]
-                if concurrent[n] is not None:  # N requests in flight (untimed first: its queue, woken threads)
-                    concurrent[n](feeds, max(SETTLE, 2 * in_flight[n]))
-                    wall, lat = concurrent[n](feeds, iters)
+                run_in_flight = concurrent[n]
+                if run_in_flight is not None:  # N requests in flight (untimed first: its queue, woken threads)
+                    run_in_flight(feeds, max(SETTLE, 2 * in_flight[n]))
+                    wall, lat = run_in_flight(feeds, iters)
                     samples[n] += (np.asarray(lat, dtype=np.float64) / 1e6).tolist()
                     reps_out[n].append(-iters * per[n] / wall)
                     continue

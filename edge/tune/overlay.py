@@ -35,7 +35,7 @@ from typing import Any, Mapping
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 from edge.errors import TargetError
 

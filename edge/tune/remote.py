@@ -89,7 +89,7 @@ class ArtifactServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def list_directory(self, path: Any) -> None:  # type: ignore[override]
+            def list_directory(self, path: Any) -> None:
                 self.send_error(404)  # the archives by name only
                 return None
 
@@ -211,7 +211,7 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
              parity_samples: int, source: Mapping[str, Any], say: Say) -> _Prepared:
     """Convert each recipe once (``edge.tune.search``'s cache: the same key, the same bundle), recording the conversion
     gate per trial as ``edge.tune.search.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
-    from edge.bundle.bundle import sha256_file
+    from edge.graph.model import sha256_file
     from edge.tune.search import bundle_size, convert_cached, calib_identity, recipe_key
     from edge.tune.measure import combine_parity
 
@@ -241,13 +241,14 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
             continue
         rec["bundle"], rec["size_bytes"] = str(b.path), bundle_size(b)
         gate = b.manifest.get("parity") or {}
-        outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
-        par = {"conversion": gate.get("passed"),
-               "conversion_failures": [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
-                                       for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
-                                       for f in o["failures"]][:4]}
+        outs = gate.get("outputs")
+        outs = outs if isinstance(outs, list) else []
+        failures = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+                    for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
+                    for f in o["failures"]][:4]
         if gate.get("passed") is None:
-            par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
+            failures.append(f"conversion gate did not run: {gate.get('skipped')}")
+        par = {"conversion": gate.get("passed"), "conversion_failures": failures}
         combine_parity(par)
         rec["parity"] = par
     return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0, model_sha)
@@ -306,7 +307,8 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
     from edge.pipeline import open_source
     from edge.stats import budget_from
     from edge.targets import TargetProfile, get_target, same_device_class
-    from edge.tune.search import best_rung, priority, trial_score, choose
+    from edge.tune.measure import trial_score
+    from edge.tune.search import best_rung, choose, priority
     from edge.tune.space import build_space
 
     t_start = time.perf_counter()
@@ -342,13 +344,17 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
         if not link.online():
             raise RemoteTuneError(f"device {device} is offline (its last will was published after its birth)")
         birth = link.birth
-        bh = birth.get("host") if isinstance(birth.get("host"), dict) else {}
+        bh = birth.get("host")
+        bh = bh if isinstance(bh, dict) else {}
         dev_host = Host(os=str(bh.get("os")), arch=str(bh.get("arch")), nvidia_gpu=bh.get("nvidia_gpu") is True,
                         jetson=bh.get("jetson") is True)
-        dev_cpus = bh.get("cpu_count") if type(bh.get("cpu_count")) is int and bh.get("cpu_count") > 0 else None
+        cpu_count = bh.get("cpu_count")
+        dev_cpus = cpu_count if type(cpu_count) is int and cpu_count > 0 else None
         if target is None:
-            tb = birth.get("bundle") if isinstance(birth.get("bundle"), dict) else {}
-            target = tb.get("target") if isinstance(tb.get("target"), str) else None
+            tb = birth.get("bundle")
+            tb = tb if isinstance(tb, dict) else {}
+            target = tb.get("target")
+            target = target if isinstance(target, str) else None
             if target is None:
                 raise RemoteTuneError(f"device {device} runs no bundle, so its birth names no target",
                                       hint="give --target T")
@@ -365,7 +371,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
         notes.append("the space is built on this host (runners and thread counts it has); the device measures it")
         configs = priority(space)
         if dev_cpus is not None:
-            over = [c for c in configs if _threads(c) is not None and _threads(c) > dev_cpus]
+            over = [c for c in configs if (nt := _threads(c)) is not None and nt > dev_cpus]
             if over:
                 space.pruned.append(f"{len(over)} configurations with more threads than the device's {dev_cpus} CPUs")
                 configs = [c for c in configs if c not in over]
@@ -377,7 +383,7 @@ def tune_on_device(model: str | Path, device: str, *, broker: BrokerConfig, flee
         source = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
                   "preprocess": preprocess, "letterbox": letterbox}
         out_dir.mkdir(parents=True, exist_ok=True)
-        from edge.bundle.bundle import sha256_file
+        from edge.graph.model import sha256_file
 
         # a study of another device, model, target or objective is refused before anything is converted
         header = study_header(sha256_file(model), profile.name, objective, strategy, fleet, device, bh)
@@ -532,7 +538,7 @@ def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, ti
 
 
 def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
-    from edge.bundle.bundle import sha256_file
+    from edge.graph.model import sha256_file
     from edge.tune.overlay import write_overlay
 
     w, h = result.winner or {}, result.host

@@ -60,7 +60,8 @@ def device_trial(obj: Any) -> dict[str, Any]:
                           for k, v in list(rt.items())[:8] if isinstance(k, str)}
     par = obj.get("parity")
     if isinstance(par, dict):
-        tr = par.get("trial") if isinstance(par.get("trial"), dict) else {}
+        tr = par.get("trial")
+        tr = tr if isinstance(tr, dict) else {}
         passed = tr.get("passed")
         out["parity"] = {"trial": {"passed": passed if passed in (True, False, None) else None,
                                    "samples": num(tr.get("samples")),
@@ -70,8 +71,10 @@ def device_trial(obj: Any) -> dict[str, Any]:
 
 
 def host_of(reply: Mapping[str, Any]) -> dict[str, Any]:
-    h = reply.get("host") if isinstance(reply.get("host"), dict) else {}
-    isa = h.get("isa") if isinstance(h.get("isa"), list) else []
+    h = reply.get("host")
+    h = h if isinstance(h, dict) else {}
+    isa = h.get("isa")
+    isa = isa if isinstance(isa, list) else []
     return {"hostname": text(h.get("hostname"), 128), "os": text(h.get("os"), 32) or "?",
             "arch": text(h.get("arch"), 32) or "?", "cpu": text(h.get("cpu"), 200) or "?",
             "cpus": int(num(h.get("cpus")) or 0), "isa": [f[:32] for f in isa if isinstance(f, str)][:64],
@@ -206,7 +209,8 @@ def resume(recs: Mapping[str, dict[str, Any]], stored: Mapping[str, dict[str, An
         if not old or not old.get("rungs") or rec.get("status") != "pending":
             continue
         rec["rungs"] = dict(old["rungs"])
-        old_par = old.get("parity") if isinstance(old.get("parity"), dict) else {}
+        old_par = old.get("parity")
+        old_par = old_par if isinstance(old_par, dict) else {}
         par = rec.get("parity") or {}
         if isinstance(old_par.get("trial"), dict):
             par["trial"], par["error"] = old_par["trial"], num(old_par.get("error"))

@@ -40,7 +40,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from edge.errors import EdgeError
 from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
                                combine_parity, measure_chunk, Pool, trial_score, missed_share, rank_key)
-from edge.tune.space import BATCHES, OBJECTIVES, Config, Space, batch_plan, build_space
+from edge.tune.config import OBJECTIVES, Config
+from edge.tune.space import BATCHES, Space, batch_plan, build_space
 
 STUDY_VERSION = 1
 #: e2e: the share of frames a configuration may miss at the target rate and still count as holding it (the p99
@@ -242,7 +243,7 @@ def _host() -> dict[str, Any]:
     from edge.capabilities import cpu_isa, current_host
 
     h = current_host()
-    from edge.tune.space import usable_cpus
+    from edge.tune.config import usable_cpus
 
     return {"os": h.os, "arch": h.arch, "cpu": cpu_isa().model, "cpus": usable_cpus()}
 
@@ -339,7 +340,8 @@ def priority(space: Space) -> list[Config]:
     (batch 1 before the batched ones: it is their per-item reference)."""
     import random
 
-    firsts, rest = [], []
+    firsts: list[Config] = []
+    rest: list[Config] = []
     seen: set[tuple[str, str, tuple[Any, ...], int]] = set()
     for c in space.configs:
         k = (c.runner, c.precision, c.recipe, c.batch)
@@ -421,7 +423,7 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
     the winner will be. ``batches``: the batch sizes tried for ``objective="throughput"`` (default
     ``edge.tune.space.BATCHES``, for a model whose first input dimension is a batch: ``edge.tune.space.batch_plan``);
     ``[1]`` tunes batch 1 only."""
-    from edge.bundle.bundle import sha256_file
+    from edge.graph.model import sha256_file
     from edge.capabilities import current_host
     from edge.pipeline import open_source
     from edge.stats import budget_from
@@ -537,7 +539,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
                 continue
             say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
             try:
-                b, fresh = convert_cached(space.batch.model if (c.batch != 1 and space.batch) else model, profile, c,
+                b, fresh = convert_cached(space.batch.model if (c.batch != 1 and space.batch and space.batch.model)
+                                           else model, profile, c,
                                            space, key, cache_dir, calib, parity_samples, batched(c, source))
             except EdgeError as e:
                 bundles[key] = e
@@ -554,7 +557,8 @@ def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.Path
         gate = b.manifest.get("parity") or {}
         par = rec.get("parity") or {}
         par["conversion"] = gate.get("passed")
-        outs = gate.get("outputs") if isinstance(gate.get("outputs"), list) else []
+        outs = gate.get("outputs")
+        outs = outs if isinstance(outs, list) else []
         par["conversion_failures"] = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
                                       for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
                                       for f in o["failures"]][:4]
