@@ -158,3 +158,9 @@ def one_line(text: str) -> str:
     line, joined with `` | ``; the hint is already part of ``str(EdgeError)``, in parentheses. Control
     characters are escaped (:func:`printable`)."""
     return printable(" | ".join(part.strip() for part in text.splitlines() if part.strip()))
+
+
+def threads_line(runner: dict[str, Any]) -> str | None:
+    """Why the runner runs on the threads it does (``edge.backends.threads``): for the run and bench tables."""
+    policy = (runner.get("details") or {}).get("threads_policy")
+    return safe(str(policy["reason"])) if isinstance(policy, dict) and policy.get("reason") else None

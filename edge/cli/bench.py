@@ -11,7 +11,7 @@ from rich.table import Table
 from edge.bench import device_class_of, judge_device_class, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
-                              progress, safe)
+                              progress, safe, threads_line)
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -36,6 +36,8 @@ def render_bench(r: dict[str, Any]) -> None:
     t.add_column()
     t.add_row("runtime", f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
                          + (f", {run['threads']} threads" if run.get("threads") else ""))
+    if threads_line(run):
+        t.add_row("threads", threads_line(run))
     if run.get("fallback"):
         t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms (first inference {r['first_inference_ms']:.2f} ms)")

@@ -12,7 +12,7 @@ from rich.table import Table
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
-                              progress as progress_line, safe)
+                              progress as progress_line, safe, threads_line)
 from edge.cli.bench import BudgetMs, Fps, warn_on_reference_check
 from edge.stats import budget_from
 
@@ -44,6 +44,8 @@ def render_run(r: dict[str, Any]) -> None:
     if run:
         t.add_row("runtime", f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
                              + (f", {run['threads']} threads" if run.get("threads") else ""))
+        if threads_line(run):
+            t.add_row("threads", threads_line(run))
     t.add_row("post-processing", r["postprocess"] + (f" -> {r['output']}" if r["output"] else ""))
     drops = ", ".join(f"{k} {v}" for k, v in f["dropped_by_reason"].items() if v)
     declared = f" of {f['declared']} declared" if f.get("declared") is not None and f.get("short_by") else ""

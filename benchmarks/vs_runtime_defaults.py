@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""edgekit's default bundle against each host runtime run plainly with its documented defaults (issue #25 item 3).
+
+Per host runtime, the same artifact (the bundle's own file) is run two ways in one process:
+
+  onnxruntime  edgekit: the x86-cpu bundle's runner (edgekit's thread policy: threads = the cores other work
+               leaves, spin-wait off);  plain: ``onnxruntime.InferenceSession(path)``, nothing set (one thread
+               per physical core, spin-wait on)
+  openvino     edgekit: the intel-igpu bundle's runner (GPU absent: CPU; bf16 where the build's bf16 parity
+               trial passed, f32 otherwise; threads by the policy, unpinned when shared);  plain:
+               ``Core().compile_model(xml, "CPU")`` with no config (the plugin's defaults: LATENCY, bf16 on a
+               CPU listing BF16, pinned threads; what benchmark_app gets without -hint/-infer_precision)
+               and one ``InferRequest.infer`` per frame
+  litert       edgekit: the arm-xnnpack bundle's runner (XNNPack, threads by the policy);  plain:
+               ``Interpreter(model_path)`` (XNNPack applied by default, ``num_threads=None``), set_tensor /
+               invoke / get_tensor
+
+in two conditions: idle, and with one core kept busy by a child ``python -c 'while 1: pass'``. Each side
+is opened in its condition (the policy looks at the machine when a runner is opened, as on a device),
+timed in blocks interleaved A B, B A, ... (``_common.interleaved``), and the conditions alternate round
+by round. Reported: per model, runtime and condition, the median latency of each side over all rounds
+and the ratio edgekit / plain (goal: <= 1.0). The load average is printed before and after.
+
+Models: the corpus's conv nets (PP-OCR cls and det, ddddocr's YOLOX det; ``tests/corpus.py``) and
+YOLOv8n-320 (``examples/fetch_pretrained.py --model yolov8n-320``, optional), those present.
+
+    .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd            # builds bundles once
+    .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd --rounds 3 --block 15 --models yolov8n-320
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+MODELS = C.REPO / "examples" / "models"
+#: name -> (file, convert keyword arguments)
+CONV_NETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ppocr-cls": ("ch_ppocr_mobile_v2.0_cls_mobile.onnx", {"input_shapes": {"x": (1, 3, 48, 192)},
+                                                           "preprocess": "ppocr"}),
+    "ppocr-det": ("PP-OCRv6_det_small.onnx", {"input_shapes": {"x": (1, 3, 320, 320)}, "preprocess": "ppocr"}),
+    "ddddocr-det": ("ddddocr_common_det.onnx", {"preprocess": "raw", "letterbox": True}),
+    "yolov8n-320": ("nudenet_320n.onnx", {"input_shapes": {"images": (1, 3, 320, 320)}, "preprocess": "yolo",
+                                          "task": "detector"}),
+}
+TARGETS = {"onnxruntime": "x86-cpu", "openvino": "intel-igpu", "litert": "arm-xnnpack"}
+
+
+def plain_side(runtime: str, artifact: Path, feeds: dict[str, np.ndarray]) -> tuple[Callable[[], Any], Any]:
+    """(infer, resource) for the runtime with its documented defaults on ``artifact``."""
+    if runtime == "onnxruntime":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(artifact), providers=["CPUExecutionProvider"])
+        return (lambda: sess.run(None, feeds)), sess
+    if runtime == "openvino":
+        import openvino as ov
+
+        req = ov.Core().compile_model(str(artifact), "CPU").create_infer_request()
+        return (lambda: req.infer(feeds)), req
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=str(artifact))
+    it.allocate_tensors()
+    ins = it.get_input_details()
+    outs = [d["index"] for d in it.get_output_details()]
+    rng = np.random.default_rng(0)
+    data = [(d["index"], rng.random(tuple(d["shape"]), dtype=np.float32).astype(d["dtype"])) for d in ins]
+
+    def run() -> list[np.ndarray]:
+        for i, x in data:
+            it.set_tensor(i, x)
+        it.invoke()
+        return [it.get_tensor(o) for o in outs]
+    return run, it
+
+
+def artifact_of(bundle: Any, runtime: str) -> Path:
+    a = bundle.artifact
+    if runtime == "openvino" and a.is_dir():
+        return a / "model.xml"
+    if runtime == "litert" and a.is_dir():
+        return a / "model.tflite"
+    return a
+
+
+class Busy:
+    """One core kept busy by a child process while the block runs."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self.proc = on, None
+
+    def __enter__(self) -> Busy:
+        if self.on:
+            self.proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+            time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> dict[str, Any]:
+    from edge.bench import bundle_feeds
+
+    feeds, _ = bundle_feeds(bundle)
+    with Busy(busy):
+        runner = bundle.open_runner()
+        try:
+            plain, res = plain_side(runtime, artifact_of(bundle, runtime), feeds)
+            got = C.interleaved({"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())},
+                                block * blocks, block=block, warmup=5)
+            threads = runner.info.threads
+            policy = runner.info.details.get("threads_policy", {})
+            precision = runner.info.precision_used
+        finally:
+            runner.close()
+            del res
+    spinning = None if policy.get("spinning_from") == "runtime" else policy.get("spinning")
+    return {"edgekit": got["edgekit"], "plain": got["plain"], "threads": threads, "precision": precision,
+            "spinning": spinning, "others": policy.get("others")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", required=True, help="bundles are built here once and reused")
+    p.add_argument("--models", nargs="*", default=list(CONV_NETS), choices=list(CONV_NETS))
+    p.add_argument("--runtimes", nargs="*", default=list(TARGETS), choices=list(TARGETS))
+    p.add_argument("--rounds", type=int, default=3, help="rounds; each runs idle and busy once (default 3)")
+    p.add_argument("--block", type=int, default=15, help="inferences per side per block (default 15)")
+    p.add_argument("--blocks", type=int, default=2, help="blocks per side per round and condition (default 2)")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args()
+    work = Path(args.workdir)
+    info = C.host_info()
+    C.log(C.host_line(info))
+    C.log("uptime before: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    bundles: dict[tuple[str, str], Any] = {}
+    for m in args.models:
+        file, kw = CONV_NETS[m]
+        if not (MODELS / file).is_file():
+            C.log(f"skip {m}: {file} missing (python examples/fetch_pretrained.py --model {m})")
+            continue
+        for rt in args.runtimes:
+            bundles[(m, rt)] = C.convert_cached(MODELS / file, TARGETS[rt], work / f"{m}-{TARGETS[rt]}", reuse=True,
+                                                parity_samples=8, **kw)
+    samples: dict[tuple[str, str, str], dict[str, list]] = {}
+    for r in range(args.rounds):
+        for busy in ((False, True) if r % 2 == 0 else (True, False)):
+            for (m, rt), b in bundles.items():
+                got = measure(b, rt, busy, args.block, args.blocks)
+                s = samples.setdefault((m, rt, "busy" if busy else "idle"), {"edgekit": [], "plain": [], "info": []})
+                s["edgekit"].append(got["edgekit"])
+                s["plain"].append(got["plain"])
+                s["info"].append({k: got[k] for k in ("threads", "precision", "spinning", "others")})
+    rows, out = [], []
+    for (m, rt, cond), s in samples.items():
+        e, q = np.concatenate(s["edgekit"]), np.concatenate(s["plain"])
+        ratio = float(np.median(e) / np.median(q))
+        per_round = [float(np.median(a) / np.median(b)) for a, b in zip(s["edgekit"], s["plain"])]
+        last = s["info"][-1]
+        rows.append([m, rt, cond, f"{np.median(e):.2f}", f"{np.median(q):.2f}", f"{ratio:.2f}",
+                     " ".join(f"{x:.2f}" for x in per_round), last["threads"], last["precision"],
+                     {True: "on", False: "off", None: "-"}[last["spinning"]]])
+        out.append({"model": m, "runtime": rt, "condition": cond, "edgekit_p50_ms": float(np.median(e)),
+                    "plain_p50_ms": float(np.median(q)), "ratio": ratio, "ratio_per_round": per_round,
+                    "edgekit": s["info"]})
+    after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(C.table(["model", "runtime", "cond", "edgekit p50 ms", "plain p50 ms", "ratio", "per round",
+                   "threads", "precision", "spin"], rows,
+                  title=f"edgekit default vs runtime defaults ({args.rounds} rounds x {args.blocks} blocks of "
+                        f"{args.block}, interleaved; ratio = edgekit / plain, goal <= 1.0)"))
+    C.log("uptime after: " + after)
+    C.dump_json(args.json, {"host": info, "results": out, "uptime_after": after})
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's BLAS must not join in
+    sys.exit(main())
