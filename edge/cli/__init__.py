@@ -74,9 +74,9 @@ app.add_typer(_firmware.app, name="firmware")
 def _click_errors() -> tuple[type[BaseException], type[BaseException], type[BaseException]]:
     """(ClickException, UsageError, Abort) of the click typer runs on (recent typer vendors it)."""
     try:
-        from typer._click import exceptions as ex  # type: ignore[import-not-found]
-    except ImportError:  # typer on the click package
-        from click import exceptions as ex  # type: ignore[no-redef]
+        from typer._click import exceptions as ex  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:  # typer on the click package (the ignores: one of the two is absent)
+        from click import exceptions as ex  # type: ignore[no-redef, unused-ignore]
     return ex.ClickException, ex.UsageError, typer.Abort
 
 

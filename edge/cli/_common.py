@@ -141,11 +141,13 @@ def internal_error(step: str, exc: BaseException) -> NoReturn:
 
 def _step_name(fn: Callable[..., Any]) -> str:
     """The command as typed (``fleet collect``), else the function's name without ``_cmd``."""
-    try:  # recent typer vendors click; older typer runs on the click package
-        from typer._click.globals import get_current_context  # type: ignore[import-not-found]
+    get_current_context: Callable[..., Any] | None
+    # recent typer vendors click; older typer runs on the click package (the ignores: one of the two is absent)
+    try:
+        from typer._click.globals import get_current_context  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         try:
-            from click import get_current_context  # type: ignore[no-redef]
+            from click import get_current_context  # type: ignore[no-redef, unused-ignore]
         except ImportError:
             get_current_context = None
     ctx = get_current_context(silent=True) if get_current_context is not None else None

@@ -8,7 +8,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from edge.bench import device_class_of, judge_device_class, run_benchmark
+from edge.bench import judge_device_class, run_benchmark
+from edge.bundle.schema import device_class_of
 from edge.bundle.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
                               progress, safe, threads_line)

@@ -13,7 +13,8 @@ from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Lett
                               Preprocess, Task, Tuned, convert_kwargs, render_bundle)
 from edge.cli.signing import SignKey
 from edge.cli.verify import NoIsaCheck
-from edge.deploy import deploy, rollback
+from edge.deploy import deploy
+from edge.store import rollback
 from edge.errors import EdgeError
 
 EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"

@@ -14,8 +14,8 @@ from edge.cli._common import JsonOut, command, console, err_console, print_json,
 from edge.cli.agent import Protocol
 from edge.cli.rollout import app as rollout_app
 from edge.cli.fleet_tune import fleet_tune_cmd
-from edge.cli.agent import (Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username,
-                            broker_config, setup_logging, stop_on_signals)
+from edge.agent.main import broker_config, setup_logging, stop_on_signals
+from edge.cli.agent import Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username
 from edge.errors import EdgeError, InputFileError
 
 app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, show where every device stands; "

@@ -9,7 +9,8 @@ from typing import List, Optional
 import typer
 
 from edge.cli._common import JsonOut, TargetsDir, command, dirs, print_json, steps
-from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username, broker_config
+from edge.agent.main import broker_config
+from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import InputShape, Letterbox, Preprocess
 from edge.cli.signing import SignKey

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from edge.cli._common import JsonOut, command, console, print_json, progress, safe
-from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username, broker_config, setup_logging, \
-    stop_on_signals
+from edge.agent.main import broker_config, setup_logging, stop_on_signals
+from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username
 from edge.errors import EdgeError
 
 app = typer.Typer(help="Roll a bundle out to a fleet over MQTT: cohorts per target class, canary then waves, "
@@ -61,8 +61,11 @@ def _render(st: dict[str, Any], json_out: bool) -> None:
     console.print(f"rollout [bold]{safe(st['id'])}[/] fleet {safe(st['fleet'])}: [bold]{st['state']}[/]"
                   + (f" ({safe(st['reason'])})" if st.get("reason") else ""), highlight=False)
     t = Table("cohort", "bundle", "state", "wave", "devices", "rollback", "reason")
+
+    def fmt(d: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"
+
     for c in st["cohorts"]:
-        fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"  # noqa: E731
         t.add_row(safe(c["cohort"]), safe(c["bundle_id"]), c["state"], str(c["wave"]), fmt(c["devices"]),
                   fmt(c["rollback"]), safe(c["reason"] or ""))
     console.print(t)
@@ -174,7 +177,7 @@ def pause_cmd(rollout_id: str = typer.Argument(...), reason: Optional[str] = typ
 
 
 def _act(action: str, rollout_id: str, reason: Optional[str], timeout: Optional[float], db: str, broker: str,
-         tls: tuple[Any, ...], protocol: str, log_level: str, json_out: bool, wait_devices: bool = True) -> None:
+         tls: tuple[Any, Any, Any, Any, Any], protocol: str, log_level: str, json_out: bool, wait_devices: bool = True) -> None:
     from edge.fleet.db import open_db
     from edge.fleet.rollout import set_state, status
     from edge.fleet.rollout_store import RolloutStore

@@ -143,7 +143,7 @@ def run_cmd(
                               queue_size=queue_size, infer_workers=infer_workers, max_frames=max_frames,
                               duration_s=duration, warmup=warmup, out=out,
                               post=PostConfig(task=task, top_k=top_k, conf=conf, iou=iou),
-                              runner_options=fallback_options(b.info.runner.name, allow_cpu_fallback) or None)  # type: ignore[arg-type]
+                              runner_options=fallback_options(b.info.runner.name, allow_cpu_fallback) or None)
     with open_source(video=video, camera=camera, images=images, synthetic=synthetic, frames=max_frames,
                      fps=source_fps or fps) as source:
         warn_on_reference_check(b, dict(options.runner_options or {}))  # after the source: its errors come first

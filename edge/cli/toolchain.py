@@ -26,7 +26,7 @@ def list_cmd(as_json: bool = JsonOut) -> None:
         print_json([{**{k: v for k, v in st.to_json().items() if k != "packages"},
                      "purpose": toolchains.get_spec(st.name).purpose} for st in rows])
         return
-    t = Table(title=f"edgekit toolchains ({toolchains.root()})")
+    t = Table(title=f"edgekit toolchains ({toolchains.state.root()})")
     for col in ("toolchain", "for", "installed", "lock hash", "python", "state"):
         t.add_column(col, overflow="fold")
     for st in rows:

@@ -85,8 +85,9 @@ def list_cmd(store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = Trust
     ts = _trust(store, trust_dir, create=False)
     keys = ts.keys()
     revoked = ts.revoked()
+    targets, versions = ts.targets(), ts.versions()
     data = {"trust_dir": str(ts.root), "keys": [k.to_json() for k in keys.values()],
-            "revoked": sorted(revoked), "targets": ts.targets(), "versions": ts.versions()}
+            "revoked": sorted(revoked), "targets": targets, "versions": versions}
     if as_json:
         print_json(data)
         return
@@ -99,7 +100,7 @@ def list_cmd(store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = Trust
     for kid in sorted(revoked - set(keys)):
         t.add_row(kid, "revoked", "-")
     console.print(t)
-    console.print(f"targets: {', '.join(data['targets']) if data['targets'] else 'any'}", highlight=False)
-    for name, v in sorted(data["versions"].items()):
+    console.print(f"targets: {', '.join(targets) if targets else 'any'}", highlight=False)
+    for name, v in sorted(versions.items()):
         if isinstance(v, dict):
             console.print(f"{name}: version {v.get('version')} ({v.get('bundle_id')})", highlight=False)

@@ -11,7 +11,7 @@ from rich.table import Table
 from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps, safe
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
-from edge.tune.space import OBJECTIVES
+from edge.tune.config import OBJECTIVES
 
 
 def render_tune(r: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from edge.cli._common import JsonOut, console, dirs, err_console, print_json
 from edge.errors import EdgeError
 from edge.toolchains import aarch64
 
+_CPU_HELP = "The emulated core: " + ", ".join(f"{k} ({v})" for k, v in aarch64.CPUS.items()) + "."
 
 NoIsaCheck = typer.Option(False, "--no-isa-check", help="Do not run the bundle's reference pairs on the device ISA "
                           "under emulation (done by default for aarch64 devices when `edgekit toolchain install "
@@ -21,8 +22,7 @@ NoIsaCheck = typer.Option(False, "--no-isa-check", help="Do not run the bundle's
 def verify_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
                isa: str = typer.Option(aarch64.ISA, "--isa", help="The device instruction set to check on "
                                        "(emulated: `edgekit toolchain install aarch64`)."),
-               cpu: str = typer.Option(aarch64.DEFAULT_CPU, "--cpu", help="The emulated core: "
-                                       + ", ".join(f"{k} ({v})" for k, v in aarch64.CPUS.items()) + "."),
+               cpu: str = typer.Option(aarch64.DEFAULT_CPU, "--cpu", help=_CPU_HELP),
                key: Optional[str] = typer.Option(None, "--key", "-k", help="Sign the bundle again with this key after "
                                                  "recording (recording removes a signature: it covered the old "
                                                  "manifest).", show_default=False),
