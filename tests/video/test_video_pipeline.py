@@ -93,6 +93,9 @@ def test_pipeline_sequential_and_parallel_workers_give_the_same_results(det_bund
             r = run(det_bundle, src, PipelineOptions(out=out, infer_workers=workers, queue_size=1))
         assert r.processed == 30 and r.infer_workers == workers and r.verdict == "no budget"
         results[name] = [{k: v for k, v in x.items() if k != "latency_ms"} for x in _lines(out)]
+        policy = r.runner["details"]["threads_policy"]
+        if workers == 1:  # the runner's own policy: the sequential loop reserves nothing, the pipeline its 3 stages
+            assert policy["threads_from"] == "policy" and policy["reserve"] == (0.0 if name == "seq" else 0.45)
     assert results["seq"] == results["pipe"] == results["pipe2"]
     # two workers share the cores the thread policy leaves beside the pipeline's stages (edge.backends.threads)
     assert 1 <= r.runner["threads"] <= max(1, (os.cpu_count() or 1) // 2)
