@@ -10,8 +10,8 @@ taking one of the two cores (issue #25).
 The policy, for a runner whose options leave threads at 0 ("auto") and spinning unset:
 
 * the CPUs this process may use (``os.sched_getaffinity``);
-* minus what other processes keep busy now: a short sample of ``/proc/stat`` less this process's
-  own CPU time over the same window (the 1-minute load average where /proc/stat is not readable;
+* minus what other processes keep busy now on those CPUs: a short sample of their ``/proc/stat`` lines
+  less this process's own CPU time over the same window (the 1-minute load average where /proc/stat is not readable;
   it lags a minute behind and counts this process too, so it is only recorded otherwise);
 * minus what the caller's other threads take (``reserve_cpus``: the video pipeline's decode,
   pre- and post-processing stages, given by ``edge.video``);
@@ -82,18 +82,38 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _proc_stat_busy() -> tuple[int, int] | None:
-    """(busy ticks, total ticks) summed over all CPUs, from /proc/stat."""
+def parse_proc_stat(text: str, cpus: frozenset[int] | None = None) -> tuple[int, int] | None:
+    """(busy ticks, total ticks) of /proc/stat's text, summed over ``cpus`` (their ``cpuN`` lines; None: the
+    all-CPU ``cpu`` line). Idle and iowait are idle; the rest (user, nice, system, irq, softirq, steal) busy."""
+    busy = total = 0
+    seen = False
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu"):
+            continue
+        if cpus is None and name != "cpu":
+            continue
+        if cpus is not None and (name == "cpu" or not name[3:].isdigit() or int(name[3:]) not in cpus):
+            continue
+        try:
+            ticks = [int(x) for x in rest.split()[:8]]
+        except ValueError:
+            return None
+        if len(ticks) < 4:
+            return None
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        busy += sum(ticks) - idle
+        total += sum(ticks)
+        seen = True
+    return (busy, total) if seen else None
+
+
+def _proc_stat_busy(cpus: frozenset[int] | None) -> tuple[int, int] | None:
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
+            return parse_proc_stat(f.read(), cpus)
     except OSError:
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 5:
-        return None
-    ticks = [int(x) for x in fields[1:9]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return sum(ticks) - idle, sum(ticks)
 
 
 def _own_ticks() -> int | None:
@@ -107,19 +127,23 @@ def _own_ticks() -> int | None:
 
 def measure_load(sample_s: float = SAMPLE_S) -> CpuLoad:
     """What other processes take of this process's CPUs now (see the module's docstring)."""
-    cpus = usable_cpus()
+    try:
+        mine: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = None
+    cpus = len(mine) if mine else usable_cpus()
     try:
         load_1m: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load_1m = None
-    a, own_a = _proc_stat_busy(), _own_ticks()
+    a, own_a = _proc_stat_busy(mine), _own_ticks()
     if a is not None and own_a is not None:
         time.sleep(sample_s)
-        b, own_b = _proc_stat_busy(), _own_ticks()
+        b, own_b = _proc_stat_busy(mine), _own_ticks()
         if b is not None and own_b is not None and b[1] > a[1]:
-            ncpu = os.cpu_count() or cpus
+            # this process's own ticks may have run on other CPUs too: subtracting them all errs towards idle
             busy = max(0, (b[0] - a[0]) - (own_b - own_a))
-            others = min(float(cpus), busy / (b[1] - a[1]) * ncpu)  # ticks over all CPUs -> cores busy
+            others = min(float(cpus), busy / (b[1] - a[1]) * cpus)  # ticks over this process's CPUs -> cores
             return CpuLoad(cpus, others, load_1m, f"sampled /proc/stat over {sample_s * 1000:.0f} ms")
     if load_1m is not None:
         return CpuLoad(cpus, min(float(cpus), load_1m), load_1m, "1-min load average")

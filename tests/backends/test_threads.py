@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.backends.threads import PIPELINE_STAGE_CPUS, CpuLoad, measure_load, plan_threads, usable_cpus
+from edge.backends.threads import PIPELINE_STAGE_CPUS, CpuLoad, measure_load, parse_proc_stat, plan_threads, usable_cpus
 from edge.errors import EdgeError
 
 
@@ -46,6 +46,21 @@ def test_measured_load_is_this_process_s_cpus() -> None:
     got = measure_load(0.05)
     assert got.cpus == len(os.sched_getaffinity(0)) == usable_cpus()
     assert 0.0 <= got.others <= got.cpus and got.method.startswith("sampled /proc/stat")
+
+
+STAT = """cpu  300 0 100 500 100 0 0 0 0 0
+cpu0 200 0 50 100 50 0 0 0 0 0
+cpu1 100 0 50 400 50 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_proc_stat_counts_only_this_process_s_cpus() -> None:
+    assert parse_proc_stat(STAT) == (400, 1000)  # the all-CPU line: iowait counts as idle
+    assert parse_proc_stat(STAT, frozenset({0})) == (250, 400)
+    assert parse_proc_stat(STAT, frozenset({1})) == (150, 600)
+    assert parse_proc_stat(STAT, frozenset({0, 1})) == (400, 1000)
+    assert parse_proc_stat(STAT, frozenset({7})) is None and parse_proc_stat("garbage") is None
 
 
 # -- what each runtime reports back --------------------------------------------------------------
