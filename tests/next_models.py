@@ -114,3 +114,27 @@ def text_encoder(path: Path, seq: int = 16, hidden: int = 32, vocab: int = 1000,
              helper.make_node("LayerNormalization", ["a", "gamma", "beta"], [output], axis=-1)]
     return _save(path, nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
                  [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, seq, hidden])], [emb, w, gamma, beta])
+
+
+def quantized(path: Path, scheme: str, tmp: Path) -> Path:
+    """An already-quantized ONNX made by onnxruntime.quantization from :func:`regressor` (QDQ, QOperator: static
+    int8 on four seeded calibration images) or :func:`text_encoder` (dynamic: MatMulInteger)."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+
+    if scheme == "dynamic":
+        quantize_dynamic(str(text_encoder(tmp / "float_encoder.onnx")), str(path), weight_type=QuantType.QInt8)
+        return path
+
+    class Images(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            rng = np.random.default_rng(4)
+            self.it = iter([{"image": rng.random((1, 3, 64, 64), dtype=np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.it, None)
+
+    fmt = QuantFormat.QDQ if scheme == "QDQ" else QuantFormat.QOperator
+    quantize_static(str(regressor(tmp / "float_classifier.onnx", output="logits")), str(path), Images(),
+                    quant_format=fmt)
+    return path

@@ -112,7 +112,8 @@ class SourceInfo:
     bytes: int | None = spec(None, ge=0)
     io_names: str | None = spec(None, **_TEXT)
     route: str | None = spec(None, **_TEXT)  # how the pipeline took it to the target (edge.pipeline.plan)
-    precision: str | None = spec(None, pattern=ID)  # what a TFLite / IR source already holds
+    precision: str | None = spec(None, pattern=ID)  # what a TFLite / IR / quantized ONNX source already holds
+    quantized: str | None = spec(None, **_TEXT)  # an already-quantized ONNX: scheme and ops (edge.graph.quantized)
     file_type: str | None = spec(None, pattern=ID)  # a GGUF source's llama.cpp file type
     weights: str | None = spec(None, pattern=r"^[^/\\\x00-\x1f\x7f]{1,256}$")  # an OpenVINO IR's .bin
     runtime: str | None = spec(None, max_len=256)  # the runtime that read it (OpenVINO version)

@@ -75,7 +75,7 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
                              f"{src.path.name} is {src.format}", hint="leave out --eval-text")
     if profile.chain == () and profile.llm is not None:
         raise TargetError(f"target {profile.name} runs GGUF language models only; {src.path.name} is {src.format}")
-    own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource)) else None
+    own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource, OnnxSource)) else None
     p = plan(profile, precision, source_format=src.format, source_precision=own, source_name=src.path.name)
     if isinstance(src, TFLiteSource) and p.steps and p.steps[0].converter.name == "tflite->edgetpu" \
             and not src.full_integer():

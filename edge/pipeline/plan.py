@@ -139,6 +139,25 @@ def _bring_instead(source_format: str) -> str:
     }.get(source_format, "bring the model as ONNX")
 
 
+#: what an already-quantized source holds (edge.graph.quantized): kept, never quantized again
+QUANTIZED = ("int8", "int8-dynamic")
+
+
+def _keep_quantized(target: TargetProfile, precision: str | None, own: str, what: str) -> str:
+    """The bundle precision for an already-quantized ONNX: its own. int8 asked is what it is (quantizing its
+    Q/DQ graph again fails in onnxruntime's quantizer, ``KeyError: '..._scale'``, or rounds twice); a float
+    precision cannot be had (the float weights are not in the file) and is refused in one line."""
+    if precision not in (None, KEEP, *QUANTIZED):
+        raise PrecisionError(f"{what} is already quantized ({own}); its float weights are not in the file, so "
+                             f"edgekit cannot make it {precision}",
+                             hint=f"drop --precision (or pass --precision {KEEP}) to ship its own quantization, "
+                                  f"recorded; for {precision}, bring the float model")
+    if own not in target.precisions:
+        raise PrecisionError(f"{what} is already quantized ({own}); {target.name} does not run {own} models "
+                             f"(it runs {', '.join(target.precisions)})", hint="bring the float model")
+    return own
+
+
 def plan(target: TargetProfile, precision: str | None = None, *, source_format: str = "onnx",
          source_precision: str | None = None, source_name: str | None = None) -> Plan:
     """Resolve the chain for the source and check every requirement up front; all problems in one error.
@@ -165,6 +184,8 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
         if precision not in target.precisions and not precision.startswith("int8"):
             raise PrecisionError(f"{what} is {own}; {target.name} does not run {own} models (it runs "
                                  f"{', '.join(target.precisions)})", hint="bring the model's ONNX instead")
+    elif source_precision in QUANTIZED and source_format == "onnx":
+        precision = _keep_quantized(target, precision, source_precision, what)
     else:
         precision = target.check_precision(precision or target.default_precision)
     missing = conversion_problems(target, chain=chain)
@@ -174,7 +195,9 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
     fmt = source_format
     for s in chain:
         cls = CONVERTERS.get(s.converter)
-        step_precision = s.precision or precision
+        # an already-quantized graph is converted as it is: its own Q/DQ and integer ops, never quantized again
+        step_precision = "fp32" if source_format == "onnx" and precision == source_precision \
+            and precision in QUANTIZED else s.precision or precision
         if step_precision not in cls.precisions:
             raise PrecisionError(f"converter {cls.name!r} cannot produce {step_precision!r} "
                                  f"(it supports {', '.join(sorted(cls.precisions))})")

@@ -84,7 +84,23 @@ class OnnxSource(Source):
         from edge.graph.model import opset_of
 
         m = self.model
-        return {"format": "onnx", "opset": opset_of(m), "producer": f"{m.producer_name} {m.producer_version}".strip()}
+        info: dict[str, Any] = {"format": "onnx", "opset": opset_of(m),
+                                "producer": f"{m.producer_name} {m.producer_version}".strip()}
+        q = self.quantization()
+        if q is not None:  # an already-quantized graph: what the file holds, and the ops that say so
+            info.update(precision=q.precision, quantized=q.describe())
+        return info
+
+    def quantization(self) -> Any:
+        """How the graph is already quantized (``edge.graph.quantized.Quantization``), or None."""
+        from edge.graph.quantized import quantization_of
+
+        return quantization_of(self.model)
+
+    def own_precision(self) -> str | None:
+        """An already-quantized graph's own precision (int8, int8-dynamic), kept by the plan; None for floats."""
+        q = self.quantization()
+        return None if q is None else q.precision
 
     def io(self, input_shapes: Shapes) -> IOSpec:
         from edge.graph.model import io_spec, resolve_static_inputs

@@ -103,7 +103,10 @@ def test_pretrained_tflite_ships_as_it_is_to_arm_xnnpack(face: Path, tmp_path: P
     par = m["parity"]
     assert par["passed"] is True and par["samples"] == 32, par
     assert "reference kernels (no delegate) on the source .tflite" in par["reference"], par["reference"]
-    assert "XNNPack" in par["candidate"]["device_used"] and par["host_notes"] == []
+    # the very bytes the reference ran: exact by identity (issue #23); XNNPack's drift from the reference kernels
+    # is the one host note, and the device's reference-pair check below still measures it
+    assert "XNNPack" in par["candidate"]["device_used"] and par["shipped_as_is"] is True
+    assert len(par["host_notes"]) == 1 and "byte for byte" in par["host_notes"][0]
     assert all(o["cosine"] > 0.9999 for o in par["outputs"]), par["outputs"]
     # reference pairs for the device: written from the source's outputs, and the bundle's runner passes them
     assert m["reference_pairs"]["samples"] == REFERENCE_PAIRS and (b.path / m["reference_pairs"]["file"]).is_file()

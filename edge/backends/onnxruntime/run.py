@@ -65,32 +65,41 @@ class OnnxRuntimeRunner(Runner):
                 f"(available: {', '.join(available)})",
                 hint="install the onnxruntime build for that provider, e.g. onnxruntime-gpu or onnxruntime-openvino",
             )
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
         mode, inter, spinning = _threading(opts)
         plan = plan_threads(_thread_option(opts), spinning, reserve=reserve_option(self.name, opts))
         threads = plan.threads
-        so.intra_op_num_threads = threads
         level = opts.get("graph_optimization_level", "all")
         if level not in _LEVELS:
             raise EdgeError(f"graph_optimization_level must be one of {', '.join(_LEVELS)}, got {level!r}")
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
         quant_precision = opts.get("x64_quant_precision", True)
         if not isinstance(quant_precision, bool):
             raise EdgeError(f"runner 'onnxruntime': x64_quant_precision must be true or false, got {quant_precision!r}")
         # Measured on an AMD EPYC (Zen 2, AVX2 only): U8S8 QDQ models lost top-1 agreement (75%) and
         # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates. onnxruntime rewrites the
         # weights to U8 only where MlasPlatformU8S8Overflow() says the CPU needs it.
-        so.add_session_config_entry("session.x64quantprecision", "1" if quant_precision else "0")
-        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
-        so.inter_op_num_threads = inter
-        spin = "1" if plan.spinning else "0"
-        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        def session_options(x64_quant: bool) -> Any:
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            so.intra_op_num_threads = threads
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+            so.add_session_config_entry("session.x64quantprecision", "1" if x64_quant else "0")
+            so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+            so.inter_op_num_threads = inter
+            spin = "1" if plan.spinning else "0"
+            so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+            so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+            return so
+
         try:
-            self._session = ort.InferenceSession(str(self.artifact), so, providers=usable)
+            self._session = ort.InferenceSession(str(self.artifact), session_options(quant_precision), providers=usable)
         except Exception as e:
-            raise EdgeError(f"onnxruntime could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
+            # x64quantprecision rewrites U8S8 weights to U8; onnxruntime has no U8U8 kernel for some QOperator ops
+            # (QGemm of an already-quantized model): such a graph runs with the rewrite off, recorded in details
+            if not (quant_precision and "NOT_IMPLEMENTED" in str(e) and "com.microsoft.Q" in str(e)):
+                raise EdgeError(f"onnxruntime could not load {self.artifact}: {type(e).__name__}: "
+                                f"{str(e)[:300]}") from e
+            quant_precision = False
+            self._session = ort.InferenceSession(str(self.artifact), session_options(False), providers=usable)
         used = self._session.get_providers()
         fallback = None
         if used[0] != wanted[0]:
