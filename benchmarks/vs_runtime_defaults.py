@@ -159,6 +159,7 @@ def main() -> int:
     samples: dict[tuple[str, str, str], dict[str, list]] = {}
     for r in range(args.rounds):
         for busy in ((False, True) if r % 2 == 0 else (True, False)):
+            time.sleep(2.5)  # edge.backends.threads reuses a load sample for 2 s: let the last condition's expire
             for (m, rt), b in bundles.items():
                 got = measure(b, rt, busy, args.block, args.blocks)
                 s = samples.setdefault((m, rt, "busy" if busy else "idle"), {"edgekit": [], "plain": [], "info": []})
