@@ -12,15 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
+from edge.bundle.typedjson import UnreadableFile, read_toml_file
 from edge.capabilities import Host, Requirement, normalize_arch
 from edge.errors import PrecisionError, TargetError, did_you_mean
 
 SCHEMA_VERSION = 1
+MAX_PROFILE_BYTES = 1 << 20  # a profile is a few KB
 ARCHS = ("x86_64", "aarch64", "armv7l", "riscv64")  # what run.device_arch may name (after aliases: amd64, arm64)
 PLATFORMS = {"jetson": "NVIDIA Jetson"}  # run.device_platform: the host must be one (Host.jetson: /etc/nv_tegra_release)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0")
@@ -219,12 +216,12 @@ def _check_allowed(target: str, kind: str, precision: str, allowed: tuple[str, .
 
 def parse_profile(path: Path) -> TargetProfile:
     """Read and validate one profile; every problem in the file is reported at once."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TargetError(f"target profile {path} does not exist") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TargetError(f"target profile {path} is not valid TOML: {e}") from None
+    if not path.exists() and not path.is_symlink():
+        raise TargetError(f"target profile {path} does not exist")
+    try:  # a regular file only (a FIFO or a directory named *.toml is refused, never read), bounded in size,
+        raw = read_toml_file(path, what="target profile", max_bytes=MAX_PROFILE_BYTES)  # depth and digits
+    except UnreadableFile as e:
+        raise TargetError(e.message, hint=e.hint or "fix or remove the file") from None
 
     p = _Problems(path)
     p.check_table(raw, _TOP, "", _REQUIRED_TOP)

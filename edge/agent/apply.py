@@ -42,7 +42,6 @@ agent; the switch: the store's lock timeout; the watch is bounded by its window)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -53,6 +52,7 @@ from typing import Any, Iterator
 
 from edge.agent.download import DownloadError, discard_download, fetch
 from edge.agent.host import AgentHost
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, SignatureError
 from edge.mqtt.desired import DesiredState, Reason, ReportedState
 
@@ -531,9 +531,9 @@ UNCONFIRMED = "unconfirmed.json"
 def unconfirmed(store: Any) -> str | None:
     """The bundle switched to whose watch has not ended (``<store>/agent/unconfirmed.json``), if any."""
     try:
-        with open(os.path.join(store, "agent", UNCONFIRMED), encoding="utf-8") as f:
-            rec = json.loads(f.read(4096))
-    except (OSError, ValueError):
+        rec = read_json_file(os.path.join(store, "agent", UNCONFIRMED), what="agent record", max_bytes=4096,
+                             max_depth=4)
+    except UnreadableFile:
         return None
     bid = rec.get("bundle_id") if isinstance(rec, dict) else None
     return bid if isinstance(bid, str) else None

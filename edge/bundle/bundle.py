@@ -26,7 +26,7 @@ from edge.bundle.schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifes
 from edge.graph.model import sha256_file
 from edge.spec import IOSpec, PreprocessSpec
 from edge.bundle.signing import SIGNATURE_FILE, SIGNER_VERSIONS, Signature, canonical_bytes, key_id, keys_dir, load_signing_key
-from edge.bundle.typedjson import Invalid, loads_strict, to_json, write_json_atomic
+from edge.bundle.typedjson import Invalid, UnreadableFile, loads_strict, read_json_file, to_json, write_json_atomic
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # a detached signature over the manifest: the one other file a bundle may hold
@@ -259,8 +259,8 @@ def _next_version(d: Path, name: str, wanted: int | None) -> int:
     signings in one second still go up. Recorded in the keys dir."""
     f = d / SIGNER_VERSIONS
     try:
-        seen = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-    except (OSError, ValueError):
+        seen = read_json_file(f, what="signer versions", max_bytes=1 << 20, max_depth=4, missing={})
+    except UnreadableFile:
         seen = {}
     seen = seen if isinstance(seen, dict) else {}
     given = seen.get(name)

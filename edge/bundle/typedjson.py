@@ -384,7 +384,7 @@ _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def loads_strict(text: str, *, max_depth: int) -> Any:
+def loads_strict(text: str, *, max_depth: int, allow_nan: bool = False) -> Any:
     """``json.loads`` that refuses what a careful reader must: nesting deeper than ``max_depth``
     (checked before parsing, so no RecursionError), NaN, duplicate keys (two readers could pick
     different ones), and integers too long to convert. ``Infinity`` is kept as a float for
@@ -398,7 +398,7 @@ def loads_strict(text: str, *, max_depth: int) -> Any:
             raise Invalid("", f"nested deeper than {max_depth} levels")
 
     def constant(name: str) -> float:
-        if name == "NaN":
+        if name == "NaN" and not allow_nan:
             raise Invalid("", "NaN is not a number this reader accepts")
         return float(name.replace("Infinity", "inf"))
 
@@ -579,8 +579,13 @@ def _text(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
         raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is not UTF-8 text: {e}") from None
 
 
+def _problem(what: str, path: str | os.PathLike[str], problem: str) -> str:
+    sep = " is " if problem.startswith("not ") else ": "  # "... is not valid JSON: ...", "...: nested deeper ..."
+    return f"{what} {os.fspath(path)!s:.300}{sep}{problem}"
+
+
 def read_json_file(path: str | os.PathLike[str], *, what: str = "JSON file", max_bytes: int = MAX_FILE_BYTES,
-                   max_depth: int = FILE_DEPTH, missing: Any = _MISSING) -> Any:
+                   max_depth: int = FILE_DEPTH, missing: Any = _MISSING, allow_nan: bool = False) -> Any:
     """A JSON document from ``path`` through :func:`loads_strict` (depth, duplicate keys, NaN, integer digits)
     after :func:`read_bounded` (regular file, size). ``missing``: returned when nothing exists at ``path`` (not
     even a dangling link); every other failure is an :class:`UnreadableFile` naming the file and the problem."""
@@ -588,15 +593,18 @@ def read_json_file(path: str | os.PathLike[str], *, what: str = "JSON file", max
         return missing
     text = _text(path, max_bytes, what)
     try:
-        return loads_strict(text, max_depth=max_depth)
+        return loads_strict(text, max_depth=max_depth, allow_nan=allow_nan)
     except Invalid as e:
-        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300}: {e.problem}") from None
+        raise UnreadableFile(_problem(what, path, e.problem)) from None
 
 
 def loads_toml_strict(text: str, *, max_depth: int = FILE_DEPTH) -> dict[str, Any]:
     """``tomllib.loads`` that refuses nesting deeper than ``max_depth`` (checked before parsing: no
     RecursionError) and integers longer than Python converts; raises :class:`Invalid`."""
-    import tomllib
+    try:  # Python 3.11+
+        import tomllib
+    except ImportError:  # pragma: no cover - 3.10
+        import tomli as tomllib
 
     depth = deepest = 0
     for b in _BRACKETS.findall(_TOML_SKIP.sub("", text)):
@@ -622,4 +630,4 @@ def read_toml_file(path: str | os.PathLike[str], *, what: str = "TOML file", max
     try:
         return loads_toml_strict(text, max_depth=max_depth)
     except Invalid as e:
-        raise UnreadableFile(f"{what} {os.fspath(path)!s:.300}: {e.problem}") from None
+        raise UnreadableFile(_problem(what, path, e.problem)) from None

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import MissingDependencyError, ModelError
 
 _LOAD_LOCK = threading.Lock()
@@ -107,8 +108,10 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
     cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgekit") / f"amx-probe-{key}.json"
     if cache.exists():
         try:
-            return json.loads(cache.read_text())
-        except (OSError, json.JSONDecodeError):
+            cached = read_json_file(cache, what="AMX probe cache", max_bytes=1 << 20, max_depth=8)
+            if isinstance(cached, dict):
+                return cached
+        except UnreadableFile:
             pass
     from edge.llm.samples import build_tiny_llama
 
@@ -208,7 +211,12 @@ def tokenize_texts(path: Path, texts: list[str], *, timeout: float = 300) -> Tok
                          if line.strip() and not line.startswith("[")), "")
             raise ModelError(f"llama.cpp's tokenizer crashed on the text (exit {p.returncode}"
                              + (f": {said[:200]}" if said else "") + ")")
-        out = json.loads(result.read_text(encoding="utf-8"))
+        try:
+            out = read_json_file(result, what="tokenizer result", max_bytes=256 << 20, max_depth=8)
+        except UnreadableFile as e:
+            raise ModelError(f"llama.cpp's tokenizer gave no readable result: {e.message}") from None
+        if not isinstance(out, dict):
+            raise ModelError("llama.cpp's tokenizer gave no readable result")
     if "error" in out:
         raise ModelError(out["error"])
     return Tokenized(**out["ok"])

@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError, did_you_mean
 from edge.toolchains.state import (  # noqa: F401 - re-exported: callers and tests use these names here
     ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root,
@@ -198,9 +199,12 @@ def status(name: str) -> ToolchainStatus:
                       + f"; install it with: {spec.install_command} ({spec.size_hint})")
         return st
     try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        st.problem = f"{state_file} is unreadable ({e}); reinstall with: {spec.install_command} --force"
+        state = read_json_file(state_file, what="toolchain state", max_bytes=1 << 20, max_depth=8)
+    except UnreadableFile as e:
+        st.problem = f"{e.message}; reinstall with: {spec.install_command} --force"
+        return st
+    if not isinstance(state, dict) or not isinstance(state.get("packages", {}), dict):
+        st.problem = f"{state_file} is not a toolchain state; reinstall with: {spec.install_command} --force"
         return st
     st.installed = True
     st.python = state.get("python_version")
@@ -346,10 +350,19 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
 
 
 def remove(name: str) -> bool:
+    """Delete the toolchain's directory; False when nothing is there. A symbolic link in its place is removed
+    itself, never followed (what it points at is not edgekit's to delete); a file in its place is removed too."""
     d = toolchain_dir(name)
-    if not d.exists():
+    if not os.path.lexists(d):
         return False
-    shutil.rmtree(d)
+    try:
+        if d.is_symlink() or not d.is_dir():
+            d.unlink()
+        else:
+            shutil.rmtree(d)
+    except OSError as e:
+        raise EdgeError(f"cannot remove toolchain {name!r} at {d}: {e.strerror or e}",
+                        hint="remove it by hand, or fix its permissions") from None
     return True
 
 

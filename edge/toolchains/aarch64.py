@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError
 from edge.toolchains.state import STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root, run_logged
 
@@ -141,8 +142,8 @@ def _not_installed(d: Path) -> str:
 
 def read_state() -> dict[str, Any] | None:
     try:
-        state = json.loads((toolchain_dir() / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        state = read_json_file(toolchain_dir() / STATE_FILE, what="toolchain state", max_bytes=1 << 20, max_depth=8)
+    except UnreadableFile:
         return None
     return state if isinstance(state, dict) else None
 

@@ -32,11 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - 3.10
-    import tomli as tomllib
-
+from edge.bundle.typedjson import UnreadableFile, loads_toml_strict, read_toml_file
 from edge.errors import TargetError
 
 OVERLAY_VERSION = 1
@@ -199,19 +195,13 @@ def overlay_from_dict(raw: Mapping[str, Any], where: str = "overlay") -> TunedOv
 
 def read_overlay(path: str | os.PathLike[str]) -> TunedOverlay:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
+    if not p.exists() and not p.is_symlink():
         raise TargetError(f"tuned overlay {p} does not exist",
-                          hint="write one with `edgekit tune MODEL --target T --out DIR`") from None
-    except OSError as e:
-        raise TargetError(f"cannot read tuned overlay {p}: {e.strerror}") from None
-    if len(data) > MAX_BYTES:
-        raise TargetError(f"tuned overlay {p} is {len(data)} bytes; an overlay is a few hundred (limit {MAX_BYTES})")
-    try:
-        raw = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TargetError(f"tuned overlay {p} is not valid TOML: {e}") from None
+                          hint="write one with `edgekit tune MODEL --target T --out DIR`")
+    try:  # the one safe reader: a regular file, bounded size, depth and integer digits
+        raw = read_toml_file(p, what="tuned overlay", max_bytes=MAX_BYTES, max_depth=16)
+    except UnreadableFile as e:
+        raise TargetError(e.message, hint=e.hint) from None
     return dataclasses.replace(overlay_from_dict(raw, str(p)), path=p)
 
 
@@ -280,7 +270,7 @@ def overlay_toml(overlay: TunedOverlay, comments: list[str] = ()) -> str:  # typ
 def write_overlay(path: str | os.PathLike[str], overlay: TunedOverlay, comments: list[str] = ()) -> Path:  # type: ignore[assignment]
     p = Path(path)
     text = overlay_toml(overlay, list(comments))
-    overlay_from_dict(tomllib.loads(text), str(p))  # what is written reads back
+    overlay_from_dict(loads_toml_strict(text), str(p))  # what is written reads back
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, p)

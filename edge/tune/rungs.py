@@ -16,7 +16,6 @@ the trials it has no measurement of yet.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -181,12 +180,12 @@ def study_header(model_sha256: str, target: str, objective: str, strategy: str, 
 
 def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """(trials by config id, who measured them) from a study made for ``header``; refused otherwise."""
-    from edge.tune.search import load_study
+    from edge.tune.search import load_study, read_study
 
     trials = load_study(path, header)  # checks the header and every record's rungs
     measured_by = None
     if trials:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_study(path)
         if isinstance(data.get("measured_by"), dict):
             measured_by = host_of({"host": data["measured_by"]})
     return trials, measured_by

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError
 from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
                                combine_parity, measure_chunk, Pool, trial_score, missed_share, rank_key)
@@ -255,14 +256,24 @@ def _isa() -> list[str]:
     return sorted(cpu_isa().flags)
 
 
+MAX_STUDY_BYTES = 256 << 20
+
+
+def read_study(path: Path) -> Any:
+    """The JSON of a study file, read by the one safe reader (a regular file, bounded size, depth and integer
+    digits); None when nothing is there."""
+    try:  # NaN allowed: a study is what save_study wrote, and json.dumps writes a NaN figure as NaN
+        return read_json_file(path, what="study file", max_bytes=MAX_STUDY_BYTES, max_depth=32, missing=None,
+                              allow_nan=True)
+    except UnreadableFile as e:
+        raise EdgeError(e.message, hint="remove it to start a new study") from None
+
+
 def load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The trials of a study file made for the same model, target, objective and host; refused otherwise."""
-    if not path.exists():
+    data = read_study(path)
+    if data is None:
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EdgeError(f"study file {path} is not valid JSON: {e}", hint="remove it to start a new study") from None
     if not isinstance(data, dict) or data.get("study_version") != STUDY_VERSION or not isinstance(data.get("trials"), dict):
         raise EdgeError(f"study file {path} is not an edgekit tune study (study_version {STUDY_VERSION})",
                         hint="remove it to start a new study")

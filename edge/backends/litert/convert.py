@@ -38,6 +38,7 @@ from edge import toolchains
 from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
+from edge.bundle.typedjson import read_json_file
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.opsupport import check_ops
 
@@ -153,7 +154,7 @@ class OnnxToTFLite(Converter):
         details: dict[str, Any] = {
             **final["details"],
             "toolchain": st.manifest_record(),
-            "layout": [f"{t['name']}: {_layout_text(t)}" for t in json.loads(sidecar.read_text())["inputs"]],
+            "layout": [f"{t['name']}: {_layout_text(t)}" for t in read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)["inputs"]],
             "io_sidecar": sidecar.name,
             "onnxsim": final.get("onnxsim", []),
             "network_attempts": final.get("network_attempts", []),
@@ -293,7 +294,7 @@ def _layout_text(t: Mapping[str, Any]) -> str:
 
 def _notes(final: Mapping[str, Any], sidecar: Path) -> list[str]:
     notes = []
-    io = json.loads(sidecar.read_text())
+    io = read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)
     changed = [t for t in io["inputs"] + io["outputs"] if t["perm_onnx_to_tflite"] != list(range(len(t["shape"])))]
     if changed:
         notes.append("layout: " + "; ".join(f"{t['name']} {_layout_text(t)}" for t in changed))

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import EDGETPU_CUSTOM_OP as EDGETPU_OP
+from edge.backends.litert.format import load_sidecar
 from edge.errors import BundleError, ConversionError, MissingDependencyError, PrecisionError, TargetError
 
 COMPILER = "edgetpu_compiler"
@@ -93,8 +94,7 @@ class TFLiteToEdgeTPU(Converter):
         model = out_dir / "model.tflite"
         if src.resolve() != model.resolve():
             shutil.copyfile(src, model)
-        side_src = src.with_suffix(".io.json")
-        io = json.loads(side_src.read_text(encoding="utf-8")) if side_src.is_file() else None
+        io = load_sidecar(src)
         if io is not None:
             (out_dir / "model.io.json").write_text(json.dumps(io, indent=2) + "\n", encoding="utf-8")
         files = [model] + ([out_dir / "model.io.json"] if io is not None else [])
@@ -174,7 +174,7 @@ def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequ
     files = [compiled]
     io_src = model.with_suffix(".io.json")
     if io_src.is_file():
-        io = json.loads(io_src.read_text(encoding="utf-8"))
+        io = load_sidecar(model)
         io_tpu = compiled.with_suffix(".io.json")
         io_tpu.write_text(json.dumps({**io, "cpu_model": model.name}, indent=2) + "\n", encoding="utf-8")
         files.append(io_tpu)

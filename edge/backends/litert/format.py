@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import InputFileError
 
 IO_SIDECAR_SUFFIX = ".io.json"
@@ -84,11 +84,12 @@ def load_sidecar(artifact: Path) -> dict[str, Any] | None:
     if not side.is_file():
         return None
     try:
-        data = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputFileError(f"{side} is not valid JSON: {e}") from None
-    if data.get("schema") != IO_SCHEMA:
-        raise InputFileError(f"{side} has schema {data.get('schema')!r}; this edgekit reads {IO_SCHEMA}")
+        data = read_json_file(side, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)
+    except UnreadableFile as e:
+        raise InputFileError(e.message) from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != IO_SCHEMA:
+        raise InputFileError(f"{side} has schema {str(schema)[:40]!r}; this edgekit reads {IO_SCHEMA}")
     return data
 
 

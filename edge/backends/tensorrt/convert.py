@@ -34,6 +34,7 @@ from typing import Any, Mapping
 from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA, TRT_RESTRICTED_OPS, TRT_UNSUPPORTED_OPS  # noqa: F401
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
 
@@ -254,7 +255,12 @@ def polygraphy_lint(path: Path) -> dict[str, Any]:
         if not report.is_file():
             return {"lint": {"ran": False, "error": (p.stderr or p.stdout).strip()[-300:]},
                     "polygraphy": polygraphy.__version__}
-        data = json.loads(report.read_text(encoding="utf-8"))
+        try:
+            data = read_json_file(report, what="polygraphy lint report", max_depth=32)
+        except UnreadableFile as e:
+            return {"lint": {"ran": False, "error": e.message[:300]}, "polygraphy": polygraphy.__version__}
+        if not isinstance(data, dict):
+            data = {}
     entries = data.get("lint_entries") or data.get("linting_entries") or []
     errors = [str(e.get("message", e))[:300] for e in entries if e.get("level") == "exception" or e.get("level") == "error"]
     warnings = [str(e.get("message", e))[:300] for e in entries if e.get("level") == "warning"]

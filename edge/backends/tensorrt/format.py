@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import ConversionError
 
 
@@ -36,10 +36,13 @@ TRT_RESTRICTED_OPS = {
 
 def read_build_settings(bundle_dir: Path) -> dict[str, Any]:
     path = Path(bundle_dir) / BUILD_FILE
+    if not path.exists():
+        raise ConversionError(f"{path} is missing: the bundle was not made by onnx->tensorrt-plan")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConversionError(f"{path} is missing: the bundle was not made by onnx->tensorrt-plan") from None
-    if data.get("schema") != BUILD_SCHEMA:
-        raise ConversionError(f"{path} has schema {data.get('schema')!r}, this edgekit reads {BUILD_SCHEMA}")
+        data = read_json_file(path, what="TensorRT build settings", max_bytes=4 << 20, max_depth=16)
+    except UnreadableFile as e:
+        raise ConversionError(e.message) from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != BUILD_SCHEMA:
+        raise ConversionError(f"{path} has schema {str(schema)[:40]!r}, this edgekit reads {BUILD_SCHEMA}")
     return data

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
     import numpy as np
 
 from edge.capabilities import Requirement, current_host, problems
+from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec
@@ -97,18 +98,21 @@ def cache_decision(cache_dir: Path, key: EngineKey) -> tuple[str, str, Path]:
     meta = path.with_suffix(".json")
     if path.is_file() and meta.is_file():
         try:
-            rec = json.loads(meta.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            rec = read_json_file(meta, what="engine cache record", max_bytes=1 << 20, max_depth=16)
+        except UnreadableFile:
             return "build", f"cache record {meta} is unreadable", path
-        if rec.get("schema") == CACHE_SCHEMA and rec.get("key") == key.to_json() \
+        if isinstance(rec, dict) and rec.get("schema") == CACHE_SCHEMA and rec.get("key") == key.to_json() \
                 and rec.get("size") == path.stat().st_size:
             return "reuse", f"cached engine built {rec.get('built_utc', '?')} in {rec.get('build_s', '?')} s", path
         return "build", "cached engine does not match its record", path
     others = sorted(Path(cache_dir, _safe(key.bundle_id)).glob("*.json")) if Path(cache_dir).is_dir() else []
     for other in others:
         try:
-            old = json.loads(other.read_text(encoding="utf-8")).get("key", {})
-        except (OSError, json.JSONDecodeError):
+            rec = read_json_file(other, what="engine cache record", max_bytes=1 << 20, max_depth=16)
+        except UnreadableFile:
+            continue
+        old = rec.get("key", {}) if isinstance(rec, dict) else {}
+        if not isinstance(old, dict):
             continue
         changed = key_changes(old, key)
         if changed:
@@ -152,8 +156,8 @@ def bundle_id_of(artifact: Path) -> str:
     """The bundle id from the manifest beside the artifact (the artifact's sha256 when there is none)."""
     manifest = Path(artifact).parent / "manifest.json"
     try:
-        return str(json.loads(manifest.read_text(encoding="utf-8"))["bundle_id"])
-    except (OSError, KeyError, json.JSONDecodeError):
+        return str(read_json_file(manifest, what="manifest", max_bytes=16 << 20, max_depth=64)["bundle_id"])
+    except (UnreadableFile, KeyError, TypeError):
         h = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()
         return f"sha256-{h[:16]}"
 
