@@ -161,7 +161,8 @@ class Agent:
         self.runner: Any = None
         self.reference_check: dict[str, Any] | None = None  # edge.verify.refpairs.check_on_load's result
         self.worker: InferenceWorker | None = None
-        self.state, self.state_detail = "idle", None
+        self.state: str = "idle"
+        self.state_detail: str | None = None
         self.fps: float | None = None
         self.budget_ms: float | None = None
         self._source_desc = config.source
@@ -422,11 +423,12 @@ class Agent:
                 if d is not None:
                     while not self._desired_q.empty():  # the latest wins: older queued ones are moot
                         d = self._desired_q.get_nowait()
-                    d = self._hold_for_tune(d)  # sets _apply_cancel when it returns one
-                    if d is None:
+                    held = self._hold_for_tune(d)  # sets _apply_cancel when it returns one
+                    if held is None:
                         return
+                    d, cancel = held
                     try:
-                        Applier(self, d, self._apply_cancel, stopping=self._control_stop).run()
+                        Applier(self, d, cancel, stopping=self._control_stop).run()
                     finally:
                         self._apply_cancel = None
                 elif poll:
@@ -434,8 +436,9 @@ class Agent:
             except Exception:  # a bug here must not stop the agent reporting
                 log.exception("control thread")
 
-    def _hold_for_tune(self, d: DesiredState) -> DesiredState | None:
-        """The desired state to apply now, once no device tune runs (None: the agent is stopping). A rollout that
+    def _hold_for_tune(self, d: DesiredState) -> tuple[DesiredState, threading.Event] | None:
+        """The desired state to apply now and its cancel event (``_apply_cancel``), once no device tune runs (None:
+        the agent is stopping). A rollout that
         arrives during a tune is held, never lost and never applied beside it (an apply would load a model and
         download while the tune measures): reported ``idle`` with ``progress.waiting_for = "tune"`` until the tune
         ends; a newer desired state arriving meanwhile replaces it (the latest wins, as always)."""
@@ -445,8 +448,8 @@ class Agent:
                 job = self.tune
                 if job is None:
                     self.held = None
-                    self._apply_cancel = threading.Event()
-                    return d
+                    cancel = self._apply_cancel = threading.Event()
+                    return d, cancel
                 self.held = d
             if shown is not d:
                 log.info("desired version %d (rollout %s) waits for tune %s to end", d.version, d.rollout_id,

@@ -159,6 +159,7 @@ def _too_big(url: str, total: int, limit: int, size: int | None) -> DownloadErro
 def _attempt(url: str, part: Path, size: int | None, limit: int, options: DownloadOptions, deadline: float,
              stop: threading.Event | None, progress: Progress | None) -> int:
     have = _size(part)
+    total: int | None  # the artifact's size, where the source says it
     u = urlparse(url)
     if u.scheme == "file":
         src = Path(unquote(u.path))

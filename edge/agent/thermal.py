@@ -35,7 +35,7 @@ def _read(path: Path) -> str | None:
 
 def _milli_c(text: str | None) -> float | None:
     try:
-        return round(int(text) / 1000.0, 2) if text is not None else None  # type: ignore[arg-type]
+        return round(int(text) / 1000.0, 2) if text is not None else None
     except ValueError:
         return None
 
