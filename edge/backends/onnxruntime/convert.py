@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -58,6 +59,9 @@ class OnnxToOnnx(Converter):
                            "source on the search inputs (edge.graph.recipes); off converts every node",
         "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
                                   "0 = only the range check for fp16, none for int8)",
+        "calibration_memory_mb": "int8 static: the most memory the calibrator may hold in activations (default: a "
+                                 "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
+                                 "refused when one sample does not",
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
@@ -181,9 +185,14 @@ class OnnxToOnnx(Converter):
                 with contextlib.redirect_stdout(io.StringIO()):  # the percentile calibrator prints its range
                     _quantize_static(prepped, exclude, method)
 
+            memory: dict[str, Any] = {}  # per calibration method: what the calibrator may hold (issue #23)
+
             def _quantize_static(prepped: Path, exclude: list[str], method: str) -> None:
+                samples = request.calibration.samples  # type: ignore[union-attr]
+                if method not in memory:
+                    memory[method] = calibration_memory(prepped, len(samples), method, opts)
                 q.quantize_static(
-                    str(prepped), str(out), Reader(request.calibration.samples),  # type: ignore[union-attr]
+                    str(prepped), str(out), Reader(samples[:memory[method]["samples"]]),
                     quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt, per_channel=per_channel,
                     calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), nodes_to_exclude=exclude,
                 )
@@ -212,6 +221,10 @@ class OnnxToOnnx(Converter):
                 note = found.note("float (not quantized)")
                 if note:
                     details["_notes"] = [note]
+        notes = [m["note"] for m in memory.values() if m.get("note")]
+        if notes:
+            details["_notes"] = [*details.get("_notes", []), *notes]
+        details["calibration_memory"] = {k: {f: v for f, v in m.items() if f != "note"} for k, m in memory.items()}
         return {"recipe": "static QDQ", "isa_assumption": _U8S8_ASSUMPTION, "activations": opts.get("activation_type", "uint8"),
                 "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
                 "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
@@ -331,3 +344,54 @@ class Reader:
 
     def rewind(self) -> None:
         self._it = iter(self._samples)
+
+
+#: the share of the available RAM the calibrator may hold when calibration_memory_mb is not given
+CALIBRATION_RAM_SHARE = 0.25
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to a new allocation (MemAvailable; else free pages), 0 when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def calibration_memory(model_path: Path, samples: int, method: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What onnxruntime's calibrator may hold, bounded. It runs the model with every float activation as an output
+    and keeps all of them for every sample until the end (minmax, percentile and entropy alike; its
+    CalibMaxIntermediateOutputs drops the batches it was meant to merge in onnxruntime 1.2x, so it is not used):
+    the calibration gets the ``samples`` whose activations fit in ``calibration_memory_mb``, else in a quarter of
+    the available RAM, recorded with a note when that is fewer than given; a model whose one sample does not fit
+    is refused in one line. (A layout detector's percentile fallback was OOM-killed at 22 GiB of a 23 GiB machine.)"""
+    from edge.graph import recipes
+
+    per_sample = 4 * sum(recipes.float_tensors(load_onnx(model_path)).values())
+    given = options.get("calibration_memory_mb")
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float)) or given <= 0):
+        raise ConversionError(f"calibration_memory_mb must be a positive number, got {given!r}")
+    limit = int(given * 2**20) if given is not None else int(available_ram() * CALIBRATION_RAM_SHARE)
+    where = f"{given} MiB (calibration_memory_mb)" if given is not None else \
+        f"{limit / 2**30:.1f} GiB (a quarter of the available RAM)"
+    record: dict[str, Any] = {"per_sample_mb": round(per_sample / 2**20, 3), "limit_mb": round(limit / 2**20, 1),
+                              "samples": samples}
+    if per_sample <= 0 or limit <= 0:
+        return record
+    fits = limit // per_sample
+    if fits < 1:
+        raise ConversionError(f"int8 calibration ({method}) holds {per_sample / 2**20:.0f} MiB of activations per "
+                              f"sample, more than the {where} it may use",
+                              hint="pass a smaller --input-shape, raise calibration_memory_mb, or use int8-dynamic")
+    if fits < samples:
+        record["samples"] = int(fits)
+        record["note"] = (f"{method} calibration keeps every activation of every sample ({per_sample / 2**20:.1f} MiB "
+                          f"each): it used {fits} of the {samples} calibration samples, the most that fit in {where}")
+    return record
