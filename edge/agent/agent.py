@@ -158,6 +158,7 @@ class Agent:
         self._t0 = time.monotonic()
         self.store: Any = None
         self.bundle: Any = None
+        self.bundle_archive_sha256: str | None = None  # the archive pack_bundle makes of it (in the birth)
         self.runner: Any = None
         self.reference_check: dict[str, Any] | None = None  # edge.verify.refpairs.check_on_load's result
         self.worker: InferenceWorker | None = None
@@ -231,6 +232,7 @@ class Agent:
             self.state, self.state_detail = "error", str(e)
             log.error("cannot open the current bundle: %s", e)
             return
+        self.bundle_archive_sha256 = _archive_sha256(self.bundle.path)
         frame_budget = self.bundle.manifest.get("target", {}).get("frame_budget_ms")
         self.fps = cfg.fps or (1000.0 / frame_budget if frame_budget else DEFAULT_FPS)
         self.budget_ms = cfg.budget_ms or frame_budget or 1000.0 / self.fps
@@ -274,6 +276,7 @@ class Agent:
             self.runner.close()
             self.runner = None
         self.bundle = None
+        self.bundle_archive_sha256 = None
         self.reference_check = None
 
     def reload(self, why: str) -> None:
@@ -479,7 +482,11 @@ class Agent:
             "agent": {"edgekit_version": edge.__version__, "pid": os.getpid(), "started_at": round(self.started, 3),
                       "interval_s": self.config.interval_s, "source": self._source_desc, "fps": self.fps,
                       "budget_ms": self.budget_ms},
-            "bundle": None if b is None else {"id": b.id, "target": b.target, "precision": b.precision},
+            # archive_sha256: a fleet rollback to this bundle later is applied from the store, with no artifact
+            # registered anywhere (a bundle deployed by hand): the controller names it by this hash
+            "bundle": None if b is None else {"id": b.id, "target": b.target, "precision": b.precision,
+                                               **({"archive_sha256": self.bundle_archive_sha256}
+                                                  if self.bundle_archive_sha256 else {})},
             "runner": runner,
             "reference_check": self.reference_check,
             "host": self._host,
@@ -651,3 +658,13 @@ class Agent:
         self.stop()
 
 
+def _archive_sha256(path: Path) -> str | None:
+    """``edge.bundle.archive.archive_sha256`` of a bundle directory; None when it cannot be read (reported
+    without it: a later fleet rollback to it then needs its artifact registered)."""
+    from edge.bundle.archive import archive_sha256
+
+    try:
+        return archive_sha256(path)
+    except (OSError, EdgeError) as e:
+        log.warning("cannot hash bundle %s for a later rollback from the store: %s", path, e)
+        return None

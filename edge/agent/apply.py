@@ -54,7 +54,7 @@ from edge.agent.download import DownloadError, discard_download, fetch
 from edge.agent.host import AgentHost
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, SignatureError
-from edge.mqtt.desired import DesiredState, Reason, ReportedState
+from edge.mqtt.desired import HELD_URL, DesiredState, Reason, ReportedState
 
 log = logging.getLogger("edge.agent")
 
@@ -130,6 +130,9 @@ class Applier:
                 self._enter("switching")
                 breach = self._switch(bundle, held)
             else:
+                if d.artifact_url == HELD_URL:  # the controller knew no artifact: only the store's copy would do
+                    raise StepFailed("download_failed", f"bundle {d.bundle_id} is not in this device's store (or "
+                                     "differs from the desired sha256), and the desired state names no URL")
                 self._enter("downloading")
                 archive = self._download()
                 agent.counters["downloads"] += 1

@@ -39,13 +39,14 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
+import re
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from edge.mqtt.desired import DesiredState, TERMINAL
+from edge.mqtt.desired import HELD_URL, DesiredState, TERMINAL
 from edge.mqtt.topics import check_part
 from edge.fleet.db import FleetDB
 from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutSpec, breaches,
@@ -54,6 +55,7 @@ from edge.fleet.rollout_store import FINAL, RolloutStore
 from edge.fleet.rollout_view import DeviceView, FleetView
 
 log = logging.getLogger("edge.fleet.rollout")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 # -- the controller --------------------------------------------------------------------------------
@@ -138,7 +140,15 @@ class RolloutController:
             size = d.get("size")
             return running, {"url": d["artifact_url"], "sha256": d["sha256"],
                              "size": size if type(size) is int else None}
-        return running, self.store.artifact(running)
+        registered = self.store.artifact(running)
+        if registered is not None:
+            return running, registered
+        # no artifact registered anywhere (deployed by hand): the device's store keeps the bundle it runs now as
+        # its previous one after the switch, and applies a rollback to it from there (HELD_URL: no download)
+        sha = dv.bundle.get("archive_sha256") if dv.bundle.get("id") == running else None
+        if isinstance(sha, str) and _SHA256.fullmatch(sha):
+            return running, {"url": HELD_URL, "sha256": sha, "size": None}
+        return running, None
 
     def _next_version(self, dv: DeviceView | None, device: str, floor: int = 0) -> int:
         seen = 0 if dv is None else max(dv.desired_version, dv.reported_version)
@@ -306,8 +316,9 @@ class RolloutController:
         if replaces is not None and replaces >= version:  # pragma: no cover - _next_version is above it
             replaces = None
         if prev_bundle is not None and prev is None:
-            why = (f"no artifact known for its bundle {prev_bundle}, so it could not be rolled back; register one "
-                   "with --previous-bundle/--previous-url")
+            why = (f"no artifact known for its bundle {prev_bundle}, and its agent did not report the bundle's "
+                   "archive hash (an older agent), so it could not be rolled back; register one with "
+                   "--previous-bundle/--previous-url")
             self.store.assign(self.rid, dv.device, c["cohort"], wave, version, replaces, prev_bundle, None, now,
                               state="skipped", reason=why)
             self._event("device_skipped", now, cohort=c["cohort"], device=dv.device, reason=why)

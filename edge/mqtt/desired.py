@@ -79,8 +79,17 @@ def _pos(obj: Mapping[str, Any], key: str) -> float | None:
     return float(v)
 
 
+#: the artifact URL of a desired state whose bundle the device's own store holds (a fleet rollback to the
+#: bundle it ran before, deployed by hand, no artifact registered anywhere): applied from the store, never
+#: downloaded; a device that does not hold it fails the apply (``download_failed``)
+HELD_URL = "store:held"
+
+
 def check_artifact_url(url: Any, artifact_root: Path | None) -> str:
-    """``http(s)://host/...`` (no credentials in it), or ``file://`` naming a file under ``artifact_root``."""
+    """``http(s)://host/...`` (no credentials in it), ``file://`` naming a file under ``artifact_root``, or
+    ``HELD_URL`` (the device's store holds the bundle)."""
+    if url == HELD_URL:
+        return HELD_URL
     try:
         return _check_artifact_url(url, artifact_root)
     except DesiredError:

@@ -1,19 +1,24 @@
-"""Issue #26 item 14: with no --abort-if a failed canary stops its cohort, and "completed" is said only when
-devices reached the bundle (a real Mosquitto; devices speak the agent's own DeviceSession/DesiredState).
+"""Issue #26 items 14-15: with no --abort-if a failed canary stops its cohort, and "completed" is said only when
+devices reached the bundle (a real Mosquitto; devices speak the agent's own DeviceSession/DesiredState); a
+fleet rollback to a bundle deployed by hand is applied from the device's store (a real agent, a real HTTP server).
 
 Before: two canary devices failed (untrusted), the waves went on, and the rollout said "completed".
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_for
 
-from edge.fleet.rollout import RolloutController, RolloutError, RolloutSpec, start_rollout, status
+from edge.deploy import DeviceStore
+from edge.fleet.rollout import RolloutController, RolloutError, RolloutSpec, set_state, start_rollout, status
 from edge.fleet.rollout_sim import Outcome
 from edge.mqtt.desired import DesiredState
-from tests.fleet.test_fleet_rollout import FLEET, _fake, broker, db, drive, sims, synced_with, view  # noqa: F401
+from tests.fleet.test_fleet_rollout import (FLEET, _fake, agent_store, broker, bundles, db, drive, http,  # noqa: F401
+                                            prepared, sims, start_agent, synced_with, view)
 
 
 def untrusted(device: str, d: DesiredState) -> Outcome:
@@ -54,3 +59,29 @@ def test_none_is_alone() -> None:
     assert RolloutSpec.parse(fleet=FLEET, abort_if=["none"]).abort_if == ()
     with pytest.raises(RolloutError, match="none cannot be combined"):
         RolloutSpec.parse(fleet=FLEET, abort_if=["none", "p99>budget"])
+
+
+def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(broker: Any, db: Any, view: Any,  # noqa: F811
+                                                                   bundles: dict[str, Any], http: Any,
+                                                                   tmp_path: Path) -> None:
+    """#26 item 15: the device runs A, deployed by hand (no artifact registered for it anywhere). A rollout of B
+    aborted after the switch rolls it back to A from its own store: no --previous-url, no download."""
+    a, b = bundles["a"], bundles["b"]
+    agent = start_agent(broker.url, agent_store(tmp_path / "cam-01", a), "cam-01")
+    try:
+        synced_with(view, 1)
+        wait_for(lambda: view.snapshot()["cam-01"].bundle.get("archive_sha256"), 30, "the birth's archive hash")
+        spec = RolloutSpec.parse(fleet=FLEET, canary="100%", waves="100%", watch="60s", device_timeout="60s")
+        rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")])  # no --previous-bundle/-url
+        ctl = RolloutController(db, rid, view)
+        drive(ctl, lambda r: status(db, rid)["devices"] and status(db, rid)["devices"][0]["state"] == "running",
+              90, "cam-01 on B")
+        assert DeviceStore(tmp_path / "cam-01").state().current == b.id
+        set_state(db, rid, "abort", "the operator changed their mind")
+        drive(ctl, lambda r: r.finished, 90, "the rollback")
+        dev = status(db, rid)["devices"][0]
+        assert dev["rb_state"] == "running" and dev["prev_bundle"] == a.id, dev
+        assert DeviceStore(tmp_path / "cam-01").state().current == a.id
+        assert agent.counters["downloads"] == 1 and agent.counters["local_switches"] == 1, agent.counters
+    finally:
+        agent.stop(1.0)
