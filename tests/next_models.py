@@ -138,3 +138,21 @@ def quantized(path: Path, scheme: str, tmp: Path) -> Path:
     quantize_static(str(regressor(tmp / "float_classifier.onnx", output="logits")), str(path), Images(),
                     quant_format=fmt)
     return path
+
+
+def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3) -> Path:
+    """``[1, 16, hidden]`` through ``layers`` MatMul + Tanh whose weights are int8 initializers dequantized by
+    DequantizeLinear (weight-only quantization, as exported text encoders ship): float arithmetic on exact
+    weights, where OpenVINO's CPU plugin by default quantizes the MatMul activations at run time."""
+    rng = np.random.default_rng(7)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits += [numpy_helper.from_array(rng.integers(-127, 128, (hidden, hidden)).astype(np.int8), f"w{i}"),
+                  numpy_helper.from_array(np.float32(0.01), f"s{i}")]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}"], [f"wf{i}"]),
+                  helper.make_node("MatMul", [x, f"wf{i}"], [f"m{i}"]),
+                  helper.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
+        x = f"t{i}"
+    nodes.append(helper.make_node("Identity", [x], ["hidden_states"]))
+    return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, hidden])],
+                 [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, 16, hidden])], inits)

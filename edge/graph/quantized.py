@@ -30,8 +30,9 @@ _INT = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 21: "uint4", 22: "int4"}
 @dataclass(frozen=True)
 class Quantization:
     """How a graph is quantized: ``scheme`` (QDQ, QOperator, dynamic, weight-only), the precision edgekit records
-    for it (``int8``: activations are integers; ``int8-dynamic``: float activations, integer weights or run-time
-    quantization) and the counts of the ops that say so."""
+    for it (``int8``: activations are integers; ``int8-dynamic``: activations quantized at run time; ``fp32``:
+    weight-only, float arithmetic on integer weights dequantized exactly, converted like any float graph) and the
+    counts of the ops that say so."""
 
     scheme: str
     precision: str
@@ -65,6 +66,6 @@ def quantization_of(model: Any) -> Quantization | None:
         return Quantization("dynamic", "int8-dynamic", found)
     int_weights = {t.name for t in graph.initializer if t.data_type in _INT}
     dq_weights = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input and n.input[0] in int_weights]
-    if dq_weights or any(op in WEIGHT_ONLY for op in found):
-        return Quantization("weight-only", "int8-dynamic", found)
+    if dq_weights or any(op in WEIGHT_ONLY for op in found):  # float arithmetic on exactly dequantized weights
+        return Quantization("weight-only", "fp32", found)
     return None

@@ -100,7 +100,7 @@ class OnnxSource(Source):
     def own_precision(self) -> str | None:
         """An already-quantized graph's own precision (int8, int8-dynamic), kept by the plan; None for floats."""
         q = self.quantization()
-        return None if q is None else q.precision
+        return None if q is None or q.precision not in ("int8", "int8-dynamic") else q.precision
 
     def io(self, input_shapes: Shapes) -> IOSpec:
         from edge.graph.model import io_spec, resolve_static_inputs

@@ -10,6 +10,10 @@ Two OpenVINO behaviours this runner makes visible instead of silent:
   pins f32 for fp32 bundles, and for fp16 bundles on a CPU (whose bf16 default is coarser than the
   f16 they are checked for), and leaves the device default otherwise (f16 on a GPU); what the
   compiled model actually uses is read back from ``INFERENCE_PRECISION_HINT``;
+* hidden arithmetic: every precision-affecting property the compiled model applies
+  (:data:`PRECISION_PROPERTIES`: DYNAMIC_QUANTIZATION_GROUP_SIZE, the KV cache precisions, ...) is read back
+  into ``details["precision_properties"]``; an f32 computation sets DYNAMIC_QUANTIZATION_GROUP_SIZE to 0 (the
+  CPU plugin's default 32 quantizes the activations of integer-weight MatMuls at run time);
 * streams: ``num_streams`` (OpenVINO's NUM_STREAMS: parallel inference streams, each with its own threads)
   is passed as asked and read back; OpenVINO caps it at the CPUs (or threads) it has without saying so,
   which ``RunnerInfo.details["streams_note"]`` then says. Several streams only help with several requests in
@@ -38,6 +42,11 @@ from edge.spec import TensorSpec, image_layout
 
 _PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = ("bundle", "fast", "f32", "f16", "bf16")
+#: compiled-model properties that change what the arithmetic computes: read back and reported, never assumed
+PRECISION_PROPERTIES = ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+                        "KV_CACHE_PRECISION", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "KEY_CACHE_GROUP_SIZE",
+                        "VALUE_CACHE_GROUP_SIZE", "ACTIVATIONS_SCALE_FACTOR", "CPU_DENORMALS_OPTIMIZATION",
+                        "CPU_SPARSE_WEIGHTS_DECOMPRESSION_RATE")
 #: the most streams asked for (OpenVINO caps them at its CPUs anyway; more is a typo)
 MAX_STREAMS = 1024
 
@@ -63,6 +72,14 @@ _VIRTUAL_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
 
 
 
+
+
+def _text(value: Any) -> str | None:
+    """A property value as plain text (an ov.Type by its name), None when the device did not report it."""
+    if value is None:
+        return None
+    name = getattr(value, "get_type_name", None)
+    return str(name() if callable(name) else value)[:64]
 
 
 def _as_list(value: Any) -> list[str]:
@@ -147,6 +164,10 @@ class OpenVINORunner(Runner):
         "num_streams": "parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the performance hint's "
                        "choice (LATENCY: 1; THROUGHPUT: several). Not with LATENCY and AUTO (OpenVINO then "
                        "switches to THROUGHPUT), nor above num_threads",
+        "dynamic_quantization_group_size": "CPU: DYNAMIC_QUANTIZATION_GROUP_SIZE, the group of activations a MatMul "
+                                           "with integer weights quantizes at run time; 0 = off. Default: 0 where "
+                                           "the bundle computes in f32 (fp32 means fp32), the plugin's own (32) "
+                                           "otherwise; an edgekit tune overlay may set it",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -178,6 +199,9 @@ class OpenVINORunner(Runner):
         if threads < 0:
             raise EdgeError(f"runner 'openvino': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
         streams_opt = parse_num_streams(opts.get("num_streams", 0))
+        dq_opt = opts.get("dynamic_quantization_group_size")
+        if dq_opt is not None and (isinstance(dq_opt, bool) or not isinstance(dq_opt, int) or not 0 <= dq_opt <= 1 << 20):
+            raise EdgeError(f"runner 'openvino': dynamic_quantization_group_size must be an integer >= 0, got {dq_opt!r}")
         reserve = reserve_option(self.name, opts)
         if streams_opt == "AUTO" and hint == "LATENCY":
             # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
@@ -248,6 +272,14 @@ class OpenVINORunner(Runner):
                 config[hints.inference_precision] = getattr(ov.Type, target_precision)
             else:
                 ignored.append(f"inference_precision {target_precision} ({device} has no INFERENCE_PRECISION_HINT)")
+        # f32 asked is f32 computed: the CPU plugin otherwise quantizes the activations of MatMuls with integer
+        # weights at run time (groups of 32) while reporting f32 (an int8-weight encoder: cosine 0.996 vs 1.0)
+        dq = dq_opt if dq_opt is not None else (0 if target_precision == "f32" else None)
+        if dq is not None:
+            if "DYNAMIC_QUANTIZATION_GROUP_SIZE" in supported:
+                config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq
+            elif dq_opt is not None:
+                ignored.append(f"dynamic_quantization_group_size {dq} ({device} has no DYNAMIC_QUANTIZATION_GROUP_SIZE)")
         plan = None
         if device == "CPU" and "INFERENCE_NUM_THREADS" in supported:
             plan = plan_threads(threads, None, reserve=reserve, spin_option=False)
@@ -307,6 +339,8 @@ class OpenVINORunner(Runner):
             "optimal_requests": int(nireq) if nireq else None,
             "inference_precision_option": precision_opt,
             "compute_precisions": _compute_precisions(compiled),
+            # every property that changes the arithmetic, as the compiled model applies it (issue #23)
+            "precision_properties": {k: _text(read(k)) for k in PRECISION_PROPERTIES if k in supported},
             "telemetry": telemetry,
         }
         if target_precision is not None and precision_used not in (target_precision, "unknown"):
