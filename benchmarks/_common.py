@@ -68,15 +68,17 @@ def ppocr_cls() -> Path:
     return PPOCR_CLS
 
 
-def convert_cached(model: Path, target: str, out: Path, *, reuse: bool, **kwargs: Any) -> Any:
-    """``edge.pipeline.convert`` (force, accept parity failure), or the existing bundle when ``reuse``."""
+def convert_cached(model: Path, target: str, out: Path, *, reuse: bool, **fields: Any) -> Any:
+    """``edge.pipeline.convert`` (force, accept parity failure) of a ``ConvertRequest(**fields)``, or the existing
+    bundle when ``reuse``."""
     from edge.bundle.bundle import Bundle
     from edge.pipeline import convert
+    from edge.pipeline.request import ConvertRequest
 
     if reuse and (out / "manifest.json").is_file():
         return Bundle.open(out)
     t0 = time.perf_counter()
-    b = convert(model, target, out, force=True, accept_parity_failure=True, **kwargs)
+    b = convert(model, target, out, ConvertRequest(accept_parity_failure=True, **fields), force=True)
     log(f"  built {out.name} in {time.perf_counter() - t0:.1f} s")
     return b
 

@@ -155,17 +155,15 @@ def main() -> int:
             if (args.model and name not in args.model) or (args.target and target not in args.target):
                 continue
             m = CORPUS[name]
-            kwargs: dict[str, Any] = m.convert_kwargs(target)
-            if precision.startswith("int8"):
-                kwargs["calib"] = "random"
-            if m.source_format == "gguf" and precision != "keep":
-                kwargs["allow_requantize"] = True
+            request = m.convert_request(target).replace(
+                precision=precision, calib="random" if precision.startswith("int8") else None,
+                allow_requantize=m.source_format == "gguf" and precision != "keep")
             out = wd / f"{name}-{target}-{precision}"
             C.log(f"{name} -> {target} {precision} ...")
             t0, c0 = time.perf_counter(), _cpu_s()
             bundle, err = None, None
             try:
-                bundle = convert(m.path, target, out, precision=precision, force=True, **kwargs)
+                bundle = convert(m.path, target, out, request, force=True)
             except Exception as e:  # noqa: BLE001 - a row per outcome, bugs included
                 err = e
             convert_s, cpu_s = time.perf_counter() - t0, _cpu_s() - c0

@@ -31,6 +31,7 @@ from edge.verify.parity import reference_outputs  # noqa: E402
 from edge.preprocess import Preprocessor, read_image  # noqa: E402
 from edge.graph.samples import write_text_line_images  # noqa: E402
 from tests.pipeline.test_pretrained import MODEL, static_source  # noqa: E402
+from edge.pipeline.request import ConvertRequest
 
 
 def main() -> None:
@@ -49,9 +50,7 @@ def main() -> None:
     for pair in args.pairs:
         target, precision = pair.split(":")
         t = time.perf_counter()
-        b = convert(MODEL, target, d / f"{target}-{precision}", precision=precision,
-                    calib=calib if precision == "int8" else None, input_shapes={"x": (1, 3, 48, 192)},
-                    preprocess="ppocr", accept_parity_failure=True, targets_dir=args.targets_dir)
+        b = convert(MODEL, target, d / f"{target}-{precision}", ConvertRequest(precision=precision, calib=calib if precision == "int8" else None, input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr", accept_parity_failure=True, targets_dir=args.targets_dir))
         if feeds is None:
             pre = Preprocessor(b.preprocess)
             feeds = [{"x": pre(read_image(p))[0]} for p in held]

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from edge.pipeline.request import ConvertRequest
 
 
 def _stream_tps(pieces: object) -> tuple[int, float]:
@@ -56,7 +57,7 @@ def main() -> int:
         src = wd / "llama40m-f16.gguf"
         if not src.exists():
             build_tiny_llama(src, n_vocab=1024, n_embd=768, n_layer=6, n_head=12, n_head_kv=4, n_ff=2048)
-        bundles = {q: convert(src, "x86-cpu", wd / f"llm-{q}", precision=q, force=True, accept_parity_failure=True)
+        bundles = {q: convert(src, "x86-cpu", wd / f"llm-{q}", ConvertRequest(precision=q, accept_parity_failure=True), force=True)
                    for q in ("f16", "q4_k_m")}
         C.log(f"model: {src.name} ({src.stat().st_size / 1e6:.1f} MB), bundles: {', '.join(b.id for b in bundles.values())}")
 

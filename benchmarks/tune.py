@@ -24,6 +24,7 @@ timings are read from ``sweep-NAME/timing.json``, written when it ran): only ``t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -34,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from edge.pipeline.request import ConvertRequest
 
 PPOCR_SHAPE = (1, 3, 48, 192)
 
@@ -94,7 +96,7 @@ HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "vs 
 
 
 def main() -> int:
-    from edge.tune.search import tune
+    from edge.tune.search import TuneOptions, tune
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE")
@@ -107,16 +109,18 @@ def main() -> int:
     with C.workdir(args.workdir) as wd:
         for name in args.models.split(","):
             if name == "mobilenetv2":
-                model, kw = C.mobilenet_v2(wd), {}
+                model, req = C.mobilenet_v2(wd), ConvertRequest(calib="random")
             elif name == "ppocr-cls":
-                model, kw = C.ppocr_cls(), {"input_shapes": {"x": PPOCR_SHAPE}, "preprocess": "ppocr"}
+                model, req = C.ppocr_cls(), ConvertRequest(calib="random", input_shapes={"x": PPOCR_SHAPE},
+                                                           preprocess="ppocr")
             else:
                 raise SystemExit(f"unknown model {name!r}")
             cache = wd / f"cache-{name}"
-            common = dict(calib="random", cache=cache, pictures=False, **kw)
+            common = TuneOptions(cache=cache, pictures=False)
             C.log(f"{name}: exhaustive sweep (converting every recipe into {cache})")
-            sweep = tune(model, "x86-cpu", out=wd / f"sweep-{name}", strategy="exhaustive",
-                         on_step=lambda m: C.log("  " + m), **common)
+            sweep = tune(model, "x86-cpu", req, dataclasses.replace(common, out=wd / f"sweep-{name}",
+                                                                    strategy="exhaustive"),
+                         on_step=lambda m: C.log("  " + m))
             timing = wd / f"sweep-{name}" / "timing.json"
             if sweep.measured:  # measured now: its timings are kept for a later run that reuses the sweep
                 timing.write_text(json.dumps({"convert_s": sweep.convert_s, "search_s": sweep.search_s,
@@ -129,7 +133,8 @@ def main() -> int:
                 C.log(f"{name}: the sweep came from its study (measured earlier: {sweep.search_s:.1f} s)")
             C.log(f"{name}: tune (successive halving, same conversion cache)")
             shutil.rmtree(wd / f"tune-{name}", ignore_errors=True)  # a fresh search, never resumed
-            tuned = tune(model, "x86-cpu", out=wd / f"tune-{name}", on_step=lambda m: C.log("  " + m), **common)
+            tuned = tune(model, "x86-cpu", req, dataclasses.replace(common, out=wd / f"tune-{name}"),
+                         on_step=lambda m: C.log("  " + m))
             by_id = {t["id"]: t for t in sweep.trials}
             best = sweep.winner
             pick_in_sweep = by_id[tuned.winner["id"]]

@@ -29,6 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from edge.pipeline.request import ConvertRequest
+from edge.tune.search import TuneOptions
 
 FPS = 60.0
 
@@ -72,12 +74,9 @@ def main() -> int:
         model = build_yolo_detector(wd / "det.onnx")
         clip = write_synthetic_clip(wd / "clip.mp4", frames=args.frames, width=640, height=480, fps=int(FPS))
         C.log(f"model {model}, clip {clip} ({args.frames} frames, 640x480, {FPS:.0f} fps)")
-        before = convert(model, "x86-cpu", wd / "default", preprocess="yolo", force=True)
+        before = convert(model, "x86-cpu", wd / "default", ConvertRequest(preprocess="yolo"), force=True)
         C.log(f"default configuration: {before.info.runner.name} {before.precision} {before.info.runner.options_dict}")
-        result = tune(model, "x86-cpu", out=wd / "tune", objective="e2e", video=clip, fps=FPS, calib="random",
-                      preprocess="yolo", precisions=args.precisions.split(","),
-                      runners=args.runners.split(",") if args.runners else None, time_budget_s=args.time_budget,
-                      pictures=False, on_step=lambda m: C.log("  " + m))
+        result = tune(model, "x86-cpu", ConvertRequest(calib="random", preprocess="yolo"), TuneOptions(out=wd / "tune", objective="e2e", video=clip, fps=FPS, precisions=args.precisions.split(","), runners=args.runners.split(",") if args.runners else None, time_budget_s=args.time_budget, pictures=False), on_step=lambda m: C.log("  " + m))
         def rank(t: dict[str, Any]) -> tuple[float, float]:
             res = t["result"] or {}
             return (res.get("missed", 1e9) or 0) / (res.get("frames") or 1), res.get("score", float("inf"))
@@ -92,8 +91,7 @@ def main() -> int:
             print("no configuration passed parity: nothing to compare")
             return 1
         workers = int(result.winner["workers"])
-        after = convert(model, "x86-cpu", wd / "tuned", tuned=result.overlay_path, preprocess="yolo", force=True,
-                        calib="random")
+        after = convert(model, "x86-cpu", wd / "tuned", ConvertRequest(tuned=result.overlay_path, preprocess="yolo", calib="random"), force=True)
         C.log(f"tuned: {result.applied}; the bundle records {after.info.tuned.infer_workers} inference workers")
         runs: dict[str, list[dict[str, Any]]] = {"default": [], "tuned": []}
         for i in range(args.pairs):

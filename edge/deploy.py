@@ -6,6 +6,7 @@ their names are re-exported here for the modules and scripts that import them fr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.bundle.bundle import Bundle
+from edge.errors import EdgeError
+from edge.pipeline.request import ConvertRequest
 from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
                         symlink_atomic, open_store, rollback)
-from edge.errors import EdgeError
+from edge.targets import get_target
 
 log = logging.getLogger("edge.deploy")
 
@@ -67,67 +70,66 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
     return str(where)
 
 
-def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike[str], *,
-           build_dir: str | os.PathLike[str] | None = None, bench_iterations: int = 200,
-           fps: float | None = None, budget_ms: float | None = None,
-           accept_parity_failure: bool = False, accept_budget_failure: bool = False, allow_cpu_fallback: bool = False,
-           on_step: Callable[[str], None] | None = None, sign_key: str | None = None, trust: Any = None,
-           tuned: Any = None, tune: Any = None, isa_check: bool = True, **convert_kwargs: Any) -> DeployResult:
-    """Convert + parity + benchmark (on this host when the target runtime runs here) + sign (with
-    ``sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
+@dataclass(frozen=True)
+class DeployOptions:
+    """How ``deploy`` benchmarks, signs and ships (what it converts is the ``ConvertRequest``).
+
+    ``build_dir``: where the bundle is built (default ``build/<model>-<target>``). ``bench_iterations``, ``fps``,
+    ``budget_ms``: the benchmark on this host and its budget (default: the target's). ``accept_budget_failure``:
+    ship even when p99 is over budget. ``allow_cpu_fallback``: the benchmark may run on the runner's CPU
+    fallback. ``sign_key``: sign with it (else ``$EDGEKIT_SIGN_KEY`` when set). ``trust``: the trust store the
+    bundle must be signed for. ``tune``: True or an ``edge.tune.search.TuneOptions``: tune first and deploy the
+    winner's overlay. ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated
+    aarch64 when the toolchain is installed (``edge.verify.isa.check_after_convert``; its line is in ``notes``)."""
+
+    build_dir: str | os.PathLike[str] | None = None
+    bench_iterations: int = 200
+    fps: float | None = None
+    budget_ms: float | None = None
+    accept_budget_failure: bool = False
+    allow_cpu_fallback: bool = False
+    sign_key: str | None = None
+    trust: Any = None
+    tune: Any = None
+    isa_check: bool = True
+
+
+def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike[str],
+           request: ConvertRequest | None = None, options: DeployOptions | None = None, *,
+           on_step: Callable[[str], None] | None = None) -> DeployResult:
+    """Convert (as ``request`` asks) + parity + benchmark (on this host when the target runtime runs here) + sign
+    (with ``options.sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
 
     The benchmark's budget verdict gates only when this host is the target's device class
     (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
     target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
-    parity could not run here ships with ``DeployResult.unverified`` saying why. ``tuned``: an ``edgekit tune``
-    overlay (file or ``edge.tune.overlay.TunedOverlay``) applied to the target before converting and benchmarking.
-    ``tune``: True or an ``edge.tune.search.TuneOptions``: run ``edge.tune.search.tune`` first (this deploy's calibration,
-    input shapes, pre-processing, budget and precision) and deploy its winner's overlay; refused when no
-    configuration passed parity. The tune's summary and the overlay applied are in ``notes`` and ``tune``.
-    ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated aarch64 when the
-    toolchain is installed (``edge.verify.isa.check_after_convert``; its line is in ``notes``)."""
+    parity could not run here ships with ``DeployResult.unverified`` saying why. ``request.tuned``: an
+    ``edgekit tune`` overlay (file or ``edge.tune.overlay.TunedOverlay``) applied to the target before converting
+    and benchmarking. ``options.tune``: True or an ``edge.tune.search.TuneOptions``: run ``edge.tune.search.tune``
+    first (this deploy's request: calibration, input shapes, pre-processing, parity data, task, and its budget and
+    precision) and deploy its winner's overlay; refused when no configuration passed parity. The tune's summary
+    and the overlay applied are in ``notes`` and ``tune``."""
     from edge.pipeline import convert
-    from edge.targets import get_target
 
     say = on_step or (lambda _m: None)
-    profile = get_target(target, convert_kwargs.get("targets_dir", ()))
-    target_profile = profile
-    overlay = None
-    if tune is not None and tune is not False:
-        if tuned is not None:
-            raise EdgeError("give either --tune (tune now) or --tuned FILE (an overlay tuned before), not both")
-        tune = _tune_options(tune)
-    elif tuned is not None:  # read (and refused) before anything is built
-        from edge.tune.overlay import TunedOverlay, read_overlay
-
-        overlay = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
+    req = request if request is not None else ConvertRequest()
+    opts = options if options is not None else DeployOptions()
+    target_profile = get_target(target, req.targets_dir)
+    tune_opts, overlay = _tune_or_tuned(opts, req)
     open_store(device)  # a bad address, bad ssh options or no ssh fail here: before minutes of work, nothing built
-    build = Path(build_dir) if build_dir else Path("build") / f"{Path(model).stem}-{target}"
+    build = Path(opts.build_dir) if opts.build_dir else Path("build") / f"{Path(model).stem}-{target}"
     notes: list[str] = []
     tune_info = None
-    if tune:
-        overlay, tune_info = _tune_first(model, profile, build, tune, fps, budget_ms, convert_kwargs, say)
+    if tune_opts is not None:
+        overlay, tune_info = _tune_first(model, target_profile, build, req, opts, tune_opts, say)
         notes.append(tune_info["summary"])
-    applied = None
-    if overlay is not None:  # applied here too, so the benchmark below runs the tuned runner and options
-        from edge.tune.overlay import apply_overlay, resolve_precision
-
-        convert_kwargs["precision"] = resolve_precision(overlay, convert_kwargs.get("precision"))
-        profile = apply_overlay(profile, overlay)
-        applied = overlay.describe()
-        where = "" if overlay.tuned.get("same_device_class", True) else \
-            f" (tuned off the device: {overlay.tuned.get('device_class')})"
-        notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
+    profile, req, applied = _apply_overlay(target_profile, req, overlay, notes)
     check_build_dir(build)
     stage = build.parent / f".{build.name}.deploy-{os.getpid()}"
-    bundle = convert(model, target_profile, stage, accept_parity_failure=accept_parity_failure, on_step=say,
-                     force=True, tuned=overlay, **convert_kwargs)
+    bundle = convert(model, target_profile, stage, req.replace(tuned=overlay), force=True, on_step=say)
     try:
-        bundle, report, notes2, unverified, gates, device_class, where = _check_and_ship(
-            bundle, target_profile, profile, device, say, bench_iterations=bench_iterations, fps=fps,
-            budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
-            accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback, sign_key=sign_key,
-            trust=trust, isa_check=isa_check, final=build)
+        report, unverified, gates, device_class, where = _check_and_ship(
+            bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say))
     except BaseException as e:
         kept = _keep_refused(stage, build)
         if isinstance(e, EdgeError) and kept is not None:
@@ -135,9 +137,23 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
             e.args = (f"{e.message} ({e.hint})",)
         raise
     _replace_dir(stage, build)
-    bundle = Bundle.open(build, trust=False)
-    return DeployResult(bundle, where, report, notes + notes2, unverified=unverified, budget_gates=gates,
-                        device_class=device_class, tune=tune_info, tuned_applied=applied)
+    return DeployResult(Bundle.open(build, trust=False), where, report, notes, unverified=unverified,
+                        budget_gates=gates, device_class=device_class, tune=tune_info, tuned_applied=applied)
+
+
+def _apply_overlay(profile: Any, req: ConvertRequest, overlay: Any, notes: list[str]
+                   ) -> tuple[Any, ConvertRequest, str | None]:
+    """(the target with the tune overlay applied, the request at its precision, what it applied); applied here too,
+    so the benchmark runs the tuned runner and options (convert applies it to what it builds)."""
+    if overlay is None:
+        return profile, req, None
+    from edge.tune.overlay import apply_overlay, resolve_precision
+
+    applied = overlay.describe()
+    where = "" if overlay.tuned.get("same_device_class", True) else \
+        f" (tuned off the device: {overlay.tuned.get('device_class')})"
+    notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
+    return apply_overlay(profile, overlay), req.replace(precision=resolve_precision(overlay, req.precision)), applied
 
 
 def check_build_dir(build: Path) -> None:
@@ -171,65 +187,109 @@ def _keep_refused(stage: Path, build: Path) -> str | None:
     return f"the bundle built is in {refused}; {build} still holds the earlier build"
 
 
-def _check_and_ship(bundle: Bundle, target_profile: Any, profile: Any, device: Any, say: Callable[[str], None], *,
-                    bench_iterations: int, fps: float | None, budget_ms: float | None, accept_parity_failure: bool,
-                    accept_budget_failure: bool, allow_cpu_fallback: bool, sign_key: str | None, trust: Any,
-                    isa_check: bool, final: Path) -> tuple[Bundle, Any, list[str], Any, Any, Any, str]:
-    """The converted bundle (in its staging directory; ``final``: where it goes once shipped): ISA check,
-    benchmark, signature, ship."""
-    from edge.bundle.signing import configured_sign_key
-    from edge.bench import judge_device_class, run_benchmark
+@dataclass(frozen=True)
+class _Shipping:
+    """What a converted bundle is checked, benchmarked, signed and shipped with."""
+
+    target_profile: Any  # as asked (the ISA check reads its device class)
+    profile: Any  # with the tune overlay applied (the benchmark runs its runner and options)
+    device: str | os.PathLike[str]
+    req: ConvertRequest
+    opts: DeployOptions
+    final: Path  # where the bundle goes once shipped (it is built in a staging directory beside it)
+    notes: list[str]
+    say: Callable[[str], None]
+
+
+def _check_and_ship(bundle: Bundle, s: _Shipping) -> tuple[dict[str, Any] | None, str | None, bool | None,
+                                                           str | None, str]:
+    """The converted bundle (in its staging directory): ISA check, benchmark, signature, ship; (the benchmark
+    report, why parity was not run here, whether the budget gates, the device class line, where it shipped)."""
     from edge.bundle.schema import SkippedParity
-    from edge.pipeline import runnable_here
-    from edge.stats import budget_from
-    from edge.verify.isa import check_after_convert
 
-    notes: list[str] = []
-
-    line, _ = check_after_convert(bundle, target_profile, enabled=isa_check, accept_failure=accept_parity_failure)
-    if line:  # "checked on aarch64 (emulated cortex-a76): pass ..." or why not
-        say(line)
-        notes.append(line)
-        bundle = Bundle.open(bundle.path, trust=False)
-    report = None
-    gates = device_class = None
+    bundle = _isa_check(bundle, s.target_profile, s.req, s.opts, s.notes, s.say)
     par = bundle.info.parity
     unverified = par.skipped if isinstance(par, SkippedParity) else None
     if unverified is not None:
-        say(f"unverified on this host: {unverified}")
+        s.say(f"unverified on this host: {unverified}")
+    report, gates, device_class = _benchmark(bundle, s.profile, s.opts, s.final, s.notes, s.say)
+    bundle = _sign(bundle, s.opts.sign_key, s.notes, s.say)
+    s.say(f"shipping {bundle.id} to {s.device}")
+    where = ship(bundle, s.device, accept_parity_failure=s.req.accept_parity_failure,
+                 accept_budget_failure=s.opts.accept_budget_failure, trust=s.opts.trust)
+    return report, unverified, gates, device_class, where
+
+
+def _tune_or_tuned(opts: DeployOptions, req: ConvertRequest) -> tuple[Any, Any]:
+    """(the TuneOptions to tune with now, or None; the overlay tuned before, read and checked now, or None)."""
+    if opts.tune is not None and opts.tune is not False:
+        if req.tuned is not None:
+            raise EdgeError("give either --tune (tune now) or --tuned FILE (an overlay tuned before), not both")
+        return _tune_options(opts.tune), None
+    if req.tuned is None:
+        return None, None
+    from edge.tune.overlay import TunedOverlay, read_overlay
+
+    return None, req.tuned if isinstance(req.tuned, TunedOverlay) else read_overlay(req.tuned)
+
+
+def _isa_check(bundle: Bundle, profile: Any, req: ConvertRequest, opts: DeployOptions, notes: list[str],
+               say: Callable[[str], None]) -> Bundle:
+    """The bundle after its emulated-aarch64 check (``edge.verify.isa.check_after_convert``), said and noted."""
+    from edge.verify.isa import check_after_convert
+
+    line, _ = check_after_convert(bundle, profile, enabled=opts.isa_check, accept_failure=req.accept_parity_failure)
+    if not line:
+        return bundle
+    say(line)  # "checked on aarch64 (emulated cortex-a76): pass ..." or why not
+    notes.append(line)
+    return Bundle.open(bundle.path, trust=False)
+
+
+def _benchmark(bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, notes: list[str],
+               say: Callable[[str], None]) -> tuple[dict[str, Any] | None, bool | None, str | None]:
+    """(the benchmark report recorded in the bundle, whether its budget verdict gates, the device class line);
+    (None, None, None) with a note when the target's runner cannot run on this host."""
+    from edge.bench import bundle_feeds, judge_device_class, run_benchmark
+    from edge.pipeline import runnable_here
+    from edge.stats import budget_from
+
     run_here = runnable_here(profile)  # parity may have run on a host proxy; the benchmark needs the runner itself
     if run_here is not None:
         notes.append(f"not benchmarked: the target's runner cannot run on this host ({run_here}); run "
                      f"`edgekit bench {final} --record` on the device")
+        return None, None, None
+    budget, source = budget_from(opts.fps, opts.budget_ms, profile.frame_budget_ms)
+    say(f"benchmarking {opts.bench_iterations} iterations on this host")
+    extra = {"allow_cpu_fallback": True} if opts.allow_cpu_fallback else {}
+    feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
+    rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=opts.bench_iterations, budget_ms=budget,
+                        budget_source=source, bundle=bundle.id, target=profile.name, feeds=feeds,
+                        feeds_from=feeds_from)
+    gates, device_class = judge_device_class(rep, profile)
+    if gates:
+        notes.append(f"the budget verdict gates this deploy: {device_class}")
     else:
-        budget, source = budget_from(fps, budget_ms, profile.frame_budget_ms)
-        say(f"benchmarking {bench_iterations} iterations on this host")
-        extra = {"allow_cpu_fallback": True} if allow_cpu_fallback else {}
-        from edge.bench import bundle_feeds
+        notes.append(f"the budget verdict is indicative and does not gate this deploy: {device_class}")
+    say(notes[-1])
+    report = rep.to_json()
+    bundle.record("benchmark", report)
+    return report, gates, device_class
 
-        feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
-        rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=bench_iterations, budget_ms=budget, budget_source=source,
-                            bundle=bundle.id, target=profile.name, feeds=feeds, feeds_from=feeds_from)
-        gates, device_class = judge_device_class(rep, profile)
-        if gates:
-            notes.append(f"the budget verdict gates this deploy: {device_class}")
-        else:
-            notes.append(f"the budget verdict is indicative and does not gate this deploy: {device_class}")
-        say(notes[-1])
-        report = rep.to_json()
-        bundle.record("benchmark", report)
+
+def _sign(bundle: Bundle, sign_key: str | None, notes: list[str], say: Callable[[str], None]) -> Bundle:
+    """The bundle signed with ``sign_key`` (else ``$EDGEKIT_SIGN_KEY``) when either names a key: last, so the
+    signature covers the final manifest, benchmark included."""
+    from edge.bundle.bundle import sign_bundle
+    from edge.bundle.signing import configured_sign_key
+
     key = configured_sign_key(sign_key)
-    if key is not None:  # last: the signature covers the final manifest, benchmark included
-        from edge.bundle.bundle import sign_bundle
-
-        say(f"signing {bundle.id} with {key}")
-        signed = sign_bundle(bundle.path, key)
-        notes.append(f"signed with key {signed.key_id}: {signed.name} version {signed.version}")
-        bundle = Bundle.open(bundle.path, trust=False)
-    say(f"shipping {bundle.id} to {device}")
-    where = ship(bundle, device, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
-                 trust=trust)
-    return bundle, report, notes, unverified, gates, device_class, where
+    if key is None:
+        return bundle
+    say(f"signing {bundle.id} with {key}")
+    signed = sign_bundle(bundle.path, key)
+    notes.append(f"signed with key {signed.key_id}: {signed.name} version {signed.version}")
+    return Bundle.open(bundle.path, trust=False)
 
 
 def _tune_options(tune: Any) -> Any:
@@ -242,31 +302,23 @@ def _tune_options(tune: Any) -> Any:
     return tune
 
 
-def _tune_first(model: Any, profile: Any, build: Path, opts: Any, fps: float | None, budget_ms: float | None,
-                convert_kwargs: dict[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
-    """``edge.tune.search.tune`` with this deploy's inputs; (the winner's overlay, what deploy reports of the tune)."""
+def _tune_first(model: Any, profile: Any, build: Path, req: ConvertRequest, deploy_opts: DeployOptions, opts: Any,
+                say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """``edge.tune.search.tune`` with this deploy's request and budget; (the winner's overlay, what deploy reports
+    of the tune)."""
     from edge.tune.search import tune as run_tune
     from edge.tune.overlay import read_overlay
 
-    asked = convert_kwargs.get("precision")
-    precisions = opts.precisions or ((asked,) if asked else None)
+    precisions = opts.precisions or ((req.precision,) if req.precision else None)
     say("tuning before converting (edgekit tune): " + (f"precisions {', '.join(precisions)}" if precisions
                                                           else "every precision the target allows"))
-    result = run_tune(model, profile, out=opts.out if opts.out is not None else build.with_name(build.name + "-tune"),
-                      objective=opts.objective, budget_ms=budget_ms, fps=fps, max_trials=opts.max_trials,
-                      time_budget_s=opts.time_budget_s, calib=convert_kwargs.get("calib"), video=opts.video,
-                      study=opts.study, strategy=opts.strategy, runners=opts.runners, precisions=precisions,
-                      threads=opts.threads, schedule=opts.schedule,
-                      # deploy ships its conversion at its own input shapes: a batched winner is not what it ships
-                      batches=(1,),
-                      # the trials are gated as this deploy's conversion will be: its samples, inputs and task
-                      parity_samples=convert_kwargs.get("parity_samples", opts.parity_samples),
-                      parity_data=convert_kwargs.get("parity_data"), task=convert_kwargs.get("task", "auto"),
-                      freeze=convert_kwargs.get("freeze"),
-                      targets_dir=convert_kwargs.get("targets_dir", ()), pictures=opts.pictures,
-                      input_shapes=convert_kwargs.get("input_shapes"),
-                      preprocess=convert_kwargs.get("preprocess", "auto"),
-                      letterbox=convert_kwargs.get("letterbox"), on_step=say)
+    opts = dataclasses.replace(
+        opts, out=opts.out if opts.out is not None else build.with_name(build.name + "-tune"),
+        budget_ms=deploy_opts.budget_ms, fps=deploy_opts.fps, precisions=precisions,
+        # deploy ships its conversion at its own input shapes: a batched winner is not what it ships
+        batches=(1,))
+    # the trials are gated as this deploy's conversion will be: its samples, inputs and task
+    result = run_tune(model, profile, req, opts, on_step=say)
     summary = result.summary()
     say(summary)
     if result.winner is None or result.overlay_path is None:

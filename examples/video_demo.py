@@ -26,6 +26,7 @@ from pathlib import Path
 from edge.pipeline import convert
 from edge.graph.samples import build_yolo_detector
 from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
+from edge.pipeline.request import ConvertRequest
 
 
 def show(title: str, report: object) -> None:
@@ -51,8 +52,7 @@ def main() -> None:
     model = build_yolo_detector(out / "det.onnx")
     clip = write_synthetic_clip(out / "clip.mp4", frames=args.frames, width=640, height=480, fps=60)
     print(f"model: {model}\nclip:  {clip} ({args.frames} frames, 640x480, 60 fps, mp4v)")
-    bundle = convert(model, "x86-cpu", out / "det-cpu", preprocess="yolo", force=True,
-                     on_step=lambda m: print(f"  {m}"))
+    bundle = convert(model, "x86-cpu", out / "det-cpu", ConvertRequest(preprocess="yolo"), force=True, on_step=lambda m: print(f"  {m}"))
     print(f"bundle: {bundle.id} (parity {'pass' if bundle.manifest['parity']['passed'] else 'FAIL'})")
 
     detections = out / "detections.jsonl"

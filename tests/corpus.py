@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from edge.pipeline.request import ConvertRequest
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
 FETCH = "python examples/fetch_pretrained.py"
@@ -48,18 +49,13 @@ class CorpusModel:
     def path(self) -> Path:
         return MODELS_DIR / self.file
 
-    def convert_kwargs(self, target: str | None = None) -> dict[str, object]:
-        """Keyword arguments for ``edge.pipeline.convert`` for ``target`` (GGUF takes none of them)."""
+    def convert_request(self, target: str | None = None) -> ConvertRequest:
+        """The ``edge.pipeline.convert`` request for ``target`` (GGUF takes none of these options)."""
         if self.source_format == "gguf":
-            return {}
-        kw: dict[str, object] = {"preprocess": self.preprocess}
-        if self.freeze and target in self.freeze_targets:
-            kw["freeze"] = dict(self.freeze)
-        if self.input_shapes:
-            kw["input_shapes"] = self.input_shapes
-        if self.letterbox is not None:
-            kw["letterbox"] = self.letterbox
-        return kw
+            return ConvertRequest()
+        return ConvertRequest(preprocess=self.preprocess, input_shapes=self.input_shapes or {},
+                              freeze=dict(self.freeze) if self.freeze and target in self.freeze_targets else None,
+                              letterbox=self.letterbox)
 
     def cli_args(self, target: str | None = None) -> list[str]:
         """The same as ``edgekit convert`` options."""

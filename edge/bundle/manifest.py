@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -23,14 +24,35 @@ from edge.bundle.schema import (device_only_hint)
 from edge.graph.model import sha256_file
 
 
-def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, precision: str, stage: Path,
-                 primary: Path, chain: Sequence[Mapping[str, Any]], io: Any, runner: str,
-                 runner_options: Mapping[str, Any], calibration: Any = None, preprocess: Any = None,
-                 frame_budget_ms: float | None = None, kind: str | None = None,
-                 fmt: str | None = None) -> dict[str, Any]:
-    """The manifest of the bundle staged in ``stage`` (every file in it is an artifact); parity and
+@dataclass(frozen=True)
+class ManifestSpec:
+    """What a conversion built, for :func:`new_manifest`: the source, the target, the staged artifacts and how
+    they were made. ``fmt``: the bundle's format (default: the last chain step's output format); ``kind``: "llm"
+    for a GGUF language model."""
+
+    source: Path
+    source_info: Mapping[str, Any]
+    profile: Any
+    precision: str
+    stage: Path
+    primary: Path
+    chain: Sequence[Mapping[str, Any]]
+    io: Any
+    runner: str
+    runner_options: Mapping[str, Any]
+    calibration: Any = None
+    preprocess: Any = None
+    frame_budget_ms: float | None = None
+    kind: str | None = None
+    fmt: str | None = None
+
+
+def new_manifest(spec: ManifestSpec) -> dict[str, Any]:
+    """The manifest of the bundle staged in ``spec.stage`` (every file in it is an artifact); parity and
     benchmark start empty. Runner options naming a file, library or command are refused: those are
     the device's own configuration, never bundle data."""
+    s = spec
+    source, profile, runner, runner_options, stage = s.source, s.profile, s.runner, s.runner_options, s.stage
     carried = [k for k in runner_options if device_only_hint(runner, k) is not None]
     if carried:
         raise TargetError(f"target {profile.name}: runner option(s) {', '.join(carried)} name a file, library or "
@@ -41,25 +63,25 @@ def new_manifest(*, source: Path, source_info: Mapping[str, Any], profile: Any, 
     manifest: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "edgekit_version": edge.__version__,
-        "bundle_id": bundle_id(source.stem, profile.name, precision, [a["sha256"] for a in artifacts], runner_options),
+        "bundle_id": bundle_id(source.stem, profile.name, s.precision, [a["sha256"] for a in artifacts], runner_options),
         "name": bundle_name(source.stem, profile.name),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if kind is not None:
-        manifest["kind"] = kind
+    if s.kind is not None:
+        manifest["kind"] = s.kind
     manifest.update({
         "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
-                   "frame_budget_ms": frame_budget_ms,
+                   "frame_budget_ms": s.frame_budget_ms,
                    "profile_sha256": sha256_file(profile.path) if profile.path else None},
-        "source": {"file": source.name, "sha256": sha256_file(source), **source_info},
-        "precision": precision,
-        "format": fmt or chain[-1]["output_format"],
-        "primary_artifact": primary.relative_to(stage).as_posix(),
+        "source": {"file": source.name, "sha256": sha256_file(source), **s.source_info},
+        "precision": s.precision,
+        "format": s.fmt or s.chain[-1]["output_format"],
+        "primary_artifact": s.primary.relative_to(stage).as_posix(),
         "artifacts": artifacts,
-        "chain": list(chain),
-        "calibration": calibration.provenance() if calibration is not None else None,
-        "io": io.to_json(),
-        "preprocess": preprocess.to_json() if preprocess is not None else None,
+        "chain": list(s.chain),
+        "calibration": s.calibration.provenance() if s.calibration is not None else None,
+        "io": s.io.to_json(),
+        "preprocess": s.preprocess.to_json() if s.preprocess is not None else None,
         "runner": {"name": runner, "options": dict(runner_options)},
         "parity": None,
         "benchmark": None,

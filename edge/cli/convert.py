@@ -13,8 +13,10 @@ from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, ste
 from edge.cli.signing import SignKey, sign_if_configured
 from edge.bundle.bundle import Bundle
 from edge.cli.verify import NoIsaCheck, isa_check
-from edge.pipeline import convert
+from edge.graph.freeze import parse_freeze
 from edge.graph.model import parse_input_shapes
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.spec import PRESETS
 
 InputShape = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).",
@@ -54,10 +56,13 @@ AcceptParity = typer.Option(False, "--accept-parity-failure", help="Keep a bundl
                             "(recorded in the manifest).")
 
 
-def convert_kwargs(input_shape: Optional[List[str]], precision: Optional[str], calib: Optional[str],
-                   preprocess: str, letterbox: Optional[bool], targets_dir: Optional[List[Path]]) -> dict[str, Any]:
-    return {"input_shapes": parse_input_shapes(input_shape or []), "precision": precision, "calib": calib,
-            "preprocess": preprocess, "letterbox": letterbox, "targets_dir": dirs(targets_dir)}
+def convert_request(precision: Optional[str], calib: Optional[str], input_shape: Optional[List[str]],
+                    preprocess: str, letterbox: Optional[bool], freeze_input: Optional[List[str]],
+                    targets_dir: Optional[List[Path]]) -> ConvertRequest:
+    """The request the convert options shared by convert, deploy and tune ask for (the rest: ``.replace``)."""
+    return ConvertRequest(precision=precision, calib=calib, input_shapes=parse_input_shapes(input_shape or []),
+                          preprocess=preprocess, letterbox=letterbox,
+                          freeze=parse_freeze(freeze_input) if freeze_input else None, targets_dir=dirs(targets_dir))
 
 
 def render_bundle(bundle: Any) -> None:
@@ -148,32 +153,27 @@ def convert_cmd(
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut, no_isa_check: bool = NoIsaCheck,
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
-    kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
-    if freeze_input:
-        from edge.graph.freeze import parse_freeze
-
-        kwargs["freeze"] = parse_freeze(freeze_input)
     overlay = None
     if tuned is not None:  # read (and refused) before any work; convert applies it
-        from edge.tune.overlay import read_overlay, resolve_precision
+        from edge.tune.overlay import read_overlay
 
         overlay = read_overlay(tuned)
-        precision = resolve_precision(overlay, precision)
-        kwargs["tuned"] = overlay
+    request = convert_request(precision, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir).replace(
+        accept_parity_failure=accept_parity_failure, parity_samples=parity_samples, allow_requantize=allow_requantize,
+        eval_text=eval_text, parity_data=parity_data, task=task, tuned=overlay)
     if output is None:
         from edge.targets import get_target
+        from edge.tune.overlay import resolve_precision
 
         profile = get_target(target, dirs(targets_dir))
         if model.suffix.lower() in (".gguf", ".tflite", ".xml"):
             default = "keep"
         else:
             default = profile.default_precision
-        output = Path("build") / f"{model.stem}-{target}-{precision or default}"
+        shown = resolve_precision(overlay, precision) if overlay is not None else precision
+        output = Path("build") / f"{model.stem}-{target}-{shown or default}"
     with steps(not as_json) as say:
-        bundle = convert(model, target, output, accept_parity_failure=accept_parity_failure,
-                         parity_samples=parity_samples, force=force, allow_requantize=allow_requantize, on_step=say,
-                         eval_text=eval_text, parity_data=parity_data, task=task,
-                         **kwargs)
+        bundle = convert(model, target, output, request, force=force, on_step=say)
         isa_line = isa_check(bundle, target, targets_dir, enabled=not no_isa_check,
                              accept_failure=accept_parity_failure, say=say)
         bundle = sign_if_configured(Bundle.open(bundle.path, trust=False), sign_key, say)

@@ -10,10 +10,10 @@ import typer
 from edge.cli._common import AllowCpuFallback, JsonOut, TargetsDir, console, err_console, print_json, steps, safe
 from edge.cli.bench import BudgetMs, Fps, render_bench
 from edge.cli.convert import (AcceptParity, Calib, FreezeInput, InputShape, Letterbox, ParityData, Precision,
-                              Preprocess, Task, Tuned, convert_kwargs, render_bundle)
+                              Preprocess, Task, Tuned, convert_request, render_bundle)
 from edge.cli.signing import SignKey
 from edge.cli.verify import NoIsaCheck
-from edge.deploy import deploy
+from edge.deploy import DeployOptions, deploy
 from edge.store import rollback
 from edge.errors import EdgeError
 
@@ -65,12 +65,8 @@ def deploy_cmd(
             build_mobilenet_v2(model)
         if not as_json:
             err_console.print(f"no model given: using the built-in example MobileNetV2 at {safe(model)}", highlight=False)
-    kwargs = convert_kwargs(input_shape, precision, calib, preprocess, letterbox, targets_dir)
-    kwargs.update(parity_data=parity_data, task=task)
-    if freeze_input:
-        from edge.graph.freeze import parse_freeze
-
-        kwargs["freeze"] = parse_freeze(freeze_input)
+    request = convert_request(precision, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir).replace(
+        parity_data=parity_data, task=task, accept_parity_failure=accept_parity_failure, tuned=tuned)
     tune_opts = None
     tune_flags = {"--objective": objective, "--max-trials": max_trials, "--time-budget": time_budget, "--video": video}
     if tune:
@@ -81,12 +77,11 @@ def deploy_cmd(
     elif any(v is not None for v in tune_flags.values()):
         given = ", ".join(k for k, v in tune_flags.items() if v is not None)
         raise EdgeError(f"{given} tune(s) the model: give it with --tune", hint="edgekit deploy MODEL --tune ...")
+    options = DeployOptions(build_dir=build_dir, bench_iterations=iterations, fps=fps, budget_ms=budget_ms,
+                            accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
+                            sign_key=sign_key, trust=trust_dir, tune=tune_opts, isa_check=not no_isa_check)
     with steps(not as_json) as say:
-        result = deploy(model, target, device, build_dir=build_dir, bench_iterations=iterations, fps=fps,
-                        budget_ms=budget_ms, accept_parity_failure=accept_parity_failure,
-                        accept_budget_failure=accept_budget_failure, allow_cpu_fallback=allow_cpu_fallback,
-                        on_step=say, sign_key=sign_key, trust=trust_dir, tuned=tuned, tune=tune_opts,
-                        isa_check=not no_isa_check, **kwargs)
+        result = deploy(model, target, device, request, options, on_step=say)
     if as_json:
         print_json(result.to_json())
         return

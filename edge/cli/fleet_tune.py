@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from edge.cli._common import JsonOut, TargetsDir, command, dirs, print_json, steps
+from edge.cli._common import JsonOut, TargetsDir, command, print_json, steps
 from edge.agent.main import broker_config
 from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username
 from edge.cli.bench import BudgetMs, Fps
@@ -65,22 +65,21 @@ def fleet_tune_cmd(
     """Convert the tune space's trials here, have DEVICE's agent download, verify and measure them over MQTT
     (successive halving: one request per rung), and show the same table as `edgekit tune`, measured on the
     device. A re-run with the same --study (or --out) measures only what the study lacks."""
-    from edge.cli.tune import render_tune
-    from edge.tune.remote import tune_on_device
-    from edge.graph.model import parse_input_shapes
     from edge.bundle.signing import configured_sign_key
-    from edge.tune.search import Schedule
+    from edge.cli.convert import convert_request
+    from edge.cli.tune import render_tune
+    from edge.tune.remote import DeviceTune, tune_on_device
+    from edge.tune.search import Schedule, TuneOptions
 
+    remote = DeviceTune(broker=broker_config(broker, ca, cert, key, username, password_file, protocol), fleet=fleet,
+                        target=target, artifact_base_url=artifact_base_url, serve=serve, timeout_s=timeout,
+                        sign_key=configured_sign_key(sign_key))
+    request = convert_request(None, calib, input_shape, preprocess, letterbox, None, targets_dir)
+    options = TuneOptions(objective=objective, strategy=strategy, max_trials=max_trials, study=study, out=out,
+                          runners=runner or None, precisions=precision or None, threads=threads or None,
+                          schedule=Schedule(reps=reps, iters=iters, warmup=warmup), budget_ms=budget_ms, fps=fps)
     with steps(not as_json) as say:
-        result = tune_on_device(
-            model, device, broker=broker_config(broker, ca, cert, key, username, password_file, protocol),
-            fleet=fleet, target=target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
-            max_trials=max_trials, calib=calib, runners=runner or None, precisions=precision or None,
-            threads=threads or None, schedule=Schedule(reps=reps, iters=iters, warmup=warmup),
-            artifact_base_url=artifact_base_url, serve=serve, timeout_s=timeout, strategy=strategy, study=study,
-            sign_key=configured_sign_key(sign_key),
-            input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
-            targets_dir=dirs(targets_dir), on_step=say)
+        result = tune_on_device(model, device, remote, request, options, on_step=say)
     data = result.to_json()
     if as_json:
         print_json(data)

@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, console, dirs, fmt_ms, print_json, steps, safe
+from edge.cli._common import JsonOut, TargetsDir, console, fmt_ms, print_json, steps, safe
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.tune.config import OBJECTIVES
@@ -110,17 +110,16 @@ def tune_cmd(
 ) -> None:
     """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
     for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
-    from edge.graph.freeze import parse_freeze
-    from edge.graph.model import parse_input_shapes
-    from edge.tune.search import tune
+    from edge.cli.convert import convert_request
+    from edge.tune.search import TuneOptions, tune
 
+    request = convert_request(None, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir).replace(
+        parity_data=parity_data, task=task)
+    options = TuneOptions(objective=objective, strategy=strategy, max_trials=max_trials, time_budget_s=time_budget,
+                          video=video, study=study, out=out, runners=runner or None, precisions=precision or None,
+                          budget_ms=budget_ms, fps=fps, batches=batch or None)
     with steps(not as_json) as say:
-        result = tune(model, target, out=out, objective=objective, budget_ms=budget_ms, fps=fps,
-                      max_trials=max_trials, time_budget_s=time_budget, calib=calib, video=video, study=study,
-                      strategy=strategy, precisions=precision or None, runners=runner or None, batches=batch or None,
-                      input_shapes=parse_input_shapes(input_shape or []), preprocess=preprocess, letterbox=letterbox,
-                      parity_data=parity_data, task=task, freeze=parse_freeze(freeze_input) if freeze_input else None,
-                      targets_dir=dirs(targets_dir), on_step=say)
+        result = tune(model, target, request, options, on_step=say)
     data = result.to_json()
     if as_json:
         print_json(data)

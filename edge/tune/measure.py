@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -365,17 +366,47 @@ class Pool:
         self.close(list(self.open))
 
 
-def measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bundles: Mapping[str, Any],
-                   keys: Mapping[str, str], name: str, objective: str, reps: int, iters: int, warmup: int,
-                   video: Path | None, budget_ms: float | None, pool: Pool, pace_fps: float | None = None,
-                   check: bool = True, singles: Mapping[str, Any] | None = None, anchor: Config | None = None) -> int:
+@dataclass(frozen=True)
+class Trials:
+    """A tune's trials: records by config id, bundles by recipe key, each config's recipe key, and a batched
+    trial's batch-1 bundle (its per-item reference) by config id."""
+
+    recs: dict[str, dict[str, Any]]
+    bundles: Mapping[str, Any]
+    keys: Mapping[str, str]
+    singles: Mapping[str, Any] = field(default_factory=dict)
+
+    def bundle(self, cid: str) -> Any:
+        return self.bundles[self.keys[cid]]
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One measurement of successive halving: its name, ``reps`` interleaved repetitions of ``iters`` timed
+    inferences (``video``: frames, fed at ``pace_fps``) after ``warmup`` untimed ones. ``check=False``: the trials'
+    own reference checks wait until they survive this rung."""
+
+    name: str
+    objective: str
+    reps: int
+    iters: int
+    warmup: int
+    video: Path | None = None
+    budget_ms: float | None = None
+    pace_fps: float | None = None
+    check: bool = True
+
+
+def measure_chunk(chunk: Sequence[Config], trials: Trials, rung: Rung, pool: Pool, anchor: Config | None = None
+                  ) -> int:
     """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
-    ``check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
-    still holds: a trial that failed it is never chosen). ``singles``: a batched trial's id -> its batch-1 bundle
-    (the per-item reference). ``anchor`` (latency and throughput): a trial measured in every chunk of a rung
+    ``rung.check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
+    still holds: a trial that failed it is never chosen). ``trials.singles``: a batched trial's id -> its batch-1
+    bundle (the per-item reference). ``anchor`` (latency and throughput): a trial measured in every chunk of a rung
     that needs several, interleaved with the chunk's own (its record is written only where it is one of
     ``chunk``); each trial's rung record gets ``vs_anchor`` (:func:`vs_anchor`) and ``anchor`` (its id and its
-    raw figures in this chunk), which rank the rung when every trial in it has them (``edge.tune.search._ranked``)."""
+    raw figures in this chunk), which rank the rung when every trial in it has them (``edge.tune.search.ranked_trials``)."""
+    recs, objective, video = trials.recs, rung.objective, rung.video
     members = list(chunk)
     if anchor is not None and video is None and all(c.id != anchor.id for c in chunk):
         members.append(anchor)  # measured as this chunk's reference
@@ -384,18 +415,18 @@ def measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bund
     for c in members:
         rec = recs[c.id]
         try:
-            opened[c.id] = pool.get(rec, bundles[keys[c.id]], c, check=check, single=(singles or {}).get(c.id))
+            opened[c.id] = pool.get(rec, trials.bundle(c.id), c, check=rung.check, single=trials.singles.get(c.id))
         except EdgeError as e:
             rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
             rec.setdefault("parity", {})["passed"] = None
     if not opened.keys() & own:
         return 0
     if video is None:
-        got = measure_infer(opened, objective, reps, iters, warmup, {c.id: c.batch for c in members})
+        got = measure_infer(opened, objective, rung.reps, rung.iters, rung.warmup, {c.id: c.batch for c in members})
     else:
         pool.close(opened)  # the pipeline opens its own runners
-        items = [(cid, bundles[keys[cid]], next(c for c in chunk if c.id == cid)) for cid in opened]
-        got = _measure_video(items, video, reps, iters, budget_ms, pace_fps)
+        items = [(cid, trials.bundle(cid), next(c for c in chunk if c.id == cid)) for cid in opened]
+        got = _measure_video(items, video, rung.reps, rung.iters, rung.budget_ms, rung.pace_fps)
     ref = got.get(anchor.id) if anchor is not None else None
     if ref is not None:
         ref = dict(ref)  # (its raw figures, before its own record, when it is one of the chunk, gets vs_anchor)
@@ -405,7 +436,7 @@ def measure_chunk(chunk: Sequence[Config], recs: dict[str, dict[str, Any]], bund
         if ref is not None and anchor is not None:
             m["vs_anchor"] = round(vs_anchor(objective, m["rep_scores"], ref["rep_scores"]), 5)
             m["anchor"] = {"id": anchor.id, "p50_ms": ref["p50_ms"], "rep_scores": ref["rep_scores"]}
-        recs[cid]["rungs"][name] = m
+        recs[cid]["rungs"][rung.name] = m
     # over the memory bound: the chunk's worst close first (the best are the likely survivors)
     pool.keep_within(sorted(got, key=lambda cid: rank_key(objective, got[cid]), reverse=True))
     return len(got.keys() & own)

@@ -1,7 +1,8 @@
 """``edgekit tune``: the fastest configuration of a model for a target that keeps parity, found on this host.
 
-    from edge.tune.search import tune
-    result = tune("model.onnx", "x86-cpu", out="build/tune", calib="random")
+    from edge.pipeline import ConvertRequest
+    from edge.tune.search import TuneOptions, tune
+    result = tune("model.onnx", "x86-cpu", ConvertRequest(calib="random"), TuneOptions(out="build/tune"))
     result.winner            # the chosen trial (None when no configuration passed parity)
     result.overlay_path      # the winner as a profile overlay: edgekit convert/deploy --tuned FILE
 
@@ -31,16 +32,18 @@ import hashlib
 import json
 import math
 import os
+import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError
+from edge.pipeline.request import ConvertRequest
 from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
-                               combine_parity, measure_chunk, Pool, trial_score, missed_share, rank_key)
+                               Pool, Rung, Trials, combine_parity, measure_chunk, missed_share, rank_key, trial_score)
 from edge.tune.config import OBJECTIVES, Config
 from edge.tune.space import BATCHES, Space, batch_plan, build_space
 
@@ -160,10 +163,14 @@ class TuneResult:
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How ``deploy(..., tune=...)`` tunes before it converts (``tune=True``: these defaults). The model, target,
-    calibration, input shapes, pre-processing, parity data, task and budget are deploy's own (and its
-    ``parity_samples`` when it is given one: the trials are gated as its conversion will be); ``out`` defaults to
-    ``<build_dir>-tune``. ``precisions`` defaults to deploy's ``precision`` when one is given."""
+    """How ``tune`` (and ``tune_on_device``, ``deploy(..., DeployOptions(tune=...))``) searches; what each trial
+    converts is the ``ConvertRequest``. ``out``: where the overlay (``tuned.toml``), ``study.json`` (unless
+    ``study``), ``pareto.html``/``.png`` and the conversion cache (``cache/``, unless ``cache``) go (default
+    ``build/<model>-<target>-tune``; deploy: ``<build_dir>-tune``). ``video``: required for ``objective="e2e"``.
+    ``budget_ms``/``fps``: a budget to rank within (default: the target's, reported only). ``precisions``: default
+    the request's ``precision`` when it names one, else every precision the target allows. ``batches``: the batch
+    sizes tried for ``objective="throughput"`` (default ``edge.tune.space.BATCHES``, for a model whose first input
+    dimension is a batch: ``edge.tune.space.batch_plan``); ``[1]`` tunes batch 1 only."""
 
     objective: str = "latency"
     strategy: str = "halving"
@@ -172,12 +179,37 @@ class TuneOptions:
     video: str | os.PathLike[str] | None = None
     study: str | os.PathLike[str] | None = None
     out: str | os.PathLike[str] | None = None
-    runners: tuple[str, ...] | None = None
-    precisions: tuple[str, ...] | None = None
-    threads: tuple[int, ...] | None = None
+    runners: Sequence[str] | None = None
+    precisions: Sequence[str] | None = None
+    threads: Sequence[int] | None = None
     schedule: Schedule | None = None
-    parity_samples: int = 32
     pictures: bool = True
+    budget_ms: float | None = None
+    fps: float | None = None
+    cache: str | os.PathLike[str] | None = None
+    batches: Sequence[int] | None = None
+
+
+def trial_request(req: ConvertRequest) -> ConvertRequest:
+    """What every trial converts with: the request's inputs, data and task (a trial's precision and target come
+    from its configuration; its gate is recorded, never fatal)."""
+    return ConvertRequest(calib=req.calib, input_shapes=req.input_shapes, preprocess=req.preprocess,
+                          letterbox=req.letterbox, freeze=req.freeze, parity_data=req.parity_data,
+                          parity_samples=req.parity_samples, task=req.task, accept_parity_failure=True)
+
+
+def source_key(req: ConvertRequest) -> dict[str, Any]:
+    """The request's part of the recipe key: what the conversion reads besides the model (the parity data by
+    what its files are)."""
+    source: dict[str, Any] = {"input_shapes": {k: [int(d) for d in v] for k, v in req.input_shapes.items()},
+                              "preprocess": req.preprocess, "letterbox": req.letterbox}
+    if req.task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
+        source["task"] = req.task
+    if req.freeze:
+        source["freeze"] = {str(k): str(v) for k, v in req.freeze.items()}
+    if req.parity_data is not None:
+        source["parity_data"] = data_identity(req.parity_data, "parity data")
+    return source
 
 
 # -- recipe key and the conversion cache ---------------------------------------------------------
@@ -217,8 +249,9 @@ def recipe_key(model_sha256: str, profile: Any, cfg: Config, space: Space, calib
 
 
 def convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path,
-                    calib: Any, parity_samples: int, source: Mapping[str, Any]) -> tuple[Any, bool]:
-    """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache."""
+                   request: ConvertRequest) -> tuple[Any, bool]:
+    """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache
+    (``request``: a ``trial_request``)."""
     from edge.bundle.bundle import Bundle
     from edge.pipeline import convert
 
@@ -228,8 +261,8 @@ def convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: st
             return Bundle.open(out, trust=False), False
         except EdgeError:
             pass  # a damaged cache entry is converted again
-    b = convert(model, space.base_profile(profile, cfg), out, precision=cfg.bundle_precision, calib=calib,
-                accept_parity_failure=True, force=True, parity_samples=parity_samples, **source)
+    b = convert(model, space.base_profile(profile, cfg), out, request.replace(precision=cfg.bundle_precision),
+                force=True)
     return b, True
 
 
@@ -413,293 +446,378 @@ def _rung_order(name: str) -> int:
         return -1
 
 
-def tune(model: str | os.PathLike[str], target: str | Any, *, out: str | os.PathLike[str] | None = None,
-         objective: str = "latency", budget_ms: float | None = None, fps: float | None = None,
-         max_trials: int | None = None, time_budget_s: float | None = None,
-         calib: str | os.PathLike[str] | None = None, video: str | os.PathLike[str] | None = None,
-         study: str | os.PathLike[str] | None = None, strategy: str = "halving",
-         runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
-         threads: Sequence[int] | None = None, schedule: Schedule | None = None, cache: str | os.PathLike[str] | None = None,
-         parity_samples: int = 32, targets_dir: Iterable[str | os.PathLike[str]] = (), pictures: bool = True,
-         input_shapes: Mapping[str, Sequence[int]] | None = None, preprocess: str = "auto",
-         letterbox: bool | None = None, on_step: Say | None = None,
-         parity_data: str | os.PathLike[str] | None = None, task: str = "auto",
-         freeze: Mapping[str, str] | None = None, batches: Sequence[int] | None = None) -> TuneResult:
-    """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring.
+def tune(model: str | os.PathLike[str], target: str | Any, request: ConvertRequest | None = None,
+         options: TuneOptions | None = None, *, on_step: Say | None = None) -> TuneResult:
+    """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring and ``TuneOptions``.
 
-    ``out``: where the overlay (``tuned.toml``), ``study.json`` (unless ``study``), ``pareto.html``/``.png`` and
-    the conversion cache (``cache/``, unless ``cache``) go. ``video``: required for ``objective="e2e"``.
-    ``input_shapes``, ``preprocess``, ``letterbox``, ``freeze``, ``parity_data``, ``task``: as ``convert`` takes them
-    (part of the recipe key): every trial is the model and is gated on the inputs and by the task the conversion of
-    the winner will be. ``batches``: the batch sizes tried for ``objective="throughput"`` (default
-    ``edge.tune.space.BATCHES``, for a model whose first input dimension is a batch: ``edge.tune.space.batch_plan``);
-    ``[1]`` tunes batch 1 only."""
-    from edge.graph.model import sha256_file
-    from edge.capabilities import current_host
-    from edge.pipeline import open_source
-    from edge.stats import budget_from
-    from edge.targets import TargetProfile, get_target, same_device_class
-
+    ``request``: what every trial converts with (``trial_request``: input shapes, pre-processing, frozen inputs,
+    calibration and parity data, parity samples and task; part of the recipe key): every trial is the model and
+    is gated on the inputs and by the task the conversion of the winner will be."""
     t_start = time.perf_counter()
-    say = on_step or (lambda _m: None)
-    if strategy not in STRATEGIES:
-        raise EdgeError(f"unknown strategy {strategy!r}", hint=f"choose one of {', '.join(STRATEGIES)}")
-    if objective not in OBJECTIVES:
-        raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
-    if (objective == "e2e") != (video is not None):
+    req = request if request is not None else ConvertRequest()
+    opts = options if options is not None else TuneOptions()
+    if opts.precisions is None and req.precision:
+        opts = dataclasses.replace(opts, precisions=(req.precision,))
+    run = _start(model, target, req, opts, on_step or (lambda _m: None))
+    _convert_trials(run)
+    _measure_trials(run)
+    return _finish(run, t_start)
+
+
+def _check_options(req: ConvertRequest, opts: TuneOptions) -> Schedule:
+    """Every option refused before any work; the schedule to measure with."""
+    if opts.strategy not in STRATEGIES:
+        raise EdgeError(f"unknown strategy {opts.strategy!r}", hint=f"choose one of {', '.join(STRATEGIES)}")
+    if opts.objective not in OBJECTIVES:
+        raise EdgeError(f"unknown objective {opts.objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
+    if (opts.objective == "e2e") != (opts.video is not None):
         raise EdgeError("--objective e2e measures the video pipeline: give --video FILE with it (and only with it)",
                         hint="--objective e2e --video clip.mp4, or --objective latency|throughput without --video")
-    if max_trials is not None and max_trials < 1:
-        raise EdgeError(f"--max-trials must be >= 1, got {max_trials}")
-    if time_budget_s is not None and time_budget_s <= 0:
-        raise EdgeError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
-    if parity_samples < 2:
-        raise EdgeError(f"parity samples must be >= 2, got {parity_samples}")
-    sched = schedule or Schedule()
+    if opts.max_trials is not None and opts.max_trials < 1:
+        raise EdgeError(f"--max-trials must be >= 1, got {opts.max_trials}")
+    if opts.time_budget_s is not None and opts.time_budget_s <= 0:
+        raise EdgeError(f"--time-budget must be > 0 seconds, got {opts.time_budget_s}")
+    if req.parity_samples < 2:
+        raise EdgeError(f"parity samples must be >= 2, got {req.parity_samples}")
+    if req.tuned is not None or req.eval_text is not None:
+        raise EdgeError("tune searches the overlay itself and takes ONNX models: a request with tuned or "
+                        "eval_text does not apply", hint="leave out --tuned and --eval-text")
+    sched = opts.schedule or Schedule()
     if sched.reps < 1 or sched.iters < 1 or sched.eta < 2 or sched.warmup < 0:
         raise EdgeError("schedule: reps and iters must be >= 1, eta >= 2, warmup >= 0")
-    profile = target if isinstance(target, TargetProfile) else get_target(target, targets_dir)
+    batches = opts.batches
+    if batches is not None and (not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64
+                                                   for b in batches)):
+        raise EdgeError(f"batches must be integers from 1 to 64, got {list(batches)}")
+    return sched
+
+
+@dataclass
+class _Run:
+    """One tune's state, filled in step by step (``tune`` reads top to bottom)."""
+
+    model: Path
+    profile: Any
+    req: ConvertRequest
+    opts: TuneOptions
+    sched: Schedule
+    say: Say
+    video: Path | None
+    budget: float | None
+    budget_source: str
+    rank_budget: float | None  # a budget the user gave: trials within it rank first
+    pace_fps: float | None  # e2e: the rate frames are fed at (None: the video's own)
+    out_dir: Path
+    space: Space
+    study_path: Path
+    header: dict[str, Any]
+    host: dict[str, Any]
+    model_sha: str
+    configs: list[Config]
+    notes: list[str]
+    recs: dict[str, dict[str, Any]]
+    deadline: float | None
+    keys: dict[str, str] = field(default_factory=dict)
+    bundles: dict[str, Any] = field(default_factory=dict)  # recipe key -> Bundle or EdgeError
+    singles: dict[str, Any] = field(default_factory=dict)
+    converted: int = 0
+    measured: int = 0
+    convert_s: float = 0.0
+    search_s: float = 0.0
+
+    def over_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def batched(self, c: Config, src: Mapping[str, Any]) -> dict[str, Any]:
+        """The recipe source of a batched trial: the model converted at input shapes of batch N."""
+        if c.batch == 1 or self.space.batch is None:
+            return dict(src)
+        return {**src, "input_shapes": {**src.get("input_shapes", {}), **self.space.batch.input_shapes(c.batch)}}
+
+    def trial_model(self, c: Config) -> Path:
+        batch = self.space.batch
+        return batch.model if (c.batch != 1 and batch and batch.model) else self.model
+
+    def trial_request(self, c: Config) -> ConvertRequest:
+        req = trial_request(self.req)
+        if c.batch == 1 or self.space.batch is None:
+            return req
+        return req.replace(input_shapes={**req.input_shapes, **self.space.batch.input_shapes(c.batch)})
+
+
+def _start(model: str | os.PathLike[str], target: Any, req: ConvertRequest, opts: TuneOptions, say: Say) -> _Run:
+    """Options checked, the space built, the study read, the trials' records (measurements resumed from it)."""
+    from edge.graph.model import sha256_file
+    from edge.pipeline import open_source
+    from edge.stats import budget_from
+    from edge.targets import TargetProfile, get_target
+
+    sched = _check_options(req, opts)
+    profile = target if isinstance(target, TargetProfile) else get_target(target, req.targets_dir)
     model = Path(model)
     src = open_source(model)
     if src.format != "onnx":
         raise EdgeError(f"edgekit tune takes an ONNX model; {model.name} is {src.format}",
                         hint="export the model to ONNX (edgekit convert takes the other formats as they are)")
-    video_path = Path(video) if video is not None else None
-    if video_path is not None and not video_path.is_file():
-        raise EdgeError(f"video {video_path} does not exist")
-    budget, budget_source = budget_from(fps, budget_ms, profile.frame_budget_ms)
+    video = Path(opts.video) if opts.video is not None else None
+    if video is not None and not video.is_file():
+        raise EdgeError(f"video {video} does not exist")
+    budget, budget_source = budget_from(opts.fps, opts.budget_ms, profile.frame_budget_ms)
     # a budget the user gave ranks the trials within it first; the profile's default is reported, not ranked on
     # (a short rung's p99 is the worst of a few samples: ranking on it would eliminate on noise)
-    rank_budget = budget if (fps is not None or budget_ms is not None) else None
+    rank_budget = budget if (opts.fps is not None or opts.budget_ms is not None) else None
     # e2e runs as `edgekit run --realtime` runs: frames fed at the rate asked for, else at the video's own
-    pace_fps = 1000.0 / rank_budget if (objective == "e2e" and rank_budget) else None
-    calib_id = calib_identity(calib)
-    from edge.verify.tasks import TASK_CHOICES
-
-    if task not in TASK_CHOICES:
-        raise EdgeError(f"unknown --task {task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
-    source: dict[str, Any] = {"input_shapes": {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()},
-                              "preprocess": preprocess, "letterbox": letterbox}
-    if task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
-        source["task"] = task
-    if freeze:
-        source["freeze"] = {str(k): str(v) for k, v in freeze.items()}
-    if parity_data is not None:  # the key holds what the files are, the conversion reads them
-        source["parity_data"] = str(parity_data)
-    keyed = {**source, "parity_data": data_identity(parity_data, "parity data")} if parity_data is not None else source
-    if batches is not None and (not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64
-                                                   for b in batches)):
-        raise EdgeError(f"batches must be integers from 1 to 64, got {list(batches)}")
-    out_dir = Path(out) if out is not None else Path("build") / f"{model.stem}-{profile.name}-tune"
-    # throughput: batch sizes where the model's first input dimension is a batch (onnxruntime tries batch 2 once)
-    plan = batch_plan(model, out_dir / "batch", input_shapes, tuple(batches or BATCHES)) \
-        if objective == "throughput" and any(b != 1 for b in (batches or BATCHES)) else None
-    space = build_space(profile, objective=objective, calibrated=calib is not None, video=video_path is not None,
-                        runners=runners, precisions=precisions, threads=threads, targets_dir=targets_dir, batch=plan)
+    pace_fps = 1000.0 / rank_budget if (opts.objective == "e2e" and rank_budget) else None
+    out_dir = Path(opts.out) if opts.out is not None else Path("build") / f"{model.stem}-{profile.name}-tune"
+    space = _space(model, profile, req, opts, out_dir, video)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache_dir = Path(cache) if cache is not None else out_dir / "cache"
-    study_path = Path(study) if study is not None else out_dir / "study.json"
-    model_sha = sha256_file(model)
-    host = _host()
-    header = {"model_sha256": model_sha, "target": profile.name, "objective": objective, "strategy": strategy,
-              "video": video_path.name if video_path else None, "host": host}
-    if objective == "e2e":  # measured at a rate: another rate's measurements do not compare
+    study_path = Path(opts.study) if opts.study is not None else out_dir / "study.json"
+    model_sha, host = sha256_file(model), _host()
+    header = {"model_sha256": model_sha, "target": profile.name, "objective": opts.objective,
+              "strategy": opts.strategy, "video": video.name if video else None, "host": host}
+    if opts.objective == "e2e":  # measured at a rate: another rate's measurements do not compare
         header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
-    if objective == "throughput":  # a study measured one request at a time throughout does not compare
+    if opts.objective == "throughput":  # a study measured one request at a time throughout does not compare
         header["throughput_requests"] = THROUGHPUT_REQUESTS
     stored = load_study(study_path, header)
-    configs = priority(space)
-    notes = list(space.notes)
-    if max_trials is not None and len(configs) > max_trials:
-        notes.append(f"--max-trials {max_trials}: {len(configs) - max_trials} of {len(configs)} configurations "
-                     "not tried (each runner and precision's defaults were taken first)")
-        configs = configs[:max_trials]
-    deadline = t_start + time_budget_s if time_budget_s is not None else None
+    configs, notes = priority(space), list(space.notes)
+    if opts.max_trials is not None and len(configs) > opts.max_trials:
+        notes.append(f"--max-trials {opts.max_trials}: {len(configs) - opts.max_trials} of {len(configs)} "
+                     "configurations not tried (each runner and precision's defaults were taken first)")
+        configs = configs[:opts.max_trials]
+    deadline = time.perf_counter() + opts.time_budget_s if opts.time_budget_s is not None else None
+    return _Run(model=model, profile=profile, req=req, opts=opts, sched=sched, say=say, video=video, budget=budget,
+                budget_source=budget_source, rank_budget=rank_budget, pace_fps=pace_fps, out_dir=out_dir,
+                space=space, study_path=study_path, header=header, host=host, model_sha=model_sha, configs=configs,
+                notes=notes, recs=_records(configs, stored), deadline=deadline)
 
-    def over_time() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
 
+def _space(model: Path, profile: Any, req: ConvertRequest, opts: TuneOptions, out_dir: Path, video: Path | None
+           ) -> Space:
+    batches = opts.batches
+    # throughput: batch sizes where the model's first input dimension is a batch (onnxruntime tries batch 2 once)
+    plan = batch_plan(model, out_dir / "batch", req.input_shapes or None, tuple(batches or BATCHES)) \
+        if opts.objective == "throughput" and any(b != 1 for b in (batches or BATCHES)) else None
+    return build_space(profile, objective=opts.objective, calibrated=req.calib is not None, video=video is not None,
+                       runners=opts.runners, precisions=opts.precisions, threads=opts.threads,
+                       targets_dir=req.targets_dir, batch=plan)
+
+
+def _records(configs: Sequence[Config], stored: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A record per trial; measurements and the trial's parity check come from the study (the status is found
+    again)."""
     recs: dict[str, dict[str, Any]] = {}
-    by_id = {c.id: c for c in configs}
     for c in configs:
         base = {"id": c.id, "label": c.label(), **c.to_json(), "status": "pending", "rungs": {}, "parity": None}
         old = stored.get(c.id)
-        if old:  # measurements and the trial's parity check come from the study; the status is found again
+        if old:
             base["rungs"], base["parity"] = dict(old.get("rungs") or {}), old.get("parity")
-            base.update({k: old[k] for k in ("runtime", "load_ms", "memory_mb") if isinstance(old.get(k), (dict, int, float))})
+            base.update({k: old[k] for k in ("runtime", "load_ms", "memory_mb")
+                         if isinstance(old.get(k), (dict, int, float))})
         recs[c.id] = base
-    # conversions: one per recipe key, shared by the trials that differ only in runner options
-    bundles: dict[str, Any] = {}
-    converted = 0
-    t_conv = time.perf_counter()
-    def batched(c: Config, src: Mapping[str, Any]) -> dict[str, Any]:
-        """The conversion source of a batched trial: the model converted at input shapes of batch N."""
-        if c.batch == 1 or space.batch is None:
-            return dict(src)
-        return {**src, "input_shapes": {**src.get("input_shapes", {}), **space.batch.input_shapes(c.batch)}}
+    return recs
 
-    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, parity_samples, batched(c, keyed)) for c in configs}
-    for c in configs:
-        rec, key = recs[c.id], keys[c.id]
+
+def conversion_parity(rec: dict[str, Any], b: Any) -> None:
+    """A trial's record after its conversion: the bundle, its size, and the conversion gate's verdict."""
+    rec["bundle"] = str(b.path)
+    rec["size_bytes"] = bundle_size(b)
+    gate = b.manifest.get("parity") or {}
+    par = rec.get("parity") or {}
+    par["conversion"] = gate.get("passed")
+    outs = gate.get("outputs")
+    outs = outs if isinstance(outs, list) else []
+    par["conversion_failures"] = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+                                  for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
+                                  for f in o["failures"]][:4]
+    if gate.get("passed") is None:
+        par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
+    rec["parity"] = par
+    combine_parity(par)
+
+
+def _convert_trials(run: _Run) -> None:
+    """One conversion per recipe key, shared by the trials that differ only in runner options."""
+    t_conv = time.perf_counter()
+    calib_id = calib_identity(run.req.calib)
+    keyed = source_key(run.req)
+    cache_dir = Path(run.opts.cache) if run.opts.cache is not None else run.out_dir / "cache"
+    parity_samples = run.req.parity_samples
+    run.keys = {c.id: recipe_key(run.model_sha, run.profile, c, run.space, calib_id, parity_samples,
+                                 run.batched(c, keyed)) for c in run.configs}
+    for c in run.configs:
+        rec, key = run.recs[c.id], run.keys[c.id]
         rec["recipe_key"] = key
-        if key in bundles:
-            b = bundles[key]
-        else:
-            if over_time():
+        if key not in run.bundles:
+            if run.over_time():
                 rec["status"] = "not run (time budget)"
                 continue
-            say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
+            run.say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(run.bundles) + 1} "
+                    "recipes)")
             try:
-                b, fresh = convert_cached(space.batch.model if (c.batch != 1 and space.batch and space.batch.model)
-                                           else model, profile, c,
-                                           space, key, cache_dir, calib, parity_samples, batched(c, source))
+                run.bundles[key], fresh = convert_cached(run.trial_model(c), run.profile, c, run.space, key,
+                                                         cache_dir, run.trial_request(c))
             except EdgeError as e:
-                bundles[key] = e
-                converted += 1
-                b = e
-            else:
-                bundles[key] = b
-                converted += int(fresh)
+                run.bundles[key], fresh = e, True
+            run.converted += int(fresh)
+        b = run.bundles[key]
         if isinstance(b, EdgeError):
             rec["status"] = f"conversion failed: {str(b).splitlines()[0][:300]}"
             continue
-        rec["bundle"] = str(b.path)
-        rec["size_bytes"] = bundle_size(b)
-        gate = b.manifest.get("parity") or {}
-        par = rec.get("parity") or {}
-        par["conversion"] = gate.get("passed")
-        outs = gate.get("outputs")
-        outs = outs if isinstance(outs, list) else []
-        par["conversion_failures"] = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
-                                      for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
-                                      for f in o["failures"]][:4]
-        if gate.get("passed") is None:
-            par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
-        rec["parity"] = par
-        combine_parity(par)
-    convert_s = time.perf_counter() - t_conv
-    save_study(study_path, header, recs)
+        conversion_parity(rec, b)
+    run.convert_s = time.perf_counter() - t_conv
+    save_study(run.study_path, run.header, run.recs)
     # a batched trial's per-item reference: the batch-1 bundle of its runner, precision and recipe
-    singles: dict[str, Any] = {}
-    for c in configs:
+    for c in run.configs:
         if c.batch != 1:
-            one = bundles.get(recipe_key(model_sha, profile, Config(c.runner, c.precision, c.recipe, c.options,
-                                                                    c.workers, 1), space, calib_id, parity_samples,
-                                         keyed))
-            singles[c.id] = None if isinstance(one, EdgeError) else one
+            one = run.bundles.get(recipe_key(run.model_sha, run.profile, Config(c.runner, c.precision, c.recipe,
+                                                                                c.options, c.workers, 1),
+                                             run.space, calib_id, parity_samples, keyed))
+            run.singles[c.id] = None if isinstance(one, EdgeError) else one
 
-    # measurement: successive halving, or every trial at full length
+
+def _measure_trials(run: _Run) -> None:
+    """Successive halving, or every trial at full length."""
     t_search = time.perf_counter()
-    alive = [c for c in configs if "bundle" in recs[c.id]]
-    rungs = sched.rungs(len(alive), objective) if strategy == "halving" else [(sched.reps, sched.iters)]
-    measured = 0
+    sched, objective = run.sched, run.opts.objective
+    alive = [c for c in run.configs if "bundle" in run.recs[c.id]]
+    rungs = sched.rungs(len(alive), objective) if run.opts.strategy == "halving" else [(sched.reps, sched.iters)]
+    by_id = {c.id: c for c in run.configs}
     pool = Pool()
     try:
         for k, (reps, iters) in enumerate(rungs):
             if not alive:
                 break
             name = f"{k}:{reps}x{iters}"  # rung index first: two rungs of the same length stay apart
-            if over_time():
+            if run.over_time():
                 for c in alive:
-                    recs[c.id]["status"] = f"not measured at {name} (time budget)"
-                notes.append(f"--time-budget reached before the {name} measurement: the winner comes from a "
-                             "shorter one")
+                    run.recs[c.id]["status"] = f"not measured at {name} (time budget)"
+                run.notes.append(f"--time-budget reached before the {name} measurement: the winner comes from a "
+                                 "shorter one")
                 break
-            todo = [c for c in alive if name not in recs[c.id]["rungs"]]
-            say(f"measuring {len(alive)} trials, {reps} interleaved repetitions of {iters} "
-                f"{'frames in realtime' if video_path else 'inferences'}" + (f" ({len(alive) - len(todo)} from the study)"
-                                                                  if len(todo) < len(alive) else ""))
-            # more trials than one chunk holds: the background load differs between chunks, so an anchor (the
-            # rung's first trial: the space's defaults at the first rung, the best of the last one after) is
-            # measured in every chunk and the rung ranked by each trial's ratio to it in its own chunk
-            # (e2e: a repetition lasts as long whatever the load; its chunks are ranked on their own figures)
-            anchor = todo[0] if len(todo) > MAX_OPEN and video_path is None else None
-            size = MAX_OPEN - 1 if anchor is not None else MAX_OPEN
-            for i in range(0, len(todo), size):
-                chunk = todo[i:i + size]
-                # the first of several latency/throughput rungs eliminates most trials: their own reference checks
-                # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
-                measured += measure_chunk(chunk, recs, bundles, keys, name, objective, reps, iters,
-                                           sched.warmup if k == len(rungs) - 1 else min(sched.warmup, SHORT_WARMUP),
-                                           video_path, budget, pool, pace_fps,
-                                           check=not (k == 0 and len(rungs) > 1 and video_path is None),
-                                           singles=singles, anchor=anchor)
-                save_study(study_path, header, recs)
-                if anchor is not None and name not in recs[anchor.id]["rungs"]:
-                    anchor = None  # it failed to load: the rung is ranked on raw figures (ranked_trials)
-            if anchor is not None:
-                notes.append(f"{name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each with "
-                             f"the anchor {recs[anchor.id]['label']}: ranked by each trial's ratio to the anchor in "
-                             "its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw figures")
             last = k == len(rungs) - 1
-            ranked = ranked_trials((recs[c.id] for c in alive), name, rank_budget, objective)
+            # the first of several latency/throughput rungs eliminates most trials: their own reference checks
+            # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
+            rung = Rung(name, objective, reps, iters, sched.warmup if last else min(sched.warmup, SHORT_WARMUP),
+                        run.video, run.budget, run.pace_fps,
+                        check=not (k == 0 and len(rungs) > 1 and run.video is None))
+            _measure_rung(run, alive, rung, pool)
+            ranked = ranked_trials((run.recs[c.id] for c in alive), name, run.rank_budget, objective)
             # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise
             # must not leave it only two to choose from
             keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
             kept = {r["id"] for r in keep}
-            mark_rung((recs[c.id] for c in alive), kept, name, last)
+            mark_rung((run.recs[c.id] for c in alive), kept, name, last)
             alive = [by_id[i] for i in (r["id"] for r in keep)]
             pool.close([i for i in list(pool.open) if i not in kept])
     finally:
         pool.close_all()
-    search_s = time.perf_counter() - t_search
+    run.search_s = time.perf_counter() - t_search
 
-    trials = [recs[c.id] for c in configs]
-    winner = choose(trials, rank_budget, objective)
+
+def _measure_rung(run: _Run, alive: Sequence[Config], rung: Rung, pool: Pool) -> None:
+    """Every trial of ``alive`` not yet measured at ``rung`` (the study holds the others), in chunks of at most
+    ``MAX_OPEN`` open at once."""
+    todo = [c for c in alive if rung.name not in run.recs[c.id]["rungs"]]
+    run.say(f"measuring {len(alive)} trials, {rung.reps} interleaved repetitions of {rung.iters} "
+            f"{'frames in realtime' if run.video else 'inferences'}"
+            + (f" ({len(alive) - len(todo)} from the study)" if len(todo) < len(alive) else ""))
+    # more trials than one chunk holds: the background load differs between chunks, so an anchor (the
+    # rung's first trial: the space's defaults at the first rung, the best of the last one after) is
+    # measured in every chunk and the rung ranked by each trial's ratio to it in its own chunk
+    # (e2e: a repetition lasts as long whatever the load; its chunks are ranked on their own figures)
+    anchor = todo[0] if len(todo) > MAX_OPEN and run.video is None else None
+    size = MAX_OPEN - 1 if anchor is not None else MAX_OPEN
+    trials = Trials(run.recs, run.bundles, run.keys, run.singles)
+    for i in range(0, len(todo), size):
+        run.measured += measure_chunk(todo[i:i + size], trials, rung, pool, anchor=anchor)
+        save_study(run.study_path, run.header, run.recs)
+        if anchor is not None and rung.name not in run.recs[anchor.id]["rungs"]:
+            anchor = None  # it failed to load: the rung is ranked on raw figures (ranked_trials)
+    if anchor is not None:
+        run.notes.append(f"{rung.name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each "
+                         f"with the anchor {run.recs[anchor.id]['label']}: ranked by each trial's ratio to the "
+                         "anchor in its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw "
+                         "figures")
+
+
+def trial_results(trials: Sequence[dict[str, Any]], objective: str) -> None:
+    """Each trial's ``result``: the figures of its deepest rung and its score there (None: never measured)."""
     for t in trials:
         best = best_rung(t)
-        t["result"] = {"rung": best, **{k: v for k, v in t["rungs"][best].items() if not k.startswith("rep_")},
-                       "score": trial_score(objective, t["rungs"][best]["rep_scores"])} if best else None
+        m = t["rungs"][best] if best else None
+        t["result"] = {"rung": best, **{k: v for k, v in m.items() if not k.startswith("rep_")},
+                       "score": trial_score(objective, m["rep_scores"])} if m else None
+
+
+def _finish(run: _Run, t_start: float) -> TuneResult:
+    """The winner, the result, the overlay, the pictures."""
+    from edge.capabilities import current_host
+    from edge.targets import same_device_class
+
+    objective, profile = run.opts.objective, run.profile
+    trials = [run.recs[c.id] for c in run.configs]
+    winner = choose(trials, run.rank_budget, objective)
+    trial_results(trials, objective)
     if winner is not None:
         winner["status"] = "chosen"
-    save_study(study_path, header, recs)
+    save_study(run.study_path, run.header, run.recs)
     runner_info = (winner or {}).get("runtime") or {}
     same, why = same_device_class(profile, current_host(), runner_info)
-    result = TuneResult(model=str(model), target=profile.name, objective=objective, strategy=strategy,
-                        budget_ms=budget, budget_source=budget_source, trials=trials, pruned=space.pruned, notes=notes,
-                        winner=winner, device_class={"same": same, "reason": why}, host=host,
-                        study_path=str(study_path), measured=measured, converted=converted,
-                        convert_s=convert_s, search_s=search_s)
+    result = TuneResult(model=str(run.model), target=profile.name, objective=objective, strategy=run.opts.strategy,
+                        budget_ms=run.budget, budget_source=run.budget_source, trials=trials,
+                        pruned=run.space.pruned, notes=run.notes, winner=winner,
+                        device_class={"same": same, "reason": why}, host=run.host, study_path=str(run.study_path),
+                        measured=run.measured, converted=run.converted, convert_s=run.convert_s,
+                        search_s=run.search_s)
     if winner is None:
-        notes.append("no configuration passed parity: nothing to apply")
+        run.notes.append("no configuration passed parity: nothing to apply")
     else:
-        cfg = by_id[winner["id"]]
-        res = winner["result"]
-        tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "model": model.name, "model_sha256": model_sha, "configuration": winner["id"],
-                 "objective": objective, "strategy": strategy, "measured_on": f"{host['os']}/{host['arch']}",
-                 "os": host["os"], "arch": host["arch"], "cpu": host["cpu"], "isa": _isa(), "cpus": host["cpus"],
-                 "device_used": runner_info.get("device_used") or "",
-                 "precision_used": runner_info.get("precision_used") or "",
-                 "same_device_class": same, "device_class": why,
-                 "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-                 "parity_error": (winner.get("parity") or {}).get("error"), "size_bytes": winner.get("size_bytes")}
-        if objective == "e2e":
-            tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
-                          "frames": res.get("frames")})
-        if objective == "throughput":  # items per inference; fps above is items per second
-            tuned["batch"] = cfg.batch
-        overlay = space.overlay(profile, cfg, tuned=tuned)
-        from edge.tune.overlay import write_overlay
-
-        comments = [f"edgekit tune: {winner['label']} for {profile.name}, objective {objective}",
-                    f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)"]
-        if not same:
-            comments.append(f"NOT the target's device class: {why}; re-tune on the device")
-        if cfg.batch != 1 and space.batch is not None:
-            shapes = " ".join(f"--input-shape {k}={','.join(map(str, v))}" for k, v in space.batch.input_shapes(cfg.batch).items())
-            comments.append(f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
-                            f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
-                            "batch 1: export it with a dynamic first dimension first)")
-        comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
-        result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
-        result.applied = overlay.describe()
-    if pictures:
+        _write_winner(run, result, winner, same, why)
+    if run.opts.pictures:
         from edge.tune.report import write_pictures
 
-        write_pictures(out_dir, result, notes)
+        write_pictures(run.out_dir, result, run.notes)
     result.wall_s = time.perf_counter() - t_start
     return result
+
+
+def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: bool, why: str) -> None:
+    """The winner as a profile overlay (``tuned.toml``) with what it was measured on."""
+    from edge.tune.overlay import write_overlay
+
+    objective, profile, host = run.opts.objective, run.profile, run.host
+    cfg = next(c for c in run.configs if c.id == winner["id"])
+    res = winner["result"]
+    runner_info = winner.get("runtime") or {}
+    tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "model": run.model.name, "model_sha256": run.model_sha, "configuration": winner["id"],
+             "objective": objective, "strategy": run.opts.strategy, "measured_on": f"{host['os']}/{host['arch']}",
+             "os": host["os"], "arch": host["arch"], "cpu": host["cpu"], "isa": _isa(), "cpus": host["cpus"],
+             "device_used": runner_info.get("device_used") or "",
+             "precision_used": runner_info.get("precision_used") or "",
+             "same_device_class": same, "device_class": why,
+             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
+             "parity_error": (winner.get("parity") or {}).get("error"), "size_bytes": winner.get("size_bytes")}
+    if objective == "e2e":
+        tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
+                      "frames": res.get("frames")})
+    if objective == "throughput":  # items per inference; fps above is items per second
+        tuned["batch"] = cfg.batch
+    overlay = run.space.overlay(profile, cfg, tuned=tuned)
+    comments = [f"edgekit tune: {winner['label']} for {profile.name}, objective {objective}",
+                f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)"]
+    if not same:
+        comments.append(f"NOT the target's device class: {why}; re-tune on the device")
+    if cfg.batch != 1 and run.space.batch is not None:
+        shapes = " ".join(f"--input-shape {k}={','.join(map(str, v))}"
+                          for k, v in run.space.batch.input_shapes(cfg.batch).items())
+        comments.append(f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
+                        f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
+                        "batch 1: export it with a dynamic first dimension first)")
+    comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
+    result.overlay_path = str(write_overlay(run.out_dir / "tuned.toml", overlay, comments))
+    result.applied = overlay.describe()
 
 
 def best_rung(t: Mapping[str, Any]) -> str | None:

@@ -24,6 +24,7 @@ from edge.backends.coreml.format import package_dir
 from edge.errors import ConversionError, HardwareUnavailableError
 from edge.backends.runner import RUNNERS
 from edge.backends.coreml.run import NEEDS_MACOS, CoreMLRunner
+from edge.pipeline.request import ConvertRequest
 
 on_mac = pytest.mark.skipif(sys.platform != "darwin", reason="hardware: not macOS: " + NEEDS_MACOS)
 
@@ -178,7 +179,7 @@ def _assert_traced_bridge_matches_onnxruntime(st: toolchains.ToolchainStatus, mo
 
 def test_every_bridged_op_matches_onnxruntime(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
     zoo = _op_zoo(tmp_path / "zoo.onnx")
-    b = convert(zoo, "apple-ane", tmp_path / "zoo", precision="fp32", preprocess="none")
+    b = convert(zoo, "apple-ane", tmp_path / "zoo", ConvertRequest(precision="fp32", preprocess="none"))
     d = b.manifest["chain"][0]["details"]
     bp = d["bridge_parity"]
     assert bp["passed"] and bp["outputs"][0]["max_abs"] < 1e-4, bp
@@ -204,7 +205,7 @@ def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStat
     m.ir_version = 8
     onnx.save(m, str(tmp_path / "u.onnx"))
     with pytest.raises(ConversionError) as e:
-        convert(tmp_path / "u.onnx", "apple-ane", tmp_path / "out", preprocess="none")
+        convert(tmp_path / "u.onnx", "apple-ane", tmp_path / "out", ConvertRequest(preprocess="none"))
     assert "Erf, Tanh" in str(e.value) and "t1" in str(e.value)
     assert not (tmp_path / "out").exists()
 

@@ -24,6 +24,7 @@ from edge.backends.coreml.format import package_dir
 from edge.errors import ModelError
 from edge.pipeline.sources import is_torch_source
 from edge.spec import IOSpec, TensorSpec
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,7 @@ def test_dispatch_by_suffix_and_zip(tmp_path: Path, models: dict[str, Path]) -> 
 def test_other_targets_take_torch_through_onnx(torch_models: Path, tmp_path: Path, target: str, precision: str) -> None:
     """PyTorch sources for every target: torch->onnx in the toolchain, then the target's ONNX chain; the
     PyTorch model itself is the parity reference."""
-    b = convert(torch_models / "tiny.pt2", target, tmp_path / "b", precision=precision,
-                input_shapes={"image": (1, 3, 32, 32)})
+    b = convert(torch_models / "tiny.pt2", target, tmp_path / "b", ConvertRequest(precision=precision, input_shapes={"image": (1, 3, 32, 32)}))
     m = b.manifest
     assert [c["converter"] for c in m["chain"]][0] == "torch->onnx"
     assert m["source"]["format"] == "torch-exported-program" and "torch->onnx" in m["source"]["route"]
@@ -70,13 +70,13 @@ def test_other_targets_take_torch_through_onnx(torch_models: Path, tmp_path: Pat
 def test_not_a_torch_file(tmp_path: Path) -> None:
     (tmp_path / "m.pt").write_text("not a model")
     with pytest.raises(ModelError, match="not a TorchScript or ExportedProgram file"):
-        convert(tmp_path / "m.pt", "apple-ane", tmp_path / "out", input_shapes={"x": (1, 3, 8, 8)})
+        convert(tmp_path / "m.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"x": (1, 3, 8, 8)}))
     assert not (tmp_path / "out").exists()
 
 
 def test_torch_save_checkpoint_refused(torch_models: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="torch.save checkpoint") as e:
-        convert(torch_models / "weights.pt", "apple-ane", tmp_path / "out", input_shapes={"image": (1, 3, 32, 32)})
+        convert(torch_models / "weights.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"image": (1, 3, 32, 32)}))
     assert "torch.jit.save" in (e.value.hint or "")
 
 
@@ -84,13 +84,13 @@ def test_missing_input_shape_names_the_inputs(torch_models: Path, tmp_path: Path
     with pytest.raises(ModelError, match=r"--input-shape for every input \(image\)"):
         convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out")
     with pytest.raises(ModelError, match="the model's inputs are image; --input-shape gave x"):
-        convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out", input_shapes={"x": (1, 3, 32, 32)})
+        convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"x": (1, 3, 32, 32)}))
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name,fmt", [("tiny.pt", "torchscript"), ("tiny.pt2", "torch-exported-program")])
 def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: str) -> None:
-    b = convert(torch_models / name, "apple-ane", tmp_path / "b", input_shapes={"image": (1, 3, 32, 32)})
+    b = convert(torch_models / name, "apple-ane", tmp_path / "b", ConvertRequest(input_shapes={"image": (1, 3, 32, 32)}))
     m = Bundle.open(tmp_path / "b").manifest
     assert m["source"]["format"] == fmt and m["format"] == "mlpackage" and m["precision"] == "fp16"
     assert m["chain"][0]["converter"] == "torch->coreml"

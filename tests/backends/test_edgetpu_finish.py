@@ -30,6 +30,7 @@ pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (p
 
 from edge.backends.litert.edgetpu import finish_bundle  # noqa: E402
 from edge.backends.litert.format import read_tflite  # noqa: E402
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def uncompiled(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     with pytest.MonkeyPatch.context() as mp:  # whatever this host has: no compiler on PATH
         mp.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
                                           if d and not (Path(d) / "edgetpu_compiler").exists()))
-        b = convert(models["tiny"], "coral-edgetpu", out, precision="int8", calib="random")
+        b = convert(models["tiny"], "coral-edgetpu", out, ConvertRequest(precision="int8", calib="random"))
     assert b.info.primary_artifact == "model.tflite" and not read_tflite(b.artifact).edgetpu_compiled
     return out
 
@@ -128,7 +129,7 @@ def test_converting_where_the_compiler_is_gives_the_same_layout(models: dict[str
                                                                compiler: Path, tmp_path: Path) -> None:
     from edge.pipeline import convert
 
-    b = convert(models["tiny"], "coral-edgetpu", tmp_path / "direct", precision="int8", calib="random")
+    b = convert(models["tiny"], "coral-edgetpu", tmp_path / "direct", ConvertRequest(precision="int8", calib="random"))
     d: Any = b.info.chain[-1].details
     assert b.info.primary_artifact == "model_edgetpu.tflite" and d["edgetpu_compiled"] and d["tpu_ops"] > 0
     assert d["finish_with"] is None and d["compiler_version"] == edgetpu_standin.VERSION

@@ -24,6 +24,7 @@ from conftest import assert_user_error, run_cli
 from edge import toolchains
 from edge.errors import CalibrationError, ConversionError
 from edge.spec import Calibration
+from edge.pipeline.request import ConvertRequest
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
@@ -52,8 +53,7 @@ def convert_tiny(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
             lines: list[str] = []
             tflite.set_progress(lines.append)
             try:
-                b = convert(models["tiny"], target, out / f"{target}-{precision}", precision=precision,
-                            calib="random" if precision == "int8" else None)
+                b = convert(models["tiny"], target, out / f"{target}-{precision}", ConvertRequest(precision=precision, calib="random" if precision == "int8" else None))
             finally:
                 tflite.set_progress(None)
             cache[key] = (b, lines)
@@ -182,12 +182,12 @@ def test_ops_tflite_cannot_express_are_named(toolchain: toolchains.ToolchainStat
                      [numpy_helper.from_array(np.zeros((1,), np.float32), "like")])
     with pytest.raises(ConversionError, match=r"^castlike\.onnx: target arm-xnnpack .*node 'castlike_0' \(CastLike\), "
                                               r"node 'castlike_1' \(CastLike\) — CastLike: onnx2tf 1.29.24 has no"):
-        convert(castlike, "arm-xnnpack", tmp_path / "b1", preprocess="none")
+        convert(castlike, "arm-xnnpack", tmp_path / "b1", ConvertRequest(preprocess="none"))
     # Det: TensorFlow has it, TFLite's builtin op set does not (it would need Flex)
     det = _onnx(tmp_path / "det.onnx", [helper.make_node("Det", ["x"], ["y"], name="det_0")],
                 [helper.make_tensor_value_info("x", f, [2, 3, 3])], [helper.make_tensor_value_info("y", f, [2])])
     with pytest.raises(ConversionError, match=r"cannot express tf.MatrixDeterminant \(from ONNX node det_0 \(Det\)\)"):
-        convert(det, "arm-xnnpack", tmp_path / "b2", preprocess="none")
+        convert(det, "arm-xnnpack", tmp_path / "b2", ConvertRequest(preprocess="none"))
     assert not (tmp_path / "b1").exists() and not (tmp_path / "b2").exists()
 
 
@@ -303,7 +303,7 @@ def test_erf_and_paddle_node_names_convert(toolchain: toolchains.ToolchainStatus
                    helper.make_node("Softmax", ["g"], ["y"], name="Softmax@0", axis=-1)],
                   [helper.make_tensor_value_info("x", f, [1, 64])], [helper.make_tensor_value_info("y", f, [1, 64])],
                   list(c.values()))
-    b = convert(model, "arm-xnnpack", tmp_path / "b", preprocess="none")
+    b = convert(model, "arm-xnnpack", tmp_path / "b", ConvertRequest(preprocess="none"))
     assert b.manifest["parity"]["passed"], b.manifest["parity"]
     details = b.manifest["chain"][-1]["details"]
     assert "Erf" in details["pseudo_operators"] and "max abs error 1.5e-7" in details["pseudo_operators"]["Erf"]

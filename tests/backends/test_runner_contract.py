@@ -35,6 +35,7 @@ from edge.backends.runner import RUNNERS
 from edge.backends.runner import Runner
 from edge.spec import TensorSpec
 from edge.targets import TargetProfile, load_targets
+from edge.pipeline.request import ConvertRequest
 
 RUNNER_NAMES = RUNNERS.names()
 _HARDWARE_KINDS = ("os", "arch", "nvidia-gpu")
@@ -94,14 +95,13 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path], tmp_path_facto
         from edge.llm.samples import build_tiny_llama
 
         precision = "q8_0" if "q8_0" in target.llm.precisions else target.llm.default_precision
-        bundle = convert(build_tiny_llama(tmp / "tiny-f16.gguf"), target, tmp / "bundle", precision=precision)
+        bundle = convert(build_tiny_llama(tmp / "tiny-f16.gguf"), target, tmp / "bundle", ConvertRequest(precision=precision))
     else:
         blocked = runnable_here(target) or "; ".join(conversion_problems(target))
         if blocked:
             pytest.skip(f"runner {name!r}: no target using it converts and runs on this host ({target.name}: {blocked})")
         precision = "fp32" if "fp32" in target.precisions else target.default_precision
-        bundle = convert(models["two_input"], target, tmp / "bundle", precision=precision, preprocess="none",
-                         calib=None if precision == "fp32" else "random")
+        bundle = convert(models["two_input"], target, tmp / "bundle", ConvertRequest(precision=precision, preprocess="none", calib=None if precision == "fp32" else "random"))
     assert bundle.manifest["runner"]["name"] == name
     return Case(name, target, bundle)
 

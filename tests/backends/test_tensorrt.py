@@ -27,6 +27,7 @@ from edge.verify.parity import reference_outputs
 from edge.backends.runner import RUNNERS
 from edge.backends.tensorrt.run import (FALLBACK_LABEL, TensorRTRunner, cache_decision, default_cache_dir, engine_key,
                                    engine_path, key_changes, missing_here, store_engine)
+from edge.pipeline.request import ConvertRequest
 
 TRT_MISSING = missing_here()
 needs_trt = pytest.mark.skipif(bool(TRT_MISSING), reason="hardware: no NVIDIA GPU/TensorRT: TensorRT engine build needs: " + "; ".join(TRT_MISSING))
@@ -44,8 +45,7 @@ def fp16_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def int8_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    return convert(models["tiny"], "jetson-orin", tmp_path_factory.mktemp("trt") / "b8", precision="int8",
-                   calib="random")
+    return convert(models["tiny"], "jetson-orin", tmp_path_factory.mktemp("trt") / "b8", ConvertRequest(precision="int8", calib="random"))
 
 
 def test_fp16_bundle_is_fp32_onnx_plus_build_settings(fp16_bundle: Bundle) -> None:

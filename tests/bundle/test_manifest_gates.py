@@ -24,6 +24,7 @@ from edge.verify.gates import check_gates, parity_verdict
 
 from tests.pipeline.test_convert import BrokenConverter
 from tests.test_targets import VALID
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def failed(models: dict[str, Path], tmp_path: Path) -> Iterator[Bundle]:
     (d / "broken.toml").write_text(VALID.format(name="broken").replace('chain = ["onnx->onnx"]',
                                                                        'chain = ["onnx->onnx-broken"]'))
     try:
-        yield convert(models["tiny"], "broken", tmp_path / "b", targets_dir=[d], accept_parity_failure=True)
+        yield convert(models["tiny"], "broken", tmp_path / "b", ConvertRequest(targets_dir=[d], accept_parity_failure=True))
     finally:
         CONVERTERS.unregister(BrokenConverter.name)
 

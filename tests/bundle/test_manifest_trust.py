@@ -31,6 +31,7 @@ pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (p
 from edge.backends.litert.run import EDGETPU_CUSTOM_OP, EDGETPU_LIBRARY_ENV, LiteRTRunner, edgetpu_library  # noqa: E402
 
 from tests.backends.test_litert import quantized_model  # noqa: E402
+from edge.pipeline.request import ConvertRequest
 
 MARKER_ENV = "EDGEKIT_TEST_CONSTRUCTOR_MARKER"
 CONSTRUCTOR = Template(r"""
@@ -140,7 +141,7 @@ def test_a_profile_cannot_put_a_library_into_bundles(models: dict[str, Path], tm
                                                                                           'name = "mine"')
     (targets / "mine.toml").write_text(text.replace("[run.options]", '[run.options]\ncustom_ops_library = "/tmp/x.so"'))
     with pytest.raises(TargetError, match="custom_ops_library name a file, library or command"):
-        convert(models["tiny"], "mine", tmp_path / "out", targets_dir=[targets])
+        convert(models["tiny"], "mine", tmp_path / "out", ConvertRequest(targets_dir=[targets]))
     assert not (tmp_path / "out").exists()
 
 

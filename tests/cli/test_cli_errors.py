@@ -18,6 +18,7 @@ from edge.pipeline import convert
 from edge.deploy import DeviceStore, ship
 from edge.video.sources import write_synthetic_clip
 from tests.conftest import REPO, assert_user_error, run_cli
+from edge.pipeline.request import ConvertRequest
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -74,7 +75,7 @@ def ws(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Pat
     (d / "targets").mkdir()
     profile = (REPO / "targets" / "x86-cpu.toml").read_text().replace('mixed_precision = "auto"', 'mixed_precision = "off"')
     (d / "targets" / "x86-cpu.toml").write_text(profile)
-    b = convert(d / "tiny.onnx", "x86-cpu", d / "bundle", parity_samples=2)
+    b = convert(d / "tiny.onnx", "x86-cpu", d / "bundle", ConvertRequest(parity_samples=2))
     ship(b, d / "store")  # current set, no previous
     broken = {"no-manifest": None, "bad-manifest": "{not json", "no-artifact": ""}
     for name, manifest in broken.items():

@@ -8,6 +8,7 @@ their size."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import socket
@@ -26,7 +27,8 @@ from conftest import REPO, assert_user_error, run_cli, wait_for
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.capabilities import cpu_isa
-from edge.tune.remote import ArtifactServer, DeviceLink, tune_on_device
+from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
+from edge.tune.search import TuneOptions
 
 FLEET, DEVICE = "lab", "dev-1"
 SHA = "ab" * 32
@@ -324,14 +326,13 @@ def test_device_with_a_trust_store_measures_signed_trials_only(mqtt: Any, models
     keys = tmp_path / "keys"
     key = generate_key("builder", keys)
     TrustStore(tmp_path / "trust").add_key(key.public_path.read_bytes(), "builder")
-    kw: dict[str, Any] = dict(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu",
-                              cache=work / "tune" / "cache", runners=["onnxruntime"], precisions=["fp32"],
-                              threads=[1], max_trials=1, schedule=Schedule(reps=2, iters=5, warmup=1),
-                              serve="127.0.0.1:0", pictures=False)
+    remote = DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0")
+    opts = TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime"], precisions=["fp32"], threads=[1],
+                       max_trials=1, schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False)
     with agent_process(mqtt.url, tmp_path / "dev2", "dev-2", "--trust-dir", str(tmp_path / "trust")):
-        unsigned = tune_on_device(models["tiny"], "dev-2", out=tmp_path / "o1", **kw)
-        signed = tune_on_device(models["tiny"], "dev-2", out=tmp_path / "o2", sign_key="builder", keys_dir=keys,
-                                **kw)
+        unsigned = tune_on_device(models["tiny"], "dev-2", remote, options=dataclasses.replace(opts, out=tmp_path / "o1"))
+        signed = tune_on_device(models["tiny"], "dev-2", dataclasses.replace(remote, sign_key="builder", keys_dir=keys),
+                                options=dataclasses.replace(opts, out=tmp_path / "o2"))
     assert unsigned.converted == 0 and signed.converted == 0  # the first test's cache
     (t,) = unsigned.trials
     assert unsigned.winner is None and "unsigned" in t["status"] and t.get("result") is None, t["status"]
@@ -345,11 +346,10 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
     from edge.tune.search import Schedule
     from edge.tune.measure import trial_score
 
-    kw: dict[str, Any] = dict(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu",
-                              cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"],
-                              precisions=["fp32"], threads=[1], schedule=Schedule(reps=2, iters=5, warmup=1),
-                              serve="127.0.0.1:0", pictures=False, out=tmp_path / "o")
-    r = tune_on_device(models["tiny"], DEVICE, **kw)
+    remote = DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0")
+    opts = TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"], precisions=["fp32"],
+                       threads=[1], schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False, out=tmp_path / "o")
+    r = tune_on_device(models["tiny"], DEVICE, remote, options=opts)
     assert r.converted == 0 and len(r.trials) == 4  # the first test's cache: two recipes, four configurations
     # 4 trials: a short rung for all, the best 3 (at least eta) at full length; one request per rung
     assert r.device["rungs"] == ["0:2x6", "1:2x5"] and r.device["requests"] == 2 and r.measured == 4 + 3
@@ -370,7 +370,7 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
     cut = finalists[0]["id"]
     del study["trials"][cut]["rungs"]["1:2x5"]
     (tmp_path / "o" / "study.json").write_text(json.dumps(study))
-    r2 = tune_on_device(models["tiny"], DEVICE, **kw)
+    r2 = tune_on_device(models["tiny"], DEVICE, remote, options=opts)
     sid2 = r2.device["study_id"]
     log = agent["log"].read_text()
     assert f"tune {sid2}-r1: 1 trials, latency, 2x5" in log and f"tune {sid2}-r0" not in log
@@ -384,7 +384,7 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
     study = json.loads((tmp_path / "o" / "study.json").read_text())
     (tmp_path / "o" / "study.json").write_text(json.dumps({**study, "device": f"{FLEET}/dev-9"}))
     with pytest.raises(EdgeError, match=f"made for device '{FLEET}/dev-9', this run is '{FLEET}/{DEVICE}'"):
-        tune_on_device(models["tiny"], DEVICE, **kw)
+        tune_on_device(models["tiny"], DEVICE, remote, options=opts)
 
 
 def test_a_runner_the_device_lacks_is_pruned_with_its_reason_before_any_download(
@@ -393,10 +393,7 @@ def test_a_runner_the_device_lacks_is_pruned_with_its_reason_before_any_download
 
     steps: list[str] = []
     with agent_process(mqtt.url, tmp_path / "dev3", "dev-3", lacking=("openvino",)) as dev:
-        r = tune_on_device(models["tiny"], "dev-3", broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET,
-                           target="x86-cpu", cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"],
-                           precisions=["fp32"], threads=[1], max_trials=2, schedule=Schedule(reps=2, iters=5, warmup=1),
-                           serve="127.0.0.1:0", pictures=False, out=tmp_path / "o", on_step=steps.append)
+        r = tune_on_device(models["tiny"], "dev-3", DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0"), options=TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"], precisions=["fp32"], threads=[1], max_trials=2, schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False, out=tmp_path / "o"), on_step=steps.append)
     (ov,) = [t for t in r.trials if t["runner"] == "openvino"]
     assert ov["status"].startswith("pruned on the device: runner openvino cannot run on this device: Python "
                                    "package providing 'openvino' is not installed"), ov["status"]

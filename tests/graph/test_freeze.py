@@ -3,6 +3,7 @@ Silero VAD from the corpus: what is inlined, what stays, what is refused, and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from edge.graph.lower import lower_lstm, needs_lowering
 from edge.graph.model import io_spec, load_onnx, resolve_static_inputs
 from tests.corpus import corpus_model
 from tests.graph.test_graphs import SHAPES, build_lstm_state, build_vad_like
+from edge.pipeline.request import ConvertRequest
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -119,8 +121,7 @@ def test_silero_freezes_and_converts_for_openvino(tmp_path: Path) -> None:
     from edge.pipeline import convert
 
     path = corpus_model("silero-vad")
-    convert(path, "intel-igpu", tmp_path / "b", precision="fp32", input_shapes={"input": (1, 512), "state": (2, 1, 128)},
-            freeze={"sr": "16000"})
+    convert(path, "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", input_shapes={"input": (1, 512), "state": (2, 1, 128)}, freeze={"sr": "16000"}))
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     fz = m["source"]["frozen"]
     assert fz["inputs"] == [{"name": "sr", "dtype": "int64", "shape": [], "value": [16000.0]}]
@@ -135,7 +136,7 @@ def test_freeze_input_on_a_non_onnx_source_is_refused(tmp_path: Path) -> None:
 
     path = corpus_model("face-detection")
     with pytest.raises(InputFileError, match="--freeze-input fixes inputs of an ONNX graph"):
-        convert(path, "arm-xnnpack", tmp_path / "b", freeze={"x": "1"})
+        convert(path, "arm-xnnpack", tmp_path / "b", ConvertRequest(freeze={"x": "1"}))
 
 
 def test_an_lstm_given_its_state_converts_for_litert(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_an_lstm_given_its_state_converts_for_litert(tmp_path: Path) -> None:
     if not toolchains.status("tflite").usable:
         pytest.skip("the tflite toolchain is not installed: edgekit toolchain install tflite")
     path = build_lstm_state(tmp_path / "lstm_state.onnx")
-    convert(path, "arm-xnnpack", tmp_path / "b", precision="fp32", input_shapes=SHAPES["lstm_state"], preprocess="none")
+    convert(path, "arm-xnnpack", tmp_path / "b", ConvertRequest(precision="fp32", input_shapes=SHAPES["lstm_state"], preprocess="none"))
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert m["parity"]["passed"] and m["chain"][0]["details"]["lowered"] == {"LSTM": 1}
 
@@ -155,17 +156,18 @@ def test_an_lstm_given_its_state_converts_for_litert(tmp_path: Path) -> None:
 def test_tune_trials_convert_the_frozen_graph(tmp_path: Path) -> None:
     """edgekit tune --freeze-input: every trial converts the graph with sr fixed (OpenVINO cannot take its Ifs
     otherwise); a value the graph cannot run with at these shapes is one line, not a traceback."""
-    from edge.tune.search import Schedule, tune
+    from edge.tune.search import Schedule, TuneOptions, tune
 
     path = build_vad_like(tmp_path / "vad_like.onnx")
-    kw: dict[str, Any] = dict(runners=["openvino"], precisions=["fp32"], threads=[1], input_shapes=SHAPES["vad_like"],
-                              preprocess="none", pictures=False, schedule=Schedule(reps=2, iters=5, warmup=1),
-                              parity_samples=4)
-    res = tune(path, "intel-igpu", out=tmp_path / "t", freeze={"sr": "16000"}, **kw)
+    req = ConvertRequest(input_shapes=SHAPES["vad_like"], preprocess="none", parity_samples=4)
+    opts = TuneOptions(runners=["openvino"], precisions=["fp32"], threads=[1], pictures=False,
+                       schedule=Schedule(reps=2, iters=5, warmup=1))
+    res = tune(path, "intel-igpu", req.replace(freeze={"sr": "16000"}), dataclasses.replace(opts, out=tmp_path / "t"))
     assert res.winner is not None, res.summary()
     # sr = 8000 picks the 256-sample branch: two frames of the 512-sample window, which its LSTM cannot take. Each
     # trial says so in one line, and none reuses the sr=16000 conversions (the frozen values are in the recipe)
-    bad = tune(path, "intel-igpu", out=tmp_path / "t2", freeze={"sr": "8000"}, cache=tmp_path / "t" / "cache", **kw)
+    bad = tune(path, "intel-igpu", req.replace(freeze={"sr": "8000"}),
+               dataclasses.replace(opts, out=tmp_path / "t2", cache=tmp_path / "t" / "cache"))
     assert bad.winner is None and bad.trials
     for t in bad.trials:
         assert t["status"].startswith("conversion failed: vad_like.onnx does not run with sr=8000 at these input "

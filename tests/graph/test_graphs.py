@@ -21,6 +21,7 @@ from edge.errors import ConversionError, EdgeError, ModelError
 from edge.graph.model import (KEPT_DYNAMIC_KEY, describe_ort_error, io_spec, kept_dynamic, load_onnx, make_static,
                             resolve_static_inputs, save_onnx, walk_nodes)
 from edge.graph.opsupport import check_ops, rules
+from edge.pipeline.request import ConvertRequest
 
 REPO = Path(__file__).resolve().parents[2]
 SILERO = REPO / "examples" / "models" / "silero_vad.onnx"
@@ -338,7 +339,7 @@ def _convert(model: Path, target: str, out: Path, shapes: dict[str, tuple[int, .
              calib: Path | None = None) -> dict[str, Any]:
     from edge.pipeline import convert
 
-    b = convert(model, target, out, precision=precision, input_shapes=shapes, calib=calib, preprocess="none")
+    b = convert(model, target, out, ConvertRequest(precision=precision, input_shapes=shapes, calib=calib, preprocess="none"))
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     assert manifest["parity"]["passed"] is True, manifest["parity"]
     assert b is not None

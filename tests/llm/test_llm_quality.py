@@ -29,6 +29,7 @@ from edge.llm.samples import build_tiny_llama
 from edge.pipeline import convert
 from edge.verify.refpairs import (REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
                            write_reference_pairs)
+from edge.pipeline.request import ConvertRequest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
 
@@ -40,7 +41,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def q8(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    return convert(tiny, "x86-cpu", tmp_path_factory.mktemp("q8") / "b", precision="q8_0")
+    return convert(tiny, "x86-cpu", tmp_path_factory.mktemp("q8") / "b", ConvertRequest(precision="q8_0"))
 
 
 # -- the text -----------------------------------------------------------------------------------------
@@ -113,17 +114,17 @@ def test_user_eval_text(tiny: Path, tmp_path: Path) -> None:
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("Gr\xfc\xdfe aus K\xf6ln, ".encode("latin-1") * 20)
     with pytest.raises(InputFileError, match="latin1.txt is not UTF-8"):
-        convert(tiny, "x86-cpu", tmp_path / "x", precision="q8_0", eval_text=latin1)
+        convert(tiny, "x86-cpu", tmp_path / "x", ConvertRequest(precision="q8_0", eval_text=latin1))
     short = tmp_path / "short.txt"
     short.write_text("hi", encoding="utf-8")
     with pytest.raises(InputFileError, match="short.txt gives .* tokens .* at least 16"):
-        convert(tiny, "x86-cpu", tmp_path / "x", precision="q8_0", eval_text=short)
+        convert(tiny, "x86-cpu", tmp_path / "x", ConvertRequest(precision="q8_0", eval_text=short))
     assert not (tmp_path / "x").exists()
 
 
 def test_model_without_a_usable_tokenizer_is_gated_on_random_ids_and_says_so(tmp_path: Path) -> None:
     none = build_tiny_llama(tmp_path / "none.gguf", vocab="none")
-    b = convert(none, "x86-cpu", tmp_path / "b", precision="q8_0")
+    b = convert(none, "x86-cpu", tmp_path / "b", ConvertRequest(precision="q8_0"))
     gate = b.manifest["parity"]
     ev = gate["eval"]
     assert ev["origin"] == "random" and gate["tokens"] == 256, gate
@@ -140,7 +141,7 @@ def test_model_without_a_usable_tokenizer_is_gated_on_random_ids_and_says_so(tmp
     mine = tmp_path / "mine.txt"
     mine.write_text("plain words " * 50, encoding="utf-8")
     with pytest.raises(ModelError, match="none.gguf on mine.txt: the model's tokenizer could not tokenize text"):
-        convert(none, "x86-cpu", tmp_path / "x", precision="q8_0", eval_text=mine)
+        convert(none, "x86-cpu", tmp_path / "x", ConvertRequest(precision="q8_0", eval_text=mine))
 
 
 def test_eval_text_is_for_gguf_only(models: dict[str, Path], tmp_path: Path) -> None:
@@ -148,7 +149,7 @@ def test_eval_text_is_for_gguf_only(models: dict[str, Path], tmp_path: Path) -> 
     mine.write_text("plain words " * 50, encoding="utf-8")
     onnx = models["tiny"]
     with pytest.raises(EdgeError, match="--eval-text"):
-        convert(onnx, "x86-cpu", tmp_path / "x", precision="fp32", eval_text=mine)
+        convert(onnx, "x86-cpu", tmp_path / "x", ConvertRequest(precision="fp32", eval_text=mine))
 
 
 # -- the KL estimate the device uses --------------------------------------------------------------------
@@ -267,7 +268,7 @@ def test_manifest_refuses_tensor_limits_on_llm_pairs(q8: Bundle, tmp_path: Path)
 
 
 def test_shipped_gguf_carries_pairs_from_itself(tiny: Path, tmp_path: Path) -> None:
-    q4 = convert(tiny, "x86-cpu", tmp_path / "q4", precision="q4_0", accept_parity_failure=True)
+    q4 = convert(tiny, "x86-cpu", tmp_path / "q4", ConvertRequest(precision="q4_0", accept_parity_failure=True))
     src = Path(shutil.copyfile(q4.artifact, tmp_path / "tiny-q4_0.gguf"))
     b = convert(src, "x86-cpu", tmp_path / "keep")
     m = b.manifest

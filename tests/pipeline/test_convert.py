@@ -17,13 +17,14 @@ from edge.errors import CalibrationError, MissingDependencyError, ModelError, Pa
 from edge.targets import get_target
 
 from tests.test_targets import VALID
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int8-dynamic"])
 def test_x86_cpu_precisions(models: dict[str, Path], tmp_path: Path, precision: str) -> None:
     out = tmp_path / "b"
     calib = "random" if precision == "int8" else None
-    b = convert(models["tiny"], "x86-cpu", out, precision=precision, calib=calib)
+    b = convert(models["tiny"], "x86-cpu", out, ConvertRequest(precision=precision, calib=calib))
     m = b.manifest
     assert m["precision"] == precision and m["target"]["name"] == "x86-cpu"
     assert m["parity"]["passed"] is True, m["parity"]
@@ -53,19 +54,19 @@ def test_same_input_same_bundle_id(models: dict[str, Path], tmp_path: Path) -> N
 
 def test_int8_refused_without_calibration(models: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="--calib random"):
-        convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="int8")
+        convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8"))
     assert not (tmp_path / "b").exists()
 
 
 def test_precision_the_target_does_not_allow(models: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(PrecisionError, match="does not allow precision 'int4'"):
-        convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="int4")
+        convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int4"))
 
 
 def test_dynamic_model_needs_shape_then_converts(models: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="--input-shape input="):
         convert(models["tiny_dynamic"], "x86-cpu", tmp_path / "b")
-    b = convert(models["tiny_dynamic"], "x86-cpu", tmp_path / "b", input_shapes={"input": (2, 3, 32, 32)})
+    b = convert(models["tiny_dynamic"], "x86-cpu", tmp_path / "b", ConvertRequest(input_shapes={"input": (2, 3, 32, 32)}))
     assert b.io.inputs[0].shape == (2, 3, 32, 32) and b.io.outputs[0].shape == (2, 10)
 
 
@@ -78,7 +79,7 @@ def test_multi_input_model_with_npz_calibration(models: dict[str, Path], tmp_pat
     for i in range(32):
         np.savez(calib / f"{i}.npz", image=rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
                  scale=rng.uniform(0.5, 1.5, (1, 4)).astype(np.float32))
-    b = convert(models["two_input"], "x86-cpu", tmp_path / "b", precision="int8", calib=calib)
+    b = convert(models["two_input"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8", calib=calib))
     assert b.manifest["calibration"]["kind"] == "tensors" and b.manifest["parity"]["inputs"] == "calibration (tensors)"
     assert [o["name"] for o in b.manifest["parity"]["outputs"]] == ["features", "embedding"]
     prov = b.manifest["parity"]["input_provenance"]
@@ -90,7 +91,7 @@ def test_existing_output_needs_force(models: dict[str, Path], tmp_path: Path) ->
     first = convert(models["tiny"], "x86-cpu", out)
     with pytest.raises(Exception, match="already exists"):
         convert(models["tiny"], "x86-cpu", out)
-    again = convert(models["tiny"], "x86-cpu", out, precision="fp16", force=True)
+    again = convert(models["tiny"], "x86-cpu", out, ConvertRequest(precision="fp16"), force=True)
     assert again.precision == "fp16" and first.path == again.path
 
 
@@ -124,13 +125,13 @@ def broken_target(tmp_path: Path):
 def test_parity_failure_stops_and_writes_nothing(models: dict[str, Path], tmp_path: Path, broken_target: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(ParityError, match="parity failed for broken fp32: logits: mean cosine") as e:
-        convert(models["tiny"], "broken", out, targets_dir=[broken_target])
+        convert(models["tiny"], "broken", out, ConvertRequest(targets_dir=[broken_target]))
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
     assert e.value.report is not None and not e.value.report.passed
 
 
 def test_parity_failure_accepted_is_recorded(models: dict[str, Path], tmp_path: Path, broken_target: Path) -> None:
-    b = convert(models["tiny"], "broken", tmp_path / "out", targets_dir=[broken_target], accept_parity_failure=True)
+    b = convert(models["tiny"], "broken", tmp_path / "out", ConvertRequest(targets_dir=[broken_target], accept_parity_failure=True))
     assert b.manifest["parity"]["passed"] is False and b.manifest["parity"]["accepted_failure"] is True
     assert b.manifest["chain"][0]["converter"] == "onnx->onnx-broken"
 

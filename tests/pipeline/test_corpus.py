@@ -177,14 +177,12 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
         if key not in done:
             m = CORPUS[name]
             path = corpus_model(name)
-            kwargs: dict[str, Any] = m.convert_kwargs(target)
-            if precision.startswith("int8"):
-                kwargs["calib"] = "random"
-            if m.source_format == "gguf" and precision != "keep":
-                kwargs["allow_requantize"] = True
+            request = m.convert_request(target).replace(
+                precision=precision, calib="random" if precision.startswith("int8") else None,
+                allow_requantize=m.source_format == "gguf" and precision != "keep")
             t0 = time.monotonic()
             try:
-                out = Outcome(bundle=convert(path, target, root / "-".join(key), precision=precision, **kwargs))
+                out = Outcome(bundle=convert(path, target, root / "-".join(key), request))
             except Exception as e:  # noqa: BLE001 - every outcome is recorded; the test judges it
                 out = Outcome(error=e)
             if out.bundle is not None and out.bundle.kind != "llm":  # (GGUF: seconds of llama.cpp; test_llm*)

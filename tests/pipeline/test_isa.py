@@ -14,6 +14,7 @@ import numpy as np
 from edge.capabilities import cpu_isa, parse_cpuinfo
 from edge.pipeline import convert
 from edge.verify.parity import host_notes
+from edge.pipeline.request import ConvertRequest
 
 # Trimmed /proc/cpuinfo of the two CPU kinds CI lands on (flags as the kernel prints them).
 ZEN2 = """processor\t: 0
@@ -59,7 +60,7 @@ def test_manifest_records_the_build_cpu_and_the_int8_kernel(models: dict[str, Pa
     rng = np.random.default_rng(0)
     for i in range(32):  # a quarter is held out of calibration for parity: 8 samples, not 2
         np.save(calib / f"{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="int8", calib=calib)
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8", calib=calib))
     isa = cpu_isa()
     assert b.manifest["build_host"]["cpu"] == isa.to_json()
     par = b.manifest["parity"]

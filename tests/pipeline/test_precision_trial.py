@@ -15,6 +15,7 @@ from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.pipeline.precision_trial import trial_wanted, try_fast_precision
 from edge.verify.refpairs import check_reference_pairs
+from edge.pipeline.request import ConvertRequest
 
 CAPS = optimization_capabilities(ov_core(), "CPU")
 NEEDS_BF16 = pytest.mark.skipif("BF16" not in CAPS, reason="hardware: this CPU's OpenVINO plugin does not list "
@@ -52,7 +53,7 @@ def test_fast_option_reads_back_what_the_cpu_can(models: dict[str, Path]) -> Non
 
 
 def test_convert_records_the_trial_only_where_bf16_exists(models: dict[str, Path], tmp_path: Path) -> None:
-    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", parity_samples=8))
     trials = b.manifest["parity"].get("precision_trials", [])
     option = b.info.runner.options_dict.get("inference_precision")
     if "BF16" not in CAPS:  # no evidence, no bf16: the bundle stays f32 on every CPU
@@ -65,7 +66,7 @@ def test_convert_records_the_trial_only_where_bf16_exists(models: dict[str, Path
 @NEEDS_BF16
 def test_bf16_that_passes_is_used_and_rechecked_by_the_reference_pairs(models: dict[str, Path],
                                                                        tmp_path: Path) -> None:
-    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", parity_samples=8))
     assert b.manifest["parity"]["precision_trials"][0]["passed"] is True
     assert b.info.runner.options_dict["inference_precision"] == "fast"
     with b.open_runner() as r:
@@ -80,7 +81,7 @@ def test_bf16_that_passes_is_used_and_rechecked_by_the_reference_pairs(models: d
 def test_bf16_that_fails_parity_keeps_f32(models: dict[str, Path], tmp_path: Path) -> None:
     """A reference the bf16 outputs cannot meet (shifted at ~12 dB SNR, under bf16's 18 dB): the trial is
     recorded as failed and the runner options stay "bundle" (f32 on every CPU)."""
-    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", precision="fp32", parity_samples=8)
+    b = convert(models["tiny"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", parity_samples=8))
     manifest = {**b.manifest, "runner": {"name": "openvino", "options": {"device": ["CPU"]}},
                 "parity": {**b.manifest["parity"], "precision_trials": []}}
     rng = np.random.default_rng(0)

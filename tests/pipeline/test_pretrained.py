@@ -28,6 +28,7 @@ from edge.verify.parity import reference_outputs
 from edge.preprocess import Preprocessor, read_image
 from edge.graph.samples import write_text_line_images
 from tests.conftest import REPO
+from edge.pipeline.request import ConvertRequest
 
 MODEL = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL.name} missing: run python examples/fetch_pretrained.py")
@@ -54,8 +55,7 @@ def text_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Pat
 def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text_lines: tuple[Path, list[Path]],
                                                tmp_path: Path) -> None:
     calib, held_out = text_lines
-    b = convert(MODEL, target, tmp_path / "b", precision=precision, calib=calib if precision == "int8" else None,
-                input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr")
+    b = convert(MODEL, target, tmp_path / "b", ConvertRequest(precision=precision, calib=calib if precision == "int8" else None, input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr"))
     par = b.manifest["parity"]
     assert par["passed"], par
     pre = Preprocessor(b.preprocess)

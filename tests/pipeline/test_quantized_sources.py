@@ -14,6 +14,7 @@ from edge.graph.quantized import quantization_of
 from edge.pipeline import convert
 from tests.conftest import assert_user_error, run_cli
 from tests.next_models import quantized, regressor
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_its_own_quantization_is_kept_and_recorded(qmodels: dict[str, Path], tmp
     """Before: QDQ with --precision int8 failed in onnxruntime's quantizer ('produced an invalid model: two nodes
     with same node name'); QOperator could not be loaded (no U8U8 QGemm kernel under x64quantprecision); the
     dynamic encoder was quantized a second time."""
-    b = convert(qmodels[scheme], "x86-cpu", tmp_path / "out", precision=precision)
+    b = convert(qmodels[scheme], "x86-cpu", tmp_path / "out", ConvertRequest(precision=precision))
     own = "int8-dynamic" if scheme == "dynamic" else "int8"
     assert b.precision == own and b.manifest["parity"]["passed"] is True
     assert b.manifest["source"]["precision"] == own and b.manifest["source"]["quantized"].startswith(scheme)
@@ -54,7 +55,7 @@ def test_its_own_quantization_is_kept_and_recorded(qmodels: dict[str, Path], tmp
 
 def test_a_float_precision_is_refused_in_one_line(qmodels: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(PrecisionError, match="already quantized \\(int8\\); its float weights are not in the file"):
-        convert(qmodels["QDQ"], "x86-cpu", tmp_path / "out", precision="fp32")
+        convert(qmodels["QDQ"], "x86-cpu", tmp_path / "out", ConvertRequest(precision="fp32"))
     p = run_cli("convert", str(qmodels["dynamic"]), "-t", "x86-cpu", "-p", "fp16", "-o", str(tmp_path / "o"))
     assert_user_error(p, "already quantized (int8-dynamic)", "cannot make it fp16", "--precision keep")
     p = run_cli("convert", str(qmodels["dynamic"]), "-t", "intel-igpu", "-o", str(tmp_path / "o2"))

@@ -26,6 +26,7 @@ from edge.pipeline.plan import runnable_here
 from edge.verify.refpairs import check_reference_pairs
 from edge.targets import get_target
 from tests.conftest import REPO, assert_user_error, run_cli
+from edge.pipeline.request import ConvertRequest
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
@@ -67,8 +68,7 @@ def tflite_toolchain() -> None:
 def int8_bundle(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tiny CNN as a full-integer int8 TFLite (float I/O through QUANTIZE/DEQUANTIZE, as
     TFLiteConverter makes with a representative dataset), inside an arm-xnnpack bundle."""
-    return convert(models["tiny"], "arm-xnnpack", tmp_path_factory.mktemp("int8") / "b", precision="int8",
-                   calib="random")
+    return convert(models["tiny"], "arm-xnnpack", tmp_path_factory.mktemp("int8") / "b", ConvertRequest(precision="int8", calib="random"))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def int8_tflite(int8_bundle: Any, tmp_path_factory: pytest.TempPathFactory) -> P
 def dynamic_tflite(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny CNN with int8 weights and float compute (dynamic-range quantization)."""
     d = tmp_path_factory.mktemp("dyn")
-    b = convert(models["tiny"], "arm-xnnpack", d / "b", precision="int8-dynamic")
+    b = convert(models["tiny"], "arm-xnnpack", d / "b", ConvertRequest(precision="int8-dynamic"))
     return Path(shutil.copyfile(b.artifact, d / "tiny_dynamic.tflite"))
 
 
@@ -117,11 +117,11 @@ def test_pretrained_tflite_ships_as_it_is_to_arm_xnnpack(face: Path, tmp_path: P
 
 def test_float_tflite_cannot_be_made_int8(face: Path, tmp_path: Path) -> None:
     with pytest.raises(PrecisionError) as e:
-        convert(face, "arm-xnnpack", tmp_path / "b", precision="int8")
+        convert(face, "arm-xnnpack", tmp_path / "b", ConvertRequest(precision="int8"))
     msg = str(e.value)
     assert FACE.name in msg and "fp16" in msg and "int8" in msg and "bring the model's ONNX" in msg, msg
     assert "\n" not in msg and not (tmp_path / "b").exists()
-    b = convert(face, "arm-xnnpack", tmp_path / "keep", precision="keep")  # its own precision, said explicitly
+    b = convert(face, "arm-xnnpack", tmp_path / "keep", ConvertRequest(precision="keep"))  # its own precision, said explicitly
     assert b.precision == "fp16"
 
 
@@ -216,7 +216,7 @@ def irs(ppocr: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 @pytest.mark.parametrize("kind", ["fp32", "fp16"])
 def test_openvino_ir_ships_to_intel_igpu(irs: dict[str, Path], kind: str, tmp_path: Path) -> None:
-    b = convert(irs[kind], "intel-igpu", tmp_path / "b", preprocess="ppocr")
+    b = convert(irs[kind], "intel-igpu", tmp_path / "b", ConvertRequest(preprocess="ppocr"))
     m = b.manifest
     assert m["chain"] == [] and m["source"]["route"].startswith("shipped as it is") and m["format"] == "openvino-ir"
     assert m["precision"] == m["source"]["precision"] == kind  # read from the IR's weights
@@ -238,7 +238,7 @@ def test_fp16_ir_is_half_the_fp32_one(irs: dict[str, Path]) -> None:
 
 def test_openvino_ir_precision_cannot_change(irs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(PrecisionError, match="cls.xml .* in its own precision fp32; edgekit cannot make it int8"):
-        convert(irs["fp32"], "intel-igpu", tmp_path / "b", precision="int8")
+        convert(irs["fp32"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="int8"))
 
 
 def test_dynamic_ir_needs_input_shape(irs: dict[str, Path], tmp_path: Path) -> None:
@@ -246,8 +246,8 @@ def test_dynamic_ir_needs_input_shape(irs: dict[str, Path], tmp_path: Path) -> N
         convert(irs["dynamic"], "intel-igpu", tmp_path / "b")
     assert "cls.xml" in str(e.value) and "--input-shape x=1,3,H,W" in str(e.value), str(e.value)
     with pytest.raises(ModelError, match="does not fit"):
-        convert(irs["dynamic"], "intel-igpu", tmp_path / "b", input_shapes={"x": (1, 4, 48, 192)})
-    b = convert(irs["dynamic"], "intel-igpu", tmp_path / "b", input_shapes=PPOCR_SHAPE, preprocess="ppocr")
+        convert(irs["dynamic"], "intel-igpu", tmp_path / "b", ConvertRequest(input_shapes={"x": (1, 4, 48, 192)}))
+    b = convert(irs["dynamic"], "intel-igpu", tmp_path / "b", ConvertRequest(input_shapes=PPOCR_SHAPE, preprocess="ppocr"))
     assert b.manifest["io"]["inputs"][0]["shape"] == [1, 3, 48, 192] and b.manifest["parity"]["passed"] is True
 
 
@@ -271,7 +271,7 @@ def test_ir_refused_for_other_targets(irs: dict[str, Path], tmp_path: Path) -> N
 def test_jetson_orin_parity_through_the_onnxruntime_proxy(ppocr: Path, tmp_path: Path) -> None:
     if runnable_here(get_target("jetson-orin")) is None:
         pytest.skip("hardware: NVIDIA GPU and TensorRT present: parity ran on TensorRT itself, not the host proxy")
-    b = convert(ppocr, "jetson-orin", tmp_path / "b", input_shapes=PPOCR_SHAPE, preprocess="ppocr")
+    b = convert(ppocr, "jetson-orin", tmp_path / "b", ConvertRequest(input_shapes=PPOCR_SHAPE, preprocess="ppocr"))
     par = b.manifest["parity"]
     assert par["passed"] is True and par["samples"] == 32, par
     assert par["candidate"]["runtime"].startswith("onnxruntime")
@@ -289,7 +289,7 @@ def q4_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("gguf")
     f16 = build_tiny_llama(d / "tiny-f16.gguf")
     # random weights fail q4_0's quality gate (tests/llm/test_llm.py); the file is what matters here
-    b = convert(f16, "x86-cpu", d / "q4", precision="q4_0", accept_parity_failure=True)
+    b = convert(f16, "x86-cpu", d / "q4", ConvertRequest(precision="q4_0", accept_parity_failure=True))
     return Path(shutil.copyfile(b.artifact, d / "tiny-q4_0.gguf"))
 
 
@@ -305,7 +305,7 @@ def test_prequantized_gguf_ships_as_it_is(q4_gguf: Path, tmp_path: Path) -> None
 
 def test_prequantized_gguf_is_not_requantized_unless_asked(q4_gguf: Path, tmp_path: Path) -> None:
     with pytest.raises(PrecisionError) as e:
-        convert(q4_gguf, "x86-cpu", tmp_path / "b", precision="q8_0")
+        convert(q4_gguf, "x86-cpu", tmp_path / "b", ConvertRequest(precision="q8_0"))
     msg = str(e.value)
     assert "q4_0" in msg and "--allow-requantize" in msg and "--precision keep" in msg, msg
     assert not (tmp_path / "b").exists()
@@ -317,7 +317,7 @@ def test_requantize_is_gated_against_the_quantized_source(q4_gguf: Path, tmp_pat
     from edge.llm.evaltext import eval_windows
     from edge.llm.quality import compare_gguf
 
-    b = convert(q4_gguf, "x86-cpu", tmp_path / "b", precision="q8_0", allow_requantize=True)
+    b = convert(q4_gguf, "x86-cpu", tmp_path / "b", ConvertRequest(precision="q8_0", allow_requantize=True))
     m = b.manifest
     assert m["precision"] == "q8_0" and m["chain"][0]["details"]["source_type"] == "Q4_0"
     assert m["chain"][0]["details"]["dominant_type"] == "Q8_0"

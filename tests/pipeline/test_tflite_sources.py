@@ -19,6 +19,7 @@ from edge import toolchains
 from edge.backends.converter import ConversionRequest
 from edge.errors import ConversionError
 from edge.spec import IOSpec, TensorSpec
+from edge.pipeline.request import ConvertRequest
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 FACE = MODELS / "face_detection_short_range.tflite"
@@ -246,7 +247,7 @@ def test_openvino_converts_the_lowered_selfie(tmp_path: Path) -> None:
 def test_face_detection_for_intel_igpu(tmp_path: Path, precision: str, weights: set[str]) -> None:
     from edge.pipeline import convert
 
-    b = convert(FACE, "intel-igpu", tmp_path / "b", precision=precision)
+    b = convert(FACE, "intel-igpu", tmp_path / "b", ConvertRequest(precision=precision))
     m = b.manifest
     assert [c["converter"] for c in m["chain"]] == ["tflite->openvino-ir"]
     assert set(m["chain"][0]["details"]["weight_element_types"]) == weights
@@ -267,7 +268,7 @@ def test_face_detection_for_x86_cpu_through_tf2onnx(tmp_path: Path) -> None:
     _needs_tf2onnx()
     from edge.pipeline import convert
 
-    b = convert(FACE, "x86-cpu", tmp_path / "b", precision="fp32")
+    b = convert(FACE, "x86-cpu", tmp_path / "b", ConvertRequest(precision="fp32"))
     m = b.manifest
     assert [c["converter"] for c in m["chain"]] == ["tflite->onnx", "onnx->onnx"]
     assert m["chain"][0]["tool_versions"]["tf2onnx"] == "1.17.0"
@@ -332,7 +333,7 @@ def test_face_detection_fp32_for_arm_xnnpack(tmp_path: Path) -> None:
     from edge.backends.litert.rewrite import has_fp16_weights, load
     from edge.pipeline import convert
 
-    b = convert(FACE, "arm-xnnpack", tmp_path / "b", precision="fp32")
+    b = convert(FACE, "arm-xnnpack", tmp_path / "b", ConvertRequest(precision="fp32"))
     m = b.manifest
     assert m["precision"] == "fp32" and [c["converter"] for c in m["chain"]] == ["tflite->tflite"]
     assert m["chain"][0]["details"]["fp16_weights_dequantized"] == 74
@@ -357,7 +358,7 @@ def test_selfie_segmentation_converts(tmp_path: Path, target: str, precision: st
     from edge.backends.litert.rewrite import custom_ops, load
     from edge.pipeline import convert
 
-    b = convert(SELFIE, target, tmp_path / "b", precision=precision)
+    b = convert(SELFIE, target, tmp_path / "b", ConvertRequest(precision=precision))
     m = b.manifest
     assert [c["converter"] for c in m["chain"]] == chain
     assert "Convolution2DTransposeBias lowered to builtins" in m["parity"]["reference"]

@@ -18,6 +18,8 @@ from edge.bundle.bundle import Bundle
 from edge.capabilities import current_host
 from edge.deploy import DeviceStore, deploy, ship
 from edge.errors import BudgetError
+from edge.deploy import DeployOptions
+from edge.pipeline.request import ConvertRequest
 
 X86_LINUX = current_host().os == "linux" and current_host().arch == "x86_64"
 needs_x86 = pytest.mark.skipif(not X86_LINUX, reason=f"hardware: not an x86-64 Linux host: this host is "
@@ -33,8 +35,7 @@ def _toolchain(name: str) -> None:
 @needs_x86
 def test_arm_xnnpack_benchmarked_on_x86_does_not_gate(models: dict[str, Path], tmp_path: Path) -> None:
     _toolchain("tflite")
-    r = deploy(models["tiny"], "arm-xnnpack", tmp_path / "pi", build_dir=tmp_path / "b", bench_iterations=5,
-               budget_ms=1e-6)  # far over budget: it would be refused if it gated
+    r = deploy(models["tiny"], "arm-xnnpack", tmp_path / "pi", options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6))  # far over budget: it would be refused if it gated
     assert r.budget_gates is False and r.device_class is not None
     assert r.device_class.startswith("different device class: this host is linux/x86_64; arm-xnnpack's devices are")
     assert any(n.startswith("the budget verdict is indicative and does not gate this deploy: different device class")
@@ -64,9 +65,8 @@ def test_arm_xnnpack_benchmarked_on_x86_does_not_gate(models: dict[str, Path], t
 @needs_x86
 def test_x86_cpu_benchmarked_here_gates(models: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(BudgetError, match="over the 0.00 ms budget"):
-        deploy(models["tiny"], "x86-cpu", tmp_path / "dev", build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6)
-    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", build_dir=tmp_path / "b", bench_iterations=5,
-               budget_ms=1e-6, accept_budget_failure=True)
+        deploy(models["tiny"], "x86-cpu", tmp_path / "dev", options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6))
+    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6, accept_budget_failure=True))
     assert r.budget_gates is True and r.device_class.startswith("same device class: this host (linux/x86_64)")
     assert r.benchmark is not None and r.benchmark["on_target_device"] is True
     assert any(n.startswith("the budget verdict gates this deploy: same device class") for n in r.notes)
@@ -88,8 +88,7 @@ def test_a_bundle_unverified_here_says_so(models: dict[str, Path], tmp_path: Pat
     run = text.index("[run]")
     text = text[:run] + text[run:].replace('os = ["linux", "darwin", "windows"]', 'os = ["darwin"]', 1)
     (targets / "elsewhere.toml").write_text(text)
-    r = deploy(models["tiny"], "elsewhere", tmp_path / "mac", build_dir=tmp_path / "b", bench_iterations=5,
-               targets_dir=[targets])
+    r = deploy(models["tiny"], "elsewhere", tmp_path / "mac", ConvertRequest(targets_dir=[targets]), DeployOptions(build_dir=tmp_path / "b", bench_iterations=5))
     assert r.unverified is not None and r.unverified.startswith("runner cannot run on this host: ")
     assert r.unverified == r.bundle.manifest["parity"]["skipped"]
     assert r.benchmark is None and r.budget_gates is None

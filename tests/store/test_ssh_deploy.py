@@ -25,6 +25,7 @@ from edge.pipeline import convert
 from edge.deploy import rollback, ship
 from edge.errors import DeployError
 from edge.store import INSTALL_STEPS, DeviceStore, SshStore
+from edge.pipeline.request import ConvertRequest
 
 pytestmark = needs_sshd
 
@@ -40,7 +41,7 @@ def test_ship_verify_switch_and_rollback_over_ssh(models: dict[str, Path], tmp_p
     remote = tmp_path / "remote-store"
     url = sshd.url(remote)
     a = convert(models["tiny"], "x86-cpu", tmp_path / "a")
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="fp16")
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="fp16"))
     assert ship(a, url) == f"root@127.0.0.1:{remote}/bundles/{a.id}"
     assert os.readlink(remote / "current") == f"bundles/{a.id}"
     ship(b, url)
@@ -66,7 +67,7 @@ def test_corrupted_transfer_is_not_switched_to(models: dict[str, Path], tmp_path
     remote = tmp_path / "remote-store"
     a = convert(models["tiny"], "x86-cpu", tmp_path / "a")
     ship(a, sshd.url(remote))
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", precision="fp16")
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="fp16"))
     manifest = json.loads(json.dumps(b.manifest))
     manifest["artifacts"][0]["sha256"] = "0" * 64  # what the device must check against
     store = SshStore(sshd.url(remote), options=sshd.option_list())

@@ -24,6 +24,7 @@ import pytest
 from conftest import HARDWARE
 from edge import toolchains
 from edge.errors import EdgeError
+from edge.pipeline.request import ConvertRequest
 
 PROBE = r'''
 import _socket, json, os, socket, subprocess, sys
@@ -218,7 +219,7 @@ def test_tflite_conversion_records_what_kept_it_offline(models: dict[str, Path],
     _toolchain_or_skip("tflite")
     from edge.pipeline import convert
 
-    b = convert(models["tiny"], "arm-xnnpack", tmp_path / "b", precision="fp32")
+    b = convert(models["tiny"], "arm-xnnpack", tmp_path / "b", ConvertRequest(precision="fp32"))
     details = json.loads((b.path / "manifest.json").read_text())["chain"][0]["details"]
     _assert_offline_recorded(details, toolchains.network_isolation().enforced)
     assert details["network_attempts"] == []

@@ -4,6 +4,7 @@ and constraints are asserted, never timings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import pytest
 from edge.errors import EdgeError, TargetError
 from edge.pipeline import convert
 from edge.targets import get_target
-from edge.tune.search import Schedule, choose, tune
+from edge.tune.search import Schedule, TuneOptions, choose, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
 from edge.tune.overlay import read_overlay
 from tests.conftest import assert_user_error, run_cli
 from tests.cli.test_cli_errors import build_outlier_model
+from edge.deploy import DeployOptions
+from edge.pipeline.request import ConvertRequest
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 
@@ -111,8 +114,7 @@ def test_choose_never_picks_a_trial_that_failed_or_skipped_parity() -> None:
 def outlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     d = tmp_path_factory.mktemp("outlier")
     model = build_outlier_model(d / "outlier.onnx")
-    result = tune(model, "x86-cpu", out=d / "out", calib="random", runners=["onnxruntime"],
-                  precisions=["fp32", "int8"], threads=[1], schedule=QUICK, parity_samples=8)
+    result = tune(model, "x86-cpu", ConvertRequest(calib="random", parity_samples=8), TuneOptions(out=d / "out", runners=["onnxruntime"], precisions=["fp32", "int8"], threads=[1], schedule=QUICK))
     return d, result
 
 
@@ -140,19 +142,20 @@ def test_trial_failing_parity_is_reported_never_chosen(outlier_run: tuple[Path, 
 # -- resume -------------------------------------------------------------------------------------
 
 def test_resume_from_study_skips_finished_trials(tmp_path: Path, models: dict[str, Path]) -> None:
-    kw: dict[str, Any] = dict(out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1],
-                              schedule=QUICK, parity_samples=4, pictures=False)
-    first = tune(models["tiny"], "x86-cpu", **kw)
+    req = ConvertRequest(parity_samples=4)
+    opts = TuneOptions(out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1],
+                       schedule=QUICK, pictures=False)
+    first = tune(models["tiny"], "x86-cpu", req, opts)
     assert first.converted == 1 and first.measured >= len(first.trials)
     study = Path(first.study_path)
-    again = tune(models["tiny"], "x86-cpu", **kw)
+    again = tune(models["tiny"], "x86-cpu", req, opts)
     assert again.converted == 0 and again.measured == 0  # every conversion cached, every measurement in the study
     assert again.winner["id"] == first.winner["id"]
     before = json.loads(study.read_text())
     dropped = sorted(before["trials"])[0]
     edited = {**before, "trials": {k: v for k, v in before["trials"].items() if k != dropped}}
     study.write_text(json.dumps(edited))
-    third = tune(models["tiny"], "x86-cpu", **kw)
+    third = tune(models["tiny"], "x86-cpu", req, opts)
     assert third.converted == 0 and third.measured >= 1
     after = json.loads(study.read_text())["trials"]
     assert after[dropped]["rungs"]  # measured again
@@ -162,20 +165,19 @@ def test_resume_from_study_skips_finished_trials(tmp_path: Path, models: dict[st
                 assert after[tid]["rungs"][rung] == m  # kept from the study, not measured again
     # a study made for another model (or target, objective, host) is refused, not mixed in
     with pytest.raises(EdgeError, match="was made for model_sha256"):
-        tune(models["tiny_dynamic"], "x86-cpu", **{**kw, "out": tmp_path / "other"}, study=study)
+        tune(models["tiny_dynamic"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "other", study=study))
 
 
 # -- the overlay -----------------------------------------------------------------------------------
 
 def test_overlay_round_trips_into_convert_and_cli(tmp_path: Path, models: dict[str, Path]) -> None:
     # OpenVINO on x86-cpu: the overlay changes the target's runner, chain and runner options
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", runners=["openvino"], precisions=["fp32"],
-             threads=[1], schedule=QUICK, parity_samples=4, pictures=False)
+    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", runners=["openvino"], precisions=["fp32"], threads=[1], schedule=QUICK, pictures=False))
     ov = read_overlay(r.overlay_path)
     assert (ov.target, ov.runner, ov.chain, ov.precision) == ("x86-cpu", "openvino", ("onnx->openvino-ir",), "fp32")
     assert ov.run_options["num_threads"] == 1 and ov.run_options["device"] == ["CPU"]
     assert ov.tuned["configuration"] == r.winner["id"] and isinstance(ov.tuned["same_device_class"], bool)
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "bundle", tuned=r.overlay_path, parity_samples=4)
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "bundle", ConvertRequest(tuned=r.overlay_path, parity_samples=4))
     assert b.info.runner.name == "openvino" and b.precision == "fp32"
     assert b.info.runner.options_dict["num_threads"] == 1
     assert b.manifest["parity"]["passed"] is True
@@ -186,9 +188,9 @@ def test_overlay_round_trips_into_convert_and_cli(tmp_path: Path, models: dict[s
     assert out["manifest"]["runner"]["name"] == "openvino" and "openvino fp32" in out["tuned_applied"]
     # an overlay tuned for x86-cpu does not apply to another target; nor does a conflicting --precision
     with pytest.raises(TargetError, match="was tuned for target 'x86-cpu', not 'intel-igpu'"):
-        convert(models["tiny"], "intel-igpu", tmp_path / "no", tuned=r.overlay_path)
+        convert(models["tiny"], "intel-igpu", tmp_path / "no", ConvertRequest(tuned=r.overlay_path))
     with pytest.raises(TargetError, match="conflicts with the tuned overlay's precision fp32"):
-        convert(models["tiny"], "x86-cpu", tmp_path / "no", tuned=r.overlay_path, precision="fp16")
+        convert(models["tiny"], "x86-cpu", tmp_path / "no", ConvertRequest(tuned=r.overlay_path, precision="fp16"))
     assert not (tmp_path / "no").exists()
 
 
@@ -232,9 +234,10 @@ def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path
     from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
 
     clip = write_synthetic_clip(tmp_path / "clip.avi", frames=12, width=64, height=48, codec="MJPG")
-    kw: dict[str, Any] = dict(objective="e2e", video=clip, runners=["onnxruntime"], precisions=["fp32"], threads=[1],
-                              schedule=Schedule(reps=2, iters=6, warmup=1), parity_samples=4, pictures=False)
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", fps=30, **kw)
+    req = ConvertRequest(parity_samples=4)
+    opts = TuneOptions(objective="e2e", video=clip, runners=["onnxruntime"], precisions=["fp32"], threads=[1],
+                       schedule=Schedule(reps=2, iters=6, warmup=1), pictures=False)
+    r = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "out", fps=30))
     assert {t["workers"] for t in r.trials} == {1, 2}
     assert r.winner is not None
     for t in r.trials:
@@ -252,7 +255,7 @@ def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path
     ov = read_overlay(r.overlay_path)
     assert ov.infer_workers == r.winner["workers"] and "inference worker" in ov.describe()
     two = dataclasses.replace(ov, infer_workers=2, path=None)
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "b2", tuned=two, parity_samples=4)
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b2", ConvertRequest(tuned=two, parity_samples=4))
     assert b.manifest["tuned"]["infer_workers"] == 2 and Bundle.open(b.path).info.tuned.infer_workers == 2
     with open_source(video=str(clip)) as src:
         assert run_pipeline(b, src, PipelineOptions(max_frames=4)).infer_workers == 2  # the bundle's own
@@ -261,15 +264,16 @@ def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path
     p = run_cli("run", str(b.path), "--video", str(clip), "--max-frames", "4", "--budget-ms", "1000", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["infer_workers"] == 2
-    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", parity_samples=4)
+    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", ConvertRequest(parity_samples=4))
     with open_source(video=str(clip)) as src:
         assert run_pipeline(plain, src, PipelineOptions(max_frames=4)).infer_workers == 1
     # far above what the pipeline can hold (2000 fps: 0.5 ms a frame, decode to post-processing) frames are
     # missed and counted; a study made at another rate is refused, not mixed in
-    fast = tune(models["tiny"], "x86-cpu", out=tmp_path / "fast", fps=2000, **kw)
+    fast = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "fast", fps=2000))
     assert all(t["result"]["missed"] > 0 for t in fast.trials if t["result"])
     with pytest.raises(EdgeError, match="was made for e2e_pace"):
-        tune(models["tiny"], "x86-cpu", out=tmp_path / "fast", study=r.study_path, fps=2000, **kw)
+        tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "fast", study=r.study_path,
+                                                                fps=2000))
 
 
 def test_e2e_ranks_missed_frames_before_latency() -> None:
@@ -298,8 +302,7 @@ def test_successive_halving_rungs_finalists_and_deferred_checks(tmp_path: Path, 
     assert Schedule().rungs(9) == [(SHORT_REPS, 33), (20, 10)]  # a single short rung keeps its repetitions
     assert Schedule().rungs(3) == [(5, 40)] and Schedule().final(halving=False) == (5, 40)
     assert Schedule(reps=2, iters=5).rungs(21, "e2e") == [(2, 30), (2, 30), (2, 5)]  # e2e: at least 30 frames
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"],
-             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False)
+    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False))
     n = len(r.trials)
     rungs = QUICK.rungs(n)
     assert n >= 10 and len(rungs) >= 2, (n, rungs)
@@ -360,8 +363,7 @@ def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path],
     import edge.tune.search
 
     monkeypatch.setattr(edge.tune.search, "MAX_OPEN", 4)  # 3 trials and the anchor per chunk
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "sweep", runners=["onnxruntime"], precisions=["fp32"],
-             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False, strategy="exhaustive")
+    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "sweep", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
     n = len(r.trials)
     assert n > 6
     rung = "0:2x5"
@@ -378,8 +380,7 @@ def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path],
     assert r.winner["result"]["p50_ms"] > 0 and r.winner["result"]["anchor"]["id"] == first["id"]  # raw kept too
     assert any("anchor" in note and "raw figures" in note for note in r.to_json()["notes"])
     # successive halving: the first rung (several chunks) has the anchor; the finalists fit one chunk, raw figures
-    h = tune(models["tiny"], "x86-cpu", out=tmp_path / "halving", runners=["onnxruntime"], precisions=["fp32"],
-             threads=[1, 2], schedule=QUICK, parity_samples=4, pictures=False, cache=tmp_path / "sweep" / "cache")
+    h = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "halving", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False, cache=tmp_path / "sweep" / "cache"))
     rungs = QUICK.rungs(n)
     first_rung, last = f"0:{rungs[0][0]}x{rungs[0][1]}", f"{len(rungs) - 1}:{rungs[-1][0]}x{rungs[-1][1]}"
     assert all("vs_anchor" in t["rungs"][first_rung] for t in h.trials)
@@ -388,13 +389,14 @@ def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path],
 
 
 def test_max_trials_and_time_budget_bound_the_search(tmp_path: Path, models: dict[str, Path]) -> None:
-    kw: dict[str, Any] = dict(runners=["onnxruntime"], precisions=["fp32"], schedule=QUICK, parity_samples=4,
-                              pictures=False)
-    capped = tune(models["tiny"], "x86-cpu", out=tmp_path / "capped", max_trials=2, **kw)
+    req = ConvertRequest(parity_samples=4)
+    opts = TuneOptions(runners=["onnxruntime"], precisions=["fp32"], schedule=QUICK, pictures=False)
+    capped = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "capped", max_trials=2))
     assert len(capped.trials) == 2 and any("--max-trials 2" in n for n in capped.notes)
     # the defaults (all CPUs, graph level all) come first
     assert dict(capped.trials[0]["options"])["graph_optimization_level"] == "all"
-    out_of_time = tune(models["tiny"], "x86-cpu", out=tmp_path / "late", time_budget_s=1e-6, **kw)
+    out_of_time = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "late",
+                                                                           time_budget_s=1e-6))
     assert out_of_time.winner is None and out_of_time.overlay_path is None
     assert all(t["status"] == "not run (time budget)" for t in out_of_time.trials)
     assert out_of_time.converted == 0
@@ -408,10 +410,8 @@ def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path:
     from edge.deploy import DeviceStore, deploy
     from edge.tune.search import TuneOptions
 
-    opts = TuneOptions(runners=("openvino",), precisions=("fp32",), threads=(1,), schedule=QUICK, parity_samples=4,
-                       pictures=False)
-    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", build_dir=tmp_path / "b", bench_iterations=5, tune=opts,
-               parity_samples=4)
+    opts = TuneOptions(runners=("openvino",), precisions=("fp32",), threads=(1,), schedule=QUICK, pictures=False)
+    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", ConvertRequest(parity_samples=4), DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, tune=opts))
     t = r.tune
     assert t is not None and t["summary"].startswith("tune x86-cpu (latency, halving): ") and "chosen openvino fp32" in t["summary"]
     assert r.notes[0] == t["summary"]  # the tune table's summary line, then what its overlay applied
@@ -438,9 +438,9 @@ def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path:
     js = r.to_json()
     assert js["tune"]["winner"] == t["winner"] and js["tuned_applied"] == ov.describe()
     # --tuned with the same overlay records the same hash; a bundle converted without one records nothing
-    again = convert(models["tiny"], "x86-cpu", tmp_path / "again", tuned=t["overlay"], parity_samples=4)
+    again = convert(models["tiny"], "x86-cpu", tmp_path / "again", ConvertRequest(tuned=t["overlay"], parity_samples=4))
     assert again.manifest["tuned"]["overlay_sha256"] == rec["overlay_sha256"]
-    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", parity_samples=4)
+    plain = convert(models["tiny"], "x86-cpu", tmp_path / "plain", ConvertRequest(parity_samples=4))
     assert "tuned" not in plain.manifest and plain.info.tuned is None
 
 
@@ -450,12 +450,12 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
 
     tiny = str(models["tiny"])
     with pytest.raises(EdgeError, match="either --tune .* or --tuned FILE"):
-        deploy(tiny, "x86-cpu", tmp_path / "d1", tune=True, tuned=tmp_path / "x.toml")
+        deploy(tiny, "x86-cpu", tmp_path / "d1", ConvertRequest(tuned=tmp_path / "x.toml"), DeployOptions(tune=True))
     # nothing passed (here: out of time before the first conversion): nothing is converted or shipped
     late = TuneOptions(runners=("onnxruntime",), precisions=("fp32",), threads=(1,), time_budget_s=1e-6,
                        pictures=False)
     with pytest.raises(EdgeError, match="deploy --tune: nothing to deploy: tune x86-cpu .*none chosen"):
-        deploy(tiny, "x86-cpu", tmp_path / "d2", build_dir=tmp_path / "b2", tune=late)
+        deploy(tiny, "x86-cpu", tmp_path / "d2", options=DeployOptions(build_dir=tmp_path / "b2", tune=late))
     assert not (tmp_path / "b2").exists() and DeviceStore(tmp_path / "d2").current is None
     assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d3"), "--objective", "e2e"),
                       "--objective tune(s) the model: give it with --tune")
@@ -528,7 +528,7 @@ def test_onnxruntime_execution_mode_and_spinning_run_and_are_recorded(tmp_path: 
     from edge.bundle.schema import RunnerSpec, check_runner
     from edge.bundle.typedjson import Invalid
 
-    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", parity_samples=4)
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(parity_samples=4))
     feeds, _ = bundle_feeds(b)
     with b.open_runner() as r:
         want = r.infer(feeds)

@@ -24,6 +24,8 @@ from edge.targets import get_target
 from edge.tune.search import Schedule, tune
 from edge.tune.measure import open_trial_runner
 from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, batch_plan, build_space
+from edge.pipeline.request import ConvertRequest
+from edge.tune.search import TuneOptions
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 
@@ -111,9 +113,7 @@ def test_space_batches_only_for_throughput() -> None:
 
 def test_batched_trials_on_onnxruntime(tmp_path: Path) -> None:
     model = conv_model(tmp_path / "conv.onnx", 1)  # batch fixed at 1 in the ONNX, batch-agnostic graph
-    r = tune(model, "x86-cpu", out=tmp_path / "out", objective="throughput", runners=["onnxruntime"],
-             precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, parity_samples=4, pictures=False,
-             strategy="exhaustive")
+    r = tune(model, "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", runners=["onnxruntime"], precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
     assert not any(p.startswith("batch") for p in r.pruned)
     batched = [t for t in r.trials if t["batch"] == 2]
     singles = [t for t in r.trials if t["batch"] == 1]
@@ -143,9 +143,8 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
     """The batch-2 bundle of a graph that mixes items passes its own gate (its reference mixes them too); the
     per-item check against batch 1 fails it, so it is never chosen."""
     model = mixing_model(tmp_path / "mixing.onnx")
-    one = convert(model, "x86-cpu", tmp_path / "b1", input_shapes={"input": [1, 3, 4, 4]}, parity_samples=4, force=True)
-    two = convert(model, "x86-cpu", tmp_path / "b2", input_shapes={"input": [2, 3, 4, 4]}, parity_samples=4,
-                  force=True)
+    one = convert(model, "x86-cpu", tmp_path / "b1", ConvertRequest(input_shapes={"input": [1, 3, 4, 4]}, parity_samples=4), force=True)
+    two = convert(model, "x86-cpu", tmp_path / "b2", ConvertRequest(input_shapes={"input": [2, 3, 4, 4]}, parity_samples=4), force=True)
     assert two.manifest["parity"]["passed"] is True
     rec: dict[str, Any] = {}
     runner, feeds = open_trial_runner(rec, two, Config("onnxruntime", "fp32", batch=2), single=one)
@@ -163,7 +162,7 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
 
 def test_tune_refuses_bad_batches(tmp_path: Path) -> None:
     with pytest.raises(EdgeError, match="batches must be integers from 1 to 64"):
-        tune(conv_model(tmp_path / "c.onnx"), "x86-cpu", out=tmp_path / "o", objective="throughput", batches=[0])
+        tune(conv_model(tmp_path / "c.onnx"), "x86-cpu", options=TuneOptions(out=tmp_path / "o", objective="throughput", batches=[0]))
 
 
 # -- LiteRT: XNNPack's latest-features delegate ----------------------------------------------------------
@@ -215,9 +214,7 @@ def test_latest_features_in_manifest_rules_and_space() -> None:
 
 def test_litert_trials_keep_parity_with_latest_features_and_batch(tmp_path: Path) -> None:
     """onnx2tf is a static-shape converter: the batched trial is converted at batch 2 (its own recipe)."""
-    r = tune(conv_model(tmp_path / "conv.onnx", 1), "arm-xnnpack", out=tmp_path / "out", objective="throughput",
-             precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, parity_samples=4, pictures=False,
-             strategy="exhaustive")
+    r = tune(conv_model(tmp_path / "conv.onnx", 1), "arm-xnnpack", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
     latest = [t for t in r.trials if t["options"].get("xnnpack_latest_features")]
     assert {t["batch"] for t in latest} == {1, 2}
     for t in latest:

@@ -20,6 +20,8 @@ from edge.tune.search import Schedule, tune
 from edge.tune.measure import measure_infer
 from edge.tune.space import STREAMS, build_space, usable_cpus
 from edge.tune.overlay import read_overlay, write_overlay
+from edge.pipeline.request import ConvertRequest
+from edge.tune.search import TuneOptions
 
 CPUS = usable_cpus()
 needs_two = pytest.mark.skipif(CPUS < 2, reason="two streams need two CPUs this process may use")
@@ -188,9 +190,7 @@ def test_throughput_space_has_streams_with_the_throughput_hint_only(tmp_path: Pa
 
 
 def test_throughput_tune_records_requests_and_streams(tmp_path: Path, models: dict[str, Path], ir: Path) -> None:
-    r = tune(models["tiny"], "x86-cpu", out=tmp_path / "out", objective="throughput", runners=["openvino"],
-             precisions=["fp32"], threads=[CPUS], batches=[1], schedule=Schedule(reps=2, iters=6, warmup=1),
-             parity_samples=4, pictures=False)
+    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", runners=["openvino"], precisions=["fp32"], threads=[CPUS], batches=[1], schedule=Schedule(reps=2, iters=6, warmup=1), pictures=False))
     measured = [t for t in r.trials if t.get("result")]
     assert r.winner is not None and any("num_streams" in t["options"] for t in measured)
     for t in measured:

@@ -26,6 +26,7 @@ from edge.verify.parity import THRESHOLDS, reference_outputs
 from edge.verify.refpairs import (MAX_BYTES, REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
                            load_reference_pairs, snr_db, write_reference_pairs)
 from edge.spec import IOSpec, TensorSpec
+from edge.pipeline.request import ConvertRequest
 
 pytest.importorskip("onnxruntime")
 
@@ -88,7 +89,7 @@ def converted(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
             if runtime == "openvino":
                 pytest.importorskip("openvino")
             out = tmp_path_factory.mktemp(f"refpairs-{runtime}") / "bundle"
-            made[runtime] = convert(models["two_input"], RUNTIMES[runtime], out, precision="fp32", preprocess="none")
+            made[runtime] = convert(models["two_input"], RUNTIMES[runtime], out, ConvertRequest(precision="fp32", preprocess="none"))
         return made[runtime]
 
     return get

@@ -16,14 +16,15 @@ from edge.stats import LatencyStats
 from edge.video.report import VideoReport
 from edge.video.sources import write_synthetic_clip
 from tests.conftest import assert_user_error, run_cli
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cli")
     det = build_yolo_detector(d / "det.onnx", input_size=128, width=8, num_classes=6)
-    convert(det, "x86-cpu", d / "det-cpu", preprocess="yolo", parity_samples=4)
-    convert(models["two_input"], "x86-cpu", d / "two-cpu", parity_samples=2)
+    convert(det, "x86-cpu", d / "det-cpu", ConvertRequest(preprocess="yolo", parity_samples=4))
+    convert(models["two_input"], "x86-cpu", d / "two-cpu", ConvertRequest(parity_samples=2))
     write_synthetic_clip(d / "clip.mp4", frames=20, width=160, height=120, fps=30)
     bad = d / "bad"
     bad.mkdir()

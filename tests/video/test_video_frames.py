@@ -19,11 +19,12 @@ from edge.video import PipelineOptions, open_source, run_pipeline, run_sequentia
 from edge.video.report import VideoReport
 from edge.video.sources import ImageDirSource, write_synthetic_clip
 from tests.conftest import run_cli
+from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Bundle:
-    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("frames") / "tiny-cpu", parity_samples=2)
+    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("frames") / "tiny-cpu", ConvertRequest(parity_samples=2))
 
 
 @pytest.fixture(scope="module")

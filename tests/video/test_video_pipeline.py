@@ -20,6 +20,7 @@ from edge.errors import EdgeError, ModelError
 from edge.graph.samples import build_yolo_detector
 from edge.video import PipelineError, PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.sources import ImageDirSource, write_synthetic_clip
+from edge.pipeline.request import ConvertRequest
 
 SMALL_DET = {"input_size": 128, "width": 8, "num_classes": 6}
 
@@ -38,12 +39,12 @@ def no_threads_left() -> object:
 def det_bundle(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
     d = tmp_path_factory.mktemp("det")
     model = build_yolo_detector(d / "det.onnx", **SMALL_DET)
-    return convert(model, "x86-cpu", d / "det-cpu", preprocess="yolo", parity_samples=4)
+    return convert(model, "x86-cpu", d / "det-cpu", ConvertRequest(preprocess="yolo", parity_samples=4))
 
 
 @pytest.fixture(scope="module")
 def cls_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("cls") / "tiny-cpu", parity_samples=4)
+    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("cls") / "tiny-cpu", ConvertRequest(parity_samples=4))
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +241,8 @@ def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundl
 
 
 def test_bundles_that_video_frames_cannot_feed(models: dict[str, Path], tmp_path: Path) -> None:
-    two = convert(models["two_input"], "x86-cpu", tmp_path / "two", parity_samples=2)
-    no_pre = convert(models["tiny"], "x86-cpu", tmp_path / "nopre", preprocess="none", parity_samples=2)
+    two = convert(models["two_input"], "x86-cpu", tmp_path / "two", ConvertRequest(parity_samples=2))
+    no_pre = convert(models["tiny"], "x86-cpu", tmp_path / "nopre", ConvertRequest(preprocess="none", parity_samples=2))
     with open_source(synthetic="64x48", frames=2) as src:
         with pytest.raises(ModelError, match="2 inputs .*only feed a model with one image input"):
             run_pipeline(two, src)
