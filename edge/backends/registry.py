@@ -57,7 +57,7 @@ class Registry(Generic[T]):
                 f"no {self.kind} named {name!r}; {did_you_mean(name, names)}installed: {', '.join(names)}",
                 hint=f"a plugin adds one through the {self.group!r} entry point group",
             )
-        cls = eps[name].load()
+        cls: type[T] = eps[name].load()
         if getattr(cls, "name", None) != name:
             raise EdgeError(f"entry point {name!r} loads {cls!r}, whose name is {getattr(cls, 'name', None)!r}")
         self._loaded[name] = cls

@@ -127,7 +127,8 @@ class _CoreMLConverter(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
             work = Path(tmp)
-            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
+            arrays: dict[str, Any] = {n: np.stack([s[n] for s in inputs]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            np.savez(work / "samples.npz", **arrays)
             job: dict[str, Any] = {
                 **source_job, "workdir": str(work), "precision": request.precision,
                 "samples": str(work / "samples.npz"), "compute_units": units,

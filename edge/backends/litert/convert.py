@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -119,7 +119,8 @@ class OnnxToTFLite(Converter):
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
             lowered, lowered_count = _lower_for_onnx2tf(Path(request.source), work, request.io)
-            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names})
+            arrays: dict[str, Any] = {n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            np.savez(work / "samples.npz", **arrays)
             job: dict[str, Any] = {
                 "onnx": str(Path(lowered or request.source).resolve()), "workdir": str(work),
                 "precision": request.precision,
@@ -132,7 +133,8 @@ class OnnxToTFLite(Converter):
                             for t in request.io.outputs],
             }
             if int8:
-                np.savez(work / "calibration.npz", **{n: np.stack([s[n] for s in calib]) for n in names})
+                calib_arrays: dict[str, Any] = {n: np.stack([s[n] for s in calib]) for n in names}
+                np.savez(work / "calibration.npz", **calib_arrays)
                 job["calibration"] = str(work / "calibration.npz")
             _say(f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
                  f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})")
@@ -334,6 +336,7 @@ def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | No
         scale, zp = d["quantization"]
         tflite_shape = [int(x) for x in d["shape"]]
         perm, layout = t["perm_onnx_to_tflite"], image_layout(t["onnx_shape"])
+        tflite_layout: str | None
         if layout == "NCHW" and perm == [0, 2, 3, 1]:
             tflite_layout = "NHWC"
         else:
@@ -356,7 +359,7 @@ def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | No
     return path
 
 
-def _cpu_parity(model: Path, request: ConversionRequest, samples: list[Mapping[str, Any]], label: str,
+def _cpu_parity(model: Path, request: ConversionRequest, samples: Sequence[Mapping[str, Any]], label: str,
                 reference: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     from edge.verify.parity import ParityReport, compare, thresholds_for
     from edge.backends.litert.run import LiteRTRunner

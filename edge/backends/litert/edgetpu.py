@@ -173,8 +173,8 @@ def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequ
         parsed["compiler_version"] = m.group(1) if m else None
     files = [compiled]
     io_src = model.with_suffix(".io.json")
-    if io_src.is_file():
-        io = load_sidecar(model)
+    io = load_sidecar(model) if io_src.is_file() else None  # the same file
+    if io is not None:
         io_tpu = compiled.with_suffix(".io.json")
         io_tpu.write_text(json.dumps({**io, "cpu_model": model.name}, indent=2) + "\n", encoding="utf-8")
         files.append(io_tpu)
@@ -331,7 +331,7 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
     from edge.capabilities import current_host
 
     info = src.info
-    m = copy.deepcopy(src.manifest)
+    m: dict[str, Any] = copy.deepcopy(src.manifest)
     artifacts = artifact_entries(stage, [f for f in stage.rglob("*") if f.is_file()])
     stem = Path(info.source.file).stem if info.source is not None else info.bundle_id.split("-")[0]
     log = compiled.log

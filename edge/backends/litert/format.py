@@ -90,7 +90,8 @@ def load_sidecar(artifact: Path) -> dict[str, Any] | None:
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != IO_SCHEMA:
         raise InputFileError(f"{side} has schema {str(schema)[:40]!r}; this edgekit reads {IO_SCHEMA}")
-    return data
+    sidecar: dict[str, Any] = data  # a dict: its schema matched
+    return sidecar
 
 
 def sidecar_path(artifact: Path) -> Path:

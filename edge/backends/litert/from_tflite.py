@@ -13,7 +13,7 @@ It is what the planner puts in front of a TFLite source for a LiteRT target when
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError
@@ -38,7 +38,7 @@ class TFLiteToTFLite(Converter):
     source_format = "tflite"
     target_format = "tflite"
     precisions = frozenset({"fp32", "fp16"})
-    options: dict[str, str] = {}
+    options: ClassVar[Mapping[str, str]] = {}
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)

@@ -331,7 +331,7 @@ class LiteRTRunner(Runner):
         by_tensor = {d["name"]: d for d in list(tin.values()) + list(tout.values())}
 
         def find(entry: Mapping[str, Any], table: Mapping[str, Any]) -> Mapping[str, Any]:
-            d = table.get(entry["tflite_name"]) or by_tensor.get(entry.get("tflite_tensor") or "")
+            d: Mapping[str, Any] | None = table.get(entry["tflite_name"]) or by_tensor.get(entry.get("tflite_tensor") or "")
             if d is None:
                 raise ModelError(f"{model.name} has no tensor {entry['tflite_name']!r} named in its io.json "
                                  f"(it has {sorted(table)})")

@@ -72,6 +72,7 @@ def _type_counts(info: Any) -> dict[str, int]:
 
 def _system_info(llama_cpp: Any) -> str:
     try:
-        return llama_cpp.llama_print_system_info().decode()[:200]
+        info: bytes = llama_cpp.llama_print_system_info()
+        return info.decode()[:200]
     except Exception:  # noqa: BLE001 - informational only
         return "unknown"

@@ -109,7 +109,8 @@ class LlamaCppRunner(Runner):
                             f"({self.llm.n_ctx()})")
         if a.min() < 0 or a.max() >= self.n_vocab:
             raise EdgeError(f"input 'tokens' has ids outside the vocabulary [0, {self.n_vocab})")
-        return a.tolist()
+        tokens: list[int] = a.tolist()
+        return tokens
 
     def tokenize(self, text: str) -> list[int]:
         self.check_open()

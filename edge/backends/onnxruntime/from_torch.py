@@ -130,7 +130,8 @@ class TorchToOnnx(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-torch-onnx-") as tmp:
             work = Path(tmp)
-            np.savez(work / "samples.npz", **{n: np.stack([s[n] for s in inputs]) for n in names})
+            arrays: dict[str, Any] = {n: np.stack([s[n] for s in inputs]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            np.savez(work / "samples.npz", **arrays)
             job = {"torch": str(source.resolve()), "torch_kind": kind, "workdir": str(work), "opset": opset,
                    "samples": str(work / "samples.npz"),
                    "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype}

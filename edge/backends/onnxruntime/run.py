@@ -126,7 +126,7 @@ class OnnxRuntimeRunner(Runner):
         return dict(zip(self._output_names, self._session.run(self._output_names, feeds)))
 
     def close(self) -> None:
-        self._session = None  # type: ignore[assignment]
+        self._session = None
         super().close()
 
 

@@ -132,8 +132,8 @@ def _compute_precisions(compiled: Any) -> dict[str, int] | None:
 def _ir_name(compiled_port: Any, model_port: Any) -> str:
     """The compiled port's name as the IR gave it (when it still answers to that name)."""
     names = compiled_port.get_names()
-    mine = model_port.get_any_name()
-    return mine if mine in names else compiled_port.get_any_name()
+    mine: str = model_port.get_any_name()
+    return mine if mine in names else str(compiled_port.get_any_name())
 
 
 def _spec(port: Any, name: str | None = None) -> TensorSpec:
@@ -248,7 +248,7 @@ class OpenVINORunner(Runner):
             supported = {"PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
         ignored: list[str] = []
         config: dict[Any, Any] = {hints.performance_mode: getattr(hints.PerformanceMode, hint)}
-        target_precision = precision_opt
+        target_precision: str | None = precision_opt
         caps: list[str] = []
         if precision_opt == "fast" and device == "CPU":
             caps = optimization_capabilities(core, device)

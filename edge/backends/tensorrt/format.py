@@ -45,4 +45,5 @@ def read_build_settings(bundle_dir: Path) -> dict[str, Any]:
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != BUILD_SCHEMA:
         raise ConversionError(f"{path} has schema {str(schema)[:40]!r}, this edgekit reads {BUILD_SCHEMA}")
-    return data
+    settings: dict[str, Any] = data  # a dict: its schema matched
+    return settings

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+
 from edge.capabilities import Requirement, current_host, problems
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, HardwareUnavailableError
@@ -201,6 +203,8 @@ class TensorRTRunner(Runner):
                   "symmetric QDQ), exactly what TensorRT will be given; the engine itself (its fp16/int8 kernels) "
                   "is checked on the device against the bundle's reference pairs on first load")
     requires = (_TRT, _POLY, _GPU)
+    _trt: Any  # polygraphy's TrtRunner; None on the CPU fallback and once closed
+    _ort: OnnxRuntimeRunner | None  # the CPU fallback (onnxruntime on the prepared ONNX)
     options = {
         "allow_cpu_fallback": "when TensorRT or the GPU is missing, run the ONNX in onnxruntime on the CPU, "
                               "labelled 'CPU fallback' in every report (default false: an error)",
@@ -302,8 +306,9 @@ class TensorRTRunner(Runner):
         if getattr(self, "_trt", None) is not None:
             self._trt.deactivate()
             self._trt = None
-        if getattr(self, "_ort", None) is not None:
-            self._ort.close()
+        ort = getattr(self, "_ort", None)
+        if ort is not None:
+            ort.close()
             self._ort = None
         super().close()
 
