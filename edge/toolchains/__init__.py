@@ -373,8 +373,8 @@ def list_status() -> list[ToolchainStatus]:
 # -- offline runs: edge.toolchains.offline (re-exported: drivers and tests use these names) --------
 
 from edge.toolchains.offline import (  # noqa: E402,F401
-    ATTEMPTS_ENV, GUARD, NAMESPACE, NETNS_ENV, OFFLINE_ENV, NetworkIsolation, network_isolation, offline_attempts,
-    offline_popen,
+    ATTEMPTS_ENV, GUARD, NAMESPACE, NETNS_ENV, OFFLINE_ENV, SECCOMP, SECCOMP_ENV, WEAK, WEAK_ENV, NetworkIsolation,
+    network_isolation, offline_attempts, offline_popen, seccomp_isolation,
 )
 
 

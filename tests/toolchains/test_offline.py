@@ -160,10 +160,11 @@ def test_network_namespace_alone_stops_every_socket(tmp_path: Path, listeners: L
 
 def test_in_process_guard_alone_stops_python_sockets(tmp_path: Path, listeners: Listeners) -> None:
     """The fallback: every Python process of the run (the child included) refuses, and names the attempts."""
-    result, record, attempts = _probe(tmp_path, listeners, namespace=False, guard=True)
+    result, record, attempts = _probe(tmp_path, listeners, namespace=False, seccomp=False, guard=True)
     _assert_nothing_got_out(result, listeners)
     assert all("edgekit: network access refused" in result[k] or result[k] == "refused: errno 101" for k in NETWORK), result
-    assert record is not None and record["enforced"] == "in-process socket guard (namespace unavailable: not requested)"
+    assert record is not None and record["weak"] is True and record["enforced"] == (
+        f"{toolchains.WEAK} (namespace unavailable: not requested; seccomp unavailable: not requested)")
     port = listeners.args[0]
     kinds = [a.split(" ", 1)[0] for a in attempts]
     assert sorted(kinds) == ["connect", "connect", "connect", "create_connection", "sendmsg", "sendto"], attempts
@@ -191,12 +192,106 @@ def test_namespace_can_be_switched_off(tmp_path: Path, listeners: Listeners, mon
     monkeypatch.setenv(toolchains.NETNS_ENV, "0")
     result, record, _ = _probe(tmp_path, listeners)
     _assert_nothing_got_out(result, listeners)
-    assert record is not None
-    assert record["enforced"] == "in-process socket guard (namespace unavailable: disabled by EDGEKIT_NETNS=0)"
+    assert record is not None and record["weak"] is False
+    assert record["enforced"] == f"{toolchains.SECCOMP} (namespace unavailable: disabled by EDGEKIT_NETNS=0)"
     with pytest.raises(EdgeError, match="no network namespace on this host: disabled by EDGEKIT_NETNS=0"):
         toolchains.offline_popen([sys.executable, "-c", "pass"], env={}, namespace=True)
-    with pytest.raises(EdgeError, match="needs a network namespace or the in-process guard"):
-        toolchains.offline_popen([sys.executable, "-c", "pass"], env={}, namespace=False, guard=False)
+    with pytest.raises(EdgeError, match="needs a network namespace, the seccomp filter or the in-process guard"):
+        toolchains.offline_popen([sys.executable, "-c", "pass"], env={}, namespace=False, seccomp=False, guard=False)
+
+
+# -- what the in-process guard alone cannot stop (issue #26 item 12) --------------------------------------
+
+BYPASS = r'''
+import ctypes, json, shutil, socket, struct, subprocess, sys
+
+tcp, unix = int(sys.argv[1]), sys.argv[2]
+out = {}
+libc = ctypes.CDLL(None, use_errno=True)
+
+def native():  # the C library's socket() and connect(), as TensorFlow's C++ or any native extension would
+    fd = libc.socket(2, 1, 0)
+    if fd < 0:
+        return f"refused: socket errno {ctypes.get_errno()}"
+    addr = struct.pack("=HH4s8x", 2, socket.htons(tcp), socket.inet_aton("127.0.0.1"))
+    return "ok" if libc.connect(fd, addr, len(addr)) == 0 else f"refused: connect errno {ctypes.get_errno()}"
+
+class Sneaky(socket.socket):  # super().connect: the C type's own method, past any patched Python one
+    def go(self, a):
+        return super(socket.socket, self).connect(a)
+
+def sneaky():
+    try:
+        Sneaky().go(("127.0.0.1", tcp))
+        return "ok"
+    except OSError as e:
+        return f"refused: {e}"
+
+out["ctypes_connect"] = native()
+out["super_connect"] = sneaky()
+child = subprocess.run([sys.executable, "-I", "-c", "import socket, sys; socket.socket().connect(('127.0.0.1', "
+                        "int(sys.argv[1])))", str(tcp)], capture_output=True, text=True)
+out["isolated_child"] = "ok" if child.returncode == 0 else "refused: " + (child.stderr.strip().splitlines() or ["?"])[-1]
+curl = shutil.which("curl")
+if curl:
+    c = subprocess.run([curl, "-sS", "-m", "5", "--noproxy", "*", f"http://127.0.0.1:{tcp}/"], capture_output=True,
+                       text=True)
+    out["curl"] = "refused: " + c.stderr.strip() if "Failed to connect" in c.stderr or "Couldn't" in c.stderr else "ok"
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(unix)
+    out["unix_connect"] = "ok"
+except OSError as e:
+    out["unix_connect"] = f"refused: {e}"
+print(json.dumps(out))
+'''
+
+
+def _bypass(tmp_path: Path, listeners: Listeners, **launch: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    script = tmp_path / "bypass.py"
+    script.write_text(BYPASS)
+    argv = [sys.executable, str(script), listeners.args[0], listeners.args[2]]
+    proc, record = toolchains.offline_popen(argv, env=toolchains._clean_env(), stdout=subprocess.PIPE, text=True,
+                                            **launch)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    return json.loads(out), record
+
+
+def _seccomp_or_skip() -> None:
+    sc, why = toolchains.seccomp_isolation()
+    if not sc:
+        pytest.skip(f"{HARDWARE}no seccomp filter on this host: {why}")
+
+
+def test_the_guard_alone_is_bypassed_and_the_seccomp_filter_is_not(tmp_path: Path, listeners: Listeners) -> None:
+    """ctypes connect, super().connect, a `python -I` child and curl get past the in-process guard (the control:
+    the test can fail); under the seccomp filter the kernel refuses every one, and local IPC still works."""
+    _seccomp_or_skip()
+    weak, record = _bypass(tmp_path, listeners, namespace=False, seccomp=False, guard=True)
+    assert record["weak"] is True
+    assert weak["ctypes_connect"] == "ok" and weak["isolated_child"] == "ok", weak
+    assert listeners.tcp_connections() >= 2
+    held, record = _bypass(tmp_path, listeners, namespace=False, guard=True)
+    assert record["enforced"] == f"{toolchains.SECCOMP} (namespace unavailable: not requested)" and not record["weak"]
+    leaked = {k: v for k, v in held.items() if k != "unix_connect" and not v.startswith("refused")}
+    assert not leaked, held
+    assert held["unix_connect"] == "ok" and listeners.tcp_connections() == 0
+
+
+def test_the_weak_guard_alone_is_refused_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(toolchains.NETNS_ENV, "0")
+    monkeypatch.setenv(toolchains.SECCOMP_ENV, "0")
+    with pytest.raises(EdgeError, match="cannot run a toolchain offline on this host") as e:
+        toolchains.offline_popen([sys.executable, "-c", "pass"], env={})
+    assert toolchains.WEAK_ENV in str(e.value)
+    monkeypatch.setenv(toolchains.WEAK_ENV, "1")
+    with caplog.at_level("WARNING", logger="edge.toolchains"):
+        proc, record = toolchains.offline_popen([sys.executable, "-c", "pass"], env={})
+        proc.wait(30)
+    assert record["weak"] is True and record["enforced"].startswith(toolchains.WEAK), record
+    assert any("ONLY (WEAK" in r.getMessage() for r in caplog.records)
 
 
 # -- real conversions record it ------------------------------------------------------------
@@ -236,6 +331,6 @@ def test_coreml_conversion_records_what_kept_it_offline(models: dict[str, Path],
     b = convert(models["tiny"], "apple-ane", tmp_path / "b")
     details = json.loads((b.path / "manifest.json").read_text())["chain"][0]["details"]
     expected = toolchains.network_isolation().enforced
-    if netns == "off":
-        assert expected == "in-process socket guard (namespace unavailable: disabled by EDGEKIT_NETNS=0)"
+    if netns == "off":  # the kernel still holds it: the seccomp filter
+        assert expected == f"{toolchains.SECCOMP} (namespace unavailable: disabled by EDGEKIT_NETNS=0)"
     _assert_offline_recorded(details, expected)
