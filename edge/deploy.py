@@ -48,6 +48,19 @@ class DeployResult:
                 "tuned_applied": self.tuned_applied, "tune": self.tune, "notes": self.notes}
 
 
+def runner_not_here(m: Any) -> str | None:
+    """Why this host cannot run the bundle's runner for its target (None: it can): what a skipped parity
+    record's "runner cannot run on this host" must agree with."""
+    from edge.pipeline import runnable_here
+    from edge.targets import get_target
+
+    try:
+        profile = get_target(m.target.name)
+    except EdgeError as e:
+        return f"target {m.target.name} is not known here ({e.message})"
+    return runnable_here(profile, runner=m.runner.name)
+
+
 def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str], *,
          accept_parity_failure: bool = False, accept_budget_failure: bool = False, trust: Any = None) -> str:
     """Verify ``bundle`` and install it as the device's current bundle. Refuses failed gates and, where a
@@ -65,7 +78,8 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
             log.info(no_trust_note(f"device store {store.where}"))
         else:  # the evidence the gates read is then the signed evidence
             store.trust.check(b)
-        check_gates(b.info, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure)
+        check_gates(b.info, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
+                    bundle_dir=Path(b.path), host_check=runner_not_here)
         where = store.install(b)
     return str(where)
 

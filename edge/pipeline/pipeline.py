@@ -27,6 +27,7 @@ import numpy as np
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
 from edge.bundle.typedjson import write_json_atomic
 from edge.backends.converter import ConversionRequest
+from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE, SKIP_SOURCE_AS_IS
 from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
 from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
@@ -330,7 +331,7 @@ def _parity_gate(job: _Job, stage: Path, manifest: dict[str, Any],
     """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
     of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
     if job.reference is None:
-        manifest["parity"] = {"passed": None, "skipped": "no reference outputs: the source could not be run here"}
+        manifest["parity"] = {"passed": None, "skipped": SKIP_NO_REFERENCE}
         return
     if job.plan.run_here is None:
         _gate_on_runner(job, stage, manifest)
@@ -343,7 +344,7 @@ def _parity_gate(job: _Job, stage: Path, manifest: dict[str, Any],
         return
     bridge = next((s["details"].get("bridge_parity") for s in job.chain_record if isinstance(s.get("details"), dict)
                    and s["details"].get("bridge_parity")), None)
-    why = f"runner cannot run on this host: {job.plan.run_here}"
+    why = f"{SKIP_RUNNER_NOT_HERE}{job.plan.run_here}"
     if bridge is not None:
         why += ("; the converter's fp32 ONNX->PyTorch bridge matched the source (chain[].details.bridge_parity), "
                 "the converted package is checked on the device (reference pairs)")
@@ -442,7 +443,7 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, req: Con
             runner=llm.runner, runner_options=llm.options, kind="llm"))
         manifest["reference_pairs"] = pairs
         if report is None:
-            manifest["parity"] = {"passed": None, "skipped": f"the source ships as it is ({own}): there is nothing "
+            manifest["parity"] = {"passed": None, "skipped": f"{SKIP_SOURCE_AS_IS}{own}): there is nothing "
                                                              "to compare it against (quality gate skipped)"}
         else:
             record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=req.accept_parity_failure)

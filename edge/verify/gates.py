@@ -8,13 +8,35 @@ its figures is refused as edited.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Callable, Literal
 
-from edge.bundle.schema import (BenchmarkEvidence, LLMQualityEvidence, Manifest, ParityEvidence, SkippedParity,
-                                device_class_of)
-from edge.errors import BudgetError, DeployError
+from edge.bundle.schema import (
+    BenchmarkEvidence,
+    LLMQualityEvidence,
+    Manifest,
+    ParityEvidence,
+    SkippedParity,
+    device_class_of,
+)
+from edge.errors import BudgetError, DeployError, TargetError
 from edge.verify.parity import looks_like_classifier, output_failures, thresholds_for
+
+#: why parity may be skipped: the only reasons the pipeline writes (a closed set; edge.pipeline uses these)
+SKIP_NO_REFERENCE = "no reference outputs: the source could not be run here"
+SKIP_RUNNER_NOT_HERE = "runner cannot run on this host: "  # + why (edge.pipeline.plan.runnable_here)
+SKIP_SOURCE_AS_IS = "the source ships as it is ("  # + the GGUF file type: an LLM bundle with no requantization
+#: the device-class judgements edge.targets.same_device_class / edge.bench.judge_device_class write
+_OTHER_HOST = re.compile(r"different device class: this host is ([a-z0-9_]+)/([a-z0-9_]+)(, NVIDIA Jetson)?; "
+                         r"(\S+)'s devices are .+", re.S)
+_FALLBACK = "different device class: the runner used its fallback"
+_UNKNOWN = "device class unknown: target profile "
+
+#: this host's answer to "can the bundle's runner run here?": None when it can, else why not (edge.deploy passes
+#: edge.pipeline.plan.runnable_here for the bundle's target)
+HostCheck = Callable[[Manifest], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,8 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
         # the compute precision may loosen the limits only to another precision's limits in code
         th = thresholds_for(m.precision, par.candidate.precision_used)
         figures = {o.name: o for o in par.outputs}
+        if not m.io.outputs:  # nothing compared: the evidence is incomplete whatever the record says
+            failures.append("io.outputs is empty: no output is compared")
         for t in m.io.outputs:
             o = figures.get(t.name)
             if o is None:
@@ -67,6 +91,9 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
             # is recomputed from its recorded range, never taken from the flag
             failures += [f"{o.name}: {f}" for f in output_failures(o, th)]
             failures += [f"{o.name}: {f}" for f in o.failures if f"{o.name}: {f}" not in failures]
+        listed = {t.name for t in m.io.outputs}
+        failures += [f"{name}: parity figures for an output io.outputs does not list" for name in figures
+                     if name not in listed]
     if failures and par.passed:
         return ParityVerdict("fail", failures, edited=f"its parity record says passed, but its figures fail this "
                              f"edgekit's {m.precision} thresholds ({failures[0]})")
@@ -76,37 +103,136 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
     return ParityVerdict("pass")
 
 
-def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budget_failure: bool = False) -> None:
-    """Refuse to ship a bundle whose evidence fails: parity recomputed from its figures (an edited
-    record is refused whatever is accepted), missing parity (unless accepted; skipped with a reason
-    is fine), and an on-device benchmark over its budget (the verdict recomputed from p99)."""
+def skip_problem(m: Manifest, host_check: HostCheck | None) -> str | None:
+    """Why a skipped parity record is not one this edgekit could have written for this bundle (None: it could):
+    the reason must be one of the closed set the pipeline writes, and agree with the rest of the evidence."""
+    par = m.parity
+    if not isinstance(par, SkippedParity):
+        return None
+    why = par.skipped
+    if why == SKIP_NO_REFERENCE:
+        if m.reference_pairs is not None and m.reference_pairs.samples > 0:
+            return "it says the source could not be run, yet the bundle holds the source's reference outputs"
+        return None
+    if why.startswith(SKIP_RUNNER_NOT_HERE):
+        here = host_check(m) if host_check is not None else "not checked"
+        if here is None:
+            return (f"it says the runner cannot run on this host, but {m.runner.name} for {m.target.name} runs "
+                    "here: its parity can be checked")
+        return None
+    if why.startswith(SKIP_SOURCE_AS_IS):
+        return None if m.kind == "llm" else "only a GGUF language model ships its source as it is"
+    return f"{why[:80]!r} is not a reason edgekit skips parity for"
+
+
+def output_problem(m: Manifest, bundle_dir: Path | None) -> str | None:
+    """The ONNX artifact's real outputs against ``io.outputs`` (what parity compared): an output left out of the
+    manifest would escape the gate. None when they agree or the artifact is not ONNX."""
+    if bundle_dir is None or not m.primary_artifact.endswith(".onnx"):
+        return None
+    try:
+        import onnx
+
+        graph = onnx.load(str(Path(bundle_dir) / m.primary_artifact), load_external_data=False).graph
+    except ImportError:  # pragma: no cover - onnx comes with every build host
+        return None
+    except Exception as e:  # noqa: BLE001 - a model onnx cannot read fails the gate, it is not a crash
+        return f"its ONNX artifact cannot be read ({type(e).__name__})"
+    real = [o.name for o in graph.output]
+    listed = [t.name for t in m.io.outputs]
+    if sorted(real) != sorted(listed):
+        return f"io.outputs lists {listed[:8]}, the ONNX model's outputs are {real[:8]}"
+    return None
+
+
+def _profile_of(m: Manifest) -> Any:
+    from edge.targets import get_target
+
+    try:
+        return get_target(m.target.name)
+    except TargetError:
+        return None
+
+
+def device_class_problem(m: Manifest, bench: BenchmarkEvidence) -> str | None:
+    """Why a benchmark's "another device class" claim cannot be this edgekit's judgement (None: it can be): the
+    reason must be one the code writes and agree with the recorded runner and the target's own device class."""
+    dc = device_class_of(bench)
+    if bench.on_target_device:
+        return None
+    if bench.runner.fallback:
+        return None  # the runner said it fell back: off the target's accelerator whatever the host
+    reason = dc["reason"] if dc is not None else ""
+    if reason.startswith(_FALLBACK):
+        return "its device class says the runner used its fallback, and runner.fallback is empty"
+    if reason.startswith(_UNKNOWN):
+        return None
+    hit = _OTHER_HOST.fullmatch(reason)
+    if hit is None:
+        return "names no fallback (runner.fallback) and no other device class (benchmark.device_class)"
+    os_name, arch, jetson, target = hit.group(1), hit.group(2), bool(hit.group(3)), hit.group(4)
+    if target != m.target.name:
+        return f"its device class was judged for target {target}, the bundle is for {m.target.name}"
+    profile = _profile_of(m)
+    if profile is not None:
+        cls = profile.device_class
+        if os_name in cls.os and arch in cls.arch and (cls.platform != "jetson" or jetson):
+            return (f"its device class says {os_name}/{arch} is another device class, and it is one of "
+                    f"{m.target.name}'s ({cls.describe()})")
+    return None
+
+
+def _budget(m: Manifest, bench: BenchmarkEvidence) -> tuple[float | None, str]:
+    """The budget the benchmark is judged against: its own, else the target's frame budget (a record whose
+    budget was nulled is judged against the profile's, never against none)."""
+    if bench.budget_ms is not None:
+        return bench.budget_ms, bench.budget_source
+    profile = _profile_of(m)
+    frame = profile.frame_budget_ms if profile is not None else m.target.frame_budget_ms
+    return frame, f"the {m.target.name} profile's frame budget (the record names none)"
+
+
+def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budget_failure: bool = False,
+                bundle_dir: Path | None = None, host_check: HostCheck | None = None) -> None:
+    """Refuse to ship a bundle whose evidence fails or is incomplete: parity recomputed from its figures over
+    every output (an edited record is refused whatever is accepted; with ``bundle_dir`` the ONNX artifact's own
+    outputs must be the ones compared), missing parity (unless accepted), a skipped parity whose reason is not
+    one the code writes or that the evidence contradicts (``host_check``: can this host run the runner?), and
+    an on-device benchmark over its budget (the verdict recomputed from p99; a nulled budget is the
+    profile's; a claim of another device class recomputed from the recorded facts)."""
     bid = m.bundle_id
     v = parity_verdict(m)
     if v.edited:
         raise DeployError(f"refusing to ship {bid}: {v.edited}; the manifest was edited or built with looser "
                           "thresholds", hint="rebuild it with `edgekit convert`")
+    for problem in (skip_problem(m, host_check), output_problem(m, bundle_dir)):
+        if problem is not None:
+            raise DeployError(f"refusing to ship {bid}: its parity evidence does not hold: {problem}; the manifest "
+                              "was edited", hint="rebuild it with `edgekit convert`")
     if v.state == "missing" and not accept_parity_failure:
         raise DeployError(f"refusing to ship {bid}: it has no parity record (neither run nor skipped with a reason)",
                           hint="rebuild it with `edgekit convert`, or pass --accept-parity-failure to ship it anyway")
     if v.state == "fail" and not accept_parity_failure:
         raise DeployError(f"refusing to ship {bid}: it failed parity ({'; '.join(v.failures[:3])})",
                           hint="pass --accept-parity-failure to ship it anyway")
-    bench = m.benchmark
-    if isinstance(bench, BenchmarkEvidence):
-        p99, budget = bench.latency.p99_ms, bench.budget_ms
-        verdict = "no budget" if budget is None else ("pass" if p99 <= budget else "fail")
-        if bench.verdict != verdict and bench.verdict != "fail":
-            raise DeployError(f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
-                              f"against a {budget} ms budget is {verdict!r}; the manifest was edited",
-                              hint="benchmark it again with `edgekit bench --record`")
-        # off the target's device class: a fallback device, or another machine (edge.bench.judge_device_class)
-        dc = device_class_of(bench)  # the typed field, else runner.details in older manifests
-        other_class = dc is not None and dc["same"] is False and bool(dc["reason"])
-        if not bench.on_target_device and bench.runner.fallback is None and not other_class:
-            raise DeployError(f"refusing to ship {bid}: its benchmark says it did not run on the target device "
-                              "but names no fallback (runner.fallback) and no other device class "
-                              "(benchmark.device_class); the manifest was edited",
-                              hint="benchmark it again with `edgekit bench --record`")
-        if "fail" in (verdict, bench.verdict) and bench.on_target_device and not accept_budget_failure:
-            raise BudgetError(f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget "
-                              f"({bench.budget_source})", hint="pass --accept-budget-failure to ship it anyway")
+    if isinstance(m.benchmark, BenchmarkEvidence):
+        _check_benchmark(m, m.benchmark, accept_budget_failure)
+
+
+def _check_benchmark(m: Manifest, bench: BenchmarkEvidence, accept_budget_failure: bool) -> None:
+    bid = m.bundle_id
+    p99 = bench.latency.p99_ms
+    recorded = "no budget" if bench.budget_ms is None else ("pass" if p99 <= bench.budget_ms else "fail")
+    if bench.verdict != recorded and bench.verdict != "fail":
+        raise DeployError(f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
+                          f"against a {bench.budget_ms} ms budget is {recorded!r}; the manifest was edited",
+                          hint="benchmark it again with `edgekit bench --record`")
+    problem = device_class_problem(m, bench)
+    if problem is not None:
+        raise DeployError(f"refusing to ship {bid}: its benchmark says it did not run on the target device but "
+                          f"{problem}; the manifest was edited", hint="benchmark it again with `edgekit bench --record`")
+    budget, source = _budget(m, bench)
+    verdict = "no budget" if budget is None else ("pass" if p99 <= budget else "fail")
+    if "fail" in (verdict, bench.verdict) and bench.on_target_device and not accept_budget_failure:
+        raise BudgetError(f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget "
+                          f"({source})", hint="pass --accept-budget-failure to ship it anyway")

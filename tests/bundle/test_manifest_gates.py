@@ -20,7 +20,7 @@ from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError, ManifestError
-from edge.verify.gates import check_gates, parity_verdict
+from edge.verify.gates import SKIP_NO_REFERENCE, check_gates, parity_verdict
 
 from tests.pipeline.test_convert import BrokenConverter
 from tests.test_targets import VALID
@@ -100,7 +100,12 @@ def test_missing_or_null_parity(failed: Bundle, tmp_path: Path) -> None:
         ship(none, tmp_path / "dev")
     skipped = _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": "needs the device's accelerator"}))
     assert parity_verdict(skipped.info).state == "skipped"
-    ship(skipped, tmp_path / "dev")  # explicitly skipped, with a reason: the device checks it on first load
+    with pytest.raises(DeployError, match="is not a reason edgekit skips parity for"):  # #26: a closed set
+        ship(skipped, tmp_path / "dev", accept_parity_failure=True)
+    # skipped for a reason the code writes, and the evidence agrees (no reference outputs, so no pairs)
+    no_ref = _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": SKIP_NO_REFERENCE},
+                                              reference_pairs=None))
+    ship(no_ref, tmp_path / "dev")  # the device checks it on first load
     with pytest.raises(ManifestError, match="field parity.skipped: must be 1 to 1024 characters"):
         _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": ""}))
 
