@@ -96,3 +96,23 @@ def load_sidecar(artifact: Path) -> dict[str, Any] | None:
 
 def sidecar_path(artifact: Path) -> Path:
     return Path(artifact).with_suffix(IO_SIDECAR_SUFFIX)
+
+
+def signature_names(path: str | os.PathLike[str]) -> dict[str, str]:
+    """For a .tflite with a SignatureDef (every TF2 export): each I/O tensor's name -> its signature name
+    (``serving_default_x.1:0`` -> ``x.1``, ``PartitionedCall:0`` -> ``logits``), from the first signature, the
+    one LiteRT (and so the bundle) names the model's I/O by. Empty without a signature. Converters that keep
+    tensor names (tf2onnx, OpenVINO's TFLite frontend) rename their I/O through it (issue #23)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    sigs = it.get_signature_list()
+    if not sigs:
+        return {}
+    runner = it.get_signature_runner(next(iter(sigs)))
+    found: dict[str, str] = {}
+    for details in (runner.get_input_details(), runner.get_output_details()):
+        for sig_name, d in details.items():
+            if d.get("name") and d["name"] != sig_name:
+                found[str(d["name"])] = str(sig_name)
+    return found

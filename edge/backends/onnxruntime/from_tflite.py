@@ -57,6 +57,7 @@ class TFLiteToOnnx(Converter):
                 raise _error_from(final, source, work)
             out = request.workdir / "model.onnx"
             shutil.move(final["artifact"], out)
+        renamed = rename_to_signature(out, source)
         self._check_io(out, request)
         tool_versions = dict(final.get("tool_versions", {}))
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
@@ -64,6 +65,8 @@ class TFLiteToOnnx(Converter):
                                    "timings_s": final.get("timings", {})}
         if lowered:
             details["tflite_rewrite"] = lowered
+        if renamed:
+            details["io_renamed_to_signature"] = renamed
         return ConversionResult(artifact=out, format="onnx", files=[out], tool_versions=tool_versions, details=details)
 
     @staticmethod
@@ -85,6 +88,29 @@ class TFLiteToOnnx(Converter):
         if want_out and lost:
             raise ConversionError(f"tf2onnx's ONNX of {request.source.name} lacks the TFLite's output(s) "
                                   f"{', '.join(lost)}")
+
+
+def rename_to_signature(onnx_path: Path, tflite: Path) -> dict[str, str]:
+    """tf2onnx keeps the TFLite tensor names (``serving_default_x.1:0``); the bundle names I/O as the file's
+    SignatureDef does (``x.1``), as LiteRT reads it. Rename the ONNX's graph inputs and outputs (and every node
+    edge using them) through the signature; returns what was renamed."""
+    from edge.backends.litert.format import signature_names
+    from edge.graph.model import load_onnx, save_onnx
+
+    names = signature_names(tflite)
+    model = load_onnx(onnx_path)
+    g = model.graph
+    io = {v.name for v in list(g.input) + list(g.output)}
+    mapping = {old: new for old, new in names.items() if old in io and new not in io}
+    if not mapping:
+        return {}
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = mapping.get(v.name, v.name)
+    for node in g.node:
+        node.input[:] = [mapping.get(x, x) for x in node.input]
+        node.output[:] = [mapping.get(x, x) for x in node.output]
+    save_onnx(model, onnx_path)
+    return mapping
 
 
 def _error_from(ev: dict[str, Any], source: Path, work: Path) -> Exception:

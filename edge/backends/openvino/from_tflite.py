@@ -127,10 +127,13 @@ class TFLiteToOpenVINO(Converter):
         source = Path(request.source)
         readable, lowered = prepare_tflite(source, tmp)  # MediaPipe's custom ops -> builtins
         model = self._read(ov, readable, source)
+        renamed = _name_by_signature(model, source)
         source_types = weight_types(model)
         details: dict[str, Any] = {"openvino_build": ov.get_version(), "frontend": "tflite"}
         if lowered:
             details["tflite_rewrite"] = lowered
+        if renamed:
+            details["io_renamed_to_signature"] = renamed
 
         notes: list[str] = []
         folded = 0
@@ -165,3 +168,18 @@ class TFLiteToOpenVINO(Converter):
                        telemetry=telemetry)
         return ConversionResult(artifact=xml, format=self.target_format, files=[xml, xml.with_suffix(".bin")],
                                 tool_versions=tool_versions, details=details, notes=notes)
+
+
+def _name_by_signature(model: Any, tflite: Path) -> dict[str, str]:
+    """OpenVINO's TFLite frontend names ports by tensor (``serving_default_x.1:0``); the bundle names them as the
+    file's SignatureDef does (``x.1``). Each port whose name the signature maps gets the signature's name."""
+    from edge.backends.litert.format import signature_names
+
+    names = signature_names(tflite)
+    done: dict[str, str] = {}
+    for port in list(model.inputs) + list(model.outputs):
+        old = next((n for n in port.get_names() if n in names), None)
+        if old is not None:
+            port.get_tensor().set_names({names[old]})
+            done[old] = names[old]
+    return done
