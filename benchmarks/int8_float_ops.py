@@ -103,7 +103,7 @@ def main() -> int:
     rows += [[op, n, "int8 data (moves int8 tensors, no arithmetic)"] for op, n in moves.most_common()]
     rows += [[op, n, "float, between DQ and Q: no int8 kernel or fusion for it in onnxruntime's CPU provider"]
              for op, n in in_qdq.most_common()]
-    rows += [[op, n, "float, fed by float ops: inside a float island (GELU/hard-swish parts) or excluded by the recipe"]
+    rows += [[op, n, "float, fed by float ops: inside a float island (GELU/hard-swish parts) or kept float by the recipe"]
              for op, n in excluded.most_common()]
     rows += [[op, n, "conversion"] for op, n in qdq.most_common()]
     print(C.table(["op", "count", "computes in"], rows,
