@@ -13,6 +13,7 @@ import pytest
 from edge import toolchains
 from edge.backends.litert.format import signature_names
 from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 
 EXPORT = '''
 import sys
@@ -51,7 +52,7 @@ def test_the_signature_maps_tensor_names(signed: Path) -> None:
 def test_a_tf2_export_converts_with_its_signature_names(signed: Path, tmp_path: Path, target: str) -> None:
     """Before: x86-cpu 'tf2onnx's ONNX of signed.tflite does not take the TFLite's inputs: missing x.1';
     intel-igpu 'bad feeds ... missing input serving_default_x.1:0'."""
-    b = convert(signed, target, tmp_path / "out", precision="fp32")
+    b = convert(signed, target, tmp_path / "out", ConvertRequest(precision="fp32"))
     assert [t.name for t in b.io.inputs] == ["x.1"] and [t.name for t in b.io.outputs] == ["logits"]
     assert b.manifest["parity"]["passed"] is True
     assert b.manifest["chain"][0]["details"]["io_renamed_to_signature"] == {
