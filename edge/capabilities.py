@@ -165,7 +165,8 @@ ARM_PARTS = {"0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55"
 def parse_cpuinfo(text: str) -> CpuIsa:
     """The first processor block of a /proc/cpuinfo text (x86 "flags", ARM "Features"; an ARM Ltd. core is named
     from its "CPU implementer"/"CPU part": aarch64 Linux gives no model name, or a generic "ARMv8 Processor")."""
-    model, flags, arm = "", frozenset[str](), {}
+    model, flags = "", frozenset[str]()
+    arm: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()

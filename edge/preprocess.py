@@ -57,7 +57,7 @@ def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     except ImportError:
         raise MissingDependencyError("resizing frames needs OpenCV or Pillow",
                                      hint="pip install opencv-python-headless (or pillow)") from None
-    return np.asarray(Image.fromarray(img).resize((width, height), Image.BILINEAR))
+    return np.asarray(Image.fromarray(img).resize((width, height), Image.Resampling.BILINEAR))
 
 
 #: ITU-R BT.601 luma weights (R, G, B): what a grey model input is made of

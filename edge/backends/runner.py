@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the agent's manifest checks do not need)
     import numpy as np
@@ -21,6 +21,9 @@ from edge.capabilities import Host, Requirement, problems, require
 from edge.errors import EdgeError
 from edge.backends.registry import Registry
 from edge.spec import TensorSpec
+
+
+_R = TypeVar("_R", bound="Runner")  # what a with-statement on a runner gives: the runner, as its own class
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class Runner(ABC):
         """Release the runtime session. Overrides call ``super().close()`` so ``validate`` refuses later use."""
         self._closed = True
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, *exc: object) -> None:

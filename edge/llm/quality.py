@@ -149,7 +149,8 @@ def requantize_note(source_type: str | None, quant: str) -> str | None:
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    out: np.ndarray = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return out
 
 
 def window_logprobs(path: Path, windows: Sequence[Sequence[int]], options: Mapping[str, Any]) -> list[np.ndarray]:

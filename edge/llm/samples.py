@@ -67,7 +67,8 @@ def build_tiny_llama(path: str | os.PathLike[str], *, n_vocab: int = 1024, n_emb
     head_dim = n_embd // n_head
 
     def w(rows: int, cols: int, gain: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(wdt)
+        m: np.ndarray = (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(wdt)
+        return m
 
     writer = gguf.GGUFWriter(str(out), "llama")
     writer.add_name("edgekit-tiny-llama")

@@ -175,7 +175,7 @@ class SshStore(Store):
             raise DeployError(f"shipping to {url} needs '{ssh}' on PATH",
                               hint="install it (apt-get install openssh-client)")
         self._mux: str | None = None  # a private directory for the shared connection's socket
-        self._closer: weakref.finalize | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None
 
     # transport ---------------------------------------------------------------------------------
     def _base(self) -> list[str]:

@@ -253,7 +253,7 @@ class _Pipeline:
                 self.held[me] = item
                 t = clock()
                 # both set by then: tf by the pre-processing, outputs by inference
-                result = job.post(cast(dict, item.outputs), cast(LetterboxTransform, item.tf), item.hw)
+                result = job.post(cast(dict[str, Any], item.outputs), cast(LetterboxTransform, item.tf), item.hw)
                 done = clock()
                 item.times[3] = done - t
                 job.samples["postprocess"].append(done - t)

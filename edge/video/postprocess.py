@@ -67,7 +67,8 @@ def softmax_if_logits(v: np.ndarray) -> np.ndarray:
     if v.min() >= 0.0 and v.max() <= 1.0 and abs(float(v.sum()) - 1.0) < 1e-3:
         return v  # already probabilities
     e = np.exp(v - v.max())
-    return e / e.sum()
+    p: np.ndarray = e / e.sum()
+    return p
 
 
 class Classifier(PostProcessor):

@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -477,7 +477,11 @@ class AgentVideoSource:
                 continue
             x, tf = self.pre(frame.image, out=self._buf)
             hw = (int(frame.image.shape[0]), int(frame.image.shape[1]))
-            yield AgentFrame({self.input_name: x}, t0, lambda outputs, tf=tf, hw=hw: self.post(outputs, tf, hw))
+
+            def finish(outputs: Mapping[str, Any], tf: Any = tf, hw: tuple[int, int] = hw) -> Any:
+                return self.post(outputs, tf, hw)  # this frame's transform and size, bound now
+
+            yield AgentFrame({self.input_name: x}, t0, finish)
 
     def close(self) -> None:
         self._source.close()
