@@ -80,7 +80,7 @@ class NetworkIsolation:
 
 @functools.lru_cache(maxsize=None)
 def _probe_netns(unshare: str, python: str) -> NetworkIsolation:
-    tries = [("--net",)] if os.geteuid() == 0 else []
+    tries: list[tuple[str, ...]] = [("--net",)] if os.geteuid() == 0 else []
     tries += [("--net", "--map-current-user"), ("--net", "--map-root-user")]  # user namespaces (no root)
     refused: list[str] = []
     for opts in tries:

@@ -13,12 +13,38 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from edge.deploy import DeviceStore
-from edge.fleet.rollout import RolloutController, RolloutError, RolloutSpec, set_state, start_rollout, status
+from edge.fleet.rollout import (
+    RolloutBundle,
+    RolloutController,
+    RolloutError,
+    RolloutSpec,
+    set_state,
+    start_rollout,
+    status,
+)
 from edge.fleet.rollout_sim import Outcome
 from edge.mqtt.desired import DesiredState
-from tests.fleet.test_fleet_rollout import (FLEET, _fake, agent_store, broker, bundles, db, drive, http,  # noqa: F401
-                                            prepared, sims, start_agent, synced_with, view)
+from edge.store import DeviceStore
+from tests.fleet.test_fleet_rollout import (  # noqa: F401
+    FLEET,
+    agent_store,
+    broker,
+    bundles,
+    db,
+    drive,
+    http,
+    prepared,
+    sims,
+    start_agent,
+    synced_with,
+    view,
+)
+
+
+def _fake(bundle_id: str, target: str) -> RolloutBundle:
+    """A bundle the simulated devices never download (they answer from their behaviour)."""
+    return RolloutBundle(bundle_id=bundle_id, target=target, url=f"http://127.0.0.1:9/{bundle_id}.tar",
+                         sha256="ab" * 32, size=1000)
 
 
 def untrusted(device: str, d: DesiredState) -> Outcome:
