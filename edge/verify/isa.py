@@ -10,8 +10,10 @@ The build host then judges them twice, per output:
 
 * against the build host's own runtime on the same inputs (x86 vs ARM): the largest difference must stay
   within :func:`isa_limit` of the output's range. The limits come from the differences measured on the
-  conformance corpus (docs/aarch64.md): float bundles differ by ~1e-7 of the range, so 1e-5 of it is the
-  limit; an int8 bundle may round a requantisation differently on ARM (one quantisation step), so 2 % of it;
+  conformance corpus (``benchmarks/corpus_aarch64.py``, docs/aarch64.md): float bundles differ by 3e-7 to
+  2.7e-5 of the range (the most on a sigmoid mask, whose range is 1), so the limit is 1e-4 of it; int8 bundles
+  differed by nothing measurable, and ARM may round a requantisation one step apart (1/255 of the range), so
+  the limit is 1e-2 of it;
 * against the reference outputs the bundle carries, with the bundle's own gate
   (:func:`edge.verify.refpairs.check_reference_pairs`, as a device checks on first load).
 
@@ -45,9 +47,10 @@ from edge.toolchains import aarch64
 from edge.verify.refpairs import check_reference_pairs, load_reference_pairs, runner_json
 
 ISAS = (aarch64.ISA,)
-#: |ARM - x86| over the output's range, per bundle precision class (see the module docstring and docs/aarch64.md)
-FLOAT_LIMIT = 1e-5
-INT8_LIMIT = 2e-2
+#: |ARM - x86| over the output's range, per bundle precision class: measured worst x 3.7 for float, 2.5
+#: requantisation steps for int8 (module docstring, docs/aarch64.md)
+FLOAT_LIMIT = 1e-4
+INT8_LIMIT = 1e-2
 #: below this range an output is compared in absolute terms (a constant output, a mask of zeros)
 ABS_FLOOR = 1e-6
 _MAX_OUT_BYTES = 64 << 20
