@@ -28,10 +28,12 @@ unsigned record beside a signed manifest could be swapped or forged; one signatu
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import json
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -77,18 +79,19 @@ class ReplayRunner:
         return self._outputs[s]
 
 
-def guest_pythonpath(tmp: Path) -> Path:
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def guest_pythonpath() -> Path:
     """A directory for the guest's PYTHONPATH: ``edge`` (a link to this installation's package, so the guest
-    runs this edgekit's runner code) and a dist-info with its entry points (the runner registry reads them)."""
+    runs this edgekit's runner code) and a dist-info with its entry points (the runner registry reads them).
+    One per installation, kept under the toolchain (its compiled modules are then reused run after run)."""
     import edge
 
-    site = tmp / "site"
-    site.mkdir()
-    (site / "edge").symlink_to(Path(edge.__file__).resolve().parent, target_is_directory=True)
-    info = site / f"edgekit_ml-{edge.__version__}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: edgekit-ml\nVersion: {edge.__version__}\n",
-                                   encoding="utf-8")
+    pkg = Path(edge.__file__).resolve().parent
     try:
         eps = md.distribution("edgekit-ml").read_text("entry_points.txt") or ""
     except md.PackageNotFoundError:
@@ -96,14 +99,28 @@ def guest_pythonpath(tmp: Path) -> Path:
     if "[edgekit.runners]" not in eps:
         raise EdgeError("edgekit's entry points are not installed, so the guest could not find its runners",
                         hint="install edgekit (pip install -e .), not just put it on sys.path")
-    (info / "entry_points.txt").write_text(eps, encoding="utf-8")
+    site = aarch64.toolchain_dir() / "guest" / hashlib.sha256(str(pkg).encode()).hexdigest()[:16]
+    site.mkdir(parents=True, exist_ok=True)
+    link = site / "edge"
+    if not (link.is_symlink() and os.readlink(link) == str(pkg)):
+        tmp = site / f".edge.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    info = site / f"edgekit_ml-{edge.__version__}.dist-info"
+    for old in site.glob("edgekit_ml-*.dist-info"):
+        if old != info:
+            shutil.rmtree(old, ignore_errors=True)
+    info.mkdir(exist_ok=True)
+    _write_atomic(info / "METADATA", f"Metadata-Version: 2.1\nName: edgekit-ml\nVersion: {edge.__version__}\n")
+    _write_atomic(info / "entry_points.txt", eps)
     return site
 
 
 def _guest_run(em: aarch64.Emulator, bundle: Bundle, tmp: Path, timeout_s: float) -> tuple[dict[str, Any], Path]:
     out = tmp / "outputs.npz"
     r = em.run("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out),
-               pythonpath=(guest_pythonpath(tmp),), timeout_s=timeout_s)
+               pythonpath=(guest_pythonpath(),), timeout_s=timeout_s)
     lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
         result = json.loads(lines[-1]) if lines else {}

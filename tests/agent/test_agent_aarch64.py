@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -77,13 +76,13 @@ def guest_agent(tmp_path: Path, broker: Any, arm_bundles: dict[str, Any]) -> Ite
     store = tmp_path / "store"
     DeviceStore(store).install(arm_bundles["a"])
     log = tmp_path / "agent.log"
-    with tempfile.TemporaryDirectory(prefix="edgekit-guest-") as tmp, open(log, "w") as f:
+    with open(log, "w") as f:
         cmd = em.command("-m", "edge.agent", "--device-id", DEVICE, "--fleet", FLEET, "--store", str(store),
                          "--broker", broker.url, "--source", "synthetic", "--fps", "5", "--interval", "2",
                          # emulation is 300-1000x slower than the device: no frame budget means anything here
                          "--budget-ms", str(NO_BUDGET_MS),
                          "--watch", "6", "--smoke-frames", "0", "--poll-current", "0.5", "--reconnect-max", "2")
-        proc = subprocess.Popen(cmd, env=em.env((guest_pythonpath(Path(tmp)),)), stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=em.env((guest_pythonpath(),)), stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
         try:
             yield proc, store
