@@ -6,9 +6,10 @@ handler imports no build-host code.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
+
+from edge.backends.threads import usable_cpus  # noqa: F401 - the tuner's CPU count is the runners' own
 
 OBJECTIVES = ("latency", "throughput", "e2e")
 
@@ -60,10 +61,3 @@ class Config:
 
 def word(v: Any) -> str:
     return json.dumps(v) if isinstance(v, bool) else str(v)
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
