@@ -65,9 +65,11 @@ def test_a_qos0_flood_is_shed_not_queued(tmp_path: Path) -> None:
             before = _rss_mb()
             sender = threading.Thread(target=_flood, args=(broker.port, FLOOD, int(time.time())))
             sender.start()
-            try:
-                wait_for(lambda: col.snapshot()["received"] >= FLOOD, timeout=60, what="the whole flood received")
-                during = _rss_mb()
+            try:  # at most 8 s: the collector's SQLite writer waits 10 s for a lock before it gives up
+                deadline = time.monotonic() + 8
+                while col.snapshot()["received"] < FLOOD and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                during, held = _rss_mb(), col.snapshot()
             finally:
                 sender.join()
                 blocker.execute("ROLLBACK")
@@ -77,7 +79,8 @@ def test_a_qos0_flood_is_shed_not_queued(tmp_path: Path) -> None:
             s = col.snapshot()
     print(f"RSS {before:.0f} MB -> {during:.0f} MB during the flood; {s['shed']} shed, "
           f"{s['stored']['telemetry']} stored, backlog at most {s['backlog_high']}")
+    assert held["received"] > 4 * BACKLOG, held  # the flood outran the busy database: there was a backlog to bound
     assert s["backlog_high"] <= BACKLOG
-    assert s["shed"] >= FLOOD - 2 * BACKLOG - cfg.batch_max  # what did not fit was shed, and counted
+    assert s["shed"] >= held["received"] - 2 * BACKLOG - cfg.batch_max  # what did not fit was shed, and counted
     assert s["stored"]["telemetry"] + s["shed"] == FLOOD and s["overflows"] == 0
     assert during - before < 40, (before, during)  # 60,000 queued messages were ~150 MB
