@@ -345,3 +345,29 @@ def test_a_clashing_archive_ends_the_apply_in_a_terminal_failure(tmp_path: Path,
         agent.stop(2)
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_an_endless_artifact_ends_the_apply_failed_and_leaves_nothing(tmp_path: Path, broker: Any,
+                                                                      watcher: Watcher) -> None:
+    from edge.agent.agent import Agent, AgentConfig
+    from edge.agent.download import DownloadOptions
+    from edge.mqtt.netloop import Backoff
+
+    server = EndlessServer()
+    (tmp_path / "store").mkdir()
+    agent = Agent(AgentConfig(fleet=FLEET, device_id=DEVICE, broker=BrokerConfig.from_url(broker.url),
+                              store=tmp_path / "store", source="none", backoff=Backoff(0.05, 0.5),
+                              download=DownloadOptions(timeout_s=30, read_timeout_s=5, retry_delay_s=0.05))).start()
+    try:
+        body = desired(server.url(), 8)
+        body["size"] = 200_000
+        watcher.publish("desired", body, retain=True)
+        r = wait_for(lambda: [m for m in watcher.of("reported") if m["desired_version"] == 8
+                              and m["state"] in ("running", "failed", "rolled-back")], 30, "a terminal state")[-1]
+        assert r["state"] == "failed" and r["reason"]["code"] == "download_failed", r
+        assert "refused and deleted" in r["reason"]["detail"]
+        assert list((tmp_path / "store" / "agent" / "downloads").iterdir()) == []
+        assert server.sent < 64 << 20
+    finally:
+        agent.stop(2)
+        server.close()
