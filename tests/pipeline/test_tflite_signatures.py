@@ -1,19 +1,26 @@
-"""TFLite sources with a SignatureDef (every TF2 export; issue #23, class 8): the bundle names I/O as the
-signature does (``x.1``, ``logits``) while tf2onnx and OpenVINO's TFLite frontend keep the tensor names
-(``serving_default_x.1:0``, ``PartitionedCall:0``); the converters rename through the signature. The model is
-exported here by TensorFlow in the tflite toolchain (skipped where it is not installed)."""
+"""TF2 exports as TFLite sources (issue #23, class 8), exported here by TensorFlow in the tflite toolchain (skipped
+where it is not installed):
+
+* a SignatureDef (every TF2 export): the bundle names I/O as the signature does (``x.1``, ``logits``) while
+  tf2onnx and OpenVINO's TFLite frontend keep the tensor names (``serving_default_x.1:0``); the converters rename;
+* sparse weights (DENSIFY): densified exactly in the flatbuffer rewriter before tf2onnx (which failed with
+  ``ValueError: cannot reshape array of size 415 into shape (64,64)``);
+* resource variables: refused in one line naming the ops and the target that takes the model (before: tf2onnx's
+  ``IndexError: list index out of range``, OpenVINO's ``Unexpected type: RESOURCE``)."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edge import toolchains
 from edge.backends.litert.format import signature_names
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from tests.conftest import assert_user_error, run_cli
 
 EXPORT = '''
 import sys
@@ -25,23 +32,46 @@ class M(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([1, 32, 32, 3], tf.float32, name="x.1")])
     def __call__(self, x):
         return {"logits": tf.reduce_mean(tf.nn.relu(tf.nn.conv2d(x, self.w, 1, "SAME")), axis=[1, 2])}
-m = M()
-converter = tf.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
-open(sys.argv[1], "wb").write(converter.convert())
+def export(module, path, **flags):
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.__call__.get_concrete_function()], module)
+    for k, v in flags.items():
+        setattr(converter, k, v)
+    open(path, "wb").write(converter.convert())
+export(M(), sys.argv[1] + "/signed.tflite")
+w = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+w[np.random.default_rng(2).random((64, 64)) < 0.9] = 0.0  # 90 % zeros: stored sparse
+class Sparse(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([1, 64], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": tf.matmul(x, tf.constant(w))}
+export(Sparse(), sys.argv[1] + "/sparse.tflite", optimizations=[tf.lite.Optimize.EXPERIMENTAL_SPARSITY])
+np.save(sys.argv[1] + "/sparse_w.npy", w)
+class Var(tf.Module):
+    def __init__(self):
+        self.v = tf.Variable(tf.zeros([1, 8]))
+    @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32, name="x")])
+    def __call__(self, x):
+        self.v.assign_add(x)
+        return {"y": self.v * 2.0}
+export(Var(), sys.argv[1] + "/state.tflite", experimental_enable_resource_variables=True)
 '''
 
 
 @pytest.fixture(scope="module")
-def signed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     st = toolchains.status("tflite")
     if not st.usable:
         pytest.skip(f"needs the tflite toolchain (TensorFlow, tf2onnx): {st.problem}")
-    out = tmp_path_factory.mktemp("sig") / "signed.tflite"
-    script = out.with_suffix(".py")
-    script.write_text(EXPORT)
-    subprocess.run([str(st.venv / "bin" / "python"), str(script), str(out)], check=True, capture_output=True,
+    d = tmp_path_factory.mktemp("tf2")
+    (d / "export.py").write_text(EXPORT)
+    subprocess.run([str(st.venv / "bin" / "python"), str(d / "export.py"), str(d)], check=True, capture_output=True,
                    timeout=300)
-    return out
+    return d
+
+
+@pytest.fixture(scope="module")
+def signed(exports: Path) -> Path:
+    return exports / "signed.tflite"
 
 
 def test_the_signature_maps_tensor_names(signed: Path) -> None:
@@ -57,3 +87,40 @@ def test_a_tf2_export_converts_with_its_signature_names(signed: Path, tmp_path: 
     assert b.manifest["parity"]["passed"] is True
     assert b.manifest["chain"][0]["details"]["io_renamed_to_signature"] == {
         "serving_default_x.1:0": "x.1", "PartitionedCall:0": "logits"}
+
+
+def test_sparse_weights_are_densified_exactly(exports: Path) -> None:
+    from edge.backends.litert.rewrite import load, rewrite
+
+    data = (exports / "sparse.tflite").read_bytes()
+    ops = {op.opcodeIndex for g in load(data).subgraphs for op in g.operators}
+    assert len(ops) == 2  # DENSIFY and FULLY_CONNECTED
+    out, record = rewrite(data, densify=True)
+    assert record.densified == 1
+    m = load(out)
+    [g] = m.subgraphs
+    assert len(g.operators) == 1 and not any(t.sparsity for t in g.tensors)
+    w = np.load(exports / "sparse_w.npy")  # FULLY_CONNECTED holds it as [out, in]: the transpose of the matmul's
+    dense = [np.frombuffer(bytes(np.asarray(m.buffers[t.buffer].data, np.uint8)), "<f4").reshape(t.shape)
+             for t in g.tensors if t.buffer and m.buffers[t.buffer].data is not None and len(t.shape) == 2]
+    assert any(np.array_equal(d, w.T) for d in dense)
+
+
+@pytest.mark.parametrize("target", ["x86-cpu", "intel-igpu"])
+def test_a_sparse_export_converts(exports: Path, tmp_path: Path, target: str) -> None:
+    b = convert(exports / "sparse.tflite", target, tmp_path / "out", ConvertRequest(precision="fp32"))
+    assert b.manifest["parity"]["passed"] is True
+    if target == "x86-cpu":
+        assert b.manifest["chain"][0]["details"]["tflite_rewrite"]["sparse_weights_densified"] == 1
+
+
+@pytest.mark.parametrize("target", ["x86-cpu", "intel-igpu"])
+def test_resource_variables_are_refused_in_one_line(exports: Path, tmp_path: Path, target: str) -> None:
+    p = run_cli("convert", str(exports / "state.tflite"), "-t", target, "-o", str(tmp_path / "o"))
+    assert_user_error(p, "keeps resource variables between calls (ASSIGN_VARIABLE, CALL_ONCE, READ_VARIABLE, "
+                         "VAR_HANDLE)", "convert it for arm-xnnpack")
+
+
+def test_resource_variables_run_on_litert(exports: Path, tmp_path: Path) -> None:
+    b = convert(exports / "state.tflite", "arm-xnnpack", tmp_path / "out")
+    assert b.manifest["chain"] == [] and b.manifest["parity"]["passed"] is True

@@ -20,12 +20,20 @@ from edge.errors import ConversionError
 
 
 def prepare_tflite(source: Path, workdir: Path, *, fp32: bool = False) -> tuple[Path, dict[str, Any]]:
-    """``source`` with MediaPipe's custom ops lowered (and, ``fp32``, its f16 weights made f32), written into
-    ``workdir`` when anything changed; the file to read and what was done (empty when nothing)."""
-    from edge.backends.litert.rewrite import rewrite
+    """``source`` for another framework's TFLite frontend (tf2onnx, OpenVINO): MediaPipe's custom ops lowered,
+    sparse weights (DENSIFY) made dense (and, ``fp32``, its f16 weights made f32), written into ``workdir`` when
+    anything changed; the file to read and what was done (empty when nothing). Resource variables (state kept
+    between calls) are refused in one line: no frontend translates them, LiteRT runs them as they are."""
+    from edge.backends.litert.rewrite import load, resource_ops, rewrite
 
     data = Path(source).read_bytes()
-    out, record = rewrite(data, lower=True, fp32=fp32)
+    state = resource_ops(load(data))
+    if state:
+        raise ConversionError(f"{Path(source).name} keeps resource variables between calls ({', '.join(state)}); "
+                              "tf2onnx and OpenVINO's TFLite frontend cannot translate them",
+                              hint=f"LiteRT runs it as it is: convert it for arm-xnnpack (edgekit convert "
+                                   f"{Path(source).name} -t arm-xnnpack), or bring the model's ONNX")
+    out, record = rewrite(data, lower=True, fp32=fp32, densify=True)
     if out is data:
         return Path(source), {}
     dst = Path(workdir) / (Path(source).stem + ".lowered.tflite")

@@ -45,10 +45,14 @@ class Rewrite:
 
     lowered: dict[str, int] = field(default_factory=dict)  # custom op -> how many became builtins
     dequantized: int = 0  # f16 constants + DEQUANTIZE folded into f32 constants
+    densified: int = 0  # sparse constants + DENSIFY folded into dense constants
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"lowered_custom_ops": dict(self.lowered), "fp16_weights_dequantized": self.dequantized}
+        out: dict[str, Any] = {"lowered_custom_ops": dict(self.lowered), "fp16_weights_dequantized": self.dequantized}
+        if self.densified:
+            out["sparse_weights_densified"] = self.densified
+        return out
 
 
 def load(data: bytes) -> Any:
@@ -176,6 +180,84 @@ def dequantize_fp16_weights(model: Any, record: Rewrite) -> None:
         _drop_unused_tensors(model, g)
 
 
+#: TFLite tensor types a sparse constant may hold -> numpy dtype
+_SPARSE_DTYPES = {0: "<f4", 1: "<f2", 9: "i1", 3: "u1"}
+#: ops holding state between calls (resource variables): no frontend but LiteRT's own translates them
+RESOURCE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
+
+
+def densify_sparse_weights(model: Any, record: Rewrite) -> None:
+    """DENSIFY(sparse constant) -> the dense constant it computes, in place (TFLite's sparsity format: per
+    traversal level DENSE or SPARSE_CSR metadata, blocks mapped onto original dimensions; the values in traversal
+    order). Unused tensors are dropped; a sparse tensor of a type or layout not read here is left as it was."""
+    schema = _schema()
+    dens = schema.BuiltinOperator.DENSIFY
+    for g in model.subgraphs:
+        keep_ops = []
+        for op in g.operators or []:
+            oc = model.operatorCodes[op.opcodeIndex]
+            if max(oc.builtinCode, oc.deprecatedBuiltinCode) == dens and len(op.inputs) == 1:
+                src, dst = g.tensors[op.inputs[0]], g.tensors[op.outputs[0]]
+                data = model.buffers[src.buffer].data if src.buffer else None
+                if src.sparsity is not None and data is not None and src.type in _SPARSE_DTYPES:
+                    dense = sparse_to_dense(src, bytes(np.asarray(data, dtype=np.uint8)))
+                    buf = schema.BufferT()
+                    buf.data = np.frombuffer(dense.tobytes(), dtype=np.uint8)
+                    model.buffers.append(buf)
+                    dst.buffer = len(model.buffers) - 1
+                    record.densified += 1
+                    continue
+            keep_ops.append(op)
+        g.operators = keep_ops
+        _drop_unused_tensors(model, g)
+
+
+def sparse_to_dense(tensor: Any, data: bytes) -> np.ndarray:
+    """The dense array of a sparse TFLite constant (TFLite's FormatConverter::SparseToDense, level by level)."""
+    sp = tensor.sparsity
+    shape = tuple(int(d) for d in tensor.shape)
+    order = [int(i) for i in sp.traversalOrder]
+    block_map = [int(i) for i in (sp.blockMap if sp.blockMap is not None else [])]
+    levels = sp.dimMetadata
+    rank = len(shape)
+    prev = np.zeros(1, dtype=np.int64)
+    cols: list[np.ndarray] = []
+    for md in levels:
+        if md.format == 0:  # DENSE
+            n = int(md.denseSize)
+            cols = [c.repeat(n) for c in cols] + [np.tile(np.arange(n), len(prev))]
+            prev = (prev[:, None] * n + np.arange(n)).ravel()
+        else:  # SPARSE_CSR: segments[prev] .. segments[prev + 1] index into indices
+            seg = np.asarray(md.arraySegments.values, dtype=np.int64)
+            ind = np.asarray(md.arrayIndices.values, dtype=np.int64)
+            starts, counts = seg[prev], seg[prev + 1] - seg[prev]
+            nxt = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
+            cols = [c.repeat(counts) for c in cols] + [ind[nxt]]
+            prev = nxt
+    values = np.frombuffer(data, dtype=_SPARSE_DTYPES[int(tensor.type)])
+    if len(values) < len(prev):
+        raise ConversionError(f"sparse tensor {tensor.name!r}: {len(values)} values for {len(prev)} positions")
+    orig = [np.zeros(len(prev), dtype=np.int64) for _ in range(rank)]
+    for level, col in enumerate(cols):
+        d = order[level]
+        if d < rank:
+            orig[d] = col
+        else:  # a block level: within the block of its original dimension
+            b = d - rank
+            size = int(levels[order.index(d)].denseSize)
+            orig[block_map[b]] = orig[block_map[b]] * size + col
+    dense = np.zeros(shape, dtype=values.dtype)
+    dense[tuple(orig)] = values[:len(prev)]
+    return dense
+
+
+def resource_ops(model: Any) -> list[str]:
+    """The resource-variable ops a model uses (state between calls)."""
+    names = {name for name, code in vars(_schema().BuiltinOperator).items() if name in RESOURCE_OPS
+             for oc in model.operatorCodes if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code}
+    return sorted(names)
+
+
 def _drop_unused_tensors(model: Any, g: Any) -> None:
     used: set[int] = set(int(i) for i in (g.inputs if g.inputs is not None else [])) \
         | set(int(i) for i in (g.outputs if g.outputs is not None else []))
@@ -213,14 +295,17 @@ def custom_ops(model: Any) -> list[str]:
     return sorted({n for g in model.subgraphs for op in (g.operators or []) if (n := _custom_name(model, op))})
 
 
-def rewrite(data: bytes, *, lower: bool = True, fp32: bool = False) -> tuple[bytes, Rewrite]:
-    """``data`` with MediaPipe's custom ops lowered (``lower``) and f16 weights made f32 (``fp32``)."""
+def rewrite(data: bytes, *, lower: bool = True, fp32: bool = False, densify: bool = False) -> tuple[bytes, Rewrite]:
+    """``data`` with MediaPipe's custom ops lowered (``lower``), f16 weights made f32 (``fp32``) and sparse
+    weights made dense (``densify``)."""
     record = Rewrite()
     model = load(data)
     if lower:
         lower_mediapipe_ops(model, record)
     if fp32:
         dequantize_fp16_weights(model, record)
-    if not record.lowered and not record.dequantized:
+    if densify:
+        densify_sparse_weights(model, record)
+    if not record.lowered and not record.dequantized and not record.densified:
         return data, record
     return save(model), record
