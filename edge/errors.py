@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -103,6 +104,21 @@ class DeployError(EdgeError):
 
 class HardwareUnavailableError(MissingDependencyError):
     """The step needs hardware (GPU, NPU, OS) this host does not have."""
+
+
+# What a terminal acts on instead of showing: C0 controls (ESC starts CSI/OSC sequences that recolour, retitle,
+# or on some terminals write files), DEL, the C1 range (0x9b is a one-byte CSI), Unicode line separators and
+# the bidi overrides that make a file name read backwards. Newline stays: callers that need one line split on it.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), never sent to the terminal raw.
+
+    Every user-controlled string the CLI prints (file names, ids, reasons, error messages) and every log line
+    the agent and the collector write to a terminal pass here."""
+    return _UNPRINTABLE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                       else f"\\u{ord(m.group()):04x}"), str(text))
 
 
 def did_you_mean(name: str, choices: list[str]) -> str:

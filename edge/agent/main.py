@@ -18,14 +18,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines with control characters escaped (``edge.errors.printable``): a device id, a file name or a
+    broker's text in a log line never reaches the terminal as an escape sequence."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def setup_logging(level: str) -> None:
     lvl = getattr(logging, level.upper(), None)
     if not isinstance(lvl, int):
         raise EdgeError(f"unknown --log-level {level!r}", hint="use debug, info, warning or error")
-    logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=lvl, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:  # the terminal's (not a test's capture)
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.stdout):
+            handler.setFormatter(PrintableFormatter(LOG_FORMAT))
 
 
 def broker_config(url: str, ca: Path | None, cert: Path | None, key: Path | None, username: str | None,

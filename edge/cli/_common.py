@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable
 
 
 TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
@@ -23,20 +22,6 @@ TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 AllowCpuFallback = typer.Option(False, "--allow-cpu-fallback", help="When the target's accelerator is missing (Edge "
                                 "TPU, TensorRT GPU), run on the CPU instead; every report then says CPU fallback.")
-
-
-# What a terminal acts on instead of showing: C0 controls (ESC starts CSI/OSC sequences that recolour, retitle,
-# or on some terminals write files), DEL, the C1 range (0x9b is a one-byte CSI), Unicode line separators and
-# the bidi overrides that make a file name read backwards. Newline stays: callers that need one line split on it.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: object) -> str:
-    """``text`` with every control character shown as an escape (``\\x1b``), never sent to the terminal raw.
-
-    Every user-controlled string the CLI prints (file names, ids, reasons, error messages) passes here."""
-    return _UNPRINTABLE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                       else f"\\u{ord(m.group()):04x}"), str(text))
 
 
 def safe(text: object) -> str:

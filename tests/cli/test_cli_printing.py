@@ -45,3 +45,15 @@ def test_install_hints_keep_their_extra_in_brackets() -> None:
         assert p.returncode == 0, p.stderr
         assert "pip install 'edgekit-ml[coreml]'" in p.stdout, p.stdout
         assert "pip install 'edgekit-ml'" not in p.stdout
+
+
+def test_log_lines_escape_terminal_sequences() -> None:
+    """The agent's and the collector's log lines (``setup_logging``) escape what a device or a file name holds."""
+    import subprocess
+    import sys
+
+    code = ("import logging; from edge.agent.main import setup_logging; setup_logging('info'); "
+            f"logging.getLogger('edge.fleet').warning('rejected %s', {HOSTILE!r})")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "rejected x\\x1b]0;owned" in p.stderr, p.stderr
+    assert not RAW_CONTROLS.search(p.stderr), repr(p.stderr)
