@@ -18,6 +18,7 @@ to its unknown token) is evaluated on random ids, and the record says so and why
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -76,7 +77,7 @@ def builtin_texts() -> dict[str, str]:
     return {name: (root / f"{name}.txt").read_text(encoding="utf-8") for name in BUILTIN_TEXTS}
 
 
-def read_eval_text(path: str | Path) -> str:
+def read_eval_text(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     if not p.is_file():
         raise InputFileError(f"evaluation text {p} does not exist or is not a file")
@@ -116,7 +117,7 @@ def random_windows(n_vocab: int, note: str, *, window: int = WINDOW_TOKENS, coun
                                     for i in range(count)), {}, note)
 
 
-def eval_windows(model: Path, n_vocab: int, *, eval_text: str | Path | None = None, context: int | None = None,
+def eval_windows(model: Path, n_vocab: int, *, eval_text: str | os.PathLike[str] | None = None, context: int | None = None,
                  window_tokens: int = WINDOW_TOKENS, max_windows: int = MAX_WINDOWS) -> EvalText:
     """The gate's windows for the GGUF at ``model``: ``eval_text`` (a file) or the built-in texts,
     tokenized by the model; random ids with the reason when the model cannot tokenize the

@@ -61,9 +61,10 @@ def captured_log() -> Iterator[_Log]:
     llama_cpp = load_llama_cpp()
     log = _Log()
 
-    @llama_cpp.llama_log_callback
-    def _cb(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
+    def _line(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
         log.lines.append(text.decode("utf-8", "replace").rstrip("\n"))
+
+    _cb = llama_cpp.llama_log_callback(_line)  # the C callback: held here while llama.cpp may call it
 
     llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
     try:
@@ -75,7 +76,8 @@ def captured_log() -> Iterator[_Log]:
 
 
 def system_info() -> str:
-    return load_llama_cpp().llama_print_system_info().decode("utf-8", "replace").strip()
+    info: bytes = load_llama_cpp().llama_print_system_info()
+    return info.decode("utf-8", "replace").strip()
 
 
 def has_amx_build() -> bool:
@@ -140,7 +142,7 @@ def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_la
     duration of one load (under a lock) that function returns params with the flag set.
     """
     llama_cpp = load_llama_cpp()
-    from llama_cpp import llama as llama_mod
+    import llama_cpp.llama_cpp as low  # the ctypes bindings llama_cpp.Llama calls (llama_cpp.llama's llama_cpp)
 
     # 0 = every CPU this process may use. llama-cpp-python's own default (cpu_count // 2) ran one
     # thread on this 2-vCPU host: 1,053 vs 1,816 prompt tokens/s for a 40M-parameter f16 model.
@@ -150,7 +152,6 @@ def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_la
                   n_gpu_layers=n_gpu_layers, logits_all=logits_all, verbose=False)
     if use_extra_bufts:
         return llama_cpp.Llama(str(path), **kwargs)
-    low = llama_mod.llama_cpp
     original = low.llama_model_default_params
 
     def params() -> Any:

@@ -154,12 +154,13 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
     say(f"reading {src.path} ({src.format}; route: {p.route})")
     io = src.io(req.input_shapes)
     job = _Job(src=src, profile=profile, plan=p, request=req, say=say, io=io, seen_io=io)
-    if req.freeze:
+    if req.freeze and isinstance(src, OnnxSource):  # another source with --freeze-input: _check_source refused it
         say("freezing " + ", ".join(f"{k}={v}" for k, v in req.freeze.items()) + " and inlining the Ifs that decides")
-        job.src, job.io = src.frozen(req.freeze, io)
-        say(f"{job.src.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
-            f"(max error {job.src.record.check['max_error_over_range']:.2g} of the output's range)")
-    if job.src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
+        frozen, job.io = src.frozen(req.freeze, io)
+        job.src = frozen
+        say(f"{frozen.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
+            f"(max error {frozen.record.check['max_error_over_range']:.2g} of the output's range)")
+    if isinstance(job.src, OnnxSource) and job.src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
         from edge.graph.opsupport import check_ops
 
         check_ops(job.src.model, p.steps[0].converter.name, source=job.src.path, target=profile.name)
@@ -307,7 +308,7 @@ def _host_proxy(p: Plan, profile: TargetProfile) -> tuple[str, dict[str, Any], s
     from edge.capabilities import current_host
 
     cls = RUNNERS.get(profile.runner)
-    proxy = getattr(cls, "host_proxy", None)
+    proxy: tuple[str, dict[str, Any], str] | None = getattr(cls, "host_proxy", None)
     if proxy is not None and not _runner_problems(proxy[0]):
         return proxy
     if (profile.run_place.needs_device and "allow_cpu_fallback" in cls.options and not _runner_problems(profile.runner)
@@ -330,15 +331,16 @@ def _parity_gate(job: _Job, stage: Path, manifest: dict[str, Any],
                  reference_on: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]) -> None:
     """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
     of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
-    if job.reference is None:
+    reference = job.reference
+    if reference is None:
         manifest["parity"] = {"passed": None, "skipped": SKIP_NO_REFERENCE}
         return
     if job.plan.run_here is None:
-        _gate_on_runner(job, stage, manifest)
+        _gate_on_runner(job, stage, manifest, reference)
         return
     proxy = _host_proxy(job.plan, job.profile)
     if proxy is not None:
-        _gate_on_host_proxy(job, stage, manifest, proxy)
+        _gate_on_host_proxy(job, stage, manifest, proxy, reference)
         return
     if job.converter_proxy is not None and _gate_on_converter_proxy(job, manifest, reference_on):
         return
@@ -355,20 +357,20 @@ def _failed(job: _Job) -> str:
     return f"parity failed for {job.profile.name} {job.plan.precision}"
 
 
-def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any]) -> None:
+def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference: list[dict[str, Any]]) -> None:
     from edge.verify.parity import check_parity
 
     job.say(f"checking parity on {len(job.parity_inputs)} {job.label} inputs")
     with Bundle(stage, manifest).open_runner() as runner:
-        report = check_parity(runner, job.parity_inputs, job.reference, precision=job.plan.precision,
+        report = check_parity(runner, job.parity_inputs, reference, precision=job.plan.precision,
                               inputs=job.label, reference_label=job.ref_label, **job.parity_opts)
     record_gate(manifest, report, failed=_failed(job), accept=job.request.accept_parity_failure)
-    try_fast_precision(job.plan.precision, stage, manifest, job.parity_inputs, job.reference, label=job.label,
+    try_fast_precision(job.plan.precision, stage, manifest, job.parity_inputs, reference, label=job.label,
                        reference_label=job.ref_label, parity_opts=job.parity_opts, say=job.say)
 
 
-def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy: tuple[str, dict[str, Any], str]
-                        ) -> None:
+def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy: tuple[str, dict[str, Any], str],
+                        reference: list[dict[str, Any]]) -> None:
     """Parity on a runner of this host that computes what the device will (``_host_proxy``)."""
     from edge.backends.runner import RUNNERS
     from edge.verify.parity import check_parity
@@ -383,7 +385,7 @@ def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy:
     # the fp32 ONNX on the device) is fp32 arithmetic there; int8 QDQ is int8 in both
     as_loaded = p.precision if same or p.precision.startswith("int8") else "fp32"
     with RUNNERS.get(name)(b.artifact, options=runner_opts, precision=as_loaded) as runner:
-        report = check_parity(runner, job.parity_inputs, job.reference, precision=p.precision, inputs=job.label,
+        report = check_parity(runner, job.parity_inputs, reference, precision=p.precision, inputs=job.label,
                               reference_label=job.ref_label, host_proxy=f"host proxy: {what}", **job.parity_opts)
     record_gate(manifest, report, failed=f"{_failed(job)} (host proxy: {name})",
                 accept=job.request.accept_parity_failure)

@@ -154,7 +154,8 @@ class TFLiteSource(Source):
             self.format = "edgetpu-tflite"
         self._io: IOSpec | None = None
         self._quant: dict[str, Any] | None = None
-        self.runnable, self.lowered = self.path, {}
+        self.runnable = self.path
+        self.lowered: dict[str, Any] = {}
         from edge.backends.litert.rewrite import LOWERABLE
 
         if set(self.file.custom_ops) & LOWERABLE:  # MediaPipe's ops -> builtins (exact), so stock LiteRT runs it
@@ -388,7 +389,9 @@ def is_torch_source(path: str | os.PathLike[str]) -> bool:
     if not p.is_file() or _magic(p)[:4] != b"PK\x03\x04":
         return False
     names = _zip_names(p)
-    return bool(names) and (_is_torchscript(names) or _is_exported_program(names))
+    if not names:
+        return False
+    return _is_torchscript(names) or _is_exported_program(names)
 
 
 def torch_kind(path: str | os.PathLike[str]) -> str:

@@ -64,7 +64,7 @@ def _pads(pads: list[int], nd: int) -> tuple[list[int], bool]:
     return torch_pad, begin == end
 
 
-class OnnxModule(torch.nn.Module):
+class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the toolchain's venv: Any to mypy here
     """An ONNX graph (static shapes) as a torch module: float initializers become buffers."""
 
     def __init__(self, model: Any) -> None:

@@ -135,7 +135,8 @@ def bridge_onnx(job: dict[str, Any], work: Path, timings: dict[str, float]) -> t
         y = y if isinstance(y, tuple) else (y,)
         for name, v in zip(module.output_names, y):
             outs[name].append(v.numpy())
-    np.savez(work / "bridge_outputs.npz", **{k: np.stack(v) for k, v in outs.items()})
+    arrays: dict[str, Any] = {k: np.stack(v) for k, v in outs.items()}  # numpy's stub reads **arrays as allow_pickle
+    np.savez(work / "bridge_outputs.npz", **arrays)
     timings["bridge_s"] = round(time.time() - t0, 2)
 
     stage("torch.jit.trace")
@@ -211,8 +212,8 @@ def save_proxy(proxy: dict[str, Any] | None, out_names: list[str], work: Path) -
         return {}
     if proxy["outputs"] is None:
         return {"proxy": {k: v for k, v in proxy.items() if k != "outputs"}}
-    np.savez(work / "proxy_outputs.npz",
-             **{k: np.stack([o[j] for o in proxy["outputs"]]) for j, k in enumerate(out_names)})
+    arrays: dict[str, Any] = {k: np.stack([o[j] for o in proxy["outputs"]]) for j, k in enumerate(out_names)}
+    np.savez(work / "proxy_outputs.npz", **arrays)
     return {"proxy": {**{k: v for k, v in proxy.items() if k != "outputs"},
                       "outputs": str(work / "proxy_outputs.npz")}}
 
@@ -262,7 +263,8 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
     samples = np.load(job["samples"])
     outs = run_samples(run, samples, names)
     out_names = [f"output_{j}" for j in range(len(outs[0]))]
-    np.savez(work / "reference_outputs.npz", **{k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)})
+    arrays: dict[str, Any] = {k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)}
+    np.savez(work / "reference_outputs.npz", **arrays)
     job["outputs"] = [{"name": k, "shape": list(outs[0][j].shape)} for j, k in enumerate(out_names)]
     timings["reference_s"] = round(time.time() - t0, 2)
     if job["torch_kind"] == "exported_program":

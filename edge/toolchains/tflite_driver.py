@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 _EVENTS: Any = None
-_STAGE = {"name": "starting", "since": time.time()}
+_STAGE: dict[str, Any] = {"name": "starting", "since": time.time()}
 _START = time.time()
 _ONNXSIM_RUNS: list[dict[str, Any]] = []
 
@@ -93,7 +93,7 @@ def _record_onnxsim() -> None:
                 _ONNXSIM_RUNS.append(run)
         return real(args, *a, **kw)
 
-    subprocess.check_output = check_output  # type: ignore[assignment]
+    subprocess.check_output = check_output
 
 
 # -- ONNX side ---------------------------------------------------------------------------
@@ -333,7 +333,8 @@ def _converter_error(e: Exception, onnx_path: Path | None = None) -> DriverError
     if not ops:
         for m in re.finditer(r"'?tf\.(\w+)'?[^\n]*?(?:loc\((?:fused\[)?\"([^\"]+)\")?", msg):
             ops.append({"op": m.group(1), "node": m.group(2) or "?"})
-    seen, uniq = set(), []
+    seen: set[tuple[str, str]] = set()
+    uniq: list[dict[str, Any]] = []  # and each one's ONNX node, or None
     for o in ops:
         k = (o["op"], o["node"])
         if k not in seen:
@@ -346,8 +347,8 @@ def _converter_error(e: Exception, onnx_path: Path | None = None) -> DriverError
                 index = _onnx_node_index(onnx_path)
             except Exception:  # noqa: BLE001 - naming the ONNX node is a courtesy
                 pass
-        for o in uniq:
-            o["onnx_node"] = _onnx_origin(o["node"], index)
+        for u in uniq:
+            u["onnx_node"] = _onnx_origin(u["node"], index)
         return DriverError("tflite_unsupported_ops", "TFLite's builtin op set cannot express "
                            + (", ".join(f"tf.{o['op'].removeprefix('tf.')} (from {o['onnx_node'] or 'TF node ' + o['node']})"
                                         for o in uniq) or msg.splitlines()[0][:300]),

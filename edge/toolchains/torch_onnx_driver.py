@@ -121,7 +121,8 @@ def run(job: dict[str, Any], work: Path) -> int:
         outs.append([(v.float() if v.dtype == torch.bfloat16 else v).detach().numpy() for v in y])
     out_names = [f"output_{j}" for j in range(len(outs[0]))]
     reference = work / "reference_outputs.npz"
-    np.savez(reference, **{k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)})
+    arrays: dict[str, Any] = {k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)}  # see np.savez's stub
+    np.savez(reference, **arrays)
     outputs = [{"name": k, "shape": list(outs[0][j].shape), "dtype": str(outs[0][j].dtype)}
                for j, k in enumerate(out_names)]
     timings["reference_s"] = round(time.time() - t0, 2)
