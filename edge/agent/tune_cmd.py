@@ -199,7 +199,7 @@ def device_host() -> dict[str, Any]:
     import socket
 
     from edge.capabilities import cpu_isa, current_host
-    from edge.tune.config import usable_cpus
+    from edge.backends.threads import usable_cpus
 
     h, isa = current_host(), cpu_isa()
     return {"hostname": socket.gethostname(), "os": h.os, "arch": h.arch, "cpu": isa.model, "isa": sorted(isa.flags),

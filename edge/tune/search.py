@@ -277,7 +277,7 @@ def _host() -> dict[str, Any]:
     from edge.capabilities import cpu_isa, current_host
 
     h = current_host()
-    from edge.tune.config import usable_cpus
+    from edge.backends.threads import usable_cpus
 
     return {"os": h.os, "arch": h.arch, "cpu": cpu_isa().model, "cpus": usable_cpus()}
 

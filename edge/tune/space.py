@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 from edge.errors import EdgeError
-from edge.tune.config import OBJECTIVES, Config, usable_cpus, word  # noqa: F401 - OBJECTIVES, usable_cpus re-exported
+from edge.backends.threads import usable_cpus
+from edge.tune.config import OBJECTIVES, Config, word  # noqa: F401 - OBJECTIVES re-exported
 
 THREADS = (1, 2, 4, 8, 16)
 WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
