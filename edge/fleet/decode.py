@@ -18,15 +18,15 @@ import math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
+from edge.mqtt.lite import TooLarge
+from edge.mqtt.payloads import SCHEMA_VERSION
+from edge.mqtt.topics import Topic, TopicError
+
 _orjson: Any  # the orjson module, or None where it is not installed
 try:
     import orjson as _orjson
 except ImportError:  # optional: the standard library parses the same messages, slower
     _orjson = None
-
-from edge.mqtt.lite import TooLarge
-from edge.mqtt.payloads import SCHEMA_VERSION
-from edge.mqtt.topics import Topic, TopicError
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session",
