@@ -167,6 +167,8 @@ def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None
         if channels is None or (preset == AUTO and channels != 3):
             continue
         layout = image_layout(t.shape)
+        if layout is None:  # never with channels known: image_channels reads them at the layout's axis
+            continue
         h, w = (t.shape[2], t.shape[3]) if layout == "NCHW" else (t.shape[1], t.shape[2])
         name = preset if preset != AUTO else ("raw" if t.dtype == "uint8" else "imagenet")
         fields: dict[str, Any] = dict(PRESETS[name])
@@ -174,7 +176,7 @@ def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None
             fields["color"] = "GRAY"
         if letterbox is not None:
             fields["resize"] = "letterbox" if letterbox else "resize"
-        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype,  # type: ignore[arg-type]
+        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype,
                               preset=name, **fields)
     return None
 

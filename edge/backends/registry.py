@@ -8,11 +8,18 @@ loaded only when a name is asked for, so listing backends imports no runtime.
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from edge.errors import EdgeError, UnknownBackendError, did_you_mean
 
-T = TypeVar("T")
+
+class Named(Protocol):
+    """What a registry holds: a class that names itself (``Converter.name``, ``Runner.name``)."""
+
+    name: ClassVar[str]
+
+
+T = TypeVar("T", bound=Named)
 
 
 class Registry(Generic[T]):
@@ -65,7 +72,7 @@ class Registry(Generic[T]):
 
     def register(self, cls: type[T]) -> type[T]:
         """Register a class at run time (tests, notebooks). Plugins should use entry points."""
-        name = getattr(cls, "name")
+        name = cls.name
         if name in self and self.get(name) is not cls:
             raise EdgeError(f"a {self.kind} named {name!r} is already registered")
         self._loaded[name] = cls

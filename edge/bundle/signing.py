@@ -74,8 +74,8 @@ def key_id(public_key: Any) -> str:
 def public_pem(public_key: Any) -> str:
     from cryptography.hazmat.primitives import serialization
 
-    return public_key.public_bytes(serialization.Encoding.PEM,  # type: ignore[no-any-return]
-                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode("ascii")
+    pem: bytes = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pem.decode("ascii")
 
 
 def load_public_pem(data: bytes, where: str) -> Any:
