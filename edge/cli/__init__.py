@@ -7,7 +7,7 @@ any other exception one line naming its log file, and exit code 3.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import typer
 
@@ -47,7 +47,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+def _root(version: bool | None = typer.Option(None, "--version", callback=_version, is_eager=True,
                                                  help="Print the version and exit.")) -> None:
     """edgekit: models to edge devices, verified."""
 
