@@ -54,10 +54,9 @@ def build(name: str, precision: str, work: Path) -> Path:
         Bundle.open(out)
         return out
     m = CORPUS[name]
-    kwargs: dict[str, Any] = m.convert_kwargs("arm-xnnpack")
-    if precision.startswith("int8"):
-        kwargs["calib"] = "random"
-    convert(m.path, "arm-xnnpack", out, precision=precision, force=True, **kwargs)
+    request = m.convert_request("arm-xnnpack").replace(
+        precision=precision, calib="random" if precision.startswith("int8") else None)
+    convert(m.path, "arm-xnnpack", out, request, force=True)
     return out
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the age
 
 from edge.capabilities import Host, Requirement, problems, require
 from edge.errors import EdgeError
+from edge.backends.options import option_docs, read_options
 from edge.backends.registry import Registry
 from edge.spec import TensorSpec
 
@@ -47,6 +48,13 @@ class Runner(ABC):
     #: device, for parity where this runner cannot run (TensorRT: onnxruntime on the prepared ONNX)
     host_proxy: ClassVar[tuple[str, dict[str, Any], str] | None] = None
     requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: the runner's options, declared once (``edge.backends.options``): a frozen dataclass in its backend's
+    #: ``format.py``; ``options`` and the manifest's checks and schema derive from it
+    options_class: ClassVar[type | None] = None
+    #: options only the device gives (a library, a directory): name -> description; refused in a manifest
+    device_options: ClassVar[Mapping[str, str]] = {}
+    #: option name -> description (what `edgekit doctor` and the CLI print): ``options_class``'s fields, then
+    #: ``device_options``; a runner without an ``options_class`` declares it itself
     options: ClassVar[Mapping[str, str]] = {}
 
     inputs: tuple[TensorSpec, ...]
@@ -54,6 +62,12 @@ class Runner(ABC):
     info: RunnerInfo
     _closed: bool = False  # set by close(); validate() refuses use after it
     _signature: tuple[tuple[str, tuple[int | str, ...], np.dtype], ...] | None = None  # inputs, built on first use
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("options_class")
+        if declared is not None and "options" not in cls.__dict__:
+            cls.options = {**option_docs(declared), **cls.device_options}
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         require(self.requires, f"runner {self.name!r}")
@@ -64,6 +78,11 @@ class Runner(ABC):
         self.artifact = Path(artifact)
         self.precision = precision
         self._options = dict(options or {})
+        #: the options read into ``options_class`` (types and ranges checked, defaults filled in); None without one
+        self.typed_options: Any = None
+        if self.options_class is not None:
+            self.typed_options = read_options(self.name, self.options_class, {
+                k: v for k, v in self._options.items() if k not in self.device_options})
 
     @classmethod
     def problems(cls, host: Host | None = None) -> list[str]:

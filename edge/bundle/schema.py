@@ -212,7 +212,7 @@ class RunnerSpec:
     def __schema_extra__(schema_of: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
         return {"allOf": [{"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
                            "then": {"properties": {"options": schema_of(cls)}}}
-                          for name, cls in RUNNER_OPTIONS.items()]}
+                          for name, cls in sorted(builtin_runner_options().items())]}
 
     @property
     def options_dict(self) -> dict[str, Any]:
@@ -612,75 +612,36 @@ class Manifest:
 
 
 # -- runner options ------------------------------------------------------------------------
-# Per built-in runner: the type and range of every option a manifest may carry. Each runner's
-# ``options`` (its declared option names) minus the device-only ones must equal these fields;
-# a test checks it. Plugin runners' options get the generic checks of RunnerSpec only.
-
-_THREADS: dict[str, Any] = dict(ge=0, le=4096)
-_WORD: dict[str, Any] = dict(pattern=OPTION_TEXT, max_len=64)
+# Each runner declares its options once, as a dataclass in its backend's format.py (edge.backends.options):
+# the runner's class names it (options_class), built-in or plugin; the manifest's checks and schema read it
+# from there.
 
 
-@dataclass(frozen=True)
-class OnnxRuntimeOptions:
-    providers: tuple[str, ...] = spec((), min_items=1, max_items=8,
-                                      item=Rule(pattern=r"^[A-Za-z0-9]{1,48}ExecutionProvider$"))
-    intra_op_num_threads: int = spec(0, **_THREADS)
-    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
-    x64_quant_precision: bool = True
-    execution_mode: Literal["sequential", "parallel"] = "sequential"
-    inter_op_num_threads: int = spec(0, **_THREADS)  # execution_mode parallel only (the runner refuses it otherwise)
-    allow_spinning: bool | None = None  # None: edgekit's policy (off; edge.backends.threads)
-    reserve_cpus: float = spec(0.0, ge=0, le=4096)
+def runner_options_class(runner: str) -> type | None:
+    """The typed options of the runner registered as ``runner`` (a plugin's too); None when it declares none
+    (its options then get the generic checks of RunnerSpec only) or when no such runner is installed."""
+    from edge.backends.runner import RUNNERS
+
+    try:
+        cls = RUNNERS.get(runner)
+    except Exception:  # noqa: BLE001 - UnknownBackendError, or a plugin that fails to import
+        return None
+    declared = getattr(cls, "options_class", None)
+    return declared if isinstance(declared, type) else None
 
 
-@dataclass(frozen=True)
-class OpenVINOOptions:
-    device: str | tuple[str, ...] = spec("CPU", pattern=r"^[A-Za-z0-9_.:,-]{1,64}$", min_items=1, max_items=8,
-                                         item=Rule(pattern=r"^[A-Za-z0-9_.:-]{1,64}$"))
-    performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT",
-                              "latency", "throughput", "cumulative_throughput"] = "LATENCY"
-    inference_precision: Literal["bundle", "fast", "f32", "f16", "bf16", "BUNDLE", "FAST", "F32", "F16", "BF16"] = "bundle"
-    num_threads: int = spec(0, **_THREADS)
-    # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
-    num_streams: int | Literal["AUTO", "auto"] = spec(0, ge=0, le=1024)
-    reserve_cpus: float = spec(0.0, ge=0, le=4096)
+def builtin_runner_options() -> dict[str, type]:
+    """Runner name -> its typed options, for edgekit's own runners (the published schema describes these)."""
+    from edge.backends.runner import RUNNERS
 
+    out: dict[str, type] = {}
+    for name in RUNNERS.names():
+        cls = RUNNERS.get(name)
+        declared = getattr(cls, "options_class", None)
+        if cls.__module__.startswith("edge.") and isinstance(declared, type):
+            out[name] = declared
+    return out
 
-@dataclass(frozen=True)
-class LiteRTOptions:
-    delegate: Literal["xnnpack", "edgetpu", "none", "XNNPACK", "EDGETPU", "NONE"] = "xnnpack"
-    num_threads: int = spec(0, **_THREADS)
-    allow_cpu_fallback: bool = False
-    edgetpu_device: str = spec("", pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$")
-    xnnpack_latest_features: bool = False  # delegate xnnpack only (the runner refuses it otherwise)
-    reserve_cpus: float = spec(0.0, ge=0, le=4096)
-
-
-@dataclass(frozen=True)
-class LlamaCppOptions:
-    n_threads: int = spec(0, **_THREADS)
-    n_ctx: int = spec(2048, ge=1, le=1 << 24)
-    n_batch: int = spec(512, ge=1, le=1 << 20)
-    n_gpu_layers: int = spec(0, ge=-1, le=1 << 16)
-    require_gpu: bool = False
-
-
-@dataclass(frozen=True)
-class TensorRTOptions:
-    allow_cpu_fallback: bool = False
-    rebuild: bool = False
-    device: int = spec(0, ge=0, le=64)
-
-
-@dataclass(frozen=True)
-class CoreMLOptions:
-    compute_units: Literal["CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"] = "CPU_AND_NE"
-
-
-RUNNER_OPTIONS: dict[str, type] = {
-    "onnxruntime": OnnxRuntimeOptions, "openvino": OpenVINOOptions, "litert": LiteRTOptions,
-    "llama.cpp": LlamaCppOptions, "tensorrt": TensorRTOptions, "coreml": CoreMLOptions,
-}
 
 #: options a runner takes only from the device (its CLI, environment, agent config): each names a
 #: library to load, a file or a directory to write. In a manifest they are refused.
@@ -816,12 +777,12 @@ def check_runner(r: RunnerSpec, where: str = "runner") -> None:
     if unknown:
         raise Invalid(join_path(f"{where}.options", unknown[0]), f"runner {r.name!r} takes no such option; it takes: "
                       f"{', '.join(k for k in declared if device_only_hint(r.name, k) is None) or 'none'}")
-    typed = RUNNER_OPTIONS.get(r.name)
-    if typed is not None:
+    typed = getattr(cls, "options_class", None)
+    if isinstance(typed, type):
         opts = read(typed, to_json(r.options), f"{where}.options")
-        if isinstance(opts, OnnxRuntimeOptions) and opts.inter_op_num_threads and opts.execution_mode != "parallel":
-            raise Invalid(f"{where}.options.inter_op_num_threads", "applies only with execution_mode \"parallel\" "
-                          "(a sequential session runs one node at a time)")
+        bad = opts.invalid() if hasattr(opts, "invalid") else None  # the options' own rule across fields
+        if bad is not None:
+            raise Invalid(f"{where}.options.{bad[0]}", bad[1])
 
 
 def device_class_of(benchmark: Any) -> dict[str, Any] | None:

@@ -36,7 +36,7 @@ from edge.errors import ConversionError, MissingDependencyError, ModelError, Par
 
 TOOLCHAIN = "torch"
 DRIVER = "coreml"  # edge/toolchains/coreml_driver.py, one of the torch toolchain's drivers
-COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
+from edge.backends.coreml.format import COMPUTE_UNITS  # noqa: E402 - where the runner reads it too
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
                    why="the bridged model is checked against the source in onnxruntime")
 _PARITY_SAMPLES = 8

@@ -16,11 +16,11 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
 from edge.capabilities import Requirement
 from edge.errors import EdgeError
+from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec, image_layout
 
 NEEDS_MACOS = "Core ML predictions need macOS; the bundle is ready to copy to a Mac"
-COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
 
 
 class CoreMLRunner(Runner):
@@ -28,7 +28,7 @@ class CoreMLRunner(Runner):
     formats = ("mlpackage",)
     requires = (Requirement("os", "darwin", install=NEEDS_MACOS),
                 Requirement("python", "coremltools", install="pip install 'edgekit-ml[coreml]'"))
-    options = {"compute_units": f"{', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)"}
+    options_class = CoreMLOptions
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp16") -> None:
         # raises HardwareUnavailableError off macOS, naming every unmet requirement (NEEDS_MACOS included)

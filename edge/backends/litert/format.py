@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.backends.options import RESERVE_CPUS_DOC, THREADS
+from edge.bundle.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import InputFileError
 
 IO_SIDECAR_SUFFIX = ".io.json"
@@ -116,3 +117,30 @@ def signature_names(path: str | os.PathLike[str]) -> dict[str, str]:
             if d.get("name") and d["name"] != sig_name:
                 found[str(d["name"])] = str(sig_name)
     return found
+
+
+# -- runner options (declared once: edge.backends.options) --------------------------------------
+
+#: set to 1 to allow the CPU fallback from every command (same as the runner option allow_cpu_fallback)
+ALLOW_CPU_FALLBACK_ENV = "EDGEKIT_ALLOW_CPU_FALLBACK"
+
+
+@dataclass(frozen=True)
+class LiteRTOptions:
+    delegate: Literal["xnnpack", "edgetpu", "none", "reference", "XNNPACK", "EDGETPU", "NONE", "REFERENCE"] = spec(
+        "xnnpack", doc="xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) "
+                       "or reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)")
+    reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
+    num_threads: int = spec(0, **THREADS, doc="CPU threads; 0 (default) = edgekit's choice: the CPUs this process may "
+                            "use that other processes and reserve_cpus leave (edge.backends.threads). LiteRT's own "
+                            "default (None) runs XNNPack on one thread")
+    allow_cpu_fallback: bool = spec(False, doc="run on the CPU when the delegate cannot be used (libedgetpu missing, "
+                                    "model not compiled for the Edge TPU, XNNPack refusing the model); reported as CPU "
+                                    f"fallback. Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command")
+    edgetpu_device: str = spec("", pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$", doc="which Edge TPU libedgetpu opens: '' "
+                               "(the first, default), 'usb', 'usb:0', 'pci:0'")
+    xnnpack_latest_features: bool = spec(
+        False, doc="delegate xnnpack only: create XNNPack with its latest operators enabled "
+                   "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
+                   "experimental_default_delegate_latest_features) instead of LiteRT's default XNNPack; true or false "
+                   "(default)")

@@ -40,7 +40,7 @@ import os
 import stat
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,14 +49,13 @@ import numpy as np
 from edge.capabilities import Requirement, env_flag
 from edge.native_stderr import captured_stderr
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
-from edge.backends.litert.format import EDGETPU_CUSTOM_OP, load_sidecar, read_tflite
+from edge.backends.litert.format import (ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTOptions, load_sidecar,
+                                        read_tflite)
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option, usable_cpus  # noqa: F401 - usable_cpus re-exported
 from edge.spec import TensorSpec, image_layout
 
 LITERT_REQUIREMENT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'")
-#: set to 1 to allow the CPU fallback from every command (same as the runner option allow_cpu_fallback)
-ALLOW_CPU_FALLBACK_ENV = "EDGEKIT_ALLOW_CPU_FALLBACK"
 EDGETPU_LIBRARY = {"linux": "libedgetpu.so.1", "darwin": "libedgetpu.1.dylib", "win32": "edgetpu.dll"}.get(
     sys.platform, "libedgetpu.so.1")
 #: the device's Edge TPU delegate library when it is not the system's libedgetpu (absolute path)
@@ -64,7 +63,6 @@ EDGETPU_LIBRARY_ENV = "EDGEKIT_EDGETPU_LIBRARY"
 EDGETPU_INSTALL = ("install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
                    "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
                    "for USB access")
-_DELEGATES = ("xnnpack", "edgetpu", "none", "reference")
 
 
 # -- the file itself ---------------------------------------------------------------------
@@ -136,22 +134,8 @@ class LiteRTRunner(Runner):
     name = "litert"
     formats = ("tflite", "edgetpu-tflite")
     requires = (LITERT_REQUIREMENT,)
-    options = {
-        "delegate": "xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) or "
-                    "reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)",
-        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
-                        "automatic thread count leaves them free. Default 0",
-        "num_threads": "CPU threads; 0 (default) = edgekit's choice: the CPUs this process may use that other "
-                       "processes and reserve_cpus leave (edge.backends.threads). LiteRT's own default "
-                       "(None) runs XNNPack on one thread",
-        "allow_cpu_fallback": "run on the CPU when the delegate cannot be used (libedgetpu missing, model not "
-                              "compiled for the Edge TPU, XNNPack refusing the model); reported as CPU fallback. "
-                              f"Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command",
-        "edgetpu_device": "which Edge TPU libedgetpu opens: '' (the first, default), 'usb', 'usb:0', 'pci:0'",
-        "xnnpack_latest_features": "delegate xnnpack only: create XNNPack with its latest operators enabled "
-                                   "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
-                                   "experimental_default_delegate_latest_features) instead of LiteRT's default "
-                                   "XNNPack; true or false (default)",
+    options_class = LiteRTOptions
+    device_options = {
         "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
                            f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
                            "bundle's manifest",
@@ -161,157 +145,87 @@ class LiteRTRunner(Runner):
         super().__init__(artifact, options=options, precision=precision)
         self._it: Any = None
         import ai_edge_litert
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType, load_delegate
+        from ai_edge_litert.interpreter import OpResolverType
 
-        opts = self._options
-        delegate = str(opts.get("delegate", "xnnpack")).lower()
-        if delegate not in _DELEGATES:
-            raise EdgeError(f"runner 'litert': delegate must be one of {', '.join(_DELEGATES)}, got {opts.get('delegate')!r}")
-        try:
-            threads = int(opts.get("num_threads", 0))
-        except (TypeError, ValueError):
-            threads = -1
-        if threads < 0:
-            raise EdgeError(f"runner 'litert': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
-        cpu_plan = plan_threads(threads, None, reserve=reserve_option(self.name, opts), spin_option=False)
-        threads = cpu_plan.threads
-        latest = opts.get("xnnpack_latest_features", False)
-        if not isinstance(latest, bool):
-            raise EdgeError(f"runner 'litert': xnnpack_latest_features must be true or false, got {latest!r}")
+        typed: LiteRTOptions = self.typed_options
+        delegate = typed.delegate.lower()
+        latest = typed.xnnpack_latest_features
         if latest and delegate != "xnnpack":
             # the flag makes the interpreter add an XNNPack delegate of its own whatever the op resolver: with
             # delegate none/reference it would silently run XNNPack (measured: ai-edge-litert 2.3)
             raise EdgeError(f"runner 'litert': xnnpack_latest_features applies to delegate xnnpack only, not "
                             f"{delegate} (it would apply XNNPack anyway)",
                             hint="set delegate = \"xnnpack\", or leave xnnpack_latest_features out")
-        allow_fallback = bool(opts.get("allow_cpu_fallback", False)) or env_flag(ALLOW_CPU_FALLBACK_ENV)
-
+        cpu_plan = plan_threads(typed.num_threads, None, reserve=reserve_option(self.name, self._options),
+                                spin_option=False)
         path = self.artifact
         if path.is_dir():
             path = path / "model.tflite"
         info = read_tflite(path)
+        ld = _Loading(path=path, info=info, version=getattr(ai_edge_litert, "__version__", "?"),
+                      threads=cpu_plan.threads, latest=latest, delegate=delegate,
+                      allow_fallback=typed.allow_cpu_fallback or env_flag(ALLOW_CPU_FALLBACK_ENV),
+                      details={"delegate_requested": delegate, "model": path.name,
+                               "edgetpu_compiled": info.edgetpu_compiled})
         sidecar = load_sidecar(path)
-        version = getattr(ai_edge_litert, "__version__", "?")
-        runtime_log: list[str] = []
-        fallback = None
-        details: dict[str, Any] = {"delegate_requested": delegate, "model": path.name,
-                                   "edgetpu_compiled": info.edgetpu_compiled}
-        device_requested = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)",
-                            "reference": "CPU (reference kernels)"}[delegate]
-        load_path = path
-        # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries no
-        # default delegate, so the execution plan's DELEGATE nodes are that delegate's (none would mean the flag
-        # did not reach the interpreter)
-        no_default = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         if latest:
-            details["xnnpack_latest_features"] = True
-
-        def interpreter(model: Path, resolver: Any, delegates: list[Any] | None = None) -> Any:
-            with captured_stderr() as lines:
-                try:
-                    it = Interpreter(model_path=str(model), num_threads=threads, experimental_delegates=delegates,
-                                     experimental_op_resolver_type=resolver,
-                                     experimental_default_delegate_latest_features=latest and resolver is no_default)
-                    it.allocate_tensors()
-                except (ValueError, RuntimeError) as e:
-                    err = str(e)
-                    if "edgetpu-custom-op" in err or EDGETPU_CUSTOM_OP in info.custom_ops and not delegates:
-                        raise ModelError(f"{model} is compiled for the Edge TPU (edgetpu-custom-op) and cannot run "
-                                         "without the Edge TPU delegate", hint=EDGETPU_INSTALL) from None
-                    raise ModelError(f"LiteRT {version} could not load {model}: {err.splitlines()[0][:300] if err else type(e).__name__}"
-                                     ) from None
-                finally:
-                    runtime_log.extend(lines)
-            return it
-
+            ld.details["xnnpack_latest_features"] = True
         if delegate == "edgetpu":
-            lib = edgetpu_library(opts.get("edgetpu_library"))
-            dev = str(opts.get("edgetpu_device", ""))
-            problem = None
-            fix = EDGETPU_INSTALL
-            tpu = None
-            if not info.edgetpu_compiled:
-                problem = (f"{path.name} is not compiled for the Edge TPU (no {EDGETPU_CUSTOM_OP}: edgetpu_compiler "
-                           "was not run on it), so the Edge TPU would run none of it")
-                fix = ("compile the bundle with `edgekit finish BUNDLE` on an x86-64 Linux host that has "
-                       "edgetpu_compiler (or convert there)")
-            else:
-                try:
-                    # dlopen first: load_delegate() on a missing library, or one without the delegate
-                    # entry points, leaves a half-made Delegate whose __del__ raises (ai-edge-litert 2.3)
-                    if not hasattr(ctypes.CDLL(lib), "tflite_plugin_create_delegate"):
-                        raise ValueError("not a TFLite delegate library: no tflite_plugin_create_delegate")
-                    with captured_stderr() as lines:
-                        tpu = load_delegate(lib, {"device": dev} if dev else {})
-                    runtime_log.extend(lines)
-                except (ValueError, OSError, RuntimeError) as e:
-                    problem = (f"the Edge TPU delegate {lib} could not be loaded"
-                               + (f" for device {dev!r}" if dev else "")
-                               + f" ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
-                               "libedgetpu is not installed or no Edge TPU is attached")
-            if tpu is not None:
-                self._it = interpreter(path, OpResolverType.AUTO, [tpu])
-                device_used, precision_used = "Edge TPU", "int8 (Edge TPU)"
-                details["delegate_applied"] = f"Edge TPU ({lib})"
-            else:
-                if not allow_fallback:
-                    raise HardwareUnavailableError(
-                        f"runner 'litert' cannot use the Edge TPU: {problem}",
-                        hint=f"{fix}; or allow the CPU fallback (runner option allow_cpu_fallback, "
-                             f"or {ALLOW_CPU_FALLBACK_ENV}=1), reported as such")
-                if info.edgetpu_compiled:
-                    cpu_model = (sidecar or {}).get("cpu_model")
-                    if cpu_model and (not isinstance(cpu_model, str) or Path(cpu_model).name != cpu_model
-                                      or cpu_model.startswith(".")):
-                        raise InputFileError(f"{path.with_suffix('.io.json')}: cpu_model must name a file next to "
-                                             f"the model, got {str(cpu_model)[:80]!r}")
-                    if not cpu_model or not (path.parent / cpu_model).is_file():
-                        raise HardwareUnavailableError(
-                            f"runner 'litert' cannot use the Edge TPU ({problem}) and {path.name} cannot run on "
-                            "the CPU (edgetpu-custom-op), and no CPU model is next to it", hint=EDGETPU_INSTALL)
-                    load_path = path.parent / cpu_model
-                fallback = f"CPU fallback: {problem}; running {load_path.name} on the CPU (XNNPack)"
-                self._it = interpreter(load_path, OpResolverType.AUTO)
-                device_used, precision_used = "CPU (XNNPack) [CPU fallback]", _precision_of(self._it)
-                details["delegate_applied"] = None
+            self._it, device_used, precision_used = self._open_edgetpu(ld, sidecar, typed)
         elif delegate == "xnnpack":
-            self._it = interpreter(path, no_default if latest else OpResolverType.AUTO)
+            # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries
+            # no default delegate, so the execution plan's DELEGATE nodes are that delegate's (none would mean the
+            # flag did not reach the interpreter)
+            self._it = ld.interpreter(path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if latest
+                                      else OpResolverType.AUTO)
             device_used, precision_used = "CPU (XNNPack)", _precision_of(self._it)
-        elif delegate == "reference":
-            self._it = interpreter(path, OpResolverType.BUILTIN_REF)
-            device_used, precision_used = "CPU (reference kernels)", _precision_of(self._it)
-            details["delegate_applied"] = None
         else:
-            self._it = interpreter(path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-            device_used, precision_used = "CPU (builtin kernels)", _precision_of(self._it)
-            details["delegate_applied"] = None
+            self._it = ld.interpreter(path, OpResolverType.BUILTIN_REF if delegate == "reference"
+                                      else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+            device_used = "CPU (reference kernels)" if delegate == "reference" else "CPU (builtin kernels)"
+            precision_used = _precision_of(self._it)
+            ld.details["delegate_applied"] = None
+        device_used = _check_delegation(self._it, ld, device_used)
+        self._model_file = ld.load_path
+        self._setup_io(sidecar, ld.load_path)
+        ld.details.update(threads_requested=self._options.get("num_threads", 0), threads_policy=cpu_plan.to_json(),
+                          io=self._io_summary(sidecar), runtime_log=ld.runtime_log[-20:])
+        self.info = RunnerInfo(runtime=f"ai-edge-litert {ld.version}", device_requested=_DEVICE_REQUESTED[delegate],
+                               device_used=device_used, precision_used=precision_used, threads=ld.threads,
+                               fallback=ld.fallback, details=ld.details)
 
-        plan = delegation(self._it)
-        details.update(plan)
-        if delegate == "xnnpack":
-            if plan["delegated_ops"] == 0:
-                why = "; ".join(ln for ln in runtime_log if "XNNPACK" in ln.upper() or "delegate" in ln.lower())[:300]
-                problem = (f"XNNPack took none of the {plan['model_ops']} ops of {path.name}"
-                           + (f" ({why})" if why else "") + "; LiteRT would run it on its builtin kernels")
-                if not allow_fallback:
-                    raise ModelError(f"runner 'litert': {problem}",
-                                     hint=f"to run it without XNNPack anyway, allow the CPU fallback (runner option "
-                                          f"allow_cpu_fallback, or {ALLOW_CPU_FALLBACK_ENV}=1), or use delegate = \"none\"")
-                fallback = f"CPU fallback: {problem}"
-                device_used = "CPU (builtin kernels) [CPU fallback]"
-                details["delegate_applied"] = None
-            else:
-                details["delegate_applied"] = "XNNPack (latest operators)" if latest else "XNNPack"
-        elif delegate == "edgetpu" and fallback is None:
-            details["edgetpu_ops"] = plan["delegated_ops"]
+    def _open_edgetpu(self, ld: "_Loading", sidecar: Mapping[str, Any] | None, typed: LiteRTOptions
+                      ) -> tuple[Any, str, str]:
+        """The interpreter on the Edge TPU delegate; else, where allowed, on the CPU (the bundle's CPU model when
+        the file is compiled for the Edge TPU), recorded as the fallback."""
+        from ai_edge_litert.interpreter import OpResolverType
 
-        self._model_file = load_path
-        self._setup_io(sidecar, load_path)
-        details.update(threads_requested=opts.get("num_threads", 0), threads_policy=cpu_plan.to_json(), io=self._io_summary(sidecar),
-                       runtime_log=runtime_log[-20:])
-        self.info = RunnerInfo(runtime=f"ai-edge-litert {version}", device_requested=device_requested,
-                               device_used=device_used, precision_used=precision_used, threads=threads,
-                               fallback=fallback, details=details)
+        lib = edgetpu_library(self._options.get("edgetpu_library"))
+        tpu, problem, fix = _load_edgetpu(ld, lib, typed.edgetpu_device)
+        if tpu is not None:
+            ld.details["delegate_applied"] = f"Edge TPU ({lib})"
+            return ld.interpreter(ld.path, OpResolverType.AUTO, [tpu]), "Edge TPU", "int8 (Edge TPU)"
+        if not ld.allow_fallback:
+            raise HardwareUnavailableError(
+                f"runner 'litert' cannot use the Edge TPU: {problem}",
+                hint=f"{fix}; or allow the CPU fallback (runner option allow_cpu_fallback, "
+                     f"or {ALLOW_CPU_FALLBACK_ENV}=1), reported as such")
+        path = ld.path
+        if ld.info.edgetpu_compiled:
+            cpu_model = (sidecar or {}).get("cpu_model")
+            if cpu_model and (not isinstance(cpu_model, str) or Path(cpu_model).name != cpu_model
+                              or cpu_model.startswith(".")):
+                raise InputFileError(f"{path.with_suffix('.io.json')}: cpu_model must name a file next to "
+                                     f"the model, got {str(cpu_model)[:80]!r}")
+            if not cpu_model or not (path.parent / cpu_model).is_file():
+                raise HardwareUnavailableError(
+                    f"runner 'litert' cannot use the Edge TPU ({problem}) and {path.name} cannot run on "
+                    "the CPU (edgetpu-custom-op), and no CPU model is next to it", hint=EDGETPU_INSTALL)
+            ld.load_path = path.parent / cpu_model
+        ld.fallback = f"CPU fallback: {problem}; running {ld.load_path.name} on the CPU (XNNPack)"
+        it = ld.interpreter(ld.load_path, OpResolverType.AUTO)
+        ld.details["delegate_applied"] = None
+        return it, "CPU (XNNPack) [CPU fallback]", _precision_of(it)
 
     # -- I/O -----------------------------------------------------------------------------
 
@@ -513,3 +427,97 @@ def _precision_of(it: Any) -> str:
     if np.float16 in types:
         return "f32 (fp16 weights)"
     return "f32"
+
+
+_DEVICE_REQUESTED = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)",
+                     "reference": "CPU (reference kernels)"}
+
+
+@dataclass
+class _Loading:
+    """One LiteRT model being opened: what it is, how, and what the runtime said (its stderr lines)."""
+
+    path: Path
+    info: Any
+    version: str
+    threads: int
+    latest: bool
+    delegate: str
+    allow_fallback: bool
+    details: dict[str, Any]
+    runtime_log: list[str] = field(default_factory=list)
+    fallback: str | None = None
+    load_path: Path = Path()
+
+    def __post_init__(self) -> None:
+        self.load_path = self.path
+
+    def interpreter(self, model: Path, resolver: Any, delegates: list[Any] | None = None) -> Any:
+        """An allocated interpreter for ``model``; a model only the Edge TPU runs, or one LiteRT cannot load, is
+        one line."""
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        no_default = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        with captured_stderr() as lines:
+            try:
+                it = Interpreter(model_path=str(model), num_threads=self.threads, experimental_delegates=delegates,
+                                 experimental_op_resolver_type=resolver,
+                                 experimental_default_delegate_latest_features=self.latest and resolver is no_default)
+                it.allocate_tensors()
+            except (ValueError, RuntimeError) as e:
+                err = str(e)
+                if "edgetpu-custom-op" in err or EDGETPU_CUSTOM_OP in self.info.custom_ops and not delegates:
+                    raise ModelError(f"{model} is compiled for the Edge TPU (edgetpu-custom-op) and cannot run "
+                                     "without the Edge TPU delegate", hint=EDGETPU_INSTALL) from None
+                raise ModelError(f"LiteRT {self.version} could not load {model}: "
+                                 f"{err.splitlines()[0][:300] if err else type(e).__name__}") from None
+            finally:
+                self.runtime_log.extend(lines)
+        return it
+
+
+def _load_edgetpu(ld: _Loading, lib: str, dev: str) -> tuple[Any, str | None, str]:
+    """(the Edge TPU delegate, or None; why not; what to do about it)."""
+    from ai_edge_litert.interpreter import load_delegate
+
+    if not ld.info.edgetpu_compiled:
+        return None, (f"{ld.path.name} is not compiled for the Edge TPU (no {EDGETPU_CUSTOM_OP}: edgetpu_compiler "
+                      "was not run on it), so the Edge TPU would run none of it"), (
+            "compile the bundle with `edgekit finish BUNDLE` on an x86-64 Linux host that has "
+            "edgetpu_compiler (or convert there)")
+    try:
+        # dlopen first: load_delegate() on a missing library, or one without the delegate
+        # entry points, leaves a half-made Delegate whose __del__ raises (ai-edge-litert 2.3)
+        if not hasattr(ctypes.CDLL(lib), "tflite_plugin_create_delegate"):
+            raise ValueError("not a TFLite delegate library: no tflite_plugin_create_delegate")
+        with captured_stderr() as lines:
+            tpu = load_delegate(lib, {"device": dev} if dev else {})
+        ld.runtime_log.extend(lines)
+        return tpu, None, EDGETPU_INSTALL
+    except (ValueError, OSError, RuntimeError) as e:
+        return None, (f"the Edge TPU delegate {lib} could not be loaded" + (f" for device {dev!r}" if dev else "")
+                      + f" ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
+                      "libedgetpu is not installed or no Edge TPU is attached"), EDGETPU_INSTALL
+
+
+def _check_delegation(it: Any, ld: _Loading, device_used: str) -> str:
+    """The delegation plan into ``ld.details``; XNNPack that took no op is refused unless the CPU fallback is
+    allowed (then recorded as it). The device used."""
+    plan = delegation(it)
+    ld.details.update(plan)
+    if ld.delegate == "xnnpack":
+        if plan["delegated_ops"] == 0:
+            why = "; ".join(ln for ln in ld.runtime_log if "XNNPACK" in ln.upper() or "delegate" in ln.lower())[:300]
+            problem = (f"XNNPack took none of the {plan['model_ops']} ops of {ld.path.name}"
+                       + (f" ({why})" if why else "") + "; LiteRT would run it on its builtin kernels")
+            if not ld.allow_fallback:
+                raise ModelError(f"runner 'litert': {problem}",
+                                 hint=f"to run it without XNNPack anyway, allow the CPU fallback (runner option "
+                                      f"allow_cpu_fallback, or {ALLOW_CPU_FALLBACK_ENV}=1), or use delegate = \"none\"")
+            ld.fallback = f"CPU fallback: {problem}"
+            ld.details["delegate_applied"] = None
+            return "CPU (builtin kernels) [CPU fallback]"
+        ld.details["delegate_applied"] = "XNNPack (latest operators)" if ld.latest else "XNNPack"
+    elif ld.delegate == "edgetpu" and ld.fallback is None:
+        ld.details["edgetpu_ops"] = plan["delegated_ops"]
+    return device_used

@@ -15,6 +15,7 @@ from edge.capabilities import Requirement
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.llm.gguf_file import read_gguf
 from edge.llm.llamacpp import amx_probe, llama_cpp_version, load_llama_cpp, open_llama
+from edge.backends.llamacpp.format import LlamaCppOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec
 
@@ -39,13 +40,7 @@ class LlamaCppRunner(Runner):
     formats = ("gguf",)
     requires = (Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
                 Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
-    options = {
-        "n_threads": "CPU threads; 0 = every CPU this process may use",
-        "n_ctx": "context length (tokens); past the model's trained context, the trained context (with a note)",
-        "n_batch": "prompt batch size (default 512)",
-        "n_gpu_layers": "layers offloaded to the GPU; -1 = all, 0 = CPU only",
-        "require_gpu": "fail instead of falling back to the CPU when n_gpu_layers != 0 and no GPU backend exists",
-    }
+    options_class = LlamaCppOptions
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "f16",
                  logits_all: bool = False) -> None:

@@ -145,7 +145,6 @@ class OnnxToOnnx(Converter):
 
     def _int8_static(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
-        from onnxruntime.quantization.shape_inference import quant_pre_process
 
         if request.calibration is None or not request.calibration.samples:
             raise CalibrationError("int8 static quantization needs calibration samples",
@@ -161,23 +160,12 @@ class OnnxToOnnx(Converter):
 
         mode = recipes.parse_mode(opts)
         trials = recipes.parse_trials(opts)
-        import onnx
         import onnxruntime as ort
-        from onnx import version_converter
 
         ort.set_default_logger_severity(3)
         tried: list[str] = []
         with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp, quiet_root_logger():
-            source = request.source
-            model = load_onnx(source)
-            opset = opset_of(model)
-            upgraded = None
-            if opset < 13:
-                # Per-channel DequantizeLinear needs its `axis` attribute, which exists from opset 13;
-                # the quantizer emits it anyway and the model fails to load (seen on PP-OCR, opset 11).
-                source = Path(tmp) / "opset13.onnx"
-                onnx.save(version_converter.convert_version(model, 13), str(source))
-                upgraded = f"{opset} -> 13"
+            source, upgraded = _opset13(request.source, Path(tmp))
             # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
             # The result is validated; if the quantizer still produced an invalid graph, quantization
             # is redone without the pre-optimisation and the manifest says so.
@@ -197,19 +185,7 @@ class OnnxToOnnx(Converter):
                     calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), nodes_to_exclude=exclude,
                 )
 
-            for skip_optimization in (False, True):
-                prepped = Path(tmp) / f"prepped{int(skip_optimization)}.onnx"
-                quant_pre_process(str(source), str(prepped), skip_symbolic_shape=True,
-                                  skip_optimization=skip_optimization)
-                quantize(prepped, [])
-                try:
-                    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-                    break
-                except Exception as e:
-                    tried.append(f"with pre-optimisation: {str(e).splitlines()[0][:200]}")
-            else:
-                raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {request.source}: "
-                                      + "; ".join(tried))
+            prepped, skip_optimization = _quantize_loadable(source, Path(tmp), quantize, out, tried, request.source)
             details: dict[str, Any] = {"mixed_precision": mode}
             if mode == "auto":
                 found = _search_int8(prepped, request, quantize, out, trials, method_name)
@@ -395,3 +371,39 @@ def calibration_memory(model_path: Path, samples: int, method: str, options: Map
         record["note"] = (f"{method} calibration keeps every activation of every sample ({per_sample / 2**20:.1f} MiB "
                           f"each): it used {fits} of the {samples} calibration samples, the most that fit in {where}")
     return record
+
+
+def _opset13(source: Path, tmp: Path) -> tuple[Path, str | None]:
+    """``source``, upgraded to opset 13 first where it is older (the file to quantize, what was upgraded). Per-channel
+    DequantizeLinear needs its `axis` attribute, which exists from opset 13; the quantizer emits it anyway and the
+    model fails to load (seen on PP-OCR, opset 11)."""
+    import onnx
+    from onnx import version_converter
+
+    model = load_onnx(source)
+    opset = opset_of(model)
+    if opset >= 13:
+        return source, None
+    upgraded = tmp / "opset13.onnx"
+    onnx.save(version_converter.convert_version(model, 13), str(upgraded))
+    return upgraded, f"{opset} -> 13"
+
+
+def _quantize_loadable(source: Path, tmp: Path, quantize: Any, out: Path, tried: list[str], named: Path
+                       ) -> tuple[Path, bool]:
+    """Quantize after onnxruntime's pre-processing with graph optimisation (it folds BatchNorm first, as onnxruntime
+    recommends); if the quantizer still produced a model onnxruntime cannot load, again without the
+    pre-optimisation (``tried`` says why). (the pre-processed model, whether the optimisation was skipped)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    for skip_optimization in (False, True):
+        prepped = tmp / f"prepped{int(skip_optimization)}.onnx"
+        quant_pre_process(str(source), str(prepped), skip_symbolic_shape=True, skip_optimization=skip_optimization)
+        quantize(prepped, [])
+        try:
+            ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+            return prepped, skip_optimization
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own error: tried again, then one line
+            tried.append(f"with pre-optimisation: {str(e).splitlines()[0][:200]}")
+    raise ConversionError(f"onnxruntime's quantizer produced an invalid model from {named}: " + "; ".join(tried))

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
 from edge.capabilities import Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError
+from edge.backends.onnxruntime.format import OnnxRuntimeOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option
 from edge.spec import TensorSpec, image_layout
@@ -32,24 +33,7 @@ class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
     formats = ("onnx",)
     requires = (Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'"),)
-    options = {
-        "providers": "execution providers in order of preference (default [CPUExecutionProvider])",
-        "intra_op_num_threads": "threads inside an op; 0 (default) = edgekit's choice: the CPUs that other processes "
-                                "and reserve_cpus leave (edge.backends.threads, docs/performance.md)",
-        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
-                        "automatic thread count leaves them free. Default 0",
-        "graph_optimization_level": "disable, basic, extended or all (default all)",
-        "x64_quant_precision": "int8 on x86 CPUs without VNNI/AMX: compute U8U8 instead of U8S8, whose int16 "
-                               "pair sums saturate (onnxruntime's session.x64quantprecision); true (default) "
-                               "or false. No effect on CPUs with an int8 dot product",
-        "execution_mode": "sequential (default) or parallel: run independent branches of the graph at once "
-                          "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)",
-        "inter_op_num_threads": "threads running nodes in parallel (execution_mode parallel only); 0 = "
-                                "onnxruntime's default",
-        "allow_spinning": "thread-pool threads busy-wait for work between ops (true, onnxruntime's own default: "
-                          "lower latency on an idle machine) or sleep (false, edgekit's default: the core goes back "
-                          "to the rest of the device); session.intra_op/inter_op.allow_spinning",
-    }
+    options_class = OnnxRuntimeOptions
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)

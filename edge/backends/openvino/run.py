@@ -26,6 +26,7 @@ see :func:`disable_openvino_telemetry`); this module turns that off before impor
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -33,22 +34,18 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
     import numpy as np
 
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
+from edge.backends.openvino.format import MAX_STREAMS, OPENVINO_REQUIREMENT, OpenVINOOptions, disable_openvino_telemetry, ov_core
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option
 from edge.spec import TensorSpec, image_layout
 
 
 
-_PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
-_PRECISIONS = ("bundle", "fast", "f32", "f16", "bf16")
 #: compiled-model properties that change what the arithmetic computes: read back and reported, never assumed
 PRECISION_PROPERTIES = ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE",
                         "KV_CACHE_PRECISION", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "KEY_CACHE_GROUP_SIZE",
                         "VALUE_CACHE_GROUP_SIZE", "ACTIVATIONS_SCALE_FACTOR", "CPU_DENORMALS_OPTIMIZATION",
                         "CPU_SPARSE_WEIGHTS_DECOMPRESSION_RATE")
-#: the most streams asked for (OpenVINO caps them at its CPUs anyway; more is a typo)
-MAX_STREAMS = 1024
 
 
 def parse_num_streams(value: Any) -> int | str:
@@ -149,26 +146,7 @@ class OpenVINORunner(Runner):
     name = "openvino"
     formats = ("openvino-ir",)
     requires = (OPENVINO_REQUIREMENT,)
-    options = {
-        "device": "OpenVINO devices in order of preference, e.g. [GPU, CPU] (default [CPU]); "
-                  "the first one present is used and a fallback is recorded",
-        "performance_hint": "LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT",
-        "inference_precision": "bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's "
-                               "default otherwise); fast (written by edgekit convert only when the bundle passed "
-                               "parity in bf16 on a CPU: bf16 on a CPU whose plugin lists BF16, f32 on other CPUs, "
-                               "as bundle elsewhere); or force f32, f16 or bf16",
-        "num_threads": "CPU inference threads; 0 (default) = edgekit's choice: the CPUs that other processes and "
-                       "reserve_cpus leave (edge.backends.threads), with CPU pinning off when they are shared",
-        "reserve_cpus": "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
-                        "automatic thread count leaves them free. Default 0",
-        "num_streams": "parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the performance hint's "
-                       "choice (LATENCY: 1; THROUGHPUT: several). Not with LATENCY and AUTO (OpenVINO then "
-                       "switches to THROUGHPUT), nor above num_threads",
-        "dynamic_quantization_group_size": "CPU: DYNAMIC_QUANTIZATION_GROUP_SIZE, the group of activations a MatMul "
-                                           "with integer weights quantizes at run time; 0 = off. Default: 0 where "
-                                           "the bundle computes in f32 (fp32 means fp32), the plugin's own (32) "
-                                           "otherwise; an edgekit tune overlay may set it",
-    }
+    options_class = OpenVINOOptions
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)
@@ -177,62 +155,11 @@ class OpenVINORunner(Runner):
         self._queue: Any = None
         telemetry = disable_openvino_telemetry()
         import openvino as ov
-        import openvino.properties as props
-        import openvino.properties.hint as hints
 
-        opts = self._options
-        wanted = _as_list(opts.get("device", ["CPU"]))
-        if not wanted:
-            raise EdgeError("runner 'openvino': option device is empty", hint="e.g. device = [\"GPU\", \"CPU\"]")
-        hint = str(opts.get("performance_hint", "LATENCY")).upper()
-        if hint not in _PERFORMANCE_HINTS:
-            raise EdgeError(f"runner 'openvino': performance_hint must be one of {', '.join(_PERFORMANCE_HINTS)}, "
-                            f"got {opts.get('performance_hint')!r}")
-        precision_opt = str(opts.get("inference_precision", "bundle")).lower()
-        if precision_opt not in _PRECISIONS:
-            raise EdgeError(f"runner 'openvino': inference_precision must be one of {', '.join(_PRECISIONS)}, "
-                            f"got {opts.get('inference_precision')!r}")
-        try:
-            threads = int(opts.get("num_threads", 0))
-        except (TypeError, ValueError):
-            threads = -1
-        if threads < 0:
-            raise EdgeError(f"runner 'openvino': num_threads must be an integer >= 0, got {opts.get('num_threads')!r}")
-        streams_opt = parse_num_streams(opts.get("num_streams", 0))
-        dq_opt = opts.get("dynamic_quantization_group_size")
-        if dq_opt is not None and (isinstance(dq_opt, bool) or not isinstance(dq_opt, int) or not 0 <= dq_opt <= 1 << 20):
-            raise EdgeError(f"runner 'openvino': dynamic_quantization_group_size must be an integer >= 0, got {dq_opt!r}")
-        reserve = reserve_option(self.name, opts)
-        if streams_opt == "AUTO" and hint == "LATENCY":
-            # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
-            raise EdgeError("runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
-                            "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
-                            hint="use performance_hint = \"THROUGHPUT\" (its own choice of streams), or a number")
-        if isinstance(streams_opt, int) and threads and streams_opt > threads:
-            raise EdgeError(f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
-                            f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
-                            hint="ask for at most as many streams as threads, or num_threads = 0")
-
+        asked = _asked(self.typed_options, reserve_option(self.name, self._options))
         version = ov.get_version()
-        short_version = version.split("-", 1)[0]
         core = ov_core()
-        available = list(core.available_devices)
-        device = None
-        for w in wanted:
-            device = _match_device(w, available)
-            if device is not None:
-                break
-        if device is None:
-            raise HardwareUnavailableError(
-                f"none of the OpenVINO devices {', '.join(wanted)} is present on this host "
-                f"(OpenVINO {short_version} sees: {', '.join(available) or 'none'})",
-                hint="install the device's driver/plugin, or add CPU to the runner's device list",
-            )
-        fallback = None
-        if device != wanted[0]:
-            fallback = (f"asked for OpenVINO device {wanted[0]}, which is not present "
-                        f"(available: {', '.join(available) or 'none'}); using {device}")
-
+        device, available, fallback = _choose_device(core, asked.wanted, version.split("-", 1)[0])
         xml = self.artifact
         if xml.is_dir():
             xml = xml / "model.xml"
@@ -240,85 +167,11 @@ class OpenVINORunner(Runner):
             model = core.read_model(str(xml))
         except Exception as e:
             raise EdgeError(f"OpenVINO could not read {xml}: {type(e).__name__}: {str(e)[:300]}") from e
-
-        supported: set[str] = set()
+        cfg = _compile_config(core, device, asked, self.precision)
         try:
-            supported = set(core.get_property(device, props.supported_properties))
-        except Exception:  # noqa: BLE001 - virtual devices: pass everything, let compile decide
-            supported = {"PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
-        ignored: list[str] = []
-        config: dict[Any, Any] = {hints.performance_mode: getattr(hints.PerformanceMode, hint)}
-        target_precision: str | None = precision_opt
-        caps: list[str] = []
-        if precision_opt == "fast" and device == "CPU":
-            caps = optimization_capabilities(core, device)
-            target_precision = fast_cpu_precision(caps)
-        elif precision_opt in ("bundle", "fast"):
-            # fp32 bundles compute in f32; the others in the device's own default (bf16 on AMX CPUs,
-            # f16 on GPUs). Forcing f16 on this host's Xeon (FP16 listed, no AMX-FP16) was measured
-            # slower: MobileNetV2 fp16 bundle 4.06 ms f16 vs 1.72 ms bf16 vs 3.16 ms f32, and an
-            # int8 bundle 19.3 ms with an f16 hint vs 1.64 ms without. bf16 costs accuracy (PP-OCR
-            # classifier cosine 0.9985 vs 0.99997 in f16); parity gates it at the bf16 limits.
-            target_precision = "f32" if self.precision == "fp32" else None
-            if self.precision == "fp16" and device == "CPU":
-                # ... but not an fp16 bundle on a CPU (the iGPU profile's fallback): its bf16 default is coarser
-                # than the f16 the bundle was checked for (MediaPipe's selfie segmentation: cosine 0.988 in bf16,
-                # 1.000 in f32 on an AVX512-BF16 EPYC), and f16 on a CPU without AMX-FP16 was slower than f32
-                # (above); f32 on the fp16 weights computes the same on every x86 CPU, so the build host's gate
-                # and the device agree. bf16 stays one option away (inference_precision = "bf16"; edgekit tune).
-                target_precision = "f32"
-        if target_precision is not None:
-            if "INFERENCE_PRECISION_HINT" in supported:
-                config[hints.inference_precision] = getattr(ov.Type, target_precision)
-            else:
-                ignored.append(f"inference_precision {target_precision} ({device} has no INFERENCE_PRECISION_HINT)")
-        # f32 asked is f32 computed: the CPU plugin otherwise quantizes the activations of MatMuls with integer
-        # weights at run time (groups of 32) while reporting f32 (an int8-weight encoder: cosine 0.996 vs 1.0)
-        dq = dq_opt if dq_opt is not None else (0 if target_precision == "f32" else None)
-        if dq is not None:
-            if "DYNAMIC_QUANTIZATION_GROUP_SIZE" in supported:
-                config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq
-            elif dq_opt is not None:
-                ignored.append(f"dynamic_quantization_group_size {dq} ({device} has no DYNAMIC_QUANTIZATION_GROUP_SIZE)")
-        plan = None
-        if device == "CPU" and "INFERENCE_NUM_THREADS" in supported:
-            plan = plan_threads(threads, None, reserve=reserve, spin_option=False)
-            # every stream needs a thread of its own: the automatic count never goes below the streams asked for
-            n = max(plan.threads, streams_opt) if isinstance(streams_opt, int) and not threads else plan.threads
-            config[props.inference_num_threads] = n
-            if plan.shared and not threads and "ENABLE_CPU_PINNING" in supported:
-                # pinned threads wait for their core while another process runs there; unpinned, the scheduler
-                # moves them to whichever core is free
-                config[props.hint.enable_cpu_pinning] = False
-        elif threads > 0:
-            if "INFERENCE_NUM_THREADS" in supported:
-                config[props.inference_num_threads] = threads
-            else:
-                ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
-        if streams_opt:
-            if "NUM_STREAMS" in supported:
-                config[props.num_streams] = props.streams.Num.AUTO if streams_opt == "AUTO" else streams_opt
-            else:
-                ignored.append(f"num_streams {streams_opt} ({device} has no NUM_STREAMS)")
-        try:
-            compiled = core.compile_model(model, device, config)
+            compiled = core.compile_model(model, device, cfg.config)
         except Exception as e:
             raise EdgeError(f"OpenVINO could not compile {xml} for {device}: {type(e).__name__}: {str(e)[:300]}") from e
-
-        def read(key: Any) -> Any:
-            try:
-                return compiled.get_property(key)
-            except Exception:  # noqa: BLE001 - not every device reports every property
-                return None
-
-        used_devices = read(props.execution_devices)
-        device_used = ",".join(used_devices) if used_devices else device
-        precision_read = read(hints.inference_precision)
-        precision_used = precision_read.get_type_name() if precision_read is not None else "unknown"
-        threads_read = read(props.inference_num_threads)
-        streams = read(props.num_streams)
-        nireq = read(props.optimal_number_of_infer_requests)
-
         self._compiled = compiled
         self._request = compiled.create_infer_request()
         # the names as the IR has them: compiling folds tensor names into one port (a graph output fed by an
@@ -329,50 +182,9 @@ class OpenVINORunner(Runner):
         self._output_names = [_ir_name(c, m) for c, m in zip(self._output_ports, model.outputs)]
         self.inputs = tuple(_spec(p, n) for p, n in zip(compiled.inputs, in_names))
         self.outputs = tuple(_spec(p, n) for p, n in zip(self._output_ports, self._output_names))
-        details: dict[str, Any] = {
-            "openvino_version": version,
-            "device_preference": wanted,
-            "available_devices": available,
-            "performance_hint": str(read(hints.performance_mode) or hint),
-            "num_streams": int(streams) if streams is not None else None,
-            "num_streams_option": streams_opt,
-            "optimal_requests": int(nireq) if nireq else None,
-            "inference_precision_option": precision_opt,
-            "compute_precisions": _compute_precisions(compiled),
-            # every property that changes the arithmetic, as the compiled model applies it (issue #23)
-            "precision_properties": {k: _text(read(k)) for k in PRECISION_PROPERTIES if k in supported},
-            "telemetry": telemetry,
-        }
-        if target_precision is not None and precision_used not in (target_precision, "unknown"):
-            # e.g. bf16 asked on a CPU without AVX512-BF16/AMX: OpenVINO computes f32 and says nothing
-            try:
-                caps = list(core.get_property(device, props.device.capabilities))
-            except Exception:  # noqa: BLE001 - virtual devices do not report it
-                caps = []
-            details["precision_note"] = (f"asked for {target_precision}; {device_used} computes in {precision_used} "
-                                         f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})")
-        if isinstance(streams_opt, int) and streams_opt and streams is not None and int(streams) != streams_opt \
-                and "NUM_STREAMS" in supported:
-            # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
-            details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
-        if precision_opt == "fast":
-            details["fast_precision"] = {
-                "capabilities": caps, "computes": target_precision or "the device default",
-                "why": ("bf16 passed parity where the bundle was built: bf16 where the CPU plugin lists BF16, else f32"
-                        if device == "CPU" else f"the bf16 evidence is for CPUs; {device} computes as with bundle")}
-        if plan is not None:
-            details["threads_policy"] = {**plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
-        if ignored:
-            details["ignored_options"] = ignored
-        self.info = RunnerInfo(
-            runtime=f"openvino {short_version}",
-            device_requested=wanted[0],
-            device_used=device_used,
-            precision_used=precision_used,
-            threads=int(threads_read) if threads_read else None,
-            fallback=fallback,
-            details=details,
-        )
+        self.info = _read_back(compiled, core, device, asked, cfg, {
+            "openvino_version": version, "device_preference": asked.wanted, "available_devices": available,
+            "telemetry": telemetry}, fallback)
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: no input copy (arrays must stay alive only during this call); the result
@@ -482,3 +294,214 @@ def fast_cpu_precision(capabilities: list[str] | tuple[str, ...]) -> str:
     """What ``inference_precision = "fast"`` computes in on a CPU: bf16 where the plugin lists BF16 (native bf16:
     AVX512-BF16 or AMX), f32 elsewhere. The bundle carries it only after its parity in bf16 passed (issue #25)."""
     return "bf16" if "BF16" in {c.upper() for c in capabilities} else "f32"
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """The runner options as the runner uses them (read and checked once: ``OpenVINOOptions``)."""
+
+    wanted: list[str]
+    hint: str
+    precision: str
+    threads: int
+    streams: int | str
+    dq: int | None
+    reserve: float
+
+
+def _asked(typed: OpenVINOOptions, reserve: float) -> _Asked:
+    """The options normalised; the rules across options checked."""
+    wanted = _as_list(typed.device)
+    if not wanted:
+        raise EdgeError("runner 'openvino': option device is empty", hint="e.g. device = [\"GPU\", \"CPU\"]")
+    hint = typed.performance_hint.upper()
+    threads = typed.num_threads
+    streams_opt = parse_num_streams(typed.num_streams)
+    if streams_opt == "AUTO" and hint == "LATENCY":
+        # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
+        raise EdgeError("runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
+                        "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
+                        hint="use performance_hint = \"THROUGHPUT\" (its own choice of streams), or a number")
+    if isinstance(streams_opt, int) and threads and streams_opt > threads:
+        raise EdgeError(f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
+                        f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
+                        hint="ask for at most as many streams as threads, or num_threads = 0")
+    return _Asked(wanted, hint, typed.inference_precision.lower(), threads, streams_opt,
+                  typed.dynamic_quantization_group_size, reserve)
+
+
+def _choose_device(core: Any, wanted: list[str], short_version: str) -> tuple[str, list[str], str | None]:
+    """(the first wanted device present, the devices OpenVINO sees, the fallback sentence or None)."""
+    available = list(core.available_devices)
+    device = next((d for d in (_match_device(w, available) for w in wanted) if d is not None), None)
+    if device is None:
+        raise HardwareUnavailableError(
+            f"none of the OpenVINO devices {', '.join(wanted)} is present on this host "
+            f"(OpenVINO {short_version} sees: {', '.join(available) or 'none'})",
+            hint="install the device's driver/plugin, or add CPU to the runner's device list",
+        )
+    fallback = None
+    if device != wanted[0]:
+        fallback = (f"asked for OpenVINO device {wanted[0]}, which is not present "
+                    f"(available: {', '.join(available) or 'none'}); using {device}")
+    return device, available, fallback
+
+
+@dataclass
+class _Config:
+    """What the model is compiled with, and what of the options the device could not take."""
+
+    config: dict[Any, Any]
+    supported: set[str]
+    target_precision: str | None
+    caps: list[str]
+    plan: Any = None
+    ignored: list[str] = field(default_factory=list)
+
+
+def _target_precision(core: Any, device: str, asked: _Asked, bundle_precision: str) -> tuple[str | None, list[str]]:
+    """(the inference precision to ask the device for, None: its default; the CPU's optimization capabilities
+    when inference_precision is fast)."""
+    precision_opt = asked.precision
+    if precision_opt == "fast" and device == "CPU":
+        caps = optimization_capabilities(core, device)
+        return fast_cpu_precision(caps), caps
+    if precision_opt not in ("bundle", "fast"):
+        return precision_opt, []
+    # fp32 bundles compute in f32; the others in the device's own default (bf16 on AMX CPUs,
+    # f16 on GPUs). Forcing f16 on this host's Xeon (FP16 listed, no AMX-FP16) was measured
+    # slower: MobileNetV2 fp16 bundle 4.06 ms f16 vs 1.72 ms bf16 vs 3.16 ms f32, and an
+    # int8 bundle 19.3 ms with an f16 hint vs 1.64 ms without. bf16 costs accuracy (PP-OCR
+    # classifier cosine 0.9985 vs 0.99997 in f16); parity gates it at the bf16 limits.
+    if bundle_precision == "fp32":
+        return "f32", []
+    if bundle_precision == "fp16" and device == "CPU":
+        # ... but not an fp16 bundle on a CPU (the iGPU profile's fallback): its bf16 default is coarser
+        # than the f16 the bundle was checked for (MediaPipe's selfie segmentation: cosine 0.988 in bf16,
+        # 1.000 in f32 on an AVX512-BF16 EPYC), and f16 on a CPU without AMX-FP16 was slower than f32
+        # (above); f32 on the fp16 weights computes the same on every x86 CPU, so the build host's gate
+        # and the device agree. bf16 stays one option away (inference_precision = "bf16"; edgekit tune).
+        return "f32", []
+    return None, []
+
+
+def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str) -> _Config:
+    """The compile properties for ``device`` from the options; those it lacks are recorded as ignored."""
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    try:
+        supported = set(core.get_property(device, props.supported_properties))
+    except Exception:  # noqa: BLE001 - virtual devices: pass everything, let compile decide
+        supported = {"PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
+    target_precision, caps = _target_precision(core, device, asked, bundle_precision)
+    c = _Config({hints.performance_mode: getattr(hints.PerformanceMode, asked.hint)}, supported, target_precision,
+                caps)
+    if target_precision is not None:
+        if "INFERENCE_PRECISION_HINT" in supported:
+            c.config[hints.inference_precision] = getattr(ov.Type, target_precision)
+        else:
+            c.ignored.append(f"inference_precision {target_precision} ({device} has no INFERENCE_PRECISION_HINT)")
+    # f32 asked is f32 computed: the CPU plugin otherwise quantizes the activations of MatMuls with integer
+    # weights at run time (groups of 32) while reporting f32 (an int8-weight encoder: cosine 0.996 vs 1.0)
+    dq = asked.dq if asked.dq is not None else (0 if target_precision == "f32" else None)
+    if dq is not None:
+        if "DYNAMIC_QUANTIZATION_GROUP_SIZE" in supported:
+            c.config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq
+        elif asked.dq is not None:
+            c.ignored.append(f"dynamic_quantization_group_size {dq} ({device} has no DYNAMIC_QUANTIZATION_GROUP_SIZE)")
+    _threads_config(c, device, asked)
+    if asked.streams:
+        if "NUM_STREAMS" in supported:
+            c.config[props.num_streams] = props.streams.Num.AUTO if asked.streams == "AUTO" else asked.streams
+        else:
+            c.ignored.append(f"num_streams {asked.streams} ({device} has no NUM_STREAMS)")
+    return c
+
+
+def _threads_config(c: _Config, device: str, asked: _Asked) -> None:
+    """Inference threads: edgekit's policy on a CPU (``edge.backends.threads``), else the count asked for."""
+    import openvino.properties as props
+
+    threads, streams_opt = asked.threads, asked.streams
+    if device == "CPU" and "INFERENCE_NUM_THREADS" in c.supported:
+        c.plan = plan_threads(threads, None, reserve=asked.reserve, spin_option=False)
+        # every stream needs a thread of its own: the automatic count never goes below the streams asked for
+        n = max(c.plan.threads, streams_opt) if isinstance(streams_opt, int) and not threads else c.plan.threads
+        c.config[props.inference_num_threads] = n
+        if c.plan.shared and not threads and "ENABLE_CPU_PINNING" in c.supported:
+            # pinned threads wait for their core while another process runs there; unpinned, the scheduler
+            # moves them to whichever core is free
+            c.config[props.hint.enable_cpu_pinning] = False
+    elif threads > 0:
+        if "INFERENCE_NUM_THREADS" in c.supported:
+            c.config[props.inference_num_threads] = threads
+        else:
+            c.ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
+
+
+def _read_back(compiled: Any, core: Any, device: str, asked: _Asked, cfg: _Config, details: dict[str, Any],
+               fallback: str | None) -> RunnerInfo:
+    """What the compiled model really uses (device, precision, threads, streams, every precision property), with a
+    note wherever it differs from what was asked."""
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    def read(key: Any) -> Any:
+        try:
+            return compiled.get_property(key)
+        except Exception:  # noqa: BLE001 - not every device reports every property
+            return None
+
+    used_devices = read(props.execution_devices)
+    device_used = ",".join(used_devices) if used_devices else device
+    precision_read = read(hints.inference_precision)
+    precision_used = precision_read.get_type_name() if precision_read is not None else "unknown"
+    threads_read = read(props.inference_num_threads)
+    streams = read(props.num_streams)
+    nireq = read(props.optimal_number_of_infer_requests)
+    details.update({
+        "performance_hint": str(read(hints.performance_mode) or asked.hint),
+        "num_streams": int(streams) if streams is not None else None,
+        "num_streams_option": asked.streams,
+        "optimal_requests": int(nireq) if nireq else None,
+        "inference_precision_option": asked.precision,
+        "compute_precisions": _compute_precisions(compiled),
+        # every property that changes the arithmetic, as the compiled model applies it (issue #23)
+        "precision_properties": {k: _text(read(k)) for k in PRECISION_PROPERTIES if k in cfg.supported},
+    })
+    _notes(details, core, device, device_used, precision_used, streams, asked, cfg)
+    if cfg.plan is not None:
+        details["threads_policy"] = {**cfg.plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
+    if cfg.ignored:
+        details["ignored_options"] = cfg.ignored
+    return RunnerInfo(runtime=f"openvino {details['openvino_version'].split('-', 1)[0]}",
+                      device_requested=asked.wanted[0], device_used=device_used, precision_used=precision_used,
+                      threads=int(threads_read) if threads_read else None, fallback=fallback, details=details)
+
+
+def _notes(details: dict[str, Any], core: Any, device: str, device_used: str, precision_used: str, streams: Any,
+           asked: _Asked, cfg: _Config) -> None:
+    """Where the compiled model does not do what was asked: the precision, the streams; and the fast choice."""
+    import openvino.properties as props
+
+    target_precision = cfg.target_precision
+    if target_precision is not None and precision_used not in (target_precision, "unknown"):
+        # e.g. bf16 asked on a CPU without AVX512-BF16/AMX: OpenVINO computes f32 and says nothing
+        try:
+            caps = list(core.get_property(device, props.device.capabilities))
+        except Exception:  # noqa: BLE001 - virtual devices do not report it
+            caps = []
+        details["precision_note"] = (f"asked for {target_precision}; {device_used} computes in {precision_used} "
+                                     f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})")
+    streams_opt = asked.streams
+    if isinstance(streams_opt, int) and streams_opt and streams is not None and int(streams) != streams_opt \
+            and "NUM_STREAMS" in cfg.supported:
+        # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
+        details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
+    if asked.precision == "fast":
+        details["fast_precision"] = {
+            "capabilities": cfg.caps, "computes": target_precision or "the device default",
+            "why": ("bf16 passed parity where the bundle was built: bf16 where the CPU plugin lists BF16, else f32"
+                    if device == "CPU" else f"the bf16 evidence is for CPUs; {device} computes as with bundle")}

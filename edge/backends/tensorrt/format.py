@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.bundle.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import ConversionError
 
 
@@ -47,3 +48,17 @@ def read_build_settings(bundle_dir: Path) -> dict[str, Any]:
         raise ConversionError(f"{path} has schema {str(schema)[:40]!r}, this edgekit reads {BUILD_SCHEMA}")
     settings: dict[str, Any] = data  # a dict: its schema matched
     return settings
+
+
+# -- runner options (declared once: edge.backends.options) --------------------------------------
+
+#: the device's engine cache directory (the runner option engine_cache_dir, device configuration only)
+CACHE_ENV = "EDGEKIT_ENGINE_CACHE"
+
+
+@dataclass(frozen=True)
+class TensorRTOptions:
+    allow_cpu_fallback: bool = spec(False, doc="when TensorRT or the GPU is missing, run the ONNX in onnxruntime on "
+                                    "the CPU, labelled 'CPU fallback' in every report (default false: an error)")
+    rebuild: bool = spec(False, doc="ignore a cached engine and build again (default false)")
+    device: int = spec(0, ge=0, le=64, doc="CUDA device index (default 0)")

@@ -39,10 +39,10 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 from edge.capabilities import Requirement, current_host, problems
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, HardwareUnavailableError
+from edge.backends.tensorrt.format import CACHE_ENV, TensorRTOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec
 
-CACHE_ENV = "EDGEKIT_ENGINE_CACHE"
 CACHE_SCHEMA = "edgekit.trt-engine/1"
 FALLBACK_LABEL = "CPU fallback"
 KEY_PARTS = ("tensorrt_version", "gpu_name", "compute_capability", "precision", "bundle_id")
@@ -205,13 +205,10 @@ class TensorRTRunner(Runner):
     requires = (_TRT, _POLY, _GPU)
     _trt: Any  # polygraphy's TrtRunner; None on the CPU fallback and once closed
     _ort: OnnxRuntimeRunner | None  # the CPU fallback (onnxruntime on the prepared ONNX)
-    options = {
-        "allow_cpu_fallback": "when TensorRT or the GPU is missing, run the ONNX in onnxruntime on the CPU, "
-                              "labelled 'CPU fallback' in every report (default false: an error)",
+    options_class = TensorRTOptions
+    device_options = {
         "engine_cache_dir": "where built engines are cached (default: <device store>/engines, "
                             f"${CACHE_ENV} or ~/.cache/edgekit/tensorrt-engines)",
-        "rebuild": "ignore a cached engine and build again (default false)",
-        "device": "CUDA device index (default 0)",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:

@@ -1,0 +1,48 @@
+"""A runner's options, declared once: a frozen dataclass per runner in its backend's ``format.py``.
+
+Each field is one option: its type and range (``edge.bundle.typedjson.spec`` rules), its default and its
+description (``doc``); a rule across options is its ``invalid()`` method. From that one declaration come the runner's ``options`` (the names and descriptions
+``edgekit doctor`` and the CLI print), the check of what a profile, overlay, agent flag or manifest gives it
+(:func:`read_options`, run by ``Runner.__init__`` and by the manifest reader) and the manifest's JSON Schema.
+A plugin runner declares its own the same way (``options_class`` on its class); nothing else lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from edge.bundle.typedjson import Invalid, read, to_json
+from edge.errors import EdgeError
+
+#: thread counts: 0 is the runtime's (or edgekit's) choice
+THREADS: dict[str, Any] = dict(ge=0, le=4096)
+#: cores this process's other threads take (edgekit run reserves its pipeline stages)
+RESERVE_CPUS_DOC = ("cores this process's other threads take (edgekit run reserves its pipeline stages); the "
+                    "automatic thread count leaves them free. Default 0")
+
+
+def option_docs(cls: type) -> dict[str, str]:
+    """Option name -> its description, in declaration order."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        rule = f.metadata.get("rule")
+        doc = getattr(rule, "doc", None)
+        if not doc:
+            raise EdgeError(f"runner option {cls.__name__}.{f.name} has no description (spec(..., doc=...))")
+        out[f.name] = doc
+    return out
+
+
+def read_options(runner: str, cls: type, options: Mapping[str, Any]) -> Any:
+    """``options`` read into ``cls`` (unknown names, wrong types and out-of-range values refused, defaults
+    filled in); one line naming the runner and the option otherwise."""
+    try:
+        typed = read(cls, to_json(dict(options)), "options")
+    except Invalid as e:
+        where = e.where.removeprefix("options.").removeprefix("options")
+        raise EdgeError(f"runner {runner!r}: option {where or '(all)'} {e.problem}") from None
+    bad = typed.invalid() if hasattr(typed, "invalid") else None  # a rule across options (``invalid()``)
+    if bad is not None:
+        raise EdgeError(f"runner {runner!r}: option {bad[0]} {bad[1]}")
+    return typed
