@@ -105,15 +105,9 @@ class OnnxToTFLite(Converter):
         calib = _check_samples(request, required=int8)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
 
-        from edge.verify.inputs import generated_samples
         from edge.verify.parity import reference_outputs
 
-        if calib:
-            parity_inputs = [dict(s) for s in calib[:_PARITY_SAMPLES]]
-            parity_label = "calibration"
-        else:
-            parity_inputs = generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234)
-            parity_label = "generated"
+        parity_inputs, parity_label = _parity_inputs(request, calib)
         names = [t.name for t in request.io.inputs]
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
@@ -172,6 +166,15 @@ class OnnxToTFLite(Converter):
         _say(f"onnx->tflite done in {elapsed:.1f} s: {out.stat().st_size / 1e6:.2f} MB")
         return ConversionResult(artifact=out, format="tflite", files=[out, sidecar], tool_versions=tool_versions,
                                 details=details, notes=notes)
+
+
+def _parity_inputs(request: ConversionRequest, calib: Any) -> tuple[list[dict[str, Any]], str]:
+    """The inputs the .tflite is checked on against onnxruntime: calibration samples, else generated ones."""
+    from edge.verify.inputs import generated_samples
+
+    if calib:
+        return [dict(s) for s in calib[:_PARITY_SAMPLES]], "calibration"
+    return generated_samples(request.io, request.preprocess, _PARITY_SAMPLES, seed=1234), "generated"
 
 
 class _Reporter:
