@@ -73,6 +73,16 @@ def test_rejects_with_a_reason(topic: str, payload: bytes, reason: str) -> None:
     assert e.value.reason == reason
 
 
+def test_a_skipped_payload_is_oversized_whatever_the_limit() -> None:
+    """The lean client hands an over-limit PUBLISH on as ``TooLarge`` (its payload skipped unread): refused as
+    oversized even where --max-payload-bytes is raised past the client's packet limit (json raised TypeError)."""
+    from edge.mqtt.lite import TooLarge
+
+    with pytest.raises(Rejected) as e:
+        decode(TOPIC, TooLarge(100), max_bytes=1 << 21)
+    assert e.value.reason == "oversized"
+
+
 def test_lenient_metric_readers() -> None:
     x = {"a": {"b": "7", "c": 1e400, "d": True, "e": 3, "s": "ok\x00\ud800"}}
     assert num(x, "a", "b") is None and num(x, "a", "c") is None and num(x, "a", "d") is None
