@@ -106,9 +106,9 @@ def _latency(m: CorpusModel, bundle: Any, iterations: int) -> str:
 
             rep = run_llm_benchmark(lambda **o: bundle.open_runner(o), prompt_tokens=32, gen_tokens=32, repetitions=2)
             return f"{1000 / rep.gen_tps[0]:.1f} ms/token"
-        from edge.bench import run_benchmark
+        from edge.bench import BenchOptions, run_benchmark
 
-        rep = run_benchmark(bundle.open_runner, iterations=iterations, warmup=10, feeds=_feeds(m, bundle))
+        rep = run_benchmark(bundle.open_runner, BenchOptions(iterations=iterations, warmup=10), feeds=_feeds(m, bundle))
         return f"{rep.latency.p50_ms:.2f} ms"
     except Exception as e:  # noqa: BLE001 - the row says why there is no figure
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})".replace("|", "\\|")

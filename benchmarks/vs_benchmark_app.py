@@ -106,7 +106,7 @@ def run_benchmark_app(xml: Path, *, niter: int, threads: int, precision: str, np
 
 def run_edgekit_inprocess(bundle: Any, *, niter: int, threads: int, warmup: int, feeds: dict[str, np.ndarray]
                           ) -> dict[str, Any]:
-    from edge.bench import run_benchmark
+    from edge.bench import BenchOptions, run_benchmark
 
     props: dict[str, str] = {}
 
@@ -122,8 +122,7 @@ def run_edgekit_inprocess(bundle: Any, *, niter: int, threads: int, warmup: int,
         return r
 
     t0 = time.perf_counter()
-    rep = run_benchmark(open_runner, iterations=niter, warmup=warmup, feeds=feeds, bundle=bundle.id,
-                        target=bundle.target)
+    rep = run_benchmark(open_runner, BenchOptions(iterations=niter, warmup=warmup, bundle=bundle.id, target=bundle.target), feeds=feeds)
     data = rep.to_json()
     data["properties"] = props
     data["wall_s"] = round(time.perf_counter() - t0, 2)

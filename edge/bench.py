@@ -106,14 +106,29 @@ def random_feeds(runner: Runner, seed: int = 0) -> dict[str, np.ndarray]:
     return _random(runner.inputs, seed)
 
 
-def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None = None, duration_s: float | None = None,
-                  warmup: int = 10, budget_ms: float | None = None, budget_source: str = "none",
-                  feeds: Mapping[str, np.ndarray] | None = None, bundle: str | None = None,
-                  target: str | None = None, on_target_device: bool = True,
-                  progress: Callable[[int, int | None], None] | None = None,
-                  feeds_from: str | None = None) -> BenchReport:
-    """Open a runner (timed as load), then measure. Default: 200 iterations. ``feeds``: the input (default
+@dataclass(frozen=True)
+class BenchOptions:
+    """How a benchmark runs and what it is labelled: ``iterations`` (default 200) or ``duration_s``, after
+    ``warmup`` untimed ones; the budget the verdict is against and where it came from; the bundle and target
+    it measured, and whether this is the target's device (``judge_device_class`` decides that later)."""
+
+    iterations: int | None = None
+    duration_s: float | None = None
+    warmup: int = 10
+    budget_ms: float | None = None
+    budget_source: str = "none"
+    bundle: str | None = None
+    target: str | None = None
+    on_target_device: bool = True
+
+
+def run_benchmark(open_runner: Callable[[], Runner], options: BenchOptions | None = None, *,
+                  feeds: Mapping[str, np.ndarray] | None = None, feeds_from: str | None = None,
+                  progress: Callable[[int, int | None], None] | None = None) -> BenchReport:
+    """Open a runner (timed as load), then measure as ``options`` say. ``feeds``: the input (default
     :func:`random_feeds`); ``feeds_from``: where it came from, recorded in the runner's details."""
+    o = options if options is not None else BenchOptions()
+    iterations, duration_s, warmup = o.iterations, o.duration_s, o.warmup
     if iterations is not None and duration_s is not None:
         raise EdgeError("give either --iterations or --duration, not both")
     if iterations is None and duration_s is None:
@@ -153,10 +168,10 @@ def run_benchmark(open_runner: Callable[[], Runner], *, iterations: int | None =
         info["details"] = {**(details if isinstance(details, Mapping) else {}), "bench_inputs": feeds_from or (
             "the caller's feeds" if feeds is not None else _RANDOM)}
     lat = LatencyStats.from_ms(np.asarray(samples, dtype=np.float64) / 1e6)
-    return BenchReport(bundle=bundle, target=target, load_ms=load_ms, first_inference_ms=first_ms, warmup=warmup,
+    return BenchReport(bundle=o.bundle, target=o.target, load_ms=load_ms, first_inference_ms=first_ms, warmup=warmup,
                        latency=lat, duration_s=wall, throughput_fps=n / wall if wall > 0 else float("nan"),
-                       peak_rss_mb=peak_rss_mb(), runner=info, budget_ms=budget_ms, budget_source=budget_source,
-                       on_target_device=on_target_device)
+                       peak_rss_mb=peak_rss_mb(), runner=info, budget_ms=o.budget_ms, budget_source=o.budget_source,
+                       on_target_device=o.on_target_device)
 
 
 def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) -> tuple[bool, str]:

@@ -264,7 +264,7 @@ def _benchmark(bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, n
                say: Callable[[str], None]) -> tuple[dict[str, Any] | None, bool | None, str | None]:
     """(the benchmark report recorded in the bundle, whether its budget verdict gates, the device class line);
     (None, None, None) with a note when the target's runner cannot run on this host."""
-    from edge.bench import bundle_feeds, judge_device_class, run_benchmark
+    from edge.bench import BenchOptions, bundle_feeds, judge_device_class, run_benchmark
     from edge.pipeline import runnable_here
     from edge.stats import budget_from
 
@@ -277,9 +277,9 @@ def _benchmark(bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, n
     say(f"benchmarking {opts.bench_iterations} iterations on this host")
     extra = {"allow_cpu_fallback": True} if opts.allow_cpu_fallback else {}
     feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
-    rep = run_benchmark(lambda: bundle.open_runner(extra), iterations=opts.bench_iterations, budget_ms=budget,
-                        budget_source=source, bundle=bundle.id, target=profile.name, feeds=feeds,
-                        feeds_from=feeds_from)
+    rep = run_benchmark(lambda: bundle.open_runner(extra),
+                        BenchOptions(iterations=opts.bench_iterations, budget_ms=budget, budget_source=source,
+                                     bundle=bundle.id, target=profile.name), feeds=feeds, feeds_from=feeds_from)
     gates, device_class = judge_device_class(rep, profile)
     if gates:
         notes.append(f"the budget verdict gates this deploy: {device_class}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edge.bench import run_benchmark
+from edge.bench import BenchOptions, run_benchmark
 from edge.pipeline import convert
 from edge.deploy import DeviceStore, deploy, rollback
 from edge.graph.samples import build_mobilenet_v2
@@ -40,7 +40,7 @@ def main() -> None:
         o = par["outputs"][0]
         print(f"{b.id}: parity {'pass' if par['passed'] else 'FAIL (kept)'} cosine {o['cosine']:.5f} "
               f"top-1 {o['top1']:.0%} on {par['candidate']['device_used']} ({par['candidate']['precision_used']})")
-        r = run_benchmark(b.open_runner, iterations=args.iterations, budget_ms=1000 / 60, budget_source="60 fps")
+        r = run_benchmark(b.open_runner, BenchOptions(iterations=args.iterations, budget_ms=1000 / 60, budget_source="60 fps"))
         print(f"  bench: p50 {r.latency.p50_ms:.2f} ms p99 {r.latency.p99_ms:.2f} ms -> {r.verdict}")
 
     store = out / "devices" / "cam-01"

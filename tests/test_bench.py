@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.bench import run_benchmark
+from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.errors import EdgeError
@@ -39,22 +39,22 @@ def tiny_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 
 def test_iterations_and_verdicts(tiny_bundle: Bundle) -> None:
-    r = run_benchmark(tiny_bundle.open_runner, iterations=30, warmup=2, budget_ms=1e6, budget_source="test")
+    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(iterations=30, warmup=2, budget_ms=1e6, budget_source="test"))
     assert r.latency.count == 30 and r.verdict == "pass" and r.load_ms > 0 and r.peak_rss_mb > 10
     assert r.runner["device_used"] == "CPUExecutionProvider"
     j = r.to_json()
     assert j["verdict"] == "pass" and j["latency"]["p99_ms"] >= j["latency"]["p50_ms"]
-    r = run_benchmark(tiny_bundle.open_runner, iterations=5, warmup=0, budget_ms=1e-6)
+    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(iterations=5, warmup=0, budget_ms=1e-6))
     assert r.verdict == "fail"
-    r = run_benchmark(tiny_bundle.open_runner, iterations=5, warmup=0)
+    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(iterations=5, warmup=0))
     assert r.verdict == "no budget"
 
 
 def test_duration(tiny_bundle: Bundle) -> None:
-    r = run_benchmark(tiny_bundle.open_runner, duration_s=0.2, warmup=0)
+    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(duration_s=0.2, warmup=0))
     assert r.duration_s >= 0.2 and r.latency.count > 1
     with pytest.raises(EdgeError, match="not both"):
-        run_benchmark(tiny_bundle.open_runner, duration_s=0.2, iterations=3)
+        run_benchmark(tiny_bundle.open_runner, BenchOptions(duration_s=0.2, iterations=3))
 
 
 def test_bench_feeds_the_reference_pair_else_the_bundle_shapes(tiny_bundle: Bundle) -> None:
@@ -69,7 +69,7 @@ def test_bench_feeds_the_reference_pair_else_the_bundle_shapes(tiny_bundle: Bund
     pair = load_reference_pairs(tiny_bundle.path, tiny_bundle.info.reference_pairs, tiny_bundle.io).inputs[0]
     assert feeds is not None and why.startswith("reference pair 0 of reference.npz")
     assert all(np.array_equal(feeds[k], pair[k]) for k in pair)
-    r = run_benchmark(tiny_bundle.open_runner, iterations=3, warmup=0, feeds=feeds, feeds_from=why)
+    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(iterations=3, warmup=0), feeds=feeds, feeds_from=why)
     assert r.to_json()["runner"]["details"]["bench_inputs"] == why
 
     # a bundle without pairs (built before they were written, or too large to carry them)

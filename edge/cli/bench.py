@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from edge.bench import judge_device_class, run_benchmark
+from edge.bench import BenchOptions, judge_device_class, run_benchmark
 from edge.bundle.schema import device_class_of
 from edge.bundle.bundle import Bundle
 from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
@@ -134,9 +134,9 @@ def bench_cmd(
     from edge.bench import bundle_feeds
 
     feeds, feeds_from = bundle_feeds(b)  # the reference pairs' input: real shapes and values (a sample rate)
-    report = run_benchmark(lambda: b.open_runner(extra), iterations=iterations, duration_s=duration, warmup=warmup,
-                           budget_ms=budget, budget_source=source, bundle=b.id, target=b.target, feeds=feeds,
-                           feeds_from=feeds_from)
+    options = BenchOptions(iterations=iterations, duration_s=duration, warmup=warmup, budget_ms=budget,
+                           budget_source=source, bundle=b.id, target=b.target)
+    report = run_benchmark(lambda: b.open_runner(extra), options, feeds=feeds, feeds_from=feeds_from)
     judge_device_class(report, b.target)  # budget verdict gates only for a benchmark on the target's device class
     data = report.to_json()
     if record:

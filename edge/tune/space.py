@@ -190,25 +190,10 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
         return BatchPlan(problem=f"cannot read {model.name}: {str(e).splitlines()[0][:200]}")
     inits = {i.name for i in m.graph.initializer}
     inputs = [i for i in m.graph.input if i.name not in inits]
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i in inputs:
-        dims = list(i.type.tensor_type.shape.dim)
-        if not i.type.tensor_type.HasField("shape") or not dims:
-            return BatchPlan(problem=f"input {i.name!r} has no first dimension to batch (rank 0 or undeclared)")
-        d0 = dims[0]
-        if d0.HasField("dim_value") and d0.dim_value not in (0, 1):
-            return BatchPlan(problem=f"input {i.name!r} has a fixed first dimension {d0.dim_value}: not a batch of one")
-        if i.name in given:
-            shape = given[i.name]
-            if len(shape) != len(dims) or shape[0] != 1:
-                return BatchPlan(problem=f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs "
-                                         f"its first dimension 1, rank {len(dims)}")
-        else:
-            rest = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims[1:]]
-            if None in rest:
-                return BatchPlan(problem=f"input {i.name!r} has dynamic dims besides the first: pass --input-shape")
-            shape = (1, *rest)  # type: ignore[arg-type]
-        shapes[i.name] = tuple(int(x) for x in shape)
+    shapes_or_problem = _batch1_shapes(inputs, given)
+    if isinstance(shapes_or_problem, str):
+        return BatchPlan(problem=shapes_or_problem)
+    shapes = shapes_or_problem
     for i in inputs:
         i.type.tensor_type.shape.dim[0].Clear()
         i.type.tensor_type.shape.dim[0].dim_param = "edgekit_batch"
@@ -243,18 +228,9 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
     except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the reason
         msg = " ".join(str(e).split())[:240]
         return BatchPlan(problem=f"onnxruntime cannot run {model.name} at batch 2 ({msg}); the graph fixes its batch")
-    names = [o.name for o in sess.get_outputs()]
-    for k, name in enumerate(names):
-        a = np.asarray(got[k])
-        if a.ndim == 0 or a.shape[0] != 2:
-            return BatchPlan(problem=f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension "
-                                     "is not the batch, so items cannot be told apart")
-        for j in range(2):
-            ref = np.asarray(singles[j][k])
-            if ref.shape[1:] != a.shape[1:] or not np.allclose(a[j:j + 1].astype(np.float64), ref.astype(np.float64),
-                                                                rtol=1e-3, atol=1e-4 * (1 + float(np.abs(ref).max(initial=0)))):
-                return BatchPlan(problem=f"output {name!r}: item {j} of a batch of 2 differs from the same input alone "
-                                         "(the graph mixes items across the batch)")
+    problem = _batch_problem([o.name for o in sess.get_outputs()], got, singles)
+    if problem is not None:
+        return BatchPlan(problem=problem)
     item_bytes = sum(int(np.prod(v)) * np.dtype(types[k]).itemsize for k, v in shapes.items())
     ok = tuple(b for b in batches if b == 1 or b * item_bytes <= MAX_BATCH_BYTES)
     pruned = tuple(f"batch={b}: {b} items are {b * item_bytes / (1 << 20):.0f} MB of input, over the "
@@ -294,13 +270,39 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
     capabilities (default: asked from OpenVINO). ``batch``: the model's :func:`batch_plan` (objective throughput
     only; None: batch 1)."""
     from edge.backends.converter import CONVERTERS
-    from edge.backends.runner import RUNNERS
-    from edge.capabilities import problems
-    from edge.pipeline import conversion_problems
-    from edge.targets import ChainStep, get_target
 
     if objective not in OBJECTIVES:
         raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
+    serving, allowed_prec, thread_values = _narrowed(profile, runners, precisions, threads)
+    cpus = usable_cpus()
+    space = Space([], [], {}, {}, video=video)
+    batches = _batches(space, objective, batch)
+    for runner in serving:
+        rs = _runner_space(space, profile, runner, targets_dir)
+        if rs is None:
+            continue
+        conv_precisions = CONVERTERS.get(rs.converter).precisions
+        for prec in allowed_prec:
+            if precisions and prec not in precisions:
+                continue
+            why = _precision_pruned(runner, rs, prec, conv_precisions, calibrated, bf16_capabilities)
+            if why is not None:
+                space.pruned.append(why)
+                continue
+            knobs = [(name, _knob_values(space, runner, rs, name, values, objective, thread_values, cpus))
+                     for name, values in rs.options.items()]
+            _expand(space, runner, prec, list(rs.recipes.get(prec, {}).items()), knobs, cpus,
+                    (WORKERS if video else (1,)), batches)
+    space.pruned = list(dict.fromkeys(space.pruned))
+    if not space.configs:
+        raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
+    return space
+
+
+def _narrowed(profile: Any, runners: Sequence[str] | None, precisions: Sequence[str] | None,
+              threads: Sequence[int] | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+    """(the runners serving the target, the precisions tunable for it, the thread counts to try), narrowed as
+    asked; a runner or precision the target cannot use is refused, never dropped."""
     serving = runners_for(profile)
     if runners:
         unknown = [r for r in runners if r not in serving]
@@ -314,113 +316,170 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
         if unknown:
             raise EdgeError(f"precision(s) {', '.join(unknown)} are not tunable for {profile.name}",
                             hint=f"choose from {', '.join(allowed_prec)}")
-    cpus = usable_cpus()
     thread_values = tuple(threads) if threads else THREADS
     if any(not isinstance(t, int) or t < 1 for t in thread_values):
         raise EdgeError(f"threads must be integers >= 1, got {list(thread_values)}")
-    space = Space([], [], {}, {}, video=video)
-    batches: tuple[int, ...] = (1,)
+    return tuple(serving), allowed_prec, thread_values
+
+
+def _batches(space: Space, objective: str, batch: BatchPlan | None) -> tuple[int, ...]:
+    """The batch sizes tried (throughput only), with what was pruned and why."""
     if objective != "throughput":
         space.pruned.append(f"batch > 1: only for the throughput objective (objective {objective} runs one item per "
                             "inference, as a stream of frames does)")
-    elif batch is not None:
-        if batch.problem:
-            space.pruned.append(f"batch > 1: {batch.problem}")
+        return (1,)
+    if batch is None:
+        return (1,)
+    batches: tuple[int, ...] = (1,)
+    if batch.problem:
+        space.pruned.append(f"batch > 1: {batch.problem}")
+    else:
+        batches = tuple(batch.batches)
+        space.batch = batch
+    space.pruned.extend(batch.pruned)
+    return batches
+
+
+def _runner_space(space: Space, profile: Any, runner: str, targets_dir: Iterable[Any]) -> Any:
+    """The runner's search space, its conversion and run options recorded in ``space``; None (pruned, with the
+    reason) where it cannot run or convert here."""
+    from edge.backends.runner import RUNNERS
+    from edge.capabilities import problems
+    from edge.pipeline import conversion_problems
+    from edge.targets import ChainStep, get_target
+
+    if runner not in SPACES:
+        space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")
+        return None
+    rs = SPACES[runner]
+    try:
+        missing = problems(RUNNERS.get(runner).requires)
+    except EdgeError as e:
+        missing = [str(e)]
+    missing += [m for m in conversion_problems(profile, chain=(ChainStep(rs.converter),)) if m not in missing]
+    if missing:
+        space.pruned.append(f"{runner}: cannot run or convert here: {'; '.join(missing)}")
+        return None
+    if runner == profile.runner and profile.chain and profile.chain[-1].converter == rs.converter:
+        conv_opts = dict(profile.convert_options.get(rs.converter, {}))
+        run_opts = dict(profile.runtime_options)
+    else:  # another runner on this target: its home target's recipe, pinned to the target's device
+        home = get_target(rs.home, targets_dir)
+        conv_opts = dict(home.convert_options.get(rs.converter, {}))
+        run_opts = dict(home.runtime_options)
+        if runner == "openvino":
+            run_opts["device"] = ["CPU"]
+            space.notes.append(f"openvino on {profile.name}: the CPU plugin (device CPU), {rs.home}'s conversion recipe")
+    space.convert_options[runner], space.run_options[runner] = conv_opts, run_opts
+    return rs
+
+
+def _precision_pruned(runner: str, rs: Any, prec: str, conv_precisions: Any, calibrated: bool,
+                      bf16_capabilities: list[str] | None | str) -> str | None:
+    """Why ``runner`` cannot be tuned at ``prec`` here (None: it can)."""
+    if prec == "bf16":
+        if runner != "openvino":
+            return (f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
+                    "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)")
+        caps = openvino_cpu_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
+        if not caps or "BF16" not in caps:
+            return (f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
+                    f"(it reports {', '.join(caps) if caps else 'nothing'})")
+    elif prec not in conv_precisions:
+        return (f"{runner} {prec}: converter {rs.converter} cannot produce it "
+                f"(it produces {', '.join(sorted(conv_precisions))})")
+    if prec == "int8" and not calibrated:
+        return (f"{runner} int8: static int8 needs calibration data "
+                "(pass --calib DIR, or --calib random for generated inputs)")
+    return None
+
+
+def _knob_values(space: Space, runner: str, rs: Any, name: str, values: Any, objective: str,
+                 thread_values: tuple[int, ...], cpus: int) -> tuple[Any, ...]:
+    """The values of runner option ``name`` worth trying for ``objective`` on this host's ``cpus``."""
+    if name == rs.threads_option:
+        ok = tuple(t for t in thread_values if t <= cpus)
+        over = [t for t in thread_values if t > cpus]
+        if over:
+            space.pruned.append(f"{runner} {name}={','.join(map(str, over))}: more threads than the "
+                                f"{cpus} CPUs this process may use")
+        values = tuple(sorted(ok, reverse=True)) or (cpus,)  # all CPUs first: the default
+    if name == "performance_hint" and objective != "throughput":
+        if "THROUGHPUT" in values:
+            space.pruned.append(f"{runner} performance_hint=THROUGHPUT: only for the throughput "
+                                f"objective (objective {objective} runs one request at a time, which "
+                                "THROUGHPUT's streams split the CPU for)")
+        values = ("LATENCY",)
+    if name == "num_streams":  # 0: not set, the hint's own choice
+        if objective != "throughput":
+            space.pruned.append(f"{runner} num_streams: only for the throughput objective (objective "
+                                f"{objective} runs one request at a time; a stream serves one request)")
+            values = (0,)
         else:
-            batches = tuple(batch.batches)
-            space.batch = batch
-        space.pruned.extend(batch.pruned)
-    for runner in serving:
-        if runner not in SPACES:
-            space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")
-            continue
-        rs = SPACES[runner]
-        try:
-            missing = problems(RUNNERS.get(runner).requires)
-        except EdgeError as e:
-            missing = [str(e)]
-        chain = (ChainStep(rs.converter),)
-        missing += [m for m in conversion_problems(profile, chain=chain) if m not in missing]
-        if missing:
-            space.pruned.append(f"{runner}: cannot run or convert here: {'; '.join(missing)}")
-            continue
-        if runner == profile.runner and profile.chain and profile.chain[-1].converter == rs.converter:
-            conv_opts = dict(profile.convert_options.get(rs.converter, {}))
-            run_opts = dict(profile.runtime_options)
-        else:  # another runner on this target: its home target's recipe, pinned to the target's device
-            home = get_target(rs.home, targets_dir)
-            conv_opts = dict(home.convert_options.get(rs.converter, {}))
-            run_opts = dict(home.runtime_options)
-            if runner == "openvino":
-                run_opts["device"] = ["CPU"]
-                space.notes.append(f"openvino on {profile.name}: the CPU plugin (device CPU), "
-                                   f"{rs.home}'s conversion recipe")
-        space.convert_options[runner], space.run_options[runner] = conv_opts, run_opts
-        conv_precisions = CONVERTERS.get(rs.converter).precisions
-        for prec in allowed_prec:
-            if precisions and prec not in precisions:
+            over = [n for n in values if n > cpus]
+            if over:
+                space.pruned.append(f"{runner} num_streams={','.join(map(str, over))}: more streams than "
+                                    f"the {cpus} CPUs this process may use (OpenVINO caps them)")
+            values = tuple(n for n in values if n <= cpus)
+    return tuple(values)
+
+
+def _expand(space: Space, runner: str, prec: str, recipe_knobs: list[tuple[str, Any]],
+            knobs: list[tuple[str, tuple[Any, ...]]], cpus: int, workers: Sequence[int], batches: Sequence[int]) -> None:
+    """Every combination of recipe and option values (those that conflict pruned), per worker count and batch."""
+    base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
+    for rvals in itertools.product(*[v for _, v in recipe_knobs]):
+        recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
+        for ovals in itertools.product(*[v for _, v in knobs]):
+            # an option at its "not set" value is left out (the id stays what it was without the option)
+            opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals)
+                                     if not (k == "num_streams" and v == 0))
+            conflict = option_conflict(runner, dict(opts), cpus)
+            if conflict is not None:
+                space.pruned.append(conflict)
                 continue
-            if prec == "bf16":
-                if runner != "openvino":
-                    space.pruned.append(f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
-                                        "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)")
-                    continue
-                caps = openvino_cpu_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
-                if not caps or "BF16" not in caps:
-                    space.pruned.append(f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
-                                        f"(it reports {', '.join(caps) if caps else 'nothing'})")
-                    continue
-            elif prec not in conv_precisions:
-                space.pruned.append(f"{runner} {prec}: converter {rs.converter} cannot produce it "
-                                    f"(it produces {', '.join(sorted(conv_precisions))})")
-                continue
-            if prec == "int8" and not calibrated:
-                space.pruned.append(f"{runner} int8: static int8 needs calibration data "
-                                    "(pass --calib DIR, or --calib random for generated inputs)")
-                continue
-            knobs: list[tuple[str, tuple[Any, ...]]] = []
-            recipe_knobs = list(rs.recipes.get(prec, {}).items())
-            for name, values in rs.options.items():
-                if name == rs.threads_option:
-                    ok = tuple(t for t in thread_values if t <= cpus)
-                    over = [t for t in thread_values if t > cpus]
-                    if over:
-                        space.pruned.append(f"{runner} {name}={','.join(map(str, over))}: more threads than the "
-                                            f"{cpus} CPUs this process may use")
-                    values = tuple(sorted(ok, reverse=True)) or (cpus,)  # all CPUs first: the default
-                if name == "performance_hint" and objective != "throughput":
-                    if "THROUGHPUT" in values:
-                        space.pruned.append(f"{runner} performance_hint=THROUGHPUT: only for the throughput "
-                                            f"objective (objective {objective} runs one request at a time, which "
-                                            "THROUGHPUT's streams split the CPU for)")
-                    values = ("LATENCY",)
-                if name == "num_streams":  # 0: not set, the hint's own choice
-                    if objective != "throughput":
-                        space.pruned.append(f"{runner} num_streams: only for the throughput objective (objective "
-                                            f"{objective} runs one request at a time; a stream serves one request)")
-                        values = (0,)
-                    else:
-                        over = [n for n in values if n > cpus]
-                        if over:
-                            space.pruned.append(f"{runner} num_streams={','.join(map(str, over))}: more streams than "
-                                                f"the {cpus} CPUs this process may use (OpenVINO caps them)")
-                        values = tuple(n for n in values if n <= cpus)
-                knobs.append((name, tuple(values)))
-            base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
-            for rvals in itertools.product(*[v for _, v in recipe_knobs]):
-                recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
-                for ovals in itertools.product(*[v for _, v in knobs]):
-                    # an option at its "not set" value is left out (the id stays what it was without the option)
-                    opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals)
-                                             if not (k == "num_streams" and v == 0))
-                    conflict = option_conflict(runner, dict(opts), cpus)
-                    if conflict is not None:
-                        space.pruned.append(conflict)
-                        continue
-                    for w in (WORKERS if video else (1,)):
-                        for n in batches:
-                            space.configs.append(Config(runner, prec, recipe, opts, w, n))
-    space.pruned = list(dict.fromkeys(space.pruned))
-    if not space.configs:
-        raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
-    return space
+            for w in workers:
+                for n in batches:
+                    space.configs.append(Config(runner, prec, recipe, opts, w, n))
+
+
+def _batch1_shapes(inputs: Sequence[Any], given: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | str:
+    """Each input's batch-1 shape (``given`` by --input-shape, else its declared dims), or why it cannot be batched."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in inputs:
+        dims = list(i.type.tensor_type.shape.dim)
+        if not i.type.tensor_type.HasField("shape") or not dims:
+            return f"input {i.name!r} has no first dimension to batch (rank 0 or undeclared)"
+        d0 = dims[0]
+        if d0.HasField("dim_value") and d0.dim_value not in (0, 1):
+            return f"input {i.name!r} has a fixed first dimension {d0.dim_value}: not a batch of one"
+        if i.name in given:
+            shape = given[i.name]
+            if len(shape) != len(dims) or shape[0] != 1:
+                return (f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs "
+                        f"its first dimension 1, rank {len(dims)}")
+        else:
+            rest = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims[1:]]
+            if None in rest:
+                return f"input {i.name!r} has dynamic dims besides the first: pass --input-shape"
+            shape = (1, *rest)  # type: ignore[arg-type]
+        shapes[i.name] = tuple(int(x) for x in shape)
+    return shapes
+
+
+def _batch_problem(names: Sequence[str], got: Sequence[Any], singles: Sequence[Sequence[Any]]) -> str | None:
+    """Why the batch-2 outputs ``got`` are not two items (first dimension 2, each what it is alone), else None."""
+    import numpy as np
+
+    for k, name in enumerate(names):
+        a = np.asarray(got[k])
+        if a.ndim == 0 or a.shape[0] != 2:
+            return (f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension "
+                    "is not the batch, so items cannot be told apart")
+        for j in range(2):
+            ref = np.asarray(singles[j][k])
+            if ref.shape[1:] != a.shape[1:] or not np.allclose(a[j:j + 1].astype(np.float64), ref.astype(np.float64),
+                                                                rtol=1e-3, atol=1e-4 * (1 + float(np.abs(ref).max(initial=0)))):
+                return (f"output {name!r}: item {j} of a batch of 2 differs from the same input alone "
+                        "(the graph mixes items across the batch)")
+    return None

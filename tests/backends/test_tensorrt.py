@@ -15,7 +15,7 @@ import pytest
 
 from conftest import run_cli
 from edge.agent.tegrastats import parse_nvpmodel, parse_nvpmodel_conf, parse_tegrastats, read_nvpmodel
-from edge.bench import run_benchmark
+from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS, ConversionRequest
@@ -173,7 +173,7 @@ def test_cpu_fallback_runs_and_says_so_everywhere(int8_bundle: Bundle) -> None:
         assert y["logits"].shape == (1, 10)
     ref = reference_outputs(int8_bundle.artifact, [x])[0]["logits"]
     np.testing.assert_allclose(y["logits"], ref, rtol=1e-5, atol=1e-5)  # the same ONNX, the same kernels
-    rep = run_benchmark(lambda: int8_bundle.open_runner({"allow_cpu_fallback": True}), iterations=5, warmup=1)
+    rep = run_benchmark(lambda: int8_bundle.open_runner({"allow_cpu_fallback": True}), BenchOptions(iterations=5, warmup=1))
     assert FALLBACK_LABEL in rep.runner["fallback"] and FALLBACK_LABEL in rep.runner["device_used"]
 
 

@@ -137,10 +137,9 @@ def test_staging_leaves_nothing_on_failure_and_keeps_the_old(tmp_path: Path) -> 
 
 
 def test_record_keeps_bundle_valid(bundle: Bundle) -> None:
-    from edge.bench import run_benchmark
+    from edge.bench import BenchOptions, run_benchmark
 
-    report = run_benchmark(bundle.open_runner, iterations=3, warmup=1, budget_ms=1000.0, bundle=bundle.id,
-                           target=bundle.target).to_json()
+    report = run_benchmark(bundle.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=bundle.id, target=bundle.target)).to_json()
     bundle.record("benchmark", report)
     again = Bundle.open(bundle.path)
     assert again.manifest["benchmark"] == report and again.info.benchmark.latency.count == 3  # type: ignore[union-attr]

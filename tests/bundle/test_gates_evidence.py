@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edge.bench import run_benchmark
+from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError
@@ -69,8 +69,7 @@ def test_renamed_outputs_must_be_the_models_own(built: Bundle, tmp_path: Path) -
 
 def _benchmarked(built: Bundle, tmp_path: Path, change: Any) -> Bundle:
     """A real benchmark recorded as a slow device would (p99 far over the x86-cpu budget), then edited."""
-    rep = run_benchmark(built.open_runner, iterations=3, warmup=1, budget_ms=16.67, bundle=built.id,
-                        target=built.target)
+    rep = run_benchmark(built.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=16.67, bundle=built.id, target=built.target))
     bench = {**rep.to_json(), "on_target_device": True}
     bench["latency"] = {k: (v * 1e5 if isinstance(v, float) and k.endswith("_ms") else v)
                         for k, v in bench["latency"].items()}

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge.bench import run_benchmark
+from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.errors import BudgetError, BundleError, DeployError, ManifestError
@@ -41,7 +41,7 @@ def bases(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     b = convert(models["tiny"], "x86-cpu", d)
     ran = copy.deepcopy(b.manifest)
     skipped = {**ran, "parity": {"passed": None, "skipped": "runner cannot run on this host: test"}}
-    bench = run_benchmark(b.open_runner, iterations=3, warmup=1, budget_ms=1000.0, bundle=b.id, target=b.target)
+    bench = run_benchmark(b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=b.id, target=b.target))
     benched = {**ran, "benchmark": {**bench.to_json(), "on_target_device": True}}
     for m in (ran, skipped, benched):
         Bundle(d, m)  # each base is valid

@@ -111,10 +111,10 @@ def test_missing_or_null_parity(failed: Bundle, tmp_path: Path) -> None:
 
 
 def test_a_benchmark_verdict_is_recomputed(models: dict[str, Path], tmp_path: Path) -> None:
-    from edge.bench import run_benchmark
+    from edge.bench import BenchOptions, run_benchmark
 
     b = convert(models["tiny"], "x86-cpu", tmp_path / "b")
-    rep = run_benchmark(b.open_runner, iterations=3, warmup=1, budget_ms=1e-6, bundle=b.id, target=b.target)
+    rep = run_benchmark(b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1e-6, bundle=b.id, target=b.target))
     b.record("benchmark", {**rep.to_json(), "on_target_device": True})
     assert b.info.benchmark.verdict == "fail"  # type: ignore[union-attr]
     with pytest.raises(BudgetError, match="over the 0.00 ms budget"):
