@@ -17,14 +17,12 @@ MAX_PARAMS = 10
 #: Functions still over a limit, being split (#24). This list only shrinks: an entry that no longer offends
 #: fails the test until it is removed, and nothing may be added to it.
 NOT_YET: set[str] = {
-    "backends/openvino/convert.py:convert",
     "bundle/typedjson.py:read",
     "bundle/typedjson.py:_schema",
     "fleet/collector.py:_store_streams",
     "fleet/rollout_spec.py:parse",
     "fleet/rollout_store.py:assign",
     "graph/lower.py:lower_lstm",
-    "graph/recipes.py:search",
     "graph/samples.py:build_yolo_detector",
     "llm/samples.py:build_tiny_llama",
     "mqtt/lite.py:feed",

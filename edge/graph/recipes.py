@@ -482,27 +482,50 @@ def task_failures(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequ
             for f in o.failures if any(w in f for w in task_words)]
 
 
-def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference: Infer,
-           build: Callable[[list[str]], Any], infer_of: Callable[[Any], Infer], target_cosine: float,
-           initial: Sequence[KeptNode] | Callable[[], Sequence[KeptNode]] = (),
-           eligible: Sequence[str] | None = None,
-           max_trials: int = DEFAULT_TRIALS, why: str = "adds {err} relative error",
-           sizes: Mapping[str, int] | None = None, graph_of: Callable[[Any], Any] | None = None,
-           precision: str | None = None) -> SearchResult:
-    """Keep nodes in higher precision until the candidate's outputs reach ``target_cosine``.
+@dataclass(frozen=True)
+class Candidates:
+    """How :func:`search` makes and runs a candidate: ``build(kept node names)`` makes one, ``infer_of(candidate)``
+    runs it, ``graph_of(candidate)`` is its ONNX graph when it has one (for :func:`attribute`)."""
 
-    ``model`` is the float ONNX graph whose node and tensor names the candidates share; ``build(kept names)``
-    makes a candidate and ``infer_of(candidate)`` runs it; ``graph_of(candidate)`` is its ONNX graph, when it
-    has one, for :func:`attribute`. The first candidate keeps ``initial``; each further
-    trial keeps the ``2**(trial-1)`` nodes adding the most error (see :func:`attribute`).
+    build: Callable[[list[str]], Any]
+    infer_of: Callable[[Any], Infer]
+    graph_of: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class SearchGoal:
+    """What :func:`search` looks for: outputs at ``target_cosine`` (and the gate's task figures for ``precision``)
+    within ``max_trials``, starting from ``initial`` kept nodes (a callable: computed only when the plain
+    candidate fails), among ``eligible`` nodes (default: every node with a float output in ``sizes``); ``why``
+    is each kept node's reason (``{err}``: the error it adds)."""
+
+    target_cosine: float
+    initial: Sequence[KeptNode] | Callable[[], Sequence[KeptNode]] = ()
+    eligible: Sequence[str] | None = None
+    max_trials: int = DEFAULT_TRIALS
+    why: str = "adds {err} relative error"
+    sizes: Mapping[str, int] | None = None
+    precision: str | None = None
+
+
+def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference: Infer, candidates: Candidates,
+           goal: SearchGoal) -> SearchResult:
+    """Keep nodes in higher precision until the candidate's outputs reach ``goal.target_cosine``.
+
+    ``model`` is the float ONNX graph whose node and tensor names the candidates share (``candidates``: how one
+    is built and run). The first candidate keeps ``goal.initial``; each further trial keeps the ``2**(trial-1)``
+    nodes adding the most error (see :func:`attribute`).
 
     ``initial`` given as a callable is computed only when the plain candidate (nothing kept) fails: the
     fp16 range check runs the fp32 graph with every tensor exposed (minutes on a 640x640 detector), which
     a model that is fine in fp16 (most are) should not pay.
 
-    ``precision``: a candidate must also pass the gate's task figures for it (:func:`task_failures`), not only
-    the cosine target.
+    ``goal.precision``: a candidate must also pass the gate's task figures for it (:func:`task_failures`), not
+    only the cosine target.
     """
+    build, infer_of, graph_of = candidates.build, candidates.infer_of, candidates.graph_of
+    target_cosine, initial, eligible, max_trials = goal.target_cosine, goal.initial, goal.eligible, goal.max_trials
+    why, sizes, precision = goal.why, goal.sizes, goal.precision
     outputs = [o.name for o in model.graph.output]
     sizes = dict(sizes if sizes is not None else float_tensors(model))
     if eligible is None:

@@ -132,8 +132,9 @@ def test_fp16_growth_by_error_attribution(tmp_path: Path) -> None:
         recipes.drop_fp16_round_trips(half)
         return half
 
-    found = recipes.search(model=model, samples=samples, reference=recipes.onnx_infer(model), build=build,
-                           infer_of=recipes.onnx_infer, target_cosine=recipes.target_cosine("fp16"))
+    found = recipes.search(model=model, samples=samples, reference=recipes.onnx_infer(model),
+                           candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer),
+                           goal=recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16")))
     assert found.passed, found.to_json()
     assert found.trials[0].passed is False and len(found.trials) >= 2
     assert {"amplify", "head"} & {k.node for k in found.kept}

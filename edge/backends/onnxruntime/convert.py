@@ -227,12 +227,13 @@ def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(model)
     reference = recipes.onnx_infer(model)
-    found = recipes.search(model=model, samples=samples, reference=reference, build=build,
-                           infer_of=recipes.onnx_infer, target_cosine=recipes.target_cosine("fp16"),
-                           initial=lambda: recipes.fp16_range_keep(
-                               model, recipes.activation_ranges(reference, sizes, samples)),
-                           max_trials=trials, sizes=sizes,
-                           why="adds {err} relative error in fp16 (error attribution on the search inputs)")
+    goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16"),
+                              initial=lambda: recipes.fp16_range_keep(
+                                  model, recipes.activation_ranges(reference, sizes, samples)),
+                              max_trials=trials, sizes=sizes,
+                              why="adds {err} relative error in fp16 (error attribution on the search inputs)")
+    found = recipes.search(model=model, samples=samples, reference=reference,
+                           candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer), goal=goal)
     found.origin = origin
     return found
 
@@ -267,11 +268,12 @@ def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: 
             quantize(prepped, kept, with_method)
             return load_onnx(out)
 
-        found = recipes.search(model=model, samples=samples, reference=reference, build=build,
-                               infer_of=recipes.onnx_infer, graph_of=lambda c: c,
-                               target_cosine=recipes.target_cosine("int8"),
-                               precision="int8",  # and the task figures: a YOLOX head at cosine 0.997 lost 13 % recall
-                               max_trials=max_trials, why="adds {err} relative error when quantized (error attribution)")
+        goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("int8"),
+                                  precision="int8",  # and the task figures: a YOLOX head at cosine 0.997 lost 13 % recall
+                                  max_trials=max_trials, why="adds {err} relative error when quantized (error attribution)")
+        found = recipes.search(model=model, samples=samples, reference=reference,
+                               candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer,
+                                                             graph_of=lambda c: c), goal=goal)
         found.method = with_method
         return found
 

@@ -157,9 +157,10 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
 
         return infer
 
-    found = recipes.search(model=onnx_model, samples=samples, reference=reference, build=build, infer_of=infer_of,
-                           target_cosine=recipes.target_cosine("fp16"), initial=initial, max_trials=trials,
-                           sizes=sizes, why="adds {err} relative error computed in f16 (error attribution)")
+    goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16"), initial=initial, max_trials=trials,
+                              sizes=sizes, why="adds {err} relative error computed in f16 (error attribution)")
+    found = recipes.search(model=onnx_model, samples=samples, reference=reference,
+                           candidates=recipes.Candidates(build=build, infer_of=infer_of), goal=goal)
     found.origin = origin + "; verified with OpenVINO's CPU plugin computing in f16"
     return found.artifact, found
 
@@ -249,43 +250,10 @@ class OnnxToOpenVINO(Converter):
 
         compress = request.precision == "fp16"
         if compress:
-            from edge.graph import recipes
-
-            mode = recipes.parse_mode(request.options)
-            trials = recipes.parse_trials(request.options)
-            details["mixed_precision"] = mode
-            if mode == "auto":
-                model, found = _mixed_fp16(ov, source, request, trials)
-                if found is not None:
-                    details["kept_fp32"] = [k.to_json() for k in found.kept]
-                    details["mixed_precision_search"] = found.to_json()
-                    note = found.note("f32")
-                    if note:
-                        notes.append(note)
-                else:
-                    notes.append("mixed precision: this host's OpenVINO CPU plugin cannot compute in f16, so the fp16 "
-                                 "recipe was not verified here; only the activation range check was applied")
+            model = _fp16_recipe(ov, model, source, request, details, notes)
         xml = request.workdir / "model.xml"
         bin_ = xml.with_suffix(".bin")
-        try:
-            ov.save_model(model, str(xml), compress_to_fp16=compress)
-        except Exception as e:
-            raise ConversionError(f"OpenVINO could not save the IR of {source} to {xml}: "
-                                  f"{type(e).__name__}: {str(e)[:500]}") from e
-
-        # Inspect what was really written, not what was asked for.
-        try:
-            saved = ov_core().read_model(str(xml))
-        except Exception as e:
-            raise ConversionError(f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: "
-                                  f"{type(e).__name__}: {str(e)[:500]}") from e
-        saved_types = weight_types(saved)
-        if request.precision in ("fp32", "int8") and "f16" in saved_types and "f16" not in source_types:
-            raise ConversionError(f"OpenVINO saved f16 weights for {source} although compress_to_fp16=False "
-                                  f"(weights: {saved_types}); the {request.precision} IR would not be what it claims")
-        if compress and "f16" not in saved_types and saved_types:
-            notes.append(f"compress_to_fp16 left no f16 weights (weights: {saved_types})")
-        ops = op_counts(saved, "FakeQuantize", "FakeConvert")
+        saved_types, ops = _save_checked(ov, model, xml, source, request, source_types, notes)
         if int8 and not ops["FakeQuantize"]:
             raise ConversionError(f"NNCF quantized no operation of {source} (no FakeQuantize in the IR)",
                                   hint="the model may have no Conv/MatMul/Gemm; use fp16 or fp32")
@@ -367,3 +335,51 @@ class OnnxToOpenVINO(Converter):
         finally:
             nncf_log.setLevel(level)
         return quantized, used
+
+
+def _fp16_recipe(ov: Any, model: Any, source: Path, request: ConversionRequest, details: dict[str, Any],
+                 notes: list[str]) -> Any:
+    """The model with the mixed-precision fp16 recipe (``mixed_precision = "auto"``: the nodes kept in f32 where
+    f16 adds error, verified on this host's CPU plugin in f16 when it can)."""
+    from edge.graph import recipes
+
+    mode = recipes.parse_mode(request.options)
+    trials = recipes.parse_trials(request.options)
+    details["mixed_precision"] = mode
+    if mode != "auto":
+        return model
+    model, found = _mixed_fp16(ov, source, request, trials)
+    if found is None:
+        notes.append("mixed precision: this host's OpenVINO CPU plugin cannot compute in f16, so the fp16 "
+                     "recipe was not verified here; only the activation range check was applied")
+        return model
+    details["kept_fp32"] = [k.to_json() for k in found.kept]
+    details["mixed_precision_search"] = found.to_json()
+    note = found.note("f32")
+    if note:
+        notes.append(note)
+    return model
+
+
+def _save_checked(ov: Any, model: Any, xml: Path, source: Path, request: ConversionRequest,
+                  source_types: Any, notes: list[str]) -> tuple[Any, dict[str, int]]:
+    """Save the IR and inspect what was really written, not what was asked for: (its weight types, its
+    FakeQuantize/FakeConvert counts)."""
+    compress = request.precision == "fp16"
+    try:
+        ov.save_model(model, str(xml), compress_to_fp16=compress)
+    except Exception as e:
+        raise ConversionError(f"OpenVINO could not save the IR of {source} to {xml}: "
+                              f"{type(e).__name__}: {str(e)[:500]}") from e
+    try:
+        saved = ov_core().read_model(str(xml))
+    except Exception as e:
+        raise ConversionError(f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: "
+                              f"{type(e).__name__}: {str(e)[:500]}") from e
+    saved_types = weight_types(saved)
+    if request.precision in ("fp32", "int8") and "f16" in saved_types and "f16" not in source_types:
+        raise ConversionError(f"OpenVINO saved f16 weights for {source} although compress_to_fp16=False "
+                              f"(weights: {saved_types}); the {request.precision} IR would not be what it claims")
+    if compress and "f16" not in saved_types and saved_types:
+        notes.append(f"compress_to_fp16 left no f16 weights (weights: {saved_types})")
+    return saved_types, op_counts(saved, "FakeQuantize", "FakeConvert")
