@@ -11,9 +11,9 @@ The build host then judges them twice, per output:
 * against the build host's own runtime on the same inputs (x86 vs ARM): the largest difference must stay
   within :func:`isa_limit` of the output's range. The limits come from the differences measured on the
   conformance corpus (``benchmarks/corpus_aarch64.py``, docs/aarch64.md): float bundles differ by 3e-7 to
-  2.7e-5 of the range (the most on a sigmoid mask, whose range is 1), so the limit is 1e-4 of it; int8 bundles
-  differed by nothing measurable, and ARM may round a requantisation one step apart (1/255 of the range), so
-  the limit is 1e-2 of it;
+  5.2e-5 of the range (the most on probability outputs, whose range is 1: PP-OCR's CTC softmax, 5.2e-5; the
+  selfie mask's sigmoid, 2.7e-5), so the limit is 2e-4 of it; int8 bundles differed by nothing measurable, and
+  ARM may round a requantisation one step apart (1/255 of the range), so the limit is 1e-2 of it;
 * against the reference outputs the bundle carries, with the bundle's own gate
   (:func:`edge.verify.refpairs.check_reference_pairs`, as a device checks on first load).
 
@@ -49,9 +49,9 @@ from edge.toolchains import aarch64
 from edge.verify.refpairs import check_reference_pairs, load_reference_pairs, runner_json
 
 ISAS = (aarch64.ISA,)
-#: |ARM - x86| over the output's range, per bundle precision class: measured worst x 3.7 for float, 2.5
+#: |ARM - x86| over the output's range, per bundle precision class: the measured worst x 3.8 for float, 2.5
 #: requantisation steps for int8 (module docstring, docs/aarch64.md)
-FLOAT_LIMIT = 1e-4
+FLOAT_LIMIT = 2e-4
 INT8_LIMIT = 1e-2
 #: below this range an output is compared in absolute terms (a constant output, a mask of zeros)
 ABS_FLOOR = 1e-6
@@ -154,8 +154,10 @@ def _figure(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def _per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], arm: Sequence[Mapping[str, np.ndarray]],
-                host: Sequence[Mapping[str, np.ndarray]], gate: Mapping[str, Any]) -> list[dict[str, Any]]:
+def per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], arm: Sequence[Mapping[str, np.ndarray]],
+               host: Sequence[Mapping[str, np.ndarray]], gate: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per output: the largest |``arm`` - ``host``| over the samples, the ``reference`` outputs' range (max - min)
+    and the limit from it, and the bundle gate's figures against the reference (``gate``'s outputs)."""
     by_name = {o.get("name"): o for o in gate.get("outputs") or []}
     out = []
     for t in bundle.io.outputs:
@@ -165,8 +167,8 @@ def _per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], a
         else:
             diff = max(float(np.max(np.abs(np.asarray(a[n], np.float64) - np.asarray(h[n], np.float64)), initial=0.0))
                        for a, h in zip(arm, host))
-        ref = [np.asarray(r[n], np.float64) for r in reference]
-        rng = float(max(np.max(r, initial=0.0) for r in ref) - min(np.min(r, initial=0.0) for r in ref))
+        ref = [np.asarray(r[n], np.float64) for r in reference if np.size(r[n])]
+        rng = float(max(r.max() for r in ref) - min(r.min() for r in ref)) if ref else 0.0
         limit = isa_limit(bundle.precision, rng)
         g = by_name.get(n, {})
         out.append({"name": n, "max_abs_vs_host": diff if math.isfinite(diff) else 3.4e38, "range": rng,
@@ -202,7 +204,7 @@ def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, c
     with bundle.open_runner() as runner:
         host = [runner.infer(feeds) for feeds in pairs.inputs]
         host_info = runner_json(runner)
-    outputs = _per_output(bundle, pairs.outputs, arm, host, gate)
+    outputs = per_output(bundle, pairs.outputs, arm, host, gate)
     failures = [f"{o['name']}: |{isa} - x86| {o['max_abs_vs_host']:.3g} > {o['limit']:.3g}" for o in outputs
                 if not o["passed"]] + [f"reference check: {f}" for f in gate.get("failures") or []]
     state = aarch64.read_state() or {}

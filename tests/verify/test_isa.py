@@ -84,3 +84,19 @@ def test_a_difference_over_the_limit_fails(arm_bundle: tuple[Path, dict], tmp_pa
     assert ev["failures"] and ev["failures"][0].startswith("logits: |aarch64 - x86| ")
     assert (b / "manifest.json").read_text() == before  # record=False leaves the manifest alone
     assert_user_error(run_cli("verify", str(b), "--cpu", "max"), "unknown emulated core 'max'")
+
+
+def test_the_limit_is_relative_to_the_outputs_own_range() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    out = SimpleNamespace(name="y")
+    bundle = SimpleNamespace(io=SimpleNamespace(outputs=[out]), precision="fp32")
+    ref = [{"y": np.array([100.0, 101.0], np.float32)}, {"y": np.array([100.5, 100.25], np.float32)}]
+    arm = [{"y": r["y"] + np.float32(1e-3)} for r in ref]
+    (o,) = isa.per_output(bundle, ref, arm, ref, {"outputs": []})  # type: ignore[arg-type]
+    # values 100..101: the range is 1, not 101 (which would let a 1e-3 difference through at 2e-4 of the range)
+    assert o["range"] == 1.0 and o["limit"] == isa.isa_limit("fp32", 1.0) and o["passed"] is False
+    assert abs(o["max_abs_vs_host"] - 1e-3) < 1e-5
+    assert isa.isa_limit("int8", 1.0) == isa.INT8_LIMIT and isa.isa_limit("fp32", 0.0) == isa.ABS_FLOOR
