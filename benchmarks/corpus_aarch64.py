@@ -92,6 +92,8 @@ def main() -> int:
                                  "limit": o["limit"], "passed": o["passed"], "cosine_vs_reference": o["cosine"],
                                  "reference_check": ev["reference_check"], "runtime": ev["runtime"],
                                  "emulator": ev["emulator"]})
+                if args.json:  # as it goes: a long run that stops keeps what it measured
+                    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     header = ["model", "precision", "core (emulated)", "output", "pairs", "range", "max |ARM-x86|", "of range", "limit",
               "ok", "cosine vs source"]
     table = [[r["model"], r["precision"], r["cpu"], r.get("output", "ERROR"), str(r.get("samples", "")),
