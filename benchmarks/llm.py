@@ -49,14 +49,14 @@ def main() -> int:
     args = p.parse_args()
     from edge.pipeline import convert
     from edge.llm.bench import run_llm_benchmark
-    from edge.llm.samples import build_tiny_llama
+    from edge.llm.samples import LlamaShape, build_tiny_llama
 
     host = C.host_info()
     results: dict[str, object] = {"host": host}
     with C.workdir(args.workdir) as wd:
         src = wd / "llama40m-f16.gguf"
         if not src.exists():
-            build_tiny_llama(src, n_vocab=1024, n_embd=768, n_layer=6, n_head=12, n_head_kv=4, n_ff=2048)
+            build_tiny_llama(src, LlamaShape(n_vocab=1024, n_embd=768, n_layer=6, n_head=12, n_head_kv=4, n_ff=2048))
         bundles = {q: convert(src, "x86-cpu", wd / f"llm-{q}", ConvertRequest(precision=q, accept_parity_failure=True), force=True)
                    for q in ("f16", "q4_k_m")}
         C.log(f"model: {src.name} ({src.stat().st_size / 1e6:.1f} MB), bundles: {', '.join(b.id for b in bundles.values())}")

@@ -23,8 +23,6 @@ NOT_YET: set[str] = {
     "fleet/rollout_spec.py:parse",
     "fleet/rollout_store.py:assign",
     "graph/lower.py:lower_lstm",
-    "graph/samples.py:build_yolo_detector",
-    "llm/samples.py:build_tiny_llama",
     "mqtt/lite.py:feed",
     "mqtt/netloop.py:__init__",
     "mqtt/session.py:__init__",

@@ -489,6 +489,46 @@ def _decoupled_head(b: _GraphBuilder, x: str, cin: int, hidden: int, num_classes
     return _cat(b, parts)
 
 
+def _yolo_backbone(b: Any, w: int) -> list[tuple[str, int]]:
+    """The CSP backbone, SPPF and top-down neck: the three levels (strides 8, 16, 32) and their channels."""
+    x = b.conv("images", 3, w, kernel=3, stride=2, act="silu")
+    x = _csp(b, b.conv(x, w, 2 * w, kernel=3, stride=2, act="silu"), 2 * w, 2 * w, 1)
+    p3 = _csp(b, b.conv(x, 2 * w, 4 * w, kernel=3, stride=2, act="silu"), 4 * w, 4 * w, 2)
+    p4 = _csp(b, b.conv(p3, 4 * w, 8 * w, kernel=3, stride=2, act="silu"), 8 * w, 8 * w, 2)
+    p5 = _csp(b, b.conv(p4, 8 * w, 16 * w, kernel=3, stride=2, act="silu"), 16 * w, 16 * w, 1)
+    p5 = _sppf(b, p5, 16 * w)
+    lat5 = b.conv(p5, 16 * w, 8 * w, act="silu")
+    n4 = _csp(b, _cat(b, [_upsample(b, lat5), p4]), 16 * w, 8 * w, 1)
+    lat4 = b.conv(n4, 8 * w, 4 * w, act="silu")
+    n3 = _csp(b, _cat(b, [_upsample(b, lat4), p3]), 8 * w, 4 * w, 1)
+    return [(n3, 4 * w), (n4, 8 * w), (p5, 16 * w)]
+
+
+def _yolo_decoded_head(b: Any, levels: list[tuple[str, int]], w: int, input_size: int, num_classes: int) -> None:
+    """A decoupled head per level, and the grid/stride decoding into ``output`` ([1, N, 5 + classes])."""
+    k = 5 + num_classes
+    flat, grids, strides = [], [], []
+    for level, (feat, cin) in enumerate(levels):
+        stride = _YOLO_STRIDES[level]
+        side = input_size // stride
+        raw = _decoupled_head(b, feat, cin, 4 * w, num_classes)
+        flat.append(b.node("Reshape", [raw, _int64(b, f"head{level}.shape", [1, k, side * side])]))
+        gy, gx = np.mgrid[0:side, 0:side]
+        grids.append(np.stack([gx.ravel(), gy.ravel()], axis=-1))
+        strides.append(np.full((side * side, 1), stride))
+    pred = b.node("Transpose", [b.node("Concat", flat, axis=2)], perm=[0, 2, 1])  # [1, N, 5 + C]
+
+    def part(start: int, end: int) -> str:  # pred[..., start:end]
+        return b.node("Slice", [pred, *(_int64(b, b._name("slice"), [v]) for v in (start, end, 2))])
+
+    grid = b.param("decode.grid", np.concatenate(grids)[None])
+    stride_map = b.param("decode.stride", np.concatenate(strides)[None])
+    xy = b.node("Mul", [b.node("Add", [part(0, 2), grid]), stride_map])
+    wh = b.node("Mul", [b.node("Exp", [part(2, 4)]), stride_map])
+    scores = b.node("Sigmoid", [part(4, k)])
+    b.node("Concat", [xy, wh, scores], output="output", axis=2)
+
+
 def build_yolo_detector(
     path: str | os.PathLike[str],
     *,
@@ -528,39 +568,9 @@ def build_yolo_detector(
     # calibrate on pixels in 0..1 (the yolo preset), not ImageNet-normalised ones
     b.values["images"] = (b.values["images"] * np.array(_IMAGENET_STD)[:, None, None]
                           + np.array(_IMAGENET_MEAN)[:, None, None])
-    w = width
-    x = b.conv("images", 3, w, kernel=3, stride=2, act="silu")
-    x = _csp(b, b.conv(x, w, 2 * w, kernel=3, stride=2, act="silu"), 2 * w, 2 * w, 1)
-    p3 = _csp(b, b.conv(x, 2 * w, 4 * w, kernel=3, stride=2, act="silu"), 4 * w, 4 * w, 2)
-    p4 = _csp(b, b.conv(p3, 4 * w, 8 * w, kernel=3, stride=2, act="silu"), 8 * w, 8 * w, 2)
-    p5 = _csp(b, b.conv(p4, 8 * w, 16 * w, kernel=3, stride=2, act="silu"), 16 * w, 16 * w, 1)
-    p5 = _sppf(b, p5, 16 * w)
-    lat5 = b.conv(p5, 16 * w, 8 * w, act="silu")
-    n4 = _csp(b, _cat(b, [_upsample(b, lat5), p4]), 16 * w, 8 * w, 1)
-    lat4 = b.conv(n4, 8 * w, 4 * w, act="silu")
-    n3 = _csp(b, _cat(b, [_upsample(b, lat4), p3]), 8 * w, 4 * w, 1)
-
+    levels = _yolo_backbone(b, width)
     k = 5 + num_classes
-    flat, grids, strides = [], [], []
-    for level, (feat, cin) in enumerate(((n3, 4 * w), (n4, 8 * w), (p5, 16 * w))):
-        stride = _YOLO_STRIDES[level]
-        side = input_size // stride
-        raw = _decoupled_head(b, feat, cin, 4 * w, num_classes)
-        flat.append(b.node("Reshape", [raw, _int64(b, f"head{level}.shape", [1, k, side * side])]))
-        gy, gx = np.mgrid[0:side, 0:side]
-        grids.append(np.stack([gx.ravel(), gy.ravel()], axis=-1))
-        strides.append(np.full((side * side, 1), stride))
-    pred = b.node("Transpose", [b.node("Concat", flat, axis=2)], perm=[0, 2, 1])  # [1, N, 5 + C]
-
-    def part(start: int, end: int) -> str:  # pred[..., start:end]
-        return b.node("Slice", [pred, *(_int64(b, b._name("slice"), [v]) for v in (start, end, 2))])
-
-    grid = b.param("decode.grid", np.concatenate(grids)[None])
-    stride_map = b.param("decode.stride", np.concatenate(strides)[None])
-    xy = b.node("Mul", [b.node("Add", [part(0, 2), grid]), stride_map])
-    wh = b.node("Mul", [b.node("Exp", [part(2, 4)]), stride_map])
-    scores = b.node("Sigmoid", [part(4, k)])
-    b.node("Concat", [xy, wh, scores], output="output", axis=2)
+    _yolo_decoded_head(b, levels, width, input_size, num_classes)
     n = sum((input_size // s) ** 2 for s in _YOLO_STRIDES)
     model = b.model(
         "yolo-detector-edgekit-example",

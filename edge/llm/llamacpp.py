@@ -115,10 +115,10 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
                 return cached
         except UnreadableFile:
             pass
-    from edge.llm.samples import build_tiny_llama
+    from edge.llm.samples import LlamaShape, build_tiny_llama
 
     with tempfile.TemporaryDirectory(prefix="edgekit-amx-") as tmp:
-        src = build_tiny_llama(Path(tmp) / "probe-f16.gguf", n_layer=1, n_vocab=512)
+        src = build_tiny_llama(Path(tmp) / "probe-f16.gguf", LlamaShape(n_layer=1, n_vocab=512))
         p = subprocess.run([sys.executable, "-c", _PROBE, str(src), str(Path(tmp) / "probe-q4_0.gguf")],
                            capture_output=True, text=True, timeout=120)
     ok = p.returncode == 0 and "ok" in p.stdout

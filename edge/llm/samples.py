@@ -9,6 +9,7 @@ multiples of 256 by default so every k-quant applies without fallback.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +45,27 @@ def _dummy_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, [0.0] * n_vocab, [2, 3, 3] + [1] * (n_vocab - 3)
 
 
-def build_tiny_llama(path: str | os.PathLike[str], *, n_vocab: int = 1024, n_embd: int = 256, n_layer: int = 2,
-                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 512, n_ctx: int = 2048, seed: int = 0,
+@dataclass(frozen=True)
+class LlamaShape:
+    """A tiny llama's architecture: vocabulary, width, layers, heads (query and key/value), FFN width, context."""
+
+    n_vocab: int = 1024
+    n_embd: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 512
+    n_ctx: int = 2048
+
+
+def build_tiny_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(), *, seed: int = 0,
                      dtype: str = "f16", logit_gain: float = 4.0, vocab: str = "letters") -> Path:
-    """Write a tiny llama GGUF (``dtype`` f16 or f32 weights; norms are always f32). ``vocab``
+    """Write a tiny llama GGUF of ``shape`` (``dtype`` f16 or f32 weights; norms are always f32). ``vocab``
     "letters": letter pieces with byte fallback (tokenizes any text); "dummy": placeholder pieces
     without byte tokens (llama.cpp's tokenizer throws on the first character it lacks); "none": no
     tokenizer at all (``tokenizer.ggml.model`` none), like a model converted without one."""
+    n_vocab, n_embd, n_layer, n_ctx = shape.n_vocab, shape.n_embd, shape.n_layer, shape.n_ctx
+    n_head, n_head_kv, n_ff = shape.n_head, shape.n_head_kv, shape.n_ff
     try:
         import gguf
     except ImportError:

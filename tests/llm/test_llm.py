@@ -10,7 +10,7 @@ import pytest
 
 from edge.pipeline import convert
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
-from edge.llm.samples import build_tiny_llama
+from edge.llm.samples import LlamaShape, build_tiny_llama
 from tests.conftest import assert_user_error, run_cli
 from edge.pipeline.request import ConvertRequest
 
@@ -78,7 +78,7 @@ def test_runner_infer_generate_and_context(tiny_gguf: Path, tmp_path: Path) -> N
 def test_a_profile_context_past_the_models_is_the_models_with_a_note(tmp_path: Path) -> None:
     """#26 item 16: the target's n_ctx (2048) exceeds this model's trained context (256): bench runs on 256 and
     says so, instead of failing."""
-    short = build_tiny_llama(tmp_path / "short.gguf", n_ctx=256)
+    short = build_tiny_llama(tmp_path / "short.gguf", LlamaShape(n_ctx=256))
     out = tmp_path / "b"
     assert run_cli("convert", str(short), "-t", "x86-cpu", "-p", "q8_0", "-o", str(out)).returncode == 0
     p = run_cli("bench", str(out), "--gen-tokens", "4", "-r", "1", "--json")
@@ -105,7 +105,7 @@ def test_bad_gguf_inputs(tmp_path: Path) -> None:
     junk.write_bytes(b"NOPE" + b"\0" * 100)
     with pytest.raises(InputFileError, match="is not a GGUF file"):
         convert(junk, "x86-cpu", tmp_path / "o")
-    narrow = build_tiny_llama(tmp_path / "narrow.gguf", n_embd=48, n_head=2, n_head_kv=2, n_ff=96)
+    narrow = build_tiny_llama(tmp_path / "narrow.gguf", LlamaShape(n_embd=48, n_head=2, n_head_kv=2, n_ff=96))
     with pytest.raises(ModelError, match=r"q4_0 needs row widths divisible by 32; not so for .*\(row width 48\)"):
         convert(narrow, "x86-cpu", tmp_path / "o", ConvertRequest(precision="q4_0"))
     with pytest.raises(EdgeError, match="does not allow LLM precision 'q3_k'"):
