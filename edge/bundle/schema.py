@@ -316,6 +316,18 @@ class PrecisionTrial:
 
 
 @dataclass(frozen=True)
+class Divergence:
+    """The first source node whose output differs in the converted graph (``edge.graph.divergence``)."""
+
+    node: str = spec(**_TEXT)
+    op: str = spec(max_len=128)
+    tensor: str = spec(**_TEXT)
+    cosine: float = spec(**_COS)
+    rel_err: float = spec(ge=0.0, finite=False)
+    compared: int = spec(ge=0, le=1 << 20)
+
+
+@dataclass(frozen=True)
 class ParityEvidence:
     """A vision model's parity report (``edge.verify.parity.ParityReport``)."""
 
@@ -333,6 +345,7 @@ class ParityEvidence:
     task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
     input_provenance: ParityInputs | None = None
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
+    first_divergence: Divergence | None = None  # on a failure: where the converted graph starts to differ
     precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
 
 

@@ -63,6 +63,7 @@ def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: 
     with tempfile.TemporaryDirectory(prefix="edgekit-convert-") as tmp, staging_dir(Path(output), force=force) as stage:
         work = Path(tmp)
         static = job.src.static_file(work, job.io)
+        job.static = static
         _choose_parity_inputs(job, static)
         current = _run_chain(job, static, work, stage)
         fmt = None
@@ -101,6 +102,7 @@ class _Job:
     converter_proxy: Any = None  # what the last converter computed in place of a runtime that is not here
     torch_inputs: Any = None  # a PyTorch source: the inputs the converter chose and ran the model on
     shipped_as_is: bool = False  # the bundle's file is byte for byte the file the reference ran: nothing converted
+    static: Path | None = None  # the source file the reference ran (static shapes)
 
     @property
     def parity_opts(self) -> dict[str, Any]:
@@ -364,9 +366,28 @@ def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference:
     with Bundle(stage, manifest).open_runner() as runner:
         report = check_parity(runner, job.parity_inputs, reference, precision=job.plan.precision,
                               inputs=job.label, reference_label=job.ref_label, **job.parity_opts)
+    if not report.passed:
+        _locate_divergence(job, stage, manifest, report)
     record_gate(manifest, report, failed=_failed(job), accept=job.request.accept_parity_failure)
     try_fast_precision(job.plan.precision, stage, manifest, job.parity_inputs, reference, label=job.label,
                        reference_label=job.ref_label, parity_opts=job.parity_opts, say=job.say)
+
+
+def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report: Any) -> None:
+    """ONNX -> ONNX: name the first source node whose output differs in the bundle's graph (edge.graph.divergence),
+    in the failure message and the manifest's parity record."""
+    artifact = Bundle(stage, manifest).artifact
+    if job.static is None or job.src.format != "onnx" or artifact.suffix != ".onnx":
+        return
+    from edge.graph.divergence import first_divergence
+
+    try:
+        found = first_divergence(job.static, artifact, job.parity_inputs)
+    except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the parity failure itself
+        job.say(f"could not locate where the outputs diverge: {type(e).__name__}: {str(e)[:200]}")
+        return
+    if found is not None:
+        report.first_divergence = found
 
 
 def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy: tuple[str, dict[str, Any], str],

@@ -185,6 +185,7 @@ class ParityReport:
     task: str = "auto"  # --task as asked; each output records the task it was judged by
     input_provenance: dict[str, Any] | None = None  # edge.verify.inputs.ParityInputs.provenance()
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: exact by identity
+    first_divergence: Any = None  # edge.graph.divergence.Divergence, on a failure where it could be located
 
     @property
     def passed(self) -> bool:
@@ -201,7 +202,10 @@ class ParityReport:
         return "; ".join(parts)
 
     def failures(self) -> list[str]:
-        return [f"{o.name}: {f}" for o in self.outputs for f in o.failures]
+        found = [f"{o.name}: {f}" for o in self.outputs for f in o.failures]
+        if found and self.first_divergence is not None:
+            found.append(self.first_divergence.describe())
+        return found
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -216,6 +220,8 @@ class ParityReport:
             data["input_provenance"] = self.input_provenance
         if self.shipped_as_is:
             data["shipped_as_is"] = True
+        if self.first_divergence is not None:
+            data["first_divergence"] = self.first_divergence.to_json()
         return data
 
 

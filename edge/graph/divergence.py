@@ -1,0 +1,80 @@
+"""Where did it diverge? On a parity failure of an ONNX -> ONNX conversion, the first node of the source graph
+whose output, under the same name in the converted graph, differs beyond tolerance (issue #23, class 4).
+
+Both graphs run in onnxruntime's CPU provider with the shared intermediate tensors exposed as outputs
+(``edge.graph.recipes.onnx_infer``), on a few of the parity samples; tensors are compared in the source's node
+order (ONNX keeps nodes topologically sorted), so the first one that differs is where the difference starts,
+not where it shows. A converted graph that renamed every tensor (no shared names) gives no answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+#: a tensor diverges when its error passes this share of the source tensor's range, or its cosine falls below
+REL_TOLERANCE = 0.02
+MIN_COSINE = 0.999
+#: the most samples and intermediate tensors compared (one exposed session each side)
+MAX_SAMPLES = 4
+MAX_TENSORS = 2048
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first source node whose output differs in the converted graph, and by how much."""
+
+    node: str
+    op: str
+    tensor: str
+    cosine: float
+    rel_err: float  # max abs error / the source tensor's range
+    compared: int  # tensors compared up to and including this one
+
+    def describe(self) -> str:
+        return (f"first diverging node: {self.node} ({self.op}), output {self.tensor!r}: cosine {self.cosine:.4f}, "
+                f"max error {self.rel_err:.1%} of its range ({self.compared} shared tensors compared)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "op": self.op, "tensor": self.tensor, "cosine": round(self.cosine, 6),
+                "rel_err": round(self.rel_err, 6), "compared": self.compared}
+
+
+def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> Divergence | None:
+    """The first diverging node between two ONNX files on ``samples`` (at most :data:`MAX_SAMPLES`), or None when
+    every shared tensor agrees (the difference is in tensors the conversion renamed) or nothing is shared."""
+    from edge.graph import recipes
+    from edge.graph.model import load_onnx
+
+    src, cand = load_onnx(source), load_onnx(candidate)
+    produced = {o for n in cand.graph.node for o in n.output}
+    order: list[tuple[str, str, str]] = []  # (tensor, node, op) in the source's node order
+    for i, n in enumerate(src.graph.node):
+        for o in n.output:
+            if o and o in produced:
+                order.append((o, n.name or f"node {i}", n.op_type))
+    order = order[:MAX_TENSORS]
+    if not order:
+        return None
+    names = [t for t, _, _ in order]
+    feeds = list(samples[:MAX_SAMPLES])
+    ref = recipes.onnx_infer(src)(feeds, names)
+    got = recipes.onnx_infer(cand)(feeds, names)
+    for k, (tensor, node, op) in enumerate(order, 1):
+        pairs = [(r[tensor], g[tensor]) for r, g in zip(ref, got) if tensor in r and tensor in g]
+        if not pairs or any(np.shape(a) != np.shape(b) for a, b in pairs):
+            continue
+        a = np.concatenate([np.asarray(p[0], np.float64).ravel() for p in pairs])
+        b = np.concatenate([np.asarray(p[1], np.float64).ravel() for p in pairs])
+        span = float(a.max() - a.min()) if a.size else 0.0
+        err = float(np.abs(a - b).max()) if a.size else 0.0
+        rel = err / span if span > 0 else (0.0 if err == 0 else math.inf)
+        den = float(np.linalg.norm(a) * np.linalg.norm(b))
+        cos = float(a @ b) / den if den > 0 else (1.0 if err == 0 else 0.0)
+        if not np.isfinite(b).all() or rel > REL_TOLERANCE or cos < MIN_COSINE:
+            return Divergence(node, op, tensor, cos, rel, k)
+    return None
