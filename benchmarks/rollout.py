@@ -30,7 +30,8 @@ import mqtt_broker  # noqa: E402  (tests/: the Mosquitto fixture)
 from edge.mqtt.desired import DesiredState  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
-from edge.fleet.rollout import FleetView, RolloutBundle, RolloutController, RolloutSpec, start_rollout  # noqa: E402
+from edge.fleet.rollout import (FleetView, RolloutBundle, RolloutController, RolloutFlags,  # noqa: E402
+                                RolloutSpec, start_rollout)
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet  # noqa: E402
 
 OLD = RolloutBundle("model-old", "x86-cpu", "http://127.0.0.1:9/model-old.tar", "ab" * 32, 1000)
@@ -56,8 +57,8 @@ def one(broker: "mqtt_broker.Mosquitto", work: Path, n: int, i: int, breach: boo
         while (fleet.connected() < n or sum(1 for d in view.snapshot().values() if d.birth) < n) \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
-        spec = RolloutSpec.parse(fleet=fleet_name, canary="5%", waves="25%,50%,100%", watch=args.watch_s,
-                                 device_timeout="120s", abort_if=["rolled_back>0"] if breach else [])
+        spec = RolloutSpec.parse(RolloutFlags(fleet=fleet_name, canary="5%", waves="25%,50%,100%", watch=args.watch_s,
+                                              device_timeout="120s", abort_if=["rolled_back>0"] if breach else []))
         t0 = time.monotonic()
         rid = start_rollout(db, view, spec, [new], previous=[OLD])
         res = RolloutController(db, rid, view).run(poll_s=args.poll_s, timeout_s=300)

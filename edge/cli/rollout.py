@@ -124,13 +124,13 @@ def start_cmd(
 ) -> None:
     """Start a rollout and drive it until every cohort completed or aborted."""
     from edge.fleet.db import open_db
-    from edge.fleet.rollout import RolloutBundle, RolloutSpec, start_rollout, status
+    from edge.fleet.rollout import RolloutBundle, RolloutFlags, RolloutSpec, start_rollout, status
 
     setup_logging(log_level if not json_out else "warning")
-    spec = RolloutSpec.parse(fleet=fleet, canary=canary, waves=waves, watch=watch, device_timeout=device_timeout,
-                             abort_if=abort_if or [], min_devices=min_devices, targets=target or [],
-                             groups=group or [], budget_ms=budget_ms, device_watch=device_watch,
-                             success_rate=success_rate)
+    spec = RolloutSpec.parse(RolloutFlags(fleet=fleet, canary=canary, waves=waves, watch=watch,
+                                          device_timeout=device_timeout, abort_if=abort_if or [],
+                                          min_devices=min_devices, targets=target or [], groups=group or [],
+                                          budget_ms=budget_ms, device_watch=device_watch, success_rate=success_rate))
     if len(artifact_url) != len(bundles):
         raise EdgeError(f"{len(bundles)} bundle(s) but {len(artifact_url)} --artifact-url: give one per bundle")
     if len(previous_bundle or []) != len(previous_url or []):

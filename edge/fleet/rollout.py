@@ -1,8 +1,8 @@
 """Fleet rollouts: a bundle moves through cohorts per target class, canary first, then waves, and a cohort
 whose devices breach the abort criteria is rolled back to the bundle each device ran before.
 
-    spec = RolloutSpec.parse(fleet="lab", canary="5%", waves="25%,50%,100%", watch="10m",
-                             abort_if=["p99>budget", "errors>1%@"], ...)
+    spec = RolloutSpec.parse(RolloutFlags(fleet="lab", canary="5%", waves="25%,50%,100%", watch="10m",
+                                          abort_if=["p99>budget", "errors>1%@"], ...))
     rid = start_rollout(db, view, spec, [RolloutBundle.prepare(bundle_dir, url)])
     RolloutController(db, rid, view).run()
 
@@ -49,8 +49,8 @@ from typing import Any, Callable, Mapping, Sequence
 from edge.mqtt.desired import HELD_URL, DesiredState, TERMINAL
 from edge.mqtt.topics import check_part
 from edge.fleet.db import FleetDB
-from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutSpec, breaches,
-                                     check_url, evaluate, parse_duration, parse_group, parse_percent, parse_waves)
+from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutFlags, RolloutSpec,
+                                     breaches, check_url, evaluate, parse_duration, parse_group, parse_percent, parse_waves)
 from edge.fleet.rollout_store import FINAL, RolloutStore
 from edge.fleet.rollout_view import DeviceView, FleetView
 
@@ -607,6 +607,6 @@ def status(db: FleetDB, rid: str | None = None, *, fleet: str | None = None, eve
             "events_total": len(evs)}
 
 
-__all__ = ["CRITERIA_HELP", "Criterion", "DeviceView", "FleetView", "RolloutBundle", "RolloutController",
+__all__ = ["CRITERIA_HELP", "Criterion", "DeviceView", "FleetView", "RolloutBundle", "RolloutController", "RolloutFlags",
            "RolloutError", "RolloutSpec", "RolloutStore", "StepResult", "breaches", "check_url", "evaluate",
            "parse_duration", "parse_group", "parse_percent", "parse_waves", "set_state", "start_rollout", "status"]

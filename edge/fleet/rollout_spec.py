@@ -158,6 +158,25 @@ def _criteria(texts: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class RolloutFlags:
+    """A rollout as the CLI words it (``5%``, ``25%,50%,100%``, ``10m``, ``p99>1.5x``, ``site=lab-*``):
+    :meth:`RolloutSpec.parse` reads it into a checked :class:`RolloutSpec`."""
+
+    fleet: str
+    canary: str = "5%"
+    waves: str = "25%,50%,100%"
+    watch: str | float = "10m"
+    device_timeout: str | float = "15m"
+    abort_if: Sequence[str] = ()
+    min_devices: int = 1
+    targets: Sequence[str] = ()
+    groups: Sequence[str] = ()
+    budget_ms: float | None = None
+    device_watch: str | float | None = None
+    success_rate: str | None = None
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     fleet: str
     canary: float = 0.05
@@ -188,18 +207,16 @@ class RolloutSpec:
             raise RolloutError("--success-rate must be in (0%, 100%]")
 
     @classmethod
-    def parse(cls, *, fleet: str, canary: str = "5%", waves: str = "25%,50%,100%", watch: str | float = "10m",
-              device_timeout: str | float = "15m", abort_if: list[str] | tuple[str, ...] = (), min_devices: int = 1,
-              targets: list[str] | tuple[str, ...] = (), groups: list[str] | tuple[str, ...] = (),
-              budget_ms: float | None = None, device_watch: str | float | None = None,
-              success_rate: str | None = None) -> "RolloutSpec":
-        return cls(fleet=fleet, canary=parse_percent(canary, "--canary"), waves=tuple(parse_waves(waves)),
-                   watch_s=parse_duration(watch, "--watch"),
-                   device_timeout_s=parse_duration(device_timeout, "--device-timeout"),
-                   abort_if=_criteria(abort_if), min_devices=min_devices,
-                   targets=tuple(targets), groups=tuple(parse_group(g) for g in groups), budget_ms=budget_ms,
-                   device_watch_s=None if device_watch is None else parse_duration(device_watch, "--device-watch"),
-                   success_rate=None if success_rate is None else parse_percent(success_rate, "--success-rate"))
+    def parse(cls, flags: RolloutFlags) -> "RolloutSpec":
+        """The spec the CLI's words ask for (percentages, durations, criteria, groups), each checked."""
+        f = flags
+        return cls(fleet=f.fleet, canary=parse_percent(f.canary, "--canary"), waves=tuple(parse_waves(f.waves)),
+                   watch_s=parse_duration(f.watch, "--watch"),
+                   device_timeout_s=parse_duration(f.device_timeout, "--device-timeout"),
+                   abort_if=_criteria(f.abort_if), min_devices=f.min_devices,
+                   targets=tuple(f.targets), groups=tuple(parse_group(g) for g in f.groups), budget_ms=f.budget_ms,
+                   device_watch_s=None if f.device_watch is None else parse_duration(f.device_watch, "--device-watch"),
+                   success_rate=None if f.success_rate is None else parse_percent(f.success_rate, "--success-rate"))
 
     @property
     def criteria(self) -> list[Criterion]:

@@ -24,7 +24,8 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff
 from edge.deploy import DeviceStore
 from edge.fleet.db import open_db
-from edge.fleet.rollout import (Criterion, FleetView, RolloutBundle, RolloutController, RolloutError, RolloutSpec,
+from edge.fleet.rollout import (Criterion, FleetView, RolloutBundle, RolloutController, RolloutError, RolloutFlags,
+                                RolloutSpec,
                                 set_state, start_rollout, status)
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet
 from edge.pipeline import convert
@@ -203,14 +204,14 @@ def test_percentages_wait_for_the_minimum_number_of_devices() -> None:
 
 
 def test_spec_checks_waves_and_durations() -> None:
-    s = RolloutSpec.parse(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="10m", device_timeout="90s")
+    s = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="10m", device_timeout="90s"))
     assert s.waves == (0.25, 0.5, 1.0) and s.watch_s == 600 and s.device_timeout_s == 90
     assert RolloutSpec.from_json(s.to_json()) == s
     for kw, needle in (({"waves": "50%,25%,100%"}, "increase"), ({"waves": "25%,50%"}, "100%"),
                        ({"canary": "0%"}, "canary"), ({"watch": "ten minutes"}, "duration"),
                        ({"groups": ["nolabel"]}, "label=value")):
         with pytest.raises(RolloutError, match=needle):
-            RolloutSpec.parse(fleet=FLEET, **kw)
+            RolloutSpec.parse(RolloutFlags(fleet=FLEET, **kw))
 
 
 # -- (a) + (c): a good bundle, canary -> waves -> 100%; an offline device catches up on reconnect ---------
@@ -237,8 +238,7 @@ def test_good_bundle_rolls_out_canary_waves_to_all_and_an_offline_device_catches
         synced_with(view, n)
         offline.stop(1.0)  # its death is retained: the controller sees it offline
         wait_for(lambda: not view.snapshot()["zz-offline"].online, 10, "the device offline")
-        spec = RolloutSpec.parse(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.5s",
-                                 device_timeout="10s", abort_if=["p99>budget", "errors>10%", "fallback"])
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.5s", device_timeout="10s", abort_if=["p99>budget", "errors>10%", "fallback"]))
         rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")],
                             previous=[prepared(bundles, http, "a")])
         ctl = RolloutController(db, rid, view)
@@ -295,8 +295,7 @@ def test_bundle_over_budget_on_one_target_class_aborts_that_cohort_and_rolls_its
     fleet = sims(broker, devices, behaviour=behaviour)
     try:
         synced_with(view, 43)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.3s", device_timeout="60s",
-                                 abort_if=["p99>budget", "errors>20%"])
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.3s", device_timeout="60s", abort_if=["p99>budget", "errors>20%"]))
         rid = start_rollout(db, view, spec, [prepared(bundles, http, "b"), prepared(bundles, http, "b_slow")],
                             previous=[prepared(bundles, http, "a"), prepared(bundles, http, "a_slow")])
         ctl = RolloutController(db, rid, view)
@@ -362,8 +361,7 @@ def test_controller_and_broker_restart_mid_rollout_lose_no_decision(broker: Any,
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(40)})
     try:
         synced_with(view, 40)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.2s", device_timeout="60s",
-                                 abort_if=["errors>5%"])
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.2s", device_timeout="60s", abort_if=["errors>5%"]))
         rid = start_rollout(db, view, spec, [new], previous=[old])
         ctl = RolloutController(db, rid, view, lease_s=1.0)
         drive(ctl, lambda r: status(db, rid)["cohorts"][0]["wave"] == 1, 30, "wave 1")
@@ -407,7 +405,7 @@ def test_pause_resume_and_abort_roll_every_device_back(broker: Any, db: Any, vie
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(20)})
     try:
         synced_with(view, 20)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="10%", waves="50%,100%", watch="0.2s", device_timeout="60s")
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="10%", waves="50%,100%", watch="0.2s", device_timeout="60s"))
         rid = start_rollout(db, view, spec, [new], previous=[old])
         ctl = RolloutController(db, rid, view)
         ctl.step()
@@ -458,8 +456,7 @@ def test_a_wave_below_the_success_rate_aborts_its_cohort(broker: Any, db: Any, v
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(20)}, behaviour=behaviour)
     try:
         synced_with(view, 20)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%",
-                                 abort_if=["none"])  # the success rate alone (no default failed>0)
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%", abort_if=["none"]))  # the success rate alone (no default failed>0)
         rid = start_rollout(db, view, spec, [new], previous=[old])
         res = drive(RolloutController(db, rid, view), lambda r: r.finished, 30, "the abort")
         c = status(db, rid)["cohorts"][0]

@@ -15,6 +15,7 @@ from conftest import wait_for
 
 from edge.fleet.rollout import (
     RolloutBundle,
+    RolloutFlags,
     RolloutController,
     RolloutError,
     RolloutSpec,
@@ -56,8 +57,7 @@ def _run(broker: Any, db: Any, view: Any, abort_if: list[str]) -> dict[str, Any]
     fleet = sims(broker, {f"sim-{i}": ("x86-cpu", old.bundle_id) for i in range(3)}, behaviour=untrusted)
     try:
         synced_with(view, 3)
-        spec = RolloutSpec.parse(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.2s", device_timeout="20s",
-                                 abort_if=abort_if)
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.2s", device_timeout="20s", abort_if=abort_if))
         rid = start_rollout(db, view, spec, [new], previous=[old])
         drive(RolloutController(db, rid, view), lambda r: r.finished, 60, "the rollout to finish")
         return status(db, rid)
@@ -81,10 +81,10 @@ def test_completed_says_how_many_devices_run_the_bundle(broker: Any, db: Any, vi
 
 
 def test_none_is_alone() -> None:
-    assert RolloutSpec.parse(fleet=FLEET).abort_if == ("failed>0",)
-    assert RolloutSpec.parse(fleet=FLEET, abort_if=["none"]).abort_if == ()
+    assert RolloutSpec.parse(RolloutFlags(fleet=FLEET)).abort_if == ("failed>0",)
+    assert RolloutSpec.parse(RolloutFlags(fleet=FLEET, abort_if=["none"])).abort_if == ()
     with pytest.raises(RolloutError, match="none cannot be combined"):
-        RolloutSpec.parse(fleet=FLEET, abort_if=["none", "p99>budget"])
+        RolloutSpec.parse(RolloutFlags(fleet=FLEET, abort_if=["none", "p99>budget"]))
 
 
 def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(broker: Any, db: Any, view: Any,  # noqa: F811
@@ -97,7 +97,7 @@ def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(broker: Any,
     try:
         synced_with(view, 1)
         wait_for(lambda: view.snapshot()["cam-01"].bundle.get("archive_sha256"), 30, "the birth's archive hash")
-        spec = RolloutSpec.parse(fleet=FLEET, canary="100%", waves="100%", watch="60s", device_timeout="60s")
+        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="100%", waves="100%", watch="60s", device_timeout="60s"))
         rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")])  # no --previous-bundle/-url
         ctl = RolloutController(db, rid, view)
         drive(ctl, lambda r: status(db, rid)["devices"] and status(db, rid)["devices"][0]["state"] == "running",
