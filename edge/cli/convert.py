@@ -134,6 +134,25 @@ def render_bundle(bundle: Any) -> None:
     console.print(t)
 
 
+def render_explanation(found: dict[str, Any]) -> None:
+    """``--explain`` as a table: one row per conclusion, its evidence beside it."""
+    t = Table(title=f"what edgekit concludes about {safe(found['model'])} ({found['format']})", show_lines=True)
+    t.add_column("tensor")
+    t.add_column("conclusion")
+    t.add_column("evidence")
+    if found.get("quantized"):
+        t.add_row("(model)", "already quantized: its own precision is kept", safe(found["quantized"]))
+    for i in found.get("inputs", []):
+        what = f"{i['dtype']}{i['shape']} {i['layout'] or ''}; pre-processing {i['preprocess'] or 'none'}"
+        t.add_row(f"in {safe(i['name'])}", safe(f"{what}; fed {i['generator']}"), safe(i["evidence"]))
+    for o in found.get("outputs", []):
+        t.add_row(f"out {safe(o['name'])}", safe(f"task {o['task'] or 'none'}: {o.get('metric', '')}"),
+                  safe(o["evidence"]))
+    if found.get("note"):
+        t.add_row("(model)", safe(found["note"]), "")
+    console.print(t)
+
+
 def convert_cmd(
     model: Path = typer.Argument(..., help="Source model: .onnx; .tflite; OpenVINO IR .xml (+ .bin); TorchScript "
                                  "/ torch.export .pt, .ts, .pt2 (needs --input-shape); or .gguf (language model)."),
@@ -151,8 +170,18 @@ def convert_cmd(
     parity_data: Optional[Path] = ParityData, task: str = Task,
     sign_key: Optional[str] = SignKey, tuned: Optional[Path] = Tuned,
     targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut, no_isa_check: bool = NoIsaCheck,
+    explain: bool = typer.Option(False, "--explain", help="Say what edgekit concludes about the model (per input: "
+                                 "kind, layout, pre-processing, generated inputs; per output: task and metric; each "
+                                 "with its evidence) and stop, converting nothing."),
 ) -> None:
     """Convert MODEL for a target into a verified bundle (artifacts + manifest.json), checking parity."""
+    if explain:
+        from edge.pipeline.explain import explain as explain_model
+
+        request = convert_request(precision, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir)
+        found = explain_model(model, request.replace(task=task))
+        print_json(found) if as_json else render_explanation(found)
+        return
     overlay = None
     if tuned is not None:  # read (and refused) before any work; convert applies it
         from edge.tune.overlay import read_overlay

@@ -1,0 +1,97 @@
+"""``edgekit convert --explain``: what edgekit concludes about a model before converting it (issue #23), each
+conclusion with its evidence, so a user sees a wrong guess and overrides it (``--preprocess``, ``--task``,
+``--input-shape``, ``--parity-data``).
+
+Per input: its kind, layout, the pre-processing applied (declared, or certain under ``auto``) and what parity and
+calibration feed it when no data is given (``edge.verify.inputs``). Per output: the task parity judges it by and
+why (``edge.verify.tasks.explain_task``, from the source's own outputs on two generated samples), or why it gets
+raw figures only. For an ONNX: whether it is already quantized (``edge.graph.quantized``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge.pipeline.request import ConvertRequest
+from edge.pipeline.sources import GGUFSource, OnnxSource, open_source
+from edge.spec import AUTO, IOSpec, PreprocessSpec, TensorSpec, default_preprocess, image_channels, image_layout
+from edge.verify.inputs import describe_generated, generated_samples
+
+#: generated samples the source runs on to read its outputs' values
+EXPLAIN_SAMPLES = 2
+
+
+def explain(model: str | os.PathLike[str], request: ConvertRequest | None = None) -> dict[str, Any]:
+    """What a conversion of ``model`` with ``request`` would conclude, as plain data (``--json``)."""
+    req = request or ConvertRequest()
+    src = open_source(model)
+    out: dict[str, Any] = {"model": src.path.name, "format": src.format}
+    if isinstance(src, GGUFSource):
+        out["note"] = "a GGUF language model: judged by llama.cpp's quality gate (KL, top-1 on text), no tensors"
+        return out
+    if isinstance(src, OnnxSource):
+        q = src.quantization()
+        out["quantized"] = q.describe() if q is not None else None
+    io = src.io(req.input_shapes)
+    pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
+    kinds = describe_generated(io, pre)
+    out["inputs"] = [_input(t, pre, kinds[t.name], req) for t in io.inputs]
+    out["outputs"] = _outputs(src, io, pre, req)
+    return out
+
+
+def _input(t: TensorSpec, pre: PreprocessSpec | None, kind: str, req: ConvertRequest) -> dict[str, Any]:
+    layout = t.layout or image_layout(t.shape)
+    channels = image_channels(t)
+    if pre is not None and pre.input == t.name:
+        how = "declared with --preprocess" if req.preprocess != AUTO else \
+            f"auto: a {channels}-channel {t.dtype} image input"
+        evidence = f"{pre.preset} pre-processing ({how}; colour {pre.color}, scale {pre.scale:.4g})"
+    elif channels is not None:
+        evidence = (f"a {channels}-channel plane {list(t.shape)}: " + (
+            "a grey picture, a spectrogram or a feature map look alike, so no pre-processing is guessed "
+            "(--preprocess PRESET declares one)" if channels == 1 else "--preprocess none: fed as it is"))
+    else:
+        evidence = f"from its name, dtype {t.dtype} and shape {list(t.shape)}"
+    if kind.startswith("log-mel"):
+        evidence += f"; its name {t.name!r} says audio features: fed a spectrogram"
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "layout": layout,
+            "preprocess": pre.preset if pre is not None and pre.input == t.name else None,
+            "generator": kind, "evidence": evidence}
+
+
+def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertRequest) -> list[dict[str, Any]]:
+    from edge.verify.parity import guess_task
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-explain-") as tmp:
+        static = src.static_file(Path(tmp), io)
+        got = src.reference(static, generated_samples(io, pre, EXPLAIN_SAMPLES))
+    if got is None:
+        return [{"name": t.name, "task": None, "evidence": "the source cannot run here: its outputs are read by "
+                                                           "the converter"} for t in io.outputs]
+    refs = got[0]
+    shapes = {n: tuple(np.shape(v)) for n, v in refs[0].items()}
+    found = []
+    for name in refs[0]:
+        values = [np.asarray(r[name]) for r in refs]
+        guess = guess_task(name, values, [s for n, s in shapes.items() if n != name])
+        declared = req.task not in ("auto", "none")
+        task = req.task if declared else (None if req.task == "none" else guess.task)
+        found.append({"name": name, "shape": list(shapes[name]), "task": task,
+                      "metric": _metric(task),
+                      "evidence": f"declared with --task {req.task}" if declared else guess.evidence,
+                      "range": [float(min(v.min() for v in values)), float(max(v.max() for v in values))]})
+    return found
+
+
+def _metric(task: str | None) -> str:
+    return {"classifier": "top-1 (top-5 over 5 classes) beside cosine and SNR",
+            "detector": "decoded boxes: precision and recall at IoU 0.5",
+            "prob-map": "IoU of the maps thresholded at 0.3", "segmentation": "per-pixel argmax: mean IoU",
+            "sequence": "decoded sequences: identical share, token agreement"}.get(
+        task or "", "raw figures: cosine, SNR, error over the reference's range")
