@@ -145,7 +145,7 @@ def parse_group(v: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _criteria(texts: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+def _criteria(texts: Sequence[str]) -> tuple[str, ...]:
     """--abort-if as given; none given: ``DEFAULT_ABORT_IF``; ``none`` alone: no criterion."""
     if not texts:
         return DEFAULT_ABORT_IF

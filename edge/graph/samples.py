@@ -489,7 +489,7 @@ def _decoupled_head(b: _GraphBuilder, x: str, cin: int, hidden: int, num_classes
     return _cat(b, parts)
 
 
-def _yolo_backbone(b: Any, w: int) -> list[tuple[str, int]]:
+def _yolo_backbone(b: _GraphBuilder, w: int) -> list[tuple[str, int]]:
     """The CSP backbone, SPPF and top-down neck: the three levels (strides 8, 16, 32) and their channels."""
     x = b.conv("images", 3, w, kernel=3, stride=2, act="silu")
     x = _csp(b, b.conv(x, w, 2 * w, kernel=3, stride=2, act="silu"), 2 * w, 2 * w, 1)
@@ -504,7 +504,7 @@ def _yolo_backbone(b: Any, w: int) -> list[tuple[str, int]]:
     return [(n3, 4 * w), (n4, 8 * w), (p5, 16 * w)]
 
 
-def _yolo_decoded_head(b: Any, levels: list[tuple[str, int]], w: int, input_size: int, num_classes: int) -> None:
+def _yolo_decoded_head(b: _GraphBuilder, levels: list[tuple[str, int]], w: int, input_size: int, num_classes: int) -> None:
     """A decoupled head per level, and the grid/stride decoding into ``output`` ([1, N, 5 + classes])."""
     k = 5 + num_classes
     flat, grids, strides = [], [], []
