@@ -51,7 +51,7 @@ from edge.mqtt.topics import check_part
 from edge.fleet.db import FleetDB
 from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutFlags, RolloutSpec,
                                      breaches, check_url, evaluate, parse_duration, parse_group, parse_percent, parse_waves)
-from edge.fleet.rollout_store import FINAL, RolloutStore
+from edge.fleet.rollout_store import FINAL, Assignment, RolloutStore
 from edge.fleet.rollout_view import DeviceView, FleetView
 
 log = logging.getLogger("edge.fleet.rollout")
@@ -319,11 +319,11 @@ class RolloutController:
             why = (f"no artifact known for its bundle {prev_bundle}, and its agent did not report the bundle's "
                    "archive hash (an older agent), so it could not be rolled back; register one with "
                    "--previous-bundle/--previous-url")
-            self.store.assign(self.rid, dv.device, c["cohort"], wave, version, replaces, prev_bundle, None, now,
-                              state="skipped", reason=why)
+            self.store.assign(self.rid, Assignment(dv.device, c["cohort"], wave, version, replaces, prev_bundle, None,
+                                                   state="skipped", reason=why), now)
             self._event("device_skipped", now, cohort=c["cohort"], device=dv.device, reason=why)
             return {"device": dv.device, "state": "skipped"}
-        self.store.assign(self.rid, dv.device, c["cohort"], wave, version, replaces, prev_bundle, prev, now)
+        self.store.assign(self.rid, Assignment(dv.device, c["cohort"], wave, version, replaces, prev_bundle, prev), now)
         self._event("device_assigned", now, cohort=c["cohort"], device=dv.device,
                     reason="joined after the last wave" if late else f"wave {wave}",
                     detail={"version": version, "bundle": c["bundle_id"], "previous": prev_bundle,

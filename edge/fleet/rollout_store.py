@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from edge.fleet.db import FleetDB
@@ -69,6 +70,23 @@ def _j(v: Any) -> str | None:
 
 def _unj(v: Any) -> Any:
     return None if v is None else json.loads(v)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A device's place in a rollout: its cohort and wave, the desired-state version it gets (and the one it
+    replaces), the bundle and artifact it goes back to on a rollback; ``state`` "skipped" with the ``reason``
+    where it cannot be rolled back."""
+
+    device: str
+    cohort: str
+    wave: int
+    version: int
+    replaces: int | None
+    prev_bundle: str | None
+    prev_artifact: dict[str, Any] | None
+    state: str = "assigned"
+    reason: str | None = None
 
 
 class RolloutStore:
@@ -150,14 +168,12 @@ class RolloutStore:
         return [r["rollout_id"] for r in rows]
 
     # devices --------------------------------------------------------------------------------
-    def assign(self, rid: str, device: str, cohort: str, wave: int, version: int, replaces: int | None,
-               prev_bundle: str | None, prev_artifact: dict[str, Any] | None, now: float,
-               state: str = "assigned", reason: str | None = None) -> None:
+    def assign(self, rid: str, a: Assignment, now: float) -> None:
         self.db.execute("INSERT INTO rollout_devices (rollout_id, device, cohort, wave, version, replaces, "
                         "assigned_at, state, reason, report, prev_bundle, prev_artifact, updated_at) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-                        (rid, device, cohort, wave, version, replaces, now, state, reason, prev_bundle,
-                         _j(prev_artifact), now))
+                        (rid, a.device, a.cohort, a.wave, a.version, a.replaces, now, a.state, a.reason,
+                         a.prev_bundle, _j(a.prev_artifact), now))
 
     def devices(self, rid: str) -> list[dict[str, Any]]:
         rows = self.db.query("SELECT * FROM rollout_devices WHERE rollout_id = ? ORDER BY device", (rid,))
