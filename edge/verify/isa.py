@@ -17,6 +17,10 @@ The build host then judges them twice, per output:
 * against the reference outputs the bundle carries, with the bundle's own gate
   (:func:`edge.verify.refpairs.check_reference_pairs`, as a device checks on first load).
 
+A Coral bundle (LiteRT with the Edge TPU delegate) is checked on its CPU int8 path while its ``.tflite`` is not
+compiled for the Edge TPU yet (XNNPack in place of the delegate, said in the label, :func:`cpu_path`); a compiled
+one runs only with the accelerator and is not checked.
+
 The result is the manifest's ``verified_on`` evidence (``edge.bundle.schema.IsaEvidence``), labelled
 ``emulated``: it proves numerics on the ISA, never speed (emulation is 300-1000x slower than a device).
 
@@ -117,9 +121,11 @@ def guest_pythonpath() -> Path:
     return site
 
 
-def _guest_run(em: aarch64.Emulator, bundle: Bundle, tmp: Path, timeout_s: float) -> tuple[dict[str, Any], Path]:
+def _guest_run(em: aarch64.Emulator, bundle: Bundle, tmp: Path, options: Mapping[str, Any] | None,
+               timeout_s: float) -> tuple[dict[str, Any], Path]:
     out = tmp / "outputs.npz"
-    r = em.run("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out),
+    extra = (json.dumps(dict(options)),) if options else ()
+    r = em.run("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out), *extra,
                pythonpath=(guest_pythonpath(),), timeout_s=timeout_s)
     lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
@@ -177,6 +183,19 @@ def per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], ar
     return out
 
 
+def cpu_path(bundle: Bundle) -> tuple[dict[str, Any] | None, str]:
+    """Runner options for the emulated run, and what they change for the label: none for a CPU bundle; for a Coral
+    bundle whose .tflite is not compiled for the Edge TPU yet, its CPU int8 path (XNNPack in place of the Edge TPU
+    delegate, which emulation cannot have). A compiled one cannot run without the accelerator: an error."""
+    if str(bundle.info.runner.options_dict.get("delegate", "")).lower() != "edgetpu":
+        return None, ""
+    compiled = any((c.get("details") or {}).get("edgetpu_compiled") for c in bundle.manifest.get("chain") or [])
+    if compiled or bundle.info.primary_artifact.endswith("_edgetpu.tflite"):
+        raise EdgeError(f"bundle {bundle.id} is compiled for the Edge TPU: it runs only with the accelerator, which "
+                        "emulation does not have", hint="check the bundle before `edgekit finish` compiles it")
+    return {"delegate": "xnnpack"}, ", CPU int8 path (XNNPack in place of the Edge TPU)"
+
+
 def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, cpu: str = aarch64.DEFAULT_CPU,
                record: bool = True, timeout_s: float = 1800.0) -> dict[str, Any]:
     """Run ``bundle_path``'s reference pairs on emulated ``isa``/``cpu``, judge them (module docstring) and, with
@@ -193,15 +212,16 @@ def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, c
     if entry is None or entry.file is None:
         raise EdgeError(f"bundle {bundle.id} carries no reference pairs to run on {isa}",
                         hint="rebuild it with `edgekit convert` (it writes them by default)")
+    options, path = cpu_path(bundle)
     em = aarch64.require().with_cpu(cpu)
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     with tempfile.TemporaryDirectory(prefix="edgekit-isa-") as tmp:
-        guest, out = _guest_run(em, bundle, Path(tmp), timeout_s)
+        guest, out = _guest_run(em, bundle, Path(tmp), options, timeout_s)
         arm = _read_outputs(out, bundle, len(pairs.inputs))
     info = RunnerInfo(**{k: guest["runner"][k] for k in ("runtime", "device_requested", "device_used",
                                                           "precision_used", "threads", "fallback")})
     gate = check_reference_pairs(bundle, ReplayRunner(pairs.inputs, arm, info))
-    with bundle.open_runner() as runner:
+    with bundle.open_runner(options) as runner:
         host = [runner.infer(feeds) for feeds in pairs.inputs]
         host_info = runner_json(runner)
     outputs = per_output(bundle, pairs.outputs, arm, host, gate)
@@ -209,7 +229,7 @@ def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, c
                 if not o["passed"]] + [f"reference check: {f}" for f in gate.get("failures") or []]
     state = aarch64.read_state() or {}
     evidence = {
-        "isa": isa, "cpu": cpu, "emulated": True, "label": f"checked on {isa} (emulated {cpu})",
+        "isa": isa, "cpu": cpu, "emulated": True, "label": f"checked on {isa} (emulated {cpu})" + path,
         "runtime": info.runtime, "device_used": info.device_used, "host_runtime": host_info["runtime"],
         "samples": len(pairs.inputs), "passed": not failures and gate.get("passed") is not False,
         "checked_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -250,9 +270,10 @@ def isa_for(bundle: Bundle, profile: Any) -> tuple[str | None, str]:
     runner = bundle.info.runner
     if runner.name not in EMULATED_RUNNERS:
         return None, f"the {runner.name} runtime has no aarch64 wheel in the emulator"
-    delegate = str(runner.options_dict.get("delegate", "")).lower()
-    if delegate == "edgetpu":
-        return None, "the Edge TPU delegate runs on the accelerator, which emulation does not have"
+    try:
+        cpu_path(bundle)
+    except EdgeError:
+        return None, "compiled for the Edge TPU, which emulation does not have"
     if bundle.info.reference_pairs is None or bundle.info.reference_pairs.file is None:
         return None, "the bundle carries no reference pairs"
     return aarch64.ISA, ""

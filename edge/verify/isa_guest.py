@@ -1,7 +1,8 @@
 """The device half of ``edgekit verify --isa``: run a bundle's reference inputs on this machine's runner.
 
-``python -m edge.verify.isa_guest BUNDLE OUT.npz`` opens the bundle (hashes checked), runs every reference
-input through the runner its manifest names (the real runtime of this machine: under ``qemu-aarch64`` the
+``python -m edge.verify.isa_guest BUNDLE OUT.npz [OPTIONS_JSON]`` opens the bundle (hashes checked), runs every
+reference input through the runner its manifest names (``OPTIONS_JSON``: only ``{"delegate": "xnnpack"}``, a Coral
+bundle's CPU int8 path) (the real runtime of this machine: under ``qemu-aarch64`` the
 aarch64 LiteRT/XNNPack or onnxruntime/MLAS wheels), writes the outputs to ``OUT.npz`` (``o<s>_<k>``: sample
 s, output k, in the bundle's I/O order) and prints one JSON line: the runner's info, the machine, Python and
 runtime versions, and the ARM core ``/proc/cpuinfo`` names. The build host judges the outputs
@@ -49,7 +50,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def run(bundle_path: str, out_npz: str) -> dict[str, Any]:
+#: the only runner option the build host may override here: LiteRT's delegate, for a Coral bundle's CPU int8 path
+_OVERRIDES = {"delegate": ("xnnpack",)}
+
+
+def run(bundle_path: str, out_npz: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     bundle = Bundle.open(bundle_path, trust=False)  # the build host's own bundle; its hashes still must hold
     entry = bundle.info.reference_pairs
     if entry is None or entry.file is None:
@@ -58,7 +63,10 @@ def run(bundle_path: str, out_npz: str) -> dict[str, Any]:
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     names = [t.name for t in bundle.io.outputs]
     arrays: dict[str, np.ndarray] = {}
-    with bundle.open_runner() as runner:
+    bad = {k: v for k, v in (options or {}).items() if v not in _OVERRIDES.get(k, ())}
+    if bad:
+        raise EdgeError(f"runner options {bad} may not be overridden here")
+    with bundle.open_runner(options) as runner:
         for s, feeds in enumerate(pairs.inputs):
             got = runner.infer(feeds)
             for k, n in enumerate(names):
@@ -72,11 +80,14 @@ def run(bundle_path: str, out_npz: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print(json.dumps({"error": "usage: python -m edge.verify.isa_guest BUNDLE OUT.npz"}))
+    if len(args) not in (2, 3):
+        print(json.dumps({"error": "usage: python -m edge.verify.isa_guest BUNDLE OUT.npz [OPTIONS_JSON]"}))
         return 2
     try:
-        result = run(args[0], args[1])
+        options = json.loads(args[2]) if len(args) == 3 else None
+        if options is not None and not isinstance(options, dict):
+            raise EdgeError("OPTIONS_JSON is not a JSON object")
+        result = run(args[0], args[1], options)
     except EdgeError as e:
         print(json.dumps({"error": str(e)}))
         return 1

@@ -100,3 +100,20 @@ def test_the_limit_is_relative_to_the_outputs_own_range() -> None:
     assert o["range"] == 1.0 and o["limit"] == isa.isa_limit("fp32", 1.0) and o["passed"] is False
     assert abs(o["max_abs_vs_host"] - 1e-3) < 1e-5
     assert isa.isa_limit("int8", 1.0) == isa.INT8_LIMIT and isa.isa_limit("fp32", 0.0) == isa.ABS_FLOOR
+
+
+def test_a_coral_bundle_is_checked_on_its_cpu_int8_path(arm_bundle: tuple[Path, dict], models: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "coral"  # no edgetpu_compiler here: the bundle holds the CPU int8 .tflite until `finish`
+    p = run_cli("convert", str(models["tiny"]), "-t", "coral-edgetpu", "-p", "int8", "--calib", "random",
+                "-o", str(out), "--json", env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    if doc["manifest"]["primary_artifact"].endswith("_edgetpu.tflite"):  # compiled: only the accelerator runs it
+        assert "compiled for the Edge TPU" in doc["isa_check"]
+        return
+    assert doc["isa_check"].startswith("checked on aarch64 (emulated cortex-a76), CPU int8 path (XNNPack in place "
+                                       "of the Edge TPU): pass"), doc["isa_check"]
+    (ev,) = Bundle.open(out).info.verified_on
+    assert ev.device_used == "CPU (XNNPack)" and ev.outputs[0].limit == isa.isa_limit("int8", ev.outputs[0].range)
+    assert Bundle.open(out).info.runner.options_dict["delegate"] == "edgetpu"  # the bundle itself is unchanged
