@@ -19,6 +19,9 @@ input specs and licences in examples/models/README.md):
 ``ddddocr-det``: ``ddddocr_common_det.onnx``
     A YOLOX-style detector (416x416, ``[1, 3549, 6]``) from the ``ddddocr`` 1.6.1 wheel
     (about 76 MB, MIT).
+``ddddocr-rec``: ``ddddocr_common_old_rec.onnx``
+    The same wheel's CTC text-line recogniser: a 1-channel grey ``[1, 1, 64, W]`` input, dynamically
+    quantized (MatMulInteger), ``[T, 1, 8210]`` logits (about 14 MB, MIT).
 ``silero-vad``: ``silero_vad.onnx``
     Silero VAD: an If graph holding the 16 kHz and 8 kHz LSTM branches, a recurrent ``state``
     input/output and a scalar int64 sample rate, from the ``silero-vad`` 6.2.3 wheel
@@ -146,6 +149,19 @@ MODELS: dict[str, Pinned] = {
         member_size=20_127_694,
         member_sha256="6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
         output_name="ddddocr_common_det.onnx",
+        license="MIT (wheel metadata `License: The MIT License (MIT)`, author sml2h3; the LICENSE text"
+                " keeps the template `<copyright holders>`; the weights' training data is not stated)",
+        license_members=("ddddocr-1.6.1.dist-info/licenses/LICENSE",),
+    ),
+    # the same wheel's text-line recogniser: a 1-channel [1, 1, 64, W] input, dynamically quantized (MatMulInteger)
+    "ddddocr-rec": Pinned(
+        project="ddddocr", version="1.6.1",
+        wheel_filename="ddddocr-1.6.1-py3-none-any.whl",
+        wheel_sha256="c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+        member="ddddocr/common_old.onnx",
+        member_size=13_606_051,
+        member_sha256="b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+        output_name="ddddocr_common_old_rec.onnx",
         license="MIT (wheel metadata `License: The MIT License (MIT)`, author sml2h3; the LICENSE text"
                 " keeps the template `<copyright holders>`; the weights' training data is not stated)",
         license_members=("ddddocr-1.6.1.dist-info/licenses/LICENSE",),

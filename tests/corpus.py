@@ -85,6 +85,11 @@ _MODELS = (
     CorpusModel("ddddocr-det", "ddddocr_common_det.onnx", "detector-yolox",
                 "ddddocr YOLOX-style detector (416x416 -> [1, 3549, 6])", "MIT",
                 preprocess="raw", letterbox=True, parity_task="detector"),
+    # issue #23: a 1-channel grey input (3-channel generated frames crashed onnxruntime) and an already-quantized
+    # graph (int8-dynamic, kept); [T, 1, C] sequence-major logits: no task is claimed for them
+    CorpusModel("ddddocr-rec", "ddddocr_common_old_rec.onnx", "ctc",
+                "ddddocr text-line recogniser (1-channel 64xW, dynamic int8, CTC over 8210 classes)", "MIT",
+                input_shapes={"input1": (1, 1, 64, 256)}, preprocess="auto"),
     CorpusModel("silero-vad", "silero_vad.onnx", "audio-stateful",
                 "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)", "MIT",
                 input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000},

@@ -118,6 +118,9 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("face-detection", "intel-igpu", "fp16", "pass"),
     # "keep" means "ship the file as it is", which only a LiteRT target can
     ("face-detection", "x86-cpu", "keep", "fails: does not allow precision 'keep'"),
+    # -- ddddocr's recogniser (issue #23): 1-channel input, already quantized (int8-dynamic), kept as it is
+    ("ddddocr-rec", "x86-cpu", "keep", "pass"),
+    ("ddddocr-rec", "intel-igpu", "keep", "fails: intel-igpu does not run int8-dynamic models"),
     # -- segmentation TFLite: MediaPipe selfie segmentation (fp16 weights, one [1, 256, 256, 1] mask: a prob-map).
     # Its decoder up-samples with MediaPipe's custom op Convolution2DTransposeBias, which no LiteRT build carries: the
     # source read lowers it to the builtin TRANSPOSE_CONV v3 with its bias (edge/backends/litert/rewrite.py; exact
