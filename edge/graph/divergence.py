@@ -1,8 +1,10 @@
-"""Where did it diverge? On a parity failure of an ONNX -> ONNX conversion, the first node of the source graph
-whose output, under the same name in the converted graph, differs beyond tolerance (issue #23, class 4).
+"""Where did it diverge? On a parity failure of an ONNX -> ONNX or ONNX -> OpenVINO IR conversion, the first node
+of the source graph whose output, under the same name in the converted graph, differs beyond tolerance (issue #23,
+class 4).
 
-Both graphs run in onnxruntime's CPU provider with the shared intermediate tensors exposed as outputs
-(``edge.graph.recipes.onnx_infer``), on a few of the parity samples; tensors are compared in the source's node
+The source runs in onnxruntime's CPU provider, the converted graph there too (ONNX) or in OpenVINO's CPU plugin in
+f32 (IR: OpenVINO keeps the ONNX tensor names), each with the shared intermediate tensors exposed as outputs
+(``edge.graph.recipes.onnx_infer``, ``Model.add_outputs``), on a few of the parity samples; tensors are compared in the source's node
 order (ONNX keeps nodes topologically sorted), so the first one that differs is where the difference starts,
 not where it shows. A converted graph that renamed every tensor (no shared names) gives no answer.
 """
@@ -50,8 +52,14 @@ def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[st
     from edge.graph import recipes
     from edge.graph.model import load_onnx
 
-    src, cand = load_onnx(source), load_onnx(candidate)
-    produced = {o for n in cand.graph.node for o in n.output}
+    src = load_onnx(source)
+    ir = Path(candidate).suffix == ".xml"
+    if ir:
+        cand_model = _read_ir(candidate)
+        produced = {n for op in cand_model.get_ops() for out in op.outputs() for n in out.get_names()}
+    else:
+        cand = load_onnx(candidate)
+        produced = {o for n in cand.graph.node for o in n.output}
     order: list[tuple[str, str, str]] = []  # (tensor, node, op) in the source's node order
     for i, n in enumerate(src.graph.node):
         for o in n.output:
@@ -63,7 +71,7 @@ def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[st
     names = [t for t, _, _ in order]
     feeds = list(samples[:MAX_SAMPLES])
     ref = recipes.onnx_infer(src)(feeds, names)
-    got = recipes.onnx_infer(cand)(feeds, names)
+    got = _ir_infer(cand_model, feeds, names) if ir else recipes.onnx_infer(cand)(feeds, names)
     for k, (tensor, node, op) in enumerate(order, 1):
         pairs = [(r[tensor], g[tensor]) for r, g in zip(ref, got) if tensor in r and tensor in g]
         if not pairs or any(np.shape(a) != np.shape(b) for a, b in pairs):
@@ -78,3 +86,30 @@ def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[st
         if not np.isfinite(b).all() or rel > REL_TOLERANCE or cos < MIN_COSINE:
             return Divergence(node, op, tensor, cos, rel, k)
     return None
+
+
+def _read_ir(path: Path) -> Any:
+    from edge.backends.openvino.format import disable_openvino_telemetry, ov_core
+
+    disable_openvino_telemetry()
+    return ov_core().read_model(str(path))
+
+
+def _ir_infer(model: Any, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+              ) -> list[dict[str, np.ndarray]]:
+    """The IR's values of ``names`` on ``samples`` (OpenVINO CPU, f32, no run-time activation quantization)."""
+    from edge.backends.openvino.format import ov_core
+
+    outputs = model.add_outputs(list(names))
+    compiled = ov_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+    found = []
+    for s in samples:
+        result = compiled(dict(s))
+        row = {}
+        for port in outputs:
+            name = next((n for n in port.get_names() if n in names), None)
+            if name is not None:
+                row[name] = np.asarray(result[compiled.output(port.get_any_name())])
+        found.append(row)
+    return found

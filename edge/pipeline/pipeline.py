@@ -374,10 +374,10 @@ def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference:
 
 
 def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report: Any) -> None:
-    """ONNX -> ONNX: name the first source node whose output differs in the bundle's graph (edge.graph.divergence),
+    """ONNX -> ONNX / IR: name the first source node whose output differs in the bundle's graph (edge.graph.divergence),
     in the failure message and the manifest's parity record."""
     artifact = Bundle(stage, manifest).artifact
-    if job.static is None or job.src.format != "onnx" or artifact.suffix != ".onnx":
+    if job.static is None or job.src.format != "onnx" or artifact.suffix not in (".onnx", ".xml"):
         return
     from edge.graph.divergence import first_divergence
 

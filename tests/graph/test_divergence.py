@@ -71,3 +71,16 @@ def test_a_parity_failure_says_where_and_records_it(tmp_path: Path, scaling_targ
                                                                   accept_parity_failure=True))
     d = b.manifest["parity"]["first_divergence"]
     assert d["tensor"] == "s2_c" and d["op"] == "Conv" and d["rel_err"] > 0.02
+
+
+def test_an_openvino_ir_is_compared_by_its_onnx_names(tmp_path: Path) -> None:
+    ov = pytest.importorskip("openvino")
+    src = anchor_detector(tmp_path / "palm.onnx")
+    bad = _break(src, tmp_path / "bad.onnx")
+    ov.save_model(ov.convert_model(str(bad)), str(tmp_path / "bad.xml"), compress_to_fp16=False)
+    ov.save_model(ov.convert_model(str(src)), str(tmp_path / "good.xml"), compress_to_fp16=False)
+    rng = np.random.default_rng(0)
+    samples = [{"image": rng.random((1, 3, 192, 192), dtype=np.float32)}]
+    found = first_divergence(src, tmp_path / "bad.xml", samples)
+    assert found is not None and found.tensor == "s2_c", found
+    assert first_divergence(src, tmp_path / "good.xml", samples) is None
