@@ -8,8 +8,8 @@ from typing import Any, Iterable
 
 from edge.capabilities import Host, current_host
 from edge.pipeline import conversion_problems, runnable_here
-from edge.toolchains import aarch64
 from edge.targets import TargetProfile, load_targets
+from edge.toolchains import aarch64
 
 
 @dataclass(frozen=True)

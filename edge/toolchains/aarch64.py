@@ -38,7 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError
@@ -179,7 +179,7 @@ def status() -> ToolchainStatus:
     return st
 
 
-def require() -> "Emulator":
+def require() -> Emulator:
     """The installed emulator (default core), or a :class:`MissingDependencyError` saying what is missing."""
     st = status()
     if not st.usable:
@@ -213,7 +213,7 @@ class Emulator:
         # the real file, not /usr/bin/python3 (an absolute symlink that would resolve on the host)
         return self.rootfs / "usr" / "bin" / f"python{GUEST_PYTHON}"
 
-    def with_cpu(self, cpu: str) -> "Emulator":
+    def with_cpu(self, cpu: str) -> Emulator:
         if cpu not in CPUS:
             raise EdgeError(f"unknown emulated core {cpu!r}; choose one of {', '.join(CPUS)}",
                             hint="cortex-a72 = Raspberry Pi 4, cortex-a76 = Raspberry Pi 5, neoverse-n1 = Graviton2")

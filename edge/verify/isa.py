@@ -39,7 +39,6 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence

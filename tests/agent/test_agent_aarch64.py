@@ -16,16 +16,16 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
+import mqtt_broker
 import pytest
-
 from conftest import wait_for
+
 from edge.bundle.archive import pack_bundle
 from edge.deploy import DeviceStore
 from edge.graph.samples import build_tiny_cnn
 from edge.mqtt.client import BrokerConfig, paho
 from edge.pipeline import convert
 from edge.verify.isa import guest_pythonpath
-import mqtt_broker
 from tests.agent.test_agent_rollout import DEVICE, FLEET, ArtifactServer, Fleet
 from tests.emulation import emulator_or_skip
 
