@@ -127,7 +127,7 @@ def host_problems() -> list[str]:
 
 # -- status ------------------------------------------------------------------------------------
 
-def _site_fingerprint(site: Path) -> str:
+def site_fingerprint(site: Path) -> str:
     names = sorted(p.name for p in site.glob("*.dist-info")) if site.is_dir() else []
     return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
@@ -172,9 +172,9 @@ def status() -> ToolchainStatus:
         st.problem = f"{em.qemu if not em.qemu.is_file() else em.python} is missing; {again}"
     elif state.get("spec_hash") != spec_hash():
         st.problem = f"toolchain 'aarch64' at {d} was installed from another version of its spec; update it: {again}"
-    elif state.get("qemu", {}).get("sha256") != _sha256(em.qemu):
+    elif state.get("qemu", {}).get("sha256") != file_sha256(em.qemu):
         st.problem = f"{em.qemu} changed since it was installed; {again}"
-    elif state.get("site_fingerprint") != _site_fingerprint(em.site):
+    elif state.get("site_fingerprint") != site_fingerprint(em.site):
         st.problem = f"packages in {em.site} changed since it was installed; {again}"
     return st
 
@@ -269,7 +269,7 @@ def _major_minor(version: str) -> tuple[int, int]:
 
 # -- install ---------------------------------------------------------------------------------
 
-def _sha256(path: Path) -> str | None:
+def file_sha256(path: Path) -> str | None:
     if not path.is_file():
         return None
     h = hashlib.sha256()
@@ -337,7 +337,7 @@ def _qemu_from_backports(mirror: str, dl: Path, dest: Path, log: Any) -> dict[st
         raise EdgeError(f"{SUITE}-backports has no qemu-user package")
     deb = dl / "qemu-user.deb"
     _fetch(f"{mirror}/{entry.filename}", deb, _MAX_DEB)
-    got = _sha256(deb)
+    got = file_sha256(deb)
     if got != entry.sha256:
         raise EdgeError(f"{entry.filename}: sha256 {got} is not the index's {entry.sha256}: refused")
     with tempfile.TemporaryDirectory(dir=dl) as x:
@@ -389,7 +389,7 @@ def _install_qemu(d: Path, mirror: str, log: Any, say: Output) -> dict[str, Any]
                             hint="apt-get install qemu-user-static (qemu >= 8 preferred)") from None
         info = found
     info["version"] = qemu_version(dest)
-    info["sha256"] = _sha256(dest)
+    info["sha256"] = file_sha256(dest)
     info["cpuinfo_file"] = _major_minor(info["version"]) < QEMU_MIN
     return info
 
@@ -405,7 +405,7 @@ def _install_rootfs(d: Path, mirror: str, log: Any, on_output: Output | None) ->
     listed = []
     for deb in debs:
         run_logged(["dpkg-deb", "-x", str(deb), str(rootfs)], log, None)
-        listed.append(f"{deb.name} {_sha256(deb)}")
+        listed.append(f"{deb.name} {file_sha256(deb)}")
         deb.unlink()
     return {"suite": SUITE, "mirror": mirror, "packages": len(listed),
             "packages_sha256": hashlib.sha256("\n".join(listed).encode()).hexdigest()}
@@ -527,7 +527,7 @@ def install(*, force: bool = False, on_step: Output | None = None, on_output: Ou
         "python_version": seen["python"], "platform": f"linux-aarch64-cp{GUEST_PYTHON.replace('.', '')}",
         "qemu": qemu, "rootfs": rootfs, "guest": seen,
         "reference_lock": True, "lock_hash": lock_hash(freeze), "matches_reference": sorted(freeze) == sorted(reference),
-        "packages": packages, "site_fingerprint": _site_fingerprint(em.site),
+        "packages": packages, "site_fingerprint": site_fingerprint(em.site),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "install_seconds": round(time.perf_counter() - t0, 1), "disk_bytes": disk_bytes(d),
         "edgekit_version": __import__("edge").__version__,

@@ -87,3 +87,26 @@ def test_an_arm_core_is_named_from_its_part(cpu: str, name: str) -> None:
     # qemu 10 adds a generic model name, as some kernels do: the part still names the core
     assert parse_cpuinfo("model name\t: ARMv8 Processor rev 1 (v8l)\n" + text).model == name
     assert "asimddp" in parse_cpuinfo(aarch64.cpuinfo_text("cortex-a76")).flags
+
+
+def test_a_changed_emulator_or_wheel_set_is_noticed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """status() re-checks what toolchain.json recorded: the qemu binary's sha256 and the wheel set."""
+    monkeypatch.setenv(toolchains.ENV_VAR, str(tmp_path))
+    em = aarch64.Emulator(aarch64.toolchain_dir())
+    for f, text in ((em.qemu, "qemu"), (em.python, "python")):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    (em.site / "numpy-2.4.6.dist-info").mkdir(parents=True)
+    state = {"spec_hash": aarch64.spec_hash(), "qemu": {"sha256": aarch64.file_sha256(em.qemu), "version": "10.0.2"},
+             "site_fingerprint": aarch64.site_fingerprint(em.site), "packages": {"numpy": "2.4.6"},
+             "python_version": "3.11.2", "lock_hash": "0" * 64}
+    (em.path / toolchains.STATE_FILE).write_text(json.dumps(state))
+    assert aarch64.status().usable, aarch64.status().problem
+    em.qemu.write_text("another qemu")
+    assert "changed since it was installed" in (aarch64.status().problem or "")
+    em.qemu.write_text("qemu")
+    (em.site / "numpy-2.4.5.dist-info").mkdir()
+    assert "packages in" in (aarch64.status().problem or "")
+    (em.site / "numpy-2.4.5.dist-info").rmdir()
+    (em.path / toolchains.STATE_FILE).write_text(json.dumps({**state, "spec_hash": "0" * 64}))
+    assert "another version of its spec" in (aarch64.status().problem or "")
