@@ -308,7 +308,7 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
     """The MQTT client alone: the collector's Connection (paho, MQTT 5, manual acks) on its NetworkLoop, every
     message acknowledged at once, nothing decoded or stored. The ceiling of a paho-based collector here.
     ``lite``: the same with edge.mqtt.lite's LiteConnection (acks written once per socket read)."""
-    from edge.mqtt.netloop import Connection, NetworkLoop
+    from edge.mqtt.netloop import ConnectOptions, Connection, NetworkLoop
 
     got = {"n": 0, "t0": 0.0, "t1": 0.0}
 
@@ -340,8 +340,9 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
         else:
             conn = Connection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,  # type: ignore[assignment]
                               subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
-                              on_message=on_message, clean_start=False, session_expiry_s=3600, manual_ack=True,
-                              receive_maximum=10_000)
+                              on_message=on_message,
+                              options=ConnectOptions(clean_start=False, session_expiry_s=3600, manual_ack=True,
+                                                     receive_maximum=10_000))
         cpu = loop.run(time.thread_time)  # the loop thread's CPU
         conn.start()
         deadline = time.monotonic() + 300

@@ -22,8 +22,6 @@ NOT_YET: set[str] = {
     "fleet/collector.py:_store_streams",
     "graph/lower.py:lower_lstm",
     "mqtt/lite.py:feed",
-    "mqtt/netloop.py:__init__",
-    "mqtt/session.py:__init__",
     "toolchains/__init__.py:install",
     "toolchains/tflite_driver.py:map_io",
     "toolchains/tflite_driver.py:main",

@@ -36,7 +36,7 @@ from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState,
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
 from edge.mqtt.ratelog import RateLimitedLog
-from edge.mqtt.session import DeviceSession
+from edge.mqtt.session import DeviceSession, SessionOptions
 from edge.mqtt.topics import check_part
 
 log = logging.getLogger("edge.agent")
@@ -589,9 +589,10 @@ class Agent:
             self.thermal = ThermalProbe()
             self.loop = NetworkLoop().start()
             self.session = DeviceSession(self.loop, cfg.broker, cfg.fleet, cfg.device_id, self.outbox,
-                                         birth_body=self.birth_body, client_id=cfg.client_id, backoff=cfg.backoff,
+                                         birth_body=self.birth_body,
                                          on_desired=self._on_desired if cfg.desired else None,
-                                         on_command=self._on_command)
+                                         on_command=self._on_command,
+                                         options=SessionOptions(client_id=cfg.client_id, backoff=cfg.backoff))
             log.info("agent %s/%s session %d, %s, state %s", cfg.fleet, cfg.device_id, self.session.session,
                      self._source_desc, self.state)
             self._last_tel = time.monotonic()

@@ -64,7 +64,7 @@ from typing import Any, Generic, TypeVar
 
 from edge.mqtt.client import DEGRADED, BrokerConfig
 from edge.mqtt.lite import LiteConnection, TooLarge
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop, Timer
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop, Timer
 from edge.mqtt.payloads import SCHEMA_VERSION, encode
 from edge.mqtt.ratelog import RateLimitedLog
 from edge.mqtt.topics import Topic, check_part, fleet_filter, shared
@@ -872,8 +872,10 @@ class Collector:
                 receive_maximum=c.receive_maximum, backoff=c.backoff)
         else:
             conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
-                              on_message=self._message, clean_start=False, session_expiry_s=c.session_expiry_s,
-                              manual_ack=True, receive_maximum=c.receive_maximum, backoff=c.backoff)
+                              on_message=self._message,
+                              options=ConnectOptions(clean_start=False, session_expiry_s=c.session_expiry_s,
+                                                     manual_ack=True, receive_maximum=c.receive_maximum,
+                                                     backoff=c.backoff))
         self.conn = conn
         self.loop.run(self.loop.after_io, self._after_io)
         if c.pipeline:

@@ -19,7 +19,7 @@ from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
-from edge.mqtt.session import DeviceSession
+from edge.mqtt.session import DeviceSession, SessionOptions
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,9 @@ class SimDevice:
         self.seen = 0
         self.applied: list[tuple[int, str, str, float]] = []  # (version, bundle, state, time.monotonic())
         self.session = DeviceSession(fleet.loop, fleet.broker, fleet.fleet, device, MemoryOutbox(),
-                                     birth_body=self._birth, client_id=f"edgekit-sim-{fleet.fleet}-{device}",
-                                     backoff=fleet.backoff, on_desired=self._on_desired)
+                                     birth_body=self._birth, on_desired=self._on_desired,
+                                     options=SessionOptions(client_id=f"edgekit-sim-{fleet.fleet}-{device}",
+                                                            backoff=fleet.backoff))
 
     def _birth(self) -> dict[str, Any]:
         return {"state": "running", "state_detail": None,

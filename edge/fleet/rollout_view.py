@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from edge.mqtt.desired import ReportedState
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.payloads import encode
 from edge.mqtt.topics import Topic, TopicError, check_part
 
@@ -110,7 +110,8 @@ class FleetView:
         self._closed = False
         self.loop = NetworkLoop(name="edgekit-rollout")
         self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
-                               on_connected=self._connected, on_disconnected=self._disconnected, backoff=backoff)
+                               on_connected=self._connected, on_disconnected=self._disconnected,
+                               options=ConnectOptions(backoff=backoff))
 
     def start(self) -> "FleetView":
         self.loop.start()

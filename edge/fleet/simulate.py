@@ -22,7 +22,7 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
-from edge.mqtt.session import DeviceSession
+from edge.mqtt.session import DeviceSession, SessionOptions
 from edge.mqtt.lite import mqtt_packet, mqtt_string
 
 
@@ -66,7 +66,8 @@ class SimulatedFleet:
         self.connect_per_s = connect_per_s
         self.sessions = [DeviceSession(self.loop, broker, fleet, f"{prefix}-{i:05d}", MemoryOutbox(),
                                        birth_body=functools.partial(birth_body, i, rate_hz),
-                                       client_id=f"edgekit-{fleet}-{prefix}-{i:05d}", backoff=backoff)
+                                       options=SessionOptions(client_id=f"edgekit-{fleet}-{prefix}-{i:05d}",
+                                                              backoff=backoff))
                          for i in range(devices)]
         self._timers: list[Any] = []
         self.submitted = 0

@@ -351,6 +351,19 @@ class Reconnecting:
             log.warning("%s: %s: %s", self.client_id, self.node.url, MQTT5_UNANSWERED)
 
 
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How a :class:`Connection` holds its session: MQTT's clean start and session expiry, whether the
+    application acknowledges QoS 1 messages itself (``manual_ack``: after they are stored), the Receive
+    Maximum it asks for, and the reconnect back-off."""
+
+    clean_start: bool = True
+    session_expiry_s: int = 0
+    manual_ack: bool = False
+    receive_maximum: int | None = None
+    backoff: Backoff = Backoff()
+
+
 class Connection(Reconnecting):
     """One MQTT client identity on a ``NetworkLoop``; all methods run on the loop thread."""
 
@@ -361,14 +374,14 @@ class Connection(Reconnecting):
                  on_disconnected: Callable[[Connection, str], None] | None = None,
                  on_message: Callable[[Connection, Any], None] | None = None,
                  on_published: Callable[[Connection, int, int], None] | None = None,
-                 clean_start: bool = True, session_expiry_s: int = 0, manual_ack: bool = False,
-                 receive_maximum: int | None = None, backoff: Backoff = Backoff()) -> None:
+                 options: ConnectOptions = ConnectOptions()) -> None:
         self.loop, self.broker, self.client_id = loop, broker, client_id
         self.subscriptions = list(subscriptions or [])  # replayed after every CONNACK
         self._will, self._on_connected, self._on_disconnected = will, on_connected, on_disconnected
         self._on_message, self._on_published = on_message, on_published
-        self.clean_start, self.session_expiry_s, self.manual_ack = clean_start, session_expiry_s, manual_ack
-        self.receive_maximum, self.backoff = receive_maximum, backoff
+        o = options
+        self.clean_start, self.session_expiry_s, self.manual_ack = o.clean_start, o.session_expiry_s, o.manual_ack
+        self.receive_maximum, self.backoff = o.receive_maximum, o.backoff
         self._connack_seen = False  # this attempt got a CONNACK (accepting or refusing)
         self._init_reconnect()
 

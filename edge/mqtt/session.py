@@ -26,10 +26,11 @@ import functools
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge.mqtt.client import DEGRADED, BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop, Will
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop, Will
 from edge.mqtt.outbox import Outbox
 from edge.mqtt.payloads import STREAM_KINDS, encode, mark_historical, message
 from edge.mqtt.ratelog import RateLimitedLog
@@ -46,12 +47,26 @@ def _say_degraded() -> None:
     log.warning(DEGRADED["agent"])
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a :class:`DeviceSession` connects and sends: its client id (default ``edgekit-FLEET-DEVICE``), the
+    QoS 1 messages in flight at most, the reconnect back-off, and whether (and how patiently) it holds the
+    outbox when the broker answers that no subscriber matched (``hold_unmatched``/``hold_backoff``)."""
+
+    client_id: str | None = None
+    max_inflight: int = 20
+    backoff: Backoff = Backoff()
+    hold_unmatched: bool = True
+    hold_backoff: Backoff = Backoff(0.5, 30.0)
+
+
 class DeviceSession:
     def __init__(self, loop: NetworkLoop, broker: BrokerConfig, fleet: str, device: str, outbox: Outbox, *,
-                 birth_body: Callable[[], dict[str, Any]], client_id: str | None = None, max_inflight: int = 20,
-                 backoff: Backoff = Backoff(), on_command: Callable[[str, bytes], None] | None = None,
-                 hold_unmatched: bool = True, hold_backoff: Backoff = Backoff(0.5, 30.0),
-                 on_desired: Callable[[bytes], None] | None = None) -> None:
+                 birth_body: Callable[[], dict[str, Any]], on_command: Callable[[str, bytes], None] | None = None,
+                 on_desired: Callable[[bytes], None] | None = None,
+                 options: SessionOptions = SessionOptions()) -> None:
+        client_id, max_inflight, backoff = options.client_id, options.max_inflight, options.backoff
+        hold_unmatched, hold_backoff = options.hold_unmatched, options.hold_backoff
         self.fleet, self.device, self.outbox, self.loop = fleet, device, outbox, loop
         self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death", "reported",
                                                                   "desired")}
@@ -82,7 +97,8 @@ class DeviceSession:
                                                                        if on_desired is not None else []),
                                will=self._will,
                                on_connected=self._connected, on_disconnected=self._disconnected,
-                               on_message=self._message, on_published=self._published, backoff=backoff)
+                               on_message=self._message, on_published=self._published,
+                               options=ConnectOptions(backoff=backoff))
 
     def start(self) -> None:
         self.conn.start()

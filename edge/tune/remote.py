@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.payloads import SCHEMA_VERSION, encode
 from edge.mqtt.topics import Topic, TopicError, check_part
 from edge.errors import EdgeError
@@ -139,7 +139,7 @@ class DeviceLink:
         self.loop = NetworkLoop(name="edgekit-tune")
         subs = [(self.topics[k], 1) for k in ("birth", "death", "tune")] + [(self._sync, 1)]
         self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
-                               on_connected=self._connected, backoff=Backoff(0.2, 5.0))
+                               on_connected=self._connected, options=ConnectOptions(backoff=Backoff(0.2, 5.0)))
 
     def __enter__(self) -> "DeviceLink":
         self.loop.start()

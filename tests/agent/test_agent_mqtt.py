@@ -16,7 +16,7 @@ import pytest
 from conftest import EDGEKIT, wait_for
 from edge.agent.agent import Agent, AgentConfig
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.payloads import load_schema
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
@@ -309,8 +309,7 @@ def test_collector_that_missed_the_birth_asks_for_a_rebirth(broker: Mosquitto, t
         # The broker forgets the retained birth (as one restarted without persistence does; and brokers that
         # follow MQTT 5 never deliver retained messages on shared subscriptions at all).
         acked: set[int] = set()
-        clear = Connection(agent.loop, BrokerConfig.from_url(broker.url), "clearer", backoff=FAST,  # type: ignore[arg-type]
-                           on_published=lambda _c, mid, _rc: acked.add(mid))
+        clear = Connection(agent.loop, BrokerConfig.from_url(broker.url), "clearer", options=ConnectOptions(backoff=FAST), on_published=lambda _c, mid, _rc: acked.add(mid))
         clear.start()
         wait_for(lambda: clear.connected, what="clearer connected")
         mid = agent.loop.run(clear.publish, "edgekit/lab/cam-01/birth", b"", 1, True)  # type: ignore[union-attr]
@@ -337,7 +336,7 @@ def test_collector_that_missed_the_birth_asks_for_a_rebirth(broker: Mosquitto, t
 def try_connect(url: str, **kw: Any) -> tuple[bool, str | None]:
     """Connected, or the error of the first failed attempt; waiting for one or the other (a slow host is no refusal)."""
     with NetworkLoop() as loop:
-        conn = Connection(loop, BrokerConfig.from_url(url, **kw), "probe", backoff=FAST)
+        conn = Connection(loop, BrokerConfig.from_url(url, **kw), "probe", options=ConnectOptions(backoff=FAST))
         conn.start()
         wait_for(lambda: conn.connected or conn.last_error, 30, "a connection or a connection error")
         ok, err = conn.connected, conn.last_error

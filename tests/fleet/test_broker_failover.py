@@ -14,7 +14,7 @@ from conftest import wait_for
 from mqtt_broker import HOST, Mosquitto, free_port, make_ca
 
 from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.errors import EdgeError
 from edge.mqtt.lite import LiteConnection
 
@@ -68,7 +68,7 @@ def test_check_reachable_wants_one_node(tmp_path: Path) -> None:
 
 
 def paho_conn(loop: NetworkLoop, url: str, **kw: Any) -> Connection:
-    return Connection(loop, BrokerConfig.from_url(url, **kw), "edgekit-failover-probe", backoff=FAST)
+    return Connection(loop, BrokerConfig.from_url(url, **kw), "edgekit-failover-probe", options=ConnectOptions(backoff=FAST))
 
 
 def lite_conn(loop: NetworkLoop, url: str, got: list[bytes], **kw: Any) -> LiteConnection:
@@ -84,8 +84,7 @@ def lite_conn(loop: NetworkLoop, url: str, got: list[bytes], **kw: Any) -> LiteC
 def publish_once(loop: NetworkLoop, url: str, payload: bytes) -> None:
     """One QoS 1 message through a short-lived connection, waited for its PUBACK."""
     acked: list[int] = []
-    pub = Connection(loop, BrokerConfig.from_url(url), "edgekit-failover-pub", backoff=FAST,
-                     on_published=lambda _c, mid, _rc: acked.append(mid))
+    pub = Connection(loop, BrokerConfig.from_url(url), "edgekit-failover-pub", options=ConnectOptions(backoff=FAST), on_published=lambda _c, mid, _rc: acked.append(mid))
     loop.run(pub.start)
     wait_for(lambda: pub.connected, what="the publisher connected")
     mid = loop.run(pub.publish, "failover/x", payload, 1)

@@ -25,7 +25,7 @@ from mqtt_broker import HOST
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
 from edge.mqtt.client import DEGRADED, MQTT5_UNANSWERED, BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.lite import LiteConnection, mqtt_packet, mqtt_string
 
 pytestmark = pytest.mark.skipif(rabbitmq_missing() is not None, reason=str(rabbitmq_missing()))
@@ -233,7 +233,7 @@ def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster
     caplog.set_level(logging.INFO, logger="edge.mqtt")
     broker = BrokerConfig.from_url(node.url)  # MQTT 5, the default
     with NetworkLoop() as loop:
-        conns = [Connection(loop, broker, "edgekit-probe-paho", backoff=Backoff(0.05, 0.2)),
+        conns = [Connection(loop, broker, "edgekit-probe-paho", options=ConnectOptions(backoff=Backoff(0.05, 0.2))),
                  LiteConnection(loop, broker, "edgekit-probe-lite", subscriptions=[("x/#", 1)],
                                 on_publish=lambda *_: None, backoff=Backoff(0.05, 0.2))]
         for conn in conns:

@@ -18,10 +18,10 @@ from mqtt_broker import Mosquitto
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.status import fleet_status
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
-from edge.mqtt.session import DeviceSession
+from edge.mqtt.session import DeviceSession, SessionOptions
 
 FAST = Backoff(0.05, 0.5)
 TOP = 2**53 - 1
@@ -41,10 +41,9 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
         cfg = BrokerConfig.from_url(broker.url)
         col = Collector(CollectorConfig(cfg, url, fleet="lab", backoff=FAST, gap_grace_s=0.0)).start(loop)
-        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), backoff=FAST,
-                            birth_body=lambda: {"agent": {"interval_s": 1.0}, "state": "running",
+        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {"agent": {"interval_s": 1.0}, "state": "running",
                                                 "bundle": {"id": "real"}})
-        forger = Connection(loop, cfg, "forger", backoff=FAST)
+        forger = Connection(loop, cfg, "forger", options=ConnectOptions(backoff=FAST))
         try:
             loop.run(dev.start)
             loop.run(forger.start)

@@ -27,7 +27,7 @@ from edge.mqtt.desired import REASONS, STATES, Reason, ReportedState  # noqa: E4
 from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.mqtt.netloop import Backoff, NetworkLoop  # noqa: E402
 from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
-from edge.mqtt.session import DeviceSession  # noqa: E402
+from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.metrics import METRICS, ROLLOUT_STATES, MetricsServer, quantile  # noqa: E402
 import mqtt_broker  # noqa: E402
@@ -97,8 +97,7 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
         with Collector(cfg) as collector, MetricsServer(url, port=0, collector=collector) as server:
             bcfg = BrokerConfig.from_url(broker.url)
             for dev, (target, bundle, fb, _, _) in [*DEVICES.items(), (GONE, ("x86-cpu", "base", False, None, None))]:
-                s = DeviceSession(loop, bcfg, "lab", dev, MemoryOutbox(), backoff=FAST,
-                                  birth_body=lambda t=target, b=bundle, f=fb: birth(t, b, f))
+                s = DeviceSession(loop, bcfg, "lab", dev, MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda t=target, b=bundle, f=fb: birth(t, b, f))
                 sessions.append(s)
                 loop.run(s.start)
             wait_for(lambda: all(s.connected for s in sessions), 20, "device sessions connected")

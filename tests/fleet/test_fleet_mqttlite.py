@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, wait_for
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.payloads import encode, message
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
@@ -206,8 +206,7 @@ def test_lite_collector_on_mqtt_3_1_1_and_a_rebirth_request_out(tmp_path: Path) 
     """MQTT 3.1.1 (plain subscription); telemetry of a session with no birth: a QoS 1 cmd/rebirth goes out."""
     got: list[tuple[str, bytes]] = []
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
-        spy = Connection(loop, BrokerConfig.from_url(broker.url), "spy", subscriptions=[("edgekit/+/+/cmd/#", 1)],
-                         on_message=lambda _c, m: got.append((m.topic, m.payload)), backoff=FAST)
+        spy = Connection(loop, BrokerConfig.from_url(broker.url), "spy", options=ConnectOptions(backoff=FAST), subscriptions=[("edgekit/+/+/cmd/#", 1)], on_message=lambda _c, m: got.append((m.topic, m.payload)))
         loop.run(spy.start)
         wait_for(lambda: spy.connected, 20, "the spy")
         c = lite_collector(BrokerConfig.from_url(broker.url, protocol="3.1.1"), f"sqlite:///{tmp_path}/f.db",

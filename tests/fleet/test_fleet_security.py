@@ -24,11 +24,11 @@ pytest.importorskip("cryptography", reason="cryptography is not installed (pip i
 
 from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.netloop import Backoff, Connection, NetworkLoop  # noqa: E402
+from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop  # noqa: E402
 from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
 from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.mqtt.ratelog import RateLimitedLog  # noqa: E402
-from edge.mqtt.session import DeviceSession  # noqa: E402
+from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
 from edge.fleet.acl import mosquitto_acl, write_acl  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
@@ -171,9 +171,7 @@ class Spy:
     def __init__(self, loop: NetworkLoop, url: str, creds: Any, client_id: str, subs: list[str]) -> None:
         self.got: list[tuple[str, bytes]] = []
         self.conn = Connection(loop, BrokerConfig.from_url(url, ca_file=creds.ca_cert, cert_file=creds.cert,
-                                                           key_file=creds.key),
-                               client_id, subscriptions=[(s, 1) for s in subs], backoff=FAST,
-                               on_message=lambda _c, m: self.got.append((m.topic, bytes(m.payload))))
+                                                           key_file=creds.key), client_id, options=ConnectOptions(backoff=FAST), subscriptions=[(s, 1) for s in subs], on_message=lambda _c, m: self.got.append((m.topic, bytes(m.payload))))
 
 
 def _count(db: Path, sql: str) -> int:
@@ -197,11 +195,10 @@ def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) 
         col = Collector(CollectorConfig(cfg(col_creds, broker.url), f"sqlite:///{db}", fleet="lab", backoff=FAST,
                                         rebirth_interval_s=0.0)).start(loop)
         body = lambda: {"agent": {"interval_s": 1.0}, "state": "running"}  # noqa: E731
-        dev_a = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-a", MemoryOutbox(), birth_body=body, backoff=FAST)
-        dev_b = DeviceSession(loop, cfg(b, broker.url), "lab", "cam-b", MemoryOutbox(), birth_body=body, backoff=FAST)
+        dev_a = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-a", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=body)
+        dev_b = DeviceSession(loop, cfg(b, broker.url), "lab", "cam-b", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=body)
         # device A's certificate, claiming to be B: what a stolen or misconfigured device would do
-        impostor = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-b", MemoryOutbox(),
-                                 birth_body=lambda: {"state": "impostor"}, client_id="impostor", backoff=FAST)
+        impostor = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-b", MemoryOutbox(), options=SessionOptions(client_id="impostor", backoff=FAST), birth_body=lambda: {"state": "impostor"})
         spy = Spy(loop, broker.url, a, "spy", ["edgekit/lab/cam-b/cmd/#", "edgekit/lab/+/+", "edgekit/lab/cam-a/cmd/#"])
         try:
             for s in (dev_a, dev_b):
@@ -250,7 +247,7 @@ def test_only_the_fleet_ca_gets_in(tmp_path: Path) -> None:
         creds = other.clients["cam-a"]
         cfg = BrokerConfig.from_url(broker.url, ca_file=pki.clients["cam-a"].ca_cert, cert_file=creds.cert,
                                     key_file=creds.key)
-        conn = Connection(loop, cfg, "outsider", backoff=FAST)
+        conn = Connection(loop, cfg, "outsider", options=ConnectOptions(backoff=FAST))
         loop.run(conn.start)
         wait_for(lambda: conn.last_error, what="the refusal")
         assert not conn.connected
@@ -444,8 +441,8 @@ def test_rejections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixtur
 def test_unknown_commands_are_logged_at_a_bounded_rate(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
         cfg = BrokerConfig.from_url(broker.url)
-        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), birth_body=lambda: {}, backoff=FAST)
-        sender = Connection(loop, cfg, "flooder", backoff=FAST)
+        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {})
+        sender = Connection(loop, cfg, "flooder", options=ConnectOptions(backoff=FAST))
         with caplog.at_level(logging.INFO, logger="edge.agent"):
             start = time.monotonic()
             loop.run(dev.start)
