@@ -176,26 +176,10 @@ def read(tp: Any, value: Any, where: str = "", rule: Rule | None = None) -> Any:
         if not isinstance(value, bool):
             raise Invalid(where, f"must be true or false, got {show_value(value)}")
         return value
-    if tp is int:  # as in JSON (and JSON Schema), 2.0 is the integer 2
-        if type(value) is float and math.isfinite(value) and value.is_integer() and abs(value) <= MAX_INT:
-            value = int(value)
-        if type(value) is not int:
-            raise Invalid(where, f"must be an integer, got {show_value(value)}")
-        _range(value, where, rule, MAX_INT)
-        return value
+    if tp is int:
+        return _int(value, where, rule)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise Invalid(where, f"must be a number, got {show_value(value)}")
-        if isinstance(value, int) and abs(value) > MAX_FLOAT:  # float() of a huge int would overflow
-            raise Invalid(where, f"must be {_bounds(rule, MAX_FLOAT)}, got {show_value(value)}")
-        value = float(value)
-        if math.isnan(value) or (rule.finite and math.isinf(value)):
-            raise Invalid(where, f"must be a finite number, got {show_value(value)}")
-        if not math.isinf(value):
-            _range(value, where, rule, MAX_FLOAT)
-        elif rule.ge is not None and value < 0 or rule.le is not None and value > 0:
-            raise Invalid(where, f"must be {_bounds(rule)}, got {show_value(value)}")
-        return value
+        return _float(value, where, rule)
     if tp is str:
         return _string(value, where, rule)
     if origin is tuple:
@@ -285,6 +269,30 @@ def _range(value: float, where: str, rule: Rule, limit: float) -> None:
     hi = limit if rule.le is None else rule.le
     if not lo <= value <= hi:
         raise Invalid(where, f"must be {_bounds(rule, limit)}, got {show_value(value)}")
+
+
+def _int(value: Any, where: str, rule: Rule) -> int:
+    if type(value) is float and math.isfinite(value) and value.is_integer() and abs(value) <= MAX_INT:
+        value = int(value)  # as in JSON (and JSON Schema), 2.0 is the integer 2
+    if type(value) is not int:
+        raise Invalid(where, f"must be an integer, got {show_value(value)}")
+    _range(value, where, rule, MAX_INT)
+    return value
+
+
+def _float(value: Any, where: str, rule: Rule) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(where, f"must be a number, got {show_value(value)}")
+    if isinstance(value, int) and abs(value) > MAX_FLOAT:  # float() of a huge int would overflow
+        raise Invalid(where, f"must be {_bounds(rule, MAX_FLOAT)}, got {show_value(value)}")
+    value = float(value)
+    if math.isnan(value) or (rule.finite and math.isinf(value)):
+        raise Invalid(where, f"must be a finite number, got {show_value(value)}")
+    if not math.isinf(value):
+        _range(value, where, rule, MAX_FLOAT)
+    elif rule.ge is not None and value < 0 or rule.le is not None and value > 0:
+        raise Invalid(where, f"must be {_bounds(rule)}, got {show_value(value)}")
+    return value
 
 
 def _bounds(rule: Rule, limit: float | None = None) -> str:
@@ -485,33 +493,38 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
         s = {"type": "object", "additionalProperties": _schema(vt, rule.item or Rule(), defs),
              "propertyNames": _schema(str, key, defs), "minProperties": rule.min_items, "maxProperties": rule.max_items}
     elif is_dataclass(tp) and isinstance(tp, type):
-        name = tp.__name__
-        if name not in defs:
-            defs[name] = {}  # placeholder: recursion stops here
-            hints = _hints(tp)
-            props = {}
-            required = []
-            for f in fields(tp):
-                fr = _rule_of(f)
-                p = _schema(hints[f.name], fr, defs)
-                if fr.doc:
-                    p = {**p, "description": fr.doc}
-                props[f.name] = p
-                if f.default is MISSING and f.default_factory is MISSING:
-                    required.append(f.name)
-            d: dict[str, Any] = {"type": "object", "properties": props, "required": required,
-                                 "additionalProperties": False}
-            doc = (tp.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-            if doc and not doc.startswith(name + "("):
-                d = {"description": doc, **d}
-            extra = getattr(tp, "__schema_extra__", None)  # e.g. if/then rules between fields
-            if extra is not None:
-                d.update(extra(lambda t: _schema(t, Rule(), defs)))
-            defs[name] = d
-        return {"$ref": f"#/$defs/{name}"}
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}  # placeholder: recursion stops here
+            defs[tp.__name__] = _object_schema(tp, defs)
+        return {"$ref": f"#/$defs/{tp.__name__}"}
     else:
         raise TypeError(f"typedjson has no schema for {tp!r}")
     return s
+
+
+def _object_schema(tp: type, defs: dict[str, Any]) -> dict[str, Any]:
+    """A dataclass's schema: its fields (with their descriptions), the required ones, its docstring's first
+    paragraph, and its ``__schema_extra__`` rules."""
+    name = tp.__name__
+    hints = _hints(tp)
+    props = {}
+    required = []
+    for f in fields(tp):
+        fr = _rule_of(f)
+        p = _schema(hints[f.name], fr, defs)
+        if fr.doc:
+            p = {**p, "description": fr.doc}
+        props[f.name] = p
+        if f.default is MISSING and f.default_factory is MISSING:
+            required.append(f.name)
+    d: dict[str, Any] = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    doc = (tp.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    if doc and not doc.startswith(name + "("):
+        d = {"description": doc, **d}
+    extra = getattr(tp, "__schema_extra__", None)  # e.g. if/then rules between fields
+    if extra is not None:
+        d.update(extra(lambda t: _schema(t, Rule(), defs)))
+    return d
 
 
 def _anchored(pattern: str) -> str:
