@@ -285,14 +285,14 @@ def _float(value: Any, where: str, rule: Rule) -> float:
         raise Invalid(where, f"must be a number, got {show_value(value)}")
     if isinstance(value, int) and abs(value) > MAX_FLOAT:  # float() of a huge int would overflow
         raise Invalid(where, f"must be {_bounds(rule, MAX_FLOAT)}, got {show_value(value)}")
-    value = float(value)
-    if math.isnan(value) or (rule.finite and math.isinf(value)):
-        raise Invalid(where, f"must be a finite number, got {show_value(value)}")
-    if not math.isinf(value):
-        _range(value, where, rule, MAX_FLOAT)
-    elif rule.ge is not None and value < 0 or rule.le is not None and value > 0:
-        raise Invalid(where, f"must be {_bounds(rule)}, got {show_value(value)}")
-    return value
+    number = float(value)
+    if math.isnan(number) or (rule.finite and math.isinf(number)):
+        raise Invalid(where, f"must be a finite number, got {show_value(number)}")
+    if not math.isinf(number):
+        _range(number, where, rule, MAX_FLOAT)
+    elif rule.ge is not None and number < 0 or rule.le is not None and number > 0:
+        raise Invalid(where, f"must be {_bounds(rule)}, got {show_value(number)}")
+    return number
 
 
 def _bounds(rule: Rule, limit: float | None = None) -> str:
