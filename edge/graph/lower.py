@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -95,146 +96,195 @@ def _evaluate(model: Any, names: list[str], shapes: dict[str, tuple[int, ...]], 
 
 def lower_lstm(model: Any, *, only_stateful: bool = True) -> tuple[Any, int]:
     """``model`` with its (stateful, when ``only_stateful``) LSTMs unrolled into plain ops; how many."""
-    import onnx
-    from onnx import helper, numpy_helper
+    lw = _LSTMLowering(model, only_stateful)
+    lowering = {id(n) for n in lw.todo}
+    count = 0
+    for k, n in enumerate(model.graph.node):
+        if id(n) not in lowering:
+            lw.new_nodes.append(n)
+            continue
+        lw.lower(n, n.name or f"LSTM_{k}")
+        count += 1
+    if count:
+        _replace_nodes(model.graph, lw.new_nodes, lw.new_inits)
+    return model, count
 
-    g = model.graph
-    inits = {i.name: i for i in g.initializer}
-    consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
 
-    def const(name: str) -> np.ndarray | None:
-        if name in inits:
-            return numpy_helper.to_array(inits[name])
-        if name in consts:
-            return numpy_helper.to_array(_attrs(consts[name])["value"])
+class _LSTMLowering:
+    """One graph's LSTMs being unrolled: its constants and static shapes, and the nodes and initializers that
+    replace them (each LSTM's under the prefix ``<name>/lowered``)."""
+
+    def __init__(self, model: Any, only_stateful: bool) -> None:
+        import onnx
+
+        g = model.graph
+        self.inits = {i.name: i for i in g.initializer}
+        self.consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
+            t = vi.type.tensor_type
+            if t.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in t.shape.dim):
+                self.shapes[vi.name] = tuple(int(d.dim_value) for d in t.shape.dim)
+        # weights computed from constants (a PyTorch export reorders its gates with Slice/Concat): evaluated once
+        self.todo = [n for n in g.node if n.op_type == "LSTM" and (needs_lowering(n) or not only_stateful)
+                     and lstm_lowerable(n) is None]
+        wanted = [i for n in self.todo for i in list(n.input)[1:4] if i and self.const(i) is None]
+        self.computed = _evaluate(model, wanted, self.shapes) if wanted else {}
+        self.producers = {o: n for n in g.node for o in n.output if o}
+        # shapes ONNX's inference gave up on upstream (the inputs, the states' sources): onnxruntime computes them,
+        # for every LSTM in one run, when they are static
+        unknown = [x for n in self.todo
+                   for x in [n.input[0], *(self.unsqueezed(n.input[i]) for i in (5, 6) if _given(n, i))]
+                   if x and x not in self.shapes]
+        if unknown:
+            self.shapes.update({k: tuple(v.shape)
+                                for k, v in _evaluate(model, unknown, self.shapes, shape_only=True).items()})
+        self.new_nodes: list[Any] = []
+        self.new_inits: list[Any] = []
+
+    def const(self, name: str) -> np.ndarray | None:
+        from onnx import numpy_helper
+
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        if name in self.consts:
+            return numpy_helper.to_array(_attrs(self.consts[name])["value"])
         return None
 
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
-        t = vi.type.tensor_type
-        if t.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in t.shape.dim):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in t.shape.dim)
-
-    # weights computed from constants (a PyTorch export reorders its gates with Slice/Concat): evaluated once
-    todo = [n for n in g.node if n.op_type == "LSTM" and (needs_lowering(n) or not only_stateful)
-            and lstm_lowerable(n) is None]
-    wanted = [i for n in todo for i in list(n.input)[1:4] if i and const(i) is None]
-    computed = _evaluate(model, wanted, shapes) if wanted else {}
-
-    producers = {o: n for n in g.node for o in n.output if o}
-
-    def unsqueezed(name: str) -> str | None:
+    def unsqueezed(self, name: str) -> str | None:
         """The input of the Unsqueeze(axis 0) that makes ``name``, or None."""
-        q = producers.get(name)
+        q = self.producers.get(name)
         if q is None or q.op_type != "Unsqueeze":
             return None
         axes = _attrs(q).get("axes")
         if axes is None and len(q.input) > 1:
-            axes = const(q.input[1])
+            axes = self.const(q.input[1])
         return q.input[0] if axes is not None and [int(a) for a in np.ravel(axes)] == [0] else None
 
-    # shapes ONNX's inference gave up on upstream (the inputs, the states' sources): onnxruntime computes them,
-    # for every LSTM in one run, when they are static
-    unknown = [x for n in todo for x in [n.input[0], *(unsqueezed(n.input[i]) for i in (5, 6) if _given(n, i))]
-               if x and x not in shapes]
-    shapes.update({k: tuple(v.shape) for k, v in _evaluate(model, unknown, shapes, shape_only=True).items()}
-                  if unknown else {})
+    def init(self, p: str, name: str, arr: np.ndarray) -> str:
+        from onnx import numpy_helper
 
-    lowering = {id(n) for n in todo}
-    new_nodes, new_inits, count = [], [], 0
-    for k, n in enumerate(g.node):
-        if id(n) not in lowering:
-            new_nodes.append(n)
-            continue
-        label = n.name or f"LSTM_{k}"
-        W, R = const(n.input[1]), const(n.input[2])
-        B = const(n.input[3]) if _given(n, 3) else None
-        W = W if W is not None else computed.get(n.input[1])
-        R = R if R is not None else computed.get(n.input[2])
-        B = B if B is not None or not _given(n, 3) else computed.get(n.input[3])
+        self.new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), f"{p}/{name}"))
+        return f"{p}/{name}"
+
+    def node(self, p: str, op: str, ins: list[str], name: str, **kw: Any) -> str:
+        from onnx import helper
+
+        out = f"{p}/{name}"
+        self.new_nodes.append(helper.make_node(op, ins, [out], name=out, **kw))
+        return out
+
+    def weights(self, n: Any, label: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(W, R, B): constants, or computed from constants; refused otherwise."""
+        W, R = self.const(n.input[1]), self.const(n.input[2])
+        B = self.const(n.input[3]) if _given(n, 3) else None
+        W = W if W is not None else self.computed.get(n.input[1])
+        R = R if R is not None else self.computed.get(n.input[2])
+        B = B if B is not None or not _given(n, 3) else self.computed.get(n.input[3])
         if W is None or R is None or (_given(n, 3) and B is None):
             raise ConversionError(f"node {label!r} (LSTM): its weights are computed, not constants; edgekit lowers "
                                   "an LSTM with constant W, R, B only")
-        xs = shapes.get(n.input[0])
+        return W, R, B
+
+    def steps_batch(self, n: Any, label: str) -> tuple[int, int]:
+        xs = self.shapes.get(n.input[0])
         if xs is None or len(xs) != 3:
             raise ConversionError(f"node {label!r} (LSTM): its input's shape is not static here, so its steps "
                                   "cannot be unrolled", hint="pass --input-shape for every dynamic input")
         steps, batch, _ = xs
         if steps > MAX_STEPS:
             raise ConversionError(f"node {label!r} (LSTM): {steps} steps; edgekit unrolls at most {MAX_STEPS}")
+        return steps, batch
+
+    def state_2d(self, p: str, name: str, batch: int, hidden: int, tag: str, bh: str) -> str:
+        """The [B, H] state: an Unsqueeze(axis 0) of a [B, H] tensor is skipped (onnx2tf reads the rank-3
+        tensor as NCW and slices Silero VAD's state along the wrong axis), else a Reshape."""
+        src = self.unsqueezed(name)
+        if src is not None and self.shapes.get(src) == (batch, hidden):
+            return src
+        return self.node(p, "Reshape", [name, bh], tag)
+
+    def lower(self, n: Any, label: str) -> None:
+        """One LSTM unrolled: its steps, each a cell of plain ops, then its outputs."""
+        W, R, B = self.weights(n, label)
+        steps, batch = self.steps_batch(n, label)
         H = int(_attrs(n)["hidden_size"]) if "hidden_size" in _attrs(n) else int(R.shape[-1])
         reverse = (_attrs(n).get("direction", b"forward") in (b"reverse", "reverse"))
         p = f"{label}/lowered"
         bias = (B[0][:4 * H] + B[0][4 * H:]) if B is not None else np.zeros(4 * H, W.dtype)
-
-        # this LSTM's helpers, its prefix bound now (they are called in this iteration only)
-        def init(name: str, arr: np.ndarray, p: str = p) -> str:
-            new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), f"{p}/{name}"))
-            return f"{p}/{name}"
-
-        def node(op: str, ins: list[str], name: str, p: str = p, **kw: Any) -> str:
-            out = f"{p}/{name}"
-            new_nodes.append(helper.make_node(op, ins, [out], name=out, **kw))
-            return out
-
-        wt, rt, bb = init("Wt", W[0].T.astype(W.dtype)), init("Rt", R[0].T.astype(R.dtype)), init("B", bias)
-        bh = init("shape_bh", np.array([batch, H], np.int64))
-
-        def _state_2d(name: str, batch: int, hidden: int, tag: str, bh: str = bh) -> str:
-            """The [B, H] state: an Unsqueeze(axis 0) of a [B, H] tensor is skipped (onnx2tf reads the rank-3
-            tensor as NCW and slices Silero VAD's state along the wrong axis), else a Reshape."""
-            src = unsqueezed(name)
-            if src is not None and shapes.get(src) == (batch, hidden):
-                return src
-            return node("Reshape", [name, bh], tag)
-
-        bi = init("shape_bi", np.array([batch, -1], np.int64))
-        one = init("shape_1bh", np.array([1, batch, H], np.int64))
-        ax0, ax1 = init("axis0", np.array([0], np.int64)), init("axis1", np.array([1], np.int64))
-        gate = [init(f"g{j}", np.array([j * H], np.int64)) for j in range(5)]
+        cell = _Cell(self.init(p, "Wt", W[0].T.astype(W.dtype)), self.init(p, "Rt", R[0].T.astype(R.dtype)),
+                     self.init(p, "B", bias), [], "")
+        bh = self.init(p, "shape_bh", np.array([batch, H], np.int64))
+        bi = self.init(p, "shape_bi", np.array([batch, -1], np.int64))
+        one = self.init(p, "shape_1bh", np.array([1, batch, H], np.int64))
+        ax0, cell.ax1 = self.init(p, "axis0", np.array([0], np.int64)), self.init(p, "axis1", np.array([1], np.int64))
+        cell.gate = [self.init(p, f"g{j}", np.array([j * H], np.int64)) for j in range(5)]
         zeros = ""  # read only where a state is not given, and then set here
         if not (_given(n, 5) and _given(n, 6)):
-            zeros = init("zeros", np.zeros((batch, H), W.dtype))
-        h = _state_2d(n.input[5], batch, H, "h_init") if _given(n, 5) else zeros
-        c = _state_2d(n.input[6], batch, H, "c_init") if _given(n, 6) else zeros
+            zeros = self.init(p, "zeros", np.zeros((batch, H), W.dtype))
+        h = self.state_2d(p, n.input[5], batch, H, "h_init", bh) if _given(n, 5) else zeros
+        c = self.state_2d(p, n.input[6], batch, H, "c_init", bh) if _given(n, 6) else zeros
         order = range(steps - 1, -1, -1) if reverse else range(steps)
-        x_rows = node("Reshape", [n.input[0], init("shape_rows", np.array([steps, -1], np.int64))], "x_rows") \
-            if steps > 1 else ""
+        x_rows = self.node(p, "Reshape", [n.input[0], self.init(p, "shape_rows", np.array([steps, -1], np.int64))],
+                           "x_rows") if steps > 1 else ""
         ys: dict[int, str] = {}
         for t in order:
             if steps == 1:
-                xt = node("Reshape", [n.input[0], bi], f"x{t}")
+                xt = self.node(p, "Reshape", [n.input[0], bi], f"x{t}")
             else:  # rows of a rank-2 [S, B*I]: onnx2tf moves a rank-3 tensor's axes (NCW -> NWC) under a Slice
-                s0, s1 = init(f"t{t}", np.array([t], np.int64)), init(f"t{t}e", np.array([t + 1], np.int64))
-                xt = node("Reshape", [node("Slice", [x_rows, s0, s1, ax0], f"x{t}_slice"), bi], f"x{t}")
-            # h's product first: onnx-simplifier fuses MatMul + Add into a Gemm at the MatMul's place, which must
-            # then come after the Add's other input
-            gh = node("MatMul", [h, rt], f"gh{t}")
-            gx = node("MatMul", [xt, wt], f"gx{t}")
-            gs = node("Add", [node("Add", [gx, gh], f"gxh{t}"), bb], f"gates{t}")
-            part = [node("Slice", [gs, gate[j], gate[j + 1], ax1], f"gate{t}_{j}") for j in range(4)]
-            i_, o_, f_ = (node("Sigmoid", [part[j]], f"{nm}{t}") for j, nm in ((0, "i"), (1, "o"), (2, "f")))
-            cc = node("Tanh", [part[3]], f"cc{t}")
-            c = node("Add", [node("Mul", [f_, c], f"fc{t}"), node("Mul", [i_, cc], f"ic{t}")], f"c{t}")
-            h = node("Mul", [o_, node("Tanh", [c], f"tc{t}")], f"h{t}")
+                s0 = self.init(p, f"t{t}", np.array([t], np.int64))
+                s1 = self.init(p, f"t{t}e", np.array([t + 1], np.int64))
+                xt = self.node(p, "Reshape", [self.node(p, "Slice", [x_rows, s0, s1, ax0], f"x{t}_slice"), bi],
+                               f"x{t}")
+            h, c = self.step(p, t, xt, h, c, cell)
             ys[t] = h
+        self.outputs(n, p, ys, (h, c), (steps, batch, H), one)
+
+    def step(self, p: str, t: int, xt: str, h: str, c: str, cell: _Cell) -> tuple[str, str]:
+        """One LSTM cell at step ``t``: (h, c) after it."""
+        node = self.node
+        # h's product first: onnx-simplifier fuses MatMul + Add into a Gemm at the MatMul's place, which must
+        # then come after the Add's other input
+        gh = node(p, "MatMul", [h, cell.rt], f"gh{t}")
+        gx = node(p, "MatMul", [xt, cell.wt], f"gx{t}")
+        gs = node(p, "Add", [node(p, "Add", [gx, gh], f"gxh{t}"), cell.bb], f"gates{t}")
+        part = [node(p, "Slice", [gs, cell.gate[j], cell.gate[j + 1], cell.ax1], f"gate{t}_{j}") for j in range(4)]
+        i_, o_, f_ = (node(p, "Sigmoid", [part[j]], f"{nm}{t}") for j, nm in ((0, "i"), (1, "o"), (2, "f")))
+        cc = node(p, "Tanh", [part[3]], f"cc{t}")
+        c = node(p, "Add", [node(p, "Mul", [f_, c], f"fc{t}"), node(p, "Mul", [i_, cc], f"ic{t}")], f"c{t}")
+        h = node(p, "Mul", [o_, node(p, "Tanh", [c], f"tc{t}")], f"h{t}")
+        return h, c
+
+    def outputs(self, n: Any, p: str, ys: dict[int, str], hc: tuple[str, str], sizes: tuple[int, int, int],
+                one: str) -> None:
+        """The LSTM's outputs (Y, Y_h, Y_c), each produced under its own name."""
+        from onnx import helper
+
+        (h, c), (steps, batch, H) = hc, sizes
         outs = list(n.output) + [""] * (3 - len(n.output))
         if outs[0]:  # [S, B*H] rows, then one Reshape: onnx2tf reads a rank-4 Concat's axis as NHWC and moves it
-            flat = init("shape_1x", np.array([1, batch * H], np.int64))
-            parts = [node("Reshape", [ys[t], flat], f"y{t}") for t in range(steps)]
-            rows = node("Concat", parts, "Y_rows", axis=0)
-            new_nodes.append(helper.make_node("Reshape", [rows, init("shape_Y", np.array([steps, 1, batch, H],
-                                                                                          np.int64))],
-                                              [outs[0]], name=f"{p}/Y"))
+            flat = self.init(p, "shape_1x", np.array([1, batch * H], np.int64))
+            parts = [self.node(p, "Reshape", [ys[t], flat], f"y{t}") for t in range(steps)]
+            rows = self.node(p, "Concat", parts, "Y_rows", axis=0)
+            self.new_nodes.append(helper.make_node(
+                "Reshape", [rows, self.init(p, "shape_Y", np.array([steps, 1, batch, H], np.int64))], [outs[0]],
+                name=f"{p}/Y"))
         if outs[1]:
-            new_nodes.append(helper.make_node("Reshape", [h, one], [outs[1]], name=f"{p}/Y_h"))
+            self.new_nodes.append(helper.make_node("Reshape", [h, one], [outs[1]], name=f"{p}/Y_h"))
         if outs[2]:
-            new_nodes.append(helper.make_node("Reshape", [c, one], [outs[2]], name=f"{p}/Y_c"))
-        count += 1
-    if count:
-        _replace_nodes(g, new_nodes, new_inits)
-    return model, count
+            self.new_nodes.append(helper.make_node("Reshape", [c, one], [outs[2]], name=f"{p}/Y_c"))
+
+
+@dataclass
+class _Cell:
+    """One LSTM's weights and gate constants, as the unrolled cells read them."""
+
+    wt: str
+    rt: str
+    bb: str
+    gate: list[str]
+    ax1: str
 
 
 def squeeze_to_reshape(model: Any) -> tuple[Any, int]:
