@@ -24,7 +24,6 @@ NOT_YET: set[str] = {
     "toolchains/tflite_driver.py:main",
     "toolchains/torch_onnx_driver.py:run",
     "verify/inputs.py:read_samples",
-    "verify/refpairs.py:load_reference_pairs",
 }
 
 

@@ -140,6 +140,30 @@ def _fits(got: tuple[int, ...], want: Sequence[Any]) -> bool:
     return len(got) == len(want) and all(not isinstance(d, int) or d <= 0 or g == d for g, d in zip(got, want))
 
 
+def _member_names(path: Path, refuse: Any) -> list[str]:
+    """The npz's member names, from the zip directory: names, count and sizes checked before numpy reads a byte of
+    data (``refuse(problem)`` makes the error)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+            if len(members) > _MAX_MEMBERS:
+                raise refuse(f"{len(members)} members")
+            names = [m.filename for m in members]
+            odd = [n for n in names if not _KEY.fullmatch(n)]
+            if odd:
+                raise refuse("unexpected member(s) " + ", ".join(repr(n[:60]) for n in odd[:5]))
+            if len(set(names)) != len(names):
+                raise refuse("a member is in the archive twice")
+            unpacked = sum(m.file_size for m in members)
+            if unpacked > 4 * MAX_FILE_BYTES:
+                raise refuse(f"unpacks to {unpacked:,} bytes")
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything a crafted archive makes zipfile raise
+        raise refuse(f"not an npz archive ({type(e).__name__}: {str(e)[:120]})") from None
+    return names
+
+
 def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: Any) -> ReferencePairs:
     """The pairs ``entry`` (the manifest's ``reference_pairs``) names in the bundle at ``bundle_path``,
     each array checked against ``io`` (an ``edge.spec.IOSpec``): the same input and output names,
@@ -167,24 +191,7 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
     in_specs, out_specs = list(io.inputs), list(io.outputs)
     expected = {f"{_NAMES}.npy"} | {f"{p}{s}_{k}.npy" for s in range(count)
                                     for p, specs in (("i", in_specs), ("o", out_specs)) for k in range(len(specs))}
-    try:  # the zip directory first: member names, count and sizes before numpy reads a byte of data
-        with zipfile.ZipFile(path) as z:
-            members = z.infolist()
-            if len(members) > _MAX_MEMBERS:
-                raise refuse(f"{len(members)} members")
-            names = [m.filename for m in members]
-            odd = [n for n in names if not _KEY.fullmatch(n)]
-            if odd:
-                raise refuse("unexpected member(s) " + ", ".join(repr(n[:60]) for n in odd[:5]))
-            if len(set(names)) != len(names):
-                raise refuse("a member is in the archive twice")
-            unpacked = sum(m.file_size for m in members)
-            if unpacked > 4 * MAX_FILE_BYTES:
-                raise refuse(f"unpacks to {unpacked:,} bytes")
-    except BundleError:
-        raise
-    except Exception as e:  # noqa: BLE001 - anything a crafted archive makes zipfile raise
-        raise refuse(f"not an npz archive ({type(e).__name__}: {str(e)[:120]})") from None
+    names = _member_names(path, refuse)
     problems = [f"missing {n[:-4]}" for n in sorted(expected - set(names))]
     problems += [f"unexpected {n[:-4]} (the manifest says {count} samples of {len(in_specs)} inputs and "
                  f"{len(out_specs)} outputs)" for n in sorted(set(names) - expected)]
