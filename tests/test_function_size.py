@@ -23,7 +23,6 @@ NOT_YET: set[str] = {
     "toolchains/tflite_driver.py:map_io",
     "toolchains/tflite_driver.py:main",
     "toolchains/torch_onnx_driver.py:run",
-    "verify/inputs.py:read_samples",
 }
 
 

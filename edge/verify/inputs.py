@@ -354,87 +354,15 @@ def read_samples(source: str | os.PathLike[str], io: IOSpec, pre: PreprocessSpec
     (one sequence of whitespace-separated token ids a line, for an integer input). Inputs a file does not
     feed (a sample rate, a recurrent state) get :func:`generated_samples`' values. Every bad file is
     reported at once."""
-    d = Path(source)
-    if d.is_file():
-        files, where = [d], d
-    elif d.is_dir():
-        files, where = sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in DATA_SUFFIXES), d
-    else:
-        raise CalibrationError(f"{what} directory {d} does not exist",
-                               hint="pass a directory of .npy/.npz tensors, images, .wav or .txt files"
-                                    + (", or --calib random" if what == "calibration" else ""))
-    if not files:
-        raise CalibrationError(f"{what} directory {d} holds no .npy, .npz or image files (nor .wav, .txt)")
-    kinds = {("tensors" if f.suffix.lower() in TENSOR_SUFFIXES else "images" if f.suffix.lower() in IMAGE_SUFFIXES
-              else "audio" if f.suffix.lower() in AUDIO_SUFFIXES else "text" if f.suffix.lower() in TEXT_SUFFIXES
-              else "?") for f in files}
-    if "?" in kinds:
-        raise CalibrationError(f"{what} file {d.name}: not .npy, .npz, an image, .wav or .txt")
-    if len(kinds) > 1:
-        if kinds == {"images", "tensors"}:
-            raise CalibrationError(f"{what} directory {d} mixes images and tensors; use one kind")
-        raise CalibrationError(f"{what} directory {d} mixes {', '.join(sorted(kinds))}; use one kind")
-    kind = kinds.pop()
+    files, where, kind = _data_files(Path(source), what)
     problems: list[str] = []
     samples: list[dict[str, np.ndarray]] = []
     if kind == "images":
-        if pre is None:
-            raise CalibrationError(f"{what} images in {where}, but the model has no image input to pre-process "
-                                   f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
-                                   hint="give .npy/.npz tensors instead")
-        others = [t for t in io.inputs if t.name != pre.input]
-        if others and what == "calibration" and any(_kind(t, io, pre) == "standard normal" for t in others):
-            raise CalibrationError(f"calibration images in {where}, but the model has {len(io.inputs)} inputs",
-                                   hint="give one .npz per sample with an array per input name")
-        prep = Preprocessor(pre)
-        for f in files[:limit]:
-            try:
-                samples.append({pre.input: prep(read_image(f))[0]})
-            except EdgeError as e:
-                problems.append(e.message)
+        samples = _image_samples(files[:limit], io, pre, f"{what} images in {where}", problems)
     elif kind == "audio":
-        target = next(((t, n) for t in io.inputs if (n := _audio_length(t, io))), None)
-        if target is None:
-            raise CalibrationError(f"{what} audio in {where}, but no input looks like audio "
-                                   f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
-                                   hint="an audio input is float [1, L] with a sample-rate input beside it, or "
-                                        "named audio/wav/pcm/speech/waveform; or give .npy/.npz tensors")
-        t, n = target
-        for f in files:
-            try:
-                wave_ = read_wav(f, SAMPLE_RATE)
-            except CalibrationError as e:
-                problems.append(e.message)
-                continue
-            for start in range(0, max(1, len(wave_) - n + 1), n):
-                chunk = np.zeros(n, np.float32)
-                piece = wave_[start:start + n]
-                chunk[:len(piece)] = piece
-                samples.append({t.name: chunk.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
-                if len(samples) >= limit:
-                    break
+        samples = _audio_samples(files, io, f"{what} audio in {where}", limit, problems)
     elif kind == "text":
-        ints = [t for t in io.inputs if not np.issubdtype(np.dtype(t.dtype), np.floating)
-                and _kind(t, io, pre).startswith("token ids")]
-        if len(ints) != 1:
-            raise CalibrationError(f"{what} text in {where}: one token-id input is needed, the model has "
-                                   f"{', '.join(t.describe() for t in io.inputs)}",
-                                   hint="each .txt line is a sequence of token ids for the model's id input; "
-                                        "or give .npz tensors")
-        t = ints[0]
-        length = int(t.shape[-1])
-        for f in files:
-            for i, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    ids = [int(x) for x in line.replace(",", " ").split()]
-                except ValueError:
-                    problems.append(f"{f.name}:{i}: not whitespace-separated token ids")
-                    continue
-                row = np.zeros(length, np.int64)
-                row[:min(length, len(ids))] = ids[:length]
-                samples.append({t.name: row.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
+        samples = _text_samples(files, io, pre, f"{what} text in {where}", problems)
     else:
         for f in files:
             if len(samples) >= limit:
@@ -453,6 +381,107 @@ def read_samples(source: str | os.PathLike[str], io: IOSpec, pre: PreprocessSpec
             for t in missing:
                 s[t.name] = _value(t, _kind(t, io, pre), rng)
     return samples, kind
+
+
+def _data_files(d: Path, what: str) -> tuple[list[Path], Path, str]:
+    """(the data files, where they are, their one kind: tensors, images, audio or text); refused when there are
+    none, or of several kinds."""
+    if d.is_file():
+        files = [d]
+    elif d.is_dir():
+        files = sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+    else:
+        raise CalibrationError(f"{what} directory {d} does not exist",
+                               hint="pass a directory of .npy/.npz tensors, images, .wav or .txt files"
+                                    + (", or --calib random" if what == "calibration" else ""))
+    if not files:
+        raise CalibrationError(f"{what} directory {d} holds no .npy, .npz or image files (nor .wav, .txt)")
+    kinds = {("tensors" if f.suffix.lower() in TENSOR_SUFFIXES else "images" if f.suffix.lower() in IMAGE_SUFFIXES
+              else "audio" if f.suffix.lower() in AUDIO_SUFFIXES else "text" if f.suffix.lower() in TEXT_SUFFIXES
+              else "?") for f in files}
+    if "?" in kinds:
+        raise CalibrationError(f"{what} file {d.name}: not .npy, .npz, an image, .wav or .txt")
+    if len(kinds) > 1:
+        if kinds == {"images", "tensors"}:
+            raise CalibrationError(f"{what} directory {d} mixes images and tensors; use one kind")
+        raise CalibrationError(f"{what} directory {d} mixes {', '.join(sorted(kinds))}; use one kind")
+    return files, d, kinds.pop()
+
+
+def _image_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str,
+                   problems: list[str]) -> list[dict[str, np.ndarray]]:
+    """Each image through ``pre`` into the image input (``label``: "calibration images in DIR")."""
+    if pre is None:
+        raise CalibrationError(f"{label}, but the model has no image input to pre-process "
+                               f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
+                               hint="give .npy/.npz tensors instead")
+    others = [t for t in io.inputs if t.name != pre.input]
+    if others and label.startswith("calibration ") and any(_kind(t, io, pre) == "standard normal" for t in others):
+        raise CalibrationError(f"{label}, but the model has {len(io.inputs)} inputs",
+                               hint="give one .npz per sample with an array per input name")
+    prep = Preprocessor(pre)
+    samples: list[dict[str, np.ndarray]] = []
+    for f in files:
+        try:
+            samples.append({pre.input: prep(read_image(f))[0]})
+        except EdgeError as e:
+            problems.append(e.message)
+    return samples
+
+
+def _audio_samples(files: list[Path], io: IOSpec, label: str, limit: int,
+                   problems: list[str]) -> list[dict[str, np.ndarray]]:
+    """Windows of each .wav at the audio input's length (the last one zero-padded)."""
+    target = next(((t, n) for t in io.inputs if (n := _audio_length(t, io))), None)
+    if target is None:
+        raise CalibrationError(f"{label}, but no input looks like audio "
+                               f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
+                               hint="an audio input is float [1, L] with a sample-rate input beside it, or "
+                                    "named audio/wav/pcm/speech/waveform; or give .npy/.npz tensors")
+    t, n = target
+    samples: list[dict[str, np.ndarray]] = []
+    for f in files:
+        try:
+            wave_ = read_wav(f, SAMPLE_RATE)
+        except CalibrationError as e:
+            problems.append(e.message)
+            continue
+        for start in range(0, max(1, len(wave_) - n + 1), n):
+            chunk = np.zeros(n, np.float32)
+            piece = wave_[start:start + n]
+            chunk[:len(piece)] = piece
+            samples.append({t.name: chunk.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
+            if len(samples) >= limit:
+                break
+    return samples
+
+
+def _text_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str,
+                  problems: list[str]) -> list[dict[str, np.ndarray]]:
+    """One sample per non-empty line of token ids, into the one token-id input (cut or zero-padded)."""
+    ints = [t for t in io.inputs if not np.issubdtype(np.dtype(t.dtype), np.floating)
+            and _kind(t, io, pre).startswith("token ids")]
+    if len(ints) != 1:
+        raise CalibrationError(f"{label}: one token-id input is needed, the model has "
+                               f"{', '.join(t.describe() for t in io.inputs)}",
+                               hint="each .txt line is a sequence of token ids for the model's id input; "
+                                    "or give .npz tensors")
+    t = ints[0]
+    length = int(t.shape[-1])
+    samples: list[dict[str, np.ndarray]] = []
+    for f in files:
+        for i, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                ids = [int(x) for x in line.replace(",", " ").split()]
+            except ValueError:
+                problems.append(f"{f.name}:{i}: not whitespace-separated token ids")
+                continue
+            row = np.zeros(length, np.int64)
+            row[:min(length, len(ids))] = ids[:length]
+            samples.append({t.name: row.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
+    return samples
 
 
 def read_wav(path: Path, rate: int) -> np.ndarray:
