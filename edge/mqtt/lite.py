@@ -217,7 +217,7 @@ class PacketReader:
             self._rest = b""
         n = len(data)
         p = 0
-        mqtt5, on_publish, topics = self.mqtt5, self.on_publish, self._topics
+        on_publish = self.on_publish
         while p < n and not self.stopped:
             # fixed header: type and flags, then the remaining length (1 to 4 bytes)
             b0 = data[p]
@@ -256,45 +256,7 @@ class PacketReader:
                 return
             kind = b0 >> 4
             if kind == PUBLISH:
-                qos = (b0 >> 1) & 3
-                if qos > 1:
-                    raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
-                                    "PUBLISH with QoS bits 3")
-                if q + 2 > end:
-                    raise Malformed("PUBLISH too short for its topic length")
-                t = q + 2 + ((data[q] << 8) | data[q + 1])
-                if t > end:
-                    raise Malformed("PUBLISH topic runs past the packet")
-                raw = data[q + 2:t]
-                topic = topics.get(raw)
-                if topic is None:
-                    if not raw:
-                        raise Malformed("PUBLISH with an empty topic (topic aliases were not allowed)")
-                    try:
-                        topic = raw.decode("utf-8")
-                    except UnicodeDecodeError:
-                        topic = NOT_UTF8  # the collector counts and acknowledges it, as with paho
-                    if len(topics) >= 100_000:
-                        topics.clear()
-                    topics[raw] = topic
-                mid = 0
-                if qos:
-                    if t + 2 > end:
-                        raise Malformed("PUBLISH too short for its packet id")
-                    mid = (data[t] << 8) | data[t + 1]
-                    if not mid:
-                        raise Malformed("PUBLISH with packet id 0")
-                    t += 2
-                if mqtt5:  # properties: skipped by their length
-                    b = data[t] if t < end else 0x80
-                    if b < 0x80:
-                        t += 1 + b
-                    else:
-                        plen, t = _read_varint(data, t, end)
-                        t += plen
-                    if t > end:
-                        raise Malformed("PUBLISH properties run past the packet")
-                on_publish(topic, data[t:end], mid, qos)
+                self._publish(data, b0, q, end, on_publish)
             else:
                 want = _FLAGS.get(kind)
                 if want is None:
@@ -306,6 +268,49 @@ class PacketReader:
             p = end
         if p < n:
             self._rest = data[p:]
+
+    def _publish(self, data: bytes, b0: int, q: int, end: int, on_publish: Any) -> None:
+        """One PUBLISH (its variable header from ``q``, the packet ending at ``end``) handed to ``on_publish``."""
+        qos = (b0 >> 1) & 3
+        if qos > 1:
+            raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
+                            "PUBLISH with QoS bits 3")
+        if q + 2 > end:
+            raise Malformed("PUBLISH too short for its topic length")
+        t = q + 2 + ((data[q] << 8) | data[q + 1])
+        if t > end:
+            raise Malformed("PUBLISH topic runs past the packet")
+        raw = data[q + 2:t]
+        topics = self._topics
+        topic = topics.get(raw)
+        if topic is None:
+            if not raw:
+                raise Malformed("PUBLISH with an empty topic (topic aliases were not allowed)")
+            try:
+                topic = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                topic = NOT_UTF8  # the collector counts and acknowledges it, as with paho
+            if len(topics) >= 100_000:
+                topics.clear()
+            topics[raw] = topic
+        mid = 0
+        if qos:
+            if t + 2 > end:
+                raise Malformed("PUBLISH too short for its packet id")
+            mid = (data[t] << 8) | data[t + 1]
+            if not mid:
+                raise Malformed("PUBLISH with packet id 0")
+            t += 2
+        if self.mqtt5:  # properties: skipped by their length
+            b = data[t] if t < end else 0x80
+            if b < 0x80:
+                t += 1 + b
+            else:
+                plen, t = _read_varint(data, t, end)
+                t += plen
+            if t > end:
+                raise Malformed("PUBLISH properties run past the packet")
+        on_publish(topic, data[t:end], mid, qos)
 
 
 class LiteClient:
