@@ -257,6 +257,50 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+@dataclass(frozen=True)
+class _Pip:
+    """Where an install's commands log, who sees pip's lines, their environment, and the step lines' reader."""
+
+    log: Any
+    on_output: Output | None
+    env: dict[str, str]
+    say: Output
+
+
+def _pip_install(spec: Any, py: str, reference: bool, pip: _Pip) -> None:
+    """The pinned requirements into the venv, constrained by the reference lock where this is its platform."""
+    with tempfile.TemporaryDirectory(prefix="edgekit-toolchain-") as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
+        cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off", "-r", str(req)]
+        if reference:
+            lock = Path(tmp) / "constraints.txt"
+            lock.write_text("\n".join(lock_lines(spec.lock_text.splitlines())) + "\n", encoding="utf-8")
+            cmd += ["-c", str(lock)]
+            pip.say(f"installing {len(spec.requirements)} pinned requirements with the reference lock "
+                    f"({spec.lock_platform}) as constraints")
+        else:
+            pip.say(f"installing {len(spec.requirements)} pinned requirements (no reference lock for "
+                    f"{this_platform()}; the reference is {spec.lock_platform}): the lock hash records "
+                    "what was resolved")
+        _run(cmd, pip.log, pip.on_output, env=pip.env)
+
+
+def _check_installed(spec: Any, venv: Path, py: str, pip: _Pip) -> list[str]:
+    """pip check, the imports and programs the toolchain promises; what pip freeze lists."""
+    pip.say("checking the installed set (pip check)")
+    _run([py, "-m", "pip", "check"], pip.log, None, env=pip.env)
+    pip.say(f"checking imports: {', '.join(spec.imports)}")
+    probe = ("import importlib, json, sys\n"
+             f"mods = {list(spec.imports)!r}\n"
+             "for m in mods: importlib.import_module(m)\n")
+    _run([py, "-c", probe], pip.log, None, env={**pip.env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    missing = [p for p in spec.programs if not (_venv_bin(venv) / p).exists()]
+    if missing:
+        raise EdgeError(f"toolchain {spec.name!r}: {', '.join(missing)} missing from {_venv_bin(venv)}")
+    return _run([py, "-m", "pip", "freeze", "--all"], pip.log, None, env=pip.env).splitlines()
+
+
 def install(name: str, *, force: bool = False, on_step: Output | None = None, on_output: Output | None = None,
             use_reference_lock: bool | None = None) -> ToolchainStatus:
     """Create (or, with ``force``, recreate) the toolchain environment ``name``. Explicit user action only.
@@ -297,32 +341,8 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
                 raise EdgeError(f"could not create a virtual environment: {e.message}",
                                 hint="on Debian/Ubuntu: apt-get install python3-venv") from None
             py = str(_venv_python(venv))
-            with tempfile.TemporaryDirectory(prefix="edgekit-toolchain-") as tmp:
-                req = Path(tmp) / "requirements.txt"
-                req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
-                cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off", "-r", str(req)]
-                if reference:
-                    lock = Path(tmp) / "constraints.txt"
-                    lock.write_text("\n".join(lock_lines(spec.lock_text.splitlines())) + "\n", encoding="utf-8")
-                    cmd += ["-c", str(lock)]
-                    say(f"installing {len(spec.requirements)} pinned requirements with the reference lock "
-                        f"({spec.lock_platform}) as constraints")
-                else:
-                    say(f"installing {len(spec.requirements)} pinned requirements (no reference lock for "
-                        f"{this_platform()}; the reference is {spec.lock_platform}): the lock hash records "
-                        "what was resolved")
-                _run(cmd, log, on_output, env=env)
-            say("checking the installed set (pip check)")
-            _run([py, "-m", "pip", "check"], log, None, env=env)
-            say(f"checking imports: {', '.join(spec.imports)}")
-            probe = ("import importlib, json, sys\n"
-                     f"mods = {list(spec.imports)!r}\n"
-                     "for m in mods: importlib.import_module(m)\n")
-            _run([py, "-c", probe], log, None, env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
-            missing = [p for p in spec.programs if not (_venv_bin(venv) / p).exists()]
-            if missing:
-                raise EdgeError(f"toolchain {spec.name!r}: {', '.join(missing)} missing from {_venv_bin(venv)}")
-            freeze = _run([py, "-m", "pip", "freeze", "--all"], log, None, env=env).splitlines()
+            _pip_install(spec, py, reference, _Pip(log, on_output, env, say))
+            freeze = _check_installed(spec, venv, py, _Pip(log, None, env, say))
     except BaseException:
         say(f"install failed; the unfinished environment stays at {d} (log: {d / 'install.log'}) and is "
             "removed by the next install")
