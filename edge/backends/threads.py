@@ -33,11 +33,12 @@ from typing import Any, Mapping
 from edge.errors import EdgeError
 
 #: CPU one pipeline stage beside inference is given, in cores; ``edge.video`` reserves it per stage (decode,
-#: pre- and post-processing: 0.45 in all). Measured (CPU time a frame, AMD EPYC): a synthetic 640x480 frame
-#: 0.03 ms, its letterbox to 320x320 0.21 ms, YOLOv8 NMS 0.07 ms; a camera's or a file's H.264 decode takes a
-#: few ms. 0.15 core is a decoding stage's share at 60 fps; it only moves the rounding of the thread count.
-PIPELINE_STAGE_CPUS = 0.15
-#: below this many cores busy elsewhere (and reserved), the CPUs count as not shared
+#: pre- and post-processing: 0.15 in all). Measured (CPU time a frame, AMD EPYC): a synthetic 640x480 frame
+#: 0.03 ms, its letterbox to 320x320 0.21 ms, YOLOv8 NMS 0.07 ms: 0.04 core for all three at 120 fps; an H.264
+#: decode of a few ms is 0.1-0.2 core at 60 fps. It only moves the rounding of the thread count: 0.15 core per
+#: stage (0.45) left 2 CPUs with 0.2 core of background load one thread, and YOLOv8n-320 then missed 120 fps.
+PIPELINE_STAGE_CPUS = 0.05
+#: below this many cores busy elsewhere (and nothing reserved), the CPUs count as not shared
 SHARED_THRESHOLD = 0.25
 SAMPLE_S = 0.1  # the /proc/stat window: 10 scheduler ticks at USER_HZ 100
 _CACHE_S = 2.0  # runners opened together (workers, a parity run) share one sample
@@ -176,7 +177,7 @@ def plan_threads(threads: int | None, spinning: bool | None, *, reserve: float =
     switch (OpenVINO, LiteRT), and the plan says so."""
     load = load or current_load()
     others = load.others
-    shared = others + reserve >= SHARED_THRESHOLD
+    shared = reserve > 0 or others >= SHARED_THRESHOLD  # the caller's own stages, or other processes
     free = load.cpus - others - reserve
     auto = max(1, min(load.cpus, int(free + 0.5)))
     parts = [f"{load.cpus} CPU(s) for this process", f"{others:.2f} busy elsewhere ({load.method})"]

@@ -22,6 +22,7 @@ def load(cpus: int, others: float) -> CpuLoad:
     (2, 0.0, 3 * PIPELINE_STAGE_CPUS, 2, True),    # idle, the video pipeline's three stages beside it
     (2, 1.0, 3 * PIPELINE_STAGE_CPUS, 1, True),    # one core busy and the pipeline: still one thread
     (2, 2.0, 0.0, 1, True),                        # all busy: at least one
+    (2, 0.2, 3 * PIPELINE_STAGE_CPUS, 2, True),    # a little background load beside the pipeline: still both
     (8, 2.6, 0.45, 5, True),
     (4, 0.1, 0.0, 4, False),                       # a little noise is not a busy core
 ])

@@ -96,12 +96,12 @@ def test_pipeline_sequential_and_parallel_workers_give_the_same_results(det_bund
         results[name] = [{k: v for k, v in x.items() if k != "latency_ms"} for x in _lines(out)]
         policy = r.runner["details"]["threads_policy"]
         if workers == 1:  # the runner's own policy: the sequential loop reserves nothing, the pipeline its 3 stages
-            assert policy["threads_from"] == "policy" and policy["reserve"] == (0.0 if name == "seq" else 0.45)
+            assert policy["threads_from"] == "policy" and policy["reserve"] == (0.0 if name == "seq" else 0.15)
     assert results["seq"] == results["pipe"] == results["pipe2"]
     # two workers share the cores the thread policy leaves beside the pipeline's stages (edge.backends.threads)
     assert 1 <= r.runner["threads"] <= max(1, (os.cpu_count() or 1) // 2)
     assert r.runner["details"]["threads_policy"]["threads_from"] == "option"  # set for the workers by edge.video
-    assert r.runner["details"]["threads_policy"]["reserve"] == 0.45  # decode, pre and post: 0.15 core each
+    assert r.runner["details"]["threads_policy"]["reserve"] == 0.15  # decode, pre and post: 0.05 core each
 
 
 def test_classifier_on_an_image_directory(cls_bundle: Bundle, tmp_path: Path) -> None:
