@@ -19,7 +19,6 @@ MAX_PARAMS = 10
 NOT_YET: set[str] = {
     "toolchains/tflite_driver.py:map_io",
     "toolchains/tflite_driver.py:main",
-    "toolchains/torch_onnx_driver.py:run",
 }
 
 

@@ -82,6 +82,58 @@ def io_problems(want: list[dict[str, Any]], got: list[dict[str, Any]], what: str
     return problems
 
 
+def _reference(module: Any, samples: Any, names: list[str], work: Path) -> tuple[list[str], Path, list[dict[str, Any]]]:
+    """The PyTorch model on every parity sample: (its output names, the npz of its outputs, their specs)."""
+    import numpy as np
+    import torch
+
+    n = samples[names[0]].shape[0]
+    outs: list[list[Any]] = []
+    for i in range(n):
+        y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
+        y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
+        if not y or not all(isinstance(v, torch.Tensor) for v in y):
+            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
+                            + (", ".join(type(v).__name__ for v in y) or "nothing"))
+        # bfloat16 has no numpy dtype; every other dtype is kept: it is the exported graph's output dtype
+        outs.append([(v.float() if v.dtype == torch.bfloat16 else v).detach().numpy() for v in y])
+    out_names = [f"output_{j}" for j in range(len(outs[0]))]
+    reference = work / "reference_outputs.npz"
+    arrays: dict[str, Any] = {k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)}  # see np.savez's stub
+    np.savez(reference, **arrays)
+    outputs = [{"name": k, "shape": list(outs[0][j].shape), "dtype": str(outs[0][j].dtype)}
+               for j, k in enumerate(out_names)]
+    return out_names, reference, outputs
+
+
+def _export_warnings(caught: list[Any], kind: str) -> list[str]:
+    """The exporter's warnings worth reporting: its own noise and torch.export's guard chatter left out, once each."""
+    said: list[str] = []
+    for w in caught:
+        text = " ".join(str(w.message).split())[:400]
+        guard = kind == "exported_program" and str(w.filename).endswith(_GUARD_FILES[0]) \
+            or any(g in str(w.filename) for g in _GUARD_FILES[1:])
+        if not guard and not any(s in text for s in _EXPORTER_NOISE) and text not in said:
+            said.append(text)
+    return said
+
+
+def _op_counts(graph: Any) -> dict[str, int]:
+    """Op type (domain-qualified outside the default one) -> how many, subgraphs included."""
+    ops: dict[str, int] = {}
+
+    def walk(g: Any) -> None:
+        for node in g.node:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            ops[key] = ops.get(key, 0) + 1
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    walk(sub)
+
+    walk(graph)
+    return ops
+
+
 def run(job: dict[str, Any], work: Path) -> int:
     import numpy as np
     import onnx
@@ -109,22 +161,7 @@ def run(job: dict[str, Any], work: Path) -> int:
     stage("running the PyTorch model on the parity samples (reference)")
     t0 = time.time()
     samples = np.load(job["samples"])
-    n = samples[names[0]].shape[0]
-    outs: list[list[Any]] = []
-    for i in range(n):
-        y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
-        y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
-        if not y or not all(isinstance(v, torch.Tensor) for v in y):
-            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
-                            + (", ".join(type(v).__name__ for v in y) or "nothing"))
-        # bfloat16 has no numpy dtype; every other dtype is kept: it is the exported graph's output dtype
-        outs.append([(v.float() if v.dtype == torch.bfloat16 else v).detach().numpy() for v in y])
-    out_names = [f"output_{j}" for j in range(len(outs[0]))]
-    reference = work / "reference_outputs.npz"
-    arrays: dict[str, Any] = {k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)}  # see np.savez's stub
-    np.savez(reference, **arrays)
-    outputs = [{"name": k, "shape": list(outs[0][j].shape), "dtype": str(outs[0][j].dtype)}
-               for j, k in enumerate(out_names)]
+    out_names, reference, outputs = _reference(module, samples, names, work)
     timings["reference_s"] = round(time.time() - t0, 2)
 
     stage(f"torch.onnx.export (TorchScript-based exporter, opset {job['opset']})")
@@ -138,13 +175,7 @@ def run(job: dict[str, Any], work: Path) -> int:
         torch.onnx.export(module, example, str(artifact), dynamo=False, input_names=names, output_names=out_names,
                           opset_version=int(job["opset"]), training=torch.onnx.TrainingMode.PRESERVE,
                           do_constant_folding=True, export_params=True)
-    said = []
-    for w in caught:
-        text = " ".join(str(w.message).split())[:400]
-        guard = kind == "exported_program" and str(w.filename).endswith(_GUARD_FILES[0]) \
-            or any(g in str(w.filename) for g in _GUARD_FILES[1:])
-        if not guard and not any(s in text for s in _EXPORTER_NOISE) and text not in said:
-            said.append(text)
+    said = _export_warnings(caught, kind)
     timings["export_s"] = round(time.time() - t0, 2)
 
     stage("onnx.checker (full check) and the saved graph's I/O")
@@ -156,17 +187,7 @@ def run(job: dict[str, Any], work: Path) -> int:
     ins = [i for i in ins if i["name"] not in initializers]
     problems = io_problems([{**t, "dtype": t.get("dtype", "float32")} for t in inputs], ins, "inputs")
     problems += io_problems(outputs, outs_graph, "outputs")
-    ops: dict[str, int] = {}
-
-    def walk(graph: Any) -> None:
-        for node in graph.node:
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            ops[key] = ops.get(key, 0) + 1
-            for attr in node.attribute:
-                for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    walk(g)
-
-    walk(proto.graph)
+    ops = _op_counts(proto.graph)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     timings["check_s"] = round(time.time() - t0, 2)
     emit("result", artifact=str(artifact), files=sorted(str(p) for p in out_dir.rglob("*") if p.is_file()),
