@@ -14,13 +14,6 @@ EDGE = Path(__file__).resolve().parents[1] / "edge"
 MAX_LINES = 80
 MAX_PARAMS = 10
 
-#: Functions still over a limit, being split (#24). This list only shrinks: an entry that no longer offends
-#: fails the test until it is removed, and nothing may be added to it.
-NOT_YET: set[str] = {
-    "toolchains/tflite_driver.py:map_io",
-    "toolchains/tflite_driver.py:main",
-}
-
 
 def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     a = fn.args
@@ -50,14 +43,8 @@ def offenders() -> dict[str, str]:
 
 def test_no_function_over_80_lines_or_10_parameters() -> None:
     found = offenders()
-    new = {k: v for k, v in found.items() if k not in NOT_YET}
-    assert not new, "split these into steps, or take a request/options object:\n" + "\n".join(
-        f"  edge/{k}: {v}" for k, v in sorted(new.items()))
-
-
-def test_the_not_yet_list_only_shrinks() -> None:
-    fixed = sorted(NOT_YET - set(offenders()))
-    assert not fixed, "no longer over a limit: remove from NOT_YET: " + ", ".join(fixed)
+    assert not found, "split these into steps, or take a request/options object:\n" + "\n".join(
+        f"  edge/{k}: {v}" for k, v in sorted(found.items()))
 
 
 def test_the_walk_sees_what_it_should() -> None:

@@ -209,15 +209,25 @@ def map_io(job: dict[str, Any], keras_model: Any, signature: tuple[dict[str, lis
     shape match. A permutation is ambiguous only when identity and channels-last give the same
     shape; then both are tried against onnxruntime on one sample.
     """
-    import numpy as np
-
-    def sanitize(n: str) -> str:
-        return n.replace(":", "_").lstrip("/")
-
     tf_inputs = {t.name.split(":")[0]: [int(d) for d in t.shape] for t in keras_model.inputs}
     tf_outputs = {n: [int(d) for d in t.shape] for n, t in zip(keras_model.output_names, keras_model.outputs)}
-    # The SavedModel's serving signature (what the TFLite conversion reads) names inputs like the Keras
-    # model and outputs output_0, output_1, ... in the Keras model's output order; checked here.
+    sig_name = _signature_names(tf_inputs, tf_outputs, signature)
+    inputs = _match_io("input", job["inputs"], tf_inputs)
+    outputs = _match_io("output", job["outputs"], tf_outputs)
+    if any(len(t["perms"]) > 1 for t in inputs + outputs):
+        _choose_perms(inputs, outputs, list(tf_inputs), keras_model, onnx_path, sample)
+    for t in inputs + outputs:
+        t["perm_onnx_to_tflite"] = t.pop("perms")[0]
+    for t in outputs:
+        t["keras_name"], t["tflite_name"] = t["tflite_name"], sig_name[t["tflite_name"]]
+    return {"inputs": inputs, "outputs": outputs}
+
+
+def _signature_names(tf_inputs: dict[str, list[int]], tf_outputs: dict[str, list[int]],
+                     signature: tuple[dict[str, list[int]], dict[str, list[int]]]) -> dict[str, str]:
+    """Keras output name -> its serving-signature name. The SavedModel's serving signature (what the TFLite
+    conversion reads) names inputs like the Keras model and outputs output_0, output_1, ... in the Keras model's
+    output order; checked here."""
     sig_in, sig_out = signature
     for n, shape in tf_inputs.items():
         if n not in sig_in or sig_in[n] != shape:
@@ -230,65 +240,70 @@ def map_io(job: dict[str, Any], keras_model: Any, signature: tuple[dict[str, lis
             raise DriverError("io_mapping", f"the SavedModel signature output {key} is not Keras output {n!r} "
                               f"{shape} (signature outputs: {sig_out})")
         sig_name[n] = key
+    return sig_name
 
-    def match(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, list[int]]) -> list[dict[str, Any]]:
-        out, used = [], set()
-        for spec in onnx_specs:
-            name = spec["name"]
-            key = next((k for k in (name, sanitize(name)) if k in tf_specs and k not in used), None)
-            if key is None:
-                same = [k for k, s in tf_specs.items() if k not in used and _candidate_perms(spec["shape"], s)]
-                if len(same) != 1:
-                    raise DriverError("io_mapping", f"cannot tell which TensorFlow {kind} is ONNX {kind} {name!r} "
-                                      f"(TensorFlow {kind}s: {tf_specs})")
-                key = same[0]
-            used.add(key)
-            perms = _candidate_perms(spec["shape"], tf_specs[key])
-            if not perms:
-                raise DriverError("io_mapping", f"ONNX {kind} {name!r} {spec['shape']} became {tf_specs[key]} in "
-                                  "TensorFlow, which is not a layout change edgekit can undo")
-            out.append({"name": name, "tflite_name": key, "onnx_shape": spec["shape"], "tflite_shape": tf_specs[key],
-                        "perms": perms})
-        return out
 
-    inputs = match("input", job["inputs"], tf_inputs)
-    outputs = match("output", job["outputs"], tf_outputs)
-    if any(len(t["perms"]) > 1 for t in inputs + outputs):
-        import onnxruntime as ort
+def _match_io(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Each ONNX tensor's TensorFlow name (exact, sanitised, else the one unused tensor of a fitting shape) and
+    the layout permutations that fit."""
+    def sanitize(n: str) -> str:
+        return n.replace(":", "_").lstrip("/")
 
-        sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, sample)))
-        best: tuple[float, Any] | None = None
-        import itertools
+    out, used = [], set()
+    for spec in onnx_specs:
+        name = spec["name"]
+        key = next((k for k in (name, sanitize(name)) if k in tf_specs and k not in used), None)
+        if key is None:
+            same = [k for k, s in tf_specs.items() if k not in used and _candidate_perms(spec["shape"], s)]
+            if len(same) != 1:
+                raise DriverError("io_mapping", f"cannot tell which TensorFlow {kind} is ONNX {kind} {name!r} "
+                                  f"(TensorFlow {kind}s: {tf_specs})")
+            key = same[0]
+        used.add(key)
+        perms = _candidate_perms(spec["shape"], tf_specs[key])
+        if not perms:
+            raise DriverError("io_mapping", f"ONNX {kind} {name!r} {spec['shape']} became {tf_specs[key]} in "
+                              "TensorFlow, which is not a layout change edgekit can undo")
+        out.append({"name": name, "tflite_name": key, "onnx_shape": spec["shape"], "tflite_shape": tf_specs[key],
+                    "perms": perms})
+    return out
 
-        for choice in itertools.product(*[t["perms"] for t in inputs]):
-            by_tf = {t["tflite_name"]: np.ascontiguousarray(np.asarray(sample[t["name"]]).transpose(p))
-                     for t, p in zip(inputs, choice)}
-            feeds = [by_tf[k] for k in tf_inputs]
-            res = keras_model(feeds if len(feeds) > 1 else feeds[0], training=False)
-            res = res if isinstance(res, (list, tuple)) else [res]
-            by_name = dict(zip(keras_model.output_names, [np.asarray(r) for r in res]))
-            score, outs = 0.0, []
-            for t in outputs:
-                inv_scores = []
-                for p in t["perms"]:
-                    inv = list(np.argsort(p))
-                    inv_scores.append((_cos(by_name[t["tflite_name"]].transpose(inv), ref[t["name"]]), p))
-                s, p = max(inv_scores, key=lambda x: x[0])
-                score += s
-                outs.append(p)
-            if best is None or score > best[0]:
-                best = (score, (list(choice), outs))
-        assert best is not None
-        for t, p in zip(inputs, best[1][0]):
-            t["perms"] = [p]
-        for t, p in zip(outputs, best[1][1]):
-            t["perms"] = [p]
-    for t in inputs + outputs:
-        t["perm_onnx_to_tflite"] = t.pop("perms")[0]
-    for t in outputs:
-        t["keras_name"], t["tflite_name"] = t["tflite_name"], sig_name[t["tflite_name"]]
-    return {"inputs": inputs, "outputs": outputs}
+
+def _choose_perms(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], tf_input_order: list[str],
+                  keras_model: Any, onnx_path: Path, sample: dict[str, Any]) -> None:
+    """Where a layout is ambiguous, the permutations whose Keras outputs match onnxruntime's on ``sample`` best."""
+    import itertools
+
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, sample)))
+    best: tuple[float, Any] | None = None
+    for choice in itertools.product(*[t["perms"] for t in inputs]):
+        by_tf = {t["tflite_name"]: np.ascontiguousarray(np.asarray(sample[t["name"]]).transpose(p))
+                 for t, p in zip(inputs, choice)}
+        feeds = [by_tf[k] for k in tf_input_order]
+        res = keras_model(feeds if len(feeds) > 1 else feeds[0], training=False)
+        res = res if isinstance(res, (list, tuple)) else [res]
+        by_name = dict(zip(keras_model.output_names, [np.asarray(r) for r in res]))
+        score, outs = 0.0, []
+        for t in outputs:
+            inv_scores = []
+            for p in t["perms"]:
+                inv = list(np.argsort(p))
+                inv_scores.append((_cos(by_name[t["tflite_name"]].transpose(inv), ref[t["name"]]), p))
+            s, p = max(inv_scores, key=lambda x: x[0])
+            score += s
+            outs.append(p)
+        if best is None or score > best[0]:
+            best = (score, (list(choice), outs))
+    if best is None:  # itertools.product always yields once: every input has at least one permutation
+        raise DriverError("io_mapping", "no layout permutation to try")
+    for t, p in zip(inputs, best[1][0]):
+        t["perms"] = [p]
+    for t, p in zip(outputs, best[1][1]):
+        t["perms"] = [p]
 
 
 # -- TFLite conversion -------------------------------------------------------------------
@@ -456,6 +471,60 @@ def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
             "tool_versions": {"tf2onnx": tf2onnx.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__}}
 
 
+def _onnx2tf(job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any]) -> Any:
+    """onnx2tf: the prepared ONNX to a Keras model and a SavedModel in ``work/saved_model``."""
+    import onnx2tf
+
+    try:
+        keras_model = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(work / "saved_model"),
+                                      output_signaturedefs=True, non_verbose=False, verbosity="warn",
+                                      # onnx2tf's API compares lower-case names (its CLI lower-cases them)
+                                      replace_to_pseudo_operators=sorted(op.lower() for op in
+                                                                         prepared["pseudo_operators"]),
+                                      # inputs that are no image (audio, recurrent state) keep their layout
+                                      keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
+                                      # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
+                                      # merge per-axis Slices into full-rank ones onnx2tf mistranslates
+                                      not_use_onnxsim=bool(job.get("no_onnxsim", False)))
+    except SystemExit as e:
+        raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
+    except Exception as e:  # noqa: BLE001
+        raise DriverError("onnx2tf", f"onnx2tf failed: {type(e).__name__}: {str(e)[:800]}") from e
+    if keras_model is None:
+        raise DriverError("onnx2tf", "onnx2tf returned no model; see the log")
+    return keras_model
+
+
+def _prepared_details(prepared: dict[str, Any]) -> dict[str, Any]:
+    """What preparing the source changed, for the conversion's details: pseudo-operators, renamed nodes."""
+    details: dict[str, Any] = {}
+    if prepared["pseudo_operators"]:
+        details["pseudo_operators"] = {
+            op: f"{n} node(s) built from TFLite builtins by onnx2tf (replace_to_pseudo_operators)"
+            + (": Abramowitz-Stegun 7.1.26, max abs error 1.5e-7" if op == "Erf" else "")
+            for op, n in prepared["pseudo_operators"].items()}
+    if prepared["renamed_nodes"]:
+        details["renamed_nodes"] = (f"{prepared['renamed_nodes']} ONNX node name(s) TensorFlow refuses as scope "
+                                    f"names, renamed for onnx2tf (e.g. {prepared['renamed_examples'][0]})")
+    return details
+
+
+def _tool_versions() -> dict[str, str]:
+    import numpy as np
+    import onnx
+    import onnx2tf
+    import tensorflow as tf
+
+    versions = {"onnx2tf": onnx2tf.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__,
+                "numpy": np.__version__}
+    for mod in ("onnxsim", "onnxruntime", "tf_keras"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - informational
+            pass
+    return versions
+
+
 def main() -> int:
     global _EVENTS
     job = json.loads(Path(sys.argv[1]).read_text())
@@ -482,7 +551,6 @@ def main() -> int:
         prepared = prepare_source(Path(job["onnx"]), src)  # a copy: onnx2tf simplifies its input in place
 
         import numpy as np
-        import onnx2tf
         from onnx2tf import onnx2tf as o2t
         from onnx2tf.utils import common_functions
 
@@ -496,23 +564,7 @@ def main() -> int:
 
         stage("onnx2tf: ONNX -> TensorFlow (NHWC)")
         t0 = time.time()
-        try:
-            keras_model = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(work / "saved_model"),
-                                          output_signaturedefs=True, non_verbose=False, verbosity="warn",
-                                          # onnx2tf's API compares lower-case names (its CLI lower-cases them)
-                                          replace_to_pseudo_operators=sorted(op.lower() for op in
-                                                                             prepared["pseudo_operators"]),
-                                          # inputs that are no image (audio, recurrent state) keep their layout
-                                          keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
-                                          # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
-                                          # merge per-axis Slices into full-rank ones onnx2tf mistranslates
-                                          not_use_onnxsim=bool(job.get("no_onnxsim", False)))
-        except SystemExit as e:
-            raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
-        except Exception as e:  # noqa: BLE001
-            raise DriverError("onnx2tf", f"onnx2tf failed: {type(e).__name__}: {str(e)[:800]}") from e
-        if keras_model is None:
-            raise DriverError("onnx2tf", "onnx2tf returned no model; see the log")
+        keras_model = _onnx2tf(job, src, work, prepared)
         timings["onnx2tf_s"] = round(time.time() - t0, 2)
 
         calib = np.load(job["samples"], allow_pickle=False)
@@ -529,26 +581,8 @@ def main() -> int:
         timings["tflite_s"] = round(time.time() - t0, 2)
         stage("checking the .tflite loads with builtin kernels")
         details.update(inspect_tflite(out))
-        if prepared["pseudo_operators"]:
-            details["pseudo_operators"] = {
-                op: f"{n} node(s) built from TFLite builtins by onnx2tf (replace_to_pseudo_operators)"
-                + (": Abramowitz-Stegun 7.1.26, max abs error 1.5e-7" if op == "Erf" else "")
-                for op, n in prepared["pseudo_operators"].items()}
-        if prepared["renamed_nodes"]:
-            details["renamed_nodes"] = (f"{prepared['renamed_nodes']} ONNX node name(s) TensorFlow refuses as scope "
-                                        f"names, renamed for onnx2tf (e.g. {prepared['renamed_examples'][0]})")
-
-        import onnx
-        import tensorflow as tf
-
-        versions = {"onnx2tf": onnx2tf.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__,
-                    "numpy": np.__version__}
-        for mod in ("onnxsim", "onnxruntime", "tf_keras"):
-            try:
-                versions[mod] = __import__(mod).__version__
-            except Exception:  # noqa: BLE001 - informational
-                pass
-        emit("result", artifact=str(out), io=io_map, details=details, tool_versions=versions,
+        details.update(_prepared_details(prepared))
+        emit("result", artifact=str(out), io=io_map, details=details, tool_versions=_tool_versions(),
              onnxsim=_ONNXSIM_RUNS, timings=timings)
         return 0
     except DriverError as e:
