@@ -123,7 +123,7 @@ def eval_windows(model: Path, n_vocab: int, *, eval_text: str | os.PathLike[str]
     tokenized by the model; random ids with the reason when the model cannot tokenize the
     built-in texts. A user's file the model cannot tokenize, or too short for one window, is an
     error: the user asked for that text."""
-    from edge.llm.llamacpp import tokenize_texts
+    from edge.backends.llamacpp.runtime import tokenize_texts
 
     window = max(MIN_WINDOW_TOKENS, min(window_tokens, (context or window_tokens + 8) - 8))
     if eval_text is not None:

@@ -134,7 +134,7 @@ def requantize_note(source_type: str | None, quant: str) -> str | None:
     second error alone: the loss against the original weights is larger than it measures. SmolLM2-135M
     Q4_1 -> q4_k_m: decisive top-1 83.9 % < 85 % (its 576-wide rows also take k-quant fallback types).
     Lowering the limit would pass a double quantization off as a q4_k_m one."""
-    from edge.llm.gguf_file import UNQUANTIZED_TYPES, quant_bits
+    from edge.backends.llamacpp.format import UNQUANTIZED_TYPES, quant_bits
 
     if not source_type or source_type.lower() in UNQUANTIZED_TYPES:
         return None
@@ -259,7 +259,7 @@ def compare_gguf(source: Path, quantized: Path, quant: str, text: EvalText | Seq
     top1_decisive = float(all_agree[decisive].mean()) if int(decisive.sum()) >= MIN_DECISIVE else None
     max_kl, min_top1 = thresholds(quant)
     try:
-        from edge.llm.gguf_file import file_type_name, read_gguf
+        from edge.backends.llamacpp.format import file_type_name, read_gguf
 
         source_type: str | None = file_type_name(read_gguf(source))
     except Exception:  # noqa: BLE001 - only the failure message's advice depends on it

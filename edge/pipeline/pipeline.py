@@ -522,7 +522,7 @@ def _quantize_llm(src: GGUFSource, quant: str, artifact: Path, work: Path, say: 
 def _llm_gate(src: GGUFSource, llm: Any, quant: str, artifact: Path, stage: Path, text: Any,
               say: Step) -> tuple[Any, dict[str, Any]]:
     """(the quality report, None when the source ships as it is; the reference pairs written for the device)."""
-    from edge.llm.llamacpp import llama_cpp_version
+    from edge.backends.llamacpp.runtime import llama_cpp_version
     from edge.llm.quality import compare_gguf, reference_samples
     from edge.verify.refpairs import write_llm_reference_pairs
 

@@ -454,7 +454,7 @@ UNQUANTIZED = ("F32", "F16", "BF16")
 @dataclass
 class GGUFSource(Source):
     def __post_init__(self) -> None:
-        from edge.llm.gguf_file import read_gguf
+        from edge.backends.llamacpp.format import read_gguf
 
         self.format = "gguf"
         self.kind = "llm"

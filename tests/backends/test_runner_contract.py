@@ -187,7 +187,7 @@ def _litert_view(r: Any) -> dict[str, str]:
 
 
 def _llamacpp_view(r: Any) -> dict[str, str]:
-    from edge.llm.gguf_file import read_gguf
+    from edge.backends.llamacpp.format import read_gguf
 
     return {"precision_used": read_gguf(r.artifact).dominant_type.lower()}
 

@@ -323,7 +323,7 @@ def test_bench_runs_a_stateful_bundle_on_its_reference_input(outcome: Any) -> No
 def test_a_requantized_gguf_refused_by_the_gate_says_why_and_what_to_do() -> None:
     """SmolLM2 Q4_1 -> q4_k_m is refused (decisive top-1 83.9 % < 85 %) and stays refused: its message says the
     source was already quantized, that the errors compound, and the two ways out; an f16 source gets none of it."""
-    from edge.llm.gguf_file import quant_bits
+    from edge.backends.llamacpp.format import quant_bits
     from edge.llm.quality import QualityReport, requantize_note
 
     def report(source_type: str | None) -> QualityReport:

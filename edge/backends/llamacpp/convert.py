@@ -14,8 +14,8 @@ from typing import Any
 from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError
-from edge.llm.gguf_file import check_quantizable, read_gguf
-from edge.llm.llamacpp import captured_log, llama_cpp_version, load_llama_cpp
+from edge.backends.llamacpp.format import check_quantizable, read_gguf
+from edge.backends.llamacpp.runtime import captured_log, llama_cpp_version, load_llama_cpp
 
 # llama.cpp's llama_ftype values (include/llama.h)
 FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",

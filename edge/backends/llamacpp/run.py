@@ -13,8 +13,8 @@ import numpy as np
 
 from edge.capabilities import Requirement
 from edge.errors import EdgeError, HardwareUnavailableError
-from edge.llm.gguf_file import read_gguf
-from edge.llm.llamacpp import amx_probe, llama_cpp_version, load_llama_cpp, open_llama
+from edge.backends.llamacpp.format import read_gguf
+from edge.backends.llamacpp.runtime import amx_probe, llama_cpp_version, load_llama_cpp, open_llama
 from edge.backends.llamacpp.format import LlamaCppOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.spec import TensorSpec

@@ -182,7 +182,7 @@ import json, sys
 from pathlib import Path
 from dataclasses import asdict
 from edge.errors import ModelError
-from edge.llm.llamacpp import tokenize_in_process
+from edge.backends.llamacpp.runtime import tokenize_in_process
 args = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
 try:
     out = {"ok": asdict(tokenize_in_process(Path(args["path"]), args["texts"]))}
