@@ -28,7 +28,7 @@ from edge.mqtt.netloop import Backoff
 from edge.bench import random_feeds
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
-from edge.pipeline import convert
+from edge.pipeline import ConvertRequest, convert
 from edge.graph.samples import build_tiny_cnn
 import mqtt_broker
 from tests.agent.test_agent_mqtt import schema_errors
@@ -573,16 +573,23 @@ def test_rollback_naming_the_bundle_already_running_reports_running_at_once(
 # -- 4. a stuck step times out ------------------------------------------------------------------------
 
 def test_a_verify_step_past_its_deadline_fails_with_timeout(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any],
+        mobilenet: Path) -> None:
+    # the tiny bundle's unpack + hashing could finish inside the interpreter's 5 ms thread switch interval,
+    # before the deadline was ever looked at (a flaky pass of the step); MobileNetV2's 14 MB cannot
+    if "big" not in bundles:
+        big = convert(mobilenet, "x86-cpu", tmp_path / "big", ConvertRequest(parity_samples=2))
+        bundles["sha"]["big"] = pack_bundle(big.path, bundles["www"] / "big.tar")
+        bundles["big"] = big
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, verify_timeout_s=1e-6)  # no unpack + hashing fits in a microsecond
     try:
-        fleet.desire(**desired_for(bundles, http, "b", 2))
+        fleet.desire(**desired_for(bundles, http, "big", 2))
         r = fleet.wait_state("running", "failed", "rolled-back", version=2)
         assert r["state"] == "failed" and r["reason"]["code"] == "timeout", r
         assert r["reason"]["step"] == "verifying" and "did not finish within" in r["reason"]["detail"]
         assert DeviceStore(store).state().current == bundles["a"].id and agent.bundle.id == bundles["a"].id
-        fleet.desire(**desired_for(bundles, http, "b", 3))  # the next desired state is not blocked
+        fleet.desire(**desired_for(bundles, http, "big", 3))  # the next desired state is not blocked
         r = fleet.wait_state("failed", "running", version=3)
         assert r["reason"]["code"] == "timeout"
     finally:
