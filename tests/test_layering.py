@@ -196,3 +196,10 @@ def test_errors_is_imported_at_module_level() -> None:
 def test_top_of_edge_holds_at_most_twelve_modules() -> None:
     top = sorted(p.name for p in EDGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(top) <= 12, top
+
+
+def test_test_files_have_unique_names() -> None:
+    """tests/ has no __init__.py: pytest imports each test file by its bare name, so two files of one name
+    in two folders stop the whole run at collection."""
+    names = [p.name for p in (EDGE.parent / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
