@@ -30,13 +30,25 @@ PPOCR_CLS = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx
 
 # -- set-up ------------------------------------------------------------------------------
 
+
 def add_common_args(p: Any, iterations: int) -> None:
-    p.add_argument("--iterations", "-n", type=int, default=iterations,
-                   help=f"timed iterations per side/bundle (default {iterations})")
-    p.add_argument("--json", metavar="FILE",
-                   help="also write all results as JSON to FILE ('-': JSON on stdout, the table on stderr)")
-    p.add_argument("--workdir", metavar="DIR",
-                   help="build models and bundles here and keep them (default: a temporary directory, removed)")
+    p.add_argument(
+        "--iterations",
+        "-n",
+        type=int,
+        default=iterations,
+        help=f"timed iterations per side/bundle (default {iterations})",
+    )
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write all results as JSON to FILE ('-': JSON on stdout, the table on stderr)",
+    )
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="build models and bundles here and keep them (default: a temporary directory, removed)",
+    )
 
 
 @contextlib.contextmanager
@@ -92,8 +104,9 @@ def log(msg: str) -> None:
 Call = tuple[Callable[..., Any], tuple[Any, ...]]  # (function, positional args): timed as fn(*args)
 
 
-def interleaved(calls: Mapping[str, Call], iterations: int, *, block: int = 1, warmup: int = 20, settle: int = 0
-                ) -> dict[str, np.ndarray]:
+def interleaved(
+    calls: Mapping[str, Call], iterations: int, *, block: int = 1, warmup: int = 20, settle: int = 0
+) -> dict[str, np.ndarray]:
     """Latency in ms of each call, ``iterations`` samples each, measured in round-robin blocks.
 
     Round ``r`` runs ``block`` timed calls of each side, in the order of the names rotated by
@@ -147,8 +160,9 @@ def pct(a: float, b: float) -> float:
     return (a / b - 1.0) * 100.0
 
 
-def ratio_ci(a: np.ndarray, b: np.ndarray, q: float = 50.0, *, n_boot: int = 2000, seed: int = 0,
-             block: int = 1) -> tuple[float, float]:
+def ratio_ci(
+    a: np.ndarray, b: np.ndarray, q: float = 50.0, *, n_boot: int = 2000, seed: int = 0, block: int = 1
+) -> tuple[float, float]:
     """95% bootstrap interval of (percentile_q(a) / percentile_q(b) - 1) * 100 over paired rounds.
 
     Resamples whole rounds (``block`` consecutive samples of each side) so the pairing and
@@ -169,9 +183,11 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, q: float = 50.0, *, n_boot: int = 200
 
 # -- reporting ---------------------------------------------------------------------------
 
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
     # numbers right-aligned, text left-aligned
     def fmt(row: list[str], header: bool = False) -> str:
         parts = []
@@ -179,6 +195,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str |
             numeric = not header and _numeric(c)
             parts.append(c.rjust(widths[i]) if numeric else c.ljust(widths[i]))
         return "  ".join(parts).rstrip()
+
     lines = []
     if title:
         lines.append(title)
@@ -200,8 +217,12 @@ def _numeric(s: str) -> bool:
 def host_info() -> dict[str, Any]:
     import edge
 
-    info: dict[str, Any] = {"python": platform.python_version(), "edgekit": edge.__version__,
-                            "machine": platform.machine(), "cpus": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "edgekit": edge.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -221,9 +242,11 @@ def host_info() -> dict[str, Any]:
 
 
 def host_line(info: Mapping[str, Any]) -> str:
-    return (f"host: {info.get('cpu', '?')}, {info.get('cpus')} CPUs, AMX {'yes' if info.get('amx') else 'no'}, "
-            f"load avg {info.get('loadavg_1m', float('nan')):.2f}; edgekit {info.get('edgekit')}, "
-            f"onnxruntime {info.get('onnxruntime', '-')}, openvino {str(info.get('openvino', '-')).split('-')[0]}")
+    return (
+        f"host: {info.get('cpu', '?')}, {info.get('cpus')} CPUs, AMX {'yes' if info.get('amx') else 'no'}, "
+        f"load avg {info.get('loadavg_1m', float('nan')):.2f}; edgekit {info.get('edgekit')}, "
+        f"onnxruntime {info.get('onnxruntime', '-')}, openvino {str(info.get('openvino', '-')).split('-')[0]}"
+    )
 
 
 def json_to_stdout(args: Any) -> None:

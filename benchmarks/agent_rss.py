@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from edge.deploy import DeviceStore  # noqa: E402
-from edge.pipeline import convert  # noqa: E402
-from edge.graph.samples import build_tiny_cnn  # noqa: E402
 from mqtt_broker import Mosquitto  # noqa: E402
+
+from edge.deploy import DeviceStore  # noqa: E402
+from edge.graph.samples import build_tiny_cnn  # noqa: E402
+from edge.pipeline import convert  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -39,9 +40,32 @@ def rss_mb(pid: int) -> float:
 
 
 def peak_rss(broker_url: str, store: Path, source: str, i: int) -> float:
-    p = subprocess.Popen([sys.executable, "-m", "edge.agent", "--device-id", f"d{i}", "--fleet", "lab", "--store",
-                          str(store), "--broker", broker_url, "--source", source, "--interval", "1", "--duration", "6",
-                          "--log-level", "warning"], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge.agent",
+            "--device-id",
+            f"d{i}",
+            "--fleet",
+            "lab",
+            "--store",
+            str(store),
+            "--broker",
+            broker_url,
+            "--source",
+            source,
+            "--interval",
+            "1",
+            "--duration",
+            "6",
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     peak, t0 = 0.0, time.monotonic()
     while p.poll() is None and time.monotonic() - t0 < 5.5:
         peak = max(peak, rss_mb(p.pid))
@@ -63,12 +87,13 @@ def main() -> int:
         bundle = convert(build_tiny_cnn(work / "tiny.onnx"), "x86-cpu", work / "bundle")
         store = work / "store"
         DeviceStore(store).install(bundle)
-        for label, st, source in (("no bundle, --source none", empty, "none"),
-                                  ("ONNX bundle, --source none (no runtime)", store, "none"),
-                                  ("ONNX bundle, --source synthetic (onnxruntime)", store, "synthetic")):
+        for label, st, source in (
+            ("no bundle, --source none", empty, "none"),
+            ("ONNX bundle, --source none (no runtime)", store, "none"),
+            ("ONNX bundle, --source synthetic (onnxruntime)", store, "synthetic"),
+        ):
             vals = [peak_rss(broker.url, st, source, i) for i in range(a.repeat)]
-            print(f"{label}: peak RSS median {statistics.median(vals):.1f} MB "
-                  f"({', '.join(f'{v:.1f}' for v in vals)})")
+            print(f"{label}: peak RSS median {statistics.median(vals):.1f} MB ({', '.join(f'{v:.1f}' for v in vals)})")
     return 0
 
 

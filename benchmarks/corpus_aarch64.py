@@ -34,13 +34,18 @@ from tests.pipeline.test_corpus import EXPECTED  # noqa: E402
 
 #: beyond the table: an int8 bundle (generated calibration), where ARM's and x86's requantisation may round apart,
 #: and an fp16 one (ARM cores from the A76 on have fp16 arithmetic, which x86 XNNPack does not use)
-EXTRA: tuple[tuple[str, str, str, str], ...] = (("ppocr-cls", "arm-xnnpack", "int8", "pass"),
-                                                ("ppocr-cls", "arm-xnnpack", "fp16", "pass"))
+EXTRA: tuple[tuple[str, str, str, str], ...] = (
+    ("ppocr-cls", "arm-xnnpack", "int8", "pass"),
+    ("ppocr-cls", "arm-xnnpack", "fp16", "pass"),
+)
 
 
 def cases(models: list[str] | None) -> list[tuple[str, str]]:
-    out = [(name, precision) for name, target, precision, expected in (*EXPECTED, *EXTRA)
-           if target == "arm-xnnpack" and expected == "pass" and CORPUS[name].source_format != "gguf"]
+    out = [
+        (name, precision)
+        for name, target, precision, expected in (*EXPECTED, *EXTRA)
+        if target == "arm-xnnpack" and expected == "pass" and CORPUS[name].source_format != "gguf"
+    ]
     return [c for c in out if not models or c[0] in models]
 
 
@@ -55,7 +60,8 @@ def build(name: str, precision: str, work: Path) -> Path:
         return out
     m = CORPUS[name]
     request = m.convert_request("arm-xnnpack").replace(
-        precision=precision, calib="random" if precision.startswith("int8") else None)
+        precision=precision, calib="random" if precision.startswith("int8") else None
+    )
     convert(m.path, "arm-xnnpack", out, request, force=True)
     return out
 
@@ -83,31 +89,69 @@ def main() -> int:
                 try:
                     ev = verify_isa(bundle, cpu=cpu)
                 except Exception as e:  # noqa: BLE001 - a row says what happened
-                    rows.append({"model": name, "precision": precision, "cpu": cpu, "error": f"{type(e).__name__}: {e}"})
+                    rows.append(
+                        {"model": name, "precision": precision, "cpu": cpu, "error": f"{type(e).__name__}: {e}"}
+                    )
                     continue
                 for o in ev["outputs"]:
-                    rows.append({"model": name, "precision": precision, "cpu": cpu, "output": o["name"],
-                                 "samples": ev["samples"], "range": o["range"], "max_abs_vs_x86": o["max_abs_vs_host"],
-                                 "relative": o["max_abs_vs_host"] / o["range"] if o["range"] > 0 else None,
-                                 "limit": o["limit"], "passed": o["passed"], "cosine_vs_reference": o["cosine"],
-                                 "reference_check": ev["reference_check"], "runtime": ev["runtime"],
-                                 "emulator": ev["emulator"]})
+                    rows.append(
+                        {
+                            "model": name,
+                            "precision": precision,
+                            "cpu": cpu,
+                            "output": o["name"],
+                            "samples": ev["samples"],
+                            "range": o["range"],
+                            "max_abs_vs_x86": o["max_abs_vs_host"],
+                            "relative": o["max_abs_vs_host"] / o["range"] if o["range"] > 0 else None,
+                            "limit": o["limit"],
+                            "passed": o["passed"],
+                            "cosine_vs_reference": o["cosine"],
+                            "reference_check": ev["reference_check"],
+                            "runtime": ev["runtime"],
+                            "emulator": ev["emulator"],
+                        }
+                    )
                 if args.json:  # as it goes: a long run that stops keeps what it measured
                     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    header = ["model", "precision", "core (emulated)", "output", "pairs", "range", "max |ARM-x86|", "of range", "limit",
-              "ok", "cosine vs source"]
-    table = [[r["model"], r["precision"], r["cpu"], r.get("output", "ERROR"), str(r.get("samples", "")),
-              f"{r['range']:.4g}" if "range" in r else "", f"{r['max_abs_vs_x86']:.3g}" if "range" in r else "",
-              f"{r['relative']:.2g}" if r.get("relative") is not None else "",
-              f"{r['limit']:.3g}" if "limit" in r else "", ("pass" if r.get("passed") else "FAIL") if "range" in r
-              else r["error"][:120], f"{r['cosine_vs_reference']:.6f}" if r.get("cosine_vs_reference") else ""]
-             for r in rows]
+    header = [
+        "model",
+        "precision",
+        "core (emulated)",
+        "output",
+        "pairs",
+        "range",
+        "max |ARM-x86|",
+        "of range",
+        "limit",
+        "ok",
+        "cosine vs source",
+    ]
+    table = [
+        [
+            r["model"],
+            r["precision"],
+            r["cpu"],
+            r.get("output", "ERROR"),
+            str(r.get("samples", "")),
+            f"{r['range']:.4g}" if "range" in r else "",
+            f"{r['max_abs_vs_x86']:.3g}" if "range" in r else "",
+            f"{r['relative']:.2g}" if r.get("relative") is not None else "",
+            f"{r['limit']:.3g}" if "limit" in r else "",
+            ("pass" if r.get("passed") else "FAIL") if "range" in r else r["error"][:120],
+            f"{r['cosine_vs_reference']:.6f}" if r.get("cosine_vs_reference") else "",
+        ]
+        for r in rows
+    ]
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     for row in table:
         print("| " + " | ".join(row) + " |")
-    print(f"\nall figures emulated (qemu user mode; numerics only, never speed); {len(rows)} rows in "
-          f"{time.monotonic() - t0:.0f} s on {C.host_info().get('cpu', '?')}", file=sys.stderr)
+    print(
+        f"\nall figures emulated (qemu user mode; numerics only, never speed); {len(rows)} rows in "
+        f"{time.monotonic() - t0:.0f} s on {C.host_info().get('cpu', '?')}",
+        file=sys.stderr,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0 if all(r.get("passed") for r in rows) else 1

@@ -56,8 +56,11 @@ def _model_bytes(bundle: Any) -> str:
     """The model's files in the bundle: the primary artifact and its siblings of the same stem
     (an IR's .bin), not the reference pairs or sidecars."""
     primary = Path(bundle.manifest["primary_artifact"])
-    n = sum(a["bytes"] for a in bundle.manifest["artifacts"]
-            if Path(a["path"]).parent == primary.parent and Path(a["path"]).stem == primary.stem)
+    n = sum(
+        a["bytes"]
+        for a in bundle.manifest["artifacts"]
+        if Path(a["path"]).parent == primary.parent and Path(a["path"]).stem == primary.stem
+    )
     return f"{n / 1e6:.1f} MB"
 
 
@@ -83,8 +86,13 @@ def _parity_metric(parity: dict[str, Any]) -> str:
         parts.append(f"SNR {snr:.1f} dB")
     for o in outs:
         task = o.get("task")
-        figs = {"top-1": o.get("top1") if task == "classifier" else None, "P": o.get("precision"),
-                "R": o.get("recall"), "IoU": o.get("iou"), "seq": o.get("tokens")}
+        figs = {
+            "top-1": o.get("top1") if task == "classifier" else None,
+            "P": o.get("precision"),
+            "R": o.get("recall"),
+            "IoU": o.get("iou"),
+            "seq": o.get("tokens"),
+        }
         shown = " ".join(f"{k} {v:.3f}" for k, v in figs.items() if isinstance(v, (int, float)))
         if task and shown:
             parts.append(f"{task}: {shown}")
@@ -122,7 +130,7 @@ def _cpu_s() -> float:
 
 
 def _status(err: BaseException | None) -> str:
-    """"pass", "fails: ..." (an EdgeError in one line, its hint left out) or "bug: ..." (anything else)."""
+    """ "pass", "fails: ..." (an EdgeError in one line, its hint left out) or "bug: ..." (anything else)."""
     if err is None:
         return "pass"
     from edge.errors import EdgeError
@@ -156,8 +164,10 @@ def main() -> int:
                 continue
             m = CORPUS[name]
             request = m.convert_request(target).replace(
-                precision=precision, calib="random" if precision.startswith("int8") else None,
-                allow_requantize=m.source_format == "gguf" and precision != "keep")
+                precision=precision,
+                calib="random" if precision.startswith("int8") else None,
+                allow_requantize=m.source_format == "gguf" and precision != "keep",
+            )
             out = wd / f"{name}-{target}-{precision}"
             C.log(f"{name} -> {target} {precision} ...")
             t0, c0 = time.perf_counter(), _cpu_s()
@@ -167,14 +177,27 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - a row per outcome, bugs included
                 err = e
             convert_s, cpu_s = time.perf_counter() - t0, _cpu_s() - c0
-            row: dict[str, Any] = {"model": name, "task": m.task, "target": target, "precision": precision,
-                                   "expected": expected, "status": _status(err), "convert_s": round(convert_s, 1),
-                                   "convert_cpu_s": round(cpu_s, 1),
-                                   "size": "—", "parity": "—", "p50": "—"}
+            row: dict[str, Any] = {
+                "model": name,
+                "task": m.task,
+                "target": target,
+                "precision": precision,
+                "expected": expected,
+                "status": _status(err),
+                "convert_s": round(convert_s, 1),
+                "convert_cpu_s": round(cpu_s, 1),
+                "size": "—",
+                "parity": "—",
+                "p50": "—",
+            }
             if bundle is not None:
                 parity = dict(bundle.manifest["parity"])
-                row.update(size=_model_bytes(bundle), parity=_parity_metric(parity),
-                           p50=_latency(m, bundle, args.iterations), parity_report=parity)
+                row.update(
+                    size=_model_bytes(bundle),
+                    parity=_parity_metric(parity),
+                    p50=_latency(m, bundle, args.iterations),
+                    parity_report=parity,
+                )
                 if bundle.kind != "llm":  # what a device runs on first load, as the test checks it
                     with open_checked(bundle, mode=True) as runner:
                         check = dict(runner.info.details["reference_check"])
@@ -190,10 +213,17 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         agrees = r["status"].split(":")[0] == r["expected"].split(":")[0]
-        flag = (" (not in the test)" if r["expected"] == "bench only"
-                else "" if agrees else f" (the test expects {r['expected'].split(':')[0]})")
-        print(f"| {r['model']} | {r['task']} | {r['target']} | {r['precision']} | {r['status']}{flag} | {r['size']} | "
-              f"{r['parity']} | {r['p50']} | {r['convert_s']} ({r['convert_cpu_s']}) |")
+        flag = (
+            " (not in the test)"
+            if r["expected"] == "bench only"
+            else ""
+            if agrees
+            else f" (the test expects {r['expected'].split(':')[0]})"
+        )
+        print(
+            f"| {r['model']} | {r['task']} | {r['target']} | {r['precision']} | {r['status']}{flag} | {r['size']} | "
+            f"{r['parity']} | {r['p50']} | {r['convert_s']} ({r['convert_cpu_s']}) |"
+        )
     C.dump_json(args.json, {"host": host, "iterations": args.iterations, "rows": rows})
     return 0
 

@@ -59,10 +59,10 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from mqtt_broker import Mosquitto, mosquitto_binary, preload_qos1  # noqa: E402
 
-from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.simulate import LightFleet, SimulatedFleet, birth_body, telemetry_body  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 
 CLIENT_ID = "edgekit-bench-collector"
 
@@ -113,8 +113,14 @@ def stored_count(db_url: str) -> int:
 
 
 def missing_in_streams(db_url: str) -> int:
-    return int(scalar(db_url, "SELECT coalesce(sum(CASE WHEN max_seq > announced_seq THEN max_seq ELSE "
-                              "announced_seq END - received), 0) FROM streams") or 0)
+    return int(
+        scalar(
+            db_url,
+            "SELECT coalesce(sum(CASE WHEN max_seq > announced_seq THEN max_seq ELSE "
+            "announced_seq END - received), 0) FROM streams",
+        )
+        or 0
+    )
 
 
 # databases ------------------------------------------------------------------------------
@@ -155,14 +161,24 @@ def fleet_messages(n: int, devices: int, fleet: str = "sim", seed: int = 0) -> l
     """A birth per device, then ``n`` telemetry messages round-robin over the devices (seq 1, 2, ...)."""
     rng, now = random.Random(seed), time.time()
     session = int(now) - 10
-    out = [(f"edgekit/{fleet}/dev-{i:05d}/birth",
-            encode(message("birth", fleet, f"dev-{i:05d}", session, 0, {**birth_body(i, 1.0), "connection": 1}, ts=now)))
-           for i in range(devices)]
+    out = [
+        (
+            f"edgekit/{fleet}/dev-{i:05d}/birth",
+            encode(
+                message("birth", fleet, f"dev-{i:05d}", session, 0, {**birth_body(i, 1.0), "connection": 1}, ts=now)
+            ),
+        )
+        for i in range(devices)
+    ]
     for k in range(n):
         i, seq = k % devices, k // devices + 1
         dev = f"dev-{i:05d}"
-        out.append((f"edgekit/{fleet}/{dev}/telemetry",
-                    encode(message("telemetry", fleet, dev, session, seq, telemetry_body(rng, 1.0), ts=now))))
+        out.append(
+            (
+                f"edgekit/{fleet}/{dev}/telemetry",
+                encode(message("telemetry", fleet, dev, session, seq, telemetry_body(rng, 1.0), ts=now)),
+            )
+        )
     return out
 
 
@@ -177,8 +193,12 @@ def register_session(broker_url: str, client_id: str = CLIENT_ID, protocol: str 
     from edge.fleet.collector import Collector, CollectorConfig
 
     with open_db("sqlite:///:memory:") as db:
-        c = Collector(CollectorConfig(BrokerConfig.from_url(broker_url, protocol=protocol), "sqlite:///:memory:",
-                                      client_id=client_id), db=db).start()
+        c = Collector(
+            CollectorConfig(
+                BrokerConfig.from_url(broker_url, protocol=protocol), "sqlite:///:memory:", client_id=client_id
+            ),
+            db=db,
+        ).start()
         deadline = time.monotonic() + 10
         while not c.connected and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -189,8 +209,25 @@ def register_session(broker_url: str, client_id: str = CLIENT_ID, protocol: str 
 
 
 def collector_cmd(broker_url: str, db_url: str, options: list[str], client_id: str = CLIENT_ID) -> list[str]:
-    return [sys.executable, "-m", "edge", "fleet", "collect", "--broker", broker_url, "--db", db_url, "--json",
-            "--log-level", "warning", "--stats-interval", "3600", "--client-id", client_id, *options]
+    return [
+        sys.executable,
+        "-m",
+        "edge",
+        "fleet",
+        "collect",
+        "--broker",
+        broker_url,
+        "--db",
+        db_url,
+        "--json",
+        "--log-level",
+        "warning",
+        "--stats-interval",
+        "3600",
+        "--client-id",
+        client_id,
+        *options,
+    ]
 
 
 def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
@@ -213,25 +250,35 @@ def parse_variant(spec: str) -> tuple[Path, str | None, list[str]]:
         elif key == "collectors":
             opts += ["--collectors", value]  # taken out again by drain_once: not a collector option
         else:
-            raise SystemExit(f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N, "
-                             "collectors=N, protocol=5|3.1.1, client=paho|lite, pipeline=on|off")
+            raise SystemExit(
+                f"unknown variant part {part!r}: src=DIR, sync=MODE, batch=N, interval=MS, receive=N, "
+                "collectors=N, protocol=5|3.1.1, client=paho|lite, pipeline=on|off"
+            )
     return src, sync, opts
 
 
-def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str,
-               msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
+def drain_once(
+    args: argparse.Namespace, dbs: Databases, kind: str, variant: str, msgs: list[tuple[str, bytes]]
+) -> dict[str, Any]:
     src, sync, opts = parse_variant("" if variant in ("paho", "lite") else variant)
     collectors = args.collectors
     if "--collectors" in opts:
         i = opts.index("--collectors")
         collectors = int(opts[i + 1])
-        del opts[i:i + 2]
+        del opts[i : i + 2]
     work = Path(tempfile.mkdtemp(prefix="edgekit-drain-", dir=dbs.work))
     db_url = dbs.new(kind, sync)
     n = len(msgs) - args.drain_devices
-    out: dict[str, Any] = {"db": kind, "variant": variant or "defaults", "messages": n, "load_start": loadavg(),
-                           "collectors": collectors}
-    with Mosquitto(work / "broker", extra="persistence false\n" + os.environ.get("BENCH_BROKER_EXTRA", "").replace(";", "\n")) as broker:  # the session lives in memory
+    out: dict[str, Any] = {
+        "db": kind,
+        "variant": variant or "defaults",
+        "messages": n,
+        "load_start": loadavg(),
+        "collectors": collectors,
+    }
+    with Mosquitto(
+        work / "broker", extra="persistence false\n" + os.environ.get("BENCH_BROKER_EXTRA", "").replace(";", "\n")
+    ) as broker:  # the session lives in memory
         ids = client_ids(collectors)
         for cid in ids:  # the broker splits the pre-loaded messages between these sessions, round-robin
             register_session(broker.url, cid, opts[opts.index("--protocol") + 1] if "--protocol" in opts else "5")
@@ -247,8 +294,12 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             out["profile"] = prof
             proc = None
         else:
-            procs = [subprocess.Popen(collector_cmd(broker.url, db_url, opts, cid), cwd=src, env=env,
-                                      stdout=subprocess.PIPE, stderr=log) for cid in ids]
+            procs = [
+                subprocess.Popen(
+                    collector_cmd(broker.url, db_url, opts, cid), cwd=src, env=env, stdout=subprocess.PIPE, stderr=log
+                )
+                for cid in ids
+            ]
             proc = procs[0]
         t0 = time.monotonic()
         first_cpu: tuple[float, float, float] | None = None
@@ -258,8 +309,11 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             time.sleep(0.25)
             got = stored_count(db_url)
             now = time.monotonic()
-            cpus = (sum(cpu_seconds(p.pid) for p in procs), cpu_seconds(broker.proc.pid),  # type: ignore[union-attr]
-                    tree_cpu_seconds(srv) if srv else 0.0)
+            cpus = (
+                sum(cpu_seconds(p.pid) for p in procs),
+                cpu_seconds(broker.proc.pid),  # type: ignore[union-attr]
+                tree_cpu_seconds(srv) if srv else 0.0,
+            )
             if got > 0 and first_cpu is None:
                 first_cpu, t_first, n_first = cpus, now, got
             if got != last:
@@ -270,8 +324,11 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             if now - last_change > 30 or any(p.poll() is not None for p in procs):
                 out["stalled_at"] = got
                 log.flush()
-                print(f"the collector stalled at {got} of {n} (exit {proc.poll()}): "
-                      f"{(work / 'collector.log').read_text(errors='replace')[-1500:]}", file=sys.stderr)
+                print(
+                    f"the collector stalled at {got} of {n} (exit {proc.poll()}): "
+                    f"{(work / 'collector.log').read_text(errors='replace')[-1500:]}",
+                    file=sys.stderr,
+                )
                 break
         if proc is not None:
             outs = []
@@ -283,15 +340,23 @@ def drain_once(args: argparse.Namespace, dbs: Databases, kind: str, variant: str
             stats = None if None in outs else {k: sum(o[k] for o in outs) for k in ("duplicates", "db_errors")}
             if first_cpu is not None and "stalled_at" not in out and t_done > t_first:
                 w = t_done - t_first
-                out["cpu_percent"] = {k: round(100 * (done_cpu[i] - first_cpu[i]) / w, 1)
-                                      for i, k in enumerate(("collector", "mosquitto", "postgresql"))}
+                out["cpu_percent"] = {
+                    k: round(100 * (done_cpu[i] - first_cpu[i]) / w, 1)
+                    for i, k in enumerate(("collector", "mosquitto", "postgresql"))
+                }
                 # the host is shared: messages per CPU-second of the collector is what one core of its own would do
                 if done_cpu[0] > first_cpu[0]:
                     out["msgs_per_collector_cpu_s"] = round((n - n_first) / (done_cpu[0] - first_cpu[0]))
         log.close()
-    first, last_at, stored = (scalar(db_url, f"SELECT {f}(received_at) FROM telemetry") for f in ("min", "max", "count"))
-    out.update(stored=int(stored or 0), missing_in_streams=missing_in_streams(db_url),
-               duplicates=stats["duplicates"] if stats else None, db_errors=stats["db_errors"] if stats else None)
+    first, last_at, stored = (
+        scalar(db_url, f"SELECT {f}(received_at) FROM telemetry") for f in ("min", "max", "count")
+    )
+    out.update(
+        stored=int(stored or 0),
+        missing_in_streams=missing_in_streams(db_url),
+        duplicates=stats["duplicates"] if stats else None,
+        db_errors=stats["db_errors"] if stats else None,
+    )
     span = (last_at - first) if first is not None and last_at is not None else 0.0
     out["drain_s"] = round(span, 3)
     out["msgs_per_s"] = round((out["stored"] - 1) / span) if span > 0 else None
@@ -308,7 +373,7 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
     """The MQTT client alone: the collector's Connection (paho, MQTT 5, manual acks) on its NetworkLoop, every
     message acknowledged at once, nothing decoded or stored. The ceiling of a paho-based collector here.
     ``lite``: the same with edge.mqtt.lite's LiteConnection (acks written once per socket read)."""
-    from edge.mqtt.netloop import ConnectOptions, Connection, NetworkLoop
+    from edge.mqtt.netloop import Connection, ConnectOptions, NetworkLoop
 
     got = {"n": 0, "t0": 0.0, "t1": 0.0}
 
@@ -332,17 +397,28 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
         if lite:
             from edge.mqtt.lite import LiteConnection
 
-            conn = LiteConnection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,
-                                  subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
-                                  on_publish=on_publish, clean_start=False, session_expiry_s=3600,
-                                  receive_maximum=10_000)
+            conn = LiteConnection(
+                loop,
+                BrokerConfig.from_url(broker_url),
+                CLIENT_ID,
+                subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
+                on_publish=on_publish,
+                clean_start=False,
+                session_expiry_s=3600,
+                receive_maximum=10_000,
+            )
             loop.run(lambda: loop.after_io(conn.ack_done))
         else:
-            conn = Connection(loop, BrokerConfig.from_url(broker_url), CLIENT_ID,  # type: ignore[assignment]
-                              subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
-                              on_message=on_message,
-                              options=ConnectOptions(clean_start=False, session_expiry_s=3600, manual_ack=True,
-                                                     receive_maximum=10_000))
+            conn = Connection(
+                loop,
+                BrokerConfig.from_url(broker_url),
+                CLIENT_ID,  # type: ignore[assignment]
+                subscriptions=[(shared("edgekit-collectors", fleet_filter("+")), 1)],
+                on_message=on_message,
+                options=ConnectOptions(
+                    clean_start=False, session_expiry_s=3600, manual_ack=True, receive_maximum=10_000
+                ),
+            )
         cpu = loop.run(time.thread_time)  # the loop thread's CPU
         conn.start()
         deadline = time.monotonic() + 300
@@ -352,8 +428,11 @@ def paho_drain(broker_url: str, n: int, lite: bool = False) -> dict[str, Any]:
         loop.run(conn.close)
         conn.closed.wait(5)
     span = got["t1"] - got["t0"]
-    return {"messages": got["n"], "msgs_per_s": round(got["n"] / span) if span else None,
-            "msgs_per_loop_cpu_s": round(got["n"] / cpu) if cpu else None}
+    return {
+        "messages": got["n"],
+        "msgs_per_s": round(got["n"] / span) if span else None,
+        "msgs_per_loop_cpu_s": round(got["n"] / cpu) if cpu else None,
+    }
 
 
 def profile_drain(broker_url: str, db_url: str, n: int, opts: list[str]) -> tuple[dict[str, Any], str]:
@@ -362,8 +441,13 @@ def profile_drain(broker_url: str, db_url: str, n: int, opts: list[str]) -> tupl
 
     kw: dict[str, Any] = {}
     for flag, value in zip(opts[::2], opts[1::2]):
-        kw[{"--batch-max": "batch_max", "--batch-interval-ms": "batch_interval_ms",
-            "--receive-maximum": "receive_maximum"}[flag]] = int(value)
+        kw[
+            {
+                "--batch-max": "batch_max",
+                "--batch-interval-ms": "batch_interval_ms",
+                "--receive-maximum": "receive_maximum",
+            }[flag]
+        ] = int(value)
     prof = cProfile.Profile()
     c = Collector(CollectorConfig(BrokerConfig.from_url(broker_url), db_url, client_id=CLIENT_ID, **kw))
     c.start()
@@ -392,11 +476,15 @@ def drain(args: argparse.Namespace) -> list[dict[str, Any]]:
                     res = drain_once(args, dbs, kind, variant, msgs)
                     res["round"] = r + 1
                     results.append(res)
-                    print(f"drain {kind:10s} {res['variant']:28s} round {r + 1}: {res['msgs_per_s']} msg/s "
-                          f"({res['stored']}/{res['messages']} stored in {res['drain_s']} s, dup {res['duplicates']}, "
-                          f"missing {res['missing_in_streams']}; {res.get('msgs_per_collector_cpu_s')} msg per collector CPU-s; "
-                          f"CPU % {res.get('cpu_percent')}; "
-                          f"load {res['load_start']} -> {res['load_end']})", file=sys.stderr, flush=True)
+                    print(
+                        f"drain {kind:10s} {res['variant']:28s} round {r + 1}: {res['msgs_per_s']} msg/s "
+                        f"({res['stored']}/{res['messages']} stored in {res['drain_s']} s, dup {res['duplicates']}, "
+                        f"missing {res['missing_in_streams']}; {res.get('msgs_per_collector_cpu_s')} msg per collector CPU-s; "
+                        f"CPU % {res.get('cpu_percent')}; "
+                        f"load {res['load_start']} -> {res['load_end']})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     if res.get("profile"):
                         print(res["profile"], file=sys.stderr)
     finally:
@@ -453,23 +541,41 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="edgekit-fleet-bench-"))
     dbs = Databases(work)
     db_url = dbs.new(args.db.split(",")[0])
-    out: dict[str, Any] = {"devices": args.devices, "rate_hz": args.rate, "duration_s": args.duration, "sim": args.sim,
-                           "collector_opts": " ".join(args.collector_opts),
-                           "db": args.db.split(",")[0], "load_start": loadavg(), "cpus": os.cpu_count()}
+    out: dict[str, Any] = {
+        "devices": args.devices,
+        "rate_hz": args.rate,
+        "duration_s": args.duration,
+        "sim": args.sim,
+        "collector_opts": " ".join(args.collector_opts),
+        "db": args.db.split(",")[0],
+        "load_start": loadavg(),
+        "cpus": os.cpu_count(),
+    }
     try:
         with Mosquitto(work / "broker") as broker:
             env = {**os.environ, "NO_COLOR": "1"}
-            collectors = [subprocess.Popen(collector_cmd(broker.url, db_url, args.collector_opts, cid), stdout=subprocess.PIPE,
-                                           stderr=open(work / "collector.log", "ab"), env=env)
-                          for cid in client_ids(args.collectors)]
+            collectors = [
+                subprocess.Popen(
+                    collector_cmd(broker.url, db_url, args.collector_opts, cid),
+                    stdout=subprocess.PIPE,
+                    stderr=open(work / "collector.log", "ab"),
+                    env=env,
+                )
+                for cid in client_ids(args.collectors)
+            ]
             time.sleep(2.0)  # the collector subscribes before the devices publish
             fleet: Any
             if args.sim == "light":
-                fleet = LightFleet("127.0.0.1", broker.port, devices=args.devices, rate_hz=args.rate,
-                                   connect_per_s=args.connect_rate)
+                fleet = LightFleet(
+                    "127.0.0.1", broker.port, devices=args.devices, rate_hz=args.rate, connect_per_s=args.connect_rate
+                )
             else:
-                fleet = SimulatedFleet(BrokerConfig.from_url(broker.url), devices=args.devices, rate_hz=args.rate,
-                                       connect_per_s=args.connect_rate)
+                fleet = SimulatedFleet(
+                    BrokerConfig.from_url(broker.url),
+                    devices=args.devices,
+                    rate_hz=args.rate,
+                    connect_per_s=args.connect_rate,
+                )
             t = time.monotonic()
             fleet.start()
             try:
@@ -510,29 +616,52 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
             outs = [json.loads(c) if c.strip() else None for c in couts]
             out["collector"] = None if None in outs else {"duplicates": sum(o["duplicates"] for o in outs)}
             out["collectors"] = len(collectors)
-            out["cpu_percent"]["collector"] = round(sum(v for k, v in out["cpu_percent"].items()
-                                                        if k.startswith("collector-")), 1)
+            out["cpu_percent"]["collector"] = round(
+                sum(v for k, v in out["cpu_percent"].items() if k.startswith("collector-")), 1
+            )
             with open_db(db_url, must_exist=True) as db:
                 stored = int(db.execute("SELECT count(*) FROM telemetry").fetchone()[0])
-                delays = [r[0] * 1e3 for r in db.execute(
-                    "SELECT received_at - ts FROM telemetry WHERE ts BETWEEN ? AND ?", (w0, w1)).fetchall()]
+                delays = [
+                    r[0] * 1e3
+                    for r in db.execute(
+                        "SELECT received_at - ts FROM telemetry WHERE ts BETWEEN ? AND ?", (w0, w1)
+                    ).fetchall()
+                ]
                 by_window = []  # steady state or a transient? p99 per 10 s of the measured window
                 for lo in range(0, int(w1 - w0), 10):
-                    d = [r[0] * 1e3 for r in db.execute("SELECT received_at - ts FROM telemetry WHERE ts >= ? AND ts < ?",
-                                                        (w0 + lo, min(w1, w0 + lo + 10))).fetchall()]
-                    by_window.append({"from_s": lo, "count": len(d), "p50": round(pct(d, 0.5), 2),
-                                      "p99": round(pct(d, 0.99), 2)})
-            out.update(made=made, stored=stored, missing_in_streams=missing_in_streams(db_url),
-                       e2e_ms={"count": len(delays), "p50": round(pct(delays, 0.5), 2),
-                               "p99": round(pct(delays, 0.99), 2), "max": round(max(delays), 2) if delays else None},
-                       e2e_ms_per_10s=by_window)
+                    d = [
+                        r[0] * 1e3
+                        for r in db.execute(
+                            "SELECT received_at - ts FROM telemetry WHERE ts >= ? AND ts < ?",
+                            (w0 + lo, min(w1, w0 + lo + 10)),
+                        ).fetchall()
+                    ]
+                    by_window.append(
+                        {"from_s": lo, "count": len(d), "p50": round(pct(d, 0.5), 2), "p99": round(pct(d, 0.99), 2)}
+                    )
+            out.update(
+                made=made,
+                stored=stored,
+                missing_in_streams=missing_in_streams(db_url),
+                e2e_ms={
+                    "count": len(delays),
+                    "p50": round(pct(delays, 0.5), 2),
+                    "p99": round(pct(delays, 0.99), 2),
+                    "max": round(max(delays), 2) if delays else None,
+                },
+                e2e_ms_per_10s=by_window,
+            )
     finally:
         dbs.close()
         shutil.rmtree(work, ignore_errors=True)
     out["load_end"] = loadavg()
     dup = out["collector"]["duplicates"] if out.get("collector") else None
-    out["keeps_up"] = bool(out["stored"] == made and dup == 0 and out["drain_s"] < 5
-                           and out["made_msgs_per_s"] >= 0.95 * out["offered_msgs_per_s"])
+    out["keeps_up"] = bool(
+        out["stored"] == made
+        and dup == 0
+        and out["drain_s"] < 5
+        and out["made_msgs_per_s"] >= 0.95 * out["offered_msgs_per_s"]
+    )
     return out
 
 
@@ -557,24 +686,41 @@ def live_lines(r: dict[str, Any]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("both", "drain", "live", "decode"), default="both")
-    ap.add_argument("--db", default="sqlite", help="sqlite, postgresql, or both comma-separated (drain); "
-                    "live uses the first. PostgreSQL: a throw-away server with fsync on")
+    ap.add_argument(
+        "--db",
+        default="sqlite",
+        help="sqlite, postgresql, or both comma-separated (drain); "
+        "live uses the first. PostgreSQL: a throw-away server with fsync on",
+    )
     ap.add_argument("--drain-messages", type=int, default=200_000, help="telemetry messages pre-loaded for the drain")
     ap.add_argument("--drain-devices", type=int, default=1000, help="devices they come from (one birth each)")
     ap.add_argument("--variant", action="append", help="a drain configuration (see above); repeatable")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the drain variants, interleaved")
-    ap.add_argument("--collectors", type=int, default=1, help="drain: collector processes in one shared-"
-                    "subscription group (the broker splits the messages between them)")
+    ap.add_argument(
+        "--collectors",
+        type=int,
+        default=1,
+        help="drain: collector processes in one shared-"
+        "subscription group (the broker splits the messages between them)",
+    )
     ap.add_argument("--profile", default=None, help="drain: run the collector in-process under cProfile, print the top")
     ap.add_argument("--devices", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1.0, help="telemetry messages per device per second")
     ap.add_argument("--duration", type=float, default=60.0, help="measured seconds (after all devices connected)")
     ap.add_argument("--connect-rate", type=float, default=200.0, help="new connections per second at start")
-    ap.add_argument("--collector-opts", type=str.split, default=[], help="live: `fleet collect` options, one "
-                    "string (e.g. '--batch-max 5000 --batch-interval-ms 100')")
-    ap.add_argument("--sim", choices=("sessions", "light"), default="sessions",
-                    help="live: 'sessions' (the agent's DeviceSession per device) or 'light' (edge.fleet.simulate."
-                    "LightFleet: one raw MQTT connection per device, pre-encoded payloads; for 10,000 devices here)")
+    ap.add_argument(
+        "--collector-opts",
+        type=str.split,
+        default=[],
+        help="live: `fleet collect` options, one string (e.g. '--batch-max 5000 --batch-interval-ms 100')",
+    )
+    ap.add_argument(
+        "--sim",
+        choices=("sessions", "light"),
+        default="sessions",
+        help="live: 'sessions' (the agent's DeviceSession per device) or 'light' (edge.fleet.simulate."
+        "LightFleet: one raw MQTT connection per device, pre-encoded payloads; for 10,000 devices here)",
+    )
     ap.add_argument("--json", default=None, help="write the results as JSON to this file ('-': stdout)")
     args = ap.parse_args()
     if mosquitto_binary() is None:
@@ -589,14 +735,18 @@ def main() -> None:
         for r in runs:
             alone = "paho" if r.get("paho") else "lite" if r.get("lite") else None
             if alone:
-                lines.append(f"MQTT client alone [{alone}, round {r['round']}]: {r[alone]['msgs_per_s']} msg/s, "
-                             f"{r[alone]['msgs_per_loop_cpu_s']} msg per CPU-second of its loop thread")
+                lines.append(
+                    f"MQTT client alone [{alone}, round {r['round']}]: {r[alone]['msgs_per_s']} msg/s, "
+                    f"{r[alone]['msgs_per_loop_cpu_s']} msg per CPU-second of its loop thread"
+                )
                 continue
-            lines.append(f"drain capacity [{r['db']}, {r['variant']}, {r['collectors']} collector(s)]: "
-                         f"{r['msgs_per_s']} msg/s "
-                         f"({r['stored']}/{r['messages']} stored in {r['drain_s']} s, duplicates {r['duplicates']}, "
-                         f"missing {r['missing_in_streams']}, exact: {'yes' if r['exact'] else 'NO'}; "
-                         f"{r.get('msgs_per_collector_cpu_s')} msg per collector CPU-second; CPU % {r.get('cpu_percent')})")
+            lines.append(
+                f"drain capacity [{r['db']}, {r['variant']}, {r['collectors']} collector(s)]: "
+                f"{r['msgs_per_s']} msg/s "
+                f"({r['stored']}/{r['messages']} stored in {r['drain_s']} s, duplicates {r['duplicates']}, "
+                f"missing {r['missing_in_streams']}, exact: {'yes' if r['exact'] else 'NO'}; "
+                f"{r.get('msgs_per_collector_cpu_s')} msg per collector CPU-second; CPU % {r.get('cpu_percent')})"
+            )
     if args.mode in ("both", "live"):
         res["live"] = r = live(args)
         lines += live_lines(r)

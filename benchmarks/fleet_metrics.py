@@ -22,45 +22,84 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.metrics import MetricsServer  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 
 TARGETS = ("x86-cpu", "jetson-orin", "coral-edgetpu", "rpi5-xnnpack")
 
 
 def birth(fleet: str, dev: str, i: int, now: float) -> tuple[str, bytes]:
     target = TARGETS[i % len(TARGETS)]
-    body = {"connection": 1, "state": "running",
-            "agent": {"edgekit_version": "0.1.0", "pid": 100, "started_at": now, "interval_s": 5.0,
-                      "source": "video:/data/cam.mp4", "fps": 30.0, "budget_ms": 33.3},
-            "bundle": {"id": f"model-{target}-fp16-{'canary' if i % 10 == 0 else 'base'}", "target": target,
-                       "precision": "fp16"},
-            "runner": {"runtime": "onnxruntime 1.22.0", "device_requested": "CUDAExecutionProvider",
-                       "device_used": "CPUExecutionProvider" if i % 50 == 0 else "CUDAExecutionProvider",
-                       "precision_used": "f16", "threads": 4, "fallback": None,
-                       "details": {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}},
-            "reference_check": {"passed": True, "samples": 16, "skipped": None},
-            "host": {"hostname": f"host-{i:05d}", "os": "linux", "arch": "aarch64", "model": "NVIDIA Jetson"}}
+    body = {
+        "connection": 1,
+        "state": "running",
+        "agent": {
+            "edgekit_version": "0.1.0",
+            "pid": 100,
+            "started_at": now,
+            "interval_s": 5.0,
+            "source": "video:/data/cam.mp4",
+            "fps": 30.0,
+            "budget_ms": 33.3,
+        },
+        "bundle": {
+            "id": f"model-{target}-fp16-{'canary' if i % 10 == 0 else 'base'}",
+            "target": target,
+            "precision": "fp16",
+        },
+        "runner": {
+            "runtime": "onnxruntime 1.22.0",
+            "device_requested": "CUDAExecutionProvider",
+            "device_used": "CPUExecutionProvider" if i % 50 == 0 else "CUDAExecutionProvider",
+            "precision_used": "f16",
+            "threads": 4,
+            "fallback": None,
+            "details": {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
+        },
+        "reference_check": {"passed": True, "samples": 16, "skipped": None},
+        "host": {"hostname": f"host-{i:05d}", "os": "linux", "arch": "aarch64", "model": "NVIDIA Jetson"},
+    }
     return f"edgekit/{fleet}/{dev}/birth", encode(message("birth", fleet, dev, 1000, 0, body, ts=now))
 
 
 def telemetry(fleet: str, dev: str, i: int, seq: int, now: float) -> tuple[str, bytes]:
     p50 = 8.0 + (i % 97) / 10
-    body = {"interval_s": 5.0, "window_s": 5.0, "state": "running", "bundle_id": None, "uptime_s": 100.0,
-            "inference": {"frames": 150, "fps": 30.0 - (i % 7) / 10, "target_fps": 30.0, "budget_ms": 33.3,
-                          "budget_misses": i % 3, "latency_ms": {"count": 150, "p50_ms": p50, "p99_ms": p50 * 1.7,
-                                                                 "max_ms": p50 * 2}},
-            "process": {"cpu_percent": 40.0, "rss_mb": 35.0}, "thermal": {"max_c": 55.0, "throttled_now": False},
-            "spool": {"pending": 0, "dropped_total": 0}}
+    body = {
+        "interval_s": 5.0,
+        "window_s": 5.0,
+        "state": "running",
+        "bundle_id": None,
+        "uptime_s": 100.0,
+        "inference": {
+            "frames": 150,
+            "fps": 30.0 - (i % 7) / 10,
+            "target_fps": 30.0,
+            "budget_ms": 33.3,
+            "budget_misses": i % 3,
+            "latency_ms": {"count": 150, "p50_ms": p50, "p99_ms": p50 * 1.7, "max_ms": p50 * 2},
+        },
+        "process": {"cpu_percent": 40.0, "rss_mb": 35.0},
+        "thermal": {"max_c": 55.0, "throttled_now": False},
+        "spool": {"pending": 0, "dropped_total": 0},
+    }
     return f"edgekit/{fleet}/{dev}/telemetry", encode(message("telemetry", fleet, dev, 1000, seq, body, ts=now))
 
 
 def state(fleet: str, dev: str, i: int, seq: int, now: float, step: str) -> tuple[str, bytes]:
-    body = {"state": "running", "detail": None, "bundle_id": None,
-            "rollout": {"rollout_id": "r-2026-11-25", "desired_bundle": f"model-{TARGETS[i % len(TARGETS)]}-fp16-canary",
-                        "desired_version": 7, "state": step, "reason": None}}
+    body = {
+        "state": "running",
+        "detail": None,
+        "bundle_id": None,
+        "rollout": {
+            "rollout_id": "r-2026-11-25",
+            "desired_bundle": f"model-{TARGETS[i % len(TARGETS)]}-fp16-canary",
+            "desired_version": 7,
+            "state": step,
+            "reason": None,
+        },
+    }
     return f"edgekit/{fleet}/{dev}/state", encode(message("state", fleet, dev, 1000, seq, body, ts=now))
 
 
@@ -131,11 +170,15 @@ def main() -> int:
                 churn_reads.append(server.fleet.last.seconds)
                 churn_cpus.append(server.fleet.last.cpu_seconds)
         ms = lambda xs: f"{statistics.median(xs) * 1000:.0f} ms"  # noqa: E731
-        print(f"devices {a.devices}, /metrics {size} bytes; first scrape {cold * 1000:.0f} ms "
-              f"(database read {read_cold * 1000:.0f} ms, {cpu_cold * 1000:.0f} ms CPU)")
+        print(
+            f"devices {a.devices}, /metrics {size} bytes; first scrape {cold * 1000:.0f} ms "
+            f"(database read {read_cold * 1000:.0f} ms, {cpu_cold * 1000:.0f} ms CPU)"
+        )
         print(f"steady scrape: median {ms(warm)} (database read {ms(reads)}, {ms(cpus)} CPU) over {a.repeat}")
-        print(f"after {a.churn} new state messages: median {ms(churned)} (database read {ms(churn_reads)}, "
-              f"{ms(churn_cpus)} CPU)")
+        print(
+            f"after {a.churn} new state messages: median {ms(churned)} (database read {ms(churn_reads)}, "
+            f"{ms(churn_cpus)} CPU)"
+        )
     return 0
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.simulate import birth_body, telemetry_body  # noqa: E402
 from edge.fleet.status import fleet_status  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 
 EDGEKIT = str(Path(sys.executable).with_name("edgekit"))
 
@@ -46,12 +46,17 @@ def seed(url: str, devices: int, sessions: int, telemetry: int) -> float:
             session = int(now) - 3600 * (sessions - s)
             for i in range(devices):
                 dev = f"dev-{i:05d}"
-                c.add(f"edgekit/sim/{dev}/birth", encode(message("birth", "sim", dev, session, 0,
-                                                                 {**birth_body(i, 1.0), "connection": 1}, ts=now)),
-                      received_at=now - 60)
+                c.add(
+                    f"edgekit/sim/{dev}/birth",
+                    encode(message("birth", "sim", dev, session, 0, {**birth_body(i, 1.0), "connection": 1}, ts=now)),
+                    received_at=now - 60,
+                )
                 for seq in range(1, telemetry + 1):
-                    c.add(f"edgekit/sim/{dev}/telemetry", encode(message(
-                        "telemetry", "sim", dev, session, seq, telemetry_body(rng, 1.0), ts=now)), received_at=now - 5)
+                    c.add(
+                        f"edgekit/sim/{dev}/telemetry",
+                        encode(message("telemetry", "sim", dev, session, seq, telemetry_body(rng, 1.0), ts=now)),
+                        received_at=now - 5,
+                    )
                 if len(c._pending) >= 5000:
                     c.flush()
         c.flush()
@@ -62,8 +67,9 @@ def seed(url: str, devices: int, sessions: int, telemetry: int) -> float:
 
 def timed_cli(*args: str) -> float:
     t0 = time.monotonic()
-    p = subprocess.run([EDGEKIT, *args], capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1",
-                                                                                  "COLUMNS": "200"})
+    p = subprocess.run(
+        [EDGEKIT, *args], capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    )
     if p.returncode != 0:
         raise SystemExit(f"edgekit {' '.join(args)} failed: {p.stderr[-500:]}")
     return time.monotonic() - t0
@@ -90,8 +96,11 @@ def main() -> None:
                 pg = PostgresServer(durable=True)
                 urls[kind] = pg.start()
             s = seed(urls[kind], args.devices, args.sessions, args.telemetry)
-            print(f"{kind}: seeded {args.devices} devices x {args.sessions} sessions x ({args.telemetry} telemetry "
-                  f"+ birth) in {s:.1f} s", flush=True)
+            print(
+                f"{kind}: seeded {args.devices} devices x {args.sessions} sessions x ({args.telemetry} telemetry "
+                f"+ birth) in {s:.1f} s",
+                flush=True,
+            )
         lib: dict[str, list[float]] = {k: [] for k in urls}
         lib_cpu: dict[str, list[float]] = {k: [] for k in urls}  # this process's CPU (the host is shared)
         cli_json: dict[str, list[float]] = {k: [] for k in urls}
@@ -109,12 +118,14 @@ def main() -> None:
         timed_cli("--help")
         startup = time.monotonic() - t0
         for kind in urls:
-            print(f"{kind}: fleet_status() at {args.devices} devices: median {1e3 * statistics.median(lib[kind]):.0f} ms "
-                  f"(min {1e3 * min(lib[kind]):.0f}; CPU of this process median "
-                  f"{1e3 * statistics.median(lib_cpu[kind]):.0f} ms); `edgekit fleet status --json` median "
-                  f"{1e3 * statistics.median(cli_json[kind]):.0f} ms, table median "
-                  f"{1e3 * statistics.median(cli_table[kind]):.0f} ms (process start-up, `edgekit --help`: "
-                  f"{1e3 * startup:.0f} ms); {args.repeat} runs")
+            print(
+                f"{kind}: fleet_status() at {args.devices} devices: median {1e3 * statistics.median(lib[kind]):.0f} ms "
+                f"(min {1e3 * min(lib[kind]):.0f}; CPU of this process median "
+                f"{1e3 * statistics.median(lib_cpu[kind]):.0f} ms); `edgekit fleet status --json` median "
+                f"{1e3 * statistics.median(cli_json[kind]):.0f} ms, table median "
+                f"{1e3 * statistics.median(cli_table[kind]):.0f} ms (process start-up, `edgekit --help`: "
+                f"{1e3 * startup:.0f} ms); {args.repeat} runs"
+            )
         print(f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])} ({os.cpu_count()} cores)")
     finally:
         if pg is not None:

@@ -36,13 +36,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 from vs_runtime_defaults import CONV_NETS, MODELS  # noqa: E402
 
-INT8_KERNELS = {"QLinearConv", "QGemm", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd", "QLinearMul",
-                "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
-                "QLinearSoftmax", "QLinearReduceMean", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-                "QAttention", "QLinearWhere"}
+INT8_KERNELS = {
+    "QLinearConv",
+    "QGemm",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearConcat",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearSoftmax",
+    "QLinearReduceMean",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QAttention",
+    "QLinearWhere",
+}
 # moved as int8 without arithmetic: fine in a QDQ graph when both sides are quantized
-DATA_MOVEMENT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather", "MaxPool",
-                 "Resize", "Concat", "Identity"}
+DATA_MOVEMENT = {
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Slice",
+    "Split",
+    "Gather",
+    "MaxPool",
+    "Resize",
+    "Concat",
+    "Identity",
+}
 
 
 def optimized_graph(artifact: Path, out: Path) -> Any:
@@ -90,28 +118,55 @@ def main() -> int:
     args = p.parse_args()
     work = Path(args.workdir)
     file, kw = CONV_NETS[args.model]
-    bundles = {prec: C.convert_cached(MODELS / file, "x86-cpu", work / f"{args.model}-x86-cpu-{prec}", reuse=True,
-                                      precision=prec, calib="random", parity_samples=8, **kw)
-               for prec in ("fp32", "int8")}
+    bundles = {
+        prec: C.convert_cached(
+            MODELS / file,
+            "x86-cpu",
+            work / f"{args.model}-x86-cpu-{prec}",
+            reuse=True,
+            precision=prec,
+            calib="random",
+            parity_samples=8,
+            **kw,
+        )
+        for prec in ("fp32", "int8")
+    }
     b8 = bundles["int8"]
     with tempfile.TemporaryDirectory() as tmp:
         kernels, moves, in_qdq, excluded, qdq = classify(optimized_graph(b8.artifact, Path(tmp) / "opt.onnx"))
         f32_ops = Counter(n.op_type for n in optimized_graph(bundles["fp32"].artifact, Path(tmp) / "f32.onnx").node)
-    kept = next((s.get("details", {}).get("mixed_precision_search", {}) for s in b8.manifest.get("chain", [])
-                 if isinstance(s.get("details"), dict)), {})
+    kept = next(
+        (
+            s.get("details", {}).get("mixed_precision_search", {})
+            for s in b8.manifest.get("chain", [])
+            if isinstance(s.get("details"), dict)
+        ),
+        {},
+    )
     rows = [[op, n, "int8 kernel"] for op, n in kernels.most_common()]
     rows += [[op, n, "int8 data (moves int8 tensors, no arithmetic)"] for op, n in moves.most_common()]
-    rows += [[op, n, "float, between DQ and Q: no int8 kernel or fusion for it in onnxruntime's CPU provider"]
-             for op, n in in_qdq.most_common()]
-    rows += [[op, n, "float, fed by float ops: inside a float island (GELU/hard-swish parts) or kept float by the recipe"]
-             for op, n in excluded.most_common()]
+    rows += [
+        [op, n, "float, between DQ and Q: no int8 kernel or fusion for it in onnxruntime's CPU provider"]
+        for op, n in in_qdq.most_common()
+    ]
+    rows += [
+        [op, n, "float, fed by float ops: inside a float island (GELU/hard-swish parts) or kept float by the recipe"]
+        for op, n in excluded.most_common()
+    ]
     rows += [[op, n, "conversion"] for op, n in qdq.most_common()]
-    print(C.table(["op", "count", "computes in"], rows,
-                  title=f"{args.model} x86-cpu int8, onnxruntime's optimised graph ({sum(kernels.values())} int8 "
-                        f"kernels, {sum(moves.values())} int8 moves, {sum(in_qdq.values()) + sum(excluded.values())} "
-                        "float ops)"))
-    print(f"fp32 bundle, optimised: {sum(f32_ops.values())} nodes: "
-          + ", ".join(f"{op} {n}" for op, n in f32_ops.most_common(8)))
+    print(
+        C.table(
+            ["op", "count", "computes in"],
+            rows,
+            title=f"{args.model} x86-cpu int8, onnxruntime's optimised graph ({sum(kernels.values())} int8 "
+            f"kernels, {sum(moves.values())} int8 moves, {sum(in_qdq.values()) + sum(excluded.values())} "
+            "float ops)",
+        )
+    )
+    print(
+        f"fp32 bundle, optimised: {sum(f32_ops.values())} nodes: "
+        + ", ".join(f"{op} {n}" for op, n in f32_ops.most_common(8))
+    )
     if kept:
         print(f"mixed precision search: {kept}")
     from edge.bench import bundle_feeds
@@ -124,8 +179,7 @@ def main() -> int:
         for r in runners.values():
             r.close()
     f32, i8 = float(np.median(got["fp32"])), float(np.median(got["int8"]))
-    print(f"p50 fp32 {f32:.2f} ms, int8 {i8:.2f} ms: int8 speed-up {f32 / i8:.2f}x "
-          f"({C.host_line(C.host_info())})")
+    print(f"p50 fp32 {f32:.2f} ms, int8 {i8:.2f} ms: int8 speed-up {f32 / i8:.2f}x ({C.host_line(C.host_info())})")
     return 0
 
 

@@ -26,12 +26,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge.capabilities import cpu_isa  # noqa: E402
-from edge.pipeline import convert  # noqa: E402
-from edge.verify.parity import reference_outputs  # noqa: E402
-from edge.preprocess import Preprocessor, read_image  # noqa: E402
 from edge.graph.samples import write_text_line_images  # noqa: E402
-from tests.pipeline.test_pretrained import MODEL, static_source  # noqa: E402
+from edge.pipeline import convert  # noqa: E402
 from edge.pipeline.request import ConvertRequest
+from edge.preprocess import Preprocessor, read_image  # noqa: E402
+from edge.verify.parity import reference_outputs  # noqa: E402
+from tests.pipeline.test_pretrained import MODEL, static_source  # noqa: E402
 
 
 def main() -> None:
@@ -50,23 +50,50 @@ def main() -> None:
     for pair in args.pairs:
         target, precision = pair.split(":")
         t = time.perf_counter()
-        b = convert(MODEL, target, d / f"{target}-{precision}", ConvertRequest(precision=precision, calib=calib if precision == "int8" else None, input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr", accept_parity_failure=True, targets_dir=args.targets_dir))
+        b = convert(
+            MODEL,
+            target,
+            d / f"{target}-{precision}",
+            ConvertRequest(
+                precision=precision,
+                calib=calib if precision == "int8" else None,
+                input_shapes={"x": (1, 3, 48, 192)},
+                preprocess="ppocr",
+                accept_parity_failure=True,
+                targets_dir=args.targets_dir,
+            ),
+        )
         if feeds is None:
             pre = Preprocessor(b.preprocess)
             feeds = [{"x": pre(read_image(p))[0]} for p in held]
-            source = np.array([np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
-                               for o in reference_outputs(static_source(d), feeds)])
+            source = np.array(
+                [
+                    np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
+                    for o in reference_outputs(static_source(d), feeds)
+                ]
+            )
         with b.open_runner() as r:
             got = np.array([np.argmax(next(iter(r.infer(f).values()))[0]) == 1 for f in feeds])
         par = b.manifest["parity"]
         o = par["outputs"][0]
-        print(json.dumps({
-            "target": target, "precision": precision, "n": args.n,
-            "source_acc": round(float((source == truth).mean()), 4), "acc": round(float((got == truth).mean()), 4),
-            "agree": round(float((got == source).mean()), 4), "parity_passed": par["passed"],
-            "cosine": round(o["cosine"], 5), "cosine_worst": round(o["cosine_min"], 4),
-            "precision_used": par["candidate"]["precision_used"], "seconds": round(time.perf_counter() - t, 1)}),
-            flush=True)
+        print(
+            json.dumps(
+                {
+                    "target": target,
+                    "precision": precision,
+                    "n": args.n,
+                    "source_acc": round(float((source == truth).mean()), 4),
+                    "acc": round(float((got == truth).mean()), 4),
+                    "agree": round(float((got == source).mean()), 4),
+                    "parity_passed": par["passed"],
+                    "cosine": round(o["cosine"], 5),
+                    "cosine_worst": round(o["cosine_min"], 4),
+                    "precision_used": par["candidate"]["precision_used"],
+                    "seconds": round(time.perf_counter() - t, 1),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

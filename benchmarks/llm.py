@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+
 from edge.pipeline.request import ConvertRequest
 
 
@@ -47,9 +48,9 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--workdir", metavar="DIR")
     args = p.parse_args()
-    from edge.pipeline import convert
     from edge.llm.bench import run_llm_benchmark
     from edge.llm.samples import LlamaShape, build_tiny_llama
+    from edge.pipeline import convert
 
     host = C.host_info()
     results: dict[str, object] = {"host": host}
@@ -57,9 +58,15 @@ def main() -> int:
         src = wd / "llama40m-f16.gguf"
         if not src.exists():
             build_tiny_llama(src, LlamaShape(n_vocab=1024, n_embd=768, n_layer=6, n_head=12, n_head_kv=4, n_ff=2048))
-        bundles = {q: convert(src, "x86-cpu", wd / f"llm-{q}", ConvertRequest(precision=q, accept_parity_failure=True), force=True)
-                   for q in ("f16", "q4_k_m")}
-        C.log(f"model: {src.name} ({src.stat().st_size / 1e6:.1f} MB), bundles: {', '.join(b.id for b in bundles.values())}")
+        bundles = {
+            q: convert(
+                src, "x86-cpu", wd / f"llm-{q}", ConvertRequest(precision=q, accept_parity_failure=True), force=True
+            )
+            for q in ("f16", "q4_k_m")
+        }
+        C.log(
+            f"model: {src.name} ({src.stat().st_size / 1e6:.1f} MB), bundles: {', '.join(b.id for b in bundles.values())}"
+        )
 
         # 1. runner overhead, same Llama object, alternating
         prompt = "the cat sat on the mat and looked at the"
@@ -68,8 +75,12 @@ def main() -> int:
             no_eos = {2: -1e9}
 
             def direct() -> object:
-                return (c["choices"][0]["text"] for c in llm.create_completion(
-                    prompt, max_tokens=args.gen_tokens, temperature=0.0, stream=True, logit_bias=no_eos))
+                return (
+                    c["choices"][0]["text"]
+                    for c in llm.create_completion(
+                        prompt, max_tokens=args.gen_tokens, temperature=0.0, stream=True, logit_bias=no_eos
+                    )
+                )
 
             def edgekit() -> object:
                 return runner.generate(prompt, max_tokens=args.gen_tokens, logit_bias=no_eos)
@@ -80,49 +91,78 @@ def main() -> int:
             counts: dict[str, set[int]] = {"edgekit": set(), "direct": set()}
             sides = [("edgekit", edgekit), ("direct", direct)]
             for r in range(args.rounds):
-                for name, fn in (sides if r % 2 == 0 else sides[::-1]):
+                for name, fn in sides if r % 2 == 0 else sides[::-1]:
                     n, v = _stream_tps(fn())
                     tps[name].append(v)
                     counts[name].add(n)
             info = runner.info.to_json()
         med = {k: float(np.median(v)) for k, v in tps.items()}
         overhead = (med["direct"] / med["edgekit"] - 1) * 100  # time per token, edgekit vs direct
-        results["overhead"] = {"tps": tps, "median_tps": med, "overhead_pct": overhead, "runner": info,
-                               "pieces_per_call": {k: sorted(v) for k, v in counts.items()}}
+        results["overhead"] = {
+            "tps": tps,
+            "median_tps": med,
+            "overhead_pct": overhead,
+            "runner": info,
+            "pieces_per_call": {k: sorted(v) for k, v in counts.items()},
+        }
 
         # 2. q4_k_m vs f16
         reps: dict[str, list[dict]] = {"f16": [], "q4_k_m": []}
         for r in range(3):
-            for q in (("f16", "q4_k_m") if r % 2 == 0 else ("q4_k_m", "f16")):
+            for q in ("f16", "q4_k_m") if r % 2 == 0 else ("q4_k_m", "f16"):
                 b = bundles[q]
-                rep = run_llm_benchmark(lambda _b=b, **o: _b.open_runner(o), prompt_tokens=128, gen_tokens=args.gen_tokens,
-                                        repetitions=3)
+                rep = run_llm_benchmark(
+                    lambda _b=b, **o: _b.open_runner(o), prompt_tokens=128, gen_tokens=args.gen_tokens, repetitions=3
+                )
                 reps[q].append(rep.to_json())
+
         def med_of(q: str, key: str) -> float:
             return float(np.median([r[key]["mean"] for r in reps[q]]))
+
         sizes = {q: b.manifest["artifacts"][0]["bytes"] for q, b in bundles.items()}
         gate = bundles["q4_k_m"].manifest["parity"]
         results["q4_vs_f16"] = {"bytes": sizes, "runs": reps, "gate": gate}
 
     print(C.host_line(host))
-    print(f"\n1. runner overhead (q4_k_m, {args.rounds} alternating rounds x {args.gen_tokens} tokens, "
-          f"{info['runtime']}, {info['threads']} threads, AMX buffers {info['details']['amx_extra_buffers']})")
-    print(C.table(["side", "median gen tok/s", "min", "max"],
-                  [[k, C.f(med[k], 1), C.f(min(tps[k]), 1), C.f(max(tps[k]), 1)] for k in ("edgekit", "direct")]))
-    print(f"   edgekit time per token vs direct at the median: {overhead:+.2f}%   goal <= 2%: "
-          f"{'PASS' if overhead <= 2 else 'FAIL'}")
-    print(f"\n2. q4_k_m vs f16 (3 alternating runs of 3 repetitions each, 128 prompt + {args.gen_tokens} generated tokens)")
+    print(
+        f"\n1. runner overhead (q4_k_m, {args.rounds} alternating rounds x {args.gen_tokens} tokens, "
+        f"{info['runtime']}, {info['threads']} threads, AMX buffers {info['details']['amx_extra_buffers']})"
+    )
+    print(
+        C.table(
+            ["side", "median gen tok/s", "min", "max"],
+            [[k, C.f(med[k], 1), C.f(min(tps[k]), 1), C.f(max(tps[k]), 1)] for k in ("edgekit", "direct")],
+        )
+    )
+    print(
+        f"   edgekit time per token vs direct at the median: {overhead:+.2f}%   goal <= 2%: "
+        f"{'PASS' if overhead <= 2 else 'FAIL'}"
+    )
+    print(
+        f"\n2. q4_k_m vs f16 (3 alternating runs of 3 repetitions each, 128 prompt + {args.gen_tokens} generated tokens)"
+    )
     rows = []
     for q in ("f16", "q4_k_m"):
-        rows.append([q, f"{sizes[q] / 1e6:.1f}", C.f(med_of(q, "ttft_ms"), 2), C.f(med_of(q, "prompt_tps"), 0),
-                     C.f(med_of(q, "gen_tps"), 1)])
+        rows.append(
+            [
+                q,
+                f"{sizes[q] / 1e6:.1f}",
+                C.f(med_of(q, "ttft_ms"), 2),
+                C.f(med_of(q, "prompt_tps"), 0),
+                C.f(med_of(q, "gen_tps"), 1),
+            ]
+        )
     print(C.table(["bundle", "MB", "ttft ms", "prompt tok/s", "gen tok/s"], rows))
-    print(f"   size ratio q4_k_m/f16: {sizes['q4_k_m'] / sizes['f16']:.3f}; generation speed-up: "
-          f"{med_of('q4_k_m', 'gen_tps') / med_of('f16', 'gen_tps'):.2f}x; prompt speed ratio: "
-          f"{med_of('q4_k_m', 'prompt_tps') / med_of('f16', 'prompt_tps'):.2f}x")
-    print(f"   quality gate q4_k_m vs f16 source: mean KL {gate['kl_mean']:.4f} (p99 {gate['kl_p99']:.3f}), "
-          f"top-1 {gate['top1']:.1%} on {gate['tokens']} tokens "
-          f"({'pass' if gate['passed'] else 'FAIL: random weights amplify quantization error'})")
+    print(
+        f"   size ratio q4_k_m/f16: {sizes['q4_k_m'] / sizes['f16']:.3f}; generation speed-up: "
+        f"{med_of('q4_k_m', 'gen_tps') / med_of('f16', 'gen_tps'):.2f}x; prompt speed ratio: "
+        f"{med_of('q4_k_m', 'prompt_tps') / med_of('f16', 'prompt_tps'):.2f}x"
+    )
+    print(
+        f"   quality gate q4_k_m vs f16 source: mean KL {gate['kl_mean']:.4f} (p99 {gate['kl_p99']:.3f}), "
+        f"top-1 {gate['top1']:.1%} on {gate['tokens']} tokens "
+        f"({'pass' if gate['passed'] else 'FAIL: random weights amplify quantization error'})"
+    )
     C.dump_json(args.json, results)
     return 0
 

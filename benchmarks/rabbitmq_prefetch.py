@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from mqtt_broker import preload_qos1  # noqa: E402
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
 
-from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.mqtt.lite import mqtt_packet, mqtt_string  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
 
 DEVICES = 50
 
@@ -44,13 +44,23 @@ DEVICES = 50
 def messages(n: int) -> list[tuple[str, bytes]]:
     now = time.time()
     session = int(now) - 100
-    out = [(f"edgekit/lab/d{i}/birth", encode(message("birth", "lab", f"d{i}", session, 0,
-                                                      {"connection": 1, "agent": {"interval_s": 1.0}}, ts=now)))
-           for i in range(DEVICES)]
+    out = [
+        (
+            f"edgekit/lab/d{i}/birth",
+            encode(
+                message("birth", "lab", f"d{i}", session, 0, {"connection": 1, "agent": {"interval_s": 1.0}}, ts=now)
+            ),
+        )
+        for i in range(DEVICES)
+    ]
     for k in range(n):
         body = {"inference": {"fps": 1.0, "frames": k, "latency_ms": {"p99_ms": 1.0}}}
-        out.append((f"edgekit/lab/d{k % DEVICES}/telemetry",
-                    encode(message("telemetry", "lab", f"d{k % DEVICES}", session, k // DEVICES + 1, body, ts=now))))
+        out.append(
+            (
+                f"edgekit/lab/d{k % DEVICES}/telemetry",
+                encode(message("telemetry", "lab", f"d{k % DEVICES}", session, k // DEVICES + 1, body, ts=now)),
+            )
+        )
     return out
 
 
@@ -58,7 +68,9 @@ def forget(port: int, client_id: str) -> None:
     """A clean-session CONNECT under the collector's id, then DISCONNECT: RabbitMQ deletes its queue, so the
     next run's pre-load is not copied into it too."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(mqtt_packet(0x10, mqtt_string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 30) + mqtt_string(client_id)))
+        s.sendall(
+            mqtt_packet(0x10, mqtt_string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 30) + mqtt_string(client_id))
+        )
         if s.recv(4) != b"\x20\x02\x00\x00":
             raise RuntimeError(f"the broker refused {client_id}'s clean session")
         s.sendall(b"\xe0\x00")
@@ -67,9 +79,25 @@ def forget(port: int, client_id: str) -> None:
 def drain(node, workdir: Path, n: int, prefetch: int, interval_ms: int, run: int) -> dict[str, float]:
     node.ctl("eval", f"application:set_env(rabbitmq_mqtt, prefetch, {prefetch}).")
     db = workdir / f"run{run}.db"
-    cmd = [sys.executable, "-m", "edge", "fleet", "collect", "--broker", node.url, "--db", f"sqlite:///{db}",
-           "--protocol", "3.1.1", "--client-id", f"bench-{run}", "--log-level", "warning",
-           "--batch-interval-ms", str(interval_ms)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edge",
+        "fleet",
+        "collect",
+        "--broker",
+        node.url,
+        "--db",
+        f"sqlite:///{db}",
+        "--protocol",
+        "3.1.1",
+        "--client-id",
+        f"bench-{run}",
+        "--log-level",
+        "warning",
+        "--batch-interval-ms",
+        str(interval_ms),
+    ]
     subprocess.run(cmd + ["--duration", "1"], check=True, capture_output=True, timeout=120, cwd=REPO)
     preload_qos1(node.port, messages(n))
     t0 = time.monotonic()
@@ -99,8 +127,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--variant", action="append", help="PREFETCH:BATCH_INTERVAL_MS (repeatable; default: 10:50, "
-                    "10:0, 1000:50 — RabbitMQ's and the collector's defaults first)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        help="PREFETCH:BATCH_INTERVAL_MS (repeatable; default: 10:50, "
+        "10:0, 1000:50 — RabbitMQ's and the collector's defaults first)",
+    )
     ns = ap.parse_args()
     missing = rabbitmq_missing()
     if missing:
@@ -117,16 +149,24 @@ def main() -> int:
                     run += 1
                     r = drain(cluster["a"], work, ns.messages, v[0], v[1], run)
                     results[v].append(r)
-                    print(f"  prefetch {v[0]:>5}  batch-interval-ms {v[1]:>3}: {r['rate']:8.0f} msg/s "
-                          f"({r['wall_rate']:.0f} counting the collector's start)", file=sys.stderr, flush=True)
+                    print(
+                        f"  prefetch {v[0]:>5}  batch-interval-ms {v[1]:>3}: {r['rate']:8.0f} msg/s "
+                        f"({r['wall_rate']:.0f} counting the collector's start)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"RabbitMQ {rabbitmq_version()}, one node, SQLite, {ns.messages} messages x {ns.repeat} rounds "
-          f"(median, min-max):")
+    print(
+        f"RabbitMQ {rabbitmq_version()}, one node, SQLite, {ns.messages} messages x {ns.repeat} rounds "
+        f"(median, min-max):"
+    )
     for v, rs in results.items():
         rates = [r["rate"] for r in rs]
-        print(f"  mqtt.prefetch {v[0]:>5}  --batch-interval-ms {v[1]:>3}: {statistics.median(rates):8.0f} msg/s "
-              f"({min(rates):.0f}-{max(rates):.0f})")
+        print(
+            f"  mqtt.prefetch {v[0]:>5}  --batch-interval-ms {v[1]:>3}: {statistics.median(rates):8.0f} msg/s "
+            f"({min(rates):.0f}-{max(rates):.0f})"
+        )
     return 0
 
 

@@ -40,8 +40,16 @@ EDGEKIT = shutil.which("edgekit", path=str(Path(sys.executable).parent)) or "edg
 
 def build(work: Path, target: str) -> Path:
     out = work / f"yolov8n-320-{target}"
-    C.convert_cached(MODEL, target, out, reuse=True, parity_samples=8, input_shapes={"images": (1, 3, 320, 320)},
-                     preprocess="yolo", task="detector")
+    C.convert_cached(
+        MODEL,
+        target,
+        out,
+        reuse=True,
+        parity_samples=8,
+        input_shapes={"images": (1, 3, 320, 320)},
+        preprocess="yolo",
+        task="detector",
+    )
     return out
 
 
@@ -50,8 +58,24 @@ def run_once(bundle: Path, fps: float, frames: int, busy: bool) -> dict[str, Any
     try:
         if child is not None:
             time.sleep(0.5)
-        p = subprocess.run([EDGEKIT, "run", str(bundle), "--synthetic", "640x480", "--realtime", "--fps", str(fps),
-                            "--max-frames", str(frames), "--json"], capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                EDGEKIT,
+                "run",
+                str(bundle),
+                "--synthetic",
+                "640x480",
+                "--realtime",
+                "--fps",
+                str(fps),
+                "--max-frames",
+                str(frames),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         if child is not None:
             child.kill()
@@ -64,12 +88,25 @@ def run_once(bundle: Path, fps: float, frames: int, busy: bool) -> dict[str, Any
     lost = f["late"] + f["dropped"] + f["abandoned"]
     infer = d["stages"].get("infer") or {}
     policy = d["runner"].get("details", {}).get("threads_policy", {})
-    return {"frames_in": f["in"], "late": f["late"], "dropped": f["dropped"], "dropped_by_reason": f["dropped_by_reason"],
-            "abandoned": f["abandoned"], "lost_pct": 100.0 * lost / max(1, f["in"]), "effective_fps": d["effective_fps"],
-            "bound_fps": d.get("bound_fps"), "verdict": d["verdict"], "infer_p50_ms": infer.get("p50_ms"),
-            "infer_p99_ms": infer.get("p99_ms"), "threads": d["runner"].get("threads"),
-            "spinning": None if policy.get("spinning_from") == "runtime" else policy.get("spinning"), "precision": d["runner"].get("precision_used"),
-            "workers": d["infer_workers"], "policy": policy.get("reason"), "load_avg": d.get("load_avg")}
+    return {
+        "frames_in": f["in"],
+        "late": f["late"],
+        "dropped": f["dropped"],
+        "dropped_by_reason": f["dropped_by_reason"],
+        "abandoned": f["abandoned"],
+        "lost_pct": 100.0 * lost / max(1, f["in"]),
+        "effective_fps": d["effective_fps"],
+        "bound_fps": d.get("bound_fps"),
+        "verdict": d["verdict"],
+        "infer_p50_ms": infer.get("p50_ms"),
+        "infer_p99_ms": infer.get("p99_ms"),
+        "threads": d["runner"].get("threads"),
+        "spinning": None if policy.get("spinning_from") == "runtime" else policy.get("spinning"),
+        "precision": d["runner"].get("precision_used"),
+        "workers": d["infer_workers"],
+        "policy": policy.get("reason"),
+        "load_avg": d.get("load_avg"),
+    }
 
 
 def main() -> int:
@@ -89,24 +126,54 @@ def main() -> int:
     rows, results = [], []
     for r in range(args.rounds):
         order = [(rt, c) for rt in args.runtimes for c in CONDITIONS]
-        for rt, (cond, fps) in (order if r % 2 == 0 else order[::-1]):
+        for rt, (cond, fps) in order if r % 2 == 0 else order[::-1]:
             got = run_once(bundles[rt], fps, args.frames, cond == "busy")
             results.append({"round": r + 1, "runtime": rt, "condition": cond, "fps": fps, **got})
-            rows.append([r + 1, rt, f"{cond} @{fps:.0f}", got["frames_in"], got["late"], got["dropped"],
-                         f"{got['lost_pct']:.1f}%", f"{got['effective_fps']:.1f}",
-                         f"{got['infer_p50_ms'] or 0:.1f}/{got['infer_p99_ms'] or 0:.1f}", got["threads"],
-                         {True: "on", False: "off", None: "-"}[got["spinning"]], got["precision"], got["verdict"]])
-            C.log(f"  round {r + 1} {rt} {cond}: {got['lost_pct']:.1f}% late or dropped, "
-                  f"{got['effective_fps']:.1f} fps")
+            rows.append(
+                [
+                    r + 1,
+                    rt,
+                    f"{cond} @{fps:.0f}",
+                    got["frames_in"],
+                    got["late"],
+                    got["dropped"],
+                    f"{got['lost_pct']:.1f}%",
+                    f"{got['effective_fps']:.1f}",
+                    f"{got['infer_p50_ms'] or 0:.1f}/{got['infer_p99_ms'] or 0:.1f}",
+                    got["threads"],
+                    {True: "on", False: "off", None: "-"}[got["spinning"]],
+                    got["precision"],
+                    got["verdict"],
+                ]
+            )
+            C.log(
+                f"  round {r + 1} {rt} {cond}: {got['lost_pct']:.1f}% late or dropped, {got['effective_fps']:.1f} fps"
+            )
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(C.table(["round", "runtime", "condition", "in", "late", "dropped", "late+dropped", "fps",
-                   "infer p50/p99 ms", "threads", "spin", "precision", "verdict"], rows,
-                  title="YOLOv8n-320, edgekit run --synthetic 640x480 --realtime, no flags (goal: <= 1% late or "
-                        "dropped)"))
+    print(
+        C.table(
+            [
+                "round",
+                "runtime",
+                "condition",
+                "in",
+                "late",
+                "dropped",
+                "late+dropped",
+                "fps",
+                "infer p50/p99 ms",
+                "threads",
+                "spin",
+                "precision",
+                "verdict",
+            ],
+            rows,
+            title="YOLOv8n-320, edgekit run --synthetic 640x480 --realtime, no flags (goal: <= 1% late or dropped)",
+        )
+    )
     print("uptime before: " + before)
     print("uptime after:  " + after)
-    C.dump_json(args.json, {"host": C.host_info(), "uptime_before": before, "uptime_after": after,
-                            "results": results})
+    C.dump_json(args.json, {"host": C.host_info(), "uptime_before": before, "uptime_after": after, "results": results})
     return 0
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+
 from edge.pipeline.request import ConvertRequest
 
 PPOCR_SHAPE = (1, 3, 48, 192)
@@ -51,8 +52,19 @@ def rows(result: Any) -> list[list[Any]]:
     for t in sorted(result.trials, key=order):
         r = row(t)
         rel = (t["result"] or {}).get("vs_anchor")
-        out.append([r["configuration"], r["status"], r["size_mb"], r["parity"], C.f(r["p50_ms"]),
-                    C.f(r["p99_ms"]), f"{rel:.3f}" if rel is not None else "-", r["fps"], r["measured"]])
+        out.append(
+            [
+                r["configuration"],
+                r["status"],
+                r["size_mb"],
+                r["parity"],
+                C.f(r["p50_ms"]),
+                C.f(r["p99_ms"]),
+                f"{rel:.3f}" if rel is not None else "-",
+                r["fps"],
+                r["measured"],
+            ]
+        )
     return out
 
 
@@ -60,8 +72,11 @@ def pick_ratio(pick: dict[str, Any], best: dict[str, Any]) -> tuple[float, str]:
     """The pick over the sweep's best in the sweep's own figures: by their ratios to the anchor measured in the
     same chunk when the sweep has them (its chunks ran under different background load), else by raw p50."""
     a, b = pick["result"], best["result"]
-    if a.get("vs_anchor") is not None and b.get("vs_anchor") is not None \
-            and a.get("anchor", {}).get("id") == b.get("anchor", {}).get("id"):
+    if (
+        a.get("vs_anchor") is not None
+        and b.get("vs_anchor") is not None
+        and a.get("anchor", {}).get("id") == b.get("anchor", {}).get("id")
+    ):
         return a["vs_anchor"] / b["vs_anchor"], "relative to the anchor in each chunk"
     return a["score"] / b["score"], "raw p50"
 
@@ -78,8 +93,9 @@ def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) ->
     calls, opened = {}, []
     try:
         for name, t in (("pick", pick), ("best", best)):
-            cfg = Config(t["runner"], t["precision"], tuple(t["recipe"].items()), tuple(t["options"].items()),
-                         t["workers"])
+            cfg = Config(
+                t["runner"], t["precision"], tuple(t["recipe"].items()), tuple(t["options"].items()), t["workers"]
+            )
             runner, feeds = open_trial_runner(dict(t), Bundle.open(t["bundle"], trust=False), cfg)
             opened.append(runner)
             calls[name] = (runner.infer, (feeds,))
@@ -88,8 +104,13 @@ def head_to_head(best: dict[str, Any], pick: dict[str, Any], iterations: int) ->
         for r in opened:
             r.close()
     lo, hi = C.ratio_ci(ms["pick"], ms["best"], block=5)
-    return {"same": False, "ratio": float(np.median(ms["pick"]) / np.median(ms["best"])), "ci_pct": [lo, hi],
-            "pick_p50_ms": float(np.median(ms["pick"])), "best_p50_ms": float(np.median(ms["best"]))}
+    return {
+        "same": False,
+        "ratio": float(np.median(ms["pick"]) / np.median(ms["best"])),
+        "ci_pct": [lo, hi],
+        "pick_p50_ms": float(np.median(ms["pick"])),
+        "best_p50_ms": float(np.median(ms["best"])),
+    }
 
 
 HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "vs anchor", "fps", "measured at"]
@@ -111,20 +132,33 @@ def main() -> int:
             if name == "mobilenetv2":
                 model, req = C.mobilenet_v2(wd), ConvertRequest(calib="random")
             elif name == "ppocr-cls":
-                model, req = C.ppocr_cls(), ConvertRequest(calib="random", input_shapes={"x": PPOCR_SHAPE},
-                                                           preprocess="ppocr")
+                model, req = (
+                    C.ppocr_cls(),
+                    ConvertRequest(calib="random", input_shapes={"x": PPOCR_SHAPE}, preprocess="ppocr"),
+                )
             else:
                 raise SystemExit(f"unknown model {name!r}")
             cache = wd / f"cache-{name}"
             common = TuneOptions(cache=cache, pictures=False)
             C.log(f"{name}: exhaustive sweep (converting every recipe into {cache})")
-            sweep = tune(model, "x86-cpu", req, dataclasses.replace(common, out=wd / f"sweep-{name}",
-                                                                    strategy="exhaustive"),
-                         on_step=lambda m: C.log("  " + m))
+            sweep = tune(
+                model,
+                "x86-cpu",
+                req,
+                dataclasses.replace(common, out=wd / f"sweep-{name}", strategy="exhaustive"),
+                on_step=lambda m: C.log("  " + m),
+            )
             timing = wd / f"sweep-{name}" / "timing.json"
             if sweep.measured:  # measured now: its timings are kept for a later run that reuses the sweep
-                timing.write_text(json.dumps({"convert_s": sweep.convert_s, "search_s": sweep.search_s,
-                                              "loadavg_1m_at_end": C.host_info().get("loadavg_1m")}))
+                timing.write_text(
+                    json.dumps(
+                        {
+                            "convert_s": sweep.convert_s,
+                            "search_s": sweep.search_s,
+                            "loadavg_1m_at_end": C.host_info().get("loadavg_1m"),
+                        }
+                    )
+                )
             else:  # every trial came from the study: the sweep's own timings are those of the run that measured it
                 if not timing.is_file():
                     raise SystemExit(f"{timing} is missing: remove {wd / f'sweep-{name}'} to measure the sweep again")
@@ -133,8 +167,13 @@ def main() -> int:
                 C.log(f"{name}: the sweep came from its study (measured earlier: {sweep.search_s:.1f} s)")
             C.log(f"{name}: tune (successive halving, same conversion cache)")
             shutil.rmtree(wd / f"tune-{name}", ignore_errors=True)  # a fresh search, never resumed
-            tuned = tune(model, "x86-cpu", req, dataclasses.replace(common, out=wd / f"tune-{name}"),
-                         on_step=lambda m: C.log("  " + m))
+            tuned = tune(
+                model,
+                "x86-cpu",
+                req,
+                dataclasses.replace(common, out=wd / f"tune-{name}"),
+                on_step=lambda m: C.log("  " + m),
+            )
             by_id = {t["id"]: t for t in sweep.trials}
             best = sweep.winner
             pick_in_sweep = by_id[tuned.winner["id"]]
@@ -143,30 +182,54 @@ def main() -> int:
             search_ratio = tuned.search_s / sweep.search_s
             total_ratio = (sweep.convert_s + tuned.search_s) / (sweep.convert_s + sweep.search_s)
             h2h = head_to_head(best, tuned.winner, args.iterations)
-            print(C.table(HEAD, rows(sweep), title=f"\n{name}: exhaustive sweep, {len(sweep.trials)} configurations "
-                                                   f"(conversions {sweep.convert_s:.1f} s, measuring {sweep.search_s:.1f} s)"))
-            print(C.table(HEAD, rows(tuned), title=f"\n{name}: tune, successive halving (measuring {tuned.search_s:.1f} s, "
-                                                   f"{tuned.measured} measurements, {tuned.converted} conversions)"))
-            print(f"\n{name}: sweep best {best['label']} p50 {best['result']['score']:.3f} ms; tune's pick "
-                  f"{tuned.winner['label']}, {pick_in_sweep['result']['score']:.3f} ms in the sweep -> pick ratio "
-                  f"{ratio:.3f} ({basis}; raw p50s: {raw_ratio:.3f}; goal <= 1.05)")
+            print(
+                C.table(
+                    HEAD,
+                    rows(sweep),
+                    title=f"\n{name}: exhaustive sweep, {len(sweep.trials)} configurations "
+                    f"(conversions {sweep.convert_s:.1f} s, measuring {sweep.search_s:.1f} s)",
+                )
+            )
+            print(
+                C.table(
+                    HEAD,
+                    rows(tuned),
+                    title=f"\n{name}: tune, successive halving (measuring {tuned.search_s:.1f} s, "
+                    f"{tuned.measured} measurements, {tuned.converted} conversions)",
+                )
+            )
+            print(
+                f"\n{name}: sweep best {best['label']} p50 {best['result']['score']:.3f} ms; tune's pick "
+                f"{tuned.winner['label']}, {pick_in_sweep['result']['score']:.3f} ms in the sweep -> pick ratio "
+                f"{ratio:.3f} ({basis}; raw p50s: {raw_ratio:.3f}; goal <= 1.05)"
+            )
             for note in sweep.notes + tuned.notes:
                 if "anchor" in note:
                     print(f"{name}: {note}")
             if h2h["same"]:
                 print(f"{name}: head to head: tune picked the sweep's best configuration (ratio 1)")
             else:
-                print(f"{name}: head to head, interleaved, {args.iterations} each: pick {h2h['pick_p50_ms']:.3f} ms vs "
-                      f"best {h2h['best_p50_ms']:.3f} ms -> ratio {h2h['ratio']:.3f} (95% CI {h2h['ci_pct'][0]:+.1f}% "
-                      f"to {h2h['ci_pct'][1]:+.1f}%; goal <= 1.05)")
-            print(f"{name}: measuring time tune/sweep {tuned.search_s:.1f}/{sweep.search_s:.1f} s = {search_ratio:.2f} "
-                  f"(goal <= 0.33); with the {sweep.convert_s:.1f} s of conversions from a cold cache: "
-                  f"{total_ratio:.2f}")
+                print(
+                    f"{name}: head to head, interleaved, {args.iterations} each: pick {h2h['pick_p50_ms']:.3f} ms vs "
+                    f"best {h2h['best_p50_ms']:.3f} ms -> ratio {h2h['ratio']:.3f} (95% CI {h2h['ci_pct'][0]:+.1f}% "
+                    f"to {h2h['ci_pct'][1]:+.1f}%; goal <= 1.05)"
+                )
+            print(
+                f"{name}: measuring time tune/sweep {tuned.search_s:.1f}/{sweep.search_s:.1f} s = {search_ratio:.2f} "
+                f"(goal <= 0.33); with the {sweep.convert_s:.1f} s of conversions from a cold cache: "
+                f"{total_ratio:.2f}"
+            )
             print(f"{name}: pruned: " + "; ".join(sweep.pruned))
-            results["models"][name] = {"sweep": sweep.to_json(), "tune": tuned.to_json(), "pick_ratio": ratio,
-                                       "pick_ratio_basis": basis, "pick_ratio_raw_p50": raw_ratio,
-                                       "head_to_head": h2h,
-                                       "search_ratio": search_ratio, "total_ratio": total_ratio}
+            results["models"][name] = {
+                "sweep": sweep.to_json(),
+                "tune": tuned.to_json(),
+                "pick_ratio": ratio,
+                "pick_ratio_basis": basis,
+                "pick_ratio_raw_p50": raw_ratio,
+                "head_to_head": h2h,
+                "search_ratio": search_ratio,
+                "total_ratio": total_ratio,
+            }
     print("\n" + C.host_line(info))
     C.dump_json(args.json, results)
     return 0

@@ -147,7 +147,7 @@ def main() -> None:
         names = list(SIDES)
         reports: dict[str, list[Any]] = {n: [] for n in names}
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 rep = run_side(name, bundle, clip)
                 reports[name].append(rep)
@@ -165,45 +165,96 @@ def main() -> None:
         ratio = float(np.median(fps / seq_fps))  # paired by round
         stages = {k: (s.p50_ms if s else None) for k, s in best.stages.items()}
         pct = best.pct_of_bound
-        results[name] = {"fps_runs": fps.round(2).tolist(), "fps_median": float(np.median(fps)),
-                         "fps_best": float(fps.max()), "speedup_median_of_rounds": ratio,
-                         "speedup_best": float(fps.max()) / seq_best, "best_run": best.to_json()}
-        rows.append([name, f"{np.median(fps):.1f}", f"{fps.max():.1f}", f"{ratio:.2f}x",
-                     f"{fps.max() / seq_best:.2f}x",
-                     *(C.f(stages[k], 2) for k in ("decode", "preprocess", "infer", "postprocess")),
-                     best.bottleneck if name != "sequential" else "(sum)", C.f(best.bound_fps, 1),
-                     "-" if name == "sequential" or pct is None else f"{pct:.0f}%"])
+        results[name] = {
+            "fps_runs": fps.round(2).tolist(),
+            "fps_median": float(np.median(fps)),
+            "fps_best": float(fps.max()),
+            "speedup_median_of_rounds": ratio,
+            "speedup_best": float(fps.max()) / seq_best,
+            "best_run": best.to_json(),
+        }
+        rows.append(
+            [
+                name,
+                f"{np.median(fps):.1f}",
+                f"{fps.max():.1f}",
+                f"{ratio:.2f}x",
+                f"{fps.max() / seq_best:.2f}x",
+                *(C.f(stages[k], 2) for k in ("decode", "preprocess", "infer", "postprocess")),
+                best.bottleneck if name != "sequential" else "(sum)",
+                C.f(best.bound_fps, 1),
+                "-" if name == "sequential" or pct is None else f"{pct:.0f}%",
+            ]
+        )
     print(C.host_line(info) + f" -> {info['loadavg_1m_end']:.2f} at the end")
     if decoders:
-        print(C.table(["640x480 file", "OpenCV fps", "PyAV fps", "OpenCV / PyAV"], decoders,
-                      title="decoding to BGR arrays (best of 3)"))
+        print(
+            C.table(
+                ["640x480 file", "OpenCV fps", "PyAV fps", "OpenCV / PyAV"],
+                decoders,
+                title="decoding to BGR arrays (best of 3)",
+            )
+        )
         print()
-    print(f"detector {args.input_size}x{args.input_size}, width {args.width} (YOLO-style, random weights), "
-          f"clip 640x480 mp4v, {args.frames} frames, {args.rounds} rounds per side, interleaved")
-    print(C.table(["side", "fps median", "fps best", "x seq (median of rounds)", "x seq (best)", "decode ms",
-                   "pre ms", "infer ms", "post ms", "slowest stage", "bound fps", "of bound"], rows))
-    print("(stage medians, bound and share of it: from each side's best run; infer for 'pipelined x2' is per "
-          "worker, two at once)")
+    print(
+        f"detector {args.input_size}x{args.input_size}, width {args.width} (YOLO-style, random weights), "
+        f"clip 640x480 mp4v, {args.frames} frames, {args.rounds} rounds per side, interleaved"
+    )
+    print(
+        C.table(
+            [
+                "side",
+                "fps median",
+                "fps best",
+                "x seq (median of rounds)",
+                "x seq (best)",
+                "decode ms",
+                "pre ms",
+                "infer ms",
+                "post ms",
+                "slowest stage",
+                "bound fps",
+                "of bound",
+            ],
+            rows,
+        )
+    )
+    print(
+        "(stage medians, bound and share of it: from each side's best run; infer for 'pipelined x2' is per "
+        "worker, two at once)"
+    )
     print()
     for name in names[1:]:
         res = results[name]
         pct = res["best_run"]["pct_of_bound"] or 0.0
         speed = min(res["speedup_median_of_rounds"], res["speedup_best"])
-        print(f"{name}: {res['speedup_median_of_rounds']:.3f}x sequential (median of rounds), "
-              f"{res['speedup_best']:.3f}x (best runs) (goal >= {GOAL_SPEEDUP}x: "
-              f"{'met' if speed >= GOAL_SPEEDUP else 'NOT met'}); {pct:.0f}% of the "
-              f"slowest-stage bound (goal >= {GOAL_PCT_OF_BOUND:.0f}%: "
-              f"{'met' if pct >= GOAL_PCT_OF_BOUND else 'NOT met'})")
+        print(
+            f"{name}: {res['speedup_median_of_rounds']:.3f}x sequential (median of rounds), "
+            f"{res['speedup_best']:.3f}x (best runs) (goal >= {GOAL_SPEEDUP}x: "
+            f"{'met' if speed >= GOAL_SPEEDUP else 'NOT met'}); {pct:.0f}% of the "
+            f"slowest-stage bound (goal >= {GOAL_PCT_OF_BOUND:.0f}%: "
+            f"{'met' if pct >= GOAL_PCT_OF_BOUND else 'NOT met'})"
+        )
     for name, rep in realtime.items():
         j = rep.to_json()
         fr = j["frames"]
         results[name]["realtime_60fps"] = j
-        print(f"realtime 60 fps, {name}: {rep.verdict}: {rep.summary()}; frames in {fr['in']}, processed "
-              f"{fr['processed']}, dropped {fr['dropped']} {fr['dropped_by_reason']}, late {fr['late']}; end-to-end "
-              f"p50 {j['e2e']['p50_ms']:.2f} / p99 {j['e2e']['p99_ms']:.2f} / max {j['e2e']['max_ms']:.2f} ms")
-    C.dump_json(args.json, {"host": info, "args": vars(args), "results": results, "decoders": decoders,
-                            "goals": {"speedup": GOAL_SPEEDUP, "pct_of_bound": GOAL_PCT_OF_BOUND},
-                            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        print(
+            f"realtime 60 fps, {name}: {rep.verdict}: {rep.summary()}; frames in {fr['in']}, processed "
+            f"{fr['processed']}, dropped {fr['dropped']} {fr['dropped_by_reason']}, late {fr['late']}; end-to-end "
+            f"p50 {j['e2e']['p50_ms']:.2f} / p99 {j['e2e']['p99_ms']:.2f} / max {j['e2e']['max_ms']:.2f} ms"
+        )
+    C.dump_json(
+        args.json,
+        {
+            "host": info,
+            "args": vars(args),
+            "results": results,
+            "decoders": decoders,
+            "goals": {"speedup": GOAL_SPEEDUP, "pct_of_bound": GOAL_PCT_OF_BOUND},
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    )
 
 
 if __name__ == "__main__":

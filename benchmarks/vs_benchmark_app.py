@@ -52,15 +52,23 @@ import _common as C  # noqa: E402
 GOAL_PCT = 5.0
 BENCHMARK_APP = Path(sys.executable).parent / "benchmark_app"
 EDGEKIT = Path(sys.executable).parent / "edgekit"
-_KEYS = ("PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "NUM_STREAMS",
-         "ENABLE_CPU_PINNING", "EXECUTION_DEVICES")
+_KEYS = (
+    "PERFORMANCE_HINT",
+    "INFERENCE_PRECISION_HINT",
+    "INFERENCE_NUM_THREADS",
+    "NUM_STREAMS",
+    "ENABLE_CPU_PINNING",
+    "EXECUTION_DEVICES",
+)
 _OV_TYPE = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 
 
 # -- benchmark_app -----------------------------------------------------------------------
 
+
 def parse_benchmark_app(out: str) -> dict[str, Any]:
     """Median/average/min/max latency (ms), count, and the compiled model's properties (step 8)."""
+
     def lat(label: str) -> float | None:
         m = re.search(rf"^\[ INFO \]\s+{label}:\s+([0-9.]+)\s*(ms|us)\s*$", out, re.M)
         if not m:
@@ -68,8 +76,12 @@ def parse_benchmark_app(out: str) -> dict[str, Any]:
         v = float(m.group(1))
         return v / 1000.0 if m.group(2) == "us" else v
 
-    res: dict[str, Any] = {"median_ms": lat("Median"), "average_ms": lat("Average"), "min_ms": lat("Min"),
-                           "max_ms": lat("Max")}
+    res: dict[str, Any] = {
+        "median_ms": lat("Median"),
+        "average_ms": lat("Average"),
+        "min_ms": lat("Min"),
+        "max_ms": lat("Max"),
+    }
     m = re.search(r"Count:\s+(\d+) iterations", out)
     res["count"] = int(m.group(1)) if m else None
     m = re.search(r"First inference took ([0-9.]+) ms", out)
@@ -84,17 +96,38 @@ def parse_benchmark_app(out: str) -> dict[str, Any]:
     return res
 
 
-def run_benchmark_app(xml: Path, *, niter: int, threads: int, precision: str, npy: Path, cfg: Path,
-                      timeout: float) -> dict[str, Any]:
+def run_benchmark_app(
+    xml: Path, *, niter: int, threads: int, precision: str, npy: Path, cfg: Path, timeout: float
+) -> dict[str, Any]:
     cfg.write_text(json.dumps({"CPU": {"INFERENCE_NUM_THREADS": str(threads)}}))
-    cmd = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-api", "sync", "-hint", "latency",
-           "-infer_precision", precision, "-ip", "f32", "-i", str(npy), "-niter", str(niter),
-           "-load_config", str(cfg)]
+    cmd = [
+        str(BENCHMARK_APP),
+        "-m",
+        str(xml),
+        "-d",
+        "CPU",
+        "-api",
+        "sync",
+        "-hint",
+        "latency",
+        "-infer_precision",
+        precision,
+        "-ip",
+        "f32",
+        "-i",
+        str(npy),
+        "-niter",
+        str(niter),
+        "-load_config",
+        str(cfg),
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     if p.returncode != 0 or "Median:" not in p.stdout:
-        raise SystemExit(f"benchmark_app failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise SystemExit(
+            f"benchmark_app failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     res = parse_benchmark_app(p.stdout)
     if res["median_ms"] is None:
         raise SystemExit(f"could not find benchmark_app's 'Median:' line in:\n{p.stdout[-3000:]}")
@@ -104,8 +137,10 @@ def run_benchmark_app(xml: Path, *, niter: int, threads: int, precision: str, np
 
 # -- edgekit ---------------------------------------------------------------------------
 
-def run_edgekit_inprocess(bundle: Any, *, niter: int, threads: int, warmup: int, feeds: dict[str, np.ndarray]
-                          ) -> dict[str, Any]:
+
+def run_edgekit_inprocess(
+    bundle: Any, *, niter: int, threads: int, warmup: int, feeds: dict[str, np.ndarray]
+) -> dict[str, Any]:
     from edge.bench import BenchOptions, run_benchmark
 
     props: dict[str, str] = {}
@@ -122,7 +157,9 @@ def run_edgekit_inprocess(bundle: Any, *, niter: int, threads: int, warmup: int,
         return r
 
     t0 = time.perf_counter()
-    rep = run_benchmark(open_runner, BenchOptions(iterations=niter, warmup=warmup, bundle=bundle.id, target=bundle.target), feeds=feeds)
+    rep = run_benchmark(
+        open_runner, BenchOptions(iterations=niter, warmup=warmup, bundle=bundle.id, target=bundle.target), feeds=feeds
+    )
     data = rep.to_json()
     data["properties"] = props
     data["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -146,8 +183,12 @@ def clock_split(bundle: Any, *, niter: int, threads: int, feeds: dict[str, np.nd
             r.infer(feeds)
             wall[i] = (clock() - t) / 1e6
             lat[i] = req.latency
-    return {"iterations": niter, "wall_median_ms": float(np.median(wall)), "latency_median_ms": float(np.median(lat)),
-            "python_side_median_us": float(np.median(wall - lat)) * 1e3}
+    return {
+        "iterations": niter,
+        "wall_median_ms": float(np.median(wall)),
+        "latency_median_ms": float(np.median(lat)),
+        "python_side_median_us": float(np.median(wall - lat)) * 1e3,
+    }
 
 
 def run_edgekit_cli(bundle: Any, *, niter: int, warmup: int, timeout: float) -> dict[str, Any]:
@@ -155,7 +196,9 @@ def run_edgekit_cli(bundle: Any, *, niter: int, warmup: int, timeout: float) -> 
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode not in (0, 1):  # 1 = budget verdict "fail", still a report
-        raise SystemExit(f"edgekit bench failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        raise SystemExit(
+            f"edgekit bench failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        )
     data = json.loads(p.stdout)
     data["wall_s"] = round(time.perf_counter() - t0, 2)
     data["cmd"] = cmd
@@ -165,18 +208,34 @@ def run_edgekit_cli(bundle: Any, *, niter: int, warmup: int, timeout: float) -> 
 
 # -- main ------------------------------------------------------------------------------
 
+
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     C.add_common_args(p, iterations=500)
     p.add_argument("--rounds", type=int, default=3, help="runs per side, alternating (default 3)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="inference threads for both (default: what the runner uses with the profile's options)")
-    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32",
-                   help="bundle precision (default fp32); -infer_precision follows what the runner computes in")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="inference threads for both (default: what the runner uses with the profile's options)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="bundle precision (default fp32); -infer_precision follows what the runner computes in",
+    )
     p.add_argument("--warmup", type=int, default=0, help="edgekit untimed iterations after the first (default 0)")
-    p.add_argument("--edgekit", choices=("inprocess", "cli"), default="inprocess",
-                   help="edgekit side: edge.bench.run_benchmark in this process (default) or `edgekit bench --json`")
+    p.add_argument(
+        "--edgekit",
+        choices=("inprocess", "cli"),
+        default="inprocess",
+        help="edgekit side: edge.bench.run_benchmark in this process (default) or `edgekit bench --json`",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds per subprocess run (default 300)")
     args = p.parse_args()
     C.json_to_stdout(args)
@@ -190,13 +249,23 @@ def main() -> int:
 
     info = C.host_info()
     started = time.perf_counter()
-    results: dict[str, Any] = {"host": info, "args": {k: v for k, v in vars(args).items() if k != "json"},
-                               "goal_pct": GOAL_PCT, "rounds": []}
+    results: dict[str, Any] = {
+        "host": info,
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "goal_pct": GOAL_PCT,
+        "rounds": [],
+    }
     with C.workdir(args.workdir) as wd:
         model = C.mobilenet_v2(wd)
         extra = {"calib": "random"} if args.precision == "int8" else {}
-        b = C.convert_cached(model, "intel-igpu", wd / f"mnv2-intel-igpu-{args.precision}", reuse=bool(args.workdir),
-                             precision=args.precision, **extra)
+        b = C.convert_cached(
+            model,
+            "intel-igpu",
+            wd / f"mnv2-intel-igpu-{args.precision}",
+            reuse=bool(args.workdir),
+            precision=args.precision,
+            **extra,
+        )
         xml = b.artifact
         with b.open_runner() as probe:
             default_threads = probe.info.threads
@@ -206,28 +275,40 @@ def main() -> int:
         if not threads:
             raise SystemExit("the runner did not report its thread count; pass --threads")
         if args.edgekit == "cli" and threads != default_threads:
-            raise SystemExit(f"--edgekit cli runs with the profile's options ({default_threads} threads); "
-                             f"--threads {threads} needs --edgekit inprocess")
+            raise SystemExit(
+                f"--edgekit cli runs with the profile's options ({default_threads} threads); "
+                f"--threads {threads} needs --edgekit inprocess"
+            )
         precision = _OV_TYPE.get(runner_info["precision_used"])
         if precision is None:
             raise SystemExit(f"runner computes in {runner_info['precision_used']!r}: no -infer_precision for that")
-        (name, arr), = feeds.items()
+        ((name, arr),) = feeds.items()
         npy = wd / "input.npy"
         np.save(npy, arr)
         cfg = wd / "benchmark_app_config.json"
-        results.update(bundle=b.id, xml=str(xml), threads=threads, infer_precision=precision,
-                       runner_info=runner_info, input={"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)},
-                       model_sha256=b.manifest["source"]["sha256"], edgekit_mode=args.edgekit)
-        C.log(f"IR {xml}; {threads} threads; -infer_precision {precision}; {args.iterations} iterations; "
-              f"{args.rounds} rounds, edgekit {args.edgekit}")
+        results.update(
+            bundle=b.id,
+            xml=str(xml),
+            threads=threads,
+            infer_precision=precision,
+            runner_info=runner_info,
+            input={"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)},
+            model_sha256=b.manifest["source"]["sha256"],
+            edgekit_mode=args.edgekit,
+        )
+        C.log(
+            f"IR {xml}; {threads} threads; -infer_precision {precision}; {args.iterations} iterations; "
+            f"{args.rounds} rounds, edgekit {args.edgekit}"
+        )
         for k in range(args.rounds):
             if args.edgekit == "inprocess":
                 e = run_edgekit_inprocess(b, niter=args.iterations, threads=threads, warmup=args.warmup, feeds=feeds)
             else:
                 e = run_edgekit_cli(b, niter=args.iterations, warmup=args.warmup, timeout=args.timeout)
             C.log(f"  round {k + 1}: edgekit median {e['latency']['p50_ms']:.3f} ms")
-            a = run_benchmark_app(xml, niter=args.iterations, threads=threads, precision=precision, npy=npy, cfg=cfg,
-                                  timeout=args.timeout)
+            a = run_benchmark_app(
+                xml, niter=args.iterations, threads=threads, precision=precision, npy=npy, cfg=cfg, timeout=args.timeout
+            )
             C.log(f"  round {k + 1}: benchmark_app median {a['median_ms']:.3f} ms")
             results["rounds"].append({"edgekit": e, "benchmark_app": a})
         if args.edgekit == "inprocess":
@@ -261,36 +342,75 @@ def main() -> int:
     print(C.host_line(info))
     ri = results["runner_info"]
     print(f"IR: {results['xml']} (bundle {results['bundle']})")
-    print(f"settings: CPU, sync, LATENCY hint, {threads} threads, inference precision {precision}, "
-          f"{args.iterations} iterations per run, input {name} {tuple(arr.shape)} {arr.dtype} "
-          f"(same values both sides), edgekit warm-up {args.warmup}")
-    print(f"edgekit side: {'edge.bench.run_benchmark in-process' if args.edgekit == 'inprocess' else 'edgekit bench --json'}"
-          f" ({ri['runtime']} on {ri['device_used']}; fallback: {ri['fallback'] or 'none'})")
-    print("benchmark_app: " + " ".join(Path(c).name if i == 0 else c for i, c in enumerate(rounds[0]["benchmark_app"]["cmd"])))
+    print(
+        f"settings: CPU, sync, LATENCY hint, {threads} threads, inference precision {precision}, "
+        f"{args.iterations} iterations per run, input {name} {tuple(arr.shape)} {arr.dtype} "
+        f"(same values both sides), edgekit warm-up {args.warmup}"
+    )
+    print(
+        f"edgekit side: {'edge.bench.run_benchmark in-process' if args.edgekit == 'inprocess' else 'edgekit bench --json'}"
+        f" ({ri['runtime']} on {ri['device_used']}; fallback: {ri['fallback'] or 'none'})"
+    )
+    print(
+        "benchmark_app: "
+        + " ".join(Path(c).name if i == 0 else c for i, c in enumerate(rounds[0]["benchmark_app"]["cmd"]))
+    )
     rows = []
     for k, r in enumerate(rounds):
         e, a = r["edgekit"], r["benchmark_app"]
-        rows.append([k + 1, C.f(e["latency"]["p50_ms"]), C.f(a["median_ms"], 2),
-                     C.signed(results["per_round_difference_pct"][k]),
-                     C.f(e["latency"]["mean_ms"]), C.f(a["average_ms"], 2), C.f(e["latency"]["min_ms"]),
-                     C.f(a["min_ms"], 2), f"{e['latency']['count']}/{a['count']}"])
-    print(C.table(["round", "edgekit median", "b_app median", "diff", "edgekit mean", "b_app mean", "edgekit min",
-                   "b_app min", "n (e/b)"], rows))
+        rows.append(
+            [
+                k + 1,
+                C.f(e["latency"]["p50_ms"]),
+                C.f(a["median_ms"], 2),
+                C.signed(results["per_round_difference_pct"][k]),
+                C.f(e["latency"]["mean_ms"]),
+                C.f(a["average_ms"], 2),
+                C.f(e["latency"]["min_ms"]),
+                C.f(a["min_ms"], 2),
+                f"{e['latency']['count']}/{a['count']}",
+            ]
+        )
+    print(
+        C.table(
+            [
+                "round",
+                "edgekit median",
+                "b_app median",
+                "diff",
+                "edgekit mean",
+                "b_app mean",
+                "edgekit min",
+                "b_app min",
+                "n (e/b)",
+            ],
+            rows,
+        )
+    )
     verdict = "PASS" if abs(results["difference_pct"]) <= GOAL_PCT else "FAIL"
-    print(f"median of round medians: edgekit {results['edgekit_median_of_medians_ms']:.3f} ms, benchmark_app "
-          f"{results['benchmark_app_median_of_medians_ms']:.2f} ms -> {C.signed(results['difference_pct'])}   "
-          f"goal within +-{GOAL_PCT:g}%: {verdict}")
+    print(
+        f"median of round medians: edgekit {results['edgekit_median_of_medians_ms']:.3f} ms, benchmark_app "
+        f"{results['benchmark_app_median_of_medians_ms']:.2f} ms -> {C.signed(results['difference_pct'])}   "
+        f"goal within +-{GOAL_PCT:g}%: {verdict}"
+    )
     cs = results.get("clock_split")
     if cs:
-        print(f"one extra edgekit run timed with both clocks ({cs['iterations']} calls): median wall around runner.infer "
-              f"{cs['wall_median_ms']:.3f} ms, median InferRequest.latency (benchmark_app's clock) "
-              f"{cs['latency_median_ms']:.3f} ms; Python side {cs['python_side_median_us']:.1f} us per call "
-              f"({cs['python_side_median_us'] / 10 / cs['latency_median_ms']:.2f}% of the latency)")
+        print(
+            f"one extra edgekit run timed with both clocks ({cs['iterations']} calls): median wall around runner.infer "
+            f"{cs['wall_median_ms']:.3f} ms, median InferRequest.latency (benchmark_app's clock) "
+            f"{cs['latency_median_ms']:.3f} ms; Python side {cs['python_side_median_us']:.1f} us per call "
+            f"({cs['python_side_median_us'] / 10 / cs['latency_median_ms']:.2f}% of the latency)"
+        )
     print("same settings read back:")
     for c in results["checks"]:
-        print(f"  {'ok ' if c['ok'] else 'DIFF'} {c['what']}: {c['got']}" + ("" if c["ok"] else f" (expected {c['expected']})"))
-    print(f"total {results['total_s']} s; 1-min load average {info.get('loadavg_1m', float('nan')):.2f} at start, "
-          f"{results['host']['loadavg_1m_end']:.2f} at end")
+        print(
+            f"  {'ok ' if c['ok'] else 'DIFF'} {c['what']}: {c['got']}"
+            + ("" if c["ok"] else f" (expected {c['expected']})")
+        )
+    print(
+        f"total {results['total_s']} s; 1-min load average {info.get('loadavg_1m', float('nan')):.2f} at start, "
+        f"{results['host']['loadavg_1m_end']:.2f} at end"
+    )
     C.dump_json(args.json, results)
     return 0
 

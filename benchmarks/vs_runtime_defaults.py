@@ -46,12 +46,16 @@ import _common as C  # noqa: E402
 MODELS = C.REPO / "examples" / "models"
 #: name -> (file, convert keyword arguments)
 CONV_NETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "ppocr-cls": ("ch_ppocr_mobile_v2.0_cls_mobile.onnx", {"input_shapes": {"x": (1, 3, 48, 192)},
-                                                           "preprocess": "ppocr"}),
+    "ppocr-cls": (
+        "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+        {"input_shapes": {"x": (1, 3, 48, 192)}, "preprocess": "ppocr"},
+    ),
     "ppocr-det": ("PP-OCRv6_det_small.onnx", {"input_shapes": {"x": (1, 3, 320, 320)}, "preprocess": "ppocr"}),
     "ddddocr-det": ("ddddocr_common_det.onnx", {"preprocess": "raw", "letterbox": True}),
-    "yolov8n-320": ("nudenet_320n.onnx", {"input_shapes": {"images": (1, 3, 320, 320)}, "preprocess": "yolo",
-                                          "task": "detector"}),
+    "yolov8n-320": (
+        "nudenet_320n.onnx",
+        {"input_shapes": {"images": (1, 3, 320, 320)}, "preprocess": "yolo", "task": "detector"},
+    ),
 }
 TARGETS = {"onnxruntime": "x86-cpu", "openvino": "intel-igpu", "litert": "arm-xnnpack"}
 
@@ -82,6 +86,7 @@ def plain_side(runtime: str, artifact: Path, feeds: dict[str, np.ndarray]) -> tu
             it.set_tensor(i, x)
         it.invoke()
         return [it.get_tensor(o) for o in outs]
+
     return run, it
 
 
@@ -120,8 +125,9 @@ def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> d
         runner = bundle.open_runner()
         try:
             plain, res = plain_side(runtime, artifact_of(bundle, runtime), feeds)
-            got = C.interleaved({"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())},
-                                block * blocks, block=block, warmup=5)
+            got = C.interleaved(
+                {"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())}, block * blocks, block=block, warmup=5
+            )
             threads = runner.info.threads
             policy = runner.info.details.get("threads_policy", {})
             precision = runner.info.precision_used
@@ -129,8 +135,14 @@ def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> d
             runner.close()
             del res
     spinning = None if policy.get("spinning_from") == "runtime" else policy.get("spinning")
-    return {"edgekit": got["edgekit"], "plain": got["plain"], "threads": threads, "precision": precision,
-            "spinning": spinning, "others": policy.get("others")}
+    return {
+        "edgekit": got["edgekit"],
+        "plain": got["plain"],
+        "threads": threads,
+        "precision": precision,
+        "spinning": spinning,
+        "others": policy.get("others"),
+    }
 
 
 def main() -> int:
@@ -154,11 +166,12 @@ def main() -> int:
             C.log(f"skip {m}: {file} missing (python examples/fetch_pretrained.py --model {m})")
             continue
         for rt in args.runtimes:
-            bundles[(m, rt)] = C.convert_cached(MODELS / file, TARGETS[rt], work / f"{m}-{TARGETS[rt]}", reuse=True,
-                                                parity_samples=8, **kw)
+            bundles[(m, rt)] = C.convert_cached(
+                MODELS / file, TARGETS[rt], work / f"{m}-{TARGETS[rt]}", reuse=True, parity_samples=8, **kw
+            )
     samples: dict[tuple[str, str, str], dict[str, list]] = {}
     for r in range(args.rounds):
-        for busy in ((False, True) if r % 2 == 0 else (True, False)):
+        for busy in (False, True) if r % 2 == 0 else (True, False):
             time.sleep(2.5)  # edge.backends.threads reuses a load sample for 2 s: let the last condition's expire
             for (m, rt), b in bundles.items():
                 got = measure(b, rt, busy, args.block, args.blocks)
@@ -172,17 +185,52 @@ def main() -> int:
         ratio = float(np.median(e) / np.median(q))
         per_round = [float(np.median(a) / np.median(b)) for a, b in zip(s["edgekit"], s["plain"])]
         last = s["info"][-1]
-        rows.append([m, rt, cond, f"{np.median(e):.2f}", f"{np.median(q):.2f}", f"{ratio:.2f}",
-                     " ".join(f"{x:.2f}" for x in per_round), last["threads"], last["precision"],
-                     {True: "on", False: "off", None: "-"}[last["spinning"]]])
-        out.append({"model": m, "runtime": rt, "condition": cond, "edgekit_p50_ms": float(np.median(e)),
-                    "plain_p50_ms": float(np.median(q)), "ratio": ratio, "ratio_per_round": per_round,
-                    "edgekit": s["info"]})
+        rows.append(
+            [
+                m,
+                rt,
+                cond,
+                f"{np.median(e):.2f}",
+                f"{np.median(q):.2f}",
+                f"{ratio:.2f}",
+                " ".join(f"{x:.2f}" for x in per_round),
+                last["threads"],
+                last["precision"],
+                {True: "on", False: "off", None: "-"}[last["spinning"]],
+            ]
+        )
+        out.append(
+            {
+                "model": m,
+                "runtime": rt,
+                "condition": cond,
+                "edgekit_p50_ms": float(np.median(e)),
+                "plain_p50_ms": float(np.median(q)),
+                "ratio": ratio,
+                "ratio_per_round": per_round,
+                "edgekit": s["info"],
+            }
+        )
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(C.table(["model", "runtime", "cond", "edgekit p50 ms", "plain p50 ms", "ratio", "per round",
-                   "threads", "precision", "spin"], rows,
-                  title=f"edgekit default vs runtime defaults ({args.rounds} rounds x {args.blocks} blocks of "
-                        f"{args.block}, interleaved; ratio = edgekit / plain, goal <= 1.0)"))
+    print(
+        C.table(
+            [
+                "model",
+                "runtime",
+                "cond",
+                "edgekit p50 ms",
+                "plain p50 ms",
+                "ratio",
+                "per round",
+                "threads",
+                "precision",
+                "spin",
+            ],
+            rows,
+            title=f"edgekit default vs runtime defaults ({args.rounds} rounds x {args.blocks} blocks of "
+            f"{args.block}, interleaved; ratio = edgekit / plain, goal <= 1.0)",
+        )
+    )
     C.log("uptime after: " + after)
     C.dump_json(args.json, {"host": info, "results": out, "uptime_after": after})
     return 0

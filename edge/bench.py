@@ -13,9 +13,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from edge.errors import BundleError, EdgeError, TargetError
 from edge.backends.runner import Runner
 from edge.bundle.schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
+from edge.errors import BundleError, EdgeError, TargetError
 from edge.stats import LatencyStats
 
 
@@ -45,12 +45,20 @@ class BenchReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "bundle": self.bundle, "target": self.target, "load_ms": round(self.load_ms, 3),
-            "first_inference_ms": round(self.first_inference_ms, 3), "warmup": self.warmup,
-            "latency": self.latency.to_json(), "duration_s": round(self.duration_s, 3),
-            "throughput_fps": round(self.throughput_fps, 2), "peak_rss_mb": round(self.peak_rss_mb, 1),
-            "runner": self.runner, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
-            "verdict": self.verdict, "on_target_device": self.on_target_device,
+            "bundle": self.bundle,
+            "target": self.target,
+            "load_ms": round(self.load_ms, 3),
+            "first_inference_ms": round(self.first_inference_ms, 3),
+            "warmup": self.warmup,
+            "latency": self.latency.to_json(),
+            "duration_s": round(self.duration_s, 3),
+            "throughput_fps": round(self.throughput_fps, 2),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "runner": self.runner,
+            "budget_ms": self.budget_ms,
+            "budget_source": self.budget_source,
+            "verdict": self.verdict,
+            "on_target_device": self.on_target_device,
             **({"device_class": dict(self.device_class)} if self.device_class is not None else {}),
         }
 
@@ -93,11 +101,14 @@ def _random(specs: Any, seed: int = 0) -> dict[str, np.ndarray]:
     feeds = {}
     for t in specs:
         if not t.is_static:
-            raise EdgeError(f"input {t.name!r} has dynamic shape {list(t.shape)}; benchmark needs static shapes",
-                            hint="rebuild the bundle with --input-shape NAME=DIMS")
+            raise EdgeError(
+                f"input {t.name!r} has dynamic shape {list(t.shape)}; benchmark needs static shapes",
+                hint="rebuild the bundle with --input-shape NAME=DIMS",
+            )
         dt = np.dtype(t.dtype)
-        feeds[t.name] = (rng.standard_normal(t.shape).astype(dt) if np.issubdtype(dt, np.floating)
-                         else np.zeros(t.shape, dtype=dt))
+        feeds[t.name] = (
+            rng.standard_normal(t.shape).astype(dt) if np.issubdtype(dt, np.floating) else np.zeros(t.shape, dtype=dt)
+        )
     return feeds
 
 
@@ -122,9 +133,14 @@ class BenchOptions:
     on_target_device: bool = True
 
 
-def run_benchmark(open_runner: Callable[[], Runner], options: BenchOptions | None = None, *,
-                  feeds: Mapping[str, np.ndarray] | None = None, feeds_from: str | None = None,
-                  progress: Callable[[int, int | None], None] | None = None) -> BenchReport:
+def run_benchmark(
+    open_runner: Callable[[], Runner],
+    options: BenchOptions | None = None,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    feeds_from: str | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> BenchReport:
     """Open a runner (timed as load), then measure as ``options`` say. ``feeds``: the input (default
     :func:`random_feeds`); ``feeds_from``: where it came from, recorded in the runner's details."""
     o = options if options is not None else BenchOptions()
@@ -165,13 +181,26 @@ def run_benchmark(open_runner: Callable[[], Runner], options: BenchOptions | Non
         wall = (clock() - start) / 1e9
         info = runner.info.to_json()
         details = info.get("details")
-        info["details"] = {**(details if isinstance(details, Mapping) else {}), "bench_inputs": feeds_from or (
-            "the caller's feeds" if feeds is not None else _RANDOM)}
+        info["details"] = {
+            **(details if isinstance(details, Mapping) else {}),
+            "bench_inputs": feeds_from or ("the caller's feeds" if feeds is not None else _RANDOM),
+        }
     lat = LatencyStats.from_ms(np.asarray(samples, dtype=np.float64) / 1e6)
-    return BenchReport(bundle=o.bundle, target=o.target, load_ms=load_ms, first_inference_ms=first_ms, warmup=warmup,
-                       latency=lat, duration_s=wall, throughput_fps=n / wall if wall > 0 else float("nan"),
-                       peak_rss_mb=peak_rss_mb(), runner=info, budget_ms=o.budget_ms, budget_source=o.budget_source,
-                       on_target_device=o.on_target_device)
+    return BenchReport(
+        bundle=o.bundle,
+        target=o.target,
+        load_ms=load_ms,
+        first_inference_ms=first_ms,
+        warmup=warmup,
+        latency=lat,
+        duration_s=wall,
+        throughput_fps=n / wall if wall > 0 else float("nan"),
+        peak_rss_mb=peak_rss_mb(),
+        runner=info,
+        budget_ms=o.budget_ms,
+        budget_source=o.budget_source,
+        on_target_device=o.on_target_device,
+    )
 
 
 def judge_device_class(report: BenchReport, target: Any, targets_dir: Any = ()) -> tuple[bool, str]:

@@ -116,9 +116,20 @@ def require(reqs: Iterable[Requirement], what: str, host: Host | None = None) ->
 
 #: CPU features that change what quantized/bf16 kernels compute, or how fast (Linux /proc/cpuinfo names).
 ISA_FLAGS = (
-    "avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8",
-    "amx_bf16", "amx_fp16",  # x86-64
-    "asimddp", "i8mm", "bf16", "sve",  # aarch64: dot product, int8 matmul, bf16, SVE
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "amx_fp16",  # x86-64
+    "asimddp",
+    "i8mm",
+    "bf16",
+    "sve",  # aarch64: dot product, int8 matmul, bf16, SVE
 )
 
 
@@ -149,17 +160,36 @@ class CpuIsa:
         return f"{self.model} ({', '.join(sorted(self.flags)) or 'none of ' + '/'.join(ISA_FLAGS[:3])})"
 
     def to_json(self) -> dict[str, object]:
-        return {"model": self.model, "flags": sorted(self.flags), "known": self.known,
-                "int8_dot_product": self.int8_dot_product, "native_bf16": self.native_bf16}
+        return {
+            "model": self.model,
+            "flags": sorted(self.flags),
+            "known": self.known,
+            "int8_dot_product": self.int8_dot_product,
+            "native_bf16": self.native_bf16,
+        }
 
 
 #: ARM Ltd. (implementer 0x41) core part numbers as aarch64 Linux's /proc/cpuinfo gives them ("CPU part"), which
 #: carries no model name there: the Raspberry Pi 3/4/5 cores, Graviton's Neoverse, the Jetson Orin's A78AE
-ARM_PARTS = {"0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57",
-             "0xd08": "Cortex-A72", "0xd09": "Cortex-A73", "0xd0a": "Cortex-A75", "0xd0b": "Cortex-A76",
-             "0xd0c": "Neoverse-N1", "0xd0d": "Cortex-A77", "0xd40": "Neoverse-V1", "0xd41": "Cortex-A78",
-             "0xd42": "Cortex-A78AE", "0xd46": "Cortex-A510", "0xd47": "Cortex-A710", "0xd49": "Neoverse-N2",
-             "0xd4f": "Neoverse-V2"}
+ARM_PARTS = {
+    "0xd03": "Cortex-A53",
+    "0xd04": "Cortex-A35",
+    "0xd05": "Cortex-A55",
+    "0xd07": "Cortex-A57",
+    "0xd08": "Cortex-A72",
+    "0xd09": "Cortex-A73",
+    "0xd0a": "Cortex-A75",
+    "0xd0b": "Cortex-A76",
+    "0xd0c": "Neoverse-N1",
+    "0xd0d": "Cortex-A77",
+    "0xd40": "Neoverse-V1",
+    "0xd41": "Cortex-A78",
+    "0xd42": "Cortex-A78AE",
+    "0xd46": "Cortex-A510",
+    "0xd47": "Cortex-A710",
+    "0xd49": "Neoverse-N2",
+    "0xd4f": "Neoverse-V2",
+}
 
 
 def parse_cpuinfo(text: str) -> CpuIsa:

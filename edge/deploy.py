@@ -17,8 +17,19 @@ from typing import Any, Callable
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
-from edge.store import (BUNDLES, CURRENT, HISTORY, PREVIOUS, SSH_OPTIONS_ENV, DeviceStore, SshStore, Store,  # noqa: F401
-                        symlink_atomic, open_store, rollback)
+from edge.store import (  # noqa: F401
+    BUNDLES,
+    CURRENT,
+    HISTORY,
+    PREVIOUS,
+    SSH_OPTIONS_ENV,
+    DeviceStore,
+    SshStore,
+    Store,
+    open_store,
+    rollback,
+    symlink_atomic,
+)
 from edge.targets import get_target
 
 log = logging.getLogger("edge.deploy")
@@ -42,10 +53,19 @@ class DeployResult:
     tuned_applied: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"bundle_id": self.bundle.id, "bundle_path": str(self.bundle.path), "shipped_to": self.shipped_to,
-                "parity": self.bundle.manifest.get("parity"), "unverified": self.unverified,
-                "benchmark": self.benchmark, "budget_gates": self.budget_gates, "device_class": self.device_class,
-                "tuned_applied": self.tuned_applied, "tune": self.tune, "notes": self.notes}
+        return {
+            "bundle_id": self.bundle.id,
+            "bundle_path": str(self.bundle.path),
+            "shipped_to": self.shipped_to,
+            "parity": self.bundle.manifest.get("parity"),
+            "unverified": self.unverified,
+            "benchmark": self.benchmark,
+            "budget_gates": self.budget_gates,
+            "device_class": self.device_class,
+            "tuned_applied": self.tuned_applied,
+            "tune": self.tune,
+            "notes": self.notes,
+        }
 
 
 def runner_not_here(m: Any) -> str | None:
@@ -61,8 +81,14 @@ def runner_not_here(m: Any) -> str | None:
     return runnable_here(profile, runner=m.runner.name)
 
 
-def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str], *,
-         accept_parity_failure: bool = False, accept_budget_failure: bool = False, trust: Any = None) -> str:
+def ship(
+    bundle: Bundle | str | os.PathLike[str],
+    device: str | os.PathLike[str],
+    *,
+    accept_parity_failure: bool = False,
+    accept_budget_failure: bool = False,
+    trust: Any = None,
+) -> str:
     """Verify ``bundle`` and install it as the device's current bundle. Refuses failed gates and, where a
     trust store applies (``trust``, else ``$EDGEKIT_TRUST_DIR``, else a local store's ``trust/``), what it
     does not vouch for: checked here before anything is copied or sent, and again by a local store on the
@@ -78,8 +104,13 @@ def ship(bundle: Bundle | str | os.PathLike[str], device: str | os.PathLike[str]
             log.info(no_trust_note(f"device store {store.where}"))
         else:  # the evidence the gates read is then the signed evidence
             store.trust.check(b)
-        check_gates(b.info, accept_parity_failure=accept_parity_failure, accept_budget_failure=accept_budget_failure,
-                    bundle_dir=Path(b.path), host_check=runner_not_here)
+        check_gates(
+            b.info,
+            accept_parity_failure=accept_parity_failure,
+            accept_budget_failure=accept_budget_failure,
+            bundle_dir=Path(b.path),
+            host_check=runner_not_here,
+        )
         where = store.install(b)
     return str(where)
 
@@ -108,9 +139,15 @@ class DeployOptions:
     isa_check: bool = True
 
 
-def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike[str],
-           request: ConvertRequest | None = None, options: DeployOptions | None = None, *,
-           on_step: Callable[[str], None] | None = None) -> DeployResult:
+def deploy(
+    model: str | os.PathLike[str],
+    target: str,
+    device: str | os.PathLike[str],
+    request: ConvertRequest | None = None,
+    options: DeployOptions | None = None,
+    *,
+    on_step: Callable[[str], None] | None = None,
+) -> DeployResult:
     """Convert (as ``request`` asks) + parity + benchmark (on this host when the target runtime runs here) + sign
     (with ``options.sign_key``, else ``$EDGEKIT_SIGN_KEY``, when either names a key) + ship.
 
@@ -143,7 +180,8 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
     bundle = convert(model, target_profile, stage, req.replace(tuned=overlay), force=True, on_step=say)
     try:
         report, unverified, gates, device_class, where = _check_and_ship(
-            bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say))
+            bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say)
+        )
     except BaseException as e:
         kept = _keep_refused(stage, build)
         if isinstance(e, EdgeError) and kept is not None:
@@ -151,12 +189,22 @@ def deploy(model: str | os.PathLike[str], target: str, device: str | os.PathLike
             e.args = (f"{e.message} ({e.hint})",)
         raise
     _replace_dir(stage, build)
-    return DeployResult(Bundle.open(build, trust=False), where, report, notes, unverified=unverified,
-                        budget_gates=gates, device_class=device_class, tune=tune_info, tuned_applied=applied)
+    return DeployResult(
+        Bundle.open(build, trust=False),
+        where,
+        report,
+        notes,
+        unverified=unverified,
+        budget_gates=gates,
+        device_class=device_class,
+        tune=tune_info,
+        tuned_applied=applied,
+    )
 
 
-def _apply_overlay(profile: Any, req: ConvertRequest, overlay: Any, notes: list[str]
-                   ) -> tuple[Any, ConvertRequest, str | None]:
+def _apply_overlay(
+    profile: Any, req: ConvertRequest, overlay: Any, notes: list[str]
+) -> tuple[Any, ConvertRequest, str | None]:
     """(the target with the tune overlay applied, the request at its precision, what it applied); applied here too,
     so the benchmark runs the tuned runner and options (convert applies it to what it builds)."""
     if overlay is None:
@@ -164,8 +212,11 @@ def _apply_overlay(profile: Any, req: ConvertRequest, overlay: Any, notes: list[
     from edge.tune.overlay import apply_overlay, resolve_precision
 
     applied = overlay.describe()
-    where = "" if overlay.tuned.get("same_device_class", True) else \
-        f" (tuned off the device: {overlay.tuned.get('device_class')})"
+    where = (
+        ""
+        if overlay.tuned.get("same_device_class", True)
+        else f" (tuned off the device: {overlay.tuned.get('device_class')})"
+    )
     notes.append(f"tuned overlay {overlay.path or ''} applied: {applied}{where}".replace("  ", " "))
     return apply_overlay(profile, overlay), req.replace(precision=resolve_precision(overlay, req.precision)), applied
 
@@ -174,8 +225,10 @@ def check_build_dir(build: Path) -> None:
     """A build directory that exists must be an earlier bundle (it is replaced once the new one ships): never a
     directory of the user's that a typo in --build-dir named."""
     if build.is_symlink() or (build.exists() and not (build.is_dir() and (build / "manifest.json").is_file())):
-        raise EdgeError(f"--build-dir {build} exists and is not an edgekit bundle: it would be replaced",
-                        hint="choose another --build-dir, or remove it yourself")
+        raise EdgeError(
+            f"--build-dir {build} exists and is not an edgekit bundle: it would be replaced",
+            hint="choose another --build-dir, or remove it yourself",
+        )
 
 
 def _replace_dir(new: Path, dest: Path) -> None:
@@ -215,8 +268,9 @@ class _Shipping:
     say: Callable[[str], None]
 
 
-def _check_and_ship(bundle: Bundle, s: _Shipping) -> tuple[dict[str, Any] | None, str | None, bool | None,
-                                                           str | None, str]:
+def _check_and_ship(
+    bundle: Bundle, s: _Shipping
+) -> tuple[dict[str, Any] | None, str | None, bool | None, str | None, str]:
     """The converted bundle (in its staging directory): ISA check, benchmark, signature, ship; (the benchmark
     report, why parity was not run here, whether the budget gates, the device class line, where it shipped)."""
     from edge.bundle.schema import SkippedParity
@@ -229,8 +283,13 @@ def _check_and_ship(bundle: Bundle, s: _Shipping) -> tuple[dict[str, Any] | None
     report, gates, device_class = _benchmark(bundle, s.profile, s.opts, s.final, s.notes, s.say)
     bundle = _sign(bundle, s.opts.sign_key, s.notes, s.say)
     s.say(f"shipping {bundle.id} to {s.device}")
-    where = ship(bundle, s.device, accept_parity_failure=s.req.accept_parity_failure,
-                 accept_budget_failure=s.opts.accept_budget_failure, trust=s.opts.trust)
+    where = ship(
+        bundle,
+        s.device,
+        accept_parity_failure=s.req.accept_parity_failure,
+        accept_budget_failure=s.opts.accept_budget_failure,
+        trust=s.opts.trust,
+    )
     return report, unverified, gates, device_class, where
 
 
@@ -247,8 +306,9 @@ def _tune_or_tuned(opts: DeployOptions, req: ConvertRequest) -> tuple[Any, Any]:
     return None, req.tuned if isinstance(req.tuned, TunedOverlay) else read_overlay(req.tuned)
 
 
-def _isa_check(bundle: Bundle, profile: Any, req: ConvertRequest, opts: DeployOptions, notes: list[str],
-               say: Callable[[str], None]) -> Bundle:
+def _isa_check(
+    bundle: Bundle, profile: Any, req: ConvertRequest, opts: DeployOptions, notes: list[str], say: Callable[[str], None]
+) -> Bundle:
     """The bundle after its emulated-aarch64 check (``edge.verify.isa.check_after_convert``), said and noted."""
     from edge.verify.isa import check_after_convert
 
@@ -260,8 +320,9 @@ def _isa_check(bundle: Bundle, profile: Any, req: ConvertRequest, opts: DeployOp
     return Bundle.open(bundle.path, trust=False)
 
 
-def _benchmark(bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, notes: list[str],
-               say: Callable[[str], None]) -> tuple[dict[str, Any] | None, bool | None, str | None]:
+def _benchmark(
+    bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, notes: list[str], say: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, bool | None, str | None]:
     """(the benchmark report recorded in the bundle, whether its budget verdict gates, the device class line);
     (None, None, None) with a note when the target's runner cannot run on this host."""
     from edge.bench import BenchOptions, bundle_feeds, judge_device_class, run_benchmark
@@ -270,16 +331,26 @@ def _benchmark(bundle: Bundle, profile: Any, opts: DeployOptions, final: Path, n
 
     run_here = runnable_here(profile)  # parity may have run on a host proxy; the benchmark needs the runner itself
     if run_here is not None:
-        notes.append(f"not benchmarked: the target's runner cannot run on this host ({run_here}); run "
-                     f"`edgekit bench {final} --record` on the device")
+        notes.append(
+            f"not benchmarked: the target's runner cannot run on this host ({run_here}); run `edgekit bench {final} --record` on the device"
+        )
         return None, None, None
     budget, source = budget_from(opts.fps, opts.budget_ms, profile.frame_budget_ms)
     say(f"benchmarking {opts.bench_iterations} iterations on this host")
     extra = {"allow_cpu_fallback": True} if opts.allow_cpu_fallback else {}
     feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
-    rep = run_benchmark(lambda: bundle.open_runner(extra),
-                        BenchOptions(iterations=opts.bench_iterations, budget_ms=budget, budget_source=source,
-                                     bundle=bundle.id, target=profile.name), feeds=feeds, feeds_from=feeds_from)
+    rep = run_benchmark(
+        lambda: bundle.open_runner(extra),
+        BenchOptions(
+            iterations=opts.bench_iterations,
+            budget_ms=budget,
+            budget_source=source,
+            bundle=bundle.id,
+            target=profile.name,
+        ),
+        feeds=feeds,
+        feeds_from=feeds_from,
+    )
     gates, device_class = judge_device_class(rep, profile)
     if gates:
         notes.append(f"the budget verdict gates this deploy: {device_class}")
@@ -316,32 +387,56 @@ def _tune_options(tune: Any) -> Any:
     return tune
 
 
-def _tune_first(model: Any, profile: Any, build: Path, req: ConvertRequest, deploy_opts: DeployOptions, opts: Any,
-                say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+def _tune_first(
+    model: Any,
+    profile: Any,
+    build: Path,
+    req: ConvertRequest,
+    deploy_opts: DeployOptions,
+    opts: Any,
+    say: Callable[[str], None],
+) -> tuple[Any, dict[str, Any]]:
     """``edge.tune.search.tune`` with this deploy's request and budget; (the winner's overlay, what deploy reports
     of the tune)."""
-    from edge.tune.search import tune as run_tune
     from edge.tune.overlay import read_overlay
+    from edge.tune.search import tune as run_tune
 
     precisions = opts.precisions or ((req.precision,) if req.precision else None)
-    say("tuning before converting (edgekit tune): " + (f"precisions {', '.join(precisions)}" if precisions
-                                                          else "every precision the target allows"))
+    say(
+        "tuning before converting (edgekit tune): "
+        + (f"precisions {', '.join(precisions)}" if precisions else "every precision the target allows")
+    )
     opts = dataclasses.replace(
-        opts, out=opts.out if opts.out is not None else build.with_name(build.name + "-tune"),
-        budget_ms=deploy_opts.budget_ms, fps=deploy_opts.fps, precisions=precisions,
+        opts,
+        out=opts.out if opts.out is not None else build.with_name(build.name + "-tune"),
+        budget_ms=deploy_opts.budget_ms,
+        fps=deploy_opts.fps,
+        precisions=precisions,
         # deploy ships its conversion at its own input shapes: a batched winner is not what it ships
-        batches=(1,))
+        batches=(1,),
+    )
     # the trials are gated as this deploy's conversion will be: its samples, inputs and task
     result = run_tune(model, profile, req, opts, on_step=say)
     summary = result.summary()
     say(summary)
     if result.winner is None or result.overlay_path is None:
-        raise EdgeError(f"deploy --tune: nothing to deploy: {summary}",
-                        hint=f"see the table and study in {Path(result.study_path or '.').parent} "
-                             "(`edgekit tune` prints it), or deploy without --tune")
-    info = {"summary": summary, "applied": result.applied, "winner": result.winner["id"],
-            "label": result.winner["label"], "objective": result.objective, "device_class": result.device_class,
-            "overlay": result.overlay_path, "study": result.study_path, "html": result.html_path,
-            "png": result.png_path, "converted": result.converted, "measured": result.measured,
-            "wall_s": round(result.wall_s, 2)}
+        raise EdgeError(
+            f"deploy --tune: nothing to deploy: {summary}",
+            hint=f"see the table and study in {Path(result.study_path or '.').parent} (`edgekit tune` prints it), or deploy without --tune",
+        )
+    info = {
+        "summary": summary,
+        "applied": result.applied,
+        "winner": result.winner["id"],
+        "label": result.winner["label"],
+        "objective": result.objective,
+        "device_class": result.device_class,
+        "overlay": result.overlay_path,
+        "study": result.study_path,
+        "html": result.html_path,
+        "png": result.png_path,
+        "converted": result.converted,
+        "measured": result.measured,
+        "wall_s": round(result.wall_s, 2),
+    }
     return read_overlay(result.overlay_path), info

@@ -27,15 +27,23 @@ class TargetHealth:
         return self.run_problem is None
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target.name, "can_convert": self.can_convert, "convert_problems": list(self.convert_problems),
-                "can_run": self.can_run, "run_problem": self.run_problem, "runner": self.target.runner,
-                "chain": [s.converter for s in self.target.chain]}
+        return {
+            "target": self.target.name,
+            "can_convert": self.can_convert,
+            "convert_problems": list(self.convert_problems),
+            "can_run": self.can_run,
+            "run_problem": self.run_problem,
+            "runner": self.target.runner,
+            "chain": [s.converter for s in self.target.chain],
+        }
 
 
 def doctor(targets_dir: Iterable[str | os.PathLike[str]] = (), host: Host | None = None) -> list[TargetHealth]:
     host = host or current_host()
-    return [TargetHealth(t, tuple(conversion_problems(t, host)), runnable_here(t, host))
-            for t in load_targets(targets_dir).values()]
+    return [
+        TargetHealth(t, tuple(conversion_problems(t, host)), runnable_here(t, host))
+        for t in load_targets(targets_dir).values()
+    ]
 
 
 def emulation() -> dict[str, dict[str, Any]]:
@@ -43,4 +51,3 @@ def emulation() -> dict[str, dict[str, Any]]:
     saying what it runs with, how to install it, or what this host lacks."""
     st = aarch64.status()
     return {aarch64.ISA: {"ready": st.usable, "detail": aarch64.describe()}}
-

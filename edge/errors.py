@@ -117,8 +117,9 @@ def printable(text: object) -> str:
 
     Every user-controlled string the CLI prints (file names, ids, reasons, error messages) and every log line
     the agent and the collector write to a terminal pass here."""
-    return _UNPRINTABLE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                       else f"\\u{ord(m.group()):04x}"), str(text))
+    return _UNPRINTABLE.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", str(text)
+    )
 
 
 def did_you_mean(name: str, choices: list[str]) -> str:
@@ -143,9 +144,11 @@ def save_traceback(step: str, exc: BaseException) -> Path | None:
     version = getattr(sys.modules.get("edge"), "__version__", "?")  # the package is loaded: no import needed
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     word = "".join(c if c.isalnum() else "-" for c in step)[:40] or "edgekit"
-    text = (f"edgekit {version} internal error in {step}\n"
-            f"time: {stamp}\ncommand: {sys.argv!r}\npython: {sys.version.split()[0]} on {sys.platform}\n\n"
-            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    text = (
+        f"edgekit {version} internal error in {step}\n"
+        f"time: {stamp}\ncommand: {sys.argv!r}\npython: {sys.version.split()[0]} on {sys.platform}\n\n"
+        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    )
     fallback = Path(tempfile.gettempdir()) / f"edgekit-crashes-{getattr(os, 'getuid', lambda: 0)()}"
     for d in (crash_log_dir(), fallback):
         try:

@@ -55,8 +55,9 @@ def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:
-        raise MissingDependencyError("resizing frames needs OpenCV or Pillow",
-                                     hint="pip install opencv-python-headless (or pillow)") from None
+        raise MissingDependencyError(
+            "resizing frames needs OpenCV or Pillow", hint="pip install opencv-python-headless (or pillow)"
+        ) from None
     return np.asarray(Image.fromarray(img).resize((width, height), Image.Resampling.BILINEAR))
 
 
@@ -102,15 +103,15 @@ class Preprocessor:
             nw, nh = round(fw * scale), round(fh * scale)
             if nw < 1 or nh < 1:
                 raise InputFileError(
-                    f"a {fw}x{fh} frame cannot be letterboxed into the model's {w}x{h} input: "
-                    f"its picture would be {nw}x{nh} pixels",
-                    hint="crop the frames to a less extreme aspect ratio, or convert with --no-letterbox")
+                    f"a {fw}x{fh} frame cannot be letterboxed into the model's {w}x{h} input: its picture would be {nw}x{nh} pixels",
+                    hint="crop the frames to a less extreme aspect ratio, or convert with --no-letterbox",
+                )
             px, py = (w - nw) // 2, (h - nh) // 2
             canvas = self._canvas
             if self._placed != (px, py, nw, nh):  # the padding only changes when the geometry does
                 canvas[...] = self.spec.pad_value
                 self._placed = (px, py, nw, nh)
-            canvas[py:py + nh, px:px + nw] = _resize(frame, nw, nh)
+            canvas[py : py + nh, px : px + nw] = _resize(frame, nw, nh)
             img, tf = canvas, LetterboxTransform(scale, px, py)
         else:
             img = _resize(frame, w, h)
@@ -147,8 +148,9 @@ def read_image(path: Path) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:
-        raise MissingDependencyError("reading calibration images needs Pillow",
-                                     hint="pip install 'edgekit-ml[convert]'") from None
+        raise MissingDependencyError(
+            "reading calibration images needs Pillow", hint="pip install 'edgekit-ml[convert]'"
+        ) from None
     try:
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"))
@@ -161,10 +163,13 @@ def random_frames(count: int, height: int, width: int, seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     for _ in range(count):
-        base = np.stack([
-            (xx / max(width - 1, 1)) * rng.uniform(0, 255),
-            (yy / max(height - 1, 1)) * rng.uniform(0, 255),
-            np.full_like(xx, rng.uniform(0, 255)),
-        ], axis=-1)
+        base = np.stack(
+            [
+                (xx / max(width - 1, 1)) * rng.uniform(0, 255),
+                (yy / max(height - 1, 1)) * rng.uniform(0, 255),
+                np.full_like(xx, rng.uniform(0, 255)),
+            ],
+            axis=-1,
+        )
         noise = rng.normal(0, 40, size=(height, width, 3))
         yield np.clip(base + noise, 0, 255).astype(np.uint8)

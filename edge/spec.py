@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Mapping, Sequence
+
 from edge.errors import EdgeError
 
 Layout = Literal["NCHW", "NHWC"]
@@ -35,12 +36,9 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "layout": self.layout}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "TensorSpec":
+    def from_json(cls, data: Mapping[str, Any]) -> TensorSpec:
         return cls(
-            name=str(data["name"]),
-            shape=tuple(data["shape"]),
-            dtype=str(data["dtype"]),
-            layout=data.get("layout"),
+            name=str(data["name"]), shape=tuple(data["shape"]), dtype=str(data["dtype"]), layout=data.get("layout")
         )
 
     def describe(self) -> str:
@@ -63,7 +61,7 @@ class IOSpec:
         return {"inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "IOSpec":
+    def from_json(cls, data: Mapping[str, Any]) -> IOSpec:
         return cls(
             inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
             outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
@@ -102,14 +100,14 @@ class PreprocessSpec:
         return d
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "PreprocessSpec":
+    def from_json(cls, data: Mapping[str, Any]) -> PreprocessSpec:
         d = dict(data)
         d["size"] = tuple(d["size"])
         d["mean"] = tuple(d["mean"])
         d["std"] = tuple(d["std"])
         return cls(**d)
 
-    def with_(self, **changes: Any) -> "PreprocessSpec":
+    def with_(self, **changes: Any) -> PreprocessSpec:
         return replace(self, **changes)
 
 
@@ -117,7 +115,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # torchvision / timm classifiers
     "imagenet": {"scale": 1.0 / 255.0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "color": "RGB"},
     # YOLO-family detectors: 0..1, no mean/std, letterboxed
-    "yolo": {"scale": 1.0 / 255.0, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "color": "RGB", "resize": "letterbox"},
+    "yolo": {
+        "scale": 1.0 / 255.0,
+        "mean": (0.0, 0.0, 0.0),
+        "std": (1.0, 1.0, 1.0),
+        "color": "RGB",
+        "resize": "letterbox",
+    },
     # scaled to 0..1 only
     "unit": {"scale": 1.0 / 255.0, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "color": "RGB"},
     # PaddleOCR (PP-OCR) models: BGR, (x/255 - 0.5) / 0.5
@@ -176,8 +180,7 @@ def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None
             fields["color"] = "GRAY"
         if letterbox is not None:
             fields["resize"] = "letterbox" if letterbox else "resize"
-        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype,
-                              preset=name, **fields)
+        return PreprocessSpec(input=t.name, size=(int(h), int(w)), layout=layout, dtype=t.dtype, preset=name, **fields)
     return None
 
 

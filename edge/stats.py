@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import numpy as np
+
 from edge.errors import EdgeError
 
 
@@ -21,14 +22,21 @@ class LatencyStats:
     std_ms: float
 
     @classmethod
-    def from_ms(cls, samples_ms: Iterable[float] | np.ndarray) -> "LatencyStats":
+    def from_ms(cls, samples_ms: Iterable[float] | np.ndarray) -> LatencyStats:
         a = np.asarray(samples_ms, dtype=np.float64)
         if a.size == 0:
             raise ValueError("no latency samples")
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(count=int(a.size), p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99),
-                   max_ms=float(a.max()), min_ms=float(a.min()), mean_ms=float(a.mean()),
-                   std_ms=float(a.std(ddof=1)) if a.size > 1 else 0.0)
+        return cls(
+            count=int(a.size),
+            p50_ms=float(p50),
+            p90_ms=float(p90),
+            p99_ms=float(p99),
+            max_ms=float(a.max()),
+            min_ms=float(a.min()),
+            mean_ms=float(a.mean()),
+            std_ms=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}

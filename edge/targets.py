@@ -19,7 +19,9 @@ from edge.errors import PrecisionError, TargetError, did_you_mean
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 1 << 20  # a profile is a few KB
 ARCHS = ("x86_64", "aarch64", "armv7l", "riscv64")  # what run.device_arch may name (after aliases: amd64, arm64)
-PLATFORMS = {"jetson": "NVIDIA Jetson"}  # run.device_platform: the host must be one (Host.jetson: /etc/nv_tegra_release)
+PLATFORMS = {
+    "jetson": "NVIDIA Jetson"
+}  # run.device_platform: the host must be one (Host.jetson: /etc/nv_tegra_release)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0")
 ENV_VAR = "EDGEKIT_TARGETS_PATH"
 
@@ -68,13 +70,15 @@ class DeviceClass:
         return f"{where}, {self.accelerator}" if self.accelerator else where
 
 
-def same_device_class(profile: "TargetProfile", host: Host, runner_info: Any) -> tuple[bool, str]:
+def same_device_class(profile: TargetProfile, host: Host, runner_info: Any) -> tuple[bool, str]:
     """Whether a benchmark run on ``host`` with a runner that reported ``runner_info`` (a ``RunnerInfo``
     or its JSON) measured ``profile``'s device class, and why: the host's OS, CPU architecture and
     platform must be the device class's, and the runner must have used the target's accelerator (no
     fallback). Only then does its latency say anything about the device's budget."""
     dc = profile.device_class
-    fallback = runner_info.get("fallback") if isinstance(runner_info, Mapping) else getattr(runner_info, "fallback", None)
+    fallback = (
+        runner_info.get("fallback") if isinstance(runner_info, Mapping) else getattr(runner_info, "fallback", None)
+    )
     here = f"{host.os}/{host.arch}" + (f", {PLATFORMS['jetson']}" if host.jetson else "")
     if host.os not in dc.os or host.arch not in dc.arch or (dc.platform == "jetson" and not host.jetson):
         return False, f"different device class: this host is {here}; {profile.name}'s devices are {dc.describe()}"
@@ -131,17 +135,30 @@ class TargetProfile:
             "precisions": list(self.precisions),
             "frame_budget_ms": self.frame_budget_ms,
             "chain": [{"converter": s.converter, "precision": s.precision} for s in self.chain],
-            "convert": {"os": list(self.convert_place.os), "arch": list(self.convert_place.arch),
-                        "options": {k: dict(v) for k, v in self.convert_options.items()}},
-            "run": {"os": list(self.run_place.os), "arch": list(self.run_place.arch),
-                    "needs_gpu": self.run_place.needs_gpu, "needs_device": self.run_place.needs_device,
-                    "device_arch": list(self.device_class.arch), "device_os": list(self.device_class.os),
-                    "device_platform": self.device_class.platform,
-                    "options": dict(self.runtime_options)},
+            "convert": {
+                "os": list(self.convert_place.os),
+                "arch": list(self.convert_place.arch),
+                "options": {k: dict(v) for k, v in self.convert_options.items()},
+            },
+            "run": {
+                "os": list(self.run_place.os),
+                "arch": list(self.run_place.arch),
+                "needs_gpu": self.run_place.needs_gpu,
+                "needs_device": self.run_place.needs_device,
+                "device_arch": list(self.device_class.arch),
+                "device_os": list(self.device_class.os),
+                "device_platform": self.device_class.platform,
+                "options": dict(self.runtime_options),
+            },
             "notes": self.notes,
-            "llm": None if self.llm is None else {"runner": self.llm.runner, "precisions": list(self.llm.precisions),
-                                                  "default_precision": self.llm.default_precision,
-                                                  "options": dict(self.llm.options)},
+            "llm": None
+            if self.llm is None
+            else {
+                "runner": self.llm.runner,
+                "precisions": list(self.llm.precisions),
+                "default_precision": self.llm.default_precision,
+                "options": dict(self.llm.options),
+            },
             "path": str(self.path) if self.path else None,
         }
 
@@ -149,14 +166,42 @@ class TargetProfile:
 # --- validation -------------------------------------------------------------------------
 
 _TOP = {
-    "schema_version": int, "name": str, "title": str, "hardware": str, "default_precision": str,
-    "precisions": list, "frame_budget_ms": (int, float), "notes": str, "convert": dict, "run": dict, "llm": dict,
+    "schema_version": int,
+    "name": str,
+    "title": str,
+    "hardware": str,
+    "default_precision": str,
+    "precisions": list,
+    "frame_budget_ms": (int, float),
+    "notes": str,
+    "convert": dict,
+    "run": dict,
+    "llm": dict,
 }
-_REQUIRED_TOP = ("schema_version", "name", "title", "hardware", "default_precision", "precisions",
-                 "frame_budget_ms", "convert", "run")
+_REQUIRED_TOP = (
+    "schema_version",
+    "name",
+    "title",
+    "hardware",
+    "default_precision",
+    "precisions",
+    "frame_budget_ms",
+    "convert",
+    "run",
+)
 _CONVERT = {"chain": list, "os": list, "arch": list, "options": dict}
-_RUN = {"runner": str, "accelerator": str, "os": list, "arch": list, "needs_gpu": bool,
-        "needs_device": bool, "device_arch": list, "device_os": list, "device_platform": str, "options": dict}
+_RUN = {
+    "runner": str,
+    "accelerator": str,
+    "os": list,
+    "arch": list,
+    "needs_gpu": bool,
+    "needs_device": bool,
+    "device_arch": list,
+    "device_os": list,
+    "device_platform": str,
+    "options": dict,
+}
 _LLM = {"runner": str, "precisions": list, "default_precision": str, "options": dict}
 
 
@@ -168,8 +213,9 @@ class _Problems:
     def add(self, key: str, problem: str) -> None:
         self.items.append(f"{key}: {problem}")
 
-    def check_table(self, table: Mapping[str, Any], schema: Mapping[str, Any], prefix: str,
-                    required: Sequence[str] = ()) -> None:
+    def check_table(
+        self, table: Mapping[str, Any], schema: Mapping[str, Any], prefix: str, required: Sequence[str] = ()
+    ) -> None:
         for key, value in table.items():
             full = f"{prefix}{key}"
             if key not in schema:
@@ -200,17 +246,24 @@ def _precisions(p: _Problems, table: Mapping[str, Any], prefix: str) -> tuple[st
     precisions = _str_list(p, table["precisions"], f"{prefix}precisions")
     for prec in precisions:
         if prec not in PRECISIONS:
-            p.add(f"{prefix}precisions",
-                  f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}known: {', '.join(PRECISIONS)}")
+            p.add(
+                f"{prefix}precisions",
+                f"unknown precision {prec!r}; {did_you_mean(prec, list(PRECISIONS))}known: {', '.join(PRECISIONS)}",
+            )
     if precisions and table["default_precision"] not in precisions:
-        p.add(f"{prefix}default_precision", f"{table['default_precision']!r} is not in {prefix}precisions {list(precisions)}")
+        p.add(
+            f"{prefix}default_precision",
+            f"{table['default_precision']!r} is not in {prefix}precisions {list(precisions)}",
+        )
     return precisions
 
 
 def _check_allowed(target: str, kind: str, precision: str, allowed: tuple[str, ...]) -> str:
     if precision not in allowed:
-        raise PrecisionError(f"target {target!r} does not allow {kind}precision {precision!r}; "
-                             f"{did_you_mean(precision, list(allowed))}allowed: {', '.join(allowed)}")
+        raise PrecisionError(
+            f"target {target!r} does not allow {kind}precision {precision!r}; "
+            f"{did_you_mean(precision, list(allowed))}allowed: {', '.join(allowed)}"
+        )
     return precision
 
 
@@ -247,7 +300,11 @@ def parse_profile(path: Path) -> TargetProfile:
         key = f"convert.chain[{i}]"
         if isinstance(step, str):
             chain.append(ChainStep(step))
-        elif isinstance(step, dict) and isinstance(step.get("converter"), str) and set(step) <= {"converter", "precision"}:
+        elif (
+            isinstance(step, dict)
+            and isinstance(step.get("converter"), str)
+            and set(step) <= {"converter", "precision"}
+        ):
             chain.append(ChainStep(step["converter"], step.get("precision")))
         else:
             p.add(key, f"expected a converter name or {{converter = ..., precision = ...}}, got {step!r}")
@@ -259,25 +316,43 @@ def parse_profile(path: Path) -> TargetProfile:
             p.add(f"convert.options.{conv_name}", f"expected a table of options, got {opts!r}")
         elif conv_name not in {s.converter for s in chain}:
             p.add(f"convert.options.{conv_name}", "options for a converter that is not in convert.chain")
-    convert_place = StepPlace(_str_list(p, conv.get("os"), "convert.os"), _str_list(p, conv.get("arch"), "convert.arch"))
+    convert_place = StepPlace(
+        _str_list(p, conv.get("os"), "convert.os"), _str_list(p, conv.get("arch"), "convert.arch")
+    )
     run_place = StepPlace(
-        _str_list(p, run.get("os"), "run.os"), _str_list(p, run.get("arch"), "run.arch"),
-        needs_gpu=bool(run.get("needs_gpu", False)), needs_device=bool(run.get("needs_device", False)),
+        _str_list(p, run.get("os"), "run.os"),
+        _str_list(p, run.get("arch"), "run.arch"),
+        needs_gpu=bool(run.get("needs_gpu", False)),
+        needs_device=bool(run.get("needs_device", False)),
     )
     device_class = _device_class(p, run, run_place)
     llm = None
     if llm_raw is not None:
-        llm = LLMProfile(llm_raw.get("runner", "llama.cpp"), _precisions(p, llm_raw, "llm."), llm_raw["default_precision"],
-                         dict(llm_raw.get("options", {})))
+        llm = LLMProfile(
+            llm_raw.get("runner", "llama.cpp"),
+            _precisions(p, llm_raw, "llm."),
+            llm_raw["default_precision"],
+            dict(llm_raw.get("options", {})),
+        )
     p.raise_if_any()
     return TargetProfile(
-        name=raw["name"], title=raw["title"], hardware=raw["hardware"], runner=run["runner"],
-        default_precision=raw["default_precision"], precisions=precisions,
-        frame_budget_ms=float(raw["frame_budget_ms"]), chain=tuple(chain),
-        convert_place=convert_place, run_place=run_place, accelerator=run.get("accelerator", ""),
+        name=raw["name"],
+        title=raw["title"],
+        hardware=raw["hardware"],
+        runner=run["runner"],
+        default_precision=raw["default_precision"],
+        precisions=precisions,
+        frame_budget_ms=float(raw["frame_budget_ms"]),
+        chain=tuple(chain),
+        convert_place=convert_place,
+        run_place=run_place,
+        accelerator=run.get("accelerator", ""),
         device_class=device_class,
-        runtime_options=dict(run.get("options", {})), convert_options=dict(options),
-        notes=raw.get("notes", ""), path=path, llm=llm,
+        runtime_options=dict(run.get("options", {})),
+        convert_options=dict(options),
+        notes=raw.get("notes", ""),
+        path=path,
+        llm=llm,
     )
 
 
@@ -290,19 +365,26 @@ def _device_class(p: _Problems, run: Mapping[str, Any], run_place: StepPlace) ->
     archs = tuple(normalize_arch(a) for a in _str_list(p, given, "run.device_arch"))
     for a in archs:
         if a not in ARCHS:
-            p.add("run.device_arch", f"unknown architecture {a!r}; {did_you_mean(a, list(ARCHS))}known: {', '.join(ARCHS)}")
+            p.add(
+                "run.device_arch",
+                f"unknown architecture {a!r}; {did_you_mean(a, list(ARCHS))}known: {', '.join(ARCHS)}",
+            )
     run_archs = {normalize_arch(a) for a in run_place.arch}
     elsewhere = [a for a in archs if a in ARCHS and a not in run_archs]
     if run_place.arch and elsewhere:
-        p.add("run.device_arch", f"{elsewhere} not in run.arch {list(run_place.arch)}: "
-                                 "the runner must run on the target's own devices")
+        p.add(
+            "run.device_arch",
+            f"{elsewhere} not in run.arch {list(run_place.arch)}: the runner must run on the target's own devices",
+        )
     oses = _str_list(p, run["device_os"], "run.device_os") if "device_os" in run else run_place.os
     if run_place.os and [o for o in oses if o not in run_place.os]:
         p.add("run.device_os", f"{[o for o in oses if o not in run_place.os]} not in run.os {list(run_place.os)}")
     platform = run.get("device_platform")
     if platform is not None and platform not in PLATFORMS:
-        p.add("run.device_platform", f"unknown platform {platform!r}; {did_you_mean(platform, list(PLATFORMS))}"
-                                     f"known: {', '.join(PLATFORMS)}")
+        p.add(
+            "run.device_platform",
+            f"unknown platform {platform!r}; {did_you_mean(platform, list(PLATFORMS))}known: {', '.join(PLATFORMS)}",
+        )
     return DeviceClass(archs, tuple(oses), platform, run.get("accelerator", ""))
 
 
@@ -319,8 +401,7 @@ def search_path(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Path]
     dirs += [Path(d) for d in env.split(os.pathsep) if d]
     for d in dirs:
         if not d.is_dir():
-            raise TargetError(f"targets directory {d} does not exist",
-                              hint=f"check --targets-dir / {ENV_VAR}")
+            raise TargetError(f"targets directory {d} does not exist", hint=f"check --targets-dir / {ENV_VAR}")
     return dirs + [builtin_dir()]
 
 
@@ -341,6 +422,7 @@ def get_target(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> 
         if f.is_file():
             return parse_profile(f)
     names = sorted({f.stem for d in dirs for f in d.glob("*.toml")})
-    raise TargetError(f"unknown target {name!r}; {did_you_mean(name, names)}known targets: {', '.join(names)}",
-                      hint="add your own with --targets-dir or " + ENV_VAR)
-
+    raise TargetError(
+        f"unknown target {name!r}; {did_you_mean(name, names)}known targets: {', '.join(names)}",
+        hint="add your own with --targets-dir or " + ENV_VAR,
+    )

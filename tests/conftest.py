@@ -6,9 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -97,9 +97,11 @@ def _police_skip(config: pytest.Config, rep: pytest.CollectReport | pytest.TestR
     elif ci_strict():
         seen.append(("failed", reason))
         rep.outcome = "failed"
-        rep.longrepr = (f"CI=true: a skip that is not for missing hardware is a failure here: {reason}\n"
-                        f"(CI installs everything the tests use; only reasons starting with {HARDWARE!r} may skip "
-                        "— tests/conftest.py)")
+        rep.longrepr = (
+            f"CI=true: a skip that is not for missing hardware is a failure here: {reason}\n"
+            f"(CI installs everything the tests use; only reasons starting with {HARDWARE!r} may skip "
+            "— tests/conftest.py)"
+        )
     else:
         seen.append(("other", reason))
 
@@ -135,8 +137,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     hw = [r for k, r in seen if k == "hardware"]
     other = [r for k, r in seen if k == "other"]
     failed = [r for k, r in seen if k == "failed"]
-    line = (f"edgekit skips: {len(hw) + len(other)} (hardware: {len(hw)}{' — ' + _tally(hw) if hw else ''}; "
-            f"other: {len(other)}{' — ' + _tally(other) if other else ''})")
+    line = (
+        f"edgekit skips: {len(hw) + len(other)} (hardware: {len(hw)}{' — ' + _tally(hw) if hw else ''}; "
+        f"other: {len(other)}{' — ' + _tally(other) if other else ''})"
+    )
     if failed:
         line += f"; CI=true turned {len(failed)} skip(s) into failures: {_tally(failed)}"
     terminalreporter.write_line(line)
@@ -169,8 +173,9 @@ def altstack_problem() -> str | None:
     lo, hi = int(ss.sp), int(ss.sp) + int(ss.size)
     covered = lo
     with open("/proc/self/maps") as f:
-        spans = sorted((int(a, 16), int(b, 16), perm) for a, b, perm in
-                       ((ln.split()[0].split("-") + [ln.split()[1]]) for ln in f))
+        spans = sorted(
+            (int(a, 16), int(b, 16), perm) for a, b, perm in ((ln.split()[0].split("-") + [ln.split()[1]]) for ln in f)
+        )
     for a, b, perm in spans:
         if a <= covered < b and "rw" in perm:
             covered = b
@@ -183,8 +188,11 @@ def altstack_problem() -> str | None:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     problem = altstack_problem()
     if problem:
-        pytest.fail(f"{problem}: a signal handler would run on unmapped memory (did this test make its own "
-                    "openvino.Core? use edge.backends.openvino.format.ov_core)", pytrace=False)
+        pytest.fail(
+            f"{problem}: a signal handler would run on unmapped memory (did this test make its own "
+            "openvino.Core? use edge.backends.openvino.format.ov_core)",
+            pytrace=False,
+        )
 
 
 # -- Exit straight after the summary ---------------------------------------------------------------
@@ -223,4 +231,3 @@ def no_leaked_threads() -> Iterator[None]:
             return
         time.sleep(0.05)
     pytest.fail(f"threads left running: {left}")
-

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+
 from edge.pipeline.request import ConvertRequest
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -39,7 +40,9 @@ class CorpusModel:
     preprocess: str = "none"  # --preprocess preset
     letterbox: bool | None = None  # --letterbox
     source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
-    parity_task: str | None = None  # the task edge.verify.tasks should detect on its output (--task auto); None: no task
+    parity_task: str | None = (
+        None  # the task edge.verify.tasks should detect on its output (--task auto); None: no task
+    )
     fixed_inputs: dict[str, float] = field(default_factory=dict)  # inputs a caller sets to one value (a sample rate)
     #: --freeze-input for these targets (their runtimes cannot express the graph's control flow otherwise)
     freeze: dict[str, str] = field(default_factory=dict)
@@ -53,16 +56,22 @@ class CorpusModel:
         """The ``edge.pipeline.convert`` request for ``target`` (GGUF takes none of these options)."""
         if self.source_format == "gguf":
             return ConvertRequest()
-        return ConvertRequest(preprocess=self.preprocess, input_shapes=self.input_shapes or {},
-                              freeze=dict(self.freeze) if self.freeze and target in self.freeze_targets else None,
-                              letterbox=self.letterbox)
+        return ConvertRequest(
+            preprocess=self.preprocess,
+            input_shapes=self.input_shapes or {},
+            freeze=dict(self.freeze) if self.freeze and target in self.freeze_targets else None,
+            letterbox=self.letterbox,
+        )
 
     def cli_args(self, target: str | None = None) -> list[str]:
         """The same as ``edgekit convert`` options."""
         if self.source_format == "gguf":
             return []
-        args = [a for name, shape in self.input_shapes.items()
-                for a in ("--input-shape", f"{name}={','.join(map(str, shape))}")]
+        args = [
+            a
+            for name, shape in self.input_shapes.items()
+            for a in ("--input-shape", f"{name}={','.join(map(str, shape))}")
+        ]
         if self.freeze and target in self.freeze_targets:
             args += [a for k, v in self.freeze.items() for a in ("--freeze-input", f"{k}={v}")]
         args += ["--preprocess", self.preprocess]
@@ -72,41 +81,98 @@ class CorpusModel:
 
 
 _MODELS = (
-    CorpusModel("ppocr-cls", "ch_ppocr_mobile_v2.0_cls_mobile.onnx", "classifier",
-                "PP-OCR text-direction classifier (2 classes, softmaxed)", "Apache-2.0",
-                input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr", parity_task="classifier"),
-    CorpusModel("ppocr-det", "PP-OCRv6_det_small.onnx", "prob-map",
-                "PP-OCRv6 DBNet text detector (sigmoid probability map, input-sized)", "Apache-2.0",
-                input_shapes={"x": (1, 3, 320, 320)}, preprocess="ppocr", parity_task="prob-map"),
-    CorpusModel("ppocr-rec", "PP-OCRv6_rec_small.onnx", "ctc",
-                "PP-OCRv6 text-line recogniser (CTC, 18,710 classes)", "Apache-2.0",
-                input_shapes={"x": (1, 3, 48, 320)}, preprocess="ppocr", parity_task="sequence"),
+    CorpusModel(
+        "ppocr-cls",
+        "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+        "classifier",
+        "PP-OCR text-direction classifier (2 classes, softmaxed)",
+        "Apache-2.0",
+        input_shapes={"x": (1, 3, 48, 192)},
+        preprocess="ppocr",
+        parity_task="classifier",
+    ),
+    CorpusModel(
+        "ppocr-det",
+        "PP-OCRv6_det_small.onnx",
+        "prob-map",
+        "PP-OCRv6 DBNet text detector (sigmoid probability map, input-sized)",
+        "Apache-2.0",
+        input_shapes={"x": (1, 3, 320, 320)},
+        preprocess="ppocr",
+        parity_task="prob-map",
+    ),
+    CorpusModel(
+        "ppocr-rec",
+        "PP-OCRv6_rec_small.onnx",
+        "ctc",
+        "PP-OCRv6 text-line recogniser (CTC, 18,710 classes)",
+        "Apache-2.0",
+        input_shapes={"x": (1, 3, 48, 320)},
+        preprocess="ppocr",
+        parity_task="sequence",
+    ),
     # BGR 0..255 letterboxed with 114; no preset says BGR raw, and generated inputs do not care.
-    CorpusModel("ddddocr-det", "ddddocr_common_det.onnx", "detector-yolox",
-                "ddddocr YOLOX-style detector (416x416 -> [1, 3549, 6])", "MIT",
-                preprocess="raw", letterbox=True, parity_task="detector"),
+    CorpusModel(
+        "ddddocr-det",
+        "ddddocr_common_det.onnx",
+        "detector-yolox",
+        "ddddocr YOLOX-style detector (416x416 -> [1, 3549, 6])",
+        "MIT",
+        preprocess="raw",
+        letterbox=True,
+        parity_task="detector",
+    ),
     # issue #23: a 1-channel grey input (3-channel generated frames crashed onnxruntime) and an already-quantized
     # graph (int8-dynamic, kept); [T, 1, C] sequence-major logits: no task is claimed for them
-    CorpusModel("ddddocr-rec", "ddddocr_common_old_rec.onnx", "ctc",
-                "ddddocr text-line recogniser (1-channel 64xW, dynamic int8, CTC over 8210 classes)", "MIT",
-                input_shapes={"input1": (1, 1, 64, 256)}, preprocess="auto"),
-    CorpusModel("silero-vad", "silero_vad.onnx", "audio-stateful",
-                "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)", "MIT",
-                input_shapes={"input": (1, 512), "state": (2, 1, 128)}, fixed_inputs={"sr": 16000},
-                # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite has no control flow: both get
-                # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.graph.freeze)
-                freeze={"sr": "16000"}, freeze_targets=("intel-igpu", "arm-xnnpack")),
-    CorpusModel("face-detection", "face_detection_short_range.tflite", "tflite",
-                "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)", "Apache-2.0",
-                source_format="tflite"),
+    CorpusModel(
+        "ddddocr-rec",
+        "ddddocr_common_old_rec.onnx",
+        "ctc",
+        "ddddocr text-line recogniser (1-channel 64xW, dynamic int8, CTC over 8210 classes)",
+        "MIT",
+        input_shapes={"input1": (1, 1, 64, 256)},
+        preprocess="auto",
+    ),
+    CorpusModel(
+        "silero-vad",
+        "silero_vad.onnx",
+        "audio-stateful",
+        "Silero VAD (If over two LSTM branches, state in/out, scalar int64 sample rate)",
+        "MIT",
+        input_shapes={"input": (1, 512), "state": (2, 1, 128)},
+        fixed_inputs={"sr": 16000},
+        # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite has no control flow: both get
+        # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.graph.freeze)
+        freeze={"sr": "16000"},
+        freeze_targets=("intel-igpu", "arm-xnnpack"),
+    ),
+    CorpusModel(
+        "face-detection",
+        "face_detection_short_range.tflite",
+        "tflite",
+        "MediaPipe BlazeFace short range (a TFLite source, fp16 weights)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
     # A segmentation TFLite: one sigmoid person mask [1, 256, 256, 1] (parity would judge it as a prob-map); its
     # up-sampling is MediaPipe's custom op Convolution2DTransposeBias, a kernel only MediaPipe's own app registers
-    CorpusModel("selfie-segmentation", "selfie_segmentation.tflite", "segmentation",
-                "MediaPipe selfie segmentation (256x256 RGB -> person mask, fp16 weights, a custom op)", "Apache-2.0",
-                source_format="tflite", parity_task="prob-map"),
-    CorpusModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm",
-                "SmolLM2-135M-Instruct, Q4_1 GGUF (a trained llama-architecture LLM)", "Apache-2.0",
-                source_format="gguf"),
+    CorpusModel(
+        "selfie-segmentation",
+        "selfie_segmentation.tflite",
+        "segmentation",
+        "MediaPipe selfie segmentation (256x256 RGB -> person mask, fp16 weights, a custom op)",
+        "Apache-2.0",
+        source_format="tflite",
+        parity_task="prob-map",
+    ),
+    CorpusModel(
+        "smollm2-135m",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "llm",
+        "SmolLM2-135M-Instruct, Q4_1 GGUF (a trained llama-architecture LLM)",
+        "Apache-2.0",
+        source_format="gguf",
+    ),
 )
 CORPUS: dict[str, CorpusModel] = {m.name: m for m in _MODELS}
 

@@ -26,7 +26,7 @@ CUSTOM_OP = "edgetpu-custom-op"
 def install(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     exe = directory / "edgetpu_compiler"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} "$@"\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return exe
 
@@ -88,23 +88,30 @@ def main(argv: list[str]) -> int:
         print("ERROR: expected exactly one model file", file=sys.stderr)
         return 1
     if os.environ.get("EDGETPU_STANDIN_FAIL"):
-        print("ERROR: Attempting to use a delegate that only supports static-sized tensors with a graph that has "
-              "dynamic-sized tensors.\nCompilation failed!", flush=True)
+        print(
+            "ERROR: Attempting to use a delegate that only supports static-sized tensors with a graph that has "
+            "dynamic-sized tensors.\nCompilation failed!",
+            flush=True,
+        )
         return 1
     src = Path(rest[0])
     out, log, ops = compile_model(src, out_dir)
     total = sum(ops.values())
     log.write_text(f"Edge TPU Compiler version {VERSION}\nInput: {src}\nOutput: {out}\n\n{table(ops)}")
-    print(f"Started a compilation timeout timer of 180 seconds.\n\nModel compiled successfully in 12 ms.\n\n"
-          f"Input model: {src}\nInput size: {src.stat().st_size / 1024:.2f}KiB\nOutput model: {out}\n"
-          f"Output size: {out.stat().st_size / 1024:.2f}KiB\nNumber of Edge TPU subgraphs: 1\n"
-          f"Total number of operations: {total}\nOperation log: {log}\n")
+    print(
+        f"Started a compilation timeout timer of 180 seconds.\n\nModel compiled successfully in 12 ms.\n\n"
+        f"Input model: {src}\nInput size: {src.stat().st_size / 1024:.2f}KiB\nOutput model: {out}\n"
+        f"Output size: {out.stat().st_size / 1024:.2f}KiB\nNumber of Edge TPU subgraphs: 1\n"
+        f"Total number of operations: {total}\nOperation log: {log}\n"
+    )
     if show:
         print(table(ops))
     else:
         print("See the operation log file for individual operation details.")
-    print(f"Number of operations that will run on Edge TPU: {total}\nNumber of operations that will run on CPU: 0\n"
-          "Compilation child process completed within timeout period.\nCompilation succeeded! ")
+    print(
+        f"Number of operations that will run on Edge TPU: {total}\nNumber of operations that will run on CPU: 0\n"
+        "Compilation child process completed within timeout period.\nCompilation succeeded! "
+    )
     return 0
 
 

@@ -70,15 +70,60 @@ def make_ca(directory: Path, name: str = "edgekit-test-ca") -> TlsFiles:
         pytest.skip("the openssl program is not installed (apt-get install openssl)")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-             "-subj", f"/CN={name}", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        cwd=d,
+    )
     for who, san in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", None)):
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={who}",
-                 "-keyout", f"{who}.key", "-out", f"{who}.csr", cwd=d)
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            f"/CN={who}",
+            "-keyout",
+            f"{who}.key",
+            "-out",
+            f"{who}.csr",
+            cwd=d,
+        )
         ext = d / f"{who}.ext"
         ext.write_text((san + "\n") if san else "basicConstraints=CA:FALSE\n")
-        _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-out", f"{who}.pem", "-extfile", ext.name, cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{who}.pem",
+            "-extfile",
+            ext.name,
+            cwd=d,
+        )
     for f in d.glob("*.key"):
         f.chmod(0o644)  # mosquitto may drop privileges when started by root
     return TlsFiles(d / "ca.pem", d / "ca.key", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
@@ -117,8 +162,14 @@ def mtls_broker(workdir: Path, pki: FleetPki, acl_file: Path) -> Mosquitto:
     ``max_queued_messages 1000`` (a later line wins): with the ``0`` of the other test brokers, Mosquitto 2.0
     also disconnects a client whose publish the ACL denied (it compares its queue length with the limit
     there), which a production broker with the default limit does not do."""
-    return Mosquitto(workdir, tls=pki.tls, require_certificate=True, identity_as_username=True, acl_file=acl_file,
-                     extra="max_queued_messages 1000\n")
+    return Mosquitto(
+        workdir,
+        tls=pki.tls,
+        require_certificate=True,
+        identity_as_username=True,
+        acl_file=acl_file,
+        extra="max_queued_messages 1000\n",
+    )
 
 
 def password_file(path: Path, users: dict[str, str]) -> Path:
@@ -135,9 +186,18 @@ def password_file(path: Path, users: dict[str, str]) -> Path:
 class Mosquitto:
     """One broker process. ``restart()`` keeps the port and the persistence file."""
 
-    def __init__(self, workdir: Path, *, port: int | None = None, tls: TlsFiles | None = None,
-                 require_certificate: bool = False, passwords: Path | None = None, identity_as_username: bool = False,
-                 acl_file: Path | None = None, extra: str = "") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        tls: TlsFiles | None = None,
+        require_certificate: bool = False,
+        passwords: Path | None = None,
+        identity_as_username: bool = False,
+        acl_file: Path | None = None,
+        extra: str = "",
+    ) -> None:
         exe = mosquitto_binary()
         if exe is None:
             pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
@@ -147,18 +207,30 @@ class Mosquitto:
         self.port = port or free_port()
         self.tls = tls
         anonymous = not (passwords or identity_as_username)
-        lines = [f"listener {self.port} {HOST}", f"allow_anonymous {'true' if anonymous else 'false'}",
-                 "persistence true", f"persistence_location {self.workdir}/", "autosave_interval 1",
-                 "max_queued_messages 0",
-                 f"log_dest file {self.workdir}/mosquitto.log", "log_type error", "log_type warning",
-                 "log_type notice", "log_type information"]
+        lines = [
+            f"listener {self.port} {HOST}",
+            f"allow_anonymous {'true' if anonymous else 'false'}",
+            "persistence true",
+            f"persistence_location {self.workdir}/",
+            "autosave_interval 1",
+            "max_queued_messages 0",
+            f"log_dest file {self.workdir}/mosquitto.log",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type information",
+        ]
         if os.geteuid() == 0:
             lines.append("user root")
         if passwords:
             lines.append(f"password_file {passwords}")
         if tls:
-            lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}",
-                      f"require_certificate {'true' if require_certificate else 'false'}"]
+            lines += [
+                f"cafile {tls.ca}",
+                f"certfile {tls.server_cert}",
+                f"keyfile {tls.server_key}",
+                f"require_certificate {'true' if require_certificate else 'false'}",
+            ]
         if identity_as_username:  # the client certificate's CN is the user name the ACL's %u stands for
             if not (tls and require_certificate):
                 raise ValueError("use_identity_as_username needs a TLS listener with require_certificate")
@@ -173,9 +245,10 @@ class Mosquitto:
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{HOST}:{self.port}"
 
-    def start(self) -> "Mosquitto":
-        self.proc = subprocess.Popen([self.exe, "-c", str(self.config)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+    def start(self) -> Mosquitto:
+        self.proc = subprocess.Popen(
+            [self.exe, "-c", str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             wait_port(self.port)
         except TimeoutError:
@@ -206,7 +279,7 @@ class Mosquitto:
         f = self.workdir / "mosquitto.log"
         return f.read_text(errors="replace") if f.exists() else ""
 
-    def __enter__(self) -> "Mosquitto":
+    def __enter__(self) -> Mosquitto:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -220,14 +293,19 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
     to drain it, and the pre-load is not what is measured."""
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as s:
-        body = mqtt_string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + mqtt_string(f"edgekit-bench-preload-{os.getpid()}")
+        body = (
+            mqtt_string("MQTT")
+            + bytes([4, 0x02])
+            + struct.pack("!H", 60)
+            + mqtt_string(f"edgekit-bench-preload-{os.getpid()}")
+        )
         s.sendall(mqtt_packet(0x10, body))
         if s.recv(4) != b"\x20\x02\x00\x00":
             raise RuntimeError("the broker refused the pre-loader's connection")
         buf = bytearray()
         acked = 0
         for start in range(0, len(messages), window):
-            chunk = messages[start:start + window]
+            chunk = messages[start : start + window]
             out = bytearray()
             for i, (topic, payload) in enumerate(chunk):
                 mid = (start + i) % 65535 + 1
@@ -241,7 +319,7 @@ def preload_qos1(port: int, messages: list[tuple[str, bytes]], window: int = 500
                     raise RuntimeError("the broker closed the pre-loader's connection")
                 buf += data
                 acked += len(data) // 4  # PUBACKs: 4 bytes each
-                del buf[:len(data) - len(data) % 4]
+                del buf[: len(data) - len(data) % 4]
         s.sendall(b"\xe0\x00")
     return time.monotonic() - t0
 
@@ -255,12 +333,20 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
 BRIDGE_TOPICS = ("edgekit/# out 1", "edgekit/+/+/cmd/# in 1", "edgekit/+/+/desired in 1")
 
 
-def bridge_config(central: Mosquitto, *, name: str = "central", topics: tuple[str, ...] = BRIDGE_TOPICS,
-                  protocol: str = "mqttv311") -> str:
+def bridge_config(
+    central: Mosquitto, *, name: str = "central", topics: tuple[str, ...] = BRIDGE_TOPICS, protocol: str = "mqttv311"
+) -> str:
     """Mosquitto config lines that bridge a site broker to ``central`` (for ``Mosquitto(extra=...)``): what the
     devices publish goes out, commands and desired states come in; a persistent bridge session (QoS 1 kept
     while the link is down), reconnecting after 1 s. ``protocol``: ``mqttv311`` or ``mqttv50``."""
-    lines = [f"connection {name}", f"address {HOST}:{central.port}", *(f"topic {t}" for t in topics),
-             "cleansession false", f"remote_clientid edgekit-bridge-{name}-{os.getpid()}", "restart_timeout 1",
-             f"bridge_protocol_version {protocol}", "try_private true"]
+    lines = [
+        f"connection {name}",
+        f"address {HOST}:{central.port}",
+        *(f"topic {t}" for t in topics),
+        "cleansession false",
+        f"remote_clientid edgekit-bridge-{name}-{os.getpid()}",
+        "restart_timeout 1",
+        f"bridge_protocol_version {protocol}",
+        "try_private true",
+    ]
     return "\n".join(lines) + "\n"

@@ -13,8 +13,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def _save(path: Path, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
-          outputs: list[onnx.ValueInfoProto], inits: list[onnx.TensorProto]) -> Path:
+def _save(
+    path: Path,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: list[onnx.TensorProto],
+) -> Path:
     g = helper.make_graph(nodes, path.stem.replace("-", "_"), inputs, outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -34,20 +39,31 @@ def one_channel_net(path: Path, shape: Sequence[int], *, name: str = "x", classe
     if nhwc:
         nodes.append(helper.make_node("Transpose", [name], ["xt"], perm=[0, 3, 1, 2]))
         x = "xt"
-    nodes += [helper.make_node("Conv", [x, "W"], ["c"], pads=[1, 1, 1, 1]),
-              helper.make_node("Relu", ["c"], ["r"]),
-              helper.make_node("GlobalAveragePool", ["r"], ["g"]),
-              helper.make_node("Flatten", ["g"], ["logits"])]
-    return _save(path, nodes, [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))],
-                 [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])], [w])
+    nodes += [
+        helper.make_node("Conv", [x, "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["logits"]),
+    ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
+        [w],
+    )
 
 
-def _conv_trunk(rng: np.random.Generator, x: str, cin: int, cout: int, name: str,
-                stride: int = 2) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
-    w = numpy_helper.from_array((rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32),
-                                f"{name}_w")
-    nodes = [helper.make_node("Conv", [x, w.name], [f"{name}_c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
-             helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"])]
+def _conv_trunk(
+    rng: np.random.Generator, x: str, cin: int, cout: int, name: str, stride: int = 2
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    w = numpy_helper.from_array(
+        (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32), f"{name}_w"
+    )
+    nodes = [
+        helper.make_node("Conv", [x, w.name], [f"{name}_c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+        helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]),
+    ]
     return nodes, [w], f"{name}_r"
 
 
@@ -64,21 +80,33 @@ def anchor_detector(path: Path, side: int = 192) -> Path:
     for what, per in (("reg", 18), ("cls", 1)):
         parts = []
         for src, cells, anchors in ((x, 24, 2), (y, 12, 6)):
-            w = numpy_helper.from_array((rng.standard_normal((anchors * per, 16, 1, 1)) * 0.2).astype(np.float32),
-                                        f"{what}{cells}_w")
+            w = numpy_helper.from_array(
+                (rng.standard_normal((anchors * per, 16, 1, 1)) * 0.2).astype(np.float32), f"{what}{cells}_w"
+            )
             inits.append(w)
             shape = numpy_helper.from_array(np.array([1, cells * cells * anchors, per], np.int64), f"{what}{cells}_s")
             inits.append(shape)
-            nodes += [helper.make_node("Conv", [src, w.name], [f"{what}{cells}_c"]),
-                      helper.make_node("Transpose", [f"{what}{cells}_c"], [f"{what}{cells}_t"], perm=[0, 2, 3, 1]),
-                      helper.make_node("Reshape", [f"{what}{cells}_t", shape.name], [f"{what}{cells}_r"])]
+            nodes += [
+                helper.make_node("Conv", [src, w.name], [f"{what}{cells}_c"]),
+                helper.make_node("Transpose", [f"{what}{cells}_c"], [f"{what}{cells}_t"], perm=[0, 2, 3, 1]),
+                helper.make_node("Reshape", [f"{what}{cells}_t", shape.name], [f"{what}{cells}_r"]),
+            ]
             parts.append(f"{what}{cells}_r")
         outs[what] = parts
-    nodes += [helper.make_node("Concat", outs["reg"], ["regressors"], axis=1),
-              helper.make_node("Concat", outs["cls"], ["classificators"], axis=1)]
-    return _save(path, nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, side, side])],
-                 [helper.make_tensor_value_info("regressors", TensorProto.FLOAT, [1, 2016, 18]),
-                  helper.make_tensor_value_info("classificators", TensorProto.FLOAT, [1, 2016, 1])], inits)
+    nodes += [
+        helper.make_node("Concat", outs["reg"], ["regressors"], axis=1),
+        helper.make_node("Concat", outs["cls"], ["classificators"], axis=1),
+    ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, side, side])],
+        [
+            helper.make_tensor_value_info("regressors", TensorProto.FLOAT, [1, 2016, 18]),
+            helper.make_tensor_value_info("classificators", TensorProto.FLOAT, [1, 2016, 1]),
+        ],
+        inits,
+    )
 
 
 def regressor(path: Path, values: int = 10, *, output: str = "Identity", softmax: bool = False) -> Path:
@@ -94,12 +122,18 @@ def regressor(path: Path, values: int = 10, *, output: str = "Identity", softmax
     nodes.append(helper.make_node("Gemm", ["f", "dense_w", "dense_b"], ["z" if softmax else output]))
     if softmax:
         nodes.append(helper.make_node("Softmax", ["z"], [output], axis=1))
-    return _save(path, nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])],
-                 [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, values])], inits)
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, values])],
+        inits,
+    )
 
 
-def text_encoder(path: Path, seq: int = 16, hidden: int = 32, vocab: int = 1000,
-                 output: str = "last_hidden_state") -> Path:
+def text_encoder(
+    path: Path, seq: int = 16, hidden: int = 32, vocab: int = 1000, output: str = "last_hidden_state"
+) -> Path:
     """A transformer-encoder-shaped model: token ids ``[1, seq]`` -> embeddings -> one dense + GELU-ish layer with
     layer norm -> hidden states ``[1, seq, hidden]`` (not per-step class scores)."""
     rng = np.random.default_rng(3)
@@ -107,20 +141,32 @@ def text_encoder(path: Path, seq: int = 16, hidden: int = 32, vocab: int = 1000,
     w = numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32), "w")
     gamma = numpy_helper.from_array(np.ones(hidden, np.float32), "gamma")
     beta = numpy_helper.from_array(np.zeros(hidden, np.float32), "beta")
-    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
-             helper.make_node("MatMul", ["e", "w"], ["m"]),
-             helper.make_node("Tanh", ["m"], ["t"]),
-             helper.make_node("Add", ["t", "e"], ["a"]),
-             helper.make_node("LayerNormalization", ["a", "gamma", "beta"], [output], axis=-1)]
-    return _save(path, nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
-                 [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, seq, hidden])], [emb, w, gamma, beta])
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+        helper.make_node("MatMul", ["e", "w"], ["m"]),
+        helper.make_node("Tanh", ["m"], ["t"]),
+        helper.make_node("Add", ["t", "e"], ["a"]),
+        helper.make_node("LayerNormalization", ["a", "gamma", "beta"], [output], axis=-1),
+    ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, seq, hidden])],
+        [emb, w, gamma, beta],
+    )
 
 
 def quantized(path: Path, scheme: str, tmp: Path) -> Path:
     """An already-quantized ONNX made by onnxruntime.quantization from :func:`regressor` (QDQ, QOperator: static
     int8 on four seeded calibration images) or :func:`text_encoder` (dynamic: MatMulInteger)."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     if scheme == "dynamic":
         quantize_dynamic(str(text_encoder(tmp / "float_encoder.onnx")), str(path), weight_type=QuantType.QInt8)
@@ -135,8 +181,9 @@ def quantized(path: Path, scheme: str, tmp: Path) -> Path:
             return next(self.it, None)
 
     fmt = QuantFormat.QDQ if scheme == "QDQ" else QuantFormat.QOperator
-    quantize_static(str(regressor(tmp / "float_classifier.onnx", output="logits")), str(path), Images(),
-                    quant_format=fmt)
+    quantize_static(
+        str(regressor(tmp / "float_classifier.onnx", output="logits")), str(path), Images(), quant_format=fmt
+    )
     return path
 
 
@@ -147,12 +194,21 @@ def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3) -> Path:
     rng = np.random.default_rng(7)
     nodes, inits, x = [], [], "x"
     for i in range(layers):
-        inits += [numpy_helper.from_array(rng.integers(-127, 128, (hidden, hidden)).astype(np.int8), f"w{i}"),
-                  numpy_helper.from_array(np.float32(0.01), f"s{i}")]
-        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}"], [f"wf{i}"]),
-                  helper.make_node("MatMul", [x, f"wf{i}"], [f"m{i}"]),
-                  helper.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
+        inits += [
+            numpy_helper.from_array(rng.integers(-127, 128, (hidden, hidden)).astype(np.int8), f"w{i}"),
+            numpy_helper.from_array(np.float32(0.01), f"s{i}"),
+        ]
+        nodes += [
+            helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}"], [f"wf{i}"]),
+            helper.make_node("MatMul", [x, f"wf{i}"], [f"m{i}"]),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"]),
+        ]
         x = f"t{i}"
     nodes.append(helper.make_node("Identity", [x], ["hidden_states"]))
-    return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, hidden])],
-                 [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, 16, hidden])], inits)
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, hidden])],
+        [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, 16, hidden])],
+        inits,
+    )

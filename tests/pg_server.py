@@ -44,8 +44,9 @@ class PostgresServer:
             try:
                 pw = pwd.getpwnam("postgres")
             except KeyError:
-                raise PostgresUnavailable("running as root and there is no 'postgres' user to run the server as") \
-                    from None
+                raise PostgresUnavailable(
+                    "running as root and there is no 'postgres' user to run the server as"
+                ) from None
             runuser = shutil.which("runuser")
             if runuser is None:
                 raise PostgresUnavailable("running as root without runuser to start PostgreSQL as 'postgres'")

@@ -42,21 +42,27 @@ def rabbitmq_version() -> str:
 class RabbitNode:
     """One RabbitMQ node of a :class:`RabbitCluster` (not started until ``start()``)."""
 
-    def __init__(self, cluster: "RabbitCluster", name: str, extra: str = "") -> None:
+    def __init__(self, cluster: RabbitCluster, name: str, extra: str = "") -> None:
         self.cluster, self.short = cluster, name
         self.name = f"edgekit-{name}-{os.getpid()}@localhost"
         self.dir = cluster.workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.amqp_port, self.dist_port, self.port = free_port(), free_port(), free_port()
         self.config = self.dir / "rabbitmq.conf"
-        self.config.write_text("\n".join([
-            f"listeners.tcp.default = {HOST}:{self.amqp_port}",
-            f"mqtt.listeners.tcp.default = {HOST}:{self.port}",
-            "mqtt.allow_anonymous = true",  # as the built-in guest user, which may log in from loopback only
-            "loopback_users.guest = true",
-            "log.file.level = info",
-            "log.console = false",
-        ]) + "\n" + extra)
+        self.config.write_text(
+            "\n".join(
+                [
+                    f"listeners.tcp.default = {HOST}:{self.amqp_port}",
+                    f"mqtt.listeners.tcp.default = {HOST}:{self.port}",
+                    "mqtt.allow_anonymous = true",  # as the built-in guest user, which may log in from loopback only
+                    "loopback_users.guest = true",
+                    "log.file.level = info",
+                    "log.console = false",
+                ]
+            )
+            + "\n"
+            + extra
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,21 +70,34 @@ class RabbitNode:
         return f"mqtt://{HOST}:{self.port}"
 
     def env(self) -> dict[str, str]:
-        return {**self.cluster.env(), "RABBITMQ_NODENAME": self.name, "RABBITMQ_NODE_IP_ADDRESS": HOST,
-                "RABBITMQ_NODE_PORT": str(self.amqp_port), "RABBITMQ_DIST_PORT": str(self.dist_port),
-                "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"), "RABBITMQ_LOG_BASE": str(self.dir / "log"),
-                "RABBITMQ_CONFIG_FILE": str(self.config), "RABBITMQ_PID_FILE": str(self.dir / "pid"),
-                # exec the VM (no shell in between): SIGTERM reaches it and it shuts down cleanly by itself
-                "RUNNING_UNDER_SYSTEMD": "true",
-                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
+        return {
+            **self.cluster.env(),
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_IP_ADDRESS": HOST,
+            "RABBITMQ_NODE_PORT": str(self.amqp_port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_CONFIG_FILE": str(self.config),
+            "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+            # exec the VM (no shell in between): SIGTERM reaches it and it shuts down cleanly by itself
+            "RUNNING_UNDER_SYSTEMD": "true",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
 
     def spawn(self) -> None:
         with open(self.dir / "stdout.log", "ab") as out:
-            self.proc = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], cwd=self.dir, env=self.env(),
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(RABBIT_BIN / "rabbitmq-server")],
+                cwd=self.dir,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
-    def start(self, timeout: float = 120.0) -> "RabbitNode":
+    def start(self, timeout: float = 120.0) -> RabbitNode:
         """Start the VM and wait until the MQTT listener accepts (the plugin is up)."""
         self.spawn()
         self.wait_ready(timeout)
@@ -94,19 +113,27 @@ class RabbitNode:
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"RabbitMQ node {self.name}: no MQTT listener after {timeout} s: "
-                                       f"{self.log()[-3000:]}") from None
+                    raise RuntimeError(
+                        f"RabbitMQ node {self.name}: no MQTT listener after {timeout} s: {self.log()[-3000:]}"
+                    ) from None
 
     def ctl(self, *args: str, timeout: float = 120.0) -> str:
         """``rabbitmqctl -n <this node> ...``; its output, or an error with it."""
-        p = subprocess.run([str(RABBIT_BIN / "rabbitmqctl"), "-n", self.name, *args], env=self.cluster.env(),
-                           cwd=self.cluster.workdir, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            env=self.cluster.env(),
+            cwd=self.cluster.workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if p.returncode != 0:
-            raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)}: exit {p.returncode}: "
-                               f"{(p.stdout + p.stderr)[-2000:]}")
+            raise RuntimeError(
+                f"rabbitmqctl -n {self.name} {' '.join(args)}: exit {p.returncode}: {(p.stdout + p.stderr)[-2000:]}"
+            )
         return p.stdout
 
-    def join(self, other: "RabbitNode") -> None:
+    def join(self, other: RabbitNode) -> None:
         """Make this (running, empty) node a member of ``other``'s cluster, as the RabbitMQ guide says."""
         self.ctl("stop_app")
         self.ctl("join_cluster", other.name)
@@ -163,20 +190,31 @@ class RabbitCluster:
 
     def env(self) -> dict[str, str]:
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
-        return {**keep, "HOME": str(self.workdir), "ERL_EPMD_PORT": str(self.epmd_port),
-                "ERL_EPMD_ADDRESS": HOST, "RABBITMQ_CONF_ENV_FILE": str(self.workdir / "rabbitmq-env.conf"),
-                "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.workdir / "enabled_plugins"),
-                # rabbitmqctl is an Erlang node too: one port of its own (the default range is fixed, 35672+)
-                "RABBITMQ_CTL_DIST_PORT_MIN": str(self.ctl_port), "RABBITMQ_CTL_DIST_PORT_MAX": str(self.ctl_port)}
+        return {
+            **keep,
+            "HOME": str(self.workdir),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": HOST,
+            "RABBITMQ_CONF_ENV_FILE": str(self.workdir / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.workdir / "enabled_plugins"),
+            # rabbitmqctl is an Erlang node too: one port of its own (the default range is fixed, 35672+)
+            "RABBITMQ_CTL_DIST_PORT_MIN": str(self.ctl_port),
+            "RABBITMQ_CTL_DIST_PORT_MAX": str(self.ctl_port),
+        }
 
     def __getitem__(self, name: str) -> RabbitNode:
         return self.nodes[name]
 
-    def start(self) -> "RabbitCluster":
+    def start(self) -> RabbitCluster:
         """epmd, then every node at once (on 2 cores they boot faster together than one after the other)."""
-        self.epmd = subprocess.Popen([str(EPMD), "-port", str(self.epmd_port), "-address", HOST],
-                                     env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.epmd = subprocess.Popen(
+            [str(EPMD), "-port", str(self.epmd_port), "-address", HOST],
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         wait_port(self.epmd_port)
         try:
             for node in self.nodes.values():
@@ -200,9 +238,8 @@ class RabbitCluster:
                 p.kill()
                 p.wait()
 
-    def __enter__(self) -> "RabbitCluster":
+    def __enter__(self) -> RabbitCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

@@ -18,8 +18,11 @@ from typing import Iterator
 import pytest
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
-MISSING = (None if SSHD and shutil.which("ssh") and shutil.which("ssh-keygen") and os.geteuid() == 0
-           else "needs openssh-server, openssh-client and root (CI installs them: apt-get install openssh-server)")
+MISSING = (
+    None
+    if SSHD and shutil.which("ssh") and shutil.which("ssh-keygen") and os.geteuid() == 0
+    else "needs openssh-server, openssh-client and root (CI installs them: apt-get install openssh-server)"
+)
 needs_sshd = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
@@ -53,11 +56,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPat
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
         f"PidFile {d / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nMaxStartups 50\nMaxSessions 50\n")
+        "StrictModes no\nPermitRootLogin prohibit-password\nMaxStartups 50\nMaxSessions 50\n"
+    )
     Path("/run/sshd").mkdir(exist_ok=True)
     proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE)
-    options = (f"-o IdentityFile={d / 'client'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-               "-o LogLevel=ERROR")
+    options = (
+        f"-o IdentityFile={d / 'client'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    )
     monkeypatch.setenv(SSH_OPTIONS_ENV, options)
     deadline = time.monotonic() + 10
     while True:

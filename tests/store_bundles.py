@@ -85,15 +85,21 @@ class KillServer:
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-c", KILL_SERVER, str(warm_up)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_SERVER, str(warm_up)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def run(self, root: Path, op: str, kill_at: str, before: list[Path], kill_after_s: float | None = None) -> int:
         import signal
 
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        req = {"root": str(root), "op": op, "kill_at": kill_at, "before": [str(p) for p in before],
-               "kill_after_s": kill_after_s}
+        req = {
+            "root": str(root),
+            "op": op,
+            "kill_at": kill_at,
+            "before": [str(p) for p in before],
+            "kill_after_s": kill_after_s,
+        }
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()

@@ -7,8 +7,8 @@ import pytest
 
 from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.errors import EdgeError
+from edge.pipeline import convert
 from edge.stats import LatencyStats, budget_from
 
 
@@ -39,7 +39,9 @@ def tiny_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 
 def test_iterations_and_verdicts(tiny_bundle: Bundle) -> None:
-    r = run_benchmark(tiny_bundle.open_runner, BenchOptions(iterations=30, warmup=2, budget_ms=1e6, budget_source="test"))
+    r = run_benchmark(
+        tiny_bundle.open_runner, BenchOptions(iterations=30, warmup=2, budget_ms=1e6, budget_source="test")
+    )
     assert r.latency.count == 30 and r.verdict == "pass" and r.load_ms > 0 and r.peak_rss_mb > 10
     assert r.runner["device_used"] == "CPUExecutionProvider"
     j = r.to_json()

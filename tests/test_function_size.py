@@ -34,8 +34,9 @@ def offenders() -> dict[str, str]:
                 continue
             lines = (node.end_lineno or node.lineno) - node.lineno + 1
             params = len(_params(node))
-            over = ([f"{lines} lines"] if lines > MAX_LINES else []) + \
-                ([f"{params} parameters"] if params > MAX_PARAMS else [])
+            over = ([f"{lines} lines"] if lines > MAX_LINES else []) + (
+                [f"{params} parameters"] if params > MAX_PARAMS else []
+            )
             if over:
                 out[f"{rel}:{node.name}"] = ", ".join(over)
     return out
@@ -44,7 +45,8 @@ def offenders() -> dict[str, str]:
 def test_no_function_over_80_lines_or_10_parameters() -> None:
     found = offenders()
     assert not found, "split these into steps, or take a request/options object:\n" + "\n".join(
-        f"  edge/{k}: {v}" for k, v in sorted(found.items()))
+        f"  edge/{k}: {v}" for k, v in sorted(found.items())
+    )
 
 
 def test_the_walk_sees_what_it_should() -> None:

@@ -16,13 +16,21 @@ import pytest
 
 # Build-host code: converters, toolchain launchers and the conversion pipeline.
 BUILD_SIDE = ("edge.backends.converter", "edge.toolchains", "edge.pipeline", "edge.verify.inputs")
-RUNNERS = ["edge.backends.onnxruntime.run", "edge.backends.openvino.run", "edge.backends.litert.run",
-           "edge.backends.tensorrt.run", "edge.backends.coreml.run", "edge.backends.llamacpp.run"]
+RUNNERS = [
+    "edge.backends.onnxruntime.run",
+    "edge.backends.openvino.run",
+    "edge.backends.litert.run",
+    "edge.backends.tensorrt.run",
+    "edge.backends.coreml.run",
+    "edge.backends.llamacpp.run",
+]
 
 
 def _imported_after(module: str) -> list[str]:
-    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('edge'))))")
+    code = (
+        f"import importlib, json, sys; importlib.import_module({module!r}); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('edge'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -32,8 +40,17 @@ def _build_side(mods: list[str]) -> list[str]:
     return [m for m in mods if m.startswith(BUILD_SIDE) or m.endswith(".convert") or m.endswith(".edgetpu")]
 
 
-@pytest.mark.parametrize("module", RUNNERS + ["edge.bundle.bundle", "edge.verify.refpairs", "edge.verify.isa_guest",
-                                    "edge.agent.agent", "edge.video.pipeline"])
+@pytest.mark.parametrize(
+    "module",
+    RUNNERS
+    + [
+        "edge.bundle.bundle",
+        "edge.verify.refpairs",
+        "edge.verify.isa_guest",
+        "edge.agent.agent",
+        "edge.video.pipeline",
+    ],
+)
 def test_device_side_imports_no_converter_code(module: str) -> None:
     mods = _imported_after(module)
     assert module in mods
@@ -81,7 +98,7 @@ def _imports(mod: str) -> list[tuple[str, int, list[str]]]:
             base = node.module or ""
             if node.level:
                 pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
             for a in node.names:
                 t = _target(f"{base}.{a.name}") if f"{base}.{a.name}" in MODULES else _target(base)
                 if t and t.startswith("edge") and t != mod:
@@ -152,15 +169,23 @@ def test_the_circle_check_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-BUILD_HOST = ("edge.pipeline", "edge.backends.converter", "edge.deploy", "edge.cli", "edge.toolchains", "edge.verify.inputs")
+BUILD_HOST = (
+    "edge.pipeline",
+    "edge.backends.converter",
+    "edge.deploy",
+    "edge.cli",
+    "edge.toolchains",
+    "edge.verify.inputs",
+)
 
 
 def _is_build_host(m: str) -> bool:
     return m.startswith(BUILD_HOST) or m.endswith((".convert", ".edgetpu")) or ".from_" in m
 
 
-@pytest.mark.parametrize("root", ["edge.agent", "edge.store", *(m for m in MODULES if m.startswith("edge.backends.")
-                                                                 and m.endswith(".run"))])
+@pytest.mark.parametrize(
+    "root", ["edge.agent", "edge.store", *(m for m in MODULES if m.startswith("edge.backends.") and m.endswith(".run"))]
+)
 def test_device_code_reaches_no_build_host_code(root: str) -> None:
     """Every import a device module could ever run (function-level included), not just what one import pulls."""
     starts = [m for m in MODULES if m == root or m.startswith(root + ".")]
@@ -168,18 +193,35 @@ def test_device_code_reaches_no_build_host_code(root: str) -> None:
     assert {s: b for s, b in bad.items() if b} == {}
 
 
-@pytest.mark.parametrize(("wing", "never"), [("edge.fleet", "edge.agent"), ("edge.mqtt", "edge.agent"),
-                                             ("edge.mqtt", "edge.fleet"), ("edge.bundle", "edge.verify"),
-                                             ("edge.tune", "edge.agent")])
+@pytest.mark.parametrize(
+    ("wing", "never"),
+    [
+        ("edge.fleet", "edge.agent"),
+        ("edge.mqtt", "edge.agent"),
+        ("edge.mqtt", "edge.fleet"),
+        ("edge.bundle", "edge.verify"),
+        ("edge.tune", "edge.agent"),
+    ],
+)
 def test_wings_keep_their_distance(wing: str, never: str) -> None:
-    found = [(m, t, line) for m, deps in GRAPH.items() if m.startswith(wing)
-             for t, line, _ in deps if t == never or t.startswith(never + ".")]
+    found = [
+        (m, t, line)
+        for m, deps in GRAPH.items()
+        if m.startswith(wing)
+        for t, line, _ in deps
+        if t == never or t.startswith(never + ".")
+    ]
     assert found == []
 
 
 def test_no_private_name_crosses_a_module() -> None:
-    found = [(m, line, n) for m, deps in GRAPH.items() for _, line, names in deps for n in names
-             if n.startswith("_") and not n.startswith("__")]
+    found = [
+        (m, line, n)
+        for m, deps in GRAPH.items()
+        for _, line, names in deps
+        for n in names
+        if n.startswith("_") and not n.startswith("__")
+    ]
     assert found == []
 
 

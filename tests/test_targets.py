@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from edge.backends.converter import CONVERTERS
-from edge.errors import PrecisionError, TargetError
 from edge.backends.runner import RUNNERS
 from edge.capabilities import Host
+from edge.errors import PrecisionError, TargetError
 from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile, same_device_class
 
 SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}
@@ -57,8 +57,14 @@ def test_every_shipped_profile_loads_and_names_known_backends() -> None:
     assert converters_used and runners_used
     assert converters_used - set(CONVERTERS.names()) == set()
     assert runners_used - set(RUNNERS.names()) == set()
-    assert {"onnx->coreml", "onnx->tflite", "onnxruntime", "openvino", "tensorrt", "llama.cpp"} <= \
-        converters_used | runners_used, (converters_used, runners_used)
+    assert {
+        "onnx->coreml",
+        "onnx->tflite",
+        "onnxruntime",
+        "openvino",
+        "tensorrt",
+        "llama.cpp",
+    } <= converters_used | runners_used, (converters_used, runners_used)
 
 
 def test_runtime_options_are_accepted_by_the_runner() -> None:
@@ -83,8 +89,11 @@ def test_precision_not_allowed_lists_allowed() -> None:
 
 def test_malformed_profile_reports_file_key_and_every_problem(tmp_path: Path) -> None:
     f = tmp_path / "board.toml"
-    f.write_text(VALID.format(name="board").replace('frame_budget_ms = 33.3', 'frame_budget_ms = "fast"')
-                 .replace('title = "Test board"', 'title = "Test board"\nhardwre = "typo"'))
+    f.write_text(
+        VALID.format(name="board")
+        .replace("frame_budget_ms = 33.3", 'frame_budget_ms = "fast"')
+        .replace('title = "Test board"', 'title = "Test board"\nhardwre = "typo"')
+    )
     with pytest.raises(TargetError) as e:
         parse_profile(f)
     msg = str(e.value)
@@ -95,8 +104,11 @@ def test_malformed_profile_reports_file_key_and_every_problem(tmp_path: Path) ->
 
 def test_semantic_problems_reported_together(tmp_path: Path) -> None:
     f = tmp_path / "board.toml"
-    f.write_text(VALID.format(name="other").replace('default_precision = "fp32"', 'default_precision = "fp8"')
-                 .replace('precisions = ["fp32", "int8"]', 'precisions = ["fp32", "in8"]'))
+    f.write_text(
+        VALID.format(name="other")
+        .replace('default_precision = "fp32"', 'default_precision = "fp8"')
+        .replace('precisions = ["fp32", "int8"]', 'precisions = ["fp32", "in8"]')
+    )
     with pytest.raises(TargetError) as e:
         parse_profile(f)
     msg = str(e.value)
@@ -133,8 +145,12 @@ def test_device_class_defaults_and_is_checked_all_at_once(tmp_path: Path) -> Non
     f.write_text(VALID.format(name="board").replace('device_arch = ["aarch64"]\n', ""))
     # a profile written before device_arch existed keeps working: every run architecture is its device class
     assert parse_profile(f).device_class.arch == tuple(parse_profile(f).run_place.arch)
-    f.write_text(VALID.format(name="board").replace('device_arch = ["aarch64"]', 'device_arch = ["arm64", "aarch46", "armv7l"]\n'
-                                                    'device_os = ["linux", "android"]\ndevice_platform = "jetsn"'))
+    f.write_text(
+        VALID.format(name="board").replace(
+            'device_arch = ["aarch64"]',
+            'device_arch = ["arm64", "aarch46", "armv7l"]\ndevice_os = ["linux", "android"]\ndevice_platform = "jetsn"',
+        )
+    )
     with pytest.raises(TargetError) as e:
         parse_profile(f)
     msg = str(e.value)
@@ -154,23 +170,26 @@ GPU_BOX = Host("linux", "aarch64", nvidia_gpu=True, jetson=False)
 ORIN = Host("linux", "aarch64", nvidia_gpu=True, jetson=True)
 
 
-@pytest.mark.parametrize("target,host,fallback,same", [
-    ("arm-xnnpack", X86, None, False),  # LiteRT runs on the x86 build host, but that is not a Pi
-    ("arm-xnnpack", MAC, None, False),
-    ("arm-xnnpack", PI, None, True),
-    ("arm-xnnpack", PI, "CPU fallback: XNNPack took none of the ops", False),
-    ("x86-cpu", X86, None, True),
-    ("x86-cpu", PI, None, False),
-    ("intel-igpu", X86, None, True),
-    ("intel-igpu", X86, "GPU not available: ran on CPU", False),  # the iGPU is the device, the CPU is not
-    ("jetson-orin", X86, None, False),
-    ("jetson-orin", GPU_BOX, None, False),  # an aarch64 server with an NVIDIA GPU is not a Jetson
-    ("jetson-orin", ORIN, None, True),
-    ("coral-edgetpu", X86, None, True),  # the Edge TPU (USB/PCIe) reached: the device class
-    ("coral-edgetpu", PI, "CPU fallback: libedgetpu.so.1 could not be loaded", False),
-    ("apple-ane", X86, None, False),
-    ("apple-ane", MAC, None, True),
-])
+@pytest.mark.parametrize(
+    "target,host,fallback,same",
+    [
+        ("arm-xnnpack", X86, None, False),  # LiteRT runs on the x86 build host, but that is not a Pi
+        ("arm-xnnpack", MAC, None, False),
+        ("arm-xnnpack", PI, None, True),
+        ("arm-xnnpack", PI, "CPU fallback: XNNPack took none of the ops", False),
+        ("x86-cpu", X86, None, True),
+        ("x86-cpu", PI, None, False),
+        ("intel-igpu", X86, None, True),
+        ("intel-igpu", X86, "GPU not available: ran on CPU", False),  # the iGPU is the device, the CPU is not
+        ("jetson-orin", X86, None, False),
+        ("jetson-orin", GPU_BOX, None, False),  # an aarch64 server with an NVIDIA GPU is not a Jetson
+        ("jetson-orin", ORIN, None, True),
+        ("coral-edgetpu", X86, None, True),  # the Edge TPU (USB/PCIe) reached: the device class
+        ("coral-edgetpu", PI, "CPU fallback: libedgetpu.so.1 could not be loaded", False),
+        ("apple-ane", X86, None, False),
+        ("apple-ane", MAC, None, True),
+    ],
+)
 def test_same_device_class(target: str, host: Host, fallback: str | None, same: bool) -> None:
     ok, why = same_device_class(get_target(target), host, {"fallback": fallback})
     assert ok is same

@@ -83,7 +83,12 @@ def build(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     script = dest / "make_models.py"  # a file, not -c: torch.jit.script reads the classes' source
     script.write_text(_MAKE, encoding="utf-8")
-    done = subprocess.run([str(toolchains._venv_python(st.venv)), str(script), str(dest)], check=False,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(toolchains._venv_python(st.venv)), str(script), str(dest)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return dest

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import typer
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +39,14 @@ def _cli_reference() -> str:
 
     typer.core.HAS_RICH = False  # plain text help (rich would print boxes to the terminal instead of returning it)
     root = typer.main.get_command(app)
-    head = ["# CLI reference", "",
-            "Generated from the typer app when the site is built (`docs/hooks/generate.py`), so it is what "
-            "`edgekit ... --help` prints for this version. Every command is a thin layer over a library "
-            "function; a user error is one line and exit code 2, an internal error one line and exit code 3.", ""]
+    head = [
+        "# CLI reference",
+        "",
+        "Generated from the typer app when the site is built (`docs/hooks/generate.py`), so it is what "
+        "`edgekit ... --help` prints for this version. Every command is a thin layer over a library "
+        "function; a user error is one line and exit code 2, an internal error one line and exit code 3.",
+        "",
+    ]
     return "\n".join(head + _walk(root, ["edgekit"], None))
 
 

@@ -73,8 +73,13 @@ class AgentConfig:
         check_part(self.device_id, "device id")
         if self.interval_s <= 0:
             raise EdgeError(f"--interval must be > 0, got {self.interval_s}")
-        if self.poll_current_s < 0 or self.watch_s < 0 or self.smoke_frames < 0 or self.smoke_timeout_s <= 0 \
-                or self.verify_timeout_s <= 0:
+        if (
+            self.poll_current_s < 0
+            or self.watch_s < 0
+            or self.smoke_frames < 0
+            or self.smoke_timeout_s <= 0
+            or self.verify_timeout_s <= 0
+        ):
             raise EdgeError("--poll-current, --watch and --smoke-frames must be >= 0, --smoke-timeout > 0")
         parse_source(self.source)
 
@@ -91,8 +96,13 @@ def read_record(path: Path) -> dict[str, Any]:
 
 def rollout_summary(rollout_id: Any, desired_bundle: Any, version: Any, state: Any, reason: Any) -> dict[str, Any]:
     """The reported state in short, as every ``state`` message carries it (``edge.fleet.metrics`` reads it)."""
-    return {"rollout_id": rollout_id, "desired_bundle": desired_bundle, "desired_version": version, "state": state,
-            "reason": reason}
+    return {
+        "rollout_id": rollout_id,
+        "desired_bundle": desired_bundle,
+        "desired_version": version,
+        "state": state,
+        "reason": reason,
+    }
 
 
 class InferenceWorker:
@@ -186,8 +196,14 @@ class Agent:
         self._refused_digest: str | None = None  # sha256 of the last desired payload refused (reported once)
         # downloads: artifacts fetched; local_switches: desired bundles the store held (no download);
         # already_running: desired states naming the bundle already run (reported running, no watch)
-        self.counters = {"desired_accepted": 0, "desired_ignored": 0, "desired_refused": 0, "downloads": 0,
-                         "local_switches": 0, "already_running": 0}
+        self.counters = {
+            "desired_accepted": 0,
+            "desired_ignored": 0,
+            "desired_refused": 0,
+            "downloads": 0,
+            "local_switches": 0,
+            "already_running": 0,
+        }
         self.reported: ReportedState | None = None
         self._rollout: dict[str, Any] | None = None  # the latest reported state in short, in every state message
         self.app: Any = None  # edge.agent.appsocket.AppSocket with --source app
@@ -210,8 +226,10 @@ class Agent:
         cfg = self.config
         self._current_link = self._read_current()
         if not cfg.store.is_dir():
-            raise EdgeError(f"device store {cfg.store} does not exist",
-                            hint="deploy a bundle to it first: edgekit deploy MODEL --device DIR")
+            raise EdgeError(
+                f"device store {cfg.store} does not exist",
+                hint="deploy a bundle to it first: edgekit deploy MODEL --device DIR",
+            )
         try:
             store = self.store = DeviceStore(cfg.store, trust=cfg.trust_dir)
         except EdgeError as e:  # a trust store named but missing: refuse to run anything
@@ -315,8 +333,15 @@ class Agent:
 
     def record_desired(self, desired: DesiredState, state: str) -> None:
         """Persist the version applied (terminal states only): a restart never applies it, or older, again."""
-        write_json_atomic(self._desired_file(), {"version": desired.version, "rollout_id": desired.rollout_id,
-                                                 "bundle_id": desired.bundle_id, "state": state})
+        write_json_atomic(
+            self._desired_file(),
+            {
+                "version": desired.version,
+                "rollout_id": desired.rollout_id,
+                "bundle_id": desired.bundle_id,
+                "state": state,
+            },
+        )
 
     def _on_desired(self, payload: bytes) -> None:
         """A desired payload from the broker (loop thread): checked, compared by version, queued."""
@@ -331,8 +356,13 @@ class Agent:
             return
         if d.version <= self._desired_seen:  # late, duplicated or replayed: never backwards
             self.counters["desired_ignored"] += 1
-            self.ratelog.info("desired_ignored", "ignoring desired version %d (rollout %s): version %d is newer "
-                               "or the same", d.version, d.rollout_id, self._desired_seen)
+            self.ratelog.info(
+                "desired_ignored",
+                "ignoring desired version %d (rollout %s): version %d is newer or the same",
+                d.version,
+                d.rollout_id,
+                self._desired_seen,
+            )
             return
         self._desired_seen = d.version
         self.counters["desired_accepted"] += 1
@@ -355,9 +385,16 @@ class Agent:
         if version is not None and version <= self._desired_seen:
             return  # an old version: moot whatever it says (never reported over the state of a newer one)
         running = self.bundle.id if self.bundle is not None else None
-        self.report(ReportedState(state="failed", bundle_running=running, rollout_id=rollout_id,
-                                  desired_version=version, desired_bundle=bundle_id,
-                                  reason=Reason("invalid_desired", f"invalid desired state: {why}", "received")))
+        self.report(
+            ReportedState(
+                state="failed",
+                bundle_running=running,
+                rollout_id=rollout_id,
+                desired_version=version,
+                desired_bundle=bundle_id,
+                reason=Reason("invalid_desired", f"invalid desired state: {why}", "received"),
+            )
+        )
         try:
             write_json_atomic(self._refused_file(), {"sha256": digest})
         except OSError as e:
@@ -370,9 +407,16 @@ class Agent:
         """Publish the retained reported state (any thread), and a ``state`` message that carries its summary
         (the stream the collector stores: fleet metrics read each device's rollout from its latest one)."""
         self.reported = state
-        self._rollout = rollout_summary(state.rollout_id, state.desired_bundle, state.desired_version, state.state,
-                                        state.reason.code if state.reason else None)
-        log.info("reported: %s%s", state.state, f" ({state.reason.code}: {state.reason.detail})" if state.reason else "")
+        self._rollout = rollout_summary(
+            state.rollout_id,
+            state.desired_bundle,
+            state.desired_version,
+            state.state,
+            state.reason.code if state.reason else None,
+        )
+        log.info(
+            "reported: %s%s", state.state, f" ({state.reason.code}: {state.reason.detail})" if state.reason else ""
+        )
         if self.loop is not None and self.session is not None:
             self.loop.call_soon(self.session.publish_reported, state.body())
             self.loop.call_soon(self._submit_state)
@@ -394,7 +438,9 @@ class Agent:
         if self.tune is not None:
             return f"busy: tune {self.tune.req.study_id} is running"
         if self.held is not None:  # it waited for the last tune: it goes first
-            return f"busy: rollout {self.held.rollout_id} (desired version {self.held.version}) is waiting to be applied"
+            return (
+                f"busy: rollout {self.held.rollout_id} (desired version {self.held.version}) is waiting to be applied"
+            )
         if self._apply_cancel is not None or not self._desired_q.empty():
             return "busy: a rollout's desired state is being applied (download to watch)"
         return None
@@ -455,12 +501,23 @@ class Agent:
                     return d, cancel
                 self.held = d
             if shown is not d:
-                log.info("desired version %d (rollout %s) waits for tune %s to end", d.version, d.rollout_id,
-                         job.req.study_id)
+                log.info(
+                    "desired version %d (rollout %s) waits for tune %s to end",
+                    d.version,
+                    d.rollout_id,
+                    job.req.study_id,
+                )
                 running = self.bundle.id if self.bundle is not None else None
-                self.report(ReportedState(state="idle", bundle_running=running, rollout_id=d.rollout_id,
-                                          desired_version=d.version, desired_bundle=d.bundle_id,
-                                          progress={"waiting_for": "tune", "study_id": job.req.study_id}))
+                self.report(
+                    ReportedState(
+                        state="idle",
+                        bundle_running=running,
+                        rollout_id=d.rollout_id,
+                        desired_version=d.version,
+                        desired_bundle=d.bundle_id,
+                        progress={"waiting_for": "tune", "study_id": job.req.study_id},
+                    )
+                )
                 shown = d
             if self._control_stop.wait(0.2):
                 with self._tune_gate:
@@ -478,15 +535,27 @@ class Agent:
 
             runner = runner_json(self.runner)
         return {
-            "state": self.state, "state_detail": self.state_detail,
-            "agent": {"edgekit_version": edge.__version__, "pid": os.getpid(), "started_at": round(self.started, 3),
-                      "interval_s": self.config.interval_s, "source": self._source_desc, "fps": self.fps,
-                      "budget_ms": self.budget_ms},
+            "state": self.state,
+            "state_detail": self.state_detail,
+            "agent": {
+                "edgekit_version": edge.__version__,
+                "pid": os.getpid(),
+                "started_at": round(self.started, 3),
+                "interval_s": self.config.interval_s,
+                "source": self._source_desc,
+                "fps": self.fps,
+                "budget_ms": self.budget_ms,
+            },
             # archive_sha256: a fleet rollback to this bundle later is applied from the store, with no artifact
             # registered anywhere (a bundle deployed by hand): the controller names it by this hash
-            "bundle": None if b is None else {"id": b.id, "target": b.target, "precision": b.precision,
-                                               **({"archive_sha256": self.bundle_archive_sha256}
-                                                  if self.bundle_archive_sha256 else {})},
+            "bundle": None
+            if b is None
+            else {
+                "id": b.id,
+                "target": b.target,
+                "precision": b.precision,
+                **({"archive_sha256": self.bundle_archive_sha256} if self.bundle_archive_sha256 else {}),
+            },
             "runner": runner,
             "reference_check": self.reference_check,
             "host": self._host,
@@ -505,10 +574,14 @@ class Agent:
             if worker.error and self.state != "error":
                 self._set_state("error", worker.error)
             inference = {
-                "frames": len(samples), "fps": round(len(samples) / window, 2) if window > 0 else None,
-                "target_fps": self.fps, "budget_ms": self.budget_ms, "budget_misses": misses,
+                "frames": len(samples),
+                "fps": round(len(samples) / window, 2) if window > 0 else None,
+                "target_fps": self.fps,
+                "budget_ms": self.budget_ms,
+                "budget_misses": misses,
                 "frames_dropped": getattr(worker.source, "dropped", 0),
-                "frames_total": worker.total, "budget_misses_total": worker.total_misses,
+                "frames_total": worker.total,
+                "budget_misses_total": worker.total_misses,
                 "latency_ms": LatencyStats.from_ms(samples).to_json() if samples else None,
             }
         if self.app is not None:
@@ -516,12 +589,20 @@ class Agent:
         assert self.outbox is not None
         bundle = self.bundle
         return {
-            "interval_s": self.config.interval_s, "window_s": round(window, 3), "state": self.state,
+            "interval_s": self.config.interval_s,
+            "window_s": round(window, 3),
+            "state": self.state,
             "bundle_id": bundle.id if bundle is not None else None,
-            "uptime_s": round(now - self._t0, 1), "inference": inference, **process_and_system(self._meter),
+            "uptime_s": round(now - self._t0, 1),
+            "inference": inference,
+            **process_and_system(self._meter),
             "thermal": self.thermal.sample() if self.thermal else None,
-            "spool": {"pending": self.outbox.pending(), "pending_bytes": self.outbox.pending_bytes(),
-                      "dropped_total": self.outbox.dropped_total, "max_messages": self.outbox.max_messages},
+            "spool": {
+                "pending": self.outbox.pending(),
+                "pending_bytes": self.outbox.pending_bytes(),
+                "dropped_total": self.outbox.dropped_total,
+                "max_messages": self.outbox.max_messages,
+            },
         }
 
     def _app_inference(self, window: float) -> dict[str, Any]:
@@ -540,12 +621,20 @@ class Agent:
             self._set_state("error", f"the application reported {w.errors} inference error(s) and no frame")
         elif w.frames and self.state == "error" and (self.state_detail or "").startswith("the application"):
             self._set_state("running", None)
-        return {"source": "app", "frames": w.frames, "fps": round(w.frames / window, 2) if window > 0 else None,
-                "target_fps": self.fps or cfg.fps, "budget_ms": budget, "budget_misses": misses,
-                "frames_dropped": w.dropped, "frames_total": self._app_totals[0],
-                "budget_misses_total": self._app_totals[1], "errors": w.errors,
-                "latency_ms": latency_json(w.samples) if w.samples else None,
-                "app": {"reports": w.reports, **self.app.counters()}}
+        return {
+            "source": "app",
+            "frames": w.frames,
+            "fps": round(w.frames / window, 2) if window > 0 else None,
+            "target_fps": self.fps or cfg.fps,
+            "budget_ms": budget,
+            "budget_misses": misses,
+            "frames_dropped": w.dropped,
+            "frames_total": self._app_totals[0],
+            "budget_misses_total": self._app_totals[1],
+            "errors": w.errors,
+            "latency_ms": latency_json(w.samples) if w.samples else None,
+            "app": {"reports": w.reports, **self.app.counters()},
+        }
 
     def _set_state(self, state: str, detail: str | None) -> None:
         self.state, self.state_detail = state, detail
@@ -554,9 +643,15 @@ class Agent:
     def _submit_state(self) -> None:
         """A ``state`` message (loop thread): the agent's state, the bundle it runs, the rollout it is in."""
         if self.session is not None:
-            self.session.submit("state", {"state": self.state, "detail": self.state_detail,
-                                          "bundle_id": self.bundle.id if self.bundle is not None else None,
-                                          "rollout": self._rollout})
+            self.session.submit(
+                "state",
+                {
+                    "state": self.state,
+                    "detail": self.state_detail,
+                    "bundle_id": self.bundle.id if self.bundle is not None else None,
+                    "rollout": self._rollout,
+                },
+            )
 
     def _tick(self) -> None:
         assert self.session is not None
@@ -567,16 +662,20 @@ class Agent:
         cfg = self.config
         removed = clean_work_dirs(cfg.store / "agent")  # what an earlier run left: unused, never resumed past
         if any(removed.values()):
-            log.info("removed what an earlier run left in %s: %s", cfg.store / "agent",
-                     ", ".join(f"{n} in {k}" for k, n in removed.items() if n))
+            log.info(
+                "removed what an earlier run left in %s: %s",
+                cfg.store / "agent",
+                ", ".join(f"{n} in {k}" for k, n in removed.items() if n),
+            )
         self._load()
         record = self._read_desired_record()
         self._desired_seen = int(record.get("version") or 0)
         refused = read_record(self._refused_file())
         self._refused_digest = refused.get("sha256") if isinstance(refused.get("sha256"), str) else None
         if self._desired_seen:  # where the last apply ended, until a new desired state arrives
-            self._rollout = rollout_summary(record.get("rollout_id"), record.get("bundle_id"), self._desired_seen,
-                                            record.get("state"), None)
+            self._rollout = rollout_summary(
+                record.get("rollout_id"), record.get("bundle_id"), self._desired_seen, record.get("state"), None
+            )
         try:
             kind, arg = parse_source(cfg.source)
             if kind == "app":
@@ -584,17 +683,32 @@ class Agent:
 
                 self.app = AppSocket(Path(arg) if arg else cfg.store / "agent" / "app.sock").start()
                 self._source_desc = f"app:{self.app.path}"
-            self.outbox = SqliteOutbox(cfg.store / "agent" / "outbox.sqlite", max_messages=cfg.spool_max_messages,
-                                       max_bytes=cfg.spool_max_bytes)
+            self.outbox = SqliteOutbox(
+                cfg.store / "agent" / "outbox.sqlite",
+                max_messages=cfg.spool_max_messages,
+                max_bytes=cfg.spool_max_bytes,
+            )
             self.thermal = ThermalProbe()
             self.loop = NetworkLoop().start()
-            self.session = DeviceSession(self.loop, cfg.broker, cfg.fleet, cfg.device_id, self.outbox,
-                                         birth_body=self.birth_body,
-                                         on_desired=self._on_desired if cfg.desired else None,
-                                         on_command=self._on_command,
-                                         options=SessionOptions(client_id=cfg.client_id, backoff=cfg.backoff))
-            log.info("agent %s/%s session %d, %s, state %s", cfg.fleet, cfg.device_id, self.session.session,
-                     self._source_desc, self.state)
+            self.session = DeviceSession(
+                self.loop,
+                cfg.broker,
+                cfg.fleet,
+                cfg.device_id,
+                self.outbox,
+                birth_body=self.birth_body,
+                on_desired=self._on_desired if cfg.desired else None,
+                on_command=self._on_command,
+                options=SessionOptions(client_id=cfg.client_id, backoff=cfg.backoff),
+            )
+            log.info(
+                "agent %s/%s session %d, %s, state %s",
+                cfg.fleet,
+                cfg.device_id,
+                self.session.session,
+                self._source_desc,
+                self.state,
+            )
             self._last_tel = time.monotonic()
             self.loop.run(self.session.start)
             self.loop.run(self._set_state, self.state, self.state_detail)

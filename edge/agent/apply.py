@@ -60,8 +60,13 @@ log = logging.getLogger("edge.agent")
 
 
 #: the reason code of an error no step foresaw, by the step it happened in
-UNFORESEEN = {"downloading": "download_failed", "verifying": "bad_archive", "smoke-testing": "inference_error",
-              "switching": "install_failed", "watching": "watch_inference_error"}
+UNFORESEEN = {
+    "downloading": "download_failed",
+    "verifying": "bad_archive",
+    "smoke-testing": "inference_error",
+    "switching": "install_failed",
+    "watching": "watch_inference_error",
+}
 
 
 class StepFailed(Exception):
@@ -71,8 +76,9 @@ class StepFailed(Exception):
 
 
 class Applier:
-    def __init__(self, agent: AgentHost, desired: DesiredState, stop: threading.Event, *,
-                 stopping: threading.Event | None = None) -> None:
+    def __init__(
+        self, agent: AgentHost, desired: DesiredState, stop: threading.Event, *, stopping: threading.Event | None = None
+    ) -> None:
         """``stop``: set when a newer desired state supersedes this one, or the agent stops (``stopping``)."""
         self.agent, self.d, self.stop = agent, desired, stop
         self.stopping = stopping or threading.Event()
@@ -88,10 +94,20 @@ class Applier:
         return b.id if b is not None else None
 
     def _report(self, state: str, reason: Reason | None = None, progress: dict[str, Any] | None = None) -> None:
-        self.agent.report(ReportedState(state=state, bundle_running=self._running_id(), rollout_id=self.d.rollout_id,
-                                        desired_version=self.d.version, desired_bundle=self.d.bundle_id,
-                                        reason=reason, reference_check=self.reference_check, smoke=self.smoke,
-                                        health=self.health, progress=progress))
+        self.agent.report(
+            ReportedState(
+                state=state,
+                bundle_running=self._running_id(),
+                rollout_id=self.d.rollout_id,
+                desired_version=self.d.version,
+                desired_bundle=self.d.bundle_id,
+                reason=reason,
+                reference_check=self.reference_check,
+                smoke=self.smoke,
+                health=self.health,
+                progress=progress,
+            )
+        )
 
     def _enter(self, step: str) -> None:
         self.step = step
@@ -107,8 +123,11 @@ class Applier:
                 if unconfirmed(agent.config.store) != d.bundle_id:
                     # nothing changes: the bundle runs and was judged when it was switched to (or deployed)
                     agent.counters["already_running"] += 1
-                    log.info("desired version %d names bundle %s, which this device already runs: nothing to do",
-                             d.version, d.bundle_id)
+                    log.info(
+                        "desired version %d names bundle %s, which this device already runs: nothing to do",
+                        d.version,
+                        d.bundle_id,
+                    )
                     return self._finish("running", None)
                 # switched to, but its watch never finished (the agent stopped, or it was superseded): watch
                 self._enter("watching")
@@ -119,26 +138,34 @@ class Applier:
             if held is not None:
                 self.step = "verifying"
                 self._report("verifying", progress={"from": "store"})
-                bundle = self._bounded(lambda: self._verify_held(held), self.agent.config.verify_timeout_s,
-                                       "checking the stored copy")
+                bundle = self._bounded(
+                    lambda: self._verify_held(held), self.agent.config.verify_timeout_s, "checking the stored copy"
+                )
             if bundle is not None:
                 agent.counters["local_switches"] += 1
-                log.info("bundle %s is in the store (%s) and matches the desired sha256: switching to it locally, "
-                         "no download", d.bundle_id, held)
+                log.info(
+                    "bundle %s is in the store (%s) and matches the desired sha256: switching to it locally, no download",
+                    d.bundle_id,
+                    held,
+                )
                 self._enter("smoke-testing")
                 self._smoke(bundle)
                 self._enter("switching")
                 breach = self._switch(bundle, held)
             else:
                 if d.artifact_url == HELD_URL:  # the controller knew no artifact: only the store's copy would do
-                    raise StepFailed("download_failed", f"bundle {d.bundle_id} is not in this device's store (or "
-                                     "differs from the desired sha256), and the desired state names no URL")
+                    raise StepFailed(
+                        "download_failed",
+                        f"bundle {d.bundle_id} is not in this device's store (or "
+                        "differs from the desired sha256), and the desired state names no URL",
+                    )
                 self._enter("downloading")
                 archive = self._download()
                 agent.counters["downloads"] += 1
                 self._enter("verifying")
-                self.staged, bundle = self._bounded(lambda: self._verify(archive), self.agent.config.verify_timeout_s,
-                                                    "verifying the artifact")
+                self.staged, bundle = self._bounded(
+                    lambda: self._verify(archive), self.agent.config.verify_timeout_s, "verifying the artifact"
+                )
                 self._enter("smoke-testing")
                 self._smoke(bundle)
                 self._enter("switching")
@@ -154,8 +181,9 @@ class Applier:
                 return self._interrupted()
             return self._finish("failed", Reason(e.code, e.detail, self.step))
         except Exception as e:  # noqa: BLE001 - a failure no step foresaw still ends in a terminal state
-            log.warning("apply of desired version %d failed while %s: %s: %s", d.version, self.step,
-                        type(e).__name__, e)
+            log.warning(
+                "apply of desired version %d failed while %s: %s: %s", d.version, self.step, type(e).__name__, e
+            )
             code = UNFORESEEN.get(self.step, "install_failed")
             return self._finish("failed", Reason(code, f"{type(e).__name__}: {str(e)[:500]}", self.step))
         finally:
@@ -171,8 +199,10 @@ class Applier:
         not recorded, so the retained desired state is applied again after the restart."""
         if self.stopping.is_set():
             self._clean()
-            self._report("failed", Reason("interrupted", "the agent stopped during the apply; it resumes at the "
-                                          "next start", self.step))
+            self._report(
+                "failed",
+                Reason("interrupted", "the agent stopped during the apply; it resumes at the next start", self.step),
+            )
             return "failed"
         return self._finish("failed", Reason("superseded", "a newer desired state arrived", self.step))
 
@@ -242,8 +272,13 @@ class Applier:
             log.warning("the store's %s copy of %s cannot be used (%s): downloading it", which, self.d.bundle_id, e)
             return None
         if sha != self.d.sha256:
-            log.warning("the store's %s copy of %s packs to sha256 %s..., the desired state names %s...: "
-                        "downloading it", which, self.d.bundle_id, sha[:16], self.d.sha256[:16])
+            log.warning(
+                "the store's %s copy of %s packs to sha256 %s..., the desired state names %s...: downloading it",
+                which,
+                self.d.bundle_id,
+                sha[:16],
+                self.d.sha256[:16],
+            )
             return None
         if store.trust is not None:  # as for any rollback: an older version, never an untrusted one
             try:
@@ -263,8 +298,15 @@ class Applier:
                 self._report("downloading", progress={"bytes": have, "total": total})
 
         try:
-            return fetch(self.d.artifact_url, cfg.store / "agent" / "downloads", self.d.sha256, size=self.d.size,
-                         options=cfg.download, stop=self.stop, progress=progress)
+            return fetch(
+                self.d.artifact_url,
+                cfg.store / "agent" / "downloads",
+                self.d.sha256,
+                size=self.d.size,
+                options=cfg.download,
+                stop=self.stop,
+                progress=progress,
+            )
         except DownloadError as e:
             raise StepFailed(e.code, str(e)) from None
         except OSError as e:
@@ -276,8 +318,9 @@ class Applier:
 
         store = self.agent.store
         if store is None:
-            raise StepFailed("install_failed", f"the device store {self.agent.config.store} is not usable: "
-                             f"{self.agent.state_detail}")
+            raise StepFailed(
+                "install_failed", f"the device store {self.agent.config.store} is not usable: {self.agent.state_detail}"
+            )
         try:
             staged = unpack_bundle(archive, self.agent.config.store / "agent" / "staging", sha256=self.d.sha256)
         except ArchiveError as e:
@@ -293,8 +336,9 @@ class Applier:
             raise StepFailed(code, str(e)) from None
         if bundle.id != self.d.bundle_id:
             shutil.rmtree(staged, ignore_errors=True)
-            raise StepFailed("bundle_mismatch", f"the artifact holds bundle {bundle.id}, the desired state names "
-                             f"{self.d.bundle_id}")
+            raise StepFailed(
+                "bundle_mismatch", f"the artifact holds bundle {bundle.id}, the desired state names {self.d.bundle_id}"
+            )
         return staged, bundle
 
     def _budget(self, bundle: Any) -> float | None:
@@ -328,11 +372,17 @@ class Applier:
             with runner:
                 load_ms = (time.perf_counter() - t0) * 1e3
                 info = runner.info
-                self.smoke = {"load_ms": round(load_ms, 1), "device_requested": info.device_requested,
-                              "device_used": info.device_used, "fallback": info.fallback}
+                self.smoke = {
+                    "load_ms": round(load_ms, 1),
+                    "device_requested": info.device_requested,
+                    "device_used": info.device_used,
+                    "fallback": info.fallback,
+                }
                 if info.fallback or info.device_used != info.device_requested:
-                    raise StepFailed("fallback", f"{bundle.id} runs on {info.device_used}, not "
-                                     f"{info.device_requested}: {info.fallback or 'fallback'}")
+                    raise StepFailed(
+                        "fallback",
+                        f"{bundle.id} runs on {info.device_used}, not {info.device_requested}: {info.fallback or 'fallback'}",
+                    )
                 self.reference_check = check_on_load(bundle, runner, records=self.agent.store, mode=True)
                 failed = describe(self.reference_check)
                 if failed is not None:
@@ -365,11 +415,14 @@ class Applier:
         stats = LatencyStats.from_ms(samples)
         budget = self._budget(bundle)
         assert self.smoke is not None
-        self.smoke.update({"frames": n, "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
-                           "budget_ms": budget})
+        self.smoke.update(
+            {"frames": n, "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3), "budget_ms": budget}
+        )
         if budget is not None and stats.p99_ms > budget:
-            raise StepFailed("over_budget", f"{bundle.id}: smoke-test p99 {stats.p99_ms:.3f} ms over the budget "
-                             f"{budget:g} ms ({n} inferences on this device)")
+            raise StepFailed(
+                "over_budget",
+                f"{bundle.id}: smoke-test p99 {stats.p99_ms:.3f} ms over the budget {budget:g} ms ({n} inferences on this device)",
+            )
 
     def _switch(self, bundle: Any, held: str | None = None) -> Reason | None:
         agent = self.agent
@@ -378,16 +431,21 @@ class Applier:
             if held == "previous":
                 back = agent.store.rollback()  # under the store's lock; trust-checked with older_ok
                 if back != bundle.id:
-                    raise StepFailed("install_failed", f"the store's previous bundle changed meanwhile: switched "
-                                     f"to {back}, not {bundle.id}")
+                    raise StepFailed(
+                        "install_failed",
+                        f"the store's previous bundle changed meanwhile: switched to {back}, not {bundle.id}",
+                    )
             elif held is None:
                 agent.store.install(bundle)
         except EdgeError as e:
             raise StepFailed("untrusted" if "trust" in str(e).lower() else "install_failed", str(e)) from None
         agent.reload(f"desired version {self.d.version} installed")
         if self._running_id() != bundle.id or agent.state not in ("running", "idle"):
-            return Reason("load_failed", f"after the switch the agent runs {self._running_id()} in state "
-                          f"{agent.state}: {agent.state_detail or ''}", "switching")
+            return Reason(
+                "load_failed",
+                f"after the switch the agent runs {self._running_id()} in state {agent.state}: {agent.state_detail or ''}",
+                "switching",
+            )
         return None
 
     def _watch(self) -> Reason | None:
@@ -434,28 +492,46 @@ class Applier:
 
         def judge(final: bool) -> Reason | None:
             span = max(time.monotonic() - t0, 1e-9)
-            self.health = {"source": "app", "frames": frames, "errors": errors, "fps": round(frames / span, 2),
-                           "budget_ms": budget}
+            self.health = {
+                "source": "app",
+                "frames": frames,
+                "errors": errors,
+                "fps": round(frames / span, 2),
+                "budget_ms": budget,
+            }
             if samples:
                 lat = latency_json(samples)
                 self.health.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"])
             tried = frames + errors
             if errors and (final or tried >= 20) and errors > 0.01 * tried:
-                return Reason("watch_inference_error", f"the application reported {errors} inference error(s) in "
-                              f"{tried} inferences on {bid} (over 1%)", "watching")
+                return Reason(
+                    "watch_inference_error",
+                    f"the application reported {errors} inference error(s) in {tried} inferences on {bid} (over 1%)",
+                    "watching",
+                )
             if budget is not None and len(samples) >= (1 if final else 20) and self.health["p99_ms"] > budget:
-                return Reason("watch_p99_over_budget", f"p99 {self.health['p99_ms']:.3f} ms over the budget "
-                              f"{budget:g} ms on {len(samples)} frames the application reported", "watching")
+                return Reason(
+                    "watch_p99_over_budget",
+                    f"p99 {self.health['p99_ms']:.3f} ms over the budget {budget:g} ms on {len(samples)} frames the application reported",
+                    "watching",
+                )
             if not final:
                 return None
             if alive_before and frames == 0:
-                return Reason("watch_inference_error", f"the application reported frames before the switch and "
-                              f"none on {bid} during the {window:g} s watch (it stopped, crashed, or did not "
-                              "reload)", "watching")
+                return Reason(
+                    "watch_inference_error",
+                    f"the application reported frames before the switch and "
+                    f"none on {bid} during the {window:g} s watch (it stopped, crashed, or did not "
+                    "reload)",
+                    "watching",
+                )
             fps = agent.config.fps
             if fps and frames < 0.5 * fps * span:
-                return Reason("watch_inference_error", f"the application ran {frames / span:.2f} fps on {bid}, "
-                              f"under half the configured {fps:g} fps", "watching")
+                return Reason(
+                    "watch_inference_error",
+                    f"the application ran {frames / span:.2f} fps on {bid}, under half the configured {fps:g} fps",
+                    "watching",
+                )
             return None
 
         for _ in self._ticks(window, start=t0):
@@ -492,11 +568,19 @@ class Applier:
         stats = LatencyStats.from_ms(samples)
         budget = self._budget(self.agent.bundle) if self.agent.bundle is not None else None
         errors = self.agent.worker.error if self.agent.worker is not None else None
-        self.health = {"frames": len(samples), "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
-                       "budget_ms": budget, "errors": 1 if errors else 0}
+        self.health = {
+            "frames": len(samples),
+            "p50_ms": round(stats.p50_ms, 3),
+            "p99_ms": round(stats.p99_ms, 3),
+            "budget_ms": budget,
+            "errors": 1 if errors else 0,
+        }
         if budget is not None and stats.p99_ms > budget:
-            return Reason("watch_p99_over_budget", f"p99 {stats.p99_ms:.3f} ms over the budget {budget:g} ms on "
-                          f"{len(samples)} frames of the workload", "watching")
+            return Reason(
+                "watch_p99_over_budget",
+                f"p99 {stats.p99_ms:.3f} ms over the budget {budget:g} ms on {len(samples)} frames of the workload",
+                "watching",
+            )
         return None
 
     def _drift(self) -> Reason | None:
@@ -522,8 +606,10 @@ class Applier:
         try:
             back = agent.store.rollback()
         except EdgeError as e:
-            return self._finish("failed", Reason("rollback_failed", f"{breach.code}: {breach.detail}; rollback "
-                                                 f"failed: {e}", breach.step))
+            return self._finish(
+                "failed",
+                Reason("rollback_failed", f"{breach.code}: {breach.detail}; rollback failed: {e}", breach.step),
+            )
         agent.reload(f"rolled back to {back}: {breach.code}")
         return self._finish("rolled-back", breach)
 
@@ -534,8 +620,9 @@ UNCONFIRMED = "unconfirmed.json"
 def unconfirmed(store: Any) -> str | None:
     """The bundle switched to whose watch has not ended (``<store>/agent/unconfirmed.json``), if any."""
     try:
-        rec = read_json_file(os.path.join(store, "agent", UNCONFIRMED), what="agent record", max_bytes=4096,
-                             max_depth=4)
+        rec = read_json_file(
+            os.path.join(store, "agent", UNCONFIRMED), what="agent record", max_bytes=4096, max_depth=4
+        )
     except UnreadableFile:
         return None
     bid = rec.get("bundle_id") if isinstance(rec, dict) else None

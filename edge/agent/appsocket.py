@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
-from edge.mqtt.ratelog import RateLimitedLog
 from edge.errors import EdgeError
+from edge.mqtt.ratelog import RateLimitedLog
 
 log = logging.getLogger("edge.agent.app")
 
@@ -80,7 +80,7 @@ class AppReport:
     bundle: str | None = None  # the bundle the application ran them on, when it says
 
     @classmethod
-    def parse(cls, data: bytes) -> "AppReport":
+    def parse(cls, data: bytes) -> AppReport:
         if len(data) > MAX_DATAGRAM:
             raise Refused("oversized", f"{len(data)} bytes, at most {MAX_DATAGRAM}")
         try:
@@ -144,9 +144,19 @@ def latency_json(samples: Sequence[float]) -> dict[str, Any]:
 
     mean = math.fsum(a) / n
     std = math.sqrt(math.fsum((x - mean) ** 2 for x in a) / (n - 1)) if n > 1 else 0.0
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in
-            {"count": n, "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": a[-1], "min_ms": a[0],
-             "mean_ms": mean, "std_ms": std}.items()}
+    return {
+        k: round(v, 4) if isinstance(v, float) else v
+        for k, v in {
+            "count": n,
+            "p50_ms": pct(50),
+            "p90_ms": pct(90),
+            "p99_ms": pct(99),
+            "max_ms": a[-1],
+            "min_ms": a[0],
+            "mean_ms": mean,
+            "std_ms": std,
+        }.items()
+    }
 
 
 @dataclass
@@ -166,7 +176,7 @@ class AppWindow:
 
 def _fold(w: AppWindow, r: AppReport) -> None:
     room = MAX_SAMPLES_PER_WINDOW - len(w.samples)
-    w.samples.extend(r.latency_ms[:max(0, room)])
+    w.samples.extend(r.latency_ms[: max(0, room)])
     w.overflow += max(0, len(r.latency_ms) - max(0, room))
     w.errors += r.errors
     w.dropped += r.dropped
@@ -193,8 +203,10 @@ class AppSocket:
     @staticmethod
     def _bind(path: Path) -> socket.socket:
         if len(os.fsencode(str(path))) > _UNIX_PATH_MAX:
-            raise EdgeError(f"app socket path {str(path)[:80]}... is longer than {_UNIX_PATH_MAX} bytes",
-                            hint="give a shorter one: --source app:/run/edgekit/app.sock")
+            raise EdgeError(
+                f"app socket path {str(path)[:80]}... is longer than {_UNIX_PATH_MAX} bytes",
+                hint="give a shorter one: --source app:/run/edgekit/app.sock",
+            )
         try:
             st = path.lstat()
         except FileNotFoundError:
@@ -218,7 +230,7 @@ class AppSocket:
             raise EdgeError(f"cannot open the app socket {path}: {e.strerror or e}") from None
         return sock
 
-    def start(self) -> "AppSocket":
+    def start(self) -> AppSocket:
         self._thread.start()
         return self
 
@@ -226,7 +238,7 @@ class AppSocket:
         while not self._stop.is_set():
             try:
                 data = self._sock.recv(MAX_DATAGRAM + 1)  # one byte more: an oversized datagram is seen as one
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -293,13 +305,21 @@ class AppReporter:
     after a reload). ``store``: the agent's device store, for ``current_bundle()``; default
     ``$EDGEKIT_STORE``, else the store the default socket path ``<store>/agent/app.sock`` lies in."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, batch: int = 100,
-                 max_delay_s: float = 1.0, bundle: str | None = None,
-                 store: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        batch: int = 100,
+        max_delay_s: float = 1.0,
+        bundle: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+    ) -> None:
         path = path if path is not None else os.environ.get(ENV_SOCKET)
         if not path:
-            raise EdgeError("no app socket to report to", hint=f"pass its path, or set {ENV_SOCKET} (the agent's "
-                                                             "--source app:PATH; default <store>/agent/app.sock)")
+            raise EdgeError(
+                "no app socket to report to",
+                hint=f"pass its path, or set {ENV_SOCKET} (the agent's --source app:PATH; default <store>/agent/app.sock)",
+            )
         if not 1 <= batch <= MAX_SAMPLES_PER_REPORT:
             raise ValueError(f"batch must be between 1 and {MAX_SAMPLES_PER_REPORT}")
         self.path = str(path)
@@ -341,8 +361,7 @@ class AppReporter:
         if buf or errors:
             self._send(AppReport(tuple(buf), errors, 0, self.bundle))
 
-    def report(self, *, latency_ms: float | Sequence[float] | None = None, errors: int = 0,
-               dropped: int = 0) -> bool:
+    def report(self, *, latency_ms: float | Sequence[float] | None = None, errors: int = 0, dropped: int = 0) -> bool:
         """Send one report now; False when the agent did not take it."""
         lat = () if latency_ms is None else (latency_ms,) if isinstance(latency_ms, (int, float)) else latency_ms
         for v in lat:
@@ -382,7 +401,7 @@ class AppReporter:
         self.flush()
         self._sock.close()
 
-    def __enter__(self) -> "AppReporter":
+    def __enter__(self) -> AppReporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -398,8 +417,13 @@ _default: AppReporter | None = None
 _default_lock = threading.Lock()
 
 
-def report(*, latency_ms: float | Sequence[float] | None = None, errors: int = 0, dropped: int = 0,
-           path: str | os.PathLike[str] | None = None) -> bool:
+def report(
+    *,
+    latency_ms: float | Sequence[float] | None = None,
+    errors: int = 0,
+    dropped: int = 0,
+    path: str | os.PathLike[str] | None = None,
+) -> bool:
     """``edge.agent.report(latency_ms=8.2)``: one report through a process-wide ``AppReporter`` (on ``path``,
     else ``$EDGEKIT_APP_SOCKET``). False when the agent did not take it."""
     global _default

@@ -62,14 +62,24 @@ def check_free(directory: Path, need: int) -> None:
     free = shutil.disk_usage(directory).free
     want = 2 * need + DISK_MARGIN  # the archive, then the bundle unpacked from it
     if free < want:
-        raise DownloadError("disk_full", f"not enough free disk in {directory}: {free >> 20} MiB free, "
-                            f"{want >> 20} MiB needed for a {need >> 20} MiB artifact and its unpacked copy",
-                            hint="free space on the device, or remove old bundles from its store")
+        raise DownloadError(
+            "disk_full",
+            f"not enough free disk in {directory}: {free >> 20} MiB free, "
+            f"{want >> 20} MiB needed for a {need >> 20} MiB artifact and its unpacked copy",
+            hint="free space on the device, or remove old bundles from its store",
+        )
 
 
-def fetch(url: str, dest_dir: Path, sha256: str, *, size: int | None = None,
-          options: DownloadOptions = DownloadOptions(), stop: threading.Event | None = None,
-          progress: Progress | None = None) -> Path:
+def fetch(
+    url: str,
+    dest_dir: Path,
+    sha256: str,
+    *,
+    size: int | None = None,
+    options: DownloadOptions = DownloadOptions(),
+    stop: threading.Event | None = None,
+    progress: Progress | None = None,
+) -> Path:
     """The artifact at ``url`` as ``dest_dir/<sha256>``, complete and verified (resuming ``<sha256>.part``)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     done = dest_dir / sha256
@@ -89,8 +99,17 @@ def fetch(url: str, dest_dir: Path, sha256: str, *, size: int | None = None,
         raise
 
 
-def _fetch(url: str, part: Path, done: Path, sha256: str, size: int | None, limit: int, options: DownloadOptions,
-           stop: threading.Event | None, progress: Progress | None) -> Path:
+def _fetch(
+    url: str,
+    part: Path,
+    done: Path,
+    sha256: str,
+    size: int | None,
+    limit: int,
+    options: DownloadOptions,
+    stop: threading.Event | None,
+    progress: Progress | None,
+) -> Path:
     deadline = time.monotonic() + options.timeout_s
     import http.client  # here, not at the top: urllib/http cost the agent ~1 MB it needs only to download
     import urllib.error
@@ -117,18 +136,24 @@ def _fetch(url: str, part: Path, done: Path, sha256: str, size: int | None, limi
                 continue  # a quiet second: look at `stop` again and resume (nothing held back is lost)
             attempt += 1
             last_progress = time.monotonic()
-            if stop is not None and stop.wait(min(options.retry_delay_s * (2 ** attempt),
-                                                  max(0.0, deadline - time.monotonic()))):
+            if stop is not None and stop.wait(
+                min(options.retry_delay_s * (2**attempt), max(0.0, deadline - time.monotonic()))
+            ):
                 raise DownloadError("download_failed", "download stopped") from None
             continue
         if size is not None and total != size:
-            raise DownloadError("sha256_mismatch", f"artifact {_show(url)} is {total} bytes, the desired state says "
-                                f"{size}", discard=True)
+            raise DownloadError(
+                "sha256_mismatch",
+                f"artifact {_show(url)} is {total} bytes, the desired state says {size}",
+                discard=True,
+            )
         got = _sha256(part)
         if got != sha256:
             part.unlink(missing_ok=True)  # a corrupt artifact is never resumed or installed
-            raise DownloadError("sha256_mismatch", f"artifact {_show(url)} has sha256 {got[:16]}..., the desired "
-                                f"state says {sha256[:16]}...; refused before install")
+            raise DownloadError(
+                "sha256_mismatch",
+                f"artifact {_show(url)} has sha256 {got[:16]}..., the desired state says {sha256[:16]}...; refused before install",
+            )
         os.replace(part, done)
         return done
     raise DownloadError("download_failed", f"cannot download {_show(url)} after {options.attempts} attempts: {last}")
@@ -152,12 +177,21 @@ def _show(url: str) -> str:
 
 def _too_big(url: str, total: int, limit: int, size: int | None) -> DownloadError:
     said = f"the desired state says {size}" if size is not None else f"at most {limit} are downloaded"
-    return DownloadError("download_failed", f"artifact {_show(url)} is over {total - 1} bytes, {said}; refused "
-                         "and deleted", discard=True)
+    return DownloadError(
+        "download_failed", f"artifact {_show(url)} is over {total - 1} bytes, {said}; refused and deleted", discard=True
+    )
 
 
-def _attempt(url: str, part: Path, size: int | None, limit: int, options: DownloadOptions, deadline: float,
-             stop: threading.Event | None, progress: Progress | None) -> int:
+def _attempt(
+    url: str,
+    part: Path,
+    size: int | None,
+    limit: int,
+    options: DownloadOptions,
+    deadline: float,
+    stop: threading.Event | None,
+    progress: Progress | None,
+) -> int:
     have = _size(part)
     total: int | None  # the artifact's size, where the source says it
     u = urlparse(url)
@@ -211,8 +245,17 @@ def _attempt(url: str, part: Path, size: int | None, limit: int, options: Downlo
     return got
 
 
-def _copy(src: BinaryIO, out: BinaryIO, have: int, total: int | None, deadline: float,
-          stop: threading.Event | None, progress: Progress | None, *, limit: tuple[str, int, int | None]) -> None:
+def _copy(
+    src: BinaryIO,
+    out: BinaryIO,
+    have: int,
+    total: int | None,
+    deadline: float,
+    stop: threading.Event | None,
+    progress: Progress | None,
+    *,
+    limit: tuple[str, int, int | None],
+) -> None:
     """Copy until the end of ``src``; a body longer than ``limit`` (the declared size, else the cap) is refused
     at the first byte past it (an endless body writes no more than the limit)."""
     url, most, size = limit

@@ -34,7 +34,7 @@ def process_cpu_seconds(proc: Path = PROC) -> float | None:
         except OSError:  # pragma: no cover
             return None
     # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # fields 14 and 15 of the full line
 
 
@@ -142,10 +142,13 @@ def process_and_system(meter: CpuMeter) -> dict[str, Any]:
     mem = meminfo_mb()
     cpu = meter.sample()
     return {
-        "process": {"cpu_percent": cpu["process_cpu_percent"], "rss_mb": _r(rss_mb(), 1),
-                    "threads": _thread_count()},
-        "system": {"cpu_percent": cpu["system_cpu_percent"], "load1": loadavg(),
-                   "mem_available_mb": _r(mem.get("MemAvailable"), 1), "uptime_s": _r(system_uptime_s(), 0)},
+        "process": {"cpu_percent": cpu["process_cpu_percent"], "rss_mb": _r(rss_mb(), 1), "threads": _thread_count()},
+        "system": {
+            "cpu_percent": cpu["system_cpu_percent"],
+            "load1": loadavg(),
+            "mem_available_mb": _r(mem.get("MemAvailable"), 1),
+            "uptime_s": _r(system_uptime_s(), 0),
+        },
     }
 
 

@@ -36,8 +36,10 @@ _ARG_EXAMPLE = {"video": "clip.mp4", "camera": "0", "images": "frames/"}
 def parse_source(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind not in SOURCE_KINDS:
-        raise EdgeError(f"unknown frame source {spec!r}",
-                        hint="use synthetic, none, app[:SOCKET], video:FILE, camera:N or images:DIR")
+        raise EdgeError(
+            f"unknown frame source {spec!r}",
+            hint="use synthetic, none, app[:SOCKET], video:FILE, camera:N or images:DIR",
+        )
     if kind in _ARG_EXAMPLE:
         if not arg:
             raise EdgeError(f"frame source {spec!r} needs an argument", hint=f"e.g. {kind}:{_ARG_EXAMPLE[kind]}")

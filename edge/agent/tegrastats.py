@@ -28,8 +28,10 @@ _PLACEHOLDERS = {"pmic"}
 _NOT_POWER = {"RAM", "SWAP", "IRAM"}
 _GPC = re.compile(r"\bGR3D(?:_FREQ)? \d+%@\[([\d,]+)\]")
 # hardware engines: "NVENC off", "NVDEC 1164", "VIC_FREQ 0%@115", "NVDLA0 off", "APE 174", "MSENC 1164"
-_ENGINE = re.compile(r"\b(NVENC\d?|NVDEC\d?|MSENC|NVJPG\d?|VIC(?:_FREQ)?|OFA|NVDLA\d|PVA\d(?:_FREQ)?|APE)"
-                     r" (off|(?:(\d+)%@)?(\d+))(?=\s|$)")
+_ENGINE = re.compile(
+    r"\b(NVENC\d?|NVDEC\d?|MSENC|NVJPG\d?|VIC(?:_FREQ)?|OFA|NVDLA\d|PVA\d(?:_FREQ)?|APE)"
+    r" (off|(?:(\d+)%@)?(\d+))(?=\s|$)"
+)
 # the board's input rail, by generation: Nano/TX (POM_5V_IN), Xavier/Orin NX+Nano (VDD_IN), AGX Orin (VIN_SYS_5V0)
 _INPUT_RAILS = ("VDD_IN", "POM_5V_IN", "VIN_SYS_5V0", "VIN")
 
@@ -74,8 +76,11 @@ def parse_tegrastats(line: str) -> dict[str, Any]:
     if temps:
         out["temperatures_c"] = temps
         out["max_temp_c"] = max(temps.values())
-    power = {name: {"now_mw": int(now), "avg_mw": int(avg)} for name, now, avg in _POWER.findall(line)
-             if name not in _NOT_POWER}
+    power = {
+        name: {"now_mw": int(now), "avg_mw": int(avg)}
+        for name, now, avg in _POWER.findall(line)
+        if name not in _NOT_POWER
+    }
     if power:
         out["power"] = power
         rail = next((r for r in _INPUT_RAILS if r in power), None)
@@ -84,7 +89,9 @@ def parse_tegrastats(line: str) -> dict[str, Any]:
     engines: dict[str, Any] = {}
     for name, value, load, freq in _ENGINE.findall(line):
         key = name.lower().removesuffix("_freq")
-        engines[key] = None if value == "off" else {"freq_mhz": int(freq), **({"load_percent": int(load)} if load else {})}
+        engines[key] = (
+            None if value == "off" else {"freq_mhz": int(freq), **({"load_percent": int(load)} if load else {})}
+        )
     if engines:
         out["engines"] = engines  # None: powered off
     return out
@@ -104,7 +111,7 @@ def parse_nvpmodel(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if m := _NVP_NAME.search(text):
         out["mode_name"] = m[1]
-        rest = text[m.end():].split()
+        rest = text[m.end() :].split()
         if rest and rest[0].isdigit():
             out["mode_id"] = int(rest[0])
     if "mode_id" not in out and (m := re.search(r"POWER_MODEL: ID=(\d+) NAME=(\S+)", text)):
@@ -118,8 +125,9 @@ def parse_nvpmodel_conf(text: str) -> dict[int, str]:
     return {int(i): name for i, name in _NVP_CONF.findall(text)}
 
 
-def read_nvpmodel(command: str = "nvpmodel", status_file: str = NVPMODEL_STATUS,
-                  conf_file: str = NVPMODEL_CONF) -> dict[str, Any] | None:
+def read_nvpmodel(
+    command: str = "nvpmodel", status_file: str = NVPMODEL_STATUS, conf_file: str = NVPMODEL_CONF
+) -> dict[str, Any] | None:
     """The current power mode: ``nvpmodel -q``, else the status file + conf (no root needed); None off Jetson."""
     exe = shutil.which(command)
     if exe is not None:
@@ -156,8 +164,13 @@ class TegrastatsReader:
             raise FileNotFoundError(command)
         self._latest: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([exe, "--interval", str(interval_ms)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._proc = subprocess.Popen(
+            [exe, "--interval", str(interval_ms)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
         self._thread = threading.Thread(target=self._read, name="edgekit-tegrastats", daemon=True)
         self._thread.start()
 

@@ -20,8 +20,13 @@ from typing import Any
 SYS = Path("/sys")
 # Raspberry Pi firmware bits (vcgencmd get_throttled), documented by the Raspberry Pi firmware
 RPI_FLAGS = {
-    0: "under_voltage", 1: "arm_freq_capped", 2: "throttled", 3: "soft_temp_limit",
-    16: "under_voltage_occurred", 17: "arm_freq_capped_occurred", 18: "throttled_occurred",
+    0: "under_voltage",
+    1: "arm_freq_capped",
+    2: "throttled",
+    3: "soft_temp_limit",
+    16: "under_voltage_occurred",
+    17: "arm_freq_capped_occurred",
+    18: "throttled_occurred",
     19: "soft_temp_limit_occurred",
 }
 

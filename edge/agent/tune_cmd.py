@@ -99,7 +99,9 @@ class TuneRequest:
             raise TuneRequestError("payload", "not a JSON object")
         _unknown(obj, REQUEST_FIELDS, "")
         if obj.get("schema_version") != SCHEMA_VERSION:
-            raise TuneRequestError("schema_version", f"must be {SCHEMA_VERSION}, got {str(obj.get('schema_version'))[:20]!r}")
+            raise TuneRequestError(
+                "schema_version", f"must be {SCHEMA_VERSION}, got {str(obj.get('schema_version'))[:20]!r}"
+            )
         if obj.get("type") != REQUEST_TYPE:
             raise TuneRequestError("type", f"must be {REQUEST_TYPE!r}")
         if obj.get("fleet") != fleet or obj.get("device") != device:
@@ -183,27 +185,45 @@ def _trial(t: Any, where: str) -> TuneTrial:
     for k, v in opts.items():
         if not _NAME.fullmatch(k):
             raise TuneRequestError(f"{where}.options", f"option name {k[:40]!r} is not [A-Za-z0-9_]")
-        ok = (isinstance(v, bool) or (type(v) is int and -2**31 <= v < 2**31)
-              or (isinstance(v, str) and len(v) <= 64 and v.isprintable()))
+        ok = (
+            isinstance(v, bool)
+            or (type(v) is int and -(2**31) <= v < 2**31)
+            or (isinstance(v, str) and len(v) <= 64 and v.isprintable())
+        )
         if not ok:
             raise TuneRequestError(f"{where}.options.{k}", "must be a boolean, an integer or a short string")
-    return TuneTrial(id=_ident(t.get("id"), f"{where}.id"), url=_url(t.get("url"), f"{where}.url"), sha256=sha,
-                     size=_int(t.get("size"), f"{where}.size", 1, MAX_SIZE), runner=runner, precision=precision,
-                     options=tuple(sorted(opts.items())))
+    return TuneTrial(
+        id=_ident(t.get("id"), f"{where}.id"),
+        url=_url(t.get("url"), f"{where}.url"),
+        sha256=sha,
+        size=_int(t.get("size"), f"{where}.size", 1, MAX_SIZE),
+        runner=runner,
+        precision=precision,
+        options=tuple(sorted(opts.items())),
+    )
 
 
 # -- the device side ----------------------------------------------------------------------------------
+
 
 def device_host() -> dict[str, Any]:
     """Who measured: the figures the host's table states (CPU model and the ISA flags edgekit reads)."""
     import socket
 
-    from edge.capabilities import cpu_isa, current_host
     from edge.backends.threads import usable_cpus
+    from edge.capabilities import cpu_isa, current_host
 
     h, isa = current_host(), cpu_isa()
-    return {"hostname": socket.gethostname(), "os": h.os, "arch": h.arch, "cpu": isa.model, "isa": sorted(isa.flags),
-            "cpus": usable_cpus(), "nvidia_gpu": h.nvidia_gpu, "jetson": h.jetson}
+    return {
+        "hostname": socket.gethostname(),
+        "os": h.os,
+        "arch": h.arch,
+        "cpu": isa.model,
+        "isa": sorted(isa.flags),
+        "cpus": usable_cpus(),
+        "nvidia_gpu": h.nvidia_gpu,
+        "jetson": h.jetson,
+    }
 
 
 class TuneJob:
@@ -222,9 +242,15 @@ class TuneJob:
         t0 = time.monotonic()
         try:
             trials = self._work()
-            final: tuple[str, dict[str, Any]] = ("done", {"host": device_host(), "trials": trials,
-                                                          "wall_s": round(time.monotonic() - t0, 2),
-                                                          "workload": self._workload()})
+            final: tuple[str, dict[str, Any]] = (
+                "done",
+                {
+                    "host": device_host(),
+                    "trials": trials,
+                    "wall_s": round(time.monotonic() - t0, 2),
+                    "workload": self._workload(),
+                },
+            )
             held = self.agent.held
             if held is not None:  # a rollout waited for this tune; the agent applies it now
                 final[1]["rollout_waiting"] = {"rollout_id": held.rollout_id, "version": held.version}
@@ -251,19 +277,24 @@ class TuneJob:
             try:
                 cls = RUNNERS.get(t.runner)
             except EdgeError:
-                raise TuneRequestError(f"trials[{i}].runner", f"{t.runner!r} is not a runner this device knows") from None
+                raise TuneRequestError(
+                    f"trials[{i}].runner", f"{t.runner!r} is not a runner this device knows"
+                ) from None
             for k, _ in t.options:
                 if k not in cls.options:
-                    raise TuneRequestError(f"trials[{i}].options.{k}", f"runner {t.runner!r} takes no such option "
-                                           f"(it takes: {', '.join(sorted(cls.options))})")
+                    raise TuneRequestError(
+                        f"trials[{i}].options.{k}",
+                        f"runner {t.runner!r} takes no such option (it takes: {', '.join(sorted(cls.options))})",
+                    )
         recs: dict[str, dict[str, Any]] = {t.id: {"id": t.id, "status": "pending"} for t in req.trials}
         lacking: dict[str, list[str]] = {}  # runner -> what this device lacks for it (its declared requirements)
         for t in req.trials:
             if t.runner not in lacking:
                 lacking[t.runner] = RUNNERS.get(t.runner).problems()
             if lacking[t.runner]:  # said before anything is fetched, not found by failing to load
-                recs[t.id]["status"] = (f"{UNAVAILABLE}: runner {t.runner} cannot run on this device: "
-                                        + "; ".join(lacking[t.runner]))[:400]
+                recs[t.id]["status"] = (
+                    f"{UNAVAILABLE}: runner {t.runner} cannot run on this device: " + "; ".join(lacking[t.runner])
+                )[:400]
         bundles: dict[str, Any] = {}  # sha256 -> Bundle or the error that stopped it
         for t in req.trials:
             if recs[t.id]["status"] != "pending":
@@ -275,7 +306,9 @@ class TuneJob:
             if isinstance(b, str):
                 recs[t.id]["status"] = b
             elif b.info.runner.name != t.runner:
-                recs[t.id]["status"] = f"failed: the bundle's runner is {b.info.runner.name}, the trial names {t.runner}"
+                recs[t.id]["status"] = (
+                    f"failed: the bundle's runner is {b.info.runner.name}, the trial names {t.runner}"
+                )
             if self.stop.is_set():
                 raise RuntimeError("the agent stopped during the tune")
         todo = [t for t in req.trials if recs[t.id]["status"] == "pending"]
@@ -290,8 +323,9 @@ class TuneJob:
 
         agent = self.agent
         try:
-            archive = fetch(t.url, self.dir / "downloads", t.sha256, size=t.size, options=agent.config.download,
-                            stop=self.stop)
+            archive = fetch(
+                t.url, self.dir / "downloads", t.sha256, size=t.size, options=agent.config.download, stop=self.stop
+            )
             staged = unpack_bundle(archive, self.dir / "staging", sha256=t.sha256)
             archive.unlink(missing_ok=True)
         except DownloadError as e:
@@ -315,7 +349,7 @@ class TuneJob:
         for i in range(0, len(todo), MAX_OPEN):
             opened: dict[str, Any] = {}
             try:
-                for t in todo[i:i + MAX_OPEN]:
+                for t in todo[i : i + MAX_OPEN]:
                     rec = recs[t.id]
                     cfg = Config(t.runner, t.precision, (), t.options)
                     try:
@@ -324,8 +358,12 @@ class TuneJob:
                         rec["status"] = f"failed to load: {str(e).splitlines()[0][:300]}"
                     if self.stop.is_set():
                         raise RuntimeError("the agent stopped during the tune")
-                self._reply("progress", step=f"measuring {len(opened)} trials, {req.reps} interleaved repetitions "
-                            f"of {req.iters} inferences", done=done, total=len(todo))
+                self._reply(
+                    "progress",
+                    step=f"measuring {len(opened)} trials, {req.reps} interleaved repetitions of {req.iters} inferences",
+                    done=done,
+                    total=len(todo),
+                )
                 if opened:
                     got = measure_infer(opened, req.objective, req.reps, req.iters, req.warmup)
                     for tid, m in got.items():
@@ -342,8 +380,14 @@ def reply(agent: AgentHost, status: str, study_id: str | None, **body: Any) -> N
     cfg, session, loop = agent.config, agent.session, agent.loop
     if session is None or loop is None:
         return
-    msg = message(REPLY_KIND, cfg.fleet, cfg.device_id, session.session, session.seq,
-                  {"study_id": study_id, "status": status, **body})
+    msg = message(
+        REPLY_KIND,
+        cfg.fleet,
+        cfg.device_id,
+        session.session,
+        session.seq,
+        {"study_id": study_id, "status": status, **body},
+    )
     data = encode(msg)
     topic = str(Topic(cfg.fleet, cfg.device_id, REPLY_KIND))
     loop.call_soon(lambda: session.conn.publish(topic, data, qos=1))

@@ -11,8 +11,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_LAZY = {"CONVERTERS": "converter", "ConversionRequest": "converter", "ConversionResult": "converter",
-         "Converter": "converter", "RUNNERS": "runner", "Runner": "runner", "RunnerInfo": "runner"}
+_LAZY = {
+    "CONVERTERS": "converter",
+    "ConversionRequest": "converter",
+    "ConversionResult": "converter",
+    "Converter": "converter",
+    "RUNNERS": "runner",
+    "Runner": "runner",
+    "RunnerInfo": "runner",
+}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: a runner's import does not pull the converter base

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from edge.capabilities import Host, Requirement, problems
-from edge.backends.runner import RunnerInfo
-from edge.errors import ConversionError, PrecisionError
 from edge.backends.registry import Registry
-from edge.errors import did_you_mean
+from edge.backends.runner import RunnerInfo
+from edge.capabilities import Host, Requirement, problems
+from edge.errors import ConversionError, PrecisionError, did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
 
@@ -53,8 +52,13 @@ class HostProxy:
     @property
     def info(self) -> RunnerInfo:
         """The parity report's candidate: names the proxy and its precision, like a runner's ``info``."""
-        return RunnerInfo(runtime=f"host proxy: {self.label}", device_requested="CPU", device_used="CPU",
-                          precision_used=self.precision_used, fallback=self.fallback)
+        return RunnerInfo(
+            runtime=f"host proxy: {self.label}",
+            device_requested="CPU",
+            device_used="CPU",
+            precision_used=self.precision_used,
+            fallback=self.fallback,
+        )
 
 
 @dataclass
@@ -100,8 +104,10 @@ class Converter(ABC):
 
     def check_precision(self, precision: str) -> None:
         if precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
+            raise PrecisionError(
+                f"converter {self.name!r} does not produce precision {precision!r}",
+                hint=f"choose one of {', '.join(sorted(self.precisions))}",
+            )
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

@@ -18,8 +18,10 @@ from edge.errors import EdgeError
 #: thread counts: 0 is the runtime's (or edgekit's) choice
 THREADS: dict[str, Any] = dict(ge=0, le=4096)
 #: cores this process's other threads take (edgekit run reserves its pipeline stages)
-RESERVE_CPUS_DOC = ("cores this process's other threads take (edgekit run reserves its pipeline stages); the "
-                    "automatic thread count leaves them free. Default 0")
+RESERVE_CPUS_DOC = (
+    "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
+    "automatic thread count leaves them free. Default 0"
+)
 
 
 def option_docs(cls: type) -> dict[str, str]:

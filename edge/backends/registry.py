@@ -35,8 +35,7 @@ class Registry(Generic[T]):
             for ep in entry_points(group=self.group):
                 if ep.name in found and found[ep.name].value != ep.value:
                     raise EdgeError(
-                        f"two installed packages register the {self.kind} {ep.name!r}: "
-                        f"{found[ep.name].value} and {ep.value}",
+                        f"two installed packages register the {self.kind} {ep.name!r}: {found[ep.name].value} and {ep.value}",
                         hint="uninstall one of them",
                     )
                 found[ep.name] = ep

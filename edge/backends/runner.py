@@ -17,12 +17,11 @@ if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the age
     import numpy as np
 
 
-from edge.capabilities import Host, Requirement, problems, require
-from edge.errors import EdgeError
 from edge.backends.options import option_docs, read_options
 from edge.backends.registry import Registry
+from edge.capabilities import Host, Requirement, problems, require
+from edge.errors import EdgeError
 from edge.spec import TensorSpec
-
 
 _R = TypeVar("_R", bound="Runner")  # what a with-statement on a runner gives: the runner, as its own class
 
@@ -73,16 +72,18 @@ class Runner(ABC):
         require(self.requires, f"runner {self.name!r}")
         unknown = [k for k in (options or {}) if k not in self.options]
         if unknown:
-            raise EdgeError(f"runner {self.name!r} does not take option(s) {', '.join(unknown)}; "
-                            f"it takes: {', '.join(self.options) or 'none'}")
+            raise EdgeError(
+                f"runner {self.name!r} does not take option(s) {', '.join(unknown)}; it takes: {', '.join(self.options) or 'none'}"
+            )
         self.artifact = Path(artifact)
         self.precision = precision
         self._options = dict(options or {})
         #: the options read into ``options_class`` (types and ranges checked, defaults filled in); None without one
         self.typed_options: Any = None
         if self.options_class is not None:
-            self.typed_options = read_options(self.name, self.options_class, {
-                k: v for k, v in self._options.items() if k not in self.device_options})
+            self.typed_options = read_options(
+                self.name, self.options_class, {k: v for k, v in self._options.items() if k not in self.device_options}
+            )
 
     @classmethod
     def problems(cls, host: Host | None = None) -> list[str]:
@@ -109,8 +110,10 @@ class Runner(ABC):
 
     def check_open(self) -> None:
         if self._closed:
-            raise EdgeError(f"runner {self.name!r} for {self.artifact} is closed",
-                            hint="open a new runner (Bundle.open_runner) to infer again")
+            raise EdgeError(
+                f"runner {self.name!r} for {self.artifact} is closed",
+                hint="open a new runner (Bundle.open_runner) to infer again",
+            )
 
     def validate(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Refuse a closed runner, and feeds that are not exactly ``self.inputs``, with an ``EdgeError``.
@@ -150,8 +153,9 @@ class Runner(ABC):
                 continue
             a = feeds[t.name]
             if not isinstance(a, np.ndarray):
-                problems_.append(f"input {t.name!r} is a {type(a).__name__}, expected a numpy array "
-                                 f"({t.dtype} {_dims(t.shape)})")
+                problems_.append(
+                    f"input {t.name!r} is a {type(a).__name__}, expected a numpy array ({t.dtype} {_dims(t.shape)})"
+                )
                 continue
             if not _shape_matches(a.shape, t.shape):
                 problems_.append(f"input {t.name!r} has shape {_dims(a.shape)}, expected {_dims(t.shape)}")
@@ -159,8 +163,10 @@ class Runner(ABC):
                 problems_.append(f"input {t.name!r} has dtype {a.dtype}, expected {t.dtype}")
         problems_ += [f"unknown input {k!r} (inputs: {', '.join(sorted(names))})" for k in feeds if k not in names]
         if problems_:
-            raise EdgeError(f"runner {self.name!r}: bad feeds for {self.artifact}: " + "; ".join(problems_),
-                            hint="build feeds from runner.inputs (name, shape, dtype)")
+            raise EdgeError(
+                f"runner {self.name!r}: bad feeds for {self.artifact}: " + "; ".join(problems_),
+                hint="build feeds from runner.inputs (name, shape, dtype)",
+            )
 
 
 def _dims(shape: tuple[int | str, ...]) -> str:

@@ -170,8 +170,14 @@ def reserve_option(runner: str, options: Mapping[str, Any]) -> float:
     return float(value)
 
 
-def plan_threads(threads: int | None, spinning: bool | None, *, reserve: float = 0.0,
-                 load: CpuLoad | None = None, spin_option: bool = True) -> ThreadPlan:
+def plan_threads(
+    threads: int | None,
+    spinning: bool | None,
+    *,
+    reserve: float = 0.0,
+    load: CpuLoad | None = None,
+    spin_option: bool = True,
+) -> ThreadPlan:
     """Threads and spin-wait for one runner. ``threads`` 0/None and ``spinning`` None are the policy's to choose;
     anything else was set explicitly and is kept as it is. ``spin_option`` False: the runtime has no spin-wait
     switch (OpenVINO, LiteRT), and the plan says so."""
@@ -199,6 +205,16 @@ def plan_threads(threads: int | None, spinning: bool | None, *, reserve: float =
     else:
         spinning_from, spin = "policy", False
         why += "; spin-wait off (a waiting pool gives its core back to the rest of the device)"
-    return ThreadPlan(threads=n, spinning=spin, threads_from=threads_from, spinning_from=spinning_from,
-                      shared=shared, reason=why, cpus=load.cpus, others=others, reserve=reserve,
-                      load_1m=load.load_1m, method=load.method)
+    return ThreadPlan(
+        threads=n,
+        spinning=spin,
+        threads_from=threads_from,
+        spinning_from=spinning_from,
+        shared=shared,
+        reason=why,
+        cpus=load.cpus,
+        others=others,
+        reserve=reserve,
+        load_1m=load.load_1m,
+        method=load.method,
+    )

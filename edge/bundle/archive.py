@@ -94,14 +94,21 @@ def _write_tar(root: Path, f: Any) -> None:
 
 def _safe_name(name: str) -> str:
     p = PurePosixPath(name)
-    if not name or p.is_absolute() or any(part in ("", ".", "..") for part in p.parts) or "\\" in name \
-            or any(part.startswith((".", "-")) for part in p.parts) or any(ord(c) < 0x20 for c in name):
+    if (
+        not name
+        or p.is_absolute()
+        or any(part in ("", ".", "..") for part in p.parts)
+        or "\\" in name
+        or any(part.startswith((".", "-")) for part in p.parts)
+        or any(ord(c) < 0x20 for c in name)
+    ):
         raise ArchiveError(f"bundle archive member {name[:200]!r} is not a plain relative name")
     return str(p)
 
 
-def unpack_bundle(archive: str | os.PathLike[str], staging: str | os.PathLike[str], *,
-                  sha256: str | None = None) -> Path:
+def unpack_bundle(
+    archive: str | os.PathLike[str], staging: str | os.PathLike[str], *, sha256: str | None = None
+) -> Path:
     """Unpack ``archive`` into a new directory under ``staging``; returns it (the caller removes it).
 
     With ``sha256`` the archive's bytes are hashed first, from the same open file that is then unpacked, and
@@ -118,8 +125,9 @@ def unpack_bundle(archive: str | os.PathLike[str], staging: str | os.PathLike[st
         if sha256 is not None:
             got = _hash(f)
             if got != sha256:
-                raise ArchiveError(f"bundle archive has sha256 {got[:16]}..., {sha256[:16]}... was expected; "
-                                   "nothing unpacked")
+                raise ArchiveError(
+                    f"bundle archive has sha256 {got[:16]}..., {sha256[:16]}... was expected; nothing unpacked"
+                )
             f.seek(0)
         staging.mkdir(parents=True, exist_ok=True)
         dest = staging / f"unpack-{secrets.token_hex(6)}"
@@ -165,8 +173,9 @@ def _unpack(f: Any, dest: Path, most: int) -> None:
                 continue
             total += m.size
             if total > most:
-                raise ArchiveError(f"bundle archive unpacks to more than {most} bytes (its own size, or the "
-                                   f"{MAX_UNPACKED >> 30} GiB bound)")
+                raise ArchiveError(
+                    f"bundle archive unpacks to more than {most} bytes (its own size, or the {MAX_UNPACKED >> 30} GiB bound)"
+                )
             out.parent.mkdir(parents=True, exist_ok=True)
             src = tar.extractfile(m)
             if src is None:  # pragma: no cover - regular members always have data
@@ -181,12 +190,20 @@ def _check_member(m: tarfile.TarInfo, name: str, seen: dict[str, bool]) -> None:
     """A regular file or a directory, not sparse, whose name clashes with no member before it."""
     if m.isdir():
         kind = True
-    elif m.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not m.issparse() \
-            and not any(k.startswith("GNU.sparse") for k in m.pax_headers):
+    elif (
+        m.type in (tarfile.REGTYPE, tarfile.AREGTYPE)
+        and not m.issparse()
+        and not any(k.startswith("GNU.sparse") for k in m.pax_headers)
+    ):
         kind = False
     else:
-        what = "sparse" if m.issparse() or m.type == tarfile.GNUTYPE_SPARSE or \
-            any(k.startswith("GNU.sparse") for k in m.pax_headers) else "a link, a device or a special member"
+        what = (
+            "sparse"
+            if m.issparse()
+            or m.type == tarfile.GNUTYPE_SPARSE
+            or any(k.startswith("GNU.sparse") for k in m.pax_headers)
+            else "a link, a device or a special member"
+        )
         raise ArchiveError(f"bundle archive member {name!r} is {what}; a bundle holds regular files only")
     if name in seen and not (kind and seen[name]):
         raise ArchiveError(f"bundle archive holds {name!r} twice")

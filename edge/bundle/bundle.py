@@ -21,20 +21,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from edge.errors import BundleError, ManifestError, SignatureError
 from edge.bundle.schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifest, parse_manifest  # noqa: F401 - SCHEMA_VERSION re-exported
+from edge.bundle.signing import (
+    SIGNATURE_FILE,
+    SIGNER_VERSIONS,
+    Signature,
+    canonical_bytes,
+    key_id,
+    keys_dir,
+    load_signing_key,
+)
+from edge.bundle.typedjson import Invalid, UnreadableFile, loads_strict, read_json_file, to_json, write_json_atomic
+from edge.errors import BundleError, ManifestError, SignatureError
 from edge.graph.model import sha256_file
 from edge.spec import IOSpec, PreprocessSpec
-from edge.bundle.signing import SIGNATURE_FILE, SIGNER_VERSIONS, Signature, canonical_bytes, key_id, keys_dir, load_signing_key
-from edge.bundle.typedjson import Invalid, UnreadableFile, loads_strict, read_json_file, to_json, write_json_atomic
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # a detached signature over the manifest: the one other file a bundle may hold
 
 
-def bundle_id(stem: str, target: str, precision: str, artifact_hashes: list[str], runner_options: Mapping[str, Any]) -> str:
-    h = hashlib.sha256(json.dumps([target, precision, sorted(artifact_hashes), dict(runner_options)],
-                                  sort_keys=True, default=str).encode()).hexdigest()
+def bundle_id(
+    stem: str, target: str, precision: str, artifact_hashes: list[str], runner_options: Mapping[str, Any]
+) -> str:
+    h = hashlib.sha256(
+        json.dumps(
+            [target, precision, sorted(artifact_hashes), dict(runner_options)], sort_keys=True, default=str
+        ).encode()
+    ).hexdigest()
+
     def word(s: str, n: int) -> str:  # ids are [A-Za-z0-9._-] and never start with '-' or '.'
         return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in s)[:n].lstrip("-") or "x"
 
@@ -44,6 +58,7 @@ def bundle_id(stem: str, target: str, precision: str, artifact_hashes: list[str]
 def bundle_name(stem: str, target: str) -> str:
     """The series a bundle belongs to, for its signed ``version``: source stem + target (precision and
     options are not part of it, so an fp16 rebuild of a model supersedes its fp32 bundle on a device)."""
+
     def word(s: str, n: int) -> str:
         return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in s)[:n].lstrip("-") or "x"
 
@@ -82,8 +97,10 @@ def staging_dir(dest: Path, *, force: bool) -> Iterator[Path]:
 
 
 def artifact_entries(directory: Path, files: list[Path]) -> list[dict[str, Any]]:
-    return [{"path": f.relative_to(directory).as_posix(), "sha256": sha256_file(f), "bytes": f.stat().st_size}
-            for f in sorted(files)]
+    return [
+        {"path": f.relative_to(directory).as_posix(), "sha256": sha256_file(f), "bytes": f.stat().st_size}
+        for f in sorted(files)
+    ]
 
 
 class Bundle:
@@ -111,7 +128,7 @@ class Bundle:
         self.manifest = raw
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, trust: Any = None) -> "Bundle":
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, trust: Any = None) -> Bundle:
         """Open (and by default verify) the bundle at ``path``. ``trust``: a trust store (``TrustStore`` or
         its directory) that must vouch for the bundle (``edge.bundle.trust``: signature, key, version, target);
         None: ``$EDGEKIT_TRUST_DIR`` when set, else no check; False: no check (a signer, a store's own
@@ -178,12 +195,15 @@ class Bundle:
                 elif rel_dir != "." or name not in (MANIFEST, SIGNATURE):
                     problems.append(f"{rel}: not listed in the manifest")
             dirnames[:] = [d for d in dirnames if d in keep]
-        problems += [f"{p}: missing" for p in listed
-                     if p not in found and not any(q.startswith(p + ":") for q in problems)]
+        problems += [
+            f"{p}: missing" for p in listed if p not in found and not any(q.startswith(p + ":") for q in problems)
+        ]
         if problems:
             more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
-            raise BundleError(f"bundle {self.path} failed verification: " + "; ".join(problems[:10]) + more,
-                              hint="rebuild it with `edgekit convert`; do not add, remove or edit bundle files by hand")
+            raise BundleError(
+                f"bundle {self.path} failed verification: " + "; ".join(problems[:10]) + more,
+                hint="rebuild it with `edgekit convert`; do not add, remove or edit bundle files by hand",
+            )
 
     @property
     def id(self) -> str:
@@ -228,7 +248,7 @@ class Bundle:
 
     @property
     def kind(self) -> str:
-        """"vision" (tensor in, tensor out) or "llm" (GGUF language model)."""
+        """ "vision" (tensor in, tensor out) or "llm" (GGUF language model)."""
         return self.info.kind
 
     def record(self, key: str, value: Any) -> None:
@@ -250,8 +270,13 @@ class SignResult:
     signature_path: Path
 
     def to_json(self) -> dict[str, Any]:
-        return {"bundle_id": self.bundle_id, "name": self.name, "version": self.version, "key_id": self.key_id,
-                "signature": str(self.signature_path)}
+        return {
+            "bundle_id": self.bundle_id,
+            "name": self.name,
+            "version": self.version,
+            "key_id": self.key_id,
+            "signature": str(self.signature_path),
+        }
 
 
 def _next_version(d: Path, name: str, wanted: int | None) -> int:
@@ -271,8 +296,13 @@ def _next_version(d: Path, name: str, wanted: int | None) -> int:
     return version
 
 
-def sign_bundle(bundle: str | os.PathLike[str], key: str, *, version: int | None = None,
-                directory: str | os.PathLike[str] | None = None) -> SignResult:
+def sign_bundle(
+    bundle: str | os.PathLike[str],
+    key: str,
+    *,
+    version: int | None = None,
+    directory: str | os.PathLike[str] | None = None,
+) -> SignResult:
     """Sign the bundle at ``bundle`` with ``key`` (a name in the keys dir, or a PEM path).
 
     The bundle is verified first (exactly its files, every hash). Its manifest gets ``name`` (when it

@@ -10,17 +10,16 @@ Its gates (``edge.verify.gates``) recompute every verdict from the figures recor
 from __future__ import annotations
 
 import platform
-from datetime import datetime, timezone
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import edge
 from edge.bundle.bundle import artifact_entries, bundle_id, bundle_name
-from edge.bundle.schema import SCHEMA_VERSION
+from edge.bundle.schema import SCHEMA_VERSION, device_only_hint
 from edge.capabilities import cpu_isa, current_host
 from edge.errors import ParityError, TargetError
-from edge.bundle.schema import (device_only_hint)
 from edge.graph.model import sha256_file
 
 
@@ -55,39 +54,52 @@ def new_manifest(spec: ManifestSpec) -> dict[str, Any]:
     source, profile, runner, runner_options, stage = s.source, s.profile, s.runner, s.runner_options, s.stage
     carried = [k for k in runner_options if device_only_hint(runner, k) is not None]
     if carried:
-        raise TargetError(f"target {profile.name}: runner option(s) {', '.join(carried)} name a file, library or "
-                          "command, which a bundle may not carry",
-                          hint=f"remove them from the profile's options; {device_only_hint(runner, carried[0])}")
+        raise TargetError(
+            f"target {profile.name}: runner option(s) {', '.join(carried)} name a file, library or command, which a bundle may not carry",
+            hint=f"remove them from the profile's options; {device_only_hint(runner, carried[0])}",
+        )
     artifacts = artifact_entries(stage, [f for f in stage.rglob("*") if f.is_file()])
     host = current_host()
     manifest: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "edgekit_version": edge.__version__,
-        "bundle_id": bundle_id(source.stem, profile.name, s.precision, [a["sha256"] for a in artifacts], runner_options),
+        "bundle_id": bundle_id(
+            source.stem, profile.name, s.precision, [a["sha256"] for a in artifacts], runner_options
+        ),
         "name": bundle_name(source.stem, profile.name),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if s.kind is not None:
         manifest["kind"] = s.kind
-    manifest.update({
-        "target": {"name": profile.name, "title": profile.title, "accelerator": profile.accelerator,
-                   "frame_budget_ms": s.frame_budget_ms,
-                   "profile_sha256": sha256_file(profile.path) if profile.path else None},
-        "source": {"file": source.name, "sha256": sha256_file(source), **s.source_info},
-        "precision": s.precision,
-        "format": s.fmt or s.chain[-1]["output_format"],
-        "primary_artifact": s.primary.relative_to(stage).as_posix(),
-        "artifacts": artifacts,
-        "chain": list(s.chain),
-        "calibration": s.calibration.provenance() if s.calibration is not None else None,
-        "io": s.io.to_json(),
-        "preprocess": s.preprocess.to_json() if s.preprocess is not None else None,
-        "runner": {"name": runner, "options": dict(runner_options)},
-        "parity": None,
-        "benchmark": None,
-        "build_host": {"os": host.os, "arch": host.arch, "python": platform.python_version(),
-                       "cpu": cpu_isa().to_json()},
-    })
+    manifest.update(
+        {
+            "target": {
+                "name": profile.name,
+                "title": profile.title,
+                "accelerator": profile.accelerator,
+                "frame_budget_ms": s.frame_budget_ms,
+                "profile_sha256": sha256_file(profile.path) if profile.path else None,
+            },
+            "source": {"file": source.name, "sha256": sha256_file(source), **s.source_info},
+            "precision": s.precision,
+            "format": s.fmt or s.chain[-1]["output_format"],
+            "primary_artifact": s.primary.relative_to(stage).as_posix(),
+            "artifacts": artifacts,
+            "chain": list(s.chain),
+            "calibration": s.calibration.provenance() if s.calibration is not None else None,
+            "io": s.io.to_json(),
+            "preprocess": s.preprocess.to_json() if s.preprocess is not None else None,
+            "runner": {"name": runner, "options": dict(runner_options)},
+            "parity": None,
+            "benchmark": None,
+            "build_host": {
+                "os": host.os,
+                "arch": host.arch,
+                "python": platform.python_version(),
+                "cpu": cpu_isa().to_json(),
+            },
+        }
+    )
     return manifest
 
 
@@ -98,5 +110,8 @@ def record_gate(manifest: dict[str, Any], report: Any, *, failed: str, accept: b
     data["accepted_failure"] = not report.passed and accept
     manifest["parity"] = data
     if not report.passed and not accept:
-        raise ParityError(f"{failed}: " + "; ".join(report.failures()), report,
-                          hint="nothing was written; pass --accept-parity-failure to keep it anyway")
+        raise ParityError(
+            f"{failed}: " + "; ".join(report.failures()),
+            report,
+            hint="nothing was written; pass --accept-parity-failure to keep it anyway",
+        )

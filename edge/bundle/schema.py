@@ -20,9 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping
 
+from edge.bundle.typedjson import (
+    JSON,
+    Invalid,
+    Rule,
+    Tagged,
+    join_path,
+    json_schema,
+    loads_strict,
+    read,
+    show_value,
+    spec,
+    to_json,
+)
 from edge.errors import ManifestError
-from edge.bundle.typedjson import (JSON, Invalid, Rule, Tagged, join_path, json_schema, loads_strict, read, show_value, spec,
-                            to_json)
 
 SCHEMA_VERSION = 1
 MAX_BYTES = 1 << 20  # a real manifest is a few kB; the toolchain's package list makes it ~10 kB
@@ -44,18 +55,69 @@ OPTION_KEY = r"^[a-z][a-z0-9_]{0,63}$"
 VERSION = r"^[A-Za-z0-9_.+-]{1,64}$"
 UTC_TIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{5,15}(Z|[+-][0-9]{2}:[0-9]{2})?$"
 
-Precision = Literal["fp32", "fp16", "bf16", "int8", "int8-dynamic", "f16", "q8_0", "q5_k_m", "q4_k_m", "q4_0",
-                    # GGUF files shipped as they came (--precision keep): llama.cpp's file types
-                    "f32", "q4_1", "q5_0", "q5_1", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q5_k_s",
-                    "q6_k", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "iq3_s",
-                    "iq3_m", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4_moe", "nvfp4", "q1_0"]
-DType = Literal["float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-                "int64", "uint64", "bool"]
+Precision = Literal[
+    "fp32",
+    "fp16",
+    "bf16",
+    "int8",
+    "int8-dynamic",
+    "f16",
+    "q8_0",
+    "q5_k_m",
+    "q4_k_m",
+    "q4_0",
+    # GGUF files shipped as they came (--precision keep): llama.cpp's file types
+    "f32",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q2_k",
+    "q2_k_s",
+    "q3_k_s",
+    "q3_k_m",
+    "q3_k_l",
+    "q4_k_s",
+    "q5_k_s",
+    "q6_k",
+    "iq1_s",
+    "iq1_m",
+    "iq2_xxs",
+    "iq2_xs",
+    "iq2_s",
+    "iq2_m",
+    "iq3_xxs",
+    "iq3_xs",
+    "iq3_s",
+    "iq3_m",
+    "iq4_nl",
+    "iq4_xs",
+    "tq1_0",
+    "tq2_0",
+    "mxfp4_moe",
+    "nvfp4",
+    "q1_0",
+]
+DType = Literal[
+    "float32",
+    "float16",
+    "float64",
+    "bfloat16",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "bool",
+]
 _TEXT: dict[str, Any] = dict(max_len=1024)
 _MS: dict[str, Any] = dict(ge=0.0, le=1e9)
 
 
 # -- the tree -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TargetInfo:
@@ -190,9 +252,19 @@ class Preprocess:
     def to_spec(self) -> Any:
         from edge.spec import PreprocessSpec
 
-        return PreprocessSpec(input=self.input, size=self.size, layout=self.layout, color=self.color, scale=self.scale,
-                              mean=self.mean, std=self.std, resize=self.resize, pad_value=self.pad_value,
-                              dtype=self.dtype, preset=self.preset)
+        return PreprocessSpec(
+            input=self.input,
+            size=self.size,
+            layout=self.layout,
+            color=self.color,
+            scale=self.scale,
+            mean=self.mean,
+            std=self.std,
+            resize=self.resize,
+            pad_value=self.pad_value,
+            dtype=self.dtype,
+            preset=self.preset,
+        )
 
 
 OptionValue = bool | int | float | str | tuple[bool | int | float | str, ...]
@@ -205,14 +277,21 @@ class RunnerSpec:
     library or command is the device's own configuration and is refused here."""
 
     name: str = spec(pattern=ID)
-    options: Mapping[str, OptionValue] = spec(max_items=32, key=Rule(pattern=OPTION_KEY, min_len=1, max_len=64),
-                                              item=_OPTION_VALUE)
+    options: Mapping[str, OptionValue] = spec(
+        max_items=32, key=Rule(pattern=OPTION_KEY, min_len=1, max_len=64), item=_OPTION_VALUE
+    )
 
     @staticmethod
     def __schema_extra__(schema_of: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-        return {"allOf": [{"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
-                           "then": {"properties": {"options": schema_of(cls)}}}
-                          for name, cls in sorted(builtin_runner_options().items())]}
+        return {
+            "allOf": [
+                {
+                    "if": {"properties": {"name": {"const": name}}, "required": ["name"]},
+                    "then": {"properties": {"options": schema_of(cls)}},
+                }
+                for name, cls in sorted(builtin_runner_options().items())
+            ]
+        }
 
     @property
     def options_dict(self) -> dict[str, Any]:
@@ -659,10 +738,12 @@ def builtin_runner_options() -> dict[str, type]:
 #: options a runner takes only from the device (its CLI, environment, agent config): each names a
 #: library to load, a file or a directory to write. In a manifest they are refused.
 DEVICE_ONLY_OPTIONS: dict[str, dict[str, str]] = {
-    "litert": {"edgetpu_library": "set EDGEKIT_EDGETPU_LIBRARY on the device, or the agent's "
-                                  "--runner-option edgetpu_library=/abs/path"},
-    "tensorrt": {"engine_cache_dir": "set EDGEKIT_ENGINE_CACHE on the device, or the agent's "
-                                     "--runner-option engine_cache_dir=/abs/path"},
+    "litert": {
+        "edgetpu_library": "set EDGEKIT_EDGETPU_LIBRARY on the device, or the agent's --runner-option edgetpu_library=/abs/path"
+    },
+    "tensorrt": {
+        "engine_cache_dir": "set EDGEKIT_ENGINE_CACHE on the device, or the agent's --runner-option engine_cache_dir=/abs/path"
+    },
 }
 #: any runner's (plugins' too): option names that say they name a path, library or command
 _PATHLIKE_OPTION = re.compile(r".*_(library|lib|path|paths|dir|file|cmd|command|args|binary|exe|executable|plugins?)$")
@@ -680,6 +761,7 @@ def device_only_hint(runner: str, key: str) -> str | None:
 
 # -- reading and checking --------------------------------------------------------------------
 
+
 def load_manifest(path: str | os.PathLike[str]) -> tuple[Manifest, dict[str, Any]]:
     """The typed manifest in file ``path`` and the JSON it was read from; :class:`ManifestError` otherwise."""
     p = Path(path)
@@ -690,8 +772,10 @@ def load_manifest(path: str | os.PathLike[str]) -> tuple[Manifest, dict[str, Any
     except OSError as e:
         raise ManifestError(f"{p} cannot be read: {e.strerror or e}") from None
     if len(data) > MAX_BYTES:
-        raise ManifestError(f"{p} is larger than {MAX_BYTES // 1024} KiB: not a manifest edgekit writes",
-                            hint="rebuild the bundle with `edgekit convert`")
+        raise ManifestError(
+            f"{p} is larger than {MAX_BYTES // 1024} KiB: not a manifest edgekit writes",
+            hint="rebuild the bundle with `edgekit convert`",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -699,26 +783,36 @@ def load_manifest(path: str | os.PathLike[str]) -> tuple[Manifest, dict[str, Any
     try:
         raw = loads_strict(text, max_depth=MAX_DEPTH)
     except Invalid as e:  # "not valid JSON: ...", nesting, NaN, a duplicate key
-        raise ManifestError(f"{p} is {e.problem}" if e.problem.startswith("not valid JSON") else f"{p}: {e.problem}",
-                            hint="rebuild the bundle with `edgekit convert`") from None
+        raise ManifestError(
+            f"{p} is {e.problem}" if e.problem.startswith("not valid JSON") else f"{p}: {e.problem}",
+            hint="rebuild the bundle with `edgekit convert`",
+        ) from None
     return parse_manifest(raw, str(p)), raw
 
 
 def parse_manifest(raw: Any, source: str) -> Manifest:
     """``raw`` (parsed JSON) as a checked :class:`Manifest`; ``source`` names the file in errors."""
     try:
-        if isinstance(raw, dict) and "schema_version" in raw and raw["schema_version"] != SCHEMA_VERSION \
-                and type(raw["schema_version"]) is int:
-            raise ManifestError(f"{source} has schema {show_value(raw['schema_version'])}; this edgekit reads "
-                                f"{SCHEMA_VERSION}", hint="upgrade edgekit-ml")
+        if (
+            isinstance(raw, dict)
+            and "schema_version" in raw
+            and raw["schema_version"] != SCHEMA_VERSION
+            and type(raw["schema_version"]) is int
+        ):
+            raise ManifestError(
+                f"{source} has schema {show_value(raw['schema_version'])}; this edgekit reads {SCHEMA_VERSION}",
+                hint="upgrade edgekit-ml",
+            )
         runner = raw.get("runner") if isinstance(raw, dict) else None
         if isinstance(runner, dict) and isinstance(runner.get("name"), str) and isinstance(runner.get("options"), dict):
             refuse_device_options(runner["name"], runner["options"])  # said first, whatever else is wrong there
         m: Manifest = read(Manifest, raw)
         check(m)
     except Invalid as e:
-        raise ManifestError(f"{source}: field {e.where}: {e.problem}" if e.where else f"{source}: {e.problem}",
-                            hint="rebuild the bundle with `edgekit convert`; do not edit manifests by hand") from None
+        raise ManifestError(
+            f"{source}: field {e.where}: {e.problem}" if e.where else f"{source}: {e.problem}",
+            hint="rebuild the bundle with `edgekit convert`; do not edit manifests by hand",
+        ) from None
     return m
 
 
@@ -760,8 +854,10 @@ def check(m: Manifest) -> None:
         if ref.file is not None and ref.file == m.primary_artifact:
             raise Invalid("reference_pairs.file", "is the primary artifact")
         if isinstance(ref.thresholds, LLMThresholds) != (m.kind == "llm"):
-            raise Invalid("reference_pairs.thresholds", f"{'an LLM' if m.kind == 'vision' else 'a tensor'} "
-                          f"reference's limits in a {m.kind} bundle")
+            raise Invalid(
+                "reference_pairs.thresholds",
+                f"{'an LLM' if m.kind == 'vision' else 'a tensor'} reference's limits in a {m.kind} bundle",
+            )
     check_runner(m.runner)
 
 
@@ -770,8 +866,10 @@ def refuse_device_options(runner: str, options: Any, where: str = "runner") -> N
     for key in options:
         hint = device_only_hint(runner, key) if isinstance(key, str) else None
         if hint is not None:
-            raise Invalid(join_path(f"{where}.options", key), "names a file, library or command, which only the "
-                          f"device's own configuration may do, never a bundle ({hint})")
+            raise Invalid(
+                join_path(f"{where}.options", key),
+                f"names a file, library or command, which only the device's own configuration may do, never a bundle ({hint})",
+            )
 
 
 def check_runner(r: RunnerSpec, where: str = "runner") -> None:
@@ -783,13 +881,17 @@ def check_runner(r: RunnerSpec, where: str = "runner") -> None:
     try:
         cls = RUNNERS.get(r.name)
     except Exception as e:  # UnknownBackendError, or a plugin that fails to import: refused either way
-        raise Invalid(f"{where}.name", f"no usable runner {json.dumps(r.name)} here ({str(e).split(';')[0][:120]})") \
-            from None
+        raise Invalid(
+            f"{where}.name", f"no usable runner {json.dumps(r.name)} here ({str(e).split(';')[0][:120]})"
+        ) from None
     declared = getattr(cls, "options", {}) or {}
     unknown = [k for k in r.options if k not in declared]
     if unknown:
-        raise Invalid(join_path(f"{where}.options", unknown[0]), f"runner {r.name!r} takes no such option; it takes: "
-                      f"{', '.join(k for k in declared if device_only_hint(r.name, k) is None) or 'none'}")
+        raise Invalid(
+            join_path(f"{where}.options", unknown[0]),
+            f"runner {r.name!r} takes no such option; it takes: "
+            f"{', '.join(k for k in declared if device_only_hint(r.name, k) is None) or 'none'}",
+        )
     typed = getattr(cls, "options_class", None)
     if isinstance(typed, type):
         opts = read(typed, to_json(r.options), f"{where}.options")
@@ -819,6 +921,7 @@ def device_class_of(benchmark: Any) -> dict[str, Any] | None:
 
 
 # -- the published schema ----------------------------------------------------------------------
+
 
 def manifest_json_schema() -> dict[str, Any]:
     return json_schema(Manifest, schema_id=SCHEMA_ID, title="edgekit bundle manifest (schema_version 1)")

@@ -55,8 +55,10 @@ def crypto() -> Any:
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise MissingDependencyError("signing and checking bundle signatures needs the cryptography package",
-                                     hint="pip install 'edgekit-ml[sign]'") from None
+        raise MissingDependencyError(
+            "signing and checking bundle signatures needs the cryptography package",
+            hint="pip install 'edgekit-ml[sign]'",
+        ) from None
     return ed25519
 
 
@@ -86,14 +88,16 @@ def load_public_pem(data: bytes, where: str) -> Any:
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):
-        raise SignatureError(f"{where} is not a PEM public key",
-                             hint="export one with `edgekit keys export NAME`") from None
+        raise SignatureError(
+            f"{where} is not a PEM public key", hint="export one with `edgekit keys export NAME`"
+        ) from None
     if not isinstance(key, ed25519.Ed25519PublicKey):
         raise SignatureError(f"{where} is not an Ed25519 public key", hint="make one with `edgekit keys generate NAME`")
     return key
 
 
 # -- the signer's keys ---------------------------------------------------------------------------
+
 
 def keys_dir(directory: str | os.PathLike[str] | None = None) -> Path:
     if directory is not None:
@@ -104,8 +108,9 @@ def keys_dir(directory: str | os.PathLike[str] | None = None) -> Path:
 
 def check_key_name(name: str) -> str:
     if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
-        raise SignatureError(f"key name {str(name)[:80]!r} is not 1 to 64 of A-Z a-z 0-9 . _ - (not starting "
-                             "with '.' or '-')")
+        raise SignatureError(
+            f"key name {str(name)[:80]!r} is not 1 to 64 of A-Z a-z 0-9 . _ - (not starting with '.' or '-')"
+        )
     return name
 
 
@@ -117,8 +122,12 @@ class KeyInfo:
     public_path: Path
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "key_id": self.key_id, "private_key": str(self.private_path),
-                "public_key": str(self.public_path)}
+        return {
+            "name": self.name,
+            "key_id": self.key_id,
+            "private_key": str(self.private_path),
+            "public_key": str(self.public_path),
+        }
 
 
 def generate_key(name: str, directory: str | os.PathLike[str] | None = None) -> KeyInfo:
@@ -131,14 +140,14 @@ def generate_key(name: str, directory: str | os.PathLike[str] | None = None) -> 
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     priv, pub = d / f"{name}.pem", d / f"{name}.pub"
     key = ed25519.Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     try:  # O_EXCL: a key is never replaced by accident (it would orphan every device that trusts it)
         fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        raise SignatureError(f"key {name!r} already exists in {d}",
-                             hint="choose another name; to retire a key, revoke it on devices and delete its files") \
-            from None
+        raise SignatureError(
+            f"key {name!r} already exists in {d}",
+            hint="choose another name; to retire a key, revoke it on devices and delete its files",
+        ) from None
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
         f.flush()
@@ -158,8 +167,10 @@ def _read_private(path: Path) -> Any:
         raise SignatureError(f"cannot read signing key {path}: {e.strerror or e}") from None
     mode = path.stat().st_mode & 0o077
     if mode:
-        raise SignatureError(f"signing key {path} is readable by others (mode {oct(path.stat().st_mode & 0o777)})",
-                             hint=f"chmod 600 {path}")
+        raise SignatureError(
+            f"signing key {path} is readable by others (mode {oct(path.stat().st_mode & 0o777)})",
+            hint=f"chmod 600 {path}",
+        )
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
@@ -177,8 +188,10 @@ def load_signing_key(key: str, directory: str | os.PathLike[str] | None = None) 
     check_key_name(key)
     path = keys_dir(directory) / f"{key}.pem"
     if not path.is_file():
-        raise SignatureError(f"no signing key {key!r} in {keys_dir(directory)}",
-                             hint=f"make one with `edgekit keys generate {key}`, or set ${KEYS_DIR_ENV}")
+        raise SignatureError(
+            f"no signing key {key!r} in {keys_dir(directory)}",
+            hint=f"make one with `edgekit keys generate {key}`, or set ${KEYS_DIR_ENV}",
+        )
     return _read_private(path), key
 
 
@@ -204,6 +217,7 @@ def export_public_key(name: str, directory: str | os.PathLike[str] | None = None
 
 # -- signatures ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Signature:
     key_id: str
@@ -211,11 +225,14 @@ class Signature:
     algorithm: str = ALGORITHM
 
     def to_json(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "key_id": self.key_id,
-                "signature": base64.b64encode(self.signature).decode("ascii")}
+        return {
+            "algorithm": self.algorithm,
+            "key_id": self.key_id,
+            "signature": base64.b64encode(self.signature).decode("ascii"),
+        }
 
     @classmethod
-    def read(cls, path: Path) -> "Signature | None":
+    def read(cls, path: Path) -> Signature | None:
         """The signature in ``path``; None when there is none. A malformed one is a :class:`SignatureError`."""
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -227,8 +244,10 @@ class Signature:
             data = f.read(SIG_MAX_BYTES + 1)
 
         def bad(why: str) -> SignatureError:
-            return SignatureError(f"{path} is not a signature edgekit writes: {why}",
-                                  hint="sign the bundle again with `edgekit sign`")
+            return SignatureError(
+                f"{path} is not a signature edgekit writes: {why}", hint="sign the bundle again with `edgekit sign`"
+            )
+
         if len(data) > SIG_MAX_BYTES:
             raise bad(f"larger than {SIG_MAX_BYTES} bytes")
         try:

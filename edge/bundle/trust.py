@@ -51,9 +51,13 @@ class TrustedKey:
     revoked: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"key_id": self.key_id, "path": str(self.path), "revoked": self.revoked,
-                "not_after": self.not_after.isoformat() if self.not_after else None,
-                "expired": self.expired()}
+        return {
+            "key_id": self.key_id,
+            "path": str(self.path),
+            "revoked": self.revoked,
+            "not_after": self.not_after.isoformat() if self.not_after else None,
+            "expired": self.expired(),
+        }
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.not_after is not None and (now or datetime.now(timezone.utc)) > self.not_after
@@ -72,8 +76,9 @@ def parse_time(text: str, where: str) -> datetime:
     try:
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (ValueError, TypeError, AttributeError):
-        raise SignatureError(f"{where}: {str(text)[:60]!r} is not an ISO 8601 time",
-                             hint="e.g. 2027-01-01T00:00:00+00:00") from None
+        raise SignatureError(
+            f"{where}: {str(text)[:60]!r} is not an ISO 8601 time", hint="e.g. 2027-01-01T00:00:00+00:00"
+        ) from None
     return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
@@ -122,14 +127,20 @@ class TrustStore:
         if not isinstance(data, dict):
             raise damaged(self.root, f"{VERSIONS} is not an object")
         for name, seen in data.items():
-            ok = (isinstance(seen, dict) and set(seen) <= {"version", "bundle_id", "allowed"}
-                  and type(seen.get("version")) is int and seen["version"] >= 0
-                  and isinstance(seen.get("bundle_id"), (str, type(None)))
-                  and isinstance(seen.get("allowed", []), list)
-                  and all(isinstance(x, str) for x in seen.get("allowed", [])))
+            ok = (
+                isinstance(seen, dict)
+                and set(seen) <= {"version", "bundle_id", "allowed"}
+                and type(seen.get("version")) is int
+                and seen["version"] >= 0
+                and isinstance(seen.get("bundle_id"), (str, type(None)))
+                and isinstance(seen.get("allowed", []), list)
+                and all(isinstance(x, str) for x in seen.get("allowed", []))
+            )
             if not ok:
-                raise damaged(self.root, f"{VERSIONS} entry {str(name)[:60]!r} is not "
-                              '{"version": N, "bundle_id": ID, "allowed": [ID, ...]}')
+                raise damaged(
+                    self.root,
+                    f'{VERSIONS} entry {str(name)[:60]!r} is not {{"version": N, "bundle_id": ID, "allowed": [ID, ...]}}',
+                )
         return data
 
     def keys(self) -> dict[str, TrustedKey]:
@@ -158,43 +169,59 @@ class TrustStore:
         where = f"bundle {bid}"
         sig = Signature.read(Path(bundle.path) / SIGNATURE_FILE)
         if sig is None:
-            raise SignatureError(f"refusing unsigned {where}: the trust store {self.root} requires a signature",
-                                 hint="sign it with `edgekit sign BUNDLE --key NAME`")
+            raise SignatureError(
+                f"refusing unsigned {where}: the trust store {self.root} requires a signature",
+                hint="sign it with `edgekit sign BUNDLE --key NAME`",
+            )
         if sig.key_id in self.revoked():
-            raise SignatureError(f"refusing {where}: it is signed by key {sig.key_id}, which is revoked",
-                                 hint="sign it again with a current key")
+            raise SignatureError(
+                f"refusing {where}: it is signed by key {sig.key_id}, which is revoked",
+                hint="sign it again with a current key",
+            )
         keys = self.keys()
         key = keys.get(sig.key_id)
         if key is None:
-            raise SignatureError(f"refusing {where}: it is signed by key {sig.key_id}, which the trust store "
-                                 f"{self.root} does not hold", hint="add the signer's public key with "
-                                 "`edgekit trust add KEY.pub`, or sign with a trusted key")
+            raise SignatureError(
+                f"refusing {where}: it is signed by key {sig.key_id}, which the trust store {self.root} does not hold",
+                hint="add the signer's public key with `edgekit trust add KEY.pub`, or sign with a trusted key",
+            )
         if key.expired():
-            raise SignatureError(f"refusing {where}: key {sig.key_id} expired at {key.not_after.isoformat()}",  # type: ignore[union-attr]
-                                 hint="sign it again with a current key")
+            raise SignatureError(
+                f"refusing {where}: key {sig.key_id} expired at {key.not_after.isoformat()}",  # type: ignore[union-attr]
+                hint="sign it again with a current key",
+            )
         if not verify_signature(bundle.manifest, sig, key.public_key):
-            raise SignatureError(f"refusing {where}: its signature does not match its manifest (edited after "
-                                 "signing, or signed by another key)", hint="sign it again with `edgekit sign`")
+            raise SignatureError(
+                f"refusing {where}: its signature does not match its manifest (edited after signing, or signed by another key)",
+                hint="sign it again with `edgekit sign`",
+            )
         info = bundle.info
         if info.version is None or info.name is None:
-            raise SignatureError(f"refusing {where}: its signed manifest has no name and version",
-                                 hint="sign it with this edgekit's `edgekit sign`")
+            raise SignatureError(
+                f"refusing {where}: its signed manifest has no name and version",
+                hint="sign it with this edgekit's `edgekit sign`",
+            )
         targets = self.targets()
         if targets is not None and info.target.name not in targets:
-            raise SignatureError(f"refusing {where}: it is built for target {info.target.name}, this device runs "
-                                 f"{', '.join(targets)}", hint="convert it for this device's target")
+            raise SignatureError(
+                f"refusing {where}: it is built for target {info.target.name}, this device runs {', '.join(targets)}",
+                hint="convert it for this device's target",
+            )
         seen = self.versions().get(info.name)  # every entry checked: a damaged file refuses, never skips
         if seen is not None:
             top, top_id = seen["version"], seen.get("bundle_id")
             allowed = seen.get("allowed", [])
             if info.version < top and bid not in allowed and not older_ok:
-                raise SignatureError(f"refusing {where}: version {info.version} of {info.name} is older than "
-                                     f"version {top} already seen here (a rollback or freeze attempt?)",
-                                     hint="ship a newer signed version; to go back on purpose, use `edgekit "
-                                          "rollback` on the device")
+                raise SignatureError(
+                    f"refusing {where}: version {info.version} of {info.name} is older than "
+                    f"version {top} already seen here (a rollback or freeze attempt?)",
+                    hint="ship a newer signed version; to go back on purpose, use `edgekit rollback` on the device",
+                )
             if info.version == top and top_id not in (None, bid):
-                raise SignatureError(f"refusing {where}: version {top} of {info.name} was already seen here as "
-                                     f"bundle {top_id}", hint="sign the new bundle with a higher --version")
+                raise SignatureError(
+                    f"refusing {where}: version {top} of {info.name} was already seen here as bundle {top_id}",
+                    hint="sign the new bundle with a higher --version",
+                )
         return Admitted(sig.key_id, info.name, info.version)
 
     # writing ------------------------------------------------------------------------------------
@@ -263,8 +290,9 @@ class TrustStore:
             self._write(DEVICE, {"targets": list(targets)})
 
 
-def resolve_trust(explicit: TrustStore | str | os.PathLike[str] | None = None,
-                  store_root: str | os.PathLike[str] | None = None) -> TrustStore | None:
+def resolve_trust(
+    explicit: TrustStore | str | os.PathLike[str] | None = None, store_root: str | os.PathLike[str] | None = None
+) -> TrustStore | None:
     """The trust store that applies: ``explicit``, else ``$EDGEKIT_TRUST_DIR``, else a local device
     store's ``trust/`` when it exists; None when there is none (nothing is checked)."""
     if isinstance(explicit, TrustStore):
@@ -277,8 +305,10 @@ def resolve_trust(explicit: TrustStore | str | os.PathLike[str] | None = None,
     env = os.environ.get(TRUST_DIR_ENV)
     if env:
         if not Path(env).is_dir():
-            raise SignatureError(f"${TRUST_DIR_ENV} names {env}, which is not a directory",
-                                 hint="create it with `edgekit trust add KEY.pub --trust-dir DIR`, or unset it")
+            raise SignatureError(
+                f"${TRUST_DIR_ENV} names {env}, which is not a directory",
+                hint="create it with `edgekit trust add KEY.pub --trust-dir DIR`, or unset it",
+            )
         return TrustStore(env)
     if store_root is not None:
         own = Path(store_root) / STORE_TRUST
@@ -291,10 +321,14 @@ def resolve_trust(explicit: TrustStore | str | os.PathLike[str] | None = None,
 
 def damaged(root: Path, problem: str) -> SignatureError:
     """The one-line refusal of a trust store that exists but cannot be read: it refuses every bundle."""
-    return SignatureError(f"trust store {root} is damaged: {problem}; every bundle is refused until it is repaired",
-                          hint="restore it, or remove it and add the keys again with `edgekit trust add KEY.pub`")
+    return SignatureError(
+        f"trust store {root} is damaged: {problem}; every bundle is refused until it is repaired",
+        hint="restore it, or remove it and add the keys again with `edgekit trust add KEY.pub`",
+    )
 
 
 def no_trust_note(where: str) -> str:
-    return (f"{where} has no trust store: bundle signatures are not checked (add one with "
-            f"`edgekit trust add KEY.pub --store DIR`, or set ${TRUST_DIR_ENV})")
+    return (
+        f"{where} has no trust store: bundle signatures are not checked (add one with "
+        f"`edgekit trust add KEY.pub --store DIR`, or set ${TRUST_DIR_ENV})"
+    )

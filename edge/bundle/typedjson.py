@@ -140,6 +140,7 @@ def join_path(where: str, key: str | int) -> str:
 
 # -- reading --------------------------------------------------------------------------------
 
+
 def read(tp: Any, value: Any, where: str = "", rule: Rule | None = None) -> Any:
     """``value`` (parsed JSON) checked against ``tp`` and ``rule``, frozen; :class:`Invalid` otherwise."""
     rule = rule or Rule()
@@ -244,8 +245,13 @@ def _fits(tp: Any, value: Any) -> bool:
     if tp is bool:
         return kind == "boolean"
     if tp is int:
-        return kind == "integer" or kind == "number" and math.isfinite(value) and value.is_integer() \
+        return (
+            kind == "integer"
+            or kind == "number"
+            and math.isfinite(value)
+            and value.is_integer()
             and abs(value) <= MAX_INT
+        )
     if tp is float:
         return kind in ("integer", "number")
     if tp is str:
@@ -364,6 +370,7 @@ def _describe(tp: Any) -> str:
 
 # -- writing back ---------------------------------------------------------------------------
 
+
 def to_json(obj: Any) -> Any:
     """Plain JSON data (dicts, lists) of a value :func:`read` made; fields left at their default are omitted."""
     if is_dataclass(obj) and not isinstance(obj, type):
@@ -430,12 +437,18 @@ def loads_strict(text: str, *, max_depth: int, allow_nan: bool = False) -> Any:
 
 # -- JSON Schema ----------------------------------------------------------------------------
 
+
 def json_schema(root: type, *, schema_id: str, title: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of dataclass ``root`` and every dataclass it reaches."""
     defs: dict[str, Any] = {}
     body = _schema(root, Rule(), defs)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, "title": title,
-            **body, "$defs": dict(sorted(defs.items()))}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": schema_id,
+        "title": title,
+        **body,
+        "$defs": dict(sorted(defs.items())),
+    }
 
 
 def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
@@ -451,14 +464,21 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
         if "JSONValue" not in defs:
             ref = {"$ref": "#/$defs/JSONValue"}
             defs["JSONValue"] = {
-                "description": f"free-form JSON, nested at most {FREE_DEPTH} deep (checked by edgekit: not "
-                               "expressible in JSON Schema)",
-                "anyOf": [{"type": "null"}, {"type": "boolean"},
-                          {"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT},
-                          {"type": "string", "maxLength": FREE_STR, "pattern": NO_CONTROL},
-                          {"type": "array", "maxItems": FREE_ITEMS, "items": ref},
-                          {"type": "object", "maxProperties": FREE_ITEMS, "additionalProperties": ref,
-                           "propertyNames": {"maxLength": 256, "pattern": NO_CONTROL}}]}
+                "description": f"free-form JSON, nested at most {FREE_DEPTH} deep (checked by edgekit: not expressible in JSON Schema)",
+                "anyOf": [
+                    {"type": "null"},
+                    {"type": "boolean"},
+                    {"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT},
+                    {"type": "string", "maxLength": FREE_STR, "pattern": NO_CONTROL},
+                    {"type": "array", "maxItems": FREE_ITEMS, "items": ref},
+                    {
+                        "type": "object",
+                        "maxProperties": FREE_ITEMS,
+                        "additionalProperties": ref,
+                        "propertyNames": {"maxLength": 256, "pattern": NO_CONTROL},
+                    },
+                ],
+            }
         s = {"$ref": "#/$defs/JSONValue"}
     elif tp is type(None):
         s = {"type": "null"}
@@ -469,29 +489,49 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
     elif tp is bool:
         s = {"type": "boolean"}
     elif tp is int:
-        s = {"type": "integer", "minimum": -MAX_INT if rule.ge is None else rule.ge,
-             "maximum": MAX_INT if rule.le is None else rule.le}
+        s = {
+            "type": "integer",
+            "minimum": -MAX_INT if rule.ge is None else rule.ge,
+            "maximum": MAX_INT if rule.le is None else rule.le,
+        }
     elif tp is float:
         s = {"type": "number"}
         # the reader refuses finite values beyond MAX_FLOAT either way (JSON text cannot hold Infinity)
-        s.update(minimum=-MAX_FLOAT if rule.ge is None else rule.ge,
-                 maximum=MAX_FLOAT if rule.le is None else rule.le)
+        s.update(minimum=-MAX_FLOAT if rule.ge is None else rule.ge, maximum=MAX_FLOAT if rule.le is None else rule.le)
     elif tp is str:
-        s = {"type": "string", "minLength": rule.min_len, "maxLength": rule.max_len,
-             "pattern": _anchored(rule.pattern) if rule.pattern else NO_CONTROL}
+        s = {
+            "type": "string",
+            "minLength": rule.min_len,
+            "maxLength": rule.max_len,
+            "pattern": _anchored(rule.pattern) if rule.pattern else NO_CONTROL,
+        }
     elif origin is tuple:
         args = get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            s = {"type": "array", "items": _schema(args[0], rule.item or Rule(), defs),
-                 "minItems": rule.min_items, "maxItems": rule.max_items}
+            s = {
+                "type": "array",
+                "items": _schema(args[0], rule.item or Rule(), defs),
+                "minItems": rule.min_items,
+                "maxItems": rule.max_items,
+            }
         else:
-            s = {"type": "array", "prefixItems": [_schema(a, rule.item or Rule(), defs) for a in args],
-                 "items": False, "minItems": len(args), "maxItems": len(args)}
+            s = {
+                "type": "array",
+                "prefixItems": [_schema(a, rule.item or Rule(), defs) for a in args],
+                "items": False,
+                "minItems": len(args),
+                "maxItems": len(args),
+            }
     elif origin in (collections.abc.Mapping, dict) or tp is Mapping:
         _, vt = get_args(tp) or (str, Any)
         key = rule.key or Rule(max_len=256, min_len=1)
-        s = {"type": "object", "additionalProperties": _schema(vt, rule.item or Rule(), defs),
-             "propertyNames": _schema(str, key, defs), "minProperties": rule.min_items, "maxProperties": rule.max_items}
+        s = {
+            "type": "object",
+            "additionalProperties": _schema(vt, rule.item or Rule(), defs),
+            "propertyNames": _schema(str, key, defs),
+            "minProperties": rule.min_items,
+            "maxProperties": rule.max_items,
+        }
     elif is_dataclass(tp) and isinstance(tp, type):
         if tp.__name__ not in defs:
             defs[tp.__name__] = {}  # placeholder: recursion stops here
@@ -567,8 +607,10 @@ def read_bounded(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTE
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is not a regular file",
-                                 hint="name a file, not a directory, FIFO or device")
+            raise UnreadableFile(
+                f"{what} {os.fspath(path)!s:.300} is not a regular file",
+                hint="name a file, not a directory, FIFO or device",
+            )
         if st.st_size > max_bytes:
             raise UnreadableFile(f"{what} {os.fspath(path)!s:.300} is {st.st_size} bytes; at most {max_bytes}")
         chunks, got = [], 0
@@ -597,8 +639,15 @@ def _problem(what: str, path: str | os.PathLike[str], problem: str) -> str:
     return f"{what} {os.fspath(path)!s:.300}{sep}{problem}"
 
 
-def read_json_file(path: str | os.PathLike[str], *, what: str = "JSON file", max_bytes: int = MAX_FILE_BYTES,
-                   max_depth: int = FILE_DEPTH, missing: Any = _MISSING, allow_nan: bool = False) -> Any:
+def read_json_file(
+    path: str | os.PathLike[str],
+    *,
+    what: str = "JSON file",
+    max_bytes: int = MAX_FILE_BYTES,
+    max_depth: int = FILE_DEPTH,
+    missing: Any = _MISSING,
+    allow_nan: bool = False,
+) -> Any:
     """A JSON document from ``path`` through :func:`loads_strict` (depth, duplicate keys, NaN, integer digits)
     after :func:`read_bounded` (regular file, size). ``missing``: returned when nothing exists at ``path`` (not
     even a dangling link); every other failure is an :class:`UnreadableFile` naming the file and the problem."""
@@ -636,8 +685,13 @@ def loads_toml_strict(text: str, *, max_depth: int = FILE_DEPTH) -> dict[str, An
         raise Invalid("", f"not valid TOML: {str(e)[:120]}") from None
 
 
-def read_toml_file(path: str | os.PathLike[str], *, what: str = "TOML file", max_bytes: int = MAX_FILE_BYTES,
-                   max_depth: int = FILE_DEPTH) -> dict[str, Any]:
+def read_toml_file(
+    path: str | os.PathLike[str],
+    *,
+    what: str = "TOML file",
+    max_bytes: int = MAX_FILE_BYTES,
+    max_depth: int = FILE_DEPTH,
+) -> dict[str, Any]:
     """A TOML document from ``path``, read as :func:`read_json_file` reads JSON."""
     text = _text(path, max_bytes, what)
     try:

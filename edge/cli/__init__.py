@@ -18,13 +18,13 @@ from edge.cli import convert as _convert
 from edge.cli import deploy as _deploy
 from edge.cli import doctor as _doctor
 from edge.cli import finish as _finish
+from edge.cli import firmware as _firmware
+from edge.cli import fleet as _fleet
 from edge.cli import run as _run
 from edge.cli import signing as _signing
-from edge.cli import trust as _trust
-from edge.cli import fleet as _fleet
 from edge.cli import targets as _targets
-from edge.cli import firmware as _firmware
 from edge.cli import toolchain as _toolchain
+from edge.cli import trust as _trust
 from edge.cli import tune as _tune
 from edge.cli import verify as _verify
 from edge.cli._common import command, err_console, one_line, safe
@@ -33,7 +33,7 @@ from edge.errors import INTERNAL_ERROR, internal_error_line
 app = typer.Typer(
     name="edgekit",
     help="Convert a model for an edge device, prove it computes the same thing, benchmark it "
-         "against a frame budget, and ship a verified bundle.",
+    "against a frame budget, and ship a verified bundle.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -47,8 +47,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool | None = typer.Option(None, "--version", callback=_version, is_eager=True,
-                                                 help="Print the version and exit.")) -> None:
+def _root(
+    version: bool | None = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """edgekit: models to edge devices, verified."""
 
 
@@ -91,34 +94,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - outside any command (option parsing, a group): still one line, exit 3
-        err_console.print(f"[bold red]error:[/] {safe(internal_error_line('edgekit', e))}", highlight=False,
-                          soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {safe(internal_error_line('edgekit', e))}", highlight=False, soft_wrap=True
+        )
         sys.exit(INTERNAL_ERROR)
     # standalone_mode=False returns a command's value, or the code of a typer.Exit it raised
     sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
 
-def _dispatch(argv: Sequence[str] | None, usage_error: type[BaseException], click_error: type[BaseException],
-              abort: type[BaseException]) -> object:
+def _dispatch(
+    argv: Sequence[str] | None,
+    usage_error: type[BaseException],
+    click_error: type[BaseException],
+    abort: type[BaseException],
+) -> object:
     """Run the command line; click's own errors become one line and their exit code."""
     import sys
 
     from typer.main import get_command
 
     try:
-        rv = get_command(app).main(args=list(argv) if argv is not None else None, prog_name="edgekit",
-                                   standalone_mode=False)
+        rv = get_command(app).main(
+            args=list(argv) if argv is not None else None, prog_name="edgekit", standalone_mode=False
+        )
     except usage_error as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # the help is already printed
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        err_console.print(f"[bold red]error:[/] {safe(one_line(e.format_message()))}{safe(where)}",  # type: ignore[attr-defined]
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {safe(one_line(e.format_message()))}{safe(where)}",  # type: ignore[attr-defined]
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except click_error as e:
-        err_console.print(f"[bold red]error:[/] {safe(one_line(e.format_message()))}",  # type: ignore[attr-defined]
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {safe(one_line(e.format_message()))}",  # type: ignore[attr-defined]
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except abort:
         err_console.print("Aborted.", highlight=False)

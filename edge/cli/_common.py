@@ -7,7 +7,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, NoReturn, Optional, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,12 +16,18 @@ from rich.text import Text
 
 from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable
 
-
-TargetsDir = typer.Option(None, "--targets-dir", help="Extra directory of target profiles (repeatable); "
-                          "also read from EDGEKIT_TARGETS_PATH.", show_default=False)
+TargetsDir = typer.Option(
+    None,
+    "--targets-dir",
+    help="Extra directory of target profiles (repeatable); also read from EDGEKIT_TARGETS_PATH.",
+    show_default=False,
+)
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
-AllowCpuFallback = typer.Option(False, "--allow-cpu-fallback", help="When the target's accelerator is missing (Edge "
-                                "TPU, TensorRT GPU), run on the CPU instead; every report then says CPU fallback.")
+AllowCpuFallback = typer.Option(
+    False,
+    "--allow-cpu-fallback",
+    help="When the target's accelerator is missing (Edge TPU, TensorRT GPU), run on the CPU instead; every report then says CPU fallback.",
+)
 
 
 def safe(text: object) -> str:
@@ -50,12 +56,13 @@ def fallback_options(runner_name: str, allow: bool) -> dict[str, Any]:
     from edge.backends.runner import RUNNERS
 
     if "allow_cpu_fallback" not in RUNNERS.get(runner_name).options:
-        raise EdgeError(f"runner {runner_name!r} has no CPU fallback to allow: it runs on the CPU already, or "
-                        "falls back on its own and reports it")
+        raise EdgeError(
+            f"runner {runner_name!r} has no CPU fallback to allow: it runs on the CPU already, or falls back on its own and reports it"
+        )
     return {"allow_cpu_fallback": True}
 
 
-def dirs(values: Optional[List[Path]]) -> list[Path]:
+def dirs(values: list[Path] | None) -> list[Path]:
     return list(values or [])
 
 
@@ -82,9 +89,11 @@ def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
         return
     start = time.perf_counter()
     with err_console.status("starting") as status:  # a spinner, plus one line per finished step
+
         def say(msg: str) -> None:
             status.update(msg)
             err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {safe(msg)}", highlight=False)
+
         yield say
 
 

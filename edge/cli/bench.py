@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from edge.bench import BenchOptions, judge_device_class, run_benchmark
-from edge.bundle.schema import device_class_of
 from edge.bundle.bundle import Bundle
-from edge.cli._common import (AllowCpuFallback, JsonOut, console, err_console, fallback_options, fmt_ms, print_json,
-                              progress, safe, threads_line)
+from edge.bundle.schema import device_class_of
+from edge.cli._common import (
+    AllowCpuFallback,
+    JsonOut,
+    console,
+    err_console,
+    fallback_options,
+    fmt_ms,
+    print_json,
+    progress,
+    safe,
+    threads_line,
+)
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -35,24 +45,32 @@ def render_bench(r: dict[str, Any]) -> None:
     t = Table(title=f"bench {r['bundle']}", show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("runtime", f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
-                         + (f", {run['threads']} threads" if run.get("threads") else ""))
+    t.add_row(
+        "runtime",
+        f"{run['runtime']} on {run['device_used']}, computing in {run['precision_used']}"
+        + (f", {run['threads']} threads" if run.get("threads") else ""),
+    )
     if threads_line(run):
         t.add_row("threads", threads_line(run))
     if run.get("fallback"):
         t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms (first inference {r['first_inference_ms']:.2f} ms)")
     t.add_row("iterations", f"{lat['count']} in {r['duration_s']:.2f} s after {r['warmup']} warm-up")
-    t.add_row("latency ms", f"p50 {fmt_ms(lat['p50_ms'])}  p90 {fmt_ms(lat['p90_ms'])}  p99 {fmt_ms(lat['p99_ms'])}  "
-                            f"max {fmt_ms(lat['max_ms'])}  mean {fmt_ms(lat['mean_ms'])} ± {fmt_ms(lat['std_ms'])}")
+    t.add_row(
+        "latency ms",
+        f"p50 {fmt_ms(lat['p50_ms'])}  p90 {fmt_ms(lat['p90_ms'])}  p99 {fmt_ms(lat['p99_ms'])}  "
+        f"max {fmt_ms(lat['max_ms'])}  mean {fmt_ms(lat['mean_ms'])} ± {fmt_ms(lat['std_ms'])}",
+    )
     t.add_row("throughput", f"{r['throughput_fps']:.1f} inferences/s")
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
     if r["budget_ms"] is not None:
         colour = "green" if r["verdict"] == "pass" else "red"
         why = (device_class_of(r) or {}).get("reason") or "measured on a fallback device"
         extra = "" if r["on_target_device"] else f" [yellow](indicative only: {safe(why)})[/]"
-        t.add_row("budget", f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms "
-                            f"({r['budget_source']}){extra}")
+        t.add_row(
+            "budget",
+            f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms ({r['budget_source']}){extra}",
+        )
     console.print(t)
 
 
@@ -61,8 +79,10 @@ def render_llm_bench(r: dict[str, Any]) -> None:
     t = Table(title=f"bench {r['bundle']}", show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("runtime", f"{run['runtime']} on {run['device_used']} ({run['precision_used']}, "
-                         f"{run['threads'] or 'default'} threads)")
+    t.add_row(
+        "runtime",
+        f"{run['runtime']} on {run['device_used']} ({run['precision_used']}, {run['threads'] or 'default'} threads)",
+    )
     if run.get("fallback"):
         t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
     if not run["details"].get("amx_extra_buffers", True):
@@ -70,7 +90,9 @@ def render_llm_bench(r: dict[str, Any]) -> None:
     if run["details"].get("n_ctx_note"):
         t.add_row("context", f"[yellow]{safe(run['details']['n_ctx_note'])}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms")
-    t.add_row("workload", f"{r['prompt_tokens']} prompt tokens, {r['gen_tokens']} generated, {r['repetitions']} repetitions")
+    t.add_row(
+        "workload", f"{r['prompt_tokens']} prompt tokens, {r['gen_tokens']} generated, {r['repetitions']} repetitions"
+    )
     t.add_row("time to first token", f"{r['ttft_ms']['mean']:.2f} ± {r['ttft_ms']['std']:.2f} ms")
     t.add_row("prompt processing", f"{r['prompt_tps']['mean']:.1f} ± {r['prompt_tps']['std']:.1f} tokens/s")
     t.add_row("generation", f"{r['gen_tps']['mean']:.1f} ± {r['gen_tps']['std']:.1f} tokens/s")
@@ -83,20 +105,25 @@ def render_llm_bench(r: dict[str, Any]) -> None:
 
 def bench_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory (from `edgekit convert`)."),
-    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Timed iterations (default: 200).",
-                                             show_default=False),
-    duration: Optional[float] = typer.Option(None, "--duration", help="Run for this many seconds instead.",
-                                             show_default=False),
+    iterations: int | None = typer.Option(
+        None, "--iterations", "-n", help="Timed iterations (default: 200).", show_default=False
+    ),
+    duration: float | None = typer.Option(
+        None, "--duration", help="Run for this many seconds instead.", show_default=False
+    ),
     warmup: int = typer.Option(10, "--warmup", help="Untimed iterations first."),
-    fps: Optional[float] = Fps, budget_ms: Optional[float] = BudgetMs,
+    fps: float | None = Fps,
+    budget_ms: float | None = BudgetMs,
     record: bool = typer.Option(False, "--record", help="Store the report in the bundle's manifest."),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="LLM bundles: prompt length."),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="LLM bundles: tokens generated per repetition."),
     repetitions: int = typer.Option(3, "--repetitions", "-r", help="LLM bundles: repetitions (mean ± std)."),
-    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", help="LLM bundles: time-to-first-token budget.",
-                                            show_default=False),
-    min_tps: Optional[float] = typer.Option(None, "--min-tps", help="LLM bundles: minimum generation tokens/s.",
-                                            show_default=False),
+    ttft_ms: float | None = typer.Option(
+        None, "--ttft-ms", help="LLM bundles: time-to-first-token budget.", show_default=False
+    ),
+    min_tps: float | None = typer.Option(
+        None, "--min-tps", help="LLM bundles: minimum generation tokens/s.", show_default=False
+    ),
     allow_cpu_fallback: bool = AllowCpuFallback,
     as_json: bool = JsonOut,
 ) -> None:
@@ -116,9 +143,16 @@ def bench_cmd(
 
         if not as_json:
             progress(f"benchmarking {b.id} ...")
-        llm_report = run_llm_benchmark(lambda **o: b.open_runner(o), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-                                       repetitions=repetitions, ttft_ms=ttft_ms, min_tps=min_tps, bundle=b.id,
-                                       target=b.target)
+        llm_report = run_llm_benchmark(
+            lambda **o: b.open_runner(o),
+            prompt_tokens=prompt_tokens,
+            gen_tokens=gen_tokens,
+            repetitions=repetitions,
+            ttft_ms=ttft_ms,
+            min_tps=min_tps,
+            bundle=b.id,
+            target=b.target,
+        )
         data = llm_report.to_json()
         if record:
             b.record("benchmark", data)
@@ -134,8 +168,15 @@ def bench_cmd(
     from edge.bench import bundle_feeds
 
     feeds, feeds_from = bundle_feeds(b)  # the reference pairs' input: real shapes and values (a sample rate)
-    options = BenchOptions(iterations=iterations, duration_s=duration, warmup=warmup, budget_ms=budget,
-                           budget_source=source, bundle=b.id, target=b.target)
+    options = BenchOptions(
+        iterations=iterations,
+        duration_s=duration,
+        warmup=warmup,
+        budget_ms=budget,
+        budget_source=source,
+        bundle=b.id,
+        target=b.target,
+    )
     report = run_benchmark(lambda: b.open_runner(extra), options, feeds=feeds, feeds_from=feeds_from)
     judge_device_class(report, b.target)  # budget verdict gates only for a benchmark on the target's device class
     data = report.to_json()

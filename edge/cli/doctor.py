@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 from rich.table import Table
 
@@ -12,7 +11,7 @@ from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, saf
 from edge.doctor import doctor, emulation
 
 
-def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut) -> None:
+def doctor_cmd(targets_dir: list[Path] | None = TargetsDir, as_json: bool = JsonOut) -> None:
     """Per target: can this host convert for it? run it? What is missing, and the install command."""
     health = doctor(dirs(targets_dir))
     host = current_host()
@@ -24,11 +23,16 @@ def doctor_cmd(targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = J
         t.add_column(col, overflow="fold")
     for h in health:
         missing = list(h.convert_problems) + ([h.run_problem] if h.run_problem else [])
-        t.add_row(safe(h.target.name), "[green]yes[/]" if h.can_convert else "[red]no[/]",
-                  "[green]yes[/]" if h.can_run else "[yellow]no[/]", safe("\n".join(missing)) or "-")
+        t.add_row(
+            safe(h.target.name),
+            "[green]yes[/]" if h.can_convert else "[red]no[/]",
+            "[green]yes[/]" if h.can_run else "[yellow]no[/]",
+            safe("\n".join(missing)) or "-",
+        )
     console.print(t)
     for isa, e in emulation().items():
-        console.print(f"{isa} (emulated, `edgekit verify --isa {isa}`): "
-                      + (f"[green]{safe(e['detail'])}[/]" if e["ready"] else f"[yellow]{safe(e['detail'])}[/]"),
-                      highlight=False)
-
+        console.print(
+            f"{isa} (emulated, `edgekit verify --isa {isa}`): "
+            + (f"[green]{safe(e['detail'])}[/]" if e["ready"] else f"[yellow]{safe(e['detail'])}[/]"),
+            highlight=False,
+        )

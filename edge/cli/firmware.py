@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,7 +12,7 @@ from edge.errors import EdgeError
 
 app = typer.Typer(help="Device-image helpers: a .tflite as a C array for TensorFlow Lite Micro.", no_args_is_help=True)
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2}
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2}
 
 
 def parse_bytes(text: str | None) -> int | None:
@@ -31,12 +30,19 @@ def parse_bytes(text: str | None) -> int | None:
 @command
 def c_array_cmd(
     model: Path = typer.Argument(..., help="A .tflite model (e.g. the full-integer model of an int8 bundle)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The .cc (or .c) file to write; the header "
-                                          "goes beside it. Default: <model>_data.cc here.", show_default=False),
-    name: Optional[str] = typer.Option(None, "--name", help="Array name (default: g_<file stem>_model_data).",
-                                       show_default=False),
-    max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="Flash budget: refuse a bigger model "
-                                            "(bytes, or 256K, 1M).", show_default=False),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="The .cc (or .c) file to write; the header goes beside it. Default: <model>_data.cc here.",
+        show_default=False,
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="Array name (default: g_<file stem>_model_data).", show_default=False
+    ),
+    max_bytes: str | None = typer.Option(
+        None, "--max-bytes", help="Flash budget: refuse a bigger model (bytes, or 256K, 1M).", show_default=False
+    ),
     force: bool = typer.Option(True, "--force/--no-force", help="Overwrite existing output files."),
     as_json: bool = JsonOut,
 ) -> None:
@@ -45,11 +51,20 @@ def c_array_cmd(
 
     out = output or Path(f"{model.stem}_data.cc")
     res = write_c_array(model, out, name=name, max_bytes=parse_bytes(max_bytes), force=force)
-    data = {"source": str(res.source), "cc": str(res.cc), "header": str(res.header), "name": res.name,
-            "bytes": res.size, "sha256": res.sha256, "max_bytes": res.max_bytes, "budget_used": res.budget_used}
+    data = {
+        "source": str(res.source),
+        "cc": str(res.cc),
+        "header": str(res.header),
+        "name": res.name,
+        "bytes": res.size,
+        "sha256": res.sha256,
+        "max_bytes": res.max_bytes,
+        "budget_used": res.budget_used,
+    }
     if as_json:
         print_json(data)
         return
     budget = f", {res.budget_used:.0%} of the {res.max_bytes:,}-byte budget" if res.max_bytes else ""
-    console.print(f"wrote {res.cc} and {res.header}: {res.name}[{res.size:,}] (16-byte aligned){budget}",
-                  highlight=False)
+    console.print(
+        f"wrote {res.cc} and {res.header}: {res.name}[{res.size:,}] (16-byte aligned){budget}", highlight=False
+    )

@@ -5,28 +5,31 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
-from edge.cli.agent import Protocol
-from edge.cli.rollout import app as rollout_app
-from edge.cli.fleet_tune import fleet_tune_cmd
 from edge.agent.main import broker_config, setup_logging, stop_on_signals
-from edge.cli.agent import Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, ReconnectMax, Username
+from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
+from edge.cli.agent import Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, Protocol, ReconnectMax, Username
+from edge.cli.fleet_tune import fleet_tune_cmd
+from edge.cli.rollout import app as rollout_app
 from edge.errors import EdgeError, InputFileError
 
-app = typer.Typer(help="Fleet telemetry: collect it from MQTT into a database, show where every device stands; "
-                  "the fleet CA, device certificates and the broker ACL.", no_args_is_help=True)
+app = typer.Typer(
+    help="Fleet telemetry: collect it from MQTT into a database, show where every device stands; "
+    "the fleet CA, device certificates and the broker ACL.",
+    no_args_is_help=True,
+)
 ca_app = typer.Typer(help="The fleet CA that signs device, collector and broker certificates.", no_args_is_help=True)
 app.add_typer(ca_app, name="ca")
 app.add_typer(rollout_app, name="rollout")
 app.command("tune")(fleet_tune_cmd)  # edge.cli.fleet_tune: tune on a connected device
 
-Db = typer.Option("sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or "
-                  "postgresql://user@host/dbname.")
+Db = typer.Option(
+    "sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/dbname."
+)
 MetricsAddr = typer.Option("127.0.0.1", "--metrics-addr", help="Address /metrics binds (0.0.0.0: every interface).")
 _COLOURS = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "magenta"}
 
@@ -34,59 +37,120 @@ _COLOURS = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "
 @app.command("collect")
 @command
 def collect_cmd(
-    broker: str = Broker, db: str = Db,
+    broker: str = Broker,
+    db: str = Db,
     fleet: str = typer.Option("+", "--fleet", help="Fleet to collect ('+': every fleet)."),
-    group: str = typer.Option("edgekit-collectors", "--group", help="Shared-subscription group: collectors in "
-                              "one group split the messages between them."),
-    client_id: Optional[str] = typer.Option(None, "--client-id", help="MQTT client id; keep it stable, the broker "
-                                            "keeps this collector's messages under it while it is away "
-                                            "(default: edgekit-collector-<group>-<hostname>).", show_default=False),
-    session_expiry: int = typer.Option(3600, "--session-expiry", help="How long (s) the broker keeps messages for "
-                                       "this collector while it is disconnected."),
-    rebirth_interval: float = typer.Option(30.0, "--rebirth-interval", help="At most one rebirth request per "
-                                           "device per this many seconds."),
-    max_session_skew: float = typer.Option(300.0, "--max-session-skew", help="Refuse (and count) messages whose "
-                                           "session is further ahead of this host's clock, in seconds: a forged "
-                                           "far-future session would otherwise hide a device's real messages."),
-    batch_max: int = typer.Option(5000, "--batch-max", help="Messages per database transaction at most; they "
-                                  "are acknowledged to the broker after its commit."),
-    batch_interval_ms: float = typer.Option(50.0, "--batch-interval-ms", help="Commit at most this long after "
-                                            "a batch's first message (0: after every read from the socket); "
-                                            "bounds the delay batching adds."),
-    receive_maximum: int = typer.Option(10_000, "--receive-maximum", help="Unacknowledged messages the broker "
-                                        "may send (MQTT 5); at least --batch-max."),
-    max_backlog: int = typer.Option(0, "--max-backlog", help="Messages waiting for the database at most; QoS 0 "
-                                    "messages past it are shed and counted (0: twice --batch-max, at least 20000)."),
-    max_seq_jump: int = typer.Option(1_000_000, "--max-seq-jump", help="Refuse (count, flag in fleet status) a "
-                                     "message this far past its stream's position: forged or broken."),
-    mqtt_client: str = typer.Option("lite", "--client", help="MQTT client: lite (a lean subscriber that parses "
-                                    "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
-                                    "the commit."),
-    pipeline: bool = typer.Option(True, "--pipeline/--no-pipeline", help="Write and commit each batch on a "
-                                  "writer thread while the next one is read and decoded (default); "
-                                  "--no-pipeline does both on the network thread, one after the other."),
-    ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
-    username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile, protocol: str = Protocol,
-    reconnect_max: float = ReconnectMax, duration: Optional[float] = Duration,
+    group: str = typer.Option(
+        "edgekit-collectors",
+        "--group",
+        help="Shared-subscription group: collectors in one group split the messages between them.",
+    ),
+    client_id: str | None = typer.Option(
+        None,
+        "--client-id",
+        help="MQTT client id; keep it stable, the broker "
+        "keeps this collector's messages under it while it is away "
+        "(default: edgekit-collector-<group>-<hostname>).",
+        show_default=False,
+    ),
+    session_expiry: int = typer.Option(
+        3600,
+        "--session-expiry",
+        help="How long (s) the broker keeps messages for this collector while it is disconnected.",
+    ),
+    rebirth_interval: float = typer.Option(
+        30.0, "--rebirth-interval", help="At most one rebirth request per device per this many seconds."
+    ),
+    max_session_skew: float = typer.Option(
+        300.0,
+        "--max-session-skew",
+        help="Refuse (and count) messages whose "
+        "session is further ahead of this host's clock, in seconds: a forged "
+        "far-future session would otherwise hide a device's real messages.",
+    ),
+    batch_max: int = typer.Option(
+        5000,
+        "--batch-max",
+        help="Messages per database transaction at most; they are acknowledged to the broker after its commit.",
+    ),
+    batch_interval_ms: float = typer.Option(
+        50.0,
+        "--batch-interval-ms",
+        help="Commit at most this long after "
+        "a batch's first message (0: after every read from the socket); "
+        "bounds the delay batching adds.",
+    ),
+    receive_maximum: int = typer.Option(
+        10_000, "--receive-maximum", help="Unacknowledged messages the broker may send (MQTT 5); at least --batch-max."
+    ),
+    max_backlog: int = typer.Option(
+        0,
+        "--max-backlog",
+        help="Messages waiting for the database at most; QoS 0 "
+        "messages past it are shed and counted (0: twice --batch-max, at least 20000).",
+    ),
+    max_seq_jump: int = typer.Option(
+        1_000_000,
+        "--max-seq-jump",
+        help="Refuse (count, flag in fleet status) a message this far past its stream's position: forged or broken.",
+    ),
+    mqtt_client: str = typer.Option(
+        "lite",
+        "--client",
+        help="MQTT client: lite (a lean subscriber that parses "
+        "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
+        "the commit.",
+    ),
+    pipeline: bool = typer.Option(
+        True,
+        "--pipeline/--no-pipeline",
+        help="Write and commit each batch on a "
+        "writer thread while the next one is read and decoded (default); "
+        "--no-pipeline does both on the network thread, one after the other.",
+    ),
+    ca: Path | None = Ca,
+    cert: Path | None = Cert,
+    key: Path | None = Key,
+    username: str | None = Username,
+    password_file: Path | None = PasswordFile,
+    protocol: str = Protocol,
+    reconnect_max: float = ReconnectMax,
+    duration: float | None = Duration,
     stats_interval: float = typer.Option(60.0, "--stats-interval", help="Log the counters every this many seconds."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this "
-                                               "port: fleet aggregates read from --db, and this collector's "
-                                               "counters (examples/grafana/).", show_default=False),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        help="Serve Prometheus /metrics on this port: fleet aggregates read from --db, and this collector's counters (examples/grafana/).",
+        show_default=False,
+    ),
     metrics_addr: str = MetricsAddr,
-    log_level: str = LogLevel, as_json: bool = JsonOut,
+    log_level: str = LogLevel,
+    as_json: bool = JsonOut,
 ) -> None:
     """Store every device's births, deaths and telemetry (de-duplicated) until SIGTERM/Ctrl-C."""
-    from edge.mqtt.netloop import Backoff
     from edge.fleet.collector import Collector, CollectorConfig
     from edge.fleet.db import check_url
+    from edge.mqtt.netloop import Backoff
 
     setup_logging(log_level)
-    cfg = CollectorConfig(broker=broker_config(broker, ca, cert, key, username, password_file, protocol), db_url=db,
-                          fleet=fleet, group=group, client_id=client_id, session_expiry_s=session_expiry,
-                          rebirth_interval_s=rebirth_interval, max_session_skew_s=max_session_skew,
-                          batch_max=batch_max, batch_interval_ms=batch_interval_ms, receive_maximum=receive_maximum,
-                          backoff=Backoff(0.5, reconnect_max), client=mqtt_client, pipeline=pipeline,
-                          max_backlog=max_backlog, max_seq_jump=max_seq_jump)
+    cfg = CollectorConfig(
+        broker=broker_config(broker, ca, cert, key, username, password_file, protocol),
+        db_url=db,
+        fleet=fleet,
+        group=group,
+        client_id=client_id,
+        session_expiry_s=session_expiry,
+        rebirth_interval_s=rebirth_interval,
+        max_session_skew_s=max_session_skew,
+        batch_max=batch_max,
+        batch_interval_ms=batch_interval_ms,
+        receive_maximum=receive_maximum,
+        backoff=Backoff(0.5, reconnect_max),
+        client=mqtt_client,
+        pipeline=pipeline,
+        max_backlog=max_backlog,
+        max_seq_jump=max_seq_jump,
+    )
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)
@@ -104,9 +168,11 @@ def collect_cmd(
         loop = collector.loop
         assert loop is not None
         loop.run(lambda: loop.call_every(stats_interval, _log_stats, collector))
-        err_console.print(f"collecting {safe(collector.subscription)} from {safe(cfg.broker.url)} into "
-                          f"{safe(_redact(db))}; "
-                          "SIGTERM or Ctrl-C stops it", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"collecting {safe(collector.subscription)} from {safe(cfg.broker.url)} into {safe(_redact(db))}; SIGTERM or Ctrl-C stops it",
+            highlight=False,
+            soft_wrap=True,
+        )
         try:
             stop.wait(duration)
         finally:
@@ -120,7 +186,7 @@ def collect_cmd(
         err_console.print(_stats_line(stats), highlight=False)
 
 
-def _serve_metrics(db: str, port: Optional[int], addr: str, fleet: str) -> Any:
+def _serve_metrics(db: str, port: int | None, addr: str, fleet: str) -> Any:
     """``--metrics-port``: a MetricsServer for the collector about to start (None without the option)."""
     if port is None:
         return None
@@ -137,21 +203,29 @@ def metrics_cmd(
     db: str = Db,
     port: int = typer.Option(9464, "--port", help="Serve Prometheus /metrics on this port."),
     addr: str = typer.Option("127.0.0.1", "--addr", help="Address to bind (0.0.0.0: every interface)."),
-    fleet: Optional[str] = typer.Option(None, "--fleet", help="Only this fleet.", show_default=False),
-    stale_factor: float = typer.Option(3.0, "--stale-factor", help="Stale after this many telemetry intervals "
-                                       "of silence..."),
+    fleet: str | None = typer.Option(None, "--fleet", help="Only this fleet.", show_default=False),
+    stale_factor: float = typer.Option(
+        3.0, "--stale-factor", help="Stale after this many telemetry intervals of silence..."
+    ),
     min_stale: float = typer.Option(15.0, "--min-stale", help="...and at least this many seconds."),
-    duration: Optional[float] = Duration,
+    duration: float | None = Duration,
 ) -> None:
     """Serve the fleet's Prometheus metrics from a collector database (the collectors may run elsewhere)."""
     from edge.fleet.db import open_db
     from edge.fleet.metrics import MetricsServer
 
     open_db(db, must_exist=True).close()  # a wrong URL or a missing database: one line now, not at every scrape
-    with stop_on_signals() as stop, MetricsServer(db, port=port, addr=addr, fleet=fleet, stale_factor=stale_factor,
-                                                  min_stale_s=min_stale) as server:
-        err_console.print(f"fleet metrics from {safe(_redact(db))} on {safe(server.url)}; SIGTERM or Ctrl-C "
-                          "stops it", highlight=False, soft_wrap=True)
+    with (
+        stop_on_signals() as stop,
+        MetricsServer(
+            db, port=port, addr=addr, fleet=fleet, stale_factor=stale_factor, min_stale_s=min_stale
+        ) as server,
+    ):
+        err_console.print(
+            f"fleet metrics from {safe(_redact(db))} on {safe(server.url)}; SIGTERM or Ctrl-C stops it",
+            highlight=False,
+            soft_wrap=True,
+        )
         stop.wait(duration)
 
 
@@ -170,12 +244,14 @@ def _cell(v: Any, limit: int = 80) -> str:
 def _stats_line(s: dict[str, Any]) -> str:
     rejected = sum(s["rejected"].values())
     detail = ", ".join(f"{k} {v}" for k, v in s["rejected"].items() if v)
-    return (f"received {s['received']}, stored {sum(s['stored'].values())} ({s['stored']['telemetry']} telemetry), "
-            f"duplicates {s['duplicates']}, rejected {rejected}{' (' + detail + ')' if detail else ''}, "
-            f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)"
-            + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else "")
-            + (f", {s['shed']} QoS 0 messages shed (backlog full)" if s.get("shed") else "")
-            + (f", {s['overflows']} receive-maximum overflows" if s.get("overflows") else ""))
+    return (
+        f"received {s['received']}, stored {sum(s['stored'].values())} ({s['stored']['telemetry']} telemetry), "
+        f"duplicates {s['duplicates']}, rejected {rejected}{' (' + detail + ')' if detail else ''}, "
+        f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)"
+        + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else "")
+        + (f", {s['shed']} QoS 0 messages shed (backlog full)" if s.get("shed") else "")
+        + (f", {s['overflows']} receive-maximum overflows" if s.get("overflows") else "")
+    )
 
 
 def _log_stats(collector: Any) -> None:
@@ -188,8 +264,11 @@ def _log_stats(collector: Any) -> None:
 @command
 def prune_cmd(
     db: str = Db,
-    older_than: str = typer.Option(..., "--older-than", help="Remove what arrived longer ago than this: 30d, 12h, "
-                                   "90m, 3600s, 2w. PostgreSQL drops whole daily telemetry partitions."),
+    older_than: str = typer.Option(
+        ...,
+        "--older-than",
+        help="Remove what arrived longer ago than this: 30d, 12h, 90m, 3600s, 2w. PostgreSQL drops whole daily telemetry partitions.",
+    ),
     as_json: bool = JsonOut,
 ) -> None:
     """Retention: drop telemetry, states, old births/deaths and finished streams older than --older-than
@@ -202,8 +281,10 @@ def prune_cmd(
         return
     parts = ", ".join(f"{n} {t}" for t, n in rep.deleted.items() if n) or "nothing"
     dropped = f"; dropped {len(rep.dropped_partitions)} partition(s)" if rep.dropped_partitions else ""
-    console.print(f"pruned {safe(_redact(db))} before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rep.cut))} "
-                  f"UTC: {parts}{dropped}", highlight=False)
+    console.print(
+        f"pruned {safe(_redact(db))} before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rep.cut))} UTC: {parts}{dropped}",
+        highlight=False,
+    )
 
 
 @app.command("partition")
@@ -217,20 +298,29 @@ def partition_cmd(db: str = Db, as_json: bool = JsonOut) -> None:
     if as_json:
         print_json({"kept_in_legacy": rep.kept_in_legacy, "moved": rep.moved, "legacy_until": rep.legacy_until})
         return
-    console.print(f"telemetry in {safe(_redact(db))} is partitioned by day: {rep.kept_in_legacy} older rows kept "
-                  f"as partition telemetry_legacy, {rep.moved} recent rows moved to daily partitions", highlight=False)
+    console.print(
+        f"telemetry in {safe(_redact(db))} is partitioned by day: {rep.kept_in_legacy} older rows kept "
+        f"as partition telemetry_legacy, {rep.moved} recent rows moved to daily partitions",
+        highlight=False,
+    )
 
 
 @app.command("status")
 @command
 def status_cmd(
     db: str = Db,
-    fleet: Optional[str] = typer.Option(None, "--fleet", help="Only this fleet.", show_default=False),
-    stale_factor: float = typer.Option(3.0, "--stale-factor", help="Stale after this many telemetry intervals "
-                                       "of silence..."),
+    fleet: str | None = typer.Option(None, "--fleet", help="Only this fleet.", show_default=False),
+    stale_factor: float = typer.Option(
+        3.0, "--stale-factor", help="Stale after this many telemetry intervals of silence..."
+    ),
     min_stale: float = typer.Option(15.0, "--min-stale", help="...and at least this many seconds."),
-    limit: int = typer.Option(200, "--limit", min=0, help="Table rows at most, devices that need a look (offline, "
-                              "stale, unknown) first; 0: every device. --json always lists every device."),
+    limit: int = typer.Option(
+        200,
+        "--limit",
+        min=0,
+        help="Table rows at most, devices that need a look (offline, "
+        "stale, unknown) first; 0: every device. --json always lists every device.",
+    ),
     as_json: bool = JsonOut,
 ) -> None:
     """One row per device: online/stale/offline, bundle, fps, p50/p99, budget misses, temperature, last seen."""
@@ -248,10 +338,22 @@ def status_cmd(
         order = {"offline": 0, "stale": 1, "unknown": 2, "online": 3}
         shown = sorted(rows, key=lambda r: order[r["status"]])[:limit]  # stable: by device within a status
     t = Table(title=f"fleet status ({_cell(_redact(db), 200)})")
-    for col, just in (("device", "left"), ("status", "left"), ("bundle", "left"), ("runtime", "left"),
-                      ("fps", "right"), ("p50 ms", "right"), ("p99 ms", "right"), ("misses", "right"),
-                      ("temp °C", "right"), ("CPU %", "right"), ("RSS MB", "right"), ("spool", "right"),
-                      ("missing", "right"), ("last seen", "right")):
+    for col, just in (
+        ("device", "left"),
+        ("status", "left"),
+        ("bundle", "left"),
+        ("runtime", "left"),
+        ("fps", "right"),
+        ("p50 ms", "right"),
+        ("p99 ms", "right"),
+        ("misses", "right"),
+        ("temp °C", "right"),
+        ("CPU %", "right"),
+        ("RSS MB", "right"),
+        ("spool", "right"),
+        ("missing", "right"),
+        ("last seen", "right"),
+    ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in shown:  # every text from the store came from a device: _cell() it
         status = f"[{_COLOURS[r['status']]}]{r['status']}[/]"
@@ -262,33 +364,49 @@ def status_cmd(
         if r.get("flag"):
             status += " [red]flagged[/]"
         runtime = " ".join(x for x in (r.get("runtime"), r.get("device_used") and f"on {r['device_used']}") if x)
-        t.add_row(_cell(f"{r['fleet']}/{r['device']}", 200), status, _cell(r.get("bundle_id") or "-"),
-                  _cell(runtime or "-"), _n(r.get("fps"), 1),
-                  _n(r.get("p50_ms"), 2), _n(r.get("p99_ms"), 2), _n(r.get("misses"), 0),
-                  _n(r.get("temp_c"), 1) + (" [red]throttled[/]" if r.get("throttled") else ""),
-                  _n(r.get("cpu_percent"), 0), _n(r.get("rss_mb"), 0), _n(r.get("spool_pending"), 0),
-                  f"[yellow]{r['missing']}[/]" if r["missing"] else "0", _ago(r.get("seen_ago_s")))
+        t.add_row(
+            _cell(f"{r['fleet']}/{r['device']}", 200),
+            status,
+            _cell(r.get("bundle_id") or "-"),
+            _cell(runtime or "-"),
+            _n(r.get("fps"), 1),
+            _n(r.get("p50_ms"), 2),
+            _n(r.get("p99_ms"), 2),
+            _n(r.get("misses"), 0),
+            _n(r.get("temp_c"), 1) + (" [red]throttled[/]" if r.get("throttled") else ""),
+            _n(r.get("cpu_percent"), 0),
+            _n(r.get("rss_mb"), 0),
+            _n(r.get("spool_pending"), 0),
+            f"[yellow]{r['missing']}[/]" if r["missing"] else "0",
+            _ago(r.get("seen_ago_s")),
+        )
     console.print(t)
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more devices not shown (--limit 0 shows every one)", highlight=False)
     flagged = [r for r in rows if r.get("flag")]
     for r in flagged[:5]:
-        console.print(f"[red]flagged[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['flag']['summary'], 200)} "
-                      "(forged or broken sequence numbers; the row shows the device's own stream)", highlight=False)
+        console.print(
+            f"[red]flagged[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['flag']['summary'], 200)} "
+            "(forged or broken sequence numbers; the row shows the device's own stream)",
+            highlight=False,
+        )
     if len(flagged) > 5:
         console.print(f"{len(flagged) - 5} more flagged devices (--json lists them)", highlight=False)
     s = summarize(rows)
-    console.print(", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k]) +
-                  f" of {s['devices']} devices", highlight=False)
+    console.print(
+        ", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k])
+        + f" of {s['devices']} devices",
+        highlight=False,
+    )
 
 
-def _n(v: Optional[float], nd: int) -> str:
+def _n(v: float | None, nd: int) -> str:
     if v is None:
         return "-"
     return f"{v:.{nd}f}" if abs(v) < 1e12 else f"{v:.3g}"  # a forged 1e299 stays one short cell
 
 
-def _ago(s: Optional[float]) -> str:
+def _ago(s: float | None) -> str:
     if s is None:
         return "never"
     if s < 120:
@@ -301,10 +419,17 @@ def _ago(s: Optional[float]) -> str:
 # credentials ---------------------------------------------------------------------------------
 CaDir = typer.Option(..., "--ca", help="The fleet CA's directory (from `edgekit fleet ca init`).")
 Days = typer.Option(365, "--days", help="Days the certificate is valid (at most until the CA expires).")
-RoleOpt = typer.Option("device", "--role", help="device (CN = the device id), collector (CN = collector:NAME) "
-                       "or server (the broker; NAME and --san become its subjectAltNames).")
-San = typer.Option(None, "--san", help="Server certificates: a host name or IP address it answers to "
-                   "(repeatable; default: NAME).", show_default=False)
+RoleOpt = typer.Option(
+    "device",
+    "--role",
+    help="device (CN = the device id), collector (CN = collector:NAME) or server (the broker; NAME and --san become its subjectAltNames).",
+)
+San = typer.Option(
+    None,
+    "--san",
+    help="Server certificates: a host name or IP address it answers to (repeatable; default: NAME).",
+    show_default=False,
+)
 
 
 @ca_app.command("init")
@@ -325,17 +450,31 @@ def ca_init_cmd(
 @app.command("provision")
 @command
 def provision_cmd(
-    name: str = typer.Argument(..., help="The device id (A-Z a-z 0-9 . _ -, at most 64), or the collector's/"
-                               "broker's name with --role."),
-    ca: Path = CaDir, out: Path = typer.Option(..., "--out", help="Directory for NAME.key, NAME.crt and ca.crt."),
-    role: str = RoleOpt, days: int = Days, san: Optional[list[str]] = San, as_json: bool = JsonOut,
+    name: str = typer.Argument(
+        ..., help="The device id (A-Z a-z 0-9 . _ -, at most 64), or the collector's/broker's name with --role."
+    ),
+    ca: Path = CaDir,
+    out: Path = typer.Option(..., "--out", help="Directory for NAME.key, NAME.crt and ca.crt."),
+    role: str = RoleOpt,
+    days: int = Days,
+    san: list[str] | None = San,
+    as_json: bool = JsonOut,
 ) -> None:
     """Make a key and CSR (as the device would) and sign the CSR with the fleet CA, on this machine."""
     from edge.fleet.pki import provision
 
     p = provision(name, ca, out, role=_role(role), days=days, sans=san or ())
-    _done(as_json, {"identity": p.identity, "role": p.role.value, "key": str(p.key), "cert": str(p.cert),
-                    "ca_cert": str(p.ca_cert)}, f"{p.identity}: {p.cert} (key {p.key}, CA {p.ca_cert})")
+    _done(
+        as_json,
+        {
+            "identity": p.identity,
+            "role": p.role.value,
+            "key": str(p.key),
+            "cert": str(p.cert),
+            "ca_cert": str(p.ca_cert),
+        },
+        f"{p.identity}: {p.cert} (key {p.key}, CA {p.ca_cert})",
+    )
 
 
 @app.command("csr")
@@ -343,7 +482,8 @@ def provision_cmd(
 def csr_cmd(
     name: str = typer.Argument(..., help="This device's id (or the collector's/broker's name with --role)."),
     out: Path = typer.Option(..., "--out", help="Directory for NAME.key (mode 0600) and NAME.csr."),
-    role: str = RoleOpt, as_json: bool = JsonOut,
+    role: str = RoleOpt,
+    as_json: bool = JsonOut,
 ) -> None:
     """On the device: make its key (it stays here) and a CSR to send to the fleet CA."""
     from edge.fleet.pki import make_device_key_and_csr
@@ -358,8 +498,12 @@ def csr_cmd(
 @command
 def sign_csr_cmd(
     csr: Path = typer.Argument(..., help="The device's CSR (PEM), from `edgekit fleet csr`."),
-    ca: Path = CaDir, out: Path = typer.Option(..., "--out", help="Where to write the certificate (PEM)."),
-    role: str = RoleOpt, days: int = Days, san: Optional[list[str]] = San, as_json: bool = JsonOut,
+    ca: Path = CaDir,
+    out: Path = typer.Option(..., "--out", help="Where to write the certificate (PEM)."),
+    role: str = RoleOpt,
+    days: int = Days,
+    san: list[str] | None = San,
+    as_json: bool = JsonOut,
 ) -> None:
     """On the CA's machine: check a CSR and sign a certificate for it (no private key leaves the device)."""
     from edge.fleet.pki import certificate_identity, sign_csr
@@ -380,16 +524,23 @@ def sign_csr_cmd(
 def acl_cmd(
     fleet: str = typer.Option(..., "--fleet", help="The fleet the broker serves."),
     out: Path = typer.Option(..., "--out", help="The Mosquitto acl_file to write."),
-    collector: Optional[list[str]] = typer.Option(None, "--collector", help="Collector name allowed to read the "
-                                                  "whole fleet (repeatable; default: main).", show_default=False),
+    collector: list[str] | None = typer.Option(
+        None,
+        "--collector",
+        help="Collector name allowed to read the whole fleet (repeatable; default: main).",
+        show_default=False,
+    ),
     as_json: bool = JsonOut,
 ) -> None:
     """Write a Mosquitto ACL: each device publishes only as itself and reads only its own commands."""
     from edge.fleet.acl import DEFAULT_COLLECTOR, write_acl
 
     path = write_acl(out, fleet, collectors=collector or [DEFAULT_COLLECTOR])
-    _done(as_json, {"acl_file": str(path)}, f"ACL for fleet {fleet}: {path} (the listener needs "
-          "require_certificate true, use_identity_as_username true, acl_file)")
+    _done(
+        as_json,
+        {"acl_file": str(path)},
+        f"ACL for fleet {fleet}: {path} (the listener needs require_certificate true, use_identity_as_username true, acl_file)",
+    )
 
 
 def _role(role: str) -> Any:

@@ -3,34 +3,56 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, print_json, progress, safe
 from edge.agent.main import broker_config, setup_logging, stop_on_signals
+from edge.cli._common import JsonOut, command, console, print_json, progress, safe
 from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Username
 from edge.errors import EdgeError
 
-app = typer.Typer(help="Roll a bundle out to a fleet over MQTT: cohorts per target class, canary then waves, "
-                  "abort and roll back on model health; every decision stored in the fleet database.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Roll a bundle out to a fleet over MQTT: cohorts per target class, canary then waves, "
+    "abort and roll back on model health; every decision stored in the fleet database.",
+    no_args_is_help=True,
+)
 
-Db = typer.Option("sqlite:///fleet.db", "--db", help="The fleet database (sqlite:///fleet.db or postgresql://...) "
-                  "where the rollout and its decisions are stored.")
-LogLevel = typer.Option("warning", "--log-level", help="debug, info, warning or error (decisions are shown at a "
-                        "terminal, and by `status`, whatever the level).")
-Timeout = typer.Option(None, "--timeout", help="Stop driving the rollout after this many seconds (it stays "
-                       "as it is; `resume` continues it).", show_default=False)
+Db = typer.Option(
+    "sqlite:///fleet.db",
+    "--db",
+    help="The fleet database (sqlite:///fleet.db or postgresql://...) where the rollout and its decisions are stored.",
+)
+LogLevel = typer.Option(
+    "warning",
+    "--log-level",
+    help="debug, info, warning or error (decisions are shown at a terminal, and by `status`, whatever the level).",
+)
+Timeout = typer.Option(
+    None,
+    "--timeout",
+    help="Stop driving the rollout after this many seconds (it stays as it is; `resume` continues it).",
+    show_default=False,
+)
 
 
-def _view(fleet: str, broker: str, ca: Any, cert: Any, key: Any, username: Any, password_file: Any,
-          protocol: str, telemetry: bool) -> Any:
+def _view(
+    fleet: str,
+    broker: str,
+    ca: Any,
+    cert: Any,
+    key: Any,
+    username: Any,
+    password_file: Any,
+    protocol: str,
+    telemetry: bool,
+) -> Any:
     from edge.fleet.rollout import FleetView
 
-    return FleetView(broker_config(broker, ca, cert, key, username, password_file, protocol), fleet,
-                     telemetry=telemetry).start()
+    return FleetView(
+        broker_config(broker, ca, cert, key, username, password_file, protocol), fleet, telemetry=telemetry
+    ).start()
 
 
 def _drive(db: Any, rid: str, view: Any, timeout: float | None, json_out: bool, wait_devices: bool = True) -> Any:
@@ -38,8 +60,9 @@ def _drive(db: Any, rid: str, view: Any, timeout: float | None, json_out: bool, 
 
     ctl = RolloutController(db, rid, view)
     if not view.wait_synced(15.0):
-        raise EdgeError(f"cannot read the fleet from the broker {view.broker.url}: "
-                        f"{view.conn.last_error or 'no answer'}")
+        raise EdgeError(
+            f"cannot read the fleet from the broker {view.broker.url}: {view.conn.last_error or 'no answer'}"
+        )
     seen = [0]
 
     def show(_res: Any) -> None:
@@ -58,79 +81,143 @@ def _render(st: dict[str, Any], json_out: bool) -> None:
     if json_out:
         print_json(st)
         return
-    console.print(f"rollout [bold]{safe(st['id'])}[/] fleet {safe(st['fleet'])}: [bold]{st['state']}[/]"
-                  + (f" ({safe(st['reason'])})" if st.get("reason") else ""), highlight=False)
+    console.print(
+        f"rollout [bold]{safe(st['id'])}[/] fleet {safe(st['fleet'])}: [bold]{st['state']}[/]"
+        + (f" ({safe(st['reason'])})" if st.get("reason") else ""),
+        highlight=False,
+    )
     t = Table("cohort", "bundle", "state", "wave", "devices", "rollback", "reason")
 
     def fmt(d: dict[str, Any]) -> str:
         return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"
 
     for c in st["cohorts"]:
-        t.add_row(safe(c["cohort"]), safe(c["bundle_id"]), c["state"], str(c["wave"]), fmt(c["devices"]),
-                  fmt(c["rollback"]), safe(c["reason"] or ""))
+        t.add_row(
+            safe(c["cohort"]),
+            safe(c["bundle_id"]),
+            c["state"],
+            str(c["wave"]),
+            fmt(c["devices"]),
+            fmt(c["rollback"]),
+            safe(c["reason"] or ""),
+        )
     console.print(t)
     for e in st["events"][-15:]:
-        console.print(f"  #{e['seq']:<4} {e['kind']:<26} {safe(e['device'] or e['cohort'] or ''):<20} "
-                      f"{safe(e['reason'] or '')}", highlight=False)
+        console.print(
+            f"  #{e['seq']:<4} {e['kind']:<26} {safe(e['device'] or e['cohort'] or ''):<20} {safe(e['reason'] or '')}",
+            highlight=False,
+        )
 
 
 @app.command("start")
 @command
 def start_cmd(
-    bundles: List[Path] = typer.Argument(..., help="Bundle directories, one per target class (each cohort gets "
-                                         "the bundle built for its target)."),
+    bundles: list[Path] = typer.Argument(
+        ..., help="Bundle directories, one per target class (each cohort gets the bundle built for its target)."
+    ),
     fleet: str = typer.Option(..., "--fleet", help="The fleet to roll out to."),
-    artifact_url: List[str] = typer.Option(..., "--artifact-url", help="Where devices download each bundle's "
-                                           "archive (`edgekit fleet rollout pack`), one per bundle in the same "
-                                           "order; checked before anything is published."),
-    target: Optional[List[str]] = typer.Option(None, "--target", help="Only these target classes (repeatable).",
-                                               show_default=False),
-    group: Optional[List[str]] = typer.Option(None, "--group", help="label=value (glob): only devices whose birth "
-                                              "field matches, e.g. host.model=rpi5 or device=cam-* (repeatable).",
-                                              show_default=False),
+    artifact_url: list[str] = typer.Option(
+        ...,
+        "--artifact-url",
+        help="Where devices download each bundle's "
+        "archive (`edgekit fleet rollout pack`), one per bundle in the same "
+        "order; checked before anything is published.",
+    ),
+    target: list[str] | None = typer.Option(
+        None, "--target", help="Only these target classes (repeatable).", show_default=False
+    ),
+    group: list[str] | None = typer.Option(
+        None,
+        "--group",
+        help="label=value (glob): only devices whose birth field matches, e.g. host.model=rpi5 or device=cam-* (repeatable).",
+        show_default=False,
+    ),
     canary: str = typer.Option("5%", "--canary", help="Share of each cohort in the canary (at least one device)."),
-    waves: str = typer.Option("25%,50%,100%", "--waves", help="Shares of each cohort after the canary, ending at "
-                              "100%."),
+    waves: str = typer.Option(
+        "25%,50%,100%", "--waves", help="Shares of each cohort after the canary, ending at 100%."
+    ),
     watch: str = typer.Option("10m", "--watch", help="Watch each wave at least this long (30s, 10m, 1h)."),
-    device_timeout: str = typer.Option("15m", "--device-timeout", help="A device that has not answered by then is "
-                                       "timed out; it never holds a wave up."),
-    abort_if: Optional[List[str]] = typer.Option(None, "--abort-if", help="Abort criterion (repeatable): "
-                                                 "p99>budget, fps<0.95*target, fallback, parity<threshold "
-                                                 "[@N | @P%], errors>1%, failed>N, rolled_back>N, timed_out>P%. Default: failed>0 (one failed "
-                                                 "device stops its cohort); 'none': no criterion.",
-                                                 show_default=False),
-    success_rate: Optional[str] = typer.Option(None, "--success-rate", help="Go on to the next wave only if this "
-                                               "share of the devices that answered runs the bundle (hawkBit's "
-                                               "success threshold), e.g. 95%; else the cohort aborts.",
-                                               show_default=False),
-    min_devices: int = typer.Option(1, "--min-devices", help="Percentage criteria apply once this many devices "
-                                    "of a cohort finished."),
-    budget_ms: Optional[float] = typer.Option(None, "--budget-ms", help="Latency budget given to the devices "
-                                              "(default: each device's, else the bundle's).", show_default=False),
-    device_watch: Optional[str] = typer.Option(None, "--device-watch", help="How long each device watches the new "
-                                               "bundle after its switch (default: the agent's).", show_default=False),
-    previous_bundle: Optional[List[Path]] = typer.Option(None, "--previous-bundle", help="A bundle devices run "
-                                                         "now, to roll back to (with --previous-url, repeatable).",
-                                                         show_default=False),
-    previous_url: Optional[List[str]] = typer.Option(None, "--previous-url", help="Its archive's URL.",
-                                                     show_default=False),
-    rollout_id: Optional[str] = typer.Option(None, "--id", help="Rollout id (default: r<UTC time>-<random>).",
-                                             show_default=False),
+    device_timeout: str = typer.Option(
+        "15m", "--device-timeout", help="A device that has not answered by then is timed out; it never holds a wave up."
+    ),
+    abort_if: list[str] | None = typer.Option(
+        None,
+        "--abort-if",
+        help="Abort criterion (repeatable): "
+        "p99>budget, fps<0.95*target, fallback, parity<threshold "
+        "[@N | @P%], errors>1%, failed>N, rolled_back>N, timed_out>P%. Default: failed>0 (one failed "
+        "device stops its cohort); 'none': no criterion.",
+        show_default=False,
+    ),
+    success_rate: str | None = typer.Option(
+        None,
+        "--success-rate",
+        help="Go on to the next wave only if this "
+        "share of the devices that answered runs the bundle (hawkBit's "
+        "success threshold), e.g. 95%; else the cohort aborts.",
+        show_default=False,
+    ),
+    min_devices: int = typer.Option(
+        1, "--min-devices", help="Percentage criteria apply once this many devices of a cohort finished."
+    ),
+    budget_ms: float | None = typer.Option(
+        None,
+        "--budget-ms",
+        help="Latency budget given to the devices (default: each device's, else the bundle's).",
+        show_default=False,
+    ),
+    device_watch: str | None = typer.Option(
+        None,
+        "--device-watch",
+        help="How long each device watches the new bundle after its switch (default: the agent's).",
+        show_default=False,
+    ),
+    previous_bundle: list[Path] | None = typer.Option(
+        None,
+        "--previous-bundle",
+        help="A bundle devices run now, to roll back to (with --previous-url, repeatable).",
+        show_default=False,
+    ),
+    previous_url: list[str] | None = typer.Option(
+        None, "--previous-url", help="Its archive's URL.", show_default=False
+    ),
+    rollout_id: str | None = typer.Option(
+        None, "--id", help="Rollout id (default: r<UTC time>-<random>).", show_default=False
+    ),
     detach: bool = typer.Option(False, "--detach", help="Record the rollout and return; `resume` drives it."),
-    timeout: Optional[float] = Timeout,
-    db: str = Db, broker: str = Broker, ca: Optional[Path] = Ca, cert: Optional[Path] = Cert,
-    key: Optional[Path] = Key, username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
-    protocol: str = Protocol, log_level: str = LogLevel, json_out: bool = JsonOut,
+    timeout: float | None = Timeout,
+    db: str = Db,
+    broker: str = Broker,
+    ca: Path | None = Ca,
+    cert: Path | None = Cert,
+    key: Path | None = Key,
+    username: str | None = Username,
+    password_file: Path | None = PasswordFile,
+    protocol: str = Protocol,
+    log_level: str = LogLevel,
+    json_out: bool = JsonOut,
 ) -> None:
     """Start a rollout and drive it until every cohort completed or aborted."""
     from edge.fleet.db import open_db
     from edge.fleet.rollout import RolloutBundle, RolloutFlags, RolloutSpec, start_rollout, status
 
     setup_logging(log_level if not json_out else "warning")
-    spec = RolloutSpec.parse(RolloutFlags(fleet=fleet, canary=canary, waves=waves, watch=watch,
-                                          device_timeout=device_timeout, abort_if=abort_if or [],
-                                          min_devices=min_devices, targets=target or [], groups=group or [],
-                                          budget_ms=budget_ms, device_watch=device_watch, success_rate=success_rate))
+    spec = RolloutSpec.parse(
+        RolloutFlags(
+            fleet=fleet,
+            canary=canary,
+            waves=waves,
+            watch=watch,
+            device_timeout=device_timeout,
+            abort_if=abort_if or [],
+            min_devices=min_devices,
+            targets=target or [],
+            groups=group or [],
+            budget_ms=budget_ms,
+            device_watch=device_watch,
+            success_rate=success_rate,
+        )
+    )
     if len(artifact_url) != len(bundles):
         raise EdgeError(f"{len(bundles)} bundle(s) but {len(artifact_url)} --artifact-url: give one per bundle")
     if len(previous_bundle or []) != len(previous_url or []):
@@ -138,8 +225,17 @@ def start_cmd(
     prepared = [RolloutBundle.prepare(b, u) for b, u in zip(bundles, artifact_url)]
     previous = [RolloutBundle.prepare(b, u) for b, u in zip(previous_bundle or [], previous_url or [])]
     with open_db(db) as fdb:
-        view = _view(fleet, broker, ca, cert, key, username, password_file, protocol,
-                     any(c.startswith("fps") for c in spec.abort_if))
+        view = _view(
+            fleet,
+            broker,
+            ca,
+            cert,
+            key,
+            username,
+            password_file,
+            protocol,
+            any(c.startswith("fps") for c in spec.abort_if),
+        )
         try:
             rid = start_rollout(fdb, view, spec, prepared, previous=previous, rollout_id=rollout_id)
             if not detach:
@@ -151,11 +247,13 @@ def start_cmd(
 
 @app.command("status")
 @command
-def status_cmd(rollout_id: Optional[str] = typer.Argument(None, help="Rollout id (default: the latest)."),
-               fleet: Optional[str] = typer.Option(None, "--fleet", help="The latest rollout of this fleet.",
-                                                   show_default=False),
-               events: int = typer.Option(50, "--events", help="How many of the latest decisions to show."),
-               db: str = Db, json_out: bool = JsonOut) -> None:
+def status_cmd(
+    rollout_id: str | None = typer.Argument(None, help="Rollout id (default: the latest)."),
+    fleet: str | None = typer.Option(None, "--fleet", help="The latest rollout of this fleet.", show_default=False),
+    events: int = typer.Option(50, "--events", help="How many of the latest decisions to show."),
+    db: str = Db,
+    json_out: bool = JsonOut,
+) -> None:
     """A rollout's state, its cohorts and the latest decisions with their reasons."""
     from edge.fleet.db import open_db
     from edge.fleet.rollout import status
@@ -166,8 +264,12 @@ def status_cmd(rollout_id: Optional[str] = typer.Argument(None, help="Rollout id
 
 @app.command("pause")
 @command
-def pause_cmd(rollout_id: str = typer.Argument(...), reason: Optional[str] = typer.Option(None, "--reason"),
-              db: str = Db, json_out: bool = JsonOut) -> None:
+def pause_cmd(
+    rollout_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason"),
+    db: str = Db,
+    json_out: bool = JsonOut,
+) -> None:
     """No new devices get the bundle until `resume` (outcomes and abort criteria are still followed)."""
     from edge.fleet.db import open_db
     from edge.fleet.rollout import set_state
@@ -176,8 +278,19 @@ def pause_cmd(rollout_id: str = typer.Argument(...), reason: Optional[str] = typ
         _render(set_state(fdb, rollout_id, "pause", reason), json_out)
 
 
-def _act(action: str, rollout_id: str, reason: Optional[str], timeout: Optional[float], db: str, broker: str,
-         tls: tuple[Any, Any, Any, Any, Any], protocol: str, log_level: str, json_out: bool, wait_devices: bool = True) -> None:
+def _act(
+    action: str,
+    rollout_id: str,
+    reason: str | None,
+    timeout: float | None,
+    db: str,
+    broker: str,
+    tls: tuple[Any, Any, Any, Any, Any],
+    protocol: str,
+    log_level: str,
+    json_out: bool,
+    wait_devices: bool = True,
+) -> None:
     from edge.fleet.db import open_db
     from edge.fleet.rollout import set_state, status
     from edge.fleet.rollout_store import RolloutStore
@@ -198,35 +311,81 @@ def _act(action: str, rollout_id: str, reason: Optional[str], timeout: Optional[
 
 @app.command("resume")
 @command
-def resume_cmd(rollout_id: str = typer.Argument(...), timeout: Optional[float] = Timeout, db: str = Db,
-               broker: str = Broker, ca: Optional[Path] = Ca, cert: Optional[Path] = Cert, key: Optional[Path] = Key,
-               username: Optional[str] = Username, password_file: Optional[Path] = PasswordFile,
-               protocol: str = Protocol, log_level: str = LogLevel, json_out: bool = JsonOut) -> None:
+def resume_cmd(
+    rollout_id: str = typer.Argument(...),
+    timeout: float | None = Timeout,
+    db: str = Db,
+    broker: str = Broker,
+    ca: Path | None = Ca,
+    cert: Path | None = Cert,
+    key: Path | None = Key,
+    username: str | None = Username,
+    password_file: Path | None = PasswordFile,
+    protocol: str = Protocol,
+    log_level: str = LogLevel,
+    json_out: bool = JsonOut,
+) -> None:
     """Resume a paused rollout, or continue one whose controller stopped: drive it from where it is."""
-    _act("resume", rollout_id, None, timeout, db, broker, (ca, cert, key, username, password_file), protocol,
-         log_level, json_out)
+    _act(
+        "resume",
+        rollout_id,
+        None,
+        timeout,
+        db,
+        broker,
+        (ca, cert, key, username, password_file),
+        protocol,
+        log_level,
+        json_out,
+    )
 
 
 @app.command("abort")
 @command
-def abort_cmd(rollout_id: str = typer.Argument(...), reason: Optional[str] = typer.Option(None, "--reason"),
-              timeout: Optional[float] = Timeout, db: str = Db, broker: str = Broker, ca: Optional[Path] = Ca,
-              cert: Optional[Path] = Cert, key: Optional[Path] = Key, username: Optional[str] = Username,
-              password_file: Optional[Path] = PasswordFile, protocol: str = Protocol, log_level: str = LogLevel,
-              wait: bool = typer.Option(False, "--wait", help="Wait until every device answered its rollback (or "
-                                        "timed out), not only until the broker holds every rollback."),
-              json_out: bool = JsonOut) -> None:
+def abort_cmd(
+    rollout_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason"),
+    timeout: float | None = Timeout,
+    db: str = Db,
+    broker: str = Broker,
+    ca: Path | None = Ca,
+    cert: Path | None = Cert,
+    key: Path | None = Key,
+    username: str | None = Username,
+    password_file: Path | None = PasswordFile,
+    protocol: str = Protocol,
+    log_level: str = LogLevel,
+    wait: bool = typer.Option(
+        False,
+        "--wait",
+        help="Wait until every device answered its rollback (or timed out), not only until the broker holds every rollback.",
+    ),
+    json_out: bool = JsonOut,
+) -> None:
     """Roll every device that got this rollout's bundle back to the bundle it ran before (retained: offline
     devices get it when they come back)."""
-    _act("abort", rollout_id, reason, timeout, db, broker, (ca, cert, key, username, password_file), protocol,
-         log_level, json_out, wait)
+    _act(
+        "abort",
+        rollout_id,
+        reason,
+        timeout,
+        db,
+        broker,
+        (ca, cert, key, username, password_file),
+        protocol,
+        log_level,
+        json_out,
+        wait,
+    )
 
 
 @app.command("pack")
 @command
-def pack_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
-             out: Path = typer.Argument(..., help="Archive to write (upload it where --artifact-url points)."),
-             json_out: bool = JsonOut) -> None:
+def pack_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    out: Path = typer.Argument(..., help="Archive to write (upload it where --artifact-url points)."),
+    json_out: bool = JsonOut,
+) -> None:
     """Write the archive devices download for a bundle (reproducible: the same bundle, the same sha256)."""
     from edge.bundle.archive import pack_bundle
     from edge.fleet.rollout import RolloutError

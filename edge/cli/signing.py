@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import typer
 from rich.table import Table
@@ -11,20 +11,25 @@ from rich.table import Table
 from edge.cli._common import JsonOut, command, console, print_json
 from edge.errors import SignatureError
 
-app = typer.Typer(help="Signing keys (Ed25519) for bundles: generate, list, export the public key.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Signing keys (Ed25519) for bundles: generate, list, export the public key.", no_args_is_help=True
+)
 
-KeysDir = typer.Option(None, "--dir", help="Keys directory (default: $EDGEKIT_KEYS_DIR, else ~/.config/edgekit/keys).",
-                       show_default=False)
-SignKey = typer.Option(None, "--sign-key", help="Sign the bundle with this key (a name in the keys directory, or a "
-                       "PEM path); default: $EDGEKIT_SIGN_KEY when set.", show_default=False)
+KeysDir = typer.Option(
+    None, "--dir", help="Keys directory (default: $EDGEKIT_KEYS_DIR, else ~/.config/edgekit/keys).", show_default=False
+)
+SignKey = typer.Option(
+    None,
+    "--sign-key",
+    help="Sign the bundle with this key (a name in the keys directory, or a PEM path); default: $EDGEKIT_SIGN_KEY when set.",
+    show_default=False,
+)
 
 
-def sign_if_configured(bundle: Any, key: Optional[str], say: Callable[[str], None]) -> Any:
+def sign_if_configured(bundle: Any, key: str | None, say: Callable[[str], None]) -> Any:
     """``bundle`` signed with ``key`` (else $EDGEKIT_SIGN_KEY) and reopened; as it is when neither names a key."""
-    from edge.bundle.bundle import Bundle
+    from edge.bundle.bundle import Bundle, sign_bundle
     from edge.bundle.signing import configured_sign_key
-    from edge.bundle.bundle import sign_bundle
 
     k = configured_sign_key(key)
     if k is None:
@@ -36,8 +41,11 @@ def sign_if_configured(bundle: Any, key: Optional[str], say: Callable[[str], Non
 
 @app.command("generate")
 @command
-def generate_cmd(name: str = typer.Argument(..., help="Key name (A-Z a-z 0-9 . _ -)."),
-                 directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
+def generate_cmd(
+    name: str = typer.Argument(..., help="Key name (A-Z a-z 0-9 . _ -)."),
+    directory: Path | None = KeysDir,
+    as_json: bool = JsonOut,
+) -> None:
     """Make an Ed25519 key: NAME.pem (private, mode 0600) and NAME.pub (give this to devices)."""
     from edge.bundle.signing import generate_key
 
@@ -50,7 +58,7 @@ def generate_cmd(name: str = typer.Argument(..., help="Key name (A-Z a-z 0-9 . _
 
 @app.command("list")
 @command
-def list_cmd(directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
+def list_cmd(directory: Path | None = KeysDir, as_json: bool = JsonOut) -> None:
     """The keys in the keys directory, with their key ids."""
     from edge.bundle.signing import keys_dir, list_keys
 
@@ -68,9 +76,13 @@ def list_cmd(directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> No
 
 @app.command("export")
 @command
-def export_cmd(name: str = typer.Argument(..., help="Key name."), directory: Optional[Path] = KeysDir,
-               output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the public key here "
-                                                     "(default: stdout).", show_default=False)) -> None:
+def export_cmd(
+    name: str = typer.Argument(..., help="Key name."),
+    directory: Path | None = KeysDir,
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write the public key here (default: stdout).", show_default=False
+    ),
+) -> None:
     """Print NAME's public key (PEM), for `edgekit trust add` on devices."""
     from edge.bundle.signing import export_public_key
 
@@ -81,16 +93,27 @@ def export_cmd(name: str = typer.Argument(..., help="Key name."), directory: Opt
         output.write_text(pem, encoding="ascii")
 
 
-def sign_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
-             key: Optional[str] = typer.Option(None, "--key", "-k", help="Key name in the keys directory, or a PEM "
-                                               "path (default: $EDGEKIT_SIGN_KEY).", show_default=False),
-             version: Optional[int] = typer.Option(None, "--version", help="The bundle's version (default: seconds "
-                                                   "since the epoch, above the last this signer gave its name).",
-                                                   show_default=False),
-             directory: Optional[Path] = KeysDir, as_json: bool = JsonOut) -> None:
+def sign_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    key: str | None = typer.Option(
+        None,
+        "--key",
+        "-k",
+        help="Key name in the keys directory, or a PEM path (default: $EDGEKIT_SIGN_KEY).",
+        show_default=False,
+    ),
+    version: int | None = typer.Option(
+        None,
+        "--version",
+        help="The bundle's version (default: seconds since the epoch, above the last this signer gave its name).",
+        show_default=False,
+    ),
+    directory: Path | None = KeysDir,
+    as_json: bool = JsonOut,
+) -> None:
     """Sign BUNDLE: set its name and version in the manifest, write manifest.sig over the canonical manifest."""
-    from edge.bundle.signing import configured_sign_key
     from edge.bundle.bundle import sign_bundle
+    from edge.bundle.signing import configured_sign_key
 
     k = configured_sign_key(key)
     if k is None:
@@ -99,5 +122,7 @@ def sign_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."),
     if as_json:
         print_json(r.to_json())
     else:
-        console.print(f"signed {r.bundle_id} with key {r.key_id}: {r.name} version {r.version} → {r.signature_path}",
-                      highlight=False)
+        console.print(
+            f"signed {r.bundle_id} with key {r.key_id}: {r.name} version {r.version} → {r.signature_path}",
+            highlight=False,
+        )

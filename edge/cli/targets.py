@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import command, JsonOut, TargetsDir, console, dirs, print_json, safe
+from edge.cli._common import JsonOut, TargetsDir, command, console, dirs, print_json, safe
 from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import builtin_dir, get_target, load_targets
 
@@ -17,7 +16,7 @@ app = typer.Typer(help="List device profiles, or show one.", invoke_without_comm
 
 @app.callback()
 @command
-def list_targets(ctx: typer.Context, targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut) -> None:
+def list_targets(ctx: typer.Context, targets_dir: list[Path] | None = TargetsDir, as_json: bool = JsonOut) -> None:
     """Table of device profiles: runtime, converter chain, precisions (default in bold), frame budget."""
     if ctx.invoked_subcommand is not None:
         return
@@ -33,41 +32,66 @@ def list_targets(ctx: typer.Context, targets_dir: Optional[List[Path]] = Targets
     for p in profiles.values():
         precs = ", ".join(f"[bold]{safe(x)}[/]" if x == p.default_precision else safe(x) for x in p.precisions)
         src = "built-in" if p.path and p.path.parent.resolve() == builtin_dir().resolve() else str(p.path)
-        t.add_row(safe(p.name), safe(p.title), safe(p.runner), safe(" → ".join(s.converter for s in p.chain)), precs,
-                  f"{p.frame_budget_ms:g}", safe(src))
+        t.add_row(
+            safe(p.name),
+            safe(p.title),
+            safe(p.runner),
+            safe(" → ".join(s.converter for s in p.chain)),
+            precs,
+            f"{p.frame_budget_ms:g}",
+            safe(src),
+        )
     console.print(t)
 
 
 @app.command("show")
 @command
-def show(name: str = typer.Argument(..., help="Target name, e.g. intel-igpu."),
-         targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut) -> None:
+def show(
+    name: str = typer.Argument(..., help="Target name, e.g. intel-igpu."),
+    targets_dir: list[Path] | None = TargetsDir,
+    as_json: bool = JsonOut,
+) -> None:
     """One profile: hardware, what it converts to, runtime options, where each step runs, and this host's answer."""
     p = get_target(name, dirs(targets_dir))
     conv, run = conversion_problems(p), runnable_here(p)
     if as_json:
-        print_json({**p.to_json(), "this_host": {"can_convert": not conv, "convert_problems": conv,
-                                                 "can_run": run is None, "run_problem": run}})
+        print_json(
+            {
+                **p.to_json(),
+                "this_host": {
+                    "can_convert": not conv,
+                    "convert_problems": conv,
+                    "can_run": run is None,
+                    "run_problem": run,
+                },
+            }
+        )
         return
     t = Table(title=safe(f"{p.name}: {p.title}"), show_header=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
     rows: list[tuple[str, str]] = [
-        ("hardware", p.hardware), ("accelerator", p.accelerator),
+        ("hardware", p.hardware),
+        ("accelerator", p.accelerator),
         ("precisions", ", ".join(p.precisions) + f" (default {p.default_precision})"),
         ("frame budget", f"{p.frame_budget_ms:g} ms ({1000 / p.frame_budget_ms:.0f} fps)"),
         ("convert chain", " → ".join(s.converter + (f" [{s.precision}]" if s.precision else "") for s in p.chain)),
         ("convert runs on", f"{'/'.join(p.convert_place.os)} on {'/'.join(p.convert_place.arch)} (build host)"),
     ]
-    rows += [(f"  {conv_name} options", ", ".join(f"{k}={v}" for k, v in opts.items()))
-             for conv_name, opts in p.convert_options.items()]
+    rows += [
+        (f"  {conv_name} options", ", ".join(f"{k}={v}" for k, v in opts.items()))
+        for conv_name, opts in p.convert_options.items()
+    ]
     where = f"{'/'.join(p.run_place.os)} on {'/'.join(p.run_place.arch)}"
     if p.run_place.needs_gpu:
         where += ", needs an NVIDIA GPU"
     if p.run_place.needs_device:
         where += ", needs the device's accelerator attached"
-    rows += [("runner", p.runner), ("runs on", where),
-             ("runtime options", ", ".join(f"{k}={v}" for k, v in p.runtime_options.items()) or "-")]
+    rows += [
+        ("runner", p.runner),
+        ("runs on", where),
+        ("runtime options", ", ".join(f"{k}={v}" for k, v in p.runtime_options.items()) or "-"),
+    ]
     for label, value in rows:
         t.add_row(safe(label), safe(value))
     t.add_row("this host converts", "yes" if not conv else "[red]no[/]: " + safe("; ".join(conv)))

@@ -10,9 +10,11 @@ from rich.table import Table
 from edge import toolchains
 from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
 
-app = typer.Typer(help="Toolchain environments: heavy converter stacks (TensorFlow + onnx2tf) in virtual "
-                       "environments of their own, created only by `edgekit toolchain install`.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Toolchain environments: heavy converter stacks (TensorFlow + onnx2tf) in virtual "
+    "environments of their own, created only by `edgekit toolchain install`.",
+    no_args_is_help=True,
+)
 
 Name = typer.Argument(..., help=f"Toolchain name ({', '.join(toolchains.TOOLCHAINS)}).")
 
@@ -23,8 +25,15 @@ def list_cmd(as_json: bool = JsonOut) -> None:
     """Every toolchain: installed or not, usable, lock hash, where it lives."""
     rows = toolchains.list_status()
     if as_json:
-        print_json([{**{k: v for k, v in st.to_json().items() if k != "packages"},
-                     "purpose": toolchains.get_spec(st.name).purpose} for st in rows])
+        print_json(
+            [
+                {
+                    **{k: v for k, v in st.to_json().items() if k != "packages"},
+                    "purpose": toolchains.get_spec(st.name).purpose,
+                }
+                for st in rows
+            ]
+        )
         return
     t = Table(title=f"edgekit toolchains ({toolchains.state.root()})")
     for col in ("toolchain", "for", "installed", "lock hash", "python", "state"):
@@ -39,13 +48,17 @@ def list_cmd(as_json: bool = JsonOut) -> None:
 
 @app.command("install")
 @command
-def install_cmd(name: str = Name,
-                force: bool = typer.Option(False, "--force", help="Remove and recreate it even if it is installed."),
-                no_reference_lock: bool = typer.Option(False, "--no-reference-lock",
-                                                       help="Resolve from the top-level pins only, ignoring the "
-                                                            "reference lock (to refresh the lock)."),
-                verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line pip prints."),
-                as_json: bool = JsonOut) -> None:
+def install_cmd(
+    name: str = Name,
+    force: bool = typer.Option(False, "--force", help="Remove and recreate it even if it is installed."),
+    no_reference_lock: bool = typer.Option(
+        False,
+        "--no-reference-lock",
+        help="Resolve from the top-level pins only, ignoring the reference lock (to refresh the lock).",
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line pip prints."),
+    as_json: bool = JsonOut,
+) -> None:
     """Create the toolchain's virtual environment and install its pinned packages (minutes, GBs: see `list`)."""
     spec = toolchains.get_spec(name)
     start = time.perf_counter()
@@ -53,9 +66,11 @@ def install_cmd(name: str = Name,
         st = toolchains.install(name, force=force, use_reference_lock=False if no_reference_lock else None)
         print_json(st.to_json())
         return
-    err_console.print(f"installing toolchain [bold]{spec.name}[/] ({safe(spec.purpose)}; {spec.size_hint})",
-                      highlight=False)
+    err_console.print(
+        f"installing toolchain [bold]{spec.name}[/] ({safe(spec.purpose)}; {spec.size_hint})", highlight=False
+    )
     with err_console.status("starting") as status:
+
         def step(msg: str) -> None:
             status.update(safe(msg))
             err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {safe(msg)}", highlight=False)
@@ -66,11 +81,14 @@ def install_cmd(name: str = Name,
             elif line.startswith(("Collecting", "Installing collected", "Successfully installed")):
                 status.update(f"pip: {safe(line[:100])}")
 
-        st = toolchains.install(name, force=force, on_step=step, on_output=output,
-                                use_reference_lock=False if no_reference_lock else None)
-    console.print(f"toolchain [bold]{st.name}[/]: {st.path}\nlock hash {st.lock_hash}"
-                  + ("" if st.matches_reference else "  [yellow](differs from the reference lock)[/]"),
-                  highlight=False)
+        st = toolchains.install(
+            name, force=force, on_step=step, on_output=output, use_reference_lock=False if no_reference_lock else None
+        )
+    console.print(
+        f"toolchain [bold]{st.name}[/]: {st.path}\nlock hash {st.lock_hash}"
+        + ("" if st.matches_reference else "  [yellow](differs from the reference lock)[/]"),
+        highlight=False,
+    )
 
 
 @app.command("show")
@@ -113,5 +131,6 @@ def remove_cmd(name: str = Name) -> None:
     """Delete the toolchain's environment."""
     toolchains.get_spec(name)
     d = toolchains.toolchain_dir(name)
-    console.print(f"removed {d}" if toolchains.remove(name) else f"{d} does not exist; nothing to remove",
-                  highlight=False)
+    console.print(
+        f"removed {d}" if toolchains.remove(name) else f"{d} does not exist; nothing to remove", highlight=False
+    )

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, command, console, print_json
 from edge.bundle.trust import TrustStore
+from edge.cli._common import JsonOut, command, console, print_json
 from edge.errors import InputFileError, SignatureError
 
 app = typer.Typer(help="A device's trust store: the keys its bundles must be signed with.", no_args_is_help=True)
 
 StoreDir = typer.Option(None, "--store", help="Device store: its trust store is <store>/trust.", show_default=False)
-TrustDir = typer.Option(None, "--trust-dir", help="The trust store directory itself (default: $EDGEKIT_TRUST_DIR).",
-                        show_default=False)
+TrustDir = typer.Option(
+    None, "--trust-dir", help="The trust store directory itself (default: $EDGEKIT_TRUST_DIR).", show_default=False
+)
 
 
-def _trust(store: Optional[Path], trust_dir: Optional[Path], *, create: bool) -> TrustStore:
+def _trust(store: Path | None, trust_dir: Path | None, *, create: bool) -> TrustStore:
     import os
 
     from edge.bundle.trust import STORE_TRUST, TRUST_DIR_ENV
@@ -38,12 +38,18 @@ def _trust(store: Optional[Path], trust_dir: Optional[Path], *, create: bool) ->
 
 @app.command("add")
 @command
-def add_cmd(key: Path = typer.Argument(..., help="Public key (PEM, from `edgekit keys export`)."),
-            store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = TrustDir,
-            expires: Optional[str] = typer.Option(None, "--expires", help="Refuse this key's signatures after this "
-                                                  "time (ISO 8601, e.g. 2027-01-01T00:00:00+00:00).",
-                                                  show_default=False),
-            as_json: bool = JsonOut) -> None:
+def add_cmd(
+    key: Path = typer.Argument(..., help="Public key (PEM, from `edgekit keys export`)."),
+    store: Path | None = StoreDir,
+    trust_dir: Path | None = TrustDir,
+    expires: str | None = typer.Option(
+        None,
+        "--expires",
+        help="Refuse this key's signatures after this time (ISO 8601, e.g. 2027-01-01T00:00:00+00:00).",
+        show_default=False,
+    ),
+    as_json: bool = JsonOut,
+) -> None:
     """Trust KEY for this device's bundles (several keys may be trusted at once: rotation)."""
     try:
         pem = key.read_bytes()[: 1 << 16]
@@ -54,14 +60,19 @@ def add_cmd(key: Path = typer.Argument(..., help="Public key (PEM, from `edgekit
     if as_json:
         print_json(k.to_json())
     else:
-        console.print(f"trusted key {k.key_id} in {ts.root}" + (f" until {k.not_after.isoformat()}"
-                                                              if k.not_after else ""), highlight=False)
+        console.print(
+            f"trusted key {k.key_id} in {ts.root}" + (f" until {k.not_after.isoformat()}" if k.not_after else ""),
+            highlight=False,
+        )
 
 
 @app.command("revoke")
 @command
-def revoke_cmd(key_id: str = typer.Argument(..., help="Key id (16 hex digits, see `edgekit trust list`)."),
-               store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = TrustDir) -> None:
+def revoke_cmd(
+    key_id: str = typer.Argument(..., help="Key id (16 hex digits, see `edgekit trust list`)."),
+    store: Path | None = StoreDir,
+    trust_dir: Path | None = TrustDir,
+) -> None:
     """Refuse every bundle signed by KEY_ID from now on (even if its public key stays in keys/)."""
     ts = _trust(store, trust_dir, create=True)
     ts.revoke(key_id)
@@ -70,8 +81,11 @@ def revoke_cmd(key_id: str = typer.Argument(..., help="Key id (16 hex digits, se
 
 @app.command("target")
 @command
-def target_cmd(targets: List[str] = typer.Argument(..., help="Target profile name(s) this device runs."),
-               store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = TrustDir) -> None:
+def target_cmd(
+    targets: list[str] = typer.Argument(..., help="Target profile name(s) this device runs."),
+    store: Path | None = StoreDir,
+    trust_dir: Path | None = TrustDir,
+) -> None:
     """Admit only bundles built for these targets (the device's target class)."""
     ts = _trust(store, trust_dir, create=True)
     ts.set_targets(list(targets))
@@ -80,14 +94,19 @@ def target_cmd(targets: List[str] = typer.Argument(..., help="Target profile nam
 
 @app.command("list")
 @command
-def list_cmd(store: Optional[Path] = StoreDir, trust_dir: Optional[Path] = TrustDir, as_json: bool = JsonOut) -> None:
+def list_cmd(store: Path | None = StoreDir, trust_dir: Path | None = TrustDir, as_json: bool = JsonOut) -> None:
     """Trusted keys (revoked and expired marked), the target class, and the highest version seen per name."""
     ts = _trust(store, trust_dir, create=False)
     keys = ts.keys()
     revoked = ts.revoked()
     targets, versions = ts.targets(), ts.versions()
-    data = {"trust_dir": str(ts.root), "keys": [k.to_json() for k in keys.values()],
-            "revoked": sorted(revoked), "targets": targets, "versions": versions}
+    data = {
+        "trust_dir": str(ts.root),
+        "keys": [k.to_json() for k in keys.values()],
+        "revoked": sorted(revoked),
+        "targets": targets,
+        "versions": versions,
+    }
     if as_json:
         print_json(data)
         return

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, console, fmt_ms, print_json, steps, safe
+from edge.cli._common import JsonOut, TargetsDir, console, fmt_ms, print_json, safe, steps
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.tune.config import OBJECTIVES
@@ -20,8 +20,16 @@ def render_tune(r: dict[str, Any]) -> None:
     t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
     e2e = r["objective"] == "e2e"
     # throughput: a batched trial's fps counts items (its p50/p99 are per inference of the whole batch)
-    cols = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms",
-            "items/s" if r["objective"] == "throughput" else "fps", "mem MB"]
+    cols = [
+        "configuration",
+        "status",
+        "size MB",
+        "parity",
+        "p50 ms",
+        "p99 ms",
+        "items/s" if r["objective"] == "throughput" else "fps",
+        "mem MB",
+    ]
     if e2e:  # frames the pipeline could not process in time at the target rate: ranked on first
         cols.insert(4, "missed at " + _pace(r))
     throughput = r["objective"] == "throughput"
@@ -35,15 +43,27 @@ def render_tune(r: dict[str, Any]) -> None:
         res = x.get("result") or {}
         missed = (res.get("missed") or 0) / (res.get("frames") or 1)  # e2e: missed frames first, as tune ranks
         return order.get(x["status"], 2), missed, res.get("score") if res.get("score") is not None else float("inf")
+
     for trial in sorted(r["trials"], key=rank):
         rw = row(trial)
         status = rw["status"]
-        style = "green" if status == "chosen" else "red" if status.startswith(("parity failed", "conversion failed",
-                                                                                 "failed")) else ""
-        cells = [safe(rw["configuration"]), f"[{style}]{safe(status)}[/]" if style else safe(status),
-                 "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}", safe(rw["parity"]),
-                 fmt_ms(rw["p50_ms"]), fmt_ms(rw["p99_ms"]), "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
-                 "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}"]
+        style = (
+            "green"
+            if status == "chosen"
+            else "red"
+            if status.startswith(("parity failed", "conversion failed", "failed"))
+            else ""
+        )
+        cells = [
+            safe(rw["configuration"]),
+            f"[{style}]{safe(status)}[/]" if style else safe(status),
+            "-" if rw["size_mb"] is None else f"{rw['size_mb']:.2f}",
+            safe(rw["parity"]),
+            fmt_ms(rw["p50_ms"]),
+            fmt_ms(rw["p99_ms"]),
+            "-" if rw["fps"] is None else f"{rw['fps']:.1f}",
+            "-" if rw["memory_mb"] is None else f"{rw['memory_mb']:.1f}",
+        ]
         if e2e:
             cells.insert(4, safe(rw["missed"] or "-"))
         if throughput:
@@ -55,8 +75,9 @@ def render_tune(r: dict[str, Any]) -> None:
     for n in r["notes"]:
         console.print(f"[yellow]note:[/] {safe(n)}", highlight=False)
     dc = r["device_class"]
-    console.print(("" if dc["same"] else "[yellow]") + safe(dc["reason"]) + ("" if dc["same"] else "[/]"),
-                  highlight=False)
+    console.print(
+        ("" if dc["same"] else "[yellow]") + safe(dc["reason"]) + ("" if dc["same"] else "[/]"), highlight=False
+    )
     if r["winner"] is not None:
         console.print(f"[green]chosen[/] {safe(r['winner']['label'])}", highlight=False)
         console.print(f"applied by --tuned: {safe(r['applied'] or '')}", highlight=False)
@@ -80,33 +101,67 @@ def _pace(r: dict[str, Any]) -> str:
 def tune_cmd(
     model: Path = typer.Argument(..., help="Source model (.onnx)."),
     target: str = typer.Option(..., "--target", "-t", help="Target profile (see `edgekit targets`)."),
-    budget_ms: Optional[float] = BudgetMs, fps: Optional[float] = Fps,
-    objective: str = typer.Option("latency", "--objective", help=f"{', '.join(OBJECTIVES)} (e2e: the video "
-                                  "pipeline over --video, decode to post-processing)."),
-    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Try at most this many configurations "
-                                             "(each runner and precision's defaults first).", show_default=False),
-    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop converting and measuring after "
-                                                "this many seconds; the best so far wins.", show_default=False),
-    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data for int8 (a directory of "
-                                        ".npy/.npz/images, or 'random'); without it int8 is left out.",
-                                        show_default=False),
-    video: Optional[Path] = typer.Option(None, "--video", help="Video file for --objective e2e.", show_default=False),
-    study: Optional[Path] = typer.Option(None, "--study", help="Study file (JSON of finished trials) to resume "
-                                         "from and write to (default: OUT/study.json).", show_default=False),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory: tuned.toml, study.json, pareto.html/png, "
-                                       "the conversion cache (default: build/<model>-<target>-tune).",
-                                       show_default=False),
+    budget_ms: float | None = BudgetMs,
+    fps: float | None = Fps,
+    objective: str = typer.Option(
+        "latency",
+        "--objective",
+        help=f"{', '.join(OBJECTIVES)} (e2e: the video pipeline over --video, decode to post-processing).",
+    ),
+    max_trials: int | None = typer.Option(
+        None,
+        "--max-trials",
+        help="Try at most this many configurations (each runner and precision's defaults first).",
+        show_default=False,
+    ),
+    time_budget: float | None = typer.Option(
+        None,
+        "--time-budget",
+        help="Stop converting and measuring after this many seconds; the best so far wins.",
+        show_default=False,
+    ),
+    calib: str | None = typer.Option(
+        None,
+        "--calib",
+        help="Calibration data for int8 (a directory of .npy/.npz/images, or 'random'); without it int8 is left out.",
+        show_default=False,
+    ),
+    video: Path | None = typer.Option(None, "--video", help="Video file for --objective e2e.", show_default=False),
+    study: Path | None = typer.Option(
+        None,
+        "--study",
+        help="Study file (JSON of finished trials) to resume from and write to (default: OUT/study.json).",
+        show_default=False,
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Output directory: tuned.toml, study.json, pareto.html/png, the conversion cache (default: build/<model>-<target>-tune).",
+        show_default=False,
+    ),
     strategy: str = typer.Option("halving", "--strategy", help="halving (successive halving) or exhaustive."),
-    precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="Only these precisions "
-                                                  "(repeatable).", show_default=False),
-    runner: Optional[List[str]] = typer.Option(None, "--runner", help="Only these runners (repeatable).",
-                                               show_default=False),
-    batch: Optional[List[int]] = typer.Option(None, "--batch", help="Objective throughput: only these batch sizes "
-                                              "(repeatable; default 1, 2, 4, 8 where the model's first input "
-                                              "dimension is a batch).", show_default=False),
-    input_shape: Optional[List[str]] = InputShape, preprocess: str = Preprocess, letterbox: Optional[bool] = Letterbox,
-    freeze_input: Optional[List[str]] = FreezeInput, parity_data: Optional[Path] = ParityData, task: str = Task,
-    targets_dir: Optional[List[Path]] = TargetsDir, as_json: bool = JsonOut,
+    precision: list[str] | None = typer.Option(
+        None, "--precision", "-p", help="Only these precisions (repeatable).", show_default=False
+    ),
+    runner: list[str] | None = typer.Option(
+        None, "--runner", help="Only these runners (repeatable).", show_default=False
+    ),
+    batch: list[int] | None = typer.Option(
+        None,
+        "--batch",
+        help="Objective throughput: only these batch sizes "
+        "(repeatable; default 1, 2, 4, 8 where the model's first input "
+        "dimension is a batch).",
+        show_default=False,
+    ),
+    input_shape: list[str] | None = InputShape,
+    preprocess: str = Preprocess,
+    letterbox: bool | None = Letterbox,
+    freeze_input: list[str] | None = FreezeInput,
+    parity_data: Path | None = ParityData,
+    task: str = Task,
+    targets_dir: list[Path] | None = TargetsDir,
+    as_json: bool = JsonOut,
 ) -> None:
     """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
     for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
@@ -114,10 +169,22 @@ def tune_cmd(
     from edge.tune.search import TuneOptions, tune
 
     request = convert_request(None, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir).replace(
-        parity_data=parity_data, task=task)
-    options = TuneOptions(objective=objective, strategy=strategy, max_trials=max_trials, time_budget_s=time_budget,
-                          video=video, study=study, out=out, runners=runner or None, precisions=precision or None,
-                          budget_ms=budget_ms, fps=fps, batches=batch or None)
+        parity_data=parity_data, task=task
+    )
+    options = TuneOptions(
+        objective=objective,
+        strategy=strategy,
+        max_trials=max_trials,
+        time_budget_s=time_budget,
+        video=video,
+        study=study,
+        out=out,
+        runners=runner or None,
+        precisions=precision or None,
+        budget_ms=budget_ms,
+        fps=fps,
+        batches=batch or None,
+    )
     with steps(not as_json) as say:
         result = tune(model, target, request, options, on_step=say)
     data = result.to_json()

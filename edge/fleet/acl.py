@@ -26,9 +26,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from edge.mqtt.topics import INBOUND_KINDS, KINDS, ROOT, check_part
 from edge.errors import EdgeError
 from edge.fleet.pki import PkiError, Role, identity
+from edge.mqtt.topics import INBOUND_KINDS, KINDS, ROOT, check_part
 
 DEFAULT_COLLECTOR = "main"
 
@@ -41,15 +41,21 @@ def mosquitto_acl(fleet: str, *, collectors: Sequence[str] = (DEFAULT_COLLECTOR,
     if not collectors:
         raise PkiError("name at least one collector: without one, nobody may read the fleet's messages")
     base = f"{ROOT}/{fleet}"
-    lines = [f"# edgekit fleet {fleet!r}: Mosquitto acl_file for a listener with require_certificate true and",
-             "# use_identity_as_username true (written by `edgekit fleet acl`; edit the fleet, not this file).",
-             "", "# every client: publish only as itself, read only its own commands"]
+    lines = [
+        f"# edgekit fleet {fleet!r}: Mosquitto acl_file for a listener with require_certificate true and",
+        "# use_identity_as_username true (written by `edgekit fleet acl`; edit the fleet, not this file).",
+        "",
+        "# every client: publish only as itself, read only its own commands",
+    ]
     lines += [f"pattern write {base}/%u/{kind}" for kind in KINDS if kind != "cmd"]
     lines += [f"pattern read {base}/%u/cmd/#"]
     lines += [f"pattern read {base}/%u/{kind}" for kind in INBOUND_KINDS] + [""]  # its desired state (#14)
     for name in dict.fromkeys(collectors):  # in order, once each
-        lines += [f"user {identity(name, Role.COLLECTOR)}", f"topic read {base}/+/+",
-                  f"topic write {base}/+/cmd/+"] + [f"topic write {base}/+/{kind}" for kind in INBOUND_KINDS] + [""]
+        lines += (
+            [f"user {identity(name, Role.COLLECTOR)}", f"topic read {base}/+/+", f"topic write {base}/+/cmd/+"]
+            + [f"topic write {base}/+/{kind}" for kind in INBOUND_KINDS]
+            + [""]
+        )
     return "\n".join(lines)
 
 

@@ -58,84 +58,149 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from types import MappingProxyType
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-from edge.mqtt.client import DEGRADED, BrokerConfig
-from edge.mqtt.lite import LiteConnection, TooLarge
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop, Timer
-from edge.mqtt.payloads import SCHEMA_VERSION, encode
-from edge.mqtt.ratelog import RateLimitedLog
-from edge.mqtt.topics import Topic, check_part, fleet_filter, shared
 from edge.errors import EdgeError
 from edge.fleet import pgarray
 from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db, scrub
-from edge.fleet.decode import (MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded, Rejected, TopicCache, decode,
-                               num, telemetry_columns, text)
+from edge.fleet.decode import (
+    MAX_PAYLOAD_BYTES,
+    MAX_SESSION_SKEW_S,
+    REASONS,
+    Decoded,
+    Rejected,
+    TopicCache,
+    decode,
+    num,
+    telemetry_columns,
+    text,
+)
+from edge.mqtt.client import DEGRADED, BrokerConfig
+from edge.mqtt.lite import LiteConnection, TooLarge
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop, Timer
+from edge.mqtt.payloads import SCHEMA_VERSION, encode
+from edge.mqtt.ratelog import RateLimitedLog
+from edge.mqtt.topics import Topic, check_part, fleet_filter, shared
 
 log = logging.getLogger("edge.fleet")
 
-_NEWER = ("devices.session IS NULL OR devices.session < excluded.session OR "
-          "(devices.session = excluded.session AND devices.connection <= excluded.connection)")
+_NEWER = (
+    "devices.session IS NULL OR devices.session < excluded.session OR "
+    "(devices.session = excluded.session AND devices.connection <= excluded.connection)"
+)
 STREAM_KINDS = ("telemetry", "state")
 _INSERT_TELEMETRY = (
     "INSERT INTO telemetry (fleet, device, session, seq, ts, received_at, historical, fps, p50_ms, p99_ms, max_ms, "
     "misses, frames, cpu_percent, rss_mb, temp_c, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT DO NOTHING")
-_INSERT_STATE = ("INSERT INTO states (fleet, device, session, seq, ts, received_at, historical, state, detail, payload) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
+    "ON CONFLICT DO NOTHING"
+)
+_INSERT_STATE = (
+    "INSERT INTO states (fleet, device, session, seq, ts, received_at, historical, state, detail, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
 _UPSERT_STREAM = (  # n new messages of one stream, the highest seq among them
     "INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
     "VALUES (?, ?, ?, ?, ?, 0, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
     "received = streams.received + excluded.received, updated_at = excluded.updated_at, max_seq = CASE WHEN "
-    "excluded.max_seq > streams.max_seq THEN excluded.max_seq ELSE streams.max_seq END")
-_UPSERT_SEEN = ("INSERT INTO devices (fleet, device, last_seen) VALUES (?, ?, ?) ON CONFLICT (fleet, device) "
-                "DO UPDATE SET last_seen = excluded.last_seen "
-                "WHERE devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen")
-_NEWER_SEQ = ("fleet = ? AND device = ? AND (last_session IS NULL OR last_session < ? OR "
-              "(last_session = ? AND last_seq < ?))")
+    "excluded.max_seq > streams.max_seq THEN excluded.max_seq ELSE streams.max_seq END"
+)
+_UPSERT_SEEN = (
+    "INSERT INTO devices (fleet, device, last_seen) VALUES (?, ?, ?) ON CONFLICT (fleet, device) "
+    "DO UPDATE SET last_seen = excluded.last_seen "
+    "WHERE devices.last_seen IS NULL OR devices.last_seen < excluded.last_seen"
+)
+_NEWER_SEQ = (
+    "fleet = ? AND device = ? AND (last_session IS NULL OR last_session < ? OR (last_session = ? AND last_seq < ?))"
+)
 _UPDATE_TELEMETRY = (
     "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, fps = ?, p50_ms = ?, p99_ms = ?, "
     "max_ms = ?, misses = ?, frames = ?, cpu_percent = ?, rss_mb = ?, temp_c = ?, budget_ms = ?, "
     "throttled = ?, spool_pending = ?, spool_dropped = ?, interval_s = coalesce(?, interval_s), "
-    "bundle_id = coalesce(?, bundle_id) WHERE " + _NEWER_SEQ)  # the values in TELEMETRY_METRICS order
-_UPDATE_STATE = ("UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? "
-                 "WHERE " + _NEWER_SEQ)
+    "bundle_id = coalesce(?, bundle_id) WHERE " + _NEWER_SEQ
+)  # the values in TELEMETRY_METRICS order
+_UPDATE_STATE = (
+    "UPDATE devices SET last_session = ?, last_seq = ?, last_ts = ?, state = ?, state_detail = ? WHERE " + _NEWER_SEQ
+)
 # PostgreSQL column types of the statements' parameters, in order (``FleetDB.bulk`` sends them as arrays)
 _STATE_TYPES = ("text", "text", "bigint", "bigint", "float8", "float8", "boolean", "text", "text", "text")
 _STREAM_TYPES = ("text", "text", "bigint", "bigint", "bigint", "float8")
 _SEEN_TYPES = ("text", "text", "float8")
 _WHERE_TYPES = ("text", "text", "bigint", "bigint", "bigint")
-_UPDATE_TELEMETRY_TYPES = ("bigint", "bigint", "float8", "float8", "float8", "float8", "float8", "bigint", "bigint",
-                           "float8", "float8", "float8", "float8", "boolean", "bigint", "bigint", "float8", "text",
-                           *_WHERE_TYPES)
+_UPDATE_TELEMETRY_TYPES = (
+    "bigint",
+    "bigint",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "bigint",
+    "bigint",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "boolean",
+    "bigint",
+    "bigint",
+    "float8",
+    "text",
+    *_WHERE_TYPES,
+)
 _UPDATE_STATE_TYPES = ("bigint", "bigint", "float8", "text", "text", *_WHERE_TYPES)
+
+
 def _seen_upsert(columns: tuple[str, ...]) -> str:
     """``_UPSERT_SEEN`` and ``_UPDATE_TELEMETRY``/``_UPDATE_STATE`` in one statement: last_seen when later, the
     columns when the message is past the row's (session, seq); interval_s and bundle_id kept when null."""
     # a row value comparison (SQLite 3.15+, PostgreSQL) and the alias d: the statement stays under psycopg's 4 KB
     # cache limit, past which it re-parses the query text on every execution (2.5 ms a batch)
     newer = "(d.last_session IS NULL OR (d.last_session, d.last_seq) < (excluded.last_session, excluded.last_seq))"
-    sets = ["last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen "
-            "THEN excluded.last_seen ELSE d.last_seen END"]
+    sets = [
+        "last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen THEN excluded.last_seen ELSE d.last_seen END"
+    ]
     for c in columns:
         v = f"coalesce(excluded.{c}, d.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"
         sets.append(f"{c} = CASE WHEN {newer} THEN {v} ELSE d.{c} END")
-    return (f"INSERT INTO devices AS d (fleet, device, last_seen, {', '.join(columns)}) VALUES "
-            f"({', '.join(['?'] * (len(columns) + 3))}) ON CONFLICT (fleet, device) DO UPDATE SET " + ", ".join(sets))
+    return (
+        f"INSERT INTO devices AS d (fleet, device, last_seen, {', '.join(columns)}) VALUES "
+        f"({', '.join(['?'] * (len(columns) + 3))}) ON CONFLICT (fleet, device) DO UPDATE SET " + ", ".join(sets)
+    )
 
 
-_SEEN_TELEMETRY = _seen_upsert(("last_session", "last_seq", "last_ts", "fps", "p50_ms", "p99_ms", "max_ms", "misses",
-                                "frames", "cpu_percent", "rss_mb", "temp_c", "budget_ms", "throttled", "spool_pending",
-                                "spool_dropped", "interval_s", "bundle_id"))  # _UPDATE_TELEMETRY's, in its order
+_SEEN_TELEMETRY = _seen_upsert(
+    (
+        "last_session",
+        "last_seq",
+        "last_ts",
+        "fps",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "misses",
+        "frames",
+        "cpu_percent",
+        "rss_mb",
+        "temp_c",
+        "budget_ms",
+        "throttled",
+        "spool_pending",
+        "spool_dropped",
+        "interval_s",
+        "bundle_id",
+    )
+)  # _UPDATE_TELEMETRY's, in its order
 _SEEN_STATE = _seen_upsert(("last_session", "last_seq", "last_ts", "state", "state_detail"))
-_SEEN_TELEMETRY_TYPES = (*_SEEN_TYPES, *_UPDATE_TELEMETRY_TYPES[:-len(_WHERE_TYPES)])
-_SEEN_STATE_TYPES = (*_SEEN_TYPES, *_UPDATE_STATE_TYPES[:-len(_WHERE_TYPES)])
+_SEEN_TELEMETRY_TYPES = (*_SEEN_TYPES, *_UPDATE_TELEMETRY_TYPES[: -len(_WHERE_TYPES)])
+_SEEN_STATE_TYPES = (*_SEEN_TYPES, *_UPDATE_STATE_TYPES[: -len(_WHERE_TYPES)])
 
-_GAP_QUERY_PG = ("SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM unnest(%b::text[], "
-                 "%b::text[], %b::bigint[]) AS k(f, d, s) JOIN streams t ON t.fleet = k.f AND t.device = k.d "
-                 "AND t.session = k.s")
+_GAP_QUERY_PG = (
+    "SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM unnest(%b::text[], "
+    "%b::text[], %b::bigint[]) AS k(f, d, s) JOIN streams t ON t.fleet = k.f AND t.device = k.d "
+    "AND t.session = k.s"
+)
 
 # a decoded message, its payload as text, when it arrived, and for telemetry its values (``telemetry_columns``):
 # read as it arrives, so the parsed payload (some fifty objects) is freed at once instead of living until the
@@ -188,8 +253,10 @@ class CollectorConfig:
         if not 1 <= self.receive_maximum <= 65535:  # a two-byte MQTT 5 property
             problems.append(f"receive maximum {self.receive_maximum} is not between 1 and 65535")
         elif self.receive_maximum < self.batch_max:
-            problems.append(f"receive maximum {self.receive_maximum} is below the batch size {self.batch_max}: "
-                            "the broker would stop sending before a batch is full")
+            problems.append(
+                f"receive maximum {self.receive_maximum} is below the batch size {self.batch_max}: "
+                "the broker would stop sending before a batch is full"
+            )
         if self.max_backlog == 0:
             self.max_backlog = max(20_000, 2 * self.batch_max)
         if not self.batch_max <= self.max_backlog <= 1_000_000:
@@ -197,8 +264,10 @@ class CollectorConfig:
         if self.client not in CLIENTS:
             problems.append(f"unknown MQTT client {str(self.client)[:40]!r} (one of {', '.join(CLIENTS)})")
         if problems:
-            raise EdgeError("; ".join(problems), hint="e.g. --batch-max 5000 --batch-interval-ms 50 "
-                            "--receive-maximum 10000 (the receive maximum at least the batch size)")
+            raise EdgeError(
+                "; ".join(problems),
+                hint="e.g. --batch-max 5000 --batch-interval-ms 50 --receive-maximum 10000 (the receive maximum at least the batch size)",
+            )
         if self.fleet != "+":
             check_part(self.fleet, "fleet")
         check_part(self.group, "shared subscription group")
@@ -207,9 +276,20 @@ class CollectorConfig:
 
 
 def _new_stats() -> dict[str, Any]:
-    return {"received": 0, "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0}, "duplicates": 0,
-            "rejected": {r: 0 for r in REASONS}, "rebirths_sent": 0, "gaps_detected": 0, "gaps_filled": 0,
-            "db_errors": 0, "evicted": 0, "shed": 0, "overflows": 0, "backlog_high": 0}
+    return {
+        "received": 0,
+        "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0},
+        "duplicates": 0,
+        "rejected": {r: 0 for r in REASONS},
+        "rebirths_sent": 0,
+        "gaps_detected": 0,
+        "gaps_filled": 0,
+        "db_errors": 0,
+        "evicted": 0,
+        "shed": 0,
+        "overflows": 0,
+        "backlog_high": 0,
+    }
 
 
 K = TypeVar("K")
@@ -284,8 +364,13 @@ class Collector:
         self.stats["received"] += 1
         now = time.time() if received_at is None else received_at
         try:
-            d = decode(self._topics(topic), payload, max_bytes=self.config.max_payload_bytes, now=now,
-                       max_session_skew_s=self.config.max_session_skew_s)
+            d = decode(
+                self._topics(topic),
+                payload,
+                max_bytes=self.config.max_payload_bytes,
+                now=now,
+                max_session_skew_s=self.config.max_session_skew_s,
+            )
         except Rejected as r:
             n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
             if r.reason == "not_stored":  # the rollout's own topics: expected on the fleet subscription
@@ -382,8 +467,20 @@ class Collector:
             else:
                 x = d.payload
                 s_idx.append(i)
-                s_rows.append((d.fleet, d.device, d.session, d.seq, d.ts, now, d.historical, text(x, "state"),
-                               text(x, "detail", limit=2000), raw))
+                s_rows.append(
+                    (
+                        d.fleet,
+                        d.device,
+                        d.session,
+                        d.seq,
+                        d.ts,
+                        now,
+                        d.historical,
+                        text(x, "state"),
+                        text(x, "detail", limit=2000),
+                        raw,
+                    )
+                )
         if t_idx:
             for i, ok in zip(t_idx, db.insert_telemetry(_INSERT_TELEMETRY, t_rows)):
                 new[i] = ok
@@ -459,12 +556,16 @@ class Collector:
                 firsts[kind].append((fleet, device, seen.pop((fleet, device), None), *row[:-5]))
         if seen:  # every device seen has a first row above; this is for the case that it has not
             db.bulk(_UPSERT_SEEN, [(*k, at) for k, at in seen.items()], _SEEN_TYPES)
-        for kind, sql, types in (("telemetry", _SEEN_TELEMETRY, _SEEN_TELEMETRY_TYPES),
-                                 ("state", _SEEN_STATE, _SEEN_STATE_TYPES)):
+        for kind, sql, types in (
+            ("telemetry", _SEEN_TELEMETRY, _SEEN_TELEMETRY_TYPES),
+            ("state", _SEEN_STATE, _SEEN_STATE_TYPES),
+        ):
             if firsts[kind]:
                 db.bulk(sql, firsts[kind], types)
-        for kind, sql, types in (("telemetry", _UPDATE_TELEMETRY, _UPDATE_TELEMETRY_TYPES),
-                                 ("state", _UPDATE_STATE, _UPDATE_STATE_TYPES)):
+        for kind, sql, types in (
+            ("telemetry", _UPDATE_TELEMETRY, _UPDATE_TELEMETRY_TYPES),
+            ("state", _UPDATE_STATE, _UPDATE_STATE_TYPES),
+        ):
             if seconds[kind]:
                 db.bulk(sql, seconds[kind], types)
 
@@ -505,8 +606,10 @@ class Collector:
                 positions[k] = d.seq
         if not suspects:
             return set()
-        fresh = {(f, dv, int(s)): int(max(m, a)) for f, dv, s, _, m, a in
-                 self._stream_rows(list({run[i][0][1:4] for i in suspects}))}
+        fresh = {
+            (f, dv, int(s)): int(max(m, a))
+            for f, dv, s, _, m, a in self._stream_rows(list({run[i][0][1:4] for i in suspects}))
+        }
         refused: set[int] = set()
         for i in suspects:
             d, _, now, _ = run[i]
@@ -530,10 +633,21 @@ class Collector:
             "ELSE excluded.first_at END, max_seq = CASE WHEN stream_flags.session = excluded.session AND "
             "stream_flags.max_seq > excluded.max_seq THEN stream_flags.max_seq ELSE excluded.max_seq END, "
             "session = excluded.session, stream_seq = excluded.stream_seq, last_at = excluded.last_at",
-            (d.fleet, d.device, d.session, d.seq, at, now, now))
-        self._ratelog.warning("seq_jump", "%s/%s session %d: refused a %s with seq %d, %d past the stream's position "
-                              "%d (more than %d: forged or broken; flagged in fleet status)", d.fleet, d.device,
-                              d.session, d.kind, d.seq, d.seq - at, at, self.config.max_seq_jump)
+            (d.fleet, d.device, d.session, d.seq, at, now, now),
+        )
+        self._ratelog.warning(
+            "seq_jump",
+            "%s/%s session %d: refused a %s with seq %d, %d past the stream's position "
+            "%d (more than %d: forged or broken; flagged in fleet status)",
+            d.fleet,
+            d.device,
+            d.session,
+            d.kind,
+            d.seq,
+            d.seq - at,
+            at,
+            self.config.max_seq_jump,
+        )
 
     @staticmethod
     def _device_update(d: Decoded, metrics: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
@@ -547,9 +661,11 @@ class Collector:
 
     def _store_birth(self, d: Decoded, raw: str, now: float) -> bool:
         x, db = d.payload, self.db
-        cur = db.execute("INSERT INTO births (fleet, device, session, connection, seq, ts, received_at, payload) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                         (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, raw))
+        cur = db.execute(
+            "INSERT INTO births (fleet, device, session, connection, seq, ts, received_at, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, raw),
+        )
         if cur.rowcount != 1:
             return False
         db.execute(
@@ -567,11 +683,27 @@ class Collector:
             # stream of another session, e.g. a forged one, had put there)
             "last_session = excluded.last_session, last_seq = CASE WHEN devices.last_session = excluded.last_session "
             "AND devices.last_seq > excluded.last_seq THEN devices.last_seq ELSE excluded.last_seq END WHERE " + _NEWER,
-            (d.fleet, d.device, d.session, d.connection, d.ts, now, num(x, "agent", "interval_s"),
-             text(x, "bundle", "id"), text(x, "bundle", "target"), text(x, "runner", "runtime"),
-             text(x, "runner", "device_used"), text(x, "runner", "precision_used"),
-             text(x, "agent", "edgekit_version"), text(x, "host", "hostname"), text(x, "state"),
-             text(x, "state_detail", limit=2000), d.session, d.seq))
+            (
+                d.fleet,
+                d.device,
+                d.session,
+                d.connection,
+                d.ts,
+                now,
+                num(x, "agent", "interval_s"),
+                text(x, "bundle", "id"),
+                text(x, "bundle", "target"),
+                text(x, "runner", "runtime"),
+                text(x, "runner", "device_used"),
+                text(x, "runner", "precision_used"),
+                text(x, "agent", "edgekit_version"),
+                text(x, "host", "hostname"),
+                text(x, "state"),
+                text(x, "state_detail", limit=2000),
+                d.session,
+                d.seq,
+            ),
+        )
         self._announce(d, now)
         key = (d.fleet, d.device)
         if self._births.get(key, -1) < d.session:
@@ -581,26 +713,32 @@ class Collector:
     def _store_death(self, d: Decoded, raw: str, now: float) -> bool:
         db = self.db
         reason = text(d.payload, "reason")
-        cur = db.execute("INSERT INTO deaths (fleet, device, session, connection, seq, ts, received_at, reason, payload) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                         (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, reason, raw))
+        cur = db.execute(
+            "INSERT INTO deaths (fleet, device, session, connection, seq, ts, received_at, reason, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (d.fleet, d.device, d.session, d.connection, d.seq, d.ts, now, reason, raw),
+        )
         if cur.rowcount != 1:
             return False
-        db.execute("INSERT INTO devices (fleet, device, online, session, connection, death_at, death_reason) "
-                   "VALUES (?, ?, FALSE, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET online = FALSE, "
-                   "session = excluded.session, connection = excluded.connection, death_at = excluded.death_at, "
-                   "death_reason = excluded.death_reason WHERE " + _NEWER,
-                   (d.fleet, d.device, d.session, d.connection, now, reason))
+        db.execute(
+            "INSERT INTO devices (fleet, device, online, session, connection, death_at, death_reason) "
+            "VALUES (?, ?, FALSE, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO UPDATE SET online = FALSE, "
+            "session = excluded.session, connection = excluded.connection, death_at = excluded.death_at, "
+            "death_reason = excluded.death_reason WHERE " + _NEWER,
+            (d.fleet, d.device, d.session, d.connection, now, reason),
+        )
         self._announce(d, now)
         return True
 
     def _announce(self, d: Decoded, now: float) -> None:
         """Births and deaths carry the stream position: messages up to it exist somewhere."""
-        self.db.execute("INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
-                        "VALUES (?, ?, ?, 0, 0, ?, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
-                        "announced_seq = CASE WHEN excluded.announced_seq > streams.announced_seq "
-                        "THEN excluded.announced_seq ELSE streams.announced_seq END",
-                        (d.fleet, d.device, d.session, d.seq, now))
+        self.db.execute(
+            "INSERT INTO streams (fleet, device, session, received, max_seq, announced_seq, updated_at) "
+            "VALUES (?, ?, ?, 0, 0, ?, ?) ON CONFLICT (fleet, device, session) DO UPDATE SET "
+            "announced_seq = CASE WHEN excluded.announced_seq > streams.announced_seq "
+            "THEN excluded.announced_seq ELSE streams.announced_seq END",
+            (d.fleet, d.device, d.session, d.seq, now),
+        )
         self._touched.add((d.fleet, d.device, d.session))
         k = (d.fleet, d.device, d.session)
         if self._positions.get(k, -1) < d.seq:
@@ -624,8 +762,15 @@ class Collector:
         if self.conn is None or not self.conn.connected:
             return False
         self._rebirth_at[key] = now
-        body = {"schema_version": SCHEMA_VERSION, "type": "cmd", "command": "rebirth", "fleet": fleet,
-                "device": device, "reason": reason, "ts": round(time.time(), 6)}
+        body = {
+            "schema_version": SCHEMA_VERSION,
+            "type": "cmd",
+            "command": "rebirth",
+            "fleet": fleet,
+            "device": device,
+            "reason": reason,
+            "ts": round(time.time(), 6),
+        }
         self.conn.publish(str(Topic(fleet, device, "cmd", "rebirth")), encode(body), qos=1)
         self.stats["rebirths_sent"] += 1
         self._ratelog.info("rebirth", "asked %s/%s for a rebirth (%s)", fleet, device, reason)
@@ -757,15 +902,24 @@ class Collector:
                 if not reported and now - since >= self.config.gap_grace_s:
                     self._gappy[key] = (since, True)
                     self.stats["gaps_detected"] += 1
-                    self._ratelog.warning("gap", "%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, "
-                                          "%d received)", fleet, device, key[2], missing, now - since,
-                                          max(max_seq, announced), received)
+                    self._ratelog.warning(
+                        "gap",
+                        "%s/%s session %d: %d message(s) missing for %.0f s (seq up to %d, %d received)",
+                        fleet,
+                        device,
+                        key[2],
+                        missing,
+                        now - since,
+                        max(max_seq, announced),
+                        received,
+                    )
             elif key in self._gappy:
                 since, reported = self._gappy.pop(key)
                 if reported:
                     self.stats["gaps_filled"] += 1
-                    self._ratelog.info("gap_filled", "%s/%s session %d: gap filled after %.0f s", fleet, device,
-                                       key[2], now - since)
+                    self._ratelog.info(
+                        "gap_filled", "%s/%s session %d: gap filled after %.0f s", fleet, device, key[2], now - since
+                    )
 
     def _stream_rows(self, touched: list[tuple[str, str, int]]) -> list[tuple[Any, ...]]:
         """(fleet, device, session, received, max_seq, announced_seq) of these streams, those the store has."""
@@ -774,14 +928,15 @@ class Collector:
             rows = self.db.execute(_GAP_QUERY_PG, pgarray.columns(touched, ("text", "text", "bigint"))).fetchall()
             touched = []
         for i in range(0, len(touched), self.GAP_QUERY_KEYS):
-            chunk = touched[i:i + self.GAP_QUERY_KEYS]
+            chunk = touched[i : i + self.GAP_QUERY_KEYS]
             # the keys as a joined table: for a row-value IN (VALUES ...) SQLite scans all of streams (measured
             # 48 ms vs 1 ms per 300 keys at 100,000 streams), on every flush
             rows += self.db.execute(
                 "WITH k(f, d, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * len(chunk)) + ") "
                 "SELECT t.fleet, t.device, t.session, t.received, t.max_seq, t.announced_seq FROM k JOIN streams t "
                 "ON t.fleet = k.f AND t.device = k.d AND t.session = k.s",
-                [v for key in chunk for v in key]).fetchall()
+                [v for key in chunk for v in key],
+            ).fetchall()
         return rows
 
     def _db_failed(self, e: BaseException) -> None:
@@ -792,12 +947,15 @@ class Collector:
             self._pending.clear()
             if self.conn is not None and self.conn.client is not None:
                 self.conn.client.disconnect()
-            log.error("error while a batch was being written, reconnecting for re-delivery: %s",
-                      scrub(str(e), self.config.db_url))
+            log.error(
+                "error while a batch was being written, reconnecting for re-delivery: %s",
+                scrub(str(e), self.config.db_url),
+            )
             return
         self.stats["db_errors"] += 1
-        log.error("database error, rolling back and reconnecting for re-delivery: %s",
-                  scrub(str(e), self.config.db_url))
+        log.error(
+            "database error, rolling back and reconnecting for re-delivery: %s", scrub(str(e), self.config.db_url)
+        )
         try:
             self.db.rollback()
         except Exception:  # pragma: no cover - the connection itself is gone
@@ -836,14 +994,20 @@ class Collector:
         if not qos:
             self.stats["received"] += 1
             self.stats["shed"] += 1
-            self._ratelog.warning("shed", "backlog full (%d messages waiting for the database): shedding QoS 0 "
-                                  "messages (%d so far)", n, self.stats["shed"])
+            self._ratelog.warning(
+                "shed",
+                "backlog full (%d messages waiting for the database): shedding QoS 0 messages (%d so far)",
+                n,
+                self.stats["shed"],
+            )
             return False
         if n < limit + self.config.receive_maximum:
             return True
         self.stats["overflows"] += 1
-        log.error("the broker sent more unacknowledged messages than the receive maximum (%d): reconnecting, "
-                  "the broker re-delivers", self.config.receive_maximum)
+        log.error(
+            "the broker sent more unacknowledged messages than the receive maximum (%d): reconnecting, the broker re-delivers",
+            self.config.receive_maximum,
+        )
         self._pending.clear()
         self._acks.clear()
         if self.conn is not None and self.conn.client is not None:
@@ -883,7 +1047,7 @@ class Collector:
         if len(self._acks) >= self.config.batch_max:
             self._batch_due()
 
-    def start(self, loop: NetworkLoop | None = None) -> "Collector":
+    def start(self, loop: NetworkLoop | None = None) -> Collector:
         c = self.config
         if not c.broker.mqtt5:
             log.warning(DEGRADED["collector"])
@@ -891,15 +1055,31 @@ class Collector:
         self._own_loop = loop is None
         if c.client == "lite":
             conn: Connection | LiteConnection = LiteConnection(
-                self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
-                on_publish=self._lite_message, clean_start=False, session_expiry_s=c.session_expiry_s,
-                receive_maximum=c.receive_maximum, backoff=c.backoff)
+                self.loop,
+                c.broker,
+                str(c.client_id),
+                subscriptions=[(self.subscription, 1)],
+                on_publish=self._lite_message,
+                clean_start=False,
+                session_expiry_s=c.session_expiry_s,
+                receive_maximum=c.receive_maximum,
+                backoff=c.backoff,
+            )
         else:
-            conn = Connection(self.loop, c.broker, str(c.client_id), subscriptions=[(self.subscription, 1)],
-                              on_message=self._message,
-                              options=ConnectOptions(clean_start=False, session_expiry_s=c.session_expiry_s,
-                                                     manual_ack=True, receive_maximum=c.receive_maximum,
-                                                     backoff=c.backoff))
+            conn = Connection(
+                self.loop,
+                c.broker,
+                str(c.client_id),
+                subscriptions=[(self.subscription, 1)],
+                on_message=self._message,
+                options=ConnectOptions(
+                    clean_start=False,
+                    session_expiry_s=c.session_expiry_s,
+                    manual_ack=True,
+                    receive_maximum=c.receive_maximum,
+                    backoff=c.backoff,
+                ),
+            )
         self.conn = conn
         self.loop.run(self.loop.after_io, self._after_io)
         if c.pipeline:
@@ -910,13 +1090,21 @@ class Collector:
 
     def tracked(self) -> dict[str, int]:
         """How many entries each in-memory map holds (each at most ``config.max_tracked``)."""
-        return {"births": len(self._births), "rebirth_requests": len(self._rebirth_at), "gaps": len(self._gappy),
-                "topics": len(self._topics), "streams": len(self._positions)}
+        return {
+            "births": len(self._births),
+            "rebirth_requests": len(self._rebirth_at),
+            "gaps": len(self._gappy),
+            "topics": len(self._topics),
+            "streams": len(self._positions),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """The counters, read on the loop thread (consistent)."""
-        stats: dict[str, Any] = (json.loads(json.dumps(self.stats)) if self.loop is None
-                                 else self.loop.run(lambda: json.loads(json.dumps(self.stats))))
+        stats: dict[str, Any] = (
+            json.loads(json.dumps(self.stats))
+            if self.loop is None
+            else self.loop.run(lambda: json.loads(json.dumps(self.stats)))
+        )
         return stats
 
     @property
@@ -938,7 +1126,7 @@ class Collector:
         if self._own_db:
             self.db.close()
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

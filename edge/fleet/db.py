@@ -78,7 +78,7 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS states_received ON states (received_at)",  # retention
 ]
 _TELEMETRY_TABLE = next(x for x in SCHEMA if x.startswith("CREATE TABLE IF NOT EXISTS telemetry "))
-_TELEMETRY_COLUMNS = _TELEMETRY_TABLE[_TELEMETRY_TABLE.index("(") + 1:_TELEMETRY_TABLE.index(", PRIMARY KEY")]
+_TELEMETRY_COLUMNS = _TELEMETRY_TABLE[_TELEMETRY_TABLE.index("(") + 1 : _TELEMETRY_TABLE.index(", PRIMARY KEY")]
 # PostgreSQL, new databases: partitioned by day of arrival; the key index is not unique (see the module doc)
 PG_PARTITIONED_TELEMETRY = [
     f"CREATE TABLE telemetry ({_TELEMETRY_COLUMNS}) PARTITION BY RANGE (received_at)",
@@ -89,20 +89,58 @@ PG_PARTITIONED_TELEMETRY = [
 ]
 PARTITION_S = 86400  # one partition per UTC day
 PARTITIONS_AHEAD = 3  # days created ahead of the writer's clock (and one behind)
-TELEMETRY_COLUMNS = ("fleet", "device", "session", "seq", "ts", "received_at", "historical", "fps", "p50_ms",
-                     "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb", "temp_c", "payload")
-TELEMETRY_TYPES = ("text", "text", "bigint", "bigint", "float8", "float8", "boolean", "float8", "float8", "float8",
-                   "float8", "bigint", "bigint", "float8", "float8", "float8", "text")
+TELEMETRY_COLUMNS = (
+    "fleet",
+    "device",
+    "session",
+    "seq",
+    "ts",
+    "received_at",
+    "historical",
+    "fps",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "misses",
+    "frames",
+    "cpu_percent",
+    "rss_mb",
+    "temp_c",
+    "payload",
+)
+TELEMETRY_TYPES = (
+    "text",
+    "text",
+    "bigint",
+    "bigint",
+    "float8",
+    "float8",
+    "boolean",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "bigint",
+    "bigint",
+    "float8",
+    "float8",
+    "float8",
+    "text",
+)
 # partitioned telemetry, one statement per batch (see ``FleetDB.insert_telemetry``)
 _PARTITIONED_INSERT = (
     f"INSERT INTO telemetry ({', '.join(TELEMETRY_COLUMNS)}) SELECT u.* FROM unnest("
-    + ", ".join(f"%b::{t}[]" for t in TELEMETRY_TYPES) + f") AS u({', '.join(TELEMETRY_COLUMNS)}) "
+    + ", ".join(f"%b::{t}[]" for t in TELEMETRY_TYPES)
+    + f") AS u({', '.join(TELEMETRY_COLUMNS)}) "
     "WHERE u.seq > coalesce((SELECT s.max_seq FROM streams s WHERE s.fleet = u.fleet AND s.device = u.device "
     "AND s.session = u.session), -1) OR NOT EXISTS (SELECT 1 FROM telemetry t WHERE t.fleet = u.fleet "
-    "AND t.device = u.device AND t.session = u.session AND t.seq = u.seq) RETURNING fleet, device, session, seq")
-_STREAM_MAX_SEQ = ("SELECT s.fleet, s.device, s.session, s.max_seq FROM unnest(%b::text[], %b::text[], %b::bigint[]) "
-                   "AS k(fleet, device, session) JOIN streams s ON s.fleet = k.fleet AND s.device = k.device "
-                   "AND s.session = k.session")
+    "AND t.device = u.device AND t.session = u.session AND t.seq = u.seq) RETURNING fleet, device, session, seq"
+)
+_STREAM_MAX_SEQ = (
+    "SELECT s.fleet, s.device, s.session, s.max_seq FROM unnest(%b::text[], %b::text[], %b::bigint[]) "
+    "AS k(fleet, device, session) JOIN streams s ON s.fleet = k.fleet AND s.device = k.device "
+    "AND s.session = k.session"
+)
 _COPY_TELEMETRY = f"COPY telemetry ({', '.join(TELEMETRY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _PARTITION_LOCK = 0x6564676B69740001  # the advisory lock that serialises partition DDL between writers
 
@@ -153,8 +191,9 @@ class FleetDB:
         self._cur.execute(_unnest(sql, types), pgarray.columns(rows, types))
         return int(self._cur.rowcount)
 
-    def insert_new(self, sql: str, rows: Sequence[Sequence[Any]], types: Sequence[str] | None = None,
-                   key: int = 4) -> list[bool]:
+    def insert_new(
+        self, sql: str, rows: Sequence[Sequence[Any]], types: Sequence[str] | None = None, key: int = 4
+    ) -> list[bool]:
         """An ``INSERT ... ON CONFLICT DO NOTHING`` of every row (their first ``key`` values unique among them);
         which rows it inserted.
 
@@ -164,9 +203,10 @@ class FleetDB:
         if self.dialect == "postgresql" and types is not None:
             if not rows:
                 return []
-            names = sql[sql.index("(") + 1:sql.index(")")].split(",")[:key]
-            self._cur.execute(_unnest(sql, types) + " RETURNING " + ", ".join(n.strip() for n in names),
-                              pgarray.columns(rows, types))
+            names = sql[sql.index("(") + 1 : sql.index(")")].split(",")[:key]
+            self._cur.execute(
+                _unnest(sql, types) + " RETURNING " + ", ".join(n.strip() for n in names), pgarray.columns(rows, types)
+            )
             got = set(self._cur.fetchall())
             return [tuple(r[:key]) in got for r in rows]
         if self.dialect == "sqlite" and not self.conn.in_transaction:
@@ -196,7 +236,7 @@ class FleetDB:
         finally:
             self.conn.close()
 
-    def __enter__(self) -> "FleetDB":
+    def __enter__(self) -> FleetDB:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -207,16 +247,18 @@ class FleetDB:
             kind = self.execute("SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass('telemetry')").fetchone()
             if kind is None:
                 self.execute("SELECT pg_advisory_xact_lock(?)", (_PARTITION_LOCK,))  # two writers starting at once
-                kind = self.execute("SELECT c.relkind FROM pg_class c "
-                                    "WHERE c.oid = to_regclass('telemetry')").fetchone()
+                kind = self.execute(
+                    "SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass('telemetry')"
+                ).fetchone()
                 if kind is None:
                     for stmt in PG_PARTITIONED_TELEMETRY:
                         self.execute(stmt)
                     kind = ("p",)
             self.partitioned = kind[0] == "p"
         for stmt in SCHEMA:
-            if self.partitioned and stmt.startswith(("CREATE TABLE IF NOT EXISTS telemetry ",
-                                                     "CREATE INDEX IF NOT EXISTS telemetry_")):
+            if self.partitioned and stmt.startswith(
+                ("CREATE TABLE IF NOT EXISTS telemetry ", "CREATE INDEX IF NOT EXISTS telemetry_")
+            ):
                 continue
             self.execute(stmt)
         if self.partitioned:
@@ -226,8 +268,10 @@ class FleetDB:
         if row is None:
             self.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif str(row[0]) != str(SCHEMA_VERSION):
-            raise EdgeError(f"{self.url} holds fleet schema {str(row[0])[:20]!r}; this edgekit uses {SCHEMA_VERSION}",
-                            hint="use a new database, or the edgekit version that created it")
+            raise EdgeError(
+                f"{self.url} holds fleet schema {str(row[0])[:20]!r}; this edgekit uses {SCHEMA_VERSION}",
+                hint="use a new database, or the edgekit version that created it",
+            )
         self.commit()
 
     # PostgreSQL, partitioned telemetry ---------------------------------------------------------
@@ -235,8 +279,9 @@ class FleetDB:
         """The telemetry partitions: UTC day number -> table name (only ``telemetry_pYYYYMMDD`` ones)."""
         if not self.partitioned:
             return {}
-        rows = self.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                            "WHERE i.inhparent = to_regclass('telemetry')").fetchall()
+        rows = self.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass('telemetry')"
+        ).fetchall()
         out = {}
         for (name,) in rows:
             m = re.fullmatch(r"telemetry_p(\d{8})", name)
@@ -258,8 +303,10 @@ class FleetDB:
         made = 0
         for day in want:
             if day not in have:
-                self.execute(f"CREATE TABLE {partition_name(day)} PARTITION OF telemetry FOR VALUES FROM "
-                             f"({day * PARTITION_S}) TO ({(day + 1) * PARTITION_S})")
+                self.execute(
+                    f"CREATE TABLE {partition_name(day)} PARTITION OF telemetry FOR VALUES FROM "
+                    f"({day * PARTITION_S}) TO ({(day + 1) * PARTITION_S})"
+                )
                 made += 1
         self._days.update(want)
         self._days.update(have)
@@ -269,8 +316,9 @@ class FleetDB:
         """The partitions these arrival times (Unix seconds) fall in, and ``PARTITIONS_AHEAD`` days past this
         host's today: a writer that runs for weeks creates each day's partition days before its first row."""
         today = int(time.time() // PARTITION_S)
-        return self.ensure_partitions({int(t // PARTITION_S) for t in times} |
-                                      set(range(today, today + PARTITIONS_AHEAD + 1)))
+        return self.ensure_partitions(
+            {int(t // PARTITION_S) for t in times} | set(range(today, today + PARTITIONS_AHEAD + 1))
+        )
 
     def forget_partitions(self) -> None:
         """Drop what this connection knows about existing partitions (after a rollback or a DROP)."""
@@ -334,8 +382,13 @@ def _unnest(sql: str, types: Sequence[str]) -> str:
     if sql.count("?") != len(types):
         raise ValueError(f"{len(types)} types for {sql.count('?')} parameters in {sql[:60]!r}")
     names = iter(f"u.c{i}" for i in range(len(types)))
-    src = ("unnest(" + ", ".join(f"%b::{t}[]" for t in types) + ") AS u(" +
-           ", ".join(f"c{i}" for i in range(len(types))) + ")")
+    src = (
+        "unnest("
+        + ", ".join(f"%b::{t}[]" for t in types)
+        + ") AS u("
+        + ", ".join(f"c{i}" for i in range(len(types)))
+        + ")"
+    )
     if sql.startswith("INSERT INTO "):
         head, rest = sql.split(" VALUES (", 1)
         values, tail = rest.split(")", 1)
@@ -375,19 +428,22 @@ def _sqlite_options(url: str) -> tuple[str, str]:
       the last commits, whose messages the broker then no longer holds.
     - ``off``: never synced; an OS crash can corrupt the file. For throw-away measurements only.
     """
-    rest, _, query = url[len("sqlite://"):].partition("?")
+    rest, _, query = url[len("sqlite://") :].partition("?")
     sync = DEFAULT_SQLITE_SYNCHRONOUS
     for part in filter(None, query.split("&")):
         key, _, value = part.partition("=")
         if key != "synchronous" or value.lower() not in SQLITE_SYNCHRONOUS:
-            raise EdgeError(f"bad SQLite URL option {part[:60]!r} in {redact(url)!r}",
-                            hint="the one option is ?synchronous=full (default), normal or off")
+            raise EdgeError(
+                f"bad SQLite URL option {part[:60]!r} in {redact(url)!r}",
+                hint="the one option is ?synchronous=full (default), normal or off",
+            )
         sync = value.lower()
     if rest in ("", "/", "/:memory:"):
         return ":memory:", sync
     if not rest.startswith("/"):
-        raise EdgeError(f"bad SQLite URL {redact(url)!r}",
-                        hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        raise EdgeError(
+            f"bad SQLite URL {redact(url)!r}", hint="use sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
     return rest[1:], sync
 
 
@@ -436,15 +492,18 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
             _while_locked(setup, conn)
         except sqlite3.DatabaseError as e:
             conn.close()
-            raise EdgeError(f"{path} cannot be used as the fleet database: {e}",
-                            hint="is it a SQLite file, and complete? give another --db") from None
+            raise EdgeError(
+                f"{path} cannot be used as the fleet database: {e}",
+                hint="is it a SQLite file, and complete? give another --db",
+            ) from None
         db = FleetDB(conn, "sqlite", url)
     else:
         try:
             import psycopg
         except ImportError:
-            raise MissingDependencyError("PostgreSQL support needs psycopg 3",
-                                         hint="pip install 'edgekit-ml[fleet]'") from None
+            raise MissingDependencyError(
+                "PostgreSQL support needs psycopg 3", hint="pip install 'edgekit-ml[fleet]'"
+            ) from None
         try:
             named: dict[str, Any] = {} if "application_name" in url else {"application_name": application_name}
             pg = psycopg.connect(url, connect_timeout=10, **named)
@@ -509,4 +568,3 @@ def scrub(message: str, url: str) -> str:
     for secret in sorted((x for x in secrets if x and x != "***"), key=len, reverse=True):
         message = message.replace(secret, "***")
     return redact(message)
-

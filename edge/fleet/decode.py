@@ -29,8 +29,16 @@ except ImportError:  # optional: the standard library parses the same messages, 
     _orjson = None
 
 MAX_PAYLOAD_BYTES = 64 * 1024
-REASONS = ("not_stored", "bad_topic", "oversized", "malformed", "unknown_schema", "topic_mismatch", "future_session",
-           "seq_jump")  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump)
+REASONS = (
+    "not_stored",
+    "bad_topic",
+    "oversized",
+    "malformed",
+    "unknown_schema",
+    "topic_mismatch",
+    "future_session",
+    "seq_jump",
+)  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump)
 KINDS = ("birth", "telemetry", "state", "death")
 #: device topics the collector's subscription also sees and leaves alone (counted, not logged)
 NOT_STORED = ("desired", "reported", "tune")  # tune: replies to edgekit fleet tune (edge.agent.tune_cmd)
@@ -100,8 +108,14 @@ def parse_topic(topic: str) -> Topic:
     return t
 
 
-def decode(topic: str | Topic, payload: bytes | TooLarge, *, max_bytes: int = MAX_PAYLOAD_BYTES, now: float | None = None,
-           max_session_skew_s: float = MAX_SESSION_SKEW_S) -> Decoded:
+def decode(
+    topic: str | Topic,
+    payload: bytes | TooLarge,
+    *,
+    max_bytes: int = MAX_PAYLOAD_BYTES,
+    now: float | None = None,
+    max_session_skew_s: float = MAX_SESSION_SKEW_S,
+) -> Decoded:
     """One message, checked. With ``now`` (the receiver's clock, Unix seconds), a session ahead of it by more
     than ``max_session_skew_s`` is refused: agents number sessions from their clock, and a larger session
     always wins, so one forged far-future session would freeze a device's row on forged data for good.
@@ -123,12 +137,16 @@ def decode(topic: str | Topic, payload: bytes | TooLarge, *, max_bytes: int = MA
     if obj.get("type") != t.kind:
         raise Rejected("topic_mismatch", f"type {str(obj.get('type'))[:40]!r} on a {t.kind} topic")
     if obj.get("fleet") != t.fleet or obj.get("device") != t.device:
-        raise Rejected("topic_mismatch", f"payload says {str(obj.get('fleet'))[:40]!r}/{str(obj.get('device'))[:40]!r}, "
-                                         f"topic says {t.fleet}/{t.device}")
+        raise Rejected(
+            "topic_mismatch",
+            f"payload says {str(obj.get('fleet'))[:40]!r}/{str(obj.get('device'))[:40]!r}, topic says {t.fleet}/{t.device}",
+        )
     session, seq = _uint(obj, "session"), _uint(obj, "seq")
     if now is not None and session > now + max_session_skew_s:
-        raise Rejected("future_session", f"session {session} is {session - now:.0f} s ahead of this collector's "
-                                         f"clock (at most {max_session_skew_s:.0f} s allowed)")
+        raise Rejected(
+            "future_session",
+            f"session {session} is {session - now:.0f} s ahead of this collector's clock (at most {max_session_skew_s:.0f} s allowed)",
+        )
     ts = obj.get("ts")
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):  # JSON: exactly these
         raise Rejected("malformed", "ts must be a finite number")
@@ -222,8 +240,23 @@ def flag(obj: Any, *path: str) -> bool | None:
 
 
 #: what ``telemetry_columns`` returns, in order: the telemetry table's metric columns first, then the device row's
-TELEMETRY_METRICS = ("fps", "p50_ms", "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb", "temp_c",
-                     "budget_ms", "throttled", "spool_pending", "spool_dropped", "interval_s", "bundle_id")
+TELEMETRY_METRICS = (
+    "fps",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "misses",
+    "frames",
+    "cpu_percent",
+    "rss_mb",
+    "temp_c",
+    "budget_ms",
+    "throttled",
+    "spool_pending",
+    "spool_dropped",
+    "interval_s",
+    "bundle_id",
+)
 
 
 def telemetry_columns(x: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -234,9 +267,20 @@ def telemetry_columns(x: Mapping[str, Any]) -> tuple[Any, ...]:
     thermal, lat = section(x, "thermal"), section(inf, "latency_ms")
     throttled = thermal.get("throttled_now")
     bundle = x.get("bundle_id")
-    return (number(inf.get("fps")), number(lat.get("p50_ms")), number(lat.get("p99_ms")), number(lat.get("max_ms")),
-            whole(inf.get("budget_misses")), whole(inf.get("frames")), number(proc.get("cpu_percent")),
-            number(proc.get("rss_mb")), number(thermal.get("max_c")), number(inf.get("budget_ms")),
-            throttled if type(throttled) is bool else None, whole(spool.get("pending")),
-            whole(spool.get("dropped_total")), number(x.get("interval_s")),
-            text(x, "bundle_id") if type(bundle) is str else None)
+    return (
+        number(inf.get("fps")),
+        number(lat.get("p50_ms")),
+        number(lat.get("p99_ms")),
+        number(lat.get("max_ms")),
+        whole(inf.get("budget_misses")),
+        whole(inf.get("frames")),
+        number(proc.get("cpu_percent")),
+        number(proc.get("rss_mb")),
+        number(thermal.get("max_c")),
+        number(inf.get("budget_ms")),
+        throttled if type(throttled) is bool else None,
+        whole(spool.get("pending")),
+        whole(spool.get("dropped_total")),
+        number(x.get("interval_s")),
+        text(x, "bundle_id") if type(bundle) is str else None,
+    )

@@ -41,8 +41,17 @@ log = logging.getLogger("edge.fleet.metrics")
 QUANTILES = (0.0, 0.01, 0.5, 0.9, 0.99, 1.0)
 #: reported rollout states (edge.mqtt.desired.STATES) and reason codes (REASONS), copied so the collector host
 #: needs no agent import here; tests check they match
-ROLLOUT_STATES = ("idle", "downloading", "verifying", "smoke-testing", "switching", "watching", "running",
-                  "rolled-back", "failed")
+ROLLOUT_STATES = (
+    "idle",
+    "downloading",
+    "verifying",
+    "smoke-testing",
+    "switching",
+    "watching",
+    "running",
+    "rolled-back",
+    "failed",
+)
 OTHER = "other"
 _LABEL_OK = re.compile(r"[A-Za-z0-9._:+@=-]{1,128}")
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -54,7 +63,7 @@ METRICS: dict[str, str] = {
     "edgekit_devices": "Devices by status (online, stale, offline, unknown), per fleet, target and bundle.",
     "edgekit_devices_error": "Online devices whose agent reports state 'error' (inference failed).",
     "edgekit_devices_fallback": "Online devices whose runner does not use the device it was asked for "
-                                "(runner.fallback set, or device_used != device_requested).",
+    "(runner.fallback set, or device_used != device_requested).",
     "edgekit_devices_over_budget": "Online devices whose latest window p99 is over their frame budget.",
     "edgekit_latency_p50_ms": "Across online devices, the quantile of their latest window's p50 latency (ms).",
     "edgekit_latency_p99_ms": "Across online devices, the quantile of their latest window's p99 latency (ms).",
@@ -62,13 +71,13 @@ METRICS: dict[str, str] = {
     "edgekit_budget_ms": "The frame budget of the group (the largest its online devices report), ms.",
     "edgekit_budget_miss_ratio": "Budget misses / frames over the online devices' latest windows.",
     "edgekit_rollout_devices": "Devices whose latest reported state belongs to a rollout, by rollout, target, "
-                               "desired bundle and reported state.",
+    "desired bundle and reported state.",
     "edgekit_rollout_devices_on_desired": "Devices of a rollout that run its desired bundle now.",
     "edgekit_rollout_failures": "Devices of a rollout that rolled back or failed, by reason code.",
     "edgekit_fleet_scrape_seconds": "How long reading the fleet database took for this scrape.",
     "edgekit_fleet_scrape_ok": "1 when this scrape read the fleet database, 0 when it failed (see the log).",
     "edgekit_fleet_label_overflow": "Devices folded into the label value 'other' (too many groups or rollouts, "
-                                    "or an id that is not a valid label).",
+    "or an id that is not a valid label).",
 }
 COLLECTOR_METRICS: dict[str, str] = {  # the in-process collector's own counters (fleet collect --metrics-port)
     "edgekit_collector_received": "Messages the collector received.",
@@ -103,7 +112,7 @@ class RolloutView:
     reason: str | None
 
     @classmethod
-    def parse(cls, payload: Any) -> "RolloutView | None":
+    def parse(cls, payload: Any) -> RolloutView | None:
         """From a stored ``state`` payload (text); None when it names no rollout or is not well formed."""
         try:
             obj = json.loads(payload) if isinstance(payload, str) else None
@@ -117,8 +126,12 @@ class RolloutView:
             return None
         desired = r.get("desired_bundle")
         reason = r.get("reason")
-        return cls(rid, desired if isinstance(desired, str) and _ID.fullmatch(desired) else None, state,
-                   reason if isinstance(reason, str) and _REASON.fullmatch(reason) else None)
+        return cls(
+            rid,
+            desired if isinstance(desired, str) and _ID.fullmatch(desired) else None,
+            state,
+            reason if isinstance(reason, str) and _REASON.fullmatch(reason) else None,
+        )
 
 
 def runner_fallback(payload: Any) -> bool | None:
@@ -178,10 +191,13 @@ class FleetSnapshot:
             return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
 
         devices = gauge("edgekit_devices", (*GROUP, "status"))
-        error, fallback, over = (gauge(n, GROUP) for n in ("edgekit_devices_error", "edgekit_devices_fallback",
-                                                           "edgekit_devices_over_budget"))
-        p50, p99, fps = (gauge(n, (*GROUP, "quantile")) for n in ("edgekit_latency_p50_ms", "edgekit_latency_p99_ms",
-                                                                  "edgekit_fps"))
+        error, fallback, over = (
+            gauge(n, GROUP)
+            for n in ("edgekit_devices_error", "edgekit_devices_fallback", "edgekit_devices_over_budget")
+        )
+        p50, p99, fps = (
+            gauge(n, (*GROUP, "quantile")) for n in ("edgekit_latency_p50_ms", "edgekit_latency_p99_ms", "edgekit_fps")
+        )
         budget, miss = gauge("edgekit_budget_ms", GROUP), gauge("edgekit_budget_miss_ratio", GROUP)
         for key, g in sorted(self.groups.items()):
             k = list(key)
@@ -210,11 +226,13 @@ class FleetSnapshot:
             for reason, n in sorted(r.reasons.items()):
                 rfail.add_metric([*k, reason], n)
         yield from (devices, error, fallback, over, p50, p99, fps, budget, miss, rdev, ron, rfail)
-        yield GaugeMetricFamily("edgekit_fleet_scrape_seconds", METRICS["edgekit_fleet_scrape_seconds"],
-                                value=self.seconds)
+        yield GaugeMetricFamily(
+            "edgekit_fleet_scrape_seconds", METRICS["edgekit_fleet_scrape_seconds"], value=self.seconds
+        )
         yield GaugeMetricFamily("edgekit_fleet_scrape_ok", METRICS["edgekit_fleet_scrape_ok"], value=int(ok))
-        yield GaugeMetricFamily("edgekit_fleet_label_overflow", METRICS["edgekit_fleet_label_overflow"],
-                                value=self.overflow)
+        yield GaugeMetricFamily(
+            "edgekit_fleet_label_overflow", METRICS["edgekit_fleet_label_overflow"], value=self.overflow
+        )
 
 
 def _q(q: float) -> str:
@@ -227,32 +245,43 @@ _DEVICES = (
     "(SELECT max(b.seq) FROM births b WHERE b.fleet = d.fleet AND b.device = d.device AND b.session = d.session "
     "AND b.connection = d.connection) AS birth_seq, "
     "(SELECT max(s.seq) FROM states s WHERE s.fleet = d.fleet AND s.device = d.device "
-    "AND s.session = d.last_session) AS state_seq FROM devices d")
+    "AND s.session = d.last_session) AS state_seq FROM devices d"
+)
 
 
 class FleetReader:
     """Reads a ``FleetSnapshot`` from a fleet database. Keeps the parsed latest birth and state of each device
     (keyed by their stream position, so only new ones are parsed again): a steady fleet costs one query."""
 
-    def __init__(self, *, fleet: str | None = None, stale_factor: float = 3.0, min_stale_s: float = 15.0,
-                 max_groups: int = 500, max_rollouts: int = 100) -> None:
+    def __init__(
+        self,
+        *,
+        fleet: str | None = None,
+        stale_factor: float = 3.0,
+        min_stale_s: float = 15.0,
+        max_groups: int = 500,
+        max_rollouts: int = 100,
+    ) -> None:
         self.fleet, self.stale_factor, self.min_stale_s = fleet, stale_factor, min_stale_s
         self.max_groups, self.max_rollouts = max_groups, max_rollouts
         self._births: dict[tuple[str, str], tuple[tuple[Any, ...], bool | None]] = {}
         self._states: dict[tuple[str, str], tuple[tuple[Any, ...], RolloutView | None]] = {}
         self._labels: dict[Any, str | None] = {}  # device-supplied text -> its label value, per read
 
-    def _latest(self, db: FleetDB, table: str, column: str, wanted: list[tuple[Any, ...]],
-                parse: Callable[[Any], Any]) -> dict[tuple[Any, ...], Any]:
+    def _latest(
+        self, db: FleetDB, table: str, column: str, wanted: list[tuple[Any, ...]], parse: Callable[[Any], Any]
+    ) -> dict[tuple[Any, ...], Any]:
         """``parse(payload)`` of the rows of ``table`` at the (fleet, device, session, <column>) keys given."""
         out: dict[tuple[Any, ...], Any] = {}
         for i in range(0, len(wanted), _KEYS_PER_QUERY):
-            chunk = wanted[i:i + _KEYS_PER_QUERY]
+            chunk = wanted[i : i + _KEYS_PER_QUERY]
             # a join with the keys as a table: SQLite scans the whole table for a row-value IN (VALUES ...)
-            rows = db.execute("WITH k(f, d, s, p) AS (VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(chunk)) + ") "
-                              f"SELECT t.fleet, t.device, t.session, t.{column}, t.payload FROM k JOIN {table} t "
-                              f"ON t.fleet = k.f AND t.device = k.d AND t.session = k.s AND t.{column} = k.p",
-                              [v for key in chunk for v in key]).fetchall()
+            rows = db.execute(
+                "WITH k(f, d, s, p) AS (VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(chunk)) + ") "
+                f"SELECT t.fleet, t.device, t.session, t.{column}, t.payload FROM k JOIN {table} t "
+                f"ON t.fleet = k.f AND t.device = k.d AND t.session = k.s AND t.{column} = k.p",
+                [v for key in chunk for v in key],
+            ).fetchall()
             for fleet, device, session, pos, payload in rows:
                 out[(fleet, device, int(session), int(pos))] = parse(payload)
         return out
@@ -300,23 +329,30 @@ class FleetReader:
     def _births_at(self, db: FleetDB, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], bool | None]:
         out: dict[tuple[Any, ...], bool | None] = {}
         for i in range(0, len(keys), _KEYS_PER_QUERY // 2):
-            chunk = keys[i:i + _KEYS_PER_QUERY // 2]
-            rows = db.execute("WITH k(f, d, s, c, q) AS (VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-                              + ") SELECT b.fleet, b.device, b.session, b.connection, b.seq, b.payload FROM k "
-                              "JOIN births b ON b.fleet = k.f AND b.device = k.d AND b.session = k.s "
-                              "AND b.connection = k.c AND b.seq = k.q",
-                              [v for key in chunk for v in key]).fetchall()
+            chunk = keys[i : i + _KEYS_PER_QUERY // 2]
+            rows = db.execute(
+                "WITH k(f, d, s, c, q) AS (VALUES "
+                + ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+                + ") SELECT b.fleet, b.device, b.session, b.connection, b.seq, b.payload FROM k "
+                "JOIN births b ON b.fleet = k.f AND b.device = k.d AND b.session = k.s "
+                "AND b.connection = k.c AND b.seq = k.q",
+                [v for key in chunk for v in key],
+            ).fetchall()
             for fleet, device, session, connection, seq, payload in rows:
                 out[(fleet, device, int(session), int(connection), int(seq))] = runner_fallback(payload)
         return out
 
-    def _add(self, snap: FleetSnapshot, r: dict[str, Any], now: float, fallback: bool | None,
-             rollout: RolloutView | None) -> None:
+    def _add(
+        self, snap: FleetSnapshot, r: dict[str, Any], now: float, fallback: bool | None, rollout: RolloutView | None
+    ) -> None:
         fleet = r["fleet"]  # checked by the collector (edge.mqtt.topics.check_part): a label as it is
         labels = self._labels
         target = labels[r["target"]] if r["target"] in labels else labels.setdefault(r["target"], label(r["target"]))
-        bundle = labels[r["bundle_id"]] if r["bundle_id"] in labels else labels.setdefault(r["bundle_id"],
-                                                                                           label(r["bundle_id"]))
+        bundle = (
+            labels[r["bundle_id"]]
+            if r["bundle_id"] in labels
+            else labels.setdefault(r["bundle_id"], label(r["bundle_id"]))
+        )
         folded = (r["target"] is not None and target is None) or (r["bundle_id"] is not None and bundle is None)
         key = (fleet, OTHER, OTHER) if folded else (fleet, target or "unknown", bundle or "none")
         if key not in snap.groups and len(snap.groups) >= self.max_groups:
@@ -441,11 +477,16 @@ class CollectorStats:
         rejected = counter("edgekit_collector_rejected", labels=["reason"])
         for reason, n in s["rejected"].items():
             rejected.add_metric([reason], n)
-        return [counter("edgekit_collector_received", s["received"]), stored,
-                counter("edgekit_collector_duplicates", s["duplicates"]), rejected,
-                counter("edgekit_collector_db_errors", s["db_errors"]),
-                GaugeMetricFamily("edgekit_collector_connected", m["edgekit_collector_connected"],
-                                  value=int(bool(c.connected)))]
+        return [
+            counter("edgekit_collector_received", s["received"]),
+            stored,
+            counter("edgekit_collector_duplicates", s["duplicates"]),
+            rejected,
+            counter("edgekit_collector_db_errors", s["db_errors"]),
+            GaugeMetricFamily(
+                "edgekit_collector_connected", m["edgekit_collector_connected"], value=int(bool(c.connected))
+            ),
+        ]
 
 
 def registry(db_url: str, *, collector: Any = None, **reader: Any) -> tuple[Any, FleetCollector]:
@@ -453,8 +494,9 @@ def registry(db_url: str, *, collector: Any = None, **reader: Any) -> tuple[Any,
     try:
         from prometheus_client import CollectorRegistry
     except ImportError:
-        raise MissingDependencyError("Prometheus metrics need prometheus_client",
-                                     hint="pip install 'edgekit-ml[fleet]'") from None
+        raise MissingDependencyError(
+            "Prometheus metrics need prometheus_client", hint="pip install 'edgekit-ml[fleet]'"
+        ) from None
     reg = CollectorRegistry(auto_describe=False)
     fleet = FleetCollector(db_url, **reader)
     reg.register(fleet)
@@ -466,8 +508,9 @@ def registry(db_url: str, *, collector: Any = None, **reader: Any) -> tuple[Any,
 class MetricsServer:
     """``/metrics`` over HTTP on a thread (prometheus_client's WSGI server); ``close()`` stops it and its database."""
 
-    def __init__(self, db_url: str, *, port: int, addr: str = "127.0.0.1", collector: Any = None,
-                 **reader: Any) -> None:
+    def __init__(
+        self, db_url: str, *, port: int, addr: str = "127.0.0.1", collector: Any = None, **reader: Any
+    ) -> None:
         if not 0 <= port <= 65535:
             raise EdgeError(f"metrics port {port} is not between 0 and 65535")
         self.registry, self.fleet = registry(db_url, collector=collector, **reader)
@@ -477,8 +520,10 @@ class MetricsServer:
             self._httpd, self._thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as e:
             self.fleet.close()
-            raise EdgeError(f"cannot serve metrics on {addr}:{port}: {e.strerror or e}",
-                            hint="choose another --metrics-port / --port, or --metrics-addr") from None
+            raise EdgeError(
+                f"cannot serve metrics on {addr}:{port}: {e.strerror or e}",
+                hint="choose another --metrics-port / --port, or --metrics-addr",
+            ) from None
         self.addr, self.port = addr, int(self._httpd.server_port)
 
     def add_collector(self, collector: Any) -> None:
@@ -496,7 +541,7 @@ class MetricsServer:
         self._thread.join(5.0)
         self.fleet.close()
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

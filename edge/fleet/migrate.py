@@ -20,8 +20,14 @@ import time
 from dataclasses import dataclass
 
 from edge.errors import EdgeError
-from edge.fleet.db import (COLLECTOR_APPLICATION, PARTITION_S, PARTITIONS_AHEAD, PG_PARTITIONED_TELEMETRY,
-                           FleetDB, open_db)
+from edge.fleet.db import (
+    COLLECTOR_APPLICATION,
+    PARTITION_S,
+    PARTITIONS_AHEAD,
+    PG_PARTITIONED_TELEMETRY,
+    FleetDB,
+    open_db,
+)
 
 LEGACY = "telemetry_legacy"
 LEGACY_UNTIL_KEY = "telemetry_legacy_until"
@@ -41,12 +47,17 @@ def partition_telemetry(db: FleetDB, *, now: float | None = None) -> PartitionRe
         raise EdgeError(f"telemetry in {db.url} is already partitioned", hint="nothing to do")
     if db.execute("SELECT to_regclass(?)", (LEGACY,)).fetchone()[0] is not None:
         raise EdgeError(f"{db.url} already has a table {LEGACY}", hint="rename or drop it first")
-    busy = int(db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                          "pid <> pg_backend_pid() AND application_name = ?", (COLLECTOR_APPLICATION,)).fetchone()[0])
+    busy = int(
+        db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ?",
+            (COLLECTOR_APPLICATION,),
+        ).fetchone()[0]
+    )
     if busy:  # a collector decides how to write when it opens the database: it would go on the old way
-        raise EdgeError(f"{busy} collector(s) are connected to {db.url}; stop them before converting",
-                        hint="stop the collectors, run `edgekit fleet partition`, start them again (the broker "
-                        "keeps their messages meanwhile)")
+        raise EdgeError(
+            f"{busy} collector(s) are connected to {db.url}; stop them before converting",
+            hint="stop the collectors, run `edgekit fleet partition`, start them again (the broker keeps their messages meanwhile)",
+        )
     now = time.time() if now is None else now
     first_day = int(now // PARTITION_S) - 1
     until = float(first_day * PARTITION_S)
@@ -61,8 +72,9 @@ def partition_telemetry(db: FleetDB, *, now: float | None = None) -> PartitionRe
         top = db.execute(f"SELECT max(received_at) FROM {LEGACY}").fetchone()[0]
         last_day = max(first_day + PARTITIONS_AHEAD + 1, int((top or 0) // PARTITION_S))
         db.ensure_partitions(range(first_day, last_day + 1))
-        moved = int(db.execute(f"INSERT INTO telemetry SELECT * FROM {LEGACY} WHERE received_at >= ?",
-                               (until,)).rowcount)
+        moved = int(
+            db.execute(f"INSERT INTO telemetry SELECT * FROM {LEGACY} WHERE received_at >= ?", (until,)).rowcount
+        )
         db.execute(f"DELETE FROM {LEGACY} WHERE received_at >= ?", (until,))
         db.execute(f"ALTER TABLE telemetry ATTACH PARTITION {LEGACY} FOR VALUES FROM (MINVALUE) TO ({until})")
         kept = int(db.execute(f"SELECT count(*) FROM {LEGACY}").fetchone()[0])

@@ -39,8 +39,9 @@ class PgArray:
         self.data = data
 
 
-_CLASSES: dict[str, type[PgArray]] = {name: type(f"PgArray_{name}", (PgArray,), {"__slots__": (), "oid": t[1]})
-                                      for name, t in TYPES.items()}
+_CLASSES: dict[str, type[PgArray]] = {
+    name: type(f"PgArray_{name}", (PgArray,), {"__slots__": (), "oid": t[1]}) for name, t in TYPES.items()
+}
 
 
 def encode(values: Sequence[Any], kind: str) -> PgArray:
@@ -82,6 +83,9 @@ def register(conn: Any) -> None:
     from psycopg.pq import Format
 
     for cls in _CLASSES.values():
-        dumper = type(f"{cls.__name__}Dumper", (Dumper,),
-                      {"format": Format.BINARY, "oid": cls.oid, "dump": lambda self, obj: obj.data})
+        dumper = type(
+            f"{cls.__name__}Dumper",
+            (Dumper,),
+            {"format": Format.BINARY, "oid": cls.oid, "dump": lambda self, obj: obj.data},
+        )
         conn.adapters.register_dumper(cls, dumper)

@@ -57,15 +57,18 @@ def _x509() -> Any:
     try:
         from cryptography import x509
     except ImportError:
-        raise MissingDependencyError("the fleet CA needs the cryptography package",
-                                     hint="pip install 'edgekit-ml[fleet]'") from None
+        raise MissingDependencyError(
+            "the fleet CA needs the cryptography package", hint="pip install 'edgekit-ml[fleet]'"
+        ) from None
     return x509
 
 
 def check_device_id(device_id: str) -> str:
     if not isinstance(device_id, str) or not DEVICE_ID.fullmatch(device_id):
-        raise PkiError(f"device id {str(device_id)[:80]!r} is not 1 to 64 of A-Z a-z 0-9 . _ -",
-                       hint="the id becomes the broker user name and a topic level, so nothing else is allowed")
+        raise PkiError(
+            f"device id {str(device_id)[:80]!r} is not 1 to 64 of A-Z a-z 0-9 . _ -",
+            hint="the id becomes the broker user name and a topic level, so nothing else is allowed",
+        )
     return device_id
 
 
@@ -95,7 +98,7 @@ def _check_identity(cn: str, role: Role) -> None:
     elif role is Role.COLLECTOR:
         if not cn.startswith(COLLECTOR_PREFIX):
             raise PkiError(f"a collector's CN must be {COLLECTOR_PREFIX}<name>, got {cn[:80]!r}")
-        check_device_id(cn[len(COLLECTOR_PREFIX):])
+        check_device_id(cn[len(COLLECTOR_PREFIX) :])
     else:
         identity(cn, role)
 
@@ -132,8 +135,9 @@ def _new_key() -> Any:
 def _key_pem(key: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    pem: bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption())
+    pem: bytes = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return pem
 
 
@@ -179,23 +183,42 @@ def init_ca(directory: str | os.PathLike[str], *, name: str = "edgekit fleet CA"
     files = ca_files(directory)
     for f in (files.cert, files.key):
         if f.exists():
-            raise PkiError(f"{f} already exists: a fleet CA is never overwritten",
-                           hint="every certificate it signed would stop working; use another --dir")
+            raise PkiError(
+                f"{f} already exists: a fleet CA is never overwritten",
+                hint="every certificate it signed would stop working; use another --dir",
+            )
     if not 1 <= days <= 36500:
         raise PkiError(f"--days {days}: use 1 to 36500")
     if not name or len(name) > 64:
         raise PkiError("the CA name must be 1 to 64 characters")
     key = _new_key()
     now = _now()
-    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - _dt.timedelta(minutes=5)).not_valid_after(now + _dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(_name(name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _dt.timedelta(minutes=5))
+        .not_valid_after(now + _dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     _write_private(files.key, _key_pem(key))
     _write_public(files.cert, _pem(cert))
     return files
@@ -208,8 +231,9 @@ def _load_ca(directory: str | os.PathLike[str]) -> tuple[Any, Any]:
     files = ca_files(directory)
     for what, f in (("certificate", files.cert), ("key", files.key)):
         if not f.is_file():
-            raise InputFileError(f"no fleet CA {what} at {f}",
-                                 hint="create the CA with `edgekit fleet ca init --dir DIR`")
+            raise InputFileError(
+                f"no fleet CA {what} at {f}", hint="create the CA with `edgekit fleet ca init --dir DIR`"
+            )
     try:
         cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
         key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
@@ -227,8 +251,7 @@ class KeyAndCsr:
     csr: bytes  # PEM: the only thing that goes to the CA
 
 
-def make_device_key_and_csr(name: str, out_dir: str | os.PathLike[str], *,
-                            role: Role | str = Role.DEVICE) -> KeyAndCsr:
+def make_device_key_and_csr(name: str, out_dir: str | os.PathLike[str], *, role: Role | str = Role.DEVICE) -> KeyAndCsr:
     """On the device (or the collector's/broker's host): a new key written to ``out_dir/<name>.key``
     (0600, never overwritten), and a CSR for it. Only the CSR is to leave this machine."""
     x509 = _x509()
@@ -246,8 +269,14 @@ def make_device_key_and_csr(name: str, out_dir: str | os.PathLike[str], *,
 
 
 # the CA side ----------------------------------------------------------------------------------
-def sign_csr(csr_pem: bytes, ca_dir: str | os.PathLike[str], *, role: Role | str = Role.DEVICE, days: int = 365,
-             sans: Sequence[str] = ()) -> bytes:
+def sign_csr(
+    csr_pem: bytes,
+    ca_dir: str | os.PathLike[str],
+    *,
+    role: Role | str = Role.DEVICE,
+    days: int = 365,
+    sans: Sequence[str] = (),
+) -> bytes:
     """The CA's half: check a CSR and return a certificate (PEM) for its key. Takes no private key but the CA's.
 
     The subject is the CSR's CN alone (re-checked for ``role``); extensions come from ``role``, never
@@ -274,8 +303,10 @@ def sign_csr(csr_pem: bytes, ca_dir: str | os.PathLike[str], *, role: Role | str
         raise PkiError(f"the CSR cannot be verified: {str(e)[:120]}") from None
     if not valid:
         raise PkiError("the CSR's signature does not verify: it was not made with the key it carries")
-    if not (isinstance(pub, ed25519.Ed25519PublicKey) or
-            (isinstance(pub, ec.EllipticCurvePublicKey) and pub.curve.name == "secp256r1")):
+    if not (
+        isinstance(pub, ed25519.Ed25519PublicKey)
+        or (isinstance(pub, ec.EllipticCurvePublicKey) and pub.curve.name == "secp256r1")
+    ):
         raise PkiError(f"the CSR's key is {type(pub).__name__}: the fleet CA signs ECDSA P-256 or Ed25519 keys")
     if len(csr.subject) != 1:
         raise PkiError("the CSR's subject must be a single CN, nothing else")
@@ -288,18 +319,35 @@ def sign_csr(csr_pem: bytes, ca_dir: str | os.PathLike[str], *, role: Role | str
     now = _now()
     not_after = min(now + _dt.timedelta(days=days), ca_cert.not_valid_after_utc)
     eku = ExtendedKeyUsageOID.SERVER_AUTH if role is Role.SERVER else ExtendedKeyUsageOID.CLIENT_AUTH
-    b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject).public_key(pub)
-         .serial_number(x509.random_serial_number())
-         .not_valid_before(now - _dt.timedelta(minutes=5)).not_valid_after(not_after)
-         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-         .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                      data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                      crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-         .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
-         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca_cert.subject)
+        .public_key(pub)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _dt.timedelta(minutes=5))
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+    )
     if role is Role.SERVER:
         names = []
-        for n in (sans or [cn]):
+        for n in sans or [cn]:
             identity(n, Role.SERVER)
             names.append(x509.IPAddress(ipaddress.ip_address(n)) if _is_ip(n) else x509.DNSName(n))
         b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -317,8 +365,15 @@ class Provisioned:
     ca_cert: Path  # a copy of the fleet CA certificate, to verify the broker with
 
 
-def provision(name: str, ca_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-              role: Role | str = Role.DEVICE, days: int = 365, sans: Sequence[str] = ()) -> Provisioned:
+def provision(
+    name: str,
+    ca_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    role: Role | str = Role.DEVICE,
+    days: int = 365,
+    sans: Sequence[str] = (),
+) -> Provisioned:
     """Both halves on one machine: key + CSR into ``out_dir``, the CSR signed by the CA in ``ca_dir``.
 
     ``out_dir`` gets ``<name>.key`` (0600), ``<name>.crt`` and ``ca.crt``. The key is made in

@@ -44,8 +44,12 @@ class PruneReport:
     partitioned: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cut": self.cut, "partitioned": self.partitioned, "dropped_partitions": self.dropped_partitions,
-                "deleted": self.deleted}
+        return {
+            "cut": self.cut,
+            "partitioned": self.partitioned,
+            "dropped_partitions": self.dropped_partitions,
+            "deleted": self.deleted,
+        }
 
 
 def prune(db: FleetDB, older_than_s: float, *, now: float | None = None) -> PruneReport:
@@ -71,16 +75,19 @@ def prune(db: FleetDB, older_than_s: float, *, now: float | None = None) -> Prun
                 db.commit()
             db.forget_partitions()
         rep.deleted["telemetry"] = rep.deleted.get("telemetry", 0) + int(
-            db.execute("DELETE FROM telemetry WHERE received_at < ?", (cut,)).rowcount)
+            db.execute("DELETE FROM telemetry WHERE received_at < ?", (cut,)).rowcount
+        )
         rep.deleted["states"] = int(db.execute("DELETE FROM states WHERE received_at < ?", (cut,)).rowcount)
-        current = ("NOT EXISTS (SELECT 1 FROM devices d WHERE d.fleet = {t}.fleet AND d.device = {t}.device "
-                   "AND d.session = {t}.session)")
-        rep.deleted["births"] = int(db.execute("DELETE FROM births WHERE received_at < ? AND "
-                                               + current.format(t="births"), (cut,)).rowcount)
-        rep.deleted["deaths"] = int(db.execute("DELETE FROM deaths WHERE received_at < ? AND "
-                                               + current.format(t="deaths"), (cut,)).rowcount)
-        rep.deleted["streams"] = int(db.execute("DELETE FROM streams WHERE updated_at < ? AND "
-                                                + current.format(t="streams"), (cut,)).rowcount)
+        current = "NOT EXISTS (SELECT 1 FROM devices d WHERE d.fleet = {t}.fleet AND d.device = {t}.device AND d.session = {t}.session)"
+        rep.deleted["births"] = int(
+            db.execute("DELETE FROM births WHERE received_at < ? AND " + current.format(t="births"), (cut,)).rowcount
+        )
+        rep.deleted["deaths"] = int(
+            db.execute("DELETE FROM deaths WHERE received_at < ? AND " + current.format(t="deaths"), (cut,)).rowcount
+        )
+        rep.deleted["streams"] = int(
+            db.execute("DELETE FROM streams WHERE updated_at < ? AND " + current.format(t="streams"), (cut,)).rowcount
+        )
         db.commit()
     except Exception:
         db.rollback()

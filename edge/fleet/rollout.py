@@ -46,19 +46,33 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from edge.mqtt.desired import HELD_URL, DesiredState, TERMINAL
-from edge.mqtt.topics import check_part
 from edge.fleet.db import FleetDB
-from edge.fleet.rollout_spec import (CRITERIA_HELP, Criterion, RolloutBundle, RolloutError, RolloutFlags, RolloutSpec,
-                                     breaches, check_url, evaluate, parse_duration, parse_group, parse_percent, parse_waves)
+from edge.fleet.rollout_spec import (
+    CRITERIA_HELP,
+    Criterion,
+    RolloutBundle,
+    RolloutError,
+    RolloutFlags,
+    RolloutSpec,
+    breaches,
+    check_url,
+    evaluate,
+    parse_duration,
+    parse_group,
+    parse_percent,
+    parse_waves,
+)
 from edge.fleet.rollout_store import FINAL, Assignment, RolloutStore
 from edge.fleet.rollout_view import DeviceView, FleetView
+from edge.mqtt.desired import HELD_URL, TERMINAL, DesiredState
+from edge.mqtt.topics import check_part
 
 log = logging.getLogger("edge.fleet.rollout")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 # -- the controller --------------------------------------------------------------------------------
+
 
 def _slim(report: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if report is None:
@@ -93,8 +107,16 @@ class RolloutController:
     Everything it acts on is re-read from the database at every step, so ``pause``/``resume``/``abort``
     from another process take effect at the next step, and a new controller continues where one stopped."""
 
-    def __init__(self, db: FleetDB, rollout_id: str, view: FleetView, *, clock: Callable[[], float] = time.time,
-                 republish_s: float = 2.0, lease_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        db: FleetDB,
+        rollout_id: str,
+        view: FleetView,
+        *,
+        clock: Callable[[], float] = time.time,
+        republish_s: float = 2.0,
+        lease_s: float = 15.0,
+    ) -> None:
         """``lease_s``: how long this controller holds the rollout after each step; a second controller (a CLI
         ``abort`` beside a running ``start``) waits, and one started after a crash takes over once it ran out."""
         self.db, self.store, self.view, self.rid = db, RolloutStore(db), view, rollout_id
@@ -108,16 +130,18 @@ class RolloutController:
         self.spec = RolloutSpec.from_json(r["spec"])
         self.criteria = self.spec.criteria
         if any(c.metric == "fps" for c in self.criteria) and not view.telemetry:
-            raise RolloutError(f"rollout {rollout_id} has an fps criterion: its FleetView must read telemetry "
-                               "(FleetView(..., telemetry=True))")
+            raise RolloutError(
+                f"rollout {rollout_id} has an fps criterion: its FleetView must read telemetry (FleetView(..., telemetry=True))"
+            )
         self._events = 0
 
     # helpers ---------------------------------------------------------------------------------
     def _event(self, kind: str, now: float, **kw: Any) -> None:
         self.store.event(self.rid, kind, now, **kw)
         self._events += 1
-        log.info("rollout %s: %s %s %s", self.rid, kind, kw.get("cohort") or kw.get("device") or "",
-                 kw.get("reason") or "")
+        log.info(
+            "rollout %s: %s %s %s", self.rid, kind, kw.get("cohort") or kw.get("device") or "", kw.get("reason") or ""
+        )
 
     def _matches(self, dv: DeviceView, cohort: str) -> bool:
         if dv.birth is None or dv.target != cohort:
@@ -135,11 +159,18 @@ class RolloutController:
         if running is None:
             return None, None
         d = dv.desired
-        if d is not None and d.get("bundle_id") == running and isinstance(d.get("artifact_url"), str) \
-                and isinstance(d.get("sha256"), str):
+        if (
+            d is not None
+            and d.get("bundle_id") == running
+            and isinstance(d.get("artifact_url"), str)
+            and isinstance(d.get("sha256"), str)
+        ):
             size = d.get("size")
-            return running, {"url": d["artifact_url"], "sha256": d["sha256"],
-                             "size": size if type(size) is int else None}
+            return running, {
+                "url": d["artifact_url"],
+                "sha256": d["sha256"],
+                "size": size if type(size) is int else None,
+            }
         registered = self.store.artifact(running)
         if registered is not None:
             return running, registered
@@ -164,8 +195,12 @@ class RolloutController:
         now = self.clock()
         claimed, holder, until = self.store.claim(self.rid, self.owner, now, self.lease_s)
         if not claimed:
-            return StepResult(self.rid, r["state"], waiting=f"controller {holder} drives this rollout (lease until "
-                              f"{time.strftime('%H:%M:%S', time.localtime(until or 0))})", other_controller=True)
+            return StepResult(
+                self.rid,
+                r["state"],
+                waiting=f"controller {holder} drives this rollout (lease until {time.strftime('%H:%M:%S', time.localtime(until or 0))})",
+                other_controller=True,
+            )
         self._events = 0
         snap = self.view.snapshot()
         try:
@@ -175,8 +210,9 @@ class RolloutController:
             self.db.rollback()
             raise
         published, unconfirmed, pending = self._publish(snap, now)
-        return StepResult(self.rid, state, events=self._events, published=published, pending=pending,
-                          unconfirmed=unconfirmed)
+        return StepResult(
+            self.rid, state, events=self._events, published=published, pending=pending, unconfirmed=unconfirmed
+        )
 
     def _decide(self, r: dict[str, Any], snap: dict[str, DeviceView], now: float) -> str:
         state: str = r["state"]
@@ -207,8 +243,13 @@ class RolloutController:
                     new = "completed"
                 else:
                     new = "partial"
-                reason = r["reason"] if state == "aborting" else "; ".join(
-                    f"{c['cohort']}: {c['state']}" + (f" ({c['reason']})" if c["reason"] else "") for c in cohorts)
+                reason = (
+                    r["reason"]
+                    if state == "aborting"
+                    else "; ".join(
+                        f"{c['cohort']}: {c['state']}" + (f" ({c['reason']})" if c["reason"] else "") for c in cohorts
+                    )
+                )
                 if new == "completed":
                     new, reason = self._on_bundle(rows, reason)
                 self.store.set_rollout_state(self.rid, new, reason, now)
@@ -222,11 +263,15 @@ class RolloutController:
         when some do (none: "partial", "completed: 0 of 3 devices on the bundle")."""
         active = [x for x in rows if x["state"] != "skipped"]
         on = sum(1 for x in active if x["state"] == "running")
-        others = {s: sum(1 for x in active if x["state"] == s) for s in ("failed", "rolled-back", "timed-out",
-                                                                          "assigned")}
+        others = {
+            s: sum(1 for x in active if x["state"] == s) for s in ("failed", "rolled-back", "timed-out", "assigned")
+        }
         detail = ", ".join(f"{n} {s}" for s, n in others.items() if n)
-        reason = (f"completed: {on} of {len(active)} devices on the bundle" + (f" ({detail})" if detail else "")
-                  + f"; {cohorts}")
+        reason = (
+            f"completed: {on} of {len(active)} devices on the bundle"
+            + (f" ({detail})" if detail else "")
+            + f"; {cohorts}"
+        )
         return ("completed" if on else "partial"), reason
 
     def _observe(self, row: dict[str, Any], dv: DeviceView | None, now: float) -> None:
@@ -240,13 +285,24 @@ class RolloutController:
                     code = (rep.get("reason") or {}).get("code")
                     kind = "device_rolled_back" if rep["state"] == "running" else "device_rollback_failed"
                     self.store.update_device(self.rid, dev, now, rb_state=rep["state"], rb_reason=code)
-                    self._event(kind, now, cohort=row["cohort"], device=dev, reason=code,
-                                detail={"bundle_running": rep.get("bundle_running"), "state": rep["state"]})
+                    self._event(
+                        kind,
+                        now,
+                        cohort=row["cohort"],
+                        device=dev,
+                        reason=code,
+                        detail={"bundle_running": rep.get("bundle_running"), "state": rep["state"]},
+                    )
                     row["rb_state"] = rep["state"]
                 elif row["rb_state"] == "pending" and now - (row["rb_at"] or now) > self.spec.device_timeout_s:
                     self.store.update_device(self.rid, dev, now, rb_state="timed-out")
-                    self._event("device_rollback_timed_out", now, cohort=row["cohort"], device=dev,
-                                reason=f"no answer to the rollback within {self.spec.device_timeout_s:g} s")
+                    self._event(
+                        "device_rollback_timed_out",
+                        now,
+                        cohort=row["cohort"],
+                        device=dev,
+                        reason=f"no answer to the rollback within {self.spec.device_timeout_s:g} s",
+                    )
                     row["rb_state"] = "timed-out"
             return
         rep = self._report_for(dv, row["version"])
@@ -254,17 +310,30 @@ class RolloutController:
             code = (rep.get("reason") or {}).get("code")
             late = row["state"] == "timed-out"
             self.store.update_device(self.rid, dev, now, state=rep["state"], reason=code, report=_slim(rep))
-            self._event("device_answered_late" if late else f"device_{rep['state'].replace('-', '_')}", now,
-                        cohort=row["cohort"], device=dev, reason=code or rep["state"],
-                        detail={"state": rep["state"], "bundle_running": rep.get("bundle_running")})
+            self._event(
+                "device_answered_late" if late else f"device_{rep['state'].replace('-', '_')}",
+                now,
+                cohort=row["cohort"],
+                device=dev,
+                reason=code or rep["state"],
+                detail={"state": rep["state"], "bundle_running": rep.get("bundle_running")},
+            )
             row.update(state=rep["state"], reason=code, report=_slim(rep))
         elif row["state"] == "assigned" and now - row["assigned_at"] > self.spec.device_timeout_s:
-            self.store.update_device(self.rid, dev, now, state="timed-out",
-                                     reason=f"no answer within {self.spec.device_timeout_s:g} s")
-            self._event("device_timed_out", now, cohort=row["cohort"], device=dev,
-                        reason=f"no answer within {self.spec.device_timeout_s:g} s",
-                        detail={"online": dv.online if dv else False,
-                                "last_state": dv.reported.get("state") if dv and dv.reported else None})
+            self.store.update_device(
+                self.rid, dev, now, state="timed-out", reason=f"no answer within {self.spec.device_timeout_s:g} s"
+            )
+            self._event(
+                "device_timed_out",
+                now,
+                cohort=row["cohort"],
+                device=dev,
+                reason=f"no answer within {self.spec.device_timeout_s:g} s",
+                detail={
+                    "online": dv.online if dv else False,
+                    "last_state": dv.reported.get("state") if dv and dv.reported else None,
+                },
+            )
             row["state"] = "timed-out"
 
     def _breach(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView]) -> str | None:
@@ -280,8 +349,9 @@ class RolloutController:
                 return why
         return None
 
-    def _population(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView]
-                    ) -> tuple[int, list[DeviceView]]:
+    def _population(
+        self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView]
+    ) -> tuple[int, list[DeviceView]]:
         have = {x["device"] for x in rows}
         eligible = [dv for d, dv in snap.items() if d not in have and self._matches(dv, c["cohort"])]
         eligible.sort(key=lambda dv: (not dv.online, dv.device))
@@ -291,8 +361,16 @@ class RolloutController:
     def _waves(self) -> list[float]:
         return [self.spec.canary, *self.spec.waves]
 
-    def _assign_up_to(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float,
-                      share: float | None, *, late: bool = False) -> int:
+    def _assign_up_to(
+        self,
+        c: dict[str, Any],
+        rows: list[dict[str, Any]],
+        snap: dict[str, DeviceView],
+        now: float,
+        share: float | None,
+        *,
+        late: bool = False,
+    ) -> int:
         """Assign eligible devices until ``share`` of the cohort has the bundle (None: all of them)."""
         n, eligible = self._population(c, rows, snap)
         wave = int(c["wave"])
@@ -316,23 +394,40 @@ class RolloutController:
         if replaces is not None and replaces >= version:  # pragma: no cover - _next_version is above it
             replaces = None
         if prev_bundle is not None and prev is None:
-            why = (f"no artifact known for its bundle {prev_bundle}, and its agent did not report the bundle's "
-                   "archive hash (an older agent), so it could not be rolled back; register one with "
-                   "--previous-bundle/--previous-url")
-            self.store.assign(self.rid, Assignment(dv.device, c["cohort"], wave, version, replaces, prev_bundle, None,
-                                                   state="skipped", reason=why), now)
+            why = (
+                f"no artifact known for its bundle {prev_bundle}, and its agent did not report the bundle's "
+                "archive hash (an older agent), so it could not be rolled back; register one with "
+                "--previous-bundle/--previous-url"
+            )
+            self.store.assign(
+                self.rid,
+                Assignment(
+                    dv.device, c["cohort"], wave, version, replaces, prev_bundle, None, state="skipped", reason=why
+                ),
+                now,
+            )
             self._event("device_skipped", now, cohort=c["cohort"], device=dv.device, reason=why)
             return {"device": dv.device, "state": "skipped"}
         self.store.assign(self.rid, Assignment(dv.device, c["cohort"], wave, version, replaces, prev_bundle, prev), now)
-        self._event("device_assigned", now, cohort=c["cohort"], device=dv.device,
-                    reason="joined after the last wave" if late else f"wave {wave}",
-                    detail={"version": version, "bundle": c["bundle_id"], "previous": prev_bundle,
-                            "online": dv.online})
-        return {"device": dv.device, "state": "assigned", "cohort": c["cohort"], "version": version,
-                "rb_version": None, "report": None, "assigned_at": now}
+        self._event(
+            "device_assigned",
+            now,
+            cohort=c["cohort"],
+            device=dv.device,
+            reason="joined after the last wave" if late else f"wave {wave}",
+            detail={"version": version, "bundle": c["bundle_id"], "previous": prev_bundle, "online": dv.online},
+        )
+        return {
+            "device": dv.device,
+            "state": "assigned",
+            "cohort": c["cohort"],
+            "version": version,
+            "rb_version": None,
+            "report": None,
+            "assigned_at": now,
+        }
 
-    def _advance(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float
-                 ) -> None:
+    def _advance(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float) -> None:
         waves = self._waves()
         wave = int(c["wave"])
         if wave < 0:
@@ -346,33 +441,57 @@ class RolloutController:
         answered = [x for x in active if x["state"] in ("running", "failed", "rolled-back")]
         rate = sum(1 for x in answered if x["state"] == "running") / len(answered) if answered else 1.0
         if self.spec.success_rate is not None and rate < self.spec.success_rate - 1e-9:
-            self._abort_cohort(c, rows, snap, now, f"success rate {100 * rate:.1f}% below "
-                               f"{100 * self.spec.success_rate:g}% after wave {wave} ({len(answered)} device(s) "
-                               "answered; timed-out ones not counted)")
+            self._abort_cohort(
+                c,
+                rows,
+                snap,
+                now,
+                f"success rate {100 * rate:.1f}% below "
+                f"{100 * self.spec.success_rate:g}% after wave {wave} ({len(answered)} device(s) "
+                "answered; timed-out ones not counted)",
+            )
             return
         if wave + 1 < len(waves):
             self._start_wave(c, rows, snap, now, wave + 1)
         else:
-            counts = {s: sum(1 for x in active if x["state"] == s) for s in ("running", "failed", "rolled-back",
-                                                                              "timed-out")}
+            counts = {
+                s: sum(1 for x in active if x["state"] == s) for s in ("running", "failed", "rolled-back", "timed-out")
+            }
             self.store.update_cohort(self.rid, c["cohort"], now, state="completed")
-            self._event("cohort_completed", now, cohort=c["cohort"], reason=f"{len(active)} device(s) given "
-                        f"{c['bundle_id']}", detail=counts)
+            self._event(
+                "cohort_completed",
+                now,
+                cohort=c["cohort"],
+                reason=f"{len(active)} device(s) given {c['bundle_id']}",
+                detail=counts,
+            )
             c["state"] = "completed"
 
-    def _start_wave(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float,
-                    wave: int) -> None:
+    def _start_wave(
+        self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float, wave: int
+    ) -> None:
         share = self._waves()[wave]
         c["wave"], c["wave_started_at"] = wave, now
         self.store.update_cohort(self.rid, c["cohort"], now, wave=wave, wave_started_at=now)
         added = self._assign_up_to(c, rows, snap, now, share)
         n, _ = self._population(c, rows, snap)
-        self._event("wave_started", now, cohort=c["cohort"], reason="canary" if wave == 0 else f"wave {wave}",
-                    detail={"wave": wave, "share": share, "cohort_size": n, "assigned_now": added,
-                            "assigned_total": len([x for x in rows if x["state"] != "skipped"])})
+        self._event(
+            "wave_started",
+            now,
+            cohort=c["cohort"],
+            reason="canary" if wave == 0 else f"wave {wave}",
+            detail={
+                "wave": wave,
+                "share": share,
+                "cohort_size": n,
+                "assigned_now": added,
+                "assigned_total": len([x for x in rows if x["state"] != "skipped"]),
+            },
+        )
 
-    def _abort_cohort(self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float,
-                      reason: str) -> None:
+    def _abort_cohort(
+        self, c: dict[str, Any], rows: list[dict[str, Any]], snap: dict[str, DeviceView], now: float, reason: str
+    ) -> None:
         self.store.update_cohort(self.rid, c["cohort"], now, state="aborted", reason=reason)
         c["state"], c["reason"] = "aborted", reason
         back = 0
@@ -383,18 +502,30 @@ class RolloutController:
             full = stored[row["device"]]
             dev = row["device"]
             if full["prev_artifact"] is None:
-                self.store.update_device(self.rid, dev, now, rb_state="impossible",
-                                         rb_reason="the device ran no bundle before this rollout")
-                self._event("device_not_rolled_back", now, cohort=c["cohort"], device=dev,
-                            reason="the device ran no bundle before this rollout")
+                self.store.update_device(
+                    self.rid, dev, now, rb_state="impossible", rb_reason="the device ran no bundle before this rollout"
+                )
+                self._event(
+                    "device_not_rolled_back",
+                    now,
+                    cohort=c["cohort"],
+                    device=dev,
+                    reason="the device ran no bundle before this rollout",
+                )
                 continue
             version = self._next_version(snap.get(dev), dev, floor=int(full["version"]))
-            self.store.update_device(self.rid, dev, now, rb_version=version, rb_state="pending", rb_reason=None,
-                                     rb_at=now)
+            self.store.update_device(
+                self.rid, dev, now, rb_version=version, rb_state="pending", rb_reason=None, rb_at=now
+            )
             row["rb_version"] = version
             back += 1
-        self._event("cohort_aborted", now, cohort=c["cohort"], reason=reason,
-                    detail={"rolling_back": back, "bundle": c["bundle_id"]})
+        self._event(
+            "cohort_aborted",
+            now,
+            cohort=c["cohort"],
+            reason=reason,
+            detail={"rolling_back": back, "bundle": c["bundle_id"]},
+        )
 
     # publishing ------------------------------------------------------------------------------
     def _publish(self, snap: dict[str, DeviceView], now: float) -> tuple[int, int, int]:
@@ -420,11 +551,17 @@ class RolloutController:
             last = self._published_at.get(row["device"])
             if last is not None and last[0] == version and now - last[1] < self.republish_s:
                 continue
-            d = DesiredState(rollout_id=self.rid, bundle_id=bundle, version=version,
-                             replaces=row["replaces"] if row["rb_version"] is None else int(row["version"]),
-                             artifact_url=art["url"], sha256=art["sha256"], size=art.get("size"),
-                             budget_ms=self.spec.budget_ms if row["rb_version"] is None else None,
-                             watch_s=self.spec.device_watch_s)
+            d = DesiredState(
+                rollout_id=self.rid,
+                bundle_id=bundle,
+                version=version,
+                replaces=row["replaces"] if row["rb_version"] is None else int(row["version"]),
+                artifact_url=art["url"],
+                sha256=art["sha256"],
+                size=art.get("size"),
+                budget_ms=self.spec.budget_ms if row["rb_version"] is None else None,
+                watch_s=self.spec.device_watch_s,
+            )
             if self.view.publish_desired(row["device"], d.to_json(self.fleet, row["device"])):
                 self._published_at[row["device"]] = (version, now)
                 published += 1
@@ -438,8 +575,15 @@ class RolloutController:
             if not _db_error(e):
                 raise
 
-    def run(self, *, poll_s: float = 0.5, timeout_s: float | None = None, stop: threading.Event | None = None,
-            on_step: Callable[[StepResult], None] | None = None, wait_devices: bool = True) -> StepResult:
+    def run(
+        self,
+        *,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+        wait_devices: bool = True,
+    ) -> StepResult:
         """Step until the rollout is final and every device answered (or timed out; ``wait_devices`` False: until
         the broker holds every desired state), ``stop`` is set, or ``timeout_s`` passed (the rollout then stays as
         it is in the database: ``resume`` continues it)."""
@@ -456,8 +600,11 @@ class RolloutController:
                 continue
             if on_step is not None:
                 on_step(res)
-            done = res.finished if wait_devices else res.state in FINAL and (
-                res.other_controller or (res.unconfirmed == 0 and not res.waiting))
+            done = (
+                res.finished
+                if wait_devices
+                else res.state in FINAL and (res.other_controller or (res.unconfirmed == 0 and not res.waiting))
+            )
             if done or stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 self.release()  # a clean stop: `resume` need not wait for the lease to run out
                 return res
@@ -471,13 +618,22 @@ def _db_error(e: BaseException) -> bool:
 
 # -- the operations --------------------------------------------------------------------------------
 
+
 def new_rollout_id() -> str:
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
 
 
-def start_rollout(db: FleetDB, view: FleetView, spec: RolloutSpec, bundles: list[RolloutBundle], *,
-                  previous: Sequence[RolloutBundle] = (), rollout_id: str | None = None, sync_timeout_s: float = 15.0,
-                  now: float | None = None) -> str:
+def start_rollout(
+    db: FleetDB,
+    view: FleetView,
+    spec: RolloutSpec,
+    bundles: list[RolloutBundle],
+    *,
+    previous: Sequence[RolloutBundle] = (),
+    rollout_id: str | None = None,
+    sync_timeout_s: float = 15.0,
+    now: float | None = None,
+) -> str:
     """Record a new rollout (nothing is published yet: the controller's first step does that). Refuses an
     empty fleet, two bundles for one target class, and a target filter that names none of the bundles."""
     store = RolloutStore(db)
@@ -486,18 +642,23 @@ def start_rollout(db: FleetDB, view: FleetView, spec: RolloutSpec, bundles: list
     by_target: dict[str, RolloutBundle] = {}
     for b in bundles:
         if b.target in by_target:
-            raise RolloutError(f"two bundles for target class {b.target}: {by_target[b.target].bundle_id} and "
-                               f"{b.bundle_id}", hint="a rollout takes one bundle per target class")
+            raise RolloutError(
+                f"two bundles for target class {b.target}: {by_target[b.target].bundle_id} and {b.bundle_id}",
+                hint="a rollout takes one bundle per target class",
+            )
         by_target[b.target] = b
     if spec.targets:
         unknown = sorted(set(spec.targets) - set(by_target))
         if unknown:
-            raise RolloutError(f"--target {', '.join(unknown)}: no bundle of this rollout is built for it",
-                               hint=f"the bundles are for {', '.join(sorted(by_target))}")
+            raise RolloutError(
+                f"--target {', '.join(unknown)}: no bundle of this rollout is built for it",
+                hint=f"the bundles are for {', '.join(sorted(by_target))}",
+            )
         by_target = {t: b for t, b in by_target.items() if t in spec.targets}
     if not view.wait_synced(sync_timeout_s):
-        raise RolloutError(f"cannot read the fleet from the broker {view.broker.url} within {sync_timeout_s:g} s: "
-                           f"{view.conn.last_error or 'no answer'}")
+        raise RolloutError(
+            f"cannot read the fleet from the broker {view.broker.url} within {sync_timeout_s:g} s: {view.conn.last_error or 'no answer'}"
+        )
     snap = view.snapshot()
     rid = rollout_id or new_rollout_id()
     check_part(rid, "rollout id")
@@ -505,9 +666,11 @@ def start_rollout(db: FleetDB, view: FleetView, spec: RolloutSpec, bundles: list
     sizes = {t: sum(1 for dv in snap.values() if ctl_probe.matches(dv, t)) for t in by_target}
     if not any(sizes.values()):
         seen = sorted({dv.target or "?" for dv in snap.values() if dv.birth is not None})
-        raise RolloutError(f"fleet {spec.fleet!r} has no device for this rollout (target {', '.join(by_target)}"
-                           f"{', groups ' + ' '.join(f'{k}={v}' for k, v in spec.groups) if spec.groups else ''})",
-                           hint=f"devices seen: {len(snap)}, targets: {', '.join(seen) or 'none'}")
+        raise RolloutError(
+            f"fleet {spec.fleet!r} has no device for this rollout (target {', '.join(by_target)}"
+            f"{', groups ' + ' '.join(f'{k}={v}' for k, v in spec.groups) if spec.groups else ''})",
+            hint=f"devices seen: {len(snap)}, targets: {', '.join(seen) or 'none'}",
+        )
     if store.rollout(rid) is not None:
         raise RolloutError(f"rollout {rid} exists already")
     now = time.time() if now is None else now
@@ -520,9 +683,16 @@ def start_rollout(db: FleetDB, view: FleetView, spec: RolloutSpec, bundles: list
                 store.update_cohort(old, t, now, state="superseded", reason=f"superseded by rollout {rid}")
                 store.event(old, "cohort_superseded", now, cohort=t, reason=f"superseded by rollout {rid}")
             store.add_cohort(rid, t, b.bundle_id, b.artifact, now)
-        store.event(rid, "rollout_started", now, reason=f"{len(by_target)} cohort(s)",
-                    detail={"cohorts": {t: {"bundle": b.bundle_id, "devices": sizes[t]} for t, b in by_target.items()},
-                            "spec": spec.to_json()})
+        store.event(
+            rid,
+            "rollout_started",
+            now,
+            reason=f"{len(by_target)} cohort(s)",
+            detail={
+                "cohorts": {t: {"bundle": b.bundle_id, "devices": sizes[t]} for t, b in by_target.items()},
+                "spec": spec.to_json(),
+            },
+        )
         db.commit()
     except BaseException:
         db.rollback()
@@ -554,13 +724,17 @@ def set_state(db: FleetDB, rid: str, action: str, reason: str | None = None) -> 
     store = RolloutStore(db)
     r = _need(store, rid)
     now = time.time()
-    allowed = {"pause": ("running",), "resume": ("paused", "running", "completed", "partial"),
-               "abort": ("running", "paused", "completed", "partial", "aborting")}[action]
+    allowed = {
+        "pause": ("running",),
+        "resume": ("paused", "running", "completed", "partial"),
+        "abort": ("running", "paused", "completed", "partial", "aborting"),
+    }[action]
     if r["state"] not in allowed:
         raise RolloutError(f"rollout {rid} is {r['state']}; cannot {action} it")
     new = {"pause": "paused", "resume": "running", "abort": "aborting"}[action]
-    why = reason or {"pause": "paused by request", "resume": "resumed by request",
-                     "abort": "aborted by request"}[action]
+    why = (
+        reason or {"pause": "paused by request", "resume": "resumed by request", "abort": "aborted by request"}[action]
+    )
     if action == "resume" and r["state"] in FINAL:  # devices that joined since get the bundle of completed cohorts
         new, why = r["state"], reason or "resumed to give devices that joined since the bundle of completed cohorts"
     try:
@@ -595,18 +769,74 @@ def status(db: FleetDB, rid: str | None = None, *, fleet: str | None = None, eve
         for x in crows:
             if x["rb_state"]:
                 rb[x["rb_state"]] = rb.get(x["rb_state"], 0) + 1
-        cohorts.append({"cohort": c["cohort"], "bundle_id": c["bundle_id"], "state": c["state"], "wave": c["wave"],
-                        "reason": c["reason"], "devices": counts, "rollback": rb})
+        cohorts.append(
+            {
+                "cohort": c["cohort"],
+                "bundle_id": c["bundle_id"],
+                "state": c["state"],
+                "wave": c["wave"],
+                "reason": c["reason"],
+                "devices": counts,
+                "rollback": rb,
+            }
+        )
     evs = store.events(rid)
-    return {"id": rid, "fleet": r["fleet"], "state": r["state"], "reason": r["reason"], "created_at": r["created_at"],
-            "finished_at": r["finished_at"], "spec": r["spec"], "cohorts": cohorts,
-            "devices": [{k: x[k] for k in ("device", "cohort", "wave", "version", "state", "reason", "prev_bundle",
-                                          "rb_version", "rb_state", "rb_reason")} for x in rows],
-            "events": [{k: e[k] for k in ("seq", "ts", "kind", "cohort", "device", "reason", "detail")}
-                       for e in evs[-events:]] if events else [],
-            "events_total": len(evs)}
+    return {
+        "id": rid,
+        "fleet": r["fleet"],
+        "state": r["state"],
+        "reason": r["reason"],
+        "created_at": r["created_at"],
+        "finished_at": r["finished_at"],
+        "spec": r["spec"],
+        "cohorts": cohorts,
+        "devices": [
+            {
+                k: x[k]
+                for k in (
+                    "device",
+                    "cohort",
+                    "wave",
+                    "version",
+                    "state",
+                    "reason",
+                    "prev_bundle",
+                    "rb_version",
+                    "rb_state",
+                    "rb_reason",
+                )
+            }
+            for x in rows
+        ],
+        "events": [
+            {k: e[k] for k in ("seq", "ts", "kind", "cohort", "device", "reason", "detail")} for e in evs[-events:]
+        ]
+        if events
+        else [],
+        "events_total": len(evs),
+    }
 
 
-__all__ = ["CRITERIA_HELP", "Criterion", "DeviceView", "FleetView", "RolloutBundle", "RolloutController", "RolloutFlags",
-           "RolloutError", "RolloutSpec", "RolloutStore", "StepResult", "breaches", "check_url", "evaluate",
-           "parse_duration", "parse_group", "parse_percent", "parse_waves", "set_state", "start_rollout", "status"]
+__all__ = [
+    "CRITERIA_HELP",
+    "Criterion",
+    "DeviceView",
+    "FleetView",
+    "RolloutBundle",
+    "RolloutController",
+    "RolloutFlags",
+    "RolloutError",
+    "RolloutSpec",
+    "RolloutStore",
+    "StepResult",
+    "breaches",
+    "check_url",
+    "evaluate",
+    "parse_duration",
+    "parse_group",
+    "parse_percent",
+    "parse_waves",
+    "set_state",
+    "start_rollout",
+    "status",
+]

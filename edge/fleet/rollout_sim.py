@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import edge
-from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState
 from edge.mqtt.client import BrokerConfig
+from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.session import DeviceSession, SessionOptions
@@ -39,23 +39,39 @@ def always_running(_device: str, _d: DesiredState) -> Outcome:
 
 
 class SimDevice:
-    def __init__(self, fleet: "SimRolloutFleet", device: str, target: str, bundle_id: str) -> None:
+    def __init__(self, fleet: SimRolloutFleet, device: str, target: str, bundle_id: str) -> None:
         self.fleet, self.device, self.target, self.bundle_id = fleet, device, target, bundle_id
         self.previous: str | None = None
         self.seen = 0
         self.applied: list[tuple[int, str, str, float]] = []  # (version, bundle, state, time.monotonic())
-        self.session = DeviceSession(fleet.loop, fleet.broker, fleet.fleet, device, MemoryOutbox(),
-                                     birth_body=self._birth, on_desired=self._on_desired,
-                                     options=SessionOptions(client_id=f"edgekit-sim-{fleet.fleet}-{device}",
-                                                            backoff=fleet.backoff))
+        self.session = DeviceSession(
+            fleet.loop,
+            fleet.broker,
+            fleet.fleet,
+            device,
+            MemoryOutbox(),
+            birth_body=self._birth,
+            on_desired=self._on_desired,
+            options=SessionOptions(client_id=f"edgekit-sim-{fleet.fleet}-{device}", backoff=fleet.backoff),
+        )
 
     def _birth(self) -> dict[str, Any]:
-        return {"state": "running", "state_detail": None,
-                "agent": {"edgekit_version": edge.__version__, "pid": 0, "started_at": round(time.time(), 3),
-                          "interval_s": 5.0, "source": "simulated", "fps": 30.0, "budget_ms": 16.67},
-                "bundle": {"id": self.bundle_id, "target": self.target, "precision": "fp32"},
-                "runner": {"runtime": "simulated", "device_requested": "CPU", "device_used": "CPU"},
-                "host": {"hostname": self.device, "os": "linux", "arch": "x86_64", "model": "simulated"}}
+        return {
+            "state": "running",
+            "state_detail": None,
+            "agent": {
+                "edgekit_version": edge.__version__,
+                "pid": 0,
+                "started_at": round(time.time(), 3),
+                "interval_s": 5.0,
+                "source": "simulated",
+                "fps": 30.0,
+                "budget_ms": 16.67,
+            },
+            "bundle": {"id": self.bundle_id, "target": self.target, "precision": "fp32"},
+            "runner": {"runtime": "simulated", "device_requested": "CPU", "device_used": "CPU"},
+            "host": {"hostname": self.device, "os": "linux", "arch": "x86_64", "model": "simulated"},
+        }
 
     def _on_desired(self, payload: bytes) -> None:  # loop thread
         try:
@@ -77,33 +93,62 @@ class SimDevice:
             if self.bundle_id != d.bundle_id:
                 self.previous, self.bundle_id = self.bundle_id, d.bundle_id
                 self.session._publish_birth()
-            health = {"frames": 100, "p50_ms": out.p99_ms / 2, "p99_ms": out.p99_ms, "budget_ms": out.budget_ms,
-                      "errors": 0}
+            health = {
+                "frames": 100,
+                "p50_ms": out.p99_ms / 2,
+                "p99_ms": out.p99_ms,
+                "budget_ms": out.budget_ms,
+                "errors": 0,
+            }
         elif out.state == "rolled-back":
-            health = {"frames": 100, "p50_ms": out.p99_ms / 2, "p99_ms": out.p99_ms, "budget_ms": out.budget_ms,
-                      "errors": 0}
-        reason = None if out.code is None else Reason(out.code, f"simulated: {out.code}",
-                                                      "watching" if out.state == "rolled-back" else "smoke-testing")
+            health = {
+                "frames": 100,
+                "p50_ms": out.p99_ms / 2,
+                "p99_ms": out.p99_ms,
+                "budget_ms": out.budget_ms,
+                "errors": 0,
+            }
+        reason = (
+            None
+            if out.code is None
+            else Reason(
+                out.code, f"simulated: {out.code}", "watching" if out.state == "rolled-back" else "smoke-testing"
+            )
+        )
         self._report(d, out.state, reason, health)
         self.applied.append((d.version, d.bundle_id, out.state, time.monotonic()))
 
     def _report(self, d: DesiredState, state: str, reason: Reason | None, health: dict[str, Any] | None) -> None:
-        r = ReportedState(state=state, bundle_running=self.bundle_id, rollout_id=d.rollout_id,
-                          desired_version=d.version, desired_bundle=d.bundle_id, reason=reason, health=health)
+        r = ReportedState(
+            state=state,
+            bundle_running=self.bundle_id,
+            rollout_id=d.rollout_id,
+            desired_version=d.version,
+            desired_bundle=d.bundle_id,
+            reason=reason,
+            health=health,
+        )
         self.session.publish_reported(r.body())
 
 
 class SimRolloutFleet:
-    def __init__(self, broker: BrokerConfig, fleet: str, devices: dict[str, tuple[str, str]], *,
-                 behaviour: Behaviour = always_running, loop: NetworkLoop | None = None,
-                 backoff: Backoff = Backoff(0.1, 2.0)) -> None:
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        fleet: str,
+        devices: dict[str, tuple[str, str]],
+        *,
+        behaviour: Behaviour = always_running,
+        loop: NetworkLoop | None = None,
+        backoff: Backoff = Backoff(0.1, 2.0),
+    ) -> None:
         """``devices``: device id -> (target class, bundle id it runs)."""
         self.broker, self.fleet, self.behaviour, self.backoff = broker, fleet, behaviour, backoff
         self.loop = loop or NetworkLoop(name="edgekit-sim-rollout")
         self._own_loop = loop is None
         self.devices = {d: SimDevice(self, d, t, b) for d, (t, b) in devices.items()}
 
-    def start(self) -> "SimRolloutFleet":
+    def start(self) -> SimRolloutFleet:
         if self._own_loop:
             self.loop.start()
 
@@ -132,7 +177,7 @@ class SimRolloutFleet:
         if self._own_loop:
             self.loop.stop()
 
-    def __enter__(self) -> "SimRolloutFleet":
+    def __enter__(self) -> SimRolloutFleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
+from edge.errors import EdgeError
 from edge.mqtt.desired import DesiredError, check_artifact_url
 from edge.mqtt.topics import check_part
-from edge.errors import EdgeError
 
 
 class RolloutError(EdgeError):
@@ -42,9 +42,11 @@ _CRIT = [
     ("parity", re.compile(rf"^parity\s*<\s*threshold{_THRESH}$")),
     ("counter", re.compile(rf"^(?P<name>errors|failed|rolled_back|timed_out)\s*>\s*(?P<thresh>{_NUM}%?)$")),
 ]
-CRITERIA_HELP = ("p99>budget | p99>K*budget | p99>MS | fps<K*target | fps<FPS | fallback | parity<threshold, "
-                 "each optionally @N (more than N devices) or @P% (more than P% of finished devices); "
-                 "errors|failed|rolled_back|timed_out >N or >P%")
+CRITERIA_HELP = (
+    "p99>budget | p99>K*budget | p99>MS | fps<K*target | fps<FPS | fallback | parity<threshold, "
+    "each optionally @N (more than N devices) or @P% (more than P% of finished devices); "
+    "errors|failed|rolled_back|timed_out >N or >P%"
+)
 # With no --abort-if, one failed device (it refused or could not install or run the bundle) stops its cohort:
 # a canary exists to catch exactly that. ``--abort-if none`` says the operator wants no criterion at all.
 DEFAULT_ABORT_IF = ("failed>0",)
@@ -63,7 +65,7 @@ class Criterion:
     percent: float | None = None  # ...or more than `percent` % of the finished devices
 
     @classmethod
-    def parse(cls, text: str) -> "Criterion":
+    def parse(cls, text: str) -> Criterion:
         t = text.strip().lower().replace(" ", "")
         for metric, rx in _CRIT:
             m = rx.fullmatch(t)
@@ -81,8 +83,7 @@ class Criterion:
                     factor = float(g["k"]) if g.get("k") else 1.0
                 if (absolute is not None and absolute <= 0) or (factor is not None and factor <= 0):
                     raise RolloutError(f"--abort-if {text!r}: the limit must be positive")
-            return cls(text=text.strip(), metric=metric, factor=factor, absolute=absolute, count=count,
-                       percent=percent)
+            return cls(text=text.strip(), metric=metric, factor=factor, absolute=absolute, count=count, percent=percent)
         raise RolloutError(f"malformed --abort-if {text[:80]!r}", hint=f"one of: {CRITERIA_HELP}")
 
 
@@ -140,8 +141,10 @@ def parse_duration(v: str | float, what: str) -> float:
 def parse_group(v: str) -> tuple[str, str]:
     key, sep, value = v.partition("=")
     if not sep or not key.strip() or not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", key.strip()):
-        raise RolloutError(f"--group {v[:80]!r} is not label=value", hint="e.g. --group host.model=rpi5 or "
-                           "--group device=cam-*; the label is a field of the device's birth message")
+        raise RolloutError(
+            f"--group {v[:80]!r} is not label=value",
+            hint="e.g. --group host.model=rpi5 or --group device=cam-*; the label is a field of the device's birth message",
+        )
     return key.strip(), value.strip()
 
 
@@ -151,8 +154,10 @@ def _criteria(texts: Sequence[str]) -> tuple[str, ...]:
         return DEFAULT_ABORT_IF
     if any(t.strip().lower() == NO_CRITERIA for t in texts):
         if len(texts) > 1:
-            raise RolloutError("--abort-if none cannot be combined with other criteria",
-                               hint="give either 'none' (no abort criterion) or the criteria you want")
+            raise RolloutError(
+                "--abort-if none cannot be combined with other criteria",
+                hint="give either 'none' (no abort criterion) or the criteria you want",
+            )
         return ()
     return tuple(Criterion.parse(a).text for a in texts)
 
@@ -207,16 +212,23 @@ class RolloutSpec:
             raise RolloutError("--success-rate must be in (0%, 100%]")
 
     @classmethod
-    def parse(cls, flags: RolloutFlags) -> "RolloutSpec":
+    def parse(cls, flags: RolloutFlags) -> RolloutSpec:
         """The spec the CLI's words ask for (percentages, durations, criteria, groups), each checked."""
         f = flags
-        return cls(fleet=f.fleet, canary=parse_percent(f.canary, "--canary"), waves=tuple(parse_waves(f.waves)),
-                   watch_s=parse_duration(f.watch, "--watch"),
-                   device_timeout_s=parse_duration(f.device_timeout, "--device-timeout"),
-                   abort_if=_criteria(f.abort_if), min_devices=f.min_devices,
-                   targets=tuple(f.targets), groups=tuple(parse_group(g) for g in f.groups), budget_ms=f.budget_ms,
-                   device_watch_s=None if f.device_watch is None else parse_duration(f.device_watch, "--device-watch"),
-                   success_rate=None if f.success_rate is None else parse_percent(f.success_rate, "--success-rate"))
+        return cls(
+            fleet=f.fleet,
+            canary=parse_percent(f.canary, "--canary"),
+            waves=tuple(parse_waves(f.waves)),
+            watch_s=parse_duration(f.watch, "--watch"),
+            device_timeout_s=parse_duration(f.device_timeout, "--device-timeout"),
+            abort_if=_criteria(f.abort_if),
+            min_devices=f.min_devices,
+            targets=tuple(f.targets),
+            groups=tuple(parse_group(g) for g in f.groups),
+            budget_ms=f.budget_ms,
+            device_watch_s=None if f.device_watch is None else parse_duration(f.device_watch, "--device-watch"),
+            success_rate=None if f.success_rate is None else parse_percent(f.success_rate, "--success-rate"),
+        )
 
     @property
     def criteria(self) -> list[Criterion]:
@@ -228,12 +240,20 @@ class RolloutSpec:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "RolloutSpec":
-        return cls(**{**d, "waves": tuple(d["waves"]), "abort_if": tuple(d["abort_if"]), "targets": tuple(d["targets"]),
-                      "groups": tuple(tuple(g) for g in d["groups"])})
+    def from_json(cls, d: Mapping[str, Any]) -> RolloutSpec:
+        return cls(
+            **{
+                **d,
+                "waves": tuple(d["waves"]),
+                "abort_if": tuple(d["abort_if"]),
+                "targets": tuple(d["targets"]),
+                "groups": tuple(tuple(g) for g in d["groups"]),
+            }
+        )
 
 
 # -- the bundle and its artifact -----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RolloutBundle:
@@ -248,8 +268,7 @@ class RolloutBundle:
         return {"url": self.url, "sha256": self.sha256, "size": self.size}
 
     @classmethod
-    def prepare(cls, bundle_dir: str | Path, url: str, *, check: bool = True, timeout_s: float = 10.0
-                ) -> "RolloutBundle":
+    def prepare(cls, bundle_dir: str | Path, url: str, *, check: bool = True, timeout_s: float = 10.0) -> RolloutBundle:
         """Open the bundle (verified), pack it as the devices will download it (sha256, size), and check
         that ``url`` answers with that many bytes before anything is published."""
         from edge.bundle.archive import pack_bundle
@@ -257,8 +276,9 @@ class RolloutBundle:
 
         p = Path(bundle_dir)
         if not (p / "manifest.json").is_file():
-            raise RolloutError(f"{p} is not a bundle (no manifest.json)", hint="give the directory `edgekit convert` "
-                               "wrote")
+            raise RolloutError(
+                f"{p} is not a bundle (no manifest.json)", hint="give the directory `edgekit convert` wrote"
+            )
         b = Bundle.open(p, trust=False)
         try:
             check_artifact_url(url, Path("/"))
@@ -293,17 +313,22 @@ def check_url(url: str, size: int | None, *, timeout_s: float = 10.0) -> None:
                 cr = r.headers.get("Content-Range", "")
                 length = int(cr.rsplit("/", 1)[1]) if "/" in cr and cr.rsplit("/", 1)[1].isdigit() else None
     except urllib.error.HTTPError as e:
-        raise RolloutError(f"artifact URL {url[:200]} answers HTTP {e.code}", hint="upload the packed bundle "
-                           "(`edgekit fleet rollout pack`) there first") from None
+        raise RolloutError(
+            f"artifact URL {url[:200]} answers HTTP {e.code}",
+            hint="upload the packed bundle (`edgekit fleet rollout pack`) there first",
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         why = getattr(e, "reason", e)
         raise RolloutError(f"artifact URL {url[:200]} is unreachable: {why}") from None
     if size is not None and length is not None and length != size:
-        raise RolloutError(f"artifact URL {url[:200]} serves {length} bytes; the packed bundle is {size} bytes",
-                           hint="upload the archive `edgekit fleet rollout pack` writes")
+        raise RolloutError(
+            f"artifact URL {url[:200]} serves {length} bytes; the packed bundle is {size} bytes",
+            hint="upload the archive `edgekit fleet rollout pack` writes",
+        )
 
 
 # -- per-device conditions -------------------------------------------------------------------------
+
 
 def _num(obj: Any, *path: str) -> float | None:
     for p in path:
@@ -313,8 +338,13 @@ def _num(obj: Any, *path: str) -> float | None:
     return float(obj) if type(obj) in (int, float) and math.isfinite(obj) else None
 
 
-def breaches(c: Criterion, row: Mapping[str, Any], report: Mapping[str, Any] | None,
-             telemetry: Mapping[str, Any] | None, bundle_id: str) -> str | None:
+def breaches(
+    c: Criterion,
+    row: Mapping[str, Any],
+    report: Mapping[str, Any] | None,
+    telemetry: Mapping[str, Any] | None,
+    bundle_id: str,
+) -> str | None:
     """Why device ``row`` meets criterion ``c`` (a short text), or None. ``report``: its reported state for
     this rollout's version; ``telemetry``: its latest telemetry (used when it is from the new bundle)."""
     rep = report or {}
@@ -342,17 +372,23 @@ def breaches(c: Criterion, row: Mapping[str, Any], report: Mapping[str, Any] | N
         given_rc, given_health = rep.get("reference_check"), rep.get("health")
         rc = given_rc if isinstance(given_rc, dict) else {}
         health = given_health if isinstance(given_health, dict) else {}
-        if code in ("reference_pairs_failed", "watch_reference_drift") or rc.get("passed") is False \
-                or health.get("reference_passed") is False:
+        if (
+            code in ("reference_pairs_failed", "watch_reference_drift")
+            or rc.get("passed") is False
+            or health.get("reference_passed") is False
+        ):
             return f"reference pairs failed ({code or 'reference_check'})"
         return None
     tel = telemetry if telemetry is not None and telemetry.get("bundle_id") == bundle_id else None
     if c.metric == "p99":
-        seen = [(_num(rep, "smoke", "p99_ms"), _num(rep, "smoke", "budget_ms"), "smoke test"),
-                (_num(rep, "health", "p99_ms"), _num(rep, "health", "budget_ms"), "watch")]
+        seen = [
+            (_num(rep, "smoke", "p99_ms"), _num(rep, "smoke", "budget_ms"), "smoke test"),
+            (_num(rep, "health", "p99_ms"), _num(rep, "health", "budget_ms"), "watch"),
+        ]
         if tel is not None and state == "running":
-            seen.append((_num(tel, "inference", "latency_ms", "p99_ms"), _num(tel, "inference", "budget_ms"),
-                         "telemetry"))
+            seen.append(
+                (_num(tel, "inference", "latency_ms", "p99_ms"), _num(tel, "inference", "budget_ms"), "telemetry")
+            )
         numbers = False
         for p99, budget, where in seen:
             if p99 is None:
@@ -377,8 +413,14 @@ def breaches(c: Criterion, row: Mapping[str, Any], report: Mapping[str, Any] | N
     raise AssertionError(c.metric)  # pragma: no cover - the parser knows no other metric
 
 
-def evaluate(c: Criterion, rows: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any] | None],
-             telemetry: Mapping[str, Mapping[str, Any] | None], bundle_id: str, min_devices: int) -> str | None:
+def evaluate(
+    c: Criterion,
+    rows: Sequence[Mapping[str, Any]],
+    reports: Mapping[str, Mapping[str, Any] | None],
+    telemetry: Mapping[str, Mapping[str, Any] | None],
+    bundle_id: str,
+    min_devices: int,
+) -> str | None:
     """The abort reason when the cohort's devices (``rows``) breach ``c``, else None."""
     finished = [r for r in rows if r["state"] not in ("assigned", "skipped")]
     bad = []

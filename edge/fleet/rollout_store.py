@@ -98,8 +98,10 @@ class RolloutStore:
 
     # rollouts -------------------------------------------------------------------------------
     def create(self, rid: str, fleet: str, spec: dict[str, Any], now: float) -> None:
-        self.db.execute("INSERT INTO rollouts (id, fleet, state, reason, spec, created_at, updated_at) "
-                        "VALUES (?, ?, 'running', NULL, ?, ?, ?)", (rid, fleet, _j(spec), now, now))
+        self.db.execute(
+            "INSERT INTO rollouts (id, fleet, state, reason, spec, created_at, updated_at) VALUES (?, ?, 'running', NULL, ?, ?, ?)",
+            (rid, fleet, _j(spec), now, now),
+        )
 
     def rollout(self, rid: str) -> dict[str, Any] | None:
         rows = self.db.query("SELECT * FROM rollouts WHERE id = ?", (rid,))
@@ -111,23 +113,30 @@ class RolloutStore:
 
     def rollouts(self, fleet: str | None = None) -> list[dict[str, Any]]:
         if fleet is None:
-            return self.db.query("SELECT id, fleet, state, reason, created_at, updated_at, finished_at FROM rollouts "
-                                 "ORDER BY created_at")
-        return self.db.query("SELECT id, fleet, state, reason, created_at, updated_at, finished_at FROM rollouts "
-                             "WHERE fleet = ? ORDER BY created_at", (fleet,))
+            return self.db.query(
+                "SELECT id, fleet, state, reason, created_at, updated_at, finished_at FROM rollouts ORDER BY created_at"
+            )
+        return self.db.query(
+            "SELECT id, fleet, state, reason, created_at, updated_at, finished_at FROM rollouts WHERE fleet = ? ORDER BY created_at",
+            (fleet,),
+        )
 
     def set_rollout_state(self, rid: str, state: str, reason: str | None, now: float) -> None:
         if state not in ROLLOUT_STATES:
             raise ValueError(state)
-        self.db.execute("UPDATE rollouts SET state = ?, reason = ?, updated_at = ?, finished_at = ? WHERE id = ?",
-                        (state, reason, now, now if state in FINAL else None, rid))
+        self.db.execute(
+            "UPDATE rollouts SET state = ?, reason = ?, updated_at = ?, finished_at = ? WHERE id = ?",
+            (state, reason, now, now if state in FINAL else None, rid),
+        )
 
     def claim(self, rid: str, owner: str, now: float, lease_s: float) -> tuple[bool, str | None, float | None]:
         """Take or extend the rollout's lease for ``owner`` (committed at once): one controller drives a rollout
         at a time; another takes over when the lease ran out (its controller died). (claimed, holder, until)."""
-        cur = self.db.execute("UPDATE rollouts SET owner = ?, lease_until = ? WHERE id = ? AND (owner IS NULL OR "
-                              "owner = ? OR lease_until IS NULL OR lease_until < ?)",
-                              (owner, now + lease_s, rid, owner, now))
+        cur = self.db.execute(
+            "UPDATE rollouts SET owner = ?, lease_until = ? WHERE id = ? AND (owner IS NULL OR "
+            "owner = ? OR lease_until IS NULL OR lease_until < ?)",
+            (owner, now + lease_s, rid, owner, now),
+        )
         ok = cur.rowcount == 1
         self.db.commit()
         if ok:
@@ -136,15 +145,16 @@ class RolloutStore:
         return False, row[0] if row else None, row[1] if row else None
 
     def release(self, rid: str, owner: str) -> None:
-        self.db.execute("UPDATE rollouts SET owner = NULL, lease_until = NULL WHERE id = ? AND owner = ?",
-                        (rid, owner))
+        self.db.execute("UPDATE rollouts SET owner = NULL, lease_until = NULL WHERE id = ? AND owner = ?", (rid, owner))
         self.db.commit()
 
     # cohorts --------------------------------------------------------------------------------
     def add_cohort(self, rid: str, cohort: str, bundle_id: str, artifact: dict[str, Any], now: float) -> None:
-        self.db.execute("INSERT INTO rollout_cohorts (rollout_id, cohort, bundle_id, artifact, state, wave, "
-                        "wave_started_at, reason, updated_at) VALUES (?, ?, ?, ?, 'rolling', -1, NULL, NULL, ?)",
-                        (rid, cohort, bundle_id, _j(artifact), now))
+        self.db.execute(
+            "INSERT INTO rollout_cohorts (rollout_id, cohort, bundle_id, artifact, state, wave, "
+            "wave_started_at, reason, updated_at) VALUES (?, ?, ?, ?, 'rolling', -1, NULL, NULL, ?)",
+            (rid, cohort, bundle_id, _j(artifact), now),
+        )
 
     def cohorts(self, rid: str) -> list[dict[str, Any]]:
         rows = self.db.query("SELECT * FROM rollout_cohorts WHERE rollout_id = ? ORDER BY cohort", (rid,))
@@ -157,23 +167,41 @@ class RolloutStore:
         if not fields or set(fields) - allowed:
             raise ValueError(f"bad cohort fields {sorted(fields)}")
         cols = ", ".join(f"{k} = ?" for k in fields)
-        self.db.execute(f"UPDATE rollout_cohorts SET {cols}, updated_at = ? WHERE rollout_id = ? AND cohort = ?",
-                        (*fields.values(), now, rid, cohort))
+        self.db.execute(
+            f"UPDATE rollout_cohorts SET {cols}, updated_at = ? WHERE rollout_id = ? AND cohort = ?",
+            (*fields.values(), now, rid, cohort),
+        )
 
     def active_cohorts(self, fleet: str, cohort: str, exclude: str) -> list[str]:
         """Rollouts of ``fleet`` other than ``exclude`` still rolling ``cohort`` (a newer rollout supersedes them)."""
-        rows = self.db.query("SELECT c.rollout_id FROM rollout_cohorts c JOIN rollouts r ON r.id = c.rollout_id "
-                             "WHERE r.fleet = ? AND c.cohort = ? AND c.state = 'rolling' AND c.rollout_id <> ?",
-                             (fleet, cohort, exclude))
+        rows = self.db.query(
+            "SELECT c.rollout_id FROM rollout_cohorts c JOIN rollouts r ON r.id = c.rollout_id "
+            "WHERE r.fleet = ? AND c.cohort = ? AND c.state = 'rolling' AND c.rollout_id <> ?",
+            (fleet, cohort, exclude),
+        )
         return [r["rollout_id"] for r in rows]
 
     # devices --------------------------------------------------------------------------------
     def assign(self, rid: str, a: Assignment, now: float) -> None:
-        self.db.execute("INSERT INTO rollout_devices (rollout_id, device, cohort, wave, version, replaces, "
-                        "assigned_at, state, reason, report, prev_bundle, prev_artifact, updated_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-                        (rid, a.device, a.cohort, a.wave, a.version, a.replaces, now, a.state, a.reason,
-                         a.prev_bundle, _j(a.prev_artifact), now))
+        self.db.execute(
+            "INSERT INTO rollout_devices (rollout_id, device, cohort, wave, version, replaces, "
+            "assigned_at, state, reason, report, prev_bundle, prev_artifact, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            (
+                rid,
+                a.device,
+                a.cohort,
+                a.wave,
+                a.version,
+                a.replaces,
+                now,
+                a.state,
+                a.reason,
+                a.prev_bundle,
+                _j(a.prev_artifact),
+                now,
+            ),
+        )
 
     def devices(self, rid: str) -> list[dict[str, Any]]:
         rows = self.db.query("SELECT * FROM rollout_devices WHERE rollout_id = ? ORDER BY device", (rid,))
@@ -189,25 +217,39 @@ class RolloutStore:
         if "report" in fields:
             fields["report"] = _j(fields["report"])
         cols = ", ".join(f"{k} = ?" for k in fields)
-        self.db.execute(f"UPDATE rollout_devices SET {cols}, updated_at = ? WHERE rollout_id = ? AND device = ?",
-                        (*fields.values(), now, rid, device))
+        self.db.execute(
+            f"UPDATE rollout_devices SET {cols}, updated_at = ? WHERE rollout_id = ? AND device = ?",
+            (*fields.values(), now, rid, device),
+        )
 
     def max_version(self, fleet: str, device: str) -> int:
         """The highest desired version any rollout of ``fleet`` gave ``device`` (0: none)."""
         row = self.db.execute(
             "SELECT max(CASE WHEN d.rb_version IS NOT NULL AND d.rb_version > d.version THEN d.rb_version "
             "ELSE d.version END) FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id "
-            "WHERE r.fleet = ? AND d.device = ?", (fleet, device)).fetchone()
+            "WHERE r.fleet = ? AND d.device = ?",
+            (fleet, device),
+        ).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
     # events ---------------------------------------------------------------------------------
-    def event(self, rid: str, kind: str, now: float, *, cohort: str | None = None, device: str | None = None,
-              reason: str | None = None, detail: dict[str, Any] | None = None) -> None:
+    def event(
+        self,
+        rid: str,
+        kind: str,
+        now: float,
+        *,
+        cohort: str | None = None,
+        device: str | None = None,
+        reason: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
         row = self.db.execute("SELECT max(seq) FROM rollout_events WHERE rollout_id = ?", (rid,)).fetchone()
         seq = (int(row[0]) if row and row[0] is not None else 0) + 1
-        self.db.execute("INSERT INTO rollout_events (rollout_id, seq, ts, kind, cohort, device, reason, detail) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (rid, seq, now, kind, cohort, device, None if reason is None else reason[:2000], _j(detail)))
+        self.db.execute(
+            "INSERT INTO rollout_events (rollout_id, seq, ts, kind, cohort, device, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (rid, seq, now, kind, cohort, device, None if reason is None else reason[:2000], _j(detail)),
+        )
 
     def events(self, rid: str, *, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM rollout_events WHERE rollout_id = ? AND seq > ? ORDER BY seq"
@@ -218,11 +260,13 @@ class RolloutStore:
 
     # artifacts ------------------------------------------------------------------------------
     def register_artifact(self, bundle_id: str, artifact: dict[str, Any], target: str | None, now: float) -> None:
-        self.db.execute("INSERT INTO rollout_artifacts (bundle_id, url, sha256, size, target, registered_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (bundle_id) DO UPDATE SET url = excluded.url, "
-                        "sha256 = excluded.sha256, size = excluded.size, target = excluded.target, "
-                        "registered_at = excluded.registered_at",
-                        (bundle_id, artifact["url"], artifact["sha256"], artifact.get("size"), target, now))
+        self.db.execute(
+            "INSERT INTO rollout_artifacts (bundle_id, url, sha256, size, target, registered_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (bundle_id) DO UPDATE SET url = excluded.url, "
+            "sha256 = excluded.sha256, size = excluded.size, target = excluded.target, "
+            "registered_at = excluded.registered_at",
+            (bundle_id, artifact["url"], artifact["sha256"], artifact.get("size"), target, now),
+        )
 
     def artifact(self, bundle_id: str) -> dict[str, Any] | None:
         rows = self.db.query("SELECT url, sha256, size FROM rollout_artifacts WHERE bundle_id = ?", (bundle_id,))

@@ -13,9 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from edge.mqtt.desired import ReportedState
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
+from edge.mqtt.desired import ReportedState
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import encode
 from edge.mqtt.topics import Topic, TopicError, check_part
 
@@ -92,8 +92,15 @@ class FleetView:
     messages of the current connection have arrived (a marker the controller sends itself comes back
     after them); decisions wait for it, so a version is never computed from half a picture."""
 
-    def __init__(self, broker: BrokerConfig, fleet: str, *, telemetry: bool = False, client_id: str | None = None,
-                 backoff: Backoff = Backoff(0.2, 5.0)) -> None:
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        fleet: str,
+        *,
+        telemetry: bool = False,
+        client_id: str | None = None,
+        backoff: Backoff = Backoff(0.2, 5.0),
+    ) -> None:
         check_part(fleet, "fleet")
         self.broker, self.fleet, self.telemetry = broker, fleet, telemetry
         self.client_id = client_id or f"edgekit-rollout-{secrets.token_hex(4)}"
@@ -109,11 +116,18 @@ class FleetView:
         self.rejected = 0
         self._closed = False
         self.loop = NetworkLoop(name="edgekit-rollout")
-        self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
-                               on_connected=self._connected, on_disconnected=self._disconnected,
-                               options=ConnectOptions(backoff=backoff))
+        self.conn = Connection(
+            self.loop,
+            broker,
+            self.client_id,
+            subscriptions=subs,
+            on_message=self._message,
+            on_connected=self._connected,
+            on_disconnected=self._disconnected,
+            options=ConnectOptions(backoff=backoff),
+        )
 
-    def start(self) -> "FleetView":
+    def start(self) -> FleetView:
         self.loop.start()
         self.conn.start()
         return self
@@ -131,7 +145,7 @@ class FleetView:
         finally:
             self.loop.stop()
 
-    def __enter__(self) -> "FleetView":
+    def __enter__(self) -> FleetView:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -187,8 +201,10 @@ class FleetView:
 
     def snapshot(self) -> dict[str, DeviceView]:
         with self._lock:
-            return {k: DeviceView(v.device, v.birth, v.death, v.reported, v.desired, v.telemetry)
-                    for k, v in self._devices.items()}
+            return {
+                k: DeviceView(v.device, v.birth, v.death, v.reported, v.desired, v.telemetry)
+                for k, v in self._devices.items()
+            }
 
     def publish_desired(self, device: str, payload: dict[str, Any]) -> bool:
         topic = str(Topic(self.fleet, device, "desired"))

@@ -19,56 +19,100 @@ from typing import Any, cast
 
 import edge
 from edge.mqtt.client import BrokerConfig
+from edge.mqtt.lite import mqtt_packet, mqtt_string
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession, SessionOptions
-from edge.mqtt.lite import mqtt_packet, mqtt_string
 
 
 def birth_body(i: int, rate_hz: float) -> dict[str, Any]:
     """The birth body of simulated device ``i`` (the envelope and ``connection`` are the session's)."""
-    return {"state": "running", "state_detail": None,
-            "agent": {"edgekit_version": edge.__version__, "pid": 0, "started_at": round(time.time(), 3),
-                      "interval_s": 1.0 / rate_hz, "source": "simulated", "fps": 30.0, "budget_ms": 33.3},
-            "bundle": {"id": "simulated-x86-cpu-fp32-0000000000", "target": "x86-cpu", "precision": "fp32"},
-            "runner": {"runtime": "simulated", "device_requested": "CPU", "device_used": "CPU", "precision_used": "f32"},
-            "host": {"hostname": f"sim-{i:05d}", "os": "linux", "arch": "aarch64", "model": "simulated"}}
+    return {
+        "state": "running",
+        "state_detail": None,
+        "agent": {
+            "edgekit_version": edge.__version__,
+            "pid": 0,
+            "started_at": round(time.time(), 3),
+            "interval_s": 1.0 / rate_hz,
+            "source": "simulated",
+            "fps": 30.0,
+            "budget_ms": 33.3,
+        },
+        "bundle": {"id": "simulated-x86-cpu-fp32-0000000000", "target": "x86-cpu", "precision": "fp32"},
+        "runner": {"runtime": "simulated", "device_requested": "CPU", "device_used": "CPU", "precision_used": "f32"},
+        "host": {"hostname": f"sim-{i:05d}", "os": "linux", "arch": "aarch64", "model": "simulated"},
+    }
 
 
 def telemetry_body(r: random.Random, rate_hz: float) -> dict[str, Any]:
     """A telemetry body like the agent's (about 800 bytes of JSON with the envelope), numbers drawn from ``r``."""
     p50 = 8.0 + r.random() * 4
-    return {"interval_s": 1.0 / rate_hz, "window_s": 1.0 / rate_hz, "state": "running",
-            "bundle_id": "simulated-x86-cpu-fp32-0000000000", "uptime_s": 0.0,
-            "inference": {"frames": 30, "fps": round(29 + r.random() * 2, 2), "target_fps": 30.0, "budget_ms": 33.3,
-                          "budget_misses": int(r.random() < 0.05), "frames_dropped": 0, "frames_total": 0,
-                          "budget_misses_total": 0,
-                          "latency_ms": {"count": 30, "p50_ms": round(p50, 4), "p90_ms": round(p50 * 1.2, 4),
-                                         "p99_ms": round(p50 * 1.6, 4), "max_ms": round(p50 * 1.9, 4),
-                                         "min_ms": round(p50 * 0.8, 4), "mean_ms": round(p50 * 1.05, 4),
-                                         "std_ms": 0.8}},
-            "process": {"cpu_percent": round(40 + r.random() * 20, 2), "rss_mb": 80.5, "threads": 6},
-            "system": {"cpu_percent": 55.0, "load1": 1.2, "mem_available_mb": 3000.0, "uptime_s": 1000},
-            "thermal": {"zones_c": {"cpu-thermal": round(50 + r.random() * 10, 2)}, "max_c": 55.0,
-                        "throttled_now": False},
-            "spool": {"pending": 0, "pending_bytes": 0, "dropped_total": 0, "max_messages": 50000}}
+    return {
+        "interval_s": 1.0 / rate_hz,
+        "window_s": 1.0 / rate_hz,
+        "state": "running",
+        "bundle_id": "simulated-x86-cpu-fp32-0000000000",
+        "uptime_s": 0.0,
+        "inference": {
+            "frames": 30,
+            "fps": round(29 + r.random() * 2, 2),
+            "target_fps": 30.0,
+            "budget_ms": 33.3,
+            "budget_misses": int(r.random() < 0.05),
+            "frames_dropped": 0,
+            "frames_total": 0,
+            "budget_misses_total": 0,
+            "latency_ms": {
+                "count": 30,
+                "p50_ms": round(p50, 4),
+                "p90_ms": round(p50 * 1.2, 4),
+                "p99_ms": round(p50 * 1.6, 4),
+                "max_ms": round(p50 * 1.9, 4),
+                "min_ms": round(p50 * 0.8, 4),
+                "mean_ms": round(p50 * 1.05, 4),
+                "std_ms": 0.8,
+            },
+        },
+        "process": {"cpu_percent": round(40 + r.random() * 20, 2), "rss_mb": 80.5, "threads": 6},
+        "system": {"cpu_percent": 55.0, "load1": 1.2, "mem_available_mb": 3000.0, "uptime_s": 1000},
+        "thermal": {"zones_c": {"cpu-thermal": round(50 + r.random() * 10, 2)}, "max_c": 55.0, "throttled_now": False},
+        "spool": {"pending": 0, "pending_bytes": 0, "dropped_total": 0, "max_messages": 50000},
+    }
 
 
 class SimulatedFleet:
-    def __init__(self, broker: BrokerConfig, *, devices: int, rate_hz: float = 1.0, fleet: str = "sim",
-                 prefix: str = "dev", loop: NetworkLoop | None = None, connect_per_s: float = 250.0, seed: int = 0,
-                 backoff: Backoff = Backoff(0.2, 5.0)) -> None:
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        *,
+        devices: int,
+        rate_hz: float = 1.0,
+        fleet: str = "sim",
+        prefix: str = "dev",
+        loop: NetworkLoop | None = None,
+        connect_per_s: float = 250.0,
+        seed: int = 0,
+        backoff: Backoff = Backoff(0.2, 5.0),
+    ) -> None:
         self.broker, self.n, self.rate_hz, self.fleet = broker, devices, rate_hz, fleet
         self.loop = loop or NetworkLoop(name="edgekit-simfleet")
         self._own_loop = loop is None
         self._rng = random.Random(seed)
         self.connect_per_s = connect_per_s
-        self.sessions = [DeviceSession(self.loop, broker, fleet, f"{prefix}-{i:05d}", MemoryOutbox(),
-                                       birth_body=functools.partial(birth_body, i, rate_hz),
-                                       options=SessionOptions(client_id=f"edgekit-{fleet}-{prefix}-{i:05d}",
-                                                              backoff=backoff))
-                         for i in range(devices)]
+        self.sessions = [
+            DeviceSession(
+                self.loop,
+                broker,
+                fleet,
+                f"{prefix}-{i:05d}",
+                MemoryOutbox(),
+                birth_body=functools.partial(birth_body, i, rate_hz),
+                options=SessionOptions(client_id=f"edgekit-{fleet}-{prefix}-{i:05d}", backoff=backoff),
+            )
+            for i in range(devices)
+        ]
         self._timers: list[Any] = []
         self.submitted = 0
         self._running = False
@@ -86,7 +130,7 @@ class SimulatedFleet:
             first = i / self.connect_per_s + 0.5 + self._rng.random() * period
             self._timers.append(self.loop.call_every(period, self._tick, s, first=first))
 
-    def start(self) -> "SimulatedFleet":
+    def start(self) -> SimulatedFleet:
         if self._own_loop:
             self.loop.start()
         self.loop.run(self._start_all)
@@ -110,6 +154,7 @@ class SimulatedFleet:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Clean shutdown of every device: death, DISCONNECT."""
+
         def close_all() -> None:
             self._pause()
             for s in self.sessions:
@@ -123,7 +168,7 @@ class SimulatedFleet:
         if self._own_loop:
             self.loop.stop()
 
-    def __enter__(self) -> "SimulatedFleet":
+    def __enter__(self) -> SimulatedFleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -145,8 +190,18 @@ class LightFleet:
 
     _SEQ, _TS = 987654321987654, 1234567890.123456  # placeholders in the encoded template
 
-    def __init__(self, host: str, port: int, *, devices: int, rate_hz: float = 1.0, fleet: str = "sim",
-                 prefix: str = "dev", connect_per_s: float = 1000.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        devices: int,
+        rate_hz: float = 1.0,
+        fleet: str = "sim",
+        prefix: str = "dev",
+        connect_per_s: float = 1000.0,
+        seed: int = 0,
+    ) -> None:
         if devices < 1 or rate_hz <= 0 or connect_per_s <= 0:
             raise ValueError("devices, rate and connect rate must be positive")
         self.host, self.port, self.n, self.rate_hz, self.fleet = host, port, devices, rate_hz, fleet
@@ -182,14 +237,27 @@ class LightFleet:
     def _connect(self, i: int) -> bytes:
         dev = self.names[i]
         will_topic = f"edgekit/{self.fleet}/{dev}/death".encode()
-        will = encode(message("death", self.fleet, dev, self.session, 0,
-                              {"connection": 1, "reason": "last will: connection lost"}))
+        will = encode(
+            message(
+                "death", self.fleet, dev, self.session, 0, {"connection": 1, "reason": "last will: connection lost"}
+            )
+        )
         cid = f"edgekit-{self.fleet}-{dev}".encode()
-        body = (mqtt_string(b"MQTT") + b"\x04" + bytes([0x02 | 0x04 | 0x08 | 0x20]) + b"\x00\x00" +  # clean, will QoS 1 retained
-                mqtt_string(cid) + mqtt_string(will_topic) + mqtt_string(will))
-        birth = encode(message("birth", self.fleet, dev, self.session, 0, {"connection": 1, **birth_body(i, self.rate_hz)}))
-        return (mqtt_packet(0x10, body) +
-                self._publish(f"edgekit/{self.fleet}/{dev}/birth".encode(), birth, 1, retain=True))
+        body = (
+            mqtt_string(b"MQTT")
+            + b"\x04"
+            + bytes([0x02 | 0x04 | 0x08 | 0x20])
+            + b"\x00\x00"  # clean, will QoS 1 retained
+            + mqtt_string(cid)
+            + mqtt_string(will_topic)
+            + mqtt_string(will)
+        )
+        birth = encode(
+            message("birth", self.fleet, dev, self.session, 0, {"connection": 1, **birth_body(i, self.rate_hz)})
+        )
+        return mqtt_packet(0x10, body) + self._publish(
+            f"edgekit/{self.fleet}/{dev}/birth".encode(), birth, 1, retain=True
+        )
 
     # the loop ------------------------------------------------------------------------------
     def _send(self, i: int, data: bytes) -> None:
@@ -292,10 +360,12 @@ class LightFleet:
             if s is None:
                 continue
             dev = self.names[i]
-            death = encode(message("death", self.fleet, dev, self.session, self.seq[i],
-                                   {"connection": 1, "reason": "shutdown"}))
-            self._send(i, self._publish(f"edgekit/{self.fleet}/{dev}/death".encode(), death, 65535, retain=True)
-                       + b"\xe0\x00")
+            death = encode(
+                message("death", self.fleet, dev, self.session, self.seq[i], {"connection": 1, "reason": "shutdown"})
+            )
+            self._send(
+                i, self._publish(f"edgekit/{self.fleet}/{dev}/death".encode(), death, 65535, retain=True) + b"\xe0\x00"
+            )
         deadline = time.monotonic() + 10
         while self._out and time.monotonic() < deadline:
             self._io(0.01)
@@ -316,7 +386,7 @@ class LightFleet:
         self._sel.close()
 
     # control (any thread) ------------------------------------------------------------------
-    def start(self) -> "LightFleet":
+    def start(self) -> LightFleet:
         self._sel = selectors.DefaultSelector()
         self._thread = threading.Thread(target=self._run, name="edgekit-lightfleet", daemon=True)
         self._thread.start()
@@ -339,7 +409,7 @@ class LightFleet:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def __enter__(self) -> "LightFleet":
+    def __enter__(self) -> LightFleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -31,8 +31,14 @@ def classify(row: dict[str, Any], now: float, *, stale_factor: float = 3.0, min_
     return "stale" if last is None or now - last > limit else "online"
 
 
-def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = None, stale_factor: float = 3.0,
-                 min_stale_s: float = 15.0) -> list[dict[str, Any]]:
+def fleet_status(
+    db_url: str,
+    *,
+    fleet: str | None = None,
+    now: float | None = None,
+    stale_factor: float = 3.0,
+    min_stale_s: float = 15.0,
+) -> list[dict[str, Any]]:
     now = time.time() if now is None else now
     with open_db(db_url, must_exist=True) as db:
         where, params = ("WHERE fleet = ?", (fleet,)) if fleet else ("", ())
@@ -47,7 +53,9 @@ def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = N
             f"PRECISION)) AS gap_missing, sum(CAST(received AS DOUBLE PRECISION)) AS gap_received FROM streams "
             f"{where} GROUP BY fleet, device) g ON g.fleet = d.fleet AND g.device = d.device "
             f"LEFT JOIN stream_flags f ON f.fleet = d.fleet AND f.device = d.device "
-            f"{where.replace('fleet', 'd.fleet')} ORDER BY d.fleet, d.device", params * 2)
+            f"{where.replace('fleet', 'd.fleet')} ORDER BY d.fleet, d.device",
+            params * 2,
+        )
     out = []
     for r in rows:
         for k in ("online", "throttled"):
@@ -56,11 +64,19 @@ def fleet_status(db_url: str, *, fleet: str | None = None, now: float | None = N
         r["status"] = classify(r, now, stale_factor=stale_factor, min_stale_s=min_stale_s)
         r["seen_ago_s"] = None if r.get("last_seen") is None else round(now - r["last_seen"], 1)
         r["missing"], r["messages"] = int(r.pop("gap_missing") or 0), int(r.pop("gap_received") or 0)
-        flag = {k[5:]: r.pop(k) for k in ("flag_reason", "flag_session", "flag_refused", "flag_max_seq",
-                                          "flag_stream_seq", "flag_at")}
-        r["flag"] = None if flag["reason"] is None else {
-            **flag, "summary": f"{flag['refused']} message(s) of session {flag['session']} refused: seq up to "
-                               f"{flag['max_seq']} where the stream was at {flag['stream_seq']}"}
+        flag = {
+            k[5:]: r.pop(k)
+            for k in ("flag_reason", "flag_session", "flag_refused", "flag_max_seq", "flag_stream_seq", "flag_at")
+        }
+        r["flag"] = (
+            None
+            if flag["reason"] is None
+            else {
+                **flag,
+                "summary": f"{flag['refused']} message(s) of session {flag['session']} refused: seq up to "
+                f"{flag['max_seq']} where the stream was at {flag['stream_seq']}",
+            }
+        )
         out.append(r)
     return out
 

@@ -38,12 +38,20 @@ class Divergence:
     compared: int  # tensors compared up to and including this one
 
     def describe(self) -> str:
-        return (f"first diverging node: {self.node} ({self.op}), output {self.tensor!r}: cosine {self.cosine:.4f}, "
-                f"max error {self.rel_err:.1%} of its range ({self.compared} shared tensors compared)")
+        return (
+            f"first diverging node: {self.node} ({self.op}), output {self.tensor!r}: cosine {self.cosine:.4f}, "
+            f"max error {self.rel_err:.1%} of its range ({self.compared} shared tensors compared)"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "op": self.op, "tensor": self.tensor, "cosine": round(self.cosine, 6),
-                "rel_err": round(self.rel_err, 6), "compared": self.compared}
+        return {
+            "node": self.node,
+            "op": self.op,
+            "tensor": self.tensor,
+            "cosine": round(self.cosine, 6),
+            "rel_err": round(self.rel_err, 6),
+            "compared": self.compared,
+        }
 
 
 def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> Divergence | None:
@@ -95,14 +103,16 @@ def _read_ir(path: Path) -> Any:
     return ov_core().read_model(str(path))
 
 
-def _ir_infer(model: Any, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
-              ) -> list[dict[str, np.ndarray]]:
+def _ir_infer(
+    model: Any, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> list[dict[str, np.ndarray]]:
     """The IR's values of ``names`` on ``samples`` (OpenVINO CPU, f32, no run-time activation quantization)."""
     from edge.backends.openvino.format import ov_core
 
     outputs = model.add_outputs(list(names))
-    compiled = ov_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+    compiled = ov_core().compile_model(
+        model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    )
     found = []
     for s in samples:
         result = compiled(dict(s))

@@ -47,8 +47,15 @@ CHECK_SAMPLES = 4
 #: ops whose output depends on their input's shape only
 _SHAPE_ONLY = {"Shape", "Size"}
 #: ops whose output is not a function of their inputs
-_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                     "Bernoulli", "Dropout"}
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "Dropout",
+}
 
 
 @dataclass
@@ -62,8 +69,10 @@ class FreezeRecord:
 
     def to_json(self) -> dict[str, Any]:
         """As the manifest's ``source.frozen`` (``edge.bundle.schema.Frozen``)."""
-        inputs = [{"name": n, "dtype": v["dtype"], "shape": v["shape"],
-                   "value": [float(x) for x in np.ravel(v["value"])]} for n, v in self.inputs.items()]
+        inputs = [
+            {"name": n, "dtype": v["dtype"], "shape": v["shape"], "value": [float(x) for x in np.ravel(v["value"])]}
+            for n, v in self.inputs.items()
+        ]
         out: dict[str, Any] = {"inputs": inputs, "inlined_if": self.inlined_if, "check": self.check or None}
         if self.kept_if:
             out["kept_if"] = self.kept_if[:32]
@@ -77,8 +86,9 @@ def parse_freeze(items: Sequence[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
-            raise InputFileError(f"--freeze-input {item!r}: expected NAME=VALUE (e.g. sr=16000, or a comma list "
-                                 "for a 1-D input)")
+            raise InputFileError(
+                f"--freeze-input {item!r}: expected NAME=VALUE (e.g. sr=16000, or a comma list for a 1-D input)"
+            )
         if name in out:
             raise InputFileError(f"--freeze-input names {name!r} twice")
         out[name] = value
@@ -97,8 +107,9 @@ def _value(name: str, text: str, vi: Any, where: str) -> np.ndarray:
     try:
         nums = [float(p) for p in parts]
     except ValueError:
-        raise InputFileError(f"--freeze-input {name}={text}: {text!r} is not a number or a comma list of numbers") \
-            from None
+        raise InputFileError(
+            f"--freeze-input {name}={text}: {text!r} is not a number or a comma list of numbers"
+        ) from None
     if not all(np.isfinite(nums)):
         raise InputFileError(f"--freeze-input {name}={text}: the value must be finite")
     if dtype.kind in "iub" and any(v != int(v) for v in nums):
@@ -110,19 +121,22 @@ def _value(name: str, text: str, vi: Any, where: str) -> np.ndarray:
     elif rank == 1:
         d = t.shape.dim[0]
         if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != len(nums):
-            raise InputFileError(f"--freeze-input {name}={text}: input {name!r} holds {d.dim_value} values, "
-                                 f"{len(nums)} given")
+            raise InputFileError(
+                f"--freeze-input {name}={text}: input {name!r} holds {d.dim_value} values, {len(nums)} given"
+            )
         arr = np.array(nums).astype(dtype)
     else:
-        raise InputFileError(f"--freeze-input {name}: input {name!r} has rank {rank}; only scalars and 1-D inputs "
-                             "can be frozen from the command line")
+        raise InputFileError(
+            f"--freeze-input {name}: input {name!r} has rank {rank}; only scalars and 1-D inputs can be frozen from the command line"
+        )
     if dtype.kind in "iu" and not np.array_equal(arr.astype(np.float64), np.array(nums).reshape(arr.shape)):
         raise InputFileError(f"--freeze-input {name}={text}: out of range for {dtype}")
     return arr
 
 
 #: ops whose output shape is a function of their input shapes (and attributes) only
-_SHAPE_FROM_SHAPES = frozenset("""
+_SHAPE_FROM_SHAPES = frozenset(
+    """
     Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization BitShift Cast
     CastLike Ceil Celu Clip Concat Conv ConvInteger ConvTranspose Cos Cosh CumSum DepthToSpace DequantizeLinear
     Div DynamicQuantizeLinear Einsum Elu Equal Erf Exp Flatten Floor GRU Gather GatherElements GatherND Gelu Gemm
@@ -133,14 +147,35 @@ _SHAPE_FROM_SHAPES = frozenset("""
     Sigmoid Sign Sin Sinh Softmax Softplus Softsign SpaceToDepth Sqrt Sub Sum Tan Tanh ThresholdedRelu Transpose
     Trilu Where Xor ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd
     ReduceSum ReduceSumSquare
-""".split())
+""".split()
+)
 #: ops whose output shape also depends on the *values* of these inputs (by index)
 _SHAPE_FROM_VALUES: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Pad": (1, 3), "Slice": (1, 2, 3, 4), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,),
-    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
-    "Split": (1,), "OneHot": (1,), "CenterCropPad": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,), "ReduceMax": (1,), "ReduceMean": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
-    "ReduceSum": (1,), "ReduceSumSquare": (1,),
+    "Reshape": (1,),
+    "Pad": (1, 3),
+    "Slice": (1, 2, 3, 4),
+    "Expand": (1,),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+    "Range": (0, 1, 2),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "TopK": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Split": (1,),
+    "OneHot": (1,),
+    "CenterCropPad": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "ReduceMax": (1,),
+    "ReduceMean": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceSum": (1,),
+    "ReduceSumSquare": (1,),
 }
 
 
@@ -157,6 +192,7 @@ def static_analysis(graph: Any) -> tuple[dict[str, bool], dict[str, bool]]:
             value[vi.name], shape[vi.name] = False, True
     for n in graph.node:
         ins = [i for i in n.input if i]
+
         def vs(i: str) -> bool:
             return value.get(i, False)
 
@@ -272,15 +308,17 @@ def _inline_round(model: Any, feeds: Mapping[str, np.ndarray]) -> tuple[int, lis
             new.append(b)
         for o_branch, o_if in zip(branch.output, n.output):
             if o_if:
-                new.append(onnx.helper.make_node("Identity", [o_branch.name], [o_if],
-                                                 name=unique(f"{label}/{side}:{o_if}")))
+                new.append(
+                    onnx.helper.make_node("Identity", [o_branch.name], [o_if], name=unique(f"{label}/{side}:{o_if}"))
+                )
     del g.node[:]
     g.node.extend(new)
     return len(ready), kept
 
 
-def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
-                  source: str | os.PathLike[str] | None = None) -> tuple[Any, IOSpec, FreezeRecord]:
+def freeze_inputs(
+    model: Any, values: Mapping[str, str], io: IOSpec, *, source: str | os.PathLike[str] | None = None
+) -> tuple[Any, IOSpec, FreezeRecord]:
     """``model`` with ``values`` frozen and the Ifs they (with ``io``'s static shapes) decide inlined; the
     I/O without the frozen inputs; what was done. ``io``: the model's inputs at static shapes (frozen ones
     included or not). Checked against ``model`` on onnxruntime (see the module docstring)."""
@@ -292,17 +330,20 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
     declared = {vi.name: vi for vi in g.input if vi.name not in initializers}
     unknown = [n for n in values if n not in declared]
     if unknown:
-        raise InputFileError(f"--freeze-input {', '.join(unknown)}: {where} has no such input",
-                             hint=f"its inputs: {', '.join(declared) or '-'}")
+        raise InputFileError(
+            f"--freeze-input {', '.join(unknown)}: {where} has no such input",
+            hint=f"its inputs: {', '.join(declared) or '-'}",
+        )
     arrays = {n: _value(n, v, declared[n], where) for n, v in values.items()}
     rest = IOSpec(tuple(t for t in io.inputs if t.name not in arrays), io.outputs)
     if not rest.inputs:
-        raise InputFileError(f"--freeze-input: that freezes every input of {where}; the model would compute a "
-                             "constant")
+        raise InputFileError(f"--freeze-input: that freezes every input of {where}; the model would compute a constant")
     not_static = [t.name for t in rest.inputs if not t.is_static]
     if not_static:
-        raise InputFileError(f"--freeze-input needs every other input of {where} at a static shape; "
-                             f"{', '.join(not_static)} is not", hint="add --input-shape NAME=D0,D1,...")
+        raise InputFileError(
+            f"--freeze-input needs every other input of {where} at a static shape; {', '.join(not_static)} is not",
+            hint="add --input-shape NAME=D0,D1,...",
+        )
 
     from onnx import numpy_helper
 
@@ -329,34 +370,44 @@ def freeze_inputs(model: Any, values: Mapping[str, str], io: IOSpec, *,
     frozen = infer_shapes(set_input_dims(frozen, {t.name: tuple(int(d) for d in t.shape) for t in rest.inputs}))
     record = FreezeRecord(
         inputs={n: {"value": a.tolist(), "dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
-        inlined_if=inlined, kept_if=kept)
+        inlined_if=inlined,
+        kept_if=kept,
+    )
     record.check = _check(model, frozen, io, rest, arrays, where)
     return frozen, rest, record
 
 
 def _does_not_run(where: str, arrays: Mapping[str, np.ndarray], why: str) -> ModelError:
     shown = ", ".join(f"{k}={v.tolist()}" for k, v in arrays.items())
-    return ModelError(f"{where} does not run with {shown} at these input shapes: {why}",
-                      hint="check the value and the --input-shape the model expects with it")
+    return ModelError(
+        f"{where} does not run with {shown} at these input shapes: {why}",
+        hint="check the value and the --input-shape the model expects with it",
+    )
 
 
-def _check(original: Any, frozen: Any, io: IOSpec, rest: IOSpec, arrays: Mapping[str, np.ndarray],
-           where: str) -> dict[str, Any]:
+def _check(
+    original: Any, frozen: Any, io: IOSpec, rest: IOSpec, arrays: Mapping[str, np.ndarray], where: str
+) -> dict[str, Any]:
     import onnxruntime as ort
 
     from edge.graph.model import describe_ort_error, make_static
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    full = IOSpec(tuple(t for t in io.inputs if t.name not in arrays) + tuple(
-        type(rest.inputs[0])(n, tuple(a.shape), str(a.dtype)) for n, a in arrays.items()), io.outputs)
+    full = IOSpec(
+        tuple(t for t in io.inputs if t.name not in arrays)
+        + tuple(type(rest.inputs[0])(n, tuple(a.shape), str(a.dtype)) for n, a in arrays.items()),
+        io.outputs,
+    )
     try:
-        ref = ort.InferenceSession(make_static(original, full).SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
+        ref = ort.InferenceSession(
+            make_static(original, full).SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
         got = ort.InferenceSession(frozen.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - onnxruntime's load error is the message
-        raise ModelError(f"{where}: the model with its inputs frozen does not load in onnxruntime: "
-                         f"{describe_ort_error(str(e))}") from None
+        raise ModelError(
+            f"{where}: the model with its inputs frozen does not load in onnxruntime: {describe_ort_error(str(e))}"
+        ) from None
     names = [o.name for o in ref.get_outputs()]
     rng = np.random.default_rng(0)
     worst: dict[str, float] = {}
@@ -370,15 +421,18 @@ def _check(original: Any, frozen: Any, io: IOSpec, rest: IOSpec, arrays: Mapping
         for name, u, v in zip(names, a, b):
             u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
             if u.shape != v.shape:
-                raise ModelError(f"{where}: freezing changed output {name!r}'s shape {list(u.shape)} -> "
-                                 f"{list(v.shape)}")
+                raise ModelError(
+                    f"{where}: freezing changed output {name!r}'s shape {list(u.shape)} -> {list(v.shape)}"
+                )
             span = float(np.ptp(u)) if u.size else 0.0
             err = float(np.max(np.abs(u - v))) if u.size else 0.0
             rel = err / span if span > 0 else (0.0 if err == 0 else np.inf)
             worst[name] = max(worst.get(name, 0.0), rel)
     bad = {n: r for n, r in worst.items() if not r <= CHECK_RTOL}
     if bad:
-        raise ModelError(f"{where}: with its inputs frozen the model computes something else: "
-                         + ", ".join(f"output {n!r} differs by {r:.3g} of its range" for n, r in bad.items()),
-                         hint="report it: inlining an If changes no arithmetic")
+        raise ModelError(
+            f"{where}: with its inputs frozen the model computes something else: "
+            + ", ".join(f"output {n!r} differs by {r:.3g} of its range" for n, r in bad.items()),
+            hint="report it: inlining an If changes no arithmetic",
+        )
     return {"samples": CHECK_SAMPLES, "inputs": "standard normal", "max_error_over_range": max(worst.values())}

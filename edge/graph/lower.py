@@ -65,18 +65,22 @@ def lstm_lowerable(node: Any) -> str | None:
 
 def needs_lowering(node: Any) -> bool:
     """An LSTM onnx2tf mistranslates (given its state, or without a bias) that :func:`lower_lstm` can lower."""
-    return node.op_type == "LSTM" and (_given(node, 5) or _given(node, 6) or not _given(node, 3)) \
+    return (
+        node.op_type == "LSTM"
+        and (_given(node, 5) or _given(node, 6) or not _given(node, 3))
         and lstm_lowerable(node) is None
+    )
 
 
-def _evaluate(model: Any, names: list[str], shapes: dict[str, tuple[int, ...]], *,
-              shape_only: bool = False) -> dict[str, np.ndarray]:
+def _evaluate(
+    model: Any, names: list[str], shapes: dict[str, tuple[int, ...]], *, shape_only: bool = False
+) -> dict[str, np.ndarray]:
     """The values of ``names`` that are computed from constants only (never from input data), by onnxruntime;
     ``shape_only``: tensors whose *shape* is (their values are then only good for the shape). The graph's inputs
     are fed zeros of ``shapes``; {} when one of them has none."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    from edge.graph.freeze import static_analysis, probe
+    from edge.graph.freeze import probe, static_analysis
 
     known_value, known_shape = static_analysis(model.graph)
     known = known_shape if shape_only else known_value
@@ -127,19 +131,26 @@ class _LSTMLowering:
             if t.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in t.shape.dim):
                 self.shapes[vi.name] = tuple(int(d.dim_value) for d in t.shape.dim)
         # weights computed from constants (a PyTorch export reorders its gates with Slice/Concat): evaluated once
-        self.todo = [n for n in g.node if n.op_type == "LSTM" and (needs_lowering(n) or not only_stateful)
-                     and lstm_lowerable(n) is None]
+        self.todo = [
+            n
+            for n in g.node
+            if n.op_type == "LSTM" and (needs_lowering(n) or not only_stateful) and lstm_lowerable(n) is None
+        ]
         wanted = [i for n in self.todo for i in list(n.input)[1:4] if i and self.const(i) is None]
         self.computed = _evaluate(model, wanted, self.shapes) if wanted else {}
         self.producers = {o: n for n in g.node for o in n.output if o}
         # shapes ONNX's inference gave up on upstream (the inputs, the states' sources): onnxruntime computes them,
         # for every LSTM in one run, when they are static
-        unknown = [x for n in self.todo
-                   for x in [n.input[0], *(self.unsqueezed(n.input[i]) for i in (5, 6) if _given(n, i))]
-                   if x and x not in self.shapes]
+        unknown = [
+            x
+            for n in self.todo
+            for x in [n.input[0], *(self.unsqueezed(n.input[i]) for i in (5, 6) if _given(n, i))]
+            if x and x not in self.shapes
+        ]
         if unknown:
-            self.shapes.update({k: tuple(v.shape)
-                                for k, v in _evaluate(model, unknown, self.shapes, shape_only=True).items()})
+            self.shapes.update(
+                {k: tuple(v.shape) for k, v in _evaluate(model, unknown, self.shapes, shape_only=True).items()}
+            )
         self.new_nodes: list[Any] = []
         self.new_inits: list[Any] = []
 
@@ -183,15 +194,18 @@ class _LSTMLowering:
         R = R if R is not None else self.computed.get(n.input[2])
         B = B if B is not None or not _given(n, 3) else self.computed.get(n.input[3])
         if W is None or R is None or (_given(n, 3) and B is None):
-            raise ConversionError(f"node {label!r} (LSTM): its weights are computed, not constants; edgekit lowers "
-                                  "an LSTM with constant W, R, B only")
+            raise ConversionError(
+                f"node {label!r} (LSTM): its weights are computed, not constants; edgekit lowers an LSTM with constant W, R, B only"
+            )
         return W, R, B
 
     def steps_batch(self, n: Any, label: str) -> tuple[int, int]:
         xs = self.shapes.get(n.input[0])
         if xs is None or len(xs) != 3:
-            raise ConversionError(f"node {label!r} (LSTM): its input's shape is not static here, so its steps "
-                                  "cannot be unrolled", hint="pass --input-shape for every dynamic input")
+            raise ConversionError(
+                f"node {label!r} (LSTM): its input's shape is not static here, so its steps cannot be unrolled",
+                hint="pass --input-shape for every dynamic input",
+            )
         steps, batch, _ = xs
         if steps > MAX_STEPS:
             raise ConversionError(f"node {label!r} (LSTM): {steps} steps; edgekit unrolls at most {MAX_STEPS}")
@@ -210,11 +224,16 @@ class _LSTMLowering:
         W, R, B = self.weights(n, label)
         steps, batch = self.steps_batch(n, label)
         H = int(_attrs(n)["hidden_size"]) if "hidden_size" in _attrs(n) else int(R.shape[-1])
-        reverse = (_attrs(n).get("direction", b"forward") in (b"reverse", "reverse"))
+        reverse = _attrs(n).get("direction", b"forward") in (b"reverse", "reverse")
         p = f"{label}/lowered"
-        bias = (B[0][:4 * H] + B[0][4 * H:]) if B is not None else np.zeros(4 * H, W.dtype)
-        cell = _Cell(self.init(p, "Wt", W[0].T.astype(W.dtype)), self.init(p, "Rt", R[0].T.astype(R.dtype)),
-                     self.init(p, "B", bias), [], "")
+        bias = (B[0][: 4 * H] + B[0][4 * H :]) if B is not None else np.zeros(4 * H, W.dtype)
+        cell = _Cell(
+            self.init(p, "Wt", W[0].T.astype(W.dtype)),
+            self.init(p, "Rt", R[0].T.astype(R.dtype)),
+            self.init(p, "B", bias),
+            [],
+            "",
+        )
         bh = self.init(p, "shape_bh", np.array([batch, H], np.int64))
         bi = self.init(p, "shape_bi", np.array([batch, -1], np.int64))
         one = self.init(p, "shape_1bh", np.array([1, batch, H], np.int64))
@@ -226,8 +245,11 @@ class _LSTMLowering:
         h = self.state_2d(p, n.input[5], batch, H, "h_init", bh) if _given(n, 5) else zeros
         c = self.state_2d(p, n.input[6], batch, H, "c_init", bh) if _given(n, 6) else zeros
         order = range(steps - 1, -1, -1) if reverse else range(steps)
-        x_rows = self.node(p, "Reshape", [n.input[0], self.init(p, "shape_rows", np.array([steps, -1], np.int64))],
-                           "x_rows") if steps > 1 else ""
+        x_rows = (
+            self.node(p, "Reshape", [n.input[0], self.init(p, "shape_rows", np.array([steps, -1], np.int64))], "x_rows")
+            if steps > 1
+            else ""
+        )
         ys: dict[int, str] = {}
         for t in order:
             if steps == 1:
@@ -235,8 +257,7 @@ class _LSTMLowering:
             else:  # rows of a rank-2 [S, B*I]: onnx2tf moves a rank-3 tensor's axes (NCW -> NWC) under a Slice
                 s0 = self.init(p, f"t{t}", np.array([t], np.int64))
                 s1 = self.init(p, f"t{t}e", np.array([t + 1], np.int64))
-                xt = self.node(p, "Reshape", [self.node(p, "Slice", [x_rows, s0, s1, ax0], f"x{t}_slice"), bi],
-                               f"x{t}")
+                xt = self.node(p, "Reshape", [self.node(p, "Slice", [x_rows, s0, s1, ax0], f"x{t}_slice"), bi], f"x{t}")
             h, c = self.step(p, t, xt, h, c, cell)
             ys[t] = h
         self.outputs(n, p, ys, (h, c), (steps, batch, H), one)
@@ -256,8 +277,9 @@ class _LSTMLowering:
         h = node(p, "Mul", [o_, node(p, "Tanh", [c], f"tc{t}")], f"h{t}")
         return h, c
 
-    def outputs(self, n: Any, p: str, ys: dict[int, str], hc: tuple[str, str], sizes: tuple[int, int, int],
-                one: str) -> None:
+    def outputs(
+        self, n: Any, p: str, ys: dict[int, str], hc: tuple[str, str], sizes: tuple[int, int, int], one: str
+    ) -> None:
         """The LSTM's outputs (Y, Y_h, Y_c), each produced under its own name."""
         from onnx import helper
 
@@ -267,9 +289,14 @@ class _LSTMLowering:
             flat = self.init(p, "shape_1x", np.array([1, batch * H], np.int64))
             parts = [self.node(p, "Reshape", [ys[t], flat], f"y{t}") for t in range(steps)]
             rows = self.node(p, "Concat", parts, "Y_rows", axis=0)
-            self.new_nodes.append(helper.make_node(
-                "Reshape", [rows, self.init(p, "shape_Y", np.array([steps, 1, batch, H], np.int64))], [outs[0]],
-                name=f"{p}/Y"))
+            self.new_nodes.append(
+                helper.make_node(
+                    "Reshape",
+                    [rows, self.init(p, "shape_Y", np.array([steps, 1, batch, H], np.int64))],
+                    [outs[0]],
+                    name=f"{p}/Y",
+                )
+            )
         if outs[1]:
             self.new_nodes.append(helper.make_node("Reshape", [h, one], [outs[1]], name=f"{p}/Y_h"))
         if outs[2]:
@@ -325,8 +352,13 @@ def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
 
     g = model.graph
     values = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    values.update({n.output[0]: numpy_helper.to_array(_attrs(n)["value"]) for n in g.node
-                   if n.op_type == "Constant" and "value" in _attrs(n)})
+    values.update(
+        {
+            n.output[0]: numpy_helper.to_array(_attrs(n)["value"])
+            for n in g.node
+            if n.op_type == "Constant" and "value" in _attrs(n)
+        }
+    )
     new, inits, count = [], [], 0
     alias: dict[str, str] = {}
     outputs = {o.name for o in g.output}
@@ -337,14 +369,19 @@ def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
         if n.op_type == "Slice" and n.output[0] in outputs:
             new.append(n)
             continue
-        if n.op_type != "Slice" or len(n.input) < 4 or not all(i in values for i in n.input[1:4]) \
-                or (len(n.input) > 4 and n.input[4] and n.input[4] not in values):
+        if (
+            n.op_type != "Slice"
+            or len(n.input) < 4
+            or not all(i in values for i in n.input[1:4])
+            or (len(n.input) > 4 and n.input[4] and n.input[4] not in values)
+        ):
             new.append(n)
             continue
         starts, ends, axes = (np.ravel(values[i]).astype(np.int64) for i in n.input[1:4])
-        steps = np.ravel(values[n.input[4]]).astype(np.int64) if len(n.input) > 4 and n.input[4] \
-            else np.ones_like(starts)
-        cut = [k for k in range(len(axes)) if not (starts[k] == 0 and ends[k] >= 2 ** 31 - 1 and steps[k] == 1)]
+        steps = (
+            np.ravel(values[n.input[4]]).astype(np.int64) if len(n.input) > 4 and n.input[4] else np.ones_like(starts)
+        )
+        cut = [k for k in range(len(axes)) if not (starts[k] == 0 and ends[k] >= 2**31 - 1 and steps[k] == 1)]
         if not cut:  # cuts nothing: its readers read its input (onnx2tf lost the layout behind such a Slice)
             alias[n.output[0]] = alias.get(n.input[0], n.input[0])
             count += 1
@@ -394,4 +431,3 @@ def fold_constants(model: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[Any,
     del g.initializer[:]
     g.initializer.extend(live)
     return model, len(values)
-

@@ -43,8 +43,9 @@ def _onnx() -> Any:
     try:
         import onnx
     except ImportError:
-        raise MissingDependencyError("the 'onnx' package is needed to read ONNX models",
-                                     hint="pip install 'edgekit-ml[onnx]'") from None
+        raise MissingDependencyError(
+            "the 'onnx' package is needed to read ONNX models", hint="pip install 'edgekit-ml[onnx]'"
+        ) from None
     return onnx
 
 
@@ -76,6 +77,7 @@ def opset_of(model: Any) -> int:
 
 # -- walking the graph, subgraphs included -------------------------------------------------------
 
+
 def subgraphs(node: Any) -> list[tuple[str, Any]]:
     """``(attribute name, GraphProto)`` for each graph a node holds (If branches, Loop/Scan bodies)."""
     from onnx import AttributeProto
@@ -105,6 +107,7 @@ def walk_nodes(graph: Any, where: tuple[str, ...] = ()) -> Iterator[tuple[Any, s
 
 # -- I/O -----------------------------------------------------------------------------------------
 
+
 def _dims(value_info: Any) -> tuple[int | str, ...]:
     t = value_info.type.tensor_type
     if not t.HasField("shape"):
@@ -130,8 +133,12 @@ def _tensor_problem(vi: Any, kind: str) -> str | None:
 
     which = vi.type.WhichOneof("value")
     if which != "tensor_type":
-        what = {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
-                "sparse_tensor_type": "a sparse tensor"}.get(which or "", f"a {which or 'typeless'} value")
+        what = {
+            "sequence_type": "a sequence",
+            "map_type": "a map",
+            "optional_type": "an optional",
+            "sparse_tensor_type": "a sparse tensor",
+        }.get(which or "", f"a {which or 'typeless'} value")
         return f"{kind} {vi.name!r} is {what}, not a tensor"
     et = vi.type.tensor_type.elem_type
     if et in (TensorProto.UNDEFINED, TensorProto.STRING):
@@ -151,16 +158,26 @@ def io_spec(model: Any, source: str | os.PathLike[str] | None = None) -> IOSpec:
     problems += [p for vi in model.graph.output if (p := _tensor_problem(vi, "output"))]
     if problems:
         where = f"{Path(source).name}: " if source else ""
-        raise ModelError(where + "; ".join(problems),
-                         hint="edgekit converts models whose inputs and outputs are numeric tensors: export the "
-                              "model without the sequence/map/string ends (e.g. skl2onnx zipmap=False), or cut them "
-                              "off with onnx.utils.extract_model")
+        raise ModelError(
+            where + "; ".join(problems),
+            hint="edgekit converts models whose inputs and outputs are numeric tensors: export the "
+            "model without the sequence/map/string ends (e.g. skl2onnx zipmap=False), or cut them "
+            "off with onnx.utils.extract_model",
+        )
     inputs = []
     for vi in ins:
         shape = _dims(vi)
-        inputs.append(TensorSpec(vi.name, shape, _np_dtype(vi.type.tensor_type.elem_type),
-                                 None if shape == UNKNOWN_RANK else image_layout(shape)))
-    outputs = tuple(TensorSpec(vi.name, _dims(vi), _np_dtype(vi.type.tensor_type.elem_type)) for vi in model.graph.output)
+        inputs.append(
+            TensorSpec(
+                vi.name,
+                shape,
+                _np_dtype(vi.type.tensor_type.elem_type),
+                None if shape == UNKNOWN_RANK else image_layout(shape),
+            )
+        )
+    outputs = tuple(
+        TensorSpec(vi.name, _dims(vi), _np_dtype(vi.type.tensor_type.elem_type)) for vi in model.graph.output
+    )
     return IOSpec(tuple(inputs), outputs)
 
 
@@ -210,8 +227,11 @@ def resolve_static_inputs(io: IOSpec, shapes: Mapping[str, tuple[int, ...]], mod
     Scalars (shape ``[]``) and inputs whose dims are all fixed (int64 sample rates, state tensors
     with a fixed size) need no ``--input-shape``."""
     names = [t.name for t in io.inputs]
-    problems = [f"--input-shape names {n!r}, which is not an input (inputs: {', '.join(names)})"
-                for n in shapes if n not in names]
+    problems = [
+        f"--input-shape names {n!r}, which is not an input (inputs: {', '.join(names)})"
+        for n in shapes
+        if n not in names
+    ]
     # values of named dims the user fixed on one input, for the same name on another (batch, seq_len, ...)
     known: dict[str, int] = {}
     for t in io.inputs:
@@ -223,8 +243,9 @@ def resolve_static_inputs(io: IOSpec, shapes: Mapping[str, tuple[int, ...]], mod
             s = tuple(int(v) for v in shapes[t.name])
             if t.shape != UNKNOWN_RANK:
                 if len(s) != len(t.shape):
-                    problems.append(f"input {t.name!r} has rank {len(t.shape)} {list(t.shape)}, "
-                                    f"--input-shape gives {list(s)}")
+                    problems.append(
+                        f"input {t.name!r} has rank {len(t.shape)} {list(t.shape)}, --input-shape gives {list(s)}"
+                    )
                     continue
                 clash = [i for i, d in enumerate(t.shape) if isinstance(d, int) and d > 0 and d != s[i]]
                 if clash:
@@ -237,11 +258,18 @@ def resolve_static_inputs(io: IOSpec, shapes: Mapping[str, tuple[int, ...]], mod
             fixed.append(t)
     if missing:
         suggestions = [(t, *_suggest(t, known)) for t in missing]
-        listed = ", ".join(f"input {t.name!r} has " + (f"dynamic dims {list(t.shape)}" if t.shape != UNKNOWN_RANK
-                                                         else "no declared rank") + f" ({t.dtype})" for t in missing)
+        listed = ", ".join(
+            f"input {t.name!r} has "
+            + (f"dynamic dims {list(t.shape)}" if t.shape != UNKNOWN_RANK else "no declared rank")
+            + f" ({t.dtype})"
+            for t in missing
+        )
         command = " ".join(f"--input-shape {t.name}={s}" for t, s, _ in suggestions)
-        guess = "" if all(ok for _, _, ok in suggestions) else \
-            " (N: the size the device will feed, which the graph does not say; a first dynamic dim is the batch)"
+        guess = (
+            ""
+            if all(ok for _, _, ok in suggestions)
+            else " (N: the size the device will feed, which the graph does not say; a first dynamic dim is the batch)"
+        )
         problems.append(f"{listed}: pass {command}{guess}")
     if problems:
         raise ModelError(f"{model_path}: " + "; ".join(problems))
@@ -249,6 +277,7 @@ def resolve_static_inputs(io: IOSpec, shapes: Mapping[str, tuple[int, ...]], mod
 
 
 # -- static shapes -------------------------------------------------------------------------------
+
 
 def copy_model(model: Any) -> Any:
     m = type(model)()
@@ -359,15 +388,20 @@ def make_static(model: Any, io: IOSpec, *, source: str | os.PathLike[str] | None
         return fixed
     own = loader.problem(model)
     if own is not None:
-        raise ModelError(f"{name}: onnxruntime cannot load the model as it is: {own}",
-                         hint="check the file with onnxruntime; re-export it with a newer exporter or opset")
+        raise ModelError(
+            f"{name}: onnxruntime cannot load the model as it is: {own}",
+            hint="check the file with onnxruntime; re-export it with a newer exporter or opset",
+        )
     current = model
     kept: dict[str, list[int]] = {}
     # rank-unknown inputs get their whole shape at once; the others one dim at a time
     for n, shape in full.items():
         d0 = declared[n]
-        steps: list[Mapping[int, int] | tuple[int, ...]] = [shape] if d0 == UNKNOWN_RANK else \
-            [{i: v} for i, v in enumerate(shape) if not (isinstance(di := d0[i], int) and di > 0)]
+        steps: list[Mapping[int, int] | tuple[int, ...]] = (
+            [shape]
+            if d0 == UNKNOWN_RANK
+            else [{i: v} for i, v in enumerate(shape) if not (isinstance(di := d0[i], int) and di > 0)]
+        )
         for step in steps:
             trial = set_input_dims(current, {n: step})
             if loader.problem(trial) is None:
@@ -377,8 +411,12 @@ def make_static(model: Any, io: IOSpec, *, source: str | os.PathLike[str] | None
     if kept:
         entry = current.metadata_props.add()
         entry.key, entry.value = KEPT_DYNAMIC_KEY, json.dumps({k: sorted(v) for k, v in kept.items()})
-        log.info("%s: input dims %s stay dynamic in the graph (fixing them breaks onnxruntime's inference); "
-                 "the device feeds %s", name, kept, {n: list(full[n]) for n in kept})
+        log.info(
+            "%s: input dims %s stay dynamic in the graph (fixing them breaks onnxruntime's inference); the device feeds %s",
+            name,
+            kept,
+            {n: list(full[n]) for n in kept},
+        )
     return current
 
 

@@ -78,12 +78,25 @@ class Offence:
 
 
 # ONNX 1.23 default-domain ops with no onnx2tf/ops/<Op>.py in onnx2tf 1.29.24 (the pinned toolchain)
-_ONNX2TF_MISSING = frozenset({"BitCast", "CastLike", "CausalConvWithState", "LinearAttention", "SequenceMap",
-                              "SwiGLU", "Swish"})
+_ONNX2TF_MISSING = frozenset(
+    {"BitCast", "CastLike", "CausalConvWithState", "LinearAttention", "SequenceMap", "SwiGLU", "Swish"}
+)
 # contrib (com.microsoft) op types onnx2tf 1.29.24 translates
-_ONNX2TF_CONTRIB = frozenset({"FusedConv", "Gelu", "GroupNorm", "Inverse", "QLinearAdd", "QLinearConcat",
-                              "QLinearLeakyRelu", "QLinearMul", "QLinearSigmoid", "QLinearSoftmax",
-                              "ScaleAndTranslate"})
+_ONNX2TF_CONTRIB = frozenset(
+    {
+        "FusedConv",
+        "Gelu",
+        "GroupNorm",
+        "Inverse",
+        "QLinearAdd",
+        "QLinearConcat",
+        "QLinearLeakyRelu",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearSoftmax",
+        "ScaleAndTranslate",
+    }
+)
 
 
 def _input_given(node: Any, index: int) -> bool:
@@ -99,8 +112,11 @@ def _onnx2tf_lstm(node: Any) -> str | None:
     why = lstm_lowerable(node)
     if why is None:
         return None  # the converter unrolls it into plain ops first (edge.graph.lower.lower_lstm)
-    fails = "mistranslates an LSTM given its state initial_h/initial_c (a Reshape fails)" if state else \
-        "needs the bias input B (KeyError on an omitted one)"
+    fails = (
+        "mistranslates an LSTM given its state initial_h/initial_c (a Reshape fails)"
+        if state
+        else "needs the bias input B (KeyError on an omitted one)"
+    )
     return f"onnx2tf 1.29.24 {fails}, and edgekit lowers only the default LSTM form to plain ops (this one has {why})"
 
 
@@ -108,16 +124,20 @@ def _onnx2tf_lstm(node: Any) -> str | None:
 # tests/graph/test_graphs.py: its Loop and Scan translators fail under TF2 graph mode; its LSTM fails on an omitted
 # bias and on an LSTM given its state (a streaming model's h0/c0).
 _ONNX2TF_LIMITS: Mapping[str, Callable[[Any], str | None]] = {
-    "Loop": lambda n: "onnx2tf 1.29.24's while_loop translation fails under TensorFlow 2.19 "
-                      "(graph-mode TensorArray, NotImplementedError)",
-    "Scan": lambda n: "onnx2tf 1.29.24's translation fails under TensorFlow 2.19 (TensorArray size from a "
-                      "KerasTensor, TypeError)",
+    "Loop": lambda n: (
+        "onnx2tf 1.29.24's while_loop translation fails under TensorFlow 2.19 (graph-mode TensorArray, NotImplementedError)"
+    ),
+    "Scan": lambda n: (
+        "onnx2tf 1.29.24's translation fails under TensorFlow 2.19 (TensorArray size from a KerasTensor, TypeError)"
+    ),
     "LSTM": _onnx2tf_lstm,
 }
 _CPU_WAY = "choose x86-cpu, whose onnxruntime runs every ONNX op"
-_IF_WAY = ("re-export the model without those nodes (a different-rank If goes away when its condition is fixed at "
-           "export time: one sample rate and static input shapes, with every If whose condition is then constant "
-           "inlined, as Silero VAD's examples/openvino/convert.py does), or ")
+_IF_WAY = (
+    "re-export the model without those nodes (a different-rank If goes away when its condition is fixed at "
+    "export time: one sample rate and static input shapes, with every If whose condition is then constant "
+    "inlined, as Silero VAD's examples/openvino/convert.py does), or "
+)
 
 
 def _coreml_bridge_ops() -> frozenset[str]:
@@ -125,8 +145,12 @@ def _coreml_bridge_ops() -> frozenset[str]:
     src = Path(__file__).resolve().parents[1] / "toolchains" / "coreml_bridge.py"
     values: dict[str, tuple[str, ...]] = {}
     for node in ast.parse(src.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("SUPPORTED", "STRUCTURAL"):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("SUPPORTED", "STRUCTURAL")
+        ):
             values[node.targets[0].id] = tuple(ast.literal_eval(node.value))
     return frozenset(values.get("SUPPORTED", ()) + values.get("STRUCTURAL", ()))
 
@@ -135,19 +159,36 @@ def _coreml_bridge_ops() -> frozenset[str]:
 def rules() -> Mapping[str, OpSupport]:
     return {
         "onnx->tflite": OpSupport(
-            "onnx->tflite", "onnx2tf 1.29.24", unsupported=_ONNX2TF_MISSING, other_domains=_ONNX2TF_CONTRIB,
-            same_rank_if=True, limits=_ONNX2TF_LIMITS,
-            way_forward=_IF_WAY + _CPU_WAY),
+            "onnx->tflite",
+            "onnx2tf 1.29.24",
+            unsupported=_ONNX2TF_MISSING,
+            other_domains=_ONNX2TF_CONTRIB,
+            same_rank_if=True,
+            limits=_ONNX2TF_LIMITS,
+            way_forward=_IF_WAY + _CPU_WAY,
+        ),
         "onnx->tensorrt-plan": OpSupport(
-            "onnx->tensorrt-plan", "TensorRT's ONNX parser", unsupported=frozenset(TRT_UNSUPPORTED_OPS),
-            same_rank_if=True, way_forward=_IF_WAY + _CPU_WAY),
+            "onnx->tensorrt-plan",
+            "TensorRT's ONNX parser",
+            unsupported=frozenset(TRT_UNSUPPORTED_OPS),
+            same_rank_if=True,
+            way_forward=_IF_WAY + _CPU_WAY,
+        ),
         "onnx->coreml": OpSupport(
-            "onnx->coreml", "edgekit's ONNX->PyTorch bridge", supported_only=_coreml_bridge_ops(), descend=False,
+            "onnx->coreml",
+            "edgekit's ONNX->PyTorch bridge",
+            supported_only=_coreml_bridge_ops(),
+            descend=False,
             way_forward="bring the PyTorch model (TorchScript or torch.export .pt2: coremltools converts control "
-                        f"flow and recurrent layers from it), or {_CPU_WAY}"),
+            f"flow and recurrent layers from it), or {_CPU_WAY}",
+        ),
         "onnx->openvino-ir": OpSupport(
-            "onnx->openvino-ir", "OpenVINO's ONNX frontend", other_domains=None, same_rank_if=True,
-            way_forward=_IF_WAY + _CPU_WAY),
+            "onnx->openvino-ir",
+            "OpenVINO's ONNX frontend",
+            other_domains=None,
+            same_rank_if=True,
+            way_forward=_IF_WAY + _CPU_WAY,
+        ),
     }
 
 
@@ -186,8 +227,9 @@ def offences(model: Any, support: OpSupport) -> list[Offence]:
             reason, detail = None, ""
             if not default:
                 if support.other_domains is not None and n.op_type not in support.other_domains:
-                    reason = f"{support.tool} takes no {n.domain} ops" + \
-                             (f" but {', '.join(sorted(support.other_domains))}" if support.other_domains else "")
+                    reason = f"{support.tool} takes no {n.domain} ops" + (
+                        f" but {', '.join(sorted(support.other_domains))}" if support.other_domains else ""
+                    )
             elif support.supported_only is not None and n.op_type not in support.supported_only:
                 reason = f"not among the ops {support.tool} translates"
             elif n.op_type in support.unsupported:
@@ -242,12 +284,14 @@ def message(source: str, who: str, found: Sequence[Offence], support: OpSupport)
     nested = sum(1 for o in found if o.where)
     inside = f" ({nested} inside If/Loop/Scan subgraphs)" if nested else ""
     reasons = "; ".join(f"{', '.join(sorted(ops))}: {reason}" for reason, ops in by_reason.items())
-    return (f"{source}: {who} cannot express {len(found)} node{'s' if len(found) != 1 else ''}{inside}: {nodes} "
-            f"— {reasons}")
+    return (
+        f"{source}: {who} cannot express {len(found)} node{'s' if len(found) != 1 else ''}{inside}: {nodes} — {reasons}"
+    )
 
 
-def check_ops(model: Any, converter: str, *, source: str | os.PathLike[str] | None = None,
-              target: str | None = None) -> None:
+def check_ops(
+    model: Any, converter: str, *, source: str | os.PathLike[str] | None = None, target: str | None = None
+) -> None:
     """Raise :class:`ConversionError` naming every node ``converter`` cannot express; nothing for converters
     without declared limits. ``model``: a ModelProto or a path."""
     support = rules().get(converter)
@@ -265,8 +309,9 @@ def check_ops(model: Any, converter: str, *, source: str | os.PathLike[str] | No
         who = f"target {target} ({converter}, {support.tool})"
     else:
         users = targets_using(converter)
-        who = (f"target{'s' if len(users) > 1 else ''} {', '.join(users)} " if users else "") + \
-              f"({converter}, {support.tool})"
+        who = (
+            f"target{'s' if len(users) > 1 else ''} {', '.join(users)} " if users else ""
+        ) + f"({converter}, {support.tool})"
     name = Path(source).name if source else "the model"
     raise ConversionError(message(name, who, found, support), hint=support.way_forward)
 

@@ -15,13 +15,40 @@ from dataclasses import dataclass
 from typing import Any
 
 #: integer operators: the activations between them are integers (static quantization)
-QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
-                       "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
-                       "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QLinearConvTranspose", "QGemm",
-                       "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul", "QOrderedAttention"})
+QOPERATOR = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearConcat",
+        "QLinearSoftmax",
+        "QLinearReduceMean",
+        "QLinearWhere",
+        "QLinearConvTranspose",
+        "QGemm",
+        "QAttention",
+        "QEmbedLayerNormalization",
+        "QOrderedMatMul",
+        "QOrderedAttention",
+    }
+)
 #: activations quantized at run time
-DYNAMIC = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulInteger",
-                     "ConvInteger", "MatMulIntegerToFloat", "GatherBlockQuantized"})
+DYNAMIC = frozenset(
+    {
+        "DynamicQuantizeLinear",
+        "DynamicQuantizeMatMul",
+        "DynamicQuantizeLSTM",
+        "MatMulInteger",
+        "ConvInteger",
+        "MatMulIntegerToFloat",
+        "GatherBlockQuantized",
+    }
+)
 #: low-bit weights unpacked inside one op
 WEIGHT_ONLY = frozenset({"MatMulNBits", "MatMulBnb4", "MatMulFpQ4"})
 _INT = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 21: "uint4", 22: "int4"}  # onnx.TensorProto data types
@@ -55,8 +82,11 @@ def quantization_of(model: Any) -> Quantization | None:
     for fn in getattr(model, "functions", ()):
         ops.update(n.op_type for n in fn.node)
     inits = {t.name for t in graph.initializer}
-    found = {op: ops[op] for op in sorted(QOPERATOR | DYNAMIC | WEIGHT_ONLY | {"QuantizeLinear", "DequantizeLinear"})
-             if ops.get(op)}
+    found = {
+        op: ops[op]
+        for op in sorted(QOPERATOR | DYNAMIC | WEIGHT_ONLY | {"QuantizeLinear", "DequantizeLinear"})
+        if ops.get(op)
+    }
     if any(op in QOPERATOR for op in found):
         return Quantization("QOperator", "int8", found)
     activations = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input and n.input[0] not in inits]

@@ -31,13 +31,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
 from edge.errors import ConversionError
 
 FP16_MAX = 65504.0
 #: a tensor above this stays fp32: half of fp16's largest finite value
-OVERFLOW_AT = 2.0 ** 15
+OVERFLOW_AT = 2.0**15
 #: a nonzero tensor entirely below this is all fp16 subnormals (fewer than 11 significant bits)
-UNDERFLOW_BELOW = 2.0 ** -14
+UNDERFLOW_BELOW = 2.0**-14
 MODES = ("auto", "off")
 #: at most this many verification trials after the first candidate
 DEFAULT_TRIALS = 6
@@ -72,8 +73,12 @@ class Trial:
     failures: list[str] = field(default_factory=list)  # the task judgement's (search with ``precision``)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"kept": self.kept, "cosine": round(self.cosine, 6), "finite": self.finite,
-                                "passed": self.passed}
+        data: dict[str, Any] = {
+            "kept": self.kept,
+            "cosine": round(self.cosine, 6),
+            "finite": self.finite,
+            "passed": self.passed,
+        }
         if self.failures:
             data["failures"] = self.failures[:4]
         return data
@@ -97,11 +102,16 @@ class SearchResult:
         return bool(self.trials) and self.trials[self.chosen].passed
 
     def to_json(self) -> dict[str, Any]:
-        return {"target_cosine": round(self.target_cosine, 6), "search_samples": self.samples,
-                "search_inputs": self.origin,
-                "trials": [t.to_json() for t in self.trials], "chosen_trial": self.chosen % max(len(self.trials), 1),
-                "passed": self.passed, "stopped": self.stopped,
-                **({"calibrations": self.calibrations} if self.calibrations else {})}
+        return {
+            "target_cosine": round(self.target_cosine, 6),
+            "search_samples": self.samples,
+            "search_inputs": self.origin,
+            "trials": [t.to_json() for t in self.trials],
+            "chosen_trial": self.chosen % max(len(self.trials), 1),
+            "passed": self.passed,
+            "stopped": self.stopped,
+            **({"calibrations": self.calibrations} if self.calibrations else {}),
+        }
 
     def note(self, what: str) -> str | None:
         """One line for the manifest's notes, or None when nothing was kept and the first candidate passed."""
@@ -115,8 +125,10 @@ class SearchResult:
         reached = f"cosine {last.cosine:.6f} on {self.samples} search inputs" if last else "not verified"
         if self.passed:
             return f"{len(self.kept)} node(s) kept in {what} ({by_op}) to keep parity: {reached}"
-        return (f"mixed precision search stopped ({self.stopped}) with {len(self.kept)} node(s) kept in {what}"
-                f"{f' ({by_op})' if by_op else ''}: {reached}, below the target {self.target_cosine:.6f}")
+        return (
+            f"mixed precision search stopped ({self.stopped}) with {len(self.kept)} node(s) kept in {what}"
+            f"{f' ({by_op})' if by_op else ''}: {reached}, below the target {self.target_cosine:.6f}"
+        )
 
 
 # -- the ONNX graph -------------------------------------------------------------------------------------
@@ -224,7 +236,9 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
         inferred = onnx.shape_inference.infer_shapes(m)
     except Exception:  # noqa: BLE001
         inferred = m
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    types = {
+        vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
+    }
     have = {o.name for o in m.graph.output}
     produced = {o for n in m.graph.node for o in n.output}
     for name in names:
@@ -248,7 +262,7 @@ _EXPOSE_TOTAL = 600 * 1024 * 1024
 
 def _exposed(samples: Sequence[Any], sizes: Mapping[str, int]) -> Sequence[Any]:
     per_sample = max(sum(max(n, 1) for n in sizes.values()), 1)
-    return samples[:max(2, _EXPOSE_TOTAL // per_sample)]
+    return samples[: max(2, _EXPOSE_TOTAL // per_sample)]
 
 
 def _groups(sizes: Mapping[str, int]) -> list[list[str]]:
@@ -265,7 +279,9 @@ def _groups(sizes: Mapping[str, int]) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def onnx_infer(model: Any) -> Callable[[Sequence[Mapping[str, np.ndarray]], Sequence[str]], list[dict[str, np.ndarray]]]:
+def onnx_infer(
+    model: Any,
+) -> Callable[[Sequence[Mapping[str, np.ndarray]], Sequence[str]], list[dict[str, np.ndarray]]]:
     """``infer(samples, tensors)`` for an in-memory ONNX model in onnxruntime's CPU provider: the graph's
     outputs plus the named intermediate tensors that exist in it."""
     cache: dict[tuple[str, ...], Any] = {}
@@ -299,8 +315,9 @@ class Range:
         return 0.0 < self.max_abs < UNDERFLOW_BELOW
 
 
-def activation_ranges(infer: Infer, sizes: Mapping[str, int],
-                      samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, Range]:
+def activation_ranges(
+    infer: Infer, sizes: Mapping[str, int], samples: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, Range]:
     """max |x| and the smallest nonzero |x| of every named tensor over the samples (the first few, on large
     graphs: :data:`_EXPOSE_TOTAL`)."""
     ranges: dict[str, Range] = {}
@@ -322,8 +339,9 @@ def activation_ranges(infer: Infer, sizes: Mapping[str, int],
     return ranges
 
 
-def output_cosine(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-                  outputs: Sequence[str]) -> tuple[float, bool]:
+def output_cosine(
+    reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
+) -> tuple[float, bool]:
     """The worst output's mean cosine over the samples (as the parity gate computes it), and whether every
     value is finite."""
     worst, finite = 1.0, True
@@ -339,8 +357,9 @@ def output_cosine(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequ
     return worst, finite
 
 
-def tensor_errors(ref: Infer, cand: Infer, sizes: Mapping[str, int],
-                  samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+def tensor_errors(
+    ref: Infer, cand: Infer, sizes: Mapping[str, int], samples: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, float]:
     """Relative L2 error ||cand - ref|| / ||ref|| of every named tensor present in both (inf if non-finite)."""
     errors: dict[str, float] = {}
     for group in _groups(sizes):
@@ -358,7 +377,7 @@ def tensor_errors(ref: Infer, cand: Infer, sizes: Mapping[str, int],
                     bad.add(name)
                     continue
                 num[name] = num.get(name, 0.0) + float(((a - b) ** 2).sum())
-                den[name] = den.get(name, 0.0) + float((a ** 2).sum())
+                den[name] = den.get(name, 0.0) + float((a**2).sum())
         for name in set(num) | bad:
             if name in bad:
                 errors[name] = math.inf
@@ -371,8 +390,9 @@ def tensor_errors(ref: Infer, cand: Infer, sizes: Mapping[str, int],
 _PASS_THROUGH = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast"})
 
 
-def attribute(model: Any, errors: Mapping[str, float], eligible: Iterable[str],
-              candidate: Any = None) -> list[tuple[str, str, float]]:
+def attribute(
+    model: Any, errors: Mapping[str, float], eligible: Iterable[str], candidate: Any = None
+) -> list[tuple[str, str, float]]:
     """(node, op, added error) for the eligible nodes, worst first: the relative error of a node's output
     minus the largest of its inputs' (a node that only carries its inputs' error scores ~0).
 
@@ -463,8 +483,12 @@ def fp16_range_keep(model: Any, ranges: Mapping[str, Range]) -> list[KeptNode]:
 # -- the search -----------------------------------------------------------------------------------------
 
 
-def task_failures(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-                  precision: str, margin: float = MARGIN) -> list[str]:
+def task_failures(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    precision: str,
+    margin: float = MARGIN,
+) -> list[str]:
     """What the parity gate's task judgement (``edge.verify.parity.compare``, --task auto) fails for ``candidate``,
     with every task limit tightened by ``margin`` of its budget as the cosine target is (detection recall
     0.90 -> 0.95 at int8): a YOLOX head quantized to cosine 0.9968 still lost 13 % of its detections."""
@@ -475,11 +499,21 @@ def task_failures(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequ
     def tight(v: float | None) -> float | None:
         return None if v is None else 1.0 - (1.0 - v) * margin
 
-    th = replace(th, min_top1=1.0 - (1.0 - th.min_top1) * margin, min_top5=tight(th.min_top5), min_detection=tight(th.min_detection),
-                 min_iou=tight(th.min_iou), min_sequence=tight(th.min_sequence))
+    th = replace(
+        th,
+        min_top1=1.0 - (1.0 - th.min_top1) * margin,
+        min_top5=tight(th.min_top5),
+        min_detection=tight(th.min_detection),
+        min_iou=tight(th.min_iou),
+        min_sequence=tight(th.min_sequence),
+    )
     task_words = ("top-1", "top-5", "detection", "IoU", "sequence")
-    return [f"{o.name}: {f}" for o in compare(list(reference), list(candidate), th)
-            for f in o.failures if any(w in f for w in task_words)]
+    return [
+        f"{o.name}: {f}"
+        for o in compare(list(reference), list(candidate), th)
+        for f in o.failures
+        if any(w in f for w in task_words)
+    ]
 
 
 @dataclass(frozen=True)
@@ -508,8 +542,14 @@ class SearchGoal:
     precision: str | None = None
 
 
-def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference: Infer, candidates: Candidates,
-           goal: SearchGoal) -> SearchResult:
+def search(
+    *,
+    model: Any,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    reference: Infer,
+    candidates: Candidates,
+    goal: SearchGoal,
+) -> SearchResult:
     """Keep nodes in higher precision until the candidate's outputs reach ``goal.target_cosine``.
 
     ``model`` is the float ONNX graph whose node and tensor names the candidates share (``candidates``: how one
@@ -573,7 +613,7 @@ def search(*, model: Any, samples: Sequence[Mapping[str, np.ndarray]], reference
         if not ranked:
             result.stopped = "no node adds error"
             break
-        for name, op, err in ranked[:min(2 ** trial, room)]:
+        for name, op, err in ranked[: min(2**trial, room)]:
             kept[name] = KeptNode(name, op, why.format(err=_fmt(err)))
     assert best is not None
     result.artifact, result.kept, result.chosen = best[1], best[2], best[3]

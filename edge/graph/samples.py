@@ -33,14 +33,24 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["build_mobilenet_v2", "build_tiny_cnn", "build_two_input_model", "build_yolo_detector",
-           "write_text_line_images"]
+__all__ = [
+    "build_mobilenet_v2",
+    "build_tiny_cnn",
+    "build_two_input_model",
+    "build_yolo_detector",
+    "write_text_line_images",
+]
 
 _BN_EPS = 1e-5
 # MobileNetV2 body (Sandler et al., 2018, table 2): expansion t, channels c, repeats n, stride s.
 _MOBILENET_V2_SETTINGS = (
-    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-    (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
 )
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -81,8 +91,7 @@ def _synthetic_images(rng: np.random.Generator, shape: tuple[int, ...]) -> np.nd
         colour = rng.uniform(0.2, 0.8, (c, 1, 1))
         slope_x, slope_y = rng.uniform(-0.5, 0.5, (2, c, 1, 1))
         blotches = np.kron(rng.standard_normal((c, 8, 8)), np.ones((h // 8 + 1, w // 8 + 1)))
-        img = (colour + slope_x * xx + slope_y * yy + 0.25 * blotches[:, :h, :w]
-               + 0.15 * rng.standard_normal((c, h, w)))
+        img = colour + slope_x * xx + slope_y * yy + 0.25 * blotches[:, :h, :w] + 0.15 * rng.standard_normal((c, h, w))
         out[i] = (np.clip(img, 0.0, 1.0) - mean) / std
     return out
 
@@ -115,8 +124,13 @@ class _GraphBuilder:
     """
 
     def __init__(
-        self, seed: int, opset: int, inputs: dict[str, tuple[int, ...]], *,
-        images: bool = False, span_head: bool = False,
+        self,
+        seed: int,
+        opset: int,
+        inputs: dict[str, tuple[int, ...]],
+        *,
+        images: bool = False,
+        span_head: bool = False,
     ) -> None:
         if opset < 11:
             raise ValueError(f"opset {opset} is too old: these models need opset >= 11 (Clip)")
@@ -149,8 +163,16 @@ class _GraphBuilder:
         return output
 
     def conv(
-        self, x: str, cin: int, cout: int, *, kernel: int = 1, stride: int = 1,
-        groups: int = 1, act: str | None = None, gamma_scale: float = 1.0,
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        *,
+        kernel: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+        act: str | None = None,
+        gamma_scale: float = 1.0,
         beta_shift: float = 0.0,
     ) -> str:
         """Conv + folded BatchNorm (+ ``"relu"``, ``"relu6"`` or ``"silu"``); returns the output name.
@@ -171,15 +193,19 @@ class _GraphBuilder:
         weight = self.param(f"{name}.weight", w * scale[:, None, None, None])
         pad = kernel // 2
         out = self.node(
-            "Conv", [x, weight, self.param(f"{name}.bias", bias)], output=name,
-            kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4, group=groups,
+            "Conv",
+            [x, weight, self.param(f"{name}.bias", bias)],
+            output=name,
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            pads=[pad] * 4,
+            group=groups,
         )
         if act == "relu":
             out, y = self.node("Relu", [out]), np.maximum(y, 0.0)
         elif act == "relu6":
             if not self._relu6_bounds:  # one shared pair of scalar bounds
-                self._relu6_bounds = [self.param("relu6.min", np.array(0.0)),
-                                      self.param("relu6.max", np.array(6.0))]
+                self._relu6_bounds = [self.param("relu6.min", np.array(0.0)), self.param("relu6.max", np.array(6.0))]
             out, y = self.node("Clip", [out, *self._relu6_bounds]), np.clip(y, 0.0, 6.0)
         elif act == "silu":  # x * sigmoid(x), as YOLO-family detectors use
             out, y = self.node("Mul", [out, self.node("Sigmoid", [out])]), y / (1.0 + np.exp(-y))
@@ -220,14 +246,22 @@ class _GraphBuilder:
         return self.node("Gemm", [pooled, weight, bias], output=output, transB=1)
 
     def model(
-        self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-        *, doc: str, metadata: dict[str, str] | None = None,
+        self,
+        name: str,
+        inputs: list[onnx.ValueInfoProto],
+        outputs: list[onnx.ValueInfoProto],
+        *,
+        doc: str,
+        metadata: dict[str, str] | None = None,
     ) -> onnx.ModelProto:
         """Assemble the ModelProto (IR version: the oldest that supports the opset)."""
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
         opset_ids = [helper.make_opsetid("", self.opset)]
         model = helper.make_model(
-            graph, opset_imports=opset_ids, producer_name="edgekit.samples", doc_string=doc,
+            graph,
+            opset_imports=opset_ids,
+            producer_name="edgekit.samples",
+            doc_string=doc,
             ir_version=helper.find_min_ir_version_for(opset_ids),
         )
         helper.set_model_props(model, {"name": name, **(metadata or {})})
@@ -278,8 +312,9 @@ def build_mobilenet_v2(
     """
     if num_classes < 1 or input_size < 32 or width_mult <= 0:
         raise ValueError("need num_classes >= 1, input_size >= 32 and width_mult > 0")
-    b = _GraphBuilder(seed, opset, {"input": (_CALIBRATION_BATCH, 3, input_size, input_size)},
-                      images=True, span_head=True)
+    b = _GraphBuilder(
+        seed, opset, {"input": (_CALIBRATION_BATCH, 3, input_size, input_size)}, images=True, span_head=True
+    )
     cin = _make_divisible(32 * width_mult)
     last = _make_divisible(1280 * max(1.0, width_mult))
     x = b.conv("input", 3, cin, kernel=3, stride=2, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
@@ -291,8 +326,17 @@ def build_mobilenet_v2(
             hidden, y = cin * t, x
             if t != 1:
                 y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
-            y = b.conv(y, hidden, hidden, kernel=3, stride=stride, groups=hidden, act="relu6",
-                       gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
+            y = b.conv(
+                y,
+                hidden,
+                hidden,
+                kernel=3,
+                stride=stride,
+                groups=hidden,
+                act="relu6",
+                gamma_scale=_RELU6_GAMMA,
+                beta_shift=_RELU6_BETA,
+            )
             y = b.conv(y, hidden, cout, gamma_scale=_RESIDUAL_GAMMA if residual else 1.0)
             x, cin = (b.add(x, y) if residual else y), cout
     x = b.conv(x, cin, last, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
@@ -310,8 +354,11 @@ def build_mobilenet_v2(
         metadata={
             "weights": f"deterministic random, seed {seed}",
             "architecture": f"MobileNetV2 width_mult={width_mult}",
-            "input_layout": "NCHW", "colour_order": "RGB", "scale": "1/255",
-            "mean": ",".join(map(str, _IMAGENET_MEAN)), "std": ",".join(map(str, _IMAGENET_STD)),
+            "input_layout": "NCHW",
+            "colour_order": "RGB",
+            "scale": "1/255",
+            "mean": ",".join(map(str, _IMAGENET_MEAN)),
+            "std": ",".join(map(str, _IMAGENET_STD)),
         },
     )
     return _save(model, path)
@@ -373,8 +420,9 @@ def build_two_input_model(path: str | os.PathLike[str], *, seed: int = 0, opset:
     return _save(model, path)
 
 
-def write_text_line_images(directory: str | os.PathLike[str], count: int = 32, *, height: int = 48,
-                           width: int = 192, seed: int = 0) -> list[Path]:
+def write_text_line_images(
+    directory: str | os.PathLike[str], count: int = 32, *, height: int = 48, width: int = 192, seed: int = 0
+) -> list[Path]:
     """Synthetic text-line crops as PP-OCR's direction classifier sees them; odd indices rotated 180°.
 
     Dark random-letter words on a light background, filling the line at a random font size; file
@@ -466,8 +514,9 @@ def _sppf(b: _GraphBuilder, x: str, c: int) -> str:
 
 def _upsample(b: _GraphBuilder, x: str) -> str:
     scales = b.param(b._name("upsample.scales"), np.array([1.0, 1.0, 2.0, 2.0]))
-    out = b.node("Resize", [x, "", scales], mode="nearest", coordinate_transformation_mode="asymmetric",
-                 nearest_mode="floor")
+    out = b.node(
+        "Resize", [x, "", scales], mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"
+    )
     b.values[out] = b.values[x].repeat(2, axis=2).repeat(2, axis=3)
     return out
 
@@ -504,7 +553,9 @@ def _yolo_backbone(b: _GraphBuilder, w: int) -> list[tuple[str, int]]:
     return [(n3, 4 * w), (n4, 8 * w), (p5, 16 * w)]
 
 
-def _yolo_decoded_head(b: _GraphBuilder, levels: list[tuple[str, int]], w: int, input_size: int, num_classes: int) -> None:
+def _yolo_decoded_head(
+    b: _GraphBuilder, levels: list[tuple[str, int]], w: int, input_size: int, num_classes: int
+) -> None:
     """A decoupled head per level, and the grid/stride decoding into ``output`` ([1, N, 5 + classes])."""
     k = 5 + num_classes
     flat, grids, strides = [], [], []
@@ -566,8 +617,9 @@ def build_yolo_detector(
         raise ValueError("need input_size a multiple of 32 and >= 64, num_classes >= 1, an even width >= 4")
     b = _GraphBuilder(seed, opset, {"images": (_CALIBRATION_BATCH, 3, input_size, input_size)}, images=True)
     # calibrate on pixels in 0..1 (the yolo preset), not ImageNet-normalised ones
-    b.values["images"] = (b.values["images"] * np.array(_IMAGENET_STD)[:, None, None]
-                          + np.array(_IMAGENET_MEAN)[:, None, None])
+    b.values["images"] = (
+        b.values["images"] * np.array(_IMAGENET_STD)[:, None, None] + np.array(_IMAGENET_MEAN)[:, None, None]
+    )
     levels = _yolo_backbone(b, width)
     k = 5 + num_classes
     _yolo_decoded_head(b, levels, width, input_size, num_classes)
@@ -585,7 +637,10 @@ def build_yolo_detector(
         metadata={
             "weights": f"deterministic random, seed {seed}",
             "architecture": f"YOLO-style CSP + decoupled head, width {width}",
-            "input_layout": "NCHW", "colour_order": "RGB", "scale": "1/255", "resize": "letterbox, pad 114",
+            "input_layout": "NCHW",
+            "colour_order": "RGB",
+            "scale": "1/255",
+            "resize": "letterbox, pad 114",
             "output_format": "yolo: cx,cy,w,h,objectness,classes (decoded, sigmoid)",
         },
     )

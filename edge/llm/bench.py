@@ -38,19 +38,32 @@ class LLMBenchReport:
     def verdict(self) -> str:
         if self.ttft_budget_ms is None and self.min_tps is None:
             return "no budget"
-        ok = (self.ttft_budget_ms is None or self.ttft_ms[0] <= self.ttft_budget_ms) and \
-             (self.min_tps is None or self.gen_tps[0] >= self.min_tps)
+        ok = (self.ttft_budget_ms is None or self.ttft_ms[0] <= self.ttft_budget_ms) and (
+            self.min_tps is None or self.gen_tps[0] >= self.min_tps
+        )
         return "pass" if ok else "fail"
 
     def to_json(self) -> dict[str, Any]:
         def ms(v: tuple[float, float]) -> dict[str, float]:
             return {"mean": round(v[0], 3), "std": round(v[1], 3)}
 
-        return {"kind": "llm", "bundle": self.bundle, "target": self.target, "load_ms": round(self.load_ms, 2),
-                "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens, "repetitions": self.repetitions,
-                "ttft_ms": ms(self.ttft_ms), "prompt_tps": ms(self.prompt_tps), "gen_tps": ms(self.gen_tps),
-                "peak_rss_mb": round(self.peak_rss_mb, 1), "runner": self.runner,
-                "ttft_budget_ms": self.ttft_budget_ms, "min_tps": self.min_tps, "verdict": self.verdict}
+        return {
+            "kind": "llm",
+            "bundle": self.bundle,
+            "target": self.target,
+            "load_ms": round(self.load_ms, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "gen_tokens": self.gen_tokens,
+            "repetitions": self.repetitions,
+            "ttft_ms": ms(self.ttft_ms),
+            "prompt_tps": ms(self.prompt_tps),
+            "gen_tps": ms(self.gen_tps),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "runner": self.runner,
+            "ttft_budget_ms": self.ttft_budget_ms,
+            "min_tps": self.min_tps,
+            "verdict": self.verdict,
+        }
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -58,9 +71,17 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
 
 
-def run_llm_benchmark(open_runner: Callable[..., Any], *, prompt_tokens: int = 128, gen_tokens: int = 64,
-                      repetitions: int = 3, ttft_ms: float | None = None, min_tps: float | None = None,
-                      bundle: str | None = None, target: str | None = None) -> LLMBenchReport:
+def run_llm_benchmark(
+    open_runner: Callable[..., Any],
+    *,
+    prompt_tokens: int = 128,
+    gen_tokens: int = 64,
+    repetitions: int = 3,
+    ttft_ms: float | None = None,
+    min_tps: float | None = None,
+    bundle: str | None = None,
+    target: str | None = None,
+) -> LLMBenchReport:
     if prompt_tokens < 1 or gen_tokens < 1 or repetitions < 1:
         raise EdgeError("--prompt-tokens, --gen-tokens and --repetitions must be >= 1")
     t0 = time.perf_counter()
@@ -88,5 +109,18 @@ def run_llm_benchmark(open_runner: Callable[..., Any], *, prompt_tokens: int = 1
             pp.append(prompt_tokens / (prompt_done - start))
             tg.append((gen_tokens - 1) / (end - first) if gen_tokens > 1 else float("nan"))
         info = runner.info.to_json()
-    return LLMBenchReport(bundle, target, load_ms, prompt_tokens, gen_tokens, repetitions, _mean_std(ttft),
-                          _mean_std(pp), _mean_std(tg), peak_rss_mb(), info, ttft_ms, min_tps)
+    return LLMBenchReport(
+        bundle,
+        target,
+        load_ms,
+        prompt_tokens,
+        gen_tokens,
+        repetitions,
+        _mean_std(ttft),
+        _mean_std(pp),
+        _mean_std(tg),
+        peak_rss_mb(),
+        info,
+        ttft_ms,
+        min_tps,
+    )

@@ -68,8 +68,13 @@ class EvalText:
         return f"{what} tokenized by the model's own tokenizer"
 
     def to_json(self) -> dict[str, Any]:
-        return {"origin": self.origin, "description": self.describe(), "windows": len(self.windows),
-                "window_tokens": max((len(w.tokens) for w in self.windows), default=0), "note": self.note}
+        return {
+            "origin": self.origin,
+            "description": self.describe(),
+            "windows": len(self.windows),
+            "window_tokens": max((len(w.tokens) for w in self.windows), default=0),
+            "note": self.note,
+        }
 
 
 def builtin_texts() -> dict[str, str]:
@@ -83,9 +88,10 @@ def read_eval_text(path: str | os.PathLike[str]) -> str:
         raise InputFileError(f"evaluation text {p} does not exist or is not a file")
     size = p.stat().st_size
     if size > MAX_TEXT_BYTES:
-        raise InputFileError(f"evaluation text {p} is {size:,} bytes; the gate reads at most {MAX_TEXT_BYTES:,}",
-                             hint=f"give a few kB: the gate evaluates at most {MAX_WINDOWS} windows of "
-                                  f"{WINDOW_TOKENS} tokens")
+        raise InputFileError(
+            f"evaluation text {p} is {size:,} bytes; the gate reads at most {MAX_TEXT_BYTES:,}",
+            hint=f"give a few kB: the gate evaluates at most {MAX_WINDOWS} windows of {WINDOW_TOKENS} tokens",
+        )
     try:
         return p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -96,7 +102,7 @@ def _windows(name: str, ids: list[int], bos: int | None, window: int) -> list[Ev
     body = window - (bos is not None)
     out = []
     for start in range(0, len(ids), body):
-        chunk = ids[start:start + body]
+        chunk = ids[start : start + body]
         if len(chunk) + (bos is not None) < MIN_WINDOW_TOKENS:
             break
         out.append(EvalWindow(name, start, tuple(([bos] if bos is not None else []) + chunk)))
@@ -113,12 +119,23 @@ def gate_tokens(n_vocab: int, count: int = 256, seed: int = 0) -> list[int]:
 
 
 def random_windows(n_vocab: int, note: str, *, window: int = WINDOW_TOKENS, count: int = RANDOM_WINDOWS) -> EvalText:
-    return EvalText("random", tuple(EvalWindow("random", 0, tuple(gate_tokens(n_vocab, window, seed=i)))
-                                    for i in range(count)), {}, note)
+    return EvalText(
+        "random",
+        tuple(EvalWindow("random", 0, tuple(gate_tokens(n_vocab, window, seed=i))) for i in range(count)),
+        {},
+        note,
+    )
 
 
-def eval_windows(model: Path, n_vocab: int, *, eval_text: str | os.PathLike[str] | None = None, context: int | None = None,
-                 window_tokens: int = WINDOW_TOKENS, max_windows: int = MAX_WINDOWS) -> EvalText:
+def eval_windows(
+    model: Path,
+    n_vocab: int,
+    *,
+    eval_text: str | os.PathLike[str] | None = None,
+    context: int | None = None,
+    window_tokens: int = WINDOW_TOKENS,
+    max_windows: int = MAX_WINDOWS,
+) -> EvalText:
     """The gate's windows for the GGUF at ``model``: ``eval_text`` (a file) or the built-in texts,
     tokenized by the model; random ids with the reason when the model cannot tokenize the
     built-in texts. A user's file the model cannot tokenize, or too short for one window, is an
@@ -142,9 +159,10 @@ def eval_windows(model: Path, n_vocab: int, *, eval_text: str | os.PathLike[str]
             raise ModelError(f"it gives token id {top}, beyond the model's {n_vocab} outputs")
     except ModelError as e:
         if origin == "file":
-            raise ModelError(f"cannot evaluate {model.name} on {Path(str(eval_text)).name}: the model's tokenizer "
-                             f"could not tokenize text: {e}",
-                             hint="leave out --eval-text to evaluate on random token ids") from None
+            raise ModelError(
+                f"cannot evaluate {model.name} on {Path(str(eval_text)).name}: the model's tokenizer could not tokenize text: {e}",
+                hint="leave out --eval-text to evaluate on random token ids",
+            ) from None
         return random_windows(n_vocab, f"the model's tokenizer could not tokenize text: {e}", window=window)
     per_text = [_windows(name, ids, tok.bos, window) for name, ids in zip(texts, tok.ids)]
     chosen: list[EvalWindow] = []
@@ -153,8 +171,11 @@ def eval_windows(model: Path, n_vocab: int, *, eval_text: str | os.PathLike[str]
     chosen = chosen[:max_windows]
     if not chosen:
         name = next(iter(texts))
-        raise InputFileError(f"evaluation text {name} gives {len(tok.ids[0])} tokens with {model.name}'s tokenizer; "
-                             f"the gate needs at least {MIN_WINDOW_TOKENS}", hint="give a longer text")
+        raise InputFileError(
+            f"evaluation text {name} gives {len(tok.ids[0])} tokens with {model.name}'s tokenizer; "
+            f"the gate needs at least {MIN_WINDOW_TOKENS}",
+            hint="give a longer text",
+        )
     digests = {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in texts.items()}
     used = {w.text for w in chosen}
     return EvalText(origin, tuple(chosen), {k: v for k, v in digests.items() if k in used})

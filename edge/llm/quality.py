@@ -104,8 +104,11 @@ class QualityReport:
         if self.kl_mean > self.max_kl:
             out.append(f"mean KL {self.kl_mean:.4g} > {self.max_kl}")
         if self.gated_top1 < self.min_top1:
-            where = (f" where the source is decisive ({self.decisive_share:.0%} of positions; {self.top1:.1%} over all)"
-                     if self.top1_decisive is not None else "")
+            where = (
+                f" where the source is decisive ({self.decisive_share:.0%} of positions; {self.top1:.1%} over all)"
+                if self.top1_decisive is not None
+                else ""
+            )
             out.append(f"top-1 agreement {self.gated_top1:.1%}{where} < {self.min_top1:.0%}")
         if out and self.eval and self.eval.get("origin") == "random":
             out.append(f"evaluated on {self.eval['description']}")
@@ -115,11 +118,20 @@ class QualityReport:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": "llm", "passed": self.passed, "quant": self.quant, "tokens": self.tokens,
-               "kl_mean": self.kl_mean, "kl_p99": self.kl_p99, "kl_max": self.kl_max, "top1": self.top1,
-               "thresholds": {"max_kl_mean": self.max_kl, "min_top1": self.min_top1},
-               "top1_decisive": self.top1_decisive, "decisive_share": self.decisive_share,
-               "reference": "source GGUF in llama.cpp (CPU), the same token windows"}
+        out = {
+            "kind": "llm",
+            "passed": self.passed,
+            "quant": self.quant,
+            "tokens": self.tokens,
+            "kl_mean": self.kl_mean,
+            "kl_p99": self.kl_p99,
+            "kl_max": self.kl_max,
+            "top1": self.top1,
+            "thresholds": {"max_kl_mean": self.max_kl, "min_top1": self.min_top1},
+            "top1_decisive": self.top1_decisive,
+            "decisive_share": self.decisive_share,
+            "reference": "source GGUF in llama.cpp (CPU), the same token windows",
+        }
         if self.eval is not None:
             out["eval"] = {**self.eval, "texts": self.by_text}
         return out
@@ -140,10 +152,12 @@ def requantize_note(source_type: str | None, quant: str) -> str | None:
         return None
     bits = quant_bits(source_type)
     start = "an f16/bf16 GGUF of the model" + (" (or q8_0)" if bits is not None and bits < 8 else "")
-    return (f"the source is already quantized ({source_type}{f', {bits}-bit' if bits else ''}): requantizing to "
-            f"{quant} rounds its weights a second time and the errors compound (measured here against the "
-            f"{source_type} file, not the original weights); quantize from {start}, or ship the {source_type} "
-            "file as it is (--precision keep)")
+    return (
+        f"the source is already quantized ({source_type}{f', {bits}-bit' if bits else ''}): requantizing to "
+        f"{quant} rounds its weights a second time and the errors compound (measured here against the "
+        f"{source_type} file, not the original weights); quantize from {start}, or ship the {source_type} "
+        "file as it is (--precision keep)"
+    )
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -189,9 +203,14 @@ def top_k(lp: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), lp[ids].astype(np.float32)
 
 
-def pick_reference(windows: Sequence[Sequence[int]], source: Sequence[np.ndarray],
-                   candidate: Sequence[np.ndarray] | None = None, *, count: int = REFERENCE_SAMPLES,
-                   k: int = TOP_K) -> list[TopKSample]:
+def pick_reference(
+    windows: Sequence[Sequence[int]],
+    source: Sequence[np.ndarray],
+    candidate: Sequence[np.ndarray] | None = None,
+    *,
+    count: int = REFERENCE_SAMPLES,
+    k: int = TOP_K,
+) -> list[TopKSample]:
     """``count`` reference samples spread over the windows, latest positions first: each a window's
     prefix and the source's top-k after it, at positions where the source and ``candidate`` (the
     quantized model as the host computed it; None: the source alone) agree on top-1 by
@@ -233,15 +252,17 @@ def topk_figures(sample: TopKSample, logits: np.ndarray) -> tuple[float, bool]:
     return max(kl, 0.0), int(q.argmax()) == int(ids[0])
 
 
-def compare_gguf(source: Path, quantized: Path, quant: str, text: EvalText | Sequence[int],
-                 options: Mapping[str, Any]) -> QualityReport:
+def compare_gguf(
+    source: Path, quantized: Path, quant: str, text: EvalText | Sequence[int], options: Mapping[str, Any]
+) -> QualityReport:
     """The gate's figures for ``quantized`` against ``source`` on ``text``'s windows (a plain token
     list: one window), with reference samples picked for the bundle."""
     from edge.llm.evaltext import EvalText, EvalWindow
 
     if not isinstance(text, EvalText):
-        text = EvalText("random", (EvalWindow("random", 0, tuple(int(t) for t in text)),), {},
-                        "token ids given by the caller")
+        text = EvalText(
+            "random", (EvalWindow("random", 0, tuple(int(t) for t in text)),), {}, "token ids given by the caller"
+        )
     windows = [list(w.tokens) for w in text.windows]
     p = window_logprobs(source, windows, options)
     q = window_logprobs(quantized, windows, options)
@@ -251,8 +272,16 @@ def compare_gguf(source: Path, quantized: Path, quant: str, text: EvalText | Seq
     for name in dict.fromkeys(w.text for w in text.windows):
         idx = [i for i, w in enumerate(text.windows) if w.text == name]
         kl_t, ag_t = np.concatenate([kl[i] for i in idx]), np.concatenate([agree[i] for i in idx])
-        by_text.append({"name": name, "sha256": text.sha256.get(name), "windows": len(idx), "tokens": int(kl_t.size),
-                        "kl_mean": float(kl_t.mean()), "top1": float(ag_t.mean())})
+        by_text.append(
+            {
+                "name": name,
+                "sha256": text.sha256.get(name),
+                "windows": len(idx),
+                "tokens": int(kl_t.size),
+                "kl_mean": float(kl_t.mean()),
+                "top1": float(ag_t.mean()),
+            }
+        )
     all_kl, all_agree = np.concatenate(kl), np.concatenate(agree)
     lead = np.concatenate([np.diff(np.sort(a.astype(np.float64), axis=-1)[:, -2:], axis=-1)[:, 0] for a in p])
     decisive = lead >= DECISIVE_MARGIN
@@ -266,11 +295,31 @@ def compare_gguf(source: Path, quantized: Path, quant: str, text: EvalText | Seq
         source_type = None
     samples = pick_reference(windows, p, q)
     host = [topk_figures(s, q[s.window][s.position]) for s in samples]
-    note = (f"the build host's {quant} on these samples: mean KL over the top-{TOP_K} "
-            f"{np.mean([h[0] for h in host]):.4g}, top-1 {sum(h[1] for h in host)}/{len(host)}") if host else None
-    return QualityReport(quant, int(all_kl.size), float(all_kl.mean()), float(np.percentile(all_kl, 99)),
-                         float(all_kl.max()), float(all_agree.mean()), max_kl, min_top1, text.to_json(), by_text,
-                         samples, note, top1_decisive, float(decisive.mean()), source_type)
+    note = (
+        (
+            f"the build host's {quant} on these samples: mean KL over the top-{TOP_K} "
+            f"{np.mean([h[0] for h in host]):.4g}, top-1 {sum(h[1] for h in host)}/{len(host)}"
+        )
+        if host
+        else None
+    )
+    return QualityReport(
+        quant,
+        int(all_kl.size),
+        float(all_kl.mean()),
+        float(np.percentile(all_kl, 99)),
+        float(all_kl.max()),
+        float(all_agree.mean()),
+        max_kl,
+        min_top1,
+        text.to_json(),
+        by_text,
+        samples,
+        note,
+        top1_decisive,
+        float(decisive.mean()),
+        source_type,
+    )
 
 
 def reference_samples(model: Path, text: EvalText, options: Mapping[str, Any]) -> list[TopKSample]:

@@ -58,8 +58,15 @@ class LlamaShape:
     n_ctx: int = 2048
 
 
-def build_tiny_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(), *, seed: int = 0,
-                     dtype: str = "f16", logit_gain: float = 4.0, vocab: str = "letters") -> Path:
+def build_tiny_llama(
+    path: str | os.PathLike[str],
+    shape: LlamaShape = LlamaShape(),
+    *,
+    seed: int = 0,
+    dtype: str = "f16",
+    logit_gain: float = 4.0,
+    vocab: str = "letters",
+) -> Path:
     """Write a tiny llama GGUF of ``shape`` (``dtype`` f16 or f32 weights; norms are always f32). ``vocab``
     "letters": letter pieces with byte fallback (tokenizes any text); "dummy": placeholder pieces
     without byte tokens (llama.cpp's tokenizer throws on the first character it lacks); "none": no
@@ -69,8 +76,9 @@ def build_tiny_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShap
     try:
         import gguf
     except ImportError:
-        raise MissingDependencyError("building GGUF files needs the 'gguf' package",
-                                     hint="pip install 'edgekit-ml[llm]'") from None
+        raise MissingDependencyError(
+            "building GGUF files needs the 'gguf' package", hint="pip install 'edgekit-ml[llm]'"
+        ) from None
     if dtype not in ("f16", "f32"):
         raise ValueError(f"dtype must be f16 or f32, got {dtype!r}")
     if vocab not in ("letters", "dummy", "none"):

@@ -27,17 +27,19 @@ PROTOCOLS = ("5", "3.1.1")
 #: what each side loses on an MQTT 3.1.1 broker, said once in a log line
 DEGRADED = {
     "collector": "MQTT 3.1.1: no shared subscription (this collector receives every message of the fleet; "
-                 "several collectors each store everything once, the database drops the copies), no receive "
-                 "maximum (the broker's own in-flight limit applies), no session expiry (the broker keeps this "
-                 "session's messages until it drops them by its own rules)",
+    "several collectors each store everything once, the database drops the copies), no receive "
+    "maximum (the broker's own in-flight limit applies), no session expiry (the broker keeps this "
+    "session's messages until it drops them by its own rules)",
     "agent": "MQTT 3.1.1: no PUBACK reason codes, so a message no subscriber took (MQTT 5 reason 0x10) cannot be "
-             "held in the outbox: start the collector (its persistent session) before the devices",
+    "held in the outbox: start the collector (its persistent session) before the devices",
 }
 INSTALL_HINT = "pip install 'edgekit-ml[mqtt]'"
 MAX_ADDRESSES = 16  # nodes of one cluster in one --broker
 #: said once when a broker closes an MQTT 5 CONNECT without any CONNACK over plain TCP
-MQTT5_UNANSWERED = ("the broker closed the connection before answering an MQTT 5 CONNECT: if it speaks MQTT 3.1.1 "
-                    "only (RabbitMQ < 3.13, NATS), use --protocol 3.1.1")
+MQTT5_UNANSWERED = (
+    "the broker closed the connection before answering an MQTT 5 CONNECT: if it speaks MQTT 3.1.1 "
+    "only (RabbitMQ < 3.13, NATS), use --protocol 3.1.1"
+)
 
 
 def paho() -> Any:
@@ -49,8 +51,9 @@ def paho() -> Any:
         raise MissingDependencyError("the MQTT client library paho-mqtt is not installed", hint=INSTALL_HINT) from None
     major = int(str(getattr(paho.mqtt, "__version__", "0")).split(".")[0] or 0)
     if major < 2:
-        raise MissingDependencyError(f"paho-mqtt {paho.mqtt.__version__} is too old; edgekit needs 2.0 or newer",
-                                     hint=INSTALL_HINT)
+        raise MissingDependencyError(
+            f"paho-mqtt {paho.mqtt.__version__} is too old; edgekit needs 2.0 or newer", hint=INSTALL_HINT
+        )
     return client
 
 
@@ -71,11 +74,19 @@ class BrokerConfig:
     addresses: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def from_url(cls, url: str, *, ca_file: str | os.PathLike[str] | None = None,
-                 cert_file: str | os.PathLike[str] | None = None, key_file: str | os.PathLike[str] | None = None,
-                 username: str | None = None, password: str | None = None,
-                 password_file: str | os.PathLike[str] | None = None, keepalive_s: int = 30,
-                 protocol: str = "5") -> "BrokerConfig":
+    def from_url(
+        cls,
+        url: str,
+        *,
+        ca_file: str | os.PathLike[str] | None = None,
+        cert_file: str | os.PathLike[str] | None = None,
+        key_file: str | os.PathLike[str] | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        password_file: str | os.PathLike[str] | None = None,
+        keepalive_s: int = 30,
+        protocol: str = "5",
+    ) -> BrokerConfig:
         protocol = check_protocol(protocol)
         parts = [p.strip() for p in str(url).split(",")]
         if len(parts) > MAX_ADDRESSES:
@@ -84,11 +95,15 @@ class BrokerConfig:
         scheme, user_in_url = parsed[0][0], parsed[0][1]
         for p, (sch, usr, _, _) in zip(parts[1:], parsed[1:]):
             if sch != scheme:
-                raise EdgeError(f"broker address {p[:200]!r} uses {sch}:// and {parts[0][:200]!r} {scheme}://",
-                                hint="the nodes of one cluster share one scheme (TLS or not), credentials and CA")
+                raise EdgeError(
+                    f"broker address {p[:200]!r} uses {sch}:// and {parts[0][:200]!r} {scheme}://",
+                    hint="the nodes of one cluster share one scheme (TLS or not), credentials and CA",
+                )
             if usr != user_in_url:
-                raise EdgeError(f"broker address {p[:200]!r} names another user than {parts[0][:200]!r}",
-                                hint="the nodes of one cluster share one user: give it once with --username")
+                raise EdgeError(
+                    f"broker address {p[:200]!r} names another user than {parts[0][:200]!r}",
+                    hint="the nodes of one cluster share one user: give it once with --username",
+                )
         tls = scheme == "mqtts" or ca_file is not None or cert_file is not None
         endpoints = [(host, port or (8883 if tls else 1883)) for _, _, host, port in parsed]
         if len(set(endpoints)) != len(endpoints):
@@ -108,18 +123,26 @@ class BrokerConfig:
         user = username or user_in_url
         if password is not None and user is None:
             raise EdgeError("a password was given without a user name", hint="pass --username or mqtt://user@host")
-        return cls(host=endpoints[0][0], port=endpoints[0][1], tls=tls,
-                   ca_file=Path(ca_file) if ca_file else None, cert_file=Path(cert_file) if cert_file else None,
-                   key_file=Path(key_file) if key_file else None, username=user, password=password,
-                   keepalive_s=keepalive_s, protocol=protocol,
-                   addresses=tuple(endpoints) if len(endpoints) > 1 else ())
+        return cls(
+            host=endpoints[0][0],
+            port=endpoints[0][1],
+            tls=tls,
+            ca_file=Path(ca_file) if ca_file else None,
+            cert_file=Path(cert_file) if cert_file else None,
+            key_file=Path(key_file) if key_file else None,
+            username=user,
+            password=password,
+            keepalive_s=keepalive_s,
+            protocol=protocol,
+            addresses=tuple(endpoints) if len(endpoints) > 1 else (),
+        )
 
     @property
     def endpoints(self) -> tuple[tuple[str, int], ...]:
         """Every node's (host, port), in the order given; one for a single address."""
         return self.addresses or ((self.host, self.port),)
 
-    def at(self, index: int) -> "BrokerConfig":
+    def at(self, index: int) -> BrokerConfig:
         """This configuration for one node only (``index`` taken round robin): what a connection attempt uses."""
         if not self.addresses:
             return self
@@ -167,11 +190,17 @@ class BrokerConfig:
         ``clean_session`` is for MQTT 3.1.1 only (MQTT 5 gives ``clean_start`` to ``connect``)."""
         mqtt = paho()
         if self.mqtt5:
-            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
-                            manual_ack=manual_ack)
+            c = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=manual_ack
+            )
         else:
-            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
-                            clean_session=clean_session, manual_ack=manual_ack)
+            c = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                protocol=mqtt.MQTTv311,
+                clean_session=clean_session,
+                manual_ack=manual_ack,
+            )
         c.connect_timeout = self.connect_timeout_s
         ctx = self.ssl_context()
         if ctx is not None:
@@ -185,13 +214,17 @@ def _parse_address(url: str) -> tuple[str, str | None, str, int | None]:
     """One ``mqtt[s]://[user@]host[:port]``: scheme, user (or None), host, port (or None)."""
     u = urlparse(url)
     if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
-        raise EdgeError(f"bad broker address {url[:200]!r}", hint="use mqtt://host[:port] or mqtts://host[:port], "
-                        "several nodes of one cluster joined by commas")
+        raise EdgeError(
+            f"bad broker address {url[:200]!r}",
+            hint="use mqtt://host[:port] or mqtts://host[:port], several nodes of one cluster joined by commas",
+        )
     if u.path not in ("", "/") or u.query or u.fragment:
         raise EdgeError(f"bad broker address {url[:200]!r}: no path or query expected", hint="use mqtt://host[:port]")
     if u.password:
-        raise EdgeError("a password in the broker URL would be visible to every user of this machine",
-                        hint=f"use --password-file or ${PASSWORD_ENV}")
+        raise EdgeError(
+            "a password in the broker URL would be visible to every user of this machine",
+            hint=f"use --password-file or ${PASSWORD_ENV}",
+        )
     try:
         port = u.port
     except ValueError:

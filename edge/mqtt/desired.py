@@ -32,8 +32,22 @@ MAX_URL = 2048
 MAX_VERSION = 2**53
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _SHA = re.compile(r"[0-9a-f]{64}")
-DESIRED_FIELDS = {"schema_version", "type", "fleet", "device", "ts", "rollout_id", "bundle_id", "version", "replaces",
-                  "artifact_url", "sha256", "size", "budget_ms", "watch_s"}
+DESIRED_FIELDS = {
+    "schema_version",
+    "type",
+    "fleet",
+    "device",
+    "ts",
+    "rollout_id",
+    "bundle_id",
+    "version",
+    "replaces",
+    "artifact_url",
+    "sha256",
+    "size",
+    "budget_ms",
+    "watch_s",
+}
 
 
 class DesiredError(EdgeError):
@@ -41,23 +55,53 @@ class DesiredError(EdgeError):
 
 
 #: ``reported.state``: where the device is with the latest desired state
-STATES = ("idle", "downloading", "verifying", "smoke-testing", "switching", "watching", "running", "rolled-back",
-          "failed")
+STATES = (
+    "idle",
+    "downloading",
+    "verifying",
+    "smoke-testing",
+    "switching",
+    "watching",
+    "running",
+    "rolled-back",
+    "failed",
+)
 TERMINAL = ("running", "rolled-back", "failed")
 
 #: ``reported.reason.code``: why an apply did not end in ``running`` (machine-readable; ``detail`` is for people)
-REASONS = ("bad_artifact_url", "download_failed", "disk_full", "sha256_mismatch", "bad_archive", "bundle_invalid",
-           "untrusted", "install_failed", "load_failed", "reference_pairs_failed", "fallback", "over_budget",
-           "inference_error", "watch_p99_over_budget", "watch_fallback", "watch_inference_error",
-           "watch_reference_drift", "timeout", "rollback_failed", "bundle_mismatch", "superseded", "interrupted",
-           "invalid_desired")
+REASONS = (
+    "bad_artifact_url",
+    "download_failed",
+    "disk_full",
+    "sha256_mismatch",
+    "bad_archive",
+    "bundle_invalid",
+    "untrusted",
+    "install_failed",
+    "load_failed",
+    "reference_pairs_failed",
+    "fallback",
+    "over_budget",
+    "inference_error",
+    "watch_p99_over_budget",
+    "watch_fallback",
+    "watch_inference_error",
+    "watch_reference_drift",
+    "timeout",
+    "rollback_failed",
+    "bundle_mismatch",
+    "superseded",
+    "interrupted",
+    "invalid_desired",
+)
 
 
 def _id(obj: Mapping[str, Any], key: str) -> str:
     v = obj.get(key)
     if not isinstance(v, str) or not _ID.fullmatch(v) or v.startswith((".", "-")):
-        raise DesiredError(f"desired.{key} must be an id ([A-Za-z0-9._-], 1-128, not starting with '.' or '-'), "
-                           f"got {str(v)[:80]!r}")
+        raise DesiredError(
+            f"desired.{key} must be an id ([A-Za-z0-9._-], 1-128, not starting with '.' or '-'), got {str(v)[:80]!r}"
+        )
     return v
 
 
@@ -116,9 +160,10 @@ def _check_artifact_url(url: Any, artifact_root: Path | None) -> str:
         return url
     if u.scheme == "file":
         if artifact_root is None:
-            raise DesiredError("desired.artifact_url is a file:// URL, but this agent has no --artifact-root",
-                               hint="a payload may name a local file only under the artifact root the device "
-                                    "configured")
+            raise DesiredError(
+                "desired.artifact_url is a file:// URL, but this agent has no --artifact-root",
+                hint="a payload may name a local file only under the artifact root the device configured",
+            )
         if u.netloc not in ("", "localhost") or u.query or u.fragment:
             raise DesiredError(f"desired.artifact_url {url[:200]!r}: file:// URLs take a path only")
         root = artifact_root.resolve()
@@ -161,8 +206,9 @@ class DesiredState:
         return cls.from_json(obj, fleet=fleet, device=device, artifact_root=artifact_root)
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any], *, fleet: str, device: str,
-                  artifact_root: Path | None = None) -> DesiredState:
+    def from_json(
+        cls, obj: Mapping[str, Any], *, fleet: str, device: str, artifact_root: Path | None = None
+    ) -> DesiredState:
         unknown = sorted(set(obj) - DESIRED_FIELDS)
         if unknown:
             raise DesiredError(f"desired payload has unknown fields: {', '.join(repr(k)[:40] for k in unknown[:10])}")
@@ -178,10 +224,17 @@ class DesiredState:
         assert version is not None
         if replaces is not None and replaces >= version:
             raise DesiredError(f"desired.replaces ({replaces}) must be lower than desired.version ({version})")
-        return cls(rollout_id=_id(obj, "rollout_id"), bundle_id=_id(obj, "bundle_id"), version=version,
-                   replaces=replaces, artifact_url=check_artifact_url(obj.get("artifact_url"), artifact_root),
-                   sha256=sha, size=_uint(obj, "size", optional=True), budget_ms=_pos(obj, "budget_ms"),
-                   watch_s=_pos(obj, "watch_s"))
+        return cls(
+            rollout_id=_id(obj, "rollout_id"),
+            bundle_id=_id(obj, "bundle_id"),
+            version=version,
+            replaces=replaces,
+            artifact_url=check_artifact_url(obj.get("artifact_url"), artifact_root),
+            sha256=sha,
+            size=_uint(obj, "size", optional=True),
+            budget_ms=_pos(obj, "budget_ms"),
+            watch_s=_pos(obj, "watch_s"),
+        )
 
     def to_json(self, fleet: str, device: str) -> dict[str, Any]:
         body = {k: v for k, v in self.__dict__.items() if v is not None or k == "replaces"}
@@ -247,21 +300,35 @@ class ReportedState:
             raise ValueError(f"unknown reported state {self.state!r}")
 
     def body(self) -> dict[str, Any]:
-        return {"state": self.state, "bundle_running": self.bundle_running, "rollout_id": self.rollout_id,
-                "desired_version": self.desired_version, "desired_bundle": self.desired_bundle,
-                "reason": self.reason.to_json() if self.reason else None,
-                "reference_check": _slim_check(self.reference_check), "smoke": self.smoke, "health": self.health,
-                "progress": self.progress}
+        return {
+            "state": self.state,
+            "bundle_running": self.bundle_running,
+            "rollout_id": self.rollout_id,
+            "desired_version": self.desired_version,
+            "desired_bundle": self.desired_bundle,
+            "reason": self.reason.to_json() if self.reason else None,
+            "reference_check": _slim_check(self.reference_check),
+            "smoke": self.smoke,
+            "health": self.health,
+            "progress": self.progress,
+        }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ReportedState:
         """Read back a reported payload (tests, the rollout side); checks the closed sets."""
         r = obj.get("reason")
-        return cls(state=obj["state"], bundle_running=obj.get("bundle_running"), rollout_id=obj.get("rollout_id"),
-                   desired_version=obj.get("desired_version"), desired_bundle=obj.get("desired_bundle"),
-                   reason=Reason(r["code"], r["detail"], r["step"]) if isinstance(r, dict) else None,
-                   reference_check=obj.get("reference_check"), smoke=obj.get("smoke"), health=obj.get("health"),
-                   progress=obj.get("progress"))
+        return cls(
+            state=obj["state"],
+            bundle_running=obj.get("bundle_running"),
+            rollout_id=obj.get("rollout_id"),
+            desired_version=obj.get("desired_version"),
+            desired_bundle=obj.get("desired_bundle"),
+            reason=Reason(r["code"], r["detail"], r["step"]) if isinstance(r, dict) else None,
+            reference_check=obj.get("reference_check"),
+            smoke=obj.get("smoke"),
+            health=obj.get("health"),
+            progress=obj.get("progress"),
+        )
 
 
 def _slim_check(check: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -53,6 +53,8 @@ class TooLarge:
 
     def __repr__(self) -> str:
         return f"TooLarge({self.size})"
+
+
 READ_BYTES = 1 << 20
 NOT_UTF8 = "<not UTF-8>"
 
@@ -136,14 +138,14 @@ def properties(data: bytes, p: int, end: int) -> tuple[dict[int, Any], int]:
                 if p + 2 + n > stop:
                     raise Malformed(f"property 0x{pid:02x} runs past its properties")
                 if pid not in _P_PAIR:
-                    out[pid] = bytes(data[p + 2:p + 2 + n])
+                    out[pid] = bytes(data[p + 2 : p + 2 + n])
                 p += 2 + n
             continue
         else:
             raise Malformed(f"unknown property 0x{pid:02x}")
         if p + size > stop:
             raise Malformed(f"property 0x{pid:02x} runs past its properties")
-        out[pid] = int.from_bytes(data[p:p + size], "big")
+        out[pid] = int.from_bytes(data[p : p + size], "big")
         p += size
     return out, stop
 
@@ -158,8 +160,13 @@ class PacketReader:
 
     __slots__ = ("mqtt5", "max_packet", "on_publish", "on_control", "_rest", "stopped", "_topics", "_skip")
 
-    def __init__(self, mqtt5: bool, on_publish: Callable[[str, bytes | TooLarge, int, int], None],
-                 on_control: Callable[[int, bytes], None], max_packet: int = MAX_PACKET_BYTES) -> None:
+    def __init__(
+        self,
+        mqtt5: bool,
+        on_publish: Callable[[str, bytes | TooLarge, int, int], None],
+        on_control: Callable[[int, bytes], None],
+        max_packet: int = MAX_PACKET_BYTES,
+    ) -> None:
         self.mqtt5, self.max_packet = mqtt5, max_packet
         self.on_publish, self.on_control = on_publish, on_control
         self._rest = b""
@@ -178,8 +185,9 @@ class PacketReader:
         n, b0 = len(data), data[p]
         qos = (b0 >> 1) & 3
         if qos > 1:
-            raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
-                            "PUBLISH with QoS bits 3")
+            raise Malformed(
+                f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else "PUBLISH with QoS bits 3"
+            )
         if q + 2 > n:
             return None
         t = q + 2 + ((data[q] << 8) | data[q + 1])
@@ -188,7 +196,7 @@ class PacketReader:
             raise Malformed("PUBLISH topic runs past the packet")
         if head > n:
             return None
-        raw = data[q + 2:t]
+        raw = data[q + 2 : t]
         if not raw:
             raise Malformed("PUBLISH with an empty topic (topic aliases were not allowed)")
         try:
@@ -273,14 +281,15 @@ class PacketReader:
         """One PUBLISH (its variable header from ``q``, the packet ending at ``end``) handed to ``on_publish``."""
         qos = (b0 >> 1) & 3
         if qos > 1:
-            raise Malformed(f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else
-                            "PUBLISH with QoS bits 3")
+            raise Malformed(
+                f"PUBLISH at QoS {qos}: this client subscribes at QoS 1" if qos == 2 else "PUBLISH with QoS bits 3"
+            )
         if q + 2 > end:
             raise Malformed("PUBLISH too short for its topic length")
         t = q + 2 + ((data[q] << 8) | data[q + 1])
         if t > end:
             raise Malformed("PUBLISH topic runs past the packet")
-        raw = data[q + 2:t]
+        raw = data[q + 2 : t]
         topics = self._topics
         topic = topics.get(raw)
         if topic is None:
@@ -318,7 +327,7 @@ class LiteClient:
 
     The network loop drives it like a paho client; ``Connection``-like bookkeeping is ``LiteConnection``'s."""
 
-    def __init__(self, owner: "LiteConnection") -> None:
+    def __init__(self, owner: LiteConnection) -> None:
         self.owner = owner
         self.mqtt5 = owner.broker.mqtt5
         self.reader = PacketReader(self.mqtt5, self._early_publish, self._control, owner.max_packet_bytes)
@@ -362,7 +371,7 @@ class LiteClient:
             self.on_socket_open(self, None, sock)
         self._send(self._connect_packet(o))
 
-    def _connect_packet(self, o: "LiteConnection") -> bytes:
+    def _connect_packet(self, o: LiteConnection) -> bytes:
         b = o.broker
         flags = 0 if not o.clean_start else 0x02
         payload = mqtt_string(o.client_id)
@@ -531,8 +540,7 @@ class LiteClient:
             if not codes:
                 raise Malformed("SUBACK without a reason code")
             if any(c >= 0x80 for c in codes):
-                log.error("%s: the broker refused the subscription (reason 0x%02x)", self.owner.client_id,
-                          max(codes))
+                log.error("%s: the broker refused the subscription (reason 0x%02x)", self.owner.client_id, max(codes))
         elif kind == PINGRESP:
             self._ping_at = None
         elif kind == DISCONNECT:
@@ -603,11 +611,20 @@ class LiteConnection(Reconnecting):
     ``start``, ``connected``, ``publish``, ``ack``, ``ack_done``, ``close``/``closed``, ``client``; messages
     come to ``on_publish(conn, client, topic, payload, mid, qos)``."""
 
-    def __init__(self, loop: NetworkLoop, broker: BrokerConfig, client_id: str, *,
-                 subscriptions: list[tuple[str, int]],
-                 on_publish: Callable[["LiteConnection", LiteClient, str, bytes | TooLarge, int, int], None],
-                 clean_start: bool = False, session_expiry_s: int = 0, receive_maximum: int | None = None,
-                 backoff: Backoff = Backoff(), max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
+    def __init__(
+        self,
+        loop: NetworkLoop,
+        broker: BrokerConfig,
+        client_id: str,
+        *,
+        subscriptions: list[tuple[str, int]],
+        on_publish: Callable[[LiteConnection, LiteClient, str, bytes | TooLarge, int, int], None],
+        clean_start: bool = False,
+        session_expiry_s: int = 0,
+        receive_maximum: int | None = None,
+        backoff: Backoff = Backoff(),
+        max_packet_bytes: int = MAX_PACKET_BYTES,
+    ) -> None:
         self.loop, self.broker, self.client_id = loop, broker, client_id
         self.subscriptions = list(subscriptions)
         self._on_publish = on_publish
@@ -634,8 +651,9 @@ class LiteConnection(Reconnecting):
         if client is not self.client:
             return
         self._up()
-        log.info("%s: connected to %s (lean client, session present: %s)", self.client_id, self.node.url,
-                 session_present)
+        log.info(
+            "%s: connected to %s (lean client, session present: %s)", self.client_id, self.node.url, session_present
+        )
         if self.subscriptions:
             client.subscribe(self.subscriptions)
 

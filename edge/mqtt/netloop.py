@@ -338,8 +338,7 @@ class Reconnecting:
         """A connection that was up went away: retry at once-ish (first back-off step), on the next node."""
         where = self.node.url
         nxt = self._advance()
-        log.warning("%s: connection to %s lost (%s)%s", self.client_id, where, why,
-                    f"; trying{nxt}" if nxt else "")
+        log.warning("%s: connection to %s lost (%s)%s", self.client_id, where, why, f"; trying{nxt}" if nxt else "")
         self.attempts = 0
         self.last_error = f"connection lost: {why}"
         self._retry = self.loop.call_later(self.backoff.delay(0), self._attempt)
@@ -367,14 +366,20 @@ class ConnectOptions:
 class Connection(Reconnecting):
     """One MQTT client identity on a ``NetworkLoop``; all methods run on the loop thread."""
 
-    def __init__(self, loop: NetworkLoop, broker: BrokerConfig, client_id: str, *,
-                 subscriptions: list[tuple[str, int]] | None = None,
-                 will: Callable[[], Will | None] | None = None,
-                 on_connected: Callable[[Connection], None] | None = None,
-                 on_disconnected: Callable[[Connection, str], None] | None = None,
-                 on_message: Callable[[Connection, Any], None] | None = None,
-                 on_published: Callable[[Connection, int, int], None] | None = None,
-                 options: ConnectOptions = ConnectOptions()) -> None:
+    def __init__(
+        self,
+        loop: NetworkLoop,
+        broker: BrokerConfig,
+        client_id: str,
+        *,
+        subscriptions: list[tuple[str, int]] | None = None,
+        will: Callable[[], Will | None] | None = None,
+        on_connected: Callable[[Connection], None] | None = None,
+        on_disconnected: Callable[[Connection, str], None] | None = None,
+        on_message: Callable[[Connection, Any], None] | None = None,
+        on_published: Callable[[Connection, int, int], None] | None = None,
+        options: ConnectOptions = ConnectOptions(),
+    ) -> None:
         self.loop, self.broker, self.client_id = loop, broker, client_id
         self.subscriptions = list(subscriptions or [])  # replayed after every CONNACK
         self._will, self._on_connected, self._on_disconnected = will, on_connected, on_disconnected
@@ -439,9 +444,14 @@ class Connection(Reconnecting):
     def _disconnected(self, client: Any, _ud: Any, flags: Any, reason: Any, _props: Any) -> None:
         if client is not self.client:
             return
-        if (not self.connected and not self._connack_seen and self.node.mqtt5 and not self.node.tls
-                and not getattr(flags, "is_disconnect_packet_from_server", False)
-                and str(reason) == "Unspecified error"):
+        if (
+            not self.connected
+            and not self._connack_seen
+            and self.node.mqtt5
+            and not self.node.tls
+            and not getattr(flags, "is_disconnect_packet_from_server", False)
+            and str(reason) == "Unspecified error"
+        ):
             # TCP connected, CONNECT sent, then the socket closed without a byte of answer (a reset or EOF: paho
             # says "Unspecified error"; garbage would be a protocol error, a silent broker a keep-alive timeout)
             self._unanswered_mqtt5()

@@ -53,8 +53,9 @@ class Outbox(Protocol):
 
 
 class SqliteOutbox:
-    def __init__(self, path: str | Path, *, max_messages: int = DEFAULT_MAX_MESSAGES,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, path: str | Path, *, max_messages: int = DEFAULT_MAX_MESSAGES, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         if max_messages < 1 or max_bytes < 1:
             raise ValueError("outbox bounds must be positive")
         self.path = Path(path)
@@ -72,7 +73,8 @@ class SqliteOutbox:
         self._count: int
         self._bytes: int
         self._count, self._bytes = self._db.execute(
-            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM outbox").fetchone()
+            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM outbox"
+        ).fetchone()
         self._dropped = self._meta("dropped")
 
     def _meta(self, key: str) -> int:
@@ -80,8 +82,10 @@ class SqliteOutbox:
         return int(row[0]) if row else 0
 
     def _set_meta(self, key: str, value: int) -> None:
-        self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                         (key, value))
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def next_session(self) -> int:
         """Count one more agent run, durably, before it publishes anything.
@@ -94,14 +98,16 @@ class SqliteOutbox:
             self._set_meta("session", n)
         return n
 
-    def _tx(self) -> "_Tx":
+    def _tx(self) -> _Tx:
         return _Tx(self._db)
 
     def append(self, topic: str, payload: bytes, conn_key: str | None) -> int:
         size = len(payload)
         with self._tx():
-            cur = self._db.execute("INSERT INTO outbox(topic, payload, conn_key, created) VALUES (?, ?, ?, ?)",
-                                   (topic, payload, conn_key, time.time()))
+            cur = self._db.execute(
+                "INSERT INTO outbox(topic, payload, conn_key, created) VALUES (?, ?, ?, ?)",
+                (topic, payload, conn_key, time.time()),
+            )
             self._count += 1
             self._bytes += size
             dropped = 0
@@ -117,8 +123,10 @@ class SqliteOutbox:
         return int(cur.lastrowid or 0)
 
     def peek(self, after_id: int, limit: int) -> list[OutboxRow]:
-        rows = self._db.execute("SELECT id, topic, payload, conn_key, created FROM outbox WHERE id > ? ORDER BY id LIMIT ?",
-                                (after_id, limit)).fetchall()
+        rows = self._db.execute(
+            "SELECT id, topic, payload, conn_key, created FROM outbox WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, limit),
+        ).fetchall()
         return [OutboxRow(r[0], r[1], bytes(r[2]), r[3], r[4]) for r in rows]
 
     def ack(self, row_id: int) -> None:
@@ -156,8 +164,9 @@ class _Tx:
 class MemoryOutbox:
     """Same bounds and semantics, in memory (simulated devices, tests)."""
 
-    def __init__(self, *, max_messages: int = DEFAULT_MAX_MESSAGES, max_bytes: int = DEFAULT_MAX_BYTES,
-                 session: int = 0) -> None:
+    def __init__(
+        self, *, max_messages: int = DEFAULT_MAX_MESSAGES, max_bytes: int = DEFAULT_MAX_BYTES, session: int = 0
+    ) -> None:
         self.max_messages, self.max_bytes = max_messages, max_bytes
         self._rows: OrderedDict[int, OutboxRow] = OrderedDict()
         self._next_id = 1

@@ -48,10 +48,19 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def message(kind: str, fleet: str, device: str, session: int, seq: int, body: dict[str, Any],
-            ts: float | None = None) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "type": kind, "fleet": fleet, "device": device,
-            "session": session, "seq": seq, "ts": round(time.time() if ts is None else ts, 6), **finite(body)}
+def message(
+    kind: str, fleet: str, device: str, session: int, seq: int, body: dict[str, Any], ts: float | None = None
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "type": kind,
+        "fleet": fleet,
+        "device": device,
+        "session": session,
+        "seq": seq,
+        "ts": round(time.time() if ts is None else ts, 6),
+        **finite(body),
+    }
 
 
 def encode(obj: dict[str, Any]) -> bytes:

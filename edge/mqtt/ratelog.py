@@ -16,8 +16,14 @@ from typing import Any, Callable
 
 
 class RateLimitedLog:
-    def __init__(self, logger: logging.Logger, *, interval_s: float = 10.0, max_reasons: int = 64,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        interval_s: float = 10.0,
+        max_reasons: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger, self.interval_s, self.max_reasons, self._clock = logger, interval_s, max_reasons, clock
         self._last: dict[str, float] = {}  # reason -> when its last line was written
         self._held: dict[str, int] = {}  # reason -> lines held back since then

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge.mqtt.client import DEGRADED, BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop, Will
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop, Will
 from edge.mqtt.outbox import Outbox
 from edge.mqtt.payloads import STREAM_KINDS, encode, mark_historical, message
 from edge.mqtt.ratelog import RateLimitedLog
@@ -61,15 +61,25 @@ class SessionOptions:
 
 
 class DeviceSession:
-    def __init__(self, loop: NetworkLoop, broker: BrokerConfig, fleet: str, device: str, outbox: Outbox, *,
-                 birth_body: Callable[[], dict[str, Any]], on_command: Callable[[str, bytes], None] | None = None,
-                 on_desired: Callable[[bytes], None] | None = None,
-                 options: SessionOptions = SessionOptions()) -> None:
+    def __init__(
+        self,
+        loop: NetworkLoop,
+        broker: BrokerConfig,
+        fleet: str,
+        device: str,
+        outbox: Outbox,
+        *,
+        birth_body: Callable[[], dict[str, Any]],
+        on_command: Callable[[str, bytes], None] | None = None,
+        on_desired: Callable[[bytes], None] | None = None,
+        options: SessionOptions = SessionOptions(),
+    ) -> None:
         client_id, max_inflight, backoff = options.client_id, options.max_inflight, options.backoff
         hold_unmatched, hold_backoff = options.hold_unmatched, options.hold_backoff
         self.fleet, self.device, self.outbox, self.loop = fleet, device, outbox, loop
-        self.topics = {k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death", "reported",
-                                                                  "desired")}
+        self.topics = {
+            k: str(Topic(fleet, device, k)) for k in ("birth", "telemetry", "state", "death", "reported", "desired")
+        }
         self.cmd_filter = str(Topic(fleet, device, "cmd", "x"))[:-1] + "+"
         self._birth_body, self._on_command, self._on_desired = birth_body, on_command, on_desired
         self._reported: bytes | None = None  # the latest reported state, re-published after every CONNACK
@@ -88,17 +98,29 @@ class DeviceSession:
         self._last_sent = 0
         self._high_sent = 0
         self._last_birth = 0.0
-        self.counters = {"published": 0, "replayed": 0, "rejected_by_broker": 0, "unmatched": 0, "births": 0,
-                         "rebirth_requests": 0, "unknown_commands": 0}
+        self.counters = {
+            "published": 0,
+            "replayed": 0,
+            "rejected_by_broker": 0,
+            "unmatched": 0,
+            "births": 0,
+            "rebirth_requests": 0,
+            "unknown_commands": 0,
+        }
         if not broker.mqtt5:
             _say_degraded()
-        self.conn = Connection(loop, broker, client_id or f"edgekit-{fleet}-{device}",
-                               subscriptions=[(self.cmd_filter, 1)] + ([(self.topics["desired"], 1)]
-                                                                       if on_desired is not None else []),
-                               will=self._will,
-                               on_connected=self._connected, on_disconnected=self._disconnected,
-                               on_message=self._message, on_published=self._published,
-                               options=ConnectOptions(backoff=backoff))
+        self.conn = Connection(
+            loop,
+            broker,
+            client_id or f"edgekit-{fleet}-{device}",
+            subscriptions=[(self.cmd_filter, 1)] + ([(self.topics["desired"], 1)] if on_desired is not None else []),
+            will=self._will,
+            on_connected=self._connected,
+            on_disconnected=self._disconnected,
+            on_message=self._message,
+            on_published=self._published,
+            options=ConnectOptions(backoff=backoff),
+        )
 
     def start(self) -> None:
         self.conn.start()
@@ -113,8 +135,14 @@ class DeviceSession:
     # control messages --------------------------------------------------------------------
     def _will(self) -> Will:
         self.connection += 1
-        death = message("death", self.fleet, self.device, self.session, self.seq,
-                        {"connection": self.connection, "reason": "last will: connection lost"})
+        death = message(
+            "death",
+            self.fleet,
+            self.device,
+            self.session,
+            self.seq,
+            {"connection": self.connection, "reason": "last will: connection lost"},
+        )
         return Will(self.topics["death"], encode(death), qos=1, retain=True)
 
     def _publish_birth(self) -> None:
@@ -224,9 +252,13 @@ class DeviceSession:
             return
         if code >= 0x80:  # e.g. not authorised: retrying would block the stream forever
             self.counters["rejected_by_broker"] += 1
-            self._ratelog.error("rejected_by_broker", "%s: broker rejected a message (reason code 0x%02x); dropped "
-                                "(0x87: not authorized: is the device id the CN of this device's certificate?)",
-                                self.device, code)
+            self._ratelog.error(
+                "rejected_by_broker",
+                "%s: broker rejected a message (reason code 0x%02x); dropped "
+                "(0x87: not authorized: is the device id the CN of this device's certificate?)",
+                self.device,
+                code,
+            )
         else:
             self._hold_attempts = 0
         self.outbox.ack(row)
@@ -239,9 +271,14 @@ class DeviceSession:
         self._held = True
         delay = self._hold_backoff.delay(self._hold_attempts)
         self._hold_attempts += 1
-        log.log(logging.INFO if self._hold_attempts == 1 else logging.DEBUG,
-                "%s: no subscriber took message #%d; holding the outbox (%d pending), retry in %.1f s",
-                self.device, row_id, self.outbox.pending(), delay)
+        log.log(
+            logging.INFO if self._hold_attempts == 1 else logging.DEBUG,
+            "%s: no subscriber took message #%d; holding the outbox (%d pending), retry in %.1f s",
+            self.device,
+            row_id,
+            self.outbox.pending(),
+            delay,
+        )
         self.loop.call_later(delay, self._resume)
 
     def _resume(self) -> None:
@@ -263,8 +300,9 @@ class DeviceSession:
 
     def publish_death(self, reason: str) -> int | None:
         """A retained death for the current connection (loop thread); its mid, None when not connected."""
-        msg = message("death", self.fleet, self.device, self.session, self.seq,
-                      {"connection": self.connection, "reason": reason})
+        msg = message(
+            "death", self.fleet, self.device, self.session, self.seq, {"connection": self.connection, "reason": reason}
+        )
         return self.conn.publish(self.topics["death"], encode(msg), qos=1, retain=True)
 
     def close(self, timeout: float = 5.0, reason: str = "shutdown") -> None:

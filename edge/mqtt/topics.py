@@ -35,11 +35,15 @@ def check_part(value: str, what: str) -> str:
         raise TopicError(f"{what} must be a non-empty string, got {value!r}")
     bad = [c for c in _FORBIDDEN if c in value]
     if bad:
-        raise TopicError(f"{what} {value!r} contains {', '.join(repr(c) for c in bad)}",
-                         hint="device ids, fleet and command names may not contain '/', '+', '#' or NUL")
+        raise TopicError(
+            f"{what} {value!r} contains {', '.join(repr(c) for c in bad)}",
+            hint="device ids, fleet and command names may not contain '/', '+', '#' or NUL",
+        )
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):  # MQTT 5 §1.5.4: SHOULD NOT appear
-        raise TopicError(f"{what} {value!r} contains a control character",
-                         hint="a device id ends up in log lines and terminal tables, where one could forge either")
+        raise TopicError(
+            f"{what} {value!r} contains a control character",
+            hint="a device id ends up in log lines and terminal tables, where one could forge either",
+        )
     if len(value) > MAX_PART:
         raise TopicError(f"{what} is {len(value)} characters long; at most {MAX_PART}")
     if value != value.strip():
@@ -69,7 +73,7 @@ class Topic:
         return base if self.command is None else f"{base}/{self.command}"
 
     @classmethod
-    def parse(cls, topic: str) -> "Topic":
+    def parse(cls, topic: str) -> Topic:
         parts = topic.split("/")
         if len(parts) not in (4, 5) or parts[0] != ROOT:
             raise TopicError(f"not an edgekit topic: {topic[:200]!r}")

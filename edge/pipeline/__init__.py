@@ -6,9 +6,20 @@ Build-host code: nothing a device imports pulls it (``tests/test_layering.py``).
 """
 
 from edge.pipeline.pipeline import convert
-from edge.pipeline.request import ConvertRequest
 from edge.pipeline.plan import KEEP, Plan, PlannedStep, conversion_problems, plan, resolve_chain, runnable_here
+from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import Source, open_source
 
-__all__ = ["convert", "ConvertRequest", "KEEP", "Plan", "PlannedStep", "conversion_problems", "plan", "resolve_chain", "runnable_here",
-           "Source", "open_source"]
+__all__ = [
+    "convert",
+    "ConvertRequest",
+    "KEEP",
+    "Plan",
+    "PlannedStep",
+    "conversion_problems",
+    "plan",
+    "resolve_chain",
+    "runnable_here",
+    "Source",
+    "open_source",
+]

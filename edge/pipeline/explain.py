@@ -49,20 +49,31 @@ def _input(t: TensorSpec, pre: PreprocessSpec | None, kind: str, req: ConvertReq
     layout = t.layout or image_layout(t.shape)
     channels = image_channels(t)
     if pre is not None and pre.input == t.name:
-        how = "declared with --preprocess" if req.preprocess != AUTO else \
-            f"auto: a {channels}-channel {t.dtype} image input"
+        how = (
+            "declared with --preprocess"
+            if req.preprocess != AUTO
+            else f"auto: a {channels}-channel {t.dtype} image input"
+        )
         evidence = f"{pre.preset} pre-processing ({how}; colour {pre.color}, scale {pre.scale:.4g})"
     elif channels is not None:
-        evidence = (f"a {channels}-channel plane {list(t.shape)}: " + (
-            "a grey picture, a spectrogram or a feature map look alike, so no pre-processing is guessed "
-            "(--preprocess PRESET declares one)" if channels == 1 else "--preprocess none: fed as it is"))
+        evidence = f"a {channels}-channel plane {list(t.shape)}: " + (
+            "a grey picture, a spectrogram or a feature map look alike, so no pre-processing is guessed (--preprocess PRESET declares one)"
+            if channels == 1
+            else "--preprocess none: fed as it is"
+        )
     else:
         evidence = f"from its name, dtype {t.dtype} and shape {list(t.shape)}"
     if kind.startswith("log-mel"):
         evidence += f"; its name {t.name!r} says audio features: fed a spectrogram"
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "layout": layout,
-            "preprocess": pre.preset if pre is not None and pre.input == t.name else None,
-            "generator": kind, "evidence": evidence}
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "layout": layout,
+        "preprocess": pre.preset if pre is not None and pre.input == t.name else None,
+        "generator": kind,
+        "evidence": evidence,
+    }
 
 
 def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertRequest) -> list[dict[str, Any]]:
@@ -72,8 +83,14 @@ def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertReque
         static = src.static_file(Path(tmp), io)
         got = src.reference(static, generated_samples(io, pre, EXPLAIN_SAMPLES))
     if got is None:
-        return [{"name": t.name, "task": None, "evidence": "the source cannot run here: its outputs are read by "
-                                                           "the converter"} for t in io.outputs]
+        return [
+            {
+                "name": t.name,
+                "task": None,
+                "evidence": "the source cannot run here: its outputs are read by the converter",
+            }
+            for t in io.outputs
+        ]
     refs = got[0]
     shapes = {n: tuple(np.shape(v)) for n, v in refs[0].items()}
     found = []
@@ -82,16 +99,24 @@ def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertReque
         guess = guess_task(name, values, [s for n, s in shapes.items() if n != name])
         declared = req.task not in ("auto", "none")
         task = req.task if declared else (None if req.task == "none" else guess.task)
-        found.append({"name": name, "shape": list(shapes[name]), "task": task,
-                      "metric": _metric(task),
-                      "evidence": f"declared with --task {req.task}" if declared else guess.evidence,
-                      "range": [float(min(v.min() for v in values)), float(max(v.max() for v in values))]})
+        found.append(
+            {
+                "name": name,
+                "shape": list(shapes[name]),
+                "task": task,
+                "metric": _metric(task),
+                "evidence": f"declared with --task {req.task}" if declared else guess.evidence,
+                "range": [float(min(v.min() for v in values)), float(max(v.max() for v in values))],
+            }
+        )
     return found
 
 
 def _metric(task: str | None) -> str:
-    return {"classifier": "top-1 (top-5 over 5 classes) beside cosine and SNR",
-            "detector": "decoded boxes: precision and recall at IoU 0.5",
-            "prob-map": "IoU of the maps thresholded at 0.3", "segmentation": "per-pixel argmax: mean IoU",
-            "sequence": "decoded sequences: identical share, token agreement"}.get(
-        task or "", "raw figures: cosine, SNR, error over the reference's range")
+    return {
+        "classifier": "top-1 (top-5 over 5 classes) beside cosine and SNR",
+        "detector": "decoded boxes: precision and recall at IoU 0.5",
+        "prob-map": "IoU of the maps thresholded at 0.3",
+        "segmentation": "per-pixel argmax: mean IoU",
+        "sequence": "decoded sequences: identical share, token agreement",
+    }.get(task or "", "raw figures: cosine, SNR, error over the reference's range")

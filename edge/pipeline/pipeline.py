@@ -18,32 +18,46 @@ import filecmp
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
-from edge.bundle.typedjson import write_json_atomic
 from edge.backends.converter import ConversionRequest
-from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE, SKIP_SOURCE_AS_IS
-from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
-from edge.errors import CalibrationError, InputFileError, MissingDependencyError, ModelError, PrecisionError, TargetError
+from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
-from edge.pipeline.request import ConvertRequest
+from edge.bundle.typedjson import write_json_atomic
+from edge.errors import (
+    CalibrationError,
+    InputFileError,
+    MissingDependencyError,
+    ModelError,
+    PrecisionError,
+    TargetError,
+)
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
 from edge.pipeline.precision_trial import try_fast_precision
+from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import ChainStep, TargetProfile, get_target
+from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE, SKIP_SOURCE_AS_IS
+from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
 
 #: what the bundle carries for the device to check on first load
 REFERENCE_PAIRS = 16
 
 
-def convert(model: str | os.PathLike[str], target: str | TargetProfile, output: str | os.PathLike[str],
-            request: ConvertRequest | None = None, *, force: bool = False, on_step: Step | None = None) -> Bundle:
+def convert(
+    model: str | os.PathLike[str],
+    target: str | TargetProfile,
+    output: str | os.PathLike[str],
+    request: ConvertRequest | None = None,
+    *,
+    force: bool = False,
+    on_step: Step | None = None,
+) -> Bundle:
     """Convert ``model`` (ONNX, TFLite, OpenVINO IR, TorchScript / torch.export, GGUF) for ``target``
     into a verified bundle at ``output``, as ``request`` (``edge.pipeline.request.ConvertRequest``) asks.
     ``request.eval_text``: a GGUF's quality gate evaluates this text file instead of the built-in multilingual
@@ -107,15 +121,18 @@ class _Job:
     @property
     def parity_opts(self) -> dict[str, Any]:
         # a PyTorch source: the converter chose and ran the inputs
-        opts = {"task": self.request.task,
-                "input_provenance": None if self.torch_inputs is not None else self.provenance}
+        opts = {
+            "task": self.request.task,
+            "input_provenance": None if self.torch_inputs is not None else self.provenance,
+        }
         if self.shipped_as_is:
             opts["shipped_as_is"] = True
         return opts
 
 
-def _apply_tuned(profile: TargetProfile, req: ConvertRequest, say: Step
-                 ) -> tuple[TargetProfile, ConvertRequest, dict[str, Any] | None]:
+def _apply_tuned(
+    profile: TargetProfile, req: ConvertRequest, say: Step
+) -> tuple[TargetProfile, ConvertRequest, dict[str, Any] | None]:
     """The target with ``req.tuned`` applied, the request at the precision it resolves, and the manifest's record."""
     if req.tuned is None:
         return profile, req, None
@@ -129,13 +146,17 @@ def _apply_tuned(profile: TargetProfile, req: ConvertRequest, say: Step
 def _check_source(src: Source, profile: TargetProfile, req: ConvertRequest) -> None:
     """Options that do not apply to this source, and targets that cannot take it, refused before any work."""
     if req.freeze and not isinstance(src, OnnxSource):
-        raise InputFileError(f"--freeze-input fixes inputs of an ONNX graph; {src.path.name} is {src.format}",
-                             hint="leave out --freeze-input")
+        raise InputFileError(
+            f"--freeze-input fixes inputs of an ONNX graph; {src.path.name} is {src.format}",
+            hint="leave out --freeze-input",
+        )
     if isinstance(src, GGUFSource):
         return
     if req.eval_text is not None:
-        raise InputFileError(f"--eval-text is the text a GGUF language model's quality gate evaluates; "
-                             f"{src.path.name} is {src.format}", hint="leave out --eval-text")
+        raise InputFileError(
+            f"--eval-text is the text a GGUF language model's quality gate evaluates; {src.path.name} is {src.format}",
+            hint="leave out --eval-text",
+        )
     if profile.chain == () and profile.llm is not None:
         raise TargetError(f"target {profile.name} runs GGUF language models only; {src.path.name} is {src.format}")
 
@@ -145,14 +166,20 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
     calibration: every refusal before any conversion work."""
     own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource, OnnxSource)) else None
     p = plan(profile, req.precision, source_format=src.format, source_precision=own, source_name=src.path.name)
-    if isinstance(src, TFLiteSource) and p.steps and p.steps[0].converter.name == "tflite->edgetpu" \
-            and not src.full_integer():
+    if (
+        isinstance(src, TFLiteSource)
+        and p.steps
+        and p.steps[0].converter.name == "tflite->edgetpu"
+        and not src.full_integer()
+    ):
         floats = f"{own}, float ops: {', '.join(src.float_ops())}" if own == "int8-dynamic" else own
-        raise PrecisionError(f"{src.path.name} is not a full-integer TFLite (it is {floats}); the Edge TPU runs "
-                             "full-integer int8 models only, and edgekit cannot quantize a .tflite file: TensorFlow's "
-                             "quantizer reads a SavedModel or Keras model, not a flatbuffer",
-                             hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "
-                                  "full-integer int8 .tflite (TFLiteConverter with a representative dataset)")
+        raise PrecisionError(
+            f"{src.path.name} is not a full-integer TFLite (it is {floats}); the Edge TPU runs "
+            "full-integer int8 models only, and edgekit cannot quantize a .tflite file: TensorFlow's "
+            "quantizer reads a SavedModel or Keras model, not a flatbuffer",
+            hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "
+            "full-integer int8 .tflite (TFLiteConverter with a representative dataset)",
+        )
     say(f"reading {src.path} ({src.format}; route: {p.route})")
     io = src.io(req.input_shapes)
     job = _Job(src=src, profile=profile, plan=p, request=req, say=say, io=io, seen_io=io)
@@ -160,21 +187,26 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
         say("freezing " + ", ".join(f"{k}={v}" for k, v in req.freeze.items()) + " and inlining the Ifs that decides")
         frozen, job.io = src.frozen(req.freeze, io)
         job.src = frozen
-        say(f"{frozen.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
-            f"(max error {frozen.record.check['max_error_over_range']:.2g} of the output's range)")
-    if isinstance(job.src, OnnxSource) and job.src.format == "onnx" and p.steps:  # every node the first converter cannot express, before any work
+        say(
+            f"{frozen.record.inlined_if} If node(s) inlined; checked against the source on onnxruntime "
+            f"(max error {frozen.record.check['max_error_over_range']:.2g} of the output's range)"
+        )
+    if (
+        isinstance(job.src, OnnxSource) and job.src.format == "onnx" and p.steps
+    ):  # every node the first converter cannot express, before any work
         from edge.graph.opsupport import check_ops
 
         check_ops(job.src.model, p.steps[0].converter.name, source=job.src.path, target=profile.name)
-    job.pre = None if req.preprocess == "none" else default_preprocess(job.io, req.preprocess,
-                                                                        letterbox=req.letterbox)
+    job.pre = None if req.preprocess == "none" else default_preprocess(job.io, req.preprocess, letterbox=req.letterbox)
     if req.calib is not None:
         say(f"loading calibration data from {req.calib}")
         job.calibration = _without_frozen(load_calibration(req.calib, job.seen_io, job.pre), job.io)
     elif p.needs_calibration:
-        raise CalibrationError(f"{p.precision} for {profile.name} needs calibration data",
-                               hint=f"pass --calib DIR (.npy/.npz tensors or images), or --calib {RANDOM} "
-                                    "to quantize on generated inputs (recorded as such in the manifest)")
+        raise CalibrationError(
+            f"{p.precision} for {profile.name} needs calibration data",
+            hint=f"pass --calib DIR (.npy/.npz tensors or images), or --calib {RANDOM} "
+            "to quantize on generated inputs (recorded as such in the manifest)",
+        )
     return job
 
 
@@ -183,8 +215,14 @@ def _choose_parity_inputs(job: _Job, static: Path) -> None:
     inputs that look like the model's data (where they came from goes in the manifest); the source's outputs
     on them, when it runs here."""
     req = job.request
-    chosen = choose_parity_inputs(job.seen_io, job.pre, count=req.parity_samples, parity_data=req.parity_data,
-                                  calibration=job.calibration, quantized=job.plan.precision == "int8")
+    chosen = choose_parity_inputs(
+        job.seen_io,
+        job.pre,
+        count=req.parity_samples,
+        parity_data=req.parity_data,
+        calibration=job.calibration,
+        quantized=job.plan.precision == "int8",
+    )
     job.parity_inputs, job.label = _only_inputs(chosen.samples, job.io), chosen.label
     job.calibration = _without_frozen(chosen.calibration, job.io)
     job.provenance = chosen.provenance
@@ -203,15 +241,30 @@ def _run_chain(job: _Job, static: Path, work: Path, stage: Path) -> Path:
         last = i == len(job.plan.steps) - 1
         out_dir = stage if last else work / f"step{i}"
         out_dir.mkdir(exist_ok=True)
-        result = step.converter().convert(ConversionRequest(
-            source=current, workdir=out_dir, precision=step.precision, io=job.io, preprocess=job.pre,
-            calibration=job.calibration, options=step.options))
+        result = step.converter().convert(
+            ConversionRequest(
+                source=current,
+                workdir=out_dir,
+                precision=step.precision,
+                io=job.io,
+                preprocess=job.pre,
+                calibration=job.calibration,
+                options=step.options,
+            )
+        )
         job.converter_proxy = result.proxy if last else None
         if result.reference is not None and job.reference is None:  # a PyTorch source: the converter ran it
             _take_torch_reference(job, result)
-        job.chain_record.append({"converter": step.converter.name, "precision": step.precision,
-                                 "output_format": result.format, "tool_versions": result.tool_versions,
-                                 "details": result.details, "notes": result.notes})
+        job.chain_record.append(
+            {
+                "converter": step.converter.name,
+                "precision": step.precision,
+                "output_format": result.format,
+                "tool_versions": result.tool_versions,
+                "details": result.details,
+                "notes": result.notes,
+            }
+        )
         current = result.artifact
     return current
 
@@ -232,11 +285,24 @@ def _manifest(job: _Job, stage: Path, primary: Path, fmt: str | None) -> dict[st
     pairs = None
     if job.reference is not None:  # written first: new_manifest lists every file in the stage
         pairs = _write_reference_pairs(stage, job.parity_inputs, job.reference, job.plan.precision, job.ref_label)
-    manifest = new_manifest(ManifestSpec(
-        source=job.src.path, profile=profile, precision=job.plan.precision, stage=stage, primary=primary,
-        chain=job.chain_record, source_info={**job.src.describe(), "route": job.plan.route}, io=job.io,
-        runner=profile.runner, runner_options=profile.runtime_options, calibration=job.calibration,
-        preprocess=job.pre, frame_budget_ms=profile.frame_budget_ms, fmt=fmt))
+    manifest = new_manifest(
+        ManifestSpec(
+            source=job.src.path,
+            profile=profile,
+            precision=job.plan.precision,
+            stage=stage,
+            primary=primary,
+            chain=job.chain_record,
+            source_info={**job.src.describe(), "route": job.plan.route},
+            io=job.io,
+            runner=profile.runner,
+            runner_options=profile.runtime_options,
+            calibration=job.calibration,
+            preprocess=job.pre,
+            frame_budget_ms=profile.frame_budget_ms,
+            fmt=fmt,
+        )
+    )
     if pairs is not None:
         manifest["reference_pairs"] = pairs
     return manifest
@@ -249,6 +315,7 @@ def _reference_on(job: _Job, static: Path) -> Callable[[list[dict[str, Any]]], l
             return job.reference if feeds is job.torch_inputs else None
         got = job.src.reference(static, feeds)
         return got[0] if got is not None else None
+
     return reference_on
 
 
@@ -267,7 +334,9 @@ def _without_frozen(calibration: Any, io: IOSpec) -> Any:
 
 
 def _with_outputs(io: IOSpec, outputs: Mapping[str, Any]) -> IOSpec:
-    return IOSpec(io.inputs, tuple(TensorSpec(k, tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in outputs.items()))
+    return IOSpec(
+        io.inputs, tuple(TensorSpec(k, tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in outputs.items())
+    )
 
 
 def _copy_source(src: Source, static: Path, stage: Path) -> Path:
@@ -291,13 +360,20 @@ def _copy_source(src: Source, static: Path, stage: Path) -> Path:
     return out
 
 
-def _write_reference_pairs(stage: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
-                           precision: str, reference: str) -> dict[str, Any]:
+def _write_reference_pairs(
+    stage: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], precision: str, reference: str
+) -> dict[str, Any]:
     """A few of the parity inputs and the source's outputs on them, for the device's check on first load."""
     from edge.verify.refpairs import write_reference_pairs
 
-    return write_reference_pairs(stage, inputs[:REFERENCE_PAIRS], outputs[:REFERENCE_PAIRS], precision=precision,
-                                 reference=reference, samples=REFERENCE_PAIRS)
+    return write_reference_pairs(
+        stage,
+        inputs[:REFERENCE_PAIRS],
+        outputs[:REFERENCE_PAIRS],
+        precision=precision,
+        reference=reference,
+        samples=REFERENCE_PAIRS,
+    )
 
 
 def _host_proxy(p: Plan, profile: TargetProfile) -> tuple[str, dict[str, Any], str] | None:
@@ -313,12 +389,19 @@ def _host_proxy(p: Plan, profile: TargetProfile) -> tuple[str, dict[str, Any], s
     proxy: tuple[str, dict[str, Any], str] | None = getattr(cls, "host_proxy", None)
     if proxy is not None and not _runner_problems(proxy[0]):
         return proxy
-    if (profile.run_place.needs_device and "allow_cpu_fallback" in cls.options and not _runner_problems(profile.runner)
-            and profile.run_place.allows(current_host())):
-        return (profile.runner, {"allow_cpu_fallback": True},
-                f"{profile.accelerator} is not on this host: the same {p.precision} model ran on {profile.runner}'s "
-                "CPU fallback (the accelerator computes the same integer arithmetic); the device checks the bundle's "
-                "reference pairs on first load")
+    if (
+        profile.run_place.needs_device
+        and "allow_cpu_fallback" in cls.options
+        and not _runner_problems(profile.runner)
+        and profile.run_place.allows(current_host())
+    ):
+        return (
+            profile.runner,
+            {"allow_cpu_fallback": True},
+            f"{profile.accelerator} is not on this host: the same {p.precision} model ran on {profile.runner}'s "
+            "CPU fallback (the accelerator computes the same integer arithmetic); the device checks the bundle's "
+            "reference pairs on first load",
+        )
     return None
 
 
@@ -329,8 +412,12 @@ def _runner_problems(name: str) -> list[str]:
     return problems(RUNNERS.get(name).requires)
 
 
-def _parity_gate(job: _Job, stage: Path, manifest: dict[str, Any],
-                 reference_on: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]) -> None:
+def _parity_gate(
+    job: _Job,
+    stage: Path,
+    manifest: dict[str, Any],
+    reference_on: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None],
+) -> None:
     """The one gate: the bundle's runner, else a runner's host proxy, else what the converter computed in place
     of the runtime (``ConversionResult.proxy``), else unverified with the reason."""
     reference = job.reference
@@ -346,12 +433,20 @@ def _parity_gate(job: _Job, stage: Path, manifest: dict[str, Any],
         return
     if job.converter_proxy is not None and _gate_on_converter_proxy(job, manifest, reference_on):
         return
-    bridge = next((s["details"].get("bridge_parity") for s in job.chain_record if isinstance(s.get("details"), dict)
-                   and s["details"].get("bridge_parity")), None)
+    bridge = next(
+        (
+            s["details"].get("bridge_parity")
+            for s in job.chain_record
+            if isinstance(s.get("details"), dict) and s["details"].get("bridge_parity")
+        ),
+        None,
+    )
     why = f"{SKIP_RUNNER_NOT_HERE}{job.plan.run_here}"
     if bridge is not None:
-        why += ("; the converter's fp32 ONNX->PyTorch bridge matched the source (chain[].details.bridge_parity), "
-                "the converted package is checked on the device (reference pairs)")
+        why += (
+            "; the converter's fp32 ONNX->PyTorch bridge matched the source (chain[].details.bridge_parity), "
+            "the converted package is checked on the device (reference pairs)"
+        )
     manifest["parity"] = {"passed": None, "skipped": why, "reference": job.ref_label or None}
 
 
@@ -364,13 +459,29 @@ def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference:
 
     job.say(f"checking parity on {len(job.parity_inputs)} {job.label} inputs")
     with Bundle(stage, manifest).open_runner() as runner:
-        report = check_parity(runner, job.parity_inputs, reference, precision=job.plan.precision,
-                              inputs=job.label, reference_label=job.ref_label, **job.parity_opts)
+        report = check_parity(
+            runner,
+            job.parity_inputs,
+            reference,
+            precision=job.plan.precision,
+            inputs=job.label,
+            reference_label=job.ref_label,
+            **job.parity_opts,
+        )
     if not report.passed:
         _locate_divergence(job, stage, manifest, report)
     record_gate(manifest, report, failed=_failed(job), accept=job.request.accept_parity_failure)
-    try_fast_precision(job.plan.precision, stage, manifest, job.parity_inputs, reference, label=job.label,
-                       reference_label=job.ref_label, parity_opts=job.parity_opts, say=job.say)
+    try_fast_precision(
+        job.plan.precision,
+        stage,
+        manifest,
+        job.parity_inputs,
+        reference,
+        label=job.label,
+        reference_label=job.ref_label,
+        parity_opts=job.parity_opts,
+        say=job.say,
+    )
 
 
 def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report: Any) -> None:
@@ -390,8 +501,13 @@ def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report:
         report.first_divergence = found
 
 
-def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy: tuple[str, dict[str, Any], str],
-                        reference: list[dict[str, Any]]) -> None:
+def _gate_on_host_proxy(
+    job: _Job,
+    stage: Path,
+    manifest: dict[str, Any],
+    proxy: tuple[str, dict[str, Any], str],
+    reference: list[dict[str, Any]],
+) -> None:
     """Parity on a runner of this host that computes what the device will (``_host_proxy``)."""
     from edge.backends.runner import RUNNERS
     from edge.verify.parity import check_parity
@@ -406,14 +522,24 @@ def _gate_on_host_proxy(job: _Job, stage: Path, manifest: dict[str, Any], proxy:
     # the fp32 ONNX on the device) is fp32 arithmetic there; int8 QDQ is int8 in both
     as_loaded = p.precision if same or p.precision.startswith("int8") else "fp32"
     with RUNNERS.get(name)(b.artifact, options=runner_opts, precision=as_loaded) as runner:
-        report = check_parity(runner, job.parity_inputs, reference, precision=p.precision, inputs=job.label,
-                              reference_label=job.ref_label, host_proxy=f"host proxy: {what}", **job.parity_opts)
-    record_gate(manifest, report, failed=f"{_failed(job)} (host proxy: {name})",
-                accept=job.request.accept_parity_failure)
+        report = check_parity(
+            runner,
+            job.parity_inputs,
+            reference,
+            precision=p.precision,
+            inputs=job.label,
+            reference_label=job.ref_label,
+            host_proxy=f"host proxy: {what}",
+            **job.parity_opts,
+        )
+    record_gate(
+        manifest, report, failed=f"{_failed(job)} (host proxy: {name})", accept=job.request.accept_parity_failure
+    )
 
 
-def _gate_on_converter_proxy(job: _Job, manifest: dict[str, Any],
-                             reference_on: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]) -> bool:
+def _gate_on_converter_proxy(
+    job: _Job, manifest: dict[str, Any], reference_on: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]
+) -> bool:
     """Parity against what the last converter computed in place of the runtime; False when the source's
     outputs on its inputs are not to be had."""
     from edge.verify.parity import ParityReport, compare, thresholds_for
@@ -423,25 +549,38 @@ def _gate_on_converter_proxy(job: _Job, manifest: dict[str, Any],
     if ref is None:
         return False
     p, task = job.plan, job.request.task
-    job.say(f"checking parity on {len(cp.inputs)} {cp.inputs_from} inputs against the converter's host proxy "
-            f"({cp.label})")
+    job.say(
+        f"checking parity on {len(cp.inputs)} {cp.inputs_from} inputs against the converter's host proxy ({cp.label})"
+    )
     th = thresholds_for(p.precision, cp.precision_used)
-    notes = [f"host proxy: {cp.label}; the converted package itself is checked on the device against the "
-             "bundle's reference pairs on first load"]
+    notes = [
+        f"host proxy: {cp.label}; the converted package itself is checked on the device against the bundle's reference pairs on first load"
+    ]
     if cp.fallback:
         notes.append(f"computed in {cp.precision_used}, not {p.precision}: {cp.fallback}")
-    report = ParityReport(precision=p.precision, thresholds=th, samples=len(cp.inputs), inputs=cp.inputs_from,
-                          reference=job.ref_label, candidate=cp.info.to_json(),
-                          outputs=compare(ref, cp.outputs, th, task=task), host_notes=notes, task=task)
-    record_gate(manifest, report, failed=f"{_failed(job)} (host proxy: {cp.label})",
-                accept=job.request.accept_parity_failure)
+    report = ParityReport(
+        precision=p.precision,
+        thresholds=th,
+        samples=len(cp.inputs),
+        inputs=cp.inputs_from,
+        reference=job.ref_label,
+        candidate=cp.info.to_json(),
+        outputs=compare(ref, cp.outputs, th, task=task),
+        host_notes=notes,
+        task=task,
+    )
+    record_gate(
+        manifest, report, failed=f"{_failed(job)} (host proxy: {cp.label})", accept=job.request.accept_parity_failure
+    )
     return True
 
 
 # -- GGUF language models ------------------------------------------------------------------------
 
-def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, req: ConvertRequest, *, force: bool,
-                 say: Step) -> Bundle:
+
+def _convert_llm(
+    src: GGUFSource, profile: TargetProfile, output: Path, req: ConvertRequest, *, force: bool, say: Step
+) -> Bundle:
     from edge.llm.evaltext import eval_windows
 
     quant, llm = _llm_quant(src, profile, req)
@@ -459,15 +598,30 @@ def _convert_llm(src: GGUFSource, profile: TargetProfile, output: Path, req: Con
         report, pairs = _llm_gate(src, llm, quant, artifact, stage, text, say)
         own = src.source_type
         precision_out = own if quant == KEEP else quant
-        manifest = new_manifest(ManifestSpec(
-            source=src.path, profile=profile, precision=precision_out, stage=stage, primary=artifact,
-            chain=chain_record, source_info={**src.describe(), "file_type": own}, fmt="gguf",
-            io=IOSpec((TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)),
-            runner=llm.runner, runner_options=llm.options, kind="llm"))
+        manifest = new_manifest(
+            ManifestSpec(
+                source=src.path,
+                profile=profile,
+                precision=precision_out,
+                stage=stage,
+                primary=artifact,
+                chain=chain_record,
+                source_info={**src.describe(), "file_type": own},
+                fmt="gguf",
+                io=IOSpec(
+                    (TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)
+                ),
+                runner=llm.runner,
+                runner_options=llm.options,
+                kind="llm",
+            )
+        )
         manifest["reference_pairs"] = pairs
         if report is None:
-            manifest["parity"] = {"passed": None, "skipped": f"{SKIP_SOURCE_AS_IS}{own}): there is nothing "
-                                                             "to compare it against (quality gate skipped)"}
+            manifest["parity"] = {
+                "passed": None,
+                "skipped": f"{SKIP_SOURCE_AS_IS}{own}): there is nothing to compare it against (quality gate skipped)",
+            }
         else:
             record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=req.accept_parity_failure)
         write_json_atomic(stage / MANIFEST, manifest)
@@ -480,8 +634,10 @@ def _llm_quant(src: GGUFSource, profile: TargetProfile, req: ConvertRequest) -> 
     llama.cpp's quantizer is not here."""
     llm = profile.llm
     if llm is None:
-        raise TargetError(f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",
-                          hint="targets with one: see `edgekit targets --json` (llm != null)")
+        raise TargetError(
+            f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",
+            hint="targets with one: see `edgekit targets --json` (llm != null)",
+        )
     own = src.source_type
     if req.precision in (None, KEEP):
         quant = KEEP if src.prequantized or req.precision == KEEP else llm.default_precision
@@ -490,10 +646,12 @@ def _llm_quant(src: GGUFSource, profile: TargetProfile, req: ConvertRequest) -> 
     if quant == own and src.prequantized:
         quant = KEEP
     if quant != KEEP and src.prequantized and not req.allow_requantize:
-        raise PrecisionError(f"{src.path.name} is already quantized ({own}); requantizing it to {quant} loses "
-                             "quality twice, so llama.cpp refuses it unless asked",
-                             hint=f"ship it as it is with --precision {KEEP} (the default for a quantized GGUF), or "
-                                  f"pass --allow-requantize to requantize (gated against the {own} source)")
+        raise PrecisionError(
+            f"{src.path.name} is already quantized ({own}); requantizing it to {quant} loses "
+            "quality twice, so llama.cpp refuses it unless asked",
+            hint=f"ship it as it is with --precision {KEEP} (the default for a quantized GGUF), or "
+            f"pass --allow-requantize to requantize (gated against the {own} source)",
+        )
     steps = () if quant == KEEP else (ChainStep("gguf->gguf"),)
     missing = conversion_problems(profile, chain=steps)
     if missing:
@@ -512,15 +670,31 @@ def _quantize_llm(src: GGUFSource, quant: str, artifact: Path, work: Path, say: 
         return []
     conv = CONVERTERS.get("gguf->gguf")
     say(f"quantizing {own} to {quant} with llama.cpp" + (" (requantizing)" if src.prequantized else ""))
-    result = conv().convert(ConversionRequest(source=src.path, workdir=work, precision=quant, io=IOSpec((), ()),
-                                              options={"allow_requantize": bool(src.prequantized)}))
+    result = conv().convert(
+        ConversionRequest(
+            source=src.path,
+            workdir=work,
+            precision=quant,
+            io=IOSpec((), ()),
+            options={"allow_requantize": bool(src.prequantized)},
+        )
+    )
     shutil.move(str(result.artifact), artifact)
-    return [{"converter": conv.name, "precision": quant, "output_format": "gguf",
-             "tool_versions": result.tool_versions, "details": result.details, "notes": result.notes}]
+    return [
+        {
+            "converter": conv.name,
+            "precision": quant,
+            "output_format": "gguf",
+            "tool_versions": result.tool_versions,
+            "details": result.details,
+            "notes": result.notes,
+        }
+    ]
 
 
-def _llm_gate(src: GGUFSource, llm: Any, quant: str, artifact: Path, stage: Path, text: Any,
-              say: Step) -> tuple[Any, dict[str, Any]]:
+def _llm_gate(
+    src: GGUFSource, llm: Any, quant: str, artifact: Path, stage: Path, text: Any, say: Step
+) -> tuple[Any, dict[str, Any]]:
     """(the quality report, None when the source ships as it is; the reference pairs written for the device)."""
     from edge.backends.llamacpp.runtime import llama_cpp_version
     from edge.llm.quality import compare_gguf, reference_samples
@@ -532,15 +706,23 @@ def _llm_gate(src: GGUFSource, llm: Any, quant: str, artifact: Path, stage: Path
         say("checking that llama.cpp loads it")
         _check_loads(artifact)
         say(f"reference samples for the device: {own} itself on {text.describe()}")
-        return None, write_llm_reference_pairs(stage, reference_samples(artifact, text, llm.options), precision=own,
-                                               reference=f"the shipped {own} GGUF itself, {runtime}")
-    say(f"quality gate: KL and top-1 against the {own} source on {len(text.windows)} windows "
-        f"({text.tokens} tokens) of {text.describe()}")
+        return None, write_llm_reference_pairs(
+            stage,
+            reference_samples(artifact, text, llm.options),
+            precision=own,
+            reference=f"the shipped {own} GGUF itself, {runtime}",
+        )
+    say(
+        f"quality gate: KL and top-1 against the {own} source on {len(text.windows)} windows ({text.tokens} tokens) of {text.describe()}"
+    )
     report = compare_gguf(src.path, artifact, quant, text, llm.options)
     return report, write_llm_reference_pairs(
-        stage, report.reference_samples, precision=quant,
-        reference=f"the {own} source GGUF, {runtime}; positions where the build host's {quant} agrees "
-                  "with it on top-1", note=report.reference_note)
+        stage,
+        report.reference_samples,
+        precision=quant,
+        reference=f"the {own} source GGUF, {runtime}; positions where the build host's {quant} agrees with it on top-1",
+        note=report.reference_note,
+    )
 
 
 def _check_loads(path: Path) -> None:

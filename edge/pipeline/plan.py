@@ -56,21 +56,25 @@ class Plan:
         return not self.steps
 
 
-def conversion_problems(target: TargetProfile, host: Host | None = None,
-                        chain: tuple[ChainStep, ...] | None = None) -> list[str]:
+def conversion_problems(
+    target: TargetProfile, host: Host | None = None, chain: tuple[ChainStep, ...] | None = None
+) -> list[str]:
     """Everything that stops this host from running ``target``'s converter chain (empty: it can)."""
     host = host or current_host()
     chain = target.chain if chain is None else chain
     found: list[str] = []
     if chain and not target.convert_place.allows(host):
-        found.append(f"conversion for {target.name} runs on {'/'.join(target.convert_place.os)} "
-                     f"{'/'.join(target.convert_place.arch)}; this host is {host.os}/{host.arch}")
+        found.append(
+            f"conversion for {target.name} runs on {'/'.join(target.convert_place.os)} "
+            f"{'/'.join(target.convert_place.arch)}; this host is {host.os}/{host.arch}"
+        )
     for s in chain:
         try:
             cls = CONVERTERS.get(s.converter)
         except UnknownBackendError:
-            found.append(f"converter {s.converter!r} is not in edgekit {edge.__version__} "
-                         f"(installed: {', '.join(CONVERTERS.names())})")
+            found.append(
+                f"converter {s.converter!r} is not in edgekit {edge.__version__} (installed: {', '.join(CONVERTERS.names())})"
+            )
             continue
         found += [f"{cls.name}: {p}" for p in cls.problems(host)]
     return found
@@ -86,9 +90,14 @@ def _converters() -> list[type[Converter]]:
     return out
 
 
-def resolve_chain(target: TargetProfile, source_format: str, *, runner: str | None = None,
-                  base: tuple[ChainStep, ...] | None = None,
-                  source_name: str | None = None) -> tuple[tuple[ChainStep, ...], str]:
+def resolve_chain(
+    target: TargetProfile,
+    source_format: str,
+    *,
+    runner: str | None = None,
+    base: tuple[ChainStep, ...] | None = None,
+    source_name: str | None = None,
+) -> tuple[tuple[ChainStep, ...], str]:
     """The chain for a source of ``source_format`` (rules 1-5 of the module docstring) and which rule chose it.
 
     ``source_name`` (the file's name) makes a refusal name the file the user gave."""
@@ -103,8 +112,12 @@ def resolve_chain(target: TargetProfile, source_format: str, *, runner: str | No
         final = CONVERTERS.get(chain[-1].converter).target_format
         first = CONVERTERS.get(chain[0].converter).source_format
         for cls in _converters():
-            if cls.source_format == source_format and cls.target_format == final and final != first \
-                    and cls.source_format != cls.target_format:  # a same-format rewrite is chosen by plan()
+            if (
+                cls.source_format == source_format
+                and cls.target_format == final
+                and final != first
+                and cls.source_format != cls.target_format
+            ):  # a same-format rewrite is chosen by plan()
                 return (ChainStep(cls.name),), f"{cls.name} (reads {source_format}, writes {final})"
     try:
         formats = RUNNERS.get(runner).formats
@@ -119,9 +132,12 @@ def resolve_chain(target: TargetProfile, source_format: str, *, runner: str | No
                 return (ChainStep(cls.name, "fp32"),) + tuple(chain), f"{cls.name}, then the profile's chain"
     reads = ", ".join(sorted({CONVERTERS.get(s.converter).source_format for s in chain}))
     what = f"{source_name} ({source_format})" if source_name else f"{_a(source_format)} {source_format} source"
-    raise TargetError(f"target {target.name} cannot take {what}: its converter chain reads {reads or '-'}, its runner "
-                      f"{runner!r} loads {', '.join(formats) or '-'}, and no installed converter turns {source_format} "
-                      "into either", hint=_bring_instead(source_format))
+    raise TargetError(
+        f"target {target.name} cannot take {what}: its converter chain reads {reads or '-'}, its runner "
+        f"{runner!r} loads {', '.join(formats) or '-'}, and no installed converter turns {source_format} "
+        "into either",
+        hint=_bring_instead(source_format),
+    )
 
 
 def _a(word: str) -> str:
@@ -131,9 +147,8 @@ def _a(word: str) -> str:
 def _bring_instead(source_format: str) -> str:
     return {
         "tflite": "a TFLite source converts for ONNX chains through tflite->onnx (tf2onnx in the tflite toolchain), "
-                  "for OpenVINO through tflite->openvino-ir, and runs on LiteRT; otherwise bring the model's ONNX",
-        "openvino-ir": "an OpenVINO IR runs on intel-igpu (OpenVINO, CPU fallback included); for other targets "
-                       "bring the model's ONNX",
+        "for OpenVINO through tflite->openvino-ir, and runs on LiteRT; otherwise bring the model's ONNX",
+        "openvino-ir": "an OpenVINO IR runs on intel-igpu (OpenVINO, CPU fallback included); for other targets bring the model's ONNX",
         "edgetpu-tflite": "a model compiled for the Edge TPU runs only on coral-edgetpu",
         "torchscript": "install the torch toolchain (edgekit toolchain install torch) or torch.onnx.export the model",
     }.get(source_format, "bring the model as ONNX")
@@ -148,18 +163,27 @@ def _keep_quantized(target: TargetProfile, precision: str | None, own: str, what
     Q/DQ graph again fails in onnxruntime's quantizer, ``KeyError: '..._scale'``, or rounds twice); a float
     precision cannot be had (the float weights are not in the file) and is refused in one line."""
     if precision not in (None, KEEP, *QUANTIZED):
-        raise PrecisionError(f"{what} is already quantized ({own}); its float weights are not in the file, so "
-                             f"edgekit cannot make it {precision}",
-                             hint=f"drop --precision (or pass --precision {KEEP}) to ship its own quantization, "
-                                  f"recorded; for {precision}, bring the float model")
+        raise PrecisionError(
+            f"{what} is already quantized ({own}); its float weights are not in the file, so edgekit cannot make it {precision}",
+            hint=f"drop --precision (or pass --precision {KEEP}) to ship its own quantization, "
+            f"recorded; for {precision}, bring the float model",
+        )
     if own not in target.precisions:
-        raise PrecisionError(f"{what} is already quantized ({own}); {target.name} does not run {own} models "
-                             f"(it runs {', '.join(target.precisions)})", hint="bring the float model")
+        raise PrecisionError(
+            f"{what} is already quantized ({own}); {target.name} does not run {own} models (it runs {', '.join(target.precisions)})",
+            hint="bring the float model",
+        )
     return own
 
 
-def plan(target: TargetProfile, precision: str | None = None, *, source_format: str = "onnx",
-         source_precision: str | None = None, source_name: str | None = None) -> Plan:
+def plan(
+    target: TargetProfile,
+    precision: str | None = None,
+    *,
+    source_format: str = "onnx",
+    source_precision: str | None = None,
+    source_name: str | None = None,
+) -> Plan:
     """Resolve the chain for the source and check every requirement up front; all problems in one error.
 
     ``source_precision``: what the source already holds (a TFLite, an IR); when the chain is empty it
@@ -170,20 +194,28 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
     what = f"{source_name} ({source_format})" if source_name else f"{_a(source_format)} {source_format} source"
     own = source_precision or "fp32"
     if not chain and precision not in (None, KEEP, own):
-        rewrite = next((c for c in _converters() if c.source_format == c.target_format == source_format
-                        and precision in c.precisions), None)
+        rewrite = next(
+            (
+                c
+                for c in _converters()
+                if c.source_format == c.target_format == source_format and precision in c.precisions
+            ),
+            None,
+        )
         if rewrite is not None:  # e.g. tflite->tflite: an fp16-weight .tflite made fp32
             chain, route = (ChainStep(rewrite.name, precision),), f"{rewrite.name} ({own} source, {precision} asked)"
     if not chain:
         if precision not in (None, KEEP, own):
-            raise PrecisionError(f"{what} ships to {target.name} as it is, in its own precision {own}; edgekit cannot "
-                                 f"make it {precision}",
-                                 hint=f"drop --precision (or pass --precision {KEEP}); for {precision}, bring the "
-                                      "model's ONNX instead")
+            raise PrecisionError(
+                f"{what} ships to {target.name} as it is, in its own precision {own}; edgekit cannot make it {precision}",
+                hint=f"drop --precision (or pass --precision {KEEP}); for {precision}, bring the model's ONNX instead",
+            )
         precision = own
         if precision not in target.precisions and not precision.startswith("int8"):
-            raise PrecisionError(f"{what} is {own}; {target.name} does not run {own} models (it runs "
-                                 f"{', '.join(target.precisions)})", hint="bring the model's ONNX instead")
+            raise PrecisionError(
+                f"{what} is {own}; {target.name} does not run {own} models (it runs {', '.join(target.precisions)})",
+                hint="bring the model's ONNX instead",
+            )
     elif source_precision in QUANTIZED and source_format == "onnx":
         precision = _keep_quantized(target, precision, source_precision, what)
     else:
@@ -196,14 +228,19 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
     for s in chain:
         cls = CONVERTERS.get(s.converter)
         # an already-quantized graph is converted as it is: its own Q/DQ and integer ops, never quantized again
-        step_precision = "fp32" if source_format == "onnx" and precision == source_precision \
-            and precision in QUANTIZED else s.precision or precision
+        step_precision = (
+            "fp32"
+            if source_format == "onnx" and precision == source_precision and precision in QUANTIZED
+            else s.precision or precision
+        )
         if step_precision not in cls.precisions:
-            raise PrecisionError(f"converter {cls.name!r} cannot produce {step_precision!r} "
-                                 f"(it supports {', '.join(sorted(cls.precisions))})")
+            raise PrecisionError(
+                f"converter {cls.name!r} cannot produce {step_precision!r} (it supports {', '.join(sorted(cls.precisions))})"
+            )
         if cls.source_format != fmt:
-            raise EdgeError(f"target {target.name}: converter {cls.name!r} reads {cls.source_format}, "
-                            f"but the previous step produces {fmt}")
+            raise EdgeError(
+                f"target {target.name}: converter {cls.name!r} reads {cls.source_format}, but the previous step produces {fmt}"
+            )
         fmt = cls.target_format
         options = dict(target.convert_options.get(s.converter, {}))
         if not options and s.converter not in target.convert_options and steps == [] and len(chain) == 1:
@@ -218,11 +255,13 @@ def plan(target: TargetProfile, precision: str | None = None, *, source_format: 
     except UnknownBackendError:
         formats = ()
     if formats and fmt not in formats:
-        raise TargetError(f"target {target.name}: the chain ends in {fmt}, which runner {target.runner!r} does not "
-                          f"load (it loads {', '.join(formats)})")
+        raise TargetError(
+            f"target {target.name}: the chain ends in {fmt}, which runner {target.runner!r} does not load (it loads {', '.join(formats)})"
+        )
     needs_calib = any(st.precision in st.converter.calibrated_precisions for st in steps)
-    return Plan(target, precision, tuple(steps), needs_calib, runnable_here(target), source_format, route,
-                target.runner)
+    return Plan(
+        target, precision, tuple(steps), needs_calib, runnable_here(target), source_format, route, target.runner
+    )
 
 
 def runnable_here(target: TargetProfile, host: Host | None = None, runner: str | None = None) -> str | None:
@@ -231,8 +270,9 @@ def runnable_here(target: TargetProfile, host: Host | None = None, runner: str |
     runner = runner or target.runner
     found: list[str] = []
     if not target.run_place.allows(host):
-        found.append(f"{target.name} runs on {'/'.join(target.run_place.os)} {'/'.join(target.run_place.arch)}, "
-                     f"this host is {host.os}/{host.arch}")
+        found.append(
+            f"{target.name} runs on {'/'.join(target.run_place.os)} {'/'.join(target.run_place.arch)}, this host is {host.os}/{host.arch}"
+        )
     if target.run_place.needs_gpu and not host.nvidia_gpu:
         found.append("needs an NVIDIA GPU, this host has none")
     if target.run_place.needs_device:

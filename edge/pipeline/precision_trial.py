@@ -41,9 +41,18 @@ def trial_wanted(runner: str, options: Mapping[str, Any], precision: str, parity
     return None
 
 
-def try_fast_precision(precision: str, stage: Path, manifest: dict[str, Any], inputs: list[dict[str, Any]],
-                       reference: list[dict[str, Any]], *, label: str, reference_label: str,
-                       parity_opts: Mapping[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
+def try_fast_precision(
+    precision: str,
+    stage: Path,
+    manifest: dict[str, Any],
+    inputs: list[dict[str, Any]],
+    reference: list[dict[str, Any]],
+    *,
+    label: str,
+    reference_label: str,
+    parity_opts: Mapping[str, Any],
+    say: Callable[[str], None],
+) -> dict[str, Any] | None:
     """Run the bf16 trial on this host when it applies; record it in ``manifest`` and return it (None: not run)."""
     from edge.verify.parity import check_parity
 
@@ -63,16 +72,31 @@ def try_fast_precision(precision: str, stage: Path, manifest: dict[str, Any], in
         fast = info.details.get("fast_precision") or {}
         caps = [str(c) for c in fast.get("capabilities", [])]
         if info.device_used != "CPU" or info.precision_used != "bf16":
-            say(f"bf16 trial not run: {info.device_used} computes in {info.precision_used} "
-                f"(CPU capabilities: {', '.join(caps) or 'not reported'})")
+            say(
+                f"bf16 trial not run: {info.device_used} computes in {info.precision_used} "
+                f"(CPU capabilities: {', '.join(caps) or 'not reported'})"
+            )
             return None
         say(f"checking parity in bf16 ({info.device_used}) on {len(inputs)} {label} inputs")
-        report = check_parity(runner, inputs, reference, precision=precision, inputs=label,
-                              reference_label=reference_label, **dict(parity_opts))
+        report = check_parity(
+            runner,
+            inputs,
+            reference,
+            precision=precision,
+            inputs=label,
+            reference_label=reference_label,
+            **dict(parity_opts),
+        )
     data = report.to_json()
-    trial = {"compute": "bf16", "passed": report.passed, "thresholds": data["thresholds"],
-             "candidate": data["candidate"], "outputs": data["outputs"], "failures": report.failures()[:64],
-             "capabilities": caps[:64]}
+    trial = {
+        "compute": "bf16",
+        "passed": report.passed,
+        "thresholds": data["thresholds"],
+        "candidate": data["candidate"],
+        "outputs": data["outputs"],
+        "failures": report.failures()[:64],
+        "capabilities": caps[:64],
+    }
     parity.setdefault("precision_trials", []).append(trial)
     manifest["parity"] = parity
     if report.passed:

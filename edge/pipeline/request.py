@@ -59,10 +59,11 @@ class ConvertRequest:
         if isinstance(self.parity_samples, bool) or not isinstance(self.parity_samples, int):
             raise EdgeError(f"parity samples must be an integer, got {self.parity_samples!r}")
         # normalised once, so every reader (and the tuner's recipe key) sees the same types
-        object.__setattr__(self, "input_shapes", {str(k): tuple(int(d) for d in v)
-                                                  for k, v in (self.input_shapes or {}).items()})
+        object.__setattr__(
+            self, "input_shapes", {str(k): tuple(int(d) for d in v) for k, v in (self.input_shapes or {}).items()}
+        )
         object.__setattr__(self, "targets_dir", tuple(Path(d) for d in self.targets_dir))
 
-    def replace(self, **changes: Any) -> "ConvertRequest":
+    def replace(self, **changes: Any) -> ConvertRequest:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -38,8 +38,13 @@ Samples = list[dict[str, np.ndarray]]
 
 TORCH_FORMAT = "torchscript"  # TorchScript and ExportedProgram files alike: what torch converters read
 TORCH_SUFFIXES = (".pt", ".ts", ".pt2")
-KINDS = ("ONNX (.onnx)", "TFLite (.tflite)", "OpenVINO IR (.xml + .bin)", "TorchScript / torch.export (.pt, .ts, .pt2)",
-         "GGUF (.gguf)")
+KINDS = (
+    "ONNX (.onnx)",
+    "TFLite (.tflite)",
+    "OpenVINO IR (.xml + .bin)",
+    "TorchScript / torch.export (.pt, .ts, .pt2)",
+    "GGUF (.gguf)",
+)
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Source:
 
 # -- ONNX ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class OnnxSource(Source):
     def __post_init__(self) -> None:
@@ -84,8 +90,11 @@ class OnnxSource(Source):
         from edge.graph.model import opset_of
 
         m = self.model
-        info: dict[str, Any] = {"format": "onnx", "opset": opset_of(m),
-                                "producer": f"{m.producer_name} {m.producer_version}".strip()}
+        info: dict[str, Any] = {
+            "format": "onnx",
+            "opset": opset_of(m),
+            "producer": f"{m.producer_name} {m.producer_version}".strip(),
+        }
         q = self.quantization()
         if q is not None:  # an already-quantized graph: what the file holds, and the ops that say so
             info.update(precision=q.precision, quantized=q.describe())
@@ -117,7 +126,7 @@ class OnnxSource(Source):
 
         return reference_outputs(static, inputs), REFERENCE
 
-    def frozen(self, values: Mapping[str, str], io: IOSpec) -> tuple["FrozenOnnxSource", IOSpec]:
+    def frozen(self, values: Mapping[str, str], io: IOSpec) -> tuple[FrozenOnnxSource, IOSpec]:
         """This source with ``values`` frozen and the Ifs they decide inlined (``edge.graph.freeze``); its I/O."""
         from edge.graph.freeze import freeze_inputs
 
@@ -142,6 +151,7 @@ class FrozenOnnxSource(OnnxSource):
 
 
 # -- TFLite --------------------------------------------------------------------------------------
+
 
 @dataclass
 class TFLiteSource(Source):
@@ -174,9 +184,11 @@ class TFLiteSource(Source):
         from edge.backends.litert.run import LiteRTRunner
 
         if self.file.edgetpu_compiled:
-            raise ModelError(f"{self.path.name} is already compiled for the Edge TPU (edgetpu-custom-op): it runs only "
-                             "there and cannot be checked or converted on this host",
-                             hint="bring the int8 .tflite it was compiled from; edgekit compiles it for coral-edgetpu")
+            raise ModelError(
+                f"{self.path.name} is already compiled for the Edge TPU (edgetpu-custom-op): it runs only "
+                "there and cannot be checked or converted on this host",
+                hint="bring the int8 .tflite it was compiled from; edgekit compiles it for coral-edgetpu",
+            )
         with LiteRTRunner(self.runnable, options={"delegate": "reference", "num_threads": 1}) as r:
             self._io = IOSpec(tuple(r.inputs), tuple(r.outputs))
             it = r._it
@@ -207,9 +219,13 @@ class TFLiteSource(Source):
     def describe(self) -> dict[str, Any]:
         self._read()
         f = self.file
-        return {"format": "tflite", "ops": sorted(set(f.builtin_ops) | set(f.custom_ops))[:512],
-                "precision": self.own_precision(), "tensor_types": (self._quant or {}).get("tensor_types", {}),
-                "description": f.description[:200] or None}
+        return {
+            "format": "tflite",
+            "ops": sorted(set(f.builtin_ops) | set(f.custom_ops))[:512],
+            "precision": self.own_precision(),
+            "tensor_types": (self._quant or {}).get("tensor_types", {}),
+            "description": f.description[:200] or None,
+        }
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
         if not self.lowered:
@@ -224,13 +240,18 @@ class TFLiteSource(Source):
         given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
         for t in self._io.inputs:
             if t.name in given and tuple(given[t.name]) != tuple(t.shape):
-                raise ModelError(f"{self.path.name}: input {t.name!r} has the static shape {list(t.shape)} in the "
-                                 f"TFLite file; --input-shape {t.name}={','.join(map(str, given[t.name]))} cannot "
-                                 "change it", hint="drop --input-shape for TFLite sources")
+                raise ModelError(
+                    f"{self.path.name}: input {t.name!r} has the static shape {list(t.shape)} in the "
+                    f"TFLite file; --input-shape {t.name}={','.join(map(str, given[t.name]))} cannot "
+                    "change it",
+                    hint="drop --input-shape for TFLite sources",
+                )
         unknown = sorted(set(given) - {t.name for t in self._io.inputs})
         if unknown:
-            raise ModelError(f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: "
-                             + ", ".join(t.name for t in self._io.inputs))
+            raise ModelError(
+                f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: "
+                + ", ".join(t.name for t in self._io.inputs)
+            )
         return self._io
 
     def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
@@ -247,9 +268,14 @@ class TFLiteSource(Source):
 def _float_compute_ops(it: Any) -> list[str]:
     """Names of the ops, QUANTIZE/DEQUANTIZE aside, whose results are float (what keeps a model off the Edge TPU)."""
     floats = (np.dtype(np.float32), np.dtype(np.float16))
-    return sorted({o["op_name"] for o in it._get_ops_details()
-                   if o["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
-                   and any(np.dtype(t) in floats for t in o.get("result_types", []))})
+    return sorted(
+        {
+            o["op_name"]
+            for o in it._get_ops_details()
+            if o["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
+            and any(np.dtype(t) in floats for t in o.get("result_types", []))
+        }
+    )
 
 
 def _tflite_tensor_types(it: Any) -> dict[str, int]:
@@ -264,6 +290,7 @@ def _tflite_tensor_types(it: Any) -> dict[str, int]:
 
 # -- OpenVINO IR ---------------------------------------------------------------------------------
 
+
 @dataclass
 class OpenVINOSource(Source):
     def __post_init__(self) -> None:
@@ -273,8 +300,10 @@ class OpenVINOSource(Source):
         if b"<net" not in head:
             raise InputFileError(f"{self.path} is XML but not an OpenVINO IR (no <net> element at the top)")
         if not self.bin.is_file():
-            raise InputFileError(f"{self.path.name} is an OpenVINO IR but its weights {self.bin.name} are not next to it",
-                                 hint="an IR is two files: model.xml and model.bin, side by side")
+            raise InputFileError(
+                f"{self.path.name} is an OpenVINO IR but its weights {self.bin.name} are not next to it",
+                hint="an IR is two files: model.xml and model.bin, side by side",
+            )
         self._model: Any = None
 
     def _read(self) -> Any:
@@ -300,8 +329,13 @@ class OpenVINOSource(Source):
         import openvino as ov
 
         m = self._read()
-        return {"format": "openvino-ir", "weights": self.bin.name, "runtime": f"OpenVINO {ov.get_version()}",
-                "precision": self.own_precision(), "description": m.get_friendly_name()[:200] or None}
+        return {
+            "format": "openvino-ir",
+            "weights": self.bin.name,
+            "runtime": f"OpenVINO {ov.get_version()}",
+            "precision": self.own_precision(),
+            "description": m.get_friendly_name()[:200] or None,
+        }
 
     def io(self, input_shapes: Shapes) -> IOSpec:
         m = self._read()
@@ -313,26 +347,37 @@ class OpenVINOSource(Source):
             if ps.is_static:
                 shape = tuple(int(d.get_length()) for d in ps)
                 if name in given and given[name] != shape:
-                    raise ModelError(f"{self.path.name}: input {name!r} is static {list(shape)} in the IR; "
-                                     f"--input-shape cannot change it")
+                    raise ModelError(
+                        f"{self.path.name}: input {name!r} is static {list(shape)} in the IR; --input-shape cannot change it"
+                    )
             elif name in given:
                 shape = given[name]
                 if len(shape) != ps.rank.get_length() or any(
-                        d.is_static and d.get_length() != g for d, g in zip(ps, shape)):
-                    raise ModelError(f"{self.path.name}: --input-shape {name}={','.join(map(str, shape))} does not "
-                                     f"fit the IR's input shape {ps}")
+                    d.is_static and d.get_length() != g for d, g in zip(ps, shape)
+                ):
+                    raise ModelError(
+                        f"{self.path.name}: --input-shape {name}={','.join(map(str, shape))} does not fit the IR's input shape {ps}"
+                    )
             else:
-                raise ModelError(f"{self.path.name}: input {name!r} has the dynamic shape {ps} in the IR; pass "
-                                 f"--input-shape {name}={_shape_template(ps)} with the size the model runs at",
-                                 hint="or save the IR with a static input (openvino.convert_model(..., input=[...]))")
+                raise ModelError(
+                    f"{self.path.name}: input {name!r} has the dynamic shape {ps} in the IR; pass "
+                    f"--input-shape {name}={_shape_template(ps)} with the size the model runs at",
+                    hint="or save the IR with a static input (openvino.convert_model(..., input=[...]))",
+                )
             ins.append(TensorSpec(name, shape, str(port.get_element_type().to_dtype()), image_layout(shape)))
         unknown = sorted(set(given) - {t.name for t in ins})
         if unknown:
-            raise ModelError(f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: "
-                             + ", ".join(t.name for t in ins))
-        outs = tuple(TensorSpec(p.get_any_name(), tuple(int(d.get_length()) if d.is_static else -1
-                                                       for d in p.get_partial_shape()),
-                                str(p.get_element_type().to_dtype())) for p in m.outputs)
+            raise ModelError(
+                f"{self.path.name} has no input(s) {', '.join(unknown)}; its inputs: " + ", ".join(t.name for t in ins)
+            )
+        outs = tuple(
+            TensorSpec(
+                p.get_any_name(),
+                tuple(int(d.get_length()) if d.is_static else -1 for d in p.get_partial_shape()),
+                str(p.get_element_type().to_dtype()),
+            )
+            for p in m.outputs
+        )
         return IOSpec(tuple(ins), outs)
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
@@ -359,11 +404,13 @@ def _shape_template(ps: Any) -> str:
     """``[?,3,?,?]`` -> ``1,3,H,W``: the static dims as they are, the batch 1, the rest named."""
     rank = ps.rank.get_length()
     names = {rank - 2: "H", rank - 1: "W"} if rank >= 3 else {}
-    return ",".join(str(d.get_length()) if d.is_static else "1" if i == 0 else names.get(i, f"D{i}")
-                    for i, d in enumerate(ps))
+    return ",".join(
+        str(d.get_length()) if d.is_static else "1" if i == 0 else names.get(i, f"D{i}") for i, d in enumerate(ps)
+    )
 
 
 # -- PyTorch -------------------------------------------------------------------------------------
+
 
 def _zip_names(path: Path) -> list[str] | None:
     try:
@@ -401,15 +448,19 @@ def torch_kind(path: str | os.PathLike[str]) -> str:
         raise ModelError(f"{p}: no such file")
     names = _zip_names(p)
     if names is None:
-        raise ModelError(f"{p.name} is not a TorchScript or ExportedProgram file (not a zip archive)",
-                         hint="save the model with torch.jit.save (after torch.jit.trace/script) or torch.export.save")
+        raise ModelError(
+            f"{p.name} is not a TorchScript or ExportedProgram file (not a zip archive)",
+            hint="save the model with torch.jit.save (after torch.jit.trace/script) or torch.export.save",
+        )
     if _is_exported_program(names):
         return "exported_program"
     if _is_torchscript(names):
         return "torchscript"
-    raise ModelError(f"{p.name} is not TorchScript: it looks like a torch.save checkpoint (weights/pickled module, "
-                     "no graph)", hint="load it in PyTorch, then torch.jit.save(torch.jit.trace(model, example)) "
-                                       "or torch.export.save(torch.export.export(model, example))")
+    raise ModelError(
+        f"{p.name} is not TorchScript: it looks like a torch.save checkpoint (weights/pickled module, no graph)",
+        hint="load it in PyTorch, then torch.jit.save(torch.jit.trace(model, example)) "
+        "or torch.export.save(torch.export.export(model, example))",
+    )
 
 
 @dataclass
@@ -419,9 +470,10 @@ class TorchSource(Source):
         self.torch_kind = torch_kind(self.path)
 
     def describe(self) -> dict[str, Any]:
-        return {"format": "torchscript" if self.torch_kind == "torchscript" else "torch-exported-program",
-                "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. "
-                            "(torch models carry no output names)"}
+        return {
+            "format": "torchscript" if self.torch_kind == "torchscript" else "torch-exported-program",
+            "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. (torch models carry no output names)",
+        }
 
     def _input_names(self) -> list[str]:
         """The forward() argument names, read in the torch toolchain; empty when it is not installed."""
@@ -436,9 +488,11 @@ class TorchSource(Source):
         shapes = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
         if not shapes:
             names = self._input_names()
-            raise ModelError(f"{self.path}: a PyTorch model carries no input shapes; pass --input-shape for every "
-                             f"input ({', '.join(names) if names else 'the forward() argument names'})",
-                             hint=" ".join(f"--input-shape {n}=1,3,224,224" for n in names or ["x"]))
+            raise ModelError(
+                f"{self.path}: a PyTorch model carries no input shapes; pass --input-shape for every "
+                f"input ({', '.join(names) if names else 'the forward() argument names'})",
+                hint=" ".join(f"--input-shape {n}=1,3,224,224" for n in names or ["x"]),
+            )
         bad = [f"{k}={list(v)}" for k, v in shapes.items() if not v or any(d <= 0 for d in v)]
         if bad:
             raise ModelError(f"{self.path}: --input-shape needs positive dims: {', '.join(bad)}")
@@ -485,14 +539,20 @@ class GGUFSource(Source):
 
     def describe(self) -> dict[str, Any]:
         i = self.info
-        return {"format": "gguf", "architecture": i.architecture, "parameters": i.parameters,
-                "type": i.dominant_type, "bytes": self.path.stat().st_size}
+        return {
+            "format": "gguf",
+            "architecture": i.architecture,
+            "parameters": i.parameters,
+            "type": i.dominant_type,
+            "bytes": self.path.stat().st_size,
+        }
 
     def io(self, input_shapes: Shapes) -> IOSpec:
         return IOSpec((TensorSpec("tokens", ("n",), "int32"),), ())
 
 
 # -- detection -----------------------------------------------------------------------------------
+
 
 def _magic(p: Path) -> bytes:
     try:
@@ -509,10 +569,12 @@ def open_source(model: str | os.PathLike[str]) -> Source:
         raise InputFileError(f"model file {p} does not exist")
     if p.is_dir():
         if (p / "saved_model.pb").exists():
-            raise InputFileError(f"{p} is a TensorFlow SavedModel, not a model file edgekit reads",
-                                 hint="edgekit reads " + ", ".join(KINDS) + "; export it with tf2onnx "
-                                      f"(python -m tf2onnx.convert --saved-model {p} --output model.onnx) or "
-                                      "tf.lite.TFLiteConverter.from_saved_model")
+            raise InputFileError(
+                f"{p} is a TensorFlow SavedModel, not a model file edgekit reads",
+                hint="edgekit reads " + ", ".join(KINDS) + "; export it with tf2onnx "
+                f"(python -m tf2onnx.convert --saved-model {p} --output model.onnx) or "
+                "tf.lite.TFLiteConverter.from_saved_model",
+            )
         what = "a Core ML package" if p.suffix == ".mlpackage" else "a directory"
         raise InputFileError(f"{p} is {what}, not a model file edgekit reads", hint="edgekit reads " + ", ".join(KINDS))
     head = _magic(p)
@@ -525,14 +587,18 @@ def open_source(model: str | os.PathLike[str]) -> Source:
     if is_torch_source(p):
         return TorchSource(p)
     if p.suffix.lower() in (".h5", ".keras", ".pb", ".pth", ".ckpt", ".safetensors", ".bin", ".mlmodel"):
-        raise InputFileError(f"{p.name}: edgekit does not read {p.suffix} files",
-                             hint="it reads " + ", ".join(KINDS) + "; export to one of them first")
+        raise InputFileError(
+            f"{p.name}: edgekit does not read {p.suffix} files",
+            hint="it reads " + ", ".join(KINDS) + "; export to one of them first",
+        )
     try:
         return OnnxSource(p)
     except InputFileError:
         if p.suffix.lower() == ".onnx":
             raise
         # not ONNX either, and nothing in its first bytes says what it is
-        raise InputFileError(f"{p.name} is not a model file edgekit recognises: its first bytes {head[:8]!r} match "
-                             f"no kind it reads, and it does not parse as ONNX", hint="edgekit reads "
-                             + ", ".join(KINDS)) from None
+        raise InputFileError(
+            f"{p.name} is not a model file edgekit recognises: its first bytes {head[:8]!r} match "
+            f"no kind it reads, and it does not parse as ONNX",
+            hint="edgekit reads " + ", ".join(KINDS),
+        ) from None

@@ -11,18 +11,50 @@ import os
 from typing import Any
 
 from edge.errors import DeployError
-from edge.store.base import (BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOUT_S, HISTORY, INSTALL_STEPS, PREVIOUS,
-                             SWITCH_STEPS, StepHook, Store, StoreState, check_bundle_id)
+from edge.store.base import (
+    BUNDLES,
+    CURRENT,
+    DEFAULT_LOCK_TIMEOUT_S,
+    HISTORY,
+    INSTALL_STEPS,
+    PREVIOUS,
+    SWITCH_STEPS,
+    StepHook,
+    Store,
+    StoreState,
+    check_bundle_id,
+)
 from edge.store.local import DeviceStore, symlink_atomic
 from edge.store.ssh import SSH_OPTIONS_ENV, SshStore, parse_ssh_options, parse_ssh_url
 
-__all__ = ["BUNDLES", "CURRENT", "HISTORY", "INSTALL_STEPS", "PREVIOUS", "SSH_OPTIONS_ENV", "SWITCH_STEPS",
-           "DeviceStore", "SshStore", "Store", "StoreState", "check_bundle_id", "open_store", "parse_ssh_options",
-           "parse_ssh_url", "rollback", "symlink_atomic"]
+__all__ = [
+    "BUNDLES",
+    "CURRENT",
+    "HISTORY",
+    "INSTALL_STEPS",
+    "PREVIOUS",
+    "SSH_OPTIONS_ENV",
+    "SWITCH_STEPS",
+    "DeviceStore",
+    "SshStore",
+    "Store",
+    "StoreState",
+    "check_bundle_id",
+    "open_store",
+    "parse_ssh_options",
+    "parse_ssh_url",
+    "rollback",
+    "symlink_atomic",
+]
 
 
-def open_store(device: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-               on_step: StepHook | None = None, trust: Any = None) -> Store:
+def open_store(
+    device: str | os.PathLike[str],
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    on_step: StepHook | None = None,
+    trust: Any = None,
+) -> Store:
     """A local directory, or ``ssh://[user@]host[:port]/path`` (extra ``-o Key=Value`` ssh options from
     $EDGEKIT_SSH_OPTIONS). A bad address fails here, before anything is built or sent.
 

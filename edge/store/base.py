@@ -55,8 +55,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from edge.errors import DeployError
 from edge.bundle.schema import ID
+from edge.errors import DeployError
 
 CURRENT, PREVIOUS, BUNDLES, HISTORY = "current", "previous", "bundles", "history.jsonl"
 INTENT, LOCK, PARTIAL = ".intent", ".lock", ".partial-"
@@ -66,8 +66,20 @@ INTENT_VERSION = "v1"
 DEFAULT_LOCK_TIMEOUT_S = 300
 
 # Where a writer can be killed, in order (``on_step`` is called with each name just before that step).
-INSTALL_STEPS = ("recover", "stage", "copy", "fsync", "verify", "rename", "intent", "previous", "current",
-                 "commit", "finish", "unlock")
+INSTALL_STEPS = (
+    "recover",
+    "stage",
+    "copy",
+    "fsync",
+    "verify",
+    "rename",
+    "intent",
+    "previous",
+    "current",
+    "commit",
+    "finish",
+    "unlock",
+)
 SWITCH_STEPS = ("intent", "previous", "current", "commit", "finish", "unlock")
 
 StepHook = Callable[[str], None]
@@ -90,9 +102,11 @@ def check_bundle_id(bundle_id: object) -> str:
     the store's own staging space, and '.'/'..' would leave bundles/.
     """
     if not isinstance(bundle_id, str) or not _ID.fullmatch(bundle_id):
-        raise DeployError(f"refusing bundle id {_show(bundle_id)}: a bundle id is 1-128 characters from "
-                          "A-Z a-z 0-9 . _ - and starts with neither '.' nor '-'",
-                          hint="rebuild the bundle with `edgekit convert`")
+        raise DeployError(
+            f"refusing bundle id {_show(bundle_id)}: a bundle id is 1-128 characters from "
+            "A-Z a-z 0-9 . _ - and starts with neither '.' nor '-'",
+            hint="rebuild the bundle with `edgekit convert`",
+        )
     return bundle_id
 
 
@@ -106,18 +120,26 @@ def is_bundle_id(value: str) -> bool:
 
 def check_artifact_path(path: object) -> str:
     """A path inside a bundle that is safe to name in a checksum list: relative, no '..', no control characters."""
-    if (not isinstance(path, str) or not path or path.startswith("/") or "\\" in path
-            or any(ord(c) < 32 or ord(c) == 127 for c in path)
-            or any(part in ("", ".", "..") for part in path.split("/"))):
-        raise DeployError(f"refusing artifact path {_show(path)}: not a plain relative path inside the bundle",
-                          hint="rebuild the bundle with `edgekit convert`")
+    if (
+        not isinstance(path, str)
+        or not path
+        or path.startswith("/")
+        or "\\" in path
+        or any(ord(c) < 32 or ord(c) == 127 for c in path)
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise DeployError(
+            f"refusing artifact path {_show(path)}: not a plain relative path inside the bundle",
+            hint="rebuild the bundle with `edgekit convert`",
+        )
     return path
 
 
 def damaged(where: str, what: str) -> DeployError:
-    return DeployError(f"device store {where} is damaged: {what}",
-                       hint="move the damaged entry away; a store holds bundles/<id>/, the links current and "
-                            "previous -> bundles/<id>, history.jsonl")
+    return DeployError(
+        f"device store {where} is damaged: {what}",
+        hint="move the damaged entry away; a store holds bundles/<id>/, the links current and previous -> bundles/<id>, history.jsonl",
+    )
 
 
 def link_kind_message(name: str, kind: str, target: str = "") -> str:
@@ -130,7 +152,7 @@ def link_kind_message(name: str, kind: str, target: str = "") -> str:
 
 
 def link_target_id(where: str, name: str, target: str) -> str:
-    bid = target[len(BUNDLES) + 1:] if target.startswith(BUNDLES + "/") else ""
+    bid = target[len(BUNDLES) + 1 :] if target.startswith(BUNDLES + "/") else ""
     if not is_bundle_id(bid):
         raise damaged(where, link_kind_message(name, "badlink", target))
     return bid
@@ -153,23 +175,38 @@ class Intent:
     time: str
 
     def line(self) -> str:
-        f = [INTENT_VERSION, self.txn, self.action, self.new, self.old or "-", self.previous_before or "-",
-             self.previous_after or "-", self.time]
+        f = [
+            INTENT_VERSION,
+            self.txn,
+            self.action,
+            self.new,
+            self.old or "-",
+            self.previous_before or "-",
+            self.previous_after or "-",
+            self.time,
+        ]
         return " ".join(f) + "\n"
 
     @classmethod
-    def parse(cls, where: str, text: str) -> "Intent":
+    def parse(cls, where: str, text: str) -> Intent:
         fields = text.strip("\n").split(" ")
         opt = [None if f == "-" else f for f in fields[4:7]] if len(fields) == 8 else []
-        if (len(fields) != 8 or fields[0] != INTENT_VERSION or not _TXN.fullmatch(fields[1])
-                or fields[2] not in ("deploy", "rollback") or not is_bundle_id(fields[3])
-                or any(o is not None and not is_bundle_id(o) for o in opt) or not _TIME.fullmatch(fields[7])):
+        if (
+            len(fields) != 8
+            or fields[0] != INTENT_VERSION
+            or not _TXN.fullmatch(fields[1])
+            or fields[2] not in ("deploy", "rollback")
+            or not is_bundle_id(fields[3])
+            or any(o is not None and not is_bundle_id(o) for o in opt)
+            or not _TIME.fullmatch(fields[7])
+        ):
             raise damaged(where, f"'{INTENT}' is not an intent record: {_show(text[:120])}")
         return cls(fields[1], fields[2], fields[3], opt[0], opt[1], opt[2], fields[7])
 
 
-def history_entry(action: str, current: str, replaced: str | None, txn: str, time: str,
-                  note: str = "") -> dict[str, Any]:
+def history_entry(
+    action: str, current: str, replaced: str | None, txn: str, time: str, note: str = ""
+) -> dict[str, Any]:
     """A history line; the device script prints the same keys in the same order (byte-identical lines)."""
     entry: dict[str, Any] = {"time": time, "action": action, "current": current, "replaced": replaced, "txn": txn}
     if note:
@@ -261,7 +298,7 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Nothing is held between calls (locks and connections live for one operation); kept for ``with``."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -287,8 +324,10 @@ def bundle_files(root: Any) -> Iterator[tuple[str, Any, bool]]:
             elif stat.S_ISREG(st.st_mode):
                 yield rel, p, False
             else:
-                raise DeployError(f"refusing to ship {base}: {rel} is not a regular file or directory",
-                                  hint="a bundle holds only plain files; rebuild it with `edgekit convert`")
+                raise DeployError(
+                    f"refusing to ship {base}: {rel} is not a regular file or directory",
+                    hint="a bundle holds only plain files; rebuild it with `edgekit convert`",
+                )
 
 
 def checksum_args(bundle: Any) -> list[str]:
@@ -300,8 +339,10 @@ def checksum_args(bundle: Any) -> list[str]:
         sha = a.get("sha256") if isinstance(a, Mapping) else getattr(a, "sha256", None)
         path = a.get("path") if isinstance(a, Mapping) else getattr(a, "path", None)
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise DeployError(f"refusing to ship {bundle.path}: artifact {_show(path)} has no valid sha256",
-                              hint="rebuild the bundle with `edgekit convert`")
+            raise DeployError(
+                f"refusing to ship {bundle.path}: artifact {_show(path)} has no valid sha256",
+                hint="rebuild the bundle with `edgekit convert`",
+            )
         pairs += [sha, check_artifact_path(path)]
     sig = Path(bundle.path) / SIGNATURE_FILE  # travels with the bundle: checked too, and a re-signed bundle
     extra = [sha256_file(sig), SIGNATURE_FILE] if sig.is_file() and not sig.is_symlink() else []  # replaces its copy

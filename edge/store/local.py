@@ -15,10 +15,34 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from edge.errors import DeployError, EdgeError
-from edge.store.base import (ALREADY_NOTE, BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOUT_S, HISTORY, INTENT, LOCK,
-                             PARTIAL, PREVIOUS, RECOVERED_NOTE, Intent, StepHook, Store, StoreState, bundle_files,
-                             check_bundle_id, damaged, history_entry, history_line, is_bundle_id, link_kind_message,
-                             link_target_id, now_iso, parse_history, state_of, with_pending)
+from edge.store.base import (
+    ALREADY_NOTE,
+    BUNDLES,
+    CURRENT,
+    DEFAULT_LOCK_TIMEOUT_S,
+    HISTORY,
+    INTENT,
+    LOCK,
+    PARTIAL,
+    PREVIOUS,
+    RECOVERED_NOTE,
+    Intent,
+    StepHook,
+    Store,
+    StoreState,
+    bundle_files,
+    check_bundle_id,
+    damaged,
+    history_entry,
+    history_line,
+    is_bundle_id,
+    link_kind_message,
+    link_target_id,
+    now_iso,
+    parse_history,
+    state_of,
+    with_pending,
+)
 
 #: ``checks/<bundle-id>.json``: the latest reference check of that bundle on this device (``edge.verify.refpairs``)
 CHECKS = "checks"
@@ -62,8 +86,14 @@ class DeviceStore(Store):
     writers' lock (one file per bundle, whole or absent).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-                 on_step: StepHook | None = None, trust: Any = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+        on_step: StepHook | None = None,
+        trust: Any = None,
+    ) -> None:
         from edge.bundle.trust import resolve_trust
 
         self.root = Path(root)
@@ -188,8 +218,9 @@ class DeviceStore(Store):
                 raise DeployError(f"device store {self.where} is not a directory")
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
-            raise DeployError(f"device store {self.where} does not exist",
-                              hint="check --device; `edgekit deploy` creates a store")
+            raise DeployError(
+                f"device store {self.where} does not exist", hint="check --device; `edgekit deploy` creates a store"
+            )
         lock = self.root / LOCK
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -209,7 +240,8 @@ class DeviceStore(Store):
                         raise DeployError(
                             f"device store {self.where} is busy: another deploy or rollback (pid {holder}) has "
                             f"held its lock for over {self.lock_timeout:g} s",
-                            hint="wait for it to finish, then run this again") from None
+                            hint="wait for it to finish, then run this again",
+                        ) from None
                     time.sleep(0.02)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -251,16 +283,20 @@ class DeviceStore(Store):
             if previous != want.previous:
                 self._set_link(PREVIOUS, want.previous)
             if want.switched and not self._history_has(intent.txn):
-                self._append_history(history_entry(intent.action, intent.new, intent.old, intent.txn, intent.time,
-                                                   RECOVERED_NOTE))
+                self._append_history(
+                    history_entry(intent.action, intent.new, intent.old, intent.txn, intent.time, RECOVERED_NOTE)
+                )
             (self.root / INTENT).unlink()
             _fsync_dir(self.root)
         bundles = self.root / BUNDLES
         if bundles.is_symlink() or (bundles.exists() and not bundles.is_dir()):
             raise damaged(self.where, f"'{BUNDLES}' is not a directory")
-        for leftover in [*(bundles.glob(".*") if bundles.exists() else ()),
-                         *self.root.glob(f".{CURRENT}.tmp*"), *self.root.glob(f".{PREVIOUS}.tmp*"),
-                         *self.root.glob(f"{INTENT}.tmp*")]:
+        for leftover in [
+            *(bundles.glob(".*") if bundles.exists() else ()),
+            *self.root.glob(f".{CURRENT}.tmp*"),
+            *self.root.glob(f".{PREVIOUS}.tmp*"),
+            *self.root.glob(f"{INTENT}.tmp*"),
+        ]:
             if leftover.is_dir() and not leftover.is_symlink():
                 shutil.rmtree(leftover)
             else:
@@ -276,8 +312,7 @@ class DeviceStore(Store):
             self._step("commit")
             self._append_history(history_entry(action, new, current, new_txn(), time_, ALREADY_NOTE))
             return
-        intent = Intent(new_txn(), action, new, current, previous, current if current is not None else previous,
-                        time_)
+        intent = Intent(new_txn(), action, new, current, previous, current if current is not None else previous, time_)
         self._step("intent")
         tmp = self.root / f"{INTENT}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -309,7 +344,8 @@ class DeviceStore(Store):
         if stat.S_ISDIR(st.st_mode):
             try:
                 if Bundle.open(dest, trust=False).id == bid and all(
-                        _same_file(dest / name, src / name) for name in (MANIFEST, SIGNATURE)):
+                    _same_file(dest / name, src / name) for name in (MANIFEST, SIGNATURE)
+                ):
                     return True
             except EdgeError:
                 pass

@@ -20,9 +20,27 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from edge.errors import DeployError
-from edge.store.base import (BUNDLES, CURRENT, DEFAULT_LOCK_TIMEOUT_S, INTENT, LOCK, PREVIOUS, HISTORY, Intent,
-                             Store, StoreState, bundle_files, check_bundle_id, checksum_args, damaged,
-                             link_kind_message, link_target_id, parse_history, state_of, with_pending)
+from edge.store.base import (
+    BUNDLES,
+    CURRENT,
+    DEFAULT_LOCK_TIMEOUT_S,
+    HISTORY,
+    INTENT,
+    LOCK,
+    PREVIOUS,
+    Intent,
+    Store,
+    StoreState,
+    bundle_files,
+    check_bundle_id,
+    checksum_args,
+    damaged,
+    link_kind_message,
+    link_target_id,
+    parse_history,
+    state_of,
+    with_pending,
+)
 from edge.store.remote import REMOTE_SCRIPT
 
 SSH_OPTIONS_ENV = "EDGEKIT_SSH_OPTIONS"
@@ -34,18 +52,50 @@ URL_HINT = "use ssh://user@host/path/to/store (user@ and :port are optional)"
 # the connection elsewhere than the URL names (Hostname, ProxyJump, ControlPath, User), that forward
 # anything to the device (ForwardX11, ForwardAgent, LocalForward, ...) or read more configuration
 # (Include, Match). An allow-list, so an option ssh adds tomorrow is refused until someone reads it.
-ALLOWED_SSH_OPTIONS = {k.lower(): k for k in (
-    "IdentityFile", "IdentitiesOnly", "IdentityAgent", "CertificateFile", "Port",
-    "UserKnownHostsFile", "GlobalKnownHostsFile", "StrictHostKeyChecking", "CheckHostIP", "HashKnownHosts",
-    "UpdateHostKeys", "VerifyHostKeyDNS", "HostKeyAlgorithms",
-    "ConnectTimeout", "ConnectionAttempts", "ServerAliveInterval", "ServerAliveCountMax", "TCPKeepAlive",
-    "AddressFamily", "IPQoS", "Compression", "RekeyLimit", "LogLevel",
-    "Ciphers", "MACs", "KexAlgorithms", "PubkeyAcceptedAlgorithms", "PubkeyAcceptedKeyTypes",
-    "CASignatureAlgorithms", "PreferredAuthentications", "PubkeyAuthentication", "PasswordAuthentication",
-    "KbdInteractiveAuthentication", "NumberOfPasswordPrompts",
-)}
-SSH_OPTIONS_HINT = ("allowed: " + ", ".join(sorted(ALLOWED_SSH_OPTIONS.values(), key=str.lower))
-                    + "; anything else belongs in ~/.ssh/config for the host, if you mean it")
+ALLOWED_SSH_OPTIONS = {
+    k.lower(): k
+    for k in (
+        "IdentityFile",
+        "IdentitiesOnly",
+        "IdentityAgent",
+        "CertificateFile",
+        "Port",
+        "UserKnownHostsFile",
+        "GlobalKnownHostsFile",
+        "StrictHostKeyChecking",
+        "CheckHostIP",
+        "HashKnownHosts",
+        "UpdateHostKeys",
+        "VerifyHostKeyDNS",
+        "HostKeyAlgorithms",
+        "ConnectTimeout",
+        "ConnectionAttempts",
+        "ServerAliveInterval",
+        "ServerAliveCountMax",
+        "TCPKeepAlive",
+        "AddressFamily",
+        "IPQoS",
+        "Compression",
+        "RekeyLimit",
+        "LogLevel",
+        "Ciphers",
+        "MACs",
+        "KexAlgorithms",
+        "PubkeyAcceptedAlgorithms",
+        "PubkeyAcceptedKeyTypes",
+        "CASignatureAlgorithms",
+        "PreferredAuthentications",
+        "PubkeyAuthentication",
+        "PasswordAuthentication",
+        "KbdInteractiveAuthentication",
+        "NumberOfPasswordPrompts",
+    )
+}
+SSH_OPTIONS_HINT = (
+    "allowed: "
+    + ", ".join(sorted(ALLOWED_SSH_OPTIONS.values(), key=str.lower))
+    + "; anything else belongs in ~/.ssh/config for the host, if you mean it"
+)
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})")
@@ -68,12 +118,13 @@ class SshAddress:
 
 def parse_ssh_url(url: str) -> SshAddress:
     """``ssh://[user@]host[:port]/path``, strictly: anything else is one clear line."""
+
     def bad(why: str) -> DeployError:
         return DeployError(f"bad device URL {url!r}: {why}", hint=URL_HINT)
 
     if not url.startswith("ssh://"):
         raise bad("it does not start with ssh://")
-    rest = url[len("ssh://"):]
+    rest = url[len("ssh://") :]
     if "#" in rest:
         raise bad("a fragment (#...) has no meaning here")
     if "?" in rest:
@@ -125,15 +176,19 @@ def check_ssh_options(tokens: Sequence[str], source: str = SSH_OPTIONS_ENV) -> l
     i = 0
     while i < len(toks):
         if toks[i] != "-o" or i + 1 >= len(toks):
-            raise DeployError(f"{source}: {toks[i]!r} is not accepted; only '-o Key=Value' options are",
-                              hint="e.g. -o IdentityFile=/root/.ssh/id_ed25519 -o StrictHostKeyChecking=yes")
+            raise DeployError(
+                f"{source}: {toks[i]!r} is not accepted; only '-o Key=Value' options are",
+                hint="e.g. -o IdentityFile=/root/.ssh/id_ed25519 -o StrictHostKeyChecking=yes",
+            )
         m = _OPTION.fullmatch(toks[i + 1])
         if m is None:
-            raise DeployError(f"{source}: '-o {toks[i + 1]}' is not Key=Value",
-                              hint="e.g. -o ConnectTimeout=10")
+            raise DeployError(f"{source}: '-o {toks[i + 1]}' is not Key=Value", hint="e.g. -o ConnectTimeout=10")
         if m.group(1).lower() not in ALLOWED_SSH_OPTIONS:
-            raise DeployError(f"{source}: ssh option {m.group(1)} is refused: only authentication, host-key, "
-                              "timeout, algorithm and logging options are accepted", hint=SSH_OPTIONS_HINT)
+            raise DeployError(
+                f"{source}: ssh option {m.group(1)} is refused: only authentication, host-key, "
+                "timeout, algorithm and logging options are accepted",
+                hint=SSH_OPTIONS_HINT,
+            )
         out += ["-o", f"{m.group(1)}={m.group(2)}"]
         i += 2
     return out
@@ -143,13 +198,19 @@ def parse_ssh_options(text: str, source: str = SSH_OPTIONS_ENV) -> list[str]:
     try:
         tokens = shlex.split(text)
     except ValueError as e:
-        raise DeployError(f"{source} cannot be parsed: {e}",
-                          hint="write it like a shell line: -o Key=Value -o \"Key=value with spaces\"") from None
+        raise DeployError(
+            f"{source} cannot be parsed: {e}",
+            hint='write it like a shell line: -o Key=Value -o "Key=value with spaces"',
+        ) from None
     return check_ssh_options(tokens, source)
 
 
-_DAMAGE = {"bundles notdir": f"'{BUNDLES}' is not a directory", "history.jsonl notfile": f"'{HISTORY}' is not a file",
-           ".lock notfile": f"'{LOCK}' is not a file", ".intent record": f"'{INTENT}' is not an intent record"}
+_DAMAGE = {
+    "bundles notdir": f"'{BUNDLES}' is not a directory",
+    "history.jsonl notfile": f"'{HISTORY}' is not a file",
+    ".lock notfile": f"'{LOCK}' is not a file",
+    ".intent record": f"'{INTENT}' is not an intent record",
+}
 
 
 class SshStore(Store):
@@ -161,8 +222,15 @@ class SshStore(Store):
     with the device's own trust store when it opens the bundle.
     """
 
-    def __init__(self, url: str, *, options: Sequence[str] = (), lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-                 ssh: str = "ssh", trust: Any = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        options: Sequence[str] = (),
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+        ssh: str = "ssh",
+        trust: Any = None,
+    ) -> None:
         from edge.bundle.trust import resolve_trust
 
         self.trust = resolve_trust(trust) if trust is not False else None
@@ -172,8 +240,9 @@ class SshStore(Store):
         self.lock_timeout = lock_timeout
         self.ssh = shutil.which(ssh)
         if self.ssh is None:
-            raise DeployError(f"shipping to {url} needs '{ssh}' on PATH",
-                              hint="install it (apt-get install openssh-client)")
+            raise DeployError(
+                f"shipping to {url} needs '{ssh}' on PATH", hint="install it (apt-get install openssh-client)"
+            )
         self._mux: str | None = None  # a private directory for the shared connection's socket
         self._closer: weakref.finalize[Any, Any] | None = None
 
@@ -182,15 +251,31 @@ class SshStore(Store):
         a = self.address
         if self._mux is None:  # one ssh connection shared by this store's operations, closed by close()
             self._mux = tempfile.mkdtemp(prefix="edgekit-ssh-")
-            self._closer = weakref.finalize(self, _close_master, [str(self.ssh), *self._base_options()], self._mux,
-                                            a.host)
-        return [str(self.ssh), *self._base_options(), "-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux}/s",
-                "-o", "ControlPersist=30"]
+            self._closer = weakref.finalize(
+                self, _close_master, [str(self.ssh), *self._base_options()], self._mux, a.host
+            )
+        return [
+            str(self.ssh),
+            *self._base_options(),
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={self._mux}/s",
+            "-o",
+            "ControlPersist=30",
+        ]
 
     def _base_options(self) -> list[str]:
         a = self.address
-        return ["-o", "BatchMode=yes", *self.options, "-o", "ConnectTimeout=20",
-                *(["-p", str(a.port)] if a.port else []), *(["-l", a.user] if a.user else [])]
+        return [
+            "-o",
+            "BatchMode=yes",
+            *self.options,
+            "-o",
+            "ConnectTimeout=20",
+            *(["-p", str(a.port)] if a.port else []),
+            *(["-l", a.user] if a.user else []),
+        ]
 
     def argv(self, op: str, *args: str) -> list[str]:
         """The ssh command line for one operation: the script is constant, every value an argument."""
@@ -203,8 +288,9 @@ class SshStore(Store):
             self._closer()
         self._mux = self._closer = None
 
-    def _call(self, op: str, *args: str, upload: tuple[Path, list[tuple[str, Path, bool]]] | None = None
-              ) -> tuple[int, str, str]:
+    def _call(
+        self, op: str, *args: str, upload: tuple[Path, list[tuple[str, Path, bool]]] | None = None
+    ) -> tuple[int, str, str]:
         argv = self.argv(op, *args)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             if upload is None:
@@ -241,34 +327,40 @@ class SshStore(Store):
         msg = ours[-1] if ours else ""
         w = self.where
         if rc == 65 and msg.startswith("damaged "):
-            what = msg[len("damaged "):]
+            what = msg[len("damaged ") :]
             name, _, kind = what.partition(" ")
             if name in (CURRENT, PREVIOUS):
                 kind, _, target = kind.partition(" ")
                 return damaged(w, link_kind_message(name, kind, target))
             return damaged(w, _DAMAGE.get(what, what))
         if rc == 67:
-            return DeployError(f"device store {w} does not exist",
-                               hint="check --device; `edgekit deploy` creates a store")
+            return DeployError(
+                f"device store {w} does not exist", hint="check --device; `edgekit deploy` creates a store"
+            )
         if rc == 69:
             return DeployError(f"device store {w} has no previous bundle to roll back to")
         if rc == 70:
             return DeployError(f"device store {w} changed while rolling back", hint="run it again")
         if rc == 75:
             holder = msg.partition(" ")[2] or "?"
-            return DeployError(f"device store {w} is busy: another deploy or rollback (pid {holder}) has held its "
-                               f"lock for over {self.lock_timeout:g} s",
-                               hint="wait for it to finish, then run this again")
+            return DeployError(
+                f"device store {w} is busy: another deploy or rollback (pid {holder}) has held its lock for over {self.lock_timeout:g} s",
+                hint="wait for it to finish, then run this again",
+            )
         if ours:
             return DeployError(f"device store {w}: {msg}")
         tail = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         detail = tail[-1][:300] if tail else f"exit status {rc}"
         if rc == 255:
-            return DeployError(f"cannot reach {self.address.login} over ssh: {detail}",
-                               hint=f"check the address, the key ({SSH_OPTIONS_ENV}='-o IdentityFile=...') and sshd")
+            return DeployError(
+                f"cannot reach {self.address.login} over ssh: {detail}",
+                hint=f"check the address, the key ({SSH_OPTIONS_ENV}='-o IdentityFile=...') and sshd",
+            )
         if rc == 127:
-            return DeployError(f"device store {w}: the device lacks a command the store needs: {detail}",
-                               hint="it needs sh, tar, sha256sum, mv -T, mktemp, readlink, sync (coreutils or busybox)")
+            return DeployError(
+                f"device store {w}: the device lacks a command the store needs: {detail}",
+                hint="it needs sh, tar, sha256sum, mv -T, mktemp, readlink, sync (coreutils or busybox)",
+            )
         return DeployError(f"device store {w}: ssh failed ({rc}): {detail}")
 
     # the Store interface -----------------------------------------------------------------------
@@ -280,7 +372,7 @@ class SshStore(Store):
             return False, StoreState(None, None)
         if len(lines) != 3 or not lines[0].startswith("intent "):
             raise DeployError(f"device store {self.where}: unexpected answer from the device: {out[:200]!r}")
-        raw = lines[0][len("intent "):]
+        raw = lines[0][len("intent ") :]
         if raw == "?":
             raise damaged(self.where, f"'{INTENT}' is not an intent record")
         intent = None if raw == "-" else Intent.parse(self.where, raw)
@@ -363,6 +455,12 @@ def _send_tar(stream: IO[bytes], base: Path, files: list[tuple[str, Path, bool]]
 
 def _close_master(base: list[str], mux: str, host: str) -> None:
     if (Path(mux) / "s").exists():
-        subprocess.run([*base, "-o", f"ControlPath={mux}/s", "-O", "exit", "--", host], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15, check=False)
+        subprocess.run(
+            [*base, "-o", f"ControlPath={mux}/s", "-O", "exit", "--", host],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=15,
+            check=False,
+        )
     shutil.rmtree(mux, ignore_errors=True)

@@ -38,7 +38,12 @@ from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError, did_you_mean
 from edge.toolchains import aarch64
 from edge.toolchains.state import (  # noqa: F401 - re-exported: callers and tests use these names here
-    ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root,
+    ENV_VAR,
+    STATE_FILE,
+    ToolchainStatus,
+    lock_hash,
+    lock_lines,
+    root,
 )
 from edge.toolchains.state import run_logged as _run
 
@@ -86,14 +91,22 @@ class ToolchainSpec:
 TOOLCHAINS: dict[str, ToolchainSpec] = {
     "tflite": ToolchainSpec(
         name="tflite",
-        purpose="ONNX -> TFLite (onnx2tf + TensorFlow) for the onnx->tflite converter; TFLite -> ONNX (tf2onnx) "
-                "for tflite->onnx",
+        purpose="ONNX -> TFLite (onnx2tf + TensorFlow) for the onnx->tflite converter; TFLite -> ONNX (tf2onnx) for tflite->onnx",
         # onnx2tf's own exact pins (1.29.24 is the newest release for Python < 3.12; 2.x needs >= 3.12).
         # (the same versions onnx2tf pins itself, written out so the stack is readable here).
         # tf2onnx 1.17.0 (newest) needs only numpy>=1.23.5, onnx>=1.14, protobuf>=3.20, flatbuffers>=1.12 and
         # requests, all already in the lock at these versions: it adds itself and nothing else (pip check clean).
-        requirements=("onnx2tf==1.29.24", "tensorflow==2.19.0", "tf-keras==2.19.0", "onnxsim==0.4.36",
-                      "onnx==1.19.1", "onnxruntime==1.23.0", "numpy==1.26.4", "protobuf==4.25.5", "tf2onnx==1.17.0"),
+        requirements=(
+            "onnx2tf==1.29.24",
+            "tensorflow==2.19.0",
+            "tf-keras==2.19.0",
+            "onnxsim==0.4.36",
+            "onnx==1.19.1",
+            "onnxruntime==1.23.0",
+            "numpy==1.26.4",
+            "protobuf==4.25.5",
+            "tf2onnx==1.17.0",
+        ),
         lock="tflite.lock",
         lock_platform="linux-x86_64-cp311",
         python_min=(3, 10),
@@ -124,7 +137,7 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
     "aarch64": ToolchainSpec(
         name="aarch64",
         purpose="an emulated aarch64 device (qemu-user, Debian arm64, the aarch64 LiteRT/onnxruntime wheels) for "
-                "`edgekit verify --isa aarch64` and the agent's aarch64 test",
+        "`edgekit verify --isa aarch64` and the agent's aarch64 test",
         requirements=aarch64.WHEELS,
         lock=aarch64.LOCK_FILE,
         lock_platform="linux-aarch64-cp311",
@@ -147,8 +160,9 @@ def aliases() -> dict[str, str]:
 def get_spec(name: str) -> ToolchainSpec:
     name = aliases().get(name, name)
     if name not in TOOLCHAINS:
-        raise EdgeError(f"unknown toolchain {name!r}; {did_you_mean(name, [*TOOLCHAINS, *aliases()])}"
-                        f"known toolchains: {', '.join(TOOLCHAINS)}")
+        raise EdgeError(
+            f"unknown toolchain {name!r}; {did_you_mean(name, [*TOOLCHAINS, *aliases()])}known toolchains: {', '.join(TOOLCHAINS)}"
+        )
     return TOOLCHAINS[name]
 
 
@@ -194,9 +208,11 @@ def status(name: str) -> ToolchainStatus:
     st = ToolchainStatus(name=spec.name, path=d, installed=False)
     state_file = d / STATE_FILE
     if not state_file.is_file():
-        st.problem = (f"toolchain {spec.name!r} is not installed at {d}"
-                      + (" (an unfinished install is there)" if d.exists() else "")
-                      + f"; install it with: {spec.install_command} ({spec.size_hint})")
+        st.problem = (
+            f"toolchain {spec.name!r} is not installed at {d}"
+            + (" (an unfinished install is there)" if d.exists() else "")
+            + f"; install it with: {spec.install_command} ({spec.size_hint})"
+        )
         return st
     try:
         state = read_json_file(state_file, what="toolchain state", max_bytes=1 << 20, max_depth=8)
@@ -218,14 +234,17 @@ def status(name: str) -> ToolchainStatus:
     if not py.exists():
         st.problem = f"{py} is missing; reinstall with: {spec.install_command} --force"
     elif state.get("spec_hash") != spec.spec_hash:
-        st.problem = (f"toolchain {spec.name!r} at {d} was installed from another version of its spec "
-                      f"(edgekit's pins changed); update it with: {spec.install_command} --force")
+        st.problem = (
+            f"toolchain {spec.name!r} at {d} was installed from another version of its spec "
+            f"(edgekit's pins changed); update it with: {spec.install_command} --force"
+        )
     elif state.get("dist_fingerprint") != _dist_fingerprint(st.venv):
-        st.problem = (f"packages in {st.venv} changed since it was installed, so its lock hash no longer "
-                      f"describes it; reinstall with: {spec.install_command} --force")
+        st.problem = (
+            f"packages in {st.venv} changed since it was installed, so its lock hash no longer "
+            f"describes it; reinstall with: {spec.install_command} --force"
+        )
     elif state.get("base_python") and not Path(state["base_python"]).exists():
-        st.problem = f"the Python it was made with ({state['base_python']}) is gone; reinstall with: " \
-                     f"{spec.install_command} --force"
+        st.problem = f"the Python it was made with ({state['base_python']}) is gone; reinstall with: {spec.install_command} --force"
     return st
 
 
@@ -244,9 +263,13 @@ def require(name: str, what: str) -> ToolchainStatus:
 
 # -- install -----------------------------------------------------------------------------
 
+
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV", "PYTHONSTARTUP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV", "PYTHONSTARTUP")
+    }
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
     return env
@@ -277,12 +300,15 @@ def _pip_install(spec: Any, py: str, reference: bool, pip: _Pip) -> None:
             lock = Path(tmp) / "constraints.txt"
             lock.write_text("\n".join(lock_lines(spec.lock_text.splitlines())) + "\n", encoding="utf-8")
             cmd += ["-c", str(lock)]
-            pip.say(f"installing {len(spec.requirements)} pinned requirements with the reference lock "
-                    f"({spec.lock_platform}) as constraints")
+            pip.say(
+                f"installing {len(spec.requirements)} pinned requirements with the reference lock ({spec.lock_platform}) as constraints"
+            )
         else:
-            pip.say(f"installing {len(spec.requirements)} pinned requirements (no reference lock for "
-                    f"{this_platform()}; the reference is {spec.lock_platform}): the lock hash records "
-                    "what was resolved")
+            pip.say(
+                f"installing {len(spec.requirements)} pinned requirements (no reference lock for "
+                f"{this_platform()}; the reference is {spec.lock_platform}): the lock hash records "
+                "what was resolved"
+            )
         _run(cmd, pip.log, pip.on_output, env=pip.env)
 
 
@@ -291,9 +317,7 @@ def _check_installed(spec: Any, venv: Path, py: str, pip: _Pip) -> list[str]:
     pip.say("checking the installed set (pip check)")
     _run([py, "-m", "pip", "check"], pip.log, None, env=pip.env)
     pip.say(f"checking imports: {', '.join(spec.imports)}")
-    probe = ("import importlib, json, sys\n"
-             f"mods = {list(spec.imports)!r}\n"
-             "for m in mods: importlib.import_module(m)\n")
+    probe = f"import importlib, json, sys\nmods = {list(spec.imports)!r}\nfor m in mods: importlib.import_module(m)\n"
     _run([py, "-c", probe], pip.log, None, env={**pip.env, "TF_CPP_MIN_LOG_LEVEL": "3"})
     missing = [p for p in spec.programs if not (_venv_bin(venv) / p).exists()]
     if missing:
@@ -301,8 +325,14 @@ def _check_installed(spec: Any, venv: Path, py: str, pip: _Pip) -> list[str]:
     return _run([py, "-m", "pip", "freeze", "--all"], pip.log, None, env=pip.env).splitlines()
 
 
-def install(name: str, *, force: bool = False, on_step: Output | None = None, on_output: Output | None = None,
-            use_reference_lock: bool | None = None) -> ToolchainStatus:
+def install(
+    name: str,
+    *,
+    force: bool = False,
+    on_step: Output | None = None,
+    on_output: Output | None = None,
+    use_reference_lock: bool | None = None,
+) -> ToolchainStatus:
     """Create (or, with ``force``, recreate) the toolchain environment ``name``. Explicit user action only.
 
     ``on_step`` gets one line per step, ``on_output`` every line pip prints (also in ``install.log``).
@@ -317,12 +347,15 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
             f"toolchain {spec.name!r} needs Python {'.'.join(map(str, spec.python_min))} to "
             f"{'.'.join(map(str, spec.python_max))} (its pinned wheels exist only there); edgekit runs on "
             f"Python {v[0]}.{v[1]} ({sys.executable})",
-            hint="run edgekit from a Python in that range to install and use this toolchain")
+            hint="run edgekit from a Python in that range to install and use this toolchain",
+        )
     current = status(name)
     d = current.path
     if current.usable and not force:
-        say(f"toolchain {spec.name!r} is already installed at {d} (lock {current.lock_hash[:16] if current.lock_hash else '?'}); "
-            "use --force to reinstall")
+        say(
+            f"toolchain {spec.name!r} is already installed at {d} (lock {current.lock_hash[:16] if current.lock_hash else '?'}); "
+            "use --force to reinstall"
+        )
         return current
     if d.exists():
         say(f"removing {d}" + (" (unfinished install)" if not current.installed else ""))
@@ -338,23 +371,33 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
             try:
                 _run([_base_python(), "-m", "venv", str(venv)], log, None, env=env)
             except EdgeError as e:
-                raise EdgeError(f"could not create a virtual environment: {e.message}",
-                                hint="on Debian/Ubuntu: apt-get install python3-venv") from None
+                raise EdgeError(
+                    f"could not create a virtual environment: {e.message}",
+                    hint="on Debian/Ubuntu: apt-get install python3-venv",
+                ) from None
             py = str(_venv_python(venv))
             _pip_install(spec, py, reference, _Pip(log, on_output, env, say))
             freeze = _check_installed(spec, venv, py, _Pip(log, None, env, say))
     except BaseException:
-        say(f"install failed; the unfinished environment stays at {d} (log: {d / 'install.log'}) and is "
-            "removed by the next install")
+        say(
+            f"install failed; the unfinished environment stays at {d} (log: {d / 'install.log'}) and is removed by the next install"
+        )
         raise
     freeze = lock_lines(freeze)
     packages = dict(ln.split("==", 1) for ln in freeze if "==" in ln)
     reference_lines = lock_lines(spec.lock_text.splitlines())
     state = {
-        "name": spec.name, "spec_hash": spec.spec_hash, "requirements": list(spec.requirements),
-        "python_version": platform.python_version(), "base_python": _base_python(), "platform": this_platform(),
-        "reference_lock": reference, "lock_hash": lock_hash(freeze),
-        "matches_reference": freeze == reference_lines, "packages": packages, "freeze": freeze,
+        "name": spec.name,
+        "spec_hash": spec.spec_hash,
+        "requirements": list(spec.requirements),
+        "python_version": platform.python_version(),
+        "base_python": _base_python(),
+        "platform": this_platform(),
+        "reference_lock": reference,
+        "lock_hash": lock_hash(freeze),
+        "matches_reference": freeze == reference_lines,
+        "packages": packages,
+        "freeze": freeze,
         "dist_fingerprint": _dist_fingerprint(venv),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "install_seconds": round(time.perf_counter() - t0, 1),
@@ -364,8 +407,10 @@ def install(name: str, *, force: bool = False, on_step: Output | None = None, on
     tmp_state.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_state, d / STATE_FILE)
     st = status(name)
-    say(f"installed toolchain {spec.name!r} at {d} in {state['install_seconds']:.0f} s; lock hash {st.lock_hash}"
-        + ("" if st.matches_reference else " (differs from the reference lock)"))
+    say(
+        f"installed toolchain {spec.name!r} at {d} in {state['install_seconds']:.0f} s; lock hash {st.lock_hash}"
+        + ("" if st.matches_reference else " (differs from the reference lock)")
+    )
     return st
 
 
@@ -381,8 +426,10 @@ def remove(name: str) -> bool:
         else:
             shutil.rmtree(d)
     except OSError as e:
-        raise EdgeError(f"cannot remove toolchain {name!r} at {d}: {e.strerror or e}",
-                        hint="remove it by hand, or fix its permissions") from None
+        raise EdgeError(
+            f"cannot remove toolchain {name!r} at {d}: {e.strerror or e}",
+            hint="remove it by hand, or fix its permissions",
+        ) from None
     return True
 
 
@@ -393,10 +440,21 @@ def list_status() -> list[ToolchainStatus]:
 # -- offline runs: edge.toolchains.offline (re-exported: drivers and tests use these names) --------
 
 from edge.toolchains.offline import (  # noqa: E402,F401
-    ATTEMPTS_ENV, GUARD, NAMESPACE, NETNS_ENV, OFFLINE_ENV, SECCOMP, SECCOMP_ENV, WEAK, WEAK_ENV, NetworkIsolation,
-    network_isolation, offline_attempts, offline_popen, seccomp_isolation,
+    ATTEMPTS_ENV,
+    GUARD,
+    NAMESPACE,
+    NETNS_ENV,
+    OFFLINE_ENV,
+    SECCOMP,
+    SECCOMP_ENV,
+    WEAK,
+    WEAK_ENV,
+    NetworkIsolation,
+    network_isolation,
+    offline_attempts,
+    offline_popen,
+    seccomp_isolation,
 )
-
 
 # -- running a driver --------------------------------------------------------------------
 
@@ -418,8 +476,15 @@ def keep_log(work: Path, name: str) -> Path | None:
     return dest
 
 
-def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Callable[[Event], None] | None = None,
-               timeout_s: float = 3600.0, driver: str | None = None) -> tuple[dict[str, Any], ToolchainStatus]:
+def run_driver(
+    name: str,
+    job: Mapping[str, Any],
+    workdir: Path,
+    *,
+    on_event: Callable[[Event], None] | None = None,
+    timeout_s: float = 3600.0,
+    driver: str | None = None,
+) -> tuple[dict[str, Any], ToolchainStatus]:
     """Run ``<driver or name>_driver.py`` with the toolchain's Python on ``job``; its final result or error event.
 
     One toolchain can serve several drivers (``torch``: ``coreml_driver.py``, ``torch_onnx_driver.py``).
@@ -444,10 +509,18 @@ def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Ca
     attempts_log.unlink(missing_ok=True)  # this run's attempts only
     final: dict[str, Any] | None = None
     with open(log_path, "ab") as log:
-        proc, offline = offline_popen([str(_venv_python(st.venv)), str(driver_path(driver or name)), str(job_file)],
-                                      env=env, attempts_log=attempts_log, cwd=workdir, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-                                      start_new_session=True)
+        proc, offline = offline_popen(
+            [str(_venv_python(st.venv)), str(driver_path(driver or name)), str(job_file)],
+            env=env,
+            attempts_log=attempts_log,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         timed_out = threading.Event()
 
         def expire() -> None:
@@ -477,15 +550,19 @@ def run_driver(name: str, job: Mapping[str, Any], workdir: Path, *, on_event: Ca
         finally:
             watchdog.cancel()
         if timed_out.is_set():
-            raise EdgeError(f"toolchain {name!r} did not finish within {timeout_s:.0f} s; stopped it",
-                            hint=f"log: {log_path}; raise the converter option timeout_s for big models")
+            raise EdgeError(
+                f"toolchain {name!r} did not finish within {timeout_s:.0f} s; stopped it",
+                hint=f"log: {log_path}; raise the converter option timeout_s for big models",
+            )
     attempts = offline_attempts(attempts_log)
     offline["attempts"] = attempts
     if final is None:
         tail = _tail(log_path)
         tried = f" (it tried to reach the network, refused: {'; '.join(attempts)[:500]})" if attempts else ""
-        raise EdgeError(f"toolchain {name!r} driver exited with code {proc.returncode} without a result: {tail}"
-                        + tried, hint=f"log: {log_path}")
+        raise EdgeError(
+            f"toolchain {name!r} driver exited with code {proc.returncode} without a result: {tail}" + tried,
+            hint=f"log: {log_path}",
+        )
     final["offline"] = offline
     final["network_attempts"] = [*final.get("network_attempts", []), *attempts]
     return final, dataclasses.replace(st, offline=offline)
@@ -511,4 +588,3 @@ def _tail(path: Path, lines: int = 6) -> str:
         return "(no log)"
     useful = [ln for ln in text if ln.strip() and not ln.startswith(("W0000", "I0000", "E0000"))]
     return " | ".join(useful[-lines:])[-1500:]
-

@@ -54,8 +54,11 @@ LOCK_FILE = "aarch64.lock"
 PLATFORMS = ("manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_27_aarch64", "manylinux_2_28_aarch64")
 #: emulated cores a check may name (``qemu-aarch64 -cpu help`` lists more); never ``max``: it exposes SME/SVE,
 #: and XNNPack/MLAS then pick kernels no Raspberry Pi has
-CPUS: Mapping[str, str] = {"cortex-a72": "Raspberry Pi 4", "cortex-a76": "Raspberry Pi 5",
-                           "neoverse-n1": "AWS Graviton2"}
+CPUS: Mapping[str, str] = {
+    "cortex-a72": "Raspberry Pi 4",
+    "cortex-a76": "Raspberry Pi 5",
+    "neoverse-n1": "AWS Graviton2",
+}
 DEFAULT_CPU = "cortex-a76"
 MIRROR_ENV = "EDGEKIT_DEBIAN_MIRROR"
 QEMU_MIN = (8, 0)  # older ones need the cpuinfo file
@@ -80,6 +83,7 @@ def toolchain_dir() -> Path:
 
 # -- what the host needs ---------------------------------------------------------------------
 
+
 def _which(program: str) -> str | None:
     """``program`` on PATH or in the sbin directories (debootstrap lives in /usr/sbin, off a user's PATH)."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
@@ -91,11 +95,14 @@ def find_mirror() -> str | None:
     env = os.environ.get(MIRROR_ENV, "").strip()
     if env:
         return env.rstrip("/")
-    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
-             *sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))]
+    files = [
+        Path("/etc/apt/sources.list"),
+        *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
+        *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),
+    ]
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8", errors="replace")[:1 << 20]
+            text = f.read_text(encoding="utf-8", errors="replace")[: 1 << 20]
         except OSError:
             continue
         for line in text.splitlines():
@@ -118,14 +125,17 @@ def host_problems() -> list[str]:
         problems.append(f"this host is {machine}; the toolchain is made for x86-64 hosts")
     missing = [p for p in ("debootstrap", "dpkg-deb", "wget") if _which(p) is None]
     if missing:
-        problems.append(f"{', '.join(missing)} missing (not a Debian-like host, or: apt-get install "
-                        f"{' '.join('dpkg' if p == 'dpkg-deb' else p for p in missing)})")
+        problems.append(
+            f"{', '.join(missing)} missing (not a Debian-like host, or: apt-get install "
+            f"{' '.join('dpkg' if p == 'dpkg-deb' else p for p in missing)})"
+        )
     if sys.platform == "linux" and find_mirror() is None:
         problems.append(f"no Debian mirror in /etc/apt/sources.list*: set {MIRROR_ENV}=http://deb.debian.org/debian")
     return problems
 
 
 # -- status ------------------------------------------------------------------------------------
+
 
 def site_fingerprint(site: Path) -> str:
     names = sorted(p.name for p in site.glob("*.dist-info")) if site.is_dir() else []
@@ -136,8 +146,11 @@ def _not_installed(d: Path) -> str:
     cannot = host_problems()
     if cannot:
         return f"toolchain 'aarch64' cannot be installed on this host: {'; '.join(cannot)}"
-    return (f"toolchain 'aarch64' is not installed at {d}" + (" (an unfinished install is there)" if d.exists() else "")
-            + f"; install it with: edgekit toolchain install aarch64 ({SIZE_HINT})")
+    return (
+        f"toolchain 'aarch64' is not installed at {d}"
+        + (" (an unfinished install is there)" if d.exists() else "")
+        + f"; install it with: edgekit toolchain install aarch64 ({SIZE_HINT})"
+    )
 
 
 def read_state() -> dict[str, Any] | None:
@@ -189,6 +202,7 @@ def require() -> Emulator:
 
 # -- running ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Emulator:
     """How to run the guest Python: ``qemu-aarch64 -L rootfs -cpu CORE rootfs/usr/bin/python3.11``."""
@@ -215,21 +229,31 @@ class Emulator:
 
     def with_cpu(self, cpu: str) -> Emulator:
         if cpu not in CPUS:
-            raise EdgeError(f"unknown emulated core {cpu!r}; choose one of {', '.join(CPUS)}",
-                            hint="cortex-a72 = Raspberry Pi 4, cortex-a76 = Raspberry Pi 5, neoverse-n1 = Graviton2")
+            raise EdgeError(
+                f"unknown emulated core {cpu!r}; choose one of {', '.join(CPUS)}",
+                hint="cortex-a72 = Raspberry Pi 4, cortex-a76 = Raspberry Pi 5, neoverse-n1 = Graviton2",
+            )
         return Emulator(self.path, cpu)
 
     def command(self, *args: str) -> list[str]:
         """argv running the guest Python with ``args``."""
         return [str(self.qemu), "-L", str(self.rootfs), "-cpu", self.cpu, str(self.python), *args]
 
-    def env(self, pythonpath: tuple[str | os.PathLike[str], ...] = (), extra: Mapping[str, str] | None = None) \
-            -> dict[str, str]:
+    def env(
+        self, pythonpath: tuple[str | os.PathLike[str], ...] = (), extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         """The guest's environment: the host's minus anything that would leak host packages in, the wheels
         first on PYTHONPATH (``/opt/site`` resolves inside the root through ``-L``), then ``pythonpath``."""
         # PYTHONDONTWRITEBYTECODE too: compiling every module again on each run costs tens of emulated seconds
-        drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD",
-                "PYTHONDONTWRITEBYTECODE")
+        drop = (
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "VIRTUAL_ENV",
+            "PYTHONSTARTUP",
+            "LD_LIBRARY_PATH",
+            "LD_PRELOAD",
+            "PYTHONDONTWRITEBYTECODE",
+        )
         env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("QEMU_")}
         env["PYTHONPATH"] = os.pathsep.join(["/opt/site", *map(str, pythonpath)])
         env["PYTHONNOUSERSITE"] = "1"
@@ -241,15 +265,27 @@ class Emulator:
         env.update(extra or {})
         return env
 
-    def run(self, *args: str, timeout_s: float = 600.0, pythonpath: tuple[str | os.PathLike[str], ...] = (),
-            extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        *args: str,
+        timeout_s: float = 600.0,
+        pythonpath: tuple[str | os.PathLike[str], ...] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run(self.command(*args), env=self.env(pythonpath, extra_env), capture_output=True,
-                                  text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                self.command(*args),
+                env=self.env(pythonpath, extra_env),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
-            raise EdgeError(f"the emulated aarch64 Python did not finish within {timeout_s:.0f} s",
-                            hint="emulation is 300-1000x slower than a device: use a small model or few samples") \
-                from None
+            raise EdgeError(
+                f"the emulated aarch64 Python did not finish within {timeout_s:.0f} s",
+                hint="emulation is 300-1000x slower than a device: use a small model or few samples",
+            ) from None
 
 
 def qemu_version(binary: Path) -> str:
@@ -266,8 +302,8 @@ def _major_minor(version: str) -> tuple[int, int]:
     return parts[0], parts[1] if len(parts) > 1 else 0
 
 
-
 # -- install ---------------------------------------------------------------------------------
+
 
 def file_sha256(path: Path) -> str | None:
     if not path.is_file():
@@ -291,8 +327,10 @@ def _fetch(url: str, dest: Path, max_bytes: int, timeout_s: float = 120.0) -> No
                     raise EdgeError(f"{url} is over {max_bytes >> 20} MiB: refused")
                 f.write(chunk)
     except OSError as e:  # URLError, HTTPError, timeouts
-        raise EdgeError(f"could not download {url}: {getattr(e, 'reason', None) or e}",
-                        hint=f"check the host's network and mirror, or set {MIRROR_ENV}") from None
+        raise EdgeError(
+            f"could not download {url}: {getattr(e, 'reason', None) or e}",
+            hint=f"check the host's network and mirror, or set {MIRROR_ENV}",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -347,8 +385,11 @@ def _qemu_from_backports(mirror: str, dl: Path, dest: Path, log: Any) -> dict[st
             raise EdgeError(f"{entry.filename} holds no usr/bin/qemu-aarch64")
         shutil.copy2(src, dest)
     deb.unlink()
-    return {"source": f"debian {SUITE}-backports qemu-user {entry.version}", "package": entry.filename,
-            "package_sha256": entry.sha256}
+    return {
+        "source": f"debian {SUITE}-backports qemu-user {entry.version}",
+        "package": entry.filename,
+        "package_sha256": entry.sha256,
+    }
 
 
 def _qemu_from_host(dest: Path) -> dict[str, Any] | None:
@@ -361,17 +402,25 @@ def _qemu_from_host(dest: Path) -> dict[str, Any] | None:
 
 
 #: what a 7.2 guest reads as /proc/cpuinfo (per core: ARM's part number and the Linux feature words)
-_PARTS = {"cortex-a72": ("0xd08", "fp asimd evtstrm crc32 cpuid"),
-          "cortex-a76": ("0xd0b", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm "
-                                  "lrcpc dcpop asimddp"),
-          "neoverse-n1": ("0xd0c", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm "
-                                   "lrcpc dcpop asimddp ssbs")}
+_PARTS = {
+    "cortex-a72": ("0xd08", "fp asimd evtstrm crc32 cpuid"),
+    "cortex-a76": (
+        "0xd0b",
+        "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp",
+    ),
+    "neoverse-n1": (
+        "0xd0c",
+        "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs",
+    ),
+}
 
 
 def cpuinfo_text(cpu: str, cores: int = 4) -> str:
     part, features = _PARTS[cpu]
-    block = ("processor\t: {n}\nBogoMIPS\t: 108.00\nFeatures\t: {f}\nCPU implementer\t: 0x41\n"
-             "CPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: {p}\nCPU revision\t: 1\n")
+    block = (
+        "processor\t: {n}\nBogoMIPS\t: 108.00\nFeatures\t: {f}\nCPU implementer\t: 0x41\n"
+        "CPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: {p}\nCPU revision\t: 1\n"
+    )
     return "\n".join(block.format(n=n, f=features, p=part) for n in range(cores))
 
 
@@ -385,8 +434,10 @@ def _install_qemu(d: Path, mirror: str, log: Any, say: Output) -> dict[str, Any]
         say(f"qemu-user from {SUITE}-backports unavailable ({e.message}); trying the host's qemu")
         found = _qemu_from_host(dest)
         if found is None:
-            raise EdgeError(f"no qemu-aarch64: {e.message}; and none on this host",
-                            hint="apt-get install qemu-user-static (qemu >= 8 preferred)") from None
+            raise EdgeError(
+                f"no qemu-aarch64: {e.message}; and none on this host",
+                hint="apt-get install qemu-user-static (qemu >= 8 preferred)",
+            ) from None
         info = found
     info["version"] = qemu_version(dest)
     info["sha256"] = file_sha256(dest)
@@ -397,8 +448,20 @@ def _install_qemu(d: Path, mirror: str, log: Any, say: Output) -> dict[str, Any]
 def _install_rootfs(d: Path, mirror: str, log: Any, on_output: Output | None) -> dict[str, Any]:
     """debootstrap's first stage (download + unpack), then every downloaded .deb unpacked: no scripts run."""
     rootfs = d / "rootfs"
-    run_logged([_which("debootstrap") or "debootstrap", "--arch=arm64", "--foreign", "--variant=minbase",
-                "--include=python3", SUITE, str(rootfs), mirror], log, on_output)
+    run_logged(
+        [
+            _which("debootstrap") or "debootstrap",
+            "--arch=arm64",
+            "--foreign",
+            "--variant=minbase",
+            "--include=python3",
+            SUITE,
+            str(rootfs),
+            mirror,
+        ],
+        log,
+        on_output,
+    )
     debs = sorted((rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"))
     if not debs:
         raise EdgeError(f"debootstrap left no .deb files in {rootfs}/var/cache/apt/archives")
@@ -407,8 +470,12 @@ def _install_rootfs(d: Path, mirror: str, log: Any, on_output: Output | None) ->
         run_logged(["dpkg-deb", "-x", str(deb), str(rootfs)], log, None)
         listed.append(f"{deb.name} {file_sha256(deb)}")
         deb.unlink()
-    return {"suite": SUITE, "mirror": mirror, "packages": len(listed),
-            "packages_sha256": hashlib.sha256("\n".join(listed).encode()).hexdigest()}
+    return {
+        "suite": SUITE,
+        "mirror": mirror,
+        "packages": len(listed),
+        "packages_sha256": hashlib.sha256("\n".join(listed).encode()).hexdigest(),
+    }
 
 
 def _dist_name(n: str) -> str:
@@ -432,13 +499,38 @@ def _install_wheels(site: Path, log: Any, on_output: Output | None) -> None:
     with tempfile.TemporaryDirectory(prefix="edgekit-aarch64-") as tmp:
         req, lock = Path(tmp) / "requirements.txt", Path(tmp) / "constraints.txt"
         req.write_text("\n".join(WHEELS) + "\n", encoding="utf-8")
-        lock.write_text("\n".join(lock_lines((_HERE / LOCK_FILE).read_text(encoding="utf-8").splitlines())) + "\n",
-                        encoding="utf-8")
+        lock.write_text(
+            "\n".join(lock_lines((_HERE / LOCK_FILE).read_text(encoding="utf-8").splitlines())) + "\n", encoding="utf-8"
+        )
         plats = [a for p in PLATFORMS for a in ("--platform", p)]
-        run_logged([sys.executable, "-m", "pip", "install", "--no-input", "--progress-bar", "off", "--only-binary=:all:",
-                    *plats, "--python-version", GUEST_PYTHON, "--implementation", "cp",
-                    "--abi", "cp" + GUEST_PYTHON.replace(".", ""), "--target", str(site), "-r", str(req),
-                    "-c", str(lock)], log, on_output, env=env)
+        run_logged(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-input",
+                "--progress-bar",
+                "off",
+                "--only-binary=:all:",
+                *plats,
+                "--python-version",
+                GUEST_PYTHON,
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp" + GUEST_PYTHON.replace(".", ""),
+                "--target",
+                str(site),
+                "-r",
+                str(req),
+                "-c",
+                str(lock),
+            ],
+            log,
+            on_output,
+            env=env,
+        )
 
 
 _PROBE = """
@@ -458,8 +550,10 @@ def probe(em: Emulator, timeout_s: float = 300.0) -> dict[str, Any]:
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         why = f"signal {-out.returncode}" if out.returncode < 0 else f"exit code {out.returncode}"
-        raise EdgeError(f"the emulated aarch64 Python failed to import the runtimes ({why}): "
-                        f"{(out.stderr.strip().splitlines() or ['no output'])[-1][:300]}")
+        raise EdgeError(
+            f"the emulated aarch64 Python failed to import the runtimes ({why}): "
+            f"{(out.stderr.strip().splitlines() or ['no output'])[-1][:300]}"
+        )
     result = json.loads(lines[-1])
     if result.get("machine") != "aarch64":
         raise EdgeError(f"the guest Python says it runs on {result.get('machine')!r}, not aarch64")
@@ -484,9 +578,10 @@ def install(*, force: bool = False, on_step: Output | None = None, on_output: Ou
     if cannot:
         raise MissingDependencyError(f"toolchain 'aarch64' cannot be installed on this host: {'; '.join(cannot)}")
     if os.geteuid() != 0:
-        raise MissingDependencyError("toolchain 'aarch64': debootstrap lays out the arm64 root as root only",
-                                     hint="run `edgekit toolchain install aarch64` as root (running it later does not "
-                                          "need root)")
+        raise MissingDependencyError(
+            "toolchain 'aarch64': debootstrap lays out the arm64 root as root only",
+            hint="run `edgekit toolchain install aarch64` as root (running it later does not need root)",
+        )
     current = status()
     d = current.path
     if current.usable and not force:
@@ -514,29 +609,44 @@ def install(*, force: bool = False, on_step: Output | None = None, on_output: Ou
             say("checking the guest: every runtime imports under emulation")
             seen = probe(em)
     except BaseException:
-        say(f"install failed; the unfinished toolchain stays at {d} (log: {d / 'install.log'}) and is removed by "
-            "the next install")
+        say(
+            f"install failed; the unfinished toolchain stays at {d} (log: {d / 'install.log'}) and is removed by the next install"
+        )
         raise
     shutil.rmtree(d / "dl", ignore_errors=True)
     packages = site_packages(em.site)
     freeze = [f"{k}=={v}" for k, v in packages.items()]
-    reference = [f"{_dist_name(ln.split('==')[0])}=={ln.split('==')[1]}"
-                 for ln in lock_lines((_HERE / LOCK_FILE).read_text(encoding="utf-8").splitlines())]
+    reference = [
+        f"{_dist_name(ln.split('==')[0])}=={ln.split('==')[1]}"
+        for ln in lock_lines((_HERE / LOCK_FILE).read_text(encoding="utf-8").splitlines())
+    ]
     state = {
-        "name": NAME, "kind": "emulator", "spec_hash": spec_hash(), "requirements": list(WHEELS),
-        "python_version": seen["python"], "platform": f"linux-aarch64-cp{GUEST_PYTHON.replace('.', '')}",
-        "qemu": qemu, "rootfs": rootfs, "guest": seen,
-        "reference_lock": True, "lock_hash": lock_hash(freeze), "matches_reference": sorted(freeze) == sorted(reference),
-        "packages": packages, "site_fingerprint": site_fingerprint(em.site),
+        "name": NAME,
+        "kind": "emulator",
+        "spec_hash": spec_hash(),
+        "requirements": list(WHEELS),
+        "python_version": seen["python"],
+        "platform": f"linux-aarch64-cp{GUEST_PYTHON.replace('.', '')}",
+        "qemu": qemu,
+        "rootfs": rootfs,
+        "guest": seen,
+        "reference_lock": True,
+        "lock_hash": lock_hash(freeze),
+        "matches_reference": sorted(freeze) == sorted(reference),
+        "packages": packages,
+        "site_fingerprint": site_fingerprint(em.site),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "install_seconds": round(time.perf_counter() - t0, 1), "disk_bytes": disk_bytes(d),
+        "install_seconds": round(time.perf_counter() - t0, 1),
+        "disk_bytes": disk_bytes(d),
         "edgekit_version": __import__("edge").__version__,
     }
     tmp_state = d / f".{STATE_FILE}.tmp"
     tmp_state.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_state, d / STATE_FILE)
-    say(f"installed toolchain 'aarch64' at {d} in {state['install_seconds']:.0f} s, "
-        f"{state['disk_bytes'] / 1e6:.0f} MB; qemu {qemu['version']}, lock hash {state['lock_hash']}")
+    say(
+        f"installed toolchain 'aarch64' at {d} in {state['install_seconds']:.0f} s, "
+        f"{state['disk_bytes'] / 1e6:.0f} MB; qemu {qemu['version']}, lock hash {state['lock_hash']}"
+    )
     return status()
 
 
@@ -547,6 +657,8 @@ def describe() -> str:
         return st.problem or "toolchain 'aarch64' is not usable"
     state = read_state() or {}
     p = st.packages
-    return (f"ready: qemu-aarch64 {state.get('qemu', {}).get('version', '?')}, Debian {SUITE} arm64, Python "
-            f"{st.python}, ai-edge-litert {p.get('ai-edge-litert', '?')}, onnxruntime {p.get('onnxruntime', '?')} "
-            f"(cores: {', '.join(CPUS)}; emulated: numerics only, no speed)")
+    return (
+        f"ready: qemu-aarch64 {state.get('qemu', {}).get('version', '?')}, Debian {SUITE} arm64, Python "
+        f"{st.python}, ai-edge-litert {p.get('ai-edge-litert', '?')}, onnxruntime {p.get('onnxruntime', '?')} "
+        f"(cores: {', '.join(CPUS)}; emulated: numerics only, no speed)"
+    )

@@ -24,17 +24,36 @@ import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
 
-SUPPORTED = ("Conv", "Relu", "Clip", "Add", "Mul", "GlobalAveragePool", "Flatten", "Gemm", "MatMul", "Reshape",
-             "Concat", "MaxPool", "AveragePool", "Sigmoid", "HardSigmoid", "Softmax", "BatchNormalization")
+SUPPORTED = (
+    "Conv",
+    "Relu",
+    "Clip",
+    "Add",
+    "Mul",
+    "GlobalAveragePool",
+    "Flatten",
+    "Gemm",
+    "MatMul",
+    "Reshape",
+    "Concat",
+    "MaxPool",
+    "AveragePool",
+    "Sigmoid",
+    "HardSigmoid",
+    "Softmax",
+    "BatchNormalization",
+)
 STRUCTURAL = ("Constant", "Identity")
 
 
 class UnsupportedOps(Exception):
     def __init__(self, ops: list[dict[str, str]]) -> None:
         names = sorted({o["op"] for o in ops})
-        super().__init__(f"the ONNX->PyTorch bridge does not support {', '.join(names)} "
-                         f"(nodes: {', '.join(o['node'] for o in ops[:12])}{' ...' if len(ops) > 12 else ''}); "
-                         f"it supports {', '.join(SUPPORTED)}")
+        super().__init__(
+            f"the ONNX->PyTorch bridge does not support {', '.join(names)} "
+            f"(nodes: {', '.join(o['node'] for o in ops[:12])}{' ...' if len(ops) > 12 else ''}); "
+            f"it supports {', '.join(SUPPORTED)}"
+        )
         self.ops = ops
 
 
@@ -42,8 +61,12 @@ def unsupported_ops(model: Any) -> list[dict[str, str]]:
     bad = []
     for i, n in enumerate(model.graph.node):
         if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED + STRUCTURAL:
-            bad.append({"op": n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
-                        "node": n.name or f"#{i}"})
+            bad.append(
+                {
+                    "op": n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
+                    "node": n.name or f"#{i}",
+                }
+            )
     return bad
 
 
@@ -73,8 +96,9 @@ class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the tool
         if bad:
             raise UnsupportedOps(bad)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        self.input_names = [i.name for i in model.graph.input
-                            if i.name not in {t.name for t in model.graph.initializer}]
+        self.input_names = [
+            i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}
+        ]
         self.output_names = [o.name for o in model.graph.output]
         self.consts: dict[str, np.ndarray] = {}  # every constant, as numpy (shapes, axes, ...)
         self._buffer_of: dict[str, str] = {}
@@ -161,6 +185,7 @@ def _pool(kind: str) -> Callable[..., torch.Tensor]:
         if not include:
             raise ValueError("AveragePool with asymmetric pads and count_include_pad=0 is not supported by the bridge")
         return fn(F.pad(x, pad), k, stride, 0, ceil_mode=ceil, count_include_pad=True)
+
     return run
 
 

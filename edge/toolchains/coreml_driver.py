@@ -54,14 +54,25 @@ _START = time.time()
 ANE_UNFRIENDLY = {
     "gather": "gather with computed indices runs on the CPU",
     "gather_nd": "runs on the CPU",
-    "scatter": "runs on the CPU", "scatter_nd": "runs on the CPU", "scatter_along_axis": "runs on the CPU",
-    "non_zero": "data-dependent shape: CPU", "topk": "CPU", "argsort": "CPU", "cumsum": "CPU",
-    "while_loop": "control flow: CPU", "cond": "control flow: CPU",
-    "random_uniform": "CPU", "random_normal": "CPU", "random_bernoulli": "CPU", "random_categorical": "CPU",
-    "lstm": "recurrent layers run on the CPU/GPU", "gru": "recurrent layers run on the CPU/GPU",
+    "scatter": "runs on the CPU",
+    "scatter_nd": "runs on the CPU",
+    "scatter_along_axis": "runs on the CPU",
+    "non_zero": "data-dependent shape: CPU",
+    "topk": "CPU",
+    "argsort": "CPU",
+    "cumsum": "CPU",
+    "while_loop": "control flow: CPU",
+    "cond": "control flow: CPU",
+    "random_uniform": "CPU",
+    "random_normal": "CPU",
+    "random_bernoulli": "CPU",
+    "random_categorical": "CPU",
+    "lstm": "recurrent layers run on the CPU/GPU",
+    "gru": "recurrent layers run on the CPU/GPU",
     "rnn": "recurrent layers run on the CPU/GPU",
     "einsum": "only some equations map to ANE matmuls",
-    "pixel_shuffle": "often split off the ANE", "resize_nearest_neighbor": "non-integer scales leave the ANE",
+    "pixel_shuffle": "often split off the ANE",
+    "resize_nearest_neighbor": "non-integer scales leave the ANE",
     "layer_norm": "fine on recent ANEs, slow on A14/M1 over non-channel axes",
 }
 
@@ -101,9 +112,15 @@ def describe(features: Any) -> list[dict[str, Any]]:
             from coremltools.proto import FeatureTypes_pb2 as ft
 
             dtype = ft.ArrayFeatureType.ArrayDataType.Name(arr.dataType).lower()
-            out.append({"name": f.name, "shape": [int(d) for d in arr.shape],
-                        "dtype": {"float32": "float32", "float16": "float16", "double": "float64",
-                                  "int32": "int32"}.get(dtype, dtype)})
+            out.append(
+                {
+                    "name": f.name,
+                    "shape": [int(d) for d in arr.shape],
+                    "dtype": {"float32": "float32", "float16": "float16", "double": "float64", "int32": "int32"}.get(
+                        dtype, dtype
+                    ),
+                }
+            )
         else:
             out.append({"name": f.name, "type": t})
     return out
@@ -166,8 +183,10 @@ def run_samples(fn: Any, samples: Any, names: list[str], dtype: Any = None) -> l
         y = fn(*xs)
         y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
         if not all(isinstance(v, torch.Tensor) for v in y):
-            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
-                            + ", ".join(type(v).__name__ for v in y))
+            raise TypeError(
+                "the model must return a tensor or a tuple/list of tensors, got "
+                + ", ".join(type(v).__name__ for v in y)
+            )
         outs.append([v.detach().float().numpy() for v in y])
     return outs
 
@@ -175,8 +194,9 @@ def run_samples(fn: Any, samples: Any, names: list[str], dtype: Any = None) -> l
 _NO_HALF_KERNEL = re.compile(r'"([^"]+)" not implemented for \'Half\'')
 
 
-def host_proxy(module: Any, job: dict[str, Any], samples: Any, names: list[str], what: str,
-               fallback: Any = None) -> dict[str, Any] | None:
+def host_proxy(
+    module: Any, job: dict[str, Any], samples: Any, names: list[str], what: str, fallback: Any = None
+) -> dict[str, Any] | None:
     """The host's stand-in for the package's predictions: ``module`` (what ``ct.convert`` receives; a copy is
     cast, the module itself is left as it is) on the parity samples in the bundle's precision.
 
@@ -188,20 +208,35 @@ def host_proxy(module: Any, job: dict[str, Any], samples: Any, names: list[str],
 
     version = torch.__version__.split("+")[0]
     if job["precision"] != "fp16":
-        return {"label": f"torch {version} CPU fp32 ({what})", "precision_used": "f32", "fallback": None,
-                "outputs": run_samples(module, samples, names)}
+        return {
+            "label": f"torch {version} CPU fp32 ({what})",
+            "precision_used": "f32",
+            "fallback": None,
+            "outputs": run_samples(module, samples, names),
+        }
     half = copy.deepcopy(module).half()
     try:
-        return {"label": f"torch {version} CPU fp16 ({what}, cast to half)", "precision_used": "f16",
-                "fallback": None, "outputs": run_samples(half, samples, names, torch.float16)}
+        return {
+            "label": f"torch {version} CPU fp16 ({what}, cast to half)",
+            "precision_used": "f16",
+            "fallback": None,
+            "outputs": run_samples(half, samples, names, torch.float16),
+        }
     except RuntimeError as e:  # the fp32 run of the same module succeeded: this is fp16-specific
         found = _NO_HALF_KERNEL.search(str(e))
-        why = (f"torch CPU has no fp16 kernel for {found.group(1)}" if found else
-               "the module does not run in fp16 on torch CPU: " + (str(e).strip().splitlines() or ["?"])[0][:300])
+        why = (
+            f"torch CPU has no fp16 kernel for {found.group(1)}"
+            if found
+            else "the module does not run in fp16 on torch CPU: " + (str(e).strip().splitlines() or ["?"])[0][:300]
+        )
     if fallback is None:
         return {"label": None, "precision_used": None, "fallback": why, "outputs": None}
-    return {"label": f"torch {version} CPU fp32 bridge: {why}", "precision_used": "f32", "fallback": why,
-            "outputs": run_samples(fallback, samples, names)}
+    return {
+        "label": f"torch {version} CPU fp32 bridge: {why}",
+        "precision_used": "f32",
+        "fallback": why,
+        "outputs": run_samples(fallback, samples, names),
+    }
 
 
 def save_proxy(proxy: dict[str, Any] | None, out_names: list[str], work: Path) -> dict[str, Any]:
@@ -214,8 +249,7 @@ def save_proxy(proxy: dict[str, Any] | None, out_names: list[str], work: Path) -
         return {"proxy": {k: v for k, v in proxy.items() if k != "outputs"}}
     arrays: dict[str, Any] = {k: np.stack([o[j] for o in proxy["outputs"]]) for j, k in enumerate(out_names)}
     np.savez(work / "proxy_outputs.npz", **arrays)
-    return {"proxy": {**{k: v for k, v in proxy.items() if k != "outputs"},
-                      "outputs": str(work / "proxy_outputs.npz")}}
+    return {"proxy": {**{k: v for k, v in proxy.items() if k != "outputs"}, "outputs": str(work / "proxy_outputs.npz")}}
 
 
 class NotTorchModel(Exception):
@@ -233,8 +267,10 @@ def torch_inputs(path: str, kind: str) -> tuple[Any, list[str]]:
         module = torch.jit.load(path, map_location="cpu")
     except Exception as e:
         what = "torch.export.save" if kind == "exported_program" else "torch.jit.save"
-        raise NotTorchModel(f"{Path(path).name} is not a model saved with {what} ({type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''})") from e
+        raise NotTorchModel(
+            f"{Path(path).name} is not a model saved with {what} ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''})"
+        ) from e
     return module.eval(), [a.name for a in module.forward.schema.arguments[1:]]
 
 
@@ -253,8 +289,14 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
         return None
     given = [t["name"] for t in job["inputs"]]
     if sorted(given) != sorted(names):
-        emit("error", kind="inputs", input_names=names, message=(
-            f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"))
+        emit(
+            "error",
+            kind="inputs",
+            input_names=names,
+            message=(
+                f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"
+            ),
+        )
         return None
     by_name = {t["name"]: t for t in job["inputs"]}
     job["inputs"] = [by_name[n] for n in names]  # the model's positional order
@@ -275,11 +317,16 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
     proxy = None
     if job["precision"] == "fp16":  # in fp32 the module is the reference itself: nothing to compare
         what = "the TorchScript module" if job["torch_kind"] == "torchscript" else "the decomposed ExportedProgram"
-        proxy = host_proxy(model.module() if job["torch_kind"] == "exported_program" else model,
-                           job, samples, names, what)
+        proxy = host_proxy(
+            model.module() if job["torch_kind"] == "exported_program" else model, job, samples, names, what
+        )
     timings["proxy_s"] = round(time.time() - t0, 2)
-    return model, {"reference_outputs": str(work / "reference_outputs.npz"), "input_names": names,
-                   "outputs": job["outputs"], **save_proxy(proxy, out_names, work)}
+    return model, {
+        "reference_outputs": str(work / "reference_outputs.npz"),
+        "input_names": names,
+        "outputs": job["outputs"],
+        **save_proxy(proxy, out_names, work),
+    }
 
 
 def main() -> int:
@@ -309,8 +356,11 @@ def main() -> int:
         precision = ct.precision.FLOAT16 if job["precision"] == "fp16" else ct.precision.FLOAT32
         target = getattr(ct.target, job["minimum_deployment_target"])
         mlmodel = ct.convert(
-            traced, convert_to="mlprogram", compute_precision=precision,
-            compute_units=getattr(ct.ComputeUnit, job["compute_units"]), minimum_deployment_target=target,
+            traced,
+            convert_to="mlprogram",
+            compute_precision=precision,
+            compute_units=getattr(ct.ComputeUnit, job["compute_units"]),
+            minimum_deployment_target=target,
             inputs=[ct.TensorType(name=t["name"], shape=tuple(t["shape"]), dtype=np.float32) for t in job["inputs"]],
             outputs=[ct.TensorType(name=t["name"], dtype=np.float32) for t in job["outputs"]],
         )
@@ -325,18 +375,33 @@ def main() -> int:
         problems = []
         for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
             for w, g in zip(want, got):
-                if w["name"] != g.get("name") or [int(d) for d in w["shape"]] != g.get("shape") \
-                        or g.get("dtype") != "float32":
+                if (
+                    w["name"] != g.get("name")
+                    or [int(d) for d in w["shape"]] != g.get("shape")
+                    or g.get("dtype") != "float32"
+                ):
                     problems.append(f"{w['name']} {w['shape']} float32 became {g}")
             if len(want) != len(got):
                 problems.append(f"expected {len(want)} tensors, the package has {len(got)}")
         ops = op_inventory(spec)
         flagged = {op: ANE_UNFRIENDLY[op] for op in ops if op in ANE_UNFRIENDLY}
-        emit("result", artifact=str(out), io={"inputs": ins, "outputs": outs_spec}, io_problems=problems,
-             spec_version=int(spec.specificationVersion), ops=ops, ane_flagged=flagged, timings=timings,
-             tool_versions={"torch": torch.__version__, "coremltools": ct.__version__, "numpy": np.__version__,
-                            **({"onnx": sys.modules["onnx"].__version__} if "onnx" in sys.modules else {})},
-             **extra)
+        emit(
+            "result",
+            artifact=str(out),
+            io={"inputs": ins, "outputs": outs_spec},
+            io_problems=problems,
+            spec_version=int(spec.specificationVersion),
+            ops=ops,
+            ane_flagged=flagged,
+            timings=timings,
+            tool_versions={
+                "torch": torch.__version__,
+                "coremltools": ct.__version__,
+                "numpy": np.__version__,
+                **({"onnx": sys.modules["onnx"].__version__} if "onnx" in sys.modules else {}),
+            },
+            **extra,
+        )
         return 0
     except Exception as e:  # noqa: BLE001 - reported to the parent as an event
         traceback.print_exc()

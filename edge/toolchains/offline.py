@@ -38,21 +38,38 @@ WEAK_ENV = "EDGEKIT_ALLOW_WEAK_OFFLINE"  # "1": run with the in-process guard al
 NAMESPACE = "network namespace (unshare -n)"
 SECCOMP = "seccomp filter (no network sockets)"
 GUARD = "in-process socket guard"
-WEAK = ("in-process socket guard only: WEAK, native code, `python -I` children and non-Python programs can "
-        "reach the network")
+WEAK = "in-process socket guard only: WEAK, native code, `python -I` children and non-Python programs can reach the network"
 log = logging.getLogger("edge.toolchains")
 ATTEMPTS_ENV = "EDGEKIT_OFFLINE_ATTEMPTS"
 GUARD_DIR = _HERE / "_offline"
 _DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there (and the guard refuses it)
 OFFLINE_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-    "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    **{k: _DEAD_PROXY for k in ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy",
-                                "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY")},
-    "no_proxy": "", "NO_PROXY": "",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "PIP_NO_INDEX": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    **{
+        k: _DEAD_PROXY
+        for k in (
+            "http_proxy",
+            "https_proxy",
+            "ftp_proxy",
+            "all_proxy",
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "FTP_PROXY",
+            "ALL_PROXY",
+        )
+    },
+    "no_proxy": "",
+    "NO_PROXY": "",
 }
 # Runs inside the candidate namespace: succeeds only where it has no interface but the loopback.
-_NETNS_PROBE = "import socket, sys; names = [n for _, n in socket.if_nameindex()]; sys.exit(0 if names == ['lo'] else 7)"
+_NETNS_PROBE = (
+    "import socket, sys; names = [n for _, n in socket.if_nameindex()]; sys.exit(0 if names == ['lo'] else 7)"
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,7 @@ class NetworkIsolation:
         return bool(self.prefix or self.seccomp)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_netns(unshare: str, python: str) -> NetworkIsolation:
     tries: list[tuple[str, ...]] = [("--net",)] if os.geteuid() == 0 else []
     tries += [("--net", "--map-current-user"), ("--net", "--map-root-user")]  # user namespaces (no root)
@@ -86,8 +103,13 @@ def _probe_netns(unshare: str, python: str) -> NetworkIsolation:
     for opts in tries:
         prefix = (unshare, *opts, "--")
         try:
-            p = subprocess.run([*prefix, python, "-I", "-S", "-c", _NETNS_PROBE], stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=30)
+            p = subprocess.run(
+                [*prefix, python, "-I", "-S", "-c", _NETNS_PROBE],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             refused.append(f"`unshare {' '.join(opts)}`: {type(e).__name__}: {e}")
             continue
@@ -100,16 +122,23 @@ def _probe_netns(unshare: str, python: str) -> NetworkIsolation:
     return NetworkIsolation((), "; ".join(dict.fromkeys(refused)))
 
 
-_SECCOMP_PROBE = ("import errno, socket, sys\ntry:\n    socket.socket()\nexcept PermissionError:\n    "
-                  "socket.socket(socket.AF_UNIX).close(); sys.exit(0)\nsys.exit(7)")
+_SECCOMP_PROBE = (
+    "import errno, socket, sys\ntry:\n    socket.socket()\nexcept PermissionError:\n    "
+    "socket.socket(socket.AF_UNIX).close(); sys.exit(0)\nsys.exit(7)"
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_seccomp(python: str) -> tuple[tuple[str, ...], str | None]:
     prefix = (python, "-I", "-S", str(GUARD_DIR / "seccomp_exec.py"), "--")
     try:
-        p = subprocess.run([*prefix, python, "-I", "-S", "-c", _SECCOMP_PROBE], stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [*prefix, python, "-I", "-S", "-c", _SECCOMP_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return (), f"{type(e).__name__}: {e}"
     if p.returncode == 0:
@@ -152,9 +181,16 @@ def _namespace_isolation() -> NetworkIsolation:
     return _probe_netns(unshare, sys.executable)
 
 
-def offline_popen(argv: list[str], *, env: Mapping[str, str], attempts_log: Path | None = None,
-                  namespace: bool | None = None, seccomp: bool | None = None, guard: bool = True,
-                  **popen: Any) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
+def offline_popen(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    attempts_log: Path | None = None,
+    namespace: bool | None = None,
+    seccomp: bool | None = None,
+    guard: bool = True,
+    **popen: Any,
+) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
     """Start ``argv`` (a list; no shell) with no network; the process and what was enforced.
 
     ``namespace``: None uses a network namespace where :func:`network_isolation` finds one, True
@@ -178,19 +214,27 @@ def offline_popen(argv: list[str], *, env: Mapping[str, str], attempts_log: Path
     if not iso.holds:
         asked = namespace is False and seccomp is False
         if not asked and os.environ.get(WEAK_ENV, "").strip() != "1":
-            raise EdgeError(f"cannot run a toolchain offline on this host: no network namespace ({iso.reason}) and "
-                            f"no seccomp filter ({iso.seccomp_reason}); the in-process socket guard alone is "
-                            "bypassed by native code, `python -I` children and curl",
-                            hint=f"set {WEAK_ENV}=1 to convert with the weak guard anyway (the manifest records it)")
-        log.warning("toolchain run guarded by the in-process socket guard ONLY (WEAK: %s; %s)",
-                    "native code, `python -I` children and non-Python programs can reach the network",
-                    f"no namespace: {iso.reason}; no seccomp: {iso.seccomp_reason}")
+            raise EdgeError(
+                f"cannot run a toolchain offline on this host: no network namespace ({iso.reason}) and "
+                f"no seccomp filter ({iso.seccomp_reason}); the in-process socket guard alone is "
+                "bypassed by native code, `python -I` children and curl",
+                hint=f"set {WEAK_ENV}=1 to convert with the weak guard anyway (the manifest records it)",
+            )
+        log.warning(
+            "toolchain run guarded by the in-process socket guard ONLY (WEAK: %s; %s)",
+            "native code, `python -I` children and non-Python programs can reach the network",
+            f"no namespace: {iso.reason}; no seccomp: {iso.seccomp_reason}",
+        )
     run_env = {**env, **OFFLINE_ENV}
     if guard:
         run_env["PYTHONPATH"] = str(GUARD_DIR)
         run_env[ATTEMPTS_ENV] = str(attempts_log) if attempts_log is not None else ""
-    record: dict[str, Any] = {"enforced": iso.enforced, "in_process_guard": guard, "env": sorted(OFFLINE_ENV),
-                              "weak": not iso.holds}
+    record: dict[str, Any] = {
+        "enforced": iso.enforced,
+        "in_process_guard": guard,
+        "env": sorted(OFFLINE_ENV),
+        "weak": not iso.holds,
+    }
     if iso.prefix:
         record["namespace_command"] = " ".join(["unshare", *iso.prefix[1:-1]])
     proc = subprocess.Popen([*(iso.prefix or iso.seccomp), *argv], env=run_env, **popen)

@@ -77,9 +77,14 @@ class ToolchainStatus:
 
     def manifest_record(self) -> dict[str, Any]:
         """What a converter writes into the manifest: enough to rebuild the environment exactly."""
-        record = {"name": self.name, "lock_hash": self.lock_hash, "python": self.python,
-                  "reference_lock": self.reference_lock, "matches_reference": self.matches_reference,
-                  "packages": self.packages}
+        record = {
+            "name": self.name,
+            "lock_hash": self.lock_hash,
+            "python": self.python,
+            "reference_lock": self.reference_lock,
+            "matches_reference": self.matches_reference,
+            "packages": self.packages,
+        }
         if self.offline is not None:
             record["offline"] = self.offline
         return record
@@ -89,8 +94,14 @@ def run_logged(cmd: list[str], log: Any, on_output: Output | None, *, env: Mappi
     """Run ``cmd`` (an install step), streaming its output lines to ``log`` and ``on_output``; the output on success."""
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=dict(env) if env is not None else None)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env=dict(env) if env is not None else None,
+    )
     lines: list[str] = []
     assert proc.stdout is not None
     try:
@@ -107,6 +118,7 @@ def run_logged(cmd: list[str], log: Any, on_output: Output | None, *, env: Mappi
     out = "".join(lines)
     if rc != 0:
         tail = " | ".join(ln.strip() for ln in lines[-8:] if ln.strip())
-        raise EdgeError(f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}",
-                        hint=f"full log: {log.name}")
+        raise EdgeError(
+            f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}", hint=f"full log: {log.name}"
+        )
     return out

@@ -98,6 +98,7 @@ def _record_onnxsim() -> None:
 
 # -- ONNX side ---------------------------------------------------------------------------
 
+
 def _all_nodes(graph: Any, prefix: str = "") -> list[Any]:
     out = []
     for node in graph.node:
@@ -117,8 +118,13 @@ def unsupported_ops(onnx_path: Path) -> list[dict[str, str]]:
     found = []
     for node, prefix in _all_nodes(model.graph):
         if importlib.util.find_spec(f"onnx2tf.ops.{node.op_type}") is None:
-            found.append({"op": node.op_type, "domain": node.domain or "ai.onnx",
-                          "node": prefix + (node.name or f"<unnamed {node.op_type}>")})
+            found.append(
+                {
+                    "op": node.op_type,
+                    "domain": node.domain or "ai.onnx",
+                    "node": prefix + (node.name or f"<unnamed {node.op_type}>"),
+                }
+            )
     return found
 
 
@@ -170,12 +176,14 @@ def _local_test_images() -> Any:
     for i in range(20):
         c = rng.uniform(0.2, 0.8, 3)
         s = rng.uniform(-0.4, 0.4, (2, 3))
-        imgs[i] = np.clip(c + s[0] * xx[..., None] + s[1] * yy[..., None]
-                          + 0.1 * rng.standard_normal((128, 128, 3)), 0.0, 1.0)
+        imgs[i] = np.clip(
+            c + s[0] * xx[..., None] + s[1] * yy[..., None] + 0.1 * rng.standard_normal((128, 128, 3)), 0.0, 1.0
+        )
     return imgs
 
 
 # -- layouts -----------------------------------------------------------------------------
+
 
 def _candidate_perms(onnx_shape: list[int], tf_shape: list[int]) -> list[list[int]]:
     """Permutations p with onnx.transpose(p).shape == tf shape: identity and channels-last, else (rank <= 4) any."""
@@ -201,8 +209,13 @@ def _cos(a: Any, b: Any) -> float:
     return 1.0 if na == nb == 0 else float(a @ b / (na * nb + 1e-30))
 
 
-def map_io(job: dict[str, Any], keras_model: Any, signature: tuple[dict[str, list[int]], dict[str, list[int]]],
-           onnx_path: Path, sample: dict[str, Any]) -> dict[str, Any]:
+def map_io(
+    job: dict[str, Any],
+    keras_model: Any,
+    signature: tuple[dict[str, list[int]], dict[str, list[int]]],
+    onnx_path: Path,
+    sample: dict[str, Any],
+) -> dict[str, Any]:
     """ONNX tensor -> Keras/TFLite signature name and layout permutation, for every input and output.
 
     Names: exact, then onnx2tf's sanitising (':' -> '_', leading '/' dropped), then a unique
@@ -223,22 +236,28 @@ def map_io(job: dict[str, Any], keras_model: Any, signature: tuple[dict[str, lis
     return {"inputs": inputs, "outputs": outputs}
 
 
-def _signature_names(tf_inputs: dict[str, list[int]], tf_outputs: dict[str, list[int]],
-                     signature: tuple[dict[str, list[int]], dict[str, list[int]]]) -> dict[str, str]:
+def _signature_names(
+    tf_inputs: dict[str, list[int]],
+    tf_outputs: dict[str, list[int]],
+    signature: tuple[dict[str, list[int]], dict[str, list[int]]],
+) -> dict[str, str]:
     """Keras output name -> its serving-signature name. The SavedModel's serving signature (what the TFLite
     conversion reads) names inputs like the Keras model and outputs output_0, output_1, ... in the Keras model's
     output order; checked here."""
     sig_in, sig_out = signature
     for n, shape in tf_inputs.items():
         if n not in sig_in or sig_in[n] != shape:
-            raise DriverError("io_mapping", f"the SavedModel signature does not have Keras input {n!r} {shape} "
-                              f"(it has {sig_in})")
+            raise DriverError(
+                "io_mapping", f"the SavedModel signature does not have Keras input {n!r} {shape} (it has {sig_in})"
+            )
     sig_name = {}
     for i, (n, shape) in enumerate(tf_outputs.items()):
         key = f"output_{i}"
         if sig_out.get(key) != shape:
-            raise DriverError("io_mapping", f"the SavedModel signature output {key} is not Keras output {n!r} "
-                              f"{shape} (signature outputs: {sig_out})")
+            raise DriverError(
+                "io_mapping",
+                f"the SavedModel signature output {key} is not Keras output {n!r} {shape} (signature outputs: {sig_out})",
+            )
         sig_name[n] = key
     return sig_name
 
@@ -246,6 +265,7 @@ def _signature_names(tf_inputs: dict[str, list[int]], tf_outputs: dict[str, list
 def _match_io(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, list[int]]) -> list[dict[str, Any]]:
     """Each ONNX tensor's TensorFlow name (exact, sanitised, else the one unused tensor of a fitting shape) and
     the layout permutations that fit."""
+
     def sanitize(n: str) -> str:
         return n.replace(":", "_").lstrip("/")
 
@@ -256,21 +276,38 @@ def _match_io(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, l
         if key is None:
             same = [k for k, s in tf_specs.items() if k not in used and _candidate_perms(spec["shape"], s)]
             if len(same) != 1:
-                raise DriverError("io_mapping", f"cannot tell which TensorFlow {kind} is ONNX {kind} {name!r} "
-                                  f"(TensorFlow {kind}s: {tf_specs})")
+                raise DriverError(
+                    "io_mapping",
+                    f"cannot tell which TensorFlow {kind} is ONNX {kind} {name!r} (TensorFlow {kind}s: {tf_specs})",
+                )
             key = same[0]
         used.add(key)
         perms = _candidate_perms(spec["shape"], tf_specs[key])
         if not perms:
-            raise DriverError("io_mapping", f"ONNX {kind} {name!r} {spec['shape']} became {tf_specs[key]} in "
-                              "TensorFlow, which is not a layout change edgekit can undo")
-        out.append({"name": name, "tflite_name": key, "onnx_shape": spec["shape"], "tflite_shape": tf_specs[key],
-                    "perms": perms})
+            raise DriverError(
+                "io_mapping",
+                f"ONNX {kind} {name!r} {spec['shape']} became {tf_specs[key]} in TensorFlow, which is not a layout change edgekit can undo",
+            )
+        out.append(
+            {
+                "name": name,
+                "tflite_name": key,
+                "onnx_shape": spec["shape"],
+                "tflite_shape": tf_specs[key],
+                "perms": perms,
+            }
+        )
     return out
 
 
-def _choose_perms(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], tf_input_order: list[str],
-                  keras_model: Any, onnx_path: Path, sample: dict[str, Any]) -> None:
+def _choose_perms(
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    tf_input_order: list[str],
+    keras_model: Any,
+    onnx_path: Path,
+    sample: dict[str, Any],
+) -> None:
     """Where a layout is ambiguous, the permutations whose Keras outputs match onnxruntime's on ``sample`` best."""
     import itertools
 
@@ -281,8 +318,10 @@ def _choose_perms(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], t
     ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, sample)))
     best: tuple[float, Any] | None = None
     for choice in itertools.product(*[t["perms"] for t in inputs]):
-        by_tf = {t["tflite_name"]: np.ascontiguousarray(np.asarray(sample[t["name"]]).transpose(p))
-                 for t, p in zip(inputs, choice)}
+        by_tf = {
+            t["tflite_name"]: np.ascontiguousarray(np.asarray(sample[t["name"]]).transpose(p))
+            for t, p in zip(inputs, choice)
+        }
         feeds = [by_tf[k] for k in tf_input_order]
         res = keras_model(feeds if len(feeds) > 1 else feeds[0], training=False)
         res = res if isinstance(res, (list, tuple)) else [res]
@@ -307,6 +346,7 @@ def _choose_perms(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], t
 
 
 # -- TFLite conversion -------------------------------------------------------------------
+
 
 def _onnx_node_index(onnx_path: Path) -> dict[str, tuple[str, str]]:
     """Node names and output tensor names (also as onnx2tf sanitises them) -> (ONNX node name, op type)."""
@@ -364,10 +404,18 @@ def _converter_error(e: Exception, onnx_path: Path | None = None) -> DriverError
                 pass
         for u in uniq:
             u["onnx_node"] = _onnx_origin(u["node"], index)
-        return DriverError("tflite_unsupported_ops", "TFLite's builtin op set cannot express "
-                           + (", ".join(f"tf.{o['op'].removeprefix('tf.')} (from {o['onnx_node'] or 'TF node ' + o['node']})"
-                                        for o in uniq) or msg.splitlines()[0][:300]),
-                           ops=uniq, detail=msg[-2000:])
+        return DriverError(
+            "tflite_unsupported_ops",
+            "TFLite's builtin op set cannot express "
+            + (
+                ", ".join(
+                    f"tf.{o['op'].removeprefix('tf.')} (from {o['onnx_node'] or 'TF node ' + o['node']})" for o in uniq
+                )
+                or msg.splitlines()[0][:300]
+            ),
+            ops=uniq,
+            detail=msg[-2000:],
+        )
     return DriverError("tflite_converter", f"TFLiteConverter failed: {type(e).__name__}: {msg[-1500:]}")
 
 
@@ -407,8 +455,10 @@ def to_tflite(job: dict[str, Any], saved_model: Path, io_map: dict[str, Any]) ->
         def representative() -> Any:
             for i in range(n):
                 emit("progress", stage="calibrating", done=i, total=n)
-                yield {t["tflite_name"]: np.ascontiguousarray(arrays[t["name"]][i].transpose(t["perm_onnx_to_tflite"]))
-                       for t in io_map["inputs"]}
+                yield {
+                    t["tflite_name"]: np.ascontiguousarray(arrays[t["name"]][i].transpose(t["perm_onnx_to_tflite"]))
+                    for t in io_map["inputs"]
+                }
             emit("progress", stage="calibrating", done=n, total=n)
 
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -420,8 +470,12 @@ def to_tflite(job: dict[str, Any], saved_model: Path, io_map: dict[str, Any]) ->
             conv.inference_output_type = getattr(tf, io_dtype)
         if not job.get("per_channel", True):
             conv._experimental_disable_per_channel = True
-        details.update(recipe="full-integer int8 (post-training, TFLITE_BUILTINS_INT8)", io_dtype=io_dtype,
-                       per_channel=bool(job.get("per_channel", True)), calibration_samples=n)
+        details.update(
+            recipe="full-integer int8 (post-training, TFLITE_BUILTINS_INT8)",
+            io_dtype=io_dtype,
+            per_channel=bool(job.get("per_channel", True)),
+            calibration_samples=n,
+        )
     else:
         details["recipe"] = "float32"
     try:
@@ -436,8 +490,10 @@ def inspect_tflite(path: Path) -> dict[str, Any]:
 
     import tensorflow as tf
 
-    it = tf.lite.Interpreter(model_path=str(path),
-                             experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it = tf.lite.Interpreter(
+        model_path=str(path),
+        experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
     it.allocate_tensors()
     ops = collections.Counter(o["op_name"] for o in it._get_ops_details())
     return {"ops": dict(sorted(ops.items())), "op_count": sum(ops.values())}
@@ -457,18 +513,29 @@ def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
         raise DriverError("tf2onnx", f"tf2onnx failed: {type(e).__name__}: {str(e)[:800]}") from e
     # what tf2onnx left untranslated: TFL_<op> nodes, or a default-domain op ONNX does not define (a contrib op in
     # another domain, e.g. com.microsoft, is tf2onnx's own choice and onnxruntime runs it)
-    bad = sorted({(n.op_type.removeprefix("TFL_"), n.domain or "ai.onnx") for n in model.graph.node
-                  if n.op_type.startswith("TFL_") or (n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type))})
+    bad = sorted(
+        {
+            (n.op_type.removeprefix("TFL_"), n.domain or "ai.onnx")
+            for n in model.graph.node
+            if n.op_type.startswith("TFL_") or (n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type))
+        }
+    )
     if bad:
-        raise DriverError("unsupported_ops", "tf2onnx cannot translate TFLite op(s) "
-                          + ", ".join(op for op, _ in bad), ops=[{"op": op, "domain": d} for op, d in bad])
+        raise DriverError(
+            "unsupported_ops",
+            "tf2onnx cannot translate TFLite op(s) " + ", ".join(op for op, _ in bad),
+            ops=[{"op": op, "domain": d} for op, d in bad],
+        )
     import tensorflow as tf
 
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"artifact": str(out), "details": {"opset": int(job.get("opset", 17)), "onnx_ops": dict(sorted(ops.items()))},
-            "tool_versions": {"tf2onnx": tf2onnx.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__}}
+    return {
+        "artifact": str(out),
+        "details": {"opset": int(job.get("opset", 17)), "onnx_ops": dict(sorted(ops.items()))},
+        "tool_versions": {"tf2onnx": tf2onnx.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__},
+    }
 
 
 def _onnx2tf(job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any]) -> Any:
@@ -476,16 +543,20 @@ def _onnx2tf(job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any
     import onnx2tf
 
     try:
-        keras_model = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(work / "saved_model"),
-                                      output_signaturedefs=True, non_verbose=False, verbosity="warn",
-                                      # onnx2tf's API compares lower-case names (its CLI lower-cases them)
-                                      replace_to_pseudo_operators=sorted(op.lower() for op in
-                                                                         prepared["pseudo_operators"]),
-                                      # inputs that are no image (audio, recurrent state) keep their layout
-                                      keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
-                                      # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
-                                      # merge per-axis Slices into full-rank ones onnx2tf mistranslates
-                                      not_use_onnxsim=bool(job.get("no_onnxsim", False)))
+        keras_model = onnx2tf.convert(
+            input_onnx_file_path=str(src),
+            output_folder_path=str(work / "saved_model"),
+            output_signaturedefs=True,
+            non_verbose=False,
+            verbosity="warn",
+            # onnx2tf's API compares lower-case names (its CLI lower-cases them)
+            replace_to_pseudo_operators=sorted(op.lower() for op in prepared["pseudo_operators"]),
+            # inputs that are no image (audio, recurrent state) keep their layout
+            keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
+            # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
+            # merge per-axis Slices into full-rank ones onnx2tf mistranslates
+            not_use_onnxsim=bool(job.get("no_onnxsim", False)),
+        )
     except SystemExit as e:
         raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
     except Exception as e:  # noqa: BLE001
@@ -502,10 +573,13 @@ def _prepared_details(prepared: dict[str, Any]) -> dict[str, Any]:
         details["pseudo_operators"] = {
             op: f"{n} node(s) built from TFLite builtins by onnx2tf (replace_to_pseudo_operators)"
             + (": Abramowitz-Stegun 7.1.26, max abs error 1.5e-7" if op == "Erf" else "")
-            for op, n in prepared["pseudo_operators"].items()}
+            for op, n in prepared["pseudo_operators"].items()
+        }
     if prepared["renamed_nodes"]:
-        details["renamed_nodes"] = (f"{prepared['renamed_nodes']} ONNX node name(s) TensorFlow refuses as scope "
-                                    f"names, renamed for onnx2tf (e.g. {prepared['renamed_examples'][0]})")
+        details["renamed_nodes"] = (
+            f"{prepared['renamed_nodes']} ONNX node name(s) TensorFlow refuses as scope "
+            f"names, renamed for onnx2tf (e.g. {prepared['renamed_examples'][0]})"
+        )
     return details
 
 
@@ -515,8 +589,12 @@ def _tool_versions() -> dict[str, str]:
     import onnx2tf
     import tensorflow as tf
 
-    versions = {"onnx2tf": onnx2tf.__version__, "tensorflow": tf.__version__, "onnx": onnx.__version__,
-                "numpy": np.__version__}
+    versions = {
+        "onnx2tf": onnx2tf.__version__,
+        "tensorflow": tf.__version__,
+        "onnx": onnx.__version__,
+        "numpy": np.__version__,
+    }
     for mod in ("onnxsim", "onnxruntime", "tf_keras"):
         try:
             versions[mod] = __import__(mod).__version__
@@ -545,8 +623,11 @@ def main() -> int:
         stage("checking ONNX ops against onnx2tf")
         bad = unsupported_ops(Path(job["onnx"]))
         if bad:
-            raise DriverError("unsupported_ops", "onnx2tf cannot convert " + ", ".join(
-                f"{b['op']} (node {b['node']})" for b in bad), ops=bad)
+            raise DriverError(
+                "unsupported_ops",
+                "onnx2tf cannot convert " + ", ".join(f"{b['op']} (node {b['node']})" for b in bad),
+                ops=bad,
+            )
         src = work / "source.onnx"
         prepared = prepare_source(Path(job["onnx"]), src)  # a copy: onnx2tf simplifies its input in place
 
@@ -558,8 +639,11 @@ def main() -> int:
         common_functions.download_test_image_data = _local_test_images
         _record_onnxsim()
         if shutil.which("onnxsim") is None:
-            raise DriverError("toolchain", "onnxsim is not on PATH inside the toolchain run; onnx2tf would skip "
-                              "simplification silently", hint="reinstall: edgekit toolchain install tflite --force")
+            raise DriverError(
+                "toolchain",
+                "onnxsim is not on PATH inside the toolchain run; onnx2tf would skip simplification silently",
+                hint="reinstall: edgekit toolchain install tflite --force",
+            )
         timings["setup_s"] = round(time.time() - t0, 2)
 
         stage("onnx2tf: ONNX -> TensorFlow (NHWC)")
@@ -582,8 +666,15 @@ def main() -> int:
         stage("checking the .tflite loads with builtin kernels")
         details.update(inspect_tflite(out))
         details.update(_prepared_details(prepared))
-        emit("result", artifact=str(out), io=io_map, details=details, tool_versions=_tool_versions(),
-             onnxsim=_ONNXSIM_RUNS, timings=timings)
+        emit(
+            "result",
+            artifact=str(out),
+            io=io_map,
+            details=details,
+            tool_versions=_tool_versions(),
+            onnxsim=_ONNXSIM_RUNS,
+            timings=timings,
+        )
         return 0
     except DriverError as e:
         emit("error", kind=e.kind, message=str(e), **e.data)

@@ -44,13 +44,29 @@ from coreml_driver import NotTorchModel, torch_inputs  # noqa: E402 - the shared
 _EVENTS: Any = None
 _START = time.time()
 # what the TorchScript-based exporter always says about itself: not news about this model
-_EXPORTER_NOISE = ("legacy TorchScript-based ONNX export", "The feature will be removed", "no signature found for",
-                   "It is recommended that constant folding be turned off")
+_EXPORTER_NOISE = (
+    "legacy TorchScript-based ONNX export",
+    "The feature will be removed",
+    "no signature found for",
+    "It is recommended that constant folding be turned off",
+)
 # an ExportedProgram's module() checks its inputs against the export's shape guards (torch._assert in
 # torch/__init__.py, torch/export/, torch/_export/): with static shapes the tracer folds them to constants
 _GUARD_FILES = (f"torch{os.sep}__init__.py", f"torch{os.sep}export{os.sep}", f"torch{os.sep}_export{os.sep}")
-_NUMPY_OF_ONNX = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-                  10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+_NUMPY_OF_ONNX = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
+}
 
 
 def emit(event: str, **data: Any) -> None:
@@ -73,12 +89,16 @@ def describe(values: Any) -> list[dict[str, Any]]:
 
 
 def io_problems(want: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> list[str]:
-    problems = [f"{w['name']} {list(w['shape'])} {w['dtype']} became {g['name']} {g['shape']} {g['dtype']}"
-                for w, g in zip(want, got)
-                if (w["name"], [int(d) for d in w["shape"]], w["dtype"]) != (g["name"], g["shape"], g["dtype"])]
+    problems = [
+        f"{w['name']} {list(w['shape'])} {w['dtype']} became {g['name']} {g['shape']} {g['dtype']}"
+        for w, g in zip(want, got)
+        if (w["name"], [int(d) for d in w["shape"]], w["dtype"]) != (g["name"], g["shape"], g["dtype"])
+    ]
     if len(want) != len(got):
-        problems.append(f"expected {len(want)} {what} ({', '.join(w['name'] for w in want)}), the ONNX graph has "
-                        f"{len(got)} ({', '.join(g['name'] for g in got)})")
+        problems.append(
+            f"expected {len(want)} {what} ({', '.join(w['name'] for w in want)}), the ONNX graph has "
+            f"{len(got)} ({', '.join(g['name'] for g in got)})"
+        )
     return problems
 
 
@@ -93,16 +113,19 @@ def _reference(module: Any, samples: Any, names: list[str], work: Path) -> tuple
         y = module(*[torch.from_numpy(np.ascontiguousarray(samples[k][i])) for k in names])
         y = tuple(y) if isinstance(y, (tuple, list)) else (y,)
         if not y or not all(isinstance(v, torch.Tensor) for v in y):
-            raise TypeError("the model must return a tensor or a tuple/list of tensors, got "
-                            + (", ".join(type(v).__name__ for v in y) or "nothing"))
+            raise TypeError(
+                "the model must return a tensor or a tuple/list of tensors, got "
+                + (", ".join(type(v).__name__ for v in y) or "nothing")
+            )
         # bfloat16 has no numpy dtype; every other dtype is kept: it is the exported graph's output dtype
         outs.append([(v.float() if v.dtype == torch.bfloat16 else v).detach().numpy() for v in y])
     out_names = [f"output_{j}" for j in range(len(outs[0]))]
     reference = work / "reference_outputs.npz"
     arrays: dict[str, Any] = {k: np.stack([o[j] for o in outs]) for j, k in enumerate(out_names)}  # see np.savez's stub
     np.savez(reference, **arrays)
-    outputs = [{"name": k, "shape": list(outs[0][j].shape), "dtype": str(outs[0][j].dtype)}
-               for j, k in enumerate(out_names)]
+    outputs = [
+        {"name": k, "shape": list(outs[0][j].shape), "dtype": str(outs[0][j].dtype)} for j, k in enumerate(out_names)
+    ]
     return out_names, reference, outputs
 
 
@@ -111,8 +134,11 @@ def _export_warnings(caught: list[Any], kind: str) -> list[str]:
     said: list[str] = []
     for w in caught:
         text = " ".join(str(w.message).split())[:400]
-        guard = kind == "exported_program" and str(w.filename).endswith(_GUARD_FILES[0]) \
+        guard = (
+            kind == "exported_program"
+            and str(w.filename).endswith(_GUARD_FILES[0])
             or any(g in str(w.filename) for g in _GUARD_FILES[1:])
+        )
         if not guard and not any(s in text for s in _EXPORTER_NOISE) and text not in said:
             said.append(text)
     return said
@@ -150,8 +176,14 @@ def run(job: dict[str, Any], work: Path) -> int:
         return 0
     given = [t["name"] for t in job["inputs"]]
     if sorted(given) != sorted(names):
-        emit("error", kind="inputs", input_names=names, message=(
-            f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"))
+        emit(
+            "error",
+            kind="inputs",
+            input_names=names,
+            message=(
+                f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"
+            ),
+        )
         return 1
     by_name = {t["name"]: t for t in job["inputs"]}
     inputs = [by_name[n] for n in names]  # the model's positional order
@@ -172,9 +204,18 @@ def run(job: dict[str, Any], work: Path) -> int:
     example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        torch.onnx.export(module, example, str(artifact), dynamo=False, input_names=names, output_names=out_names,
-                          opset_version=int(job["opset"]), training=torch.onnx.TrainingMode.PRESERVE,
-                          do_constant_folding=True, export_params=True)
+        torch.onnx.export(
+            module,
+            example,
+            str(artifact),
+            dynamo=False,
+            input_names=names,
+            output_names=out_names,
+            opset_version=int(job["opset"]),
+            training=torch.onnx.TrainingMode.PRESERVE,
+            do_constant_folding=True,
+            export_params=True,
+        )
     said = _export_warnings(caught, kind)
     timings["export_s"] = round(time.time() - t0, 2)
 
@@ -190,12 +231,23 @@ def run(job: dict[str, Any], work: Path) -> int:
     ops = _op_counts(proto.graph)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     timings["check_s"] = round(time.time() - t0, 2)
-    emit("result", artifact=str(artifact), files=sorted(str(p) for p in out_dir.rglob("*") if p.is_file()),
-         opset=opset, ir_version=int(proto.ir_version),
-         producer=f"{proto.producer_name} {proto.producer_version}".strip(),
-         io={"inputs": ins, "outputs": outs_graph}, io_problems=problems, ops=dict(sorted(ops.items())),
-         input_names=names, outputs=outputs, reference_outputs=str(reference), export_warnings=said,
-         timings=timings, tool_versions={"torch": torch.__version__, "onnx": onnx.__version__, "numpy": np.__version__})
+    emit(
+        "result",
+        artifact=str(artifact),
+        files=sorted(str(p) for p in out_dir.rglob("*") if p.is_file()),
+        opset=opset,
+        ir_version=int(proto.ir_version),
+        producer=f"{proto.producer_name} {proto.producer_version}".strip(),
+        io={"inputs": ins, "outputs": outs_graph},
+        io_problems=problems,
+        ops=dict(sorted(ops.items())),
+        input_names=names,
+        outputs=outputs,
+        reference_outputs=str(reference),
+        export_warnings=said,
+        timings=timings,
+        tool_versions={"torch": torch.__version__, "onnx": onnx.__version__, "numpy": np.__version__},
+    )
     return 0
 
 
@@ -216,8 +268,11 @@ def main() -> int:
         return 1
     except Exception as e:  # noqa: BLE001 - reported to the parent as an event
         traceback.print_exc()
-        emit("error", kind="unsupported_op" if type(e).__name__ == "UnsupportedOperatorError" else "conversion",
-             message=f"{type(e).__name__}: {str(e).strip()[:1500]}")
+        emit(
+            "error",
+            kind="unsupported_op" if type(e).__name__ == "UnsupportedOperatorError" else "conversion",
+            message=f"{type(e).__name__}: {str(e).strip()[:1500]}",
+        )
         return 1
 
 

@@ -43,10 +43,18 @@ class Config:
 
     def label(self) -> str:
         """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
-        short = {"intra_op_num_threads": "threads", "num_threads": "threads", "graph_optimization_level": "graph",
-                 "performance_hint": "hint", "mixed_precision": "mixed", "execution_mode": "mode",
-                 "inter_op_num_threads": "inter", "allow_spinning": "spin", "xnnpack_latest_features": "latest",
-                 "num_streams": "streams"}
+        short = {
+            "intra_op_num_threads": "threads",
+            "num_threads": "threads",
+            "graph_optimization_level": "graph",
+            "performance_hint": "hint",
+            "mixed_precision": "mixed",
+            "execution_mode": "mode",
+            "inter_op_num_threads": "inter",
+            "allow_spinning": "spin",
+            "xnnpack_latest_features": "latest",
+            "num_streams": "streams",
+        }
         bits = [f"{short.get(k, k)}={word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
         if self.workers != 1:
             bits.append(f"workers={self.workers}")
@@ -55,8 +63,14 @@ class Config:
         return f"{self.runner} {self.precision} " + " ".join(bits)
 
     def to_json(self) -> dict[str, Any]:
-        return {"runner": self.runner, "precision": self.precision, "recipe": dict(self.recipe),
-                "options": dict(self.options), "workers": self.workers, "batch": self.batch}
+        return {
+            "runner": self.runner,
+            "precision": self.precision,
+            "recipe": dict(self.recipe),
+            "options": dict(self.options),
+            "workers": self.workers,
+            "batch": self.batch,
+        }
 
 
 def word(v: Any) -> str:

@@ -66,8 +66,10 @@ def trial_score(objective: str, rep_scores: Sequence[float]) -> float:
         raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
     if objective == "e2e" and any(x < 0 for x in rep_scores):
         # a study written before e2e ran at the target rate stored minus the frame rate: not comparable
-        raise EdgeError("e2e repetition scores are frame times in ms (>= 0); got a negative one",
-                        hint="remove the study file written by an older edgekit to measure again")
+        raise EdgeError(
+            "e2e repetition scores are frame times in ms (>= 0); got a negative one",
+            hint="remove the study file written by an older edgekit to measure again",
+        )
     return float(np.median(rep_scores))
 
 
@@ -82,6 +84,7 @@ def missed_share(rung: Mapping[str, Any]) -> float:
 
 #: how the throughput objective is measured (in a study's header: a study measured otherwise does not compare)
 THROUGHPUT_REQUESTS = "openvino: its optimal number in flight; the others: one"
+
 
 def rank_key(objective: str, rung: Mapping[str, Any]) -> tuple[float, float]:
     """How a measured rung ranks, lower first: ``e2e`` by the share of frames missed at the target rate
@@ -115,8 +118,14 @@ def _first_inputs(bundle: Any) -> dict[str, np.ndarray] | None:
     return dict(load_reference_pairs(bundle.path, entry, bundle.io).inputs[0])
 
 
-def open_trial_runner(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None,
-          inputs: Mapping[str, np.ndarray] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+def open_trial_runner(
+    rec: dict[str, Any],
+    bundle: Any,
+    cfg: Config,
+    check: bool = True,
+    single: Any = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+) -> tuple[Any, dict[str, np.ndarray]]:
     """Open ``cfg``'s runner on ``bundle``, warm it once, record its load time, memory and runtime; with ``check``
     the trial's own reference check too (:func:`_check`; ``single``: a batched trial's batch-1 bundle).
     ``inputs``: the bundle's first reference inputs when the caller has them (:func:`_first_inputs`; the trials
@@ -137,8 +146,10 @@ def open_trial_runner(rec: dict[str, Any], bundle: Any, cfg: Config, check: bool
         if cfg.batch != 1:
             lead = {int(np.shape(v)[0]) if np.ndim(v) else 0 for v in feeds.values()}
             if lead != {cfg.batch}:
-                raise EdgeError(f"trial {cfg.id}: its bundle's inputs have first dimension {sorted(lead)}, not the "
-                                f"batch {cfg.batch} it was converted for")
+                raise EdgeError(
+                    f"trial {cfg.id}: its bundle's inputs have first dimension {sorted(lead)}, not the "
+                    f"batch {cfg.batch} it was converted for"
+                )
         rec["batch"] = cfg.batch
         if check:
             _check(rec, bundle, runner, cfg, single)
@@ -160,13 +171,22 @@ def _check(rec: dict[str, Any], bundle: Any, runner: Any, cfg: Config | None = N
         par = rec["parity"]
         entry = getattr(getattr(single, "info", None), "reference_pairs", None)
         if single is None or entry is None or entry.file is None:
-            par["per_item"] = {"passed": None, "batch": n, "failures": [
-                "per-item check not run: no batch-1 bundle with reference pairs for this runner, precision and recipe"]}
+            par["per_item"] = {
+                "passed": None,
+                "batch": n,
+                "failures": [
+                    "per-item check not run: no batch-1 bundle with reference pairs for this runner, precision and recipe"
+                ],
+            }
         else:
             inputs = list(load_reference_pairs(single.path, entry, single.io).inputs)
             got = check_reference_pairs(single, _PerItem(runner, n, inputs))
-            par["per_item"] = {"passed": got.get("passed"), "batch": n, "samples": got.get("samples"),
-                               "failures": [f"per item at batch {n}: {f}" for f in (got.get("failures") or [])][:4]}
+            par["per_item"] = {
+                "passed": got.get("passed"),
+                "batch": n,
+                "samples": got.get("samples"),
+                "failures": [f"per item at batch {n}: {f}" for f in (got.get("failures") or [])][:4],
+            }
         combine_parity(par)
 
 
@@ -187,15 +207,18 @@ class _PerItem:
         items[pos] = feeds
         batch = {name: np.concatenate([np.asarray(it[name]) for it in items], axis=0) for name in feeds}
         out = self._runner.infer(batch)
-        return {name: v[pos:pos + 1] for name, v in out.items()}
+        return {name: v[pos : pos + 1] for name, v in out.items()}
 
 
 def _merge_parity(rec: dict[str, Any], check: Mapping[str, Any]) -> None:
     """Record the trial's own reference check (its runner options on the bundle's reference pairs)."""
     par = rec.setdefault("parity", {})
     cos = [o.get("cosine") for o in check.get("outputs", []) if isinstance(o.get("cosine"), (int, float))]
-    par["trial"] = {"passed": check.get("passed"), "samples": check.get("samples"),
-                    "failures": list(check.get("failures") or [])[:4]}
+    par["trial"] = {
+        "passed": check.get("passed"),
+        "samples": check.get("samples"),
+        "failures": list(check.get("failures") or [])[:4],
+    }
     par["error"] = round(max(1.0 - c for c in cos), 8) if cos else None
     combine_parity(par)
 
@@ -209,12 +232,21 @@ def combine_parity(par: dict[str, Any]) -> None:
     per = par.get("per_item")
     if per is not None and per.get("passed") is not True and par["passed"] is not False:
         par["passed"] = per.get("passed")  # a batched trial whose items were not checked is not verified
-    par["failures"] = list(par.get("conversion_failures") or []) + list((par.get("trial") or {}).get("failures") or []) \
+    par["failures"] = (
+        list(par.get("conversion_failures") or [])
+        + list((par.get("trial") or {}).get("failures") or [])
         + list((per or {}).get("failures") or [] if (per or {}).get("passed") is not True else [])
+    )
 
 
-def measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objective: str, reps: int, iters: int,
-                   warmup: int, batches: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
+def measure_infer(
+    opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]],
+    objective: str,
+    reps: int,
+    iters: int,
+    warmup: int,
+    batches: Mapping[str, int] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Interleaved repetitions: in repetition r every runner runs ``iters`` timed inferences (after ``SETTLE``
     untimed ones), the order rotated by r, so drift and background load hit every trial alike. Only ``infer``
     is timed (as ``bench``). ``batches``: items per inference per trial (default 1): throughput and ``fps`` count
@@ -230,8 +262,9 @@ def measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objec
     The latency objective is always one synchronous request at a time: a stream of frames."""
     names = list(opened)
     per = {n: int((batches or {}).get(n, 1)) for n in names}
-    concurrent = {n: getattr(opened[n][0], "run_concurrent", None) if objective == "throughput" else None
-                  for n in names}
+    concurrent = {
+        n: getattr(opened[n][0], "run_concurrent", None) if objective == "throughput" else None for n in names
+    }
     in_flight = {n: int(getattr(opened[n][0], "requests", 1)) if concurrent[n] else 1 for n in names}
     for n in names:
         runner, feeds = opened[n]
@@ -274,17 +307,31 @@ def measure_infer(opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]], objec
     out = {}
     for n in names:
         a = np.asarray(samples[n])
-        out[n] = {"reps": reps, "iters": iters, "rep_scores": [round(x, 5) for x in reps_out[n]],
-                  "p50_ms": round(float(np.percentile(a, 50)), 4), "p99_ms": round(float(np.percentile(a, 99)), 4),
-                  # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
-                  # table's items/s and the choice agree; else inferences per second over every sample
-                  "fps": round(-float(np.median(reps_out[n])), 2) if objective == "throughput"
-                  else round(1000.0 * per[n] / float(a.mean()), 2), "batch": per[n], "requests": in_flight[n]}
+        out[n] = {
+            "reps": reps,
+            "iters": iters,
+            "rep_scores": [round(x, 5) for x in reps_out[n]],
+            "p50_ms": round(float(np.percentile(a, 50)), 4),
+            "p99_ms": round(float(np.percentile(a, 99)), 4),
+            # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
+            # table's items/s and the choice agree; else inferences per second over every sample
+            "fps": round(-float(np.median(reps_out[n])), 2)
+            if objective == "throughput"
+            else round(1000.0 * per[n] / float(a.mean()), 2),
+            "batch": per[n],
+            "requests": in_flight[n],
+        }
     return out
 
 
-def _measure_video(items: Sequence[tuple[str, Any, Config]], video: Path, reps: int, frames: int,
-                   budget_ms: float | None, pace_fps: float | None = None) -> dict[str, dict[str, Any]]:
+def _measure_video(
+    items: Sequence[tuple[str, Any, Config]],
+    video: Path,
+    reps: int,
+    frames: int,
+    budget_ms: float | None,
+    pace_fps: float | None = None,
+) -> dict[str, dict[str, Any]]:
     """``e2e``: the video pipeline (decode, pre-processing, inference, post-processing) over the first ``frames``
     frames of ``video`` as ``edgekit run --realtime`` runs it: frames fed at ``pace_fps`` (default: the video's
     own rate, else the budget's), a frame that would be late dropped. Each repetition runs every trial once, in
@@ -297,28 +344,46 @@ def _measure_video(items: Sequence[tuple[str, Any, Config]], video: Path, reps: 
         rot = r % len(items)
         for n, bundle, cfg in list(items[rot:]) + list(items[:rot]):
             with open_source(video=str(video)) as source:
-                rep = run_pipeline(bundle, source, PipelineOptions(
-                    realtime=True, source_fps=pace_fps, max_frames=frames, runner_options=dict(cfg.options),
-                    infer_workers=cfg.workers, warmup=2, budget_ms=budget_ms,
-                    budget_source="tune" if budget_ms else "none"))
+                rep = run_pipeline(
+                    bundle,
+                    source,
+                    PipelineOptions(
+                        realtime=True,
+                        source_fps=pace_fps,
+                        max_frames=frames,
+                        runner_options=dict(cfg.options),
+                        infer_workers=cfg.workers,
+                        warmup=2,
+                        budget_ms=budget_ms,
+                        budget_source="tune" if budget_ms else "none",
+                    ),
+                )
             rep.raise_for_failure()
             runs[n].append(rep)
     out = {}
     for n, reports in runs.items():
         e2e = [x.e2e for x in reports if x.e2e is not None]
         # a repetition that processed nothing scores its whole length: it lost every frame
-        scores = [round(x.e2e.p50_ms, 4) if x.e2e is not None else round(1000.0 * frames / (x.pace_fps or 1.0), 4)
-                  for x in reports]
+        scores = [
+            round(x.e2e.p50_ms, 4) if x.e2e is not None else round(1000.0 * frames / (x.pace_fps or 1.0), 4)
+            for x in reports
+        ]
         missed = [int(x.deadline_misses) for x in reports]
-        out[n] = {"reps": reps, "iters": frames, "rep_scores": scores,
-                  "rep_missed": missed, "rep_frames": [int(x.frames_in) for x in reports],
-                  "dropped": int(np.median([x.dropped_total for x in reports])),
-                  "late": int(np.median([x.late for x in reports])),
-                  "missed": int(np.median(missed)), "frames": int(np.median([x.frames_in for x in reports])),
-                  "pace_fps": round(reports[0].pace_fps, 3) if reports[0].pace_fps else None,
-                  "p50_ms": round(float(np.median([s.p50_ms for s in e2e])), 4) if e2e else None,
-                  "p99_ms": round(float(np.median([s.p99_ms for s in e2e])), 4) if e2e else None,
-                  "fps": round(float(np.median([x.effective_fps for x in reports])), 2)}
+        out[n] = {
+            "reps": reps,
+            "iters": frames,
+            "rep_scores": scores,
+            "rep_missed": missed,
+            "rep_frames": [int(x.frames_in) for x in reports],
+            "dropped": int(np.median([x.dropped_total for x in reports])),
+            "late": int(np.median([x.late for x in reports])),
+            "missed": int(np.median(missed)),
+            "frames": int(np.median([x.frames_in for x in reports])),
+            "pace_fps": round(reports[0].pace_fps, 3) if reports[0].pace_fps else None,
+            "p50_ms": round(float(np.median([s.p50_ms for s in e2e])), 4) if e2e else None,
+            "p99_ms": round(float(np.median([s.p99_ms for s in e2e])), 4) if e2e else None,
+            "fps": round(float(np.median([x.effective_fps for x in reports])), 2),
+        }
     return out
 
 
@@ -332,8 +397,9 @@ class Pool:
         # per bundle: its first reference inputs, read once for all the trials (runner options) that share it
         self.inputs: dict[str, dict[str, np.ndarray] | None] = {}
 
-    def get(self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
-            ) -> tuple[Any, dict[str, np.ndarray]]:
+    def get(
+        self, rec: dict[str, Any], bundle: Any, cfg: Config, check: bool = True, single: Any = None
+    ) -> tuple[Any, dict[str, np.ndarray]]:
         if cfg.id not in self.open:
             where = str(bundle.path)
             if where not in self.inputs:
@@ -397,8 +463,7 @@ class Rung:
     check: bool = True
 
 
-def measure_chunk(chunk: Sequence[Config], trials: Trials, rung: Rung, pool: Pool, anchor: Config | None = None
-                  ) -> int:
+def measure_chunk(chunk: Sequence[Config], trials: Trials, rung: Rung, pool: Pool, anchor: Config | None = None) -> int:
     """Open (or take from ``pool``), check and measure one chunk of trials interleaved; how many were measured.
     ``rung.check=False``: the trials' own reference checks wait until they survive this rung (the conversion gate
     still holds: a trial that failed it is never chosen). ``trials.singles``: a batched trial's id -> its batch-1

@@ -58,10 +58,16 @@ class TunedOverlay:
     infer_workers: int | None = None
 
     def to_toml_dict(self) -> dict[str, Any]:
-        d = {"schema_version": OVERLAY_VERSION, "target": self.target, "precision": self.precision,
-             "runner": self.runner, "chain": list(self.chain),
-             "convert": {"options": {k: dict(v) for k, v in self.convert_options.items()}},
-             "run": {"options": dict(self.run_options)}, "tuned": dict(self.tuned)}
+        d = {
+            "schema_version": OVERLAY_VERSION,
+            "target": self.target,
+            "precision": self.precision,
+            "runner": self.runner,
+            "chain": list(self.chain),
+            "convert": {"options": {k: dict(v) for k, v in self.convert_options.items()}},
+            "run": {"options": dict(self.run_options)},
+            "tuned": dict(self.tuned),
+        }
         if self.infer_workers is not None:  # absent otherwise: an overlay without it hashes as it always did
             d["video"] = {"infer_workers": self.infer_workers}
         return d
@@ -83,15 +89,24 @@ class TunedOverlay:
 
         t = self.tuned
         os_, _, arch = str(t.get("measured_on") or "").partition("/")
-        host = {"os": t.get("os", os_), "arch": t.get("arch", arch), "cpu": t.get("cpu", ""),
-                "isa": t.get("isa", []), "cpus": t.get("cpus")}
+        host = {
+            "os": t.get("os", os_),
+            "arch": t.get("arch", arch),
+            "cpu": t.get("cpu", ""),
+            "isa": t.get("isa", []),
+            "cpus": t.get("cpus"),
+        }
         rec: dict[str, Any] = {"overlay_sha256": self.content_sha256()}
         if self.infer_workers is not None:  # applied, not informational: validated when the overlay was read
             rec["infer_workers"] = self.infer_workers
-        fields = {"configuration": t.get("configuration"), "objective": t.get("objective"),
-                  "tuned_on": {k: v for k, v in host.items() if v not in (None, "")},
-                  "same_device_class": t.get("same_device_class"), "device_class": t.get("device_class"),
-                  "created_utc": t.get("created_utc")}
+        fields = {
+            "configuration": t.get("configuration"),
+            "objective": t.get("objective"),
+            "tuned_on": {k: v for k, v in host.items() if v not in (None, "")},
+            "same_device_class": t.get("same_device_class"),
+            "device_class": t.get("device_class"),
+            "created_utc": t.get("created_utc"),
+        }
         for key, value in fields.items():
             if value in (None, "", {}):
                 continue
@@ -105,12 +120,20 @@ class TunedOverlay:
     def describe(self) -> str:
         """One line: what applying it changes."""
         opts = ", ".join(f"{k}={_show(v)}" for k, v in sorted(self.run_options.items()))
-        conv = "; ".join(f"{c}: " + ", ".join(f"{k}={_show(v)}" for k, v in sorted(o.items()))
-                         for c, o in self.convert_options.items() if o)
-        return (f"{self.runner} {self.precision} via {' -> '.join(self.chain)}; runner options {opts or 'none'}"
-                + (f"; convert options {conv}" if conv else "")
-                + (f"; video pipeline: {self.infer_workers} inference worker{'s' if self.infer_workers != 1 else ''}"
-                   if self.infer_workers is not None else ""))
+        conv = "; ".join(
+            f"{c}: " + ", ".join(f"{k}={_show(v)}" for k, v in sorted(o.items()))
+            for c, o in self.convert_options.items()
+            if o
+        )
+        return (
+            f"{self.runner} {self.precision} via {' -> '.join(self.chain)}; runner options {opts or 'none'}"
+            + (f"; convert options {conv}" if conv else "")
+            + (
+                f"; video pipeline: {self.infer_workers} inference worker{'s' if self.infer_workers != 1 else ''}"
+                if self.infer_workers is not None
+                else ""
+            )
+        )
 
 
 def _show(v: Any) -> str:
@@ -122,15 +145,17 @@ def overlay_problems(raw: Mapping[str, Any]) -> list[str]:
     from edge.backends.converter import CONVERTERS
     from edge.backends.runner import RUNNERS
     from edge.bundle.schema import RunnerSpec, check_runner
-    from edge.targets import PRECISIONS
     from edge.bundle.typedjson import Invalid
+    from edge.targets import PRECISIONS
 
     found: list[str] = []
     for key in raw:
         if key not in _TOP:
             found.append(f"{key}: unknown key (allowed: {', '.join(sorted(_TOP))})")
     if raw.get("schema_version") != OVERLAY_VERSION:
-        found.append(f"schema_version: this edgekit reads {OVERLAY_VERSION}, the file has {raw.get('schema_version')!r}")
+        found.append(
+            f"schema_version: this edgekit reads {OVERLAY_VERSION}, the file has {raw.get('schema_version')!r}"
+        )
     for key in ("target", "precision", "runner"):
         if not isinstance(raw.get(key), str) or not raw.get(key):
             found.append(f"{key}: expected a name, got {raw.get(key)!r}")
@@ -184,20 +209,29 @@ def overlay_problems(raw: Mapping[str, Any]) -> list[str]:
 def overlay_from_dict(raw: Mapping[str, Any], where: str = "overlay") -> TunedOverlay:
     found = overlay_problems(raw)
     if found:
-        raise TargetError(f"invalid tuned overlay {where}: " + "; ".join(found),
-                          hint="write it with `edgekit tune MODEL --target T --out DIR` (DIR/tuned.toml)")
+        raise TargetError(
+            f"invalid tuned overlay {where}: " + "; ".join(found),
+            hint="write it with `edgekit tune MODEL --target T --out DIR` (DIR/tuned.toml)",
+        )
     conv = raw.get("convert", {}).get("options", {})
-    return TunedOverlay(target=raw["target"], precision=raw["precision"], runner=raw["runner"],
-                        chain=tuple(raw["chain"]), convert_options={k: dict(v) for k, v in conv.items()},
-                        run_options=dict(raw.get("run", {}).get("options", {})), tuned=dict(raw.get("tuned", {})),
-                        infer_workers=raw.get("video", {}).get("infer_workers"))
+    return TunedOverlay(
+        target=raw["target"],
+        precision=raw["precision"],
+        runner=raw["runner"],
+        chain=tuple(raw["chain"]),
+        convert_options={k: dict(v) for k, v in conv.items()},
+        run_options=dict(raw.get("run", {}).get("options", {})),
+        tuned=dict(raw.get("tuned", {})),
+        infer_workers=raw.get("video", {}).get("infer_workers"),
+    )
 
 
 def read_overlay(path: str | os.PathLike[str]) -> TunedOverlay:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
-        raise TargetError(f"tuned overlay {p} does not exist",
-                          hint="write one with `edgekit tune MODEL --target T --out DIR`")
+        raise TargetError(
+            f"tuned overlay {p} does not exist", hint="write one with `edgekit tune MODEL --target T --out DIR`"
+        )
     try:  # the one safe reader: a regular file, bounded size, depth and integer digits
         raw = read_toml_file(p, what="tuned overlay", max_bytes=MAX_BYTES, max_depth=16)
     except UnreadableFile as e:
@@ -214,25 +248,34 @@ def apply_overlay(profile: Any, overlay: TunedOverlay | str | os.PathLike[str]) 
     ov = overlay if isinstance(overlay, TunedOverlay) else read_overlay(overlay)
     where = f"tuned overlay {ov.path}" if ov.path else "tuned overlay"
     if ov.target != profile.name:
-        raise TargetError(f"{where} was tuned for target {ov.target!r}, not {profile.name!r}",
-                          hint=f"pass --target {ov.target}, or tune for {profile.name}")
+        raise TargetError(
+            f"{where} was tuned for target {ov.target!r}, not {profile.name!r}",
+            hint=f"pass --target {ov.target}, or tune for {profile.name}",
+        )
     profile.check_precision(ov.precision)
-    return dataclasses.replace(profile, runner=ov.runner, chain=tuple(ChainStep(c) for c in ov.chain),
-                               convert_options={k: dict(v) for k, v in ov.convert_options.items()},
-                               runtime_options=dict(ov.run_options))
+    return dataclasses.replace(
+        profile,
+        runner=ov.runner,
+        chain=tuple(ChainStep(c) for c in ov.chain),
+        convert_options={k: dict(v) for k, v in ov.convert_options.items()},
+        runtime_options=dict(ov.run_options),
+    )
 
 
 def resolve_precision(overlay: TunedOverlay, asked: str | None) -> str:
     """The overlay's precision; an explicit, different ``--precision`` is refused rather than silently mixed
     with options tuned for another precision."""
     if asked is not None and asked != overlay.precision:
-        raise TargetError(f"--precision {asked} conflicts with the tuned overlay's precision {overlay.precision} "
-                          "(its runner options were measured for that precision)",
-                          hint="drop --precision, or tune again for the precision you want")
+        raise TargetError(
+            f"--precision {asked} conflicts with the tuned overlay's precision {overlay.precision} "
+            "(its runner options were measured for that precision)",
+            hint="drop --precision, or tune again for the precision you want",
+        )
     return overlay.precision
 
 
 # -- writing --------------------------------------------------------------------------------------
+
 
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
@@ -258,8 +301,9 @@ def overlay_toml(overlay: TunedOverlay, comments: list[str] = ()) -> str:  # typ
     for k in ("schema_version", "target", "precision", "runner", "chain"):
         lines.append(f"{k} = {_toml_value(d[k])}")
     for name, opts in d["convert"]["options"].items():
-        lines += ["", f"[convert.options.{_toml_key(name)}]"] + [f"{_toml_key(k)} = {_toml_value(v)}"
-                                                                 for k, v in opts.items()]
+        lines += ["", f"[convert.options.{_toml_key(name)}]"] + [
+            f"{_toml_key(k)} = {_toml_value(v)}" for k, v in opts.items()
+        ]
     lines += ["", "[run.options]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["run"]["options"].items()]
     if "video" in d:
         lines += ["", "[video]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["video"].items()]
@@ -277,14 +321,19 @@ def write_overlay(path: str | os.PathLike[str], overlay: TunedOverlay, comments:
     return p
 
 
-def apply_tuned(profile: Any, tuned: TunedOverlay | str | os.PathLike[str], precision: str | None,
-                say: Any = None) -> tuple[Any, str]:
+def apply_tuned(
+    profile: Any, tuned: TunedOverlay | str | os.PathLike[str], precision: str | None, say: Any = None
+) -> tuple[Any, str]:
     """(profile with the overlay applied, the precision to convert in) for ``convert``/``deploy --tuned``;
     what was applied is said through ``say``."""
     ov = tuned if isinstance(tuned, TunedOverlay) else read_overlay(tuned)
     chosen = resolve_precision(ov, precision)
     applied = apply_overlay(profile, ov)
     if say is not None:
-        where = "" if ov.tuned.get("same_device_class", True) else f" (tuned off the device: {ov.tuned.get('device_class')})"
+        where = (
+            ""
+            if ov.tuned.get("same_device_class", True)
+            else f" (tuned off the device: {ov.tuned.get('device_class')})"
+        )
         say(f"applying tuned overlay {ov.path or ''}: {ov.describe()}{where}")
     return applied, chosen

@@ -37,18 +37,41 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
-from edge.mqtt.payloads import SCHEMA_VERSION, encode
-from edge.mqtt.topics import Topic, TopicError, check_part
 from edge.errors import EdgeError
 from edge.fleet.acl import own_level
-from edge.tune.rungs import (device_pruned, device_trial, host_of, load_study, num, plan_rungs, resume,
-                                    save_study, search, study_header, text)
 from edge.graph.model import sha256_file
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
+from edge.mqtt.payloads import SCHEMA_VERSION, encode
+from edge.mqtt.topics import Topic, TopicError, check_part
 from edge.pipeline.request import ConvertRequest
-from edge.tune.search import (Schedule, TuneOptions, TuneResult, calib_identity, choose, conversion_parity,
-                              convert_cached, priority, recipe_key, source_key, trial_request, trial_results)
+from edge.tune.rungs import (
+    device_pruned,
+    device_trial,
+    host_of,
+    load_study,
+    num,
+    plan_rungs,
+    resume,
+    save_study,
+    search,
+    study_header,
+    text,
+)
+from edge.tune.search import (
+    Schedule,
+    TuneOptions,
+    TuneResult,
+    calib_identity,
+    choose,
+    conversion_parity,
+    convert_cached,
+    priority,
+    recipe_key,
+    source_key,
+    trial_request,
+    trial_results,
+)
 
 Say = Callable[[str], None]
 MAX_REPLY = 1 << 20
@@ -67,18 +90,26 @@ class RemoteTuneResult(TuneResult):
     def measured_on(self) -> str:
         h = self.host
         isa = [f for f in h.get("isa", []) if f.startswith(("avx", "amx", "sse4", "neon", "sve", "vnni", "fma"))]
-        return (f"measured on device {self.device.get('id')} ({h.get('hostname')}: {h.get('os')}/{h.get('arch')}, "
-                f"{h.get('cpu')}, {h.get('cpus')} CPUs" + (f", {' '.join(isa)}" if isa else "") + ")")
+        return (
+            f"measured on device {self.device.get('id')} ({h.get('hostname')}: {h.get('os')}/{h.get('arch')}, "
+            f"{h.get('cpu')}, {h.get('cpus')} CPUs" + (f", {' '.join(isa)}" if isa else "") + ")"
+        )
 
     def summary(self) -> str:
-        return super().summary().replace("measured on the target's", "measured on the device, the target's") \
-            .replace("measured NOT on", "measured on the device, NOT on") + f"; {self.measured_on}"
+        return (
+            super()
+            .summary()
+            .replace("measured on the target's", "measured on the device, the target's")
+            .replace("measured NOT on", "measured on the device, NOT on")
+            + f"; {self.measured_on}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "device": self.device, "measured_on": self.measured_on}
 
 
 # -- the artifact server ----------------------------------------------------------------------------
+
 
 class ArtifactServer:
     """``root``'s files over HTTP on ``addr`` (``HOST:PORT``, port 0: any free one), until ``close``."""
@@ -111,7 +142,7 @@ class ArtifactServer:
         self.httpd.server_close()
         self._thread.join(5.0)
 
-    def __enter__(self) -> "ArtifactServer":
+    def __enter__(self) -> ArtifactServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -119,6 +150,7 @@ class ArtifactServer:
 
 
 # -- the MQTT side ------------------------------------------------------------------------------------
+
 
 class DeviceLink:
     """One MQTT connection to one device: its retained birth and death, and its ``tune`` replies."""
@@ -134,14 +166,21 @@ class DeviceLink:
         self._token = secrets.token_hex(8)
         self.birth: dict[str, Any] | None = None
         self.death: dict[str, Any] | None = None
-        self.replies: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self.synced = threading.Event()
         self.loop = NetworkLoop(name="edgekit-tune")
         subs = [(self.topics[k], 1) for k in ("birth", "death", "tune")] + [(self._sync, 1)]
-        self.conn = Connection(self.loop, broker, self.client_id, subscriptions=subs, on_message=self._message,
-                               on_connected=self._connected, options=ConnectOptions(backoff=Backoff(0.2, 5.0)))
+        self.conn = Connection(
+            self.loop,
+            broker,
+            self.client_id,
+            subscriptions=subs,
+            on_message=self._message,
+            on_connected=self._connected,
+            options=ConnectOptions(backoff=Backoff(0.2, 5.0)),
+        )
 
-    def __enter__(self) -> "DeviceLink":
+    def __enter__(self) -> DeviceLink:
         self.loop.start()
         self.conn.start()
         return self
@@ -198,6 +237,7 @@ class DeviceLink:
 
 # -- the host side: space, conversions, artifacts -----------------------------------------------------
 
+
 @dataclass
 class _Prepared:
     configs: list[Any]
@@ -210,8 +250,9 @@ class _Prepared:
     model_sha: str = ""
 
 
-def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: Path, req: ConvertRequest,
-             say: Say) -> _Prepared:
+def _prepare(
+    model: Path, profile: Any, space: Any, configs: list[Any], cache: Path, req: ConvertRequest, say: Say
+) -> _Prepared:
     """Convert each recipe once (``edge.tune.search``'s cache: the same key, the same bundle), recording the conversion
     gate per trial as ``edge.tune.search.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
     from edge.graph.model import sha256_file
@@ -220,14 +261,22 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
     model_sha = sha256_file(model)
     calib_id = calib_identity(req.calib)
     trial = trial_request(req)
-    keys = {c.id: recipe_key(model_sha, profile, c, space, calib_id, req.parity_samples, source_key(req))
-            for c in configs}
+    keys = {
+        c.id: recipe_key(model_sha, profile, c, space, calib_id, req.parity_samples, source_key(req)) for c in configs
+    }
     bundles: dict[str, Any] = {}
     recs: dict[str, dict[str, Any]] = {}
     converted = 0
     for c in configs:
-        rec = recs[c.id] = {"id": c.id, "label": c.label(), **c.to_json(), "status": "pending", "rungs": {},
-                            "parity": None, "recipe_key": keys[c.id]}
+        rec = recs[c.id] = {
+            "id": c.id,
+            "label": c.label(),
+            **c.to_json(),
+            "status": "pending",
+            "rungs": {},
+            "parity": None,
+            "recipe_key": keys[c.id],
+        }
         key = keys[c.id]
         if key not in bundles:
             say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(bundles) + 1} recipes)")
@@ -245,8 +294,9 @@ def _prepare(model: Path, profile: Any, space: Any, configs: list[Any], cache: P
     return _Prepared(configs, recs, bundles, keys, [], converted, time.perf_counter() - t0, model_sha)
 
 
-def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None = None,
-               keys_dir: Any = None) -> dict[str, dict[str, Any]]:
+def _artifacts(
+    prep: _Prepared, out: Path, base_url: str, sign_key: str | None = None, keys_dir: Any = None
+) -> dict[str, dict[str, Any]]:
     """recipe key -> {url, sha256, size}: each bundle packed once as a rollout artifact into ``out``; with
     ``sign_key``, a copy of it signed first (a device with a trust store refuses unsigned bundles, as for rollouts;
     the cached bundle itself stays unsigned)."""
@@ -274,6 +324,7 @@ def _artifacts(prep: _Prepared, out: Path, base_url: str, sign_key: str | None =
 
 
 # -- the whole --------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DeviceTune:
@@ -324,8 +375,15 @@ class _Session:
     search_s: float = 0.0
 
 
-def tune_on_device(model: str | Path, device: str, remote: DeviceTune, request: ConvertRequest | None = None,
-                   options: TuneOptions | None = None, *, on_step: Say | None = None) -> RemoteTuneResult:
+def tune_on_device(
+    model: str | Path,
+    device: str,
+    remote: DeviceTune,
+    request: ConvertRequest | None = None,
+    options: TuneOptions | None = None,
+    *,
+    on_step: Say | None = None,
+) -> RemoteTuneResult:
     """See the module docstring. ``request``: what every trial converts with (as for ``edge.tune.search.tune``).
     ``options``: as ``tune`` takes them, less ``video``, ``time_budget_s`` and ``batches``: ``cache`` is the
     conversion cache (default ``OUT/cache``; ``edgekit tune``'s cache works too: the same recipe keys);
@@ -342,20 +400,36 @@ def tune_on_device(model: str | Path, device: str, remote: DeviceTune, request: 
     if src.format != "onnx":
         raise RemoteTuneError(f"edgekit fleet tune takes an ONNX model; {model.name} is {src.format}")
     out_dir = Path(opts.out) if opts.out is not None else Path("build") / f"{model.stem}-{device}-tune"
-    run = _Session(model=model, device=device, remote=remote, req=req, opts=opts, sched=sched,
-                   say=on_step or (lambda _m: None), out_dir=out_dir,
-                   study_path=Path(opts.study) if opts.study is not None else out_dir / "study.json")
+    run = _Session(
+        model=model,
+        device=device,
+        remote=remote,
+        req=req,
+        opts=opts,
+        sched=sched,
+        say=on_step or (lambda _m: None),
+        out_dir=out_dir,
+        study_path=Path(opts.study) if opts.study is not None else out_dir / "study.json",
+    )
     with DeviceLink(remote.broker, remote.fleet, device) as link:
         _read_birth(run, link)
         _plan(run)
         out_dir.mkdir(parents=True, exist_ok=True)
         # a study of another device, model, target or objective is refused before anything is converted
-        run.header = study_header(sha256_file(model), run.profile.name, opts.objective, opts.strategy,
-                                  remote.fleet, device, run.birth_host)
+        run.header = study_header(
+            sha256_file(model), run.profile.name, opts.objective, opts.strategy, remote.fleet, device, run.birth_host
+        )
         stored, measured_by = load_study(run.study_path, run.header)
         run.state = {"host": measured_by, "wall_s": 0.0, "measured": 0}
-        run.prep = _prepare(model, run.profile, run.space, run.configs,
-                            Path(opts.cache) if opts.cache is not None else out_dir / "cache", req, run.say)
+        run.prep = _prepare(
+            model,
+            run.profile,
+            run.space,
+            run.configs,
+            Path(opts.cache) if opts.cache is not None else out_dir / "cache",
+            req,
+            run.say,
+        )
         server = ArtifactServer(out_dir / "artifacts", remote.serve) if remote.serve is not None else None
         try:
             _search(run, link, stored, server)
@@ -368,16 +442,22 @@ def tune_on_device(model: str | Path, device: str, remote: DeviceTune, request: 
 def _check_options(remote: DeviceTune, opts: TuneOptions) -> Schedule:
     """Every option refused before anything runs; the schedule to measure with."""
     if (remote.artifact_base_url is None) == (remote.serve is None):
-        raise RemoteTuneError("give exactly one of --artifact-base-url URL (you upload OUT/artifacts/*.tar there) "
-                              "and --serve HOST:PORT (edgekit serves them while the device fetches)")
+        raise RemoteTuneError(
+            "give exactly one of --artifact-base-url URL (you upload OUT/artifacts/*.tar there) "
+            "and --serve HOST:PORT (edgekit serves them while the device fetches)"
+        )
     if opts.objective == "e2e":
-        raise RemoteTuneError("--objective e2e runs the video pipeline on a file; over MQTT the device measures "
-                              "latency or throughput", hint="use --objective latency or throughput")
+        raise RemoteTuneError(
+            "--objective e2e runs the video pipeline on a file; over MQTT the device measures latency or throughput",
+            hint="use --objective latency or throughput",
+        )
     if opts.objective not in ("latency", "throughput"):
         raise RemoteTuneError(f"unknown objective {opts.objective!r}", hint="choose latency or throughput")
     if opts.video is not None or opts.time_budget_s is not None or opts.batches is not None:
-        raise RemoteTuneError("a device tune takes no video, time budget or batch sizes",
-                              hint="leave out --video, --time-budget and --batch")
+        raise RemoteTuneError(
+            "a device tune takes no video, time budget or batch sizes",
+            hint="leave out --video, --time-budget and --batch",
+        )
     if opts.max_trials is not None and opts.max_trials < 1:
         raise RemoteTuneError(f"--max-trials must be >= 1, got {opts.max_trials}")
     sched = opts.schedule or Schedule()
@@ -396,19 +476,26 @@ def _read_birth(run: _Session, link: DeviceLink) -> None:
     broker, fleet = remote.broker, remote.fleet
     run.say(f"reading {fleet}/{device}'s birth from {broker.url}")
     if not link.synced.wait(15.0):
-        raise RemoteTuneError(f"cannot read the fleet from the broker {broker.url}: "
-                              f"{link.conn.last_error or 'no answer'}")
+        raise RemoteTuneError(
+            f"cannot read the fleet from the broker {broker.url}: {link.conn.last_error or 'no answer'}"
+        )
     if link.birth is None:
-        raise RemoteTuneError(f"device {device} has no birth in fleet {fleet} on {broker.url}: it never connected",
-                              hint="start its agent (edgekit agent --device-id ...) and check --fleet")
+        raise RemoteTuneError(
+            f"device {device} has no birth in fleet {fleet} on {broker.url}: it never connected",
+            hint="start its agent (edgekit agent --device-id ...) and check --fleet",
+        )
     if not link.online():
         raise RemoteTuneError(f"device {device} is offline (its last will was published after its birth)")
     birth = link.birth
     bh = birth.get("host")
     bh = bh if isinstance(bh, dict) else {}
     run.birth_host = bh
-    dev_host = Host(os=str(bh.get("os")), arch=str(bh.get("arch")), nvidia_gpu=bh.get("nvidia_gpu") is True,
-                    jetson=bh.get("jetson") is True)
+    dev_host = Host(
+        os=str(bh.get("os")),
+        arch=str(bh.get("arch")),
+        nvidia_gpu=bh.get("nvidia_gpu") is True,
+        jetson=bh.get("jetson") is True,
+    )
     target = remote.target
     if target is None:
         tb = birth.get("bundle")
@@ -416,13 +503,15 @@ def _read_birth(run: _Session, link: DeviceLink) -> None:
         target = tb.get("target")
         target = target if isinstance(target, str) else None
         if target is None:
-            raise RemoteTuneError(f"device {device} runs no bundle, so its birth names no target",
-                                  hint="give --target T")
+            raise RemoteTuneError(
+                f"device {device} runs no bundle, so its birth names no target", hint="give --target T"
+            )
     run.profile = target if isinstance(target, TargetProfile) else get_target(target, run.req.targets_dir)
     same, why = same_device_class(run.profile, dev_host, {})
     if not same:
-        raise RemoteTuneError(f"device {device} cannot serve target {run.profile.name}: "
-                              f"{why.replace('this host', 'the device')}")
+        raise RemoteTuneError(
+            f"device {device} cannot serve target {run.profile.name}: {why.replace('this host', 'the device')}"
+        )
 
 
 def _plan(run: _Session) -> None:
@@ -433,10 +522,15 @@ def _plan(run: _Session) -> None:
     opts, bh = run.opts, run.birth_host
     run.budget, run.budget_source = budget_from(opts.fps, opts.budget_ms, run.profile.frame_budget_ms)
     run.rank_budget = run.budget if (opts.fps is not None or opts.budget_ms is not None) else None
-    run.space = build_space(run.profile, objective=opts.objective, calibrated=run.req.calib is not None,
-                            runners=opts.runners, precisions=opts.precisions or (
-                                (run.req.precision,) if run.req.precision else None),
-                            threads=opts.threads, targets_dir=run.req.targets_dir)
+    run.space = build_space(
+        run.profile,
+        objective=opts.objective,
+        calibrated=run.req.calib is not None,
+        runners=opts.runners,
+        precisions=opts.precisions or ((run.req.precision,) if run.req.precision else None),
+        threads=opts.threads,
+        targets_dir=run.req.targets_dir,
+    )
     run.notes = list(run.space.notes)
     run.notes.append("the space is built on this host (runners and thread counts it has); the device measures it")
     configs = priority(run.space)
@@ -449,14 +543,17 @@ def _plan(run: _Session) -> None:
             configs = [c for c in configs if c not in over]
     cap = min(opts.max_trials or MAX_TRIALS, MAX_TRIALS)
     if len(configs) > cap:
-        run.notes.append(f"{'--max-trials' if opts.max_trials else 'a request'} takes {cap}: {len(configs) - cap} of "
-                         f"{len(configs)} configurations not tried (each runner and precision's defaults first)")
+        run.notes.append(
+            f"{'--max-trials' if opts.max_trials else 'a request'} takes {cap}: {len(configs) - cap} of "
+            f"{len(configs)} configurations not tried (each runner and precision's defaults first)"
+        )
         configs = configs[:cap]
     run.configs = configs
 
 
-def _search(run: _Session, link: DeviceLink, stored: Mapping[str, dict[str, Any]],
-            server: ArtifactServer | None) -> None:
+def _search(
+    run: _Session, link: DeviceLink, stored: Mapping[str, dict[str, Any]], server: ArtifactServer | None
+) -> None:
     """The trial bundles packed as artifacts, then successive halving: one request per rung to the device."""
     prep, out_dir = run.prep, run.out_dir
     (out_dir / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -470,8 +567,9 @@ def _search(run: _Session, link: DeviceLink, stored: Mapping[str, dict[str, Any]
             check_url(a["url"], a["size"])
     sendable = [c for c in run.configs if prep.recs[c.id]["status"] == "pending"]
     if not sendable:
-        raise RemoteTuneError("no configuration converted here: "
-                              + "; ".join(prep.recs[c.id]["status"] for c in run.configs)[:600])
+        raise RemoteTuneError(
+            "no configuration converted here: " + "; ".join(prep.recs[c.id]["status"] for c in run.configs)[:600]
+        )
     resumed = resume(prep.recs, stored)
     if resumed:
         run.notes.append(f"{resumed} trials resumed from the study {run.study_path} (measured on this device before)")
@@ -482,28 +580,61 @@ def _search(run: _Session, link: DeviceLink, stored: Mapping[str, dict[str, Any]
     run.rungs = plan_rungs(run.sched, len(sendable), run.opts.strategy, run.opts.objective)
     t_search = time.perf_counter()
     exchange = functools.partial(_exchange, run, link, arts, tid, t_search)
-    run.replies = search(sendable, prep.recs, run.rungs, exchange, objective=run.opts.objective,
-                         rank_budget=run.rank_budget, eta=run.sched.eta, say=run.say,
-                         save=lambda: save_study(run.study_path, run.header, prep.recs, run.state["host"]))
+    run.replies = search(
+        sendable,
+        prep.recs,
+        run.rungs,
+        exchange,
+        objective=run.opts.objective,
+        rank_budget=run.rank_budget,
+        eta=run.sched.eta,
+        say=run.say,
+        save=lambda: save_study(run.study_path, run.header, prep.recs, run.state["host"]),
+    )
     run.search_s = time.perf_counter() - t_search
 
 
-def _exchange(run: _Session, link: DeviceLink, arts: Mapping[str, dict[str, Any]], tid: Mapping[str, str],
-              t_search: float, todo: Sequence[Any], k: int, reps: int, iters: int) -> dict[str, Any]:
+def _exchange(
+    run: _Session,
+    link: DeviceLink,
+    arts: Mapping[str, dict[str, Any]],
+    tid: Mapping[str, str],
+    t_search: float,
+    todo: Sequence[Any],
+    k: int,
+    reps: int,
+    iters: int,
+) -> dict[str, Any]:
     """One rung: its trials to the device, its final reply (trials keyed by config id)."""
     from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES
 
     device, prep = run.device, run.prep
     rung_study = f"{run.study}-r{k}"
-    request = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": run.remote.fleet,
-               "device": device, "ts": round(time.time(), 3), "study_id": rung_study,
-               "objective": run.opts.objective,
-               "schedule": {"reps": reps, "iters": iters, "warmup": run.sched.warmup},
-               "trials": [{"id": tid[c.id], **arts[prep.keys[c.id]], "runner": c.runner,
-                           "precision": c.precision, "options": dict(c.options)} for c in todo]}
+    request = {
+        "schema_version": SCHEMA_VERSION,
+        "type": "tune-request",
+        "fleet": run.remote.fleet,
+        "device": device,
+        "ts": round(time.time(), 3),
+        "study_id": rung_study,
+        "objective": run.opts.objective,
+        "schedule": {"reps": reps, "iters": iters, "warmup": run.sched.warmup},
+        "trials": [
+            {
+                "id": tid[c.id],
+                **arts[prep.keys[c.id]],
+                "runner": c.runner,
+                "precision": c.precision,
+                "options": dict(c.options),
+            }
+            for c in todo
+        ],
+    }
     if len(encode(request)) > MAX_REQUEST_BYTES:
-        raise RemoteTuneError(f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
-                              hint="fewer trials (--max-trials), or shorter artifact URLs")
+        raise RemoteTuneError(
+            f"the tune request is over the {MAX_REQUEST_BYTES} bytes a device takes",
+            hint="fewer trials (--max-trials), or shorter artifact URLs",
+        )
     run.say(f"sending {len(todo)} trials to {device} (study {rung_study}: {reps} repetitions of {iters})")
     link.send(request)
     timeout_s = run.remote.timeout_s
@@ -511,11 +642,18 @@ def _exchange(run: _Session, link: DeviceLink, arts: Mapping[str, dict[str, Any]
     try:
         reply = _wait(link, rung_study, device, min(run.remote.answer_timeout_s, max(left, 0.0)), left, run.say)
     except RemoteTuneError as e:
-        raise RemoteTuneError(f"{e.message} (rung {k}: {reps}x{iters})", hint=(
-            f"{e.hint + '; ' if e.hint else ''}the trials measured so far are in {run.study_path}: "
-            "run again with the same --study to resume")) from None
-    back = {t.get("id"): t for t in reply.get("trials") or [] if isinstance(t, dict)} \
-        if isinstance(reply.get("trials"), list) else {}
+        raise RemoteTuneError(
+            f"{e.message} (rung {k}: {reps}x{iters})",
+            hint=(
+                f"{e.hint + '; ' if e.hint else ''}the trials measured so far are in {run.study_path}: "
+                "run again with the same --study to resume"
+            ),
+        ) from None
+    back = (
+        {t.get("id"): t for t in reply.get("trials") or [] if isinstance(t, dict)}
+        if isinstance(reply.get("trials"), list)
+        else {}
+    )
     reply["trials"] = {c.id: device_trial(back[tid[c.id]]) for c in todo if tid[c.id] in back}
     run.state["host"] = host_of(reply)
     run.state["wall_s"] += num(reply.get("wall_s")) or 0.0
@@ -536,32 +674,59 @@ def _finish(run: _Session, t_start: float) -> RemoteTuneResult:
     if winner is not None:
         winner["status"] = "chosen"
     save_study(run.study_path, run.header, run.prep.recs, run.state["host"])
-    host = run.state["host"] or host_of({"host": {"hostname": bh.get("hostname"), "os": bh.get("os"),
-                                                  "arch": bh.get("arch"), "cpus": bh.get("cpu_count")}})
+    host = run.state["host"] or host_of(
+        {
+            "host": {
+                "hostname": bh.get("hostname"),
+                "os": bh.get("os"),
+                "arch": bh.get("arch"),
+                "cpus": bh.get("cpu_count"),
+            }
+        }
+    )
     dev_host = Host(os=host["os"], arch=host["arch"], nvidia_gpu=host["nvidia_gpu"], jetson=host["jetson"])
     same, why = same_device_class(run.profile, dev_host, (winner or {}).get("runtime") or {})
     why = why.replace("this host", f"device {device}")
     notes.extend(_reply_notes(run.replies))
     result = RemoteTuneResult(
-        model=str(run.model), target=run.profile.name, objective=objective, strategy=run.opts.strategy,
-        budget_ms=run.budget, budget_source=run.budget_source, trials=recs, pruned=run.space.pruned, notes=notes,
-        winner=winner, device_class={"same": same, "reason": why}, host=host, measured=run.state["measured"],
-        converted=run.prep.converted, convert_s=run.prep.convert_s, search_s=run.search_s,
-        device={"id": device, "fleet": run.remote.fleet, "study_id": run.study, "birth_host": bh,
-                "requests": len(run.replies), "rungs": [f"{k}:{r}x{i}" for k, (r, i) in enumerate(run.rungs)],
-                "device_wall_s": round(run.state["wall_s"], 2)})
+        model=str(run.model),
+        target=run.profile.name,
+        objective=objective,
+        strategy=run.opts.strategy,
+        budget_ms=run.budget,
+        budget_source=run.budget_source,
+        trials=recs,
+        pruned=run.space.pruned,
+        notes=notes,
+        winner=winner,
+        device_class={"same": same, "reason": why},
+        host=host,
+        measured=run.state["measured"],
+        converted=run.prep.converted,
+        convert_s=run.prep.convert_s,
+        search_s=run.search_s,
+        device={
+            "id": device,
+            "fleet": run.remote.fleet,
+            "study_id": run.study,
+            "birth_host": bh,
+            "requests": len(run.replies),
+            "rungs": [f"{k}:{r}x{i}" for k, (r, i) in enumerate(run.rungs)],
+            "device_wall_s": round(run.state["wall_s"], 2),
+        },
+    )
     if winner is None:
         notes.append("no configuration passed parity on the device: nothing to apply")
     else:
-        _write_overlay(result, run.space, run.profile, next(c for c in run.configs if c.id == winner["id"]),
-                       run.out_dir, run.model)
+        _write_overlay(
+            result, run.space, run.profile, next(c for c in run.configs if c.id == winner["id"]), run.out_dir, run.model
+        )
     if run.opts.pictures:
         from edge.tune.report import write_pictures
 
         write_pictures(run.out_dir, result, notes)
     result.study_path = str(run.study_path)
-    (run.out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str),
-                                                  encoding="utf-8")
+    (run.out_dir / "device-tune.json").write_text(json.dumps(result.to_json(), indent=1, default=str), encoding="utf-8")
     result.wall_s = time.perf_counter() - t_start
     return result
 
@@ -575,8 +740,10 @@ def _reply_notes(replies: Sequence[Mapping[str, Any]]) -> list[str]:
     for reply in replies:
         held = reply.get("rollout_waiting")
         if isinstance(held, dict) and isinstance(held.get("rollout_id"), str) and type(held.get("version")) is int:
-            notes.append(f"rollout {held['rollout_id'][:128]} (desired version {held['version']}) arrived during the "
-                         "tune and waited for it; the device applied it after that request")
+            notes.append(
+                f"rollout {held['rollout_id'][:128]} (desired version {held['version']}) arrived during the "
+                "tune and waited for it; the device applied it after that request"
+            )
     return notes
 
 
@@ -586,8 +753,9 @@ def _threads(c: Any) -> int | None:
     return v if isinstance(v, int) else None
 
 
-def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, timeout_s: float, say: Say
-          ) -> dict[str, Any]:
+def _wait(
+    link: DeviceLink, study: str, device: str, answer_timeout_s: float, timeout_s: float, say: Say
+) -> dict[str, Any]:
     """The device's final reply to ``study`` (``done``); its refusal, ``busy`` or failure as one error line."""
     start = time.monotonic()
     answered = False
@@ -597,9 +765,10 @@ def _wait(link: DeviceLink, study: str, device: str, answer_timeout_s: float, ti
             r = link.replies.get(timeout=max(0.0, limit))
         except queue.Empty:
             if not answered:
-                raise RemoteTuneError(f"device {device} did not answer the tune request within {answer_timeout_s:g} s",
-                                      hint="is its agent an edgekit version that knows cmd/tune, and connected?") \
-                    from None
+                raise RemoteTuneError(
+                    f"device {device} did not answer the tune request within {answer_timeout_s:g} s",
+                    hint="is its agent an edgekit version that knows cmd/tune, and connected?",
+                ) from None
             raise RemoteTuneError(f"device {device} did not finish the tune within {timeout_s:g} s") from None
         if r.get("study_id") not in (study, None):
             continue
@@ -625,17 +794,34 @@ def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any,
     w, h = result.winner or {}, result.host
     res = w.get("result") or {}
     rt = w.get("runtime") or {}
-    tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-             "model_sha256": sha256_file(model), "configuration": w["id"], "objective": result.objective,
-             "strategy": result.strategy, "measured_on": f"device {result.device['id']} ({h['os']}/{h['arch']})",
-             "os": h["os"], "arch": h["arch"], "cpu": h["cpu"], "isa": h["isa"], "cpus": h["cpus"],
-             "device_used": rt.get("device_used") or "", "precision_used": rt.get("precision_used") or "",
-             "same_device_class": result.device_class["same"], "device_class": result.device_class["reason"],
-             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-             "parity_error": (w.get("parity") or {}).get("error"), "size_bytes": w.get("size_bytes")}
+    tuned = {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": model.name,
+        "model_sha256": sha256_file(model),
+        "configuration": w["id"],
+        "objective": result.objective,
+        "strategy": result.strategy,
+        "measured_on": f"device {result.device['id']} ({h['os']}/{h['arch']})",
+        "os": h["os"],
+        "arch": h["arch"],
+        "cpu": h["cpu"],
+        "isa": h["isa"],
+        "cpus": h["cpus"],
+        "device_used": rt.get("device_used") or "",
+        "precision_used": rt.get("precision_used") or "",
+        "same_device_class": result.device_class["same"],
+        "device_class": result.device_class["reason"],
+        "p50_ms": res.get("p50_ms"),
+        "p99_ms": res.get("p99_ms"),
+        "fps": res.get("fps"),
+        "parity_error": (w.get("parity") or {}).get("error"),
+        "size_bytes": w.get("size_bytes"),
+    }
     overlay = space.overlay(profile, cfg, tuned=tuned)
-    comments = [f"edgekit fleet tune: {w['label']} for {profile.name}, objective {result.objective}",
-                result.measured_on,
-                f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)"]
+    comments = [
+        f"edgekit fleet tune: {w['label']} for {profile.name}, objective {result.objective}",
+        result.measured_on,
+        f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)",
+    ]
     result.overlay_path = str(write_overlay(out_dir / "tuned.toml", overlay, comments))
     result.applied = overlay.describe()

@@ -26,11 +26,22 @@ def row(t: Mapping[str, Any]) -> dict[str, Any]:
     elif passed is True and par.get("trial") is None:  # eliminated before its own reference check ran
         parity += " (gate)"
     size = t.get("size_bytes")
-    return {"configuration": t.get("label") or t.get("id"), "status": t.get("status", ""),
-            "size_mb": round(size / 1e6, 2) if isinstance(size, (int, float)) else None, "parity": parity,
-            "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-            "batch": t.get("batch", 1), "memory_mb": t.get("memory_mb"), "measured": res.get("rung"), "dropped": res.get("dropped"),
-            "late": res.get("late"), "missed": _missed(res), "requests": res.get("requests")}
+    return {
+        "configuration": t.get("label") or t.get("id"),
+        "status": t.get("status", ""),
+        "size_mb": round(size / 1e6, 2) if isinstance(size, (int, float)) else None,
+        "parity": parity,
+        "p50_ms": res.get("p50_ms"),
+        "p99_ms": res.get("p99_ms"),
+        "fps": res.get("fps"),
+        "batch": t.get("batch", 1),
+        "memory_mb": t.get("memory_mb"),
+        "measured": res.get("rung"),
+        "dropped": res.get("dropped"),
+        "late": res.get("late"),
+        "missed": _missed(res),
+        "requests": res.get("requests"),
+    }
 
 
 def _missed(res: Mapping[str, Any]) -> str | None:
@@ -77,32 +88,41 @@ def _svg(result: Any, width: int = 640, height: int = 360) -> str:
     def sy(v: float) -> float:
         return height - pad - (v / y1) * (height - 2 * pad)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-           f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#444"/>',
-           f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#444"/>',
-           f'<text x="{width / 2}" y="{height - 12}" text-anchor="middle" font-size="12">p50 latency (ms)</text>',
-           f'<text x="14" y="{height / 2}" font-size="12" transform="rotate(-90 14 {height / 2})" '
-           'text-anchor="middle">parity error (1 - cosine)</text>',
-           f'<text x="{pad}" y="{height - pad + 14}" font-size="10">{x0:.2f}</text>',
-           f'<text x="{width - pad}" y="{height - pad + 14}" font-size="10" text-anchor="end">{x1:.2f}</text>',
-           f'<text x="{pad - 4}" y="{pad}" font-size="10" text-anchor="end">{y1:.1e}</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#444"/>',
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#444"/>',
+        f'<text x="{width / 2}" y="{height - 12}" text-anchor="middle" font-size="12">p50 latency (ms)</text>',
+        f'<text x="14" y="{height / 2}" font-size="12" transform="rotate(-90 14 {height / 2})" '
+        'text-anchor="middle">parity error (1 - cosine)</text>',
+        f'<text x="{pad}" y="{height - pad + 14}" font-size="10">{x0:.2f}</text>',
+        f'<text x="{width - pad}" y="{height - pad + 14}" font-size="10" text-anchor="end">{x1:.2f}</text>',
+        f'<text x="{pad - 4}" y="{pad}" font-size="10" text-anchor="end">{y1:.1e}</text>',
+    ]
     big = max(sizes) or 1.0
     line = sorted(((sx(m[0]), sy(m[1])) for t, m in pts if t["id"] in front))
     if len(line) > 1:
-        out.append('<polyline fill="none" stroke="#1f77b4" stroke-dasharray="4 3" points="'
-                   + " ".join(f"{x:.1f},{y:.1f}" for x, y in line) + '"/>')
+        out.append(
+            '<polyline fill="none" stroke="#1f77b4" stroke-dasharray="4 3" points="'
+            + " ".join(f"{x:.1f},{y:.1f}" for x, y in line)
+            + '"/>'
+        )
     for t, m in pts:
         r = 3 + 7 * (m[2] / big) ** 0.5
         colour = "#1f77b4" if t["id"] in front else "#9bbbd6"
         if t is result.winner:
             colour = "#2ca02c"
-        out.append(f'<circle cx="{sx(m[0]):.1f}" cy="{sy(m[1]):.1f}" r="{r:.1f}" fill="{colour}" fill-opacity="0.8">'
-                   f'<title>{html.escape(t.get("label", t["id"]))}: p50 {m[0]:.3f} ms, error {m[1]:.2e}, '
-                   f'{m[2] / 1e6:.2f} MB</title></circle>')
+        out.append(
+            f'<circle cx="{sx(m[0]):.1f}" cy="{sy(m[1]):.1f}" r="{r:.1f}" fill="{colour}" fill-opacity="0.8">'
+            f"<title>{html.escape(t.get('label', t['id']))}: p50 {m[0]:.3f} ms, error {m[1]:.2e}, "
+            f"{m[2] / 1e6:.2f} MB</title></circle>"
+        )
     for t in failed:
         x = sx(float(t["result"]["p50_ms"]))
-        out.append(f'<text x="{x:.1f}" y="{pad - 8}" font-size="12" fill="#d62728" text-anchor="middle">×'
-                   f'<title>{html.escape(t.get("label", t["id"]))}: failed parity</title></text>')
+        out.append(
+            f'<text x="{x:.1f}" y="{pad - 8}" font-size="12" fill="#d62728" text-anchor="middle">×'
+            f"<title>{html.escape(t.get('label', t['id']))}: failed parity</title></text>"
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -114,8 +134,9 @@ def write_html(path: Path, result: Any) -> Path:
     cols = ["configuration", "status", "size_mb", "parity", "p50_ms", "p99_ms", "fps", "memory_mb", "measured"]
     if result.objective == "e2e":
         cols.insert(4, "missed")
-    table = "".join("<tr>" + "".join(f"<td>{e('' if r[c] is None else str(r[c]))}</td>" for c in cols) + "</tr>"
-                    for r in rows)
+    table = "".join(
+        "<tr>" + "".join(f"<td>{e('' if r[c] is None else str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
+    )
     win = result.winner
     dc = result.device_class
     parts = [
@@ -129,13 +150,15 @@ def write_html(path: Path, result: Any) -> Path:
         f"Host: {e(result.host['os'])}/{e(result.host['arch'])}, {e(result.host['cpu'])}, "
         f"{result.host['cpus']} CPUs.</p>",
         f"<p class='{'' if dc['same'] else 'warn'}'>{e(dc['reason'])}</p>",
-        f"<p>Winner: <b>{e(win['label'])}</b> — {e(result.applied or '')}</p>" if win else
-        "<p class='warn'>No configuration passed parity.</p>",
+        f"<p>Winner: <b>{e(win['label'])}</b> — {e(result.applied or '')}</p>"
+        if win
+        else "<p class='warn'>No configuration passed parity.</p>",
         "<h2>Pareto front: latency vs parity error (circle area: artifact size; × failed parity)</h2>",
         _svg(result),
         "<h2>Trials</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>" + table + "</table>",
         "<h2>Pruned</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in result.pruned) + "</ul>",
-        "</body></html>"]
+        "</body></html>",
+    ]
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 
@@ -148,24 +171,36 @@ def write_png(path: Path, result: Any) -> Path | str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "pareto.png not written: matplotlib is not installed (pip install 'edgekit-ml[tune]'); " \
-               "pareto.html has the same picture"
+        return "pareto.png not written: matplotlib is not installed (pip install 'edgekit-ml[tune]'); pareto.html has the same picture"
     pts = [(t, m) for t in result.trials if (m := _metrics(t)) is not None]
     front = pareto_front(result.trials)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if pts:
         big = max(m[2] for _, m in pts) or 1.0
-        ax.scatter([m[0] for _, m in pts], [m[1] for _, m in pts], s=[20 + 180 * m[2] / big for _, m in pts],
-                   alpha=0.5, label="passed parity (area: size)")
+        ax.scatter(
+            [m[0] for _, m in pts],
+            [m[1] for _, m in pts],
+            s=[20 + 180 * m[2] / big for _, m in pts],
+            alpha=0.5,
+            label="passed parity (area: size)",
+        )
         fm = [_metrics(t) for t in front]
         ax.plot([m[0] for m in fm], [m[1] for m in fm], "--o", color="C0", label="Pareto front")  # type: ignore[index]
         if result.winner is not None and (wm := _metrics(result.winner)) is not None:
             ax.scatter([wm[0]], [wm[1]], s=160, marker="*", color="C2", label=f"chosen: {result.winner['label']}")
-    failed = [t for t in result.trials if (t.get("parity") or {}).get("passed") is False
-              and (t.get("result") or {}).get("p50_ms")]
+    failed = [
+        t
+        for t in result.trials
+        if (t.get("parity") or {}).get("passed") is False and (t.get("result") or {}).get("p50_ms")
+    ]
     if failed:
-        ax.scatter([t["result"]["p50_ms"] for t in failed], [0] * len(failed), marker="x", color="C3",
-                   label="failed parity (never chosen)")
+        ax.scatter(
+            [t["result"]["p50_ms"] for t in failed],
+            [0] * len(failed),
+            marker="x",
+            color="C3",
+            label="failed parity (never chosen)",
+        )
     ax.set_xlabel("p50 latency (ms)")
     ax.set_ylabel("parity error (1 - cosine)")
     ax.set_title(f"{Path(result.model).name} for {result.target} ({result.objective})", fontsize=10)
@@ -185,4 +220,3 @@ def write_pictures(out_dir: Path, result: Any, notes: list[str]) -> None:
         result.png_path = str(png)
     else:
         notes.append(png)
-

@@ -30,6 +30,7 @@ STRATEGIES = ("halving", "exhaustive")
 
 # -- reading the device's reply ------------------------------------------------------------------
 
+
 def num(v: Any) -> float | None:
     return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
@@ -47,25 +48,35 @@ def device_trial(obj: Any) -> dict[str, Any]:
     if isinstance(m, dict):
         reps = m.get("rep_scores")
         if isinstance(reps, list) and reps and len(reps) <= 1000 and all(num(x) is not None for x in reps):
-            out["measurement"] = {"reps": len(reps), "iters": int(num(m.get("iters")) or 0),
-                                  "rep_scores": [float(x) for x in reps],
-                                  **{k: num(m.get(k)) for k in ("p50_ms", "p99_ms", "fps")}}
+            out["measurement"] = {
+                "reps": len(reps),
+                "iters": int(num(m.get("iters")) or 0),
+                "rep_scores": [float(x) for x in reps],
+                **{k: num(m.get(k)) for k in ("p50_ms", "p99_ms", "fps")},
+            }
     for k in ("load_ms", "memory_mb"):
         if num(obj.get(k)) is not None:
             out[k] = num(obj.get(k))
     rt = obj.get("runtime")
     if isinstance(rt, dict):
-        out["runtime"] = {k: (v if isinstance(v, (int, float, bool)) or v is None else str(v)[:200])
-                          for k, v in list(rt.items())[:8] if isinstance(k, str)}
+        out["runtime"] = {
+            k: (v if isinstance(v, (int, float, bool)) or v is None else str(v)[:200])
+            for k, v in list(rt.items())[:8]
+            if isinstance(k, str)
+        }
     par = obj.get("parity")
     if isinstance(par, dict):
         tr = par.get("trial")
         tr = tr if isinstance(tr, dict) else {}
         passed = tr.get("passed")
-        out["parity"] = {"trial": {"passed": passed if passed in (True, False, None) else None,
-                                   "samples": num(tr.get("samples")),
-                                   "failures": [f[:300] for f in tr.get("failures") or [] if isinstance(f, str)][:4]},
-                         "error": num(par.get("error"))}
+        out["parity"] = {
+            "trial": {
+                "passed": passed if passed in (True, False, None) else None,
+                "samples": num(tr.get("samples")),
+                "failures": [f[:300] for f in tr.get("failures") or [] if isinstance(f, str)][:4],
+            },
+            "error": num(par.get("error")),
+        }
     return out
 
 
@@ -74,10 +85,16 @@ def host_of(reply: Mapping[str, Any]) -> dict[str, Any]:
     h = h if isinstance(h, dict) else {}
     isa = h.get("isa")
     isa = isa if isinstance(isa, list) else []
-    return {"hostname": text(h.get("hostname"), 128), "os": text(h.get("os"), 32) or "?",
-            "arch": text(h.get("arch"), 32) or "?", "cpu": text(h.get("cpu"), 200) or "?",
-            "cpus": int(num(h.get("cpus")) or 0), "isa": [f[:32] for f in isa if isinstance(f, str)][:64],
-            "nvidia_gpu": h.get("nvidia_gpu") is True, "jetson": h.get("jetson") is True}
+    return {
+        "hostname": text(h.get("hostname"), 128),
+        "os": text(h.get("os"), 32) or "?",
+        "arch": text(h.get("arch"), 32) or "?",
+        "cpu": text(h.get("cpu"), 200) or "?",
+        "cpus": int(num(h.get("cpus")) or 0),
+        "isa": [f[:32] for f in isa if isinstance(f, str)][:64],
+        "nvidia_gpu": h.get("nvidia_gpu") is True,
+        "jetson": h.get("jetson") is True,
+    }
 
 
 def merge(rec: dict[str, Any], got: Mapping[str, Any], rung: str) -> bool:
@@ -109,12 +126,12 @@ def device_pruned(recs: Sequence[Mapping[str, Any]], device: str) -> list[str]:
     for r in recs:
         status = str(r.get("status", ""))
         if status.startswith("pruned on the device: "):
-            lines.setdefault(str(r.get("runner")), f"{status.removeprefix('pruned on the device: ')} "
-                                                   f"(device {device})")
+            lines.setdefault(str(r.get("runner")), f"{status.removeprefix('pruned on the device: ')} (device {device})")
     return list(lines.values())
 
 
 # -- rungs ------------------------------------------------------------------------------------------
+
 
 def plan_rungs(sched: Any, n: int, strategy: str, objective: str) -> list[tuple[int, int]]:
     """(reps, iters) per rung for ``n`` trials: ``tune``'s rungs, each within what a device accepts."""
@@ -128,13 +145,22 @@ def plan_rungs(sched: Any, n: int, strategy: str, objective: str) -> list[tuple[
     return [(min(r, MAX_REPS), min(i, MAX_ITERS)) for r, i in rungs]
 
 
-def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Sequence[tuple[int, int]],
-           exchange: Callable[[Sequence[Any], int, int, int], dict[str, Any]], *, objective: str,
-           rank_budget: float | None, eta: int, save: Callable[[], None], say: Say) -> list[dict[str, Any]]:
+def search(
+    configs: Sequence[Any],
+    recs: dict[str, dict[str, Any]],
+    rungs: Sequence[tuple[int, int]],
+    exchange: Callable[[Sequence[Any], int, int, int], dict[str, Any]],
+    *,
+    objective: str,
+    rank_budget: float | None,
+    eta: int,
+    save: Callable[[], None],
+    say: Say,
+) -> list[dict[str, Any]]:
     """Successive halving over ``configs`` (their records in ``recs``): per rung, ``exchange(todo, k, reps,
     iters)`` sends the trials without a measurement at that rung yet and returns the device's final reply
     (trials keyed by config id: ``{"trials": {id: reply trial}}``); returns the replies, in order."""
-    from edge.tune.search import ranked_trials, mark_rung
+    from edge.tune.search import mark_rung, ranked_trials
 
     by_id = {c.id: c for c in configs}
     alive = list(configs)
@@ -155,7 +181,7 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
             save()
         last = k == len(rungs) - 1
         ranked = ranked_trials((recs[c.id] for c in alive), name, rank_budget, objective)
-        keep = ranked if last else ranked[:max(min(eta, len(ranked)), math.ceil(len(alive) / eta))]
+        keep = ranked if last else ranked[: max(min(eta, len(ranked)), math.ceil(len(alive) / eta))]
         mark_rung((recs[c.id] for c in alive), {r["id"] for r in keep}, name, last)
         alive = [by_id[r["id"]] for r in keep]
     save()
@@ -164,15 +190,30 @@ def search(configs: Sequence[Any], recs: dict[str, dict[str, Any]], rungs: Seque
 
 # -- the study file ---------------------------------------------------------------------------------
 
-def study_header(model_sha256: str, target: str, objective: str, strategy: str, fleet: str, device: str,
-                 birth_host: Mapping[str, Any]) -> dict[str, Any]:
+
+def study_header(
+    model_sha256: str,
+    target: str,
+    objective: str,
+    strategy: str,
+    fleet: str,
+    device: str,
+    birth_host: Mapping[str, Any],
+) -> dict[str, Any]:
     """What a study is of: measurements of another device, model, target or objective do not compare."""
     from edge.tune.measure import THROUGHPUT_REQUESTS
 
-    header = {"model_sha256": model_sha256, "target": target, "objective": objective, "strategy": strategy,
-              "device": f"{fleet}/{device}",
-              "device_host": {k: birth_host.get(k) if isinstance(birth_host.get(k), (str, int)) else None
-                              for k in ("os", "arch", "cpu_count")}}
+    header = {
+        "model_sha256": model_sha256,
+        "target": target,
+        "objective": objective,
+        "strategy": strategy,
+        "device": f"{fleet}/{device}",
+        "device_host": {
+            k: birth_host.get(k) if isinstance(birth_host.get(k), (str, int)) else None
+            for k in ("os", "arch", "cpu_count")
+        },
+    }
     if objective == "throughput":  # the device measures as edgekit tune does (edge.tune.measure._measure_infer)
         header["throughput_requests"] = THROUGHPUT_REQUESTS
     return header
@@ -191,8 +232,9 @@ def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[st
     return trials, measured_by
 
 
-def save_study(path: Path, header: Mapping[str, Any], recs: Mapping[str, dict[str, Any]],
-               measured_by: Mapping[str, Any] | None) -> None:
+def save_study(
+    path: Path, header: Mapping[str, Any], recs: Mapping[str, dict[str, Any]], measured_by: Mapping[str, Any] | None
+) -> None:
     from edge.tune.search import save_study
 
     save_study(path, {**header, "measured_by": measured_by}, recs)

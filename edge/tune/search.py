@@ -28,11 +28,11 @@ interrupted or repeated run resumes: conversions and measurements in it are not 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,9 +42,23 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
-from edge.tune.measure import (E2E_SHORT_REPS, MAX_OPEN, MIN_E2E_FRAMES, SHORT_BLOCK, SHORT_REPS, THROUGHPUT_REQUESTS,
-                               Pool, Rung, Trials, combine_parity, measure_chunk, missed_share, rank_key, trial_score)
 from edge.tune.config import OBJECTIVES, Config
+from edge.tune.measure import (
+    E2E_SHORT_REPS,
+    MAX_OPEN,
+    MIN_E2E_FRAMES,
+    SHORT_BLOCK,
+    SHORT_REPS,
+    THROUGHPUT_REQUESTS,
+    Pool,
+    Rung,
+    Trials,
+    combine_parity,
+    measure_chunk,
+    missed_share,
+    rank_key,
+    trial_score,
+)
 from edge.tune.space import BATCHES, Space, batch_plan, build_space
 
 STUDY_VERSION = 1
@@ -82,12 +96,16 @@ class Schedule:
         if objective == "e2e":
             # realtime: a repetition lasts frames/fps whatever the configuration, and frames are dropped only once
             # a queue has filled: few, long repetitions (at least MIN_E2E_FRAMES frames each)
-            return [(E2E_SHORT_REPS, max(MIN_E2E_FRAMES, math.ceil(full / self.eta ** (rounds - k) / E2E_SHORT_REPS)))
-                    for k in range(rounds)] + [(self.reps, self.iters)]
+            return [
+                (E2E_SHORT_REPS, max(MIN_E2E_FRAMES, math.ceil(full / self.eta ** (rounds - k) / E2E_SHORT_REPS)))
+                for k in range(rounds)
+            ] + [(self.reps, self.iters)]
         # a short rung takes 1/eta of the next one's samples (at least 12), in SHORT_REPS repetitions of blocks
         # long enough to measure a warm runtime (edge.tune.measure.SHORT_BLOCK)
-        short = [(SHORT_REPS, max(SHORT_BLOCK, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
-                 for k in range(rounds)]
+        short = [
+            (SHORT_REPS, max(SHORT_BLOCK, math.ceil(max(12, full // self.eta ** (rounds - k)) / SHORT_REPS)))
+            for k in range(rounds)
+        ]
         if rounds >= 2:
             # the first of several short rungs only separates the best third from clearly slower trials, and on a
             # small model opening a trial costs more than measuring it: one warm block (FIRST_RUNG)
@@ -133,32 +151,60 @@ class TuneResult:
         """One line: what was tried, what passed parity, what was chosen and how fast, and where it ran."""
         failed = sum((t.get("parity") or {}).get("passed") is False for t in self.trials)
         broken = sum(str(t.get("status", "")).startswith(("conversion failed", "failed")) for t in self.trials)
-        head = (f"tune {self.target} ({self.objective}, {self.strategy}): {len(self.trials)} configurations, "
-                f"{failed} failed parity" + (f", {broken} failed to convert or run" if broken else "")
-                + f", {len(self.pruned)} pruned groups")
+        head = (
+            f"tune {self.target} ({self.objective}, {self.strategy}): {len(self.trials)} configurations, "
+            f"{failed} failed parity"
+            + (f", {broken} failed to convert or run" if broken else "")
+            + f", {len(self.pruned)} pruned groups"
+        )
         if self.winner is None:
             return head + "; none chosen"
         res = self.winner.get("result") or {}
         per_s = " items/s" if self.objective == "throughput" else " fps"  # a batched trial counts items
-        figs = ", ".join(f"{k} {res[k]:.2f}{u}" for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", per_s))
-                         if isinstance(res.get(k), (int, float)))
+        figs = ", ".join(
+            f"{k} {res[k]:.2f}{u}"
+            for k, u in (("p50_ms", " ms"), ("p99_ms", " ms"), ("fps", per_s))
+            if isinstance(res.get(k), (int, float))
+        )
         if isinstance(res.get("missed"), int):
-            figs += (f", {res['missed']} of {res.get('frames')} frames missed at {res.get('pace_fps') or 0:.4g} fps "
-                     f"({res.get('dropped')} dropped, {res.get('late')} late)")
+            figs += (
+                f", {res['missed']} of {res.get('frames')} frames missed at {res.get('pace_fps') or 0:.4g} fps "
+                f"({res.get('dropped')} dropped, {res.get('late')} late)"
+            )
         where = "on the target's device class" if self.device_class.get("same") else "NOT on the target's device class"
         return f"{head}; chosen {self.winner['label']} ({figs}), measured {where}"
 
     def to_json(self) -> dict[str, Any]:
         from edge.tune.report import pareto_front
 
-        return {"model": self.model, "target": self.target, "objective": self.objective, "strategy": self.strategy,
-                "budget_ms": self.budget_ms, "budget_source": self.budget_source, "host": self.host,
-                "device_class": self.device_class, "winner": self.winner, "applied": self.applied,
-                "trials": self.trials, "pareto": [t["id"] for t in pareto_front(self.trials)], "pruned": self.pruned,
-                "summary": self.summary(), "notes": self.notes, "files": {"overlay": self.overlay_path, "study": self.study_path,
-                                               "html": self.html_path, "png": self.png_path},
-                "measured": self.measured, "converted": self.converted, "wall_s": round(self.wall_s, 2),
-                "convert_s": round(self.convert_s, 2), "search_s": round(self.search_s, 2)}
+        return {
+            "model": self.model,
+            "target": self.target,
+            "objective": self.objective,
+            "strategy": self.strategy,
+            "budget_ms": self.budget_ms,
+            "budget_source": self.budget_source,
+            "host": self.host,
+            "device_class": self.device_class,
+            "winner": self.winner,
+            "applied": self.applied,
+            "trials": self.trials,
+            "pareto": [t["id"] for t in pareto_front(self.trials)],
+            "pruned": self.pruned,
+            "summary": self.summary(),
+            "notes": self.notes,
+            "files": {
+                "overlay": self.overlay_path,
+                "study": self.study_path,
+                "html": self.html_path,
+                "png": self.png_path,
+            },
+            "measured": self.measured,
+            "converted": self.converted,
+            "wall_s": round(self.wall_s, 2),
+            "convert_s": round(self.convert_s, 2),
+            "search_s": round(self.search_s, 2),
+        }
 
 
 @dataclass(frozen=True)
@@ -193,16 +239,27 @@ class TuneOptions:
 def trial_request(req: ConvertRequest) -> ConvertRequest:
     """What every trial converts with: the request's inputs, data and task (a trial's precision and target come
     from its configuration; its gate is recorded, never fatal)."""
-    return ConvertRequest(calib=req.calib, input_shapes=req.input_shapes, preprocess=req.preprocess,
-                          letterbox=req.letterbox, freeze=req.freeze, parity_data=req.parity_data,
-                          parity_samples=req.parity_samples, task=req.task, accept_parity_failure=True)
+    return ConvertRequest(
+        calib=req.calib,
+        input_shapes=req.input_shapes,
+        preprocess=req.preprocess,
+        letterbox=req.letterbox,
+        freeze=req.freeze,
+        parity_data=req.parity_data,
+        parity_samples=req.parity_samples,
+        task=req.task,
+        accept_parity_failure=True,
+    )
 
 
 def source_key(req: ConvertRequest) -> dict[str, Any]:
     """The request's part of the recipe key: what the conversion reads besides the model (the parity data by
     what its files are)."""
-    source: dict[str, Any] = {"input_shapes": {k: [int(d) for d in v] for k, v in req.input_shapes.items()},
-                              "preprocess": req.preprocess, "letterbox": req.letterbox}
+    source: dict[str, Any] = {
+        "input_shapes": {k: [int(d) for d in v] for k, v in req.input_shapes.items()},
+        "preprocess": req.preprocess,
+        "letterbox": req.letterbox,
+    }
     if req.task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
         source["task"] = req.task
     if req.freeze:
@@ -213,6 +270,7 @@ def source_key(req: ConvertRequest) -> dict[str, Any]:
 
 
 # -- recipe key and the conversion cache ---------------------------------------------------------
+
 
 def calib_identity(calib: str | os.PathLike[str] | None) -> str | None:
     """What the calibration data is, for the recipe key: 'random', or a digest of the files' names, sizes, times."""
@@ -234,22 +292,38 @@ def data_identity(data: str | os.PathLike[str], what: str = "data") -> str:
     return h.hexdigest()
 
 
-def recipe_key(model_sha256: str, profile: Any, cfg: Config, space: Space, calib_id: str | None,
-               parity_samples: int, source: Mapping[str, Any] | None = None) -> str:
+def recipe_key(
+    model_sha256: str,
+    profile: Any,
+    cfg: Config,
+    space: Space,
+    calib_id: str | None,
+    parity_samples: int,
+    source: Mapping[str, Any] | None = None,
+) -> str:
     """The conversion's identity: the same key, the same bundle (runner options are not part of it)."""
     import edge
 
     ov = space.overlay(profile, cfg, tuned={}, with_knobs=False)
-    data = {"edgekit": edge.__version__, "model": model_sha256, "target": profile.name, "runner": cfg.runner,
-            "chain": list(ov.chain), "precision": cfg.bundle_precision,
-            "convert_options": {k: dict(v) for k, v in ov.convert_options.items()},
-            "run_options": dict(ov.run_options), "calib": calib_id, "parity_samples": parity_samples,
-            "source": dict(source or {})}
+    data = {
+        "edgekit": edge.__version__,
+        "model": model_sha256,
+        "target": profile.name,
+        "runner": cfg.runner,
+        "chain": list(ov.chain),
+        "precision": cfg.bundle_precision,
+        "convert_options": {k: dict(v) for k, v in ov.convert_options.items()},
+        "run_options": dict(ov.run_options),
+        "calib": calib_id,
+        "parity_samples": parity_samples,
+        "source": dict(source or {}),
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path,
-                   request: ConvertRequest) -> tuple[Any, bool]:
+def convert_cached(
+    model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path, request: ConvertRequest
+) -> tuple[Any, bool]:
     """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache
     (``request``: a ``trial_request``)."""
     from edge.bundle.bundle import Bundle
@@ -261,8 +335,9 @@ def convert_cached(model: Path, profile: Any, cfg: Config, space: Space, key: st
             return Bundle.open(out, trust=False), False
         except EdgeError:
             pass  # a damaged cache entry is converted again
-    b = convert(model, space.base_profile(profile, cfg), out, request.replace(precision=cfg.bundle_precision),
-                force=True)
+    b = convert(
+        model, space.base_profile(profile, cfg), out, request.replace(precision=cfg.bundle_precision), force=True
+    )
     return b, True
 
 
@@ -272,6 +347,7 @@ def bundle_size(b: Any) -> int:
 
 
 # -- the study file -----------------------------------------------------------------------------
+
 
 def _host() -> dict[str, Any]:
     from edge.capabilities import cpu_isa, current_host
@@ -296,8 +372,9 @@ def read_study(path: Path) -> Any:
     """The JSON of a study file, read by the one safe reader (a regular file, bounded size, depth and integer
     digits); None when nothing is there."""
     try:  # NaN allowed: a study is what save_study wrote, and json.dumps writes a NaN figure as NaN
-        return read_json_file(path, what="study file", max_bytes=MAX_STUDY_BYTES, max_depth=32, missing=None,
-                              allow_nan=True)
+        return read_json_file(
+            path, what="study file", max_bytes=MAX_STUDY_BYTES, max_depth=32, missing=None, allow_nan=True
+        )
     except UnreadableFile as e:
         raise EdgeError(e.message, hint="remove it to start a new study") from None
 
@@ -307,13 +384,21 @@ def load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any
     data = read_study(path)
     if data is None:
         return {}
-    if not isinstance(data, dict) or data.get("study_version") != STUDY_VERSION or not isinstance(data.get("trials"), dict):
-        raise EdgeError(f"study file {path} is not an edgekit tune study (study_version {STUDY_VERSION})",
-                        hint="remove it to start a new study")
+    if (
+        not isinstance(data, dict)
+        or data.get("study_version") != STUDY_VERSION
+        or not isinstance(data.get("trials"), dict)
+    ):
+        raise EdgeError(
+            f"study file {path} is not an edgekit tune study (study_version {STUDY_VERSION})",
+            hint="remove it to start a new study",
+        )
     for key, want in header.items():
         if data.get(key) != want:
-            raise EdgeError(f"study file {path} was made for {key} {data.get(key)!r}, this run is {want!r}",
-                            hint="give another --study file, or remove it to start a new study")
+            raise EdgeError(
+                f"study file {path} was made for {key} {data.get(key)!r}, this run is {want!r}",
+                hint="give another --study file, or remove it to start a new study",
+            )
     trials: dict[str, dict[str, Any]] = {}
     for tid, rec in data["trials"].items():
         problem = _record_problem(tid, rec)
@@ -333,18 +418,30 @@ def _record_problem(tid: Any, rec: Any) -> str | None:
         if not isinstance(r, dict):
             return f"rungs.{name}: expected an object"
         reps = r.get("rep_scores")
-        if not isinstance(reps, list) or not reps or not all(isinstance(x, (int, float)) and math.isfinite(x)
-                                                              for x in reps):
+        if (
+            not isinstance(reps, list)
+            or not reps
+            or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in reps)
+        ):
             return f"rungs.{name}.rep_scores: expected a list of finite numbers"
         for key in ("rep_missed", "rep_frames"):  # e2e: frames missed and frames fed, per repetition
             got = r.get(key, [0] * len(reps))
-            if not isinstance(got, list) or len(got) != len(reps) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+            if (
+                not isinstance(got, list)
+                or len(got) != len(reps)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got)
+            ):
                 return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
         if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (measure_chunk)
             rel, a = r.get("vs_anchor"), r.get("anchor")
-            if not isinstance(rel, (int, float)) or isinstance(rel, bool) or not math.isfinite(rel) or rel <= 0 \
-                    or not isinstance(a, dict) or not isinstance(a.get("id"), str):
+            if (
+                not isinstance(rel, (int, float))
+                or isinstance(rel, bool)
+                or not math.isfinite(rel)
+                or rel <= 0
+                or not isinstance(a, dict)
+                or not isinstance(a.get("id"), str)
+            ):
                 return f"rungs.{name}: vs_anchor must be a finite number > 0 and anchor an object with an id"
     par = rec.get("parity")
     if par is not None and (not isinstance(par, dict) or par.get("passed") not in (True, False, None)):
@@ -357,12 +454,15 @@ def save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[str
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"study_version": STUDY_VERSION, **header, "trials": trials}, indent=1, default=str),
-                   encoding="utf-8")
+    tmp.write_text(
+        json.dumps({"study_version": STUDY_VERSION, **header, "trials": trials}, indent=1, default=str),
+        encoding="utf-8",
+    )
     os.replace(tmp, path)
 
 
 # -- the search -----------------------------------------------------------------------------------
+
 
 def mark_rung(records: Iterable[dict[str, Any]], kept: set[str], name: str, last: bool) -> None:
     """After rung ``name``: each record's status (unless already failed, pruned or failing parity): parity failed
@@ -395,7 +495,9 @@ def priority(space: Space) -> list[Config]:
     return firsts + rest
 
 
-def ranked_trials(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str) -> list[dict[str, Any]]:
+def ranked_trials(
+    recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str
+) -> list[dict[str, Any]]:
     """Trials that passed parity and were measured at ``rung``, best first: those within the budget first."""
     ok = [r for r in recs if (r.get("parity") or {}).get("passed") is True and rung in r.get("rungs", {})]
 
@@ -408,14 +510,20 @@ def ranked_trials(recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | 
         if objective == "latency":
             return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
         return -trial_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
+
     # measured in several chunks, each with the same anchor: ranked by the ratio to it (else on raw figures: a
     # rung measured in one chunk, or one whose records mix anchors, e.g. resumed from an older study)
-    relative = bool(ok) and objective != "e2e" and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1 \
+    relative = (
+        bool(ok)
+        and objective != "e2e"
+        and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1
         and all(_anchor_id(r["rungs"][rung]) is not None for r in ok)
+    )
 
     def key(r: dict[str, Any]) -> tuple[float, float]:
         m = r["rungs"][rung]
         return (0.0, float(m["vs_anchor"])) if relative else rank_key(objective, m)
+
     return sorted(ok, key=lambda r: (not within(r), key(r), r["id"]))
 
 
@@ -425,12 +533,15 @@ def _anchor_id(m: Mapping[str, Any]) -> str | None:
     return a.get("id") if isinstance(a, dict) and isinstance(m.get("vs_anchor"), (int, float)) else None
 
 
-def choose(trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
-           ) -> dict[str, Any] | None:
+def choose(
+    trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
+) -> dict[str, Any] | None:
     """The winner: the best trial at the deepest rung any trial that passed parity reached; a trial that failed
     parity (or was not checked) is never chosen, however fast."""
-    rungs = sorted({k for t in trials if (t.get("parity") or {}).get("passed") is True for k in t.get("rungs", {})},
-                   key=_rung_order)
+    rungs = sorted(
+        {k for t in trials if (t.get("parity") or {}).get("passed") is True for k in t.get("rungs", {})},
+        key=_rung_order,
+    )
     for rung in reversed(rungs):
         ranked = ranked_trials(trials, rung, budget_ms, objective)
         if ranked:
@@ -446,8 +557,14 @@ def _rung_order(name: str) -> int:
         return -1
 
 
-def tune(model: str | os.PathLike[str], target: str | Any, request: ConvertRequest | None = None,
-         options: TuneOptions | None = None, *, on_step: Say | None = None) -> TuneResult:
+def tune(
+    model: str | os.PathLike[str],
+    target: str | Any,
+    request: ConvertRequest | None = None,
+    options: TuneOptions | None = None,
+    *,
+    on_step: Say | None = None,
+) -> TuneResult:
     """Search ``target``'s space on this host for ``model`` (ONNX); see the module docstring and ``TuneOptions``.
 
     ``request``: what every trial converts with (``trial_request``: input shapes, pre-processing, frozen inputs,
@@ -471,8 +588,10 @@ def _check_options(req: ConvertRequest, opts: TuneOptions) -> Schedule:
     if opts.objective not in OBJECTIVES:
         raise EdgeError(f"unknown objective {opts.objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
     if (opts.objective == "e2e") != (opts.video is not None):
-        raise EdgeError("--objective e2e measures the video pipeline: give --video FILE with it (and only with it)",
-                        hint="--objective e2e --video clip.mp4, or --objective latency|throughput without --video")
+        raise EdgeError(
+            "--objective e2e measures the video pipeline: give --video FILE with it (and only with it)",
+            hint="--objective e2e --video clip.mp4, or --objective latency|throughput without --video",
+        )
     if opts.max_trials is not None and opts.max_trials < 1:
         raise EdgeError(f"--max-trials must be >= 1, got {opts.max_trials}")
     if opts.time_budget_s is not None and opts.time_budget_s <= 0:
@@ -480,14 +599,17 @@ def _check_options(req: ConvertRequest, opts: TuneOptions) -> Schedule:
     if req.parity_samples < 2:
         raise EdgeError(f"parity samples must be >= 2, got {req.parity_samples}")
     if req.tuned is not None or req.eval_text is not None:
-        raise EdgeError("tune searches the overlay itself and takes ONNX models: a request with tuned or "
-                        "eval_text does not apply", hint="leave out --tuned and --eval-text")
+        raise EdgeError(
+            "tune searches the overlay itself and takes ONNX models: a request with tuned or eval_text does not apply",
+            hint="leave out --tuned and --eval-text",
+        )
     sched = opts.schedule or Schedule()
     if sched.reps < 1 or sched.iters < 1 or sched.eta < 2 or sched.warmup < 0:
         raise EdgeError("schedule: reps and iters must be >= 1, eta >= 2, warmup >= 0")
     batches = opts.batches
-    if batches is not None and (not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64
-                                                   for b in batches)):
+    if batches is not None and (
+        not batches or any(not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= 64 for b in batches)
+    ):
         raise EdgeError(f"batches must be integers from 1 to 64, got {list(batches)}")
     return sched
 
@@ -557,8 +679,10 @@ def _start(model: str | os.PathLike[str], target: Any, req: ConvertRequest, opts
     model = Path(model)
     src = open_source(model)
     if src.format != "onnx":
-        raise EdgeError(f"edgekit tune takes an ONNX model; {model.name} is {src.format}",
-                        hint="export the model to ONNX (edgekit convert takes the other formats as they are)")
+        raise EdgeError(
+            f"edgekit tune takes an ONNX model; {model.name} is {src.format}",
+            hint="export the model to ONNX (edgekit convert takes the other formats as they are)",
+        )
     video = Path(opts.video) if opts.video is not None else None
     if video is not None and not video.is_file():
         raise EdgeError(f"video {video} does not exist")
@@ -573,8 +697,14 @@ def _start(model: str | os.PathLike[str], target: Any, req: ConvertRequest, opts
     out_dir.mkdir(parents=True, exist_ok=True)
     study_path = Path(opts.study) if opts.study is not None else out_dir / "study.json"
     model_sha, host = sha256_file(model), _host()
-    header = {"model_sha256": model_sha, "target": profile.name, "objective": opts.objective,
-              "strategy": opts.strategy, "video": video.name if video else None, "host": host}
+    header = {
+        "model_sha256": model_sha,
+        "target": profile.name,
+        "objective": opts.objective,
+        "strategy": opts.strategy,
+        "video": video.name if video else None,
+        "host": host,
+    }
     if opts.objective == "e2e":  # measured at a rate: another rate's measurements do not compare
         header["e2e_pace"] = f"realtime at {pace_fps:.6g} fps" if pace_fps else "realtime at the video's rate"
     if opts.objective == "throughput":  # a study measured one request at a time throughout does not compare
@@ -582,25 +712,58 @@ def _start(model: str | os.PathLike[str], target: Any, req: ConvertRequest, opts
     stored = load_study(study_path, header)
     configs, notes = priority(space), list(space.notes)
     if opts.max_trials is not None and len(configs) > opts.max_trials:
-        notes.append(f"--max-trials {opts.max_trials}: {len(configs) - opts.max_trials} of {len(configs)} "
-                     "configurations not tried (each runner and precision's defaults were taken first)")
-        configs = configs[:opts.max_trials]
+        notes.append(
+            f"--max-trials {opts.max_trials}: {len(configs) - opts.max_trials} of {len(configs)} "
+            "configurations not tried (each runner and precision's defaults were taken first)"
+        )
+        configs = configs[: opts.max_trials]
     deadline = time.perf_counter() + opts.time_budget_s if opts.time_budget_s is not None else None
-    return _Run(model=model, profile=profile, req=req, opts=opts, sched=sched, say=say, video=video, budget=budget,
-                budget_source=budget_source, rank_budget=rank_budget, pace_fps=pace_fps, out_dir=out_dir,
-                space=space, study_path=study_path, header=header, host=host, model_sha=model_sha, configs=configs,
-                notes=notes, recs=_records(configs, stored), deadline=deadline)
+    return _Run(
+        model=model,
+        profile=profile,
+        req=req,
+        opts=opts,
+        sched=sched,
+        say=say,
+        video=video,
+        budget=budget,
+        budget_source=budget_source,
+        rank_budget=rank_budget,
+        pace_fps=pace_fps,
+        out_dir=out_dir,
+        space=space,
+        study_path=study_path,
+        header=header,
+        host=host,
+        model_sha=model_sha,
+        configs=configs,
+        notes=notes,
+        recs=_records(configs, stored),
+        deadline=deadline,
+    )
 
 
-def _space(model: Path, profile: Any, req: ConvertRequest, opts: TuneOptions, out_dir: Path, video: Path | None
-           ) -> Space:
+def _space(
+    model: Path, profile: Any, req: ConvertRequest, opts: TuneOptions, out_dir: Path, video: Path | None
+) -> Space:
     batches = opts.batches
     # throughput: batch sizes where the model's first input dimension is a batch (onnxruntime tries batch 2 once)
-    plan = batch_plan(model, out_dir / "batch", req.input_shapes or None, tuple(batches or BATCHES)) \
-        if opts.objective == "throughput" and any(b != 1 for b in (batches or BATCHES)) else None
-    return build_space(profile, objective=opts.objective, calibrated=req.calib is not None, video=video is not None,
-                       runners=opts.runners, precisions=opts.precisions, threads=opts.threads,
-                       targets_dir=req.targets_dir, batch=plan)
+    plan = (
+        batch_plan(model, out_dir / "batch", req.input_shapes or None, tuple(batches or BATCHES))
+        if opts.objective == "throughput" and any(b != 1 for b in (batches or BATCHES))
+        else None
+    )
+    return build_space(
+        profile,
+        objective=opts.objective,
+        calibrated=req.calib is not None,
+        video=video is not None,
+        runners=opts.runners,
+        precisions=opts.precisions,
+        threads=opts.threads,
+        targets_dir=req.targets_dir,
+        batch=plan,
+    )
 
 
 def _records(configs: Sequence[Config], stored: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -612,8 +775,9 @@ def _records(configs: Sequence[Config], stored: Mapping[str, dict[str, Any]]) ->
         old = stored.get(c.id)
         if old:
             base["rungs"], base["parity"] = dict(old.get("rungs") or {}), old.get("parity")
-            base.update({k: old[k] for k in ("runtime", "load_ms", "memory_mb")
-                         if isinstance(old.get(k), (dict, int, float))})
+            base.update(
+                {k: old[k] for k in ("runtime", "load_ms", "memory_mb") if isinstance(old.get(k), (dict, int, float))}
+            )
         recs[c.id] = base
     return recs
 
@@ -627,9 +791,12 @@ def conversion_parity(rec: dict[str, Any], b: Any) -> None:
     par["conversion"] = gate.get("passed")
     outs = gate.get("outputs")
     outs = outs if isinstance(outs, list) else []
-    par["conversion_failures"] = [f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
-                                  for o in outs if isinstance(o, dict) and isinstance(o.get("failures"), list)
-                                  for f in o["failures"]][:4]
+    par["conversion_failures"] = [
+        f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
+        for o in outs
+        if isinstance(o, dict) and isinstance(o.get("failures"), list)
+        for f in o["failures"]
+    ][:4]
     if gate.get("passed") is None:
         par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
     rec["parity"] = par
@@ -643,8 +810,10 @@ def _convert_trials(run: _Run) -> None:
     keyed = source_key(run.req)
     cache_dir = Path(run.opts.cache) if run.opts.cache is not None else run.out_dir / "cache"
     parity_samples = run.req.parity_samples
-    run.keys = {c.id: recipe_key(run.model_sha, run.profile, c, run.space, calib_id, parity_samples,
-                                 run.batched(c, keyed)) for c in run.configs}
+    run.keys = {
+        c.id: recipe_key(run.model_sha, run.profile, c, run.space, calib_id, parity_samples, run.batched(c, keyed))
+        for c in run.configs
+    }
     for c in run.configs:
         rec, key = run.recs[c.id], run.keys[c.id]
         rec["recipe_key"] = key
@@ -652,11 +821,13 @@ def _convert_trials(run: _Run) -> None:
             if run.over_time():
                 rec["status"] = "not run (time budget)"
                 continue
-            run.say(f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(run.bundles) + 1} "
-                    "recipes)")
+            run.say(
+                f"converting {c.runner} {c.bundle_precision} {dict(c.recipe) or ''} ({len(run.bundles) + 1} recipes)"
+            )
             try:
-                run.bundles[key], fresh = convert_cached(run.trial_model(c), run.profile, c, run.space, key,
-                                                         cache_dir, run.trial_request(c))
+                run.bundles[key], fresh = convert_cached(
+                    run.trial_model(c), run.profile, c, run.space, key, cache_dir, run.trial_request(c)
+                )
             except EdgeError as e:
                 run.bundles[key], fresh = e, True
             run.converted += int(fresh)
@@ -670,9 +841,17 @@ def _convert_trials(run: _Run) -> None:
     # a batched trial's per-item reference: the batch-1 bundle of its runner, precision and recipe
     for c in run.configs:
         if c.batch != 1:
-            one = run.bundles.get(recipe_key(run.model_sha, run.profile, Config(c.runner, c.precision, c.recipe,
-                                                                                c.options, c.workers, 1),
-                                             run.space, calib_id, parity_samples, keyed))
+            one = run.bundles.get(
+                recipe_key(
+                    run.model_sha,
+                    run.profile,
+                    Config(c.runner, c.precision, c.recipe, c.options, c.workers, 1),
+                    run.space,
+                    calib_id,
+                    parity_samples,
+                    keyed,
+                )
+            )
             run.singles[c.id] = None if isinstance(one, EdgeError) else one
 
 
@@ -692,20 +871,29 @@ def _measure_trials(run: _Run) -> None:
             if run.over_time():
                 for c in alive:
                     run.recs[c.id]["status"] = f"not measured at {name} (time budget)"
-                run.notes.append(f"--time-budget reached before the {name} measurement: the winner comes from a "
-                                 "shorter one")
+                run.notes.append(
+                    f"--time-budget reached before the {name} measurement: the winner comes from a shorter one"
+                )
                 break
             last = k == len(rungs) - 1
             # the first of several latency/throughput rungs eliminates most trials: their own reference checks
             # wait until they survive it (e2e's pipeline runs are long beside a check: checked at once)
-            rung = Rung(name, objective, reps, iters, sched.warmup if last else min(sched.warmup, SHORT_WARMUP),
-                        run.video, run.budget, run.pace_fps,
-                        check=not (k == 0 and len(rungs) > 1 and run.video is None))
+            rung = Rung(
+                name,
+                objective,
+                reps,
+                iters,
+                sched.warmup if last else min(sched.warmup, SHORT_WARMUP),
+                run.video,
+                run.budget,
+                run.pace_fps,
+                check=not (k == 0 and len(rungs) > 1 and run.video is None),
+            )
             _measure_rung(run, alive, rung, pool)
             ranked = ranked_trials((run.recs[c.id] for c in alive), name, run.rank_budget, objective)
             # at least eta finalists: the last measurement decides between near-equals, and a short rung's noise
             # must not leave it only two to choose from
-            keep = ranked if last else ranked[:max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
+            keep = ranked if last else ranked[: max(min(sched.eta, len(ranked)), math.ceil(len(alive) / sched.eta))]
             kept = {r["id"] for r in keep}
             mark_rung((run.recs[c.id] for c in alive), kept, name, last)
             alive = [by_id[i] for i in (r["id"] for r in keep)]
@@ -719,9 +907,11 @@ def _measure_rung(run: _Run, alive: Sequence[Config], rung: Rung, pool: Pool) ->
     """Every trial of ``alive`` not yet measured at ``rung`` (the study holds the others), in chunks of at most
     ``MAX_OPEN`` open at once."""
     todo = [c for c in alive if rung.name not in run.recs[c.id]["rungs"]]
-    run.say(f"measuring {len(alive)} trials, {rung.reps} interleaved repetitions of {rung.iters} "
-            f"{'frames in realtime' if run.video else 'inferences'}"
-            + (f" ({len(alive) - len(todo)} from the study)" if len(todo) < len(alive) else ""))
+    run.say(
+        f"measuring {len(alive)} trials, {rung.reps} interleaved repetitions of {rung.iters} "
+        f"{'frames in realtime' if run.video else 'inferences'}"
+        + (f" ({len(alive) - len(todo)} from the study)" if len(todo) < len(alive) else "")
+    )
     # more trials than one chunk holds: the background load differs between chunks, so an anchor (the
     # rung's first trial: the space's defaults at the first rung, the best of the last one after) is
     # measured in every chunk and the rung ranked by each trial's ratio to it in its own chunk
@@ -730,15 +920,17 @@ def _measure_rung(run: _Run, alive: Sequence[Config], rung: Rung, pool: Pool) ->
     size = MAX_OPEN - 1 if anchor is not None else MAX_OPEN
     trials = Trials(run.recs, run.bundles, run.keys, run.singles)
     for i in range(0, len(todo), size):
-        run.measured += measure_chunk(todo[i:i + size], trials, rung, pool, anchor=anchor)
+        run.measured += measure_chunk(todo[i : i + size], trials, rung, pool, anchor=anchor)
         save_study(run.study_path, run.header, run.recs)
         if anchor is not None and rung.name not in run.recs[anchor.id]["rungs"]:
             anchor = None  # it failed to load: the rung is ranked on raw figures (ranked_trials)
     if anchor is not None:
-        run.notes.append(f"{rung.name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each "
-                         f"with the anchor {run.recs[anchor.id]['label']}: ranked by each trial's ratio to the "
-                         "anchor in its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw "
-                         "figures")
+        run.notes.append(
+            f"{rung.name}: {len(todo)} trials measured in {math.ceil(len(todo) / size)} chunks, each "
+            f"with the anchor {run.recs[anchor.id]['label']}: ranked by each trial's ratio to the "
+            "anchor in its chunk (vs_anchor, median over repetitions); p50/p99 are the trials' raw "
+            "figures"
+        )
 
 
 def trial_results(trials: Sequence[dict[str, Any]], objective: str) -> None:
@@ -746,8 +938,15 @@ def trial_results(trials: Sequence[dict[str, Any]], objective: str) -> None:
     for t in trials:
         best = best_rung(t)
         m = t["rungs"][best] if best else None
-        t["result"] = {"rung": best, **{k: v for k, v in m.items() if not k.startswith("rep_")},
-                       "score": trial_score(objective, m["rep_scores"])} if m else None
+        t["result"] = (
+            {
+                "rung": best,
+                **{k: v for k, v in m.items() if not k.startswith("rep_")},
+                "score": trial_score(objective, m["rep_scores"]),
+            }
+            if m
+            else None
+        )
 
 
 def _finish(run: _Run, t_start: float) -> TuneResult:
@@ -764,12 +963,25 @@ def _finish(run: _Run, t_start: float) -> TuneResult:
     save_study(run.study_path, run.header, run.recs)
     runner_info = (winner or {}).get("runtime") or {}
     same, why = same_device_class(profile, current_host(), runner_info)
-    result = TuneResult(model=str(run.model), target=profile.name, objective=objective, strategy=run.opts.strategy,
-                        budget_ms=run.budget, budget_source=run.budget_source, trials=trials,
-                        pruned=run.space.pruned, notes=run.notes, winner=winner,
-                        device_class={"same": same, "reason": why}, host=run.host, study_path=str(run.study_path),
-                        measured=run.measured, converted=run.converted, convert_s=run.convert_s,
-                        search_s=run.search_s)
+    result = TuneResult(
+        model=str(run.model),
+        target=profile.name,
+        objective=objective,
+        strategy=run.opts.strategy,
+        budget_ms=run.budget,
+        budget_source=run.budget_source,
+        trials=trials,
+        pruned=run.space.pruned,
+        notes=run.notes,
+        winner=winner,
+        device_class={"same": same, "reason": why},
+        host=run.host,
+        study_path=str(run.study_path),
+        measured=run.measured,
+        converted=run.converted,
+        convert_s=run.convert_s,
+        search_s=run.search_s,
+    )
     if winner is None:
         run.notes.append("no configuration passed parity: nothing to apply")
     else:
@@ -790,31 +1002,49 @@ def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: b
     cfg = next(c for c in run.configs if c.id == winner["id"])
     res = winner["result"]
     runner_info = winner.get("runtime") or {}
-    tuned = {"created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "model": run.model.name, "model_sha256": run.model_sha, "configuration": winner["id"],
-             "objective": objective, "strategy": run.opts.strategy, "measured_on": f"{host['os']}/{host['arch']}",
-             "os": host["os"], "arch": host["arch"], "cpu": host["cpu"], "isa": _isa(), "cpus": host["cpus"],
-             "device_used": runner_info.get("device_used") or "",
-             "precision_used": runner_info.get("precision_used") or "",
-             "same_device_class": same, "device_class": why,
-             "p50_ms": res.get("p50_ms"), "p99_ms": res.get("p99_ms"), "fps": res.get("fps"),
-             "parity_error": (winner.get("parity") or {}).get("error"), "size_bytes": winner.get("size_bytes")}
+    tuned = {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": run.model.name,
+        "model_sha256": run.model_sha,
+        "configuration": winner["id"],
+        "objective": objective,
+        "strategy": run.opts.strategy,
+        "measured_on": f"{host['os']}/{host['arch']}",
+        "os": host["os"],
+        "arch": host["arch"],
+        "cpu": host["cpu"],
+        "isa": _isa(),
+        "cpus": host["cpus"],
+        "device_used": runner_info.get("device_used") or "",
+        "precision_used": runner_info.get("precision_used") or "",
+        "same_device_class": same,
+        "device_class": why,
+        "p50_ms": res.get("p50_ms"),
+        "p99_ms": res.get("p99_ms"),
+        "fps": res.get("fps"),
+        "parity_error": (winner.get("parity") or {}).get("error"),
+        "size_bytes": winner.get("size_bytes"),
+    }
     if objective == "e2e":
-        tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"),
-                      "frames": res.get("frames")})
+        tuned.update({"pace_fps": res.get("pace_fps"), "frames_missed": res.get("missed"), "frames": res.get("frames")})
     if objective == "throughput":  # items per inference; fps above is items per second
         tuned["batch"] = cfg.batch
     overlay = run.space.overlay(profile, cfg, tuned=tuned)
-    comments = [f"edgekit tune: {winner['label']} for {profile.name}, objective {objective}",
-                f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)"]
+    comments = [
+        f"edgekit tune: {winner['label']} for {profile.name}, objective {objective}",
+        f"measured on this host ({host['os']}/{host['arch']}, {host['cpu']}, {host['cpus']} CPUs)",
+    ]
     if not same:
         comments.append(f"NOT the target's device class: {why}; re-tune on the device")
     if cfg.batch != 1 and run.space.batch is not None:
-        shapes = " ".join(f"--input-shape {k}={','.join(map(str, v))}"
-                          for k, v in run.space.batch.input_shapes(cfg.batch).items())
-        comments.append(f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
-                        f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
-                        "batch 1: export it with a dynamic first dimension first)")
+        shapes = " ".join(
+            f"--input-shape {k}={','.join(map(str, v))}" for k, v in run.space.batch.input_shapes(cfg.batch).items()
+        )
+        comments.append(
+            f"batch {cfg.batch} ({res.get('fps')} items/s): the overlay converts at the model's own "
+            f"batch; for batches of {cfg.batch} convert with {shapes} (a model whose ONNX input fixes "
+            "batch 1: export it with a dynamic first dimension first)"
+        )
     comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
     result.overlay_path = str(write_overlay(run.out_dir / "tuned.toml", overlay, comments))
     result.applied = overlay.describe()
@@ -823,5 +1053,3 @@ def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: b
 def best_rung(t: Mapping[str, Any]) -> str | None:
     names = sorted(t.get("rungs", {}), key=_rung_order)
     return names[-1] if names else None
-
-

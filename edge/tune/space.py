@@ -30,8 +30,9 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-from edge.errors import EdgeError
+
 from edge.backends.threads import usable_cpus
+from edge.errors import EdgeError
 from edge.tune.config import OBJECTIVES, Config, word  # noqa: F401 - OBJECTIVES re-exported
 
 THREADS = (1, 2, 4, 8, 16)
@@ -57,25 +58,38 @@ class RunnerSpace:
 
 SPACES: dict[str, RunnerSpace] = {
     "onnxruntime": RunnerSpace(
-        "onnxruntime", "onnx->onnx", "x86-cpu",
-        {"intra_op_num_threads": THREADS, "graph_optimization_level": ("all", "extended", "basic"),
-         "execution_mode": ("sequential", "parallel"), "inter_op_num_threads": (0, 2),
-         "allow_spinning": (True, False)},
+        "onnxruntime",
+        "onnx->onnx",
+        "x86-cpu",
+        {
+            "intra_op_num_threads": THREADS,
+            "graph_optimization_level": ("all", "extended", "basic"),
+            "execution_mode": ("sequential", "parallel"),
+            "inter_op_num_threads": (0, 2),
+            "allow_spinning": (True, False),
+        },
         {"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
-        threads_option="intra_op_num_threads"),
+        threads_option="intra_op_num_threads",
+    ),
     "openvino": RunnerSpace(
-        "openvino", "onnx->openvino-ir", "intel-igpu",
+        "openvino",
+        "onnx->openvino-ir",
+        "intel-igpu",
         {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT"), "num_streams": STREAMS},
         {"fp16": {"mixed_precision": ("auto", "off")}},
-        threads_option="num_threads"),
+        threads_option="num_threads",
+    ),
     # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
     # models pay its packing), and some ops stay outside it anyway
     # xnnpack_latest_features: ai-edge-litert's experimental_default_delegate_latest_features, an XNNPack delegate
     # created with TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
-    "litert": RunnerSpace("litert", "onnx->tflite", "arm-xnnpack",
-                          {"num_threads": THREADS, "delegate": ("xnnpack", "none"),
-                           "xnnpack_latest_features": (False, True)},
-                          threads_option="num_threads"),
+    "litert": RunnerSpace(
+        "litert",
+        "onnx->tflite",
+        "arm-xnnpack",
+        {"num_threads": THREADS, "delegate": ("xnnpack", "none"), "xnnpack_latest_features": (False, True)},
+        threads_option="num_threads",
+    ),
 }
 #: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;
 #: a target that names a delegate or an accelerator (XNNPack, an iGPU) by its own runner only
@@ -92,7 +106,7 @@ class Space:
     #: the space was built for the video pipeline (objective e2e): an overlay then carries the inference workers
     video: bool = False
     #: how batched trials are converted (objective throughput); None: batch 1 only
-    batch: "BatchPlan | None" = None
+    batch: BatchPlan | None = None
 
     def base_profile(self, profile: Any, cfg: Config) -> Any:
         """``profile`` set up to convert ``cfg`` (its runner, chain and recipe; the base runner options)."""
@@ -107,10 +121,16 @@ class Space:
         run_opts = dict(self.run_options[cfg.runner])
         if with_knobs:
             run_opts.update(dict(cfg.options))
-        return TunedOverlay(target=profile.name, precision=cfg.bundle_precision, runner=cfg.runner, chain=(conv,),
-                            convert_options={conv: {**self.convert_options[cfg.runner], **dict(cfg.recipe)}},
-                            run_options=run_opts, tuned=dict(tuned),
-                            infer_workers=cfg.workers if (with_knobs and self.video) else None)
+        return TunedOverlay(
+            target=profile.name,
+            precision=cfg.bundle_precision,
+            runner=cfg.runner,
+            chain=(conv,),
+            convert_options={conv: {**self.convert_options[cfg.runner], **dict(cfg.recipe)}},
+            run_options=run_opts,
+            tuned=dict(tuned),
+            infer_workers=cfg.workers if (with_knobs and self.video) else None,
+        )
 
 
 def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
@@ -118,36 +138,45 @@ def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | No
     None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
     if runner == "litert":
         if opts.get("xnnpack_latest_features") and str(opts.get("delegate", "xnnpack")).lower() != "xnnpack":
-            return ("litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
-                    "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)")
+            return (
+                "litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
+                "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)"
+            )
         return None
     if runner == "openvino":
         streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
         if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":
             # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=2 reads back LATENCY with 2 streams and 2
             # optimal requests; tests/tune/test_tune_streams.py checks it against the installed OpenVINO
-            return ("openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
-                    "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
-                    "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams")
+            return (
+                "openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
+                "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
+                "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams"
+            )
         if isinstance(streams, int) and threads and streams > threads:
-            return (f"openvino num_streams={streams} with num_threads={threads}: every stream runs on threads of its "
-                    "own (OpenVINO would run fewer streams; the runner refuses it)")
+            return (
+                f"openvino num_streams={streams} with num_threads={threads}: every stream runs on threads of its "
+                "own (OpenVINO would run fewer streams; the runner refuses it)"
+            )
         return None
     if runner != "onnxruntime":
         return None
     mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
     intra, spin = opts.get("intra_op_num_threads", 0), opts.get("allow_spinning", True)
     if inter and mode != "parallel":
-        return ("onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
-                "at a time (no inter-op threads)")
+        return (
+            "onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
+            "at a time (no inter-op threads)"
+        )
     if mode == "parallel" and intra == 1:
-        return ("onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
-                "parallel mode adds an inter-op pool of its own")
+        return (
+            "onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
+            "parallel mode adds an inter-op pool of its own"
+        )
     if inter > cpus:
         return f"onnxruntime inter_op_num_threads={inter}: more threads than the {cpus} CPUs this process may use"
     if spin is False and intra == 1 and mode == "sequential":
-        return ("onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the "
-                "same as allow_spinning=true")
+        return "onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the same as allow_spinning=true"
     return None
 
 
@@ -169,12 +198,25 @@ class BatchPlan:
         return {k: [n, *v[1:]] for k, v in self.shapes.items()}
 
 
-_ONNX_NP = {1: "float32", 10: "float16", 11: "float64", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
-            9: "bool"}
+_ONNX_NP = {
+    1: "float32",
+    10: "float16",
+    11: "float64",
+    2: "uint8",
+    3: "int8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+}
 
 
-def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
-               batches: Sequence[int] = BATCHES) -> BatchPlan:
+def batch_plan(
+    model: str | Path,
+    out_dir: str | Path,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    batches: Sequence[int] = BATCHES,
+) -> BatchPlan:
     """Find out whether ``model`` (ONNX) can run batched: every input's first dimension must be 1 or symbolic,
     and a copy with that dimension symbolic must run in onnxruntime at batch 2, give outputs whose first dimension
     is 2, and give each item what batch 1 gives it. Anything else is the plan's ``problem`` (batch > 1 pruned).
@@ -213,8 +255,14 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
     rng = np.random.default_rng(0)
 
     def sample(n: int) -> dict[str, np.ndarray]:
-        return {k: (rng.standard_normal((n, *v[1:])).astype(types[k]) if types[k].startswith("float")
-                    else np.zeros((n, *v[1:]), types[k])) for k, v in shapes.items()}
+        return {
+            k: (
+                rng.standard_normal((n, *v[1:])).astype(types[k])
+                if types[k].startswith("float")
+                else np.zeros((n, *v[1:]), types[k])
+            )
+            for k, v in shapes.items()
+        }
 
     try:
         import onnxruntime as ort
@@ -224,7 +272,7 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
         sess = ort.InferenceSession(str(variant), so, providers=["CPUExecutionProvider"])
         two = sample(2)
         got = sess.run(None, two)
-        singles = [sess.run(None, {k: v[j:j + 1] for k, v in two.items()}) for j in range(2)]
+        singles = [sess.run(None, {k: v[j : j + 1] for k, v in two.items()}) for j in range(2)]
     except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the reason
         msg = " ".join(str(e).split())[:240]
         return BatchPlan(problem=f"onnxruntime cannot run {model.name} at batch 2 ({msg}); the graph fixes its batch")
@@ -233,8 +281,11 @@ def batch_plan(model: str | Path, out_dir: str | Path, input_shapes: Mapping[str
         return BatchPlan(problem=problem)
     item_bytes = sum(int(np.prod(v)) * np.dtype(types[k]).itemsize for k, v in shapes.items())
     ok = tuple(b for b in batches if b == 1 or b * item_bytes <= MAX_BATCH_BYTES)
-    pruned = tuple(f"batch={b}: {b} items are {b * item_bytes / (1 << 20):.0f} MB of input, over the "
-                   f"{MAX_BATCH_BYTES >> 20} MB cap" for b in batches if b not in ok)
+    pruned = tuple(
+        f"batch={b}: {b} items are {b * item_bytes / (1 << 20):.0f} MB of input, over the {MAX_BATCH_BYTES >> 20} MB cap"
+        for b in batches
+        if b not in ok
+    )
     return BatchPlan(batches=tuple(sorted(set(ok) | {1})), model=variant, shapes=shapes, pruned=pruned)
 
 
@@ -250,19 +301,28 @@ def runners_for(profile: Any) -> tuple[str, ...]:
 def openvino_cpu_capabilities() -> list[str] | None:
     """What OpenVINO's CPU plugin reports it computes in (FP32, BF16, FP16, INT8...), None when it cannot say."""
     try:
-        from edge.backends.openvino.format import ov_core
-
         import openvino.properties as props
+
+        from edge.backends.openvino.format import ov_core
 
         return [str(c) for c in ov_core().get_property("CPU", props.device.capabilities)]
     except Exception:  # noqa: BLE001 - no OpenVINO, no CPU plugin: bf16 is then pruned with this reason
         return None
 
 
-def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = False, video: bool = False,
-                runners: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
-                threads: Sequence[int] | None = None, targets_dir: Iterable[Any] = (),
-                bf16_capabilities: list[str] | None | str = "ask", batch: BatchPlan | None = None) -> Space:
+def build_space(
+    profile: Any,
+    *,
+    objective: str = "latency",
+    calibrated: bool = False,
+    video: bool = False,
+    runners: Sequence[str] | None = None,
+    precisions: Sequence[str] | None = None,
+    threads: Sequence[int] | None = None,
+    targets_dir: Iterable[Any] = (),
+    bf16_capabilities: list[str] | None | str = "ask",
+    batch: BatchPlan | None = None,
+) -> Space:
     """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
 
     ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
@@ -289,33 +349,48 @@ def build_space(profile: Any, *, objective: str = "latency", calibrated: bool = 
             if why is not None:
                 space.pruned.append(why)
                 continue
-            knobs = [(name, _knob_values(space, runner, rs, name, values, objective, thread_values, cpus))
-                     for name, values in rs.options.items()]
-            _expand(space, runner, prec, list(rs.recipes.get(prec, {}).items()), knobs, cpus,
-                    (WORKERS if video else (1,)), batches)
+            knobs = [
+                (name, _knob_values(space, runner, rs, name, values, objective, thread_values, cpus))
+                for name, values in rs.options.items()
+            ]
+            _expand(
+                space,
+                runner,
+                prec,
+                list(rs.recipes.get(prec, {}).items()),
+                knobs,
+                cpus,
+                (WORKERS if video else (1,)),
+                batches,
+            )
     space.pruned = list(dict.fromkeys(space.pruned))
     if not space.configs:
         raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
     return space
 
 
-def _narrowed(profile: Any, runners: Sequence[str] | None, precisions: Sequence[str] | None,
-              threads: Sequence[int] | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+def _narrowed(
+    profile: Any, runners: Sequence[str] | None, precisions: Sequence[str] | None, threads: Sequence[int] | None
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
     """(the runners serving the target, the precisions tunable for it, the thread counts to try), narrowed as
     asked; a runner or precision the target cannot use is refused, never dropped."""
     serving = runners_for(profile)
     if runners:
         unknown = [r for r in runners if r not in serving]
         if unknown:
-            raise EdgeError(f"runner(s) {', '.join(unknown)} do not serve {profile.name}'s device class "
-                            f"({profile.device_class.describe()})", hint=f"choose from {', '.join(serving)}")
+            raise EdgeError(
+                f"runner(s) {', '.join(unknown)} do not serve {profile.name}'s device class ({profile.device_class.describe()})",
+                hint=f"choose from {', '.join(serving)}",
+            )
         serving = tuple(r for r in serving if r in runners)
     allowed_prec = tuple(profile.precisions) + (("bf16",) if "bf16" not in profile.precisions else ())
     if precisions:
         unknown = [p for p in precisions if p not in allowed_prec]
         if unknown:
-            raise EdgeError(f"precision(s) {', '.join(unknown)} are not tunable for {profile.name}",
-                            hint=f"choose from {', '.join(allowed_prec)}")
+            raise EdgeError(
+                f"precision(s) {', '.join(unknown)} are not tunable for {profile.name}",
+                hint=f"choose from {', '.join(allowed_prec)}",
+            )
     thread_values = tuple(threads) if threads else THREADS
     if any(not isinstance(t, int) or t < 1 for t in thread_values):
         raise EdgeError(f"threads must be integers >= 1, got {list(thread_values)}")
@@ -325,8 +400,9 @@ def _narrowed(profile: Any, runners: Sequence[str] | None, precisions: Sequence[
 def _batches(space: Space, objective: str, batch: BatchPlan | None) -> tuple[int, ...]:
     """The batch sizes tried (throughput only), with what was pruned and why."""
     if objective != "throughput":
-        space.pruned.append(f"batch > 1: only for the throughput objective (objective {objective} runs one item per "
-                            "inference, as a stream of frames does)")
+        space.pruned.append(
+            f"batch > 1: only for the throughput objective (objective {objective} runs one item per inference, as a stream of frames does)"
+        )
         return (1,)
     if batch is None:
         return (1,)
@@ -369,71 +445,98 @@ def _runner_space(space: Space, profile: Any, runner: str, targets_dir: Iterable
         run_opts = dict(home.runtime_options)
         if runner == "openvino":
             run_opts["device"] = ["CPU"]
-            space.notes.append(f"openvino on {profile.name}: the CPU plugin (device CPU), {rs.home}'s conversion recipe")
+            space.notes.append(
+                f"openvino on {profile.name}: the CPU plugin (device CPU), {rs.home}'s conversion recipe"
+            )
     space.convert_options[runner], space.run_options[runner] = conv_opts, run_opts
     return rs
 
 
-def _precision_pruned(runner: str, rs: Any, prec: str, conv_precisions: Any, calibrated: bool,
-                      bf16_capabilities: list[str] | None | str) -> str | None:
+def _precision_pruned(
+    runner: str, rs: Any, prec: str, conv_precisions: Any, calibrated: bool, bf16_capabilities: list[str] | None | str
+) -> str | None:
     """Why ``runner`` cannot be tuned at ``prec`` here (None: it can)."""
     if prec == "bf16":
         if runner != "openvino":
-            return (f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
-                    "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)")
+            return (
+                f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
+                "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)"
+            )
         caps = openvino_cpu_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
         if not caps or "BF16" not in caps:
-            return (f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
-                    f"(it reports {', '.join(caps) if caps else 'nothing'})")
+            return (
+                f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
+                f"(it reports {', '.join(caps) if caps else 'nothing'})"
+            )
     elif prec not in conv_precisions:
-        return (f"{runner} {prec}: converter {rs.converter} cannot produce it "
-                f"(it produces {', '.join(sorted(conv_precisions))})")
+        return f"{runner} {prec}: converter {rs.converter} cannot produce it (it produces {', '.join(sorted(conv_precisions))})"
     if prec == "int8" and not calibrated:
-        return (f"{runner} int8: static int8 needs calibration data "
-                "(pass --calib DIR, or --calib random for generated inputs)")
+        return f"{runner} int8: static int8 needs calibration data (pass --calib DIR, or --calib random for generated inputs)"
     return None
 
 
-def _knob_values(space: Space, runner: str, rs: Any, name: str, values: Any, objective: str,
-                 thread_values: tuple[int, ...], cpus: int) -> tuple[Any, ...]:
+def _knob_values(
+    space: Space,
+    runner: str,
+    rs: Any,
+    name: str,
+    values: Any,
+    objective: str,
+    thread_values: tuple[int, ...],
+    cpus: int,
+) -> tuple[Any, ...]:
     """The values of runner option ``name`` worth trying for ``objective`` on this host's ``cpus``."""
     if name == rs.threads_option:
         ok = tuple(t for t in thread_values if t <= cpus)
         over = [t for t in thread_values if t > cpus]
         if over:
-            space.pruned.append(f"{runner} {name}={','.join(map(str, over))}: more threads than the "
-                                f"{cpus} CPUs this process may use")
+            space.pruned.append(
+                f"{runner} {name}={','.join(map(str, over))}: more threads than the {cpus} CPUs this process may use"
+            )
         values = tuple(sorted(ok, reverse=True)) or (cpus,)  # all CPUs first: the default
     if name == "performance_hint" and objective != "throughput":
         if "THROUGHPUT" in values:
-            space.pruned.append(f"{runner} performance_hint=THROUGHPUT: only for the throughput "
-                                f"objective (objective {objective} runs one request at a time, which "
-                                "THROUGHPUT's streams split the CPU for)")
+            space.pruned.append(
+                f"{runner} performance_hint=THROUGHPUT: only for the throughput "
+                f"objective (objective {objective} runs one request at a time, which "
+                "THROUGHPUT's streams split the CPU for)"
+            )
         values = ("LATENCY",)
     if name == "num_streams":  # 0: not set, the hint's own choice
         if objective != "throughput":
-            space.pruned.append(f"{runner} num_streams: only for the throughput objective (objective "
-                                f"{objective} runs one request at a time; a stream serves one request)")
+            space.pruned.append(
+                f"{runner} num_streams: only for the throughput objective (objective "
+                f"{objective} runs one request at a time; a stream serves one request)"
+            )
             values = (0,)
         else:
             over = [n for n in values if n > cpus]
             if over:
-                space.pruned.append(f"{runner} num_streams={','.join(map(str, over))}: more streams than "
-                                    f"the {cpus} CPUs this process may use (OpenVINO caps them)")
+                space.pruned.append(
+                    f"{runner} num_streams={','.join(map(str, over))}: more streams than "
+                    f"the {cpus} CPUs this process may use (OpenVINO caps them)"
+                )
             values = tuple(n for n in values if n <= cpus)
     return tuple(values)
 
 
-def _expand(space: Space, runner: str, prec: str, recipe_knobs: list[tuple[str, Any]],
-            knobs: list[tuple[str, tuple[Any, ...]]], cpus: int, workers: Sequence[int], batches: Sequence[int]) -> None:
+def _expand(
+    space: Space,
+    runner: str,
+    prec: str,
+    recipe_knobs: list[tuple[str, Any]],
+    knobs: list[tuple[str, tuple[Any, ...]]],
+    cpus: int,
+    workers: Sequence[int],
+    batches: Sequence[int],
+) -> None:
     """Every combination of recipe and option values (those that conflict pruned), per worker count and batch."""
     base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
     for rvals in itertools.product(*[v for _, v in recipe_knobs]):
         recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
         for ovals in itertools.product(*[v for _, v in knobs]):
             # an option at its "not set" value is left out (the id stays what it was without the option)
-            opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals)
-                                     if not (k == "num_streams" and v == 0))
+            opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals) if not (k == "num_streams" and v == 0))
             conflict = option_conflict(runner, dict(opts), cpus)
             if conflict is not None:
                 space.pruned.append(conflict)
@@ -456,8 +559,7 @@ def _batch1_shapes(inputs: Sequence[Any], given: Mapping[str, tuple[int, ...]]) 
         if i.name in given:
             shape = given[i.name]
             if len(shape) != len(dims) or shape[0] != 1:
-                return (f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs "
-                        f"its first dimension 1, rank {len(dims)}")
+                return f"--input-shape {i.name}={','.join(map(str, shape))}: batch tuning needs its first dimension 1, rank {len(dims)}"
         else:
             rest = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims[1:]]
             if None in rest:
@@ -474,12 +576,14 @@ def _batch_problem(names: Sequence[str], got: Sequence[Any], singles: Sequence[S
     for k, name in enumerate(names):
         a = np.asarray(got[k])
         if a.ndim == 0 or a.shape[0] != 2:
-            return (f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension "
-                    "is not the batch, so items cannot be told apart")
+            return f"output {name!r} at batch 2 has shape {list(a.shape)}: its first dimension is not the batch, so items cannot be told apart"
         for j in range(2):
             ref = np.asarray(singles[j][k])
-            if ref.shape[1:] != a.shape[1:] or not np.allclose(a[j:j + 1].astype(np.float64), ref.astype(np.float64),
-                                                                rtol=1e-3, atol=1e-4 * (1 + float(np.abs(ref).max(initial=0)))):
-                return (f"output {name!r}: item {j} of a batch of 2 differs from the same input alone "
-                        "(the graph mixes items across the batch)")
+            if ref.shape[1:] != a.shape[1:] or not np.allclose(
+                a[j : j + 1].astype(np.float64),
+                ref.astype(np.float64),
+                rtol=1e-3,
+                atol=1e-4 * (1 + float(np.abs(ref).max(initial=0))),
+            ):
+                return f"output {name!r}: item {j} of a batch of 2 differs from the same input alone (the graph mixes items across the batch)"
     return None

@@ -29,8 +29,11 @@ SKIP_NO_REFERENCE = "no reference outputs: the source could not be run here"
 SKIP_RUNNER_NOT_HERE = "runner cannot run on this host: "  # + why (edge.pipeline.plan.runnable_here)
 SKIP_SOURCE_AS_IS = "the source ships as it is ("  # + the GGUF file type: an LLM bundle with no requantization
 #: the device-class judgements edge.targets.same_device_class / edge.bench.judge_device_class write
-_OTHER_HOST = re.compile(r"different device class: this host is ([a-z0-9_]+)/([a-z0-9_]+)(, NVIDIA Jetson)?; "
-                         r"(\S+)'s devices are .+", re.S)
+_OTHER_HOST = re.compile(
+    r"different device class: this host is ([a-z0-9_]+)/([a-z0-9_]+)(, NVIDIA Jetson)?; "
+    r"(\S+)'s devices are .+",
+    re.S,
+)
 _FALLBACK = "different device class: the runner used its fallback"
 _UNKNOWN = "device class unknown: target profile "
 
@@ -82,8 +85,11 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
                 failures.append(f"{o.name}: output missing, of another shape, or not finite")
             # a [N, C] output is judged by top-1 when it is a classifier; one that parity found not to be (a
             # regression, an embedding: issue #23) says why in its task note
-            if o.top1 is None and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)) \
-                    and not (o.task is None and o.task_note):
+            if (
+                o.top1 is None
+                and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape))
+                and not (o.task is None and o.task_note)
+            ):
                 failures.append(f"{o.name}: classifier-shaped output with neither a top-1 figure nor a reason")
             if o.degenerate and (o.ref_min is None or o.ref_max is None):
                 failures.append(f"{o.name}: marked degenerate without the reference's range")
@@ -92,11 +98,15 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
             failures += [f"{o.name}: {f}" for f in output_failures(o, th)]
             failures += [f"{o.name}: {f}" for f in o.failures if f"{o.name}: {f}" not in failures]
         listed = {t.name for t in m.io.outputs}
-        failures += [f"{name}: parity figures for an output io.outputs does not list" for name in figures
-                     if name not in listed]
+        failures += [
+            f"{name}: parity figures for an output io.outputs does not list" for name in figures if name not in listed
+        ]
     if failures and par.passed:
-        return ParityVerdict("fail", failures, edited=f"its parity record says passed, but its figures fail this "
-                             f"edgekit's {m.precision} thresholds ({failures[0]})")
+        return ParityVerdict(
+            "fail",
+            failures,
+            edited=f"its parity record says passed, but its figures fail this edgekit's {m.precision} thresholds ({failures[0]})",
+        )
     # a record that says failed with passing figures is taken at its (more careful) word
     if failures or not par.passed:
         return ParityVerdict("fail", failures or ["the parity record says failed"])
@@ -117,8 +127,7 @@ def skip_problem(m: Manifest, host_check: HostCheck | None) -> str | None:
     if why.startswith(SKIP_RUNNER_NOT_HERE):
         here = host_check(m) if host_check is not None else "not checked"
         if here is None:
-            return (f"it says the runner cannot run on this host, but {m.runner.name} for {m.target.name} runs "
-                    "here: its parity can be checked")
+            return f"it says the runner cannot run on this host, but {m.runner.name} for {m.target.name} runs here: its parity can be checked"
         return None
     if why.startswith(SKIP_SOURCE_AS_IS):
         return None if m.kind == "llm" else "only a GGUF language model ships its source as it is"
@@ -177,8 +186,7 @@ def device_class_problem(m: Manifest, bench: BenchmarkEvidence) -> str | None:
     if profile is not None:
         cls = profile.device_class
         if os_name in cls.os and arch in cls.arch and (cls.platform != "jetson" or jetson):
-            return (f"its device class says {os_name}/{arch} is another device class, and it is one of "
-                    f"{m.target.name}'s ({cls.describe()})")
+            return f"its device class says {os_name}/{arch} is another device class, and it is one of {m.target.name}'s ({cls.describe()})"
     return None
 
 
@@ -192,8 +200,14 @@ def _budget(m: Manifest, bench: BenchmarkEvidence) -> tuple[float | None, str]:
     return frame, f"the {m.target.name} profile's frame budget (the record names none)"
 
 
-def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budget_failure: bool = False,
-                bundle_dir: Path | None = None, host_check: HostCheck | None = None) -> None:
+def check_gates(
+    m: Manifest,
+    *,
+    accept_parity_failure: bool = False,
+    accept_budget_failure: bool = False,
+    bundle_dir: Path | None = None,
+    host_check: HostCheck | None = None,
+) -> None:
     """Refuse to ship a bundle whose evidence fails or is incomplete: parity recomputed from its figures over
     every output (an edited record is refused whatever is accepted; with ``bundle_dir`` the ONNX artifact's own
     outputs must be the ones compared), missing parity (unless accepted), a skipped parity whose reason is not
@@ -203,18 +217,26 @@ def check_gates(m: Manifest, *, accept_parity_failure: bool = False, accept_budg
     bid = m.bundle_id
     v = parity_verdict(m)
     if v.edited:
-        raise DeployError(f"refusing to ship {bid}: {v.edited}; the manifest was edited or built with looser "
-                          "thresholds", hint="rebuild it with `edgekit convert`")
+        raise DeployError(
+            f"refusing to ship {bid}: {v.edited}; the manifest was edited or built with looser thresholds",
+            hint="rebuild it with `edgekit convert`",
+        )
     for problem in (skip_problem(m, host_check), output_problem(m, bundle_dir)):
         if problem is not None:
-            raise DeployError(f"refusing to ship {bid}: its parity evidence does not hold: {problem}; the manifest "
-                              "was edited", hint="rebuild it with `edgekit convert`")
+            raise DeployError(
+                f"refusing to ship {bid}: its parity evidence does not hold: {problem}; the manifest was edited",
+                hint="rebuild it with `edgekit convert`",
+            )
     if v.state == "missing" and not accept_parity_failure:
-        raise DeployError(f"refusing to ship {bid}: it has no parity record (neither run nor skipped with a reason)",
-                          hint="rebuild it with `edgekit convert`, or pass --accept-parity-failure to ship it anyway")
+        raise DeployError(
+            f"refusing to ship {bid}: it has no parity record (neither run nor skipped with a reason)",
+            hint="rebuild it with `edgekit convert`, or pass --accept-parity-failure to ship it anyway",
+        )
     if v.state == "fail" and not accept_parity_failure:
-        raise DeployError(f"refusing to ship {bid}: it failed parity ({'; '.join(v.failures[:3])})",
-                          hint="pass --accept-parity-failure to ship it anyway")
+        raise DeployError(
+            f"refusing to ship {bid}: it failed parity ({'; '.join(v.failures[:3])})",
+            hint="pass --accept-parity-failure to ship it anyway",
+        )
     if isinstance(m.benchmark, BenchmarkEvidence):
         _check_benchmark(m, m.benchmark, accept_budget_failure)
 
@@ -224,15 +246,21 @@ def _check_benchmark(m: Manifest, bench: BenchmarkEvidence, accept_budget_failur
     p99 = bench.latency.p99_ms
     recorded = "no budget" if bench.budget_ms is None else ("pass" if p99 <= bench.budget_ms else "fail")
     if bench.verdict != recorded and bench.verdict != "fail":
-        raise DeployError(f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
-                          f"against a {bench.budget_ms} ms budget is {recorded!r}; the manifest was edited",
-                          hint="benchmark it again with `edgekit bench --record`")
+        raise DeployError(
+            f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
+            f"against a {bench.budget_ms} ms budget is {recorded!r}; the manifest was edited",
+            hint="benchmark it again with `edgekit bench --record`",
+        )
     problem = device_class_problem(m, bench)
     if problem is not None:
-        raise DeployError(f"refusing to ship {bid}: its benchmark says it did not run on the target device but "
-                          f"{problem}; the manifest was edited", hint="benchmark it again with `edgekit bench --record`")
+        raise DeployError(
+            f"refusing to ship {bid}: its benchmark says it did not run on the target device but {problem}; the manifest was edited",
+            hint="benchmark it again with `edgekit bench --record`",
+        )
     budget, source = _budget(m, bench)
     verdict = "no budget" if budget is None else ("pass" if p99 <= budget else "fail")
     if "fail" in (verdict, bench.verdict) and bench.on_target_device and not accept_budget_failure:
-        raise BudgetError(f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget "
-                          f"({source})", hint="pass --accept-budget-failure to ship it anyway")
+        raise BudgetError(
+            f"refusing to ship {bid}: p99 {p99:.2f} ms is over the {budget or 0:.2f} ms budget ({source})",
+            hint="pass --accept-budget-failure to ship it anyway",
+        )

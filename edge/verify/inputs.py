@@ -206,7 +206,7 @@ def _pink(rng: np.random.Generator, h: int, w: int, alpha: float = 1.0) -> np.nd
     fx = np.fft.rfftfreq(w)[None, :]
     f = np.sqrt(fx * fx + fy * fy)
     f[0, 0] = 1.0
-    spec = (rng.standard_normal(f.shape) + 1j * rng.standard_normal(f.shape)) / f ** alpha
+    spec = (rng.standard_normal(f.shape) + 1j * rng.standard_normal(f.shape)) / f**alpha
     spec[0, 0] = 0.0
     x = np.fft.irfft2(spec, s=(h, w))
     result: np.ndarray = (x - x.mean()) / (x.std() + 1e-12)
@@ -223,7 +223,11 @@ def natural_frames(count: int, height: int, width: int, seed: int = 0) -> Iterat
         lum = _pink(rng, height, width)
         base = rng.uniform(60, 200, 3)
         tint = rng.uniform(-0.3, 0.3, 3)
-        img = base + 45 * lum[..., None] * (1 + tint) + 12 * np.stack([_pink(rng, height, width, 1.5) for _ in range(3)], -1)
+        img = (
+            base
+            + 45 * lum[..., None] * (1 + tint)
+            + 12 * np.stack([_pink(rng, height, width, 1.5) for _ in range(3)], -1)
+        )
         for _ in range(int(rng.integers(2, 7))):  # flat shapes: edges and corners
             _shape(img, rng)
         if line or i % 4 != 3:  # most frames carry text, as documents, signs and screens do
@@ -266,10 +270,10 @@ def _text(img: np.ndarray, rng: np.random.Generator, line: bool) -> None:
             x = size // 2
             while x < pw - size:
                 gw = int(rng.integers(2, 5)) * size // 4
-                patch[y:y + size, x:x + max(1, size // 6)] = ink
-                patch[y + size // 2:y + size // 2 + max(1, size // 8), x:x + gw] = ink
+                patch[y : y + size, x : x + max(1, size // 6)] = ink
+                patch[y + size // 2 : y + size // 2 + max(1, size // 8), x : x + gw] = ink
                 x += gw + size // 2
-        img[y0:y0 + ph, x0:x0 + pw] = patch[..., None]
+        img[y0 : y0 + ph, x0 : x0 + pw] = patch[..., None]
         return
     canvas = Image.fromarray(patch.astype(np.uint8))
     draw = ImageDraw.Draw(canvas)
@@ -287,7 +291,7 @@ def _text(img: np.ndarray, rng: np.random.Generator, line: bool) -> None:
         if line:
             break
         y += int(size * rng.uniform(1.3, 1.8))
-    img[y0:y0 + ph, x0:x0 + pw] = np.asarray(canvas, dtype=np.float64)[..., None]
+    img[y0 : y0 + ph, x0 : x0 + pw] = np.asarray(canvas, dtype=np.float64)[..., None]
 
 
 def speech_like(n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
@@ -313,7 +317,7 @@ def speech_like(n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
     out += 0.4 * fric / (np.abs(fric).max() + 1e-9) * gate
     if rng.random() < 0.3:  # a pause: near-silence with room noise
         a = int(rng.integers(0, n // 2))
-        out[a:a + n // 3] *= 0.02
+        out[a : a + n // 3] *= 0.02
     out += 0.002 * noise
     result: np.ndarray = (out / (np.abs(out).max() + 1e-9) * rng.uniform(0.1, 0.5)).astype(np.float32)
     return result
@@ -332,8 +336,9 @@ def _resonate(x: np.ndarray, fc: float, bw: float, rate: int) -> np.ndarray:
     return y
 
 
-def load_calibration(source: str | os.PathLike[str], io: IOSpec, pre: PreprocessSpec | None,
-                     *, limit: int = 128, random_count: int = 32) -> Calibration:
+def load_calibration(
+    source: str | os.PathLike[str], io: IOSpec, pre: PreprocessSpec | None, *, limit: int = 128, random_count: int = 32
+) -> Calibration:
     """Read calibration samples for ``io``. ``source`` is a directory (or one file) of .npy/.npz tensors,
     images, .wav audio or .txt token ids, or the word ``random``."""
     if str(source) == RANDOM:
@@ -347,8 +352,14 @@ TEXT_SUFFIXES = frozenset({".txt"})
 DATA_SUFFIXES = TENSOR_SUFFIXES | IMAGE_SUFFIXES | AUDIO_SUFFIXES | TEXT_SUFFIXES
 
 
-def read_samples(source: str | os.PathLike[str], io: IOSpec, pre: PreprocessSpec | None, *, limit: int = 128,
-                 what: str = "calibration") -> tuple[list[dict[str, np.ndarray]], str]:
+def read_samples(
+    source: str | os.PathLike[str],
+    io: IOSpec,
+    pre: PreprocessSpec | None,
+    *,
+    limit: int = 128,
+    what: str = "calibration",
+) -> tuple[list[dict[str, np.ndarray]], str]:
     """Samples for ``io`` from a directory or one file, and their kind: .npy/.npz tensors (every input),
     images (the image input, through ``pre``), 16-bit PCM .wav (windows for an audio-shaped input) or .txt
     (one sequence of whitespace-separated token ids a line, for an integer input). Inputs a file does not
@@ -391,14 +402,27 @@ def _data_files(d: Path, what: str) -> tuple[list[Path], Path, str]:
     elif d.is_dir():
         files = sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
     else:
-        raise CalibrationError(f"{what} directory {d} does not exist",
-                               hint="pass a directory of .npy/.npz tensors, images, .wav or .txt files"
-                                    + (", or --calib random" if what == "calibration" else ""))
+        raise CalibrationError(
+            f"{what} directory {d} does not exist",
+            hint="pass a directory of .npy/.npz tensors, images, .wav or .txt files"
+            + (", or --calib random" if what == "calibration" else ""),
+        )
     if not files:
         raise CalibrationError(f"{what} directory {d} holds no .npy, .npz or image files (nor .wav, .txt)")
-    kinds = {("tensors" if f.suffix.lower() in TENSOR_SUFFIXES else "images" if f.suffix.lower() in IMAGE_SUFFIXES
-              else "audio" if f.suffix.lower() in AUDIO_SUFFIXES else "text" if f.suffix.lower() in TEXT_SUFFIXES
-              else "?") for f in files}
+    kinds = {
+        (
+            "tensors"
+            if f.suffix.lower() in TENSOR_SUFFIXES
+            else "images"
+            if f.suffix.lower() in IMAGE_SUFFIXES
+            else "audio"
+            if f.suffix.lower() in AUDIO_SUFFIXES
+            else "text"
+            if f.suffix.lower() in TEXT_SUFFIXES
+            else "?"
+        )
+        for f in files
+    }
     if "?" in kinds:
         raise CalibrationError(f"{what} file {d.name}: not .npy, .npz, an image, .wav or .txt")
     if len(kinds) > 1:
@@ -408,17 +432,21 @@ def _data_files(d: Path, what: str) -> tuple[list[Path], Path, str]:
     return files, d, kinds.pop()
 
 
-def _image_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str,
-                   problems: list[str]) -> list[dict[str, np.ndarray]]:
+def _image_samples(
+    files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str, problems: list[str]
+) -> list[dict[str, np.ndarray]]:
     """Each image through ``pre`` into the image input (``label``: "calibration images in DIR")."""
     if pre is None:
-        raise CalibrationError(f"{label}, but the model has no image input to pre-process "
-                               f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
-                               hint="give .npy/.npz tensors instead")
+        raise CalibrationError(
+            f"{label}, but the model has no image input to pre-process (inputs: {', '.join(t.describe() for t in io.inputs)})",
+            hint="give .npy/.npz tensors instead",
+        )
     others = [t for t in io.inputs if t.name != pre.input]
     if others and label.startswith("calibration ") and any(_kind(t, io, pre) == "standard normal" for t in others):
-        raise CalibrationError(f"{label}, but the model has {len(io.inputs)} inputs",
-                               hint="give one .npz per sample with an array per input name")
+        raise CalibrationError(
+            f"{label}, but the model has {len(io.inputs)} inputs",
+            hint="give one .npz per sample with an array per input name",
+        )
     prep = Preprocessor(pre)
     samples: list[dict[str, np.ndarray]] = []
     for f in files:
@@ -429,15 +457,17 @@ def _image_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, la
     return samples
 
 
-def _audio_samples(files: list[Path], io: IOSpec, label: str, limit: int,
-                   problems: list[str]) -> list[dict[str, np.ndarray]]:
+def _audio_samples(
+    files: list[Path], io: IOSpec, label: str, limit: int, problems: list[str]
+) -> list[dict[str, np.ndarray]]:
     """Windows of each .wav at the audio input's length (the last one zero-padded)."""
     target = next(((t, n) for t in io.inputs if (n := _audio_length(t, io))), None)
     if target is None:
-        raise CalibrationError(f"{label}, but no input looks like audio "
-                               f"(inputs: {', '.join(t.describe() for t in io.inputs)})",
-                               hint="an audio input is float [1, L] with a sample-rate input beside it, or "
-                                    "named audio/wav/pcm/speech/waveform; or give .npy/.npz tensors")
+        raise CalibrationError(
+            f"{label}, but no input looks like audio (inputs: {', '.join(t.describe() for t in io.inputs)})",
+            hint="an audio input is float [1, L] with a sample-rate input beside it, or "
+            "named audio/wav/pcm/speech/waveform; or give .npy/.npz tensors",
+        )
     t, n = target
     samples: list[dict[str, np.ndarray]] = []
     for f in files:
@@ -448,24 +478,28 @@ def _audio_samples(files: list[Path], io: IOSpec, label: str, limit: int,
             continue
         for start in range(0, max(1, len(wave_) - n + 1), n):
             chunk = np.zeros(n, np.float32)
-            piece = wave_[start:start + n]
-            chunk[:len(piece)] = piece
+            piece = wave_[start : start + n]
+            chunk[: len(piece)] = piece
             samples.append({t.name: chunk.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
             if len(samples) >= limit:
                 break
     return samples
 
 
-def _text_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str,
-                  problems: list[str]) -> list[dict[str, np.ndarray]]:
+def _text_samples(
+    files: list[Path], io: IOSpec, pre: PreprocessSpec | None, label: str, problems: list[str]
+) -> list[dict[str, np.ndarray]]:
     """One sample per non-empty line of token ids, into the one token-id input (cut or zero-padded)."""
-    ints = [t for t in io.inputs if not np.issubdtype(np.dtype(t.dtype), np.floating)
-            and _kind(t, io, pre).startswith("token ids")]
+    ints = [
+        t
+        for t in io.inputs
+        if not np.issubdtype(np.dtype(t.dtype), np.floating) and _kind(t, io, pre).startswith("token ids")
+    ]
     if len(ints) != 1:
-        raise CalibrationError(f"{label}: one token-id input is needed, the model has "
-                               f"{', '.join(t.describe() for t in io.inputs)}",
-                               hint="each .txt line is a sequence of token ids for the model's id input; "
-                                    "or give .npz tensors")
+        raise CalibrationError(
+            f"{label}: one token-id input is needed, the model has {', '.join(t.describe() for t in io.inputs)}",
+            hint="each .txt line is a sequence of token ids for the model's id input; or give .npz tensors",
+        )
     t = ints[0]
     length = int(t.shape[-1])
     samples: list[dict[str, np.ndarray]] = []
@@ -479,7 +513,7 @@ def _text_samples(files: list[Path], io: IOSpec, pre: PreprocessSpec | None, lab
                 problems.append(f"{f.name}:{i}: not whitespace-separated token ids")
                 continue
             row = np.zeros(length, np.int64)
-            row[:min(length, len(ids))] = ids[:length]
+            row[: min(length, len(ids))] = ids[:length]
             samples.append({t.name: row.reshape(tuple(int(x) for x in t.shape)).astype(t.dtype)})
     return samples
 
@@ -526,9 +560,16 @@ def _digest(sample: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def choose_parity_inputs(io: IOSpec, pre: PreprocessSpec | None, *, count: int,
-                         parity_data: str | os.PathLike[str] | None = None, calibration: Calibration | None = None,
-                         quantized: bool = False, seed: int = 1234) -> ParityInputs:
+def choose_parity_inputs(
+    io: IOSpec,
+    pre: PreprocessSpec | None,
+    *,
+    count: int,
+    parity_data: str | os.PathLike[str] | None = None,
+    calibration: Calibration | None = None,
+    quantized: bool = False,
+    seed: int = 1234,
+) -> ParityInputs:
     """Parity inputs in order of preference: the user's ``parity_data``; their calibration data (for a
     ``quantized`` conversion, a quarter of it held out of calibration, at most ``count``); else generated
     to look like the model's data (:func:`generated_samples`). With calibration,
@@ -549,8 +590,8 @@ def choose_parity_inputs(io: IOSpec, pre: PreprocessSpec | None, *, count: int,
         assert calibration is not None
         n = len(calibration.samples)
         k = min(count, max(n // 4, min(4, n // 2)))  # a quarter; at least 4 while half stays for calibration
-        samples = [dict(s) for s in calibration.samples[n - k:]]
-        calibration = Calibration(calibration.source, calibration.kind, n - k, tuple(calibration.samples[:n - k]))
+        samples = [dict(s) for s in calibration.samples[n - k :]]
+        calibration = Calibration(calibration.source, calibration.kind, n - k, tuple(calibration.samples[: n - k]))
         prov = {"kind": "calibration-held-out", "source": calibration.source}
         label = f"calibration ({calibration.kind})"  # the provenance says which were held out
         note = f"{k} of the {n} calibration samples held out of calibration for parity"
@@ -589,8 +630,10 @@ def _tensor_samples(f: Path, io: IOSpec) -> list[dict[str, np.ndarray]]:
         raise CalibrationError(f"{f.name}: cannot be read as numpy data ({e})") from None
     if isinstance(data, np.ndarray):
         if len(io.inputs) != 1:
-            raise CalibrationError(f"{f.name}: a .npy holds one array but the model has inputs "
-                                   f"{[t.name for t in io.inputs]}; use .npz with one array per input")
+            raise CalibrationError(
+                f"{f.name}: a .npy holds one array but the model has inputs "
+                f"{[t.name for t in io.inputs]}; use .npz with one array per input"
+            )
         arrays = {io.inputs[0].name: data}
     else:
         with data:
@@ -598,8 +641,10 @@ def _tensor_samples(f: Path, io: IOSpec) -> list[dict[str, np.ndarray]]:
         missing = [t.name for t in io.inputs if t.name not in arrays]
         extra = [k for k in arrays if k not in {t.name for t in io.inputs}]
         if missing or extra:
-            raise CalibrationError(f"{f.name}: arrays {sorted(arrays)} do not match the inputs "
-                                   f"{[t.name for t in io.inputs]}" + (f" (missing {missing})" if missing else ""))
+            raise CalibrationError(
+                f"{f.name}: arrays {sorted(arrays)} do not match the inputs "
+                f"{[t.name for t in io.inputs]}" + (f" (missing {missing})" if missing else "")
+            )
     per_input = {t.name: _split(f, t, arrays[t.name]) for t in io.inputs}
     counts = {len(v) for v in per_input.values()}
     if len(counts) != 1:
@@ -612,13 +657,15 @@ def _split(f: Path, t: TensorSpec, a: np.ndarray) -> list[np.ndarray]:
     """A sample of the input's shape, the shape without its batch dim, or a stack of samples."""
     shape = tuple(int(x) for x in t.shape)
     if a.dtype != np.dtype(t.dtype):
-        raise CalibrationError(f"{f.name}: input {t.name!r} dtype {a.dtype}, expected {t.dtype}",
-                               hint=f"save it with .astype('{t.dtype}')")
+        raise CalibrationError(
+            f"{f.name}: input {t.name!r} dtype {a.dtype}, expected {t.dtype}", hint=f"save it with .astype('{t.dtype}')"
+        )
     if a.shape == shape:
         return [a]
     if a.shape == shape[1:] and shape[0] == 1:
         return [a[None]]
     if shape[0] == 1 and a.ndim == len(shape) and a.shape[1:] == shape[1:]:
-        return [a[i:i + 1] for i in range(a.shape[0])]
-    raise CalibrationError(f"{f.name}: input {t.name!r} shape {list(a.shape)}, expected {list(shape)} "
-                           f"(or {list(shape[1:])}, or a stack [N, ...])")
+        return [a[i : i + 1] for i in range(a.shape[0])]
+    raise CalibrationError(
+        f"{f.name}: input {t.name!r} shape {list(a.shape)}, expected {list(shape)} (or {list(shape[1:])}, or a stack [N, ...])"
+    )

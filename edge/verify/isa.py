@@ -70,8 +70,9 @@ def isa_limit(precision: str, value_range: float) -> float:
 class ReplayRunner:
     """The outputs the guest computed, handed back in order to ``check_reference_pairs`` as if it ran them."""
 
-    def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[dict[str, np.ndarray]],
-                 info: RunnerInfo) -> None:
+    def __init__(
+        self, inputs: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[dict[str, np.ndarray]], info: RunnerInfo
+    ) -> None:
         self._inputs, self._outputs, self.info, self._next = list(inputs), list(outputs), info, 0
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -100,8 +101,10 @@ def guest_pythonpath() -> Path:
     except md.PackageNotFoundError:
         eps = ""
     if "[edgekit.runners]" not in eps:
-        raise EdgeError("edgekit's entry points are not installed, so the guest could not find its runners",
-                        hint="install edgekit (pip install -e .), not just put it on sys.path")
+        raise EdgeError(
+            "edgekit's entry points are not installed, so the guest could not find its runners",
+            hint="install edgekit (pip install -e .), not just put it on sys.path",
+        )
     site = aarch64.toolchain_dir() / "guest" / hashlib.sha256(str(pkg).encode()).hexdigest()[:16]
     site.mkdir(parents=True, exist_ok=True)
     link = site / "edge"
@@ -120,21 +123,31 @@ def guest_pythonpath() -> Path:
     return site
 
 
-def _guest_run(em: aarch64.Emulator, bundle: Bundle, tmp: Path, options: Mapping[str, Any] | None,
-               timeout_s: float) -> tuple[dict[str, Any], Path]:
+def _guest_run(
+    em: aarch64.Emulator, bundle: Bundle, tmp: Path, options: Mapping[str, Any] | None, timeout_s: float
+) -> tuple[dict[str, Any], Path]:
     out = tmp / "outputs.npz"
     extra = (json.dumps(dict(options)),) if options else ()
-    r = em.run("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out), *extra,
-               pythonpath=(guest_pythonpath(),), timeout_s=timeout_s)
+    r = em.run(
+        "-m",
+        "edge.verify.isa_guest",
+        str(bundle.path.resolve()),
+        str(out),
+        *extra,
+        pythonpath=(guest_pythonpath(),),
+        timeout_s=timeout_s,
+    )
     lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
         result = json.loads(lines[-1]) if lines else {}
     except ValueError:
         result = {}
     if r.returncode != 0 or "error" in result or not out.is_file():
-        why = result.get("error") or (f"killed by signal {-r.returncode}" if r.returncode < 0 else
-                                      f"exit code {r.returncode}: "
-                                      + ((r.stderr.strip().splitlines() or ['no output'])[-1][:300]))
+        why = result.get("error") or (
+            f"killed by signal {-r.returncode}"
+            if r.returncode < 0
+            else f"exit code {r.returncode}: " + ((r.stderr.strip().splitlines() or ["no output"])[-1][:300])
+        )
         raise EdgeError(f"bundle {bundle.id} did not run on emulated {em.cpu}: {why}")
     return result, out
 
@@ -147,8 +160,9 @@ def _read_outputs(path: Path, bundle: Bundle, samples: int) -> list[dict[str, np
     outs: list[dict[str, np.ndarray]] = [{} for _ in range(samples)]
     with np.load(path, allow_pickle=False) as npz:
         if set(npz.files) != {f"o{s}_{k}" for s in range(samples) for k in range(len(specs))}:
-            raise EdgeError(f"the emulated run returned {sorted(npz.files)[:8]}, not {samples} samples of "
-                            f"{len(specs)} outputs")
+            raise EdgeError(
+                f"the emulated run returned {sorted(npz.files)[:8]}, not {samples} samples of {len(specs)} outputs"
+            )
         for s in range(samples):
             for k, t in enumerate(specs):
                 outs[s][t.name] = npz[f"o{s}_{k}"]
@@ -159,8 +173,13 @@ def _figure(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], arm: Sequence[Mapping[str, np.ndarray]],
-               host: Sequence[Mapping[str, np.ndarray]], gate: Mapping[str, Any]) -> list[dict[str, Any]]:
+def per_output(
+    bundle: Bundle,
+    reference: Sequence[Mapping[str, np.ndarray]],
+    arm: Sequence[Mapping[str, np.ndarray]],
+    host: Sequence[Mapping[str, np.ndarray]],
+    gate: Mapping[str, Any],
+) -> list[dict[str, Any]]:
     """Per output: the largest |``arm`` - ``host``| over the samples, the ``reference`` outputs' range (max - min)
     and the limit from it, and the bundle gate's figures against the reference (``gate``'s outputs)."""
     by_name = {o.get("name"): o for o in gate.get("outputs") or []}
@@ -170,15 +189,26 @@ def per_output(bundle: Bundle, reference: Sequence[Mapping[str, np.ndarray]], ar
         if any(np.shape(a[n]) != np.shape(h[n]) for a, h in zip(arm, host)):
             diff = math.inf
         else:
-            diff = max(float(np.max(np.abs(np.asarray(a[n], np.float64) - np.asarray(h[n], np.float64)), initial=0.0))
-                       for a, h in zip(arm, host))
+            diff = max(
+                float(np.max(np.abs(np.asarray(a[n], np.float64) - np.asarray(h[n], np.float64)), initial=0.0))
+                for a, h in zip(arm, host)
+            )
         ref = [np.asarray(r[n], np.float64) for r in reference if np.size(r[n])]
         rng = float(max(r.max() for r in ref) - min(r.min() for r in ref)) if ref else 0.0
         limit = isa_limit(bundle.precision, rng)
         g = by_name.get(n, {})
-        out.append({"name": n, "max_abs_vs_host": diff if math.isfinite(diff) else 3.4e38, "range": rng,
-                    "limit": limit, "passed": diff <= limit, "cosine": _figure(g.get("cosine")),
-                    "max_abs": _figure(g.get("max_abs")), "snr_db": _figure(g.get("snr_db"))})
+        out.append(
+            {
+                "name": n,
+                "max_abs_vs_host": diff if math.isfinite(diff) else 3.4e38,
+                "range": rng,
+                "limit": limit,
+                "passed": diff <= limit,
+                "cosine": _figure(g.get("cosine")),
+                "max_abs": _figure(g.get("max_abs")),
+                "snr_db": _figure(g.get("snr_db")),
+            }
+        )
     return out
 
 
@@ -190,13 +220,21 @@ def cpu_path(bundle: Bundle) -> tuple[dict[str, Any] | None, str]:
         return None, ""
     compiled = any((c.get("details") or {}).get("edgetpu_compiled") for c in bundle.manifest.get("chain") or [])
     if compiled or bundle.info.primary_artifact.endswith("_edgetpu.tflite"):
-        raise EdgeError(f"bundle {bundle.id} is compiled for the Edge TPU: it runs only with the accelerator, which "
-                        "emulation does not have", hint="check the bundle before `edgekit finish` compiles it")
+        raise EdgeError(
+            f"bundle {bundle.id} is compiled for the Edge TPU: it runs only with the accelerator, which emulation does not have",
+            hint="check the bundle before `edgekit finish` compiles it",
+        )
     return {"delegate": "xnnpack"}, ", CPU int8 path (XNNPack in place of the Edge TPU)"
 
 
-def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, cpu: str = aarch64.DEFAULT_CPU,
-               record: bool = True, timeout_s: float = 1800.0) -> dict[str, Any]:
+def verify_isa(
+    bundle_path: str | os.PathLike[str],
+    *,
+    isa: str = aarch64.ISA,
+    cpu: str = aarch64.DEFAULT_CPU,
+    record: bool = True,
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
     """Run ``bundle_path``'s reference pairs on emulated ``isa``/``cpu``, judge them (module docstring) and, with
     ``record``, put the evidence in the manifest's ``verified_on`` (replacing one for the same ISA and core; a
     signature is removed: sign again). Returns the evidence (``IsaEvidence`` as JSON). A bundle that cannot run
@@ -205,36 +243,55 @@ def verify_isa(bundle_path: str | os.PathLike[str], *, isa: str = aarch64.ISA, c
         raise EdgeError(f"unknown instruction set {isa!r}; edgekit checks: {', '.join(ISAS)}")
     bundle = Bundle.open(bundle_path)
     if bundle.kind != "vision":
-        raise EdgeError(f"bundle {bundle.id} is a language model: its aarch64 runtime (llama.cpp) has no wheel "
-                        "to emulate", hint="see docs/aarch64.md: what llama.cpp on aarch64 would need")
+        raise EdgeError(
+            f"bundle {bundle.id} is a language model: its aarch64 runtime (llama.cpp) has no wheel to emulate",
+            hint="see docs/aarch64.md: what llama.cpp on aarch64 would need",
+        )
     entry = bundle.info.reference_pairs
     if entry is None or entry.file is None:
-        raise EdgeError(f"bundle {bundle.id} carries no reference pairs to run on {isa}",
-                        hint="rebuild it with `edgekit convert` (it writes them by default)")
+        raise EdgeError(
+            f"bundle {bundle.id} carries no reference pairs to run on {isa}",
+            hint="rebuild it with `edgekit convert` (it writes them by default)",
+        )
     options, path = cpu_path(bundle)
     em = aarch64.require().with_cpu(cpu)
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     with tempfile.TemporaryDirectory(prefix="edgekit-isa-") as tmp:
         guest, out = _guest_run(em, bundle, Path(tmp), options, timeout_s)
         arm = _read_outputs(out, bundle, len(pairs.inputs))
-    info = RunnerInfo(**{k: guest["runner"][k] for k in ("runtime", "device_requested", "device_used",
-                                                          "precision_used", "threads", "fallback")})
+    info = RunnerInfo(
+        **{
+            k: guest["runner"][k]
+            for k in ("runtime", "device_requested", "device_used", "precision_used", "threads", "fallback")
+        }
+    )
     gate = check_reference_pairs(bundle, ReplayRunner(pairs.inputs, arm, info))
     with bundle.open_runner(options) as runner:
         host = [runner.infer(feeds) for feeds in pairs.inputs]
         host_info = runner_json(runner)
     outputs = per_output(bundle, pairs.outputs, arm, host, gate)
-    failures = [f"{o['name']}: |{isa} - x86| {o['max_abs_vs_host']:.3g} > {o['limit']:.3g}" for o in outputs
-                if not o["passed"]] + [f"reference check: {f}" for f in gate.get("failures") or []]
+    failures = [
+        f"{o['name']}: |{isa} - x86| {o['max_abs_vs_host']:.3g} > {o['limit']:.3g}" for o in outputs if not o["passed"]
+    ] + [f"reference check: {f}" for f in gate.get("failures") or []]
     state = aarch64.read_state() or {}
     evidence = {
-        "isa": isa, "cpu": cpu, "emulated": True, "label": f"checked on {isa} (emulated {cpu})" + path,
-        "runtime": info.runtime, "device_used": info.device_used, "host_runtime": host_info["runtime"],
-        "samples": len(pairs.inputs), "passed": not failures and gate.get("passed") is not False,
+        "isa": isa,
+        "cpu": cpu,
+        "emulated": True,
+        "label": f"checked on {isa} (emulated {cpu})" + path,
+        "runtime": info.runtime,
+        "device_used": info.device_used,
+        "host_runtime": host_info["runtime"],
+        "samples": len(pairs.inputs),
+        "passed": not failures and gate.get("passed") is not False,
         "checked_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "emulator": f"qemu-aarch64 {state.get('qemu', {}).get('version', '?')}", "cpu_part": guest.get("cpu_part"),
-        "versions": guest.get("versions") or {}, "reference_check": gate.get("passed"), "outputs": outputs,
-        "failures": failures[:64], "toolchain_lock_hash": state.get("lock_hash"),
+        "emulator": f"qemu-aarch64 {state.get('qemu', {}).get('version', '?')}",
+        "cpu_part": guest.get("cpu_part"),
+        "versions": guest.get("versions") or {},
+        "reference_check": gate.get("passed"),
+        "outputs": outputs,
+        "failures": failures[:64],
+        "toolchain_lock_hash": state.get("lock_hash"),
     }
     if guest.get("machine") != "aarch64":
         raise EdgeError(f"the emulated run reports machine {guest.get('machine')!r}, not aarch64")
@@ -248,8 +305,13 @@ def describe(evidence: Mapping[str, Any]) -> str:
     """One line: "checked on aarch64 (emulated cortex-a76): pass, max |ARM - x86| 3.1e-07 of range (logits)"."""
     outs = evidence.get("outputs") or []
     worst = max(outs, key=lambda o: o["max_abs_vs_host"] / max(o["range"], ABS_FLOOR), default=None)
-    fig = "" if worst is None else (f", max |{evidence['isa']} - x86| {worst['max_abs_vs_host']:.2g} "
-                                    f"(limit {worst['limit']:.2g}, {worst['name']})")
+    fig = (
+        ""
+        if worst is None
+        else (
+            f", max |{evidence['isa']} - x86| {worst['max_abs_vs_host']:.2g} (limit {worst['limit']:.2g}, {worst['name']})"
+        )
+    )
     verdict = "pass" if evidence.get("passed") else "FAIL: " + "; ".join(evidence.get("failures") or [])[:300]
     return f"{evidence['label']}: {verdict}{fig}"
 
@@ -278,8 +340,9 @@ def isa_for(bundle: Bundle, profile: Any) -> tuple[str | None, str]:
     return aarch64.ISA, ""
 
 
-def check_after_convert(bundle: Bundle, profile: Any, *, enabled: bool = True, accept_failure: bool = False,
-                        cpu: str = aarch64.DEFAULT_CPU) -> tuple[str, dict[str, Any] | None]:
+def check_after_convert(
+    bundle: Bundle, profile: Any, *, enabled: bool = True, accept_failure: bool = False, cpu: str = aarch64.DEFAULT_CPU
+) -> tuple[str, dict[str, Any] | None]:
     """What ``convert``/``deploy`` do for a bundle whose devices are aarch64: the reference pairs on emulated
     ``cpu`` when the toolchain is installed, recorded in the manifest. Returns the report's line ("checked on
     aarch64 (emulated cortex-a76): pass ..." or why not; empty for a target whose devices are not aarch64) and the
@@ -296,7 +359,8 @@ def check_after_convert(bundle: Bundle, profile: Any, *, enabled: bool = True, a
     evidence = verify_isa(bundle.path, isa=isa, cpu=cpu)
     line = describe(evidence)
     if not evidence["passed"] and not accept_failure:
-        raise ParityError(f"bundle {bundle.id}: {line}",
-                          hint="it computes differently on the device ISA; --accept-parity-failure ships it anyway, "
-                               "--no-isa-check skips the check")
+        raise ParityError(
+            f"bundle {bundle.id}: {line}",
+            hint="it computes differently on the device ISA; --accept-parity-failure ships it anyway, --no-isa-check skips the check",
+        )
     return line, evidence

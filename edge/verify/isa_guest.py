@@ -33,7 +33,7 @@ RUNTIMES = ("ai-edge-litert", "onnxruntime", "numpy")
 def cpu_part() -> str | None:
     """``CPU part`` of the first core in /proc/cpuinfo (ARM's part number: 0xd0b is a Cortex-A76), if any."""
     try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")[:1 << 16]
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")[: 1 << 16]
     except OSError:
         return None
     parts = [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("CPU part") and ":" in ln]
@@ -58,8 +58,10 @@ def run(bundle_path: str, out_npz: str, options: dict[str, Any] | None = None) -
     bundle = Bundle.open(bundle_path, trust=False)  # the build host's own bundle; its hashes still must hold
     entry = bundle.info.reference_pairs
     if entry is None or entry.file is None:
-        raise EdgeError(f"bundle {bundle_path} carries no reference pairs to run",
-                        hint="rebuild it with `edgekit convert` (reference pairs are written by default)")
+        raise EdgeError(
+            f"bundle {bundle_path} carries no reference pairs to run",
+            hint="rebuild it with `edgekit convert` (reference pairs are written by default)",
+        )
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     names = [t.name for t in bundle.io.outputs]
     arrays: dict[str, np.ndarray] = {}
@@ -74,8 +76,15 @@ def run(bundle_path: str, out_npz: str, options: dict[str, Any] | None = None) -
         info = runner_json(runner)
     with open(out_npz, "xb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]
-    return {"bundle_id": bundle.id, "samples": len(pairs.inputs), "runner": info, "machine": platform.machine(),
-            "python": platform.python_version(), "cpu_part": cpu_part(), "versions": versions()}
+    return {
+        "bundle_id": bundle.id,
+        "samples": len(pairs.inputs),
+        "runner": info,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_part": cpu_part(),
+        "versions": versions(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,10 +24,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from edge.capabilities import CpuIsa, cpu_isa
 from edge.backends.runner import Runner
-from edge.verify.tasks import (TaskFigures, TaskGuess, TaskJudge, blank_share, column_range,
-                               explain_task, fits, is_classifier, row_kind)
+from edge.capabilities import CpuIsa, cpu_isa
+from edge.verify.tasks import (
+    TaskFigures,
+    TaskGuess,
+    TaskJudge,
+    blank_share,
+    column_range,
+    explain_task,
+    fits,
+    is_classifier,
+    row_kind,
+)
 
 
 @dataclass(frozen=True)
@@ -64,18 +73,59 @@ class Thresholds:
 # catches a wrong graph at any scale; SNR catches what cosine is blind to (a gain error).
 # int8 classifier numbers: MobileNetV2 QDQ U8S8 per-channel reached 99.2% top-1 on real images (issue #2).
 THRESHOLDS: dict[str, Thresholds] = {
-    "fp32": Thresholds(min_cosine=0.99999, min_top1=0.99, min_snr_db=40.0, max_rel_err=1e-2, degenerate_atol=1e-4,
-                       min_top5=0.99, min_detection=0.95, min_iou=0.98, min_sequence=0.98),
+    "fp32": Thresholds(
+        min_cosine=0.99999,
+        min_top1=0.99,
+        min_snr_db=40.0,
+        max_rel_err=1e-2,
+        degenerate_atol=1e-4,
+        min_top5=0.99,
+        min_detection=0.95,
+        min_iou=0.98,
+        min_sequence=0.98,
+    ),
     # bf16 keeps 8 mantissa bits to fp16's 11: measured 0.9985 cosine on a trained classifier.
-    "bf16": Thresholds(min_cosine=0.995, min_top1=0.90, min_snr_db=18.0, degenerate_atol=2e-2,
-                       min_top5=0.95, min_detection=0.90, min_iou=0.90, min_sequence=0.90),
-    "fp16": Thresholds(min_cosine=0.999, min_top1=0.90, min_snr_db=25.0, degenerate_atol=1e-2,
-                       min_top5=0.95, min_detection=0.95, min_iou=0.95, min_sequence=0.95),
+    "bf16": Thresholds(
+        min_cosine=0.995,
+        min_top1=0.90,
+        min_snr_db=18.0,
+        degenerate_atol=2e-2,
+        min_top5=0.95,
+        min_detection=0.90,
+        min_iou=0.90,
+        min_sequence=0.90,
+    ),
+    "fp16": Thresholds(
+        min_cosine=0.999,
+        min_top1=0.90,
+        min_snr_db=25.0,
+        degenerate_atol=1e-2,
+        min_top5=0.95,
+        min_detection=0.95,
+        min_iou=0.95,
+        min_sequence=0.95,
+    ),
     # SNR pooled over samples sits ~4 dB under what the mean cosine suggests (det: cosine 0.983, SNR 10.7 dB)
-    "int8": Thresholds(min_cosine=0.98, min_top1=0.80, min_snr_db=10.0, degenerate_atol=5e-2,
-                       min_top5=0.90, min_detection=0.90, min_iou=0.80, min_sequence=0.90),
-    "int8-dynamic": Thresholds(min_cosine=0.98, min_top1=0.80, min_snr_db=10.0, degenerate_atol=5e-2,
-                               min_top5=0.90, min_detection=0.90, min_iou=0.80, min_sequence=0.90),
+    "int8": Thresholds(
+        min_cosine=0.98,
+        min_top1=0.80,
+        min_snr_db=10.0,
+        degenerate_atol=5e-2,
+        min_top5=0.90,
+        min_detection=0.90,
+        min_iou=0.80,
+        min_sequence=0.90,
+    ),
+    "int8-dynamic": Thresholds(
+        min_cosine=0.98,
+        min_top1=0.80,
+        min_snr_db=10.0,
+        degenerate_atol=5e-2,
+        min_top5=0.90,
+        min_detection=0.90,
+        min_iou=0.80,
+        min_sequence=0.90,
+    ),
 }
 
 #: SNR reported for an exact match (10 log10(x / 0) is infinite; JSON carries no infinity)
@@ -146,8 +196,9 @@ def output_failures(o: Any, th: Thresholds) -> list[str]:
         if th.degenerate_atol is not None:
             scale = max(1.0, abs(o.ref_min), abs(o.ref_max))
             if o.max_abs > th.degenerate_atol * scale:
-                fails.append(f"max abs error {o.max_abs:.3g} > {th.degenerate_atol * scale:.3g} on a degenerate "
-                             f"reference ({degenerate})")
+                fails.append(
+                    f"max abs error {o.max_abs:.3g} > {th.degenerate_atol * scale:.3g} on a degenerate reference ({degenerate})"
+                )
     else:
         if o.cosine < th.min_cosine:
             fails.append(f"mean cosine {o.cosine:.6f} < {th.min_cosine} (worst sample {o.cosine_min:.6f})")
@@ -159,11 +210,13 @@ def output_failures(o: Any, th: Thresholds) -> list[str]:
         fails.append(f"top-1 agreement {o.top1:.1%} < {th.min_top1:.0%}")
     if getattr(o, "task_degenerate", False):
         return fails
-    checks = (("top5", th.min_top5, "top-5 agreement (reference's top-1 in the top-5)"),
-              ("precision", th.min_detection, "detection precision"),
-              ("recall", th.min_detection, "detection recall"),
-              ("iou", th.min_iou, "IoU of the thresholded maps" if o.task == "prob-map" else "mean IoU"),
-              ("tokens", th.min_sequence, "decoded-sequence agreement"))
+    checks = (
+        ("top5", th.min_top5, "top-5 agreement (reference's top-1 in the top-5)"),
+        ("precision", th.min_detection, "detection precision"),
+        ("recall", th.min_detection, "detection recall"),
+        ("iou", th.min_iou, "IoU of the thresholded maps" if o.task == "prob-map" else "mean IoU"),
+        ("tokens", th.min_sequence, "decoded-sequence agreement"),
+    )
     for key, limit, what in checks:
         value = getattr(o, key, None)
         if limit is not None and value is not None and value < limit:
@@ -209,12 +262,20 @@ class ParityReport:
 
     def to_json(self) -> dict[str, Any]:
         data = {
-            "passed": self.passed, "accepted_failure": self.accepted_failure, "precision": self.precision,
-            "thresholds": self.thresholds.to_json(), "samples": self.samples, "inputs": self.inputs,
-            "reference": self.reference, "candidate": self.candidate, "host_notes": self.host_notes,
+            "passed": self.passed,
+            "accepted_failure": self.accepted_failure,
+            "precision": self.precision,
+            "thresholds": self.thresholds.to_json(),
+            "samples": self.samples,
+            "inputs": self.inputs,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "host_notes": self.host_notes,
             "task": self.task,
-            "outputs": [{**{k: v for k, v in asdict(o).items() if k != "failures"},
-                         "passed": o.passed, "failures": o.failures} for o in self.outputs],
+            "outputs": [
+                {**{k: v for k, v in asdict(o).items() if k != "failures"}, "passed": o.passed, "failures": o.failures}
+                for o in self.outputs
+            ],
         }
         if self.input_provenance is not None:
             data["input_provenance"] = self.input_provenance
@@ -249,15 +310,22 @@ def thresholds_for(precision: str, precision_used: str | None = None) -> Thresho
     def hi(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else max(a, b)
 
-    return Thresholds(min(th.min_cosine, used.min_cosine), min(th.min_top1, used.min_top1),
-                      lo(th.min_snr_db, used.min_snr_db), hi(th.max_rel_err, used.max_rel_err),
-                      hi(th.degenerate_atol, used.degenerate_atol), lo(th.min_top5, used.min_top5),
-                      lo(th.min_detection, used.min_detection), lo(th.min_iou, used.min_iou),
-                      lo(th.min_sequence, used.min_sequence))
+    return Thresholds(
+        min(th.min_cosine, used.min_cosine),
+        min(th.min_top1, used.min_top1),
+        lo(th.min_snr_db, used.min_snr_db),
+        hi(th.max_rel_err, used.max_rel_err),
+        hi(th.degenerate_atol, used.degenerate_atol),
+        lo(th.min_top5, used.min_top5),
+        lo(th.min_detection, used.min_detection),
+        lo(th.min_iou, used.min_iou),
+        lo(th.min_sequence, used.min_sequence),
+    )
 
 
-def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = None,
-               runtime: str | None = None) -> list[str]:
+def host_notes(
+    precision: str, precision_used: str | None, isa: CpuIsa | None = None, runtime: str | None = None
+) -> list[str]:
     """What a parity figure measured on this CPU assumes about the device's CPU.
 
     int8 and bf16 results depend on the ISA: x86 CPUs without VNNI/AMX multiply u8*s8 with
@@ -269,16 +337,21 @@ def host_notes(precision: str, precision_used: str | None, isa: CpuIsa | None = 
     isa_bound = runtime is None or runtime.split()[0].lower() in ("onnxruntime", "openvino")
     if precision.startswith("int8") and "avx2" in isa.flags and isa_bound:
         if isa.int8_dot_product:
-            notes.append("int8 measured on a CPU with an int8 dot product (VNNI/AMX: exact int32 sums); on an "
-                         "x86 device without it onnxruntime computes u8u8 (x64_quant_precision) and OpenVINO "
-                         "keeps 7-bit weights only in the first layer, so results there can differ")
+            notes.append(
+                "int8 measured on a CPU with an int8 dot product (VNNI/AMX: exact int32 sums); on an "
+                "x86 device without it onnxruntime computes u8u8 (x64_quant_precision) and OpenVINO "
+                "keeps 7-bit weights only in the first layer, so results there can differ"
+            )
         else:
-            notes.append("int8 measured on a CPU without VNNI/AMX (AVX2 u8s8 pair sums saturate): onnxruntime "
-                         "computes u8u8 here unless x64_quant_precision is off; a VNNI/AMX device computes exact "
-                         "u8s8 and can only agree better")
+            notes.append(
+                "int8 measured on a CPU without VNNI/AMX (AVX2 u8s8 pair sums saturate): onnxruntime "
+                "computes u8u8 here unless x64_quant_precision is off; a VNNI/AMX device computes exact "
+                "u8s8 and can only agree better"
+            )
     if precision_used == "bf16":
-        notes.append("computed in bf16, this CPU's OpenVINO default (AVX512-BF16/AMX); a CPU without bf16 computes "
-                     "f32 and can only agree better")
+        notes.append(
+            "computed in bf16, this CPU's OpenVINO default (AVX512-BF16/AMX); a CPU without bf16 computes f32 and can only agree better"
+        )
     return notes
 
 
@@ -286,8 +359,13 @@ def looks_like_classifier(shape: tuple[int, ...]) -> bool:
     return is_classifier(shape)
 
 
-def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-            th: Thresholds, *, task: str | Mapping[str, str] = "auto") -> list[OutputParity]:
+def compare(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    th: Thresholds,
+    *,
+    task: str | Mapping[str, str] = "auto",
+) -> list[OutputParity]:
     """Per-output figures and failures of ``candidate`` against ``reference`` (lists of per-sample output
     dicts). ``task``: "auto" (detected per output from its shape and the reference's values), "none", a task
     of :data:`edge.verify.tasks.TASKS` for every output it fits, or a mapping output name -> task."""
@@ -295,14 +373,27 @@ def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[M
     shapes = {name: tuple(np.shape(v)) for name, v in reference[0].items()}
     for name in reference[0]:
         if any(name not in c for c in candidate):
-            results.append(OutputParity(name, float("inf"), float("inf"), 0.0, 0.0, None, ["output missing in the converted model"]))
+            results.append(
+                OutputParity(
+                    name, float("inf"), float("inf"), 0.0, 0.0, None, ["output missing in the converted model"]
+                )
+            )
             continue
         refs = [np.asarray(r[name]) for r in reference]
         cands = [np.asarray(c[name]) for c in candidate]
         if any(r.shape != c.shape for r, c in zip(refs, cands)):
             bad = next(c.shape for r, c in zip(refs, cands) if r.shape != c.shape)
-            results.append(OutputParity(name, float("inf"), float("inf"), 0.0, 0.0, None,
-                                        [f"shape {list(bad[1:])} differs from the source's {list(refs[0].shape[1:])}"]))
+            results.append(
+                OutputParity(
+                    name,
+                    float("inf"),
+                    float("inf"),
+                    0.0,
+                    0.0,
+                    None,
+                    [f"shape {list(bad[1:])} differs from the source's {list(refs[0].shape[1:])}"],
+                )
+            )
             continue
         wanted = task.get(name, "auto") if isinstance(task, Mapping) else task
         others = [s for n, s in shapes.items() if n != name]
@@ -310,8 +401,14 @@ def compare(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[M
     return results
 
 
-def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], th: Thresholds,
-                    wanted: str, others: Sequence[tuple[int, ...]] = ()) -> OutputParity:
+def _compare_output(
+    name: str,
+    refs: list[np.ndarray],
+    cands: list[np.ndarray],
+    th: Thresholds,
+    wanted: str,
+    others: Sequence[tuple[int, ...]] = (),
+) -> OutputParity:
     """One output, one sample at a time (a recognizer's [1, 40, 18710] logits over 32 samples would be
     190 MB as one float64 stack)."""
     per = int(np.prod(refs[0].shape)) if refs[0].shape else 1
@@ -341,8 +438,10 @@ def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], 
         dots.append(float(np.dot(a, np.nan_to_num(b))))
     norms_a, cn, dt = np.array(norms), np.array(cnorms), np.array(dots)
     if per < POOLED_BELOW:  # one cosine over every sample's values
-        den = math.sqrt(float((norms_a ** 2).sum())) * math.sqrt(float((cn ** 2).sum()))
-        cos_each = np.array([float(dt.sum()) / den if den > 0 else (1.0 if not norms_a.any() and not cn.any() else 0.0)])
+        den = math.sqrt(float((norms_a**2).sum())) * math.sqrt(float((cn**2).sum()))
+        cos_each = np.array(
+            [float(dt.sum()) / den if den > 0 else (1.0 if not norms_a.any() and not cn.any() else 0.0)]
+        )
         energetic, cos_samples = np.array([True]), 0
     else:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -356,13 +455,28 @@ def _compare_output(name: str, refs: list[np.ndarray], cands: list[np.ndarray], 
     used = cos_each[energetic] if energetic.any() else cos_each
     cosine, cosine_min = float(used.mean()), float(used.min())
     snr = _snr(ref2, err2)
-    snr_each = [_snr(n * n, e) for n, e, en in zip(norms, err_each, energetic if per >= POOLED_BELOW else [True] * len(norms)) if en]
+    snr_each = [
+        _snr(n * n, e)
+        for n, e, en in zip(norms, err_each, energetic if per >= POOLED_BELOW else [True] * len(norms))
+        if en
+    ]
     snr_min = min((s for s in snr_each if s is not None), default=None)
     span = rmax - rmin if count else 0.0
     rel = max_abs / span if span > 0 and math.isfinite(max_abs) else None
-    o = OutputParity(name, float(max_abs), float(abs_sum / max(count, 1)), cosine, cosine_min, None,
-                     snr_db=snr, snr_db_min=snr_min, rel_max_abs=rel, ref_min=rmin if count else None,
-                     ref_max=rmax if count else None, cosine_samples=cos_samples)
+    o = OutputParity(
+        name,
+        float(max_abs),
+        float(abs_sum / max(count, 1)),
+        cosine,
+        cosine_min,
+        None,
+        snr_db=snr,
+        snr_db_min=snr_min,
+        rel_max_abs=rel,
+        ref_min=rmin if count else None,
+        ref_max=rmax if count else None,
+        cosine_samples=cos_samples,
+    )
     o.degenerate_note = degenerate_reason(o.ref_min, o.ref_max)
     o.degenerate = o.degenerate_note is not None
     _task(o, wanted, refs[0].shape, refs, cands, others)
@@ -399,8 +513,14 @@ def guess_task(name: str, refs: Sequence[np.ndarray], others: Sequence[tuple[int
     return explain_task(name, shape, lo, hi, blank, others=others, rows=rows, channel_rows=channels)
 
 
-def _task(o: OutputParity, wanted: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray],
-          others: Sequence[tuple[int, ...]] = ()) -> None:
+def _task(
+    o: OutputParity,
+    wanted: str,
+    shape: tuple[int, ...],
+    refs: list[np.ndarray],
+    cands: list[np.ndarray],
+    others: Sequence[tuple[int, ...]] = (),
+) -> None:
     """Judge ``o`` by the task asked for, else by the one its evidence makes unambiguous (``--task auto``); a
     classifier keeps its top-1 gate under any --task. Where no task applies, ``task_note`` says why."""
     guess = guess_task(o.name, refs, others)
@@ -450,10 +570,19 @@ def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarr
     return [dict(zip(names, sess.run(names, dict(s)))) for s in samples]
 
 
-def check_parity(runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
-                 reference: Sequence[Mapping[str, np.ndarray]], *, precision: str, inputs: str,
-                 reference_label: str, host_proxy: str | None = None, task: str = "auto",
-                 input_provenance: Mapping[str, Any] | None = None, shipped_as_is: bool = False) -> ParityReport:
+def check_parity(
+    runner: Runner,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    reference: Sequence[Mapping[str, np.ndarray]],
+    *,
+    precision: str,
+    inputs: str,
+    reference_label: str,
+    host_proxy: str | None = None,
+    task: str = "auto",
+    input_provenance: Mapping[str, Any] | None = None,
+    shipped_as_is: bool = False,
+) -> ParityReport:
     """The one parity service: ``runner`` (the bundle's, or a host proxy for it) against ``reference``
     (the source model's outputs on ``samples``, from the source's own reference runtime). ``task``: see
     :func:`compare`; ``input_provenance``: where ``samples`` came from, for the manifest.
@@ -470,11 +599,22 @@ def check_parity(runner: Runner, samples: Sequence[Mapping[str, np.ndarray]],
     outputs = compare(list(reference), cand, th, task=task)
     if shipped_as_is:
         drift = ", ".join(f"{o.name} cosine {o.cosine:.6f} max abs {o.max_abs:.3g}" for o in outputs)
-        notes.insert(0, f"the bundle ships the reference's file byte for byte: parity exact by identity; "
-                        f"{runner.info.runtime} on this host gave {drift}"[:1000])
+        notes.insert(
+            0,
+            f"the bundle ships the reference's file byte for byte: parity exact by identity; "
+            f"{runner.info.runtime} on this host gave {drift}"[:1000],
+        )
         outputs = compare(list(reference), list(reference), th, task=task)
     return ParityReport(
-        precision=precision, thresholds=th, samples=len(samples), inputs=inputs, reference=reference_label,
-        candidate=runner.info.to_json(), outputs=outputs, host_notes=notes, task=task,
-        input_provenance=dict(input_provenance) if input_provenance is not None else None, shipped_as_is=shipped_as_is,
+        precision=precision,
+        thresholds=th,
+        samples=len(samples),
+        inputs=inputs,
+        reference=reference_label,
+        candidate=runner.info.to_json(),
+        outputs=outputs,
+        host_notes=notes,
+        task=task,
+        input_provenance=dict(input_provenance) if input_provenance is not None else None,
+        shipped_as_is=shipped_as_is,
     )

@@ -30,7 +30,6 @@ model's pairs (kind "llm") use the same layout with their own tensors: see "lang
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
@@ -63,9 +62,17 @@ CheckMode = bool | Literal["first"]
 
 # -- writing (build host) ------------------------------------------------------------------------
 
-def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]],
-                          outputs: Sequence[Mapping[str, np.ndarray]], *, precision: str, reference: str,
-                          samples: int = 4, thresholds: Mapping[str, float] | None = None) -> dict[str, Any]:
+
+def write_reference_pairs(
+    stage: Path,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    *,
+    precision: str,
+    reference: str,
+    samples: int = 4,
+    thresholds: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """Write ``stage/reference.npz`` from the first ``samples`` pairs; return the manifest's
     ``reference_pairs`` entry. Call it before ``new_manifest`` (which lists and hashes every file
     in ``stage``).
@@ -85,23 +92,30 @@ def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]
     for s in range(len(inputs)):
         if list(inputs[s]) != in_names or list(outputs[s]) != out_names:
             raise ValueError(f"sample {s} names other tensors than sample 0")
-    entry: dict[str, Any] = {"file": REFERENCE_FILE, "samples": 0, "reference": reference,
-                             "thresholds": dict(thresholds) if thresholds is not None
-                             else thresholds_for(precision).to_json()}
+    entry: dict[str, Any] = {
+        "file": REFERENCE_FILE,
+        "samples": 0,
+        "reference": reference,
+        "thresholds": dict(thresholds) if thresholds is not None else thresholds_for(precision).to_json(),
+    }
     wanted = min(samples, len(inputs))
-    pair_bytes = [sum(np.asarray(a).nbytes + 128 for a in (*inputs[s].values(), *outputs[s].values()))
-                  for s in range(wanted)]
+    pair_bytes = [
+        sum(np.asarray(a).nbytes + 128 for a in (*inputs[s].values(), *outputs[s].values())) for s in range(wanted)
+    ]
     keep, total = 0, 1024
     while keep < wanted and total + pair_bytes[keep] <= MAX_BYTES:
         total += pair_bytes[keep]
         keep += 1
     if keep == 0:
-        entry.update(file=None, note=f"no reference pairs stored: one input/output pair is {pair_bytes[0]:,} bytes, "
-                                     f"over the {MAX_BYTES >> 20} MiB cap")
+        entry.update(
+            file=None,
+            note=f"no reference pairs stored: one input/output pair is {pair_bytes[0]:,} bytes, over the {MAX_BYTES >> 20} MiB cap",
+        )
         return entry
     if keep < wanted:
-        entry["note"] = (f"kept {keep} of {wanted} samples to stay under the {MAX_BYTES >> 20} MiB cap "
-                         f"({pair_bytes[0]:,} bytes a pair)")
+        entry["note"] = (
+            f"kept {keep} of {wanted} samples to stay under the {MAX_BYTES >> 20} MiB cap ({pair_bytes[0]:,} bytes a pair)"
+        )
     arrays: dict[str, np.ndarray] = {_NAMES: np.array(json.dumps({"inputs": in_names, "outputs": out_names}))}
     for s in range(keep):
         for k, n in enumerate(in_names):
@@ -118,6 +132,7 @@ def write_reference_pairs(stage: Path, inputs: Sequence[Mapping[str, np.ndarray]
 
 
 # -- reading (device) ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ReferencePairs:
@@ -171,10 +186,15 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
     Every problem is reported in one :class:`BundleError` naming the file; nothing in the file can
     run code (no pickles)."""
     rel, count = _field(entry, "file"), _field(entry, "samples")
-    if not isinstance(rel, str) or not isinstance(count, int) or isinstance(count, bool) \
-            or not 1 <= count <= MAX_SAMPLES:
-        raise BundleError(f"bundle {bundle_path}: its reference_pairs entry names no file, or not 1-{MAX_SAMPLES} "
-                          "samples", hint=_HINT)
+    if (
+        not isinstance(rel, str)
+        or not isinstance(count, int)
+        or isinstance(count, bool)
+        or not 1 <= count <= MAX_SAMPLES
+    ):
+        raise BundleError(
+            f"bundle {bundle_path}: its reference_pairs entry names no file, or not 1-{MAX_SAMPLES} samples", hint=_HINT
+        )
     path = Path(bundle_path) / rel
 
     def refuse(problem: str) -> BundleError:
@@ -189,12 +209,18 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
     if st.st_size > MAX_FILE_BYTES:
         raise refuse(f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a reference file may have")
     in_specs, out_specs = list(io.inputs), list(io.outputs)
-    expected = {f"{_NAMES}.npy"} | {f"{p}{s}_{k}.npy" for s in range(count)
-                                    for p, specs in (("i", in_specs), ("o", out_specs)) for k in range(len(specs))}
+    expected = {f"{_NAMES}.npy"} | {
+        f"{p}{s}_{k}.npy"
+        for s in range(count)
+        for p, specs in (("i", in_specs), ("o", out_specs))
+        for k in range(len(specs))
+    }
     names = _member_names(path, refuse)
     problems = [f"missing {n[:-4]}" for n in sorted(expected - set(names))]
-    problems += [f"unexpected {n[:-4]} (the manifest says {count} samples of {len(in_specs)} inputs and "
-                 f"{len(out_specs)} outputs)" for n in sorted(set(names) - expected)]
+    problems += [
+        f"unexpected {n[:-4]} (the manifest says {count} samples of {len(in_specs)} inputs and {len(out_specs)} outputs)"
+        for n in sorted(set(names) - expected)
+    ]
     if problems:
         raise refuse("; ".join(problems))
     inputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
@@ -205,9 +231,12 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
             if raw.dtype.kind != "U" or raw.ndim != 0:
                 raise refuse("'names' is not a JSON string")
             listed = json.loads(str(raw))
-            if not (isinstance(listed, dict) and set(listed) == {"inputs", "outputs"}
-                    and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())):
-                raise refuse("'names' is not {\"inputs\": [...], \"outputs\": [...]}")
+            if not (
+                isinstance(listed, dict)
+                and set(listed) == {"inputs", "outputs"}
+                and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())
+            ):
+                raise refuse('\'names\' is not {"inputs": [...], "outputs": [...]}')
             for side, specs in (("inputs", in_specs), ("outputs", out_specs)):
                 if listed[side] != [t.name for t in specs]:
                     problems.append(f"{side} {listed[side][:8]} are not the bundle's {[t.name for t in specs]}")
@@ -221,8 +250,9 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
                         if a.dtype != np.dtype(t.dtype):
                             problems.append(f"{what} is {a.dtype}, the bundle's I/O spec says {t.dtype}")
                         if not _fits(a.shape, t.shape):
-                            problems.append(f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says "
-                                            f"{_dims(t.shape)}")
+                            problems.append(
+                                f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says {_dims(t.shape)}"
+                            )
                         if prefix == "o" and a.dtype.kind in "fc" and not np.isfinite(a).all():
                             problems.append(f"{what} holds NaN or Inf")
                         into[t.name] = a
@@ -263,13 +293,20 @@ def gate_thresholds(entry_thresholds: Any, precision: str, precision_used: str |
         if c is None or not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e):
             merged[f.name] = c
         else:  # min_*: the higher; max_* / degenerate_atol: the lower
-            merged[f.name] = min(c, float(e)) if f.name.startswith("max_") or f.name == "degenerate_atol" \
-                else max(c, float(e))
+            merged[f.name] = (
+                min(c, float(e)) if f.name.startswith("max_") or f.name == "degenerate_atol" else max(c, float(e))
+            )
     return Thresholds(**merged)  # type: ignore[arg-type]
 
 
-_AGREEMENT = (("min_top1", "top1"), ("min_top5", "top5"), ("min_detection", "precision"),
-              ("min_detection", "recall"), ("min_iou", "iou"), ("min_sequence", "tokens"))
+_AGREEMENT = (
+    ("min_top1", "top1"),
+    ("min_top5", "top5"),
+    ("min_detection", "precision"),
+    ("min_detection", "recall"),
+    ("min_iou", "iou"),
+    ("min_sequence", "tokens"),
+)
 
 
 def _built_outputs(bundle: Any) -> tuple[dict[str, Any], int, bool]:
@@ -284,8 +321,9 @@ def _built_outputs(bundle: Any) -> tuple[dict[str, Any], int, bool]:
     return {o.name: o for o in outs}, samples, passed
 
 
-def pair_limits(o: Any, th: Thresholds, built: Any | None, pairs: int, parity_samples: int,
-                parity_passed: bool) -> tuple[Thresholds, list[str]]:
+def pair_limits(
+    o: Any, th: Thresholds, built: Any | None, pairs: int, parity_samples: int, parity_passed: bool
+) -> tuple[Thresholds, list[str]]:
     """The limits one output's figures on ``pairs`` reference pairs are judged by (``o``: its
     :class:`edge.verify.parity.OutputParity` on them), and what was changed from ``th`` and why.
 
@@ -306,12 +344,17 @@ def pair_limits(o: Any, th: Thresholds, built: Any | None, pairs: int, parity_sa
     changed: dict[str, Any] = {}  # Thresholds field -> its value here (None: not gated)
     notes: list[str] = []
     if pairs < MIN_TOP1_SAMPLES:
-        off = {k: (0.0 if k == "min_top1" else None) for k, fig in _AGREEMENT
-               if getattr(o, fig, None) is not None and getattr(th, k) not in (None, 0.0)}
+        off = {
+            k: (0.0 if k == "min_top1" else None)
+            for k, fig in _AGREEMENT
+            if getattr(o, fig, None) is not None and getattr(th, k) not in (None, 0.0)
+        }
         if off:
             changed.update(off)
-            notes.append(f"task agreement over {pairs} pair(s) is reported, not gated (one flip is "
-                         f"{100 / max(pairs, 1):.0f} points; the build host gated it over {parity_samples or 'more'})")
+            notes.append(
+                f"task agreement over {pairs} pair(s) is reported, not gated (one flip is "
+                f"{100 / max(pairs, 1):.0f} points; the build host gated it over {parity_samples or 'more'})"
+            )
     if built is None or not parity_passed or not 0 < pairs < parity_samples:
         return dataclasses.replace(th, **changed), notes
     energy, amplitude = 10 ** (DEVICE_SLACK_DB / 10), 10 ** (DEVICE_SLACK_DB / 20)
@@ -334,8 +377,11 @@ def pair_limits(o: Any, th: Thresholds, built: Any | None, pairs: int, parity_sa
         if th.max_rel_err is not None and span > 0 and bmax * amplitude / span > th.max_rel_err:
             changed["max_rel_err"] = bmax * amplitude / span
             loosened.append(f"max abs error <= {bmax * amplitude:.3g} (parity's)")
-        if th.degenerate_atol is not None and degenerate_reason(o.ref_min, o.ref_max) is not None \
-                and bmax * amplitude / scale > th.degenerate_atol:
+        if (
+            th.degenerate_atol is not None
+            and degenerate_reason(o.ref_min, o.ref_max) is not None
+            and bmax * amplitude / scale > th.degenerate_atol
+        ):
             changed["degenerate_atol"] = bmax * amplitude / scale
             loosened.append(f"max abs error on a degenerate reference <= {bmax * amplitude:.3g} (parity's)")
     for key, fig in _AGREEMENT:
@@ -347,8 +393,10 @@ def pair_limits(o: Any, th: Thresholds, built: Any | None, pairs: int, parity_sa
             changed[key] = floor  # (precision and recall share min_detection: the lower floor stays)
             loosened.append(f"{fig} >= {floor:.1%} (parity's {got:.1%} over {parity_samples})")
     if loosened:
-        notes.append(f"{pairs} of parity's {parity_samples} samples: judged by what parity accepted sample-wise "
-                     "where a mean over a few is under the rule: " + ", ".join(loosened))
+        notes.append(
+            f"{pairs} of parity's {parity_samples} samples: judged by what parity accepted sample-wise "
+            "where a mean over a few is under the rule: " + ", ".join(loosened)
+        )
     return dataclasses.replace(th, **changed), notes
 
 
@@ -357,7 +405,7 @@ def snr_db(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> 
     or an all-zero reference)."""
     ref = np.stack([np.asarray(r, dtype=np.float64) for r in reference])
     err = ref - np.stack([np.asarray(c, dtype=np.float64) for c in candidate])
-    p_ref, p_err = float((ref ** 2).sum()), float((err ** 2).sum())
+    p_ref, p_err = float((ref**2).sum()), float((err**2).sum())
     if not (math.isfinite(p_ref) and math.isfinite(p_err)) or p_ref <= 0 or p_err <= 0:
         return None
     return round(10.0 * math.log10(p_ref / p_err), 3)
@@ -396,8 +444,14 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     the inputs raises its ``EdgeError``."""
     entry = bundle.info.reference_pairs
     rel = entry.file if entry is not None else None
-    result: dict[str, Any] = {"passed": None, "samples": 0, "bundle_id": bundle.id,
-                              "reference_sha256": _reference_sha256(bundle, rel), "outputs": [], "failures": []}
+    result: dict[str, Any] = {
+        "passed": None,
+        "samples": 0,
+        "bundle_id": bundle.id,
+        "reference_sha256": _reference_sha256(bundle, rel),
+        "outputs": [],
+        "failures": [],
+    }
     if entry is None:
         result["skipped"] = "the bundle carries no reference pairs (built before they were written)"
     elif rel is None:
@@ -425,11 +479,23 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         snr = None
         if all(o.name in c and np.shape(c[o.name]) == np.shape(r[o.name]) for c, r in zip(candidate, pairs.outputs)):
             snr = snr_db([r[o.name] for r in pairs.outputs], [c[o.name] for c in candidate])
-        rec: dict[str, Any] = {"name": o.name, "cosine": _num(o.cosine), "cosine_min": _num(o.cosine_min),
-                               "max_abs": _num(o.max_abs), "mean_abs": _num(o.mean_abs), "top1": _num(o.top1),
-                               "snr_db": snr, "task": o.task}
-        rec.update({f: _num(getattr(o, f)) for f in ("top5", "precision", "recall", "iou", "sequence", "tokens")
-                    if getattr(o, f) is not None})
+        rec: dict[str, Any] = {
+            "name": o.name,
+            "cosine": _num(o.cosine),
+            "cosine_min": _num(o.cosine_min),
+            "max_abs": _num(o.max_abs),
+            "mean_abs": _num(o.mean_abs),
+            "top1": _num(o.top1),
+            "snr_db": snr,
+            "task": o.task,
+        }
+        rec.update(
+            {
+                f: _num(getattr(o, f))
+                for f in ("top5", "precision", "recall", "iou", "sequence", "tokens")
+                if getattr(o, f) is not None
+            }
+        )
         for f in ("task_note", "degenerate_note"):
             if getattr(o, f):
                 rec[f] = getattr(o, f)
@@ -438,9 +504,14 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         rec.update(passed=o.passed, failures=list(o.failures))
         outputs.append(rec)
         notes += [f"{o.name}: {n}" for n in why]
-    result.update(passed=all(o.passed for o in figures), samples=k, thresholds=th.to_json(),
-                  reference=entry.reference, outputs=outputs,
-                  failures=[f"{o.name}: {f}" for o in figures for f in o.failures])
+    result.update(
+        passed=all(o.passed for o in figures),
+        samples=k,
+        thresholds=th.to_json(),
+        reference=entry.reference,
+        outputs=outputs,
+        failures=[f"{o.name}: {f}" for o in figures for f in o.failures],
+    )
     if built:
         result["parity_samples"] = parity_samples
     if notes:
@@ -464,12 +535,15 @@ _MAX_TOP_K = 64
 def _llm_io() -> Any:
     from edge.spec import IOSpec, TensorSpec
 
-    return IOSpec((TensorSpec("tokens", ("n",), "int32"),),
-                  (TensorSpec("top_ids", ("k",), "int32"), TensorSpec("top_logprobs", ("k",), "float32")))
+    return IOSpec(
+        (TensorSpec("tokens", ("n",), "int32"),),
+        (TensorSpec("top_ids", ("k",), "int32"), TensorSpec("top_logprobs", ("k",), "float32")),
+    )
 
 
-def write_llm_reference_pairs(stage: Path, samples: Sequence[Any], *, precision: str, reference: str,
-                              note: str | None = None) -> dict[str, Any]:
+def write_llm_reference_pairs(
+    stage: Path, samples: Sequence[Any], *, precision: str, reference: str, note: str | None = None
+) -> dict[str, Any]:
     """Write ``stage/reference.npz`` from ``samples`` (``edge.llm.quality.TopKSample``) for a GGUF
     bundle of quant type ``precision``; return the manifest's ``reference_pairs`` entry."""
     from edge.llm.quality import thresholds
@@ -478,10 +552,17 @@ def write_llm_reference_pairs(stage: Path, samples: Sequence[Any], *, precision:
         raise ValueError("no reference samples given")
     max_kl, min_top1 = thresholds(precision)
     entry = write_reference_pairs(
-        stage, [{"tokens": np.asarray(s.tokens, dtype=np.int32)} for s in samples],
-        [{"top_ids": np.asarray(s.top_ids, dtype=np.int32), "top_logprobs": np.asarray(s.top_logprobs, np.float32)}
-         for s in samples], precision=precision, reference=reference, samples=min(len(samples), MAX_SAMPLES),
-        thresholds={"max_kl_mean": max_kl, "min_top1": min_top1})
+        stage,
+        [{"tokens": np.asarray(s.tokens, dtype=np.int32)} for s in samples],
+        [
+            {"top_ids": np.asarray(s.top_ids, dtype=np.int32), "top_logprobs": np.asarray(s.top_logprobs, np.float32)}
+            for s in samples
+        ],
+        precision=precision,
+        reference=reference,
+        samples=min(len(samples), MAX_SAMPLES),
+        thresholds={"max_kl_mean": max_kl, "min_top1": min_top1},
+    )
     if note:
         entry["note"] = note if entry.get("note") is None else f"{entry['note']}; {note}"
     return entry
@@ -499,8 +580,12 @@ def _llm_problems(pairs: ReferencePairs, n_vocab: int) -> list[str]:
             continue
         if ids.min() < 0 or ids.max() >= n_vocab or len(set(ids.tolist())) != ids.size:
             problems.append(f"sample {s}: top_ids are not distinct ids below {n_vocab}")
-        if not np.isfinite(lps).all() or lps.max() > 1e-3 or (np.diff(lps) > 1e-6).any() \
-                or float(np.exp(lps.astype(np.float64)).sum()) > 1.001:
+        if (
+            not np.isfinite(lps).all()
+            or lps.max() > 1e-3
+            or (np.diff(lps) > 1e-6).any()
+            or float(np.exp(lps.astype(np.float64)).sum()) > 1.001
+        ):
             problems.append(f"sample {s}: top_logprobs are not descending log-probabilities summing to at most 1")
     return problems
 
@@ -525,8 +610,11 @@ def _check_llm(bundle: Any, runner: Any, entry: Any, result: dict[str, Any]) -> 
     fit = [s for s in samples if not isinstance(n_ctx, int) or s.tokens.size <= n_ctx]
     th = {"max_kl_mean": max_kl, "min_top1": min_top1}
     if not fit:
-        return {**result, "skipped": f"every reference prefix is longer than this runner's context (n_ctx {n_ctx})",
-                "thresholds": th}
+        return {
+            **result,
+            "skipped": f"every reference prefix is longer than this runner's context (n_ctx {n_ctx})",
+            "thresholds": th,
+        }
     figures = [topk_figures(s, runner.infer({"tokens": s.tokens})["logits"]) for s in fit]
     kls = [kl for kl, _ in figures]
     kl_mean, top1 = float(np.mean(kls)), float(np.mean([agree for _, agree in figures]))
@@ -535,12 +623,24 @@ def _check_llm(bundle: Any, runner: Any, entry: Any, result: dict[str, Any]) -> 
         failures.append(f"mean KL over the reference's top-{samples[0].top_ids.size} {kl_mean:.4g} > {max_kl}")
     if not top1 >= min_top1:
         failures.append(f"top-1 agreement {top1:.1%} < {min_top1:.0%}")
-    out = {"name": "logits", "kl_topk_mean": _num(kl_mean), "kl_topk_max": _num(float(max(kls))), "top1": top1,
-           "passed": not failures, "failures": failures}
+    out = {
+        "name": "logits",
+        "kl_topk_mean": _num(kl_mean),
+        "kl_topk_max": _num(float(max(kls))),
+        "top1": top1,
+        "passed": not failures,
+        "failures": failures,
+    }
     if len(fit) < len(samples):
         out["note"] = f"{len(samples) - len(fit)} of {len(samples)} prefixes are longer than n_ctx {n_ctx}: not run"
-    result.update(passed=not failures, samples=len(fit), thresholds=th, reference=entry.reference, outputs=[out],
-                  failures=[f"logits: {f}" for f in failures])
+    result.update(
+        passed=not failures,
+        samples=len(fit),
+        thresholds=th,
+        reference=entry.reference,
+        outputs=[out],
+        failures=[f"logits: {f}" for f in failures],
+    )
     return result
 
 
@@ -564,8 +664,9 @@ def _still_valid(rec: Any, bundle: Any, runner: Any) -> bool:
     return all(rec["runner"].get(k) == getattr(info, k) for k in ("runtime", "device_used", "precision_used"))
 
 
-def check_on_load(bundle: Any, runner: Any, *, records: CheckRecords | None = None,
-                  mode: CheckMode = "first") -> dict[str, Any]:
+def check_on_load(
+    bundle: Any, runner: Any, *, records: CheckRecords | None = None, mode: CheckMode = "first"
+) -> dict[str, Any]:
     """The reference check for a runner just opened on ``bundle``, put in
     ``runner.info.details["reference_check"]`` and returned. ``mode`` "first": a result in ``records``
     for this bundle, reference file, runtime and device is reused (``"recorded": true``); True: check
@@ -586,10 +687,17 @@ def check_on_load(bundle: Any, runner: Any, *, records: CheckRecords | None = No
         except Exception as e:  # noqa: BLE001 - an unusable file, or a runtime failing on this device: a failed check
             entry = bundle.info.reference_pairs
             why = str(e) if isinstance(e, EdgeError) else f"{type(e).__name__}: {str(e)[:300]}"
-            result = {"passed": False, "samples": 0, "bundle_id": bundle.id,
-                      "reference_sha256": _reference_sha256(bundle, entry.file if entry is not None else None),
-                      "outputs": [], "failures": [], "error": why, "runner": runner_json(runner),
-                      "checked_utc": _now()}
+            result = {
+                "passed": False,
+                "samples": 0,
+                "bundle_id": bundle.id,
+                "reference_sha256": _reference_sha256(bundle, entry.file if entry is not None else None),
+                "outputs": [],
+                "failures": [],
+                "error": why,
+                "runner": runner_json(runner),
+                "checked_utc": _now(),
+            }
         result["recorded"] = False
         if records is not None:
             try:
@@ -600,8 +708,13 @@ def check_on_load(bundle: Any, runner: Any, *, records: CheckRecords | None = No
     return result
 
 
-def open_checked(bundle: Any, options: Mapping[str, Any] | None = None, *, mode: CheckMode = "first",
-                 records: CheckRecords | None = None) -> Any:
+def open_checked(
+    bundle: Any,
+    options: Mapping[str, Any] | None = None,
+    *,
+    mode: CheckMode = "first",
+    records: CheckRecords | None = None,
+) -> Any:
     """A runner on ``bundle`` (``Bundle.open_runner``) whose reference pairs were checked by
     :func:`check_on_load` (result in ``runner.info.details["reference_check"]``); the caller owns it."""
     runner = bundle.open_runner(options)
@@ -613,8 +726,13 @@ def open_checked(bundle: Any, options: Mapping[str, Any] | None = None, *, mode:
     return runner
 
 
-def check_bundle(bundle: Any, options: Mapping[str, Any] | None = None, *, records: CheckRecords | None = None,
-                 mode: CheckMode = "first") -> dict[str, Any]:
+def check_bundle(
+    bundle: Any,
+    options: Mapping[str, Any] | None = None,
+    *,
+    records: CheckRecords | None = None,
+    mode: CheckMode = "first",
+) -> dict[str, Any]:
     """Open a runner on ``bundle`` just for the reference check, and close it (``edgekit run``/``bench``,
     which then open their own). ``records``: default, the device store holding the bundle, if any."""
     if records is None:
@@ -631,5 +749,4 @@ def describe(result: Mapping[str, Any] | None) -> str | None:
         return None
     why = result.get("error") or "; ".join(result.get("failures") or []) or "failed"
     where = (result.get("runner") or {}).get("device_used")
-    return (f"reference check failed for {result.get('bundle_id')}" + (f" on {where}" if where else "")
-            + f": {why}")
+    return f"reference check failed for {result.get('bundle_id')}" + (f" on {where}" if where else "") + f": {why}"

@@ -92,7 +92,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def decode_yolo(pred: np.ndarray, layout: YoloLayout, score: float = DET_SCORE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_yolo(
+    pred: np.ndarray, layout: YoloLayout, score: float = DET_SCORE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One image's head output -> (boxes xyxy [M, 4], scores [M], classes [M]) after class-aware NMS, scores
     >= ``score``, best first."""
     p = np.asarray(pred, dtype=np.float64).reshape(pred.shape[-2:])
@@ -141,23 +143,27 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(union > 0, inter / union, 0.0)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = DET_NMS_IOU,
-        max_det: int = 300) -> np.ndarray:
+def nms(
+    boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = DET_NMS_IOU, max_det: int = 300
+) -> np.ndarray:
     """Indices kept by greedy class-aware NMS, best score first."""
-    order = np.argsort(-scores, kind="stable")[:10 * max_det]
+    order = np.argsort(-scores, kind="stable")[: 10 * max_det]
     keep: list[int] = []
     while len(order) and len(keep) < max_det:
         i = int(order[0])
         keep.append(i)
         rest = order[1:]
         same = classes[rest] == classes[i]
-        overlap = box_iou(boxes[i:i + 1], boxes[rest])[0]
+        overlap = box_iou(boxes[i : i + 1], boxes[rest])[0]
         order = rest[~(same & (overlap > iou))]
     return np.asarray(keep, dtype=np.int64)
 
 
-def match_detections(ref: tuple[np.ndarray, np.ndarray, np.ndarray], cand: tuple[np.ndarray, np.ndarray, np.ndarray],
-                     iou: float = DET_MATCH_IOU) -> int:
+def match_detections(
+    ref: tuple[np.ndarray, np.ndarray, np.ndarray],
+    cand: tuple[np.ndarray, np.ndarray, np.ndarray],
+    iou: float = DET_MATCH_IOU,
+) -> int:
     """Pairs (greedy, best candidate score first): IoU >= ``iou`` and the same class, each used once."""
     rb, _, rc = ref
     cb, cs, cc = cand
@@ -225,8 +231,15 @@ class _Acc:
 class TaskJudge:
     """Accumulates one output's task figures over samples: ``add(ref, cand)`` per sample, then ``result()``."""
 
-    def __init__(self, task: str, shape: Sequence[int], lo: np.ndarray | None = None, hi: np.ndarray | None = None,
-                 *, ctc_blank_share: float = 0.0) -> None:
+    def __init__(
+        self,
+        task: str,
+        shape: Sequence[int],
+        lo: np.ndarray | None = None,
+        hi: np.ndarray | None = None,
+        *,
+        ctc_blank_share: float = 0.0,
+    ) -> None:
         self.task = task
         self.shape = _dims(shape)
         self.acc = _Acc(task)
@@ -295,14 +308,25 @@ class TaskJudge:
             return TaskFigures(t, figs)
         if t == "detector":
             assert self.layout is not None
-            how = ("YOLOX raw head, grid-decoded" if self.layout.raw_boxes else
-                   "YOLOv8 head" if self.layout.transposed else "YOLOv5/YOLOX decoded head")
-            note = (f"{how}; score >= {DET_SCORE} (pairs down to {DET_SCORE * (1 - DET_SCORE_MARGIN):.2f}), "
-                    f"NMS IoU {DET_NMS_IOU}, paired at IoU >= {DET_MATCH_IOU} with the same class; "
-                    f"{int(c.get('ref', 0))} reference and {int(c.get('cand', 0))} converted detections")
+            how = (
+                "YOLOX raw head, grid-decoded"
+                if self.layout.raw_boxes
+                else "YOLOv8 head"
+                if self.layout.transposed
+                else "YOLOv5/YOLOX decoded head"
+            )
+            note = (
+                f"{how}; score >= {DET_SCORE} (pairs down to {DET_SCORE * (1 - DET_SCORE_MARGIN):.2f}), "
+                f"NMS IoU {DET_NMS_IOU}, paired at IoU >= {DET_MATCH_IOU} with the same class; "
+                f"{int(c.get('ref', 0))} reference and {int(c.get('cand', 0))} converted detections"
+            )
             if not c.get("ref") and not c.get("cand"):
-                return TaskFigures(t, {"precision": None, "recall": None, "detections": 0.0},
-                                   note + ": no detections on these inputs", degenerate=True)
+                return TaskFigures(
+                    t,
+                    {"precision": None, "recall": None, "detections": 0.0},
+                    note + ": no detections on these inputs",
+                    degenerate=True,
+                )
             # no detections claimed: no false ones (recall says what was missed), and the other way round
             precision = c.get("tp_cand", 0.0) / c["cand"] if c.get("cand") else 1.0
             recall = c.get("tp_ref", 0.0) / c["ref"] if c.get("ref") else 1.0
@@ -314,16 +338,25 @@ class TaskJudge:
             return TaskFigures(t, {"iou": c.get("inter", 0.0) / c["union"]}, note)
         if t == "segmentation":
             ious = [c[f"i{k[1:]}"] / c[k] for k in c if k.startswith("u") and c[k] > 0]
-            return TaskFigures(t, {"iou": float(np.mean(ious)) if ious else None,
-                                   "pixel_agreement": c.get("agree", 0.0) / (c.get("px") or 1.0)},
-                               "per-pixel argmax; mean IoU over the classes present")
+            return TaskFigures(
+                t,
+                {
+                    "iou": float(np.mean(ious)) if ious else None,
+                    "pixel_agreement": c.get("agree", 0.0) / (c.get("px") or 1.0),
+                },
+                "per-pixel argmax; mean IoU over the classes present",
+            )
         n = c.get("seqs", 0.0) or 1.0
         how = "CTC greedy decode (blank 0)" if self.ctc else "argmax per position"
         if not c.get("len"):
-            return TaskFigures(t, {"sequence": None, "tokens": None}, how + ": every decoded sequence is empty",
-                               degenerate=True)
-        return TaskFigures(t, {"sequence": c.get("same", 0.0) / n, "tokens": 1.0 - c.get("dist", 0.0) / c["len"]},
-                           f"{how}; 'sequence': identical decoded sequences, 'tokens': 1 - edit distance / length")
+            return TaskFigures(
+                t, {"sequence": None, "tokens": None}, how + ": every decoded sequence is empty", degenerate=True
+            )
+        return TaskFigures(
+            t,
+            {"sequence": c.get("same", 0.0) / n, "tokens": 1.0 - c.get("dist", 0.0) / c["len"]},
+            f"{how}; 'sequence': identical decoded sequences, 'tokens': 1 - edit distance / length",
+        )
 
 
 #: an SSD-style head has at least this many anchors (BlazeFace short range: 896, SSD MobileNet: 1917)
@@ -347,15 +380,20 @@ def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> s
     if len(group) < 2 or not any(_BOX_COLUMNS[0] <= g[2] <= _BOX_COLUMNS[1] for g in group):
         return None
     widths = " and ".join(f"[1, {s[1]}, {g[2]}]" for g in sorted(group, key=lambda g: -g[2]))
-    return (f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
-            "table, which is not in the model): raw figures only")
+    return (
+        f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
+        "table, which is not in the model): raw figures only"
+    )
 
 
 #: output names that declare a decodable task (a classifier's or recogniser's scores)
 _SCORE_NAMES = re.compile(r"logit|prob|softmax|class|cls|score|label|pred|ctc|char|token|tag", re.I)
 #: output names that declare a regression or a representation: no class, box or token to agree on
-_VALUE_NAMES = re.compile(r"landmark|keypoint|kpt|point|embed|feature|feat|hidden|state|encoder|pool|vector|"
-                          r"coord|pose|regress|mesh|depth|angle|offset|box|proj|output_\d+_value", re.I)
+_VALUE_NAMES = re.compile(
+    r"landmark|keypoint|kpt|point|embed|feature|feat|hidden|state|encoder|pool|vector|"
+    r"coord|pose|regress|mesh|depth|angle|offset|box|proj|output_\d+_value",
+    re.I,
+)
 _SEG_NAMES = re.compile(r"seg|mask|semantic|parsing|label|class|logit", re.I)
 
 
@@ -384,9 +422,17 @@ class TaskGuess:
     evidence: str
 
 
-def explain_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
-                 ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = (),
-                 rows: str | None = None, channel_rows: str | None = None) -> TaskGuess:
+def explain_task(
+    name: str,
+    shape: Sequence[int],
+    lo: np.ndarray | None,
+    hi: np.ndarray | None,
+    ctc_blank_share: float = 0.0,
+    *,
+    others: Sequence[Sequence[int]] = (),
+    rows: str | None = None,
+    channel_rows: str | None = None,
+) -> TaskGuess:
     """The task an output is unambiguously, with the evidence; else None and why its shape alone does not tell.
 
     A shape is never enough on its own: a ``[1, C]`` tensor is a classifier's logits, a landmark regressor's
@@ -411,10 +457,16 @@ def explain_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.
     if layout is not None:
         split = [list(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2]]
         if split:
-            return TaskGuess(None, f"{s} shares its {s[1]} rows with {split}: boxes and scores in separate "
-                                   "tensors (an anchor or split head), not one YOLO head: raw figures only")
-        return TaskGuess("detector", f"one [1, N, K] head with N = {s[1] if not layout.transposed else s[2]} = 21k "
-                                     "(YOLO's three strides) and no other per-row output")
+            return TaskGuess(
+                None,
+                f"{s} shares its {s[1]} rows with {split}: boxes and scores in separate "
+                "tensors (an anchor or split head), not one YOLO head: raw figures only",
+            )
+        return TaskGuess(
+            "detector",
+            f"one [1, N, K] head with N = {s[1] if not layout.transposed else s[2]} = 21k "
+            "(YOLO's three strides) and no other per-row output",
+        )
     unit = lo is not None and hi is not None and _in_unit(float(lo.min()), float(hi.max()))
     if len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8 and unit:
         return TaskGuess("prob-map", "a 1-channel plane with every value in [0, 1]")
@@ -425,8 +477,10 @@ def explain_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.
             return TaskGuess("segmentation", f"per-pixel {channel_rows} over {s[1]} channels")
         if _SEG_NAMES.search(name) and not named_values:
             return TaskGuess("segmentation", f"[N, C, H, W] output named {name!r}")
-        return TaskGuess(None, f"a {s} map may be class scores or features: raw figures only "
-                               "(--task segmentation judges per-pixel argmax)")
+        return TaskGuess(
+            None,
+            f"a {s} map may be class scores or features: raw figures only (--task segmentation judges per-pixel argmax)",
+        )
     if len(s) == 3 and s[1] >= 2 and s[2] >= 3:  # [N, T, C]; a squeezed [N, H, W] map needs --task prob-map
         if rows is not None:
             return TaskGuess("sequence", f"every step is a {rows[:-1]} distribution over {s[2]} classes")
@@ -434,17 +488,26 @@ def explain_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.
             return TaskGuess("sequence", f"class 0 (a CTC blank) is the best class at {ctc_blank_share:.0%} of steps")
         if named_scores:
             return TaskGuess("sequence", f"[N, T, C] output named {name!r} (per-step scores)")
-        return TaskGuess(None, f"a {s} output may be per-step logits or hidden states: raw figures only "
-                               "(--task sequence judges decoded sequences)")
+        return TaskGuess(
+            None,
+            f"a {s} output may be per-step logits or hidden states: raw figures only (--task sequence judges decoded sequences)",
+        )
     return TaskGuess(None, f"no task decodes a {s} output: raw figures only")
 
 
-def detect_task(name: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None,
-                ctc_blank_share: float = 0.0, *, others: Sequence[Sequence[int]] = (),
-                rows: str | None = None, channel_rows: str | None = None) -> str | None:
+def detect_task(
+    name: str,
+    shape: Sequence[int],
+    lo: np.ndarray | None,
+    hi: np.ndarray | None,
+    ctc_blank_share: float = 0.0,
+    *,
+    others: Sequence[Sequence[int]] = (),
+    rows: str | None = None,
+    channel_rows: str | None = None,
+) -> str | None:
     """The task an output unambiguously is (:func:`explain_task`), or None."""
-    return explain_task(name, shape, lo, hi, ctc_blank_share, others=others, rows=rows,
-                        channel_rows=channel_rows).task
+    return explain_task(name, shape, lo, hi, ctc_blank_share, others=others, rows=rows, channel_rows=channel_rows).task
 
 
 def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None) -> bool:
@@ -455,8 +518,11 @@ def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray 
     if task == "detector":
         return yolo_layout(s, lo, hi) is not None
     if task == "prob-map":
-        return (len(s) == 3 and min(s[-2:]) >= 8) or (len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8) \
+        return (
+            (len(s) == 3 and min(s[-2:]) >= 8)
+            or (len(s) == 4 and s[1] == 1 and min(s[2:]) >= 8)
             or (len(s) == 4 and s[3] == 1 and min(s[1:3]) >= 8)
+        )
     if task == "segmentation":
         return len(s) == 4 and s[1] >= 2 and min(s[2:]) >= 8
     if task == "sequence":

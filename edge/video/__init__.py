@@ -17,10 +17,20 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_LAZY = {"PipelineError": "errors", "SourceError": "errors", "PipelineOptions": "job", "run_pipeline": "pipeline",
-         "PostConfig": "postprocess", "make_postprocessor": "postprocess", "VideoReport": "report",
-         "run_sequential": "sequential", "FrameSource": "sources", "open_agent_source": "sources",
-         "open_source": "sources", "write_synthetic_clip": "sources"}
+_LAZY = {
+    "PipelineError": "errors",
+    "SourceError": "errors",
+    "PipelineOptions": "job",
+    "run_pipeline": "pipeline",
+    "PostConfig": "postprocess",
+    "make_postprocessor": "postprocess",
+    "VideoReport": "report",
+    "run_sequential": "sequential",
+    "FrameSource": "sources",
+    "open_agent_source": "sources",
+    "open_source": "sources",
+    "write_synthetic_clip": "sources",
+}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: importing edge.video.frames (the agent) pulls no numpy
@@ -30,6 +40,16 @@ def __getattr__(name: str) -> Any:  # PEP 562: importing edge.video.frames (the 
 
 
 __all__ = [
-    "FrameSource", "PipelineError", "PipelineOptions", "PostConfig", "SourceError", "VideoReport",
-    "make_postprocessor", "open_agent_source", "open_source", "run_pipeline", "run_sequential", "write_synthetic_clip",
+    "FrameSource",
+    "PipelineError",
+    "PipelineOptions",
+    "PostConfig",
+    "SourceError",
+    "VideoReport",
+    "make_postprocessor",
+    "open_agent_source",
+    "open_source",
+    "run_pipeline",
+    "run_sequential",
+    "write_synthetic_clip",
 ]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import deque
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
@@ -70,11 +70,25 @@ class PipelineOptions:
 
 
 class Item:
-    __slots__ = ("index", "pts", "name", "capture", "deadline", "image", "hw", "tensor", "tf", "outputs", "times",
-                 "seq", "dropped")
+    __slots__ = (
+        "index",
+        "pts",
+        "name",
+        "capture",
+        "deadline",
+        "image",
+        "hw",
+        "tensor",
+        "tf",
+        "outputs",
+        "times",
+        "seq",
+        "dropped",
+    )
 
-    def __init__(self, index: int, pts: float | None, name: str | None, image: np.ndarray, capture: int,
-                 deadline: int | None) -> None:
+    def __init__(
+        self, index: int, pts: float | None, name: str | None, image: np.ndarray, capture: int, deadline: int | None
+    ) -> None:
         self.index, self.pts, self.name, self.image = index, pts, name, image
         self.capture, self.deadline = capture, deadline
         self.hw: tuple[int, int] = (int(image.shape[0]), int(image.shape[1]))
@@ -94,16 +108,21 @@ class Job:
         inputs = bundle.io.inputs
         described = ", ".join(t.describe() for t in inputs)
         if spec is None:
-            raise ModelError(f"bundle {bundle.id} has no image input to feed frames to (inputs: {described})",
-                             hint="`edgekit run` needs a model whose input is an image tensor, [1, 3, H, W] or "
-                                  "[1, H, W, 3], converted with a --preprocess preset")
+            raise ModelError(
+                f"bundle {bundle.id} has no image input to feed frames to (inputs: {described})",
+                hint="`edgekit run` needs a model whose input is an image tensor, [1, 3, H, W] or "
+                "[1, H, W, 3], converted with a --preprocess preset",
+            )
         if len(inputs) != 1:
-            raise ModelError(f"bundle {bundle.id} has {len(inputs)} inputs ({described}); "
-                             "video frames can only feed a model with one image input")
+            raise ModelError(
+                f"bundle {bundle.id} has {len(inputs)} inputs ({described}); video frames can only feed a model with one image input"
+            )
         self.pre = Preprocessor(spec, src_color="BGR")
         if tuple(inputs[0].shape) != self.pre.output_shape or inputs[0].dtype != str(self.pre.dtype):
-            raise ModelError(f"bundle {bundle.id}: its pre-processing spec makes {self.pre.dtype}"
-                             f"{list(self.pre.output_shape)}, but the model takes {inputs[0].describe()}")
+            raise ModelError(
+                f"bundle {bundle.id}: its pre-processing spec makes {self.pre.dtype}"
+                f"{list(self.pre.output_shape)}, but the model takes {inputs[0].describe()}"
+            )
         self.input_name = spec.input
         self.post: PostProcessor = make_postprocessor(bundle.io, options.post)
         self.bundle, self.source, self.options, self.mode = bundle, source, options, mode
@@ -111,11 +130,14 @@ class Job:
         self.realtime = mode in ("realtime", "live")
         self.pace_fps: float | None = None
         if mode == "realtime":
-            self.pace_fps = options.source_fps or source.info.fps or (1000.0 / options.budget_ms
-                                                                       if options.budget_ms else None)
+            self.pace_fps = (
+                options.source_fps or source.info.fps or (1000.0 / options.budget_ms if options.budget_ms else None)
+            )
             if self.pace_fps is None:
-                raise EdgeError(f"--realtime needs a frame rate: {source.info.name} has none",
-                                hint="pass --source-fps N (or --fps N)")
+                raise EdgeError(
+                    f"--realtime needs a frame rate: {source.info.name} has none",
+                    hint="pass --source-fps N (or --fps N)",
+                )
         self.budget_ns = int(options.budget_ms * 1e6) if options.budget_ms else None
         self.samples: dict[str, deque[int]] = {k: deque(maxlen=STATS_WINDOW) for k in STAGES}
         self.e2e: deque[int] = deque(maxlen=STATS_WINDOW)
@@ -166,10 +188,14 @@ class Job:
     def fail(self, stage: str, exc: BaseException, thread: str | None = None) -> None:
         with self._lock:
             if self.failure is None:
-                self.failure = {"stage": stage, "frame": self.current.get(thread or stage),
-                                "error": exc.message if isinstance(exc, EdgeError) else f"{type(exc).__name__}: {exc}",
-                                "type": type(exc).__name__, "exception": exc,
-                                "traceback": "".join(traceback.format_exception(exc))}
+                self.failure = {
+                    "stage": stage,
+                    "frame": self.current.get(thread or stage),
+                    "error": exc.message if isinstance(exc, EdgeError) else f"{type(exc).__name__}: {exc}",
+                    "type": type(exc).__name__,
+                    "exception": exc,
+                    "traceback": "".join(traceback.format_exception(exc)),
+                }
         self.stop.set()
 
     # -- per frame -------------------------------------------------------------------------
@@ -224,26 +250,44 @@ class Job:
         m = self.options.max_frames
         return max(0, (declared if m is None else min(declared, m)) - self.frames_in)
 
-    def report(self, t_start: int, t_end: int, *, interrupted: bool = False, hung: list[str] | None = None
-               ) -> VideoReport:
+    def report(
+        self, t_start: int, t_end: int, *, interrupted: bool = False, hung: list[str] | None = None
+    ) -> VideoReport:
         failure = error = None
         if self.failure is not None:
             failure = {k: v for k, v in self.failure.items() if k != "exception"}
             error = self.failure["exception"]
         return VideoReport(
-            bundle=self.bundle.id, target=self.bundle.target, source=self.source.info.to_json(), mode=self.mode,
+            bundle=self.bundle.id,
+            target=self.bundle.target,
+            source=self.source.info.to_json(),
+            mode=self.mode,
             pace_fps=self.pace_fps if self.mode == "realtime" else self.source.info.fps if self.live else None,
-            budget_ms=self.options.budget_ms, budget_source=self.options.budget_source,
-            frames_in=self.frames_in, processed=self.processed, dropped=dict(self.dropped), late=self.late,
-            abandoned=self.abandoned, declared=self.source.info.frame_count, short_by=self.short_by(),
+            budget_ms=self.options.budget_ms,
+            budget_source=self.options.budget_source,
+            frames_in=self.frames_in,
+            processed=self.processed,
+            dropped=dict(self.dropped),
+            late=self.late,
+            abandoned=self.abandoned,
+            declared=self.source.info.frame_count,
+            short_by=self.short_by(),
             unreadable=list(self.unreadable),
-            stages=stage_stats(self.samples), e2e=stats_ns(self.e2e), service=stats_ns(self.service),
-            duration_s=(t_end - t_start) / 1e9, load_ms=self.load_ms,
+            stages=stage_stats(self.samples),
+            e2e=stats_ns(self.e2e),
+            service=stats_ns(self.service),
+            duration_s=(t_end - t_start) / 1e9,
+            load_ms=self.load_ms,
             runner=self.runners[0].info.to_json() if self.runners else {},
             infer_workers=len(self.runners) or self.options.infer_workers or 1,
-            postprocess=self.post.describe(), queue_size=self.options.queue_size,
+            postprocess=self.post.describe(),
+            queue_size=self.options.queue_size,
             output=str(self.options.out) if self.options.out is not None else None,
-            failure=failure, error=error, interrupted=interrupted, hung_threads=hung or [])
+            failure=failure,
+            error=error,
+            interrupted=interrupted,
+            hung_threads=hung or [],
+        )
 
 
 THREAD_OPTIONS = ("intra_op_num_threads", "num_threads")  # onnxruntime, OpenVINO
@@ -256,8 +300,9 @@ def bundle_workers(bundle: Bundle) -> int:
     return int(tuned.infer_workers) if tuned is not None and tuned.infer_workers else 1
 
 
-def worker_runner_options(bundle: Bundle, options: Mapping[str, Any] | None, workers: int, *,
-                          stages: int = 0) -> dict[str, Any]:
+def worker_runner_options(
+    bundle: Bundle, options: Mapping[str, Any] | None, workers: int, *, stages: int = 0
+) -> dict[str, Any]:
     """Runner options for ``workers`` parallel runners beside ``stages`` other pipeline stages.
 
     The runners' own policy (``edge.backends.threads``) picks threads from the CPUs other processes leave;

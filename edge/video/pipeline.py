@@ -122,8 +122,9 @@ class _Pipeline:
         limit_ns = int(o.duration_s * 1e9) if o.duration_s is not None else None
         i = 0
         while not job.stop.is_set():
-            if (o.max_frames is not None and i >= o.max_frames) or \
-                    (limit_ns is not None and clock() - self.t_start >= limit_ns):
+            if (o.max_frames is not None and i >= o.max_frames) or (
+                limit_ns is not None and clock() - self.t_start >= limit_ns
+            ):
                 break
             job.current[me] = i
             capture = 0
@@ -279,18 +280,25 @@ class _Pipeline:
     def run(self, progress: Progress | None) -> VideoReport:
         job = self.job
         bodies: list[tuple[str, str, Callable[..., None], tuple[Any, ...]]] = [
-            ("decode", "decode", self.decode, ()), ("preprocess", "preprocess", self.preprocess, ())]
-        bodies += [("infer", "infer" if self.workers == 1 else f"infer-{k}", self.infer, (r,))
-                   for k, r in enumerate(job.runners)]
+            ("decode", "decode", self.decode, ()),
+            ("preprocess", "preprocess", self.preprocess, ()),
+        ]
+        bodies += [
+            ("infer", "infer" if self.workers == 1 else f"infer-{k}", self.infer, (r,))
+            for k, r in enumerate(job.runners)
+        ]
         bodies.append(("postprocess", "postprocess", self.postprocess, ()))
         threads = []
         for stage, name, body, args in bodies:
-            def target(stage: str = stage, name: str = name, body: Callable[..., None] = body,
-                       args: tuple[Any, ...] = args) -> None:
+
+            def target(
+                stage: str = stage, name: str = name, body: Callable[..., None] = body, args: tuple[Any, ...] = args
+            ) -> None:
                 try:
                     body(name, *args)
                 except BaseException as e:  # noqa: BLE001 - recorded with its stage and frame; the report carries it
                     job.fail(stage, e, name)
+
             threads.append(threading.Thread(target=target, name=f"edgekit-video-{name}", daemon=True))
         total = expected_frames(job)
         interrupted = False
@@ -313,12 +321,12 @@ class _Pipeline:
         job.abandoned = self.count_abandoned()
         if progress is not None:
             progress(job.frames_in, job.processed, sum(job.dropped.values()), total)
-        return job.report(self.t_start, t_end, interrupted=interrupted,
-                          hung=[t.name for t in threads if t.is_alive()])
+        return job.report(self.t_start, t_end, interrupted=interrupted, hung=[t.name for t in threads if t.is_alive()])
 
 
-def run_pipeline(bundle: Bundle, source: FrameSource, options: PipelineOptions | None = None,
-                 progress: Progress | None = None) -> VideoReport:
+def run_pipeline(
+    bundle: Bundle, source: FrameSource, options: PipelineOptions | None = None, progress: Progress | None = None
+) -> VideoReport:
     """Run ``bundle`` on every frame of ``source`` through the pipelined stages; the report accounts for each.
 
     A failing stage does not raise: the report's ``failure`` names the stage and frame, and

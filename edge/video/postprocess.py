@@ -54,8 +54,9 @@ class PostProcessor(ABC):
     task: str
 
     @abstractmethod
-    def __call__(self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform,
-                 frame_hw: tuple[int, int]) -> dict[str, Any]:
+    def __call__(
+        self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform, frame_hw: tuple[int, int]
+    ) -> dict[str, Any]:
         """The JSON-ready result for one frame."""
 
     def describe(self) -> str:
@@ -78,8 +79,9 @@ class Classifier(PostProcessor):
         self.output = output
         self.top_k = top_k
 
-    def __call__(self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform,
-                 frame_hw: tuple[int, int]) -> dict[str, Any]:
+    def __call__(
+        self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform, frame_hw: tuple[int, int]
+    ) -> dict[str, Any]:
         p = softmax_if_logits(outputs[self.output].reshape(-1))
         k = min(self.top_k, p.size)
         top = np.argpartition(-p, k - 1)[:k]
@@ -145,14 +147,19 @@ class YoloDetector(PostProcessor):
             xyxy, scores, ids = xyxy[kept], scores[kept], ids[kept]
         return xyxy, scores, ids
 
-    def __call__(self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform,
-                 frame_hw: tuple[int, int]) -> dict[str, Any]:
+    def __call__(
+        self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform, frame_hw: tuple[int, int]
+    ) -> dict[str, Any]:
         raw = outputs[self.output][0]
         pred = raw.T if self.channels_first else raw
         xyxy, scores, ids = self.detect(pred)
         boxes = tf.boxes_to_source(xyxy, frame_hw)
-        return {"detections": [{"box": [round(float(v), 1) for v in b], "score": round(float(s), 4),
-                                "class": int(k)} for b, s, k in zip(boxes, scores, ids)]}
+        return {
+            "detections": [
+                {"box": [round(float(v), 1) for v in b], "score": round(float(s), 4), "class": int(k)}
+                for b, s, k in zip(boxes, scores, ids)
+            ]
+        }
 
     def describe(self) -> str:
         c = self.config
@@ -163,8 +170,9 @@ class YoloDetector(PostProcessor):
 class RawSummary(PostProcessor):
     task = "raw"
 
-    def __call__(self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform,
-                 frame_hw: tuple[int, int]) -> dict[str, Any]:
+    def __call__(
+        self, outputs: Mapping[str, np.ndarray], tf: LetterboxTransform, frame_hw: tuple[int, int]
+    ) -> dict[str, Any]:
         summary: dict[str, dict[str, Any]] = {}
         for name, a in outputs.items():
             flat = a.reshape(-1)
@@ -212,11 +220,14 @@ def make_postprocessor(io: IOSpec, config: PostConfig | None = None) -> PostProc
         t, (channels_first, objectness) = det[0]
         return YoloDetector(t.name, channels_first=channels_first, objectness=objectness, config=config)
     if config.task == "detect":
-        raise EdgeError(f"the model's outputs ({shapes}) are not one YOLO-style detection output "
-                        "([1, N, 5+C] or [1, 4+C, N])", hint="use --task classify or --task raw")
+        raise EdgeError(
+            f"the model's outputs ({shapes}) are not one YOLO-style detection output ([1, N, 5+C] or [1, 4+C, N])",
+            hint="use --task classify or --task raw",
+        )
     if config.task in ("auto", "classify") and cls:
         return Classifier(cls[0].name, config.top_k)
     if config.task == "classify":
-        raise EdgeError(f"the model has no classifier output ([1, C]) among {shapes}",
-                        hint="use --task detect or --task raw")
+        raise EdgeError(
+            f"the model has no classifier output ([1, C]) among {shapes}", hint="use --task detect or --task raw"
+        )
     return RawSummary()

@@ -123,15 +123,19 @@ class VideoReport:
         expected = self.frames_in + self.short_by
         asked = "" if expected == self.declared else f" (of the {expected} this run asked for)"
         if self.short_by == 1:
-            out.append(f"the source declared {self.declared} frames and delivered {self.frames_in}{asked}: its "
-                       "frame count is probably an estimate")
+            out.append(
+                f"the source declared {self.declared} frames and delivered {self.frames_in}{asked}: its frame count is probably an estimate"
+            )
         elif self.short_by:
-            out.append(f"the source declared {self.declared} frames but only {self.frames_in}{asked} could be "
-                       f"decoded: the file is truncated or corrupt; the figures cover those {self.frames_in}")
+            out.append(
+                f"the source declared {self.declared} frames but only {self.frames_in}{asked} could be "
+                f"decoded: the file is truncated or corrupt; the figures cover those {self.frames_in}"
+            )
         n = self.dropped.get("unreadable", 0)
         if n:
-            names = ", ".join(self.unreadable[:NAMES_SHOWN]) + (f" and {n - NAMES_SHOWN} more" if n > NAMES_SHOWN
-                                                                 else "")
+            names = ", ".join(self.unreadable[:NAMES_SHOWN]) + (
+                f" and {n - NAMES_SHOWN} more" if n > NAMES_SHOWN else ""
+            )
             out.append(f"{n} of {self.frames_in} frames could not be decoded and were dropped (unreadable): {names}")
         return out
 
@@ -185,8 +189,7 @@ class VideoReport:
             ok = self.frames_in > 0 and self.deadline_misses <= MISS_TOLERANCE * self.frames_in
         else:
             target = self.target_fps or 0.0
-            ok = (self.service is not None and self.effective_fps >= target
-                  and self.service.p99_ms <= self.budget_ms)
+            ok = self.service is not None and self.effective_fps >= target and self.service.p99_ms <= self.budget_ms
         return "pass" if ok else "fail"
 
     @property
@@ -197,30 +200,39 @@ class VideoReport:
         b = self.bottleneck
         bs = self.stages.get(b) if b else None
         interval = self.budget_ms
-        throughput_short = (self.dropped.get("behind", 0) + self.dropped.get("busy", 0) > 0
-                            if self.mode in ("realtime", "live") else self.effective_fps < (self.target_fps or 0))
+        throughput_short = (
+            self.dropped.get("behind", 0) + self.dropped.get("busy", 0) > 0
+            if self.mode in ("realtime", "live")
+            else self.effective_fps < (self.target_fps or 0)
+        )
         if throughput_short and b and bs is not None:
             cap = self.capacity_fps(b) or 0.0
             work = sum(s.p50_ms for s in self.stages.values() if s is not None)
             if self.mode == "sequential":
-                return (f"the loop: {work:.2f} ms a frame for all stages in turn (largest: {b} {bs.p50_ms:.2f} ms), "
-                        f"over the {interval:.2f} ms frame interval")
+                return (
+                    f"the loop: {work:.2f} ms a frame for all stages in turn (largest: {b} {bs.p50_ms:.2f} ms), "
+                    f"over the {interval:.2f} ms frame interval"
+                )
             # frames arrive at the target rate, or faster when the source is paced above it
             rate = max(self.target_fps or 0.0, self.pace_fps or 0.0 if self.mode == "realtime" else 0.0)
             if cap < rate:
                 workers = f", {self.infer_workers} workers" if b == "infer" and self.infer_workers > 1 else ""
-                return (f"stage {b}: median {bs.p50_ms:.2f} ms a frame ({cap:.1f} fps{workers}), too slow for "
-                        f"{rate:.4g} fps")
+                return f"stage {b}: median {bs.p50_ms:.2f} ms a frame ({cap:.1f} fps{workers}), too slow for {rate:.4g} fps"
             load = f" (load average {self.load_avg:.2f} at the end)" if self.load_avg is not None else ""
-            return (f"CPU: no stage alone is too slow for {rate:.4g} fps (slowest: {b} {bs.p50_ms:.2f} ms), "
-                    f"but together they need {work:.2f} ms of work a frame on {self.cpus} CPU(s){load}")
+            return (
+                f"CPU: no stage alone is too slow for {rate:.4g} fps (slowest: {b} {bs.p50_ms:.2f} ms), "
+                f"but together they need {work:.2f} ms of work a frame on {self.cpus} CPU(s){load}"
+            )
         lat = self.e2e if self.mode in ("realtime", "live") else self.service
-        worst = max(((k, v) for k, v in self.stages.items() if v is not None), key=lambda kv: kv[1].p99_ms,
-                    default=None)
+        worst = max(
+            ((k, v) for k, v in self.stages.items() if v is not None), key=lambda kv: kv[1].p99_ms, default=None
+        )
         if lat is not None and worst is not None:
             which = "end-to-end" if lat is self.e2e else "service"
-            return (f"latency: {which} p99 {lat.p99_ms:.2f} ms over the {interval:.2f} ms budget; "
-                    f"largest stage p99: {worst[0]} {worst[1].p99_ms:.2f} ms")
+            return (
+                f"latency: {which} p99 {lat.p99_ms:.2f} ms over the {interval:.2f} ms budget; "
+                f"largest stage p99: {worst[0]} {worst[1].p99_ms:.2f} ms"
+            )
         return "no frame was processed"
 
     def summary(self) -> str:
@@ -229,16 +241,22 @@ class VideoReport:
             f = self.failure
             return f"stopped: stage {f['stage']} failed on frame {f['frame']}: {f['error']}"
         if self.source_incomplete:
-            return (f"{self.frames_lost} of the {self.frames_in + self.short_by} frames the source declared never "
-                    "went through the pipeline (see the notes): no verdict on a partial input")
+            return (
+                f"{self.frames_lost} of the {self.frames_in + self.short_by} frames the source declared never "
+                "went through the pipeline (see the notes): no verdict on a partial input"
+            )
         if self.budget_ms is None:
             return "no budget: pass --fps or --budget-ms for a verdict"
         target = f"{self.target_fps:.4g} fps ({self.budget_ms:.2f} ms a frame)"
-        how = {"offline": " (predicted from an offline run; --realtime measures it)",
-               "sequential": " (sequential loop, no pipelining)"}.get(self.mode, "")
+        how = {
+            "offline": " (predicted from an offline run; --realtime measures it)",
+            "sequential": " (sequential loop, no pipelining)",
+        }.get(self.mode, "")
         if self.mode == "realtime" and self.pace_fps and self.target_fps and self.pace_fps < 0.99 * self.target_fps:
-            how = (f" (frames arrived at the source's {self.pace_fps:.4g} fps, below the target: this tests "
-                   f"latency only; --source-fps {self.target_fps:.4g} tests the rate)")
+            how = (
+                f" (frames arrived at the source's {self.pace_fps:.4g} fps, below the target: this tests "
+                f"latency only; --source-fps {self.target_fps:.4g} tests the rate)"
+            )
         if self.verdict == "pass":
             return f"holds {target} in real time on this host{how}"
         return f"does not hold {target} on this host{how}: {self.limit}"
@@ -251,23 +269,48 @@ class VideoReport:
             return round(v, 2) if v is not None else None
 
         return {
-            "bundle": self.bundle, "target": self.target, "source": self.source, "mode": self.mode,
-            "pace_fps": self.pace_fps, "budget_ms": self.budget_ms, "budget_source": self.budget_source,
+            "bundle": self.bundle,
+            "target": self.target,
+            "source": self.source,
+            "mode": self.mode,
+            "pace_fps": self.pace_fps,
+            "budget_ms": self.budget_ms,
+            "budget_source": self.budget_source,
             "target_fps": r2(self.target_fps),
-            "frames": {"in": self.frames_in, "processed": self.processed, "dropped": self.dropped_total,
-                       "dropped_by_reason": dict(self.dropped), "abandoned": self.abandoned, "late": self.late,
-                       "deadline_misses": self.deadline_misses, "declared": self.declared,
-                       "short_by": self.short_by, "unreadable": list(self.unreadable)},
+            "frames": {
+                "in": self.frames_in,
+                "processed": self.processed,
+                "dropped": self.dropped_total,
+                "dropped_by_reason": dict(self.dropped),
+                "abandoned": self.abandoned,
+                "late": self.late,
+                "deadline_misses": self.deadline_misses,
+                "declared": self.declared,
+                "short_by": self.short_by,
+                "unreadable": list(self.unreadable),
+            },
             "notes": self.notes(),
             "stages": {k: st(v) for k, v in self.stages.items()},
-            "e2e": st(self.e2e), "service": st(self.service),
-            "duration_s": round(self.duration_s, 3), "effective_fps": r2(self.effective_fps),
-            "bottleneck": self.bottleneck, "bound_fps": r2(self.bound_fps), "pct_of_bound": r2(self.pct_of_bound),
-            "verdict": self.verdict, "limit": self.limit, "summary": self.summary(),
-            "load_ms": round(self.load_ms, 1), "runner": self.runner, "postprocess": self.postprocess,
-            "queue_size": self.queue_size, "infer_workers": self.infer_workers, "output": self.output,
+            "e2e": st(self.e2e),
+            "service": st(self.service),
+            "duration_s": round(self.duration_s, 3),
+            "effective_fps": r2(self.effective_fps),
+            "bottleneck": self.bottleneck,
+            "bound_fps": r2(self.bound_fps),
+            "pct_of_bound": r2(self.pct_of_bound),
+            "verdict": self.verdict,
+            "limit": self.limit,
+            "summary": self.summary(),
+            "load_ms": round(self.load_ms, 1),
+            "runner": self.runner,
+            "postprocess": self.postprocess,
+            "queue_size": self.queue_size,
+            "infer_workers": self.infer_workers,
+            "output": self.output,
             "failure": self.failure,
-            "interrupted": self.interrupted, "hung_threads": self.hung_threads, "cpus": self.cpus,
+            "interrupted": self.interrupted,
+            "hung_threads": self.hung_threads,
+            "cpus": self.cpus,
             "load_avg": None if self.load_avg is None else round(self.load_avg, 2),
         }
 

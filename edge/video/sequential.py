@@ -13,8 +13,9 @@ from edge.video.report import STAGES, VideoReport
 from edge.video.sources import FrameSource
 
 
-def run_sequential(bundle: Bundle, source: FrameSource, options: PipelineOptions | None = None,
-                   progress: Progress | None = None) -> VideoReport:
+def run_sequential(
+    bundle: Bundle, source: FrameSource, options: PipelineOptions | None = None, progress: Progress | None = None
+) -> VideoReport:
     """The plain loop (read, pre-process, infer, post-process, repeat): the pipeline's baseline."""
     options = options or PipelineOptions()
     if options.realtime or source.info.live:

@@ -25,7 +25,6 @@ from edge.preprocess import IMAGE_SUFFIXES
 from edge.video.errors import SourceError, UnreadableFrame
 from edge.video.frames import AgentFrame, paced
 
-
 VIDEO_EXTRA = "pip install 'edgekit-ml[video]'"
 
 
@@ -76,7 +75,7 @@ class FrameSource(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the device or file."""
 
-    def __enter__(self) -> "FrameSource":
+    def __enter__(self) -> FrameSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -130,8 +129,10 @@ class VideoFileSource(FrameSource):
         if not p.exists():
             raise SourceError(f"video file {p} does not exist")
         if not p.is_file():
-            raise SourceError(f"{p} is not a video file (it is a directory)" if p.is_dir() else f"{p} is not a file",
-                              hint="pass a directory of images with --images" if p.is_dir() else None)
+            raise SourceError(
+                f"{p} is not a video file (it is a directory)" if p.is_dir() else f"{p} is not a file",
+                hint="pass a directory of images with --images" if p.is_dir() else None,
+            )
         try:
             with p.open("rb") as f:
                 empty = not f.read(1)
@@ -150,18 +151,23 @@ class VideoFileSource(FrameSource):
         if not opened:
             cap.release()
             if container:
-                raise SourceError(f"OpenCV {cv2.__version__} cannot decode {p}: it is {container}, but its codec "
-                                  "is not one this OpenCV build's FFmpeg can open, or the file is truncated or corrupt"
-                                  + _quote_native(native),
-                                  hint="re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`")
-            raise SourceError(f"OpenCV {cv2.__version__} cannot open {p}: not a video file it can read"
-                              + _quote_native(native),
-                              hint="give an .mp4/.avi/.mkv file, or a directory of images with --images")
+                raise SourceError(
+                    f"OpenCV {cv2.__version__} cannot decode {p}: it is {container}, but its codec "
+                    "is not one this OpenCV build's FFmpeg can open, or the file is truncated or corrupt"
+                    + _quote_native(native),
+                    hint="re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`",
+                )
+            raise SourceError(
+                f"OpenCV {cv2.__version__} cannot open {p}: not a video file it can read" + _quote_native(native),
+                hint="give an .mp4/.avi/.mkv file, or a directory of images with --images",
+            )
         if not ok or first is None:
             cap.release()
-            raise SourceError(f"OpenCV opened {p} ({container or 'unknown container'}, codec {codec or '?'}) "
-                              "but cannot decode a frame from it" + _quote_native(native),
-                              hint="the file may be truncated or use a codec this OpenCV build lacks; re-encode it")
+            raise SourceError(
+                f"OpenCV opened {p} ({container or 'unknown container'}, codec {codec or '?'}) "
+                "but cannot decode a frame from it" + _quote_native(native),
+                hint="the file may be truncated or use a codec this OpenCV build lacks; re-encode it",
+            )
         if native:
             sys.stderr.write("\n".join(native) + "\n")
         self._pending: np.ndarray | None = first
@@ -169,8 +175,17 @@ class VideoFileSource(FrameSource):
         count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         self._fps = fps if fps > 0 and np.isfinite(fps) else None
         self._index = 0
-        self.info = SourceInfo("video", str(p), first.shape[1], first.shape[0], self._fps,
-                               count if count > 0 else None, live=False, codec=codec, backend=cap.getBackendName())
+        self.info = SourceInfo(
+            "video",
+            str(p),
+            first.shape[1],
+            first.shape[0],
+            self._fps,
+            count if count > 0 else None,
+            live=False,
+            codec=codec,
+            backend=cap.getBackendName(),
+        )
 
     def _pts(self) -> float | None:
         ms = float(self._cap.get(self._cv2.CAP_PROP_POS_MSEC))
@@ -212,15 +227,19 @@ class CameraSource(FrameSource):
             dev = Path(f"/dev/video{index}")
             if not dev.exists():
                 present = sorted(str(d) for d in Path("/dev").glob("video*"))
-                raise SourceError(f"camera {index} does not exist: there is no {dev}",
-                                  hint=f"cameras on this host: {', '.join(present) if present else 'none'}; "
-                                       "use --video FILE or --synthetic WxH to run without one")
+                raise SourceError(
+                    f"camera {index} does not exist: there is no {dev}",
+                    hint=f"cameras on this host: {', '.join(present) if present else 'none'}; "
+                    "use --video FILE or --synthetic WxH to run without one",
+                )
         cv2 = cv2_module()
         self._cap = cap = cv2.VideoCapture(index)
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"camera {index} exists but OpenCV cannot open it",
-                              hint="is another program using it, and may this user read it (group 'video')?")
+            raise SourceError(
+                f"camera {index} exists but OpenCV cannot open it",
+                hint="is another program using it, and may this user read it (group 'video')?",
+            )
         ok, first = cap.read()
         if not ok or first is None:
             cap.release()
@@ -228,9 +247,17 @@ class CameraSource(FrameSource):
         self._pending: np.ndarray | None = first
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self._t0 = time.perf_counter()
-        self.info = SourceInfo("camera", f"camera {index}", first.shape[1], first.shape[0],
-                               fps if fps > 0 and np.isfinite(fps) else None, None, live=True,
-                               codec=_fourcc(cap, cv2), backend=cap.getBackendName())
+        self.info = SourceInfo(
+            "camera",
+            f"camera {index}",
+            first.shape[1],
+            first.shape[0],
+            fps if fps > 0 and np.isfinite(fps) else None,
+            None,
+            live=True,
+            codec=_fourcc(cap, cv2),
+            backend=cap.getBackendName(),
+        )
 
     def read(self) -> Frame | None:
         if self._pending is not None:
@@ -271,8 +298,10 @@ class ImageDirSource(FrameSource):
                 self._pending = (k, first)
                 break
         if first is None:
-            raise SourceError(f"none of the {len(self._files)} images in {d} can be decoded "
-                              f"(first: {self._files[0].name})", hint="are they images, and complete?")
+            raise SourceError(
+                f"none of the {len(self._files)} images in {d} can be decoded (first: {self._files[0].name})",
+                hint="are they images, and complete?",
+            )
         self.info = SourceInfo("images", str(d), first.shape[1], first.shape[0], fps, len(self._files), live=False)
 
     def read(self) -> Frame | None:
@@ -313,15 +342,22 @@ class SyntheticScene:
         smooth = cv2.resize(coarse, (width * 2, height * 2), interpolation=cv2.INTER_CUBIC)
         grain = rng.integers(-12, 13, smooth.shape, dtype=np.int16)
         self._background = np.clip(smooth.astype(np.int16) + grain, 0, 255).astype(np.uint8)
-        self._shapes = [(rng.uniform(0.1, 0.9, 2), rng.uniform(-0.01, 0.01, 2), rng.uniform(0.05, 0.2),
-                         tuple(int(c) for c in rng.integers(0, 256, 3)), bool(rng.integers(0, 2)))
-                        for _ in range(5)]
+        self._shapes = [
+            (
+                rng.uniform(0.1, 0.9, 2),
+                rng.uniform(-0.01, 0.01, 2),
+                rng.uniform(0.05, 0.2),
+                tuple(int(c) for c in rng.integers(0, 256, 3)),
+                bool(rng.integers(0, 2)),
+            )
+            for _ in range(5)
+        ]
 
     def frame(self, index: int) -> np.ndarray:
         cv2, w, h = self._cv2, self.width, self.height
         ox = int((index * 2) % w)
         oy = int((index * 1) % h)
-        img = np.ascontiguousarray(self._background[oy:oy + h, ox:ox + w])
+        img = np.ascontiguousarray(self._background[oy : oy + h, ox : ox + w])
         for start, velocity, size, colour, round_ in self._shapes:
             cx, cy = np.abs(((start + velocity * index) % 2.0) - 1.0) * np.array([w, h])  # bounce
             r = int(size * min(w, h))
@@ -335,8 +371,16 @@ class SyntheticScene:
 class SyntheticSource(FrameSource):
     """``count`` frames of a :class:`SyntheticScene` (for benchmarks: no decoding cost beyond a copy)."""
 
-    def __init__(self, width: int = 640, height: int = 480, *, count: int | None = 300, fps: float | None = None,
-                 seed: int = 0, distinct: int = 32) -> None:
+    def __init__(
+        self,
+        width: int = 640,
+        height: int = 480,
+        *,
+        count: int | None = 300,
+        fps: float | None = None,
+        seed: int = 0,
+        distinct: int = 32,
+    ) -> None:
         scene = SyntheticScene(width, height, seed)
         # a ring of pre-rendered frames: the "decode" stage costs one copy, like a camera's buffer
         self._ring = [scene.frame(i) for i in range(max(1, min(distinct, count or distinct)))]
@@ -360,17 +404,26 @@ class SyntheticSource(FrameSource):
         return True
 
 
-def write_synthetic_clip(path: str | Path, *, frames: int = 120, width: int = 640, height: int = 480,
-                         fps: float = 60.0, codec: str = "mp4v", seed: int = 0) -> Path:
+def write_synthetic_clip(
+    path: str | Path,
+    *,
+    frames: int = 120,
+    width: int = 640,
+    height: int = 480,
+    fps: float = 60.0,
+    codec: str = "mp4v",
+    seed: int = 0,
+) -> Path:
     """Write a :class:`SyntheticScene` clip with OpenCV (``mp4v`` in .mp4, ``MJPG`` in .avi, ...)."""
     cv2 = cv2_module()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*codec), float(fps), (width, height))
     if not writer.isOpened():
-        raise MissingDependencyError(f"OpenCV {cv2.__version__} cannot write {codec!r} video to {out.name}",
-                                     hint="use codec 'mp4v' (.mp4) or 'MJPG' (.avi); OpenCV's wheels cannot "
-                                          "encode H.264")
+        raise MissingDependencyError(
+            f"OpenCV {cv2.__version__} cannot write {codec!r} video to {out.name}",
+            hint="use codec 'mp4v' (.mp4) or 'MJPG' (.avi); OpenCV's wheels cannot encode H.264",
+        )
     scene = SyntheticScene(width, height, seed)
     try:
         for i in range(frames):
@@ -391,19 +444,30 @@ def parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def open_source(*, video: str | Path | None = None, camera: int | None = None, images: str | Path | None = None,
-                synthetic: str | tuple[int, int] | None = None, frames: int | None = None,
-                fps: float | None = None) -> FrameSource:
+def open_source(
+    *,
+    video: str | Path | None = None,
+    camera: int | None = None,
+    images: str | Path | None = None,
+    synthetic: str | tuple[int, int] | None = None,
+    frames: int | None = None,
+    fps: float | None = None,
+) -> FrameSource:
     """Exactly one of ``video``, ``camera``, ``images`` or ``synthetic`` (``"640x480"``).
 
     ``fps`` is the media rate for sources without one of their own (images, synthetic);
     ``frames`` is how many synthetic frames to make (default 300).
     """
-    given = [n for n, v in (("--video", video), ("--camera", camera), ("--images", images),
-                            ("--synthetic", synthetic)) if v is not None]
+    given = [
+        n
+        for n, v in (("--video", video), ("--camera", camera), ("--images", images), ("--synthetic", synthetic))
+        if v is not None
+    ]
     if len(given) != 1:
-        raise EdgeError("give exactly one source: --video FILE, --camera N, --images DIR or --synthetic WxH"
-                        + (f" (got {', '.join(given)})" if given else ""))
+        raise EdgeError(
+            "give exactly one source: --video FILE, --camera N, --images DIR or --synthetic WxH"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
     if video is not None:
         return VideoFileSource(video)
     if camera is not None:
@@ -430,8 +494,10 @@ class AgentVideoSource:
 
         spec, inputs = bundle.preprocess, bundle.io.inputs
         if spec is None or len(inputs) != 1:
-            raise ModelError(f"bundle {bundle.id} has no single image input to feed {kind} frames to",
-                             hint="use --source synthetic, or a bundle converted with a --preprocess preset")
+            raise ModelError(
+                f"bundle {bundle.id} has no single image input to feed {kind} frames to",
+                hint="use --source synthetic, or a bundle converted with a --preprocess preset",
+            )
         self.kind, self.arg = kind, arg
         self.pre = Preprocessor(spec, src_color="BGR")
         self.input_name = spec.input
@@ -487,8 +553,9 @@ class AgentVideoSource:
         self._source.close()
 
 
-def open_agent_source(kind: str, arg: str, *, bundle: Any, runner: Any = None, fps: float | None = None
-                      ) -> AgentVideoSource:
+def open_agent_source(
+    kind: str, arg: str, *, bundle: Any, runner: Any = None, fps: float | None = None
+) -> AgentVideoSource:
     """The agent's ``video:FILE`` / ``camera:N`` / ``images:DIR`` source (contract: ``edge.agent.sources``)."""
     if kind not in ("video", "camera", "images"):
         raise EdgeError(f"unknown agent source kind {kind!r}", hint="use video:FILE, camera:N or images:DIR")

@@ -77,13 +77,38 @@ def guest_agent(tmp_path: Path, broker: Any, arm_bundles: dict[str, Any]) -> Ite
     DeviceStore(store).install(arm_bundles["a"])
     log = tmp_path / "agent.log"
     with open(log, "w") as f:
-        cmd = em.command("-m", "edge.agent", "--device-id", DEVICE, "--fleet", FLEET, "--store", str(store),
-                         "--broker", broker.url, "--source", "synthetic", "--fps", "5", "--interval", "2",
-                         # emulation is 300-1000x slower than the device: no frame budget means anything here
-                         "--budget-ms", str(NO_BUDGET_MS),
-                         "--watch", "6", "--smoke-frames", "0", "--poll-current", "0.5", "--reconnect-max", "2")
-        proc = subprocess.Popen(cmd, env=em.env((guest_pythonpath(),)), stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        cmd = em.command(
+            "-m",
+            "edge.agent",
+            "--device-id",
+            DEVICE,
+            "--fleet",
+            FLEET,
+            "--store",
+            str(store),
+            "--broker",
+            broker.url,
+            "--source",
+            "synthetic",
+            "--fps",
+            "5",
+            "--interval",
+            "2",
+            # emulation is 300-1000x slower than the device: no frame budget means anything here
+            "--budget-ms",
+            str(NO_BUDGET_MS),
+            "--watch",
+            "6",
+            "--smoke-frames",
+            "0",
+            "--poll-current",
+            "0.5",
+            "--reconnect-max",
+            "2",
+        )
+        proc = subprocess.Popen(
+            cmd, env=em.env((guest_pythonpath(),)), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         try:
             yield proc, store
         finally:
@@ -96,32 +121,52 @@ def guest_agent(tmp_path: Path, broker: Any, arm_bundles: dict[str, Any]) -> Ite
     print(log.read_text()[-3000:])
 
 
-def test_the_agent_runs_on_emulated_aarch64(guest_agent: tuple[subprocess.Popen, Path], broker: Any,
-                                            arm_bundles: dict[str, Any]) -> None:
+def test_the_agent_runs_on_emulated_aarch64(
+    guest_agent: tuple[subprocess.Popen, Path], broker: Any, arm_bundles: dict[str, Any]
+) -> None:
     proc, store = guest_agent
     watch, fleet = Watcher(broker.url), Fleet(broker.url)
     try:
-        birth = wait_for(lambda: next((b for b in watch.births if b.get("runner")), None), 180,
-                         "the aarch64 agent's birth with its runner")
+        birth = wait_for(
+            lambda: next((b for b in watch.births if b.get("runner")), None),
+            180,
+            "the aarch64 agent's birth with its runner",
+        )
         host = birth["host"]
         assert host["arch"] == "aarch64" and host["cpu"] == "ARM Cortex-A76", host  # qemu -cpu cortex-a76
         assert birth["bundle"]["id"] == arm_bundles["a"].id
         assert birth["runner"]["runtime"] == "ai-edge-litert 2.3.0"
         assert birth["runner"]["device_used"] == "CPU (XNNPack)"
         assert birth["reference_check"]["passed"] is True  # the bundle's own pairs, on ARM's kernels
-        tel = wait_for(lambda: next((t for t in watch.telemetry if (t.get("inference") or {}).get("frames")), None),
-                       120, "telemetry with inference frames")
+        tel = wait_for(
+            lambda: next((t for t in watch.telemetry if (t.get("inference") or {}).get("frames")), None),
+            120,
+            "telemetry with inference frames",
+        )
         assert tel["inference"]["frames"] > 0
         with ArtifactServer(arm_bundles["www"]) as http:
+
             def desired(name: str, version: int, **kw: Any) -> dict[str, Any]:
                 tar = arm_bundles["www"] / f"{name}.tar"
-                return {"rollout_id": f"r{version}", "bundle_id": arm_bundles[name].id, "version": version,
-                        "replaces": version - 1, "artifact_url": http.url(f"{name}.tar"),
-                        "sha256": arm_bundles["sha"][name], "size": tar.stat().st_size, **kw}
+                return {
+                    "rollout_id": f"r{version}",
+                    "bundle_id": arm_bundles[name].id,
+                    "version": version,
+                    "replaces": version - 1,
+                    "artifact_url": http.url(f"{name}.tar"),
+                    "sha256": arm_bundles["sha"][name],
+                    "size": tar.stat().st_size,
+                    **kw,
+                }
 
-            fleet.desire(**desired("b", 2, budget_ms=NO_BUDGET_MS))  # a good rollout: applied, checked on the device, watched, running
+            fleet.desire(
+                **desired("b", 2, budget_ms=NO_BUDGET_MS)
+            )  # a good rollout: applied, checked on the device, watched, running
             r = fleet.wait_state("running", "failed", "rolled-back", version=2, timeout=240)
-            assert r["state"] == "running" and r["bundle_running"] == arm_bundles["b"].id, (r["reason"], r.get("health"))
+            assert r["state"] == "running" and r["bundle_running"] == arm_bundles["b"].id, (
+                r["reason"],
+                r.get("health"),
+            )
             assert r["reference_check"]["passed"] is True
             # a bad one: over its budget on the device's workload, rolled back to B by the watch
             fleet.desire(**desired("c", 3, budget_ms=0.0001, watch_s=4))

@@ -11,30 +11,40 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import mqtt_broker
+import pytest
 from conftest import wait_for
-from edge.agent.appsocket import (MAX_DATAGRAM, AppReport, AppReporter, AppSocket, Refused, latency_json)
-from edge.mqtt.payloads import load_schema
+
+from edge.agent.appsocket import MAX_DATAGRAM, AppReport, AppReporter, AppSocket, Refused, latency_json
 from edge.errors import EdgeError
+from edge.mqtt.payloads import load_schema
 
 broker = mqtt_broker.broker
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"x" * (MAX_DATAGRAM + 1), "oversized"),
-    (b"\xff\xfe", "malformed"), (b"not json", "malformed"), (b"[1, 2]", "malformed"),
-    (b'{"v": 1, "latency_ms": NaN}', "malformed"),
-    (b'{"latency_ms": 3}', "version"), (b'{"v": 2, "latency_ms": 3}', "version"), (b'{"v": true}', "version"),
-    (b'{"v": 1, "latency_ms": 3, "cmd": "rm -rf /"}', "unknown_field"),
-    (b'{"v": 1, "latency_ms": -1}', "bad_value"), (b'{"v": 1, "latency_ms": "3"}', "bad_value"),
-    (b'{"v": 1, "latency_ms": [1, true]}', "bad_value"), (b'{"v": 1, "latency_ms": 1e308}', "bad_value"),
-    (b'{"v": 1, "latency_ms": [' + b"1," * 1000 + b'1]}', "bad_value"),
-    (b'{"v": 1, "errors": -1}', "bad_value"), (b'{"v": 1, "errors": 1.5}', "bad_value"),
-    (b'{"v": 1, "dropped": 10000000}', "bad_value"),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"x" * (MAX_DATAGRAM + 1), "oversized"),
+        (b"\xff\xfe", "malformed"),
+        (b"not json", "malformed"),
+        (b"[1, 2]", "malformed"),
+        (b'{"v": 1, "latency_ms": NaN}', "malformed"),
+        (b'{"latency_ms": 3}', "version"),
+        (b'{"v": 2, "latency_ms": 3}', "version"),
+        (b'{"v": true}', "version"),
+        (b'{"v": 1, "latency_ms": 3, "cmd": "rm -rf /"}', "unknown_field"),
+        (b'{"v": 1, "latency_ms": -1}', "bad_value"),
+        (b'{"v": 1, "latency_ms": "3"}', "bad_value"),
+        (b'{"v": 1, "latency_ms": [1, true]}', "bad_value"),
+        (b'{"v": 1, "latency_ms": 1e308}', "bad_value"),
+        (b'{"v": 1, "latency_ms": [' + b"1," * 1000 + b"1]}", "bad_value"),
+        (b'{"v": 1, "errors": -1}', "bad_value"),
+        (b'{"v": 1, "errors": 1.5}', "bad_value"),
+        (b'{"v": 1, "dropped": 10000000}', "bad_value"),
+    ],
+)
 def test_bad_datagrams_are_refused_by_reason(data: bytes, reason: str) -> None:
     with pytest.raises(Refused) as e:
         AppReport.parse(data)
@@ -60,8 +70,9 @@ def test_latency_stats_match_the_agents_numpy_statistics() -> None:
             assert got[k] == pytest.approx(want[k], abs=1e-3), (n, k)
 
 
-def test_socket_takes_reports_counts_refusals_and_survives_garbage(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_takes_reports_counts_refusals_and_survives_garbage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "app.sock"
     path.write_text("not a socket")
     with pytest.raises(EdgeError, match="not a socket"):
@@ -123,11 +134,36 @@ def test_app_reports_reach_mqtt_as_the_agents_telemetry(tmp_path: Path, broker: 
     store = tmp_path / "store"
     store.mkdir()
     sock = tmp_path / "run" / "app.sock"
-    agent = subprocess.Popen([sys.executable, "-m", "edge.agent", "--device-id", "cam-01", "--fleet", "lab",
-                              "--broker", broker.url, "--store", str(store), "--source", f"app:{sock}",
-                              "--budget-ms", "20", "--interval", "0.5", "--duration", "30", "--json",
-                              "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=REPO)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge.agent",
+            "--device-id",
+            "cam-01",
+            "--fleet",
+            "lab",
+            "--broker",
+            broker.url,
+            "--store",
+            str(store),
+            "--source",
+            f"app:{sock}",
+            "--budget-ms",
+            "20",
+            "--interval",
+            "0.5",
+            "--duration",
+            "30",
+            "--json",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         wait_for(lambda: sock.exists() or agent.poll() is not None, 30, "the agent's app socket")
         assert agent.poll() is None, agent.communicate()
@@ -150,8 +186,11 @@ def test_app_reports_reach_mqtt_as_the_agents_telemetry(tmp_path: Path, broker: 
         assert inf["source"] == "app" and inf["frames"] == 50 and inf["budget_misses"] == 30
         assert (inf["errors"], inf["frames_dropped"], inf["budget_ms"]) == (1, 2, 20.0)
         assert inf["latency_ms"] == latency_json(latencies) and inf["latency_ms"]["p50_ms"] == 25.5
-        wait_for(lambda: any(m["type"] == "telemetry" and m["inference"]["app"]["refused"]["bad_value"] == 1
-                             for m in got), 10, "the refused datagram counted in telemetry")
+        wait_for(
+            lambda: any(m["type"] == "telemetry" and m["inference"]["app"]["refused"]["bad_value"] == 1 for m in got),
+            10,
+            "the refused datagram counted in telemetry",
+        )
         import jsonschema
 
         schema = load_schema()
@@ -170,9 +209,27 @@ def test_agent_refuses_an_app_socket_path_that_is_not_a_socket(tmp_path: Path) -
     (tmp_path / "store").mkdir()
     taken = tmp_path / "data.txt"
     taken.write_text("keep me")
-    p = subprocess.run([sys.executable, "-m", "edge.agent", "--device-id", "cam-01", "--broker", "mqtt://127.0.0.1:9",
-                        "--store", str(tmp_path / "store"), "--source", f"app:{taken}", "--log-level", "error"],
-                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge.agent",
+            "--device-id",
+            "cam-01",
+            "--broker",
+            "mqtt://127.0.0.1:9",
+            "--store",
+            str(tmp_path / "store"),
+            "--source",
+            f"app:{taken}",
+            "--log-level",
+            "error",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "not a socket" in lines[0], p.stderr
     assert taken.read_text() == "keep me"

@@ -42,8 +42,7 @@ class Watcher:
         self.c.loop_start()
 
     def publish(self, kind: str, body: dict[str, Any], *, retain: bool) -> None:
-        self.c.publish(f"edgekit/{FLEET}/{DEVICE}/{kind}", json.dumps(body), qos=1,
-                       retain=retain).wait_for_publish(5)
+        self.c.publish(f"edgekit/{FLEET}/{DEVICE}/{kind}", json.dumps(body), qos=1, retain=retain).wait_for_publish(5)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [m for t, m in self.msgs if t.endswith("/" + kind)]
@@ -64,9 +63,31 @@ def start_agent_process(url: str, store: Path, log: Path, *extra: str) -> subpro
     store.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "edge.agent", "--device-id", DEVICE, "--fleet", FLEET,
-                                 "--store", str(store), "--source", "none", "--broker", url, "--interval", "1",
-                                 "--reconnect-max", "1", *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edge.agent",
+                "--device-id",
+                DEVICE,
+                "--fleet",
+                FLEET,
+                "--store",
+                str(store),
+                "--source",
+                "none",
+                "--broker",
+                url,
+                "--interval",
+                "1",
+                "--reconnect-max",
+                "1",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def stop(p: subprocess.Popen[bytes]) -> int:
@@ -79,15 +100,27 @@ def stop(p: subprocess.Popen[bytes]) -> int:
 
 
 def desired(url: str, version: int = 2) -> dict[str, Any]:
-    return {"schema_version": 1, "type": "desired", "fleet": FLEET, "device": DEVICE, "rollout_id": f"r{version}",
-            "bundle_id": "b-1", "version": version, "replaces": None, "artifact_url": url, "sha256": "0" * 64}
+    return {
+        "schema_version": 1,
+        "type": "desired",
+        "fleet": FLEET,
+        "device": DEVICE,
+        "rollout_id": f"r{version}",
+        "bundle_id": "b-1",
+        "version": version,
+        "replaces": None,
+        "artifact_url": url,
+        "sha256": "0" * 64,
+    }
 
 
 # -- item 1: a hostile retained desired state --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("url", ["http://[::1/x", "file:///srv/artifacts/b%00.tar", "http://host:99999/b.tar"])
-def test_hostile_retained_desired_state_is_reported_failed_once(tmp_path: Path, broker: Any, watcher: Watcher,
-                                                                url: str) -> None:
+def test_hostile_retained_desired_state_is_reported_failed_once(
+    tmp_path: Path, broker: Any, watcher: Watcher, url: str
+) -> None:
     (tmp_path / "artifacts").mkdir()
     watcher.publish("desired", desired(url.replace("/srv/artifacts", str(tmp_path / "artifacts"))), retain=True)
     log = tmp_path / "agent.log"
@@ -112,8 +145,7 @@ def test_hostile_retained_desired_state_is_reported_failed_once(tmp_path: Path, 
     assert log.stat().st_size < 20_000, log.stat().st_size
 
 
-def test_hostile_desired_state_is_reported_once_across_a_restart(tmp_path: Path, broker: Any,
-                                                                 watcher: Watcher) -> None:
+def test_hostile_desired_state_is_reported_once_across_a_restart(tmp_path: Path, broker: Any, watcher: Watcher) -> None:
     watcher.publish("desired", desired("http://[::1/x", 5), retain=True)
     for run in range(2):
         p = start_agent_process(broker.url, tmp_path / "store", tmp_path / f"agent{run}.log")
@@ -132,10 +164,25 @@ def test_hostile_tune_request_is_refused_without_a_traceback(tmp_path: Path, bro
     p = start_agent_process(broker.url, tmp_path / "store", log)
     try:
         wait_for(lambda: watcher.of("birth"), 30, "birth")
-        trial = {"id": "t1", "url": "http://[::1/x", "sha256": "0" * 64, "size": 10, "runner": "onnxruntime",
-                 "precision": "fp32", "options": {}}
-        req = {"schema_version": 1, "type": "tune-request", "fleet": FLEET, "device": DEVICE, "study_id": "s1",
-               "objective": "latency", "schedule": {"reps": 1, "iters": 1, "warmup": 0}, "trials": [trial]}
+        trial = {
+            "id": "t1",
+            "url": "http://[::1/x",
+            "sha256": "0" * 64,
+            "size": 10,
+            "runner": "onnxruntime",
+            "precision": "fp32",
+            "options": {},
+        }
+        req = {
+            "schema_version": 1,
+            "type": "tune-request",
+            "fleet": FLEET,
+            "device": DEVICE,
+            "study_id": "s1",
+            "objective": "latency",
+            "schedule": {"reps": 1, "iters": 1, "warmup": 0},
+            "trials": [trial],
+        }
         for _ in range(200):
             watcher.publish("cmd/tune", req, retain=False)
         wait_for(lambda: len(watcher.of("tune")) >= 200, 30, "200 tune replies")
@@ -150,6 +197,7 @@ def test_hostile_tune_request_is_refused_without_a_traceback(tmp_path: Path, bro
 
 
 # -- item 2: downloads stop at the declared size and at the cap -----------------------------------------------
+
 
 class EndlessServer:
     """A real HTTP server whose body never ends (optionally with a Content-Length that lies)."""
@@ -190,16 +238,20 @@ class EndlessServer:
         self.httpd.server_close()
 
 
-@pytest.mark.parametrize("size, cap, content_length", [(100_000, None, None), (None, 300_000, None),
-                                                       (100_000, None, 5 << 30), (None, 300_000, 5 << 30)])
+@pytest.mark.parametrize(
+    "size, cap, content_length",
+    [(100_000, None, None), (None, 300_000, None), (100_000, None, 5 << 30), (None, 300_000, 5 << 30)],
+)
 def test_an_endless_body_stops_at_the_declared_size_or_the_cap_and_is_deleted(
-        tmp_path: Path, size: int | None, cap: int | None, content_length: int | None) -> None:
+    tmp_path: Path, size: int | None, cap: int | None, content_length: int | None
+) -> None:
     from edge.agent.download import DownloadError, DownloadOptions, fetch
 
     server = EndlessServer(content_length)
     try:
-        opts = DownloadOptions(timeout_s=30, read_timeout_s=5, attempts=2, retry_delay_s=0.05,
-                               **({"max_bytes": cap} if cap else {}))
+        opts = DownloadOptions(
+            timeout_s=30, read_timeout_s=5, attempts=2, retry_delay_s=0.05, **({"max_bytes": cap} if cap else {})
+        )
         with pytest.raises(DownloadError, match="refused and deleted"):
             fetch(server.url(), tmp_path / "downloads", "0" * 64, size=size, options=opts)
     finally:
@@ -237,8 +289,16 @@ def test_agent_start_cleans_old_downloads_and_staging(tmp_path: Path, broker: An
     for p in (old_part, new_part, done, dl / "junk"):
         p.write_bytes(b"x" * 100)
     os.utime(old_part, (time.time() - 3 * 86400, time.time() - 3 * 86400))
-    agent = Agent(AgentConfig(fleet=FLEET, device_id=DEVICE, broker=BrokerConfig.from_url(broker.url),
-                              store=tmp_path / "store", source="none", backoff=Backoff(0.05, 0.5))).start()
+    agent = Agent(
+        AgentConfig(
+            fleet=FLEET,
+            device_id=DEVICE,
+            broker=BrokerConfig.from_url(broker.url),
+            store=tmp_path / "store",
+            source="none",
+            backoff=Backoff(0.05, 0.5),
+        )
+    ).start()
     try:
         assert list((agent_dir / "staging").iterdir()) == [] and list((agent_dir / "tune").iterdir()) == []
         assert sorted(p.name for p in dl.iterdir()) == [new_part.name]  # the newest recent .part: resumed later
@@ -247,6 +307,7 @@ def test_agent_start_cleans_old_downloads_and_staging(tmp_path: Path, broker: An
 
 
 # -- items 3 and 4: archives are checked before a byte is unpacked; bad ones end in a clean refusal ----------
+
 
 def _gnu_tar(tmp_path: Path, fmt: str) -> Path:
     src = tmp_path / f"src-{fmt}"
@@ -295,15 +356,19 @@ def _tar(path: Path, members: list[tuple[str, bytes | None]]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("members, needle", [
-    ([("model.onnx", b"a"), ("model.onnx", b"b")], "twice"),
-    ([("sub", None), ("sub", b"file")], "twice"),
-    ([("sub", b"file"), ("sub/child", b"x")], "under the file"),
-    ([("sub/child", b"x"), ("sub", b"file")], "twice"),
-    ([("sub", b"file"), ("sub", None)], "twice"),
-])
-def test_clashing_tar_members_are_refused_cleanly(tmp_path: Path, members: list[tuple[str, bytes | None]],
-                                                  needle: str) -> None:
+@pytest.mark.parametrize(
+    "members, needle",
+    [
+        ([("model.onnx", b"a"), ("model.onnx", b"b")], "twice"),
+        ([("sub", None), ("sub", b"file")], "twice"),
+        ([("sub", b"file"), ("sub/child", b"x")], "under the file"),
+        ([("sub/child", b"x"), ("sub", b"file")], "twice"),
+        ([("sub", b"file"), ("sub", None)], "twice"),
+    ],
+)
+def test_clashing_tar_members_are_refused_cleanly(
+    tmp_path: Path, members: list[tuple[str, bytes | None]], needle: str
+) -> None:
     from edge.bundle.archive import ArchiveError, unpack_bundle
 
     tar = _tar(tmp_path / "bad.tar", members)
@@ -312,10 +377,12 @@ def test_clashing_tar_members_are_refused_cleanly(tmp_path: Path, members: list[
     assert list((tmp_path / "staging").iterdir()) == []
 
 
-@pytest.mark.parametrize("members", [[("model.onnx", b"a"), ("model.onnx", b"b")],
-                                     [("sub", b"file"), ("sub/child", b"x")]])
-def test_a_clashing_archive_ends_the_apply_in_a_terminal_failure(tmp_path: Path, broker: Any, watcher: Watcher,
-                                                                 members: list[tuple[str, bytes | None]]) -> None:
+@pytest.mark.parametrize(
+    "members", [[("model.onnx", b"a"), ("model.onnx", b"b")], [("sub", b"file"), ("sub/child", b"x")]]
+)
+def test_a_clashing_archive_ends_the_apply_in_a_terminal_failure(
+    tmp_path: Path, broker: Any, watcher: Watcher, members: list[tuple[str, bytes | None]]
+) -> None:
     import functools
     import hashlib
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -330,14 +397,29 @@ def test_a_clashing_archive_ends_the_apply_in_a_terminal_failure(tmp_path: Path,
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     (tmp_path / "store").mkdir()
-    agent = Agent(AgentConfig(fleet=FLEET, device_id=DEVICE, broker=BrokerConfig.from_url(broker.url),
-                              store=tmp_path / "store", source="none", backoff=Backoff(0.05, 0.5))).start()
+    agent = Agent(
+        AgentConfig(
+            fleet=FLEET,
+            device_id=DEVICE,
+            broker=BrokerConfig.from_url(broker.url),
+            store=tmp_path / "store",
+            source="none",
+            backoff=Backoff(0.05, 0.5),
+        )
+    ).start()
     try:
         body = desired(f"http://127.0.0.1:{httpd.server_address[1]}/bad.tar", 7)
         body.update(sha256=hashlib.sha256(tar.read_bytes()).hexdigest(), size=tar.stat().st_size)
         watcher.publish("desired", body, retain=True)
-        r = wait_for(lambda: [m for m in watcher.of("reported") if m["desired_version"] == 7
-                              and m["state"] in ("running", "failed", "rolled-back")], 30, "a terminal state")[-1]
+        r = wait_for(
+            lambda: [
+                m
+                for m in watcher.of("reported")
+                if m["desired_version"] == 7 and m["state"] in ("running", "failed", "rolled-back")
+            ],
+            30,
+            "a terminal state",
+        )[-1]
         assert r["state"] == "failed" and r["reason"]["code"] == "bad_archive", r
         assert list((tmp_path / "store" / "agent" / "staging").iterdir()) == []
         assert not (tmp_path / "store" / "agent" / "downloads" / body["sha256"]).exists()  # discarded at the end
@@ -347,23 +429,39 @@ def test_a_clashing_archive_ends_the_apply_in_a_terminal_failure(tmp_path: Path,
         httpd.server_close()
 
 
-def test_an_endless_artifact_ends_the_apply_failed_and_leaves_nothing(tmp_path: Path, broker: Any,
-                                                                      watcher: Watcher) -> None:
+def test_an_endless_artifact_ends_the_apply_failed_and_leaves_nothing(
+    tmp_path: Path, broker: Any, watcher: Watcher
+) -> None:
     from edge.agent.agent import Agent, AgentConfig
     from edge.agent.download import DownloadOptions
     from edge.mqtt.netloop import Backoff
 
     server = EndlessServer()
     (tmp_path / "store").mkdir()
-    agent = Agent(AgentConfig(fleet=FLEET, device_id=DEVICE, broker=BrokerConfig.from_url(broker.url),
-                              store=tmp_path / "store", source="none", backoff=Backoff(0.05, 0.5),
-                              download=DownloadOptions(timeout_s=30, read_timeout_s=5, retry_delay_s=0.05))).start()
+    agent = Agent(
+        AgentConfig(
+            fleet=FLEET,
+            device_id=DEVICE,
+            broker=BrokerConfig.from_url(broker.url),
+            store=tmp_path / "store",
+            source="none",
+            backoff=Backoff(0.05, 0.5),
+            download=DownloadOptions(timeout_s=30, read_timeout_s=5, retry_delay_s=0.05),
+        )
+    ).start()
     try:
         body = desired(server.url(), 8)
         body["size"] = 200_000
         watcher.publish("desired", body, retain=True)
-        r = wait_for(lambda: [m for m in watcher.of("reported") if m["desired_version"] == 8
-                              and m["state"] in ("running", "failed", "rolled-back")], 30, "a terminal state")[-1]
+        r = wait_for(
+            lambda: [
+                m
+                for m in watcher.of("reported")
+                if m["desired_version"] == 8 and m["state"] in ("running", "failed", "rolled-back")
+            ],
+            30,
+            "a terminal state",
+        )[-1]
         assert r["state"] == "failed" and r["reason"]["code"] == "download_failed", r
         assert "refused and deleted" in r["reason"]["detail"]
         assert list((tmp_path / "store" / "agent" / "downloads").iterdir()) == []

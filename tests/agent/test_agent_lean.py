@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import mqtt_broker
 import pytest
 
-import mqtt_broker
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
 from edge.pipeline import convert
@@ -26,9 +26,11 @@ NEVER = ("typer", "rich", "click", "edge.cli")
 WHEN_A_MODEL_RUNS = ("numpy", "onnxruntime")
 
 # runs the real entry point (edge/agent/__main__.py), then writes the modules it loaded
-_WRAPPER = ("import atexit, json, runpy, sys; out = sys.argv.pop(1); "
-            "atexit.register(lambda: open(out, 'w').write(json.dumps(sorted(sys.modules)))); "
-            "sys.argv[0] = 'edge.agent'; runpy.run_module('edge.agent', run_name='__main__', alter_sys=True)")
+_WRAPPER = (
+    "import atexit, json, runpy, sys; out = sys.argv.pop(1); "
+    "atexit.register(lambda: open(out, 'w').write(json.dumps(sorted(sys.modules)))); "
+    "sys.argv[0] = 'edge.agent'; runpy.run_module('edge.agent', run_name='__main__', alter_sys=True)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +42,44 @@ def agent_modules(tmp_path: Path, broker_url: str, bundle: Bundle, source: str) 
     store = tmp_path / "store"
     DeviceStore(store).install(bundle)
     out = tmp_path / "modules.json"
-    p = subprocess.run([sys.executable, "-c", _WRAPPER, str(out), "--device-id", "cam-01", "--fleet", "lab",
-                        "--broker", broker_url, "--store", str(store), "--source", source, "--interval", "0.5",
-                        "--duration", "1", "--flush-timeout", "2", "--json", "--log-level", "warning"],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WRAPPER,
+            str(out),
+            "--device-id",
+            "cam-01",
+            "--fleet",
+            "lab",
+            "--broker",
+            broker_url,
+            "--store",
+            str(store),
+            "--source",
+            source,
+            "--interval",
+            "0.5",
+            "--duration",
+            "1",
+            "--flush-timeout",
+            "2",
+            "--json",
+            "--log-level",
+            "warning",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stderr
     return set(json.loads(out.read_text())), json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_agent_with_a_bundle_and_no_model_run_imports_no_cli_numpy_or_runtime(tmp_path: Path, broker: Any,
-                                                                            tiny_bundle: Bundle) -> None:
+def test_agent_with_a_bundle_and_no_model_run_imports_no_cli_numpy_or_runtime(
+    tmp_path: Path, broker: Any, tiny_bundle: Bundle
+) -> None:
     mods, summary = agent_modules(tmp_path, broker.url, tiny_bundle, "none")
     assert summary["device"] == "cam-01" and summary["births"] >= 1
     # the bundle was opened and its manifest checked against the runner's declared options...
@@ -59,8 +89,9 @@ def test_agent_with_a_bundle_and_no_model_run_imports_no_cli_numpy_or_runtime(tm
     assert not {m for m in mods if m.split(".")[0] in WHEN_A_MODEL_RUNS}
 
 
-def test_agent_running_the_model_imports_the_runtime_and_still_no_cli(tmp_path: Path, broker: Any,
-                                                                       tiny_bundle: Bundle) -> None:
+def test_agent_running_the_model_imports_the_runtime_and_still_no_cli(
+    tmp_path: Path, broker: Any, tiny_bundle: Bundle
+) -> None:
     mods, _ = agent_modules(tmp_path, broker.url, tiny_bundle, "synthetic")
     assert {"numpy", "onnxruntime"} <= mods  # the check above sees them when they are there
     assert not {m for m in mods if m.split(".")[0] in NEVER or m.startswith("edge.cli")}

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from edge.agent.health import CpuMeter, host_facts, process_cpu_seconds, rss_mb
-from edge.mqtt.client import BrokerConfig, paho
-from edge.mqtt.netloop import Backoff
-from edge.mqtt.outbox import MemoryOutbox, SqliteOutbox
-from edge.mqtt.payloads import mark_historical, message, encode
 from edge.agent.sources import parse_source
 from edge.agent.tegrastats import parse_tegrastats
 from edge.agent.thermal import ThermalProbe, decode_rpi_throttled, parse_vcgencmd_throttled
-from edge.mqtt.topics import Topic, TopicError, fleet_filter, shared
 from edge.errors import EdgeError
+from edge.mqtt.client import BrokerConfig, paho
+from edge.mqtt.netloop import Backoff
+from edge.mqtt.outbox import MemoryOutbox, SqliteOutbox
+from edge.mqtt.payloads import encode, mark_historical, message
+from edge.mqtt.topics import Topic, TopicError, fleet_filter, shared
 
 
 def test_topics_format_parse_and_refuse_wildcards() -> None:
@@ -28,8 +28,13 @@ def test_topics_format_parse_and_refuse_wildcards() -> None:
     for bad in ("a/b", "a+", "#", "", " x", "nul\x00"):
         with pytest.raises(TopicError):
             Topic("lab", bad, "telemetry")
-    for bad in ("edgekit/lab/cam-01", "edgekit/lab/cam-01/nope", "edgekit/lab/cam-01/birth/x", "x/lab/cam-01/birth",
-                "edgekit/lab/+/birth"):
+    for bad in (
+        "edgekit/lab/cam-01",
+        "edgekit/lab/cam-01/nope",
+        "edgekit/lab/cam-01/birth/x",
+        "x/lab/cam-01/birth",
+        "edgekit/lab/+/birth",
+    ):
         with pytest.raises(TopicError):
             Topic.parse(bad)
     with pytest.raises(TopicError):
@@ -41,8 +46,11 @@ def test_topics_format_parse_and_refuse_wildcards() -> None:
 @pytest.mark.parametrize("make", ["sqlite", "memory"])
 def test_outbox_bounds_order_and_drop_count(tmp_path: Path, make: str) -> None:
     def new() -> SqliteOutbox | MemoryOutbox:
-        return (SqliteOutbox(tmp_path / "o.sqlite", max_messages=5, max_bytes=10_000) if make == "sqlite"
-                else MemoryOutbox(max_messages=5, max_bytes=10_000))
+        return (
+            SqliteOutbox(tmp_path / "o.sqlite", max_messages=5, max_bytes=10_000)
+            if make == "sqlite"
+            else MemoryOutbox(max_messages=5, max_bytes=10_000)
+        )
 
     before = int(time.time())
     o = new()
@@ -72,7 +80,9 @@ def test_backoff_is_exponential_with_jitter() -> None:
         cap = min(60.0, 0.5 * 2**n)
         ds = [b.delay(n, rng) for _ in range(50)]
         assert all(cap * 0.5 <= d <= cap for d in ds)
-        assert len({round(d, 6) for d in ds}) > 40  # jittered: clients that lost the broker together do not return together
+        assert (
+            len({round(d, 6) for d in ds}) > 40
+        )  # jittered: clients that lost the broker together do not return together
     assert b.delay(1000, rng) <= 60.0
 
 
@@ -91,9 +101,13 @@ def test_broker_urls_and_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert b.password == "s3cret" and "s3cret" not in repr(b)
     monkeypatch.setenv("EDGEKIT_MQTT_PASSWORD", "fromenv")
     assert BrokerConfig.from_url("mqtt://dev@h").password == "fromenv"
-    for url, kw, msg in [("http://h", {}, "bad broker address"), ("mqtt://u:p@h", {}, "visible to every user"),
-                         ("mqtt://h/x", {}, "no path"), ("mqtt://h", {"ca_file": tmp_path / "no.pem"}, "does not exist"),
-                         ("mqtt://h", {"cert_file": ca}, "both --cert and --key")]:
+    for url, kw, msg in [
+        ("http://h", {}, "bad broker address"),
+        ("mqtt://u:p@h", {}, "visible to every user"),
+        ("mqtt://h/x", {}, "no path"),
+        ("mqtt://h", {"ca_file": tmp_path / "no.pem"}, "does not exist"),
+        ("mqtt://h", {"cert_file": ca}, "both --cert and --key"),
+    ]:
         with pytest.raises(EdgeError, match=msg):
             BrokerConfig.from_url(url, **kw)
     assert paho().MQTTv5 == 5
@@ -124,19 +138,19 @@ def test_payload_envelope_and_historical_mark() -> None:
 # Recorded tegrastats lines, one per L4T generation (formats as printed by the boards).
 TEGRASTATS = {
     "tx1_l4t28": "RAM 3468/3983MB (lfb 48x4MB) SWAP 873/8192MB (cached 295MB) cpu [17%,13%,29%,5%]@408 EMC 1%@408 "
-                 "APE 25 GR3D 3%@76",
+    "APE 25 GR3D 3%@76",
     "nano_l4t32": "RAM 1766/3964MB (lfb 197x4MB) SWAP 0/2048MB (cached 0MB) CPU [24%@1224,15%@1224,13%@1224,10%@1224] "
-                  "EMC_FREQ 0% GR3D_FREQ 0% PLL@21C CPU@25C PMIC@100C GPU@23.5C AO@33.5C thermal@24.5C "
-                  "POM_5V_IN 2545/2547 POM_5V_GPU 0/0 POM_5V_CPU 549/529",
+    "EMC_FREQ 0% GR3D_FREQ 0% PLL@21C CPU@25C PMIC@100C GPU@23.5C AO@33.5C thermal@24.5C "
+    "POM_5V_IN 2545/2547 POM_5V_GPU 0/0 POM_5V_CPU 549/529",
     "xavier_nx": "12-23-2024 22:54:11 RAM 3162/7620MB (lfb 4x2MB) SWAP 0/3810MB (cached 0MB) "
-                 "CPU [1%@729,0%@729,0%@729,0%@729,off,off] GR3D_FREQ 1% cpu@62.843C soc2@61.968C soc0@60.625C "
-                 "gpu@61.687C tj@62.843C soc1@61.687C VDD_IN 3913mW/3922mW VDD_CPU_GPU_CV 598mW/598 VDD_SOC 1238mW/1237mW",
+    "CPU [1%@729,0%@729,0%@729,0%@729,off,off] GR3D_FREQ 1% cpu@62.843C soc2@61.968C soc0@60.625C "
+    "gpu@61.687C tj@62.843C soc1@61.687C VDD_IN 3913mW/3922mW VDD_CPU_GPU_CV 598mW/598 VDD_SOC 1238mW/1237mW",
     "orin_jp6": "08-29-2023 10:43:05 RAM 2531/30536MB (lfb 6406x4MB) SWAP 0/15268MB (cached 0MB) CPU [1%@729,0%@729,"
-                "0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,off,off,off,off] EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305,305] "
-                "NVENC off NVDEC off NVJPG off NVJPG1 off VIC off OFA off NVDLA0 off NVDLA1 off PVA0_FREQ off APE 174 "
-                "CV0@-256C CPU@44.062C Tboard@33C SOC2@41.343C Tdiode@35.25C SOC0@41.437C CV1@-256C GPU@-256C "
-                "tj@44.062C SOC1@40.625C CV2@-256C VDD_GPU_SOC 2789mW/2789mW VDD_CPU_CV 398mW/398mW "
-                "VIN_SYS_5V0 3234mW/3234mW NC 0mW/0mW VDDQ_VDD2_1V8AO 403mW/403mW NC 0mW/0mW",
+    "0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,off,off,off,off] EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305,305] "
+    "NVENC off NVDEC off NVJPG off NVJPG1 off VIC off OFA off NVDLA0 off NVDLA1 off PVA0_FREQ off APE 174 "
+    "CV0@-256C CPU@44.062C Tboard@33C SOC2@41.343C Tdiode@35.25C SOC0@41.437C CV1@-256C GPU@-256C "
+    "tj@44.062C SOC1@40.625C CV2@-256C VDD_GPU_SOC 2789mW/2789mW VDD_CPU_CV 398mW/398mW "
+    "VIN_SYS_5V0 3234mW/3234mW NC 0mW/0mW VDDQ_VDD2_1V8AO 403mW/403mW NC 0mW/0mW",
 }
 
 
@@ -244,7 +258,10 @@ def test_systemd_unit() -> None:
 def test_runner_options_from_the_command_line() -> None:
     from edge.cli.agent import parse_runner_options
 
-    assert parse_runner_options(["intra_op_num_threads=1", "providers=[\"CPUExecutionProvider\"]", "x=abc"]) == \
-           {"intra_op_num_threads": 1, "providers": ["CPUExecutionProvider"], "x": "abc"}
+    assert parse_runner_options(["intra_op_num_threads=1", 'providers=["CPUExecutionProvider"]', "x=abc"]) == {
+        "intra_op_num_threads": 1,
+        "providers": ["CPUExecutionProvider"],
+        "x": "abc",
+    }
     with pytest.raises(EdgeError, match="KEY=VALUE"):
         parse_runner_options(["threads"])

@@ -14,23 +14,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
+import mqtt_broker
 import pytest
-
 from conftest import wait_for
+
 from edge.agent.agent import Agent, AgentConfig
 from edge.agent.appsocket import AppReporter
-from edge.bundle.archive import ArchiveError, archive_sha256, pack_bundle, unpack_bundle
-from edge.mqtt.desired import DesiredError, DesiredState, ReportedState
 from edge.agent.download import DownloadOptions
-from edge.mqtt.client import BrokerConfig, paho
-from edge.mqtt.payloads import load_schema
-from edge.mqtt.netloop import Backoff
 from edge.bench import random_feeds
+from edge.bundle.archive import ArchiveError, archive_sha256, pack_bundle, unpack_bundle
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
-from edge.pipeline import ConvertRequest, convert
 from edge.graph.samples import build_tiny_cnn
-import mqtt_broker
+from edge.mqtt.client import BrokerConfig, paho
+from edge.mqtt.desired import DesiredError, DesiredState, ReportedState
+from edge.mqtt.netloop import Backoff
+from edge.mqtt.payloads import load_schema
+from edge.pipeline import ConvertRequest, convert
 from tests.agent.test_agent_mqtt import schema_errors
 
 broker = mqtt_broker.broker
@@ -38,6 +38,7 @@ FLEET, DEVICE = "lab", "cam-01"
 
 
 # -- bundles and their archives ----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -
 
 
 # -- an artifact server that answers Range requests, and can cut a response short ---------------
+
 
 class ArtifactServer:
     def __init__(self, root: Path) -> None:
@@ -89,13 +91,13 @@ class ArtifactServer:
                 self.send_header("Content-Length", str(len(data) - start))
                 self.end_headers()
                 if self.path in server.stall:
-                    self.wfile.write(data[start:start + 100])
+                    self.wfile.write(data[start : start + 100])
                     self.wfile.flush()
                     server.closing.wait(server.stall[self.path])
                     return
                 cut = server.cut_once.pop(self.path, None)
                 if cut is not None:
-                    self.wfile.write(data[start:start + cut])
+                    self.wfile.write(data[start : start + cut])
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(2)  # the connection drops mid-body
@@ -109,7 +111,7 @@ class ArtifactServer:
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
 
-    def __enter__(self) -> "ArtifactServer":
+    def __enter__(self) -> ArtifactServer:
         self.thread.start()
         return self
 
@@ -126,6 +128,7 @@ def http(bundles: dict[str, Any]) -> Iterator[ArtifactServer]:
 
 
 # -- the fleet side: publish desired, read reported --------------------------------------------
+
 
 class Fleet:
     def __init__(self, url: str) -> None:
@@ -165,10 +168,21 @@ def fleet(broker: Any) -> Iterator[Fleet]:
 
 
 def start_agent(url: str, store: Path, **kw: Any) -> Agent:
-    cfg = dict(fleet=FLEET, device_id=DEVICE, broker=BrokerConfig.from_url(url), store=store, source="synthetic",
-               fps=50.0, interval_s=1.0, backoff=Backoff(0.05, 0.5), runner_options={"intra_op_num_threads": 1},
-               poll_current_s=0.2, watch_s=1.5, smoke_frames=10,
-               download=DownloadOptions(timeout_s=60, read_timeout_s=5, retry_delay_s=0.05))
+    cfg = dict(
+        fleet=FLEET,
+        device_id=DEVICE,
+        broker=BrokerConfig.from_url(url),
+        store=store,
+        source="synthetic",
+        fps=50.0,
+        interval_s=1.0,
+        backoff=Backoff(0.05, 0.5),
+        runner_options={"intra_op_num_threads": 1},
+        poll_current_s=0.2,
+        watch_s=1.5,
+        smoke_frames=10,
+        download=DownloadOptions(timeout_s=60, read_timeout_s=5, retry_delay_s=0.05),
+    )
     cfg.update(kw)
     return Agent(AgentConfig(**cfg)).start()
 
@@ -180,15 +194,24 @@ def store_with(root: Path, bundle: Bundle) -> Path:
 
 def desired_for(bundles: dict[str, Any], http: ArtifactServer, name: str, version: int, **kw: Any) -> dict[str, Any]:
     www: Path = bundles["www"]
-    return {"rollout_id": f"r{version}", "bundle_id": bundles[name].id, "version": version, "replaces": version - 1,
-            "artifact_url": http.url(f"{name}.tar"), "sha256": bundles["sha"][name],
-            "size": (www / f"{name}.tar").stat().st_size, **kw}
+    return {
+        "rollout_id": f"r{version}",
+        "bundle_id": bundles[name].id,
+        "version": version,
+        "replaces": version - 1,
+        "artifact_url": http.url(f"{name}.tar"),
+        "sha256": bundles["sha"][name],
+        "size": (www / f"{name}.tar").stat().st_size,
+        **kw,
+    }
 
 
 # -- (a) a good bundle is applied and reported running ------------------------------------------
 
-def test_good_bundle_is_applied_watched_and_reported_running(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                              http: ArtifactServer, bundles: dict[str, Any]) -> None:
+
+def test_good_bundle_is_applied_watched_and_reported_running(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store)
     try:
@@ -223,8 +246,10 @@ def test_good_bundle_is_applied_watched_and_reported_running(tmp_path: Path, bro
 
 # -- (b) over budget: refused by the smoke test, or rolled back by the watch ---------------------
 
-def test_bundle_over_budget_is_refused_by_the_smoke_test(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                         http: ArtifactServer, bundles: dict[str, Any]) -> None:
+
+def test_bundle_over_budget_is_refused_by_the_smoke_test(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store)
     try:
@@ -241,7 +266,8 @@ def test_bundle_over_budget_is_refused_by_the_smoke_test(tmp_path: Path, broker:
 
 
 def test_bundle_over_budget_on_the_workload_is_rolled_back_after_the_switch(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, smoke_frames=0)  # no smoke benchmark: the watch must catch it
     try:
@@ -261,8 +287,10 @@ def test_bundle_over_budget_on_the_workload_is_rolled_back_after_the_switch(
 
 # -- (c) a download cut mid-way resumes ------------------------------------------------------------
 
-def test_download_cut_midway_resumes_with_a_range_request(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                          http: ArtifactServer, bundles: dict[str, Any]) -> None:
+
+def test_download_cut_midway_resumes_with_a_range_request(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     size = (bundles["www"] / "b.tar").stat().st_size
     http.cut_once["/b.tar"] = size // 2
@@ -280,8 +308,10 @@ def test_download_cut_midway_resumes_with_a_range_request(tmp_path: Path, broker
 
 # -- (d) a corrupt artifact is refused before install ---------------------------------------------
 
-def test_corrupt_artifact_is_refused_before_install(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                    http: ArtifactServer, bundles: dict[str, Any]) -> None:
+
+def test_corrupt_artifact_is_refused_before_install(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     www: Path = bundles["www"]
     data = bytearray((www / "b.tar").read_bytes())
@@ -304,19 +334,25 @@ def test_corrupt_artifact_is_refused_before_install(tmp_path: Path, broker: Any,
 
 # -- stuck steps time out; a full disk is refused before downloading ---------------------------------
 
+
 def test_a_stalled_download_times_out(tmp_path: Path, http: ArtifactServer, bundles: dict[str, Any]) -> None:
     from edge.agent.download import DownloadError, fetch
 
     http.stall["/b.tar"] = 5.0
     t0 = time.monotonic()
     with pytest.raises(DownloadError) as e:
-        fetch(http.url("b.tar"), tmp_path / "dl", bundles["sha"]["b"],
-              options=DownloadOptions(timeout_s=1.5, read_timeout_s=0.3, attempts=50, retry_delay_s=0.05))
+        fetch(
+            http.url("b.tar"),
+            tmp_path / "dl",
+            bundles["sha"]["b"],
+            options=DownloadOptions(timeout_s=1.5, read_timeout_s=0.3, attempts=50, retry_delay_s=0.05),
+        )
     assert e.value.code in ("timeout", "download_failed") and time.monotonic() - t0 < 5
 
 
-def test_not_enough_disk_is_refused_before_any_request(tmp_path: Path, http: ArtifactServer,
-                                                       bundles: dict[str, Any]) -> None:
+def test_not_enough_disk_is_refused_before_any_request(
+    tmp_path: Path, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     from edge.agent.download import DownloadError, fetch
 
     with pytest.raises(DownloadError, match="not enough free disk") as e:
@@ -324,8 +360,9 @@ def test_not_enough_disk_is_refused_before_any_request(tmp_path: Path, http: Art
     assert e.value.code == "disk_full" and http.requests == []
 
 
-def test_a_newer_desired_state_supersedes_a_stuck_apply(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                        http: ArtifactServer, bundles: dict[str, Any]) -> None:
+def test_a_newer_desired_state_supersedes_a_stuck_apply(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     (bundles["www"] / "b-stuck.tar").write_bytes((bundles["www"] / "b.tar").read_bytes())
     http.stall["/b-stuck.tar"] = 30.0
@@ -345,7 +382,8 @@ def test_a_newer_desired_state_supersedes_a_stuck_apply(tmp_path: Path, broker: 
 
 
 def test_agent_stopped_mid_apply_applies_the_retained_desired_state_at_the_next_start(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, watch_s=30.0)
     try:
@@ -365,8 +403,10 @@ def test_agent_stopped_mid_apply_applies_the_retained_desired_state_at_the_next_
 
 # -- (e) an older desired version after a newer one is ignored ------------------------------------
 
-def test_older_desired_version_after_a_newer_one_is_ignored(tmp_path: Path, broker: Any, fleet: Fleet,
-                                                            http: ArtifactServer, bundles: dict[str, Any]) -> None:
+
+def test_older_desired_version_after_a_newer_one_is_ignored(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store)
     try:
@@ -385,6 +425,7 @@ def test_older_desired_version_after_a_newer_one_is_ignored(tmp_path: Path, brok
 
 # -- reload on a change of `current`, without a restart -------------------------------------------
 
+
 def test_agent_reloads_when_current_changes(tmp_path: Path, broker: Any, bundles: dict[str, Any]) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, desired=False)
@@ -393,8 +434,11 @@ def test_agent_reloads_when_current_changes(tmp_path: Path, broker: Any, bundles
         DeviceStore(store).install(bundles["b"])  # `edgekit deploy` by someone else
         wait_for(lambda: agent.reloads == 1, 15, "a reload")
         assert agent.bundle.id == bundles["b"].id and agent.state == "running"
-        wait_for(lambda: agent.worker is not None and agent.worker.total + len(agent.worker._samples) > 0, 10,
-                 "frames on the new runner")
+        wait_for(
+            lambda: agent.worker is not None and agent.worker.total + len(agent.worker._samples) > 0,
+            10,
+            "frames on the new runner",
+        )
         DeviceStore(store).rollback()
         wait_for(lambda: agent.reloads == 2, 15, "a reload")
         assert agent.bundle.id == bundles["a"].id
@@ -404,27 +448,40 @@ def test_agent_reloads_when_current_changes(tmp_path: Path, broker: Any, bundles
 
 # -- payloads: typed, and never a local path ------------------------------------------------------
 
+
 def _desired(**kw: Any) -> bytes:
-    base = {"schema_version": 1, "type": "desired", "fleet": FLEET, "device": DEVICE, "rollout_id": "r1",
-            "bundle_id": "b-1", "version": 2, "replaces": 1, "artifact_url": "https://example.invalid/b.tar",
-            "sha256": "0" * 64}
+    base = {
+        "schema_version": 1,
+        "type": "desired",
+        "fleet": FLEET,
+        "device": DEVICE,
+        "rollout_id": "r1",
+        "bundle_id": "b-1",
+        "version": 2,
+        "replaces": 1,
+        "artifact_url": "https://example.invalid/b.tar",
+        "sha256": "0" * 64,
+    }
     base.update(kw)
     return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
 
 
-@pytest.mark.parametrize("fields, needle", [
-    ({"artifact_url": "file:///etc/passwd"}, "no --artifact-root"),
-    ({"artifact_url": "ftp://host/b.tar"}, "not supported"),
-    ({"artifact_url": "https://user:pw@host/b.tar"}, "credentials"),
-    ({"bundle_id": "../x"}, "bundle_id"),
-    ({"version": 2, "replaces": 2}, "replaces"),
-    ({"version": -1}, "version"),
-    ({"version": True}, "version"),
-    ({"sha256": "X" * 64}, "sha256"),
-    ({"command": "rm -rf /"}, "unknown fields"),
-    ({"device": "other"}, "another fleet or device"),
-    ({"budget_ms": 0}, "budget_ms"),
-])
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ({"artifact_url": "file:///etc/passwd"}, "no --artifact-root"),
+        ({"artifact_url": "ftp://host/b.tar"}, "not supported"),
+        ({"artifact_url": "https://user:pw@host/b.tar"}, "credentials"),
+        ({"bundle_id": "../x"}, "bundle_id"),
+        ({"version": 2, "replaces": 2}, "replaces"),
+        ({"version": -1}, "version"),
+        ({"version": True}, "version"),
+        ({"sha256": "X" * 64}, "sha256"),
+        ({"command": "rm -rf /"}, "unknown fields"),
+        ({"device": "other"}, "another fleet or device"),
+        ({"budget_ms": 0}, "budget_ms"),
+    ],
+)
 def test_desired_payloads_are_checked(fields: dict[str, Any], needle: str) -> None:
     with pytest.raises(DesiredError, match=needle):
         DesiredState.parse(_desired(**fields), fleet=FLEET, device=DEVICE)
@@ -443,8 +500,9 @@ def test_desired_payloads_match_the_published_schema() -> None:
 def test_file_urls_only_under_the_artifact_root(tmp_path: Path) -> None:
     root = tmp_path / "artifacts"
     root.mkdir()
-    ok = DesiredState.parse(_desired(artifact_url=f"file://{root}/b.tar"), fleet=FLEET, device=DEVICE,
-                            artifact_root=root)
+    ok = DesiredState.parse(
+        _desired(artifact_url=f"file://{root}/b.tar"), fleet=FLEET, device=DEVICE, artifact_root=root
+    )
     assert ok.version == 2 and ok.replaces == 1
     for bad in (f"file://{root}/../b.tar", "file:///etc/passwd", f"file://{root}"):
         with pytest.raises(DesiredError, match="outside the artifact root"):
@@ -458,8 +516,14 @@ def test_file_url_artifact_is_applied(tmp_path: Path, broker: Any, fleet: Fleet,
     (root / "b.tar").write_bytes((bundles["www"] / "b.tar").read_bytes())
     agent = start_agent(broker.url, store, artifact_root=root)
     try:
-        fleet.desire(rollout_id="r2", bundle_id=bundles["b"].id, version=2, replaces=1,
-                     artifact_url=f"file://{root}/b.tar", sha256=bundles["sha"]["b"])
+        fleet.desire(
+            rollout_id="r2",
+            bundle_id=bundles["b"].id,
+            version=2,
+            replaces=1,
+            artifact_url=f"file://{root}/b.tar",
+            sha256=bundles["sha"]["b"],
+        )
         r = fleet.wait_state("running", "failed", "rolled-back", version=2)
         assert r["state"] == "running", r
     finally:
@@ -492,6 +556,7 @@ def test_pack_is_reproducible(tmp_path: Path, bundles: dict[str, Any]) -> None:
 
 # == issue #14 follow-ups: local rollback, nothing to do, the app's watch, step deadlines ==============
 
+
 def _states(fleet: Fleet, version: int) -> list[str]:
     return [m["state"] for m in fleet.reported if m["desired_version"] == version]
 
@@ -505,8 +570,10 @@ def test_archive_sha256_of_a_stored_bundle_is_its_packed_sha256(tmp_path: Path, 
 
 # -- 1. a rollback to the store's previous bundle is a local switch -----------------------------------
 
+
 def test_rollback_to_the_previous_bundle_switches_locally_without_a_download(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, watch_s=1.0)
     try:
@@ -533,7 +600,8 @@ def test_rollback_to_the_previous_bundle_switches_locally_without_a_download(
 
 
 def test_a_stored_copy_that_is_not_the_desired_artifact_is_downloaded(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     DeviceStore(store).install(bundles["b"])  # previous: A
     agent = start_agent(broker.url, store, watch_s=0.5)
@@ -551,8 +619,10 @@ def test_a_stored_copy_that_is_not_the_desired_artifact_is_downloaded(
 
 # -- 2. a desired state naming the bundle already run: running at once --------------------------------
 
+
 def test_rollback_naming_the_bundle_already_running_reports_running_at_once(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     agent = start_agent(broker.url, store, watch_s=60.0)  # a watch would take a minute
     try:
@@ -572,9 +642,10 @@ def test_rollback_naming_the_bundle_already_running_reports_running_at_once(
 
 # -- 4. a stuck step times out ------------------------------------------------------------------------
 
+
 def test_a_verify_step_past_its_deadline_fails_with_timeout(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any],
-        mobilenet: Path) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any], mobilenet: Path
+) -> None:
     # the tiny bundle's unpack + hashing could finish inside the interpreter's 5 ms thread switch interval,
     # before the deadline was ever looked at (a flaky pass of the step); MobileNetV2's 14 MB cannot
     if "big" not in bundles:
@@ -597,6 +668,7 @@ def test_a_verify_step_past_its_deadline_fails_with_timeout(
 
 
 # -- 3. --source app: the watch judges the application's frames; the application follows `current` ------
+
 
 class App:
     """An application on edgekit's Python API: runs the store's current bundle itself, reloads it when
@@ -622,8 +694,7 @@ class App:
                     self.ran.append(now)
                     self.reporter.flush()
                     self.reporter.bundle = now
-                    runner = Bundle.open(self.reporter.store / "bundles" / now).open_runner(
-                        {"intra_op_num_threads": 1})
+                    runner = Bundle.open(self.reporter.store / "bundles" / now).open_runner({"intra_op_num_threads": 1})
                     feeds = random_feeds(runner)
                 if runner is None:
                     time.sleep(0.05)
@@ -642,7 +713,7 @@ class App:
             if runner is not None:
                 runner.close()
 
-    def __enter__(self) -> "App":
+    def __enter__(self) -> App:
         self.thread.start()
         return self
 
@@ -657,7 +728,8 @@ def _app_agent(broker: Any, store: Path, sock: Path, **kw: Any) -> Any:
 
 
 def test_app_source_watch_judges_the_applications_frames_and_the_app_follows_the_switch(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     sock = tmp_path / "app.sock"
     agent = _app_agent(broker, store, sock)
@@ -667,11 +739,15 @@ def test_app_source_watch_judges_the_applications_frames_and_the_app_follows_the
             fleet.desire(**desired_for(bundles, http, "b", 2, budget_ms=20.0))
             r = fleet.wait_state("running", "failed", "rolled-back", version=2)
             assert r["state"] == "rolled-back", r
-            assert r["reason"]["code"] == "watch_p99_over_budget" and "the application reported" in \
-                r["reason"]["detail"]
+            assert (
+                r["reason"]["code"] == "watch_p99_over_budget" and "the application reported" in r["reason"]["detail"]
+            )
             assert r["health"]["source"] == "app" and r["health"]["frames"] >= 20 and r["health"]["p99_ms"] > 20
-            wait_for(lambda: app.ran == [bundles["a"].id, bundles["b"].id, bundles["a"].id], 10,
-                     f"the application to follow A -> B -> A (ran {app.ran})")
+            wait_for(
+                lambda: app.ran == [bundles["a"].id, bundles["b"].id, bundles["a"].id],
+                10,
+                f"the application to follow A -> B -> A (ran {app.ran})",
+            )
             # a good bundle on the application's frames: watched and kept
             fleet.desire(**desired_for(bundles, http, "b", 3, budget_ms=1000.0))
             r = fleet.wait_state("running", "failed", "rolled-back", version=3)
@@ -684,7 +760,8 @@ def test_app_source_watch_judges_the_applications_frames_and_the_app_follows_the
 
 
 def test_app_that_stops_reporting_on_the_new_bundle_is_rolled_back(
-        tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]) -> None:
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     store = store_with(tmp_path / "store", bundles["a"])
     sock = tmp_path / "app.sock"
     agent = _app_agent(broker, store, sock)

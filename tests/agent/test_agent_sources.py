@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mqtt_broker
 import pytest
-
 from conftest import REPO, wait_for
+
 from edge.agent.agent import Agent, AgentConfig
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.netloop import Backoff
 from edge.pipeline import convert
-import mqtt_broker
 
 broker = mqtt_broker.broker
 
@@ -85,13 +85,24 @@ def test_missing_video_file_is_one_clear_error(tiny: Bundle) -> None:
         open_agent_source("video", "/nonexistent/nope.mp4", bundle=tiny, fps=30.0)
 
 
-def test_agent_reports_the_applications_latency_on_images(tmp_path: Path, broker: Any, tiny: Bundle,
-                                                          images: Path) -> None:
+def test_agent_reports_the_applications_latency_on_images(
+    tmp_path: Path, broker: Any, tiny: Bundle, images: Path
+) -> None:
     store = tmp_path / "store"
     DeviceStore(store).install(tiny)
-    cfg = AgentConfig(fleet="lab", device_id="cam-01", broker=BrokerConfig.from_url(broker.url), store=store,
-                      source=f"images:{images}", fps=50.0, interval_s=0.5, backoff=Backoff(0.05, 0.5),
-                      runner_options={"intra_op_num_threads": 1}, desired=False, poll_current_s=0)
+    cfg = AgentConfig(
+        fleet="lab",
+        device_id="cam-01",
+        broker=BrokerConfig.from_url(broker.url),
+        store=store,
+        source=f"images:{images}",
+        fps=50.0,
+        interval_s=0.5,
+        backoff=Backoff(0.05, 0.5),
+        runner_options={"intra_op_num_threads": 1},
+        desired=False,
+        poll_current_s=0,
+    )
     agent = Agent(cfg).start()
     try:
         assert agent.state == "running" and agent._source_desc.startswith("images ")
@@ -106,14 +117,18 @@ def test_agent_reports_the_applications_latency_on_images(tmp_path: Path, broker
 
 # -- the lean entry point ----------------------------------------------------------------------------
 
+
 def _py(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=REPO, **kw)
 
 
 def test_lean_entry_point_imports_no_cli_and_no_numpy() -> None:
-    out = _py("-c", "import sys, edge.agent.main, edge.agent.agent, edge.agent.apply, edge.agent.download; "
-                    "print([m for m in ('typer', 'rich', 'click', 'numpy', 'edge.cli') if m in sys.modules])")
+    out = _py(
+        "-c",
+        "import sys, edge.agent.main, edge.agent.agent, edge.agent.apply, edge.agent.download; "
+        "print([m for m in ('typer', 'rich', 'click', 'numpy', 'edge.cli') if m in sys.modules])",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -121,9 +136,11 @@ def test_lean_entry_point_imports_no_cli_and_no_numpy() -> None:
 def test_lean_entry_point_user_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
     base = ["-m", "edge.agent", "--broker", "mqtt://127.0.0.1:9", "--store", str(tmp_path / "store")]
-    for args, needle in ((["--device-id", "cam/01"], "contains '/'"),
-                         (["--device-id", "cam-01", "--source", "webcam"], "unknown frame source"),
-                         (["--device-id", "cam-01", "--broker", "tcp://x"], "bad broker address")):
+    for args, needle in (
+        (["--device-id", "cam/01"], "contains '/'"),
+        (["--device-id", "cam-01", "--source", "webcam"], "unknown frame source"),
+        (["--device-id", "cam-01", "--broker", "tcp://x"], "bad broker address"),
+    ):
         p = _py(*base, *args)
         assert p.returncode == 2, p.stderr
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
@@ -133,9 +150,27 @@ def test_lean_entry_point_user_errors_are_one_line(tmp_path: Path) -> None:
 def test_lean_entry_point_runs_and_stops(tmp_path: Path, broker: Any) -> None:
     store = tmp_path / "store"
     store.mkdir()
-    p = _py("-m", "edge.agent", "--device-id", "cam-01", "--fleet", "lab", "--broker", broker.url, "--store",
-            str(store), "--source", "none", "--interval", "0.5", "--duration", "1.5", "--json", "--log-level",
-            "warning")
+    p = _py(
+        "-m",
+        "edge.agent",
+        "--device-id",
+        "cam-01",
+        "--fleet",
+        "lab",
+        "--broker",
+        broker.url,
+        "--store",
+        str(store),
+        "--source",
+        "none",
+        "--interval",
+        "0.5",
+        "--duration",
+        "1.5",
+        "--json",
+        "--log-level",
+        "warning",
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["device"] == "cam-01" and summary["births"] >= 1 and summary["outbox_flushed"] in (True, False)

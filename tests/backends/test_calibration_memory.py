@@ -28,11 +28,21 @@ def _wide_net(path: Path) -> Path:
     rng = np.random.default_rng(5)
     w1 = numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) * 0.2).astype(np.float32), "w1")
     w2 = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32), "w2")
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("GlobalAveragePool", ["r2"], ["g"]), helper.make_node("Flatten", ["g"], ["y"])]
-    g = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 128, 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w1, w2])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 128, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [w1, w2],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return save_onnx(m, path)
@@ -43,9 +53,14 @@ def _quantize(tmp: Path, **options: object) -> tuple[dict[str, object], int]:
     samples = tuple({"x": rng.random((1, 3, 128, 128), dtype=np.float32)} for _ in range(SAMPLES))
     work = tmp / f"w{len(list(tmp.iterdir()))}"
     work.mkdir()
-    request = ConversionRequest(_wide_net(tmp / "wide.onnx"), work, "int8", IO,
-                                calibration=Calibration("test", "tensors", SAMPLES, samples),
-                                options={"mixed_precision": "off", **options})
+    request = ConversionRequest(
+        _wide_net(tmp / "wide.onnx"),
+        work,
+        "int8",
+        IO,
+        calibration=Calibration("test", "tensors", SAMPLES, samples),
+        options={"mixed_precision": "off", **options},
+    )
     tracemalloc.start()
     try:
         result = OnnxToOnnx().convert(request)

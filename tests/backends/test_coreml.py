@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from edge import toolchains
-from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.coreml.convert import OnnxToCoreML
 from edge.backends.coreml.format import package_dir
-from edge.errors import ConversionError, HardwareUnavailableError
-from edge.backends.runner import RUNNERS
 from edge.backends.coreml.run import NEEDS_MACOS, CoreMLRunner
+from edge.backends.runner import RUNNERS
+from edge.bundle.bundle import Bundle
+from edge.errors import ConversionError, HardwareUnavailableError
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 
 on_mac = pytest.mark.skipif(sys.platform != "darwin", reason="hardware: not macOS: " + NEEDS_MACOS)
@@ -52,8 +52,9 @@ def test_runner_elsewhere_says_macos(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ane_bundle(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
-               tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+def ane_bundle(
+    toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Bundle:
     return convert(models["tiny"], "apple-ane", tmp_path_factory.mktemp("ane") / "b")
 
 
@@ -86,12 +87,18 @@ def _op_zoo(path: Path) -> Path:
         return numpy_helper.from_array(a, name)
 
     inits = [
-        init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3), init("b", np.zeros(4, np.float32)),
-        init("bn_s", np.full(4, 1.1, np.float32)), init("bn_b", np.full(4, 0.1, np.float32)),
-        init("bn_m", np.full(4, 0.05, np.float32)), init("bn_v", np.full(4, 0.9, np.float32)),
-        init("lo", np.array(0.0, np.float32)), init("hi", np.array(6.0, np.float32)),
-        init("scale", np.full((1, 4, 1, 1), 0.5, np.float32)), init("shape", np.array([1, -1], np.int64)),
-        init("mm", rng.standard_normal((8, 6)).astype(np.float32)), init("gw", rng.standard_normal((5, 6)).astype(np.float32)),
+        init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3),
+        init("b", np.zeros(4, np.float32)),
+        init("bn_s", np.full(4, 1.1, np.float32)),
+        init("bn_b", np.full(4, 0.1, np.float32)),
+        init("bn_m", np.full(4, 0.05, np.float32)),
+        init("bn_v", np.full(4, 0.9, np.float32)),
+        init("lo", np.array(0.0, np.float32)),
+        init("hi", np.array(6.0, np.float32)),
+        init("scale", np.full((1, 4, 1, 1), 0.5, np.float32)),
+        init("shape", np.array([1, -1], np.int64)),
+        init("mm", rng.standard_normal((8, 6)).astype(np.float32)),
+        init("gw", rng.standard_normal((5, 6)).astype(np.float32)),
         init("gb", np.ones(5, np.float32)),
     ]
     nodes = [
@@ -113,8 +120,13 @@ def _op_zoo(path: Path) -> Path:
         helper.make_node("Gemm", ["mmo", "gw", "gb"], ["g"], transB=1, alpha=0.7, beta=1.3),
         helper.make_node("Softmax", ["g"], ["y"], axis=1),
     ]
-    graph = helper.make_graph(nodes, "zoo", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "zoo",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -163,12 +175,30 @@ def _assert_traced_bridge_matches_onnxruntime(st: toolchains.ToolchainStatus, mo
     g = onnx.load(str(model)).graph
     inits = {t.name for t in g.initializer}
     rng = np.random.default_rng(7)
-    feeds = [{i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-              for i in g.input if i.name not in inits} for _ in range(4)]
+    feeds = [
+        {
+            i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in g.input
+            if i.name not in inits
+        }
+        for _ in range(4)
+    ]
     np.savez(work / "feeds.npz", **{k: np.stack([f[k] for f in feeds]) for k in feeds[0]})
-    subprocess.run([str(toolchains._venv_python(st.venv)), "-c", _TRACED_OUTPUTS,
-                    str(toolchains.driver_path("coreml").parent), str(model), str(work / "feeds.npz"),
-                    str(work / "traced.npz")], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            str(toolchains._venv_python(st.venv)),
+            "-c",
+            _TRACED_OUTPUTS,
+            str(toolchains.driver_path("coreml").parent),
+            str(model),
+            str(work / "feeds.npz"),
+            str(work / "traced.npz"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ref = _onnxruntime(model, feeds)
     with np.load(work / "traced.npz") as got:
         assert set(got.files) == set(ref)
@@ -187,8 +217,9 @@ def test_every_bridged_op_matches_onnxruntime(toolchain: toolchains.ToolchainSta
     _assert_traced_bridge_matches_onnxruntime(toolchain, zoo, tmp_path)
 
 
-def test_traced_bridge_of_the_tiny_model_matches_onnxruntime(toolchain: toolchains.ToolchainStatus,
-                                                             models: dict[str, Path], tmp_path: Path) -> None:
+def test_traced_bridge_of_the_tiny_model_matches_onnxruntime(
+    toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path: Path
+) -> None:
     # what Linux can run of the apple-ane path: the traced module ct.convert turns into the ML Program
     _assert_traced_bridge_matches_onnxruntime(toolchain, models["tiny"], tmp_path)
 
@@ -197,10 +228,16 @@ def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStat
     import onnx
     from onnx import TensorProto, helper
 
-    g = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"], name="t1"), helper.make_node("Erf", ["t"], ["e"]),
-                           helper.make_node("Relu", ["e"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    g = helper.make_graph(
+        [
+            helper.make_node("Tanh", ["x"], ["t"], name="t1"),
+            helper.make_node("Erf", ["t"], ["e"]),
+            helper.make_node("Relu", ["e"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(tmp_path / "u.onnx"))
@@ -210,24 +247,30 @@ def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStat
     assert not (tmp_path / "out").exists()
 
 
-def test_converter_returns_an_fp16_host_proxy(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
-                                              tmp_path: Path) -> None:
+def test_converter_returns_an_fp16_host_proxy(
+    toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path: Path
+) -> None:
     """Off macOS the fp16 package cannot predict; the converter runs the traced module cast to half on its own
     parity inputs instead. The reference is computed here, on exactly those inputs."""
-    from edge.verify.parity import compare, reference_outputs, thresholds_for
     from edge.pipeline.sources import OnnxSource
+    from edge.verify.parity import compare, reference_outputs, thresholds_for
 
     io = OnnxSource(models["tiny"]).io({})
     (tmp_path / "out").mkdir()
-    result = CONVERTERS.get("onnx->coreml")().convert(ConversionRequest(
-        source=models["tiny"], workdir=tmp_path / "out", precision="fp16", io=io))
+    result = CONVERTERS.get("onnx->coreml")().convert(
+        ConversionRequest(source=models["tiny"], workdir=tmp_path / "out", precision="fp16", io=io)
+    )
     proxy = result.proxy
     assert proxy is not None and proxy.precision_used == "f16" and proxy.fallback is None
     assert "CPU fp16 (the traced module, cast to half)" in proxy.label and proxy.label.startswith("torch 2.")
     assert proxy.info.runtime == f"host proxy: {proxy.label}" and proxy.info.precision_used == "f16"
     assert proxy.inputs_from == "generated" and len(proxy.inputs) == len(proxy.outputs) == 8
-    assert result.details["host_proxy"] == {"label": proxy.label, "precision_used": "f16", "fallback": None,
-                                            "samples": 8}
+    assert result.details["host_proxy"] == {
+        "label": proxy.label,
+        "precision_used": "f16",
+        "fallback": None,
+        "samples": 8,
+    }
     reference = reference_outputs(models["tiny"], proxy.inputs)
     [logits] = compare(reference, proxy.outputs, thresholds_for("fp16", proxy.precision_used))
     assert logits.passed and logits.cosine >= 0.9999, logits
@@ -270,9 +313,18 @@ print(json.dumps(out))
 def test_host_proxy_without_an_fp16_kernel_says_it_ran_fp32(toolchain: toolchains.ToolchainStatus) -> None:
     import subprocess
 
-    run = subprocess.run([str(toolchains._venv_python(toolchain.venv)), "-c", _PROXY_FALLBACK,
-                          str(toolchains.driver_path("coreml").parent)], capture_output=True, text=True, timeout=300,
-                         check=False)
+    run = subprocess.run(
+        [
+            str(toolchains._venv_python(toolchain.venv)),
+            "-c",
+            _PROXY_FALLBACK,
+            str(toolchains.driver_path("coreml").parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     det, lin = got["det"], got["lin"]

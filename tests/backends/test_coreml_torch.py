@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from edge import toolchains
-from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.coreml.convert import TorchToCoreML
 from edge.backends.coreml.format import package_dir
+from edge.bundle.bundle import Bundle
 from edge.errors import ModelError
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import is_torch_source
 from edge.spec import IOSpec, TensorSpec
-from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,12 @@ def test_dispatch_by_suffix_and_zip(tmp_path: Path, models: dict[str, Path]) -> 
 def test_other_targets_take_torch_through_onnx(torch_models: Path, tmp_path: Path, target: str, precision: str) -> None:
     """PyTorch sources for every target: torch->onnx in the toolchain, then the target's ONNX chain; the
     PyTorch model itself is the parity reference."""
-    b = convert(torch_models / "tiny.pt2", target, tmp_path / "b", ConvertRequest(precision=precision, input_shapes={"image": (1, 3, 32, 32)}))
+    b = convert(
+        torch_models / "tiny.pt2",
+        target,
+        tmp_path / "b",
+        ConvertRequest(precision=precision, input_shapes={"image": (1, 3, 32, 32)}),
+    )
     m = b.manifest
     assert [c["converter"] for c in m["chain"]][0] == "torch->onnx"
     assert m["source"]["format"] == "torch-exported-program" and "torch->onnx" in m["source"]["route"]
@@ -76,7 +81,12 @@ def test_not_a_torch_file(tmp_path: Path) -> None:
 
 def test_torch_save_checkpoint_refused(torch_models: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="torch.save checkpoint") as e:
-        convert(torch_models / "weights.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"image": (1, 3, 32, 32)}))
+        convert(
+            torch_models / "weights.pt",
+            "apple-ane",
+            tmp_path / "out",
+            ConvertRequest(input_shapes={"image": (1, 3, 32, 32)}),
+        )
     assert "torch.jit.save" in (e.value.hint or "")
 
 
@@ -84,13 +94,17 @@ def test_missing_input_shape_names_the_inputs(torch_models: Path, tmp_path: Path
     with pytest.raises(ModelError, match=r"--input-shape for every input \(image\)"):
         convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out")
     with pytest.raises(ModelError, match="the model's inputs are image; --input-shape gave x"):
-        convert(torch_models / "tiny.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"x": (1, 3, 32, 32)}))
+        convert(
+            torch_models / "tiny.pt", "apple-ane", tmp_path / "out", ConvertRequest(input_shapes={"x": (1, 3, 32, 32)})
+        )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name,fmt", [("tiny.pt", "torchscript"), ("tiny.pt2", "torch-exported-program")])
 def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: str) -> None:
-    b = convert(torch_models / name, "apple-ane", tmp_path / "b", ConvertRequest(input_shapes={"image": (1, 3, 32, 32)}))
+    b = convert(
+        torch_models / name, "apple-ane", tmp_path / "b", ConvertRequest(input_shapes={"image": (1, 3, 32, 32)})
+    )
     m = Bundle.open(tmp_path / "b").manifest
     assert m["source"]["format"] == fmt and m["format"] == "mlpackage" and m["precision"] == "fp16"
     assert m["chain"][0]["converter"] == "torch->coreml"
@@ -112,22 +126,31 @@ def test_torch_to_mlpackage(torch_models: Path, tmp_path: Path, name: str, fmt: 
     json.dumps(m)
     # the saved package's spec loads in the toolchain (coremltools lives there only)
     st = toolchains.status("coreml")
-    code = ("import sys, coremltools as ct; s = ct.utils.load_spec(sys.argv[1]); "
-            "print([i.name for i in s.description.input], [o.name for o in s.description.output])")
-    out = subprocess.run([str(toolchains._venv_python(st.venv)), "-c", code, str(package_dir(b.artifact))],
-                         check=True, capture_output=True, text=True, timeout=300).stdout
+    code = (
+        "import sys, coremltools as ct; s = ct.utils.load_spec(sys.argv[1]); "
+        "print([i.name for i in s.description.input], [o.name for o in s.description.output])"
+    )
+    out = subprocess.run(
+        [str(toolchains._venv_python(st.venv)), "-c", code, str(package_dir(b.artifact))],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     assert "['image'] ['output_0']" in out
 
 
-@pytest.mark.parametrize("name,what", [("tiny.pt", "the TorchScript module"),
-                                       ("tiny.pt2", "the decomposed ExportedProgram")])
+@pytest.mark.parametrize(
+    "name,what", [("tiny.pt", "the TorchScript module"), ("tiny.pt2", "the decomposed ExportedProgram")]
+)
 def test_fp16_host_proxy_on_the_reference_inputs(torch_models: Path, tmp_path: Path, name: str, what: str) -> None:
     """The model itself cast to half, on the very inputs its fp32 outputs (the reference) were computed on."""
     from edge.verify.parity import compare, thresholds_for
 
     io = IOSpec((TensorSpec("image", (1, 3, 32, 32), "float32"),), ())
-    result = CONVERTERS.get("torch->coreml")().convert(ConversionRequest(
-        source=torch_models / name, workdir=tmp_path, precision="fp16", io=io))
+    result = CONVERTERS.get("torch->coreml")().convert(
+        ConversionRequest(source=torch_models / name, workdir=tmp_path, precision="fp16", io=io)
+    )
     proxy, reference = result.proxy, result.reference
     assert proxy is not None and reference is not None
     assert proxy.precision_used == "f16" and f"CPU fp16 ({what}, cast to half)" in proxy.label

@@ -17,11 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import edgetpu_standin
 import numpy as np
 import pytest
-
-import edgetpu_standin
 from conftest import assert_user_error, run_cli
+
 from edge import toolchains
 from edge.bundle.bundle import MANIFEST, Bundle, bundle_id
 from edge.errors import BundleError, ConversionError, HardwareUnavailableError, MissingDependencyError
@@ -43,8 +43,14 @@ def uncompiled(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
     out = tmp_path_factory.mktemp("coral") / "uncompiled"
     with pytest.MonkeyPatch.context() as mp:  # whatever this host has: no compiler on PATH
-        mp.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                                          if d and not (Path(d) / "edgetpu_compiler").exists()))
+        mp.setenv(
+            "PATH",
+            os.pathsep.join(
+                d
+                for d in os.environ.get("PATH", "").split(os.pathsep)
+                if d and not (Path(d) / "edgetpu_compiler").exists()
+            ),
+        )
         b = convert(models["tiny"], "coral-edgetpu", out, ConvertRequest(precision="int8", calib="random"))
     assert b.info.primary_artifact == "model.tflite" and not read_tflite(b.artifact).edgetpu_compiled
     return out
@@ -91,13 +97,16 @@ def test_finish_compiles_rehashes_and_the_runner_takes_it(uncompiled: Path, comp
     assert m.primary_artifact == "model_edgetpu.tflite" and m.format == "edgetpu-tflite"
     assert read_tflite(b.artifact).edgetpu_compiled
     assert {a.path for a in m.artifacts} == {a.path for a in src.info.artifacts} | {
-        "model_edgetpu.tflite", "model_edgetpu.io.json", "model_edgetpu.log"}
+        "model_edgetpu.tflite",
+        "model_edgetpu.io.json",
+        "model_edgetpu.log",
+    }
     assert {"model.tflite", "model.io.json"} <= {a.path for a in src.info.artifacts}
     # the int8 model is carried over unchanged; the id follows edge.bundle.bundle's rule over the new artifacts
-    assert {a.path: a.sha256 for a in m.artifacts}["model.tflite"] == \
-        {a.path: a.sha256 for a in src.info.artifacts}["model.tflite"]
-    assert b.id == bundle_id("tiny", "coral-edgetpu", "int8", [a.sha256 for a in m.artifacts],
-                             m.runner.options_dict)
+    assert {a.path: a.sha256 for a in m.artifacts}["model.tflite"] == {a.path: a.sha256 for a in src.info.artifacts}[
+        "model.tflite"
+    ]
+    assert b.id == bundle_id("tiny", "coral-edgetpu", "int8", [a.sha256 for a in m.artifacts], m.runner.options_dict)
     assert json.loads((b.path / "model_edgetpu.io.json").read_text())["cpu_model"] == "model.tflite"
     step = m.chain[-1]
     assert len(m.chain) == len(src.info.chain) + 1
@@ -125,8 +134,9 @@ def test_finish_compiles_rehashes_and_the_runner_takes_it(uncompiled: Path, comp
             np.testing.assert_array_equal(fin.infer(_feed(b))["logits"], old.infer(_feed(src))["logits"])
 
 
-def test_converting_where_the_compiler_is_gives_the_same_layout(models: dict[str, Path], uncompiled: Path,
-                                                               compiler: Path, tmp_path: Path) -> None:
+def test_converting_where_the_compiler_is_gives_the_same_layout(
+    models: dict[str, Path], uncompiled: Path, compiler: Path, tmp_path: Path
+) -> None:
     from edge.pipeline import convert
 
     b = convert(models["tiny"], "coral-edgetpu", tmp_path / "direct", ConvertRequest(precision="int8", calib="random"))
@@ -143,10 +153,11 @@ def test_the_converter_names_edgekit_finish(uncompiled: Path) -> None:
     assert any(f"`edgekit finish {uncompiled}`" in n for n in step.notes)
 
 
-def test_in_place_signature_dropped_or_renewed(uncompiled: Path, compiler: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge.bundle.signing import generate_key
+def test_in_place_signature_dropped_or_renewed(
+    uncompiled: Path, compiler: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from edge.bundle.bundle import sign_bundle
+    from edge.bundle.signing import generate_key
     from edge.bundle.trust import TrustStore
 
     monkeypatch.setenv("EDGEKIT_KEYS_DIR", str(tmp_path / "keys"))
@@ -166,20 +177,25 @@ def test_in_place_signature_dropped_or_renewed(uncompiled: Path, compiler: Path,
     assert Bundle.open(b, trust=trust.root).info.primary_artifact == "model_edgetpu.tflite"
 
 
-def test_refusals_leave_everything_as_it_was(uncompiled: Path, compiler: Path, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]) -> None:
+def test_refusals_leave_everything_as_it_was(
+    uncompiled: Path, compiler: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]
+) -> None:
     from edge.pipeline import convert
 
     b = copy(uncompiled, tmp_path / "b")
     before = {p.name: p.read_bytes() for p in b.iterdir()}
     monkeypatch.setenv("EDGETPU_STANDIN_FAIL", "1")
-    with pytest.raises(ConversionError, match=r"edgetpu_compiler failed on model.tflite \(exit 1\).*Compilation failed"):
+    with pytest.raises(
+        ConversionError, match=r"edgetpu_compiler failed on model.tflite \(exit 1\).*Compilation failed"
+    ):
         finish_bundle(b)
     monkeypatch.delenv("EDGETPU_STANDIN_FAIL")
     assert {p.name: p.read_bytes() for p in b.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["b", "bin", "compiler-args.txt"])  # no partial dirs
 
-    with pytest.raises(MissingDependencyError, match=r"edgetpu_compiler is not on PATH.*coral.ai/docs/edgetpu/compiler"):
+    with pytest.raises(
+        MissingDependencyError, match=r"edgetpu_compiler is not on PATH.*coral.ai/docs/edgetpu/compiler"
+    ):
         finish_bundle(b, compiler="no-such-edgetpu_compiler")
     with pytest.raises(BundleError, match="already exists"):
         finish_bundle(b, tmp_path / "bin")

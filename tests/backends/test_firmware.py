@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
-from edge.errors import EdgeError, InputFileError
+
 from edge.backends.litert.firmware import array_name, write_c_array
+from edge.errors import EdgeError, InputFileError
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 from tests.backends.test_litert import add_model  # noqa: E402
@@ -102,8 +102,12 @@ def test_cli(tmp_path: Path, models: dict[str, Path]) -> None:
     p = run_cli("firmware", "c-array", str(model), "-o", str(tmp_path / "fw" / "model_data.cc"), "--max-bytes", "1M")
     assert p.returncode == 0, p.stderr
     assert "g_vww_model_data" in p.stdout and (tmp_path / "fw" / "model_data.h").is_file()
-    assert_user_error(run_cli("firmware", "c-array", str(model), "-o", str(tmp_path / "a.cc"), "--max-bytes",
-                              str(size - 1)), "over the flash budget", f"{size:,} bytes")
-    assert_user_error(run_cli("firmware", "c-array", str(models["tiny"]), "-o", str(tmp_path / "b.cc")),
-                      "is not a TFLite flatbuffer")
+    assert_user_error(
+        run_cli("firmware", "c-array", str(model), "-o", str(tmp_path / "a.cc"), "--max-bytes", str(size - 1)),
+        "over the flash budget",
+        f"{size:,} bytes",
+    )
+    assert_user_error(
+        run_cli("firmware", "c-array", str(models["tiny"]), "-o", str(tmp_path / "b.cc")), "is not a TFLite flatbuffer"
+    )
     assert_user_error(run_cli("firmware", "c-array", str(model), "--max-bytes", "lots"), "bad --max-bytes")

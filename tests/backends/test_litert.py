@@ -21,20 +21,24 @@ pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (p
 
 from ai_edge_litert import schema_py_generated as S  # noqa: E402
 
-from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError  # noqa: E402
+from edge.backends.litert.run import ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTRunner, read_tflite, usable_cpus  # noqa: E402
 from edge.backends.runner import RUNNERS  # noqa: E402
-from edge.backends.litert.run import (ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTRunner, read_tflite,  # noqa: E402
-                                 usable_cpus)
+from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError  # noqa: E402
 
-_TYPES = {np.float32: S.TensorType.FLOAT32, np.int8: S.TensorType.INT8, np.uint8: S.TensorType.UINT8,
-          np.int32: S.TensorType.INT32}
+_TYPES = {
+    np.float32: S.TensorType.FLOAT32,
+    np.int8: S.TensorType.INT8,
+    np.uint8: S.TensorType.UINT8,
+    np.int32: S.TensorType.INT32,
+}
 
 Tensor = tuple[str, Sequence[int], Any, Any, Any]  # name, shape, dtype, constant data or None, (scale, zp) or None
 Op = tuple[Any, list[int], list[int], Any]  # op name or ("custom", code), inputs, outputs, (options type, options)
 
 
-def build_tflite(ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int],
-                 signature: dict[str, Any] | None = None) -> bytes:
+def build_tflite(
+    ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int], signature: dict[str, Any] | None = None
+) -> bytes:
     """A one-subgraph TFLite flatbuffer (what TensorFlow's converter writes, minus the converter)."""
     import flatbuffers
 
@@ -110,10 +114,16 @@ def _mul_opts() -> Any:
 
 def add_model(path: Path, shape: Sequence[int] = (1, 4, 4, 3), const: float = 1.5) -> Path:
     """y = x + const (XNNPack takes it), NHWC-shaped; input 'x', output 'y' in a serving signature."""
-    tensors: list[Tensor] = [("x", shape, np.float32, None, None), ("c", (1,), np.float32, [const], None),
-                             ("y", shape, np.float32, None, None)]
-    path.write_bytes(build_tflite([("ADD", [0, 1], [2], _add_opts())], tensors, [0], [2],
-                                  signature={"inputs": {"x": 0}, "outputs": {"y": 2}}))
+    tensors: list[Tensor] = [
+        ("x", shape, np.float32, None, None),
+        ("c", (1,), np.float32, [const], None),
+        ("y", shape, np.float32, None, None),
+    ]
+    path.write_bytes(
+        build_tflite(
+            [("ADD", [0, 1], [2], _add_opts())], tensors, [0], [2], signature={"inputs": {"x": 0}, "outputs": {"y": 2}}
+        )
+    )
     return path
 
 
@@ -131,9 +141,13 @@ def sign_model(path: Path, *, with_add: bool = False) -> Path:
 def quantized_model(path: Path, dtype: Any = np.int8, *, custom_op: str | None = None) -> Path:
     """int8 (or uint8) in -> DEQUANTIZE -> x * 2 -> QUANTIZE -> int8 out: quantized I/O like a full-int8 model."""
     zp_in, zp_out = (-3, 5) if dtype is np.int8 else (125, 133)
-    tensors: list[Tensor] = [("x", (1, 6), dtype, None, (0.05, zp_in)), ("xf", (1, 6), np.float32, None, None),
-                             ("two", (1,), np.float32, [2.0], None), ("yf", (1, 6), np.float32, None, None),
-                             ("y", (1, 6), dtype, None, (0.1, zp_out))]
+    tensors: list[Tensor] = [
+        ("x", (1, 6), dtype, None, (0.05, zp_in)),
+        ("xf", (1, 6), np.float32, None, None),
+        ("two", (1,), np.float32, [2.0], None),
+        ("yf", (1, 6), np.float32, None, None),
+        ("y", (1, 6), dtype, None, (0.1, zp_out)),
+    ]
     ops: list[Op] = [("DEQUANTIZE", [0], [1], None), ("MUL", [1, 2], [3], _mul_opts()), ("QUANTIZE", [3], [4], None)]
     if custom_op is not None:  # an op only a delegate runs (stands for the Edge TPU's compiled partition)
         tensors.append(("z", (1, 6), dtype, None, (0.1, zp_out)))
@@ -186,8 +200,9 @@ def test_no_delegate_runs_builtin_kernels(tmp_path: Path) -> None:
         assert r.info.details["delegated_ops"] == 0 and r.info.details["delegate_applied"] is None
 
 
-def test_xnnpack_refusing_the_model_is_an_error_unless_fallback_is_allowed(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_xnnpack_refusing_the_model_is_an_error_unless_fallback_is_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     m = sign_model(tmp_path / "sign.tflite")
     with pytest.raises(ModelError, match="XNNPack took none of the 1 ops of sign.tflite") as e:
         LiteRTRunner(m)
@@ -195,8 +210,9 @@ def test_xnnpack_refusing_the_model_is_an_error_unless_fallback_is_allowed(tmp_p
     with LiteRTRunner(m, options={"allow_cpu_fallback": True}) as r:
         assert r.info.fallback.startswith("CPU fallback: XNNPack took none")
         assert "CPU fallback" in r.info.device_used
-        np.testing.assert_array_equal(r.infer({"x": np.array([[-2, 0, 3, -1, 1, 0, 5, -5]], np.float32)})["s"],
-                                      [[-1, 0, 1, -1, 1, 0, 1, -1]])
+        np.testing.assert_array_equal(
+            r.infer({"x": np.array([[-2, 0, 3, -1, 1, 0, 5, -5]], np.float32)})["s"], [[-1, 0, 1, -1, 1, 0, 1, -1]]
+        )
     monkeypatch.setenv(ALLOW_CPU_FALLBACK_ENV, "1")  # the same from any command, e.g. `edgekit bench`
     with LiteRTRunner(m) as r:
         assert r.info.fallback is not None
@@ -217,8 +233,9 @@ def test_quantized_io_is_converted_from_and_to_float(tmp_path: Path, dtype: Any)
         y = r.infer({"x": x})["y"]
         assert y.dtype == np.float32
         np.testing.assert_allclose(y, 2 * x, atol=0.1)  # input step 0.05, output step 0.1
-        assert r.info.details["io"]["inputs"][0].endswith(f"quantize to {np.dtype(dtype).name} (scale 0.05, zero point "
-                                                          f"{-3 if dtype is np.int8 else 125})")
+        assert r.info.details["io"]["inputs"][0].endswith(
+            f"quantize to {np.dtype(dtype).name} (scale 0.05, zero point {-3 if dtype is np.int8 else 125})"
+        )
         native = r.infer_native({"x": np.full((1, 6), 7, dtype)})["y"]  # raw quantized in and out
         assert native.dtype == dtype
 
@@ -226,11 +243,32 @@ def test_quantized_io_is_converted_from_and_to_float(tmp_path: Path, dtype: Any)
 def test_io_json_layout_contract(tmp_path: Path) -> None:
     """With model.io.json the caller feeds NCHW (the ONNX layout) and gets NCHW back; the model is NHWC."""
     m = add_model(tmp_path / "model.tflite", shape=(1, 4, 5, 3))
-    write_io(m, {"signature": "serving_default",
-                 "inputs": [{"name": "input.1", "shape": [1, 3, 4, 5], "dtype": "float32", "layout": "NCHW",
-                             "tflite_name": "x", "perm_onnx_to_tflite": [0, 2, 3, 1]}],
-                 "outputs": [{"name": "out", "shape": [1, 3, 4, 5], "dtype": "float32", "layout": "NCHW",
-                              "tflite_name": "y", "perm_onnx_to_tflite": [0, 2, 3, 1]}]})
+    write_io(
+        m,
+        {
+            "signature": "serving_default",
+            "inputs": [
+                {
+                    "name": "input.1",
+                    "shape": [1, 3, 4, 5],
+                    "dtype": "float32",
+                    "layout": "NCHW",
+                    "tflite_name": "x",
+                    "perm_onnx_to_tflite": [0, 2, 3, 1],
+                }
+            ],
+            "outputs": [
+                {
+                    "name": "out",
+                    "shape": [1, 3, 4, 5],
+                    "dtype": "float32",
+                    "layout": "NCHW",
+                    "tflite_name": "y",
+                    "perm_onnx_to_tflite": [0, 2, 3, 1],
+                }
+            ],
+        },
+    )
     with LiteRTRunner(m) as r:
         assert [(t.name, t.shape, t.layout) for t in r.inputs] == [("input.1", (1, 3, 4, 5), "NCHW")]
         assert [t.shape for t in r.native_inputs] == [(1, 4, 5, 3)]
@@ -238,21 +276,45 @@ def test_io_json_layout_contract(tmp_path: Path) -> None:
         y = r.infer({"input.1": x})["out"]
         np.testing.assert_array_equal(y, x + 1.5)
         assert y.flags.c_contiguous
-        np.testing.assert_array_equal(r.infer_native({"input.1": x.transpose(0, 2, 3, 1).copy()})["out"],
-                                      x.transpose(0, 2, 3, 1) + 1.5)
+        np.testing.assert_array_equal(
+            r.infer_native({"input.1": x.transpose(0, 2, 3, 1).copy()})["out"], x.transpose(0, 2, 3, 1) + 1.5
+        )
         assert "transpose [0, 2, 3, 1]" in r.info.details["io"]["inputs"][0]
 
 
 def test_layout_and_quantization_together(tmp_path: Path) -> None:
     """The channels-last fast path quantizes exactly like the plain formula."""
-    tensors: list[Tensor] = [("x", (1, 4, 5, 3), np.int8, None, (0.02, -7)), ("y", (1, 4, 5, 3), np.float32, None, None)]
+    tensors: list[Tensor] = [
+        ("x", (1, 4, 5, 3), np.int8, None, (0.02, -7)),
+        ("y", (1, 4, 5, 3), np.float32, None, None),
+    ]
     m = tmp_path / "model.tflite"
     m.write_bytes(build_tflite([("DEQUANTIZE", [0], [1], None)], tensors, [0], [1]))
-    write_io(m, {"signature": None,
-                 "inputs": [{"name": "img", "shape": [1, 3, 4, 5], "layout": "NCHW", "tflite_name": "x",
-                             "tflite_tensor": "x", "perm_onnx_to_tflite": [0, 2, 3, 1]}],
-                 "outputs": [{"name": "o", "shape": [1, 4, 5, 3], "tflite_name": "y", "tflite_tensor": "y",
-                              "perm_onnx_to_tflite": [0, 1, 2, 3]}]})
+    write_io(
+        m,
+        {
+            "signature": None,
+            "inputs": [
+                {
+                    "name": "img",
+                    "shape": [1, 3, 4, 5],
+                    "layout": "NCHW",
+                    "tflite_name": "x",
+                    "tflite_tensor": "x",
+                    "perm_onnx_to_tflite": [0, 2, 3, 1],
+                }
+            ],
+            "outputs": [
+                {
+                    "name": "o",
+                    "shape": [1, 4, 5, 3],
+                    "tflite_name": "y",
+                    "tflite_tensor": "y",
+                    "perm_onnx_to_tflite": [0, 1, 2, 3],
+                }
+            ],
+        },
+    )
     x = np.random.default_rng(1).uniform(-3, 3, (1, 3, 4, 5)).astype(np.float32)
     expect = np.clip(np.rint(x.transpose(0, 2, 3, 1) / 0.02) - 7, -128, 127).astype(np.int8)
     with LiteRTRunner(m, options={"delegate": "none"}) as r:
@@ -301,7 +363,9 @@ def _libedgetpu_loads() -> bool:
 
 def test_edgetpu_delegate_missing(tmp_path: Path) -> None:
     if _libedgetpu_loads():
-        pytest.skip("hardware: Edge TPU present: libedgetpu loads on this host: the missing-delegate path cannot be shown here")
+        pytest.skip(
+            "hardware: Edge TPU present: libedgetpu loads on this host: the missing-delegate path cannot be shown here"
+        )
     compiled = quantized_model(tmp_path / "model_edgetpu.tflite", np.uint8, custom_op=EDGETPU_CUSTOM_OP)
     assert read_tflite(compiled).edgetpu_compiled
     with pytest.raises(HardwareUnavailableError, match="libedgetpu.so.1 could not be loaded"):
@@ -310,10 +374,15 @@ def test_edgetpu_delegate_missing(tmp_path: Path) -> None:
     with pytest.raises(HardwareUnavailableError, match="no CPU model"):
         LiteRTRunner(compiled, options={"delegate": "edgetpu", "allow_cpu_fallback": True})
     quantized_model(tmp_path / "model.tflite", np.uint8)
-    io = {"signature": None,
-          "inputs": [{"name": "x", "shape": [1, 6], "tflite_name": "x", "tflite_tensor": "x", "perm_onnx_to_tflite": [0, 1]}],
-          "outputs": [{"name": "y", "shape": [1, 6], "tflite_name": "y", "tflite_tensor": "y",
-                       "perm_onnx_to_tflite": [0, 1]}]}
+    io = {
+        "signature": None,
+        "inputs": [
+            {"name": "x", "shape": [1, 6], "tflite_name": "x", "tflite_tensor": "x", "perm_onnx_to_tflite": [0, 1]}
+        ],
+        "outputs": [
+            {"name": "y", "shape": [1, 6], "tflite_name": "y", "tflite_tensor": "y", "perm_onnx_to_tflite": [0, 1]}
+        ],
+    }
     write_io(compiled, {**io, "cpu_model": "model.tflite"})
     write_io(tmp_path / "model.tflite", io)
     with LiteRTRunner(compiled, options={"delegate": "edgetpu", "allow_cpu_fallback": True}) as r:

@@ -18,13 +18,13 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_user_error, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import assert_user_error, run_cli
 from edge import toolchains
 from edge.errors import CalibrationError, ConversionError
-from edge.spec import Calibration
 from edge.pipeline.request import ConvertRequest
+from edge.spec import Calibration
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
@@ -38,11 +38,12 @@ def toolchain() -> toolchains.ToolchainStatus:
 
 
 @pytest.fixture(scope="module")
-def convert_tiny(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
-                 tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+def convert_tiny(
+    toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Any]:
     """convert(tiny, target, precision) once per (target, precision) in this module; progress lines kept."""
-    from edge.pipeline import convert
     from edge.backends.litert import convert as tflite
+    from edge.pipeline import convert
 
     cache: dict[tuple[str, str], Any] = {}
     out = tmp_path_factory.mktemp("tflite-bundles")
@@ -53,7 +54,12 @@ def convert_tiny(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
             lines: list[str] = []
             tflite.set_progress(lines.append)
             try:
-                b = convert(models["tiny"], target, out / f"{target}-{precision}", ConvertRequest(precision=precision, calib="random" if precision == "int8" else None))
+                b = convert(
+                    models["tiny"],
+                    target,
+                    out / f"{target}-{precision}",
+                    ConvertRequest(precision=precision, calib="random" if precision == "int8" else None),
+                )
             finally:
                 tflite.set_progress(None)
             cache[key] = (b, lines)
@@ -62,11 +68,22 @@ def convert_tiny(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
     return get
 
 
-@pytest.mark.parametrize("precision,computes", [("fp32", "f32"), ("fp16", "f32 (fp16 weights)"),
-                                                ("int8-dynamic", "f32 with int8 weights (dynamic range)"),
-                                                ("int8", "int8")])
-def test_arm_xnnpack_every_precision(convert_tiny: Callable[..., Any], toolchain: toolchains.ToolchainStatus,
-                                     models: dict[str, Path], precision: str, computes: str) -> None:
+@pytest.mark.parametrize(
+    "precision,computes",
+    [
+        ("fp32", "f32"),
+        ("fp16", "f32 (fp16 weights)"),
+        ("int8-dynamic", "f32 with int8 weights (dynamic range)"),
+        ("int8", "int8"),
+    ],
+)
+def test_arm_xnnpack_every_precision(
+    convert_tiny: Callable[..., Any],
+    toolchain: toolchains.ToolchainStatus,
+    models: dict[str, Path],
+    precision: str,
+    computes: str,
+) -> None:
     b, progress = convert_tiny("arm-xnnpack", precision)
     m = b.manifest
     step = m["chain"][0]
@@ -107,14 +124,18 @@ def test_int8_details(convert_tiny: Callable[..., Any]) -> None:
 
 def test_coral_without_the_compiler(convert_tiny: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("edgetpu_compiler"):
-        pytest.skip("hardware: Edge TPU compiler present: edgetpu_compiler is on PATH here: test_coral_compiled covers this host")
+        pytest.skip(
+            "hardware: Edge TPU compiler present: edgetpu_compiler is on PATH here: test_coral_compiled covers this host"
+        )
     b, _ = convert_tiny("coral-edgetpu", "int8")
     m = b.manifest
     tflite_step, tpu_step = m["chain"]
     assert tflite_step["details"]["io_dtype"] == "uint8"
     assert tflite_step["details"]["cpu_parity"]["passed"]  # the gate where the Edge TPU itself cannot run
     assert tpu_step["details"]["edgetpu_compiled"] is False
-    assert tpu_step["details"]["finish_with"] == f"edgekit finish {b.path}"  # tests/backends/test_edgetpu_finish.py runs it
+    assert (
+        tpu_step["details"]["finish_with"] == f"edgekit finish {b.path}"
+    )  # tests/backends/test_edgetpu_finish.py runs it
     assert any("edgetpu_compiler is not on PATH" in n and f"`edgekit finish {b.path}`" in n for n in tpu_step["notes"])
     assert m["format"] == "tflite" and m["primary_artifact"] == "model.tflite"
     # the one gate: the Edge TPU is not here, so the same uint8 model ran on LiteRT's CPU fallback (host proxy)
@@ -131,8 +152,10 @@ def test_coral_without_the_compiler(convert_tiny: Callable[..., Any], monkeypatc
 
 def test_coral_compiled(convert_tiny: Callable[..., Any]) -> None:
     if not shutil.which("edgetpu_compiler"):
-        pytest.skip("hardware: no Edge TPU compiler: edgetpu_compiler is not on PATH (Google's Edge TPU compiler: x86-64 Linux only, from Coral's "
-                    "apt repository, not installable here)")
+        pytest.skip(
+            "hardware: no Edge TPU compiler: edgetpu_compiler is not on PATH (Google's Edge TPU compiler: x86-64 Linux only, from Coral's "
+            "apt repository, not installable here)"
+        )
     b, _ = convert_tiny("coral-edgetpu", "int8")
     d = b.manifest["chain"][1]["details"]
     assert d["edgetpu_compiled"] and d["tpu_ops"] > 0 and b.manifest["primary_artifact"] == "model_edgetpu.tflite"
@@ -154,17 +177,25 @@ def test_two_inputs_two_outputs(toolchain: toolchains.ToolchainStatus, models: d
     from edge.pipeline import convert
 
     b = convert(models["two_input"], "arm-xnnpack", tmp_path / "two")
-    assert b.manifest["parity"]["passed"] and [o["name"] for o in b.manifest["parity"]["outputs"]] == ["features",
-                                                                                                      "embedding"]
+    assert b.manifest["parity"]["passed"] and [o["name"] for o in b.manifest["parity"]["outputs"]] == [
+        "features",
+        "embedding",
+    ]
     io = json.loads((b.path / "model.io.json").read_text())
     assert [(t["name"], t["perm_onnx_to_tflite"]) for t in io["inputs"]] == [("image", [0, 2, 3, 1]), ("scale", [0, 1])]
     with b.open_runner() as r:
-        assert [t.name for t in r.inputs] == ["image", "scale"] and [t.name for t in r.outputs] == ["features", "embedding"]
+        assert [t.name for t in r.inputs] == ["image", "scale"] and [t.name for t in r.outputs] == [
+            "features",
+            "embedding",
+        ]
 
 
 def _onnx(path: Path, nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any] = ()) -> Path:
-    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
-                          opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     onnx.save(m, str(path))
     return path
 
@@ -174,43 +205,79 @@ def test_ops_tflite_cannot_express_are_named(toolchain: toolchains.ToolchainStat
 
     f = TensorProto.FLOAT
     # CastLike: onnx2tf has no translation (found before any conversion work, with every such node)
-    castlike = _onnx(tmp_path / "castlike.onnx",
-                     [helper.make_node("Relu", ["x"], ["r"], name="relu_0"),
-                      helper.make_node("CastLike", ["r", "like"], ["c"], name="castlike_0"),
-                      helper.make_node("CastLike", ["c", "like"], ["y"], name="castlike_1")],
-                     [helper.make_tensor_value_info("x", f, [1, 4])], [helper.make_tensor_value_info("y", f, [1, 4])],
-                     [numpy_helper.from_array(np.zeros((1,), np.float32), "like")])
-    with pytest.raises(ConversionError, match=r"^castlike\.onnx: target arm-xnnpack .*node 'castlike_0' \(CastLike\), "
-                                              r"node 'castlike_1' \(CastLike\) — CastLike: onnx2tf 1.29.24 has no"):
+    castlike = _onnx(
+        tmp_path / "castlike.onnx",
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu_0"),
+            helper.make_node("CastLike", ["r", "like"], ["c"], name="castlike_0"),
+            helper.make_node("CastLike", ["c", "like"], ["y"], name="castlike_1"),
+        ],
+        [helper.make_tensor_value_info("x", f, [1, 4])],
+        [helper.make_tensor_value_info("y", f, [1, 4])],
+        [numpy_helper.from_array(np.zeros((1,), np.float32), "like")],
+    )
+    with pytest.raises(
+        ConversionError,
+        match=r"^castlike\.onnx: target arm-xnnpack .*node 'castlike_0' \(CastLike\), "
+        r"node 'castlike_1' \(CastLike\) — CastLike: onnx2tf 1.29.24 has no",
+    ):
         convert(castlike, "arm-xnnpack", tmp_path / "b1", ConvertRequest(preprocess="none"))
     # Det: TensorFlow has it, TFLite's builtin op set does not (it would need Flex)
-    det = _onnx(tmp_path / "det.onnx", [helper.make_node("Det", ["x"], ["y"], name="det_0")],
-                [helper.make_tensor_value_info("x", f, [2, 3, 3])], [helper.make_tensor_value_info("y", f, [2])])
+    det = _onnx(
+        tmp_path / "det.onnx",
+        [helper.make_node("Det", ["x"], ["y"], name="det_0")],
+        [helper.make_tensor_value_info("x", f, [2, 3, 3])],
+        [helper.make_tensor_value_info("y", f, [2])],
+    )
     with pytest.raises(ConversionError, match=r"cannot express tf.MatrixDeterminant \(from ONNX node det_0 \(Det\)\)"):
         convert(det, "arm-xnnpack", tmp_path / "b2", ConvertRequest(preprocess="none"))
     assert not (tmp_path / "b1").exists() and not (tmp_path / "b2").exists()
 
 
-def test_calibration_problems_via_cli(toolchain: toolchains.ToolchainStatus, models: dict[str, Path],
-                                      tmp_path: Path) -> None:
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-p", "int8", "-o",
-                              str(tmp_path / "a")), "int8 for arm-xnnpack needs calibration data", "--calib")
+def test_calibration_problems_via_cli(
+    toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path: Path
+) -> None:
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-p", "int8", "-o", str(tmp_path / "a")),
+        "int8 for arm-xnnpack needs calibration data",
+        "--calib",
+    )
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "wrong.npy", np.zeros((4, 3, 16, 16), np.float32))
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-p", "int8", "--calib", str(calib),
-                              "-o", str(tmp_path / "b")), "wrong.npy", "shape [4, 3, 16, 16], expected [1, 3, 32, 32]")
+    assert_user_error(
+        run_cli(
+            "convert",
+            str(models["tiny"]),
+            "-t",
+            "arm-xnnpack",
+            "-p",
+            "int8",
+            "--calib",
+            str(calib),
+            "-o",
+            str(tmp_path / "b"),
+        ),
+        "wrong.npy",
+        "shape [4, 3, 16, 16], expected [1, 3, 32, 32]",
+    )
 
 
 # -- no toolchain needed -----------------------------------------------------------------
+
 
 def _request(models: dict[str, Path], tmp_path: Path, precision: str, samples: tuple[Any, ...] | None) -> Any:
     from edge.backends.converter import ConversionRequest
     from edge.graph.model import io_spec, load_onnx
 
     calib = None if samples is None else Calibration("test", "tensors", len(samples), samples)
-    return ConversionRequest(source=models["tiny"], workdir=tmp_path, precision=precision,
-                             io=io_spec(load_onnx(models["tiny"])), calibration=calib)
+    return ConversionRequest(
+        source=models["tiny"],
+        workdir=tmp_path,
+        precision=precision,
+        io=io_spec(load_onnx(models["tiny"])),
+        calibration=calib,
+    )
 
 
 def test_converter_checks_calibration_first(models: dict[str, Path], tmp_path: Path) -> None:
@@ -219,8 +286,11 @@ def test_converter_checks_calibration_first(models: dict[str, Path], tmp_path: P
     conv = OnnxToTFLite()
     with pytest.raises(CalibrationError, match="full-integer int8 TFLite needs calibration samples"):
         conv.convert(_request(models, tmp_path, "int8", None))
-    bad = ({"input": np.zeros((1, 3, 16, 16), np.float32)}, {"inp": np.zeros((1, 3, 32, 32), np.float32)},
-           {"input": np.zeros((1, 3, 32, 32), np.float64)})
+    bad = (
+        {"input": np.zeros((1, 3, 16, 16), np.float32)},
+        {"inp": np.zeros((1, 3, 32, 32), np.float32)},
+        {"input": np.zeros((1, 3, 32, 32), np.float64)},
+    )
     with pytest.raises(CalibrationError) as e:
         conv.convert(_request(models, tmp_path, "int8", bad))
     msg = str(e.value)  # every problem at once
@@ -261,11 +331,19 @@ def test_compiler_log_parsing() -> None:
     p = parse_compiler_log(COMPILER_LOG)
     assert p["compiler_version"] == "16.0.384591198"
     assert p["tpu_ops"] == 66 and p["cpu_ops"] == 2
-    assert {r["op"]: r["on"] for r in p["ops"]} == {"ADD": "tpu", "PAD": "tpu", "CONV_2D": "tpu",
-                                                    "DEPTHWISE_CONV_2D": "tpu", "MEAN": "cpu", "FULLY_CONNECTED": "cpu"}
+    assert {r["op"]: r["on"] for r in p["ops"]} == {
+        "ADD": "tpu",
+        "PAD": "tpu",
+        "CONV_2D": "tpu",
+        "DEPTHWISE_CONV_2D": "tpu",
+        "MEAN": "cpu",
+        "FULLY_CONNECTED": "cpu",
+    }
     # the compiler's stdout summary, when present, is what counts
-    summary = COMPILER_LOG + "Number of operations that will run on Edge TPU: 64\n" \
-                             "Number of operations that will run on CPU: 2\n"
+    summary = (
+        COMPILER_LOG + "Number of operations that will run on Edge TPU: 64\n"
+        "Number of operations that will run on CPU: 2\n"
+    )
     assert parse_compiler_log(summary)["tpu_ops"] == 64
 
 
@@ -292,17 +370,24 @@ def test_erf_and_paddle_node_names_convert(toolchain: toolchains.ToolchainStatus
     from edge.pipeline import convert
 
     f = TensorProto.FLOAT
-    c = {n: numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
-         (("inv_sqrt2", 0.70710678), ("one", 1.0), ("half", 0.5))}
-    model = _onnx(tmp_path / "gelu.onnx",
-                  [helper.make_node("Mul", ["x", "inv_sqrt2"], ["s"], name="Mul@0"),
-                   helper.make_node("Erf", ["s"], ["e"], name="Erf@0"),
-                   helper.make_node("Add", ["e", "one"], ["a"], name="Add@0"),
-                   helper.make_node("Mul", ["x", "a"], ["m"], name="Mul@1"),
-                   helper.make_node("Mul", ["m", "half"], ["g"], name="Mul@2"),
-                   helper.make_node("Softmax", ["g"], ["y"], name="Softmax@0", axis=-1)],
-                  [helper.make_tensor_value_info("x", f, [1, 64])], [helper.make_tensor_value_info("y", f, [1, 64])],
-                  list(c.values()))
+    c = {
+        n: numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("inv_sqrt2", 0.70710678), ("one", 1.0), ("half", 0.5))
+    }
+    model = _onnx(
+        tmp_path / "gelu.onnx",
+        [
+            helper.make_node("Mul", ["x", "inv_sqrt2"], ["s"], name="Mul@0"),
+            helper.make_node("Erf", ["s"], ["e"], name="Erf@0"),
+            helper.make_node("Add", ["e", "one"], ["a"], name="Add@0"),
+            helper.make_node("Mul", ["x", "a"], ["m"], name="Mul@1"),
+            helper.make_node("Mul", ["m", "half"], ["g"], name="Mul@2"),
+            helper.make_node("Softmax", ["g"], ["y"], name="Softmax@0", axis=-1),
+        ],
+        [helper.make_tensor_value_info("x", f, [1, 64])],
+        [helper.make_tensor_value_info("y", f, [1, 64])],
+        list(c.values()),
+    )
     b = convert(model, "arm-xnnpack", tmp_path / "b", ConvertRequest(preprocess="none"))
     assert b.manifest["parity"]["passed"], b.manifest["parity"]
     details = b.manifest["chain"][-1]["details"]

@@ -17,9 +17,9 @@ onnx = pytest.importorskip("onnx")
 
 from edge.backends.converter import ConversionRequest, ConversionResult  # noqa: E402
 from edge.backends.openvino.convert import OnnxToOpenVINO  # noqa: E402
-from edge.errors import CalibrationError, ConversionError, EdgeError, HardwareUnavailableError  # noqa: E402
 from edge.backends.openvino.format import disable_openvino_telemetry, ov_core  # noqa: E402
 from edge.backends.openvino.run import OpenVINORunner  # noqa: E402
+from edge.errors import CalibrationError, ConversionError, EdgeError, HardwareUnavailableError  # noqa: E402
 from edge.graph.samples import build_tiny_cnn, build_two_input_model  # noqa: E402
 from edge.spec import Calibration, IOSpec, TensorSpec  # noqa: E402
 
@@ -35,8 +35,9 @@ def io_spec(model_path: Path) -> IOSpec:
         return TensorSpec(v.name, dims, dtype)
 
     inits = {i.name for i in model.graph.initializer}
-    return IOSpec(tuple(spec(v) for v in model.graph.input if v.name not in inits),
-                  tuple(spec(v) for v in model.graph.output))
+    return IOSpec(
+        tuple(spec(v) for v in model.graph.input if v.name not in inits), tuple(spec(v) for v in model.graph.output)
+    )
 
 
 def random_feeds(io: IOSpec, n: int, seed: int) -> list[dict[str, np.ndarray]]:
@@ -48,12 +49,15 @@ def calibration(io: IOSpec, n: int = 16, seed: int = 1234) -> Calibration:
     return Calibration(source="random", kind="random", count=n, samples=tuple(random_feeds(io, n, seed)))
 
 
-def convert(src: Path, workdir: Path, precision: str, *, calib: Calibration | None = None,
-            options: dict | None = None) -> ConversionResult:
+def convert(
+    src: Path, workdir: Path, precision: str, *, calib: Calibration | None = None, options: dict | None = None
+) -> ConversionResult:
     workdir.mkdir(parents=True, exist_ok=True)
-    return OnnxToOpenVINO().convert(ConversionRequest(
-        source=src, workdir=workdir, precision=precision, io=io_spec(src), calibration=calib,
-        options=options or {}))
+    return OnnxToOpenVINO().convert(
+        ConversionRequest(
+            source=src, workdir=workdir, precision=precision, io=io_spec(src), calibration=calib, options=options or {}
+        )
+    )
 
 
 def ort_outputs(src: Path, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
@@ -122,8 +126,9 @@ def ir(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Conver
     return {
         "fp32": convert(tiny, base / "fp32", "fp32"),
         "fp16": convert(tiny, base / "fp16", "fp16"),
-        "int8": convert(tiny, base / "int8", "int8", calib=calibration(io_spec(tiny)),
-                        options={"nncf_preset": "performance"}),
+        "int8": convert(
+            tiny, base / "int8", "int8", calib=calibration(io_spec(tiny)), options={"nncf_preset": "performance"}
+        ),
     }
 
 
@@ -135,8 +140,13 @@ def test_converter_declarations() -> None:
     assert (OnnxToOpenVINO.source_format, OnnxToOpenVINO.target_format) == ("onnx", "openvino-ir")
     assert OnnxToOpenVINO.precisions == {"fp32", "fp16", "int8"}
     assert OnnxToOpenVINO.calibrated_precisions == {"int8"}
-    assert set(OnnxToOpenVINO.options) == {"nncf_preset", "nncf_subset_size", "nncf_overflow_fix", "mixed_precision",
-                                          "mixed_precision_trials"}
+    assert set(OnnxToOpenVINO.options) == {
+        "nncf_preset",
+        "nncf_subset_size",
+        "nncf_overflow_fix",
+        "mixed_precision",
+        "mixed_precision_trials",
+    }
     assert [r.name for r in OnnxToOpenVINO.requires] == ["openvino"]
     OnnxToOpenVINO.check_options({"nncf_preset": "mixed", "nncf_subset_size": 8})
     with pytest.raises(ConversionError, match="nncf_presets"):
@@ -154,8 +164,11 @@ def test_fp32_ir_is_really_fp32(ir: dict[str, ConversionResult], tiny: Path) -> 
     assert "f16" not in types and types.get("f32", 0) > 0, types
     assert res.details["weight_element_types"] == types
     # every fp32 initializer of the ONNX model is stored with 4 bytes per value
-    onnx_weight_bytes = sum(onnx.numpy_helper.to_array(i).nbytes for i in onnx.load(str(tiny)).graph.initializer
-                            if i.data_type == onnx.TensorProto.FLOAT)
+    onnx_weight_bytes = sum(
+        onnx.numpy_helper.to_array(i).nbytes
+        for i in onnx.load(str(tiny)).graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT
+    )
     assert res.files[1].stat().st_size >= 0.95 * onnx_weight_bytes
 
 
@@ -216,7 +229,9 @@ def test_int8_two_inputs(tmp_path: Path) -> None:
         assert [t.name for t in r.inputs] == ["image", "scale"]
         assert [t.name for t in r.outputs] == ["features", "embedding"]
         got = run_all(r, feeds)
-    assert global_cosine(got, ort_outputs(src, feeds)) > 0.95  # measured 0.976 (8 samples); 0.930-0.995 over 4x3 other seeds
+    assert (
+        global_cosine(got, ort_outputs(src, feeds)) > 0.95
+    )  # measured 0.976 (8 samples); 0.930-0.995 over 4x3 other seeds
 
 
 def test_int8_without_calibration_is_a_calibration_error(tiny: Path, tmp_path: Path) -> None:
@@ -246,8 +261,7 @@ def test_broken_model_is_a_conversion_error_naming_the_file(tmp_path: Path, tiny
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"this is not an onnx model")
     with pytest.raises(ConversionError) as e:
-        OnnxToOpenVINO().convert(ConversionRequest(source=bad, workdir=tmp_path, precision="fp32",
-                                                   io=io_spec(tiny)))
+        OnnxToOpenVINO().convert(ConversionRequest(source=bad, workdir=tmp_path, precision="fp32", io=io_spec(tiny)))
     assert str(bad) in str(e.value)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from edge.backends.openvino.run import PRECISION_PROPERTIES
 from edge.pipeline import convert
-from tests.next_models import int8_weight_encoder
 from edge.pipeline.request import ConvertRequest
+from tests.next_models import int8_weight_encoder
 
 pytest.importorskip("openvino")
 
@@ -18,7 +18,9 @@ pytest.importorskip("openvino")
 def test_an_fp32_bundle_of_an_int8_weight_encoder_computes_in_fp32(tmp_path: Path) -> None:
     """Before: the CPU plugin quantized the MatMul activations in groups of 32 while reporting f32, and the fp32
     bundle was refused ('mean cosine 0.9961 < 0.99999'); with DYNAMIC_QUANTIZATION_GROUP_SIZE 0 it is exact."""
-    b = convert(int8_weight_encoder(tmp_path / "enc.onnx"), "intel-igpu", tmp_path / "out", ConvertRequest(precision="fp32"))
+    b = convert(
+        int8_weight_encoder(tmp_path / "enc.onnx"), "intel-igpu", tmp_path / "out", ConvertRequest(precision="fp32")
+    )
     par = b.manifest["parity"]
     assert b.precision == "fp32" and par["passed"] is True
     [o] = par["outputs"]

@@ -27,15 +27,14 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import pytest
 
+from edge.backends.runner import RUNNERS, Runner
 from edge.bundle.bundle import Bundle
 from edge.capabilities import current_host
-from edge.pipeline import conversion_problems, convert, runnable_here
 from edge.errors import EdgeError
-from edge.backends.runner import RUNNERS
-from edge.backends.runner import Runner
+from edge.pipeline import conversion_problems, convert, runnable_here
+from edge.pipeline.request import ConvertRequest
 from edge.spec import TensorSpec
 from edge.targets import TargetProfile, load_targets
-from edge.pipeline.request import ConvertRequest
 
 RUNNER_NAMES = RUNNERS.names()
 _HARDWARE_KINDS = ("os", "arch", "nvidia-gpu")
@@ -88,20 +87,31 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path], tmp_path_facto
     _skip_unavailable(name, tmp)
     candidates = _candidates(name)
     if not candidates:
-        pytest.fail(f"runner {name!r} is registered but no target profile uses it: ship one (targets/*.toml) "
-                    "so the contract suite can build a bundle for it")
+        pytest.fail(
+            f"runner {name!r} is registered but no target profile uses it: ship one (targets/*.toml) "
+            "so the contract suite can build a bundle for it"
+        )
     target, llm = candidates[0]
     if llm:
         from edge.llm.samples import build_tiny_llama
 
         precision = "q8_0" if "q8_0" in target.llm.precisions else target.llm.default_precision
-        bundle = convert(build_tiny_llama(tmp / "tiny-f16.gguf"), target, tmp / "bundle", ConvertRequest(precision=precision))
+        bundle = convert(
+            build_tiny_llama(tmp / "tiny-f16.gguf"), target, tmp / "bundle", ConvertRequest(precision=precision)
+        )
     else:
         blocked = runnable_here(target) or "; ".join(conversion_problems(target))
         if blocked:
-            pytest.skip(f"runner {name!r}: no target using it converts and runs on this host ({target.name}: {blocked})")
+            pytest.skip(
+                f"runner {name!r}: no target using it converts and runs on this host ({target.name}: {blocked})"
+            )
         precision = "fp32" if "fp32" in target.precisions else target.default_precision
-        bundle = convert(models["two_input"], target, tmp / "bundle", ConvertRequest(precision=precision, preprocess="none", calib=None if precision == "fp32" else "random"))
+        bundle = convert(
+            models["two_input"],
+            target,
+            tmp / "bundle",
+            ConvertRequest(precision=precision, preprocess="none", calib=None if precision == "fp32" else "random"),
+        )
     assert bundle.manifest["runner"]["name"] == name
     return Case(name, target, bundle)
 
@@ -113,6 +123,7 @@ def runner(case: Case) -> Iterator[Runner]:
 
 
 # -- feeds built from a spec ------------------------------------------------------------------
+
 
 def _concrete(shape: tuple[int | str, ...]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d > 0 else _DYNAMIC_DIM for d in shape)
@@ -161,8 +172,8 @@ def _check_outputs(out: Mapping[str, np.ndarray], specs: tuple[TensorSpec, ...])
         assert isinstance(y, np.ndarray), (t.name, type(y))
         assert y.dtype == np.dtype(t.dtype), f"output {t.name!r}: dtype {y.dtype}, declared {t.dtype}"
         assert len(y.shape) == len(t.shape) and all(
-            not (isinstance(d, int) and d > 0) or g == d for g, d in zip(y.shape, t.shape)), \
-            f"output {t.name!r}: shape {y.shape}, declared {t.shape}"
+            not (isinstance(d, int) and d > 0) or g == d for g, d in zip(y.shape, t.shape)
+        ), f"output {t.name!r}: shape {y.shape}, declared {t.shape}"
         if y.dtype.kind == "f":
             assert np.isfinite(y).all(), t.name
 
@@ -170,13 +181,16 @@ def _check_outputs(out: Mapping[str, np.ndarray], specs: tuple[TensorSpec, ...])
 # -- what the runtime itself says, beside what info says (optional, per runner) ----------------
 # Private handles on purpose: these ask the runtime directly instead of trusting the runner.
 
+
 def _ort_view(r: Any) -> dict[str, str]:
     return {"device_used": r._session.get_providers()[0]}
 
 
 def _openvino_view(r: Any) -> dict[str, str]:
-    return {"device_used": ",".join(r._compiled.get_property("EXECUTION_DEVICES")),
-            "precision_used": r._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()}
+    return {
+        "device_used": ",".join(r._compiled.get_property("EXECUTION_DEVICES")),
+        "precision_used": r._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
+    }
 
 
 def _litert_view(r: Any) -> dict[str, str]:
@@ -193,7 +207,10 @@ def _llamacpp_view(r: Any) -> dict[str, str]:
 
 
 RUNTIME_VIEW: dict[str, Callable[[Any], dict[str, str]]] = {
-    "onnxruntime": _ort_view, "openvino": _openvino_view, "litert": _litert_view, "llama.cpp": _llamacpp_view,
+    "onnxruntime": _ort_view,
+    "openvino": _openvino_view,
+    "litert": _litert_view,
+    "llama.cpp": _llamacpp_view,
 }
 
 
@@ -211,6 +228,7 @@ def _fp32_computes_in(case: Case, runner: Any) -> str:
 
 
 # -- the contract -----------------------------------------------------------------------------
+
 
 def test_loads_and_reports_device_and_precision(case: Case, runner: Runner) -> None:
     assert isinstance(runner, Runner) and runner.name == case.runner

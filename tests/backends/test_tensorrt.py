@@ -12,25 +12,41 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from edge.agent.tegrastats import parse_nvpmodel, parse_nvpmodel_conf, parse_tegrastats, read_nvpmodel
+from edge.backends.converter import CONVERTERS, ConversionRequest
+from edge.backends.runner import RUNNERS
+from edge.backends.tensorrt.convert import (
+    BUILD_FILE,
+    OnnxToTensorRTPlan,
+    check_symmetric_qdq,
+    compatibility_report,
+    fold_graph,
+)
+from edge.backends.tensorrt.run import (
+    FALLBACK_LABEL,
+    TensorRTRunner,
+    cache_decision,
+    default_cache_dir,
+    engine_key,
+    engine_path,
+    key_changes,
+    missing_here,
+    store_engine,
+)
 from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
-from edge.backends.converter import CONVERTERS, ConversionRequest
-from edge.backends.tensorrt.convert import (BUILD_FILE, OnnxToTensorRTPlan, check_symmetric_qdq, compatibility_report,
-                                           fold_graph)
 from edge.errors import ConversionError, HardwareUnavailableError, MissingDependencyError
 from edge.graph.model import io_spec, load_onnx
-from edge.verify.parity import reference_outputs
-from edge.backends.runner import RUNNERS
-from edge.backends.tensorrt.run import (FALLBACK_LABEL, TensorRTRunner, cache_decision, default_cache_dir, engine_key,
-                                   engine_path, key_changes, missing_here, store_engine)
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.verify.parity import reference_outputs
 
 TRT_MISSING = missing_here()
-needs_trt = pytest.mark.skipif(bool(TRT_MISSING), reason="hardware: no NVIDIA GPU/TensorRT: TensorRT engine build needs: " + "; ".join(TRT_MISSING))
+needs_trt = pytest.mark.skipif(
+    bool(TRT_MISSING), reason="hardware: no NVIDIA GPU/TensorRT: TensorRT engine build needs: " + "; ".join(TRT_MISSING)
+)
 
 
 def test_registered() -> None:
@@ -45,7 +61,12 @@ def fp16_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def int8_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    return convert(models["tiny"], "jetson-orin", tmp_path_factory.mktemp("trt") / "b8", ConvertRequest(precision="int8", calib="random"))
+    return convert(
+        models["tiny"],
+        "jetson-orin",
+        tmp_path_factory.mktemp("trt") / "b8",
+        ConvertRequest(precision="int8", calib="random"),
+    )
 
 
 def test_fp16_bundle_is_fp32_onnx_plus_build_settings(fp16_bundle: Bundle) -> None:
@@ -89,9 +110,12 @@ def test_unsupported_ops_are_reported_and_refused(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    g = helper.make_graph([helper.make_node("Unique", ["x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
-                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"])])
+    g = helper.make_graph(
+        [helper.make_node("Unique", ["x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"])],
+    )
     path = tmp_path / "u.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     rep = compatibility_report(path, lint=False)
@@ -101,8 +125,9 @@ def test_unsupported_ops_are_reported_and_refused(tmp_path: Path) -> None:
         OnnxToTensorRTPlan().convert(ConversionRequest(path, tmp_path / "out", "fp16", io, options={"lint": False}))
 
 
-def test_fold_without_graphsurgeon_uses_onnxruntime(models: dict[str, Path], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fold_without_graphsurgeon_uses_onnxruntime(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "onnx_graphsurgeon", None)  # import fails
     rec = fold_graph(models["tiny"], tmp_path / "f.onnx")
     assert rec["graphsurgeon"] is False and "onnxruntime" in rec["tool"] and "not installed" in rec["why"]
@@ -113,15 +138,18 @@ def test_fold_without_graphsurgeon_uses_onnxruntime(models: dict[str, Path], tmp
 
 # -- engine cache keys ----------------------------------------------------------------------
 
+
 def test_engine_key_parts_and_paths(tmp_path: Path) -> None:
     k = engine_key("10.3.0", "Orin  (nvgpu)", (8, 7), "fp16", "m-jetson-orin-fp16-abc")
     assert k.compute_capability == "8.7" and k.gpu_name == "Orin (nvgpu)"
     assert engine_key("10.3.0", "Orin (nvgpu)", "8.7", "fp16", "m-jetson-orin-fp16-abc") == k
-    variants = [engine_key("8.6.2", "Orin (nvgpu)", "8.7", "fp16", k.bundle_id),
-                engine_key("10.3.0", "NVIDIA H100", "8.7", "fp16", k.bundle_id),
-                engine_key("10.3.0", "Orin (nvgpu)", "9.0", "fp16", k.bundle_id),
-                engine_key("10.3.0", "Orin (nvgpu)", "8.7", "int8", k.bundle_id),
-                engine_key("10.3.0", "Orin (nvgpu)", "8.7", "fp16", "other")]
+    variants = [
+        engine_key("8.6.2", "Orin (nvgpu)", "8.7", "fp16", k.bundle_id),
+        engine_key("10.3.0", "NVIDIA H100", "8.7", "fp16", k.bundle_id),
+        engine_key("10.3.0", "Orin (nvgpu)", "9.0", "fp16", k.bundle_id),
+        engine_key("10.3.0", "Orin (nvgpu)", "8.7", "int8", k.bundle_id),
+        engine_key("10.3.0", "Orin (nvgpu)", "8.7", "fp16", "other"),
+    ]
     assert len({v.digest for v in variants} | {k.digest}) == 6
     assert engine_path(tmp_path, k).parent.name == k.bundle_id and engine_path(tmp_path, k).suffix == ".engine"
     assert key_changes(k.to_json(), variants[0]) == ["tensorrt_version: '10.3.0' -> '8.6.2'"]
@@ -154,6 +182,7 @@ def test_default_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 # -- runner: clear error, or a labelled CPU fallback ---------------------------------------
 
+
 @pytest.mark.skipif(not TRT_MISSING, reason="hardware: TensorRT + GPU present: this host has TensorRT and a GPU")
 def test_runner_names_what_is_missing(fp16_bundle: Bundle) -> None:
     with pytest.raises((HardwareUnavailableError, MissingDependencyError)) as e:
@@ -173,7 +202,9 @@ def test_cpu_fallback_runs_and_says_so_everywhere(int8_bundle: Bundle) -> None:
         assert y["logits"].shape == (1, 10)
     ref = reference_outputs(int8_bundle.artifact, [x])[0]["logits"]
     np.testing.assert_allclose(y["logits"], ref, rtol=1e-5, atol=1e-5)  # the same ONNX, the same kernels
-    rep = run_benchmark(lambda: int8_bundle.open_runner({"allow_cpu_fallback": True}), BenchOptions(iterations=5, warmup=1))
+    rep = run_benchmark(
+        lambda: int8_bundle.open_runner({"allow_cpu_fallback": True}), BenchOptions(iterations=5, warmup=1)
+    )
     assert FALLBACK_LABEL in rep.runner["fallback"] and FALLBACK_LABEL in rep.runner["device_used"]
 
 
@@ -198,12 +229,14 @@ def test_engine_builds_once_then_is_reused(fp16_bundle: Bundle, tmp_path: Path) 
 
 # -- CLI: convert and deploy for the Orin from this host -----------------------------------
 
+
 def test_cli_convert_and_deploy_jetson(models: dict[str, Path], tmp_path: Path) -> None:
     p = run_cli("convert", str(models["tiny"]), "--target", "jetson-orin", "-o", str(tmp_path / "b"))
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "b" / BUILD_FILE).is_file()
-    p = run_cli("deploy", str(models["tiny"]), "--target", "jetson-orin", "--device", str(tmp_path / "dev"),
-                cwd=tmp_path)
+    p = run_cli(
+        "deploy", str(models["tiny"]), "--target", "jetson-orin", "--device", str(tmp_path / "dev"), cwd=tmp_path
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     out = " ".join(p.stdout.split())
     assert "not benchmarked" in out and "shipped" in out
@@ -217,19 +250,19 @@ def test_cli_convert_and_deploy_jetson(models: dict[str, Path], tmp_path: Path) 
 # Written from the documented tegrastats formats (L4T 32 / JetPack 4, L4T 35 / JetPack 5, L4T 36 / JetPack 6).
 TEGRA = {
     "agx_xavier_jp4": "RAM 2718/15692MB (lfb 2948x4MB) SWAP 0/7846MB (cached 0MB) CPU [3%@1190,2%@1190,1%@1190,"
-                      "off,off,off,off,off] EMC_FREQ 1%@2133 GR3D_FREQ 0%@1377 APE 150 MTS fg 0% bg 0% "
-                      "AO@41.5C GPU@40C Tdiode@43.75C PMIC@100C AUX@40C CPU@41.5C thermal@40.75C Tboard@40C "
-                      "GPU 0/0 CPU 155/155 SOC 931/931 CV 0/0 VDDRQ 155/155 SYS5V 2132/2132",
+    "off,off,off,off,off] EMC_FREQ 1%@2133 GR3D_FREQ 0%@1377 APE 150 MTS fg 0% bg 0% "
+    "AO@41.5C GPU@40C Tdiode@43.75C PMIC@100C AUX@40C CPU@41.5C thermal@40.75C Tboard@40C "
+    "GPU 0/0 CPU 155/155 SOC 931/931 CV 0/0 VDDRQ 155/155 SYS5V 2132/2132",
     "orin_nano_jp5": "RAM 1913/7620MB (lfb 1x4MB) SWAP 0/3810MB (cached 0MB) CPU [2%@729,1%@729,0%@729,0%@729,"
-                     "off,off] EMC_FREQ 1%@2133 GR3D_FREQ 37%@[624] NVENC off NVDEC off NVJPG off NVJPG1 off "
-                     "VIC off OFA off APE 200 cpu@48.125C soc2@46.062C soc0@46.875C gpu@47.5C tj@48.125C "
-                     "soc1@46.187C VDD_IN 5079mW/5079mW VDD_CPU_GPU_CV 1074mW/1074mW VDD_SOC 1552mW/1552mW",
+    "off,off] EMC_FREQ 1%@2133 GR3D_FREQ 37%@[624] NVENC off NVDEC off NVJPG off NVJPG1 off "
+    "VIC off OFA off APE 200 cpu@48.125C soc2@46.062C soc0@46.875C gpu@47.5C tj@48.125C "
+    "soc1@46.187C VDD_IN 5079mW/5079mW VDD_CPU_GPU_CV 1074mW/1074mW VDD_SOC 1552mW/1552mW",
     "agx_orin_jp6": "11-04-2024 10:12:01 RAM 5120/62841MB (lfb 13x4MB) SWAP 0/31420MB (cached 0MB) CPU [12%@2201,"
-                    "8%@2201,5%@2201,4%@2201,0%@2201,0%@2201,1%@2201,0%@2201,3%@2201,2%@2201,0%@2201,0%@2201] "
-                    "EMC_FREQ 14%@3199 GR3D_FREQ 88%@[1300,1300] NVDEC 1164 NVDLA0 1600 NVDLA1 off "
-                    "VIC_FREQ 12%@729 APE 174 CV0@-256C CPU@55.2C Tboard@38C SOC2@51.9C Tdiode@41.25C "
-                    "SOC0@52.1C CV1@-256C GPU@58.7C tj@58.7C SOC1@51.5C CV2@-256C VDD_GPU_SOC 14321mW/12873mW "
-                    "VDD_CPU_CV 2386mW/2201mW VIN_SYS_5V0 5930mW/5873mW VDDQ_VDD2_1V8AO 1203mW/1187mW",
+    "8%@2201,5%@2201,4%@2201,0%@2201,0%@2201,1%@2201,0%@2201,3%@2201,2%@2201,0%@2201,0%@2201] "
+    "EMC_FREQ 14%@3199 GR3D_FREQ 88%@[1300,1300] NVDEC 1164 NVDLA0 1600 NVDLA1 off "
+    "VIC_FREQ 12%@729 APE 174 CV0@-256C CPU@55.2C Tboard@38C SOC2@51.9C Tdiode@41.25C "
+    "SOC0@52.1C CV1@-256C GPU@58.7C tj@58.7C SOC1@51.5C CV2@-256C VDD_GPU_SOC 14321mW/12873mW "
+    "VDD_CPU_CV 2386mW/2201mW VIN_SYS_5V0 5930mW/5873mW VDDQ_VDD2_1V8AO 1203mW/1187mW",
 }
 
 
@@ -255,7 +288,7 @@ NVPMODEL_Q = {
     "jp5_warn": "NVPM WARN: fan mode is not set!\nNV Power Mode: 15W\n0\n",
     "jp6": "NV Power Mode: MAXN\n0\n",
     "verbose": "NVPM VERB: Config file: /etc/nvpmodel.conf\nNVPM VERB: parsing done for /etc/nvpmodel.conf\n"
-               "NVPM VERB: Current mode: NV Power Mode: 7W\n1\n",
+    "NVPM VERB: Current mode: NV Power Mode: 7W\n1\n",
 }
 
 
@@ -269,7 +302,10 @@ def test_nvpmodel_power_mode(tmp_path: Path) -> None:
     assert parse_nvpmodel_conf(conf) == {0: "15W", 1: "7W"}
     (tmp_path / "status").write_text("pmode:0001 fmode:quiet\n")
     (tmp_path / "nvpmodel.conf").write_text(conf)
-    got = read_nvpmodel(command="no-such-nvpmodel-binary", status_file=str(tmp_path / "status"),
-                        conf_file=str(tmp_path / "nvpmodel.conf"))
+    got = read_nvpmodel(
+        command="no-such-nvpmodel-binary",
+        status_file=str(tmp_path / "status"),
+        conf_file=str(tmp_path / "nvpmodel.conf"),
+    )
     assert got == {"mode_id": 1, "mode_name": "7W", "source": str(tmp_path / "status")}
     assert read_nvpmodel(command="no-such-nvpmodel-binary", status_file=str(tmp_path / "none")) is None

@@ -16,18 +16,22 @@ def load(cpus: int, others: float) -> CpuLoad:
     return CpuLoad(cpus=cpus, others=others, load_1m=None, method="given")
 
 
-@pytest.mark.parametrize(("cpus", "others", "reserve", "threads", "shared"), [
-    (2, 0.0, 0.0, 2, False),                       # idle: every core
-    (2, 1.0, 0.0, 1, True),                        # one core busy elsewhere: the one left
-    (2, 0.0, 3 * PIPELINE_STAGE_CPUS, 2, True),    # idle, the video pipeline's three stages beside it
-    (2, 1.0, 3 * PIPELINE_STAGE_CPUS, 1, True),    # one core busy and the pipeline: still one thread
-    (2, 2.0, 0.0, 1, True),                        # all busy: at least one
-    (2, 0.2, 3 * PIPELINE_STAGE_CPUS, 2, True),    # a little background load beside the pipeline: still both
-    (8, 2.6, 0.45, 5, True),
-    (4, 0.1, 0.0, 4, False),                       # a little noise is not a busy core
-])
-def test_policy_leaves_what_shares_the_cpus(cpus: int, others: float, reserve: float, threads: int,
-                                            shared: bool) -> None:
+@pytest.mark.parametrize(
+    ("cpus", "others", "reserve", "threads", "shared"),
+    [
+        (2, 0.0, 0.0, 2, False),  # idle: every core
+        (2, 1.0, 0.0, 1, True),  # one core busy elsewhere: the one left
+        (2, 0.0, 3 * PIPELINE_STAGE_CPUS, 2, True),  # idle, the video pipeline's three stages beside it
+        (2, 1.0, 3 * PIPELINE_STAGE_CPUS, 1, True),  # one core busy and the pipeline: still one thread
+        (2, 2.0, 0.0, 1, True),  # all busy: at least one
+        (2, 0.2, 3 * PIPELINE_STAGE_CPUS, 2, True),  # a little background load beside the pipeline: still both
+        (8, 2.6, 0.45, 5, True),
+        (4, 0.1, 0.0, 4, False),  # a little noise is not a busy core
+    ],
+)
+def test_policy_leaves_what_shares_the_cpus(
+    cpus: int, others: float, reserve: float, threads: int, shared: bool
+) -> None:
     plan = plan_threads(0, None, reserve=reserve, load=load(cpus, others))
     assert (plan.threads, plan.spinning, plan.shared) == (threads, False, shared)
     assert (plan.threads_from, plan.spinning_from) == ("policy", "policy")

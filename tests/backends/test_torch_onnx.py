@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import torch_models
+
 from edge.backends.converter import CONVERTERS, ConversionRequest, ConversionResult
 from edge.backends.coreml.convert import TorchToCoreML
 from edge.backends.onnxruntime.from_torch import DEFAULT_OPSET, PARITY_SAMPLES, PARITY_SEED, TorchToOnnx
@@ -35,8 +35,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _convert(source: Path, workdir: Path, *inputs: TensorSpec, **kwargs: Any) -> ConversionResult:
     workdir.mkdir(parents=True, exist_ok=True)
     return CONVERTERS.get("torch->onnx")().convert(
-        ConversionRequest(source=source, workdir=workdir, precision=kwargs.pop("precision", "fp32"),
-                          io=IOSpec(tuple(inputs), ()), **kwargs))
+        ConversionRequest(
+            source=source,
+            workdir=workdir,
+            precision=kwargs.pop("precision", "fp32"),
+            io=IOSpec(tuple(inputs), ()),
+            **kwargs,
+        )
+    )
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -64,6 +70,7 @@ def _assert_onnxruntime_matches_reference(result: ConversionResult) -> list[str]
 
 # -- no toolchain needed -------------------------------------------------------------------------
 
+
 def test_registered_beside_torch_to_coreml() -> None:
     assert CONVERTERS.get("torch->onnx") is TorchToOnnx
     assert TorchToOnnx.source_format == TorchToCoreML.source_format == "torchscript"
@@ -87,6 +94,7 @@ def test_refusals_before_any_work(tmp_path: Path) -> None:
 
 
 # -- in the toolchain ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name,kind", [("tiny.pt", "torchscript"), ("tiny.pt2", "exported_program")])
 def test_torch_to_onnx_matches_the_reference(built: Path, tmp_path: Path, name: str, kind: str) -> None:
@@ -126,17 +134,30 @@ def test_two_inputs_two_outputs_calibration_and_opset(built: Path, tmp_path: Pat
 
     scale, image = TensorSpec("scale", (1, 4), "float32"), TensorSpec("image", (1, 3, 16, 16), "float32", "NCHW")
     rng = np.random.default_rng(7)
-    samples = tuple({"image": rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
-                     "scale": rng.uniform(0.5, 1.5, (1, 4)).astype(np.float32)} for _ in range(10))
-    r = _convert(built / name, tmp_path, scale, image, options={"opset": 13},
-                 calibration=Calibration("calib-dir", "tensors", len(samples), samples))
+    samples = tuple(
+        {
+            "image": rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
+            "scale": rng.uniform(0.5, 1.5, (1, 4)).astype(np.float32),
+        }
+        for _ in range(10)
+    )
+    r = _convert(
+        built / name,
+        tmp_path,
+        scale,
+        image,
+        options={"opset": 13},
+        calibration=Calibration("calib-dir", "tensors", len(samples), samples),
+    )
     assert sorted(_assert_onnxruntime_matches_reference(r)) == ["output_0", "output_1"]
     m = onnx.load(str(r.artifact))
     assert [i.name for i in m.graph.input] == ["image", "scale"]
     assert next(o.version for o in m.opset_import if o.domain == "") == 13 and r.details["opset"] == 13
     assert r.details["io_names"]["inputs"] == ["image", "scale"]
-    assert [(o["name"], o["shape"]) for o in r.details["onnx_check"]["io"]["outputs"]] == \
-        [("output_0", [1, 4, 16, 16]), ("output_1", [1, 4])]
+    assert [(o["name"], o["shape"]) for o in r.details["onnx_check"]["io"]["outputs"]] == [
+        ("output_0", [1, 4, 16, 16]),
+        ("output_1", [1, 4]),
+    ]
     tr = r.details["torch_reference"]
     assert tr["inputs"] == "calibration" and tr["seed"] is None and tr["samples"] == PARITY_SAMPLES
     np.testing.assert_array_equal(r.reference[0][5]["scale"], samples[5]["scale"])  # type: ignore[index]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from edge.bundle.bundle import Bundle, bundle_id, staging_dir
-from edge.pipeline import convert
-from edge.errors import BundleError, ManifestError
 from edge.bundle.schema import ID, Manifest
 from edge.bundle.typedjson import to_json
+from edge.errors import BundleError, ManifestError
+from edge.pipeline import convert
 
 
 @pytest.fixture
@@ -42,8 +42,9 @@ def test_missing_artifact_is_refused(bundle: Bundle) -> None:
         Bundle.open(bundle.path)
 
 
-@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../x", "./model.onnx", "a//b", ".hidden",
-                                  "-rf", "a\\b", ""])
+@pytest.mark.parametrize(
+    "path", ["../outside", "/etc/passwd", "a/../../x", "./model.onnx", "a//b", ".hidden", "-rf", "a\\b", ""]
+)
 def test_artifact_path_cannot_escape(bundle: Bundle, path: str) -> None:
     m = bundle.manifest
     m["artifacts"].append({"path": path, "sha256": "0" * 64, "bytes": 1})
@@ -139,7 +140,10 @@ def test_staging_leaves_nothing_on_failure_and_keeps_the_old(tmp_path: Path) -> 
 def test_record_keeps_bundle_valid(bundle: Bundle) -> None:
     from edge.bench import BenchOptions, run_benchmark
 
-    report = run_benchmark(bundle.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=bundle.id, target=bundle.target)).to_json()
+    report = run_benchmark(
+        bundle.open_runner,
+        BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=bundle.id, target=bundle.target),
+    ).to_json()
     bundle.record("benchmark", report)
     again = Bundle.open(bundle.path)
     assert again.manifest["benchmark"] == report and again.info.benchmark.latency.count == 3  # type: ignore[union-attr]

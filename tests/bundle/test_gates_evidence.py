@@ -39,9 +39,14 @@ def _copy(built: Bundle, tmp_path: Path, change: Any) -> Bundle:
     return Bundle.open(d)
 
 
-@pytest.mark.parametrize("skipped", ["needs the device's accelerator",
-                                     f"{SKIP_RUNNER_NOT_HERE}needs the device's accelerator (CPU)",
-                                     SKIP_NO_REFERENCE])
+@pytest.mark.parametrize(
+    "skipped",
+    [
+        "needs the device's accelerator",
+        f"{SKIP_RUNNER_NOT_HERE}needs the device's accelerator (CPU)",
+        SKIP_NO_REFERENCE,
+    ],
+)
 def test_parity_replaced_by_a_skipped_record_is_refused(built: Bundle, tmp_path: Path, skipped: str) -> None:
     b = _copy(built, tmp_path, lambda m: m.update(parity={"passed": None, "skipped": skipped}))
     for accept in (False, True):  # accepting a parity failure is not accepting an edited record
@@ -69,10 +74,13 @@ def test_renamed_outputs_must_be_the_models_own(built: Bundle, tmp_path: Path) -
 
 def _benchmarked(built: Bundle, tmp_path: Path, change: Any) -> Bundle:
     """A real benchmark recorded as a slow device would (p99 far over the x86-cpu budget), then edited."""
-    rep = run_benchmark(built.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=16.67, bundle=built.id, target=built.target))
+    rep = run_benchmark(
+        built.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=16.67, bundle=built.id, target=built.target)
+    )
     bench = {**rep.to_json(), "on_target_device": True}
-    bench["latency"] = {k: (v * 1e5 if isinstance(v, float) and k.endswith("_ms") else v)
-                        for k, v in bench["latency"].items()}
+    bench["latency"] = {
+        k: (v * 1e5 if isinstance(v, float) and k.endswith("_ms") else v) for k, v in bench["latency"].items()
+    }
     bench["verdict"] = "fail"
 
     def edit(m: dict[str, Any]) -> None:
@@ -96,19 +104,26 @@ def test_another_device_class_claim_is_recomputed(built: Bundle, tmp_path: Path)
     def claim(reason: str) -> Any:
         return lambda b: b.update(on_target_device=False, device_class={"same": False, "reason": reason})
 
-    this_class = _benchmarked(built, tmp_path / "a", claim(
-        "different device class: this host is linux/x86_64; x86-cpu's devices are linux x86_64"))
+    this_class = _benchmarked(
+        built,
+        tmp_path / "a",
+        claim("different device class: this host is linux/x86_64; x86-cpu's devices are linux x86_64"),
+    )
     with pytest.raises(DeployError, match="it is one of x86-cpu's"):
         ship(this_class, tmp_path / "dev")
     invented = _benchmarked(built, tmp_path / "b", claim("benchmarked on a laptop"))
     with pytest.raises(DeployError, match="names no fallback"):
         ship(invented, tmp_path / "dev")
-    fallback = _benchmarked(built, tmp_path / "c", claim(
-        "different device class: the runner used its fallback, not CPU (x)"))
+    fallback = _benchmarked(
+        built, tmp_path / "c", claim("different device class: the runner used its fallback, not CPU (x)")
+    )
     with pytest.raises(DeployError, match="runner.fallback is empty"):
         ship(fallback, tmp_path / "dev")
-    elsewhere = _benchmarked(built, tmp_path / "d", claim(
-        "different device class: this host is linux/riscv64; x86-cpu's devices are linux x86_64"))
+    elsewhere = _benchmarked(
+        built,
+        tmp_path / "d",
+        claim("different device class: this host is linux/riscv64; x86-cpu's devices are linux x86_64"),
+    )
     check_gates(elsewhere.info)  # a judgement the code could have made on another machine: indicative only
 
 

@@ -21,15 +21,33 @@ from hypothesis import strategies as st
 
 from edge.bench import BenchOptions, run_benchmark
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.errors import BudgetError, BundleError, DeployError, ManifestError
+from edge.pipeline import convert
 from edge.verify.gates import check_gates
-
 from tests.conftest import assert_user_error, run_cli
 
 DEEP = "\x00deep\x00"  # placeholder replaced by thousands of brackets after json.dumps
-BAD_TEXT = ["", ".", "..", "./../../..", "../x", "/etc/passwd", "x$(id>PWNED)", "-rf", "a b", "a/b", "\u202e",
-            "[/x]", "x" * 200, "x" * 70000, "libedgetpu.so.1", "/tmp/libevil.so", "\x00", "0" * 64, "NaN"]
+BAD_TEXT = [
+    "",
+    ".",
+    "..",
+    "./../../..",
+    "../x",
+    "/etc/passwd",
+    "x$(id>PWNED)",
+    "-rf",
+    "a b",
+    "a/b",
+    "\u202e",
+    "[/x]",
+    "x" * 200,
+    "x" * 70000,
+    "libedgetpu.so.1",
+    "/tmp/libevil.so",
+    "\x00",
+    "0" * 64,
+    "NaN",
+]
 HUGE = [2**53 + 1, -(2**63), 10**300, 10**400, 1e308, -1e308, 1.5, -1, 0, 2**31]
 
 
@@ -41,7 +59,9 @@ def bases(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     b = convert(models["tiny"], "x86-cpu", d)
     ran = copy.deepcopy(b.manifest)
     skipped = {**ran, "parity": {"passed": None, "skipped": "runner cannot run on this host: test"}}
-    bench = run_benchmark(b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=b.id, target=b.target))
+    bench = run_benchmark(
+        b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1000.0, bundle=b.id, target=b.target)
+    )
     benched = {**ran, "benchmark": {**bench.to_json(), "on_target_device": True}}
     for m in (ran, skipped, benched):
         Bundle(d, m)  # each base is valid
@@ -56,10 +76,20 @@ class Bases(dict):
         return "Bases(...)"
 
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from(HUGE),
-                      st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12), st.sampled_from(BAD_TEXT))
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
-                          | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from(HUGE),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.sampled_from(BAD_TEXT),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
 OPS = ["delete", "replace", "deep", "swap", "add_key", "stringify", "huge", "bad_text", "empty", "wrap"]
 
 
@@ -89,8 +119,11 @@ def _mutate(doc: Any, path: tuple, op: str, payload: Any, data: st.DataObject) -
     elif op == "deep":
         parent[key] = DEEP
     elif op == "swap":  # dict <-> list
-        parent[key] = list(old.values()) if isinstance(old, dict) else (
-            {str(i): v for i, v in enumerate(old)} if isinstance(old, list) else [old])
+        parent[key] = (
+            list(old.values())
+            if isinstance(old, dict)
+            else ({str(i): v for i, v in enumerate(old)} if isinstance(old, list) else [old])
+        )
     elif op == "add_key":
         target = old if isinstance(old, dict) else parent if isinstance(parent, dict) else None
         if target is not None:
@@ -113,8 +146,11 @@ def _text(doc: Any, depth: int) -> str:
     return text.replace(json.dumps(DEEP), "[" * depth + "]" * depth)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(data=st.data())
 def test_every_mutation_opens_or_is_one_manifest_error(bases: dict[str, Any], data: st.DataObject) -> None:
     doc = copy.deepcopy(data.draw(st.sampled_from(bases["manifests"])))
@@ -146,11 +182,16 @@ def test_every_mutation_opens_or_is_one_manifest_error(bases: dict[str, Any], da
 
 
 CLI_CASES = {
-    "artifacts-dict": (lambda m: m.update(artifacts={"model.onnx": m["artifacts"][0]}), "field artifacts: must be an array"),
+    "artifacts-dict": (
+        lambda m: m.update(artifacts={"model.onnx": m["artifacts"][0]}),
+        "field artifacts: must be an array",
+    ),
     "runner-string": (lambda m: m.update(runner="onnxruntime"), "field runner: must be an object"),
     "no-sha256": (lambda m: m["artifacts"][0].pop("sha256"), "field artifacts[0].sha256: missing"),
-    "threads-text": (lambda m: m["runner"]["options"].update(intra_op_num_threads="two"),
-                     "field runner.options.intra_op_num_threads: must be an integer"),
+    "threads-text": (
+        lambda m: m["runner"]["options"].update(intra_op_num_threads="two"),
+        "field runner.options.intra_op_num_threads: must be an integer",
+    ),
     "bad-id": (lambda m: m.update(bundle_id="x$(id>PWNED)"), "field bundle_id"),
     "deep": (lambda m: m.update(calibration=DEEP), "nested deeper than 32 levels"),
 }

@@ -15,16 +15,15 @@ from typing import Any, Iterator
 
 import pytest
 
-from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.backends.converter import CONVERTERS
+from edge.bundle.bundle import Bundle
 from edge.deploy import ship
 from edge.errors import BudgetError, DeployError, ManifestError
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.verify.gates import SKIP_NO_REFERENCE, check_gates, parity_verdict
-
 from tests.pipeline.test_convert import BrokenConverter
 from tests.test_targets import VALID
-from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture
@@ -33,10 +32,13 @@ def failed(models: dict[str, Path], tmp_path: Path) -> Iterator[Bundle]:
     CONVERTERS.register(BrokenConverter)
     d = tmp_path / "targets"
     d.mkdir()
-    (d / "broken.toml").write_text(VALID.format(name="broken").replace('chain = ["onnx->onnx"]',
-                                                                       'chain = ["onnx->onnx-broken"]'))
+    (d / "broken.toml").write_text(
+        VALID.format(name="broken").replace('chain = ["onnx->onnx"]', 'chain = ["onnx->onnx-broken"]')
+    )
     try:
-        yield convert(models["tiny"], "broken", tmp_path / "b", ConvertRequest(targets_dir=[d], accept_parity_failure=True))
+        yield convert(
+            models["tiny"], "broken", tmp_path / "b", ConvertRequest(targets_dir=[d], accept_parity_failure=True)
+        )
     finally:
         CONVERTERS.unregister(BrokenConverter.name)
 
@@ -65,8 +67,11 @@ def test_flipping_passed_on_a_failed_bundle_is_refused(failed: Bundle, tmp_path:
     for b in (flipped, edited):
         assert b.manifest["parity"]["passed"] is True
         for accept in (False, True):  # accepting a failure is not accepting an edited record
-            with pytest.raises(DeployError, match="its parity record says passed, but its figures fail this "
-                                                  "edgekit's fp32 thresholds \\(logits: mean cosine"):
+            with pytest.raises(
+                DeployError,
+                match="its parity record says passed, but its figures fail this "
+                "edgekit's fp32 thresholds \\(logits: mean cosine",
+            ):
                 ship(b, tmp_path / "dev", accept_parity_failure=accept)
     assert not (tmp_path / "dev" / "current").exists()
 
@@ -103,8 +108,9 @@ def test_missing_or_null_parity(failed: Bundle, tmp_path: Path) -> None:
     with pytest.raises(DeployError, match="is not a reason edgekit skips parity for"):  # #26: a closed set
         ship(skipped, tmp_path / "dev", accept_parity_failure=True)
     # skipped for a reason the code writes, and the evidence agrees (no reference outputs, so no pairs)
-    no_ref = _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": SKIP_NO_REFERENCE},
-                                              reference_pairs=None))
+    no_ref = _edit(
+        failed, lambda m: m.update(parity={"passed": None, "skipped": SKIP_NO_REFERENCE}, reference_pairs=None)
+    )
     ship(no_ref, tmp_path / "dev")  # the device checks it on first load
     with pytest.raises(ManifestError, match="field parity.skipped: must be 1 to 1024 characters"):
         _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": ""}))
@@ -114,7 +120,9 @@ def test_a_benchmark_verdict_is_recomputed(models: dict[str, Path], tmp_path: Pa
     from edge.bench import BenchOptions, run_benchmark
 
     b = convert(models["tiny"], "x86-cpu", tmp_path / "b")
-    rep = run_benchmark(b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1e-6, bundle=b.id, target=b.target))
+    rep = run_benchmark(
+        b.open_runner, BenchOptions(iterations=3, warmup=1, budget_ms=1e-6, bundle=b.id, target=b.target)
+    )
     b.record("benchmark", {**rep.to_json(), "on_target_device": True})
     assert b.info.benchmark.verdict == "fail"  # type: ignore[union-attr]
     with pytest.raises(BudgetError, match="over the 0.00 ms budget"):
@@ -132,14 +140,31 @@ def test_llm_quality_is_recomputed(tmp_path: Path) -> None:
     from edge.llm.quality import THRESHOLDS
 
     max_kl, min_top1 = THRESHOLDS["q4_k_m"]
-    m = {"schema_version": 1, "edgekit_version": "0.1.0", "bundle_id": "tiny-llm-q4_k_m-0123456789", "kind": "llm",
-         "target": {"name": "x86-cpu"}, "precision": "q4_k_m", "format": "gguf", "primary_artifact": "model.gguf",
-         "artifacts": [{"path": "model.gguf", "sha256": "0" * 64, "bytes": 1}],
-         "io": {"inputs": [{"name": "tokens", "shape": ["n"], "dtype": "int32"}], "outputs": []},
-         "runner": {"name": "llama.cpp", "options": {"n_ctx": 2048}},
-         "parity": {"kind": "llm", "passed": True, "quant": "q4_k_m", "tokens": 256, "kl_mean": max_kl * 3,
-                    "kl_p99": 1.0, "kl_max": 2.0, "top1": min_top1 + 0.01, "reference": "source GGUF",
-                    "thresholds": {"max_kl_mean": 10.0, "min_top1": 0.0}}}
+    m = {
+        "schema_version": 1,
+        "edgekit_version": "0.1.0",
+        "bundle_id": "tiny-llm-q4_k_m-0123456789",
+        "kind": "llm",
+        "target": {"name": "x86-cpu"},
+        "precision": "q4_k_m",
+        "format": "gguf",
+        "primary_artifact": "model.gguf",
+        "artifacts": [{"path": "model.gguf", "sha256": "0" * 64, "bytes": 1}],
+        "io": {"inputs": [{"name": "tokens", "shape": ["n"], "dtype": "int32"}], "outputs": []},
+        "runner": {"name": "llama.cpp", "options": {"n_ctx": 2048}},
+        "parity": {
+            "kind": "llm",
+            "passed": True,
+            "quant": "q4_k_m",
+            "tokens": 256,
+            "kl_mean": max_kl * 3,
+            "kl_p99": 1.0,
+            "kl_max": 2.0,
+            "top1": min_top1 + 0.01,
+            "reference": "source GGUF",
+            "thresholds": {"max_kl_mean": 10.0, "min_top1": 0.0},
+        },
+    }
     v = parity_verdict(Bundle(tmp_path, m).info)
     assert v.state == "fail" and v.edited and "mean KL" in v.edited
     m["parity"].update(kl_mean=max_kl / 2)

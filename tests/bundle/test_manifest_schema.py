@@ -17,15 +17,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
-from edge.errors import ManifestError
-from edge.bundle.schema import (DEVICE_ONLY_OPTIONS, MAX_BYTES, builtin_runner_options, Manifest, RunnerSpec, check_runner,
-                                  device_only_hint, manifest_json_schema, published_schema)
 from edge.backends.runner import RUNNERS
-from edge.targets import load_targets
+from edge.bundle.bundle import Bundle
+from edge.bundle.schema import (
+    DEVICE_ONLY_OPTIONS,
+    MAX_BYTES,
+    Manifest,
+    RunnerSpec,
+    builtin_runner_options,
+    check_runner,
+    device_only_hint,
+    manifest_json_schema,
+    published_schema,
+)
 from edge.bundle.typedjson import Invalid, loads_strict, read, to_json
-
+from edge.errors import ManifestError
+from edge.pipeline import convert
+from edge.targets import load_targets
 from tests.bundle.test_manifest_fuzz import _paths
 
 jsonschema = pytest.importorskip("jsonschema")  # the dev extra installs it
@@ -34,6 +42,7 @@ jsonschema = pytest.importorskip("jsonschema")  # the dev extra installs it
 def _validator() -> Any:
     """Draft 2020-12 with ECMA-262 ``pattern`` semantics: ``$`` ends the string (Python's ``re`` would
     also accept a newline before it, which no JSON Schema validator in another language does)."""
+
     def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Any:
         if isinstance(instance, str) and not re.search(patrn[:-1] + r"\Z" if patrn.endswith("$") else patrn, instance):
             yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
@@ -49,26 +58,52 @@ def manifest(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_published_schema_is_generated_from_the_dataclasses() -> None:
-    assert published_schema() == manifest_json_schema(), \
+    assert published_schema() == manifest_json_schema(), (
         "edge/bundle/manifest.schema.json is stale: regenerate it with `python -m edge.bundle.schema`"
+    )
     jsonschema.Draft202012Validator.check_schema(published_schema())
 
 
 def test_real_manifests_pass_both(manifest: tuple[Path, dict[str, Any]]) -> None:
     _, m = manifest
     skipped = {**m, "parity": {"passed": None, "skipped": "runner cannot run on this host: needs the device"}}
-    llm = {**m, "kind": "llm", "precision": "q4_k_m", "format": "gguf",
-           "parity": {"kind": "llm", "passed": True, "quant": "q4_k_m", "tokens": 256, "kl_mean": 0.01, "kl_p99": 0.1,
-                      "kl_max": 0.3, "top1": 0.97, "thresholds": {"max_kl_mean": 0.1, "min_top1": 0.85},
-                      "reference": "source GGUF in llama.cpp, same tokens", "accepted_failure": False},
-           "runner": {"name": "llama.cpp", "options": {"n_threads": 0, "n_ctx": 2048, "n_gpu_layers": -1,
-                                                      "require_gpu": True}}, "preprocess": None}
+    llm = {
+        **m,
+        "kind": "llm",
+        "precision": "q4_k_m",
+        "format": "gguf",
+        "parity": {
+            "kind": "llm",
+            "passed": True,
+            "quant": "q4_k_m",
+            "tokens": 256,
+            "kl_mean": 0.01,
+            "kl_p99": 0.1,
+            "kl_max": 0.3,
+            "top1": 0.97,
+            "thresholds": {"max_kl_mean": 0.1, "min_top1": 0.85},
+            "reference": "source GGUF in llama.cpp, same tokens",
+            "accepted_failure": False,
+        },
+        "runner": {
+            "name": "llama.cpp",
+            "options": {"n_threads": 0, "n_ctx": 2048, "n_gpu_layers": -1, "require_gpu": True},
+        },
+        "preprocess": None,
+    }
     # a bundle converted from an `edgekit tune` overlay says so (edge.tune.overlay.TunedOverlay.manifest_record)
-    tuned = {**m, "tuned": {"overlay_sha256": "ab" * 32, "configuration": "openvino/fp32/num_threads=2/performance_hint"
-                            "=LATENCY", "objective": "e2e", "tuned_on": {"os": "linux", "arch": "x86_64",
-                                                                       "cpu": "AMD EPYC", "isa": ["avx2"], "cpus": 2},
-                            "same_device_class": False, "device_class": "different device class: ...",
-                            "created_utc": "2026-11-25T14:00:00+00:00"}}
+    tuned = {
+        **m,
+        "tuned": {
+            "overlay_sha256": "ab" * 32,
+            "configuration": "openvino/fp32/num_threads=2/performance_hint=LATENCY",
+            "objective": "e2e",
+            "tuned_on": {"os": "linux", "arch": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2"], "cpus": 2},
+            "same_device_class": False,
+            "device_class": "different device class: ...",
+            "created_utc": "2026-11-25T14:00:00+00:00",
+        },
+    }
     bare_tuned = {**m, "tuned": {"overlay_sha256": "cd" * 32}}  # an overlay without a [tuned] table
     v = _validator()
     for doc in (m, skipped, llm, tuned, bare_tuned):
@@ -147,11 +182,17 @@ def test_limits_are_one_line_each(manifest: tuple[Path, dict[str, Any]], tmp_pat
     text = json.dumps(m)
     _refused(d, text[:-1] + ', "build_host": ' + " " * MAX_BYTES + "null}", "larger than 1024 KiB")
     _refused(d, text.replace('"calibration": null', '"calibration": ' + "[" * 10000 + "]" * 10000), "nested deeper")
-    _refused(d, text.replace('"calibration": null', '"calibration": ' + '{"a": ' * 20 + "1" + "}" * 20),
-             "field calibration.a.a.a.a.a.a.a.a.a", "nested deeper than 8")
+    _refused(
+        d,
+        text.replace('"calibration": null', '"calibration": ' + '{"a": ' * 20 + "1" + "}" * 20),
+        "field calibration.a.a.a.a.a.a.a.a.a",
+        "nested deeper than 8",
+    )
     _refused(d, text[:-1] + ', "bundle_id": "other"}', "duplicate key")
     _refused(d, text.replace('"scale": 0.00392156862745098', '"scale": NaN'), "NaN")
-    _refused(d, text.replace('"scale": 0.00392156862745098', '"scale": Infinity'), "field preprocess.scale: must be a finite")
+    _refused(
+        d, text.replace('"scale": 0.00392156862745098', '"scale": Infinity'), "field preprocess.scale: must be a finite"
+    )
     _refused(d, text.replace('"pad_value": 114', '"pad_value": ' + "9" * 5000), "not valid JSON")
     _refused(d, text.replace('"pad_value": 114', '"pad_value": 1e400'), "field preprocess.pad_value")
     _refused(d, text.replace('"opset": 17', '"opset": ' + "9" * 300), "field source.opset: must be between 1 and 1000")
@@ -162,26 +203,45 @@ def test_limits_are_one_line_each(manifest: tuple[Path, dict[str, Any]], tmp_pat
         Bundle.open(d)
     _refused(d, text.replace('"tiny-x86-cpu-fp32-', '"x\\u0000y-'), "field bundle_id")
     _refused(d, json.dumps({**m, "artifacts": [m["artifacts"][0]] * 2}), "artifacts[1].path", "listed twice")
-    _refused(d, json.dumps({**m, "primary_artifact": "other.onnx"}), "field primary_artifact", "not one of the artifacts")
-    _refused(d, json.dumps({**m, "parity": {**m["parity"], "passed": None}}), "field parity.passed: must be true or false")
+    _refused(
+        d, json.dumps({**m, "primary_artifact": "other.onnx"}), "field primary_artifact", "not one of the artifacts"
+    )
+    _refused(
+        d, json.dumps({**m, "parity": {**m["parity"], "passed": None}}), "field parity.passed: must be true or false"
+    )
     _refused(d, json.dumps({**m, "parity": {**m["parity"], "precision": "int8"}}), "field parity.precision")
     _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "not a hash"}}), "field tuned.overlay_sha256")
-    _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "ab" * 32, "tuned_on": {"os": "linux", "arch": "x86_64",
-                                                                                  "cpu": "evil\u001b[2J"}}}),
-             "field tuned.tuned_on.cpu")
-    _refused(d, json.dumps({**m, "tuned": {"overlay_sha256": "ab" * 32, "objective": "fastest"}}),
-             "field tuned.objective")
+    _refused(
+        d,
+        json.dumps(
+            {
+                **m,
+                "tuned": {
+                    "overlay_sha256": "ab" * 32,
+                    "tuned_on": {"os": "linux", "arch": "x86_64", "cpu": "evil\u001b[2J"},
+                },
+            }
+        ),
+        "field tuned.tuned_on.cpu",
+    )
+    _refused(
+        d, json.dumps({**m, "tuned": {"overlay_sha256": "ab" * 32, "objective": "fastest"}}), "field tuned.objective"
+    )
 
 
-@pytest.mark.parametrize("runner,key,value", [
-    ("litert", "edgetpu_library", "/tmp/libevil.so"),
-    ("litert", "edgetpu_library", "libedgetpu.so.1"),
-    ("tensorrt", "engine_cache_dir", "/tmp/engines"),
-    ("onnxruntime", "custom_ops_library", "libops.so"),  # any runner, any option named like a path
-    ("some-plugin", "compiler_path", "cc"),
-])
-def test_a_manifest_names_no_library_path_or_command(manifest: tuple[Path, dict[str, Any]], tmp_path: Path,
-                                                      runner: str, key: str, value: str) -> None:
+@pytest.mark.parametrize(
+    "runner,key,value",
+    [
+        ("litert", "edgetpu_library", "/tmp/libevil.so"),
+        ("litert", "edgetpu_library", "libedgetpu.so.1"),
+        ("tensorrt", "engine_cache_dir", "/tmp/engines"),
+        ("onnxruntime", "custom_ops_library", "libops.so"),  # any runner, any option named like a path
+        ("some-plugin", "compiler_path", "cc"),
+    ],
+)
+def test_a_manifest_names_no_library_path_or_command(
+    manifest: tuple[Path, dict[str, Any]], tmp_path: Path, runner: str, key: str, value: str
+) -> None:
     _, m = manifest
     (tmp_path / "b").mkdir()
     doc = {**m, "runner": {"name": runner, "options": {key: value}}}
@@ -190,17 +250,21 @@ def test_a_manifest_names_no_library_path_or_command(manifest: tuple[Path, dict[
         assert DEVICE_ONLY_OPTIONS[runner][key].split(",")[0] in line  # says where it belongs
 
 
-@pytest.mark.parametrize("options,needle", [
-    ({"providers": ["/tmp/libevil.so"]}, "runner.options.providers[0]"),
-    ({"providers": "CPUExecutionProvider"}, "runner.options.providers: must be an array"),
-    ({"intra_op_num_threads": "2; rm -rf /"}, "runner.options.intra_op_num_threads"),
-    ({"intra_op_num_threads": -3}, "runner.options.intra_op_num_threads: must be between 0 and 4096"),
-    ({"intra_op_num_threads": True}, "runner.options.intra_op_num_threads: must be an integer"),
-    ({"graph_optimization_level": "max"}, "runner.options.graph_optimization_level: must be one of"),
-    ({"log_level": 3}, "runner.options.log_level: runner 'onnxruntime' takes no such option"),
-])
-def test_runner_options_are_typed(manifest: tuple[Path, dict[str, Any]], tmp_path: Path, options: dict[str, Any],
-                                  needle: str) -> None:
+@pytest.mark.parametrize(
+    "options,needle",
+    [
+        ({"providers": ["/tmp/libevil.so"]}, "runner.options.providers[0]"),
+        ({"providers": "CPUExecutionProvider"}, "runner.options.providers: must be an array"),
+        ({"intra_op_num_threads": "2; rm -rf /"}, "runner.options.intra_op_num_threads"),
+        ({"intra_op_num_threads": -3}, "runner.options.intra_op_num_threads: must be between 0 and 4096"),
+        ({"intra_op_num_threads": True}, "runner.options.intra_op_num_threads: must be an integer"),
+        ({"graph_optimization_level": "max"}, "runner.options.graph_optimization_level: must be one of"),
+        ({"log_level": 3}, "runner.options.log_level: runner 'onnxruntime' takes no such option"),
+    ],
+)
+def test_runner_options_are_typed(
+    manifest: tuple[Path, dict[str, Any]], tmp_path: Path, options: dict[str, Any], needle: str
+) -> None:
     _, m = manifest
     (tmp_path / "b").mkdir()
     _refused(tmp_path / "b", json.dumps({**m, "runner": {"name": "onnxruntime", "options": options}}), needle)
@@ -209,17 +273,28 @@ def test_runner_options_are_typed(manifest: tuple[Path, dict[str, Any]], tmp_pat
 def test_an_unknown_runner_is_refused_at_open(manifest: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     _, m = manifest
     (tmp_path / "b").mkdir()
-    _refused(tmp_path / "b", json.dumps({**m, "runner": {"name": "warp-drive", "options": {}}}),
-             "field runner.name", "no usable runner")
+    _refused(
+        tmp_path / "b",
+        json.dumps({**m, "runner": {"name": "warp-drive", "options": {}}}),
+        "field runner.name",
+        "no usable runner",
+    )
 
 
 # -- the schema and the reader agree on mutated manifests ------------------------------------
 
-_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**60), 2**60), st.sampled_from([2**53 + 1, 10**300, 2.0, 1e300]),
-                  st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
-                  st.sampled_from(["..", "a/b", "x" * 300, "CPU", "edgetpu", "onnx->onnx", "0" * 64]))
-_value = st.recursive(_leaf, lambda i: st.lists(i, max_size=3) | st.dictionaries(st.text(max_size=6), i, max_size=3),
-                      max_leaves=5)
+_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**60), 2**60),
+    st.sampled_from([2**53 + 1, 10**300, 2.0, 1e300]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.sampled_from(["..", "a/b", "x" * 300, "CPU", "edgetpu", "onnx->onnx", "0" * 64]),
+)
+_value = st.recursive(
+    _leaf, lambda i: st.lists(i, max_size=3) | st.dictionaries(st.text(max_size=6), i, max_size=3), max_leaves=5
+)
 
 
 def _structural(doc: Any) -> tuple[bool, str]:
@@ -234,8 +309,9 @@ def _structural(doc: Any) -> tuple[bool, str]:
         return False, str(e)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_schema_and_reader_agree(manifest: tuple[Path, dict[str, Any]], data: st.DataObject) -> None:
     doc = copy.deepcopy(manifest[1])

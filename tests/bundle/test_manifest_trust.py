@@ -21,17 +21,15 @@ import numpy as np
 import pytest
 
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.errors import EdgeError, HardwareUnavailableError, ManifestError, TargetError
-
+from edge.pipeline import convert
 from tests.conftest import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
 from edge.backends.litert.run import EDGETPU_CUSTOM_OP, EDGETPU_LIBRARY_ENV, LiteRTRunner, edgetpu_library  # noqa: E402
-
-from tests.backends.test_litert import quantized_model  # noqa: E402
 from edge.pipeline.request import ConvertRequest
+from tests.backends.test_litert import quantized_model  # noqa: E402
 
 MARKER_ENV = "EDGEKIT_TEST_CONSTRUCTOR_MARKER"
 CONSTRUCTOR = Template(r"""
@@ -66,12 +64,18 @@ def _edgetpu_bundle(d: Path, options: dict[str, Any], extra: dict[str, bytes] | 
         (d / name).write_bytes(data)
     files = [model, *(d / name for name in extra or {})]
     manifest = {
-        "schema_version": 1, "edgekit_version": "0.1.0", "bundle_id": "tpu-coral-edgetpu-int8-0123456789",
-        "target": {"name": "coral-edgetpu"}, "precision": "int8", "format": "tflite",
+        "schema_version": 1,
+        "edgekit_version": "0.1.0",
+        "bundle_id": "tpu-coral-edgetpu-int8-0123456789",
+        "target": {"name": "coral-edgetpu"},
+        "precision": "int8",
+        "format": "tflite",
         "primary_artifact": model.name,
         "artifacts": [{"path": f.name, "sha256": _sha(f), "bytes": f.stat().st_size} for f in files],
-        "io": {"inputs": [{"name": "x", "shape": [1, 6], "dtype": "uint8"}],
-               "outputs": [{"name": "z", "shape": [1, 6], "dtype": "uint8"}]},
+        "io": {
+            "inputs": [{"name": "x", "shape": [1, 6], "dtype": "uint8"}],
+            "outputs": [{"name": "z", "shape": [1, 6], "dtype": "uint8"}],
+        },
         "runner": {"name": "litert", "options": options},
         "parity": {"passed": None, "skipped": "needs the device's accelerator"},
     }
@@ -91,14 +95,19 @@ def test_a_bundle_cannot_make_the_device_load_its_library(tmp_path: Path, marker
     """The issue's attack as it was: the library inside the bundle (listed, hash right), named by the manifest."""
     lib = _library(tmp_path / "libevil.so")
     d = tmp_path / "b"
-    _edgetpu_bundle(d, {"delegate": "edgetpu", "edgetpu_library": str(d / "libevil.so")},
-                    extra={"libevil.so": lib.read_bytes()})
+    _edgetpu_bundle(
+        d, {"delegate": "edgetpu", "edgetpu_library": str(d / "libevil.so")}, extra={"libevil.so": lib.read_bytes()}
+    )
     with pytest.raises(ManifestError, match="field runner.options.edgetpu_library: names a file, library or command"):
         Bundle.open(d)
-    assert_user_error(run_cli("run", str(d), "--synthetic", "64x48", "-n", "2", env={MARKER_ENV: str(marker)}),
-                      "runner.options.edgetpu_library", "never a bundle")
-    assert_user_error(run_cli("bench", str(d), "--iterations", "2", env={MARKER_ENV: str(marker)}),
-                      "runner.options.edgetpu_library")
+    assert_user_error(
+        run_cli("run", str(d), "--synthetic", "64x48", "-n", "2", env={MARKER_ENV: str(marker)}),
+        "runner.options.edgetpu_library",
+        "never a bundle",
+    )
+    assert_user_error(
+        run_cli("bench", str(d), "--iterations", "2", env={MARKER_ENV: str(marker)}), "runner.options.edgetpu_library"
+    )
     assert not marker.exists(), "the bundle's library was loaded"
 
 
@@ -115,8 +124,11 @@ def test_the_device_chooses_the_library(tmp_path: Path, marker: Path, monkeypatc
     """$EDGEKIT_EDGETPU_LIBRARY (device configuration) is honoured -- and checked."""
     lib = _library(tmp_path / "libdevice.so")
     model = quantized_model(tmp_path / "m_edgetpu.tflite", np.uint8, custom_op=EDGETPU_CUSTOM_OP)
-    for bad, why in (("libdevice.so", "absolute path"), (str(tmp_path / "nope.so"), "not an existing regular file"),
-                     (str(tmp_path), "not an existing regular file")):
+    for bad, why in (
+        ("libdevice.so", "absolute path"),
+        (str(tmp_path / "nope.so"), "not an existing regular file"),
+        (str(tmp_path), "not an existing regular file"),
+    ):
         monkeypatch.setenv(EDGETPU_LIBRARY_ENV, bad)
         with pytest.raises(EdgeError, match=why):
             edgetpu_library()
@@ -137,8 +149,11 @@ def test_the_device_chooses_the_library(tmp_path: Path, marker: Path, monkeypatc
 def test_a_profile_cannot_put_a_library_into_bundles(models: dict[str, Path], tmp_path: Path) -> None:
     targets = tmp_path / "targets"
     targets.mkdir()
-    text = (Path(__file__).resolve().parents[2] / "targets" / "x86-cpu.toml").read_text().replace('name = "x86-cpu"',
-                                                                                          'name = "mine"')
+    text = (
+        (Path(__file__).resolve().parents[2] / "targets" / "x86-cpu.toml")
+        .read_text()
+        .replace('name = "x86-cpu"', 'name = "mine"')
+    )
     (targets / "mine.toml").write_text(text.replace("[run.options]", '[run.options]\ncustom_ops_library = "/tmp/x.so"'))
     with pytest.raises(TargetError, match="custom_ops_library name a file, library or command"):
         convert(models["tiny"], "mine", tmp_path / "out", ConvertRequest(targets_dir=[targets]))
@@ -148,8 +163,9 @@ def test_a_profile_cannot_put_a_library_into_bundles(models: dict[str, Path], tm
 def test_sidecar_cannot_point_outside_the_bundle(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     compiled = quantized_model(tmp_path / "b" / "model_edgetpu.tflite", np.uint8, custom_op=EDGETPU_CUSTOM_OP)
-    compiled.with_suffix(".io.json").write_text(json.dumps({"schema": "edgekit.tflite-io/1",
-                                                            "cpu_model": "../elsewhere.tflite"}))
+    compiled.with_suffix(".io.json").write_text(
+        json.dumps({"schema": "edgekit.tflite-io/1", "cpu_model": "../elsewhere.tflite"})
+    )
     quantized_model(tmp_path / "elsewhere.tflite", np.uint8)
     with pytest.raises(EdgeError, match="cpu_model must name a file next to the model"):
         LiteRTRunner(compiled, options={"delegate": "edgetpu", "allow_cpu_fallback": True})

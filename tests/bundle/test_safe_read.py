@@ -65,7 +65,7 @@ def test_hostile_targets_dir_entries_are_one_line_errors(tmp_path: Path, kind: s
         f.mkdir()
     else:
         f.write_text(HOSTILE_TOML[kind])
-    with pytest.raises(TargetError), (fifo_watchdog(f) if kind == "fifo" else nullcontext()):
+    with pytest.raises(TargetError), fifo_watchdog(f) if kind == "fifo" else nullcontext():
         load_targets([tmp_path])
     p = _edgekit("targets", "--targets-dir", str(tmp_path))
     assert_user_error(p, "board.toml")
@@ -78,11 +78,14 @@ def test_a_valid_profile_still_parses_and_a_bad_one_names_its_problem(tmp_path: 
         parse_profile(f)
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("[" * 5000 + "]" * 5000, "nested deeper"),
-    ('{"study_version": 1, "trials": {}, "x": ' + "9" * 5000 + "}", "not valid JSON"),
-    ('{"a": 1, "a": 2}', "duplicate key"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[" * 5000 + "]" * 5000, "nested deeper"),
+        ('{"study_version": 1, "trials": {}, "x": ' + "9" * 5000 + "}", "not valid JSON"),
+        ('{"a": 1, "a": 2}', "duplicate key"),
+    ],
+)
 def test_hostile_study_files_are_refused_in_one_line(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "study.json"
     f.write_text(text)

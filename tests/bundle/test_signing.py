@@ -17,15 +17,14 @@ from conftest import assert_user_error, run_cli
 from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 from edge.agent.agent import Agent, AgentConfig
-from edge.mqtt.client import BrokerConfig
-from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle
-from edge.pipeline import convert
+from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, sign_bundle
+from edge.bundle.signing import Signature, canonical_bytes, generate_key
+from edge.bundle.trust import TrustStore
 from edge.deploy import ship
 from edge.errors import SignatureError
-from edge.bundle.signing import Signature, canonical_bytes, generate_key
-from edge.bundle.bundle import sign_bundle
+from edge.mqtt.client import BrokerConfig
+from edge.pipeline import convert
 from edge.store import DeviceStore, rollback
-from edge.bundle.trust import TrustStore
 
 pytest.importorskip("cryptography")
 
@@ -74,6 +73,7 @@ def edit_manifest(bundle: Path, change) -> None:  # type: ignore[no-untyped-def]
 
 # -- the happy path -----------------------------------------------------------------------------
 
+
 def test_signed_bundle_ships_to_a_trusting_store_and_opens(built: Path, tmp_path: Path, keys: Path) -> None:
     b = copy(built, tmp_path, "a")
     hashes = {a["path"]: a["sha256"] for a in json.loads((b / MANIFEST).read_text())["artifacts"]}
@@ -100,8 +100,9 @@ def test_canonical_bytes_are_sorted_compact_utf8() -> None:
     assert canonical_bytes({"b": 1, "a": {"é": [1.5, None]}}) == '{"a":{"é":[1.5,null]},"b":1}'.encode()
 
 
-def test_without_a_trust_store_nothing_changes(built: Path, tmp_path: Path, keys: Path,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_trust_store_nothing_changes(
+    built: Path, tmp_path: Path, keys: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     b = copy(built, tmp_path, "a")
     with caplog.at_level("INFO", logger="edge.deploy"):
         ship(b, tmp_path / "plain")  # unsigned, no trust store: shipped as before
@@ -110,6 +111,7 @@ def test_without_a_trust_store_nothing_changes(built: Path, tmp_path: Path, keys
 
 
 # -- refusals -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("tamper", ["parity", "target"])
 def test_a_manifest_edited_after_signing_is_refused(built: Path, tmp_path: Path, keys: Path, tamper: str) -> None:
@@ -122,6 +124,7 @@ def test_a_manifest_edited_after_signing_is_refused(built: Path, tmp_path: Path,
             out["max_abs"], out["mean_abs"] = out["max_abs"] / 2 + 1e-9, out["mean_abs"] / 2 + 1e-9
         else:
             m["target"]["name"] = "jetson-orin"
+
     edit_manifest(b, change)
     store = device(tmp_path, keys, "new", target=None)
     with pytest.raises(SignatureError, match="signature does not match its manifest"):
@@ -131,8 +134,9 @@ def test_a_manifest_edited_after_signing_is_refused(built: Path, tmp_path: Path,
     assert not (store / "current").exists()
 
 
-def test_unsigned_untrusted_revoked_expired_and_other_target_are_refused(built: Path, tmp_path: Path,
-                                                                       keys: Path) -> None:
+def test_unsigned_untrusted_revoked_expired_and_other_target_are_refused(
+    built: Path, tmp_path: Path, keys: Path
+) -> None:
     store = device(tmp_path, keys, "new")
     ts = TrustStore(store / "trust")
     unsigned = copy(built, tmp_path, "unsigned")
@@ -224,8 +228,7 @@ def test_recording_a_report_drops_the_stale_signature(built: Path, tmp_path: Pat
     assert not (b / SIGNATURE).exists()
 
 
-def test_the_agent_refuses_an_unsigned_bundle_when_trust_is_configured(built: Path, tmp_path: Path,
-                                                                      keys: Path) -> None:
+def test_the_agent_refuses_an_unsigned_bundle_when_trust_is_configured(built: Path, tmp_path: Path, keys: Path) -> None:
     store = tmp_path / "device"
     ship(copy(built, tmp_path, "u"), store)  # shipped before the device had a trust store
     broker = BrokerConfig("127.0.0.1", 1)
@@ -240,6 +243,7 @@ def test_the_agent_refuses_an_unsigned_bundle_when_trust_is_configured(built: Pa
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
+
 
 def test_cli_keys_sign_trust_and_one_line_refusals(built: Path, tmp_path: Path) -> None:
     env = {"EDGEKIT_KEYS_DIR": str(tmp_path / "k"), "EDGEKIT_TRUST_DIR": "", "EDGEKIT_SIGN_KEY": ""}
@@ -273,9 +277,11 @@ def test_cli_keys_sign_trust_and_one_line_refusals(built: Path, tmp_path: Path) 
 
 # -- ssh ---------------------------------------------------------------------------------------------
 
+
 @needs_sshd
-def test_signed_bundles_deploy_through_ssh_and_unsigned_are_refused(built: Path, tmp_path: Path, keys: Path,
-                                                                   sshd: Sshd) -> None:
+def test_signed_bundles_deploy_through_ssh_and_unsigned_are_refused(
+    built: Path, tmp_path: Path, keys: Path, sshd: Sshd
+) -> None:
     """Checked on this host before anything is sent; manifest.sig travels in the tar and is checksummed."""
     trust = TrustStore(tmp_path / "host-trust")
     trust.add_key((keys / "new.pub").read_bytes(), "new")

@@ -86,10 +86,21 @@ def _key_meta_a_list(trust: Path) -> None:
         pub.with_suffix(".json").write_text('["2000-01-01T00:00:00+00:00"]')
 
 
-@pytest.mark.parametrize("damage", [_wrong_typed_versions, _versions_a_list, _dangling_revoked, _revoked_a_directory,
-                                    _revoked_a_fifo, _device_a_list, _key_meta_a_list])
-def test_a_damaged_trust_store_refuses_every_bundle(built: Path, tmp_path: Path, keys: Path,
-                                                    damage: Callable[[Path], None]) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _wrong_typed_versions,
+        _versions_a_list,
+        _dangling_revoked,
+        _revoked_a_directory,
+        _revoked_a_fifo,
+        _device_a_list,
+        _key_meta_a_list,
+    ],
+)
+def test_a_damaged_trust_store_refuses_every_bundle(
+    built: Path, tmp_path: Path, keys: Path, damage: Callable[[Path], None]
+) -> None:
     store = trusting_store(tmp_path, keys)
     good = signed(built, tmp_path, "v5", 5)
     damage(store / "trust")

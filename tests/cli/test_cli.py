@@ -51,14 +51,29 @@ def test_convert_bench_flow(models: dict[str, Path], tmp_path: Path) -> None:
     assert policy["threads_from"] == "policy" and r["runner"]["threads"] == policy["threads"] >= 1
     p = run_cli("bench", str(out), "--iterations", "5", "--budget-ms", "0.000001")
     assert p.returncode == 1 and "fail" in p.stdout and "CPU(s) for this process" in p.stdout
-    assert_user_error(run_cli("bench", str(out), "--allow-cpu-fallback"), "runner 'openvino' has no CPU fallback to allow")
+    assert_user_error(
+        run_cli("bench", str(out), "--allow-cpu-fallback"), "runner 'openvino' has no CPU fallback to allow"
+    )
 
 
 def test_deploy_and_rollback(models: dict[str, Path], tmp_path: Path) -> None:
     dev = tmp_path / "dev"
     for prec in ("fp32", "fp16"):
-        p = run_cli("deploy", str(models["tiny"]), "--target", "x86-cpu", "--device", str(dev), "--precision", prec,
-                    "-n", "10", "--build-dir", str(tmp_path / prec), "--json")
+        p = run_cli(
+            "deploy",
+            str(models["tiny"]),
+            "--target",
+            "x86-cpu",
+            "--device",
+            str(dev),
+            "--precision",
+            prec,
+            "-n",
+            "10",
+            "--build-dir",
+            str(tmp_path / prec),
+            "--json",
+        )
         assert p.returncode == 0, p.stderr
     p = run_cli("rollback", "--device", str(dev), "--json")
     assert p.returncode == 0 and "fp32" in json.loads(p.stdout)["current"]
@@ -66,27 +81,38 @@ def test_deploy_and_rollback(models: dict[str, Path], tmp_path: Path) -> None:
 
 def test_bad_input_is_one_line_exit_2(models: dict[str, Path], tmp_path: Path) -> None:
     out = str(tmp_path / "o")
-    assert_user_error(run_cli("convert", str(tmp_path / "missing.onnx"), "-t", "x86-cpu", "-o", out),
-                      "missing.onnx does not exist")
+    assert_user_error(
+        run_cli("convert", str(tmp_path / "missing.onnx"), "-t", "x86-cpu", "-o", out), "missing.onnx does not exist"
+    )
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"GIF89a not a model" * 20)
     assert_user_error(run_cli("convert", str(junk), "-t", "x86-cpu", "-o", out), "is not an ONNX model")
-    assert_user_error(run_cli("convert", str(models["tiny_dynamic"]), "-t", "x86-cpu", "-o", out),
-                      "--input-shape input=1,3,32,32")
+    assert_user_error(
+        run_cli("convert", str(models["tiny_dynamic"]), "-t", "x86-cpu", "-o", out), "--input-shape input=1,3,32,32"
+    )
     assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "x86_cpu", "-o", out), "did you mean 'x86-cpu'")
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "coral-edgetpu", "-o", out, "-p", "fp16"),
-                      "does not allow precision 'fp16'")
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "coral-edgetpu", "-o", out, "-p", "fp16"),
+        "does not allow precision 'fp16'",
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8",
-                              "--calib", str(empty)), "holds no .npy")
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8", "--calib", str(empty)),
+        "holds no .npy",
+    )
     bad = tmp_path / "badcal"
     bad.mkdir()
     np.save(bad / "x.npy", np.zeros((1, 3, 8, 8), np.float32))
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8",
-                              "--calib", str(bad)), "x.npy: input 'input' shape [1, 3, 8, 8], expected [1, 3, 32, 32]")
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8"),
-                      "needs calibration data", "--calib random")
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8", "--calib", str(bad)),
+        "x.npy: input 'input' shape [1, 3, 8, 8], expected [1, 3, 32, 32]",
+    )
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", out, "-p", "int8"),
+        "needs calibration data",
+        "--calib random",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -98,8 +124,12 @@ def test_tampered_bundle_and_malformed_target(models: dict[str, Path], tmp_path:
     tdir = tmp_path / "targets"
     tdir.mkdir()
     (tdir / "mine.toml").write_text('schema_version = 1\nname = "mine"\nframe_budget_ms = "x"\n')
-    assert_user_error(run_cli("targets", "--targets-dir", str(tdir)), f"invalid target profile {tdir / 'mine.toml'}",
-                      "frame_budget_ms: expected int/float", "title: missing")
+    assert_user_error(
+        run_cli("targets", "--targets-dir", str(tdir)),
+        f"invalid target profile {tdir / 'mine.toml'}",
+        "frame_budget_ms: expected int/float",
+        "title: missing",
+    )
 
 
 def test_missing_runtime_names_the_extra(models: dict[str, Path], tmp_path: Path) -> None:
@@ -108,7 +138,9 @@ def test_missing_runtime_names_the_extra(models: dict[str, Path], tmp_path: Path
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['openvino'] = None; from edge.cli import main; "
-            f"main(['convert', {str(models['tiny'])!r}, '-t', 'intel-igpu', '-o', {str(tmp_path / 'o')!r}])")
+    code = (
+        "import sys; sys.modules['openvino'] = None; from edge.cli import main; "
+        f"main(['convert', {str(models['tiny'])!r}, '-t', 'intel-igpu', '-o', {str(tmp_path / 'o')!r}])"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"COLUMNS": "200", "PATH": ""})
     assert_user_error(p, "openvino", "pip install 'edgekit-ml[openvino]'")

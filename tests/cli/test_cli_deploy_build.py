@@ -19,13 +19,15 @@ def _one_error_line(p: object, code: int, *needles: str) -> str:
 
 def test_a_refused_deploy_keeps_the_earlier_build(models: dict[str, Path], tmp_path: Path) -> None:
     build, store = tmp_path / "built", tmp_path / "store"
-    p = run_cli("deploy", str(models["tiny"]), "-d", str(store), "--build-dir", str(build), "-n", "5",
-                "--budget-ms", "100000")
+    p = run_cli(
+        "deploy", str(models["tiny"]), "-d", str(store), "--build-dir", str(build), "-n", "5", "--budget-ms", "100000"
+    )
     assert p.returncode == 0, p.stderr
     first = json.loads((build / "manifest.json").read_text())
     # the same deploy, over budget: refused, exit 1 (as `edgekit bench` over budget)
-    p = run_cli("deploy", str(models["tiny"]), "-d", str(store), "--build-dir", str(build), "-n", "5",
-                "--budget-ms", "0.000001")
+    p = run_cli(
+        "deploy", str(models["tiny"]), "-d", str(store), "--build-dir", str(build), "-n", "5", "--budget-ms", "0.000001"
+    )
     line = _one_error_line(p, 1, "refusing to ship", "over the", f"{build}.refused")
     assert json.loads((build / "manifest.json").read_text()) == first, line  # the earlier build, untouched
     refused = json.loads((tmp_path / "built.refused" / "manifest.json").read_text())

@@ -14,11 +14,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.pipeline import convert
 from edge.deploy import DeviceStore, ship
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.video.sources import write_synthetic_clip
 from tests.conftest import REPO, assert_user_error, run_cli
-from edge.pipeline.request import ConvertRequest
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -53,12 +53,16 @@ def build_outlier_model(path: Path) -> Path:
     w[0] = 1e3
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])
     y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 8, 8])
-    inits = [numpy_helper.from_array(w, "W")] + [numpy_helper.from_array(np.array([v], np.int64), n)
-                                                  for n, v in (("starts", 1), ("ends", 4), ("axes", 1))]
-    nodes = [helper.make_node("Conv", ["input", "W"], ["c"]),
-             helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["output"])]
-    model = helper.make_model(helper.make_graph(nodes, "outlier", [x], [y], inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    inits = [numpy_helper.from_array(w, "W")] + [
+        numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("starts", 1), ("ends", 4), ("axes", 1))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "W"], ["c"]),
+        helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["output"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "outlier", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     onnx.save(model, path)
     return path
@@ -73,7 +77,9 @@ def ws(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Pat
     # x86-cpu without the int8 recipe search (edge.graph.recipes keeps the outlier conv float and passes): the
     # parity refusal below is then the one a user without a rescuing recipe meets
     (d / "targets").mkdir()
-    profile = (REPO / "targets" / "x86-cpu.toml").read_text().replace('mixed_precision = "auto"', 'mixed_precision = "off"')
+    profile = (
+        (REPO / "targets" / "x86-cpu.toml").read_text().replace('mixed_precision = "auto"', 'mixed_precision = "off"')
+    )
     (d / "targets" / "x86-cpu.toml").write_text(profile)
     b = convert(d / "tiny.onnx", "x86-cpu", d / "bundle", ConvertRequest(parity_samples=2))
     ship(b, d / "store")  # current set, no previous
@@ -118,17 +124,41 @@ def test_deploy(ws: Path, tmp_path: Path) -> None:
     assert DeviceStore(ws / "store").current is not None and DeviceStore(ws / "store").previous is None
     refused(ws, "deploy", "tiny.onnx", "-t", "nope", "-d", "store", needles=("unknown target 'nope'",))
     # the address is checked before any conversion: no build/ directory appears
-    refused(ws, "deploy", "tiny.onnx", "-d", "ssh://host-without-path", needles=("bad device URL",
-                                                                                 "ssh://user@host/path"))
+    refused(
+        ws, "deploy", "tiny.onnx", "-d", "ssh://host-without-path", needles=("bad device URL", "ssh://user@host/path")
+    )
     refused(ws, "deploy", "tiny.onnx", "-d", "ftp://host/store", needles=("unsupported device address",))
-    refused(ws, "deploy", "outlier.onnx", "-p", "int8", "--calib", "random", "-d", "store", "--targets-dir", "targets",
-            needles=("parity failed for x86-cpu int8", "mean cosine", "--accept-parity-failure"))
+    refused(
+        ws,
+        "deploy",
+        "outlier.onnx",
+        "-p",
+        "int8",
+        "--calib",
+        "random",
+        "-d",
+        "store",
+        "--targets-dir",
+        "targets",
+        needles=("parity failed for x86-cpu int8", "mean cosine", "--accept-parity-failure"),
+    )
     # over budget on the target's own runtime: refused with exit 1, as `edgekit bench` over budget (a verdict:
     # BudgetError.exit_code); the bundle it built and measured stays in --build-dir (outside the workspace), the
     # store is untouched
     before = snapshot(ws)
-    p = run_cli("deploy", "tiny.onnx", "-d", "store", "--budget-ms", "0.000001", "-n", "5",
-                "--build-dir", str(tmp_path / "built"), cwd=ws)
+    p = run_cli(
+        "deploy",
+        "tiny.onnx",
+        "-d",
+        "store",
+        "--budget-ms",
+        "0.000001",
+        "-n",
+        "5",
+        "--build-dir",
+        str(tmp_path / "built"),
+        cwd=ws,
+    )
     assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and all(n in lines[0] for n in ("refusing to ship", "over the", "--accept-budget-failure"))
@@ -154,8 +184,17 @@ def test_bench(ws: Path) -> None:
     refused(ws, "bench", "no-manifest", needles=("is not a bundle: no manifest.json",))
     refused(ws, "bench", "bad-manifest", "--record", needles=("manifest.json is not valid JSON",))
     refused(ws, "bench", "no-artifact", "--record", needles=("failed verification", "model.onnx: missing"))
-    refused(ws, "bench", "bundle", "--fps", "30", "--budget-ms", "10", "--record",
-            needles=("give either --fps or --budget-ms, not both",))
+    refused(
+        ws,
+        "bench",
+        "bundle",
+        "--fps",
+        "30",
+        "--budget-ms",
+        "10",
+        "--record",
+        needles=("give either --fps or --budget-ms, not both",),
+    )
 
 
 def test_toolchain(ws: Path) -> None:
@@ -177,30 +216,78 @@ def test_run(ws: Path) -> None:
 def test_agent(ws: Path) -> None:
     base = ("agent", "--device-id", "cam-01", "--store", "store", "--duration", "1")
     refused(ws, *base, "--ca", "no-ca.pem", needles=("CA file no-ca.pem does not exist",))
-    refused(ws, *base, "--username", "u", "--password-file", "no-password",
-            needles=("password file no-password does not exist",))
+    refused(
+        ws,
+        *base,
+        "--username",
+        "u",
+        "--password-file",
+        "no-password",
+        needles=("password file no-password does not exist",),
+    )
 
 
 def test_fleet(ws: Path, tcp_listener: int) -> None:
     listening = f"mqtt://127.0.0.1:{tcp_listener}"
-    refused(ws, "fleet", "status", "--db", "sqlite:///corrupt.db",
-            needles=("corrupt.db cannot be used as the fleet database", "not a database"))
-    refused(ws, "fleet", "collect", "--broker", listening, "--db", "sqlite:///corrupt.db", "--duration", "1",
-            needles=("corrupt.db cannot be used as the fleet database",))
+    refused(
+        ws,
+        "fleet",
+        "status",
+        "--db",
+        "sqlite:///corrupt.db",
+        needles=("corrupt.db cannot be used as the fleet database", "not a database"),
+    )
+    refused(
+        ws,
+        "fleet",
+        "collect",
+        "--broker",
+        listening,
+        "--db",
+        "sqlite:///corrupt.db",
+        "--duration",
+        "1",
+        needles=("corrupt.db cannot be used as the fleet database",),
+    )
     # no PostgreSQL server on port 1 ("cannot connect"; without psycopg installed, the error names it instead)
     refused(ws, "fleet", "status", "--db", "postgresql://127.0.0.1:1/x", needles=("postgresql",))
-    refused(ws, "fleet", "collect", "--broker", listening, "--db", "postgresql://127.0.0.1:1/x", "--duration", "1",
-            needles=("postgresql",))
+    refused(
+        ws,
+        "fleet",
+        "collect",
+        "--broker",
+        listening,
+        "--db",
+        "postgresql://127.0.0.1:1/x",
+        "--duration",
+        "1",
+        needles=("postgresql",),
+    )
     # a broker that is not there: refused at start, before the database file is created
-    refused(ws, "fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--db", "sqlite:///fleet.db", "--duration", "5",
-            needles=("cannot reach the MQTT broker at mqtt://127.0.0.1:1", "Connection refused"))
+    refused(
+        ws,
+        "fleet",
+        "collect",
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--db",
+        "sqlite:///fleet.db",
+        "--duration",
+        "5",
+        needles=("cannot reach the MQTT broker at mqtt://127.0.0.1:1", "Connection refused"),
+    )
 
 
 def test_usage_errors_are_one_line(ws: Path) -> None:
     """click's own refusals (unknown option, missing argument, a value of the wrong type, unknown command)
     follow the same rule as edgekit's: one line naming the problem and where the help is, exit 2."""
-    refused(ws, "convert", "tiny.onnx", "--no-such-option", needles=("No such option: --no-such-option",
-                                                                     "edgekit convert --help"))
+    refused(
+        ws,
+        "convert",
+        "tiny.onnx",
+        "--no-such-option",
+        needles=("No such option: --no-such-option", "edgekit convert --help"),
+    )
     refused(ws, "bench", needles=("Missing argument", "edgekit bench --help"))
     refused(ws, "bench", "bundle", "--warmup", "many", needles=("Invalid value for '--warmup'",))
     refused(ws, "fleet", "no-such-command", needles=("No such command", "edgekit fleet --help"))

@@ -21,8 +21,9 @@ def test_error_lines_escape_terminal_sequences_in_file_names(tmp_path: Path) -> 
 
 def _profile(d: Path, name: str, title: str) -> None:
     src = (Path(__file__).parents[2] / "targets" / "x86-cpu.toml").read_text()
-    src = src.replace('name = "x86-cpu"', f'name = "{name}"').replace('title = "x86-64 CPU (ONNX Runtime)"',
-                                                                       f'title = "{title}"')
+    src = src.replace('name = "x86-cpu"', f'name = "{name}"').replace(
+        'title = "x86-64 CPU (ONNX Runtime)"', f'title = "{title}"'
+    )
     (d / f"{name}.toml").write_text(src)
 
 
@@ -52,8 +53,10 @@ def test_log_lines_escape_terminal_sequences() -> None:
     import subprocess
     import sys
 
-    code = ("import logging; from edge.agent.main import setup_logging; setup_logging('info'); "
-            f"logging.getLogger('edge.fleet').warning('rejected %s', {HOSTILE!r})")
+    code = (
+        "import logging; from edge.agent.main import setup_logging; setup_logging('info'); "
+        f"logging.getLogger('edge.fleet').warning('rejected %s', {HOSTILE!r})"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "rejected x\\x1b]0;owned" in p.stderr, p.stderr
     assert not RAW_CONTROLS.search(p.stderr), repr(p.stderr)

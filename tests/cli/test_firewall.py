@@ -16,7 +16,7 @@ import pytest
 from edge.pipeline import convert
 from tests.conftest import EDGEKIT, run_cli
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import importlib, os
 spec = os.environ.get("EDGEKIT_TEST_RAISE")
 if spec:
@@ -28,9 +28,11 @@ if spec:
     def injected(*args, **kwargs):
         raise RuntimeError("injected fault in " + attr + "\\nsecond line")
     setattr(owner, name, injected)
-'''
-LINE = re.compile(r"^error: internal error in (?P<step>[a-z ]+): RuntimeError: injected fault in [\w.]+ \| second line; "
-                  r"details in (?P<file>\S+\.log)$")
+"""
+LINE = re.compile(
+    r"^error: internal error in (?P<step>[a-z ]+): RuntimeError: injected fault in [\w.]+ \| second line; "
+    r"details in (?P<file>\S+\.log)$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +65,35 @@ def _check(p: subprocess.CompletedProcess[str], step: str, attr: str, logs: Path
     assert "in injected" in text and "sitecustomize.py" in text  # the frame that raised is in the saved traceback
 
 
-@pytest.mark.parametrize("step, attr, args", [
-    ("convert", "edge.pipeline.sources:OnnxSource.io", ["convert", "{model}", "-t", "x86-cpu", "-o", "{tmp}/out"]),
-    ("deploy", "edge.pipeline.sources:OnnxSource.io", ["deploy", "{model}", "-t", "x86-cpu", "-d", "{tmp}/dev"]),
-    ("tune", "edge.pipeline.sources:OnnxSource.io", ["tune", "{model}", "-t", "x86-cpu", "--out", "{tmp}/tuned", "--max-trials", "1"]),
-    ("bench", "edge.bundle.bundle:Bundle.open", ["bench", "{bundle}"]),
-    ("run", "edge.bundle.bundle:Bundle.open", ["run", "{bundle}", "--synthetic", "64x64", "--max-frames", "2"]),
-    ("verify", "edge.bundle.bundle:Bundle.open", ["verify", "{bundle}"]),
-    ("agent", "edge.agent.main:config_from", ["agent", "--device-id", "d1", "--store", "{tmp}/store",
-                                              "--duration", "1"]),
-])
-def test_every_stage_fails_as_one_line_exit_3_and_a_log(step: str, attr: str, args: list[str], models: dict[str, Path],
-                                                        bundle: Path, fault_env: tuple[dict[str, str], Path],
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "step, attr, args",
+    [
+        ("convert", "edge.pipeline.sources:OnnxSource.io", ["convert", "{model}", "-t", "x86-cpu", "-o", "{tmp}/out"]),
+        ("deploy", "edge.pipeline.sources:OnnxSource.io", ["deploy", "{model}", "-t", "x86-cpu", "-d", "{tmp}/dev"]),
+        (
+            "tune",
+            "edge.pipeline.sources:OnnxSource.io",
+            ["tune", "{model}", "-t", "x86-cpu", "--out", "{tmp}/tuned", "--max-trials", "1"],
+        ),
+        ("bench", "edge.bundle.bundle:Bundle.open", ["bench", "{bundle}"]),
+        ("run", "edge.bundle.bundle:Bundle.open", ["run", "{bundle}", "--synthetic", "64x64", "--max-frames", "2"]),
+        ("verify", "edge.bundle.bundle:Bundle.open", ["verify", "{bundle}"]),
+        (
+            "agent",
+            "edge.agent.main:config_from",
+            ["agent", "--device-id", "d1", "--store", "{tmp}/store", "--duration", "1"],
+        ),
+    ],
+)
+def test_every_stage_fails_as_one_line_exit_3_and_a_log(
+    step: str,
+    attr: str,
+    args: list[str],
+    models: dict[str, Path],
+    bundle: Path,
+    fault_env: tuple[dict[str, str], Path],
+    tmp_path: Path,
+) -> None:
     env, logs = fault_env
     argv = [a.format(model=models["tiny"], bundle=bundle, tmp=tmp_path) for a in args]
     p = run_cli(*argv, env={**env, "EDGEKIT_TEST_RAISE": attr})
@@ -84,9 +102,13 @@ def test_every_stage_fails_as_one_line_exit_3_and_a_log(step: str, attr: str, ar
 
 def test_the_agent_without_the_cli_too(fault_env: tuple[dict[str, str], Path], tmp_path: Path) -> None:
     env, logs = fault_env
-    p = subprocess.run([sys.executable, "-m", "edge.agent", "--device-id", "d1", "--store", str(tmp_path / "s"),
-                        "--duration", "1"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **env, "EDGEKIT_TEST_RAISE": "edge.agent.main:config_from"})
+    p = subprocess.run(
+        [sys.executable, "-m", "edge.agent", "--device-id", "d1", "--store", str(tmp_path / "s"), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env, "EDGEKIT_TEST_RAISE": "edge.agent.main:config_from"},
+    )
     _check(p, "agent", "config_from", logs)
 
 
@@ -97,16 +119,27 @@ def test_a_user_error_stays_exit_2(fault_env: tuple[dict[str, str], Path], tmp_p
     assert EDGEKIT  # the real console script ran
 
 
-def test_an_unwritable_log_directory_falls_back_to_the_temp_dir(models: dict[str, Path],
-                                                                fault_env: tuple[dict[str, str], Path],
-                                                                tmp_path: Path) -> None:
+def test_an_unwritable_log_directory_falls_back_to_the_temp_dir(
+    models: dict[str, Path], fault_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
     env, _ = fault_env
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the directory should be
     (tmp_path / "tmp").mkdir()
-    p = run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "-o", str(tmp_path / "o"),
-                env={**env, "EDGEKIT_TEST_RAISE": "edge.pipeline.sources:OnnxSource.io",
-                     "EDGEKIT_LOG_DIR": str(blocked / "logs"), "TMPDIR": str(tmp_path / "tmp")})
+    p = run_cli(
+        "convert",
+        str(models["tiny"]),
+        "-t",
+        "x86-cpu",
+        "-o",
+        str(tmp_path / "o"),
+        env={
+            **env,
+            "EDGEKIT_TEST_RAISE": "edge.pipeline.sources:OnnxSource.io",
+            "EDGEKIT_LOG_DIR": str(blocked / "logs"),
+            "TMPDIR": str(tmp_path / "tmp"),
+        },
+    )
     assert p.returncode == 3 and "Traceback" not in p.stderr
     m = LINE.match(p.stderr.strip())
     assert m is not None and Path(m.group("file")).parent.parent == tmp_path / "tmp"

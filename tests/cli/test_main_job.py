@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
+
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
 

@@ -13,10 +13,10 @@ import pytest
 from conftest import wait_for
 from mqtt_broker import HOST, Mosquitto, free_port, make_ca
 
-from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.errors import EdgeError
+from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
 from edge.mqtt.lite import LiteConnection
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 
 FAST = Backoff(0.05, 0.3)
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")  # tests/conftest.py
@@ -39,18 +39,21 @@ def test_several_nodes_of_one_cluster() -> None:
     assert BrokerConfig.from_url("mqtt://[::1]:1884,mqtt://b").url == "mqtt://[::1]:1884,mqtt://b:1883"
 
 
-@pytest.mark.parametrize("url, says", [
-    ("mqtt://a:1883,mqtts://b:8883", "uses mqtts:// and 'mqtt://a:1883' mqtt://"),
-    ("mqtt://u@a,mqtt://b", "names another user"),
-    ("mqtt://a,mqtt://a:1883", "listed twice"),
-    ("mqtt://a,", "bad broker address ''"),
-    ("mqtt://a,b:1883", "bad broker address 'b:1883'"),
-    ("mqtt://a,mqtt://b:99999", "bad port"),
-    ("mqtt://a,mqtt://b:0", "bad port"),
-    ("mqtt://a,mqtt://u:pw@b", "password in the broker URL"),
-    ("mqtt://a,mqtt://b/x", "no path or query"),
-    (",".join(f"mqtt://n{i}" for i in range(17)), "at most 16 nodes"),
-])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("mqtt://a:1883,mqtts://b:8883", "uses mqtts:// and 'mqtt://a:1883' mqtt://"),
+        ("mqtt://u@a,mqtt://b", "names another user"),
+        ("mqtt://a,mqtt://a:1883", "listed twice"),
+        ("mqtt://a,", "bad broker address ''"),
+        ("mqtt://a,b:1883", "bad broker address 'b:1883'"),
+        ("mqtt://a,mqtt://b:99999", "bad port"),
+        ("mqtt://a,mqtt://b:0", "bad port"),
+        ("mqtt://a,mqtt://u:pw@b", "password in the broker URL"),
+        ("mqtt://a,mqtt://b/x", "no path or query"),
+        (",".join(f"mqtt://n{i}" for i in range(17)), "at most 16 nodes"),
+    ],
+)
 def test_bad_cluster_addresses_are_one_clear_error(url: str, says: str) -> None:
     with pytest.raises(EdgeError) as e:
         BrokerConfig.from_url(url)
@@ -68,7 +71,9 @@ def test_check_reachable_wants_one_node(tmp_path: Path) -> None:
 
 
 def paho_conn(loop: NetworkLoop, url: str, **kw: Any) -> Connection:
-    return Connection(loop, BrokerConfig.from_url(url, **kw), "edgekit-failover-probe", options=ConnectOptions(backoff=FAST))
+    return Connection(
+        loop, BrokerConfig.from_url(url, **kw), "edgekit-failover-probe", options=ConnectOptions(backoff=FAST)
+    )
 
 
 def lite_conn(loop: NetworkLoop, url: str, got: list[bytes], **kw: Any) -> LiteConnection:
@@ -77,14 +82,26 @@ def lite_conn(loop: NetworkLoop, url: str, got: list[bytes], **kw: Any) -> LiteC
         conn.ack(client, mid, qos)
         conn.ack_done()
 
-    return LiteConnection(loop, BrokerConfig.from_url(url, **kw), "edgekit-failover-lite",
-                          subscriptions=[("failover/#", 1)], on_publish=on_publish, backoff=FAST)
+    return LiteConnection(
+        loop,
+        BrokerConfig.from_url(url, **kw),
+        "edgekit-failover-lite",
+        subscriptions=[("failover/#", 1)],
+        on_publish=on_publish,
+        backoff=FAST,
+    )
 
 
 def publish_once(loop: NetworkLoop, url: str, payload: bytes) -> None:
     """One QoS 1 message through a short-lived connection, waited for its PUBACK."""
     acked: list[int] = []
-    pub = Connection(loop, BrokerConfig.from_url(url), "edgekit-failover-pub", options=ConnectOptions(backoff=FAST), on_published=lambda _c, mid, _rc: acked.append(mid))
+    pub = Connection(
+        loop,
+        BrokerConfig.from_url(url),
+        "edgekit-failover-pub",
+        options=ConnectOptions(backoff=FAST),
+        on_published=lambda _c, mid, _rc: acked.append(mid),
+    )
     loop.run(pub.start)
     wait_for(lambda: pub.connected, what="the publisher connected")
     mid = loop.run(pub.publish, "failover/x", payload, 1)
@@ -94,16 +111,18 @@ def publish_once(loop: NetworkLoop, url: str, payload: bytes) -> None:
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["paho", "lite"])
-def test_dead_first_node_then_lost_connection_move_to_the_next(lean: bool, tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_dead_first_node_then_lost_connection_move_to_the_next(
+    lean: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """First address a dead port: the client connects to the second. That node stops: the client goes on to the
     next (round robin: the third, a second Mosquitto) without being restarted, and works there."""
     caplog.set_level(logging.INFO, logger="edge.mqtt")
     dead = f"mqtt://{HOST}:{free_port()}"
     with Mosquitto(tmp_path / "a") as a, Mosquitto(tmp_path / "b") as b, NetworkLoop() as loop:
         got: list[bytes] = []
-        conn: Any = lite_conn(loop, f"{dead},{a.url},{b.url}", got) if lean else \
-            paho_conn(loop, f"{dead},{a.url},{b.url}")
+        conn: Any = (
+            lite_conn(loop, f"{dead},{a.url},{b.url}", got) if lean else paho_conn(loop, f"{dead},{a.url},{b.url}")
+        )
         if not lean:
             conn.subscriptions = [("failover/#", 1)]
             conn._on_message = lambda _c, msg: got.append(bytes(msg.payload))
@@ -129,8 +148,9 @@ def test_dead_first_node_then_lost_connection_move_to_the_next(lean: bool, tmp_p
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["paho", "lite"])
-def test_no_protocol_hint_on_a_refused_client_certificate(lean: bool, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_no_protocol_hint_on_a_refused_client_certificate(
+    lean: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A TLS listener that wants a client certificate ends the session before any CONNACK too; that is no sign of
     an MQTT 3.1.1 broker and must not say so. (The hint itself is checked on RabbitMQ 3.10, which does close MQTT 5
     CONNECTs: tests/fleet/test_broker_rabbitmq.py.)"""

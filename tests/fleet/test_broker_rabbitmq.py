@@ -25,8 +25,8 @@ from mqtt_broker import HOST
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
 from edge.mqtt.client import DEGRADED, MQTT5_UNANSWERED, BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
 from edge.mqtt.lite import LiteConnection, mqtt_packet, mqtt_string
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 
 pytestmark = pytest.mark.skipif(rabbitmq_missing() is not None, reason=str(rabbitmq_missing()))
 FLEET = "lab"
@@ -67,26 +67,80 @@ def count(db: Path, sql: str, *args: Any) -> int:
 def seqs(db: Path, device: str, session: int) -> list[int]:
     """The session's stream as stored: telemetry and state messages share one sequence."""
     with sqlite3.connect(db) as c:
-        return [s for (s,) in c.execute("SELECT seq FROM telemetry WHERE device = ? AND session = ? UNION ALL "
-                                        "SELECT seq FROM states WHERE device = ? AND session = ? ORDER BY 1",
-                                        (device, session, device, session))]
+        return [
+            s
+            for (s,) in c.execute(
+                "SELECT seq FROM telemetry WHERE device = ? AND session = ? UNION ALL "
+                "SELECT seq FROM states WHERE device = ? AND session = ? ORDER BY 1",
+                (device, session, device, session),
+            )
+        ]
 
 
 def collector(url: str, db: Path, log: Path, client_id: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "edge", "fleet", "collect", "--broker", url, "--db",
-                             f"sqlite:///{db}", "--protocol", "3.1.1", "--client-id", client_id, "--json",
-                             "--reconnect-max", "0.5", "--batch-interval-ms", "20", "--log-level", "info"],
-                            cwd=REPO, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=open(log, "ab"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge",
+            "fleet",
+            "collect",
+            "--broker",
+            url,
+            "--db",
+            f"sqlite:///{db}",
+            "--protocol",
+            "3.1.1",
+            "--client-id",
+            client_id,
+            "--json",
+            "--reconnect-max",
+            "0.5",
+            "--batch-interval-ms",
+            "20",
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=open(log, "ab"),
+    )
 
 
 def agent(url: str, store: Path, log: Path, device: str) -> subprocess.Popen[bytes]:
     store.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "edge.agent", "--device-id", device, "--fleet", FLEET,
-                             "--broker", url, "--protocol", "3.1.1", "--store", str(store), "--source", "none",
-                             "--interval", "0.2", "--reconnect-max", "0.5", "--flush-timeout", "30", "--json",
-                             "--log-level", "info"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge.agent",
+            "--device-id",
+            device,
+            "--fleet",
+            FLEET,
+            "--broker",
+            url,
+            "--protocol",
+            "3.1.1",
+            "--store",
+            str(store),
+            "--source",
+            "none",
+            "--interval",
+            "0.2",
+            "--reconnect-max",
+            "0.5",
+            "--flush-timeout",
+            "30",
+            "--json",
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=open(log, "ab"),
+    )
 
 
 def stop(p: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
@@ -129,8 +183,11 @@ def test_agent_and_collector_through_rabbitmq_mqtt_3_1_1(cluster: RabbitCluster,
         wait_for(lambda: count(db, "SELECT count(*) FROM telemetry") >= 10, 60, "10 telemetry messages stored")
         summary = stop(ag, alog)
         session, last = summary["session"], summary["last_seq"]
-        wait_for(lambda: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
-                               session), 30, "the agent's death")
+        wait_for(
+            lambda: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'", session),
+            30,
+            "the agent's death",
+        )
         stats = stop(col, clog)
     finally:
         kill_left(procs)
@@ -175,8 +232,11 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
         ag1 = agent(a.url, one / "s", alog[one], "cam-02")
         ag2 = agent(f"{a.url},{b.url}", two / "s", alog[two], "cam-03")
         procs += [ag1, ag2]
-        wait_for(lambda: telemetry(db, "cam-02") >= 10 and telemetry(db, "cam-03") >= 10, 60,
-                 "telemetry of both agents from node a stored via c")
+        wait_for(
+            lambda: telemetry(db, "cam-02") >= 10 and telemetry(db, "cam-03") >= 10,
+            60,
+            "telemetry of both agents from node a stored via c",
+        )
         assert f"connected to {a.url}" in alog[two].read_text(), alog[two].read_text()[-3000:]  # the first node
         a.stop()  # a clean shutdown of node a; b and c stay up
         held2 = telemetry(db, "cam-03")
@@ -189,12 +249,20 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
         held1 = telemetry(db, "cam-02")
         a.start()
         wait_for(lambda: alog[one].read_text().count(f"connected to {a.url}") >= 2, 60, "cam-02 reconnected to a")
-        wait_for(lambda: outbox_rows(one / "s") == 0 and telemetry(db, "cam-02") >= held1 + 15, 60,
-                 "cam-02's outbox replayed and live telemetry after it")
+        wait_for(
+            lambda: outbox_rows(one / "s") == 0 and telemetry(db, "cam-02") >= held1 + 15,
+            60,
+            "cam-02's outbox replayed and live telemetry after it",
+        )
         summaries = [stop(ag1, alog[one]), stop(ag2, alog[two])]
         for sm in summaries:
-            wait_for(lambda sm=sm: count(db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'",
-                                         sm["session"]), 30, f"{sm['device']}'s death")
+            wait_for(
+                lambda sm=sm: count(
+                    db, "SELECT count(*) FROM deaths WHERE session = ? AND reason = 'shutdown'", sm["session"]
+                ),
+                30,
+                f"{sm['device']}'s death",
+            )
         stats = stop(col, clog)
     finally:
         kill_left(procs)
@@ -202,8 +270,9 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
     assert one_sum["outbox_flushed"] is True and one_sum["replayed"] >= 10
     assert two_sum["outbox_flushed"] is True
     for sm in summaries:
-        assert seqs(db, sm["device"], sm["session"]) == list(range(1, sm["last_seq"] + 1)), f"{sm['device']}: lost " \
-            "or stored twice"
+        assert seqs(db, sm["device"], sm["session"]) == list(range(1, sm["last_seq"] + 1)), (
+            f"{sm['device']}: lost or stored twice"
+        )
     assert stats["db_errors"] == 0  # copies (a PUBACK lost as node a went down: replayed) the database dropped
     assert accepted(a, f"edgekit-{FLEET}-cam-02") and accepted(c, "edgekit-test-col-2")
     assert accepted(a, f"edgekit-{FLEET}-cam-03") and accepted(b, f"edgekit-{FLEET}-cam-03")
@@ -212,14 +281,21 @@ def test_cluster_node_stopped_one_agent_fails_over_the_other_waits(cluster: Rabb
 def connack(port: int, level: int) -> bytes:
     """The broker's answer to a bare CONNECT of protocol level 4 (MQTT 3.1.1) or 5 (b'': it closed the socket)."""
     props = b"\x00" if level == 5 else b""
-    body = mqtt_string("MQTT") + bytes([level, 0x02]) + struct.pack("!H", 30) + props + mqtt_string(f"edgekit-probe-{level}")
+    body = (
+        mqtt_string("MQTT")
+        + bytes([level, 0x02])
+        + struct.pack("!H", 30)
+        + props
+        + mqtt_string(f"edgekit-probe-{level}")
+    )
     with socket.create_connection((HOST, port), timeout=10) as s:
         s.sendall(mqtt_packet(0x10, body))
         return s.recv(16)
 
 
-def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster: RabbitCluster,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(
+    cluster: RabbitCluster, caplog: pytest.LogCaptureFixture
+) -> None:
     """Why ``--protocol 3.1.1`` is needed (docs/fleet-scale.md says so): RabbitMQ before 3.13 answers an MQTT 5 CONNECT by
     closing the connection, no CONNACK; edgekit's default (MQTT 5) then retries for ever, and says once (both
     clients: the agent's paho and the collector's lean one) what to do."""
@@ -233,9 +309,17 @@ def test_rabbitmq_before_3_13_closes_an_mqtt_5_connect_without_an_answer(cluster
     caplog.set_level(logging.INFO, logger="edge.mqtt")
     broker = BrokerConfig.from_url(node.url)  # MQTT 5, the default
     with NetworkLoop() as loop:
-        conns = [Connection(loop, broker, "edgekit-probe-paho", options=ConnectOptions(backoff=Backoff(0.05, 0.2))),
-                 LiteConnection(loop, broker, "edgekit-probe-lite", subscriptions=[("x/#", 1)],
-                                on_publish=lambda *_: None, backoff=Backoff(0.05, 0.2))]
+        conns = [
+            Connection(loop, broker, "edgekit-probe-paho", options=ConnectOptions(backoff=Backoff(0.05, 0.2))),
+            LiteConnection(
+                loop,
+                broker,
+                "edgekit-probe-lite",
+                subscriptions=[("x/#", 1)],
+                on_publish=lambda *_: None,
+                backoff=Backoff(0.05, 0.2),
+            ),
+        ]
         for conn in conns:
             conn.start()
         try:

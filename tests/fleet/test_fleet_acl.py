@@ -15,14 +15,15 @@ import pytest
 pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
 
 from conftest import wait_for  # noqa: E402
-from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop  # noqa: E402
-from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
-from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
+from mqtt_broker import make_fleet_pki, mosquitto_binary, mtls_broker  # noqa: E402
+
 from edge.fleet.acl import own_level, write_acl  # noqa: E402
 from edge.fleet.rollout_view import FleetView  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop  # noqa: E402
+from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
+from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from edge.tune.remote import DeviceLink  # noqa: E402
-from mqtt_broker import make_fleet_pki, mosquitto_binary, mtls_broker  # noqa: E402
 
 FAST = Backoff(0.05, 0.5)
 NOT_AUTHORIZED = 0x87  # MQTT 5 PUBACK reason code
@@ -54,10 +55,26 @@ def test_the_collector_syncs_on_its_own_marker_and_no_device_writes_or_reads_it(
     acl = write_acl(tmp_path / "acl.conf", "lab", collectors=["main"])
     marker = "edgekit/lab/collector:main/cmd/tune-sync"
     with mtls_broker(tmp_path / "broker", pki, acl) as broker, NetworkLoop(name="edgekit-test") as loop:
-        device = DeviceSession(loop, _cfg(dev, broker.url), "lab", "cam-a", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {"state": "idle", "host": {"os": "linux", "arch": "x86_64"}})
+        device = DeviceSession(
+            loop,
+            _cfg(dev, broker.url),
+            "lab",
+            "cam-a",
+            MemoryOutbox(),
+            options=SessionOptions(backoff=FAST),
+            birth_body=lambda: {"state": "idle", "host": {"os": "linux", "arch": "x86_64"}},
+        )
         acks: dict[int, int] = {}
         seen: list[tuple[str, bytes]] = []  # what a device certificate receives of the collector's markers
-        forger = Connection(loop, _cfg(dev, broker.url), "cam-a-forger", options=ConnectOptions(backoff=FAST), subscriptions=[("edgekit/lab/collector:main/cmd/#", 1), ("edgekit/lab/cam-a/cmd/#", 1)], on_message=lambda _c, m: seen.append((m.topic, bytes(m.payload))), on_published=lambda _c, mid, rc: acks.__setitem__(mid, rc))
+        forger = Connection(
+            loop,
+            _cfg(dev, broker.url),
+            "cam-a-forger",
+            options=ConnectOptions(backoff=FAST),
+            subscriptions=[("edgekit/lab/collector:main/cmd/#", 1), ("edgekit/lab/cam-a/cmd/#", 1)],
+            on_message=lambda _c, m: seen.append((m.topic, bytes(m.payload))),
+            on_published=lambda _c, mid, rc: acks.__setitem__(mid, rc),
+        )
         try:
             loop.run(device.start)
             loop.run(forger.start)
@@ -65,8 +82,11 @@ def test_the_collector_syncs_on_its_own_marker_and_no_device_writes_or_reads_it(
             # edgekit fleet tune, with the collector's certificate: synced, and the device's retained birth read
             with DeviceLink(_cfg(col, broker.url), "lab", "cam-a") as link:
                 assert link._sync == marker
-                wait_for(lambda: link.synced.is_set() and link.birth is not None, 20,
-                         f"the tune link's sync marker ({link.conn.last_error})")
+                wait_for(
+                    lambda: link.synced.is_set() and link.birth is not None,
+                    20,
+                    f"the tune link's sync marker ({link.conn.last_error})",
+                )
                 assert link.online()
                 # a device certificate can neither write the collector's marker (refused: PUBACK not authorized,
                 # and never delivered) ...

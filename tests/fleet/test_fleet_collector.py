@@ -8,38 +8,58 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import assert_user_error, run_cli
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.payloads import encode, message
+from pg_server import PostgresServer, PostgresUnavailable
+
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
 from edge.fleet.status import fleet_status, summarize
-from pg_server import PostgresServer, PostgresUnavailable
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.payloads import encode, message
 
 T0 = 1_767_225_600.0
 
 
-def tel(seq: int, *, session: int = 5, device: str = "cam-01", fps: float = 30.0, historical: bool = False) -> tuple[str, bytes]:
-    body = {"historical": historical, "interval_s": 5.0, "state": "running", "bundle_id": "b1",
-            "inference": {"frames": 150, "fps": fps, "budget_ms": 16.7, "budget_misses": 2,
-                          "latency_ms": {"count": 150, "p50_ms": 4.0, "p99_ms": 9.5, "max_ms": 12.0}},
-            "process": {"cpu_percent": 40.0, "rss_mb": 80.0}, "thermal": {"max_c": 61.5, "throttled_now": False},
-            "spool": {"pending": 0, "dropped_total": 0}}
-    return f"edgekit/lab/{device}/telemetry", encode(message("telemetry", "lab", device, session, seq, body, ts=T0 + seq))
+def tel(
+    seq: int, *, session: int = 5, device: str = "cam-01", fps: float = 30.0, historical: bool = False
+) -> tuple[str, bytes]:
+    body = {
+        "historical": historical,
+        "interval_s": 5.0,
+        "state": "running",
+        "bundle_id": "b1",
+        "inference": {
+            "frames": 150,
+            "fps": fps,
+            "budget_ms": 16.7,
+            "budget_misses": 2,
+            "latency_ms": {"count": 150, "p50_ms": 4.0, "p99_ms": 9.5, "max_ms": 12.0},
+        },
+        "process": {"cpu_percent": 40.0, "rss_mb": 80.0},
+        "thermal": {"max_c": 61.5, "throttled_now": False},
+        "spool": {"pending": 0, "dropped_total": 0},
+    }
+    return f"edgekit/lab/{device}/telemetry", encode(
+        message("telemetry", "lab", device, session, seq, body, ts=T0 + seq)
+    )
 
 
 def birth(session: int, connection: int, seq: int = 0, device: str = "cam-01") -> tuple[str, bytes]:
-    body = {"connection": connection, "state": "running", "agent": {"edgekit_version": "0.1.0", "interval_s": 5.0},
-            "bundle": {"id": "b1", "target": "x86-cpu", "precision": "fp32"},
-            "runner": {"runtime": "onnxruntime 1.31.1", "device_used": "CPUExecutionProvider"},
-            "host": {"hostname": "box"}}
+    body = {
+        "connection": connection,
+        "state": "running",
+        "agent": {"edgekit_version": "0.1.0", "interval_s": 5.0},
+        "bundle": {"id": "b1", "target": "x86-cpu", "precision": "fp32"},
+        "runner": {"runtime": "onnxruntime 1.31.1", "device_used": "CPUExecutionProvider"},
+        "host": {"hostname": "box"},
+    }
     return f"edgekit/lab/{device}/birth", encode(message("birth", "lab", device, session, seq, body, ts=T0))
 
 
 def death(session: int, connection: int, seq: int = 0, reason: str = "shutdown") -> tuple[str, bytes]:
-    return "edgekit/lab/cam-01/death", encode(message("death", "lab", "cam-01", session, seq,
-                                                      {"connection": connection, "reason": reason}, ts=T0))
+    return "edgekit/lab/cam-01/death", encode(
+        message("death", "lab", "cam-01", session, seq, {"connection": connection, "reason": reason}, ts=T0)
+    )
 
 
 def collector(url: str = "sqlite:///:memory:") -> Collector:
@@ -60,8 +80,14 @@ def exercise(url: str) -> None:
             assert c.handle(*tel(seq), received_at=T0 + seq) == "stored"
         assert c.handle(*tel(2), received_at=T0 + 9) == "duplicate"
         s = status(c, url, now=T0 + 5)["cam-01"]
-        assert (s["status"], s["missing"], s["messages"], s["bundle_id"], s["fps"], s["p99_ms"]) == \
-               ("online", 1, 3, "b1", 30.0, 9.5)
+        assert (s["status"], s["missing"], s["messages"], s["bundle_id"], s["fps"], s["p99_ms"]) == (
+            "online",
+            1,
+            3,
+            "b1",
+            30.0,
+            9.5,
+        )
         assert s["runtime"] == "onnxruntime 1.31.1" and s["temp_c"] == 61.5 and s["misses"] == 2
         assert c.handle(*tel(3, fps=10.0, historical=True), received_at=T0 + 6) == "stored"  # replayed: fills the gap
         s = status(c, url, now=T0 + 6)["cam-01"]
@@ -69,7 +95,9 @@ def exercise(url: str) -> None:
         assert c.stats["gaps_detected"] == 1 and c.stats["gaps_filled"] == 1
         assert c.handle(*birth(5, 2, seq=6), received_at=T0) == "stored"  # reconnect: the birth says seq 6 exists
         assert status(c, url, now=T0 + 7)["cam-01"]["missing"] == 2
-        assert c.handle(*death(5, 1, reason="last will"), received_at=T0) == "stored"  # a late will of the older connection
+        assert (
+            c.handle(*death(5, 1, reason="last will"), received_at=T0) == "stored"
+        )  # a late will of the older connection
         assert status(c, url, now=T0 + 7)["cam-01"]["status"] == "online"
         assert status(c, url, now=T0 + 60)["cam-01"]["status"] == "stale"
         assert c.handle(*death(5, 2, seq=6), received_at=T0) == "stored"
@@ -130,6 +158,8 @@ def postgres_url() -> Iterator[str]:
 def test_collector_store_on_postgresql(postgres_url: str) -> None:
     exercise(postgres_url)
     with open_db(postgres_url) as db:  # same schema: the shared tables exist with the same columns
-        cols = {r["column_name"] for r in db.query(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'telemetry'")}
+        cols = {
+            r["column_name"]
+            for r in db.query("SELECT column_name FROM information_schema.columns WHERE table_name = 'telemetry'")
+        }
         assert {"fleet", "device", "session", "seq", "ts", "received_at", "historical", "p99_ms", "payload"} <= cols

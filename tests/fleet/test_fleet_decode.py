@@ -12,16 +12,23 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
-from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.decode import REASONS, Decoded, Rejected, decode, flag, integer, num, text  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
 
 TOPIC = "edgekit/lab/cam-01/telemetry"
 
 
 def good(kind: str = "telemetry", **over: object) -> dict:
-    msg: dict = {"schema_version": 1, "type": kind, "fleet": "lab", "device": "cam-01", "session": 3, "seq": 7,
-                 "ts": 1767225600.5}
+    msg: dict = {
+        "schema_version": 1,
+        "type": kind,
+        "fleet": "lab",
+        "device": "cam-01",
+        "session": 3,
+        "seq": 7,
+        "ts": 1767225600.5,
+    }
     if kind in ("telemetry", "state"):
         msg["historical"] = False
     if kind in ("birth", "death"):
@@ -40,33 +47,40 @@ def test_decodes_a_good_message() -> None:
     assert num(d.payload, "inference", "fps") == 29.5
 
 
-@pytest.mark.parametrize("topic, payload, reason", [
-    ("edgekit/lab/cam-01", enc(good()), "bad_topic"),
-    ("other/lab/cam-01/telemetry", enc(good()), "bad_topic"),
-    ("edgekit/lab/cam-01/cmd/rebirth", enc(good()), "bad_topic"),
-    ("edgekit/lab/cam-01/bogus", enc(good()), "bad_topic"),
-    (TOPIC, b"x" * 70_000, "oversized"),
-    (TOPIC, b"\xff\xfe", "malformed"),
-    (TOPIC, b"{not json", "malformed"),
-    (TOPIC, b"[1, 2]", "malformed"),
-    (TOPIC, b'{"schema_version": 1, "ts": NaN}', "malformed"),
-    (TOPIC, b"[" * 100_000 + b"]" * 100_000, "oversized"),
-    (TOPIC, b"[" * 20_000 + b"]" * 20_000, "malformed"),
-    (TOPIC, enc(good(schema_version=2)), "unknown_schema"),
-    (TOPIC, enc(good(schema_version="1")), "malformed"),
-    (TOPIC, enc(good(device="cam-02")), "topic_mismatch"),
-    (TOPIC, enc(good(fleet="other")), "topic_mismatch"),
-    (TOPIC, enc(good(type="state")), "topic_mismatch"),
-    (TOPIC, enc(good(seq=-1)), "malformed"),
-    (TOPIC, enc(good(seq=0)), "malformed"),
-    (TOPIC, enc(good(seq=True)), "malformed"),
-    (TOPIC, enc(good(session=2**70)), "malformed"),
-    (TOPIC, enc(good(ts="yesterday")), "malformed"),
-    (TOPIC, b'{"schema_version": 1, "type": "telemetry", "fleet": "lab", "device": "cam-01", "session": 1, '
-            b'"seq": 1, "ts": 1e999, "historical": false}', "malformed"),
-    (TOPIC, enc(good(historical="no")), "malformed"),
-    ("edgekit/lab/cam-01/birth", enc(good("birth", connection=None)), "malformed"),
-])
+@pytest.mark.parametrize(
+    "topic, payload, reason",
+    [
+        ("edgekit/lab/cam-01", enc(good()), "bad_topic"),
+        ("other/lab/cam-01/telemetry", enc(good()), "bad_topic"),
+        ("edgekit/lab/cam-01/cmd/rebirth", enc(good()), "bad_topic"),
+        ("edgekit/lab/cam-01/bogus", enc(good()), "bad_topic"),
+        (TOPIC, b"x" * 70_000, "oversized"),
+        (TOPIC, b"\xff\xfe", "malformed"),
+        (TOPIC, b"{not json", "malformed"),
+        (TOPIC, b"[1, 2]", "malformed"),
+        (TOPIC, b'{"schema_version": 1, "ts": NaN}', "malformed"),
+        (TOPIC, b"[" * 100_000 + b"]" * 100_000, "oversized"),
+        (TOPIC, b"[" * 20_000 + b"]" * 20_000, "malformed"),
+        (TOPIC, enc(good(schema_version=2)), "unknown_schema"),
+        (TOPIC, enc(good(schema_version="1")), "malformed"),
+        (TOPIC, enc(good(device="cam-02")), "topic_mismatch"),
+        (TOPIC, enc(good(fleet="other")), "topic_mismatch"),
+        (TOPIC, enc(good(type="state")), "topic_mismatch"),
+        (TOPIC, enc(good(seq=-1)), "malformed"),
+        (TOPIC, enc(good(seq=0)), "malformed"),
+        (TOPIC, enc(good(seq=True)), "malformed"),
+        (TOPIC, enc(good(session=2**70)), "malformed"),
+        (TOPIC, enc(good(ts="yesterday")), "malformed"),
+        (
+            TOPIC,
+            b'{"schema_version": 1, "type": "telemetry", "fleet": "lab", "device": "cam-01", "session": 1, '
+            b'"seq": 1, "ts": 1e999, "historical": false}',
+            "malformed",
+        ),
+        (TOPIC, enc(good(historical="no")), "malformed"),
+        ("edgekit/lab/cam-01/birth", enc(good("birth", connection=None)), "malformed"),
+    ],
+)
 def test_rejects_with_a_reason(topic: str, payload: bytes, reason: str) -> None:
     with pytest.raises(Rejected) as e:
         decode(topic, payload)
@@ -91,17 +105,50 @@ def test_lenient_metric_readers() -> None:
     assert text(x, "a", "s") == "ok?"
 
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
-                      st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
-json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                            st.dictionaries(st.text(max_size=8), kids, max_size=4)),
-                          max_leaves=20)
-KEYS = ["schema_version", "type", "fleet", "device", "session", "seq", "ts", "historical", "connection", "inference",
-        "process", "thermal", "spool", "bundle", "runner", "agent", "host", "state", "detail", "reason"]
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+    max_leaves=20,
+)
+KEYS = [
+    "schema_version",
+    "type",
+    "fleet",
+    "device",
+    "session",
+    "seq",
+    "ts",
+    "historical",
+    "connection",
+    "inference",
+    "process",
+    "thermal",
+    "spool",
+    "bundle",
+    "runner",
+    "agent",
+    "host",
+    "state",
+    "detail",
+    "reason",
+]
 topic_part = st.sampled_from(["lab", "cam-01", "+", "#", "", "edgekit", "a/b", "x" * 200, "é"])
-topics = st.one_of(st.builds(lambda a, b, c: f"edgekit/{a}/{b}/{c}", topic_part, topic_part,
-                             st.sampled_from(["birth", "telemetry", "state", "death", "cmd", "x"])),
-                   st.text(max_size=60))
+topics = st.one_of(
+    st.builds(
+        lambda a, b, c: f"edgekit/{a}/{b}/{c}",
+        topic_part,
+        topic_part,
+        st.sampled_from(["birth", "telemetry", "state", "death", "cmd", "x"]),
+    ),
+    st.text(max_size=60),
+)
 
 
 @st.composite
@@ -149,8 +196,9 @@ def store_collector() -> Collector:
     db.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.one_of(mutated(), st.tuples(topics, st.binary(max_size=200))))
 def test_fuzz_the_whole_store_path(store_collector: Collector, case: tuple[str, bytes]) -> None:
     """decode + insert + gap accounting on a real SQLite store: an outcome, never an exception."""

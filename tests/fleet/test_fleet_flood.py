@@ -55,9 +55,16 @@ def _flood(port: int, n: int, session: int) -> None:
 def test_a_qos0_flood_is_shed_not_queued(tmp_path: Path) -> None:
     db = tmp_path / "fleet.db"
     with Mosquitto(tmp_path / "broker") as broker:
-        cfg = CollectorConfig(BrokerConfig.from_url(broker.url), f"sqlite:///{db}", fleet="lab",
-                              backoff=Backoff(0.05, 0.5), batch_max=1_000, receive_maximum=1_000,
-                              max_backlog=BACKLOG, max_tracked=2_000)
+        cfg = CollectorConfig(
+            BrokerConfig.from_url(broker.url),
+            f"sqlite:///{db}",
+            fleet="lab",
+            backoff=Backoff(0.05, 0.5),
+            batch_max=1_000,
+            receive_maximum=1_000,
+            max_backlog=BACKLOG,
+            max_tracked=2_000,
+        )
         with Collector(cfg) as col:
             wait_for(lambda: col.connected, what="the collector connected")
             blocker = sqlite3.connect(db, timeout=10, isolation_level=None)
@@ -74,11 +81,16 @@ def test_a_qos0_flood_is_shed_not_queued(tmp_path: Path) -> None:
                 sender.join()
                 blocker.execute("ROLLBACK")
                 blocker.close()
-            wait_for(lambda: col.snapshot()["stored"]["telemetry"] + col.snapshot().get("shed", 0) >= FLOOD, timeout=60,
-                     what="the backlog written once the database is free")
+            wait_for(
+                lambda: col.snapshot()["stored"]["telemetry"] + col.snapshot().get("shed", 0) >= FLOOD,
+                timeout=60,
+                what="the backlog written once the database is free",
+            )
             s = col.snapshot()
-    print(f"RSS {before:.0f} MB -> {during:.0f} MB during the flood; {s['shed']} shed, "
-          f"{s['stored']['telemetry']} stored, backlog at most {s['backlog_high']}")
+    print(
+        f"RSS {before:.0f} MB -> {during:.0f} MB during the flood; {s['shed']} shed, "
+        f"{s['stored']['telemetry']} stored, backlog at most {s['backlog_high']}"
+    )
     assert held["received"] > 4 * BACKLOG, held  # the flood outran the busy database: there was a backlog to bound
     assert s["backlog_high"] <= BACKLOG
     assert s["shed"] >= held["received"] - 2 * BACKLOG - cfg.batch_max  # what did not fit was shed, and counted

@@ -18,7 +18,7 @@ from mqtt_broker import Mosquitto
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.status import fleet_status
 from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession, SessionOptions
@@ -41,8 +41,15 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
         cfg = BrokerConfig.from_url(broker.url)
         col = Collector(CollectorConfig(cfg, url, fleet="lab", backoff=FAST, gap_grace_s=0.0)).start(loop)
-        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {"agent": {"interval_s": 1.0}, "state": "running",
-                                                "bundle": {"id": "real"}})
+        dev = DeviceSession(
+            loop,
+            cfg,
+            "lab",
+            "cam-01",
+            MemoryOutbox(),
+            options=SessionOptions(backoff=FAST),
+            birth_body=lambda: {"agent": {"interval_s": 1.0}, "state": "running", "bundle": {"id": "real"}},
+        )
         forger = Connection(loop, cfg, "forger", options=ConnectOptions(backoff=FAST))
         try:
             loop.run(dev.start)
@@ -52,8 +59,14 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
             wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 1, what="the real telemetry")
 
             def forge(session: int, fps: float, seq: int = TOP) -> None:
-                body = message("telemetry", "lab", "cam-01", session, seq,
-                               {"historical": False, "inference": {"fps": fps}, "bundle_id": "forged"})
+                body = message(
+                    "telemetry",
+                    "lab",
+                    "cam-01",
+                    session,
+                    seq,
+                    {"historical": False, "inference": {"fps": fps}, "bundle_id": "forged"},
+                )
                 loop.run(forger.publish, "edgekit/lab/cam-01/telemetry", encode(body), 1)
 
             assert dev.session + 100 <= time.time() + 300  # inside the collector's skew window
@@ -64,8 +77,9 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
             wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 2, what="the forged session stored")
             for fps in (29.0, 31.0):
                 loop.run(dev.submit, "telemetry", {"inference": {"fps": fps}, "bundle_id": "real"})
-            wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 4,
-                     what="the real stream after the forgeries")
+            wait_for(
+                lambda: _count(db, "SELECT count(*) FROM telemetry") == 4, what="the real stream after the forgeries"
+            )
         finally:
             dev.close(timeout=2)
             loop.run(forger.close)
@@ -73,8 +87,12 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
             col.stop()
     row = {r["device"]: r for r in fleet_status(url)}["cam-01"]
     # the row follows the real agent: its session, its latest seq, its figures
-    assert (row["last_session"], row["last_seq"], row["fps"], row["bundle_id"]) == (dev.session, dev.seq, 31.0,
-                                                                                    "real"), row
+    assert (row["last_session"], row["last_seq"], row["fps"], row["bundle_id"]) == (
+        dev.session,
+        dev.seq,
+        31.0,
+        "real",
+    ), row
     assert row["flag"] is not None and row["flag"]["max_seq"] == TOP, row["flag"]
     assert _count(db, f"SELECT count(*) FROM telemetry WHERE seq = {TOP}") == 0  # refused, not stored
     assert row["missing"] == 4  # seqs 1-4 of the forged session; no forged gap of 2**53 messages

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from conftest import REPO
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.payloads import encode, message
+from mqtt_broker import Mosquitto, preload_qos1
+from pg_server import PostgresServer, PostgresUnavailable
+
 from edge.errors import EdgeError
 from edge.fleet import decode as dec
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
-from mqtt_broker import Mosquitto, preload_qos1
-from pg_server import PostgresServer, PostgresUnavailable
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.payloads import encode, message
 
 T0 = 1_767_225_600.0
 CLIENT_ID = "edgekit-test-collector"
@@ -46,8 +46,21 @@ def test_batch_options_are_checked_all_at_once() -> None:
 def test_cli_refuses_bad_batch_options() -> None:
     from conftest import assert_user_error, run_cli
 
-    assert_user_error(run_cli("fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--db", "sqlite:///:memory:",
-                              "--batch-max", "20000", "--receive-maximum", "100"), "below the batch size")
+    assert_user_error(
+        run_cli(
+            "fleet",
+            "collect",
+            "--broker",
+            "mqtt://127.0.0.1:1",
+            "--db",
+            "sqlite:///:memory:",
+            "--batch-max",
+            "20000",
+            "--receive-maximum",
+            "100",
+        ),
+        "below the batch size",
+    )
 
 
 def test_sqlite_synchronous_option(tmp_path: Path) -> None:
@@ -70,8 +83,11 @@ def scenario() -> list[tuple[str, bytes]]:
     for seq in range(1, 40):
         dev = "a" if seq % 3 else "b"
         kind = "state" if seq % 7 == 0 else "telemetry"
-        body = {"state": f"s{seq}"} if kind == "state" else {"inference": {"fps": float(seq), "frames": seq,
-                                                                            "latency_ms": {"p99_ms": seq / 2}}}
+        body = (
+            {"state": f"s{seq}"}
+            if kind == "state"
+            else {"inference": {"fps": float(seq), "frames": seq, "latency_ms": {"p99_ms": seq / 2}}}
+        )
         out.append(_msg(kind, dev, 5, seq, body))
         if seq == 20:
             out.append(_msg("birth", "b", 5, 19, {"connection": 2}))
@@ -88,7 +104,8 @@ def dump(url: str) -> dict[str, Any]:
     with open_db(url) as db:
         return {t: db.query(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4") for t in ("devices", "streams")} | {
             t: db.query(f"SELECT fleet, device, session, seq, payload FROM {t} ORDER BY 1, 2, 3, 4")
-            for t in ("telemetry", "states")}
+            for t in ("telemetry", "states")
+        }
 
 
 def store_both_ways(url_one: str, url_batch: str, batch: int) -> None:
@@ -102,7 +119,7 @@ def store_both_ways(url_one: str, url_batch: str, batch: int) -> None:
     b = Collector(cfg(url_batch, batch_max=batch, receive_maximum=max(batch, 10)))
     try:
         for i in range(0, len(msgs), batch):
-            for t, p in msgs[i:i + batch]:
+            for t, p in msgs[i : i + batch]:
                 assert b.add(t, p, received_at=T0 + 100) is None
             b.flush()
     finally:
@@ -150,8 +167,10 @@ def test_a_batch_stores_what_one_message_at_a_time_stores_on_postgresql(postgres
 def test_orjson_and_json_accept_the_same_messages() -> None:
     if dec.JSON_LIBRARY != "orjson":
         pytest.skip("orjson is not installed (pip install 'edgekit-ml[fleet]')")
-    lone = b'{"schema_version": 1, "type": "telemetry", "fleet": "lab", "device": "a", "session": 1, "seq": 1, ' \
-           b'"ts": 1.0, "historical": false, "bundle_id": "\\udcff"}'  # what json.dumps writes for surrogateescape
+    lone = (
+        b'{"schema_version": 1, "type": "telemetry", "fleet": "lab", "device": "a", "session": 1, "seq": 1, '
+        b'"ts": 1.0, "historical": false, "bundle_id": "\\udcff"}'
+    )  # what json.dumps writes for surrogateescape
     assert dec.decode("edgekit/lab/a/telemetry", lone).payload["bundle_id"] == "\udcff"  # orjson refuses it alone
     with pytest.raises(dec.Rejected, match="not JSON"):
         dec.decode("edgekit/lab/a/telemetry", b'{"ts": NaN}')
@@ -159,10 +178,29 @@ def test_orjson_and_json_accept_the_same_messages() -> None:
 
 # killed mid-batch: nothing lost, nothing twice -------------------------------------------
 def collect(broker: Mosquitto, db: Path, *opts: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "edge", "fleet", "collect", "--broker", broker.url, "--db",
-                             f"sqlite:///{db}", "--json", "--log-level", "warning", "--client-id", CLIENT_ID, *opts],
-                            cwd=REPO, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge",
+            "fleet",
+            "collect",
+            "--broker",
+            broker.url,
+            "--db",
+            f"sqlite:///{db}",
+            "--json",
+            "--log-level",
+            "warning",
+            "--client-id",
+            CLIENT_ID,
+            *opts,
+        ],
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def telemetry_count(db: Path) -> int:
@@ -220,19 +258,39 @@ def test_telemetry_columns_read_what_the_lenient_readers_read() -> None:
     from edge.fleet.simulate import telemetry_body
 
     full = telemetry_body(random.Random(1), 1.0)
-    odd = {"inference": {"fps": True, "budget_misses": 2.5, "frames": 2**60, "budget_ms": "33",
-                         "latency_ms": {"p50_ms": 10**400, "p99_ms": None, "max_ms": -0.0}},
-           "process": [], "thermal": {"max_c": float("nan"), "throttled_now": 1}, "spool": {"pending": 3.0},
-           "interval_s": 2, "bundle_id": "b\x00\udcffx" * 80}
+    odd = {
+        "inference": {
+            "fps": True,
+            "budget_misses": 2.5,
+            "frames": 2**60,
+            "budget_ms": "33",
+            "latency_ms": {"p50_ms": 10**400, "p99_ms": None, "max_ms": -0.0},
+        },
+        "process": [],
+        "thermal": {"max_c": float("nan"), "throttled_now": 1},
+        "spool": {"pending": 3.0},
+        "interval_s": 2,
+        "bundle_id": "b\x00\udcffx" * 80,
+    }
     wrong = {"inference": "x", "thermal": {"throttled_now": True}, "spool": None, "bundle_id": 7}
     for x in (full, odd, wrong, {}):
-        want = (dec.num(x, "inference", "fps"), dec.num(x, "inference", "latency_ms", "p50_ms"),
-                dec.num(x, "inference", "latency_ms", "p99_ms"), dec.num(x, "inference", "latency_ms", "max_ms"),
-                dec.integer(x, "inference", "budget_misses"), dec.integer(x, "inference", "frames"),
-                dec.num(x, "process", "cpu_percent"), dec.num(x, "process", "rss_mb"), dec.num(x, "thermal", "max_c"),
-                dec.num(x, "inference", "budget_ms"), dec.flag(x, "thermal", "throttled_now"),
-                dec.integer(x, "spool", "pending"), dec.integer(x, "spool", "dropped_total"),
-                dec.num(x, "interval_s"), dec.text(x, "bundle_id"))
+        want = (
+            dec.num(x, "inference", "fps"),
+            dec.num(x, "inference", "latency_ms", "p50_ms"),
+            dec.num(x, "inference", "latency_ms", "p99_ms"),
+            dec.num(x, "inference", "latency_ms", "max_ms"),
+            dec.integer(x, "inference", "budget_misses"),
+            dec.integer(x, "inference", "frames"),
+            dec.num(x, "process", "cpu_percent"),
+            dec.num(x, "process", "rss_mb"),
+            dec.num(x, "thermal", "max_c"),
+            dec.num(x, "inference", "budget_ms"),
+            dec.flag(x, "thermal", "throttled_now"),
+            dec.integer(x, "spool", "pending"),
+            dec.integer(x, "spool", "dropped_total"),
+            dec.num(x, "interval_s"),
+            dec.text(x, "bundle_id"),
+        )
         got = dec.telemetry_columns(x)
         assert len(got) == len(dec.TELEMETRY_METRICS) and got == want, x
     assert dec.telemetry_columns(full)[0] == full["inference"]["fps"]  # not all None: the test can fail
@@ -243,10 +301,12 @@ def test_unnest_turns_a_row_statement_into_one_over_column_arrays() -> None:
 
     assert _unnest("INSERT INTO s (a, b, c) VALUES (?, 0, ?) ON CONFLICT DO NOTHING", ("text", "bigint")) == (
         "INSERT INTO s (a, b, c) SELECT u.c0, 0, u.c1 FROM unnest(%b::text[], %b::bigint[]) AS u(c0, c1) "
-        "ON CONFLICT DO NOTHING")
+        "ON CONFLICT DO NOTHING"
+    )
     assert _unnest("UPDATE d SET x = coalesce(?, x) WHERE k = ? AND (v < ?)", ("float8", "text", "bigint")) == (
         "UPDATE d SET x = coalesce(u.c0, x) FROM unnest(%b::float8[], %b::text[], %b::bigint[]) AS u(c0, c1, c2) "
-        "WHERE k = u.c1 AND (v < u.c2)")
+        "WHERE k = u.c1 AND (v < u.c2)"
+    )
     with pytest.raises(ValueError, match="2 types for 3 parameters"):
         _unnest("UPDATE d SET x = ? WHERE k = ? AND v = ?", ("text", "text"))
 
@@ -261,8 +321,11 @@ def _device_and_row(url: str) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     body["spool"].update(pending=4, dropped_total=2)
     c = Collector(cfg(url))
     try:
-        for t, p in (_msg("birth", "a", 5, 0, {"connection": 1}), _msg("telemetry", "a", 5, 1, body),
-                     _msg("telemetry", "a", 5, 2, {**body, "bundle_id": None, "interval_s": "x"})):
+        for t, p in (
+            _msg("birth", "a", 5, 0, {"connection": 1}),
+            _msg("telemetry", "a", 5, 1, body),
+            _msg("telemetry", "a", 5, 2, {**body, "bundle_id": None, "interval_s": "x"}),
+        ):
             assert c.add(t, p, received_at=T0 + 100) is None
         c.flush()
     finally:
@@ -274,8 +337,9 @@ def _device_and_row(url: str) -> tuple[dict[str, Any], dict[str, Any], dict[str,
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
-def test_the_device_row_and_the_telemetry_row_hold_the_payloads_values(tmp_path: Path, dialect: str,
-                                                                       request: pytest.FixtureRequest) -> None:
+def test_the_device_row_and_the_telemetry_row_hold_the_payloads_values(
+    tmp_path: Path, dialect: str, request: pytest.FixtureRequest
+) -> None:
     if dialect == "sqlite":
         url = f"sqlite:///{tmp_path}/f.db"
     else:
@@ -288,15 +352,30 @@ def test_the_device_row_and_the_telemetry_row_hold_the_payloads_values(tmp_path:
         url = base.rsplit("/", 1)[0] + "/columns"
     body, dev, row = _device_and_row(url)
     inf, lat = body["inference"], body["inference"]["latency_ms"]
-    want = {"last_seq": 2, "fps": inf["fps"], "p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"], "max_ms": lat["max_ms"],
-            "misses": inf["budget_misses"], "frames": inf["frames"], "cpu_percent": body["process"]["cpu_percent"],
-            "rss_mb": body["process"]["rss_mb"], "temp_c": body["thermal"]["max_c"], "budget_ms": inf["budget_ms"],
-            "throttled": True, "spool_pending": 4, "spool_dropped": 2,
-            "interval_s": 0.5, "bundle_id": body["bundle_id"]}  # seq 2's null and bad values keep seq 1's
+    want = {
+        "last_seq": 2,
+        "fps": inf["fps"],
+        "p50_ms": lat["p50_ms"],
+        "p99_ms": lat["p99_ms"],
+        "max_ms": lat["max_ms"],
+        "misses": inf["budget_misses"],
+        "frames": inf["frames"],
+        "cpu_percent": body["process"]["cpu_percent"],
+        "rss_mb": body["process"]["rss_mb"],
+        "temp_c": body["thermal"]["max_c"],
+        "budget_ms": inf["budget_ms"],
+        "throttled": True,
+        "spool_pending": 4,
+        "spool_dropped": 2,
+        "interval_s": 0.5,
+        "bundle_id": body["bundle_id"],
+    }  # seq 2's null and bad values keep seq 1's
     assert {k: dev[k] for k in want} == want
-    assert {k: row[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb",
-                                "temp_c")} == {k: want[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses",
-                                                                    "frames", "cpu_percent", "rss_mb", "temp_c")}
+    assert {
+        k: row[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb", "temp_c")
+    } == {
+        k: want[k] for k in ("fps", "p50_ms", "p99_ms", "max_ms", "misses", "frames", "cpu_percent", "rss_mb", "temp_c")
+    }
 
 
 def test_the_light_simulator_is_seen_by_the_collector_as_devices(tmp_path: Path) -> None:
@@ -305,8 +384,9 @@ def test_the_light_simulator_is_seen_by_the_collector_as_devices(tmp_path: Path)
     devices, rate = 40, 5.0
     url = f"sqlite:///{tmp_path}/fleet.db"
     with Mosquitto(tmp_path / "broker") as broker:
-        c = Collector(CollectorConfig(BrokerConfig.from_url(broker.url), url, client_id=CLIENT_ID,
-                                      batch_interval_ms=20)).start()
+        c = Collector(
+            CollectorConfig(BrokerConfig.from_url(broker.url), url, client_id=CLIENT_ID, batch_interval_ms=20)
+        ).start()
         try:
             deadline = time.monotonic() + 20
             while not c.connected and time.monotonic() < deadline:
@@ -331,8 +411,10 @@ def test_the_light_simulator_is_seen_by_the_collector_as_devices(tmp_path: Path)
     assert stats["duplicates"] == 0 and stats["rebirths_sent"] == 0 and stats["rejected"]["malformed"] == 0
     with open_db(url) as db:
         assert db.execute("SELECT count(*), count(DISTINCT device) FROM telemetry").fetchone() == (made, devices)
-        assert db.execute("SELECT coalesce(sum(max(max_seq, announced_seq) - received), 0) FROM streams"
-                          ).fetchone()[0] == 0
+        assert (
+            db.execute("SELECT coalesce(sum(max(max_seq, announced_seq) - received), 0) FROM streams").fetchone()[0]
+            == 0
+        )
         offline = db.execute("SELECT count(*) FROM devices WHERE online = 0 AND death_reason = 'shutdown'")
         assert offline.fetchone()[0] == devices
         lag = db.execute("SELECT max(received_at - ts) FROM telemetry").fetchone()[0]

@@ -19,18 +19,18 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (pip install 'edgekit-ml[fleet]')")
 
+import mqtt_broker  # noqa: E402
+from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
 from edge.agent.agent import Agent, AgentConfig  # noqa: E402
-from edge.mqtt.desired import REASONS, STATES, Reason, ReportedState  # noqa: E402
+from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
+from edge.fleet.metrics import METRICS, ROLLOUT_STATES, MetricsServer, quantile  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.desired import REASONS, STATES, Reason, ReportedState  # noqa: E402
 from edge.mqtt.netloop import Backoff, NetworkLoop  # noqa: E402
 from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
 from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
-from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
-from edge.fleet.metrics import METRICS, ROLLOUT_STATES, MetricsServer, quantile  # noqa: E402
-import mqtt_broker  # noqa: E402
 
 broker = mqtt_broker.broker
 FAST = Backoff(0.05, 0.5)
@@ -41,25 +41,50 @@ pytestmark = pytest.mark.usefixtures("no_leaked_threads")  # tests/conftest.py
 
 
 def birth(target: str, bundle: str, fallback: bool = False) -> dict[str, Any]:
-    return {"state": "running", "agent": {"edgekit_version": "0.1.0", "interval_s": 1.0},
-            "bundle": {"id": bundle, "target": target, "precision": "fp32"},
-            "runner": {"runtime": "onnxruntime 1.22", "device_requested": "CUDAExecutionProvider" if fallback
-                       else "CPUExecutionProvider", "device_used": "CPUExecutionProvider",
-                       "fallback": "CUDA is not available: running on the CPU" if fallback else None},
-            "host": {"hostname": "box"}}
+    return {
+        "state": "running",
+        "agent": {"edgekit_version": "0.1.0", "interval_s": 1.0},
+        "bundle": {"id": bundle, "target": target, "precision": "fp32"},
+        "runner": {
+            "runtime": "onnxruntime 1.22",
+            "device_requested": "CUDAExecutionProvider" if fallback else "CPUExecutionProvider",
+            "device_used": "CPUExecutionProvider",
+            "fallback": "CUDA is not available: running on the CPU" if fallback else None,
+        },
+        "host": {"hostname": "box"},
+    }
 
 
 def telemetry(bundle: str, p50: float, p99: float, fps: float, misses: int, frames: int = 100) -> dict[str, Any]:
-    return {"interval_s": 1.0, "state": "running", "bundle_id": bundle,
-            "inference": {"frames": frames, "fps": fps, "budget_ms": 20.0, "budget_misses": misses,
-                          "latency_ms": {"count": frames, "p50_ms": p50, "p99_ms": p99, "max_ms": p99 + 1}},
-            "process": {"cpu_percent": 10.0, "rss_mb": 30.0}, "spool": {"pending": 0, "dropped_total": 0}}
+    return {
+        "interval_s": 1.0,
+        "state": "running",
+        "bundle_id": bundle,
+        "inference": {
+            "frames": frames,
+            "fps": fps,
+            "budget_ms": 20.0,
+            "budget_misses": misses,
+            "latency_ms": {"count": frames, "p50_ms": p50, "p99_ms": p99, "max_ms": p99 + 1},
+        },
+        "process": {"cpu_percent": 10.0, "rss_mb": 30.0},
+        "spool": {"pending": 0, "dropped_total": 0},
+    }
 
 
 def rollout(rid: str, desired: str, state: str, reason: str | None = None) -> dict[str, Any]:
-    return {"state": "running", "detail": None, "bundle_id": None,
-            "rollout": {"rollout_id": rid, "desired_bundle": desired, "desired_version": 2, "state": state,
-                        "reason": reason}}
+    return {
+        "state": "running",
+        "detail": None,
+        "bundle_id": None,
+        "rollout": {
+            "rollout_id": rid,
+            "desired_bundle": desired,
+            "desired_version": 2,
+            "state": state,
+            "reason": reason,
+        },
+    }
 
 
 # device id -> (target, bundle, fallback, (p50, p99, fps, misses), rollout state or None)
@@ -79,8 +104,11 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
@@ -97,7 +125,15 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
         with Collector(cfg) as collector, MetricsServer(url, port=0, collector=collector) as server:
             bcfg = BrokerConfig.from_url(broker.url)
             for dev, (target, bundle, fb, _, _) in [*DEVICES.items(), (GONE, ("x86-cpu", "base", False, None, None))]:
-                s = DeviceSession(loop, bcfg, "lab", dev, MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda t=target, b=bundle, f=fb: birth(t, b, f))
+                s = DeviceSession(
+                    loop,
+                    bcfg,
+                    "lab",
+                    dev,
+                    MemoryOutbox(),
+                    options=SessionOptions(backoff=FAST),
+                    birth_body=lambda t=target, b=bundle, f=fb: birth(t, b, f),
+                )
                 sessions.append(s)
                 loop.run(s.start)
             wait_for(lambda: all(s.connected for s in sessions), 20, "device sessions connected")
@@ -113,21 +149,57 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
             # a real agent (no runtime) whose reported state travels in its state stream
             store = tmp_path / "store"
             store.mkdir()
-            agent = Agent(AgentConfig(fleet="lab", device_id="agent-01", broker=bcfg, store=store, source="none",
-                                      interval_s=0.5, poll_current_s=0, desired=False, backoff=FAST)).start()
-            agent.report(ReportedState(state="failed", bundle_running=None, rollout_id="r2", desired_version=3,
-                                       desired_bundle="b2", reason=Reason("download_failed", "HTTP 404", "downloading")))
+            agent = Agent(
+                AgentConfig(
+                    fleet="lab",
+                    device_id="agent-01",
+                    broker=bcfg,
+                    store=store,
+                    source="none",
+                    interval_s=0.5,
+                    poll_current_s=0,
+                    desired=False,
+                    backoff=FAST,
+                )
+            ).start()
+            agent.report(
+                ReportedState(
+                    state="failed",
+                    bundle_running=None,
+                    rollout_id="r2",
+                    desired_version=3,
+                    desired_bundle="b2",
+                    reason=Reason("download_failed", "HTTP 404", "downloading"),
+                )
+            )
 
             def ready() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
                 m = scrape(server.url)
-                ok = (value(m, "edgekit_rollout_failures", fleet="lab", rollout="r2", target="unknown",
-                            desired_bundle="b2", reason="download_failed") == 1
-                      and value(m, "edgekit_devices", fleet="lab", target="x86-cpu", bundle="base",
-                                status="offline") == 1
-                      and value(m, "edgekit_collector_stored_total", kind="telemetry") is not None
-                      and value(m, "edgekit_collector_stored_total", kind="telemetry") >= sent
-                      and value(m, "edgekit_rollout_devices", fleet="lab", rollout="r1", target="x86-cpu",
-                                desired_bundle="canary", state="watching") == 1)
+                ok = (
+                    value(
+                        m,
+                        "edgekit_rollout_failures",
+                        fleet="lab",
+                        rollout="r2",
+                        target="unknown",
+                        desired_bundle="b2",
+                        reason="download_failed",
+                    )
+                    == 1
+                    and value(m, "edgekit_devices", fleet="lab", target="x86-cpu", bundle="base", status="offline") == 1
+                    and value(m, "edgekit_collector_stored_total", kind="telemetry") is not None
+                    and value(m, "edgekit_collector_stored_total", kind="telemetry") >= sent
+                    and value(
+                        m,
+                        "edgekit_rollout_devices",
+                        fleet="lab",
+                        rollout="r1",
+                        target="x86-cpu",
+                        desired_bundle="canary",
+                        state="watching",
+                    )
+                    == 1
+                )
                 return m if ok else None
 
             m = wait_for(ready, 30, "the collector to store every message and the scrape to show it")
@@ -141,18 +213,28 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
             assert value(m, "edgekit_latency_p99_ms", **base, quantile="0.5") == 12.0
             assert value(m, "edgekit_latency_p99_ms", **base, quantile="1") == 14.0
             assert value(m, "edgekit_latency_p99_ms", **base, quantile="0") == 10.0
-            assert value(m, "edgekit_latency_p99_ms", **base, quantile="0.9") == pytest.approx(quantile([10, 12, 14], 0.9))
+            assert value(m, "edgekit_latency_p99_ms", **base, quantile="0.9") == pytest.approx(
+                quantile([10, 12, 14], 0.9)
+            )
             assert value(m, "edgekit_latency_p50_ms", **canary, quantile="0.5") == 17.5
             assert value(m, "edgekit_fps", **canary, quantile="0") == 10.0
             assert value(m, "edgekit_budget_ms", **canary) == 20.0
             assert value(m, "edgekit_budget_miss_ratio", **base) == pytest.approx(3 / 300)
-            assert value(m, "edgekit_devices_over_budget", **canary) == 2 and value(m, "edgekit_devices_over_budget", **base) == 0
-            assert value(m, "edgekit_devices_fallback", **canary) == 1 and value(m, "edgekit_devices_fallback", **base) == 0
+            assert (
+                value(m, "edgekit_devices_over_budget", **canary) == 2
+                and value(m, "edgekit_devices_over_budget", **base) == 0
+            )
+            assert (
+                value(m, "edgekit_devices_fallback", **canary) == 1
+                and value(m, "edgekit_devices_fallback", **base) == 0
+            )
             assert value(m, "edgekit_devices_error", **base) == 0
             # rollout progress from the devices' state streams
             r1 = dict(fleet="lab", rollout="r1", target="x86-cpu", desired_bundle="canary")
-            assert {st: value(m, "edgekit_rollout_devices", **r1, state=st) for st in ("running", "watching",
-                    "rolled-back", "failed")} == {"running": 1, "watching": 1, "rolled-back": 1, "failed": 0}
+            assert {
+                st: value(m, "edgekit_rollout_devices", **r1, state=st)
+                for st in ("running", "watching", "rolled-back", "failed")
+            } == {"running": 1, "watching": 1, "rolled-back": 1, "failed": 0}
             assert value(m, "edgekit_rollout_devices_on_desired", **r1) == 2  # cam-02 rolled back to base
             assert value(m, "edgekit_rollout_failures", **r1, reason="watch_p99_over_budget") == 1
             # a target that is not a label value is folded into "other" and counted, never exported
@@ -174,11 +256,51 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
 
 
 # the dashboard ------------------------------------------------------------------------------------------
-_PROMQL_WORDS = {"sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "by",
-                 "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
-                 "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile", "abs", "clamp_min",
-                 "clamp_max", "label_values", "vector", "scalar", "time", "avg_over_time", "max_over_time",
-                 "min_over_time", "sum_over_time", "count_values", "absent", "sort", "sort_desc"}
+_PROMQL_WORDS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "histogram_quantile",
+    "abs",
+    "clamp_min",
+    "clamp_max",
+    "label_values",
+    "vector",
+    "scalar",
+    "time",
+    "avg_over_time",
+    "max_over_time",
+    "min_over_time",
+    "sum_over_time",
+    "count_values",
+    "absent",
+    "sort",
+    "sort_desc",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -191,7 +313,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", e):
         word = m.group(0)
-        after = e[m.end():].lstrip()
+        after = e[m.end() :].lstrip()
         if after.startswith("(") or word in _PROMQL_WORDS or re.fullmatch(r"\d.*", word):
             continue
         names.add(word)
@@ -199,8 +321,9 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_promql_parser() -> None:  # the checker itself must find names, or the dashboard check proves nothing
-    assert metric_names('sum by (target, bundle) (rate(edgekit_x_total{fleet=~"$fleet",a="b{c}"}[5m])) / '
-                        'sum(edgekit_y) > 0') == {"edgekit_x_total", "edgekit_y"}
+    assert metric_names(
+        'sum by (target, bundle) (rate(edgekit_x_total{fleet=~"$fleet",a="b{c}"}[5m])) / sum(edgekit_y) > 0'
+    ) == {"edgekit_x_total", "edgekit_y"}
     assert metric_names('label_values(edgekit_devices{fleet=~"$fleet"}, target)') == {"edgekit_devices", "target"}
 
 
@@ -223,7 +346,8 @@ def check_dashboard(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
     missing = used - scraped
     assert not missing, f"the dashboard queries metrics the scrape does not have: {sorted(missing)}"
     assert {n for n in used if not n.startswith("edgekit_collector")} <= set(METRICS) | {
-        n for n in used if n.endswith("_total")}
+        n for n in used if n.endswith("_total")
+    }
 
 
 def test_dashboard_is_provisioning_ready() -> None:
@@ -255,8 +379,9 @@ def test_closed_sets_match_the_agent() -> None:
 
 
 def test_metrics_cli_bad_input(tmp_path: Path) -> None:
-    assert_user_error(run_cli("fleet", "metrics", "--db", f"sqlite:///{tmp_path}/nope.db", "--duration", "0"),
-                      "does not exist")
+    assert_user_error(
+        run_cli("fleet", "metrics", "--db", f"sqlite:///{tmp_path}/nope.db", "--duration", "0"), "does not exist"
+    )
     assert_user_error(run_cli("fleet", "metrics", "--db", "mysql://x/y", "--duration", "0"), "unsupported database URL")
 
 
@@ -267,6 +392,7 @@ def _scrape_when_up(url: str, proc: Any, timeout: float = 30.0) -> dict[tuple[st
             return scrape(url)
         except OSError:
             return None
+
     return wait_for(up, timeout, f"{url} to answer")
 
 
@@ -283,24 +409,63 @@ def test_collect_metrics_port_and_standalone_metrics(broker: Any, tmp_path: Path
     with socket.socket() as busy:  # a port in use: one line, nothing started, no database created
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        assert_user_error(run_cli("fleet", "collect", "--broker", broker.url, "--db", url, "--metrics-port",
-                                  str(busy.getsockname()[1]), "--duration", "5"), "cannot serve metrics", "in use")
+        assert_user_error(
+            run_cli(
+                "fleet",
+                "collect",
+                "--broker",
+                broker.url,
+                "--db",
+                url,
+                "--metrics-port",
+                str(busy.getsockname()[1]),
+                "--duration",
+                "5",
+            ),
+            "cannot serve metrics",
+            "in use",
+        )
     assert not (tmp_path / "fleet.db").exists()
     port = free_port()
-    collect = subprocess.Popen([EDGEKIT, "fleet", "collect", "--broker", broker.url, "--db", url, "--metrics-port",
-                                str(port), "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    collect = subprocess.Popen(
+        [
+            EDGEKIT,
+            "fleet",
+            "collect",
+            "--broker",
+            broker.url,
+            "--db",
+            url,
+            "--metrics-port",
+            str(port),
+            "--duration",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _scrape_when_up(f"http://127.0.0.1:{port}/metrics", collect)
-        m = wait_for(lambda: (lambda s: s if value(s, "edgekit_collector_connected") == 1 else None)(
-            scrape(f"http://127.0.0.1:{port}/metrics")), 20, "the collector to connect")
+        m = wait_for(
+            lambda: (lambda s: s if value(s, "edgekit_collector_connected") == 1 else None)(
+                scrape(f"http://127.0.0.1:{port}/metrics")
+            ),
+            20,
+            "the collector to connect",
+        )
         assert value(m, "edgekit_fleet_scrape_ok") == 1 and value(m, "edgekit_collector_received_total") == 0
     finally:
         collect.send_signal(signal.SIGINT)
         out, err = collect.communicate(timeout=30)
     assert collect.returncode == 0, err
     port = free_port()
-    metrics = subprocess.Popen([EDGEKIT, "fleet", "metrics", "--db", url, "--port", str(port), "--duration", "60"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = subprocess.Popen(
+        [EDGEKIT, "fleet", "metrics", "--db", url, "--port", str(port), "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         m = _scrape_when_up(f"http://127.0.0.1:{port}/metrics", metrics)
         assert value(m, "edgekit_fleet_scrape_ok") == 1

@@ -19,23 +19,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mqtt_broker import Mosquitto, free_port, make_ca, password_file, preload_qos1
 
-from conftest import REPO, wait_for
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop
-from edge.mqtt.payloads import encode, message
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
+from edge.mqtt.client import BrokerConfig
 from edge.mqtt.lite import LiteConnection, Malformed, PacketReader, TooLarge, properties, varint
-from mqtt_broker import Mosquitto, free_port, make_ca, password_file, preload_qos1
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
+from edge.mqtt.payloads import encode, message
 
 T0 = time.time() - 100
 FAST = Backoff(0.05, 0.2)
 
 
-def msg(kind: str, device: str, seq: int, session: int = int(T0), body: dict[str, Any] | None = None) -> tuple[str, bytes]:
+def msg(
+    kind: str, device: str, seq: int, session: int = int(T0), body: dict[str, Any] | None = None
+) -> tuple[str, bytes]:
     if kind == "birth":
         body = {"connection": 1, **(body or {})}
     return f"edgekit/lab/{device}/{kind}", encode(message(kind, "lab", device, session, seq, body or {}, ts=T0 + seq))
@@ -43,8 +45,10 @@ def msg(kind: str, device: str, seq: int, session: int = int(T0), body: dict[str
 
 def fleet(devices: int, per_device: int, births: bool = True) -> list[tuple[str, bytes]]:
     out = [msg("birth", f"d{i}", 0) for i in range(devices)] if births else []
-    return out + [msg("telemetry", f"d{k % devices}", k // devices + 1, body={"inference": {"fps": 1.0}})
-                  for k in range(devices * per_device)]
+    return out + [
+        msg("telemetry", f"d{k % devices}", k // devices + 1, body={"inference": {"fps": 1.0}})
+        for k in range(devices * per_device)
+    ]
 
 
 def count(url: str, sql: str = "SELECT count(*) FROM telemetry") -> int:
@@ -56,17 +60,38 @@ def count(url: str, sql: str = "SELECT count(*) FROM telemetry") -> int:
 
 
 def lite_collector(broker: BrokerConfig, url: str, client_id: str, **kw: Any) -> Collector:
-    return Collector(CollectorConfig(broker, url, client_id=client_id, gap_grace_s=0.0, backoff=FAST, client="lite",
-                                     **kw))
+    return Collector(
+        CollectorConfig(broker, url, client_id=client_id, gap_grace_s=0.0, backoff=FAST, client="lite", **kw)
+    )
 
 
 # acknowledged after the commit ---------------------------------------------------------------
 def collect(broker: Mosquitto, db: Path, *opts: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "edge", "fleet", "collect", "--client", "lite", "--broker",
-                             broker.url, "--db", f"sqlite:///{db}", "--json", "--log-level", "warning",
-                             "--client-id", "lite-test", *opts],
-                            cwd=REPO, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge",
+            "fleet",
+            "collect",
+            "--client",
+            "lite",
+            "--broker",
+            broker.url,
+            "--db",
+            f"sqlite:///{db}",
+            "--json",
+            "--log-level",
+            "warning",
+            "--client-id",
+            "lite-test",
+            *opts,
+        ],
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_killed_before_commit_the_broker_redelivers_and_nothing_is_lost_or_doubled(tmp_path: Path) -> None:
@@ -99,8 +124,10 @@ def test_killed_before_commit_the_broker_redelivers_and_nothing_is_lost_or_doubl
     assert p.returncode == 0, err.decode()[-2000:]
     stats = json.loads(out)
     with open_db(url) as s:
-        assert tuple(s.execute("SELECT count(*), count(DISTINCT device || '/' || seq) FROM telemetry").fetchone()) \
-            == (n, n)
+        assert tuple(s.execute("SELECT count(*), count(DISTINCT device || '/' || seq) FROM telemetry").fetchone()) == (
+            n,
+            n,
+        )
         assert s.execute("SELECT coalesce(sum(max_seq - received), 0) FROM streams").fetchone()[0] == 0
     assert stats["stored"]["telemetry"] == n - 1975 and stats["duplicates"] == 0 and stats["db_errors"] == 0
 
@@ -150,13 +177,16 @@ def test_a_batch_failing_on_the_writer_thread_is_rolled_back_unacknowledged_and_
     with open_db(url) as db:  # a trap: the store refuses seq 40 while armed
         db.execute("CREATE TABLE trap (armed INTEGER)")
         db.execute("INSERT INTO trap VALUES (1)")
-        db.execute("CREATE TRIGGER trap_seq BEFORE INSERT ON telemetry WHEN NEW.seq = 40 AND "
-                   "(SELECT armed FROM trap) = 1 BEGIN SELECT RAISE(ABORT, 'trap'); END")
+        db.execute(
+            "CREATE TRIGGER trap_seq BEFORE INSERT ON telemetry WHEN NEW.seq = 40 AND "
+            "(SELECT armed FROM trap) = 1 BEGIN SELECT RAISE(ABORT, 'trap'); END"
+        )
         db.commit()
     msgs = fleet(5, 60)
     with Mosquitto(tmp_path / "broker") as broker:
-        c = lite_collector(BrokerConfig.from_url(broker.url), url, "piped", batch_max=50, batch_interval_ms=20,
-                           receive_maximum=100).start()
+        c = lite_collector(
+            BrokerConfig.from_url(broker.url), url, "piped", batch_max=50, batch_interval_ms=20, receive_maximum=100
+        ).start()
         try:
             assert c._writer is not None and c._writer.is_alive()
             wait_for(lambda: c.connected, 20, "the collector")
@@ -196,8 +226,9 @@ def test_two_lite_collectors_in_one_group_split_the_messages(tmp_path: Path) -> 
         finally:
             for c in cs:
                 c.stop()
-    keys = [set(r[0] for r in open_db(u).execute("SELECT device || '/' || seq FROM telemetry").fetchall())
-            for u in urls]
+    keys = [
+        set(r[0] for r in open_db(u).execute("SELECT device || '/' || seq FROM telemetry").fetchall()) for u in urls
+    ]
     assert len(keys[0]) + len(keys[1]) == len(msgs) and not keys[0] & keys[1]
     assert min(len(k) for k in keys) > len(msgs) // 10, "the group split the messages"
 
@@ -206,11 +237,22 @@ def test_lite_collector_on_mqtt_3_1_1_and_a_rebirth_request_out(tmp_path: Path) 
     """MQTT 3.1.1 (plain subscription); telemetry of a session with no birth: a QoS 1 cmd/rebirth goes out."""
     got: list[tuple[str, bytes]] = []
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
-        spy = Connection(loop, BrokerConfig.from_url(broker.url), "spy", options=ConnectOptions(backoff=FAST), subscriptions=[("edgekit/+/+/cmd/#", 1)], on_message=lambda _c, m: got.append((m.topic, m.payload)))
+        spy = Connection(
+            loop,
+            BrokerConfig.from_url(broker.url),
+            "spy",
+            options=ConnectOptions(backoff=FAST),
+            subscriptions=[("edgekit/+/+/cmd/#", 1)],
+            on_message=lambda _c, m: got.append((m.topic, m.payload)),
+        )
         loop.run(spy.start)
         wait_for(lambda: spy.connected, 20, "the spy")
-        c = lite_collector(BrokerConfig.from_url(broker.url, protocol="3.1.1"), f"sqlite:///{tmp_path}/f.db",
-                           "lite-311", batch_interval_ms=10).start()
+        c = lite_collector(
+            BrokerConfig.from_url(broker.url, protocol="3.1.1"),
+            f"sqlite:///{tmp_path}/f.db",
+            "lite-311",
+            batch_interval_ms=10,
+        ).start()
         try:
             wait_for(lambda: c.connected, 20, "the collector")
             time.sleep(0.3)
@@ -232,12 +274,16 @@ def test_tls_with_a_client_certificate_and_a_wrong_ca_refused(tmp_path: Path) ->
     other = make_ca(tmp_path / "other", name="another-ca")
     plain = free_port()  # the pre-loader speaks plain MQTT on a second listener
     url = f"sqlite:///{tmp_path}/f.db"
-    with Mosquitto(tmp_path / "broker", tls=tls, require_certificate=True,
-                   extra=f"listener {plain} 127.0.0.1\n") as broker:
+    with Mosquitto(
+        tmp_path / "broker", tls=tls, require_certificate=True, extra=f"listener {plain} 127.0.0.1\n"
+    ) as broker:
         good = BrokerConfig.from_url(broker.url, ca_file=tls.ca, cert_file=tls.client_cert, key_file=tls.client_key)
         c = lite_collector(good, url, "lite-tls", batch_interval_ms=10).start()
-        bad = lite_collector(BrokerConfig.from_url(broker.url, ca_file=other.ca, cert_file=other.client_cert,
-                                                   key_file=other.client_key), "sqlite:///:memory:", "lite-bad")
+        bad = lite_collector(
+            BrokerConfig.from_url(broker.url, ca_file=other.ca, cert_file=other.client_cert, key_file=other.client_key),
+            "sqlite:///:memory:",
+            "lite-bad",
+        )
         bad.start()
         try:
             wait_for(lambda: c.connected, 20, "the TLS collector")
@@ -260,8 +306,9 @@ def test_user_name_and_password(tmp_path: Path) -> None:
         conns = {}
         for name, password in (("right", "s3cret"), ("wrong", "nope")):
             cfg = BrokerConfig.from_url(broker.url, username="collector", password=password)
-            conns[name] = LiteConnection(loop, cfg, f"lite-{name}", subscriptions=[("edgekit/#", 1)],
-                                         on_publish=lambda *a: None, backoff=FAST)
+            conns[name] = LiteConnection(
+                loop, cfg, f"lite-{name}", subscriptions=[("edgekit/#", 1)], on_publish=lambda *a: None, backoff=FAST
+            )
             loop.run(conns[name].start)
         wait_for(lambda: conns["right"].connected, 20, "the right password")
         wait_for(lambda: conns["wrong"].last_error, 20, "the wrong password's refusal")
@@ -273,8 +320,9 @@ def test_user_name_and_password(tmp_path: Path) -> None:
 
 
 # untrusted bytes ------------------------------------------------------------------------------
-def publish_packet(topic: bytes, payload: bytes, mid: int = 0, qos: int = 1, mqtt5: bool = True,
-                   props: bytes = b"") -> bytes:
+def publish_packet(
+    topic: bytes, payload: bytes, mid: int = 0, qos: int = 1, mqtt5: bool = True, props: bytes = b""
+) -> bytes:
     var = struct.pack("!H", len(topic)) + topic + (struct.pack("!H", mid) if qos else b"")
     if mqtt5:
         var += varint(len(props)) + props
@@ -324,33 +372,50 @@ def test_an_oversized_publish_is_skipped_not_refused(mqtt5: bool) -> None:
         assert r.buffered == 0
 
 
-@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.binary(max_size=60), st.integers(1, 65535),
-                          st.integers(0, 1), st.binary(max_size=8)), min_size=1, max_size=12),
-       st.lists(st.integers(0, 2000), max_size=6), st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=30),
+            st.binary(max_size=60),
+            st.integers(1, 65535),
+            st.integers(0, 1),
+            st.binary(max_size=8),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.integers(0, 2000), max_size=6),
+    st.booleans(),
+)
 @settings(max_examples=150, deadline=None)
 def test_packets_split_anywhere_read_the_same(packets: list[Any], cuts: list[int], mqtt5: bool) -> None:
     """Valid PUBLISH packets (with properties skipped by length) split at arbitrary points: the same messages."""
     props = lambda b: b"\x01\x01" + (b"\x26" + struct.pack("!H", len(b)) + b + b"\x00\x00")  # noqa: E731
-    stream = b"".join(publish_packet(t.encode(), p, mid if q else 0, q, mqtt5, props(pr) if mqtt5 else b"")
-                      for t, p, mid, q, pr in packets)
+    stream = b"".join(
+        publish_packet(t.encode(), p, mid if q else 0, q, mqtt5, props(pr) if mqtt5 else b"")
+        for t, p, mid, q, pr in packets
+    )
     pos = sorted({min(c, len(stream)) for c in cuts})
     chunks = [stream[a:b] for a, b in zip([0, *pos], [*pos, len(stream)])]
     pubs, _ = read_all(chunks, mqtt5)
     assert pubs == [(t, p, mid if q else 0, q) for t, p, mid, q, _ in packets]
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"\x30\xff\xff\xff\xff\x01", "longer than 4 bytes"),
-    (b"\x90\xff\xff\x7f", "over the limit"),  # an oversized PUBLISH is skipped (below); anything else refused
-    (b"\x32\x03\x00\x05a", "topic runs past"),
-    (b"\x32\x04\x00\x01a\x00", "packet id"),
-    (b"\x32\x05\x00\x01a\x00\x00", "packet id 0"),
-    (b"\x34\x05\x00\x01a\x00\x01", "QoS 2"),
-    (b"\x32\x06\x00\x01a\x00\x01\x09", "properties run past"),
-    (b"\x30\x03\x00\x00\x00", "empty topic"),
-    (b"\x10\x00", "not one a subscriber receives"),
-    (b"\xd1\x00", "reserved flags"),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\x30\xff\xff\xff\xff\x01", "longer than 4 bytes"),
+        (b"\x90\xff\xff\x7f", "over the limit"),  # an oversized PUBLISH is skipped (below); anything else refused
+        (b"\x32\x03\x00\x05a", "topic runs past"),
+        (b"\x32\x04\x00\x01a\x00", "packet id"),
+        (b"\x32\x05\x00\x01a\x00\x00", "packet id 0"),
+        (b"\x34\x05\x00\x01a\x00\x01", "QoS 2"),
+        (b"\x32\x06\x00\x01a\x00\x01\x09", "properties run past"),
+        (b"\x30\x03\x00\x00\x00", "empty topic"),
+        (b"\x10\x00", "not one a subscriber receives"),
+        (b"\xd1\x00", "reserved flags"),
+    ],
+)
 def test_malformed_packets_are_named(data: bytes, reason: str) -> None:
     r = PacketReader(True, lambda *a: None, lambda k, b: None, 4096)
     with pytest.raises(Malformed, match=reason):
@@ -359,9 +424,13 @@ def test_malformed_packets_are_named(data: bytes, reason: str) -> None:
 
 def test_properties_of_control_packets_are_checked() -> None:
     assert properties(b"\x08\x13\x00\x3c\x21\x00\x0a\x01\x01", 0, 9) == ({0x13: 60, 0x21: 10, 0x01: 1}, 9)
-    for data, reason in ((b"\x02\x05\x00", "unknown property 0x05"), (b"\x05\x13\x00", "run past the packet"),
-                         (b"\x02\x13\x00", "runs past its properties"), (b"\x03\x1f\x00\x05", "runs past"),
-                         (b"\xff\xff\xff\xff\x7f", "longer than 4 bytes")):
+    for data, reason in (
+        (b"\x02\x05\x00", "unknown property 0x05"),
+        (b"\x05\x13\x00", "run past the packet"),
+        (b"\x02\x13\x00", "runs past its properties"),
+        (b"\x03\x1f\x00\x05", "runs past"),
+        (b"\xff\xff\xff\xff\x7f", "longer than 4 bytes"),
+    ):
         with pytest.raises(Malformed, match=reason):
             properties(data, 0, len(data))
 
@@ -401,17 +470,25 @@ class HostileBroker:
         self.srv.close()
 
 
-@pytest.mark.parametrize("garbage", [b"\xf0\x00", b"\x30\xff\xff\xff\xff\xff", b"\x32\x03\x00\x09ab",
-                                     b"\x20\x03\x00\x00\x00"])
-def test_a_hostile_broker_gets_a_closed_connection_and_a_log_line(garbage: bytes,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "garbage", [b"\xf0\x00", b"\x30\xff\xff\xff\xff\xff", b"\x32\x03\x00\x09ab", b"\x20\x03\x00\x00\x00"]
+)
+def test_a_hostile_broker_gets_a_closed_connection_and_a_log_line(
+    garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
     hostile = HostileBroker(garbage)
     got: list[Any] = []
     caplog.set_level(logging.INFO, "edge.mqtt")
     try:
         with NetworkLoop(name="edgekit-test") as loop:
-            conn = LiteConnection(loop, BrokerConfig("127.0.0.1", hostile.port), "victim",
-                                  subscriptions=[("edgekit/#", 1)], on_publish=lambda *a: got.append(a), backoff=FAST)
+            conn = LiteConnection(
+                loop,
+                BrokerConfig("127.0.0.1", hostile.port),
+                "victim",
+                subscriptions=[("edgekit/#", 1)],
+                on_publish=lambda *a: got.append(a),
+                backoff=FAST,
+            )
             loop.run(conn.start)
             wait_for(lambda: hostile.connections >= 2, 20, "a reconnect after the refusal")
             loop.run(conn.close)
@@ -430,9 +507,14 @@ def test_messages_in_the_same_read_as_the_connack_are_delivered(caplog: pytest.L
     caplog.set_level(logging.INFO, "edge.mqtt")
     try:
         with NetworkLoop(name="edgekit-test") as loop:
-            conn = LiteConnection(loop, BrokerConfig("127.0.0.1", hostile.port), "early",
-                                  subscriptions=[("edgekit/#", 1)], on_publish=lambda *a: got.append(a[2:]),
-                                  backoff=FAST)
+            conn = LiteConnection(
+                loop,
+                BrokerConfig("127.0.0.1", hostile.port),
+                "early",
+                subscriptions=[("edgekit/#", 1)],
+                on_publish=lambda *a: got.append(a[2:]),
+                backoff=FAST,
+            )
             loop.run(conn.start)
             wait_for(lambda: len(got) >= 2, 20, "both messages")
             loop.run(conn.close)
@@ -445,18 +527,24 @@ def test_messages_in_the_same_read_as_the_connack_are_delivered(caplog: pytest.L
 
 def test_unknown_client_is_refused_in_one_line() -> None:
     from conftest import assert_user_error, run_cli
+
     from edge.errors import EdgeError
 
     with pytest.raises(EdgeError, match="unknown MQTT client 'mosquitto'"):
         CollectorConfig(BrokerConfig("127.0.0.1", 1), client="mosquitto")
-    assert_user_error(run_cli("fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--db", "sqlite:///:memory:",
-                              "--client", "other"), "unknown MQTT client")
+    assert_user_error(
+        run_cli(
+            "fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--db", "sqlite:///:memory:", "--client", "other"
+        ),
+        "unknown MQTT client",
+    )
 
 
 @given(st.sampled_from([0x20, 0x40, 0x90, 0xD0, 0xE0]), st.binary(max_size=60), st.binary(max_size=40), st.booleans())
 @settings(max_examples=400, deadline=None)
-def test_random_control_packets_after_the_connack_are_handled_or_refused(first: int, body: bytes, tail: bytes,
-                                                                         mqtt5: bool) -> None:
+def test_random_control_packets_after_the_connack_are_handled_or_refused(
+    first: int, body: bytes, tail: bytes, mqtt5: bool
+) -> None:
     """The client's own handling of CONNACK/SUBACK/PUBACK/PINGRESP/DISCONNECT bodies (well framed, random
     inside, random bytes behind): refused with ``Malformed`` or taken, no other exception."""
     data = bytes((first,)) + varint(len(body)) + body + tail
@@ -464,8 +552,13 @@ def test_random_control_packets_after_the_connack_are_handled_or_refused(first: 
 
     loop = NetworkLoop(name="edgekit-test-unstarted")
     try:
-        conn = LiteConnection(loop, BrokerConfig("127.0.0.1", 1, protocol="5" if mqtt5 else "3.1.1"), "fuzz",
-                              subscriptions=[], on_publish=lambda *a: None)
+        conn = LiteConnection(
+            loop,
+            BrokerConfig("127.0.0.1", 1, protocol="5" if mqtt5 else "3.1.1"),
+            "fuzz",
+            subscriptions=[],
+            on_publish=lambda *a: None,
+        )
         client = LiteClient(conn)
         try:
             client.reader.feed(b"\x20\x03\x00\x00\x00" if mqtt5 else b"\x20\x02\x00\x00")

@@ -13,25 +13,34 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import mqtt_broker
 import pytest
-
 from conftest import assert_user_error, run_cli, wait_for
+
 from edge.agent.agent import Agent, AgentConfig
-from edge.bundle.archive import pack_bundle
-from edge.mqtt.desired import DesiredState
 from edge.agent.download import DownloadOptions
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.netloop import Backoff
+from edge.bundle.archive import pack_bundle
 from edge.deploy import DeviceStore
 from edge.fleet.db import open_db
-from edge.fleet.rollout import (Criterion, FleetView, RolloutBundle, RolloutController, RolloutError, RolloutFlags,
-                                RolloutSpec,
-                                set_state, start_rollout, status)
+from edge.fleet.rollout import (
+    Criterion,
+    FleetView,
+    RolloutBundle,
+    RolloutController,
+    RolloutError,
+    RolloutFlags,
+    RolloutSpec,
+    set_state,
+    start_rollout,
+    status,
+)
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet
-from edge.pipeline import convert
 from edge.graph.samples import build_tiny_cnn
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.desired import DesiredState
+from edge.mqtt.netloop import Backoff
+from edge.pipeline import convert
 from edge.targets import get_target
-import mqtt_broker
 from tests.agent.test_agent_rollout import ArtifactServer
 
 broker = mqtt_broker.broker
@@ -40,6 +49,7 @@ N_REAL = 50  # real in-process agents in the good rollout: measured 5 s to start
 
 
 # -- bundles: A (now) and B (new) for two target classes -------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> dict[str, Any]:
@@ -51,8 +61,12 @@ def bundles(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -
     slow = dataclasses.replace(cpu, name="x86-slow")
     slow_tight = dataclasses.replace(slow, frame_budget_ms=0.0001)
     src_b = build_tiny_cnn(d / "src-b" / "tiny.onnx", seed=1)
-    out = {"a": convert(models["tiny"], cpu, d / "a"), "b": convert(src_b, cpu, d / "b"),
-           "a_slow": convert(models["tiny"], slow, d / "a_slow"), "b_slow": convert(src_b, slow_tight, d / "b_slow")}
+    out = {
+        "a": convert(models["tiny"], cpu, d / "a"),
+        "b": convert(src_b, cpu, d / "b"),
+        "a_slow": convert(models["tiny"], slow, d / "a_slow"),
+        "b_slow": convert(src_b, slow_tight, d / "b_slow"),
+    }
     www = d / "www"
     www.mkdir()
     for name, b in out.items():
@@ -71,10 +85,21 @@ def prepared(bundles: dict[str, Any], http: ArtifactServer, name: str) -> Rollou
 
 
 def start_agent(url: str, store: Path, device: str, **kw: Any) -> Agent:
-    cfg = dict(fleet=FLEET, device_id=device, broker=BrokerConfig.from_url(url), store=store, source="synthetic",
-               fps=20.0, interval_s=1.0, backoff=Backoff(0.05, 0.5), runner_options={"intra_op_num_threads": 1},
-               poll_current_s=0.5, watch_s=0.8, smoke_frames=10,
-               download=DownloadOptions(timeout_s=60, read_timeout_s=5, retry_delay_s=0.05))
+    cfg = dict(
+        fleet=FLEET,
+        device_id=device,
+        broker=BrokerConfig.from_url(url),
+        store=store,
+        source="synthetic",
+        fps=20.0,
+        interval_s=1.0,
+        backoff=Backoff(0.05, 0.5),
+        runner_options={"intra_op_num_threads": 1},
+        poll_current_s=0.5,
+        watch_s=0.8,
+        smoke_frames=10,
+        download=DownloadOptions(timeout_s=60, read_timeout_s=5, retry_delay_s=0.05),
+    )
     cfg.update(kw)
     return Agent(AgentConfig(**cfg)).start()
 
@@ -105,8 +130,9 @@ def drive(ctl: RolloutController, until: Any, timeout: float = 60.0, what: str =
         if until(res):
             return res
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last step {res}, status "
-                         f"{status(ctl.db, ctl.rid)['cohorts']}")
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what}; last step {res}, status {status(ctl.db, ctl.rid)['cohorts']}"
+    )
 
 
 def _events(db: Any, rid: str) -> list[dict[str, Any]]:
@@ -120,30 +146,51 @@ def sims(broker: Any, devices: dict[str, tuple[str, str]], **kw: Any) -> SimRoll
 
 
 def synced_with(view: FleetView, n: int) -> None:
-    wait_for(lambda: view.synced.is_set() and sum(1 for d in view.snapshot().values() if d.birth) >= n, 30,
-             f"{n} births seen by the controller")
+    wait_for(
+        lambda: view.synced.is_set() and sum(1 for d in view.snapshot().values() if d.birth) >= n,
+        30,
+        f"{n} births seen by the controller",
+    )
 
 
 # -- parsing: the abort criteria and the spec ---------------------------------------------------------
 
-@pytest.mark.parametrize("text, metric, factor, absolute, count, percent", [
-    ("p99>budget", "p99", 1.0, None, 0, None),
-    ("p99 > 1.2*budget @ 10%", "p99", 1.2, None, None, 10.0),
-    ("p99>25", "p99", None, 25.0, 0, None),
-    ("fps<0.95*target", "fps", 0.95, None, 0, None),
-    ("fallback@2", "fallback", None, None, 2, None),
-    ("parity<threshold", "parity", None, None, 0, None),
-    ("errors>1%", "errors", None, None, None, 1.0),
-    ("rolled_back>3", "rolled_back", None, None, 3, None),
-    ("timed_out>50%", "timed_out", None, None, None, 50.0),
-])
+
+@pytest.mark.parametrize(
+    "text, metric, factor, absolute, count, percent",
+    [
+        ("p99>budget", "p99", 1.0, None, 0, None),
+        ("p99 > 1.2*budget @ 10%", "p99", 1.2, None, None, 10.0),
+        ("p99>25", "p99", None, 25.0, 0, None),
+        ("fps<0.95*target", "fps", 0.95, None, 0, None),
+        ("fallback@2", "fallback", None, None, 2, None),
+        ("parity<threshold", "parity", None, None, 0, None),
+        ("errors>1%", "errors", None, None, None, 1.0),
+        ("rolled_back>3", "rolled_back", None, None, 3, None),
+        ("timed_out>50%", "timed_out", None, None, None, 50.0),
+    ],
+)
 def test_abort_criteria_parse(text: str, metric: str, factor: Any, absolute: Any, count: Any, percent: Any) -> None:
     c = Criterion.parse(text)
     assert (c.metric, c.factor, c.absolute, c.count, c.percent) == (metric, factor, absolute, count, percent)
 
 
-@pytest.mark.parametrize("text", ["p99>", "p99<budget", "latency>budget", "fps<0.95*budget", "errors", "errors>1.5",
-                                  "parity<0.9", "fallback@", "errors>150%", "p99>0", "import os"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "p99>",
+        "p99<budget",
+        "latency>budget",
+        "fps<0.95*budget",
+        "errors",
+        "errors>1.5",
+        "parity<0.9",
+        "fallback@",
+        "errors>150%",
+        "p99>0",
+        "import os",
+    ],
+)
 def test_malformed_abort_criteria_are_refused(text: str) -> None:
     with pytest.raises(RolloutError):
         Criterion.parse(text)
@@ -153,41 +200,68 @@ def _report(state: str, code: str | None = None, **kw: Any) -> dict[str, Any]:
     from edge.mqtt.desired import Reason, ReportedState
 
     reason = Reason(code, "x", "watching") if code else None
-    return ReportedState(state=state, bundle_running="b", rollout_id="r", desired_version=2, desired_bundle="b",
-                         reason=reason, **kw).body()
+    return ReportedState(
+        state=state, bundle_running="b", rollout_id="r", desired_version=2, desired_bundle="b", reason=reason, **kw
+    ).body()
 
 
-@pytest.mark.parametrize("crit, reports, telemetry, breached", [
-    ("p99>budget", [_report("failed", "over_budget", smoke={"p99_ms": 3.0, "budget_ms": 2.0})], None, True),
-    ("p99>2*budget", [_report("failed", "over_budget", smoke={"p99_ms": 3.0, "budget_ms": 2.0})], None, False),
-    ("p99>budget", [_report("running", health={"p99_ms": 1.0, "budget_ms": 2.0})], None, False),
-    ("p99>budget", [_report("rolled-back", "watch_p99_over_budget")], None, True),  # no numbers: the reason
-    ("p99>budget", [_report("running")], {"bundle_id": "b", "inference": {"latency_ms": {"p99_ms": 9.0},
-                                                                        "budget_ms": 5.0}}, True),
-    ("p99>budget", [_report("running")], {"bundle_id": "a", "inference": {"latency_ms": {"p99_ms": 9.0},
-                                                                        "budget_ms": 5.0}}, False),  # old bundle
-    ("fps<0.95*target", [_report("running")], {"bundle_id": "b", "inference": {"fps": 20.0, "target_fps": 30.0,
-                                                                             "frames": 100}}, True),
-    ("fps<0.95*target", [_report("running")], {"bundle_id": "b", "inference": {"fps": 29.0, "target_fps": 30.0,
-                                                                             "frames": 100}}, False),
-    ("fallback", [_report("failed", "fallback")], None, True),
-    ("fallback", [_report("running", smoke={"fallback": "CPU instead of GPU"})], None, True),
-    ("parity<threshold", [_report("rolled-back", "watch_reference_drift")], None, True),
-    ("parity<threshold", [_report("running", reference_check={"passed": True})], None, False),
-    ("errors>1%", [_report("failed", "download_failed")] + [_report("running")] * 99, None, False),
-    ("errors>1%", [_report("failed", "download_failed")] * 2 + [_report("running")] * 98, None, True),
-    ("errors>0", [_report("failed", "superseded")], None, False),  # superseded is not an error
-    ("rolled_back>1", [_report("rolled-back", "watch_fallback")] * 2, None, True),
-    ("rolled_back>2", [_report("rolled-back", "watch_fallback")] * 2, None, False),
-    ("fallback@50%", [_report("failed", "fallback"), _report("running"), _report("running")], None, False),
-])
-def test_abort_criteria_on_reported_states(crit: str, reports: list[dict[str, Any]], telemetry: Any,
-                                           breached: bool) -> None:
+@pytest.mark.parametrize(
+    "crit, reports, telemetry, breached",
+    [
+        ("p99>budget", [_report("failed", "over_budget", smoke={"p99_ms": 3.0, "budget_ms": 2.0})], None, True),
+        ("p99>2*budget", [_report("failed", "over_budget", smoke={"p99_ms": 3.0, "budget_ms": 2.0})], None, False),
+        ("p99>budget", [_report("running", health={"p99_ms": 1.0, "budget_ms": 2.0})], None, False),
+        ("p99>budget", [_report("rolled-back", "watch_p99_over_budget")], None, True),  # no numbers: the reason
+        (
+            "p99>budget",
+            [_report("running")],
+            {"bundle_id": "b", "inference": {"latency_ms": {"p99_ms": 9.0}, "budget_ms": 5.0}},
+            True,
+        ),
+        (
+            "p99>budget",
+            [_report("running")],
+            {"bundle_id": "a", "inference": {"latency_ms": {"p99_ms": 9.0}, "budget_ms": 5.0}},
+            False,
+        ),  # old bundle
+        (
+            "fps<0.95*target",
+            [_report("running")],
+            {"bundle_id": "b", "inference": {"fps": 20.0, "target_fps": 30.0, "frames": 100}},
+            True,
+        ),
+        (
+            "fps<0.95*target",
+            [_report("running")],
+            {"bundle_id": "b", "inference": {"fps": 29.0, "target_fps": 30.0, "frames": 100}},
+            False,
+        ),
+        ("fallback", [_report("failed", "fallback")], None, True),
+        ("fallback", [_report("running", smoke={"fallback": "CPU instead of GPU"})], None, True),
+        ("parity<threshold", [_report("rolled-back", "watch_reference_drift")], None, True),
+        ("parity<threshold", [_report("running", reference_check={"passed": True})], None, False),
+        ("errors>1%", [_report("failed", "download_failed")] + [_report("running")] * 99, None, False),
+        ("errors>1%", [_report("failed", "download_failed")] * 2 + [_report("running")] * 98, None, True),
+        ("errors>0", [_report("failed", "superseded")], None, False),  # superseded is not an error
+        ("rolled_back>1", [_report("rolled-back", "watch_fallback")] * 2, None, True),
+        ("rolled_back>2", [_report("rolled-back", "watch_fallback")] * 2, None, False),
+        ("fallback@50%", [_report("failed", "fallback"), _report("running"), _report("running")], None, False),
+    ],
+)
+def test_abort_criteria_on_reported_states(
+    crit: str, reports: list[dict[str, Any]], telemetry: Any, breached: bool
+) -> None:
     from edge.fleet.rollout import evaluate
 
     rows = [{"device": f"d{i}", "state": r["state"], "report": None} for i, r in enumerate(reports)]
-    why = evaluate(Criterion.parse(crit), rows, {f"d{i}": r for i, r in enumerate(reports)},
-                   {f"d{i}": telemetry for i in range(len(reports))}, "b", min_devices=1)
+    why = evaluate(
+        Criterion.parse(crit),
+        rows,
+        {f"d{i}": r for i, r in enumerate(reports)},
+        {f"d{i}": telemetry for i in range(len(reports))},
+        "b",
+        min_devices=1,
+    )
     assert (why is not None) == breached, why
     if why:
         assert why.startswith(crit + ": ")
@@ -204,17 +278,24 @@ def test_percentages_wait_for_the_minimum_number_of_devices() -> None:
 
 
 def test_spec_checks_waves_and_durations() -> None:
-    s = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="10m", device_timeout="90s"))
+    s = RolloutSpec.parse(
+        RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="10m", device_timeout="90s")
+    )
     assert s.waves == (0.25, 0.5, 1.0) and s.watch_s == 600 and s.device_timeout_s == 90
     assert RolloutSpec.from_json(s.to_json()) == s
-    for kw, needle in (({"waves": "50%,25%,100%"}, "increase"), ({"waves": "25%,50%"}, "100%"),
-                       ({"canary": "0%"}, "canary"), ({"watch": "ten minutes"}, "duration"),
-                       ({"groups": ["nolabel"]}, "label=value")):
+    for kw, needle in (
+        ({"waves": "50%,25%,100%"}, "increase"),
+        ({"waves": "25%,50%"}, "100%"),
+        ({"canary": "0%"}, "canary"),
+        ({"watch": "ten minutes"}, "duration"),
+        ({"groups": ["nolabel"]}, "label=value"),
+    ):
         with pytest.raises(RolloutError, match=needle):
             RolloutSpec.parse(RolloutFlags(fleet=FLEET, **kw))
 
 
 # -- (a) + (c): a good bundle, canary -> waves -> 100%; an offline device catches up on reconnect ---------
+
 
 def stop_all(agents: list[Agent]) -> None:
     """Stop agents side by side (each waits on its broker round trips, not the CPU)."""
@@ -225,8 +306,8 @@ def stop_all(agents: list[Agent]) -> None:
 
 
 def test_good_bundle_rolls_out_canary_waves_to_all_and_an_offline_device_catches_up(
-        tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any], db: Any,
-        view: FleetView) -> None:
+    tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any], db: Any, view: FleetView
+) -> None:
     """50 real agents (and 4 simulated devices) on one cohort; one more real agent is offline meanwhile."""
     a, b = bundles["a"], bundles["b"]
     real = [f"cam-{i:02d}" for i in range(N_REAL)]
@@ -238,9 +319,17 @@ def test_good_bundle_rolls_out_canary_waves_to_all_and_an_offline_device_catches
         synced_with(view, n)
         offline.stop(1.0)  # its death is retained: the controller sees it offline
         wait_for(lambda: not view.snapshot()["zz-offline"].online, 10, "the device offline")
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.5s", device_timeout="10s", abort_if=["p99>budget", "errors>10%", "fallback"]))
-        rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")],
-                            previous=[prepared(bundles, http, "a")])
+        spec = RolloutSpec.parse(
+            RolloutFlags(
+                fleet=FLEET,
+                canary="5%",
+                waves="25%,50%,100%",
+                watch="0.5s",
+                device_timeout="10s",
+                abort_if=["p99>budget", "errors>10%", "fallback"],
+            )
+        )
+        rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")], previous=[prepared(bundles, http, "a")])
         ctl = RolloutController(db, rid, view)
         res = ctl.step()
         assert res.events == 4 and res.published == 3  # wave 0 started, 3 canary devices assigned and published
@@ -262,14 +351,23 @@ def test_good_bundle_rolls_out_canary_waves_to_all_and_an_offline_device_catches
         assert {ag.bundle.id for ag in agents} == {b.id}
         assert fleet.bundles() == {k: b.id for k in fleet.devices}
         offline = start_agent(broker.url, tmp_path / "zz-offline", "zz-offline")  # it comes back
-        drive(ctl, lambda r: any(e["kind"] == "device_answered_late" for e in _events(db, rid)), 60,
-              "the offline device to catch up")
+        drive(
+            ctl,
+            lambda r: any(e["kind"] == "device_answered_late" for e in _events(db, rid)),
+            60,
+            "the offline device to catch up",
+        )
         assert DeviceStore(tmp_path / "zz-offline").state().current == b.id
         assert status(db, rid)["cohorts"][0]["devices"] == {"running": n}
         evs = _events(db, rid)
-        print("rollout timeline (s):", {e["kind"] + (f" {e['reason']}" if e["kind"] == "wave_started" else ""):
-                                        round(e["ts"] - evs[0]["ts"], 1) for e in evs
-                                        if e["kind"] in ("wave_started", "device_timed_out", "rollout_completed")})
+        print(
+            "rollout timeline (s):",
+            {
+                e["kind"] + (f" {e['reason']}" if e["kind"] == "wave_started" else ""): round(e["ts"] - evs[0]["ts"], 1)
+                for e in evs
+                if e["kind"] in ("wave_started", "device_timed_out", "rollout_completed")
+            },
+        )
     finally:
         fleet.stop()
         stop_all([*agents, offline])
@@ -277,9 +375,10 @@ def test_good_bundle_rolls_out_canary_waves_to_all_and_an_offline_device_catches
 
 # -- (b) over budget on one target class: that cohort aborts after its canary, the other completes -----------
 
+
 def test_bundle_over_budget_on_one_target_class_aborts_that_cohort_and_rolls_its_canary_back(
-        tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any], db: Any,
-        view: FleetView) -> None:
+    tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any], db: Any, view: FleetView
+) -> None:
     a, a_slow, b, b_slow = bundles["a"], bundles["a_slow"], bundles["b"], bundles["b_slow"]
 
     def behaviour(_device: str, d: DesiredState) -> Outcome:  # simulated slow-class devices: the same outcome
@@ -295,9 +394,23 @@ def test_bundle_over_budget_on_one_target_class_aborts_that_cohort_and_rolls_its
     fleet = sims(broker, devices, behaviour=behaviour)
     try:
         synced_with(view, 43)
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.3s", device_timeout="60s", abort_if=["p99>budget", "errors>20%"]))
-        rid = start_rollout(db, view, spec, [prepared(bundles, http, "b"), prepared(bundles, http, "b_slow")],
-                            previous=[prepared(bundles, http, "a"), prepared(bundles, http, "a_slow")])
+        spec = RolloutSpec.parse(
+            RolloutFlags(
+                fleet=FLEET,
+                canary="5%",
+                waves="50%,100%",
+                watch="0.3s",
+                device_timeout="60s",
+                abort_if=["p99>budget", "errors>20%"],
+            )
+        )
+        rid = start_rollout(
+            db,
+            view,
+            spec,
+            [prepared(bundles, http, "b"), prepared(bundles, http, "b_slow")],
+            previous=[prepared(bundles, http, "a"), prepared(bundles, http, "a_slow")],
+        )
         ctl = RolloutController(db, rid, view)
         res = drive(ctl, lambda r: r.finished, 120, "both cohorts to finish")
         st = status(db, rid)
@@ -332,9 +445,11 @@ def test_bundle_over_budget_on_one_target_class_aborts_that_cohort_and_rolls_its
 
 # -- (d) controller restart (a crash between its commit and its publish) and a broker restart -------------
 
+
 def _fake(bundle_id: str, target: str) -> RolloutBundle:
-    return RolloutBundle(bundle_id=bundle_id, target=target, url=f"http://127.0.0.1:9/{bundle_id}.tar",
-                         sha256="ab" * 32, size=1000)
+    return RolloutBundle(
+        bundle_id=bundle_id, target=target, url=f"http://127.0.0.1:9/{bundle_id}.tar", sha256="ab" * 32, size=1000
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -354,17 +469,26 @@ def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield d
 
 
-def test_controller_and_broker_restart_mid_rollout_lose_no_decision(broker: Any, any_db: Any,
-                                                                    view: FleetView) -> None:
+def test_controller_and_broker_restart_mid_rollout_lose_no_decision(broker: Any, any_db: Any, view: FleetView) -> None:
     db = any_db
     old, new = _fake("model-old", "x86-cpu"), _fake("model-new", "x86-cpu")
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(40)})
     try:
         synced_with(view, 40)
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="25%,50%,100%", watch="0.2s", device_timeout="60s", abort_if=["errors>5%"]))
+        spec = RolloutSpec.parse(
+            RolloutFlags(
+                fleet=FLEET,
+                canary="5%",
+                waves="25%,50%,100%",
+                watch="0.2s",
+                device_timeout="60s",
+                abort_if=["errors>5%"],
+            )
+        )
         rid = start_rollout(db, view, spec, [new], previous=[old])
         ctl = RolloutController(db, rid, view, lease_s=1.0)
         drive(ctl, lambda r: status(db, rid)["cohorts"][0]["wave"] == 1, 30, "wave 1")
+
         # the controller 'crashes' after committing wave 2's decisions, before publishing any of them
         def answered() -> bool:
             reps = [d.reported for d in view.snapshot().values()]
@@ -400,12 +524,15 @@ def test_controller_and_broker_restart_mid_rollout_lose_no_decision(broker: Any,
 
 # -- pause, resume, abort (fleet-wide rollback of that rollout), a newer rollout supersedes --------------
 
+
 def test_pause_resume_and_abort_roll_every_device_back(broker: Any, db: Any, view: FleetView) -> None:
     old, new = _fake("model-old", "x86-cpu"), _fake("model-new", "x86-cpu")
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(20)})
     try:
         synced_with(view, 20)
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="10%", waves="50%,100%", watch="0.2s", device_timeout="60s"))
+        spec = RolloutSpec.parse(
+            RolloutFlags(fleet=FLEET, canary="10%", waves="50%,100%", watch="0.2s", device_timeout="60s")
+        )
         rid = start_rollout(db, view, spec, [new], previous=[old])
         ctl = RolloutController(db, rid, view)
         ctl.step()
@@ -432,8 +559,13 @@ def test_pause_resume_and_abort_roll_every_device_back(broker: Any, db: Any, vie
         assert len(untouched) == 10  # the rest never got the new bundle
         assert res.pending == 0
         k = [e["kind"] for e in _events(db, rid)]
-        assert k.index("rollout_paused") < k.index("rollout_resumed") < k.index("rollout_abort_requested") \
-            < k.index("cohort_aborted") < k.index("rollout_aborted")
+        assert (
+            k.index("rollout_paused")
+            < k.index("rollout_resumed")
+            < k.index("rollout_abort_requested")
+            < k.index("cohort_aborted")
+            < k.index("rollout_aborted")
+        )
         # a newer rollout for the same class supersedes an unfinished one instead of queueing behind it
         rid2 = start_rollout(db, view, spec, [new], previous=[old])
         rid3 = start_rollout(db, view, spec, [_fake("model-newer", "x86-cpu")], previous=[old])
@@ -456,7 +588,9 @@ def test_a_wave_below_the_success_rate_aborts_its_cohort(broker: Any, db: Any, v
     fleet = sims(broker, {f"sim-{i:03d}": ("x86-cpu", old.bundle_id) for i in range(20)}, behaviour=behaviour)
     try:
         synced_with(view, 20)
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%", abort_if=["none"]))  # the success rate alone (no default failed>0)
+        spec = RolloutSpec.parse(
+            RolloutFlags(fleet=FLEET, canary="20%", waves="100%", watch="0.1s", success_rate="90%", abort_if=["none"])
+        )  # the success rate alone (no default failed>0)
         rid = start_rollout(db, view, spec, [new], previous=[old])
         res = drive(RolloutController(db, rid, view), lambda r: r.finished, 30, "the abort")
         c = status(db, rid)["cohorts"][0]
@@ -469,17 +603,32 @@ def test_a_wave_below_the_success_rate_aborts_its_cohort(broker: Any, db: Any, v
 
 # -- bad input: one line, exit 2, nothing published ----------------------------------------------------
 
-def test_cli_refuses_bad_input_with_one_line(tmp_path: Path, broker: Any, http: ArtifactServer,
-                                             bundles: dict[str, Any]) -> None:
-    base = ["fleet", "rollout", "start", "--fleet", FLEET, "--broker", broker.url, "--db",
-            f"sqlite:///{tmp_path}/fleet.db", "--watch", "1s"]
+
+def test_cli_refuses_bad_input_with_one_line(
+    tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
+    base = [
+        "fleet",
+        "rollout",
+        "start",
+        "--fleet",
+        FLEET,
+        "--broker",
+        broker.url,
+        "--db",
+        f"sqlite:///{tmp_path}/fleet.db",
+        "--watch",
+        "1s",
+    ]
     b = str(bundles["b"].path)
     assert_user_error(run_cli(*base, str(tmp_path / "nope"), "--artifact-url", http.url("b.tar")), "not a bundle")
-    assert_user_error(run_cli(*base, b, "--artifact-url", http.url("b.tar"), "--abort-if", "p99>>budget"),
-                      "malformed --abort-if")
+    assert_user_error(
+        run_cli(*base, b, "--artifact-url", http.url("b.tar"), "--abort-if", "p99>>budget"), "malformed --abort-if"
+    )
     assert_user_error(run_cli(*base, b, "--artifact-url", http.url("missing.tar")), "HTTP 404")
-    assert_user_error(run_cli(*base, b, "--artifact-url", f"http://127.0.0.1:{mqtt_broker.free_port()}/b.tar"),
-                      "unreachable")
+    assert_user_error(
+        run_cli(*base, b, "--artifact-url", f"http://127.0.0.1:{mqtt_broker.free_port()}/b.tar"), "unreachable"
+    )
     (bundles["www"] / "short.tar").write_bytes(b"x" * 10)
     assert_user_error(run_cli(*base, b, "--artifact-url", http.url("short.tar")), "serves 10 bytes")
     assert_user_error(run_cli(*base, b, "--artifact-url", http.url("b.tar")), "no device")  # empty fleet
@@ -488,8 +637,9 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path: Path, broker: Any, http: 
     assert_user_error(p, "no rollout")
 
 
-def test_cli_start_status_pause_abort(tmp_path: Path, broker: Any, http: ArtifactServer,
-                                      bundles: dict[str, Any]) -> None:
+def test_cli_start_status_pause_abort(
+    tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
     import json
 
     a, b = bundles["a"], bundles["b"]
@@ -497,9 +647,31 @@ def test_cli_start_status_pause_abort(tmp_path: Path, broker: Any, http: Artifac
     dbu = f"sqlite:///{tmp_path}/fleet.db"
     common = ["--broker", broker.url, "--db", dbu, "--json"]
     try:
-        p = run_cli("fleet", "rollout", "start", str(b.path), "--fleet", FLEET, "--artifact-url", http.url("b.tar"),
-                    "--previous-bundle", str(a.path), "--previous-url", http.url("a.tar"), "--canary", "10%",
-                    "--waves", "50%,100%", "--watch", "0.2s", "--abort-if", "p99>budget", "--id", "r-cli", *common)
+        p = run_cli(
+            "fleet",
+            "rollout",
+            "start",
+            str(b.path),
+            "--fleet",
+            FLEET,
+            "--artifact-url",
+            http.url("b.tar"),
+            "--previous-bundle",
+            str(a.path),
+            "--previous-url",
+            http.url("a.tar"),
+            "--canary",
+            "10%",
+            "--waves",
+            "50%,100%",
+            "--watch",
+            "0.2s",
+            "--abort-if",
+            "p99>budget",
+            "--id",
+            "r-cli",
+            *common,
+        )
         assert p.returncode == 0, p.stderr
         st = json.loads(p.stdout)
         assert st["id"] == "r-cli" and st["state"] == "completed", st

@@ -19,14 +19,14 @@ from conftest import REPO, assert_user_error, run_cli, wait_for
 from mqtt_broker import BRIDGE_TOPICS, Mosquitto, bridge_config, preload_qos1
 from pg_server import PostgresServer, PostgresUnavailable
 
-from edge.mqtt.client import BrokerConfig
-from edge.mqtt.payloads import encode, message
 from edge.errors import EdgeError
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import PARTITION_S, SCHEMA, open_db
 from edge.fleet.retention import parse_age, prune
 from edge.fleet.simulate import SimulatedFleet
 from edge.fleet.status import fleet_status
+from edge.mqtt.client import BrokerConfig
+from edge.mqtt.payloads import encode, message
 
 DAY = PARTITION_S
 
@@ -57,8 +57,9 @@ def tel(device: str, session: int, seq: int, ts: float, fleet: str = "lab") -> t
 
 
 def birth(device: str, session: int, ts: float, fleet: str = "lab") -> tuple[str, bytes]:
-    return f"edgekit/{fleet}/{device}/birth", encode(message("birth", fleet, device, session, 0,
-                                                             {"connection": 1, "agent": {"interval_s": 1.0}}, ts=ts))
+    return f"edgekit/{fleet}/{device}/birth", encode(
+        message("birth", fleet, device, session, 0, {"connection": 1, "agent": {"interval_s": 1.0}}, ts=ts)
+    )
 
 
 def offline_collector(url: str) -> Collector:
@@ -67,11 +68,37 @@ def offline_collector(url: str) -> Collector:
 
 # several collectors, one killed ----------------------------------------------------------
 def collect(broker: Mosquitto, db_url: str, client_id: str, log: Path, *opts: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "edge", "fleet", "collect", "--broker", broker.url, "--db", db_url,
-                             "--json", "--log-level", "warning", "--client-id", client_id, "--group", "scale",
-                             "--batch-max", "500", "--batch-interval-ms", "100", "--receive-maximum", "2000", *opts],
-                            cwd=REPO, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE,
-                            stderr=open(log, "ab"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge",
+            "fleet",
+            "collect",
+            "--broker",
+            broker.url,
+            "--db",
+            db_url,
+            "--json",
+            "--log-level",
+            "warning",
+            "--client-id",
+            client_id,
+            "--group",
+            "scale",
+            "--batch-max",
+            "500",
+            "--batch-interval-ms",
+            "100",
+            "--receive-maximum",
+            "2000",
+            *opts,
+        ],
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+        stdout=subprocess.PIPE,
+        stderr=open(log, "ab"),
+    )
 
 
 def scalar(url: str, sql: str) -> Any:
@@ -80,8 +107,9 @@ def scalar(url: str, sql: str) -> Any:
 
 
 @pytest.mark.parametrize("client", ["paho", "lite"])
-def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(pg: str, tmp_path: Path,
-                                                                                client: str) -> None:
+def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
+    pg: str, tmp_path: Path, client: str
+) -> None:
     """Two collector processes share the fleet (one shared-subscription group, one PostgreSQL); one is SIGKILLed
     mid-drain, more telemetry and re-sent copies arrive while it is down, it restarts under its client id (the
     broker kept its session): every message stored exactly once, every device's row at its highest seq."""
@@ -89,9 +117,11 @@ def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
     devices, per_device, session, now = 40, 400, int(time.time()) - 100, time.time()
     first = [birth(f"d{i:02d}", session, now) for i in range(devices)]
     first += [tel(f"d{k % devices:02d}", session, k // devices + 1, now) for k in range(devices * per_device // 2)]
-    later = [tel(f"d{k % devices:02d}", session, k // devices + 1, now)
-             for k in range(devices * per_device // 2, devices * per_device)]
-    resent = first[devices:devices + 1000]  # a device re-sends what it had no PUBACK for: same (session, seq)
+    later = [
+        tel(f"d{k % devices:02d}", session, k // devices + 1, now)
+        for k in range(devices * per_device // 2, devices * per_device)
+    ]
+    resent = first[devices : devices + 1000]  # a device re-sends what it had no PUBACK for: same (session, seq)
     n = devices * per_device
     log = tmp_path / "collectors.log"
     with Mosquitto(tmp_path / "broker") as broker:
@@ -120,7 +150,9 @@ def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
     assert all(o is not None for o in outs), log.read_text()[-3000:]
     with open_db(url) as db:
         assert db.partitioned
-        total, distinct = db.execute("SELECT count(*), count(DISTINCT (device, session, seq)) FROM telemetry").fetchone()
+        total, distinct = db.execute(
+            "SELECT count(*), count(DISTINCT (device, session, seq)) FROM telemetry"
+        ).fetchone()
         assert (total, distinct) == (n, n)
         assert db.execute("SELECT min(seq), max(seq) FROM telemetry").fetchone() == (1, per_device)
         missing = db.execute("SELECT coalesce(sum(max_seq - received), 0) FROM streams").fetchone()[0]
@@ -162,12 +194,15 @@ def test_partitioned_postgresql_dedupes_across_days_and_prunes_whole_partitions(
         assert db.execute("SELECT count(*) FROM telemetry").fetchone()[0] == 7
         rep = prune(db, parse_age("30d"), now=now)
         assert sorted(rep.dropped_partitions) == sorted(
-            f"telemetry_p{time.strftime('%Y%m%d', time.gmtime(d * DAY))}" for d in (today - 45, today - 40, today - 31))
+            f"telemetry_p{time.strftime('%Y%m%d', time.gmtime(d * DAY))}" for d in (today - 45, today - 40, today - 31)
+        )
         left = [r[0] for r in db.execute("SELECT seq FROM telemetry ORDER BY seq").fetchall()]
         assert left == [4, 5, 6, 7] and rep.deleted["telemetry"] == 3
         assert db.query("SELECT last_seq FROM devices")[0]["last_seq"] == 7  # devices are never pruned
-        keyed = db.execute("SELECT count(*) FROM pg_indexes WHERE tablename LIKE ? AND indexdef LIKE ?",
-                           ("telemetry_p%", "%(fleet, device, session, seq)")).fetchone()[0]
+        keyed = db.execute(
+            "SELECT count(*) FROM pg_indexes WHERE tablename LIKE ? AND indexdef LIKE ?",
+            ("telemetry_p%", "%(fleet, device, session, seq)"),
+        ).fetchone()[0]
         assert keyed == len(db.partitions())  # every partition has the key index the duplicate lookup probes
     # the cut inside a partition: rows before it deleted, the partition kept
     with open_db(url) as db:
@@ -215,10 +250,14 @@ def test_a_batch_refused_at_commit_is_not_counted_twice_when_redelivered(pg: str
     with open_db(url) as db:
         db.execute("CREATE TABLE trap (armed BOOLEAN)")
         db.execute("INSERT INTO trap VALUES (TRUE)")
-        db.execute("CREATE FUNCTION trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                   "IF (SELECT armed FROM trap) THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NULL; END $$")
-        db.execute("CREATE CONSTRAINT TRIGGER trap AFTER INSERT OR UPDATE ON streams DEFERRABLE INITIALLY DEFERRED "
-                   "FOR EACH ROW EXECUTE FUNCTION trap()")
+        db.execute(
+            "CREATE FUNCTION trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF (SELECT armed FROM trap) THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NULL; END $$"
+        )
+        db.execute(
+            "CREATE CONSTRAINT TRIGGER trap AFTER INSERT OR UPDATE ON streams DEFERRABLE INITIALLY DEFERRED "
+            "FOR EACH ROW EXECUTE FUNCTION trap()"
+        )
         db.commit()
     msgs = [birth("cam", 100, now)] + [tel("cam", 100, seq, now) for seq in (1, 2, 3)]
     c = offline_collector(url)
@@ -329,27 +368,38 @@ def test_prune_on_sqlite_and_its_cli(tmp_path: Path) -> None:
     with pytest.raises(EdgeError, match="bad age"):
         parse_age("30 days")
     assert_user_error(run_cli("fleet", "prune", "--db", url, "--older-than", "-1d"), "bad age")
-    assert_user_error(run_cli("fleet", "prune", "--db", f"sqlite:///{tmp_path}/none.db", "--older-than", "30d"),
-                      "does not exist")
+    assert_user_error(
+        run_cli("fleet", "prune", "--db", f"sqlite:///{tmp_path}/none.db", "--older-than", "30d"), "does not exist"
+    )
 
 
 # beyond one broker -------------------------------------------------------------------------
-def run_fleet(broker_url: str, collector_broker: str, db: Path, *, protocol: str = "5",
-              devices: int = 20) -> tuple[Collector, int]:
+def run_fleet(
+    broker_url: str, collector_broker: str, db: Path, *, protocol: str = "5", devices: int = 20
+) -> tuple[Collector, int]:
     """A collector on ``collector_broker``, ``devices`` simulated agents on ``broker_url`` for about a second."""
-    col = Collector(CollectorConfig(BrokerConfig.from_url(collector_broker, protocol=protocol), f"sqlite:///{db}",
-                                    client_id="edgekit-test-collector", batch_interval_ms=20)).start()
+    col = Collector(
+        CollectorConfig(
+            BrokerConfig.from_url(collector_broker, protocol=protocol),
+            f"sqlite:///{db}",
+            client_id="edgekit-test-collector",
+            batch_interval_ms=20,
+        )
+    ).start()
     wait_for(lambda: col.connected, what="collector connected")
     time.sleep(0.3)  # its SUBACK
-    fleet = SimulatedFleet(BrokerConfig.from_url(broker_url, protocol=protocol), devices=devices, rate_hz=10.0,
-                           connect_per_s=400).start()
+    fleet = SimulatedFleet(
+        BrokerConfig.from_url(broker_url, protocol=protocol), devices=devices, rate_hz=10.0, connect_per_s=400
+    ).start()
     try:
         wait_for(lambda: fleet.connected() == devices, what=f"{devices} devices connected")
         time.sleep(0.3)  # their SUBACKs (cmd/+)
         # and the way back: a command from the collector's broker reaches a device
         assert col.loop is not None and col.loop.run(col.request_rebirth, "sim", "dev-00001", "test")
-        wait_for(lambda: fleet.loop.run(lambda: fleet.sessions[1].counters["rebirth_requests"]) == 1,
-                 what="the rebirth command delivered to the device")
+        wait_for(
+            lambda: fleet.loop.run(lambda: fleet.sessions[1].counters["rebirth_requests"]) == 1,
+            what="the rebirth command delivered to the device",
+        )
         wait_for(lambda: fleet.submitted >= 10 * devices, what="a second of telemetry made")
         fleet.pause()
         made = fleet.submitted
@@ -362,14 +412,18 @@ def run_fleet(broker_url: str, collector_broker: str, db: Path, *, protocol: str
     return col, made
 
 
-@pytest.mark.parametrize("bridge_protocol, topics", [("mqttv311", BRIDGE_TOPICS), ("mqttv50", BRIDGE_TOPICS),
-                                                     ("mqttv50", ("edgekit/# both 1",))])
+@pytest.mark.parametrize(
+    "bridge_protocol, topics",
+    [("mqttv311", BRIDGE_TOPICS), ("mqttv50", BRIDGE_TOPICS), ("mqttv50", ("edgekit/# both 1",))],
+)
 def test_site_broker_bridged_to_a_central_one(tmp_path: Path, bridge_protocol: str, topics: tuple[str, ...]) -> None:
     """Agents on a site Mosquitto, the collector on a central one, a Mosquitto bridge between them (``out`` for
     what devices publish and ``in`` for commands, or one ``both``: nothing comes back over the bridge twice)."""
     db = tmp_path / "fleet.db"
     with Mosquitto(tmp_path / "central") as central:
-        with Mosquitto(tmp_path / "site", extra=bridge_config(central, protocol=bridge_protocol, topics=topics)) as site:
+        with Mosquitto(
+            tmp_path / "site", extra=bridge_config(central, protocol=bridge_protocol, topics=topics)
+        ) as site:
             wait_for(lambda: "as edgekit-bridge-central-" in central.log(), what="the bridge connected")
             col, made = run_fleet(site.url, central.url, db)
             stats = col.snapshot()
@@ -407,8 +461,9 @@ def test_agents_and_collector_on_mqtt_3_1_1(tmp_path: Path, caplog: pytest.LogCa
 
     ns = build_parser().parse_args(["--device-id", "d", "--store", str(tmp_path), "--protocol", "3.1.1"])
     assert config_from(ns).broker.protocol == "3.1.1"
-    assert_user_error(run_cli("fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--protocol", "3.1"),
-                      "unknown MQTT protocol")
+    assert_user_error(
+        run_cli("fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--protocol", "3.1"), "unknown MQTT protocol"
+    )
 
 
 def test_an_oversized_message_on_mqtt_3_1_1_is_counted_not_a_reconnect_loop(tmp_path: Path) -> None:
@@ -419,8 +474,14 @@ def test_an_oversized_message_on_mqtt_3_1_1_is_counted_not_a_reconnect_loop(tmp_
     db = tmp_path / "fleet.db"
     now = time.time()
     with Mosquitto(tmp_path / "broker") as broker:
-        col = Collector(CollectorConfig(BrokerConfig.from_url(broker.url, protocol="3.1.1"), f"sqlite:///{db}",
-                                        client_id="edgekit-test-collector", batch_interval_ms=20)).start()
+        col = Collector(
+            CollectorConfig(
+                BrokerConfig.from_url(broker.url, protocol="3.1.1"),
+                f"sqlite:///{db}",
+                client_id="edgekit-test-collector",
+                batch_interval_ms=20,
+            )
+        ).start()
         try:
             wait_for(lambda: col.connected, what="collector connected")
             time.sleep(0.3)  # its SUBACK

@@ -23,26 +23,24 @@ import pytest
 pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
 
 from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
-from edge.mqtt.client import BrokerConfig  # noqa: E402
-from edge.mqtt.netloop import Backoff, ConnectOptions, Connection, NetworkLoop  # noqa: E402
-from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
-from edge.mqtt.payloads import encode, message  # noqa: E402
-from edge.mqtt.ratelog import RateLimitedLog  # noqa: E402
-from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
+from mqtt_broker import Mosquitto, make_fleet_pki, mtls_broker  # noqa: E402
+
 from edge.errors import EdgeError  # noqa: E402
 from edge.fleet.acl import mosquitto_acl, write_acl  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
-from edge.fleet.pki import (PkiError, Role, init_ca, make_device_key_and_csr, provision,  # noqa: E402
-                            sign_csr)
+from edge.fleet.pki import PkiError, Role, init_ca, make_device_key_and_csr, provision, sign_csr  # noqa: E402
 from edge.fleet.status import fleet_status  # noqa: E402
-from mqtt_broker import Mosquitto, make_fleet_pki, mtls_broker  # noqa: E402
+from edge.mqtt.client import BrokerConfig  # noqa: E402
+from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop  # noqa: E402
+from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
+from edge.mqtt.payloads import encode, message  # noqa: E402
+from edge.mqtt.ratelog import RateLimitedLog  # noqa: E402
+from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from tests.fleet.test_fleet_collector import postgres_url  # noqa: E402,F401  (the throw-away PostgreSQL fixture)
 
 FAST = Backoff(0.05, 0.5)
 BIG = 2**63 - 1
-
-
 
 
 # certificates ---------------------------------------------------------------------------------
@@ -55,8 +53,7 @@ def _cert(pem: bytes) -> Any:
 def _pub_der(obj: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return obj.public_key().public_bytes(serialization.Encoding.DER,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+    return obj.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def test_the_ca_signs_a_csr_and_never_sees_the_device_key(tmp_path: Path) -> None:
@@ -105,8 +102,12 @@ def test_the_ca_checks_what_it_signs(tmp_path: Path) -> None:
         from cryptography.hazmat.primitives import serialization
 
         name = x509.Name([x509.NameAttribute(oid, v) for oid, v in attrs])
-        return x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256()).public_bytes(
-            serialization.Encoding.PEM)
+        return (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(name)
+            .sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM)
+        )
 
     k = ec.generate_private_key(ec.SECP256R1())
     with pytest.raises(PkiError, match="single CN"):  # nothing but the CN is copied, so nothing else is accepted
@@ -123,7 +124,7 @@ def test_the_ca_checks_what_it_signs(tmp_path: Path) -> None:
         line = bytearray(lines[i])
         line[10] = ord("A") if line[10] != ord("A") else ord("B")
         with pytest.raises(PkiError):
-            sign_csr(b"\n".join([*lines[:i], bytes(line), *lines[i + 1:]]), ca.directory)
+            sign_csr(b"\n".join([*lines[:i], bytes(line), *lines[i + 1 :]]), ca.directory)
     with pytest.raises(PkiError, match="not a PEM"):
         sign_csr(b"garbage", ca.directory)
 
@@ -138,20 +139,32 @@ def test_credential_commands(tmp_path: Path) -> None:
     assert out["identity"] == "cam-01" and Path(out["cert"]).is_file() and Path(out["key"]).is_file()
     p = run_cli("fleet", "csr", "cam-02", "--out", str(tmp_path / "d2"))  # the two halves, as on two machines
     assert p.returncode == 0, p.stderr
-    p = run_cli("fleet", "sign-csr", str(tmp_path / "d2" / "cam-02.csr"), "--ca", str(ca), "--out",
-                str(tmp_path / "d2" / "cam-02.crt"), "--json")
+    p = run_cli(
+        "fleet",
+        "sign-csr",
+        str(tmp_path / "d2" / "cam-02.csr"),
+        "--ca",
+        str(ca),
+        "--out",
+        str(tmp_path / "d2" / "cam-02.crt"),
+        "--json",
+    )
     assert p.returncode == 0 and json.loads(p.stdout)["identity"] == "cam-02", p.stderr
     p = run_cli("fleet", "acl", "--fleet", "lab", "--out", str(acl))
     assert p.returncode == 0 and acl.read_text() == mosquitto_acl("lab"), p.stderr
     assert_user_error(run_cli("fleet", "ca", "init", "--dir", str(ca)), "already exists")
     assert_user_error(run_cli("fleet", "provision", "a/b", "--ca", str(ca), "--out", str(dev)), "device id")
-    assert_user_error(run_cli("fleet", "provision", "cam-03", "--ca", str(tmp_path / "nope"), "--out", str(dev)),
-                      "no fleet CA")
-    assert_user_error(run_cli("fleet", "provision", "cam-03", "--role", "root", "--ca", str(ca), "--out", str(dev)),
-                      "--role")
+    assert_user_error(
+        run_cli("fleet", "provision", "cam-03", "--ca", str(tmp_path / "nope"), "--out", str(dev)), "no fleet CA"
+    )
+    assert_user_error(
+        run_cli("fleet", "provision", "cam-03", "--role", "root", "--ca", str(ca), "--out", str(dev)), "--role"
+    )
     assert_user_error(run_cli("fleet", "acl", "--fleet", "a/#", "--out", str(acl)), "fleet")
-    assert_user_error(run_cli("fleet", "sign-csr", str(dev / "cam-01.crt"), "--ca", str(ca), "--out",
-                              str(tmp_path / "x.crt")), "not a PEM certificate signing request")
+    assert_user_error(
+        run_cli("fleet", "sign-csr", str(dev / "cam-01.crt"), "--ca", str(ca), "--out", str(tmp_path / "x.crt")),
+        "not a PEM certificate signing request",
+    )
 
 
 def test_the_acl_text() -> None:
@@ -170,8 +183,14 @@ class Spy:
 
     def __init__(self, loop: NetworkLoop, url: str, creds: Any, client_id: str, subs: list[str]) -> None:
         self.got: list[tuple[str, bytes]] = []
-        self.conn = Connection(loop, BrokerConfig.from_url(url, ca_file=creds.ca_cert, cert_file=creds.cert,
-                                                           key_file=creds.key), client_id, options=ConnectOptions(backoff=FAST), subscriptions=[(s, 1) for s in subs], on_message=lambda _c, m: self.got.append((m.topic, bytes(m.payload))))
+        self.conn = Connection(
+            loop,
+            BrokerConfig.from_url(url, ca_file=creds.ca_cert, cert_file=creds.cert, key_file=creds.key),
+            client_id,
+            options=ConnectOptions(backoff=FAST),
+            subscriptions=[(s, 1) for s in subs],
+            on_message=lambda _c, m: self.got.append((m.topic, bytes(m.payload))),
+        )
 
 
 def _count(db: Path, sql: str) -> int:
@@ -192,20 +211,49 @@ def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) 
 
     db = tmp_path / "fleet.db"
     with mtls_broker(tmp_path / "broker", pki, acl) as broker, NetworkLoop(name="edgekit-test") as loop:
-        col = Collector(CollectorConfig(cfg(col_creds, broker.url), f"sqlite:///{db}", fleet="lab", backoff=FAST,
-                                        rebirth_interval_s=0.0)).start(loop)
+        col = Collector(
+            CollectorConfig(
+                cfg(col_creds, broker.url), f"sqlite:///{db}", fleet="lab", backoff=FAST, rebirth_interval_s=0.0
+            )
+        ).start(loop)
         body = lambda: {"agent": {"interval_s": 1.0}, "state": "running"}  # noqa: E731
-        dev_a = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-a", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=body)
-        dev_b = DeviceSession(loop, cfg(b, broker.url), "lab", "cam-b", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=body)
+        dev_a = DeviceSession(
+            loop,
+            cfg(a, broker.url),
+            "lab",
+            "cam-a",
+            MemoryOutbox(),
+            options=SessionOptions(backoff=FAST),
+            birth_body=body,
+        )
+        dev_b = DeviceSession(
+            loop,
+            cfg(b, broker.url),
+            "lab",
+            "cam-b",
+            MemoryOutbox(),
+            options=SessionOptions(backoff=FAST),
+            birth_body=body,
+        )
         # device A's certificate, claiming to be B: what a stolen or misconfigured device would do
-        impostor = DeviceSession(loop, cfg(a, broker.url), "lab", "cam-b", MemoryOutbox(), options=SessionOptions(client_id="impostor", backoff=FAST), birth_body=lambda: {"state": "impostor"})
+        impostor = DeviceSession(
+            loop,
+            cfg(a, broker.url),
+            "lab",
+            "cam-b",
+            MemoryOutbox(),
+            options=SessionOptions(client_id="impostor", backoff=FAST),
+            birth_body=lambda: {"state": "impostor"},
+        )
         spy = Spy(loop, broker.url, a, "spy", ["edgekit/lab/cam-b/cmd/#", "edgekit/lab/+/+", "edgekit/lab/cam-a/cmd/#"])
         try:
             for s in (dev_a, dev_b):
                 loop.run(s.start)
             loop.run(spy.conn.start)
-            wait_for(lambda: col.connected and dev_a.connected and dev_b.connected and spy.conn.connected,
-                     what="every client connected over mTLS")
+            wait_for(
+                lambda: col.connected and dev_a.connected and dev_b.connected and spy.conn.connected,
+                what="every client connected over mTLS",
+            )
             loop.run(dev_a.submit, "telemetry", {"inference": {"fps": 30.0}})
             loop.run(dev_b.submit, "telemetry", {"inference": {"fps": 30.0}})
             wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 2, what="A's and B's own telemetry")
@@ -216,8 +264,10 @@ def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) 
                 loop.run(impostor.submit, "telemetry", {"inference": {"fps": 1.0}, "bundle_id": "evil"})
             wait_for(lambda: impostor.counters["rejected_by_broker"] == 3, what="the broker's 'not authorized' PUBACKs")
             loop.run(dev_a.submit, "telemetry", {"inference": {"fps": 30.0}})  # after the forged ones, same broker
-            wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-a'") == 2,
-                     what="A's later telemetry")
+            wait_for(
+                lambda: _count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-a'") == 2,
+                what="A's later telemetry",
+            )
             assert _count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-b'") == 1  # B's own, nothing forged
             assert _count(db, "SELECT count(*) FROM births WHERE payload LIKE '%impostor%'") == 0  # its birth too
             assert _count(db, "SELECT count(*) FROM telemetry WHERE payload LIKE '%evil%'") == 0
@@ -245,16 +295,19 @@ def test_only_the_fleet_ca_gets_in(tmp_path: Path) -> None:
     acl = write_acl(tmp_path / "acl.conf", "lab")
     with mtls_broker(tmp_path / "broker", pki, acl) as broker, NetworkLoop(name="edgekit-test") as loop:
         creds = other.clients["cam-a"]
-        cfg = BrokerConfig.from_url(broker.url, ca_file=pki.clients["cam-a"].ca_cert, cert_file=creds.cert,
-                                    key_file=creds.key)
+        cfg = BrokerConfig.from_url(
+            broker.url, ca_file=pki.clients["cam-a"].ca_cert, cert_file=creds.cert, key_file=creds.key
+        )
         conn = Connection(loop, cfg, "outsider", options=ConnectOptions(backoff=FAST))
         loop.run(conn.start)
         wait_for(lambda: conn.last_error, what="the refusal")
         assert not conn.connected
         loop.run(conn.close)
         conn.closed.wait(2)
-        wait_for(lambda: "certificate verify failed" in broker.log() or "unknown ca" in broker.log().lower(),
-                 what="the broker's certificate error")
+        wait_for(
+            lambda: "certificate verify failed" in broker.log() or "unknown ca" in broker.log().lower(),
+            what="the broker's certificate error",
+        )
 
 
 def test_broker_fixture_refuses_identity_without_client_certificates(tmp_path: Path) -> None:
@@ -263,16 +316,19 @@ def test_broker_fixture_refuses_identity_without_client_certificates(tmp_path: P
 
 
 # the collector, for whatever still reaches it -----------------------------------------------------
-def msg(kind: str, device: str, session: int, seq: int, body: dict[str, Any] | None = None,
-        fleet: str = "lab") -> tuple[str, bytes]:
+def msg(
+    kind: str, device: str, session: int, seq: int, body: dict[str, Any] | None = None, fleet: str = "lab"
+) -> tuple[str, bytes]:
     extra = {"connection": 1} if kind in ("birth", "death") else {"historical": False}
-    return f"edgekit/{fleet}/{device}/{kind}", encode(message(kind, fleet, device, session, seq,
-                                                              {**extra, **(body or {})}))
+    return f"edgekit/{fleet}/{device}/{kind}", encode(
+        message(kind, fleet, device, session, seq, {**extra, **(body or {})})
+    )
 
 
 def birth(device: str, session: int, bundle: str = "b1") -> tuple[str, bytes]:
-    return msg("birth", device, session, 0, {"state": "running", "agent": {"interval_s": 5.0},
-                                             "bundle": {"id": bundle}})
+    return msg(
+        "birth", device, session, 0, {"state": "running", "agent": {"interval_s": 5.0}, "bundle": {"id": bundle}}
+    )
 
 
 def collector(url: str = "sqlite:///:memory:", **kw: Any) -> Collector:
@@ -287,8 +343,10 @@ def test_a_far_future_session_cannot_freeze_a_device(tmp_path: Path) -> None:
     assert c.handle(*birth("cam-01", s0, "real-1"), received_at=now) == "stored"
     assert c.handle(*birth("cam-01", BIG, "forged"), received_at=now) == "malformed"  # 2**63-1: out of range
     assert c.handle(*birth("cam-01", s0 + 10**6, "forged"), received_at=now) == "future_session"
-    assert c.handle(*msg("telemetry", "cam-01", s0 + 10**6, 1, {"bundle_id": "forged"}),
-                    received_at=now) == "future_session"
+    assert (
+        c.handle(*msg("telemetry", "cam-01", s0 + 10**6, 1, {"bundle_id": "forged"}), received_at=now)
+        == "future_session"
+    )
     assert c.stats["rejected"]["future_session"] == 2 and c.stats["rejected"]["malformed"] == 1
     c.flush()
     with open_db(url) as db:  # refused means never stored, anywhere
@@ -308,8 +366,13 @@ def test_sequence_numbers_are_bounded_and_status_never_overflows(tmp_path: Path)
     now = time.time()
     assert c.handle(*msg("telemetry", "cam-01", 7, 2**53), received_at=now) == "malformed"
     assert c.handle(*msg("telemetry", "cam-01", 7, BIG), received_at=now) == "malformed"
-    assert c.handle(*msg("telemetry", "cam-01", 7, 5, {"inference": {"frames": 2**60, "budget_misses": -(2**60)}}),
-                    received_at=now) == "stored"
+    assert (
+        c.handle(
+            *msg("telemetry", "cam-01", 7, 5, {"inference": {"frames": 2**60, "budget_misses": -(2**60)}}),
+            received_at=now,
+        )
+        == "stored"
+    )
     # a stream message that far past its stream's position is refused (#26: it would have won the stream)...
     assert c.handle(*msg("state", "cam-02", 1, 2**53 - 1), received_at=now) == "seq_jump"
     for session in range(1, 1101):  # ...births announce any position: many, each the largest seq, sums past 2**63
@@ -367,11 +430,30 @@ def test_status_prints_device_text_as_text(tmp_path: Path) -> None:
     c = collector(url)
     now = time.time()
     weird = "[/x]"
-    c.handle(*msg("birth", "[bold]cam", int(now), 0, {"bundle": {"id": weird}, "agent": {"interval_s": 5.0},
-                                                      "runner": {"runtime": "[red]rt[/red]", "device_used": "[/]"}}),
-             received_at=now)
-    c.handle(*msg("telemetry", "[bold]cam", int(now), 1, {"bundle_id": weird + "\x1b]0;owned\x07\u202e",
-                                                          "inference": {"fps": 1e299}}), received_at=now)
+    c.handle(
+        *msg(
+            "birth",
+            "[bold]cam",
+            int(now),
+            0,
+            {
+                "bundle": {"id": weird},
+                "agent": {"interval_s": 5.0},
+                "runner": {"runtime": "[red]rt[/red]", "device_used": "[/]"},
+            },
+        ),
+        received_at=now,
+    )
+    c.handle(
+        *msg(
+            "telemetry",
+            "[bold]cam",
+            int(now),
+            1,
+            {"bundle_id": weird + "\x1b]0;owned\x07\u202e", "inference": {"fps": 1e299}},
+        ),
+        received_at=now,
+    )
     c.handle(*msg("death", "cam-2", int(now), 0, {"reason": "[link=file:///etc/passwd]x[/link]"}), received_at=now)
     c.flush()
     c.db.close()
@@ -398,9 +480,11 @@ def test_no_password_in_any_message(postgres_url: str) -> None:  # noqa: F811
         with _raw_pg(postgres_url) as conn:
             conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     host, port = "127.0.0.1", postgres_url.rsplit(":", 1)[1].split("/")[0]
-    for bad in (f"postgresql://edgekit:{secret}@{host}:1/postgres",  # nothing listens: the driver's own words
-                f"postgresql://edgekit:{secret}@[{host}:{port}/postgres",  # the driver cannot parse it
-                f"postgresql://edgekit@{host}:{port}/postgres?password={secret}&bogus=1"):
+    for bad in (
+        f"postgresql://edgekit:{secret}@{host}:1/postgres",  # nothing listens: the driver's own words
+        f"postgresql://edgekit:{secret}@[{host}:{port}/postgres",  # the driver cannot parse it
+        f"postgresql://edgekit@{host}:{port}/postgres?password={secret}&bogus=1",
+    ):
         with pytest.raises(EdgeError) as e:
             open_db(bad)
         assert secret not in str(e.value), str(e.value)
@@ -441,7 +525,9 @@ def test_rejections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixtur
 def test_unknown_commands_are_logged_at_a_bounded_rate(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with Mosquitto(tmp_path / "broker") as broker, NetworkLoop(name="edgekit-test") as loop:
         cfg = BrokerConfig.from_url(broker.url)
-        dev = DeviceSession(loop, cfg, "lab", "cam-01", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {})
+        dev = DeviceSession(
+            loop, cfg, "lab", "cam-01", MemoryOutbox(), options=SessionOptions(backoff=FAST), birth_body=lambda: {}
+        )
         sender = Connection(loop, cfg, "flooder", options=ConnectOptions(backoff=FAST))
         with caplog.at_level(logging.INFO, logger="edge.agent"):
             start = time.monotonic()
@@ -449,8 +535,13 @@ def test_unknown_commands_are_logged_at_a_bounded_rate(tmp_path: Path, caplog: p
             loop.run(sender.start)
             wait_for(lambda: dev.connected and sender.connected, what="both connected")
             # the device subscribes after its CONNACK: knock until it hears, then flood
-            wait_for(lambda: loop.run(sender.publish, "edgekit/lab/cam-01/cmd/knock", b"{}", 1) and
-                     dev.counters["unknown_commands"], what="the device's subscription")
+            wait_for(
+                lambda: (
+                    loop.run(sender.publish, "edgekit/lab/cam-01/cmd/knock", b"{}", 1)
+                    and dev.counters["unknown_commands"]
+                ),
+                what="the device's subscription",
+            )
             first = dev.counters["unknown_commands"]
             for i in range(2_000):
                 loop.run(sender.publish, f"edgekit/lab/cam-01/cmd/bogus-{i % 7}", b"{}", 1)

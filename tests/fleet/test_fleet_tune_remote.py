@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import pytest
-
 import mqtt_broker
+import pytest
 from conftest import REPO, assert_user_error, run_cli, wait_for
+
+from edge.capabilities import cpu_isa
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import SCHEMA_VERSION
-from edge.capabilities import cpu_isa
 from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
 from edge.tune.search import TuneOptions
 
@@ -43,24 +43,58 @@ def mqtt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @contextmanager
-def agent_process(url: str, root: Path, device: str, *extra: str, lacking: tuple[str, ...] = ()
-                  ) -> Iterator[dict[str, Any]]:
+def agent_process(
+    url: str, root: Path, device: str, *extra: str, lacking: tuple[str, ...] = ()
+) -> Iterator[dict[str, Any]]:
     """A real agent process (``python -m edge.agent``) with an empty store: no model of its own runs. ``lacking``:
     Python packages the process cannot import (``sys.modules[name] = None``), as on a device without them."""
     store = root / "store"
     store.mkdir(parents=True)
     log = root / "agent.log"
-    start = ["-m", "edge.agent"] if not lacking else [
-        "-c", f"import runpy, sys; sys.modules.update(dict.fromkeys({list(lacking)!r})); sys.argv[0] = 'edge.agent'; "
-        "runpy.run_module('edge.agent', run_name='__main__', alter_sys=True)"]
-    p = subprocess.Popen([sys.executable, *start, "--device-id", device, "--fleet", FLEET, "--broker",
-                          url, "--store", str(store), "--source", "none", "--interval", "5", "--poll-current", "0",
-                          "--download-timeout", "60", "--log-level", "info", "--flush-timeout", "1", *extra],
-                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    start = (
+        ["-m", "edge.agent"]
+        if not lacking
+        else [
+            "-c",
+            f"import runpy, sys; sys.modules.update(dict.fromkeys({list(lacking)!r})); sys.argv[0] = 'edge.agent'; "
+            "runpy.run_module('edge.agent', run_name='__main__', alter_sys=True)",
+        ]
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            *start,
+            "--device-id",
+            device,
+            "--fleet",
+            FLEET,
+            "--broker",
+            url,
+            "--store",
+            str(store),
+            "--source",
+            "none",
+            "--interval",
+            "5",
+            "--poll-current",
+            "0",
+            "--download-timeout",
+            "60",
+            "--log-level",
+            "info",
+            "--flush-timeout",
+            "1",
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),
+    )
     try:
         with DeviceLink(BrokerConfig.from_url(url), FLEET, device) as link:
-            wait_for(lambda: link.synced.is_set() and link.birth is not None or p.poll() is not None, 60,
-                     "the agent's birth")
+            wait_for(
+                lambda: link.synced.is_set() and link.birth is not None or p.poll() is not None, 60, "the agent's birth"
+            )
         assert p.poll() is None, log.read_text()
         yield {"store": store, "log": log, "proc": p}
     finally:
@@ -92,12 +126,26 @@ def link(mqtt: Any, agent: dict[str, Any]) -> Iterator[DeviceLink]:
 
 
 def request(url: str, sha: str = SHA, **over: Any) -> dict[str, Any]:
-    trial = {"id": "t00", "url": url, "sha256": sha, "size": 1000, "runner": "onnxruntime", "precision": "fp32",
-             "options": {"intra_op_num_threads": 1}}
+    trial = {
+        "id": "t00",
+        "url": url,
+        "sha256": sha,
+        "size": 1000,
+        "runner": "onnxruntime",
+        "precision": "fp32",
+        "options": {"intra_op_num_threads": 1},
+    }
     trial.update(over.pop("trial", {}))
-    req = {"schema_version": SCHEMA_VERSION, "type": "tune-request", "fleet": FLEET, "device": DEVICE,
-           "study_id": over.pop("study_id", "s1"), "objective": "latency",
-           "schedule": {"reps": 2, "iters": 5, "warmup": 1}, "trials": [trial]}
+    req = {
+        "schema_version": SCHEMA_VERSION,
+        "type": "tune-request",
+        "fleet": FLEET,
+        "device": DEVICE,
+        "study_id": over.pop("study_id", "s1"),
+        "objective": "latency",
+        "schedule": {"reps": 2, "iters": 5, "warmup": 1},
+        "trials": [trial],
+    }
     req.update(over)
     return req
 
@@ -114,13 +162,44 @@ def final(link: DeviceLink, study: str | None, timeout: float = 30.0) -> dict[st
     raise AssertionError(f"no final reply to {study} within {timeout} s")
 
 
-def test_fleet_tune_measures_on_the_device_and_returns_the_table(mqtt: Any, agent: dict[str, Any],
-                                                                 models: dict[str, Path], work: Path) -> None:
+def test_fleet_tune_measures_on_the_device_and_returns_the_table(
+    mqtt: Any, agent: dict[str, Any], models: dict[str, Path], work: Path
+) -> None:
     out = work / "tune"
-    p = run_cli("fleet", "tune", str(models["tiny"]), "--device", DEVICE, "--fleet", FLEET, "--broker", mqtt.url,
-                "--target", "x86-cpu", "--serve", "127.0.0.1:0", "--runner", "onnxruntime", "--runner", "openvino",
-                "--precision", "fp32", "--threads", "1", "--max-trials", "3", "--reps", "2", "--iters", "5",
-                "--warmup", "1", "--out", str(out), "--json")
+    p = run_cli(
+        "fleet",
+        "tune",
+        str(models["tiny"]),
+        "--device",
+        DEVICE,
+        "--fleet",
+        FLEET,
+        "--broker",
+        mqtt.url,
+        "--target",
+        "x86-cpu",
+        "--serve",
+        "127.0.0.1:0",
+        "--runner",
+        "onnxruntime",
+        "--runner",
+        "openvino",
+        "--precision",
+        "fp32",
+        "--threads",
+        "1",
+        "--max-trials",
+        "3",
+        "--reps",
+        "2",
+        "--iters",
+        "5",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     trials = r["trials"]
@@ -147,9 +226,10 @@ def test_fleet_tune_measures_on_the_device_and_returns_the_table(mqtt: Any, agen
     assert r["strategy"] == "halving" and r["device"]["requests"] == 1 and r["device"]["rungs"] == ["0:2x5"]
     assert not any((agent["store"] / "agent" / "tune").iterdir())
     # the table, as a person sees it, from the same JSON
-    from edge.cli.tune import render_tune
     from rich.console import Console
+
     import edge.cli.tune as cli_tune
+    from edge.cli.tune import render_tune
 
     cli_tune.console = Console(record=True, width=200)
     try:
@@ -162,16 +242,19 @@ def test_fleet_tune_measures_on_the_device_and_returns_the_table(mqtt: Any, agen
     assert "chosen" in text and r["winner"]["label"] in text
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"schedule": {"reps": 0, "iters": 5, "warmup": 1}}, "schedule.reps"),
-    ({"objective": "e2e"}, "objective"),
-    ({"trial": {"url": "file:///etc/passwd"}}, "trials[0].url"),
-    ({"trial": {"id": "../x"}}, "trials[0].id"),
-    ({"trial": {"sha256": "AB" * 32}}, "trials[0].sha256"),
-    ({"trial": {"options": {"intra_op_num_threads": [1]}}}, "trials[0].options.intra_op_num_threads"),
-    ({"trial": {"options": {"session_library": "/tmp/x.so"}}}, "trials[0].options.session_library"),
-    ({"extra": 1}, "extra"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"schedule": {"reps": 0, "iters": 5, "warmup": 1}}, "schedule.reps"),
+        ({"objective": "e2e"}, "objective"),
+        ({"trial": {"url": "file:///etc/passwd"}}, "trials[0].url"),
+        ({"trial": {"id": "../x"}}, "trials[0].id"),
+        ({"trial": {"sha256": "AB" * 32}}, "trials[0].sha256"),
+        ({"trial": {"options": {"intra_op_num_threads": [1]}}}, "trials[0].options.intra_op_num_threads"),
+        ({"trial": {"options": {"session_library": "/tmp/x.so"}}}, "trials[0].options.session_library"),
+        ({"extra": 1}, "extra"),
+    ],
+)
 def test_malformed_request_is_refused_naming_the_field(link: DeviceLink, change: dict[str, Any], field: str) -> None:
     link.send(request("http://127.0.0.1:9/x.tar", study_id="bad", **change))
     r = final(link, "bad")
@@ -179,8 +262,9 @@ def test_malformed_request_is_refused_naming_the_field(link: DeviceLink, change:
     assert field in r["error"]
 
 
-def test_wrong_sha256_is_refused_before_unpacking_and_busy_while_running(link: DeviceLink, agent: dict[str, Any],
-                                                                         tmp_path: Path) -> None:
+def test_wrong_sha256_is_refused_before_unpacking_and_busy_while_running(
+    link: DeviceLink, agent: dict[str, Any], tmp_path: Path
+) -> None:
     www = tmp_path / "www"
     www.mkdir()
     (www / "a.tar").write_bytes(b"not the artifact the request names" * 30)
@@ -213,8 +297,9 @@ class Reported:
         cfg = BrokerConfig.from_url(url)
         self.topic = f"edgekit/{FLEET}/{device}"
         self.msgs: list[dict[str, Any]] = []
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-reported-{device}",
-                             protocol=mqtt.MQTTv5)
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-reported-{device}", protocol=mqtt.MQTTv5
+        )
         self.c.on_message = lambda _c, _u, m: m.payload and self.msgs.append(json.loads(m.payload))
         self.c.connect(cfg.host, cfg.port)
         self.c.subscribe(f"{self.topic}/reported", qos=1)
@@ -227,7 +312,7 @@ class Reported:
     def of(self, version: int) -> list[dict[str, Any]]:
         return [m for m in list(self.msgs) if m.get("desired_version") == version]
 
-    def __enter__(self) -> "Reported":
+    def __enter__(self) -> Reported:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -235,16 +320,28 @@ class Reported:
         self.c.disconnect()
 
 
-def test_a_rollout_arriving_during_a_tune_waits_for_it_then_is_applied(mqtt: Any, link: DeviceLink,
-                                                                       agent: dict[str, Any]) -> None:
+def test_a_rollout_arriving_during_a_tune_waits_for_it_then_is_applied(
+    mqtt: Any, link: DeviceLink, agent: dict[str, Any]
+) -> None:
     """Never applied beside the tune (its download would not even start), never lost: applied once it ends."""
     version = 7
     with Reported(mqtt.url) as fleet, HoldServer() as hold:
         link.send(request(f"http://127.0.0.1:{hold.port}/slow.tar", study_id="held"))
         wait_for(lambda: hold.held, 20, "the tune's download to start")
-        fleet.desire({"schema_version": SCHEMA_VERSION, "type": "desired", "fleet": FLEET, "device": DEVICE,
-                      "rollout_id": "r-held", "bundle_id": "b-held", "version": version,
-                      "artifact_url": f"http://127.0.0.1:{hold.port}/rollout.tar", "sha256": SHA, "size": 1000})
+        fleet.desire(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "type": "desired",
+                "fleet": FLEET,
+                "device": DEVICE,
+                "rollout_id": "r-held",
+                "bundle_id": "b-held",
+                "version": version,
+                "artifact_url": f"http://127.0.0.1:{hold.port}/rollout.tar",
+                "sha256": SHA,
+                "size": 1000,
+            }
+        )
         first = wait_for(lambda: fleet.of(version), 20, "the device's report of the held rollout")[0]
         assert first["state"] == "idle" and first["progress"] == {"waiting_for": "tune", "study_id": "held"}, first
         assert first["rollout_id"] == "r-held" and first["desired_bundle"] == "b-held", first
@@ -254,8 +351,11 @@ def test_a_rollout_arriving_during_a_tune_waits_for_it_then_is_applied(mqtt: Any
         hold.answer.set()  # the tune's download fails (404), the tune ends, then the rollout is applied
         done = final(link, "held")
         assert done["status"] == "done" and done["rollout_waiting"] == {"rollout_id": "r-held", "version": version}
-        last = wait_for(lambda: (fleet.of(version) or [{}])[-1].get("state") in ("failed", "running")
-                        and fleet.of(version)[-1], 30, "the rollout's outcome")
+        last = wait_for(
+            lambda: (fleet.of(version) or [{}])[-1].get("state") in ("failed", "running") and fleet.of(version)[-1],
+            30,
+            "the rollout's outcome",
+        )
         fleet.desire(None)
     states = [m["state"] for m in fleet.of(version)]
     assert states[0] == "idle" and "downloading" in states and last["state"] == "failed", states
@@ -298,7 +398,7 @@ class HoldServer:
                         pass
                 self.held.clear()
 
-    def __enter__(self) -> "HoldServer":
+    def __enter__(self) -> HoldServer:
         self.thread.start()
         return self
 
@@ -310,15 +410,32 @@ class HoldServer:
         self.sock.close()
 
 
-def test_cli_refuses_an_unknown_device_in_one_line(mqtt: Any, agent: dict[str, Any], models: dict[str, Path],
-                                                   tmp_path: Path) -> None:
-    p = run_cli("fleet", "tune", str(models["tiny"]), "--device", "nobody", "--fleet", FLEET, "--broker", mqtt.url,
-                "--target", "x86-cpu", "--serve", "127.0.0.1:0", "--out", str(tmp_path / "o"))
+def test_cli_refuses_an_unknown_device_in_one_line(
+    mqtt: Any, agent: dict[str, Any], models: dict[str, Path], tmp_path: Path
+) -> None:
+    p = run_cli(
+        "fleet",
+        "tune",
+        str(models["tiny"]),
+        "--device",
+        "nobody",
+        "--fleet",
+        FLEET,
+        "--broker",
+        mqtt.url,
+        "--target",
+        "x86-cpu",
+        "--serve",
+        "127.0.0.1:0",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert_user_error(p, "device nobody has no birth")
 
 
-def test_device_with_a_trust_store_measures_signed_trials_only(mqtt: Any, models: dict[str, Path], work: Path,
-                                                              tmp_path: Path) -> None:
+def test_device_with_a_trust_store_measures_signed_trials_only(
+    mqtt: Any, models: dict[str, Path], work: Path, tmp_path: Path
+) -> None:
     from edge.bundle.signing import generate_key
     from edge.bundle.trust import TrustStore
     from edge.tune.search import Schedule
@@ -327,12 +444,25 @@ def test_device_with_a_trust_store_measures_signed_trials_only(mqtt: Any, models
     key = generate_key("builder", keys)
     TrustStore(tmp_path / "trust").add_key(key.public_path.read_bytes(), "builder")
     remote = DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0")
-    opts = TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime"], precisions=["fp32"], threads=[1],
-                       max_trials=1, schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False)
+    opts = TuneOptions(
+        cache=work / "tune" / "cache",
+        runners=["onnxruntime"],
+        precisions=["fp32"],
+        threads=[1],
+        max_trials=1,
+        schedule=Schedule(reps=2, iters=5, warmup=1),
+        pictures=False,
+    )
     with agent_process(mqtt.url, tmp_path / "dev2", "dev-2", "--trust-dir", str(tmp_path / "trust")):
-        unsigned = tune_on_device(models["tiny"], "dev-2", remote, options=dataclasses.replace(opts, out=tmp_path / "o1"))
-        signed = tune_on_device(models["tiny"], "dev-2", dataclasses.replace(remote, sign_key="builder", keys_dir=keys),
-                                options=dataclasses.replace(opts, out=tmp_path / "o2"))
+        unsigned = tune_on_device(
+            models["tiny"], "dev-2", remote, options=dataclasses.replace(opts, out=tmp_path / "o1")
+        )
+        signed = tune_on_device(
+            models["tiny"],
+            "dev-2",
+            dataclasses.replace(remote, sign_key="builder", keys_dir=keys),
+            options=dataclasses.replace(opts, out=tmp_path / "o2"),
+        )
     assert unsigned.converted == 0 and signed.converted == 0  # the first test's cache
     (t,) = unsigned.trials
     assert unsigned.winner is None and "unsigned" in t["status"] and t.get("result") is None, t["status"]
@@ -341,14 +471,22 @@ def test_device_with_a_trust_store_measures_signed_trials_only(mqtt: Any, models
 
 
 def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_the_study(
-        mqtt: Any, agent: dict[str, Any], models: dict[str, Path], work: Path, tmp_path: Path) -> None:
+    mqtt: Any, agent: dict[str, Any], models: dict[str, Path], work: Path, tmp_path: Path
+) -> None:
     from edge.errors import EdgeError
-    from edge.tune.search import Schedule
     from edge.tune.measure import trial_score
+    from edge.tune.search import Schedule
 
     remote = DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0")
-    opts = TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"], precisions=["fp32"],
-                       threads=[1], schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False, out=tmp_path / "o")
+    opts = TuneOptions(
+        cache=work / "tune" / "cache",
+        runners=["onnxruntime", "openvino"],
+        precisions=["fp32"],
+        threads=[1],
+        schedule=Schedule(reps=2, iters=5, warmup=1),
+        pictures=False,
+        out=tmp_path / "o",
+    )
     r = tune_on_device(models["tiny"], DEVICE, remote, options=opts)
     assert r.converted == 0 and len(r.trials) == 4  # the first test's cache: two recipes, four configurations
     # 4 trials: a short rung for all, the best 3 (at least eta) at full length; one request per rung
@@ -388,15 +526,33 @@ def test_successive_halving_runs_rungs_on_the_device_and_a_rerun_resumes_from_th
 
 
 def test_a_runner_the_device_lacks_is_pruned_with_its_reason_before_any_download(
-        mqtt: Any, models: dict[str, Path], work: Path, tmp_path: Path) -> None:
+    mqtt: Any, models: dict[str, Path], work: Path, tmp_path: Path
+) -> None:
     from edge.tune.search import Schedule
 
     steps: list[str] = []
     with agent_process(mqtt.url, tmp_path / "dev3", "dev-3", lacking=("openvino",)) as dev:
-        r = tune_on_device(models["tiny"], "dev-3", DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0"), options=TuneOptions(cache=work / "tune" / "cache", runners=["onnxruntime", "openvino"], precisions=["fp32"], threads=[1], max_trials=2, schedule=Schedule(reps=2, iters=5, warmup=1), pictures=False, out=tmp_path / "o"), on_step=steps.append)
+        r = tune_on_device(
+            models["tiny"],
+            "dev-3",
+            DeviceTune(broker=BrokerConfig.from_url(mqtt.url), fleet=FLEET, target="x86-cpu", serve="127.0.0.1:0"),
+            options=TuneOptions(
+                cache=work / "tune" / "cache",
+                runners=["onnxruntime", "openvino"],
+                precisions=["fp32"],
+                threads=[1],
+                max_trials=2,
+                schedule=Schedule(reps=2, iters=5, warmup=1),
+                pictures=False,
+                out=tmp_path / "o",
+            ),
+            on_step=steps.append,
+        )
     (ov,) = [t for t in r.trials if t["runner"] == "openvino"]
-    assert ov["status"].startswith("pruned on the device: runner openvino cannot run on this device: Python "
-                                   "package providing 'openvino' is not installed"), ov["status"]
+    assert ov["status"].startswith(
+        "pruned on the device: runner openvino cannot run on this device: Python "
+        "package providing 'openvino' is not installed"
+    ), ov["status"]
     assert ov["result"] is None and "load_ms" not in ov
     assert [p for p in r.pruned if p.startswith("runner openvino") and p.endswith("(device dev-3)")], r.pruned
     assert [s for s in steps if "fetching" in s] == ["dev-3: fetching 1"], steps  # the onnxruntime bundle only
@@ -424,10 +580,17 @@ def test_rungs_stay_within_what_a_device_accepts() -> None:
 
 def test_the_agent_stays_lean_until_a_tune_arrives() -> None:
     """The cmd/tune hook and its request parsing import no numpy and no runtime (they come with the measurement)."""
-    code = ("import sys, edge.agent.agent, edge.agent.tune_cmd as t; "
-            "r = t.TuneRequest.parse(sys.argv[1].encode(), fleet='lab', device='dev-1'); "
-            "print(r.trials[0].options, sorted(m for m in ('numpy', 'onnxruntime', 'openvino', 'edge.tune.measure') "
-            "if m in sys.modules))")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(request("http://h/x.tar"))], capture_output=True,
-                       text=True, cwd=REPO, timeout=60)
+    code = (
+        "import sys, edge.agent.agent, edge.agent.tune_cmd as t; "
+        "r = t.TuneRequest.parse(sys.argv[1].encode(), fleet='lab', device='dev-1'); "
+        "print(r.trials[0].options, sorted(m for m in ('numpy', 'onnxruntime', 'openvino', 'edge.tune.measure') "
+        "if m in sys.modules))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(request("http://h/x.tar"))],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert p.returncode == 0 and p.stdout.strip() == "(('intra_op_num_threads', 1),) []", (p.stdout, p.stderr)

@@ -15,9 +15,9 @@ from conftest import wait_for
 
 from edge.fleet.rollout import (
     RolloutBundle,
-    RolloutFlags,
     RolloutController,
     RolloutError,
+    RolloutFlags,
     RolloutSpec,
     set_state,
     start_rollout,
@@ -44,8 +44,9 @@ from tests.fleet.test_fleet_rollout import (  # noqa: F401
 
 def _fake(bundle_id: str, target: str) -> RolloutBundle:
     """A bundle the simulated devices never download (they answer from their behaviour)."""
-    return RolloutBundle(bundle_id=bundle_id, target=target, url=f"http://127.0.0.1:9/{bundle_id}.tar",
-                         sha256="ab" * 32, size=1000)
+    return RolloutBundle(
+        bundle_id=bundle_id, target=target, url=f"http://127.0.0.1:9/{bundle_id}.tar", sha256="ab" * 32, size=1000
+    )
 
 
 def untrusted(device: str, d: DesiredState) -> Outcome:
@@ -57,7 +58,11 @@ def _run(broker: Any, db: Any, view: Any, abort_if: list[str]) -> dict[str, Any]
     fleet = sims(broker, {f"sim-{i}": ("x86-cpu", old.bundle_id) for i in range(3)}, behaviour=untrusted)
     try:
         synced_with(view, 3)
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="5%", waves="50%,100%", watch="0.2s", device_timeout="20s", abort_if=abort_if))
+        spec = RolloutSpec.parse(
+            RolloutFlags(
+                fleet=FLEET, canary="5%", waves="50%,100%", watch="0.2s", device_timeout="20s", abort_if=abort_if
+            )
+        )
         rid = start_rollout(db, view, spec, [new], previous=[old])
         drive(RolloutController(db, rid, view), lambda r: r.finished, 60, "the rollout to finish")
         return status(db, rid)
@@ -87,9 +92,14 @@ def test_none_is_alone() -> None:
         RolloutSpec.parse(RolloutFlags(fleet=FLEET, abort_if=["none", "p99>budget"]))
 
 
-def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(broker: Any, db: Any, view: Any,  # noqa: F811
-                                                                   bundles: dict[str, Any], http: Any,
-                                                                   tmp_path: Path) -> None:
+def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(
+    broker: Any,
+    db: Any,
+    view: Any,  # noqa: F811
+    bundles: dict[str, Any],
+    http: Any,
+    tmp_path: Path,
+) -> None:
     """#26 item 15: the device runs A, deployed by hand (no artifact registered for it anywhere). A rollout of B
     aborted after the switch rolls it back to A from its own store: no --previous-url, no download."""
     a, b = bundles["a"], bundles["b"]
@@ -97,11 +107,17 @@ def test_a_bundle_deployed_by_hand_is_rolled_back_to_from_the_store(broker: Any,
     try:
         synced_with(view, 1)
         wait_for(lambda: view.snapshot()["cam-01"].bundle.get("archive_sha256"), 30, "the birth's archive hash")
-        spec = RolloutSpec.parse(RolloutFlags(fleet=FLEET, canary="100%", waves="100%", watch="60s", device_timeout="60s"))
+        spec = RolloutSpec.parse(
+            RolloutFlags(fleet=FLEET, canary="100%", waves="100%", watch="60s", device_timeout="60s")
+        )
         rid = start_rollout(db, view, spec, [prepared(bundles, http, "b")])  # no --previous-bundle/-url
         ctl = RolloutController(db, rid, view)
-        drive(ctl, lambda r: status(db, rid)["devices"] and status(db, rid)["devices"][0]["state"] == "running",
-              90, "cam-01 on B")
+        drive(
+            ctl,
+            lambda r: status(db, rid)["devices"] and status(db, rid)["devices"][0]["state"] == "running",
+            90,
+            "cam-01 on B",
+        )
         assert DeviceStore(tmp_path / "cam-01").state().current == b.id
         set_state(db, rid, "abort", "the operator changed their mind")
         drive(ctl, lambda r: r.finished, 90, "the rollback")

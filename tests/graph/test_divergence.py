@@ -67,8 +67,9 @@ def test_a_parity_failure_says_where_and_records_it(tmp_path: Path, scaling_targ
     src = anchor_detector(tmp_path / "palm.onnx")
     with pytest.raises(ParityError, match=r"first diverging node: .* \(Conv\), output 's2_c'"):
         convert(src, "scaling", tmp_path / "out", ConvertRequest(targets_dir=[scaling_target]))
-    b = convert(src, "scaling", tmp_path / "kept", ConvertRequest(targets_dir=[scaling_target],
-                                                                  accept_parity_failure=True))
+    b = convert(
+        src, "scaling", tmp_path / "kept", ConvertRequest(targets_dir=[scaling_target], accept_parity_failure=True)
+    )
     d = b.manifest["parity"]["first_divergence"]
     assert d["tensor"] == "s2_c" and d["op"] == "Conv" and d["rel_err"] > 0.02
 

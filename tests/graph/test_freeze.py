@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -19,9 +18,9 @@ from edge.errors import EdgeError, InputFileError
 from edge.graph.freeze import freeze_inputs, parse_freeze
 from edge.graph.lower import lower_lstm, needs_lowering
 from edge.graph.model import io_spec, load_onnx, resolve_static_inputs
+from edge.pipeline.request import ConvertRequest
 from tests.corpus import corpus_model
 from tests.graph.test_graphs import SHAPES, build_lstm_state, build_vad_like
-from edge.pipeline.request import ConvertRequest
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -34,18 +33,39 @@ def _data_if(path: Path) -> Path:
     """y = If(sum(x) > 0) then x*2 else x*3, and z = If(mode == 1) then x+1 else x-1: one If reads data, one a setting."""
     c = lambda name, v: h.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(v)))  # noqa: E731
     branch = lambda tag, op, k: h.make_graph(  # noqa: E731
-        [c(f"{tag}_k", np.float32(k)), h.make_node(op, ["x", f"{tag}_k"], [f"{tag}_o"])], tag, [],
-        [h.make_tensor_value_info(f"{tag}_o", T.FLOAT, None)])
+        [c(f"{tag}_k", np.float32(k)), h.make_node(op, ["x", f"{tag}_k"], [f"{tag}_o"])],
+        tag,
+        [],
+        [h.make_tensor_value_info(f"{tag}_o", T.FLOAT, None)],
+    )
     g = h.make_graph(
-        [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), c("zero", np.float32(0)),
-         h.make_node("Greater", ["s", "zero"], ["pos"]),
-         h.make_node("If", ["pos"], ["y"], then_branch=branch("t2", "Mul", 2), else_branch=branch("t3", "Mul", 3),
-                     name="If_data"),
-         c("one", np.int64(1)), h.make_node("Equal", ["mode", "one"], ["is1"]),
-         h.make_node("If", ["is1"], ["z"], then_branch=branch("p1", "Add", 1), else_branch=branch("m1", "Sub", 1),
-                     name="If_mode")],
-        "ifs", [h.make_tensor_value_info("x", T.FLOAT, ["n", 4]), h.make_tensor_value_info("mode", T.INT64, [])],
-        [h.make_tensor_value_info("y", T.FLOAT, ["n", 4]), h.make_tensor_value_info("z", T.FLOAT, ["n", 4])])
+        [
+            h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            c("zero", np.float32(0)),
+            h.make_node("Greater", ["s", "zero"], ["pos"]),
+            h.make_node(
+                "If",
+                ["pos"],
+                ["y"],
+                then_branch=branch("t2", "Mul", 2),
+                else_branch=branch("t3", "Mul", 3),
+                name="If_data",
+            ),
+            c("one", np.int64(1)),
+            h.make_node("Equal", ["mode", "one"], ["is1"]),
+            h.make_node(
+                "If",
+                ["is1"],
+                ["z"],
+                then_branch=branch("p1", "Add", 1),
+                else_branch=branch("m1", "Sub", 1),
+                name="If_mode",
+            ),
+        ],
+        "ifs",
+        [h.make_tensor_value_info("x", T.FLOAT, ["n", 4]), h.make_tensor_value_info("mode", T.INT64, [])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["n", 4]), h.make_tensor_value_info("z", T.FLOAT, ["n", 4])],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -72,9 +92,13 @@ def test_bad_freeze_values_are_one_line_errors(tmp_path: Path) -> None:
     path = _data_if(tmp_path / "ifs.onnx")
     model = load_onnx(path)
     io = resolve_static_inputs(io_spec(model), {"x": (2, 4)}, path)
-    for values, match in (({"rate": "1"}, r"ifs\.onnx has no such input"), ({"mode": "1.5"}, "not fractions"),
-                          ({"mode": "1,2"}, "is a scalar: give one number"), ({"mode": "abc"}, "is not a number"),
-                          ({"mode": "1", "x": "1"}, "only scalars and 1-D|freezes every input")):
+    for values, match in (
+        ({"rate": "1"}, r"ifs\.onnx has no such input"),
+        ({"mode": "1.5"}, "not fractions"),
+        ({"mode": "1,2"}, "is a scalar: give one number"),
+        ({"mode": "abc"}, "is not a number"),
+        ({"mode": "1", "x": "1"}, "only scalars and 1-D|freezes every input"),
+    ):
         with pytest.raises(EdgeError, match=match):
             freeze_inputs(model, values, io, source=path)
     with pytest.raises(InputFileError, match="expected NAME=VALUE"):
@@ -121,7 +145,14 @@ def test_silero_freezes_and_converts_for_openvino(tmp_path: Path) -> None:
     from edge.pipeline import convert
 
     path = corpus_model("silero-vad")
-    convert(path, "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", input_shapes={"input": (1, 512), "state": (2, 1, 128)}, freeze={"sr": "16000"}))
+    convert(
+        path,
+        "intel-igpu",
+        tmp_path / "b",
+        ConvertRequest(
+            precision="fp32", input_shapes={"input": (1, 512), "state": (2, 1, 128)}, freeze={"sr": "16000"}
+        ),
+    )
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     fz = m["source"]["frozen"]
     assert fz["inputs"] == [{"name": "sr", "dtype": "int64", "shape": [], "value": [16000.0]}]
@@ -148,7 +179,12 @@ def test_an_lstm_given_its_state_converts_for_litert(tmp_path: Path) -> None:
     if not toolchains.status("tflite").usable:
         pytest.skip("the tflite toolchain is not installed: edgekit toolchain install tflite")
     path = build_lstm_state(tmp_path / "lstm_state.onnx")
-    convert(path, "arm-xnnpack", tmp_path / "b", ConvertRequest(precision="fp32", input_shapes=SHAPES["lstm_state"], preprocess="none"))
+    convert(
+        path,
+        "arm-xnnpack",
+        tmp_path / "b",
+        ConvertRequest(precision="fp32", input_shapes=SHAPES["lstm_state"], preprocess="none"),
+    )
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert m["parity"]["passed"] and m["chain"][0]["details"]["lowered"] == {"LSTM": 1}
 
@@ -160,17 +196,27 @@ def test_tune_trials_convert_the_frozen_graph(tmp_path: Path) -> None:
 
     path = build_vad_like(tmp_path / "vad_like.onnx")
     req = ConvertRequest(input_shapes=SHAPES["vad_like"], preprocess="none", parity_samples=4)
-    opts = TuneOptions(runners=["openvino"], precisions=["fp32"], threads=[1], pictures=False,
-                       schedule=Schedule(reps=2, iters=5, warmup=1))
+    opts = TuneOptions(
+        runners=["openvino"],
+        precisions=["fp32"],
+        threads=[1],
+        pictures=False,
+        schedule=Schedule(reps=2, iters=5, warmup=1),
+    )
     res = tune(path, "intel-igpu", req.replace(freeze={"sr": "16000"}), dataclasses.replace(opts, out=tmp_path / "t"))
     assert res.winner is not None, res.summary()
     # sr = 8000 picks the 256-sample branch: two frames of the 512-sample window, which its LSTM cannot take. Each
     # trial says so in one line, and none reuses the sr=16000 conversions (the frozen values are in the recipe)
-    bad = tune(path, "intel-igpu", req.replace(freeze={"sr": "8000"}),
-               dataclasses.replace(opts, out=tmp_path / "t2", cache=tmp_path / "t" / "cache"))
+    bad = tune(
+        path,
+        "intel-igpu",
+        req.replace(freeze={"sr": "8000"}),
+        dataclasses.replace(opts, out=tmp_path / "t2", cache=tmp_path / "t" / "cache"),
+    )
     assert bad.winner is None and bad.trials
     for t in bad.trials:
-        assert t["status"].startswith("conversion failed: vad_like.onnx does not run with sr=8000 at these input "
-                                      "shapes: "), t["status"]
+        assert t["status"].startswith(
+            "conversion failed: vad_like.onnx does not run with sr=8000 at these input shapes: "
+        ), t["status"]
         assert "\n" not in t["status"] and "LSTM" in t["status"]
     assert not {t["recipe_key"] for t in bad.trials} & {t["recipe_key"] for t in res.trials}

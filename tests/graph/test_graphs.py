@@ -14,12 +14,23 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
-
 from conftest import assert_user_error, run_cli
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
 from edge.errors import ConversionError, EdgeError, ModelError
-from edge.graph.model import (KEPT_DYNAMIC_KEY, describe_ort_error, io_spec, kept_dynamic, load_onnx, make_static,
-                            resolve_static_inputs, save_onnx, walk_nodes)
+from edge.graph.model import (
+    KEPT_DYNAMIC_KEY,
+    describe_ort_error,
+    io_spec,
+    kept_dynamic,
+    load_onnx,
+    make_static,
+    resolve_static_inputs,
+    save_onnx,
+    walk_nodes,
+)
 from edge.graph.opsupport import check_ops, rules
 from edge.pipeline.request import ConvertRequest
 
@@ -57,108 +68,188 @@ def _vad_branch(tag: str, window: int) -> onnx.GraphProto:
     """One sample-rate branch, Silero-style: frames of ``window`` samples; an inner If squeezes the frame axis when
     there is one frame (then: rank 2, else: rank 3, as Silero's decoder does), then an LSTM carries the state."""
     p = f"{tag}_"
-    squeeze = h.make_graph([_c(p + "ax1", [1]), h.make_node("Squeeze", ["frames", p + "ax1"], [p + "sq"])],
-                           p + "squeeze", [], [_untyped(p + "sq")])
+    squeeze = h.make_graph(
+        [_c(p + "ax1", [1]), h.make_node("Squeeze", ["frames", p + "ax1"], [p + "sq"])],
+        p + "squeeze",
+        [],
+        [_untyped(p + "sq")],
+    )
     keep = h.make_graph([h.make_node("Identity", ["frames"], [p + "id"])], p + "keep", [], [_untyped(p + "id")])
     nodes = [
-        _c(p + "fshape", [1, -1, window]), h.make_node("Reshape", ["input", p + "fshape"], ["frames"], name=p + "frames"),
-        h.make_node("Shape", ["frames"], [p + "shape"]), _c(p + "one_idx", 1),
-        h.make_node("Gather", [p + "shape", p + "one_idx"], [p + "nframes"]), _c(p + "one", 1),
+        _c(p + "fshape", [1, -1, window]),
+        h.make_node("Reshape", ["input", p + "fshape"], ["frames"], name=p + "frames"),
+        h.make_node("Shape", ["frames"], [p + "shape"]),
+        _c(p + "one_idx", 1),
+        h.make_node("Gather", [p + "shape", p + "one_idx"], [p + "nframes"]),
+        _c(p + "one", 1),
         h.make_node("Equal", [p + "nframes", p + "one"], [p + "single"]),
         h.make_node("If", [p + "single"], [p + "x"], then_branch=squeeze, else_branch=keep, name=f"If_frames_{tag}"),
-        _c(p + "ax0", [0]), h.make_node("Unsqueeze", [p + "x", p + "ax0"], [p + "seq"]),  # [1, 1, window]
-        _c(p + "s0", [0]), _c(p + "s1", [1]), _c(p + "s2", [2]),
+        _c(p + "ax0", [0]),
+        h.make_node("Unsqueeze", [p + "x", p + "ax0"], [p + "seq"]),  # [1, 1, window]
+        _c(p + "s0", [0]),
+        _c(p + "s1", [1]),
+        _c(p + "s2", [2]),
         h.make_node("Slice", ["state", p + "s0", p + "s1", p + "s0"], [p + "h0"]),
         h.make_node("Slice", ["state", p + "s1", p + "s2", p + "s0"], [p + "c0"]),
         h.make_node("Constant", [], [p + "W"], value=nh.from_array(_w(1, 4 * H, window, scale=0.05))),
         h.make_node("Constant", [], [p + "R"], value=nh.from_array(_w(1, 4 * H, H))),
         h.make_node("Constant", [], [p + "B"], value=nh.from_array(_w(1, 8 * H, scale=0.1))),
-        h.make_node("LSTM", [p + "seq", p + "W", p + "R", p + "B", "", p + "h0", p + "c0"],
-                    [p + "Y", p + "Yh", p + "Yc"], hidden_size=H, name=f"LSTM_{tag}"),
+        h.make_node(
+            "LSTM",
+            [p + "seq", p + "W", p + "R", p + "B", "", p + "h0", p + "c0"],
+            [p + "Y", p + "Yh", p + "Yc"],
+            hidden_size=H,
+            name=f"LSTM_{tag}",
+        ),
         h.make_node("Concat", [p + "Yh", p + "Yc"], [p + "stateN"], axis=0),
         h.make_node("Squeeze", [p + "Yh", p + "ax0"], [p + "hid"]),
         h.make_node("Constant", [], [p + "Wo"], value=nh.from_array(_w(H, 1))),
         h.make_node("MatMul", [p + "hid", p + "Wo"], [p + "logit"]),
         h.make_node("Sigmoid", [p + "logit"], [p + "prob"]),
     ]
-    return h.make_graph(nodes, tag, [], [h.make_tensor_value_info(p + "prob", T.FLOAT, ["b", 1]),
-                                         h.make_tensor_value_info(p + "stateN", T.FLOAT, [2, "b", H])])
+    return h.make_graph(
+        nodes,
+        tag,
+        [],
+        [
+            h.make_tensor_value_info(p + "prob", T.FLOAT, ["b", 1]),
+            h.make_tensor_value_info(p + "stateN", T.FLOAT, [2, "b", H]),
+        ],
+    )
 
 
 def build_vad_like(path: Path) -> Path:
     """Silero VAD's shape of graph: ``input`` [?, ?], ``state`` [2, ?, H], ``sr`` int64 scalar; If(sr == 16000)
     picks a branch (512- or 256-sample frames) holding an inner different-rank If and an LSTM."""
     g = h.make_graph(
-        [_c("k16000", 16000), h.make_node("Equal", ["sr", "k16000"], ["is16k"], name="Equal_sr"),
-         h.make_node("If", ["is16k"], ["output", "stateN"], then_branch=_vad_branch("k16", 512),
-                     else_branch=_vad_branch("k8", 256), name="If_sr")],
+        [
+            _c("k16000", 16000),
+            h.make_node("Equal", ["sr", "k16000"], ["is16k"], name="Equal_sr"),
+            h.make_node(
+                "If",
+                ["is16k"],
+                ["output", "stateN"],
+                then_branch=_vad_branch("k16", 512),
+                else_branch=_vad_branch("k8", 256),
+                name="If_sr",
+            ),
+        ],
         "vad_like",
-        [h.make_tensor_value_info("input", T.FLOAT, [None, None]),
-         h.make_tensor_value_info("state", T.FLOAT, [2, None, H]),
-         h.make_tensor_value_info("sr", T.INT64, [])],
-        [h.make_tensor_value_info("output", T.FLOAT, [None, 1]),
-         h.make_tensor_value_info("stateN", T.FLOAT, [None, None, None])])
+        [
+            h.make_tensor_value_info("input", T.FLOAT, [None, None]),
+            h.make_tensor_value_info("state", T.FLOAT, [2, None, H]),
+            h.make_tensor_value_info("sr", T.INT64, []),
+        ],
+        [
+            h.make_tensor_value_info("output", T.FLOAT, [None, 1]),
+            h.make_tensor_value_info("stateN", T.FLOAT, [None, None, None]),
+        ],
+    )
     return _model(g, path)
 
 
 def build_loop(path: Path) -> Path:
     """A Loop with a constant trip count: y <- tanh(y @ W + x), every step's y also scanned out."""
     body = h.make_graph(
-        [h.make_node("Identity", ["cond_in"], ["cond_out"]),
-         h.make_node("Constant", [], ["Wl"], value=nh.from_array(_w(8, 8))),
-         h.make_node("MatMul", ["y_in", "Wl"], ["yw"]), h.make_node("Add", ["yw", "x"], ["pre"]),
-         h.make_node("Tanh", ["pre"], ["y_out"]), h.make_node("Identity", ["y_out"], ["y_scan"])],
+        [
+            h.make_node("Identity", ["cond_in"], ["cond_out"]),
+            h.make_node("Constant", [], ["Wl"], value=nh.from_array(_w(8, 8))),
+            h.make_node("MatMul", ["y_in", "Wl"], ["yw"]),
+            h.make_node("Add", ["yw", "x"], ["pre"]),
+            h.make_node("Tanh", ["pre"], ["y_out"]),
+            h.make_node("Identity", ["y_out"], ["y_scan"]),
+        ],
         "loop_body",
-        [h.make_tensor_value_info("iter", T.INT64, []), h.make_tensor_value_info("cond_in", T.BOOL, []),
-         h.make_tensor_value_info("y_in", T.FLOAT, ["b", 8])],
-        [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("y_out", T.FLOAT, ["b", 8]),
-         h.make_tensor_value_info("y_scan", T.FLOAT, ["b", 8])])
+        [
+            h.make_tensor_value_info("iter", T.INT64, []),
+            h.make_tensor_value_info("cond_in", T.BOOL, []),
+            h.make_tensor_value_info("y_in", T.FLOAT, ["b", 8]),
+        ],
+        [
+            h.make_tensor_value_info("cond_out", T.BOOL, []),
+            h.make_tensor_value_info("y_out", T.FLOAT, ["b", 8]),
+            h.make_tensor_value_info("y_scan", T.FLOAT, ["b", 8]),
+        ],
+    )
     g = h.make_graph(
-        [_c("trips", 4), _c("true", True, np.bool_),
-         h.make_node("Loop", ["trips", "true", "y0"], ["y_final", "y_steps"], body=body, name="Loop_steps")],
-        "loop", [h.make_tensor_value_info("x", T.FLOAT, ["b", 8]), h.make_tensor_value_info("y0", T.FLOAT, ["b", 8])],
-        [h.make_tensor_value_info("y_final", T.FLOAT, ["b", 8]), h.make_tensor_value_info("y_steps", T.FLOAT, [4, "b", 8])])
+        [
+            _c("trips", 4),
+            _c("true", True, np.bool_),
+            h.make_node("Loop", ["trips", "true", "y0"], ["y_final", "y_steps"], body=body, name="Loop_steps"),
+        ],
+        "loop",
+        [h.make_tensor_value_info("x", T.FLOAT, ["b", 8]), h.make_tensor_value_info("y0", T.FLOAT, ["b", 8])],
+        [
+            h.make_tensor_value_info("y_final", T.FLOAT, ["b", 8]),
+            h.make_tensor_value_info("y_steps", T.FLOAT, [4, "b", 8]),
+        ],
+    )
     return _model(g, path)
 
 
 def build_scan(path: Path) -> Path:
     """A Scan over a sequence with a recurrent state: s <- tanh(s @ W + x_t); the final state and every step out."""
     body = h.make_graph(
-        [h.make_node("Constant", [], ["Ws"], value=nh.from_array(_w(4, 4))),
-         h.make_node("MatMul", ["s_in", "Ws"], ["sw"]), h.make_node("Add", ["sw", "x_t"], ["pre"]),
-         h.make_node("Tanh", ["pre"], ["s_out"]), h.make_node("Identity", ["s_out"], ["s_step"])],
-        "scan_body", [h.make_tensor_value_info("s_in", T.FLOAT, [4]), h.make_tensor_value_info("x_t", T.FLOAT, [4])],
-        [h.make_tensor_value_info("s_out", T.FLOAT, [4]), h.make_tensor_value_info("s_step", T.FLOAT, [4])])
+        [
+            h.make_node("Constant", [], ["Ws"], value=nh.from_array(_w(4, 4))),
+            h.make_node("MatMul", ["s_in", "Ws"], ["sw"]),
+            h.make_node("Add", ["sw", "x_t"], ["pre"]),
+            h.make_node("Tanh", ["pre"], ["s_out"]),
+            h.make_node("Identity", ["s_out"], ["s_step"]),
+        ],
+        "scan_body",
+        [h.make_tensor_value_info("s_in", T.FLOAT, [4]), h.make_tensor_value_info("x_t", T.FLOAT, [4])],
+        [h.make_tensor_value_info("s_out", T.FLOAT, [4]), h.make_tensor_value_info("s_step", T.FLOAT, [4])],
+    )
     g = h.make_graph(
         [h.make_node("Scan", ["s0", "seq"], ["s_final", "steps"], body=body, num_scan_inputs=1, name="Scan_seq")],
-        "scan", [h.make_tensor_value_info("s0", T.FLOAT, [4]), h.make_tensor_value_info("seq", T.FLOAT, ["t", 4])],
-        [h.make_tensor_value_info("s_final", T.FLOAT, [4]), h.make_tensor_value_info("steps", T.FLOAT, ["t", 4])])
+        "scan",
+        [h.make_tensor_value_info("s0", T.FLOAT, [4]), h.make_tensor_value_info("seq", T.FLOAT, ["t", 4])],
+        [h.make_tensor_value_info("s_final", T.FLOAT, [4]), h.make_tensor_value_info("steps", T.FLOAT, ["t", 4])],
+    )
     return _model(g, path)
 
 
 def build_lstm_state(path: Path) -> Path:
     """An LSTM with its state as inputs and outputs (streaming use): x [seq, 1, 8], h0/c0 [1, 1, H]."""
     g = h.make_graph(
-        [h.make_node("Constant", [], ["W"], value=nh.from_array(_w(1, 4 * H, 8))),
-         h.make_node("Constant", [], ["R"], value=nh.from_array(_w(1, 4 * H, H))),
-         h.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["y", "hN", "cN"], hidden_size=H, name="LSTM_0")],
+        [
+            h.make_node("Constant", [], ["W"], value=nh.from_array(_w(1, 4 * H, 8))),
+            h.make_node("Constant", [], ["R"], value=nh.from_array(_w(1, 4 * H, H))),
+            h.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["y", "hN", "cN"], hidden_size=H, name="LSTM_0"),
+        ],
         "lstm_state",
-        [h.make_tensor_value_info("x", T.FLOAT, ["seq", 1, 8]), h.make_tensor_value_info("h0", T.FLOAT, [1, 1, H]),
-         h.make_tensor_value_info("c0", T.FLOAT, [1, 1, H])],
-        [h.make_tensor_value_info("y", T.FLOAT, ["seq", 1, 1, H]), h.make_tensor_value_info("hN", T.FLOAT, [1, 1, H]),
-         h.make_tensor_value_info("cN", T.FLOAT, [1, 1, H])])
+        [
+            h.make_tensor_value_info("x", T.FLOAT, ["seq", 1, 8]),
+            h.make_tensor_value_info("h0", T.FLOAT, [1, 1, H]),
+            h.make_tensor_value_info("c0", T.FLOAT, [1, 1, H]),
+        ],
+        [
+            h.make_tensor_value_info("y", T.FLOAT, ["seq", 1, 1, H]),
+            h.make_tensor_value_info("hN", T.FLOAT, [1, 1, H]),
+            h.make_tensor_value_info("cN", T.FLOAT, [1, 1, H]),
+        ],
+    )
     return _model(g, path)
 
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("graphs")
-    return {"vad_like": build_vad_like(d / "vad_like.onnx"), "loop": build_loop(d / "loop.onnx"),
-            "scan": build_scan(d / "scan.onnx"), "lstm_state": build_lstm_state(d / "lstm_state.onnx")}
+    return {
+        "vad_like": build_vad_like(d / "vad_like.onnx"),
+        "loop": build_loop(d / "loop.onnx"),
+        "scan": build_scan(d / "scan.onnx"),
+        "lstm_state": build_lstm_state(d / "lstm_state.onnx"),
+    }
 
 
-SHAPES = {"vad_like": {"input": (1, 512), "state": (2, 1, H)}, "loop": {"x": (1, 8), "y0": (1, 8)},
-          "scan": {"seq": (6, 4)}, "lstm_state": {"x": (5, 1, 8)}}
+SHAPES = {
+    "vad_like": {"input": (1, 512), "state": (2, 1, H)},
+    "loop": {"x": (1, 8), "y0": (1, 8)},
+    "scan": {"seq": (6, 4)},
+    "lstm_state": {"x": (5, 1, 8)},
+}
 
 
 def _feeds(name: str, path: Path, n: int = 8) -> list[dict[str, np.ndarray]]:
@@ -172,8 +263,11 @@ def _feeds(name: str, path: Path, n: int = 8) -> list[dict[str, np.ndarray]]:
         if name == "vad_like":
             t = np.arange(512) / 16000
             x = sum(np.sin(2 * np.pi * 140 * k * t + rng.random()) / k for k in range(1, 8)) * 0.3
-            s.update(input=x.astype(np.float32)[None], state=np.zeros(io.input("state").shape, np.float32),
-                     sr=np.array(16000, np.int64))
+            s.update(
+                input=x.astype(np.float32)[None],
+                state=np.zeros(io.input("state").shape, np.float32),
+                sr=np.array(16000, np.int64),
+            )
         out.append(s)
     return out
 
@@ -187,6 +281,7 @@ def _calib_dir(tmp: Path, name: str, path: Path) -> Path:
 
 
 # -- reading and fixing shapes ------------------------------------------------------------------
+
 
 def test_scalar_and_int64_inputs_need_no_input_shape(graphs: dict[str, Path]) -> None:
     path = graphs["vad_like"]
@@ -250,28 +345,39 @@ def test_a_model_onnxruntime_cannot_load_is_a_model_error(graphs: dict[str, Path
     x = model.graph.input[0]
     del x.type.tensor_type.shape.dim[1]  # x [seq, 8]: an LSTM needs [seq, batch, features]
     io = resolve_static_inputs(io_spec(model), {"x": (5, 8)}, Path("lstm.onnx"))
-    with pytest.raises(ModelError, match=r"^lstm\.onnx: onnxruntime cannot load the model as it is: node 'LSTM_0' "
-                                         r"\(LSTM\): First input tensor must have rank 3"):
+    with pytest.raises(
+        ModelError,
+        match=r"^lstm\.onnx: onnxruntime cannot load the model as it is: node 'LSTM_0' "
+        r"\(LSTM\): First input tensor must have rank 3",
+    ):
         make_static(model, io, source="lstm.onnx")
 
 
 def test_describe_ort_error_names_the_innermost_node() -> None:
-    text = ("[ONNXRuntimeError] : 1 : FAIL : Node (If_0) Op (If) [TypeInferenceError] Graph attribute inferencing "
-            "failed: Node (_if_then_branch_LSTM) Op (LSTM) [ShapeInferenceError] First input tensor must have rank 3")
-    assert describe_ort_error(text) == ("node '_if_then_branch_LSTM' (LSTM) inside node 'If_0' (If): "
-                                        "First input tensor must have rank 3")
+    text = (
+        "[ONNXRuntimeError] : 1 : FAIL : Node (If_0) Op (If) [TypeInferenceError] Graph attribute inferencing "
+        "failed: Node (_if_then_branch_LSTM) Op (LSTM) [ShapeInferenceError] First input tensor must have rank 3"
+    )
+    assert describe_ort_error(text) == (
+        "node '_if_then_branch_LSTM' (LSTM) inside node 'If_0' (If): First input tensor must have rank 3"
+    )
 
 
 def test_non_tensor_inputs_and_outputs_are_named(tmp_path: Path) -> None:
     seq = h.make_tensor_sequence_value_info("parts", T.FLOAT, None)
-    g = h.make_graph([h.make_node("SequenceConstruct", ["x"], ["parts"])], "seq",
-                     [h.make_tensor_value_info("x", T.FLOAT, [2])], [seq])
+    g = h.make_graph(
+        [h.make_node("SequenceConstruct", ["x"], ["parts"])],
+        "seq",
+        [h.make_tensor_value_info("x", T.FLOAT, [2])],
+        [seq],
+    )
     path = _model(g, tmp_path / "seq.onnx")
     with pytest.raises(ModelError, match=r"seq\.onnx: output 'parts' is a sequence, not a tensor"):
         io_spec(load_onnx(path), path)
 
 
 # -- what each converter can express --------------------------------------------------------------
+
 
 def test_refusals_name_every_node_and_op_in_one_line(graphs: dict[str, Path]) -> None:
     path = graphs["vad_like"]
@@ -293,7 +399,9 @@ def test_refusals_name_every_node_and_op_in_one_line(graphs: dict[str, Path]) ->
         for converter in ("onnx->tensorrt-plan", "onnx->openvino-ir", "onnx->onnx"):
             check_ops(graphs[name], converter)
     # onnx2tf 1.29.24 under TensorFlow 2.19 fails on each of these (measured): refused before TensorFlow starts
-    check_ops(graphs["lstm_state"], "onnx->tflite")  # its LSTM (state given, no bias) is unrolled first: edge.graph.lower
+    check_ops(
+        graphs["lstm_state"], "onnx->tflite"
+    )  # its LSTM (state given, no bias) is unrolled first: edge.graph.lower
     for name, node in (("loop", "'Loop_steps' (Loop)"), ("scan", "'Scan_seq' (Scan)")):
         with pytest.raises(ConversionError) as e:
             check_ops(graphs[name], "onnx->tflite")
@@ -335,11 +443,20 @@ def test_converters_refuse_before_their_toolchain(graphs: dict[str, Path], tmp_p
 
 # -- through the pipeline: convert with parity ----------------------------------------------------
 
-def _convert(model: Path, target: str, out: Path, shapes: dict[str, tuple[int, ...]], precision: str | None = None,
-             calib: Path | None = None) -> dict[str, Any]:
+
+def _convert(
+    model: Path,
+    target: str,
+    out: Path,
+    shapes: dict[str, tuple[int, ...]],
+    precision: str | None = None,
+    calib: Path | None = None,
+) -> dict[str, Any]:
     from edge.pipeline import convert
 
-    b = convert(model, target, out, ConvertRequest(precision=precision, input_shapes=shapes, calib=calib, preprocess="none"))
+    b = convert(
+        model, target, out, ConvertRequest(precision=precision, input_shapes=shapes, calib=calib, preprocess="none")
+    )
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     assert manifest["parity"]["passed"] is True, manifest["parity"]
     assert b is not None
@@ -347,10 +464,12 @@ def _convert(model: Path, target: str, out: Path, shapes: dict[str, tuple[int, .
 
 
 @pytest.mark.parametrize("name", ["vad_like", "loop", "scan", "lstm_state"])
-@pytest.mark.parametrize("target,precision", [("x86-cpu", "fp32"), ("x86-cpu", None), ("intel-igpu", "fp32"),
-                                              ("intel-igpu", None)])
-def test_graphs_convert_with_parity(name: str, target: str, precision: str | None, graphs: dict[str, Path],
-                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "target,precision", [("x86-cpu", "fp32"), ("x86-cpu", None), ("intel-igpu", "fp32"), ("intel-igpu", None)]
+)
+def test_graphs_convert_with_parity(
+    name: str, target: str, precision: str | None, graphs: dict[str, Path], tmp_path: Path
+) -> None:
     calib = _calib_dir(tmp_path, name, graphs[name])
     if name == "vad_like" and target == "intel-igpu":
         # OpenVINO converts it, then its CPU plug-in refuses "If operation with dynamic rank": refused up front
@@ -378,8 +497,9 @@ def test_cli_missing_shapes_is_one_line(graphs: dict[str, Path], tmp_path: Path)
 
 # -- the real Silero VAD ---------------------------------------------------------------------------
 
-needs_silero = pytest.mark.skipif(not SILERO.is_file(), reason=f"{SILERO.name} not fetched: run "
-                                  "python examples/fetch_pretrained.py (CI does)")
+needs_silero = pytest.mark.skipif(
+    not SILERO.is_file(), reason=f"{SILERO.name} not fetched: run python examples/fetch_pretrained.py (CI does)"
+)
 
 
 @needs_silero
@@ -392,8 +512,12 @@ def test_silero_vad_converts_for_x86_cpu(precision: str | None, tmp_path: Path) 
     for i in range(16):  # a voiced sound (harmonics of 100-220 Hz) at 16 kHz, the state zero as at stream start
         f0 = 100 + 120 * rng.random()
         x = sum(np.sin(2 * np.pi * f0 * k * t + 6 * rng.random()) / k for k in range(1, 12)) * 0.3 * rng.random()
-        np.savez(d / f"{i:02d}.npz", input=x.astype(np.float32)[None], state=np.zeros((2, 1, 128), np.float32),
-                 sr=np.array(16000, np.int64))
+        np.savez(
+            d / f"{i:02d}.npz",
+            input=x.astype(np.float32)[None],
+            state=np.zeros((2, 1, 128), np.float32),
+            sr=np.array(16000, np.int64),
+        )
     m = _convert(SILERO, "x86-cpu", tmp_path / "b", {"input": (1, 512), "state": (2, 1, 128)}, precision, d)
     assert {o["name"] for o in m["parity"]["outputs"]} == {"output", "stateN"}
 
@@ -401,9 +525,8 @@ def test_silero_vad_converts_for_x86_cpu(precision: str | None, tmp_path: Path) 
 @needs_silero
 @pytest.mark.parametrize("target", ["intel-igpu", "arm-xnnpack", "jetson-orin", "apple-ane"])
 def test_silero_vad_refused_with_the_nodes(target: str, tmp_path: Path) -> None:
-    from edge.targets import get_target
-
     from edge.graph.opsupport import check_target
+    from edge.targets import get_target
 
     with pytest.raises(ConversionError) as e:
         check_target(SILERO, get_target(target))

@@ -20,13 +20,13 @@ from onnx import TensorProto as T  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
 
-from edge.graph import recipes  # noqa: E402
 from edge.backends.converter import ConversionRequest  # noqa: E402
 from edge.backends.openvino.format import ov_core  # noqa: E402
 from edge.errors import ConversionError  # noqa: E402
+from edge.graph import recipes  # noqa: E402
 from edge.graph.model import io_spec  # noqa: E402
-from edge.verify.parity import thresholds_for  # noqa: E402
 from edge.spec import Calibration  # noqa: E402
+from edge.verify.parity import thresholds_for  # noqa: E402
 
 
 def overflow_model(seed: int = 0) -> onnx.ModelProto:
@@ -34,15 +34,25 @@ def overflow_model(seed: int = 0) -> onnx.ModelProto:
     w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.5).astype(np.float32)
     w2 = (rng.standard_normal((8, 8, 1, 1)) * 4e4).astype(np.float32)  # activations ~1e6
     w3 = (rng.standard_normal((1, 8, 1, 1)) * 1e-4).astype(np.float32)  # back to ~10
-    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], name="stem", pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c1"], ["r1"], name="stem_relu"),
-             h.make_node("Conv", ["r1", "w2"], ["big"], name="amplify"),
-             h.make_node("Conv", ["big", "w3", "b3"], ["logits"], name="head"),
-             h.make_node("Sigmoid", ["logits"], ["prob"], name="prob")]
-    g = h.make_graph(nodes, "overflow", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 32, 32])],
-                     [h.make_tensor_value_info("prob", T.FLOAT, [1, 1, 32, 32])],
-                     [nh.from_array(w1, "w1"), nh.from_array(w2, "w2"), nh.from_array(w3, "w3"),
-                      nh.from_array(np.array([-2.0], np.float32), "b3")])
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], name="stem", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"], name="stem_relu"),
+        h.make_node("Conv", ["r1", "w2"], ["big"], name="amplify"),
+        h.make_node("Conv", ["big", "w3", "b3"], ["logits"], name="head"),
+        h.make_node("Sigmoid", ["logits"], ["prob"], name="prob"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "overflow",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 32, 32])],
+        [h.make_tensor_value_info("prob", T.FLOAT, [1, 1, 32, 32])],
+        [
+            nh.from_array(w1, "w1"),
+            nh.from_array(w2, "w2"),
+            nh.from_array(w3, "w3"),
+            nh.from_array(np.array([-2.0], np.float32), "b3"),
+        ],
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
@@ -53,14 +63,20 @@ def outlier_model(seed: int = 0) -> onnx.ModelProto:
     w2 = (rng.standard_normal((4, 8, 1, 1)) * 0.5).astype(np.float32)
     w2[:, 0] = 0.0  # "mix" reads only the small channels
     w3 = (rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32)
-    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], name="wide", pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c1"], ["r1"], name="wide_relu"),
-             h.make_node("Conv", ["r1", "w2"], ["c2"], name="mix"),
-             h.make_node("Relu", ["c2"], ["r2"], name="mix_relu"),
-             h.make_node("Conv", ["r2", "w3"], ["y"], name="out", pads=[1, 1, 1, 1])]
-    g = h.make_graph(nodes, "outlier", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])],
-                     [nh.from_array(w1, "w1"), nh.from_array(w2, "w2"), nh.from_array(w3, "w3")])
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], name="wide", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"], name="wide_relu"),
+        h.make_node("Conv", ["r1", "w2"], ["c2"], name="mix"),
+        h.make_node("Relu", ["c2"], ["r2"], name="mix_relu"),
+        h.make_node("Conv", ["r2", "w3"], ["y"], name="out", pads=[1, 1, 1, 1]),
+    ]
+    g = h.make_graph(
+        nodes,
+        "outlier",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])],
+        [nh.from_array(w1, "w1"), nh.from_array(w2, "w2"), nh.from_array(w3, "w3")],
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
@@ -73,8 +89,11 @@ def _convert(converter, model, tmp_path: Path, precision: str, calibration=None,
     onnx.save(model, str(src))
     out = tmp_path / f"{precision}-{options.get('mixed_precision', 'auto')}"
     out.mkdir()
-    return converter.convert(ConversionRequest(source=src, workdir=out, precision=precision, io=io_spec(model),
-                                               calibration=calibration, options=options))
+    return converter.convert(
+        ConversionRequest(
+            source=src, workdir=out, precision=precision, io=io_spec(model), calibration=calibration, options=options
+        )
+    )
 
 
 def _ort_cosine(model, artifact: Path, samples) -> tuple[float, bool]:
@@ -132,9 +151,13 @@ def test_fp16_growth_by_error_attribution(tmp_path: Path) -> None:
         recipes.drop_fp16_round_trips(half)
         return half
 
-    found = recipes.search(model=model, samples=samples, reference=recipes.onnx_infer(model),
-                           candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer),
-                           goal=recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16")))
+    found = recipes.search(
+        model=model,
+        samples=samples,
+        reference=recipes.onnx_infer(model),
+        candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer),
+        goal=recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16")),
+    )
     assert found.passed, found.to_json()
     assert found.trials[0].passed is False and len(found.trials) >= 2
     assert {"amplify", "head"} & {k.node for k in found.kept}
@@ -187,8 +210,10 @@ def _ov_f16(artifact: Path, samples) -> list[dict[str, np.ndarray]]:
 def test_openvino_fp16_keeps_the_overflowing_ops_in_f32(tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     if "FP16" not in ov_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
-        pytest.skip("hardware: this CPU's OpenVINO plugin reports no FP16 in OPTIMIZATION_CAPABILITIES "
-                    "(f16 is what an iGPU computes in)")
+        pytest.skip(
+            "hardware: this CPU's OpenVINO plugin reports no FP16 in OPTIMIZATION_CAPABILITIES "
+            "(f16 is what an iGPU computes in)"
+        )
     from edge.backends.openvino.convert import OnnxToOpenVINO
 
     model = overflow_model()

@@ -81,8 +81,7 @@ def test_mobilenet_io_metadata_and_architecture(mobilenet: Path) -> None:
     assert (ops.count("Conv"), ops.count("Clip"), ops.count("Add")) == (52, 35, 10)
     assert "BatchNormalization" not in ops
     assert ops[-3:] == ["GlobalAveragePool", "Flatten", "Gemm"]
-    groups = [next(a.i for a in n.attribute if a.name == "group")
-              for n in graph.node if n.op_type == "Conv"]
+    groups = [next(a.i for a in n.attribute if a.name == "group") for n in graph.node if n.op_type == "Conv"]
     assert sum(g > 1 for g in groups) == 17  # one depthwise conv per inverted-residual block
     # torchvision's mobilenet_v2 has 3,504,872 parameters; folding BN drops one per channel.
     n_params = sum(int(np.prod(t.dims)) for t in graph.initializer)
@@ -94,8 +93,10 @@ def _picture_inputs(count: int) -> list[np.ndarray]:
     from edge.preprocess import random_frames
 
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-    return [((f / 255.0 - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
-            for f in random_frames(count, 224, 224, seed=1234)]
+    return [
+        ((f / 255.0 - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
+        for f in random_frames(count, 224, 224, seed=1234)
+    ]
 
 
 def test_mobilenet_logits_sane_and_argmax_varies(mobilenet: Path) -> None:
@@ -113,8 +114,7 @@ def test_mobilenet_logits_sane_and_argmax_varies(mobilenet: Path) -> None:
 def test_mobilenet_relu6_saturates_sometimes(mobilenet: Path) -> None:
     model = onnx.load(str(mobilenet))
     clips = [n.output[0] for n in model.graph.node if n.op_type == "Clip"]
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.FLOAT, None)
-                              for c in clips)
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.FLOAT, None) for c in clips)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = session.run(clips, {"input": _picture_inputs(1)[0]})
     saturated = sum(int((o >= 6.0).sum()) for o in outs) / sum(o.size for o in outs)
@@ -130,8 +130,7 @@ def test_mobilenet_options(tmp_path: Path) -> None:
     assert onnx.load(str(path)).opset_import[0].version == 13
 
 
-@pytest.mark.parametrize("kwargs", [{"num_classes": 0}, {"input_size": 16}, {"width_mult": 0.0},
-                                    {"opset": 9}])
+@pytest.mark.parametrize("kwargs", [{"num_classes": 0}, {"input_size": 16}, {"width_mult": 0.0}, {"opset": 9}])
 def test_mobilenet_rejects_bad_arguments(tmp_path: Path, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         build_mobilenet_v2(tmp_path / "m.onnx", **kwargs)
@@ -165,10 +164,8 @@ def test_tiny_cnn_dynamic_batch_is_symbolic(tmp_path: Path) -> None:
 def test_two_input_model_io(tmp_path: Path) -> None:
     path = build_two_input_model(tmp_path / "two.onnx")
     session = _session(path)
-    assert [(i.name, i.shape) for i in session.get_inputs()] == [
-        ("image", [1, 3, 16, 16]), ("scale", [1, 4])]
-    assert [(o.name, o.shape) for o in session.get_outputs()] == [
-        ("features", [1, 4]), ("embedding", [1, 8])]
+    assert [(i.name, i.shape) for i in session.get_inputs()] == [("image", [1, 3, 16, 16]), ("scale", [1, 4])]
+    assert [(o.name, o.shape) for o in session.get_outputs()] == [("features", [1, 4]), ("embedding", [1, 8])]
     image = np.random.default_rng(0).standard_normal((1, 3, 16, 16), np.float32)
     ones = np.ones((1, 4), np.float32)
     features, embedding = session.run(None, {"image": image, "scale": ones})

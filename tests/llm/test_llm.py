@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.pipeline import convert
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
 from edge.llm.samples import LlamaShape, build_tiny_llama
-from tests.conftest import assert_user_error, run_cli
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from tests.conftest import assert_user_error, run_cli
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
 
@@ -116,8 +116,11 @@ def test_bad_gguf_inputs(tmp_path: Path) -> None:
 
 def test_unknown_architecture_is_named(tmp_path: Path) -> None:
     src = build_tiny_llama(tmp_path / "t.gguf")
-    data = src.read_bytes().replace(b"llama.", b"zzzzz.").replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama",
-                                                                  b"\x05\x00\x00\x00\x00\x00\x00\x00zzzzz")
+    data = (
+        src.read_bytes()
+        .replace(b"llama.", b"zzzzz.")
+        .replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00zzzzz")
+    )
     odd = tmp_path / "odd.gguf"
     odd.write_bytes(data)
     with pytest.raises(ConversionError, match="zzzzz"):
@@ -134,5 +137,7 @@ def test_cli_errors_and_budget(tiny_gguf: Path, tmp_path: Path) -> None:
     r = json.loads(p.stdout)
     assert r["pieces"] >= 1 and isinstance(r["text"], str) and r["runner"]["precision_used"] == "q8_0"
     assert_user_error(run_cli("run", str(out)), "is a language model: give --prompt")
-    assert_user_error(run_cli("convert", str(tiny_gguf), "-t", "x86-cpu", "-p", "q4_0", "-o", str(tmp_path / "x")),
-                      "quality gate failed for q4_0")
+    assert_user_error(
+        run_cli("convert", str(tiny_gguf), "-t", "x86-cpu", "-p", "q4_0", "-o", str(tmp_path / "x")),
+        "quality gate failed for q4_0",
+    )

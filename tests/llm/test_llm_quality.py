@@ -27,9 +27,16 @@ from edge.llm.evaltext import BUILTIN_TEXTS, MAX_WINDOWS, WINDOW_TOKENS, builtin
 from edge.llm.quality import THRESHOLDS, TopKSample, log_softmax, top_k, topk_figures
 from edge.llm.samples import build_tiny_llama
 from edge.pipeline import convert
-from edge.verify.refpairs import (REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
-                           write_reference_pairs)
 from edge.pipeline.request import ConvertRequest
+from edge.verify.refpairs import (
+    REFERENCE_FILE,
+    check_bundle,
+    check_on_load,
+    check_reference_pairs,
+    describe,
+    open_checked,
+    write_reference_pairs,
+)
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
 
@@ -46,6 +53,7 @@ def q8(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Bundle:
 
 # -- the text -----------------------------------------------------------------------------------------
 
+
 def test_builtin_texts_ship_with_their_provenance() -> None:
     texts = builtin_texts()
     assert tuple(texts) == BUILTIN_TEXTS == ("en", "de", "fr", "es", "code")
@@ -55,8 +63,12 @@ def test_builtin_texts_ship_with_their_provenance() -> None:
     sources = (resources.files("edge.llm") / "eval" / "SOURCES.md").read_text(encoding="utf-8")
     for name in BUILTIN_TEXTS:
         assert f"{name}.txt" in sources
-    for work, ebook in (("Pride and Prejudice", "#1342"), ("Die Verwandlung", "#22367"), ("Candide", "#4650"),
-                        ("Don Quijote", "#2000")):
+    for work, ebook in (
+        ("Pride and Prejudice", "#1342"),
+        ("Die Verwandlung", "#22367"),
+        ("Candide", "#4650"),
+        ("Don Quijote", "#2000"),
+    ):
         assert work in sources and ebook in sources
     assert sources.count("public domain") >= 4 and "Apache-2.0" in sources
 
@@ -100,8 +112,7 @@ def test_user_eval_text(tiny: Path, tmp_path: Path) -> None:
     mine = tmp_path / "mine.txt"
     mine.write_text("The quick brown fox jumps over the lazy dog near the riverbank. " * 40, encoding="utf-8")
     out = tmp_path / "b"
-    p = run_cli("convert", str(tiny), "-t", "x86-cpu", "-p", "q8_0", "-o", str(out), "--eval-text", str(mine),
-                "--json")
+    p = run_cli("convert", str(tiny), "-t", "x86-cpu", "-p", "q8_0", "-o", str(out), "--eval-text", str(mine), "--json")
     assert p.returncode == 0, p.stderr[-800:]
     gate = Bundle.open(out, trust=False).manifest["parity"]
     ev = gate["eval"]
@@ -109,8 +120,22 @@ def test_user_eval_text(tiny: Path, tmp_path: Path) -> None:
     assert [t["name"] for t in ev["texts"]] == ["mine.txt"] and ev["windows"] == ev["texts"][0]["windows"] >= 2
     assert ev["texts"][0]["sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
     # errors name the file and stop before any work
-    assert_user_error(run_cli("convert", str(tiny), "-t", "x86-cpu", "-p", "q8_0", "-o", str(tmp_path / "x"),
-                              "--eval-text", str(tmp_path / "absent.txt")), "absent.txt", "does not exist")
+    assert_user_error(
+        run_cli(
+            "convert",
+            str(tiny),
+            "-t",
+            "x86-cpu",
+            "-p",
+            "q8_0",
+            "-o",
+            str(tmp_path / "x"),
+            "--eval-text",
+            str(tmp_path / "absent.txt"),
+        ),
+        "absent.txt",
+        "does not exist",
+    )
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("Gr\xfc\xdfe aus K\xf6ln, ".encode("latin-1") * 20)
     with pytest.raises(InputFileError, match="latin1.txt is not UTF-8"):
@@ -154,6 +179,7 @@ def test_eval_text_is_for_gguf_only(models: dict[str, Path], tmp_path: Path) -> 
 
 # -- the KL estimate the device uses --------------------------------------------------------------------
 
+
 def test_topk_kl_estimate_is_a_lower_bound_that_sees_a_wrong_model() -> None:
     rng = np.random.default_rng(3)
     for _ in range(20):
@@ -175,8 +201,13 @@ def test_topk_kl_estimate_is_a_lower_bound_that_sees_a_wrong_model() -> None:
 
 # -- reference pairs: written by convert, checked by the device's runner ------------------------------
 
-def rebuild(src: Bundle, dest: Path, edit: Callable[[dict[str, np.ndarray]], None] | None = None,
-            manifest_edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+
+def rebuild(
+    src: Bundle,
+    dest: Path,
+    edit: Callable[[dict[str, np.ndarray]], None] | None = None,
+    manifest_edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
     """A copy of ``src`` whose reference.npz arrays ``edit`` changed, re-hashed so it verifies."""
     shutil.copytree(src.path, dest)
     (dest / SIGNATURE).unlink(missing_ok=True)
@@ -284,11 +315,15 @@ def test_shipped_gguf_carries_pairs_from_itself(tiny: Path, tmp_path: Path) -> N
 
 
 def test_write_reference_pairs_keeps_given_limits(tmp_path: Path) -> None:
-    entry = write_reference_pairs(tmp_path, [{"tokens": np.arange(1, 5, dtype=np.int32)}],
-                                  [{"top_ids": np.arange(8, dtype=np.int32),
-                                    "top_logprobs": np.log(np.full(8, 0.1, np.float32))}],
-                                  precision="q8_0", reference="test", samples=1,
-                                  thresholds={"max_kl_mean": 0.01, "min_top1": 0.95})
+    entry = write_reference_pairs(
+        tmp_path,
+        [{"tokens": np.arange(1, 5, dtype=np.int32)}],
+        [{"top_ids": np.arange(8, dtype=np.int32), "top_logprobs": np.log(np.full(8, 0.1, np.float32))}],
+        precision="q8_0",
+        reference="test",
+        samples=1,
+        thresholds={"max_kl_mean": 0.01, "min_top1": 0.95},
+    )
     assert entry["thresholds"] == {"max_kl_mean": 0.01, "min_top1": 0.95} and entry["samples"] == 1
 
 
@@ -296,7 +331,6 @@ def test_a_real_tokenizer_reads_the_text(tmp_path: Path) -> None:
     """SmolLM2-135M's own GPT-2-style BPE (examples/models, fetched by examples/fetch_pretrained.py):
     the windows are its tokens of the text, without a BOS since the model adds none."""
     import llama_cpp
-
     from conftest import REPO
 
     smol = REPO / "examples" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

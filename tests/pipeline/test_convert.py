@@ -10,14 +10,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from edge.bundle.bundle import Bundle
-from edge.pipeline import convert, plan
 from edge.backends.converter import CONVERTERS, ConversionRequest, ConversionResult, Converter
+from edge.bundle.bundle import Bundle
 from edge.errors import CalibrationError, MissingDependencyError, ModelError, ParityError, PrecisionError
-from edge.targets import get_target
-
-from tests.test_targets import VALID
+from edge.pipeline import convert, plan
 from edge.pipeline.request import ConvertRequest
+from edge.targets import get_target
+from tests.test_targets import VALID
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int8-dynamic"])
@@ -66,7 +65,9 @@ def test_precision_the_target_does_not_allow(models: dict[str, Path], tmp_path: 
 def test_dynamic_model_needs_shape_then_converts(models: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="--input-shape input="):
         convert(models["tiny_dynamic"], "x86-cpu", tmp_path / "b")
-    b = convert(models["tiny_dynamic"], "x86-cpu", tmp_path / "b", ConvertRequest(input_shapes={"input": (2, 3, 32, 32)}))
+    b = convert(
+        models["tiny_dynamic"], "x86-cpu", tmp_path / "b", ConvertRequest(input_shapes={"input": (2, 3, 32, 32)})
+    )
     assert b.io.inputs[0].shape == (2, 3, 32, 32) and b.io.outputs[0].shape == (2, 10)
 
 
@@ -77,8 +78,11 @@ def test_multi_input_model_with_npz_calibration(models: dict[str, Path], tmp_pat
     # 32 files: a quarter (8) is held out of calibration for parity, so one top-1 flip is 12.5 points,
     # not the 25 of 4 samples (which failed the 80% limit by one sample)
     for i in range(32):
-        np.savez(calib / f"{i}.npz", image=rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
-                 scale=rng.uniform(0.5, 1.5, (1, 4)).astype(np.float32))
+        np.savez(
+            calib / f"{i}.npz",
+            image=rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
+            scale=rng.uniform(0.5, 1.5, (1, 4)).astype(np.float32),
+        )
     b = convert(models["two_input"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8", calib=calib))
     assert b.manifest["calibration"]["kind"] == "tensors" and b.manifest["parity"]["inputs"] == "calibration (tensors)"
     assert [o["name"] for o in b.manifest["parity"]["outputs"]] == ["features", "embedding"]
@@ -117,7 +121,9 @@ def broken_target(tmp_path: Path):
     CONVERTERS.register(BrokenConverter)
     d = tmp_path / "targets"
     d.mkdir()
-    (d / "broken.toml").write_text(VALID.format(name="broken").replace('chain = ["onnx->onnx"]', 'chain = ["onnx->onnx-broken"]'))
+    (d / "broken.toml").write_text(
+        VALID.format(name="broken").replace('chain = ["onnx->onnx"]', 'chain = ["onnx->onnx-broken"]')
+    )
     yield d
     CONVERTERS.unregister(BrokenConverter.name)
 
@@ -131,15 +137,21 @@ def test_parity_failure_stops_and_writes_nothing(models: dict[str, Path], tmp_pa
 
 
 def test_parity_failure_accepted_is_recorded(models: dict[str, Path], tmp_path: Path, broken_target: Path) -> None:
-    b = convert(models["tiny"], "broken", tmp_path / "out", ConvertRequest(targets_dir=[broken_target], accept_parity_failure=True))
+    b = convert(
+        models["tiny"],
+        "broken",
+        tmp_path / "out",
+        ConvertRequest(targets_dir=[broken_target], accept_parity_failure=True),
+    )
     assert b.manifest["parity"]["passed"] is False and b.manifest["parity"]["accepted_failure"] is True
     assert b.manifest["chain"][0]["converter"] == "onnx->onnx-broken"
 
 
 def test_plan_reports_every_missing_backend(tmp_path: Path) -> None:
     # two converters no installed plugin provides (the shipped coral-edgetpu chain has both of its own since #3)
-    (tmp_path / "board.toml").write_text(VALID.format(name="board").replace(
-        'chain = ["onnx->onnx"]', 'chain = ["onnx->warp", "warp->npu"]'))
+    (tmp_path / "board.toml").write_text(
+        VALID.format(name="board").replace('chain = ["onnx->onnx"]', 'chain = ["onnx->warp", "warp->npu"]')
+    )
     with pytest.raises(MissingDependencyError) as e:
         plan(get_target("board", [tmp_path]))
     assert "'onnx->warp'" in str(e.value) and "'warp->npu'" in str(e.value)
@@ -148,8 +160,22 @@ def test_plan_reports_every_missing_backend(tmp_path: Path) -> None:
 def test_manifest_is_plain_json_and_verifiable(models: dict[str, Path], tmp_path: Path) -> None:
     b = convert(models["tiny"], "x86-cpu", tmp_path / "b")
     m = json.loads((b.path / "manifest.json").read_text())
-    for key in ("schema_version", "edgekit_version", "bundle_id", "target", "source", "precision", "artifacts",
-                "chain", "calibration", "io", "preprocess", "runner", "parity", "benchmark"):
+    for key in (
+        "schema_version",
+        "edgekit_version",
+        "bundle_id",
+        "target",
+        "source",
+        "precision",
+        "artifacts",
+        "chain",
+        "calibration",
+        "io",
+        "preprocess",
+        "runner",
+        "parity",
+        "benchmark",
+    ):
         assert key in m
     assert m["source"]["sha256"] and len(m["artifacts"][0]["sha256"]) == 64
     Bundle.open(b.path).verify()

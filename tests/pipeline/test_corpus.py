@@ -181,8 +181,10 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
             m = CORPUS[name]
             path = corpus_model(name)
             request = m.convert_request(target).replace(
-                precision=precision, calib="random" if precision.startswith("int8") else None,
-                allow_requantize=m.source_format == "gguf" and precision != "keep")
+                precision=precision,
+                calib="random" if precision.startswith("int8") else None,
+                allow_requantize=m.source_format == "gguf" and precision != "keep",
+            )
             t0 = time.monotonic()
             try:
                 out = Outcome(bundle=convert(path, target, root / "-".join(key), request))
@@ -212,8 +214,12 @@ def _slow(case: tuple[str, str, str, str]) -> bool:
     evaluates the built-in text for the gate and the reference samples). ``-m "not slow"`` runs the rest."""
     name, target, precision, _ = case
     fmt = CORPUS[name].source_format
-    return (target in _TOOLCHAIN_TARGETS and fmt == "onnx") or (target == "x86-cpu" and fmt == "tflite") \
-        or precision.startswith("int8") or fmt == "gguf"
+    return (
+        (target in _TOOLCHAIN_TARGETS and fmt == "onnx")
+        or (target == "x86-cpu" and fmt == "tflite")
+        or precision.startswith("int8")
+        or fmt == "gguf"
+    )
 
 
 #: refusals too slow for the sample: the requantized q4_k_m runs llama.cpp's quality gate in full (~80 s idle,
@@ -240,8 +246,14 @@ def _ci_sample(cases: tuple[tuple[str, str, str, str], ...]) -> set[tuple[str, s
 
 
 _SAMPLE = _ci_sample(EXPECTED)
-_CASES = [pytest.param(c, id=_case_id(c), marks=([pytest.mark.slow] if _slow(c) else [])
-                       + ([] if c in _SAMPLE else [pytest.mark.corpus_full])) for c in EXPECTED]
+_CASES = [
+    pytest.param(
+        c,
+        id=_case_id(c),
+        marks=([pytest.mark.slow] if _slow(c) else []) + ([] if c in _SAMPLE else [pytest.mark.corpus_full]),
+    )
+    for c in EXPECTED
+]
 
 
 @pytest.mark.parametrize("case", _CASES)
@@ -255,8 +267,10 @@ def test_corpus_case(case: tuple[str, str, str, str], outcome: Any) -> None:
         needle = expected.removeprefix("bug: ")
         if kind == "bug" and needle in text:
             pytest.xfail(f"known bug: {needle}")
-        pytest.fail(f"{what}: the table says 'bug: {needle}', got {kind}{': ' + text if text else ''}"
-                    " — update EXPECTED in tests/pipeline/test_corpus.py")
+        pytest.fail(
+            f"{what}: the table says 'bug: {needle}', got {kind}{': ' + text if text else ''}"
+            " — update EXPECTED in tests/pipeline/test_corpus.py"
+        )
     if kind == "bug":
         if got.error is not None and not isinstance(got.error, EdgeError):
             raise AssertionError(f"{what}: not an EdgeError (a traceback for the user)") from got.error
@@ -291,8 +305,9 @@ def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
     assert {o["name"]: o.get("task") for o in check["outputs"]} == tasks, (what, check["outputs"])
     assert 0 < check["samples"] <= parity["samples"] == check["parity_samples"], check
     for o in check["outputs"]:  # the task's figures are measured on the device too, beside the raw ones
-        assert o["task"] is None or any(o.get(k) is not None for k in
-                                        ("top1", "top5", "precision", "recall", "iou", "tokens")), o
+        assert o["task"] is None or any(
+            o.get(k) is not None for k in ("top1", "top5", "precision", "recall", "iou", "tokens")
+        ), o
 
 
 def test_table_is_well_formed() -> None:
@@ -327,14 +342,29 @@ def test_a_requantized_gguf_refused_by_the_gate_says_why_and_what_to_do() -> Non
     from edge.llm.quality import QualityReport, requantize_note
 
     def report(source_type: str | None) -> QualityReport:
-        return QualityReport("q4_k_m", 1024, 0.05, 0.5, 2.0, 0.80, 0.10, 0.85, top1_decisive=0.839,
-                             decisive_share=0.9, source_type=source_type)
+        return QualityReport(
+            "q4_k_m",
+            1024,
+            0.05,
+            0.5,
+            2.0,
+            0.80,
+            0.10,
+            0.85,
+            top1_decisive=0.839,
+            decisive_share=0.9,
+            source_type=source_type,
+        )
 
     fails = report("q4_1").failures()
     line = "; ".join(fails)
     assert line.startswith("top-1 agreement 83.9% where the source is decisive"), line
-    for want in ("already quantized (q4_1, 4-bit)", "errors compound", "an f16/bf16 GGUF of the model (or q8_0)",
-                 "ship the q4_1 file as it is (--precision keep)"):
+    for want in (
+        "already quantized (q4_1, 4-bit)",
+        "errors compound",
+        "an f16/bf16 GGUF of the model (or q8_0)",
+        "ship the q4_1 file as it is (--precision keep)",
+    ):
         assert want in line, (want, line)
     assert len(fails) == 2 and report("f16").failures() == report(None).failures() == fails[:1]
     assert "(or q8_0)" not in (requantize_note("q8_0", "q4_k_m") or "-")

@@ -13,8 +13,8 @@ import numpy as np
 
 from edge.capabilities import cpu_isa, parse_cpuinfo
 from edge.pipeline import convert
-from edge.verify.parity import host_notes
 from edge.pipeline.request import ConvertRequest
+from edge.verify.parity import host_notes
 
 # Trimmed /proc/cpuinfo of the two CPU kinds CI lands on (flags as the kernel prints them).
 ZEN2 = """processor\t: 0
@@ -37,7 +37,16 @@ def test_cpuinfo_of_both_x86_kinds_and_arm() -> None:
     zen2, spr, arm = parse_cpuinfo(ZEN2), parse_cpuinfo(SAPPHIRE_RAPIDS), parse_cpuinfo(GRAVITON)
     assert zen2.model == "AMD EPYC 7B12" and zen2.flags == {"avx2"}
     assert not zen2.int8_dot_product and not zen2.native_bf16
-    assert spr.flags == {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_tile", "amx_int8"}
+    assert spr.flags == {
+        "avx2",
+        "avx512f",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx_vnni",
+        "amx_bf16",
+        "amx_tile",
+        "amx_int8",
+    }
     assert spr.int8_dot_product and spr.native_bf16
     assert arm.flags == {"asimddp"} and arm.int8_dot_product and not arm.native_bf16
     assert not parse_cpuinfo("").known and "unknown" in parse_cpuinfo("").describe()

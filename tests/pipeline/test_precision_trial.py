@@ -14,12 +14,15 @@ from edge.backends.openvino.run import OpenVINORunner, fast_cpu_precision, optim
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.pipeline.precision_trial import trial_wanted, try_fast_precision
-from edge.verify.refpairs import check_reference_pairs
 from edge.pipeline.request import ConvertRequest
+from edge.verify.refpairs import check_reference_pairs
 
 CAPS = optimization_capabilities(ov_core(), "CPU")
-NEEDS_BF16 = pytest.mark.skipif("BF16" not in CAPS, reason="hardware: this CPU's OpenVINO plugin does not list "
-                                f"BF16 in OPTIMIZATION_CAPABILITIES ({', '.join(CAPS) or 'none'})")
+NEEDS_BF16 = pytest.mark.skipif(
+    "BF16" not in CAPS,
+    reason="hardware: this CPU's OpenVINO plugin does not list "
+    f"BF16 in OPTIMIZATION_CAPABILITIES ({', '.join(CAPS) or 'none'})",
+)
 
 
 def test_fast_precision_follows_the_plugin_s_capabilities() -> None:
@@ -28,18 +31,22 @@ def test_fast_precision_follows_the_plugin_s_capabilities() -> None:
     assert fast_cpu_precision([]) == "f32"
 
 
-@pytest.mark.parametrize(("runner", "options", "precision", "passed", "why"), [
-    ("openvino", {}, "fp32", True, None),
-    ("openvino", {"inference_precision": "bundle"}, "fp16", True, None),
-    ("openvino", {"inference_precision": "f32"}, "fp32", True, "set explicitly"),  # a profile or tuned overlay
-    ("openvino", {"inference_precision": "bf16"}, "fp32", True, "set explicitly"),
-    ("openvino", {}, "int8", True, "device's default"),
-    ("openvino", {}, "fp32", False, "did not pass"),
-    ("openvino", {}, "fp32", None, "did not pass"),
-    ("onnxruntime", {}, "fp32", True, "no fast CPU precision"),
-])
-def test_when_the_bf16_trial_runs(runner: str, options: dict, precision: str, passed: bool | None,
-                                  why: str | None) -> None:
+@pytest.mark.parametrize(
+    ("runner", "options", "precision", "passed", "why"),
+    [
+        ("openvino", {}, "fp32", True, None),
+        ("openvino", {"inference_precision": "bundle"}, "fp16", True, None),
+        ("openvino", {"inference_precision": "f32"}, "fp32", True, "set explicitly"),  # a profile or tuned overlay
+        ("openvino", {"inference_precision": "bf16"}, "fp32", True, "set explicitly"),
+        ("openvino", {}, "int8", True, "device's default"),
+        ("openvino", {}, "fp32", False, "did not pass"),
+        ("openvino", {}, "fp32", None, "did not pass"),
+        ("onnxruntime", {}, "fp32", True, "no fast CPU precision"),
+    ],
+)
+def test_when_the_bf16_trial_runs(
+    runner: str, options: dict, precision: str, passed: bool | None, why: str | None
+) -> None:
     got = trial_wanted(runner, options, precision, passed)
     assert (got is None) if why is None else (got is not None and why in got)
 
@@ -64,8 +71,7 @@ def test_convert_records_the_trial_only_where_bf16_exists(models: dict[str, Path
 
 
 @NEEDS_BF16
-def test_bf16_that_passes_is_used_and_rechecked_by_the_reference_pairs(models: dict[str, Path],
-                                                                       tmp_path: Path) -> None:
+def test_bf16_that_passes_is_used_and_rechecked_by_the_reference_pairs(models: dict[str, Path], tmp_path: Path) -> None:
     b = convert(models["tiny"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", parity_samples=8))
     assert b.manifest["parity"]["precision_trials"][0]["passed"] is True
     assert b.info.runner.options_dict["inference_precision"] == "fast"
@@ -82,17 +88,23 @@ def test_bf16_that_fails_parity_keeps_f32(models: dict[str, Path], tmp_path: Pat
     """A reference the bf16 outputs cannot meet (shifted at ~12 dB SNR, under bf16's 18 dB): the trial is
     recorded as failed and the runner options stay "bundle" (f32 on every CPU)."""
     b = convert(models["tiny"], "intel-igpu", tmp_path / "b", ConvertRequest(precision="fp32", parity_samples=8))
-    manifest = {**b.manifest, "runner": {"name": "openvino", "options": {"device": ["CPU"]}},
-                "parity": {**b.manifest["parity"], "precision_trials": []}}
+    manifest = {
+        **b.manifest,
+        "runner": {"name": "openvino", "options": {"device": ["CPU"]}},
+        "parity": {**b.manifest["parity"], "precision_trials": []},
+    }
     rng = np.random.default_rng(0)
     with OpenVINORunner(b.artifact, options={"inference_precision": "f32"}) as r:
         inputs = [{t.name: rng.random(t.shape, dtype=np.float32) for t in r.inputs} for _ in range(4)]
         ref = [r.infer(x) for x in inputs]
-    off = [{k: v + 0.25 * np.abs(v).mean() * rng.standard_normal(v.shape).astype(np.float32) for k, v in o.items()}
-           for o in ref]
+    off = [
+        {k: v + 0.25 * np.abs(v).mean() * rng.standard_normal(v.shape).astype(np.float32) for k, v in o.items()}
+        for o in ref
+    ]
     said: list[str] = []
-    trial = try_fast_precision("fp32", b.path, manifest, inputs, off, label="test", reference_label="shifted",
-                               parity_opts={}, say=said.append)
+    trial = try_fast_precision(
+        "fp32", b.path, manifest, inputs, off, label="test", reference_label="shifted", parity_opts={}, say=said.append
+    )
     assert trial is not None and trial["passed"] is False and trial["failures"]
     assert "inference_precision" not in manifest["runner"]["options"]
     assert manifest["parity"]["precision_trials"] == [trial] and any("stays f32" in s for s in said)

@@ -22,16 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.pipeline import convert
 from edge.graph.model import io_spec, load_onnx, make_static, resolve_static_inputs, save_onnx
-from edge.verify.parity import reference_outputs
-from edge.preprocess import Preprocessor, read_image
 from edge.graph.samples import write_text_line_images
-from tests.conftest import REPO
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.preprocess import Preprocessor, read_image
+from edge.verify.parity import reference_outputs
+from tests.conftest import REPO
 
 MODEL = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL.name} missing: run python examples/fetch_pretrained.py")
+pytestmark = pytest.mark.skipif(
+    not MODEL.exists(), reason=f"{MODEL.name} missing: run python examples/fetch_pretrained.py"
+)
 
 
 def static_source(directory: Path) -> Path:
@@ -48,14 +50,32 @@ def text_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Pat
     return calib, held_out
 
 
-@pytest.mark.parametrize("target,precision", [
-    ("x86-cpu", "fp32"), ("x86-cpu", "fp16"), ("x86-cpu", "int8"),
-    ("intel-igpu", "fp32"), ("intel-igpu", "fp16"), ("intel-igpu", "int8"),
-])
-def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text_lines: tuple[Path, list[Path]],
-                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "target,precision",
+    [
+        ("x86-cpu", "fp32"),
+        ("x86-cpu", "fp16"),
+        ("x86-cpu", "int8"),
+        ("intel-igpu", "fp32"),
+        ("intel-igpu", "fp16"),
+        ("intel-igpu", "int8"),
+    ],
+)
+def test_trained_classifier_keeps_its_accuracy(
+    target: str, precision: str, text_lines: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
     calib, held_out = text_lines
-    b = convert(MODEL, target, tmp_path / "b", ConvertRequest(precision=precision, calib=calib if precision == "int8" else None, input_shapes={"x": (1, 3, 48, 192)}, preprocess="ppocr"))
+    b = convert(
+        MODEL,
+        target,
+        tmp_path / "b",
+        ConvertRequest(
+            precision=precision,
+            calib=calib if precision == "int8" else None,
+            input_shapes={"x": (1, 3, 48, 192)},
+            preprocess="ppocr",
+        ),
+    )
     par = b.manifest["parity"]
     assert par["passed"], par
     pre = Preprocessor(b.preprocess)
@@ -63,8 +83,12 @@ def test_trained_classifier_keeps_its_accuracy(target: str, precision: str, text
     truth = np.array([p.name.startswith("rot180") for p in held_out])
     with b.open_runner() as r:
         got = np.array([np.argmax(next(iter(r.infer(f).values()))[0]) == 1 for f in feeds])
-    source = np.array([np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
-                       for o in reference_outputs(static_source(tmp_path), feeds)])
+    source = np.array(
+        [
+            np.argmax(o["save_infer_model/scale_0.tmp_1"][0]) == 1
+            for o in reference_outputs(static_source(tmp_path), feeds)
+        ]
+    )
     source_acc, acc, agree = (source == truth).mean(), (got == truth).mean(), (got == source).mean()
     assert source_acc >= 0.85, source_acc  # the text lines are readable: the trained model mostly gets them
     assert acc >= source_acc - 0.05, (acc, source_acc)  # 12 of 240 images

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from edge.errors import PrecisionError
 from edge.graph.quantized import quantization_of
 from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from tests.conftest import assert_user_error, run_cli
 from tests.next_models import quantized, regressor
-from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +26,30 @@ def qmodels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_each_scheme_is_detected(qmodels: dict[str, Path], tmp_path: Path) -> None:
     seen = {s: quantization_of(onnx.load(str(p))) for s, p in qmodels.items()}
     assert {s: (q.scheme, q.precision) for s, q in seen.items() if q} == {
-        "QDQ": ("QDQ", "int8"), "QOperator": ("QOperator", "int8"), "dynamic": ("dynamic", "int8-dynamic")}
+        "QDQ": ("QDQ", "int8"),
+        "QOperator": ("QOperator", "int8"),
+        "dynamic": ("dynamic", "int8-dynamic"),
+    }
     assert quantization_of(onnx.load(str(regressor(tmp_path / "f.onnx")))) is None
     w = numpy_helper.from_array(__import__("numpy").ones((4, 4), "int8"), "w")  # int8 weights dequantized on load
-    g = helper.make_graph([helper.make_node("DequantizeLinear", ["w", "s"], ["wf"]),
-                           helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-                          [w, numpy_helper.from_array(__import__("numpy").float32(0.1), "s")])
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"]), helper.make_node("MatMul", ["x", "wf"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w, numpy_helper.from_array(__import__("numpy").float32(0.1), "s")],
+    )
     q = quantization_of(helper.make_model(g))
     assert q is not None and (q.scheme, q.precision) == ("weight-only", "fp32")  # float arithmetic: an fp32 bundle
 
 
-@pytest.mark.parametrize("scheme, precision", [("QDQ", "int8"), ("QDQ", None), ("QOperator", "int8"),
-                                               ("dynamic", "int8-dynamic"), ("dynamic", "int8")])
-def test_its_own_quantization_is_kept_and_recorded(qmodels: dict[str, Path], tmp_path: Path, scheme: str,
-                                                   precision: str | None) -> None:
+@pytest.mark.parametrize(
+    "scheme, precision",
+    [("QDQ", "int8"), ("QDQ", None), ("QOperator", "int8"), ("dynamic", "int8-dynamic"), ("dynamic", "int8")],
+)
+def test_its_own_quantization_is_kept_and_recorded(
+    qmodels: dict[str, Path], tmp_path: Path, scheme: str, precision: str | None
+) -> None:
     """Before: QDQ with --precision int8 failed in onnxruntime's quantizer ('produced an invalid model: two nodes
     with same node name'); QOperator could not be loaded (no U8U8 QGemm kernel under x64quantprecision); the
     dynamic encoder was quantized a second time."""

@@ -20,13 +20,13 @@ import pytest
 
 from edge import toolchains
 from edge.errors import EdgeError, InputFileError, ModelError, PrecisionError
-from edge.pipeline.pipeline import REFERENCE_PAIRS
 from edge.pipeline import convert
+from edge.pipeline.pipeline import REFERENCE_PAIRS
 from edge.pipeline.plan import runnable_here
-from edge.verify.refpairs import check_reference_pairs
-from edge.targets import get_target
-from tests.conftest import REPO, assert_user_error, run_cli
 from edge.pipeline.request import ConvertRequest
+from edge.targets import get_target
+from edge.verify.refpairs import check_reference_pairs
+from tests.conftest import REPO, assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 
@@ -68,7 +68,12 @@ def tflite_toolchain() -> None:
 def int8_bundle(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tiny CNN as a full-integer int8 TFLite (float I/O through QUANTIZE/DEQUANTIZE, as
     TFLiteConverter makes with a representative dataset), inside an arm-xnnpack bundle."""
-    return convert(models["tiny"], "arm-xnnpack", tmp_path_factory.mktemp("int8") / "b", ConvertRequest(precision="int8", calib="random"))
+    return convert(
+        models["tiny"],
+        "arm-xnnpack",
+        tmp_path_factory.mktemp("int8") / "b",
+        ConvertRequest(precision="int8", calib="random"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +93,7 @@ def dynamic_tflite(tflite_toolchain: None, models: dict[str, Path], tmp_path_fac
 
 
 # -- TFLite ---------------------------------------------------------------------------------------
+
 
 def test_pretrained_tflite_ships_as_it_is_to_arm_xnnpack(face: Path, tmp_path: Path) -> None:
     b = convert(face, "arm-xnnpack", tmp_path / "b")
@@ -121,7 +127,9 @@ def test_float_tflite_cannot_be_made_int8(face: Path, tmp_path: Path) -> None:
     msg = str(e.value)
     assert FACE.name in msg and "fp16" in msg and "int8" in msg and "bring the model's ONNX" in msg, msg
     assert "\n" not in msg and not (tmp_path / "b").exists()
-    b = convert(face, "arm-xnnpack", tmp_path / "keep", ConvertRequest(precision="keep"))  # its own precision, said explicitly
+    b = convert(
+        face, "arm-xnnpack", tmp_path / "keep", ConvertRequest(precision="keep")
+    )  # its own precision, said explicitly
     assert b.precision == "fp16"
 
 
@@ -179,12 +187,15 @@ def test_edgekit_tflite_keeps_its_io_sidecar(int8_bundle: Any, tmp_path: Path) -
         assert r.infer({"input": np.zeros((1, 3, 32, 32), np.float32)})["logits"].shape == (1, 10)
 
 
-@pytest.mark.parametrize("target,chain", [
-    ("x86-cpu", ["tflite->onnx", "onnx->onnx"]),  # tf2onnx in the tflite toolchain, then the profile's chain
-    ("jetson-orin", ["tflite->onnx", "onnx->tensorrt-plan"]),
-    ("intel-igpu", ["tflite->openvino-ir"]),  # OpenVINO's own TFLite frontend
-    ("arm-xnnpack", []),  # LiteRT loads it: shipped as it is
-])
+@pytest.mark.parametrize(
+    "target,chain",
+    [
+        ("x86-cpu", ["tflite->onnx", "onnx->onnx"]),  # tf2onnx in the tflite toolchain, then the profile's chain
+        ("jetson-orin", ["tflite->onnx", "onnx->tensorrt-plan"]),
+        ("intel-igpu", ["tflite->openvino-ir"]),  # OpenVINO's own TFLite frontend
+        ("arm-xnnpack", []),  # LiteRT loads it: shipped as it is
+    ],
+)
 def test_tflite_routes_to_every_target(target: str, chain: list[str]) -> None:
     """A TFLite source is no longer refused by ONNX targets (conversions: tests/pipeline/test_tflite_sources.py)."""
     from edge.pipeline.plan import resolve_chain
@@ -196,6 +207,7 @@ def test_tflite_routes_to_every_target(target: str, chain: list[str]) -> None:
 
 # -- OpenVINO IR ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def irs(ppocr: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The pretrained PP-OCR classifier saved as IRs: static fp32, static fp16-compressed, dynamic."""
@@ -206,8 +218,11 @@ def irs(ppocr: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
     d = tmp_path_factory.mktemp("ir")
     out = {}
-    for name, shape, fp16 in (("fp32", [1, 3, 48, 192], False), ("fp16", [1, 3, 48, 192], True),
-                              ("dynamic", None, False)):
+    for name, shape, fp16 in (
+        ("fp32", [1, 3, 48, 192], False),
+        ("fp16", [1, 3, 48, 192], True),
+        ("dynamic", None, False),
+    ):
         model = ov.convert_model(str(ppocr), **({"input": shape} if shape else {}))
         ov.save_model(model, str(d / name / "cls.xml"), compress_to_fp16=fp16)
         out[name] = d / name / "cls.xml"
@@ -247,7 +262,9 @@ def test_dynamic_ir_needs_input_shape(irs: dict[str, Path], tmp_path: Path) -> N
     assert "cls.xml" in str(e.value) and "--input-shape x=1,3,H,W" in str(e.value), str(e.value)
     with pytest.raises(ModelError, match="does not fit"):
         convert(irs["dynamic"], "intel-igpu", tmp_path / "b", ConvertRequest(input_shapes={"x": (1, 4, 48, 192)}))
-    b = convert(irs["dynamic"], "intel-igpu", tmp_path / "b", ConvertRequest(input_shapes=PPOCR_SHAPE, preprocess="ppocr"))
+    b = convert(
+        irs["dynamic"], "intel-igpu", tmp_path / "b", ConvertRequest(input_shapes=PPOCR_SHAPE, preprocess="ppocr")
+    )
     assert b.manifest["io"]["inputs"][0]["shape"] == [1, 3, 48, 192] and b.manifest["parity"]["passed"] is True
 
 
@@ -268,6 +285,7 @@ def test_ir_refused_for_other_targets(irs: dict[str, Path], tmp_path: Path) -> N
 
 # -- ONNX -> jetson-orin: the TensorRT host proxy ---------------------------------------------------
 
+
 def test_jetson_orin_parity_through_the_onnxruntime_proxy(ppocr: Path, tmp_path: Path) -> None:
     if runnable_here(get_target("jetson-orin")) is None:
         pytest.skip("hardware: NVIDIA GPU and TensorRT present: parity ran on TensorRT itself, not the host proxy")
@@ -280,6 +298,7 @@ def test_jetson_orin_parity_through_the_onnxruntime_proxy(ppocr: Path, tmp_path:
 
 
 # -- GGUF: pre-quantized sources --------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def q4_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -338,6 +357,7 @@ def test_truncated_prequantized_gguf(q4_gguf: Path, tmp_path: Path) -> None:
 
 
 # -- what edgekit does not read ----------------------------------------------------------------------
+
 
 def _unknown(tmp_path: Path, kind: str) -> Path:
     if kind == "h5":

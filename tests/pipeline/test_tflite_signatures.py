@@ -22,7 +22,7 @@ from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from tests.conftest import assert_user_error, run_cli
 
-EXPORT = '''
+EXPORT = """
 import sys
 import numpy as np
 import tensorflow as tf
@@ -54,7 +54,7 @@ class Var(tf.Module):
         self.v.assign_add(x)
         return {"y": self.v * 2.0}
 export(Var(), sys.argv[1] + "/state.tflite", experimental_enable_resource_variables=True)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,9 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"needs the tflite toolchain (TensorFlow, tf2onnx): {st.problem}")
     d = tmp_path_factory.mktemp("tf2")
     (d / "export.py").write_text(EXPORT)
-    subprocess.run([str(st.venv / "bin" / "python"), str(d / "export.py"), str(d)], check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [str(st.venv / "bin" / "python"), str(d / "export.py"), str(d)], check=True, capture_output=True, timeout=300
+    )
     return d
 
 
@@ -86,7 +87,9 @@ def test_a_tf2_export_converts_with_its_signature_names(signed: Path, tmp_path: 
     assert [t.name for t in b.io.inputs] == ["x.1"] and [t.name for t in b.io.outputs] == ["logits"]
     assert b.manifest["parity"]["passed"] is True
     assert b.manifest["chain"][0]["details"]["io_renamed_to_signature"] == {
-        "serving_default_x.1:0": "x.1", "PartitionedCall:0": "logits"}
+        "serving_default_x.1:0": "x.1",
+        "PartitionedCall:0": "logits",
+    }
 
 
 def test_sparse_weights_are_densified_exactly(exports: Path) -> None:
@@ -101,8 +104,11 @@ def test_sparse_weights_are_densified_exactly(exports: Path) -> None:
     [g] = m.subgraphs
     assert len(g.operators) == 1 and not any(t.sparsity for t in g.tensors)
     w = np.load(exports / "sparse_w.npy")  # FULLY_CONNECTED holds it as [out, in]: the transpose of the matmul's
-    dense = [np.frombuffer(bytes(np.asarray(m.buffers[t.buffer].data, np.uint8)), "<f4").reshape(t.shape)
-             for t in g.tensors if t.buffer and m.buffers[t.buffer].data is not None and len(t.shape) == 2]
+    dense = [
+        np.frombuffer(bytes(np.asarray(m.buffers[t.buffer].data, np.uint8)), "<f4").reshape(t.shape)
+        for t in g.tensors
+        if t.buffer and m.buffers[t.buffer].data is not None and len(t.shape) == 2
+    ]
     assert any(np.array_equal(d, w.T) for d in dense)
 
 
@@ -117,8 +123,11 @@ def test_a_sparse_export_converts(exports: Path, tmp_path: Path, target: str) ->
 @pytest.mark.parametrize("target", ["x86-cpu", "intel-igpu"])
 def test_resource_variables_are_refused_in_one_line(exports: Path, tmp_path: Path, target: str) -> None:
     p = run_cli("convert", str(exports / "state.tflite"), "-t", target, "-o", str(tmp_path / "o"))
-    assert_user_error(p, "keeps resource variables between calls (ASSIGN_VARIABLE, CALL_ONCE, READ_VARIABLE, "
-                         "VAR_HANDLE)", "convert it for arm-xnnpack")
+    assert_user_error(
+        p,
+        "keeps resource variables between calls (ASSIGN_VARIABLE, CALL_ONCE, READ_VARIABLE, VAR_HANDLE)",
+        "convert it for arm-xnnpack",
+    )
 
 
 def test_resource_variables_run_on_litert(exports: Path, tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ import pytest
 from edge import toolchains
 from edge.backends.converter import ConversionRequest
 from edge.errors import ConversionError
-from edge.spec import IOSpec, TensorSpec
 from edge.pipeline.request import ConvertRequest
+from edge.spec import IOSpec, TensorSpec
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 FACE = MODELS / "face_detection_short_range.tflite"
@@ -62,8 +62,9 @@ def mediapipe_transpose_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, paddin
     return out.astype(np.float32)
 
 
-def _tiny_custom(custom: str, x_shape: tuple[int, ...], w: np.ndarray, b: np.ndarray, options: bytes,
-                 out_shape: tuple[int, ...]) -> bytes:
+def _tiny_custom(
+    custom: str, x_shape: tuple[int, ...], w: np.ndarray, b: np.ndarray, options: bytes, out_shape: tuple[int, ...]
+) -> bytes:
     """A one-op TFLite: ``custom``(input, weights const, bias const) -> output, built with the flatbuffer schema."""
     import ai_edge_litert.schema_py_generated as s
 
@@ -94,7 +95,11 @@ def _tiny_custom(custom: str, x_shape: tuple[int, ...], w: np.ndarray, b: np.nda
     oc.customCode, oc.version = custom.encode(), 1
     m.operatorCodes = [oc]
     op = s.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = 0, np.asarray([xi, wi, bi], dtype=np.int32), np.asarray([yi], dtype=np.int32)
+    op.opcodeIndex, op.inputs, op.outputs = (
+        0,
+        np.asarray([xi, wi, bi], dtype=np.int32),
+        np.asarray([yi], dtype=np.int32),
+    )
     op.customOptions = np.frombuffer(options, dtype=np.uint8)
     g.operators = [op]
     g.inputs, g.outputs = np.asarray([xi], dtype=np.int32), np.asarray([yi], dtype=np.int32)
@@ -298,8 +303,10 @@ def test_tf2onnx_converts_the_lowered_selfie(tmp_path: Path) -> None:
     from edge.backends.litert.from_tflite import prepare_tflite
     from edge.backends.onnxruntime.from_tflite import TFLiteToOnnx
 
-    io = IOSpec((TensorSpec("input_1", (1, 256, 256, 3), "float32"),),
-                (TensorSpec("activation_10", (1, 256, 256, 1), "float32"),))
+    io = IOSpec(
+        (TensorSpec("input_1", (1, 256, 256, 3), "float32"),),
+        (TensorSpec("activation_10", (1, 256, 256, 1), "float32"),),
+    )
     r = TFLiteToOnnx().convert(_request(SELFIE, tmp_path / "onnx", "fp32", io))
     assert r.details["tflite_rewrite"]["lowered_custom_ops"] == {"Convolution2DTransposeBias": 1}
     lowered, _ = prepare_tflite(SELFIE, tmp_path)
@@ -313,12 +320,15 @@ def test_tf2onnx_converts_the_lowered_selfie(tmp_path: Path) -> None:
 
 # -- the pipeline, once plan.py picks tflite->tflite and the TFLite source adapter lowers MediaPipe's ops ------------
 
+
 def _rewrite_routed() -> None:
     from edge.backends.converter import CONVERTERS
 
     if "tflite->tflite" not in CONVERTERS:
-        pytest.skip("tflite->tflite is not registered (its entry point comes with the plan.py change that keeps "
-                    "rule 2 from routing every TFLite source through it)")
+        pytest.skip(
+            "tflite->tflite is not registered (its entry point comes with the plan.py change that keeps "
+            "rule 2 from routing every TFLite source through it)"
+        )
 
 
 def _source_lowers() -> None:
@@ -343,12 +353,15 @@ def test_face_detection_fp32_for_arm_xnnpack(tmp_path: Path) -> None:
         assert o["cosine"] > 0.999999, o
 
 
-@pytest.mark.parametrize("target,precision,chain", [
-    ("arm-xnnpack", "keep", []),  # shipped as its lowered copy, f16 weights kept
-    ("arm-xnnpack", "fp32", ["tflite->tflite"]),
-    ("intel-igpu", "fp32", ["tflite->openvino-ir"]),
-    ("x86-cpu", "fp32", ["tflite->onnx", "onnx->onnx"]),
-])
+@pytest.mark.parametrize(
+    "target,precision,chain",
+    [
+        ("arm-xnnpack", "keep", []),  # shipped as its lowered copy, f16 weights kept
+        ("arm-xnnpack", "fp32", ["tflite->tflite"]),
+        ("intel-igpu", "fp32", ["tflite->openvino-ir"]),
+        ("x86-cpu", "fp32", ["tflite->onnx", "onnx->onnx"]),
+    ],
+)
 def test_selfie_segmentation_converts(tmp_path: Path, target: str, precision: str, chain: list[str]) -> None:
     _source_lowers()
     if precision == "fp32" and target == "arm-xnnpack":

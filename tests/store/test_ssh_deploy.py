@@ -9,8 +9,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 import shutil
+import signal
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,11 +21,11 @@ from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture
 from store_bundles import KillServer, clone_bundle
 
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.deploy import rollback, ship
 from edge.errors import DeployError
-from edge.store import INSTALL_STEPS, DeviceStore, SshStore
+from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.store import INSTALL_STEPS, DeviceStore, SshStore
 
 pytestmark = needs_sshd
 
@@ -54,8 +54,11 @@ def test_ship_verify_switch_and_rollback_over_ssh(models: dict[str, Path], tmp_p
     assert os.readlink(remote / "current") == f"bundles/{a.id}"
     store = SshStore(url, options=sshd.option_list())
     assert (store.current, store.previous) == (a.id, b.id)
-    assert [(e["action"], e["current"]) for e in store.history()] == [("deploy", a.id), ("deploy", b.id),
-                                                                      ("rollback", a.id)]
+    assert [(e["action"], e["current"]) for e in store.history()] == [
+        ("deploy", a.id),
+        ("deploy", b.id),
+        ("rollback", a.id),
+    ]
     assert store.history() == DeviceStore(remote).history()
     for line in (remote / "history.jsonl").read_text().splitlines():  # the device writes what Python writes
         assert json.dumps(json.loads(line)) == line
@@ -77,8 +80,9 @@ def test_corrupted_transfer_is_not_switched_to(models: dict[str, Path], tmp_path
     assert sorted(p.name for p in (remote / "bundles").iterdir()) == [a.id]  # no partial left behind
 
 
-def test_attack_1_a_shell_payload_in_the_bundle_id_runs_nothing(abc: dict[str, Bundle], tmp_path: Path,
-                                                                sshd: Sshd) -> None:
+def test_attack_1_a_shell_payload_in_the_bundle_id_runs_nothing(
+    abc: dict[str, Bundle], tmp_path: Path, sshd: Sshd
+) -> None:
     """`x$(id>PWNED)` as a bundle id once ran `id` on the device (the history line's printf)."""
     remote = tmp_path / "remote-store"
     store = SshStore(sshd.url(remote), options=sshd.option_list())
@@ -98,8 +102,9 @@ def test_attack_1_a_shell_payload_in_the_bundle_id_runs_nothing(abc: dict[str, B
     assert DeviceStore(remote).history()[-1]["current"] == "A"
 
 
-def test_two_concurrent_ssh_deploys_of_one_bundle_both_succeed(abc: dict[str, Bundle], tmp_path: Path,
-                                                               sshd: Sshd) -> None:
+def test_two_concurrent_ssh_deploys_of_one_bundle_both_succeed(
+    abc: dict[str, Bundle], tmp_path: Path, sshd: Sshd
+) -> None:
     remote = tmp_path / "remote-store"
     results: list[object] = []
 
@@ -150,8 +155,9 @@ def test_a_damaged_store_reads_the_same_over_ssh(abc: dict[str, Bundle], tmp_pat
     assert_user_error(run_cli("rollback", "--device", url), "is damaged", "'current' is a directory")
 
 
-def test_ssh_recovers_a_killed_local_writer_exactly_as_local_does(abc: dict[str, Bundle], tmp_path: Path,
-                                                                  sshd: Sshd) -> None:
+def test_ssh_recovers_a_killed_local_writer_exactly_as_local_does(
+    abc: dict[str, Bundle], tmp_path: Path, sshd: Sshd
+) -> None:
     """The device script's recovery agrees with DeviceStore's, at every kill point of an install."""
     killer = KillServer(abc["A"].path)
     try:
@@ -172,8 +178,9 @@ def test_ssh_recovers_a_killed_local_writer_exactly_as_local_does(abc: dict[str,
             assert remote.state() == local.state() == DeviceStore(twin_ssh).state(), step
             strip = [{k: v for k, v in e.items() if k not in ("time", "txn")} for e in local.history()]
             assert [{k: v for k, v in e.items() if k not in ("time", "txn")} for e in remote.history()] == strip, step
-            assert sorted(p.name for p in (twin_ssh / "bundles").iterdir()) == \
-                sorted(p.name for p in (twin_local / "bundles").iterdir())
+            assert sorted(p.name for p in (twin_ssh / "bundles").iterdir()) == sorted(
+                p.name for p in (twin_local / "bundles").iterdir()
+            )
             assert remote.install(abc["C"]) and remote.current == "C"
     finally:
         killer.close()

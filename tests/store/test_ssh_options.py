@@ -18,9 +18,21 @@ from edge.store import SSH_OPTIONS_ENV, parse_ssh_options
 pytestmark = needs_sshd
 
 
-@pytest.mark.parametrize("option", ["XAuthLocation=/bin/true", "ForwardX11=yes", "Hostname=10.0.0.1",
-                                    "ProxyJump=evil", "ControlPath=/tmp/other", "User=other", "ForwardAgent=yes",
-                                    "LocalForward=1234 localhost:22", "SendEnv=*", "Tunnel=yes"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "XAuthLocation=/bin/true",
+        "ForwardX11=yes",
+        "Hostname=10.0.0.1",
+        "ProxyJump=evil",
+        "ControlPath=/tmp/other",
+        "User=other",
+        "ForwardAgent=yes",
+        "LocalForward=1234 localhost:22",
+        "SendEnv=*",
+        "Tunnel=yes",
+    ],
+)
 def test_options_outside_the_allow_list_are_refused_in_one_line(option: str) -> None:
     with pytest.raises(DeployError, match=f"{option.split('=')[0]} is refused") as e:
         parse_ssh_options(f"-o IdentityFile=/k -o '{option}'")
@@ -33,13 +45,21 @@ def test_xauthlocation_and_hostname_never_reach_ssh(tmp_path: Path, sshd: Sshd) 
     prog = tmp_path / "xauth"
     prog.write_text(f"#!/bin/sh\ntouch {marker}\n")
     prog.chmod(0o755)
-    p = run_cli("rollback", "--device", sshd.url(remote),
-                env={SSH_OPTIONS_ENV: f"{sshd.options} -o XAuthLocation={prog} -o ForwardX11=yes", "DISPLAY": ":0"})
+    p = run_cli(
+        "rollback",
+        "--device",
+        sshd.url(remote),
+        env={SSH_OPTIONS_ENV: f"{sshd.options} -o XAuthLocation={prog} -o ForwardX11=yes", "DISPLAY": ":0"},
+    )
     assert_user_error(p, SSH_OPTIONS_ENV, "XAuthLocation is refused")
     assert not marker.exists()
     # the URL names a host that does not exist; Hostname= would have sent the deploy to the real sshd
-    p = run_cli("rollback", "--device", f"ssh://root@device.invalid:{sshd.port}{remote}",
-                env={SSH_OPTIONS_ENV: f"{sshd.options} -o Hostname=127.0.0.1"})
+    p = run_cli(
+        "rollback",
+        "--device",
+        f"ssh://root@device.invalid:{sshd.port}{remote}",
+        env={SSH_OPTIONS_ENV: f"{sshd.options} -o Hostname=127.0.0.1"},
+    )
     assert_user_error(p, SSH_OPTIONS_ENV, "Hostname is refused")
 
 
@@ -48,4 +68,3 @@ def test_allowed_options_still_reach_the_device(tmp_path: Path, sshd: Sshd) -> N
     env = {SSH_OPTIONS_ENV: f"{sshd.options} -o ConnectTimeout=5 -o ServerAliveInterval=5 -o Port={sshd.port}"}
     p = run_cli("rollback", "--device", sshd.url(remote), "--json", env=env)
     assert_user_error(p, "does not exist")  # the answer came from the device: ssh connected and ran the script
-

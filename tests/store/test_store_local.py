@@ -16,9 +16,9 @@ from store_bundles import clone_bundle as clone
 from store_bundles import clone_dir
 
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.deploy import ship
 from edge.errors import DeployError, EdgeError
+from edge.pipeline import convert
 from edge.store import DeviceStore, open_store, rollback
 
 
@@ -31,8 +31,22 @@ def _tree(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-HOSTILE_IDS = ["./../../..", "..", ".", "../escaped", "a/b", ".partial-x", ".hidden", "-oProxyCommand=x", "",
-               "x$(id>PWNED)", "x" * 129, "é", "a b", "a\nb"]
+HOSTILE_IDS = [
+    "./../../..",
+    "..",
+    ".",
+    "../escaped",
+    "a/b",
+    ".partial-x",
+    ".hidden",
+    "-oProxyCommand=x",
+    "",
+    "x$(id>PWNED)",
+    "x" * 129,
+    "é",
+    "a b",
+    "a\nb",
+]
 
 
 def hostile(base: Bundle, bundle_id: str) -> SimpleNamespace:
@@ -66,10 +80,20 @@ def test_deploys_switch_and_rollback_goes_to_the_one_before(base: Bundle, tmp_pa
     assert (s.current, s.previous) == ("B", "C")
     h = s.history()
     assert [(e["action"], e["current"], e["replaced"]) for e in h] == [
-        ("deploy", "A", None), ("deploy", "B", "A"), ("deploy", "C", "B"), ("rollback", "B", "C"), ("deploy", "B", "B")]
+        ("deploy", "A", None),
+        ("deploy", "B", "A"),
+        ("deploy", "C", "B"),
+        ("rollback", "B", "C"),
+        ("deploy", "B", "B"),
+    ]
     assert h[-1]["note"] == "already current" and len({e["txn"] for e in h}) == 5
-    assert sorted(p.name for p in (tmp_path / "dev").iterdir()) == [".lock", "bundles", "current", "history.jsonl",
-                                                                    "previous"]
+    assert sorted(p.name for p in (tmp_path / "dev").iterdir()) == [
+        ".lock",
+        "bundles",
+        "current",
+        "history.jsonl",
+        "previous",
+    ]
 
 
 def test_leftovers_of_killed_writers_are_removed_on_the_next_run(base: Bundle, tmp_path: Path) -> None:
@@ -117,16 +141,22 @@ def test_two_concurrent_deploys_both_succeed(base: Bundle, tmp_path: Path) -> No
     a, b = clone(base, tmp_path / "src", "A"), clone(base, tmp_path / "src", "B")
     for round_ in range(4):
         store = tmp_path / f"same-{round_}"
-        procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(store), str(a.path)], stderr=subprocess.PIPE,
-                                  text=True) for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CONCURRENT, str(store), str(a.path)], stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         errs = [p.communicate(timeout=120)[1] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], errs
         h = DeviceStore(store).history()
         assert [e.get("note") for e in h] == [None, "already current"]
         assert sorted(p.name for p in (store / "bundles").iterdir()) == ["A"]
     store = tmp_path / "two"
-    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(store), str(x.path)], stderr=subprocess.PIPE,
-                              text=True) for x in (a, b)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CONCURRENT, str(store), str(x.path)], stderr=subprocess.PIPE, text=True)
+        for x in (a, b)
+    ]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     s = DeviceStore(store)
@@ -181,11 +211,18 @@ def _damage_lock_dir(d: Path) -> None:
     (d / ".lock").mkdir()
 
 
-@pytest.mark.parametrize("damage, needle", [
-    (_damage_current_dir, "'current' is a directory"), (_damage_current_outside, "'current' points to '/etc'"),
-    (_damage_previous_file, "'previous' is a file"), (_damage_bundles_file, "'bundles' is not a directory"),
-    (_damage_history_dir, "'history.jsonl' is not a file"), (_damage_intent, "'.intent' is not an intent record"),
-    (_damage_lock_dir, "'.lock' is not a file")])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (_damage_current_dir, "'current' is a directory"),
+        (_damage_current_outside, "'current' points to '/etc'"),
+        (_damage_previous_file, "'previous' is a file"),
+        (_damage_bundles_file, "'bundles' is not a directory"),
+        (_damage_history_dir, "'history.jsonl' is not a file"),
+        (_damage_intent, "'.intent' is not an intent record"),
+        (_damage_lock_dir, "'.lock' is not a file"),
+    ],
+)
 def test_a_damaged_store_is_one_line_not_a_traceback(base: Bundle, tmp_path: Path, damage, needle: str) -> None:
     a, b = clone(base, tmp_path / "src", "A"), clone(base, tmp_path / "src", "B")
     dev = tmp_path / "dev"

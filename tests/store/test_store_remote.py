@@ -15,17 +15,29 @@ from edge.store import SSH_OPTIONS_ENV, SshStore, open_store, parse_ssh_options,
 from edge.store.remote import REMOTE_SCRIPT
 
 
-@pytest.mark.parametrize("url, needle", [
-    ("ssh://hostonly", "no store path"), ("ssh://host/", "no store path"),
-    ("ssh://host/store#frag", "fragment"), ("ssh://host/store?x=1", "query"),
-    ("ssh://-oProxyCommand=touch%20x/store", "must not start with '-'"),
-    ("ssh://-oProxyCommand=x@host/store", "must not start with '-'"),
-    ("ssh://host:0/store", "port '0'"), ("ssh://host:99999/store", "port '99999'"), ("ssh://host:x/store", "port 'x'"),
-    ("ssh://host:/store", "empty port"), ("ssh://@host/store", "empty user"), ("ssh:///store", "no host"),
-    ("ssh://ho$t/store", "host 'ho$t'"), ("ssh://us;er@host/store", "user 'us;er'"),
-    ("ssh://host/st ore", "spaces or control"), ("ssh://host/st$(id)ore", "path '/st$(id)ore'"),
-    ("ssh://host/a\nb", "spaces or control"), ("ssh://[zz]/store", "not an IPv6 address"),
-])
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("ssh://hostonly", "no store path"),
+        ("ssh://host/", "no store path"),
+        ("ssh://host/store#frag", "fragment"),
+        ("ssh://host/store?x=1", "query"),
+        ("ssh://-oProxyCommand=touch%20x/store", "must not start with '-'"),
+        ("ssh://-oProxyCommand=x@host/store", "must not start with '-'"),
+        ("ssh://host:0/store", "port '0'"),
+        ("ssh://host:99999/store", "port '99999'"),
+        ("ssh://host:x/store", "port 'x'"),
+        ("ssh://host:/store", "empty port"),
+        ("ssh://@host/store", "empty user"),
+        ("ssh:///store", "no host"),
+        ("ssh://ho$t/store", "host 'ho$t'"),
+        ("ssh://us;er@host/store", "user 'us;er'"),
+        ("ssh://host/st ore", "spaces or control"),
+        ("ssh://host/st$(id)ore", "path '/st$(id)ore'"),
+        ("ssh://host/a\nb", "spaces or control"),
+        ("ssh://[zz]/store", "not an IPv6 address"),
+    ],
+)
 def test_bad_ssh_urls_are_one_clear_line(url: str, needle: str) -> None:
     with pytest.raises(DeployError, match="bad device URL") as e:
         parse_ssh_url(url)
@@ -39,14 +51,21 @@ def test_good_ssh_urls() -> None:
     assert (b.user, b.host, b.port, b.path) == (None, "fe80::1", None, "/srv/store")
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('-o "x', "cannot be parsed: No closing quotation"),
-    ("-oProxyCommand=touch /tmp/x", "'-oProxyCommand=touch' is not accepted"),
-    ("-o ProxyCommand=touch /tmp/x", "ProxyCommand is refused"),
-    ("-o localcommand=id", "localcommand is refused"), ("-o PermitLocalCommand=yes", "PermitLocalCommand is refused"),
-    ("-o KnownHostsCommand=id", "KnownHostsCommand is refused"), ("-o RemoteCommand=id", "RemoteCommand is refused"),
-    ("-i key", "'-i' is not accepted"), ("-o", "'-o' is not accepted"), ("-o Port", "is not Key=Value"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('-o "x', "cannot be parsed: No closing quotation"),
+        ("-oProxyCommand=touch /tmp/x", "'-oProxyCommand=touch' is not accepted"),
+        ("-o ProxyCommand=touch /tmp/x", "ProxyCommand is refused"),
+        ("-o localcommand=id", "localcommand is refused"),
+        ("-o PermitLocalCommand=yes", "PermitLocalCommand is refused"),
+        ("-o KnownHostsCommand=id", "KnownHostsCommand is refused"),
+        ("-o RemoteCommand=id", "RemoteCommand is refused"),
+        ("-i key", "'-i' is not accepted"),
+        ("-o", "'-o' is not accepted"),
+        ("-o Port", "is not Key=Value"),
+    ],
+)
 def test_ssh_options_accept_only_harmless_o_key_value(text: str, needle: str) -> None:
     with pytest.raises(DeployError, match="EDGEKIT_SSH_OPTIONS") as e:
         parse_ssh_options(text)
@@ -54,8 +73,12 @@ def test_ssh_options_accept_only_harmless_o_key_value(text: str, needle: str) ->
 
 
 def test_ssh_options_kept_as_given() -> None:
-    assert parse_ssh_options('-o IdentityFile="/k/my key" -o Port=22') == ["-o", "IdentityFile=/k/my key",
-                                                                           "-o", "Port=22"]
+    assert parse_ssh_options('-o IdentityFile="/k/my key" -o Port=22') == [
+        "-o",
+        "IdentityFile=/k/my key",
+        "-o",
+        "Port=22",
+    ]
 
 
 def test_cli_refuses_bad_addresses_and_options_in_one_line(tmp_path: Path) -> None:
@@ -64,8 +87,9 @@ def test_cli_refuses_bad_addresses_and_options_in_one_line(tmp_path: Path) -> No
     p = run_cli("rollback", "--device", "ssh://host/store", env={SSH_OPTIONS_ENV: '-o "x'})
     assert_user_error(p, SSH_OPTIONS_ENV, "cannot be parsed")
     pwned = tmp_path / "PWNED"
-    p = run_cli("rollback", "--device", "ssh://127.0.0.1/store",
-                env={SSH_OPTIONS_ENV: f"-o ProxyCommand=touch {pwned}"})
+    p = run_cli(
+        "rollback", "--device", "ssh://127.0.0.1/store", env={SSH_OPTIONS_ENV: f"-o ProxyCommand=touch {pwned}"}
+    )
     assert_user_error(p, "ProxyCommand is refused")
     assert not pwned.exists()
 
@@ -82,8 +106,9 @@ def test_the_remote_command_is_the_constant_script_with_quoted_arguments() -> No
 
 def _script(*args: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     """The device script run directly by sh, as sshd would run it (no ssh needed to test it)."""
-    return subprocess.run(["sh", "-c", REMOTE_SCRIPT, "edgekit", *args], input=stdin, capture_output=True,
-                          env=env, timeout=60)
+    return subprocess.run(
+        ["sh", "-c", REMOTE_SCRIPT, "edgekit", *args], input=stdin, capture_output=True, env=env, timeout=60
+    )
 
 
 SHA = "0" * 64
@@ -92,12 +117,15 @@ SHA = "0" * 64
 def test_the_script_refuses_hostile_values_and_runs_none_of_them(tmp_path: Path) -> None:
     pwned = tmp_path / "PWNED"
     store = tmp_path / "store"
-    for args in (["install", str(store), "5", f"x$(touch {pwned})", "1", SHA, "manifest.json"],
-                 ["install", str(store), "5", "..", "0", SHA, "manifest.json"],
-                 ["install", str(store), "5", "ok", "0", SHA, "../../etc/passwd"],
-                 ["install", str(store), "5$(touch " + str(pwned) + ")", "ok", "0", SHA, "a"],
-                 ["manifest", str(store), f"`touch {pwned}`"], ["rollback", str(store), "5", "a;b", SHA, "a"],
-                 ["install", "relative/path", "5", "ok", "0", SHA, "a"]):
+    for args in (
+        ["install", str(store), "5", f"x$(touch {pwned})", "1", SHA, "manifest.json"],
+        ["install", str(store), "5", "..", "0", SHA, "manifest.json"],
+        ["install", str(store), "5", "ok", "0", SHA, "../../etc/passwd"],
+        ["install", str(store), "5$(touch " + str(pwned) + ")", "ok", "0", SHA, "a"],
+        ["manifest", str(store), f"`touch {pwned}`"],
+        ["rollback", str(store), "5", "a;b", SHA, "a"],
+        ["install", "relative/path", "5", "ok", "0", SHA, "a"],
+    ):
         p = _script(*args)
         assert p.returncode == 66, (args, p.stderr)
         assert p.stderr.decode().startswith("edgekit-store: bad arguments")
@@ -112,8 +140,26 @@ def test_mkdir_lock_when_the_device_has_no_flock(tmp_path: Path) -> None:
     """Without flock(1) the script locks with mkdir; a lock whose owner died is taken over."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for tool in ("sh", "mkdir", "rm", "mv", "cat", "head", "tr", "sleep", "readlink", "ln", "tail", "grep", "date",
-                 "od", "sync", "touch", "sha256sum", "printf"):
+    for tool in (
+        "sh",
+        "mkdir",
+        "rm",
+        "mv",
+        "cat",
+        "head",
+        "tr",
+        "sleep",
+        "readlink",
+        "ln",
+        "tail",
+        "grep",
+        "date",
+        "od",
+        "sync",
+        "touch",
+        "sha256sum",
+        "printf",
+    ):
         path = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         if path.startswith("/"):
             os.symlink(path, bin_ / tool)

@@ -31,11 +31,15 @@ SHA256: {b}
 def test_packages_index_is_read_and_checked() -> None:
     text = _INDEX.format(a="a" * 64, b="b" * 64)
     e = aarch64.parse_packages_index(text, "qemu-user")
-    assert e == aarch64.DebEntry("qemu-user", "1:10.0.2+ds-2~bpo12+1", "pool/main/q/qemu/qemu-user_10.0.2_amd64.deb",
-                                 "b" * 64)
+    assert e == aarch64.DebEntry(
+        "qemu-user", "1:10.0.2+ds-2~bpo12+1", "pool/main/q/qemu/qemu-user_10.0.2_amd64.deb", "b" * 64
+    )
     assert aarch64.parse_packages_index(text, "qemu-user-static") is None
-    for bad in (text.replace("pool/main/q/qemu/qemu-user_", "pool/../../etc/qemu-user_"),
-                text.replace("b" * 64, "B" * 64), text.replace("Filename: pool", "Filename: /pool")):
+    for bad in (
+        text.replace("pool/main/q/qemu/qemu-user_", "pool/../../etc/qemu-user_"),
+        text.replace("b" * 64, "B" * 64),
+        text.replace("Filename: pool", "Filename: /pool"),
+    ):
         with pytest.raises(EdgeError, match="malformed"):
             aarch64.parse_packages_index(bad, "qemu-user")
     assert lzma.decompress(lzma.compress(text.encode())).decode() == text  # what the install reads: xz
@@ -77,8 +81,10 @@ def test_the_installed_guest_is_an_arm_core() -> None:
     assert doc["ready"] is True and "qemu-aarch64 10." in doc["detail"]
 
 
-@pytest.mark.parametrize("cpu, name", [("cortex-a72", "ARM Cortex-A72"), ("cortex-a76", "ARM Cortex-A76"),
-                                       ("neoverse-n1", "ARM Neoverse-N1")])
+@pytest.mark.parametrize(
+    "cpu, name",
+    [("cortex-a72", "ARM Cortex-A72"), ("cortex-a76", "ARM Cortex-A76"), ("neoverse-n1", "ARM Neoverse-N1")],
+)
 def test_an_arm_core_is_named_from_its_part(cpu: str, name: str) -> None:
     from edge.capabilities import parse_cpuinfo
 
@@ -97,9 +103,14 @@ def test_a_changed_emulator_or_wheel_set_is_noticed(monkeypatch: pytest.MonkeyPa
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(text)
     (em.site / "numpy-2.4.6.dist-info").mkdir(parents=True)
-    state = {"spec_hash": aarch64.spec_hash(), "qemu": {"sha256": aarch64.file_sha256(em.qemu), "version": "10.0.2"},
-             "site_fingerprint": aarch64.site_fingerprint(em.site), "packages": {"numpy": "2.4.6"},
-             "python_version": "3.11.2", "lock_hash": "0" * 64}
+    state = {
+        "spec_hash": aarch64.spec_hash(),
+        "qemu": {"sha256": aarch64.file_sha256(em.qemu), "version": "10.0.2"},
+        "site_fingerprint": aarch64.site_fingerprint(em.site),
+        "packages": {"numpy": "2.4.6"},
+        "python_version": "3.11.2",
+        "lock_hash": "0" * 64,
+    }
     (em.path / toolchains.STATE_FILE).write_text(json.dumps(state))
     assert aarch64.status().usable, aarch64.status().problem
     em.qemu.write_text("another qemu")

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from conftest import HARDWARE
+
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
 
-PROBE = r'''
+PROBE = r"""
 import _socket, json, os, socket, subprocess, sys
 
 tcp, udp, unix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -52,7 +52,7 @@ out["child_connect"] = "ok" if child.returncode == 0 else "refused: " + (child.s
 attempt("unix_connect", lambda: socket.socket(socket.AF_UNIX).connect(unix))
 out["env"] = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PIP_NO_INDEX", "https_proxy")}
 print(json.dumps(out))
-'''
+"""
 NETWORK = ("create_connection", "raw_socket_connect", "connect_ex", "udp_sendto", "udp_sendmsg", "child_connect")
 
 
@@ -83,7 +83,7 @@ class Listeners:
                 conn, _ = self.tcp.accept()
                 conn.close()
                 n += 1
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return n
 
     def datagrams(self) -> list[bytes]:
@@ -92,7 +92,7 @@ class Listeners:
         try:
             while True:
                 got.append(self.udp.recv(64))
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return got
 
     def close(self) -> None:
@@ -107,19 +107,23 @@ def listeners(tmp_path: Path) -> Iterator[Listeners]:
     ls.close()
 
 
-def _probe(tmp_path: Path, listeners: Listeners, **launch: Any) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
+def _probe(
+    tmp_path: Path, listeners: Listeners, **launch: Any
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
     """Run the probe through offline_popen (``launch`` its options), or plainly when ``launch`` is None."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     argv = [sys.executable, str(script), *listeners.args]
     attempts_log = tmp_path / "attempts.log"
     if launch.pop("plain", False):
-        proc: subprocess.Popen[str] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
-                                                       env=toolchains._clean_env())
+        proc: subprocess.Popen[str] = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, env=toolchains._clean_env()
+        )
         record = None
     else:
-        proc, record = toolchains.offline_popen(argv, env=toolchains._clean_env(), attempts_log=attempts_log,
-                                                stdout=subprocess.PIPE, text=True, **launch)
+        proc, record = toolchains.offline_popen(
+            argv, env=toolchains._clean_env(), attempts_log=attempts_log, stdout=subprocess.PIPE, text=True, **launch
+        )
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     return json.loads(out), record, toolchains.offline_attempts(attempts_log)
@@ -153,7 +157,9 @@ def test_network_namespace_alone_stops_every_socket(tmp_path: Path, listeners: L
     _namespace_or_skip()
     result, record, attempts = _probe(tmp_path, listeners, namespace=True, guard=False)
     _assert_nothing_got_out(result, listeners)
-    assert "Network is unreachable" in result["create_connection"] and "Network is unreachable" in result["child_connect"]
+    assert (
+        "Network is unreachable" in result["create_connection"] and "Network is unreachable" in result["child_connect"]
+    )
     assert record is not None and record["enforced"] == toolchains.NAMESPACE and record["in_process_guard"] is False
     assert attempts == []  # nothing in the process named them: the kernel alone stopped them
 
@@ -162,9 +168,15 @@ def test_in_process_guard_alone_stops_python_sockets(tmp_path: Path, listeners: 
     """The fallback: every Python process of the run (the child included) refuses, and names the attempts."""
     result, record, attempts = _probe(tmp_path, listeners, namespace=False, seccomp=False, guard=True)
     _assert_nothing_got_out(result, listeners)
-    assert all("edgekit: network access refused" in result[k] or result[k] == "refused: errno 101" for k in NETWORK), result
-    assert record is not None and record["weak"] is True and record["enforced"] == (
-        f"{toolchains.WEAK} (namespace unavailable: not requested; seccomp unavailable: not requested)")
+    assert all("edgekit: network access refused" in result[k] or result[k] == "refused: errno 101" for k in NETWORK), (
+        result
+    )
+    assert (
+        record is not None
+        and record["weak"] is True
+        and record["enforced"]
+        == (f"{toolchains.WEAK} (namespace unavailable: not requested; seccomp unavailable: not requested)")
+    )
     port = listeners.args[0]
     kinds = [a.split(" ", 1)[0] for a in attempts]
     assert sorted(kinds) == ["connect", "connect", "connect", "create_connection", "sendmsg", "sendto"], attempts
@@ -179,8 +191,12 @@ def test_default_uses_what_the_host_allows(tmp_path: Path, listeners: Listeners)
     assert record is not None and record["enforced"] == iso.enforced and record["in_process_guard"] is True
     assert len(attempts) == 6  # the guard names them whichever layer would have stopped them
     # downloaders' own offline switches, and a proxy that goes nowhere, reach the process too
-    assert result["env"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
-                             "https_proxy": "http://127.0.0.1:9"}
+    assert result["env"] == {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
+        "https_proxy": "http://127.0.0.1:9",
+    }
     if iso.prefix:
         assert record["enforced"] == "network namespace (unshare -n)"
         assert record["namespace_command"].startswith("unshare --net")
@@ -202,7 +218,7 @@ def test_namespace_can_be_switched_off(tmp_path: Path, listeners: Listeners, mon
 
 # -- what the in-process guard alone cannot stop (issue #26 item 12) --------------------------------------
 
-BYPASS = r'''
+BYPASS = r"""
 import ctypes, json, shutil, socket, struct, subprocess, sys
 
 tcp, unix = int(sys.argv[1]), sys.argv[2]
@@ -244,15 +260,16 @@ try:
 except OSError as e:
     out["unix_connect"] = f"refused: {e}"
 print(json.dumps(out))
-'''
+"""
 
 
 def _bypass(tmp_path: Path, listeners: Listeners, **launch: Any) -> tuple[dict[str, str], dict[str, Any]]:
     script = tmp_path / "bypass.py"
     script.write_text(BYPASS)
     argv = [sys.executable, str(script), listeners.args[0], listeners.args[2]]
-    proc, record = toolchains.offline_popen(argv, env=toolchains._clean_env(), stdout=subprocess.PIPE, text=True,
-                                            **launch)
+    proc, record = toolchains.offline_popen(
+        argv, env=toolchains._clean_env(), stdout=subprocess.PIPE, text=True, **launch
+    )
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     return json.loads(out), record
@@ -279,8 +296,9 @@ def test_the_guard_alone_is_bypassed_and_the_seccomp_filter_is_not(tmp_path: Pat
     assert held["unix_connect"] == "ok" and listeners.tcp_connections() == 0
 
 
-def test_the_weak_guard_alone_is_refused_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_the_weak_guard_alone_is_refused_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv(toolchains.NETNS_ENV, "0")
     monkeypatch.setenv(toolchains.SECCOMP_ENV, "0")
     with pytest.raises(EdgeError, match="cannot run a toolchain offline on this host") as e:
@@ -295,6 +313,7 @@ def test_the_weak_guard_alone_is_refused_unless_asked(tmp_path: Path, monkeypatc
 
 
 # -- real conversions record it ------------------------------------------------------------
+
 
 def _toolchain_or_skip(name: str) -> None:
     st = toolchains.status(name)
@@ -321,8 +340,9 @@ def test_tflite_conversion_records_what_kept_it_offline(models: dict[str, Path],
 
 
 @pytest.mark.parametrize("netns", ["default", "off"])
-def test_coreml_conversion_records_what_kept_it_offline(models: dict[str, Path], tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch, netns: str) -> None:
+def test_coreml_conversion_records_what_kept_it_offline(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, netns: str
+) -> None:
     _toolchain_or_skip("coreml")
     from edge.pipeline import convert
 

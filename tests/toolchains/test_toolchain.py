@@ -12,20 +12,30 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
+
 from edge import toolchains
-from edge.pipeline import conversion_problems, plan
 from edge.errors import EdgeError, MissingDependencyError
+from edge.pipeline import conversion_problems, plan
 from edge.targets import get_target
 
 
 def _mini_spec(tmp_path: Path, **changes: object) -> toolchains.ToolchainSpec:
     lock = tmp_path / "mini.lock"
     lock.write_text("# nothing pinned\n")
-    fields = dict(name="mini", purpose="test", requirements=("pip",), lock=str(lock), lock_platform="none",
-                  python_min=(3, 8), python_max=(3, 99), imports=("json",), programs=("pip",), versions=(),
-                  size_hint="a few MB")
+    fields = dict(
+        name="mini",
+        purpose="test",
+        requirements=("pip",),
+        lock=str(lock),
+        lock_platform="none",
+        python_min=(3, 8),
+        python_max=(3, 99),
+        imports=("json",),
+        programs=("pip",),
+        versions=(),
+        size_hint="a few MB",
+    )
     fields.update(changes)
     return toolchains.ToolchainSpec(**fields)  # type: ignore[arg-type]
 
@@ -92,15 +102,19 @@ def test_missing_toolchain_is_reported_before_any_work(empty_root: Path, models:
     doc = run_cli("doctor", "--json", env=env)
     arm = next(t for t in json.loads(doc.stdout)["targets"] if t["target"] == "arm-xnnpack")
     assert not arm["can_convert"] and any("edgekit toolchain install tflite" in p for p in arm["convert_problems"])
-    assert_user_error(run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-o", str(empty_root / "b"), env=env),
-                      "toolchain 'tflite' is not installed", "edgekit toolchain install tflite")
+    assert_user_error(
+        run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-o", str(empty_root / "b"), env=env),
+        "toolchain 'tflite' is not installed",
+        "edgekit toolchain install tflite",
+    )
     assert not (empty_root / "b").exists() and not (empty_root / "tflite").exists()  # never installed silently
     lst = run_cli("toolchain", "list", "--json", env=env)
     assert lst.returncode == 0 and json.loads(lst.stdout)[0]["installed"] is False
 
 
-def test_install_refuses_a_python_it_cannot_serve(empty_root: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_refuses_a_python_it_cannot_serve(
+    empty_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(toolchains.TOOLCHAINS, "mini", _mini_spec(tmp_path, python_max=(3, 1)))
     with pytest.raises(MissingDependencyError, match=r"needs Python 3.8 to 3.1 .*edgekit runs on Python 3"):
         toolchains.install("mini")
@@ -120,7 +134,9 @@ def test_install_records_the_lock(use_mini: toolchains.ToolchainStatus) -> None:
     assert "already installed" in again[0]
 
 
-def test_drift_is_detected(use_mini: toolchains.ToolchainStatus, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_drift_is_detected(
+    use_mini: toolchains.ToolchainStatus, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     st = use_mini
     site = next(st.venv.glob("lib/python*/site-packages"))
     extra = site / "sneaky-1.0.dist-info"
@@ -142,7 +158,10 @@ def _driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
 
 
 def test_run_driver(use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _driver(tmp_path, monkeypatch, """
+    _driver(
+        tmp_path,
+        monkeypatch,
+        """
 job = json.load(open(sys.argv[1]))
 print(json.dumps({"event": "stage", "stage": "working"}), flush=True)
 print("noise that is not an event", flush=True)
@@ -150,7 +169,8 @@ sys.stderr.write("goes to the log\\n")
 print(json.dumps({"event": "result", "x": job["x"] * 2, "python": sys.executable,
                   "path0": os.environ["PATH"].split(os.pathsep)[0], "pythonpath": os.environ.get("PYTHONPATH"),
                   "cwd": os.getcwd()}), flush=True)
-""")
+""",
+    )
     monkeypatch.setenv("PYTHONPATH", "/should/not/leak")
     work = tmp_path / "work"
     work.mkdir()
@@ -183,8 +203,9 @@ for name, argv in [("tcp", None), ("udp", None),
 """
 
 
-def test_run_driver_is_offline(use_mini: toolchains.ToolchainStatus, tmp_path: Path,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_driver_is_offline(
+    use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 11, attack 8: a driver and its children reach nothing, and the manifest record says how."""
     import socket
 
@@ -215,7 +236,9 @@ def test_run_driver_is_offline(use_mini: toolchains.ToolchainStatus, tmp_path: P
         toolchains.run_driver("mini", {}, work)
 
 
-def test_run_driver_failures(use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_driver_failures(
+    use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     _driver(tmp_path, monkeypatch, "sys.stderr.write('Traceback: it broke\\n'); sys.exit(3)\n")
@@ -256,8 +279,9 @@ def test_torch_toolchain_keeps_its_former_name(empty_root: Path) -> None:
         toolchains.get_spec("corml")
 
 
-def test_run_driver_picks_a_driver_of_the_toolchain(use_mini: toolchains.ToolchainStatus, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_driver_picks_a_driver_of_the_toolchain(
+    use_mini: toolchains.ToolchainStatus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One toolchain, several drivers (torch: coreml_driver.py, torch_onnx_driver.py)."""
     asked: list[str] = []
     body = "import json\nprint(json.dumps({'event': 'result', 'ok': True}), flush=True)\n"

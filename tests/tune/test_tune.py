@@ -12,21 +12,22 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge.deploy import DeployOptions
 from edge.errors import EdgeError, TargetError
 from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
+from edge.tune.overlay import read_overlay
 from edge.tune.search import Schedule, TuneOptions, choose, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
-from edge.tune.overlay import read_overlay
-from tests.conftest import assert_user_error, run_cli
 from tests.cli.test_cli_errors import build_outlier_model
-from edge.deploy import DeployOptions
-from edge.pipeline.request import ConvertRequest
+from tests.conftest import assert_user_error, run_cli
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 
 
 # -- the space ------------------------------------------------------------------------------------
+
 
 def test_x86_cpu_space_has_both_cpu_runners_and_prunes_with_reasons() -> None:
     profile = get_target("x86-cpu")
@@ -54,13 +55,18 @@ def test_x86_cpu_space_has_both_cpu_runners_and_prunes_with_reasons() -> None:
 
     calibrated = build_space(profile, objective="throughput", calibrated=True, bf16_capabilities=["FP32", "BF16"])
     bf16 = [c for c in calibrated.configs if c.precision == "bf16"]
-    assert bf16 and all(c.runner == "openvino" and dict(c.options)["inference_precision"] == "bf16"
-                        and c.bundle_precision == "fp32" for c in bf16)
+    assert bf16 and all(
+        c.runner == "openvino" and dict(c.options)["inference_precision"] == "bf16" and c.bundle_precision == "fp32"
+        for c in bf16
+    )
     assert {c.precision for c in calibrated.configs} >= {"fp32", "int8"}
     assert any(dict(c.options).get("performance_hint") == "THROUGHPUT" for c in calibrated.configs)
     # int8 recipe knob: the mixed-precision search on and off
-    assert {dict(c.recipe).get("mixed_precision") for c in calibrated.configs
-            if c.runner == "onnxruntime" and c.precision == "int8"} == {"auto", "off"}
+    assert {
+        dict(c.recipe).get("mixed_precision")
+        for c in calibrated.configs
+        if c.runner == "onnxruntime" and c.precision == "int8"
+    } == {"auto", "off"}
 
 
 def test_space_per_device_class() -> None:
@@ -73,8 +79,9 @@ def test_space_per_device_class() -> None:
     assert igpu.run_options["openvino"]["device"] == ["GPU", "CPU"]  # the target's own preference is kept
     assert {c.precision for c in igpu.configs} <= {"fp32", "fp16", "int8", "bf16"}
     # e2e adds the video pipeline's inference workers
-    video = build_space(get_target("x86-cpu"), objective="e2e", video=True, runners=["onnxruntime"],
-                        precisions=["fp32"], threads=[1])
+    video = build_space(
+        get_target("x86-cpu"), objective="e2e", video=True, runners=["onnxruntime"], precisions=["fp32"], threads=[1]
+    )
     assert sorted(c.workers for c in video.configs if dict(c.options)["graph_optimization_level"] == "all") == [1, 2]
 
 
@@ -90,10 +97,16 @@ def test_space_refuses_what_the_target_cannot_use() -> None:
 
 # -- parity is a hard constraint -----------------------------------------------------------------
 
+
 def _trial(tid: str, passed: bool | None, score: float) -> dict[str, Any]:
-    return {"id": tid, "parity": {"passed": passed},
-            "rungs": {"0:3x4": {"rep_scores": [score], "p99_ms": score}, **(
-                {"1:5x40": {"rep_scores": [score], "p99_ms": score}} if tid != "short" else {})}}
+    return {
+        "id": tid,
+        "parity": {"passed": passed},
+        "rungs": {
+            "0:3x4": {"rep_scores": [score], "p99_ms": score},
+            **({"1:5x40": {"rep_scores": [score], "p99_ms": score}} if tid != "short" else {}),
+        },
+    }
 
 
 def test_choose_never_picks_a_trial_that_failed_or_skipped_parity() -> None:
@@ -114,7 +127,12 @@ def test_choose_never_picks_a_trial_that_failed_or_skipped_parity() -> None:
 def outlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     d = tmp_path_factory.mktemp("outlier")
     model = build_outlier_model(d / "outlier.onnx")
-    result = tune(model, "x86-cpu", ConvertRequest(calib="random", parity_samples=8), TuneOptions(out=d / "out", runners=["onnxruntime"], precisions=["fp32", "int8"], threads=[1], schedule=QUICK))
+    result = tune(
+        model,
+        "x86-cpu",
+        ConvertRequest(calib="random", parity_samples=8),
+        TuneOptions(out=d / "out", runners=["onnxruntime"], precisions=["fp32", "int8"], threads=[1], schedule=QUICK),
+    )
     return d, result
 
 
@@ -141,10 +159,12 @@ def test_trial_failing_parity_is_reported_never_chosen(outlier_run: tuple[Path, 
 
 # -- resume -------------------------------------------------------------------------------------
 
+
 def test_resume_from_study_skips_finished_trials(tmp_path: Path, models: dict[str, Path]) -> None:
     req = ConvertRequest(parity_samples=4)
-    opts = TuneOptions(out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1],
-                       schedule=QUICK, pictures=False)
+    opts = TuneOptions(
+        out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1], schedule=QUICK, pictures=False
+    )
     first = tune(models["tiny"], "x86-cpu", req, opts)
     assert first.converted == 1 and first.measured >= len(first.trials)
     study = Path(first.study_path)
@@ -170,9 +190,17 @@ def test_resume_from_study_skips_finished_trials(tmp_path: Path, models: dict[st
 
 # -- the overlay -----------------------------------------------------------------------------------
 
+
 def test_overlay_round_trips_into_convert_and_cli(tmp_path: Path, models: dict[str, Path]) -> None:
     # OpenVINO on x86-cpu: the overlay changes the target's runner, chain and runner options
-    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", runners=["openvino"], precisions=["fp32"], threads=[1], schedule=QUICK, pictures=False))
+    r = tune(
+        models["tiny"],
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "out", runners=["openvino"], precisions=["fp32"], threads=[1], schedule=QUICK, pictures=False
+        ),
+    )
     ov = read_overlay(r.overlay_path)
     assert (ov.target, ov.runner, ov.chain, ov.precision) == ("x86-cpu", "openvino", ("onnx->openvino-ir",), "fp32")
     assert ov.run_options["num_threads"] == 1 and ov.run_options["device"] == ["CPU"]
@@ -181,8 +209,19 @@ def test_overlay_round_trips_into_convert_and_cli(tmp_path: Path, models: dict[s
     assert b.info.runner.name == "openvino" and b.precision == "fp32"
     assert b.info.runner.options_dict["num_threads"] == 1
     assert b.manifest["parity"]["passed"] is True
-    p = run_cli("convert", str(models["tiny"]), "-t", "x86-cpu", "--tuned", r.overlay_path, "-o",
-                str(tmp_path / "cli-bundle"), "--parity-samples", "4", "--json")
+    p = run_cli(
+        "convert",
+        str(models["tiny"]),
+        "-t",
+        "x86-cpu",
+        "--tuned",
+        r.overlay_path,
+        "-o",
+        str(tmp_path / "cli-bundle"),
+        "--parity-samples",
+        "4",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["manifest"]["runner"]["name"] == "openvino" and "openvino fp32" in out["tuned_applied"]
@@ -196,38 +235,57 @@ def test_overlay_round_trips_into_convert_and_cli(tmp_path: Path, models: dict[s
 
 def test_bad_input_is_one_line(tmp_path: Path, models: dict[str, Path]) -> None:
     tiny = str(models["tiny"])
-    assert_user_error(run_cli("tune", tiny, "-t", "x86-cpu", "--objective", "fastest", "--out", str(tmp_path / "o")),
-                      "unknown objective 'fastest'")
-    assert_user_error(run_cli("tune", tiny, "-t", "x86-cpu", "--objective", "e2e", "--out", str(tmp_path / "o")),
-                      "--video")
-    assert_user_error(run_cli("tune", tiny, "-t", "x86-cpu", "--runner", "litert", "--out", str(tmp_path / "o")),
-                      "do not serve x86-cpu")
-    assert_user_error(run_cli("tune", tiny, "-t", "x86-cpu", "--fps", "30", "--budget-ms", "10"),
-                      "either --fps or --budget-ms")
+    assert_user_error(
+        run_cli("tune", tiny, "-t", "x86-cpu", "--objective", "fastest", "--out", str(tmp_path / "o")),
+        "unknown objective 'fastest'",
+    )
+    assert_user_error(
+        run_cli("tune", tiny, "-t", "x86-cpu", "--objective", "e2e", "--out", str(tmp_path / "o")), "--video"
+    )
+    assert_user_error(
+        run_cli("tune", tiny, "-t", "x86-cpu", "--runner", "litert", "--out", str(tmp_path / "o")),
+        "do not serve x86-cpu",
+    )
+    assert_user_error(
+        run_cli("tune", tiny, "-t", "x86-cpu", "--fps", "30", "--budget-ms", "10"), "either --fps or --budget-ms"
+    )
     bad_study = tmp_path / "study.json"
-    bad_study.write_text('{"study_version": 1, "trials": {"x": {"status": "measured", "rungs": {"0:1x1": '
-                         '{"rep_scores": ["fast"]}}}}}')
+    bad_study.write_text(
+        '{"study_version": 1, "trials": {"x": {"status": "measured", "rungs": {"0:1x1": {"rep_scores": ["fast"]}}}}}'
+    )
     # the header is checked first; a study for this run with a bad record names the field
     p = run_cli("tune", tiny, "-t", "x86-cpu", "--study", str(bad_study), "--out", str(tmp_path / "o"))
     assert_user_error(p, "study file", "was made for")
     # overlays: every problem in one line, never a traceback
     bad = tmp_path / "bad.toml"
-    bad.write_text('schema_version = 1\ntarget = "x86-cpu"\nprecision = "fp32"\nrunner = "openvino"\n'
-                   'chain = ["onnx->openvino-ir"]\nsurprise = 1\n[run.options]\nnum_threads = "many"\n'
-                   'plugin_library = "/tmp/evil.so"\n[video]\ninfer_workers = 0\n')
-    assert_user_error(run_cli("convert", tiny, "-t", "x86-cpu", "--tuned", str(bad), "-o", str(tmp_path / "b")),
-                      "invalid tuned overlay", "surprise: unknown key", "plugin_library",
-                      "video.infer_workers: expected an integer from 1 to 64, got 0")
+    bad.write_text(
+        'schema_version = 1\ntarget = "x86-cpu"\nprecision = "fp32"\nrunner = "openvino"\n'
+        'chain = ["onnx->openvino-ir"]\nsurprise = 1\n[run.options]\nnum_threads = "many"\n'
+        'plugin_library = "/tmp/evil.so"\n[video]\ninfer_workers = 0\n'
+    )
+    assert_user_error(
+        run_cli("convert", tiny, "-t", "x86-cpu", "--tuned", str(bad), "-o", str(tmp_path / "b")),
+        "invalid tuned overlay",
+        "surprise: unknown key",
+        "plugin_library",
+        "video.infer_workers: expected an integer from 1 to 64, got 0",
+    )
     (tmp_path / "notoml.toml").write_text("target = [")
-    assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "store"), "--tuned",
-                              str(tmp_path / "notoml.toml")), "is not valid TOML")
-    assert_user_error(run_cli("convert", tiny, "-t", "x86-cpu", "--tuned", str(tmp_path / "missing.toml")),
-                      "does not exist")
+    assert_user_error(
+        run_cli(
+            "deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "store"), "--tuned", str(tmp_path / "notoml.toml")
+        ),
+        "is not valid TOML",
+    )
+    assert_user_error(
+        run_cli("convert", tiny, "-t", "x86-cpu", "--tuned", str(tmp_path / "missing.toml")), "does not exist"
+    )
     assert not (tmp_path / "b").exists() and not (tmp_path / "store").exists()
 
 
-def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path: Path,
-                                                                        models: dict[str, Path]) -> None:
+def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
     import dataclasses
 
     from edge.bundle.bundle import Bundle
@@ -235,8 +293,15 @@ def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path
 
     clip = write_synthetic_clip(tmp_path / "clip.avi", frames=12, width=64, height=48, codec="MJPG")
     req = ConvertRequest(parity_samples=4)
-    opts = TuneOptions(objective="e2e", video=clip, runners=["onnxruntime"], precisions=["fp32"], threads=[1],
-                       schedule=Schedule(reps=2, iters=6, warmup=1), pictures=False)
+    opts = TuneOptions(
+        objective="e2e",
+        video=clip,
+        runners=["onnxruntime"],
+        precisions=["fp32"],
+        threads=[1],
+        schedule=Schedule(reps=2, iters=6, warmup=1),
+        pictures=False,
+    )
     r = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "out", fps=30))
     assert {t["workers"] for t in r.trials} == {1, 2}
     assert r.winner is not None
@@ -272,16 +337,24 @@ def test_e2e_objective_runs_at_the_target_rate_and_counts_missed_frames(tmp_path
     fast = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "fast", fps=20000))
     assert all(t["result"]["missed"] > 0 for t in fast.trials if t["result"])
     with pytest.raises(EdgeError, match="was made for e2e_pace"):
-        tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "fast", study=r.study_path,
-                                                                fps=20000))
+        tune(
+            models["tiny"],
+            "x86-cpu",
+            req,
+            dataclasses.replace(opts, out=tmp_path / "fast", study=r.study_path, fps=20000),
+        )
 
 
 def test_e2e_ranks_missed_frames_before_latency() -> None:
     from edge.tune.measure import rank_key
 
     def e2e(tid: str, p50: float, missed: int) -> dict[str, Any]:
-        return {"id": tid, "parity": {"passed": True},
-                "rungs": {"0:2x30": {"rep_scores": [p50, p50], "rep_missed": [missed, missed], "rep_frames": [30, 30]}}}
+        return {
+            "id": tid,
+            "parity": {"passed": True},
+            "rungs": {"0:2x30": {"rep_scores": [p50, p50], "rep_missed": [missed, missed], "rep_frames": [30, 30]}},
+        }
+
     fast_but_drops, holds = e2e("drops", 5.0, 3), e2e("holds", 12.0, 0)
     assert choose([fast_but_drops, holds], objective="e2e")["id"] == "holds"
     assert choose([fast_but_drops, holds, e2e("holds-faster", 9.0, 0)], objective="e2e")["id"] == "holds-faster"
@@ -297,12 +370,29 @@ def test_successive_halving_rungs_finalists_and_deferred_checks(tmp_path: Path, 
 
     # short rungs: few repetitions of warm blocks; the finalists: the sweep's samples in short blocks
     # the first of several short rungs: one warm block per trial (FIRST_RUNG)
-    assert Schedule().rungs(136) == [(1, SHORT_BLOCK), (SHORT_REPS, SHORT_BLOCK), (SHORT_REPS, 11),
-                                     (SHORT_REPS, 33), (20, 10)]
+    assert Schedule().rungs(136) == [
+        (1, SHORT_BLOCK),
+        (SHORT_REPS, SHORT_BLOCK),
+        (SHORT_REPS, 11),
+        (SHORT_REPS, 33),
+        (20, 10),
+    ]
     assert Schedule().rungs(9) == [(SHORT_REPS, 33), (20, 10)]  # a single short rung keeps its repetitions
     assert Schedule().rungs(3) == [(5, 40)] and Schedule().final(halving=False) == (5, 40)
     assert Schedule(reps=2, iters=5).rungs(21, "e2e") == [(2, 30), (2, 30), (2, 5)]  # e2e: at least 30 frames
-    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False))
+    r = tune(
+        models["tiny"],
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "out",
+            runners=["onnxruntime"],
+            precisions=["fp32"],
+            threads=[1, 2],
+            schedule=QUICK,
+            pictures=False,
+        ),
+    )
     n = len(r.trials)
     rungs = QUICK.rungs(n)
     assert n >= 10 and len(rungs) >= 2, (n, rungs)
@@ -335,6 +425,7 @@ def test_anchor_relative_ranking_across_chunks() -> None:
         if rel is not None:
             m.update(vs_anchor=rel, anchor={"id": anchor, "p50_ms": p50 / rel})
         return {"id": tid, "parity": {"passed": True}, "rungs": {"0:5x40": m}}
+
     # b's chunk ran under load: raw it looks slower, against the anchor measured beside it it is faster
     a, b = rec("a", 1.0, 1.0), rec("b", 1.5, 0.9)
     assert choose([a, b])["id"] == "b"
@@ -358,12 +449,26 @@ def test_study_refuses_a_bad_anchor_record(tmp_path: Path) -> None:
             load_study(path, header)
 
 
-def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-                                        ) -> None:
+def test_several_chunks_share_an_anchor(
+    tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import edge.tune.search
 
     monkeypatch.setattr(edge.tune.search, "MAX_OPEN", 4)  # 3 trials and the anchor per chunk
-    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "sweep", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
+    r = tune(
+        models["tiny"],
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "sweep",
+            runners=["onnxruntime"],
+            precisions=["fp32"],
+            threads=[1, 2],
+            schedule=QUICK,
+            pictures=False,
+            strategy="exhaustive",
+        ),
+    )
     n = len(r.trials)
     assert n > 6
     rung = "0:2x5"
@@ -380,7 +485,20 @@ def test_several_chunks_share_an_anchor(tmp_path: Path, models: dict[str, Path],
     assert r.winner["result"]["p50_ms"] > 0 and r.winner["result"]["anchor"]["id"] == first["id"]  # raw kept too
     assert any("anchor" in note and "raw figures" in note for note in r.to_json()["notes"])
     # successive halving: the first rung (several chunks) has the anchor; the finalists fit one chunk, raw figures
-    h = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "halving", runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2], schedule=QUICK, pictures=False, cache=tmp_path / "sweep" / "cache"))
+    h = tune(
+        models["tiny"],
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "halving",
+            runners=["onnxruntime"],
+            precisions=["fp32"],
+            threads=[1, 2],
+            schedule=QUICK,
+            pictures=False,
+            cache=tmp_path / "sweep" / "cache",
+        ),
+    )
     rungs = QUICK.rungs(n)
     first_rung, last = f"0:{rungs[0][0]}x{rungs[0][1]}", f"{len(rungs) - 1}:{rungs[-1][0]}x{rungs[-1][1]}"
     assert all("vs_anchor" in t["rungs"][first_rung] for t in h.trials)
@@ -395,14 +513,16 @@ def test_max_trials_and_time_budget_bound_the_search(tmp_path: Path, models: dic
     assert len(capped.trials) == 2 and any("--max-trials 2" in n for n in capped.notes)
     # the defaults (all CPUs, graph level all) come first
     assert dict(capped.trials[0]["options"])["graph_optimization_level"] == "all"
-    out_of_time = tune(models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "late",
-                                                                           time_budget_s=1e-6))
+    out_of_time = tune(
+        models["tiny"], "x86-cpu", req, dataclasses.replace(opts, out=tmp_path / "late", time_budget_s=1e-6)
+    )
     assert out_of_time.winner is None and out_of_time.overlay_path is None
     assert all(t["status"] == "not run (time budget)" for t in out_of_time.trials)
     assert out_of_time.converted == 0
 
 
 # -- deploy --tune, and the bundle's record of the overlay ----------------------------------------
+
 
 def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path: Path, models: dict[str, Path]) -> None:
     from edge.bundle.bundle import Bundle
@@ -411,9 +531,19 @@ def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path:
     from edge.tune.search import TuneOptions
 
     opts = TuneOptions(runners=("openvino",), precisions=("fp32",), threads=(1,), schedule=QUICK, pictures=False)
-    r = deploy(models["tiny"], "x86-cpu", tmp_path / "dev", ConvertRequest(parity_samples=4), DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, tune=opts))
+    r = deploy(
+        models["tiny"],
+        "x86-cpu",
+        tmp_path / "dev",
+        ConvertRequest(parity_samples=4),
+        DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, tune=opts),
+    )
     t = r.tune
-    assert t is not None and t["summary"].startswith("tune x86-cpu (latency, halving): ") and "chosen openvino fp32" in t["summary"]
+    assert (
+        t is not None
+        and t["summary"].startswith("tune x86-cpu (latency, halving): ")
+        and "chosen openvino fp32" in t["summary"]
+    )
     assert r.notes[0] == t["summary"]  # the tune table's summary line, then what its overlay applied
     ov = read_overlay(t["overlay"])
     assert Path(t["overlay"]).parent == tmp_path / "b-tune" and r.tuned_applied == ov.describe() == t["applied"]
@@ -421,7 +551,10 @@ def test_deploy_tune_is_one_command_and_the_bundle_records_the_overlay(tmp_path:
     # converted, parity-checked, benchmarked and shipped with the winner's runner and options
     assert r.bundle.info.runner.name == "openvino" and r.bundle.info.runner.options_dict["num_threads"] == 1
     assert r.bundle.manifest["parity"]["passed"] is True and r.benchmark is not None
-    assert r.benchmark["runner"]["runtime"].startswith("OpenVINO") or "openvino" in r.benchmark["runner"]["runtime"].lower()
+    assert (
+        r.benchmark["runner"]["runtime"].startswith("OpenVINO")
+        or "openvino" in r.benchmark["runner"]["runtime"].lower()
+    )
     shipped = Bundle.open(tmp_path / "dev" / "bundles" / r.bundle.id)
     assert DeviceStore(tmp_path / "dev").current == r.bundle.id
     rec = shipped.manifest["tuned"]
@@ -452,15 +585,30 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
     with pytest.raises(EdgeError, match="either --tune .* or --tuned FILE"):
         deploy(tiny, "x86-cpu", tmp_path / "d1", ConvertRequest(tuned=tmp_path / "x.toml"), DeployOptions(tune=True))
     # nothing passed (here: out of time before the first conversion): nothing is converted or shipped
-    late = TuneOptions(runners=("onnxruntime",), precisions=("fp32",), threads=(1,), time_budget_s=1e-6,
-                       pictures=False)
+    late = TuneOptions(runners=("onnxruntime",), precisions=("fp32",), threads=(1,), time_budget_s=1e-6, pictures=False)
     with pytest.raises(EdgeError, match="deploy --tune: nothing to deploy: tune x86-cpu .*none chosen"):
         deploy(tiny, "x86-cpu", tmp_path / "d2", options=DeployOptions(build_dir=tmp_path / "b2", tune=late))
     assert not (tmp_path / "b2").exists() and DeviceStore(tmp_path / "d2").current is None
-    assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d3"), "--objective", "e2e"),
-                      "--objective tune(s) the model: give it with --tune")
-    assert_user_error(run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d4"), "--tune", "--objective",
-                              "e2e", "--build-dir", str(tmp_path / "b4")), "--video")
+    assert_user_error(
+        run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d3"), "--objective", "e2e"),
+        "--objective tune(s) the model: give it with --tune",
+    )
+    assert_user_error(
+        run_cli(
+            "deploy",
+            tiny,
+            "-t",
+            "x86-cpu",
+            "-d",
+            str(tmp_path / "d4"),
+            "--tune",
+            "--objective",
+            "e2e",
+            "--build-dir",
+            str(tmp_path / "b4"),
+        ),
+        "--video",
+    )
     # the CLI: one command, the tune's summary and the overlay applied in --json; the deploy's --parity-data and
     # --task gate every trial of the tune as they gate the deploy's own conversion
     import numpy as np
@@ -471,8 +619,26 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
     pd.mkdir()
     for i in range(4):
         np.save(pd / f"{i}.npy", np.random.default_rng(i).random((1, 3, 32, 32), dtype=np.float32))
-    p = run_cli("deploy", tiny, "-t", "x86-cpu", "-d", str(tmp_path / "d5"), "--build-dir", str(tmp_path / "b5"),
-                "--tune", "--max-trials", "2", "-n", "5", "--parity-data", str(pd), "--task", "none", "--json")
+    p = run_cli(
+        "deploy",
+        tiny,
+        "-t",
+        "x86-cpu",
+        "-d",
+        str(tmp_path / "d5"),
+        "--build-dir",
+        str(tmp_path / "b5"),
+        "--tune",
+        "--max-trials",
+        "2",
+        "-n",
+        "5",
+        "--parity-data",
+        str(pd),
+        "--task",
+        "none",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["tune"]["summary"].startswith("tune x86-cpu (latency, halving): 2 configurations")
@@ -488,16 +654,32 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
 
 def test_overlay_manifest_record_keeps_only_valid_values() -> None:
     from edge.bundle.schema import TunedEvidence
-    from edge.tune.overlay import TunedOverlay
     from edge.bundle.typedjson import read
+    from edge.tune.overlay import TunedOverlay
 
-    base = dict(target="x86-cpu", precision="fp32", runner="onnxruntime", chain=("onnx->onnx",),
-                convert_options={"onnx->onnx": {}}, run_options={"intra_op_num_threads": 1})
+    base = dict(
+        target="x86-cpu",
+        precision="fp32",
+        runner="onnxruntime",
+        chain=("onnx->onnx",),
+        convert_options={"onnx->onnx": {}},
+        run_options={"intra_op_num_threads": 1},
+    )
     bare = TunedOverlay(**base).manifest_record()
     assert set(bare) == {"overlay_sha256"}
-    hostile = TunedOverlay(**base, tuned={"objective": "fastest", "configuration": "x" * 600, "cpu": "evil\x1b[2J",
-                                          "measured_on": "linux/x86_64", "isa": ["avx2", "../../etc"], "cpus": 0,
-                                          "same_device_class": "yes", "device_class": "different device class: ..."})
+    hostile = TunedOverlay(
+        **base,
+        tuned={
+            "objective": "fastest",
+            "configuration": "x" * 600,
+            "cpu": "evil\x1b[2J",
+            "measured_on": "linux/x86_64",
+            "isa": ["avx2", "../../etc"],
+            "cpus": 0,
+            "same_device_class": "yes",
+            "device_class": "different device class: ...",
+        },
+    )
     rec = hostile.manifest_record()
     read(TunedEvidence, rec)  # what is recorded passes the manifest's rules
     assert set(rec) == {"overlay_sha256", "device_class"}  # the rest is left out, never carried
@@ -509,16 +691,32 @@ def test_overlay_manifest_record_keeps_only_valid_values() -> None:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover
         import tomli as tomllib  # type: ignore[no-redef]
-    good = TunedOverlay(**base, tuned={"objective": "latency", "configuration": "onnxruntime/fp32",
-                                       "measured_on": "linux/x86_64", "cpu": "AMD EPYC", "isa": ["avx2"], "cpus": 2,
-                                       "same_device_class": True, "device_class": "same device class: ..."})
+    good = TunedOverlay(
+        **base,
+        tuned={
+            "objective": "latency",
+            "configuration": "onnxruntime/fp32",
+            "measured_on": "linux/x86_64",
+            "cpu": "AMD EPYC",
+            "isa": ["avx2"],
+            "cpus": 2,
+            "same_device_class": True,
+            "device_class": "same device class: ...",
+        },
+    )
     back = overlay_from_dict(tomllib.loads(overlay_toml(good)))
     assert back.content_sha256() == good.content_sha256()
-    assert back.manifest_record()["tuned_on"] == {"os": "linux", "arch": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2"],
-                                                  "cpus": 2}
+    assert back.manifest_record()["tuned_on"] == {
+        "os": "linux",
+        "arch": "x86_64",
+        "cpu": "AMD EPYC",
+        "isa": ["avx2"],
+        "cpus": 2,
+    }
 
 
 # -- onnxruntime execution mode, inter-op threads and spinning --------------------------------------
+
 
 def test_onnxruntime_execution_mode_and_spinning_run_and_are_recorded(tmp_path: Path, models: dict[str, Path]) -> None:
     import numpy as np
@@ -545,9 +743,9 @@ def test_onnxruntime_execution_mode_and_spinning_run_and_are_recorded(tmp_path: 
     check_runner(RunnerSpec("onnxruntime", opts))
     # what cannot mean anything is refused, by the runner and by the manifest's option rules alike
     # read through OnnxRuntimeOptions (its invalid() rule, the words the manifest check uses too)
-    with pytest.raises(EdgeError, match="option inter_op_num_threads applies only with execution_mode \"parallel\""):
+    with pytest.raises(EdgeError, match='option inter_op_num_threads applies only with execution_mode "parallel"'):
         OnnxRuntimeRunner(b.path / b.info.primary_artifact, options={"inter_op_num_threads": 2})
-    with pytest.raises(EdgeError, match="option execution_mode must be one of \"sequential\", \"parallel\", got \"fast\""):
+    with pytest.raises(EdgeError, match='option execution_mode must be one of "sequential", "parallel", got "fast"'):
         OnnxRuntimeRunner(b.path / b.info.primary_artifact, options={"execution_mode": "fast"})
     with pytest.raises(Invalid, match="applies only with execution_mode"):
         check_runner(RunnerSpec("onnxruntime", {"inter_op_num_threads": 2}))
@@ -561,8 +759,13 @@ def test_onnxruntime_space_prunes_mode_and_spinning() -> None:
     space = build_space(get_target("x86-cpu"), runners=["onnxruntime"], precisions=["fp32"], threads=[1, 2])
     cpus = usable_cpus()
     opts = [dict(c.options) for c in space.configs]
-    assert opts[0] == {"intra_op_num_threads": min(2, cpus), "graph_optimization_level": "all",
-                       "execution_mode": "sequential", "inter_op_num_threads": 0, "allow_spinning": True}  # defaults first
+    assert opts[0] == {
+        "intra_op_num_threads": min(2, cpus),
+        "graph_optimization_level": "all",
+        "execution_mode": "sequential",
+        "inter_op_num_threads": 0,
+        "allow_spinning": True,
+    }  # defaults first
     for o in opts:
         assert not (o["execution_mode"] == "parallel" and o["intra_op_num_threads"] == 1)
         assert o["inter_op_num_threads"] == 0 or o["execution_mode"] == "parallel"
@@ -576,7 +779,11 @@ def test_onnxruntime_space_prunes_mode_and_spinning() -> None:
     if cpus >= 2:  # the multi-threaded configurations try both modes and spinning
         multi = [o for o in opts if o["intra_op_num_threads"] == 2]
         assert {(o["execution_mode"], o["allow_spinning"]) for o in multi} == {
-            ("sequential", True), ("sequential", False), ("parallel", True), ("parallel", False)}
+            ("sequential", True),
+            ("sequential", False),
+            ("parallel", True),
+            ("parallel", False),
+        }
     assert len({c.id for c in space.configs}) == len(space.configs)
     # every configuration's options pass the manifest's rules (what an overlay of it would carry)
     from edge.bundle.schema import RunnerSpec, check_runner

@@ -9,23 +9,22 @@ its trials are still parity-checked. Real conversions and runtimes on tiny model
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import onnx
 import pytest
+import tomllib
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
 from edge.pipeline import convert
-from edge.targets import get_target
-from edge.tune.search import Schedule, tune
-from edge.tune.measure import open_trial_runner
-from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, batch_plan, build_space
 from edge.pipeline.request import ConvertRequest
-from edge.tune.search import TuneOptions
+from edge.targets import get_target
+from edge.tune.measure import open_trial_runner
+from edge.tune.search import Schedule, TuneOptions, tune
+from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, batch_plan, build_space
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 
@@ -33,8 +32,9 @@ QUICK = Schedule(reps=2, iters=5, warmup=1)
 def _save(path: Path, nodes: list[Any], x_shape: Sequence[Any], y_shape: Sequence[Any], inits: list[Any] = ()) -> Path:
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, list(x_shape))
     y = helper.make_tensor_value_info("output", TensorProto.FLOAT, list(y_shape))
-    model = helper.make_model(helper.make_graph(nodes, path.stem, [x], [y], list(inits)),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(
+        helper.make_graph(nodes, path.stem, [x], [y], list(inits)), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     onnx.save(model, path)
     return path
@@ -44,8 +44,12 @@ def conv_model(path: Path, batch: Any = 1) -> Path:
     """conv 3x3 -> relu -> global average pool -> flatten: batch-agnostic, its input batch fixed at 1 (as the
     example MobileNetV2's) or symbolic."""
     w = (np.random.default_rng(0).standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["input", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Flatten", ["g"], ["output"])]
+    nodes = [
+        helper.make_node("Conv", ["input", "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["output"]),
+    ]
     return _save(path, nodes, [batch, 3, 16, 16], [batch, 8], [numpy_helper.from_array(w, "W")])
 
 
@@ -57,12 +61,15 @@ def fixed_reshape_model(path: Path) -> Path:
 
 def mixing_model(path: Path) -> Path:
     """y = x + mean over the batch: at batch 1 that is 2x, in a batch each item depends on the others."""
-    nodes = [helper.make_node("ReduceMean", ["input"], ["m"], axes=[0], keepdims=1),
-             helper.make_node("Add", ["input", "m"], ["output"])]
+    nodes = [
+        helper.make_node("ReduceMean", ["input"], ["m"], axes=[0], keepdims=1),
+        helper.make_node("Add", ["input", "m"], ["output"]),
+    ]
     return _save(path, nodes, ["N", 3, 4, 4], ["N", 3, 4, 4])
 
 
 # -- the plan and the space --------------------------------------------------------------------------
+
 
 def test_batch_plan_accepts_a_batch_dimension(tmp_path: Path) -> None:
     for name, batch in (("static1", 1), ("dynamic", "N")):
@@ -83,8 +90,9 @@ def test_batch_plan_prunes_a_model_whose_batch_cannot_change(tmp_path: Path) -> 
     three = _save(tmp_path / "three.onnx", [helper.make_node("Relu", ["input"], ["output"])], [3, 4], [3, 4])
     assert "fixed first dimension 3" in (batch_plan(three, tmp_path / "plans").problem or "")
     # big inputs: the batches whose input would pass the cap are kept, the others pruned with the size
-    big = _save(tmp_path / "big.onnx", [helper.make_node("Relu", ["input"], ["output"])], [1, 4, 1024, 1024],
-                [1, 4, 1024, 1024])
+    big = _save(
+        tmp_path / "big.onnx", [helper.make_node("Relu", ["input"], ["output"])], [1, 4, 1024, 1024], [1, 4, 1024, 1024]
+    )
     capped = batch_plan(big, tmp_path / "plans")
     assert capped.problem is None and capped.batches == tuple(b for b in BATCHES if b * 16 << 20 <= MAX_BATCH_BYTES)
     assert capped.batches != BATCHES and any("MB cap" in p for p in capped.pruned)
@@ -111,9 +119,25 @@ def test_space_batches_only_for_throughput() -> None:
 
 # -- batched trials ------------------------------------------------------------------------------------
 
+
 def test_batched_trials_on_onnxruntime(tmp_path: Path) -> None:
     model = conv_model(tmp_path / "conv.onnx", 1)  # batch fixed at 1 in the ONNX, batch-agnostic graph
-    r = tune(model, "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", runners=["onnxruntime"], precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
+    r = tune(
+        model,
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "out",
+            objective="throughput",
+            runners=["onnxruntime"],
+            precisions=["fp32"],
+            threads=[1],
+            batches=[1, 2],
+            schedule=QUICK,
+            pictures=False,
+            strategy="exhaustive",
+        ),
+    )
     assert not any(p.startswith("batch") for p in r.pruned)
     batched = [t for t in r.trials if t["batch"] == 2]
     singles = [t for t in r.trials if t["batch"] == 1]
@@ -143,8 +167,20 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
     """The batch-2 bundle of a graph that mixes items passes its own gate (its reference mixes them too); the
     per-item check against batch 1 fails it, so it is never chosen."""
     model = mixing_model(tmp_path / "mixing.onnx")
-    one = convert(model, "x86-cpu", tmp_path / "b1", ConvertRequest(input_shapes={"input": [1, 3, 4, 4]}, parity_samples=4), force=True)
-    two = convert(model, "x86-cpu", tmp_path / "b2", ConvertRequest(input_shapes={"input": [2, 3, 4, 4]}, parity_samples=4), force=True)
+    one = convert(
+        model,
+        "x86-cpu",
+        tmp_path / "b1",
+        ConvertRequest(input_shapes={"input": [1, 3, 4, 4]}, parity_samples=4),
+        force=True,
+    )
+    two = convert(
+        model,
+        "x86-cpu",
+        tmp_path / "b2",
+        ConvertRequest(input_shapes={"input": [2, 3, 4, 4]}, parity_samples=4),
+        force=True,
+    )
     assert two.manifest["parity"]["passed"] is True
     rec: dict[str, Any] = {}
     runner, feeds = open_trial_runner(rec, two, Config("onnxruntime", "fp32", batch=2), single=one)
@@ -162,7 +198,11 @@ def test_per_item_check_fails_a_batch_that_mixes_items(tmp_path: Path) -> None:
 
 def test_tune_refuses_bad_batches(tmp_path: Path) -> None:
     with pytest.raises(EdgeError, match="batches must be integers from 1 to 64"):
-        tune(conv_model(tmp_path / "c.onnx"), "x86-cpu", options=TuneOptions(out=tmp_path / "o", objective="throughput", batches=[0]))
+        tune(
+            conv_model(tmp_path / "c.onnx"),
+            "x86-cpu",
+            options=TuneOptions(out=tmp_path / "o", objective="throughput", batches=[0]),
+        )
 
 
 # -- LiteRT: XNNPack's latest-features delegate ----------------------------------------------------------
@@ -179,8 +219,12 @@ def test_latest_features_reach_the_interpreter(tmp_path: Path) -> None:
     path = add_model(tmp_path / "add.tflite")
     # what the runner relies on: with no default delegate in the resolver, XNNPack is there only by the flag
     for flag, taken in ((False, 0), (True, 1)):
-        it = Interpreter(model_path=str(path), num_threads=1, experimental_default_delegate_latest_features=flag,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        it = Interpreter(
+            model_path=str(path),
+            num_threads=1,
+            experimental_default_delegate_latest_features=flag,
+            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+        )
         it.allocate_tensors()
         assert delegation(it)["delegated_ops"] == taken
     r = LiteRTRunner(path, options={"xnnpack_latest_features": True, "num_threads": 1})
@@ -193,8 +237,10 @@ def test_latest_features_reach_the_interpreter(tmp_path: Path) -> None:
     plain = LiteRTRunner(path, options={"num_threads": 1})
     assert plain.info.details["delegate_applied"] == "XNNPack" and "xnnpack_latest_features" not in plain.info.details
     plain.close()
-    for bad, msg in (({"delegate": "none", "xnnpack_latest_features": True}, "delegate xnnpack only"),
-                     ({"xnnpack_latest_features": "yes"}, "must be true or false")):
+    for bad, msg in (
+        ({"delegate": "none", "xnnpack_latest_features": True}, "delegate xnnpack only"),
+        ({"xnnpack_latest_features": "yes"}, "must be true or false"),
+    ):
         with pytest.raises(EdgeError, match=msg):
             LiteRTRunner(path, options=bad)
 
@@ -214,7 +260,21 @@ def test_latest_features_in_manifest_rules_and_space() -> None:
 
 def test_litert_trials_keep_parity_with_latest_features_and_batch(tmp_path: Path) -> None:
     """onnx2tf is a static-shape converter: the batched trial is converted at batch 2 (its own recipe)."""
-    r = tune(conv_model(tmp_path / "conv.onnx", 1), "arm-xnnpack", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", precisions=["fp32"], threads=[1], batches=[1, 2], schedule=QUICK, pictures=False, strategy="exhaustive"))
+    r = tune(
+        conv_model(tmp_path / "conv.onnx", 1),
+        "arm-xnnpack",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "out",
+            objective="throughput",
+            precisions=["fp32"],
+            threads=[1],
+            batches=[1, 2],
+            schedule=QUICK,
+            pictures=False,
+            strategy="exhaustive",
+        ),
+    )
     latest = [t for t in r.trials if t["options"].get("xnnpack_latest_features")]
     assert {t["batch"] for t in latest} == {1, 2}
     for t in latest:
@@ -228,9 +288,31 @@ def test_cli_shows_batch_rows_as_items_per_second(tmp_path: Path) -> None:
     from tests.conftest import assert_user_error, run_cli
 
     model = str(conv_model(tmp_path / "conv.onnx", 1))
-    p = run_cli("tune", model, "-t", "x86-cpu", "--objective", "throughput", "--runner", "onnxruntime", "-p", "fp32",
-                "--batch", "1", "--batch", "2", "--max-trials", "2", "--out", str(tmp_path / "o"))
+    p = run_cli(
+        "tune",
+        model,
+        "-t",
+        "x86-cpu",
+        "--objective",
+        "throughput",
+        "--runner",
+        "onnxruntime",
+        "-p",
+        "fp32",
+        "--batch",
+        "1",
+        "--batch",
+        "2",
+        "--max-trials",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert p.returncode == 0, p.stderr
     assert "items/s" in p.stdout and "batch=2" in p.stdout, p.stdout
-    assert_user_error(run_cli("tune", model, "-t", "x86-cpu", "--objective", "throughput", "--batch", "0",
-                              "--out", str(tmp_path / "o2")), "batches must be integers from 1 to 64")
+    assert_user_error(
+        run_cli(
+            "tune", model, "-t", "x86-cpu", "--objective", "throughput", "--batch", "0", "--out", str(tmp_path / "o2")
+        ),
+        "batches must be integers from 1 to 64",
+    )

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 
 from edge.backends.openvino.run import OpenVINORunner
-from edge.errors import EdgeError
 from edge.bundle.schema import Invalid, RunnerSpec, check_runner
-from edge.targets import get_target
-from edge.tune.search import Schedule, tune
-from edge.tune.measure import measure_infer
-from edge.tune.space import STREAMS, build_space, usable_cpus
-from edge.tune.overlay import read_overlay, write_overlay
+from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
-from edge.tune.search import TuneOptions
+from edge.targets import get_target
+from edge.tune.measure import measure_infer
+from edge.tune.overlay import read_overlay, write_overlay
+from edge.tune.search import Schedule, TuneOptions, tune
+from edge.tune.space import STREAMS, build_space, usable_cpus
 
 CPUS = usable_cpus()
 needs_two = pytest.mark.skipif(CPUS < 2, reason="two streams need two CPUs this process may use")
@@ -50,17 +49,23 @@ def _read_back(runner: OpenVINORunner) -> tuple[int, int, str]:
     import openvino.properties.hint as hints
 
     c = runner._compiled
-    return (int(c.get_property(props.num_streams)), int(c.get_property(props.optimal_number_of_infer_requests)),
-            str(c.get_property(hints.performance_mode)))
+    return (
+        int(c.get_property(props.num_streams)),
+        int(c.get_property(props.optimal_number_of_infer_requests)),
+        str(c.get_property(hints.performance_mode)),
+    )
 
 
 def _feeds(runner: OpenVINORunner, n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return [{s.name: rng.standard_normal([int(d) for d in s.shape]).astype(s.dtype) for s in runner.inputs}
-            for _ in range(n)]
+    return [
+        {s.name: rng.standard_normal([int(d) for d in s.shape]).astype(s.dtype) for s in runner.inputs}
+        for _ in range(n)
+    ]
 
 
 # -- the runner option --------------------------------------------------------------------------------
+
 
 def test_num_streams_reaches_openvino_and_is_read_back(ir: Path) -> None:
     asked = [1, 2] if CPUS >= 2 else [1]
@@ -96,15 +101,18 @@ def test_latency_hint_with_streams_is_what_the_space_prunes(ir: Path) -> None:
         assert _read_back(r) == (2, 2, "LATENCY")
 
 
-@pytest.mark.parametrize("options, message", [
-    # the runner reads its options through their one declaration (OpenVINOOptions): the manifest's rule and words
-    ({"num_streams": -1}, "option num_streams must be between 0 and 1024, got -1"),
-    ({"num_streams": "many"}, "option num_streams must be an integer or one of \"AUTO\", \"auto\", got \"many\""),
-    ({"num_streams": True}, "option num_streams must be an integer or one of \"AUTO\", \"auto\", got true"),
-    ({"num_streams": 5000}, "option num_streams must be between 0 and 1024, got 5000"),
-    ({"num_streams": "AUTO"}, "num_streams AUTO with performance_hint LATENCY"),
-    ({"num_streams": 2, "num_threads": 1, "performance_hint": "THROUGHPUT"}, "num_streams 2 with num_threads 1"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # the runner reads its options through their one declaration (OpenVINOOptions): the manifest's rule and words
+        ({"num_streams": -1}, "option num_streams must be between 0 and 1024, got -1"),
+        ({"num_streams": "many"}, 'option num_streams must be an integer or one of "AUTO", "auto", got "many"'),
+        ({"num_streams": True}, 'option num_streams must be an integer or one of "AUTO", "auto", got true'),
+        ({"num_streams": 5000}, "option num_streams must be between 0 and 1024, got 5000"),
+        ({"num_streams": "AUTO"}, "num_streams AUTO with performance_hint LATENCY"),
+        ({"num_streams": 2, "num_threads": 1, "performance_hint": "THROUGHPUT"}, "num_streams 2 with num_threads 1"),
+    ],
+)
 def test_nonsense_streams_are_refused_in_one_line(ir: Path, options: dict, message: str) -> None:
     with pytest.raises(EdgeError, match=message) as e:
         open_trial_runner(ir, **options)
@@ -120,6 +128,7 @@ def test_manifest_takes_num_streams_typed() -> None:
 
 
 # -- the concurrent path ----------------------------------------------------------------------------
+
 
 def test_concurrent_outputs_are_the_synchronous_ones(ir: Path) -> None:
     with open_trial_runner(ir, performance_hint="THROUGHPUT", num_streams=min(2, CPUS)) as r:
@@ -162,14 +171,16 @@ def test_throughput_measures_openvino_with_its_requests_in_flight(ir: Path, mode
 
 # -- the space ---------------------------------------------------------------------------------------
 
+
 def test_throughput_space_has_streams_with_the_throughput_hint_only(tmp_path: Path) -> None:
     profile = get_target("x86-cpu")
     threads = sorted({1, min(2, CPUS)})
     space = build_space(profile, objective="throughput", runners=["openvino"], precisions=["fp32"], threads=threads)
     opts = [dict(c.options) for c in space.configs]
     tried = {(o["performance_hint"], o["num_threads"], o.get("num_streams")) for o in opts}
-    want = {("LATENCY", t, None) for t in threads} | {("THROUGHPUT", t, s or None) for t in threads
-                                                        for s in STREAMS if s <= min(t, CPUS)}
+    want = {("LATENCY", t, None) for t in threads} | {
+        ("THROUGHPUT", t, s or None) for t in threads for s in STREAMS if s <= min(t, CPUS)
+    }
     assert tried == want and len(opts) == len(want)
     assert any(o.get("num_streams") for o in opts)
     streamed = next(c for c in space.configs if dict(c.options).get("num_streams") == 1)
@@ -184,19 +195,43 @@ def test_throughput_space_has_streams_with_the_throughput_hint_only(tmp_path: Pa
     if CPUS >= 2:
         assert "openvino num_streams=2 with num_threads=1" in pruned
     for objective in ("latency", "e2e"):
-        other = build_space(profile, objective=objective, runners=["openvino"], precisions=["fp32"], threads=threads,
-                            video=objective == "e2e")
+        other = build_space(
+            profile,
+            objective=objective,
+            runners=["openvino"],
+            precisions=["fp32"],
+            threads=threads,
+            video=objective == "e2e",
+        )
         assert not any("num_streams" in dict(c.options) for c in other.configs)
-        assert f"openvino num_streams: only for the throughput objective (objective {objective}" in "\n".join(other.pruned)
+        assert f"openvino num_streams: only for the throughput objective (objective {objective}" in "\n".join(
+            other.pruned
+        )
 
 
 def test_throughput_tune_records_requests_and_streams(tmp_path: Path, models: dict[str, Path], ir: Path) -> None:
-    r = tune(models["tiny"], "x86-cpu", ConvertRequest(parity_samples=4), TuneOptions(out=tmp_path / "out", objective="throughput", runners=["openvino"], precisions=["fp32"], threads=[CPUS], batches=[1], schedule=Schedule(reps=2, iters=6, warmup=1), pictures=False))
+    r = tune(
+        models["tiny"],
+        "x86-cpu",
+        ConvertRequest(parity_samples=4),
+        TuneOptions(
+            out=tmp_path / "out",
+            objective="throughput",
+            runners=["openvino"],
+            precisions=["fp32"],
+            threads=[CPUS],
+            batches=[1],
+            schedule=Schedule(reps=2, iters=6, warmup=1),
+            pictures=False,
+        ),
+    )
     measured = [t for t in r.trials if t.get("result")]
     assert r.winner is not None and any("num_streams" in t["options"] for t in measured)
     for t in measured:
         opts = {k: v for k, v in t["options"].items() if k != "device"}
         assert "num_streams" not in opts or opts["performance_hint"] == "THROUGHPUT"
-        with open_trial_runner(ir, **opts) as runner:  # what OpenVINO reports for the trial's options: its requests in flight
+        with open_trial_runner(
+            ir, **opts
+        ) as runner:  # what OpenVINO reports for the trial's options: its requests in flight
             assert t["result"]["requests"] == runner.requests == _read_back(runner)[1]
     assert all("requests" in (t["result"] or {"requests": 0}) for t in r.to_json()["trials"])

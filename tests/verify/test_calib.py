@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edge.verify.inputs import generated_samples, load_calibration
 from edge.errors import CalibrationError
 from edge.preprocess import Preprocessor
 from edge.spec import IOSpec, PreprocessSpec, TensorSpec, default_preprocess
+from edge.verify.inputs import generated_samples, load_calibration
 
 IO = IOSpec((TensorSpec("input", (1, 3, 32, 32), "float32", "NCHW"),), (TensorSpec("logits", (1, 10), "float32"),))
 IO2 = IOSpec((TensorSpec("image", (1, 3, 16, 16), "float32", "NCHW"), TensorSpec("scale", (1, 4), "float32")), ())
@@ -73,8 +73,16 @@ def test_images_go_through_the_preprocessing(tmp_path: Path) -> None:
 
 
 def test_preprocessor_normalises_and_lays_out() -> None:
-    spec = PreprocessSpec(input="x", size=(2, 2), layout="NCHW", color="BGR", scale=1.0, mean=(1.0, 2.0, 3.0),
-                          std=(1.0, 1.0, 2.0), preset="raw")
+    spec = PreprocessSpec(
+        input="x",
+        size=(2, 2),
+        layout="NCHW",
+        color="BGR",
+        scale=1.0,
+        mean=(1.0, 2.0, 3.0),
+        std=(1.0, 1.0, 2.0),
+        preset="raw",
+    )
     frame = np.zeros((2, 2, 3), np.uint8)
     frame[..., 0] = 10  # R in an RGB frame
     frame[..., 2] = 30  # B
@@ -85,7 +93,9 @@ def test_preprocessor_normalises_and_lays_out() -> None:
 
 
 def test_letterbox_pads_and_reports_the_transform() -> None:
-    spec = PreprocessSpec(input="x", size=(32, 32), resize="letterbox", preset="yolo", mean=(0, 0, 0), std=(1, 1, 1), scale=1.0)
+    spec = PreprocessSpec(
+        input="x", size=(32, 32), resize="letterbox", preset="yolo", mean=(0, 0, 0), std=(1, 1, 1), scale=1.0
+    )
     x, tf = Preprocessor(spec)(np.full((16, 32, 3), 200, np.uint8))
     assert tf.scale == 1.0 and (tf.pad_x, tf.pad_y) == (0, 8)
     assert np.allclose(x[0, :, :8, :], 114) and np.allclose(x[0, :, 8:24, :], 200)
@@ -97,6 +107,7 @@ def test_generated_samples_cover_non_image_inputs() -> None:
 
 
 # -- parity inputs that look like the model's data (issue 13) -----------------------------------------
+
 
 def test_generated_frames_have_natural_image_statistics() -> None:
     from edge.verify.inputs import natural_frames
@@ -114,14 +125,26 @@ def test_generated_frames_have_natural_image_statistics() -> None:
 
 
 def test_sample_rate_state_mask_and_audio_inputs_get_plausible_values() -> None:
-    io = IOSpec((TensorSpec("input", (1, 512), "float32"), TensorSpec("state", (2, 1, 128), "float32"),
-                 TensorSpec("sr", (), "int64")), ())
+    io = IOSpec(
+        (
+            TensorSpec("input", (1, 512), "float32"),
+            TensorSpec("state", (2, 1, 128), "float32"),
+            TensorSpec("sr", (), "int64"),
+        ),
+        (),
+    )
     s = generated_samples(io, None, 2, seed=3)
     assert int(s[0]["sr"]) == 16000 and s[0]["sr"].shape == () and not s[0]["state"].any()
     audio = s[0]["input"]
     assert audio.shape == (1, 512) and 0.05 < np.abs(audio).max() <= 0.5 and not np.allclose(audio, s[1]["input"])
-    ids = IOSpec((TensorSpec("input_ids", (1, 16), "int64"), TensorSpec("attention_mask", (1, 16), "int64"),
-                  TensorSpec("position_ids", (1, 16), "int64")), ())
+    ids = IOSpec(
+        (
+            TensorSpec("input_ids", (1, 16), "int64"),
+            TensorSpec("attention_mask", (1, 16), "int64"),
+            TensorSpec("position_ids", (1, 16), "int64"),
+        ),
+        (),
+    )
     t = generated_samples(ids, None, 1)[0]
     assert (t["attention_mask"] == 1).all() and t["position_ids"].tolist() == [list(range(16))]
     assert 1 <= t["input_ids"].min() and t["input_ids"].max() < 1000
@@ -178,7 +201,9 @@ def test_int8_parity_samples_are_held_out_of_calibration(tmp_path: Path) -> None
     other.mkdir()
     np.save(other / "dup.npy", cal.samples[0]["input"])
     dup = choose_parity_inputs(IO, PRE, count=1, parity_data=other, calibration=cal, quantized=True)
-    assert dup.provenance["kind"] == "parity-data" and dup.calibration.count == 11 and "dropped" in dup.provenance["note"]
+    assert (
+        dup.provenance["kind"] == "parity-data" and dup.calibration.count == 11 and "dropped" in dup.provenance["note"]
+    )
     # generated calibration (--calib random) and generated parity inputs come from other seeds
     rand = load_calibration("random", IO, PRE, random_count=4)
     gen = choose_parity_inputs(IO, PRE, count=4, calibration=rand, quantized=True)

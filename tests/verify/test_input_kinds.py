@@ -32,13 +32,17 @@ def test_auto_preprocessing_only_where_certain() -> None:
     assert out.shape == (1, 1, 32, 100) and np.allclose(out, 1.0)  # (255/255 - 0.5) / 0.5
 
 
-@pytest.mark.parametrize("tensor, layout_shape, lo, hi", [
-    (TensorSpec("x", (1, 1, 32, 100), "float32"), (1, 1, 32, 100), 0.0, 1.0),  # grey text line, NCHW
-    (TensorSpec("image", (1, 48, 48, 1), "uint8"), (1, 48, 48, 1), 0, 255),  # grey picture, NHWC uint8
-    (TensorSpec("x", (1, 3, 32, 32), "float32"), (1, 3, 32, 32), 0.0, 1.0),  # colour, --preprocess none
-])
-def test_planes_without_declared_preprocessing_follow_the_input(tensor: TensorSpec, layout_shape: tuple[int, ...],
-                                                                 lo: float, hi: float) -> None:
+@pytest.mark.parametrize(
+    "tensor, layout_shape, lo, hi",
+    [
+        (TensorSpec("x", (1, 1, 32, 100), "float32"), (1, 1, 32, 100), 0.0, 1.0),  # grey text line, NCHW
+        (TensorSpec("image", (1, 48, 48, 1), "uint8"), (1, 48, 48, 1), 0, 255),  # grey picture, NHWC uint8
+        (TensorSpec("x", (1, 3, 32, 32), "float32"), (1, 3, 32, 32), 0.0, 1.0),  # colour, --preprocess none
+    ],
+)
+def test_planes_without_declared_preprocessing_follow_the_input(
+    tensor: TensorSpec, layout_shape: tuple[int, ...], lo: float, hi: float
+) -> None:
     io = _io(tensor)
     kind = describe_generated(io, None)[tensor.name]
     assert "natural-image frames" in kind and "no pre-processing declared" in kind

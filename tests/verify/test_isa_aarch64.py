@@ -28,8 +28,16 @@ def arm_bundle(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]
     if not toolchains.status("tflite").usable:
         pytest.skip(toolchains.status("tflite").problem or "toolchain 'tflite' is not usable")
     out = tmp_path_factory.mktemp("isa") / "tiny-arm"
-    p = run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-o", str(out), "--json",
-                env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""})
+    p = run_cli(
+        "convert",
+        str(models["tiny"]),
+        "-t",
+        "arm-xnnpack",
+        "-o",
+        str(out),
+        "--json",
+        env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""},
+    )
     assert p.returncode == 0, p.stderr
     return out, json.loads(p.stdout)
 
@@ -47,8 +55,9 @@ def test_convert_checks_on_emulated_aarch64(arm_bundle: tuple[Path, dict]) -> No
     assert o.cosine is not None and o.cosine > 0.9999 and ev.samples >= 4
 
 
-def test_verify_a_signed_bundle_signs_the_evidence_again(arm_bundle: tuple[Path, dict], tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_a_signed_bundle_signs_the_evidence_again(
+    arm_bundle: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src, _ = arm_bundle
     b = tmp_path / "b"
     shutil.copytree(src, b)
@@ -71,8 +80,9 @@ def test_verify_a_signed_bundle_signs_the_evidence_again(arm_bundle: tuple[Path,
     assert "checked on aarch64 (emulated cortex-a72): pass" in " ".join(p.stdout.split())
 
 
-def test_a_difference_over_the_limit_fails(arm_bundle: tuple[Path, dict], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_difference_over_the_limit_fails(
+    arm_bundle: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src, _ = arm_bundle
     b = tmp_path / "b"
     shutil.copytree(src, b)
@@ -102,18 +112,32 @@ def test_the_limit_is_relative_to_the_outputs_own_range() -> None:
     assert isa.isa_limit("int8", 1.0) == isa.INT8_LIMIT and isa.isa_limit("fp32", 0.0) == isa.ABS_FLOOR
 
 
-def test_a_coral_bundle_is_checked_on_its_cpu_int8_path(arm_bundle: tuple[Path, dict], models: dict[str, Path],
-                                                          tmp_path: Path) -> None:
+def test_a_coral_bundle_is_checked_on_its_cpu_int8_path(
+    arm_bundle: tuple[Path, dict], models: dict[str, Path], tmp_path: Path
+) -> None:
     out = tmp_path / "coral"  # no edgetpu_compiler here: the bundle holds the CPU int8 .tflite until `finish`
-    p = run_cli("convert", str(models["tiny"]), "-t", "coral-edgetpu", "-p", "int8", "--calib", "random",
-                "-o", str(out), "--json", env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""})
+    p = run_cli(
+        "convert",
+        str(models["tiny"]),
+        "-t",
+        "coral-edgetpu",
+        "-p",
+        "int8",
+        "--calib",
+        "random",
+        "-o",
+        str(out),
+        "--json",
+        env={"EDGEKIT_SIGN_KEY": "", "EDGEKIT_TRUST_DIR": ""},
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     if doc["manifest"]["primary_artifact"].endswith("_edgetpu.tflite"):  # compiled: only the accelerator runs it
         assert "compiled for the Edge TPU" in doc["isa_check"]
         return
-    assert doc["isa_check"].startswith("checked on aarch64 (emulated cortex-a76), CPU int8 path (XNNPack in place "
-                                       "of the Edge TPU): pass"), doc["isa_check"]
+    assert doc["isa_check"].startswith(
+        "checked on aarch64 (emulated cortex-a76), CPU int8 path (XNNPack in place of the Edge TPU): pass"
+    ), doc["isa_check"]
     (ev,) = Bundle.open(out).info.verified_on
     assert ev.device_used == "CPU (XNNPack)" and ev.outputs[0].limit == isa.isa_limit("int8", ev.outputs[0].range)
     assert Bundle.open(out).info.runner.options_dict["delegate"] == "edgetpu"  # the bundle itself is unchanged

@@ -6,7 +6,10 @@ import pytest
 from edge.verify.parity import THRESHOLDS, compare, degenerate_reason, output_failures, thresholds_for
 
 RNG = np.random.default_rng(0)
-REF = [{"logits": RNG.standard_normal((1, 10)).astype(np.float32), "boxes": RNG.standard_normal((1, 5, 4))} for _ in range(8)]
+REF = [
+    {"logits": RNG.standard_normal((1, 10)).astype(np.float32), "boxes": RNG.standard_normal((1, 5, 4))}
+    for _ in range(8)
+]
 
 
 def test_identical_outputs_pass_with_full_agreement() -> None:
@@ -43,6 +46,7 @@ def test_thresholds_loosen_to_the_compute_precision_only() -> None:
 
 
 # -- metrics that hold on real outputs (issue 13) ---------------------------------------------------
+
 
 def test_snr_and_range_normalised_error_are_reported() -> None:
     ref = [{"y": np.linspace(0, 1, 64, dtype=np.float32).reshape(1, 64)} for _ in range(4)]
@@ -110,9 +114,24 @@ def test_the_manifest_gate_judges_the_recorded_figures_the_same_way() -> None:
     # edge.bundle.manifest.parity_verdict calls output_failures on the typed record: the same figures, the same verdict
     from types import SimpleNamespace
 
-    good = dict(max_abs=1e-5, mean_abs=1e-6, cosine=0.999999, cosine_min=0.99999, top1=None, snr_db=60.0,
-                rel_max_abs=1e-5, ref_min=0.0, ref_max=1.0, task="prob-map", task_degenerate=False, iou=0.999,
-                top5=None, precision=None, recall=None, tokens=None)
+    good = dict(
+        max_abs=1e-5,
+        mean_abs=1e-6,
+        cosine=0.999999,
+        cosine_min=0.99999,
+        top1=None,
+        snr_db=60.0,
+        rel_max_abs=1e-5,
+        ref_min=0.0,
+        ref_max=1.0,
+        task="prob-map",
+        task_degenerate=False,
+        iou=0.999,
+        top5=None,
+        precision=None,
+        recall=None,
+        tokens=None,
+    )
     assert output_failures(SimpleNamespace(**good), THRESHOLDS["fp32"]) == []
     # a record claiming its reference was degenerate must carry a range that is: here it is not, so cosine,
     # SNR and the task figure are judged
@@ -124,6 +143,7 @@ def test_the_manifest_gate_judges_the_recorded_figures_the_same_way() -> None:
 
 # -- real pretrained models (tests/corpus.py; skipped with the fetch command when missing, CI fetches) ------
 
+
 def _corpus_io(name: str):
     from edge.spec import IOSpec, TensorSpec, default_preprocess
     from tests.corpus import CORPUS, corpus_model
@@ -133,7 +153,9 @@ def _corpus_io(name: str):
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     m = CORPUS[name]
     types = {"tensor(float)": "float32", "tensor(int64)": "int64"}
-    inputs = tuple(TensorSpec(i.name, tuple(m.input_shapes.get(i.name, i.shape)), types[i.type]) for i in sess.get_inputs())
+    inputs = tuple(
+        TensorSpec(i.name, tuple(m.input_shapes.get(i.name, i.shape)), types[i.type]) for i in sess.get_inputs()
+    )
     io = IOSpec(inputs, ())
     pre = None if m.preprocess == "none" else default_preprocess(io, m.preprocess, letterbox=m.letterbox)
     return sess, io, pre
@@ -242,6 +264,7 @@ def test_an_infinite_output_is_a_parity_failure_the_manifest_can_record() -> Non
         assert o.failures == ["NaN or Inf in the converted model's output"]
         assert o.max_abs == float("inf") and o.rel_max_abs is None
         from dataclasses import asdict
+
         rec = {**{k: v for k, v in asdict(o).items() if k != "failures"}, "passed": False, "failures": o.failures}
         back = json.loads(json.dumps(rec))  # Infinity survives Python's JSON, as the manifest writes it
         figures = typedjson.read(OutputFigures, back, "parity.outputs[0]")

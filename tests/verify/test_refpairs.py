@@ -17,16 +17,26 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
 from edge.bundle.typedjson import write_json_atomic
 from edge.errors import BundleError, ManifestError
-from edge.verify.parity import THRESHOLDS, reference_outputs
-from edge.verify.refpairs import (MAX_BYTES, REFERENCE_FILE, check_bundle, open_checked, check_on_load, check_reference_pairs, describe,
-                           load_reference_pairs, snr_db, write_reference_pairs)
-from edge.spec import IOSpec, TensorSpec
 from edge.pipeline.request import ConvertRequest
+from edge.spec import IOSpec, TensorSpec
+from edge.verify.parity import THRESHOLDS, reference_outputs
+from edge.verify.refpairs import (
+    MAX_BYTES,
+    REFERENCE_FILE,
+    check_bundle,
+    check_on_load,
+    check_reference_pairs,
+    describe,
+    load_reference_pairs,
+    open_checked,
+    snr_db,
+    write_reference_pairs,
+)
 
 pytest.importorskip("onnxruntime")
 
@@ -35,8 +45,9 @@ RUNTIMES = {"onnxruntime": "x86-cpu", "openvino": "intel-igpu", "litert": "arm-x
 
 def feeds_for(io: IOSpec, n: int, seed: int = 7) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return [{t.name: rng.standard_normal([int(d) for d in t.shape]).astype(t.dtype) for t in io.inputs}
-            for _ in range(n)]
+    return [
+        {t.name: rng.standard_normal([int(d) for d in t.shape]).astype(t.dtype) for t in io.inputs} for _ in range(n)
+    ]
 
 
 def rebuild(src: Bundle, dest: Path, edit: Callable[[Path], dict[str, Any] | None]) -> Bundle:
@@ -55,8 +66,14 @@ def rebuild(src: Bundle, dest: Path, edit: Callable[[Path], dict[str, Any] | Non
     return Bundle.open(dest, trust=False)
 
 
-def with_pairs(src: Bundle, source_onnx: Path, dest: Path, *, samples: int = 4,
-               perturb: Callable[[dict[str, np.ndarray]], None] | None = None) -> Bundle:
+def with_pairs(
+    src: Bundle,
+    source_onnx: Path,
+    dest: Path,
+    *,
+    samples: int = 4,
+    perturb: Callable[[dict[str, np.ndarray]], None] | None = None,
+) -> Bundle:
     inputs = feeds_for(src.io, samples)
     outputs = reference_outputs(source_onnx, inputs)
     if perturb is not None:
@@ -64,8 +81,14 @@ def with_pairs(src: Bundle, source_onnx: Path, dest: Path, *, samples: int = 4,
             perturb(o)
 
     def edit(d: Path) -> dict[str, Any]:
-        return write_reference_pairs(d, inputs, outputs, precision=src.precision,
-                                     reference="onnxruntime fp32 CPU on the source ONNX", samples=samples)
+        return write_reference_pairs(
+            d,
+            inputs,
+            outputs,
+            precision=src.precision,
+            reference="onnxruntime fp32 CPU on the source ONNX",
+            samples=samples,
+        )
 
     return rebuild(src, dest, edit)
 
@@ -89,28 +112,35 @@ def converted(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
             if runtime == "openvino":
                 pytest.importorskip("openvino")
             out = tmp_path_factory.mktemp(f"refpairs-{runtime}") / "bundle"
-            made[runtime] = convert(models["two_input"], RUNTIMES[runtime], out, ConvertRequest(precision="fp32", preprocess="none"))
+            made[runtime] = convert(
+                models["two_input"], RUNTIMES[runtime], out, ConvertRequest(precision="fp32", preprocess="none")
+            )
         return made[runtime]
 
     return get
 
 
 @pytest.fixture(scope="module")
-def ort_bundle(converted: Callable[[str], Bundle], models: dict[str, Path],
-               tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+def ort_bundle(
+    converted: Callable[[str], Bundle], models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Bundle:
     return with_pairs(converted("onnxruntime"), models["two_input"], tmp_path_factory.mktemp("ort") / "b")
 
 
 # -- writing and reading -------------------------------------------------------------------------
 
-ODD_IO = IOSpec((TensorSpec("in/put:0", (1, 3), "float32"), TensorSpec("ids", (1, 2), "int64")),
-                (TensorSpec("out put/0", (1, 5), "float32"),))
+ODD_IO = IOSpec(
+    (TensorSpec("in/put:0", (1, 3), "float32"), TensorSpec("ids", (1, 2), "int64")),
+    (TensorSpec("out put/0", (1, 5), "float32"),),
+)
 
 
 def odd_pairs(n: int) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
     rng = np.random.default_rng(0)
-    ins = [{"in/put:0": rng.standard_normal((1, 3)).astype(np.float32), "ids": np.array([[1, 2]], np.int64)}
-           for _ in range(n)]
+    ins = [
+        {"in/put:0": rng.standard_normal((1, 3)).astype(np.float32), "ids": np.array([[1, 2]], np.int64)}
+        for _ in range(n)
+    ]
     outs = [{"out put/0": rng.standard_normal((1, 5)).astype(np.float32)} for _ in range(n)]
     return ins, outs
 
@@ -118,11 +148,16 @@ def odd_pairs(n: int) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.nd
 def test_write_then_load_keeps_odd_names_dtypes_and_values(tmp_path: Path) -> None:
     ins, outs = odd_pairs(6)
     entry = write_reference_pairs(tmp_path, ins, outs, precision="fp16", reference="test", samples=4)
-    assert entry == {"file": REFERENCE_FILE, "samples": 4, "reference": "test",
-                     "thresholds": THRESHOLDS["fp16"].to_json()}
+    assert entry == {
+        "file": REFERENCE_FILE,
+        "samples": 4,
+        "reference": "test",
+        "thresholds": THRESHOLDS["fp16"].to_json(),
+    }
     with zipfile.ZipFile(tmp_path / REFERENCE_FILE) as z:  # names never become keys
-        assert sorted(z.namelist()) == sorted(["names.npy"] + [f"{p}{s}_{k}.npy" for s in range(4)
-                                                               for p, n in (("i", 2), ("o", 1)) for k in range(n)])
+        assert sorted(z.namelist()) == sorted(
+            ["names.npy"] + [f"{p}{s}_{k}.npy" for s in range(4) for p, n in (("i", 2), ("o", 1)) for k in range(n)]
+        )
     pairs = load_reference_pairs(tmp_path, entry, ODD_IO)
     assert len(pairs.inputs) == 4 and pairs.inputs[3]["ids"].dtype == np.int64
     for s in range(4):
@@ -148,11 +183,16 @@ def test_mismatched_names_shapes_and_dtypes_are_refused_all_at_once(tmp_path: Pa
     ins, outs = odd_pairs(2)
     entry = write_reference_pairs(tmp_path, ins, outs, precision="fp32", reference="test")
     wrong_names = IOSpec((TensorSpec("image", (1, 3), "float32"), TensorSpec("ids", (1, 2), "int64")), ODD_IO.outputs)
-    with pytest.raises(BundleError, match=r"reference\.npz: reference pairs unusable: inputs \['in/put:0', 'ids'\] "
-                                          r"are not the bundle's \['image', 'ids'\]"):
+    with pytest.raises(
+        BundleError,
+        match=r"reference\.npz: reference pairs unusable: inputs \['in/put:0', 'ids'\] "
+        r"are not the bundle's \['image', 'ids'\]",
+    ):
         load_reference_pairs(tmp_path, entry, wrong_names)
-    wrong = IOSpec((TensorSpec("in/put:0", (1, 4), "float32"), TensorSpec("ids", (1, 2), "int32")),
-                   (TensorSpec("out put/0", (1, 5, 1), "float32"),))
+    wrong = IOSpec(
+        (TensorSpec("in/put:0", (1, 4), "float32"), TensorSpec("ids", (1, 2), "int32")),
+        (TensorSpec("out put/0", (1, 5, 1), "float32"),),
+    )
     with pytest.raises(BundleError) as err:
         load_reference_pairs(tmp_path, entry, wrong)
     msg = str(err.value)
@@ -190,8 +230,10 @@ def test_crafted_archives_are_refused_without_running_code(tmp_path: Path, monke
         "extra member": ({**{f"{k}.npy": v for k, v in good.items()}, "../evil.npy": np.zeros(1)}, "unexpected member"),
         "missing member": ({f"{k}.npy": v for k, v in good.items() if k != "i0_1"}, "missing i0_1"),
         "names not JSON": ({**{f"{k}.npy": v for k, v in good.items()}, "names.npy": np.array("{")}, "JSONDecodeError"),
-        "names as numbers": ({**{f"{k}.npy": v for k, v in good.items()}, "names.npy": np.arange(3)},
-                             "'names' is not a JSON string"),
+        "names as numbers": (
+            {**{f"{k}.npy": v for k, v in good.items()}, "names.npy": np.arange(3)},
+            "'names' is not a JSON string",
+        ),
     }
     for what, (arrays, needle) in cases.items():
         f.unlink()
@@ -217,9 +259,11 @@ def test_snr() -> None:
 
 # -- on real runtimes ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-def test_pairs_pass_on_the_runtime_that_runs_the_bundle(runtime: str, converted: Callable[[str], Bundle],
-                                                        models: dict[str, Path], tmp_path: Path) -> None:
+def test_pairs_pass_on_the_runtime_that_runs_the_bundle(
+    runtime: str, converted: Callable[[str], Bundle], models: dict[str, Path], tmp_path: Path
+) -> None:
     b = with_pairs(converted(runtime), models["two_input"], tmp_path / "b")
     assert b.info.reference_pairs is not None and b.info.reference_pairs.samples == 4
     assert REFERENCE_FILE in {a.path for a in b.info.artifacts}
@@ -239,11 +283,13 @@ def test_pairs_pass_on_the_runtime_that_runs_the_bundle(runtime: str, converted:
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
-def test_a_runner_computing_something_else_fails_the_check(runtime: str, converted: Callable[[str], Bundle],
-                                                            models: dict[str, Path], tmp_path: Path) -> None:
+def test_a_runner_computing_something_else_fails_the_check(
+    runtime: str, converted: Callable[[str], Bundle], models: dict[str, Path], tmp_path: Path
+) -> None:
     def perturb(o: dict[str, np.ndarray]) -> None:
-        o["embedding"] = (o["embedding"] + np.linspace(-1, 1, o["embedding"].size, dtype=np.float32)
-                          .reshape(o["embedding"].shape))
+        o["embedding"] = o["embedding"] + np.linspace(-1, 1, o["embedding"].size, dtype=np.float32).reshape(
+            o["embedding"].shape
+        )
 
     b = with_pairs(converted(runtime), models["two_input"], tmp_path / "b", perturb=perturb)
     b.verify()  # the file is listed and hashed: verification passes, the check must catch it
@@ -283,8 +329,9 @@ def _shift(scale: float) -> Callable[[dict[str, np.ndarray]], None]:
     return perturb
 
 
-def test_fewer_pairs_than_parity_are_judged_by_what_parity_accepted(converted: Callable[[str], Bundle],
-                                                                     models: dict[str, Path], tmp_path: Path) -> None:
+def test_fewer_pairs_than_parity_are_judged_by_what_parity_accepted(
+    converted: Callable[[str], Bundle], models: dict[str, Path], tmp_path: Path
+) -> None:
     """The pairs are a few of parity's samples: a mean over them can fall under the rule where parity's mean
     over all did not (PP-OCRv6 rec int8: 0.975 on 2 pairs, 0.986 on 32). Parity's worst sample is then the floor,
     with the device's slack; below it, and wherever parity did not pass on its own, the rule holds."""
@@ -296,7 +343,7 @@ def test_fewer_pairs_than_parity_are_judged_by_what_parity_accepted(converted: C
     ok = _check(_with_parity(b, samples=32, outputs=worst))
     emb = {o["name"]: o for o in ok["outputs"]}["embedding"]
     assert ok["passed"] is True and emb["cosine"] < THRESHOLDS["fp32"].min_cosine, ok["failures"]
-    assert emb["limits"]["min_cosine"] == pytest.approx(1 - 0.01 * 10 ** 0.1)
+    assert emb["limits"]["min_cosine"] == pytest.approx(1 - 0.01 * 10**0.1)
     assert emb["limits"]["min_snr_db"] == pytest.approx(18.0)
     feat = {o["name"]: o for o in ok["outputs"]}["features"]  # parity's figures for it were not edited: the rule
     assert feat.get("limits", ok["thresholds"])["min_cosine"] == THRESHOLDS["fp32"].min_cosine
@@ -326,7 +373,7 @@ def test_pair_limits_small_samples_and_agreement_counts() -> None:
     built = OutputParity("y", 0.2, 0.01, 0.985, 0.97, 26 / 32, top5=1.0, task="classifier")
     many, why = pair_limits(o, th, built, 16, 32, True)
     assert many.min_top1 == pytest.approx(10 / 16) and many.min_top5 == th.min_top5
-    assert many.min_cosine == pytest.approx(1 - 0.03 * 10 ** 0.1)  # parity's worst sample, less 1 dB
+    assert many.min_cosine == pytest.approx(1 - 0.03 * 10**0.1)  # parity's worst sample, less 1 dB
     same, why = pair_limits(o, th, built, 16, 32, False)  # parity did not pass: nothing loosened
     assert same == th and why == []
 
@@ -344,15 +391,19 @@ def test_an_altered_reference_file_fails_verification(ort_bundle: Bundle, tmp_pa
         Bundle.open(b.path)
 
 
-def test_a_pickled_reference_file_is_a_failed_check_not_a_crash(ort_bundle: Bundle, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pickled_reference_file_is_a_failed_check_not_a_crash(
+    ort_bundle: Bundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "pickle-ran"
     monkeypatch.setenv("REFPAIRS_MARKER", str(marker))
 
     def edit(d: Path) -> dict[str, Any]:
         good = dict(np.load(ort_bundle.path / REFERENCE_FILE))
-        _npz(d / REFERENCE_FILE, {**{f"{k}.npy": v for k, v in good.items()},
-                                  "o0_0.npy": np.array([_Boom()], dtype=object)}, allow_pickle=True)
+        _npz(
+            d / REFERENCE_FILE,
+            {**{f"{k}.npy": v for k, v in good.items()}, "o0_0.npy": np.array([_Boom()], dtype=object)},
+            allow_pickle=True,
+        )
         return ort_bundle.manifest["reference_pairs"]
 
     b = rebuild(ort_bundle, tmp_path / "b", edit)  # verifies: the pickle is listed and hashed
@@ -379,13 +430,15 @@ def test_manifest_entry_is_typed_and_strict(ort_bundle: Bundle) -> None:
     m = ort_bundle.manifest
     entry = m["reference_pairs"]
     assert ort_bundle.info.reference_pairs.thresholds.min_cosine == THRESHOLDS["fp32"].min_cosine
-    for bad, needle in [({**entry, "file": "other.npz"}, "reference_pairs.file.*not one of the artifacts"),
-                        ({**entry, "file": "model.onnx"}, "reference_pairs.file.*primary artifact"),
-                        ({**entry, "file": None}, "reference_pairs.file"),
-                        ({**entry, "file": "../reference.npz"}, "reference_pairs.file"),
-                        ({**entry, "samples": 65}, "reference_pairs.samples"),
-                        ({**entry, "extra": 1}, "reference_pairs"),
-                        ({k: v for k, v in entry.items() if k != "thresholds"}, "reference_pairs.thresholds")]:
+    for bad, needle in [
+        ({**entry, "file": "other.npz"}, "reference_pairs.file.*not one of the artifacts"),
+        ({**entry, "file": "model.onnx"}, "reference_pairs.file.*primary artifact"),
+        ({**entry, "file": None}, "reference_pairs.file"),
+        ({**entry, "file": "../reference.npz"}, "reference_pairs.file"),
+        ({**entry, "samples": 65}, "reference_pairs.samples"),
+        ({**entry, "extra": 1}, "reference_pairs"),
+        ({k: v for k, v in entry.items() if k != "thresholds"}, "reference_pairs.thresholds"),
+    ]:
         with pytest.raises(ManifestError, match=needle):
             Bundle(ort_bundle.path, {**m, "reference_pairs": bad})
     none = {"file": None, "samples": 0, "reference": "x", "thresholds": entry["thresholds"], "note": "too big"}
@@ -394,10 +447,12 @@ def test_manifest_entry_is_typed_and_strict(ort_bundle: Bundle) -> None:
 
 # -- the device store records the result ---------------------------------------------------------
 
-def test_the_store_records_the_check_once_and_reuses_it(ort_bundle: Bundle, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge.verify import refpairs
+
+def test_the_store_records_the_check_once_and_reuses_it(
+    ort_bundle: Bundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from edge.store.local import DeviceStore, store_holding
+    from edge.verify import refpairs
 
     store = DeviceStore(tmp_path / "store", trust=False)
     store.install(ort_bundle)
@@ -452,6 +507,7 @@ def test_a_read_only_store_still_gives_the_result(ort_bundle: Bundle, tmp_path: 
 
 # -- the agent and the CLI -----------------------------------------------------------------------
 
+
 def _agent_birth(store_root: Path) -> tuple[dict[str, Any], Any]:
     from edge.agent.agent import Agent, AgentConfig
     from edge.mqtt.client import BrokerConfig
@@ -464,8 +520,9 @@ def _agent_birth(store_root: Path) -> tuple[dict[str, Any], Any]:
         a.close()
 
 
-def test_agent_birth_carries_the_check_and_a_failure_does_not_stop_it(ort_bundle: Bundle, converted: Callable,
-                                                                      models: dict[str, Path], tmp_path: Path) -> None:
+def test_agent_birth_carries_the_check_and_a_failure_does_not_stop_it(
+    ort_bundle: Bundle, converted: Callable, models: dict[str, Path], tmp_path: Path
+) -> None:
     from edge.mqtt.payloads import load_schema, message
     from edge.store.local import DeviceStore
 
@@ -503,8 +560,11 @@ def test_bench_and_run_warn_in_one_line(converted: Callable, models: dict[str, P
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if "reference check failed" in ln]
-    assert len(lines) == 1 and lines[0].startswith("warning: reference check failed for") \
-        and "embedding: mean cosine" in lines[0], p.stderr
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("warning: reference check failed for")
+        and "embedding: mean cosine" in lines[0]
+    ), p.stderr
     p = run_cli("run", str(bad.path), "--synthetic", "32x32", "-n", "2", "--json")
     assert "Traceback" not in p.stderr, p.stderr
     assert [ln for ln in p.stderr.splitlines() if ln.startswith("warning: reference check failed")], p.stderr

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.verify.parity import THRESHOLDS, compare, guess_task
 from tests.conftest import run_cli
 from tests.next_models import anchor_detector, regressor, text_encoder
 from tests.test_targets import VALID
-from edge.pipeline.request import ConvertRequest
 
 
 def _outputs(b: object) -> dict[str, dict[str, object]]:
@@ -73,8 +73,11 @@ def test_a_file_shipped_as_is_is_exact_by_identity(tmp_path: Path) -> None:
     runner's own arithmetic (here: graph optimisations off, where the reference runs them all)."""
     d = tmp_path / "targets"
     d.mkdir()
-    (d / "as-is.toml").write_text(VALID.format(name="as-is").replace('"onnx->onnx"', '"tflite->onnx"')
-                                  .replace("intra_op_num_threads = 1", 'graph_optimization_level = "disable"'))
+    (d / "as-is.toml").write_text(
+        VALID.format(name="as-is")
+        .replace('"onnx->onnx"', '"tflite->onnx"')
+        .replace("intra_op_num_threads = 1", 'graph_optimization_level = "disable"')
+    )
     b = convert(anchor_detector(tmp_path / "palm.onnx"), "as-is", tmp_path / "out", ConvertRequest(targets_dir=[d]))
     par = b.manifest["parity"]
     assert par["shipped_as_is"] is True and par["passed"] is True

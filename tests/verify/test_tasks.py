@@ -5,8 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.verify.tasks import (TaskJudge, blank_share, box_iou, column_range, ctc_greedy, decode_yolo, detect_task,
-                               edit_distance, fits, nms, row_kind, yolo_layout)
+from edge.verify.tasks import (
+    TaskJudge,
+    blank_share,
+    box_iou,
+    column_range,
+    ctc_greedy,
+    decode_yolo,
+    detect_task,
+    edit_distance,
+    fits,
+    nms,
+    row_kind,
+    yolo_layout,
+)
 
 SIDE = 416  # ddddocr's YOLOX input: 52^2 + 26^2 + 13^2 = 3549 cells
 CELLS = sum((SIDE // s) ** 2 for s in (8, 16, 32))
@@ -51,8 +63,9 @@ def _judge(ref: np.ndarray, cand: np.ndarray, task: str = "detector") -> dict[st
 
 def test_detector_precision_and_recall_against_the_reference() -> None:
     a, b, c = _cell(0, 3, 3), _cell(1, 20, 20), _cell(2, 6, 9)
-    ref = _yolox_raw({a: (0.5, 0.5, 1.0, 1.0, 0.9, 0.9), b: (0.5, 0.5, 0.5, 0.5, 0.8, 0.9),
-                      c: (0.2, 0.2, 0.3, 0.3, 0.95, 0.9)})
+    ref = _yolox_raw(
+        {a: (0.5, 0.5, 1.0, 1.0, 0.9, 0.9), b: (0.5, 0.5, 0.5, 0.5, 0.8, 0.9), c: (0.2, 0.2, 0.3, 0.3, 0.95, 0.9)}
+    )
     assert _judge(ref, ref) == {"precision": 1.0, "recall": 1.0, "detections": 3.0}
     # the converted model misses one box and invents another
     cand = ref.copy()
@@ -172,8 +185,13 @@ def test_an_ssd_style_anchor_head_is_not_a_classifier_or_a_sequence() -> None:
     assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes]) is None  # by shape: a 2-value regression?
     assert detect_task("fetch_name_0", (1, 2), None, None, others=[boxes], rows="probabilities") == "classifier"
     rng = np.random.default_rng(0)
-    ref = [{"regressors": rng.standard_normal(boxes).astype(np.float32),
-            "classificators": rng.standard_normal(scores).astype(np.float32)} for _ in range(4)]
+    ref = [
+        {
+            "regressors": rng.standard_normal(boxes).astype(np.float32),
+            "classificators": rng.standard_normal(scores).astype(np.float32),
+        }
+        for _ in range(4)
+    ]
     cand = [{"regressors": r["regressors"], "classificators": r["classificators"] + 1e-7} for r in ref]
     for o in compare(ref, cand, THRESHOLDS["fp32"]):
         assert o.task is None and o.top1 is None and "SSD-style" in (o.task_note or ""), o

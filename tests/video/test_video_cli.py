@@ -10,13 +10,13 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.pipeline import convert
 from edge.graph.samples import build_yolo_detector
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.stats import LatencyStats
 from edge.video.report import VideoReport
 from edge.video.sources import write_synthetic_clip
 from tests.conftest import assert_user_error, run_cli
-from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,9 @@ def test_run_json_and_jsonl(files: dict[str, Path]) -> None:
     out = files["dir"] / "detections.jsonl"
     # 10 s a frame: no host misses it (offline: 0.1 fps throughput and a p99 service time under 10 s),
     # so the verdict must be pass and the exit code 0
-    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--budget-ms", "10000", "--out", str(out),
-                "--json")
+    p = run_cli(
+        "run", str(files["det"]), "--video", str(files["clip"]), "--budget-ms", "10000", "--out", str(out), "--json"
+    )
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     r = json.loads(p.stdout)
     assert r["frames"]["in"] == r["frames"]["processed"] == 20 and r["mode"] == "offline"
@@ -58,12 +59,31 @@ def test_run_json_and_jsonl(files: dict[str, Path]) -> None:
 def test_run_table_realtime(files: dict[str, Path]) -> None:
     # fed at 5 fps (200 ms between frames) with a 10 s budget: a frame is dropped only if the decoder falls
     # 200 ms behind or two workers stay busy for 200 ms, which not even a loaded host does; so it passes
-    p = run_cli("run", str(files["det"]), "--video", str(files["clip"]), "--realtime", "--source-fps", "5",
-                "--budget-ms", "10000", "--infer-workers", "2")
+    p = run_cli(
+        "run",
+        str(files["det"]),
+        "--video",
+        str(files["clip"]),
+        "--realtime",
+        "--source-fps",
+        "5",
+        "--budget-ms",
+        "10000",
+        "--infer-workers",
+        "2",
+    )
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-2000:])
-    for needle in ("realtime: fed at 5 fps", "2 inference workers", "frames", "in 20, processed 20, dropped 0",
-                   "per stage", "postprocess", "host", "0 deadline misses of 20 frames",
-                   "pass: holds 0.1 fps (10000.00 ms a frame) in real time on this host"):
+    for needle in (
+        "realtime: fed at 5 fps",
+        "2 inference workers",
+        "frames",
+        "in 20, processed 20, dropped 0",
+        "per stage",
+        "postprocess",
+        "host",
+        "0 deadline misses of 20 frames",
+        "pass: holds 0.1 fps (10000.00 ms a frame) in real time on this host",
+    ):
         assert needle in p.stdout, (needle, p.stdout)
     verdict = next(line for line in p.stdout.splitlines() if " verdict " in line)
     assert "pass: holds" in verdict and "fail" not in verdict, verdict
@@ -71,11 +91,13 @@ def test_run_table_realtime(files: dict[str, Path]) -> None:
 
 def test_missing_camera_video_and_source_errors(files: dict[str, Path]) -> None:
     if any(Path("/dev").glob("video*")):
-        pytest.skip("hardware: camera present: this host has a camera device; the missing-camera error needs a host without one")
-    assert_user_error(run_cli("run", str(files["det"]), "--camera", "0"), "camera 0 does not exist",
-                      "there is no /dev/video0")
-    assert_user_error(run_cli("run", str(files["det"]), "--video", str(files["dir"] / "nope.mp4")),
-                      "does not exist")
+        pytest.skip(
+            "hardware: camera present: this host has a camera device; the missing-camera error needs a host without one"
+        )
+    assert_user_error(
+        run_cli("run", str(files["det"]), "--camera", "0"), "camera 0 does not exist", "there is no /dev/video0"
+    )
+    assert_user_error(run_cli("run", str(files["det"]), "--video", str(files["dir"] / "nope.mp4")), "does not exist")
     assert_user_error(run_cli("run", str(files["det"])), "give exactly one source")
 
 
@@ -89,11 +111,13 @@ def test_unreadable_image_and_unusable_bundle(files: dict[str, Path]) -> None:
     assert r["frames"]["in"] == 2 and r["frames"]["processed"] == 1 and r["frames"]["dropped"] == 1
     assert r["frames"]["dropped_by_reason"]["unreadable"] == 1 and r["frames"]["unreadable"] == ["frame 1 (1.png)"]
     assert "1.png" in p.stderr and "unreadable" in p.stderr  # logged as it happens
-    assert_user_error(run_cli("run", str(files["two"]), "--synthetic", "64x48", "-n", "3"),
-                      "only feed a model with one image input")
+    assert_user_error(
+        run_cli("run", str(files["two"]), "--synthetic", "64x48", "-n", "3"), "only feed a model with one image input"
+    )
 
 
 # -- verdict rules (no model needed) -------------------------------------------------------
+
 
 def _stats(p50: float, p99: float | None = None) -> LatencyStats:
     p99 = p99 if p99 is not None else p50
@@ -102,11 +126,28 @@ def _stats(p50: float, p99: float | None = None) -> LatencyStats:
 
 def _report(**kw: Any) -> VideoReport:
     base: dict[str, Any] = dict(
-        bundle="b", target="x86-cpu", source={}, mode="offline", pace_fps=None, budget_ms=1000 / 60,
-        budget_source="60 fps", frames_in=100, processed=100, dropped={"behind": 0, "busy": 0, "late": 0}, late=0,
+        bundle="b",
+        target="x86-cpu",
+        source={},
+        mode="offline",
+        pace_fps=None,
+        budget_ms=1000 / 60,
+        budget_source="60 fps",
+        frames_in=100,
+        processed=100,
+        dropped={"behind": 0, "busy": 0, "late": 0},
+        late=0,
         stages={"decode": _stats(1), "preprocess": _stats(1), "infer": _stats(8), "postprocess": _stats(0.5)},
-        e2e=_stats(12, 14), service=_stats(10.5, 12), duration_s=1.0, load_ms=5, runner={}, postprocess="detect",
-        queue_size=2, cpus=2, load_avg=None)
+        e2e=_stats(12, 14),
+        service=_stats(10.5, 12),
+        duration_s=1.0,
+        load_ms=5,
+        runner={},
+        postprocess="detect",
+        queue_size=2,
+        cpus=2,
+        load_avg=None,
+    )
     base.update(kw)
     return VideoReport(**base)
 
@@ -116,8 +157,10 @@ def test_offline_verdicts() -> None:
     assert r.verdict == "pass" and r.limit is None and r.bottleneck == "infer"
     assert r.bound_fps == pytest.approx(125) and r.pct_of_bound == pytest.approx(80)
     assert r.summary().startswith("holds 60 fps (16.67 ms a frame) in real time on this host (predicted")
-    slow = _report(duration_s=2.0, stages={"decode": _stats(1), "preprocess": _stats(1), "infer": _stats(20),
-                                           "postprocess": _stats(1)})
+    slow = _report(
+        duration_s=2.0,
+        stages={"decode": _stats(1), "preprocess": _stats(1), "infer": _stats(20), "postprocess": _stats(1)},
+    )
     assert slow.verdict == "fail"
     assert slow.limit == "stage infer: median 20.00 ms a frame (50.0 fps), too slow for 60 fps"
     cpu = _report(duration_s=2.0)  # 50 fps although no stage is over 16.67 ms

@@ -13,18 +13,20 @@ import numpy as np
 import pytest
 
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.errors import InputFileError
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.video import PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.report import VideoReport
 from edge.video.sources import ImageDirSource, write_synthetic_clip
 from tests.conftest import run_cli
-from edge.pipeline.request import ConvertRequest
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Bundle:
-    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("frames") / "tiny-cpu", ConvertRequest(parity_samples=2))
+    return convert(
+        models["tiny"], "x86-cpu", tmp_path_factory.mktemp("frames") / "tiny-cpu", ConvertRequest(parity_samples=2)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +82,9 @@ def test_a_frame_limit_before_the_cut_is_not_a_short_source(bundle: Bundle, trun
 
 
 @pytest.mark.parametrize("run", [run_pipeline, run_sequential], ids=["pipeline", "sequential"])
-def test_unreadable_images_are_dropped_named_and_the_run_goes_on(bundle: Bundle, tmp_path: Path, run: Any,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_images_are_dropped_named_and_the_run_goes_on(
+    bundle: Bundle, tmp_path: Path, run: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     d = _images(tmp_path / "imgs", 8, bad=(0, 3))  # the first one too: the size comes from the next that decodes
     out = tmp_path / "o.jsonl"
     with caplog.at_level(logging.WARNING, logger="edge.video"), open_source(images=d) as src:
@@ -109,11 +112,29 @@ def test_image_source_moves_past_an_unreadable_file(tmp_path: Path) -> None:
 
 def _report(**kw: Any) -> VideoReport:
     base: dict[str, Any] = dict(
-        bundle="b", target="x86-cpu", source={}, mode="offline", pace_fps=None, budget_ms=1000 / 60,
-        budget_source="60 fps", frames_in=100, processed=100, dropped={"behind": 0, "busy": 0, "late": 0,
-                                                                      "unreadable": 0},
-        late=0, stages={}, e2e=None, service=None, duration_s=1.0, load_ms=5, runner={}, postprocess="raw",
-        queue_size=2, cpus=2, load_avg=None, declared=100)
+        bundle="b",
+        target="x86-cpu",
+        source={},
+        mode="offline",
+        pace_fps=None,
+        budget_ms=1000 / 60,
+        budget_source="60 fps",
+        frames_in=100,
+        processed=100,
+        dropped={"behind": 0, "busy": 0, "late": 0, "unreadable": 0},
+        late=0,
+        stages={},
+        e2e=None,
+        service=None,
+        duration_s=1.0,
+        load_ms=5,
+        runner={},
+        postprocess="raw",
+        queue_size=2,
+        cpus=2,
+        load_avg=None,
+        declared=100,
+    )
     base.update(kw)
     return VideoReport(**base)
 
@@ -127,9 +148,22 @@ def test_source_shortfall_rules() -> None:
     assert two.source_incomplete and two.verdict == "incomplete" and "truncated or corrupt" in two.notes()[0]
     assert two.to_json()["frames"]["declared"] == 100 and two.to_json()["notes"] == two.notes()
     # one unreadable image in a thousand is within the 1% the p99 rule lets miss: noted, verdict kept
-    few = _report(frames_in=1000, processed=999, declared=1000, budget_ms=None,
-                  dropped={"behind": 0, "busy": 0, "late": 0, "unreadable": 1}, unreadable=["frame 7 (07.png)"])
+    few = _report(
+        frames_in=1000,
+        processed=999,
+        declared=1000,
+        budget_ms=None,
+        dropped={"behind": 0, "busy": 0, "late": 0, "unreadable": 1},
+        unreadable=["frame 7 (07.png)"],
+    )
     assert few.verdict == "no budget" and "frame 7 (07.png)" in few.notes()[0]
-    rt = _report(mode="realtime", pace_fps=60, frames_in=1000, processed=999, declared=1000,
-                 dropped={"behind": 0, "busy": 0, "late": 0, "unreadable": 1}, unreadable=["frame 7 (07.png)"])
+    rt = _report(
+        mode="realtime",
+        pace_fps=60,
+        frames_in=1000,
+        processed=999,
+        declared=1000,
+        dropped={"behind": 0, "busy": 0, "late": 0, "unreadable": 1},
+        unreadable=["frame 7 (07.png)"],
+    )
     assert rt.deadline_misses == 0 and rt.dropped_total == 1

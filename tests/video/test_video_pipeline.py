@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from edge.bundle.bundle import Bundle
-from edge.pipeline import convert
 from edge.errors import EdgeError, ModelError
 from edge.graph.samples import build_yolo_detector
+from edge.pipeline import convert
+from edge.pipeline.request import ConvertRequest
 from edge.video import PipelineError, PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.sources import ImageDirSource, write_synthetic_clip
-from edge.pipeline.request import ConvertRequest
 
 SMALL_DET = {"input_size": 128, "width": 8, "num_classes": 6}
 
@@ -44,7 +44,9 @@ def det_bundle(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
 
 @pytest.fixture(scope="module")
 def cls_bundle(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    return convert(models["tiny"], "x86-cpu", tmp_path_factory.mktemp("cls") / "tiny-cpu", ConvertRequest(parity_samples=4))
+    return convert(
+        models["tiny"], "x86-cpu", tmp_path_factory.mktemp("cls") / "tiny-cpu", ConvertRequest(parity_samples=4)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +81,24 @@ def test_offline_detector_every_frame_in_order(det_bundle: Bundle, clip: Path, t
     assert boxes, "the example detector finds some (meaningless) boxes"
     assert all(0 <= x1 <= x2 <= 160 and 0 <= y1 <= y2 <= 120 for x1, y1, x2, y2 in boxes)  # in the source frame
     j = r.to_json()
-    assert j["frames"] == {"in": 30, "processed": 30, "dropped": 0, "dropped_by_reason": {"behind": 0, "busy": 0,
-                           "late": 0, "unreadable": 0}, "abandoned": 0, "late": 0, "deadline_misses": 0,
-                           "declared": 30, "short_by": 0, "unreadable": []}
+    assert j["frames"] == {
+        "in": 30,
+        "processed": 30,
+        "dropped": 0,
+        "dropped_by_reason": {"behind": 0, "busy": 0, "late": 0, "unreadable": 0},
+        "abandoned": 0,
+        "late": 0,
+        "deadline_misses": 0,
+        "declared": 30,
+        "short_by": 0,
+        "unreadable": [],
+    }
     assert set(j["stages"]) == {"decode", "preprocess", "infer", "postprocess"} and json.dumps(j)
 
 
-def test_pipeline_sequential_and_parallel_workers_give_the_same_results(det_bundle: Bundle, clip: Path,
-                                                                        tmp_path: Path) -> None:
+def test_pipeline_sequential_and_parallel_workers_give_the_same_results(
+    det_bundle: Bundle, clip: Path, tmp_path: Path
+) -> None:
     results = {}
     for name, run, workers in (("seq", run_sequential, 1), ("pipe", run_pipeline, 1), ("pipe2", run_pipeline, 2)):
         out = tmp_path / f"{name}.jsonl"
@@ -214,6 +226,7 @@ def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundl
         job = Job(cls_bundle, src, PipelineOptions(queue_size=1, warmup=0), "offline")
         job.open()
         try:
+
             class StuckPost:
                 describe = job.post.describe
 

@@ -27,8 +27,14 @@ def _textbook(spec: PreprocessSpec, img_rgb: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_preprocess_matches_the_formula_and_reuses_buffers(preset: str, layout: str, dtype: str) -> None:
-    spec = PreprocessSpec(input="x", size=(24, 32), layout=layout, dtype=dtype, preset=preset,  # type: ignore[arg-type]
-                          **{**PRESETS[preset], "resize": "resize"})
+    spec = PreprocessSpec(
+        input="x",
+        size=(24, 32),
+        layout=layout,
+        dtype=dtype,
+        preset=preset,  # type: ignore[arg-type]
+        **{**PRESETS[preset], "resize": "resize"},
+    )
     rgb = np.random.default_rng(1).integers(0, 256, (24, 32, 3), dtype=np.uint8)  # model size: no resampling
     fresh, _ = Preprocessor(spec, "RGB")(rgb)
     pre = Preprocessor(spec, "BGR")
@@ -65,8 +71,9 @@ def test_letterbox_geometry_and_boxes_back_to_the_frame() -> None:
     np.testing.assert_allclose(back[1], [0, 0, 640, 480])  # clipped to the frame
     # a plain resize scales the axes apart
     _, tf = Preprocessor(YOLO.with_(resize="resize"), "BGR")(frame)
-    np.testing.assert_allclose(tf.boxes_to_source(np.array([[160.0, 160.0, 320.0, 320.0]]), (480, 640)),
-                               [[320, 240, 640, 480]])
+    np.testing.assert_allclose(
+        tf.boxes_to_source(np.array([[160.0, 160.0, 320.0, 320.0]]), (480, 640)), [[320, 240, 640, 480]]
+    )
 
 
 def test_frames_that_cannot_be_letterboxed() -> None:
@@ -136,8 +143,11 @@ def test_classifier_top_k() -> None:
     assert top[0]["score"] == pytest.approx(p[1], abs=1e-5)
     probs = np.array([[0.1, 0.2, 0.7]], np.float32)  # already probabilities: used as they are
     top = Classifier("p", 5)({"p": probs}, LetterboxTransform(1, 0, 0), (10, 10))["top_k"]
-    assert [(t["class"], t["score"]) for t in top] == [(2, pytest.approx(0.7)), (1, pytest.approx(0.2)),
-                                                       (0, pytest.approx(0.1))]
+    assert [(t["class"], t["score"]) for t in top] == [
+        (2, pytest.approx(0.7)),
+        (1, pytest.approx(0.2)),
+        (0, pytest.approx(0.1)),
+    ]
 
 
 def test_postprocessor_choice_and_task_errors() -> None:
@@ -148,8 +158,11 @@ def test_postprocessor_choice_and_task_errors() -> None:
     assert isinstance(make_postprocessor(cls_io, PostConfig(task="raw")), RawSummary)
     raw = make_postprocessor(odd_io)
     assert isinstance(raw, RawSummary)
-    out = raw({"emb": np.arange(32, dtype=np.float32).reshape(1, 4, 8), "mask": np.zeros((1, 1, 32, 32))},
-              LetterboxTransform(1, 0, 0), (32, 32))
+    out = raw(
+        {"emb": np.arange(32, dtype=np.float32).reshape(1, 4, 8), "mask": np.zeros((1, 1, 32, 32))},
+        LetterboxTransform(1, 0, 0),
+        (32, 32),
+    )
     assert out["outputs"]["emb"] == {"shape": [1, 4, 8], "argmax": 31, "max": 31.0}
     with pytest.raises(EdgeError, match="not one YOLO-style detection output"):
         make_postprocessor(cls_io, PostConfig(task="detect"))

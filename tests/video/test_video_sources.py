@@ -10,7 +10,13 @@ import pytest
 
 from edge.errors import EdgeError, InputFileError
 from edge.video.sources import (
-    CameraSource, ImageDirSource, SyntheticScene, VideoFileSource, open_source, parse_size, write_synthetic_clip,
+    CameraSource,
+    ImageDirSource,
+    SyntheticScene,
+    VideoFileSource,
+    open_source,
+    parse_size,
+    write_synthetic_clip,
 )
 
 
@@ -24,7 +30,13 @@ def test_video_file_frames_timestamps_and_info(clip: Path) -> None:
         info = src.info
         frames = list(src)
     assert (info.kind, info.width, info.height, info.fps, info.frame_count, info.live) == (
-        "video", 160, 120, 30.0, 24, False)
+        "video",
+        160,
+        120,
+        30.0,
+        24,
+        False,
+    )
     assert info.backend and info.codec
     assert len(frames) == 24
     assert all(f.image.shape == (120, 160, 3) and f.image.dtype == np.uint8 for f in frames)
@@ -80,7 +92,9 @@ def test_codec_opencv_cannot_open(tmp_path: Path) -> None:
 def test_camera_that_does_not_exist() -> None:
     # No camera on this machine (nor on CI): the error path is tested, the capture path cannot be.
     if any(Path("/dev").glob("video*")):
-        pytest.skip("hardware: camera present: this host has a /dev/video* device; the missing-camera error is tested on hosts without one")
+        pytest.skip(
+            "hardware: camera present: this host has a /dev/video* device; the missing-camera error is tested on hosts without one"
+        )
     with pytest.raises(InputFileError, match="camera 7 does not exist: there is no /dev/video7") as e:
         CameraSource(7)
     assert "cameras on this host: none" in str(e.value)

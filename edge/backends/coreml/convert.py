@@ -30,15 +30,20 @@ from typing import Any
 import numpy as np
 
 from edge import toolchains
-from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
+from edge.capabilities import Requirement
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 
 TOOLCHAIN = "torch"
 DRIVER = "coreml"  # edge/toolchains/coreml_driver.py, one of the torch toolchain's drivers
 from edge.backends.coreml.format import COMPUTE_UNITS  # noqa: E402 - where the runner reads it too
-_ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
-                   why="the bridged model is checked against the source in onnxruntime")
+
+_ORT = Requirement(
+    "python",
+    "onnxruntime",
+    install="pip install 'edgekit-ml[onnx]'",
+    why="the bridged model is checked against the source in onnxruntime",
+)
 _PARITY_SAMPLES = 8
 
 
@@ -58,13 +63,19 @@ class _DriverRun:
     proxy: HostProxy | None  # the module ct.convert received, in the bundle's precision, on ``inputs``
 
     def notes(self, preprocess: Any) -> list[str]:
-        notes = [f"Core ML predictions need macOS; the bundle is ready to copy to a Mac (compute units {self.units} at load)"]
+        notes = [
+            f"Core ML predictions need macOS; the bundle is ready to copy to a Mac (compute units {self.units} at load)"
+        ]
         if self.final["ane_flagged"]:
-            notes.append("ops that may keep the model off the Neural Engine: "
-                         + "; ".join(f"{k}: {v}" for k, v in self.final["ane_flagged"].items()))
+            notes.append(
+                "ops that may keep the model off the Neural Engine: "
+                + "; ".join(f"{k}: {v}" for k, v in self.final["ane_flagged"].items())
+            )
         if preprocess is not None:
-            notes.append("pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
-                         "other runtime), normalised by the caller as the manifest's preprocess spec says")
+            notes.append(
+                "pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
+                "other runtime), normalised by the caller as the manifest's preprocess spec says"
+            )
         why = (self.final.get("proxy") or {}).get("fallback")
         if self.proxy is None and why:
             notes.append(f"no host proxy for the {self.job['precision']} package: {why}")
@@ -75,26 +86,50 @@ class _DriverRun:
     def details(self, recipe: str, **extra: Any) -> dict[str, Any]:
         final = self.final
         return {
-            "recipe": recipe, "toolchain": self.status.manifest_record(), "compute_units": self.units,
+            "recipe": recipe,
+            "toolchain": self.status.manifest_record(),
+            "compute_units": self.units,
             "minimum_deployment_target": self.job["minimum_deployment_target"],
-            "spec_check": {"loads_as_spec": True, "specification_version": final["spec_version"],
-                           "io": final["io"], "io_matches_manifest": True},
-            "ops": final["ops"], "ane_flagged": final["ane_flagged"], **extra,
-            "host_proxy": ({"label": self.proxy.label, "precision_used": self.proxy.precision_used,
-                            "fallback": self.proxy.fallback, "samples": len(self.proxy.inputs)}
-                           if self.proxy is not None else None),
+            "spec_check": {
+                "loads_as_spec": True,
+                "specification_version": final["spec_version"],
+                "io": final["io"],
+                "io_matches_manifest": True,
+            },
+            "ops": final["ops"],
+            "ane_flagged": final["ane_flagged"],
+            **extra,
+            "host_proxy": (
+                {
+                    "label": self.proxy.label,
+                    "precision_used": self.proxy.precision_used,
+                    "fallback": self.proxy.fallback,
+                    "samples": len(self.proxy.inputs),
+                }
+                if self.proxy is not None
+                else None
+            ),
             "timings_s": {**final["timings"], "total": round(time.perf_counter() - self.t_start, 2)},
         }
 
     def result(self, details: dict[str, Any], notes: list[str], **kwargs: Any) -> ConversionResult:
-        tool_versions = {**self.final["tool_versions"],
-                         "toolchain": f"{TOOLCHAIN} (lock {(self.status.lock_hash or '?')[:12]})"}
+        tool_versions = {
+            **self.final["tool_versions"],
+            "toolchain": f"{TOOLCHAIN} (lock {(self.status.lock_hash or '?')[:12]})",
+        }
         files = [p for p in self.package.rglob("*") if p.is_file()]
         # A bundle's primary artifact is a file (hash-verified); an .mlpackage is a directory, so the primary
         # artifact is its own Manifest.json and the runner loads the package around it (package_dir()).
-        return ConversionResult(artifact=self.package / "Manifest.json", format="mlpackage", files=files,
-                                tool_versions=tool_versions, details=details, notes=notes, proxy=self.proxy,
-                                **kwargs)
+        return ConversionResult(
+            artifact=self.package / "Manifest.json",
+            format="mlpackage",
+            files=files,
+            tool_versions=tool_versions,
+            details=details,
+            notes=notes,
+            proxy=self.proxy,
+            **kwargs,
+        )
 
 
 class _CoreMLConverter(Converter):
@@ -127,17 +162,23 @@ class _CoreMLConverter(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-coreml-") as tmp:
             work = Path(tmp)
-            arrays: dict[str, Any] = {n: np.stack([s[n] for s in inputs]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            arrays: dict[str, Any] = {
+                n: np.stack([s[n] for s in inputs]) for n in names
+            }  # numpy's savez stub takes **arrays as allow_pickle too
             np.savez(work / "samples.npz", **arrays)
             job: dict[str, Any] = {
-                **source_job, "workdir": str(work), "precision": request.precision,
-                "samples": str(work / "samples.npz"), "compute_units": units,
+                **source_job,
+                "workdir": str(work),
+                "precision": request.precision,
+                "samples": str(work / "samples.npz"),
+                "compute_units": units,
                 "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
                 "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
                 "description": f"edgekit {request.source.name}",
             }
-            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)),
-                                              driver=DRIVER)
+            final, st = toolchains.run_driver(
+                TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)), driver=DRIVER
+            )
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, request.source)
             with np.load(final[outputs_key]) as data:
@@ -146,7 +187,9 @@ class _CoreMLConverter(Converter):
             out = request.workdir / "model.mlpackage"
             shutil.move(final["artifact"], out)
         if final["io_problems"]:
-            raise ConversionError("the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"]))
+            raise ConversionError(
+                "the saved .mlpackage does not have the bundle's I/O: " + "; ".join(final["io_problems"])
+            )
         return _DriverRun(job, final, st, inputs, label, out, arrays, units, t_start, proxy)
 
 
@@ -156,9 +199,14 @@ def _load_proxy(record: dict[str, Any] | None, inputs: list[dict[str, np.ndarray
         return None
     with np.load(record["outputs"]) as data:
         stacked = {k: data[k] for k in data.files}
-    return HostProxy(label=record["label"], precision_used=record["precision_used"], inputs=inputs,
-                     outputs=[{k: v[i] for k, v in stacked.items()} for i in range(len(inputs))],
-                     inputs_from=label, fallback=record.get("fallback"))
+    return HostProxy(
+        label=record["label"],
+        precision_used=record["precision_used"],
+        inputs=inputs,
+        outputs=[{k: v[i] for k, v in stacked.items()} for i in range(len(inputs))],
+        inputs_from=label,
+        fallback=record.get("fallback"),
+    )
 
 
 class OnnxToCoreML(_CoreMLConverter):
@@ -172,43 +220,68 @@ class OnnxToCoreML(_CoreMLConverter):
 
         self.check_options(request.options)
         check_ops(request.source, self.name)  # every op the bridge lacks, before the toolchain starts
-        run = self._drive(request, {"onnx": str(Path(request.source).resolve()),
-                                    "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]}
-                                                for t in request.io.outputs]}, "bridge_outputs")
+        run = self._drive(
+            request,
+            {
+                "onnx": str(Path(request.source).resolve()),
+                "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.outputs],
+            },
+            "bridge_outputs",
+        )
         candidate = [{k: v[i] for k, v in run.arrays.items()} for i in range(len(run.inputs))]
         reference = reference_outputs(Path(request.source), run.inputs)
         th = thresholds_for("fp32", "f32")
-        bridge = ParityReport(precision="fp32", thresholds=th, samples=len(run.inputs), inputs=run.label,
-                              reference="onnxruntime fp32 CPUExecutionProvider",
-                              candidate={"runtime": f"edgekit ONNX->PyTorch bridge (torch {run.final['tool_versions']['torch']})",
-                                         "device_used": "CPU"},
-                              outputs=compare(reference, candidate, th)).to_json()
+        bridge = ParityReport(
+            precision="fp32",
+            thresholds=th,
+            samples=len(run.inputs),
+            inputs=run.label,
+            reference="onnxruntime fp32 CPUExecutionProvider",
+            candidate={
+                "runtime": f"edgekit ONNX->PyTorch bridge (torch {run.final['tool_versions']['torch']})",
+                "device_used": "CPU",
+            },
+            outputs=compare(reference, candidate, th),
+        ).to_json()
         bridge.pop("accepted_failure", None)
         if not bridge["passed"]:
-            raise ParityError(f"the ONNX->PyTorch bridge disagrees with onnxruntime on {request.source.name}: "
-                              + "; ".join(f"{o['name']}: {f}" for o in bridge["outputs"] for f in o["failures"]),
-                              bridge, hint="a bridge bug: report it with the model")
-        details = run.details(f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})",
-                              bridge_parity=bridge)
+            raise ParityError(
+                f"the ONNX->PyTorch bridge disagrees with onnxruntime on {request.source.name}: "
+                + "; ".join(f"{o['name']}: {f}" for o in bridge["outputs"] for f in o["failures"]),
+                bridge,
+                hint="a bridge bug: report it with the model",
+            )
+        details = run.details(
+            f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})", bridge_parity=bridge
+        )
         return run.result(details, run.notes(request.preprocess))
 
 
 def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
     kind = final.get("kind")
     if kind == "unsupported_ops":
-        raise ConversionError(final["message"], hint="replace these ops in the source model, or choose "
-                              "a target whose runtime has them (x86-cpu)")
+        raise ConversionError(
+            final["message"],
+            hint="replace these ops in the source model, or choose a target whose runtime has them (x86-cpu)",
+        )
     if kind == "toolchain":
         raise MissingDependencyError(final["message"])
     if kind == "not_torch":
-        raise ModelError(final["message"], hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
-                         "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph")
+        raise ModelError(
+            final["message"],
+            hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
+            "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph",
+        )
     if kind == "inputs":
-        raise ModelError(f"{source.name}: {final['message']}", hint="pass --input-shape NAME=1,3,224,224 for every input: "
-                         + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])))
+        raise ModelError(
+            f"{source.name}: {final['message']}",
+            hint="pass --input-shape NAME=1,3,224,224 for every input: "
+            + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])),
+        )
     log = toolchains.keep_log(work, TOOLCHAIN)
-    raise ConversionError(f"{converter} failed on {source.name}: {final['message']}"
-                          + (f" (toolchain log: {log})" if log else ""))
+    raise ConversionError(
+        f"{converter} failed on {source.name}: {final['message']}" + (f" (toolchain log: {log})" if log else "")
+    )
 
 
 class TorchToCoreML(_CoreMLConverter):
@@ -229,28 +302,46 @@ class TorchToCoreML(_CoreMLConverter):
         from edge.pipeline.sources import torch_kind
 
         kind = torch_kind(request.source)
-        run = self._drive(request, {"torch": str(Path(request.source).resolve()), "torch_kind": kind, "outputs": []},
-                          "reference_outputs")
+        run = self._drive(
+            request,
+            {"torch": str(Path(request.source).resolve()), "torch_kind": kind, "outputs": []},
+            "reference_outputs",
+        )
         ref, final = run.arrays, run.final
         reference = [{k: v[i] for k, v in ref.items()} for i in range(len(run.inputs))]
         source_of_names = "TorchScript forward signature" if kind == "torchscript" else "ExportedProgram user inputs"
         notes = run.notes(request.preprocess)
-        notes.insert(1, f"input names come from the {source_of_names}; outputs are named output_0.. in the model's "
-                        "return order (torch models carry no output names)")
+        notes.insert(
+            1,
+            f"input names come from the {source_of_names}; outputs are named output_0.. in the model's "
+            "return order (torch models carry no output names)",
+        )
         trace = "torch.jit.load" if kind == "torchscript" else "torch.export.load -> run_decompositions"
         details = run.details(
             f"PyTorch {kind} -> {trace} -> ML Program ({request.precision})",
-            io_names={"inputs": list(final["input_names"]), "inputs_from": source_of_names,
-                      "outputs": [o["name"] for o in final["outputs"]],
-                      "outputs_from": "generated: torch models carry no output names (output_<i> in return order)"},
+            io_names={
+                "inputs": list(final["input_names"]),
+                "inputs_from": source_of_names,
+                "outputs": [o["name"] for o in final["outputs"]],
+                "outputs_from": "generated: torch models carry no output names (output_<i> in return order)",
+            },
             torch_reference={
-                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})", "samples": len(run.inputs),
-                "inputs": run.label, "seed": None if run.label == "calibration" else 1234,
-                "outputs": [{"name": k, "shape": list(v.shape[1:]), "dtype": str(v.dtype), "mean": float(v.mean()),
-                             "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
-                            for k, v in ref.items()]})
+                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})",
+                "samples": len(run.inputs),
+                "inputs": run.label,
+                "seed": None if run.label == "calibration" else 1234,
+                "outputs": [
+                    {
+                        "name": k,
+                        "shape": list(v.shape[1:]),
+                        "dtype": str(v.dtype),
+                        "mean": float(v.mean()),
+                        "std": float(v.std()),
+                        "min": float(v.min()),
+                        "max": float(v.max()),
+                    }
+                    for k, v in ref.items()
+                ],
+            },
+        )
         return run.result(details, notes, reference=(run.inputs, reference))
-
-
-
-

@@ -24,4 +24,5 @@ COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")
 @dataclass(frozen=True)
 class CoreMLOptions:
     compute_units: Literal["CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"] = spec(
-        "CPU_AND_NE", doc=f"{', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)")
+        "CPU_AND_NE", doc=f"{', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)"
+    )

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.capabilities import Requirement
-from edge.errors import EdgeError
 from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions
 from edge.backends.runner import Runner, RunnerInfo
+from edge.capabilities import Requirement
+from edge.errors import EdgeError
 from edge.spec import TensorSpec, image_layout
 
 NEEDS_MACOS = "Core ML predictions need macOS; the bundle is ready to copy to a Mac"
@@ -26,8 +26,10 @@ NEEDS_MACOS = "Core ML predictions need macOS; the bundle is ready to copy to a 
 class CoreMLRunner(Runner):
     name = "coreml"
     formats = ("mlpackage",)
-    requires = (Requirement("os", "darwin", install=NEEDS_MACOS),
-                Requirement("python", "coremltools", install="pip install 'edgekit-ml[coreml]'"))
+    requires = (
+        Requirement("os", "darwin", install=NEEDS_MACOS),
+        Requirement("python", "coremltools", install="pip install 'edgekit-ml[coreml]'"),
+    )
     options_class = CoreMLOptions
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp16") -> None:
@@ -41,16 +43,21 @@ class CoreMLRunner(Runner):
         if units not in COMPUTE_UNITS:
             raise EdgeError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
         try:
-            self._model = ct.models.MLModel(str(package_dir(self.artifact)), compute_units=getattr(ct.ComputeUnit, units))
+            self._model = ct.models.MLModel(
+                str(package_dir(self.artifact)), compute_units=getattr(ct.ComputeUnit, units)
+            )
         except Exception as e:
             raise EdgeError(f"Core ML could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
         desc = self._model.get_spec().description
         self.inputs = tuple(_spec(f) for f in desc.input)
         self.outputs = tuple(_spec(f) for f in desc.output)
-        self.info = RunnerInfo(runtime=f"coremltools {ct.__version__} (Core ML)", device_requested=units,
-                               device_used=f"Core ML with compute units {units} (placement per op is Core ML's)",
-                               precision_used={"fp16": "f16", "fp32": "f32"}.get(precision, precision),
-                               details={"compute_units": units})
+        self.info = RunnerInfo(
+            runtime=f"coremltools {ct.__version__} (Core ML)",
+            device_requested=units,
+            device_used=f"Core ML with compute units {units} (placement per op is Core ML's)",
+            precision_used={"fp16": "f16", "fp32": "f32"}.get(precision, precision),
+            details={"compute_units": units},
+        )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)

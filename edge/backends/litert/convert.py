@@ -35,20 +35,28 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from edge import toolchains
-from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
 from edge.bundle.typedjson import read_json_file
+from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.opsupport import check_ops
 
 log = logging.getLogger(__name__)
 
 TOOLCHAIN = "tflite"
-_ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'",
-                   why="the converted model is checked against the source in onnxruntime")
-_LITERT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'",
-                      why="the converted model is loaded and checked with LiteRT")
+_ORT = Requirement(
+    "python",
+    "onnxruntime",
+    install="pip install 'edgekit-ml[onnx]'",
+    why="the converted model is checked against the source in onnxruntime",
+)
+_LITERT = Requirement(
+    "python",
+    "ai_edge_litert",
+    install="pip install 'edgekit-ml[litert]'",
+    why="the converted model is loaded and checked with LiteRT",
+)
 _IO_DTYPES = ("int8", "uint8", "float32")
 _PARITY_SAMPLES = 32
 
@@ -70,8 +78,6 @@ def _say(msg: str) -> None:
         print(f"         {msg}", file=sys.stderr, flush=True)
 
 
-
-
 class OnnxToTFLite(Converter):
     name = "onnx->tflite"
     source_format = "onnx"
@@ -82,14 +88,13 @@ class OnnxToTFLite(Converter):
     requires = (_ORT, _LITERT)
     options = {
         "io_dtype": "int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
-                    "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
+        "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
         "per_channel": "int8: per-channel weight scales (default true)",
         "gate_cpu_parity": "deprecated, ignored: the pipeline's one parity gate runs the bundle's runner, or its CPU "
-                           "fallback where the accelerator is not on the build host (--accept-parity-failure "
-                           "applies to both)",
+        "fallback where the accelerator is not on the build host (--accept-parity-failure "
+        "applies to both)",
         "timeout_s": "stop the toolchain after this many seconds (default 3600)",
     }
-
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
@@ -113,25 +118,34 @@ class OnnxToTFLite(Converter):
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
             lowered, lowered_count = _lower_for_onnx2tf(Path(request.source), work, request.io)
-            arrays: dict[str, Any] = {n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            arrays: dict[str, Any] = {
+                n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names
+            }  # numpy's savez stub takes **arrays as allow_pickle too
             np.savez(work / "samples.npz", **arrays)
             job: dict[str, Any] = {
-                "onnx": str(Path(lowered or request.source).resolve()), "workdir": str(work),
+                "onnx": str(Path(lowered or request.source).resolve()),
+                "workdir": str(work),
                 "precision": request.precision,
-                "samples": str(work / "samples.npz"), "io_dtype": io_dtype,
+                "samples": str(work / "samples.npz"),
+                "io_dtype": io_dtype,
                 "per_channel": bool(opts.get("per_channel", True)),
-                "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+                "inputs": [
+                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs
+                ],
                 "keep_shape_inputs": _keep_shape_inputs(request) if lowered else [],
                 "no_onnxsim": bool(lowered),
-                "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype}
-                            for t in request.io.outputs],
+                "outputs": [
+                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs
+                ],
             }
             if int8:
                 calib_arrays: dict[str, Any] = {n: np.stack([s[n] for s in calib]) for n in names}
                 np.savez(work / "calibration.npz", **calib_arrays)
                 job["calibration"] = str(work / "calibration.npz")
-            _say(f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
-                 f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})")
+            _say(
+                f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
+                f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})"
+            )
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, on_event=_Reporter(), timeout_s=timeout_s)
             if final["event"] == "error":
                 raise _error_from(final, request, work)
@@ -145,12 +159,17 @@ class OnnxToTFLite(Converter):
         reference = reference_outputs(Path(request.source), parity_inputs)
         cpu_parity = _cpu_parity(out, request, parity_inputs, parity_label, reference)
         if not cpu_parity["passed"]:
-            notes.append(f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
-                         + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"]))
+            notes.append(
+                f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
+                + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"])
+            )
         details: dict[str, Any] = {
             **final["details"],
             "toolchain": st.manifest_record(),
-            "layout": [f"{t['name']}: {_layout_text(t)}" for t in read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)["inputs"]],
+            "layout": [
+                f"{t['name']}: {_layout_text(t)}"
+                for t in read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)["inputs"]
+            ],
             "io_sidecar": sidecar.name,
             "onnxsim": final.get("onnxsim", []),
             "network_attempts": final.get("network_attempts", []),
@@ -160,12 +179,21 @@ class OnnxToTFLite(Converter):
         if lowered_count:
             details["lowered"] = {"LSTM": lowered_count}
             notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.graph.lower)")
-        tool_versions = {k: v for k, v in final["tool_versions"].items() if k in ("onnx2tf", "tensorflow", "onnxsim",
-                                                                                 "onnx", "onnxruntime", "tf_keras")}
+        tool_versions = {
+            k: v
+            for k, v in final["tool_versions"].items()
+            if k in ("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime", "tf_keras")
+        }
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
         _say(f"onnx->tflite done in {elapsed:.1f} s: {out.stat().st_size / 1e6:.2f} MB")
-        return ConversionResult(artifact=out, format="tflite", files=[out, sidecar], tool_versions=tool_versions,
-                                details=details, notes=notes)
+        return ConversionResult(
+            artifact=out,
+            format="tflite",
+            files=[out, sidecar],
+            tool_versions=tool_versions,
+            details=details,
+            notes=notes,
+        )
 
 
 def _parity_inputs(request: ConversionRequest, calib: Any) -> tuple[list[dict[str, Any]], str]:
@@ -230,8 +258,10 @@ def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mappin
     """The calibration samples, each input present with the model's shape; every problem at once."""
     samples = list(request.calibration.samples) if request.calibration is not None else []
     if required and not samples:
-        raise CalibrationError(f"full-integer int8 TFLite needs calibration samples for {request.source}; none were given",
-                               hint="pass --calib DIR (.npy/.npz tensors or images), or --calib random for a smoke test")
+        raise CalibrationError(
+            f"full-integer int8 TFLite needs calibration samples for {request.source}; none were given",
+            hint="pass --calib DIR (.npy/.npz tensors or images), or --calib random for a smoke test",
+        )
     problems: list[str] = []
     for i, s in enumerate(samples):
         for t in request.io.inputs:
@@ -240,7 +270,9 @@ def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mappin
                 continue
             a = np.asarray(s[t.name])
             if tuple(a.shape) != tuple(t.shape):
-                problems.append(f"sample {i} input {t.name!r} has shape {list(a.shape)}, the model takes {list(t.shape)}")
+                problems.append(
+                    f"sample {i} input {t.name!r} has shape {list(a.shape)}, the model takes {list(t.shape)}"
+                )
             elif a.dtype != np.dtype(t.dtype):
                 problems.append(f"sample {i} input {t.name!r} has dtype {a.dtype}, the model takes {t.dtype}")
         if len(problems) >= 8:
@@ -256,7 +288,7 @@ def _one_line(text: str, limit: int = 600) -> str:
     the toolchain log the error names)."""
     lines = [" ".join(line.split()) for line in text.splitlines()]
     flat = " / ".join(line for line in lines if line)
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -> Exception:
@@ -264,12 +296,15 @@ def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -
     log_copy = toolchains.keep_log(work, TOOLCHAIN)
     where = f" (toolchain log: {log_copy})" if log_copy else ""
     if kind == "unsupported_ops":
-        return ConversionError(f"{msg}: no TFLite translation exists for these ONNX ops",
-                               hint="replace them in the source model, or choose a target whose runtime has "
-                                    "them (x86-cpu, intel-igpu)")
+        return ConversionError(
+            f"{msg}: no TFLite translation exists for these ONNX ops",
+            hint="replace them in the source model, or choose a target whose runtime has them (x86-cpu, intel-igpu)",
+        )
     if kind == "tflite_unsupported_ops":
-        return ConversionError(f"{msg}; the model would need TensorFlow's Flex kernels, which LiteRT on a device "
-                               "does not have", hint="replace these ops in the source model, or choose another target")
+        return ConversionError(
+            f"{msg}; the model would need TensorFlow's Flex kernels, which LiteRT on a device does not have",
+            hint="replace these ops in the source model, or choose another target",
+        )
     if kind == "calibration":
         return CalibrationError(msg)
     if kind == "toolchain":
@@ -289,8 +324,7 @@ def _layout_text(t: Mapping[str, Any]) -> str:
     if t["perm_onnx_to_tflite"] == list(range(len(t["shape"]))):
         s = f"{t['shape']} unchanged"
     else:
-        s = (f"{t.get('layout') or 'ONNX'} {t['shape']} -> {t.get('tflite_layout') or 'TFLite'} {t['tflite_shape']} "
-             "(the runner transposes)")
+        s = f"{t.get('layout') or 'ONNX'} {t['shape']} -> {t.get('tflite_layout') or 'TFLite'} {t['tflite_shape']} (the runner transposes)"
     if t.get("quantization"):
         q = t["quantization"]
         s += f", {t['tflite_dtype']} scale {q['scale']:.6g} zero point {q['zero_point']} (the runner converts)"
@@ -316,13 +350,16 @@ def _notes(final: Mapping[str, Any], sidecar: Path) -> list[str]:
 
 # -- the I/O sidecar ---------------------------------------------------------------------
 
+
 def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | None = None) -> Path:
     """``model.io.json``: ONNX tensors -> TFLite tensors, layouts and I/O quantization read from ``model``."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     from edge.spec import image_layout
 
-    it = Interpreter(model_path=str(model), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it = Interpreter(
+        model_path=str(model), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
     sigs = it.get_signature_list()
     key = next(iter(sigs)) if sigs else None
     if key is not None:
@@ -345,35 +382,54 @@ def write_sidecar(model: Path, io_map: Mapping[str, Any], *, cpu_model: str | No
         else:
             tflite_layout = layout if perm == list(range(len(perm))) else None
         return {
-            "name": t["name"], "shape": t["onnx_shape"], "dtype": "float32" if scale else str(np.dtype(d["dtype"])),
-            "layout": layout, "tflite_name": t["tflite_name"], "tflite_tensor": d.get("name"),
-            "tflite_shape": tflite_shape, "tflite_dtype": str(np.dtype(d["dtype"])), "tflite_layout": tflite_layout,
+            "name": t["name"],
+            "shape": t["onnx_shape"],
+            "dtype": "float32" if scale else str(np.dtype(d["dtype"])),
+            "layout": layout,
+            "tflite_name": t["tflite_name"],
+            "tflite_tensor": d.get("name"),
+            "tflite_shape": tflite_shape,
+            "tflite_dtype": str(np.dtype(d["dtype"])),
+            "tflite_layout": tflite_layout,
             "perm_onnx_to_tflite": perm,
             "quantization": {"scale": float(scale), "zero_point": int(zp)} if scale else None,
         }
 
-    data = {"schema": IO_SCHEMA, "signature": key,
-            "inputs": [entry(t, tin) for t in io_map["inputs"]],
-            "outputs": [entry(t, tout) for t in io_map["outputs"]],
-            "cpu_model": cpu_model}
+    data = {
+        "schema": IO_SCHEMA,
+        "signature": key,
+        "inputs": [entry(t, tin) for t in io_map["inputs"]],
+        "outputs": [entry(t, tout) for t in io_map["outputs"]],
+        "cpu_model": cpu_model,
+    }
     del it
     path = sidecar_path(model)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path
 
 
-def _cpu_parity(model: Path, request: ConversionRequest, samples: Sequence[Mapping[str, Any]], label: str,
-                reference: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-    from edge.verify.parity import ParityReport, compare, thresholds_for
+def _cpu_parity(
+    model: Path,
+    request: ConversionRequest,
+    samples: Sequence[Mapping[str, Any]],
+    label: str,
+    reference: list[dict[str, np.ndarray]],
+) -> dict[str, Any]:
     from edge.backends.litert.run import LiteRTRunner
+    from edge.verify.parity import ParityReport, compare, thresholds_for
 
     with LiteRTRunner(model, options={"delegate": "none", "num_threads": 0}, precision=request.precision) as runner:
         cand = [runner.infer(s) for s in samples]
         th = thresholds_for(request.precision, runner.info.precision_used)
-        report = ParityReport(precision=request.precision, thresholds=th, samples=len(samples), inputs=label,
-                              reference="onnxruntime fp32 CPUExecutionProvider",
-                              candidate={"runtime": runner.info.runtime, "device_used": runner.info.device_used},
-                              outputs=compare(reference, cand, th))
+        report = ParityReport(
+            precision=request.precision,
+            thresholds=th,
+            samples=len(samples),
+            inputs=label,
+            reference="onnxruntime fp32 CPUExecutionProvider",
+            candidate={"runtime": runner.info.runtime, "device_used": runner.info.device_used},
+            outputs=compare(reference, cand, th),
+        )
     out = report.to_json()
     out.pop("accepted_failure", None)
     return out

@@ -36,8 +36,10 @@ from edge.backends.litert.format import load_sidecar
 from edge.errors import BundleError, ConversionError, MissingDependencyError, PrecisionError, TargetError
 
 COMPILER = "edgetpu_compiler"
-COMPILER_INSTALL = ("edgetpu_compiler runs on x86-64 Linux only; install it from Coral's apt repository "
-                    "(https://coral.ai/docs/edgetpu/compiler/: apt-get install edgetpu-compiler)")
+COMPILER_INSTALL = (
+    "edgetpu_compiler runs on x86-64 Linux only; install it from Coral's apt repository "
+    "(https://coral.ai/docs/edgetpu/compiler/: apt-get install edgetpu-compiler)"
+)
 _MAPPED = "Mapped to Edge TPU"
 
 
@@ -52,8 +54,14 @@ def parse_compiler_log(text: str) -> dict[str, Any]:
     for line in text.splitlines():
         m = re.fullmatch(r"\s*([A-Z][A-Z0-9_]*)\s+(\d+)\s+(\S.*?)\s*", line)
         if m and m.group(1) not in ("Operator",):
-            rows.append({"op": m.group(1), "count": int(m.group(2)), "status": m.group(3),
-                         "on": "tpu" if m.group(3).startswith(_MAPPED) else "cpu"})
+            rows.append(
+                {
+                    "op": m.group(1),
+                    "count": int(m.group(2)),
+                    "status": m.group(3),
+                    "on": "tpu" if m.group(3).startswith(_MAPPED) else "cpu",
+                }
+            )
     tpu = re.search(r"operations that will run on Edge TPU:\s*(\d+)", text)
     cpu = re.search(r"operations that will run on CPU:\s*(\d+)", text)
     version = re.search(r"Edge TPU Compiler version\s+(\S+)", text)
@@ -74,9 +82,8 @@ class TFLiteToEdgeTPU(Converter):
     requires = ()
     options = {
         "compiler": f"edgetpu_compiler to run (default: {COMPILER} on PATH)",
-        "require_compiler": "fail when edgetpu_compiler is missing instead of keeping the uncompiled int8 model "
-                            "(default false)",
-        "extra_args": "more compiler arguments, e.g. [\"--num_segments\", \"2\"]",
+        "require_compiler": "fail when edgetpu_compiler is missing instead of keeping the uncompiled int8 model (default false)",
+        "extra_args": 'more compiler arguments, e.g. ["--num_segments", "2"]',
         "timeout_s": "stop the compiler after this many seconds (default 600)",
     }
 
@@ -102,22 +109,40 @@ class TFLiteToEdgeTPU(Converter):
         finish = finish_command(_final_dir(out_dir))
         details: dict[str, Any] = {"input_ops": list(info.builtin_ops), "finish_with": None}
         if compiler is None:
-            what = (f"{opts.get('compiler', COMPILER)} is not on PATH, so the model was not compiled for the Edge TPU")
+            what = f"{opts.get('compiler', COMPILER)} is not on PATH, so the model was not compiled for the Edge TPU"
             if bool(opts.get("require_compiler", False)):
                 raise MissingDependencyError(f"converter {self.name!r}: {what}", hint=COMPILER_INSTALL)
             details.update(edgetpu_compiled=False, reason=what, finish_with=finish)
-            note = (f"{what}: the bundle holds the ready full-integer model.tflite, which the Edge TPU runs none of "
-                    f"until compiled. Finish it on an x86-64 Linux machine that has {COMPILER}: `{finish}` (compiles "
-                    "model.tflite and writes the re-hashed bundle; or convert there, same result)")
-            return ConversionResult(artifact=model, format="tflite", files=files,
-                                    tool_versions={COMPILER: "not installed"}, details=details, notes=[note])
+            note = (
+                f"{what}: the bundle holds the ready full-integer model.tflite, which the Edge TPU runs none of "
+                f"until compiled. Finish it on an x86-64 Linux machine that has {COMPILER}: `{finish}` (compiles "
+                "model.tflite and writes the re-hashed bundle; or convert there, same result)"
+            )
+            return ConversionResult(
+                artifact=model,
+                format="tflite",
+                files=files,
+                tool_versions={COMPILER: "not installed"},
+                details=details,
+                notes=[note],
+            )
 
-        compiled = compile_model(model, out_dir, compiler=compiler, extra_args=opts.get("extra_args", ()),
-                                 timeout_s=float(opts.get("timeout_s", 600)))
+        compiled = compile_model(
+            model,
+            out_dir,
+            compiler=compiler,
+            extra_args=opts.get("extra_args", ()),
+            timeout_s=float(opts.get("timeout_s", 600)),
+        )
         details.update(edgetpu_compiled=True, command=compiled.command, **compiled.log)
-        return ConversionResult(artifact=compiled.model, format=self.target_format, files=files + compiled.files,
-                                tool_versions={COMPILER: compiled.version or "unknown"},
-                                details=details, notes=compiled.notes)
+        return ConversionResult(
+            artifact=compiled.model,
+            format=self.target_format,
+            files=files + compiled.files,
+            tool_versions={COMPILER: compiled.version or "unknown"},
+            details=details,
+            notes=compiled.notes,
+        )
 
 
 def find_compiler(name: str | None = None) -> str | None:
@@ -145,8 +170,9 @@ class CompiledModel:
         return self.log["compiler_version"]  # type: ignore[no-any-return]
 
 
-def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequence[Any] = (),
-                  timeout_s: float = 600.0) -> CompiledModel:
+def compile_model(
+    model: Path, out_dir: Path, *, compiler: str, extra_args: Sequence[Any] = (), timeout_s: float = 600.0
+) -> CompiledModel:
     """Run ``compiler`` on the full-integer ``model``, writing ``<stem>_edgetpu.tflite`` (+ log) into ``out_dir``.
 
     The compiled model's I/O sidecar is the int8 model's with ``cpu_model`` naming the int8 model:
@@ -157,8 +183,9 @@ def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequ
     except subprocess.TimeoutExpired:
         raise ConversionError(f"{COMPILER} did not finish within {timeout_s:.0f} s on {model.name}") from None
     except OSError as e:
-        raise ConversionError(f"{COMPILER} ({compiler}) could not be started: {e.strerror or e}",
-                              hint=COMPILER_INSTALL) from None
+        raise ConversionError(
+            f"{COMPILER} ({compiler}) could not be started: {e.strerror or e}", hint=COMPILER_INSTALL
+        ) from None
     compiled = out_dir / f"{model.stem}_edgetpu.tflite"
     log_file = out_dir / f"{model.stem}_edgetpu.log"
     if proc.returncode != 0 or not compiled.is_file():
@@ -189,6 +216,7 @@ def compile_model(model: Path, out_dir: Path, *, compiler: str, extra_args: Sequ
 
 # -- finishing a bundle built where the compiler was missing ---------------------------------
 
+
 @dataclass(frozen=True)
 class FinishResult:
     bundle: Any  # edge.bundle.bundle.Bundle: the finished bundle, opened and verified
@@ -198,17 +226,31 @@ class FinishResult:
     notes: list[str]
 
     def to_json(self) -> dict[str, Any]:
-        return {"bundle_id": self.bundle.id, "bundle_path": str(self.bundle.path), "finished_from": self.source_id,
-                "primary_artifact": self.bundle.info.primary_artifact, "compiler_version": self.compiled.version,
-                "tpu_ops": self.compiled.log["tpu_ops"], "cpu_ops": self.compiled.log["cpu_ops"],
-                "signed": self.signed.to_json() if self.signed is not None else None, "notes": self.notes}
+        return {
+            "bundle_id": self.bundle.id,
+            "bundle_path": str(self.bundle.path),
+            "finished_from": self.source_id,
+            "primary_artifact": self.bundle.info.primary_artifact,
+            "compiler_version": self.compiled.version,
+            "tpu_ops": self.compiled.log["tpu_ops"],
+            "cpu_ops": self.compiled.log["cpu_ops"],
+            "signed": self.signed.to_json() if self.signed is not None else None,
+            "notes": self.notes,
+        }
 
 
-def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
-                  key: str | None = None, compiler: str | None = None, extra_args: Sequence[Any] | None = None,
-                  timeout_s: float | None = None, force: bool = False,
-                  targets_dir: Sequence[str | os.PathLike[str]] = (),
-                  keys_directory: str | os.PathLike[str] | None = None) -> FinishResult:
+def finish_bundle(
+    path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    key: str | None = None,
+    compiler: str | None = None,
+    extra_args: Sequence[Any] | None = None,
+    timeout_s: float | None = None,
+    force: bool = False,
+    targets_dir: Sequence[str | os.PathLike[str]] = (),
+    keys_directory: str | os.PathLike[str] | None = None,
+) -> FinishResult:
     """Compile the int8 model of an uncompiled Edge TPU bundle (built where ``edgetpu_compiler`` was
     missing) and write the compiled bundle at ``output`` (default: in place of ``path``).
 
@@ -219,10 +261,9 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
     uncompiled model is dropped. ``key`` (else ``$EDGEKIT_SIGN_KEY``) signs it; without one the old
     signature, which covered the old manifest, is gone and a note says so. Compiler arguments and
     timeout default to the target profile's ``[convert.options."tflite->edgetpu"]``."""
-    from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
-    from edge.bundle.typedjson import write_json_atomic
+    from edge.bundle.bundle import MANIFEST, Bundle, sign_bundle, staging_dir
     from edge.bundle.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key
-    from edge.bundle.bundle import sign_bundle
+    from edge.bundle.typedjson import write_json_atomic
 
     src = Bundle.open(path, verify=False, trust=False)
     notes: list[str] = []
@@ -233,13 +274,15 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
         if not leftovers:
             raise
         # a manual edgetpu_compiler run left its outputs unlisted: rebuilt here; the listed files are checked below
-        notes.append(f"ignored {', '.join(leftovers)} in {src.path} (left unhashed by a manual {COMPILER} run; "
-                     "compiled again here)")
+        notes.append(
+            f"ignored {', '.join(leftovers)} in {src.path} (left unhashed by a manual {COMPILER} run; compiled again here)"
+        )
     _check_finishable(src)
     exe = find_compiler(compiler)
     if exe is None:
-        raise MissingDependencyError(f"cannot finish {src.id}: {compiler or COMPILER} is not on PATH",
-                                     hint=COMPILER_INSTALL)
+        raise MissingDependencyError(
+            f"cannot finish {src.id}: {compiler or COMPILER} is not on PATH", hint=COMPILER_INSTALL
+        )
     sign_key = configured_sign_key(key)
     if sign_key is not None:
         load_signing_key(sign_key, keys_directory)  # a bad key fails before anything is compiled or written
@@ -253,9 +296,13 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
     with staging_dir(dest, force=True) as stage:
         _copy_verified(src, stage)
         int8 = stage / src.info.primary_artifact
-        compiled = compile_model(int8, int8.parent, compiler=exe,
-                                 extra_args=options.get("extra_args", ()) if extra_args is None else extra_args,
-                                 timeout_s=float(options.get("timeout_s", 600) if timeout_s is None else timeout_s))
+        compiled = compile_model(
+            int8,
+            int8.parent,
+            compiler=exe,
+            extra_args=options.get("extra_args", ()) if extra_args is None else extra_args,
+            timeout_s=float(options.get("timeout_s", 600) if timeout_s is None else timeout_s),
+        )
         manifest = _finished_manifest(src, stage, dest, compiled, notes)
         Bundle(stage, manifest)  # validated before it is written
         write_json_atomic(stage / MANIFEST, manifest)
@@ -265,10 +312,14 @@ def finish_bundle(path: str | os.PathLike[str], output: str | os.PathLike[str] |
     if signed is not None:
         notes.append(f"signed with key {signed.key_id}: {signed.name} version {signed.version}")
     else:
-        what = ("the source bundle's signature covered its old manifest and was dropped" if had_signature
-                else "the source bundle was not signed")
-        notes.append(f"not signed: {what}; sign it with `edgekit sign {shlex.quote(str(dest))} --key NAME` "
-                     "(or finish with --key)")
+        what = (
+            "the source bundle's signature covered its old manifest and was dropped"
+            if had_signature
+            else "the source bundle was not signed"
+        )
+        notes.append(
+            f"not signed: {what}; sign it with `edgekit sign {shlex.quote(str(dest))} --key NAME` (or finish with --key)"
+        )
     return FinishResult(Bundle.open(dest, trust=False), src.id, compiled, signed, notes)
 
 
@@ -286,12 +337,15 @@ def _check_finishable(bundle: Any) -> None:
     info = bundle.info
     delegate = info.runner.options_dict.get("delegate")
     if not any(c.converter == TFLiteToEdgeTPU.name for c in info.chain) or delegate != "edgetpu":
-        raise BundleError(f"{bundle.id} is not an Edge TPU bundle (target {info.target.name}, runner {info.runner.name}"
-                          f"{f' delegate {delegate}' if delegate else ''}, no {TFLiteToEdgeTPU.name} step): "
-                          "`edgekit finish` compiles coral-edgetpu bundles only")
+        raise BundleError(
+            f"{bundle.id} is not an Edge TPU bundle (target {info.target.name}, runner {info.runner.name}"
+            f"{f' delegate {delegate}' if delegate else ''}, no {TFLiteToEdgeTPU.name} step): "
+            "`edgekit finish` compiles coral-edgetpu bundles only"
+        )
     if info.format == TFLiteToEdgeTPU.target_format or read_tflite(bundle.artifact).edgetpu_compiled:
-        raise BundleError(f"{bundle.id} is already compiled for the Edge TPU ({info.primary_artifact} holds "
-                          f"{EDGETPU_OP}): nothing to finish")
+        raise BundleError(
+            f"{bundle.id} is already compiled for the Edge TPU ({info.primary_artifact} holds {EDGETPU_OP}): nothing to finish"
+        )
 
 
 def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]], notes: list[str]) -> dict[str, Any]:
@@ -318,8 +372,10 @@ def _copy_verified(bundle: Any, stage: Path) -> None:
         if dst.stat().st_size != a.bytes or sha256_file(dst) != a.sha256:
             problems.append(f"{a.path}: sha256 differs from the manifest")
     if problems:
-        raise BundleError(f"bundle {bundle.path} failed verification: " + "; ".join(problems),
-                          hint="rebuild it with `edgekit convert`")
+        raise BundleError(
+            f"bundle {bundle.path} failed verification: " + "; ".join(problems),
+            hint="rebuild it with `edgekit convert`",
+        )
 
 
 def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledModel, notes: list[str]) -> dict[str, Any]:
@@ -335,29 +391,45 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
     artifacts = artifact_entries(stage, [f for f in stage.rglob("*") if f.is_file()])
     stem = Path(info.source.file).stem if info.source is not None else info.bundle_id.split("-")[0]
     log = compiled.log
-    step_notes = [f"compiled by `edgekit finish` from bundle {src.id}: {log['tpu_ops']} op(s) on the Edge TPU, "
-                  f"{log['cpu_ops']} on the CPU"] + compiled.notes
-    m.update({
-        "edgekit_version": edge.__version__,
-        "bundle_id": bundle_id(stem, info.target.name, info.precision, [a["sha256"] for a in artifacts],
-                               info.runner.options_dict),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "format": TFLiteToEdgeTPU.target_format,
-        "primary_artifact": compiled.model.relative_to(stage).as_posix(),
-        "artifacts": artifacts,
-        "chain": [*m.get("chain", []), {
-            "converter": TFLiteToEdgeTPU.name, "precision": info.precision,
-            "output_format": TFLiteToEdgeTPU.target_format,
-            "tool_versions": {COMPILER: compiled.version or "unknown"},
-            "details": {"edgetpu_compiled": True, "finished_from": src.id, "finished_on": current_host().describe(),
-                        "command": compiled.command.replace(str(stage), str(dest)), **log},
-            "notes": step_notes}],
-    })
+    step_notes = [
+        f"compiled by `edgekit finish` from bundle {src.id}: {log['tpu_ops']} op(s) on the Edge TPU, {log['cpu_ops']} on the CPU"
+    ] + compiled.notes
+    m.update(
+        {
+            "edgekit_version": edge.__version__,
+            "bundle_id": bundle_id(
+                stem, info.target.name, info.precision, [a["sha256"] for a in artifacts], info.runner.options_dict
+            ),
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "format": TFLiteToEdgeTPU.target_format,
+            "primary_artifact": compiled.model.relative_to(stage).as_posix(),
+            "artifacts": artifacts,
+            "chain": [
+                *m.get("chain", []),
+                {
+                    "converter": TFLiteToEdgeTPU.name,
+                    "precision": info.precision,
+                    "output_format": TFLiteToEdgeTPU.target_format,
+                    "tool_versions": {COMPILER: compiled.version or "unknown"},
+                    "details": {
+                        "edgetpu_compiled": True,
+                        "finished_from": src.id,
+                        "finished_on": current_host().describe(),
+                        "command": compiled.command.replace(str(stage), str(dest)),
+                        **log,
+                    },
+                    "notes": step_notes,
+                },
+            ],
+        }
+    )
     m.pop("version", None)  # a signed version belongs to a signature; signing gives the new manifest its own
     if m.get("benchmark") is not None:
         m["benchmark"] = None
-        notes.append("dropped the benchmark recorded for the uncompiled model; benchmark the compiled one on the "
-                     "device (`edgekit bench BUNDLE --record`)")
+        notes.append(
+            "dropped the benchmark recorded for the uncompiled model; benchmark the compiled one on the "
+            "device (`edgekit bench BUNDLE --record`)"
+        )
     return m
 
 
@@ -373,13 +445,22 @@ def _check_full_integer(path: Path) -> None:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:
         return
-    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it = Interpreter(
+        model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
     import numpy as np
 
-    float_ops = sorted({o["op_name"] for o in it._get_ops_details()
-                        if o["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
-                        and any(t in (np.float32, np.float16) for t in o.get("result_types", []))})
+    float_ops = sorted(
+        {
+            o["op_name"]
+            for o in it._get_ops_details()
+            if o["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
+            and any(t in (np.float32, np.float16) for t in o.get("result_types", []))
+        }
+    )
     if float_ops:
-        raise ConversionError(f"{path.name} is not a full-integer model (float ops: {', '.join(float_ops)}); "
-                              "the Edge TPU compiles only full-integer int8 models",
-                              hint="convert with precision int8 and calibration data")
+        raise ConversionError(
+            f"{path.name} is not a full-integer model (float ops: {', '.join(float_ops)}); "
+            "the Edge TPU compiles only full-integer int8 models",
+            hint="convert with precision int8 and calibration data",
+        )

@@ -45,9 +45,11 @@ extern const unsigned int {name}_len;
 
 #endif  // {guard}
 """
-_C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto if
+_C_KEYWORDS = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto if
 inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
-volatile while alignas alignof bool class namespace new delete template this true false""".split())
+volatile while alignas alignof bool class namespace new delete template this true false""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,18 @@ def array_name(path: str | os.PathLike[str]) -> str:
 
 def _check_name(name: str) -> None:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _C_KEYWORDS:
-        raise EdgeError(f"{name!r} is not a valid C identifier for the array name",
-                        hint="use letters, digits and underscores, not starting with a digit")
+        raise EdgeError(
+            f"{name!r} is not a valid C identifier for the array name",
+            hint="use letters, digits and underscores, not starting with a digit",
+        )
 
 
 def _template() -> str:
     edge_dir = Path(__file__).resolve().parents[2]  # edge/backends/litert/firmware.py -> edge/
-    for candidate in (edge_dir.parent / "firmware_helpers" / _TEMPLATE_NAME, edge_dir / "firmware_helpers" / _TEMPLATE_NAME):
+    for candidate in (
+        edge_dir.parent / "firmware_helpers" / _TEMPLATE_NAME,
+        edge_dir / "firmware_helpers" / _TEMPLATE_NAME,
+    ):
         if candidate.is_file():
             return candidate.read_text(encoding="utf-8")
     return _BUILTIN_TEMPLATE
@@ -91,12 +98,18 @@ def _template() -> str:
 def _hex_lines(data: bytes, per_line: int = 12) -> str:
     lines = []
     for i in range(0, len(data), per_line):
-        lines.append("  " + ", ".join(f"0x{b:02x}" for b in data[i:i + per_line]) + ",")
+        lines.append("  " + ", ".join(f"0x{b:02x}" for b in data[i : i + per_line]) + ",")
     return "\n".join(lines)
 
 
-def write_c_array(model: str | os.PathLike[str], output: str | os.PathLike[str], *, name: str | None = None,
-                  max_bytes: int | None = None, force: bool = True) -> CArray:
+def write_c_array(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    max_bytes: int | None = None,
+    force: bool = True,
+) -> CArray:
     """Write ``output`` (.cc/.c) and its header beside it; refuse non-TFLite input and over-budget models."""
     import edge
     from edge.backends.litert.format import check_tflite_bytes
@@ -110,9 +123,11 @@ def write_c_array(model: str | os.PathLike[str], output: str | os.PathLike[str],
         if max_bytes <= 0:
             raise EdgeError(f"--max-bytes must be > 0, got {max_bytes}")
         if len(data) > max_bytes:
-            raise EdgeError(f"{src.name} is {len(data):,} bytes, over the flash budget of {max_bytes:,} bytes "
-                            f"by {len(data) - max_bytes:,} ({len(data) / max_bytes:.0%} of it)",
-                            hint="quantize to int8, shrink the model, or raise --max-bytes")
+            raise EdgeError(
+                f"{src.name} is {len(data):,} bytes, over the flash budget of {max_bytes:,} bytes "
+                f"by {len(data) - max_bytes:,} ({len(data) / max_bytes:.0%} of it)",
+                hint="quantize to int8, shrink the model, or raise --max-bytes",
+            )
     name = name or array_name(src)
     _check_name(name)
     out = Path(output)
@@ -124,9 +139,17 @@ def write_c_array(model: str | os.PathLike[str], output: str | os.PathLike[str],
         if existing:
             raise EdgeError(f"{', '.join(map(str, existing))} already exist(s)", hint="pass --force to overwrite")
     sha = hashlib.sha256(data).hexdigest()
-    fields = {"version": edge.__version__, "source": src.name, "size": len(data), "sha256": sha, "name": name,
-              "cc_name": out.name, "header_name": header.name, "bytes": _hex_lines(data),
-              "guard": re.sub(r"[^A-Z0-9]", "_", header.name.upper()) + "_"}
+    fields = {
+        "version": edge.__version__,
+        "source": src.name,
+        "size": len(data),
+        "sha256": sha,
+        "name": name,
+        "cc_name": out.name,
+        "header_name": header.name,
+        "bytes": _hex_lines(data),
+        "guard": re.sub(r"[^A-Z0-9]", "_", header.name.upper()) + "_",
+    }
     text = _template().format(**fields)
     if out.suffix.lower() == ".c":
         # C11 spells it _Alignas; the alignas macro needs <stdalign.h>

@@ -40,14 +40,23 @@ def check_tflite_bytes(data: bytes, origin: str) -> None:
         raise InputFileError(f"{origin} is not a TFLite model: {len(data)} bytes")
     if data[4:8] != TFLITE_IDENTIFIER:
         head = data[:8]
-        what = ("an ONNX/protobuf file" if head[:1] == b"\x08" else "a ZIP archive" if head[:2] == b"PK"
-                else "text" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else "something else")
-        raise InputFileError(f"{origin} is not a TFLite flatbuffer: its file identifier is {data[4:8]!r}, "
-                             f"not {TFLITE_IDENTIFIER!r} (it looks like {what})")
+        what = (
+            "an ONNX/protobuf file"
+            if head[:1] == b"\x08"
+            else "a ZIP archive"
+            if head[:2] == b"PK"
+            else "text"
+            if all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+            else "something else"
+        )
+        raise InputFileError(
+            f"{origin} is not a TFLite flatbuffer: its file identifier is {data[4:8]!r}, not {TFLITE_IDENTIFIER!r} (it looks like {what})"
+        )
     root = int.from_bytes(data[0:4], "little")
     if not 8 <= root < len(data) - 4:
-        raise InputFileError(f"{origin} is a truncated or corrupt TFLite flatbuffer (root offset {root}, "
-                             f"{len(data)} bytes)")
+        raise InputFileError(
+            f"{origin} is a truncated or corrupt TFLite flatbuffer (root offset {root}, {len(data)} bytes)"
+        )
 
 
 def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
@@ -69,15 +78,23 @@ def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
                 custom.append(oc.CustomCode().decode(errors="replace"))
             else:
                 builtin.append(names.get(code, str(code)))
-        return TFLiteFile(p, len(data), model.Version(), model.SubgraphsLength(), tuple(builtin), tuple(custom),
-                          (model.Description() or b"").decode(errors="replace"))
+        return TFLiteFile(
+            p,
+            len(data),
+            model.Version(),
+            model.SubgraphsLength(),
+            tuple(builtin),
+            tuple(custom),
+            (model.Description() or b"").decode(errors="replace"),
+        )
     except InputFileError:
         raise
     except ImportError:
         return TFLiteFile(p, len(data), -1, -1, (), (), "")
     except Exception as e:  # noqa: BLE001 - a flatbuffer that does not parse is a bad input file
-        raise InputFileError(f"{p} has a TFLite identifier but does not parse as a TFLite model: "
-                             f"{type(e).__name__}: {e}") from None
+        raise InputFileError(
+            f"{p} has a TFLite identifier but does not parse as a TFLite model: {type(e).__name__}: {e}"
+        ) from None
 
 
 def load_sidecar(artifact: Path) -> dict[str, Any] | None:
@@ -106,7 +123,9 @@ def signature_names(path: str | os.PathLike[str]) -> dict[str, str]:
     tensor names (tf2onnx, OpenVINO's TFLite frontend) rename their I/O through it (issue #23)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it = Interpreter(
+        model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
     sigs = it.get_signature_list()
     if not sigs:
         return {}
@@ -128,19 +147,33 @@ ALLOW_CPU_FALLBACK_ENV = "EDGEKIT_ALLOW_CPU_FALLBACK"
 @dataclass(frozen=True)
 class LiteRTOptions:
     delegate: Literal["xnnpack", "edgetpu", "none", "reference", "XNNPACK", "EDGETPU", "NONE", "REFERENCE"] = spec(
-        "xnnpack", doc="xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) "
-                       "or reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)")
+        "xnnpack",
+        doc="xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) "
+        "or reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)",
+    )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
-    num_threads: int = spec(0, **THREADS, doc="CPU threads; 0 (default) = edgekit's choice: the CPUs this process may "
-                            "use that other processes and reserve_cpus leave (edge.backends.threads). LiteRT's own "
-                            "default (None) runs XNNPack on one thread")
-    allow_cpu_fallback: bool = spec(False, doc="run on the CPU when the delegate cannot be used (libedgetpu missing, "
-                                    "model not compiled for the Edge TPU, XNNPack refusing the model); reported as CPU "
-                                    f"fallback. Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command")
-    edgetpu_device: str = spec("", pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$", doc="which Edge TPU libedgetpu opens: '' "
-                               "(the first, default), 'usb', 'usb:0', 'pci:0'")
+    num_threads: int = spec(
+        0,
+        **THREADS,
+        doc="CPU threads; 0 (default) = edgekit's choice: the CPUs this process may "
+        "use that other processes and reserve_cpus leave (edge.backends.threads). LiteRT's own "
+        "default (None) runs XNNPack on one thread",
+    )
+    allow_cpu_fallback: bool = spec(
+        False,
+        doc="run on the CPU when the delegate cannot be used (libedgetpu missing, "
+        "model not compiled for the Edge TPU, XNNPack refusing the model); reported as CPU "
+        f"fallback. Default false; {ALLOW_CPU_FALLBACK_ENV}=1 sets it for every command",
+    )
+    edgetpu_device: str = spec(
+        "",
+        pattern=r"^((usb|pci)(:[0-9]{1,3})?)?$",
+        doc="which Edge TPU libedgetpu opens: '' (the first, default), 'usb', 'usb:0', 'pci:0'",
+    )
     xnnpack_latest_features: bool = spec(
-        False, doc="delegate xnnpack only: create XNNPack with its latest operators enabled "
-                   "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
-                   "experimental_default_delegate_latest_features) instead of LiteRT's default XNNPack; true or false "
-                   "(default)")
+        False,
+        doc="delegate xnnpack only: create XNNPack with its latest operators enabled "
+        "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
+        "experimental_default_delegate_latest_features) instead of LiteRT's default XNNPack; true or false "
+        "(default)",
+    )

@@ -29,10 +29,12 @@ def prepare_tflite(source: Path, workdir: Path, *, fp32: bool = False) -> tuple[
     data = Path(source).read_bytes()
     state = resource_ops(load(data))
     if state:
-        raise ConversionError(f"{Path(source).name} keeps resource variables between calls ({', '.join(state)}); "
-                              "tf2onnx and OpenVINO's TFLite frontend cannot translate them",
-                              hint=f"LiteRT runs it as it is: convert it for arm-xnnpack (edgekit convert "
-                                   f"{Path(source).name} -t arm-xnnpack), or bring the model's ONNX")
+        raise ConversionError(
+            f"{Path(source).name} keeps resource variables between calls ({', '.join(state)}); "
+            "tf2onnx and OpenVINO's TFLite frontend cannot translate them",
+            hint=f"LiteRT runs it as it is: convert it for arm-xnnpack (edgekit convert "
+            f"{Path(source).name} -t arm-xnnpack), or bring the model's ONNX",
+        )
     out, record = rewrite(data, lower=True, fp32=fp32, densify=True)
     if out is data:
         return Path(source), {}
@@ -56,19 +58,28 @@ class TFLiteToTFLite(Converter):
         source = Path(request.source)
         data = source.read_bytes()
         if request.precision == "fp16" and not has_fp16_weights(load(data)):
-            raise ConversionError(f"{source.name} holds no f16 weights; edgekit does not make an fp32 .tflite fp16",
-                                  hint="ship it as it is (fp32), or bring the model's ONNX for fp16")
+            raise ConversionError(
+                f"{source.name} holds no f16 weights; edgekit does not make an fp32 .tflite fp16",
+                hint="ship it as it is (fp32), or bring the model's ONNX for fp16",
+            )
         out, record = rewrite(data, lower=True, fp32=request.precision == "fp32")
         left = custom_ops(load(out))
         if left:
-            raise ConversionError(f"{source.name} uses custom op(s) {', '.join(left)}, which LiteRT does not have and "
-                                  "edgekit cannot lower", hint="bring the model's ONNX instead")
+            raise ConversionError(
+                f"{source.name} uses custom op(s) {', '.join(left)}, which LiteRT does not have and edgekit cannot lower",
+                hint="bring the model's ONNX instead",
+            )
         dst = request.workdir / "model.tflite"
         dst.write_bytes(out)
         details = {**record.to_json(), "bytes": len(out), "source_bytes": len(data)}
         notes = ["fp16: the source's f16 weights are kept as they are"] if request.precision == "fp16" else []
         import ai_edge_litert
 
-        return ConversionResult(artifact=dst, format="tflite", files=[dst],
-                                tool_versions={"ai-edge-litert schema": getattr(ai_edge_litert, "__version__", "?")},
-                                details=details, notes=notes)
+        return ConversionResult(
+            artifact=dst,
+            format="tflite",
+            files=[dst],
+            tool_versions={"ai-edge-litert schema": getattr(ai_edge_litert, "__version__", "?")},
+            details=details,
+            notes=notes,
+        )

@@ -104,8 +104,9 @@ def _const_tensor(model: Any, graph: Any, name: str, value: np.ndarray, ttype: i
     return len(graph.tensors) - 1
 
 
-def transpose_conv_output_shape(in_shape: tuple[int, ...], filter_shape: tuple[int, ...], padding: int,
-                                stride_w: int, stride_h: int) -> tuple[int, int, int, int]:
+def transpose_conv_output_shape(
+    in_shape: tuple[int, ...], filter_shape: tuple[int, ...], padding: int, stride_w: int, stride_h: int
+) -> tuple[int, int, int, int]:
     """MediaPipe's Prepare(): the output size of Convolution2DTransposeBias (NHWC input, OHWI filter)."""
     n, ih, iw, _ = in_shape
     o, fh, fw, _ = filter_shape
@@ -130,18 +131,30 @@ def lower_mediapipe_ops(model: Any, record: Rewrite) -> None:
             padding, stride_w, stride_h = struct.unpack("<iii", raw[:12])
             x, w, bias = (g.tensors[i] for i in op.inputs)
             types = {x.type, w.type, bias.type, g.tensors[op.outputs[0]].type}
-            if padding not in (1, 2) or stride_w < 1 or stride_h < 1 or types != {_TFLITE_FLOAT32} \
-                    or len(x.shape) != 4 or len(w.shape) != 4:
+            if (
+                padding not in (1, 2)
+                or stride_w < 1
+                or stride_h < 1
+                or types != {_TFLITE_FLOAT32}
+                or len(x.shape) != 4
+                or len(w.shape) != 4
+            ):
                 bad.append(f"{where}: padding {padding}, strides {stride_w}x{stride_h}, float32 4-D only")
                 continue
-            shape = transpose_conv_output_shape(tuple(int(d) for d in x.shape), tuple(int(d) for d in w.shape),
-                                                padding, stride_w, stride_h)
+            shape = transpose_conv_output_shape(
+                tuple(int(d) for d in x.shape), tuple(int(d) for d in w.shape), padding, stride_w, stride_h
+            )
             declared = tuple(int(d) for d in g.tensors[op.outputs[0]].shape)
             if declared and declared != shape:
                 bad.append(f"{where}: output declared {list(declared)}, MediaPipe's kernel makes {list(shape)}")
                 continue
-            shape_t = _const_tensor(model, g, f"{g.tensors[op.outputs[0]].name.decode(errors='replace')}/output_shape",
-                                    np.asarray(shape, dtype=np.int32), _TFLITE_INT32)
+            shape_t = _const_tensor(
+                model,
+                g,
+                f"{g.tensors[op.outputs[0]].name.decode(errors='replace')}/output_shape",
+                np.asarray(shape, dtype=np.int32),
+                _TFLITE_INT32,
+            )
             opts = schema.TransposeConvOptionsT()
             opts.padding = schema.Padding.SAME if padding == 1 else schema.Padding.VALID
             opts.strideW, opts.strideH = stride_w, stride_h
@@ -247,20 +260,26 @@ def sparse_to_dense(tensor: Any, data: bytes) -> np.ndarray:
             size = int(levels[order.index(d)].denseSize)
             orig[block_map[b]] = orig[block_map[b]] * size + col
     dense = np.zeros(shape, dtype=values.dtype)
-    dense[tuple(orig)] = values[:len(prev)]
+    dense[tuple(orig)] = values[: len(prev)]
     return dense
 
 
 def resource_ops(model: Any) -> list[str]:
     """The resource-variable ops a model uses (state between calls)."""
-    names = {name for name, code in vars(_schema().BuiltinOperator).items() if name in RESOURCE_OPS
-             for oc in model.operatorCodes if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code}
+    names = {
+        name
+        for name, code in vars(_schema().BuiltinOperator).items()
+        if name in RESOURCE_OPS
+        for oc in model.operatorCodes
+        if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code
+    }
     return sorted(names)
 
 
 def _drop_unused_tensors(model: Any, g: Any) -> None:
-    used: set[int] = set(int(i) for i in (g.inputs if g.inputs is not None else [])) \
-        | set(int(i) for i in (g.outputs if g.outputs is not None else []))
+    used: set[int] = set(int(i) for i in (g.inputs if g.inputs is not None else [])) | set(
+        int(i) for i in (g.outputs if g.outputs is not None else [])
+    )
     for op in g.operators or []:
         for seq in (op.inputs, op.outputs, op.intermediates):
             if seq is not None:

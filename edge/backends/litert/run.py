@@ -46,36 +46,38 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from edge.capabilities import Requirement, env_flag
-from edge.native_stderr import captured_stderr
-from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
-from edge.backends.litert.format import (ALLOW_CPU_FALLBACK_ENV, EDGETPU_CUSTOM_OP, LiteRTOptions, load_sidecar,
-                                        read_tflite)
+from edge.backends.litert.format import (
+    ALLOW_CPU_FALLBACK_ENV,
+    EDGETPU_CUSTOM_OP,
+    LiteRTOptions,
+    load_sidecar,
+    read_tflite,
+)
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option, usable_cpus  # noqa: F401 - usable_cpus re-exported
+from edge.capabilities import Requirement, env_flag
+from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
+from edge.native_stderr import captured_stderr
 from edge.spec import TensorSpec, image_layout
 
 LITERT_REQUIREMENT = Requirement("python", "ai_edge_litert", install="pip install 'edgekit-ml[litert]'")
 EDGETPU_LIBRARY = {"linux": "libedgetpu.so.1", "darwin": "libedgetpu.1.dylib", "win32": "edgetpu.dll"}.get(
-    sys.platform, "libedgetpu.so.1")
+    sys.platform, "libedgetpu.so.1"
+)
 #: the device's Edge TPU delegate library when it is not the system's libedgetpu (absolute path)
 EDGETPU_LIBRARY_ENV = "EDGEKIT_EDGETPU_LIBRARY"
-EDGETPU_INSTALL = ("install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
-                   "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
-                   "for USB access")
+EDGETPU_INSTALL = (
+    "install the Edge TPU runtime (Debian/Ubuntu: add Coral's apt repository and `apt-get install "
+    "libedgetpu1-std`), plug the accelerator in, and install firmware_helpers/99-coral-edgetpu.rules "
+    "for USB access"
+)
 
 
 # -- the file itself ---------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
 # -- I/O plans ---------------------------------------------------------------------------
+
 
 @dataclass
 class _InputPlan:
@@ -112,20 +114,26 @@ def edgetpu_library(option: Any = None) -> str:
     option (given by the device's configuration, never a manifest) or ``$EDGEKIT_EDGETPU_LIBRARY``
     -- which must be an absolute path to an existing regular file; else the system's libedgetpu,
     by its soname."""
-    for value, source in ((option, "runner option edgetpu_library"),
-                          (os.environ.get(EDGETPU_LIBRARY_ENV), f"${EDGETPU_LIBRARY_ENV}")):
+    for value, source in (
+        (option, "runner option edgetpu_library"),
+        (os.environ.get(EDGETPU_LIBRARY_ENV), f"${EDGETPU_LIBRARY_ENV}"),
+    ):
         if value is None or value == "":
             continue
         if not isinstance(value, str) or not os.path.isabs(value):
-            raise EdgeError(f"{source} must be an absolute path to the Edge TPU library, got {str(value)[:120]!r}",
-                            hint=f"e.g. /usr/lib/x86_64-linux-gnu/{EDGETPU_LIBRARY}; leave it unset for the system's")
+            raise EdgeError(
+                f"{source} must be an absolute path to the Edge TPU library, got {str(value)[:120]!r}",
+                hint=f"e.g. /usr/lib/x86_64-linux-gnu/{EDGETPU_LIBRARY}; leave it unset for the system's",
+            )
         try:
             regular = stat.S_ISREG(os.stat(value).st_mode)
         except OSError:
             regular = False
         if not regular:
-            raise EdgeError(f"{source} is {value}, which is not an existing regular file",
-                            hint="point it at the installed libedgetpu, or leave it unset for the system's")
+            raise EdgeError(
+                f"{source} is {value}, which is not an existing regular file",
+                hint="point it at the installed libedgetpu, or leave it unset for the system's",
+            )
         return value
     return EDGETPU_LIBRARY
 
@@ -137,8 +145,8 @@ class LiteRTRunner(Runner):
     options_class = LiteRTOptions
     device_options = {
         "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
-                           f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
-                           "bundle's manifest",
+        f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
+        "bundle's manifest"
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -153,20 +161,28 @@ class LiteRTRunner(Runner):
         if latest and delegate != "xnnpack":
             # the flag makes the interpreter add an XNNPack delegate of its own whatever the op resolver: with
             # delegate none/reference it would silently run XNNPack (measured: ai-edge-litert 2.3)
-            raise EdgeError(f"runner 'litert': xnnpack_latest_features applies to delegate xnnpack only, not "
-                            f"{delegate} (it would apply XNNPack anyway)",
-                            hint="set delegate = \"xnnpack\", or leave xnnpack_latest_features out")
-        cpu_plan = plan_threads(typed.num_threads, None, reserve=reserve_option(self.name, self._options),
-                                spin_option=False)
+            raise EdgeError(
+                f"runner 'litert': xnnpack_latest_features applies to delegate xnnpack only, not "
+                f"{delegate} (it would apply XNNPack anyway)",
+                hint='set delegate = "xnnpack", or leave xnnpack_latest_features out',
+            )
+        cpu_plan = plan_threads(
+            typed.num_threads, None, reserve=reserve_option(self.name, self._options), spin_option=False
+        )
         path = self.artifact
         if path.is_dir():
             path = path / "model.tflite"
         info = read_tflite(path)
-        ld = _Loading(path=path, info=info, version=getattr(ai_edge_litert, "__version__", "?"),
-                      threads=cpu_plan.threads, latest=latest, delegate=delegate,
-                      allow_fallback=typed.allow_cpu_fallback or env_flag(ALLOW_CPU_FALLBACK_ENV),
-                      details={"delegate_requested": delegate, "model": path.name,
-                               "edgetpu_compiled": info.edgetpu_compiled})
+        ld = _Loading(
+            path=path,
+            info=info,
+            version=getattr(ai_edge_litert, "__version__", "?"),
+            threads=cpu_plan.threads,
+            latest=latest,
+            delegate=delegate,
+            allow_fallback=typed.allow_cpu_fallback or env_flag(ALLOW_CPU_FALLBACK_ENV),
+            details={"delegate_requested": delegate, "model": path.name, "edgetpu_compiled": info.edgetpu_compiled},
+        )
         sidecar = load_sidecar(path)
         if latest:
             ld.details["xnnpack_latest_features"] = True
@@ -176,26 +192,42 @@ class LiteRTRunner(Runner):
             # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries
             # no default delegate, so the execution plan's DELEGATE nodes are that delegate's (none would mean the
             # flag did not reach the interpreter)
-            self._it = ld.interpreter(path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if latest
-                                      else OpResolverType.AUTO)
+            self._it = ld.interpreter(
+                path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if latest else OpResolverType.AUTO
+            )
             device_used, precision_used = "CPU (XNNPack)", _precision_of(self._it)
         else:
-            self._it = ld.interpreter(path, OpResolverType.BUILTIN_REF if delegate == "reference"
-                                      else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+            self._it = ld.interpreter(
+                path,
+                OpResolverType.BUILTIN_REF
+                if delegate == "reference"
+                else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+            )
             device_used = "CPU (reference kernels)" if delegate == "reference" else "CPU (builtin kernels)"
             precision_used = _precision_of(self._it)
             ld.details["delegate_applied"] = None
         device_used = _check_delegation(self._it, ld, device_used)
         self._model_file = ld.load_path
         self._setup_io(sidecar, ld.load_path)
-        ld.details.update(threads_requested=self._options.get("num_threads", 0), threads_policy=cpu_plan.to_json(),
-                          io=self._io_summary(sidecar), runtime_log=ld.runtime_log[-20:])
-        self.info = RunnerInfo(runtime=f"ai-edge-litert {ld.version}", device_requested=_DEVICE_REQUESTED[delegate],
-                               device_used=device_used, precision_used=precision_used, threads=ld.threads,
-                               fallback=ld.fallback, details=ld.details)
+        ld.details.update(
+            threads_requested=self._options.get("num_threads", 0),
+            threads_policy=cpu_plan.to_json(),
+            io=self._io_summary(sidecar),
+            runtime_log=ld.runtime_log[-20:],
+        )
+        self.info = RunnerInfo(
+            runtime=f"ai-edge-litert {ld.version}",
+            device_requested=_DEVICE_REQUESTED[delegate],
+            device_used=device_used,
+            precision_used=precision_used,
+            threads=ld.threads,
+            fallback=ld.fallback,
+            details=ld.details,
+        )
 
-    def _open_edgetpu(self, ld: "_Loading", sidecar: Mapping[str, Any] | None, typed: LiteRTOptions
-                      ) -> tuple[Any, str, str]:
+    def _open_edgetpu(
+        self, ld: _Loading, sidecar: Mapping[str, Any] | None, typed: LiteRTOptions
+    ) -> tuple[Any, str, str]:
         """The interpreter on the Edge TPU delegate; else, where allowed, on the CPU (the bundle's CPU model when
         the file is compiled for the Edge TPU), recorded as the fallback."""
         from ai_edge_litert.interpreter import OpResolverType
@@ -209,18 +241,23 @@ class LiteRTRunner(Runner):
             raise HardwareUnavailableError(
                 f"runner 'litert' cannot use the Edge TPU: {problem}",
                 hint=f"{fix}; or allow the CPU fallback (runner option allow_cpu_fallback, "
-                     f"or {ALLOW_CPU_FALLBACK_ENV}=1), reported as such")
+                f"or {ALLOW_CPU_FALLBACK_ENV}=1), reported as such",
+            )
         path = ld.path
         if ld.info.edgetpu_compiled:
             cpu_model = (sidecar or {}).get("cpu_model")
-            if cpu_model and (not isinstance(cpu_model, str) or Path(cpu_model).name != cpu_model
-                              or cpu_model.startswith(".")):
-                raise InputFileError(f"{path.with_suffix('.io.json')}: cpu_model must name a file next to "
-                                     f"the model, got {str(cpu_model)[:80]!r}")
+            if cpu_model and (
+                not isinstance(cpu_model, str) or Path(cpu_model).name != cpu_model or cpu_model.startswith(".")
+            ):
+                raise InputFileError(
+                    f"{path.with_suffix('.io.json')}: cpu_model must name a file next to the model, got {str(cpu_model)[:80]!r}"
+                )
             if not cpu_model or not (path.parent / cpu_model).is_file():
                 raise HardwareUnavailableError(
                     f"runner 'litert' cannot use the Edge TPU ({problem}) and {path.name} cannot run on "
-                    "the CPU (edgetpu-custom-op), and no CPU model is next to it", hint=EDGETPU_INSTALL)
+                    "the CPU (edgetpu-custom-op), and no CPU model is next to it",
+                    hint=EDGETPU_INSTALL,
+                )
             ld.load_path = path.parent / cpu_model
         ld.fallback = f"CPU fallback: {problem}; running {ld.load_path.name} on the CPU (XNNPack)"
         it = ld.interpreter(ld.load_path, OpResolverType.AUTO)
@@ -245,22 +282,35 @@ class LiteRTRunner(Runner):
         by_tensor = {d["name"]: d for d in list(tin.values()) + list(tout.values())}
 
         def find(entry: Mapping[str, Any], table: Mapping[str, Any]) -> Mapping[str, Any]:
-            d: Mapping[str, Any] | None = table.get(entry["tflite_name"]) or by_tensor.get(entry.get("tflite_tensor") or "")
+            d: Mapping[str, Any] | None = table.get(entry["tflite_name"]) or by_tensor.get(
+                entry.get("tflite_tensor") or ""
+            )
             if d is None:
-                raise ModelError(f"{model.name} has no tensor {entry['tflite_name']!r} named in its io.json "
-                                 f"(it has {sorted(table)})")
+                raise ModelError(
+                    f"{model.name} has no tensor {entry['tflite_name']!r} named in its io.json (it has {sorted(table)})"
+                )
             return d
 
         self._in: list[_InputPlan] = []
         self._out: list[_OutputPlan] = []
         inputs, outputs = [], []
         if sidecar is not None:
-            ins = [(e["name"], find(e, tin), e["perm_onnx_to_tflite"], e["shape"], e.get("layout")) for e in sidecar["inputs"]]
-            outs = [(e["name"], find(e, tout), e["perm_onnx_to_tflite"], e["shape"], e.get("layout"))
-                    for e in sidecar["outputs"]]
+            ins = [
+                (e["name"], find(e, tin), e["perm_onnx_to_tflite"], e["shape"], e.get("layout"))
+                for e in sidecar["inputs"]
+            ]
+            outs = [
+                (e["name"], find(e, tout), e["perm_onnx_to_tflite"], e["shape"], e.get("layout"))
+                for e in sidecar["outputs"]
+            ]
         else:
-            ins = [(n, d, None, None, None) for n, d in sorted(tin.items(), key=lambda kv: in_order.index(kv[1]["index"]))]
-            outs = [(n, d, None, None, None) for n, d in sorted(tout.items(), key=lambda kv: out_order.index(kv[1]["index"]))]
+            ins = [
+                (n, d, None, None, None) for n, d in sorted(tin.items(), key=lambda kv: in_order.index(kv[1]["index"]))
+            ]
+            outs = [
+                (n, d, None, None, None)
+                for n, d in sorted(tout.items(), key=lambda kv: out_order.index(kv[1]["index"]))
+            ]
         for name, d, perm, shape, layout in ins:
             native = tuple(int(x) for x in d["shape"])
             identity = perm is None or list(perm) == list(range(len(perm)))
@@ -274,7 +324,9 @@ class LiteRTRunner(Runner):
             if scale and dtype.kind in "iu":
                 info = np.iinfo(dtype)
                 buf = np.empty((cl[0], cl[1], cl[2]) if cl else native, np.float32)
-                self._in.append(_InputPlan(name, d["index"], perm_t, 1.0 / scale, zp, info.min, info.max, dtype, buf, cl))
+                self._in.append(
+                    _InputPlan(name, d["index"], perm_t, 1.0 / scale, zp, info.min, info.max, dtype, buf, cl)
+                )
                 caller_dtype = "float32"
             else:
                 self._in.append(_InputPlan(name, d["index"], perm_t, 0.0, 0, 0, 0, dtype, None, cl))
@@ -290,12 +342,17 @@ class LiteRTRunner(Runner):
             quantized = bool(scale) and dtype.kind in "iu"
             self._out.append(_OutputPlan(name, d["index"], inv, scale if quantized else 0.0, zp))
             caller_shape = tuple(shape) if shape is not None else native
-            outputs.append(TensorSpec(name, caller_shape, "float32" if quantized else dtype.name,
-                                      layout or image_layout(caller_shape)))
+            outputs.append(
+                TensorSpec(
+                    name, caller_shape, "float32" if quantized else dtype.name, layout or image_layout(caller_shape)
+                )
+            )
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self._tensor_fns = [it.tensor(p.index) for p in self._in]
-        self._native_inputs = {p.name: (p.index, tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
-                               for p, (_, d, *_r) in zip(self._in, ins)}
+        self._native_inputs = {
+            p.name: (p.index, tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
+            for p, (_, d, *_r) in zip(self._in, ins)
+        }
 
     def _io_summary(self, sidecar: Mapping[str, Any] | None) -> dict[str, Any]:
         def one(p: Any, spec: TensorSpec, tensor: Mapping[str, Any]) -> str:
@@ -304,10 +361,13 @@ class LiteRTRunner(Runner):
                 parts.append(f"transpose {list(p.perm)}")
             if p.scale:
                 scale = 1.0 / p.scale if isinstance(p, _InputPlan) else p.scale
-                parts.append(f"{'quantize to' if isinstance(p, _InputPlan) else 'dequantize from'} "
-                             f"{tensor['dtype']} (scale {scale:.6g}, zero point {p.zero_point})")
+                parts.append(
+                    f"{'quantize to' if isinstance(p, _InputPlan) else 'dequantize from'} "
+                    f"{tensor['dtype']} (scale {scale:.6g}, zero point {p.zero_point})"
+                )
             return f"{spec.describe()} <-> {list(tensor['shape'])} {tensor['dtype']}" + (
-                f": {', '.join(parts)}" if parts else "")
+                f": {', '.join(parts)}" if parts else ""
+            )
 
         it = self._it
         by_index = {d["index"]: d for d in it.get_input_details() + it.get_output_details()}
@@ -316,9 +376,11 @@ class LiteRTRunner(Runner):
             d = by_index[idx]
             return {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"]).name}
 
-        return {"source": "model.io.json" if sidecar else "the .tflite itself (no io.json beside it)",
-                "inputs": [one(p, s, tensor(p.index)) for p, s in zip(self._in, self.inputs)],
-                "outputs": [one(p, s, tensor(p.index)) for p, s in zip(self._out, self.outputs)]}
+        return {
+            "source": "model.io.json" if sidecar else "the .tflite itself (no io.json beside it)",
+            "inputs": [one(p, s, tensor(p.index)) for p, s in zip(self._in, self.inputs)],
+            "outputs": [one(p, s, tensor(p.index)) for p, s in zip(self._out, self.outputs)],
+        }
 
     # -- inference -----------------------------------------------------------------------
 
@@ -407,8 +469,12 @@ def delegation(it: Any) -> dict[str, Any]:
                 taken.add(node["index"])
                 stack.extend(int(x) for x in node["inputs"] if int(x) >= 0)
     left = Counter(o["op_name"] for o in model_nodes if o["index"] not in taken)
-    return {"model_ops": len(model_nodes), "delegated_ops": len(taken), "delegate_partitions": len(partitions),
-            "ops_not_delegated": dict(sorted(left.items()))}
+    return {
+        "model_ops": len(model_nodes),
+        "delegated_ops": len(taken),
+        "delegate_partitions": len(partitions),
+        "ops_not_delegated": dict(sorted(left.items())),
+    }
 
 
 def _precision_of(it: Any) -> str:
@@ -429,8 +495,12 @@ def _precision_of(it: Any) -> str:
     return "f32"
 
 
-_DEVICE_REQUESTED = {"xnnpack": "CPU (XNNPack)", "edgetpu": "Edge TPU", "none": "CPU (builtin kernels)",
-                     "reference": "CPU (reference kernels)"}
+_DEVICE_REQUESTED = {
+    "xnnpack": "CPU (XNNPack)",
+    "edgetpu": "Edge TPU",
+    "none": "CPU (builtin kernels)",
+    "reference": "CPU (reference kernels)",
+}
 
 
 @dataclass
@@ -460,17 +530,24 @@ class _Loading:
         no_default = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         with captured_stderr() as lines:
             try:
-                it = Interpreter(model_path=str(model), num_threads=self.threads, experimental_delegates=delegates,
-                                 experimental_op_resolver_type=resolver,
-                                 experimental_default_delegate_latest_features=self.latest and resolver is no_default)
+                it = Interpreter(
+                    model_path=str(model),
+                    num_threads=self.threads,
+                    experimental_delegates=delegates,
+                    experimental_op_resolver_type=resolver,
+                    experimental_default_delegate_latest_features=self.latest and resolver is no_default,
+                )
                 it.allocate_tensors()
             except (ValueError, RuntimeError) as e:
                 err = str(e)
                 if "edgetpu-custom-op" in err or EDGETPU_CUSTOM_OP in self.info.custom_ops and not delegates:
-                    raise ModelError(f"{model} is compiled for the Edge TPU (edgetpu-custom-op) and cannot run "
-                                     "without the Edge TPU delegate", hint=EDGETPU_INSTALL) from None
-                raise ModelError(f"LiteRT {self.version} could not load {model}: "
-                                 f"{err.splitlines()[0][:300] if err else type(e).__name__}") from None
+                    raise ModelError(
+                        f"{model} is compiled for the Edge TPU (edgetpu-custom-op) and cannot run without the Edge TPU delegate",
+                        hint=EDGETPU_INSTALL,
+                    ) from None
+                raise ModelError(
+                    f"LiteRT {self.version} could not load {model}: {err.splitlines()[0][:300] if err else type(e).__name__}"
+                ) from None
             finally:
                 self.runtime_log.extend(lines)
         return it
@@ -481,10 +558,16 @@ def _load_edgetpu(ld: _Loading, lib: str, dev: str) -> tuple[Any, str | None, st
     from ai_edge_litert.interpreter import load_delegate
 
     if not ld.info.edgetpu_compiled:
-        return None, (f"{ld.path.name} is not compiled for the Edge TPU (no {EDGETPU_CUSTOM_OP}: edgetpu_compiler "
-                      "was not run on it), so the Edge TPU would run none of it"), (
-            "compile the bundle with `edgekit finish BUNDLE` on an x86-64 Linux host that has "
-            "edgetpu_compiler (or convert there)")
+        return (
+            None,
+            (
+                f"{ld.path.name} is not compiled for the Edge TPU (no {EDGETPU_CUSTOM_OP}: edgetpu_compiler "
+                "was not run on it), so the Edge TPU would run none of it"
+            ),
+            (
+                "compile the bundle with `edgekit finish BUNDLE` on an x86-64 Linux host that has edgetpu_compiler (or convert there)"
+            ),
+        )
     try:
         # dlopen first: load_delegate() on a missing library, or one without the delegate
         # entry points, leaves a half-made Delegate whose __del__ raises (ai-edge-litert 2.3)
@@ -495,9 +578,16 @@ def _load_edgetpu(ld: _Loading, lib: str, dev: str) -> tuple[Any, str | None, st
         ld.runtime_log.extend(lines)
         return tpu, None, EDGETPU_INSTALL
     except (ValueError, OSError, RuntimeError) as e:
-        return None, (f"the Edge TPU delegate {lib} could not be loaded" + (f" for device {dev!r}" if dev else "")
-                      + f" ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
-                      "libedgetpu is not installed or no Edge TPU is attached"), EDGETPU_INSTALL
+        return (
+            None,
+            (
+                f"the Edge TPU delegate {lib} could not be loaded"
+                + (f" for device {dev!r}" if dev else "")
+                + f" ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
+                "libedgetpu is not installed or no Edge TPU is attached"
+            ),
+            EDGETPU_INSTALL,
+        )
 
 
 def _check_delegation(it: Any, ld: _Loading, device_used: str) -> str:
@@ -508,12 +598,17 @@ def _check_delegation(it: Any, ld: _Loading, device_used: str) -> str:
     if ld.delegate == "xnnpack":
         if plan["delegated_ops"] == 0:
             why = "; ".join(ln for ln in ld.runtime_log if "XNNPACK" in ln.upper() or "delegate" in ln.lower())[:300]
-            problem = (f"XNNPack took none of the {plan['model_ops']} ops of {ld.path.name}"
-                       + (f" ({why})" if why else "") + "; LiteRT would run it on its builtin kernels")
+            problem = (
+                f"XNNPack took none of the {plan['model_ops']} ops of {ld.path.name}"
+                + (f" ({why})" if why else "")
+                + "; LiteRT would run it on its builtin kernels"
+            )
             if not ld.allow_fallback:
-                raise ModelError(f"runner 'litert': {problem}",
-                                 hint=f"to run it without XNNPack anyway, allow the CPU fallback (runner option "
-                                      f"allow_cpu_fallback, or {ALLOW_CPU_FALLBACK_ENV}=1), or use delegate = \"none\"")
+                raise ModelError(
+                    f"runner 'litert': {problem}",
+                    hint=f"to run it without XNNPack anyway, allow the CPU fallback (runner option "
+                    f'allow_cpu_fallback, or {ALLOW_CPU_FALLBACK_ENV}=1), or use delegate = "none"',
+                )
             ld.fallback = f"CPU fallback: {problem}"
             ld.details["delegate_applied"] = None
             return "CPU (builtin kernels) [CPU fallback]"

@@ -11,15 +11,20 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.errors import ConversionError
 from edge.backends.llamacpp.format import check_quantizable, read_gguf
 from edge.backends.llamacpp.runtime import captured_log, llama_cpp_version, load_llama_cpp
+from edge.capabilities import Requirement
+from edge.errors import ConversionError
 
 # llama.cpp's llama_ftype values (include/llama.h)
-FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-          "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M"}
+FTYPES = {
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+}
 
 
 class GGUFQuantize(Converter):
@@ -27,11 +32,15 @@ class GGUFQuantize(Converter):
     source_format = "gguf"
     target_format = "gguf"
     precisions = frozenset(FTYPES)
-    requires = (Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
-                Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"))
-    options = {"threads": "quantizer threads; 0 = llama.cpp's default",
-               "allow_requantize": "requantize a source that is already quantized (llama.cpp's allow_requantize; "
-                                   "the pipeline sets it only with --allow-requantize)"}
+    requires = (
+        Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
+        Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"),
+    )
+    options = {
+        "threads": "quantizer threads; 0 = llama.cpp's default",
+        "allow_requantize": "requantize a source that is already quantized (llama.cpp's allow_requantize; "
+        "the pipeline sets it only with --allow-requantize)",
+    }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
@@ -47,20 +56,32 @@ class GGUFQuantize(Converter):
             rc = llama_cpp.llama_model_quantize(str(request.source).encode(), str(out).encode(), ctypes.byref(params))
         if rc != 0 or not out.exists():
             tail = " | ".join(line for line in log.lines[-6:] if line.strip())
-            raise ConversionError(f"llama.cpp could not quantize {request.source} ({info.architecture}, "
-                                  f"{info.dominant_type}) to {request.precision}: return code {rc}"
-                                  + (f"; llama.cpp said: {tail}" if tail else ""),
-                                  hint="check that llama.cpp knows the architecture and the file is complete")
+            raise ConversionError(
+                f"llama.cpp could not quantize {request.source} ({info.architecture}, "
+                f"{info.dominant_type}) to {request.precision}: return code {rc}"
+                + (f"; llama.cpp said: {tail}" if tail else ""),
+                hint="check that llama.cpp knows the architecture and the file is complete",
+            )
         q = read_gguf(out)
         details: dict[str, Any] = {
-            "quant_type": request.precision, "architecture": info.architecture, "parameters": info.parameters,
-            "source_bytes": Path(request.source).stat().st_size, "bytes": out.stat().st_size,
-            "source_type": info.dominant_type, "dominant_type": q.dominant_type,
+            "quant_type": request.precision,
+            "architecture": info.architecture,
+            "parameters": info.parameters,
+            "source_bytes": Path(request.source).stat().st_size,
+            "bytes": out.stat().st_size,
+            "source_type": info.dominant_type,
+            "dominant_type": q.dominant_type,
             "tensor_types": _type_counts(q),
         }
         details["size_ratio"] = round(details["bytes"] / details["source_bytes"], 4)
-        return ConversionResult(artifact=out, format="gguf", files=[out], details=details, notes=notes,
-                                tool_versions={"llama-cpp-python": llama_cpp_version(), "llama.cpp": _system_info(llama_cpp)})
+        return ConversionResult(
+            artifact=out,
+            format="gguf",
+            files=[out],
+            details=details,
+            notes=notes,
+            tool_versions={"llama-cpp-python": llama_cpp_version(), "llama.cpp": _system_info(llama_cpp)},
+        )
 
 
 def _type_counts(info: Any) -> dict[str, int]:

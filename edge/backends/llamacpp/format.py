@@ -19,12 +19,17 @@ class LlamaCppOptions:
     """llama.cpp's context options edgekit sets (declared once: ``edge.backends.options``)."""
 
     n_threads: int = spec(0, **THREADS, doc="CPU threads; 0 = every CPU this process may use")
-    n_ctx: int = spec(2048, ge=1, le=1 << 24, doc="context length (tokens); past the model's trained context, the "
-                      "trained context (with a note)")
+    n_ctx: int = spec(
+        2048,
+        ge=1,
+        le=1 << 24,
+        doc="context length (tokens); past the model's trained context, the trained context (with a note)",
+    )
     n_batch: int = spec(512, ge=1, le=1 << 20, doc="prompt batch size (default 512)")
     n_gpu_layers: int = spec(0, ge=-1, le=1 << 16, doc="layers offloaded to the GPU; -1 = all, 0 = CPU only")
-    require_gpu: bool = spec(False, doc="fail instead of falling back to the CPU when n_gpu_layers != 0 and no GPU "
-                             "backend exists")
+    require_gpu: bool = spec(
+        False, doc="fail instead of falling back to the CPU when n_gpu_layers != 0 and no GPU backend exists"
+    )
 
 
 # -- the GGUF file ------------------------------------------------------------------------------------
@@ -33,7 +38,11 @@ class LlamaCppOptions:
 GGUF_MAGIC = b"GGUF"
 # llama.cpp quantization types edgekit offers: name -> (ggml block type, block size along a row)
 QUANT_TYPES: dict[str, tuple[str, int]] = {
-    "f16": ("F16", 1), "q8_0": ("Q8_0", 32), "q4_0": ("Q4_0", 32), "q5_k_m": ("Q5_K", 256), "q4_k_m": ("Q4_K", 256),
+    "f16": ("F16", 1),
+    "q8_0": ("Q8_0", 32),
+    "q4_0": ("Q4_0", 32),
+    "q5_k_m": ("Q5_K", 256),
+    "q4_k_m": ("Q4_K", 256),
 }
 K_QUANTS = frozenset({"q5_k_m", "q4_k_m"})
 
@@ -88,8 +97,9 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     try:
         import gguf
     except ImportError:
-        raise MissingDependencyError("reading GGUF files needs the 'gguf' package",
-                                     hint="pip install 'edgekit-ml[llm]'") from None
+        raise MissingDependencyError(
+            "reading GGUF files needs the 'gguf' package", hint="pip install 'edgekit-ml[llm]'"
+        ) from None
     try:
         r = gguf.GGUFReader(str(p))
     except Exception as e:
@@ -97,10 +107,17 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     arch = _field(r, "general.architecture")
     if not arch:
         raise ModelError(f"{p} has no general.architecture key")
-    tensors = tuple(GGUFTensor(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_elements))
-                    for t in r.tensors)
-    return GGUFInfo(p, str(arch), str(_field(r, "general.name") or p.stem), _field(r, "general.file_type"),
-                    _field(r, f"{arch}.context_length"), tensors)
+    tensors = tuple(
+        GGUFTensor(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_elements)) for t in r.tensors
+    )
+    return GGUFInfo(
+        p,
+        str(arch),
+        str(_field(r, "general.name") or p.stem),
+        _field(r, "general.file_type"),
+        _field(r, f"{arch}.context_length"),
+        tensors,
+    )
 
 
 #: file types holding the model's weights unquantized
@@ -142,7 +159,10 @@ def check_quantizable(info: GGUFInfo, quant: str) -> list[str]:
         return []
     listed = ", ".join(f"{t.name} (row width {t.shape[0]})" for t in odd[:8]) + (" ..." if len(odd) > 8 else "")
     if quant in K_QUANTS:
-        return [f"{len(odd)} tensor(s) have row widths not divisible by {block}; llama.cpp quantizes them with a "
-                f"fallback type: {listed}"]
-    raise ModelError(f"{info.path}: {quant} needs row widths divisible by {block}; not so for {listed}",
-                     hint="choose a k-quant (q4_k_m, q5_k_m), which falls back per tensor, or f16")
+        return [
+            f"{len(odd)} tensor(s) have row widths not divisible by {block}; llama.cpp quantizes them with a fallback type: {listed}"
+        ]
+    raise ModelError(
+        f"{info.path}: {quant} needs row widths divisible by {block}; not so for {listed}",
+        hint="choose a k-quant (q4_k_m, q5_k_m), which falls back per tensor, or f16",
+    )

@@ -41,8 +41,10 @@ def load_llama_cpp() -> Any:
     try:
         import llama_cpp
     except ImportError:
-        raise MissingDependencyError("llama.cpp bindings are not installed",
-                                     hint="pip install 'edgekit-ml[llm]' (compiles llama.cpp: a few minutes)") from None
+        raise MissingDependencyError(
+            "llama.cpp bindings are not installed",
+            hint="pip install 'edgekit-ml[llm]' (compiles llama.cpp: a few minutes)",
+        ) from None
     return llama_cpp
 
 
@@ -107,7 +109,9 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
         return {"amx_build": False, "ok": True, "reason": "llama.cpp built without AMX"}
     lib = _cpu_lib()
     key = hashlib.sha256(lib.read_bytes()).hexdigest()[:16] if lib else "unknown"
-    cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgekit") / f"amx-probe-{key}.json"
+    cache = (
+        cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgekit"
+    ) / f"amx-probe-{key}.json"
     if cache.exists():
         try:
             cached = read_json_file(cache, what="AMX probe cache", max_bytes=1 << 20, max_depth=8)
@@ -119,13 +123,22 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="edgekit-amx-") as tmp:
         src = build_tiny_llama(Path(tmp) / "probe-f16.gguf", LlamaShape(n_layer=1, n_vocab=512))
-        p = subprocess.run([sys.executable, "-c", _PROBE, str(src), str(Path(tmp) / "probe-q4_0.gguf")],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(src), str(Path(tmp) / "probe-q4_0.gguf")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     ok = p.returncode == 0 and "ok" in p.stdout
-    result = {"amx_build": True, "ok": ok, "library": str(lib), "library_sha256_16": key,
-              "reason": "quantized prompt batch ran with AMX buffers" if ok else
-              f"quantized prompt batch crashed with AMX buffers (exit {p.returncode}); "
-              "loading quantized models with use_extra_bufts=False"}
+    result = {
+        "amx_build": True,
+        "ok": ok,
+        "library": str(lib),
+        "library_sha256_16": key,
+        "reason": "quantized prompt batch ran with AMX buffers"
+        if ok
+        else f"quantized prompt batch crashed with AMX buffers (exit {p.returncode}); loading quantized models with use_extra_bufts=False",
+    }
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(result))
@@ -134,8 +147,16 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
     return result
 
 
-def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_layers: int,
-               logits_all: bool = False, use_extra_bufts: bool = True) -> Any:
+def open_llama(
+    path: Path,
+    *,
+    n_ctx: int,
+    n_threads: int,
+    n_batch: int,
+    n_gpu_layers: int,
+    logits_all: bool = False,
+    use_extra_bufts: bool = True,
+) -> Any:
     """``llama_cpp.Llama`` with control of ``use_extra_bufts``, which its constructor does not expose.
 
     The constructor fills its model params from ``llama_model_default_params()``; for the
@@ -148,8 +169,15 @@ def open_llama(path: Path, *, n_ctx: int, n_threads: int, n_batch: int, n_gpu_la
     # thread on this 2-vCPU host: 1,053 vs 1,816 prompt tokens/s for a 40M-parameter f16 model.
     if n_threads <= 0:
         n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, n_batch=n_batch,
-                  n_gpu_layers=n_gpu_layers, logits_all=logits_all, verbose=False)
+    kwargs = dict(
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        n_batch=n_batch,
+        n_gpu_layers=n_gpu_layers,
+        logits_all=logits_all,
+        verbose=False,
+    )
     if use_extra_bufts:
         return llama_cpp.Llama(str(path), **kwargs)
     original = low.llama_model_default_params
@@ -203,15 +231,26 @@ def tokenize_texts(path: Path, texts: list[str], *, timeout: float = 300) -> Tok
         root = str(Path(__file__).resolve().parents[2])  # the directory holding the edge package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         try:
-            p = subprocess.run([sys.executable, "-c", _TOKENIZE, str(args), str(result)], capture_output=True,
-                               text=True, timeout=timeout, env=env, check=False)
+            p = subprocess.run(
+                [sys.executable, "-c", _TOKENIZE, str(args), str(result)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             raise ModelError(f"llama.cpp's tokenizer did not finish on the text in {timeout:.0f} s") from None
         if p.returncode != 0 or not result.is_file():
-            said = next((line.strip() for line in reversed(p.stderr.splitlines())
-                         if line.strip() and not line.startswith("[")), "")
-            raise ModelError(f"llama.cpp's tokenizer crashed on the text (exit {p.returncode}"
-                             + (f": {said[:200]}" if said else "") + ")")
+            said = next(
+                (line.strip() for line in reversed(p.stderr.splitlines()) if line.strip() and not line.startswith("[")),
+                "",
+            )
+            raise ModelError(
+                f"llama.cpp's tokenizer crashed on the text (exit {p.returncode}"
+                + (f": {said[:200]}" if said else "")
+                + ")"
+            )
         try:
             out = read_json_file(result, what="tokenizer result", max_bytes=256 << 20, max_depth=8)
         except UnreadableFile as e:
@@ -233,8 +272,10 @@ def tokenize_in_process(path: Path, texts: list[str]) -> Tokenized:
         model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
     if not model:
         tail = " | ".join(line for line in log.lines[-4:] if line.strip())
-        raise ModelError(f"llama.cpp could not load the vocabulary of {Path(path).name}"
-                         + (f" (llama.cpp said: {tail})" if tail else ""))
+        raise ModelError(
+            f"llama.cpp could not load the vocabulary of {Path(path).name}"
+            + (f" (llama.cpp said: {tail})" if tail else "")
+        )
     try:
         vocab = llama_cpp.llama_model_get_vocab(model)
         if not vocab or llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
@@ -259,8 +300,9 @@ def tokenize_in_process(path: Path, texts: list[str]) -> Tokenized:
             bad = [t for t in got if not 0 <= t < n_vocab]
             if bad:
                 raise ModelError(f"{Path(path).name}'s tokenizer returned ids outside its vocabulary ({bad[0]})")
-            unknown.append(sum(1 for t in got if llama_cpp.llama_vocab_get_attr(vocab, t)
-                               & llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN))
+            unknown.append(
+                sum(1 for t in got if llama_cpp.llama_vocab_get_attr(vocab, t) & llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
+            )
             ids.append(got)
         return Tokenized(ids, unknown, n_vocab, bos if add_bos else None)
     finally:

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, opset_of, save_onnx
 
@@ -30,9 +30,11 @@ _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
 
 # What an int8 bundle assumes of the device's CPU, recorded in its chain details: the same bundle
 # computes exactly on every x86-64 CPU only because the runner sets session.x64quantprecision.
-_U8S8_ASSUMPTION = ("8-bit weights, no reduce_range: exact where the CPU has an int8 dot product (x86 VNNI/AMX, "
-                    "ARM dotprod); on x86 CPUs without one (e.g. AVX2-only AMD Zen 2) the onnxruntime runner computes "
-                    "u8u8 (x64_quant_precision, on by default), since u8s8 with vpmaddubsw saturates there")
+_U8S8_ASSUMPTION = (
+    "8-bit weights, no reduce_range: exact where the CPU has an int8 dot product (x86 VNNI/AMX, "
+    "ARM dotprod); on x86 CPUs without one (e.g. AVX2-only AMD Zen 2) the onnxruntime runner computes "
+    "u8u8 (x64_quant_precision, on by default), since u8s8 with vpmaddubsw saturates there"
+)
 
 CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
@@ -50,18 +52,18 @@ class OnnxToOnnx(Converter):
         "weight_type": "int8 static/dynamic: weight type, int8 (default) or uint8",
         "per_channel": "int8 static: per-channel weight scales (default true)",
         "calibrate_method": "int8 static: minmax (default), entropy or percentile; with mixed_precision auto, when the "
-                            "fully quantized model fails the search's check, percentile's is tried too and the "
-                            "search goes on from the better one (recorded)",
+        "fully quantized model fails the search's check, percentile's is tried too and the "
+        "search goes on from the better one (recorded)",
         "dynamic_op_types": "int8-dynamic: op types to quantize (default [MatMul, Gemm])",
         "optimization_level": "fp32: offline graph optimisation, basic or extended (default)",
         "mixed_precision": "fp16/int8: auto (default) keeps in fp32 the nodes whose activations leave fp16's range, "
-                           "then the nodes adding the most error, until the candidate passes parity against the fp32 "
-                           "source on the search inputs (edge.graph.recipes); off converts every node",
+        "then the nodes adding the most error, until the candidate passes parity against the fp32 "
+        "source on the search inputs (edge.graph.recipes); off converts every node",
         "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
-                                  "0 = only the range check for fp16, none for int8)",
+        "0 = only the range check for fp16, none for int8)",
         "calibration_memory_mb": "int8 static: the most memory the calibrator may hold in activations (default: a "
-                                 "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
-                                 "refused when one sample does not",
+        "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
+        "refused when one sample does not",
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
@@ -71,7 +73,10 @@ class OnnxToOnnx(Converter):
         self.check_options(request.options)
         out = request.workdir / "model.onnx"
         handler = {
-            "fp32": self._fp32, "fp16": self._fp16, "int8": self._int8_static, "int8-dynamic": self._int8_dynamic,
+            "fp32": self._fp32,
+            "fp16": self._fp16,
+            "int8": self._int8_static,
+            "int8-dynamic": self._int8_dynamic,
         }[request.precision]
         try:
             details = handler(request, out)
@@ -80,15 +85,22 @@ class OnnxToOnnx(Converter):
         except Exception as e:
             # one line, and no path: request.source is the pipeline's temporary static copy of the user's model
             text = " ".join(str(e).split())
-            raise ConversionError(f"onnxruntime could not convert the model to {request.precision}: "
-                                  f"{type(e).__name__}: {text[:300]}") from e
+            raise ConversionError(
+                f"onnxruntime could not convert the model to {request.precision}: {type(e).__name__}: {text[:300]}"
+            ) from e
         notes = list(details.pop("_notes", []))
         if details.get("ops_quantized") == 0:
-            notes.append(f"int8-dynamic found no {'/'.join(details['op_types'])} ops to quantize: the model is "
-                         "unchanged; use int8 (static, with calibration) for convolutional models")
+            notes.append(
+                f"int8-dynamic found no {'/'.join(details['op_types'])} ops to quantize: the model is "
+                "unchanged; use int8 (static, with calibration) for convolutional models"
+            )
         return ConversionResult(
-            artifact=out, format="onnx", files=[p for p in request.workdir.iterdir() if p.is_file()],
-            tool_versions={"onnxruntime": ort.__version__, "onnx": onnx.__version__}, details=details, notes=notes,
+            artifact=out,
+            format="onnx",
+            files=[p for p in request.workdir.iterdir() if p.is_file()],
+            tool_versions={"onnxruntime": ort.__version__, "onnx": onnx.__version__},
+            details=details,
+            notes=notes,
         )
 
     # -- recipes ---------------------------------------------------------------------------
@@ -99,8 +111,10 @@ class OnnxToOnnx(Converter):
         # "extended" and not "all": level-99 layout transforms (NCHWc) are tied to the build
         # host's SIMD width; the runner applies them at load time on the device instead.
         level_name = request.options.get("optimization_level", "extended")
-        level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                 "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}.get(level_name)
+        level = {
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        }.get(level_name)
         if level is None:
             raise ConversionError(f"optimization_level must be basic or extended, got {level_name!r}")
         so = ort.SessionOptions()
@@ -122,13 +136,17 @@ class OnnxToOnnx(Converter):
         def build(kept: list[str]) -> Any:
             # keep_io_types: callers keep feeding float32 and receive float32
             with quiet_root_logger():
-                half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False,
-                                                node_block_list=kept)
+                half = convert_float_to_float16(
+                    model, keep_io_types=True, disable_shape_infer=False, node_block_list=kept
+                )
             recipes.drop_fp16_round_trips(half)
             return half
 
-        details: dict[str, Any] = {"recipe": "float16 weights and activations", "keep_io_types": True,
-                                   "mixed_precision": mode}
+        details: dict[str, Any] = {
+            "recipe": "float16 weights and activations",
+            "keep_io_types": True,
+            "mixed_precision": mode,
+        }
         if mode == "off":
             save_onnx(build([]), out)
             return details
@@ -147,8 +165,10 @@ class OnnxToOnnx(Converter):
         from onnxruntime import quantization as q
 
         if request.calibration is None or not request.calibration.samples:
-            raise CalibrationError("int8 static quantization needs calibration samples",
-                                   hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random")
+            raise CalibrationError(
+                "int8 static quantization needs calibration samples",
+                hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random",
+            )
         opts = request.options
         act = _qtype(q, opts.get("activation_type", "uint8"), "activation_type")
         wt = _qtype(q, opts.get("weight_type", "int8"), "weight_type")
@@ -166,6 +186,7 @@ class OnnxToOnnx(Converter):
         tried: list[str] = []
         with tempfile.TemporaryDirectory(prefix="edgekit-q-") as tmp, quiet_root_logger():
             source, upgraded = _opset13(request.source, Path(tmp))
+
             # Pre-processing with graph optimisation folds BatchNorm first, as onnxruntime recommends.
             # The result is validated; if the quantizer still produced an invalid graph, quantization
             # is redone without the pre-optimisation and the manifest says so.
@@ -180,9 +201,15 @@ class OnnxToOnnx(Converter):
                 if method not in memory:
                     memory[method] = calibration_memory(prepped, len(samples), method, opts)
                 q.quantize_static(
-                    str(prepped), str(out), Reader(samples[:memory[method]["samples"]]),
-                    quant_format=q.QuantFormat.QDQ, activation_type=act, weight_type=wt, per_channel=per_channel,
-                    calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), nodes_to_exclude=exclude,
+                    str(prepped),
+                    str(out),
+                    Reader(samples[: memory[method]["samples"]]),
+                    quant_format=q.QuantFormat.QDQ,
+                    activation_type=act,
+                    weight_type=wt,
+                    per_channel=per_channel,
+                    calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]),
+                    nodes_to_exclude=exclude,
                 )
 
             prepped, skip_optimization = _quantize_loadable(source, Path(tmp), quantize, out, tried, request.source)
@@ -201,11 +228,19 @@ class OnnxToOnnx(Converter):
         if notes:
             details["_notes"] = [*details.get("_notes", []), *notes]
         details["calibration_memory"] = {k: {f: v for f, v in m.items() if f != "note"} for k, m in memory.items()}
-        return {"recipe": "static QDQ", "isa_assumption": _U8S8_ASSUMPTION, "activations": opts.get("activation_type", "uint8"),
-                "weights": opts.get("weight_type", "int8"), "per_channel": per_channel,
-                "calibrate_method": method_name, "calibration_samples": len(request.calibration.samples),
-                "pre_optimization": not skip_optimization, "retried_because": tried, "opset_upgraded": upgraded,
-                **details}
+        return {
+            "recipe": "static QDQ",
+            "isa_assumption": _U8S8_ASSUMPTION,
+            "activations": opts.get("activation_type", "uint8"),
+            "weights": opts.get("weight_type", "int8"),
+            "per_channel": per_channel,
+            "calibrate_method": method_name,
+            "calibration_samples": len(request.calibration.samples),
+            "pre_optimization": not skip_optimization,
+            "retried_because": tried,
+            "opset_upgraded": upgraded,
+            **details,
+        }
 
     def _int8_dynamic(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
@@ -216,8 +251,14 @@ class OnnxToOnnx(Converter):
             q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
         source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
         matched = sum(op in op_types for op in source_ops)
-        return {"recipe": "dynamic int8", "isa_assumption": _U8S8_ASSUMPTION, "op_types": op_types, "weights": request.options.get("weight_type", "int8"),
-                "ops_quantized": matched, "ops_total": len(source_ops)}
+        return {
+            "recipe": "dynamic int8",
+            "isa_assumption": _U8S8_ASSUMPTION,
+            "op_types": op_types,
+            "weights": request.options.get("weight_type", "int8"),
+            "ops_quantized": matched,
+            "ops_total": len(source_ops),
+        }
 
 
 def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int) -> Any:
@@ -227,13 +268,20 @@ def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(model)
     reference = recipes.onnx_infer(model)
-    goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16"),
-                              initial=lambda: recipes.fp16_range_keep(
-                                  model, recipes.activation_ranges(reference, sizes, samples)),
-                              max_trials=trials, sizes=sizes,
-                              why="adds {err} relative error in fp16 (error attribution on the search inputs)")
-    found = recipes.search(model=model, samples=samples, reference=reference,
-                           candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer), goal=goal)
+    goal = recipes.SearchGoal(
+        target_cosine=recipes.target_cosine("fp16"),
+        initial=lambda: recipes.fp16_range_keep(model, recipes.activation_ranges(reference, sizes, samples)),
+        max_trials=trials,
+        sizes=sizes,
+        why="adds {err} relative error in fp16 (error attribution on the search inputs)",
+    )
+    found = recipes.search(
+        model=model,
+        samples=samples,
+        reference=reference,
+        candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer),
+        goal=goal,
+    )
     found.origin = origin
     return found
 
@@ -245,8 +293,7 @@ def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int
 _FALLBACK_CALIBRATION = "percentile"
 
 
-def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: Path, trials: int,
-                 method: str) -> Any:
+def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: Path, trials: int, method: str) -> Any:
     """Nodes excluded from quantization, worst first, until the QDQ model passes (edge.graph.recipes). When the
     fully quantized model fails with ``method``'s calibration, the other calibration's is tried first and the
     search goes on from it if it does better; ``found.method`` is the one used.
@@ -268,12 +315,19 @@ def _search_int8(prepped: Path, request: ConversionRequest, quantize: Any, out: 
             quantize(prepped, kept, with_method)
             return load_onnx(out)
 
-        goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("int8"),
-                                  precision="int8",  # and the task figures: a YOLOX head at cosine 0.997 lost 13 % recall
-                                  max_trials=max_trials, why="adds {err} relative error when quantized (error attribution)")
-        found = recipes.search(model=model, samples=samples, reference=reference,
-                               candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer,
-                                                             graph_of=lambda c: c), goal=goal)
+        goal = recipes.SearchGoal(
+            target_cosine=recipes.target_cosine("int8"),
+            precision="int8",  # and the task figures: a YOLOX head at cosine 0.997 lost 13 % recall
+            max_trials=max_trials,
+            why="adds {err} relative error when quantized (error attribution)",
+        )
+        found = recipes.search(
+            model=model,
+            samples=samples,
+            reference=reference,
+            candidates=recipes.Candidates(build=build, infer_of=recipes.onnx_infer, graph_of=lambda c: c),
+            goal=goal,
+        )
         found.method = with_method
         return found
 
@@ -357,21 +411,30 @@ def calibration_memory(model_path: Path, samples: int, method: str, options: Map
     if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float)) or given <= 0):
         raise ConversionError(f"calibration_memory_mb must be a positive number, got {given!r}")
     limit = int(given * 2**20) if given is not None else int(available_ram() * CALIBRATION_RAM_SHARE)
-    where = f"{given} MiB (calibration_memory_mb)" if given is not None else \
-        f"{limit / 2**30:.1f} GiB (a quarter of the available RAM)"
-    record: dict[str, Any] = {"per_sample_mb": round(per_sample / 2**20, 3), "limit_mb": round(limit / 2**20, 1),
-                              "samples": samples}
+    where = (
+        f"{given} MiB (calibration_memory_mb)"
+        if given is not None
+        else f"{limit / 2**30:.1f} GiB (a quarter of the available RAM)"
+    )
+    record: dict[str, Any] = {
+        "per_sample_mb": round(per_sample / 2**20, 3),
+        "limit_mb": round(limit / 2**20, 1),
+        "samples": samples,
+    }
     if per_sample <= 0 or limit <= 0:
         return record
     fits = limit // per_sample
     if fits < 1:
-        raise ConversionError(f"int8 calibration ({method}) holds {per_sample / 2**20:.0f} MiB of activations per "
-                              f"sample, more than the {where} it may use",
-                              hint="pass a smaller --input-shape, raise calibration_memory_mb, or use int8-dynamic")
+        raise ConversionError(
+            f"int8 calibration ({method}) holds {per_sample / 2**20:.0f} MiB of activations per sample, more than the {where} it may use",
+            hint="pass a smaller --input-shape, raise calibration_memory_mb, or use int8-dynamic",
+        )
     if fits < samples:
         record["samples"] = int(fits)
-        record["note"] = (f"{method} calibration keeps every activation of every sample ({per_sample / 2**20:.1f} MiB "
-                          f"each): it used {fits} of the {samples} calibration samples, the most that fit in {where}")
+        record["note"] = (
+            f"{method} calibration keeps every activation of every sample ({per_sample / 2**20:.1f} MiB "
+            f"each): it used {fits} of the {samples} calibration samples, the most that fit in {where}"
+        )
     return record
 
 
@@ -391,8 +454,9 @@ def _opset13(source: Path, tmp: Path) -> tuple[Path, str | None]:
     return upgraded, f"{opset} -> 13"
 
 
-def _quantize_loadable(source: Path, tmp: Path, quantize: Any, out: Path, tried: list[str], named: Path
-                       ) -> tuple[Path, bool]:
+def _quantize_loadable(
+    source: Path, tmp: Path, quantize: Any, out: Path, tried: list[str], named: Path
+) -> tuple[Path, bool]:
     """Quantize after onnxruntime's pre-processing with graph optimisation (it folds BatchNorm first, as onnxruntime
     recommends); if the quantizer still produced a model onnxruntime cannot load, again without the
     pre-optimisation (``tried`` says why). (the pre-processed model, whether the optimisation was skipped)."""

@@ -14,30 +14,48 @@ class OnnxRuntimeOptions:
     """onnxruntime's session options edgekit sets (declared once: ``edge.backends.options``)."""
 
     providers: tuple[str, ...] = spec(
-        (), min_items=1, max_items=8, item=Rule(pattern=r"^[A-Za-z0-9]{1,48}ExecutionProvider$"),
-        doc="execution providers in order of preference (default [CPUExecutionProvider])")
-    intra_op_num_threads: int = spec(0, **THREADS, doc="threads inside an op; 0 (default) = edgekit's choice: the CPUs "
-                                     "that other processes and reserve_cpus leave (edge.backends.threads, "
-                                     "docs/performance.md)")
+        (),
+        min_items=1,
+        max_items=8,
+        item=Rule(pattern=r"^[A-Za-z0-9]{1,48}ExecutionProvider$"),
+        doc="execution providers in order of preference (default [CPUExecutionProvider])",
+    )
+    intra_op_num_threads: int = spec(
+        0,
+        **THREADS,
+        doc="threads inside an op; 0 (default) = edgekit's choice: the CPUs "
+        "that other processes and reserve_cpus leave (edge.backends.threads, "
+        "docs/performance.md)",
+    )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = spec(
-        "all", doc="disable, basic, extended or all (default all)")
-    x64_quant_precision: bool = spec(True, doc="int8 on x86 CPUs without VNNI/AMX: compute U8U8 instead of U8S8, whose "
-                                     "int16 pair sums saturate (onnxruntime's session.x64quantprecision); true "
-                                     "(default) or false. No effect on CPUs with an int8 dot product")
+        "all", doc="disable, basic, extended or all (default all)"
+    )
+    x64_quant_precision: bool = spec(
+        True,
+        doc="int8 on x86 CPUs without VNNI/AMX: compute U8U8 instead of U8S8, whose "
+        "int16 pair sums saturate (onnxruntime's session.x64quantprecision); true "
+        "(default) or false. No effect on CPUs with an int8 dot product",
+    )
     execution_mode: Literal["sequential", "parallel"] = spec(
-        "sequential", doc="sequential (default) or parallel: run independent branches of the graph at once "
-                          "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)")
-    inter_op_num_threads: int = spec(0, **THREADS, doc="threads running nodes in parallel (execution_mode parallel "
-                                     "only); 0 = onnxruntime's default")
+        "sequential",
+        doc="sequential (default) or parallel: run independent branches of the graph at once "
+        "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)",
+    )
+    inter_op_num_threads: int = spec(
+        0, **THREADS, doc="threads running nodes in parallel (execution_mode parallel only); 0 = onnxruntime's default"
+    )
     allow_spinning: bool | None = spec(
-        None, doc="thread-pool threads busy-wait for work between ops (true, onnxruntime's own default: lower latency "
-                  "on an idle machine) or sleep (false, edgekit's default: the core goes back to the rest of the "
-                  "device); session.intra_op/inter_op.allow_spinning")
+        None,
+        doc="thread-pool threads busy-wait for work between ops (true, onnxruntime's own default: lower latency "
+        "on an idle machine) or sleep (false, edgekit's default: the core goes back to the rest of the "
+        "device); session.intra_op/inter_op.allow_spinning",
+    )
 
     def invalid(self) -> tuple[str, str] | None:
         """(option, problem) where options disagree with each other, else None."""
         if self.inter_op_num_threads and self.execution_mode != "parallel":
-            return "inter_op_num_threads", ("applies only with execution_mode \"parallel\" (a sequential session "
-                                            "runs one node at a time)")
+            return "inter_op_num_threads", (
+                'applies only with execution_mode "parallel" (a sequential session runs one node at a time)'
+            )
         return None

@@ -30,8 +30,10 @@ class TFLiteToOnnx(Converter):
     target_format = "onnx"
     precisions = frozenset({"fp32"})
     toolchain = TOOLCHAIN
-    options = {"opset": f"ONNX opset tf2onnx writes (default {_OPSET})",
-               "timeout_s": "stop the toolchain after this many seconds (default 900)"}
+    options = {
+        "opset": f"ONNX opset tf2onnx writes (default {_OPSET})",
+        "timeout_s": "stop the toolchain after this many seconds (default 900)",
+    }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
@@ -40,8 +42,10 @@ class TFLiteToOnnx(Converter):
             opset = int(request.options.get("opset", _OPSET))
             timeout_s = float(request.options.get("timeout_s", 900))
         except (TypeError, ValueError):
-            raise ConversionError(f"{self.name}: opset must be an integer and timeout_s a number, got "
-                                  f"{request.options.get('opset')!r} / {request.options.get('timeout_s')!r}") from None
+            raise ConversionError(
+                f"{self.name}: opset must be an integer and timeout_s a number, got "
+                f"{request.options.get('opset')!r} / {request.options.get('timeout_s')!r}"
+            ) from None
         if not 13 <= opset <= 21:
             raise ConversionError(f"{self.name}: opset must be 13..21, got {opset}")
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
@@ -61,8 +65,11 @@ class TFLiteToOnnx(Converter):
         self._check_io(out, request)
         tool_versions = dict(final.get("tool_versions", {}))
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
-        details: dict[str, Any] = {**final.get("details", {}), "toolchain": st.manifest_record(),
-                                   "timings_s": final.get("timings", {})}
+        details: dict[str, Any] = {
+            **final.get("details", {}),
+            "toolchain": st.manifest_record(),
+            "timings_s": final.get("timings", {}),
+        }
         if lowered:
             details["tflite_rewrite"] = lowered
         if renamed:
@@ -80,14 +87,19 @@ class TFLiteToOnnx(Converter):
         missing = sorted(set(want_in) - set(have_in))
         wrong = sorted(n for n in set(want_in) & set(have_in) if have_in[n] != want_in[n])
         if missing or wrong:
-            raise ConversionError(f"tf2onnx's ONNX of {request.source.name} does not take the TFLite's inputs: "
-                                  + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
-                                              + [f"{n}: {list(have_in[n])} vs {list(want_in[n])}" for n in wrong]))
+            raise ConversionError(
+                f"tf2onnx's ONNX of {request.source.name} does not take the TFLite's inputs: "
+                + "; ".join(
+                    [f"missing {', '.join(missing)}"] * bool(missing)
+                    + [f"{n}: {list(have_in[n])} vs {list(want_in[n])}" for n in wrong]
+                )
+            )
         want_out = {t.name for t in request.io.outputs}
         lost = sorted(want_out - {t.name for t in got.outputs})
         if want_out and lost:
-            raise ConversionError(f"tf2onnx's ONNX of {request.source.name} lacks the TFLite's output(s) "
-                                  f"{', '.join(lost)}")
+            raise ConversionError(
+                f"tf2onnx's ONNX of {request.source.name} lacks the TFLite's output(s) {', '.join(lost)}"
+            )
 
 
 def rename_to_signature(onnx_path: Path, tflite: Path) -> dict[str, str]:
@@ -117,8 +129,9 @@ def _error_from(ev: dict[str, Any], source: Path, work: Path) -> Exception:
     kind = ev.get("kind")
     msg = " / ".join(line.strip() for line in str(ev.get("message", "")).splitlines() if line.strip())[:600]
     if kind == "unsupported_ops":
-        return ConversionError(f"{source.name}: {msg}",
-                               hint="a custom op needs its own lowering; bring the model's ONNX instead")
+        return ConversionError(
+            f"{source.name}: {msg}", hint="a custom op needs its own lowering; bring the model's ONNX instead"
+        )
     if kind == "toolchain":
         return MissingDependencyError(msg, hint=ev.get("hint"))
     log_copy = toolchains.keep_log(work, TOOLCHAIN)

@@ -46,20 +46,26 @@ def parity_inputs(request: ConversionRequest) -> tuple[list[dict[str, np.ndarray
 def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
     kind = final.get("kind")
     if kind == "not_torch":
-        raise ModelError(final["message"], hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
-                         "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph")
+        raise ModelError(
+            final["message"],
+            hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
+            "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph",
+        )
     if kind == "inputs":
-        raise ModelError(f"{source.name}: {final['message']}",
-                         hint="pass --input-shape NAME=1,3,224,224 for every input: "
-                              + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])))
+        raise ModelError(
+            f"{source.name}: {final['message']}",
+            hint="pass --input-shape NAME=1,3,224,224 for every input: "
+            + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])),
+        )
     if kind == "toolchain":
         raise MissingDependencyError(final["message"])
     log = toolchains.keep_log(work, TOOLCHAIN)
     where = f" (toolchain log: {log})" if log else ""
     if kind == "unsupported_op":
-        raise ConversionError(f"{converter}: torch.onnx.export cannot export {source.name}: {final['message']}{where}",
-                              hint=f"try another opset (converter option opset, {OPSETS[0]}-{OPSETS[-1]}), or replace "
-                                   "the op in the model before saving it")
+        raise ConversionError(
+            f"{converter}: torch.onnx.export cannot export {source.name}: {final['message']}{where}",
+            hint=f"try another opset (converter option opset, {OPSETS[0]}-{OPSETS[-1]}), or replace the op in the model before saving it",
+        )
     raise ConversionError(f"{converter} failed on {source.name}: {final['message']}{where}")
 
 
@@ -102,8 +108,9 @@ class TorchToOnnx(Converter):
         except (TypeError, ValueError):
             opset = -1
         if opset not in OPSETS or isinstance(value, bool):
-            raise ConversionError(f"converter 'torch->onnx': opset must be an integer {OPSETS[0]}-{OPSETS[-1]}, "
-                                  f"got {value!r}")
+            raise ConversionError(
+                f"converter 'torch->onnx': opset must be an integer {OPSETS[0]}-{OPSETS[-1]}, got {value!r}"
+            )
         return opset
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
@@ -118,9 +125,11 @@ class TorchToOnnx(Converter):
         kind = torch_kind(source)  # a torch.save checkpoint or a non-zip file stops here, saying what to do
         if not request.io.inputs:
             names = self.input_names(source)
-            raise ModelError(f"{source}: a PyTorch model carries no input shapes; pass --input-shape for every input "
-                             f"({', '.join(names) or 'none found'})",
-                             hint=" ".join(f"--input-shape {n}=1,3,224,224" for n in names) or None)
+            raise ModelError(
+                f"{source}: a PyTorch model carries no input shapes; pass --input-shape for every input "
+                f"({', '.join(names) or 'none found'})",
+                hint=" ".join(f"--input-shape {n}=1,3,224,224" for n in names) or None,
+            )
         bad = [f"{t.name}={list(t.shape)}" for t in request.io.inputs if not t.is_static]
         if bad:
             raise ModelError(f"{source}: --input-shape needs positive static dims: {', '.join(bad)}")
@@ -130,20 +139,29 @@ class TorchToOnnx(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-torch-onnx-") as tmp:
             work = Path(tmp)
-            arrays: dict[str, Any] = {n: np.stack([s[n] for s in inputs]) for n in names}  # numpy's savez stub takes **arrays as allow_pickle too
+            arrays: dict[str, Any] = {
+                n: np.stack([s[n] for s in inputs]) for n in names
+            }  # numpy's savez stub takes **arrays as allow_pickle too
             np.savez(work / "samples.npz", **arrays)
-            job = {"torch": str(source.resolve()), "torch_kind": kind, "workdir": str(work), "opset": opset,
-                   "samples": str(work / "samples.npz"),
-                   "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype}
-                              for t in request.io.inputs]}
+            job = {
+                "torch": str(source.resolve()),
+                "torch_kind": kind,
+                "workdir": str(work),
+                "opset": opset,
+                "samples": str(work / "samples.npz"),
+                "inputs": [
+                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs
+                ],
+            }
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=timeout_s, driver=DRIVER)
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, source)
             if final["io_problems"]:
-                raise ConversionError(f"{self.name}: the exported ONNX graph does not have the model's I/O: "
-                                      + "; ".join(final["io_problems"]),
-                                      hint="a model whose output shape depends on the input values cannot be "
-                                           "exported with static shapes")
+                raise ConversionError(
+                    f"{self.name}: the exported ONNX graph does not have the model's I/O: "
+                    + "; ".join(final["io_problems"]),
+                    hint="a model whose output shape depends on the input values cannot be exported with static shapes",
+                )
             with np.load(final["reference_outputs"]) as data:
                 ref = {k: data[k] for k in data.files}
             files = []
@@ -156,29 +174,62 @@ class TorchToOnnx(Converter):
         reference = [{k: v[i] for k, v in ref.items()} for i in range(len(inputs))]
         source_of_names = "TorchScript forward signature" if kind == "torchscript" else "ExportedProgram user inputs"
         load = "torch.jit.load" if kind == "torchscript" else "torch.export.load -> module()"
-        notes = [(f"input names come from the {source_of_names}; outputs are named output_0.. in the model's return "
-                  "order (torch models carry no output names)")]
+        notes = [
+            (
+                f"input names come from the {source_of_names}; outputs are named output_0.. in the model's return "
+                "order (torch models carry no output names)"
+            )
+        ]
         if final["export_warnings"]:
             notes.append("torch.onnx.export warned: " + " | ".join(final["export_warnings"]))
         details = {
             "recipe": f"PyTorch {kind} -> {load} -> {EXPORTER}, opset {final['opset']} (fp32)",
             "toolchain": st.manifest_record(),
-            "exporter": EXPORTER, "opset": final["opset"],
-            "onnx_check": {"checker": "onnx.checker.check_model(full_check=True)", "passed": True,
-                           "ir_version": final["ir_version"], "producer": final["producer"], "io": final["io"],
-                           "io_matches_request": True},
-            "ops": final["ops"], "export_warnings": final["export_warnings"],
-            "io_names": {"inputs": list(final["input_names"]), "inputs_from": source_of_names,
-                         "outputs": [o["name"] for o in final["outputs"]],
-                         "outputs_from": "generated: torch models carry no output names (output_<i> in return order)"},
+            "exporter": EXPORTER,
+            "opset": final["opset"],
+            "onnx_check": {
+                "checker": "onnx.checker.check_model(full_check=True)",
+                "passed": True,
+                "ir_version": final["ir_version"],
+                "producer": final["producer"],
+                "io": final["io"],
+                "io_matches_request": True,
+            },
+            "ops": final["ops"],
+            "export_warnings": final["export_warnings"],
+            "io_names": {
+                "inputs": list(final["input_names"]),
+                "inputs_from": source_of_names,
+                "outputs": [o["name"] for o in final["outputs"]],
+                "outputs_from": "generated: torch models carry no output names (output_<i> in return order)",
+            },
             "torch_reference": {
-                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})", "samples": len(inputs),
-                "inputs": label, "seed": None if label == "calibration" else PARITY_SEED,
-                "outputs": [{"name": k, "shape": list(v.shape[1:]), "dtype": str(v.dtype), "mean": float(v.mean()),
-                             "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
-                            for k, v in ref.items()]},
+                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})",
+                "samples": len(inputs),
+                "inputs": label,
+                "seed": None if label == "calibration" else PARITY_SEED,
+                "outputs": [
+                    {
+                        "name": k,
+                        "shape": list(v.shape[1:]),
+                        "dtype": str(v.dtype),
+                        "mean": float(v.mean()),
+                        "std": float(v.std()),
+                        "min": float(v.min()),
+                        "max": float(v.max()),
+                    }
+                    for k, v in ref.items()
+                ],
+            },
             "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
         }
         tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
-        return ConversionResult(artifact=artifact, format="onnx", files=files, tool_versions=tool_versions,
-                                details=details, notes=notes, reference=(inputs, reference))
+        return ConversionResult(
+            artifact=artifact,
+            format="onnx",
+            files=files,
+            tool_versions=tool_versions,
+            details=details,
+            notes=notes,
+            reference=(inputs, reference),
+        )

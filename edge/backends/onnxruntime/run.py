@@ -13,19 +13,29 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.capabilities import Requirement, cpu_isa
-from edge.errors import EdgeError, HardwareUnavailableError
 from edge.backends.onnxruntime.format import OnnxRuntimeOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option
+from edge.capabilities import Requirement, cpu_isa
+from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
 
-_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-           "all": "ORT_ENABLE_ALL"}
+_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 _ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(int32)": "int32",
-    "tensor(int64)": "int64", "tensor(bool)": "bool",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
 }
 
 
@@ -58,6 +68,7 @@ class OnnxRuntimeRunner(Runner):
         quant_precision = opts.get("x64_quant_precision", True)
         if not isinstance(quant_precision, bool):
             raise EdgeError(f"runner 'onnxruntime': x64_quant_precision must be true or false, got {quant_precision!r}")
+
         # Measured on an AMD EPYC (Zen 2, AVX2 only): U8S8 QDQ models lost top-1 agreement (75%) and
         # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates. onnxruntime rewrites the
         # weights to U8 only where MlasPlatformU8S8Overflow() says the CPU needs it.
@@ -67,7 +78,9 @@ class OnnxRuntimeRunner(Runner):
             so.intra_op_num_threads = threads
             so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
             so.add_session_config_entry("session.x64quantprecision", "1" if x64_quant else "0")
-            so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+            so.execution_mode = (
+                ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+            )
             so.inter_op_num_threads = inter
             spin = "1" if plan.spinning else "0"
             so.add_session_config_entry("session.intra_op.allow_spinning", spin)
@@ -80,15 +93,15 @@ class OnnxRuntimeRunner(Runner):
             # x64quantprecision rewrites U8S8 weights to U8; onnxruntime has no U8U8 kernel for some QOperator ops
             # (QGemm of an already-quantized model): such a graph runs with the rewrite off, recorded in details
             if not (quant_precision and "NOT_IMPLEMENTED" in str(e) and "com.microsoft.Q" in str(e)):
-                raise EdgeError(f"onnxruntime could not load {self.artifact}: {type(e).__name__}: "
-                                f"{str(e)[:300]}") from e
+                raise EdgeError(
+                    f"onnxruntime could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}"
+                ) from e
             quant_precision = False
             self._session = ort.InferenceSession(str(self.artifact), session_options(False), providers=usable)
         used = self._session.get_providers()
         fallback = None
         if used[0] != wanted[0]:
-            fallback = (f"asked for {wanted[0]}, onnxruntime is using {used[0]} "
-                        f"(available in this build: {', '.join(available)})")
+            fallback = f"asked for {wanted[0]}, onnxruntime is using {used[0]} (available in this build: {', '.join(available)})"
         self.inputs = tuple(_spec(a) for a in self._session.get_inputs())
         self.outputs = tuple(_spec(a) for a in self._session.get_outputs())
         self._output_names = [o.name for o in self.outputs]
@@ -99,10 +112,15 @@ class OnnxRuntimeRunner(Runner):
             precision_used=_precision_used(self.precision),
             threads=threads,
             fallback=fallback,
-            details={"providers": used, "graph_optimization_level": level, "execution_mode": mode,
-                     "inter_op_num_threads": inter or None, "allow_spinning": plan.spinning,
-                     "threads_policy": plan.to_json(),
-                     **_int8_kernel(self.precision, quant_precision)},
+            details={
+                "providers": used,
+                "graph_optimization_level": level,
+                "execution_mode": mode,
+                "inter_op_num_threads": inter or None,
+                "allow_spinning": plan.spinning,
+                "threads_policy": plan.to_json(),
+                **_int8_kernel(self.precision, quant_precision),
+            },
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -130,9 +148,11 @@ def _threading(opts: Mapping[str, Any]) -> tuple[str, int, bool | None]:
     if not isinstance(inter, int) or isinstance(inter, bool) or not 0 <= inter <= 4096:
         raise EdgeError(f"runner 'onnxruntime': inter_op_num_threads must be an integer 0..4096, got {inter!r}")
     if inter and mode != "parallel":
-        raise EdgeError(f"runner 'onnxruntime': inter_op_num_threads={inter} applies only with execution_mode "
-                        "parallel (a sequential session runs one node at a time)",
-                        hint="set execution_mode = \"parallel\", or leave inter_op_num_threads out")
+        raise EdgeError(
+            f"runner 'onnxruntime': inter_op_num_threads={inter} applies only with execution_mode "
+            "parallel (a sequential session runs one node at a time)",
+            hint='set execution_mode = "parallel", or leave inter_op_num_threads out',
+        )
     spinning = opts.get("allow_spinning")  # None: the policy's (off)
     if spinning is not None and not isinstance(spinning, bool):
         raise EdgeError(f"runner 'onnxruntime': allow_spinning must be true or false, got {spinning!r}")
@@ -163,4 +183,6 @@ def _int8_kernel(bundle_precision: str, quant_precision: bool) -> dict[str, Any]
 def _precision_used(bundle_precision: str) -> str:
     # The CPU provider computes exactly what the graph says: fp16 graphs in fp16 (or fp32 with
     # inserted casts), QDQ graphs in int8 kernels where it fuses them, fp32 otherwise.
-    return {"fp32": "f32", "fp16": "f16", "int8": "int8 (QDQ)", "int8-dynamic": "int8 (dynamic)"}.get(bundle_precision, bundle_precision)
+    return {"fp32": "f32", "fp16": "f16", "int8": "int8 (QDQ)", "int8-dynamic": "int8 (dynamic)"}.get(
+        bundle_precision, bundle_precision
+    )

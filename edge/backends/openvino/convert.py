@@ -28,13 +28,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from edge.capabilities import Requirement, require
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.errors import CalibrationError, ConversionError, PrecisionError
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
+from edge.capabilities import Requirement, require
+from edge.errors import CalibrationError, ConversionError, PrecisionError
 
-NNCF_REQUIREMENT = Requirement("python", "nncf", install="pip install 'edgekit-ml[convert]'",
-                               why="int8 OpenVINO IR is quantized with NNCF")
+NNCF_REQUIREMENT = Requirement(
+    "python", "nncf", install="pip install 'edgekit-ml[convert]'", why="int8 OpenVINO IR is quantized with NNCF"
+)
 
 _PRESETS = ("performance", "mixed")
 # Constant element types that hold weights (shape/index constants are i32/i64 and are not counted)
@@ -112,6 +113,7 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
     samples, origin = recipes.search_samples(request)
     sizes = recipes.float_tensors(onnx_model)
     reference = recipes.onnx_infer(onnx_model)
+
     def initial() -> list[Any]:  # the fp16 range check: computed only when needed (see recipes.search)
         return recipes.fp16_range_keep(onnx_model, recipes.activation_ranges(reference, sizes, samples))
 
@@ -157,20 +159,29 @@ def _mixed_fp16(ov: Any, source: Path, request: ConversionRequest, trials: int) 
 
         return infer
 
-    goal = recipes.SearchGoal(target_cosine=recipes.target_cosine("fp16"), initial=initial, max_trials=trials,
-                              sizes=sizes, why="adds {err} relative error computed in f16 (error attribution)")
-    found = recipes.search(model=onnx_model, samples=samples, reference=reference,
-                           candidates=recipes.Candidates(build=build, infer_of=infer_of), goal=goal)
+    goal = recipes.SearchGoal(
+        target_cosine=recipes.target_cosine("fp16"),
+        initial=initial,
+        max_trials=trials,
+        sizes=sizes,
+        why="adds {err} relative error computed in f16 (error attribution)",
+    )
+    found = recipes.search(
+        model=onnx_model,
+        samples=samples,
+        reference=reference,
+        candidates=recipes.Candidates(build=build, infer_of=infer_of),
+        goal=goal,
+    )
     found.origin = origin + "; verified with OpenVINO's CPU plugin computing in f16"
     return found.artifact, found
 
 
 # What each overflow-fix setting assumes of the device's CPU (recorded in the chain details).
 _OVERFLOW_FIX = {
-    "all": "7-bit weights in every layer: u8*s8 pair sums fit int16, so every x86 CPU (VNNI or AVX2 only) "
-           "and the GPU compute the same",
+    "all": "7-bit weights in every layer: u8*s8 pair sums fit int16, so every x86 CPU (VNNI or AVX2 only) and the GPU compute the same",
     "first_layer": "7-bit weights in the first layer only: later layers assume an int8 dot product "
-                   "(VNNI/AMX CPU, or a GPU); an AVX2-only CPU saturates there",
+    "(VNNI/AMX CPU, or a GPU); an AVX2-only CPU saturates there",
     "none": "8-bit weights everywhere: assumes an int8 dot product (VNNI/AMX CPU, or a GPU)",
 }
 
@@ -179,8 +190,9 @@ def overflow_fix_option(request: ConversionRequest) -> str:
     """The request's ``nncf_overflow_fix`` (default "all"), checked."""
     overflow_fix = str(request.options.get("nncf_overflow_fix", "all")).lower()
     if overflow_fix not in _OVERFLOW_FIX:
-        raise ConversionError(f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, "
-                              f"got {request.options.get('nncf_overflow_fix')!r}")
+        raise ConversionError(
+            f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, got {request.options.get('nncf_overflow_fix')!r}"
+        )
     return overflow_fix
 
 
@@ -195,24 +207,28 @@ class OnnxToOpenVINO(Converter):
     precision_requires = {"int8": (NNCF_REQUIREMENT,)}
     options = {
         "nncf_preset": "int8: NNCF quantization preset, performance (default: symmetric activations) "
-                       "or mixed (asymmetric activations, for models with asymmetric ranges)",
+        "or mixed (asymmetric activations, for models with asymmetric ranges)",
         "nncf_subset_size": "int8: number of calibration samples NNCF uses (default: all samples given)",
         "nncf_overflow_fix": "int8: 7-bit weights so x86 CPUs without VNNI (AVX2 vpmaddubsw) do not saturate: "
-                             "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
+        "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
         "mixed_precision": "fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
-                           "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
-                           "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
-                           "does (edge.graph.recipes); off leaves every op to the device's precision",
+        "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
+        "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
+        "does (edge.graph.recipes); off leaves every op to the device's precision",
         "mixed_precision_trials": "fp16: at most this many re-verifications while growing the kept set (default 6)",
     }
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
         if request.precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
-        require(self.requires + self.precision_requires.get(request.precision, ()),
-                f"converter {self.name!r} at precision {request.precision}")
+            raise PrecisionError(
+                f"converter {self.name!r} does not produce precision {request.precision!r}",
+                hint=f"choose one of {', '.join(sorted(self.precisions))}",
+            )
+        require(
+            self.requires + self.precision_requires.get(request.precision, ()),
+            f"converter {self.name!r} at precision {request.precision}",
+        )
         int8 = request.precision == "int8"
         if int8 and (request.calibration is None or not request.calibration.samples):
             raise CalibrationError(
@@ -242,11 +258,17 @@ class OnnxToOpenVINO(Converter):
             assert preset is not None and subset_size is not None
             model, used = self._quantize(model, request, preset, subset_size, overflow_fix)
             tool_versions["nncf"] = dist_version("nncf")
-            details.update(nncf_preset=preset, nncf_subset_size=used, calibration_samples=len(request.calibration.samples),  # type: ignore[union-attr]
-                           nncf_overflow_fix=overflow_fix, isa_assumption=_OVERFLOW_FIX[overflow_fix])
+            details.update(
+                nncf_preset=preset,
+                nncf_subset_size=used,
+                calibration_samples=len(request.calibration.samples),  # type: ignore[union-attr]
+                nncf_overflow_fix=overflow_fix,
+                isa_assumption=_OVERFLOW_FIX[overflow_fix],
+            )
             if used < subset_size:
-                notes.append(f"nncf_subset_size {subset_size} is more than the {used} calibration samples given; "
-                             f"NNCF used {used}")
+                notes.append(
+                    f"nncf_subset_size {subset_size} is more than the {used} calibration samples given; NNCF used {used}"
+                )
 
         compress = request.precision == "fp16"
         if compress:
@@ -255,8 +277,10 @@ class OnnxToOpenVINO(Converter):
         bin_ = xml.with_suffix(".bin")
         saved_types, ops = _save_checked(ov, model, xml, source, request, source_types, notes)
         if int8 and not ops["FakeQuantize"]:
-            raise ConversionError(f"NNCF quantized no operation of {source} (no FakeQuantize in the IR)",
-                                  hint="the model may have no Conv/MatMul/Gemm; use fp16 or fp32")
+            raise ConversionError(
+                f"NNCF quantized no operation of {source} (no FakeQuantize in the IR)",
+                hint="the model may have no Conv/MatMul/Gemm; use fp16 or fp32",
+            )
 
         details.update(
             compress_to_fp16=compress,
@@ -280,8 +304,9 @@ class OnnxToOpenVINO(Converter):
     def _int8_options(request: ConversionRequest) -> tuple[str, int]:
         preset = str(request.options.get("nncf_preset", "performance")).lower()
         if preset not in _PRESETS:
-            raise ConversionError(f"nncf_preset must be one of {', '.join(_PRESETS)}, "
-                                  f"got {request.options.get('nncf_preset')!r}")
+            raise ConversionError(
+                f"nncf_preset must be one of {', '.join(_PRESETS)}, got {request.options.get('nncf_preset')!r}"
+            )
         assert request.calibration is not None
         raw = request.options.get("nncf_subset_size", len(request.calibration.samples))
         try:
@@ -292,27 +317,32 @@ class OnnxToOpenVINO(Converter):
             raise ConversionError(f"nncf_subset_size must be an integer >= 1, got {raw!r}")
         return preset, subset_size
 
-    def _quantize(self, model: Any, request: ConversionRequest, preset: str, subset_size: int,
-                  overflow_fix: str) -> tuple[Any, int]:
+    def _quantize(
+        self, model: Any, request: ConversionRequest, preset: str, subset_size: int, overflow_fix: str
+    ) -> tuple[Any, int]:
         import numpy as np
 
         disable_openvino_telemetry()
         import nncf
 
         assert request.calibration is not None
-        inputs = [(p.get_any_name(), tuple(p.get_shape()), np.dtype(p.get_element_type().to_dtype()))
-                  for p in model.inputs]
+        inputs = [
+            (p.get_any_name(), tuple(p.get_shape()), np.dtype(p.get_element_type().to_dtype())) for p in model.inputs
+        ]
         samples: list[dict[str, Any]] = []
         for i, sample in enumerate(request.calibration.samples):
             feed: dict[str, Any] = {}
             for name, shape, dtype in inputs:
                 if name not in sample:
-                    raise CalibrationError(f"calibration sample {i} for {request.source} has no input {name!r} "
-                                           f"(it has: {', '.join(map(str, sample)) or 'nothing'})")
+                    raise CalibrationError(
+                        f"calibration sample {i} for {request.source} has no input {name!r} "
+                        f"(it has: {', '.join(map(str, sample)) or 'nothing'})"
+                    )
                 a = np.ascontiguousarray(np.asarray(sample[name]), dtype=dtype)
                 if tuple(a.shape) != shape:
-                    raise CalibrationError(f"calibration sample {i} for {request.source}: input {name!r} has shape "
-                                           f"{tuple(a.shape)}, the model takes {shape}")
+                    raise CalibrationError(
+                        f"calibration sample {i} for {request.source}: input {name!r} has shape {tuple(a.shape)}, the model takes {shape}"
+                    )
                 feed[name] = a
             samples.append(feed)
         used = min(subset_size, len(samples))
@@ -326,19 +356,25 @@ class OnnxToOpenVINO(Converter):
                 from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
                 fix = {"all": OverflowFix.ENABLE, "first_layer": OverflowFix.FIRST_LAYER, "none": OverflowFix.DISABLE}
-                quantized = nncf.quantize(model, dataset, preset=nncf.QuantizationPreset(preset), subset_size=used,
-                                          advanced_parameters=AdvancedQuantizationParameters(
-                                              overflow_fix=fix[overflow_fix]))
+                quantized = nncf.quantize(
+                    model,
+                    dataset,
+                    preset=nncf.QuantizationPreset(preset),
+                    subset_size=used,
+                    advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix[overflow_fix]),
+                )
         except Exception as e:
-            raise ConversionError(f"NNCF could not quantize {request.source} to int8: "
-                                  f"{type(e).__name__}: {str(e)[:500]}") from e
+            raise ConversionError(
+                f"NNCF could not quantize {request.source} to int8: {type(e).__name__}: {str(e)[:500]}"
+            ) from e
         finally:
             nncf_log.setLevel(level)
         return quantized, used
 
 
-def _fp16_recipe(ov: Any, model: Any, source: Path, request: ConversionRequest, details: dict[str, Any],
-                 notes: list[str]) -> Any:
+def _fp16_recipe(
+    ov: Any, model: Any, source: Path, request: ConversionRequest, details: dict[str, Any], notes: list[str]
+) -> Any:
     """The model with the mixed-precision fp16 recipe (``mixed_precision = "auto"``: the nodes kept in f32 where
     f16 adds error, verified on this host's CPU plugin in f16 when it can)."""
     from edge.graph import recipes
@@ -350,8 +386,10 @@ def _fp16_recipe(ov: Any, model: Any, source: Path, request: ConversionRequest, 
         return model
     model, found = _mixed_fp16(ov, source, request, trials)
     if found is None:
-        notes.append("mixed precision: this host's OpenVINO CPU plugin cannot compute in f16, so the fp16 "
-                     "recipe was not verified here; only the activation range check was applied")
+        notes.append(
+            "mixed precision: this host's OpenVINO CPU plugin cannot compute in f16, so the fp16 "
+            "recipe was not verified here; only the activation range check was applied"
+        )
         return model
     details["kept_fp32"] = [k.to_json() for k in found.kept]
     details["mixed_precision_search"] = found.to_json()
@@ -361,25 +399,30 @@ def _fp16_recipe(ov: Any, model: Any, source: Path, request: ConversionRequest, 
     return model
 
 
-def _save_checked(ov: Any, model: Any, xml: Path, source: Path, request: ConversionRequest,
-                  source_types: Any, notes: list[str]) -> tuple[Any, dict[str, int]]:
+def _save_checked(
+    ov: Any, model: Any, xml: Path, source: Path, request: ConversionRequest, source_types: Any, notes: list[str]
+) -> tuple[Any, dict[str, int]]:
     """Save the IR and inspect what was really written, not what was asked for: (its weight types, its
     FakeQuantize/FakeConvert counts)."""
     compress = request.precision == "fp16"
     try:
         ov.save_model(model, str(xml), compress_to_fp16=compress)
     except Exception as e:
-        raise ConversionError(f"OpenVINO could not save the IR of {source} to {xml}: "
-                              f"{type(e).__name__}: {str(e)[:500]}") from e
+        raise ConversionError(
+            f"OpenVINO could not save the IR of {source} to {xml}: {type(e).__name__}: {str(e)[:500]}"
+        ) from e
     try:
         saved = ov_core().read_model(str(xml))
     except Exception as e:
-        raise ConversionError(f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: "
-                              f"{type(e).__name__}: {str(e)[:500]}") from e
+        raise ConversionError(
+            f"the IR OpenVINO wrote for {source} cannot be read back from {xml}: {type(e).__name__}: {str(e)[:500]}"
+        ) from e
     saved_types = weight_types(saved)
     if request.precision in ("fp32", "int8") and "f16" in saved_types and "f16" not in source_types:
-        raise ConversionError(f"OpenVINO saved f16 weights for {source} although compress_to_fp16=False "
-                              f"(weights: {saved_types}); the {request.precision} IR would not be what it claims")
+        raise ConversionError(
+            f"OpenVINO saved f16 weights for {source} although compress_to_fp16=False "
+            f"(weights: {saved_types}); the {request.precision} IR would not be what it claims"
+        )
     if compress and "f16" not in saved_types and saved_types:
         notes.append(f"compress_to_fp16 left no f16 weights (weights: {saved_types})")
     return saved_types, op_counts(saved, "FakeQuantize", "FakeConvert")

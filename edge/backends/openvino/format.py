@@ -10,7 +10,6 @@ from edge.backends.options import RESERVE_CPUS_DOC, THREADS
 from edge.bundle.typedjson import Rule, spec
 from edge.capabilities import Requirement, env_flag
 
-
 OPENVINO_REQUIREMENT = Requirement("python", "openvino", install="pip install 'edgekit-ml[openvino]'")
 
 
@@ -106,27 +105,46 @@ MAX_STREAMS = 1024
 @dataclass(frozen=True)
 class OpenVINOOptions:
     device: str | tuple[str, ...] = spec(
-        "CPU", pattern=r"^[A-Za-z0-9_.:,-]{1,64}$", min_items=1, max_items=8, item=Rule(pattern=r"^[A-Za-z0-9_.:-]{1,64}$"),
+        "CPU",
+        pattern=r"^[A-Za-z0-9_.:,-]{1,64}$",
+        min_items=1,
+        max_items=8,
+        item=Rule(pattern=r"^[A-Za-z0-9_.:-]{1,64}$"),
         doc="OpenVINO devices in order of preference, e.g. [GPU, CPU] (default [CPU]); the first one present is used "
-            "and a fallback is recorded")
-    performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT",
-                              "latency", "throughput", "cumulative_throughput"] = spec(
-        "LATENCY", doc="LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT")
+        "and a fallback is recorded",
+    )
+    performance_hint: Literal[
+        "LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT", "latency", "throughput", "cumulative_throughput"
+    ] = spec("LATENCY", doc="LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT")
     inference_precision: Literal["bundle", "fast", "f32", "f16", "bf16", "BUNDLE", "FAST", "F32", "F16", "BF16"] = spec(
-        "bundle", doc="bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's default "
-                      "otherwise); fast (written by edgekit convert only when the bundle passed parity in bf16 on a CPU: "
-                      "bf16 on a CPU whose plugin lists BF16, f32 on other CPUs, as bundle elsewhere); or force f32, f16 "
-                      "or bf16")
-    num_threads: int = spec(0, **THREADS, doc="CPU inference threads; 0 (default) = edgekit's choice: the CPUs that "
-                            "other processes and reserve_cpus leave (edge.backends.threads), with CPU pinning off when "
-                            "they are shared")
+        "bundle",
+        doc="bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's default "
+        "otherwise); fast (written by edgekit convert only when the bundle passed parity in bf16 on a CPU: "
+        "bf16 on a CPU whose plugin lists BF16, f32 on other CPUs, as bundle elsewhere); or force f32, f16 "
+        "or bf16",
+    )
+    num_threads: int = spec(
+        0,
+        **THREADS,
+        doc="CPU inference threads; 0 (default) = edgekit's choice: the CPUs that "
+        "other processes and reserve_cpus leave (edge.backends.threads), with CPU pinning off when "
+        "they are shared",
+    )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
     num_streams: int | Literal["AUTO", "auto"] = spec(
-        0, ge=0, le=MAX_STREAMS, doc="parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the "
+        0,
+        ge=0,
+        le=MAX_STREAMS,
+        doc="parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the "
         "performance hint's choice (LATENCY: 1; THROUGHPUT: several). Not with LATENCY and AUTO (OpenVINO then "
-        "switches to THROUGHPUT), nor above num_threads")
+        "switches to THROUGHPUT), nor above num_threads",
+    )
     dynamic_quantization_group_size: int | None = spec(
-        None, ge=0, le=1 << 20, doc="CPU: DYNAMIC_QUANTIZATION_GROUP_SIZE, the group of activations a MatMul with "
+        None,
+        ge=0,
+        le=1 << 20,
+        doc="CPU: DYNAMIC_QUANTIZATION_GROUP_SIZE, the group of activations a MatMul with "
         "integer weights quantizes at run time; 0 = off. Default: 0 where the bundle computes in f32 (fp32 means "
-        "fp32), the plugin's own (32) otherwise; an edgekit tune overlay may set it")
+        "fp32), the plugin's own (32) otherwise; an edgekit tune overlay may set it",
+    )

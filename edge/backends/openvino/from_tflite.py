@@ -28,8 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
-from edge.backends.openvino.convert import (NNCF_REQUIREMENT, OnnxToOpenVINO, dist_version, op_counts,
-                                            weight_types, overflow_fix_option)
+from edge.backends.openvino.convert import (
+    NNCF_REQUIREMENT,
+    OnnxToOpenVINO,
+    dist_version,
+    op_counts,
+    overflow_fix_option,
+    weight_types,
+)
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
@@ -89,13 +95,14 @@ class TFLiteToOpenVINO(Converter):
             if missing:
                 custom = _custom_ops(path)
                 also = f" (custom ops in the file: {', '.join(custom)})" if custom else ""
-                raise ConversionError(f"OpenVINO's TFLite frontend cannot convert {source.name}: no translator for "
-                                      f"op {', '.join(missing)}{also}",
-                                      hint="a custom op needs its own lowering; bring the model's ONNX instead"
-                                      ) from None
+                raise ConversionError(
+                    f"OpenVINO's TFLite frontend cannot convert {source.name}: no translator for op {', '.join(missing)}{also}",
+                    hint="a custom op needs its own lowering; bring the model's ONNX instead",
+                ) from None
             first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise ConversionError(f"OpenVINO could not convert {source.name}: {type(e).__name__}: {first[:300]}"
-                                  ) from None
+            raise ConversionError(
+                f"OpenVINO could not convert {source.name}: {type(e).__name__}: {first[:300]}"
+            ) from None
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         import tempfile
@@ -107,14 +114,20 @@ class TFLiteToOpenVINO(Converter):
     def _convert(self, request: ConversionRequest, tmp: Path) -> ConversionResult:
         self.check_options(request.options)
         if request.precision not in self.precisions:
-            raise PrecisionError(f"converter {self.name!r} does not produce precision {request.precision!r}",
-                                 hint=f"choose one of {', '.join(sorted(self.precisions))}")
-        require(self.requires + self.precision_requires.get(request.precision, ()),
-                f"converter {self.name!r} at precision {request.precision}")
+            raise PrecisionError(
+                f"converter {self.name!r} does not produce precision {request.precision!r}",
+                hint=f"choose one of {', '.join(sorted(self.precisions))}",
+            )
+        require(
+            self.requires + self.precision_requires.get(request.precision, ()),
+            f"converter {self.name!r} at precision {request.precision}",
+        )
         int8 = request.precision == "int8"
         if int8 and (request.calibration is None or not request.calibration.samples):
-            raise CalibrationError(f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
-                                   hint="pass --calib DIR, or --calib random for a smoke test")
+            raise CalibrationError(
+                f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
+                hint="pass --calib DIR, or --calib random for a smoke test",
+            )
         helper = OnnxToOpenVINO()
         preset, subset_size = helper._int8_options(request) if int8 else (None, None)
         overflow_fix = overflow_fix_option(request)
@@ -148,26 +161,41 @@ class TFLiteToOpenVINO(Converter):
             details.update(nncf_preset=preset, nncf_subset_size=used, nncf_overflow_fix=overflow_fix)
         compress = request.precision == "fp16"
         if compress:
-            notes.append("fp16 from a TFLite source: no mixed-precision search (it reads ONNX nodes); the parity gate "
-                         "judges OpenVINO computing the bundle")
+            notes.append(
+                "fp16 from a TFLite source: no mixed-precision search (it reads ONNX nodes); the parity gate "
+                "judges OpenVINO computing the bundle"
+            )
         xml = request.workdir / "model.xml"
         try:
             ov.save_model(model, str(xml), compress_to_fp16=compress)
             saved = ov_core().read_model(str(xml))
         except Exception as e:  # noqa: BLE001
-            raise ConversionError(f"OpenVINO could not save the IR of {source.name}: {type(e).__name__}: "
-                                  f"{str(e)[:300]}") from None
+            raise ConversionError(
+                f"OpenVINO could not save the IR of {source.name}: {type(e).__name__}: {str(e)[:300]}"
+            ) from None
         saved_types = weight_types(saved)
         if request.precision in ("fp32", "int8") and "f16" in saved_types:
-            raise ConversionError(f"the {request.precision} IR of {source.name} still holds f16 weights "
-                                  f"({saved_types}) after folding {folded}; it would not be what it claims")
+            raise ConversionError(
+                f"the {request.precision} IR of {source.name} still holds f16 weights "
+                f"({saved_types}) after folding {folded}; it would not be what it claims"
+            )
         if int8 and not op_counts(saved, "FakeQuantize")["FakeQuantize"]:
             raise ConversionError(f"NNCF quantized no operation of {source.name} (no FakeQuantize in the IR)")
-        details.update(compress_to_fp16=compress, weight_element_types=saved_types,
-                       source_weight_element_types=source_types, bin_bytes=xml.with_suffix(".bin").stat().st_size,
-                       telemetry=telemetry)
-        return ConversionResult(artifact=xml, format=self.target_format, files=[xml, xml.with_suffix(".bin")],
-                                tool_versions=tool_versions, details=details, notes=notes)
+        details.update(
+            compress_to_fp16=compress,
+            weight_element_types=saved_types,
+            source_weight_element_types=source_types,
+            bin_bytes=xml.with_suffix(".bin").stat().st_size,
+            telemetry=telemetry,
+        )
+        return ConversionResult(
+            artifact=xml,
+            format=self.target_format,
+            files=[xml, xml.with_suffix(".bin")],
+            tool_versions=tool_versions,
+            details=details,
+            notes=notes,
+        )
 
 
 def _name_by_signature(model: Any, tflite: Path) -> dict[str, str]:

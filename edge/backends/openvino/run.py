@@ -33,19 +33,32 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.errors import EdgeError, HardwareUnavailableError
-from edge.backends.openvino.format import MAX_STREAMS, OPENVINO_REQUIREMENT, OpenVINOOptions, disable_openvino_telemetry, ov_core
+from edge.backends.openvino.format import (
+    MAX_STREAMS,
+    OPENVINO_REQUIREMENT,
+    OpenVINOOptions,
+    disable_openvino_telemetry,
+    ov_core,
+)
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option
+from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
 
-
-
 #: compiled-model properties that change what the arithmetic computes: read back and reported, never assumed
-PRECISION_PROPERTIES = ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE",
-                        "KV_CACHE_PRECISION", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "KEY_CACHE_GROUP_SIZE",
-                        "VALUE_CACHE_GROUP_SIZE", "ACTIVATIONS_SCALE_FACTOR", "CPU_DENORMALS_OPTIMIZATION",
-                        "CPU_SPARSE_WEIGHTS_DECOMPRESSION_RATE")
+PRECISION_PROPERTIES = (
+    "INFERENCE_PRECISION_HINT",
+    "EXECUTION_MODE_HINT",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+    "KV_CACHE_PRECISION",
+    "KEY_CACHE_PRECISION",
+    "VALUE_CACHE_PRECISION",
+    "KEY_CACHE_GROUP_SIZE",
+    "VALUE_CACHE_GROUP_SIZE",
+    "ACTIVATIONS_SCALE_FACTOR",
+    "CPU_DENORMALS_OPTIMIZATION",
+    "CPU_SPARSE_WEIGHTS_DECOMPRESSION_RATE",
+)
 
 
 def parse_num_streams(value: Any) -> int | str:
@@ -61,14 +74,15 @@ def parse_num_streams(value: Any) -> int | str:
         except ValueError:
             n = -1
     if not 0 <= n <= MAX_STREAMS:
-        raise EdgeError(f"runner 'openvino': num_streams must be an integer from 1 to {MAX_STREAMS} (0: the "
-                        f"performance hint's choice) or AUTO, got {value!r}")
+        raise EdgeError(
+            f"runner 'openvino': num_streams must be an integer from 1 to {MAX_STREAMS} (0: the "
+            f"performance hint's choice) or AUTO, got {value!r}"
+        )
     return n
+
+
 # devices that are not listed in available_devices but that OpenVINO resolves itself
 _VIRTUAL_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
-
-
-
 
 
 def _text(value: Any) -> str | None:
@@ -100,8 +114,9 @@ def _match_device(wanted: str, available: list[str]) -> str | None:
     return None
 
 
-_NON_COMPUTE_LAYERS = frozenset({"Input", "Output", "Const", "Reorder", "Reshape", "Parameter", "Result",
-                                  "Constant", "Convert"})
+_NON_COMPUTE_LAYERS = frozenset(
+    {"Input", "Output", "Const", "Reorder", "Reshape", "Parameter", "Result", "Constant", "Convert"}
+)
 
 
 def _compute_precisions(compiled: Any) -> dict[str, int] | None:
@@ -138,8 +153,9 @@ def _spec(port: Any, name: str | None = None) -> TensorSpec:
 
     pshape = port.get_partial_shape()
     shape = tuple(int(d.get_length()) if d.is_static else str(d) for d in pshape)
-    return TensorSpec(name or port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name,
-                      image_layout(shape))
+    return TensorSpec(
+        name or port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name, image_layout(shape)
+    )
 
 
 class OpenVINORunner(Runner):
@@ -182,9 +198,20 @@ class OpenVINORunner(Runner):
         self._output_names = [_ir_name(c, m) for c, m in zip(self._output_ports, model.outputs)]
         self.inputs = tuple(_spec(p, n) for p, n in zip(compiled.inputs, in_names))
         self.outputs = tuple(_spec(p, n) for p, n in zip(self._output_ports, self._output_names))
-        self.info = _read_back(compiled, core, device, asked, cfg, {
-            "openvino_version": version, "device_preference": asked.wanted, "available_devices": available,
-            "telemetry": telemetry}, fallback)
+        self.info = _read_back(
+            compiled,
+            core,
+            device,
+            asked,
+            cfg,
+            {
+                "openvino_version": version,
+                "device_preference": asked.wanted,
+                "available_devices": available,
+                "telemetry": telemetry,
+            },
+            fallback,
+        )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: no input copy (arrays must stay alive only during this call); the result
@@ -213,8 +240,9 @@ class OpenVINORunner(Runner):
             self._queue = ov.AsyncInferQueue(self._compiled, n)
         return self._queue, n
 
-    def infer_concurrent(self, feeds_list: "list[Mapping[str, np.ndarray]]", requests: int | None = None
-                         ) -> list[dict[str, np.ndarray]]:
+    def infer_concurrent(
+        self, feeds_list: list[Mapping[str, np.ndarray]], requests: int | None = None
+    ) -> list[dict[str, np.ndarray]]:
         """Every feeds of ``feeds_list`` inferred with up to ``requests`` (default :attr:`requests`) in flight in
         an ``AsyncInferQueue``; the outputs (copies) in the order of ``feeds_list``. The arrays are shared with
         the requests, not copied: they stay alive in ``feeds_list`` until every request is done."""
@@ -240,8 +268,9 @@ class OpenVINORunner(Runner):
             raise EdgeError(f"OpenVINO returned no outputs for {len(missing)} of {len(got)} concurrent requests")
         return [dict(zip(self._output_names, g)) for g in got]
 
-    def run_concurrent(self, feeds: Mapping[str, np.ndarray], count: int, requests: int | None = None
-                       ) -> tuple[float, list[int]]:
+    def run_concurrent(
+        self, feeds: Mapping[str, np.ndarray], count: int, requests: int | None = None
+    ) -> tuple[float, list[int]]:
         """``count`` inferences of ``feeds`` with up to ``requests`` (default :attr:`requests`) in flight, as
         benchmark_app runs them (outputs left in the requests' buffers): the wall time in seconds from the
         first start to the last completion, and each request's latency in ns (from its start, once a request
@@ -313,21 +342,32 @@ def _asked(typed: OpenVINOOptions, reserve: float) -> _Asked:
     """The options normalised; the rules across options checked."""
     wanted = _as_list(typed.device)
     if not wanted:
-        raise EdgeError("runner 'openvino': option device is empty", hint="e.g. device = [\"GPU\", \"CPU\"]")
+        raise EdgeError("runner 'openvino': option device is empty", hint='e.g. device = ["GPU", "CPU"]')
     hint = typed.performance_hint.upper()
     threads = typed.num_threads
     streams_opt = parse_num_streams(typed.num_streams)
     if streams_opt == "AUTO" and hint == "LATENCY":
         # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=AUTO compiles as THROUGHPUT
-        raise EdgeError("runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
-                        "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
-                        hint="use performance_hint = \"THROUGHPUT\" (its own choice of streams), or a number")
+        raise EdgeError(
+            "runner 'openvino': num_streams AUTO with performance_hint LATENCY: AUTO is the "
+            "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
+            hint='use performance_hint = "THROUGHPUT" (its own choice of streams), or a number',
+        )
     if isinstance(streams_opt, int) and threads and streams_opt > threads:
-        raise EdgeError(f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
-                        f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
-                        hint="ask for at most as many streams as threads, or num_threads = 0")
-    return _Asked(wanted, hint, typed.inference_precision.lower(), threads, streams_opt,
-                  typed.dynamic_quantization_group_size, reserve)
+        raise EdgeError(
+            f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
+            f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
+            hint="ask for at most as many streams as threads, or num_threads = 0",
+        )
+    return _Asked(
+        wanted,
+        hint,
+        typed.inference_precision.lower(),
+        threads,
+        streams_opt,
+        typed.dynamic_quantization_group_size,
+        reserve,
+    )
 
 
 def _choose_device(core: Any, wanted: list[str], short_version: str) -> tuple[str, list[str], str | None]:
@@ -342,8 +382,7 @@ def _choose_device(core: Any, wanted: list[str], short_version: str) -> tuple[st
         )
     fallback = None
     if device != wanted[0]:
-        fallback = (f"asked for OpenVINO device {wanted[0]}, which is not present "
-                    f"(available: {', '.join(available) or 'none'}); using {device}")
+        fallback = f"asked for OpenVINO device {wanted[0]}, which is not present (available: {', '.join(available) or 'none'}); using {device}"
     return device, available, fallback
 
 
@@ -396,8 +435,7 @@ def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str
     except Exception:  # noqa: BLE001 - virtual devices: pass everything, let compile decide
         supported = {"PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
     target_precision, caps = _target_precision(core, device, asked, bundle_precision)
-    c = _Config({hints.performance_mode: getattr(hints.PerformanceMode, asked.hint)}, supported, target_precision,
-                caps)
+    c = _Config({hints.performance_mode: getattr(hints.PerformanceMode, asked.hint)}, supported, target_precision, caps)
     if target_precision is not None:
         if "INFERENCE_PRECISION_HINT" in supported:
             c.config[hints.inference_precision] = getattr(ov.Type, target_precision)
@@ -441,8 +479,9 @@ def _threads_config(c: _Config, device: str, asked: _Asked) -> None:
             c.ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
 
 
-def _read_back(compiled: Any, core: Any, device: str, asked: _Asked, cfg: _Config, details: dict[str, Any],
-               fallback: str | None) -> RunnerInfo:
+def _read_back(
+    compiled: Any, core: Any, device: str, asked: _Asked, cfg: _Config, details: dict[str, Any], fallback: str | None
+) -> RunnerInfo:
     """What the compiled model really uses (device, precision, threads, streams, every precision property), with a
     note wherever it differs from what was asked."""
     import openvino.properties as props
@@ -461,28 +500,44 @@ def _read_back(compiled: Any, core: Any, device: str, asked: _Asked, cfg: _Confi
     threads_read = read(props.inference_num_threads)
     streams = read(props.num_streams)
     nireq = read(props.optimal_number_of_infer_requests)
-    details.update({
-        "performance_hint": str(read(hints.performance_mode) or asked.hint),
-        "num_streams": int(streams) if streams is not None else None,
-        "num_streams_option": asked.streams,
-        "optimal_requests": int(nireq) if nireq else None,
-        "inference_precision_option": asked.precision,
-        "compute_precisions": _compute_precisions(compiled),
-        # every property that changes the arithmetic, as the compiled model applies it (issue #23)
-        "precision_properties": {k: _text(read(k)) for k in PRECISION_PROPERTIES if k in cfg.supported},
-    })
+    details.update(
+        {
+            "performance_hint": str(read(hints.performance_mode) or asked.hint),
+            "num_streams": int(streams) if streams is not None else None,
+            "num_streams_option": asked.streams,
+            "optimal_requests": int(nireq) if nireq else None,
+            "inference_precision_option": asked.precision,
+            "compute_precisions": _compute_precisions(compiled),
+            # every property that changes the arithmetic, as the compiled model applies it (issue #23)
+            "precision_properties": {k: _text(read(k)) for k in PRECISION_PROPERTIES if k in cfg.supported},
+        }
+    )
     _notes(details, core, device, device_used, precision_used, streams, asked, cfg)
     if cfg.plan is not None:
         details["threads_policy"] = {**cfg.plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
     if cfg.ignored:
         details["ignored_options"] = cfg.ignored
-    return RunnerInfo(runtime=f"openvino {details['openvino_version'].split('-', 1)[0]}",
-                      device_requested=asked.wanted[0], device_used=device_used, precision_used=precision_used,
-                      threads=int(threads_read) if threads_read else None, fallback=fallback, details=details)
+    return RunnerInfo(
+        runtime=f"openvino {details['openvino_version'].split('-', 1)[0]}",
+        device_requested=asked.wanted[0],
+        device_used=device_used,
+        precision_used=precision_used,
+        threads=int(threads_read) if threads_read else None,
+        fallback=fallback,
+        details=details,
+    )
 
 
-def _notes(details: dict[str, Any], core: Any, device: str, device_used: str, precision_used: str, streams: Any,
-           asked: _Asked, cfg: _Config) -> None:
+def _notes(
+    details: dict[str, Any],
+    core: Any,
+    device: str,
+    device_used: str,
+    precision_used: str,
+    streams: Any,
+    asked: _Asked,
+    cfg: _Config,
+) -> None:
     """Where the compiled model does not do what was asked: the precision, the streams; and the fast choice."""
     import openvino.properties as props
 
@@ -493,15 +548,27 @@ def _notes(details: dict[str, Any], core: Any, device: str, device_used: str, pr
             caps = list(core.get_property(device, props.device.capabilities))
         except Exception:  # noqa: BLE001 - virtual devices do not report it
             caps = []
-        details["precision_note"] = (f"asked for {target_precision}; {device_used} computes in {precision_used} "
-                                     f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})")
+        details["precision_note"] = (
+            f"asked for {target_precision}; {device_used} computes in {precision_used} "
+            f"(device capabilities: {', '.join(map(str, caps)) or 'not reported'})"
+        )
     streams_opt = asked.streams
-    if isinstance(streams_opt, int) and streams_opt and streams is not None and int(streams) != streams_opt \
-            and "NUM_STREAMS" in cfg.supported:
+    if (
+        isinstance(streams_opt, int)
+        and streams_opt
+        and streams is not None
+        and int(streams) != streams_opt
+        and "NUM_STREAMS" in cfg.supported
+    ):
         # e.g. 4 streams on 2 CPUs: OpenVINO runs 2 and says nothing
         details["streams_note"] = f"asked for {streams_opt} streams; {device_used} runs {int(streams)}"
     if asked.precision == "fast":
         details["fast_precision"] = {
-            "capabilities": cfg.caps, "computes": target_precision or "the device default",
-            "why": ("bf16 passed parity where the bundle was built: bf16 where the CPU plugin lists BF16, else f32"
-                    if device == "CPU" else f"the bf16 evidence is for CPUs; {device} computes as with bundle")}
+            "capabilities": cfg.caps,
+            "computes": target_precision or "the device default",
+            "why": (
+                "bf16 passed parity where the bundle was built: bf16 where the CPU plugin lists BF16, else f32"
+                if device == "CPU"
+                else f"the bf16 evidence is for CPUs; {device} computes as with bundle"
+            ),
+        }

@@ -31,10 +31,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from edge.capabilities import Requirement
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA, TRT_RESTRICTED_OPS, TRT_UNSUPPORTED_OPS  # noqa: F401
 from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
 
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[tensorrt]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[tensorrt]'")
-
 
 
 class OnnxToTensorRTPlan(Converter):
@@ -92,33 +91,50 @@ class OnnxToTensorRTPlan(Converter):
             tool_versions["polygraphy"] = compat["polygraphy"]
         if compat["unsupported_ops"]:
             raise ConversionError(
-                f"{request.source.name} uses ONNX ops TensorRT's parser does not support: "
-                f"{', '.join(compat['unsupported_ops'])}",
-                hint="replace them in the source model, or choose a target whose runtime has them (x86-cpu)")
+                f"{request.source.name} uses ONNX ops TensorRT's parser does not support: {', '.join(compat['unsupported_ops'])}",
+                hint="replace them in the source model, or choose a target whose runtime has them (x86-cpu)",
+            )
         build = build_settings(request, workspace_mb=workspace_mb, dla_core=dla_core)
         build_file = request.workdir / BUILD_FILE
         build_file.write_text(json.dumps(build, indent=2) + "\n", encoding="utf-8")
-        notes = [f"the TensorRT engine is built on the device at first load ({'+'.join(build['flags']) or 'FP32'}"
-                 + (f", DLA core {dla_core}" if dla_core >= 0 else "") + ") and cached there"]
+        notes = [
+            f"the TensorRT engine is built on the device at first load ({'+'.join(build['flags']) or 'FP32'}"
+            + (f", DLA core {dla_core}" if dla_core >= 0 else "")
+            + ") and cached there"
+        ]
         if not simplify.get("graphsurgeon"):
-            notes.append(f"{simplify.get('why')}: constants folded with onnxruntime's basic optimisation instead "
-                         "(onnx-graphsurgeon comes with the tensorrt extra of edgekit-ml)")
+            notes.append(
+                f"{simplify.get('why')}: constants folded with onnxruntime's basic optimisation instead "
+                "(onnx-graphsurgeon comes with the tensorrt extra of edgekit-ml)"
+            )
         if compat["restricted_ops"]:
-            notes.append("ops TensorRT runs with restrictions: "
-                         + "; ".join(f"{k}: {v}" for k, v in compat["restricted_ops"].items()))
+            notes.append(
+                "ops TensorRT runs with restrictions: "
+                + "; ".join(f"{k}: {v}" for k, v in compat["restricted_ops"].items())
+            )
         if compat["dynamic_inputs"]:
-            notes.append(f"dynamic dimensions left: {compat['dynamic_inputs']} (the builder needs an optimisation profile)")
+            notes.append(
+                f"dynamic dimensions left: {compat['dynamic_inputs']} (the builder needs an optimisation profile)"
+            )
         lint = compat.get("lint") or {}
         if lint.get("errors"):
             notes.append(f"polygraphy lint reports {len(lint['errors'])} error(s): {lint['errors'][0][:200]}")
         details: dict[str, Any] = {
-            "recipe": "ONNX for an on-device TensorRT build", "simplify": simplify, "build": build,
+            "recipe": "ONNX for an on-device TensorRT build",
+            "simplify": simplify,
+            "build": build,
             "tensorrt_compat": compat,
         }
         if quant is not None:
             details["quantization"] = quant
-        return ConversionResult(artifact=out, format="onnx", files=[out, build_file], tool_versions=tool_versions,
-                                details=details, notes=notes)
+        return ConversionResult(
+            artifact=out,
+            format="onnx",
+            files=[out, build_file],
+            tool_versions=tool_versions,
+            details=details,
+            notes=notes,
+        )
 
 
 def fold_graph(source: Path, out: Path) -> dict[str, Any]:
@@ -139,9 +155,13 @@ def fold_graph(source: Path, out: Path) -> dict[str, Any]:
 
             onnx.checker.check_model(folded)
             save_onnx(folded, out)
-            return {"tool": "onnx-graphsurgeon fold_constants + cleanup + toposort", "graphsurgeon": True,
-                    "nodes_before": before, "nodes_after": len(folded.graph.node),
-                    "tool_versions": {"onnx-graphsurgeon": gs.__version__}}
+            return {
+                "tool": "onnx-graphsurgeon fold_constants + cleanup + toposort",
+                "graphsurgeon": True,
+                "nodes_before": before,
+                "nodes_after": len(folded.graph.node),
+                "tool_versions": {"onnx-graphsurgeon": gs.__version__},
+            }
         except Exception as e:  # fall through to onnxruntime, and say why
             reason = f"onnx-graphsurgeon failed ({type(e).__name__}: {str(e)[:200]})"
     else:
@@ -154,19 +174,28 @@ def fold_graph(source: Path, out: Path) -> dict[str, Any]:
     so.log_severity_level = 3
     ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
     after = len(load_onnx(out).graph.node)
-    return {"tool": "onnxruntime basic offline optimisation (constant folding)", "graphsurgeon": False,
-            "why": reason, "nodes_before": before, "nodes_after": after}
+    return {
+        "tool": "onnxruntime basic offline optimisation (constant folding)",
+        "graphsurgeon": False,
+        "why": reason,
+        "nodes_before": before,
+        "nodes_after": after,
+    }
 
 
-def quantize_symmetric_qdq(source: Path, out: Path, request: ConversionRequest, opts: Mapping[str, Any]) -> dict[str, Any]:
+def quantize_symmetric_qdq(
+    source: Path, out: Path, request: ConversionRequest, opts: Mapping[str, Any]
+) -> dict[str, Any]:
     """TensorRT explicit quantization: int8 QDQ, symmetric activations and weights, fp32 biases."""
     from onnxruntime import quantization as q
 
-    from edge.backends.onnxruntime.convert import CALIBRATE, quiet_root_logger, Reader
+    from edge.backends.onnxruntime.convert import CALIBRATE, Reader, quiet_root_logger
 
     if request.calibration is None or not request.calibration.samples:
-        raise CalibrationError("int8 for TensorRT needs calibration samples",
-                               hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random")
+        raise CalibrationError(
+            "int8 for TensorRT needs calibration samples",
+            hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random",
+        )
     method = str(opts.get("calibrate_method", "minmax"))
     if method not in CALIBRATE:
         raise ConversionError(f"calibrate_method must be one of {', '.join(CALIBRATE)}, got {method!r}")
@@ -174,19 +203,35 @@ def quantize_symmetric_qdq(source: Path, out: Path, request: ConversionRequest, 
     extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
     try:
         with quiet_root_logger():
-            q.quantize_static(str(source), str(out), Reader(request.calibration.samples),
-                              quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8,
-                              weight_type=q.QuantType.QInt8, per_channel=per_channel,
-                              calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]), extra_options=extra)
+            q.quantize_static(
+                str(source),
+                str(out),
+                Reader(request.calibration.samples),
+                quant_format=q.QuantFormat.QDQ,
+                activation_type=q.QuantType.QInt8,
+                weight_type=q.QuantType.QInt8,
+                per_channel=per_channel,
+                calibrate_method=getattr(q.CalibrationMethod, CALIBRATE[method]),
+                extra_options=extra,
+            )
     except Exception as e:
-        raise ConversionError(f"int8 QDQ quantization of {request.source.name} failed: {type(e).__name__}: "
-                              f"{str(e)[:300]}") from e
+        raise ConversionError(
+            f"int8 QDQ quantization of {request.source.name} failed: {type(e).__name__}: {str(e)[:300]}"
+        ) from e
     check = check_symmetric_qdq(out)
     if check["asymmetric"] or check["quantized_biases"]:
         raise ConversionError(f"the quantizer produced QDQ TensorRT cannot take: {check}")
-    return {"recipe": "static QDQ, symmetric", "activations": "int8 symmetric", "weights": "int8 symmetric",
-            "per_channel": per_channel, "quantize_bias": False, "calibrate_method": method,
-            "calibration_samples": len(request.calibration.samples), "extra_options": extra, "check": check}
+    return {
+        "recipe": "static QDQ, symmetric",
+        "activations": "int8 symmetric",
+        "weights": "int8 symmetric",
+        "per_channel": per_channel,
+        "quantize_bias": False,
+        "calibrate_method": method,
+        "calibration_samples": len(request.calibration.samples),
+        "extra_options": extra,
+        "check": check,
+    }
 
 
 def check_symmetric_qdq(path: Path) -> dict[str, Any]:
@@ -225,9 +270,12 @@ def compatibility_report(path: Path, *, lint: bool = True) -> dict[str, Any]:
         if any(d is not None for d in dims):
             dynamic[i.name] = [d for d in dims if d is not None]
     report: dict[str, Any] = {
-        "ops": dict(sorted(ops.items())), "node_count": sum(ops.values()),
+        "ops": dict(sorted(ops.items())),
+        "node_count": sum(ops.values()),
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
-        "unsupported_ops": unsupported, "restricted_ops": restricted, "dynamic_inputs": dynamic,
+        "unsupported_ops": unsupported,
+        "restricted_ops": restricted,
+        "dynamic_inputs": dynamic,
         "int64_initializers": sum(1 for i in model.graph.initializer if i.data_type == 7),
         "unsupported_list": "onnx-tensorrt docs/operators.md (TensorRT 8.6-10.x), non-default domains",
     }
@@ -248,13 +296,19 @@ def polygraphy_lint(path: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="edgekit-lint-") as tmp:
         report = Path(tmp) / "lint.json"
         try:
-            p = subprocess.run([sys.executable, "-c", _POLYGRAPHY_MAIN, "check", "lint", str(path), "-o", str(report)],
-                               capture_output=True, text=True, timeout=300)
+            p = subprocess.run(
+                [sys.executable, "-c", _POLYGRAPHY_MAIN, "check", "lint", str(path), "-o", str(report)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return {"lint": {"ran": False, "error": str(e)[:300]}, "polygraphy": polygraphy.__version__}
         if not report.is_file():
-            return {"lint": {"ran": False, "error": (p.stderr or p.stdout).strip()[-300:]},
-                    "polygraphy": polygraphy.__version__}
+            return {
+                "lint": {"ran": False, "error": (p.stderr or p.stdout).strip()[-300:]},
+                "polygraphy": polygraphy.__version__,
+            }
         try:
             data = read_json_file(report, what="polygraphy lint report", max_depth=32)
         except UnreadableFile as e:
@@ -262,25 +316,36 @@ def polygraphy_lint(path: Path) -> dict[str, Any]:
         if not isinstance(data, dict):
             data = {}
     entries = data.get("lint_entries") or data.get("linting_entries") or []
-    errors = [str(e.get("message", e))[:300] for e in entries if e.get("level") == "exception" or e.get("level") == "error"]
+    errors = [
+        str(e.get("message", e))[:300] for e in entries if e.get("level") == "exception" or e.get("level") == "error"
+    ]
     warnings = [str(e.get("message", e))[:300] for e in entries if e.get("level") == "warning"]
     summary = data.get("summary", {})
-    return {"lint": {"ran": True, "exit_code": p.returncode, "passing_nodes": len(summary.get("passing", [])),
-                     "failing_nodes": list(summary.get("failing", []))[:20],
-                     "errors": errors[:20], "warnings": warnings[:20]},
-            "polygraphy": polygraphy.__version__}
+    return {
+        "lint": {
+            "ran": True,
+            "exit_code": p.returncode,
+            "passing_nodes": len(summary.get("passing", [])),
+            "failing_nodes": list(summary.get("failing", []))[:20],
+            "errors": errors[:20],
+            "warnings": warnings[:20],
+        },
+        "polygraphy": polygraphy.__version__,
+    }
 
 
 def build_settings(request: ConversionRequest, *, workspace_mb: int, dla_core: int) -> dict[str, Any]:
     """``trt_build.json``: everything the device-side builder needs besides the ONNX."""
     flags = {"fp32": [], "fp16": ["FP16"], "int8": ["INT8", "FP16"]}[request.precision]
     return {
-        "schema": BUILD_SCHEMA, "onnx": "model.onnx", "precision": request.precision,
+        "schema": BUILD_SCHEMA,
+        "onnx": "model.onnx",
+        "precision": request.precision,
         "flags": flags,  # int8: explicit QDQ, FP16 lets the layers outside Q/DQ pairs run in fp16
         "explicit_quantization": request.precision == "int8",
-        "workspace_mb": workspace_mb, "dla_core": dla_core, "gpu_fallback": dla_core >= 0,
+        "workspace_mb": workspace_mb,
+        "dla_core": dla_core,
+        "gpu_fallback": dla_core >= 0,
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
         "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs],
     }
-
-

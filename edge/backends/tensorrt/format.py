@@ -9,7 +9,6 @@ from typing import Any
 from edge.bundle.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import ConversionError
 
-
 BUILD_FILE = "trt_build.json"
 
 
@@ -18,13 +17,38 @@ BUILD_SCHEMA = "edgekit.trt-build/1"
 # ONNX ops TensorRT's ONNX parser (onnx-tensorrt, TensorRT 8.6-10.x, docs/operators.md) does not
 # implement, plus the integer-arithmetic quantized ops that onnxruntime emits in QOperator format
 # (TensorRT only takes QDQ). Ops from a non-default domain (com.microsoft ...) are flagged too.
-TRT_UNSUPPORTED_OPS = frozenset({
-    "BitShift", "Bernoulli", "Col2Im", "ConcatFromSequence", "ConvInteger", "DynamicQuantizeLinear",
-    "ImageDecoder", "MatMulInteger", "MelWeightMatrix", "Multinomial", "Optional", "OptionalGetElement",
-    "OptionalHasElement", "QLinearConv", "QLinearMatMul", "RegexFullMatch", "SequenceAt", "SequenceConstruct",
-    "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "SplitToSequence", "StringConcat",
-    "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique",
-})
+TRT_UNSUPPORTED_OPS = frozenset(
+    {
+        "BitShift",
+        "Bernoulli",
+        "Col2Im",
+        "ConcatFromSequence",
+        "ConvInteger",
+        "DynamicQuantizeLinear",
+        "ImageDecoder",
+        "MatMulInteger",
+        "MelWeightMatrix",
+        "Multinomial",
+        "Optional",
+        "OptionalGetElement",
+        "OptionalHasElement",
+        "QLinearConv",
+        "QLinearMatMul",
+        "RegexFullMatch",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceErase",
+        "SequenceInsert",
+        "SequenceLength",
+        "SplitToSequence",
+        "StringConcat",
+        "StringNormalizer",
+        "StringSplit",
+        "TfIdfVectorizer",
+        "Unique",
+    }
+)
 # Parsed, but known to run slowly or with restrictions worth a look (from the same table).
 TRT_RESTRICTED_OPS = {
     "Loop": "supported, but loops run step by step (no fusion across iterations)",
@@ -58,7 +82,10 @@ CACHE_ENV = "EDGEKIT_ENGINE_CACHE"
 
 @dataclass(frozen=True)
 class TensorRTOptions:
-    allow_cpu_fallback: bool = spec(False, doc="when TensorRT or the GPU is missing, run the ONNX in onnxruntime on "
-                                    "the CPU, labelled 'CPU fallback' in every report (default false: an error)")
+    allow_cpu_fallback: bool = spec(
+        False,
+        doc="when TensorRT or the GPU is missing, run the ONNX in onnxruntime on "
+        "the CPU, labelled 'CPU fallback' in every report (default false: an error)",
+    )
     rebuild: bool = spec(False, doc="ignore a cached engine and build again (default false)")
     device: int = spec(0, ge=0, le=64, doc="CUDA device index (default 0)")

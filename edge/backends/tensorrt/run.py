@@ -36,27 +36,37 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
     from edge.backends.onnxruntime.run import OnnxRuntimeRunner
 
-from edge.capabilities import Requirement, current_host, problems
-from edge.bundle.typedjson import UnreadableFile, read_json_file
-from edge.errors import EdgeError, HardwareUnavailableError
-from edge.backends.tensorrt.format import CACHE_ENV, TensorRTOptions
 from edge.backends.runner import Runner, RunnerInfo
+from edge.backends.tensorrt.format import CACHE_ENV, TensorRTOptions
+from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.capabilities import Requirement, current_host, problems
+from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec
 
 CACHE_SCHEMA = "edgekit.trt-engine/1"
 FALLBACK_LABEL = "CPU fallback"
 KEY_PARTS = ("tensorrt_version", "gpu_name", "compute_capability", "precision", "bundle_id")
 
-_TRT = Requirement("python", "tensorrt",
-                   install="it comes with JetPack (python3-libnvinfer); on x86: pip install tensorrt "
-                           "--extra-index-url https://pypi.nvidia.com")
-_POLY = Requirement("python", "polygraphy", install="pip install 'edgekit-ml[tensorrt]'",
-                    why="device buffers and execution go through polygraphy's TrtRunner")
-_GPU = Requirement("nvidia-gpu", "gpu", install="run it on the Jetson, or set allow_cpu_fallback = true to run the "
-                   "ONNX in onnxruntime on the CPU (labelled CPU fallback)")
+_TRT = Requirement(
+    "python",
+    "tensorrt",
+    install="it comes with JetPack (python3-libnvinfer); on x86: pip install tensorrt --extra-index-url https://pypi.nvidia.com",
+)
+_POLY = Requirement(
+    "python",
+    "polygraphy",
+    install="pip install 'edgekit-ml[tensorrt]'",
+    why="device buffers and execution go through polygraphy's TrtRunner",
+)
+_GPU = Requirement(
+    "nvidia-gpu",
+    "gpu",
+    install="run it on the Jetson, or set allow_cpu_fallback = true to run the ONNX in onnxruntime on the CPU (labelled CPU fallback)",
+)
 
 
 # -- the engine cache: pure functions -------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class EngineKey:
@@ -74,9 +84,14 @@ class EngineKey:
         return asdict(self)
 
 
-def engine_key(tensorrt_version: str, gpu_name: str, compute_capability: str | tuple[int, int], precision: str,
-               bundle_id: str) -> EngineKey:
-    cc = compute_capability if isinstance(compute_capability, str) else f"{compute_capability[0]}.{compute_capability[1]}"
+def engine_key(
+    tensorrt_version: str, gpu_name: str, compute_capability: str | tuple[int, int], precision: str, bundle_id: str
+) -> EngineKey:
+    cc = (
+        compute_capability
+        if isinstance(compute_capability, str)
+        else f"{compute_capability[0]}.{compute_capability[1]}"
+    )
     return EngineKey(str(tensorrt_version), " ".join(str(gpu_name).split()), cc, precision, bundle_id)
 
 
@@ -103,8 +118,12 @@ def cache_decision(cache_dir: Path, key: EngineKey) -> tuple[str, str, Path]:
             rec = read_json_file(meta, what="engine cache record", max_bytes=1 << 20, max_depth=16)
         except UnreadableFile:
             return "build", f"cache record {meta} is unreadable", path
-        if isinstance(rec, dict) and rec.get("schema") == CACHE_SCHEMA and rec.get("key") == key.to_json() \
-                and rec.get("size") == path.stat().st_size:
+        if (
+            isinstance(rec, dict)
+            and rec.get("schema") == CACHE_SCHEMA
+            and rec.get("key") == key.to_json()
+            and rec.get("size") == path.stat().st_size
+        ):
             return "reuse", f"cached engine built {rec.get('built_utc', '?')} in {rec.get('build_s', '?')} s", path
         return "build", "cached engine does not match its record", path
     others = sorted(Path(cache_dir, _safe(key.bundle_id)).glob("*.json")) if Path(cache_dir).is_dir() else []
@@ -134,8 +153,14 @@ def store_engine(path: Path, key: EngineKey, data: bytes, build_s: float, settin
     tmp = path.with_suffix(f".engine.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    rec = {"schema": CACHE_SCHEMA, "key": key.to_json(), "size": len(data), "build_s": round(build_s, 2),
-           "built_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": dict(settings)}
+    rec = {
+        "schema": CACHE_SCHEMA,
+        "key": key.to_json(),
+        "size": len(data),
+        "build_s": round(build_s, 2),
+        "built_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "settings": dict(settings),
+    }
     meta_tmp = path.with_suffix(f".json.tmp-{os.getpid()}")
     meta_tmp.write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
     os.replace(meta_tmp, path.with_suffix(".json"))
@@ -165,6 +190,7 @@ def bundle_id_of(artifact: Path) -> str:
 
 
 # -- the GPU, without CUDA Python packages --------------------------------------------------
+
 
 def gpu_identity(device: int = 0) -> tuple[str, str]:
     """(GPU name, compute capability "M.m") through the CUDA driver API (libcuda, any JetPack/driver)."""
@@ -196,19 +222,24 @@ def _short(r: Requirement) -> str:
 
 # -- the runner -----------------------------------------------------------------------------
 
+
 class TensorRTRunner(Runner):
     name = "tensorrt"
     formats = ("onnx",)
-    host_proxy = ("onnxruntime", {}, "TensorRT is not on this host: onnxruntime ran the prepared ONNX (folded; int8: "
-                  "symmetric QDQ), exactly what TensorRT will be given; the engine itself (its fp16/int8 kernels) "
-                  "is checked on the device against the bundle's reference pairs on first load")
+    host_proxy = (
+        "onnxruntime",
+        {},
+        "TensorRT is not on this host: onnxruntime ran the prepared ONNX (folded; int8: "
+        "symmetric QDQ), exactly what TensorRT will be given; the engine itself (its fp16/int8 kernels) "
+        "is checked on the device against the bundle's reference pairs on first load",
+    )
     requires = (_TRT, _POLY, _GPU)
     _trt: Any  # polygraphy's TrtRunner; None on the CPU fallback and once closed
     _ort: OnnxRuntimeRunner | None  # the CPU fallback (onnxruntime on the prepared ONNX)
     options_class = TensorRTOptions
     device_options = {
         "engine_cache_dir": "where built engines are cached (default: <device store>/engines, "
-                            f"${CACHE_ENV} or ~/.cache/edgekit/tensorrt-engines)",
+        f"${CACHE_ENV} or ~/.cache/edgekit/tensorrt-engines)"
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -227,8 +258,9 @@ class TensorRTRunner(Runner):
 
         unknown = [k for k in opts if k not in self.options]
         if unknown:
-            raise EdgeError(f"runner {self.name!r} does not take option(s) {', '.join(unknown)}; "
-                            f"it takes: {', '.join(self.options)}")
+            raise EdgeError(
+                f"runner {self.name!r} does not take option(s) {', '.join(unknown)}; it takes: {', '.join(self.options)}"
+            )
         self.artifact, self.precision, self._options = artifact, precision, opts
         self._ort = OnnxRuntimeRunner(artifact, options={"providers": ["CPUExecutionProvider"]}, precision=precision)
         self.inputs, self.outputs = self._ort.inputs, self._ort.outputs
@@ -242,8 +274,8 @@ class TensorRTRunner(Runner):
             precision_used=computes,
             threads=ort_info.threads,
             fallback=f"{FALLBACK_LABEL}: TensorRT cannot run here ({'; '.join(missing)}); running the same ONNX in "
-                     "onnxruntime on the CPU because allow_cpu_fallback = true. Latency and accuracy are not "
-                     "TensorRT's.",
+            "onnxruntime on the CPU because allow_cpu_fallback = true. Latency and accuracy are not "
+            "TensorRT's.",
             details={"cpu_fallback": True, "missing": missing, "providers": ort_info.details.get("providers")},
         )
 
@@ -271,8 +303,9 @@ class TensorRTRunner(Runner):
             data = path.read_bytes()
         engine = trt.Runtime(logger).deserialize_cuda_engine(data)
         if engine is None:
-            raise EdgeError(f"TensorRT {trt.__version__} could not deserialize {path}",
-                            hint="load again with rebuild = true")
+            raise EdgeError(
+                f"TensorRT {trt.__version__} could not deserialize {path}", hint="load again with rebuild = true"
+            )
         load_s = time.perf_counter() - t0
         self._trt = TrtRunner(engine)
         self._trt.activate()
@@ -281,13 +314,22 @@ class TensorRTRunner(Runner):
         self.outputs = tuple(TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in settings["outputs"])
         dla = int(settings.get("dla_core", -1))
         self.info = RunnerInfo(
-            runtime=f"TensorRT {trt.__version__}", device_requested="TensorRT GPU" + (f" + DLA{dla}" if dla >= 0 else ""),
+            runtime=f"TensorRT {trt.__version__}",
+            device_requested="TensorRT GPU" + (f" + DLA{dla}" if dla >= 0 else ""),
             device_used=f"{gpu} (sm {cc})" + (f" + DLA{dla}" if dla >= 0 else ""),
             precision_used={"fp32": "f32 (TF32 allowed)", "fp16": "f16", "int8": "int8 (explicit QDQ) + f16"}.get(
-                settings["precision"], settings["precision"]),
-            details={"engine": str(path), "engine_cache": decision, "engine_cache_reason": why,
-                     "build_s": round(build_s, 2) if build_s is not None else None, "load_s": round(load_s, 3),
-                     "key": key.to_json(), "flags": settings.get("flags"), "workspace_mb": settings.get("workspace_mb")},
+                settings["precision"], settings["precision"]
+            ),
+            details={
+                "engine": str(path),
+                "engine_cache": decision,
+                "engine_cache_reason": why,
+                "build_s": round(build_s, 2) if build_s is not None else None,
+                "load_s": round(load_s, 3),
+                "key": key.to_json(),
+                "flags": settings.get("flags"),
+                "workspace_mb": settings.get("workspace_mb"),
+            },
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -330,8 +372,9 @@ def build_engine(trt: Any, logger: Any, onnx_path: Path, settings: Mapping[str, 
     dla = int(settings.get("dla_core", -1))
     if dla >= 0:
         if builder.num_DLA_cores <= dla:
-            raise HardwareUnavailableError(f"trt_build.json asks for DLA core {dla}; this device has "
-                                           f"{builder.num_DLA_cores}")
+            raise HardwareUnavailableError(
+                f"trt_build.json asks for DLA core {dla}; this device has {builder.num_DLA_cores}"
+            )
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = dla
         if settings.get("gpu_fallback", True):
@@ -347,5 +390,18 @@ def missing_here() -> list[str]:
     return problems(TensorRTRunner.requires, current_host())
 
 
-__all__ = ["TensorRTRunner", "EngineKey", "engine_key", "engine_path", "cache_decision", "key_changes", "store_engine",
-           "default_cache_dir", "bundle_id_of", "gpu_identity", "build_engine", "missing_here", "FALLBACK_LABEL"]
+__all__ = [
+    "TensorRTRunner",
+    "EngineKey",
+    "engine_key",
+    "engine_path",
+    "cache_decision",
+    "key_changes",
+    "store_engine",
+    "default_cache_dir",
+    "bundle_id_of",
+    "gpu_identity",
+    "build_engine",
+    "missing_here",
+    "FALLBACK_LABEL",
+]

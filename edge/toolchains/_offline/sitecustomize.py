@@ -44,8 +44,10 @@ def _install() -> None:
             except OSError:
                 pass
         if fail:
-            raise OSError(errno.ENETUNREACH, f"edgekit: network access refused during conversion ({line}); "
-                          "toolchain runs are offline by design")
+            raise OSError(
+                errno.ENETUNREACH,
+                f"edgekit: network access refused during conversion ({line}); toolchain runs are offline by design",
+            )
         return errno.ENETUNREACH
 
     def connect(self: socket.socket, address: object) -> None:
