@@ -341,14 +341,7 @@ def install(
     if spec.kind == "emulator":
         return aarch64.install(force=force, on_step=on_step, on_output=on_output)
     say = on_step or (lambda _line: None)
-    v = sys.version_info[:2]
-    if not spec.python_min <= v <= spec.python_max:
-        raise MissingDependencyError(
-            f"toolchain {spec.name!r} needs Python {'.'.join(map(str, spec.python_min))} to "
-            f"{'.'.join(map(str, spec.python_max))} (its pinned wheels exist only there); edgekit runs on "
-            f"Python {v[0]}.{v[1]} ({sys.executable})",
-            hint="run edgekit from a Python in that range to install and use this toolchain",
-        )
+    _check_python(spec)
     current = status(name)
     d = current.path
     if current.usable and not force:
@@ -383,7 +376,31 @@ def install(
             f"install failed; the unfinished environment stays at {d} (log: {d / 'install.log'}) and is removed by the next install"
         )
         raise
-    freeze = lock_lines(freeze)
+    state = _write_state(spec, d, venv, lock_lines(freeze), reference, t0)
+    st = status(name)
+    say(
+        f"installed toolchain {spec.name!r} at {d} in {state['install_seconds']:.0f} s; lock hash {st.lock_hash}"
+        + ("" if st.matches_reference else " (differs from the reference lock)")
+    )
+    return st
+
+
+def _check_python(spec: ToolchainSpec) -> None:
+    """Refuse an interpreter outside the range the toolchain's pinned wheels exist for."""
+    v = sys.version_info[:2]
+    if not spec.python_min <= v <= spec.python_max:
+        raise MissingDependencyError(
+            f"toolchain {spec.name!r} needs Python {'.'.join(map(str, spec.python_min))} to "
+            f"{'.'.join(map(str, spec.python_max))} (its pinned wheels exist only there); edgekit runs on "
+            f"Python {v[0]}.{v[1]} ({sys.executable})",
+            hint="run edgekit from a Python in that range to install and use this toolchain",
+        )
+
+
+def _write_state(
+    spec: ToolchainSpec, d: Path, venv: Path, freeze: list[str], reference: bool, t0: float
+) -> dict[str, Any]:
+    """The finished install's state file (written atomically: its presence marks the install complete)."""
     packages = dict(ln.split("==", 1) for ln in freeze if "==" in ln)
     reference_lines = lock_lines(spec.lock_text.splitlines())
     state = {
@@ -406,12 +423,7 @@ def install(
     tmp_state = d / f".{STATE_FILE}.tmp"
     tmp_state.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_state, d / STATE_FILE)
-    st = status(name)
-    say(
-        f"installed toolchain {spec.name!r} at {d} in {state['install_seconds']:.0f} s; lock hash {st.lock_hash}"
-        + ("" if st.matches_reference else " (differs from the reference lock)")
-    )
-    return st
+    return state
 
 
 def remove(name: str) -> bool:
@@ -498,16 +510,10 @@ def run_driver(
     st = require(name, f"toolchain {name!r}")
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps(dict(job)), encoding="utf-8")
-    env = _clean_env()
-    env["PATH"] = str(_venv_bin(st.venv)) + os.pathsep + env.get("PATH", "")
-    env["VIRTUAL_ENV"] = str(st.venv)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["CUDA_VISIBLE_DEVICES"] = ""  # a converter never needs the GPU; TensorFlow would probe it
-    env["PYTHONUNBUFFERED"] = "1"
+    env = _driver_env(st)
     log_path = workdir / "convert.log"
     attempts_log = workdir / "network_attempts.log"
     attempts_log.unlink(missing_ok=True)  # this run's attempts only
-    final: dict[str, Any] | None = None
     with open(log_path, "ab") as log:
         proc, offline = offline_popen(
             [str(_venv_python(st.venv)), str(driver_path(driver or name)), str(job_file)],
@@ -521,34 +527,7 @@ def run_driver(
             bufsize=1,
             start_new_session=True,
         )
-        timed_out = threading.Event()
-
-        def expire() -> None:
-            timed_out.set()
-            _kill(proc)
-
-        watchdog = threading.Timer(timeout_s, expire)  # reading stdout blocks; the timer does not
-        watchdog.daemon = True
-        watchdog.start()
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if not isinstance(ev, dict):
-                    continue
-                if ev.get("event") in ("result", "error"):
-                    final = ev
-                elif on_event is not None:
-                    on_event(ev)
-            proc.wait()
-        except BaseException:
-            _kill(proc)
-            raise
-        finally:
-            watchdog.cancel()
+        final, timed_out = _read_events(proc, timeout_s, on_event)
         if timed_out.is_set():
             raise EdgeError(
                 f"toolchain {name!r} did not finish within {timeout_s:.0f} s; stopped it",
@@ -566,6 +545,57 @@ def run_driver(
     final["offline"] = offline
     final["network_attempts"] = [*final.get("network_attempts", []), *attempts]
     return final, dataclasses.replace(st, offline=offline)
+
+
+def _driver_env(st: ToolchainStatus) -> dict[str, str]:
+    """The driver's environment: edgekit's own dropped, the toolchain's bin first on PATH, no GPU, unbuffered."""
+    env = _clean_env()
+    env["PATH"] = str(_venv_bin(st.venv)) + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(st.venv)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a converter never needs the GPU; TensorFlow would probe it
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _read_events(
+    proc: subprocess.Popen[str], timeout_s: float, on_event: Callable[[Event], None] | None
+) -> tuple[dict[str, Any] | None, threading.Event]:
+    """Read the driver's JSON event lines until it exits (a watchdog kills it after ``timeout_s``).
+
+    Returns its final result/error event (None when it gave none) and the event set when the watchdog fired;
+    other events go to ``on_event``. Any exception while reading stops the driver and propagates.
+    """
+    final: dict[str, Any] | None = None
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        _kill(proc)
+
+    watchdog = threading.Timer(timeout_s, expire)  # reading stdout blocks; the timer does not
+    watchdog.daemon = True
+    watchdog.start()
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            if ev.get("event") in ("result", "error"):
+                final = ev
+            elif on_event is not None:
+                on_event(ev)
+        proc.wait()
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        watchdog.cancel()
+    return final, timed_out
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
