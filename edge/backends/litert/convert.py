@@ -41,6 +41,7 @@ from edge.bundle.typedjson import read_json_file
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.opsupport import check_ops
+from edge.toolchains.state import ToolchainStatus
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,10 @@ class OnnxToTFLite(Converter):
         self.check_precision(request.precision)
         require(self.requires, f"converter {self.name!r}")
         check_ops(request.source, self.name)  # every node onnx2tf cannot translate, before TensorFlow starts
-        opts = request.options
-        io_dtype = str(opts.get("io_dtype", "int8"))
+        io_dtype = str(request.options.get("io_dtype", "int8"))
         if io_dtype not in _IO_DTYPES:
             raise ConversionError(f"io_dtype must be one of {', '.join(_IO_DTYPES)}, got {io_dtype!r}")
-        timeout_s = float(opts.get("timeout_s", 3600))
+        timeout_s = float(request.options.get("timeout_s", 3600))
         int8 = request.precision == "int8"
         calib = _check_samples(request, required=int8)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
@@ -113,35 +113,11 @@ class OnnxToTFLite(Converter):
         from edge.verify.parity import reference_outputs
 
         parity_inputs, parity_label = _parity_inputs(request, calib)
-        names = [t.name for t in request.io.inputs]
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
             lowered, lowered_count = _lower_for_onnx2tf(Path(request.source), work, request.io)
-            arrays: dict[str, Any] = {
-                n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names
-            }  # numpy's savez stub takes **arrays as allow_pickle too
-            np.savez(work / "samples.npz", **arrays)
-            job: dict[str, Any] = {
-                "onnx": str(Path(lowered or request.source).resolve()),
-                "workdir": str(work),
-                "precision": request.precision,
-                "samples": str(work / "samples.npz"),
-                "io_dtype": io_dtype,
-                "per_channel": bool(opts.get("per_channel", True)),
-                "inputs": [
-                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs
-                ],
-                "keep_shape_inputs": _keep_shape_inputs(request) if lowered else [],
-                "no_onnxsim": bool(lowered),
-                "outputs": [
-                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs
-                ],
-            }
-            if int8:
-                calib_arrays: dict[str, Any] = {n: np.stack([s[n] for s in calib]) for n in names}
-                np.savez(work / "calibration.npz", **calib_arrays)
-                job["calibration"] = str(work / "calibration.npz")
+            job = _driver_job(request, work, lowered, parity_inputs, calib)
             _say(
                 f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
                 f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})"
@@ -163,28 +139,11 @@ class OnnxToTFLite(Converter):
                 f"the {request.precision} .tflite fails parity on LiteRT's CPU kernels: "
                 + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"])
             )
-        details: dict[str, Any] = {
-            **final["details"],
-            "toolchain": st.manifest_record(),
-            "layout": [
-                f"{t['name']}: {_layout_text(t)}"
-                for t in read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)["inputs"]
-            ],
-            "io_sidecar": sidecar.name,
-            "onnxsim": final.get("onnxsim", []),
-            "network_attempts": final.get("network_attempts", []),
-            "timings_s": {**final.get("timings", {}), "total": round(elapsed, 1)},
-            "cpu_parity": cpu_parity,
-        }
+        details = _details(final, st, sidecar, elapsed, cpu_parity)
         if lowered_count:
             details["lowered"] = {"LSTM": lowered_count}
             notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.graph.lower)")
-        tool_versions = {
-            k: v
-            for k, v in final["tool_versions"].items()
-            if k in ("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime", "tf_keras")
-        }
-        tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
+        tool_versions = _tool_versions(final, st)
         _say(f"onnx->tflite done in {elapsed:.1f} s: {out.stat().st_size / 1e6:.2f} MB")
         return ConversionResult(
             artifact=out,
@@ -194,6 +153,72 @@ class OnnxToTFLite(Converter):
             details=details,
             notes=notes,
         )
+
+
+def _driver_job(
+    request: ConversionRequest,
+    work: Path,
+    lowered: Path | None,
+    parity_inputs: list[dict[str, Any]],
+    calib: list[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The tflite driver's job: writes ``samples.npz`` (and, for int8, ``calibration.npz``) into ``work``
+    and returns the job mapping that points at them."""
+    opts = request.options
+    names = [t.name for t in request.io.inputs]
+    int8 = request.precision == "int8"
+    arrays: dict[str, Any] = {
+        n: np.stack([s[n] for s in parity_inputs[:1]]) for n in names
+    }  # numpy's savez stub takes **arrays as allow_pickle too
+    np.savez(work / "samples.npz", **arrays)
+    job: dict[str, Any] = {
+        "onnx": str(Path(lowered or request.source).resolve()),
+        "workdir": str(work),
+        "precision": request.precision,
+        "samples": str(work / "samples.npz"),
+        "io_dtype": str(opts.get("io_dtype", "int8")),
+        "per_channel": bool(opts.get("per_channel", True)),
+        "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+        "keep_shape_inputs": _keep_shape_inputs(request) if lowered else [],
+        "no_onnxsim": bool(lowered),
+        "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs],
+    }
+    if int8:
+        calib_arrays: dict[str, Any] = {n: np.stack([s[n] for s in calib]) for n in names}
+        np.savez(work / "calibration.npz", **calib_arrays)
+        job["calibration"] = str(work / "calibration.npz")
+    return job
+
+
+def _details(
+    final: Mapping[str, Any], st: ToolchainStatus, sidecar: Path, elapsed: float, cpu_parity: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The result's ``details``: the driver's own, the toolchain record, the I/O layout, timings and CPU parity."""
+    details: dict[str, Any] = {
+        **final["details"],
+        "toolchain": st.manifest_record(),
+        "layout": [
+            f"{t['name']}: {_layout_text(t)}"
+            for t in read_json_file(sidecar, what="I/O sidecar", max_bytes=4 << 20, max_depth=16)["inputs"]
+        ],
+        "io_sidecar": sidecar.name,
+        "onnxsim": final.get("onnxsim", []),
+        "network_attempts": final.get("network_attempts", []),
+        "timings_s": {**final.get("timings", {}), "total": round(elapsed, 1)},
+        "cpu_parity": cpu_parity,
+    }
+    return details
+
+
+def _tool_versions(final: Mapping[str, Any], st: ToolchainStatus) -> dict[str, str]:
+    """The versions recorded in the manifest: the driver's relevant tools and the toolchain's lock."""
+    tool_versions = {
+        k: v
+        for k, v in final["tool_versions"].items()
+        if k in ("onnx2tf", "tensorflow", "onnxsim", "onnx", "onnxruntime", "tf_keras")
+    }
+    tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
+    return tool_versions
 
 
 def _parity_inputs(request: ConversionRequest, calib: Any) -> tuple[list[dict[str, Any]], str]:
