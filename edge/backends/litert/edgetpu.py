@@ -267,16 +267,7 @@ def finish_bundle(
 
     src = Bundle.open(path, verify=False, trust=False)
     notes: list[str] = []
-    leftovers = _compiler_leftovers(src)
-    try:
-        src.verify()
-    except BundleError:
-        if not leftovers:
-            raise
-        # a manual edgetpu_compiler run left its outputs unlisted: rebuilt here; the listed files are checked below
-        notes.append(
-            f"ignored {', '.join(leftovers)} in {src.path} (left unhashed by a manual {COMPILER} run; compiled again here)"
-        )
+    _verify_source(src, notes)
     _check_finishable(src)
     exe = find_compiler(compiler)
     if exe is None:
@@ -309,18 +300,35 @@ def finish_bundle(
         Bundle.open(stage, trust=False)  # exactly its files, every hash
         if sign_key is not None:
             signed = sign_bundle(stage, sign_key, directory=keys_directory)
-    if signed is not None:
-        notes.append(f"signed with key {signed.key_id}: {signed.name} version {signed.version}")
-    else:
-        what = (
-            "the source bundle's signature covered its old manifest and was dropped"
-            if had_signature
-            else "the source bundle was not signed"
-        )
-        notes.append(
-            f"not signed: {what}; sign it with `edgekit sign {shlex.quote(str(dest))} --key NAME` (or finish with --key)"
-        )
+    notes.append(_signing_note(signed, had_signature, dest))
     return FinishResult(Bundle.open(dest, trust=False), src.id, compiled, signed, notes)
+
+
+def _verify_source(src: Any, notes: list[str]) -> None:
+    """Verify the bundle to finish; the outputs of a manual compiler run, left unlisted in it, are let through
+    (they are compiled again) with a note, any other failure is raised."""
+    leftovers = _compiler_leftovers(src)
+    try:
+        src.verify()
+    except BundleError:
+        if not leftovers:
+            raise
+        # a manual edgetpu_compiler run left its outputs unlisted: rebuilt here; the listed files are checked below
+        notes.append(
+            f"ignored {', '.join(leftovers)} in {src.path} (left unhashed by a manual {COMPILER} run; compiled again here)"
+        )
+
+
+def _signing_note(signed: Any, had_signature: bool, dest: Path) -> str:
+    """The note on the finished bundle's signature: who signed it, or why it is unsigned and how to sign it."""
+    if signed is not None:
+        return f"signed with key {signed.key_id}: {signed.name} version {signed.version}"
+    what = (
+        "the source bundle's signature covered its old manifest and was dropped"
+        if had_signature
+        else "the source bundle was not signed"
+    )
+    return f"not signed: {what}; sign it with `edgekit sign {shlex.quote(str(dest))} --key NAME` (or finish with --key)"
 
 
 def _compiler_leftovers(bundle: Any) -> list[str]:
