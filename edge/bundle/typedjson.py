@@ -461,25 +461,7 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
         else:
             s = _schema(base, rule, defs)
     elif tp is JSON or tp is Any:
-        if "JSONValue" not in defs:
-            ref = {"$ref": "#/$defs/JSONValue"}
-            defs["JSONValue"] = {
-                "description": f"free-form JSON, nested at most {FREE_DEPTH} deep (checked by edgekit: not expressible in JSON Schema)",
-                "anyOf": [
-                    {"type": "null"},
-                    {"type": "boolean"},
-                    {"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT},
-                    {"type": "string", "maxLength": FREE_STR, "pattern": NO_CONTROL},
-                    {"type": "array", "maxItems": FREE_ITEMS, "items": ref},
-                    {
-                        "type": "object",
-                        "maxProperties": FREE_ITEMS,
-                        "additionalProperties": ref,
-                        "propertyNames": {"maxLength": 256, "pattern": NO_CONTROL},
-                    },
-                ],
-            }
-        s = {"$ref": "#/$defs/JSONValue"}
+        s = _free_json_schema(defs)
     elif tp is type(None):
         s = {"type": "null"}
     elif origin in (Union, types.UnionType):
@@ -506,22 +488,7 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
             "pattern": _anchored(rule.pattern) if rule.pattern else NO_CONTROL,
         }
     elif origin is tuple:
-        args = get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            s = {
-                "type": "array",
-                "items": _schema(args[0], rule.item or Rule(), defs),
-                "minItems": rule.min_items,
-                "maxItems": rule.max_items,
-            }
-        else:
-            s = {
-                "type": "array",
-                "prefixItems": [_schema(a, rule.item or Rule(), defs) for a in args],
-                "items": False,
-                "minItems": len(args),
-                "maxItems": len(args),
-            }
+        s = _tuple_schema(tp, rule, defs)
     elif origin in (collections.abc.Mapping, dict) or tp is Mapping:
         _, vt = get_args(tp) or (str, Any)
         key = rule.key or Rule(max_len=256, min_len=1)
@@ -540,6 +507,51 @@ def _schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
     else:
         raise TypeError(f"typedjson has no schema for {tp!r}")
     return s
+
+
+def _free_json_schema(defs: dict[str, Any]) -> dict[str, Any]:
+    """Free-form JSON (``JSON``/``Any``): a reference to the ``JSONValue`` definition, added to ``defs`` the first
+    time it is needed."""
+    if "JSONValue" not in defs:
+        ref = {"$ref": "#/$defs/JSONValue"}
+        defs["JSONValue"] = {
+            "description": f"free-form JSON, nested at most {FREE_DEPTH} deep (checked by edgekit: not expressible in JSON Schema)",
+            "anyOf": [
+                {"type": "null"},
+                {"type": "boolean"},
+                {"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT},
+                {"type": "string", "maxLength": FREE_STR, "pattern": NO_CONTROL},
+                {"type": "array", "maxItems": FREE_ITEMS, "items": ref},
+                {
+                    "type": "object",
+                    "maxProperties": FREE_ITEMS,
+                    "additionalProperties": ref,
+                    "propertyNames": {"maxLength": 256, "pattern": NO_CONTROL},
+                },
+            ],
+        }
+    return {"$ref": "#/$defs/JSONValue"}
+
+
+def _tuple_schema(tp: Any, rule: Rule, defs: dict[str, Any]) -> dict[str, Any]:
+    """A tuple's schema: ``tuple[X, ...]`` an array of X within the rule's item counts, a fixed tuple an array of
+    exactly its members."""
+    args = get_args(tp)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return {
+            "type": "array",
+            "items": _schema(args[0], rule.item or Rule(), defs),
+            "minItems": rule.min_items,
+            "maxItems": rule.max_items,
+        }
+    else:
+        return {
+            "type": "array",
+            "prefixItems": [_schema(a, rule.item or Rule(), defs) for a in args],
+            "items": False,
+            "minItems": len(args),
+            "maxItems": len(args),
+        }
 
 
 def _object_schema(tp: type, defs: dict[str, Any]) -> dict[str, Any]:
