@@ -312,41 +312,13 @@ class LiteRTRunner(Runner):
                 for n, d in sorted(tout.items(), key=lambda kv: out_order.index(kv[1]["index"]))
             ]
         for name, d, perm, shape, layout in ins:
-            native = tuple(int(x) for x in d["shape"])
-            identity = perm is None or list(perm) == list(range(len(perm)))
-            scale, zp = _quant(d)
-            dtype = np.dtype(d["dtype"])
-            perm_t = None if identity else tuple(int(i) for i in perm)
-            cl = None
-            r = len(native)
-            if perm_t is not None and r >= 3 and perm_t == (0, *range(2, r), 1) and native[-1] <= 16:
-                cl = (native[0], native[-1], int(np.prod(native[1:-1])))
-            if scale and dtype.kind in "iu":
-                info = np.iinfo(dtype)
-                buf = np.empty((cl[0], cl[1], cl[2]) if cl else native, np.float32)
-                self._in.append(
-                    _InputPlan(name, d["index"], perm_t, 1.0 / scale, zp, info.min, info.max, dtype, buf, cl)
-                )
-                caller_dtype = "float32"
-            else:
-                self._in.append(_InputPlan(name, d["index"], perm_t, 0.0, 0, 0, 0, dtype, None, cl))
-                caller_dtype = dtype.name
-            caller_shape = tuple(shape) if shape is not None else native
-            inputs.append(TensorSpec(name, caller_shape, caller_dtype, layout or image_layout(caller_shape)))
+            in_plan, spec = _input_plan(name, d, perm, shape, layout)
+            self._in.append(in_plan)
+            inputs.append(spec)
         for name, d, perm, shape, layout in outs:
-            native = tuple(int(x) for x in d["shape"])
-            identity = perm is None or list(perm) == list(range(len(perm)))
-            inv = None if identity else tuple(int(i) for i in np.argsort(perm))
-            scale, zp = _quant(d)
-            dtype = np.dtype(d["dtype"])
-            quantized = bool(scale) and dtype.kind in "iu"
-            self._out.append(_OutputPlan(name, d["index"], inv, scale if quantized else 0.0, zp))
-            caller_shape = tuple(shape) if shape is not None else native
-            outputs.append(
-                TensorSpec(
-                    name, caller_shape, "float32" if quantized else dtype.name, layout or image_layout(caller_shape)
-                )
-            )
+            out_plan, spec = _output_plan(name, d, perm, shape, layout)
+            self._out.append(out_plan)
+            outputs.append(spec)
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self._tensor_fns = [it.tensor(p.index) for p in self._in]
         self._native_inputs = {
@@ -616,3 +588,46 @@ def _check_delegation(it: Any, ld: _Loading, device_used: str) -> str:
     elif ld.delegate == "edgetpu" and ld.fallback is None:
         ld.details["edgetpu_ops"] = plan["delegated_ops"]
     return device_used
+
+
+def _input_plan(
+    name: str, d: Mapping[str, Any], perm: Any, shape: Any, layout: str | None
+) -> tuple[_InputPlan, TensorSpec]:
+    """How one input is fed (layout permutation, quantization, a channels-last fast path) and the spec its
+    caller sees (the ONNX shape where the sidecar gives it, float32 for a quantized input)."""
+    native = tuple(int(x) for x in d["shape"])
+    identity = perm is None or list(perm) == list(range(len(perm)))
+    scale, zp = _quant(d)
+    dtype = np.dtype(d["dtype"])
+    perm_t = None if identity else tuple(int(i) for i in perm)
+    cl = None
+    r = len(native)
+    if perm_t is not None and r >= 3 and perm_t == (0, *range(2, r), 1) and native[-1] <= 16:
+        cl = (native[0], native[-1], int(np.prod(native[1:-1])))
+    if scale and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        buf = np.empty((cl[0], cl[1], cl[2]) if cl else native, np.float32)
+        plan = _InputPlan(name, d["index"], perm_t, 1.0 / scale, zp, info.min, info.max, dtype, buf, cl)
+        caller_dtype = "float32"
+    else:
+        plan = _InputPlan(name, d["index"], perm_t, 0.0, 0, 0, 0, dtype, None, cl)
+        caller_dtype = dtype.name
+    caller_shape = tuple(shape) if shape is not None else native
+    return plan, TensorSpec(name, caller_shape, caller_dtype, layout or image_layout(caller_shape))
+
+
+def _output_plan(
+    name: str, d: Mapping[str, Any], perm: Any, shape: Any, layout: str | None
+) -> tuple[_OutputPlan, TensorSpec]:
+    """How one output is read back (inverse permutation, dequantization) and the spec its caller sees."""
+    native = tuple(int(x) for x in d["shape"])
+    identity = perm is None or list(perm) == list(range(len(perm)))
+    inv = None if identity else tuple(int(i) for i in np.argsort(perm))
+    scale, zp = _quant(d)
+    dtype = np.dtype(d["dtype"])
+    quantized = bool(scale) and dtype.kind in "iu"
+    plan = _OutputPlan(name, d["index"], inv, scale if quantized else 0.0, zp)
+    caller_shape = tuple(shape) if shape is not None else native
+    return plan, TensorSpec(
+        name, caller_shape, "float32" if quantized else dtype.name, layout or image_layout(caller_shape)
+    )
