@@ -269,27 +269,21 @@ def make_device_key_and_csr(name: str, out_dir: str | os.PathLike[str], *, role:
 
 
 # the CA side ----------------------------------------------------------------------------------
-def sign_csr(
-    csr_pem: bytes,
-    ca_dir: str | os.PathLike[str],
-    *,
-    role: Role | str = Role.DEVICE,
-    days: int = 365,
-    sans: Sequence[str] = (),
-) -> bytes:
-    """The CA's half: check a CSR and return a certificate (PEM) for its key. Takes no private key but the CA's.
+@dataclass(frozen=True)
+class _CsrSubject:
+    """What the CA takes from a checked CSR: its public key and its single common name."""
 
-    The subject is the CSR's CN alone (re-checked for ``role``); extensions come from ``role``, never
-    from the CSR. For a server, ``sans`` (default: the CN) become the subjectAltName.
-    """
+    key: Any
+    cn: str
+
+
+def _checked_csr(csr_pem: bytes) -> _CsrSubject:
+    """Parse a CSR and check it: its size, a self-signature that verifies, an accepted key type (ECDSA P-256 or
+    Ed25519) and a subject that is one CN and nothing else; any failure is a :class:`PkiError`."""
     x509 = _x509()
-    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import NameOID
 
-    role = Role(role)
-    if not 1 <= days <= 3650:
-        raise PkiError(f"--days {days}: use 1 to 3650")
     if len(csr_pem) > MAX_CSR_BYTES:
         raise PkiError(f"the CSR is {len(csr_pem)} bytes; at most {MAX_CSR_BYTES}")
     try:
@@ -313,7 +307,47 @@ def sign_csr(
     cns = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if len(cns) != 1 or not isinstance(cns[0].value, str):
         raise PkiError("the CSR's subject must be a single CN, nothing else")
-    cn = cns[0].value
+    return _CsrSubject(key=pub, cn=cns[0].value)
+
+
+def _leaf_key_usage() -> Any:
+    """The keyUsage of every certificate the CA issues: digital signatures only."""
+    x509 = _x509()
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def sign_csr(
+    csr_pem: bytes,
+    ca_dir: str | os.PathLike[str],
+    *,
+    role: Role | str = Role.DEVICE,
+    days: int = 365,
+    sans: Sequence[str] = (),
+) -> bytes:
+    """The CA's half: check a CSR and return a certificate (PEM) for its key. Takes no private key but the CA's.
+
+    The subject is the CSR's CN alone (re-checked for ``role``); extensions come from ``role``, never
+    from the CSR. For a server, ``sans`` (default: the CN) become the subjectAltName.
+    """
+    x509 = _x509()
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    role = Role(role)
+    if not 1 <= days <= 3650:
+        raise PkiError(f"--days {days}: use 1 to 3650")
+    csr = _checked_csr(csr_pem)
+    pub, cn = csr.key, csr.cn
     _check_identity(cn, role)
     ca_cert, ca_key = _load_ca(ca_dir)
     now = _now()
@@ -328,20 +362,7 @@ def sign_csr(
         .not_valid_before(now - _dt.timedelta(minutes=5))
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_leaf_key_usage(), critical=True)
         .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
