@@ -280,6 +280,28 @@ def _float_input(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
+def _inverted_residual(b: _GraphBuilder, x: str, cin: int, cout: int, *, expand: int, stride: int) -> str:
+    """One MobileNetV2 inverted-residual block on ``x``: a 1x1 expansion (unless ``expand`` is 1), a 3x3 depthwise
+    conv, a 1x1 linear projection, and a residual ``Add`` where stride is 1 and channels match."""
+    residual = stride == 1 and cin == cout
+    hidden, y = cin * expand, x
+    if expand != 1:
+        y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
+    y = b.conv(
+        y,
+        hidden,
+        hidden,
+        kernel=3,
+        stride=stride,
+        groups=hidden,
+        act="relu6",
+        gamma_scale=_RELU6_GAMMA,
+        beta_shift=_RELU6_BETA,
+    )
+    y = b.conv(y, hidden, cout, gamma_scale=_RESIDUAL_GAMMA if residual else 1.0)
+    return b.add(x, y) if residual else y
+
+
 def build_mobilenet_v2(
     path: str | os.PathLike[str],
     *,
@@ -322,23 +344,7 @@ def build_mobilenet_v2(
         cout = _make_divisible(c * width_mult)
         for i in range(n):
             stride = s if i == 0 else 1
-            residual = stride == 1 and cin == cout
-            hidden, y = cin * t, x
-            if t != 1:
-                y = b.conv(y, cin, hidden, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
-            y = b.conv(
-                y,
-                hidden,
-                hidden,
-                kernel=3,
-                stride=stride,
-                groups=hidden,
-                act="relu6",
-                gamma_scale=_RELU6_GAMMA,
-                beta_shift=_RELU6_BETA,
-            )
-            y = b.conv(y, hidden, cout, gamma_scale=_RESIDUAL_GAMMA if residual else 1.0)
-            x, cin = (b.add(x, y) if residual else y), cout
+            x, cin = _inverted_residual(b, x, cin, cout, expand=t, stride=stride), cout
     x = b.conv(x, cin, last, act="relu6", gamma_scale=_RELU6_GAMMA, beta_shift=_RELU6_BETA)
     b.head(x, num_classes, "logits")
     model = b.model(
