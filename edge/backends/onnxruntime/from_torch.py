@@ -113,16 +113,9 @@ class TorchToOnnx(Converter):
             )
         return opset
 
-    def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.pipeline.sources import torch_kind
-
-        self.check_options(request.options)
-        self.check_precision(request.precision)
-        opts = request.options
-        opset = self._opset(opts.get("opset", DEFAULT_OPSET))
-        timeout_s = float(opts.get("timeout_s", 900))
-        source = Path(request.source)
-        kind = torch_kind(source)  # a torch.save checkpoint or a non-zip file stops here, saying what to do
+    def _check_input_shapes(self, request: ConversionRequest, source: Path) -> None:
+        """Every input needs a static shape from the request: a PyTorch model carries none (the error lists the
+        model's input names, read by the toolchain)."""
         if not request.io.inputs:
             names = self.input_names(source)
             raise ModelError(
@@ -133,26 +126,24 @@ class TorchToOnnx(Converter):
         bad = [f"{t.name}={list(t.shape)}" for t in request.io.inputs if not t.is_static]
         if bad:
             raise ModelError(f"{source}: --input-shape needs positive static dims: {', '.join(bad)}")
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        from edge.pipeline.sources import torch_kind
+
+        self.check_options(request.options)
+        self.check_precision(request.precision)
+        opts = request.options
+        opset = self._opset(opts.get("opset", DEFAULT_OPSET))
+        timeout_s = float(opts.get("timeout_s", 900))
+        source = Path(request.source)
+        kind = torch_kind(source)  # a torch.save checkpoint or a non-zip file stops here, saying what to do
+        self._check_input_shapes(request, source)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         inputs, label = parity_inputs(request)
-        names = [t.name for t in request.io.inputs]
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-torch-onnx-") as tmp:
             work = Path(tmp)
-            arrays: dict[str, Any] = {
-                n: np.stack([s[n] for s in inputs]) for n in names
-            }  # numpy's savez stub takes **arrays as allow_pickle too
-            np.savez(work / "samples.npz", **arrays)
-            job = {
-                "torch": str(source.resolve()),
-                "torch_kind": kind,
-                "workdir": str(work),
-                "opset": opset,
-                "samples": str(work / "samples.npz"),
-                "inputs": [
-                    {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs
-                ],
-            }
+            job = _driver_job(request, work, source, kind, opset, inputs)
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=timeout_s, driver=DRIVER)
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, source)
@@ -164,24 +155,12 @@ class TorchToOnnx(Converter):
                 )
             with np.load(final["reference_outputs"]) as data:
                 ref = {k: data[k] for k in data.files}
-            files = []
-            for f in final["files"]:  # model.onnx, plus external data files for models over 2 GB
-                dest = request.workdir / Path(f).relative_to(work / "onnx")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(f, dest)
-                files.append(dest)
+            files = _move_files(final, work, request.workdir)
         artifact = request.workdir / "model.onnx"
         reference = [{k: v[i] for k, v in ref.items()} for i in range(len(inputs))]
         source_of_names = "TorchScript forward signature" if kind == "torchscript" else "ExportedProgram user inputs"
         load = "torch.jit.load" if kind == "torchscript" else "torch.export.load -> module()"
-        notes = [
-            (
-                f"input names come from the {source_of_names}; outputs are named output_0.. in the model's return "
-                "order (torch models carry no output names)"
-            )
-        ]
-        if final["export_warnings"]:
-            notes.append("torch.onnx.export warned: " + " | ".join(final["export_warnings"]))
+        notes = _notes(final, source_of_names)
         details = {
             "recipe": f"PyTorch {kind} -> {load} -> {EXPORTER}, opset {final['opset']} (fp32)",
             "toolchain": st.manifest_record(),
@@ -203,24 +182,7 @@ class TorchToOnnx(Converter):
                 "outputs": [o["name"] for o in final["outputs"]],
                 "outputs_from": "generated: torch models carry no output names (output_<i> in return order)",
             },
-            "torch_reference": {
-                "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})",
-                "samples": len(inputs),
-                "inputs": label,
-                "seed": None if label == "calibration" else PARITY_SEED,
-                "outputs": [
-                    {
-                        "name": k,
-                        "shape": list(v.shape[1:]),
-                        "dtype": str(v.dtype),
-                        "mean": float(v.mean()),
-                        "std": float(v.std()),
-                        "min": float(v.min()),
-                        "max": float(v.max()),
-                    }
-                    for k, v in ref.items()
-                ],
-            },
+            "torch_reference": _torch_reference(final, ref, kind, len(inputs), label),
             "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
         }
         tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
@@ -233,3 +195,69 @@ class TorchToOnnx(Converter):
             notes=notes,
             reference=(inputs, reference),
         )
+
+
+def _driver_job(
+    request: ConversionRequest, work: Path, source: Path, kind: str, opset: int, inputs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The export driver's job: writes the parity samples to ``samples.npz`` in ``work`` and returns the job."""
+    names = [t.name for t in request.io.inputs]
+    arrays: dict[str, Any] = {
+        n: np.stack([s[n] for s in inputs]) for n in names
+    }  # numpy's savez stub takes **arrays as allow_pickle too
+    np.savez(work / "samples.npz", **arrays)
+    job = {
+        "torch": str(source.resolve()),
+        "torch_kind": kind,
+        "workdir": str(work),
+        "opset": opset,
+        "samples": str(work / "samples.npz"),
+        "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+    }
+    return job
+
+
+def _move_files(final: dict[str, Any], work: Path, workdir: Path) -> list[Path]:
+    """Move the exported files out of the toolchain's work directory into the request's, keeping their layout."""
+    files = []
+    for f in final["files"]:  # model.onnx, plus external data files for models over 2 GB
+        dest = workdir / Path(f).relative_to(work / "onnx")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(f, dest)
+        files.append(dest)
+    return files
+
+
+def _notes(final: dict[str, Any], source_of_names: str) -> list[str]:
+    """Where the I/O names come from, and what the exporter warned."""
+    notes = [
+        (
+            f"input names come from the {source_of_names}; outputs are named output_0.. in the model's return "
+            "order (torch models carry no output names)"
+        )
+    ]
+    if final["export_warnings"]:
+        notes.append("torch.onnx.export warned: " + " | ".join(final["export_warnings"]))
+    return notes
+
+
+def _torch_reference(final: dict[str, Any], ref: dict[str, Any], kind: str, samples: int, label: str) -> dict[str, Any]:
+    """The ``torch_reference`` detail: the torch run the parity reference came from and its outputs' statistics."""
+    return {
+        "runtime": f"torch {final['tool_versions']['torch']} CPU fp32 ({kind})",
+        "samples": samples,
+        "inputs": label,
+        "seed": None if label == "calibration" else PARITY_SEED,
+        "outputs": [
+            {
+                "name": k,
+                "shape": list(v.shape[1:]),
+                "dtype": str(v.dtype),
+                "mean": float(v.mean()),
+                "std": float(v.std()),
+                "min": float(v.min()),
+                "max": float(v.max()),
+            }
+            for k, v in ref.items()
+        ],
+    }
