@@ -220,21 +220,8 @@ class OnnxToOpenVINO(Converter):
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
-        if request.precision not in self.precisions:
-            raise PrecisionError(
-                f"converter {self.name!r} does not produce precision {request.precision!r}",
-                hint=f"choose one of {', '.join(sorted(self.precisions))}",
-            )
-        require(
-            self.requires + self.precision_requires.get(request.precision, ()),
-            f"converter {self.name!r} at precision {request.precision}",
-        )
+        self._check_request(request)
         int8 = request.precision == "int8"
-        if int8 and (request.calibration is None or not request.calibration.samples):
-            raise CalibrationError(
-                f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
-                hint="pass --calibration DIR, or --calibration random for a smoke test",
-            )
         preset, subset_size = self._int8_options(request) if int8 else (None, None)
         # Default "all": measured on the PP-OCR classifier (240 text lines), first_layer failed parity on an
         # AVX2-only Zen 2 (cosine 0.9798, worst 0.64) while "all" passed there (0.9960) and was no worse on
@@ -245,10 +232,7 @@ class OnnxToOpenVINO(Converter):
         import openvino as ov
 
         source = Path(request.source)
-        try:
-            model = ov.convert_model(str(source))
-        except Exception as e:
-            raise ConversionError(f"OpenVINO could not convert {source}: {type(e).__name__}: {str(e)[:500]}") from e
+        model = _convert_source(ov, source)
         source_types = weight_types(model)
 
         tool_versions = {"openvino": dist_version("openvino", ov.get_version().split("-", 1)[0])}
@@ -299,6 +283,23 @@ class OnnxToOpenVINO(Converter):
             details=details,
             notes=notes,
         )
+
+    def _check_request(self, request: ConversionRequest) -> None:
+        """The precision is one this converter makes, its packages are installed, and int8 has calibration samples."""
+        if request.precision not in self.precisions:
+            raise PrecisionError(
+                f"converter {self.name!r} does not produce precision {request.precision!r}",
+                hint=f"choose one of {', '.join(sorted(self.precisions))}",
+            )
+        require(
+            self.requires + self.precision_requires.get(request.precision, ()),
+            f"converter {self.name!r} at precision {request.precision}",
+        )
+        if request.precision == "int8" and (request.calibration is None or not request.calibration.samples):
+            raise CalibrationError(
+                f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
+                hint="pass --calibration DIR, or --calibration random for a smoke test",
+            )
 
     @staticmethod
     def _int8_options(request: ConversionRequest) -> tuple[str, int]:
@@ -370,6 +371,14 @@ class OnnxToOpenVINO(Converter):
         finally:
             nncf_log.setLevel(level)
         return quantized, used
+
+
+def _convert_source(ov: Any, source: Path) -> Any:
+    """The ONNX model read by OpenVINO's frontend; a failure is a ConversionError saying why."""
+    try:
+        return ov.convert_model(str(source))
+    except Exception as e:
+        raise ConversionError(f"OpenVINO could not convert {source}: {type(e).__name__}: {str(e)[:500]}") from e
 
 
 def _fp16_recipe(
