@@ -111,8 +111,8 @@ class TFLiteToOpenVINO(Converter):
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-ov-") as tmp:
             return self._convert(request, Path(tmp))
 
-    def _convert(self, request: ConversionRequest, tmp: Path) -> ConversionResult:
-        self.check_options(request.options)
+    def _check_request(self, request: ConversionRequest) -> None:
+        """The precision is one this converter makes, its packages are installed, and int8 has calibration samples."""
         if request.precision not in self.precisions:
             raise PrecisionError(
                 f"converter {self.name!r} does not produce precision {request.precision!r}",
@@ -122,12 +122,16 @@ class TFLiteToOpenVINO(Converter):
             self.requires + self.precision_requires.get(request.precision, ()),
             f"converter {self.name!r} at precision {request.precision}",
         )
-        int8 = request.precision == "int8"
-        if int8 and (request.calibration is None or not request.calibration.samples):
+        if request.precision == "int8" and (request.calibration is None or not request.calibration.samples):
             raise CalibrationError(
                 f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
                 hint="pass --calib DIR, or --calib random for a smoke test",
             )
+
+    def _convert(self, request: ConversionRequest, tmp: Path) -> ConversionResult:
+        self.check_options(request.options)
+        self._check_request(request)
+        int8 = request.precision == "int8"
         helper = OnnxToOpenVINO()
         preset, subset_size = helper._int8_options(request) if int8 else (None, None)
         overflow_fix = overflow_fix_option(request)
@@ -166,13 +170,7 @@ class TFLiteToOpenVINO(Converter):
                 "judges OpenVINO computing the bundle"
             )
         xml = request.workdir / "model.xml"
-        try:
-            ov.save_model(model, str(xml), compress_to_fp16=compress)
-            saved = ov_core().read_model(str(xml))
-        except Exception as e:  # noqa: BLE001
-            raise ConversionError(
-                f"OpenVINO could not save the IR of {source.name}: {type(e).__name__}: {str(e)[:300]}"
-            ) from None
+        saved = _save_ir(ov, model, xml, compress, source)
         saved_types = weight_types(saved)
         if request.precision in ("fp32", "int8") and "f16" in saved_types:
             raise ConversionError(
@@ -196,6 +194,18 @@ class TFLiteToOpenVINO(Converter):
             details=details,
             notes=notes,
         )
+
+
+def _save_ir(ov: Any, model: Any, xml: Path, compress: bool, source: Path) -> Any:
+    """Save the IR at ``xml`` (its weights compressed to f16 with ``compress``) and read it back; a failure is a
+    ConversionError naming the source."""
+    try:
+        ov.save_model(model, str(xml), compress_to_fp16=compress)
+        return ov_core().read_model(str(xml))
+    except Exception as e:  # noqa: BLE001
+        raise ConversionError(
+            f"OpenVINO could not save the IR of {source.name}: {type(e).__name__}: {str(e)[:300]}"
+        ) from None
 
 
 def _name_by_signature(model: Any, tflite: Path) -> dict[str, str]:
