@@ -401,6 +401,43 @@ def compare(
     return results
 
 
+@dataclass(frozen=True)
+class _Cosines:
+    """An output's cosines: one per sample (or one pooled), which samples carry energy, and how many count."""
+
+    each: np.ndarray
+    energetic: np.ndarray
+    samples: int
+
+
+def _cosines(per: int, norms_a: np.ndarray, cn: np.ndarray, dt: np.ndarray) -> _Cosines:
+    """The cosine similarity from each sample's reference norm, candidate norm and dot product: one pooled over
+    every sample's values for small outputs (``per < POOLED_BELOW``), else one per sample, of which the
+    energetic ones (norm at least ``ENERGY_SHARE`` of the largest) count."""
+    if per < POOLED_BELOW:  # one cosine over every sample's values
+        den = math.sqrt(float((norms_a**2).sum())) * math.sqrt(float((cn**2).sum()))
+        cos_each = np.array(
+            [float(dt.sum()) / den if den > 0 else (1.0 if not norms_a.any() and not cn.any() else 0.0)]
+        )
+        return _Cosines(cos_each, np.array([True]), 0)
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cos_each = np.where((norms_a == 0) & (cn == 0), 1.0, dt / (norms_a * cn))
+        cos_each = np.nan_to_num(cos_each, nan=0.0)
+        energetic = norms_a >= ENERGY_SHARE * norms_a.max() if norms_a.max() > 0 else np.zeros(len(norms_a), bool)
+        return _Cosines(cos_each, energetic, int(energetic.sum()))
+
+
+def _worst_sample_snr(per: int, norms: list[float], err_each: list[float], energetic: np.ndarray) -> float | None:
+    """The lowest per-sample SNR over the samples that count (every sample when the cosine was pooled)."""
+    snr_each = [
+        _snr(n * n, e)
+        for n, e, en in zip(norms, err_each, energetic if per >= POOLED_BELOW else [True] * len(norms))
+        if en
+    ]
+    return min((s for s in snr_each if s is not None), default=None)
+
+
 def _compare_output(
     name: str,
     refs: list[np.ndarray],
@@ -437,30 +474,15 @@ def _compare_output(
         cnorms.append(float(np.linalg.norm(np.nan_to_num(b))))
         dots.append(float(np.dot(a, np.nan_to_num(b))))
     norms_a, cn, dt = np.array(norms), np.array(cnorms), np.array(dots)
-    if per < POOLED_BELOW:  # one cosine over every sample's values
-        den = math.sqrt(float((norms_a**2).sum())) * math.sqrt(float((cn**2).sum()))
-        cos_each = np.array(
-            [float(dt.sum()) / den if den > 0 else (1.0 if not norms_a.any() and not cn.any() else 0.0)]
-        )
-        energetic, cos_samples = np.array([True]), 0
-    else:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cos_each = np.where((norms_a == 0) & (cn == 0), 1.0, dt / (norms_a * cn))
-        cos_each = np.nan_to_num(cos_each, nan=0.0)
-        energetic = norms_a >= ENERGY_SHARE * norms_a.max() if norms_a.max() > 0 else np.zeros(len(norms_a), bool)
-        cos_samples = int(energetic.sum())
+    cos = _cosines(per, norms_a, cn, dt)
+    cos_each, energetic, cos_samples = cos.each, cos.energetic, cos.samples
     # The gate uses the mean over samples; the worst sample is reported beside it. A worst-sample
     # gate failed a trained 2-class softmax classifier at int8 (cosine 0.93 on one sample of
     # probabilities like [0.9, 0.1] vs [0.7, 0.3]) whose top-1 and held-out accuracy were unchanged.
     used = cos_each[energetic] if energetic.any() else cos_each
     cosine, cosine_min = float(used.mean()), float(used.min())
     snr = _snr(ref2, err2)
-    snr_each = [
-        _snr(n * n, e)
-        for n, e, en in zip(norms, err_each, energetic if per >= POOLED_BELOW else [True] * len(norms))
-        if en
-    ]
-    snr_min = min((s for s in snr_each if s is not None), default=None)
+    snr_min = _worst_sample_snr(per, norms, err_each, energetic)
     span = rmax - rmin if count else 0.0
     rel = max_abs / span if span > 0 and math.isfinite(max_abs) else None
     o = OutputParity(
