@@ -239,6 +239,52 @@ def combine_parity(par: dict[str, Any]) -> None:
     )
 
 
+@dataclass(frozen=True)
+class _SyncTiming:
+    """One runner's timed block, one request at a time: each inference's milliseconds and the block's seconds."""
+
+    ms: np.ndarray
+    wall: float
+
+
+def _time_one_at_a_time(runner: Any, feeds: dict[str, np.ndarray], iters: int) -> _SyncTiming:
+    """``SETTLE`` untimed inferences (the runtime's threads wake from the other trials' turns), then ``iters``
+    timed ones, one at a time."""
+    clock = time.perf_counter_ns
+    infer = runner.infer
+    for _ in range(SETTLE):  # untimed: the runtime's threads wake from the other trials' turns
+        infer(feeds)
+    got = []
+    start = clock()
+    for _ in range(iters):
+        t = clock()
+        infer(feeds)
+        got.append(clock() - t)
+    wall = (clock() - start) / 1e9
+    return _SyncTiming(ms=np.asarray(got, dtype=np.float64) / 1e6, wall=wall)
+
+
+def _infer_result(
+    objective: str, reps: int, iters: int, samples: list[float], rep_scores: list[float], *, batch: int, requests: int
+) -> dict[str, Any]:
+    """One runner's figures from its samples (milliseconds per inference) and its repetitions' scores."""
+    a = np.asarray(samples)
+    return {
+        "reps": reps,
+        "iters": iters,
+        "rep_scores": [round(x, 5) for x in rep_scores],
+        "p50_ms": round(float(np.percentile(a, 50)), 4),
+        "p99_ms": round(float(np.percentile(a, 99)), 4),
+        # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
+        # table's items/s and the choice agree; else inferences per second over every sample
+        "fps": round(-float(np.median(rep_scores)), 2)
+        if objective == "throughput"
+        else round(1000.0 * batch / float(a.mean()), 2),
+        "batch": batch,
+        "requests": requests,
+    }
+
+
 def measure_infer(
     opened: Mapping[str, tuple[Any, dict[str, np.ndarray]]],
     objective: str,
@@ -272,7 +318,6 @@ def measure_infer(
             runner.infer(feeds)
     samples: dict[str, list[float]] = {n: [] for n in names}
     reps_out: dict[str, list[float]] = {n: [] for n in names}
-    clock = time.perf_counter_ns
     gc.collect()
     was = gc.isenabled()
     gc.disable()
@@ -288,40 +333,17 @@ def measure_infer(
                     samples[n] += (np.asarray(lat, dtype=np.float64) / 1e6).tolist()
                     reps_out[n].append(-iters * per[n] / wall)
                     continue
-                infer = runner.infer
-                for _ in range(SETTLE):  # untimed: the runtime's threads wake from the other trials' turns
-                    infer(feeds)
-                got = []
-                start = clock()
-                for _ in range(iters):
-                    t = clock()
-                    infer(feeds)
-                    got.append(clock() - t)
-                wall = (clock() - start) / 1e9
-                ms = np.asarray(got, dtype=np.float64) / 1e6
+                timing = _time_one_at_a_time(runner, feeds, iters)
+                ms, wall = timing.ms, timing.wall
                 samples[n] += ms.tolist()
                 reps_out[n].append(float(np.median(ms)) if objective == "latency" else -iters * per[n] / wall)
     finally:
         if was:
             gc.enable()
-    out = {}
-    for n in names:
-        a = np.asarray(samples[n])
-        out[n] = {
-            "reps": reps,
-            "iters": iters,
-            "rep_scores": [round(x, 5) for x in reps_out[n]],
-            "p50_ms": round(float(np.percentile(a, 50)), 4),
-            "p99_ms": round(float(np.percentile(a, 99)), 4),
-            # throughput: the figure trials rank on (the median of the repetitions' items per second), so the
-            # table's items/s and the choice agree; else inferences per second over every sample
-            "fps": round(-float(np.median(reps_out[n])), 2)
-            if objective == "throughput"
-            else round(1000.0 * per[n] / float(a.mean()), 2),
-            "batch": per[n],
-            "requests": in_flight[n],
-        }
-    return out
+    return {
+        n: _infer_result(objective, reps, iters, samples[n], reps_out[n], batch=per[n], requests=in_flight[n])
+        for n in names
+    }
 
 
 def _measure_video(
