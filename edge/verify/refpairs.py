@@ -179,6 +179,51 @@ def _member_names(path: Path, refuse: Any) -> list[str]:
     return names
 
 
+def _check_file(path: Path, refuse: Any) -> None:
+    """The reference file is a regular file (not followed through a link) of at most ``MAX_FILE_BYTES``."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise refuse(f"cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse("not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise refuse(f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a reference file may have")
+
+
+def _names_problems(npz: Any, in_specs: list[Any], out_specs: list[Any], refuse: Any) -> list[str]:
+    """The npz's ``names`` member: a JSON ``{"inputs": [...], "outputs": [...]}`` (else ``refuse``), whose names
+    must be the bundle's I/O names in order; returns what differs."""
+    raw = npz[_NAMES]
+    if raw.dtype.kind != "U" or raw.ndim != 0:
+        raise refuse("'names' is not a JSON string")
+    listed = json.loads(str(raw))
+    if not (
+        isinstance(listed, dict)
+        and set(listed) == {"inputs", "outputs"}
+        and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())
+    ):
+        raise refuse('\'names\' is not {"inputs": [...], "outputs": [...]}')
+    problems = []
+    for side, specs in (("inputs", in_specs), ("outputs", out_specs)):
+        if listed[side] != [t.name for t in specs]:
+            problems.append(f"{side} {listed[side][:8]} are not the bundle's {[t.name for t in specs]}")
+    return problems
+
+
+def _array_problems(a: np.ndarray, t: Any, what: str, *, output: bool) -> list[str]:
+    """One stored array against its I/O spec ``t``: its dtype, a shape that fits, and (reference outputs) finite
+    values."""
+    problems = []
+    if a.dtype != np.dtype(t.dtype):
+        problems.append(f"{what} is {a.dtype}, the bundle's I/O spec says {t.dtype}")
+    if not _fits(a.shape, t.shape):
+        problems.append(f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says {_dims(t.shape)}")
+    if output and a.dtype.kind in "fc" and not np.isfinite(a).all():
+        problems.append(f"{what} holds NaN or Inf")
+    return problems
+
+
 def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: Any) -> ReferencePairs:
     """The pairs ``entry`` (the manifest's ``reference_pairs``) names in the bundle at ``bundle_path``,
     each array checked against ``io`` (an ``edge.spec.IOSpec``): the same input and output names,
@@ -200,14 +245,7 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
     def refuse(problem: str) -> BundleError:
         return BundleError(f"{path}: reference pairs unusable: {problem}", hint=_HINT)
 
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise refuse(f"cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise refuse("not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise refuse(f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a reference file may have")
+    _check_file(path, refuse)
     in_specs, out_specs = list(io.inputs), list(io.outputs)
     expected = {f"{_NAMES}.npy"} | {
         f"{p}{s}_{k}.npy"
@@ -227,19 +265,7 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
     outputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
     try:
         with np.load(path, allow_pickle=False) as npz:
-            raw = npz[_NAMES]
-            if raw.dtype.kind != "U" or raw.ndim != 0:
-                raise refuse("'names' is not a JSON string")
-            listed = json.loads(str(raw))
-            if not (
-                isinstance(listed, dict)
-                and set(listed) == {"inputs", "outputs"}
-                and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())
-            ):
-                raise refuse('\'names\' is not {"inputs": [...], "outputs": [...]}')
-            for side, specs in (("inputs", in_specs), ("outputs", out_specs)):
-                if listed[side] != [t.name for t in specs]:
-                    problems.append(f"{side} {listed[side][:8]} are not the bundle's {[t.name for t in specs]}")
+            problems += _names_problems(npz, in_specs, out_specs, refuse)
             if problems:
                 raise refuse("; ".join(problems))
             for s in range(count):
@@ -247,14 +273,7 @@ def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: An
                     for k, t in enumerate(specs):
                         a = npz[f"{prefix}{s}_{k}"]
                         what = f"sample {s} {'input' if prefix == 'i' else 'output'} {t.name!r}"
-                        if a.dtype != np.dtype(t.dtype):
-                            problems.append(f"{what} is {a.dtype}, the bundle's I/O spec says {t.dtype}")
-                        if not _fits(a.shape, t.shape):
-                            problems.append(
-                                f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says {_dims(t.shape)}"
-                            )
-                        if prefix == "o" and a.dtype.kind in "fc" and not np.isfinite(a).all():
-                            problems.append(f"{what} holds NaN or Inf")
+                        problems += _array_problems(a, t, what, output=prefix == "o")
                         into[t.name] = a
     except BundleError:
         raise
