@@ -267,14 +267,49 @@ def _check_allowed(target: str, kind: str, precision: str, allowed: tuple[str, .
     return precision
 
 
-def parse_profile(path: Path) -> TargetProfile:
-    """Read and validate one profile; every problem in the file is reported at once."""
+def _chain(p: _Problems, conv: Mapping[str, Any]) -> list[ChainStep]:
+    """``[convert] chain``: each step a converter name or ``{converter, precision}``; at least one."""
+    chain: list[ChainStep] = []
+    for i, step in enumerate(conv.get("chain", [])):
+        key = f"convert.chain[{i}]"
+        if isinstance(step, str):
+            chain.append(ChainStep(step))
+        elif (
+            isinstance(step, dict)
+            and isinstance(step.get("converter"), str)
+            and set(step) <= {"converter", "precision"}
+        ):
+            chain.append(ChainStep(step["converter"], step.get("precision")))
+        else:
+            p.add(key, f"expected a converter name or {{converter = ..., precision = ...}}, got {step!r}")
+    if not chain:
+        p.add("convert.chain", "must name at least one converter")
+    return chain
+
+
+def _check_options(p: _Problems, options: Mapping[str, Any], chain: Sequence[ChainStep]) -> None:
+    """``[convert.options.<converter>]``: a table each, only for converters in the chain."""
+    for conv_name, opts in options.items():
+        if not isinstance(opts, dict):
+            p.add(f"convert.options.{conv_name}", f"expected a table of options, got {opts!r}")
+        elif conv_name not in {s.converter for s in chain}:
+            p.add(f"convert.options.{conv_name}", "options for a converter that is not in convert.chain")
+
+
+def _read_profile(path: Path) -> dict[str, Any]:
+    """The profile's TOML, read safely; a missing or unreadable file is a TargetError."""
     if not path.exists() and not path.is_symlink():
         raise TargetError(f"target profile {path} does not exist")
     try:  # a regular file only (a FIFO or a directory named *.toml is refused, never read), bounded in size,
         raw = read_toml_file(path, what="target profile", max_bytes=MAX_PROFILE_BYTES)  # depth and digits
     except UnreadableFile as e:
         raise TargetError(e.message, hint=e.hint or "fix or remove the file") from None
+    return raw
+
+
+def parse_profile(path: Path) -> TargetProfile:
+    """Read and validate one profile; every problem in the file is reported at once."""
+    raw = _read_profile(path)
 
     p = _Problems(path)
     p.check_table(raw, _TOP, "", _REQUIRED_TOP)
@@ -295,27 +330,9 @@ def parse_profile(path: Path) -> TargetProfile:
     if not raw["frame_budget_ms"] > 0:
         p.add("frame_budget_ms", f"must be > 0, got {raw['frame_budget_ms']}")
 
-    chain: list[ChainStep] = []
-    for i, step in enumerate(conv.get("chain", [])):
-        key = f"convert.chain[{i}]"
-        if isinstance(step, str):
-            chain.append(ChainStep(step))
-        elif (
-            isinstance(step, dict)
-            and isinstance(step.get("converter"), str)
-            and set(step) <= {"converter", "precision"}
-        ):
-            chain.append(ChainStep(step["converter"], step.get("precision")))
-        else:
-            p.add(key, f"expected a converter name or {{converter = ..., precision = ...}}, got {step!r}")
-    if not chain:
-        p.add("convert.chain", "must name at least one converter")
+    chain = _chain(p, conv)
     options = conv.get("options", {})
-    for conv_name, opts in options.items():
-        if not isinstance(opts, dict):
-            p.add(f"convert.options.{conv_name}", f"expected a table of options, got {opts!r}")
-        elif conv_name not in {s.converter for s in chain}:
-            p.add(f"convert.options.{conv_name}", "options for a converter that is not in convert.chain")
+    _check_options(p, options, chain)
     convert_place = StepPlace(
         _str_list(p, conv.get("os"), "convert.os"), _str_list(p, conv.get("arch"), "convert.arch")
     )
