@@ -451,6 +451,43 @@ def runner_json(runner: Any) -> dict[str, Any]:
     return info
 
 
+def _pairs_snr(name: str, candidate: list[dict[str, Any]], refs: list[dict[str, np.ndarray]]) -> float | None:
+    """Output ``name``'s SNR (dB) over every pair, or None where a candidate lacks it or has another shape."""
+    snr = None
+    if all(name in c and np.shape(c[name]) == np.shape(r[name]) for c, r in zip(candidate, refs)):
+        snr = snr_db([r[name] for r in refs], [c[name] for c in candidate])
+    return snr
+
+
+def _output_record(o: Any, snr: float | None, limits: Thresholds, th: Thresholds) -> dict[str, Any]:
+    """One output's JSON-able record: its figures, task figures and notes, its limits where they differ from
+    ``th``, whether it passed and its failures."""
+    rec: dict[str, Any] = {
+        "name": o.name,
+        "cosine": _num(o.cosine),
+        "cosine_min": _num(o.cosine_min),
+        "max_abs": _num(o.max_abs),
+        "mean_abs": _num(o.mean_abs),
+        "top1": _num(o.top1),
+        "snr_db": snr,
+        "task": o.task,
+    }
+    rec.update(
+        {
+            f: _num(getattr(o, f))
+            for f in ("top5", "precision", "recall", "iou", "sequence", "tokens")
+            if getattr(o, f) is not None
+        }
+    )
+    for f in ("task_note", "degenerate_note"):
+        if getattr(o, f):
+            rec[f] = getattr(o, f)
+    if limits != th:
+        rec["limits"] = limits.to_json()
+    rec.update(passed=o.passed, failures=list(o.failures))
+    return rec
+
+
 def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     """Run ``bundle``'s reference inputs through ``runner`` (opened on it) and compare with the
     reference outputs, judged as parity judged the bundle on the build host: each output by the task its
@@ -495,33 +532,7 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         limits, why = pair_limits(o, th, b, k, parity_samples, parity_passed)
         if math.isfinite(o.max_abs) and math.isfinite(o.mean_abs):  # else compare() named the cause
             o.failures = output_failures(o, limits)
-        snr = None
-        if all(o.name in c and np.shape(c[o.name]) == np.shape(r[o.name]) for c, r in zip(candidate, pairs.outputs)):
-            snr = snr_db([r[o.name] for r in pairs.outputs], [c[o.name] for c in candidate])
-        rec: dict[str, Any] = {
-            "name": o.name,
-            "cosine": _num(o.cosine),
-            "cosine_min": _num(o.cosine_min),
-            "max_abs": _num(o.max_abs),
-            "mean_abs": _num(o.mean_abs),
-            "top1": _num(o.top1),
-            "snr_db": snr,
-            "task": o.task,
-        }
-        rec.update(
-            {
-                f: _num(getattr(o, f))
-                for f in ("top5", "precision", "recall", "iou", "sequence", "tokens")
-                if getattr(o, f) is not None
-            }
-        )
-        for f in ("task_note", "degenerate_note"):
-            if getattr(o, f):
-                rec[f] = getattr(o, f)
-        if limits != th:
-            rec["limits"] = limits.to_json()
-        rec.update(passed=o.passed, failures=list(o.failures))
-        outputs.append(rec)
+        outputs.append(_output_record(o, _pairs_snr(o.name, candidate, pairs.outputs), limits, th))
         notes += [f"{o.name}: {n}" for n in why]
     result.update(
         passed=all(o.passed for o in figures),
