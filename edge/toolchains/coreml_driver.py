@@ -329,16 +329,67 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
     }
 
 
-def main() -> int:
+def _redirect_output(work: Path) -> Any:
+    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``.
+
+    Returns the open log (the caller keeps it for the run).
+    """
     global _EVENTS
-    job = json.loads(Path(sys.argv[1]).read_text())
-    work = Path(job["workdir"])
     _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
     log = open(work / "convert.log", "ab", buffering=0)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
+    return log
+
+
+def _convert_mlprogram(job: dict[str, Any], traced: Any, work: Path, timings: dict[str, float]) -> Path:
+    """coremltools converts the traced model to an ML Program saved as ``model.mlpackage``; its path."""
+    import numpy as np
+
+    stage("coremltools: ML Program")
+    t0 = time.time()
+    import coremltools as ct
+
+    precision = ct.precision.FLOAT16 if job["precision"] == "fp16" else ct.precision.FLOAT32
+    target = getattr(ct.target, job["minimum_deployment_target"])
+    mlmodel = ct.convert(
+        traced,
+        convert_to="mlprogram",
+        compute_precision=precision,
+        compute_units=getattr(ct.ComputeUnit, job["compute_units"]),
+        minimum_deployment_target=target,
+        inputs=[ct.TensorType(name=t["name"], shape=tuple(t["shape"]), dtype=np.float32) for t in job["inputs"]],
+        outputs=[ct.TensorType(name=t["name"], dtype=np.float32) for t in job["outputs"]],
+    )
+    mlmodel.short_description = job.get("description", "")
+    out = work / "model.mlpackage"
+    mlmodel.save(str(out))
+    timings["convert_s"] = round(time.time() - t0, 2)
+    return out
+
+
+def _io_problems(job: dict[str, Any], ins: list[dict[str, Any]], outs_spec: list[dict[str, Any]]) -> list[str]:
+    """Where the saved package's inputs/outputs differ from the job's (name, shape, float32, count)."""
+    problems = []
+    for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
+        for w, g in zip(want, got):
+            if (
+                w["name"] != g.get("name")
+                or [int(d) for d in w["shape"]] != g.get("shape")
+                or g.get("dtype") != "float32"
+            ):
+                problems.append(f"{w['name']} {w['shape']} float32 became {g}")
+        if len(want) != len(got):
+            problems.append(f"expected {len(want)} tensors, the package has {len(got)}")
+    return problems
+
+
+def main() -> int:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    work = Path(job["workdir"])
+    log = _redirect_output(work)  # noqa: F841 - kept open for the run
     timings: dict[str, float] = {}
     try:
         import numpy as np
@@ -349,40 +400,13 @@ def main() -> int:
         traced, extra = loaded
         import torch
 
-        stage("coremltools: ML Program")
-        t0 = time.time()
+        out = _convert_mlprogram(job, traced, work, timings)
         import coremltools as ct
-
-        precision = ct.precision.FLOAT16 if job["precision"] == "fp16" else ct.precision.FLOAT32
-        target = getattr(ct.target, job["minimum_deployment_target"])
-        mlmodel = ct.convert(
-            traced,
-            convert_to="mlprogram",
-            compute_precision=precision,
-            compute_units=getattr(ct.ComputeUnit, job["compute_units"]),
-            minimum_deployment_target=target,
-            inputs=[ct.TensorType(name=t["name"], shape=tuple(t["shape"]), dtype=np.float32) for t in job["inputs"]],
-            outputs=[ct.TensorType(name=t["name"], dtype=np.float32) for t in job["outputs"]],
-        )
-        mlmodel.short_description = job.get("description", "")
-        out = work / "model.mlpackage"
-        mlmodel.save(str(out))
-        timings["convert_s"] = round(time.time() - t0, 2)
 
         stage("checking the saved package (spec, I/O, op inventory)")
         spec = ct.utils.load_spec(str(out))
         ins, outs_spec = describe(spec.description.input), describe(spec.description.output)
-        problems = []
-        for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
-            for w, g in zip(want, got):
-                if (
-                    w["name"] != g.get("name")
-                    or [int(d) for d in w["shape"]] != g.get("shape")
-                    or g.get("dtype") != "float32"
-                ):
-                    problems.append(f"{w['name']} {w['shape']} float32 became {g}")
-            if len(want) != len(got):
-                problems.append(f"expected {len(want)} tensors, the package has {len(got)}")
+        problems = _io_problems(job, ins, outs_spec)
         ops = op_inventory(spec)
         flagged = {op: ANE_UNFRIENDLY[op] for op in ops if op in ANE_UNFRIENDLY}
         emit(
