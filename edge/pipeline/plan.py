@@ -18,7 +18,7 @@ How a chain is chosen for a source format F (the profile's ``[convert] chain`` i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import edge
 from edge.backends.converter import CONVERTERS, Converter
@@ -176,6 +176,43 @@ def _keep_quantized(target: TargetProfile, precision: str | None, own: str, what
     return own
 
 
+def _planned_steps(
+    target: TargetProfile, chain: Sequence[ChainStep], source_format: str, source_precision: str | None, precision: str
+) -> tuple[list[PlannedStep], str]:
+    """Each chain step checked (its precision, that it reads what the previous one writes, its options).
+
+    Returns the planned steps and the format the chain ends in.
+    """
+    steps: list[PlannedStep] = []
+    fmt = source_format
+    for s in chain:
+        cls = CONVERTERS.get(s.converter)
+        # an already-quantized graph is converted as it is: its own Q/DQ and integer ops, never quantized again
+        step_precision = (
+            "fp32"
+            if source_format == "onnx" and precision == source_precision and precision in QUANTIZED
+            else s.precision or precision
+        )
+        if step_precision not in cls.precisions:
+            raise PrecisionError(
+                f"converter {cls.name!r} cannot produce {step_precision!r} (it supports {', '.join(sorted(cls.precisions))})"
+            )
+        if cls.source_format != fmt:
+            raise EdgeError(
+                f"target {target.name}: converter {cls.name!r} reads {cls.source_format}, but the previous step produces {fmt}"
+            )
+        fmt = cls.target_format
+        options = dict(target.convert_options.get(s.converter, {}))
+        if not options and s.converter not in target.convert_options and steps == [] and len(chain) == 1:
+            # a converter standing in for the profile's chain (torch->coreml for onnx->coreml) takes the
+            # options it shares with the step it replaces
+            replaced = target.chain[-1].converter if target.chain else None
+            options = {k: v for k, v in target.convert_options.get(replaced or "", {}).items() if k in cls.options}
+        cls.check_options(options)
+        steps.append(PlannedStep(cls, step_precision, options))
+    return steps, fmt
+
+
 def plan(
     target: TargetProfile,
     precision: str | None = None,
@@ -223,33 +260,7 @@ def plan(
     missing = conversion_problems(target, chain=chain)
     if missing:
         raise MissingDependencyError(f"cannot convert for {target.name} on this host: " + "; ".join(missing))
-    steps: list[PlannedStep] = []
-    fmt = source_format
-    for s in chain:
-        cls = CONVERTERS.get(s.converter)
-        # an already-quantized graph is converted as it is: its own Q/DQ and integer ops, never quantized again
-        step_precision = (
-            "fp32"
-            if source_format == "onnx" and precision == source_precision and precision in QUANTIZED
-            else s.precision or precision
-        )
-        if step_precision not in cls.precisions:
-            raise PrecisionError(
-                f"converter {cls.name!r} cannot produce {step_precision!r} (it supports {', '.join(sorted(cls.precisions))})"
-            )
-        if cls.source_format != fmt:
-            raise EdgeError(
-                f"target {target.name}: converter {cls.name!r} reads {cls.source_format}, but the previous step produces {fmt}"
-            )
-        fmt = cls.target_format
-        options = dict(target.convert_options.get(s.converter, {}))
-        if not options and s.converter not in target.convert_options and steps == [] and len(chain) == 1:
-            # a converter standing in for the profile's chain (torch->coreml for onnx->coreml) takes the
-            # options it shares with the step it replaces
-            replaced = target.chain[-1].converter if target.chain else None
-            options = {k: v for k, v in target.convert_options.get(replaced or "", {}).items() if k in cls.options}
-        cls.check_options(options)
-        steps.append(PlannedStep(cls, step_precision, options))
+    steps, fmt = _planned_steps(target, chain, source_format, source_precision, precision)
     try:
         formats = RUNNERS.get(target.runner).formats
     except UnknownBackendError:
