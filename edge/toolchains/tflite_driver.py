@@ -603,16 +603,58 @@ def _tool_versions() -> dict[str, str]:
     return versions
 
 
-def main() -> int:
+def _redirect_output(work: Path) -> Any:
+    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``.
+
+    Returns the open log (the caller keeps it for the run).
+    """
     global _EVENTS
-    job = json.loads(Path(sys.argv[1]).read_text())
-    work = Path(job["workdir"])
     _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
     log = open(work / "convert.log", "ab", buffering=0)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
+    return log
+
+
+def _setup(job: dict[str, Any], work: Path, timings: dict[str, float], t0: float) -> tuple[Path, dict[str, Any]]:
+    """Refuse ops onnx2tf lacks, copy and prepare the source, patch onnx2tf's downloads, require onnxsim.
+
+    Returns the prepared copy's path and what preparing it did; records ``setup_s`` from ``t0``.
+    """
+    stage("checking ONNX ops against onnx2tf")
+    bad = unsupported_ops(Path(job["onnx"]))
+    if bad:
+        raise DriverError(
+            "unsupported_ops",
+            "onnx2tf cannot convert " + ", ".join(f"{b['op']} (node {b['node']})" for b in bad),
+            ops=bad,
+        )
+    src = work / "source.onnx"
+    prepared = prepare_source(Path(job["onnx"]), src)  # a copy: onnx2tf simplifies its input in place
+
+    import numpy as np  # noqa: F401 - imported before onnx2tf, as the run always has
+    from onnx2tf import onnx2tf as o2t
+    from onnx2tf.utils import common_functions
+
+    o2t.download_test_image_data = _local_test_images
+    common_functions.download_test_image_data = _local_test_images
+    _record_onnxsim()
+    if shutil.which("onnxsim") is None:
+        raise DriverError(
+            "toolchain",
+            "onnxsim is not on PATH inside the toolchain run; onnx2tf would skip simplification silently",
+            hint="reinstall: edgekit toolchain install tflite --force",
+        )
+    timings["setup_s"] = round(time.time() - t0, 2)
+    return src, prepared
+
+
+def main() -> int:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    work = Path(job["workdir"])
+    log = _redirect_output(work)  # noqa: F841 - kept open for the run
     threading.Thread(target=_heartbeat, daemon=True).start()
     timings: dict[str, float] = {}
     try:
@@ -620,31 +662,8 @@ def main() -> int:
         if job.get("task") == "tflite->onnx":
             emit("result", **tflite_to_onnx(job), timings={"tf2onnx_s": round(time.time() - t0, 2)})
             return 0
-        stage("checking ONNX ops against onnx2tf")
-        bad = unsupported_ops(Path(job["onnx"]))
-        if bad:
-            raise DriverError(
-                "unsupported_ops",
-                "onnx2tf cannot convert " + ", ".join(f"{b['op']} (node {b['node']})" for b in bad),
-                ops=bad,
-            )
-        src = work / "source.onnx"
-        prepared = prepare_source(Path(job["onnx"]), src)  # a copy: onnx2tf simplifies its input in place
-
+        src, prepared = _setup(job, work, timings, t0)
         import numpy as np
-        from onnx2tf import onnx2tf as o2t
-        from onnx2tf.utils import common_functions
-
-        o2t.download_test_image_data = _local_test_images
-        common_functions.download_test_image_data = _local_test_images
-        _record_onnxsim()
-        if shutil.which("onnxsim") is None:
-            raise DriverError(
-                "toolchain",
-                "onnxsim is not on PATH inside the toolchain run; onnx2tf would skip simplification silently",
-                hint="reinstall: edgekit toolchain install tflite --force",
-            )
-        timings["setup_s"] = round(time.time() - t0, 2)
 
         stage("onnx2tf: ONNX -> TensorFlow (NHWC)")
         t0 = time.time()
