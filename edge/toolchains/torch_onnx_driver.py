@@ -160,20 +160,8 @@ def _op_counts(graph: Any) -> dict[str, int]:
     return ops
 
 
-def run(job: dict[str, Any], work: Path) -> int:
-    import numpy as np
-    import onnx
-    import torch
-
-    timings: dict[str, float] = {}
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    kind = job["torch_kind"]
-    stage(f"loading the {kind}")
-    model, names = torch_inputs(job["torch"], kind)
-    if job.get("inspect_only"):
-        emit("result", input_names=names)
-        return 0
+def _inputs_match(job: dict[str, Any], names: list[str]) -> bool:
+    """Whether the job names exactly the model's inputs; when not, the ``inputs`` error event is emitted."""
     given = [t["name"] for t in job["inputs"]]
     if sorted(given) != sorted(names):
         emit(
@@ -184,18 +172,26 @@ def run(job: dict[str, Any], work: Path) -> int:
                 f"the model's inputs are {', '.join(names) or '(none)'}; --input-shape gave {', '.join(given) or 'none'}"
             ),
         )
-        return 1
-    by_name = {t["name"]: t for t in job["inputs"]}
-    inputs = [by_name[n] for n in names]  # the model's positional order
-    module = model.module() if kind == "exported_program" else model
-    timings["load_s"] = round(time.time() - t0, 2)
+        return False
+    return True
 
-    stage("running the PyTorch model on the parity samples (reference)")
-    t0 = time.time()
-    samples = np.load(job["samples"])
-    out_names, reference, outputs = _reference(module, samples, names, work)
-    timings["reference_s"] = round(time.time() - t0, 2)
 
+def _export(
+    job: dict[str, Any],
+    module: Any,
+    samples: Any,
+    io_names: tuple[list[str], list[str]],
+    work: Path,
+    timings: dict[str, float],
+) -> tuple[Path, Path, list[str]]:
+    """torch.onnx.export (TorchScript-based) on the first sample into ``work/onnx/model.onnx``.
+
+    Returns the output directory, the artifact, and the export's warnings worth reporting; records ``export_s``.
+    """
+    import numpy as np
+    import torch
+
+    names, out_names = io_names
     stage(f"torch.onnx.export (TorchScript-based exporter, opset {job['opset']})")
     t0 = time.time()
     out_dir = work / "onnx"
@@ -216,8 +212,39 @@ def run(job: dict[str, Any], work: Path) -> int:
             do_constant_folding=True,
             export_params=True,
         )
-    said = _export_warnings(caught, kind)
+    said = _export_warnings(caught, job["torch_kind"])
     timings["export_s"] = round(time.time() - t0, 2)
+    return out_dir, artifact, said
+
+
+def run(job: dict[str, Any], work: Path) -> int:
+    import numpy as np
+    import onnx
+    import torch
+
+    timings: dict[str, float] = {}
+    torch.set_grad_enabled(False)
+    t0 = time.time()
+    kind = job["torch_kind"]
+    stage(f"loading the {kind}")
+    model, names = torch_inputs(job["torch"], kind)
+    if job.get("inspect_only"):
+        emit("result", input_names=names)
+        return 0
+    if not _inputs_match(job, names):
+        return 1
+    by_name = {t["name"]: t for t in job["inputs"]}
+    inputs = [by_name[n] for n in names]  # the model's positional order
+    module = model.module() if kind == "exported_program" else model
+    timings["load_s"] = round(time.time() - t0, 2)
+
+    stage("running the PyTorch model on the parity samples (reference)")
+    t0 = time.time()
+    samples = np.load(job["samples"])
+    out_names, reference, outputs = _reference(module, samples, names, work)
+    timings["reference_s"] = round(time.time() - t0, 2)
+
+    out_dir, artifact, said = _export(job, module, samples, (names, out_names), work, timings)
 
     stage("onnx.checker (full check) and the saved graph's I/O")
     t0 = time.time()
