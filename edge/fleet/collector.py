@@ -69,6 +69,7 @@ from edge.fleet.decode import (
     MAX_PAYLOAD_BYTES,
     MAX_SESSION_SKEW_S,
     REASONS,
+    TELEMETRY_METRICS,
     Decoded,
     Rejected,
     TopicCache,
@@ -170,28 +171,8 @@ def _seen_upsert(columns: tuple[str, ...]) -> str:
     )
 
 
-_SEEN_TELEMETRY = _seen_upsert(
-    (
-        "last_session",
-        "last_seq",
-        "last_ts",
-        "fps",
-        "p50_ms",
-        "p99_ms",
-        "max_ms",
-        "misses",
-        "frames",
-        "cpu_percent",
-        "rss_mb",
-        "temp_c",
-        "budget_ms",
-        "throttled",
-        "spool_pending",
-        "spool_dropped",
-        "interval_s",
-        "bundle_id",
-    )
-)  # _UPDATE_TELEMETRY's, in its order
+# the stream position, then _UPDATE_TELEMETRY's columns in its order
+_SEEN_TELEMETRY = _seen_upsert(("last_session", "last_seq", "last_ts", *TELEMETRY_METRICS))
 _SEEN_STATE = _seen_upsert(("last_session", "last_seq", "last_ts", "state", "state_detail"))
 _SEEN_TELEMETRY_TYPES = (*_SEEN_TYPES, *_UPDATE_TELEMETRY_TYPES[: -len(_WHERE_TYPES)])
 _SEEN_STATE_TYPES = (*_SEEN_TYPES, *_UPDATE_STATE_TYPES[: -len(_WHERE_TYPES)])
