@@ -8,6 +8,8 @@
   birth (the collector asks the store whether it has seen a session's birth).
 - Streams (the per-session gap counters): deleted when their last message is older than the cut and
   the session is not the device's current one.
+- Stream flags (a device's latest refused stream, shown by ``fleet status``): deleted when the last refusal
+  is older than the cut; a device still sending forged or broken sequence numbers is flagged again at once.
 - Devices (one row each, where every device stands): never.
 """
 
@@ -88,6 +90,7 @@ def prune(db: FleetDB, older_than_s: float, *, now: float | None = None) -> Prun
         rep.deleted["streams"] = int(
             db.execute("DELETE FROM streams WHERE updated_at < ? AND " + current.format(t="streams"), (cut,)).rowcount
         )
+        rep.deleted["stream_flags"] = int(db.execute("DELETE FROM stream_flags WHERE last_at < ?", (cut,)).rowcount)
         db.commit()
     except Exception:
         db.rollback()

@@ -351,6 +351,10 @@ def test_prune_on_sqlite_and_its_cli(tmp_path: Path) -> None:
         for seq in range(1, 4):
             c.handle(*tel("new", 70, seq, now), received_at=now - seq * 12 * DAY)  # 12, 24, 36 days ago
         c.flush()
+        flag = "INSERT INTO stream_flags VALUES (?, ?, ?, 'seq_jump', 1, 9, 1, ?, ?)"
+        c.db.execute(flag, ("lab", "old", 60, now - 50 * DAY, now - 40 * DAY))  # last refused 40 days ago
+        c.db.execute(flag, ("lab", "new", 70, now - 50 * DAY, now - 1 * DAY))  # still refused yesterday
+        c.db.commit()
     finally:
         c.db.close()
     p = run_cli("fleet", "prune", "--db", url, "--older-than", "30d")
@@ -361,6 +365,7 @@ def test_prune_on_sqlite_and_its_cli(tmp_path: Path) -> None:
         assert db.execute("SELECT session FROM births").fetchall() == [(60,)]  # the current session's birth stays
         assert {r[0] for r in db.execute("SELECT device FROM devices")} == {"old", "new"}
         assert db.execute("SELECT count(*) FROM streams WHERE device = 'old'").fetchone()[0] == 1
+        assert db.execute("SELECT device FROM stream_flags").fetchall() == [("new",)]
     p = run_cli("fleet", "status", "--db", url, "--limit", "1")  # at fleet scale the table shows a first page
     assert p.returncode == 0, p.stderr
     assert "1 more devices not shown" in p.stdout and "of 2 devices" in p.stdout
