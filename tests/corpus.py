@@ -24,7 +24,17 @@ from edge.pipeline.request import ConvertRequest
 MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
 FETCH = "python examples/fetch_pretrained.py"
 
-Task = Literal["classifier", "detector-yolox", "prob-map", "ctc", "audio-stateful", "tflite", "segmentation", "llm"]
+Task = Literal[
+    "classifier",
+    "detector-yolox",
+    "prob-map",
+    "ctc",
+    "audio-stateful",
+    "tflite",
+    "segmentation",
+    "llm",
+    "byte-classifier",
+]
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,17 @@ _MODELS = (
         "Apache-2.0",
         source_format="tflite",
         parity_task="prob-map",
+    ),
+    # issue #23: a byte-level classifier: int32 [1, 2048] (the first and last 1024 bytes of a file, 256 pads) through an
+    # embedding, Conv1D (tf2onnx's Unsqueeze -> Conv -> Squeeze) and attention-free dense layers to a softmax
+    CorpusModel(
+        "magika",
+        "magika_standard_v3_3.onnx",
+        "byte-classifier",
+        "Magika standard_v3_3 content-type classifier (int32 bytes [1, 2048] -> softmax over 214 types)",
+        "Apache-2.0",
+        input_shapes={"bytes": (1, 2048)},
+        parity_task="classifier",
     ),
     CorpusModel(
         "smollm2-135m",
