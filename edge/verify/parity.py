@@ -345,7 +345,7 @@ def host_notes(
         else:
             notes.append(
                 "int8 measured on a CPU without VNNI/AMX (AVX2 u8s8 pair sums saturate): onnxruntime "
-                "computes u8u8 here unless x64_quant_precision is off; a VNNI/AMX device computes exact "
+                "computes u8u8 here unless x64_quant_precision is false; a VNNI/AMX device computes exact "
                 "u8s8 and can only agree better"
             )
     if precision_used == "bf16":

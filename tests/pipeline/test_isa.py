@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from edge.backends.onnxruntime.run import x64_quant_precision
 from edge.capabilities import cpu_isa, parse_cpuinfo
+from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.verify.parity import host_notes
@@ -75,7 +78,34 @@ def test_manifest_records_the_build_cpu_and_the_int8_kernel(models: dict[str, Pa
     par = b.manifest["parity"]
     assert par["host_notes"] == host_notes("int8", par["candidate"]["precision_used"], isa)
     details = par["candidate"]["details"]
-    assert details["x64_quant_precision"] is True  # the profile's default: exact on every x86-64 CPU
+    # the profile's default ("auto"): u8u8 only where this CPU's u8s8 would saturate, as its flags say
+    assert details["x64_quant_precision"] is (not isa.int8_dot_product) and details["x64_quant_precision_why"]
     if "avx2" in isa.flags:
         expected = "u8s8, 32-bit dot product" if isa.int8_dot_product else "u8u8"
         assert details["int8_kernel"].startswith(expected), details
+
+
+def test_x64_quant_precision_auto_follows_the_cpu_s_int8_dot_product() -> None:
+    """u8u8 (x64quantprecision) only where u8s8 saturates; with VNNI/AMX u8s8 is exact and u8u8 only slower."""
+    vnni = parse_cpuinfo("model name\t: Xeon\nflags\t\t: sse4_1 avx2 avx512f avx512_vnni\n")
+    avx2 = parse_cpuinfo("model name\t: EPYC 7742\nflags\t\t: sse4_1 avx2\n")
+    unknown = parse_cpuinfo("")
+    assert x64_quant_precision("auto", vnni)[0] is False and "avx512_vnni" in x64_quant_precision("auto", vnni)[1]
+    assert x64_quant_precision("auto", avx2)[0] is True
+    assert x64_quant_precision("auto", unknown)[0] is True  # flags not readable: the exact way
+    assert x64_quant_precision(True, vnni) == (True, "x64_quant_precision = true was set explicitly")
+    assert x64_quant_precision(False, avx2)[0] is False
+    with pytest.raises(EdgeError, match="true, false or"):
+        x64_quant_precision("yes", avx2)
+
+
+def test_u8s8_where_auto_chooses_it_computes_what_u8u8_computes(models: dict[str, Path], tmp_path: Path) -> None:
+    """The default changes speed, never results: on this CPU the bundle's outputs with the option as "auto"
+    chooses are those of the exact u8u8 path (bit for bit where u8s8 is exact: VNNI/AMX)."""
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8", calib="random"))
+    feeds = {b.io.inputs[0].name: np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    with b.open_runner() as auto, b.open_runner({"x64_quant_precision": True}) as exact:
+        assert auto.info.details["x64_quant_precision"] is (not cpu_isa().int8_dot_product)
+        assert exact.info.details["x64_quant_precision"] is True
+        for name, got in auto.infer(feeds).items():
+            np.testing.assert_array_equal(got, exact.infer(feeds)[name])

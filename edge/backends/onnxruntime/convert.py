@@ -29,11 +29,11 @@ _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onn
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
 
 # What an int8 bundle assumes of the device's CPU, recorded in its chain details: the same bundle
-# computes exactly on every x86-64 CPU only because the runner sets session.x64quantprecision.
+# computes exactly on every x86-64 CPU only because the runner sets session.x64quantprecision where needed.
 _U8S8_ASSUMPTION = (
     "8-bit weights, no reduce_range: exact where the CPU has an int8 dot product (x86 VNNI/AMX, "
     "ARM dotprod); on x86 CPUs without one (e.g. AVX2-only AMD Zen 2) the onnxruntime runner computes "
-    "u8u8 (x64_quant_precision, on by default), since u8s8 with vpmaddubsw saturates there"
+    "u8u8 (x64_quant_precision, auto by default), since u8s8 with vpmaddubsw saturates there"
 )
 
 CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 from edge.backends.onnxruntime.format import OnnxRuntimeOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import plan_threads, reserve_option
-from edge.capabilities import Requirement, cpu_isa
+from edge.capabilities import CpuIsa, Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
 
@@ -65,13 +65,12 @@ class OnnxRuntimeRunner(Runner):
         level = opts.get("graph_optimization_level", "all")
         if level not in _LEVELS:
             raise EdgeError(f"graph_optimization_level must be one of {', '.join(_LEVELS)}, got {level!r}")
-        quant_precision = opts.get("x64_quant_precision", True)
-        if not isinstance(quant_precision, bool):
-            raise EdgeError(f"runner 'onnxruntime': x64_quant_precision must be true or false, got {quant_precision!r}")
+        quant_precision, quant_why = x64_quant_precision(opts.get("x64_quant_precision", "auto"), cpu_isa())
 
         # Measured on an AMD EPYC (Zen 2, AVX2 only): U8S8 QDQ models lost top-1 agreement (75%) and
-        # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates. onnxruntime rewrites the
-        # weights to U8 only where MlasPlatformU8S8Overflow() says the CPU needs it.
+        # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates; hence u8u8 there. On a VNNI CPU
+        # onnxruntime still rewrites every weight to U8 when asked (the U8S8 and U8U8 dispatch tables
+        # differ there too): u8u8 was 1.3-1.8x slower than its exact u8s8 (x64_quant_precision, "auto").
         def session_options(x64_quant: bool) -> Any:
             so = ort.SessionOptions()
             so.log_severity_level = 3
@@ -96,7 +95,7 @@ class OnnxRuntimeRunner(Runner):
                 raise EdgeError(
                     f"onnxruntime could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}"
                 ) from e
-            quant_precision = False
+            quant_precision, quant_why = False, "no u8u8 kernel for an integer op of this graph: u8s8"
             self._session = ort.InferenceSession(str(self.artifact), session_options(False), providers=usable)
         used = self._session.get_providers()
         fallback = None
@@ -119,7 +118,7 @@ class OnnxRuntimeRunner(Runner):
                 "inter_op_num_threads": inter or None,
                 "allow_spinning": plan.spinning,
                 "threads_policy": plan.to_json(),
-                **_int8_kernel(self.precision, quant_precision),
+                **_int8_kernel(self.precision, quant_precision, quant_why),
             },
         )
 
@@ -164,20 +163,38 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, shape, _ORT_TYPES.get(arg.type, arg.type), image_layout(shape))
 
 
-def _int8_kernel(bundle_precision: str, quant_precision: bool) -> dict[str, Any]:
+def x64_quant_precision(option: Any, isa: CpuIsa) -> tuple[bool, str]:
+    """(whether onnxruntime computes int8 u8u8 instead of u8s8: ``session.x64quantprecision``, why). ``option``:
+    true, false or "auto" (the default): u8u8 only where u8s8 would saturate, i.e. an x86 CPU without an int8
+    dot product (AVX2/AVX-512 without VNNI, or flags not readable: fail safe). With VNNI/AMX u8s8 accumulates
+    in int32 and is exact, and onnxruntime's u8u8 rewrite only slows it down (bit-identical outputs)."""
+    if isinstance(option, bool):
+        return option, f"x64_quant_precision = {str(option).lower()} was set explicitly"
+    if option != "auto":
+        raise EdgeError(f"runner 'onnxruntime': x64_quant_precision must be true, false or \"auto\", got {option!r}")
+    if isa.known and isa.int8_dot_product:
+        dot = sorted(isa.flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+        return False, f"auto: this CPU has an int8 dot product ({', '.join(dot)}): u8s8 is exact and faster"
+    why = "flags not readable, computing the exact way" if not isa.known else "no int8 dot product (VNNI/AMX)"
+    return True, f"auto: {why}: u8u8, as u8s8 pair sums saturate in int16"
+
+
+def _int8_kernel(bundle_precision: str, quant_precision: bool, why: str) -> dict[str, Any]:
     """Which int8 arithmetic this CPU gets, so a parity figure can be read against the device's."""
     if not bundle_precision.startswith("int8"):
         return {}
     isa = cpu_isa()
     if not isa.known or "avx2" not in isa.flags:
         kernel = "this CPU's int8 kernels (no x86 AVX2 U8S8 path)"
+    elif quant_precision:
+        kernel = "u8u8 (x64_quant_precision: exact" + (
+            ", slower than this CPU's u8s8 dot product)" if isa.int8_dot_product else ", slower than u8s8)"
+        )
     elif isa.int8_dot_product:
         kernel = "u8s8, 32-bit dot product (VNNI/AMX): exact"
-    elif quant_precision:
-        kernel = "u8u8 (x64_quant_precision: exact, slower than u8s8 on a CPU without VNNI)"
     else:
         kernel = "u8s8 with vpmaddubsw: int16 pair sums saturate (x64_quant_precision is off)"
-    return {"x64_quant_precision": quant_precision, "int8_kernel": kernel}
+    return {"x64_quant_precision": quant_precision, "x64_quant_precision_why": why, "int8_kernel": kernel}
 
 
 def _precision_used(bundle_precision: str) -> str:
