@@ -4,17 +4,16 @@
 An x86-cpu int8 bundle is a QDQ graph: QuantizeLinear/DequantizeLinear pairs around the ops the
 quantizer covered. onnxruntime fuses ``DQ -> op -> Q`` into an int8 kernel (QLinearConv, QGemm,
 QLinearAdd, ...) where it has one; every other op runs in float between a DequantizeLinear and a
-QuantizeLinear (or with no QDQ at all). This script builds the bundle (or takes one), lets
-onnxruntime optimise it as the runner does (``graph_optimization_level = all``) and writes the
-optimised graph (``SessionOptions.optimized_model_filepath``), then lists per op type:
+QuantizeLinear (or with no QDQ at all). The analysis is the product's (``edge.graph.quantized``: every
+int8 bundle's manifest carries it as ``chain[].details.int8_report``): the int8 graph as onnxruntime
+optimises it on this host (``graph_optimization_level = all``, as the runner loads it), per op type
 
   int8 kernels     the fused QLinear*/QGemm/ConvInteger/MatMulInteger nodes
   int8 data        Reshape/Transpose/Split/MaxPool/Resize/Concat... moving int8 tensors (no arithmetic)
-  float, in QDQ    float ops fed by a DequantizeLinear: quantized by the recipe, but onnxruntime has no
-                   int8 kernel (or fusion) for them, so they run in float with a DQ/Q round trip
-  float            other float ops: kept in float by the recipe (mixed precision ``nodes_to_exclude``,
-                   the quantizer's op list); the bundle's mixed-precision search is printed too
-  Q / DQ           the conversions themselves
+  float            with the reason: kept float by edgekit's mixed-precision search (``excluded``), no rule in
+                   onnxruntime's quantizer (``quantizer``), quantized around but no int8 kernel or fusion in
+                   the CPU provider (``no-kernel``: QDQ placement), or fed by float ops (``float-inputs``)
+  Q / DQ           the boundaries between int8 and float (activations only)
 
 and times the fp32 and int8 bundles' runners interleaved (speed-up = fp32 p50 / int8 p50).
 
@@ -28,7 +27,6 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -36,78 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 from vs_runtime_defaults import CONV_NETS, MODELS  # noqa: E402
 
-INT8_KERNELS = {
-    "QLinearConv",
-    "QGemm",
-    "QLinearMatMul",
-    "ConvInteger",
-    "MatMulInteger",
-    "QLinearAdd",
-    "QLinearMul",
-    "QLinearSigmoid",
-    "QLinearLeakyRelu",
-    "QLinearConcat",
-    "QLinearAveragePool",
-    "QLinearGlobalAveragePool",
-    "QLinearSoftmax",
-    "QLinearReduceMean",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
-    "QAttention",
-    "QLinearWhere",
-}
-# moved as int8 without arithmetic: fine in a QDQ graph when both sides are quantized
-DATA_MOVEMENT = {
-    "Reshape",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Flatten",
-    "Slice",
-    "Split",
-    "Gather",
-    "MaxPool",
-    "Resize",
-    "Concat",
-    "Identity",
-}
-
-
-def optimized_graph(artifact: Path, out: Path) -> Any:
-    import onnx
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.optimized_model_filepath = str(out)
-    so.log_severity_level = 3
-    ort.InferenceSession(str(artifact), so, providers=["CPUExecutionProvider"])
-    return onnx.load(str(out)).graph
-
-
-def classify(graph: Any) -> tuple[Counter, Counter, Counter, Counter, Counter]:
-    """(int8 kernels, int8 data movement, float ops fed by a DQ, other float ops, Q/DQ) by op type. A tensor is
-    int8 when an int8 kernel or a QuantizeLinear made it, or a data-movement op moved an int8 tensor."""
-    producer = {o: n for n in graph.node for o in n.output}
-    int8: set[str] = set()
-    kernels, moves, in_qdq, plain, qdq = Counter(), Counter(), Counter(), Counter(), Counter()
-    for n in graph.node:  # topologically sorted, as ONNX requires
-        op = n.op_type
-        if op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"):
-            qdq[op] += 1
-            if op != "DequantizeLinear":
-                int8.update(n.output)
-        elif op in INT8_KERNELS:
-            kernels[op] += 1
-            int8.update(n.output)
-        elif n.input and n.input[0] in int8 and (op in DATA_MOVEMENT or op.startswith("Nhwc")):
-            moves[op] += 1
-            int8.update(n.output)
-        elif any(i in producer and producer[i].op_type == "DequantizeLinear" for i in n.input):
-            in_qdq[op] += 1
-        else:
-            plain[op] += 1
-    return kernels, moves, in_qdq, plain, qdq
+from edge.graph.quantized import FLOAT_REASONS, int8_report_of, optimized_onnx, placement_of, speedup_line  # noqa: E402
 
 
 def main() -> int:
@@ -132,43 +59,30 @@ def main() -> int:
         for prec in ("fp32", "int8")
     }
     b8 = bundles["int8"]
+    kept = [k["node"] for s in b8.manifest.get("chain", []) for k in (s.get("details") or {}).get("kept_float", [])]
+    placement = placement_of(b8.artifact, kept)  # what the bundle's manifest records (int8_report), recomputed here
     with tempfile.TemporaryDirectory() as tmp:
-        kernels, moves, in_qdq, excluded, qdq = classify(optimized_graph(b8.artifact, Path(tmp) / "opt.onnx"))
-        f32_ops = Counter(n.op_type for n in optimized_graph(bundles["fp32"].artifact, Path(tmp) / "f32.onnx").node)
-    kept = next(
-        (
-            s.get("details", {}).get("mixed_precision_search", {})
-            for s in b8.manifest.get("chain", [])
-            if isinstance(s.get("details"), dict)
-        ),
-        {},
-    )
-    rows = [[op, n, "int8 kernel"] for op, n in kernels.most_common()]
-    rows += [[op, n, "int8 data (moves int8 tensors, no arithmetic)"] for op, n in moves.most_common()]
-    rows += [
-        [op, n, "float, between DQ and Q: no int8 kernel or fusion for it in onnxruntime's CPU provider"]
-        for op, n in in_qdq.most_common()
-    ]
-    rows += [
-        [op, n, "float, fed by float ops: inside a float island (GELU/hard-swish parts) or kept float by the recipe"]
-        for op, n in excluded.most_common()
-    ]
-    rows += [[op, n, "conversion"] for op, n in qdq.most_common()]
+        f32_ops = Counter(
+            n.op_type for n in optimized_onnx(bundles["fp32"].artifact, Path(tmp) / "f32.onnx").graph.node
+        )
+    rows = [[op, n, "int8 kernel"] for op, n in placement.int8_kernels.items()]
+    rows += [[op, n, "int8 data (moves int8 tensors, no arithmetic)"] for op, n in placement.int8_data.items()]
+    rows += [[f.op, f.count, f"float: {FLOAT_REASONS[f.reason]}"] for f in placement.float_ops]
+    rows += [["QuantizeLinear", placement.quantize, "boundary"], ["DequantizeLinear", placement.dequantize, "boundary"]]
     print(
         C.table(
             ["op", "count", "computes in"],
             rows,
-            title=f"{args.model} x86-cpu int8, onnxruntime's optimised graph ({sum(kernels.values())} int8 "
-            f"kernels, {sum(moves.values())} int8 moves, {sum(in_qdq.values()) + sum(excluded.values())} "
-            "float ops)",
+            title=f"{args.model} x86-cpu int8, onnxruntime's optimised graph: {placement.summary()}",
         )
     )
     print(
         f"fp32 bundle, optimised: {sum(f32_ops.values())} nodes: "
         + ", ".join(f"{op} {n}" for op, n in f32_ops.most_common(8))
     )
-    if kept:
-        print(f"mixed precision search: {kept}")
+    speed = (int8_report_of(b8.manifest.get("chain", [])) or {}).get("speedup")
+    if speed:
+        print(speedup_line(speed))
     from edge.bench import bundle_feeds
 
     feeds, _ = bundle_feeds(bundles["fp32"])

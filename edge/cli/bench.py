@@ -23,6 +23,7 @@ from edge.cli._common import (
     safe,
     threads_line,
 )
+from edge.graph.quantized import int8_report_of, speedup_line
 from edge.stats import budget_from
 
 Fps = typer.Option(None, "--fps", help="Frame budget as frames per second (60 -> 16.67 ms).", show_default=False)
@@ -62,6 +63,11 @@ def render_bench(r: dict[str, Any]) -> None:
         f"max {fmt_ms(lat['max_ms'])}  mean {fmt_ms(lat['mean_ms'])} ± {fmt_ms(lat['std_ms'])}",
     )
     t.add_row("throughput", f"{r['throughput_fps']:.1f} inferences/s")
+    if r.get("int8_speedup_at_build"):
+        try:
+            t.add_row("int8 vs fp32", safe(speedup_line(r["int8_speedup_at_build"])))
+        except (KeyError, TypeError, ValueError):  # a manifest's free-form details: shown when complete
+            pass
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB (whole process)")
     if r["budget_ms"] is not None:
         colour = "green" if r["verdict"] == "pass" else "red"
@@ -182,6 +188,9 @@ def bench_cmd(
     data = report.to_json()
     if record:
         b.record("benchmark", data)
+    built = (int8_report_of(b.manifest.get("chain") or []) or {}).get("speedup")
+    if isinstance(built, dict):  # an int8 bundle whose build timed it against its fp32 source
+        data["int8_speedup_at_build"] = built
     if as_json:
         print_json(data)
     else:

@@ -61,6 +61,8 @@ class OnnxToOnnx(Converter):
         "source on the search inputs (edge.graph.recipes); off converts every node",
         "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
         "0 = only the range check for fp16, none for int8)",
+        "measure_speedup": "int8 static: time the int8 model against the float source on the build host (true, "
+        "default; about a second, recorded with the load in the int8 report)",
         "calibration_memory_mb": "int8 static: the most memory the calibrator may hold in activations (default: a "
         "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
         "refused when one sample does not",
@@ -224,9 +226,8 @@ class OnnxToOnnx(Converter):
                 note = found.note("float (not quantized)")
                 if note:
                     details["_notes"] = [note]
-        notes = [m["note"] for m in memory.values() if m.get("note")]
-        if notes:
-            details["_notes"] = [*details.get("_notes", []), *notes]
+        details["int8_report"], notes = int8_report(request, out, [k["node"] for k in details.get("kept_float", [])])
+        details["_notes"] = [*details.get("_notes", []), *(m["note"] for m in memory.values() if m.get("note")), *notes]
         details["calibration_memory"] = {k: {f: v for f, v in m.items() if f != "note"} for k, m in memory.items()}
         return {
             "recipe": "static QDQ",
@@ -259,6 +260,81 @@ class OnnxToOnnx(Converter):
             "ops_quantized": matched,
             "ops_total": len(source_ops),
         }
+
+
+def int8_report(request: ConversionRequest, out: Path, kept: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """What the int8 graph ``out`` computes in float and why, its quantize/dequantize boundaries
+    (``edge.graph.quantized``), and, unless ``measure_speedup`` is false, its speed against the float source on
+    this host, both run by edgekit's onnxruntime runner with its defaults, interleaved (:func:`measure_speedup`).
+    (the report for the chain details, the notes for the convert report)."""
+    from edge.graph.quantized import placement_of, speedup_line
+
+    placement = placement_of(out, kept)
+    report: dict[str, Any] = {"placement": placement.to_json(), "optimized_by": "onnxruntime, level all, build host"}
+    notes = [placement.summary()]
+    measure = request.options.get("measure_speedup", True)
+    if not isinstance(measure, bool):
+        raise ConversionError(f"measure_speedup must be true or false, got {measure!r}")
+    samples = request.calibration.samples if request.calibration is not None else []
+    if measure and samples:
+        try:
+            speed = measure_speedup(request.source, out, samples[0])
+        except Exception as e:  # noqa: BLE001 - the bundle is sound; only the figure is missing (recorded)
+            report["speedup_not_measured"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        else:
+            report["speedup"] = speed
+            notes.append(speedup_line(speed))
+    return report, notes
+
+
+#: the most a build spends timing int8 against fp32 (both sides together), and the samples per side it aims at
+_SPEEDUP_BUDGET_S = 1.0
+_SPEEDUP_SAMPLES = 30
+
+
+def measure_speedup(float_model: Path, int8_model: Path, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """fp32 and int8 p50 latency on this host, as edgekit's onnxruntime runner runs them by default (threads and
+    u8s8/u8u8 as it chooses), in alternating blocks of 3 after 2 warm-up calls each, until each side has
+    ``_SPEEDUP_SAMPLES`` samples or ``_SPEEDUP_BUDGET_S`` is spent; ratio = fp32 p50 / int8 p50. Indicative: one
+    host, its load at the time (recorded)."""
+    import time
+
+    import numpy as np
+
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+
+    with OnnxRuntimeRunner(float_model, precision="fp32") as f32, OnnxRuntimeRunner(int8_model, precision="int8") as i8:
+        x = {s.name: feeds[s.name] for s in f32.inputs if s.name in feeds}
+        runs = {"fp32": f32, "int8": i8}
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        for r in runs.values():
+            for _ in range(2):
+                r.infer(x)
+        deadline = time.perf_counter() + _SPEEDUP_BUDGET_S
+        while len(times["int8"]) < _SPEEDUP_SAMPLES and time.perf_counter() < deadline:
+            for k, r in runs.items():
+                for _ in range(3):
+                    t = time.perf_counter()
+                    r.infer(x)
+                    times[k].append((time.perf_counter() - t) * 1e3)
+        threads, kernel = i8.info.threads, str(i8.info.details.get("int8_kernel", "this CPU's int8 kernels"))
+    p50 = {k: float(np.median(v)) for k, v in times.items()}
+    return {
+        "fp32_p50_ms": round(p50["fp32"], 4),
+        "int8_p50_ms": round(p50["int8"], 4),
+        "ratio": round(p50["fp32"] / max(p50["int8"], 1e-9), 3),
+        "samples": len(times["int8"]),
+        "threads": threads,
+        "int8_kernel": kernel,
+        "load": round(os.getloadavg()[0], 2),
+        "cpu": _cpu_model(),
+    }
+
+
+def _cpu_model() -> str:
+    from edge.capabilities import cpu_isa
+
+    return cpu_isa().model[:120]
 
 
 def _search_fp16(model: Any, request: ConversionRequest, build: Any, trials: int) -> Any:
