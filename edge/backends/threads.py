@@ -18,6 +18,20 @@ The policy, for a runner whose options leave threads at 0 ("auto") and spinning 
 * rounded to whole threads, at least 1; spin-wait off (a sleeping pool gives the core back to the
   rest of the device at once; with one thread there is no pool to spin).
 
+Where the CPUs are not shared (less than ``SHARED_THRESHOLD`` core busy elsewhere, nothing reserved) a runtime
+that says what it would pick itself (``RuntimeDefaults``: onnxruntime's one intra-op thread per physical core,
+spin-wait on) gets exactly that: its own defaults are tuned for that case, and spin-wait off cost onnxruntime
+1.14-1.62x on an idle host (issue #25). Its thread count is kept only where it fits the CPUs this process may
+use (onnxruntime counts the machine's cores, not ``sched_getaffinity``'s: under ``taskset``/a cpuset it would
+oversubscribe).
+
+A runner that lives long (``edgekit run``, the agent) re-samples the load between two inferences every few
+seconds (``LoadWatch``: the /proc/stat ticks since the last look, no sleep) and, when the plan the policy would
+make now differs, opens its session again with it (``Recheck``: two looks in a row must agree; a lighter plan --
+spin-wait off, fewer threads -- soon, a heavier one only after a long quiet; rebuilds never more than
+``REBUILD_SHARE`` of the time). onnxruntime has no run option that turns spin-wait on or off in an open
+session (``session.force_spinning_stop`` only stops it between runs), so the session is re-created.
+
 An option the user, the target profile or a tuned overlay set explicitly always wins; the plan
 records which value came from where and why (``RunnerInfo.details["threads_policy"]``), so
 ``edgekit bench``/``run`` reports and manifests say what was chosen.
@@ -28,6 +42,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from edge.errors import EdgeError
@@ -41,7 +56,12 @@ PIPELINE_STAGE_CPUS = 0.05
 #: below this many cores busy elsewhere (and nothing reserved), the CPUs count as not shared
 SHARED_THRESHOLD = 0.25
 SAMPLE_S = 0.1  # the /proc/stat window: 10 scheduler ticks at USER_HZ 100
+RECHECK_S = 2.0  # a long-lived runner's look at the load, between two inferences
+CONFIRM = 2  # looks in a row that must want the same new, lighter plan
+QUIET_LOOKS = 30  # looks in a row that must want a heavier one (spin-wait on, more threads)
+REBUILD_SHARE = 0.01  # re-creating sessions takes at most this share of the time
 _CACHE_S = 2.0  # runners opened together (workers, a parity run) share one sample
+_MAX_CPU_ENTRIES = 16384  # sysfs entries read for the core count
 
 _last: tuple[float, CpuLoad] | None = None
 
@@ -57,11 +77,20 @@ class CpuLoad:
 
 
 @dataclass(frozen=True)
+class RuntimeDefaults:
+    """What a runtime picks itself when given no thread count and no spin-wait setting."""
+
+    threads: int  # the count it takes (onnxruntime: physical cores, all of the machine's)
+    spinning: bool
+    what: str  # for the reason line: "onnxruntime's own: one thread per physical core, spin-wait on"
+
+
+@dataclass(frozen=True)
 class ThreadPlan:
     threads: int
     spinning: bool
-    threads_from: str  # "option" (user, profile or tuned overlay) | "policy"
-    spinning_from: str
+    threads_from: str  # "option" (user, profile or tuned overlay) | "policy" | "default" (the runtime's own)
+    spinning_from: str  # the same, or "runtime" (it has no spin-wait switch)
     shared: bool  # something else takes a share of the CPUs (other processes or the caller's own stages)
     reason: str
     cpus: int
@@ -177,24 +206,36 @@ def plan_threads(
     reserve: float = 0.0,
     load: CpuLoad | None = None,
     spin_option: bool = True,
+    defaults: RuntimeDefaults | None = None,
+    shared_threshold: float = SHARED_THRESHOLD,
 ) -> ThreadPlan:
     """Threads and spin-wait for one runner. ``threads`` 0/None and ``spinning`` None are the policy's to choose;
     anything else was set explicitly and is kept as it is. ``spin_option`` False: the runtime has no spin-wait
-    switch (OpenVINO, LiteRT), and the plan says so."""
+    switch (OpenVINO, LiteRT), and the plan says so. ``defaults``: what the runtime picks itself, taken where
+    the CPUs are not shared (see the module's docstring). ``shared_threshold``: cores busy elsewhere from which
+    the CPUs count as shared (``Recheck`` lowers it for a runner already sharing them: hysteresis)."""
     load = load or current_load()
     others = load.others
-    shared = reserve > 0 or others >= SHARED_THRESHOLD  # the caller's own stages, or other processes
+    shared = reserve > 0 or others >= shared_threshold  # the caller's own stages, or other processes
     free = load.cpus - others - reserve
     auto = max(1, min(load.cpus, int(free + 0.5)))
     parts = [f"{load.cpus} CPU(s) for this process", f"{others:.2f} busy elsewhere ({load.method})"]
     if reserve:
         parts.append(f"{reserve:.2f} reserved for this process's other stages")
     why = "; ".join(parts)
+    own = defaults if defaults is not None and not shared else None
+    if own is not None:
+        why += f"; not shared -> the runtime's own defaults ({own.what})"
     if threads:
         threads_from, n = "option", int(threads)
         why += f"; threads {n} as set (the policy would take {auto})"
+    elif own is not None and own.threads <= load.cpus:
+        threads_from, n = "default", own.threads
+        why += f" -> {n} thread(s)"
     else:
         threads_from, n = "policy", auto
+        if own is not None:
+            why += f"; its {own.threads} thread(s) exceed the {load.cpus} CPU(s) this process may use"
         why += f" -> {n} thread(s)"
     if not spin_option:
         spinning_from, spin = "runtime", False
@@ -202,6 +243,9 @@ def plan_threads(
     elif spinning is not None:
         spinning_from, spin = "option", bool(spinning)
         why += f"; spin-wait {'on' if spin else 'off'} as set"
+    elif own is not None:
+        spinning_from, spin = "default", own.spinning
+        why += f"; spin-wait {'on' if spin else 'off'}"
     else:
         spinning_from, spin = "policy", False
         why += "; spin-wait off (a waiting pool gives its core back to the rest of the device)"
@@ -218,3 +262,110 @@ def plan_threads(
         load_1m=load.load_1m,
         method=load.method,
     )
+
+
+def physical_cores(root: Path = Path("/sys/devices/system/cpu")) -> int | None:
+    """The machine's physical cores (distinct package and core ids of its online CPUs, from sysfs), whatever this
+    process's affinity: what onnxruntime counts for its default thread count. None where sysfs does not say."""
+    cores: set[tuple[str, str]] = set()
+    try:
+        entries = sorted(root.iterdir())[:_MAX_CPU_ENTRIES]
+    except OSError:
+        return None
+    for d in entries:
+        if not (d.name.startswith("cpu") and d.name[3:].isdigit()):
+            continue
+        try:  # an offline CPU has no topology directory
+            package = (d / "topology" / "physical_package_id").read_text(encoding="ascii").strip()
+            core = (d / "topology" / "core_id").read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        cores.add((package[:16], core[:16]))
+    return len(cores) or None
+
+
+class LoadWatch:
+    """What other processes took of this process's CPUs since the last look: two /proc/stat readings taken
+    between inferences, seconds apart, so nothing sleeps (``measure_load`` sleeps 100 ms for its window)."""
+
+    def __init__(self) -> None:
+        self._last = self._read()
+
+    @property
+    def works(self) -> bool:
+        return self._last is not None
+
+    @staticmethod
+    def _read() -> tuple[float, int, int, int, frozenset[int] | None] | None:
+        try:
+            mine: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            mine = None
+        ticks, own = _proc_stat_busy(mine), _own_ticks()
+        if ticks is None or own is None:
+            return None
+        return time.monotonic(), ticks[0], ticks[1], own, mine
+
+    def poll(self) -> CpuLoad | None:
+        """The load since the last poll (or since this watch was made); None where /proc/stat said nothing new."""
+        now = self._read()
+        last, self._last = self._last, now if now is not None else self._last
+        if last is None or now is None or now[2] <= last[2]:
+            return None
+        cpus = len(now[4]) if now[4] else usable_cpus()
+        busy = max(0, (now[1] - last[1]) - (now[3] - last[3]))  # less this process's own ticks, as measure_load
+        others = min(float(cpus), busy / (now[2] - last[2]) * cpus)
+        try:
+            load_1m: float | None = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load_1m = None
+        return CpuLoad(cpus, others, load_1m, f"sampled /proc/stat over {now[0] - last[0]:.1f} s")
+
+
+@dataclass
+class Recheck:
+    """When a long-lived runner re-creates its session for the plan the load calls for now (pure: the caller
+    gives the candidate plans and the clock). A plan that takes less of the CPUs (spin-wait off, fewer threads)
+    is urgent: it is taken once ``CONFIRM`` looks in a row want it, at least ``2.5 x every_s`` after the last
+    session was made. One that takes more waits for ``QUIET_LOOKS`` looks in a row of quiet. Either waits at
+    least the last session's creation time / ``REBUILD_SHARE``, so rebuilds take at most that share of the
+    time."""
+
+    every_s: float
+    opened_at: float
+    cost_s: float  # what creating the current session took
+    next_look: float = 0.0
+    pending: ThreadPlan | None = None
+    seen: int = 0
+
+    def __post_init__(self) -> None:
+        self.next_look = self.opened_at + self.every_s
+
+    def threshold(self, current: ThreadPlan) -> float:
+        """Hysteresis: a runner already sharing the CPUs counts them shared down to half the threshold."""
+        return SHARED_THRESHOLD / 2 if current.shared else SHARED_THRESHOLD
+
+    def decide(self, current: ThreadPlan, candidate: ThreadPlan, now: float) -> bool:
+        """Whether to re-create the session with ``candidate`` now."""
+        self.next_look = now + self.every_s
+        if _key(candidate) == _key(current):
+            self.pending, self.seen = None, 0
+            return False
+        if self.pending is not None and _key(candidate) == _key(self.pending):
+            self.seen += 1
+        else:
+            self.pending, self.seen = candidate, 1
+        lighter = (current.spinning and not candidate.spinning) or (
+            current.spinning == candidate.spinning and candidate.threads < current.threads
+        )
+        wait = max(2.5 * self.every_s if lighter else 0.0, self.cost_s / REBUILD_SHARE)
+        return self.seen >= (CONFIRM if lighter else QUIET_LOOKS) and now - self.opened_at >= wait
+
+    def rebuilt(self, now: float, cost_s: float) -> None:
+        self.opened_at, self.cost_s, self.pending, self.seen = now, cost_s, None, 0
+        self.next_look = now + self.every_s
+
+
+def _key(plan: ThreadPlan) -> tuple[int, bool, bool]:
+    # "default" threads are the runtime's own choice (onnxruntime then also pins them): a different session
+    return plan.threads, plan.spinning, plan.threads_from == "default"

@@ -4,11 +4,30 @@ each CPU runtime reports back it was given (issue #25). Nothing here times anyth
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from edge.backends.threads import PIPELINE_STAGE_CPUS, CpuLoad, measure_load, parse_proc_stat, plan_threads, usable_cpus
+from edge.backends import threads as threads_mod
+from edge.backends.threads import (
+    PIPELINE_STAGE_CPUS,
+    QUIET_LOOKS,
+    SHARED_THRESHOLD,
+    CpuLoad,
+    LoadWatch,
+    Recheck,
+    RuntimeDefaults,
+    ThreadPlan,
+    measure_load,
+    parse_proc_stat,
+    physical_cores,
+    plan_threads,
+    usable_cpus,
+)
 from edge.errors import EdgeError
 
 
@@ -47,6 +66,113 @@ def test_an_explicit_option_always_wins() -> None:
     assert (no_spin.spinning, no_spin.spinning_from) == (False, "runtime")
 
 
+ORT = RuntimeDefaults(threads=2, spinning=True, what="onnxruntime's own")
+
+
+@pytest.mark.parametrize(
+    ("cpus", "others", "reserve", "threads", "threads_from", "spinning", "spinning_from"),
+    [
+        (2, 0.0, 0.0, 2, "default", True, "default"),  # idle: the runtime's own threads and spin-wait
+        (2, 0.2, 0.0, 2, "default", True, "default"),  # background noise below the threshold: still not shared
+        (2, 1.0, 0.0, 1, "policy", False, "policy"),  # one core busy: today's policy
+        (2, 0.0, 3 * PIPELINE_STAGE_CPUS, 2, "policy", False, "policy"),  # the pipeline's own stages share them
+        (1, 0.0, 0.0, 1, "policy", True, "default"),  # taskset to 1 CPU: its 2 threads would oversubscribe it
+        (8, 0.0, 0.0, 2, "default", True, "default"),  # SMT: its count (physical cores), not the logical CPUs
+    ],
+)
+def test_not_shared_takes_the_runtime_s_own_defaults(
+    cpus: int, others: float, reserve: float, threads: int, threads_from: str, spinning: bool, spinning_from: str
+) -> None:
+    plan = plan_threads(0, None, reserve=reserve, load=load(cpus, others), defaults=ORT)
+    assert (plan.threads, plan.threads_from, plan.spinning, plan.spinning_from) == (
+        threads,
+        threads_from,
+        spinning,
+        spinning_from,
+    )
+    assert ("the runtime's own defaults" in plan.reason) is (not plan.shared)
+
+
+def test_explicit_options_win_over_the_runtime_s_defaults() -> None:
+    plan = plan_threads(1, False, load=load(2, 0.0), defaults=ORT)
+    assert (plan.threads, plan.spinning, plan.threads_from, plan.spinning_from) == (1, False, "option", "option")
+    plan = plan_threads(4, None, load=load(2, 0.0), defaults=ORT)  # threads set, spin-wait left: the runtime's
+    assert (plan.threads, plan.spinning, plan.spinning_from) == (4, True, "default")
+    # without defaults (OpenVINO, LiteRT) nothing changes
+    assert plan_threads(0, None, load=load(2, 0.0), spin_option=False).threads_from == "policy"
+
+
+def test_hysteresis_threshold() -> None:
+    quiet = load(2, SHARED_THRESHOLD * 0.7)
+    assert not plan_threads(0, None, load=quiet, defaults=ORT).shared
+    assert plan_threads(0, None, load=quiet, defaults=ORT, shared_threshold=SHARED_THRESHOLD / 2).shared
+
+
+def plan(threads: int, spinning: bool, shared: bool = False) -> ThreadPlan:
+    return ThreadPlan(threads, spinning, "policy", "policy", shared, "", 2, 0.0, 0.0, None, "given")
+
+
+def test_recheck_waits_for_two_looks_and_a_gap() -> None:
+    idle, busy = plan(2, True), plan(1, False, shared=True)
+    r = Recheck(every_s=2.0, opened_at=0.0, cost_s=0.05)
+    assert r.next_look == 2.0
+    assert not r.decide(idle, idle, 2.0)  # nothing changed
+    assert not r.decide(idle, busy, 4.0)  # one look wants less: wait for a second
+    assert r.decide(idle, busy, 6.0)  # two in a row, 6 s >= 2.5 x 2 s since the session was made
+    r.rebuilt(6.1, cost_s=0.05)
+    assert r.threshold(busy) == SHARED_THRESHOLD / 2 and r.threshold(idle) == SHARED_THRESHOLD
+    # back to idle: a heavier plan (spin-wait on) waits for QUIET_LOOKS looks in a row
+    looks = [8.1 + 2 * i for i in range(QUIET_LOOKS)]
+    assert not any(r.decide(busy, idle, t) for t in looks[:-1])
+    assert r.decide(busy, idle, looks[-1])
+    # a look that changes its mind starts the count again
+    r.rebuilt(70.0, cost_s=0.05)
+    assert not r.decide(idle, busy, 80.0) and not r.decide(idle, plan(2, False, True), 82.0)
+    assert r.decide(idle, plan(2, False, True), 84.0)
+    # a quiet spell broken by one busy look starts the count again too
+    r.rebuilt(90.0, cost_s=0.05)
+    assert not any(r.decide(busy, idle, 92.0 + 2 * i) for i in range(QUIET_LOOKS - 1))
+    assert not r.decide(busy, busy, 200.0) and not r.decide(busy, idle, 202.0)
+
+
+def test_recheck_bounds_rebuilds_to_a_share_of_the_time() -> None:
+    r = Recheck(every_s=2.0, opened_at=0.0, cost_s=0.5)  # a session that takes 0.5 s to make: 50 s apart
+    idle, busy = plan(2, True), plan(1, False, shared=True)
+    assert not r.decide(idle, busy, 4.0) and not r.decide(idle, busy, 6.0)
+    assert not r.decide(idle, busy, 49.0) and r.decide(idle, busy, 51.0)
+
+
+def test_physical_cores_from_sysfs(tmp_path: Path) -> None:
+    def cpu(n: int, package: int, core: int | None) -> None:
+        d = tmp_path / f"cpu{n}"
+        d.mkdir()
+        if core is not None:  # an offline CPU has no topology
+            (d / "topology").mkdir()
+            (d / "topology" / "physical_package_id").write_text(f"{package}\n")
+            (d / "topology" / "core_id").write_text(f"{core}\n")
+
+    for n, (package, core) in enumerate([(0, 0), (0, 1), (0, 0), (0, 1), (1, 0), (1, 0)]):  # SMT siblings
+        cpu(n, package, core)
+    cpu(6, 1, None)
+    (tmp_path / "cpufreq").mkdir()
+    assert physical_cores(tmp_path) == 3
+    assert physical_cores(tmp_path / "missing") is None
+    assert physical_cores() is not None and 1 <= (physical_cores() or 0) <= (os.cpu_count() or 1)
+
+
+def test_load_watch_looks_back_without_sleeping() -> None:
+    watch = LoadWatch()
+    assert watch.works
+    spin = time.monotonic() + 0.3
+    while time.monotonic() < spin:  # this process's own work is not "elsewhere"
+        pass
+    t0 = time.monotonic()
+    got = watch.poll()
+    assert time.monotonic() - t0 < 0.05
+    assert got is not None and 0.0 <= got.others <= got.cpus == usable_cpus()
+    assert got.method.startswith("sampled /proc/stat over 0.")
+
+
 def test_measured_load_is_this_process_s_cpus() -> None:
     got = measure_load(0.05)
     assert got.cpus == len(os.sched_getaffinity(0)) == usable_cpus()
@@ -74,12 +200,12 @@ def test_proc_stat_counts_only_this_process_s_cpus() -> None:
 def test_onnxruntime_session_options_read_back(models: dict[str, Path]) -> None:
     from edge.backends.onnxruntime.run import OnnxRuntimeRunner
 
-    with OnnxRuntimeRunner(models["tiny"]) as r:
+    with OnnxRuntimeRunner(models["tiny"], options={"reserve_cpus": 0.1}) as r:  # shared: the policy's
         so = r._session.get_session_options()
         policy = r.info.details["threads_policy"]
         assert so.intra_op_num_threads == r.info.threads == policy["threads"] >= 1
         assert policy["threads_from"] == "policy" and policy["threads"] <= usable_cpus()
-        # onnxruntime's own default spins; edgekit's does not
+        # onnxruntime's own default spins; edgekit's does not where the CPUs are shared
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         assert so.get_session_config_entry("session.inter_op.allow_spinning") == "0"
         assert r.info.details["allow_spinning"] is False
@@ -91,6 +217,76 @@ def test_onnxruntime_session_options_read_back(models: dict[str, Path]) -> None:
         assert r._session.get_session_options().intra_op_num_threads == 1
     with pytest.raises(EdgeError, match="reserve_cpus must be a number"):
         OnnxRuntimeRunner(models["tiny"], options={"reserve_cpus": "all"})
+
+
+def idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load the runner sees when it opens: nothing busy elsewhere (this host is shared, so it is given)."""
+    quiet = CpuLoad(cpus=usable_cpus(), others=0.0, load_1m=None, method="given: idle")
+    monkeypatch.setattr(threads_mod, "current_load", lambda: quiet)
+
+
+def worker_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(physical_cores() is None or (physical_cores() or 0) > usable_cpus(), reason="needs every core")
+def test_idle_opened_onnxruntime_runs_the_runtime_s_own_defaults(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+
+    idle(monkeypatch)
+    before = worker_threads()
+    with OnnxRuntimeRunner(models["tiny"]) as r:
+        started = worker_threads() - before
+        so = r._session.get_session_options()
+        policy = r.info.details["threads_policy"]
+        assert (policy["threads_from"], policy["spinning_from"], policy["shared"]) == ("default", "default", False)
+        assert r.info.threads == policy["threads"] == physical_cores() and policy["spinning"] is True
+        assert r.info.details["allow_spinning"] is True and "the runtime's own defaults" in policy["reason"]
+        # nothing set: onnxruntime's own count (and affinities) and spin-wait, as a plain InferenceSession
+        assert so.intra_op_num_threads == 0
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            so.get_session_config_entry("session.intra_op.allow_spinning")
+        # and what it started is the count recorded: the calling thread and one worker per other core
+        assert started == r.info.threads - 1
+
+
+def test_onnxruntime_reopens_its_session_when_the_load_arrives(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened idle (spin-wait on), then one core taken by another process: within a second of looks every 0.1 s
+    the runner runs a session without spin-wait, and says so."""
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+
+    idle(monkeypatch)
+    with OnnxRuntimeRunner(models["tiny"], options={"load_recheck_s": 0.1}) as r:
+        assert r.info.details["threads_policy"]["spinning"] is True
+        busy = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+        try:
+            x = {r.inputs[0].name: np.zeros(r.inputs[0].shape, dtype=np.float32)}
+            stop = time.monotonic() + 10
+            while time.monotonic() < stop and not r.info.details["threads_policy"]["replans"]:
+                r.infer(x)
+        finally:
+            busy.kill()
+            busy.wait()
+        policy = r.info.details["threads_policy"]
+        assert len(policy["replans"]) == 1, policy
+        replan = policy["replans"][0]
+        assert replan["spinning"] is False and replan["shared"] and replan["others"] >= SHARED_THRESHOLD
+        assert replan["cost_ms"] > 0 and replan["after_s"] >= 0.25  # 2.5 looks at least
+        assert (policy["spinning"], policy["spinning_from"], r.info.details["allow_spinning"]) == (
+            False,
+            "policy",
+            False,
+        )
+        assert r.info.threads == policy["threads"] == r._session.get_session_options().intra_op_num_threads
+        assert r._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with OnnxRuntimeRunner(models["tiny"], options={"intra_op_num_threads": 1, "allow_spinning": False}) as r:
+        assert r.info.details["threads_policy"]["recheck_s"] is None  # nothing left to the policy: no looks
+    with OnnxRuntimeRunner(models["tiny"], options={"load_recheck_s": 0}) as r:
+        assert r.info.details["threads_policy"]["recheck_s"] is None
 
 
 def test_openvino_threads_and_pinning_read_back(models: dict[str, Path]) -> None:

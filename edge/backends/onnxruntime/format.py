@@ -47,9 +47,18 @@ class OnnxRuntimeOptions:
     )
     allow_spinning: bool | None = spec(
         None,
-        doc="thread-pool threads busy-wait for work between ops (true, onnxruntime's own default: lower latency "
-        "on an idle machine) or sleep (false, edgekit's default: the core goes back to the rest of the "
-        "device); session.intra_op/inter_op.allow_spinning",
+        doc="thread-pool threads busy-wait for work between ops (true: lower latency on an idle machine) or "
+        "sleep (false: the core goes back to the rest of the device); unset (default): edgekit's choice, "
+        "onnxruntime's own (on) where nothing else shares the CPUs, off where something does; "
+        "session.intra_op/inter_op.allow_spinning",
+    )
+    load_recheck_s: float = spec(
+        2.0,
+        ge=0,
+        le=3600,
+        doc="seconds between two looks at the CPU load while the runner runs, where threads or spin-wait are "
+        "edgekit's choice: when the choice changes (the device turned busy or idle), the session is opened "
+        "again with it (bounded: at most 1% of the time); 0 = decide once, when opened",
     )
 
     def invalid(self) -> tuple[str, str] | None:

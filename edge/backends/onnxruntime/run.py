@@ -7,6 +7,9 @@ CPU; the runner therefore reads ``session.get_providers()`` after creation.
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -15,7 +18,17 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
 from edge.backends.onnxruntime.format import OnnxRuntimeOptions
 from edge.backends.runner import Runner, RunnerInfo
-from edge.backends.threads import plan_threads, reserve_option
+from edge.backends.threads import (
+    SHARED_THRESHOLD,
+    CpuLoad,
+    LoadWatch,
+    Recheck,
+    RuntimeDefaults,
+    ThreadPlan,
+    physical_cores,
+    plan_threads,
+    reserve_option,
+)
 from edge.capabilities import CpuIsa, Requirement, cpu_isa
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
@@ -60,43 +73,34 @@ class OnnxRuntimeRunner(Runner):
                 hint="install the onnxruntime build for that provider, e.g. onnxruntime-gpu or onnxruntime-openvino",
             )
         mode, inter, spinning = _threading(opts)
-        plan = plan_threads(_thread_option(opts), spinning, reserve=reserve_option(self.name, opts))
-        threads = plan.threads
         level = opts.get("graph_optimization_level", "all")
         if level not in _LEVELS:
             raise EdgeError(f"graph_optimization_level must be one of {', '.join(_LEVELS)}, got {level!r}")
         quant_precision, quant_why = x64_quant_precision(opts.get("x64_quant_precision", "auto"), cpu_isa())
-
-        # Measured on an AMD EPYC (Zen 2, AVX2 only): U8S8 QDQ models lost top-1 agreement (75%) and
-        # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates; hence u8u8 there. On a VNNI CPU
-        # onnxruntime still rewrites every weight to U8 when asked (the U8S8 and U8U8 dispatch tables
-        # differ there too): u8u8 was 1.3-1.8x slower than its exact u8s8 (x64_quant_precision, "auto").
-        def session_options(x64_quant: bool) -> Any:
-            so = ort.SessionOptions()
-            so.log_severity_level = 3
-            so.intra_op_num_threads = threads
-            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
-            so.add_session_config_entry("session.x64quantprecision", "1" if x64_quant else "0")
-            so.execution_mode = (
-                ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
-            )
-            so.inter_op_num_threads = inter
-            spin = "1" if plan.spinning else "0"
-            so.add_session_config_entry("session.intra_op.allow_spinning", spin)
-            so.add_session_config_entry("session.inter_op.allow_spinning", spin)
-            return so
-
-        try:
-            self._session = ort.InferenceSession(str(self.artifact), session_options(quant_precision), providers=usable)
-        except Exception as e:
-            # x64quantprecision rewrites U8S8 weights to U8; onnxruntime has no U8U8 kernel for some QOperator ops
-            # (QGemm of an already-quantized model): such a graph runs with the rewrite off, recorded in details
-            if not (quant_precision and "NOT_IMPLEMENTED" in str(e) and "com.microsoft.Q" in str(e)):
-                raise EdgeError(
-                    f"onnxruntime could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}"
-                ) from e
-            quant_precision, quant_why = False, "no u8u8 kernel for an integer op of this graph: u8s8"
-            self._session = ort.InferenceSession(str(self.artifact), session_options(False), providers=usable)
+        self._spec = _SessionSpec(
+            path=str(self.artifact),
+            providers=usable,
+            level=level,
+            mode=mode,
+            inter=inter,
+            quant_precision=quant_precision,
+            quant_why=quant_why,
+            threads=_thread_option(opts),
+            spinning=spinning,
+            reserve=reserve_option(self.name, opts),
+        )
+        plan = self._spec.plan()
+        self._opened_at = time.monotonic()
+        self._session = self._spec.open(plan)
+        self._watching: tuple[LoadWatch, Recheck] | None = None
+        self._looking = threading.Lock()  # one look at a time where threads share this runner
+        self._replans: list[dict[str, Any]] = []
+        every = float(self.typed_options.load_recheck_s)
+        if every > 0 and (plan.threads_from != "option" or plan.spinning_from != "option"):
+            watch = LoadWatch()
+            if watch.works:  # no /proc/stat: decided once
+                now = time.monotonic()
+                self._watching = (watch, Recheck(every, now, now - self._opened_at))
         used = self._session.get_providers()
         fallback = None
         if used[0] != wanted[0]:
@@ -109,7 +113,7 @@ class OnnxRuntimeRunner(Runner):
             device_requested=wanted[0],
             device_used=used[0],
             precision_used=_precision_used(self.precision),
-            threads=threads,
+            threads=plan.threads,
             fallback=fallback,
             details={
                 "providers": used,
@@ -117,18 +121,149 @@ class OnnxRuntimeRunner(Runner):
                 "execution_mode": mode,
                 "inter_op_num_threads": inter or None,
                 "allow_spinning": plan.spinning,
-                "threads_policy": plan.to_json(),
-                **_int8_kernel(self.precision, quant_precision, quant_why),
+                "threads_policy": self._policy_json(plan),
+                **_int8_kernel(self.precision, self._spec.quant_precision, self._spec.quant_why),
             },
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)
+        watching = self._watching
+        if watching is not None and time.monotonic() >= watching[1].next_look and self._looking.acquire(False):
+            try:
+                self._look_at_load(*watching)
+            finally:
+                self._looking.release()
         return dict(zip(self._output_names, self._session.run(self._output_names, feeds)))
+
+    def _look_at_load(self, watch: LoadWatch, recheck: Recheck) -> None:
+        """Between two inferences: the plan the load calls for now, and the session re-created with it when
+        ``Recheck`` says so (the cost recorded in ``threads_policy.replans``)."""
+        current = self._spec.current
+        load = watch.poll()
+        now = time.monotonic()
+        if load is None:
+            recheck.next_look = now + recheck.every_s
+            return
+        candidate = self._spec.plan(load, shared_threshold=recheck.threshold(current))
+        if not recheck.decide(current, candidate, now):
+            return
+        session = self._spec.open(candidate)
+        cost = time.monotonic() - now
+        self._session = session
+        recheck.rebuilt(time.monotonic(), cost)
+        self._replans.append(
+            {
+                "after_s": round(now - self._opened_at, 1),
+                "threads": candidate.threads,
+                "spinning": candidate.spinning,
+                "shared": candidate.shared,
+                "others": round(candidate.others, 2),
+                "cost_ms": round(cost * 1000, 1),
+            }
+        )
+        del self._replans[:-_MAX_REPLANS_KEPT]
+        details = {
+            **self.info.details,
+            "allow_spinning": candidate.spinning,
+            "threads_policy": self._policy_json(candidate),
+        }
+        self.info = replace(self.info, threads=candidate.threads, details=details)
+
+    def _policy_json(self, plan: ThreadPlan) -> dict[str, Any]:
+        """The plan now, with how the load is re-checked and the sessions re-created so far."""
+        out = plan.to_json()
+        out["recheck_s"] = self._watching[1].every_s if self._watching is not None else None
+        out["replans"] = list(self._replans)
+        return out
 
     def close(self) -> None:
         self._session = None
+        self._watching = None
         super().close()
+
+
+_MAX_REPLANS_KEPT = 20
+
+
+@dataclass
+class _SessionSpec:
+    """Everything a session of this runner is opened with but the thread plan, kept to open it again."""
+
+    path: str
+    providers: list[str]
+    level: str
+    mode: str
+    inter: int
+    quant_precision: bool
+    quant_why: str
+    threads: int  # 0: the policy's
+    spinning: bool | None  # None: the policy's
+    reserve: float
+    current: ThreadPlan = field(init=False)
+
+    def plan(self, load: CpuLoad | None = None, shared_threshold: float = SHARED_THRESHOLD) -> ThreadPlan:
+        return plan_threads(
+            self.threads,
+            self.spinning,
+            reserve=self.reserve,
+            load=load,
+            defaults=_ort_defaults(),
+            shared_threshold=shared_threshold,
+        )
+
+    def open(self, plan: ThreadPlan) -> Any:
+        """An ``InferenceSession`` with ``plan``'s threads and spin-wait (the runtime's own where the plan took
+        its defaults: nothing set, as a plain session)."""
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(
+                self.path, self._options(plan, self.quant_precision), providers=self.providers
+            )
+        except Exception as e:
+            # x64quantprecision rewrites U8S8 weights to U8; onnxruntime has no U8U8 kernel for some QOperator ops
+            # (QGemm of an already-quantized model): such a graph runs with the rewrite off, recorded in details
+            if not (self.quant_precision and "NOT_IMPLEMENTED" in str(e) and "com.microsoft.Q" in str(e)):
+                raise EdgeError(f"onnxruntime could not load {self.path}: {type(e).__name__}: {str(e)[:300]}") from e
+            self.quant_precision, self.quant_why = False, "no u8u8 kernel for an integer op of this graph: u8s8"
+            session = ort.InferenceSession(self.path, self._options(plan, False), providers=self.providers)
+        self.current = plan
+        return session
+
+    def _options(self, plan: ThreadPlan, x64_quant: bool) -> Any:
+        # Measured on an AMD EPYC (Zen 2, AVX2 only): U8S8 QDQ models lost top-1 agreement (75%) and
+        # accuracy that a VNNI Xeon kept, because vpmaddubsw saturates; hence u8u8 there. On a VNNI CPU
+        # onnxruntime still rewrites every weight to U8 when asked (the U8S8 and U8U8 dispatch tables
+        # differ there too): u8u8 was 1.3-1.8x slower than its exact u8s8 (x64_quant_precision, "auto").
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if plan.threads_from != "default":  # 0: onnxruntime's own count, and its thread affinities
+            so.intra_op_num_threads = plan.threads
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[self.level])
+        so.add_session_config_entry("session.x64quantprecision", "1" if x64_quant else "0")
+        so.execution_mode = (
+            ort.ExecutionMode.ORT_PARALLEL if self.mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+        )
+        so.inter_op_num_threads = self.inter
+        if plan.spinning_from != "default":  # unset: onnxruntime's own (on)
+            spin = "1" if plan.spinning else "0"
+            so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+            so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        return so
+
+
+def _ort_defaults() -> RuntimeDefaults | None:
+    """onnxruntime's own choice for a session given no thread count and no spin-wait setting: one intra-op thread
+    per physical core of the machine (its affinity mask is not consulted: measured, 1.32, under ``taskset -c 0``
+    on 2 cores it still started 2), pinned, spin-wait on (onnxruntime's threading docs). None where the core count
+    cannot be read: then the policy decides."""
+    cores = physical_cores()
+    if cores is None:
+        return None
+    return RuntimeDefaults(cores, True, "onnxruntime's own: one thread per physical core, pinned, spin-wait on")
 
 
 def _thread_option(opts: Mapping[str, Any]) -> int:
