@@ -127,9 +127,10 @@ ISA_FLAGS = (
     "amx_bf16",
     "amx_fp16",  # x86-64
     "asimddp",
+    "asimdhp",
     "i8mm",
     "bf16",
-    "sve",  # aarch64: dot product, int8 matmul, bf16, SVE
+    "sve",  # aarch64: dot product, fp16 arithmetic, int8 matmul, bf16, SVE
 )
 
 
@@ -149,6 +150,12 @@ class CpuIsa:
         saturate: U8S8 int8 models can compute something else than on a VNNI CPU.
         """
         return bool(self.flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+
+    @property
+    def native_fp16(self) -> bool:
+        """fp16 arithmetic in the vector unit (AVX512-FP16, AMX-FP16, ARM's FEAT_FP16 ``asimdhp``); F16C only
+        converts, so XNNPack's fp16 on such an x86 CPU would compute in f32 around conversions."""
+        return bool(self.flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
 
     @property
     def native_bf16(self) -> bool:

@@ -395,6 +395,16 @@ class PrecisionTrial:
 
 
 @dataclass(frozen=True)
+class SkippedTrial:
+    """A faster compute precision not tried where the bundle was built, and why (``edge.pipeline.precision_trial``):
+    no evidence, so the bundle computes in its own precision everywhere."""
+
+    compute: str = spec(pattern=ID)  # "fp16"
+    runner: str = spec(pattern=ID)  # "litert"
+    reason: str = spec(**_TEXT)
+
+
+@dataclass(frozen=True)
 class Divergence:
     """The first source node whose output differs in the converted graph (``edge.graph.divergence``)."""
 
@@ -426,6 +436,7 @@ class ParityEvidence:
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
     first_divergence: Divergence | None = None  # on a failure: where the converted graph starts to differ
     precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
+    precision_trials_skipped: tuple[SkippedTrial, ...] = spec((), max_items=8)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from edge.errors import (
     TargetError,
 )
 from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
-from edge.pipeline.precision_trial import try_fast_precision
+from edge.pipeline.precision_trial import skip_xnnpack_fp16, try_fast_precision
 from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
@@ -482,6 +482,7 @@ def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference:
         parity_opts=job.parity_opts,
         say=job.say,
     )
+    skip_xnnpack_fp16(job.plan.precision, manifest, job.say)
 
 
 def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report: Any) -> None:

@@ -13,6 +13,13 @@ whose CPU lists BF16 computes in bf16 and every other CPU in f32. The device's r
 (``edge.verify.refpairs``) compares its own bf16 outputs with the reference on first load, at the same
 bf16 limits. Where this host cannot compute bf16 nothing is tried and the bundle stays f32 everywhere:
 no evidence, no bf16. An explicit ``inference_precision`` (profile, tuned overlay) is never changed.
+
+The same idea for LiteRT's XNNPack in fp16 (:func:`skip_xnnpack_fp16`): fp16 compute pays only where the CPU
+has fp16 arithmetic (ARM FEAT_FP16 ``asimdhp``, x86 AVX512-FP16/AMX-FP16); elsewhere (an x86 CPU with F16C
+only converts) the trial is not run and the manifest says why (``parity.precision_trials_skipped``). Where the
+CPU has it, ai-edge-litert's ``Interpreter`` (the runner's API) still cannot ask XNNPack for fp16 (FORCE_FP16 is
+a ``CompiledModel`` CPU option only), and the record says that instead. onnxruntime's int8 setting
+(``x64_quant_precision``) needs no trial: u8s8 and u8u8 compute the same where the runner picks u8s8 (VNNI/AMX).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from edge.bundle.bundle import Bundle
+from edge.capabilities import CpuIsa, cpu_isa
 from edge.errors import EdgeError
 
 #: bundle precisions whose OpenVINO CPU default the trial may change (int8 already runs in the device's default)
@@ -106,3 +114,39 @@ def try_fast_precision(
     else:
         say("bf16 failed parity (" + "; ".join(report.failures()[:3]) + "): the bundle stays f32 on CPUs")
     return trial
+
+
+#: bundle precisions whose LiteRT CPU run could compute in fp16 instead of f32
+FP16_TRIAL_PRECISIONS = ("fp32", "fp16")
+
+
+def xnnpack_fp16_skip(runner: str, precision: str, isa: CpuIsa) -> str | None:
+    """Why the XNNPack fp16 trial is not run for a ``runner`` bundle of ``precision`` on a CPU ``isa``; None when it
+    does not apply (another runner, an int8 bundle)."""
+    if runner != "litert" or precision not in FP16_TRIAL_PRECISIONS:
+        return None
+    if not isa.known:
+        return "this host's CPU flags are not readable: no fp16 arithmetic to rely on"
+    if not isa.native_fp16:
+        return (
+            f"this CPU has no fp16 arithmetic ({isa.describe()}: no asimdhp, avx512_fp16 or amx_fp16): XNNPack "
+            "would compute f32 around conversions, no faster"
+        )
+    return (
+        f"this CPU has fp16 arithmetic ({isa.describe()}), but ai-edge-litert's Interpreter, the runner's API, "
+        "cannot ask XNNPack for fp16 (FORCE_FP16 is a CompiledModel CPU option only): not tried"
+    )
+
+
+def skip_xnnpack_fp16(
+    precision: str, manifest: dict[str, Any], say: Callable[[str], None], isa: CpuIsa | None = None
+) -> str | None:
+    """Record in ``manifest`` why the XNNPack fp16 trial is not run on this host, where it applies; the reason."""
+    why = xnnpack_fp16_skip(manifest["runner"]["name"], precision, isa or cpu_isa())
+    if why is None:
+        return None
+    parity = manifest.get("parity")
+    if isinstance(parity, dict):  # a bundle with no parity record (skipped) carries no trial either
+        parity.setdefault("precision_trials_skipped", []).append({"compute": "fp16", "runner": "litert", "reason": why})
+    say(f"fp16 trial not run: {why}")
+    return why

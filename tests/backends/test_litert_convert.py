@@ -115,6 +115,19 @@ def test_arm_xnnpack_every_precision(
         assert y.dtype == np.float32 and y.shape == (1, 10)
 
 
+def test_fp16_trial_skip_is_recorded_from_this_cpu(convert_tiny: Callable[..., Any]) -> None:
+    """An arm-xnnpack float bundle says why XNNPack fp16 was not tried here, from what this CPU reports."""
+    from edge.capabilities import cpu_isa
+    from edge.pipeline.precision_trial import xnnpack_fp16_skip
+
+    b, _ = convert_tiny("arm-xnnpack", "fp32")
+    (skipped,) = b.manifest["parity"]["precision_trials_skipped"]
+    assert skipped == {"compute": "fp16", "runner": "litert", "reason": xnnpack_fp16_skip("litert", "fp32", cpu_isa())}
+    expected = "has fp16 arithmetic" if cpu_isa().native_fp16 else "no fp16 arithmetic"
+    assert expected in skipped["reason"]
+    assert "precision_trials_skipped" not in convert_tiny("arm-xnnpack", "int8")[0].manifest["parity"]
+
+
 def test_int8_details(convert_tiny: Callable[..., Any]) -> None:
     b, progress = convert_tiny("arm-xnnpack", "int8")
     d = b.manifest["chain"][0]["details"]

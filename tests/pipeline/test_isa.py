@@ -51,7 +51,8 @@ def test_cpuinfo_of_both_x86_kinds_and_arm() -> None:
         "amx_int8",
     }
     assert spr.int8_dot_product and spr.native_bf16
-    assert arm.flags == {"asimddp"} and arm.int8_dot_product and not arm.native_bf16
+    assert arm.flags == {"asimddp", "asimdhp"} and arm.int8_dot_product and not arm.native_bf16
+    assert arm.native_fp16 and not zen2.native_fp16 and not spr.native_fp16  # F16C or AMX-BF16 are not fp16 math
     assert not parse_cpuinfo("").known and "unknown" in parse_cpuinfo("").describe()
 
 

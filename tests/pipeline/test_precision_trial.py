@@ -12,8 +12,9 @@ import pytest
 from edge.backends.openvino.format import ov_core
 from edge.backends.openvino.run import OpenVINORunner, fast_cpu_precision, optimization_capabilities
 from edge.bundle.bundle import Bundle
+from edge.capabilities import cpu_isa, parse_cpuinfo
 from edge.pipeline import convert
-from edge.pipeline.precision_trial import trial_wanted, try_fast_precision
+from edge.pipeline.precision_trial import skip_xnnpack_fp16, trial_wanted, try_fast_precision, xnnpack_fp16_skip
 from edge.pipeline.request import ConvertRequest
 from edge.verify.refpairs import check_reference_pairs
 
@@ -109,3 +110,36 @@ def test_bf16_that_fails_parity_keeps_f32(models: dict[str, Path], tmp_path: Pat
     assert "inference_precision" not in manifest["runner"]["options"]
     assert manifest["parity"]["precision_trials"] == [trial] and any("stays f32" in s for s in said)
     assert Bundle(b.path, manifest).info.parity is not None  # the manifest schema takes what was recorded
+
+
+EPYC_F16C = parse_cpuinfo("model name\t: AMD EPYC 9R14\nflags\t\t: f16c avx2 avx512f avx512_vnni avx512_bf16\n")
+SPR_FP16 = parse_cpuinfo("model name\t: Intel Xeon\nflags\t\t: f16c avx2 avx512f avx512_fp16 amx_fp16\n")
+PI5 = parse_cpuinfo(
+    "processor\t: 0\nFeatures\t: fp asimd fphp asimdhp asimddp\nCPU implementer\t: 0x41\nCPU part\t: 0xd0b\n"
+)
+
+
+def test_xnnpack_fp16_trial_is_skipped_with_the_cpu_s_reason() -> None:
+    """fp16 compute only where the CPU has fp16 arithmetic; the reason says which CPU and what it lacks."""
+    assert xnnpack_fp16_skip("openvino", "fp32", EPYC_F16C) is None  # not a LiteRT bundle
+    assert xnnpack_fp16_skip("litert", "int8", EPYC_F16C) is None  # int8 computes in int8
+    no_fp16 = xnnpack_fp16_skip("litert", "fp32", EPYC_F16C)
+    assert no_fp16 is not None and "no fp16 arithmetic" in no_fp16 and "AMD EPYC 9R14" in no_fp16
+    for isa in (SPR_FP16, PI5):  # fp16 arithmetic: the runner's API is what stops it, and it says so
+        why = xnnpack_fp16_skip("litert", "fp16", isa)
+        assert why is not None and "has fp16 arithmetic" in why and "CompiledModel" in why
+    assert "not readable" in (xnnpack_fp16_skip("litert", "fp32", parse_cpuinfo("")) or "")
+
+
+def test_the_skip_is_recorded_in_the_manifest() -> None:
+    said: list[str] = []
+    manifest = {"runner": {"name": "litert"}, "parity": {"passed": True}}
+    why = skip_xnnpack_fp16("fp32", manifest, said.append, EPYC_F16C)
+    assert manifest["parity"]["precision_trials_skipped"] == [{"compute": "fp16", "runner": "litert", "reason": why}]
+    assert said == [f"fp16 trial not run: {why}"]
+    untouched = {"runner": {"name": "onnxruntime"}, "parity": {"passed": True}}
+    assert (
+        skip_xnnpack_fp16("fp32", untouched, said.append, EPYC_F16C) is None
+        and "precision_trials_skipped" not in untouched["parity"]
+    )
+    assert cpu_isa().native_fp16 in (True, False)  # this host's answer is read, whatever it is
