@@ -18,7 +18,7 @@ from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
 from edge.tune.overlay import read_overlay
-from edge.tune.search import Schedule, TuneOptions, choose, tune
+from edge.tune.search import Schedule, TuneOptions, choose, ranked_trials, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
 from tests.cli.test_cli_errors import build_outlier_model
 from tests.conftest import assert_user_error, run_cli
@@ -149,6 +149,12 @@ def test_trial_failing_parity_is_reported_never_chosen(outlier_run: tuple[Path, 
     assert r.winner is not None and r.winner["parity"]["passed"] is True  # ... but never chosen
     assert r.winner["id"] not in {t["id"] for t in off}
     assert r.winner["status"] == "chosen" and sum(t["status"] == "chosen" for t in r.trials) == 1
+    # int8 that passes (the mixed-precision search kept the outlier float) is measured and ranked by speed with
+    # fp32 at the first rung: the winner is the fastest trial that passed, whichever precision it is (issue #25)
+    first = min((k for t in r.trials for k in t["rungs"]), key=lambda k: int(k.partition(":")[0]))
+    ranked = ranked_trials(r.trials, first, None, "latency")
+    assert {t["precision"] for t in ranked} == {"fp32", "int8"}
+    assert all(t["parity"]["passed"] is True for t in ranked) and not {t["id"] for t in off} & {t["id"] for t in ranked}
     data = r.to_json()
     assert set(data["pareto"]) <= {t["id"] for t in r.trials if t["parity"]["passed"] is True}
     assert data["winner"]["id"] == r.winner["id"]
