@@ -3,9 +3,10 @@
 
 Per host runtime, the same artifact (the bundle's own file) is run two ways in one process:
 
-  onnxruntime  edgekit: the x86-cpu bundle's runner (edgekit's thread policy: threads = the cores other work
-               leaves, spin-wait off);  plain: ``onnxruntime.InferenceSession(path)``, nothing set (one thread
-               per physical core, spin-wait on)
+  onnxruntime  edgekit: the x86-cpu bundle's runner (edgekit's thread policy: onnxruntime's own defaults where
+               nothing else shares the CPUs; the cores other work leaves, spin-wait off where something
+               does);  plain: ``onnxruntime.InferenceSession(path)``, nothing set (one thread per physical
+               core, pinned, spin-wait on)
   openvino     edgekit: the intel-igpu bundle's runner (GPU absent: CPU; bf16 where the build's bf16 parity
                trial passed, f32 otherwise; threads by the policy, unpinned when shared);  plain:
                ``Core().compile_model(xml, "CPU")`` with no config (the plugin's defaults: LATENCY, bf16 on a
@@ -13,19 +14,26 @@ Per host runtime, the same artifact (the bundle's own file) is run two ways in o
                and one ``InferRequest.infer`` per frame
   litert       edgekit: the arm-xnnpack bundle's runner (XNNPack, threads by the policy);  plain:
                ``Interpreter(model_path)`` (XNNPack applied by default, ``num_threads=None``), set_tensor /
-               invoke / get_tensor
+               invoke / get_tensor on inputs already in the .tflite's NHWC layout. edgekit's ``infer`` takes
+               the ONNX layout (NCHW) and converts; its ``infer_native`` takes what plain takes, and is timed
+               too ("native ratio": the inference alone)
 
 in two conditions: idle, and with one core kept busy by a child ``python -c 'while 1: pass'``. Each side
 is opened in its condition (the policy looks at the machine when a runner is opened, as on a device),
 timed in blocks interleaved A B, B A, ... (``_common.interleaved``), and the conditions alternate round
-by round. Reported: per model, runtime and condition, the median latency of each side over all rounds
-and the ratio edgekit / plain (goal: <= 1.0). The load average is printed before and after.
+by round. Reported, one table: per model, runtime and condition, the median latency of each side over all
+rounds, the ratio edgekit / plain (goal: <= 1.0) and per round, what edgekit chose (threads, spin-wait,
+where from), and the load: the 1-minute load average and the cores busy elsewhere edgekit's policy measured
+when it opened the runner (the busy child included). ``uptime`` is printed before and after.
 
 Models: the corpus's conv nets (PP-OCR cls and det, ddddocr's YOLOX det; ``tests/corpus.py``) and
 YOLOv8n-320 (``examples/fetch_pretrained.py --model yolov8n-320``, optional), those present.
 
     .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd            # builds bundles once
     .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd --rounds 3 --block 15 --models yolov8n-320
+
+With the defaults (3 rounds x 2 blocks of 15, 4 models, 3 runtimes) it takes about 5 minutes on the 2-core
+host once the bundles exist.
 """
 
 from __future__ import annotations
@@ -125,24 +133,84 @@ def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> d
         runner = bundle.open_runner()
         try:
             plain, res = plain_side(runtime, artifact_of(bundle, runtime), feeds)
-            got = C.interleaved(
-                {"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())}, block * blocks, block=block, warmup=5
-            )
-            threads = runner.info.threads
-            policy = runner.info.details.get("threads_policy", {})
-            precision = runner.info.precision_used
+            calls: dict[str, Any] = {"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())}
+            if hasattr(runner, "infer_native"):  # LiteRT: the same inference on inputs in the .tflite's layout
+                rng = np.random.default_rng(0)
+                native = {s.name: rng.random(s.shape, dtype=np.float32).astype(s.dtype) for s in runner.native_inputs}
+                calls["native"] = (runner.infer_native, (native,))
+            got = C.interleaved(calls, block * blocks, block=block, warmup=5)
+            load_1m = os.getloadavg()[0]
+            info = runner.info
         finally:
             runner.close()
             del res
+    policy = info.details.get("threads_policy", {})
     spinning = None if policy.get("spinning_from") == "runtime" else policy.get("spinning")
     return {
         "edgekit": got["edgekit"],
         "plain": got["plain"],
-        "threads": threads,
-        "precision": precision,
+        "native": got.get("native"),
+        "threads": info.threads,
+        "threads_from": policy.get("threads_from"),
+        "precision": info.precision_used,
         "spinning": spinning,
+        "spinning_from": policy.get("spinning_from"),
         "others": policy.get("others"),
+        "load_1m": load_1m,
+        "replans": len(policy.get("replans") or []),
     }
+
+
+def chose(info: dict[str, Any]) -> str:
+    """What edgekit ran with: '2 thr (default), spin on (default), bf16'."""
+    spin = {True: "on", False: "off", None: "n/a"}[info["spinning"]]
+    where = f" ({info['spinning_from']})" if info["spinning"] is not None else ""
+    replans = f", {info['replans']} replan(s)" if info["replans"] else ""
+    return f"{info['threads']} thr ({info['threads_from']}), spin {spin}{where}, {info['precision']}{replans}"
+
+
+def summarise(samples: dict[tuple[str, str, str], dict[str, list]]) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """(table rows, JSON results) from every round's samples."""
+    rows, out = [], []
+    for (m, rt, cond), s in samples.items():
+        e, q = np.concatenate(s["edgekit"]), np.concatenate(s["plain"])
+        ratio = float(np.median(e) / np.median(q))
+        per_round = [float(np.median(a) / np.median(b)) for a, b in zip(s["edgekit"], s["plain"])]
+        native = None
+        if all(n is not None for n in s["native"]):
+            native = float(np.median(np.concatenate(s["native"])) / np.median(q))
+        info = s["info"]
+        loads = [i["load_1m"] for i in info]
+        others = [i["others"] for i in info if i["others"] is not None]
+        rows.append(
+            [
+                m,
+                rt,
+                cond,
+                f"{np.median(e):.2f}",
+                f"{np.median(q):.2f}",
+                f"{ratio:.2f}",
+                " ".join(f"{x:.2f}" for x in per_round),
+                "-" if native is None else f"{native:.2f}",
+                f"{min(loads):.1f}-{max(loads):.1f}",
+                f"{min(others):.2f}-{max(others):.2f}" if others else "-",
+                chose(info[-1]),
+            ]
+        )
+        out.append(
+            {
+                "model": m,
+                "runtime": rt,
+                "condition": cond,
+                "edgekit_p50_ms": float(np.median(e)),
+                "plain_p50_ms": float(np.median(q)),
+                "ratio": ratio,
+                "ratio_per_round": per_round,
+                "native_ratio": native,
+                "edgekit": info,
+            }
+        )
+    return rows, out
 
 
 def main() -> int:
@@ -175,42 +243,14 @@ def main() -> int:
             time.sleep(2.5)  # edge.backends.threads reuses a load sample for 2 s: let the last condition's expire
             for (m, rt), b in bundles.items():
                 got = measure(b, rt, busy, args.block, args.blocks)
-                s = samples.setdefault((m, rt, "busy" if busy else "idle"), {"edgekit": [], "plain": [], "info": []})
-                s["edgekit"].append(got["edgekit"])
-                s["plain"].append(got["plain"])
-                s["info"].append({k: got[k] for k in ("threads", "precision", "spinning", "others")})
-    rows, out = [], []
-    for (m, rt, cond), s in samples.items():
-        e, q = np.concatenate(s["edgekit"]), np.concatenate(s["plain"])
-        ratio = float(np.median(e) / np.median(q))
-        per_round = [float(np.median(a) / np.median(b)) for a, b in zip(s["edgekit"], s["plain"])]
-        last = s["info"][-1]
-        rows.append(
-            [
-                m,
-                rt,
-                cond,
-                f"{np.median(e):.2f}",
-                f"{np.median(q):.2f}",
-                f"{ratio:.2f}",
-                " ".join(f"{x:.2f}" for x in per_round),
-                last["threads"],
-                last["precision"],
-                {True: "on", False: "off", None: "-"}[last["spinning"]],
-            ]
-        )
-        out.append(
-            {
-                "model": m,
-                "runtime": rt,
-                "condition": cond,
-                "edgekit_p50_ms": float(np.median(e)),
-                "plain_p50_ms": float(np.median(q)),
-                "ratio": ratio,
-                "ratio_per_round": per_round,
-                "edgekit": s["info"],
-            }
-        )
+                s = samples.setdefault(
+                    (m, rt, "busy" if busy else "idle"), {"edgekit": [], "plain": [], "native": [], "info": []}
+                )
+                for side in ("edgekit", "plain", "native"):
+                    s[side].append(got.pop(side))
+                s["info"].append(got)
+    rows, out = summarise(samples)
+    rows.sort(key=lambda row: (row[2] != "idle", list(CONV_NETS).index(row[0]), list(TARGETS).index(row[1])))
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(
         C.table(
@@ -218,17 +258,20 @@ def main() -> int:
                 "model",
                 "runtime",
                 "cond",
-                "edgekit p50 ms",
-                "plain p50 ms",
+                "edgekit ms",
+                "plain ms",
                 "ratio",
                 "per round",
-                "threads",
-                "precision",
-                "spin",
+                "native ratio",
+                "load 1m",
+                "busy elsewhere",
+                "edgekit ran with",
             ],
             rows,
             title=f"edgekit default vs runtime defaults ({args.rounds} rounds x {args.blocks} blocks of "
-            f"{args.block}, interleaved; ratio = edgekit / plain, goal <= 1.0)",
+            f"{args.block}, interleaved; p50; ratio = edgekit / plain, goal <= 1.0; native ratio: LiteRT's "
+            "infer_native, inputs in the .tflite layout as plain's; busy elsewhere: cores, as edgekit's policy "
+            "measured them when opening, the busy child included)",
         )
     )
     C.log("uptime after: " + after)
