@@ -53,8 +53,29 @@ def hard_swish_silu_net() -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
-def _int8(tmp_path: Path, **options: object):  # type: ignore[no-untyped-def]
-    model = hard_swish_silu_net()
+def conv_transpose_net() -> onnx.ModelProto:
+    """conv -> transposed conv (upsampling, as PP-OCR's detector head): the quantizer has a QDQ rule for
+    ConvTranspose, onnxruntime's CPU provider no int8 kernel or fusion for it."""
+    rng = np.random.default_rng(2)
+    w1 = nh.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w1")
+    wt = nh.from_array((rng.standard_normal((4, 4, 2, 2)) * 0.3).astype(np.float32), "wt")
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        h.make_node("ConvTranspose", ["r1", "wt"], ["y"], name="up", strides=[2, 2]),
+    ]
+    g = h.make_graph(
+        nodes,
+        "up",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 32, 32])],
+        [w1, wt],
+    )
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def _int8(tmp_path: Path, model: onnx.ModelProto | None = None, **options: object):  # type: ignore[no-untyped-def]
+    model = model or hard_swish_silu_net()
     src = tmp_path / "src.onnx"
     onnx.save(model, str(src))
     samples = tuple({"x": a} for a in np.random.default_rng(1).standard_normal((8, 1, 3, 16, 16)).astype(np.float32))
@@ -88,6 +109,13 @@ def test_int8_conversion_says_which_ops_stay_float_and_why(tmp_path: Path) -> No
     assert speed["fp32_p50_ms"] > 0 and speed["int8_p50_ms"] > 0 and speed["samples"] >= 3
     assert speed["ratio"] == pytest.approx(speed["fp32_p50_ms"] / speed["int8_p50_ms"], rel=0.01)
     assert any(n.startswith("int8 vs fp32 measured at build") for n in result.notes)
+
+
+def test_an_op_quantized_around_without_an_int8_kernel_is_qdq_placement(tmp_path: Path) -> None:
+    placement = _int8(tmp_path, conv_transpose_net(), measure_speedup=False).details["int8_report"]["placement"]
+    rows = {(r["op"], r["reason"]): r["count"] for r in placement["float_ops"]}
+    assert rows == {("ConvTranspose", "no-kernel"): 1}, placement
+    assert placement["int8_kernels"].get("QLinearConv") == 1 and placement["dequantize"] >= 1
 
 
 def test_the_timing_can_be_left_out(tmp_path: Path) -> None:
