@@ -212,3 +212,58 @@ def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3) -> Path:
         [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, 16, hidden])],
         inits,
     )
+
+
+def byte_conv1d_classifier(path: Path, length: int = 256, *, noop_slice: bool = True) -> Path:
+    """A byte-level classifier as jax2tf/tf2onnx export a 1-D convolution (issue #23, class 9; Magika's pattern): byte
+    ids ``[1, length]`` -> a fixed sinusoidal embedding ``[1, L, 16]`` -> Unsqueeze(3) -> Transpose to NCHW
+    ``[1, 16, L, 1]`` -> Conv (kernel 5x1) -> ``noop_slice``: the ``[:, :, :, :1]`` Slice jax2tf adds, which keeps
+    everything -> Squeeze(3) -> bias -> ReLU -> max over time -> dense -> softmax ``[1, 8]``. Structured weights (a
+    cosine basis over time times sign patterns over channels), so each class responds to byte patterns and the
+    probabilities change from input to input (a mistranslation shows in the cosine)."""
+    c, f, k, classes = 16, 32, 5, 8
+    j = np.arange(c // 2) + 1
+    phase = 2 * np.pi * np.outer(np.arange(256), j) / 256
+    table = np.concatenate([np.sin(phase), np.cos(phase)], 1).astype(np.float32)
+    t = np.arange(k)
+    over_time = np.stack([np.cos(np.pi * (t + 0.5) * (i % k) / k) for i in range(f)])
+    over_channels = np.stack([np.where((np.arange(c) * (i + 1) // 3) % 2 == 0, 1.0, -1.0) for i in range(f)]) / c
+    w = (over_time[:, None, :] * over_channels[:, :, None]).astype(np.float32)[..., None]  # [F, C, k, 1]
+    dense = np.stack([np.cos(np.arange(f) * (i + 1) * 0.37) for i in range(classes)], 1).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(table, "table"),
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(np.linspace(-0.2, 0.2, f, dtype=np.float32)[:, None], "bias"),
+        numpy_helper.from_array(dense, "dense"),
+        numpy_helper.from_array(np.array([3], np.int64), "axis3"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "bytes"], ["emb"], axis=0, name="embed"),
+        helper.make_node("Unsqueeze", ["emb", "axis3"], ["emb4"], name="expand"),
+        helper.make_node("Transpose", ["emb4"], ["nchw"], perm=[0, 2, 1, 3], name="to_nchw"),
+        helper.make_node("Conv", ["nchw", "W"], ["conv"], kernel_shape=[k, 1], name="conv1d"),
+    ]
+    x = "conv"
+    if noop_slice:
+        inits += [
+            numpy_helper.from_array(np.zeros(4, np.int64), "starts"),
+            numpy_helper.from_array(np.array([2**31 - 1] * 3 + [1], np.int64), "ends"),
+            numpy_helper.from_array(np.arange(4, dtype=np.int64), "axes"),
+        ]
+        nodes.append(helper.make_node("Slice", ["conv", "starts", "ends", "axes"], ["sliced"], name="keep_all"))
+        x = "sliced"
+    nodes += [
+        helper.make_node("Squeeze", [x, "axis3"], ["ncl"], name="to_ncl"),
+        helper.make_node("Add", ["ncl", "bias"], ["biased"], name="bias_add"),
+        helper.make_node("Relu", ["biased"], ["act"], name="relu"),
+        helper.make_node("ReduceMax", ["act"], ["pooled"], axes=[2], keepdims=0, name="max_over_time"),
+        helper.make_node("MatMul", ["pooled", "dense"], ["logits"], name="classify"),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="softmax"),
+    ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("bytes", TensorProto.INT32, [1, length])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])],
+        inits,
+    )

@@ -7,6 +7,8 @@
   TFLite LSTM computes anyway (TFLite runs a stateful LSTM step as ops). Only the forms ONNX defines by default
   are lowered: one direction (forward or reverse), activations Sigmoid/Tanh/Tanh, no peepholes, no clip, no
   ``sequence_lens``, ``layout`` 0, constant weights; parity checks the result like any conversion.
+* :func:`drop_noop_slice_axes`: the axes a ``Slice`` keeps whole go from it, and a ``Slice`` that keeps everything
+  goes (issue #23, class 9: onnx2tf applies such a Slice's axes to the channels-last tensor unchanged).
 """
 
 from __future__ import annotations
@@ -343,11 +345,55 @@ def squeeze_to_reshape(model: Any) -> tuple[Any, int]:
     return model, count
 
 
-def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
-    """Slices with constant parameters lose the axes they do not cut (start 0, end "to the end", step 1), and a Slice
-    that cuts nothing goes (its readers read its input). onnx2tf
-    mistranslates a full-rank Slice of a channels-last rank-3 tensor (Silero VAD's STFT halves: the imaginary
-    half came out [1, 0, 258]); the same Slice on its one real axis it takes. Same values by definition."""
+#: a Slice end at or past this reaches the end of any axis ONNX can describe (INT32_MAX, INT64_MAX ...)
+_TO_THE_END = 2**31 - 1
+
+
+def _noop_axis(start: int, end: int, step: int, dim: int | None) -> bool:
+    """Whether a Slice keeps the whole axis: step 1 from its first element to its last, by ONNX's clamping when the
+    axis length ``dim`` is known (an end of 1 on a length-1 axis, or 10**9 on any), else only start 0, end "to the end"."""
+    if step != 1:
+        return False
+    if dim is None:
+        return start == 0 and end >= _TO_THE_END
+    lo = start + dim if start < 0 else start
+    hi = end + dim if end < 0 else end
+    return min(max(lo, 0), dim) == 0 and min(max(hi, 0), dim) == dim
+
+
+def _slice_params(n: Any, values: dict[str, np.ndarray]) -> tuple[np.ndarray, ...] | None:
+    """A Slice's (starts, ends, axes, steps) when they are all constants, else None."""
+    if (
+        len(n.input) < 4
+        or not all(i in values for i in n.input[1:4])
+        or (len(n.input) > 4 and n.input[4] and n.input[4] not in values)
+    ):
+        return None
+    starts, ends, axes = (np.ravel(values[i]).astype(np.int64) for i in n.input[1:4])
+    steps = np.ravel(values[n.input[4]]).astype(np.int64) if len(n.input) > 4 and n.input[4] else np.ones_like(starts)
+    return starts, ends, axes, steps
+
+
+def _slice_input_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The shape of each Slice's input that follows from the input ``shapes`` alone; {} where onnxruntime cannot
+    tell (the rewrite then goes by the parameters only)."""
+    data = [n.input[0] for n in model.graph.node if n.op_type == "Slice"]
+    try:
+        found = _evaluate(model, data, shapes, shape_only=True) if data else {}
+    except Exception:  # noqa: BLE001 - an optional refinement: a graph onnxruntime cannot probe keeps its Slices
+        return {}
+    return {k: tuple(v.shape) for k, v in found.items()}
+
+
+def drop_noop_slice_axes(model: Any, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, int]:
+    """Slices with constant parameters lose the axes they do not cut (:func:`_noop_axis`: with the graph's input
+    ``shapes`` given, the axis lengths of each Slice's input decide), and a Slice that cuts nothing goes (its readers
+    read its input). Same values by definition. onnx2tf 1.29.24 mistranslates such axes on a tensor it moved to
+    channels-last: a full-rank Slice of a rank-3 tensor (Silero VAD's STFT halves: the imaginary half came out
+    [1, 0, 258]), and the no-op Slice jax2tf puts after a 1-D convolution run as a 2-D one (Magika: ``[:, :, :, :1]``
+    of an NCHW ``[1, 512, 508, 1]`` was applied to the channels of the NHWC ``[1, 508, 1, 512]``, and the bias add
+    broadcast the ``[1, 1, 508]`` left over back to full size: cosine 0.00004). The same Slice on its real axes, or
+    none, it takes."""
     from onnx import helper, numpy_helper
 
     g = model.graph
@@ -359,6 +405,7 @@ def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
             if n.op_type == "Constant" and "value" in _attrs(n)
         }
     )
+    dims = _slice_input_shapes(model, shapes) if shapes else {}
     new, inits, count = [], [], 0
     alias: dict[str, str] = {}
     outputs = {o.name for o in g.output}
@@ -366,22 +413,17 @@ def drop_noop_slice_axes(model: Any) -> tuple[Any, int]:
         for k, i in enumerate(n.input):
             if i in alias:
                 n.input[k] = alias[i]
-        if n.op_type == "Slice" and n.output[0] in outputs:
+        params = _slice_params(n, values) if n.op_type == "Slice" and n.output[0] not in outputs else None
+        if params is None:
             new.append(n)
             continue
-        if (
-            n.op_type != "Slice"
-            or len(n.input) < 4
-            or not all(i in values for i in n.input[1:4])
-            or (len(n.input) > 4 and n.input[4] and n.input[4] not in values)
-        ):
-            new.append(n)
-            continue
-        starts, ends, axes = (np.ravel(values[i]).astype(np.int64) for i in n.input[1:4])
-        steps = (
-            np.ravel(values[n.input[4]]).astype(np.int64) if len(n.input) > 4 and n.input[4] else np.ones_like(starts)
-        )
-        cut = [k for k in range(len(axes)) if not (starts[k] == 0 and ends[k] >= 2**31 - 1 and steps[k] == 1)]
+        starts, ends, axes, steps = params
+        shape = dims.get(n.input[0])
+        cut = [
+            k
+            for k in range(len(axes))
+            if not _noop_axis(int(starts[k]), int(ends[k]), int(steps[k]), None if shape is None else shape[axes[k]])
+        ]
         if not cut:  # cuts nothing: its readers read its input (onnx2tf lost the layout behind such a Slice)
             alias[n.output[0]] = alias.get(n.input[0], n.input[0])
             count += 1

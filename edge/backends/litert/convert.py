@@ -116,8 +116,8 @@ class OnnxToTFLite(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
-            lowered, lowered_count = _lower_for_onnx2tf(Path(request.source), work, request.io)
-            job = _driver_job(request, work, lowered, parity_inputs, calib)
+            lowered, rewritten = _lower_for_onnx2tf(Path(request.source), work, request.io)
+            job = _driver_job(request, work, lowered, parity_inputs, calib, lstm=bool(rewritten.get("LSTM")))
             _say(
                 f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
                 f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})"
@@ -140,9 +140,9 @@ class OnnxToTFLite(Converter):
                 + "; ".join(f"{o['name']}: {f}" for o in cpu_parity["outputs"] for f in o["failures"])
             )
         details = _details(final, st, sidecar, elapsed, cpu_parity)
-        if lowered_count:
-            details["lowered"] = {"LSTM": lowered_count}
-            notes.append(f"{lowered_count} LSTM given its state unrolled into plain ops for onnx2tf (edge.graph.lower)")
+        if rewritten:
+            details["lowered"] = rewritten
+            notes += _rewrite_notes(rewritten)
         tool_versions = _tool_versions(final, st)
         _say(f"onnx->tflite done in {elapsed:.1f} s: {out.stat().st_size / 1e6:.2f} MB")
         return ConversionResult(
@@ -161,9 +161,12 @@ def _driver_job(
     lowered: Path | None,
     parity_inputs: list[dict[str, Any]],
     calib: list[Mapping[str, Any]],
+    *,
+    lstm: bool = False,
 ) -> dict[str, Any]:
     """The tflite driver's job: writes ``samples.npz`` (and, for int8, ``calibration.npz``) into ``work``
-    and returns the job mapping that points at them."""
+    and returns the job mapping that points at them. ``lstm``: ``lowered`` has LSTMs unrolled (and its constants
+    folded by edgekit: no onnxsim)."""
     opts = request.options
     names = [t.name for t in request.io.inputs]
     int8 = request.precision == "int8"
@@ -179,8 +182,8 @@ def _driver_job(
         "io_dtype": str(opts.get("io_dtype", "int8")),
         "per_channel": bool(opts.get("per_channel", True)),
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
-        "keep_shape_inputs": _keep_shape_inputs(request) if lowered else [],
-        "no_onnxsim": bool(lowered),
+        "keep_shape_inputs": _keep_shape_inputs(request) if lstm else [],
+        "no_onnxsim": lstm,
         "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs],
     }
     if int8:
@@ -259,24 +262,38 @@ def _keep_shape_inputs(request: ConversionRequest) -> list[str]:
     return [t.name for t in request.io.inputs if t.layout is None and len(t.shape) == 3]
 
 
-def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, int]:
-    """The source with the LSTMs onnx2tf mistranslates (given their state) unrolled into plain ops
-    (``edge.graph.lower``), in ``work``; (None, 0) when it has none."""
+def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, dict[str, int]]:
+    """The source rewritten where onnx2tf mistranslates it (``edge.graph.lower``), in ``work``, and what was rewritten
+    (``{"LSTM": n, "Slice": m}``); (None, {}) when nothing needs it. LSTMs given their state are unrolled into plain
+    ops; Slices lose the axes they keep whole (and go when they keep everything)."""
     from edge.graph.lower import drop_noop_slice_axes, fold_constants, lower_lstm, needs_lowering, squeeze_to_reshape
     from edge.graph.model import load_onnx, save_onnx
 
     model = load_onnx(source)
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in io.inputs}
     if not any(needs_lowering(n) for n in model.graph.node):
-        return None, 0
+        model, slices = drop_noop_slice_axes(model, shapes)
+        return (save_onnx(model, work / "rewritten.onnx"), {"Slice": slices}) if slices else (None, {})
     model, count = lower_lstm(model)
     # the recurrent path's plumbing too: onnx2tf squeezes a channels-last rank-3 tensor on the wrong axis, and
     # mistranslates the full-rank Slices onnxsim makes of per-axis ones: edgekit folds the constants itself (the
     # job then runs onnx2tf without onnxsim) and keeps only the axes a Slice cuts
-    shapes = {t.name: tuple(int(d) for d in t.shape) for t in io.inputs}
     model, _ = fold_constants(model, shapes)
     model, _ = squeeze_to_reshape(model)
-    model, _ = drop_noop_slice_axes(model)
-    return save_onnx(model, work / "lowered.onnx"), count
+    model, slices = drop_noop_slice_axes(model, shapes)
+    return save_onnx(model, work / "lowered.onnx"), {"LSTM": count, **({"Slice": slices} if slices else {})}
+
+
+def _rewrite_notes(rewritten: Mapping[str, int]) -> list[str]:
+    notes = []
+    if rewritten.get("LSTM"):
+        notes.append(f"{rewritten['LSTM']} LSTM given its state unrolled into plain ops for onnx2tf (edge.graph.lower)")
+    if rewritten.get("Slice"):
+        notes.append(
+            f"{rewritten['Slice']} Slice(s) rid of the axes they keep whole for onnx2tf, which applies them to the "
+            "channels-last tensor unchanged (edge.graph.lower.drop_noop_slice_axes)"
+        )
+    return notes
 
 
 def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mapping[str, Any]]:
