@@ -137,6 +137,8 @@ FLOAT_REASONS = {
     "no-kernel": "QDQ placement: the recipe quantized around it, but onnxruntime's CPU provider has no int8 "
     "kernel or fusion for it, so it computes in float between a DequantizeLinear and a QuantizeLinear",
     "float-inputs": "fed by float tensors only: next to ops that stayed in float, or the graph's float input",
+    "nncf": "not quantized by NNCF: no FakeQuantize on its inputs in the IR",
+    "cpu-plugin": "quantized in the IR (a FakeQuantize feeds it), but OpenVINO's CPU plugin computes it in float",
 }
 _MAX_ROWS = 64
 
@@ -294,3 +296,52 @@ def speedup_line(speed: Mapping[str, Any]) -> str:
         f"{speed['int8_p50_ms']:.3g} ms int8, {threads} thread{'s' if threads != 1 else ''}, {speed['int8_kernel']}, "
         f"load {speed['load']:.2f}): int8 {verdict}"
     )
+
+
+#: OpenVINO CPU runtime layers that compute nothing (layout, constants, ports)
+_OV_NON_COMPUTE = frozenset(
+    {"Input", "Output", "Const", "Reorder", "Reshape", "Parameter", "Result", "Constant", "Convert"}
+)
+_OV_INT8 = frozenset({"u8", "i8"})
+
+
+def openvino_int8_placement(xml: Path, core: Any) -> Int8Placement:
+    """What an int8 (NNCF) IR computes in int8 and in float in OpenVINO's CPU plugin on this host, compiled with
+    f32 for the layers left in float (bf16 CPUs compute those in bf16 by default): int8 layers by runtime layer
+    type, float layers by the IR op types fused into them, with the reason (``nncf``: no FakeQuantize feeds it;
+    ``cpu-plugin``: quantized in the IR but computed in float), and the boundaries: float layers that write int8
+    (quantize) and int8 layers that write float (dequantize)."""
+    model = core.read_model(str(xml))
+    kinds = {op.get_friendly_name(): op.get_type_name() for op in model.get_ordered_ops()}
+    fq_fed = {
+        op.get_friendly_name()
+        for op in model.get_ordered_ops()
+        if any(i.get_source_output().get_node().get_type_name() == "FakeQuantize" for i in op.inputs())
+    }
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    kernels: Counter[str] = Counter()
+    floats: Counter[tuple[str, str]] = Counter()
+    q = dq = nodes = 0
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else ""
+        nodes += 1
+        if not layer or layer in _OV_NON_COMPUTE or "runtimePrecision" not in info:
+            continue
+        runtime = info["runtimePrecision"].astype(str).lower()
+        out = set(info["outputPrecisions"].astype(str).lower().split(",")) if "outputPrecisions" in info else set()
+        names = (
+            [n for n in info["originalLayersNames"].astype(str).split(",") if n]
+            if "originalLayersNames" in info
+            else []
+        )
+        if runtime in _OV_INT8:
+            kernels[layer] += 1
+            dq += bool(out - _OV_INT8)
+            continue
+        q += bool(out & _OV_INT8)
+        computed = [n for n in names if kinds.get(n, "FakeQuantize") != "FakeQuantize"]
+        for name in computed:  # a fused subgraph: the IR ops it computes, each with its own reason
+            floats[(kinds[name], "cpu-plugin" if name in fq_fed else "nncf")] += 1
+    rows = tuple(FloatOps(op, c, why) for (op, why), c in sorted(floats.items(), key=lambda kv: (-kv[1], kv[0])))
+    return Int8Placement(dict(kernels.most_common()), {}, rows, q, dq, nodes)

@@ -142,3 +142,22 @@ def test_bench_shows_the_build_s_int8_speedup(models: dict[str, Path], tmp_path:
     assert data["int8_speedup_at_build"] == chain[0]["details"]["int8_report"]["speedup"]
     table = CliRunner().invoke(app, ["bench", str(b.path), "-n", "5"], env={"COLUMNS": "200"})
     assert "int8 vs fp32 measured at build" in table.output
+
+
+def test_openvino_int8_says_which_layers_stay_float_and_why(tmp_path: Path) -> None:
+    """An intel-igpu int8 (NNCF) bundle lists its float layers by IR op type with the reason, read from the CPU
+    plugin's compiled graph: the hard-sigmoid has no FakeQuantize-fed int8 kernel there either."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    src = tmp_path / "m.onnx"
+    onnx.save(hard_swish_silu_net(), str(src))
+    request = ConvertRequest(precision="int8", calib="random", preprocess="none", accept_parity_failure=True)
+    b = convert(src, "intel-igpu", tmp_path / "b", request)
+    step = b.manifest["chain"][0]
+    placement = step["details"]["int8_report"]["placement"]
+    assert placement["int8_kernels"].get("Convolution", 0) >= 1, placement  # the convolutions run in int8
+    floats = {r["op"]: r["reason"] for r in placement["float_ops"]}
+    assert floats.get("HardSigmoid") in ("nncf", "cpu-plugin"), placement
+    assert all(r["why"] == FLOAT_REASONS[r["reason"]] for r in placement["float_ops"])
+    assert placement["quantize"] >= 1 and placement["boundaries"] == placement["quantize"] + placement["dequantize"]
+    assert any(n.startswith("int8: ") and "int8 layers" in n for n in step["notes"])
