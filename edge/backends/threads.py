@@ -40,10 +40,11 @@ records which value came from where and why (``RunnerInfo.details["threads_polic
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from edge.errors import EdgeError
 
@@ -369,3 +370,73 @@ class Recheck:
 def _key(plan: ThreadPlan) -> tuple[int, bool, bool]:
     # "default" threads are the runtime's own choice (onnxruntime then also pins them): a different session
     return plan.threads, plan.spinning, plan.threads_from == "default"
+
+
+_MAX_REPLANS_KEPT = 20
+
+
+class LoadFollower:
+    """A long-lived runner's looks at the load (``LoadWatch``) and decisions (``Recheck``), with the record of
+    the sessions it re-created. The runner calls ``look`` between two inferences; it returns the plan to
+    re-create the session with when one is due (else None), and the runner then reports ``rebuilt``."""
+
+    def __init__(self, every_s: float, opened_at: float) -> None:
+        self.watch = LoadWatch()
+        now = time.monotonic()
+        self.recheck = Recheck(every_s, now, now - opened_at)
+        self.opened_at = opened_at
+        self.replans: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # one look at a time where threads share a runner
+
+    @classmethod
+    def start(cls, every_s: float, plan: ThreadPlan, opened_at: float) -> LoadFollower | None:
+        """One for a runner opened at ``opened_at`` (``time.monotonic()``) with ``plan``; None where there is
+        nothing to follow: looks off (0 s), everything set explicitly, or no /proc/stat."""
+        if every_s <= 0 or (plan.threads_from == "option" and plan.spinning_from in ("option", "runtime")):
+            return None
+        follower = cls(every_s, opened_at)
+        return follower if follower.watch.works else None
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.recheck.next_look
+
+    def look(self, current: ThreadPlan, plan_for: Callable[[CpuLoad, float], ThreadPlan]) -> ThreadPlan | None:
+        """The plan to re-create the session with now, or None. ``plan_for(load, shared_threshold)``: the plan the
+        runner would make with that load."""
+        if not self._lock.acquire(False):
+            return None
+        try:
+            load = self.watch.poll()
+            now = time.monotonic()
+            if load is None:
+                self.recheck.next_look = now + self.recheck.every_s
+                return None
+            candidate = plan_for(load, self.recheck.threshold(current))
+            return candidate if self.recheck.decide(current, candidate, now) else None
+        finally:
+            self._lock.release()
+
+    def rebuilt(self, plan: ThreadPlan, started: float) -> None:
+        """The session was re-created with ``plan``, from ``started`` (``time.monotonic()``) to now."""
+        now = time.monotonic()
+        self.recheck.rebuilt(now, now - started)
+        self.replans.append(
+            {
+                "after_s": round(started - self.opened_at, 1),
+                "threads": plan.threads,
+                "spinning": plan.spinning,
+                "shared": plan.shared,
+                "others": round(plan.others, 2),
+                "cost_ms": round((now - started) * 1000, 1),
+            }
+        )
+        del self.replans[:-_MAX_REPLANS_KEPT]
+
+
+def policy_json(plan: ThreadPlan, follower: LoadFollower | None) -> dict[str, Any]:
+    """``details["threads_policy"]``: the plan now, how often the load is re-checked (None: decided once) and the
+    sessions re-created so far."""
+    out = plan.to_json()
+    out["recheck_s"] = follower.recheck.every_s if follower is not None else None
+    out["replans"] = list(follower.replans) if follower is not None else []
+    return out

@@ -275,7 +275,7 @@ def test_onnxruntime_reopens_its_session_when_the_load_arrives(
     idle(monkeypatch)
     with OnnxRuntimeRunner(models["tiny"], options={"load_recheck_s": 0.1}) as r:
         assert r.info.details["threads_policy"]["spinning"] is True
-        busy = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+        busy = busy_child()
         try:
             x = {r.inputs[0].name: np.zeros(r.inputs[0].shape, dtype=np.float32)}
             stop = time.monotonic() + 10
@@ -300,6 +300,51 @@ def test_onnxruntime_reopens_its_session_when_the_load_arrives(
         assert r.info.details["threads_policy"]["recheck_s"] is None  # nothing left to the policy: no looks
     with OnnxRuntimeRunner(models["tiny"], options={"load_recheck_s": 0}) as r:
         assert r.info.details["threads_policy"]["recheck_s"] is None
+
+
+def busy_child() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: one thread whatever the load")
+def test_litert_recreates_its_interpreter_when_the_load_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened idle on every CPU, then one core taken: the interpreter is created again on fewer threads, and the
+    NCHW contract (model.io.json) still holds on the new one, through infer and infer_native alike."""
+    from edge.backends.litert.run import LiteRTRunner
+    from tests.backends.test_litert import add_model, write_io
+
+    model = add_model(tmp_path / "model.tflite", shape=(1, 4, 5, 3))
+    io = {"dtype": "float32", "layout": "NCHW", "shape": [1, 3, 4, 5], "perm_onnx_to_tflite": [0, 2, 3, 1]}
+    write_io(
+        model,
+        {
+            "signature": "serving_default",
+            "inputs": [{"name": "input.1", "tflite_name": "x", **io}],
+            "outputs": [{"name": "out", "tflite_name": "y", **io}],
+        },
+    )
+    idle(monkeypatch)
+    x = np.arange(60, dtype=np.float32).reshape(1, 3, 4, 5)
+    with LiteRTRunner(model, options={"load_recheck_s": 0.1}) as r:
+        assert r.info.threads == usable_cpus() and r.info.details["threads_policy"]["recheck_s"] == 0.1
+        child = busy_child()
+        try:
+            stop = time.monotonic() + 10
+            while time.monotonic() < stop and not r.info.details["threads_policy"]["replans"]:
+                np.testing.assert_array_equal(r.infer({"input.1": x})["out"], x + 1.5)
+        finally:
+            child.kill()
+            child.wait()
+        policy = r.info.details["threads_policy"]
+        assert len(policy["replans"]) == 1 and policy["replans"][0]["cost_ms"] > 0, policy
+        assert r.info.threads == policy["threads"] == policy["replans"][0]["threads"] < usable_cpus()
+        np.testing.assert_array_equal(r.infer({"input.1": x})["out"], x + 1.5)
+        native = x.transpose(0, 2, 3, 1).copy()
+        np.testing.assert_array_equal(r.infer_native({"input.1": native})["out"], native + 1.5)
+    with LiteRTRunner(model, options={"num_threads": 1}) as r:
+        assert r.info.details["threads_policy"]["recheck_s"] is None  # threads set: nothing to follow
 
 
 def test_openvino_threads_and_pinning_read_back(models: dict[str, Path]) -> None:

@@ -159,6 +159,14 @@ class LiteRTOptions:
         "use that other processes and reserve_cpus leave (edge.backends.threads). LiteRT's own "
         "default (None) runs XNNPack on one thread",
     )
+    load_recheck_s: float = spec(
+        2.0,
+        ge=0,
+        le=3600,
+        doc="delegate xnnpack, num_threads 0: seconds between two looks at the CPU load while the runner runs; "
+        "when edgekit's thread count changes (the device turned busy or idle), the interpreter is created again "
+        "with it (bounded: at most 1% of the time); 0 = decide once, when opened",
+    )
     allow_cpu_fallback: bool = spec(
         False,
         doc="run on the CPU when the delegate cannot be used (libedgetpu missing, "

@@ -5,7 +5,8 @@ What it makes explicit rather than silent (ai-edge-litert 2.3):
 * threads: ``Interpreter(num_threads=None)`` runs XNNPack on one thread (measured here:
   5.2 ms against 2.8 ms with 2 threads for MobileNetV2), so the runner always passes a count:
   the profile's ``num_threads``, where 0 means edgekit's choice (``edge.backends.threads``: the CPUs
-  other processes and ``reserve_cpus`` leave, recorded in ``details["threads_policy"]``);
+  other processes and ``reserve_cpus`` leave, recorded in ``details["threads_policy"]``); an XNNPack
+  interpreter is created again on another count when the load changes while it runs (``load_recheck_s``);
 * the delegate actually applied: XNNPack is LiteRT's default delegate and is applied
   silently, or silently not (a model it cannot take runs on the builtin kernels with one log
   line). The runner reads the execution plan after loading (``DELEGATE`` nodes and the ops
@@ -39,8 +40,10 @@ import ctypes
 import os
 import stat
 import sys
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -54,7 +57,16 @@ from edge.backends.litert.format import (
     read_tflite,
 )
 from edge.backends.runner import Runner, RunnerInfo
-from edge.backends.threads import plan_threads, reserve_option, usable_cpus  # noqa: F401 - usable_cpus re-exported
+from edge.backends.threads import (  # noqa: F401 - usable_cpus re-exported
+    SHARED_THRESHOLD,
+    CpuLoad,
+    LoadFollower,
+    ThreadPlan,
+    plan_threads,
+    policy_json,
+    reserve_option,
+    usable_cpus,
+)
 from edge.capabilities import Requirement, env_flag
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
 from edge.native_stderr import captured_stderr
@@ -152,6 +164,7 @@ class LiteRTRunner(Runner):
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)
         self._it: Any = None
+        self._following: _Following | None = None
         import ai_edge_litert
         from ai_edge_litert.interpreter import OpResolverType
 
@@ -166,9 +179,9 @@ class LiteRTRunner(Runner):
                 f"{delegate} (it would apply XNNPack anyway)",
                 hint='set delegate = "xnnpack", or leave xnnpack_latest_features out',
             )
-        cpu_plan = plan_threads(
-            typed.num_threads, None, reserve=reserve_option(self.name, self._options), spin_option=False
-        )
+        plan_for = partial(_plan, typed.num_threads, reserve_option(self.name, self._options))
+        opened_at = time.monotonic()
+        cpu_plan = plan_for()
         path = self.artifact
         if path.is_dir():
             path = path / "model.tflite"
@@ -192,10 +205,12 @@ class LiteRTRunner(Runner):
             # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries
             # no default delegate, so the execution plan's DELEGATE nodes are that delegate's (none would mean the
             # flag did not reach the interpreter)
-            self._it = ld.interpreter(
-                path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if latest else OpResolverType.AUTO
-            )
+            resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if latest else OpResolverType.AUTO
+            self._it = ld.interpreter(path, resolver)
             device_used, precision_used = "CPU (XNNPack)", _precision_of(self._it)
+            follower = LoadFollower.start(float(typed.load_recheck_s), cpu_plan, opened_at)
+            if follower is not None:
+                self._following = _Following(follower, cpu_plan, plan_for, ld, resolver, sidecar)
         else:
             self._it = ld.interpreter(
                 path,
@@ -211,7 +226,7 @@ class LiteRTRunner(Runner):
         self._setup_io(sidecar, ld.load_path)
         ld.details.update(
             threads_requested=self._options.get("num_threads", 0),
-            threads_policy=cpu_plan.to_json(),
+            threads_policy=policy_json(cpu_plan, self._following.follower if self._following else None),
             io=self._io_summary(sidecar),
             runtime_log=ld.runtime_log[-20:],
         )
@@ -358,6 +373,8 @@ class LiteRTRunner(Runner):
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)
+        if self._following is not None and self._following.follower.due():
+            self._follow_load(self._following)
         it = self._it
         for p, fn in zip(self._in, self._tensor_fns):
             x = feeds[p.name]
@@ -399,6 +416,8 @@ class LiteRTRunner(Runner):
         For pipelines that produce NHWC (or quantized) frames themselves and want no conversion; LiteRT's
         own ``set_tensor`` checks their shapes and dtypes."""
         self.check_open()
+        if self._following is not None and self._following.follower.due():
+            self._follow_load(self._following)
         it = self._it
         for name, (index, _shape, _dtype) in self._native_inputs.items():
             it.set_tensor(index, feeds[name])
@@ -409,10 +428,42 @@ class LiteRTRunner(Runner):
     def native_inputs(self) -> tuple[TensorSpec, ...]:
         return tuple(TensorSpec(n, s, d.name, image_layout(s)) for n, (_i, s, d) in self._native_inputs.items())
 
+    def _follow_load(self, f: _Following) -> None:
+        """Between two inferences: the interpreter created again with the thread count the load calls for now,
+        when ``LoadFollower`` says so (the cost recorded in ``threads_policy.replans``)."""
+        plan = f.follower.look(f.plan, f.plan_for)
+        if plan is None:
+            return
+        started = time.monotonic()
+        f.loading.threads = plan.threads
+        self._it = f.loading.interpreter(f.loading.load_path, f.resolver)
+        self._setup_io(f.sidecar, f.loading.load_path)  # the I/O plans hold the old interpreter's tensors
+        f.plan = plan
+        f.follower.rebuilt(plan, started)
+        details = {**self.info.details, "threads_policy": policy_json(plan, f.follower)}
+        self.info = replace(self.info, threads=plan.threads, details=details)
+
     def close(self) -> None:
         self._tensor_fns = []
         self._it = None
+        self._following = None
         super().close()
+
+
+def _plan(threads: int, reserve: float, load: CpuLoad | None = None, threshold: float = SHARED_THRESHOLD) -> ThreadPlan:
+    return plan_threads(threads, None, reserve=reserve, load=load, spin_option=False, shared_threshold=threshold)
+
+
+@dataclass
+class _Following:
+    """What re-creating the XNNPack interpreter for a new thread count takes."""
+
+    follower: LoadFollower
+    plan: ThreadPlan
+    plan_for: Any  # (load, shared threshold) -> ThreadPlan
+    loading: _Loading
+    resolver: Any
+    sidecar: Mapping[str, Any] | None
 
 
 def delegation(it: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ CPU; the runner therefore reads ``session.get_providers()`` after creation.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,12 +20,12 @@ from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import (
     SHARED_THRESHOLD,
     CpuLoad,
-    LoadWatch,
-    Recheck,
+    LoadFollower,
     RuntimeDefaults,
     ThreadPlan,
     physical_cores,
     plan_threads,
+    policy_json,
     reserve_option,
 )
 from edge.capabilities import CpuIsa, Requirement, cpu_isa
@@ -90,17 +89,9 @@ class OnnxRuntimeRunner(Runner):
             reserve=reserve_option(self.name, opts),
         )
         plan = self._spec.plan()
-        self._opened_at = time.monotonic()
+        opened_at = time.monotonic()
         self._session = self._spec.open(plan)
-        self._watching: tuple[LoadWatch, Recheck] | None = None
-        self._looking = threading.Lock()  # one look at a time where threads share this runner
-        self._replans: list[dict[str, Any]] = []
-        every = float(self.typed_options.load_recheck_s)
-        if every > 0 and (plan.threads_from != "option" or plan.spinning_from != "option"):
-            watch = LoadWatch()
-            if watch.works:  # no /proc/stat: decided once
-                now = time.monotonic()
-                self._watching = (watch, Recheck(every, now, now - self._opened_at))
+        self._follower = LoadFollower.start(float(self.typed_options.load_recheck_s), plan, opened_at)
         used = self._session.get_providers()
         fallback = None
         if used[0] != wanted[0]:
@@ -121,69 +112,34 @@ class OnnxRuntimeRunner(Runner):
                 "execution_mode": mode,
                 "inter_op_num_threads": inter or None,
                 "allow_spinning": plan.spinning,
-                "threads_policy": self._policy_json(plan),
+                "threads_policy": policy_json(plan, self._follower),
                 **_int8_kernel(self.precision, self._spec.quant_precision, self._spec.quant_why),
             },
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)
-        watching = self._watching
-        if watching is not None and time.monotonic() >= watching[1].next_look and self._looking.acquire(False):
-            try:
-                self._look_at_load(*watching)
-            finally:
-                self._looking.release()
+        follower = self._follower
+        if follower is not None and follower.due():
+            self._follow_load(follower)
         return dict(zip(self._output_names, self._session.run(self._output_names, feeds)))
 
-    def _look_at_load(self, watch: LoadWatch, recheck: Recheck) -> None:
-        """Between two inferences: the plan the load calls for now, and the session re-created with it when
-        ``Recheck`` says so (the cost recorded in ``threads_policy.replans``)."""
-        current = self._spec.current
-        load = watch.poll()
-        now = time.monotonic()
-        if load is None:
-            recheck.next_look = now + recheck.every_s
+    def _follow_load(self, follower: LoadFollower) -> None:
+        """Between two inferences: the session re-created with the plan the load calls for now, when
+        ``LoadFollower`` says so (the cost recorded in ``threads_policy.replans``)."""
+        plan = follower.look(self._spec.current, lambda load, threshold: self._spec.plan(load, threshold))
+        if plan is None:
             return
-        candidate = self._spec.plan(load, shared_threshold=recheck.threshold(current))
-        if not recheck.decide(current, candidate, now):
-            return
-        session = self._spec.open(candidate)
-        cost = time.monotonic() - now
-        self._session = session
-        recheck.rebuilt(time.monotonic(), cost)
-        self._replans.append(
-            {
-                "after_s": round(now - self._opened_at, 1),
-                "threads": candidate.threads,
-                "spinning": candidate.spinning,
-                "shared": candidate.shared,
-                "others": round(candidate.others, 2),
-                "cost_ms": round(cost * 1000, 1),
-            }
-        )
-        del self._replans[:-_MAX_REPLANS_KEPT]
-        details = {
-            **self.info.details,
-            "allow_spinning": candidate.spinning,
-            "threads_policy": self._policy_json(candidate),
-        }
-        self.info = replace(self.info, threads=candidate.threads, details=details)
-
-    def _policy_json(self, plan: ThreadPlan) -> dict[str, Any]:
-        """The plan now, with how the load is re-checked and the sessions re-created so far."""
-        out = plan.to_json()
-        out["recheck_s"] = self._watching[1].every_s if self._watching is not None else None
-        out["replans"] = list(self._replans)
-        return out
+        started = time.monotonic()
+        self._session = self._spec.open(plan)
+        follower.rebuilt(plan, started)
+        details = {**self.info.details, "allow_spinning": plan.spinning, "threads_policy": policy_json(plan, follower)}
+        self.info = replace(self.info, threads=plan.threads, details=details)
 
     def close(self) -> None:
         self._session = None
-        self._watching = None
+        self._follower = None
         super().close()
-
-
-_MAX_REPLANS_KEPT = 20
 
 
 @dataclass
