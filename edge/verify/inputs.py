@@ -28,6 +28,8 @@ _STATE = re.compile(r"(^|_)(state|states|h0|c0|hidden|cache|past|memory)(_|$|n$|
 _SAMPLE_RATE = re.compile(r"(sr|sample_?rate|sampling_?rate|fs)", re.I)
 _AUDIO = re.compile(r"audio|wav|pcm|speech|waveform|signal", re.I)
 _IDS = re.compile(r"(^|_)(input_ids|ids|tokens?|token_ids)\Z", re.I)
+#: an integer input named like raw bytes (a content-type classifier reads a file's bytes as 0..255 ids)
+_BYTES = re.compile(r"(^|_)(bytes?|byte_ids|raw_bytes|byte_values)\Z", re.I)
 _MASK = re.compile(r"mask", re.I)
 _TYPES = re.compile(r"token_type|segment", re.I)
 _POSITIONS = re.compile(r"position", re.I)
@@ -89,6 +91,8 @@ def _kind(t: TensorSpec, io: IOSpec, pre: PreprocessSpec | None) -> str:
         return "positions 0..n-1"
     if _IDS.search(t.name):
         return f"token ids in 1..{MAX_TOKEN_ID - 1}"
+    if _BYTES.search(t.name) and t.shape and isinstance(t.shape[-1], int) and t.shape[-1] >= 16:
+        return "file-like bytes in 0..255 (text, markup, source code, binary headers and data)"
     return "zeros"
 
 
@@ -169,7 +173,54 @@ def _value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
         return result
     if kind.startswith("token ids"):
         return rng.integers(1, MAX_TOKEN_ID, size=shape).astype(dtype)
+    if kind.startswith("file-like bytes"):
+        rows = [file_like_bytes(shape[-1], rng) for _ in range(int(np.prod(shape[:-1])))]
+        return np.asarray(rows, np.int64).reshape(shape).astype(dtype)
     return np.zeros(shape, dtype=dtype)
+
+
+#: the first bytes of common binary formats (PNG, JPEG, ZIP, PDF, ELF, gzip, RIFF/WAVE, SQLite)
+_MAGIC = (
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+    b"\xff\xd8\xff\xe0\x00\x10JFIF\x00",
+    b"PK\x03\x04\x14\x00\x00\x00\x08\x00",
+    b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n",
+    b"\x7fELF\x02\x01\x01\x00",
+    b"\x1f\x8b\x08\x00",
+    b"RIFF\x24\x08\x00\x00WAVEfmt ",
+    b"SQLite format 3\x00",
+)
+_WORDS = (
+    "the data model input output value file line error return import def class for while if else true false "
+    "null name type size time edge device model bundle target parity"
+).split()
+
+
+def file_like_bytes(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` bytes that look like a file's: prose, JSON, HTML, Python source, or a binary format's header followed
+    by structured data (small integers, repeats, zero runs) or compressed-looking noise. A byte-level classifier
+    fed zeros (or uniform noise) sees one class every time, and parity then compares nothing."""
+    kind = int(rng.integers(0, 6))
+    words = [_WORDS[i] for i in rng.integers(0, len(_WORDS), size=n // 3 + 8)]
+    if kind == 0:
+        text = " ".join(words).capitalize() + ".\n"
+    elif kind == 1:
+        text = "{" + ", ".join(f'"{a}": {int(rng.integers(0, 999))}' for a in words) + "}\n"
+    elif kind == 2:
+        text = "<html><body>" + "".join(f'<p class="{a}">{b}</p>\n' for a, b in zip(words, words[1:])) + "</body>"
+    elif kind == 3:
+        text = "".join(f"def {a}_{b}(x):\n    return x.{a}\n\n" for a, b in zip(words, words[1:]))
+    if kind <= 3:
+        data = np.frombuffer(text.encode("ascii"), np.uint8)
+    else:
+        head = np.frombuffer(_MAGIC[int(rng.integers(0, len(_MAGIC)))], np.uint8)
+        if kind == 4:  # structured: small little-endian integers, runs of zeros, repeated records
+            body = rng.integers(0, 16, size=n).astype(np.uint8) * (rng.random(n) < 0.6)
+        else:  # compressed or encrypted content
+            body = rng.integers(0, 256, size=n).astype(np.uint8)
+        data = np.concatenate([head, body])
+    out: np.ndarray = np.resize(data, n).astype(np.int64)
+    return out
 
 
 def generated_samples(io: IOSpec, pre: PreprocessSpec | None, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:

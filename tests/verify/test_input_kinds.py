@@ -72,3 +72,26 @@ def test_one_channel_models_convert_with_default_arguments(tmp_path: Path, shape
     assert b.preprocess is None  # nothing guessed for a 1-channel input
     made = b.manifest["parity"]["input_provenance"]["generated"][name]
     assert ("log-mel" if name == "fbank" else "grey natural-image") in made
+
+
+def test_byte_input_gets_file_like_bytes() -> None:
+    """An integer input named like raw bytes (Magika's ``bytes`` [1, 2048]) was fed zeros: 32 identical samples, one
+    class every time, so parity compared one point. It gets file-like bytes now: text, markup, source code, binary
+    headers; on the real Magika model they fall in many different content types."""
+    import onnxruntime as ort
+
+    from tests.corpus import corpus_model
+
+    io = _io(TensorSpec("bytes", (1, 2048), "int32"))
+    assert describe_generated(io, None)["bytes"].startswith("file-like bytes in 0..255")
+    samples = generated_samples(io, None, 32)
+    for s in samples:
+        a = s["bytes"]
+        assert a.shape == (1, 2048) and a.dtype == np.int32 and 0 <= a.min() and a.max() <= 255
+    assert len({s["bytes"].tobytes() for s in samples}) == 32
+    assert generated_samples(io, None, 2)[1]["bytes"].tobytes() == samples[1]["bytes"].tobytes()  # deterministic
+    assert describe_generated(_io(TensorSpec("bytes", (1, 4), "int32")), None)["bytes"] == "zeros"  # not a file
+
+    session = ort.InferenceSession(str(corpus_model("magika")), providers=["CPUExecutionProvider"])
+    top1 = {int(session.run(None, s)[0].argmax()) for s in samples}
+    assert len(top1) >= 8, top1  # zeros: the same class for all 32
