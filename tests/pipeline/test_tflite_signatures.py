@@ -54,6 +54,13 @@ class Var(tf.Module):
         self.v.assign_add(x)
         return {"y": self.v * 2.0}
 export(Var(), sys.argv[1] + "/state.tflite", experimental_enable_resource_variables=True)
+class DynamicBatch(tf.Module):  # shape [1, 16, 8, 1], shape_signature [-1, 16, 8, 1] (openWakeWord's embedding model)
+    def __init__(self):
+        self.w = tf.constant(np.random.default_rng(3).standard_normal((3, 3, 1, 4)).astype(np.float32) * 0.3)
+    @tf.function(input_signature=[tf.TensorSpec([None, 16, 8, 1], tf.float32, name="input_1")])
+    def __call__(self, x):
+        return {"y": tf.reduce_max(tf.nn.relu(tf.nn.conv2d(x, self.w, 1, "SAME")), axis=[1, 2])}
+export(DynamicBatch(), sys.argv[1] + "/dynamic_batch.tflite")
 """
 
 
@@ -133,3 +140,13 @@ def test_resource_variables_are_refused_in_one_line(exports: Path, tmp_path: Pat
 def test_resource_variables_run_on_litert(exports: Path, tmp_path: Path) -> None:
     b = convert(exports / "state.tflite", "arm-xnnpack", tmp_path / "out")
     assert b.manifest["chain"] == [] and b.manifest["parity"]["passed"] is True
+
+
+def test_a_dynamic_batch_export_converts_for_x86(exports: Path, tmp_path: Path) -> None:
+    """A TF2 export with a ``None`` batch (openWakeWord's embedding model: shape [1, 76, 32, 1], signature
+    [-1, 76, 32, 1]). Before: x86-cpu refused it, "tf2onnx's ONNX of ... does not take the TFLite's inputs:
+    input_1: [-1, 16, 8, 1] vs [1, 16, 8, 1]"; the ONNX input is pinned to the TFLite tensor's shape now."""
+    b = convert(exports / "dynamic_batch.tflite", "x86-cpu", tmp_path / "out", ConvertRequest(precision="fp32"))
+    assert b.manifest["parity"]["passed"] is True
+    assert [(t.name, tuple(t.shape)) for t in b.io.inputs] == [("input_1", (1, 16, 8, 1))]
+    assert b.manifest["chain"][0]["details"]["inputs_pinned_to_tflite_shape"] == {"input_1": [1, 16, 8, 1]}

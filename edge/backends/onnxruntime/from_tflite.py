@@ -62,6 +62,7 @@ class TFLiteToOnnx(Converter):
             out = request.workdir / "model.onnx"
             shutil.move(final["artifact"], out)
         renamed = rename_to_signature(out, source)
+        pinned = pin_static_dims(out, {t.name: tuple(int(d) for d in t.shape) for t in request.io.inputs})
         self._check_io(out, request)
         tool_versions = dict(final.get("tool_versions", {}))
         tool_versions["toolchain"] = f"{TOOLCHAIN} (lock {st.lock_hash[:12] if st.lock_hash else '?'})"
@@ -74,6 +75,8 @@ class TFLiteToOnnx(Converter):
             details["tflite_rewrite"] = lowered
         if renamed:
             details["io_renamed_to_signature"] = renamed
+        if pinned:
+            details["inputs_pinned_to_tflite_shape"] = pinned
         return ConversionResult(artifact=out, format="onnx", files=[out], tool_versions=tool_versions, details=details)
 
     @staticmethod
@@ -123,6 +126,32 @@ def rename_to_signature(onnx_path: Path, tflite: Path) -> dict[str, str]:
         node.output[:] = [mapping.get(x, x) for x in node.output]
     save_onnx(model, onnx_path)
     return mapping
+
+
+def pin_static_dims(onnx_path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    """A TF2 export keeps its batch dynamic in the TFLite's ``shape_signature`` ([-1, 76, 32, 1]) while the TFLite
+    tensor, what LiteRT and the bundle take, is [1, 76, 32, 1]; tf2onnx writes the signature's -1. Set each graph
+    input's unknown dims to the TFLite's (only where the rank matches and every known dim agrees: anything else is
+    left for the I/O check to refuse); returns the inputs pinned, with their shapes."""
+    from edge.graph.model import load_onnx, save_onnx
+
+    model = load_onnx(onnx_path)
+    pinned: dict[str, list[int]] = {}
+    for v in model.graph.input:
+        want = shapes.get(v.name)
+        dims = v.type.tensor_type.shape.dim
+        if want is None or len(dims) != len(want):
+            continue
+        known = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+        if None not in known or any(k is not None and k != w for k, w in zip(known, want)):
+            continue
+        for d, w in zip(dims, want):
+            d.Clear()
+            d.dim_value = w
+        pinned[v.name] = list(want)
+    if pinned:
+        save_onnx(model, onnx_path)
+    return pinned
 
 
 def _error_from(ev: dict[str, Any], source: Path, work: Path) -> Exception:
