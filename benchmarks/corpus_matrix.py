@@ -152,15 +152,23 @@ def main() -> int:
     from edge.pipeline import convert
     from edge.verify.refpairs import open_checked
 
-    missing = sorted({m for m, *_ in (*EXPECTED, *EXTRA) if not CORPUS[m].path.is_file()})
+    wanted = {m for m, *_ in (*EXPECTED, *EXTRA) if not args.model or m in args.model}
+    missing = sorted(m for m in wanted if not CORPUS[m].path.is_file() and not CORPUS[m].optional)
     if missing:
         C.log(f"missing corpus models ({', '.join(missing)}): run python examples/fetch_pretrained.py")
         return 2
+    skipped = sorted(m for m in wanted if not CORPUS[m].path.is_file())
+    if skipped:  # optional (a licence that is not permissive): fetched only when named
+        C.log(
+            f"skipping optional models not fetched: {', '.join(skipped)} (python examples/fetch_pretrained.py --model NAME)"
+        )
     host = C.host_info()
     rows: list[dict[str, Any]] = []
     with C.workdir(args.workdir) as wd:
         for name, target, precision, expected in sorted((*EXPECTED, *EXTRA), key=lambda c: _ORDER[c[0]]):
             if (args.model and name not in args.model) or (args.target and target not in args.target):
+                continue
+            if name in skipped:
                 continue
             m = CORPUS[name]
             request = m.convert_request(target).replace(

