@@ -126,8 +126,8 @@ DATA_MOVEMENT = frozenset(
         "DepthToSpace",
     }
 )
-#: shape arithmetic (int64), not float compute
-_SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range"})
+#: shape arithmetic (int64) and onnxruntime's NCHWc layout reorders: no float compute
+_SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range", "ReorderInput", "ReorderOutput"})
 _CONVERSIONS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 #: why an op of an int8 graph computes in float
@@ -210,8 +210,21 @@ def quantizer_op_types() -> frozenset[str]:
     return frozenset(QLinearOpsRegistry) | frozenset(QDQRegistry)
 
 
-def _float_reason(node: Any, producer: Mapping[str, Any], kept: Iterable[str], quantizable: frozenset[str]) -> str:
-    if node.name in kept:
+def _is_kept(node: Any, kept: frozenset[str]) -> bool:
+    """Whether ``node`` is (or was fused from) a node edgekit kept float: onnxruntime renames what it rewrites, a
+    fusion to "<node>/QuickGeluFusion/", an NCHWc convolution to "<its output>_nchwc"; ``kept`` holds the kept
+    nodes' names and output tensors."""
+    name = node.name
+    return (
+        name in kept
+        or name.split("/", 1)[0] in kept
+        or name.removesuffix("_nchwc") in kept
+        or any(o in kept for o in node.output)
+    )
+
+
+def _float_reason(node: Any, producer: Mapping[str, Any], kept: frozenset[str], quantizable: frozenset[str]) -> str:
+    if kept and _is_kept(node, kept):
         return "excluded"
     fed_by_dq = any(i in producer and producer[i].op_type == "DequantizeLinear" for i in node.input)
     if node.op_type not in quantizable and not node.op_type.startswith(("QuickGelu", "Fused")):
@@ -269,10 +282,16 @@ def optimized_onnx(artifact: Path, out: Path) -> Any:
 
 
 def placement_of(artifact: Path, kept_float: Iterable[str] = ()) -> Int8Placement:
-    """:func:`int8_placement` of an int8 ONNX file as onnxruntime optimises it on this host."""
+    """:func:`int8_placement` of an int8 ONNX file as onnxruntime optimises it on this host; ``kept_float``: the
+    node names edgekit excluded from quantization (their output tensors are matched too: onnxruntime renames)."""
+    import onnx
+
+    kept = set(kept_float)
+    if kept:
+        kept |= {o for n in onnx.load(str(artifact)).graph.node if n.name in kept for o in n.output}
     with tempfile.TemporaryDirectory(prefix="edgekit-q8-") as tmp:
         model = optimized_onnx(artifact, Path(tmp) / "optimized.onnx")
-    return int8_placement(model.graph, kept_float=kept_float, quantizable=quantizer_op_types())
+    return int8_placement(model.graph, kept_float=kept, quantizable=quantizer_op_types())
 
 
 def int8_report_of(chain: Iterable[Any]) -> dict[str, Any] | None:
