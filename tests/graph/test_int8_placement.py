@@ -22,7 +22,7 @@ from edge.backends.converter import ConversionRequest  # noqa: E402
 from edge.backends.onnxruntime.convert import OnnxToOnnx  # noqa: E402
 from edge.cli import app  # noqa: E402
 from edge.graph.model import io_spec  # noqa: E402
-from edge.graph.quantized import FLOAT_REASONS, int8_placement, optimized_onnx, quantizer_op_types  # noqa: E402
+from edge.graph.quantized import FLOAT_REASONS, int8_placement, optimized_onnx, placement_of, quantizer_op_types  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
 from edge.pipeline.request import ConvertRequest  # noqa: E402
 from edge.spec import Calibration  # noqa: E402
@@ -161,3 +161,40 @@ def test_openvino_int8_says_which_layers_stay_float_and_why(tmp_path: Path) -> N
     assert all(r["why"] == FLOAT_REASONS[r["reason"]] for r in placement["float_ops"])
     assert placement["quantize"] >= 1 and placement["boundaries"] == placement["quantize"] + placement["dequantize"]
     assert any(n.startswith("int8: ") and "int8 layers" in n for n in step["notes"])
+
+
+def test_kept_nodes_are_recognised_after_onnxruntime_renames_them(tmp_path: Path) -> None:
+    """onnxruntime renames what it rewrites (an NCHWc convolution "<output>_nchwc", a SiLU "<mul>/QuickGeluFusion/"):
+    nodes the search kept float still read as excluded, matched by their output tensors."""
+    from onnxruntime import quantization as q
+
+    rng = np.random.default_rng(0)
+    w1 = nh.from_array((rng.standard_normal((32, 3, 3, 3)) * 0.3).astype(np.float32), "w1")
+    w2 = nh.from_array((rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32), "w2")
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["a1"], name="relu1"),
+        h.make_node("Conv", ["a1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        h.make_node("Sigmoid", ["c2"], ["s2"], name="sig2"),
+        h.make_node("Mul", ["c2", "s2"], ["y"], name="silu2"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "kept",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 32, 32])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 32, 32, 32])],
+        [w1, w2],
+    )
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(tmp_path / "f.onnx"))
+    calib = iter([{"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)])
+
+    class Reader(q.CalibrationDataReader):
+        def get_next(self) -> dict | None:
+            return next(calib, None)
+
+    kept = ["conv2", "sig2", "silu2"]
+    q.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), nodes_to_exclude=kept)
+    placement = placement_of(tmp_path / "q.onnx", kept)
+    reasons = {(f.op, f.reason) for f in placement.float_ops}
+    assert ("Conv", "excluded") in reasons and ("QuickGelu", "excluded") in reasons, placement
+    assert not {op for op, why in reasons if why != "excluded"} & {"Conv", "QuickGelu"}, placement
