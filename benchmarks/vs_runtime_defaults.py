@@ -18,10 +18,13 @@ Per host runtime, the same artifact (the bundle's own file) is run two ways in o
                the ONNX layout (NCHW) and converts; its ``infer_native`` takes what plain takes, and is timed
                too ("native ratio": the inference alone)
 
-in two conditions: idle, and with one core kept busy by a child ``python -c 'while 1: pass'``. Each side
-is opened in its condition (the policy looks at the machine when a runner is opened, as on a device),
-timed in blocks interleaved A B, B A, ... (``_common.interleaved``), and the conditions alternate round
-by round. Reported, one table: per model, runtime and condition, the median latency of each side over all
+in three conditions: idle, with one core kept busy by a child ``python -c 'while 1: pass'``, and
+idle->busy: edgekit's runners opened idle, then the child started and ``--follow-s`` seconds of inferences
+(a device that turns busy after its runner opened: the runners re-check the load while they run, see
+``edge.backends.threads``). In idle and busy each side is opened in its condition (the policy looks at the
+machine when a runner is opened, as on a device); plain is always opened in the condition it is timed in.
+Timed in blocks interleaved A B, B A, ... (``_common.interleaved``); the conditions alternate round by
+round. Reported, one table: per model, runtime and condition, the median latency of each side over all
 rounds, the ratio edgekit / plain (goal: <= 1.0) and per round, what edgekit chose (threads, spin-wait,
 where from), and the load: the 1-minute load average and the cores busy elsewhere edgekit's policy measured
 when it opened the runner (the busy child included). ``uptime`` is printed before and after.
@@ -30,10 +33,10 @@ Models: the corpus's conv nets (PP-OCR cls and det, ddddocr's YOLOX det; ``tests
 YOLOv8n-320 (``examples/fetch_pretrained.py --model yolov8n-320``, optional), those present.
 
     .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd            # builds bundles once
-    .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd --rounds 3 --block 15 --models yolov8n-320
+    .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd --rounds 3 --block 15 --models yolov8n-320 --follow-s 0
 
-With the defaults (3 rounds x 2 blocks of 15, 4 models, 3 runtimes) it takes about 5 minutes on the 2-core
-host once the bundles exist.
+With the defaults (2 rounds x 2 blocks of 10, 3 conditions, 4 models, 3 runtimes) it takes about 5
+minutes on the 2-core host at load 5 once the bundles exist (3.5 minutes for idle and busy alone).
 """
 
 from __future__ import annotations
@@ -125,12 +128,14 @@ class Busy:
             self.proc.wait()
 
 
-def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> dict[str, Any]:
+def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int, runner: Any = None) -> dict[str, Any]:
+    """Both sides timed, interleaved. ``runner``: one opened earlier (the turned-busy condition), else edgekit's
+    is opened here, in the condition, as the plain side is."""
     from edge.bench import bundle_feeds
 
     feeds, _ = bundle_feeds(bundle)
-    with Busy(busy):
-        runner = bundle.open_runner()
+    with Busy(busy and runner is None):
+        runner = runner or bundle.open_runner()
         try:
             plain, res = plain_side(runtime, artifact_of(bundle, runtime), feeds)
             calls: dict[str, Any] = {"edgekit": (runner.infer, (feeds,)), "plain": (plain, ())}
@@ -159,6 +164,31 @@ def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int) -> d
         "load_1m": load_1m,
         "replans": len(policy.get("replans") or []),
     }
+
+
+def follow(runners: dict[tuple[str, str], Any], bundles: dict[tuple[str, str], Any], seconds: float) -> None:
+    """``seconds`` of inferences on every runner, round robin: each looks at the load as it would while serving."""
+    from edge.bench import bundle_feeds
+
+    feeds = {key: bundle_feeds(b)[0] for key, b in bundles.items()}
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        for key, runner in runners.items():
+            runner.infer(feeds[key])
+
+
+def run_condition(bundles: dict[tuple[str, str], Any], cond: str, args: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every (model, runtime) measured in ``cond``: idle, busy (both sides opened with the busy child running),
+    or idle->busy (edgekit's runners opened idle, then the child started and ``--follow-s`` of inferences, as a
+    device that turns busy after its runner opened; plain opened busy)."""
+    if cond != "idle->busy":
+        return {key: measure(b, key[1], cond == "busy", args.block, args.blocks) for key, b in bundles.items()}
+    opened = {key: b.open_runner() for key, b in bundles.items()}
+    with Busy(True):
+        follow(opened, bundles, args.follow_s)
+        return {
+            key: measure(b, key[1], False, args.block, args.blocks, runner=opened[key]) for key, b in bundles.items()
+        }
 
 
 def chose(info: dict[str, Any]) -> str:
@@ -218,9 +248,16 @@ def main() -> int:
     p.add_argument("--workdir", required=True, help="bundles are built here once and reused")
     p.add_argument("--models", nargs="*", default=list(CONV_NETS), choices=list(CONV_NETS))
     p.add_argument("--runtimes", nargs="*", default=list(TARGETS), choices=list(TARGETS))
-    p.add_argument("--rounds", type=int, default=3, help="rounds; each runs idle and busy once (default 3)")
-    p.add_argument("--block", type=int, default=15, help="inferences per side per block (default 15)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds; each runs every condition once (default 2)")
+    p.add_argument("--block", type=int, default=10, help="inferences per side per block (default 10)")
     p.add_argument("--blocks", type=int, default=2, help="blocks per side per round and condition (default 2)")
+    p.add_argument(
+        "--follow-s",
+        type=float,
+        default=8.0,
+        help="idle->busy: seconds of inferences after the busy child started, before timing (default 8: the "
+        "runners look every 2 s and switch after two looks agree); 0 leaves the condition out",
+    )
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     work = Path(args.workdir)
@@ -238,19 +275,18 @@ def main() -> int:
                 MODELS / file, TARGETS[rt], work / f"{m}-{TARGETS[rt]}", reuse=True, parity_samples=8, **kw
             )
     samples: dict[tuple[str, str, str], dict[str, list]] = {}
+    conditions = ["idle", "busy"] + (["idle->busy"] if args.follow_s > 0 else [])
     for r in range(args.rounds):
-        for busy in (False, True) if r % 2 == 0 else (True, False):
+        for cond in conditions if r % 2 == 0 else conditions[::-1]:
             time.sleep(2.5)  # edge.backends.threads reuses a load sample for 2 s: let the last condition's expire
-            for (m, rt), b in bundles.items():
-                got = measure(b, rt, busy, args.block, args.blocks)
-                s = samples.setdefault(
-                    (m, rt, "busy" if busy else "idle"), {"edgekit": [], "plain": [], "native": [], "info": []}
-                )
+            for (m, rt), got in run_condition(bundles, cond, args).items():
+                s = samples.setdefault((m, rt, cond), {"edgekit": [], "plain": [], "native": [], "info": []})
                 for side in ("edgekit", "plain", "native"):
                     s[side].append(got.pop(side))
                 s["info"].append(got)
     rows, out = summarise(samples)
-    rows.sort(key=lambda row: (row[2] != "idle", list(CONV_NETS).index(row[0]), list(TARGETS).index(row[1])))
+    order = ["idle", "busy", "idle->busy"]
+    rows.sort(key=lambda row: (order.index(row[2]), list(CONV_NETS).index(row[0]), list(TARGETS).index(row[1])))
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(
         C.table(
