@@ -18,6 +18,7 @@ import pytest
 
 from edge import toolchains
 from edge.backends.litert.format import signature_names
+from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from tests.conftest import assert_user_error, run_cli
@@ -61,6 +62,11 @@ class DynamicBatch(tf.Module):  # shape [1, 16, 8, 1], shape_signature [-1, 16, 
     def __call__(self, x):
         return {"y": tf.reduce_max(tf.nn.relu(tf.nn.conv2d(x, self.w, 1, "SAME")), axis=[1, 2])}
 export(DynamicBatch(), sys.argv[1] + "/dynamic_batch.tflite")
+class Cond(tf.Module):  # a TFLite IF whose branches read the signature-named input (openWakeWord's wake-word heads)
+    @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32, name="x.1")])
+    def __call__(self, x):
+        return {"y": tf.cond(tf.reduce_sum(x) > 0.0, lambda: tf.nn.relu(x) * 2.0, lambda: tf.math.tanh(x) - 1.0)}
+export(Cond(), sys.argv[1] + "/cond.tflite")
 """
 
 
@@ -150,3 +156,21 @@ def test_a_dynamic_batch_export_converts_for_x86(exports: Path, tmp_path: Path) 
     assert b.manifest["parity"]["passed"] is True
     assert [(t.name, tuple(t.shape)) for t in b.io.inputs] == [("input_1", (1, 16, 8, 1))]
     assert b.manifest["chain"][0]["details"]["inputs_pinned_to_tflite_shape"] == {"input_1": [1, 16, 8, 1]}
+
+
+def test_control_flow_reading_a_signature_input_converts_for_x86(exports: Path, tmp_path: Path) -> None:
+    """A TFLite IF whose branches read the input: tf2onnx's If bodies read ``serving_default_x.1:0`` from the outer
+    graph, and renaming the graph's I/O to the signature's names left the bodies reading the old one. Before:
+    "fails the ONNX checker: Nodes in a graph must be topologically sorted, however input 'serving_default_x.1:0'"
+    (openWakeWord's hey_jarvis head); the rename reaches into subgraphs now. OpenVINO's TFLite frontend has no IF
+    translator: refused in one line that names the target which runs the file as it is."""
+    from edge.backends.litert.format import read_tflite
+
+    cond = exports / "cond.tflite"
+    assert "IF" in read_tflite(cond).builtin_ops
+    b = convert(cond, "x86-cpu", tmp_path / "out", ConvertRequest(precision="fp32"))
+    assert b.manifest["parity"]["passed"] is True and [t.name for t in b.io.inputs] == ["x.1"]
+    with pytest.raises(EdgeError) as refused:
+        convert(cond, "intel-igpu", tmp_path / "o", ConvertRequest(precision="fp32"))
+    line = str(refused.value)
+    assert "\n" not in line and "no translator for op IF" in line and "cond.tflite -t arm-xnnpack" in line, line

@@ -121,11 +121,21 @@ def rename_to_signature(onnx_path: Path, tflite: Path) -> dict[str, str]:
         return {}
     for v in list(g.input) + list(g.output) + list(g.value_info):
         v.name = mapping.get(v.name, v.name)
-    for node in g.node:
-        node.input[:] = [mapping.get(x, x) for x in node.input]
-        node.output[:] = [mapping.get(x, x) for x in node.output]
+    _rename_edges(g, mapping)
     save_onnx(model, onnx_path)
     return mapping
+
+
+def _rename_edges(graph: Any, mapping: dict[str, str]) -> None:
+    """Rename node edges in ``graph`` and in every subgraph under it: an If/Loop body reads the outer graph's
+    tensors by name (tf2onnx's translation of a TFLite IF reads the input ``serving_default_x.1:0`` there, and a
+    body left with the old name is not a valid graph: 'Nodes in a graph must be topologically sorted')."""
+    for node in graph.node:
+        node.input[:] = [mapping.get(x, x) for x in node.input]
+        node.output[:] = [mapping.get(x, x) for x in node.output]
+        for attr in node.attribute:
+            for sub in [attr.g] * attr.HasField("g") + list(attr.graphs):
+                _rename_edges(sub, mapping)
 
 
 def pin_static_dims(onnx_path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:

@@ -95,9 +95,15 @@ class TFLiteToOpenVINO(Converter):
             if missing:
                 custom = _custom_ops(path)
                 also = f" (custom ops in the file: {', '.join(custom)})" if custom else ""
+                hint = (
+                    "a custom op needs its own lowering; bring the model's ONNX instead"
+                    if set(missing) <= set(custom)
+                    else f"LiteRT runs it as it is: edgekit convert {source.name} -t arm-xnnpack; "
+                    "or bring the model's ONNX"
+                )
                 raise ConversionError(
                     f"OpenVINO's TFLite frontend cannot convert {source.name}: no translator for op {', '.join(missing)}{also}",
-                    hint="a custom op needs its own lowering; bring the model's ONNX instead",
+                    hint=hint,
                 ) from None
             first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise ConversionError(
