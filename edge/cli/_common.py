@@ -159,4 +159,10 @@ def one_line(text: str) -> str:
 def threads_line(runner: dict[str, Any]) -> str | None:
     """Why the runner runs on the threads it does (``edge.backends.threads``): for the run and bench tables."""
     policy = (runner.get("details") or {}).get("threads_policy")
-    return safe(str(policy["reason"])) if isinstance(policy, dict) and policy.get("reason") else None
+    if not isinstance(policy, dict) or not policy.get("reason"):
+        return None
+    line = str(policy["reason"])
+    replans = policy.get("replans")
+    if isinstance(replans, list) and replans and isinstance(replans[-1], dict):
+        line += f" [re-planned {len(replans)} time(s) as the load changed, last after {replans[-1].get('after_s')} s]"
+    return safe(line)

@@ -372,3 +372,14 @@ def test_litert_threads_from_the_policy(tmp_path: Path) -> None:
         assert r.info.threads == 1 and r.info.details["threads_policy"]["threads_from"] == "policy"
     with LiteRTRunner(model, options={"num_threads": 2}) as r:
         assert r.info.threads == 2 and r.info.details["threads_policy"]["threads_from"] == "option"
+
+
+def test_the_bench_and_run_tables_say_when_the_runner_re_planned() -> None:
+    from edge.cli._common import threads_line
+
+    policy = {"reason": "2 CPU(s) for this process -> 1 thread(s)", "replans": []}
+    assert threads_line({"details": {"threads_policy": policy}}) == policy["reason"]
+    policy["replans"] = [{"after_s": 4.1, "threads": 1}]
+    line = threads_line({"details": {"threads_policy": policy}})
+    assert line is not None and line.endswith("re-planned 1 time(s) as the load changed, last after 4.1 s]")
+    assert threads_line({"details": {}}) is None
