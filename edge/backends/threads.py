@@ -386,6 +386,7 @@ class LoadFollower:
         self.recheck = Recheck(every_s, now, now - opened_at)
         self.opened_at = opened_at
         self.replans: list[dict[str, Any]] = []
+        self.stopped = False  # a re-creation failed: the runner keeps the session it has, and stops looking
         self._lock = threading.Lock()  # one look at a time where threads share a runner
 
     @classmethod
@@ -398,7 +399,7 @@ class LoadFollower:
         return follower if follower.watch.works else None
 
     def due(self) -> bool:
-        return time.monotonic() >= self.recheck.next_look
+        return not self.stopped and time.monotonic() >= self.recheck.next_look
 
     def look(self, current: ThreadPlan, plan_for: Callable[[CpuLoad, float], ThreadPlan]) -> ThreadPlan | None:
         """The plan to re-create the session with now, or None. ``plan_for(load, shared_threshold)``: the plan the
@@ -431,6 +432,18 @@ class LoadFollower:
             }
         )
         del self.replans[:-_MAX_REPLANS_KEPT]
+
+    def failed(self, plan: ThreadPlan, started: float, error: BaseException) -> None:
+        """Re-creating the session with ``plan`` failed: recorded, and no more looks (the old session runs on)."""
+        self.stopped = True
+        self.replans.append(
+            {
+                "after_s": round(started - self.opened_at, 1),
+                "threads": plan.threads,
+                "spinning": plan.spinning,
+                "failed": f"{type(error).__name__}: {str(error)[:200]}; kept the session it had, no more looks",
+            }
+        )
 
 
 def policy_json(plan: ThreadPlan, follower: LoadFollower | None) -> dict[str, Any]:

@@ -306,6 +306,37 @@ def busy_child() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while 1: pass"])
 
 
+def test_a_failed_re_creation_keeps_the_session_it_has(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model file gone from under a running runner (a bundle replaced): the re-creation fails, is recorded,
+    and inference goes on in the session it had; no more looks."""
+    import shutil
+
+    from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+
+    model = Path(shutil.copy(models["tiny"], tmp_path / "tiny.onnx"))
+    idle(monkeypatch)
+    with OnnxRuntimeRunner(model, options={"load_recheck_s": 0.1}) as r:
+        model.unlink()
+        x = {r.inputs[0].name: np.ones(r.inputs[0].shape, dtype=np.float32)}
+        want = r.infer(x)
+        child = busy_child()
+        try:
+            stop = time.monotonic() + 10
+            while time.monotonic() < stop and not r.info.details["threads_policy"]["replans"]:
+                got = r.infer(x)
+        finally:
+            child.kill()
+            child.wait()
+        policy = r.info.details["threads_policy"]
+        assert len(policy["replans"]) == 1 and "kept the session it had" in policy["replans"][0]["failed"], policy
+        assert policy["spinning"] is True and r.info.details["allow_spinning"] is True  # the plan that still runs
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+        assert r._follower is not None and not r._follower.due()
+
+
 @pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: one thread whatever the load")
 def test_litert_recreates_its_interpreter_when_the_load_arrives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

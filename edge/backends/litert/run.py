@@ -434,9 +434,18 @@ class LiteRTRunner(Runner):
         plan = f.follower.look(f.plan, f.plan_for)
         if plan is None:
             return
-        started = time.monotonic()
+        started, before = time.monotonic(), f.loading.threads
         f.loading.threads = plan.threads
-        self._it = f.loading.interpreter(f.loading.load_path, f.resolver)
+        try:
+            it = f.loading.interpreter(f.loading.load_path, f.resolver)
+        except Exception as e:  # noqa: BLE001 - the interpreter it has still runs: never fail an inference for this
+            f.loading.threads = before
+            f.follower.failed(plan, started, e)
+            self.info = replace(
+                self.info, details={**self.info.details, "threads_policy": policy_json(f.plan, f.follower)}
+            )
+            return
+        self._it = it
         self._setup_io(f.sidecar, f.loading.load_path)  # the I/O plans hold the old interpreter's tensors
         f.plan = plan
         f.follower.rebuilt(plan, started)

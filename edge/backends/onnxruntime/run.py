@@ -130,8 +130,16 @@ class OnnxRuntimeRunner(Runner):
         plan = follower.look(self._spec.current, lambda load, threshold: self._spec.plan(load, threshold))
         if plan is None:
             return
-        started = time.monotonic()
-        self._session = self._spec.open(plan)
+        started, current = time.monotonic(), self._spec.current
+        try:
+            self._session = self._spec.open(plan)
+        except Exception as e:  # noqa: BLE001 - the session it has still runs: never fail an inference for this
+            self._spec.current = current
+            follower.failed(plan, started, e)
+            self.info = replace(
+                self.info, details={**self.info.details, "threads_policy": policy_json(current, follower)}
+            )
+            return
         follower.rebuilt(plan, started)
         details = {**self.info.details, "allow_spinning": plan.spinning, "threads_policy": policy_json(plan, follower)}
         self.info = replace(self.info, threads=plan.threads, details=details)
