@@ -67,6 +67,13 @@ class Cond(tf.Module):  # a TFLite IF whose branches read the signature-named in
     def __call__(self, x):
         return {"y": tf.cond(tf.reduce_sum(x) > 0.0, lambda: tf.nn.relu(x) * 2.0, lambda: tf.math.tanh(x) - 1.0)}
 export(Cond(), sys.argv[1] + "/cond.tflite")
+class DynamicLength(tf.Module):  # audio of any length (openWakeWord's melspectrogram): read at [1, 1], it cannot prepare
+    def __init__(self):
+        self.w = tf.constant(np.random.default_rng(4).standard_normal((1, 64, 1, 4)).astype(np.float32))
+    @tf.function(input_signature=[tf.TensorSpec([1, None], tf.float32, name="input")])
+    def __call__(self, x):
+        return {"y": tf.nn.conv2d(tf.reshape(x, [1, 1, -1, 1]), self.w, [1, 1, 16, 1], "VALID")}
+export(DynamicLength(), sys.argv[1] + "/dynamic_length.tflite")
 """
 
 
@@ -174,3 +181,18 @@ def test_control_flow_reading_a_signature_input_converts_for_x86(exports: Path, 
         convert(cond, "intel-igpu", tmp_path / "o", ConvertRequest(precision="fp32"))
     line = str(refused.value)
     assert "\n" not in line and "no translator for op IF" in line and "cond.tflite -t arm-xnnpack" in line, line
+
+
+def test_a_dynamic_input_length_is_named_when_litert_cannot_prepare(exports: Path, tmp_path: Path) -> None:
+    """A TFLite whose input length is dynamic (shape_signature [1, -1]) is read at [1, 1], where its convolution cannot
+    prepare. Before: only "LiteRT could not load ...: Node number 1 (CONV_2D) failed to prepare"; the line names the
+    dynamic input and what to do now."""
+    with pytest.raises(EdgeError) as refused:
+        convert(exports / "dynamic_length.tflite", "arm-xnnpack", tmp_path / "out")
+    line = str(refused.value)
+    assert "\n" not in line and "failed to prepare" in line, line
+    assert (
+        "input 'serving_default_input:0' is dynamic in the file (shape_signature [1, -1]) and was read at [1, 1]"
+        in line
+    )
+    assert "export the model with a fixed input shape" in line

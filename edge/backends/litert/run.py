@@ -560,6 +560,7 @@ class _Loading:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
         no_default = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        it = None
         with captured_stderr() as lines:
             try:
                 it = Interpreter(
@@ -577,12 +578,36 @@ class _Loading:
                         f"{model} is compiled for the Edge TPU (edgetpu-custom-op) and cannot run without the Edge TPU delegate",
                         hint=EDGETPU_INSTALL,
                     ) from None
+                dynamic = _dynamic_inputs(it)
+                why = err.splitlines()[0][:300] if err else type(e).__name__
                 raise ModelError(
-                    f"LiteRT {self.version} could not load {model}: {err.splitlines()[0][:300] if err else type(e).__name__}"
+                    f"LiteRT {self.version} could not load {model}: "
+                    + (f"{why.rstrip('.')}; {dynamic} (edgekit does not resize TFLite inputs)" if dynamic else why),
+                    hint="export the model with a fixed input shape, or bring its ONNX (then --input-shape)"
+                    if dynamic
+                    else None,
                 ) from None
             finally:
                 self.runtime_log.extend(lines)
         return it
+
+
+def _dynamic_inputs(it: Any) -> str:
+    """The inputs whose shape the file leaves dynamic (``shape_signature`` -1) and the shape LiteRT read them at
+    (openWakeWord's melspectrogram: [1, -1] read as [1, 1], too short for its STFT convolution), or ''."""
+    if it is None:
+        return ""
+    try:
+        details = it.get_input_details()
+    except Exception:  # noqa: BLE001 - only for the message
+        return ""
+    found = [
+        f"input {d['name']!r} is dynamic in the file (shape_signature {[int(x) for x in d['shape_signature']]}) and"
+        f" was read at {[int(x) for x in d['shape']]}"
+        for d in details
+        if len(d.get("shape_signature", ())) and min(int(x) for x in d["shape_signature"]) < 0
+    ]
+    return "; ".join(found)
 
 
 def _load_edgetpu(ld: _Loading, lib: str, dev: str) -> tuple[Any, str | None, str]:
