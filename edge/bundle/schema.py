@@ -411,9 +411,10 @@ class Divergence:
     node: str = spec(**_TEXT)
     op: str = spec(max_len=128)
     tensor: str = spec(**_TEXT)
-    cosine: float = spec(**_COS)
-    rel_err: float = spec(ge=0.0, finite=False)
+    cosine: float | None = spec(**_COS)  # None: the converted tensor has another size (note)
+    rel_err: float | None = spec(ge=0.0, finite=False)
     compared: int = spec(ge=0, le=1 << 20)
+    note: str = spec("", **_TEXT)  # what compared it; a size that differs
 
 
 @dataclass(frozen=True)

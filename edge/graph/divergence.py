@@ -1,6 +1,7 @@
 """Where did it diverge? On a parity failure of an ONNX -> ONNX or ONNX -> OpenVINO IR conversion, the first node
 of the source graph whose output, under the same name in the converted graph, differs beyond tolerance (issue #23,
-class 4).
+class 4). ONNX -> TFLite (onnx2tf) is located by onnx2tf's per-node check with the same tolerances
+(``edge.backends.litert.convert.locate_divergence``).
 
 The source runs in onnxruntime's CPU provider, the converted graph there too (ONNX) or in OpenVINO's CPU plugin in
 f32 (IR: OpenVINO keeps the ONNX tensor names), each with the shared intermediate tensors exposed as outputs
@@ -33,25 +34,33 @@ class Divergence:
     node: str
     op: str
     tensor: str
-    cosine: float
-    rel_err: float  # max abs error / the source tensor's range
+    cosine: float | None  # None: the converted tensor has another size (``note`` says which)
+    rel_err: float | None  # max abs error / the source tensor's range
     compared: int  # tensors compared up to and including this one
+    note: str = ""  # what compared it, a size that differs
 
     def describe(self) -> str:
+        if self.cosine is None or self.rel_err is None:
+            how = self.note
+        else:
+            how = f"cosine {self.cosine:.4f}, max error {self.rel_err:.1%} of its range"
         return (
-            f"first diverging node: {self.node} ({self.op}), output {self.tensor!r}: cosine {self.cosine:.4f}, "
-            f"max error {self.rel_err:.1%} of its range ({self.compared} shared tensors compared)"
+            f"first diverging node: {self.node} ({self.op}), output {self.tensor!r}: {how} "
+            f"({self.compared} shared tensors compared{'; ' + self.note if self.note and how != self.note else ''})"
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "node": self.node,
             "op": self.op,
             "tensor": self.tensor,
-            "cosine": round(self.cosine, 6),
-            "rel_err": round(self.rel_err, 6),
+            "cosine": None if self.cosine is None else round(self.cosine, 6),
+            "rel_err": None if self.rel_err is None else round(self.rel_err, 6),
             "compared": self.compared,
         }
+        if self.note:
+            data["note"] = self.note
+        return data
 
 
 def first_divergence(source: Path, candidate: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> Divergence | None:

@@ -486,15 +486,25 @@ def _gate_on_runner(job: _Job, stage: Path, manifest: dict[str, Any], reference:
 
 
 def _locate_divergence(job: _Job, stage: Path, manifest: dict[str, Any], report: Any) -> None:
-    """ONNX -> ONNX / IR: name the first source node whose output differs in the bundle's graph (edge.graph.divergence),
-    in the failure message and the manifest's parity record."""
+    """Name the first source node whose output differs, in the failure message and the manifest's parity record:
+    ONNX -> ONNX / IR by the bundle graph's tensor names (edge.graph.divergence), ONNX -> TFLite by onnx2tf's
+    per-node check (edge.backends.litert.convert.locate_divergence: a second onnx2tf run, on failure only)."""
     artifact = Bundle(stage, manifest).artifact
-    if job.static is None or job.src.format != "onnx" or artifact.suffix not in (".onnx", ".xml"):
+    if job.static is None or job.src.format != "onnx" or artifact.suffix not in (".onnx", ".xml", ".tflite"):
         return
+    from edge.backends.litert.format import sidecar_path
     from edge.graph.divergence import first_divergence
 
+    if artifact.suffix == ".tflite" and not sidecar_path(artifact).is_file():
+        return
     try:
-        found = first_divergence(job.static, artifact, job.parity_inputs)
+        if artifact.suffix == ".tflite":
+            from edge.backends.litert.convert import locate_divergence
+
+            job.say("locating where onnx2tf's translation diverges (onnx2tf's per-node check)")
+            found = locate_divergence(job.static, artifact, job.parity_inputs[0], job.io)
+        else:
+            found = first_divergence(job.static, artifact, job.parity_inputs)
     except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the parity failure itself
         job.say(f"could not locate where the outputs diverge: {type(e).__name__}: {str(e)[:200]}")
         return
@@ -533,6 +543,8 @@ def _gate_on_host_proxy(
             host_proxy=f"host proxy: {what}",
             **job.parity_opts,
         )
+    if not report.passed:
+        _locate_divergence(job, stage, manifest, report)
     record_gate(
         manifest, report, failed=f"{_failed(job)} (host proxy: {name})", accept=job.request.accept_parity_failure
     )

@@ -538,12 +538,16 @@ def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _onnx2tf(job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any]) -> Any:
-    """onnx2tf: the prepared ONNX to a Keras model and a SavedModel in ``work/saved_model``."""
+def _onnx2tf(
+    job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any], extra: dict[str, Any] | None = None
+) -> Any:
+    """onnx2tf: the prepared ONNX to a Keras model and a SavedModel in ``work/saved_model`` (``extra``: more of
+    onnx2tf.convert's arguments)."""
     import onnx2tf
 
     try:
         keras_model = onnx2tf.convert(
+            **(extra or {}),
             input_onnx_file_path=str(src),
             output_folder_path=str(work / "saved_model"),
             output_signaturedefs=True,
@@ -564,6 +568,207 @@ def _onnx2tf(job: dict[str, Any], src: Path, work: Path, prepared: dict[str, Any
     if keras_model is None:
         raise DriverError("onnx2tf", "onnx2tf returned no model; see the log")
     return keras_model
+
+
+# -- where the translation diverges (issue #23, class 4) ------------------------------------------------
+
+#: ONNX element types compared: float tensors only (onnx2tf keeps shape vectors and indices in its own layout's order)
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _aligned(a: Any, b: Any) -> tuple[Any, str]:
+    """``b`` (TensorFlow's tensor) in ``a``'s (ONNX's) layout: the permutation that gives ``a``'s shape and matches it
+    best (identity, channels-last, else any at rank <= 4; size-1 axes ignored), or (None, why) when no
+    permutation gives ``a``'s shape."""
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.size != b.size:
+        return None, f"TensorFlow computes shape {list(b.shape)} where ONNX has {list(a.shape)}"
+    sa = [d for d in a.shape if d != 1]
+    bs = b.reshape([d for d in b.shape if d != 1])
+    perms = _candidate_perms(list(bs.shape), sa)
+    if not perms:
+        return None, f"TensorFlow's shape {list(b.shape)} is no permutation of ONNX's {list(a.shape)}"
+    best = max(perms, key=lambda p: _cos(bs.transpose(p), a))
+    return bs.transpose(best).reshape(a.shape), ""
+
+
+def _verdict(a: Any, b: Any, rel_tolerance: float, min_cosine: float, abs_floor: float) -> dict[str, Any] | None:
+    """How TensorFlow's ``b`` differs from ONNX's ``a``: ``{"diverges": bool, "cosine", "rel_err", "note"}``, or None
+    when they cannot be compared (the same size in a layout no permutation undoes). It diverges beyond
+    ``rel_tolerance`` of ``a``'s range or below ``min_cosine`` by more than ``abs_floor`` (rounding noise, as in
+    x - mean(x) over equal values, has any cosine), when not finite, or at another size."""
+    import numpy as np
+
+    b_in_a, why = _aligned(a, b)
+    if b_in_a is None:
+        return None if a.size == b.size else {"diverges": True, "cosine": None, "rel_err": None, "note": why}
+    a64, b64 = a.astype(np.float64).ravel(), b_in_a.astype(np.float64).ravel()
+    if not np.isfinite(b64).all():
+        return {"diverges": True, "cosine": None, "rel_err": None, "note": "TensorFlow's values are not finite"}
+    span = float(a64.max() - a64.min()) if a64.size else 0.0
+    err = float(np.abs(a64 - b64).max()) if a64.size else 0.0
+    rel = err / span if span > 0 else (0.0 if err == 0 else 1.0)
+    cos = _cos(a64, b64)
+    return {
+        "diverges": err > abs_floor and (rel > rel_tolerance or cos < min_cosine),
+        "cosine": cos,
+        "rel_err": rel,
+        "note": "",
+    }
+
+
+def _descendants(tensor: str, consumers: dict[str, list[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [tensor]
+    while todo:
+        for t in consumers.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def compare_node_outputs(
+    pairs: dict[str, tuple[Any, Any]],
+    order: list[tuple[str, str, str]],
+    consumers: dict[str, list[str]],
+    *,
+    rel_tolerance: float,
+    min_cosine: float,
+    abs_floor: float,
+) -> dict[str, Any]:
+    """The first of ``order`` (ONNX tensor, node, op, in node order) whose TensorFlow value in ``pairs`` (ONNX's value,
+    TensorFlow's) diverges (:func:`_verdict`) and stays diverged: a tensor some later tensor computed from it agrees
+    again (``consumers``: tensor -> the tensors computed from it) is skipped as healed (an ill-conditioned
+    intermediate: the reciprocal square root of a variance that cancels to rounding noise differs by 40 % between two
+    correct runtimes; the normalised output agrees). ``{"divergence": None | {...}, "compared": n,
+    "not_comparable": m, "healed": k}``; ``compared`` counts up to the divergence."""
+    import numpy as np
+
+    verdicts: dict[str, dict[str, Any]] = {}
+    not_comparable = 0
+    for tensor, _node, _op in order:
+        if tensor in pairs:
+            a, b = (np.asarray(x) for x in pairs[tensor])
+            v = _verdict(a, b, rel_tolerance, min_cosine, abs_floor)
+            if v is None:
+                not_comparable += 1
+            else:
+                verdicts[tensor] = v
+    compared = healed = 0
+    for tensor, node, op in order:
+        v = verdicts.get(tensor)
+        if v is None:
+            continue
+        compared += 1
+        if not v["diverges"]:
+            continue
+        if any(not verdicts[d]["diverges"] for d in _descendants(tensor, consumers) if d in verdicts):
+            healed += 1
+            continue
+        found = {"node": node, "op": op, "tensor": tensor, **{k: v[k] for k in ("cosine", "rel_err", "note")}}
+        return {"divergence": found, "compared": compared, "not_comparable": not_comparable, "healed": healed}
+    return {"divergence": None, "compared": compared, "not_comparable": not_comparable, "healed": healed}
+
+
+def _node_order(onnx_path: Path) -> tuple[list[tuple[str, str, str]], dict[str, list[str]]]:
+    """(float output tensor, node name, op type) of ``onnx_path``'s main graph, in node order; and each tensor's
+    consumers' outputs."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - without types every output is compared
+        inferred = model
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).extend(o for o in n.output if o)
+    order = [
+        (o, n.name or f"node {i}", n.op_type)
+        for i, n in enumerate(model.graph.node)
+        for o in n.output
+        if o and types.get(o, 1) in _FLOAT_TYPES
+    ]
+    return order, consumers
+
+
+def _onnx2tf_name(tensor: str) -> str:
+    """The name onnx2tf 1.29.24 gives an ONNX tensor (``sanitizing`` in onnx2tf.convert, with signature defs on)."""
+    import re
+
+    return re.sub("^/", "wa/", tensor.replace(":", "__"))
+
+
+def _sanitize_inputs(path: Path) -> dict[str, str]:
+    """Renames ``path``'s inputs as onnx2tf names its Keras inputs (':' -> '_', no leading '/'): its check feeds the
+    caller's data by one name to both onnxruntime and TensorFlow. Old name -> new, for those renamed."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    renamed = {
+        vi.name: vi.name.replace(":", "_").lstrip("/")
+        for vi in model.graph.input
+        if vi.name not in inits and vi.name.replace(":", "_").lstrip("/") != vi.name
+    }
+    if renamed:
+        for vi in model.graph.input:
+            vi.name = renamed.get(vi.name, vi.name)
+        for node, _prefix in _all_nodes(model.graph):
+            for k, i in enumerate(node.input):
+                if i in renamed:
+                    node.input[k] = renamed[i]
+        onnx.save(model, str(path))
+    return renamed
+
+
+def node_check(job: dict[str, Any], work: Path, timings: dict[str, float]) -> dict[str, Any]:
+    """``task == "onnx2tf-check"``: convert ``job["onnx"]`` again with onnx2tf's per-node check
+    (check_onnx_tf_outputs_elementwise_close_full) on the caller's one sample (``job["sample_files"]``: ONNX input
+    name -> .npy in the TensorFlow input's layout), and compare every node's ONNX and TensorFlow values in node order
+    (:func:`compare_node_outputs`). onnx2tf's own verdict (an absolute tolerance of 1e-4, printed) is not used:
+    its pairs are taken as they reach onnx_tf_tensor_validation."""
+    t0 = time.time()
+    src, prepared = _setup(job, work, timings, t0)
+    from onnx2tf import onnx2tf as o2t
+
+    pairs: dict[str, tuple[Any, Any]] = {}
+
+    def capture(*, output_pairs: dict[tuple[str, str], tuple[Any, Any]], **_: Any) -> dict[str, Any]:
+        for (onnx_name, _tf_name), values in output_pairs.items():
+            pairs[onnx_name] = values  # by onnx2tf's name for the tensor: _onnx2tf_name
+        return {}
+
+    o2t.onnx_tf_tensor_validation = capture
+    stage("onnx2tf: ONNX -> TensorFlow, every node checked against onnxruntime")
+    renamed = _sanitize_inputs(src)
+    extra = {
+        "check_onnx_tf_outputs_elementwise_close_full": True,
+        "custom_input_op_name_np_data_path": [[renamed.get(k, k), v] for k, v in job["sample_files"].items()],
+    }
+    _onnx2tf(job, src, work, prepared, extra)
+    timings["check_s"] = round(time.time() - t0, 2)
+    if not pairs:
+        raise DriverError("onnx2tf_check", "onnx2tf compared no tensors (onnxruntime could not run the graph?)")
+    # the graph onnx2tf translated (simplified in place by onnxsim, unnamed nodes named), by the names the caller gave
+    given = {t: node for t, node, _op in _node_order(Path(job["onnx"]))[0] if not node.startswith("node ")}
+    order, consumers = _node_order(src)
+    order = [(t, given.get(t, node), op) for t, node, op in order]
+    by_onnx = {t: pairs[_onnx2tf_name(t)] for t, _node, _op in order if _onnx2tf_name(t) in pairs}
+    result = compare_node_outputs(
+        by_onnx,
+        order,
+        consumers,
+        rel_tolerance=float(job["rel_tolerance"]),
+        min_cosine=float(job["min_cosine"]),
+        abs_floor=float(job["abs_floor"]),
+    )
+    return {**result, "pairs": len(pairs)}
 
 
 def _prepared_details(prepared: dict[str, Any]) -> dict[str, Any]:
@@ -661,6 +866,9 @@ def main() -> int:
         t0 = time.time()
         if job.get("task") == "tflite->onnx":
             emit("result", **tflite_to_onnx(job), timings={"tf2onnx_s": round(time.time() - t0, 2)})
+            return 0
+        if job.get("task") == "onnx2tf-check":
+            emit("result", **node_check(job, work, timings), timings=timings)
             return 0
         src, prepared = _setup(job, work, timings, t0)
         import numpy as np

@@ -1,7 +1,13 @@
-"""onnx2tf mistranslations (issue #23, class 9): a byte-level classifier built from 1-D convolutions as jax2tf exports
-them (Magika's pattern: Unsqueeze -> Conv 5x1 -> a Slice that keeps everything -> Squeeze) converted for arm-xnnpack
-with outputs unrelated to the source; onnx2tf applied the Slice's ``[:, :, :, :1]`` to the channels-last tensor. The
-rewrite before onnx2tf (``edge.graph.lower.drop_noop_slice_axes``) takes the Slice out; parity then passes."""
+"""onnx2tf mistranslations (issue #23, class 9) and where an onnx2tf conversion diverges (class 4).
+
+A byte-level classifier built from 1-D convolutions as jax2tf exports them (Magika's pattern: Unsqueeze -> Conv 5x1 ->
+a Slice that keeps everything -> Squeeze) converted for arm-xnnpack with outputs unrelated to the source; onnx2tf
+applied the Slice's ``[:, :, :, :1]`` to the channels-last tensor. The rewrite before onnx2tf
+(``edge.graph.lower.drop_noop_slice_axes``) takes the Slice out; parity then passes. Without it, the parity failure
+names the Slice (onnx2tf's per-node check, ``edge.backends.litert.convert.locate_divergence``).
+
+CI runs the rewrite's and the comparison's unit tests and one onnx2tf test (the converter without the rewrite, then
+the check: two onnx2tf runs); the pipeline's end-to-end runs and Magika's are ``corpus_full``."""
 
 from __future__ import annotations
 
@@ -14,9 +20,13 @@ import pytest
 from onnx import helper, numpy_helper
 
 from edge import toolchains
+from edge.backends.converter import ConversionRequest
+from edge.errors import ParityError
 from edge.graph.lower import drop_noop_slice_axes
+from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.toolchains.tflite_driver import compare_node_outputs
 from tests.next_models import byte_conv1d_classifier
 
 SHAPES = {"bytes": (1, 256)}
@@ -78,6 +88,73 @@ def test_a_slice_that_keeps_a_whole_axis_by_its_length_loses_it(tmp_path: Path) 
     assert n == 1 and axes.tolist() == [1]
     x = {"x": np.arange(20, dtype=np.float32).reshape(1, 4, 5, 1)}
     np.testing.assert_array_equal(_run(cut, x), _run(m, x))
+
+
+def _compare(pairs: dict[str, tuple[np.ndarray, np.ndarray]], consumers: dict[str, list[str]]) -> dict:
+    order = [(t, f"n_{t}", "Op") for t in pairs]
+    return compare_node_outputs(pairs, order, consumers, rel_tolerance=0.02, min_cosine=0.999, abs_floor=1e-4)
+
+
+def test_the_per_node_comparison_undoes_layouts_and_skips_what_heals() -> None:
+    """The comparison behind the onnx2tf check: channels-last and squeezed tensors are the same values; a tensor of
+    another size diverges there; rounding noise below the floor does not; an ill-conditioned intermediate whose
+    difference heals downstream is not where it diverges."""
+    rng = np.random.default_rng(0)
+    nchw = rng.standard_normal((1, 8, 6, 1)).astype(np.float32)
+    fine = {
+        "conv": (nchw, nchw.transpose(0, 2, 3, 1)),  # NHWC in TensorFlow
+        "squeezed": (nchw[..., 0], nchw[..., 0].transpose(0, 2, 1)),  # NCW -> NWC
+        "noise": (np.full((4,), 1e-7), np.full((4,), -1e-7)),  # cosine -1, but below the floor
+    }
+    assert _compare(fine, {})["divergence"] is None
+    cut = {**fine, "sliced": (nchw, nchw.transpose(0, 2, 3, 1)[..., :1]), "out": (nchw, -nchw)}
+    got = _compare(cut, {"sliced": ["out"]})
+    assert got["divergence"]["tensor"] == "sliced" and got["divergence"]["cosine"] is None, got
+    assert "[1, 6, 1, 1] where ONNX has [1, 8, 6, 1]" in got["divergence"]["note"]
+    # an rsqrt of cancelled variance differs (40 %), the normalised tensor computed from it agrees: healed
+    ill = {
+        "rsqrt": (np.array([1000.0, 600.0]), np.array([600.0, 1000.0])),
+        "normed": (nchw, nchw),
+        "out": (nchw, -nchw),
+    }
+    got = _compare(ill, {"rsqrt": ["normed"], "normed": ["out"]})
+    assert got["divergence"]["tensor"] == "out" and got["healed"] == 1, got
+
+
+def test_without_the_rewrite_onnx2tf_diverges_at_the_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter without its rewrite (as before class 9's fix): the .tflite fails parity on LiteRT's CPU kernels,
+    and onnx2tf's per-node check names the Slice that keeps everything, by the size TensorFlow gave it."""
+    _needs_onnx2tf()
+    from edge.backends.litert import convert as litert
+
+    src = byte_conv1d_classifier(tmp_path / "bytes.onnx")
+    monkeypatch.setattr(litert, "_lower_for_onnx2tf", lambda source, work, io: (None, {}))
+    (tmp_path / "out").mkdir()
+    req = ConversionRequest(source=src, workdir=tmp_path / "out", precision="fp32", io=io_spec(load_onnx(src)))
+    result = litert.OnnxToTFLite().convert(req)
+    assert result.details["cpu_parity"]["passed"] is False
+    found = litert.locate_divergence(src, result.artifact, _bytes(7), req.io)
+    assert found is not None and (found.node, found.op, found.tensor) == ("keep_all", "Slice", "sliced"), found
+    assert found.cosine is None and "TensorFlow computes shape [1, 252, 1, 1] where ONNX has [1, 32, 252, 1]" in (
+        found.note
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.corpus_full
+def test_the_pipeline_names_the_slice_without_the_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message and the manifest (``parity.first_divergence``), as for ONNX -> ONNX / IR chains."""
+    _needs_onnx2tf()
+    from edge.backends.litert import convert as litert
+
+    monkeypatch.setattr(litert, "_lower_for_onnx2tf", lambda source, work, io: (None, {}))
+    src = byte_conv1d_classifier(tmp_path / "bytes.onnx")
+    data = _parity_bytes(tmp_path / "parity")
+    with pytest.raises(ParityError, match=r"first diverging node: keep_all \(Slice\), output 'sliced'"):
+        convert(src, "arm-xnnpack", tmp_path / "b", ConvertRequest(parity_data=data))
+    b = convert(src, "arm-xnnpack", tmp_path / "kept", ConvertRequest(parity_data=data, accept_parity_failure=True))
+    d = b.manifest["parity"]["first_divergence"]
+    assert (d["node"], d["op"], d["cosine"]) == ("keep_all", "Slice", None) and "252" in d["note"], d
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ from edge.backends.litert.format import IO_SCHEMA, sidecar_path
 from edge.bundle.typedjson import read_json_file
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
+from edge.graph.divergence import MIN_COSINE, REL_TOLERANCE, Divergence
 from edge.graph.opsupport import check_ops
 from edge.toolchains.state import ToolchainStatus
 
@@ -182,7 +183,7 @@ def _driver_job(
         "io_dtype": str(opts.get("io_dtype", "int8")),
         "per_channel": bool(opts.get("per_channel", True)),
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
-        "keep_shape_inputs": _keep_shape_inputs(request) if lstm else [],
+        "keep_shape_inputs": _keep_shape_inputs(request.io) if lstm else [],
         "no_onnxsim": lstm,
         "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs],
     }
@@ -255,11 +256,11 @@ class _Reporter:
                 _say(f"[{t:6.1f}s] {ev['stage']} {ev['done']}/{ev['total']}")
 
 
-def _keep_shape_inputs(request: ConversionRequest) -> list[str]:
+def _keep_shape_inputs(io: Any) -> list[str]:
     """Inputs onnx2tf should not move to channels-last: with a lowered LSTM (edge.graph.lower), the rank-3 non-image
     inputs (audio frames, recurrent state [layers, batch, hidden]): onnx2tf reads them as NCW and slices the
     transposed state along the wrong axis (measured on Silero VAD: a [1, 128, 0] slice)."""
-    return [t.name for t in request.io.inputs if t.layout is None and len(t.shape) == 3]
+    return [t.name for t in io.inputs if t.layout is None and len(t.shape) == 3]
 
 
 def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, dict[str, int]]:
@@ -282,6 +283,69 @@ def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, 
     model, _ = squeeze_to_reshape(model)
     model, slices = drop_noop_slice_axes(model, shapes)
     return save_onnx(model, work / "lowered.onnx"), {"LSTM": count, **({"Slice": slices} if slices else {})}
+
+
+#: the per-node check converts the model again: bounded like a conversion of its size, and at most this long
+CHECK_TIMEOUT_S = 600.0
+#: differences up to this are rounding noise to the per-node check whatever their cosine (onnx2tf's own atol)
+CHECK_ABS_FLOOR = 1e-4
+
+
+def locate_divergence(
+    source: Path, tflite: Path, sample: Mapping[str, Any], io: Any, *, timeout_s: float = CHECK_TIMEOUT_S
+) -> Divergence | None:
+    """Where an ONNX -> TFLite conversion diverges from ``source`` (issue #23, class 4), run on a parity failure only:
+    the source is rewritten as for the conversion (:func:`_lower_for_onnx2tf`) and converted again by onnx2tf with
+    its per-node check on ``sample`` (one parity input, fed in the layouts ``tflite``'s I/O sidecar records); the
+    first node, in the graph's order, whose TensorFlow value differs from onnxruntime's beyond
+    ``edge.graph.divergence``'s tolerances, or has another size. None when every node agrees (the difference then
+    comes from the TFLite conversion or its precision). The TensorFlow model is float: for fp16/int8 bundles this
+    locates the translation's faults only. ``ConversionError`` when the check itself fails."""
+    side = read_json_file(sidecar_path(tflite), what="I/O sidecar", max_bytes=4 << 20, max_depth=16)
+    with tempfile.TemporaryDirectory(prefix="edgekit-onnx2tf-check-") as tmp:
+        work = Path(tmp)
+        lowered, rewritten = _lower_for_onnx2tf(Path(source), work, io)
+        lstm = bool(rewritten.get("LSTM"))
+        files = {}
+        for i, t in enumerate(side["inputs"]):
+            np.save(
+                work / f"input{i}.npy",
+                np.ascontiguousarray(np.asarray(sample[t["name"]]).transpose(t["perm_onnx_to_tflite"])),
+            )
+            files[t["name"]] = str(work / f"input{i}.npy")
+        job = {
+            "task": "onnx2tf-check",
+            "onnx": str(Path(lowered or source).resolve()),
+            "workdir": str(work),
+            "sample_files": files,
+            "keep_shape_inputs": _keep_shape_inputs(io) if lstm else [],
+            "no_onnxsim": lstm,
+            "rel_tolerance": REL_TOLERANCE,
+            "min_cosine": MIN_COSINE,
+            "abs_floor": CHECK_ABS_FLOOR,
+        }
+        final, _ = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=timeout_s)
+        if final["event"] == "error":
+            raise ConversionError(f"onnx2tf's per-node check failed: {_one_line(str(final.get('message', '')), 300)}")
+    found = final.get("divergence")
+    if not found:
+        return None
+    return Divergence(
+        node=str(found["node"])[:1024],
+        op=str(found["op"])[:128],
+        tensor=str(found["tensor"])[:1024],
+        cosine=None if found["cosine"] is None else float(found["cosine"]),
+        rel_err=None if found["rel_err"] is None else float(found["rel_err"]),
+        compared=int(final["compared"]),
+        note=_check_note(found, final)[:1000],
+    )
+
+
+def _check_note(found: Mapping[str, Any], final: Mapping[str, Any]) -> str:
+    note = "onnx2tf's TensorFlow model vs onnxruntime on one parity input"
+    if final.get("healed"):
+        note += f" ({final['healed']} earlier difference(s) healed downstream: ill-conditioned, skipped)"
+    return note + (f": {found['note']}" if found.get("note") else "")
 
 
 def _rewrite_notes(rewritten: Mapping[str, int]) -> list[str]:
