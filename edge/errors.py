@@ -153,8 +153,7 @@ def save_traceback(step: str, exc: BaseException) -> Path | None:
     for d in (crash_log_dir(), fallback):
         try:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = d / f"{stamp}-{os.getpid()}-{word}.log"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            path, fd = _new_log(d, f"{stamp}-{os.getpid()}-{word}")
             with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
             old = sorted(d.glob("*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_CRASH_LOGS]
@@ -164,6 +163,18 @@ def save_traceback(step: str, exc: BaseException) -> Path | None:
         except OSError:
             continue
     return None
+
+
+def _new_log(d: Path, stem: str) -> tuple[Path, int]:
+    """A new file ``STEM.log`` (``STEM-2.log``... when one process fails twice in a second: the agent, a test
+    run in-process), created exclusively with mode 0600; OSError when none can be."""
+    for n in range(1, 100):
+        path = d / (f"{stem}.log" if n == 1 else f"{stem}-{n}.log")
+        try:
+            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{d / stem}.log and 98 more exist")
 
 
 def internal_error_line(step: str, exc: BaseException) -> str:
