@@ -37,7 +37,7 @@ def explain(model: str | os.PathLike[str], request: ConvertRequest | None = None
     if isinstance(src, OnnxSource):
         q = src.quantization()
         out["quantized"] = q.describe() if q is not None else None
-    io = src.io(req.input_shapes)
+    io = src.checked_io(req.input_shapes)
     pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
     kinds = describe_generated(io, pre)
     out["inputs"] = [_input(t, pre, kinds[t.name], req) for t in io.inputs]

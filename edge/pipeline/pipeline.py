@@ -181,7 +181,7 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
             "full-integer int8 .tflite (TFLiteConverter with a representative dataset)",
         )
     say(f"reading {src.path} ({src.format}; route: {p.route})")
-    io = src.io(req.input_shapes)
+    io = src.checked_io(req.input_shapes)
     job = _Job(src=src, profile=profile, plan=p, request=req, say=say, io=io, seen_io=io)
     if req.freeze and isinstance(src, OnnxSource):  # another source with --freeze-input: _check_source refused it
         say("freezing " + ", ".join(f"{k}={v}" for k, v in req.freeze.items()) + " and inlining the Ifs that decides")

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from edge.errors import EdgeError, InputFileError, ModelError
+from edge.errors import EdgeError, InputFileError, ModelError, printable
 from edge.spec import IOSpec, TensorSpec, image_layout
 
 Shapes = Mapping[str, Sequence[int]]
@@ -66,6 +66,11 @@ class Source:
     def io(self, input_shapes: Shapes) -> IOSpec:
         raise NotImplementedError
 
+    def checked_io(self, input_shapes: Shapes) -> IOSpec:
+        """:meth:`io`, refused in one line when no conversion could work with it (:func:`check_io`)."""
+        io = self.io(input_shapes)
+        return io if self.kind == "llm" else check_io(io, self.path)
+
     def static_file(self, work: Path, io: IOSpec) -> Path:
         """The file the chain starts from, with the static shapes of ``io``."""
         return self.path
@@ -73,6 +78,50 @@ class Source:
     def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str] | None:
         """Outputs of the source on ``inputs`` and who computed them; None when a converter does it."""
         return None
+
+
+#: the most bytes one sample of a model's inputs may take: parity, calibration and the benchmark hold
+#: several samples at once (4K RGB float32 is 100 MB; beyond this a file's dims are a mistake or an attack)
+MAX_SAMPLE_BYTES = 1 << 28
+
+
+def check_io(io: IOSpec, origin: Path) -> IOSpec:
+    """``io`` when a tensor model with it can be converted and compared; else one ModelError naming the file:
+    no outputs, an empty input (a 0 dim), inputs too big to hold a sample of, or I/O names that would reach
+    a terminal or a manifest with control characters in them."""
+    problems = [] if io.outputs else ["it declares no outputs: nothing to convert or compare"]
+    names = [t.name for t in (*io.inputs, *io.outputs)]
+    problems += [
+        f"tensor name '{printable(n)}' has control characters" for n in names if printable(n) != n or "\n" in n
+    ]
+    total = 0
+    for t in io.inputs:
+        dims = [d for d in t.shape if isinstance(d, int)]
+        if any(d <= 0 for d in dims):
+            problems.append(f"input {printable(t.name)!r} has shape {list(t.shape)}: a tensor without elements")
+            continue
+        total += int(np.prod(dims, dtype=np.float64)) * _itemsize(t.dtype)
+    if total > MAX_SAMPLE_BYTES:
+        shapes = ", ".join(f"{printable(t.name)!r} {t.dtype}{list(t.shape)}" for t in io.inputs)
+        problems.append(
+            f"one sample of its inputs ({shapes}) is {total / 2**20:,.0f} MiB, more than the "
+            f"{MAX_SAMPLE_BYTES >> 20} MiB edgekit holds per sample (parity and calibration keep several)"
+        )
+    if problems:
+        hint = (
+            "pass a smaller --input-shape, or re-export the model"
+            if total > MAX_SAMPLE_BYTES
+            else "re-export the model"
+        )
+        raise ModelError(f"{origin.name}: " + "; ".join(problems), hint=hint)
+    return io
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return int(np.dtype(dtype).itemsize) or 1
+    except TypeError:
+        return 8
 
 
 # -- ONNX ----------------------------------------------------------------------------------------
@@ -114,7 +163,9 @@ class OnnxSource(Source):
     def io(self, input_shapes: Shapes) -> IOSpec:
         from edge.graph.model import io_spec, resolve_static_inputs
 
-        return resolve_static_inputs(io_spec(self.model), {k: tuple(v) for k, v in input_shapes.items()}, self.path)
+        return resolve_static_inputs(
+            io_spec(self.model, self.path), {k: tuple(v) for k, v in input_shapes.items()}, self.path
+        )
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
         from edge.graph.model import make_static, save_onnx

@@ -532,11 +532,11 @@ def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray 
 
 def column_range(ref: Sequence[np.ndarray], transposed_ok: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per-column (last axis; the middle axis of a [1, K, N] head) min and max over samples."""
-    a = np.asarray(ref[0])
+    a = np.atleast_1d(np.asarray(ref[0]))  # a scalar output is one column
     axis_last = not (a.ndim == 3 and a.shape[1] < a.shape[2] and transposed_ok and a.shape[2] % 21 == 0)
     lo = hi = None
     for r in ref:
-        x = np.asarray(r, dtype=np.float64)
+        x = np.atleast_1d(np.asarray(r, dtype=np.float64))
         x = x.reshape(-1, x.shape[-1]) if axis_last else np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])
         rl, rh = x.min(axis=0), x.max(axis=0)
         lo = rl if lo is None else np.minimum(lo, rl)
