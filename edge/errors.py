@@ -177,10 +177,29 @@ def _new_log(d: Path, stem: str) -> tuple[Path, int]:
     raise FileExistsError(f"{d / stem}.log and 98 more exist")
 
 
+#: (step, exception type) -> the crash log of its first occurrence in this process (:func:`daemon_error_line`)
+_FIRST_LOG: dict[tuple[str, str], Path | None] = {}
+
+
+def daemon_error_line(step: str, exc: BaseException) -> str:
+    """One line for a long-running process's log (the agent's threads, the MQTT loops): an EdgeError's message;
+    any other exception :func:`internal_error_line`, its traceback saved the first time STEP fails with that
+    type in this process (a loop that trips over one bug a thousand times writes one file, not a thousand)."""
+    if isinstance(exc, EdgeError):
+        return f"{step}: " + " | ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    key = (step, type(exc).__name__)
+    if key not in _FIRST_LOG:
+        _FIRST_LOG[key] = save_traceback(step, exc)
+    return _internal_line(step, exc, _FIRST_LOG[key])
+
+
 def internal_error_line(step: str, exc: BaseException) -> str:
     """``internal error in STEP: Type: message; details in FILE``, the traceback saved (:func:`save_traceback`).
     The message is cut to one line of at most 300 characters; control characters are the caller's to escape."""
-    path = save_traceback(step, exc)
+    return _internal_line(step, exc, save_traceback(step, exc))
+
+
+def _internal_line(step: str, exc: BaseException, path: Path | None) -> str:
     message = " | ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     message = message if len(message) <= 300 else message[:297] + "..."
     where = f"details in {path}" if path is not None else "the traceback could not be saved (no writable log directory)"

@@ -30,7 +30,7 @@ from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.agent.sources import open_source, parse_source
 from edge.agent.thermal import ThermalProbe
 from edge.bundle.typedjson import UnreadableFile, read_json_file, write_json_atomic
-from edge.errors import EdgeError
+from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.mqtt.netloop import Backoff, NetworkLoop
@@ -140,7 +140,7 @@ class InferenceWorker:
                         self._misses += 1
         except Exception as e:  # reported in state and telemetry; the agent keeps reporting
             self.error = f"{type(e).__name__}: {e}"
-            log.exception("inference failed")
+            log.error("inference failed: %s", daemon_error_line("agent inference", e))
 
     def take_window(self) -> tuple[list[float], int]:
         with self._lock:
@@ -482,8 +482,8 @@ class Agent:
                         self._apply_cancel = None
                 elif poll:
                     self._poll_current()
-            except Exception:  # a bug here must not stop the agent reporting
-                log.exception("control thread")
+            except Exception as e:  # a bug here must not stop the agent reporting
+                log.error("%s", daemon_error_line("agent control thread", e))
 
     def _hold_for_tune(self, d: DesiredState) -> tuple[DesiredState, threading.Event] | None:
         """The desired state to apply now and its cancel event (``_apply_cancel``), once no device tune runs (None:

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from edge.agent.host import AgentHost
-from edge.errors import EdgeError
+from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.payloads import MAX_TUNE_REQUEST_BYTES as MAX_REQUEST_BYTES
 from edge.mqtt.payloads import SCHEMA_VERSION, encode, message
 from edge.mqtt.topics import Topic
@@ -257,7 +257,7 @@ class TuneJob:
         except TuneRequestError as e:
             final = ("refused", {"field": e.field, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - reported to the host; the agent goes on
-            log.exception("tune %s", self.req.study_id)
+            log.error("tune %s: %s", self.req.study_id, daemon_error_line("agent tune", e))
             final = ("failed", {"error": f"{type(e).__name__}: {str(e)[:500]}"})
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -32,6 +32,7 @@ import struct
 import time
 from typing import Any, Callable
 
+from edge.errors import daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff, NetworkLoop, Reconnecting
 
@@ -440,7 +441,7 @@ class LiteClient:
                 self.close(f"malformed packet from the broker: {m}", level=logging.WARNING)
                 return
             except Exception as e:  # a bug behind the callback: drop the connection, unacknowledged ones come again
-                log.exception("%s: error handling a packet", self.owner.client_id)
+                log.error("%s: %s", self.owner.client_id, daemon_error_line("mqtt packet handling", e))
                 self.close(f"error handling a packet: {type(e).__name__}", level=logging.WARNING)
                 return
         if error or eof:

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from edge.errors import daemon_error_line
 from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
 from edge.mqtt.ratelog import RateLimitedLog
 
@@ -179,9 +180,10 @@ class NetworkLoop:
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
-        except Exception:  # a bug in one callback must not stop every client on this loop
+        except Exception as e:  # a bug in one callback must not stop every client on this loop
             self.errors += 1  # rate-limited: a message that trips a bug may arrive a thousand times a second
-            self._errlog.log(logging.ERROR, "callback", "error in MQTT network loop", exc_info=True)
+            line = daemon_error_line("mqtt network loop", e)  # one traceback file per type, not per message
+            self._errlog.log(logging.ERROR, "callback", "error in MQTT network loop: %s", line)
             return None
 
     # the loop ----------------------------------------------------------------------------
