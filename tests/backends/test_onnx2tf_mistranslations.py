@@ -167,3 +167,30 @@ def test_the_jax2tf_conv1d_classifier_converts_for_arm_xnnpack(tmp_path: Path) -
     assert parity["passed"] is True and parity.get("accepted_failure") is not True, parity
     assert parity["input_provenance"]["count"] == 6 and parity["outputs"][0]["top1"] == 1.0
     assert b.manifest["chain"][0]["details"]["lowered"] == {"Slice": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.corpus_full
+def test_magika_without_the_rewrite_diverges_at_its_conv_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real model (tests/corpus.py): before the rewrite its arm-xnnpack conversion came out at cosine 0.00004 with
+    no place named; onnx2tf's per-node check names the Slice after its Conv (the corpus case checks that it passes)."""
+    _needs_onnx2tf()
+    from edge.backends.litert import convert as litert
+    from edge.pipeline.sources import OnnxSource
+    from tests.corpus import corpus_model
+
+    src = OnnxSource(corpus_model("magika"))
+    m = load_onnx(src.static_file(tmp_path, src.io({"bytes": (1, 2048)})))
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 1  # [N, 214] at N = 1
+    static = tmp_path / "magika.static.onnx"
+    onnx.save(m, str(static))
+    io = io_spec(m)
+    monkeypatch.setattr(litert, "_lower_for_onnx2tf", lambda source, work, io: (None, {}))
+    (tmp_path / "out").mkdir()
+    req = ConversionRequest(source=static, workdir=tmp_path / "out", precision="fp32", io=io)
+    result = litert.OnnxToTFLite().convert(req)
+    assert result.details["cpu_parity"]["passed"] is False
+    sample = {"bytes": np.random.default_rng(3).integers(0, 257, (1, 2048)).astype(np.int32)}
+    found = litert.locate_divergence(static, result.artifact, sample, req.io)
+    assert found is not None and found.op == "Slice" and found.node.endswith("Conv_0/strided_slice_2"), found
+    assert "[1, 508, 1, 1] where ONNX has [1, 512, 508, 1]" in found.note
