@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest
-from edge.errors import ParityError
+from edge.errors import ConversionError, ParityError
 from edge.graph.lower import drop_noop_slice_axes
 from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
@@ -119,6 +119,20 @@ def test_the_per_node_comparison_undoes_layouts_and_skips_what_heals() -> None:
     }
     got = _compare(ill, {"rsqrt": ["normed"], "normed": ["out"]})
     assert got["divergence"]["tensor"] == "out" and got["healed"] == 1, got
+
+
+def test_the_check_refuses_what_would_not_fit_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded: the per-node check holds every activation about three times; on a host without the RAM for it,
+    one line instead of an out-of-memory kill (the pipeline then reports the parity failure without a node)."""
+    from edge.backends.litert import convert as litert
+    from edge.backends.onnxruntime import convert as ort_convert
+
+    src = byte_conv1d_classifier(tmp_path / "bytes.onnx")
+    monkeypatch.setattr(ort_convert, "available_ram", lambda: 1 << 20)  # a 1 MiB host: the check needs ~0.8 MiB
+    with pytest.raises(
+        ConversionError, match=r"per-node check would hold about \d+ MiB of activations, more than 50% of the 1 MiB"
+    ):
+        litert.locate_divergence(src, tmp_path / "never-read.tflite", _bytes(0), io_spec(load_onnx(src)))
 
 
 def test_without_the_rewrite_onnx2tf_diverges_at_the_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -301,6 +301,7 @@ def locate_divergence(
     ``edge.graph.divergence``'s tolerances, or has another size. None when every node agrees (the difference then
     comes from the TFLite conversion or its precision). The TensorFlow model is float: for fp16/int8 bundles this
     locates the translation's faults only. ``ConversionError`` when the check itself fails."""
+    _check_fits(source)
     side = read_json_file(sidecar_path(tflite), what="I/O sidecar", max_bytes=4 << 20, max_depth=16)
     with tempfile.TemporaryDirectory(prefix="edgekit-onnx2tf-check-") as tmp:
         work = Path(tmp)
@@ -339,6 +340,26 @@ def locate_divergence(
         compared=int(final["compared"]),
         note=_check_note(found, final)[:1000],
     )
+
+
+#: the per-node check holds every float activation about three times (onnxruntime's, TensorFlow's, the Keras model
+#: built to expose them): it runs when that fits in this share of the available RAM
+CHECK_RAM_SHARE = 0.5
+
+
+def _check_fits(source: Path) -> None:
+    """``ConversionError`` when the per-node check of ``source`` (static shapes) would not fit in memory."""
+    from edge.backends.onnxruntime.convert import available_ram
+    from edge.graph.model import load_onnx
+    from edge.graph.recipes import float_tensors
+
+    need = 3 * 4 * sum(float_tensors(load_onnx(source)).values())  # float32 bytes
+    have = available_ram()
+    if have and need > CHECK_RAM_SHARE * have:
+        raise ConversionError(
+            f"onnx2tf's per-node check would hold about {need / 2**20:.0f} MiB of activations, more than "
+            f"{CHECK_RAM_SHARE:.0%} of the {have / 2**20:.0f} MiB available"
+        )
 
 
 def _check_note(found: Mapping[str, Any], final: Mapping[str, Any]) -> str:
