@@ -218,6 +218,13 @@ def onnx_odd_dtype(d: Path, rng: np.random.Generator) -> Path:
     return _save(_model([helper.make_node("Identity", ["x"], ["y"])], [x], [_f("y", [1, 4])]), d / "complex.onnx")
 
 
+def onnx_unknown_elem_type(d: Path, rng: np.random.Generator) -> Path:
+    """An element type number no ONNX version defines (a flipped byte in a real file did this)."""
+    m = _conv_model()
+    m.graph.input[0].type.tensor_type.elem_type = 39
+    return _save(m, d / "unknown_elem_type.onnx")
+
+
 def onnx_symbolic_only(d: Path, rng: np.random.Generator) -> Path:
     return _save(_conv_model(["n", "c", "h", "w"]), d / "symbolic.onnx")
 
@@ -465,6 +472,7 @@ ONNX: dict[str, Builder] = {
         onnx_raw_data_short,
         onnx_future_opset,
         onnx_odd_dtype,
+        onnx_unknown_elem_type,
         onnx_symbolic_only,
         onnx_rank_zero,
         onnx_bad_names,

@@ -146,7 +146,9 @@ def _tensor_problem(vi: Any, kind: str) -> str | None:
     try:
         _np_dtype(et)
     except (KeyError, ValueError, TypeError):
-        return f"{kind} {vi.name!r} has element type {TensorProto.DataType.Name(et)}, which numpy cannot hold"
+        known = et in TensorProto.DataType.values()  # a corrupt file may hold any number here
+        name = TensorProto.DataType.Name(et) if known else f"{et} (not an ONNX element type)"
+        return f"{kind} {vi.name!r} has element type {name}, which numpy cannot hold"
     return None
 
 

@@ -30,6 +30,7 @@ from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
 from edge.bundle.typedjson import write_json_atomic
 from edge.errors import (
     CalibrationError,
+    ConversionError,
     InputFileError,
     MissingDependencyError,
     ModelError,
@@ -241,17 +242,21 @@ def _run_chain(job: _Job, static: Path, work: Path, stage: Path) -> Path:
         last = i == len(job.plan.steps) - 1
         out_dir = stage if last else work / f"step{i}"
         out_dir.mkdir(exist_ok=True)
-        result = step.converter().convert(
-            ConversionRequest(
-                source=current,
-                workdir=out_dir,
-                precision=step.precision,
-                io=job.io,
-                preprocess=job.pre,
-                calibration=job.calibration,
-                options=step.options,
-            )
+        request = ConversionRequest(
+            source=current,
+            workdir=out_dir,
+            precision=step.precision,
+            io=job.io,
+            preprocess=job.pre,
+            calibration=job.calibration,
+            options=step.options,
         )
+        try:
+            result = step.converter().convert(request)
+        except ConversionError as e:  # a step's file is edgekit's (source.static.onnx, step0/...): name the user's
+            if type(e) is not ConversionError or job.src.path.name in e.message:
+                raise
+            raise ConversionError(f"{job.src.path.name}: {e.message}", hint=e.hint) from None
         job.converter_proxy = result.proxy if last else None
         if result.reference is not None and job.reference is None:  # a PyTorch source: the converter ran it
             _take_torch_reference(job, result)
@@ -648,7 +653,7 @@ def _llm_quant(src: GGUFSource, profile: TargetProfile, req: ConvertRequest) -> 
     llm = profile.llm
     if llm is None:
         raise TargetError(
-            f"target {profile.name!r} has no [llm] section: it does not run GGUF language models",
+            f"{src.path.name} is a GGUF language model; target {profile.name!r} has no [llm] section: it does not run them",
             hint="targets with one: see `edgekit targets --json` (llm != null)",
         )
     own = src.source_type

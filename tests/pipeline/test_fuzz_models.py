@@ -86,7 +86,7 @@ CASES = [
 @pytest.mark.parametrize("name, target", CASES)
 def test_fuzzed_model_converts_or_is_refused_in_one_line(name: str, target: str, tmp_path: Path) -> None:
     path = build(name, tmp_path / "in")
-    code = convert_then_use(path, target, tmp_path / f"{name}-bundle", verify=target != "x86-cpu")
+    code = convert_then_use(path, target, tmp_path / f"{name}-bundle", verify=target == "arm-xnnpack")
     if target == "x86-cpu" and name in MUST_CONVERT:
         assert code == 0, f"{name} is a valid model and must convert on x86-cpu"
     assert not (tmp_path / "crashes").exists(), "an internal error was logged"
