@@ -27,6 +27,10 @@ To stay there: ``arm-xnnpack`` (onnx2tf in the tflite toolchain, 25-75 s a model
 default, only; int8 where calibration is cheap (PP-OCRv6 det and ddddocr's detector on x86-cpu int8
 pass but take ~110 s and ~5 min: ``benchmarks/corpus_matrix.py`` runs them); GGUF on x86-cpu,
 requantized only. The slow cases are marked ``slow``: ``-m "not slow"`` runs the rest.
+
+Issue #23 grew the corpus to 21 models (and 3 optional ones, CC BY-NC-SA 4.0, fetched only when named). CI runs
+each new model's cheapest case where it costs under 2 s, and the cheap refusals (about 5 s in all); the rest is
+``corpus_full``, about 12 more minutes at load 4-6 (onnx2tf on the MiniLM encoder alone 4 min, the layout detector 2).
 """
 
 from __future__ import annotations
