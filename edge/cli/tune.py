@@ -11,6 +11,7 @@ from rich.table import Table
 from edge.cli._common import JsonOut, TargetsDir, console, fmt_ms, print_json, safe, steps
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
+from edge.errors import ModelError
 from edge.tune.config import OBJECTIVES
 
 
@@ -192,5 +193,8 @@ def tune_cmd(
         print_json(data)
     else:
         render_tune(data)
+    reason = result.nothing_converted()
+    if reason is not None:  # a bad model is a user error (exit 2), not a verdict on the configurations
+        raise ModelError(f"{model.name}: no configuration converted: {reason}")
     if result.winner is None:
         raise typer.Exit(1)

@@ -147,6 +147,14 @@ class TuneResult:
     convert_s: float = 0.0
     search_s: float = 0.0
 
+    def nothing_converted(self) -> str | None:
+        """The first refusal when no configuration converted at all (the model, not a setting, is the problem),
+        else None."""
+        statuses = [str(t.get("status", "")) for t in self.trials]
+        if not statuses or not all(s.startswith("conversion failed: ") for s in statuses):
+            return None
+        return statuses[0].removeprefix("conversion failed: ")
+
     def summary(self) -> str:
         """One line: what was tried, what passed parity, what was chosen and how fast, and where it ran."""
         failed = sum((t.get("parity") or {}).get("passed") is False for t in self.trials)

@@ -182,3 +182,21 @@ def test_two_internal_errors_in_one_second_get_two_logs(tmp_path: Path) -> None:
     assert all(p is not None and p.parent == tmp_path / "crashes" for p in paths), paths
     assert len({p for p in paths}) == 3
     assert [re.search(r"RuntimeError: (\d)", p.read_text()).group(1) for p in paths if p] == ["0", "1", "2"]  # type: ignore[union-attr]
+
+
+#: the other commands that read a model file: deploy and tune (convert first), firmware c-array (a .tflite)
+OTHER_COMMANDS = [n for n in sorted(fuzz_models.ALL) if n not in MUST_CONVERT]
+
+
+@pytest.mark.parametrize(
+    "name", [n if i % 4 == 0 else pytest.param(n, marks=FULL) for i, n in enumerate(OTHER_COMMANDS)]
+)
+def test_deploy_tune_and_c_array_refuse_fuzzed_models_in_one_line(name: str, tmp_path: Path) -> None:
+    path = build(name, tmp_path / "in")
+    r = cli("deploy", str(path), "-t", "x86-cpu", "-d", str(tmp_path / "device"))
+    assert_clean(r, path, "deploy")
+    r = cli("tune", str(path), "-t", "x86-cpu", "--out", str(tmp_path / "tuned"), "--max-trials", "1")
+    assert_clean(r, path, "tune")
+    if path.suffix == ".tflite":
+        assert_clean(cli("firmware", "c-array", str(path), "-o", str(tmp_path / "m.cc")), path, "firmware c-array")
+    assert not (tmp_path / "crashes").exists()
