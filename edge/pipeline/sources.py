@@ -364,7 +364,12 @@ class OpenVINOSource(Source):
             try:
                 self._model = ov_core().read_model(str(self.path), str(self.bin))
             except Exception as e:  # noqa: BLE001 - a malformed IR is a bad input file
-                raise InputFileError(f"OpenVINO could not read {self.path}: {str(e).splitlines()[0][:300]}") from None
+                # OpenVINO's message is a stack of "Exception from FILE:LINE:" lines; the reason is the last line
+                lines = [
+                    ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Exception from ")
+                ]
+                reason = (lines[-1] if lines else str(e).strip() or type(e).__name__)[:300]
+                raise InputFileError(f"OpenVINO could not read {self.path}: {reason}") from None
         return self._model
 
     def own_precision(self) -> str:

@@ -92,6 +92,14 @@ def test_fuzzed_model_converts_or_is_refused_in_one_line(name: str, target: str,
     assert not (tmp_path / "crashes").exists(), "an internal error was logged"
 
 
+def test_a_junk_openvino_ir_says_why_not_where(tmp_path: Path) -> None:
+    """OpenVINO's message starts with lines naming its own source files; the refusal keeps the reason."""
+    path = build("xml_junk", tmp_path / "in")
+    r = cli("convert", str(path), "-t", "intel-igpu", "--explain")
+    assert_clean(r, path, "convert --explain")
+    assert r.exit_code == 2 and "Unable to read the model" in r.stderr and "core.cpp" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("name", ["onnx_truncated", "tflite_bogus_buffer_offset", "gguf_random_magic", "valid_conv"])
 def test_bench_and_verify_given_a_model_file_instead_of_a_bundle(name: str, tmp_path: Path) -> None:
     path = build(name, tmp_path / "in")
