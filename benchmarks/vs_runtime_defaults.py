@@ -19,7 +19,7 @@ Per host runtime, the same artifact (the bundle's own file) is run two ways in o
                too ("native ratio": the inference alone)
 
 in three conditions: idle, with one core kept busy by a child ``python -c 'while 1: pass'``, and
-idle->busy: edgekit's runners opened idle, then the child started and ``--follow-s`` seconds of inferences
+idle->busy: edgekit's runners opened idle, then the child started and ``--follow-s`` (14) seconds of inferences
 (a device that turns busy after its runner opened: the runners re-check the load while they run, see
 ``edge.backends.threads``). In idle and busy each side is opened in its condition (the policy looks at the
 machine when a runner is opened, as on a device); plain is always opened in the condition it is timed in.
@@ -224,7 +224,7 @@ def summarise(samples: dict[tuple[str, str, str], dict[str, list]]) -> tuple[lis
                 "-" if native is None else f"{native:.2f}",
                 f"{min(loads):.1f}-{max(loads):.1f}",
                 f"{min(others):.2f}-{max(others):.2f}" if others else "-",
-                chose(info[-1]),
+                " | ".join(dict.fromkeys(chose(i) for i in info)),  # each distinct configuration, in round order
             ]
         )
         out.append(
@@ -254,9 +254,11 @@ def main() -> int:
     p.add_argument(
         "--follow-s",
         type=float,
-        default=8.0,
-        help="idle->busy: seconds of inferences after the busy child started, before timing (default 8: the "
-        "runners look every 2 s and switch after two looks agree); 0 leaves the condition out",
+        default=14.0,
+        help="idle->busy: seconds of inferences after the busy child started, before timing (default 14: the "
+        "runners look every 2 s and switch after two looks agree, at least 5 s apart; a runner that spins "
+        "while the child starts sees only part of its core at first, so the switch can take two steps: spin-wait "
+        "off, then fewer threads); 0 leaves the condition out",
     )
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
@@ -307,7 +309,8 @@ def main() -> int:
             title=f"edgekit default vs runtime defaults ({args.rounds} rounds x {args.blocks} blocks of "
             f"{args.block}, interleaved; p50; ratio = edgekit / plain, goal <= 1.0; native ratio: LiteRT's "
             "infer_native, inputs in the .tflite layout as plain's; busy elsewhere: cores, as edgekit's policy "
-            "measured them when opening, the busy child included)",
+            "measured them when opening or at its last re-plan, the busy child included; edgekit ran with: "
+            "each distinct configuration over the rounds)",
         )
     )
     C.log("uptime after: " + after)
