@@ -13,9 +13,11 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 #: exit codes: a measured verdict refused the work (over budget: as `edgekit bench`); the user's input was
 #: refused; edgekit failed unexpectedly (a bug)
@@ -191,6 +193,19 @@ def daemon_error_line(step: str, exc: BaseException) -> str:
     if key not in _FIRST_LOG:
         _FIRST_LOG[key] = save_traceback(step, exc)
     return _internal_line(step, exc, _FIRST_LOG[key])
+
+
+def thread_excepthook(say: Callable[[str], None]) -> Callable[[threading.ExceptHookArgs], None]:
+    """A ``threading.excepthook`` for a command's run: a thread that dies of an uncaught exception is one line
+    through ``say`` (:func:`daemon_error_line`, step ``thread NAME``) instead of Python's traceback on stderr."""
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit or args.exc_value is None:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        say(daemon_error_line(f"thread {name}", args.exc_value))
+
+    return hook
 
 
 def internal_error_line(step: str, exc: BaseException) -> str:

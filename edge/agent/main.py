@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable, thread_excepthook
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -225,6 +225,7 @@ def run(cfg: Any, *, duration: float | None, flush_timeout: float, say: Any = No
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    threading.excepthook = thread_excepthook(lambda line: print(f"error: {line}", file=sys.stderr))
     try:
         setup_logging(ns.log_level)
         summary = run(config_from(ns), duration=ns.duration, flush_timeout=ns.flush_timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable
+from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable, thread_excepthook
 
 TargetsDir = typer.Option(
     None,
@@ -112,6 +113,8 @@ def command(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = threading.excepthook  # a thread the command starts dies in one line too
+        threading.excepthook = thread_excepthook(_print_error)
         try:
             return fn(*args, **kwargs)
         except EdgeError as e:
@@ -123,8 +126,14 @@ def command(fn: F) -> F:
             if type(e).__module__.split(".")[0] in ("click", "typer"):  # a usage error raised inside a command
                 raise
             internal_error(_step_name(fn), e)
+        finally:
+            threading.excepthook = previous
 
     return wrapper  # type: ignore[return-value]
+
+
+def _print_error(line: str) -> None:
+    err_console.print(f"[bold red]error:[/] {safe(line)}", highlight=False, soft_wrap=True)
 
 
 def internal_error(step: str, exc: BaseException) -> NoReturn:

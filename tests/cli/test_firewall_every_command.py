@@ -187,3 +187,30 @@ def test_each_command_fails_as_one_line_exit_3_and_a_log(
     assert log.parent == logs and log.is_file() and (log.stat().st_mode & 0o077) == 0
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "in injected" in text
+
+
+def test_a_thread_a_command_starts_dies_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that dies of a bug (a video stage, an HTTP server, a loop) printed Python's traceback: now one
+    line through the same firewall, its traceback in the log; the command itself goes on."""
+    import threading
+
+    import edge.cli.doctor
+
+    def doctor_with_a_dying_thread(*args: Any, **kwargs: Any) -> list[Any]:
+        t = threading.Thread(target=lambda: {}["no-such-key"], name="edgekit-test-worker")
+        t.start()
+        t.join()
+        return []
+
+    monkeypatch.setenv("EDGEKIT_LOG_DIR", str(tmp_path / "crashes"))
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setattr(edge.cli.doctor, "doctor", doctor_with_a_dying_thread)
+    r = CliRunner().invoke(app, ["doctor", "--json"])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(
+        "error: internal error in thread edgekit-test-worker: KeyError: 'no-such-key'; details in "
+    )
+    log = Path(lines[0].rsplit("details in ", 1)[1])
+    assert log.parent == tmp_path / "crashes" and "Traceback (most recent call last)" in log.read_text()
