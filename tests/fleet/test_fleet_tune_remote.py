@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import mqtt_broker
+import numpy as np
 import pytest
 from conftest import REPO, assert_user_error, run_cli, wait_for
 
@@ -29,6 +30,7 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
 from edge.tune.search import TuneOptions
+from tests import fuzz_models
 
 FLEET, DEVICE = "lab", "dev-1"
 SHA = "ab" * 32
@@ -431,6 +433,17 @@ def test_cli_refuses_an_unknown_device_in_one_line(
         str(tmp_path / "o"),
     )
     assert_user_error(p, "device nobody has no birth")
+
+
+def test_a_model_no_configuration_converts_is_a_user_error(mqtt: Any, agent: dict[str, Any], tmp_path: Path) -> None:
+    """As for `edgekit tune`: a model onnxruntime cannot load (an op from an unknown domain) is exit 2 naming the
+    file and the first refusal, not exit 1 (a verdict on configurations), and nothing reaches the device."""
+    model = fuzz_models.onnx_unknown_domain(tmp_path, np.random.default_rng(0))
+    p = run_cli(
+        "fleet", "tune", str(model), "--device", DEVICE, "--fleet", FLEET, "--broker", mqtt.url,
+        "--target", "x86-cpu", "--serve", "127.0.0.1:0", "--max-trials", "1", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert_user_error(p, "no configuration converted here", model.name)
 
 
 def test_device_with_a_trust_store_measures_signed_trials_only(
