@@ -102,6 +102,19 @@ def test_explicit_options_win_over_the_runtime_s_defaults() -> None:
     assert plan_threads(0, None, load=load(2, 0.0), spin_option=False).threads_from == "policy"
 
 
+def test_defaults_kept_where_shared_too() -> None:
+    """A runtime whose defaults measured no slower with the CPUs shared (OpenVINO's CPU plugin) keeps them in every
+    condition; the reason says why. Not past the CPUs this process may use, nor over an explicit option."""
+    ov = RuntimeDefaults(threads=2, spinning=False, what="the plugin's own", shared_too="measured")
+    for others, reserve in [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (0.0, 3 * PIPELINE_STAGE_CPUS)]:
+        plan = plan_threads(0, None, reserve=reserve, load=load(2, others), spin_option=False, defaults=ov)
+        assert (plan.threads, plan.threads_from, plan.spinning_from) == (2, "default", "runtime")
+        assert plan.shared is (others > 0 or reserve > 0)
+        assert ("shared, still the runtime's own defaults" in plan.reason) is plan.shared
+    assert plan_threads(0, None, load=load(1, 0.0), spin_option=False, defaults=ov).threads_from == "policy"
+    assert plan_threads(1, None, load=load(2, 0.0), spin_option=False, defaults=ov).threads_from == "option"
+
+
 def test_hysteresis_threshold() -> None:
     quiet = load(2, SHARED_THRESHOLD * 0.7)
     assert not plan_threads(0, None, load=quiet, defaults=ORT).shared
@@ -378,20 +391,37 @@ def test_litert_recreates_its_interpreter_when_the_load_arrives(
         assert r.info.details["threads_policy"]["recheck_s"] is None  # threads set: nothing to follow
 
 
-def test_openvino_threads_and_pinning_read_back(models: dict[str, Path]) -> None:
+#: what OpenVINO's CPU plugin decides itself, compared between a plain compile and edgekit's runner
+OV_THREAD_PROPERTIES = ("INFERENCE_NUM_THREADS", "ENABLE_CPU_PINNING", "SCHEDULING_CORE_TYPE", "NUM_STREAMS")
+
+
+@pytest.mark.parametrize("reserve", [0, 4096], ids=["idle", "shared"])
+def test_openvino_runs_the_plugin_s_own_threads_idle_and_shared(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, reserve: int
+) -> None:
+    """Issue #25: the plugin's own threads and pinning were never slower than fewer or unpinned threads with one
+    core busy, and 1.5-1.7x faster than one thread idle: the runner sets neither, in either condition."""
+    from edge.backends.openvino.format import ov_core
     from edge.backends.openvino.run import OpenVINORunner
 
-    with OpenVINORunner(models["tiny"], options={"reserve_cpus": 4096}) as r:
+    idle(monkeypatch)
+    plain = ov_core().compile_model(str(models["tiny"]), "CPU")  # benchmark_app's defaults: nothing set
+    with OpenVINORunner(models["tiny"], options={"reserve_cpus": reserve}) as r:
         policy = r.info.details["threads_policy"]
-        # INFERENCE_NUM_THREADS as the compiled model reports it
-        assert r.info.threads == policy["threads"] == r._compiled.get_property("INFERENCE_NUM_THREADS") == 1
-        assert policy["shared"] and r._compiled.get_property("ENABLE_CPU_PINNING") is False
-        assert policy["cpu_pinning"] is False
-    with OpenVINORunner(models["tiny"], options={"num_threads": 1}) as r:
-        assert r._compiled.get_property("INFERENCE_NUM_THREADS") == 1
+        for key in OV_THREAD_PROPERTIES:
+            assert r._compiled.get_property(key) == plain.get_property(key), key
+        assert (policy["threads_from"], policy["shared"]) == ("default", bool(reserve))
+        assert r.info.threads == policy["threads"] == plain.get_property("INFERENCE_NUM_THREADS")
+        assert policy["cpu_pinning"] == plain.get_property("ENABLE_CPU_PINNING")
+        assert "the runtime's own defaults" in policy["reason"] and policy["recheck_s"] is None
+
+
+def test_openvino_threads_option_wins(models: dict[str, Path]) -> None:
+    from edge.backends.openvino.run import OpenVINORunner
+
+    with OpenVINORunner(models["tiny"], options={"num_threads": 1, "reserve_cpus": 4096}) as r:
+        assert r._compiled.get_property("INFERENCE_NUM_THREADS") == r.info.threads == 1
         assert r.info.details["threads_policy"]["threads_from"] == "option"
-    with OpenVINORunner(models["tiny"]) as r:
-        assert r._compiled.get_property("INFERENCE_NUM_THREADS") == r.info.details["threads_policy"]["threads"]
 
 
 def test_litert_threads_from_the_policy(tmp_path: Path) -> None:

@@ -126,9 +126,8 @@ class OpenVINOOptions:
     num_threads: int = spec(
         0,
         **THREADS,
-        doc="CPU inference threads; 0 (default) = edgekit's choice: the CPUs that "
-        "other processes and reserve_cpus leave (edge.backends.threads), with CPU pinning off when "
-        "they are shared",
+        doc="CPU inference threads; 0 (default) = edgekit's choice: the CPU plugin's own count and pinning, "
+        "idle and shared alike (measured no slower with one core busy elsewhere; edge.backends.threads)",
     )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)

@@ -19,6 +19,9 @@ Two OpenVINO behaviours this runner makes visible instead of silent:
   which ``RunnerInfo.details["streams_note"]`` then says. Several streams only help with several requests in
   flight: :meth:`OpenVINORunner.run_concurrent` keeps the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
   (``details["optimal_requests"]``) in flight in an ``AsyncInferQueue``, as benchmark_app does.
+* threads: on a CPU, the plugin's own (no INFERENCE_NUM_THREADS, no ENABLE_CPU_PINNING set: what
+  ``compile_model(xml, "CPU")`` runs), idle and with the CPUs shared alike -- measured no slower than fewer or
+  unpinned threads with one core busy (:data:`OV_SHARED_TOO`); ``num_threads`` set wins.
 
 ``import openvino`` sends a usage event to Google Analytics by default (opt-out telemetry,
 see :func:`disable_openvino_telemetry`); this module turns that off before importing it.
@@ -41,7 +44,7 @@ from edge.backends.openvino.format import (
     ov_core,
 )
 from edge.backends.runner import Runner, RunnerInfo
-from edge.backends.threads import plan_threads, reserve_option
+from edge.backends.threads import RuntimeDefaults, plan_threads, policy_json, reserve_option, usable_cpus
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
 
@@ -458,20 +461,42 @@ def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str
     return c
 
 
+#: why OpenVINO's CPU plugin keeps its own threads where the CPUs are shared too (issue #25; 2-core AMD EPYC, one
+#: or two cores kept busy by ``python -c 'while 1: pass'``, interleaved, bf16): 1 thread unpinned or pinned, 2
+#: pinned (the plugin's own) and 2 unpinned were within 0.97-1.04x of each other on ppocr-det, ddddocr-det and
+#: YOLOv8n-320, 1 thread never ahead by more than the spread, behind on ddddocr-det (1.02-1.04x); idle, 1 thread
+#: was 1.47-1.71x slower. Its work-stealing pool moves the work to the thread that runs.
+OV_SHARED_TOO = (
+    "measured no slower than fewer or unpinned threads with one or two cores busy elsewhere, and 1.5-1.7x "
+    "faster than 1 thread once they are free (issue #25)"
+)
+
+
+def openvino_cpu_defaults() -> RuntimeDefaults:
+    """What OpenVINO's CPU plugin picks given no thread count and no pinning: one thread per core of this process's
+    affinity (it reads ``sched_getaffinity``: 1 under ``taskset -c 0``, measured), pinned, LATENCY's one stream.
+    The count the compiled model really runs is read back (``INFERENCE_NUM_THREADS``) and recorded."""
+    return RuntimeDefaults(
+        usable_cpus(),
+        False,
+        "OpenVINO CPU plugin's own: a thread per core it may use, pinned",
+        shared_too=OV_SHARED_TOO,
+    )
+
+
 def _threads_config(c: _Config, device: str, asked: _Asked) -> None:
-    """Inference threads: edgekit's policy on a CPU (``edge.backends.threads``), else the count asked for."""
+    """Inference threads: the CPU plugin's own (``openvino_cpu_defaults``, recorded as edgekit's policy) unless
+    num_threads is set; the count asked for on other devices."""
     import openvino.properties as props
 
     threads, streams_opt = asked.threads, asked.streams
     if device == "CPU" and "INFERENCE_NUM_THREADS" in c.supported:
-        c.plan = plan_threads(threads, None, reserve=asked.reserve, spin_option=False)
+        c.plan = plan_threads(threads, None, reserve=asked.reserve, spin_option=False, defaults=openvino_cpu_defaults())
+        if c.plan.threads_from == "default":
+            return  # nothing set: the plugin's own count and pinning, as compile_model(xml, "CPU") with no config
         # every stream needs a thread of its own: the automatic count never goes below the streams asked for
         n = max(c.plan.threads, streams_opt) if isinstance(streams_opt, int) and not threads else c.plan.threads
         c.config[props.inference_num_threads] = n
-        if c.plan.shared and not threads and "ENABLE_CPU_PINNING" in c.supported:
-            # pinned threads wait for their core while another process runs there; unpinned, the scheduler
-            # moves them to whichever core is free
-            c.config[props.hint.enable_cpu_pinning] = False
     elif threads > 0:
         if "INFERENCE_NUM_THREADS" in c.supported:
             c.config[props.inference_num_threads] = threads
@@ -514,7 +539,10 @@ def _read_back(
     )
     _notes(details, core, device, device_used, precision_used, streams, asked, cfg)
     if cfg.plan is not None:
-        details["threads_policy"] = {**cfg.plan.to_json(), "cpu_pinning": read(props.hint.enable_cpu_pinning)}
+        policy = policy_json(cfg.plan, None)  # decided once: the plugin's own threads hold idle and busy alike
+        if cfg.plan.threads_from == "default" and threads_read:
+            policy["threads"] = int(threads_read)  # the plugin's count as it runs it (physical cores with SMT)
+        details["threads_policy"] = {**policy, "cpu_pinning": read(props.hint.enable_cpu_pinning)}
     if cfg.ignored:
         details["ignored_options"] = cfg.ignored
     return RunnerInfo(
