@@ -21,9 +21,7 @@ The policy, for a runner whose options leave threads at 0 ("auto") and spinning 
 Where the CPUs are not shared (less than ``SHARED_THRESHOLD`` core busy elsewhere, nothing reserved) a runtime
 that says what it would pick itself (``RuntimeDefaults``: onnxruntime's one intra-op thread per physical core,
 spin-wait on) gets exactly that: its own defaults are tuned for that case, and spin-wait off cost onnxruntime
-1.14-1.62x on an idle host (issue #25). A runtime whose defaults measured no slower than the policy's count with
-the CPUs shared too (``RuntimeDefaults.shared_too``: OpenVINO's CPU plugin, whose pool shares the work out
-dynamically) gets them in every condition. Its thread count is kept only where it fits the CPUs this process may
+1.14-1.62x on an idle host (issue #25). Its thread count is kept only where it fits the CPUs this process may
 use (onnxruntime counts the machine's cores, not ``sched_getaffinity``'s: under ``taskset``/a cpuset it would
 oversubscribe).
 
@@ -31,7 +29,7 @@ A runner that lives long (``edgekit run``, the agent) re-samples the load betwee
 seconds (``LoadWatch``: the /proc/stat ticks since the last look, no sleep) and, when the plan the policy would
 make now differs, opens its session again with it (``Recheck``: two looks in a row must agree; a lighter plan --
 spin-wait off, fewer threads -- soon, a heavier one only after a long quiet; rebuilds never more than
-``REBUILD_SHARE`` of the time). onnxruntime has no run option that turns spin-wait on or off in an open
+``REBUILD_SHARE`` of the time; OpenVINO compiles its model again). onnxruntime has no run option that turns spin-wait on or off in an open
 session (``session.force_spinning_stop`` only stops it between runs), so the session is re-created.
 
 An option the user, the target profile or a tuned overlay set explicitly always wins; the plan
@@ -86,9 +84,6 @@ class RuntimeDefaults:
     threads: int  # the count it takes (onnxruntime: physical cores, all of the machine's)
     spinning: bool
     what: str  # for the reason line: "onnxruntime's own: one thread per physical core, spin-wait on"
-    #: None: taken only where the CPUs are not shared; else why they are kept where the CPUs are shared too (the
-    #: measurement that showed the policy's count no faster: OpenVINO's CPU plugin, issue #25)
-    shared_too: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,10 +224,8 @@ def plan_threads(
     if reserve:
         parts.append(f"{reserve:.2f} reserved for this process's other stages")
     why = "; ".join(parts)
-    own = defaults if defaults is not None and (not shared or defaults.shared_too) else None
-    if own is not None and shared:
-        why += f"; shared, still the runtime's own defaults ({own.what}): {own.shared_too}"
-    elif own is not None:
+    own = defaults if defaults is not None and not shared else None
+    if own is not None:
         why += f"; not shared -> the runtime's own defaults ({own.what})"
     if threads:
         threads_from, n = "option", int(threads)

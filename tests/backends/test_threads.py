@@ -102,17 +102,15 @@ def test_explicit_options_win_over_the_runtime_s_defaults() -> None:
     assert plan_threads(0, None, load=load(2, 0.0), spin_option=False).threads_from == "policy"
 
 
-def test_defaults_kept_where_shared_too() -> None:
-    """A runtime whose defaults measured no slower with the CPUs shared (OpenVINO's CPU plugin) keeps them in every
-    condition; the reason says why. Not past the CPUs this process may use, nor over an explicit option."""
-    ov = RuntimeDefaults(threads=2, spinning=False, what="the plugin's own", shared_too="measured")
-    for others, reserve in [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (0.0, 3 * PIPELINE_STAGE_CPUS)]:
-        plan = plan_threads(0, None, reserve=reserve, load=load(2, others), spin_option=False, defaults=ov)
-        assert (plan.threads, plan.threads_from, plan.spinning_from) == (2, "default", "runtime")
-        assert plan.shared is (others > 0 or reserve > 0)
-        assert ("shared, still the runtime's own defaults" in plan.reason) is plan.shared
-    assert plan_threads(0, None, load=load(1, 0.0), spin_option=False, defaults=ov).threads_from == "policy"
-    assert plan_threads(1, None, load=load(2, 0.0), spin_option=False, defaults=ov).threads_from == "option"
+def test_openvino_takes_the_plugin_s_defaults_only_where_not_shared() -> None:
+    from edge.backends.openvino.run import openvino_cpu_defaults
+
+    own = openvino_cpu_defaults()
+    assert own.threads == usable_cpus()  # the plugin counts this process's affinity (1 under taskset -c 0)
+    idle_plan = plan_threads(0, None, load=load(own.threads, 0.0), spin_option=False, defaults=own)
+    assert (idle_plan.threads, idle_plan.threads_from, idle_plan.spinning_from) == (own.threads, "default", "runtime")
+    busy = plan_threads(0, None, load=load(2, 1.0), spin_option=False, defaults=own)
+    assert (busy.threads, busy.threads_from, busy.shared) == (1, "policy", True)
 
 
 def test_hysteresis_threshold() -> None:
@@ -395,25 +393,62 @@ def test_litert_recreates_its_interpreter_when_the_load_arrives(
 OV_THREAD_PROPERTIES = ("INFERENCE_NUM_THREADS", "ENABLE_CPU_PINNING", "SCHEDULING_CORE_TYPE", "NUM_STREAMS")
 
 
-@pytest.mark.parametrize("reserve", [0, 4096], ids=["idle", "shared"])
-def test_openvino_runs_the_plugin_s_own_threads_idle_and_shared(
-    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, reserve: int
+def test_idle_opened_openvino_runs_the_plugin_s_own_threads(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue #25: the plugin's own threads and pinning were never slower than fewer or unpinned threads with one
-    core busy, and 1.5-1.7x faster than one thread idle: the runner sets neither, in either condition."""
+    """Issue #25: where nothing shares the CPUs the runner sets neither INFERENCE_NUM_THREADS nor pinning, and
+    compiles what a plain compile_model (benchmark_app's defaults) does; shared, the cores left, unpinned."""
     from edge.backends.openvino.format import ov_core
     from edge.backends.openvino.run import OpenVINORunner
 
     idle(monkeypatch)
-    plain = ov_core().compile_model(str(models["tiny"]), "CPU")  # benchmark_app's defaults: nothing set
-    with OpenVINORunner(models["tiny"], options={"reserve_cpus": reserve}) as r:
+    plain = ov_core().compile_model(str(models["tiny"]), "CPU")  # nothing set
+    with OpenVINORunner(models["tiny"]) as r:
         policy = r.info.details["threads_policy"]
         for key in OV_THREAD_PROPERTIES:
             assert r._compiled.get_property(key) == plain.get_property(key), key
-        assert (policy["threads_from"], policy["shared"]) == ("default", bool(reserve))
+        assert (policy["threads_from"], policy["shared"]) == ("default", False)
         assert r.info.threads == policy["threads"] == plain.get_property("INFERENCE_NUM_THREADS")
         assert policy["cpu_pinning"] == plain.get_property("ENABLE_CPU_PINNING")
-        assert "the runtime's own defaults" in policy["reason"] and policy["recheck_s"] is None
+        assert "the runtime's own defaults" in policy["reason"] and policy["recheck_s"] == 2.0
+    with OpenVINORunner(models["tiny"], options={"reserve_cpus": 4096}) as r:
+        policy = r.info.details["threads_policy"]
+        assert r.info.threads == policy["threads"] == r._compiled.get_property("INFERENCE_NUM_THREADS") == 1
+        assert policy["shared"] and policy["threads_from"] == "policy"
+        assert policy["cpu_pinning"] is False and r._compiled.get_property("ENABLE_CPU_PINNING") is False
+
+
+def test_openvino_compiles_again_when_the_load_arrives(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened idle (the plugin's own threads, pinned), then one core taken: compiled again on the cores left,
+    unpinned, recorded in replans; the answers stay the same."""
+    from edge.backends.openvino.run import OpenVINORunner
+
+    idle(monkeypatch)
+    with OpenVINORunner(models["tiny"], options={"load_recheck_s": 0.1}) as r:
+        name = r.inputs[0].name
+        x = np.linspace(-1, 1, int(np.prod(r.inputs[0].shape)), dtype=np.float32).reshape(r.inputs[0].shape)
+        want = r.infer({name: x})
+        assert r.info.details["threads_policy"]["threads_from"] == "default"
+        child = busy_child()
+        try:
+            stop = time.monotonic() + 10
+            while time.monotonic() < stop and not r.info.details["threads_policy"]["replans"]:
+                r.infer({name: x})
+        finally:
+            child.kill()
+            child.wait()
+        policy = r.info.details["threads_policy"]
+        assert len(policy["replans"]) == 1 and policy["replans"][0]["cost_ms"] > 0, policy
+        assert r.info.threads == policy["threads"] == r._compiled.get_property("INFERENCE_NUM_THREADS")
+        assert policy["threads"] == policy["replans"][0]["threads"] < usable_cpus() or usable_cpus() == 1
+        assert policy["cpu_pinning"] is False and policy["threads_from"] == "policy"
+        got = r.infer({name: x})
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    with OpenVINORunner(models["tiny"], options={"num_threads": 1}) as r:
+        assert r.info.details["threads_policy"]["recheck_s"] is None  # threads set: nothing to follow
 
 
 def test_openvino_threads_option_wins(models: dict[str, Path]) -> None:

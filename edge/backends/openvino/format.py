@@ -126,10 +126,19 @@ class OpenVINOOptions:
     num_threads: int = spec(
         0,
         **THREADS,
-        doc="CPU inference threads; 0 (default) = edgekit's choice: the CPU plugin's own count and pinning, "
-        "idle and shared alike (measured no slower with one core busy elsewhere; edge.backends.threads)",
+        doc="CPU inference threads; 0 (default) = edgekit's choice: the CPU plugin's own count and pinning where "
+        "nothing else shares the CPUs, else the CPUs other processes and reserve_cpus leave, unpinned "
+        "(edge.backends.threads), followed while it runs (load_recheck_s)",
     )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
+    load_recheck_s: float = spec(
+        2.0,
+        ge=0,
+        le=3600,
+        doc="seconds between two looks at the CPU load while the runner runs, where threads are edgekit's choice "
+        "(CPU): when the choice changes (the device turned busy or idle), the model is compiled again with it "
+        "(bounded: at most 1% of the time); 0 = decide once, when opened",
+    )
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
     num_streams: int | Literal["AUTO", "auto"] = spec(
         0,

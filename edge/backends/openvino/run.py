@@ -19,9 +19,12 @@ Two OpenVINO behaviours this runner makes visible instead of silent:
   which ``RunnerInfo.details["streams_note"]`` then says. Several streams only help with several requests in
   flight: :meth:`OpenVINORunner.run_concurrent` keeps the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
   (``details["optimal_requests"]``) in flight in an ``AsyncInferQueue``, as benchmark_app does.
-* threads: on a CPU, the plugin's own (no INFERENCE_NUM_THREADS, no ENABLE_CPU_PINNING set: what
-  ``compile_model(xml, "CPU")`` runs), idle and with the CPUs shared alike -- measured no slower than fewer or
-  unpinned threads with one core busy (:data:`OV_SHARED_TOO`); ``num_threads`` set wins.
+* threads (CPU, ``num_threads`` 0): where nothing else shares the CPUs, the plugin's own (no INFERENCE_NUM_THREADS,
+  no ENABLE_CPU_PINNING set: what ``compile_model(xml, "CPU")`` runs); where something does, the cores left,
+  unpinned. With one core busy elsewhere on 2 cores, 1 thread and the plugin's 2 pinned had the same median
+  (0.97-1.04x) but 2 pinned a p99 2-3x the median, 1 thread within 1.1-1.5x (issue #25); idle, 1 thread is
+  1.5-1.7x slower. So the runner follows the load (``LoadFollower``): it compiles the model again when the plan
+  changes (100-260 ms measured; at most 1% of the time), recorded in ``threads_policy.replans``.
 
 ``import openvino`` sends a usage event to Google Analytics by default (opt-out telemetry,
 see :func:`disable_openvino_telemetry`); this module turns that off before importing it.
@@ -29,7 +32,8 @@ see :func:`disable_openvino_telemetry`); this module turns that off before impor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -44,7 +48,17 @@ from edge.backends.openvino.format import (
     ov_core,
 )
 from edge.backends.runner import Runner, RunnerInfo
-from edge.backends.threads import RuntimeDefaults, plan_threads, policy_json, reserve_option, usable_cpus
+from edge.backends.threads import (
+    SHARED_THRESHOLD,
+    CpuLoad,
+    LoadFollower,
+    RuntimeDefaults,
+    ThreadPlan,
+    plan_threads,
+    policy_json,
+    reserve_option,
+    usable_cpus,
+)
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec, image_layout
 
@@ -187,10 +201,17 @@ class OpenVINORunner(Runner):
         except Exception as e:
             raise EdgeError(f"OpenVINO could not read {xml}: {type(e).__name__}: {str(e)[:300]}") from e
         cfg = _compile_config(core, device, asked, self.precision)
+        opened_at = time.monotonic()
         try:
             compiled = core.compile_model(model, device, cfg.config)
         except Exception as e:
             raise EdgeError(f"OpenVINO could not compile {xml} for {device}: {type(e).__name__}: {str(e)[:300]}") from e
+        self._reopen = _Reopen(core, model, device, asked, self.precision, cfg)
+        self._follower = (
+            LoadFollower.start(float(self.typed_options.load_recheck_s), cfg.plan, opened_at)
+            if cfg.plan is not None
+            else None
+        )
         self._compiled = compiled
         self._request = compiled.create_infer_request()
         # the names as the IR has them: compiling folds tensor names into one port (a graph output fed by an
@@ -214,6 +235,7 @@ class OpenVINORunner(Runner):
                 "telemetry": telemetry,
             },
             fallback,
+            self._follower,
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -221,6 +243,9 @@ class OpenVINORunner(Runner):
         # of infer() holds copies of the outputs (share_outputs=False), so the request's
         # buffers can be reused by the next call.
         self.validate(feeds)
+        follower = self._follower
+        if follower is not None and follower.due():
+            self._follow_load(follower)
         req = self._request
         # OVDict.values() is in the compiled model's output order (indexing it by port costs ~2 us)
         return dict(zip(self._output_names, req.infer(feeds, share_inputs=True).values()))
@@ -302,7 +327,37 @@ class OpenVINORunner(Runner):
             raise EdgeError(f"OpenVINO inference failed: {type(e).__name__}: {str(e)[:300]}") from e
         return wall, lat
 
+    def _follow_load(self, follower: LoadFollower) -> None:
+        """Between two inferences: the model compiled again with the plan the load calls for now, when
+        ``LoadFollower`` says so (the cost recorded in ``threads_policy.replans``)."""
+        current = self._reopen.cfg.plan
+        plan = follower.look(current, self._reopen.plan_for)
+        if plan is None:
+            return
+        started = time.monotonic()
+        try:
+            cfg, compiled = self._reopen.compile(plan)
+            request = compiled.create_infer_request()
+        except Exception as e:  # noqa: BLE001 - the compiled model it has still runs: never fail an inference
+            follower.failed(plan, started, e)
+            policy = {**self.info.details["threads_policy"], "replans": list(follower.replans)}
+            self.info = replace(self.info, details={**self.info.details, "threads_policy": policy})
+            return
+        if self._queue is not None:
+            self._queue.wait_all()
+            self._queue = None
+        self._compiled, self._request, self._reopen.cfg = compiled, request, cfg
+        follower.rebuilt(plan, started)
+        threads = compiled.get_property("INFERENCE_NUM_THREADS")
+        policy = _threads_policy(compiled, plan, follower)
+        self.info = replace(
+            self.info,
+            threads=int(threads) if threads else None,
+            details={**self.info.details, "threads_policy": policy},
+        )
+
     def close(self) -> None:
+        self._follower = None
         if self._queue is not None:
             try:
                 self._queue.wait_all()
@@ -427,7 +482,28 @@ def _target_precision(core: Any, device: str, asked: _Asked, bundle_precision: s
     return None, []
 
 
-def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str) -> _Config:
+@dataclass
+class _Reopen:
+    """What the model was compiled from, kept to compile it again with another thread plan (``LoadFollower``)."""
+
+    core: Any
+    model: Any
+    device: str
+    asked: _Asked
+    bundle_precision: str
+    cfg: _Config
+
+    def plan_for(self, load: CpuLoad, shared_threshold: float) -> ThreadPlan:
+        return _cpu_plan(self.asked, load, shared_threshold)
+
+    def compile(self, plan: ThreadPlan) -> tuple[_Config, Any]:
+        cfg = _compile_config(self.core, self.device, self.asked, self.bundle_precision, plan)
+        return cfg, self.core.compile_model(self.model, self.device, cfg.config)
+
+
+def _compile_config(
+    core: Any, device: str, asked: _Asked, bundle_precision: str, plan: ThreadPlan | None = None
+) -> _Config:
     """The compile properties for ``device`` from the options; those it lacks are recorded as ignored."""
     import openvino as ov
     import openvino.properties as props
@@ -452,7 +528,7 @@ def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str
             c.config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq
         elif asked.dq is not None:
             c.ignored.append(f"dynamic_quantization_group_size {dq} ({device} has no DYNAMIC_QUANTIZATION_GROUP_SIZE)")
-    _threads_config(c, device, asked)
+    _threads_config(c, device, asked, plan)
     if asked.streams:
         if "NUM_STREAMS" in supported:
             c.config[props.num_streams] = props.streams.Num.AUTO if asked.streams == "AUTO" else asked.streams
@@ -461,42 +537,44 @@ def _compile_config(core: Any, device: str, asked: _Asked, bundle_precision: str
     return c
 
 
-#: why OpenVINO's CPU plugin keeps its own threads where the CPUs are shared too (issue #25; 2-core AMD EPYC, one
-#: or two cores kept busy by ``python -c 'while 1: pass'``, interleaved, bf16): 1 thread unpinned or pinned, 2
-#: pinned (the plugin's own) and 2 unpinned were within 0.97-1.04x of each other on ppocr-det, ddddocr-det and
-#: YOLOv8n-320, 1 thread never ahead by more than the spread, behind on ddddocr-det (1.02-1.04x); idle, 1 thread
-#: was 1.47-1.71x slower. Its work-stealing pool moves the work to the thread that runs.
-OV_SHARED_TOO = (
-    "measured no slower than fewer or unpinned threads with one or two cores busy elsewhere, and 1.5-1.7x "
-    "faster than 1 thread once they are free (issue #25)"
-)
-
-
 def openvino_cpu_defaults() -> RuntimeDefaults:
     """What OpenVINO's CPU plugin picks given no thread count and no pinning: one thread per core of this process's
     affinity (it reads ``sched_getaffinity``: 1 under ``taskset -c 0``, measured), pinned, LATENCY's one stream.
     The count the compiled model really runs is read back (``INFERENCE_NUM_THREADS``) and recorded."""
-    return RuntimeDefaults(
-        usable_cpus(),
-        False,
-        "OpenVINO CPU plugin's own: a thread per core it may use, pinned",
-        shared_too=OV_SHARED_TOO,
+    return RuntimeDefaults(usable_cpus(), False, "OpenVINO CPU plugin's own: a thread per core it may use, pinned")
+
+
+def _cpu_plan(asked: _Asked, load: CpuLoad | None = None, shared_threshold: float = SHARED_THRESHOLD) -> ThreadPlan:
+    """Edgekit's thread plan for the CPU plugin: its own defaults where the CPUs are not shared (issue #25)."""
+    return plan_threads(
+        asked.threads,
+        None,
+        reserve=asked.reserve,
+        load=load,
+        spin_option=False,
+        defaults=openvino_cpu_defaults(),
+        shared_threshold=shared_threshold,
     )
 
 
-def _threads_config(c: _Config, device: str, asked: _Asked) -> None:
-    """Inference threads: the CPU plugin's own (``openvino_cpu_defaults``, recorded as edgekit's policy) unless
-    num_threads is set; the count asked for on other devices."""
+def _threads_config(c: _Config, device: str, asked: _Asked, plan: ThreadPlan | None = None) -> None:
+    """Inference threads on a CPU: ``plan`` (default: edgekit's plan now); the plugin's own count and pinning where
+    the plan took its defaults (nothing set), else the plan's count, unpinned where the CPUs are shared. On other
+    devices the count asked for."""
     import openvino.properties as props
 
     threads, streams_opt = asked.threads, asked.streams
     if device == "CPU" and "INFERENCE_NUM_THREADS" in c.supported:
-        c.plan = plan_threads(threads, None, reserve=asked.reserve, spin_option=False, defaults=openvino_cpu_defaults())
+        c.plan = plan or _cpu_plan(asked)
         if c.plan.threads_from == "default":
             return  # nothing set: the plugin's own count and pinning, as compile_model(xml, "CPU") with no config
         # every stream needs a thread of its own: the automatic count never goes below the streams asked for
         n = max(c.plan.threads, streams_opt) if isinstance(streams_opt, int) and not threads else c.plan.threads
         c.config[props.inference_num_threads] = n
+        if c.plan.shared and not threads and "ENABLE_CPU_PINNING" in c.supported:
+            # pinned threads wait for their core while another process runs there; unpinned, the scheduler
+            # moves them to whichever core is free
+            c.config[props.hint.enable_cpu_pinning] = False
     elif threads > 0:
         if "INFERENCE_NUM_THREADS" in c.supported:
             c.config[props.inference_num_threads] = threads
@@ -504,8 +582,28 @@ def _threads_config(c: _Config, device: str, asked: _Asked) -> None:
             c.ignored.append(f"num_threads {threads} ({device} has no INFERENCE_NUM_THREADS)")
 
 
+def _threads_policy(compiled: Any, plan: ThreadPlan, follower: LoadFollower | None) -> dict[str, Any]:
+    """``details["threads_policy"]``: the plan, the thread count and pinning the compiled model reports."""
+    policy = policy_json(plan, follower)
+    try:
+        threads, pinning = compiled.get_property("INFERENCE_NUM_THREADS"), compiled.get_property("ENABLE_CPU_PINNING")
+    except Exception:  # noqa: BLE001 - a device that does not report them
+        threads, pinning = None, None
+    if plan.threads_from == "default" and threads:
+        policy["threads"] = int(threads)  # the plugin's count as it runs it (physical cores with SMT)
+    policy["cpu_pinning"] = pinning
+    return policy
+
+
 def _read_back(
-    compiled: Any, core: Any, device: str, asked: _Asked, cfg: _Config, details: dict[str, Any], fallback: str | None
+    compiled: Any,
+    core: Any,
+    device: str,
+    asked: _Asked,
+    cfg: _Config,
+    details: dict[str, Any],
+    fallback: str | None,
+    follower: LoadFollower | None = None,
 ) -> RunnerInfo:
     """What the compiled model really uses (device, precision, threads, streams, every precision property), with a
     note wherever it differs from what was asked."""
@@ -539,10 +637,7 @@ def _read_back(
     )
     _notes(details, core, device, device_used, precision_used, streams, asked, cfg)
     if cfg.plan is not None:
-        policy = policy_json(cfg.plan, None)  # decided once: the plugin's own threads hold idle and busy alike
-        if cfg.plan.threads_from == "default" and threads_read:
-            policy["threads"] = int(threads_read)  # the plugin's count as it runs it (physical cores with SMT)
-        details["threads_policy"] = {**policy, "cpu_pinning": read(props.hint.enable_cpu_pinning)}
+        details["threads_policy"] = _threads_policy(compiled, cfg.plan, follower)
     if cfg.ignored:
         details["ignored_options"] = cfg.ignored
     return RunnerInfo(
