@@ -305,6 +305,7 @@ _MODELS = (
         "CC BY-NC-SA 4.0",
         source_format="tflite",
         optional=True,
+        input_shapes={"input": (1, 1280)},  # 80 ms of 16 kHz audio, the chunk openWakeWord streams (5 frames)
     ),
     CorpusModel(
         "oww-embedding",

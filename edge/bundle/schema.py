@@ -141,6 +141,16 @@ class FrozenInput:
 
 
 @dataclass(frozen=True)
+class StaticInput:
+    """A TFLite source input dynamic in the file (``shape_signature`` -1) that edgekit made static at the
+    ``--input-shape`` given: the bundle's .tflite holds that shape, so the device runner resizes nothing."""
+
+    name: str = spec(pattern=TENSOR_NAME)
+    shape: tuple[int, ...] = spec(min_items=1, max_items=8, item=Rule(ge=1, le=1 << 28))
+    shape_signature: tuple[int, ...] = spec(min_items=1, max_items=8, item=Rule(ge=-1, le=1 << 28))
+
+
+@dataclass(frozen=True)
 class FrozenCheck:
     """The frozen graph against the source on onnxruntime (``edge.graph.freeze``)."""
 
@@ -183,6 +193,7 @@ class SourceInfo:
     tensor_types: Mapping[str, int] | None = spec(None, max_items=64, item=Rule(ge=0))
     description: str | None = spec(None, **_TEXT)
     frozen: Frozen | None = None  # --freeze-input: what was fixed, and the If nodes inlined
+    inputs_made_static: tuple[StaticInput, ...] = spec((), max_items=64)  # a TFLite's dynamic inputs, --input-shape
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,8 @@ def _check_source(src: Source, profile: TargetProfile, req: ConvertRequest) -> N
 def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step) -> _Job:
     """Plan, I/O (frozen inputs applied), the ops the first converter cannot express, pre-processing and
     calibration: every refusal before any conversion work."""
+    # a TFLite's dynamic inputs are made static at --input-shape first: LiteRT reads its precision at that shape
+    early_io = src.checked_io(req.input_shapes) if isinstance(src, TFLiteSource) else None
     own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource, OnnxSource)) else None
     p = plan(profile, req.precision, source_format=src.format, source_precision=own, source_name=src.path.name)
     if (
@@ -182,7 +184,7 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
             "full-integer int8 .tflite (TFLiteConverter with a representative dataset)",
         )
     say(f"reading {src.path} ({src.format}; route: {p.route})")
-    io = src.checked_io(req.input_shapes)
+    io = early_io if early_io is not None else src.checked_io(req.input_shapes)
     job = _Job(src=src, profile=profile, plan=p, request=req, say=say, io=io, seen_io=io)
     if req.freeze and isinstance(src, OnnxSource):  # another source with --freeze-input: _check_source refused it
         say("freezing " + ", ".join(f"{k}={v}" for k, v in req.freeze.items()) + " and inlining the Ifs that decides")

@@ -217,7 +217,10 @@ class TFLiteSource(Source):
         self._quant: dict[str, Any] | None = None
         self.runnable = self.path
         self.lowered: dict[str, Any] = {}
-        from edge.backends.litert.rewrite import LOWERABLE
+        self.resized: dict[str, list[int]] = {}  # dynamic inputs made static at the --input-shape given
+        from edge.backends.litert.rewrite import LOWERABLE, dynamic_inputs
+
+        self.dynamic = dynamic_inputs(self.path.read_bytes())
 
         if set(self.file.custom_ops) & LOWERABLE:  # MediaPipe's ops -> builtins (exact), so stock LiteRT runs it
             import tempfile
@@ -240,7 +243,26 @@ class TFLiteSource(Source):
                 "there and cannot be checked or converted on this host",
                 hint="bring the int8 .tflite it was compiled from; edgekit compiles it for coral-edgetpu",
             )
-        with LiteRTRunner(self.runnable, options={"delegate": "reference", "num_threads": 1}) as r:
+        unsized = {k: v for k, v in self.dynamic.items() if k not in self.resized}
+        try:
+            r = LiteRTRunner(self.runnable, options={"delegate": "reference", "num_threads": 1})
+        except ModelError as e:
+            if self.resized and not unsized:
+                given = " ".join(f"{k}={','.join(map(str, v))}" for k, v in self.resized.items())
+                why = str(e.args[0] if e.args else e).split(f"{self.runnable}: ", 1)[-1]
+                raise ModelError(
+                    f"{self.path.name}: LiteRT cannot run it with --input-shape {given}: {why}",
+                    hint="the model needs another size: read the shape its producer feeds it",
+                ) from e
+            if not unsized:
+                raise
+            raise ModelError(
+                f"{self.path.name}: LiteRT cannot allocate it at the shapes the file holds: "
+                + "; ".join(f"input {k!r} is dynamic ({v})" for k, v in unsized.items()),
+                hint=" ".join(f"--input-shape {k}={_sig_template(v)}" for k, v in unsized.items())
+                + " with the size the model runs at (edgekit makes that input static in the bundle)",
+            ) from e
+        with r:
             self._io = IOSpec(tuple(r.inputs), tuple(r.outputs))
             it = r._it
             self._quant = {"tensor_types": _tflite_tensor_types(it), "float_ops": _float_compute_ops(it)}
@@ -276,26 +298,36 @@ class TFLiteSource(Source):
             "precision": self.own_precision(),
             "tensor_types": (self._quant or {}).get("tensor_types", {}),
             "description": f.description[:200] or None,
+            **(
+                {
+                    "inputs_made_static": [
+                        {"name": k, "shape": v, "shape_signature": self.dynamic[k]} for k, v in self.resized.items()
+                    ]
+                }
+                if self.resized
+                else {}
+            ),
         }
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
-        if not self.lowered:
+        if self.runnable == self.path:
             return self.path
         import shutil
 
-        return Path(shutil.copyfile(self.runnable, work / "source.lowered.tflite"))
+        return Path(shutil.copyfile(self.runnable, work / "source.static.tflite"))
 
     def io(self, input_shapes: Shapes) -> IOSpec:
+        given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        self._resize({k: v for k, v in given.items() if k in self.dynamic})
         self._read()
         assert self._io is not None
-        given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
         for t in self._io.inputs:
             if t.name in given and tuple(given[t.name]) != tuple(t.shape):
                 raise ModelError(
                     f"{self.path.name}: input {t.name!r} has the static shape {list(t.shape)} in the "
                     f"TFLite file; --input-shape {t.name}={','.join(map(str, given[t.name]))} cannot "
                     "change it",
-                    hint="drop --input-shape for TFLite sources",
+                    hint="--input-shape applies to a TFLite input the file leaves dynamic (shape_signature -1); drop it for this one",
                 )
         unknown = sorted(set(given) - {t.name for t in self._io.inputs})
         if unknown:
@@ -304,6 +336,39 @@ class TFLiteSource(Source):
                 + ", ".join(t.name for t in self._io.inputs)
             )
         return self._io
+
+    def _resize(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Make the dynamic inputs in ``shapes`` static at those shapes (a rewritten copy of the file the
+        reference, the converters and a shipped bundle all take); a shape that does not fit the input's
+        ``shape_signature`` is refused in one line."""
+        if not shapes or {k: list(v) for k, v in shapes.items()} == self.resized:
+            return
+        for name, shape in shapes.items():
+            sig = self.dynamic[name]
+            fits = len(shape) == len(sig) and all(d > 0 and s in (-1, d) for d, s in zip(shape, sig))
+            if not fits:
+                raise ModelError(
+                    f"{self.path.name}: --input-shape {name}={','.join(map(str, shape))} does not fit the "
+                    f"input's shape_signature {sig}",
+                    hint=f"--input-shape {name}={_sig_template(sig)} with the size the model runs at",
+                )
+            if int(np.prod(shape, dtype=np.float64)) * 8 > MAX_SAMPLE_BYTES:  # bounded before LiteRT allocates
+                raise ModelError(
+                    f"{self.path.name}: --input-shape {name}={','.join(map(str, shape))} is more than the "
+                    f"{MAX_SAMPLE_BYTES >> 20} MiB edgekit holds per sample",
+                    hint="pass a smaller --input-shape",
+                )
+        import tempfile
+        import weakref
+
+        from edge.backends.litert.rewrite import fix_input_shapes
+
+        tmp = tempfile.TemporaryDirectory(prefix="edgekit-tflite-static-")
+        weakref.finalize(self, tmp.cleanup)
+        static = Path(tmp.name) / (self.path.stem + ".static.tflite")
+        static.write_bytes(fix_input_shapes(self.runnable.read_bytes(), shapes))
+        self.runnable, self.resized = static, {k: list(v) for k, v in shapes.items()}
+        self._io, self._quant = None, None
 
     def reference(self, static: Path, inputs: Samples) -> tuple[Samples, str]:
         from edge.backends.litert.run import LiteRTRunner
@@ -314,6 +379,11 @@ class TFLiteSource(Source):
         lowered = ", ".join(self.lowered.get("lowered_custom_ops", {}))
         how = f" with {lowered} lowered to builtins (exact)" if lowered else ""
         return outs, f"{runtime} reference kernels (no delegate) on the source .tflite{how}"
+
+
+def _sig_template(sig: list[int]) -> str:
+    """``[-1, -1]`` -> ``1,D1``: a TFLite ``shape_signature`` with its static dims, the batch 1, the rest named."""
+    return ",".join(str(d) if d >= 0 else "1" if i == 0 else f"D{i}" for i, d in enumerate(sig))
 
 
 def _float_compute_ops(it: Any) -> list[str]:

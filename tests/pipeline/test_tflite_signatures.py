@@ -183,16 +183,52 @@ def test_control_flow_reading_a_signature_input_converts_for_x86(exports: Path, 
     assert "\n" not in line and "no translator for op IF" in line and "cond.tflite -t arm-xnnpack" in line, line
 
 
-def test_a_dynamic_input_length_is_named_when_litert_cannot_prepare(exports: Path, tmp_path: Path) -> None:
-    """A TFLite whose input length is dynamic (shape_signature [1, -1]) is read at [1, 1], where its convolution cannot
-    prepare. Before: only "LiteRT could not load ...: Node number 1 (CONV_2D) failed to prepare"; the line names the
-    dynamic input and what to do now."""
-    with pytest.raises(EdgeError) as refused:
-        convert(exports / "dynamic_length.tflite", "arm-xnnpack", tmp_path / "out")
-    line = str(refused.value)
-    assert "\n" not in line and "failed to prepare" in line, line
-    assert (
-        "input 'serving_default_input:0' is dynamic in the file (shape_signature [1, -1]) and was read at [1, 1]"
-        in line
+def test_a_dynamic_input_length_without_input_shape_is_refused_naming_the_flag(tmp_path: Path, exports: Path) -> None:
+    """A TFLite whose input length is dynamic (shape_signature [1, -1]) is read at [1, 1], where its convolution
+    cannot prepare. Before #23: "... (edgekit does not resize TFLite inputs)", hint "export the model with a fixed
+    input shape": a user could not get past it. Now one line naming the input and the --input-shape that works."""
+    cmd = ["convert", str(exports / "dynamic_length.tflite"), "-o", str(tmp_path / "o")]
+    assert_user_error(
+        run_cli(*cmd, "-t", "arm-xnnpack"), "input 'input' is dynamic ([1, -1])", "--input-shape input=1,D1"
     )
-    assert "export the model with a fixed input shape" in line
+    too_short = run_cli(*cmd, "-t", "arm-xnnpack", "--input-shape", "input=1,32")  # the convolution needs 64 samples
+    assert_user_error(too_short, "LiteRT cannot run it with --input-shape input=1,32", "failed to prepare")
+    wrong_rank = run_cli(*cmd, "-t", "x86-cpu", "--input-shape", "input=2,256")
+    assert_user_error(wrong_rank, "--input-shape input=2,256 does not fit the input's shape_signature [1, -1]")
+
+
+@pytest.mark.parametrize("target", ["arm-xnnpack", "x86-cpu", "intel-igpu"])
+def test_a_dynamic_input_length_converts_at_the_input_shape_given(exports: Path, tmp_path: Path, target: str) -> None:
+    """--input-shape on a TFLite source's dynamic input (issue #23, openWakeWord's melspectrogram). Before: refused
+    on every target ("input 'input' has the static shape [1, 1] in the TFLite file; --input-shape ... cannot change
+    it"). Now the input is made static in a copy of the file that LiteRT's reference, tf2onnx and OpenVINO's
+    TFLite frontend all read; the bundle takes [1, 256], the manifest records it, and what the bundle computes is
+    what LiteRT computes with resize_tensor_input on the source (exactly, for the .tflite)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    src = exports / "dynamic_length.tflite"
+    b = convert(src, target, tmp_path / "out", ConvertRequest(precision="fp32", input_shapes={"input": (1, 256)}))
+    assert b.manifest["parity"]["passed"] is True
+    assert [(t.name, tuple(t.shape)) for t in b.io.inputs] == [("input", (1, 256))]
+    assert b.manifest["source"]["inputs_made_static"] == [
+        {"name": "input", "shape": [1, 256], "shape_signature": [1, -1]}
+    ]
+    x = np.random.default_rng(5).standard_normal((1, 256)).astype(np.float32)
+
+    def reference(model: Path, resize: bool) -> np.ndarray:
+        it = Interpreter(model_path=str(model), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+        if resize:
+            it.resize_tensor_input(it.get_input_details()[0]["index"], [1, 256])
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        return np.asarray(it.get_tensor(it.get_output_details()[0]["index"]))
+
+    want = reference(src, resize=True)
+    if target == "arm-xnnpack":  # the source shipped, its input made static: the same kernels compute the same
+        assert b.manifest["chain"] == [] and np.array_equal(reference(b.artifact, resize=False), want)
+    with b.open_runner() as r:
+        (got,) = r.infer({"input": x}).values()
+    # OpenVINO's CPU plugin may compute an fp32 IR in bf16 where the CPU has it (its inference precision hint)
+    tol = 2e-2 if target == "intel-igpu" else 1e-4
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))

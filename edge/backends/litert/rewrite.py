@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -328,3 +328,47 @@ def rewrite(data: bytes, *, lower: bool = True, fp32: bool = False, densify: boo
     if not record.lowered and not record.dequantized and not record.densified:
         return data, record
     return save(model), record
+
+
+def _input_names(model: Any) -> dict[int, str]:
+    """Subgraph 0's input tensor index -> the name the bundle and ``--input-shape`` use: the first
+    SignatureDef's (as LiteRT's signature runner reads it), else the tensor's own."""
+    g = model.subgraphs[0]
+    names = {int(i): _text(g.tensors[int(i)].name) for i in (g.inputs if g.inputs is not None else [])}
+    sigs = [s for s in (model.signatureDefs or []) if int(s.subgraphIndex) == 0]
+    for tm in (sigs[0].inputs or []) if sigs else []:
+        if int(tm.tensorIndex) in names:
+            names[int(tm.tensorIndex)] = _text(tm.name)
+    return names
+
+
+def _text(b: Any) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, (bytes, bytearray)) else str(b or "")
+
+
+def dynamic_inputs(data: bytes) -> dict[str, list[int]]:
+    """The inputs whose ``shape_signature`` leaves a dim dynamic (-1), by name, with that signature
+    (openWakeWord's melspectrogram: ``{"input": [-1, -1]}``); empty for a static model."""
+    model = load(data)
+    g = model.subgraphs[0]
+    found: dict[str, list[int]] = {}
+    for i, name in _input_names(model).items():
+        sig = g.tensors[i].shapeSignature
+        if sig is not None and len(sig) and min(int(d) for d in sig) < 0:
+            found[name] = [int(d) for d in sig]
+    return found
+
+
+def fix_input_shapes(data: bytes, shapes: Mapping[str, Sequence[int]]) -> bytes:
+    """``data`` with each named dynamic input made static at its shape: the tensor's ``shape`` set and its
+    ``shape_signature`` dropped. LiteRT then computes every other shape at allocation, as
+    ``Interpreter.resize_tensor_input`` before ``allocate_tensors`` does (measured identical, issue #23), and
+    tf2onnx and OpenVINO's TFLite frontend read a static input. The caller checks ``shapes`` fit."""
+    model = load(data)
+    g = model.subgraphs[0]
+    by_name = {name: i for i, name in _input_names(model).items()}
+    for name, shape in shapes.items():
+        t = g.tensors[by_name[name]]
+        t.shape = np.asarray([int(d) for d in shape], dtype=np.int32)
+        t.shapeSignature = None
+    return save(model)

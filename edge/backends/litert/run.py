@@ -582,8 +582,9 @@ class _Loading:
                 why = err.splitlines()[0][:300] if err else type(e).__name__
                 raise ModelError(
                     f"LiteRT {self.version} could not load {model}: "
-                    + (f"{why.rstrip('.')}; {dynamic} (edgekit does not resize TFLite inputs)" if dynamic else why),
-                    hint="export the model with a fixed input shape, or bring its ONNX (then --input-shape)"
+                    + (f"{why.rstrip('.')}; {dynamic}" if dynamic else why),
+                    hint="convert it with --input-shape NAME=... at the size the model runs at: the bundle holds that "
+                    "input static"
                     if dynamic
                     else None,
                 ) from None
