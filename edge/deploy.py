@@ -41,7 +41,8 @@ class DeployResult:
     shipped_to: str
     benchmark: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
-    #: why parity was not run on this host (the manifest's skipped reason): the bundle ships unverified
+    #: why parity was not run on this host (the manifest's skipped reason), or ran but no output's reference
+    #: discriminates (edge.verify.gates.parity_verdict): the bundle ships unverified
     unverified: str | None = None
     #: whether the benchmark's budget verdict gated the deploy (same device class as the target's) and why;
     #: None when there was no benchmark
@@ -273,11 +274,11 @@ def _check_and_ship(
 ) -> tuple[dict[str, Any] | None, str | None, bool | None, str | None, str]:
     """The converted bundle (in its staging directory): ISA check, benchmark, signature, ship; (the benchmark
     report, why parity was not run here, whether the budget gates, the device class line, where it shipped)."""
-    from edge.bundle.schema import SkippedParity
+    from edge.verify.gates import parity_verdict
 
     bundle = _isa_check(bundle, s.target_profile, s.req, s.opts, s.notes, s.say)
-    par = bundle.info.parity
-    unverified = par.skipped if isinstance(par, SkippedParity) else None
+    verdict = parity_verdict(bundle.info)  # skipped, or run with every reference degenerate: unverified, and why
+    unverified = verdict.skipped if verdict.state in ("skipped", "unverified") else None
     if unverified is not None:
         s.say(f"unverified on this host: {unverified}")
     report, gates, device_class = _benchmark(bundle, s.profile, s.opts, s.final, s.notes, s.say)

@@ -447,6 +447,8 @@ class ParityEvidence:
     input_provenance: ParityInputs | None = None
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
     first_divergence: Divergence | None = None  # on a failure: where the converted graph starts to differ
+    # every output's reference is degenerate: no failure, yet nothing verified (the gate recomputes it from the ranges)
+    unverified: str | None = spec(None, **_TEXT)
     precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
     precision_trials_skipped: tuple[SkippedTrial, ...] = spec((), max_items=8)
 

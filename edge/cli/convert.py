@@ -182,6 +182,8 @@ def render_bundle(bundle: Any) -> None:
         t.add_row("parity", f"[yellow]not run[/]: {safe(par.skipped)}")
     elif isinstance(par, ParityEvidence):
         verdict = "[green]pass[/]" if par.passed else "[red]FAIL (accepted)[/]"
+        if par.passed and par.unverified:
+            verdict = f"[yellow]unverified[/] ({safe(par.unverified)})"
         cand = par.candidate
         t.add_row(
             "parity",
@@ -221,7 +223,7 @@ def render_bundle(bundle: Any) -> None:
             if o.degenerate:
                 t.add_row(
                     f"  {o.name}",
-                    f"[yellow]degenerate reference[/]: {o.degenerate_note}; gated on absolute "
+                    f"[yellow]degenerate reference[/]: {safe(o.degenerate_note or '')}; gated on absolute "
                     "error only (give --parity-data with real inputs)",
                 )
     console.print(t)

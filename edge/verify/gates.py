@@ -22,7 +22,13 @@ from edge.bundle.schema import (
     device_class_of,
 )
 from edge.errors import BudgetError, DeployError, TargetError
-from edge.verify.parity import looks_like_classifier, output_failures, thresholds_for
+from edge.verify.parity import (
+    degenerate_reason,
+    looks_like_classifier,
+    output_failures,
+    thresholds_for,
+    unverified_reason,
+)
 
 #: why parity may be skipped: the only reasons the pipeline writes (a closed set; edge.pipeline uses these)
 SKIP_NO_REFERENCE = "no reference outputs: the source could not be run here"
@@ -46,7 +52,9 @@ HostCheck = Callable[[Manifest], "str | None"]
 class ParityVerdict:
     """What the recorded parity figures say against this edgekit's thresholds."""
 
-    state: Literal["pass", "fail", "skipped", "missing"]  # skipped: not run where built, with a reason
+    # skipped: not run where built, with a reason; unverified: run, nothing failed, but no output's reference
+    # discriminates (each is constant across the samples): ``skipped`` holds the reason, and it ships as a skipped one
+    state: Literal["pass", "fail", "skipped", "missing", "unverified"]
     failures: list[str] = field(default_factory=list)  # why it fails, from the figures
     edited: str | None = None  # the record claims a pass its figures do not support
     skipped: str | None = None
@@ -110,6 +118,10 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
     # a record that says failed with passing figures is taken at its (more careful) word
     if failures or not par.passed:
         return ParityVerdict("fail", failures or ["the parity record says failed"])
+    if isinstance(par, ParityEvidence):  # recomputed from the recorded ranges, never taken from the record's word
+        why = unverified_reason([degenerate_reason(o.ref_min, o.ref_max, par.samples) for o in par.outputs])
+        if why is not None:
+            return ParityVerdict("unverified", skipped=why)
     return ParityVerdict("pass")
 
 

@@ -169,19 +169,39 @@ class OutputParity:
         return not self.failures
 
 
-def degenerate_reason(ref_min: float | None, ref_max: float | None) -> str | None:
+def degenerate_reason(ref_min: float | None, ref_max: float | None, samples: int | None = None) -> str | None:
     """Why a reference with this range carries nothing to compare (constant; a probability ~0 or ~1
-    everywhere), or None. Recomputed by the manifest gate from the recorded range."""
+    everywhere), or None. Recomputed by the manifest gate from the recorded range. The range is pooled over
+    every parity sample, so "constant" means constant across all of them (``samples``: how many, for the words)."""
     if ref_min is None or ref_max is None or not (math.isfinite(ref_min) and math.isfinite(ref_max)):
         return None
+    where = "on these inputs" if samples is None else f"across {samples} sample{'s' if samples != 1 else ''}"
     span, scale = ref_max - ref_min, max(abs(ref_min), abs(ref_max))
     if span <= 1e-5 * max(1.0, scale):
-        return f"the reference is constant on these inputs (range {span:.3g})"
+        return f"the reference output is constant {where} (range {span:.3g})"
     if ref_min >= 0.0 and ref_max < 1e-3:
-        return f"the reference is ~0 everywhere on these inputs (max {ref_max:.3g})"
+        return f"the reference output is ~0 everywhere {where} (max {ref_max:.3g})"
     if ref_min > 1.0 - 1e-3 and ref_max <= 1.0:
-        return f"the reference is ~1 everywhere on these inputs (min {ref_min:.6g})"
+        return f"the reference output is ~1 everywhere {where} (min {ref_min:.6g})"
     return None
+
+
+#: what a degenerate reference is: a pass on it proves nothing about the conversion
+NOT_DISCRIMINATING = "not discriminating: "
+
+
+def unverified_reason(degenerate: Sequence[str | None]) -> str | None:
+    """The verdict's reason when every output's reference is degenerate (``degenerate``: each output's
+    :func:`degenerate_reason`, None where it discriminates): a parity that could not have failed is not a
+    pass but unverified; None when at least one output discriminates (or there is none)."""
+    if not degenerate or any(d is None for d in degenerate):
+        return None
+    first = str(degenerate[0])
+    more = f" (and every other output's: {len(degenerate) - 1} more)" if len(degenerate) > 1 else ""
+    return (
+        f"unverified: no output discriminates, {first}{more}: parity could not have failed "
+        "(give --parity-data with real inputs)"
+    )
 
 
 def output_failures(o: Any, th: Thresholds) -> list[str]:
@@ -244,6 +264,15 @@ class ParityReport:
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
+    @property
+    def unverified(self) -> str | None:
+        """Why a report with no failure still verifies nothing: every output's reference is degenerate (None
+        otherwise). A file shipped byte for byte as it is is no exception: its device's reference pairs compare
+        the same constant."""
+        if not self.passed:
+            return None
+        return unverified_reason([degenerate_reason(o.ref_min, o.ref_max, self.samples) for o in self.outputs])
+
     def summary(self) -> str:
         parts = []
         for o in self.outputs:
@@ -281,6 +310,8 @@ class ParityReport:
             data["input_provenance"] = self.input_provenance
         if self.shipped_as_is:
             data["shipped_as_is"] = True
+        if self.unverified is not None:
+            data["unverified"] = self.unverified
         if self.first_divergence is not None:
             data["first_divergence"] = self.first_divergence.to_json()
         return data
@@ -499,8 +530,9 @@ def _compare_output(
         ref_max=rmax if count else None,
         cosine_samples=cos_samples,
     )
-    o.degenerate_note = degenerate_reason(o.ref_min, o.ref_max)
-    o.degenerate = o.degenerate_note is not None
+    reason = degenerate_reason(o.ref_min, o.ref_max, len(refs))
+    o.degenerate = reason is not None
+    o.degenerate_note = NOT_DISCRIMINATING + reason if reason is not None else None
     _task(o, wanted, refs[0].shape, refs, cands, others)
     if not finite:
         o.failures.append("NaN or Inf in the converted model's output")

@@ -44,6 +44,7 @@ import pytest
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.pipeline import convert
+from edge.verify.parity import degenerate_reason
 from edge.verify.refpairs import open_checked
 from tests.corpus import CORPUS, corpus_model
 
@@ -383,11 +384,36 @@ def test_corpus_case(case: tuple[str, str, str, str], outcome: Any) -> None:
         else:  # no task fits (Silero's probability and state; BlazeFace's anchor head): raw figures only
             assert not any(judged), f"{what}: parity judged the outputs as {judged}; the corpus knows no task for them"
         _assert_check_judges_as_parity(what, got)
+        _assert_discriminating(what, name, parity)
         return
     assert expected.startswith("fails: "), f"bad EXPECTED entry {expected!r}"
     needle = expected.removeprefix("fails: ")
     assert kind == "fails", f"{what}: the table says '{expected}' but it converted; flip the entry to 'pass'"
     assert needle in text, f"{what}: want {needle!r} in the error, got {text}"
+
+
+#: models whose passing cells compare a reference that is constant on every parity input edgekit generates (issue #23):
+#: their parity is recorded unverified, never passed as if it had discriminated
+UNVERIFIED: dict[str, str] = {
+    "micro-wakeword-okay-nabu": "its uint8 probability is 0 on every generated int8 feature window"
+}
+
+
+def _assert_discriminating(what: str, name: str, parity: dict[str, Any]) -> None:
+    """No passing cell is degenerate (issue #23): at least one output's reference varies across the parity samples,
+    else the record says unverified and the model is one ``UNVERIFIED`` names (read from the report the case made)."""
+    outputs = parity.get("outputs") or []
+    if not outputs:
+        return  # skipped where built (its reason recorded), or a language model's quality gate
+    n = parity.get("samples")
+    constant = [o["name"] for o in outputs if degenerate_reason(o.get("ref_min"), o.get("ref_max"), n) is not None]
+    if len(constant) < len(outputs):
+        assert name not in UNVERIFIED, f"{what}: its outputs discriminate now; drop it from UNVERIFIED"
+        return
+    assert name in UNVERIFIED, (
+        f"{what}: every output's reference is constant across {n} samples ({constant}): parity could not fail"
+    )
+    assert str(parity.get("unverified", "")).startswith("unverified: "), f"{what}: degenerate, not recorded unverified"
 
 
 def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
