@@ -187,10 +187,11 @@ def quantized(path: Path, scheme: str, tmp: Path) -> Path:
     return path
 
 
-def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3) -> Path:
+def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3, *, cast_mul: bool = False) -> Path:
     """``[1, 16, hidden]`` through ``layers`` MatMul + Tanh whose weights are int8 initializers dequantized by
     DequantizeLinear (weight-only quantization, as exported text encoders ship): float arithmetic on exact
-    weights, where OpenVINO's CPU plugin by default quantizes the MatMul activations at run time."""
+    weights, where OpenVINO's CPU plugin by default quantizes the MatMul activations at run time. ``cast_mul``:
+    dequantized by Cast + Mul instead (all-MiniLM-L6-v2 int8's form, which onnxruntime's constant folding folds)."""
     rng = np.random.default_rng(7)
     nodes, inits, x = [], [], "x"
     for i in range(layers):
@@ -198,11 +199,15 @@ def int8_weight_encoder(path: Path, hidden: int = 256, layers: int = 3) -> Path:
             numpy_helper.from_array(rng.integers(-127, 128, (hidden, hidden)).astype(np.int8), f"w{i}"),
             numpy_helper.from_array(np.float32(0.01), f"s{i}"),
         ]
-        nodes += [
-            helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}"], [f"wf{i}"]),
-            helper.make_node("MatMul", [x, f"wf{i}"], [f"m{i}"]),
-            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"]),
-        ]
+        nodes += (
+            [
+                helper.make_node("Cast", [f"w{i}"], [f"wc{i}"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"wc{i}", f"s{i}"], [f"wf{i}"]),
+            ]
+            if cast_mul
+            else [helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}"], [f"wf{i}"])]
+        )
+        nodes += [helper.make_node("MatMul", [x, f"wf{i}"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
         x = f"t{i}"
     nodes.append(helper.make_node("Identity", [x], ["hidden_states"]))
     return _save(
