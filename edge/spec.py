@@ -23,6 +23,17 @@ class TensorSpec:
     shape: tuple[int | str, ...]
     dtype: str  # numpy dtype name: "float32", "uint8", ...
     layout: str | None = None  # "NCHW"/"NHWC" for image tensors, None otherwise
+    #: a float input the runner quantizes into an integer tensor (a TFLite int8/uint8 input): (scale, zero point,
+    #: lowest level, highest level). Read where the spec is built, for the parity generator; not in the manifest.
+    quant: tuple[float, int, int, int] | None = field(default=None, compare=False)
+
+    @property
+    def quant_range(self) -> tuple[float, float] | None:
+        """The float range a quantized input represents (scale x (level - zero point)), or None."""
+        if self.quant is None:
+            return None
+        scale, zp, lo, hi = self.quant
+        return scale * (lo - zp), scale * (hi - zp)
 
     @property
     def is_static(self) -> bool:

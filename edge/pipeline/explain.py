@@ -65,6 +65,8 @@ def _input(t: TensorSpec, pre: PreprocessSpec | None, kind: str, req: ConvertReq
         evidence = f"from its name, dtype {t.dtype} and shape {list(t.shape)}"
     if kind.startswith("log-mel"):
         evidence += f"; its name {t.name!r} says audio features: fed a spectrogram"
+    if t.quant is not None:
+        evidence += f"; the file quantizes it (scale {t.quant[0]:.4g}, zero point {t.quant[1]}): fed every level"
     return {
         "name": t.name,
         "shape": list(t.shape),

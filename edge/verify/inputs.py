@@ -79,6 +79,9 @@ def _kind(t: TensorSpec, io: IOSpec, pre: PreprocessSpec | None) -> str:
         return plane
     if _STATE.search(t.name):
         return "zeros (initial recurrent state)"
+    if floating and t.quant is not None:
+        lo, hi = t.quant_range or (0.0, 0.0)
+        return f"uniform over the quantized input's levels {t.quant[2]}..{t.quant[3]} (floats {lo:.4g}..{hi:.4g})"
     if floating:
         return "standard normal"
     if _SAMPLE_RATE.fullmatch(t.name):
@@ -164,6 +167,11 @@ def _value(t: TensorSpec, kind: str, rng: np.random.Generator) -> np.ndarray:
         return speech_like(n, SAMPLE_RATE, rng).reshape(shape).astype(dtype)
     if kind == "standard normal":
         return rng.standard_normal(shape).astype(dtype)
+    if kind.startswith("uniform over the quantized") and t.quant is not None:
+        # every integer level equally likely, as floats the runner quantizes back exactly: standard-normal floats
+        # cast into an int8 input with zero point -128 sit on its lowest levels (microWakeWord: issue #23)
+        scale, zp, qlo, qhi = t.quant
+        return (scale * (rng.integers(qlo, qhi + 1, size=shape) - zp)).astype(dtype)
     if kind.startswith("sample rate"):
         return np.full(shape, SAMPLE_RATE, dtype=dtype)
     if kind.startswith("ones"):

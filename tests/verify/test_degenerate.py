@@ -18,7 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from edge.bundle.schema import parse_manifest
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.spec import IOSpec
 from edge.verify.gates import check_gates, parity_verdict
+from edge.verify.inputs import describe_generated, generated_samples
 from edge.verify.parity import NOT_DISCRIMINATING
 
 
@@ -96,3 +98,33 @@ def test_constant_means_constant_across_the_samples(span: float) -> None:
 
     assert "constant across 32 samples" in (degenerate_reason(0.25, 0.25 + span, 32) or "")
     assert degenerate_reason(0.25, 0.5, 32) is None
+
+
+def test_a_quantized_tflite_input_is_fed_its_whole_range() -> None:
+    """microWakeWord okay-nabu's input is int8 with scale 0.102 and zero point -128 (floats 0..26): standard-normal
+    floats cast into it sat on its lowest levels (the runner quantizes x / scale - 128). Its input now gets every
+    level, as floats the runner quantizes back exactly; the keyword spotter still says 0 on them (no keyword in
+    noise), which the corpus test's UNVERIFIED records and parity marks unverified."""
+    from edge.backends.litert.run import LiteRTRunner
+    from tests.corpus import corpus_model
+
+    with LiteRTRunner(corpus_model("micro-wakeword-okay-nabu"), options={"delegate": "reference"}) as r:
+        io = IOSpec(tuple(r.inputs), tuple(r.outputs))
+    [t] = io.inputs
+    assert t.dtype == "float32" and t.quant is not None and t.quant[1:] == (-128, -128, 127), t
+    assert describe_generated(io, None)[t.name].startswith("uniform over the quantized input's levels -128..127")
+    x = np.stack([s[t.name] for s in generated_samples(io, None, 32)])
+    scale, zp = t.quant[0], t.quant[1]
+    levels = np.rint(x / scale) + zp
+    assert np.allclose(x, scale * (levels - zp), rtol=0, atol=1e-5 * scale)  # exact levels: quantized back as given
+    assert levels.min() == -128 and levels.max() == 127 and len(np.unique(levels)) > 200  # spread, not one corner
+
+
+def test_explain_says_the_quantized_input_gets_every_level() -> None:
+    from edge.pipeline.explain import explain
+    from edge.pipeline.request import ConvertRequest
+    from tests.corpus import corpus_model
+
+    [i] = explain(corpus_model("micro-wakeword-okay-nabu"), ConvertRequest())["inputs"]
+    assert i["generator"].startswith("uniform over the quantized input's levels -128..127"), i
+    assert "quantizes it (scale 0.102, zero point -128)" in i["evidence"], i

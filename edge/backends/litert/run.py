@@ -699,7 +699,8 @@ def _input_plan(
         plan = _InputPlan(name, d["index"], perm_t, 0.0, 0, 0, 0, dtype, None, cl)
         caller_dtype = dtype.name
     caller_shape = tuple(shape) if shape is not None else native
-    return plan, TensorSpec(name, caller_shape, caller_dtype, layout or image_layout(caller_shape))
+    quant = (float(scale), zp, plan.qmin, plan.qmax) if plan.scale else None
+    return plan, TensorSpec(name, caller_shape, caller_dtype, layout or image_layout(caller_shape), quant=quant)
 
 
 def _output_plan(
