@@ -74,6 +74,8 @@ def _parity_metric(parity: dict[str, Any]) -> str:
     outs = parity.get("outputs") or []
     if not outs:
         return "—"
+    if parity.get("unverified"):  # every reference constant across the samples (issue #23): the figures say nothing
+        return f"unverified: constant reference on {parity.get('samples')} samples"
 
     def low(key: str) -> float | None:
         vals = [o[key] for o in outs if isinstance(o.get(key), (int, float))]
