@@ -273,7 +273,57 @@ def _run_chain(job: _Job, static: Path, work: Path, stage: Path) -> Path:
             }
         )
         current = result.artifact
+        if last:
+            _note_growth(job, result.files)
     return current
+
+
+#: a bundle's model files more than this many times its source's bytes get a note saying so, and why
+GROWTH_NOTED = 2.0
+
+
+def _note_growth(job: _Job, files: list[Path]) -> None:
+    """A bundle much bigger than its source surprises on a device's download (issue #23: MiniLM-L6 int8, 23 MB -> 90
+    MB on arm-xnnpack, onnx2tf making its int8 weights f32): the last step's notes say how much, and why when it is
+    known (a weight-only int8 source whose float target dequantizes its weights)."""
+    src_bytes = job.src.path.stat().st_size + sum(f.stat().st_size for f in _source_side_files(job.src))
+    out_bytes = sum(f.stat().st_size for f in files if f.is_file() and f.suffix != ".json")
+    if src_bytes <= 0 or out_bytes <= GROWTH_NOTED * src_bytes:
+        return
+    int8_weights = isinstance(job.src, OnnxSource) and any(
+        t.data_type in (2, 3)
+        for t in job.src.model.graph.initializer  # TensorProto UINT8, INT8
+    )
+    why = (
+        f"the source's int8 weights are float constants in the {job.plan.precision} model (compute is "
+        f"{job.plan.precision} either way; the download is bigger)"
+        if int8_weights and job.plan.precision in ("fp32", "fp16")
+        else "the converter wrote bigger weights than the source holds"
+    )
+    job.chain_record[-1]["notes"] = [
+        *job.chain_record[-1]["notes"],
+        f"the bundle's model is {out_bytes / 1e6:.1f} MB from a {src_bytes / 1e6:.1f} MB source "
+        f"({out_bytes / src_bytes:.1f}x): {why}",
+    ]
+
+
+def _source_side_files(src: Source) -> list[Path]:
+    """The files a source's weights live in beside it: an ONNX's external data, an OpenVINO IR's .bin."""
+    if isinstance(src, OpenVINOSource):
+        return [src.bin]
+    if not isinstance(src, OnnxSource):
+        return []
+    import onnx
+
+    names = {
+        e.value
+        for t in onnx.load(str(src.path), load_external_data=False).graph.initializer
+        if t.data_location == 1  # TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
+    found = [src.path.parent / n for n in names]
+    return [f for f in found if f.is_file() and f.resolve().parent == src.path.parent.resolve()]
 
 
 def _take_torch_reference(job: _Job, result: Any) -> None:

@@ -57,3 +57,42 @@ def test_a_float_model_is_optimised_as_before(tmp_path: Path) -> None:
     (tmp_path / "w").mkdir()
     result = OnnxToOnnx().convert(ConversionRequest(source=src, workdir=tmp_path / "w", precision="fp32", io=io))
     assert "quantized_weights" not in result.details and not result.notes
+
+
+FOLDING = """
+schema_version = 1
+name = "folding"
+title = "x86-cpu folding int8 weights"
+hardware = "this host"
+default_precision = "fp32"
+precisions = ["fp32"]
+frame_budget_ms = 33.3
+
+[convert]
+chain = ["onnx->onnx"]
+os = ["linux", "darwin", "windows"]
+arch = ["x86_64", "aarch64"]
+
+[convert.options."onnx->onnx"]
+fold_quantized_weights = true
+
+[run]
+runner = "onnxruntime"
+os = ["linux", "darwin", "windows"]
+arch = ["x86_64", "aarch64"]
+device_arch = ["x86_64"]
+"""
+
+
+def test_a_bundle_much_bigger_than_its_source_says_so_and_why(tmp_path: Path) -> None:
+    """Where the weights are folded anyway (here by the option; on arm-xnnpack by onnx2tf: MiniLM 23 -> 90 MB), the
+    report and the manifest's chain notes say how much bigger and why. Before: nothing said it."""
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "folding.toml").write_text(FOLDING)
+    src = int8_weight_encoder(tmp_path / "enc.onnx", layers=1, cast_mul=True)
+    b = convert(src, "folding", tmp_path / "out", ConvertRequest(targets_dir=[tmp_path / "targets"]))
+    notes = [n for s in b.manifest["chain"] for n in s["notes"]]
+    grew = [n for n in notes if n.startswith("the bundle's model is ")]
+    assert grew and "MB source (4.0x): the source's int8 weights are float constants in the fp32 model" in grew[0], (
+        notes
+    )
