@@ -44,7 +44,15 @@ from typing import Any, Literal, Mapping, Protocol, Sequence
 import numpy as np
 
 from edge.errors import BundleError, EdgeError
-from edge.verify.parity import THRESHOLDS, Thresholds, compare, degenerate_reason, output_failures, thresholds_for
+from edge.verify.parity import (
+    THRESHOLDS,
+    Thresholds,
+    compare,
+    degenerate_reason,
+    output_failures,
+    thresholds_for,
+    unverified_reason,
+)
 
 REFERENCE_FILE = "reference.npz"
 #: what the writer keeps: a few small samples (an image classifier's pair is ~600 kB)
@@ -546,6 +554,10 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         result["parity_samples"] = parity_samples
     if notes:
         result["notes"] = notes
+    # pairs whose every reference is constant check nothing on the device either (issue #23): said, not passed silently
+    unverified = unverified_reason([degenerate_reason(o.ref_min, o.ref_max, k) for o in figures])
+    if result["passed"] and unverified is not None:
+        result["unverified"] = unverified
     return {**result, "runner": runner_json(runner), "checked_utc": _now()}
 
 

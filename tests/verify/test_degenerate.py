@@ -61,6 +61,11 @@ def test_a_constant_reference_makes_the_bundle_unverified_not_passed(tmp_path: P
     v = parity_verdict(m)
     assert v.state == "unverified" and v.skipped == par["unverified"], v
     check_gates(m)  # ships, as a bundle whose parity was skipped does: unverified, with the reason
+    from edge.verify.refpairs import open_checked
+
+    with open_checked(b, None, mode=True) as runner:  # the device's check on first load
+        check = runner.info.details["reference_check"]
+    assert check["passed"] is True and check["unverified"].startswith("unverified: no output discriminates"), check
     # the verdict is recomputed from the recorded ranges: dropping the record's word does not make it a pass
     edited = copy.deepcopy(b.manifest)
     del edited["parity"]["unverified"]
