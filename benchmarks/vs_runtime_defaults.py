@@ -68,6 +68,11 @@ CONV_NETS: dict[str, tuple[str, dict[str, Any]]] = {
         {"input_shapes": {"images": (1, 3, 320, 320)}, "preprocess": "yolo", "task": "detector"},
     ),
 }
+#: untimed calls at the start of every block: the first calls after switching sessions pay for the previous one
+#: (onnxruntime's intra-op workers keep spinning after a run and compete with the next session's threads on 2 cores).
+#: Without them, a side whose block follows its own block in the next round (plain, in A B / B A with 2 rounds)
+#: gained over one that always follows the other: identical onnxruntime sessions measured 1.07-1.18 (see _common).
+SETTLE = 2
 TARGETS = {"onnxruntime": "x86-cpu", "openvino": "intel-igpu", "litert": "arm-xnnpack"}
 
 
@@ -143,7 +148,7 @@ def measure(bundle: Any, runtime: str, busy: bool, block: int, blocks: int, runn
                 rng = np.random.default_rng(0)
                 native = {s.name: rng.random(s.shape, dtype=np.float32).astype(s.dtype) for s in runner.native_inputs}
                 calls["native"] = (runner.infer_native, (native,))
-            got = C.interleaved(calls, block * blocks, block=block, warmup=5)
+            got = C.interleaved(calls, block * blocks, block=block, warmup=5, settle=SETTLE)
             load_1m = os.getloadavg()[0]
             info = runner.info
         finally:
