@@ -54,6 +54,8 @@ class Source:
     path: Path
     format: str = field(init=False, default="")
     kind: str = field(init=False, default="vision")  # "vision" (tensors in/out) or "llm"
+    #: False where the file names no outputs before conversion (PyTorch: they come from the export)
+    declares_outputs: bool = field(init=False, default=True)
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``source`` entry (file and sha256 are added by the manifest builder)."""
@@ -69,7 +71,7 @@ class Source:
     def checked_io(self, input_shapes: Shapes) -> IOSpec:
         """:meth:`io`, refused in one line when no conversion could work with it (:func:`check_io`)."""
         io = self.io(input_shapes)
-        return io if self.kind == "llm" else check_io(io, self.path)
+        return io if self.kind == "llm" else check_io(io, self.path, outputs_expected=self.declares_outputs)
 
     def static_file(self, work: Path, io: IOSpec) -> Path:
         """The file the chain starts from, with the static shapes of ``io``."""
@@ -85,11 +87,12 @@ class Source:
 MAX_SAMPLE_BYTES = 1 << 28
 
 
-def check_io(io: IOSpec, origin: Path) -> IOSpec:
+def check_io(io: IOSpec, origin: Path, *, outputs_expected: bool = True) -> IOSpec:
     """``io`` when a tensor model with it can be converted and compared; else one ModelError naming the file:
     no outputs, an empty input (a 0 dim), inputs too big to hold a sample of, or I/O names that would reach
-    a terminal or a manifest with control characters in them."""
-    problems = [] if io.outputs else ["it declares no outputs: nothing to convert or compare"]
+    a terminal or a manifest with control characters in them. ``outputs_expected`` False: a format whose outputs
+    are known only after conversion (PyTorch)."""
+    problems = [] if io.outputs or not outputs_expected else ["it declares no outputs: nothing to convert or compare"]
     names = [t.name for t in (*io.inputs, *io.outputs)]
     problems += [
         f"tensor name '{printable(n)}' has control characters" for n in names if printable(n) != n or "\n" in n
@@ -593,6 +596,7 @@ def torch_kind(path: str | os.PathLike[str]) -> str:
 class TorchSource(Source):
     def __post_init__(self) -> None:
         self.format = TORCH_FORMAT
+        self.declares_outputs = False  # output_0.. come from the ONNX export
         self.torch_kind = torch_kind(self.path)
 
     def describe(self) -> dict[str, Any]:
