@@ -223,7 +223,12 @@ class TFLiteSource(Source):
         self.resized: dict[str, list[int]] = {}  # dynamic inputs made static at the --input-shape given
         from edge.backends.litert.rewrite import LOWERABLE, dynamic_inputs
 
-        self.dynamic = dynamic_inputs(self.path.read_bytes())
+        try:
+            self.dynamic = dynamic_inputs(self.path.read_bytes())
+        except Exception as e:  # noqa: BLE001 - tensor or subgraph indices read_tflite's parse does not follow
+            raise InputFileError(
+                f"{self.path} has a TFLite identifier but does not parse as a TFLite model: {type(e).__name__}: {e}"
+            ) from None
 
         if set(self.file.custom_ops) & LOWERABLE:  # MediaPipe's ops -> builtins (exact), so stock LiteRT runs it
             import tempfile
