@@ -386,7 +386,7 @@ def main() -> int:
     with C.workdir(args.workdir) as wd:
         reuse = bool(args.workdir)
         model = C.mobilenet_v2(wd)
-        from edge.graph.model import sha256_file
+        from edge.base.hashing import sha256_file
 
         results["model"] = {"path": str(model), "sha256": sha256_file(model)}
         C.log(f"model: {model}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from edge.bundle.typedjson import UnreadableFile, read_toml_file
+from edge.base.typedjson import UnreadableFile, read_toml_file
 from edge.capabilities import Host, Requirement, normalize_arch
 from edge.errors import PrecisionError, TargetError, did_you_mean
 

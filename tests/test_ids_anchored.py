@@ -16,8 +16,8 @@ import pytest
 
 from edge.agent.appsocket import AppReport, Refused
 from edge.agent.tune_cmd import TuneRequest, TuneRequestError
+from edge.base.typedjson import Invalid, Rule, read
 from edge.bundle.schema import ID
-from edge.bundle.typedjson import Invalid, Rule, read
 from edge.errors import DeployError, EdgeError
 from edge.fleet.metrics import RolloutView, label
 from edge.mqtt.desired import DesiredError, DesiredState

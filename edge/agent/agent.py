@@ -29,7 +29,7 @@ from edge.agent.download import DownloadOptions, clean_work_dirs
 from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.agent.sources import open_source, parse_source
 from edge.agent.thermal import ThermalProbe
-from edge.bundle.typedjson import UnreadableFile, read_json_file, write_json_atomic
+from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomic
 from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage

@@ -52,7 +52,7 @@ from typing import Any, Iterator
 
 from edge.agent.download import DownloadError, discard_download, fetch
 from edge.agent.host import AgentHost
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, SignatureError
 from edge.mqtt.desired import HELD_URL, DesiredState, Reason, ReportedState
 
@@ -636,7 +636,7 @@ def set_unconfirmed(store: Any, bundle_id: str | None) -> None:
             if os.path.exists(path):
                 os.unlink(path)
             return
-        from edge.bundle.typedjson import write_json_atomic
+        from edge.base.typedjson import write_json_atomic
 
         write_json_atomic(Path(path), {"bundle_id": bundle_id, "since": round(time.time(), 3)})
     except OSError as e:  # at worst, a later desired state for this bundle is not watched again

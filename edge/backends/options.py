@@ -1,6 +1,6 @@
 """A runner's options, declared once: a frozen dataclass per runner in its backend's ``format.py``.
 
-Each field is one option: its type and range (``edge.bundle.typedjson.spec`` rules), its default and its
+Each field is one option: its type and range (``edge.base.typedjson.spec`` rules), its default and its
 description (``doc``); a rule across options is its ``invalid()`` method. From that one declaration come the runner's ``options`` (the names and descriptions
 ``edgekit doctor`` and the CLI print), the check of what a profile, overlay, agent flag or manifest gives it
 (:func:`read_options`, run by ``Runner.__init__`` and by the manifest reader) and the manifest's JSON Schema.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from edge.bundle.typedjson import Invalid, read, to_json
+from edge.base.typedjson import Invalid, read, to_json
 from edge.errors import EdgeError
 
 #: thread counts: 0 is the runtime's (or edgekit's) choice

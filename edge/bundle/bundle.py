@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from edge.base.hashing import sha256_file
+from edge.base.typedjson import Invalid, UnreadableFile, loads_strict, read_json_file, to_json, write_json_atomic
 from edge.bundle.schema import MAX_DEPTH, SCHEMA_VERSION, Manifest, load_manifest, parse_manifest  # noqa: F401 - SCHEMA_VERSION re-exported
 from edge.bundle.signing import (
     SIGNATURE_FILE,
@@ -31,9 +33,7 @@ from edge.bundle.signing import (
     keys_dir,
     load_signing_key,
 )
-from edge.bundle.typedjson import Invalid, UnreadableFile, loads_strict, read_json_file, to_json, write_json_atomic
 from edge.errors import BundleError, ManifestError, SignatureError
-from edge.graph.model import sha256_file
 from edge.spec import IOSpec, PreprocessSpec
 
 MANIFEST = "manifest.json"

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import edge
+from edge.base.hashing import sha256_file
 from edge.bundle.bundle import artifact_entries, bundle_id, bundle_name
 from edge.bundle.schema import SCHEMA_VERSION, device_only_hint
 from edge.capabilities import cpu_isa, current_host
 from edge.errors import ParityError, TargetError
-from edge.graph.model import sha256_file
 
 
 @dataclass(frozen=True)

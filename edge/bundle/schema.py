@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping
 
-from edge.bundle.typedjson import (
+from edge.base.typedjson import (
     JSON,
     Invalid,
     Rule,

@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomic
 from edge.bundle.signing import KEY_ID, SIGNATURE_FILE, Signature, key_id, load_public_pem, verify_signature
-from edge.bundle.typedjson import UnreadableFile, read_json_file
 from edge.errors import SignatureError
 
 log = logging.getLogger("edge.bundle.trust")
@@ -236,7 +236,6 @@ class TrustStore:
             os.close(fd)
 
     def _write(self, name: str, data: Any) -> None:
-        from edge.bundle.typedjson import write_json_atomic
 
         write_json_atomic(self.root / name, data)
 

@@ -11,7 +11,6 @@ stays dynamic in the file; the bundle's I/O spec keeps the static shape the devi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,14 +28,6 @@ UNKNOWN_RANK: tuple[str, ...] = ("...",)
 #: metadata key in a static model: the input dims left dynamic because fixing them breaks the graph
 KEPT_DYNAMIC_KEY = "edgekit.dynamic_dims_kept"
 _PROTOBUF_LIMIT = 1_900_000_000  # protobuf's 2 GB limit, with room for the envelope
-
-
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _onnx() -> Any:

@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from edge.backends.converter import ConversionRequest
+from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
-from edge.bundle.typedjson import write_json_atomic
 from edge.errors import (
     CalibrationError,
     ConversionError,

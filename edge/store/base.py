@@ -55,6 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from edge.base.hashing import sha256_file
 from edge.bundle.schema import ID
 from edge.errors import DeployError
 
@@ -332,7 +333,6 @@ def bundle_files(root: Any) -> Iterator[tuple[str, Any, bool]]:
 
 def checksum_args(bundle: Any) -> list[str]:
     """sha256/path pairs for the device to check: every listed artifact, and the manifest file itself."""
-    from edge.graph.model import sha256_file
 
     pairs: list[str] = []
     for a in _artifacts(bundle):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from edge.base.typedjson import write_json_atomic
 from edge.errors import DeployError, EdgeError
 from edge.store.base import (
     ALREADY_NOTE,
@@ -184,7 +185,6 @@ class DeviceStore(Store):
 
     def record_reference_check(self, bundle_id: str, result: Any) -> Path:
         """Write ``checks/<bundle_id>.json`` (temporary file, fsync, rename, fsync the directory)."""
-        from edge.bundle.typedjson import write_json_atomic
 
         bid = check_bundle_id(bundle_id)
         with self._guard():

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError, did_you_mean
 from edge.toolchains import aarch64
 from edge.toolchains.state import ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root  # noqa: F401 - re-exported: callers and tests use these names here

@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError
 from edge.toolchains.state import STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root, run_logged
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from edge.bundle.typedjson import UnreadableFile, loads_toml_strict, read_toml_file
+from edge.base.typedjson import Invalid, UnreadableFile, loads_toml_strict, read, read_toml_file
 from edge.errors import TargetError
 
 OVERLAY_VERSION = 1
@@ -85,7 +85,6 @@ class TunedOverlay:
         trial it is, the objective, the host it was measured on and whether that is the target's device class.
         The [tuned] table is data from a file: a value the manifest's rules refuse is left out, never carried."""
         from edge.bundle.schema import TunedEvidence
-        from edge.bundle.typedjson import Invalid, read
 
         t = self.tuned
         os_, _, arch = str(t.get("measured_on") or "").partition("/")
@@ -145,7 +144,6 @@ def overlay_problems(raw: Mapping[str, Any]) -> list[str]:
     from edge.backends.converter import CONVERTERS
     from edge.backends.runner import RUNNERS
     from edge.bundle.schema import RunnerSpec, check_runner
-    from edge.bundle.typedjson import Invalid
     from edge.targets import PRECISIONS
 
     found: list[str] = []

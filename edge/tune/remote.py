@@ -37,9 +37,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from edge.base.hashing import sha256_file
 from edge.errors import EdgeError
 from edge.fleet.acl import own_level
-from edge.graph.model import sha256_file
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import SCHEMA_VERSION, encode
@@ -255,7 +255,6 @@ def _prepare(
 ) -> _Prepared:
     """Convert each recipe once (``edge.tune.search``'s cache: the same key, the same bundle), recording the conversion
     gate per trial as ``edge.tune.search.tune`` does. A wrapper here: ``tune`` has no convert-only entry point."""
-    from edge.graph.model import sha256_file
 
     t0 = time.perf_counter()
     model_sha = sha256_file(model)
@@ -788,7 +787,6 @@ def _wait(
 
 
 def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
-    from edge.graph.model import sha256_file
     from edge.tune.overlay import write_overlay
 
     w, h = result.winner or {}, result.host

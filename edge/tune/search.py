@@ -39,7 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.hashing import sha256_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
 from edge.tune.config import OBJECTIVES, Config
@@ -677,7 +678,6 @@ class _Run:
 
 def _start(model: str | os.PathLike[str], target: Any, req: ConvertRequest, opts: TuneOptions, say: Say) -> _Run:
     """Options checked, the space built, the study read, the trials' records (measurements resumed from it)."""
-    from edge.graph.model import sha256_file
     from edge.pipeline import open_source
     from edge.stats import budget_from
     from edge.targets import TargetProfile, get_target

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge.base.typedjson import to_json
 from edge.bundle.bundle import Bundle, bundle_id, staging_dir
 from edge.bundle.schema import ID, Manifest
-from edge.bundle.typedjson import to_json
 from edge.errors import BundleError, ManifestError
 from edge.pipeline import convert
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.backends.runner import RUNNERS
+from edge.base.typedjson import Invalid, loads_strict, read, to_json
 from edge.bundle.bundle import Bundle
 from edge.bundle.schema import (
     DEVICE_ONLY_OPTIONS,
@@ -30,7 +31,6 @@ from edge.bundle.schema import (
     manifest_json_schema,
     published_schema,
 )
-from edge.bundle.typedjson import Invalid, loads_strict, read, to_json
 from edge.errors import ManifestError
 from edge.pipeline import convert
 from edge.targets import load_targets
@@ -132,7 +132,7 @@ def test_a_plugin_runner_brings_its_own_option_types(tmp_path: Path) -> None:
     from dataclasses import dataclass
 
     from edge.backends.runner import Runner
-    from edge.bundle.typedjson import spec
+    from edge.base.typedjson import spec
 
     @dataclass(frozen=True)
     class EchoOptions:

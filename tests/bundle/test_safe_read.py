@@ -1,4 +1,4 @@
-"""Issue #26 item 13: one safe reader for every JSON/TOML file edgekit loads (edge.bundle.typedjson).
+"""Issue #26 item 13: one safe reader for every JSON/TOML file edgekit loads (edge.base.typedjson).
 
 Regular files only (a FIFO named *.toml must not hang ``edgekit targets``; a directory named *.toml is
 refused), a size bound, a depth bound checked before parsing, and Python's integer-digit limit turned into
@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 from conftest import EDGEKIT, assert_user_error
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file, read_toml_file
+from edge.base.typedjson import UnreadableFile, read_json_file, read_toml_file
 from edge.errors import EdgeError, TargetError
 from edge.targets import load_targets, parse_profile
 from edge.tune.search import load_study

@@ -659,8 +659,8 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
 
 
 def test_overlay_manifest_record_keeps_only_valid_values() -> None:
+    from edge.base.typedjson import read
     from edge.bundle.schema import TunedEvidence
-    from edge.bundle.typedjson import read
     from edge.tune.overlay import TunedOverlay
 
     base = dict(
@@ -728,9 +728,9 @@ def test_onnxruntime_execution_mode_and_spinning_run_and_are_recorded(tmp_path: 
     import numpy as np
 
     from edge.backends.onnxruntime.run import OnnxRuntimeRunner
+    from edge.base.typedjson import Invalid
     from edge.bench import bundle_feeds
     from edge.bundle.schema import RunnerSpec, check_runner
-    from edge.bundle.typedjson import Invalid
 
     b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(parity_samples=4))
     feeds, _ = bundle_feeds(b)

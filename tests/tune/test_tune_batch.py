@@ -246,8 +246,8 @@ def test_latest_features_reach_the_interpreter(tmp_path: Path) -> None:
 
 
 def test_latest_features_in_manifest_rules_and_space() -> None:
+    from edge.base.typedjson import Invalid
     from edge.bundle.schema import RunnerSpec, check_runner
-    from edge.bundle.typedjson import Invalid
 
     check_runner(RunnerSpec("litert", {"xnnpack_latest_features": True}), where="runner")
     with pytest.raises(Invalid, match="xnnpack_latest_features"):

@@ -251,7 +251,7 @@ def test_an_infinite_output_is_a_parity_failure_the_manifest_can_record() -> Non
     failed' instead of 'parity failed')."""
     import json
 
-    from edge.bundle import typedjson
+    from edge.base import typedjson
     from edge.bundle.schema import OutputFigures
     from edge.verify.parity import _compare_output, thresholds_for
 

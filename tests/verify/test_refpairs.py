@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
+from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
-from edge.bundle.typedjson import write_json_atomic
 from edge.errors import BundleError, ManifestError
 from edge.pipeline.request import ConvertRequest
 from edge.spec import IOSpec, TensorSpec

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edge.bundle.typedjson import spec
+from edge.base.typedjson import spec
 
 
 def package_dir(artifact: Path) -> Path:

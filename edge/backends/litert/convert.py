@@ -37,7 +37,7 @@ import numpy as np
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
-from edge.bundle.typedjson import read_json_file
+from edge.base.typedjson import read_json_file
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.divergence import MIN_COSINE, REL_TOLERANCE, Divergence

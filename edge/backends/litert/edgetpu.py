@@ -33,6 +33,8 @@ from typing import Any, Sequence
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import EDGETPU_CUSTOM_OP as EDGETPU_OP
 from edge.backends.litert.format import load_sidecar
+from edge.base.hashing import sha256_file
+from edge.base.typedjson import write_json_atomic
 from edge.errors import BundleError, ConversionError, MissingDependencyError, PrecisionError, TargetError
 
 COMPILER = "edgetpu_compiler"
@@ -263,7 +265,6 @@ def finish_bundle(
     timeout default to the target profile's ``[convert.options."tflite->edgetpu"]``."""
     from edge.bundle.bundle import MANIFEST, Bundle, sign_bundle, staging_dir
     from edge.bundle.signing import SIGNATURE_FILE, configured_sign_key, load_signing_key
-    from edge.bundle.typedjson import write_json_atomic
 
     src = Bundle.open(path, verify=False, trust=False)
     notes: list[str] = []
@@ -370,7 +371,6 @@ def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]],
 
 def _copy_verified(bundle: Any, stage: Path) -> None:
     """Copy the listed artifacts into ``stage``, each checked against its recorded size and sha256 (all problems at once)."""
-    from edge.graph.model import sha256_file
 
     problems = []
     for a in bundle.info.artifacts:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREADS
-from edge.bundle.typedjson import UnreadableFile, read_json_file, spec
+from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import InputFileError
 
 IO_SIDECAR_SUFFIX = ".io.json"

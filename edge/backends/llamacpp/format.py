@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.backends.options import THREADS
-from edge.bundle.typedjson import spec
+from edge.base.typedjson import spec
 from edge.errors import InputFileError, MissingDependencyError, ModelError
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import MissingDependencyError, ModelError
 
 _LOAD_LOCK = threading.Lock()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREADS
-from edge.bundle.typedjson import Rule, spec
+from edge.base.typedjson import Rule, spec
 
 
 @dataclass(frozen=True)

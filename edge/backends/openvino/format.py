@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREADS
-from edge.bundle.typedjson import Rule, spec
+from edge.base.typedjson import Rule, spec
 from edge.capabilities import Requirement, env_flag
 
 OPENVINO_REQUIREMENT = Requirement("python", "openvino", install="pip install 'edgekit-ml[openvino]'")

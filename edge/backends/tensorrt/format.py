@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.bundle.typedjson import UnreadableFile, read_json_file, spec
+from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import ConversionError
 
 BUILD_FILE = "trt_build.json"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.tensorrt.format import CACHE_ENV, TensorRTOptions
-from edge.bundle.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.capabilities import Requirement, current_host, problems
 from edge.errors import EdgeError, HardwareUnavailableError
 from edge.spec import TensorSpec
