@@ -106,10 +106,19 @@ def rollout_summary(rollout_id: Any, desired_bundle: Any, version: Any, state: A
 
 
 class InferenceWorker:
-    """runner.infer on every frame of the source; latency samples per telemetry window."""
+    """runner.infer on every frame of the source; latency samples per telemetry window.
+
+    ``infer_lock`` is held for each ``runner.infer``: anything else that runs the live runner (the watch's
+    reference check, :meth:`check_live`) takes it too. LiteRT's interpreter and OpenVINO's infer request are
+    not thread-safe: a check from another thread while a frame infers failed 8 (LiteRT) and 12 (OpenVINO) of
+    20 times and rolled good rollouts back."""
 
     def __init__(self, runner: Any, source: Any, budget_ms: float) -> None:
         self.runner, self.source, self.budget_ms = runner, source, budget_ms
+        self.infer_lock = threading.Lock()
+        # a check waiting for infer_lock holds the turnstile, which the worker passes before each frame: the
+        # worker, re-taking infer_lock at once after each frame, would otherwise starve it (locks are not fair)
+        self._turnstile = threading.Lock()
         self._lock = threading.Lock()
         self._samples: list[float] = []
         self._health: list[float] = []  # a rollout's watch window (edge.agent.apply), apart from telemetry's
@@ -124,11 +133,14 @@ class InferenceWorker:
         self._thread.start()
 
     def _run(self) -> None:
-        infer = self.runner.infer
+        infer, infer_lock, turnstile = self.runner.infer, self.infer_lock, self._turnstile
         clock = time.perf_counter_ns
         try:
             for frame in self.source.frames(self._stop):
-                outputs = infer(frame.feeds)
+                with turnstile:
+                    pass
+                with infer_lock:
+                    outputs = infer(frame.feeds)
                 if frame.finish is not None:
                     frame.finish(outputs)
                 ms = (clock() - frame.started_ns) / 1e6
@@ -141,6 +153,17 @@ class InferenceWorker:
         except Exception as e:  # reported in state and telemetry; the agent keeps reporting
             self.error = f"{type(e).__name__}: {e}"
             log.error("inference failed: %s", daemon_error_line("agent inference", e))
+
+    def check_live(self, bundle: Any) -> dict[str, Any]:
+        """``bundle``'s reference pairs on the live runner, between two frames (under ``infer_lock``)."""
+        from edge.verify.refpairs import check_reference_pairs
+
+        with self._turnstile:
+            self.infer_lock.acquire()
+        try:
+            return check_reference_pairs(bundle, self.runner)
+        finally:
+            self.infer_lock.release()
 
     def take_window(self) -> tuple[list[float], int]:
         with self._lock:

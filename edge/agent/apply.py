@@ -590,9 +590,13 @@ class Applier:
             return None
         from edge.verify.refpairs import check_reference_pairs, describe
 
-        with agent.runtime_lock:
+        with agent.runtime_lock:  # the runner stays the one loaded; the worker's infer_lock keeps its frames apart
             try:
-                result = check_reference_pairs(agent.bundle, agent.runner)
+                worker = agent.worker
+                if worker is not None and worker.runner is agent.runner:
+                    result = worker.check_live(agent.bundle)
+                else:
+                    result = check_reference_pairs(agent.bundle, agent.runner)
             except Exception as e:  # noqa: BLE001 - a check that cannot run on the live runner is a drift
                 return Reason("watch_reference_drift", f"{type(e).__name__}: {e}", "watching")
         if self.health is not None:
