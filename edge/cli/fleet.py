@@ -250,7 +250,7 @@ def _stats_line(s: dict[str, Any]) -> str:
         f"rebirth requests {s['rebirths_sent']}, gaps {s['gaps_detected']} ({s['gaps_filled']} filled)"
         + (f", {s['evicted']} cache entries evicted" if s.get("evicted") else "")
         + (f", {s['shed']} QoS 0 messages shed (backlog full)" if s.get("shed") else "")
-        + (f", {s['overflows']} receive-maximum overflows" if s.get("overflows") else "")
+        + (f", reading paused {s['read_pauses']} time(s) (backlog full)" if s.get("read_pauses") else "")
     )
 
 

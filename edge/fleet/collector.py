@@ -38,10 +38,13 @@
 - Whatever it keeps in memory per device is a cache of the database, bounded (least recently
   updated entries evicted past ``max_tracked``): forged device ids cost rows, not memory.
 - Bounded backlog at every QoS: at most ``max_backlog`` messages wait decoded for the writer (plus the one
-  batch it writes). Past that, QoS 0 messages (which the broker's receive maximum does not limit) are shed
-  before they are decoded, counted in ``shed``; QoS 1 beyond ``max_backlog + receive_maximum`` means the
-  broker ignores the receive maximum: the connection is dropped (counted in ``overflows``) and the broker
-  re-delivers what was not acknowledged. A flood costs counters, never memory.
+  batch it writes, plus what one socket read holds). Past that, QoS 0 messages (which the broker's receive
+  maximum does not limit) are shed before they are decoded, counted in ``shed``; a QoS 1 message there stops
+  the reading of the socket until the writer has taken the backlog (``read_pauses``): the kernel's buffers fill,
+  TCP's window holds the broker back, and it sends the rest when reading resumes. Flow control, never a refusal:
+  Mosquitto 2.0 sends a resumed session's whole queue regardless of the receive maximum, and dropping the
+  connection there made it send everything again, for ever (a backlog of 200,000 never drained). A flood costs
+  counters, never memory.
 - Forged streams (a broker without the ACL) cannot take a device's row: a session replaces the row's only with a
   birth (telemetry of a session other than the device's latest birth is stored, never shown as the device's
   state; a birth resets the row's stream position), and a message more than ``max_seq_jump`` past its stream's
@@ -268,7 +271,7 @@ def _new_stats() -> dict[str, Any]:
         "db_errors": 0,
         "evicted": 0,
         "shed": 0,
-        "overflows": 0,
+        "read_pauses": 0,
         "backlog_high": 0,
     }
 
@@ -338,6 +341,7 @@ class Collector:
         self._idle.set()
         self._done: tuple[list[tuple[Any, int, int]], BaseException | None] | None = None  # its last batch's outcome
         self._broken = False  # a failure on the loop thread while a batch was in flight: cleaned up after it
+        self._paused_client: Any = None  # the MQTT client whose socket is not read while the backlog is full
 
     # storing -----------------------------------------------------------------------------
     def add(self, topic: str, payload: bytes | TooLarge, received_at: float | None = None) -> str | None:
@@ -799,6 +803,8 @@ class Collector:
         was committing goes in the next one, so batches grow with the load and a quiet fleet waits for nothing;
         a broker that sends few unacknowledged messages at a time, such as RabbitMQ's default prefetch of 10, is
         not held to one batch per interval)."""
+        if self._paused_client is not None:
+            self._resume_reading()
         if self._batch_t0 is None:
             return
         wait = self.config.batch_interval_ms / 1000.0 - (time.monotonic() - self._batch_t0)
@@ -965,12 +971,13 @@ class Collector:
         return shared(self.config.group, fleet_filter(self.config.fleet))
 
     def _admit(self, qos: int) -> bool:
-        """Whether one more message fits the backlog (see the module doc); counts and logs what does not."""
+        """Whether one more message fits the backlog (see the module doc); counts and logs what does not. At the
+        bound a QoS 1 message is taken and the socket is no longer read until the writer has taken the backlog
+        (flow control: the broker holds the rest, and sends it when TCP's window opens again)."""
         n = len(self._pending)
         if n > self.stats["backlog_high"]:
             self.stats["backlog_high"] = n
-        limit = self.config.max_backlog
-        if n < limit:
+        if n < self.config.max_backlog:
             return True
         if not qos:
             self.stats["received"] += 1
@@ -982,18 +989,31 @@ class Collector:
                 self.stats["shed"],
             )
             return False
-        if n < limit + self.config.receive_maximum:
-            return True
-        self.stats["overflows"] += 1
-        log.error(
-            "the broker sent more unacknowledged messages than the receive maximum (%d): reconnecting, the broker re-delivers",
-            self.config.receive_maximum,
+        self._pause_reading()
+        return True
+
+    def _pause_reading(self) -> None:
+        client = self.conn.client if self.conn is not None else None
+        if self.loop is None or client is None or self._paused_client is client:
+            return
+        self.loop.pause_reading(client, True)
+        self._paused_client = client
+        self.stats["read_pauses"] += 1
+        self._ratelog.info(
+            "paused",
+            "backlog full (%d messages waiting for the database): not reading from the broker until the writer "
+            "catches up (%d pauses so far)",
+            len(self._pending),
+            self.stats["read_pauses"],
         )
-        self._pending.clear()
-        self._acks.clear()
-        if self.conn is not None and self.conn.client is not None:
-            self.conn.client.disconnect()
-        return False
+
+    def _resume_reading(self) -> None:
+        """Loop thread, after every round: read again once the backlog is below the bound."""
+        client, loop = self._paused_client, self.loop
+        if client is not None and len(self._pending) < self.config.max_backlog:
+            self._paused_client = None
+            if loop is not None:
+                loop.pause_reading(client, False)
 
     def _message(self, conn: Connection, msg: Any) -> None:
         if not self._admit(msg.qos):

@@ -345,6 +345,7 @@ class LiteClient:
         self.sub_mid = 0
         self.closed_reason: str | None = None
         self._heard = False  # any byte from the broker on this connection
+        self._paused = False  # the loop does not read our socket (flow control, ``NetworkLoop.pause_reading``)
         # set by NetworkLoop.watch
         self.on_socket_open: Callable[..., None] | None = None
         self.on_socket_close: Callable[..., None] | None = None
@@ -477,12 +478,22 @@ class LiteClient:
             if now - self._opened > max(self.owner.broker.connect_timeout_s, 1.0):
                 self.close("no CONNACK from the broker in time")
             return
+        if self._paused:  # nothing is read: no answer to wait for; a ping now and then keeps the broker's side alive
+            if self.keepalive and now - self._last_out >= self.keepalive:
+                self._send(b"\xc0\x00")
+            return
         if self.keepalive and now - self._last_in > 1.5 * self.keepalive:
             self.close(f"nothing from the broker for {now - self._last_in:.0f} s (keep-alive {self.keepalive} s)")
             return
         if self.keepalive and now - self._last_out >= self.keepalive and self._ping_at is None:
             self._ping_at = now
             self._send(b"\xc0\x00")
+
+    def on_reading_paused(self, paused: bool) -> None:
+        """The loop stopped (or resumed) reading this socket: keep-alive waits for nothing meanwhile."""
+        self._paused = paused
+        if not paused:
+            self._last_in, self._ping_at = time.monotonic(), None
 
     # writing -----------------------------------------------------------------------------
     def _send(self, data: bytes) -> None:

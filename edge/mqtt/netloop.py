@@ -60,6 +60,8 @@ class NetworkLoop:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._clients: dict[Any, Any] = {}  # paho client -> its socket
+        self._paused: set[Any] = set()  # clients whose socket is not read (``pause_reading``)
+        self._writing: set[Any] = set()  # clients with bytes waiting to be written
         self._after_io: list[Callable[[], None]] = []
         self._stop = False
         self._errlog = RateLimitedLog(log)
@@ -152,29 +154,79 @@ class NetworkLoop:
 
     def _on_socket_open(self, client: Any, _ud: Any, sock: Any) -> None:
         self._clients[client] = sock
+        self._paused.discard(client)
+        self._writing.discard(client)
         self._sel.register(sock, selectors.EVENT_READ, client)
 
     def _on_socket_close(self, client: Any, _ud: Any, sock: Any) -> None:
         self._clients.pop(client, None)
+        self._paused.discard(client)
+        self._writing.discard(client)
         try:
             self._sel.unregister(sock)
         except (KeyError, ValueError):
             pass
 
     def _on_register_write(self, client: Any, _ud: Any, sock: Any) -> None:
-        try:
-            self._sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-        except (KeyError, ValueError):
-            pass
+        self._writing.add(client)
+        self._interest(client)
 
     def _on_unregister_write(self, client: Any, _ud: Any, sock: Any) -> None:
+        self._writing.discard(client)
+        self._interest(client)
+
+    def pause_reading(self, client: Any, paused: bool) -> None:
+        """Stop (``paused``) or resume reading ``client``'s socket (loop thread). What the broker sends meanwhile
+        waits in the kernel's buffers, then TCP's window holds the broker back: flow control for a reader that
+        cannot keep up, where dropping the connection would make the broker send it all again. Writing goes on
+        (acknowledgements, pings)."""
+        if paused == (client in self._paused):
+            return
+        if paused:
+            self._paused.add(client)
+        else:
+            self._paused.discard(client)
+        hook = getattr(client, "on_reading_paused", None)
+        if hook is not None:
+            hook(paused)
+        self._interest(client)
+        sock = self._clients.get(client)
+        pending = getattr(sock, "pending", None)  # TLS: bytes decrypted before the pause, unseen by the selector
+        if not paused and pending is not None and pending():
+            self.call_soon(self._resume_read, client, sock)
+
+    def _resume_read(self, client: Any, sock: Any) -> None:
+        if self._clients.get(client) is sock and client not in self._paused:
+            self._read(client, sock)
+
+    def _interest(self, client: Any) -> None:
+        """Register the client's socket for what it waits on now (nothing: out of the selector)."""
+        sock = self._clients.get(client)
+        if sock is None:
+            return
+        events = (0 if client in self._paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if client in self._writing else 0
+        )
         try:
-            self._sel.modify(sock, selectors.EVENT_READ, client)
+            self._sel.get_key(sock)
+            known = True
         except (KeyError, ValueError):
+            known = False
+        try:
+            if not events:
+                if known:
+                    self._sel.unregister(sock)
+            elif known:
+                self._sel.modify(sock, events, client)
+            else:
+                self._sel.register(sock, events, client)
+        except (KeyError, ValueError, OSError):
             pass
 
     def _misc(self) -> None:
         for client in list(self._clients):
+            if client in self._paused and not hasattr(client, "on_reading_paused"):
+                continue  # paho would miss the PINGRESP it cannot read: it waits with its pings until resumed
             self._guard(client.loop_misc)
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -203,7 +255,7 @@ class NetworkLoop:
                     except (BlockingIOError, OSError):
                         pass
                     continue
-                if mask & selectors.EVENT_READ:
+                if mask & selectors.EVENT_READ and client not in self._paused:
                     self._guard(self._read, client, key.fileobj)
                 if mask & selectors.EVENT_WRITE and client in self._clients:
                     self._guard(client.loop_write)
@@ -224,13 +276,12 @@ class NetworkLoop:
 
     READ_BURST = 256  # packets read from one socket per round (paho's loop_read reads one)
 
-    @staticmethod
-    def _read(client: Any, sock: Any) -> None:
+    def _read(self, client: Any, sock: Any) -> None:
         """Read what the socket holds, up to a burst, so a busy collector commits in batches, not per message."""
         pending = getattr(sock, "pending", None)  # TLS: decrypted bytes the selector cannot see
         for _ in range(NetworkLoop.READ_BURST):
             client.loop_read()
-            if client.socket() is not sock:
+            if client.socket() is not sock or client in self._paused:
                 return
             if pending is not None:
                 if not pending():

@@ -94,5 +94,5 @@ def test_a_qos0_flood_is_shed_not_queued(tmp_path: Path) -> None:
     assert held["received"] > 4 * BACKLOG, held  # the flood outran the busy database: there was a backlog to bound
     assert s["backlog_high"] <= BACKLOG
     assert s["shed"] >= held["received"] - 2 * BACKLOG - cfg.batch_max  # what did not fit was shed, and counted
-    assert s["stored"]["telemetry"] + s["shed"] == FLOOD and s["overflows"] == 0
+    assert s["stored"]["telemetry"] + s["shed"] == FLOOD
     assert during - before < 40, (before, during)  # 60,000 queued messages were ~150 MB
