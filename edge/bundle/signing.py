@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from edge.base.typedjson import UnreadableFile, read_bounded
 from edge.errors import MissingDependencyError, SignatureError
 
 KEYS_DIR_ENV = "EDGEKIT_KEYS_DIR"
@@ -42,7 +43,17 @@ SIGNATURE_FILE = "manifest.sig"
 SIG_MAX_BYTES = 4096
 KEY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 KEY_ID = re.compile(r"[0-9a-f]{16}")
+KEY_MAX_BYTES = 1 << 16  # an Ed25519 PEM is ~120 bytes; anything past this is not a key
 SIGNER_VERSIONS = "versions.json"  # in the keys dir: the last version this signer gave each name
+
+
+def read_key_file(path: str | os.PathLike[str], what: str = "key") -> bytes:
+    """The bytes of a key file: a regular file (opened non-blocking, so a FIFO never hangs) of at most
+    :data:`KEY_MAX_BYTES`, read with a bound (``/dev/zero`` is refused, never read into memory)."""
+    try:
+        return read_bounded(path, max_bytes=KEY_MAX_BYTES, what=what)
+    except UnreadableFile as e:
+        raise SignatureError(e.message, hint=e.hint or "name a PEM key file") from None
 
 
 def canonical_bytes(manifest: Mapping[str, Any]) -> bytes:
@@ -161,10 +172,7 @@ def _read_private(path: Path) -> Any:
     ed25519 = crypto()
     from cryptography.hazmat.primitives import serialization
 
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise SignatureError(f"cannot read signing key {path}: {e.strerror or e}") from None
+    data = read_key_file(path, "signing key")
     mode = path.stat().st_mode & 0o077
     if mode:
         raise SignatureError(
@@ -200,7 +208,9 @@ def list_keys(directory: str | os.PathLike[str] | None = None) -> list[KeyInfo]:
     out = []
     for pub in sorted(d.glob("*.pub")) if d.is_dir() else []:
         name = pub.stem
-        out.append(KeyInfo(name, key_id(load_public_pem(pub.read_bytes(), str(pub))), d / f"{name}.pem", pub))
+        out.append(
+            KeyInfo(name, key_id(load_public_pem(read_key_file(pub, "public key"), str(pub))), d / f"{name}.pem", pub)
+        )
     return out
 
 
@@ -210,7 +220,7 @@ def export_public_key(name: str, directory: str | os.PathLike[str] | None = None
     d = keys_dir(directory)
     pub = d / f"{name}.pub"
     if pub.is_file():
-        return public_pem(load_public_pem(pub.read_bytes(), str(pub)))
+        return public_pem(load_public_pem(read_key_file(pub, "public key"), str(pub)))
     key, _ = load_signing_key(name, directory)
     return public_pem(key.public_key())
 

@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomic
-from edge.bundle.signing import KEY_ID, SIGNATURE_FILE, Signature, key_id, load_public_pem, verify_signature
+from edge.bundle.signing import (
+    KEY_ID,
+    SIGNATURE_FILE,
+    Signature,
+    key_id,
+    load_public_pem,
+    read_key_file,
+    verify_signature,
+)
 from edge.errors import SignatureError
 
 log = logging.getLogger("edge.bundle.trust")
@@ -149,9 +157,9 @@ class TrustStore:
         d = self.root / KEYS
         for pub in sorted(d.glob("*.pub")) if d.is_dir() else []:
             try:
-                data = pub.read_bytes()[:MAX_FILE]
-            except OSError as e:
-                raise SignatureError(f"trust store {self.root}: cannot read {pub.name}: {e.strerror}") from None
+                data = read_key_file(pub, "trusted key")
+            except SignatureError as e:  # a FIFO, a device, a directory, too big: damaged, refuse everything
+                raise damaged(self.root, e.message) from None
             key = load_public_pem(data, str(pub))
             kid = key_id(key)
             meta = self._json(f"{KEYS}/{kid}.json", {})

@@ -7,9 +7,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from edge.bundle.signing import read_key_file
 from edge.bundle.trust import TrustStore
 from edge.cli._common import JsonOut, command, console, print_json
-from edge.errors import InputFileError, SignatureError
+from edge.errors import SignatureError
 
 app = typer.Typer(help="A device's trust store: the keys its bundles must be signed with.", no_args_is_help=True)
 
@@ -51,10 +52,7 @@ def add_cmd(
     as_json: bool = JsonOut,
 ) -> None:
     """Trust KEY for this device's bundles (several keys may be trusted at once: rotation)."""
-    try:
-        pem = key.read_bytes()[: 1 << 16]
-    except OSError as e:
-        raise InputFileError(f"cannot read {key}: {e.strerror or e}") from None
+    pem = read_key_file(key, "public key")
     ts = _trust(store, trust_dir, create=True)
     k = ts.add_key(pem, str(key), not_after=expires)
     if as_json:
