@@ -7,7 +7,7 @@ any other exception one line naming its log file, and exit code 3.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 import typer
 
@@ -27,7 +27,7 @@ from edge.cli import toolchain as _toolchain
 from edge.cli import trust as _trust
 from edge.cli import tune as _tune
 from edge.cli import verify as _verify
-from edge.cli._common import command, err_console, one_line, safe
+from edge.cli._common import command, err_console, one_line, quiet_exit_on_closed_stdout, safe, stdout_closed
 from edge.errors import INTERNAL_ERROR, internal_error_line
 
 app = typer.Typer(
@@ -35,7 +35,9 @@ app = typer.Typer(
     help="Convert a model for an edge device, prove it computes the same thing, benchmark it "
     "against a frame budget, and ship a verified bundle.",
     no_args_is_help=True,
-    add_completion=False,
+    # `edgekit --install-completion` (bash, zsh, fish, PowerShell); `-h` as well as `--help` everywhere
+    add_completion=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
 
@@ -48,11 +50,32 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool | None = typer.Option(
         None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: int = typer.Option(
+        0,
+        "--verbose",
+        "-v",
+        count=True,
+        show_default=False,
+        help="Progress lines on stderr even when it is not a terminal, and the library's log at INFO (-vv: DEBUG).",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No progress lines or spinners: results, warnings and errors only."
+    ),
 ) -> None:
     """edgekit: models to edge devices, verified."""
+    if verbose and quiet:
+        raise typer.BadParameter("-v and -q together: choose one")
+    ctx.obj = -1 if quiet else verbose  # read by edge.cli._common.verbosity()
+    if verbose:
+        import logging
+
+        logging.basicConfig(
+            level=logging.DEBUG if verbose > 1 else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+        )
 
 
 app.add_typer(_targets.app, name="targets")
@@ -89,17 +112,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     import sys
 
     click_error, usage_error, abort = _click_errors()
+    was_devnull = _stdout_is_devnull()
     try:
         rv = _dispatch(argv, usage_error, click_error, abort)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit as e:
+        # click (help, --version) and rich (a table) meet a closed stdout with exit 1 after pointing stdout
+        # elsewhere; the reader going away is no failure: 141, as a shell reports a SIGPIPE'd command
+        if e.code == 1 and (type(sys.stdout).__name__ == "PacifyFlushWrapper" or _stdout_is_devnull() > was_devnull):
+            quiet_exit_on_closed_stdout()
         raise
+    except KeyboardInterrupt:
+        raise
+    except BrokenPipeError as e:  # a closed stdout outside a command (help, --version): quiet, like inside one
+        if not stdout_closed():
+            _internal(e)
+        quiet_exit_on_closed_stdout()
     except Exception as e:  # noqa: BLE001 - outside any command (option parsing, a group): still one line, exit 3
-        err_console.print(
-            f"[bold red]error:[/] {safe(internal_error_line('edgekit', e))}", highlight=False, soft_wrap=True
-        )
-        sys.exit(INTERNAL_ERROR)
+        _internal(e)
     # standalone_mode=False returns a command's value, or the code of a typer.Exit it raised
     sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+def _stdout_is_devnull() -> bool:
+    import os
+
+    try:
+        a, b = os.fstat(1), os.stat(os.devnull)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _internal(e: BaseException) -> NoReturn:
+    import sys
+
+    err_console.print(f"[bold red]error:[/] {safe(internal_error_line('edgekit', e))}", highlight=False, soft_wrap=True)
+    sys.exit(INTERNAL_ERROR)
 
 
 def _dispatch(

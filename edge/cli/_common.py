@@ -40,14 +40,65 @@ def safe(text: object) -> str:
 class SafeConsole(Console):
     """A rich console that escapes control characters in every string it renders (prints, table cells,
     panels), so a hostile file name, id or reason never reaches the terminal raw, even where a renderer
-    forgot :func:`safe`. Styles come from markup, never from control characters in the text."""
+    forgot :func:`safe`. Styles come from markup, never from control characters in the text. Emoji codes
+    are never read (:func:`make_console`): ``:x:`` in a file's bytes stays ``:x:``. A closed stdout is a
+    quiet exit (:func:`quiet_exit_on_closed_stdout`), not rich's exit 1."""
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs["emoji"] = False  # even where a caller asks for it: every string may carry data
         return super().render_str(printable(text), **kwargs)
 
+    def on_broken_pipe(self) -> None:
+        quiet_exit_on_closed_stdout()
 
-console = SafeConsole()
-err_console = SafeConsole(stderr=True)
+
+def make_console(*, stderr: bool = False) -> SafeConsole:
+    """The one way edgekit makes a console: emoji codes off (data such as ``root:x:0`` must print as
+    written), markup read only in edgekit's own format strings, where data goes through :func:`safe`;
+    data printed on its own goes through :func:`print_data` (no markup at all)."""
+    return SafeConsole(stderr=stderr, emoji=False)
+
+
+console = make_console()
+err_console = make_console(stderr=True)
+
+#: The exit code of a command whose reader went away (``edgekit ... | head``): a shell's 128 + SIGPIPE.
+CLOSED_STDOUT = 141
+
+
+def stdout_closed() -> bool:
+    """True when stdout's reader has gone (a pipe whose read end is closed reports POLLERR)."""
+    import select
+    import sys
+
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        poller = select.poll()
+        poller.register(fd, 0)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def quiet_exit_on_closed_stdout() -> NoReturn:
+    """``edgekit ... | head``: the reader has what it wanted. Exit 141 without a word (no crash log, no
+    "Exception ignored" at shutdown: stdout now points at /dev/null, so the final flush has somewhere to go)."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(CLOSED_STDOUT)
+
+
+def print_data(text: str, *, err: bool = False) -> None:
+    """A line of data (a path, an id, a log line) on stdout (stderr with ``err``) exactly as it is: no markup,
+    no emoji, no highlighting; control characters escaped."""
+    (err_console if err else console).print(text, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 def fallback_options(runner_name: str, allow: bool) -> dict[str, Any]:
@@ -71,24 +122,47 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
+def verbosity() -> int:
+    """The global ``-v``/``-q`` of this command line (``edgekit -v convert ...``): -1 quiet, 0 normal, 1 or more
+    verbose. Kept on the root click context's ``obj`` (set by the root callback), not in a module global."""
+    ctx = current_context()
+    root = ctx.find_root() if ctx is not None else None
+    level = getattr(root, "obj", None) if root is not None else None
+    return level if isinstance(level, int) and not isinstance(level, bool) else 0
+
+
+def progress_wanted() -> bool:
+    """Progress lines on stderr: at a terminal by default; never with ``-q``; always with ``-v`` (a CI log that
+    wants to see where the time went)."""
+    level = verbosity()
+    return level > 0 or (level == 0 and err_console.is_terminal)
+
+
 def progress(msg: str) -> None:
-    """A progress line on stderr, for a person at a terminal only.
+    """A progress line on stderr, for a person at a terminal only (or with ``-v``; never with ``-q``).
 
     Piped or logged, stderr carries warnings, notes and the one-line error alone, so that a script
     (or a CI log) reads a failure as exactly one line; ``--json`` is quiet either way.
     """
-    if err_console.is_terminal:
+    if progress_wanted():
         err_console.print(msg, highlight=False)
 
 
 @contextmanager
 def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
     """A spinner that shows the current step of a long operation, plus one line per step (at a terminal only,
-    like :func:`progress`; quiet in --json mode)."""
-    if not enabled or not err_console.is_terminal:
+    like :func:`progress`; quiet in --json mode). With ``-v`` away from a terminal: the step lines, no spinner."""
+    if not enabled or not progress_wanted():
         yield lambda _msg: None
         return
     start = time.perf_counter()
+    if not err_console.is_terminal:
+
+        def line(msg: str) -> None:
+            err_console.print(f"{time.perf_counter() - start:6.1f}s {safe(msg)}", highlight=False)
+
+        yield line
+        return
     with err_console.status("starting") as status:  # a spinner, plus one line per finished step
 
         def say(msg: str) -> None:
@@ -122,6 +196,10 @@ def command(fn: F) -> F:
             raise typer.Exit(getattr(e, "exit_code", USER_ERROR)) from None
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError as e:
+            if stdout_closed():
+                quiet_exit_on_closed_stdout()
+            internal_error(_step_name(fn), e)
         except Exception as e:  # noqa: BLE001 - the firewall: every bug becomes one line and a log file
             if type(e).__module__.split(".")[0] in ("click", "typer"):  # a usage error raised inside a command
                 raise
@@ -142,8 +220,8 @@ def internal_error(step: str, exc: BaseException) -> NoReturn:
     raise typer.Exit(INTERNAL_ERROR) from None
 
 
-def _step_name(fn: Callable[..., Any]) -> str:
-    """The command as typed (``fleet collect``), else the function's name without ``_cmd``."""
+def current_context() -> Any:
+    """The click context of the command running now, or None."""
     get_current_context: Callable[..., Any] | None
     # recent typer vendors click; older typer runs on the click package (the ignores: one of the two is absent)
     try:
@@ -153,7 +231,12 @@ def _step_name(fn: Callable[..., Any]) -> str:
             from click import get_current_context  # type: ignore[no-redef, unused-ignore]
         except ImportError:
             get_current_context = None
-    ctx = get_current_context(silent=True) if get_current_context is not None else None
+    return get_current_context(silent=True) if get_current_context is not None else None
+
+
+def _step_name(fn: Callable[..., Any]) -> str:
+    """The command as typed (``fleet collect``), else the function's name without ``_cmd``."""
+    ctx = current_context()
     path = str(getattr(ctx, "command_path", "") or "").split()
     return " ".join(path[1:]) if len(path) > 1 else fn.__name__.removesuffix("_cmd").replace("_", " ")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from edge.agent.main import broker_config, parse_runner_options, setup_logging, stop_on_signals  # noqa: F401
-from edge.cli._common import JsonOut, err_console, print_json
+from edge.cli._common import JsonOut, err_console, print_data, print_json
 
 Broker = typer.Option(
     "mqtt://127.0.0.1:1883",
@@ -186,12 +186,7 @@ def agent_cmd(
         verify_timeout=verify_timeout,
     )
     cfg = config_from(ns)
-    summary = run(
-        cfg,
-        duration=duration,
-        flush_timeout=flush_timeout,
-        say=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
-    )
+    summary = run(cfg, duration=duration, flush_timeout=flush_timeout, say=lambda line: print_data(line, err=True))
     if as_json:
         print_json(summary)
     elif not summary["outbox_flushed"]:

@@ -60,3 +60,33 @@ def test_log_lines_escape_terminal_sequences() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "rejected x\\x1b]0;owned" in p.stderr, p.stderr
     assert not RAW_CONTROLS.search(p.stderr), repr(p.stderr)
+
+
+def test_data_never_reads_as_emoji_codes(tmp_path: Path) -> None:
+    """``:x:`` in a file's first bytes is printed as written (rich read it as an emoji: ``b'root❌0'``)."""
+    f = tmp_path / "passwd"
+    f.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    p = run_cli("convert", str(f), "--target", "x86-cpu")
+    assert_user_error(p, "b'root:x:0")
+    assert "❌" not in p.stderr
+
+
+def test_a_closed_stdout_is_a_quiet_exit_141(tmp_path: Path) -> None:
+    """``edgekit ... | head``: the reader left early. Exit 141 (a shell's SIGPIPE), nothing on stderr, no crash log
+    (was: exit 3 with 'internal error ... BrokenPipeError' and a log for --json, exit 1 for a table)."""
+    import os
+    import subprocess
+
+    from tests.conftest import EDGEKIT
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "EDGEKIT_LOG_DIR": str(logs)}
+    for args in (["targets", "--json"], ["targets"], ["doctor"], ["--help"], ["--version"]):
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before edgekit writes a byte
+        p = subprocess.Popen([EDGEKIT, *args], stdout=w, stderr=subprocess.PIPE, env=env)
+        os.close(w)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 141, (args, p.returncode, err)
+        assert err == b"", (args, err)
+    assert not logs.exists() or not any(logs.iterdir()), list(logs.iterdir())
