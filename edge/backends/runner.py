@@ -47,6 +47,9 @@ class Runner(ABC):
     #: device, for parity where this runner cannot run (TensorRT: onnxruntime on the prepared ONNX)
     host_proxy: ClassVar[tuple[str, dict[str, Any], str] | None] = None
     requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: at precision fp16 the device stores activations in fp16 (not only weights): the build host runs the
+    #: fp16 proxy (``edge.verify.fp16proxy``) beside the f32 parity
+    computes_fp16: ClassVar[bool] = False
     #: the runner's options, declared once (``edge.backends.options``): a frozen dataclass in its backend's
     #: ``format.py``; ``options`` and the manifest's checks and schema derive from it
     options_class: ClassVar[type | None] = None

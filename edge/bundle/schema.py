@@ -429,6 +429,38 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class Fp16Range:
+    """What rounding to fp16 did to one tensor in the fp16 proxy (``edge.verify.fp16proxy``)."""
+
+    tensor: str = spec(pattern=TENSOR_NAME)
+    node: str | None = spec(None, **_TEXT)  # None: a graph input, or an output no node rounds
+    op: str | None = spec(None, max_len=128)
+    overflow: int = spec(0, ge=0, le=1 << 62)  # finite values above 65,504: inf in fp16
+    underflow: int = spec(0, ge=0, le=1 << 62)  # non-zero values that round to 0 in fp16
+    max_abs: float | None = spec(None, ge=0.0)
+
+
+@dataclass(frozen=True)
+class Fp16ProxyEvidence:
+    """Parity of the graph with every intermediate tensor rounded to fp16, for a device that computes in fp16
+    (``edge.verify.fp16proxy``): labelled a proxy, with what it does not model."""
+
+    label: Literal["fp16 proxy"] = spec()
+    passed: bool = spec()
+    thresholds: Thresholds = spec()
+    samples: int = spec(ge=0, le=1 << 20)
+    outputs: tuple[OutputFigures, ...] = spec(min_items=1, max_items=1024)
+    not_modelled: str = spec(**_TEXT)
+    graph: str = spec(**_TEXT)  # which ONNX ran (the bundle's prepared graph, or the source)
+    tensors_rounded: int = spec(0, ge=0, le=1 << 24)
+    subgraph_nodes_in_f32: int = spec(0, ge=0, le=1 << 24)
+    ranges: tuple[Fp16Range, ...] = spec((), max_items=1024)  # per output
+    overflowed_nodes: tuple[Fp16Range, ...] = spec((), max_items=16)  # in graph order: the first is the culprit
+    overflowed_count: int = spec(0, ge=0, le=1 << 24)
+    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
+
+
+@dataclass(frozen=True)
 class ParityEvidence:
     """A vision model's parity report (``edge.verify.parity.ParityReport``)."""
 
@@ -451,6 +483,8 @@ class ParityEvidence:
     unverified: str | None = spec(None, **_TEXT)
     precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
     precision_trials_skipped: tuple[SkippedTrial, ...] = spec((), max_items=8)
+    #: a device that computes in fp16: the graph with every intermediate rounded to fp16 (absent: not such a device)
+    fp16_proxy: Fp16ProxyEvidence | None = None
 
 
 @dataclass(frozen=True)

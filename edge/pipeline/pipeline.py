@@ -483,12 +483,15 @@ def _parity_gate(
         return
     if job.plan.run_here is None:
         _gate_on_runner(job, stage, manifest, reference)
+        _fp16_proxy_gate(job, stage, manifest, reference)
         return
     proxy = _host_proxy(job.plan, job.profile)
     if proxy is not None:
         _gate_on_host_proxy(job, stage, manifest, proxy, reference)
+        _fp16_proxy_gate(job, stage, manifest, reference)
         return
     if job.converter_proxy is not None and _gate_on_converter_proxy(job, manifest, reference_on):
+        _fp16_proxy_gate(job, stage, manifest, reference)
         return
     bridge = next(
         (
@@ -505,6 +508,36 @@ def _parity_gate(
             "the converted package is checked on the device (reference pairs)"
         )
     manifest["parity"] = {"passed": None, "skipped": why, "reference": job.ref_label or None}
+
+
+def _fp16_proxy_gate(job: _Job, stage: Path, manifest: dict[str, Any], reference: list[dict[str, Any]]) -> None:
+    """A device that computes in fp16 (``Runner.computes_fp16``) at precision fp16: the graph also runs with
+    every intermediate rounded to fp16 (``edge.verify.fp16proxy``), beside the f32 figure; a failure stops the
+    conversion like parity's. The bundle's prepared ONNX where it ships one, else the ONNX source."""
+    from edge.backends.runner import RUNNERS
+    from edge.errors import ParityError
+    from edge.verify.fp16proxy import LABEL, run_fp16_proxy
+
+    if job.plan.precision != "fp16" or not getattr(RUNNERS.get(job.profile.runner), "computes_fp16", False):
+        return
+    artifact = Bundle(stage, manifest).artifact
+    graph = artifact if artifact.suffix == ".onnx" else job.static
+    if graph is None or graph.suffix != ".onnx" or not isinstance(manifest.get("parity"), dict):
+        return
+    job.say(f"checking parity on {len(job.parity_inputs)} {job.label} inputs with every tensor rounded ({LABEL})")
+    report = run_fp16_proxy(graph, job.parity_inputs, reference, task=job.request.task)
+    data = report.to_json()
+    data["graph"] = "the bundle's prepared ONNX" if graph == artifact else f"the source ONNX ({job.src.path.name})"
+    manifest["parity"]["fp16_proxy"] = data
+    if not report.passed:
+        manifest["parity"]["passed"] = False
+        manifest["parity"]["accepted_failure"] = job.request.accept_parity_failure
+        if not job.request.accept_parity_failure:
+            raise ParityError(
+                f"{_failed(job)} ({LABEL}): " + "; ".join(report.failures),
+                report,
+                hint="nothing was written; pass --accept-parity-failure to keep it anyway",
+            )
 
 
 def _failed(job: _Job) -> str:

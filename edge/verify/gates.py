@@ -105,6 +105,7 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
             # is recomputed from its recorded range, never taken from the flag
             failures += [f"{o.name}: {f}" for f in output_failures(o, th)]
             failures += [f"{o.name}: {f}" for f in o.failures if f"{o.name}: {f}" not in failures]
+        failures += _fp16_proxy_failures(par)
         listed = {t.name for t in m.io.outputs}
         failures += [
             f"{name}: parity figures for an output io.outputs does not list" for name in figures if name not in listed
@@ -123,6 +124,19 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
         if why is not None:
             return ParityVerdict("unverified", skipped=why)
     return ParityVerdict("pass")
+
+
+def _fp16_proxy_failures(par: ParityEvidence) -> list[str]:
+    """The fp16 proxy's figures (a device that computes in fp16) against fp16's thresholds, recomputed."""
+    fp = par.fp16_proxy
+    if fp is None:
+        return []
+    th = thresholds_for("fp16")
+    found = [f"fp16 proxy: {o.name}: {f}" for o in fp.outputs for f in output_failures(o, th)]
+    found += [f"fp16 proxy: {o.name}: output not finite" for o in fp.outputs if not math.isfinite(o.max_abs)]
+    if not found and not fp.passed:
+        found = [f"fp16 proxy: {f}" for f in fp.failures] or ["fp16 proxy: the record says failed"]
+    return found
 
 
 def skip_problem(m: Manifest, host_check: HostCheck | None) -> str | None:

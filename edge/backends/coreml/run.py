@@ -31,6 +31,7 @@ class CoreMLRunner(Runner):
         Requirement("python", "coremltools", install="pip install 'edgekit-ml[coreml]'"),
     )
     options_class = CoreMLOptions
+    computes_fp16 = True
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp16") -> None:
         # raises HardwareUnavailableError off macOS, naming every unmet requirement (NEEDS_MACOS included)

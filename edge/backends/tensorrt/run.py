@@ -234,6 +234,7 @@ class TensorRTRunner(Runner):
         "is checked on the device against the bundle's reference pairs on first load",
     )
     requires = (_TRT, _POLY, _GPU)
+    computes_fp16 = True
     _trt: Any  # polygraphy's TrtRunner; None on the CPU fallback and once closed
     _ort: OnnxRuntimeRunner | None  # the CPU fallback (onnxruntime on the prepared ONNX)
     options_class = TensorRTOptions
