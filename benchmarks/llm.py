@@ -48,8 +48,8 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--workdir", metavar="DIR")
     args = p.parse_args()
+    from edge.backends.llamacpp.samples import LlamaShape, build_tiny_llama
     from edge.llm.bench import run_llm_benchmark
-    from edge.llm.samples import LlamaShape, build_tiny_llama
     from edge.pipeline import convert
 
     host = C.host_info()

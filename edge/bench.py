@@ -5,8 +5,6 @@ Only ``runner.infer`` is inside the timed region. p99 decides the budget verdict
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -16,7 +14,7 @@ import numpy as np
 from edge.backends.runner import Runner
 from edge.bundle.schema import device_class_of  # noqa: F401 - re-exported: where callers look for it
 from edge.errors import BundleError, EdgeError, TargetError
-from edge.stats import LatencyStats
+from edge.stats import LatencyStats, peak_rss_mb
 
 
 @dataclass
@@ -61,11 +59,6 @@ class BenchReport:
             "on_target_device": self.on_target_device,
             **({"device_class": dict(self.device_class)} if self.device_class is not None else {}),
         }
-
-
-def peak_rss_mb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
 _RANDOM = "standard-normal floats, zeros for other types"

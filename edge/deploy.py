@@ -156,7 +156,7 @@ def deploy(
     (``edge.targets.same_device_class``: its OS, CPU architecture and platform, and the runner on the
     target's accelerator); otherwise it is recorded as indicative, with the reason. A bundle whose
     parity could not run here ships with ``DeployResult.unverified`` saying why. ``request.tuned``: an
-    ``edgekit tune`` overlay (file or ``edge.tune.overlay.TunedOverlay``) applied to the target before converting
+    ``edgekit tune`` overlay (file or ``edge.pipeline.overlay.TunedOverlay``) applied to the target before converting
     and benchmarking. ``options.tune``: True or an ``edge.tune.search.TuneOptions``: run ``edge.tune.search.tune``
     first (this deploy's request: calibration, input shapes, pre-processing, parity data, task, and its budget and
     precision) and deploy its winner's overlay; refused when no configuration passed parity. The tune's summary
@@ -210,7 +210,7 @@ def _apply_overlay(
     so the benchmark runs the tuned runner and options (convert applies it to what it builds)."""
     if overlay is None:
         return profile, req, None
-    from edge.tune.overlay import apply_overlay, resolve_precision
+    from edge.pipeline.overlay import apply_overlay, resolve_precision
 
     applied = overlay.describe()
     where = (
@@ -302,7 +302,7 @@ def _tune_or_tuned(opts: DeployOptions, req: ConvertRequest) -> tuple[Any, Any]:
         return _tune_options(opts.tune), None
     if req.tuned is None:
         return None, None
-    from edge.tune.overlay import TunedOverlay, read_overlay
+    from edge.pipeline.overlay import TunedOverlay, read_overlay
 
     return None, req.tuned if isinstance(req.tuned, TunedOverlay) else read_overlay(req.tuned)
 
@@ -399,7 +399,7 @@ def _tune_first(
 ) -> tuple[Any, dict[str, Any]]:
     """``edge.tune.search.tune`` with this deploy's request and budget; (the winner's overlay, what deploy reports
     of the tune)."""
-    from edge.tune.overlay import read_overlay
+    from edge.pipeline.overlay import read_overlay
     from edge.tune.search import tune as run_tune
 
     precisions = opts.precisions or ((req.precision,) if req.precision else None)

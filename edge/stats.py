@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
@@ -57,3 +59,9 @@ def budget_from(fps: float | None, budget_ms: float | None, default_ms: float | 
     if default_ms is not None:
         return default_ms, "target profile"
     return None, "none"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB (ru_maxrss is bytes on macOS, KiB elsewhere)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

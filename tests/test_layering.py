@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import import_graph, is_converter, sources_in_tree, strongly_connected, wing_graph
+
 # Build-host code: converters, toolchain launchers and the conversion pipeline.
 BUILD_SIDE = ("edge.backends.converter", "edge.toolchains", "edge.pipeline", "edge.verify.inputs")
 RUNNERS = [
@@ -68,87 +70,87 @@ def test_the_check_sees_a_converter_when_one_is_imported() -> None:
 # under TYPE_CHECKING alike (an import inside a function is still an import).
 
 EDGE = Path(__file__).resolve().parents[1] / "edge"
+MODULES = {m: EDGE.parent / (m.replace(".", "/")) for m in sources_in_tree()}
+MODULES = {m: p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for m, p in MODULES.items()}
+GRAPH = import_graph(sources_in_tree())
+_cycles = strongly_connected
 
 
-def _module_files() -> dict[str, Path]:
-    mods = {}
-    for p in EDGE.rglob("*.py"):
-        parts = p.relative_to(EDGE.parent).with_suffix("").parts
-        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    return mods
+def test_no_import_circles() -> None:
+    assert _cycles({m: {t for t, _, _ in deps} for m, deps in GRAPH.items()}) == []
 
 
-MODULES = _module_files()
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def _target(mod: str) -> str | None:
-    while mod and mod not in MODULES:
-        mod = mod.rpartition(".")[0]
-    return mod or None
+# The wings in their declared order, bottom first: a module may import its own floor and the floors below it,
+# never one above. The backends' folders hold two floors: what a device runs (format, run, options, registry)
+# sits low, under the bundle that loads it; the converters sit above the parity service and the graph tools
+# they call. One wing per floor except the base, whose small modules import nothing but ``edge.errors``.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("edge", "edge.errors", "edge.native_stderr", "edge.base", "edge.spec", "edge.stats")),
+    ("host", ("edge.capabilities", "edge.preprocess", "edge.mqtt")),
+    ("targets", ("edge.targets", "edge.toolchains")),
+    ("runtimes", ("edge.backends",)),
+    ("bundle", ("edge.bundle",)),
+    ("store", ("edge.store",)),
+    ("llm", ("edge.llm",)),
+    ("verify", ("edge.verify",)),
+    ("bench", ("edge.bench",)),
+    ("graph", ("edge.graph",)),
+    ("converters", ()),  # edge.backends' build-host modules: see is_converter
+    ("pipeline", ("edge.pipeline",)),
+    ("video", ("edge.video",)),
+    ("fleet", ("edge.fleet",)),
+    ("tune", ("edge.tune",)),
+    ("agent", ("edge.agent",)),
+    ("deploy", ("edge.deploy", "edge.doctor")),
+    ("cli", ("edge.cli", "edge.__main__")),
+]
+FLOOR_INDEX = {name: i for i, (name, _) in enumerate(FLOORS)}
 
 
-def _imports(mod: str) -> list[tuple[str, int, list[str]]]:
-    """(imported edge module, line, names taken from it) for every import statement in ``mod``."""
-    out = []
-    is_pkg = MODULES[mod].name == "__init__.py"
-    for node in ast.walk(ast.parse(MODULES[mod].read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out += [(t, node.lineno, []) for a in node.names if (t := _target(a.name)) and t.startswith("edge")]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
-            for a in node.names:
-                t = _target(f"{base}.{a.name}") if f"{base}.{a.name}" in MODULES else _target(base)
-                if t and t.startswith("edge") and t != mod:
-                    out.append((t, node.lineno, [] if f"{base}.{a.name}" in MODULES else [a.name]))
-    return out
+def floor_of(m: str) -> str:
+    if is_converter(m):
+        return "converters"
+    best = max(
+        ((p, name) for name, prefixes in FLOORS for p in prefixes if m == p or m.startswith(p + ".")),
+        key=lambda pn: len(pn[0]),
+        default=None,
+    )
+    assert best is not None, f"{m} is on no floor: add it to FLOORS"
+    return best[1]
 
 
-GRAPH = {m: _imports(m) for m in MODULES}
+def upward_imports(graph: dict[str, list[tuple[str, int, list[str]]]]) -> list[str]:
+    return sorted(
+        {
+            f"{m}:{line} ({floor_of(m)}) imports {t} ({floor_of(t)})"
+            for m, deps in graph.items()
+            for t, line, _ in deps
+            if FLOOR_INDEX[floor_of(t)] > FLOOR_INDEX[floor_of(m)]
+        }
+    )
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found = []
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    found.append(sorted(comp))
-    return found
+def test_every_module_is_on_a_floor() -> None:
+    assert {m: floor_of(m) for m in MODULES}  # floor_of names what is missing
+
+
+def test_no_import_reaches_up_a_floor() -> None:
+    """Every import (function-level and TYPE_CHECKING included) goes down or sideways within its floor."""
+    assert upward_imports(GRAPH) == []
+
+
+def test_no_circle_between_wings() -> None:
+    assert strongly_connected(wing_graph(GRAPH)) == []
+
+
+def test_the_floor_check_finds_an_upward_import() -> None:
+    fake = {**GRAPH, "edge.bundle.schema": [*GRAPH["edge.bundle.schema"], ("edge.pipeline.plan", 1, [])]}
+    assert upward_imports(fake) == ["edge.bundle.schema:1 (bundle) imports edge.pipeline.plan (pipeline)"]
+    assert strongly_connected(wing_graph({**fake, "edge.pipeline.plan": [("edge.bundle.schema", 1, [])]})) != []
 
 
 def _reach(start: str) -> set[str]:

@@ -669,7 +669,7 @@ class TunedHost:
 class TunedEvidence:
     """The bundle was converted with an ``edgekit tune`` overlay (``convert``/``deploy --tuned``, ``deploy --tune``)."""
 
-    #: sha256 of the overlay's content (``edge.tune.overlay.TunedOverlay.content_sha256``: its canonical JSON)
+    #: sha256 of the overlay's content (``edge.pipeline.overlay.TunedOverlay.content_sha256``: its canonical JSON)
     overlay_sha256: str = spec(pattern=SHA256)
     #: the tune trial the overlay is (runner/precision/options), None for an overlay without a [tuned] table
     configuration: str | None = spec(None, min_len=1, max_len=512, pattern=r"^[^\x00-\x1f\x7f]*$")

@@ -303,7 +303,7 @@ def convert_cmd(
         return
     overlay = None
     if tuned is not None:  # read (and refused) before any work; convert applies it
-        from edge.tune.overlay import read_overlay
+        from edge.pipeline.overlay import read_overlay
 
         overlay = read_overlay(tuned)
     request = convert_request(precision, calib, input_shape, preprocess, letterbox, freeze_input, targets_dir).replace(
@@ -316,8 +316,8 @@ def convert_cmd(
         tuned=overlay,
     )
     if output is None:
+        from edge.pipeline.overlay import resolve_precision
         from edge.targets import get_target
-        from edge.tune.overlay import resolve_precision
 
         profile = get_target(target, dirs(targets_dir))
         if model.suffix.lower() in (".gguf", ".tflite", ".xml"):

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.bench import peak_rss_mb
 from edge.errors import EdgeError
 from edge.llm.evaltext import gate_tokens
+from edge.stats import peak_rss_mb
 
 
 @dataclass

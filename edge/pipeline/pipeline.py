@@ -137,7 +137,7 @@ def _apply_tuned(
     """The target with ``req.tuned`` applied, the request at the precision it resolves, and the manifest's record."""
     if req.tuned is None:
         return profile, req, None
-    from edge.tune.overlay import TunedOverlay, apply_tuned, read_overlay
+    from edge.pipeline.overlay import TunedOverlay, apply_tuned, read_overlay
 
     overlay = req.tuned if isinstance(req.tuned, TunedOverlay) else read_overlay(req.tuned)
     profile, precision = apply_tuned(profile, overlay, req.precision, say)

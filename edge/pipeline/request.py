@@ -35,7 +35,7 @@ class ConvertRequest:
     ``edge.graph.freeze``). ``parity_data``: the inputs parity compares on; ``parity_samples``: how many;
     ``task``: how parity judges outputs (``edge.verify.tasks.TASK_CHOICES``). ``accept_parity_failure``: keep
     a bundle that fails the gate (recorded). ``allow_requantize`` and ``eval_text``: for GGUF sources.
-    ``tuned``: an ``edgekit tune`` overlay (its file or an ``edge.tune.overlay.TunedOverlay``) applied to the
+    ``tuned``: an ``edgekit tune`` overlay (its file or an ``edge.pipeline.overlay.TunedOverlay``) applied to the
     target. ``targets_dir``: extra directories of target profiles."""
 
     precision: str | None = None

@@ -23,7 +23,6 @@ not know with the kinds it does.
 from __future__ import annotations
 
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -31,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edge.errors import EdgeError, InputFileError, ModelError, printable
+from edge.graph.torchfile import is_exported_program, is_torchscript, torch_kind, zip_names
 from edge.spec import IOSpec, TensorSpec, image_layout
 
 Shapes = Mapping[str, Sequence[int]]
@@ -546,22 +546,6 @@ def _shape_template(ps: Any) -> str:
 # -- PyTorch -------------------------------------------------------------------------------------
 
 
-def _zip_names(path: Path) -> list[str] | None:
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.namelist()
-    except (OSError, zipfile.BadZipFile):
-        return None
-
-
-def _is_exported_program(names: Sequence[str]) -> bool:
-    return any(n.endswith(("/archive_format", "serialized_exported_program.json")) or "/models/" in n for n in names)
-
-
-def _is_torchscript(names: Sequence[str]) -> bool:
-    return any("/code/" in n for n in names) and any(n.endswith("/constants.pkl") for n in names)
-
-
 def is_torch_source(path: str | os.PathLike[str]) -> bool:
     """A ``.pt``/``.ts``/``.pt2`` file, or any zip archive written by torch.jit.save / torch.export.save."""
     p = Path(path)
@@ -569,32 +553,10 @@ def is_torch_source(path: str | os.PathLike[str]) -> bool:
         return True
     if not p.is_file() or _magic(p)[:4] != b"PK\x03\x04":
         return False
-    names = _zip_names(p)
+    names = zip_names(p)
     if not names:
         return False
-    return _is_torchscript(names) or _is_exported_program(names)
-
-
-def torch_kind(path: str | os.PathLike[str]) -> str:
-    """``torchscript`` or ``exported_program``; a ModelError for anything else (with what to do instead)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ModelError(f"{p}: no such file")
-    names = _zip_names(p)
-    if names is None:
-        raise ModelError(
-            f"{p.name} is not a TorchScript or ExportedProgram file (not a zip archive)",
-            hint="save the model with torch.jit.save (after torch.jit.trace/script) or torch.export.save",
-        )
-    if _is_exported_program(names):
-        return "exported_program"
-    if _is_torchscript(names):
-        return "torchscript"
-    raise ModelError(
-        f"{p.name} is not TorchScript: it looks like a torch.save checkpoint (weights/pickled module, no graph)",
-        hint="load it in PyTorch, then torch.jit.save(torch.jit.trace(model, example)) "
-        "or torch.export.save(torch.export.export(model, example))",
-    )
+    return is_torchscript(names) or is_exported_program(names)
 
 
 @dataclass

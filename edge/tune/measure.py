@@ -45,7 +45,7 @@ def _rss_mb() -> float:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
     except (OSError, ValueError, IndexError):
-        from edge.bench import peak_rss_mb
+        from edge.stats import peak_rss_mb
 
         return peak_rss_mb()
 

@@ -787,7 +787,7 @@ def _wait(
 
 
 def _write_overlay(result: RemoteTuneResult, space: Any, profile: Any, cfg: Any, out_dir: Path, model: Path) -> None:
-    from edge.tune.overlay import write_overlay
+    from edge.pipeline.overlay import write_overlay
 
     w, h = result.winner or {}, result.host
     res = w.get("result") or {}

@@ -1004,7 +1004,7 @@ def _finish(run: _Run, t_start: float) -> TuneResult:
 
 def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: bool, why: str) -> None:
     """The winner as a profile overlay (``tuned.toml``) with what it was measured on."""
-    from edge.tune.overlay import write_overlay
+    from edge.pipeline.overlay import write_overlay
 
     objective, profile, host = run.opts.objective, run.profile, run.host
     cfg = next(c for c in run.configs if c.id == winner["id"])

@@ -110,12 +110,12 @@ class Space:
 
     def base_profile(self, profile: Any, cfg: Config) -> Any:
         """``profile`` set up to convert ``cfg`` (its runner, chain and recipe; the base runner options)."""
-        from edge.tune.overlay import apply_overlay
+        from edge.pipeline.overlay import apply_overlay
 
         return apply_overlay(profile, self.overlay(profile, cfg, tuned={}, with_knobs=False))
 
     def overlay(self, profile: Any, cfg: Config, *, tuned: Mapping[str, Any], with_knobs: bool = True) -> Any:
-        from edge.tune.overlay import TunedOverlay
+        from edge.pipeline.overlay import TunedOverlay
 
         conv = SPACES[cfg.runner].converter
         run_opts = dict(self.run_options[cfg.runner])

@@ -93,7 +93,7 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path], tmp_path_facto
         )
     target, llm = candidates[0]
     if llm:
-        from edge.llm.samples import build_tiny_llama
+        from edge.backends.llamacpp.samples import build_tiny_llama
 
         precision = "q8_0" if "q8_0" in target.llm.precisions else target.llm.default_precision
         bundle = convert(

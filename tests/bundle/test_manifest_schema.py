@@ -91,7 +91,7 @@ def test_real_manifests_pass_both(manifest: tuple[Path, dict[str, Any]]) -> None
         },
         "preprocess": None,
     }
-    # a bundle converted from an `edgekit tune` overlay says so (edge.tune.overlay.TunedOverlay.manifest_record)
+    # a bundle converted from an `edgekit tune` overlay says so (edge.pipeline.overlay.TunedOverlay.manifest_record)
     tuned = {
         **m,
         "tuned": {

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge.backends.llamacpp.samples import LlamaShape, build_tiny_llama
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
-from edge.llm.samples import LlamaShape, build_tiny_llama
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from tests.conftest import assert_user_error, run_cli

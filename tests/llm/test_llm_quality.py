@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from conftest import assert_user_error, run_cli
 
+from edge.backends.llamacpp.samples import build_tiny_llama
 from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
 from edge.errors import EdgeError, InputFileError, ModelError
 from edge.llm.evaltext import BUILTIN_TEXTS, MAX_WINDOWS, WINDOW_TOKENS, builtin_texts, eval_windows
 from edge.llm.quality import THRESHOLDS, TopKSample, log_softmax, top_k, topk_figures
-from edge.llm.samples import build_tiny_llama
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.verify.refpairs import (

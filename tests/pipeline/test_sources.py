@@ -303,7 +303,7 @@ def test_jetson_orin_parity_through_the_onnxruntime_proxy(ppocr: Path, tmp_path:
 @pytest.fixture(scope="module")
 def q4_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
-    from edge.llm.samples import build_tiny_llama
+    from edge.backends.llamacpp.samples import build_tiny_llama
 
     d = tmp_path_factory.mktemp("gguf")
     f16 = build_tiny_llama(d / "tiny-f16.gguf")

@@ -15,9 +15,9 @@ import pytest
 from edge.deploy import DeployOptions
 from edge.errors import EdgeError, TargetError
 from edge.pipeline import convert
+from edge.pipeline.overlay import read_overlay
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
-from edge.tune.overlay import read_overlay
 from edge.tune.search import Schedule, TuneOptions, choose, ranked_trials, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
 from tests.cli.test_cli_errors import build_outlier_model
@@ -661,7 +661,7 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
 def test_overlay_manifest_record_keeps_only_valid_values() -> None:
     from edge.base.typedjson import read
     from edge.bundle.schema import TunedEvidence
-    from edge.tune.overlay import TunedOverlay
+    from edge.pipeline.overlay import TunedOverlay
 
     base = dict(
         target="x86-cpu",
@@ -691,7 +691,7 @@ def test_overlay_manifest_record_keeps_only_valid_values() -> None:
     assert set(rec) == {"overlay_sha256", "device_class"}  # the rest is left out, never carried
     assert rec["overlay_sha256"] != bare["overlay_sha256"]  # the [tuned] table is part of the content
     # the hash is of the content: the same overlay read back from its TOML has the same hash
-    from edge.tune.overlay import overlay_from_dict, overlay_toml
+    from edge.pipeline.overlay import overlay_from_dict, overlay_toml
 
     try:
         import tomllib

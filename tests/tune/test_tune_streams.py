@@ -15,10 +15,10 @@ import pytest
 from edge.backends.openvino.run import OpenVINORunner
 from edge.bundle.schema import Invalid, RunnerSpec, check_runner
 from edge.errors import EdgeError
+from edge.pipeline.overlay import read_overlay, write_overlay
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
 from edge.tune.measure import measure_infer
-from edge.tune.overlay import read_overlay, write_overlay
 from edge.tune.search import Schedule, TuneOptions, tune
 from edge.tune.space import STREAMS, build_space, usable_cpus
 

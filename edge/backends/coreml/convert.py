@@ -299,7 +299,7 @@ class TorchToCoreML(_CoreMLConverter):
     # Input names are read once, by the source (edge.pipeline.sources via torch->onnx's inspect_only job).
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.pipeline.sources import torch_kind
+        from edge.graph.torchfile import torch_kind
 
         kind = torch_kind(request.source)
         run = self._drive(

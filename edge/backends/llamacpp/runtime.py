@@ -119,7 +119,7 @@ def amx_probe(cache_dir: Path | None = None) -> dict[str, Any]:
                 return cached
         except UnreadableFile:
             pass
-    from edge.llm.samples import LlamaShape, build_tiny_llama
+    from edge.backends.llamacpp.samples import LlamaShape, build_tiny_llama
 
     with tempfile.TemporaryDirectory(prefix="edgekit-amx-") as tmp:
         src = build_tiny_llama(Path(tmp) / "probe-f16.gguf", LlamaShape(n_layer=1, n_vocab=512))

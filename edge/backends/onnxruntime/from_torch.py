@@ -90,7 +90,7 @@ class TorchToOnnx(Converter):
     @classmethod
     def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
         """The model's input names in order, read in the toolchain (TorchScript signature / ExportedProgram)."""
-        from edge.pipeline.sources import torch_kind
+        from edge.graph.torchfile import torch_kind
 
         kind = torch_kind(source)
         toolchains.require(TOOLCHAIN, f"converter {cls.name!r}")
@@ -128,7 +128,7 @@ class TorchToOnnx(Converter):
             raise ModelError(f"{source}: --input-shape needs positive static dims: {', '.join(bad)}")
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.pipeline.sources import torch_kind
+        from edge.graph.torchfile import torch_kind
 
         self.check_options(request.options)
         self.check_precision(request.precision)
