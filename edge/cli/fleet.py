@@ -324,11 +324,12 @@ def status_cmd(
     as_json: bool = JsonOut,
 ) -> None:
     """One row per device: online/stale/offline, bundle, fps, p50/p99, budget misses, temperature, last seen."""
-    from edge.fleet.status import fleet_status, summarize
+    from edge.fleet.status import fleet_status, rollout_line, rollout_summary, summarize
 
     rows = fleet_status(db, fleet=fleet, stale_factor=stale_factor, min_stale_s=min_stale)
+    rollouts = rollout_summary(db, fleet=fleet)
     if as_json:
-        print_json({"summary": summarize(rows), "devices": rows, "generated_at": time.time()})
+        print_json({"summary": summarize(rows), "devices": rows, "rollouts": rollouts, "generated_at": time.time()})
         return
     if not rows:
         console.print(f"no devices in {safe(_redact(db))} yet", highlight=False)
@@ -398,6 +399,8 @@ def status_cmd(
         + f" of {s['devices']} devices",
         highlight=False,
     )
+    for f in rollouts:  # what each recent rollout did, as its controller recorded it
+        console.print("rollout " + _cell(rollout_line(f), 300), highlight=False)
 
 
 def _n(v: float | None, nd: int) -> str:

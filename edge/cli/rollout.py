@@ -1,4 +1,11 @@
-"""``edgekit fleet rollout start|status|pause|resume|abort|pack`` (library: ``edge.fleet.rollout``)."""
+"""``edgekit fleet rollout start|status|pause|resume|abort|pack`` (library: ``edge.fleet.rollout``).
+
+Exit codes of ``start`` and ``resume`` (``edge.fleet.rollout_facts.exit_code``): 0 completed, 4 partial (a cohort
+aborted while another completed, or no device ended on the bundle), 5 aborted, 6 not finished (``--timeout``,
+a signal; ``resume`` continues it); ``start --detach`` 0 once recorded. ``abort``: 0 when every device given the
+bundle is back on its old one (or, without ``--wait``, the broker holds every rollback), 4 when a rollback
+failed, timed out or is impossible, 6 when not finished. 2 and 3 as everywhere (user error, internal error).
+"""
 
 from __future__ import annotations
 
@@ -242,7 +249,23 @@ def start_cmd(
                 _drive(fdb, rid, view, timeout, json_out)
         finally:
             view.close()
-        _render(status(fdb, rid), json_out)
+        st = status(fdb, rid)
+        _render(st, json_out)
+    if not detach:
+        _exit(st, "start")
+
+
+def _exit(st: dict[str, Any], action: str) -> None:
+    """The documented exit code of ``action`` for the rollout as it ended (module doc)."""
+    from edge.fleet.rollout_facts import NOT_FINISHED, exit_code
+
+    if action == "abort":
+        bad = sum(n for c in st["cohorts"] for k, n in c["rollback"].items() if k not in ("running", "pending"))
+        code = NOT_FINISHED if st["state"] != "aborted" else 4 if bad else 0
+    else:
+        code = exit_code(st["state"])
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("status")
@@ -306,7 +329,9 @@ def _act(
             _drive(fdb, rollout_id, view, timeout, json_out, wait_devices)
         finally:
             view.close()
-        _render(status(fdb, rollout_id), json_out)
+        st = status(fdb, rollout_id)
+        _render(st, json_out)
+    _exit(st, action)
 
 
 @app.command("resume")

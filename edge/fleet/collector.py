@@ -264,7 +264,8 @@ def _new_stats() -> dict[str, Any]:
         "received": 0,
         "stored": {"birth": 0, "death": 0, "telemetry": 0, "state": 0},
         "duplicates": 0,
-        "rejected": {r: 0 for r in REASONS},
+        "rejected": {r: 0 for r in REASONS if r != "not_stored"},
+        "ignored": 0,  # the rollout's desired/reported states on the fleet subscription: not the collector's
         "rebirths_sent": 0,
         "gaps_detected": 0,
         "gaps_filled": 0,
@@ -357,9 +358,10 @@ class Collector:
                 max_session_skew_s=self.config.max_session_skew_s,
             )
         except Rejected as r:
-            n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
-            if r.reason == "not_stored":  # the rollout's own topics: expected on the fleet subscription
+            if r.reason == "not_stored":  # the rollout's own topics: expected on the fleet subscription, not refused
+                self.stats["ignored"] += 1
                 return r.reason
+            n = self.stats["rejected"][r.reason] = self.stats["rejected"][r.reason] + 1
             self._ratelog.warning(r.reason, "rejected message #%d (%s) on %.200r: %s", n, r.reason, topic, r.detail)
             return r.reason
         m = None

@@ -14,9 +14,20 @@ Target, bundle and rollout ids come from devices, so they are checked and bounde
 folded into ``other`` (and counted in ``edgekit_fleet_label_overflow``) -- a forged id costs a sample,
 never an unbounded label set.
 
-Latency and fps are the distribution across *online* devices of their latest telemetry window (a
-quantile label: 0 = min, 1 = max): ``edgekit_latency_p99_ms{quantile="0.5"}`` is the median device's
-window p99, ``{quantile="1"}`` the worst device. Stale and offline devices are counted, not averaged.
+Latency and fps are the distribution across *online* devices of their latest telemetry window, as
+summaries (``quantile`` 0 = min, 1 = max, ``_count`` devices, ``_sum``): ``edgekit_latency_p99_seconds{quantile="0.5"}``
+is the median device's window p99, ``{quantile="1"}`` the worst device. Stale and offline devices are counted,
+not averaged. Every unit is a base unit (seconds), so ``promtool check metrics`` passes (tested).
+
+Rollouts, two views: ``edgekit_rollout_devices`` & co. are what devices report now (their latest state
+message); ``edgekit_rollout_cohort_*`` and ``edgekit_rollout_info`` come from the rollout controller's own
+tables (``edge.fleet.rollout_facts``) and keep what a rollout did after its devices went back to the old
+bundle: an aborted rollout stays aborted, its failures stay counted.
+
+Several collectors on one database: each serves its own counters (``edgekit_collector_*``, labelled
+``collector``); the fleet-wide gauges come from the database, so only the process holding the metrics lease
+(``metrics_leader`` table, taken at a scrape, held ``lease_s``) serves them -- a ``sum()`` over every
+scraped collector counts each device once. ``edgekit_fleet_metrics_leader`` says which one (1) it is.
 
 Metric reference: ``METRICS`` (name -> help); the Grafana dashboard in ``examples/grafana/`` uses
 only those names (``tests/fleet/test_fleet_metrics.py`` checks it).
@@ -26,7 +37,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from edge.errors import EdgeError, MissingDependencyError
 from edge.fleet.db import FleetDB, open_db, redact, scrub
+from edge.fleet.rollout_facts import CohortFacts, rollout_facts
 from edge.fleet.status import STATUSES, classify
 
 log = logging.getLogger("edge.fleet.metrics")
@@ -65,15 +79,31 @@ METRICS: dict[str, str] = {
     "edgekit_devices_fallback": "Online devices whose runner does not use the device it was asked for "
     "(runner.fallback set, or device_used != device_requested).",
     "edgekit_devices_over_budget": "Online devices whose latest window p99 is over their frame budget.",
-    "edgekit_latency_p50_ms": "Across online devices, the quantile of their latest window's p50 latency (ms).",
-    "edgekit_latency_p99_ms": "Across online devices, the quantile of their latest window's p99 latency (ms).",
-    "edgekit_fps": "Across online devices, the quantile of their latest window's frames per second.",
-    "edgekit_budget_ms": "The frame budget of the group (the largest its online devices report), ms.",
+    "edgekit_latency_p50_seconds": "Across online devices (summary: quantile, count, sum), their latest "
+    "window's p50 latency.",
+    "edgekit_latency_p99_seconds": "Across online devices (summary: quantile, count, sum), their latest "
+    "window's p99 latency.",
+    "edgekit_fps": "Across online devices (summary: quantile, count, sum), their latest window's frames per second.",
+    "edgekit_budget_seconds": "The frame budget of the group (the largest its online devices report).",
     "edgekit_budget_miss_ratio": "Budget misses / frames over the online devices' latest windows.",
     "edgekit_rollout_devices": "Devices whose latest reported state belongs to a rollout, by rollout, target, "
     "desired bundle and reported state.",
     "edgekit_rollout_devices_on_desired": "Devices of a rollout that run its desired bundle now.",
     "edgekit_rollout_failures": "Devices of a rollout that rolled back or failed, by reason code.",
+    "edgekit_rollout_info": "1 for each rollout (the latest ones), labelled with its state: running, paused, "
+    "aborting, completed, partial, aborted (from the rollout controller's tables).",
+    "edgekit_rollout_cohort_devices": "Devices a rollout gave its bundle, per cohort (target class), by outcome "
+    "(assigned, running, failed, rolled-back, timed-out).",
+    "edgekit_rollout_cohort_devices_on_bundle": "Devices of a rollout's cohort that answered running on its "
+    "bundle and were not rolled back since.",
+    "edgekit_rollout_cohort_failed_devices": "Devices of a rollout's cohort that failed, rolled back or timed "
+    "out on its bundle, by reason code; kept after an abort.",
+    "edgekit_rollout_cohort_rollbacks": "Rollbacks of a rollout's cohort by outcome (pending, running = back on "
+    "the old bundle, failed, rolled-back, timed-out, impossible).",
+    "edgekit_rollout_cohort_state": "1 for each cohort of a rollout, labelled with its state (rolling, "
+    "completed, aborted, superseded).",
+    "edgekit_fleet_metrics_leader": "1 when this process serves the fleet-wide metrics (it holds the metrics "
+    "lease of its database), 0 when another process does.",
     "edgekit_fleet_scrape_seconds": "How long reading the fleet database took for this scrape.",
     "edgekit_fleet_scrape_ok": "1 when this scrape read the fleet database, 0 when it failed (see the log).",
     "edgekit_fleet_label_overflow": "Devices folded into the label value 'other' (too many groups or rollouts, "
@@ -84,6 +114,11 @@ COLLECTOR_METRICS: dict[str, str] = {  # the in-process collector's own counters
     "edgekit_collector_stored": "Messages stored, by kind.",
     "edgekit_collector_duplicates": "Re-delivered messages already stored.",
     "edgekit_collector_rejected": "Messages refused, by reason.",
+    "edgekit_collector_ignored": "Messages on the fleet subscription that are not the collector's to store "
+    "(the rollout's desired/reported states): expected, not refused.",
+    "edgekit_collector_shed": "QoS 0 messages shed while the backlog was full.",
+    "edgekit_collector_read_pauses": "Times the collector stopped reading from the broker (backlog full: flow "
+    "control, nothing refused).",
     "edgekit_collector_db_errors": "Database errors (each one rolls back and waits for re-delivery).",
     "edgekit_collector_connected": "1 while the collector is connected to its broker.",
 }
@@ -179,16 +214,22 @@ class FleetSnapshot:
     groups: dict[tuple[str, str, str], _Group] = field(default_factory=dict)
     # (fleet, rollout, target, desired bundle) -> states
     rollouts: dict[tuple[str, str, str, str], _Rollout] = field(default_factory=dict)
+    cohorts: list[CohortFacts] = field(default_factory=list)  # what each rollout did (the controller's tables)
     devices: int = 0
     overflow: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # of the reading thread (SQLite's work included): apart from how loaded the host is
 
-    def families(self, ok: bool = True) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+    def families(self, ok: bool = True, leader: bool = True) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily, Metric
 
         def gauge(name: str, labels: Sequence[str]) -> Any:
             return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
+
+        yield GaugeMetricFamily("edgekit_fleet_metrics_leader", METRICS["edgekit_fleet_metrics_leader"], int(leader))
+        yield GaugeMetricFamily("edgekit_fleet_scrape_ok", METRICS["edgekit_fleet_scrape_ok"], value=int(ok))
+        if not leader:  # another process serves the fleet's gauges: a sum over both counts each device once
+            return
 
         devices = gauge("edgekit_devices", (*GROUP, "status"))
         error, fallback, over = (
@@ -196,9 +237,10 @@ class FleetSnapshot:
             for n in ("edgekit_devices_error", "edgekit_devices_fallback", "edgekit_devices_over_budget")
         )
         p50, p99, fps = (
-            gauge(n, (*GROUP, "quantile")) for n in ("edgekit_latency_p50_ms", "edgekit_latency_p99_ms", "edgekit_fps")
+            Metric(n, METRICS[n], "summary")
+            for n in ("edgekit_latency_p50_seconds", "edgekit_latency_p99_seconds", "edgekit_fps")
         )
-        budget, miss = gauge("edgekit_budget_ms", GROUP), gauge("edgekit_budget_miss_ratio", GROUP)
+        budget, miss = gauge("edgekit_budget_seconds", GROUP), gauge("edgekit_budget_miss_ratio", GROUP)
         for key, g in sorted(self.groups.items()):
             k = list(key)
             for status, n in g.counts.items():
@@ -206,12 +248,17 @@ class FleetSnapshot:
             error.add_metric(k, g.error)
             fallback.add_metric(k, g.fallback)
             over.add_metric(k, g.over_budget)
-            for fam, values in ((p50, g.p50), (p99, g.p99), (fps, g.fps)):
+            for fam, values, scale in ((p50, g.p50, 1e-3), (p99, g.p99, 1e-3), (fps, g.fps, 1.0)):
+                if not values:
+                    continue
                 values.sort()
-                for q in QUANTILES if values else ():
-                    fam.add_metric([*k, _q(q)], quantile(values, q))
+                lab = dict(zip(GROUP, k))
+                for q in QUANTILES:
+                    fam.add_sample(fam.name, {**lab, "quantile": _q(q)}, quantile(values, q) * scale)
+                fam.add_sample(fam.name + "_count", lab, len(values))
+                fam.add_sample(fam.name + "_sum", lab, sum(values) * scale)
             if g.budget is not None:
-                budget.add_metric(k, g.budget)
+                budget.add_metric(k, g.budget / 1000.0)
             if g.frames:
                 miss.add_metric(k, g.misses / g.frames)
         rlabels = ("fleet", "rollout", "target", "desired_bundle")
@@ -226,13 +273,42 @@ class FleetSnapshot:
             for reason, n in sorted(r.reasons.items()):
                 rfail.add_metric([*k, reason], n)
         yield from (devices, error, fallback, over, p50, p99, fps, budget, miss, rdev, ron, rfail)
+        yield from self._rollout_families()
         yield GaugeMetricFamily(
             "edgekit_fleet_scrape_seconds", METRICS["edgekit_fleet_scrape_seconds"], value=self.seconds
         )
-        yield GaugeMetricFamily("edgekit_fleet_scrape_ok", METRICS["edgekit_fleet_scrape_ok"], value=int(ok))
         yield GaugeMetricFamily(
             "edgekit_fleet_label_overflow", METRICS["edgekit_fleet_label_overflow"], value=self.overflow
         )
+
+    def _rollout_families(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        def gauge(name: str, labels: Sequence[str]) -> Any:
+            return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
+
+        info = gauge("edgekit_rollout_info", ("fleet", "rollout", "state"))
+        clabels = ("fleet", "rollout", "target", "bundle")
+        cdev = gauge("edgekit_rollout_cohort_devices", (*clabels, "outcome"))
+        con = gauge("edgekit_rollout_cohort_devices_on_bundle", clabels)
+        cfail = gauge("edgekit_rollout_cohort_failed_devices", (*clabels, "reason"))
+        crb = gauge("edgekit_rollout_cohort_rollbacks", (*clabels, "state"))
+        cstate = gauge("edgekit_rollout_cohort_state", (*clabels, "state"))
+        seen: set[str] = set()
+        for f in self.cohorts:
+            if f.rollout not in seen:
+                seen.add(f.rollout)
+                info.add_metric([f.fleet, f.rollout, f.rollout_state], 1)
+            k = [f.fleet, f.rollout, label(f.cohort) or OTHER, label(f.bundle) or OTHER]
+            for outcome in ("assigned", "running", "failed", "rolled-back", "timed-out"):
+                cdev.add_metric([*k, outcome], f.outcomes.get(outcome, 0))
+            con.add_metric(k, f.on_bundle)
+            for reason, n in sorted(f.failed.items()):
+                cfail.add_metric([*k, reason], n)
+            for state, n in sorted(f.rollback.items()):
+                crb.add_metric([*k, state], n)
+            cstate.add_metric([*k, f.state], 1)
+        yield from (info, cdev, con, cfail, crb, cstate)
 
 
 def _q(q: float) -> str:
@@ -305,11 +381,12 @@ class FleetReader:
                     need_states.append(sk)
         births = self._births_at(db, need_births)
         states = self._latest(db, "states", "seq", need_states, RolloutView.parse)
+        cohorts = rollout_facts(db, fleet=self.fleet, limit=self.max_rollouts)
         if db.dialect == "postgresql":
             db.rollback()  # end the read transaction: no snapshot held between scrapes
         births_now: dict[tuple[str, str], tuple[tuple[Any, ...], bool | None]] = {}
         states_now: dict[tuple[str, str], tuple[tuple[Any, ...], RolloutView | None]] = {}
-        snap = FleetSnapshot(devices=len(rows))
+        snap = FleetSnapshot(devices=len(rows), cohorts=cohorts)
         self._labels = {}
         for r in rows:
             dk = (r["fleet"], r["device"])
@@ -409,16 +486,42 @@ def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300 else None
 
 
+_LEADER_TABLE = (
+    "CREATE TABLE IF NOT EXISTS metrics_leader (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "lease_until DOUBLE PRECISION NOT NULL)"
+)
+_CLAIM = (
+    "INSERT INTO metrics_leader (name, owner, lease_until) VALUES ('fleet', ?, ?) ON CONFLICT (name) DO UPDATE "
+    "SET owner = excluded.owner, lease_until = excluded.lease_until "
+    "WHERE metrics_leader.owner = excluded.owner OR metrics_leader.lease_until < ?"
+)
+
+
 class FleetCollector:
     """The ``prometheus_client`` collector: one database connection (opened on the first scrape, reopened after
-    an error), scrapes serialized. A failed read answers ``edgekit_fleet_scrape_ok 0``, logged, not a 500."""
+    an error), scrapes serialized. A failed read answers ``edgekit_fleet_scrape_ok 0``, logged, not a 500.
 
-    def __init__(self, db_url: str, **reader: Any) -> None:
+    Several processes serving metrics of one database (collectors with ``--metrics-port``, ``fleet metrics``):
+    at each scrape each tries to take (or renew) the database's metrics lease for ``lease_s``; only the holder
+    reads and serves the fleet-wide gauges, the others ``edgekit_fleet_metrics_leader 0``. A holder that stops
+    cleanly gives the lease back; one that dies loses it ``lease_s`` after its last scrape."""
+
+    def __init__(self, db_url: str, *, owner: str | None = None, lease_s: float = 60.0, **reader: Any) -> None:
         self.db_url = db_url
         self.reader = FleetReader(**reader)
         self._db: FleetDB | None = None
         self._lock = threading.RLock()
         self.last: FleetSnapshot | None = None
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.lease_s = lease_s
+        self.leader = False
+
+    def _lead(self, db: FleetDB) -> bool:
+        now = time.time()
+        db.execute(_CLAIM, (self.owner, now + self.lease_s, now))
+        row = db.execute("SELECT owner FROM metrics_leader WHERE name = 'fleet'").fetchone()
+        db.commit()
+        return bool(row) and row[0] == self.owner
 
     def describe(self) -> list[Any]:
         return []  # registering must not query the database; the names are in METRICS
@@ -430,19 +533,29 @@ class FleetCollector:
                     self._db = open_db(self.db_url, must_exist=True)
                     if self._db.dialect == "sqlite":  # pages shared with the OS cache: a write by the collector
                         self._db.execute("PRAGMA mmap_size = 1073741824")  # between scrapes costs no re-read
-                snap = self.reader.read(self._db)
+                    self._db.execute(_LEADER_TABLE)
+                    self._db.commit()
+                self.leader = self._lead(self._db)
+                snap = self.reader.read(self._db) if self.leader else FleetSnapshot()
                 ok = True
             except Exception as e:  # a database error or a bug: said in the scrape and the log, never a 500
                 log.error("fleet metrics: cannot read %s: %s", redact(self.db_url), scrub(str(e), self.db_url))
                 self.close()
                 snap, ok = FleetSnapshot(), False
             self.last = snap
-        return list(snap.families(ok))
+        return list(snap.families(ok, self.leader or not ok))
 
     def close(self) -> None:
         with self._lock:
             db, self._db = self._db, None
         if db is not None:
+            try:
+                if self.leader:  # a clean stop hands the lease on at once
+                    db.execute("DELETE FROM metrics_leader WHERE owner = ?", (self.owner,))
+                    db.commit()
+                self.leader = False
+            except Exception:  # noqa: BLE001 - the lease then runs out on its own
+                pass
             try:
                 db.close()
             except Exception:  # pragma: no cover - the connection is gone already
@@ -468,25 +581,41 @@ class CollectorStats:
             return []
         m = COLLECTOR_METRICS
 
-        def counter(name: str, value: float | None = None, labels: Sequence[str] | None = None) -> Any:
-            return CounterMetricFamily(name, m[name], value=value, labels=labels)
+        who = collector_label(c)
+
+        def counter(name: str, value: float | None = None, labels: Sequence[str] = ()) -> Any:
+            fam = CounterMetricFamily(name, m[name], labels=["collector", *labels])
+            if value is not None:
+                fam.add_metric([who], value)
+            return fam
 
         stored = counter("edgekit_collector_stored", labels=["kind"])
         for kind, n in s["stored"].items():
-            stored.add_metric([kind], n)
+            stored.add_metric([who, kind], n)
         rejected = counter("edgekit_collector_rejected", labels=["reason"])
         for reason, n in s["rejected"].items():
-            rejected.add_metric([reason], n)
+            rejected.add_metric([who, reason], n)
+        connected = GaugeMetricFamily(
+            "edgekit_collector_connected", m["edgekit_collector_connected"], labels=["collector"]
+        )
+        connected.add_metric([who], int(bool(c.connected)))
         return [
             counter("edgekit_collector_received", s["received"]),
             stored,
             counter("edgekit_collector_duplicates", s["duplicates"]),
             rejected,
+            counter("edgekit_collector_ignored", s.get("ignored", 0)),
+            counter("edgekit_collector_shed", s.get("shed", 0)),
+            counter("edgekit_collector_read_pauses", s.get("read_pauses", 0)),
             counter("edgekit_collector_db_errors", s["db_errors"]),
-            GaugeMetricFamily(
-                "edgekit_collector_connected", m["edgekit_collector_connected"], value=int(bool(c.connected))
-            ),
+            connected,
         ]
+
+
+def collector_label(collector: Any) -> str:
+    """The ``collector`` label of a collector's counters: its MQTT client id, as a label value."""
+    cid = str(getattr(getattr(collector, "config", None), "client_id", None) or "collector")
+    return re.sub(r"[^A-Za-z0-9._:+@=-]", "_", cid)[:128]
 
 
 def registry(db_url: str, *, collector: Any = None, **reader: Any) -> tuple[Any, FleetCollector]:

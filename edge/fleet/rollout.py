@@ -559,7 +559,10 @@ class RolloutController:
                 artifact_url=art["url"],
                 sha256=art["sha256"],
                 size=art.get("size"),
-                budget_ms=self.spec.budget_ms if row["rb_version"] is None else None,
+                # the rollout's budget for the rollback too: the device's old bundle is smoke-tested against the
+                # budget the operator gave, not a profile's it never met (the agent does not gate a return to the
+                # bundle it ran before on its budget either)
+                budget_ms=self.spec.budget_ms,
                 watch_s=self.spec.device_watch_s,
             )
             if self.view.publish_desired(row["device"], d.to_json(self.fleet, row["device"])):

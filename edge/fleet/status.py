@@ -81,6 +81,28 @@ def fleet_status(
     return out
 
 
+def rollout_summary(db_url: str, *, fleet: str | None = None, limit: int = 5) -> list[dict[str, Any]]:
+    """The latest ``limit`` rollouts' cohorts as the controller recorded them (``edge.fleet.rollout_facts``): the
+    bundle, devices given it and on it now, failures by reason, rollbacks, states. Kept after an abort, when the
+    devices' own rows show them back on their old bundle."""
+    from edge.fleet.rollout_facts import rollout_facts
+
+    with open_db(db_url, must_exist=True) as db:
+        return [f.as_dict() for f in rollout_facts(db, fleet=fleet, limit=limit)]
+
+
+def rollout_line(f: dict[str, Any]) -> str:
+    """One line for a rollout's cohort: ``r1 x86-cpu -> b2: aborted (cohort aborted), 0 of 2 on it, ...``."""
+    parts = [f"{f['on_bundle']} of {f['assigned']} devices on it"]
+    if f["failed"]:
+        parts.append("failed: " + ", ".join(f"{k} {v}" for k, v in sorted(f["failed"].items())))
+    if f["rollback"]:
+        parts.append("rollbacks: " + ", ".join(f"{k} {v}" for k, v in sorted(f["rollback"].items())))
+    return f"{f['rollout']} {f['cohort']} -> {f['bundle']}: {f['rollout_state']} (cohort {f['state']}); " + "; ".join(
+        parts
+    )
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, int]:
     counts = {s: 0 for s in STATUSES}
     for r in rows:

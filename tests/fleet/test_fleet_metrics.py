@@ -112,7 +112,49 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
+    """The sample with exactly these labels (a collector's counters: whatever its ``collector`` label)."""
+    got = samples.get((name, frozenset(labels.items())))
+    if got is None and name.startswith("edgekit_collector") and "collector" not in labels:
+        for (n, ls), v in samples.items():
+            if n == name and {k: x for k, x in ls if k != "collector"} == labels:
+                return v
+    return got
+
+
+def check_promtool(url: str) -> None:
+    """``promtool check metrics`` (Debian's ``prometheus`` package) on the exposition as served: exit 0, no lint
+    finding (it used to fail: ``_ms`` units, gauges with a ``quantile`` label)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("promtool")
+    if exe is None:
+        return  # CI without the prometheus package: the rest of the test stands
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read()
+    p = subprocess.run([exe, "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), (p.stdout, p.stderr)
+
+
+def add_rollout(url: str) -> None:
+    """A rollout the controller aborted, as its tables keep it: cam-01 and cam-02 were given bundle "canary",
+    cam-02 rolled back on its own (watch_p99_over_budget), cam-01 ran it and was rolled back by the abort; both
+    report ``running`` on "base" now."""
+    from edge.fleet.db import open_db
+    from edge.fleet.rollout_store import Assignment, RolloutStore
+
+    art = {"url": "http://127.0.0.1:9/canary.tar", "sha256": "ab" * 32, "size": 10}
+    with open_db(url) as db:
+        st = RolloutStore(db)
+        st.create("r9", "lab", {}, 1.0)
+        st.add_cohort("r9", "x86-cpu", "canary", art, 1.0)
+        for dev in ("cam-01", "cam-02"):
+            st.assign("r9", Assignment(dev, "x86-cpu", 0, 2, 1, "base", art), 1.0)
+        st.update_device("r9", "cam-01", 2.0, state="running", rb_version=3, rb_state="running")
+        st.update_device("r9", "cam-02", 2.0, state="rolled-back", reason="watch_p99_over_budget")
+        st.update_cohort("r9", "x86-cpu", 3.0, state="aborted", reason="rolled_back>0")
+        st.set_rollout_state("r9", "aborted", "x86-cpu: aborted", 3.0)
+        db.commit()
 
 
 def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_path: Path) -> None:
@@ -123,6 +165,7 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
     agent: Agent | None = None
     try:
         with Collector(cfg) as collector, MetricsServer(url, port=0, collector=collector) as server:
+            add_rollout(url)
             bcfg = BrokerConfig.from_url(broker.url)
             for dev, (target, bundle, fb, _, _) in [*DEVICES.items(), (GONE, ("x86-cpu", "base", False, None, None))]:
                 s = DeviceSession(
@@ -210,15 +253,18 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
             assert value(m, "edgekit_devices", **canary, status="offline") == 0
             assert value(m, "edgekit_devices", fleet="lab", target="jetson-orin", bundle="base", status="online") == 1
             # quantiles across the online devices' latest windows: what was sent
-            assert value(m, "edgekit_latency_p99_ms", **base, quantile="0.5") == 12.0
-            assert value(m, "edgekit_latency_p99_ms", **base, quantile="1") == 14.0
-            assert value(m, "edgekit_latency_p99_ms", **base, quantile="0") == 10.0
-            assert value(m, "edgekit_latency_p99_ms", **base, quantile="0.9") == pytest.approx(
-                quantile([10, 12, 14], 0.9)
+            # quantiles across the online devices' latest windows: what was sent, in seconds (summaries)
+            assert value(m, "edgekit_latency_p99_seconds", **base, quantile="0.5") == pytest.approx(0.012)
+            assert value(m, "edgekit_latency_p99_seconds", **base, quantile="1") == pytest.approx(0.014)
+            assert value(m, "edgekit_latency_p99_seconds", **base, quantile="0") == pytest.approx(0.010)
+            assert value(m, "edgekit_latency_p99_seconds", **base, quantile="0.9") == pytest.approx(
+                quantile([10, 12, 14], 0.9) / 1000
             )
-            assert value(m, "edgekit_latency_p50_ms", **canary, quantile="0.5") == 17.5
+            assert value(m, "edgekit_latency_p99_seconds_count", **base) == 3
+            assert value(m, "edgekit_latency_p99_seconds_sum", **base) == pytest.approx(0.036)
+            assert value(m, "edgekit_latency_p50_seconds", **canary, quantile="0.5") == pytest.approx(0.0175)
             assert value(m, "edgekit_fps", **canary, quantile="0") == 10.0
-            assert value(m, "edgekit_budget_ms", **canary) == 20.0
+            assert value(m, "edgekit_budget_seconds", **canary) == pytest.approx(0.02)
             assert value(m, "edgekit_budget_miss_ratio", **base) == pytest.approx(3 / 300)
             assert (
                 value(m, "edgekit_devices_over_budget", **canary) == 2
@@ -237,6 +283,14 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
             } == {"running": 1, "watching": 1, "rolled-back": 1, "failed": 0}
             assert value(m, "edgekit_rollout_devices_on_desired", **r1) == 2  # cam-02 rolled back to base
             assert value(m, "edgekit_rollout_failures", **r1, reason="watch_p99_over_budget") == 1
+            # what rollout r9 did, from the controller's tables, though its devices report "running" on base now
+            r9 = dict(fleet="lab", rollout="r9", target="x86-cpu", bundle="canary")
+            assert value(m, "edgekit_rollout_info", fleet="lab", rollout="r9", state="aborted") == 1
+            assert value(m, "edgekit_rollout_cohort_state", **r9, state="aborted") == 1
+            assert value(m, "edgekit_rollout_cohort_devices_on_bundle", **r9) == 0
+            assert value(m, "edgekit_rollout_cohort_failed_devices", **r9, reason="watch_p99_over_budget") == 1
+            assert value(m, "edgekit_rollout_cohort_devices", **r9, outcome="rolled-back") == 1
+            assert value(m, "edgekit_rollout_cohort_rollbacks", **r9, state="running") == 1
             # a target that is not a label value is folded into "other" and counted, never exported
             assert value(m, "edgekit_devices", fleet="lab", target="other", bundle="other", status="online") == 1
             assert value(m, "edgekit_fleet_label_overflow") == 1 and value(m, "edgekit_fleet_scrape_ok") == 1
@@ -246,6 +300,7 @@ def test_metrics_from_a_real_collector_and_the_dashboard_names(broker: Any, tmp_
             device_ids = set(DEVICES) | {GONE, "agent-01"}
             assert not {v for (_, labels) in m for _, v in labels} & device_ids
             check_dashboard(m)
+            check_promtool(server.url)
     finally:
         if agent is not None:
             agent.stop(flush_timeout=2.0)
@@ -528,3 +583,41 @@ def test_reader_on_postgresql() -> None:
         pytest.skip(str(e))
     with server as url:
         reader_scenario(url)
+
+
+def test_two_collectors_on_one_database_count_each_device_once(tmp_path: Path) -> None:
+    """Issue #33 item 2: two collectors' metrics on one database (each scraped): the online count was doubled
+    (4 for 2 devices), and their counters carried no label to tell them apart. Now one holds the metrics lease
+    and serves the fleet's gauges, both serve their own counters labelled ``collector``; a clean stop hands the
+    lease on at once."""
+    url = f"sqlite:///{tmp_path}/fleet.db"
+    cols = [Collector(CollectorConfig(BrokerConfig("127.0.0.1", 1), url, client_id=f"collector-{i}")) for i in (1, 2)]
+    try:
+        for i, dev in enumerate(("a", "b")):
+            cols[i].handle(*_msg("birth", dev, 0, {"connection": 1, **birth("x86-cpu", "base")}))
+            cols[i].handle(*_msg("telemetry", dev, 1, telemetry("base", 5.0, 10.0, 30.0, 0)))
+            cols[i].flush()
+        servers = [MetricsServer(url, port=0, collector=c) for c in cols]
+        leader = -1
+        try:
+            scrapes = [scrape(s.url) for s in servers]
+            online = [
+                value(m, "edgekit_devices", fleet="lab", target="x86-cpu", bundle="base", status="online")
+                for m in scrapes
+            ]
+            assert sum(v or 0 for v in online) == 2, online  # each device once over both
+            assert sorted(value(m, "edgekit_fleet_metrics_leader") for m in scrapes) == [0, 1]
+            for i, m in enumerate(scrapes):
+                assert value(m, "edgekit_collector_stored_total", collector=f"collector-{i + 1}", kind="telemetry") == 1
+            leader = [value(m, "edgekit_fleet_metrics_leader") for m in scrapes].index(1)
+            servers[leader].close()
+            other = scrape(servers[1 - leader].url)
+            assert value(other, "edgekit_fleet_metrics_leader") == 1
+            assert value(other, "edgekit_devices", fleet="lab", target="x86-cpu", bundle="base", status="online") == 2
+        finally:
+            for i, s in enumerate(servers):
+                if i != leader:
+                    s.close()
+    finally:
+        for c in cols:
+            c.db.close()

@@ -699,3 +699,45 @@ def test_cli_start_status_pause_abort(
         fleet.stop()
         if "late" in locals():
             late.stop()
+
+
+def test_cli_exit_codes_tell_an_abort_from_a_success_and_the_rollback_keeps_the_budget(
+    tmp_path: Path, broker: Any, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
+    """Issue #33: `rollout start` exited 0 for an aborted rollout; the rollback's desired state carried no
+    budget (the device smoke-tested its old bundle against the profile's 16.67 ms and refused it)."""
+    import json
+
+    a, b = bundles["a"], bundles["b"]
+    fleet = sims(
+        broker,
+        {f"sim-{i}": ("x86-cpu", a.id) for i in range(3)},
+        behaviour=lambda _dev, d: Outcome("failed", "over_budget") if d.bundle_id == b.id else Outcome(),
+    )
+    dbu = f"sqlite:///{tmp_path}/fleet.db"
+    try:
+        p = run_cli(
+            "fleet", "rollout", "start", str(b.path), "--fleet", FLEET, "--artifact-url", http.url("b.tar"),
+            "--previous-bundle", str(a.path), "--previous-url", http.url("a.tar"), "--canary", "34%",
+            "--waves", "100%", "--watch", "0.1s", "--budget-ms", "1000", "--id", "r-bad",
+            "--broker", broker.url, "--db", dbu, "--json",
+        )  # fmt: skip
+        st = json.loads(p.stdout)
+        assert p.returncode == 5 and st["state"] == "aborted", (p.returncode, st["state"], p.stderr)
+        with open_db(dbu) as db:
+            rows = status(db, "r-bad")["devices"]
+        assert any(row["rb_version"] is not None for row in rows), rows
+        # fleet status keeps what the rollout did (the devices' rows show them back on the old bundle)
+        ro = json.loads(run_cli("fleet", "status", "--db", dbu, "--json").stdout)["rollouts"]
+        assert [(f["rollout"], f["rollout_state"], f["on_bundle"]) for f in ro] == [("r-bad", "aborted", 0)], ro
+        assert set(ro[0]["failed"]) == {"over_budget"} and ro[0]["bundle"] == b.id, ro
+        with FleetView(BrokerConfig.from_url(broker.url), FLEET, client_id="test-exit-view") as v:
+            synced_with(v, 3)
+            for row in rows:
+                if row["rb_version"] is not None:  # the rollback carries the rollout's budget
+                    wait_for(
+                        lambda r=row: (v.snapshot()[r["device"]].desired or {}).get("version") == r["rb_version"], 10
+                    )
+                    assert v.snapshot()[row["device"]].desired["budget_ms"] == 1000.0
+    finally:
+        fleet.stop()
