@@ -1,7 +1,8 @@
 """mkdocs hook: pages generated at build time, so they cannot go stale.
 
 * ``index.md``: the repository's README.md (the landing page), its ``docs/`` links made site-relative;
-* ``cli.md``: the CLI reference, every command's ``--help`` read from the typer app itself.
+* ``cli.md``: the CLI reference, every command's ``--help`` read from the typer app itself;
+* ``environment.md``: every ``EDGEKIT_*`` variable, from ``edge/envvars.py`` (a test keeps that in step with the code).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def _cli_reference() -> str:
 
 
 def on_files(files: Files, config: Any) -> Files:
-    for uri, content in (("index.md", _readme()), ("cli.md", _cli_reference())):
+    from edge.envvars import markdown as environment
+
+    for uri, content in (("index.md", _readme()), ("cli.md", _cli_reference()), ("environment.md", environment())):
         files.append(File.generated(config, uri, content=content))
     return files
