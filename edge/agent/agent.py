@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import edge
+from edge.agent.apply import record_lived, unconfirmed
 from edge.agent.download import DownloadOptions, clean_work_dirs
 from edge.agent.health import CpuMeter, host_facts, process_and_system
 from edge.agent.sources import open_source, parse_source
@@ -283,6 +284,7 @@ class Agent:
             return
         if kind == "app":  # the application runs the bundle and reports over the app socket
             self.state, self.state_detail = "running", None
+            self._lived()
             return
         from edge.verify.refpairs import describe as describe_check
         from edge.verify.refpairs import open_checked
@@ -305,6 +307,14 @@ class Agent:
         if failed is not None:  # reported in birth and state; rollout decides what to do about it
             self.state_detail = failed
             log.warning("%s", failed)
+        else:
+            self._lived()
+
+    def _lived(self) -> None:
+        """The bundle loaded runs on this device: a later rollback to it is not refused for its budget
+        (``edge.agent.apply``), unless it was just switched to and its watch has not passed yet."""
+        if self.bundle is not None and self.budget_ms is not None and unconfirmed(self.config.store) != self.bundle.id:
+            record_lived(self.config.store, self.bundle.id, self.budget_ms)
 
     def _unload(self) -> None:
         if self.worker is not None:

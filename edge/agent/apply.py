@@ -20,6 +20,14 @@ verified (every file's sha256; the trust store, an older version allowed as for 
 ``verifying``, smoke-tested as usual, and switched to by ``DeviceStore.rollback`` (or a reload);
 ``Agent.counters['local_switches']`` counts it and the report's ``progress`` says ``{"from": "store"}``.
 
+A bundle that lived on this device (it ran here at start, or its watch passed: ``<store>/agent/lived.json``,
+with the budget it ran under) is not refused for its budget when a desired state brings it back (a fleet
+rollback): its smoke test and watch measure p99 and report it (``budget_gated: false``) but do not gate on a
+budget no stricter than the one it lived with (any budget when the store still holds it: a rollback to the
+bundle that was running). Everything else (load, device, reference pairs, errors,
+drift) is checked as for any bundle. Without this, an abort's rollback to the bundle that was running
+was refused by its own smoke test on a busy device, and the device stayed on the aborted bundle.
+
 A desired state naming the bundle the agent already runs changes nothing: it is reported ``running`` at
 once, without a watch (the bundle was judged when it was switched to, or deployed by hand, and a rollback
 to it must not wait a watch window or risk rolling the device off its known-good bundle). The exception
@@ -52,7 +60,7 @@ from typing import Any, Iterator
 
 from edge.agent.download import DownloadError, discard_download, fetch
 from edge.agent.host import AgentHost
-from edge.base.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomic
 from edge.errors import EdgeError, SignatureError
 from edge.mqtt.desired import HELD_URL, DesiredState, Reason, ReportedState
 
@@ -87,6 +95,8 @@ class Applier:
         self.smoke: dict[str, Any] | None = None
         self.health: dict[str, Any] | None = None
         self.staged: Any = None  # the unpacked copy; removed before the outcome is reported
+        self.lived_budget_ms = lived_budget(agent.config.store, desired.bundle_id)  # None: it never lived here
+        self.going_back = False  # the store holds the desired bundle as previous or current: a rollback
 
     # reporting -----------------------------------------------------------------------------
     def _running_id(self) -> str | None:
@@ -134,6 +144,7 @@ class Applier:
                 breach = self._watch()
                 return self._finish("running", None) if breach is None else self._roll_back(breach)
             held = self._held()
+            self.going_back = held is not None
             bundle = None
             if held is not None:
                 self.step = "verifying"
@@ -211,6 +222,8 @@ class Applier:
         discard_download(self.agent.config.store / "agent" / "downloads", self.d.sha256)
         if state in ("running", "rolled-back"):  # the watch ended: nothing is left unconfirmed
             set_unconfirmed(self.agent.config.store, None)
+        if state == "running" and self._running_id() == self.d.bundle_id and self.agent.budget_ms is not None:
+            record_lived(self.agent.config.store, self.d.bundle_id, self._lived_with())
         self._report(state, reason)
         try:
             self.agent.record_desired(self.d, state)
@@ -344,6 +357,21 @@ class Applier:
     def _budget(self, bundle: Any) -> float | None:
         return self.d.budget_ms or self.agent.config.budget_ms or bundle.frame_budget_ms
 
+    def _gated(self, budget: float | None, record: dict[str, Any]) -> float | None:
+        """The budget to judge p99 against: None (said in ``record``: the smoke or health report) when the desired
+        bundle lived here, and either the store still holds it (``going_back``: a rollback to the bundle that was
+        running) or the budget is no stricter than the one it lived with."""
+        lived = self.lived_budget_ms
+        if budget is None or lived is None or (budget < lived * (1 - 1e-9) and not self.going_back):
+            return budget
+        record["budget_gated"] = False
+        record["budget_note"] = f"{self.d.bundle_id} ran on this device under a {lived:g} ms budget: not refused for it"
+        return None
+
+    def _lived_with(self) -> float:
+        """The budget the bundle now runs under: the rollout's, else the agent's (the bundle's own, or --budget-ms)."""
+        return float(self.d.budget_ms or self.agent.budget_ms or 0.0)
+
     def _smoke(self, bundle: Any) -> None:
         box: dict[str, Any] = {}
         t = threading.Thread(target=self._smoke_body, args=(bundle, box), name="edgekit-smoke", daemon=True)
@@ -418,6 +446,7 @@ class Applier:
         self.smoke.update(
             {"frames": n, "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3), "budget_ms": budget}
         )
+        budget = self._gated(budget, self.smoke)
         if budget is not None and stats.p99_ms > budget:
             raise StepFailed(
                 "over_budget",
@@ -509,7 +538,8 @@ class Applier:
                     f"the application reported {errors} inference error(s) in {tried} inferences on {bid} (over 1%)",
                     "watching",
                 )
-            if budget is not None and len(samples) >= (1 if final else 20) and self.health["p99_ms"] > budget:
+            gated = self._gated(budget, self.health)
+            if gated is not None and len(samples) >= (1 if final else 20) and self.health["p99_ms"] > gated:
                 return Reason(
                     "watch_p99_over_budget",
                     f"p99 {self.health['p99_ms']:.3f} ms over the budget {budget:g} ms on {len(samples)} frames the application reported",
@@ -575,6 +605,7 @@ class Applier:
             "budget_ms": budget,
             "errors": 1 if errors else 0,
         }
+        budget = self._gated(budget, self.health)
         if budget is not None and stats.p99_ms > budget:
             return Reason(
                 "watch_p99_over_budget",
@@ -640,8 +671,41 @@ def set_unconfirmed(store: Any, bundle_id: str | None) -> None:
             if os.path.exists(path):
                 os.unlink(path)
             return
-        from edge.base.typedjson import write_json_atomic
-
         write_json_atomic(Path(path), {"bundle_id": bundle_id, "since": round(time.time(), 3)})
     except OSError as e:  # at worst, a later desired state for this bundle is not watched again
         log.warning("cannot record the unconfirmed switch to %s: %s", bundle_id, e)
+
+
+LIVED = "lived.json"
+LIVED_MAX = 32  # bundles remembered (the oldest forgotten first)
+
+
+def _lived(store: Any) -> dict[str, Any]:
+    try:
+        rec = read_json_file(
+            os.path.join(store, "agent", LIVED), what="agent record", max_bytes=64 << 10, max_depth=4, missing={}
+        )
+    except UnreadableFile:
+        return {}
+    bundles = rec.get("bundles") if isinstance(rec, dict) else None
+    return bundles if isinstance(bundles, dict) else {}
+
+
+def lived_budget(store: Any, bundle_id: str) -> float | None:
+    """The budget (ms) ``bundle_id`` ran under on this device (``<store>/agent/lived.json``); None when it never
+    ran here (or the record is damaged: then every budget is gated, as for a new bundle)."""
+    entry = _lived(store).get(bundle_id)
+    budget = entry.get("budget_ms") if isinstance(entry, dict) else None
+    return float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0 else None
+
+
+def record_lived(store: Any, bundle_id: str, budget_ms: float) -> None:
+    """``bundle_id`` runs on this device under ``budget_ms`` (the agent loaded it at start, or its watch passed)."""
+    bundles = {k: v for k, v in _lived(store).items() if k != bundle_id}
+    bundles[bundle_id] = {"budget_ms": budget_ms, "since": round(time.time(), 3)}
+    keep = dict(list(bundles.items())[-LIVED_MAX:])
+    try:
+        os.makedirs(os.path.join(store, "agent"), exist_ok=True)  # at the agent's first start, before the outbox
+        write_json_atomic(Path(os.path.join(store, "agent", LIVED)), {"bundles": keep})
+    except OSError as e:  # at worst, a later rollback to it is gated on its budget
+        log.warning("cannot record that %s ran on this device: %s", bundle_id, e)

@@ -23,6 +23,7 @@ class AgentHost(Protocol):
     session: Any  # edge.mqtt.session.DeviceSession, or None before the first connection
     loop: Any  # edge.mqtt.netloop.NetworkLoop, or None
     state: str
+    budget_ms: float | None  # the budget the running bundle is judged against (the bundle's, or --budget-ms)
     state_detail: str | None
     counters: dict[str, int]
     held: DesiredState | None  # a desired state waiting for a tune to end

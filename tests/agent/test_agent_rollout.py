@@ -599,6 +599,32 @@ def test_rollback_to_the_previous_bundle_switches_locally_without_a_download(
         agent.stop(5)
 
 
+def test_a_rollback_to_the_bundle_that_was_running_is_not_refused_for_its_budget(
+    tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
+) -> None:
+    """A ran here under a budget it always missed (a busy device); the rollout of B, with its own loose budget,
+    passes; the abort's rollback to A must not be refused by A's smoke test (issue #33: the device stayed on
+    the aborted bundle, ``rollback pending`` for good)."""
+    store = store_with(tmp_path / "store", bundles["a"])
+    agent = start_agent(broker.url, store, watch_s=1.0, budget_ms=0.0001)
+    try:
+        fleet.desire(**desired_for(bundles, http, "b", 2, budget_ms=1000.0))
+        assert fleet.wait_state("running", "failed", "rolled-back", version=2)["state"] == "running"
+        fleet.desire(**desired_for(bundles, http, "a", 3))  # judged against the agent's 0.0001 ms, as A always was
+        r = fleet.wait_state("running", "failed", "rolled-back", version=3)
+        assert r["state"] == "running" and r["bundle_running"] == bundles["a"].id, (
+            r["reason"],
+            r["smoke"],
+            r["health"],
+        )
+        assert r["smoke"]["budget_gated"] is False and r["smoke"]["p99_ms"] > r["smoke"]["budget_ms"], r["smoke"]
+        assert r["health"]["budget_gated"] is False and r["reference_check"]["passed"] is True
+        lived = json.loads((store / "agent" / "lived.json").read_text())["bundles"]
+        assert set(lived) == {bundles["a"].id, bundles["b"].id} and lived[bundles["b"].id]["budget_ms"] == 1000.0
+    finally:
+        agent.stop(5)
+
+
 def test_a_stored_copy_that_is_not_the_desired_artifact_is_downloaded(
     tmp_path: Path, broker: Any, fleet: Fleet, http: ArtifactServer, bundles: dict[str, Any]
 ) -> None:
