@@ -200,9 +200,14 @@ class Calibration:
     """Where calibration samples came from; recorded in the manifest."""
 
     source: str  # a directory path, or "random"
-    kind: Literal["tensors", "images", "random"]
+    kind: Literal["tensors", "images", "audio", "text", "random", "natural"]
     count: int
     samples: tuple[Mapping[str, Any], ...] = field(repr=False, compare=False, default=())
+    #: kind "natural" (edge.verify.natural, the default when no data is given): per image its file, sha256, licence
+    files: tuple[Mapping[str, Any], ...] = field(compare=False, default=())
 
     def provenance(self) -> dict[str, Any]:
-        return {"source": self.source, "kind": self.kind, "count": self.count}
+        out: dict[str, Any] = {"source": self.source, "kind": self.kind, "count": self.count}
+        if self.files:
+            out["files"] = [dict(f) for f in self.files]
+        return out

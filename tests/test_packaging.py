@@ -23,6 +23,10 @@ def test_wheel_ships_targets(tmp_path: Path) -> None:
         text=True,
     )
     wheel = next(dist.glob("edgekit_ml-*.whl"))
+    import zipfile
+
+    # the natural photographs edgekit calibrates and checks parity on by default (edge.verify.natural)
+    assert "edge/verify/natural/index.json" in zipfile.ZipFile(wheel).namelist()
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"

@@ -379,9 +379,10 @@ class OutputFigures:
 @dataclass(frozen=True)
 class ParityInputs:
     """Where the parity inputs came from, in order of preference: the user's --parity-data, their --calib
-    data (held out from calibration for int8), or generated to look like the model's data."""
+    data (held out from calibration for int8), or edgekit's natural images (``edge.verify.natural``, kind "natural":
+    topped up with generated inputs, ``generated_count``), or generated to look like the model's data."""
 
-    kind: Literal["parity-data", "calibration", "calibration-held-out", "generated", "mixed"] = spec()
+    kind: Literal["parity-data", "calibration", "calibration-held-out", "generated", "mixed", "natural"] = spec()
     count: int = spec(ge=0, le=1 << 20)
     source: str | None = spec(None, **_TEXT)
     generated: Mapping[str, str] | None = spec(None, max_items=256, item=Rule(**_TEXT))  # per input: what it was fed

@@ -50,7 +50,8 @@ Calib = typer.Option(
     None,
     "--calib",
     help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
-    "or 'random' to quantize on generated inputs (recorded as such).",
+    "or 'random' to quantize on generated inputs (recorded as such). Default for an image input: "
+    "edgekit's shipped natural photographs (public domain/CC0, recorded in the manifest).",
     show_default=False,
 )
 Preprocess = typer.Option(
@@ -83,7 +84,7 @@ Tuned = typer.Option(
 ParityData = typer.Option(
     None,
     "--parity-data",
-    help="Inputs parity compares on (preferred over --calib and "
+    help="Inputs parity compares on (preferred over --calib, edgekit's natural photographs and "
     "generated inputs): a directory or file of images, .npy/.npz tensors, .wav audio or .txt "
     "token ids. For int8 keep it apart from --calib (samples equal to one are dropped from "
     "calibration).",

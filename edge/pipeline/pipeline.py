@@ -44,7 +44,7 @@ from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.targets import ChainStep, TargetProfile, get_target
 from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE, SKIP_SOURCE_AS_IS
-from edge.verify.inputs import RANDOM, choose_parity_inputs, load_calibration
+from edge.verify.inputs import RANDOM, choose_parity_inputs, default_calibration, load_calibration
 
 #: what the bundle carries for the device to check on first load
 REFERENCE_PAIRS = 16
@@ -205,11 +205,15 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
         say(f"loading calibration data from {req.calib}")
         job.calibration = _without_frozen(load_calibration(req.calib, job.seen_io, job.pre), job.io)
     elif p.needs_calibration:
-        raise CalibrationError(
-            f"{p.precision} for {profile.name} needs calibration data",
-            hint=f"pass --calib DIR (.npy/.npz tensors or images), or --calib {RANDOM} "
-            "to quantize on generated inputs (recorded as such in the manifest)",
-        )
+        job.calibration, why = default_calibration(job.seen_io, job.pre)
+        if job.calibration is None:
+            raise CalibrationError(
+                f"{p.precision} for {profile.name} needs calibration data (edgekit's natural images do not apply: {why})",
+                hint=f"pass --calib DIR (.npy/.npz tensors, images, .wav or .txt), or --calib {RANDOM} "
+                "to quantize on generated inputs (recorded as such in the manifest)",
+            )
+        say(f"calibrating on {job.calibration.source} (no --calib given)")
+        job.calibration = _without_frozen(job.calibration, job.io)
     return job
 
 

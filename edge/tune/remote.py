@@ -66,6 +66,7 @@ from edge.tune.search import (
     choose,
     conversion_parity,
     convert_cached,
+    natural_calibration_problem,
     priority,
     recipe_key,
     source_key,
@@ -524,7 +525,7 @@ def _plan(run: _Session) -> None:
     run.space = build_space(
         run.profile,
         objective=opts.objective,
-        calibrated=run.req.calib is not None,
+        calibrated=run.req.calib is not None or natural_calibration_problem(run.model, run.req) is None,
         runners=opts.runners,
         precisions=opts.precisions or ((run.req.precision,) if run.req.precision else None),
         threads=opts.threads,

@@ -282,10 +282,30 @@ def source_key(req: ConvertRequest) -> dict[str, Any]:
 
 
 def calib_identity(calib: str | os.PathLike[str] | None) -> str | None:
-    """What the calibration data is, for the recipe key: 'random', or a digest of the files' names, sizes, times."""
-    if calib is None or str(calib) == "random":
-        return None if calib is None else "random"
+    """What the calibration data is, for the recipe key: 'random', a digest of the files' names, sizes, times, or
+    (none given) edgekit's natural images by their index's digest (they are also the parity inputs then)."""
+    if calib is None:
+        from edge.verify import natural
+
+        return "natural-" + hashlib.sha256(natural.INDEX.read_bytes()).hexdigest()[:16]
+    if str(calib) == "random":
+        return "random"
     return data_identity(calib, "calibration data")
+
+
+def natural_calibration_problem(model: str | os.PathLike[str], req: ConvertRequest) -> str | None:
+    """Why a conversion of ``model`` without --calib cannot calibrate on edgekit's natural images (None: it can, so
+    int8 is in the space by default): the model's image input with its pre-processing is what they feed."""
+    from edge.pipeline import open_source
+    from edge.spec import default_preprocess
+    from edge.verify.inputs import natural_samples
+
+    try:
+        io = open_source(Path(model)).checked_io(req.input_shapes)
+    except EdgeError as e:
+        return e.message
+    pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
+    return natural_samples(io, pre, "calibration", calibrating=True)[1]
 
 
 def data_identity(data: str | os.PathLike[str], what: str = "data") -> str:
@@ -764,7 +784,7 @@ def _space(
     return build_space(
         profile,
         objective=opts.objective,
-        calibrated=req.calib is not None,
+        calibrated=req.calib is not None or natural_calibration_problem(model, req) is None,
         video=video is not None,
         runners=opts.runners,
         precisions=opts.precisions,

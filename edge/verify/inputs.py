@@ -5,6 +5,7 @@ Every file problem is collected and reported at once (file, expected, got).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -18,6 +19,7 @@ import numpy as np
 from edge.errors import CalibrationError, EdgeError
 from edge.preprocess import IMAGE_SUFFIXES, Preprocessor, read_image
 from edge.spec import Calibration, IOSpec, PreprocessSpec, TensorSpec, image_channels, image_layout
+from edge.verify import natural
 
 RANDOM = "random"
 TENSOR_SUFFIXES = frozenset({".npy", ".npz"})
@@ -406,6 +408,52 @@ def load_calibration(
     return Calibration(str(Path(source)), kind, len(samples), tuple(samples))  # type: ignore[arg-type]
 
 
+def natural_samples(
+    io: IOSpec, pre: PreprocessSpec | None, split: natural.Split, *, calibrating: bool
+) -> tuple[list[dict[str, np.ndarray]], str | None]:
+    """The shipped natural images of ``split`` (``edge.verify.natural``) through ``pre`` into the image input, the
+    other inputs as :func:`generated_samples` feeds them; ([], why not) where they do not apply: no image input with
+    pre-processing, no Pillow, or (``calibrating``) another float input that generated values would calibrate."""
+    if pre is None:
+        return [], "the model has no image input with pre-processing"
+    why = natural.available()
+    if why is not None:
+        return [], why
+    others = [t for t in io.inputs if t.name != pre.input]
+    if calibrating and any(_kind(t, io, pre) == "standard normal" for t in others):
+        return [], f"the model has {len(io.inputs)} inputs, and images feed one"
+    prep = Preprocessor(pre)
+    rng = np.random.default_rng(7)
+    kinds = {t.name: _kind(t, io, pre) for t in others}
+    batch = max(1, int(io.input(pre.input).shape[0]))
+    frames = [prep(f)[0] for f in natural.frames(split)]
+    return [
+        {
+            pre.input: np.concatenate(frames[i : i + batch]) if batch > 1 else frames[i],
+            **{t.name: _value(t, kinds[t.name], rng) for t in others},
+        }
+        for i in range(0, len(frames) - batch + 1, batch)
+    ], None
+
+
+def default_calibration(io: IOSpec, pre: PreprocessSpec | None) -> tuple[Calibration | None, str | None]:
+    """Calibration when the user gives none: edgekit's natural calibration images (recorded with their files,
+    hashes and licences), or (None, why they do not apply)."""
+    samples, why = natural_samples(io, pre, "calibration", calibrating=True)
+    if not samples:
+        return None, why or "the input's batch holds more images than edgekit ships"
+    return (
+        Calibration(
+            natural.source_line("calibration"),
+            natural.KIND,
+            len(samples),
+            tuple(samples),
+            files=tuple(natural.record("calibration")),
+        ),
+        None,
+    )
+
+
 AUDIO_SUFFIXES = frozenset({".wav"})
 TEXT_SUFFIXES = frozenset({".txt"})
 DATA_SUFFIXES = TENSOR_SUFFIXES | IMAGE_SUFFIXES | AUDIO_SUFFIXES | TEXT_SUFFIXES
@@ -631,11 +679,13 @@ def choose_parity_inputs(
 ) -> ParityInputs:
     """Parity inputs in order of preference: the user's ``parity_data``; their calibration data (for a
     ``quantized`` conversion, a quarter of it held out of calibration, at most ``count``); else generated
-    to look like the model's data (:func:`generated_samples`). With calibration,
+    to look like the model's data: edgekit's natural parity images (``edge.verify.natural``: disjoint by file from
+    its natural calibration images) where the model has an image input, topped up to ``count`` with
+    :func:`generated_samples`. With calibration,
     any calibration sample equal to a parity sample is dropped from calibration, so the two are disjoint
     by content, and the provenance says so."""
     generated = describe_generated(io, pre)
-    user_cal = calibration is not None and calibration.kind != RANDOM and bool(calibration.samples)
+    user_cal = calibration is not None and calibration.kind not in (RANDOM, natural.KIND) and bool(calibration.samples)
     note = None
     if parity_data is not None:
         samples, kind = read_samples(parity_data, io, pre, limit=count, what="parity data")
@@ -650,7 +700,7 @@ def choose_parity_inputs(
         n = len(calibration.samples)
         k = min(count, max(n // 4, min(4, n // 2)))  # a quarter; at least 4 while half stays for calibration
         samples = [dict(s) for s in calibration.samples[n - k :]]
-        calibration = Calibration(calibration.source, calibration.kind, n - k, tuple(calibration.samples[: n - k]))
+        calibration = dataclasses.replace(calibration, count=n - k, samples=tuple(calibration.samples[: n - k]))
         prov = {"kind": "calibration-held-out", "source": calibration.source}
         label = f"calibration ({calibration.kind})"  # the provenance says which were held out
         note = f"{k} of the {n} calibration samples held out of calibration for parity"
@@ -658,13 +708,18 @@ def choose_parity_inputs(
         samples, prov, label = [], {"kind": "generated"}, "generated"
         if user_cal:
             note = "one calibration sample cannot be split: parity runs on generated inputs"
+        else:
+            samples = natural_samples(io, pre, "parity", calibrating=False)[0][:count]
+            if samples:
+                prov = {"kind": natural.KIND, "source": natural.source_line("parity")}
+                label = f"natural images ({len(samples)})"
     # the user's own data is not topped up with generated inputs: theirs may differ (a scale input in 0.5..1.5
     # where generated floats are standard normal), and the comparison would leave the calibrated range
-    made = max(0, count - len(samples)) if prov["kind"] == "generated" else 0
+    made = max(0, count - len(samples)) if prov["kind"] in ("generated", natural.KIND) else 0
     if made:
         samples += generated_samples(io, pre, made, seed=seed)
         if prov["kind"] != "generated":
-            prov["kind"], label = "mixed", f"{label} + {made} generated"
+            label = f"{label} + {made} generated"
     disjoint = None
     if quantized and calibration is not None and calibration.samples:
         seen = {_digest(s) for s in samples}
@@ -672,7 +727,7 @@ def choose_parity_inputs(
         if len(kept) < len(calibration.samples):
             dropped = len(calibration.samples) - len(kept)
             note = (note + "; " if note else "") + f"{dropped} calibration sample(s) equal to parity samples dropped"
-            calibration = Calibration(calibration.source, calibration.kind, len(kept), kept)
+            calibration = dataclasses.replace(calibration, count=len(kept), samples=kept)
         disjoint = True
     prov.update(count=len(samples), generated_count=made, disjoint_from_calibration=disjoint)
     if made:

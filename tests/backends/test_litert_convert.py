@@ -251,7 +251,7 @@ def test_calibration_problems_via_cli(
     toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path: Path
 ) -> None:
     assert_user_error(
-        run_cli("convert", str(models["tiny"]), "-t", "arm-xnnpack", "-p", "int8", "-o", str(tmp_path / "a")),
+        run_cli("convert", str(models["two_input"]), "-t", "arm-xnnpack", "-p", "int8", "-o", str(tmp_path / "a")),
         "int8 for arm-xnnpack needs calibration data",
         "--calib",
     )

@@ -204,8 +204,59 @@ def test_int8_parity_samples_are_held_out_of_calibration(tmp_path: Path) -> None
     assert (
         dup.provenance["kind"] == "parity-data" and dup.calibration.count == 11 and "dropped" in dup.provenance["note"]
     )
-    # generated calibration (--calib random) and generated parity inputs come from other seeds
+    # generated calibration (--calib random): parity runs on edgekit's natural parity images, topped up with
+    # generated inputs (from another seed than the calibration's)
     rand = load_calibration("random", IO, PRE, random_count=4)
-    gen = choose_parity_inputs(IO, PRE, count=4, calibration=rand, quantized=True)
-    assert gen.provenance["kind"] == "generated" and gen.calibration.count == 4
-    assert "natural-image" in gen.provenance["generated"]["input"] and gen.provenance["disjoint_from_calibration"]
+    gen = choose_parity_inputs(IO, PRE, count=8, calibration=rand, quantized=True)
+    p = gen.provenance
+    assert p["kind"] == "natural" and gen.calibration.count == 4 and p["disjoint_from_calibration"]
+    assert p["count"] == 8 and p["generated_count"] == 2 and "astronaut.jpg" in p["source"]  # 3 photos, mirrored
+    assert "natural-image" in p["generated"]["input"] and gen.label == "natural images (6) + 2 generated"
+
+
+def test_natural_images_are_the_default_data(models: dict[str, Path], tmp_path: Path) -> None:
+    """No --calib: int8 calibrates on edgekit's shipped natural photographs (their files, hashes and licences in the
+    manifest), and parity runs on its natural parity photographs, which no calibration sample equals (issue #30)."""
+    import hashlib
+    import json
+
+    from edge.pipeline import ConvertRequest, convert
+    from edge.verify import natural
+    from edge.verify.inputs import choose_parity_inputs, default_calibration
+
+    shipped = natural.images()
+    assert {i.split for i in shipped} == {"calibration", "parity"}
+    assert all(i.licence.startswith(("CC0", "public domain")) for i in shipped)
+    for i in shipped:
+        assert hashlib.sha256(i.path.read_bytes()).hexdigest() == i.sha256
+    cal, why = default_calibration(IO, PRE)
+    assert why is None and cal is not None and cal.kind == "natural" and cal.count == 12  # 6 photos, mirrored
+    assert [f["file"] for f in cal.provenance()["files"]] == [i.file for i in natural.of_split("calibration")]
+    chosen = choose_parity_inputs(IO, PRE, count=6, calibration=cal, quantized=True)
+    assert chosen.provenance["kind"] == "natural" and chosen.calibration.count == 12
+    assert not {s["input"].tobytes() for s in chosen.samples} & {s["input"].tobytes() for s in cal.samples}
+    # a second float input the photographs cannot feed: no default, the reason said
+    assert default_calibration(IO2, default_preprocess(IO2))[0] is None
+
+    b = convert(models["tiny"], "x86-cpu", tmp_path / "b", ConvertRequest(precision="int8"))
+    m = json.loads((b.path / "manifest.json").read_text())
+    assert m["precision"] == "int8" and m["calibration"]["kind"] == "natural"
+    assert {f["sha256"] for f in m["calibration"]["files"]} == {i.sha256 for i in natural.of_split("calibration")}
+    assert m["parity"]["input_provenance"]["kind"] == "natural" and m["parity"]["passed"]
+    assert m["parity"]["input_provenance"]["disjoint_from_calibration"] is True
+
+
+YOLOV8N = Path(__file__).resolve().parents[2] / "examples" / "models" / "nudenet_320n.onnx"
+
+
+@pytest.mark.skipif(not YOLOV8N.is_file(), reason="YOLOv8n (examples/fetch_pretrained.py --model yolov8n-320) absent")
+def test_a_detector_is_judged_on_the_natural_images(tmp_path: Path) -> None:
+    """YOLOv8n finds objects (faces) in the natural parity photographs: the detection metric is judged."""
+    import json
+
+    from edge.pipeline import ConvertRequest, convert
+
+    b = convert(YOLOV8N, "x86-cpu", tmp_path / "b", ConvertRequest(input_shapes={"images": (1, 3, 320, 320)}))
+    out = json.loads((b.path / "manifest.json").read_text())["parity"]["outputs"][0]
+    assert out["task"] == "detector" and not out["task_degenerate"]
+    assert out["precision"] == 1.0 and out["recall"] == 1.0
