@@ -26,7 +26,7 @@ def test_wheel_ships_targets(tmp_path: Path) -> None:
     import zipfile
 
     # the natural photographs edgekit calibrates and checks parity on by default (edge.verify.natural)
-    assert "edge/verify/natural/index.json" in zipfile.ZipFile(wheel).namelist()
+    assert "edge/verify/natural_images/index.json" in zipfile.ZipFile(wheel).namelist()
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"

@@ -1,6 +1,6 @@
 """Natural photographs shipped with edgekit: calibration and parity data when the user gives none.
 
-Nine small photographs from scikit-image's bundled data, each public domain or CC0 (``natural/index.json`` names
+Nine small photographs from scikit-image's bundled data, each public domain or CC0 (``natural_images/index.json`` names
 the source, the licence and the sha256 of every file). Six are for calibration, three for parity (two of them
 with people, so a person/face detector finds something and its detection metric is judged), each also used
 mirrored left to right. The two sets are disjoint by file, so an int8 bundle is never graded on what it was
@@ -24,7 +24,7 @@ import numpy as np
 
 from edge.errors import EdgeError
 
-DIR = Path(__file__).with_name("natural")
+DIR = Path(__file__).with_name("natural_images")
 INDEX = DIR / "index.json"
 #: the Calibration.kind and parity provenance kind of these images
 KIND: Literal["natural"] = "natural"
