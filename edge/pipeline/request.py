@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from edge.errors import EdgeError
+from edge.verify.refpairs import MAX_PARITY_SAMPLES
 from edge.verify.tasks import TASK_CHOICES
 
 #: inputs compared against the source model when the request names no other count
@@ -58,6 +59,8 @@ class ConvertRequest:
             raise EdgeError(f"unknown --task {self.task!r}", hint=f"choose one of {', '.join(TASK_CHOICES)}")
         if isinstance(self.parity_samples, bool) or not isinstance(self.parity_samples, int):
             raise EdgeError(f"parity samples must be an integer, got {self.parity_samples!r}")
+        if not 0 <= self.parity_samples <= MAX_PARITY_SAMPLES:  # what a device believes a record about
+            raise EdgeError(f"--parity-samples must be 0..{MAX_PARITY_SAMPLES}, got {self.parity_samples}")
         # normalised once, so every reader (and the tuner's recipe key) sees the same types
         object.__setattr__(
             self, "input_shapes", {str(k): tuple(int(d) for d in v) for k, v in (self.input_shapes or {}).items()}

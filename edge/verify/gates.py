@@ -21,7 +21,8 @@ from edge.bundle.schema import (
     SkippedParity,
     device_class_of,
 )
-from edge.errors import BudgetError, DeployError, TargetError
+from edge.errors import BudgetError, DeployError, EdgeError, TargetError
+from edge.verify.corroborate import budget_problem, isa_problem, no_reference_problem, range_problem, task_note_problem
 from edge.verify.parity import (
     degenerate_reason,
     looks_like_classifier,
@@ -93,12 +94,13 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
                 failures.append(f"{o.name}: output missing, of another shape, or not finite")
             # a [N, C] output is judged by top-1 when it is a classifier; one that parity found not to be (a
             # regression, an embedding: issue #23) says why in its task note
-            if (
-                o.top1 is None
-                and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape))
-                and not (o.task is None and o.task_note)
-            ):
-                failures.append(f"{o.name}: classifier-shaped output with neither a top-1 figure nor a reason")
+            if o.top1 is None and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)):
+                if not (o.task is None and o.task_note):
+                    failures.append(f"{o.name}: classifier-shaped output with neither a top-1 figure nor a reason")
+                elif (why := task_note_problem(o, None)) is not None:
+                    failures.append(f"{o.name}: no top-1 figure, and {why}")
+            if (why := range_problem(o)) is not None:
+                failures.append(f"{o.name}: {why}")
             if o.degenerate and (o.ref_min is None or o.ref_max is None):
                 failures.append(f"{o.name}: marked degenerate without the reference's range")
             # the one judgement edge.verify.parity made when it was built: whether the reference was degenerate
@@ -149,7 +151,7 @@ def skip_problem(m: Manifest, host_check: HostCheck | None) -> str | None:
     if why == SKIP_NO_REFERENCE:
         if m.reference_pairs is not None and m.reference_pairs.samples > 0:
             return "it says the source could not be run, yet the bundle holds the source's reference outputs"
-        return None
+        return no_reference_problem(m)
     if why.startswith(SKIP_RUNNER_NOT_HERE):
         here = host_check(m) if host_check is not None else "not checked"
         if here is None:
@@ -177,6 +179,31 @@ def output_problem(m: Manifest, bundle_dir: Path | None) -> str | None:
     listed = [t.name for t in m.io.outputs]
     if sorted(real) != sorted(listed):
         return f"io.outputs lists {listed[:8]}, the ONNX model's outputs are {real[:8]}"
+    return None
+
+
+def pairs_task_problem(m: Manifest, bundle_dir: Path | None) -> str | None:
+    """A classifier-shaped output whose top-1 parity dropped (a task note) while the bundle's own reference
+    outputs say it is a classifier (every row a distribution). None when there is nothing to hold against it."""
+    par, entry = m.parity, m.reference_pairs
+    if bundle_dir is None or not isinstance(par, ParityEvidence) or entry is None or entry.file is None:
+        return None
+    shapes = {t.name: tuple(d if isinstance(d, int) else 0 for d in t.shape) for t in m.io.outputs}
+    dropped = [
+        o for o in par.outputs if o.top1 is None and o.task_note and looks_like_classifier(shapes.get(o.name, ()))
+    ]
+    if not dropped:
+        return None
+    from edge.verify.refpairs import load_reference_pairs
+
+    try:
+        pairs = load_reference_pairs(bundle_dir, entry, m.io.to_spec())
+    except EdgeError:
+        return None  # the device's own check refuses a damaged pairs file
+    for o in dropped:
+        why = task_note_problem(o, [p[o.name] for p in pairs.outputs if o.name in p])
+        if why is not None:
+            return f"{o.name}: no top-1 figure, and {why}"
     return None
 
 
@@ -247,7 +274,7 @@ def check_gates(
             f"refusing to ship {bid}: {v.edited}; the manifest was edited or built with looser thresholds",
             hint="rebuild it with `edgekit convert`",
         )
-    for problem in (skip_problem(m, host_check), output_problem(m, bundle_dir)):
+    for problem in (skip_problem(m, host_check), output_problem(m, bundle_dir), pairs_task_problem(m, bundle_dir)):
         if problem is not None:
             raise DeployError(
                 f"refusing to ship {bid}: its parity evidence does not hold: {problem}; the manifest was edited",
@@ -263,6 +290,9 @@ def check_gates(
             f"refusing to ship {bid}: it failed parity ({'; '.join(v.failures[:3])})",
             hint="pass --accept-parity-failure to ship it anyway",
         )
+    isa = isa_problem(m)
+    if isa is not None and not accept_parity_failure:
+        raise DeployError(f"refusing to ship {bid}: {isa}", hint="pass --accept-parity-failure to ship it anyway")
     if isinstance(m.benchmark, BenchmarkEvidence):
         _check_benchmark(m, m.benchmark, accept_budget_failure)
 
@@ -275,6 +305,14 @@ def _check_benchmark(m: Manifest, bench: BenchmarkEvidence, accept_budget_failur
         raise DeployError(
             f"refusing to ship {bid}: its benchmark says {bench.verdict!r}, but p99 {p99:.2f} ms "
             f"against a {bench.budget_ms} ms budget is {recorded!r}; the manifest was edited",
+            hint="benchmark it again with `edgekit bench --record`",
+        )
+    profile = _profile_of(m)
+    frame = profile.frame_budget_ms if profile is not None else None
+    budget_wrong = budget_problem(bench.budget_ms, bench.budget_source, frame, m.target.name)
+    if budget_wrong is not None:
+        raise DeployError(
+            f"refusing to ship {bid}: its benchmark's budget does not hold: {budget_wrong}; the manifest was edited",
             hint="benchmark it again with `edgekit bench --record`",
         )
     problem = device_class_problem(m, bench)

@@ -107,11 +107,18 @@ def test_missing_or_null_parity(failed: Bundle, tmp_path: Path) -> None:
     assert parity_verdict(skipped.info).state == "skipped"
     with pytest.raises(DeployError, match="is not a reason edgekit skips parity for"):  # #26: a closed set
         ship(skipped, tmp_path / "dev", accept_parity_failure=True)
+
     # skipped for a reason the code writes, and the evidence agrees (no reference outputs, so no pairs)
-    no_ref = _edit(
-        failed, lambda m: m.update(parity={"passed": None, "skipped": SKIP_NO_REFERENCE}, reference_pairs=None)
-    )
-    ship(no_ref, tmp_path / "dev")  # the device checks it on first load
+    def no_reference(fmt: str) -> Any:
+        return lambda m: m.update(
+            parity={"passed": None, "skipped": SKIP_NO_REFERENCE},
+            reference_pairs=None,
+            source={**m["source"], "format": fmt},
+        )
+
+    ship(_edit(failed, no_reference("edgetpu-tflite")), tmp_path / "dev")  # the device checks it on first load
+    with pytest.raises(DeployError, match=r"its format \(onnx\) runs here"):  # issue #33: an ONNX source runs here
+        ship(_edit(failed, no_reference("onnx")), tmp_path / "dev2")
     with pytest.raises(ManifestError, match="field parity.skipped: must be 1 to 1024 characters"):
         _edit(failed, lambda m: m.update(parity={"passed": None, "skipped": ""}))
 
