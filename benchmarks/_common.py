@@ -214,8 +214,24 @@ def _numeric(s: str) -> bool:
         return False
 
 
+def measured_on() -> str:
+    """When, the CPU and its ISA class (AVX2-only, AVX-512 VNNI, AMX, ...), the CPUs and the load averages: printed
+    with every figure (``edge.capabilities.measured_on``)."""
+    from edge.capabilities import measured_on as line
+
+    return line()
+
+
+def print_measured_on(stream: Any = None) -> str:
+    """Print (to stderr by default: stdout may be JSON) and return the :func:`measured_on` line."""
+    line = "measured on " + measured_on()
+    print(line, file=stream or sys.stderr, flush=True)
+    return line
+
+
 def host_info() -> dict[str, Any]:
     import edge
+    from edge.capabilities import cpu_isa
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -232,6 +248,8 @@ def host_info() -> dict[str, Any]:
         info["amx"] = " amx_tile" in flags
     except OSError:
         pass
+    info["isa_class"] = cpu_isa().isa_class
+    info["measured_on"] = measured_on()
     with contextlib.suppress(OSError):
         info["loadavg_1m"] = os.getloadavg()[0]
     for mod in ("onnxruntime", "openvino"):
@@ -243,7 +261,8 @@ def host_info() -> dict[str, Any]:
 
 def host_line(info: Mapping[str, Any]) -> str:
     return (
-        f"host: {info.get('cpu', '?')}, {info.get('cpus')} CPUs, AMX {'yes' if info.get('amx') else 'no'}, "
+        f"host: {info.get('cpu', '?')} [{info.get('isa_class', '?')}], {info.get('cpus')} CPUs, "
+        f"AMX {'yes' if info.get('amx') else 'no'}, "
         f"load avg {info.get('loadavg_1m', float('nan')):.2f}; edgekit {info.get('edgekit')}, "
         f"onnxruntime {info.get('onnxruntime', '-')}, openvino {str(info.get('openvino', '-')).split('-')[0]}"
     )

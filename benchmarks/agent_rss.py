@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from mqtt_broker import Mosquitto  # noqa: E402
 
+from edge.capabilities import measured_on  # noqa: E402
 from edge.deploy import DeviceStore  # noqa: E402
 from edge.graph.samples import build_tiny_cnn  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
@@ -77,6 +78,7 @@ def peak_rss(broker_url: str, store: Path, source: str, i: int) -> float:
 
 
 def main() -> int:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()

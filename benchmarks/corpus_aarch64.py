@@ -67,6 +67,7 @@ def build(name: str, precision: str, work: Path) -> Path:
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="append", help="emulated core(s) (default: cortex-a76)")
     p.add_argument("--model", action="append", help="only these corpus models")

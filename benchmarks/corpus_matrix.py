@@ -149,6 +149,7 @@ def _status(err: BaseException | None) -> str:
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     C.add_common_args(p, iterations=50)
     p.add_argument("--model", action="append", choices=sorted(CORPUS), help="only this model (repeatable)")

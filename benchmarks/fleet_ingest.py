@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from mqtt_broker import Mosquitto, mosquitto_binary, preload_qos1  # noqa: E402
 
+from edge.capabilities import measured_on  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.simulate import LightFleet, SimulatedFleet, birth_body, telemetry_body  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
@@ -684,6 +685,7 @@ def live_lines(r: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("both", "drain", "live", "decode"), default="both")
     ap.add_argument(

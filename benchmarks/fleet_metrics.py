@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edge.capabilities import measured_on
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.metrics import MetricsServer  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
@@ -143,6 +144,7 @@ def scrape(url: str) -> tuple[float, int]:
 
 
 def main() -> int:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--devices", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=7)

@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from edge.capabilities import measured_on  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
 from edge.fleet.simulate import birth_body, telemetry_body  # noqa: E402
 from edge.fleet.status import fleet_status  # noqa: E402
@@ -76,6 +77,7 @@ def timed_cli(*args: str) -> float:
 
 
 def main() -> None:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=10_000)
     ap.add_argument("--sessions", type=int, default=2, help="sessions per device (a birth and a stream each)")

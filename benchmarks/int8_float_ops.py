@@ -38,6 +38,7 @@ from edge.graph.quantized import FLOAT_REASONS, int8_report_of, optimized_onnx, 
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", required=True)
     p.add_argument("--model", default="yolov8n-320", choices=list(CONV_NETS))

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edge.capabilities import cpu_isa  # noqa: E402
+from edge.capabilities import cpu_isa, measured_on  # noqa: E402
 from edge.graph.samples import write_text_line_images  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
 from edge.pipeline.request import ConvertRequest
@@ -35,6 +35,7 @@ from tests.pipeline.test_pretrained import MODEL, static_source  # noqa: E402
 
 
 def main() -> None:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("n", type=int, help="held-out text lines")
     ap.add_argument("pairs", nargs="+", help="TARGET:PRECISION, e.g. intel-igpu:int8")

@@ -42,6 +42,7 @@ def _stream_tps(pieces: object) -> tuple[int, float]:
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=8, help="alternating rounds per side (default 8)")
     p.add_argument("--gen-tokens", type=int, default=64)

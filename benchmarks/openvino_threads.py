@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from edge.capabilities import measured_on
+
 CANDIDATES: dict[str, dict[str, Any]] = {
     "plain": {},
     "1-unpinned": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1, "ENABLE_CPU_PINNING": False},
@@ -68,6 +70,7 @@ def timed(
 
 
 def main() -> int:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="vs_runtime_defaults.py's: <model>-intel-igpu/model.xml")
     p.add_argument("--models", nargs="*", default=["ppocr-det", "ddddocr-det", "yolov8n-320"])

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from mqtt_broker import preload_qos1  # noqa: E402
 from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
 
+from edge.capabilities import measured_on  # noqa: E402
 from edge.mqtt.lite import mqtt_packet, mqtt_string  # noqa: E402
 from edge.mqtt.payloads import encode, message  # noqa: E402
 
@@ -124,6 +125,7 @@ def drain(node, workdir: Path, n: int, prefetch: int, interval_ms: int, run: int
 
 
 def main() -> int:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=3)

@@ -53,7 +53,7 @@ def build(work: Path, target: str) -> Path:
     return out
 
 
-def run_once(bundle: Path, fps: float, frames: int, busy: bool) -> dict[str, Any]:
+def run_once(bundle: Path, fps: float, frames: int, busy: bool, stage_threads: int | None = None) -> dict[str, Any]:
     child = subprocess.Popen([sys.executable, "-c", "while 1: pass"]) if busy else None
     try:
         if child is not None:
@@ -71,6 +71,7 @@ def run_once(bundle: Path, fps: float, frames: int, busy: bool) -> dict[str, Any
                 "--max-frames",
                 str(frames),
                 "--json",
+                *(["--stage-threads", str(stage_threads)] if stage_threads else []),
             ],
             capture_output=True,
             text=True,
@@ -97,6 +98,9 @@ def run_once(bundle: Path, fps: float, frames: int, busy: bool) -> dict[str, Any
         "lost_pct": 100.0 * lost / max(1, f["in"]),
         "effective_fps": d["effective_fps"],
         "bound_fps": d.get("bound_fps"),
+        "pct_of_bound": d.get("pct_of_bound"),
+        "stage_threads": len(d.get("threads") or {}) or None,
+        "waits": d.get("waits"),
         "verdict": d["verdict"],
         "infer_p50_ms": infer.get("p50_ms"),
         "infer_p99_ms": infer.get("p99_ms"),
@@ -116,29 +120,42 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--frames", type=int, default=600)
     p.add_argument("--json", metavar="FILE")
+    p.add_argument(
+        "--stage-threads",
+        nargs="*",
+        type=int,
+        default=[0],
+        help="run each configuration with these stage layouts (4, 2; 0: edgekit's default), interleaved",
+    )
+    p.add_argument("--busy-fps", type=float, default=CONDITIONS[0][1], help="the rate with one core busy")
+    p.add_argument("--idle-fps", type=float, default=CONDITIONS[1][1], help="the rate idle")
     args = p.parse_args()
     if not MODEL.is_file():
         raise SystemExit(f"{MODEL.name} missing: python examples/fetch_pretrained.py --model yolov8n-320")
     work = Path(args.workdir)
     bundles = {rt: build(work, TARGETS[rt]) for rt in args.runtimes}
-    before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    C.log("uptime before: " + before)
+    before = C.measured_on()
+    C.log("measured on: " + before)
     rows, results = [], []
+    conditions = (("busy", args.busy_fps), ("idle", args.idle_fps))
     for r in range(args.rounds):
-        order = [(rt, c) for rt in args.runtimes for c in CONDITIONS]
-        for rt, (cond, fps) in order if r % 2 == 0 else order[::-1]:
-            got = run_once(bundles[rt], fps, args.frames, cond == "busy")
+        order = [(rt, c, th) for rt in args.runtimes for c in conditions for th in args.stage_threads]
+        for rt, (cond, fps), th in order if r % 2 == 0 else order[::-1]:
+            got = run_once(bundles[rt], fps, args.frames, cond == "busy", th or None)
             results.append({"round": r + 1, "runtime": rt, "condition": cond, "fps": fps, **got})
             rows.append(
                 [
                     r + 1,
                     rt,
-                    f"{cond} @{fps:.0f}",
+                    f"{cond} @{fps:.4g}",
+                    got["stage_threads"],
                     got["frames_in"],
                     got["late"],
                     got["dropped"],
                     f"{got['lost_pct']:.1f}%",
                     f"{got['effective_fps']:.1f}",
+                    f"{got['bound_fps'] or 0:.1f}",
+                    f"{got['pct_of_bound'] or 0:.0f}%",
                     f"{got['infer_p50_ms'] or 0:.1f}/{got['infer_p99_ms'] or 0:.1f}",
                     got["threads"],
                     {True: "on", False: "off", None: "-"}[got["spinning"]],
@@ -149,18 +166,21 @@ def main() -> int:
             C.log(
                 f"  round {r + 1} {rt} {cond}: {got['lost_pct']:.1f}% late or dropped, {got['effective_fps']:.1f} fps"
             )
-    after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    after = C.measured_on()
     print(
         C.table(
             [
                 "round",
                 "runtime",
                 "condition",
+                "stage threads",
                 "in",
                 "late",
                 "dropped",
                 "late+dropped",
                 "fps",
+                "bound fps",
+                "of bound",
                 "infer p50/p99 ms",
                 "threads",
                 "spin",
@@ -171,9 +191,11 @@ def main() -> int:
             title="YOLOv8n-320, edgekit run --synthetic 640x480 --realtime, no flags (goal: <= 1% late or dropped)",
         )
     )
-    print("uptime before: " + before)
-    print("uptime after:  " + after)
-    C.dump_json(args.json, {"host": C.host_info(), "uptime_before": before, "uptime_after": after, "results": results})
+    print("measured on (before): " + before)
+    print("measured on (after):  " + after)
+    C.dump_json(
+        args.json, {"host": C.host_info(), "measured_on_before": before, "measured_on_after": after, "results": results}
+    )
     return 0
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import mqtt_broker  # noqa: E402  (tests/: the Mosquitto fixture)
 
+from edge.capabilities import measured_on
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.rollout import FleetView, RolloutBundle, RolloutController, RolloutFlags, RolloutSpec, start_rollout  # noqa: E402
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet  # noqa: E402
@@ -91,6 +92,7 @@ def one(
 
 
 def main() -> None:
+    print("measured on " + measured_on(), file=sys.stderr)  # the CPU's ISA class and the load
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3)

@@ -340,6 +340,7 @@ def openvino_pair(bundle: Any, *, runner_first: bool) -> Iterator[tuple[dict[str
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -117,6 +117,7 @@ HEAD = ["configuration", "status", "size MB", "parity", "p50 ms", "p99 ms", "vs 
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     from edge.tune.search import TuneOptions, tune
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

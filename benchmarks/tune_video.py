@@ -65,6 +65,7 @@ def realtime(bundle: Any, clip: Path, frames: int) -> dict[str, Any]:
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     from edge.graph.samples import build_yolo_detector
     from edge.pipeline import convert
     from edge.tune.report import row

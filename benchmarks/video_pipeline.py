@@ -128,6 +128,7 @@ def run_side(name: str, bundle: Any, clip: Path, *, realtime: bool = False) -> A
 
 
 def main() -> None:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="runs per side, interleaved (default 3)")
     ap.add_argument("--frames", type=int, default=600, help="frames in the clip (default 600 = 10 s at 60 fps)")

@@ -253,6 +253,7 @@ def summarise(samples: dict[tuple[str, str, str], dict[str, list]]) -> tuple[lis
 
 
 def main() -> int:
+    C.print_measured_on()  # the CPU's ISA class and the load, with every figure
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", required=True, help="bundles are built here once and reused")
     p.add_argument("--models", nargs="*", default=list(CONV_NETS), choices=list(CONV_NETS))

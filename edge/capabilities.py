@@ -161,6 +161,33 @@ class CpuIsa:
     def native_bf16(self) -> bool:
         return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
+    @property
+    def isa_class(self) -> str:
+        """The class of CPU a measurement stands for, from the fastest kernels the runtimes can pick on it:
+        one of :data:`ISA_CLASSES`. Two hosts of one class run the same kernels (the speed per core still
+        differs); a figure measured on one class says little about another (AMX runs bf16 and int8 2-3x
+        faster than AVX2 does fp32)."""
+        f = self.flags
+        if not self.known:
+            return "unknown"
+        if f & {"amx_tile", "amx_int8", "amx_bf16", "amx_fp16"}:
+            return "AMX"
+        if "avx512_vnni" in f:
+            return "AVX-512 VNNI"
+        if "avx512f" in f:
+            return "AVX-512"
+        if "avx_vnni" in f:
+            return "AVX2 + AVX-VNNI"
+        if "avx2" in f:
+            return "AVX2-only"
+        if "i8mm" in f:
+            return "ARM i8mm"
+        if "asimddp" in f:
+            return "ARM dot product"
+        if f & {"asimdhp", "bf16", "sve"}:
+            return "ARM (no dot product)"
+        return "baseline (no AVX2, no ARM dot product)"
+
     def describe(self) -> str:
         if not self.known:
             return f"{self.model} (CPU flags unknown on this OS)"
@@ -173,7 +200,42 @@ class CpuIsa:
             "known": self.known,
             "int8_dot_product": self.int8_dot_product,
             "native_bf16": self.native_bf16,
+            "isa_class": self.isa_class,
         }
+
+
+#: what :attr:`CpuIsa.isa_class` answers, fastest kernels first (x86-64, then aarch64)
+ISA_CLASSES = (
+    "AMX",
+    "AVX-512 VNNI",
+    "AVX-512",
+    "AVX2 + AVX-VNNI",
+    "AVX2-only",
+    "ARM i8mm",
+    "ARM dot product",
+    "ARM (no dot product)",
+    "baseline (no AVX2, no ARM dot product)",
+    "unknown",
+)
+
+
+def measured_on(isa: CpuIsa | None = None) -> str:
+    """One line that travels with every measurement: when, the CPU and its ISA class, the CPUs this process may
+    use, and the load (``uptime``'s three load averages) -- a figure without them cannot be compared with one
+    from another machine, or from the same machine under other load."""
+    import time
+
+    isa = isa or cpu_isa()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        load = "unknown"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return f"{when}: {isa.model} [{isa.isa_class}], {cpus} CPUs, load average {load}"
 
 
 #: ARM Ltd. (implementer 0x41) core part numbers as aarch64 Linux's /proc/cpuinfo gives them ("CPU part"), which

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge.backends.onnxruntime.run import x64_quant_precision
-from edge.capabilities import cpu_isa, parse_cpuinfo
+from edge.capabilities import ISA_CLASSES, cpu_isa, measured_on, parse_cpuinfo
 from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
@@ -54,6 +54,32 @@ def test_cpuinfo_of_both_x86_kinds_and_arm() -> None:
     assert arm.flags == {"asimddp", "asimdhp"} and arm.int8_dot_product and not arm.native_bf16
     assert arm.native_fp16 and not zen2.native_fp16 and not spr.native_fp16  # F16C or AMX-BF16 are not fp16 math
     assert not parse_cpuinfo("").known and "unknown" in parse_cpuinfo("").describe()
+
+
+def test_isa_class_names_the_fastest_kernels_whatever_cpu_runs_the_test() -> None:
+    def flags(f: str) -> str:
+        return parse_cpuinfo(f"model name\t: X\nflags\t\t: sse2 {f}\n").isa_class
+
+    assert parse_cpuinfo(ZEN2).isa_class == "AVX2-only"  # AMD EPYC Rome/Milan
+    assert parse_cpuinfo(SAPPHIRE_RAPIDS).isa_class == "AMX"
+    assert parse_cpuinfo(GRAVITON).isa_class == "ARM dot product"
+    assert flags("avx2 avx512f avx512_vnni avx512_bf16") == "AVX-512 VNNI"  # AMD EPYC Genoa, Ice Lake
+    assert flags("avx2 avx512f") == "AVX-512"  # Skylake-SP
+    assert flags("avx2 avx_vnni") == "AVX2 + AVX-VNNI"  # Alder Lake
+    assert flags("avx") == "baseline (no AVX2, no ARM dot product)"
+    assert parse_cpuinfo("Features\t: fp asimd asimddp i8mm\n").isa_class == "ARM i8mm"
+    assert parse_cpuinfo("").isa_class == "unknown"
+    assert cpu_isa().isa_class in ISA_CLASSES and cpu_isa().to_json()["isa_class"] == cpu_isa().isa_class
+    line = measured_on(parse_cpuinfo(ZEN2))
+    assert "AMD EPYC 7B12 [AVX2-only]" in line and "load average" in line and "UTC" in line
+
+
+def test_every_benchmark_prints_where_it_measured() -> None:
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    scripts = [p for p in sorted(bench.glob("*.py")) if p.name != "_common.py"]
+    assert scripts
+    silent = [p.name for p in scripts if "measured_on" not in p.read_text(encoding="utf-8")]
+    assert silent == [], "benchmarks that print no CPU class and load (edge.capabilities.measured_on)"
 
 
 def test_parity_notes_name_the_isa_the_result_depends_on() -> None:
