@@ -81,6 +81,15 @@ def render_run(r: dict[str, Any]) -> None:
         else ""
     )
     t.add_row("throughput", f"{r['effective_fps']:.1f} fps over {r['duration_s']:.2f} s{bound}")
+    if r.get("waits") and r["mode"] != "sequential":
+        t.add_row(
+            "threads (waiting)",
+            "; ".join(
+                f"{name} [{'+'.join(r['threads'].get(name, [name]))}]: input {w['input_ms']:.0f} ms, "
+                f"hand-over {w['output_ms']:.0f} ms"
+                for name, w in r["waits"].items()
+            ),
+        )
     t.add_row(
         "host", f"{r['cpus']} CPUs" + (f", load average {r['load_avg']:.2f}" if r.get("load_avg") is not None else "")
     )
@@ -154,6 +163,13 @@ def run_cmd(
         "share of the cores (default: the bundle's tuned workers, from "
         "`edgekit tune --objective e2e`, else 1).",
     ),
+    stage_threads: int | None = typer.Option(
+        None,
+        "--stage-threads",
+        show_default=False,
+        help="Threads the stages run in: 4 (one each) or 2 (decode + pre-processing, inference + "
+        "post-processing); default 2 on a host of 2 CPUs or fewer with one inference worker, else 4.",
+    ),
     sequential: bool = typer.Option(False, "--sequential", help="Run the plain loop instead (no pipelining)."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed inferences before the first frame."),
     prompt: str | None = typer.Option(
@@ -191,6 +207,7 @@ def run_cmd(
         budget_source=source_label,
         queue_size=queue_size,
         infer_workers=infer_workers,
+        stage_threads=stage_threads,
         max_frames=max_frames,
         duration_s=duration,
         warmup=warmup,

@@ -46,6 +46,9 @@ class PipelineOptions:
     #: parallel inference workers, each with its own runner (and a share of the cores); None: the bundle's own
     #: (an `edgekit tune --objective e2e` overlay records them in the manifest, tuned.infer_workers), else 1
     infer_workers: int | None = None
+    #: threads the four stages run in: 4 (one each) or 2 (decode + pre-processing, inference + post-processing);
+    #: None: 2 where one inference worker runs on 2 CPUs or fewer, else 4 (``edge.video.pipeline.stage_threads``)
+    stage_threads: int | None = None
     max_frames: int | None = None
     duration_s: float | None = None
     warmup: int = 3  # untimed inferences before the first frame
@@ -59,6 +62,8 @@ class PipelineOptions:
             raise EdgeError(f"--queue-size must be >= 1, got {self.queue_size}")
         if self.infer_workers is not None and self.infer_workers < 1:
             raise EdgeError(f"--infer-workers must be >= 1, got {self.infer_workers}")
+        if self.stage_threads not in (None, 2, 4):
+            raise EdgeError(f"--stage-threads must be 2 or 4, got {self.stage_threads}")
         if self.max_frames is not None and self.max_frames < 1:
             raise EdgeError(f"--max-frames must be >= 1, got {self.max_frames}")
         if self.duration_s is not None and self.duration_s <= 0:
@@ -89,7 +94,8 @@ class Item:
     def __init__(
         self, index: int, pts: float | None, name: str | None, image: np.ndarray, capture: int, deadline: int | None
     ) -> None:
-        self.index, self.pts, self.name, self.image = index, pts, name, image
+        self.index, self.pts, self.name = index, pts, name
+        self.image: np.ndarray | None = image  # the decoded frame, until it is pre-processed
         self.capture, self.deadline = capture, deadline
         self.hw: tuple[int, int] = (int(image.shape[0]), int(image.shape[1]))
         self.tensor: np.ndarray | None = None
@@ -251,7 +257,14 @@ class Job:
         return max(0, (declared if m is None else min(declared, m)) - self.frames_in)
 
     def report(
-        self, t_start: int, t_end: int, *, interrupted: bool = False, hung: list[str] | None = None
+        self,
+        t_start: int,
+        t_end: int,
+        *,
+        interrupted: bool = False,
+        hung: list[str] | None = None,
+        threads: dict[str, list[str]] | None = None,
+        waits: dict[str, dict[str, float]] | None = None,
     ) -> VideoReport:
         failure = error = None
         if self.failure is not None:
@@ -287,6 +300,8 @@ class Job:
             error=error,
             interrupted=interrupted,
             hung_threads=hung or [],
+            threads=threads or {},
+            waits=waits or {},
         )
 
 

@@ -1,6 +1,12 @@
-"""The pipelined video runner: decode, pre-process, infer, post-process in four threads.
+"""The pipelined video runner: decode, pre-process, infer, post-process in four threads, or two on a small host.
 
-    source ─▶ [decode] ─q─▶ [preprocess] ─q─▶ [infer] ─q─▶ [postprocess] ─▶ JSONL
+    source ─▶ [decode] ─q─▶ [preprocess] ─q─▶ [infer] ─q─▶ [postprocess] ─▶ JSONL      (four threads)
+    source ─▶ [decode + preprocess] ─q─▶ [infer + postprocess] ─▶ JSONL                  (two threads)
+
+Two threads (``PipelineOptions.stage_threads``; by default where one inference worker runs on 2 CPUs or
+fewer): the stages beside inference take about a millisecond a frame, and on a small host a thread of
+their own buys little parallelism, only hand-overs (each queue between two threads is a wake-up that waits
+for a CPU the inference may hold). Each thread's waits (for input, to hand on) are in the report.
 
 Queues are bounded (``queue_size``), and model inputs are written into a fixed pool of
 ``queue_size + 2`` buffers, so memory stays flat whatever the source. Offline, a full queue
@@ -32,6 +38,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from edge.backends.threads import usable_cpus
 from edge.bundle.bundle import Bundle
 from edge.preprocess import LetterboxTransform
 from edge.video.errors import UnreadableFrame
@@ -42,6 +49,7 @@ from edge.video.sources import FrameSource
 _END = object()  # end-of-stream sentinel
 _POLL_S = 0.05
 _RECENT = 15  # frames whose median stage times predict whether a frame would be late
+SMALL_HOST_CPUS = 2  # at most this many CPUs: the stages run in two threads
 
 
 class _Pool:
@@ -53,6 +61,10 @@ class _Pool:
             self._free.put(make())
 
     def acquire(self, stop: threading.Event) -> np.ndarray | None:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
         while True:
             try:
                 return self._free.get(timeout=_POLL_S)
@@ -64,11 +76,27 @@ class _Pool:
         self._free.put(buf)
 
 
+def stage_threads(options: PipelineOptions, workers: int, cpus: int | None = None) -> int:
+    """Threads the stages run in: ``options.stage_threads`` when given, else 2 where one inference worker
+    runs on 2 CPUs or fewer (``usable_cpus``), else 4. Several workers always get the four-thread layout
+    (post-processing restores their order)."""
+    if workers > 1:
+        return 4
+    if options.stage_threads is not None:
+        return options.stage_threads
+    return 2 if (cpus if cpus is not None else usable_cpus()) <= SMALL_HOST_CPUS else 4
+
+
 class _Pipeline:
     def __init__(self, job: Job) -> None:
         self.job = job
         n = job.options.queue_size
         self.workers = len(job.runners)
+        self.compact = stage_threads(job.options, self.workers) == 2
+        fps = job.pace_fps or (job.source.info.fps if job.live else None)
+        self.interval_ns = int(1e9 / fps) if fps else 0  # between two captures (0: unknown)
+        self.waits: dict[str, list[int]] = {}  # thread name -> [ns waiting for input, ns waiting to hand on]
+        self.doing: dict[str, str] = {}  # thread name -> the stage it is in (a thread may run two)
         self.q: list[queue.Queue[Any]] = [queue.Queue(maxsize=n) for _ in range(3)]  # ->pre, ->infer, ->post
         self.pool = _Pool(n + 1 + self.workers, job.pre.new_output)
         self.t_start = 0
@@ -77,22 +105,47 @@ class _Pipeline:
         self.held: dict[str, Item | None] = {}  # thread name -> the frame it has taken and not yet handed on
         self.pending: dict[int, Item] = {}  # post-processing: frames waiting for an earlier one, by seq
 
-    def _get(self, q: queue.Queue[Any]) -> Any:
-        while True:
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self.job.stop.is_set():
-                    return None
+    def _waited(self, me: str, which: int, since: int) -> None:
+        w = self.waits.get(me)
+        if w is None:
+            w = self.waits[me] = [0, 0]
+        w[which] += clock() - since
 
-    def _put(self, q: queue.Queue[Any], item: Any) -> bool:
-        while not self.job.stop.is_set():
-            try:
-                q.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _get(self, q: queue.Queue[Any], me: str = "") -> Any:
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            pass
+        t = clock()
+        try:
+            while True:
+                try:
+                    return q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if self.job.stop.is_set():
+                        return None
+        finally:
+            if me:
+                self._waited(me, 0, t)
+
+    def _put(self, q: queue.Queue[Any], item: Any, me: str = "") -> bool:
+        try:
+            q.put_nowait(item)
+            return True
+        except queue.Full:
+            pass
+        t = clock()
+        try:
+            while not self.job.stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        finally:
+            if me:
+                self._waited(me, 1, t)
 
     def _offer(self, q: queue.Queue[Any], item: Item) -> None:
         """Realtime hand-over: never wait; a full queue loses its oldest frame to this newer one."""
@@ -107,11 +160,11 @@ class _Pipeline:
                     continue
                 self.job.drop(old, "busy", self.pool)
 
-    def _forward(self, q: queue.Queue[Any], item: Item) -> bool:
+    def _forward(self, q: queue.Queue[Any], item: Item, me: str) -> bool:
         if self.job.realtime:
             self._offer(q, item)
             return True
-        return self._put(q, item)
+        return self._put(q, item, me)
 
     # -- stages (each runs in its own thread; ``me`` is the thread's name) -----------------
 
@@ -134,6 +187,7 @@ class _Pipeline:
                 if now < capture:
                     if job.stop.wait((capture - now) / 1e9):
                         return
+                    self._waited(me, 0, now)  # waiting for the source's next frame
                 elif now >= capture + interval:  # the next frame is already due: this one is gone
                     if not src.skip():
                         job.source_ended = True
@@ -158,36 +212,47 @@ class _Pipeline:
             item.times[0] = done - t
             job.frames_in += 1
             self.held[me] = item
-            if not self._forward(self.q[0], item):
+            if self.compact:  # this thread pre-processes it too
+                self.doing[me] = "preprocess"
+                if not self._prepare(item, me):
+                    return
+                self.doing[me] = "decode"
+            elif not self._forward(self.q[0], item, me):
                 return
             self.held[me] = None
             i += 1
-        self._put(self.q[0], _END)
+        self._put(self.q[1 if self.compact else 0], _END)
 
     def preprocess(self, me: str) -> None:
-        job = self.job
-        while (item := self._get(self.q[0])) is not None:
+        while (item := self._get(self.q[0], me)) is not None:
             if item is _END:
                 self._put(self.q[1], _END)
                 return
-            job.current[me] = item.index
+            self.job.current[me] = item.index
             self.held[me] = item
-            buf = self.pool.acquire(job.stop)
-            if buf is None:
-                return
-            t = clock()
-            item.tensor, item.tf = job.pre(item.image, out=buf)
-            item.times[1] = dt = clock() - t
-            job.samples["preprocess"].append(dt)
-            item.image = None
-            if not self._forward(self.q[1], item):
+            if not self._prepare(item, me):
                 return
             self.held[me] = None
 
-    def _take(self) -> Any:
+    def _prepare(self, item: Item, me: str) -> bool:
+        """Pre-process ``item`` into a pool buffer and hand it to inference; False when the run stops."""
+        job = self.job
+        t = clock()
+        buf = self.pool.acquire(job.stop)
+        if buf is None:
+            return False
+        self._waited(me, 1, t)
+        t = clock()
+        item.tensor, item.tf = job.pre(cast(np.ndarray, item.image), out=buf)
+        item.times[1] = dt = clock() - t
+        job.samples["preprocess"].append(dt)
+        item.image = None
+        return self._forward(self.q[1], item, me)
+
+    def _take(self, me: str) -> Any:
         """The next frame for an inference worker, numbered in the order taken (= frame order)."""
         with self._take_lock:
-            item = self._get(self.q[1])
+            item = self._get(self.q[1], me)
             if item is _END:
                 self.q[1].put(_END)  # leave it for the other workers
             elif item is not None:
@@ -195,16 +260,22 @@ class _Pipeline:
                 self._next_seq += 1
             return item
 
-    def _would_be_late(self, deadline: int) -> bool:
-        """Past its deadline already, or the recent median inference + post-processing time says it will be.
+    def _would_be_late(self, deadline: int, next_due: int | None = None) -> bool:
+        """Past its deadline already, or the recent median inference + post-processing time says it will be
+        and the next frame is already due (``next_due``, its capture time; None: unknown, taken as due).
 
         The prediction only drops a frame when a fresh one would make it (the recent medians of all
         four stages fit the budget): when even fresh frames miss, dropping on a prediction would
-        drop them all, so they are processed and counted late instead.
+        drop them all, so they are processed and counted late instead. Nor does it drop a frame before the
+        next one is captured: that drop frees inference for no other frame, it idles until the next one
+        comes, and a median says the frame is late as often as it is wrong. With one core busy, the
+        pipeline delivered 51-55% of its bound by such drops (issue #30).
         """
         now = clock()
         if now > deadline:
             return True
+        if next_due is not None and now < next_due:
+            return False
         samples = self.job.samples
         if any(len(v) < _RECENT for v in samples.values()):
             return False
@@ -217,10 +288,10 @@ class _Pipeline:
         job = self.job
         infer, name = runner.infer, job.input_name
         try:
-            while (item := self._take()) is not None and item is not _END:
+            while (item := self._take(me)) is not None and item is not _END:
                 job.current[me] = item.index
                 self.held[me] = item
-                if item.deadline is not None and self._would_be_late(item.deadline):
+                if item.deadline is not None and self._would_be_late(item.deadline, item.capture + self.interval_ns):
                     job.drop(item, "late", self.pool)
                     item.dropped = True  # post-processing still hears of it, to keep the order
                 else:
@@ -230,17 +301,23 @@ class _Pipeline:
                     job.samples["infer"].append(dt)
                     self.pool.release(item.tensor)
                     item.tensor = None
-                if not self._put(self.q[2], item):
+                if self.compact:  # one worker: this thread post-processes, in frame order already
+                    if not item.dropped:
+                        self.doing[me] = "postprocess"
+                        self._post_one(item, me)
+                        self.doing[me] = "infer"
+                elif not self._put(self.q[2], item, me):
                     return
                 self.held[me] = None
         finally:
-            self._put(self.q[2], _END)  # one per worker
+            if not self.compact:
+                self._put(self.q[2], _END)  # one per worker
 
     def postprocess(self, me: str) -> None:
         job = self.job
         pending = self.pending
         next_seq, ended = 0, 0
-        while ended < self.workers and (item := self._get(self.q[2])) is not None:
+        while ended < self.workers and (item := self._get(self.q[2], me)) is not None:
             if item is _END:
                 ended += 1
                 continue
@@ -252,16 +329,21 @@ class _Pipeline:
                     continue
                 job.current[me] = item.index
                 self.held[me] = item
-                t = clock()
-                # both set by then: tf by the pre-processing, outputs by inference
-                result = job.post(cast(dict[str, Any], item.outputs), cast(LetterboxTransform, item.tf), item.hw)
-                done = clock()
-                item.times[3] = done - t
-                job.samples["postprocess"].append(done - t)
-                item.outputs = None
-                job.finish(item, done)
+                self._post_one(item, me)
                 self.held[me] = None
-                job.write(item, result, done)
+
+    def _post_one(self, item: Item, me: str) -> None:
+        job = self.job
+        t = clock()
+        # both set by then: tf by the pre-processing, outputs by inference
+        result = job.post(cast(dict[str, Any], item.outputs), cast(LetterboxTransform, item.tf), item.hw)
+        done = clock()
+        item.times[3] = done - t
+        job.samples["postprocess"].append(done - t)
+        item.outputs = None
+        job.finish(item, done)
+        self.held[me] = None
+        job.write(item, result, done)
 
     def count_abandoned(self) -> int:
         """Frames read but neither processed nor dropped: still held by a stage, queued, or waiting in
@@ -279,17 +361,18 @@ class _Pipeline:
 
     def run(self, progress: Progress | None) -> VideoReport:
         job = self.job
-        bodies: list[tuple[str, str, Callable[..., None], tuple[Any, ...]]] = [
-            ("decode", "decode", self.decode, ()),
-            ("preprocess", "preprocess", self.preprocess, ()),
-        ]
+        bodies: list[tuple[str, str, Callable[..., None], tuple[Any, ...]]] = [("decode", "decode", self.decode, ())]
+        if not self.compact:
+            bodies.append(("preprocess", "preprocess", self.preprocess, ()))
         bodies += [
             ("infer", "infer" if self.workers == 1 else f"infer-{k}", self.infer, (r,))
             for k, r in enumerate(job.runners)
         ]
-        bodies.append(("postprocess", "postprocess", self.postprocess, ()))
+        if not self.compact:
+            bodies.append(("postprocess", "postprocess", self.postprocess, ()))
         threads = []
         for stage, name, body, args in bodies:
+            self.doing[name] = stage
 
             def target(
                 stage: str = stage, name: str = name, body: Callable[..., None] = body, args: tuple[Any, ...] = args
@@ -297,7 +380,7 @@ class _Pipeline:
                 try:
                     body(name, *args)
                 except BaseException as e:  # noqa: BLE001 - recorded with its stage and frame; the report carries it
-                    job.fail(stage, e, name)
+                    job.fail(self.doing.get(name, stage), e, name)
 
             threads.append(threading.Thread(target=target, name=f"edgekit-video-{name}", daemon=True))
         total = expected_frames(job)
@@ -321,7 +404,20 @@ class _Pipeline:
         job.abandoned = self.count_abandoned()
         if progress is not None:
             progress(job.frames_in, job.processed, sum(job.dropped.values()), total)
-        return job.report(self.t_start, t_end, interrupted=interrupted, hung=[t.name for t in threads if t.is_alive()])
+        layout = {
+            name: (["decode", "preprocess"] if self.compact and stage == "decode" else [])
+            or (["infer", "postprocess"] if self.compact and stage == "infer" else [stage])
+            for stage, name, _b, _a in bodies
+        }
+        waits = {name: {"input_ms": w[0] / 1e6, "output_ms": w[1] / 1e6} for name, w in self.waits.items()}
+        return job.report(
+            self.t_start,
+            t_end,
+            interrupted=interrupted,
+            hung=[t.name for t in threads if t.is_alive()],
+            threads=layout,
+            waits=waits,
+        )
 
 
 def run_pipeline(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import numpy as np
 
@@ -83,6 +83,11 @@ class VideoReport:
     failure: dict[str, Any] | None = None
     interrupted: bool = False
     hung_threads: list[str] = field(default_factory=list)
+    #: thread name -> the stages it ran, in order ({} = one thread per stage, the sequential loop's one thread)
+    threads: dict[str, list[str]] = field(default_factory=dict)
+    #: thread name -> {"input_ms": blocked waiting for a frame (or the source's pace), "output_ms": waiting to hand
+    #: one on (a full queue, offline; no free input buffer)}, summed over the run
+    waits: dict[str, dict[str, float]] = field(default_factory=dict)
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
     load_avg: float | None = field(default_factory=lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     error: BaseException | None = field(default=None, repr=False, compare=False)  # the failing stage's exception
@@ -147,28 +152,43 @@ class VideoReport:
     def target_fps(self) -> float | None:
         return 1000.0 / self.budget_ms if self.budget_ms else None
 
+    def _thread_of(self, stage: str) -> list[str]:
+        """The stages that run in ``stage``'s thread, in order (just ``[stage]`` with a thread per stage)."""
+        return next((v for v in self.threads.values() if stage in v and len(v) > 1), [stage])
+
     def capacity_fps(self, stage: str) -> float | None:
-        """Frames a second ``stage`` can pass: its workers / its median time."""
+        """Frames a second ``stage`` can pass: its workers / the median time of its thread (its own, or the
+        sum of the stages that share its thread)."""
         s = self.stages.get(stage)
         if s is None or s.p50_ms <= 0:
             return None
-        return 1000.0 * (self.infer_workers if stage == "infer" else 1) / s.p50_ms
+        ms = sum(t.p50_ms for k in self._thread_of(stage) if (t := self.stages.get(k)) is not None)
+        return 1000.0 * (self.infer_workers if stage == "infer" else 1) / ms
 
     @property
     def bottleneck(self) -> str | None:
-        """The stage with the least capacity (for one worker per stage: the largest median time)."""
+        """The stage with the least capacity (for one worker per stage: the largest median time); of two
+        stages that share a thread, the one with the larger median."""
         caps = {k: c for k in self.stages if (c := self.capacity_fps(k)) is not None}
-        return min(caps, key=caps.__getitem__) if caps else None
+        if not caps:
+            return None
+        least = min(caps.values())
+        tied = [k for k, c in caps.items() if c == least]
+        return max(tied, key=lambda k: cast(LatencyStats, self.stages[k]).p50_ms)
 
     @property
     def bound_fps(self) -> float | None:
-        """The most these stages allow: pipelined, the slowest stage's capacity; sequential, 1 / the
+        """The most these stages allow: pipelined, the slowest thread's capacity, and in realtime no more
+        than the source's pace (frames cannot be delivered faster than they arrive); sequential, 1 / the
         sum of the stage medians."""
         if self.mode == "sequential":
             total = sum(s.p50_ms for s in self.stages.values() if s is not None)
             return 1000.0 / total if total > 0 else None
         b = self.bottleneck
-        return self.capacity_fps(b) if b else None
+        cap = self.capacity_fps(b) if b else None
+        if cap is not None and self.mode == "realtime" and self.pace_fps:
+            return min(cap, self.pace_fps)
+        return cap
 
     @property
     def pct_of_bound(self) -> float | None:
@@ -310,6 +330,8 @@ class VideoReport:
             "failure": self.failure,
             "interrupted": self.interrupted,
             "hung_threads": self.hung_threads,
+            "threads": self.threads,
+            "waits": {k: {n: round(v, 1) for n, v in w.items()} for k, w in self.waits.items()},
             "cpus": self.cpus,
             "load_avg": None if self.load_avg is None else round(self.load_avg, 2),
         }

@@ -189,3 +189,15 @@ def test_realtime_verdicts() -> None:
     assert "below the target" in slow_source.summary() and "--source-fps 60" in slow_source.summary()
     j = dropped.to_json()
     assert j["frames"]["dropped"] == 10 and j["frames"]["dropped_by_reason"]["busy"] == 8 and json.dumps(j)
+
+
+def test_bound_counts_the_stages_that_share_a_thread_and_the_pace() -> None:
+    two = {"decode": ["decode", "preprocess"], "infer": ["infer", "postprocess"]}
+    r = _report(threads=two)  # infer 8 + post 0.5 ms in one thread: 117.6 fps, not infer's 125
+    assert r.bound_fps == pytest.approx(1000 / 8.5) and r.bottleneck == "infer"
+    assert _report(threads=two, stages={**r.stages, "decode": _stats(9)}).bottleneck == "decode"
+    # frames cannot be delivered faster than the source paces them: the bound is at most the pace
+    paced = _report(mode="realtime", pace_fps=60, processed=60, duration_s=1.0)
+    assert paced.bound_fps == pytest.approx(60) and paced.pct_of_bound == pytest.approx(100)
+    assert _report(mode="realtime", pace_fps=200).bound_fps == pytest.approx(125)
+    assert _report().to_json()["threads"] == {} and _report(waits={"infer": {"input_ms": 1.0, "output_ms": 0.0}})

@@ -66,11 +66,15 @@ def test_yolo_detector_builder(tmp_path: Path) -> None:
         build_yolo_detector(tmp_path / "c.onnx", input_size=100)
 
 
-def test_offline_detector_every_frame_in_order(det_bundle: Bundle, clip: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [4, 2])
+def test_offline_detector_every_frame_in_order(det_bundle: Bundle, clip: Path, tmp_path: Path, threads: int) -> None:
     out = tmp_path / "det.jsonl"
+    options = PipelineOptions(budget_ms=1000.0, budget_source="test", out=out, stage_threads=threads)
     with open_source(video=clip) as src:
-        r = run_pipeline(det_bundle, src, PipelineOptions(budget_ms=1000.0, budget_source="test", out=out))
+        r = run_pipeline(det_bundle, src, options)
     assert (r.frames_in, r.processed, r.dropped_total, r.late, r.failure, r.hung_threads) == (30, 30, 0, 0, None, [])
+    assert len(r.threads) == threads and sorted(s for v in r.threads.values() for s in v) == sorted(r.stages)
+    assert set(r.waits) <= set(r.threads) and all(w["input_ms"] >= 0 for w in r.waits.values())
     assert r.mode == "offline" and r.verdict == "pass" and r.postprocess.startswith("detect")
     assert all(s is not None and s.count == 30 for s in r.stages.values())
     assert r.e2e is not None and r.e2e.count == 30 and r.effective_fps > 0 and r.bound_fps and r.bottleneck
@@ -179,13 +183,18 @@ def test_a_failing_decode_stage_stops_everything_with_frame_and_stage(cls_bundle
     assert isinstance(e.value, EdgeError) and e.value.stage == "decode" and e.value.frame == 3
 
 
-def test_a_frame_that_cannot_be_letterboxed_stops_the_preprocess_stage(det_bundle: Bundle, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [2, 1])  # 1: decode and pre-processing share a thread on a small host
+def test_a_frame_that_cannot_be_letterboxed_stops_the_preprocess_stage(
+    det_bundle: Bundle, tmp_path: Path, workers: int
+) -> None:
     for i in range(5):
         cv2.imwrite(str(tmp_path / f"{i:02d}.png"), np.full((60, 80, 3), 100, np.uint8))
     cv2.imwrite(str(tmp_path / "02.png"), np.full((1, 400, 3), 100, np.uint8))  # 400x1: 0.3 px tall at 128
     out = tmp_path / "out.jsonl"
     with open_source(images=tmp_path) as src:
-        r = run_pipeline(det_bundle, src, PipelineOptions(out=out, queue_size=1, infer_workers=2))
+        r = run_pipeline(
+            det_bundle, src, PipelineOptions(out=out, queue_size=1, infer_workers=workers, stage_threads=2)
+        )
     assert r.failure is not None and (r.failure["stage"], r.failure["frame"]) == ("preprocess", 2)
     assert "cannot be letterboxed" in r.failure["error"] and r.hung_threads == []
     assert [x["frame"] for x in _lines(out)] == list(range(r.processed))
@@ -216,17 +225,21 @@ def test_ctrl_c_ends_the_run_cleanly(cls_bundle: Bundle) -> None:
     assert r.to_json()["frames"]["abandoned"] == r.abandoned
 
 
-def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundle) -> None:
+@pytest.mark.parametrize(("threads", "in_flight"), [(4, 7), (2, 3)])
+def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(
+    cls_bundle: Bundle, threads: int, in_flight: int
+) -> None:
     # Post-processing blocks on its first frame until every stage and queue behind it is full, then fails:
-    # the run stops with 7 frames in flight (queue_size 1: post-processing's own, one in each of the three
-    # queues, one held by each of decode, pre-processing and inference). None was processed or dropped,
-    # so all 7 must come back as abandoned, counted from where they were, not derived from the others.
+    # the run stops with 7 frames in flight in four threads (queue_size 1: post-processing's own, one in each
+    # of the three queues, one held by each of decode, pre-processing and inference), 3 in two (inference +
+    # post-processing's own, one in the queue, one held by decode + pre-processing). None was processed or
+    # dropped, so all must come back as abandoned, counted from where they were, not derived from the others.
     from edge.video.job import Job
     from edge.video.pipeline import _Pipeline
 
     release = threading.Event()
     with open_source(synthetic="64x48", frames=50) as src:
-        job = Job(cls_bundle, src, PipelineOptions(queue_size=1, warmup=0), "offline")
+        job = Job(cls_bundle, src, PipelineOptions(queue_size=1, warmup=0, stage_threads=threads), "offline")
         job.open()
         try:
 
@@ -242,7 +255,10 @@ def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundl
 
             def release_when_full() -> None:
                 deadline = time.monotonic() + 60
-                while not (job.frames_in == 7 and all(q.full() for q in pipe.q)) and time.monotonic() < deadline:
+                queues = pipe.q if threads == 4 else pipe.q[1:2]
+                while (
+                    not (job.frames_in == in_flight and all(q.full() for q in queues)) and time.monotonic() < deadline
+                ):
                     time.sleep(0.01)
                 release.set()
 
@@ -253,7 +269,8 @@ def test_frames_left_in_queues_at_a_stop_are_counted_abandoned(cls_bundle: Bundl
         finally:
             job.close()
     assert r.failure is not None and r.failure["stage"] == "postprocess" and r.hung_threads == []
-    assert (r.frames_in, r.processed, r.dropped_total, r.abandoned) == (7, 0, 0, 7), r.to_json()
+    assert len(r.threads) == threads
+    assert (r.frames_in, r.processed, r.dropped_total, r.abandoned) == (in_flight, 0, 0, in_flight), r.to_json()
 
 
 def test_bundles_that_video_frames_cannot_feed(models: dict[str, Path], tmp_path: Path) -> None:
@@ -296,6 +313,10 @@ def test_would_be_late_predicts_from_recent_stage_times(cls_bundle: Bundle, monk
         for stage, t in (("decode", 1), ("preprocess", 1), ("infer", 4), ("postprocess", 1)):
             job.samples[stage].extend([t * ms] * 15)
         assert pipe._would_be_late(now + 3 * ms)  # 5 ms of infer + post expected, 3 ms left
+        # ... but not before the next frame is captured: the drop would free inference for no frame
+        assert not pipe._would_be_late(now + 3 * ms, next_due=now + 1)
+        assert pipe._would_be_late(now + 3 * ms, next_due=now)  # the next one is due: make way for it
+        assert pipe._would_be_late(now - 1, next_due=now + ms)  # past its deadline: dropped all the same
         assert pipe._would_be_late(now + 5 * ms - 1)  # the boundary: 1 ns short
         assert not pipe._would_be_late(now + 5 * ms)  # exactly enough
         assert not pipe._would_be_late(now + 8 * ms)
