@@ -302,6 +302,30 @@ def test_outputs_are_not_overwritten_by_the_next_call(ir: dict[str, ConversionRe
         np.testing.assert_array_equal(first, kept)
 
 
+def test_inputs_are_read_in_place_and_follow_the_array_each_call_names(
+    ir: dict[str, ConversionResult], feeds: list
+) -> None:
+    # the runner wraps each input array once (an ov.Tensor over its memory): the request must still read what
+    # each call passes now -- the same array written again in place (a video pipeline's buffer), more arrays
+    # than it remembers, a non-contiguous view -- and compute what a fresh runner computes for it
+    from edge.backends.openvino.run import BIND_CACHE
+
+    with OpenVINORunner(ir["fp32"].artifact, precision="fp32") as fresh:
+        want = [fresh.infer({"input": f["input"].copy()})["logits"] for f in feeds]
+    with OpenVINORunner(ir["fp32"].artifact, precision="fp32") as r:
+        buf = np.empty_like(feeds[0]["input"])
+        for k in (0, 1, 0, 2):  # one buffer, rewritten between calls
+            buf[...] = feeds[k]["input"]
+            np.testing.assert_allclose(r.infer({"input": buf})["logits"], want[k], rtol=1e-5, atol=1e-6)
+        arrays = [f["input"].copy() for f in feeds[: BIND_CACHE + 3]]  # more than it keeps: rebinds
+        for _ in range(2):
+            for k, a in enumerate(arrays):
+                np.testing.assert_allclose(r.infer({"input": a})["logits"], want[k], rtol=1e-5, atol=1e-6)
+        strided = np.asfortranarray(feeds[3]["input"])  # not C-contiguous: read through the per-call path
+        np.testing.assert_allclose(r.infer({"input": strided})["logits"], want[3], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(r.infer({"input": buf})["logits"], want[2], rtol=1e-5, atol=1e-6)
+
+
 def test_device_fallback_is_recorded(ir: dict[str, ConversionResult]) -> None:
 
     if any(d.startswith("GPU") for d in ov_core().available_devices):
