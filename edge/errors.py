@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -140,43 +141,87 @@ def crash_log_dir() -> Path:
     return (Path(state) if state else Path.home() / ".local" / "state") / "edgekit" / "crashes"
 
 
+#: the crash logs edgekit writes (:func:`_new_log`): rotation deletes these and nothing else in the directory
+_OWN_LOG = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9]+-[\w-]{1,44}\.log")
+#: a password in a URL (``postgresql://user:secret@host``) or a ``password=`` pair (a DSN, a query string)
+_SECRET_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*:)[^@/\s'\"]*@")
+_SECRET_PAIR = re.compile(r"((?:password|passwd|pwd|secret|token)=)[^&\s'\",]*", re.I)
+
+
+def redact(text: str) -> str:
+    """``text`` with the passwords of URLs and ``password=`` pairs replaced by ``***`` (a crash log keeps the
+    command line: ``--db postgresql://edge:secret@db/fleet`` must not leave its password in a file)."""
+    return _SECRET_PAIR.sub(r"\1***", _SECRET_URL.sub(r"\1***@", text))
+
+
 def save_traceback(step: str, exc: BaseException) -> Path | None:
-    """Write ``exc``'s traceback (with the command line and versions) to a new file under :func:`crash_log_dir`
-    (mode 0600; at most :data:`KEEP_CRASH_LOGS` kept) and return its path; None when no file could be written."""
+    """Write ``exc``'s traceback (with the command line, passwords redacted, and versions) to a new file under
+    :func:`crash_log_dir` (mode 0600; at most :data:`KEEP_CRASH_LOGS` of edgekit's own logs kept) and return its
+    path; None when no file could be written. The temp-dir fallback is used only when it is a real directory
+    (not a link) owned by this user and closed to others: a planted one is never written to or rotated."""
     version = getattr(sys.modules.get("edge"), "__version__", "?")  # the package is loaded: no import needed
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     word = "".join(c if c.isalnum() else "-" for c in step)[:40] or "edgekit"
-    text = (
+    text = redact(
         f"edgekit {version} internal error in {step}\n"
         f"time: {stamp}\ncommand: {sys.argv!r}\npython: {sys.version.split()[0]} on {sys.platform}\n\n"
         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     )
     fallback = Path(tempfile.gettempdir()) / f"edgekit-crashes-{getattr(os, 'getuid', lambda: 0)()}"
-    for d in (crash_log_dir(), fallback):
+    for d, shared in ((crash_log_dir(), False), (fallback, True)):
         try:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if shared:
+                _own_private_dir(d)
             path, fd = _new_log(d, f"{stamp}-{os.getpid()}-{word}")
             with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
-            old = sorted(d.glob("*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_CRASH_LOGS]
-            for p in old:
-                p.unlink(missing_ok=True)
-            return path
         except OSError:
             continue
+        _rotate(d)
+        return path
     return None
 
 
 def _new_log(d: Path, stem: str) -> tuple[Path, int]:
     """A new file ``STEM.log`` (``STEM-2.log``... when one process fails twice in a second: the agent, a test
-    run in-process), created exclusively with mode 0600; OSError when none can be."""
+    run in-process), created exclusively with mode 0600 (never through a link); OSError when none can be."""
     for n in range(1, 100):
         path = d / (f"{stem}.log" if n == 1 else f"{stem}-{n}.log")
         try:
-            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except FileExistsError:
             continue
     raise FileExistsError(f"{d / stem}.log and 98 more exist")
+
+
+def _own_private_dir(d: Path) -> None:
+    """OSError unless ``d`` is a directory (not a symbolic link) owned by this user that no one else may write."""
+    st = os.lstat(d)
+    uid = getattr(os, "getuid", lambda: st.st_uid)()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+        raise PermissionError(f"{d} is not a private directory of this user")
+
+
+def _rotate(d: Path) -> None:
+    """Keep the newest :data:`KEEP_CRASH_LOGS` of edgekit's own crash logs in ``d``: regular files with the names
+    :func:`_new_log` gives; another program's ``*.log``, a directory or a link is never counted or deleted."""
+    own = []
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                if _OWN_LOG.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+                    try:
+                        own.append((e.stat(follow_symlinks=False).st_mtime, e.name))
+                    except OSError:
+                        continue
+    except OSError:
+        return
+    for _, name in sorted(own)[:-KEEP_CRASH_LOGS]:
+        try:
+            os.unlink(d / name)
+        except OSError:
+            continue
 
 
 #: (step, exception type) -> the crash log of its first occurrence in this process (:func:`daemon_error_line`)
