@@ -90,9 +90,13 @@ from edge.mqtt.topics import Topic, check_part, fleet_filter, shared
 
 log = logging.getLogger("edge.fleet")
 
+# a session's connections count up by one a reconnect: a birth or death of the row's session more than this far
+# below the row's connection means the row's is not the device's (a forged connection 2**53-1 once won for good)
+CONNECTION_REWIND = 16
 _NEWER = (
     "devices.session IS NULL OR devices.session < excluded.session OR "
-    "(devices.session = excluded.session AND devices.connection <= excluded.connection)"
+    "(devices.session = excluded.session AND (devices.connection <= excluded.connection OR "
+    f"excluded.connection + {CONNECTION_REWIND} < devices.connection))"
 )
 STREAM_KINDS = ("telemetry", "state")
 _INSERT_TELEMETRY = (
@@ -163,7 +167,11 @@ def _seen_upsert(columns: tuple[str, ...]) -> str:
     # cache limit, past which it re-parses the query text on every execution (2.5 ms a batch)
     newer = "(d.last_session IS NULL OR (d.last_session, d.last_seq) < (excluded.last_session, excluded.last_seq))"
     sets = [
-        "last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen THEN excluded.last_seen ELSE d.last_seen END"
+        "last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen THEN excluded.last_seen ELSE d.last_seen END",
+        # a live message of the row's session past its position after a death: the device is alive (a forged death
+        # once marked a live device offline for good)
+        f"online = CASE WHEN d.online = FALSE AND d.session = excluded.last_session AND {newer} THEN TRUE "
+        "ELSE d.online END",
     ]
     for c in columns:
         v = f"coalesce(excluded.{c}, d.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"
@@ -219,6 +227,10 @@ class CollectorConfig:
     # an agent's seq grows by one a message and every reconnect's birth announces it, so a real stream never
     # jumps this far between two messages the collector sees
     max_seq_jump: int = 1_000_000
+    # a live (not replayed) stream message this far below its stream's position means the position is not the
+    # device's (a forged message ahead of the real stream, up to max_seq_jump): the stream and the device row go
+    # back to the real stream instead of waiting for it to catch up (999,999 messages: 58 days at 5 s)
+    max_reorder: int = 100
     backoff: Backoff = field(default_factory=Backoff)
     client: str = "lite"  # MQTT client: "lite" (edge.mqtt.lite, a lean subscriber) or "paho" (paho-mqtt)
     # write and commit each batch on a writer thread while the network thread decodes the next (see the module doc)
@@ -273,6 +285,7 @@ def _new_stats() -> dict[str, Any]:
         "evicted": 0,
         "shed": 0,
         "read_pauses": 0,
+        "rewinds": 0,  # streams put back to the real stream, below a position that was ahead of it
         "backlog_high": 0,
     }
 
@@ -324,6 +337,7 @@ class Collector:
         self._gappy: Bounded[tuple[str, str, int], tuple[float, bool]] = Bounded(cap, self.stats)
         # stream -> its position: the highest seq stored or announced (a cache of ``streams``)
         self._positions: Bounded[tuple[str, str, int], int] = Bounded(cap, self.stats)
+        self._rewound: dict[int, int] = {}  # index in the run being written -> the position it was far below
         self._ratelog = RateLimitedLog(log)
         self._topics = TopicCache(cap)
         self._pending: list[_Queued] = []  # decoded, not written yet
@@ -422,16 +436,57 @@ class Collector:
         one upsert per stream (counts), per device (last seen) and per device and kind (latest values). Messages
         too far past their stream's position are refused (None), and only messages of a device's latest birth's
         session (or of any, while no birth is known) update its row."""
-        new = self._insert_messages(run, self._seq_jumps(run))
-        agg = self._aggregate(run, new)
+        refused = self._seq_jumps(run)
+        rewound, self._rewound = self._rewound, {}
+        new = self._insert_messages(run, refused)
+        rewound = {i: at for i, at in rewound.items() if new[i]}  # a re-delivered copy says nothing new
+        if rewound:
+            self._rewind_rows(run, rewound)
+        agg = self._aggregate(run, new, rewound)
         if not agg.streams:
             return new
         self.db.bulk(_UPSERT_STREAM, [(*k, n, mx, at) for k, (n, mx, at) in agg.streams.items()], _STREAM_TYPES)
+        if rewound:
+            self._rewind_streams(run, rewound)
         self._touched.update(agg.streams)
         self._update_devices(run, agg)
         for fleet, device, session in agg.streams:
             self._check_known(fleet, device, session, agg.births.get((fleet, device)))
         return new
+
+    def _rewind_rows(self, run: list[_Queued], rewound: dict[int, int]) -> None:
+        """Device rows whose position is further ahead of a live message of their session than ``max_reorder``: the
+        position goes back to just below it, so the real stream updates the row again."""
+        w = self.config.max_reorder
+        for i in sorted(rewound):
+            d = run[i][0]
+            self.db.execute(
+                "UPDATE devices SET last_seq = ? WHERE fleet = ? AND device = ? AND last_session = ? AND last_seq > ?",
+                (d.seq - 1, d.fleet, d.device, d.session, d.seq + w),
+            )
+            self.stats["rewinds"] += 1
+            self._ratelog.warning(
+                "rewind",
+                "%s/%s session %d: a live %s with seq %d is %d below the stream's position: the position was not "
+                "the device's (forged?); back to the real stream",
+                d.fleet,
+                d.device,
+                d.session,
+                d.kind,
+                d.seq,
+                rewound[i] - d.seq,
+            )
+
+    def _rewind_streams(self, run: list[_Queued], rewound: dict[int, int]) -> None:
+        """The rewound streams' highest seq and announcement back to the real stream's position (``_positions``)."""
+        for k in {run[i][0][1:4] for i in rewound}:
+            at = self._positions.get(k)
+            if at is not None:
+                self.db.execute(
+                    "UPDATE streams SET max_seq = ?, announced_seq = CASE WHEN announced_seq > ? THEN ? ELSE "
+                    "announced_seq END WHERE fleet = ? AND device = ? AND session = ?",
+                    (at, at, at, *k),
+                )
 
     def _insert_messages(self, run: list[_Queued], refused: set[int]) -> list[bool | None]:
         """Each message's row inserted (a re-delivered copy in the same batch once); per message: newly stored,
@@ -476,7 +531,7 @@ class Collector:
                 new[i] = ok
         return new
 
-    def _aggregate(self, run: list[_Queued], new: list[bool | None]) -> _StreamUpdate:
+    def _aggregate(self, run: list[_Queued], new: list[bool | None], rewound: dict[int, int]) -> _StreamUpdate:
         """What the newly stored messages change: per stream its count, highest seq and time; per device its last
         seen, the latest message of each kind past every earlier one (of its latest birth's session) and the last
         non-null interval and bundle."""
@@ -508,7 +563,7 @@ class Collector:
             birth = agg.births.get(dk)
             if birth is not None and d.session != birth:  # another session than the latest birth's: history only
                 continue
-            if t is None or pos > t:  # only a message past every earlier one updates the device row
+            if t is None or pos > t or i in rewound:  # only a message past every earlier one updates the row
                 top[dk] = pos
                 agg.latest[(d.fleet, d.device, d.kind)] = (d.session, d.seq, i)
                 if m is not None and (m[-2] is not None or m[-1] is not None):  # kept by the row when null later
@@ -590,6 +645,9 @@ class Collector:
             if d.seq > (at or 0) + bound:
                 suspects.append(i)
             elif at is None or d.seq > at:
+                positions[k] = d.seq
+            elif d.seq + self.config.max_reorder < at and not d.historical:
+                self._rewound[i] = at  # the position is ahead of the real stream (see max_reorder)
                 positions[k] = d.seq
         if not suspects:
             return set()

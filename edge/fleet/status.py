@@ -49,8 +49,9 @@ def fleet_status(
             f"SELECT d.*, g.gap_missing, g.gap_received, f.reason AS flag_reason, f.session AS flag_session, "
             f"f.refused AS flag_refused, f.max_seq AS flag_max_seq, f.stream_seq AS flag_stream_seq, "
             f"f.last_at AS flag_at FROM devices d LEFT JOIN (SELECT fleet, device, "
-            f"sum(CAST(CASE WHEN max_seq > announced_seq THEN max_seq ELSE announced_seq END - received AS DOUBLE "
-            f"PRECISION)) AS gap_missing, sum(CAST(received AS DOUBLE PRECISION)) AS gap_received FROM streams "
+            f"sum(CASE WHEN max_seq > announced_seq AND max_seq > received THEN CAST(max_seq - received AS DOUBLE "
+            f"PRECISION) WHEN announced_seq > received THEN CAST(announced_seq - received AS DOUBLE PRECISION) "
+            f"ELSE 0 END) AS gap_missing, sum(CAST(received AS DOUBLE PRECISION)) AS gap_received FROM streams "
             f"{where} GROUP BY fleet, device) g ON g.fleet = d.fleet AND g.device = d.device "
             f"LEFT JOIN stream_flags f ON f.fleet = d.fleet AND f.device = d.device "
             f"{where.replace('fleet', 'd.fleet')} ORDER BY d.fleet, d.device",
