@@ -35,7 +35,7 @@ from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.mqtt.netloop import Backoff, NetworkLoop
-from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SqliteOutbox
+from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SpillOutbox, SqliteOutbox
 from edge.mqtt.ratelog import RateLimitedLog
 from edge.mqtt.session import DeviceSession, SessionOptions
 from edge.mqtt.topics import check_part
@@ -203,7 +203,7 @@ class Agent:
         self._source_desc = config.source
         self.loop: NetworkLoop | None = None
         self.session: DeviceSession | None = None
-        self.outbox: SqliteOutbox | None = None
+        self.outbox: SpillOutbox | None = None
         self.thermal: ThermalProbe | None = None
         self._meter = CpuMeter()
         self._last_tel = time.monotonic()
@@ -635,6 +635,8 @@ class Agent:
                 "pending_bytes": self.outbox.pending_bytes(),
                 "dropped_total": self.outbox.dropped_total,
                 "max_messages": self.outbox.max_messages,
+                "in_memory": self.outbox.memory.pending(),  # the disk refused them (disk_error): lost at a stop
+                "disk_error": self.outbox.disk_error,
             },
         }
 
@@ -716,10 +718,12 @@ class Agent:
 
                 self.app = AppSocket(Path(arg) if arg else cfg.store / "agent" / "app.sock").start()
                 self._source_desc = f"app:{self.app.path}"
-            self.outbox = SqliteOutbox(
-                cfg.store / "agent" / "outbox.sqlite",
-                max_messages=cfg.spool_max_messages,
-                max_bytes=cfg.spool_max_bytes,
+            self.outbox = SpillOutbox(  # memory beside the disk while the store's filesystem is full
+                SqliteOutbox(
+                    cfg.store / "agent" / "outbox.sqlite",
+                    max_messages=cfg.spool_max_messages,
+                    max_bytes=cfg.spool_max_bytes,
+                )
             )
             self.thermal = ThermalProbe()
             self.loop = NetworkLoop().start()

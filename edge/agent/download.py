@@ -10,6 +10,7 @@ caller gets a complete file whose sha256 is the one asked for, or a ``DownloadEr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -89,13 +90,28 @@ def fetch(
     limit = size if size is not None else options.max_bytes
     if _size(part) > limit:  # left by an older agent: never resumed past what may be written
         part.unlink(missing_ok=True)
+    disk_bound = False
     if size is not None:
         check_free(dest_dir, max(0, size - _size(part)))
+    else:  # no declared size: never more than the disk holds with its unpacked copy (an endless body ends here)
+        room = _size(part) + max(0, (shutil.disk_usage(dest_dir).free - DISK_MARGIN) // 2)
+        if room < limit:
+            limit = room
+            disk_bound = True
+            if _size(part) >= limit:
+                check_free(dest_dir, 1)  # nothing more fits: disk_full before any request
     try:
         return _fetch(url, part, done, sha256, size, limit, options, stop, progress)
     except DownloadError as e:
         if e.discard:
             part.unlink(missing_ok=True)
+        if isinstance(e, TooBig) and disk_bound:
+            raise DownloadError(
+                "disk_full",
+                f"artifact {_show(url)} declares no size and is over {limit} bytes, all the free disk in {dest_dir} "
+                "holds beside its unpacked copy; refused and deleted",
+                hint="free space on the device, or declare the artifact's size in the desired state",
+            ) from None
         raise
 
 
@@ -175,9 +191,13 @@ def _show(url: str) -> str:
     return f"{u.scheme}://{u.netloc}{u.path}"[:200]  # never the query: a presigned URL's signature stays out of logs
 
 
+class TooBig(DownloadError):
+    """The artifact is longer than what may be written (its declared size, else the cap or the free disk)."""
+
+
 def _too_big(url: str, total: int, limit: int, size: int | None) -> DownloadError:
     said = f"the desired state says {size}" if size is not None else f"at most {limit} are downloaded"
-    return DownloadError(
+    return TooBig(
         "download_failed", f"artifact {_show(url)} is over {total - 1} bytes, {said}; refused and deleted", discard=True
     )
 
@@ -259,22 +279,29 @@ def _copy(
     """Copy until the end of ``src``; a body longer than ``limit`` (the declared size, else the cap) is refused
     at the first byte past it (an endless body writes no more than the limit)."""
     url, most, size = limit
-    while True:
-        if stop is not None and stop.is_set():
-            raise DownloadError("download_failed", "download stopped")
-        if time.monotonic() > deadline:
-            raise DownloadError("timeout", "download deadline passed")
-        chunk = src.read(CHUNK)
-        if not chunk:
-            break
-        if have + len(chunk) > most:
-            raise _too_big(url, have + len(chunk), most, size)
-        out.write(chunk)
-        have += len(chunk)
-        if progress is not None:
-            progress(have, total)
-    out.flush()
-    os.fsync(out.fileno())
+    try:
+        while True:
+            if stop is not None and stop.is_set():
+                raise DownloadError("download_failed", "download stopped")
+            if time.monotonic() > deadline:
+                raise DownloadError("timeout", "download deadline passed")
+            chunk = src.read(CHUNK)
+            if not chunk:
+                break
+            if have + len(chunk) > most:
+                raise _too_big(url, have + len(chunk), most, size)
+            out.write(chunk)
+            have += len(chunk)
+            if progress is not None:
+                progress(have, total)
+        out.flush()
+        os.fsync(out.fileno())
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # another writer took the room meanwhile
+            raise DownloadError(
+                "disk_full", f"the disk filled while downloading {_show(url)}: {e.strerror}", discard=True
+            ) from None
+        raise
 
 
 PART_KEEP_S = 24 * 3600  # a partial download younger than this is kept at start, to be resumed

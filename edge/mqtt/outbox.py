@@ -13,10 +13,18 @@ the drop is counted (persistently), and telemetry reports it.
 loss the last commit or two may be lost (a full fsync per message would wear SD cards for
 little gain at one message every few seconds). ``MemoryOutbox`` has the same interface for
 the fleet simulator, where a thousand SQLite files would measure the disk, not the collector.
+
+``SpillOutbox`` is what the agent uses: the SQLite outbox, and a bounded memory one beside it for the
+messages the disk refuses (a full filesystem: SQLITE_FULL, ENOSPC). Ids stay one ascending sequence
+across both, so the stream is still replayed in order; the disk is tried again every ``retry_s``. Messages
+held in memory are lost if the agent stops before the disk takes writes again; telemetry says how many
+(``spool.in_memory``) and why (``spool.disk_error``). Before it, a full store stopped every message and the
+agent logged an internal error every second.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections import OrderedDict
@@ -26,6 +34,9 @@ from typing import Protocol
 
 DEFAULT_MAX_MESSAGES = 50_000  # ~70 h of telemetry at the default 5 s interval
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+MEMORY_MAX_BYTES = 16 * 1024 * 1024  # the most a SpillOutbox holds in memory while the disk refuses writes
+
+log = logging.getLogger("edge.mqtt")
 
 
 @dataclass(frozen=True)
@@ -101,26 +112,37 @@ class SqliteOutbox:
     def _tx(self) -> _Tx:
         return _Tx(self._db)
 
-    def append(self, topic: str, payload: bytes, conn_key: str | None) -> int:
+    def append(self, topic: str, payload: bytes, conn_key: str | None, row_id: int | None = None) -> int:
+        """Write one message (``row_id``: its id, above every id written before; default: the next one)."""
         size = len(payload)
-        with self._tx():
-            cur = self._db.execute(
-                "INSERT INTO outbox(topic, payload, conn_key, created) VALUES (?, ?, ?, ?)",
-                (topic, payload, conn_key, time.time()),
-            )
-            self._count += 1
-            self._bytes += size
-            dropped = 0
-            while self._count > self.max_messages or (self._bytes > self.max_bytes and self._count > 1):
-                row = self._db.execute("SELECT id, length(payload) FROM outbox ORDER BY id LIMIT 1").fetchone()
-                self._db.execute("DELETE FROM outbox WHERE id = ?", (row[0],))
-                self._count -= 1
-                self._bytes -= row[1]
-                dropped += 1
-            if dropped:
-                self._dropped += dropped
-                self._set_meta("dropped", self._dropped)
+        before = self._count, self._bytes, self._dropped
+        try:
+            with self._tx():
+                cur = self._db.execute(
+                    "INSERT INTO outbox(id, topic, payload, conn_key, created) VALUES (?, ?, ?, ?, ?)",
+                    (row_id, topic, payload, conn_key, time.time()),
+                )
+                self._count += 1
+                self._bytes += size
+                dropped = 0
+                while self._count > self.max_messages or (self._bytes > self.max_bytes and self._count > 1):
+                    row = self._db.execute("SELECT id, length(payload) FROM outbox ORDER BY id LIMIT 1").fetchone()
+                    self._db.execute("DELETE FROM outbox WHERE id = ?", (row[0],))
+                    self._count -= 1
+                    self._bytes -= row[1]
+                    dropped += 1
+                if dropped:
+                    self._dropped += dropped
+                    self._set_meta("dropped", self._dropped)
+        except BaseException:  # rolled back (or the commit failed): the counts are what the file holds
+            self._count, self._bytes, self._dropped = before
+            raise
         return int(cur.lastrowid or 0)
+
+    def last_id(self) -> int:
+        """The highest id ever given (AUTOINCREMENT never reuses one, even after its row is acknowledged)."""
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+        return int(row[0]) if row else 0
 
     def peek(self, after_id: int, limit: int) -> list[OutboxRow]:
         rows = self._db.execute(
@@ -178,9 +200,9 @@ class MemoryOutbox:
         self._session = max(self._session + 1, int(time.time()))
         return self._session
 
-    def append(self, topic: str, payload: bytes, conn_key: str | None) -> int:
-        rid = self._next_id
-        self._next_id += 1
+    def append(self, topic: str, payload: bytes, conn_key: str | None, row_id: int | None = None) -> int:
+        rid = self._next_id if row_id is None else row_id
+        self._next_id = rid + 1
         self._rows[rid] = OutboxRow(rid, topic, payload, conn_key, time.time())
         self._bytes += len(payload)
         while len(self._rows) > self.max_messages or (self._bytes > self.max_bytes and len(self._rows) > 1):
@@ -197,6 +219,9 @@ class MemoryOutbox:
                 if len(out) >= limit:
                     break
         return out
+
+    def holds(self, row_id: int) -> bool:
+        return row_id in self._rows
 
     def ack(self, row_id: int) -> None:
         row = self._rows.pop(row_id, None)
@@ -215,3 +240,107 @@ class MemoryOutbox:
 
     def close(self) -> None:
         self._rows.clear()
+
+
+class SpillOutbox:
+    """The SQLite outbox, and memory beside it while the disk refuses writes (see the module's docstring)."""
+
+    def __init__(self, disk: SqliteOutbox, *, retry_s: float = 30.0, memory_max_bytes: int = MEMORY_MAX_BYTES) -> None:
+        self.disk = disk
+        self.max_messages, self.max_bytes = disk.max_messages, disk.max_bytes
+        self.memory = MemoryOutbox(max_messages=disk.max_messages, max_bytes=min(disk.max_bytes, memory_max_bytes))
+        self.retry_s = retry_s
+        self.disk_error: str | None = None  # why the last write to the disk failed; None while it takes them
+        self.spilled_total = 0  # messages kept in memory because the disk refused them
+        self._retry_at = 0.0
+        self._next = disk.last_id() + 1
+        self._ack_later: set[int] = set()  # acknowledged rows the disk would not delete yet (skipped by peek)
+        self._session = 0
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        if self.disk_error is None:
+            log.warning(
+                "outbox %s: %s failed (%s): messages are kept in memory (at most %d MiB) until the disk takes "
+                "writes again; they are lost if the agent stops before",
+                self.disk.path,
+                what,
+                e,
+                self.memory.max_bytes >> 20,
+            )
+        self.disk_error = f"{type(e).__name__}: {str(e)[:200]}"
+        self._retry_at = time.monotonic() + self.retry_s
+
+    def _disk_ok(self) -> bool:
+        return self.disk_error is None or time.monotonic() >= self._retry_at
+
+    def next_session(self) -> int:
+        try:
+            self._session = self.disk.next_session()
+        except (sqlite3.Error, OSError) as e:  # a full disk at start: a session from the clock, as the disk's is
+            self._failed("counting the session", e)
+            self._session = max(self._session + 1, int(time.time()))
+        return self._session
+
+    def append(self, topic: str, payload: bytes, conn_key: str | None) -> int:
+        rid = self._next
+        self._next = rid + 1
+        if self._disk_ok():
+            try:
+                self.disk.append(topic, payload, conn_key, row_id=rid)
+            except (sqlite3.Error, OSError) as e:
+                self._failed("a write", e)
+            else:
+                if self.disk_error is not None:
+                    log.info(
+                        "outbox %s takes writes again (%d message(s) in memory)", self.disk.path, self.memory.pending()
+                    )
+                self.disk_error = None
+                self._retry_acks()
+                return rid
+        self.memory.append(topic, payload, conn_key, row_id=rid)
+        self.spilled_total += 1
+        return rid
+
+    def _retry_acks(self) -> None:
+        for rid in sorted(self._ack_later):
+            try:
+                self.disk.ack(rid)
+            except (sqlite3.Error, OSError):
+                return
+            self._ack_later.discard(rid)
+
+    def peek(self, after_id: int, limit: int) -> list[OutboxRow]:
+        rows = [r for r in self.disk.peek(after_id, limit + len(self._ack_later)) if r.id not in self._ack_later]
+        rows += self.memory.peek(after_id, limit)
+        rows.sort(key=lambda r: r.id)
+        return rows[:limit]
+
+    def ack(self, row_id: int) -> None:
+        if self.memory.holds(row_id):
+            self.memory.ack(row_id)
+            return
+        try:
+            self.disk.ack(row_id)
+        except (sqlite3.Error, OSError) as e:  # deleted later; never sent again meanwhile
+            self._failed("an acknowledgement", e)
+            self._ack_later.add(row_id)
+
+    def pending(self) -> int:
+        return self.disk.pending() - len(self._ack_later) + self.memory.pending()
+
+    def pending_bytes(self) -> int:
+        return self.disk.pending_bytes() + self.memory.pending_bytes()
+
+    @property
+    def dropped_total(self) -> int:
+        return self.disk.dropped_total + self.memory.dropped_total
+
+    def close(self) -> None:
+        if self.memory.pending():
+            log.warning(
+                "outbox %s: %d message(s) held in memory (the disk refused them) are lost",
+                self.disk.path,
+                self.memory.pending(),
+            )
+        self.disk.close()
+        self.memory.close()
