@@ -10,7 +10,16 @@ from edge.capabilities import Host
 from edge.errors import PrecisionError, TargetError
 from edge.targets import ENV_VAR, builtin_dir, get_target, load_targets, parse_profile, same_device_class
 
-SHIPPED = {"jetson-orin", "apple-ane", "intel-igpu", "arm-xnnpack", "coral-edgetpu", "x86-cpu"}
+SHIPPED = {
+    "jetson-orin",
+    "apple-ane",
+    "intel-igpu",
+    "arm-xnnpack",
+    "coral-edgetpu",
+    "x86-cpu",
+    "ethos-u55",
+    "ethos-u65",
+}
 
 VALID = """
 schema_version = 1

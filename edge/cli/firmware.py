@@ -10,7 +10,10 @@ import typer
 from edge.cli._common import JsonOut, command, console, print_json
 from edge.errors import EdgeError
 
-app = typer.Typer(help="Device-image helpers: a .tflite as a C array for TensorFlow Lite Micro.", no_args_is_help=True)
+app = typer.Typer(
+    help="Device-image helpers: a .tflite as a C array for TensorFlow Lite Micro; an Ethos-U bundle for its driver.",
+    no_args_is_help=True,
+)
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2}
 
@@ -67,4 +70,40 @@ def c_array_cmd(
     budget = f", {res.budget_used:.0%} of the {res.max_bytes:,}-byte budget" if res.max_bytes else ""
     console.print(
         f"wrote {res.cc} and {res.header}: {res.name}[{res.size:,}] (16-byte aligned){budget}", highlight=False
+    )
+
+
+@app.command("ethos-u")
+@command
+def ethos_u_cmd(
+    bundle: Path = typer.Argument(..., help="An Ethos-U bundle (edgekit convert -t ethos-u55 / ethos-u65)."),
+    output: Path = typer.Option(Path("."), "--output", "-o", help="The directory to write into."),
+    name: str | None = typer.Option(
+        None, "--name", help="Array name (default: g_<bundle id>_model_data).", show_default=False
+    ),
+    as_json: bool = JsonOut,
+) -> None:
+    """Write an Ethos-U bundle's Vela-compiled model as a C array for TensorFlow Lite Micro with the Ethos-U
+    driver, and a header with the tensor arena size and Vela's estimate (an estimate, not a measurement)."""
+    from edge.backends.ethosu.firmware import write_firmware
+
+    fw = write_firmware(bundle, output, name=name)
+    data = {
+        "cc": str(fw.model_cc),
+        "header": str(fw.model_h),
+        "ethosu_header": str(fw.ethosu_h),
+        "name": fw.name,
+        "bytes": fw.bytes,
+        "arena_bytes": fw.arena_bytes,
+        "ops": list(fw.ops),
+        "estimate": fw.estimate,
+    }
+    if as_json:
+        print_json(data)
+        return
+    e = fw.estimate
+    console.print(
+        f"wrote {fw.model_cc}, {fw.model_h} and {fw.ethosu_h}: {fw.name}[{fw.bytes:,}], arena {fw.arena_bytes:,} "
+        f"bytes; {e['label']}: {e['inferences_per_second']:.1f} inferences/s at {e['clock_hz'] / 1e6:.0f} MHz",
+        highlight=False,
     )

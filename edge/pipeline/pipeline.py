@@ -34,6 +34,7 @@ from edge.errors import (
     InputFileError,
     MissingDependencyError,
     ModelError,
+    ParityError,
     PrecisionError,
     TargetError,
 )
@@ -519,7 +520,6 @@ def _fp16_proxy_gate(job: _Job, stage: Path, manifest: dict[str, Any], reference
     every intermediate rounded to fp16 (``edge.verify.fp16proxy``), beside the f32 figure; a failure stops the
     conversion like parity's. The bundle's prepared ONNX where it ships one, else the ONNX source."""
     from edge.backends.runner import RUNNERS
-    from edge.errors import ParityError
     from edge.verify.fp16proxy import LABEL, run_fp16_proxy
 
     if job.plan.precision != "fp16" or not getattr(RUNNERS.get(job.profile.runner), "computes_fp16", False):

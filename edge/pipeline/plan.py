@@ -286,10 +286,15 @@ def runnable_here(target: TargetProfile, host: Host | None = None, runner: str |
         )
     if target.run_place.needs_gpu and not host.nvidia_gpu:
         found.append("needs an NVIDIA GPU, this host has none")
-    if target.run_place.needs_device:
-        found.append(f"needs the device's accelerator ({target.accelerator})")
     try:
-        found += problems(RUNNERS.get(runner).requires, host)
+        cls = RUNNERS.get(runner)
+        if target.run_place.needs_device:
+            # a runner that can check for its accelerator says exactly what is missing (and None when it is here)
+            check = getattr(cls, "device_problem", None)
+            why = check() if callable(check) else ""
+            if why is not None:
+                found.append(f"needs the device's accelerator ({target.accelerator})" + (f": {why}" if why else ""))
+        found += problems(cls.requires, host)
     except UnknownBackendError:
         found.append(f"runner {runner!r} is not in edgekit {edge.__version__}")
     return "; ".join(found) if found else None

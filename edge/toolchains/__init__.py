@@ -127,6 +127,20 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         # named for Core ML first; it holds torch, which every PyTorch source needs, whatever the target
         former_names=("coreml",),
     ),
+    "vela": ToolchainSpec(
+        name="vela",
+        purpose="Arm's Vela compiler: full-integer TFLite -> Ethos-U55/U65 TFLite for the tflite->ethos-u converter",
+        # ethos-u-vela 5.2.0 (newest) needs numpy and flatbuffers only; its own pins, written out
+        requirements=("ethos-u-vela==5.2.0", "flatbuffers==25.12.19", "numpy==2.4.6"),
+        lock="vela.lock",
+        lock_platform="linux-x86_64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 13),
+        imports=("ethosu.vela",),
+        programs=("vela",),
+        versions=("ethos-u-vela",),
+        size_hint="about 60 MB on disk, about 1 min",
+    ),
     "aarch64": ToolchainSpec(
         name="aarch64",
         purpose="an emulated aarch64 device (qemu-user, Debian arm64, the aarch64 LiteRT/onnxruntime wheels) for "

@@ -158,7 +158,10 @@ class LiteRTRunner(Runner):
     device_options = {
         "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
         f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
-        "bundle's manifest"
+        "bundle's manifest",
+        "external_delegate": "an absolute path: a LiteRT delegate library loaded for the model in place of "
+        "the delegate option (a vendor NPU's, e.g. the Ethos-U delegate of edge.backends.ethosu); device "
+        "configuration only",
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
@@ -199,7 +202,10 @@ class LiteRTRunner(Runner):
         sidecar = load_sidecar(path)
         if latest:
             ld.details["xnnpack_latest_features"] = True
-        if delegate == "edgetpu":
+        external = self._options.get("external_delegate")
+        if external:
+            self._it, device_used, precision_used = self._open_external(ld, str(external))
+        elif delegate == "edgetpu":
             self._it, device_used, precision_used = self._open_edgetpu(ld, sidecar, typed)
         elif delegate == "xnnpack":
             # with latest features the XNNPack delegate is the interpreter's explicit one: the resolver then carries
@@ -239,6 +245,23 @@ class LiteRTRunner(Runner):
             fallback=ld.fallback,
             details=ld.details,
         )
+
+    def _open_external(self, ld: _Loading, library: str) -> tuple[Any, str, str]:
+        """The interpreter with a vendor's delegate library (``external_delegate``): loaded or one line."""
+        from ai_edge_litert.interpreter import OpResolverType, load_delegate
+
+        if not os.path.isabs(library) or not os.path.isfile(library):
+            raise HardwareUnavailableError(f"runner 'litert': delegate library {library} is not a file")
+        try:
+            with captured_stderr() as lines:
+                d = load_delegate(library)
+        except (ValueError, OSError) as e:
+            raise HardwareUnavailableError(
+                f"runner 'litert': delegate {library} did not load: {str(e)[:200]} {' '.join(lines)[-200:]}"
+            ) from None
+        ld.details["delegate_applied"] = library
+        it = ld.interpreter(ld.path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES, [d])
+        return it, f"external delegate ({Path(library).name})", _precision_of(it)
 
     def _open_edgetpu(
         self, ld: _Loading, sidecar: Mapping[str, Any] | None, typed: LiteRTOptions
