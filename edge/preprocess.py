@@ -137,9 +137,12 @@ class Preprocessor:
         else:
             if self.swap:
                 img = img[..., ::-1]
-            np.multiply(img, self._mul, out=self._hwc, casting="unsafe")
-            self._hwc += self._add
-            np.copyto(out[0], self._hwc, casting="unsafe")
+            direct = self.dtype == np.float32  # straight into the output; else in float32, then cast once
+            hwc = out[0] if direct else self._hwc
+            np.multiply(img, self._mul, out=hwc, casting="unsafe")
+            hwc += self._add
+            if not direct:
+                np.copyto(out[0], hwc, casting="unsafe")
         return out, tf
 
 

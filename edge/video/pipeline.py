@@ -284,9 +284,9 @@ class _Pipeline:
         fresh = median["decode"] + median["preprocess"] + remaining
         return fresh < (self.job.budget_ns or 0) and now + remaining > deadline
 
-    def infer(self, me: str, runner: Any) -> None:
+    def infer(self, me: str, runner: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> None:
         job = self.job
-        infer, name = runner.infer, job.input_name
+        infer, name = runner, job.input_name
         try:
             while (item := self._take(me)) is not None and item is not _END:
                 job.current[me] = item.index
@@ -366,7 +366,7 @@ class _Pipeline:
             bodies.append(("preprocess", "preprocess", self.preprocess, ()))
         bodies += [
             ("infer", "infer" if self.workers == 1 else f"infer-{k}", self.infer, (r,))
-            for k, r in enumerate(job.runners)
+            for k, r in enumerate(job.infers)
         ]
         if not self.compact:
             bodies.append(("postprocess", "postprocess", self.postprocess, ()))

@@ -88,6 +88,7 @@ class VideoReport:
     #: thread name -> {"input_ms": blocked waiting for a frame (or the source's pace), "output_ms": waiting to hand
     #: one on (a full queue, offline; no free input buffer)}, summed over the run
     waits: dict[str, dict[str, float]] = field(default_factory=dict)
+    native_input: bool = False  # frames pre-processed into the runner's own input layout (LiteRT's NHWC)
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
     load_avg: float | None = field(default_factory=lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     error: BaseException | None = field(default=None, repr=False, compare=False)  # the failing stage's exception
@@ -331,6 +332,7 @@ class VideoReport:
             "interrupted": self.interrupted,
             "hung_threads": self.hung_threads,
             "threads": self.threads,
+            "native_input": self.native_input,
             "waits": {k: {n: round(v, 1) for n, v in w.items()} for k, w in self.waits.items()},
             "cpus": self.cpus,
             "load_avg": None if self.load_avg is None else round(self.load_avg, 2),

@@ -24,7 +24,7 @@ def run_sequential(
     total = expected_frames(job)
     try:
         job.open()
-        pre, post, infer, name = job.pre, job.post, job.runners[0].infer, job.input_name
+        pre, post, infer, name = job.pre, job.post, job.infers[0], job.input_name
         buf = pre.new_output()
         stage = "decode"
         interrupted = False

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -19,6 +20,7 @@ from edge.errors import EdgeError, ModelError
 from edge.graph.samples import build_yolo_detector
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
+from edge.preprocess import Preprocessor
 from edge.video import PipelineError, PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.sources import ImageDirSource, write_synthetic_clip
 
@@ -323,3 +325,30 @@ def test_would_be_late_predicts_from_recent_stage_times(cls_bundle: Bundle, monk
         job.samples["infer"].extend([8 * ms] * 15)  # 1 + 1 + 8 + 1 ms: now even a fresh frame misses 10 ms,
         assert not pipe._would_be_late(now + 3 * ms)  # so process it late rather than drop every frame
         assert pipe._would_be_late(now - 1)
+
+
+@pytest.mark.corpus_full  # a TFLite conversion: 30 s to 4 min on 2 shared cores
+def test_a_litert_bundle_is_fed_nhwc_frames_as_it_takes_them(clip: Path, tmp_path: Path) -> None:
+    # the letterbox makes HWC pixels and the .tflite takes NHWC: the pipeline pre-processes straight into its
+    # layout (no NCHW planes, no copy back to NHWC in the runner) and the results are those of the NCHW path
+    from edge.toolchains import status
+
+    pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
+    if not status("tflite").usable:
+        pytest.skip(f"needs the tflite toolchain: {status('tflite').problem}")
+    model = build_yolo_detector(tmp_path / "det.onnx", **SMALL_DET)
+    b = convert(model, "arm-xnnpack", tmp_path / "det-tfl", ConvertRequest(preprocess="yolo", parity_samples=2))
+    out = tmp_path / "det.jsonl"
+    with open_source(video=clip) as src:
+        r = run_pipeline(b, src, PipelineOptions(out=out, max_frames=5))
+    assert r.native_input and r.processed == 5 and r.failure is None, r.to_json()
+    frame = np.random.default_rng(0).integers(0, 255, (120, 160, 3), dtype=np.uint8)
+    spec = b.preprocess
+    assert spec is not None and spec.layout == "NCHW"
+    nchw, _ = Preprocessor(spec, src_color="BGR")(frame)
+    nhwc, _ = Preprocessor(replace(spec, layout="NHWC"), src_color="BGR")(frame)
+    with b.open_runner() as runner:
+        want, got = runner.infer({spec.input: nchw}), runner.infer_from_native({spec.input: nhwc})
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)

@@ -423,6 +423,11 @@ class LiteRTRunner(Runner):
             else:
                 it.set_tensor(p.index, x)
         it.invoke()
+        return self._outputs()
+
+    def _outputs(self) -> dict[str, np.ndarray]:
+        """The outputs as ``outputs`` describes them (dequantized, in the source's layout), copies."""
+        it = self._it
         out: dict[str, np.ndarray] = {}
         for q in self._out:
             y = it.get_tensor(q.index)
@@ -446,6 +451,18 @@ class LiteRTRunner(Runner):
             it.set_tensor(index, feeds[name])
         it.invoke()
         return {q.name: it.get_tensor(q.index) for q in self._out}
+
+    def infer_from_native(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs in the .tflite's own layout and dtype (:attr:`native_inputs`), outputs as :meth:`infer` gives
+        them: for a video pipeline that pre-processes straight into NHWC (no NCHW -> NHWC copy a frame)."""
+        self.check_open()
+        if self._following is not None and self._following.follower.due():
+            self._follow_load(self._following)
+        it = self._it
+        for name, (index, _shape, _dtype) in self._native_inputs.items():
+            it.set_tensor(index, feeds[name])
+        it.invoke()
+        return self._outputs()
 
     @property
     def native_inputs(self) -> tuple[TensorSpec, ...]:
