@@ -432,6 +432,37 @@ def load_targets(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> dict[str,
     return dict(sorted(found.items()))
 
 
+_QAIRT = (
+    "LiteRT's Qualcomm NPU compiler plugin (in ai-edge-litert 2.3) links QAIRT's libQnnHtp/libQnnIr/libQnnLpai/"
+    "libQnnSaver/libQnnSystem.so, which ai-edge-litert-sdk-qualcomm downloads from Qualcomm's site when it is "
+    "built, not from a package registry: no offline install, so no Snapdragon/Hexagon NPU target"
+)
+_NEUROPILOT = (
+    "LiteRT's MediaTek NPU compiler plugin (in ai-edge-litert 2.3) needs NeuroPilot's libneuron_adapter.so, which "
+    "ai-edge-litert-sdk-mediatek downloads from MediaTek's storage when it is built, not from a package registry: "
+    "no offline install, so no Dimensity NPU target"
+)
+#: names a user may try that are not targets, and why (one line; docs/targets.md "Runtimes that are not targets")
+NOT_TARGETS: dict[str, str] = {
+    **dict.fromkeys(("qualcomm-npu", "qualcomm", "snapdragon", "hexagon", "qnn", "snpe", "qairt"), _QAIRT),
+    **dict.fromkeys(("mediatek-npu", "mediatek", "dimensity", "neuropilot", "apu"), _NEUROPILOT),
+    **dict.fromkeys(
+        ("nnapi", "android-nnapi"),
+        "Android NNAPI is deprecated since Android 15 and runs only inside an Android app: convert for "
+        "arm-xnnpack (LiteRT) and let the app choose its delegate",
+    ),
+    **dict.fromkeys(
+        ("tfjs", "tensorflow-js", "tensorflowjs"),
+        "TensorFlow.js runs in a browser or Node.js, outside the device agent: no runner here to verify a bundle with",
+    ),
+    **dict.fromkeys(
+        ("tvm", "iree", "mlir"),
+        "a compiler stack, not a device: TVM/IREE compile for a CPU/GPU that an existing target already covers, "
+        "with their own tuning; not wrapped",
+    ),
+}
+
+
 def get_target(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> TargetProfile:
     dirs = search_path(extra_dirs)
     for d in dirs:
@@ -439,6 +470,11 @@ def get_target(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> 
         if f.is_file():
             return parse_profile(f)
     names = sorted({f.stem for d in dirs for f in d.glob("*.toml")})
+    if name.lower() in NOT_TARGETS:
+        raise TargetError(
+            f"{name!r} is not a target: {NOT_TARGETS[name.lower()]}",
+            hint="docs/targets.md, 'Runtimes that are not targets'; known targets: " + ", ".join(names),
+        )
     raise TargetError(
         f"unknown target {name!r}; {did_you_mean(name, names)}known targets: {', '.join(names)}",
         hint="add your own with --targets-dir or " + ENV_VAR,
