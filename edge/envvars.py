@@ -37,6 +37,14 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "edge.toolchains.state",
     ),
     EnvVar(
+        "EDGEKIT_PARITY_TIMEOUT_S",
+        "Build host",
+        "The most seconds an ONNX source may run as parity's reference, over all its samples; past it the "
+        "conversion stops in one line (a `Loop` whose trip count never ends).",
+        "300",
+        "edge.verify.parity",
+    ),
+    EnvVar(
         "EDGEKIT_DEBIAN_MIRROR",
         "Build host",
         "The Debian mirror `edgekit toolchain install aarch64` lays the arm64 root out from.",

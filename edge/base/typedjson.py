@@ -397,6 +397,7 @@ def to_json(obj: Any) -> Any:
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
+_DOTTED = re.compile(r"[\w-]*(?:[ \t]*\.[ \t]*[\w-]*)+")
 
 
 def loads_strict(text: str, *, max_depth: int, allow_nan: bool = False) -> Any:
@@ -680,8 +681,14 @@ def loads_toml_strict(text: str, *, max_depth: int = FILE_DEPTH) -> dict[str, An
     except ImportError:  # pragma: no cover - 3.10
         import tomli as tomllib
 
+    bare = _TOML_SKIP.sub("", text)
+    # a dotted key (a.b.c = 1, [a.b.c]) nests as deep as its parts: tomllib builds it in quadratic time (20,000
+    # parts in 40 kB ran for minutes), so its parts count toward the depth before anything is parsed
+    for run in _DOTTED.findall(bare):
+        if run.count(".") >= max_depth:
+            raise Invalid("", f"a dotted key nested deeper than {max_depth} levels")
     depth = deepest = 0
-    for b in _BRACKETS.findall(_TOML_SKIP.sub("", text)):
+    for b in _BRACKETS.findall(bare):
         depth = max(0, depth + (1 if b in "[{" else -1))
         deepest = max(deepest, depth)
         if deepest > max_depth:

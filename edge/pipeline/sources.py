@@ -23,6 +23,7 @@ not know with the kinds it does.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -425,7 +426,8 @@ class OpenVINOSource(Source):
     def __post_init__(self) -> None:
         self.format = "openvino-ir"
         self.bin = self.path.with_suffix(".bin")
-        head = self.path.read_bytes()[:4096]
+        with open(self.path, "rb") as f:  # the head only: an IR's XML can be large
+            head = f.read(4096)
         if b"<net" not in head:
             raise InputFileError(f"{self.path} is XML but not an OpenVINO IR (no <net> element at the top)")
         if not self.bin.is_file():
@@ -674,6 +676,14 @@ def open_source(model: str | os.PathLike[str]) -> Source:
             )
         what = "a Core ML package" if p.suffix == ".mlpackage" else "a directory"
         raise InputFileError(f"{p} is {what}, not a model file edgekit reads", hint="edgekit reads " + ", ".join(KINDS))
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        raise InputFileError(f"cannot read {p}: {e.strerror}") from None
+    if not stat.S_ISREG(mode):  # a FIFO would block every open, /dev/zero would be read until memory runs out
+        raise InputFileError(
+            f"{p} is not a regular file (a FIFO, device or socket)", hint="name a model file: " + ", ".join(KINDS)
+        )
     head = _magic(p)
     if head[:4] == b"GGUF" or p.suffix.lower() == ".gguf":
         return GGUFSource(p)

@@ -18,6 +18,8 @@ is the one judgement of a set of figures (the manifest gate recomputes with it).
 from __future__ import annotations
 
 import math
+import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,6 +28,7 @@ import numpy as np
 
 from edge.backends.runner import Runner
 from edge.capabilities import CpuIsa, cpu_isa
+from edge.errors import EdgeError, ModelError
 from edge.verify.tasks import (
     TaskFigures,
     TaskGuess,
@@ -603,16 +606,53 @@ def _ort_version() -> str:
 
 #: who computes the reference for an ONNX source
 REFERENCE = f"onnxruntime {_ort_version()} fp32 CPUExecutionProvider"
+#: how long the source may run as parity's reference over all its samples before it is stopped (seconds)
+REFERENCE_TIMEOUT_S = 300.0
+
+
+def reference_timeout_s() -> float:
+    """How long the source may run as parity's reference, over every sample: ``$EDGEKIT_PARITY_TIMEOUT_S``, else
+    :data:`REFERENCE_TIMEOUT_S`."""
+    raw = os.environ.get("EDGEKIT_PARITY_TIMEOUT_S", "").strip()
+    try:
+        value = float(raw) if raw else REFERENCE_TIMEOUT_S
+    except ValueError:
+        raise EdgeError(f"$EDGEKIT_PARITY_TIMEOUT_S is {raw[:40]!r}, not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise EdgeError(f"$EDGEKIT_PARITY_TIMEOUT_S must be > 0 seconds, got {raw[:40]!r}")
+    return value
 
 
 def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The source's outputs on ``samples`` in onnxruntime, within :func:`reference_timeout_s` (a ``Loop`` whose trip
+    count is 10^15 runs for ever: onnxruntime's terminate flag stops it, and the model is refused in one line)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     sess = ort.InferenceSession(str(source_onnx), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return [dict(zip(names, sess.run(names, dict(s)))) for s in samples]
+    limit = reference_timeout_s()
+    run_options = ort.RunOptions()
+
+    def stop() -> None:
+        run_options.terminate = True
+
+    timer = threading.Timer(limit, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        return [dict(zip(names, sess.run(names, dict(s), run_options))) for s in samples]
+    except Exception:
+        if run_options.terminate:
+            raise ModelError(
+                f"the source model ran longer than {limit:g} s on {len(samples)} parity "
+                "sample(s) and was stopped (a Loop that does not end?)",
+                hint="set $EDGEKIT_PARITY_TIMEOUT_S for a model that is only slow",
+            ) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def check_parity(

@@ -21,7 +21,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge.base.typedjson import read_bounded
 from edge.errors import EdgeError, InputFileError
+
+#: the largest .tflite made into a C array: far past any microcontroller's flash
+MAX_MODEL_BYTES = 1 << 30
 
 _TEMPLATE_NAME = "tflm_model_data.cc.tmpl"
 _BUILTIN_TEMPLATE = """\
@@ -112,13 +116,13 @@ def write_c_array(
 ) -> CArray:
     """Write ``output`` (.cc/.c) and its header beside it; refuse non-TFLite input and over-budget models."""
     import edge
-    from edge.backends.litert.format import check_tflite_bytes
+    from edge.backends.litert.format import verify_tflite_bytes
 
     src = Path(model)
     if not src.is_file():
         raise InputFileError(f"{src} does not exist" if not src.exists() else f"{src} is not a file")
-    data = src.read_bytes()
-    check_tflite_bytes(data, str(src))
+    data = read_bounded(src, max_bytes=MAX_MODEL_BYTES, what="TFLite model")  # a FIFO or /dev/zero is refused
+    verify_tflite_bytes(data, str(src))  # as convert holds a .tflite to: a fuzzed one is no firmware
     if max_bytes is not None:
         if max_bytes <= 0:
             raise EdgeError(f"--max-bytes must be > 0, got {max_bytes}")

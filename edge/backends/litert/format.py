@@ -59,6 +59,54 @@ def check_tflite_bytes(data: bytes, origin: str) -> None:
         )
 
 
+def verify_tflite_bytes(data: bytes, origin: str) -> None:
+    """What ``convert`` holds a .tflite to before it reads one (``edgekit firmware c-array`` too): the identifier
+    and root (:func:`check_tflite_bytes`), every table the flatbuffer's object API unpacks (tensor, buffer,
+    subgraph and op-code indices), and LiteRT's own flatbuffer verifier where LiteRT is installed. An op LiteRT
+    does not know (a TFLite Micro custom op) is not a damaged file. InputFileError naming ``origin`` otherwise."""
+    check_tflite_bytes(data, origin)
+    try:
+        from edge.backends.litert.rewrite import load
+
+        model = load(data)
+        if not model.subgraphs:
+            raise InputFileError(f"{origin} is a TFLite flatbuffer with no subgraph")
+
+        def seq(x: Any) -> list[Any]:  # the object API holds index lists as numpy arrays, absent ones as None
+            return list(x) if x is not None else []
+
+        for g in model.subgraphs:
+            tensors, ops = seq(g.tensors), seq(g.operators)
+            used = [*seq(g.inputs), *seq(g.outputs)]
+            used += [i for op in ops for i in (*seq(op.inputs), *seq(op.outputs))]
+            if any(not -1 <= int(i) < len(tensors) for i in used):
+                raise InputFileError(f"{origin} is a corrupt TFLite flatbuffer: a tensor index is out of range")
+            if any(not 0 <= int(op.opcodeIndex) < len(seq(model.operatorCodes)) for op in ops):
+                raise InputFileError(f"{origin} is a corrupt TFLite flatbuffer: an op-code index is out of range")
+            if any(not 0 <= int(t.buffer) < len(seq(model.buffers)) for t in tensors):
+                raise InputFileError(f"{origin} is a corrupt TFLite flatbuffer: a buffer index is out of range")
+    except InputFileError:
+        raise
+    except ImportError:
+        return
+    except Exception as e:  # noqa: BLE001 - a flatbuffer that does not unpack is a bad input file
+        raise InputFileError(
+            f"{origin} has a TFLite identifier but does not parse as a TFLite model: {type(e).__name__}: {str(e)[:120]}"
+        ) from None
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        return
+    try:
+        Interpreter(model_content=bytes(data))  # builds through tflite::FlatBufferModel's verifier
+    except ValueError as e:
+        text = str(e)
+        if "custom op" in text.lower() or "unresolved" in text.lower():
+            return
+        line = next((x.strip() for x in text.splitlines() if x.strip()), "rejected")
+        raise InputFileError(f"{origin} is not a TFLite model LiteRT accepts: {line[:160]}") from None
+
+
 def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
     p = Path(path)
     if not p.is_file():
