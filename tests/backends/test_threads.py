@@ -426,6 +426,10 @@ def test_openvino_compiles_again_when_the_load_arrives(
     from edge.backends.openvino.run import OpenVINORunner
 
     idle(monkeypatch)
+    # A compile may take a moment before the next one (REBUILD_SHARE: 100x the last one's time): on a loaded host
+    # the first compile of even this model can take 0.1-0.3 s, and the wait then outran the loop below (the
+    # test failed under load, issue #30). That rule has its own tests; here the wait is the compile time itself.
+    monkeypatch.setattr(threads_mod, "REBUILD_SHARE", 1.0)
     with OpenVINORunner(models["tiny"], options={"load_recheck_s": 0.1}) as r:
         name = r.inputs[0].name
         x = np.linspace(-1, 1, int(np.prod(r.inputs[0].shape)), dtype=np.float32).reshape(r.inputs[0].shape)
@@ -433,7 +437,7 @@ def test_openvino_compiles_again_when_the_load_arrives(
         assert r.info.details["threads_policy"]["threads_from"] == "default"
         child = busy_child()
         try:
-            stop = time.monotonic() + 10
+            stop = time.monotonic() + 60  # ends at the first re-plan: a bound for a hang, not a timing
             while time.monotonic() < stop and not r.info.details["threads_policy"]["replans"]:
                 r.infer({name: x})
         finally:
