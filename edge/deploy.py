@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.bundle.bundle import Bundle
-from edge.errors import EdgeError
+from edge.errors import BudgetError, EdgeError
 from edge.pipeline.request import ConvertRequest
 from edge.store import (  # noqa: F401
     BUNDLES,
@@ -31,6 +31,8 @@ from edge.store import (  # noqa: F401
     symlink_atomic,
 )
 from edge.targets import get_target
+from edge.tune.budget import SEARCH_TIME_S, not_searched
+from edge.tune.verdict import VerdictOptions
 
 log = logging.getLogger("edge.deploy")
 
@@ -52,6 +54,8 @@ class DeployResult:
     tune: dict[str, Any] | None = None
     #: the tune overlay this bundle was converted with (``--tuned`` or ``--tune``), one line; None without one
     tuned_applied: str | None = None
+    #: the budget search that chose this bundle's configuration (the manifest's ``budget_search``); None: not run
+    budget_search: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +69,7 @@ class DeployResult:
             "device_class": self.device_class,
             "tuned_applied": self.tuned_applied,
             "tune": self.tune,
+            "budget_search": self.budget_search,
             "notes": self.notes,
         }
 
@@ -125,7 +130,10 @@ class DeployOptions:
     ship even when p99 is over budget. ``allow_cpu_fallback``: the benchmark may run on the runner's CPU
     fallback. ``sign_key``: sign with it (else ``$EDGEKIT_SIGN_KEY`` when set). ``trust``: the trust store the
     bundle must be signed for. ``tune``: True or an ``edge.tune.search.TuneOptions``: tune first and deploy the
-    winner's overlay. ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated
+    winner's overlay. ``verdict``: how the budget verdict is measured (``edge.tune.verdict``: steady state, a
+    marginal miss measured again, the load recorded). ``budget_search``: when the default configuration misses the
+    budget where the budget gates, search for one within it (``edge.tune.budget``, at most ``search_time_s``) and
+    ship it. ``isa_check``: for a target whose devices are aarch64, run the reference pairs on emulated
     aarch64 when the toolchain is installed (``edge.verify.isa.check_after_convert``; its line is in ``notes``)."""
 
     build_dir: str | os.PathLike[str] | None = None
@@ -138,6 +146,11 @@ class DeployOptions:
     trust: Any = None
     tune: Any = None
     isa_check: bool = True
+    #: how the budget verdict is measured (steady state; a marginal miss measured again): edge.tune.verdict
+    verdict: VerdictOptions = field(default_factory=VerdictOptions)
+    #: a default configuration over the budget (where the budget gates): search for one within it (edge.tune.budget)
+    budget_search: bool = True
+    search_time_s: float = SEARCH_TIME_S
 
 
 def deploy(
@@ -179,10 +192,21 @@ def deploy(
     check_build_dir(build)
     stage = build.parent / f".{build.name}.deploy-{os.getpid()}"
     bundle = convert(model, target_profile, stage, req.replace(tuned=overlay), force=True, on_step=say)
+    searched: dict[str, Any] | None = None
     try:
-        report, unverified, gates, device_class, where = _check_and_ship(
-            bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say)
-        )
+        try:
+            report, unverified, gates, device_class, where = _check_and_ship(
+                bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say)
+            )
+        except BudgetError:
+            why_not = not_searched(model, req, tuned=overlay is not None, enabled=opts.budget_search)
+            if why_not is not None:
+                notes.append(f"no budget search: {why_not}")
+                raise
+            searched, applied, shipped = _budget_search(
+                model, target_profile, stage, device, build, req, opts, notes, say
+            )
+            report, unverified, gates, device_class, where = shipped
     except BaseException as e:
         kept = _keep_refused(stage, build)
         if isinstance(e, EdgeError) and kept is not None:
@@ -200,7 +224,52 @@ def deploy(
         device_class=device_class,
         tune=tune_info,
         tuned_applied=applied,
+        budget_search=searched,
     )
+
+
+def _budget_search(
+    model: Any,
+    target_profile: Any,
+    stage: Path,
+    device: Any,
+    build: Path,
+    req: ConvertRequest,
+    opts: DeployOptions,
+    notes: list[str],
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], str | None, Any]:
+    """The default configuration (the bundle in ``stage``) missed the budget on the device class that gates: search
+    (``edge.tune.budget``), convert the fastest candidate within the budget into ``stage`` with its overlay, and
+    check and ship it as any bundle; (the search's record, the overlay applied, what ``_check_and_ship`` gave).
+    Nothing found, or the winner missing the budget in its own steady-state verdict: a ``BudgetError`` that lists
+    what was tried (the bundle refused carries the record)."""
+    from edge.pipeline import convert
+    from edge.tune import budget as bs
+
+    default = Bundle.open(stage, trust=False)
+    bench = default.manifest["benchmark"]
+    budget, p99 = float(bench["budget_ms"]), float(bench["latency"]["p99_ms"])
+    overlay, record = bs.search(
+        model, target_profile, req, build.with_name(build.name + "-budget"), budget, p99, opts.search_time_s, say
+    )
+    tried = bs.tried_line(record)
+    if overlay is None:
+        default.record("budget_search", record)
+        raise BudgetError(
+            f"refusing to ship {default.id}: p99 {p99:.2f} ms is over the {budget:.2f} ms budget; {tried}",
+            hint="pass --accept-budget-failure to ship the default anyway",
+        )
+    say(f"budget search chose {record['chosen']}: {record['why']}")
+    notes.append(f"budget search chose {record['chosen']}: {record['why']}")
+    profile, req, applied = _apply_overlay(target_profile, req, overlay, notes)
+    bundle = convert(model, target_profile, stage, req.replace(tuned=overlay), force=True, on_step=say)
+    bundle.record("budget_search", record)
+    try:
+        shipped = _check_and_ship(bundle, _Shipping(target_profile, profile, device, req, opts, build, notes, say))
+    except BudgetError as e:
+        raise BudgetError(f"{e.message}; {tried}", hint=e.hint) from None
+    return record, applied, shipped
 
 
 def _apply_overlay(
@@ -326,9 +395,10 @@ def _benchmark(
 ) -> tuple[dict[str, Any] | None, bool | None, str | None]:
     """(the benchmark report recorded in the bundle, whether its budget verdict gates, the device class line);
     (None, None, None) with a note when the target's runner cannot run on this host."""
-    from edge.bench import BenchOptions, bundle_feeds, judge_device_class, run_benchmark
+    from edge.bench import BenchOptions, bundle_feeds, judge_device_class
     from edge.pipeline import runnable_here
     from edge.stats import budget_from
+    from edge.tune.verdict import measure_verdict
 
     run_here = runnable_here(profile)  # parity may have run on a host proxy; the benchmark needs the runner itself
     if run_here is not None:
@@ -337,10 +407,14 @@ def _benchmark(
         )
         return None, None, None
     budget, source = budget_from(opts.fps, opts.budget_ms, profile.frame_budget_ms)
-    say(f"benchmarking {opts.bench_iterations} iterations on this host")
+    v = opts.verdict
+    say(
+        f"benchmarking on this host in steady state ({v.warmup_s:g} s warm-up, then at least {v.measure_s:g} s and "
+        f"{opts.bench_iterations} iterations; load average {_load_text()})"
+    )
     extra = {"allow_cpu_fallback": True} if opts.allow_cpu_fallback else {}
     feeds, feeds_from = bundle_feeds(bundle)  # the reference pairs' input, as `edgekit bench` feeds
-    rep = run_benchmark(
+    rep, steadiness = measure_verdict(
         lambda: bundle.open_runner(extra),
         BenchOptions(
             iterations=opts.bench_iterations,
@@ -349,18 +423,35 @@ def _benchmark(
             bundle=bundle.id,
             target=profile.name,
         ),
+        v,
         feeds=feeds,
         feeds_from=feeds_from,
+        say=say,
     )
     gates, device_class = judge_device_class(rep, profile)
+    load = steadiness.get("load_after") or steadiness.get("load_before")
+    notes.append(
+        f"budget verdict {rep.verdict}: p99 {rep.latency.p99_ms:.2f} ms"
+        + (f" against {budget:.2f} ms" if budget is not None else "")
+        + f" in steady state ({steadiness['decided_by']}; runs' p99 "
+        + ", ".join(f"{x:.2f}" for x in steadiness["runs_p99_ms"])
+        + f" ms; load average {' '.join(f'{x:.2f}' for x in load) if load else 'unknown'} on {steadiness['cpus']} CPUs)"
+    )
     if gates:
         notes.append(f"the budget verdict gates this deploy: {device_class}")
     else:
         notes.append(f"the budget verdict is indicative and does not gate this deploy: {device_class}")
     say(notes[-1])
-    report = rep.to_json()
+    report = {**rep.to_json(), "steadiness": steadiness}
     bundle.record("benchmark", report)
     return report, gates, device_class
+
+
+def _load_text() -> str:
+    from edge.tune.verdict import load_average
+
+    load = load_average()
+    return " ".join(f"{x:.2f}" for x in load) if load else "unknown"
 
 
 def _sign(bundle: Bundle, sign_key: str | None, notes: list[str], say: Callable[[str], None]) -> Bundle:

@@ -599,6 +599,22 @@ class DeviceClassJudgement:
 
 
 @dataclass(frozen=True)
+class Steadiness:
+    """How the budget verdict's p99 was measured (``edge.tune.verdict``): in steady state after ``warmup_s`` of
+    untimed inferences, at least ``measure_s`` timed per run; every run's p99 (a marginal miss is measured again and
+    the median run decides: ``decided_by``); the load average (1, 5, 15 min) before and after, and the CPUs."""
+
+    warmup_s: float = spec(ge=0.0, le=1e6)
+    measure_s: float = spec(ge=0.0, le=1e6)
+    runs_p99_ms: tuple[float, ...] = spec(min_items=1, max_items=16, item=Rule(**_MS))
+    spread: float = spec(ge=0.0, le=1e9)  # (max - min) / median of the runs' p99
+    decided_by: str = spec(**_TEXT)
+    cpus: int = spec(ge=1, le=1 << 16)
+    load_before: tuple[float, ...] | None = spec(None, max_items=3, item=Rule(ge=0.0, le=1e6))
+    load_after: tuple[float, ...] | None = spec(None, max_items=3, item=Rule(ge=0.0, le=1e6))
+
+
+@dataclass(frozen=True)
 class BenchmarkEvidence:
     """A vision benchmark (``edge.bench.BenchReport``); the gate recomputes the verdict from p99 and budget."""
 
@@ -618,6 +634,7 @@ class BenchmarkEvidence:
     target: str | None = spec(None, pattern=ID)
     kind: Literal["vision"] = "vision"
     device_class: DeviceClassJudgement | None = None
+    steadiness: Steadiness | None = None
 
 
 @dataclass(frozen=True)
@@ -759,6 +776,8 @@ class Manifest:
     build_host: JSON = JSON(None)
     #: the tune overlay the bundle was converted with (absent: none, or an older bundle)
     tuned: TunedEvidence | None = None
+    #: deploy's budget search (``edge.tune.budget``): why it ran, every candidate measured, what it chose and why
+    budget_search: JSON = JSON(None)
     #: the reference pairs run on a device instruction set (``edgekit verify --isa``), one per ISA and core
     verified_on: tuple[IsaEvidence, ...] = spec((), max_items=8)
 

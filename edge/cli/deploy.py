@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,6 +28,7 @@ from edge.cli.verify import NoIsaCheck
 from edge.deploy import DeployOptions, deploy
 from edge.errors import EdgeError
 from edge.store import rollback
+from edge.tune.budget import SEARCH_TIME_S
 
 EXAMPLE_MODEL = Path("build") / "example" / "mobilenetv2.onnx"
 
@@ -54,7 +56,13 @@ def deploy_cmd(
     freeze_input: list[str] | None = FreezeInput,
     parity_data: Path | None = ParityData,
     task: str = Task,
-    iterations: int = typer.Option(200, "--iterations", "-n", help="Benchmark iterations."),
+    iterations: int = typer.Option(
+        200,
+        "--iterations",
+        "-n",
+        help="Benchmark iterations, at least (the budget verdict is measured in steady state: 1 s warm-up, then at "
+        "least 2 s; a p99 within 25%% over the budget is measured 3 more times and the median run decides).",
+    ),
     fps: float | None = Fps,
     budget_ms: float | None = BudgetMs,
     build_dir: Path | None = typer.Option(
@@ -93,6 +101,15 @@ def deploy_cmd(
     ),
     video: Path | None = typer.Option(
         None, "--video", help="With --tune --objective e2e: the video file.", show_default=False
+    ),
+    no_search: bool = typer.Option(
+        False,
+        "--no-search",
+        help="When the default configuration misses the budget (where the budget gates), refuse instead of searching "
+        "for one that meets it (precisions this CPU runs fast, threads, spin-wait; each through the parity gate).",
+    ),
+    search_time: float = typer.Option(
+        SEARCH_TIME_S, "--search-time", help="The budget search's time cap in seconds (checked between its steps)."
     ),
     trust_dir: Path | None = typer.Option(
         None,
@@ -139,6 +156,8 @@ def deploy_cmd(
         trust=trust_dir,
         tune=tune_opts,
         isa_check=not no_isa_check,
+        budget_search=not no_search,
+        search_time_s=search_time,
     )
     with steps(not as_json) as say:
         result = deploy(model, target, device, request, options, on_step=say)
@@ -157,9 +176,31 @@ def deploy_cmd(
         console.print(f"[yellow]unverified on this host:[/] {safe(result.unverified)}", highlight=False)
     if result.benchmark:
         render_bench(result.benchmark)
+    if result.budget_search is not None:
+        render_search(result.budget_search)
     for n in result.notes:
         console.print(f"[yellow]note:[/] {safe(n)}", highlight=False)
     console.print(f"[green]shipped[/] {safe(result.bundle.id)} → {safe(result.shipped_to)}", highlight=False)
+
+
+def render_search(record: dict[str, Any]) -> None:
+    """The budget search's candidates, one row each, and what it chose and why."""
+    from rich.table import Table
+
+    t = Table(title=f"budget search: {safe(str(record.get('reason')))}", title_justify="left")
+    for col in ("candidate", "parity", "p50 ms", "p99 ms", "within budget", "status"):
+        t.add_column(col)
+    for c in record.get("candidates") or []:
+        t.add_row(
+            safe(str(c.get("label"))),
+            {True: "pass", False: "fail"}.get(c.get("parity"), "-"),
+            f"{c['p50_ms']:.2f}" if c.get("p50_ms") is not None else "-",
+            f"{c['p99_ms']:.2f}" if c.get("p99_ms") is not None else "-",
+            "yes" if c.get("within_budget") else "no",
+            safe(str(c.get("status"))),
+        )
+    console.print(t)
+    console.print(f"chosen: {safe(str(record.get('chosen')))}: {safe(str(record.get('why')))}", highlight=False)
 
 
 def rollback_cmd(

@@ -243,6 +243,8 @@ class TuneOptions:
     fps: float | None = None
     cache: str | os.PathLike[str] | None = None
     batches: Sequence[int] | None = None
+    #: only these runner options and recipe knobs vary (the rest at their first value); None: all
+    vary: Sequence[str] | None = None
 
 
 def trial_request(req: ConvertRequest) -> ConvertRequest:
@@ -791,6 +793,7 @@ def _space(
         threads=opts.threads,
         targets_dir=req.targets_dir,
         batch=plan,
+        vary=opts.vary,
     )
 
 

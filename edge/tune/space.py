@@ -322,13 +322,15 @@ def build_space(
     targets_dir: Iterable[Any] = (),
     bf16_capabilities: list[str] | None | str = "ask",
     batch: BatchPlan | None = None,
+    vary: Sequence[str] | None = None,
 ) -> Space:
     """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
 
     ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
     cannot use is an error, never silently dropped. ``bf16_capabilities``: OpenVINO CPU's reported
     capabilities (default: asked from OpenVINO). ``batch``: the model's :func:`batch_plan` (objective throughput
-    only; None: batch 1)."""
+    only; None: batch 1). ``vary``: only these runner options and recipe knobs take more than their first value
+    (deploy's budget search: threads and spin-wait); None: all of them."""
     from edge.backends.converter import CONVERTERS
 
     if objective not in OBJECTIVES:
@@ -353,16 +355,11 @@ def build_space(
                 (name, _knob_values(space, runner, rs, name, values, objective, thread_values, cpus))
                 for name, values in rs.options.items()
             ]
-            _expand(
-                space,
-                runner,
-                prec,
-                list(rs.recipes.get(prec, {}).items()),
-                knobs,
-                cpus,
-                (WORKERS if video else (1,)),
-                batches,
-            )
+            recipe = list(rs.recipes.get(prec, {}).items())
+            if vary is not None:  # the others at their first value: the runner's and recipe's defaults
+                knobs = [(n, v if n in vary else v[:1]) for n, v in knobs]
+                recipe = [(n, v if n in vary else v[:1]) for n, v in recipe]
+            _expand(space, runner, prec, recipe, knobs, cpus, (WORKERS if video else (1,)), batches)
     space.pruned = list(dict.fromkeys(space.pruned))
     if not space.configs:
         raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))

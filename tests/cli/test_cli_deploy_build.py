@@ -26,7 +26,17 @@ def test_a_refused_deploy_keeps_the_earlier_build(models: dict[str, Path], tmp_p
     first = json.loads((build / "manifest.json").read_text())
     # the same deploy, over budget: refused, exit 1 (as `edgekit bench` over budget)
     p = run_cli(
-        "deploy", str(models["tiny"]), "-d", str(store), "--build-dir", str(build), "-n", "5", "--budget-ms", "0.000001"
+        "deploy",
+        str(models["tiny"]),
+        "-d",
+        str(store),
+        "--build-dir",
+        str(build),
+        "-n",
+        "5",
+        "--budget-ms",
+        "0.000001",
+        "--no-search",  # the refusal itself (the budget search: tests/tune/test_budget.py)
     )
     line = _one_error_line(p, 1, "refusing to ship", "over the", f"{build}.refused")
     assert json.loads((build / "manifest.json").read_text()) == first, line  # the earlier build, untouched

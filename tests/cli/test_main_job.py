@@ -30,7 +30,9 @@ def _check_shipped(store: Path, out: str) -> Bundle:
     assert m["parity"]["passed"] is True, m["parity"]
     bench = m["benchmark"]
     assert bench["verdict"] in ("pass", "fail") and bench["budget_ms"] == pytest.approx(1000 / 60, abs=0.01), bench
-    assert bench["on_target_device"] is True and bench["latency"]["count"] == 200, bench
+    # steady state: at least the 200 iterations asked for, and at least 2 s of them (edge.tune.verdict)
+    assert bench["on_target_device"] is True and bench["latency"]["count"] >= 200, bench
+    assert bench["steadiness"]["load_before"] is not None and bench["steadiness"]["runs_p99_ms"], bench
     assert f"shipped {current.id}" in out, out
     return current
 

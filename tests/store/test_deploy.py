@@ -21,7 +21,8 @@ def test_deploy_ships_and_switches(models: dict[str, Path], tmp_path: Path) -> N
     s = DeviceStore(store)
     assert s.current == r1.bundle.id and s.previous is None
     shipped = Bundle.open(store / "bundles" / r1.bundle.id)
-    assert shipped.manifest["benchmark"]["latency"]["count"] == 20
+    bench = shipped.manifest["benchmark"]  # steady state: at least the 20 asked for, at least 2 s (edge.tune.verdict)
+    assert bench["latency"]["count"] >= 20 and bench["steadiness"]["decided_by"], bench
     r2 = deploy(
         models["tiny"],
         "x86-cpu",
@@ -54,7 +55,7 @@ def test_budget_failure_refused_unless_accepted(models: dict[str, Path], tmp_pat
             models["tiny"],
             "x86-cpu",
             tmp_path / "dev",
-            options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6),
+            options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6, budget_search=False),
         )
     assert not (tmp_path / "dev" / "current").exists()
     r = deploy(

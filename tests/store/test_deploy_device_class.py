@@ -78,7 +78,7 @@ def test_x86_cpu_benchmarked_here_gates(models: dict[str, Path], tmp_path: Path)
             models["tiny"],
             "x86-cpu",
             tmp_path / "dev",
-            options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6),
+            options=DeployOptions(build_dir=tmp_path / "b", bench_iterations=5, budget_ms=1e-6, budget_search=False),
         )
     r = deploy(
         models["tiny"],

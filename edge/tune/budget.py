@@ -1,0 +1,183 @@
+"""deploy's budget search: when the default configuration misses the frame budget on the device class deploy
+judges, look for one that meets it -- with the tuner (``edge.tune.search.tune``), not a second search.
+
+What is tried (``plan``): the precisions this CPU runs fast (int8 where the ISA has an int8 path: AVX2,
+AVX-VNNI/AVX512-VNNI, AMX, ARM dot product; bf16 only with AVX512-BF16 or AMX-BF16, as OpenVINO's compute precision;
+fp16 only where the ISA computes in fp16: AVX512-FP16, AMX-FP16, ARM FP16) beside the target's default, on the
+runners that serve the target's device class, with the thread count and spin-wait varied and every other option at
+its default (``TuneOptions.vary``). Every candidate goes through the same parity gate as the deploy (the tuner
+converts each with this deploy's request; one that fails parity is never chosen), under a time cap; the winner is the
+fastest whose p99 meets the budget. An explicit ``--precision`` keeps the search to that precision; a ``--tuned``
+overlay or ``--tune`` is the user's own choice, and ``--no-search`` turns it off.
+
+The manifest's ``budget_search`` records why the search ran, every candidate measured (runner, precision, options,
+p50/p99, parity, status) and what was chosen and why; a refusal lists what was tried.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from edge.capabilities import CpuIsa, cpu_isa
+from edge.errors import EdgeError
+from edge.pipeline.request import ConvertRequest
+
+#: seconds the search may take by default (checked between conversions and measurements: a conversion under way
+#: finishes)
+SEARCH_TIME_S = 300.0
+#: the runner options the search varies: the thread count and spin-wait (the rest stay at their defaults)
+VARY = ("intra_op_num_threads", "num_threads", "allow_spinning")
+_INT8_PATHS = {"avx2", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp"}
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    precisions: tuple[str, ...]
+    skipped: tuple[str, ...]  # "precision: why not", one per precision left out
+
+
+def plan(profile: Any, req: ConvertRequest, isa: CpuIsa | None = None) -> BudgetPlan:
+    """The precisions worth a candidate on this CPU for ``profile`` (the request's own when it names one)."""
+    if req.precision:
+        return BudgetPlan((req.precision,), (f"other precisions: --precision {req.precision} was given",))
+    cpu = isa if isa is not None else cpu_isa()
+    allowed = tuple(profile.precisions)
+    out = [profile.default_precision]
+    skipped = []
+    if "int8" in allowed and "int8" not in out:
+        if not cpu.known or cpu.flags & _INT8_PATHS:
+            out.append("int8")
+        else:
+            skipped.append("int8: the CPU has no int8 path (AVX2, VNNI, AMX, ARM dot product)")
+    if cpu.native_bf16:
+        out.append("bf16")
+    else:
+        skipped.append("bf16: the CPU has no bf16 arithmetic (AVX512-BF16, AMX-BF16)")
+    if "fp16" in allowed and "fp16" not in out:
+        if cpu.native_fp16:
+            out.append("fp16")
+        else:
+            skipped.append("fp16: the CPU has no fp16 arithmetic (AVX512-FP16, AMX-FP16, ARM FP16); F16C only converts")
+    return BudgetPlan(tuple(out), tuple(skipped))
+
+
+def not_searched(model: str | os.PathLike[str], req: ConvertRequest, tuned: bool, enabled: bool) -> str | None:
+    """Why the search does not run (None: it may)."""
+    if not enabled:
+        return "--no-search was given"
+    if tuned:
+        return "a tune overlay (--tuned or --tune) is the user's own choice of configuration"
+    if Path(model).suffix.lower() != ".onnx":
+        return "the search tunes ONNX sources (edgekit tune); this source is not one"
+    return None
+
+
+def search(
+    model: str | os.PathLike[str],
+    profile: Any,
+    req: ConvertRequest,
+    out: Path,
+    budget_ms: float,
+    default_p99_ms: float,
+    time_s: float = SEARCH_TIME_S,
+    say: Callable[[str], None] | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """(the overlay of the fastest candidate within ``budget_ms``, or None; the manifest's ``budget_search``)."""
+    from edge.pipeline.overlay import read_overlay
+    from edge.tune.search import Schedule, TuneOptions, tune
+
+    tell = say or (lambda _m: None)
+    p = plan(profile, req)
+    tell(
+        f"the default configuration's p99 {default_p99_ms:.2f} ms misses the {budget_ms:.2f} ms budget: searching "
+        f"precisions {', '.join(p.precisions)} x threads x spin-wait (at most {time_s:g} s, each through the parity gate)"
+    )
+    t0 = time.perf_counter()
+    opts = TuneOptions(
+        objective="latency",
+        strategy="exhaustive",
+        time_budget_s=time_s,
+        out=out,
+        precisions=p.precisions,
+        budget_ms=budget_ms,
+        batches=(1,),
+        vary=VARY,
+        pictures=False,
+        schedule=Schedule(reps=3, iters=30, warmup=5),
+    )
+    record: dict[str, Any] = {
+        "reason": f"the default configuration's p99 {default_p99_ms:.3f} ms is over the {budget_ms:.3f} ms budget",
+        "budget_ms": round(budget_ms, 4),
+        "time_cap_s": time_s,
+        "precisions": list(p.precisions),
+        "skipped": list(p.skipped),
+        "isa": sorted(cpu_isa().flags),
+    }
+    try:
+        result = tune(model, profile, req.replace(precision=None), opts, on_step=tell)
+    except EdgeError as e:
+        record.update(
+            wall_s=round(time.perf_counter() - t0, 2), candidates=[], chosen=None, why=f"not run: {e.message}"
+        )
+        return None, record
+    cands = [_candidate(t, budget_ms) for t in result.trials]
+    record.update(wall_s=round(time.perf_counter() - t0, 2), candidates=cands, pruned=list(result.pruned))
+    w = result.winner
+    res = (w or {}).get("result") or {}
+    if w is None or result.overlay_path is None:
+        record.update(chosen=None, why="no candidate passed parity")
+        return None, record
+    if not isinstance(res.get("p99_ms"), (int, float)) or res["p99_ms"] > budget_ms:
+        record.update(
+            chosen=None,
+            why=f"no candidate that passed parity met the budget (the fastest, {w['label']}, p99 {res.get('p99_ms')} ms)",
+        )
+        return None, record
+    within = [c for c in cands if c["within_budget"]]
+    record.update(
+        chosen=w["label"],
+        why=f"the fastest of the {len(within)} candidate(s) that passed parity and met the budget "
+        f"(p50 {res.get('p50_ms', 0):.2f} ms, p99 {res['p99_ms']:.2f} ms); confirmed by deploy's steady-state verdict",
+    )
+    return read_overlay(result.overlay_path), record
+
+
+def _candidate(t: dict[str, Any], budget_ms: float) -> dict[str, Any]:
+    res = t.get("result") or {}
+    passed = (t.get("parity") or {}).get("passed")
+    p99 = res.get("p99_ms")
+    return {
+        "label": t.get("label"),
+        "runner": t.get("runner"),
+        "precision": t.get("precision"),
+        "options": {k: v for k, v in (t.get("options") or {}).items() if k != "inference_precision"},
+        "p50_ms": round(res["p50_ms"], 3) if isinstance(res.get("p50_ms"), (int, float)) else None,
+        "p99_ms": round(p99, 3) if isinstance(p99, (int, float)) else None,
+        "parity": passed,
+        "within_budget": bool(passed is True and isinstance(p99, (int, float)) and p99 <= budget_ms),
+        "status": str(t.get("status", ""))[:300],
+    }
+
+
+def tried_line(record: dict[str, Any]) -> str:
+    """What the search tried, one line, for a refusal."""
+    cands = record.get("candidates") or []
+    if not cands:
+        return f"budget search: {record.get('why')}"
+    shown = "; ".join(
+        f"{c['label']}: "
+        + (
+            "parity failed"
+            if c["parity"] is False
+            else f"p99 {c['p99_ms']:.2f} ms"
+            if c["p99_ms"] is not None
+            else c["status"] or "not measured"
+        )
+        for c in cands[:12]
+    )
+    more = f" (+{len(cands) - 12} more)" if len(cands) > 12 else ""
+    return f"budget search ({record.get('wall_s')} s of {record.get('time_cap_s')} s) tried {shown}{more}: {record.get('why')}"

@@ -1,0 +1,76 @@
+"""deploy's budget search (edge.tune.budget; issue #30): the precisions by the CPU's ISA, the tuner's search with
+threads and spin-wait varied, every candidate through the parity gate, the refusal listing what was tried."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge.capabilities import CpuIsa
+from edge.deploy import DeployOptions, deploy
+from edge.errors import BudgetError
+from edge.pipeline.request import ConvertRequest
+from edge.targets import get_target
+from edge.tune import budget as bs
+from edge.tune.verdict import VerdictOptions
+
+QUICK = VerdictOptions(warmup_s=0.2, measure_s=0.2, min_iterations=20)
+
+
+def _isa(*flags: str) -> CpuIsa:
+    return CpuIsa("test cpu", frozenset(flags), True)
+
+
+def test_precisions_follow_the_isa_and_an_explicit_precision() -> None:
+    x86 = get_target("x86-cpu")
+    amd = bs.plan(x86, ConvertRequest(), _isa("avx2"))  # AVX2 only (AMD EPYC Milan)
+    assert amd.precisions == ("fp32", "int8")
+    assert any(s.startswith("bf16:") for s in amd.skipped) and any(s.startswith("fp16:") for s in amd.skipped)
+    amx = bs.plan(x86, ConvertRequest(), _isa("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"))
+    assert amx.precisions == ("fp32", "int8", "bf16")
+    spr = bs.plan(x86, ConvertRequest(), _isa("avx2", "avx512_fp16", "amx_bf16", "amx_int8"))
+    assert spr.precisions == ("fp32", "int8", "bf16", "fp16")
+    assert bs.plan(x86, ConvertRequest(), _isa()).precisions == ("fp32",)  # no int8 path at all
+    assert bs.plan(x86, ConvertRequest(precision="fp16"), _isa("avx2")).precisions == ("fp16",)  # as given
+
+
+def test_search_measures_every_candidate_through_parity(models: dict[str, Path], tmp_path: Path) -> None:
+    overlay, rec = bs.search(
+        models["tiny"], get_target("x86-cpu"), ConvertRequest(), tmp_path / "s", 1e6, 2e6, time_s=240
+    )
+    cands = rec["candidates"]
+    assert overlay is not None and rec["chosen"] and "fastest" in rec["why"]
+    assert {c["precision"] for c in cands} >= {"fp32"} and all(c["parity"] is not None for c in cands)
+    # threads and spin-wait vary, other options stay at their defaults
+    assert {k for c in cands for k in c["options"]} <= {
+        "intra_op_num_threads",
+        "allow_spinning",
+        "num_threads",
+        "graph_optimization_level",
+        "execution_mode",
+        "inter_op_num_threads",
+        "performance_hint",
+    }
+    assert {c["options"].get("graph_optimization_level") for c in cands if c["runner"] == "onnxruntime"} == {"all"}
+    chosen = next(c for c in cands if c["label"] == rec["chosen"])
+    assert chosen["within_budget"] and chosen["parity"] is True
+
+
+def test_deploy_refuses_listing_what_was_tried(models: dict[str, Path], tmp_path: Path) -> None:
+    opts = DeployOptions(build_dir=tmp_path / "b", budget_ms=1e-4, verdict=QUICK, search_time_s=120)
+    with pytest.raises(BudgetError, match=r"budget search .* tried .*onnxruntime fp32.*: no candidate") as e:
+        deploy(models["tiny"], "x86-cpu", tmp_path / "dev", options=opts)
+    assert "--accept-budget-failure" in str(e.value)
+    refused = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert refused["budget_search"]["chosen"] is None and refused["budget_search"]["candidates"]
+    assert not (tmp_path / "dev" / "current").exists()
+
+
+def test_no_search_refuses_at_once(models: dict[str, Path], tmp_path: Path) -> None:
+    opts = DeployOptions(build_dir=tmp_path / "b", budget_ms=1e-4, verdict=QUICK, budget_search=False)
+    with pytest.raises(BudgetError) as e:
+        deploy(models["tiny"], "x86-cpu", tmp_path / "dev", options=opts)
+    assert "budget search" not in str(e.value)
+    assert "budget_search" not in json.loads((tmp_path / "b" / "manifest.json").read_text())
