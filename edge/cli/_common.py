@@ -8,11 +8,13 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from edge.errors import INTERNAL_ERROR, USER_ERROR, EdgeError, internal_error_line, printable, thread_excepthook
@@ -24,6 +26,9 @@ TargetsDir = typer.Option(
     show_default=False,
 )
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+Wide = typer.Option(
+    False, "--wide", help="Every column, whatever the terminal's width (the table is made for 80 columns without it)."
+)
 AllowCpuFallback = typer.Option(
     False,
     "--allow-cpu-fallback",
@@ -52,11 +57,11 @@ class SafeConsole(Console):
         quiet_exit_on_closed_stdout()
 
 
-def make_console(*, stderr: bool = False) -> SafeConsole:
+def make_console(*, stderr: bool = False, width: int | None = None) -> SafeConsole:
     """The one way edgekit makes a console: emoji codes off (data such as ``root:x:0`` must print as
     written), markup read only in edgekit's own format strings, where data goes through :func:`safe`;
     data printed on its own goes through :func:`print_data` (no markup at all)."""
-    return SafeConsole(stderr=stderr, emoji=False)
+    return SafeConsole(stderr=stderr, emoji=False, width=width)
 
 
 console = make_console()
@@ -170,6 +175,38 @@ def steps(enabled: bool) -> Iterator[Callable[[str], None]]:
             err_console.print(f"[dim]{time.perf_counter() - start:6.1f}s[/] {safe(msg)}", highlight=False)
 
         yield say
+
+
+def print_table(
+    title: str,
+    columns: Sequence[tuple[str, dict[str, Any]]],
+    rows: Sequence[Sequence[str]],
+    *,
+    narrow: set[str],
+    wide: bool,
+) -> None:
+    """A table on stdout that reads at 80 columns. ``columns``: (header, rich column options); ``narrow``: the
+    headers kept when every column does not fit the terminal at its natural width (a word is never cut, a
+    column never squeezed to nothing); ``wide`` (``--wide``): every column at its natural width however wide the
+    terminal is (the terminal wraps the lines; a pager or a file keeps them)."""
+
+    def build(keep: list[int]) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD)
+        for i in keep:
+            t.add_column(columns[i][0], **columns[i][1])
+        for r in rows:
+            t.add_row(*(r[i] for i in keep))
+        return t
+
+    full = build(list(range(len(columns))))
+    need = console.measure(full, options=console.options.update(width=100_000)).maximum
+    if need <= console.width or (not wide and narrow >= {header for header, _ in columns}):
+        console.print(full)
+    elif wide:
+        make_console(width=need).print(full, crop=False)  # rich's print(width=) cannot pass the console's own width
+    else:
+        console.print(build([i for i, (header, _) in enumerate(columns) if header in narrow]))
+        console.print("more columns: --wide", style="dim", highlight=False)
 
 
 def fmt_ms(v: float | None) -> str:

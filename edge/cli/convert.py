@@ -124,6 +124,32 @@ def convert_request(
     )
 
 
+def compute_line(par: Any, options: Mapping[str, Any]) -> str:
+    """The precision the bundle computes in where it runs: a passed faster-precision trial that the runner options
+    switched on (OpenVINO bf16 on CPUs that list BF16) wins over the precision its own parity was checked in."""
+    cand = par.candidate
+    chosen = str(options.get("inference_precision", "")).lower()
+    passed = [tr for tr in par.precision_trials if tr.passed]
+    if chosen == "fast" and passed:
+        tr = passed[-1]
+        worst = min((o.cosine_min for o in tr.outputs), default=float("nan"))
+        return (
+            f"{tr.compute} on CPUs that list {tr.compute.upper()} (inference_precision fast: its own parity passed, "
+            f"worst cosine {worst:.6f}); {cand.precision_used} on {cand.device_used} elsewhere"
+        )
+    line = f"{cand.precision_used} on {cand.device_used}"
+    failed = [tr for tr in par.precision_trials if not tr.passed]
+    if failed:
+        line += (
+            f" ({failed[-1].compute} failed parity, so it is not used: "
+            + safe("; ".join(failed[-1].failures[:2]))
+            + ")"
+        )
+    for sk in par.precision_trials_skipped:
+        line += f" ({sk.compute} not tried: {safe(sk.reason)})"
+    return line
+
+
 def render_bundle(bundle: Any) -> None:
     from edge.bundle.schema import LLMQualityEvidence, ParityEvidence, SkippedParity
 
@@ -188,10 +214,10 @@ def render_bundle(bundle: Any) -> None:
         cand = par.candidate
         t.add_row(
             "parity",
-            f"{verdict} on {par.samples} {par.inputs} inputs, {cand.device_used} "
-            f"computing in {cand.precision_used}"
+            f"{verdict} on {par.samples} {par.inputs} inputs, checked on {cand.device_used} in {cand.precision_used}"
             + (f" [yellow](fallback: {cand.fallback})[/]" if cand.fallback else ""),
         )
+        t.add_row("computes in", compute_line(par, bundle.info.runner.options_dict))
         prov = par.input_provenance
         if prov is not None and prov.disjoint_from_calibration is not None:
             t.add_row(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from rich.table import Table
+from typing import Any
 
 from edge.capabilities import current_host
-from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, safe
+from edge.cli._common import JsonOut, TargetsDir, console, dirs, print_json, print_table, safe
 from edge.doctor import doctor, emulation
 
 
@@ -18,18 +17,27 @@ def doctor_cmd(targets_dir: list[Path] | None = TargetsDir, as_json: bool = Json
     if as_json:
         print_json({"host": host.describe(), "targets": [h.to_json() for h in health], "emulation": emulation()})
         return
-    t = Table(title=safe(f"edgekit doctor: this host is {host.describe()}"))
-    for col in ("target", "convert here", "run here", "what is missing"):
-        t.add_column(col, overflow="fold")
+    rows = []
     for h in health:
         missing = list(h.convert_problems) + ([h.run_problem] if h.run_problem else [])
-        t.add_row(
-            safe(h.target.name),
-            "[green]yes[/]" if h.can_convert else "[red]no[/]",
-            "[green]yes[/]" if h.can_run else "[yellow]no[/]",
-            safe("\n".join(missing)) or "-",
+        rows.append(
+            [
+                safe(h.target.name),
+                "[green]yes[/]" if h.can_convert else "[red]no[/]",
+                "[green]yes[/]" if h.can_run else "[yellow]no[/]",
+                safe("\n".join(missing)) or "-",
+            ]
         )
-    console.print(t)
+    # the name whole, yes/no columns narrow, the reasons wrap at word boundaries (a URL or path longer than the
+    # column folds rather than being cut)
+    columns: list[tuple[str, dict[str, Any]]] = [
+        ("target", {"no_wrap": True}),
+        ("converts", {"no_wrap": True}),
+        ("runs", {"no_wrap": True}),
+        ("what is missing", {"overflow": "fold"}),
+    ]
+    headers = {c for c, _ in columns}
+    print_table(safe(f"edgekit doctor: this host is {host.describe()}"), columns, rows, narrow=headers, wide=False)
     for isa, e in emulation().items():
         console.print(
             f"{isa} (emulated, `edgekit verify --isa {isa}`): "

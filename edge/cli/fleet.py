@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from edge.agent.main import broker_config, setup_logging, stop_on_signals
-from edge.cli._common import JsonOut, command, console, err_console, print_json, safe
+from edge.cli._common import JsonOut, Wide, command, console, err_console, print_json, print_table, safe
 from edge.cli.agent import Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, Protocol, ReconnectMax, Username
 from edge.cli.fleet_tune import fleet_tune_cmd
 from edge.cli.rollout import app as rollout_app
@@ -305,6 +304,9 @@ def partition_cmd(db: str = Db, as_json: bool = JsonOut) -> None:
     )
 
 
+_NARROW_STATUS = {"device", "status", "bundle", "fps", "p99 ms", "misses", "last seen"}
+
+
 @app.command("status")
 @command
 def status_cmd(
@@ -322,8 +324,10 @@ def status_cmd(
         "stale, unknown) first; 0: every device. --json always lists every device.",
     ),
     as_json: bool = JsonOut,
+    wide: bool = Wide,
 ) -> None:
-    """One row per device: online/stale/offline, bundle, fps, p50/p99, budget misses, temperature, last seen."""
+    """One row per device: online/stale/offline, bundle, fps, p99, budget misses, last seen; --wide adds the runtime,
+    p50, temperature, CPU, memory, the telemetry spool and missing messages."""
     from edge.fleet.status import fleet_status, rollout_line, rollout_summary, summarize
 
     rows = fleet_status(db, fleet=fleet, stale_factor=stale_factor, min_stale_s=min_stale)
@@ -338,8 +342,7 @@ def status_cmd(
     if limit and len(rows) > limit:  # a 10,000-row table helps nobody (and takes rich seconds to lay out)
         order = {"offline": 0, "stale": 1, "unknown": 2, "online": 3}
         shown = sorted(rows, key=lambda r: order[r["status"]])[:limit]  # stable: by device within a status
-    t = Table(title=f"fleet status ({_cell(_redact(db), 200)})")
-    for col, just in (
+    columns = (
         ("device", "left"),
         ("status", "left"),
         ("bundle", "left"),
@@ -354,8 +357,8 @@ def status_cmd(
         ("spool", "right"),
         ("missing", "right"),
         ("last seen", "right"),
-    ):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    )
+    table_rows = []
     for r in shown:  # every text from the store came from a device: _cell() it
         status = f"[{_COLOURS[r['status']]}]{r['status']}[/]"
         if r["status"] == "offline" and r.get("death_reason"):
@@ -365,7 +368,7 @@ def status_cmd(
         if r.get("flag"):
             status += " [red]flagged[/]"
         runtime = " ".join(x for x in (r.get("runtime"), r.get("device_used") and f"on {r['device_used']}") if x)
-        t.add_row(
+        cells = (
             _cell(f"{r['fleet']}/{r['device']}", 200),
             status,
             _cell(r.get("bundle_id") or "-"),
@@ -381,7 +384,19 @@ def status_cmd(
             f"[yellow]{r['missing']}[/]" if r["missing"] else "0",
             _ago(r.get("seen_ago_s")),
         )
-    console.print(t)
+        table_rows.append(cells)
+    # at 80 columns: what says whether a device needs a look; --wide: every column at its natural width
+    print_table(
+        f"fleet status ({_cell(_redact(db), 200)})",
+        # numbers never wrap; ids and states wrap or fold whole rather than end in an ellipsis
+        [
+            (col, {"justify": just, "no_wrap": True} if just == "right" else {"overflow": "fold"})
+            for col, just in columns
+        ],
+        table_rows,
+        narrow=_NARROW_STATUS,
+        wide=wide,
+    )
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more devices not shown (--limit 0 shows every one)", highlight=False)
     flagged = [r for r in rows if r.get("flag")]

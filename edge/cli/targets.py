@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, command, console, dirs, print_json, safe
+from edge.cli._common import JsonOut, TargetsDir, Wide, command, console, dirs, print_json, print_table, safe
 from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import builtin_dir, get_target, load_targets
 
@@ -16,32 +17,36 @@ app = typer.Typer(help="List device profiles, or show one.", invoke_without_comm
 
 @app.callback()
 @command
-def list_targets(ctx: typer.Context, targets_dir: list[Path] | None = TargetsDir, as_json: bool = JsonOut) -> None:
-    """Table of device profiles: runtime, converter chain, precisions (default in bold), frame budget."""
+def list_targets(
+    ctx: typer.Context, targets_dir: list[Path] | None = TargetsDir, as_json: bool = JsonOut, wide: bool = Wide
+) -> None:
+    """Table of device profiles: runtime, precisions (default in bold), frame budget; --wide adds the device, the
+    converter chain and where the profile comes from."""
     if ctx.invoked_subcommand is not None:
         return
     profiles = load_targets(dirs(targets_dir))
     if as_json:
         print_json([p.to_json() for p in profiles.values()])
         return
-    t = Table(title="edgekit targets")
-    # a name is what the user types next: shown whole (no ellipsis at 80 columns); other cells wrap
-    t.add_column("target", no_wrap=True, min_width=max((len(n) for n in profiles), default=6))
-    for col in ("device", "runtime", "converter chain", "precisions", "budget ms", "source"):
-        t.add_column(col, overflow="fold")
+    columns: list[tuple[str, dict[str, Any]]] = [
+        # a name is what the user types next: always whole
+        ("target", {"no_wrap": True, "min_width": max((len(n) for n in profiles), default=6)}),
+        ("device", {}),
+        ("runtime", {"no_wrap": True}),
+        ("converter chain", {"no_wrap": True}),
+        ("precisions", {"min_width": len("int8-dynamic,")}),
+        ("budget ms", {"justify": "right", "no_wrap": True}),
+        ("source", {"overflow": "fold"}),
+    ]
+    rows = []
     for p in profiles.values():
         precs = ", ".join(f"[bold]{safe(x)}[/]" if x == p.default_precision else safe(x) for x in p.precisions)
         src = "built-in" if p.path and p.path.parent.resolve() == builtin_dir().resolve() else str(p.path)
-        t.add_row(
-            safe(p.name),
-            safe(p.title),
-            safe(p.runner),
-            safe(" → ".join(s.converter for s in p.chain)),
-            precs,
-            f"{p.frame_budget_ms:g}",
-            safe(src),
+        chain = " → ".join(s.converter for s in p.chain)
+        rows.append(
+            [safe(p.name), safe(p.title), safe(p.runner), safe(chain), precs, f"{p.frame_budget_ms:g}", safe(src)]
         )
-    console.print(t)
+    print_table("edgekit targets", columns, rows, narrow={"target", "runtime", "precisions", "budget ms"}, wide=wide)
 
 
 @app.command("show")
