@@ -475,6 +475,8 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
             p = Path(path)
             if must_exist and not p.exists():
                 raise EdgeError(f"fleet database {p} does not exist", hint="start `edgekit fleet collect` first")
+            if p.exists() and not p.is_file():  # /dev/null, a directory, a FIFO: SQLite's errors say "disk I/O"
+                raise EdgeError(f"fleet database {p} is not a regular file", hint="give --db sqlite:///PATH to a file")
             p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
 
@@ -497,6 +499,7 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
                 hint="is it a SQLite file, and complete? give another --db",
             ) from None
         db = FleetDB(conn, "sqlite", url)
+        driver_errors: tuple[type[BaseException], ...] = (sqlite3.DatabaseError,)
     else:
         try:
             import psycopg
@@ -512,11 +515,19 @@ def open_db(url: str, *, must_exist: bool = False, application_name: str = "edge
             raise EdgeError(f"cannot connect to {redact(url)}: {scrub(first, url)}") from None
         pgarray.register(pg)
         db = FleetDB(pg, "postgresql", url)
+        driver_errors = (psycopg.Error,)
     try:
         if db.dialect == "sqlite":  # beside a busy writer (another collector) the schema check can be refused
             _while_locked(db.init_schema, conn)
         else:
             db.init_schema()  # idempotent
+    except driver_errors as e:  # a file SQLite cannot write, a database holding another program's tables
+        db.close()
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise EdgeError(
+            f"{redact(url)} cannot be used as the fleet database: {scrub(first[:200], url)}",
+            hint="give a new database, or one `edgekit fleet collect` made",
+        ) from None
     except BaseException:
         db.close()
         raise

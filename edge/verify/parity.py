@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -610,6 +611,13 @@ REFERENCE = f"onnxruntime {_ort_version()} fp32 CPUExecutionProvider"
 REFERENCE_TIMEOUT_S = 300.0
 
 
+def _ort_message(e: BaseException) -> str:
+    """onnxruntime's error in one short line: the status message, without the C++ source location."""
+    text = " ".join(str(e).split())
+    text = re.sub(r"/onnxruntime_src/\S+ [^)]*\)\s*", "", text)
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
 def reference_timeout_s() -> float:
     """How long the source may run as parity's reference, over every sample: ``$EDGEKIT_PARITY_TIMEOUT_S``, else
     :data:`REFERENCE_TIMEOUT_S`."""
@@ -643,13 +651,15 @@ def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarr
     timer.start()
     try:
         return [dict(zip(names, sess.run(names, dict(s), run_options))) for s in samples]
-    except Exception:
+    except Exception as e:
         if run_options.terminate:
             raise ModelError(
                 f"the source model ran longer than {limit:g} s on {len(samples)} parity "
                 "sample(s) and was stopped (a Loop that does not end?)",
                 hint="set $EDGEKIT_PARITY_TIMEOUT_S for a model that is only slow",
             ) from None
+        if type(e).__module__.startswith("onnxruntime"):  # the model fails in its own runtime: a model problem
+            raise ModelError(f"the source model fails in onnxruntime: {_ort_message(e)}") from None
         raise
     finally:
         timer.cancel()

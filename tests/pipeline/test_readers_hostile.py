@@ -119,3 +119,30 @@ def test_firmware_c_array_refuses_what_convert_refuses(tmp_path: Path) -> None:
     assert write_c_array(valid, tmp_path / "valid.cc").size == valid.stat().st_size
     p = _cli("firmware", "c-array", str(_build("tflite_truncated", tmp_path / "t")))
     assert_user_error(p)
+
+
+def _constant_of_shape(path: Path) -> Path:
+    """ConstantOfShape [2^33] (32 GiB of float zeros) summed into the output: a valid model no runtime here can run."""
+    g = h.make_graph(
+        [
+            h.make_node("ConstantOfShape", ["shape"], ["big"], value=h.make_tensor("v", T.FLOAT, [1], [0.0])),
+            h.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+            h.make_node("Add", ["x", "s"], ["y"]),
+        ],
+        "cos",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+        [h.make_tensor("shape", T.INT64, [1], [2**33])],
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.parametrize("explain", [True, False], ids=["explain", "convert"])
+def test_a_model_its_own_runtime_cannot_run_is_one_line(tmp_path: Path, explain: bool) -> None:
+    """Was ``internal error in convert: Fail: [ONNXRuntimeError] ... Failed to allocate memory``, exit 3."""
+    model = _constant_of_shape(tmp_path / "cos.onnx")
+    args = ["convert", str(model), "-t", "x86-cpu"] + (["--explain"] if explain else ["-o", str(tmp_path / "o")])
+    assert_user_error(_cli(*args), "the source model fails in onnxruntime", "ConstantOfShape")
