@@ -19,15 +19,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
-
-from mqtt_broker import Mosquitto  # noqa: E402
 
 from edge.capabilities import measured_on  # noqa: E402
 from edge.deploy import DeviceStore  # noqa: E402
 from edge.graph.samples import build_tiny_cnn  # noqa: E402
 from edge.pipeline import convert  # noqa: E402
+from tests.support.mqtt_broker import Mosquitto  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

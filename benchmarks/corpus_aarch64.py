@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 sys.path.insert(0, str(C.REPO))
-from tests.corpus import CORPUS  # noqa: E402
 from tests.pipeline.test_corpus import EXPECTED  # noqa: E402
+from tests.support.corpus import CORPUS  # noqa: E402
 
 #: beyond the table: an int8 bundle (generated calibration), where ARM's and x86's requantisation may round apart,
 #: and an fp16 one (ARM cores from the A76 on have fp16 arithmetic, which x86 XNNPack does not use)

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 sys.path.insert(0, str(C.REPO))
-from tests.corpus import CORPUS, CorpusModel  # noqa: E402
 from tests.pipeline.test_corpus import EXPECTED  # noqa: E402
+from tests.support.corpus import CORPUS, CorpusModel  # noqa: E402
 
 #: cases the test leaves out for its time budget (tests/pipeline/test_corpus.py's docstring), measured here too
 EXTRA: tuple[tuple[str, str, str, str], ...] = (

@@ -55,15 +55,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from mqtt_broker import Mosquitto, mosquitto_binary, preload_qos1  # noqa: E402
+sys.path.insert(0, str(REPO))  # tests.support: the brokers and databases the tests run
 
 from edge.capabilities import measured_on  # noqa: E402
 from edge.fleet.db import open_db  # noqa: E402
 from edge.fleet.simulate import LightFleet, SimulatedFleet, birth_body, telemetry_body  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.mqtt.payloads import encode, message  # noqa: E402
+from tests.support.mqtt_broker import Mosquitto, mosquitto_binary, preload_qos1  # noqa: E402
 
 CLIENT_ID = "edgekit-bench-collector"
 
@@ -139,7 +138,7 @@ class Databases:
         if kind == "sqlite":
             return f"sqlite:///{self.work}/fleet-{self.n}.db" + (f"?synchronous={sync}" if sync else "")
         if self._pg is None:
-            from pg_server import PostgresServer
+            from tests.support.pg_server import PostgresServer
 
             self._pg = PostgresServer(durable=True)  # fsync on: what a real server does
             self._pg_url = self._pg.start()

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # tests.support: the brokers and databases the tests run
 
 from edge.capabilities import measured_on  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
@@ -93,7 +93,7 @@ def main() -> None:
             if kind == "sqlite":
                 urls[kind] = f"sqlite:///{work}/fleet.db"
             else:
-                from pg_server import PostgresServer
+                from tests.support.pg_server import PostgresServer
 
                 pg = PostgresServer(durable=True)
                 urls[kind] = pg.start()

@@ -4,7 +4,7 @@ RabbitMQ sends one MQTT subscriber at most ``mqtt.prefetch`` unacknowledged mess
 collector acknowledges after its commit. Pipelined (its default) it commits as soon as its writer is free
 (group commit), so ``--batch-interval-ms`` only bounds the wait; before that, a batch waited for the interval
 and the default prefetch held the collector to ~10 messages per 50 ms (~180 msg/s measured). One
-RabbitMQ node (``tests/rabbitmq_broker.py``); per variant: the collector's persistent session registered,
+RabbitMQ node (``tests/support/rabbitmq_broker.py``); per variant: the collector's persistent session registered,
 N QoS 1 messages pre-loaded while it is away (a birth per device, then telemetry round-robin), then
 ``edgekit fleet collect --protocol 3.1.1`` drains them into SQLite. Rate = messages / (last received_at -
 first received_at) from the database (collector start-up excluded); variants interleaved round-robin
@@ -30,14 +30,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from mqtt_broker import preload_qos1  # noqa: E402
-from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
+sys.path.insert(0, str(REPO))  # tests.support: the brokers and databases the tests run
 
 from edge.capabilities import measured_on  # noqa: E402
 from edge.mqtt.lite import mqtt_packet, mqtt_string  # noqa: E402
 from edge.mqtt.payloads import encode, message  # noqa: E402
+from tests.support.mqtt_broker import preload_qos1  # noqa: E402
+from tests.support.rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version  # noqa: E402
 
 DEVICES = 50
 

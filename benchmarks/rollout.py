@@ -24,9 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import mqtt_broker  # noqa: E402  (tests/: the Mosquitto fixture)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support: the Mosquitto fixture
 
 from edge.capabilities import measured_on
 from edge.fleet.db import open_db  # noqa: E402
@@ -34,6 +32,7 @@ from edge.fleet.rollout import FleetView, RolloutBundle, RolloutController, Roll
 from edge.fleet.rollout_sim import Outcome, SimRolloutFleet  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
 from edge.mqtt.desired import DesiredState  # noqa: E402
+from tests.support import mqtt_broker  # noqa: E402  (the Mosquitto fixture)
 
 OLD = RolloutBundle("model-old", "x86-cpu", "http://127.0.0.1:9/model-old.tar", "ab" * 32, 1000)
 

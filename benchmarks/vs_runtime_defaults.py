@@ -29,7 +29,7 @@ rounds, the ratio edgekit / plain (goal: <= 1.0) and per round, the ratio of the
 where from), and the load: the 1-minute load average and the cores busy elsewhere edgekit's policy measured
 when it opened the runner (the busy child included). ``uptime`` is printed before and after.
 
-Models: the corpus's conv nets (PP-OCR cls and det, ddddocr's YOLOX det; ``tests/corpus.py``) and
+Models: the corpus's conv nets (PP-OCR cls and det, ddddocr's YOLOX det; ``tests/support/corpus.py``) and
 YOLOv8n-320 (``examples/fetch_pretrained.py --model yolov8n-320``, optional), those present.
 
     .venv/bin/python benchmarks/vs_runtime_defaults.py --workdir /tmp/vsd            # builds bundles once

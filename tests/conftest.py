@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from edge.graph.samples import build_mobilenet_v2, build_tiny_cnn, build_two_input_model
-
-REPO = Path(__file__).resolve().parent.parent
-EDGEKIT = shutil.which("edgekit", path=str(Path(sys.executable).parent)) or "edgekit"
+from tests.support.skips import HARDWARE, altstack_problem, ci_strict
 
 
 @pytest.fixture(scope="session")
@@ -34,35 +30,6 @@ def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_mobilenet_v2(tmp_path_factory.mktemp("mnv2") / "mobilenetv2.onnx")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The real console script in a subprocess: exit codes and stderr exactly as a user sees them."""
-    full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
-    return subprocess.run([EDGEKIT, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=300)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout`` s.
-
-    Tests wait on the condition they need, never on a fixed sleep: a loaded 2-core host is slow."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def assert_user_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit code 2, exactly one non-empty line on stderr naming the problem (every needle in it), no traceback."""
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr, p.stderr
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"want exactly one line on stderr, got {len(lines)}:\n{p.stderr}"
-    for n in needles:
-        assert n in lines[0], f"{n!r} not in stderr: {p.stderr}"
-
-
 # -- Skips: under CI=true only missing hardware may skip ------------------------------------------
 # CI (.ci/run) installs every tool and package the tests use: Mosquitto, RabbitMQ, openssl, PostgreSQL,
 # sshd/rsync, gcc/g++, the toolchain venvs, the pretrained example model and the `dev` extra
@@ -71,14 +38,7 @@ def assert_user_error(p: subprocess.CompletedProcess[str], *needles: str) -> Non
 # skips are for hardware (or an OS) CI cannot have, or for hardware present that hides an error path:
 # their reason starts with "hardware: ", then a short label, e.g.
 # `pytest.skip("hardware: no Edge TPU compiler: ...")`, `pytest.mark.skipif(..., reason="hardware: not macOS: ...")`.
-HARDWARE = "hardware: "
 _SKIPS = pytest.StashKey[list]()
-
-
-def ci_strict() -> bool:
-    from edge.capabilities import env_flag
-
-    return env_flag("CI")
 
 
 def _skip_reason(rep: pytest.CollectReport | pytest.TestReport) -> str:
@@ -158,32 +118,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 # destruction order; two ov.Core objects freed out of order left it pointing at unmapped memory and the
 # next signal handler (faulthandler, Ctrl-C) crashed the run or corrupted memory (rc 139 in CI; see
 # edge.backends.openvino.format.ov_core). Checked after every test so a regression names the test.
-def altstack_problem() -> str | None:
-    """None when the calling thread has no alternate signal stack or it lies in mapped memory."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    class _Stack(ctypes.Structure):
-        _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
-
-    ss = _Stack()
-    if ctypes.CDLL(None, use_errno=True).sigaltstack(None, ctypes.byref(ss)) != 0 or ss.flags & 2 or not ss.sp:
-        return None  # SS_DISABLE: handlers run on the thread's own stack
-    lo, hi = int(ss.sp), int(ss.sp) + int(ss.size)
-    covered = lo
-    with open("/proc/self/maps") as f:
-        spans = sorted(
-            (int(a, 16), int(b, 16), perm) for a, b, perm in ((ln.split()[0].split("-") + [ln.split()[1]]) for ln in f)
-        )
-    for a, b, perm in spans:
-        if a <= covered < b and "rw" in perm:
-            covered = b
-    if covered >= hi:
-        return None
-    return f"the main thread's alternate signal stack [{lo:#x}, {hi:#x}) is not mapped memory from {covered:#x} on"
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     problem = altstack_problem()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from edge.envvars import BY_NAME, ENVIRONMENT, markdown
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 NAME = re.compile(r"EDGEKIT_[A-Z0-9_]*[A-Z0-9]")
 

@@ -6,7 +6,7 @@ import pytest
 
 from edge.errors import TargetError
 from edge.targets import NOT_TARGETS, get_target
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 
 @pytest.mark.parametrize("name", ["qualcomm-npu", "Snapdragon", "mediatek-npu", "nnapi", "tfjs", "tvm"])

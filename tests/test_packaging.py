@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge.cli import CLI_MISSING
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 
 @pytest.mark.slow

@@ -16,9 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import pytest
-from conftest import wait_for
 
 from edge.bundle.archive import pack_bundle
 from edge.deploy import DeviceStore
@@ -27,9 +25,9 @@ from edge.mqtt.client import BrokerConfig, paho
 from edge.pipeline import convert
 from edge.verify.isa import guest_pythonpath
 from tests.agent.test_agent_rollout import DEVICE, FLEET, ArtifactServer, Fleet
-from tests.emulation import emulator_or_skip
+from tests.support.cli import wait_for
+from tests.support.emulation import emulator_or_skip
 
-broker = mqtt_broker.broker
 NO_BUDGET_MS = 60_000.0
 
 

@@ -11,15 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import mqtt_broker
 import pytest
-from conftest import wait_for
 
 from edge.agent.appsocket import MAX_DATAGRAM, AppReport, AppReporter, AppSocket, Refused, latency_json
 from edge.errors import EdgeError
 from edge.mqtt.payloads import load_schema
+from tests.support.cli import wait_for
 
-broker = mqtt_broker.broker
 REPO = Path(__file__).resolve().parents[2]
 
 

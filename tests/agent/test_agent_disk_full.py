@@ -22,14 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import pytest
-from conftest import wait_for
 
 from edge.mqtt.client import BrokerConfig, paho
 from tests.agent.test_agent_rollout import DEVICE, FLEET, Fleet
+from tests.support.cli import wait_for
 
-broker = mqtt_broker.broker
 FS_MIB = 40
 
 

@@ -16,13 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import pytest
-from conftest import wait_for
 
 from edge.mqtt.client import BrokerConfig, paho
+from tests.support.cli import wait_for
 
-broker = mqtt_broker.broker
 FLEET, DEVICE = "lab", "cam-09"
 REPO = Path(__file__).resolve().parents[2]
 

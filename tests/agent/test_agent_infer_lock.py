@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import wait_for
 
 from edge.agent.agent import InferenceWorker
 from edge.agent.sources import SyntheticSource
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
-from tests.corpus import corpus_model
+from tests.support.cli import wait_for
+from tests.support.corpus import corpus_model
 
 # runtime -> (model, target): a bundle each runtime's runner opens on this host
 CASES = {

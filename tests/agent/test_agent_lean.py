@@ -13,14 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import mqtt_broker
 import pytest
 
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
 from edge.pipeline import convert
 
-broker = mqtt_broker.broker
 REPO = Path(__file__).resolve().parents[2]
 NEVER = ("typer", "rich", "click", "edge.cli")
 WHEN_A_MODEL_RUNS = ("numpy", "onnxruntime")

@@ -11,10 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import mqtt_broker
 import pytest
-from conftest import EDGEKIT, wait_for
-from mqtt_broker import Mosquitto, make_ca, password_file
 
 from edge.agent.agent import Agent, AgentConfig
 from edge.bundle.bundle import Bundle
@@ -26,8 +23,8 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import load_schema
 from edge.pipeline import convert
-
-broker = mqtt_broker.broker  # the shared fixture: a Mosquitto of this test's own on a free loopback port
+from tests.support.cli import EDGEKIT, wait_for
+from tests.support.mqtt_broker import Mosquitto, make_ca, password_file
 
 FAST = Backoff(0.05, 0.5)
 

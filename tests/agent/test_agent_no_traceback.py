@@ -9,10 +9,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from edge.errors import daemon_error_line
 from edge.mqtt.netloop import NetworkLoop
+from tests.support.cli import wait_for
 
 
 @pytest.fixture(autouse=True)

@@ -217,7 +217,7 @@ def test_health_from_proc() -> None:
 
 
 def test_cli_user_errors_are_one_line(tmp_path: Path) -> None:
-    from conftest import assert_user_error, run_cli
+    from tests.support.cli import assert_user_error, run_cli
 
     (tmp_path / "store").mkdir()
     base = ["agent", "--broker", "mqtt://127.0.0.1:9", "--store", str(tmp_path / "store")]

@@ -14,9 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import pytest
-from conftest import wait_for
 
 from edge.agent.agent import Agent, AgentConfig
 from edge.agent.appsocket import AppReporter
@@ -32,8 +30,8 @@ from edge.mqtt.netloop import Backoff
 from edge.mqtt.payloads import load_schema
 from edge.pipeline import ConvertRequest, convert
 from tests.agent.test_agent_mqtt import schema_errors
+from tests.support.cli import wait_for
 
-broker = mqtt_broker.broker
 FLEET, DEVICE = "lab", "cam-01"
 
 

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import mqtt_broker
 import pytest
-from conftest import REPO, wait_for
 
 from edge.agent.agent import Agent, AgentConfig
 from edge.bundle.bundle import Bundle
@@ -21,8 +19,7 @@ from edge.deploy import DeviceStore
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.netloop import Backoff
 from edge.pipeline import convert
-
-broker = mqtt_broker.broker
+from tests.support.cli import REPO, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ from edge.spec import IOSpec, TensorSpec
 
 @pytest.fixture(scope="module")
 def torch_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny.pt / tiny.pt2 / weights.pt (and the others of tests/torch_models.py), built in the torch toolchain."""
-    import torch_models as tm
+    """tiny.pt / tiny.pt2 / weights.pt (and the others of tests/support/torch_models.py), built in the torch toolchain."""
+    import tests.support.torch_models as tm
 
     problem = tm.toolchain_problem()
     if problem:

@@ -1,7 +1,7 @@
 """``edgekit finish``: an uncompiled coral-edgetpu bundle compiled later, where edgetpu_compiler is.
 
 The real compiler (x86-64 Linux, Coral's apt repository) cannot be installed here, so these tests run
-``tests/edgetpu_standin.py``: same command line, same output files and log format, a compiled model
+``tests/support/edgetpu_standin.py``: same command line, same output files and log format, a compiled model
 whose operators are one ``edgetpu-custom-op``. What is checked is edgekit's side: the bundle opened
 and verified, the compiler's output hashed into a new bundle (id, artifacts, chain), the signature
 handling, nothing lost on failure -- and that the real LiteRT runner treats the result as a compiled
@@ -17,14 +17,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import edgetpu_standin
 import numpy as np
 import pytest
-from conftest import assert_user_error, run_cli
 
 from edge import toolchains
 from edge.bundle.bundle import MANIFEST, Bundle, bundle_id
 from edge.errors import BundleError, ConversionError, HardwareUnavailableError, MissingDependencyError
+from tests.support import edgetpu_standin
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 

@@ -16,8 +16,8 @@ from edge.doctor import doctor
 from edge.errors import ConversionError, HardwareUnavailableError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.conftest import run_cli
-from tests.corpus import corpus_model
+from tests.support.cli import run_cli
+from tests.support.corpus import corpus_model
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
 
 from edge.backends.litert.firmware import array_name, write_c_array
 from edge.errors import EdgeError, InputFileError
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 from tests.backends.test_litert import add_model  # noqa: E402

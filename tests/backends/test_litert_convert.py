@@ -18,13 +18,13 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_user_error, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from edge import toolchains
 from edge.errors import CalibrationError, ConversionError
 from edge.pipeline.request import ConvertRequest
 from edge.spec import Calibration
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 

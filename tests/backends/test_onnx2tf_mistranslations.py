@@ -27,7 +27,7 @@ from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.toolchains.tflite_driver import compare_node_outputs
-from tests.next_models import byte_conv1d_classifier
+from tests.support.next_models import byte_conv1d_classifier
 
 SHAPES = {"bytes": (1, 256)}
 
@@ -186,12 +186,12 @@ def test_the_jax2tf_conv1d_classifier_converts_for_arm_xnnpack(tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.corpus_full
 def test_magika_without_the_rewrite_diverges_at_its_conv_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real model (tests/corpus.py): before the rewrite its arm-xnnpack conversion came out at cosine 0.00004 with
+    """The real model (tests/support/corpus.py): before the rewrite its arm-xnnpack conversion came out at cosine 0.00004 with
     no place named; onnx2tf's per-node check names the Slice after its Conv (the corpus case checks that it passes)."""
     _needs_onnx2tf()
     from edge.backends.litert import convert as litert
     from edge.pipeline.sources import OnnxSource
-    from tests.corpus import corpus_model
+    from tests.support.corpus import corpus_model
 
     src = OnnxSource(corpus_model("magika"))
     m = load_onnx(src.static_file(tmp_path, src.io({"bytes": (1, 2048)})))

@@ -15,7 +15,7 @@ from edge.backends.onnxruntime.convert import OnnxToOnnx
 from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.next_models import int8_weight_encoder
+from tests.support.next_models import int8_weight_encoder
 
 ort = pytest.importorskip("onnxruntime")
 

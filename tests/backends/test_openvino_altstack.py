@@ -22,7 +22,7 @@ if not sys.platform.startswith("linux"):
 _PRELUDE = r"""
 import faulthandler, os, signal, sys
 sys.path.insert(0, {tests!r})
-from conftest import altstack_problem
+from tests.support.skips import altstack_problem
 faulthandler.enable()  # an alternate stack of the interpreter's own, as under pytest
 from edge.graph.samples import build_tiny_cnn
 model = build_tiny_cnn({tmp!r} + "/tiny.onnx")
@@ -58,7 +58,7 @@ print("EDGEKIT", problem, bool(hit))
 def _run(body: str, tmp: str) -> str:
     from pathlib import Path
 
-    code = _PRELUDE.format(tests=str(Path(__file__).resolve().parents[1]), tmp=tmp) + body
+    code = _PRELUDE.format(tests=str(Path(__file__).resolve().parents[2]), tmp=tmp) + body
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout.strip().splitlines()[-1]

@@ -10,7 +10,7 @@ import pytest
 from edge.backends.openvino.run import PRECISION_PROPERTIES
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.next_models import int8_weight_encoder
+from tests.support.next_models import int8_weight_encoder
 
 pytest.importorskip("openvino")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from edge.agent.tegrastats import parse_nvpmodel, parse_nvpmodel_conf, parse_tegrastats, read_nvpmodel
 from edge.backends.converter import CONVERTERS, ConversionRequest
@@ -43,6 +42,7 @@ from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.verify.parity import reference_outputs
+from tests.support.cli import run_cli
 
 TRT_MISSING = missing_here()
 needs_trt = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 
 The converter is called directly (``CONVERTERS.get("torch->onnx")().convert(...)``); the exported graph runs in
 onnxruntime on this host and must match ``result.reference`` (the PyTorch model's outputs on the parity inputs).
-torch lives only in the toolchain, so the models are built there (tests/torch_models.py). Without the toolchain
+torch lives only in the toolchain, so the models are built there (tests/support/torch_models.py). Without the toolchain
 those tests skip saying so; ``CI=true`` makes them fail instead. Checks that need no toolchain always run.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch_models
 
 from edge.backends.converter import CONVERTERS, ConversionRequest, ConversionResult
 from edge.backends.coreml.convert import TorchToCoreML
 from edge.backends.onnxruntime.from_torch import DEFAULT_OPSET, PARITY_SAMPLES, PARITY_SEED, TorchToOnnx
 from edge.errors import ConversionError, ModelError, PrecisionError
 from edge.spec import Calibration, IOSpec, TensorSpec
+from tests.support import torch_models
 
 IMAGE = TensorSpec("image", (1, 3, 32, 32), "float32", "NCHW")
 

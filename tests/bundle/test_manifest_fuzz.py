@@ -24,7 +24,7 @@ from edge.bundle.bundle import Bundle
 from edge.errors import BudgetError, BundleError, DeployError, ManifestError
 from edge.pipeline import convert
 from edge.verify.gates import check_gates
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 DEEP = "\x00deep\x00"  # placeholder replaced by thousands of brackets after json.dumps
 BAD_TEXT = [

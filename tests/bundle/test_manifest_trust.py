@@ -23,7 +23,7 @@ import pytest
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError, HardwareUnavailableError, ManifestError, TargetError
 from edge.pipeline import convert
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import EDGEKIT, assert_user_error
 
 from edge.base.typedjson import UnreadableFile, read_json_file, read_toml_file
 from edge.errors import EdgeError, TargetError
 from edge.targets import load_targets, parse_profile
 from edge.tune.search import load_study
+from tests.support.cli import EDGEKIT, assert_user_error
 
 
 def _edgekit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,6 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
-from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 from edge.agent.agent import Agent, AgentConfig
 from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, sign_bundle
@@ -25,6 +23,8 @@ from edge.errors import SignatureError
 from edge.mqtt.client import BrokerConfig
 from edge.pipeline import convert
 from edge.store import DeviceStore, rollback
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 pytest.importorskip("cryptography")
 

@@ -25,7 +25,7 @@ from edge.bundle.trust import TrustStore
 from edge.deploy import ship
 from edge.errors import SignatureError
 from edge.pipeline import convert
-from tests.conftest import EDGEKIT, REPO, assert_user_error
+from tests.support.cli import EDGEKIT, REPO, assert_user_error
 
 pytest.importorskip("cryptography")
 LIMIT = 1 << 31  # 2 GiB of address space: plenty for edgekit, far below what reading /dev/zero wants

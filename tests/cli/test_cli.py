@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 
 def test_targets_and_show_and_doctor() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 NARROW = {"COLUMNS": "80"}
 

@@ -7,7 +7,7 @@ import pty
 import subprocess
 from pathlib import Path
 
-from tests.conftest import EDGEKIT, run_cli
+from tests.support.cli import EDGEKIT, run_cli
 
 
 def test_dash_h_is_help_everywhere() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import run_cli
+from tests.support.cli import run_cli
 
 
 def _one_error_line(p: object, code: int, *needles: str) -> str:

@@ -18,7 +18,7 @@ from edge.deploy import DeviceStore, ship
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.video.sources import write_synthetic_clip
-from tests.conftest import REPO, assert_user_error, run_cli
+from tests.support.cli import REPO, assert_user_error, run_cli
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:

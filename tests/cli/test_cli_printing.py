@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 HOSTILE = "x\x1b]0;owned\x07\x1b[31mred\x9b2J\u202egnp.onnx"
@@ -77,7 +77,7 @@ def test_a_closed_stdout_is_a_quiet_exit_141(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    from tests.conftest import EDGEKIT
+    from tests.support.cli import EDGEKIT
 
     logs = tmp_path / "logs"
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "EDGEKIT_LOG_DIR": str(logs)}

@@ -11,7 +11,7 @@ import pytest
 
 from edge.bundle.bundle import Bundle
 from edge.cli.convert import render_bundle
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")

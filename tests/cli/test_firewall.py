@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edge.pipeline import convert
-from tests.conftest import EDGEKIT, run_cli
+from tests.support.cli import EDGEKIT, run_cli
 
 SITECUSTOMIZE = """
 import importlib, os

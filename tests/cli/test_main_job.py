@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
 
 from edge.bundle.bundle import Bundle
 from edge.deploy import DeviceStore
+from tests.support.cli import REPO, run_cli
 
 
 def _py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:

@@ -14,9 +14,6 @@ import pytest
 
 pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
 
-from conftest import wait_for  # noqa: E402
-from mqtt_broker import make_fleet_pki, mosquitto_binary, mtls_broker  # noqa: E402
-
 from edge.fleet.acl import own_level, write_acl  # noqa: E402
 from edge.fleet.rollout_view import FleetView  # noqa: E402
 from edge.mqtt.client import BrokerConfig  # noqa: E402
@@ -24,6 +21,8 @@ from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop  
 from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
 from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from edge.tune.remote import DeviceLink  # noqa: E402
+from tests.support.cli import wait_for  # noqa: E402
+from tests.support.mqtt_broker import make_fleet_pki, mosquitto_binary, mtls_broker  # noqa: E402
 
 FAST = Backoff(0.05, 0.5)
 NOT_AUTHORIZED = 0x87  # MQTT 5 PUBACK reason code

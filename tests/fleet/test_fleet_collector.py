@@ -5,17 +5,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterator
-
-import pytest
-from conftest import assert_user_error, run_cli
-from pg_server import PostgresServer, PostgresUnavailable
 
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
 from edge.fleet.status import fleet_status, summarize
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import assert_user_error, run_cli
 
 T0 = 1_767_225_600.0
 
@@ -141,18 +137,6 @@ def test_status_cli_table_and_json(tmp_path: Path) -> None:
     assert "lab/cam-01" in p.stdout and "offline" in p.stdout and "1 offline, 1 unknown of 2 devices" in p.stdout
     assert_user_error(run_cli("fleet", "status", "--db", f"sqlite:///{tmp_path}/nope.db"), "does not exist")
     assert_user_error(run_cli("fleet", "status", "--db", "mysql://x/y"), "unsupported database URL")
-
-
-# PostgreSQL: a throw-away server, started here when the binaries are installed -------------
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(str(e))
-    with server as url:
-        yield url
 
 
 def test_collector_store_on_postgresql(postgres_url: str) -> None:

@@ -14,15 +14,14 @@ import struct
 import time
 from pathlib import Path
 
-from conftest import wait_for
-from mqtt_broker import Mosquitto
-
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.lite import READ_BYTES, mqtt_packet, mqtt_string
 from edge.mqtt.netloop import Backoff
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import wait_for
+from tests.support.mqtt_broker import Mosquitto
 
 BACKLOG = 3_000
 

@@ -15,14 +15,13 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import wait_for
-from mqtt_broker import Mosquitto
-
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.lite import mqtt_packet, mqtt_string
 from edge.mqtt.netloop import Backoff
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import wait_for
+from tests.support.mqtt_broker import Mosquitto
 
 FLOOD = 60_000
 BACKLOG = 3_000

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, wait_for
-from mqtt_broker import Mosquitto
 
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.status import fleet_status
@@ -22,6 +20,8 @@ from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession, SessionOptions
+from tests.support.cli import run_cli, wait_for
+from tests.support.mqtt_broker import Mosquitto
 
 FAST = Backoff(0.05, 0.5)
 TOP = 2**53 - 1

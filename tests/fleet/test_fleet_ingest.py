@@ -10,12 +10,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from conftest import REPO
-from mqtt_broker import Mosquitto, preload_qos1
-from pg_server import PostgresServer, PostgresUnavailable
 
 from edge.errors import EdgeError
 from edge.fleet import decode as dec
@@ -23,6 +20,8 @@ from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import REPO
+from tests.support.mqtt_broker import Mosquitto, preload_qos1
 
 T0 = 1_767_225_600.0
 CLIENT_ID = "edgekit-test-collector"
@@ -44,7 +43,7 @@ def test_batch_options_are_checked_all_at_once() -> None:
 
 
 def test_cli_refuses_bad_batch_options() -> None:
-    from conftest import assert_user_error, run_cli
+    from tests.support.cli import assert_user_error, run_cli
 
     assert_user_error(
         run_cli(
@@ -140,17 +139,6 @@ def store_both_ways(url_one: str, url_batch: str, batch: int) -> None:
 @pytest.mark.parametrize("batch", [1, 7, 1000])
 def test_a_batch_stores_what_one_message_at_a_time_stores(tmp_path: Path, batch: int) -> None:
     store_both_ways(f"sqlite:///{tmp_path}/one.db", f"sqlite:///{tmp_path}/batch.db", batch)
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(str(e))
-    with server as url:
-        yield url
 
 
 def test_a_batch_stores_what_one_message_at_a_time_stores_on_postgresql(postgres_url: str) -> None:

@@ -19,8 +19,6 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (pip install 'edgekit-ml[fleet]')")
 
-import mqtt_broker  # noqa: E402
-from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from edge.agent.agent import Agent, AgentConfig  # noqa: E402
@@ -31,8 +29,8 @@ from edge.mqtt.desired import REASONS, STATES, Reason, ReportedState  # noqa: E4
 from edge.mqtt.netloop import Backoff, NetworkLoop  # noqa: E402
 from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
 from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
+from tests.support.cli import assert_user_error, run_cli, wait_for  # noqa: E402
 
-broker = mqtt_broker.broker
 FAST = Backoff(0.05, 0.5)
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "edgekit-fleet.json"
 
@@ -457,8 +455,8 @@ def test_collect_metrics_port_and_standalone_metrics(broker: Any, tmp_path: Path
     import signal
     import subprocess
 
-    from conftest import EDGEKIT
-    from mqtt_broker import free_port
+    from tests.support.cli import EDGEKIT
+    from tests.support.mqtt_broker import free_port
 
     url = f"sqlite:///{tmp_path}/fleet.db"
     with socket.socket() as busy:  # a port in use: one line, nothing started, no database created
@@ -573,16 +571,8 @@ def test_reader_on_sqlite(tmp_path: Path) -> None:
     reader_scenario(f"sqlite:///{tmp_path}/fleet.db")
 
 
-def test_reader_on_postgresql() -> None:
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    from pg_server import PostgresServer, PostgresUnavailable
-
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(str(e))
-    with server as url:
-        reader_scenario(url)
+def test_reader_on_postgresql(postgres_url: str) -> None:
+    reader_scenario(postgres_url)
 
 
 def test_two_collectors_on_one_database_count_each_device_once(tmp_path: Path) -> None:

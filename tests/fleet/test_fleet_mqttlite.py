@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mqtt_broker import Mosquitto, free_port, make_ca, password_file, preload_qos1
 
 from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.db import open_db
@@ -30,6 +28,8 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.lite import LiteConnection, Malformed, PacketReader, TooLarge, properties, varint
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import REPO, wait_for
+from tests.support.mqtt_broker import Mosquitto, free_port, make_ca, password_file, preload_qos1
 
 T0 = time.time() - 100
 FAST = Backoff(0.05, 0.2)
@@ -526,9 +526,8 @@ def test_messages_in_the_same_read_as_the_connack_are_delivered(caplog: pytest.L
 
 
 def test_unknown_client_is_refused_in_one_line() -> None:
-    from conftest import assert_user_error, run_cli
-
     from edge.errors import EdgeError
+    from tests.support.cli import assert_user_error, run_cli
 
     with pytest.raises(EdgeError, match="unknown MQTT client 'mosquitto'"):
         CollectorConfig(BrokerConfig("127.0.0.1", 1), client="mosquitto")

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import pytest
-from conftest import assert_user_error, run_cli, wait_for
 
 from edge.agent.agent import Agent, AgentConfig
 from edge.agent.download import DownloadOptions
@@ -42,8 +40,9 @@ from edge.mqtt.netloop import Backoff
 from edge.pipeline import convert
 from edge.targets import get_target
 from tests.agent.test_agent_rollout import ArtifactServer
+from tests.support import mqtt_broker
+from tests.support.cli import assert_user_error, run_cli, wait_for
 
-broker = mqtt_broker.broker
 FLEET = "lab"
 N_REAL = 50  # real in-process agents in the good rollout: measured 5 s to start 50, ~150 MB, ~20% of one core
 
@@ -458,14 +457,7 @@ def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         with open_db(f"sqlite:///{tmp_path}/fleet.db") as d:
             yield d
         return
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    from pg_server import PostgresServer, PostgresUnavailable
-
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(str(e))
-    with server as url, open_db(url) as d:
+    with open_db(request.getfixturevalue("postgres_url")) as d:  # tests/fleet/conftest.py
         yield d
 
 

@@ -12,12 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from conftest import REPO, assert_user_error, run_cli, wait_for
-from mqtt_broker import BRIDGE_TOPICS, Mosquitto, bridge_config, preload_qos1
-from pg_server import PostgresServer, PostgresUnavailable
 
 from edge.errors import EdgeError
 from edge.fleet.collector import Collector, CollectorConfig
@@ -27,19 +24,10 @@ from edge.fleet.simulate import SimulatedFleet
 from edge.fleet.status import fleet_status
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import encode, message
+from tests.support.cli import REPO, assert_user_error, run_cli, wait_for
+from tests.support.mqtt_broker import BRIDGE_TOPICS, Mosquitto, bridge_config, preload_qos1
 
 DAY = PARTITION_S
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'edgekit-ml[fleet]')")
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(str(e))
-    with server as url:
-        yield url
 
 
 def new_database(pg: str, name: str) -> str:
@@ -108,12 +96,12 @@ def scalar(url: str, sql: str) -> Any:
 
 @pytest.mark.parametrize("client", ["paho", "lite"])
 def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
-    pg: str, tmp_path: Path, client: str
+    postgres_url: str, tmp_path: Path, client: str
 ) -> None:
     """Two collector processes share the fleet (one shared-subscription group, one PostgreSQL); one is SIGKILLed
     mid-drain, more telemetry and re-sent copies arrive while it is down, it restarts under its client id (the
     broker kept its session): every message stored exactly once, every device's row at its highest seq."""
-    url = new_database(pg, f"several_{client}")
+    url = new_database(postgres_url, f"several_{client}")
     devices, per_device, session, now = 40, 400, int(time.time()) - 100, time.time()
     first = [birth(f"d{i:02d}", session, now) for i in range(devices)]
     first += [tel(f"d{k % devices:02d}", session, k // devices + 1, now) for k in range(devices * per_device // 2)]
@@ -166,8 +154,8 @@ def test_two_collectors_one_killed_mid_run_lose_nothing_and_store_nothing_twice(
 
 
 # PostgreSQL partitions and retention -------------------------------------------------------
-def test_partitioned_postgresql_dedupes_across_days_and_prunes_whole_partitions(pg: str) -> None:
-    url = new_database(pg, "parts")
+def test_partitioned_postgresql_dedupes_across_days_and_prunes_whole_partitions(postgres_url: str) -> None:
+    url = new_database(postgres_url, "parts")
     now = time.time()
     today = int(now // DAY)
     with open_db(url) as db:
@@ -211,10 +199,10 @@ def test_partitioned_postgresql_dedupes_across_days_and_prunes_whole_partitions(
         assert [r[0] for r in db.execute("SELECT seq FROM telemetry ORDER BY seq")] == [6, 7]
 
 
-def test_partitioned_batch_mixing_new_rows_redeliveries_and_gap_fillers(pg: str) -> None:
+def test_partitioned_batch_mixing_new_rows_redeliveries_and_gap_fillers(postgres_url: str) -> None:
     """One batch of three kinds, in one insert: rows past the stream's stored max seq (copied in without a
     lookup), re-deliveries of stored rows and a late gap filler below max seq (both looked up by key)."""
-    url = new_database(pg, "mixed")
+    url = new_database(postgres_url, "mixed")
     now = time.time()
     c = offline_collector(url)
     try:
@@ -242,10 +230,10 @@ def test_partitioned_batch_mixing_new_rows_redeliveries_and_gap_fillers(pg: str)
         assert fps == 3.0  # the gap filler's own values, through the lookup statement
 
 
-def test_a_batch_refused_at_commit_is_not_counted_twice_when_redelivered(pg: str) -> None:
+def test_a_batch_refused_at_commit_is_not_counted_twice_when_redelivered(postgres_url: str) -> None:
     """The counters follow the database: a batch whose commit fails is rolled back and taken out of
     stats["stored"], so its re-delivery counts once (a deferred constraint trigger refuses the commit)."""
-    url = new_database(pg, "atcommit")
+    url = new_database(postgres_url, "atcommit")
     now = time.time()
     with open_db(url) as db:
         db.execute("CREATE TABLE trap (armed BOOLEAN)")
@@ -281,11 +269,11 @@ def test_a_batch_refused_at_commit_is_not_counted_twice_when_redelivered(pg: str
         assert db.execute("SELECT count(*) FROM telemetry").fetchone()[0] == 3
 
 
-def test_an_unpartitioned_postgresql_database_keeps_working(pg: str) -> None:
+def test_an_unpartitioned_postgresql_database_keeps_working(postgres_url: str) -> None:
     """A database created before partitioning (telemetry a plain table with its primary key): used as it is."""
     import psycopg
 
-    url = new_database(pg, "legacy")
+    url = new_database(postgres_url, "legacy")
     with psycopg.connect(url) as c:  # the schema as the previous edgekit created it
         for stmt in SCHEMA:
             if "states_received" not in stmt:

@@ -22,9 +22,6 @@ import pytest
 
 pytest.importorskip("cryptography", reason="cryptography is not installed (pip install 'edgekit-ml[fleet]')")
 
-from conftest import assert_user_error, run_cli, wait_for  # noqa: E402
-from mqtt_broker import Mosquitto, make_fleet_pki, mtls_broker  # noqa: E402
-
 from edge.errors import EdgeError  # noqa: E402
 from edge.fleet.acl import mosquitto_acl, write_acl  # noqa: E402
 from edge.fleet.collector import Collector, CollectorConfig  # noqa: E402
@@ -37,7 +34,8 @@ from edge.mqtt.outbox import MemoryOutbox  # noqa: E402
 from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.mqtt.ratelog import RateLimitedLog  # noqa: E402
 from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
-from tests.fleet.test_fleet_collector import postgres_url  # noqa: E402,F401  (the throw-away PostgreSQL fixture)
+from tests.support.cli import assert_user_error, run_cli, wait_for  # noqa: E402
+from tests.support.mqtt_broker import Mosquitto, make_fleet_pki, mtls_broker  # noqa: E402
 
 FAST = Backoff(0.05, 0.5)
 BIG = 2**63 - 1
@@ -463,7 +461,7 @@ def test_status_prints_device_text_as_text(tmp_path: Path) -> None:
     assert "\x1b" not in p.stdout and "\u202e" not in p.stdout and "1e+299" in p.stdout
 
 
-def test_no_password_in_any_message(postgres_url: str) -> None:  # noqa: F811
+def test_no_password_in_any_message(postgres_url: str) -> None:
     secret = "s3cret-Pw"
     url = postgres_url.replace("edgekit@", f"edgekit:{secret}@")  # the test server trusts; the password is carried
     with open_db(url) as db:

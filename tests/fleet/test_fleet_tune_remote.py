@@ -20,10 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import mqtt_broker
 import numpy as np
 import pytest
-from conftest import REPO, assert_user_error, run_cli, wait_for
 
 from edge.capabilities import cpu_isa
 from edge.mqtt.client import BrokerConfig
@@ -31,6 +29,8 @@ from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
 from edge.tune.search import TuneOptions
 from tests import fuzz_models
+from tests.support import mqtt_broker
+from tests.support.cli import REPO, assert_user_error, run_cli, wait_for
 
 FLEET, DEVICE = "lab", "dev-1"
 SHA = "ab" * 32

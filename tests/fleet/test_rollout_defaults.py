@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
 
 from edge.fleet.rollout import (
     RolloutBundle,
@@ -29,7 +28,6 @@ from edge.store import DeviceStore
 from tests.fleet.test_fleet_rollout import (  # noqa: F401
     FLEET,
     agent_store,
-    broker,
     bundles,
     db,
     drive,
@@ -40,6 +38,7 @@ from tests.fleet.test_fleet_rollout import (  # noqa: F401
     synced_with,
     view,
 )
+from tests.support.cli import wait_for
 
 
 def _fake(bundle_id: str, target: str) -> RolloutBundle:

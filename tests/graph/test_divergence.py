@@ -15,7 +15,7 @@ from edge.errors import ParityError
 from edge.graph.divergence import first_divergence
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.next_models import anchor_detector
+from tests.support.next_models import anchor_detector
 from tests.test_targets import VALID
 
 BROKEN = "s2_w"  # the second convolution's weights: the first divergence is there, not at the outputs

@@ -19,8 +19,8 @@ from edge.graph.freeze import freeze_inputs, parse_freeze
 from edge.graph.lower import lower_lstm, needs_lowering
 from edge.graph.model import io_spec, load_onnx, resolve_static_inputs
 from edge.pipeline.request import ConvertRequest
-from tests.corpus import corpus_model
 from tests.graph.test_graphs import SHAPES, build_lstm_state, build_vad_like
+from tests.support.corpus import corpus_model
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

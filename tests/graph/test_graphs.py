@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_user_error, run_cli
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -33,6 +32,7 @@ from edge.graph.model import (
 )
 from edge.graph.opsupport import check_ops, rules
 from edge.pipeline.request import ConvertRequest
+from tests.support.cli import assert_user_error, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SILERO = REPO / "examples" / "models" / "silero_vad.onnx"

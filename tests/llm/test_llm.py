@@ -12,7 +12,7 @@ from edge.backends.llamacpp.samples import LlamaShape, build_tiny_llama
 from edge.errors import ConversionError, EdgeError, HardwareUnavailableError, InputFileError, ModelError, ParityError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
 

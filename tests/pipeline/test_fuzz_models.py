@@ -1,6 +1,6 @@
 """No traceback from any fuzzed model (issue #23, class 3, "Done when").
 
-Malformed and odd model files (``tests/fuzz_models.py``: truncated ONNX/TFLite/GGUF, random bytes behind
+Malformed and odd model files (``tests/support/fuzz_models.py``: truncated ONNX/TFLite/GGUF, random bytes behind
 the right magic, a ModelProto without a graph, an op from an unknown domain, 0/negative/huge dims, no
 inputs, no outputs, string tensors, a cycle, nested Ifs, external data outside the folder, TFLite buffers
 and indices out of range...) and seeded byte-flip mutants of a valid ONNX and TFLite go through

@@ -28,7 +28,7 @@ from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.preprocess import Preprocessor, read_image
 from edge.verify.parity import reference_outputs
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 MODEL = REPO / "examples" / "models" / "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
 pytestmark = pytest.mark.skipif(

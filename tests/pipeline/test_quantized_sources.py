@@ -13,8 +13,8 @@ from edge.errors import PrecisionError
 from edge.graph.quantized import quantization_of
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.conftest import assert_user_error, run_cli
-from tests.next_models import quantized, regressor
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.next_models import quantized, regressor
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from edge.pipeline.plan import runnable_here
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
 from edge.verify.refpairs import check_reference_pairs
-from tests.conftest import REPO, assert_user_error, run_cli
+from tests.support.cli import REPO, assert_user_error, run_cli
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (pip install 'edgekit-ml[litert]')")
 

@@ -21,7 +21,7 @@ from edge.backends.litert.format import signature_names
 from edge.errors import EdgeError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 EXPORT = """
 import sys

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
 
 from edge import toolchains
 from edge.bundle.bundle import Bundle
@@ -19,6 +18,7 @@ from edge.capabilities import current_host
 from edge.deploy import DeployOptions, DeviceStore, deploy, ship
 from edge.errors import BudgetError
 from edge.pipeline.request import ConvertRequest
+from tests.support.cli import REPO, run_cli
 
 X86_LINUX = current_host().os == "linux" and current_host().arch == "x86_64"
 needs_x86 = pytest.mark.skipif(

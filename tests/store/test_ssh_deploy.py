@@ -16,9 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import assert_user_error, run_cli
-from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
-from store_bundles import KillServer, clone_bundle
 
 from edge.bundle.bundle import Bundle
 from edge.deploy import rollback, ship
@@ -26,6 +23,9 @@ from edge.errors import DeployError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.store import INSTALL_STEPS, DeviceStore, SshStore
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
+from tests.support.store_bundles import KillServer, clone_bundle
 
 pytestmark = needs_sshd
 

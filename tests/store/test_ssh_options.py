@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
-from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 from edge.errors import DeployError
 from edge.store import SSH_OPTIONS_ENV, parse_ssh_options
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 pytestmark = needs_sshd
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from store_bundles import KillServer, clone_bundle
 
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from edge.store import INSTALL_STEPS, SWITCH_STEPS, DeviceStore
+from tests.support.store_bundles import KillServer, clone_bundle
 
 ROUNDS = 20
 

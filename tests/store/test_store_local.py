@@ -11,15 +11,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import assert_user_error, run_cli
-from store_bundles import clone_bundle as clone
-from store_bundles import clone_dir
 
 from edge.bundle.bundle import Bundle
 from edge.deploy import ship
 from edge.errors import DeployError, EdgeError
 from edge.pipeline import convert
 from edge.store import DeviceStore, open_store, rollback
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.store_bundles import clone_bundle as clone
+from tests.support.store_bundles import clone_dir
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
 
 from edge.errors import DeployError
 from edge.store import SSH_OPTIONS_ENV, SshStore, open_store, parse_ssh_options, parse_ssh_url
 from edge.store.remote import REMOTE_SCRIPT
+from tests.support.cli import assert_user_error, run_cli
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import pytest
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.toolchains import aarch64
-from tests.conftest import run_cli
-from tests.emulation import emulator_or_skip
+from tests.support.cli import run_cli
+from tests.support.emulation import emulator_or_skip
 
 _INDEX = """Package: qemu-system
 Version: 1:10.0.2

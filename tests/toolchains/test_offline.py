@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import HARDWARE
 
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
+from tests.support.skips import HARDWARE
 
 PROBE = r"""
 import _socket, json, os, socket, subprocess, sys

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
 
 from edge import toolchains
 from edge.errors import EdgeError, MissingDependencyError
 from edge.pipeline import conversion_problems, plan
 from edge.targets import get_target
+from tests.support.cli import assert_user_error, run_cli
 
 
 def _mini_spec(tmp_path: Path, **changes: object) -> toolchains.ToolchainSpec:

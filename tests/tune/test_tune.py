@@ -21,7 +21,7 @@ from edge.targets import get_target
 from edge.tune.search import Schedule, TuneOptions, choose, ranked_trials, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
 from tests.cli.test_cli_errors import build_outlier_model
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 

@@ -285,7 +285,7 @@ def test_litert_trials_keep_parity_with_latest_features_and_batch(tmp_path: Path
 
 
 def test_cli_shows_batch_rows_as_items_per_second(tmp_path: Path) -> None:
-    from tests.conftest import assert_user_error, run_cli
+    from tests.support.cli import assert_user_error, run_cli
 
     model = str(conv_model(tmp_path / "conv.onnx", 1))
     p = run_cli(

@@ -111,7 +111,7 @@ def test_a_quantized_tflite_input_is_fed_its_whole_range() -> None:
     level, as floats the runner quantizes back exactly; the keyword spotter still says 0 on them (no keyword in
     noise), which the corpus test's UNVERIFIED records and parity marks unverified."""
     from edge.backends.litert.run import LiteRTRunner
-    from tests.corpus import corpus_model
+    from tests.support.corpus import corpus_model
 
     with LiteRTRunner(corpus_model("micro-wakeword-okay-nabu"), options={"delegate": "reference"}) as r:
         io = IOSpec(tuple(r.inputs), tuple(r.outputs))
@@ -128,7 +128,7 @@ def test_a_quantized_tflite_input_is_fed_its_whole_range() -> None:
 def test_explain_says_the_quantized_input_gets_every_level() -> None:
     from edge.pipeline.explain import explain
     from edge.pipeline.request import ConvertRequest
-    from tests.corpus import corpus_model
+    from tests.support.corpus import corpus_model
 
     [i] = explain(corpus_model("micro-wakeword-okay-nabu"), ConvertRequest())["inputs"]
     assert i["generator"].startswith("uniform over the quantized input's levels -128..127"), i

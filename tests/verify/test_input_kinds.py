@@ -11,7 +11,7 @@ from edge.pipeline import convert
 from edge.preprocess import Preprocessor
 from edge.spec import IOSpec, TensorSpec, default_preprocess
 from edge.verify.inputs import describe_generated, generated_samples
-from tests.next_models import one_channel_net
+from tests.support.next_models import one_channel_net
 
 
 def _io(*inputs: TensorSpec) -> IOSpec:
@@ -80,7 +80,7 @@ def test_byte_input_gets_file_like_bytes() -> None:
     headers; on the real Magika model they fall in many different content types."""
     import onnxruntime as ort
 
-    from tests.corpus import corpus_model
+    from tests.support.corpus import corpus_model
 
     io = _io(TensorSpec("bytes", (1, 2048), "int32"))
     assert describe_generated(io, None)["bytes"].startswith("file-like bytes in 0..255")

@@ -17,8 +17,8 @@ from edge.bundle.bundle import SIGNATURE, Bundle
 from edge.bundle.signing import generate_key
 from edge.bundle.trust import TrustStore
 from edge.verify import isa
-from tests.conftest import assert_user_error, run_cli
-from tests.emulation import emulator_or_skip
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.emulation import emulator_or_skip
 
 
 @pytest.fixture(scope="module")

@@ -142,12 +142,12 @@ def test_the_manifest_gate_judges_the_recorded_figures_the_same_way() -> None:
     assert degenerate_reason(0.0, 1e-4) and degenerate_reason(3.0, 3.0) and degenerate_reason(0.0, 1.0) is None
 
 
-# -- real pretrained models (tests/corpus.py; skipped with the fetch command when missing, CI fetches) ------
+# -- real pretrained models (tests/support/corpus.py; skipped with the fetch command when missing, CI fetches) ------
 
 
 def _corpus_io(name: str):
     from edge.spec import IOSpec, TensorSpec, default_preprocess
-    from tests.corpus import CORPUS, corpus_model
+    from tests.support.corpus import CORPUS, corpus_model
 
     path = corpus_model(name)
     ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (the reference runtime)")

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, SIGNATURE, Bundle, artifact_entries
@@ -37,6 +36,7 @@ from edge.verify.refpairs import (
     snr_db,
     write_reference_pairs,
 )
+from tests.support.cli import run_cli
 
 pytest.importorskip("onnxruntime")
 

@@ -11,8 +11,8 @@ import pytest
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.verify.parity import THRESHOLDS, compare, guess_task
-from tests.conftest import run_cli
-from tests.next_models import anchor_detector, regressor, text_encoder
+from tests.support.cli import run_cli
+from tests.support.next_models import anchor_detector, regressor, text_encoder
 from tests.test_targets import VALID
 
 

@@ -16,7 +16,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.stats import LatencyStats
 from edge.video.report import VideoReport
 from edge.video.sources import write_synthetic_clip
-from tests.conftest import assert_user_error, run_cli
+from tests.support.cli import assert_user_error, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.video import PipelineOptions, open_source, run_pipeline, run_sequential
 from edge.video.report import VideoReport
 from edge.video.sources import ImageDirSource, write_synthetic_clip
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Several nodes of one broker cluster in ``--broker`` (issue #16, "beyond one broker"): parsing into the typed
 ``BrokerConfig``, and the agent's client (paho, ``Connection``) and the collector's lean client (``LiteConnection``)
 moving to the next node when one cannot be reached or goes away, on real Mosquitto processes. The three-node
-RabbitMQ cluster test is in ``tests/fleet/test_broker_rabbitmq.py``."""
+RabbitMQ cluster test is in ``tests/mqtt/test_broker_rabbitmq.py``."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
-from mqtt_broker import HOST, Mosquitto, free_port, make_ca
 
 from edge.errors import EdgeError
 from edge.mqtt.client import MQTT5_UNANSWERED, BrokerConfig
 from edge.mqtt.lite import LiteConnection
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
+from tests.support.cli import wait_for
+from tests.support.mqtt_broker import HOST, Mosquitto, free_port, make_ca
 
 FAST = Backoff(0.05, 0.3)
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")  # tests/conftest.py
@@ -153,7 +153,7 @@ def test_no_protocol_hint_on_a_refused_client_certificate(
 ) -> None:
     """A TLS listener that wants a client certificate ends the session before any CONNACK too; that is no sign of
     an MQTT 3.1.1 broker and must not say so. (The hint itself is checked on RabbitMQ 3.10, which does close MQTT 5
-    CONNECTs: tests/fleet/test_broker_rabbitmq.py.)"""
+    CONNECTs: tests/mqtt/test_broker_rabbitmq.py.)"""
     caplog.set_level(logging.DEBUG, logger="edge.mqtt")
     tls = make_ca(tmp_path / "pki")
     with Mosquitto(tmp_path / "broker", tls=tls, require_certificate=True) as m, NetworkLoop() as loop:

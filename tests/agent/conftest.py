@@ -1,0 +1,5 @@
+"""Fixtures for the agent's tests: a Mosquitto of the test's own on a free loopback port (``broker``)."""
+
+from tests.support.mqtt_broker import broker
+
+__all__ = ["broker"]
