@@ -1,5 +1,9 @@
 """Apply one desired state on the device, and roll it back when the new model is unhealthy.
 
+The apply is an explicit state table, :data:`STEPS`: each state names its handler, whether it is reported
+when it begins, the :class:`Plan` fields it reads and writes (its narrow context) and the states it may go to;
+``Applier.run`` walks it from ``start`` to a terminal state. What the states do:
+
     downloading    the artifact, resumed where a cut left it; free disk checked first (edge.agent.download)
     verifying      its sha256 (before anything is unpacked), then unpacked into <store>/agent/staging and
                    opened as a bundle: every listed sha256, exactly the listed files, the signature and
@@ -55,6 +59,7 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -81,6 +86,43 @@ class StepFailed(Exception):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
         self.code, self.detail = code, detail
+
+
+@dataclass
+class Plan:
+    """What one state hands the next; each state reads and writes only the fields its :data:`STEPS` entry
+    names (the narrow context: a handler sees nothing else of the apply)."""
+
+    held: str | None = None  # "previous" or "current": the store holds the desired bundle there
+    archive: Path | None = None  # the downloaded, sha256-checked artifact
+    bundle: Any = None  # the staged (or stored) bundle, verified
+    breach: Reason | None = None  # why the switch or the watch failed
+    reason: Reason | None = None  # the terminal state's reason
+
+
+@dataclass(frozen=True)
+class Step:
+    handler: str  # the Applier method that runs the state: (Plan) -> the next state
+    enter: bool  # reported (retained) when the state begins
+    reads: tuple[str, ...]  # Plan fields
+    writes: tuple[str, ...]
+    then: tuple[str, ...]  # the states it may go to
+
+
+#: the apply as a state table (Mender's client is built the same way); ``start`` first, a TERMINAL state last
+STEPS: dict[str, Step] = {
+    "start": Step("_s_start", False, (), ("held",), ("already-running", "watching", "verifying-stored", "downloading")),
+    "verifying-stored": Step(
+        "_s_verify_stored", False, ("held",), ("held", "bundle"), ("smoke-testing", "downloading")
+    ),
+    "downloading": Step("_s_download", True, (), ("archive",), ("verifying",)),
+    "verifying": Step("_s_verify", True, ("archive",), ("bundle",), ("smoke-testing",)),
+    "smoke-testing": Step("_s_smoke", True, ("bundle",), (), ("switching",)),
+    "switching": Step("_s_switch", True, ("bundle", "held"), ("breach",), ("watching", "rolling-back")),
+    "watching": Step("_s_watch", True, (), ("breach",), ("running", "rolling-back")),
+    "rolling-back": Step("_s_roll_back", False, ("breach",), ("reason",), ("rolled-back", "failed")),
+}
+TERMINAL = ("running", "rolled-back", "failed", "already-running")  # already-running: reported running, no watch
 
 
 class Applier:
@@ -125,68 +167,23 @@ class Applier:
 
     # the steps -----------------------------------------------------------------------------
     def run(self) -> str:
-        """Apply; returns the terminal state (running, rolled-back or failed), reported and recorded."""
-        agent, d = self.agent, self.d
+        """Apply: the states of :data:`STEPS` from ``start`` to a terminal one (running, rolled-back or failed),
+        reported and recorded."""
+        d = self.d
         log.info("applying desired version %d (rollout %s): bundle %s", d.version, d.rollout_id, d.bundle_id)
+        plan, state = Plan(), "start"
         try:
-            if self._running_id() == d.bundle_id and agent.state in ("running", "idle"):
-                if unconfirmed(agent.config.store) != d.bundle_id:
-                    # nothing changes: the bundle runs and was judged when it was switched to (or deployed)
-                    agent.counters["already_running"] += 1
-                    log.info(
-                        "desired version %d names bundle %s, which this device already runs: nothing to do",
-                        d.version,
-                        d.bundle_id,
-                    )
-                    return self._finish("running", None)
-                # switched to, but its watch never finished (the agent stopped, or it was superseded): watch
-                self._enter("watching")
-                breach = self._watch()
-                return self._finish("running", None) if breach is None else self._roll_back(breach)
-            held = self._held()
-            self.going_back = held is not None
-            bundle = None
-            if held is not None:
-                self.step = "verifying"
-                self._report("verifying", progress={"from": "store"})
-                bundle = self._bounded(
-                    lambda: self._verify_held(held), self.agent.config.verify_timeout_s, "checking the stored copy"
-                )
-            if bundle is not None:
-                agent.counters["local_switches"] += 1
-                log.info(
-                    "bundle %s is in the store (%s) and matches the desired sha256: switching to it locally, no download",
-                    d.bundle_id,
-                    held,
-                )
-                self._enter("smoke-testing")
-                self._smoke(bundle)
-                self._enter("switching")
-                breach = self._switch(bundle, held)
-            else:
-                if d.artifact_url == HELD_URL:  # the controller knew no artifact: only the store's copy would do
-                    raise StepFailed(
-                        "download_failed",
-                        f"bundle {d.bundle_id} is not in this device's store (or "
-                        "differs from the desired sha256), and the desired state names no URL",
-                    )
-                self._enter("downloading")
-                archive = self._download()
-                agent.counters["downloads"] += 1
-                self._enter("verifying")
-                self.staged, bundle = self._bounded(
-                    lambda: self._verify(archive), self.agent.config.verify_timeout_s, "verifying the artifact"
-                )
-                self._enter("smoke-testing")
-                self._smoke(bundle)
-                self._enter("switching")
-                breach = self._switch(bundle)
-            if breach is None:
-                self._enter("watching")
-                breach = self._watch()
-            if breach is None:
+            while state not in TERMINAL:
+                step = STEPS[state]
+                if step.enter:
+                    self._enter(state)
+                nxt = getattr(self, step.handler)(plan)
+                if nxt not in step.then:  # the table is the contract: a handler going elsewhere is a bug
+                    raise RuntimeError(f"apply state {state!r} went to {nxt!r}, not one of {step.then}")
+                state = nxt
+            if state == "already-running":
                 return self._finish("running", None)
-            return self._roll_back(breach)
+            return self._finish(state, plan.reason)
         except StepFailed as e:
             if self.stop.is_set():
                 return self._interrupted()
@@ -199,6 +196,89 @@ class Applier:
             return self._finish("failed", Reason(code, f"{type(e).__name__}: {str(e)[:500]}", self.step))
         finally:
             self._clean()
+
+    # the states' handlers: each reads and writes only the Plan fields its STEPS entry names -----------------
+    def _s_start(self, p: Plan) -> str:
+        agent, d = self.agent, self.d
+        if self._running_id() == d.bundle_id and agent.state in ("running", "idle"):
+            if unconfirmed(agent.config.store) != d.bundle_id:
+                # nothing changes: the bundle runs and was judged when it was switched to (or deployed)
+                agent.counters["already_running"] += 1
+                log.info(
+                    "desired version %d names bundle %s, which this device already runs: nothing to do",
+                    d.version,
+                    d.bundle_id,
+                )
+                return "already-running"
+            return "watching"  # switched to, but its watch never finished (the agent stopped, or was superseded)
+        p.held = self._held()
+        self.going_back = p.held is not None
+        return "verifying-stored" if p.held is not None else self._download_or_fail()
+
+    def _download_or_fail(self) -> str:
+        if self.d.artifact_url == HELD_URL:  # the controller knew no artifact: only the store's copy would do
+            raise StepFailed(
+                "download_failed",
+                f"bundle {self.d.bundle_id} is not in this device's store (or "
+                "differs from the desired sha256), and the desired state names no URL",
+            )
+        return "downloading"
+
+    def _s_verify_stored(self, p: Plan) -> str:
+        held = p.held
+        assert held is not None
+        self.step = "verifying"
+        self._report("verifying", progress={"from": "store"})
+        p.bundle = self._bounded(
+            lambda: self._verify_held(held), self.agent.config.verify_timeout_s, "checking the stored copy"
+        )
+        if p.bundle is None:
+            p.held = None
+            return self._download_or_fail()
+        self.agent.counters["local_switches"] += 1
+        log.info(
+            "bundle %s is in the store (%s) and matches the desired sha256: switching to it locally, no download",
+            self.d.bundle_id,
+            held,
+        )
+        return "smoke-testing"
+
+    def _s_download(self, p: Plan) -> str:
+        p.archive = self._download()
+        self.agent.counters["downloads"] += 1
+        return "verifying"
+
+    def _s_verify(self, p: Plan) -> str:
+        archive = p.archive
+        self.staged, p.bundle = self._bounded(
+            lambda: self._verify(archive), self.agent.config.verify_timeout_s, "verifying the artifact"
+        )
+        return "smoke-testing"
+
+    def _s_smoke(self, p: Plan) -> str:
+        self._smoke(p.bundle)
+        return "switching"
+
+    def _s_switch(self, p: Plan) -> str:
+        p.breach = self._switch(p.bundle, p.held)
+        return "watching" if p.breach is None else "rolling-back"
+
+    def _s_watch(self, p: Plan) -> str:
+        p.breach = self._watch()
+        return "running" if p.breach is None else "rolling-back"
+
+    def _s_roll_back(self, p: Plan) -> str:
+        breach = p.breach
+        assert breach is not None
+        log.warning("rolling back %s: %s (%s)", self.d.bundle_id, breach.code, breach.detail)
+        try:
+            back = self.agent.store.rollback()
+        except EdgeError as e:
+            p.reason = Reason("rollback_failed", f"{breach.code}: {breach.detail}; rollback failed: {e}", breach.step)
+            return "failed"
+        self.agent.reload(f"rolled back to {back}: {breach.code}")
+        p.reason = breach
+        return "rolled-back"
 
     def _clean(self) -> None:
         if self.staged is not None:
@@ -634,19 +714,6 @@ class Applier:
             self.health["reference_passed"] = result.get("passed")
         failed = describe(result)
         return Reason("watch_reference_drift", failed, "watching") if failed else None
-
-    def _roll_back(self, breach: Reason) -> str:
-        agent = self.agent
-        log.warning("rolling back %s: %s (%s)", self.d.bundle_id, breach.code, breach.detail)
-        try:
-            back = agent.store.rollback()
-        except EdgeError as e:
-            return self._finish(
-                "failed",
-                Reason("rollback_failed", f"{breach.code}: {breach.detail}; rollback failed: {e}", breach.step),
-            )
-        agent.reload(f"rolled back to {back}: {breach.code}")
-        return self._finish("rolled-back", breach)
 
 
 UNCONFIRMED = "unconfirmed.json"
