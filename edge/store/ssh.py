@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ from edge.store.base import (
     with_pending,
 )
 from edge.store.remote import REMOTE_SCRIPT
+
+#: the most a device store may answer to one operation (a manifest, the history): past it the device is no store
+MAX_ANSWER_BYTES = 16 << 20
 
 SSH_OPTIONS_ENV = "EDGEKIT_SSH_OPTIONS"
 URL_HINT = "use ssh://user@host/path/to/store (user@ and :port are optional)"
@@ -291,30 +295,61 @@ class SshStore(Store):
     def _call(
         self, op: str, *args: str, upload: tuple[Path, list[tuple[str, Path, bool]]] | None = None
     ) -> tuple[int, str, str]:
+        """Run one operation; its stdout and stderr, each read with a bound (a device that answers gigabytes is
+        stopped at :data:`MAX_ANSWER_BYTES` and refused in one line, never read into memory or onto disk)."""
         argv = self.argv(op, *args)
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            if upload is None:
-                rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err).returncode
-            else:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        stdin = subprocess.PIPE if upload is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        got: dict[str, bytes] = {}
+        over: list[str] = []
+
+        def drain(name: str, pipe: IO[bytes], limit: int) -> None:
+            chunks, n = [], 0
+            while chunk := pipe.read(1 << 16):
+                n += len(chunk)
+                if n > limit:
+                    over.append(name)
+                    proc.kill()
+                    break
+                chunks.append(chunk)
+            got[name] = b"".join(chunks)
+
+        readers = [
+            threading.Thread(target=drain, args=("out", proc.stdout, MAX_ANSWER_BYTES), daemon=True),
+            threading.Thread(target=drain, args=("err", proc.stderr, MAX_ANSWER_BYTES), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        try:
+            if upload is not None:
                 assert proc.stdin is not None
                 try:
                     _send_tar(proc.stdin, *upload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the device stopped reading: its exit status says why
-                except BaseException:
-                    proc.kill()
-                    proc.wait()
-                    raise
                 finally:
                     try:
                         proc.stdin.close()
                     except BrokenPipeError:
                         pass
-                rc = proc.wait()
-            out.seek(0)
-            err.seek(0)
-            return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+            rc = proc.wait()
+            for t in readers:
+                t.join()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+        if over:
+            raise DeployError(
+                f"device store {self.where}: the device answered more than {MAX_ANSWER_BYTES >> 20} MiB to "
+                f"'{op}' and was cut off",
+                hint="is the address an edgekit device store? (its shell printed something else)",
+            )
+        return rc, got.get("out", b"").decode(errors="replace"), got.get("err", b"").decode(errors="replace")
 
     def _run(self, op: str, *args: str, ok: tuple[int, ...] = (0,), **kw: Any) -> tuple[int, str]:
         rc, out, err = self._call(op, *args, **kw)
