@@ -118,7 +118,8 @@ def tune_cmd(
     time_budget: float | None = typer.Option(
         None,
         "--time-budget",
-        help="Stop converting and measuring after this many seconds; the best so far wins.",
+        help="Stop converting after this many seconds (what was converted is still measured once), and measuring "
+        "further; the best so far wins.",
         show_default=False,
     ),
     calib: str | None = typer.Option(

@@ -129,7 +129,15 @@ def search(
     w = result.winner
     res = (w or {}).get("result") or {}
     if w is None or result.overlay_path is None:
-        record.update(chosen=None, why="no candidate passed parity")
+        measured = [c for c in cands if c["p99_ms"] is not None]
+        why = (
+            "no candidate that passed parity was measured"
+            if measured or any(c["parity"] is True for c in cands)
+            else f"no candidate converted within the {time_s:g} s cap passed parity"
+            if cands
+            else "nothing was tried"
+        )
+        record.update(chosen=None, why=why)
         return None, record
     if not isinstance(res.get("p99_ms"), (int, float)) or res["p99_ms"] > budget_ms:
         record.update(

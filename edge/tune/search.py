@@ -899,7 +899,8 @@ def _measure_trials(run: _Run) -> None:
             if not alive:
                 break
             name = f"{k}:{reps}x{iters}"  # rung index first: two rungs of the same length stay apart
-            if run.over_time():
+            if run.over_time() and k > 0:  # the first measurement of what was converted always runs: cheap beside
+                # the conversions, and without it nothing could be chosen
                 for c in alive:
                     run.recs[c.id]["status"] = f"not measured at {name} (time budget)"
                 run.notes.append(

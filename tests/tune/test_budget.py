@@ -74,3 +74,20 @@ def test_no_search_refuses_at_once(models: dict[str, Path], tmp_path: Path) -> N
         deploy(models["tiny"], "x86-cpu", tmp_path / "dev", options=opts)
     assert "budget search" not in str(e.value)
     assert "budget_search" not in json.loads((tmp_path / "b" / "manifest.json").read_text())
+
+
+def test_what_was_converted_is_measured_past_the_time_cap(models: dict[str, Path], tmp_path: Path) -> None:
+    """A cap reached while converting (a loaded host: 4 conversions took the budget search's whole 300 s) still
+    measures what was converted once: otherwise nothing could be chosen."""
+    from edge.tune.search import TuneOptions, tune
+
+    opts = TuneOptions(
+        runners=("onnxruntime",),
+        precisions=("fp32",),
+        threads=(1, 2),
+        time_budget_s=0.25,
+        pictures=False,
+        out=tmp_path / "t",
+    )
+    result = tune(models["tiny"], "x86-cpu", ConvertRequest(), opts)
+    assert result.converted == 1 and result.measured >= 2 and result.winner is not None
