@@ -639,6 +639,8 @@ def test_deploy_tune_refusals(tmp_path: Path, models: dict[str, Path]) -> None:
         "2",
         "-n",
         "5",
+        "--budget-ms",
+        "1000",  # what is checked is the tune's flow, not a loaded host's p99
         "--parity-data",
         str(pd),
         "--task",
