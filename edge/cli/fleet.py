@@ -33,79 +33,47 @@ MetricsAddr = typer.Option("127.0.0.1", "--metrics-addr", help="Address /metrics
 _COLOURS = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "magenta"}
 
 
+def _collector_options(fn: Any) -> Any:
+    """The command takes ``CollectorConfig``'s options (``edge.fleet.collector_config.option``: flag, help, default,
+    declared once there) as if each were one of its parameters, and gets them as ``collector_options``."""
+    import functools
+    import inspect
+
+    from edge.fleet.collector_config import CollectorConfig
+
+    sig = inspect.signature(fn)
+    params = [p for n, p in sig.parameters.items() if n != "collector_options"]
+    hints = {k: v for k, v in fn.__annotations__.items() if k != "collector_options"}
+    names = []
+    for f in CollectorConfig.options():
+        kind = str if f.default is None else type(f.default)
+        hints[f.name] = kind | None if f.default is None else kind
+        opt = typer.Option(f.default, f.metadata["flag"], help=f.metadata["help"], show_default=f.default is not None)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=hints[f.name]))
+        names.append(f.name)
+
+    @functools.wraps(fn)
+    def wrapper(**kw: Any) -> Any:
+        opts = {n: kw.pop(n) for n in names}
+        return fn(**kw, collector_options=opts)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = hints
+    return wrapper
+
+
 @app.command("collect")
 @command
+@_collector_options
 def collect_cmd(
     broker: str = Broker,
     db: str = Db,
-    fleet: str = typer.Option("+", "--fleet", help="Fleet to collect ('+': every fleet)."),
-    group: str = typer.Option(
-        "edgekit-collectors",
-        "--group",
-        help="Shared-subscription group: collectors in one group split the messages between them.",
-    ),
-    client_id: str | None = typer.Option(
+    config: Path | None = typer.Option(
         None,
-        "--client-id",
-        help="MQTT client id; keep it stable, the broker "
-        "keeps this collector's messages under it while it is away "
-        "(default: edgekit-collector-<group>-<hostname>).",
+        "--config",
+        help="A TOML file of collector options (keys: the options' names in edge.fleet.collector_config."
+        "CollectorConfig, e.g. batch_max = 2000); an option given on the command line wins.",
         show_default=False,
-    ),
-    session_expiry: int = typer.Option(
-        3600,
-        "--session-expiry",
-        help="How long (s) the broker keeps messages for this collector while it is disconnected.",
-    ),
-    rebirth_interval: float = typer.Option(
-        30.0, "--rebirth-interval", help="At most one rebirth request per device per this many seconds."
-    ),
-    max_session_skew: float = typer.Option(
-        300.0,
-        "--max-session-skew",
-        help="Refuse (and count) messages whose "
-        "session is further ahead of this host's clock, in seconds: a forged "
-        "far-future session would otherwise hide a device's real messages.",
-    ),
-    batch_max: int = typer.Option(
-        5000,
-        "--batch-max",
-        help="Messages per database transaction at most; they are acknowledged to the broker after its commit.",
-    ),
-    batch_interval_ms: float = typer.Option(
-        50.0,
-        "--batch-interval-ms",
-        help="Commit at most this long after "
-        "a batch's first message (0: after every read from the socket); "
-        "bounds the delay batching adds.",
-    ),
-    receive_maximum: int = typer.Option(
-        10_000, "--receive-maximum", help="Unacknowledged messages the broker may send (MQTT 5); at least --batch-max."
-    ),
-    max_backlog: int = typer.Option(
-        0,
-        "--max-backlog",
-        help="Messages waiting for the database at most; QoS 0 "
-        "messages past it are shed and counted (0: twice --batch-max, at least 20000).",
-    ),
-    max_seq_jump: int = typer.Option(
-        1_000_000,
-        "--max-seq-jump",
-        help="Refuse (count, flag in fleet status) a message this far past its stream's position: forged or broken.",
-    ),
-    mqtt_client: str = typer.Option(
-        "lite",
-        "--client",
-        help="MQTT client: lite (a lean subscriber that parses "
-        "many messages per socket read) or paho (paho-mqtt); both acknowledge after "
-        "the commit.",
-    ),
-    pipeline: bool = typer.Option(
-        True,
-        "--pipeline/--no-pipeline",
-        help="Write and commit each batch on a "
-        "writer thread while the next one is read and decoded (default); "
-        "--no-pipeline does both on the network thread, one after the other.",
     ),
     ca: Path | None = Ca,
     cert: Path | None = Cert,
@@ -125,6 +93,7 @@ def collect_cmd(
     metrics_addr: str = MetricsAddr,
     log_level: str = LogLevel,
     as_json: bool = JsonOut,
+    collector_options: dict[str, Any] | None = None,  # CollectorConfig's options (_collector_options)
 ) -> None:
     """Store every device's births, deaths and telemetry (de-duplicated) until SIGTERM/Ctrl-C."""
     from edge.fleet.collector import Collector, CollectorConfig
@@ -132,24 +101,19 @@ def collect_cmd(
     from edge.mqtt.netloop import Backoff
 
     setup_logging(log_level)
+    opts = dict(collector_options or {})
+    if config is not None:  # the file's values where the command line left an option at its default
+        defaults = {f.name: f.default for f in CollectorConfig.options()}
+        for k, v in CollectorConfig.from_file(config).items():
+            if opts.get(k, defaults[k]) == defaults[k]:
+                opts[k] = v
     cfg = CollectorConfig(
         broker=broker_config(broker, ca, cert, key, username, password_file, protocol),
         db_url=db,
-        fleet=fleet,
-        group=group,
-        client_id=client_id,
-        session_expiry_s=session_expiry,
-        rebirth_interval_s=rebirth_interval,
-        max_session_skew_s=max_session_skew,
-        batch_max=batch_max,
-        batch_interval_ms=batch_interval_ms,
-        receive_maximum=receive_maximum,
         backoff=Backoff(0.5, reconnect_max),
-        client=mqtt_client,
-        pipeline=pipeline,
-        max_backlog=max_backlog,
-        max_seq_jump=max_seq_jump,
+        **opts,
     )
+    fleet = cfg.fleet
     # A collector that never reached its broker is misconfigured (or started before it): say so and stop,
     # before the database is created. Once connected, a lost broker is waited for (reconnects, back-off).
     check_url(db)

@@ -6,7 +6,8 @@ import queue
 import socket
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -27,39 +28,127 @@ CLIENTS = ("paho", "lite")
 READ: Any = MappingProxyType({})  # the payload of a queued telemetry message: its values were read as it arrived
 
 
+def option(default: Any, flag: str, help: str) -> Any:  # noqa: A002 - the word the CLI uses
+    """A ``CollectorConfig`` field that is also a command-line option (``edgekit fleet collect FLAG``) and a key of
+    the collector's config file (``--config``): declared once, here (``options()``)."""
+    return field(default=default, metadata={"flag": flag, "help": help})
+
+
 @dataclass
 class CollectorConfig:
+    """Everything a collector is told. The fields made with ``option()`` are ``edgekit fleet collect``'s options
+    and the keys of its ``--config`` TOML file (generated from here: ``options()``, ``from_file()``)."""
+
     broker: BrokerConfig
     db_url: str = "sqlite:///fleet.db"
-    fleet: str = "+"
-    group: str = "edgekit-collectors"
-    client_id: str | None = None
-    session_expiry_s: int = 3600
+    fleet: str = option("+", "--fleet", "Fleet to collect ('+': every fleet).")
+    group: str = option(
+        "edgekit-collectors",
+        "--group",
+        "Shared-subscription group: collectors in one group split the messages between them.",
+    )
+    client_id: str | None = option(
+        None,
+        "--client-id",
+        "MQTT client id; keep it stable, the broker keeps this collector's messages under it while it is away "
+        "(default: edgekit-collector-<group>-<hostname>).",
+    )
+    session_expiry_s: int = option(
+        3600, "--session-expiry", "How long (s) the broker keeps messages for this collector while it is disconnected."
+    )
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
-    rebirth_interval_s: float = 30.0
+    rebirth_interval_s: float = option(
+        30.0, "--rebirth-interval", "At most one rebirth request per device per this many seconds."
+    )
     gap_grace_s: float = 10.0  # a gap shorter than this is a replay in progress, not worth a log line
     # messages per transaction at most... (5000: measured at 10,000 devices x 1 Hz on 2 shared cores, p99 764 ms vs
     # 2.3 s with 2000, the backlog no longer growing; drain +23 % on SQLite, +20 % on PostgreSQL)
-    batch_max: int = 5000
-    batch_interval_ms: float = 50.0  # ...and at most this long after the first one arrived (0: every read round)
-    receive_maximum: int = 10_000  # unacknowledged messages the broker may send; at least batch_max
-    # decoded messages waiting for the writer at most; QoS 0 past it is shed (module doc). 0: twice batch_max, at
-    # least 20,000 (a few MB: a decoded telemetry message holds about 1 KB)
-    max_backlog: int = 0
-    max_session_skew_s: float = MAX_SESSION_SKEW_S  # a session further ahead of our clock is refused
+    batch_max: int = option(
+        5000,
+        "--batch-max",
+        "Messages per database transaction at most; they are acknowledged to the broker after its commit.",
+    )
+    # ...and at most this long after the first one arrived (0: every read round)
+    batch_interval_ms: float = option(
+        50.0,
+        "--batch-interval-ms",
+        "Commit at most this long after a batch's first message (0: after every read from the socket); bounds "
+        "the delay batching adds.",
+    )
+    receive_maximum: int = option(
+        10_000, "--receive-maximum", "Unacknowledged messages the broker may send (MQTT 5); at least --batch-max."
+    )
+    # a few MB at the default: a decoded telemetry message holds about 1 KB
+    max_backlog: int = option(
+        0,
+        "--max-backlog",
+        "Messages waiting for the database at most: past it QoS 0 messages are shed (counted) and the socket is "
+        "not read until the writer catches up (0: twice --batch-max, at least 20000).",
+    )
+    max_session_skew_s: float = option(
+        MAX_SESSION_SKEW_S,
+        "--max-session-skew",
+        "Refuse (and count) messages whose session is further ahead of this host's clock, in seconds: a forged "
+        "far-future session would otherwise hide a device's real messages.",
+    )
     max_tracked: int = 100_000  # per-device (and per-stream) entries kept in memory, each map
-    # a stream message further than this past its stream's position is refused and flagged (see the module doc):
     # an agent's seq grows by one a message and every reconnect's birth announces it, so a real stream never
     # jumps this far between two messages the collector sees
-    max_seq_jump: int = 1_000_000
-    # a live (not replayed) stream message this far below its stream's position means the position is not the
-    # device's (a forged message ahead of the real stream, up to max_seq_jump): the stream and the device row go
-    # back to the real stream instead of waiting for it to catch up (999,999 messages: 58 days at 5 s)
-    max_reorder: int = 100
+    max_seq_jump: int = option(
+        1_000_000,
+        "--max-seq-jump",
+        "Refuse (count, flag in fleet status) a message this far past its stream's position: forged or broken.",
+    )
+    max_reorder: int = option(
+        100,
+        "--max-reorder",
+        "A live message this far below its stream's position puts the stream and the device's row back to it "
+        "(the position was a forged message's; 999,999 ahead froze a row for 58 days at 5 s).",
+    )
     backoff: Backoff = field(default_factory=Backoff)
-    client: str = "lite"  # MQTT client: "lite" (edge.mqtt.lite, a lean subscriber) or "paho" (paho-mqtt)
-    # write and commit each batch on a writer thread while the network thread decodes the next (see the module doc)
-    pipeline: bool = True
+    client: str = option(
+        "lite",
+        "--client",
+        "MQTT client: lite (a lean subscriber that parses many messages per socket read) or paho (paho-mqtt); "
+        "both acknowledge after the commit.",
+    )
+    pipeline: bool = option(
+        True,
+        "--pipeline/--no-pipeline",
+        "Write and commit each batch on a writer thread while the next one is read and decoded (default); "
+        "--no-pipeline does both on the network thread, one after the other.",
+    )
+
+    @classmethod
+    def options(cls) -> list[Field[Any]]:
+        """The fields that are command-line options and config-file keys, in declaration order."""
+        return [f for f in fields(cls) if "flag" in f.metadata]
+
+    @classmethod
+    def from_file(cls, path: Path) -> dict[str, Any]:
+        """The option values a TOML file sets (keys: the field names, e.g. ``batch_max = 2000``); unknown keys and
+        values of the wrong type are refused, all at once."""
+        from edge.base.typedjson import Invalid, loads_toml_strict
+        from edge.errors import InputFileError
+
+        try:
+            data = loads_toml_strict(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, Invalid) as e:
+            raise InputFileError(f"cannot read the collector config {path}: {e}") from None
+        known = {f.name: f for f in cls.options()}
+        problems = [f"unknown key {k!r}" for k in data if k not in known]
+        for k, v in data.items():
+            f = known.get(k)
+            if f is None:
+                continue
+            want = type(f.default) if f.default is not None else str
+            if want is float and type(v) is int:
+                data[k] = float(v)
+            elif type(v) is not want:
+                problems.append(f"{k} must be {want.__name__}, not {type(v).__name__}")
+        if problems:
+            raise InputFileError(f"{path}: " + "; ".join(problems), hint="keys: " + ", ".join(known))
+        return data
 
     def __post_init__(self) -> None:
         if self.max_tracked < 1:
