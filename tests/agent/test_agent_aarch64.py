@@ -24,6 +24,7 @@ from edge.graph.samples import build_tiny_cnn
 from edge.mqtt.client import BrokerConfig, paho
 from edge.pipeline import convert
 from edge.verify.isa import guest_pythonpath
+from tests.agent.test_agent_infer_lock import busy_process  # noqa: F401 - a fixture: another process on a core
 from tests.agent.test_agent_rollout import DEVICE, FLEET, ArtifactServer, Fleet
 from tests.support.cli import wait_for
 from tests.support.emulation import emulator_or_skip
@@ -120,8 +121,10 @@ def guest_agent(tmp_path: Path, broker: Any, arm_bundles: dict[str, Any]) -> Ite
 
 
 def test_the_agent_runs_on_emulated_aarch64(
-    guest_agent: tuple[subprocess.Popen, Path], broker: Any, arm_bundles: dict[str, Any]
+    guest_agent: tuple[subprocess.Popen, Path], broker: Any, arm_bundles: dict[str, Any], busy_process: Any
 ) -> None:
+    """Beside a busy process (issue #33: on a loaded CI machine the watch's reference check ran on the runner
+    the inference thread was using, and rolled this good rollout back with watch_reference_drift)."""
     proc, store = guest_agent
     watch, fleet = Watcher(broker.url), Fleet(broker.url)
     try:
