@@ -4,6 +4,7 @@ the proxy, naming the node whose output overflowed."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.bundle.schema import parse_manifest
 from edge.errors import ParityError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
@@ -84,6 +86,11 @@ def test_jetson_orin_fp16_bundle_records_the_proxy_and_refuses_the_overflow(tmp_
     assert fp is not None and fp.label == LABEL and fp.passed
     assert "accumulation precision" in fp.not_modelled
     assert parity_verdict(b.info).state == "pass"
+    # the gate recomputes the proxy's verdict from its figures: an edited record that claims a pass fails
+    raw = copy.deepcopy(b.manifest)
+    raw["parity"]["fp16_proxy"]["outputs"][0]["cosine"] = 0.5
+    edited = parity_verdict(parse_manifest(raw, "edited"))
+    assert edited.state == "fail" and edited.edited and "fp16 proxy: y" in edited.failures[0]
     with pytest.raises(ParityError, match=r"fp16 proxy.*'squared' \(Mul\)"):
         convert(
             src, "jetson-orin", tmp_path / "bad", ConvertRequest(parity_data=_npz_dir(tmp_path / "d2", _samples(300.0)))
