@@ -54,7 +54,7 @@ def render_bench(r: dict[str, Any]) -> None:
     if threads_line(run):
         t.add_row("threads", threads_line(run))
     if run.get("fallback"):
-        t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
+        t.add_row("fallback", f"[yellow]{safe(run['fallback'])}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms (first inference {r['first_inference_ms']:.2f} ms)")
     t.add_row("iterations", f"{lat['count']} in {r['duration_s']:.2f} s after {r['warmup']} warm-up")
     t.add_row(
@@ -75,7 +75,7 @@ def render_bench(r: dict[str, Any]) -> None:
         extra = "" if r["on_target_device"] else f" [yellow](indicative only: {safe(why)})[/]"
         t.add_row(
             "budget",
-            f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms ({r['budget_source']}){extra}",
+            f"[{colour}]{r['verdict']}[/]: p99 {lat['p99_ms']:.2f} ms vs {r['budget_ms']:.2f} ms ({safe(r['budget_source'])}){extra}",
         )
     console.print(t)
 
@@ -90,9 +90,9 @@ def render_llm_bench(r: dict[str, Any]) -> None:
         f"{run['runtime']} on {run['device_used']} ({run['precision_used']}, {run['threads'] or 'default'} threads)",
     )
     if run.get("fallback"):
-        t.add_row("fallback", f"[yellow]{run['fallback']}[/]")
+        t.add_row("fallback", f"[yellow]{safe(run['fallback'])}[/]")
     if not run["details"].get("amx_extra_buffers", True):
-        t.add_row("AMX", f"[yellow]off[/]: {run['details']['amx_probe']}")
+        t.add_row("AMX", f"[yellow]off[/]: {safe(run['details']['amx_probe'])}")
     if run["details"].get("n_ctx_note"):
         t.add_row("context", f"[yellow]{safe(run['details']['n_ctx_note'])}[/]")
     t.add_row("load", f"{r['load_ms']:.1f} ms")

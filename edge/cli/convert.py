@@ -215,7 +215,7 @@ def render_bundle(bundle: Any) -> None:
         t.add_row(
             "parity",
             f"{verdict} on {par.samples} {par.inputs} inputs, checked on {cand.device_used} in {cand.precision_used}"
-            + (f" [yellow](fallback: {cand.fallback})[/]" if cand.fallback else ""),
+            + (f" [yellow](fallback: {safe(cand.fallback)})[/]" if cand.fallback else ""),
         )
         t.add_row("computes in", compute_line(par, bundle.info.runner.options_dict))
         prov = par.input_provenance
@@ -245,7 +245,7 @@ def render_bundle(bundle: Any) -> None:
                 shown = ", ".join(f"{k} {v:.1%}" for k, v in figs.items() if v is not None) or "not judged"
                 t.add_row(
                     f"  {o.name} ({o.task})",
-                    shown + (f" [yellow]({o.task_note})[/]" if o.task_degenerate and o.task_note else ""),
+                    shown + (f" [yellow]({safe(o.task_note)})[/]" if o.task_degenerate and o.task_note else ""),
                 )
             if o.degenerate:
                 t.add_row(

@@ -99,11 +99,11 @@ def render_run(r: dict[str, Any]) -> None:
             f"{r['budget_ms']:.2f} ms ({r['budget_source']}): {f['deadline_misses']} deadline misses of {f['in']} frames",
         )
     colour = {"pass": "green", "fail": "red"}.get(r["verdict"], "yellow")
-    t.add_row("verdict", f"[{colour}]{r['verdict']}[/]: {r['summary']}")
+    t.add_row("verdict", f"[{colour}]{r['verdict']}[/]: {safe(r['summary'])}")
     for note in r.get("notes", []):
         t.add_row("note", f"[yellow]{safe(note)}[/]")
     if r["hung_threads"]:
-        t.add_row("threads", f"[red]still running after the join timeout: {', '.join(r['hung_threads'])}[/]")
+        t.add_row("threads", f"[red]still running after the join timeout: {safe(', '.join(r['hung_threads']))}[/]")
     console.print(t)
     st = Table(title="per stage (ms a frame)")
     for col in ("stage", "frames", "p50", "p90", "p99", "max", "mean"):
@@ -281,6 +281,6 @@ def _run_llm(b: Bundle, prompt: str, max_tokens: int, temperature: float, as_jso
         return
     typer.echo()
     err_console.print(
-        f"[dim]{n} pieces, first after {ttft:.0f} ms, {tps or 0:.1f}/s on {info['device_used']} ({info['precision_used']})[/]",
+        f"[dim]{n} pieces, first after {ttft:.0f} ms, {tps or 0:.1f}/s on {safe(info['device_used'])} ({safe(info['precision_used'])})[/]",
         highlight=False,
     )

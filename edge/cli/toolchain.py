@@ -85,7 +85,7 @@ def install_cmd(
             name, force=force, on_step=step, on_output=output, use_reference_lock=False if no_reference_lock else None
         )
     console.print(
-        f"toolchain [bold]{st.name}[/]: {st.path}\nlock hash {st.lock_hash}"
+        f"toolchain [bold]{safe(st.name)}[/]: {safe(st.path)}\nlock hash {st.lock_hash}"
         + ("" if st.matches_reference else "  [yellow](differs from the reference lock)[/]"),
         highlight=False,
     )

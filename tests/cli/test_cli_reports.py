@@ -69,3 +69,18 @@ def test_a_failed_trial_keeps_f32_and_says_why(
 def test_no_trial_is_the_parity_precision(igpu_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _report(igpu_bundle, capsys)
     assert "computes in f32 on CPU" in out, out
+
+
+def test_manifest_text_is_printed_as_written(
+    igpu_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle's own text (an unsigned manifest anyone can edit) is data: no markup, no emoji codes."""
+    import shutil
+
+    dst = tmp_path / "hostile"
+    shutil.copytree(igpu_bundle, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    m["parity"]["candidate"]["fallback"] = "[link=file:///etc/passwd]x[/link] [bold]:x:[/bold]"
+    (dst / "manifest.json").write_text(json.dumps(m))
+    out = _report(dst, capsys)
+    assert "(fallback: [link=file:///etc/passwd]x[/link] [bold]:x:[/bold])" in out, out
