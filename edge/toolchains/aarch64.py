@@ -23,6 +23,7 @@ it checks numerics on the ARM instruction set; it says nothing about speed (300-
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import lzma
@@ -236,11 +237,16 @@ class Emulator:
         return Emulator(self.path, cpu)
 
     def command(self, *args: str) -> list[str]:
-        """argv running the guest Python with ``args``."""
-        return [str(self.qemu), "-L", str(self.rootfs), "-cpu", self.cpu, str(self.python), *args]
+        """argv running the guest Python with ``args``: ``-S``, so no ``site`` runs and no ``sitecustomize`` or
+        ``.pth`` planted in the root (or on the path) runs before the code asked for (the wheels and edgekit come
+        from PYTHONPATH, which -S keeps; -I would drop it)."""
+        return [str(self.qemu), "-L", str(self.rootfs), "-cpu", self.cpu, str(self.python), "-S", *args]
 
     def env(
-        self, pythonpath: tuple[str | os.PathLike[str], ...] = (), extra: Mapping[str, str] | None = None
+        self,
+        pythonpath: tuple[str | os.PathLike[str], ...] = (),
+        extra: Mapping[str, str] | None = None,
+        pycache: str | None = None,
     ) -> dict[str, str]:
         """The guest's environment: the host's minus anything that would leak host packages in, the wheels
         first on PYTHONPATH (``/opt/site`` resolves inside the root through ``-L``), then ``pythonpath``."""
@@ -257,9 +263,12 @@ class Emulator:
         env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("QEMU_")}
         env["PYTHONPATH"] = os.pathsep.join(["/opt/site", *map(str, pythonpath)])
         env["PYTHONNOUSERSITE"] = "1"
-        # compiled modules go to a host directory that does not exist inside the root, so qemu's -L lookup leaves
-        # the path alone and the guest can create it (nothing is written into the root or the checkout)
-        env["PYTHONPYCACHEPREFIX"] = str(self.path / "pycache")
+        # compiled modules go to a fresh host directory that does not exist inside the root, so qemu's -L lookup
+        # leaves the path alone and the guest can create it (nothing is written into the root or the checkout).
+        # Fresh for every run: Python trusts a timestamp .pyc whose recorded mtime and size match the source, so a
+        # shared cache (the toolchain's pycache/) let a poisoned .pyc run in the guest (issue #33). The cost is
+        # compiling what the guest imports on every run (emulated seconds).
+        env["PYTHONPYCACHEPREFIX"] = pycache or _fresh_pycache()
         # aarch64 children started through binfmt_misc (where registered) get the same root and core
         env["QEMU_LD_PREFIX"], env["QEMU_CPU"] = str(self.rootfs), self.cpu
         env.update(extra or {})
@@ -273,19 +282,27 @@ class Emulator:
         extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run(
-                self.command(*args),
-                env=self.env(pythonpath, extra_env),
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-            )
+            with tempfile.TemporaryDirectory(prefix="edgekit-guest-pyc-") as pycache:
+                return subprocess.run(
+                    self.command(*args),
+                    env=self.env(pythonpath, extra_env, pycache),
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                    stdin=subprocess.DEVNULL,
+                )
         except subprocess.TimeoutExpired:
             raise EdgeError(
                 f"the emulated aarch64 Python did not finish within {timeout_s:.0f} s",
                 hint="emulation is 300-1000x slower than a device: use a small model or few samples",
             ) from None
+
+
+def _fresh_pycache() -> str:
+    """A new empty directory for one guest run's compiled modules, removed when this process exits."""
+    d = tempfile.mkdtemp(prefix="edgekit-guest-pyc-")
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def qemu_version(binary: Path) -> str:

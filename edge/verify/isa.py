@@ -108,6 +108,11 @@ def guest_pythonpath() -> Path:
     site = aarch64.toolchain_dir() / "guest" / hashlib.sha256(str(pkg).encode()).hexdigest()[:16]
     site.mkdir(parents=True, exist_ok=True)
     link = site / "edge"
+    if os.path.lexists(link) and not link.is_symlink():  # a directory or file planted where the link goes
+        raise EdgeError(
+            f"{link} is not the link to edgekit's package that verify --isa makes: refusing to run the guest on it",
+            hint=f"remove it (rm -r {link}); the next run makes the link again",
+        )
     if not (link.is_symlink() and os.readlink(link) == str(pkg)):
         tmp = site / f".edge.{os.getpid()}"
         tmp.unlink(missing_ok=True)
