@@ -35,7 +35,7 @@ from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
 from edge.mqtt.netloop import Backoff, NetworkLoop
-from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SpillOutbox, SqliteOutbox
+from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SpillOutbox
 from edge.mqtt.ratelog import RateLimitedLog
 from edge.mqtt.session import DeviceSession, SessionOptions
 from edge.mqtt.topics import check_part
@@ -718,12 +718,10 @@ class Agent:
 
                 self.app = AppSocket(Path(arg) if arg else cfg.store / "agent" / "app.sock").start()
                 self._source_desc = f"app:{self.app.path}"
-            self.outbox = SpillOutbox(  # memory beside the disk while the store's filesystem is full
-                SqliteOutbox(
-                    cfg.store / "agent" / "outbox.sqlite",
-                    max_messages=cfg.spool_max_messages,
-                    max_bytes=cfg.spool_max_bytes,
-                )
+            self.outbox = SpillOutbox.open(  # memory beside the disk while the store's filesystem is full
+                cfg.store / "agent" / "outbox.sqlite",
+                max_messages=cfg.spool_max_messages,
+                max_bytes=cfg.spool_max_bytes,
             )
             self.thermal = ThermalProbe()
             self.loop = NetworkLoop().start()

@@ -256,6 +256,20 @@ class SpillOutbox:
         self._next = disk.last_id() + 1
         self._ack_later: set[int] = set()  # acknowledged rows the disk would not delete yet (skipped by peek)
         self._session = 0
+        self.volatile = False  # the "disk" is an in-memory SQLite (the file could not be opened): disk_error stays
+
+    @classmethod
+    def open(cls, path: str | Path, *, max_messages: int, max_bytes: int) -> SpillOutbox:
+        """The outbox at ``path``; when it cannot even be opened (a full disk at the first start, a damaged
+        file), an in-memory SQLite one for this run, said once and in every telemetry's ``spool.disk_error``."""
+        try:
+            return cls(SqliteOutbox(path, max_messages=max_messages, max_bytes=max_bytes))
+        except (sqlite3.Error, OSError) as e:
+            log.error("outbox %s cannot be opened (%s): messages are kept in memory for this run", path, e)
+            spill = cls(SqliteOutbox(":memory:", max_messages=max_messages, max_bytes=max_bytes))
+            spill.disk_error = f"cannot open {path}: {type(e).__name__}: {str(e)[:200]}"
+            spill.volatile = True
+            return spill
 
     def _failed(self, what: str, e: BaseException) -> None:
         if self.disk_error is None:
@@ -290,6 +304,8 @@ class SpillOutbox:
             except (sqlite3.Error, OSError) as e:
                 self._failed("a write", e)
             else:
+                if self.volatile:
+                    return rid
                 if self.disk_error is not None:
                     log.info(
                         "outbox %s takes writes again (%d message(s) in memory)", self.disk.path, self.memory.pending()

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
@@ -103,6 +104,13 @@ class Telemetry:
 @pytest.fixture
 def small_disk_agent(tmp_path: Path, broker: Any) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
     """The agent with its store on a 40 MiB tmpfs in its own mount namespace; (process, store, log)."""
+    with _small_disk_agent(tmp_path, broker, full=False) as agent:
+        yield agent
+
+
+@contextmanager
+def _small_disk_agent(tmp_path: Path, broker: Any, *, full: bool) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
+    """``full``: the filesystem is filled before the agent starts (its outbox file cannot even be created)."""
     _namespace_or_skip()
     mnt = tmp_path / "small"
     mnt.mkdir()
@@ -110,7 +118,8 @@ def small_disk_agent(tmp_path: Path, broker: Any) -> Iterator[tuple[subprocess.P
     agent = [sys.executable, "-m", "edge.agent", "--device-id", DEVICE, "--fleet", FLEET, "--store", str(store)]
     agent += ["--broker", broker.url, "--source", "none", "--interval", "0.3"]
     agent += ["--reconnect-max", "1", "--flush-timeout", "1"]
-    script = f'mount -t tmpfs -o size={FS_MIB}m tmpfs "$1" && mkdir "$1/store" && shift && exec "$@"'
+    fill = ' && { cat /dev/zero > "$1/filler" 2>/dev/null; true; }' if full else ""
+    script = f'mount -t tmpfs -o size={FS_MIB}m tmpfs "$1" && mkdir "$1/store"{fill} && shift && exec "$@"'
     log = tmp_path / "agent.log"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with open(log, "w") as f:
@@ -184,3 +193,18 @@ def test_a_full_disk_bounds_downloads_and_telemetry_goes_on(
     finally:
         fleet.close()
         tel.close()
+
+
+def test_a_disk_full_before_the_first_start_still_reports(tmp_path: Path, broker: Any) -> None:
+    """The outbox file cannot be created: the agent runs on an in-memory outbox and says so in its telemetry
+    (before: the agent could not start, and systemd restarted it for ever with nothing reported)."""
+    with _small_disk_agent(tmp_path, broker, full=True) as (proc, _store, log):
+        tel = Telemetry(broker.url)
+        try:
+            first = wait_for(lambda: tel.messages[:1], 30, "telemetry from an agent whose disk is full")[0]
+            assert "cannot open" in first["spool"]["disk_error"], first["spool"]
+            wait_for(lambda: len(tel.messages) >= 3, 30, "telemetry going on")
+            assert proc.poll() is None
+            assert "internal error" not in log.read_text()
+        finally:
+            tel.close()
