@@ -85,7 +85,7 @@ def render_run(r: dict[str, Any]) -> None:
         t.add_row(
             "threads (waiting)",
             "; ".join(
-                f"{name} [{'+'.join(r['threads'].get(name, [name]))}]: input {w['input_ms']:.0f} ms, "
+                f"{name} ({'+'.join(r['threads'].get(name, [name]))}): input {w['input_ms']:.0f} ms, "
                 f"hand-over {w['output_ms']:.0f} ms"
                 for name, w in r["waits"].items()
             ),

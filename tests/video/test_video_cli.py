@@ -80,6 +80,7 @@ def test_run_table_realtime(files: dict[str, Path]) -> None:
         "in 20, processed 20, dropped 0",
         "per stage",
         "postprocess",
+        "threads (waiting)",
         "host",
         "0 deadline misses of 20 frames",
         "pass: holds 0.1 fps (10000.00 ms a frame) in real time on this host",
