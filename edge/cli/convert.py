@@ -18,6 +18,7 @@ from edge.graph.model import parse_input_shapes
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.spec import PRESETS
+from edge.verify.inputs import CALIB_FLAG
 
 InputShape = typer.Option(
     None, "--input-shape", help="Fix a dynamic input: NAME=1,3,320,320 (repeatable).", show_default=False
@@ -48,7 +49,7 @@ AllowRequantize = typer.Option(
 )
 Calib = typer.Option(
     None,
-    "--calib",
+    CALIB_FLAG,
     help="Calibration data for int8: a directory of .npy/.npz tensors or images, "
     "or 'random' to quantize on generated inputs (recorded as such). Default for an image input: "
     "edgekit's shipped natural photographs (public domain/CC0, recorded in the manifest).",

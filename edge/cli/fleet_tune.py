@@ -13,6 +13,7 @@ from edge.cli.agent import Broker, Ca, Cert, Key, PasswordFile, Protocol, Userna
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import InputShape, Letterbox, Preprocess
 from edge.cli.signing import SignKey
+from edge.verify.inputs import CALIB_FLAG
 
 
 @command
@@ -50,7 +51,7 @@ def fleet_tune_cmd(
     ),
     calib: str | None = typer.Option(
         None,
-        "--calib",
+        CALIB_FLAG,
         help="Calibration data for int8 (a directory, or 'random'); without it int8 is left out.",
         show_default=False,
     ),

@@ -13,6 +13,7 @@ from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.errors import ModelError
 from edge.tune.config import OBJECTIVES
+from edge.verify.inputs import CALIB_FLAG
 
 
 def render_tune(r: dict[str, Any]) -> None:
@@ -124,7 +125,7 @@ def tune_cmd(
     ),
     calib: str | None = typer.Option(
         None,
-        "--calib",
+        CALIB_FLAG,
         help="Calibration data for int8 (a directory of .npy/.npz/images, or 'random'); without it int8 is left out.",
         show_default=False,
     ),

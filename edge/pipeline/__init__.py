@@ -1,7 +1,8 @@
 """The one conversion pipeline: source adapters, the planner, ``convert``.
 
 ``edge.pipeline.convert`` takes ONNX, TFLite, OpenVINO IR, TorchScript / torch.export and GGUF
-sources through one planner, one parity service and one manifest builder (see ``pipeline.py``);
+sources through one planner, one parity service and one manifest builder (see ``pipeline.py``; a GGUF
+language model takes ``gguf.py``'s quantize-and-quality-gate path);
 ``overlay`` reads the tuned settings (``edgekit tune``'s output) it applies to a profile.
 Build-host code: nothing a device imports pulls it (``tests/test_layering.py``).
 """

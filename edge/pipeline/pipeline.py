@@ -22,30 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from edge.backends.converter import ConversionRequest
 from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
-from edge.errors import (
-    CalibrationError,
-    ConversionError,
-    InputFileError,
-    MissingDependencyError,
-    ModelError,
-    ParityError,
-    PrecisionError,
-    TargetError,
-)
-from edge.pipeline.plan import KEEP, Plan, Step, conversion_problems, plan
+from edge.errors import CalibrationError, ConversionError, InputFileError, ParityError, PrecisionError, TargetError
+from edge.pipeline.gguf import convert_llm
+from edge.pipeline.plan import Plan, Step, plan
 from edge.pipeline.precision_trial import skip_xnnpack_fp16, try_fast_precision
 from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
 from edge.spec import IOSpec, TensorSpec, default_preprocess
-from edge.targets import ChainStep, TargetProfile, get_target
-from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE, SKIP_SOURCE_AS_IS
-from edge.verify.inputs import RANDOM, choose_parity_inputs, default_calibration, load_calibration
+from edge.targets import TargetProfile, get_target
+from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE
+from edge.verify.inputs import CALIB_FLAG, RANDOM, choose_parity_inputs, default_calibration, load_calibration
 
 #: what the bundle carries for the device to check on first load
 REFERENCE_PAIRS = 16
@@ -74,7 +64,7 @@ def convert(
     src = open_source(model)
     _check_source(src, profile, req)
     if isinstance(src, GGUFSource):
-        return _convert_llm(src, profile, Path(output), req, force=force, say=say)
+        return convert_llm(src, profile, Path(output), req, force=force, say=say)
     job = _prepare(src, profile, req, say)
     with tempfile.TemporaryDirectory(prefix="edgekit-convert-") as tmp, staging_dir(Path(output), force=force) as stage:
         work = Path(tmp)
@@ -210,10 +200,10 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
         if job.calibration is None:
             raise CalibrationError(
                 f"{p.precision} for {profile.name} needs calibration data (edgekit's natural images do not apply: {why})",
-                hint=f"pass --calib DIR (.npy/.npz tensors, images, .wav or .txt), or --calib {RANDOM} "
+                hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors, images, .wav or .txt), or {CALIB_FLAG} {RANDOM} "
                 "to quantize on generated inputs (recorded as such in the manifest)",
             )
-        say(f"calibrating on {job.calibration.source} (no --calib given)")
+        say(f"calibrating on {job.calibration.source} (no {CALIB_FLAG} given)")
         job.calibration = _without_frozen(job.calibration, job.io)
     return job
 
@@ -680,166 +670,3 @@ def _gate_on_converter_proxy(
         manifest, report, failed=f"{_failed(job)} (host proxy: {cp.label})", accept=job.request.accept_parity_failure
     )
     return True
-
-
-# -- GGUF language models ------------------------------------------------------------------------
-
-
-def _convert_llm(
-    src: GGUFSource, profile: TargetProfile, output: Path, req: ConvertRequest, *, force: bool, say: Step
-) -> Bundle:
-    from edge.llm.evaltext import eval_windows
-
-    quant, llm = _llm_quant(src, profile, req)
-    say(f"reading {src.path} (gguf {src.source_type}, {src.info.architecture}, {src.info.parameters:,} parameters)")
-    n_vocab = next((t.shape[1] for t in src.info.tensors if t.name == "token_embd.weight"), None)
-    if n_vocab is None:
-        from edge.backends.llamacpp.run import LlamaCppRunner
-
-        with LlamaCppRunner(src.path, options={"n_ctx": 64}) as r:
-            n_vocab = r.n_vocab
-    text = eval_windows(src.path, int(n_vocab), eval_text=req.eval_text, context=src.info.context_length)
-    with tempfile.TemporaryDirectory(prefix="edgekit-gguf-") as tmp, staging_dir(output, force=force) as stage:
-        artifact = stage / "model.gguf"
-        chain_record = _quantize_llm(src, quant, artifact, Path(tmp), say)
-        report, pairs = _llm_gate(src, llm, quant, artifact, stage, text, say)
-        own = src.source_type
-        precision_out = own if quant == KEEP else quant
-        manifest = new_manifest(
-            ManifestSpec(
-                source=src.path,
-                profile=profile,
-                precision=precision_out,
-                stage=stage,
-                primary=artifact,
-                chain=chain_record,
-                source_info={**src.describe(), "file_type": own},
-                fmt="gguf",
-                io=IOSpec(
-                    (TensorSpec("tokens", ("n",), "int32"),), (TensorSpec("logits", (int(n_vocab),), "float32"),)
-                ),
-                runner=llm.runner,
-                runner_options=llm.options,
-                kind="llm",
-            )
-        )
-        manifest["reference_pairs"] = pairs
-        if report is None:
-            manifest["parity"] = {
-                "passed": None,
-                "skipped": f"{SKIP_SOURCE_AS_IS}{own}): there is nothing to compare it against (quality gate skipped)",
-            }
-        else:
-            record_gate(manifest, report, failed=f"quality gate failed for {quant}", accept=req.accept_parity_failure)
-        write_json_atomic(stage / MANIFEST, manifest)
-    return Bundle.open(output, trust=False)
-
-
-def _llm_quant(src: GGUFSource, profile: TargetProfile, req: ConvertRequest) -> tuple[str, Any]:
-    """(the llama.cpp quantization asked for (``KEEP``: ship the file as it is), the target's [llm] section);
-    refused where the target runs no language model, it would requantize without ``allow_requantize``, or
-    llama.cpp's quantizer is not here."""
-    llm = profile.llm
-    if llm is None:
-        raise TargetError(
-            f"{src.path.name} is a GGUF language model; target {profile.name!r} has no [llm] section: it does not run them",
-            hint="targets with one: see `edgekit targets --json` (llm != null)",
-        )
-    own = src.source_type
-    if req.precision in (None, KEEP):
-        quant = KEEP if src.prequantized or req.precision == KEEP else llm.default_precision
-    else:
-        quant = llm.check_precision(profile.name, req.precision)
-    if quant == own and src.prequantized:
-        quant = KEEP
-    if quant != KEEP and src.prequantized and not req.allow_requantize:
-        raise PrecisionError(
-            f"{src.path.name} is already quantized ({own}); requantizing it to {quant} loses "
-            "quality twice, so llama.cpp refuses it unless asked",
-            hint=f"ship it as it is with --precision {KEEP} (the default for a quantized GGUF), or "
-            f"pass --allow-requantize to requantize (gated against the {own} source)",
-        )
-    steps = () if quant == KEEP else (ChainStep("gguf->gguf"),)
-    missing = conversion_problems(profile, chain=steps)
-    if missing:
-        raise MissingDependencyError(f"cannot quantize GGUF for {profile.name} on this host: " + "; ".join(missing))
-    return quant, llm
-
-
-def _quantize_llm(src: GGUFSource, quant: str, artifact: Path, work: Path, say: Step) -> list[dict[str, Any]]:
-    """``artifact``: the source as it is (``KEEP``), else quantized to ``quant`` by llama.cpp; the chain record."""
-    from edge.backends.converter import CONVERTERS
-
-    own = src.source_type
-    if quant == KEEP:
-        say(f"shipping {src.path.name} as it is ({own})")
-        shutil.copyfile(src.path, artifact)
-        return []
-    conv = CONVERTERS.get("gguf->gguf")
-    say(f"quantizing {own} to {quant} with llama.cpp" + (" (requantizing)" if src.prequantized else ""))
-    result = conv().convert(
-        ConversionRequest(
-            source=src.path,
-            workdir=work,
-            precision=quant,
-            io=IOSpec((), ()),
-            options={"allow_requantize": bool(src.prequantized)},
-        )
-    )
-    shutil.move(str(result.artifact), artifact)
-    return [
-        {
-            "converter": conv.name,
-            "precision": quant,
-            "output_format": "gguf",
-            "tool_versions": result.tool_versions,
-            "details": result.details,
-            "notes": result.notes,
-        }
-    ]
-
-
-def _llm_gate(
-    src: GGUFSource, llm: Any, quant: str, artifact: Path, stage: Path, text: Any, say: Step
-) -> tuple[Any, dict[str, Any]]:
-    """(the quality report, None when the source ships as it is; the reference pairs written for the device)."""
-    from edge.backends.llamacpp.runtime import llama_cpp_version
-    from edge.llm.quality import compare_gguf, reference_samples
-    from edge.verify.refpairs import write_llm_reference_pairs
-
-    own = src.source_type
-    runtime = f"llama-cpp-python {llama_cpp_version()} on the build host's CPU"
-    if quant == KEEP:
-        say("checking that llama.cpp loads it")
-        _check_loads(artifact)
-        say(f"reference samples for the device: {own} itself on {text.describe()}")
-        return None, write_llm_reference_pairs(
-            stage,
-            reference_samples(artifact, text, llm.options),
-            precision=own,
-            reference=f"the shipped {own} GGUF itself, {runtime}",
-        )
-    say(
-        f"quality gate: KL and top-1 against the {own} source on {len(text.windows)} windows ({text.tokens} tokens) of {text.describe()}"
-    )
-    report = compare_gguf(src.path, artifact, quant, text, llm.options)
-    return report, write_llm_reference_pairs(
-        stage,
-        report.reference_samples,
-        precision=quant,
-        reference=f"the {own} source GGUF, {runtime}; positions where the build host's {quant} agrees with it on top-1",
-        note=report.reference_note,
-    )
-
-
-def _check_loads(path: Path) -> None:
-    """llama.cpp loads the file and evaluates two tokens: a truncated or corrupt GGUF stops here."""
-    from edge.backends.llamacpp.run import LlamaCppRunner
-
-    try:
-        with LlamaCppRunner(path, options={"n_ctx": 64}) as r:
-            r.infer({"tokens": np.asarray([1, 2], dtype=np.int32)})
-    except (ModelError, MissingDependencyError):
-        raise
-    except Exception as e:  # noqa: BLE001 - llama.cpp's own error: the file is unusable
-        raise ModelError(f"llama.cpp could not run {path.name}: {type(e).__name__}: {str(e)[:200]}") from None

@@ -492,7 +492,7 @@ def measure_chunk(chunk: Sequence[Config], trials: Trials, rung: Rung, pool: Poo
     bundle (the per-item reference). ``anchor`` (latency and throughput): a trial measured in every chunk of a rung
     that needs several, interleaved with the chunk's own (its record is written only where it is one of
     ``chunk``); each trial's rung record gets ``vs_anchor`` (:func:`vs_anchor`) and ``anchor`` (its id and its
-    raw figures in this chunk), which rank the rung when every trial in it has them (``edge.tune.search.ranked_trials``)."""
+    raw figures in this chunk), which rank the rung when every trial in it has them (``edge.tune.ranking.ranked_trials``)."""
     recs, objective, video = trials.recs, rung.objective, rung.video
     members = list(chunk)
     if anchor is not None and video is None and all(c.id != anchor.id for c in chunk):

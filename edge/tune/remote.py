@@ -19,7 +19,7 @@
    as ``edgekit tune`` measures, and replies on ``edgekit/<fleet>/<device>/tune``.
 5. The replies (checked: nothing in them is trusted) become ``tune``'s trial records, written to the study file
    after every rung (a re-run with the same study sends only what it lacks; a study of another device, model,
-   target or objective is refused); the winner is chosen by the same rule (``edge.tune.search.choose``: parity is a hard
+   target or objective is refused); the winner is chosen by the same rule (``edge.tune.ranking.choose``: parity is a hard
    constraint) and written as an overlay stating the device.
 """
 
@@ -45,6 +45,16 @@ from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import SCHEMA_VERSION, encode
 from edge.mqtt.topics import Topic, TopicError, check_part
 from edge.pipeline.request import ConvertRequest
+from edge.tune.cache import (
+    calib_identity,
+    conversion_parity,
+    convert_cached,
+    natural_calibration_problem,
+    recipe_key,
+    source_key,
+    trial_request,
+)
+from edge.tune.ranking import choose, priority, trial_results
 from edge.tune.rungs import (
     device_pruned,
     device_trial,
@@ -58,21 +68,7 @@ from edge.tune.rungs import (
     study_header,
     text,
 )
-from edge.tune.search import (
-    Schedule,
-    TuneOptions,
-    TuneResult,
-    calib_identity,
-    choose,
-    conversion_parity,
-    convert_cached,
-    natural_calibration_problem,
-    priority,
-    recipe_key,
-    source_key,
-    trial_request,
-    trial_results,
-)
+from edge.tune.search import Schedule, TuneOptions, TuneResult
 
 Say = Callable[[str], None]
 MAX_REPLY = 1 << 20

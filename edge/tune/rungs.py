@@ -4,7 +4,7 @@ a re-run resume, and the reading of each reply (nothing in it is trusted).
 Rungs follow ``edgekit tune``'s rule (``edge.tune.search.Schedule.rungs``): every trial gets a short measurement, the best
 third (at least ``eta``) goes on, the finalists get the full one. Each rung is one ``cmd/tune`` request holding
 only that rung's trials, so the agent measures what it is sent, within its own request limits, and the host decides
-who goes on (``edge.tune.search.ranked_trials``, as ``tune`` ranks). The device keeps no trial bundle between requests: a
+who goes on (``edge.tune.ranking.ranked_trials``, as ``tune`` ranks). The device keeps no trial bundle between requests: a
 finalist is downloaded again for the next rung. Parity is a hard constraint: the device checks each trial's
 reference pairs on every rung, and only trials that passed are ranked or chosen.
 
@@ -160,7 +160,7 @@ def search(
     """Successive halving over ``configs`` (their records in ``recs``): per rung, ``exchange(todo, k, reps,
     iters)`` sends the trials without a measurement at that rung yet and returns the device's final reply
     (trials keyed by config id: ``{"trials": {id: reply trial}}``); returns the replies, in order."""
-    from edge.tune.search import mark_rung, ranked_trials
+    from edge.tune.ranking import mark_rung, ranked_trials
 
     by_id = {c.id: c for c in configs}
     alive = list(configs)
@@ -221,7 +221,7 @@ def study_header(
 
 def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """(trials by config id, who measured them) from a study made for ``header``; refused otherwise."""
-    from edge.tune.search import load_study, read_study
+    from edge.tune.study import load_study, read_study
 
     trials = load_study(path, header)  # checks the header and every record's rungs
     measured_by = None
@@ -235,7 +235,7 @@ def load_study(path: Path, header: Mapping[str, Any]) -> tuple[dict[str, dict[st
 def save_study(
     path: Path, header: Mapping[str, Any], recs: Mapping[str, dict[str, Any]], measured_by: Mapping[str, Any] | None
 ) -> None:
-    from edge.tune.search import save_study
+    from edge.tune.study import save_study
 
     save_study(path, {**header, "measured_by": measured_by}, recs)
 

@@ -29,20 +29,26 @@ interrupted or repeated run resumes: conversions and measurements in it are not 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from edge.base.hashing import sha256_file
-from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
+from edge.tune.cache import (
+    calib_identity,
+    conversion_parity,
+    convert_cached,
+    natural_calibration_problem,
+    recipe_key,
+    source_key,
+    trial_request,
+)
 from edge.tune.config import OBJECTIVES, Config
 from edge.tune.measure import (
     E2E_SHORT_REPS,
@@ -54,18 +60,12 @@ from edge.tune.measure import (
     Pool,
     Rung,
     Trials,
-    combine_parity,
     measure_chunk,
-    missed_share,
-    rank_key,
-    trial_score,
 )
+from edge.tune.ranking import choose, mark_rung, priority, ranked_trials, trial_results
 from edge.tune.space import BATCHES, Space, batch_plan, build_space
+from edge.tune.study import load_study, save_study
 
-STUDY_VERSION = 1
-#: e2e: the share of frames a configuration may miss at the target rate and still count as holding it (the p99
-#: rule of ``edgekit bench`` and ``run``)
-E2E_MISS_TOLERANCE = 0.01
 STRATEGIES = ("halving", "exhaustive")
 #: inferences per timed block of the finalists' measurement after successive halving (Schedule.final)
 FINAL_BLOCK = 10
@@ -247,139 +247,6 @@ class TuneOptions:
     vary: Sequence[str] | None = None
 
 
-def trial_request(req: ConvertRequest) -> ConvertRequest:
-    """What every trial converts with: the request's inputs, data and task (a trial's precision and target come
-    from its configuration; its gate is recorded, never fatal)."""
-    return ConvertRequest(
-        calib=req.calib,
-        input_shapes=req.input_shapes,
-        preprocess=req.preprocess,
-        letterbox=req.letterbox,
-        freeze=req.freeze,
-        parity_data=req.parity_data,
-        parity_samples=req.parity_samples,
-        task=req.task,
-        accept_parity_failure=True,
-    )
-
-
-def source_key(req: ConvertRequest) -> dict[str, Any]:
-    """The request's part of the recipe key: what the conversion reads besides the model (the parity data by
-    what its files are)."""
-    source: dict[str, Any] = {
-        "input_shapes": {k: [int(d) for d in v] for k, v in req.input_shapes.items()},
-        "preprocess": req.preprocess,
-        "letterbox": req.letterbox,
-    }
-    if req.task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)
-        source["task"] = req.task
-    if req.freeze:
-        source["freeze"] = {str(k): str(v) for k, v in req.freeze.items()}
-    if req.parity_data is not None:
-        source["parity_data"] = data_identity(req.parity_data, "parity data")
-    return source
-
-
-# -- recipe key and the conversion cache ---------------------------------------------------------
-
-
-def calib_identity(calib: str | os.PathLike[str] | None) -> str | None:
-    """What the calibration data is, for the recipe key: 'random', a digest of the files' names, sizes, times, or
-    (none given) edgekit's natural images by their index's digest (they are also the parity inputs then)."""
-    if calib is None:
-        from edge.verify import natural
-
-        return "natural-" + hashlib.sha256(natural.INDEX.read_bytes()).hexdigest()[:16]
-    if str(calib) == "random":
-        return "random"
-    return data_identity(calib, "calibration data")
-
-
-def natural_calibration_problem(model: str | os.PathLike[str], req: ConvertRequest) -> str | None:
-    """Why a conversion of ``model`` without --calib cannot calibrate on edgekit's natural images (None: it can, so
-    int8 is in the space by default): the model's image input with its pre-processing is what they feed."""
-    from edge.pipeline import open_source
-    from edge.spec import default_preprocess
-    from edge.verify.inputs import natural_samples
-
-    try:
-        io = open_source(Path(model)).checked_io(req.input_shapes)
-    except EdgeError as e:
-        return e.message
-    pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
-    return natural_samples(io, pre, "calibration", calibrating=True)[1]
-
-
-def data_identity(data: str | os.PathLike[str], what: str = "data") -> str:
-    """A digest of a file's or directory's files (names, sizes, modification times), for the recipe key."""
-    p = Path(data)
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
-    if not files:
-        raise EdgeError(f"{what} {p} does not exist or is empty")
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def recipe_key(
-    model_sha256: str,
-    profile: Any,
-    cfg: Config,
-    space: Space,
-    calib_id: str | None,
-    parity_samples: int,
-    source: Mapping[str, Any] | None = None,
-) -> str:
-    """The conversion's identity: the same key, the same bundle (runner options are not part of it)."""
-    import edge
-
-    ov = space.overlay(profile, cfg, tuned={}, with_knobs=False)
-    data = {
-        "edgekit": edge.__version__,
-        "model": model_sha256,
-        "target": profile.name,
-        "runner": cfg.runner,
-        "chain": list(ov.chain),
-        "precision": cfg.bundle_precision,
-        "convert_options": {k: dict(v) for k, v in ov.convert_options.items()},
-        "run_options": dict(ov.run_options),
-        "calib": calib_id,
-        "parity_samples": parity_samples,
-        "source": dict(source or {}),
-    }
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def convert_cached(
-    model: Path, profile: Any, cfg: Config, space: Space, key: str, cache: Path, request: ConvertRequest
-) -> tuple[Any, bool]:
-    """(bundle, converted now): the cached bundle for ``key``, else a real conversion into the cache
-    (``request``: a ``trial_request``)."""
-    from edge.bundle.bundle import Bundle
-    from edge.pipeline import convert
-
-    out = cache / key
-    if (out / "manifest.json").is_file():
-        try:
-            return Bundle.open(out, trust=False), False
-        except EdgeError:
-            pass  # a damaged cache entry is converted again
-    b = convert(
-        model, space.base_profile(profile, cfg), out, request.replace(precision=cfg.bundle_precision), force=True
-    )
-    return b, True
-
-
-def bundle_size(b: Any) -> int:
-    ref = (b.manifest.get("reference_pairs") or {}).get("file")
-    return sum(int(a["bytes"]) for a in b.manifest.get("artifacts", []) if a.get("path") != ref)
-
-
-# -- the study file -----------------------------------------------------------------------------
-
-
 def _host() -> dict[str, Any]:
     from edge.capabilities import cpu_isa, current_host
 
@@ -394,198 +261,6 @@ def _isa() -> list[str]:
     from edge.capabilities import cpu_isa
 
     return sorted(cpu_isa().flags)
-
-
-MAX_STUDY_BYTES = 256 << 20
-
-
-def read_study(path: Path) -> Any:
-    """The JSON of a study file, read by the one safe reader (a regular file, bounded size, depth and integer
-    digits); None when nothing is there."""
-    try:  # NaN allowed: a study is what save_study wrote, and json.dumps writes a NaN figure as NaN
-        return read_json_file(
-            path, what="study file", max_bytes=MAX_STUDY_BYTES, max_depth=32, missing=None, allow_nan=True
-        )
-    except UnreadableFile as e:
-        raise EdgeError(e.message, hint="remove it to start a new study") from None
-
-
-def load_study(path: Path, header: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The trials of a study file made for the same model, target, objective and host; refused otherwise."""
-    data = read_study(path)
-    if data is None:
-        return {}
-    if (
-        not isinstance(data, dict)
-        or data.get("study_version") != STUDY_VERSION
-        or not isinstance(data.get("trials"), dict)
-    ):
-        raise EdgeError(
-            f"study file {path} is not an edgekit tune study (study_version {STUDY_VERSION})",
-            hint="remove it to start a new study",
-        )
-    for key, want in header.items():
-        if data.get(key) != want:
-            raise EdgeError(
-                f"study file {path} was made for {key} {data.get(key)!r}, this run is {want!r}",
-                hint="give another --study file, or remove it to start a new study",
-            )
-    trials: dict[str, dict[str, Any]] = {}
-    for tid, rec in data["trials"].items():
-        problem = _record_problem(tid, rec)
-        if problem:
-            raise EdgeError(f"study file {path}: trial {tid[:80]!r}: {problem}", hint="remove it to start a new study")
-        trials[tid] = rec
-    return trials
-
-
-def _record_problem(tid: Any, rec: Any) -> str | None:
-    """Why a study record cannot be used (None: fine). Only the fields tune reads back are checked."""
-    if not isinstance(tid, str) or not isinstance(rec, dict):
-        return "expected an object"
-    if not isinstance(rec.get("status"), str) or not isinstance(rec.get("rungs", {}), dict):
-        return "status must be text and rungs an object"
-    for name, r in rec.get("rungs", {}).items():
-        if not isinstance(r, dict):
-            return f"rungs.{name}: expected an object"
-        reps = r.get("rep_scores")
-        if (
-            not isinstance(reps, list)
-            or not reps
-            or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in reps)
-        ):
-            return f"rungs.{name}.rep_scores: expected a list of finite numbers"
-        for key in ("rep_missed", "rep_frames"):  # e2e: frames missed and frames fed, per repetition
-            got = r.get(key, [0] * len(reps))
-            if (
-                not isinstance(got, list)
-                or len(got) != len(reps)
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got)
-            ):
-                return f"rungs.{name}.{key}: expected one count (an integer >= 0) per repetition"
-        if "vs_anchor" in r or "anchor" in r:  # measured with an anchor in its chunk (measure_chunk)
-            rel, a = r.get("vs_anchor"), r.get("anchor")
-            if (
-                not isinstance(rel, (int, float))
-                or isinstance(rel, bool)
-                or not math.isfinite(rel)
-                or rel <= 0
-                or not isinstance(a, dict)
-                or not isinstance(a.get("id"), str)
-            ):
-                return f"rungs.{name}: vs_anchor must be a finite number > 0 and anchor an object with an id"
-    par = rec.get("parity")
-    if par is not None and (not isinstance(par, dict) or par.get("passed") not in (True, False, None)):
-        return "parity.passed must be true, false or null"
-    return None
-
-
-def save_study(path: Path | None, header: Mapping[str, Any], trials: Mapping[str, dict[str, Any]]) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps({"study_version": STUDY_VERSION, **header, "trials": trials}, indent=1, default=str),
-        encoding="utf-8",
-    )
-    os.replace(tmp, path)
-
-
-# -- the search -----------------------------------------------------------------------------------
-
-
-def mark_rung(records: Iterable[dict[str, Any]], kept: set[str], name: str, last: bool) -> None:
-    """After rung ``name``: each record's status (unless already failed, pruned or failing parity): parity failed
-    or not verified, eliminated (not in ``kept``), or measured (a survivor of the last rung)."""
-    for rec in records:
-        if rec["status"].startswith(("failed", "parity", "pruned")):
-            continue
-        passed = (rec.get("parity") or {}).get("passed")
-        if passed is not True:
-            rec["status"] = "parity failed" if passed is False else "parity not verified"
-        elif rec["id"] not in kept:
-            rec["status"] = f"eliminated at {name}"
-        elif last:
-            rec["status"] = "measured"
-
-
-def priority(space: Space) -> list[Config]:
-    """The order trials are taken in under --max-trials: each runner, precision, recipe and batch's defaults first
-    (batch 1 before the batched ones: it is their per-item reference)."""
-    import random
-
-    firsts: list[Config] = []
-    rest: list[Config] = []
-    seen: set[tuple[str, str, tuple[Any, ...], int]] = set()
-    for c in space.configs:
-        k = (c.runner, c.precision, c.recipe, c.batch)
-        (rest if k in seen else firsts).append(c)
-        seen.add(k)
-    random.Random(0).shuffle(rest)
-    return firsts + rest
-
-
-def ranked_trials(
-    recs: Iterable[dict[str, Any]], rung: str, budget_ms: float | None, objective: str
-) -> list[dict[str, Any]]:
-    """Trials that passed parity and were measured at ``rung``, best first: those within the budget first."""
-    ok = [r for r in recs if (r.get("parity") or {}).get("passed") is True and rung in r.get("rungs", {})]
-
-    def within(r: dict[str, Any]) -> bool:
-        m = r["rungs"][rung]
-        if objective == "e2e":  # the budget is the pace: within it when (almost) no frame was missed
-            return missed_share(m) <= E2E_MISS_TOLERANCE
-        if budget_ms is None:
-            return True
-        if objective == "latency":
-            return m.get("p99_ms") is not None and m["p99_ms"] <= budget_ms
-        return -trial_score(objective, m["rep_scores"]) >= 1000.0 / budget_ms
-
-    # measured in several chunks, each with the same anchor: ranked by the ratio to it (else on raw figures: a
-    # rung measured in one chunk, or one whose records mix anchors, e.g. resumed from an older study)
-    relative = (
-        bool(ok)
-        and objective != "e2e"
-        and len({_anchor_id(r["rungs"][rung]) for r in ok} - {None}) == 1
-        and all(_anchor_id(r["rungs"][rung]) is not None for r in ok)
-    )
-
-    def key(r: dict[str, Any]) -> tuple[float, float]:
-        m = r["rungs"][rung]
-        return (0.0, float(m["vs_anchor"])) if relative else rank_key(objective, m)
-
-    return sorted(ok, key=lambda r: (not within(r), key(r), r["id"]))
-
-
-def _anchor_id(m: Mapping[str, Any]) -> str | None:
-    """The anchor a rung record was measured against (None: none, or no figure relative to it)."""
-    a = m.get("anchor")
-    return a.get("id") if isinstance(a, dict) and isinstance(m.get("vs_anchor"), (int, float)) else None
-
-
-def choose(
-    trials: Sequence[dict[str, Any]], budget_ms: float | None = None, objective: str = "latency"
-) -> dict[str, Any] | None:
-    """The winner: the best trial at the deepest rung any trial that passed parity reached; a trial that failed
-    parity (or was not checked) is never chosen, however fast."""
-    rungs = sorted(
-        {k for t in trials if (t.get("parity") or {}).get("passed") is True for k in t.get("rungs", {})},
-        key=_rung_order,
-    )
-    for rung in reversed(rungs):
-        ranked = ranked_trials(trials, rung, budget_ms, objective)
-        if ranked:
-            return ranked[0]
-    return None
-
-
-def _rung_order(name: str) -> int:
-    """Rungs are named "K:REPSxITERS"; a later rung is a longer measurement of fewer trials."""
-    try:
-        return int(name.partition(":")[0])
-    except ValueError:
-        return -1
 
 
 def tune(
@@ -813,27 +488,6 @@ def _records(configs: Sequence[Config], stored: Mapping[str, dict[str, Any]]) ->
     return recs
 
 
-def conversion_parity(rec: dict[str, Any], b: Any) -> None:
-    """A trial's record after its conversion: the bundle, its size, and the conversion gate's verdict."""
-    rec["bundle"] = str(b.path)
-    rec["size_bytes"] = bundle_size(b)
-    gate = b.manifest.get("parity") or {}
-    par = rec.get("parity") or {}
-    par["conversion"] = gate.get("passed")
-    outs = gate.get("outputs")
-    outs = outs if isinstance(outs, list) else []
-    par["conversion_failures"] = [
-        f"conversion gate ({gate.get('samples')} samples): {o.get('name')}: {f}"
-        for o in outs
-        if isinstance(o, dict) and isinstance(o.get("failures"), list)
-        for f in o["failures"]
-    ][:4]
-    if gate.get("passed") is None:
-        par["conversion_failures"].append(f"conversion gate did not run: {gate.get('skipped')}")
-    rec["parity"] = par
-    combine_parity(par)
-
-
 def _convert_trials(run: _Run) -> None:
     """One conversion per recipe key, shared by the trials that differ only in runner options."""
     t_conv = time.perf_counter()
@@ -965,22 +619,6 @@ def _measure_rung(run: _Run, alive: Sequence[Config], rung: Rung, pool: Pool) ->
         )
 
 
-def trial_results(trials: Sequence[dict[str, Any]], objective: str) -> None:
-    """Each trial's ``result``: the figures of its deepest rung and its score there (None: never measured)."""
-    for t in trials:
-        best = best_rung(t)
-        m = t["rungs"][best] if best else None
-        t["result"] = (
-            {
-                "rung": best,
-                **{k: v for k, v in m.items() if not k.startswith("rep_")},
-                "score": trial_score(objective, m["rep_scores"]),
-            }
-            if m
-            else None
-        )
-
-
 def _finish(run: _Run, t_start: float) -> TuneResult:
     """The winner, the result, the overlay, the pictures."""
     from edge.capabilities import current_host
@@ -1080,8 +718,3 @@ def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: b
     comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
     result.overlay_path = str(write_overlay(run.out_dir / "tuned.toml", overlay, comments))
     result.applied = overlay.describe()
-
-
-def best_rung(t: Mapping[str, Any]) -> str | None:
-    names = sorted(t.get("rungs", {}), key=_rung_order)
-    return names[-1] if names else None

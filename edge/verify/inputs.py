@@ -21,6 +21,9 @@ from edge.preprocess import IMAGE_SUFFIXES, Preprocessor, read_image
 from edge.spec import Calibration, IOSpec, PreprocessSpec, TensorSpec, image_channels, image_layout
 from edge.verify import natural
 
+#: the command-line flag that gives calibration data (convert, deploy, tune, fleet tune): every hint names it from here
+CALIB_FLAG = "--calib"
+
 RANDOM = "random"
 TENSOR_SUFFIXES = frozenset({".npy", ".npz"})
 
@@ -512,7 +515,7 @@ def _data_files(d: Path, what: str) -> tuple[list[Path], Path, str]:
         raise CalibrationError(
             f"{what} directory {d} does not exist",
             hint="pass a directory of .npy/.npz tensors, images, .wav or .txt files"
-            + (", or --calib random" if what == "calibration" else ""),
+            + (f", or {CALIB_FLAG} random" if what == "calibration" else ""),
         )
     if not files:
         raise CalibrationError(f"{what} directory {d} holds no .npy, .npz or image files (nor .wav, .txt)")

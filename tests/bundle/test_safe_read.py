@@ -19,7 +19,7 @@ import pytest
 from edge.base.typedjson import UnreadableFile, read_json_file, read_toml_file
 from edge.errors import EdgeError, TargetError
 from edge.targets import load_targets, parse_profile
-from edge.tune.search import load_study
+from edge.tune.study import load_study
 from tests.support.cli import EDGEKIT, assert_user_error
 
 

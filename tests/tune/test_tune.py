@@ -18,7 +18,8 @@ from edge.pipeline import convert
 from edge.pipeline.overlay import read_overlay
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
-from edge.tune.search import Schedule, TuneOptions, choose, ranked_trials, tune
+from edge.tune.ranking import choose, ranked_trials
+from edge.tune.search import Schedule, TuneOptions, tune
 from edge.tune.space import THREADS, build_space, usable_cpus
 from tests.cli.test_cli_errors import build_outlier_model
 from tests.support.cli import assert_user_error, run_cli
@@ -442,7 +443,7 @@ def test_anchor_relative_ranking_across_chunks() -> None:
 
 
 def test_study_refuses_a_bad_anchor_record(tmp_path: Path) -> None:
-    from edge.tune.search import load_study, save_study
+    from edge.tune.study import load_study, save_study
 
     header = {"model_sha256": "x"}
     good = {"status": "measured", "rungs": {"0:2x5": {"rep_scores": [1.0], "vs_anchor": 0.5, "anchor": {"id": "a"}}}}

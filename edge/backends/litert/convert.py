@@ -43,6 +43,7 @@ from edge.errors import CalibrationError, ConversionError, MissingDependencyErro
 from edge.graph.divergence import MIN_COSINE, REL_TOLERANCE, Divergence
 from edge.graph.opsupport import check_ops
 from edge.toolchains.state import ToolchainStatus
+from edge.verify.inputs import CALIB_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +388,7 @@ def _check_samples(request: ConversionRequest, *, required: bool) -> list[Mappin
     if required and not samples:
         raise CalibrationError(
             f"full-integer int8 TFLite needs calibration samples for {request.source}; none were given",
-            hint="pass --calib DIR (.npy/.npz tensors or images), or --calib random for a smoke test",
+            hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors or images), or {CALIB_FLAG} random for a smoke test",
         )
     problems: list[str] = []
     for i, s in enumerate(samples):

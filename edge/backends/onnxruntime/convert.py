@@ -24,6 +24,7 @@ from edge.backends.converter import ConversionRequest, ConversionResult, Convert
 from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, opset_of, save_onnx
+from edge.verify.inputs import CALIB_FLAG
 
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'")
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[onnx]'")
@@ -197,7 +198,7 @@ class OnnxToOnnx(Converter):
         if request.calibration is None or not request.calibration.samples:
             raise CalibrationError(
                 "int8 static quantization needs calibration samples",
-                hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random",
+                hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors or images) or {CALIB_FLAG} random",
             )
         opts = request.options
         act = _qtype(q, opts.get("activation_type", "uint8"), "activation_type")

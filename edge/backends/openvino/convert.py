@@ -32,6 +32,7 @@ from edge.backends.converter import ConversionRequest, ConversionResult, Convert
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
+from edge.verify.inputs import CALIB_FLAG
 
 NNCF_REQUIREMENT = Requirement(
     "python", "nncf", install="pip install 'edgekit-ml[convert]'", why="int8 OpenVINO IR is quantized with NNCF"
@@ -300,7 +301,7 @@ class OnnxToOpenVINO(Converter):
         if request.precision == "int8" and (request.calibration is None or not request.calibration.samples):
             raise CalibrationError(
                 f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
-                hint="pass --calibration DIR, or --calibration random for a smoke test",
+                hint=f"pass {CALIB_FLAG} DIR, or {CALIB_FLAG} random for a smoke test",
             )
 
     @staticmethod

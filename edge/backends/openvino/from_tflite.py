@@ -39,6 +39,7 @@ from edge.backends.openvino.convert import (
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
+from edge.verify.inputs import CALIB_FLAG
 
 _NO_TRANSLATOR = re.compile(r"No translator found for (\S+) node")
 
@@ -131,7 +132,7 @@ class TFLiteToOpenVINO(Converter):
         if request.precision == "int8" and (request.calibration is None or not request.calibration.samples):
             raise CalibrationError(
                 f"int8 OpenVINO IR needs calibration samples for {request.source}; none were given",
-                hint="pass --calib DIR, or --calib random for a smoke test",
+                hint=f"pass {CALIB_FLAG} DIR, or {CALIB_FLAG} random for a smoke test",
             )
 
     def _convert(self, request: ConversionRequest, tmp: Path) -> ConversionResult:

@@ -37,6 +37,7 @@ from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
+from edge.verify.inputs import CALIB_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def quantize_symmetric_qdq(
     if request.calibration is None or not request.calibration.samples:
         raise CalibrationError(
             "int8 for TensorRT needs calibration samples",
-            hint="pass --calib DIR (.npy/.npz tensors or images) or --calib random",
+            hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors or images) or {CALIB_FLAG} random",
         )
     method = str(opts.get("calibrate_method", "minmax"))
     if method not in CALIBRATE:
