@@ -111,3 +111,20 @@ def test_a_forged_death_does_not_mark_a_live_device_offline_for_good(tmp_path: P
         assert _row(c, url)["status"] == "offline"
     finally:
         c.db.close()
+
+
+def test_a_birth_announcing_a_far_position_on_the_real_session_does_not_freeze_the_row(tmp_path: Path) -> None:
+    """A forged birth of the real session and connection announcing seq 2**53-1: the row followed it, and every
+    real message after it was older (births are not bounded by --max-seq-jump: they announce positions)."""
+    c, url = _collector(tmp_path)
+    try:
+        assert c.handle(*birth(2**53 - 1, 1, "forged"), received_at=T0 + 3) == "stored"
+        c.flush()
+        assert c.handle(*tel(3, 27.0), received_at=T0 + 4) == "stored"
+        row = _row(c, url)
+        assert row["fps"] == 27.0 and row["last_seq"] == 3 and row["missing"] == 0, row
+        state = _msg("state", 4, {"historical": False, "state": "running"})
+        assert c.handle(*state, received_at=T0 + 5) == "stored"
+        assert _row(c, url)["state"] == "running"
+    finally:
+        c.db.close()
