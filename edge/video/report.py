@@ -238,6 +238,13 @@ class VideoReport:
             rate = max(self.target_fps or 0.0, self.pace_fps or 0.0 if self.mode == "realtime" else 0.0)
             if cap < rate:
                 workers = f", {self.infer_workers} workers" if b == "infer" and self.infer_workers > 1 else ""
+                group = self._thread_of(b)
+                if len(group) > 1:  # stages sharing a thread: their medians add up
+                    ms = sum(t.p50_ms for k in group if (t := self.stages.get(k)) is not None)
+                    return (
+                        f"thread {'+'.join(group)}: median {ms:.2f} ms a frame ({cap:.1f} fps{workers}), "
+                        f"too slow for {rate:.4g} fps"
+                    )
                 return f"stage {b}: median {bs.p50_ms:.2f} ms a frame ({cap:.1f} fps{workers}), too slow for {rate:.4g} fps"
             load = f" (load average {self.load_avg:.2f} at the end)" if self.load_avg is not None else ""
             return (

@@ -197,6 +197,8 @@ def test_bound_counts_the_stages_that_share_a_thread_and_the_pace() -> None:
     r = _report(threads=two)  # infer 8 + post 0.5 ms in one thread: 117.6 fps, not infer's 125
     assert r.bound_fps == pytest.approx(1000 / 8.5) and r.bottleneck == "infer"
     assert _report(threads=two, stages={**r.stages, "decode": _stats(9)}).bottleneck == "decode"
+    slow = _report(threads=two, mode="realtime", pace_fps=150, dropped={"behind": 0, "busy": 30, "late": 0})
+    assert slow.limit == "thread infer+postprocess: median 8.50 ms a frame (117.6 fps), too slow for 150 fps"
     # frames cannot be delivered faster than the source paces them: the bound is at most the pace
     paced = _report(mode="realtime", pace_fps=60, processed=60, duration_s=1.0)
     assert paced.bound_fps == pytest.approx(60) and paced.pct_of_bound == pytest.approx(100)
