@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from edge.cli._common import JsonOut, TargetsDir, console, fmt_ms, print_json, safe, steps
+from edge.cli._common import JsonOut, TargetsDir, Wide, console, fmt_ms, print_json, print_table, safe, steps
 from edge.cli.bench import BudgetMs, Fps
 from edge.cli.convert import FreezeInput, InputShape, Letterbox, ParityData, Preprocess, Task
 from edge.errors import ModelError
@@ -16,10 +15,10 @@ from edge.tune.config import OBJECTIVES
 from edge.verify.inputs import CALIB_FLAG
 
 
-def render_tune(r: dict[str, Any]) -> None:
+def render_tune(r: dict[str, Any], *, wide: bool = False) -> None:
     from edge.tune.report import row
 
-    t = Table(title=f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})")
+    title = f"tune {Path(r['model']).name} for {r['target']} (objective {r['objective']}, {r['strategy']})"
     e2e = r["objective"] == "e2e"
     # throughput: a batched trial's fps counts items (its p50/p99 are per inference of the whole batch)
     cols = [
@@ -37,8 +36,19 @@ def render_tune(r: dict[str, Any]) -> None:
     throughput = r["objective"] == "throughput"
     if throughput:  # requests in flight while measured (OpenVINO: its optimal number; the others 1)
         cols.insert(4, "requests")
-    for col in cols:
-        t.add_column(col, overflow="fold")
+    # words wrap whole (a configuration is words: runner, precision, options); numbers never wrap
+    opts: dict[str, dict[str, Any]] = {"configuration": {"min_width": 20}, "status": {"min_width": 10}, "parity": {}}
+    columns = [(c, opts.get(c, {"no_wrap": True, "justify": "right"})) for c in cols]
+    narrow = {
+        "configuration",
+        "status",
+        "parity",
+        "p50 ms",
+        "p99 ms",
+        "requests",
+        *(c for c in cols if c.startswith("missed")),
+    }
+    rows = []
     order = {"chosen": 0, "measured": 1}
 
     def rank(x: dict[str, Any]) -> tuple[Any, ...]:
@@ -70,8 +80,8 @@ def render_tune(r: dict[str, Any]) -> None:
             cells.insert(4, safe(rw["missed"] or "-"))
         if throughput:
             cells.insert(4, "-" if rw.get("requests") is None else str(rw["requests"]))
-        t.add_row(*cells)
-    console.print(t)
+        rows.append(cells)
+    print_table(title, columns, rows, narrow=narrow, wide=wide)
     for p in r["pruned"]:
         console.print(f"[dim]pruned:[/] {safe(p)}", highlight=False)
     for n in r["notes"]:
@@ -165,6 +175,7 @@ def tune_cmd(
     task: str = Task,
     targets_dir: list[Path] | None = TargetsDir,
     as_json: bool = JsonOut,
+    wide: bool = Wide,
 ) -> None:
     """Find the fastest configuration of MODEL for a target that keeps parity, on this host; write it as an overlay
     for `edgekit convert/deploy --tuned FILE`, with the table and the Pareto front (latency, parity error, size)."""
@@ -194,7 +205,7 @@ def tune_cmd(
     if as_json:
         print_json(data)
     else:
-        render_tune(data)
+        render_tune(data, wide=wide)
     reason = result.nothing_converted()
     if reason is not None:  # a bad model is a user error (exit 2), not a verdict on the configurations
         raise ModelError(f"{model.name}: no configuration converted: {reason}")

@@ -86,3 +86,15 @@ def test_fleet_status_at_80_columns_and_wide(tmp_path: Path) -> None:
     # a terminal wide enough for every column gets every column without asking
     p = run_cli("fleet", "status", "--db", url, env={"COLUMNS": "250"})
     assert "RSS MB" in p.stdout and "onnxruntime on CPU" in p.stdout, p.stdout
+
+
+def test_tune_table_at_80_columns(models: dict[str, Path], tmp_path: Path) -> None:
+    """Was 8 columns folded letter by letter (``configura``/``tion``, ``onnxrunti``/``me``)."""
+    p = run_cli(
+        "tune", str(models["tiny"]), "-t", "x86-cpu", "--max-trials", "2", "--time-budget", "60",
+        "--out", str(tmp_path / "t"), env=NARROW,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    table = p.stdout.split("pruned:")[0]
+    _fits(table)
+    assert "configuration" in table and "onnxruntime" in table and "--wide" in table, table
