@@ -92,7 +92,7 @@ class AgentOptions:
         minimum=0.0,
     )
     reconnect_max: float = opt(
-        60.0, "Longest wait between reconnection attempts (s); waits double from 0.5 s, with jitter.", minimum=0.5
+        60.0, "Longest wait between reconnection attempts (s); waits double from 0.5 s, with jitter.", minimum=0.0
     )
     poll_current: float = opt(
         1.0, "How often the store's `current` link is read; a change reloads the runner (s; 0: never).", minimum=0.0
