@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from edge.backends.options import option_docs, read_options
 from edge.backends.registry import Registry
 from edge.backends.runner import RunnerInfo
 from edge.capabilities import Host, Requirement, problems
-from edge.errors import ConversionError, PrecisionError, did_you_mean
+from edge.errors import ConversionError, EdgeError, PrecisionError, did_you_mean
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
 
@@ -85,13 +86,35 @@ class Converter(ABC):
     target_format: ClassVar[str]
     precisions: ClassVar[frozenset[str]]
     requires: ClassVar[tuple[Requirement, ...]] = ()
-    #: option name -> one-line description; anything else in the profile is an error
+    #: option name -> one-line description; anything else in the profile is an error. Derived from
+    #: ``options_class`` where a converter declares one
     options: ClassVar[Mapping[str, str]] = {}
+    #: the converter's options declared once, typed (a frozen dataclass of ``spec`` fields, as a runner's are:
+    #: ``edge.backends.options``): ``options`` comes from it and :meth:`read_options` checks a request against it
+    options_class: ClassVar[type | None] = None
     #: precisions that need calibration samples
     calibrated_precisions: ClassVar[frozenset[str]] = frozenset()
     #: the toolchain environment (edge.toolchains) the converter runs in, if any; a missing one is
     #: reported like a missing package, before any work
     toolchain: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("options_class")
+        if declared is not None:
+            cls.options = option_docs(declared)
+
+    @classmethod
+    def read_options(cls, options: Mapping[str, Any]) -> Any:
+        """``options`` read into ``options_class`` (unknown names, wrong types, out-of-range values refused in one
+        line naming the converter and the option; defaults filled in)."""
+        if cls.options_class is None:
+            raise ConversionError(f"converter {cls.name!r} declares no typed options")
+        cls.check_options(options)  # unknown names first, with "did you mean"
+        try:
+            return read_options(cls.name, cls.options_class, options, kind="converter")
+        except EdgeError as e:
+            raise ConversionError(e.message, hint=e.hint) from None
 
     @classmethod
     def problems(cls, host: Host | None = None) -> list[str]:

@@ -1,4 +1,5 @@
-"""A runner's options, declared once: a frozen dataclass per runner in its backend's ``format.py``.
+"""A runner's (or a converter's) options, declared once: a frozen dataclass per runner in its backend's ``format.py``,
+per converter beside it (``options_class`` on the converter class: ``onnx->openvino-ir``'s in ``openvino/convert.py``).
 
 Each field is one option: its type and range (``edge.base.typedjson.spec`` rules), its default and its
 description (``doc``); a rule across options is its ``invalid()`` method. From that one declaration come the runner's ``options`` (the names and descriptions
@@ -31,20 +32,20 @@ def option_docs(cls: type) -> dict[str, str]:
         rule = f.metadata.get("rule")
         doc = getattr(rule, "doc", None)
         if not doc:
-            raise EdgeError(f"runner option {cls.__name__}.{f.name} has no description (spec(..., doc=...))")
+            raise EdgeError(f"option {cls.__name__}.{f.name} has no description (spec(..., doc=...))")
         out[f.name] = doc
     return out
 
 
-def read_options(runner: str, cls: type, options: Mapping[str, Any]) -> Any:
+def read_options(runner: str, cls: type, options: Mapping[str, Any], kind: str = "runner") -> Any:
     """``options`` read into ``cls`` (unknown names, wrong types and out-of-range values refused, defaults
-    filled in); one line naming the runner and the option otherwise."""
+    filled in); one line naming the runner (or the converter: ``kind``) and the option otherwise."""
     try:
         typed = read(cls, to_json(dict(options)), "options")
     except Invalid as e:
         where = e.where.removeprefix("options.").removeprefix("options")
-        raise EdgeError(f"runner {runner!r}: option {where or '(all)'} {e.problem}") from None
+        raise EdgeError(f"{kind} {runner!r}: option {where or '(all)'} {e.problem}") from None
     bad = typed.invalid() if hasattr(typed, "invalid") else None  # a rule across options (``invalid()``)
     if bad is not None:
-        raise EdgeError(f"runner {runner!r}: option {bad[0]} {bad[1]}")
+        raise EdgeError(f"{kind} {runner!r}: option {bad[0]} {bad[1]}")
     return typed

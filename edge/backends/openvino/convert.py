@@ -24,12 +24,14 @@ import contextlib
 import io
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
+from edge.base.typedjson import spec
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
 from edge.verify.inputs import CALIB_FLAG
@@ -38,7 +40,6 @@ NNCF_REQUIREMENT = Requirement(
     "python", "nncf", install="pip install 'edgekit-ml[convert]'", why="int8 OpenVINO IR is quantized with NNCF"
 )
 
-_PRESETS = ("performance", "mixed")
 # Constant element types that hold weights (shape/index constants are i32/i64 and are not counted)
 _WEIGHT_TYPES = frozenset({"f64", "f32", "f16", "bf16", "i8", "u8", "i4", "u4", "nf4", "f8e4m3", "f8e5m2"})
 
@@ -187,14 +188,47 @@ _OVERFLOW_FIX = {
 }
 
 
+@dataclass(frozen=True)
+class OpenVINOConvertOptions:
+    """The OpenVINO converters' options, declared once (``edge.backends.options``): the names and descriptions
+    ``doctor`` and the CLI print, the check of a profile's or a tuned overlay's values and the defaults all come
+    from these fields. Words are read case-insensitively (``Mixed`` is ``mixed``)."""
+
+    nncf_preset: Literal["performance", "mixed"] = spec(
+        "performance",
+        doc="int8: NNCF quantization preset, performance (default: symmetric activations) "
+        "or mixed (asymmetric activations, for models with asymmetric ranges)",
+    )
+    nncf_subset_size: int | None = spec(
+        None, ge=1, le=1 << 20, doc="int8: number of calibration samples NNCF uses (default: all samples given)"
+    )
+    nncf_overflow_fix: Literal["all", "first_layer", "none"] = spec(
+        "all",
+        doc="int8: 7-bit weights so x86 CPUs without VNNI (AVX2 vpmaddubsw) do not saturate: "
+        "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
+    )
+    mixed_precision: Literal["auto", "off"] = spec(
+        "auto",
+        doc="fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
+        "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
+        "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
+        "does (edge.graph.recipes); off leaves every op to the device's precision",
+    )
+    mixed_precision_trials: int = spec(
+        6, ge=0, le=1000, doc="fp16: at most this many re-verifications while growing the kept set (default 6)"
+    )
+
+
+def convert_options(request: ConversionRequest) -> OpenVINOConvertOptions:
+    """The request's options, typed and checked (one line naming the option otherwise)."""
+    words = {k: v.lower() if isinstance(v, str) else v for k, v in request.options.items()}
+    typed: OpenVINOConvertOptions = OnnxToOpenVINO.read_options(words)
+    return typed
+
+
 def overflow_fix_option(request: ConversionRequest) -> str:
     """The request's ``nncf_overflow_fix`` (default "all"), checked."""
-    overflow_fix = str(request.options.get("nncf_overflow_fix", "all")).lower()
-    if overflow_fix not in _OVERFLOW_FIX:
-        raise ConversionError(
-            f"nncf_overflow_fix must be one of {', '.join(_OVERFLOW_FIX)}, got {request.options.get('nncf_overflow_fix')!r}"
-        )
-    return overflow_fix
+    return convert_options(request).nncf_overflow_fix
 
 
 class OnnxToOpenVINO(Converter):
@@ -206,18 +240,7 @@ class OnnxToOpenVINO(Converter):
     requires = (OPENVINO_REQUIREMENT,)
     #: extra requirements per precision, checked inside convert()
     precision_requires = {"int8": (NNCF_REQUIREMENT,)}
-    options = {
-        "nncf_preset": "int8: NNCF quantization preset, performance (default: symmetric activations) "
-        "or mixed (asymmetric activations, for models with asymmetric ranges)",
-        "nncf_subset_size": "int8: number of calibration samples NNCF uses (default: all samples given)",
-        "nncf_overflow_fix": "int8: 7-bit weights so x86 CPUs without VNNI (AVX2 vpmaddubsw) do not saturate: "
-        "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
-        "mixed_precision": "fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
-        "then of those adding the most error, to compute in f32 (rt_info precise_0, saved in the IR "
-        "as DisablePrecisionConversion), verified with the CPU plugin computing in f16 as an iGPU "
-        "does (edge.graph.recipes); off leaves every op to the device's precision",
-        "mixed_precision_trials": "fp16: at most this many re-verifications while growing the kept set (default 6)",
-    }
+    options_class = OpenVINOConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         self.check_options(request.options)
@@ -306,20 +329,9 @@ class OnnxToOpenVINO(Converter):
 
     @staticmethod
     def _int8_options(request: ConversionRequest) -> tuple[str, int]:
-        preset = str(request.options.get("nncf_preset", "performance")).lower()
-        if preset not in _PRESETS:
-            raise ConversionError(
-                f"nncf_preset must be one of {', '.join(_PRESETS)}, got {request.options.get('nncf_preset')!r}"
-            )
+        opts = convert_options(request)
         assert request.calibration is not None
-        raw = request.options.get("nncf_subset_size", len(request.calibration.samples))
-        try:
-            subset_size = int(raw)
-        except (TypeError, ValueError):
-            subset_size = 0
-        if subset_size < 1:
-            raise ConversionError(f"nncf_subset_size must be an integer >= 1, got {raw!r}")
-        return preset, subset_size
+        return opts.nncf_preset, opts.nncf_subset_size or len(request.calibration.samples)
 
     def _quantize(
         self, model: Any, request: ConversionRequest, preset: str, subset_size: int, overflow_fix: str
@@ -389,10 +401,9 @@ def _fp16_recipe(
 ) -> Any:
     """The model with the mixed-precision fp16 recipe (``mixed_precision = "auto"``: the nodes kept in f32 where
     f16 adds error, verified on this host's CPU plugin in f16 when it can)."""
-    from edge.graph import recipes
 
-    mode = recipes.parse_mode(request.options)
-    trials = recipes.parse_trials(request.options)
+    opts = convert_options(request)
+    mode, trials = opts.mixed_precision, opts.mixed_precision_trials
     details["mixed_precision"] = mode
     if mode != "auto":
         return model
