@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,19 @@ def test_test_files_have_unique_names() -> None:
     in two folders stop the whole run at collection."""
     names = [p.name for p in (EDGE.parent / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_no_test_imports_conftest_or_a_helper_by_its_bare_name() -> None:
+    """Shared helpers live in tests/support (``from tests.support.cli import run_cli``): with a conftest per folder,
+    ``from conftest import`` gets whichever conftest pytest imported last, and ``import mqtt_broker`` works only
+    while tests/ itself is on sys.path."""
+    bare = re.compile(
+        r"^\s*(from (tests\.)?conftest import|from tests import (?!support)|import (conftest|mqtt_broker|pg_server)\b)",
+        re.M,
+    )
+    found = [
+        str(p.relative_to(EDGE.parent))
+        for p in sorted((EDGE.parent / "tests").rglob("*.py"))
+        if bare.search(p.read_text(encoding="utf-8"))
+    ]
+    assert found == []

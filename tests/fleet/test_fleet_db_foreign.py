@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import assert_user_error, run_cli
-from pg_server import PostgresServer, PostgresUnavailable
+
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.pg_server import PostgresServer, PostgresUnavailable
 
 FOREIGN = ("CREATE TABLE devices (serial TEXT, owner TEXT)", "CREATE TABLE meta (a INTEGER)")
 

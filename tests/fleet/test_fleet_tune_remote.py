@@ -28,7 +28,7 @@ from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import SCHEMA_VERSION
 from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
 from edge.tune.search import TuneOptions
-from tests import fuzz_models
+from tests.support import fuzz_models
 from tests.support import mqtt_broker
 from tests.support.cli import REPO, assert_user_error, run_cli, wait_for
 

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from edge.cli import app
 from edge.errors import save_traceback
-from tests import fuzz_models
+from tests.support import fuzz_models
 
 SEED = 23
 FULL = pytest.mark.corpus_full

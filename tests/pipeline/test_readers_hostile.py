@@ -24,7 +24,7 @@ from onnx import helper as h
 
 from edge.errors import TargetError
 from edge.targets import parse_profile
-from tests import fuzz_models
+from tests.support import fuzz_models
 from tests.support.cli import EDGEKIT, assert_user_error
 
 LIMIT = 1 << 31

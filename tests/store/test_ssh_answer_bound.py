@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import assert_user_error, run_cli
-from sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
-
 from edge.store.ssh import MAX_ANSWER_BYTES
+from tests.support.cli import assert_user_error, run_cli
+from tests.support.sshd_server import Sshd, needs_sshd, sshd  # noqa: F401  (sshd: the fixture)
 
 pytestmark = needs_sshd
 
