@@ -723,6 +723,17 @@ def test_cli_exit_codes_tell_an_abort_from_a_success_and_the_rollback_keeps_the_
         ro = json.loads(run_cli("fleet", "status", "--db", dbu, "--json").stdout)["rollouts"]
         assert [(f["rollout"], f["rollout_state"], f["on_bundle"]) for f in ro] == [("r-bad", "aborted", 0)], ro
         assert set(ro[0]["failed"]) == {"over_budget"} and ro[0]["bundle"] == b.id, ro
+        # a rollout the controller stopped driving (--timeout) before it finished: 6
+        slow = sims(broker, {"slow-0": ("x86-cpu", a.id)}, behaviour=lambda _dev, _d: Outcome(delay_s=60.0))
+        try:
+            p = run_cli(
+                "fleet", "rollout", "start", str(b.path), "--fleet", FLEET, "--artifact-url", http.url("b.tar"),
+                "--group", "device=slow-*", "--watch", "10m", "--timeout", "1", "--id", "r-slow",
+                "--broker", broker.url, "--db", dbu, "--json",
+            )  # fmt: skip
+            assert p.returncode == 6 and json.loads(p.stdout)["state"] == "running", (p.returncode, p.stderr)
+        finally:
+            slow.stop()
         with FleetView(BrokerConfig.from_url(broker.url), FLEET, client_id="test-exit-view") as v:
             synced_with(v, 3)
             for row in rows:
