@@ -148,7 +148,8 @@ class TFLiteToEthosU(Converter):
             f"{ESTIMATE_LABEL} for {estimate['accelerator']} ({estimate['system_config']}, {estimate['memory_mode']}): "
             f"{estimate['inferences_per_second']:.1f} inferences/s at {estimate['clock_hz'] / 1e6:.0f} MHz, "
             f"{estimate['cycles_total']:,} cycles, SRAM {estimate['sram_bytes'] / 1024:.1f} KiB, "
-            f"flash {estimate['off_chip_flash_bytes'] / 1024:.1f} KiB"
+            f"flash {(estimate['off_chip_flash_bytes'] + estimate['on_chip_flash_bytes']) / 1024:.1f} KiB, "
+            f"DRAM {estimate['dram_bytes'] / 1024:.1f} KiB"
         ]
         if placement.get("cpu_ops"):
             notes.append(

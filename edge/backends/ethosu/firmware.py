@@ -32,7 +32,7 @@ _HEADER = """\
 #include "{model_header}"
 
 // {label}: {accelerator}, {system_config}, {memory_mode}
-//   {ips:.1f} inferences/s at {mhz:.0f} MHz, {cycles:,} cycles; SRAM {sram:,} bytes, flash {flash:,} bytes
+//   {ips:.1f} inferences/s at {mhz:.0f} MHz, {cycles:,} cycles; SRAM {sram:,} bytes, flash {flash:,} bytes, DRAM {dram:,} bytes
 // {arena_note}
 #define {prefix}_ARENA_SIZE {arena}
 // The op resolver needs {n_ops} op(s): {ops}
@@ -92,7 +92,8 @@ def write_firmware(bundle_dir: Path, out_dir: Path, *, name: str | None = None) 
             mhz=estimate["clock_hz"] / 1e6,
             cycles=estimate["cycles_total"],
             sram=estimate["sram_bytes"],
-            flash=estimate["off_chip_flash_bytes"],
+            flash=estimate["off_chip_flash_bytes"] + estimate.get("on_chip_flash_bytes", 0),
+            dram=estimate.get("dram_bytes", 0),
             arena_note=estimate["arena_note"],
             prefix=prefix,
             arena=estimate["arena_bytes"],

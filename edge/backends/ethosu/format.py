@@ -63,7 +63,13 @@ def parse_summary(path: Path) -> dict[str, Any]:
         "macs": int(num("nn_macs")),
         "arena_bytes": arena_size(int(sram)),
         "arena_note": f"Vela's SRAM use + {ARENA_MARGIN // 1024} KiB for TFLM's own allocations, 16-byte aligned: "
-        "an allowance; confirm with MicroInterpreter::arena_used_bytes() on the device",
+        "an allowance; confirm with MicroInterpreter::arena_used_bytes() on the device"
+        + (
+            "; Dedicated_Sram: the tensor arena sits in DRAM and the driver also needs Vela's SRAM figure as its "
+            "fast-memory scratch (ethosu fast_memory)"
+            if row.get("memory_mode") == "Dedicated_Sram"
+            else ""
+        ),
     }
 
 
