@@ -29,7 +29,7 @@ from tests.support.corpus import corpus_model
 CASES = {
     "onnxruntime": ("tiny", "x86-cpu"),
     "openvino": ("tiny", "intel-igpu"),  # the CPU plugin here (the iGPU's declared fallback)
-    "litert": ("face-detection", "arm-xnnpack"),  # a TFLite source: no onnx2tf conversion (seconds)
+    "litert": ("mp-iris-landmark", "arm-xnnpack"),  # a TFLite source: no onnx2tf conversion (seconds)
 }
 CHECKS = 20
 
