@@ -25,6 +25,17 @@ RESERVE_CPUS_DOC = (
 )
 
 
+#: thread counts a tuner tries (filtered to the CPUs this process may use)
+THREAD_SEARCH = (1, 2, 4, 8, 16)
+
+
+def search_values(cls: type, first: str | None = None) -> dict[str, tuple[Any, ...]]:
+    """Option name -> the values a tuner tries (``spec(..., search=...)`` on the field), in declaration order with
+    ``first`` (the thread count) ahead of the rest."""
+    found = {f.name: f.metadata["search"] for f in dataclasses.fields(cls) if "search" in f.metadata}
+    return {k: found[k] for k in sorted(found, key=lambda k: k != first)}
+
+
 def option_docs(cls: type) -> dict[str, str]:
     """Option name -> its description, in declaration order."""
     out: dict[str, str] = {}

@@ -75,9 +75,12 @@ class Rule:
     doc: str | None = None
 
 
-def spec(default: Any = MISSING, *, doc: str | None = None, **rule: Any) -> Any:
-    """A dataclass field with a :class:`Rule` (``spec(pattern=ID)``, ``spec(0, ge=0, le=1024)``)."""
-    meta = {"rule": Rule(doc=doc, **rule)}
+def spec(default: Any = MISSING, *, doc: str | None = None, search: tuple[Any, ...] = (), **rule: Any) -> Any:
+    """A dataclass field with a :class:`Rule` (``spec(pattern=ID)``, ``spec(0, ge=0, le=1024)``). ``search``: the
+    values a tuner tries for it, the first the default (``edge.backends.options.search_values``); not a rule."""
+    meta: dict[str, Any] = {"rule": Rule(doc=doc, **rule)}
+    if search:
+        meta["search"] = tuple(search)
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable default: use a tuple or a MappingProxyType")
     return field(default=default, metadata=meta)

@@ -31,18 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from edge.backends.litert.format import LiteRTOptions
+from edge.backends.onnxruntime.format import OnnxRuntimeOptions
+from edge.backends.openvino.format import OpenVINOOptions
+from edge.backends.options import THREAD_SEARCH, search_values
 from edge.backends.threads import usable_cpus
 from edge.errors import EdgeError
 from edge.tune.config import OBJECTIVES, Config, word  # noqa: F401 - OBJECTIVES re-exported
 
-THREADS = (1, 2, 4, 8, 16)
+THREADS = THREAD_SEARCH  # on the runners' thread options (spec(search=...)), re-exported
 WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
 #: items per inference tried for the throughput objective (batch 1 first: the default)
 BATCHES = (1, 2, 4, 8)
 #: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
 MAX_BATCH_BYTES = 64 << 20
 #: OpenVINO streams tried for the throughput objective, after the hint's own choice (0: option not set)
-STREAMS = (0, 1, 2)
+STREAMS: tuple[int, ...] = search_values(OpenVINOOptions)["num_streams"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ class RunnerSpace:
     runner: str
     converter: str  # the one converter that takes an ONNX source to what the runner loads
     home: str  # the shipped target whose convert options this runner takes on a target with another chain
-    options: Mapping[str, tuple[Any, ...]]  # runner option -> values tried (the first is the default)
+    #: runner option -> values tried (the first is the default), read from the options' fields (spec(search=...))
+    options: Mapping[str, tuple[Any, ...]]
     recipes: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)  # precision -> convert knobs
     #: the runner option naming the thread count (THREADS are filtered to this host's CPUs)
     threads_option: str | None = None
@@ -61,13 +66,7 @@ SPACES: dict[str, RunnerSpace] = {
         "onnxruntime",
         "onnx->onnx",
         "x86-cpu",
-        {
-            "intra_op_num_threads": THREADS,
-            "graph_optimization_level": ("all", "extended", "basic"),
-            "execution_mode": ("sequential", "parallel"),
-            "inter_op_num_threads": (0, 2),
-            "allow_spinning": (True, False),
-        },
+        search_values(OnnxRuntimeOptions, first="intra_op_num_threads"),
         {"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
         threads_option="intra_op_num_threads",
     ),
@@ -75,7 +74,7 @@ SPACES: dict[str, RunnerSpace] = {
         "openvino",
         "onnx->openvino-ir",
         "intel-igpu",
-        {"num_threads": THREADS, "performance_hint": ("LATENCY", "THROUGHPUT"), "num_streams": STREAMS},
+        search_values(OpenVINOOptions, first="num_threads"),
         {"fp16": {"mixed_precision": ("auto", "off")}},
         threads_option="num_threads",
     ),
@@ -87,7 +86,7 @@ SPACES: dict[str, RunnerSpace] = {
         "litert",
         "onnx->tflite",
         "arm-xnnpack",
-        {"num_threads": THREADS, "delegate": ("xnnpack", "none"), "xnnpack_latest_features": (False, True)},
+        search_values(LiteRTOptions, first="num_threads"),
         threads_option="num_threads",
     ),
 }

@@ -47,3 +47,24 @@ def test_a_bad_value_is_refused_in_one_line_naming_converter_and_option(options:
     with pytest.raises(ConversionError) as e:
         convert_options(_request(**options))
     assert "onnx->openvino-ir" in str(e.value) and needle in str(e.value) and "\n" not in str(e.value)
+
+
+# -- the values the tuner tries live on the runners' option fields (spec(search=...)), not in a table of its own --
+
+
+@pytest.mark.parametrize("runner", ["onnxruntime", "openvino", "litert"])
+def test_the_tuner_tries_what_the_option_fields_declare_and_each_value_is_valid(runner: str) -> None:
+    from edge.backends.litert.format import LiteRTOptions
+    from edge.backends.onnxruntime.format import OnnxRuntimeOptions
+    from edge.backends.openvino.format import OpenVINOOptions
+    from edge.backends.options import search_values
+    from edge.base.typedjson import read
+    from edge.tune.space import SPACES
+
+    cls = {"onnxruntime": OnnxRuntimeOptions, "openvino": OpenVINOOptions, "litert": LiteRTOptions}[runner]
+    space = SPACES[runner]
+    assert dict(space.options) == search_values(cls, first=space.threads_option)
+    assert next(iter(space.options)) == space.threads_option
+    for name, values in space.options.items():
+        for v in values:
+            read(cls, {name: v}, "options")  # every value a trial would set passes the option's own rule

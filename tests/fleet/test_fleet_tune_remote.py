@@ -26,10 +26,10 @@ import pytest
 from edge.capabilities import cpu_isa
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.payloads import SCHEMA_VERSION
-from edge.tune.remote import ArtifactServer, DeviceLink, DeviceTune, tune_on_device
+from edge.tune.remote import DeviceTune, tune_on_device
+from edge.tune.remote_link import ArtifactServer, DeviceLink
 from edge.tune.search import TuneOptions
-from tests.support import fuzz_models
-from tests.support import mqtt_broker
+from tests.support import fuzz_models, mqtt_broker
 from tests.support.cli import REPO, assert_user_error, run_cli, wait_for
 
 FLEET, DEVICE = "lab", "dev-1"

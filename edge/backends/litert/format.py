@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edge.backends.options import RESERVE_CPUS_DOC, THREADS
+from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
 from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import InputFileError
 
@@ -196,6 +196,7 @@ ALLOW_CPU_FALLBACK_ENV = "EDGEKIT_ALLOW_CPU_FALLBACK"
 class LiteRTOptions:
     delegate: Literal["xnnpack", "edgetpu", "none", "reference", "XNNPACK", "EDGETPU", "NONE", "REFERENCE"] = spec(
         "xnnpack",
+        search=("xnnpack", "none"),
         doc="xnnpack (default: LiteRT's CPU delegate), edgetpu (libedgetpu), none (builtin kernels only) "
         "or reference (LiteRT's reference kernels: slow, the parity reference for a TFLite source)",
     )
@@ -203,6 +204,7 @@ class LiteRTOptions:
     num_threads: int = spec(
         0,
         **THREADS,
+        search=THREAD_SEARCH,
         doc="CPU threads; 0 (default) = edgekit's choice: the CPUs this process may "
         "use that other processes and reserve_cpus leave (edge.backends.threads). LiteRT's own "
         "default (None) runs XNNPack on one thread",
@@ -228,6 +230,7 @@ class LiteRTOptions:
     )
     xnnpack_latest_features: bool = spec(
         False,
+        search=(False, True),
         doc="delegate xnnpack only: create XNNPack with its latest operators enabled "
         "(TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS, ai-edge-litert's "
         "experimental_default_delegate_latest_features) instead of LiteRT's default XNNPack; true or false "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from edge.backends.options import RESERVE_CPUS_DOC, THREADS
+from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
 from edge.base.typedjson import Rule, spec
 
 
@@ -23,13 +23,14 @@ class OnnxRuntimeOptions:
     intra_op_num_threads: int = spec(
         0,
         **THREADS,
+        search=THREAD_SEARCH,
         doc="threads inside an op; 0 (default) = edgekit's choice: the CPUs "
         "that other processes and reserve_cpus leave (edge.backends.threads, "
         "docs/performance.md)",
     )
     reserve_cpus: float = spec(0.0, ge=0, le=4096, doc=RESERVE_CPUS_DOC)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = spec(
-        "all", doc="disable, basic, extended or all (default all)"
+        "all", search=("all", "extended", "basic"), doc="disable, basic, extended or all (default all)"
     )
     x64_quant_precision: bool | Literal["auto"] = spec(
         "auto",
@@ -39,14 +40,19 @@ class OnnxRuntimeOptions:
     )
     execution_mode: Literal["sequential", "parallel"] = spec(
         "sequential",
+        search=("sequential", "parallel"),
         doc="sequential (default) or parallel: run independent branches of the graph at once "
         "(onnxruntime's ORT_PARALLEL; helps models with many branches, can hurt others)",
     )
     inter_op_num_threads: int = spec(
-        0, **THREADS, doc="threads running nodes in parallel (execution_mode parallel only); 0 = onnxruntime's default"
+        0,
+        **THREADS,
+        search=(0, 2),
+        doc="threads running nodes in parallel (execution_mode parallel only); 0 = onnxruntime's default",
     )
     allow_spinning: bool | None = spec(
         None,
+        search=(True, False),
         doc="thread-pool threads busy-wait for work between ops (true: lower latency on an idle machine) or "
         "sleep (false: the core goes back to the rest of the device); unset (default): edgekit's choice, "
         "onnxruntime's own (on) where nothing else shares the CPUs, off where something does; "

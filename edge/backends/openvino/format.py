@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edge.backends.options import RESERVE_CPUS_DOC, THREADS
+from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
 from edge.base.typedjson import Rule, spec
 from edge.capabilities import Requirement, env_flag
 
@@ -115,7 +115,7 @@ class OpenVINOOptions:
     )
     performance_hint: Literal[
         "LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT", "latency", "throughput", "cumulative_throughput"
-    ] = spec("LATENCY", doc="LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT")
+    ] = spec("LATENCY", search=("LATENCY", "THROUGHPUT"), doc="LATENCY (default), THROUGHPUT or CUMULATIVE_THROUGHPUT")
     inference_precision: Literal["bundle", "fast", "f32", "f16", "bf16", "BUNDLE", "FAST", "F32", "F16", "BF16"] = spec(
         "bundle",
         doc="bundle (default: f32 for fp32 bundles and for fp16 bundles on a CPU, the device's default "
@@ -126,6 +126,7 @@ class OpenVINOOptions:
     num_threads: int = spec(
         0,
         **THREADS,
+        search=THREAD_SEARCH,
         doc="CPU inference threads; 0 (default) = edgekit's choice: the CPU plugin's own count and pinning where "
         "nothing else shares the CPUs, else the CPUs other processes and reserve_cpus leave, unpinned "
         "(edge.backends.threads), followed while it runs (load_recheck_s)",
@@ -142,6 +143,7 @@ class OpenVINOOptions:
     # 0: the performance hint's choice; AUTO: OpenVINO's throughput choice (refused with LATENCY by the runner)
     num_streams: int | Literal["AUTO", "auto"] = spec(
         0,
+        search=(0, 1, 2),  # the hint's own choice (0: not set), then 1 and 2 streams (objective throughput)
         ge=0,
         le=MAX_STREAMS,
         doc="parallel inference streams (NUM_STREAMS), an integer or AUTO; 0 = the "
