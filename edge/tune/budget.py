@@ -142,13 +142,15 @@ def search(
     if not isinstance(res.get("p99_ms"), (int, float)) or res["p99_ms"] > budget_ms:
         record.update(
             chosen=None,
-            why=f"no candidate that passed parity met the budget (the fastest, {w['label']}, p99 {res.get('p99_ms')} ms)",
+            why=f"no candidate that passed parity met the budget (the tuner's best, {w['label']}: p50 "
+            f"{res.get('p50_ms', 0):.2f} ms, p99 {res.get('p99_ms', 0):.2f} ms)",
         )
         return None, record
     within = [c for c in cands if c["within_budget"]]
     record.update(
         chosen=w["label"],
-        why=f"the fastest of the {len(within)} candidate(s) that passed parity and met the budget "
+        why=f"the fastest (the tuner's ranking: median latency) of the {len(within)} candidate(s) that passed parity "
+        "and met the budget "
         f"(p50 {res.get('p50_ms', 0):.2f} ms, p99 {res['p99_ms']:.2f} ms); confirmed by deploy's steady-state verdict",
     )
     return read_overlay(result.overlay_path), record
