@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-from edge.errors import EdgeError
+from edge.errors import EdgeError, InputFileError
 from edge.fleet.db import FleetDB
 from edge.fleet.decode import MAX_PAYLOAD_BYTES, MAX_SESSION_SKEW_S, REASONS, Decoded
 from edge.mqtt.client import BrokerConfig
@@ -129,7 +129,6 @@ class CollectorConfig:
         """The option values a TOML file sets (keys: the field names, e.g. ``batch_max = 2000``); unknown keys and
         values of the wrong type are refused, all at once."""
         from edge.base.typedjson import Invalid, loads_toml_strict
-        from edge.errors import InputFileError
 
         try:
             data = loads_toml_strict(path.read_text(encoding="utf-8"))

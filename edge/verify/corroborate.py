@@ -90,12 +90,12 @@ def task_note_problem(o: Any, refs: list[Any] | None = None) -> str | None:
     """A classifier-shaped output with no top-1 figure, excused by its ``task_note``: the note must be one parity
     writes (it judged the output on raw figures) and the evidence must not say classifier: an output named as
     class scores, or reference outputs (the bundle's pairs, ``refs``) whose rows are probabilities."""
-    from edge.verify.tasks import _SCORE_NAMES, _VALUE_NAMES, row_kind
+    from edge.verify.tasks import SCORE_NAMES, VALUE_NAMES, row_kind
 
     note = o.task_note or ""
     if _RAW_ONLY not in note:
         return f"its task note {note[:80]!r} is not one parity writes for an output judged on raw figures"
-    if _SCORE_NAMES.search(o.name) and not _VALUE_NAMES.search(o.name):
+    if SCORE_NAMES.search(o.name) and not VALUE_NAMES.search(o.name):
         return f"it is named as class scores ({o.name!r}): parity gates its top-1"
     if refs:
         rows = row_kind(refs)

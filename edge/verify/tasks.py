@@ -387,9 +387,9 @@ def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> s
 
 
 #: output names that declare a decodable task (a classifier's or recogniser's scores)
-_SCORE_NAMES = re.compile(r"logit|prob|softmax|class|cls|score|label|pred|ctc|char|token|tag", re.I)
+SCORE_NAMES = re.compile(r"logit|prob|softmax|class|cls|score|label|pred|ctc|char|token|tag", re.I)
 #: output names that declare a regression or a representation: no class, box or token to agree on
-_VALUE_NAMES = re.compile(
+VALUE_NAMES = re.compile(
     r"landmark|keypoint|kpt|point|embed|feature|feat|hidden|state|encoder|pool|vector|"
     r"coord|pose|regress|mesh|depth|angle|offset|box|proj|output_\d+_value",
     re.I,
@@ -444,8 +444,8 @@ def explain_task(
     anchors = anchor_head(s, others)
     if anchors is not None:
         return TaskGuess(None, anchors)
-    named_scores = bool(_SCORE_NAMES.search(name)) and not _VALUE_NAMES.search(name)
-    named_values = bool(_VALUE_NAMES.search(name))
+    named_scores = bool(SCORE_NAMES.search(name)) and not VALUE_NAMES.search(name)
+    named_values = bool(VALUE_NAMES.search(name))
     if is_classifier(s):
         if rows is not None:
             return TaskGuess("classifier", f"every row is a {rows[:-1]} distribution over {max(s[1:])} classes")
