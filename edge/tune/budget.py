@@ -151,7 +151,8 @@ def search(
         chosen=w["label"],
         why=f"the fastest (the tuner's ranking: median latency) of the {len(within)} candidate(s) that passed parity "
         "and met the budget "
-        f"(p50 {res.get('p50_ms', 0):.2f} ms, p99 {res['p99_ms']:.2f} ms); confirmed by deploy's steady-state verdict",
+        f"(p50 {res.get('p50_ms', 0):.2f} ms, p99 {res['p99_ms']:.2f} ms in the search's short measurement); deploy's "
+        "steady-state verdict on the bundle converted with it decides",
     )
     return read_overlay(result.overlay_path), record
 
