@@ -26,6 +26,7 @@ run or cannot mean anything here, each with its reason:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,13 +136,11 @@ class Space:
 def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
     """Why a combination of runner options cannot run or cannot differ from another one here ("what: why"),
     None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
-    if runner == "litert":
-        if opts.get("xnnpack_latest_features") and str(opts.get("delegate", "xnnpack")).lower() != "xnnpack":
-            return (
-                "litert xnnpack_latest_features with delegate=none: the flag creates an XNNPack delegate of its "
-                "own, so the trial would run XNNPack, not the builtin kernels (the runner refuses it)"
-            )
-        return None
+    if runner == "litert":  # the runner's own rule (LiteRTOptions.invalid), not a copy of it
+        bad = dataclasses.replace(LiteRTOptions(), **opts).invalid()
+        return (
+            f"litert {bad[0]} with delegate={opts.get('delegate')}: {bad[1]} (the runner refuses it)" if bad else None
+        )
     if runner == "openvino":
         streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
         if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":

@@ -236,3 +236,16 @@ class LiteRTOptions:
         "experimental_default_delegate_latest_features) instead of LiteRT's default XNNPack; true or false "
         "(default)",
     )
+
+    def invalid(self) -> tuple[str, str] | None:
+        """(option, problem) where options disagree with each other: read by the runner (``read_options``), the
+        manifest check and the tuner's space alike, so the rule is written once."""
+        delegate = self.delegate.lower()
+        if self.xnnpack_latest_features and delegate != "xnnpack":
+            # the flag makes the interpreter add an XNNPack delegate of its own whatever the op resolver: with
+            # delegate none/reference it would silently run XNNPack (measured: ai-edge-litert 2.3)
+            return (
+                "xnnpack_latest_features",
+                f"applies to delegate xnnpack only, not {delegate} (it would apply XNNPack anyway)",
+            )
+        return None

@@ -173,15 +173,7 @@ class LiteRTRunner(Runner):
 
         typed: LiteRTOptions = self.typed_options
         delegate = typed.delegate.lower()
-        latest = typed.xnnpack_latest_features
-        if latest and delegate != "xnnpack":
-            # the flag makes the interpreter add an XNNPack delegate of its own whatever the op resolver: with
-            # delegate none/reference it would silently run XNNPack (measured: ai-edge-litert 2.3)
-            raise EdgeError(
-                f"runner 'litert': xnnpack_latest_features applies to delegate xnnpack only, not "
-                f"{delegate} (it would apply XNNPack anyway)",
-                hint='set delegate = "xnnpack", or leave xnnpack_latest_features out',
-            )
+        latest = typed.xnnpack_latest_features  # with delegate xnnpack only: LiteRTOptions.invalid()
         plan_for = partial(_plan, typed.num_threads, reserve_option(self.name, self._options))
         opened_at = time.monotonic()
         cpu_plan = plan_for()
