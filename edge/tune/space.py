@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from edge.backends.litert.format import LiteRTOptions
 from edge.backends.onnxruntime.format import OnnxRuntimeOptions
-from edge.backends.openvino.format import OpenVINOOptions
+from edge.backends.openvino.format import OpenVINOOptions, streams_over_threads
 from edge.backends.options import THREAD_SEARCH, search_values
 from edge.backends.threads import usable_cpus
 from edge.errors import EdgeError
@@ -151,11 +151,9 @@ def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | No
                 "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
                 "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams"
             )
-        if isinstance(streams, int) and threads and streams > threads:
-            return (
-                f"openvino num_streams={streams} with num_threads={threads}: every stream runs on threads of its "
-                "own (OpenVINO would run fewer streams; the runner refuses it)"
-            )
+        too_many = streams_over_threads(streams, threads)  # the runner's own rule and words
+        if too_many:
+            return f"openvino num_streams={streams} with num_threads={threads}: {too_many} (the runner refuses it)"
         return None
     if runner != "onnxruntime":
         return None

@@ -102,6 +102,14 @@ def ov_core() -> Any:
 MAX_STREAMS = 1024
 
 
+def streams_over_threads(streams: int | str, threads: int) -> str | None:
+    """Why ``num_streams`` cannot run on ``num_threads`` (None: it can): every stream runs on threads of its own.
+    The runner refuses it and the tuner's space prunes it, with these words."""
+    if isinstance(streams, int) and threads and streams > threads:
+        return f"every stream runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)"
+    return None
+
+
 @dataclass(frozen=True)
 class OpenVINOOptions:
     device: str | tuple[str, ...] = spec(

@@ -46,6 +46,7 @@ from edge.backends.openvino.format import (
     OpenVINOOptions,
     disable_openvino_telemetry,
     ov_core,
+    streams_over_threads,
 )
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import (
@@ -454,10 +455,10 @@ def _asked(typed: OpenVINOOptions, reserve: float) -> _Asked:
             "throughput streams choice, and OpenVINO switches the hint to THROUGHPUT for it",
             hint='use performance_hint = "THROUGHPUT" (its own choice of streams), or a number',
         )
-    if isinstance(streams_opt, int) and threads and streams_opt > threads:
+    too_many = streams_over_threads(streams_opt, threads)
+    if too_many:
         raise EdgeError(
-            f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: every stream "
-            f"runs on threads of its own, so {threads} thread(s) hold at most {threads} stream(s)",
+            f"runner 'openvino': num_streams {streams_opt} with num_threads {threads}: {too_many}",
             hint="ask for at most as many streams as threads, or num_threads = 0",
         )
     return _Asked(
