@@ -78,13 +78,15 @@ class NetworkIsolation:
 
     prefix: tuple[str, ...]  # argv put before the command ("unshare", "--net", "--"); empty: no namespace
     reason: str | None  # why there is no namespace (None when there is one)
-    seccomp: tuple[str, ...] = ()  # argv of the seccomp launcher, where the filter is used instead
+    # argv of the seccomp launcher: alone where there is no namespace, and inside the namespace too, since a
+    # process that may call setns() (root in the namespace) could otherwise join the parent's network (issue #33)
+    seccomp: tuple[str, ...] = ()
     seccomp_reason: str | None = None  # why there is no seccomp filter (when none is used)
 
     @property
     def enforced(self) -> str:
         if self.prefix:
-            return NAMESPACE
+            return f"{NAMESPACE} + {SECCOMP}" if self.seccomp else NAMESPACE
         if self.seccomp:
             return f"{SECCOMP} (namespace unavailable: {self.reason})"
         return f"{WEAK} (namespace unavailable: {self.reason}; seccomp unavailable: {self.seccomp_reason})"
@@ -164,10 +166,8 @@ def network_isolation() -> NetworkIsolation:
     """What a default :func:`offline_popen` uses: a network namespace where the kernel allows one, else the
     seccomp filter where it applies, else neither, with why not (probed once per process)."""
     iso = _namespace_isolation()
-    if iso.prefix:
-        return iso
     sc, why = seccomp_isolation()
-    return NetworkIsolation((), iso.reason, sc, why)
+    return NetworkIsolation(iso.prefix, iso.reason, sc, why)
 
 
 def _namespace_isolation() -> NetworkIsolation:
@@ -204,6 +204,11 @@ def offline_popen(
     iso = _namespace_isolation() if namespace is not False else NetworkIsolation((), "not requested")
     if namespace and not iso.prefix:
         raise EdgeError(f"no network namespace on this host: {iso.reason}")
+    if iso.prefix and seccomp is not False:  # the filter inside the namespace: setns() back out finds no socket
+        sc, why = seccomp_isolation()
+        if seccomp and not sc:
+            raise EdgeError(f"no seccomp filter on this host: {why}")
+        iso = NetworkIsolation(iso.prefix, None, sc, why)
     if not iso.prefix:
         sc, why = seccomp_isolation() if seccomp is not False else ((), "not requested")
         if seccomp and not sc:
@@ -237,7 +242,7 @@ def offline_popen(
     }
     if iso.prefix:
         record["namespace_command"] = " ".join(["unshare", *iso.prefix[1:-1]])
-    proc = subprocess.Popen([*(iso.prefix or iso.seccomp), *argv], env=run_env, **popen)
+    proc = subprocess.Popen([*iso.prefix, *iso.seccomp, *argv], env=run_env, **popen)
     return proc, record
 
 

@@ -228,7 +228,10 @@ def test_run_driver_is_offline(
     expected = toolchains.network_isolation().enforced
     assert final["offline"]["enforced"] == expected and st.offline == final["offline"]
     assert st.manifest_record()["offline"] == final["offline"]  # what converters write into the manifest
-    assert len(final["offline"]["attempts"]) == 3 and final["network_attempts"] == final["offline"]["attempts"]
+    # under the seccomp filter (inside the namespace too, issue #33) socket() fails before the guard sees a connect:
+    # only create_connection, wrapped before it makes a socket, is named
+    named = 1 if toolchains.network_isolation().seccomp else 3
+    assert len(final["offline"]["attempts"]) == named and final["network_attempts"] == final["offline"]["attempts"]
     assert "offline" not in toolchains.status("mini").to_json()  # only a run has one
     # a driver that dies on a refused connection says so
     _driver(tmp_path, monkeypatch, "import socket; socket.create_connection(('192.0.2.1', 443))\n")
