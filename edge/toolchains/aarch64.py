@@ -379,10 +379,55 @@ def parse_packages_index(text: str, package: str, architecture: str = "amd64") -
     return None
 
 
-def _qemu_from_backports(mirror: str, dl: Path, dest: Path, log: Any) -> dict[str, Any]:
-    """The static ``qemu-aarch64`` of bookworm-backports' ``qemu-user``, checked against the index's sha256."""
+#: Debian's archive signing keys (debian-archive-keyring 2023.3+deb12u2, as Debian ships them): what vouches for a
+#: mirror's InRelease, pinned in edgekit, never taken from the mirror or from the host's apt configuration
+DEBIAN_KEYRING = Path(__file__).parent / "keys" / "debian-archive-keyring.gpg"
+_INDEX = "main/binary-amd64/Packages.xz"
+
+
+def verified_index_sha256(in_release: bytes, keyring: Path, work: Path, what: str = _INDEX) -> str:
+    """The sha256 that ``in_release`` (a clear-signed Debian InRelease) lists for ``what``, after ``gpgv``
+    verified its signature against ``keyring`` alone; EdgeError when it does not verify or does not list it."""
+    gpgv = _which("gpgv")
+    if gpgv is None:
+        raise EdgeError("checking the Debian mirror's signature needs gpgv", hint="apt-get install gpgv")
+    signed, text = work / "InRelease", work / "InRelease.verified"
+    signed.write_bytes(in_release)
+    r = subprocess.run(
+        [gpgv, "--keyring", str(keyring), "--output", str(text), str(signed)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    if r.returncode != 0 or not text.is_file():
+        why = next((ln for ln in r.stderr.splitlines() if "BAD" in ln or "No public key" in ln or "Can't" in ln), "")
+        raise EdgeError(
+            f"the mirror's InRelease is not signed by a Debian archive key edgekit pins: {why.strip()[:160] or 'gpgv refused it'}",
+            hint=f"check the mirror ({MIRROR_ENV}); a Packages index without a valid signature is never trusted",
+        )
+    section = False
+    for line in text.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith(" "):
+            section = line.strip() == "SHA256:"
+            continue
+        parts = line.split()
+        if section and len(parts) == 3 and parts[2] == what and re.fullmatch(r"[0-9a-f]{64}", parts[0]):
+            return parts[0]
+    raise EdgeError(f"the mirror's signed InRelease lists no SHA256 for {what}")
+
+
+def _qemu_from_backports(mirror: str, dl: Path, dest: Path, log: Any, keyring: Path = DEBIAN_KEYRING) -> dict[str, Any]:
+    """The static ``qemu-aarch64`` of bookworm-backports' ``qemu-user``: the suite's InRelease verified with
+    ``gpgv`` against the pinned Debian keyring, the Packages index against its signed sha256, the .deb against the
+    index's sha256 (an unsigned Packages.xz vouched for the .deb before: issue #33)."""
+    release = dl / "InRelease.fetched"
+    _fetch(f"{mirror}/dists/{SUITE}-backports/InRelease", release, _MAX_INDEX)
+    want = verified_index_sha256(release.read_bytes(), keyring, dl)
     index = dl / "Packages.xz"
-    _fetch(f"{mirror}/dists/{SUITE}-backports/main/binary-amd64/Packages.xz", index, _MAX_INDEX)
+    _fetch(f"{mirror}/dists/{SUITE}-backports/{_INDEX}", index, _MAX_INDEX)
+    if file_sha256(index) != want:
+        raise EdgeError(f"{SUITE}-backports' {_INDEX} is not the one its signed InRelease lists: refused")
     try:
         text = lzma.LZMADecompressor().decompress(index.read_bytes(), max_length=8 * _MAX_INDEX)
     except lzma.LZMAError as e:
