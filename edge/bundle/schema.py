@@ -818,7 +818,12 @@ def builtin_runner_options() -> dict[str, type]:
 #: library to load, a file or a directory to write. In a manifest they are refused.
 DEVICE_ONLY_OPTIONS: dict[str, dict[str, str]] = {
     "litert": {
-        "edgetpu_library": "set EDGEKIT_EDGETPU_LIBRARY on the device, or the agent's --runner-option edgetpu_library=/abs/path"
+        "edgetpu_library": "set EDGEKIT_EDGETPU_LIBRARY on the device, or the agent's --runner-option edgetpu_library=/abs/path",
+        "external_delegate": "give it on the device: the agent's --runner-option external_delegate=/abs/path",
+    },
+    "ethos-u": {
+        "device": "give it on the device: the agent's --runner-option device=/dev/ethosuN",
+        "delegate_library": "give it on the device: the agent's --runner-option delegate_library=/abs/path",
     },
     "tensorrt": {
         "engine_cache_dir": "set EDGEKIT_ENGINE_CACHE on the device, or the agent's --runner-option engine_cache_dir=/abs/path"

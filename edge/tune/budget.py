@@ -128,9 +128,19 @@ def search(
         return None, record
     cands = [_candidate(t, budget_ms) for t in result.trials]
     record.update(wall_s=round(time.perf_counter() - t0, 2), candidates=cands, pruned=list(result.pruned))
-    w = result.winner
+    chosen, why = _choice(result.winner, result.overlay_path, cands, budget_ms, time_s)
+    record.update(chosen=chosen, why=why)
+    if chosen is None or result.overlay_path is None:
+        return None, record
+    return read_overlay(result.overlay_path), record
+
+
+def _choice(
+    w: dict[str, Any] | None, overlay: Any, cands: list[dict[str, Any]], budget_ms: float, time_s: float
+) -> tuple[str | None, str]:
+    """(the label the search chose, or None; why): the tuner's winner when it passed parity and met the budget."""
     res = (w or {}).get("result") or {}
-    if w is None or result.overlay_path is None:
+    if w is None or overlay is None:
         measured = [c for c in cands if c["p99_ms"] is not None]
         why = (
             "no candidate that passed parity was measured"
@@ -139,24 +149,19 @@ def search(
             if cands
             else "nothing was tried"
         )
-        record.update(chosen=None, why=why)
-        return None, record
+        return None, why
     if not isinstance(res.get("p99_ms"), (int, float)) or res["p99_ms"] > budget_ms:
-        record.update(
-            chosen=None,
-            why=f"no candidate that passed parity met the budget (the tuner's best, {w['label']}: p50 "
-            f"{res.get('p50_ms', 0):.2f} ms, p99 {res.get('p99_ms', 0):.2f} ms)",
+        return None, (
+            f"no candidate that passed parity met the budget (the tuner's best, {w['label']}: p50 "
+            f"{res.get('p50_ms', 0):.2f} ms, p99 {res.get('p99_ms', 0):.2f} ms)"
         )
-        return None, record
     within = [c for c in cands if c["within_budget"]]
-    record.update(
-        chosen=w["label"],
-        why=f"the fastest (the tuner's ranking: median latency) of the {len(within)} candidate(s) that passed parity "
+    return str(w["label"]), (
+        f"the fastest (the tuner's ranking: median latency) of the {len(within)} candidate(s) that passed parity "
         "and met the budget "
         f"(p50 {res.get('p50_ms', 0):.2f} ms, p99 {res['p99_ms']:.2f} ms in the search's short measurement); deploy's "
-        "steady-state verdict on the bundle converted with it decides",
+        "steady-state verdict on the bundle converted with it decides"
     )
-    return read_overlay(result.overlay_path), record
 
 
 def _candidate(t: dict[str, Any], budget_ms: float) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from edge.tune.measure import (
     measure_chunk,
 )
 from edge.tune.ranking import choose, mark_rung, priority, ranked_trials, trial_results
-from edge.tune.space import BATCHES, Space, batch_plan, build_space
+from edge.tune.space import BATCHES, Extent, Space, batch_plan, build_space
 from edge.tune.study import load_study, save_study
 
 STRATEGIES = ("halving", "exhaustive")
@@ -467,8 +467,7 @@ def _space(
         precisions=opts.precisions,
         threads=opts.threads,
         targets_dir=req.targets_dir,
-        batch=plan,
-        vary=opts.vary,
+        extent=Extent(batch=plan, vary=opts.vary),
     )
 
 

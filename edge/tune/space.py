@@ -306,6 +306,16 @@ def openvino_cpu_capabilities() -> list[str] | None:
         return None
 
 
+@dataclass(frozen=True)
+class Extent:
+    """How far a space reaches beyond its configurations: ``batch``, the model's :func:`batch_plan` (objective
+    throughput only; None: batch 1); ``vary``, the runner options and recipe knobs that take more than their first
+    value (None: all of them)."""
+
+    batch: BatchPlan | None = None
+    vary: Sequence[str] | None = None
+
+
 def build_space(
     profile: Any,
     *,
@@ -317,18 +327,18 @@ def build_space(
     threads: Sequence[int] | None = None,
     targets_dir: Iterable[Any] = (),
     bf16_capabilities: list[str] | None | str = "ask",
-    batch: BatchPlan | None = None,
-    vary: Sequence[str] | None = None,
+    extent: Extent | None = None,
 ) -> Space:
     """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
 
     ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
     cannot use is an error, never silently dropped. ``bf16_capabilities``: OpenVINO CPU's reported
-    capabilities (default: asked from OpenVINO). ``batch``: the model's :func:`batch_plan` (objective throughput
-    only; None: batch 1). ``vary``: only these runner options and recipe knobs take more than their first value
+    capabilities (default: asked from OpenVINO). ``extent``: ``batch``, the model's :func:`batch_plan` (objective throughput
+    only; None: batch 1) and ``vary``, only these runner options and recipe knobs take more than their first value
     (deploy's budget search: threads and spin-wait); None: all of them."""
     from edge.backends.converter import CONVERTERS
 
+    batch, vary = (extent.batch, extent.vary) if extent is not None else (None, None)
     if objective not in OBJECTIVES:
         raise EdgeError(f"unknown objective {objective!r}", hint=f"choose one of {', '.join(OBJECTIVES)}")
     serving, allowed_prec, thread_values = _narrowed(profile, runners, precisions, threads)

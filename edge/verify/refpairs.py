@@ -374,17 +374,7 @@ def pair_limits(
     changed: dict[str, Any] = {}  # Thresholds field -> its value here (None: not gated)
     notes: list[str] = []
     if pairs < MIN_TOP1_SAMPLES:
-        off = {
-            k: (0.0 if k == "min_top1" else None)
-            for k, fig in _AGREEMENT
-            if getattr(o, fig, None) is not None and getattr(th, k) not in (None, 0.0)
-        }
-        if off:
-            changed.update(off)
-            notes.append(
-                f"task agreement over {pairs} pair(s) is reported, not gated (one flip is "
-                f"{100 / max(pairs, 1):.0f} points; the build host gated it over {parity_samples or 'more'})"
-            )
+        _agreement_off(o, th, pairs, parity_samples, changed, notes)
     parity_samples = min(parity_samples, MAX_PARITY_SAMPLES)
     # the build host's figures loosen nothing unless they pass this device's own limits (never the record's word)
     if built is None or not parity_passed or not 0 < pairs < parity_samples or output_failures(built, th):
@@ -419,6 +409,36 @@ def pair_limits(
         ):
             changed["degenerate_atol"] = bmax * amplitude / scale
             loosened.append(f"max abs error on a degenerate reference <= {bmax * amplitude:.3g} (parity's)")
+    _loosen_agreement(th, built, pairs, parity_samples, changed, loosened)
+    if loosened:
+        notes.append(
+            f"{pairs} of parity's {parity_samples} samples: judged by what parity accepted sample-wise "
+            "where a mean over a few is under the rule: " + ", ".join(loosened)
+        )
+    return dataclasses.replace(th, **changed), notes
+
+
+def _agreement_off(
+    o: Any, th: Thresholds, pairs: int, parity_samples: int, changed: dict[str, Any], notes: list[str]
+) -> None:
+    """Below :data:`MIN_TOP1_SAMPLES` pairs the task's agreement figures are reported, not gated."""
+    off = {
+        k: (0.0 if k == "min_top1" else None)
+        for k, fig in _AGREEMENT
+        if getattr(o, fig, None) is not None and getattr(th, k) not in (None, 0.0)
+    }
+    if off:
+        changed.update(off)
+        notes.append(
+            f"task agreement over {pairs} pair(s) is reported, not gated (one flip is "
+            f"{100 / max(pairs, 1):.0f} points; the build host gated it over {parity_samples or 'more'})"
+        )
+
+
+def _loosen_agreement(
+    th: Thresholds, built: Any, pairs: int, parity_samples: int, changed: dict[str, Any], loosened: list[str]
+) -> None:
+    """Each agreement figure's limit loosened to what parity's count allows among ``pairs`` samples."""
     for key, fig in _AGREEMENT:
         limit, got = changed.get(key, getattr(th, key)), getattr(built, fig, None)
         if not limit or not isinstance(got, (int, float)):
@@ -427,12 +447,6 @@ def pair_limits(
         if floor < limit:
             changed[key] = floor  # (precision and recall share min_detection: the lower floor stays)
             loosened.append(f"{fig} >= {floor:.1%} (parity's {got:.1%} over {parity_samples})")
-    if loosened:
-        notes.append(
-            f"{pairs} of parity's {parity_samples} samples: judged by what parity accepted sample-wise "
-            "where a mean over a few is under the rule: " + ", ".join(loosened)
-        )
-    return dataclasses.replace(th, **changed), notes
 
 
 def snr_db(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float | None:

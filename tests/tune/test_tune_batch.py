@@ -24,7 +24,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
 from edge.tune.measure import open_trial_runner
 from edge.tune.search import Schedule, TuneOptions, tune
-from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, batch_plan, build_space
+from edge.tune.space import BATCHES, MAX_BATCH_BYTES, BatchPlan, Config, Extent, batch_plan, build_space
 
 QUICK = Schedule(reps=2, iters=5, warmup=1)
 
@@ -102,17 +102,19 @@ def test_space_batches_only_for_throughput() -> None:
     x86 = get_target("x86-cpu")
     plan = BatchPlan(batches=(1, 2, 4), shapes={"input": (1, 3, 16, 16)}, model=Path("unused.onnx"))
     narrow: dict[str, Any] = dict(runners=["onnxruntime"], precisions=["fp32"], threads=[1])
-    lat = build_space(x86, objective="latency", batch=plan, **narrow)
+    lat = build_space(x86, objective="latency", extent=Extent(batch=plan), **narrow)
     assert {c.batch for c in lat.configs} == {1}
     assert any("only for the throughput objective" in p for p in lat.pruned)
-    thr = build_space(x86, objective="throughput", batch=plan, **narrow)
+    thr = build_space(x86, objective="throughput", extent=Extent(batch=plan), **narrow)
     assert {c.batch for c in thr.configs} == {1, 2, 4} and thr.batch is plan
     assert len({c.id for c in thr.configs}) == len(thr.configs)
     by_batch = {n: sorted(c.options for c in thr.configs if c.batch == n) for n in (1, 2, 4)}
     assert by_batch[1] == by_batch[2] == by_batch[4]  # every option combination at every batch
     b2 = next(c for c in thr.configs if c.batch == 2)
     assert b2.id.endswith("/batch=2") and "batch=2" in b2.label() and b2.to_json()["batch"] == 2
-    refused = build_space(x86, objective="throughput", batch=BatchPlan(problem="the graph fixes its batch"), **narrow)
+    refused = build_space(
+        x86, objective="throughput", extent=Extent(batch=BatchPlan(problem="the graph fixes its batch")), **narrow
+    )
     assert {c.batch for c in refused.configs} == {1}
     assert "batch > 1: the graph fixes its batch" in refused.pruned
 

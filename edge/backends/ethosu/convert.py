@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +77,7 @@ class TFLiteToEthosU(Converter):
         if request.precision != "int8":
             raise PrecisionError(f"an Ethos-U runs full-integer int8 models only, not {request.precision!r}")
         opts = request.options
-        accel = str(opts.get("accelerator", "ethos-u55-128"))
-        if accel not in SYSTEMS:
-            raise ConversionError(f"accelerator must be one of {', '.join(SYSTEMS)}, got {accel!r}")
-        system = str(opts.get("system_config", SYSTEMS[accel]))
-        mode = str(opts.get("memory_mode", "Shared_Sram"))
-        optimise = str(opts.get("optimise", "Performance"))
-        if mode not in MEMORY_MODES or optimise not in ("Performance", "Size"):
-            raise ConversionError(f"memory_mode {mode!r} / optimise {optimise!r}: not one Vela takes")
+        accel, system, mode, optimise = _vela_settings(opts)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         src = Path(request.source)
         floats = float_ops(src)
@@ -144,27 +138,45 @@ class TFLiteToEthosU(Converter):
                 record = {**io, "cpu_model": CPU_MODEL} if name == final else io
                 side.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
                 files.append(side)
-        notes = [
-            f"{ESTIMATE_LABEL} for {estimate['accelerator']} ({estimate['system_config']}, {estimate['memory_mode']}): "
-            f"{estimate['inferences_per_second']:.1f} inferences/s at {estimate['clock_hz'] / 1e6:.0f} MHz, "
-            f"{estimate['cycles_total']:,} cycles, SRAM {estimate['sram_bytes'] / 1024:.1f} KiB, "
-            f"flash {(estimate['off_chip_flash_bytes'] + estimate['on_chip_flash_bytes']) / 1024:.1f} KiB, "
-            f"DRAM {estimate['dram_bytes'] / 1024:.1f} KiB"
-        ]
-        if placement.get("cpu_ops"):
-            notes.append(
-                f"{placement['cpu_ops']} of {placement['cpu_ops'] + placement['npu_ops']} ops stay on the "
-                f"microcontroller's CPU (TFLM kernels), outside Vela's cycle estimate: "
-                + ", ".join(placement["cpu_op_types"])
-            )
         return ConversionResult(
             artifact=final,
             format=self.target_format,
             files=files,
             tool_versions={"ethos-u-vela": st.packages.get("ethos-u-vela", "?")},
             details={"vela_estimate": estimate, "command": " ".join(cmd[1:-1]), "vela_seconds": round(seconds, 2)},
-            notes=notes,
+            notes=_estimate_notes(estimate, placement),
         )
+
+
+def _vela_settings(opts: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """(accelerator, system config, memory mode, optimise) from the converter's options, checked."""
+    accel = str(opts.get("accelerator", "ethos-u55-128"))
+    if accel not in SYSTEMS:
+        raise ConversionError(f"accelerator must be one of {', '.join(SYSTEMS)}, got {accel!r}")
+    system = str(opts.get("system_config", SYSTEMS[accel]))
+    mode = str(opts.get("memory_mode", "Shared_Sram"))
+    optimise = str(opts.get("optimise", "Performance"))
+    if mode not in MEMORY_MODES or optimise not in ("Performance", "Size"):
+        raise ConversionError(f"memory_mode {mode!r} / optimise {optimise!r}: not one Vela takes")
+    return accel, system, mode, optimise
+
+
+def _estimate_notes(estimate: dict[str, Any], placement: dict[str, Any]) -> list[str]:
+    """The conversion's notes: Vela's estimate (labelled) and the ops left to the microcontroller's CPU."""
+    notes = [
+        f"{ESTIMATE_LABEL} for {estimate['accelerator']} ({estimate['system_config']}, {estimate['memory_mode']}): "
+        f"{estimate['inferences_per_second']:.1f} inferences/s at {estimate['clock_hz'] / 1e6:.0f} MHz, "
+        f"{estimate['cycles_total']:,} cycles, SRAM {estimate['sram_bytes'] / 1024:.1f} KiB, "
+        f"flash {(estimate['off_chip_flash_bytes'] + estimate['on_chip_flash_bytes']) / 1024:.1f} KiB, "
+        f"DRAM {estimate['dram_bytes'] / 1024:.1f} KiB"
+    ]
+    if placement.get("cpu_ops"):
+        notes.append(
+            f"{placement['cpu_ops']} of {placement['cpu_ops'] + placement['npu_ops']} ops stay on the "
+            f"microcontroller's CPU (TFLM kernels), outside Vela's cycle estimate: "
+            + ", ".join(placement["cpu_op_types"])
+        )
+    return notes
 
 
 def parse_placement(stdout: str) -> dict[str, Any]:

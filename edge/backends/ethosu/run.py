@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from edge.backends.ethosu.format import CPU_MODEL, FORMAT
 from edge.backends.runner import Runner, RunnerInfo
+from edge.base.typedjson import spec
 from edge.capabilities import Requirement
 from edge.errors import HardwareUnavailableError, InputFileError
 
@@ -48,14 +50,20 @@ def npu_problem(device: str = DEVICE_NODE, library: str = DELEGATE_LIBRARY) -> s
     return "; ".join(found) or None
 
 
+@dataclass(frozen=True)
+class EthosUOptions:
+    allow_cpu_fallback: bool = spec(
+        False,
+        doc="run the int8 model Vela compiled on LiteRT's reference kernels where no Ethos-U is usable, reported "
+        "as a CPU fallback",
+    )
+
+
 class EthosURunner(Runner):
     name = "ethos-u"
     formats = (FORMAT,)
     requires = (_LITERT,)
-    options = {
-        "allow_cpu_fallback": "run the int8 model Vela compiled on LiteRT's reference kernels where no Ethos-U is "
-        "usable, reported as a CPU fallback (default false)"
-    }
+    options_class = EthosUOptions
     device_options = {
         "device": f"the Ethos-U device node (default {DEVICE_NODE}): device configuration only",
         "delegate_library": f"the Ethos-U LiteRT delegate (default {DELEGATE_LIBRARY}): device configuration only",
