@@ -102,8 +102,15 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path], tmp_path_facto
     else:
         blocked = runnable_here(target) or "; ".join(conversion_problems(target))
         if blocked:
+            # the runner's own requirements are met (_skip_unavailable): a target that runs only on its device
+            # (Ethos-U's /dev/ethosu0), an NVIDIA GPU or another OS/arch lacks hardware here, not an install
+            place = target.run_place
+            hardware = runnable_here(target) is not None and (
+                place.needs_device or place.needs_gpu or not place.allows(current_host())
+            )
             pytest.skip(
-                f"runner {name!r}: no target using it converts and runs on this host ({target.name}: {blocked})"
+                ("hardware: " if hardware else "")
+                + f"runner {name!r}: no target using it converts and runs on this host ({target.name}: {blocked})"
             )
         precision = "fp32" if "fp32" in target.precisions else target.default_precision
         bundle = convert(

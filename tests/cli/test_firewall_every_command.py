@@ -79,6 +79,7 @@ FAULTS: dict[str, list[tuple[str, list[str]]]] = {
     "toolchain lock": [("edge.toolchains:require", ["tflite"])],
     "toolchain remove": [("edge.toolchains:remove", ["tflite"])],
     "firmware c-array": [("edge.backends.litert.firmware:write_c_array", ["{file}", "-o", "{tmp}/m.cc"])],
+    "firmware ethos-u": [("edge.backends.ethosu.firmware:write_firmware", ["{bundle}", "-o", "{tmp}/fw"])],
 }
 
 LINE = re.compile(

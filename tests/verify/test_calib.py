@@ -249,6 +249,7 @@ def test_natural_images_are_the_default_data(models: dict[str, Path], tmp_path: 
 YOLOV8N = Path(__file__).resolve().parents[2] / "examples" / "models" / "nudenet_320n.onnx"
 
 
+@pytest.mark.corpus_full  # YOLOv8n is an optional model CI does not fetch (examples/fetch_pretrained.py)
 @pytest.mark.skipif(not YOLOV8N.is_file(), reason="YOLOv8n (examples/fetch_pretrained.py --model yolov8n-320) absent")
 def test_a_detector_is_judged_on_the_natural_images(tmp_path: Path) -> None:
     """YOLOv8n finds objects (faces) in the natural parity photographs: the detection metric is judged."""
