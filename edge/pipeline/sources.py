@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edge.errors import EdgeError, InputFileError, ModelError, printable
-from edge.graph.torchfile import is_exported_program, is_torchscript, torch_kind, zip_names
+from edge.graph.torchfile import is_exported_program, is_torch_package, is_torchscript, torch_kind, zip_names
 from edge.spec import IOSpec, TensorSpec, image_layout
 
 Shapes = Mapping[str, Sequence[int]]
@@ -549,7 +549,8 @@ def _shape_template(ps: Any) -> str:
 
 
 def is_torch_source(path: str | os.PathLike[str]) -> bool:
-    """A ``.pt``/``.ts``/``.pt2`` file, or any zip archive written by torch.jit.save / torch.export.save."""
+    """A ``.pt``/``.ts``/``.pt2`` file, or any zip archive written by torch.jit.save / torch.export.save (or
+    torch.package, which the source adapter refuses with its own reason)."""
     p = Path(path)
     if p.suffix.lower() in TORCH_SUFFIXES:
         return True
@@ -558,7 +559,7 @@ def is_torch_source(path: str | os.PathLike[str]) -> bool:
     names = zip_names(p)
     if not names:
         return False
-    return is_torchscript(names) or is_exported_program(names)
+    return is_torchscript(names) or is_exported_program(names) or is_torch_package(names)
 
 
 @dataclass

@@ -266,10 +266,14 @@ def torch_inputs(path: str, kind: str) -> tuple[Any, list[str]]:
             return ep, [str(n) for n in ep.graph_signature.user_inputs]
         module = torch.jit.load(path, map_location="cpu")
     except Exception as e:
-        what = "torch.export.save" if kind == "exported_program" else "torch.jit.save"
+        load, what = (
+            ("torch.export.load", "ExportedProgram")
+            if kind == "exported_program"
+            else ("torch.jit.load", "TorchScript")
+        )
         raise NotTorchModel(
-            f"{Path(path).name} is not a model saved with {what} ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''})"
+            f"{load} (torch {torch.__version__}) cannot read {Path(path).name}, a {what} archive "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''})"
         ) from e
     return module.eval(), [a.name for a in module.forward.schema.arguments[1:]]
 

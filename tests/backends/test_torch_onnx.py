@@ -96,7 +96,9 @@ def test_refusals_before_any_work(tmp_path: Path) -> None:
 # -- in the toolchain ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,kind", [("tiny.pt", "torchscript"), ("tiny.pt2", "exported_program")])
+@pytest.mark.parametrize(
+    "name,kind", [("tiny.pt", "torchscript"), ("tiny.pt2", "exported_program"), ("tvstyle.pt", "torchscript")]
+)
 def test_torch_to_onnx_matches_the_reference(built: Path, tmp_path: Path, name: str, kind: str) -> None:
     import onnx
 
@@ -112,6 +114,7 @@ def test_torch_to_onnx_matches_the_reference(built: Path, tmp_path: Path, name: 
     assert d["opset"] == DEFAULT_OPSET and d["onnx_check"]["passed"] and "dynamo=False" in d["exporter"]
     assert d["onnx_check"]["io"]["outputs"] == [{"name": "output_0", "shape": [1, 10], "dtype": "float32"}]
     assert d["ops"]["Conv"] == 1 and d["ops"]["Gemm"] == 1 and d["export_warnings"] == []
+    assert d["recipe"].startswith(f"PyTorch {kind} -> ")
     assert d["io_names"]["inputs"] == ["image"] and d["io_names"]["outputs"] == ["output_0"]
     assert d["toolchain"]["name"] == "torch" and d["toolchain"]["lock_hash"]
     assert d["toolchain"]["offline"]["attempts"] == []  # the export reached for nothing
@@ -171,6 +174,13 @@ def test_torch_save_checkpoint_refused(built: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="torch.save checkpoint") as e:
         _convert(built / "weights.pt", tmp_path, IMAGE)
     assert "torch.jit.save" in (e.value.hint or "") and "torch.export.save" in (e.value.hint or "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torch_package_refused_with_its_own_reason(built: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"packaged.pt is a torch.package archive") as e:
+        _convert(built / "packaged.pt", tmp_path, IMAGE)
+    assert "torch.export.save" not in e.value.message and "PackageImporter" in (e.value.hint or "")
     assert list(tmp_path.iterdir()) == []
 
 

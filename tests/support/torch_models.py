@@ -8,7 +8,10 @@
 - ``pair.pt`` (``torch.jit.script``: keeps its ``if``) / ``pair.pt2``: inputs ``image`` [1, 3, 16, 16] and ``scale``
   [1, 4] in that order, BatchNorm, Dropout, MaxPool, bilinear resize, softmax; two outputs (features
   [1, 4, 16, 16], probabilities [1, 4]);
-- ``fft.pt``: an ``rfft`` (no ONNX export for it), input ``signal`` [1, 16].
+- ``fft.pt``: an ``rfft`` (no ONNX export for it), input ``signal`` [1, 16];
+- ``tvstyle.pt``: a traced model whose Python code lives in a ``models`` package, as torchvision's do (the
+  archive holds ``code/__torch__/models/...``), input ``image`` [1, 3, 32, 32], one output [1, 10];
+- ``packaged.pt``: that model in a ``torch.package`` archive (PackageExporter: code and pickles, no graph).
 """
 
 from __future__ import annotations
@@ -69,6 +72,31 @@ args = (torch.randn(1, 3, 16, 16), torch.rand(1, 4) + 0.5)
 torch.jit.save(torch.jit.script(p), out + "/pair.pt")
 torch.export.save(torch.export.export(p, args), out + "/pair.pt2")
 torch.jit.save(torch.jit.trace(Fft().eval(), (torch.randn(1, 16),)), out + "/fft.pt")
+
+import os
+os.makedirs(out + "/src/models", exist_ok=True)
+open(out + "/src/models/__init__.py", "w").close()
+with open(out + "/src/models/tvnet.py", "w") as f:
+    f.write(
+        "import torch\n"
+        "class TvNet(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())\n"
+        "        self.classifier = torch.nn.Linear(8, 10)\n"
+        "    def forward(self, image):\n"
+        "        return self.classifier(self.features(image).mean((2, 3)))\n"
+    )
+sys.path.insert(0, out + "/src")
+from models.tvnet import TvNet
+torch.manual_seed(2)
+tv = TvNet().eval()
+torch.jit.save(torch.jit.trace(tv, (torch.randn(1, 3, 32, 32),)), out + "/tvstyle.pt")
+from torch.package import PackageExporter
+with PackageExporter(out + "/packaged.pt") as exporter:
+    exporter.intern("models.**")
+    exporter.extern("**")
+    exporter.save_pickle("models", "model.pkl", tv)
 """
 
 

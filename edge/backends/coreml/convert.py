@@ -33,6 +33,7 @@ from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
 from edge.capabilities import Requirement
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
+from edge.graph.torchfile import RELOAD_HINT
 
 TOOLCHAIN = "torch"
 DRIVER = "coreml"  # edge/toolchains/coreml_driver.py, one of the torch toolchain's drivers
@@ -267,11 +268,7 @@ def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, sourc
     if kind == "toolchain":
         raise MissingDependencyError(final["message"])
     if kind == "not_torch":
-        raise ModelError(
-            final["message"],
-            hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
-            "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph",
-        )
+        raise ModelError(final["message"], hint=RELOAD_HINT)
     if kind == "inputs":
         raise ModelError(
             f"{source.name}: {final['message']}",

@@ -21,6 +21,7 @@ import numpy as np
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError, MissingDependencyError, ModelError
+from edge.graph.torchfile import RELOAD_HINT
 
 TOOLCHAIN = "torch"
 DRIVER = "torch_onnx"  # edge/toolchains/torch_onnx_driver.py
@@ -46,11 +47,7 @@ def parity_inputs(request: ConversionRequest) -> tuple[list[dict[str, np.ndarray
 def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
     kind = final.get("kind")
     if kind == "not_torch":
-        raise ModelError(
-            final["message"],
-            hint="save the model with torch.jit.save (TorchScript: torch.jit.trace or "
-            "torch.jit.script) or torch.export.save (.pt2); torch.save checkpoints hold no graph",
-        )
+        raise ModelError(final["message"], hint=RELOAD_HINT)
     if kind == "inputs":
         raise ModelError(
             f"{source.name}: {final['message']}",
