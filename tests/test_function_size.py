@@ -1,4 +1,5 @@
-"""No function in the library over 80 lines or with more than 10 parameters (the CLI's typer commands excepted).
+"""No function in the library over 80 lines or with more than 10 parameters (the CLI's typer commands excepted),
+and no module in ``edge/`` over 800 lines (the CLI's included: a module that big is two modules).
 
 An AST walk over ``edge/`` (``edge/cli`` left out: a typer command's parameters are its flags). A function that
 takes many options takes a request object instead (``edge.pipeline.request.ConvertRequest``,
@@ -13,6 +14,7 @@ from pathlib import Path
 EDGE = Path(__file__).resolve().parents[1] / "edge"
 MAX_LINES = 80
 MAX_PARAMS = 10
+MAX_MODULE_LINES = 800
 
 
 def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -40,6 +42,31 @@ def offenders() -> dict[str, str]:
             if over:
                 out[f"{rel}:{node.name}"] = ", ".join(over)
     return out
+
+
+def big_modules(root: Path = EDGE) -> dict[str, int]:
+    """``path`` -> its line count, for every module under ``root`` over :data:`MAX_MODULE_LINES` lines."""
+    out: dict[str, int] = {}
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_MODULE_LINES:
+            out[path.relative_to(root).as_posix()] = lines
+    return out
+
+
+def test_no_module_over_800_lines() -> None:
+    found = big_modules()
+    assert not found, "split these along a seam (one concern a module; keep the import paths others use):\n" + (
+        "\n".join(f"  edge/{k}: {v} lines" for k, v in sorted(found.items()))
+    )
+
+
+def test_the_module_walk_sees_a_big_one(tmp_path: Path) -> None:
+    """The module check itself: 801 lines are found, 800 are not."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "big.py").write_text("x = 1\n" * 801, encoding="utf-8")
+    (tmp_path / "small.py").write_text("x = 1\n" * 800, encoding="utf-8")
+    assert big_modules(tmp_path) == {"pkg/big.py": 801}
 
 
 def test_no_function_over_80_lines_or_10_parameters() -> None:

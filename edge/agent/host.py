@@ -18,7 +18,7 @@ class AgentHost(Protocol):
     store: Any  # edge.store.local.DeviceStore, None before the first load
     bundle: Any  # the current edge.bundle.bundle.Bundle, or None
     runner: Any  # its runner, or None
-    worker: Any  # edge.agent.agent.InferenceWorker, or None
+    worker: Any  # edge.agent.worker.InferenceWorker, or None
     app: Any  # edge.agent.appsocket.AppSocket with --source app, else None
     session: Any  # edge.mqtt.session.DeviceSession, or None before the first connection
     loop: Any  # edge.mqtt.netloop.NetworkLoop, or None

@@ -7,6 +7,8 @@ never a path, library or command: those are the device's own configuration), and
 parts agree (primary artifact listed, evidence about this precision and kind). Every problem
 is one :class:`~edge.errors.ManifestError` naming the file and the field.
 
+The evidence the manifest carries (parity, reference pairs, benchmark, tune overlay, ISA check) is declared in
+:mod:`edge.bundle.evidence`, the fields' character sets and precisions in :mod:`edge.bundle.fields`.
 The same declarations give the published JSON Schema (``edge/bundle/manifest.schema.json``,
 regenerate with ``python -m edge.bundle.schema``); a test keeps the two in step.
 """
@@ -18,13 +20,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from edge.base.typedjson import (
     JSON,
     Invalid,
     Rule,
-    Tagged,
     join_path,
     json_schema,
     loads_strict,
@@ -33,6 +34,31 @@ from edge.base.typedjson import (
     spec,
     to_json,
 )
+
+# the evidence a manifest carries, and the fields' vocabulary, live in their own modules; the names other code
+# reads from here are re-exported (``X as X``)
+from edge.bundle.evidence import Benchmark, IsaEvidence, LLMThresholds, Parity, ReferencePairs
+from edge.bundle.evidence import BenchmarkEvidence as BenchmarkEvidence
+from edge.bundle.evidence import LLMQualityEvidence as LLMQualityEvidence
+from edge.bundle.evidence import OutputFigures as OutputFigures
+from edge.bundle.evidence import ParityEvidence as ParityEvidence
+from edge.bundle.evidence import RunnerInfo as RunnerInfo
+from edge.bundle.evidence import SkippedParity as SkippedParity
+from edge.bundle.evidence import TunedEvidence as TunedEvidence
+from edge.bundle.fields import (
+    CONVERTER,
+    OPTION_KEY,
+    OPTION_TEXT,
+    REL_PATH,
+    SHA256,
+    TENSOR_NAME,
+    TEXT,
+    UTC_TIME,
+    VERSION,
+    DType,
+    Precision,
+)
+from edge.bundle.fields import ID as ID
 from edge.errors import ManifestError
 
 SCHEMA_VERSION = 1
@@ -40,80 +66,6 @@ MAX_BYTES = 1 << 20  # a real manifest is a few kB; the toolchain's package list
 MAX_DEPTH = 32  # brackets deep; the deepest real field (chain[].details.toolchain.packages) is 6
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
 SCHEMA_ID = "https://edgekit.dev/schemas/manifest-1.json"
-
-#: bundle, target, runner and format ids: a name, never a path (no '/', no leading '.' or '-')
-ID = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
-CONVERTER = r"^[A-Za-z0-9_][A-Za-z0-9._+>-]{0,63}$"  # "onnx->tflite"
-SHA256 = r"^[0-9a-f]{64}$"
-_SEG = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
-#: a file inside the bundle: relative, '/'-separated, no '.', '..' or empty parts, no leading '.' or '-'
-REL_PATH = rf"^{_SEG}(/{_SEG}){{0,15}}$"
-TENSOR_NAME = r"^[^\x00-\x1f\x7f]{1,256}$"
-#: a runner option's text value: a word, never a path or a command line (no '/', no space)
-OPTION_TEXT = r"^[A-Za-z0-9_.:,+-]{0,64}$"
-OPTION_KEY = r"^[a-z][a-z0-9_]{0,63}$"
-VERSION = r"^[A-Za-z0-9_.+-]{1,64}$"
-UTC_TIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{5,15}(Z|[+-][0-9]{2}:[0-9]{2})?$"
-
-Precision = Literal[
-    "fp32",
-    "fp16",
-    "bf16",
-    "int8",
-    "int8-dynamic",
-    "f16",
-    "q8_0",
-    "q5_k_m",
-    "q4_k_m",
-    "q4_0",
-    # GGUF files shipped as they came (--precision keep): llama.cpp's file types
-    "f32",
-    "q4_1",
-    "q5_0",
-    "q5_1",
-    "q2_k",
-    "q2_k_s",
-    "q3_k_s",
-    "q3_k_m",
-    "q3_k_l",
-    "q4_k_s",
-    "q5_k_s",
-    "q6_k",
-    "iq1_s",
-    "iq1_m",
-    "iq2_xxs",
-    "iq2_xs",
-    "iq2_s",
-    "iq2_m",
-    "iq3_xxs",
-    "iq3_xs",
-    "iq3_s",
-    "iq3_m",
-    "iq4_nl",
-    "iq4_xs",
-    "tq1_0",
-    "tq2_0",
-    "mxfp4_moe",
-    "nvfp4",
-    "q1_0",
-]
-DType = Literal[
-    "float32",
-    "float16",
-    "float64",
-    "bfloat16",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "bool",
-]
-_TEXT: dict[str, Any] = dict(max_len=1024)
-_MS: dict[str, Any] = dict(ge=0.0, le=1e9)
 
 
 # -- the tree -------------------------------------------------------------------------------
@@ -182,16 +134,16 @@ class SourceInfo:
     parameters: int | None = spec(None, ge=0)
     type: str | None = spec(None, max_len=64)
     bytes: int | None = spec(None, ge=0)
-    io_names: str | None = spec(None, **_TEXT)
-    route: str | None = spec(None, **_TEXT)  # how the pipeline took it to the target (edge.pipeline.plan)
+    io_names: str | None = spec(None, **TEXT)
+    route: str | None = spec(None, **TEXT)  # how the pipeline took it to the target (edge.pipeline.plan)
     precision: str | None = spec(None, pattern=ID)  # what a TFLite / IR / quantized ONNX source already holds
-    quantized: str | None = spec(None, **_TEXT)  # an already-quantized ONNX: scheme and ops (edge.graph.quantized)
+    quantized: str | None = spec(None, **TEXT)  # an already-quantized ONNX: scheme and ops (edge.graph.quantized)
     file_type: str | None = spec(None, pattern=ID)  # a GGUF source's llama.cpp file type
     weights: str | None = spec(None, pattern=r"^[^/\\\x00-\x1f\x7f]{1,256}$")  # an OpenVINO IR's .bin
     runtime: str | None = spec(None, max_len=256)  # the runtime that read it (OpenVINO version)
     ops: tuple[str, ...] = spec((), max_items=512, item=Rule(max_len=128))
     tensor_types: Mapping[str, int] | None = spec(None, max_items=64, item=Rule(ge=0))
-    description: str | None = spec(None, **_TEXT)
+    description: str | None = spec(None, **TEXT)
     frozen: Frozen | None = None  # --freeze-input: what was fixed, and the If nodes inlined
     inputs_made_static: tuple[StaticInput, ...] = spec((), max_items=64)  # a TFLite's dynamic inputs, --input-shape
 
@@ -214,7 +166,7 @@ class ChainStep:
     output_format: str = spec(pattern=ID)
     tool_versions: Mapping[str, str | None] = spec(max_items=256, item=Rule(max_len=256))
     details: JSON = JSON(None)
-    notes: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
+    notes: tuple[str, ...] = spec((), max_items=64, item=Rule(**TEXT))
 
 
 @dataclass(frozen=True)
@@ -308,440 +260,6 @@ class RunnerSpec:
     def options_dict(self) -> dict[str, Any]:
         options: dict[str, Any] = to_json(self.options)
         return options
-
-
-@dataclass(frozen=True)
-class RunnerInfo:
-    """What a runner reported about itself (``edge.backends.runner.RunnerInfo``)."""
-
-    runtime: str = spec(max_len=256)
-    device_requested: str = spec(max_len=256)
-    device_used: str = spec(**_TEXT)
-    precision_used: str = spec(max_len=128)
-    threads: int | None = spec(None, ge=0, le=1 << 16)
-    fallback: str | None = spec(None, **_TEXT)
-    details: JSON = JSON(None)
-
-
-_UNIT: dict[str, Any] = dict(ge=0.0, le=1.0)
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """A precision's parity limits (``edge.verify.parity.Thresholds``); None: not gated."""
-
-    min_cosine: float = spec(ge=-1.0, le=1.0)
-    min_top1: float = spec(ge=0.0, le=1.0)
-    min_snr_db: float | None = spec(None, ge=-1000.0, le=1000.0)
-    max_rel_err: float | None = spec(None, ge=0.0, le=1e6)
-    degenerate_atol: float | None = spec(None, ge=0.0, le=1e6)
-    min_top5: float | None = spec(None, **_UNIT)
-    min_detection: float | None = spec(None, **_UNIT)
-    min_iou: float | None = spec(None, **_UNIT)
-    min_sequence: float | None = spec(None, **_UNIT)
-
-
-_COS: dict[str, Any] = dict(ge=-1.001, le=1.001)  # float rounding puts a perfect match a hair above 1
-
-
-@dataclass(frozen=True)
-class OutputFigures:
-    """One output's parity figures; the gate recomputes pass/fail from these."""
-
-    name: str = spec(pattern=TENSOR_NAME)
-    max_abs: float = spec(ge=0.0, finite=False)  # inf: output missing or of another shape
-    mean_abs: float = spec(ge=0.0, finite=False)
-    cosine: float = spec(**_COS)
-    cosine_min: float = spec(**_COS)
-    top1: float | None = spec(ge=0.0, le=1.0)
-    passed: bool = spec()
-    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
-    # absent in bundles built before issue 13; the gate then judges cosine and top-1 only
-    snr_db: float | None = spec(None, ge=-300.0, le=300.0)  # 300: no error at all
-    snr_db_min: float | None = spec(None, ge=-300.0, le=300.0)
-    rel_max_abs: float | None = spec(None, ge=0.0)  # None where the error is not finite
-    ref_min: float | None = spec(None, ge=-3.5e38, le=3.5e38)  # the reference's range: the gate recomputes
-    ref_max: float | None = spec(None, ge=-3.5e38, le=3.5e38)  # whether it was degenerate from these
-    cosine_samples: int | None = spec(None, ge=0, le=1 << 20)  # 0: one cosine pooled over every sample
-    degenerate: bool = False
-    degenerate_note: str | None = spec(None, **_TEXT)
-    task: Literal["classifier", "detector", "prob-map", "segmentation", "sequence"] | None = None
-    task_note: str | None = spec(None, **_TEXT)
-    task_degenerate: bool = False
-    top5: float | None = spec(None, **_UNIT)
-    precision: float | None = spec(None, **_UNIT)
-    recall: float | None = spec(None, **_UNIT)
-    iou: float | None = spec(None, **_UNIT)
-    sequence: float | None = spec(None, **_UNIT)
-    tokens: float | None = spec(None, **_UNIT)
-
-
-@dataclass(frozen=True)
-class ParityInputs:
-    """Where the parity inputs came from, in order of preference: the user's --parity-data, their --calib
-    data (held out from calibration for int8), or edgekit's natural images (``edge.verify.natural``, kind "natural":
-    topped up with generated inputs, ``generated_count``), or generated to look like the model's data."""
-
-    kind: Literal["parity-data", "calibration", "calibration-held-out", "generated", "mixed", "natural"] = spec()
-    count: int = spec(ge=0, le=1 << 20)
-    source: str | None = spec(None, **_TEXT)
-    generated: Mapping[str, str] | None = spec(None, max_items=256, item=Rule(**_TEXT))  # per input: what it was fed
-    generated_count: int = spec(0, ge=0, le=1 << 20)
-    disjoint_from_calibration: bool | None = None  # None: no calibration data was used
-    note: str | None = spec(None, **_TEXT)
-
-
-@dataclass(frozen=True)
-class PrecisionTrial:
-    """The bundle's parity in a runtime's faster compute precision (OpenVINO's bf16 on a CPU whose plugin lists
-    BF16), measured where it was built (``edge.pipeline.precision_trial``). The bundle's runner options say
-    ``inference_precision = "fast"`` only when it passed; the device's reference-pair check re-checks it."""
-
-    compute: str = spec(pattern=ID)  # "bf16"
-    passed: bool = spec()
-    thresholds: Thresholds = spec()
-    candidate: RunnerInfo = spec()
-    outputs: tuple[OutputFigures, ...] = spec(min_items=1, max_items=1024)
-    capabilities: tuple[str, ...] = spec((), max_items=64, item=Rule(pattern=ID))  # OPTIMIZATION_CAPABILITIES
-    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
-
-
-@dataclass(frozen=True)
-class SkippedTrial:
-    """A faster compute precision not tried where the bundle was built, and why (``edge.pipeline.precision_trial``):
-    no evidence, so the bundle computes in its own precision everywhere."""
-
-    compute: str = spec(pattern=ID)  # "fp16"
-    runner: str = spec(pattern=ID)  # "litert"
-    reason: str = spec(**_TEXT)
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first source node whose output differs in the converted graph (``edge.graph.divergence``)."""
-
-    node: str = spec(**_TEXT)
-    op: str = spec(max_len=128)
-    tensor: str = spec(**_TEXT)
-    cosine: float | None = spec(**_COS)  # None: the converted tensor has another size (note)
-    rel_err: float | None = spec(ge=0.0, finite=False)
-    compared: int = spec(ge=0, le=1 << 20)
-    note: str = spec("", **_TEXT)  # what compared it; a size that differs
-
-
-@dataclass(frozen=True)
-class Fp16Range:
-    """What rounding to fp16 did to one tensor in the fp16 proxy (``edge.verify.fp16proxy``)."""
-
-    tensor: str = spec(pattern=TENSOR_NAME)
-    node: str | None = spec(None, **_TEXT)  # None: a graph input, or an output no node rounds
-    op: str | None = spec(None, max_len=128)
-    overflow: int = spec(0, ge=0, le=1 << 62)  # finite values above 65,504: inf in fp16
-    underflow: int = spec(0, ge=0, le=1 << 62)  # non-zero values that round to 0 in fp16
-    max_abs: float | None = spec(None, ge=0.0)
-
-
-@dataclass(frozen=True)
-class Fp16ProxyEvidence:
-    """Parity of the graph with every intermediate tensor rounded to fp16, for a device that computes in fp16
-    (``edge.verify.fp16proxy``): labelled a proxy, with what it does not model."""
-
-    label: Literal["fp16 proxy"] = spec()
-    passed: bool = spec()
-    thresholds: Thresholds = spec()
-    samples: int = spec(ge=0, le=1 << 20)
-    outputs: tuple[OutputFigures, ...] = spec(min_items=1, max_items=1024)
-    not_modelled: str = spec(**_TEXT)
-    graph: str = spec(**_TEXT)  # which ONNX ran (the bundle's prepared graph, or the source)
-    tensors_rounded: int = spec(0, ge=0, le=1 << 24)
-    subgraph_nodes_in_f32: int = spec(0, ge=0, le=1 << 24)
-    ranges: tuple[Fp16Range, ...] = spec((), max_items=1024)  # per output
-    overflowed_nodes: tuple[Fp16Range, ...] = spec((), max_items=16)  # in graph order: the first is the culprit
-    overflowed_count: int = spec(0, ge=0, le=1 << 24)
-    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
-
-
-@dataclass(frozen=True)
-class ParityEvidence:
-    """A vision model's parity report (``edge.verify.parity.ParityReport``)."""
-
-    passed: bool = spec()
-    precision: Precision = spec()
-    thresholds: Thresholds = spec()
-    samples: int = spec(ge=0, le=1 << 20)
-    inputs: str = spec(max_len=256)
-    reference: str = spec(**_TEXT)
-    candidate: RunnerInfo = spec()
-    outputs: tuple[OutputFigures, ...] = spec(min_items=1, max_items=1024)
-    kind: Literal["vision"] = "vision"
-    accepted_failure: bool = False
-    host_notes: tuple[str, ...] = spec((), max_items=16, item=Rule(**_TEXT))
-    task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
-    input_provenance: ParityInputs | None = None
-    shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
-    first_divergence: Divergence | None = None  # on a failure: where the converted graph starts to differ
-    # every output's reference is degenerate: no failure, yet nothing verified (the gate recomputes it from the ranges)
-    unverified: str | None = spec(None, **_TEXT)
-    precision_trials: tuple[PrecisionTrial, ...] = spec((), max_items=8)
-    precision_trials_skipped: tuple[SkippedTrial, ...] = spec((), max_items=8)
-    #: a device that computes in fp16: the graph with every intermediate rounded to fp16 (absent: not such a device)
-    fp16_proxy: Fp16ProxyEvidence | None = None
-
-
-@dataclass(frozen=True)
-class LLMThresholds:
-    max_kl_mean: float = spec(ge=0.0, le=1e6)
-    min_top1: float = spec(ge=0.0, le=1.0)
-
-
-@dataclass(frozen=True)
-class LLMTextFigures:
-    """The gate's figures on one evaluation text."""
-
-    name: str = spec(pattern=TENSOR_NAME)  # "en", ..., the user's file name, or "random"
-    windows: int = spec(ge=1, le=4096)
-    tokens: int = spec(ge=1, le=1 << 24)
-    kl_mean: float = spec(ge=0.0, finite=False)
-    top1: float = spec(ge=0.0, le=1.0)
-    sha256: str | None = spec(None, pattern=r"^[0-9a-f]{64}$")  # None for random ids
-
-
-@dataclass(frozen=True)
-class LLMEvalText:
-    """What the LLM gate evaluated (``edge.llm.evaltext``): text tokenized by the model, or random ids
-    with the reason."""
-
-    origin: Literal["built-in", "file", "random"] = spec()
-    description: str = spec(min_len=1, **_TEXT)
-    windows: int = spec(ge=1, le=4096)
-    window_tokens: int = spec(ge=1, le=1 << 20)
-    note: str | None = spec(None, **_TEXT)
-    texts: tuple[LLMTextFigures, ...] = spec((), max_items=64)
-
-
-@dataclass(frozen=True)
-class LLMQualityEvidence:
-    """A GGUF quant's quality gate (``edge.llm.quality.QualityReport``)."""
-
-    kind: Literal["llm"] = spec()
-    passed: bool = spec()
-    quant: Precision = spec()
-    tokens: int = spec(ge=0, le=1 << 24)
-    kl_mean: float = spec(ge=0.0, finite=False)
-    kl_p99: float = spec(ge=0.0, finite=False)
-    kl_max: float = spec(ge=0.0, finite=False)
-    top1: float = spec(ge=0.0, le=1.0)
-    thresholds: LLMThresholds = spec()
-    reference: str = spec(**_TEXT)
-    accepted_failure: bool = False
-    eval: LLMEvalText | None = None  # absent in bundles built before the gate evaluated text
-    top1_decisive: float | None = spec(None, ge=0.0, le=1.0)  # top-1 where the source leads by >= 0.1 nats
-    decisive_share: float | None = spec(None, ge=0.0, le=1.0)
-
-
-@dataclass(frozen=True)
-class SkippedParity:
-    """Parity not run where the bundle was built (the runtime needs the device); says why."""
-
-    passed: None = spec()
-    skipped: str = spec(min_len=1, **_TEXT)
-    reference: str | None = spec(None, **_TEXT)
-
-
-def _which_parity(raw: Any) -> type:
-    if isinstance(raw, dict) and "skipped" in raw:
-        return SkippedParity
-    if isinstance(raw, dict) and raw.get("kind") == "llm":
-        return LLMQualityEvidence
-    return ParityEvidence
-
-
-Parity = Annotated[ParityEvidence | LLMQualityEvidence | SkippedParity, Tagged(_which_parity)]
-
-
-def _which_thresholds(raw: Any) -> type:
-    return LLMThresholds if isinstance(raw, dict) and "max_kl_mean" in raw else Thresholds
-
-
-@dataclass(frozen=True)
-class ReferencePairs:
-    """A few source inputs with the source's outputs, in a bundle file (``edge.verify.refpairs``): the device
-    runs them through its runner on first load and compares. ``file`` is None (``samples`` 0) when
-    none could be stored; ``note`` says why, or what was cut to keep the file small."""
-
-    samples: int = spec(ge=0, le=64)
-    reference: str = spec(min_len=1, **_TEXT)  # who computed the outputs
-    # the build host's limits for the precision: parity's, or edge.llm.quality's in an llm bundle
-    thresholds: Annotated[Thresholds | LLMThresholds, Tagged(_which_thresholds)] = spec()
-    file: str | None = spec(None, pattern=REL_PATH, max_len=1024)
-    note: str | None = spec(None, **_TEXT)
-
-
-@dataclass(frozen=True)
-class Latency:
-    count: int = spec(ge=0, le=1 << 40)
-    p50_ms: float = spec(**_MS)
-    p90_ms: float = spec(**_MS)
-    p99_ms: float = spec(**_MS)
-    max_ms: float = spec(**_MS)
-    min_ms: float = spec(**_MS)
-    mean_ms: float = spec(**_MS)
-    std_ms: float = spec(**_MS)
-
-
-@dataclass(frozen=True)
-class DeviceClassJudgement:
-    """Whether a benchmark ran on the target's device class (``edge.targets.same_device_class``), and why:
-    only then does its budget verdict gate a deploy. Older manifests carry it in ``runner.details.device_class``."""
-
-    same: bool = spec()
-    reason: str = spec(min_len=1, **_TEXT)
-
-
-@dataclass(frozen=True)
-class Steadiness:
-    """How the budget verdict's p99 was measured (``edge.tune.verdict``): in steady state after ``warmup_s`` of
-    untimed inferences, at least ``measure_s`` timed per run; every run's p99 (a marginal miss is measured again and
-    the median run decides: ``decided_by``); the load average (1, 5, 15 min) before and after, and the CPUs."""
-
-    warmup_s: float = spec(ge=0.0, le=1e6)
-    measure_s: float = spec(ge=0.0, le=1e6)
-    runs_p99_ms: tuple[float, ...] = spec(min_items=1, max_items=16, item=Rule(**_MS))
-    spread: float = spec(ge=0.0, le=1e9)  # (max - min) / median of the runs' p99
-    decided_by: str = spec(**_TEXT)
-    cpus: int = spec(ge=1, le=1 << 16)
-    load_before: tuple[float, ...] | None = spec(None, max_items=3, item=Rule(ge=0.0, le=1e6))
-    load_after: tuple[float, ...] | None = spec(None, max_items=3, item=Rule(ge=0.0, le=1e6))
-
-
-@dataclass(frozen=True)
-class BenchmarkEvidence:
-    """A vision benchmark (``edge.bench.BenchReport``); the gate recomputes the verdict from p99 and budget."""
-
-    load_ms: float = spec(**_MS)
-    first_inference_ms: float = spec(**_MS)
-    warmup: int = spec(ge=0, le=1 << 30)
-    latency: Latency = spec()
-    duration_s: float = spec(ge=0.0, le=1e9)
-    throughput_fps: float = spec(ge=0.0, le=1e9)
-    peak_rss_mb: float = spec(ge=0.0, le=1e9)
-    runner: RunnerInfo = spec()
-    budget_ms: float | None = spec(ge=1e-9, le=1e9)
-    budget_source: str = spec(max_len=256)
-    verdict: Literal["pass", "fail", "no budget"] = spec()
-    on_target_device: bool = spec()
-    bundle: str | None = spec(None, pattern=ID)
-    target: str | None = spec(None, pattern=ID)
-    kind: Literal["vision"] = "vision"
-    device_class: DeviceClassJudgement | None = None
-    steadiness: Steadiness | None = None
-
-
-@dataclass(frozen=True)
-class MeanStd:
-    mean: float = spec(ge=0.0, le=1e12)
-    std: float = spec(ge=0.0, le=1e12)
-
-
-@dataclass(frozen=True)
-class LLMBenchmarkEvidence:
-    """An LLM benchmark (``edge.llm.bench``)."""
-
-    kind: Literal["llm"] = spec()
-    load_ms: float = spec(**_MS)
-    prompt_tokens: int = spec(ge=0, le=1 << 24)
-    gen_tokens: int = spec(ge=0, le=1 << 24)
-    repetitions: int = spec(ge=0, le=1 << 20)
-    ttft_ms: MeanStd = spec()
-    prompt_tps: MeanStd = spec()
-    gen_tps: MeanStd = spec()
-    peak_rss_mb: float = spec(ge=0.0, le=1e9)
-    runner: JSON = JSON(None)
-    ttft_budget_ms: float | None = spec(None, ge=1e-9, le=1e9)
-    min_tps: float | None = spec(None, ge=0.0, le=1e9)
-    verdict: Literal["pass", "fail", "no budget"] = "no budget"
-    bundle: str | None = spec(None, pattern=ID)
-    target: str | None = spec(None, pattern=ID)
-
-
-def _which_benchmark(raw: Any) -> type:
-    return LLMBenchmarkEvidence if isinstance(raw, dict) and raw.get("kind") == "llm" else BenchmarkEvidence
-
-
-Benchmark = Annotated[BenchmarkEvidence | LLMBenchmarkEvidence, Tagged(_which_benchmark)]
-
-
-@dataclass(frozen=True)
-class TunedHost:
-    """The host ``edgekit tune`` measured on."""
-
-    os: str = spec(pattern=ID)
-    arch: str = spec(pattern=ID)
-    cpu: str = spec(max_len=256, pattern=r"^[^\x00-\x1f\x7f]*$")
-    #: the ISA flags edgekit reads (edge.capabilities.ISA_FLAGS present on the CPU); empty when unknown
-    isa: tuple[str, ...] = spec((), max_items=64, item=Rule(pattern=r"^[a-z0-9_]{1,32}$"))
-    cpus: int | None = spec(None, ge=1, le=1 << 16)
-
-
-@dataclass(frozen=True)
-class TunedEvidence:
-    """The bundle was converted with an ``edgekit tune`` overlay (``convert``/``deploy --tuned``, ``deploy --tune``)."""
-
-    #: sha256 of the overlay's content (``edge.pipeline.overlay.TunedOverlay.content_sha256``: its canonical JSON)
-    overlay_sha256: str = spec(pattern=SHA256)
-    #: the tune trial the overlay is (runner/precision/options), None for an overlay without a [tuned] table
-    configuration: str | None = spec(None, min_len=1, max_len=512, pattern=r"^[^\x00-\x1f\x7f]*$")
-    objective: Literal["latency", "throughput", "e2e"] | None = None
-    tuned_on: TunedHost | None = None
-    #: whether the tuning host is the target's device class, and why (None: the overlay does not say)
-    same_device_class: bool | None = None
-    device_class: str | None = spec(None, **_TEXT)
-    created_utc: str | None = spec(None, pattern=UTC_TIME)
-    #: the video pipeline's inference workers the overlay was tuned with (``--objective e2e``); ``edgekit run`` and
-    #: the agent's video pipeline use it unless told otherwise (None: not tuned, one worker)
-    infer_workers: int | None = spec(None, ge=1, le=64)
-
-
-@dataclass(frozen=True)
-class IsaOutput:
-    """One output of a bundle run on another instruction set (``edge.verify.isa``): the largest difference from the
-    build host's own runtime on the same inputs, the limit it was held to (from the output's range), and the
-    figures against the reference outputs the bundle carries."""
-
-    name: str = spec(pattern=TENSOR_NAME)
-    max_abs_vs_host: float = spec(ge=0.0, le=3.5e38)
-    range: float = spec(ge=0.0, le=3.5e38)  # of the reference outputs: what the limit is relative to
-    limit: float = spec(ge=0.0, le=3.5e38)
-    passed: bool = spec()
-    cosine: float | None = spec(None, ge=-1.0001, le=1.0001)  # against the reference outputs
-    max_abs: float | None = spec(None, ge=0.0, le=3.5e38)  # against the reference outputs
-    snr_db: float | None = spec(None, ge=-1e4, le=1e4)
-
-
-@dataclass(frozen=True)
-class IsaEvidence:
-    """The bundle's reference pairs run on a device's instruction set (``edgekit verify --isa aarch64``). Under
-    emulation (``emulated``: qemu user mode, the real aarch64 runtime wheels) it proves numerics on that ISA, never
-    speed. ``passed``: every output within its limit against the build host and the bundle's own reference check
-    passed there."""
-
-    isa: Literal["aarch64"] = spec()
-    cpu: str = spec(pattern=ID)  # the (emulated) core: cortex-a72, cortex-a76, neoverse-n1
-    emulated: bool = spec()
-    label: str = spec(min_len=1, max_len=256)  # "checked on aarch64 (emulated cortex-a76)"
-    runtime: str = spec(min_len=1, max_len=256)  # what ran there: "ai-edge-litert 2.3.0"
-    device_used: str = spec(max_len=256)
-    host_runtime: str = spec(max_len=256)  # what the differences are against: the build host's runtime
-    samples: int = spec(ge=0, le=64)
-    passed: bool = spec()
-    checked_utc: str = spec(pattern=UTC_TIME)
-    emulator: str | None = spec(None, max_len=256)  # "qemu-aarch64 10.0.2"
-    cpu_part: str | None = spec(None, pattern=r"^0x[0-9a-fA-F]{1,8}$")  # what /proc/cpuinfo said there
-    versions: Mapping[str, str] | None = spec(None, max_items=16, item=Rule(pattern=VERSION))
-    reference_check: bool | None = None  # the bundle's own reference check (edge.verify.refpairs) there
-    outputs: tuple[IsaOutput, ...] = spec((), max_items=64)
-    failures: tuple[str, ...] = spec((), max_items=64, item=Rule(**_TEXT))
-    toolchain_lock_hash: str | None = spec(None, pattern=SHA256)
 
 
 @dataclass(frozen=True)

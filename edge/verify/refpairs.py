@@ -10,40 +10,23 @@ the small-sample rules of :func:`pair_limits`: this is
 how a TensorRT engine, Core ML on the ANE or the Edge TPU is verified on the hardware that really
 computes it, which the build host cannot do.
 
-The file comes with the bundle, so nothing in it is trusted: it is read with
-``allow_pickle=False`` after its zip directory was checked (member names, count, uncompressed
-size), and every array must be what the bundle's I/O spec says (names, shapes, dtypes); every
-problem is one :class:`~edge.errors.BundleError` naming the file.
+The file (``reference.npz``: its layout, writing it and reading it untrusted) is
+:mod:`edge.verify.refpairs_file`; a language model's pairs are :mod:`edge.verify.refpairs_llm`. The names other code
+reads from here (writing, loading, the file's limits) are re-exported.
 
 Device side: standard library and numpy only (``edge.verify.parity`` imports no runtime at module level).
-
-Layout of ``reference.npz``::
-
-    names      0-d unicode array: JSON {"inputs": [names...], "outputs": [names...]}
-    i<s>_<k>   sample s, input k (the k-th name of "inputs")
-    o<s>_<k>   sample s, output k
-
-Tensor names may hold '/', ':' or anything else, so they are never part of a key. A language
-model's pairs (kind "llm") use the same layout with their own tensors: see "language models" below.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import re
-import stat
-import zipfile
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from edge.errors import BundleError, EdgeError
+from edge.errors import EdgeError
 from edge.verify.parity import (
     THRESHOLDS,
     Thresholds,
@@ -53,244 +36,17 @@ from edge.verify.parity import (
     thresholds_for,
     unverified_reason,
 )
-
-REFERENCE_FILE = "reference.npz"
-#: what the writer keeps: a few small samples (an image classifier's pair is ~600 kB)
-MAX_BYTES = 8 << 20
-MAX_SAMPLES = 64  # the manifest's limit too
-#: what the reader accepts: the writer's cap plus room for the npz/npy headers
-MAX_FILE_BYTES = MAX_BYTES + (1 << 20)
-_MAX_MEMBERS = 4096
-_KEY = re.compile(r"^(names|[io](0|[1-9][0-9]{0,3})_(0|[1-9][0-9]{0,3}))\.npy$")
-_NAMES = "names"
-_HINT = "rebuild the bundle with `edgekit convert`; do not edit bundle files by hand"
+from edge.verify.refpairs_file import MAX_BYTES as MAX_BYTES
+from edge.verify.refpairs_file import MAX_SAMPLES as MAX_SAMPLES
+from edge.verify.refpairs_file import REFERENCE_FILE as REFERENCE_FILE
+from edge.verify.refpairs_file import ReferencePairs as ReferencePairs
+from edge.verify.refpairs_file import entry_field, finite_or_none
+from edge.verify.refpairs_file import load_reference_pairs as load_reference_pairs
+from edge.verify.refpairs_file import write_reference_pairs as write_reference_pairs
+from edge.verify.refpairs_llm import check_llm
+from edge.verify.refpairs_llm import write_llm_reference_pairs as write_llm_reference_pairs
 
 CheckMode = bool | Literal["first"]
-
-
-# -- writing (build host) ------------------------------------------------------------------------
-
-
-def write_reference_pairs(
-    stage: Path,
-    inputs: Sequence[Mapping[str, np.ndarray]],
-    outputs: Sequence[Mapping[str, np.ndarray]],
-    *,
-    precision: str,
-    reference: str,
-    samples: int = 4,
-    thresholds: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """Write ``stage/reference.npz`` from the first ``samples`` pairs; return the manifest's
-    ``reference_pairs`` entry. Call it before ``new_manifest`` (which lists and hashes every file
-    in ``stage``).
-
-    The file is capped at :data:`MAX_BYTES`: fewer samples are kept when they would not fit, and
-    none (no file, ``samples`` 0) when one pair alone is over it; ``note`` then says so.
-    ``reference`` names what computed ``outputs`` (e.g. "onnxruntime 1.23.0 fp32 CPU on the source
-    ONNX"); ``thresholds`` are edge.verify.parity's limits for ``precision`` unless given (a language model's:
-    :func:`write_llm_reference_pairs`)."""
-    if len(inputs) != len(outputs):
-        raise ValueError(f"{len(inputs)} input samples but {len(outputs)} output samples")
-    if not 1 <= samples <= MAX_SAMPLES:
-        raise ValueError(f"samples must be 1..{MAX_SAMPLES}, got {samples}")
-    if not inputs:
-        raise ValueError("no reference samples given")
-    in_names, out_names = list(inputs[0]), list(outputs[0])
-    for s in range(len(inputs)):
-        if list(inputs[s]) != in_names or list(outputs[s]) != out_names:
-            raise ValueError(f"sample {s} names other tensors than sample 0")
-    entry: dict[str, Any] = {
-        "file": REFERENCE_FILE,
-        "samples": 0,
-        "reference": reference,
-        "thresholds": dict(thresholds) if thresholds is not None else thresholds_for(precision).to_json(),
-    }
-    wanted = min(samples, len(inputs))
-    pair_bytes = [
-        sum(np.asarray(a).nbytes + 128 for a in (*inputs[s].values(), *outputs[s].values())) for s in range(wanted)
-    ]
-    keep, total = 0, 1024
-    while keep < wanted and total + pair_bytes[keep] <= MAX_BYTES:
-        total += pair_bytes[keep]
-        keep += 1
-    if keep == 0:
-        entry.update(
-            file=None,
-            note=f"no reference pairs stored: one input/output pair is {pair_bytes[0]:,} bytes, over the {MAX_BYTES >> 20} MiB cap",
-        )
-        return entry
-    if keep < wanted:
-        entry["note"] = (
-            f"kept {keep} of {wanted} samples to stay under the {MAX_BYTES >> 20} MiB cap ({pair_bytes[0]:,} bytes a pair)"
-        )
-    arrays: dict[str, np.ndarray] = {_NAMES: np.array(json.dumps({"inputs": in_names, "outputs": out_names}))}
-    for s in range(keep):
-        for k, n in enumerate(in_names):
-            arrays[f"i{s}_{k}"] = np.asarray(inputs[s][n], order="C")  # ascontiguousarray makes a scalar [1]
-        for k, n in enumerate(out_names):
-            arrays[f"o{s}_{k}"] = np.asarray(outputs[s][n], order="C")
-    bad = [f"{key}: {a.dtype}" for key, a in arrays.items() if a.dtype.hasobject or a.dtype.fields]
-    if bad:
-        raise ValueError(f"reference arrays must be plain numeric arrays: {', '.join(bad)}")
-    with open(Path(stage) / REFERENCE_FILE, "xb") as f:
-        np.savez(f, **arrays)  # type: ignore[arg-type]
-    entry["samples"] = keep
-    return entry
-
-
-# -- reading (device) ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReferencePairs:
-    """The pairs read from a bundle, checked against its I/O spec."""
-
-    inputs: list[dict[str, np.ndarray]]
-    outputs: list[dict[str, np.ndarray]]
-    file: Path
-
-
-def _field(entry: Any, name: str) -> Any:
-    return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
-
-
-def _dims(shape: Sequence[Any]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def _fits(got: tuple[int, ...], want: Sequence[Any]) -> bool:
-    return len(got) == len(want) and all(not isinstance(d, int) or d <= 0 or g == d for g, d in zip(got, want))
-
-
-def _member_names(path: Path, refuse: Any) -> list[str]:
-    """The npz's member names, from the zip directory: names, count and sizes checked before numpy reads a byte of
-    data (``refuse(problem)`` makes the error)."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            members = z.infolist()
-            if len(members) > _MAX_MEMBERS:
-                raise refuse(f"{len(members)} members")
-            names = [m.filename for m in members]
-            odd = [n for n in names if not _KEY.fullmatch(n)]
-            if odd:
-                raise refuse("unexpected member(s) " + ", ".join(repr(n[:60]) for n in odd[:5]))
-            if len(set(names)) != len(names):
-                raise refuse("a member is in the archive twice")
-            unpacked = sum(m.file_size for m in members)
-            if unpacked > 4 * MAX_FILE_BYTES:
-                raise refuse(f"unpacks to {unpacked:,} bytes")
-    except BundleError:
-        raise
-    except Exception as e:  # noqa: BLE001 - anything a crafted archive makes zipfile raise
-        raise refuse(f"not an npz archive ({type(e).__name__}: {str(e)[:120]})") from None
-    return names
-
-
-def _check_file(path: Path, refuse: Any) -> None:
-    """The reference file is a regular file (not followed through a link) of at most ``MAX_FILE_BYTES``."""
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise refuse(f"cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise refuse("not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise refuse(f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a reference file may have")
-
-
-def _names_problems(npz: Any, in_specs: list[Any], out_specs: list[Any], refuse: Any) -> list[str]:
-    """The npz's ``names`` member: a JSON ``{"inputs": [...], "outputs": [...]}`` (else ``refuse``), whose names
-    must be the bundle's I/O names in order; returns what differs."""
-    raw = npz[_NAMES]
-    if raw.dtype.kind != "U" or raw.ndim != 0:
-        raise refuse("'names' is not a JSON string")
-    listed = json.loads(str(raw))
-    if not (
-        isinstance(listed, dict)
-        and set(listed) == {"inputs", "outputs"}
-        and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in listed.values())
-    ):
-        raise refuse('\'names\' is not {"inputs": [...], "outputs": [...]}')
-    problems = []
-    for side, specs in (("inputs", in_specs), ("outputs", out_specs)):
-        if listed[side] != [t.name for t in specs]:
-            problems.append(f"{side} {listed[side][:8]} are not the bundle's {[t.name for t in specs]}")
-    return problems
-
-
-def _array_problems(a: np.ndarray, t: Any, what: str, *, output: bool) -> list[str]:
-    """One stored array against its I/O spec ``t``: its dtype, a shape that fits, and (reference outputs) finite
-    values."""
-    problems = []
-    if a.dtype != np.dtype(t.dtype):
-        problems.append(f"{what} is {a.dtype}, the bundle's I/O spec says {t.dtype}")
-    if not _fits(a.shape, t.shape):
-        problems.append(f"{what} has shape {_dims(a.shape)}, the bundle's I/O spec says {_dims(t.shape)}")
-    if output and a.dtype.kind in "fc" and not np.isfinite(a).all():
-        problems.append(f"{what} holds NaN or Inf")
-    return problems
-
-
-def load_reference_pairs(bundle_path: str | os.PathLike[str], entry: Any, io: Any) -> ReferencePairs:
-    """The pairs ``entry`` (the manifest's ``reference_pairs``) names in the bundle at ``bundle_path``,
-    each array checked against ``io`` (an ``edge.spec.IOSpec``): the same input and output names,
-    shapes that fit, the spec's dtypes, finite reference outputs, exactly ``entry.samples`` samples.
-    Every problem is reported in one :class:`BundleError` naming the file; nothing in the file can
-    run code (no pickles)."""
-    rel, count = _field(entry, "file"), _field(entry, "samples")
-    if (
-        not isinstance(rel, str)
-        or not isinstance(count, int)
-        or isinstance(count, bool)
-        or not 1 <= count <= MAX_SAMPLES
-    ):
-        raise BundleError(
-            f"bundle {bundle_path}: its reference_pairs entry names no file, or not 1-{MAX_SAMPLES} samples", hint=_HINT
-        )
-    path = Path(bundle_path) / rel
-
-    def refuse(problem: str) -> BundleError:
-        return BundleError(f"{path}: reference pairs unusable: {problem}", hint=_HINT)
-
-    _check_file(path, refuse)
-    in_specs, out_specs = list(io.inputs), list(io.outputs)
-    expected = {f"{_NAMES}.npy"} | {
-        f"{p}{s}_{k}.npy"
-        for s in range(count)
-        for p, specs in (("i", in_specs), ("o", out_specs))
-        for k in range(len(specs))
-    }
-    names = _member_names(path, refuse)
-    problems = [f"missing {n[:-4]}" for n in sorted(expected - set(names))]
-    problems += [
-        f"unexpected {n[:-4]} (the manifest says {count} samples of {len(in_specs)} inputs and {len(out_specs)} outputs)"
-        for n in sorted(set(names) - expected)
-    ]
-    if problems:
-        raise refuse("; ".join(problems))
-    inputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
-    outputs: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            problems += _names_problems(npz, in_specs, out_specs, refuse)
-            if problems:
-                raise refuse("; ".join(problems))
-            for s in range(count):
-                for prefix, specs, into in (("i", in_specs, inputs[s]), ("o", out_specs, outputs[s])):
-                    for k, t in enumerate(specs):
-                        a = npz[f"{prefix}{s}_{k}"]
-                        what = f"sample {s} {'input' if prefix == 'i' else 'output'} {t.name!r}"
-                        problems += _array_problems(a, t, what, output=prefix == "o")
-                        into[t.name] = a
-    except BundleError:
-        raise
-    except Exception as e:  # noqa: BLE001 - object arrays (pickles), bad headers, truncated data
-        raise refuse(f"{type(e).__name__}: {str(e)[:160]}") from None
-    if problems:
-        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise refuse("; ".join(problems[:10]) + more)
-    return ReferencePairs(inputs, outputs, path)
 
 
 # -- checking (device) ---------------------------------------------------------------------------
@@ -319,7 +75,7 @@ def gate_thresholds(entry_thresholds: Any, precision: str, precision_used: str |
         return used
     merged: dict[str, float | None] = {}
     for f in dataclasses.fields(Thresholds):
-        c, e = getattr(code, f.name), _field(entry_thresholds, f.name)
+        c, e = getattr(code, f.name), entry_field(entry_thresholds, f.name)
         if c is None or not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e):
             merged[f.name] = c
         else:  # min_*: the higher; max_* / degenerate_atol: the lower
@@ -460,10 +216,6 @@ def snr_db(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> 
     return round(10.0 * math.log10(p_ref / p_err), 3)
 
 
-def _num(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -494,17 +246,17 @@ def _output_record(o: Any, snr: float | None, limits: Thresholds, th: Thresholds
     ``th``, whether it passed and its failures."""
     rec: dict[str, Any] = {
         "name": o.name,
-        "cosine": _num(o.cosine),
-        "cosine_min": _num(o.cosine_min),
-        "max_abs": _num(o.max_abs),
-        "mean_abs": _num(o.mean_abs),
-        "top1": _num(o.top1),
+        "cosine": finite_or_none(o.cosine),
+        "cosine_min": finite_or_none(o.cosine_min),
+        "max_abs": finite_or_none(o.max_abs),
+        "mean_abs": finite_or_none(o.mean_abs),
+        "top1": finite_or_none(o.top1),
         "snr_db": snr,
         "task": o.task,
     }
     rec.update(
         {
-            f: _num(getattr(o, f))
+            f: finite_or_none(getattr(o, f))
             for f in ("top5", "precision", "recall", "iou", "sequence", "tokens")
             if getattr(o, f) is not None
         }
@@ -545,7 +297,7 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     if "skipped" in result:
         return {**result, "runner": runner_json(runner), "checked_utc": _now()}
     if bundle.kind == "llm":
-        return {**_check_llm(bundle, runner, entry, result), "runner": runner_json(runner), "checked_utc": _now()}
+        return {**check_llm(bundle, runner, entry, result), "runner": runner_json(runner), "checked_utc": _now()}
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     th = gate_thresholds(entry.thresholds, bundle.precision, runner.info.precision_used)
     built, parity_samples, parity_passed = _built_outputs(bundle)
@@ -581,131 +333,6 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
     if result["passed"] and unverified is not None:
         result["unverified"] = unverified
     return {**result, "runner": runner_json(runner), "checked_utc": _now()}
-
-
-# -- language models (GGUF) ----------------------------------------------------------------------
-#
-# An llm bundle's pairs are token prefixes (input "tokens") with the reference's top-k next-token
-# ids and log-probabilities after each (outputs "top_ids", "top_logprobs"; edge.llm.quality picks
-# them from the build host's gate). The device runs each prefix through its llama.cpp runner
-# (``infer`` gives the logits after the last token) and gates top-1 agreement and a KL estimate
-# over the top-k (plus one bucket for the rest of the vocabulary) against edge.llm.quality's
-# limits for the bundle's quant type.
-
-LLM_OUTPUTS = ("top_ids", "top_logprobs")
-_MAX_TOP_K = 64
-
-
-def _llm_io() -> Any:
-    from edge.spec import IOSpec, TensorSpec
-
-    return IOSpec(
-        (TensorSpec("tokens", ("n",), "int32"),),
-        (TensorSpec("top_ids", ("k",), "int32"), TensorSpec("top_logprobs", ("k",), "float32")),
-    )
-
-
-def write_llm_reference_pairs(
-    stage: Path, samples: Sequence[Any], *, precision: str, reference: str, note: str | None = None
-) -> dict[str, Any]:
-    """Write ``stage/reference.npz`` from ``samples`` (``edge.llm.quality.TopKSample``) for a GGUF
-    bundle of quant type ``precision``; return the manifest's ``reference_pairs`` entry."""
-    from edge.llm.quality import thresholds
-
-    if not samples:
-        raise ValueError("no reference samples given")
-    max_kl, min_top1 = thresholds(precision)
-    entry = write_reference_pairs(
-        stage,
-        [{"tokens": np.asarray(s.tokens, dtype=np.int32)} for s in samples],
-        [
-            {"top_ids": np.asarray(s.top_ids, dtype=np.int32), "top_logprobs": np.asarray(s.top_logprobs, np.float32)}
-            for s in samples
-        ],
-        precision=precision,
-        reference=reference,
-        samples=min(len(samples), MAX_SAMPLES),
-        thresholds={"max_kl_mean": max_kl, "min_top1": min_top1},
-    )
-    if note:
-        entry["note"] = note if entry.get("note") is None else f"{entry['note']}; {note}"
-    return entry
-
-
-def _llm_problems(pairs: ReferencePairs, n_vocab: int) -> list[str]:
-    """What makes the stored samples meaningless as a reference (a crafted or damaged file)."""
-    problems = []
-    for s, (i, o) in enumerate(zip(pairs.inputs, pairs.outputs)):
-        tokens, ids, lps = i["tokens"], o["top_ids"], o["top_logprobs"]
-        if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= n_vocab:
-            problems.append(f"sample {s}: tokens are not 1..n ids below the vocabulary size {n_vocab}")
-        if ids.ndim != 1 or not 1 <= ids.size <= _MAX_TOP_K or ids.shape != lps.shape:
-            problems.append(f"sample {s}: top_ids and top_logprobs are not two lists of 1-{_MAX_TOP_K} entries")
-            continue
-        if ids.min() < 0 or ids.max() >= n_vocab or len(set(ids.tolist())) != ids.size:
-            problems.append(f"sample {s}: top_ids are not distinct ids below {n_vocab}")
-        if (
-            not np.isfinite(lps).all()
-            or lps.max() > 1e-3
-            or (np.diff(lps) > 1e-6).any()
-            or float(np.exp(lps.astype(np.float64)).sum()) > 1.001
-        ):
-            problems.append(f"sample {s}: top_logprobs are not descending log-probabilities summing to at most 1")
-    return problems
-
-
-def _check_llm(bundle: Any, runner: Any, entry: Any, result: dict[str, Any]) -> dict[str, Any]:
-    from edge.llm.quality import TopKSample, thresholds, topk_figures
-
-    pairs = load_reference_pairs(bundle.path, entry, _llm_io())
-    n_vocab = bundle.io.outputs[0].shape[0] if bundle.io.outputs else None
-    if not isinstance(n_vocab, int):
-        raise BundleError(f"bundle {bundle.path}: its io.outputs does not give the vocabulary size", hint=_HINT)
-    problems = _llm_problems(pairs, n_vocab)
-    if problems:
-        raise BundleError(f"{pairs.file}: reference pairs unusable: " + "; ".join(problems[:10]), hint=_HINT)
-    code_kl, code_top1 = thresholds(bundle.precision)
-    kept = _field(entry, "thresholds")
-    kl_b, top1_b = _field(kept, "max_kl_mean"), _field(kept, "min_top1")
-    max_kl = min(code_kl, float(kl_b)) if isinstance(kl_b, (int, float)) else code_kl
-    min_top1 = max(code_top1, float(top1_b)) if isinstance(top1_b, (int, float)) else code_top1
-    n_ctx = (runner.info.details or {}).get("n_ctx")
-    samples = [TopKSample(i["tokens"], o["top_ids"], o["top_logprobs"]) for i, o in zip(pairs.inputs, pairs.outputs)]
-    fit = [s for s in samples if not isinstance(n_ctx, int) or s.tokens.size <= n_ctx]
-    th = {"max_kl_mean": max_kl, "min_top1": min_top1}
-    if not fit:
-        return {
-            **result,
-            "skipped": f"every reference prefix is longer than this runner's context (n_ctx {n_ctx})",
-            "thresholds": th,
-        }
-    figures = [topk_figures(s, runner.infer({"tokens": s.tokens})["logits"]) for s in fit]
-    kls = [kl for kl, _ in figures]
-    kl_mean, top1 = float(np.mean(kls)), float(np.mean([agree for _, agree in figures]))
-    failures = []
-    if not kl_mean <= max_kl:
-        failures.append(f"mean KL over the reference's top-{samples[0].top_ids.size} {kl_mean:.4g} > {max_kl}")
-    if not top1 >= min_top1:
-        failures.append(f"top-1 agreement {top1:.1%} < {min_top1:.0%}")
-    out = {
-        "name": "logits",
-        "kl_topk_mean": _num(kl_mean),
-        "kl_topk_max": _num(float(max(kls))),
-        "top1": top1,
-        "passed": not failures,
-        "failures": failures,
-    }
-    if len(fit) < len(samples):
-        out["note"] = f"{len(samples) - len(fit)} of {len(samples)} prefixes are longer than n_ctx {n_ctx}: not run"
-    result.update(
-        passed=not failures,
-        samples=len(fit),
-        thresholds=th,
-        reference=entry.reference,
-        outputs=[out],
-        failures=[f"logits: {f}" for f in failures],
-    )
-    return result
 
 
 class CheckRecords(Protocol):

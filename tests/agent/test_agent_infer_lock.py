@@ -18,8 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from edge.agent.agent import InferenceWorker
 from edge.agent.sources import SyntheticSource
+from edge.agent.worker import InferenceWorker
 from edge.bundle.bundle import Bundle
 from edge.pipeline import convert
 from tests.support.cli import wait_for

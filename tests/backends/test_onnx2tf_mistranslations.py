@@ -26,7 +26,7 @@ from edge.graph.lower import drop_noop_slice_axes
 from edge.graph.model import io_spec, load_onnx
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
-from edge.toolchains.tflite_driver import compare_node_outputs
+from edge.toolchains.tflite_compare import compare_node_outputs
 from tests.support.next_models import byte_conv1d_classifier
 
 SHAPES = {"bytes": (1, 256)}
