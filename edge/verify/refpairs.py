@@ -141,12 +141,15 @@ def pair_limits(
     if isinstance(cmin, (int, float)) and isinstance(cmean, (int, float)) and math.isfinite(cmean):
         # a mean over parity_samples figures <= 1 bounds its worst: a record claiming worse was edited
         cmin = max(cmin, 1.0 - parity_samples * (1.0 - min(1.0, cmean)))
-    if isinstance(cmin, (int, float)) and math.isfinite(cmin) and th.min_cosine is not None:
+    smin = getattr(built, "snr_db_min", None)
+    pooled = getattr(built, "cosine_samples", None) == 0 and isinstance(smin, (int, float)) and math.isfinite(smin)
+    if pooled and th.min_cosine is not None:
+        _pooled_cosine_floor(th, smin, changed, loosened)
+    elif isinstance(cmin, (int, float)) and math.isfinite(cmin) and th.min_cosine is not None:
         floor = 1.0 - (1.0 - min(1.0, cmin)) * energy
         if floor < th.min_cosine:
             changed["min_cosine"] = floor
             loosened.append(f"cosine >= {floor:.6f} (parity's worst sample {cmin:.6f})")
-    smin = getattr(built, "snr_db_min", None)
     if th.min_snr_db is not None and isinstance(smin, (int, float)) and math.isfinite(smin):
         floor = smin - DEVICE_SLACK_DB
         if floor < th.min_snr_db:
@@ -172,6 +175,18 @@ def pair_limits(
             "where a mean over a few is under the rule: " + ", ".join(loosened)
         )
     return dataclasses.replace(th, **changed), notes
+
+
+def _pooled_cosine_floor(th: Thresholds, snr_min: float, changed: dict[str, Any], loosened: list[str]) -> None:
+    """The cosine limit for a small output whose parity cosine was pooled (one figure over every sample's values,
+    ``cosine_samples`` 0): that figure bounds nothing about a subset's pooled cosine (PP-OCR cls int8 on OpenVINO:
+    0.988 over 32 samples, 0.978 over the 16 stored pairs). The worst sample's SNR does: each pair has
+    ``|a - b|^2 <= r |a|^2`` with ``r = 10^(-snr/10)``, so any subset does too, and then ``cos(a, b) >= sqrt(1 - r)``."""
+    r = 10 ** (-(snr_min - DEVICE_SLACK_DB) / 10)
+    floor = math.sqrt(1.0 - r) if r < 1.0 else 0.0
+    if th.min_cosine is not None and floor < th.min_cosine:
+        changed["min_cosine"] = floor
+        loosened.append(f"pooled cosine >= {floor:.6f} (from parity's worst sample SNR {snr_min:.1f} dB)")
 
 
 def _agreement_off(
@@ -261,9 +276,9 @@ def _output_record(o: Any, snr: float | None, limits: Thresholds, th: Thresholds
             if getattr(o, f) is not None
         }
     )
-    for f in ("task_note", "degenerate_note"):
-        if getattr(o, f):
-            rec[f] = getattr(o, f)
+    for f in ("task_note", "degenerate_note", "task_degenerate"):
+        if getattr(o, f, None):
+            rec[f] = getattr(o, f)  # task_degenerate: the pairs cannot judge the task (no detections among them)
     if limits != th:
         rec["limits"] = limits.to_json()
     rec.update(passed=o.passed, failures=list(o.failures))

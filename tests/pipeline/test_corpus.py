@@ -427,7 +427,9 @@ def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
     assert {o["name"]: o.get("task") for o in check["outputs"]} == tasks, (what, check["outputs"])
     assert 0 < check["samples"] <= parity["samples"] == check["parity_samples"], check
     for o in check["outputs"]:  # the task's figures are measured on the device too, beside the raw ones
-        assert o["task"] is None or any(
+        # (unless the stored pairs cannot judge it and say so: ddddocr's detector finds no characters in the
+        # natural photographs its first pairs are, only in the generated samples parity saw after them)
+        assert o["task"] is None or o.get("task_degenerate") is True or any(
             o.get(k) is not None for k in ("top1", "top5", "precision", "recall", "iou", "tokens")
         ), o
 

@@ -381,6 +381,27 @@ def test_pair_limits_small_samples_and_agreement_counts() -> None:
     assert same == th and why == []
 
 
+def test_a_pooled_cosine_is_bounded_by_the_worst_sample_snr() -> None:
+    """A small output's parity cosine is pooled over all samples (``cosine_samples`` 0): no worst sample, and a
+    subset's pooled cosine may be under it (PP-OCR cls int8 on OpenVINO: 0.988 over 32, 0.978 over its 16 pairs;
+    the check failed a bundle parity had passed). The worst sample's SNR bounds any subset: cos >= sqrt(1 - r)."""
+    import math
+
+    from edge.verify.parity import OutputParity
+    from edge.verify.refpairs import DEVICE_SLACK_DB, pair_limits
+
+    th = THRESHOLDS["int8"]
+    o = OutputParity("y", 0.4, 0.08, 0.978, 0.978, 1.0, ref_min=0.0, ref_max=1.0, task="classifier")
+    built = OutputParity("y", 0.39, 0.05, 0.988, 0.988, 1.0, snr_db_min=2.13, cosine_samples=0, task="classifier")
+    lim, why = pair_limits(o, th, built, 16, 32, True)
+    assert lim.min_cosine == pytest.approx(math.sqrt(1 - 10 ** (-(2.13 - DEVICE_SLACK_DB) / 10)))
+    assert 0.03 < lim.min_cosine < 0.978 and any("pooled cosine >=" in n for n in why), why
+    # per-sample cosines (cosine_samples > 0): parity's worst sample is the floor, as before
+    built.cosine_samples, built.cosine_min = 32, 0.97
+    lim, _ = pair_limits(o, th, built, 16, 32, True)
+    assert lim.min_cosine == pytest.approx(1 - 0.03 * 10**0.1)
+
+
 def test_an_altered_reference_file_fails_verification(ort_bundle: Bundle, tmp_path: Path) -> None:
     b = Bundle.open(shutil.copytree(ort_bundle.path, tmp_path / "b"))
     f = b.path / REFERENCE_FILE
