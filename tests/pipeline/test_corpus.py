@@ -429,8 +429,10 @@ def _assert_check_judges_as_parity(what: str, got: Outcome) -> None:
     for o in check["outputs"]:  # the task's figures are measured on the device too, beside the raw ones
         # (unless the stored pairs cannot judge it and say so: ddddocr's detector finds no characters in the
         # natural photographs its first pairs are, only in the generated samples parity saw after them)
-        assert o["task"] is None or o.get("task_degenerate") is True or any(
-            o.get(k) is not None for k in ("top1", "top5", "precision", "recall", "iou", "tokens")
+        assert (
+            o["task"] is None
+            or o.get("task_degenerate") is True
+            or any(o.get(k) is not None for k in ("top1", "top5", "precision", "recall", "iou", "tokens"))
         ), o
 
 
