@@ -200,8 +200,8 @@ def map_io(
 ) -> dict[str, Any]:
     """ONNX tensor -> Keras/TFLite signature name and layout permutation, for every input and output.
 
-    Names: exact, then onnx2tf's sanitising (':' -> '_', leading '/' dropped), then a unique
-    shape match. A permutation is ambiguous only when identity and channels-last give the same
+    Names: exact, then onnx2tf's sanitising (:func:`_onnx2tf_name`: ':' -> '__', a leading '/' -> 'wa/'),
+    then a unique shape match; outputs then take their serving-signature name (output_<i>). A permutation is ambiguous only when identity and channels-last give the same
     shape; then both are tried against onnxruntime on one sample.
     """
     tf_inputs = {t.name.split(":")[0]: [int(d) for d in t.shape] for t in keras_model.inputs}
@@ -218,17 +218,27 @@ def map_io(
     return {"inputs": inputs, "outputs": outputs}
 
 
+def signature_arg_name(name: str) -> str:
+    """The name TensorFlow gives a Keras input in a SavedModel signature (``sanitize_arg_name`` in
+    tensorflow/core/function/polymorphism/function_type_utils.py): every character that is not alphanumeric
+    becomes '_', and a name that does not start with a letter gets ``arg_`` in front. onnx2tf's ``wa/feat/x``
+    (ONNX ``/feat/x``) is the signature's ``wa_feat_x``."""
+    swapped = "".join(c if c.isalnum() else "_" for c in name)
+    return swapped if swapped[:1].isalpha() else "arg_" + swapped
+
+
 def _signature_names(
     tf_inputs: dict[str, list[int]],
     tf_outputs: dict[str, list[int]],
     signature: tuple[dict[str, list[int]], dict[str, list[int]]],
 ) -> dict[str, str]:
     """Keras output name -> its serving-signature name. The SavedModel's serving signature (what the TFLite
-    conversion reads) names inputs like the Keras model and outputs output_0, output_1, ... in the Keras model's
-    output order; checked here."""
+    conversion reads) names inputs like the Keras model, sanitised as TensorFlow sanitises argument names
+    (:func:`signature_arg_name`; the .tflite's signature keeps the Keras name), and outputs output_0,
+    output_1, ... in the Keras model's output order; checked here."""
     sig_in, sig_out = signature
     for n, shape in tf_inputs.items():
-        if n not in sig_in or sig_in[n] != shape:
+        if sig_in.get(n if n in sig_in else signature_arg_name(n)) != shape:
             raise DriverError(
                 "io_mapping", f"the SavedModel signature does not have Keras input {n!r} {shape} (it has {sig_in})"
             )
@@ -248,13 +258,10 @@ def _match_io(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, l
     """Each ONNX tensor's TensorFlow name (exact, sanitised, else the one unused tensor of a fitting shape) and
     the layout permutations that fit."""
 
-    def sanitize(n: str) -> str:
-        return n.replace(":", "_").lstrip("/")
-
     out, used = [], set()
     for spec in onnx_specs:
         name = spec["name"]
-        key = next((k for k in (name, sanitize(name)) if k in tf_specs and k not in used), None)
+        key = next((k for k in (name, _onnx2tf_name(name)) if k in tf_specs and k not in used), None)
         if key is None:
             same = [k for k, s in tf_specs.items() if k not in used and compare.candidate_perms(spec["shape"], s)]
             if len(same) != 1:

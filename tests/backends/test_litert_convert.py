@@ -407,3 +407,48 @@ def test_erf_and_paddle_node_names_convert(toolchain: toolchains.ToolchainStatus
     assert "Erf" in details["pseudo_operators"] and "max abs error 1.5e-7" in details["pseudo_operators"]["Erf"]
     assert details["renamed_nodes"].startswith("6 ONNX node name(s)"), details["renamed_nodes"]
     assert "EXP" in details["ops"], details["ops"]  # Abramowitz-Stegun: exp(-x^2) times a polynomial
+
+
+def test_tensorflow_exported_names_map_through_onnx2tf(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
+    """ONNX exported from TensorFlow names its tensors like ``input_1:0`` and ``StatefulPartitionedCall:2``;
+    PyTorch's exporter like ``/model/relu/Relu_output_0``. onnx2tf calls them ``input_1__0`` and ``wa/feat/x``
+    (the SavedModel signature: ``wa_feat_x``); edgekit matched ``input_1_0`` and, with three outputs of one
+    shape, refused: "cannot tell which TensorFlow output is ONNX output 'StatefulPartitionedCall:2'"."""
+    from edge.pipeline import convert
+
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), f"w{i}") for i in range(3)]
+    outs = ["StatefulPartitionedCall:2", "StatefulPartitionedCall:0", "/model/relu/Relu_output_0"]
+    model = _onnx(
+        tmp_path / "tfnames.onnx",
+        [
+            helper.make_node("Add", ["input_1:0", "/feat/x"], ["s"], name="StatefulPartitionedCall/model/add"),
+            helper.make_node("MatMul", ["s", "w0"], [outs[1]], name="StatefulPartitionedCall/model/dense/MatMul"),
+            helper.make_node("MatMul", ["s", "w1"], ["m1"], name="StatefulPartitionedCall/model/dense_1/MatMul"),
+            helper.make_node("Relu", ["m1"], [outs[2]], name="/model/relu/Relu"),
+            helper.make_node("MatMul", ["s", "w2"], ["m2"], name="StatefulPartitionedCall/model/dense_2/MatMul"),
+            helper.make_node("Sigmoid", ["m2"], [outs[0]], name="StatefulPartitionedCall/model/sigmoid"),
+        ],
+        [helper.make_tensor_value_info(n, f, [1, 8]) for n in ("input_1:0", "/feat/x")],
+        [helper.make_tensor_value_info(n, f, [1, 4]) for n in outs],
+        w,
+    )
+    b = convert(model, "arm-xnnpack", tmp_path / "b", ConvertRequest(preprocess="none"))
+    assert b.manifest["parity"]["passed"], b.manifest["parity"]
+    assert [o["name"] for o in b.manifest["parity"]["outputs"]] == outs
+    io = json.loads((b.path / "model.io.json").read_text())
+    assert [(t["name"], t["tflite_name"]) for t in io["inputs"]] == [
+        ("input_1:0", "input_1__0"),
+        ("/feat/x", "wa/feat/x"),
+    ]
+    assert [t["tflite_name"] for t in io["outputs"]] == ["output_0", "output_1", "output_2"]
+    x = {"input_1:0": rng.standard_normal((1, 8)).astype(np.float32), "/feat/x": np.ones((1, 8), np.float32)}
+    s = x["input_1:0"] + x["/feat/x"]
+    with b.open_runner() as r:
+        assert [t.name for t in r.inputs] == ["input_1:0", "/feat/x"] and [t.name for t in r.outputs] == outs
+        got = r.infer(x)
+    ws = [numpy_helper.to_array(t) for t in w]
+    np.testing.assert_allclose(got[outs[1]], s @ ws[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[outs[2]], np.maximum(s @ ws[1], 0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[outs[0]], 1 / (1 + np.exp(-(s @ ws[2]))), rtol=1e-4, atol=1e-5)
