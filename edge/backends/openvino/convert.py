@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
+from edge.backends.openvino.frontend_errors import frontend_error
 from edge.base.typedjson import spec
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
@@ -393,7 +394,8 @@ def _convert_source(ov: Any, source: Path) -> Any:
     try:
         return ov.convert_model(str(source))
     except Exception as e:
-        raise ConversionError(f"OpenVINO could not convert {source}: {type(e).__name__}: {str(e)[:500]}") from e
+        # the op, the node and what takes it instead; never the frontend's source lines or edgekit's temp path
+        raise frontend_error(str(e), source, ov.get_version().split("-", 1)[0]) from e
 
 
 def _fp16_recipe(
