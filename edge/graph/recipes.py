@@ -32,8 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from edge.errors import ConversionError
-
 FP16_MAX = 65504.0
 #: a tensor above this stays fp32: half of fp16's largest finite value
 OVERFLOW_AT = 2.0**15
@@ -631,24 +629,6 @@ def target_cosine(precision: str, margin: float = MARGIN) -> float:
 
     th = thresholds_for(precision).min_cosine
     return 1.0 - (1.0 - th) * margin
-
-
-def parse_mode(options: Mapping[str, Any], key: str = "mixed_precision") -> str:
-    mode = str(options.get(key, "auto")).lower()
-    if mode not in MODES:
-        raise ConversionError(f"{key} must be one of {', '.join(MODES)}, got {options.get(key)!r}")
-    return mode
-
-
-def parse_trials(options: Mapping[str, Any], key: str = "mixed_precision_trials") -> int:
-    raw = options.get(key, DEFAULT_TRIALS)
-    try:
-        n = int(raw)
-    except (TypeError, ValueError):
-        n = -1
-    if n < 0:
-        raise ConversionError(f"{key} must be an integer >= 0, got {raw!r}")
-    return n
 
 
 def search_samples(request: Any, count: int = 8, seed: int = 7) -> tuple[list[dict[str, np.ndarray]], str]:

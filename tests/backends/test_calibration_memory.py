@@ -71,7 +71,7 @@ def _quantize(tmp: Path, **options: object) -> tuple[dict[str, object], int]:
 
 
 def test_percentile_holds_no_more_than_its_limit(tmp_path: Path) -> None:
-    per_sample = calibration_memory(_wide_net(tmp_path / "m.onnx"), SAMPLES, "percentile", {})["per_sample_mb"]
+    per_sample = calibration_memory(_wide_net(tmp_path / "m.onnx"), SAMPLES, "percentile")["per_sample_mb"]
     assert 3.5 < per_sample < 5  # type: ignore[operator]
     limit_mb = 16
     details, peak = _quantize(tmp_path, calibrate_method="percentile", calibration_memory_mb=limit_mb)

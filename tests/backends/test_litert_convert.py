@@ -309,7 +309,7 @@ def test_converter_checks_calibration_first(models: dict[str, Path], tmp_path: P
     msg = str(e.value)  # every problem at once
     assert "sample 0 input 'input' has shape [1, 3, 16, 16], the model takes [1, 3, 32, 32]" in msg
     assert "sample 1 has no input 'input'" in msg and "sample 2 input 'input' has dtype float64" in msg
-    with pytest.raises(ConversionError, match="io_dtype must be one of int8, uint8, float32"):
+    with pytest.raises(ConversionError, match='option io_dtype must be one of "int8", "uint8", "float32"'):
         conv.convert(dataclasses.replace(_request(models, tmp_path, "fp32", None), options={"io_dtype": "int4"}))
 
 

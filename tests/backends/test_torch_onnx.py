@@ -83,7 +83,7 @@ def test_refusals_before_any_work(tmp_path: Path) -> None:
     missing = tmp_path / "never-read.pt"
     with pytest.raises(PrecisionError, match="does not produce precision 'fp16'"):
         _convert(missing, tmp_path / "w", IMAGE, precision="fp16")
-    with pytest.raises(ConversionError, match="opset must be an integer 13-20, got 21"):
+    with pytest.raises(ConversionError, match="option opset must be between 13 and 20, got 21"):
         _convert(missing, tmp_path / "w", IMAGE, options={"opset": 21})
     with pytest.raises(ConversionError, match="does not take option.*'opst'.*did you mean 'opset'"):
         _convert(missing, tmp_path / "w", IMAGE, options={"opst": 17})

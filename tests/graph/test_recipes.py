@@ -194,7 +194,7 @@ def test_int8_exclusion_reaches_parity_where_plain_int8_fails(tmp_path: Path) ->
 def test_options_are_checked(tmp_path: Path) -> None:
     from edge.backends.onnxruntime.convert import OnnxToOnnx
 
-    with pytest.raises(ConversionError, match="mixed_precision must be one of auto, off"):
+    with pytest.raises(ConversionError, match='option mixed_precision must be one of "auto", "off"'):
         _convert(OnnxToOnnx(), overflow_model(), tmp_path, "fp16", mixed_precision="on")
     assert "mixed_precision" in OnnxToOnnx.options and "mixed_precision_trials" in OnnxToOnnx.options
 

@@ -25,12 +25,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
+from edge.base.typedjson import spec
 from edge.capabilities import Requirement
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
 from edge.graph.torchfile import RELOAD_HINT
@@ -133,27 +134,35 @@ class _DriverRun:
         )
 
 
+@dataclass(frozen=True)
+class CoreMLConvertOptions:
+    """The Core ML converters' options (``onnx->coreml``, ``torch->coreml``), declared once (``edge.backends.options``)."""
+
+    compute_units: Literal["CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"] = spec(
+        "CPU_AND_NE", doc=f"compute units the model is converted for: {', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)"
+    )
+    minimum_deployment_target: str = spec(
+        "iOS16",
+        pattern=r"^(iOS|macOS|tvOS|watchOS|visionOS)[0-9]{1,2}$",
+        doc="coremltools target, e.g. iOS16 (default), macOS13, iOS17",
+    )
+    timeout_s: float = spec(900.0, ge=1.0, le=7 * 86400, doc="stop the toolchain after this many seconds (default 900)")
+
+
 class _CoreMLConverter(Converter):
     """What both Core ML converters share: options, checks, the toolchain run and the result."""
 
     target_format = "mlpackage"
     precisions = frozenset({"fp32", "fp16"})
     toolchain = TOOLCHAIN
-    options = {
-        "compute_units": f"compute units the model is converted for: {', '.join(COMPUTE_UNITS)} (default CPU_AND_NE)",
-        "minimum_deployment_target": "coremltools target, e.g. iOS16 (default), macOS13, iOS17",
-        "timeout_s": "stop the toolchain after this many seconds (default 900)",
-    }
+    options_class = CoreMLConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def _drive(self, request: ConversionRequest, source_job: dict[str, Any], outputs_key: str) -> _DriverRun:
         from edge.verify.inputs import generated_samples
 
-        self.check_options(request.options)
+        opts: CoreMLConvertOptions = self.read_options(request.options)
         self.check_precision(request.precision)
-        opts = request.options
-        units = str(opts.get("compute_units", "CPU_AND_NE"))
-        if units not in COMPUTE_UNITS:
-            raise ConversionError(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, got {units!r}")
+        units = opts.compute_units
         toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         if request.calibration is not None and request.calibration.samples:
             inputs, label = [dict(s) for s in request.calibration.samples[:_PARITY_SAMPLES]], "calibration"
@@ -173,13 +182,11 @@ class _CoreMLConverter(Converter):
                 "precision": request.precision,
                 "samples": str(work / "samples.npz"),
                 "compute_units": units,
-                "minimum_deployment_target": str(opts.get("minimum_deployment_target", "iOS16")),
+                "minimum_deployment_target": opts.minimum_deployment_target,
                 "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
                 "description": f"edgekit {request.source.name}",
             }
-            final, st = toolchains.run_driver(
-                TOOLCHAIN, job, work, timeout_s=float(opts.get("timeout_s", 900)), driver=DRIVER
-            )
+            final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=opts.timeout_s, driver=DRIVER)
             if final["event"] == "error":
                 _raise_driver_error(self.name, final, work, request.source)
             with np.load(final[outputs_key]) as data:
@@ -219,7 +226,7 @@ class OnnxToCoreML(_CoreMLConverter):
         from edge.graph.opsupport import check_ops
         from edge.verify.parity import ParityReport, compare, reference_outputs, thresholds_for
 
-        self.check_options(request.options)
+        self.read_options(request.options)  # a bad option is refused before the op check
         check_ops(request.source, self.name)  # every op the bridge lacks, before the toolchain starts
         run = self._drive(
             request,

@@ -18,9 +18,9 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
@@ -35,6 +35,7 @@ from edge.backends.ethosu.format import (
     TOOLCHAIN,
     parse_summary,
 )
+from edge.base.typedjson import spec
 from edge.errors import ConversionError, PrecisionError
 
 
@@ -57,27 +58,41 @@ def float_ops(path: Path) -> list[str]:
     )
 
 
+@dataclass(frozen=True)
+class EthosUConvertOptions:
+    """``tflite->ethos-u``'s options (Vela's settings), declared once (``edge.backends.options``). The accelerators and
+    memory modes are :data:`~edge.backends.ethosu.format.SYSTEMS`' and ``MEMORY_MODES`` (a test keeps them in step)."""
+
+    accelerator: Literal["ethos-u55-64", "ethos-u55-128", "ethos-u55-256", "ethos-u65-256", "ethos-u65-512"] = spec(
+        "ethos-u55-128", doc=f"Vela's --accelerator-config: {', '.join(SYSTEMS)} (default ethos-u55-128)"
+    )
+    system_config: str | None = spec(
+        None,
+        pattern=r"^[A-Za-z0-9_]{1,64}$",
+        doc="a system configuration of Vela's Arm/vela.ini (default: the accelerator's High_End one); "
+        "sets the clock the estimate is at",
+    )
+    memory_mode: Literal["Shared_Sram", "Dedicated_Sram", "Sram_Only"] = spec(
+        "Shared_Sram", doc=f"{', '.join(MEMORY_MODES)} (default Shared_Sram)"
+    )
+    optimise: Literal["Performance", "Size"] = spec("Performance", doc="Performance (default) or Size")
+    timeout_s: float = spec(600.0, ge=1.0, le=7 * 86400, doc="stop Vela after this many seconds (default 600)")
+
+
 class TFLiteToEthosU(Converter):
     name = "tflite->ethos-u"
     source_format = "tflite"
     target_format = FORMAT
     precisions = frozenset({"int8"})
     toolchain = TOOLCHAIN
-    options = {
-        "accelerator": f"Vela's --accelerator-config: {', '.join(SYSTEMS)} (default ethos-u55-128)",
-        "system_config": "a system configuration of Vela's Arm/vela.ini (default: the accelerator's High_End one); "
-        "sets the clock the estimate is at",
-        "memory_mode": f"{', '.join(MEMORY_MODES)} (default Shared_Sram)",
-        "optimise": "Performance (default) or Size",
-        "timeout_s": "stop Vela after this many seconds (default 600)",
-    }
+    options_class = EthosUConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        opts: EthosUConvertOptions = self.read_options(request.options)
         if request.precision != "int8":
             raise PrecisionError(f"an Ethos-U runs full-integer int8 models only, not {request.precision!r}")
-        opts = request.options
-        accel, system, mode, optimise = _vela_settings(opts)
+        accel, mode, optimise = opts.accelerator, opts.memory_mode, opts.optimise
+        system = opts.system_config or SYSTEMS[accel]
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         src = Path(request.source)
         floats = float_ops(src)
@@ -114,9 +129,9 @@ class TFLiteToEthosU(Converter):
         ]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=float(opts.get("timeout_s", 600)))
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s)
         except subprocess.TimeoutExpired:
-            raise ConversionError(f"Vela did not finish within {opts.get('timeout_s', 600)} s on {src.name}") from None
+            raise ConversionError(f"Vela did not finish within {opts.timeout_s:g} s on {src.name}") from None
         seconds = time.perf_counter() - t0
         compiled = work / f"{model.stem}_vela.tflite"
         summaries = sorted(work.glob(f"{model.stem}_summary_*.csv"))
@@ -146,19 +161,6 @@ class TFLiteToEthosU(Converter):
             details={"vela_estimate": estimate, "command": " ".join(cmd[1:-1]), "vela_seconds": round(seconds, 2)},
             notes=_estimate_notes(estimate, placement),
         )
-
-
-def _vela_settings(opts: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    """(accelerator, system config, memory mode, optimise) from the converter's options, checked."""
-    accel = str(opts.get("accelerator", "ethos-u55-128"))
-    if accel not in SYSTEMS:
-        raise ConversionError(f"accelerator must be one of {', '.join(SYSTEMS)}, got {accel!r}")
-    system = str(opts.get("system_config", SYSTEMS[accel]))
-    mode = str(opts.get("memory_mode", "Shared_Sram"))
-    optimise = str(opts.get("optimise", "Performance"))
-    if mode not in MEMORY_MODES or optimise not in ("Performance", "Size"):
-        raise ConversionError(f"memory_mode {mode!r} / optimise {optimise!r}: not one Vela takes")
-    return accel, system, mode, optimise
 
 
 def _estimate_notes(estimate: dict[str, Any], placement: dict[str, Any]) -> list[str]:

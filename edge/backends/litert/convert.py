@@ -29,15 +29,16 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.litert.format import IO_SCHEMA, sidecar_path
-from edge.base.typedjson import read_json_file
+from edge.base.typedjson import read_json_file, spec
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.divergence import MIN_COSINE, REL_TOLERANCE, Divergence
@@ -60,7 +61,6 @@ _LITERT = Requirement(
     install="pip install 'edgekit-ml[litert]'",
     why="the converted model is loaded and checked with LiteRT",
 )
-_IO_DTYPES = ("int8", "uint8", "float32")
 _PARITY_SAMPLES = 32
 
 Progress = Callable[[str], None]
@@ -81,6 +81,27 @@ def _say(msg: str) -> None:
         print(f"         {msg}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class OnnxToTFLiteOptions:
+    """``onnx->tflite``'s options, declared once (``edge.backends.options``)."""
+
+    io_dtype: Literal["int8", "uint8", "float32"] = spec(
+        "int8",
+        doc="int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
+        "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
+    )
+    per_channel: bool = spec(True, doc="int8: per-channel weight scales (default true)")
+    gate_cpu_parity: bool | None = spec(
+        None,
+        doc="deprecated, ignored: the pipeline's one parity gate runs the bundle's runner, or its CPU "
+        "fallback where the accelerator is not on the build host (--accept-parity-failure "
+        "applies to both)",
+    )
+    timeout_s: float = spec(
+        3600.0, ge=1.0, le=7 * 86400, doc="stop the toolchain after this many seconds (default 3600)"
+    )
+
+
 class OnnxToTFLite(Converter):
     name = "onnx->tflite"
     source_format = "onnx"
@@ -89,25 +110,14 @@ class OnnxToTFLite(Converter):
     calibrated_precisions = frozenset({"int8"})
     toolchain = TOOLCHAIN
     requires = (_ORT, _LITERT)
-    options = {
-        "io_dtype": "int8 (full-integer): type of the model's inputs/outputs, int8 (default), uint8 or "
-        "float32 (quantize/dequantize ops inside the model); the runner converts to and from float",
-        "per_channel": "int8: per-channel weight scales (default true)",
-        "gate_cpu_parity": "deprecated, ignored: the pipeline's one parity gate runs the bundle's runner, or its CPU "
-        "fallback where the accelerator is not on the build host (--accept-parity-failure "
-        "applies to both)",
-        "timeout_s": "stop the toolchain after this many seconds (default 3600)",
-    }
+    options_class = OnnxToTFLiteOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        opts: OnnxToTFLiteOptions = self.read_options(request.options)
         self.check_precision(request.precision)
         require(self.requires, f"converter {self.name!r}")
         check_ops(request.source, self.name)  # every node onnx2tf cannot translate, before TensorFlow starts
-        io_dtype = str(request.options.get("io_dtype", "int8"))
-        if io_dtype not in _IO_DTYPES:
-            raise ConversionError(f"io_dtype must be one of {', '.join(_IO_DTYPES)}, got {io_dtype!r}")
-        timeout_s = float(request.options.get("timeout_s", 3600))
+        timeout_s = opts.timeout_s
         int8 = request.precision == "int8"
         calib = _check_samples(request, required=int8)
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
@@ -119,7 +129,7 @@ class OnnxToTFLite(Converter):
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
             lowered, rewritten = _lower_for_onnx2tf(Path(request.source), work, request.io)
-            job = _driver_job(request, work, lowered, parity_inputs, calib, lstm=bool(rewritten.get("LSTM")))
+            job = _driver_job(request, opts, work, lowered, parity_inputs, calib, lstm=bool(rewritten.get("LSTM")))
             _say(
                 f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
                 f"(onnx2tf {st.packages.get('onnx2tf', '?')}, tensorflow {st.packages.get('tensorflow', '?')})"
@@ -159,6 +169,7 @@ class OnnxToTFLite(Converter):
 
 def _driver_job(
     request: ConversionRequest,
+    opts: OnnxToTFLiteOptions,
     work: Path,
     lowered: Path | None,
     parity_inputs: list[dict[str, Any]],
@@ -169,7 +180,6 @@ def _driver_job(
     """The tflite driver's job: writes ``samples.npz`` (and, for int8, ``calibration.npz``) into ``work``
     and returns the job mapping that points at them. ``lstm``: ``lowered`` has LSTMs unrolled (and its constants
     folded by edgekit: no onnxsim)."""
-    opts = request.options
     names = [t.name for t in request.io.inputs]
     int8 = request.precision == "int8"
     arrays: dict[str, Any] = {
@@ -181,8 +191,8 @@ def _driver_job(
         "workdir": str(work),
         "precision": request.precision,
         "samples": str(work / "samples.npz"),
-        "io_dtype": str(opts.get("io_dtype", "int8")),
-        "per_channel": bool(opts.get("per_channel", True)),
+        "io_dtype": opts.io_dtype,
+        "per_channel": opts.per_channel,
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
         "keep_shape_inputs": _keep_shape_inputs(request.io) if lstm else [],
         "no_onnxsim": lstm,

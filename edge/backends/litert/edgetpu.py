@@ -34,7 +34,7 @@ from edge.backends.converter import ConversionRequest, ConversionResult, Convert
 from edge.backends.litert.format import EDGETPU_CUSTOM_OP as EDGETPU_OP
 from edge.backends.litert.format import load_sidecar
 from edge.base.hashing import sha256_file
-from edge.base.typedjson import write_json_atomic
+from edge.base.typedjson import Rule, spec, write_json_atomic
 from edge.errors import BundleError, ConversionError, MissingDependencyError, PrecisionError, TargetError
 
 COMPILER = "edgetpu_compiler"
@@ -75,6 +75,23 @@ def parse_compiler_log(text: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class EdgeTPUOptions:
+    """``tflite->edgetpu``'s options (the compiler run), declared once (``edge.backends.options``); ``edgekit firmware
+    edgetpu``'s finishing step reads the target profile's through it too."""
+
+    compiler: str | None = spec(
+        None, min_len=1, max_len=4096, doc=f"edgetpu_compiler to run (default: {COMPILER} on PATH)"
+    )
+    require_compiler: bool = spec(
+        False, doc="fail when edgetpu_compiler is missing instead of keeping the uncompiled int8 model (default false)"
+    )
+    extra_args: tuple[str, ...] = spec(
+        (), max_items=64, item=Rule(max_len=1024), doc='more compiler arguments, e.g. ["--num_segments", "2"]'
+    )
+    timeout_s: float = spec(600.0, ge=1.0, le=7 * 86400, doc="stop the compiler after this many seconds (default 600)")
+
+
 class TFLiteToEdgeTPU(Converter):
     name = "tflite->edgetpu"
     source_format = "tflite"
@@ -82,20 +99,14 @@ class TFLiteToEdgeTPU(Converter):
     precisions = frozenset({"int8"})
     # No hard requirement: without the compiler the ready int8 model is kept and the finishing command recorded.
     requires = ()
-    options = {
-        "compiler": f"edgetpu_compiler to run (default: {COMPILER} on PATH)",
-        "require_compiler": "fail when edgetpu_compiler is missing instead of keeping the uncompiled int8 model (default false)",
-        "extra_args": 'more compiler arguments, e.g. ["--num_segments", "2"]',
-        "timeout_s": "stop the compiler after this many seconds (default 600)",
-    }
+    options_class = EdgeTPUOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         from edge.backends.litert.format import read_tflite
 
-        self.check_options(request.options)
+        opts: EdgeTPUOptions = self.read_options(request.options)
         if request.precision != "int8":
             raise PrecisionError(f"the Edge TPU runs full-integer int8 models only, not {request.precision!r}")
-        opts = request.options
         src = Path(request.source)
         info = read_tflite(src)
         _check_full_integer(src)
@@ -107,12 +118,12 @@ class TFLiteToEdgeTPU(Converter):
         if io is not None:
             (out_dir / "model.io.json").write_text(json.dumps(io, indent=2) + "\n", encoding="utf-8")
         files = [model] + ([out_dir / "model.io.json"] if io is not None else [])
-        compiler = find_compiler(opts.get("compiler"))
+        compiler = find_compiler(opts.compiler)
         finish = finish_command(_final_dir(out_dir))
         details: dict[str, Any] = {"input_ops": list(info.builtin_ops), "finish_with": None}
         if compiler is None:
-            what = f"{opts.get('compiler', COMPILER)} is not on PATH, so the model was not compiled for the Edge TPU"
-            if bool(opts.get("require_compiler", False)):
+            what = f"{opts.compiler or COMPILER} is not on PATH, so the model was not compiled for the Edge TPU"
+            if opts.require_compiler:
                 raise MissingDependencyError(f"converter {self.name!r}: {what}", hint=COMPILER_INSTALL)
             details.update(edgetpu_compiled=False, reason=what, finish_with=finish)
             note = (
@@ -130,11 +141,7 @@ class TFLiteToEdgeTPU(Converter):
             )
 
         compiled = compile_model(
-            model,
-            out_dir,
-            compiler=compiler,
-            extra_args=opts.get("extra_args", ()),
-            timeout_s=float(opts.get("timeout_s", 600)),
+            model, out_dir, compiler=compiler, extra_args=opts.extra_args, timeout_s=opts.timeout_s
         )
         details.update(edgetpu_compiled=True, command=compiled.command, **compiled.log)
         return ConversionResult(
@@ -292,8 +299,8 @@ def finish_bundle(
             int8,
             int8.parent,
             compiler=exe,
-            extra_args=options.get("extra_args", ()) if extra_args is None else extra_args,
-            timeout_s=float(options.get("timeout_s", 600) if timeout_s is None else timeout_s),
+            extra_args=options.extra_args if extra_args is None else extra_args,
+            timeout_s=options.timeout_s if timeout_s is None else timeout_s,
         )
         manifest = _finished_manifest(src, stage, dest, compiled, notes)
         Bundle(stage, manifest)  # validated before it is written
@@ -357,16 +364,17 @@ def _check_finishable(bundle: Any) -> None:
         )
 
 
-def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]], notes: list[str]) -> dict[str, Any]:
-    """The target profile's options for the compiler step, as ``convert`` would have used them."""
+def _profile_options(bundle: Any, targets_dir: Sequence[str | os.PathLike[str]], notes: list[str]) -> EdgeTPUOptions:
+    """The target profile's options for the compiler step, as ``convert`` would have used them (typed, checked)."""
     from edge.targets import get_target
 
     try:
         profile = get_target(bundle.target, targets_dir)
     except TargetError:
         notes.append(f"target profile {bundle.target!r} not found here: compiled with {COMPILER}'s default arguments")
-        return {}
-    return dict(profile.convert_options.get(TFLiteToEdgeTPU.name, {}))
+        return EdgeTPUOptions()
+    typed: EdgeTPUOptions = TFLiteToEdgeTPU.read_options(profile.convert_options.get(TFLiteToEdgeTPU.name, {}))
+    return typed
 
 
 def _copy_verified(bundle: Any, stage: Path) -> None:

@@ -12,8 +12,9 @@ It is what the planner puts in front of a TFLite source for a LiteRT target when
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.errors import ConversionError
@@ -43,15 +44,20 @@ def prepare_tflite(source: Path, workdir: Path, *, fp32: bool = False) -> tuple[
     return dst, record.to_json()
 
 
+@dataclass(frozen=True)
+class TFLiteToTFLiteOptions:
+    """``tflite->tflite`` takes no options: declared, so that any name given is refused with what it takes."""
+
+
 class TFLiteToTFLite(Converter):
     name = "tflite->tflite"
     source_format = "tflite"
     target_format = "tflite"
     precisions = frozenset({"fp32", "fp16"})
-    options: ClassVar[Mapping[str, str]] = {}
+    options_class = TFLiteToTFLiteOptions
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        self.read_options(request.options)
         self.check_precision(request.precision)
         from edge.backends.litert.rewrite import custom_ops, has_fp16_weights, load, rewrite
 

@@ -8,12 +8,14 @@ its name before llama.cpp starts.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.llamacpp.format import check_quantizable, read_gguf
 from edge.backends.llamacpp.runtime import captured_log, llama_cpp_version, load_llama_cpp
+from edge.base.typedjson import spec
 from edge.capabilities import Requirement
 from edge.errors import ConversionError
 
@@ -27,6 +29,18 @@ FTYPES = {
 }
 
 
+@dataclass(frozen=True)
+class GGUFQuantizeOptions:
+    """``gguf->gguf``'s options, declared once (``edge.backends.options``)."""
+
+    threads: int = spec(0, ge=0, le=4096, doc="quantizer threads; 0 = llama.cpp's default")
+    allow_requantize: bool = spec(
+        False,
+        doc="requantize a source that is already quantized (llama.cpp's allow_requantize; "
+        "the pipeline sets it only with --allow-requantize)",
+    )
+
+
 class GGUFQuantize(Converter):
     name = "gguf->gguf"
     source_format = "gguf"
@@ -36,22 +50,18 @@ class GGUFQuantize(Converter):
         Requirement("python", "llama_cpp", install="pip install 'edgekit-ml[llm]'"),
         Requirement("python", "gguf", install="pip install 'edgekit-ml[llm]'"),
     )
-    options = {
-        "threads": "quantizer threads; 0 = llama.cpp's default",
-        "allow_requantize": "requantize a source that is already quantized (llama.cpp's allow_requantize; "
-        "the pipeline sets it only with --allow-requantize)",
-    }
+    options_class = GGUFQuantizeOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        opts: GGUFQuantizeOptions = self.read_options(request.options)
         info = read_gguf(request.source)
         notes = check_quantizable(info, request.precision)
         llama_cpp = load_llama_cpp()
         out = request.workdir / "model.gguf"
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, FTYPES[request.precision])
-        params.nthread = int(request.options.get("threads", 0))
-        params.allow_requantize = bool(request.options.get("allow_requantize", False))
+        params.nthread = opts.threads
+        params.allow_requantize = opts.allow_requantize
         with captured_log() as log:
             rc = llama_cpp.llama_model_quantize(str(request.source).encode(), str(out).encode(), ctypes.byref(params))
         if rc != 0 or not out.exists():

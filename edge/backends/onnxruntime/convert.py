@@ -17,13 +17,16 @@ import io
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.base.typedjson import Rule, spec
 from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, opset_of, save_onnx
+from edge.graph.recipes import DEFAULT_TRIALS
 from edge.verify.inputs import CALIB_FLAG
 
 _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'")
@@ -41,6 +44,76 @@ CALIBRATE = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
 
+@dataclass(frozen=True)
+class OnnxConvertOptions:
+    """``onnx->onnx``'s options, declared once (``edge.backends.options``): the names and descriptions ``doctor``
+    and the CLI print, the check of a profile's or a tuned overlay's values and the defaults come from these
+    fields. Words are read case-insensitively (``MinMax`` is ``minmax``)."""
+
+    activation_type: Literal["uint8", "int8"] = spec(
+        "uint8", doc="int8 static: activation type, uint8 (default) or int8"
+    )
+    weight_type: Literal["int8", "uint8"] = spec(
+        "int8", doc="int8 static/dynamic: weight type, int8 (default) or uint8"
+    )
+    per_channel: bool = spec(True, doc="int8 static: per-channel weight scales (default true)")
+    calibrate_method: Literal["minmax", "entropy", "percentile"] = spec(
+        "minmax",
+        doc="int8 static: minmax (default), entropy or percentile; with mixed_precision auto, when the "
+        "fully quantized model fails the search's check, percentile's is tried too and the "
+        "search goes on from the better one (recorded)",
+    )
+    dynamic_op_types: tuple[str, ...] = spec(
+        ("MatMul", "Gemm"),
+        min_items=1,
+        max_items=64,
+        item=Rule(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$"),
+        doc="int8-dynamic: op types to quantize (default [MatMul, Gemm])",
+    )
+    optimization_level: Literal["basic", "extended"] = spec(
+        "extended", doc="fp32: offline graph optimisation, basic or extended (default)"
+    )
+    fold_quantized_weights: bool = spec(
+        False,
+        doc="fp32 from int8/uint8 weights (Cast+Mul, as a weight-only export ships them): false "
+        "(default) keeps the dequantisation in the graph when folding it would grow the model (onnxruntime folds it "
+        "as the device loads the model: fp32 compute, a 4x smaller download); true folds them into f32 constants",
+    )
+    mixed_precision: Literal["auto", "off"] = spec(
+        "auto",
+        doc="fp16/int8: auto (default) keeps in fp32 the nodes whose activations leave fp16's range, "
+        "then the nodes adding the most error, until the candidate passes parity against the fp32 "
+        "source on the search inputs (edge.graph.recipes); off converts every node",
+    )
+    mixed_precision_trials: int = spec(
+        DEFAULT_TRIALS,
+        ge=0,
+        le=1000,
+        doc="fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
+        "0 = only the range check for fp16, none for int8)",
+    )
+    measure_speedup: bool = spec(
+        True,
+        doc="int8 static: time the int8 model against the float source on the build host (true, "
+        "default; about a second, recorded with the load in the int8 report)",
+    )
+    calibration_memory_mb: float | None = spec(
+        None,
+        ge=1e-3,
+        le=1 << 30,
+        doc="int8 static: the most memory the calibrator may hold in activations (default: a "
+        "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
+        "refused when one sample does not",
+    )
+
+
+def convert_options(request: ConversionRequest) -> OnnxConvertOptions:
+    """The request's options, typed and checked (one line naming the converter and the option otherwise)."""
+    words = {k: v.lower() if isinstance(v, str) else v for k, v in request.options.items()}
+    typed: OnnxConvertOptions = OnnxToOnnx.read_options(words)
+    return typed
+
+
 class OnnxToOnnx(Converter):
     name = "onnx->onnx"
     source_format = "onnx"
@@ -48,35 +121,13 @@ class OnnxToOnnx(Converter):
     precisions = frozenset({"fp32", "fp16", "int8", "int8-dynamic"})
     calibrated_precisions = frozenset({"int8"})
     requires = (_ORT, _ONNX)
-    options = {
-        "activation_type": "int8 static: activation type, uint8 (default) or int8",
-        "weight_type": "int8 static/dynamic: weight type, int8 (default) or uint8",
-        "per_channel": "int8 static: per-channel weight scales (default true)",
-        "calibrate_method": "int8 static: minmax (default), entropy or percentile; with mixed_precision auto, when the "
-        "fully quantized model fails the search's check, percentile's is tried too and the "
-        "search goes on from the better one (recorded)",
-        "dynamic_op_types": "int8-dynamic: op types to quantize (default [MatMul, Gemm])",
-        "optimization_level": "fp32: offline graph optimisation, basic or extended (default)",
-        "fold_quantized_weights": "fp32 from int8/uint8 weights (Cast+Mul, as a weight-only export ships them): false "
-        "(default) keeps the dequantisation in the graph when folding it would grow the model (onnxruntime folds it "
-        "as the device loads the model: fp32 compute, a 4x smaller download); true folds them into f32 constants",
-        "mixed_precision": "fp16/int8: auto (default) keeps in fp32 the nodes whose activations leave fp16's range, "
-        "then the nodes adding the most error, until the candidate passes parity against the fp32 "
-        "source on the search inputs (edge.graph.recipes); off converts every node",
-        "mixed_precision_trials": "fp16/int8: at most this many re-conversions while growing the kept set (default 6; "
-        "0 = only the range check for fp16, none for int8)",
-        "measure_speedup": "int8 static: time the int8 model against the float source on the build host (true, "
-        "default; about a second, recorded with the load in the int8 report)",
-        "calibration_memory_mb": "int8 static: the most memory the calibrator may hold in activations (default: a "
-        "quarter of the available RAM); it calibrates on the samples that fit (recorded), "
-        "refused when one sample does not",
-    }
+    options_class = OnnxConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         import onnx
         import onnxruntime as ort
 
-        self.check_options(request.options)
+        opts = convert_options(request)
         out = request.workdir / "model.onnx"
         handler = {
             "fp32": self._fp32,
@@ -85,7 +136,7 @@ class OnnxToOnnx(Converter):
             "int8-dynamic": self._int8_dynamic,
         }[request.precision]
         try:
-            details = handler(request, out)
+            details = handler(request, opts, out)
         except (CalibrationError, ConversionError):
             raise
         except Exception as e:
@@ -111,21 +162,16 @@ class OnnxToOnnx(Converter):
 
     # -- recipes ---------------------------------------------------------------------------
 
-    def _fp32(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
+    def _fp32(self, request: ConversionRequest, opts: OnnxConvertOptions, out: Path) -> dict[str, Any]:
         import onnxruntime as ort
 
         # "extended" and not "all": level-99 layout transforms (NCHWc) are tied to the build
         # host's SIMD width; the runner applies them at load time on the device instead.
-        level_name = request.options.get("optimization_level", "extended")
+        level_name, fold = opts.optimization_level, opts.fold_quantized_weights
         level = {
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        }.get(level_name)
-        if level is None:
-            raise ConversionError(f"optimization_level must be basic or extended, got {level_name!r}")
-        fold = request.options.get("fold_quantized_weights", False)
-        if not isinstance(fold, bool):
-            raise ConversionError(f"fold_quantized_weights must be true or false, got {fold!r}")
+        }[level_name]
         _optimize(Path(request.source), out, level)
         details: dict[str, Any] = {"recipe": "graph optimisation", "optimization_level": level_name}
         sizes = _weight_sizes(Path(request.source), out)
@@ -155,13 +201,12 @@ class OnnxToOnnx(Converter):
         ]
         return details
 
-    def _fp16(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
+    def _fp16(self, request: ConversionRequest, opts: OnnxConvertOptions, out: Path) -> dict[str, Any]:
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
         from edge.graph import recipes
 
-        mode = recipes.parse_mode(request.options)
-        trials = recipes.parse_trials(request.options)
+        mode, trials = opts.mixed_precision, opts.mixed_precision_trials
         model = recipes.name_nodes(load_onnx(request.source))
 
         def build(kept: list[str]) -> Any:
@@ -192,7 +237,7 @@ class OnnxToOnnx(Converter):
             details["_notes"] = [note]
         return details
 
-    def _int8_static(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
+    def _int8_static(self, request: ConversionRequest, opts: OnnxConvertOptions, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
 
         if request.calibration is None or not request.calibration.samples:
@@ -200,17 +245,9 @@ class OnnxToOnnx(Converter):
                 "int8 static quantization needs calibration samples",
                 hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors or images) or {CALIB_FLAG} random",
             )
-        opts = request.options
-        act = _qtype(q, opts.get("activation_type", "uint8"), "activation_type")
-        wt = _qtype(q, opts.get("weight_type", "int8"), "weight_type")
-        method_name = opts.get("calibrate_method", "minmax")
-        if method_name not in CALIBRATE:
-            raise ConversionError(f"calibrate_method must be one of {', '.join(CALIBRATE)}, got {method_name!r}")
-        per_channel = bool(opts.get("per_channel", True))
-        from edge.graph import recipes
-
-        mode = recipes.parse_mode(opts)
-        trials = recipes.parse_trials(opts)
+        act, wt = _qtype(q, opts.activation_type), _qtype(q, opts.weight_type)
+        method_name, per_channel = opts.calibrate_method, opts.per_channel
+        mode, trials = opts.mixed_precision, opts.mixed_precision_trials
         import onnxruntime as ort
 
         ort.set_default_logger_severity(3)
@@ -230,7 +267,7 @@ class OnnxToOnnx(Converter):
             def _quantize_static(prepped: Path, exclude: list[str], method: str) -> None:
                 samples = request.calibration.samples  # type: ignore[union-attr]
                 if method not in memory:
-                    memory[method] = calibration_memory(prepped, len(samples), method, opts)
+                    memory[method] = calibration_memory(prepped, len(samples), method, opts.calibration_memory_mb)
                 q.quantize_static(
                     str(prepped),
                     str(out),
@@ -255,14 +292,15 @@ class OnnxToOnnx(Converter):
                 note = found.note("float (not quantized)")
                 if note:
                     details["_notes"] = [note]
-        details["int8_report"], notes = int8_report(request, out, [k["node"] for k in details.get("kept_float", [])])
+        kept = [k["node"] for k in details.get("kept_float", [])]
+        details["int8_report"], notes = int8_report(request, out, kept, measure=opts.measure_speedup)
         details["_notes"] = [*details.get("_notes", []), *(m["note"] for m in memory.values() if m.get("note")), *notes]
         details["calibration_memory"] = {k: {f: v for f, v in m.items() if f != "note"} for k, m in memory.items()}
         return {
             "recipe": "static QDQ",
             "isa_assumption": _U8S8_ASSUMPTION,
-            "activations": opts.get("activation_type", "uint8"),
-            "weights": opts.get("weight_type", "int8"),
+            "activations": opts.activation_type,
+            "weights": opts.weight_type,
             "per_channel": per_channel,
             "calibrate_method": method_name,
             "calibration_samples": len(request.calibration.samples),
@@ -272,11 +310,11 @@ class OnnxToOnnx(Converter):
             **details,
         }
 
-    def _int8_dynamic(self, request: ConversionRequest, out: Path) -> dict[str, Any]:
+    def _int8_dynamic(self, request: ConversionRequest, opts: OnnxConvertOptions, out: Path) -> dict[str, Any]:
         from onnxruntime import quantization as q
 
-        op_types = list(request.options.get("dynamic_op_types", ["MatMul", "Gemm"]))
-        wt = _qtype(q, request.options.get("weight_type", "int8"), "weight_type")
+        op_types = list(opts.dynamic_op_types)
+        wt = _qtype(q, opts.weight_type)
         with quiet_root_logger():
             q.quantize_dynamic(str(request.source), str(out), weight_type=wt, op_types_to_quantize=op_types)
         source_ops = [n.op_type for n in load_onnx(request.source).graph.node]
@@ -285,7 +323,7 @@ class OnnxToOnnx(Converter):
             "recipe": "dynamic int8",
             "isa_assumption": _U8S8_ASSUMPTION,
             "op_types": op_types,
-            "weights": request.options.get("weight_type", "int8"),
+            "weights": opts.weight_type,
             "ops_quantized": matched,
             "ops_total": len(source_ops),
         }
@@ -324,7 +362,9 @@ def _weight_sizes(source: Path, out: Path, grown_by: float = 1.5) -> tuple[int, 
     return src_bytes, out_bytes
 
 
-def int8_report(request: ConversionRequest, out: Path, kept: list[str]) -> tuple[dict[str, Any], list[str]]:
+def int8_report(
+    request: ConversionRequest, out: Path, kept: list[str], *, measure: bool = True
+) -> tuple[dict[str, Any], list[str]]:
     """What the int8 graph ``out`` computes in float and why, its quantize/dequantize boundaries
     (``edge.graph.quantized``), and, unless ``measure_speedup`` is false, its speed against the float source on
     this host, both run by edgekit's onnxruntime runner with its defaults, interleaved (:func:`measure_speedup`).
@@ -334,9 +374,6 @@ def int8_report(request: ConversionRequest, out: Path, kept: list[str]) -> tuple
     placement = placement_of(out, kept)
     report: dict[str, Any] = {"placement": placement.to_json(), "optimized_by": "onnxruntime, level all, build host"}
     notes = [placement.summary()]
-    measure = request.options.get("measure_speedup", True)
-    if not isinstance(measure, bool):
-        raise ConversionError(f"measure_speedup must be true or false, got {measure!r}")
     samples = request.calibration.samples if request.calibration is not None else []
     if measure and samples:
         try:
@@ -496,9 +533,7 @@ def quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _qtype(q: Any, name: str, option: str) -> Any:
-    if name not in _QTYPES:
-        raise ConversionError(f"{option} must be uint8 or int8, got {name!r}")
+def _qtype(q: Any, name: str) -> Any:
     return getattr(q.QuantType, _QTYPES[name])
 
 
@@ -535,22 +570,19 @@ def available_ram() -> int:
         return 0
 
 
-def calibration_memory(model_path: Path, samples: int, method: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def calibration_memory(model_path: Path, samples: int, method: str, given: float | None = None) -> dict[str, Any]:
     """What onnxruntime's calibrator may hold, bounded. It runs the model with every float activation as an output
     and keeps all of them for every sample until the end (minmax, percentile and entropy alike; its
     CalibMaxIntermediateOutputs drops the batches it was meant to merge in onnxruntime 1.2x, so it is not used):
-    the calibration gets the ``samples`` whose activations fit in ``calibration_memory_mb``, else in a quarter of
+    the calibration gets the ``samples`` whose activations fit in ``given`` (the option ``calibration_memory_mb``), else in a quarter of
     the available RAM, recorded with a note when that is fewer than given; a model whose one sample does not fit
     is refused in one line. (A layout detector's percentile fallback was OOM-killed at 22 GiB of a 23 GiB machine.)"""
     from edge.graph import recipes
 
     per_sample = 4 * sum(recipes.float_tensors(load_onnx(model_path)).values())
-    given = options.get("calibration_memory_mb")
-    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float)) or given <= 0):
-        raise ConversionError(f"calibration_memory_mb must be a positive number, got {given!r}")
     limit = int(given * 2**20) if given is not None else int(available_ram() * CALIBRATION_RAM_SHARE)
     where = (
-        f"{given} MiB (calibration_memory_mb)"
+        f"{given:g} MiB (calibration_memory_mb)"
         if given is not None
         else f"{limit / 2**30:.1f} GiB (a quarter of the available RAM)"
     )

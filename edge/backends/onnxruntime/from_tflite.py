@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.base.typedjson import spec
 from edge.errors import ConversionError, MissingDependencyError
 
 TOOLCHAIN = "tflite"
 _OPSET = 17
+
+
+@dataclass(frozen=True)
+class TFLiteToOnnxOptions:
+    """``tflite->onnx``'s options, declared once (``edge.backends.options``)."""
+
+    opset: int = spec(_OPSET, ge=13, le=21, doc=f"ONNX opset tf2onnx writes (13-21; default {_OPSET})")
+    timeout_s: float = spec(900.0, ge=1.0, le=7 * 86400, doc="stop the toolchain after this many seconds (default 900)")
 
 
 class TFLiteToOnnx(Converter):
@@ -30,24 +40,12 @@ class TFLiteToOnnx(Converter):
     target_format = "onnx"
     precisions = frozenset({"fp32"})
     toolchain = TOOLCHAIN
-    options = {
-        "opset": f"ONNX opset tf2onnx writes (default {_OPSET})",
-        "timeout_s": "stop the toolchain after this many seconds (default 900)",
-    }
+    options_class = TFLiteToOnnxOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        opts: TFLiteToOnnxOptions = self.read_options(request.options)
         self.check_precision(request.precision)
-        try:
-            opset = int(request.options.get("opset", _OPSET))
-            timeout_s = float(request.options.get("timeout_s", 900))
-        except (TypeError, ValueError):
-            raise ConversionError(
-                f"{self.name}: opset must be an integer and timeout_s a number, got "
-                f"{request.options.get('opset')!r} / {request.options.get('timeout_s')!r}"
-            ) from None
-        if not 13 <= opset <= 21:
-            raise ConversionError(f"{self.name}: opset must be 13..21, got {opset}")
+        opset, timeout_s = opts.opset, opts.timeout_s
         st = toolchains.require(TOOLCHAIN, f"converter {self.name!r}")
         source = Path(request.source).resolve()
         with tempfile.TemporaryDirectory(prefix="edgekit-tf2onnx-") as tmp:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
+from edge.base.typedjson import spec
 from edge.errors import ConversionError, MissingDependencyError, ModelError
 from edge.graph.torchfile import RELOAD_HINT
 
@@ -66,6 +68,19 @@ def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, sourc
     raise ConversionError(f"{converter} failed on {source.name}: {final['message']}{where}")
 
 
+@dataclass(frozen=True)
+class TorchToOnnxOptions:
+    """``torch->onnx``'s options, declared once (``edge.backends.options``)."""
+
+    opset: int = spec(
+        DEFAULT_OPSET,
+        ge=OPSETS[0],
+        le=OPSETS[-1],
+        doc=f"ONNX opset to export ({OPSETS[0]}-{OPSETS[-1]}; default {DEFAULT_OPSET})",
+    )
+    timeout_s: float = spec(900.0, ge=1.0, le=7 * 86400, doc="stop the toolchain after this many seconds (default 900)")
+
+
 class TorchToOnnx(Converter):
     """A PyTorch source to an fp32 ONNX graph, with the PyTorch model's outputs as the parity reference.
 
@@ -79,10 +94,7 @@ class TorchToOnnx(Converter):
     target_format = "onnx"
     precisions = frozenset({"fp32"})
     toolchain = TOOLCHAIN
-    options = {
-        "opset": f"ONNX opset to export ({OPSETS[0]}-{OPSETS[-1]}; default {DEFAULT_OPSET})",
-        "timeout_s": "stop the toolchain after this many seconds (default 900)",
-    }
+    options_class = TorchToOnnxOptions  # ``options`` (names and descriptions) derive from it
 
     @classmethod
     def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
@@ -97,18 +109,6 @@ class TorchToOnnx(Converter):
             if final["event"] == "error":
                 _raise_driver_error(cls.name, final, Path(tmp), Path(source))
             return list(final["input_names"])
-
-    @staticmethod
-    def _opset(value: Any) -> int:
-        try:
-            opset = int(value)
-        except (TypeError, ValueError):
-            opset = -1
-        if opset not in OPSETS or isinstance(value, bool):
-            raise ConversionError(
-                f"converter 'torch->onnx': opset must be an integer {OPSETS[0]}-{OPSETS[-1]}, got {value!r}"
-            )
-        return opset
 
     def _check_input_shapes(self, request: ConversionRequest, source: Path) -> None:
         """Every input needs a static shape from the request: a PyTorch model carries none (the error lists the
@@ -127,11 +127,9 @@ class TorchToOnnx(Converter):
     def convert(self, request: ConversionRequest) -> ConversionResult:
         from edge.graph.torchfile import torch_kind
 
-        self.check_options(request.options)
+        opts: TorchToOnnxOptions = self.read_options(request.options)
         self.check_precision(request.precision)
-        opts = request.options
-        opset = self._opset(opts.get("opset", DEFAULT_OPSET))
-        timeout_s = float(opts.get("timeout_s", 900))
+        opset, timeout_s = opts.opset, opts.timeout_s
         source = Path(request.source)
         kind = torch_kind(source)  # a torch.save checkpoint or a non-zip file stops here, saying what to do
         self._check_input_shapes(request, source)

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
@@ -190,10 +190,11 @@ _OVERFLOW_FIX = {
 
 
 @dataclass(frozen=True)
-class OpenVINOConvertOptions:
-    """The OpenVINO converters' options, declared once (``edge.backends.options``): the names and descriptions
-    ``doctor`` and the CLI print, the check of a profile's or a tuned overlay's values and the defaults all come
-    from these fields. Words are read case-insensitively (``Mixed`` is ``mixed``)."""
+class NNCFOptions:
+    """NNCF's int8 options, what both OpenVINO converters take (``tflite->openvino-ir``: these alone), declared once
+    (``edge.backends.options``): the names and descriptions ``doctor`` and the CLI print, the check of a profile's or
+    a tuned overlay's values and the defaults all come from these fields. Words are read case-insensitively
+    (``Mixed`` is ``mixed``)."""
 
     nncf_preset: Literal["performance", "mixed"] = spec(
         "performance",
@@ -208,6 +209,12 @@ class OpenVINOConvertOptions:
         doc="int8: 7-bit weights so x86 CPUs without VNNI (AVX2 vpmaddubsw) do not saturate: "
         "all (default: the same result on every CPU), first_layer (NNCF's default) or none",
     )
+
+
+@dataclass(frozen=True)
+class OpenVINOConvertOptions(NNCFOptions):
+    """``onnx->openvino-ir``'s options: NNCF's, and the fp16 recipe's."""
+
     mixed_precision: Literal["auto", "off"] = spec(
         "auto",
         doc="fp16: auto (default) marks the ops of the ONNX nodes whose activations leave fp16's range, "
@@ -222,14 +229,13 @@ class OpenVINOConvertOptions:
 
 def convert_options(request: ConversionRequest) -> OpenVINOConvertOptions:
     """The request's options, typed and checked (one line naming the option otherwise)."""
-    words = {k: v.lower() if isinstance(v, str) else v for k, v in request.options.items()}
-    typed: OpenVINOConvertOptions = OnnxToOpenVINO.read_options(words)
+    typed: OpenVINOConvertOptions = OnnxToOpenVINO.read_options(words_lowered(request.options))
     return typed
 
 
-def overflow_fix_option(request: ConversionRequest) -> str:
-    """The request's ``nncf_overflow_fix`` (default "all"), checked."""
-    return convert_options(request).nncf_overflow_fix
+def words_lowered(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with its words in lower case, as the OpenVINO converters read them."""
+    return {k: v.lower() if isinstance(v, str) else v for k, v in options.items()}
 
 
 class OnnxToOpenVINO(Converter):
@@ -244,14 +250,14 @@ class OnnxToOpenVINO(Converter):
     options_class = OpenVINOConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        self.check_options(request.options)
+        opts = convert_options(request)
         self._check_request(request)
         int8 = request.precision == "int8"
-        preset, subset_size = self._int8_options(request) if int8 else (None, None)
+        preset, subset_size = self._int8_options(opts, request) if int8 else (None, None)
         # Default "all": measured on the PP-OCR classifier (240 text lines), first_layer failed parity on an
         # AVX2-only Zen 2 (cosine 0.9798, worst 0.64) while "all" passed there (0.9960) and was no worse on
         # an AMX Xeon (0.9981 vs 0.9945; accuracy 91.3% vs 90.8%, source 93.8%).
-        overflow_fix = overflow_fix_option(request)
+        overflow_fix = opts.nncf_overflow_fix
 
         telemetry = disable_openvino_telemetry()
         import openvino as ov
@@ -329,8 +335,7 @@ class OnnxToOpenVINO(Converter):
             )
 
     @staticmethod
-    def _int8_options(request: ConversionRequest) -> tuple[str, int]:
-        opts = convert_options(request)
+    def _int8_options(opts: NNCFOptions, request: ConversionRequest) -> tuple[str, int]:
         assert request.calibration is not None
         return opts.nncf_preset, opts.nncf_subset_size or len(request.calibration.samples)
 

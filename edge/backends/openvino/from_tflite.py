@@ -30,11 +30,12 @@ from typing import Any
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.openvino.convert import (
     NNCF_REQUIREMENT,
+    NNCFOptions,
     OnnxToOpenVINO,
     dist_version,
     op_counts,
-    overflow_fix_option,
     weight_types,
+    words_lowered,
 )
 from edge.backends.openvino.format import OPENVINO_REQUIREMENT, disable_openvino_telemetry, ov_core
 from edge.capabilities import require
@@ -84,7 +85,7 @@ class TFLiteToOpenVINO(Converter):
     calibrated_precisions = frozenset({"int8"})
     requires = (OPENVINO_REQUIREMENT,)
     precision_requires = {"int8": (NNCF_REQUIREMENT,)}
-    options = {k: v for k, v in OnnxToOpenVINO.options.items() if k.startswith("nncf_")}
+    options_class = NNCFOptions  # ``options`` (names and descriptions) derive from it
 
     @staticmethod
     def _read(ov: Any, path: Path, source: Path) -> Any:
@@ -136,12 +137,12 @@ class TFLiteToOpenVINO(Converter):
             )
 
     def _convert(self, request: ConversionRequest, tmp: Path) -> ConversionResult:
-        self.check_options(request.options)
+        opts: NNCFOptions = self.read_options(words_lowered(request.options))
         self._check_request(request)
         int8 = request.precision == "int8"
         helper = OnnxToOpenVINO()
-        preset, subset_size = helper._int8_options(request) if int8 else (None, None)
-        overflow_fix = overflow_fix_option(request)
+        preset, subset_size = helper._int8_options(opts, request) if int8 else (None, None)
+        overflow_fix = opts.nncf_overflow_fix
 
         telemetry = disable_openvino_telemetry()
         import openvino as ov

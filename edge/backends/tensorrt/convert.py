@@ -28,12 +28,13 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal
 
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter
 from edge.backends.tensorrt.format import BUILD_FILE, BUILD_SCHEMA, TRT_RESTRICTED_OPS, TRT_UNSUPPORTED_OPS  # noqa: F401
-from edge.base.typedjson import UnreadableFile, read_json_file
+from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
@@ -45,6 +46,21 @@ _ORT = Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[ten
 _ONNX = Requirement("python", "onnx", install="pip install 'edgekit-ml[tensorrt]'")
 
 
+@dataclass(frozen=True)
+class TensorRTConvertOptions:
+    """``onnx->tensorrt-plan``'s options, declared once (``edge.backends.options``)."""
+
+    workspace_mb: int = spec(1024, ge=1, le=1 << 20, doc="builder workspace (memory pool limit) in MiB (default 1024)")
+    dla_core: int = spec(
+        -1, ge=-1, le=1, doc="-1 = GPU only (default); 0/1 = build for that DLA core (Orin NX/AGX), GPU fallback on"
+    )
+    per_channel: bool = spec(True, doc="int8: per-channel weight scales (default true)")
+    calibrate_method: Literal["minmax", "entropy", "percentile"] = spec(
+        "minmax", doc="int8: minmax (default), entropy or percentile"
+    )
+    lint: bool = spec(True, doc="run polygraphy's ONNX lint for the compatibility report (default true when installed)")
+
+
 class OnnxToTensorRTPlan(Converter):
     name = "onnx->tensorrt-plan"
     source_format = "onnx"
@@ -52,27 +68,15 @@ class OnnxToTensorRTPlan(Converter):
     precisions = frozenset({"fp32", "fp16", "int8"})
     calibrated_precisions = frozenset({"int8"})
     requires = (_ORT, _ONNX)
-    options = {
-        "workspace_mb": "builder workspace (memory pool limit) in MiB (default 1024)",
-        "dla_core": "-1 = GPU only (default); 0/1 = build for that DLA core (Orin NX/AGX), GPU fallback on",
-        "per_channel": "int8: per-channel weight scales (default true)",
-        "calibrate_method": "int8: minmax (default), entropy or percentile",
-        "lint": "run polygraphy's ONNX lint for the compatibility report (default true when installed)",
-    }
+    options_class = TensorRTConvertOptions  # ``options`` (names and descriptions) derive from it
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         import onnx
         import onnxruntime as ort
 
-        self.check_options(request.options)
+        opts: TensorRTConvertOptions = self.read_options(request.options)
         self.check_precision(request.precision)
-        opts = request.options
-        workspace_mb = int(opts.get("workspace_mb", 1024))
-        dla_core = int(opts.get("dla_core", -1))
-        if workspace_mb <= 0:
-            raise ConversionError(f"workspace_mb must be > 0, got {workspace_mb}")
-        if dla_core < -1:
-            raise ConversionError(f"dla_core must be -1 (GPU only) or a DLA core index, got {dla_core}")
+        workspace_mb, dla_core = opts.workspace_mb, opts.dla_core
         from edge.graph.opsupport import check_ops
 
         check_ops(request.source, self.name)  # every node TensorRT's parser refuses, before folding/quantizing
@@ -87,7 +91,7 @@ class OnnxToTensorRTPlan(Converter):
             else:
                 save_onnx(load_onnx(folded), out)
                 quant = None
-        compat = compatibility_report(out, lint=bool(opts.get("lint", True)))
+        compat = compatibility_report(out, lint=opts.lint)
         if compat.get("polygraphy"):
             tool_versions["polygraphy"] = compat["polygraphy"]
         if compat["unsupported_ops"]:
@@ -185,7 +189,7 @@ def fold_graph(source: Path, out: Path) -> dict[str, Any]:
 
 
 def quantize_symmetric_qdq(
-    source: Path, out: Path, request: ConversionRequest, opts: Mapping[str, Any]
+    source: Path, out: Path, request: ConversionRequest, opts: TensorRTConvertOptions
 ) -> dict[str, Any]:
     """TensorRT explicit quantization: int8 QDQ, symmetric activations and weights, fp32 biases."""
     from onnxruntime import quantization as q
@@ -197,10 +201,7 @@ def quantize_symmetric_qdq(
             "int8 for TensorRT needs calibration samples",
             hint=f"pass {CALIB_FLAG} DIR (.npy/.npz tensors or images) or {CALIB_FLAG} random",
         )
-    method = str(opts.get("calibrate_method", "minmax"))
-    if method not in CALIBRATE:
-        raise ConversionError(f"calibrate_method must be one of {', '.join(CALIBRATE)}, got {method!r}")
-    per_channel = bool(opts.get("per_channel", True))
+    method, per_channel = opts.calibrate_method, opts.per_channel
     extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
     try:
         with quiet_root_logger():
