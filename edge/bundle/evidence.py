@@ -70,7 +70,7 @@ class OutputFigures:
     cosine_samples: int | None = spec(None, ge=0, le=1 << 20)  # 0: one cosine pooled over every sample
     degenerate: bool = False
     degenerate_note: str | None = spec(None, **TEXT)
-    task: Literal["classifier", "detector", "prob-map", "segmentation", "sequence"] | None = None
+    task: Literal["classifier", "multi-label", "detector", "prob-map", "segmentation", "sequence"] | None = None
     task_note: str | None = spec(None, **TEXT)
     task_degenerate: bool = False
     top5: float | None = spec(None, **_UNIT)
@@ -181,7 +181,9 @@ class ParityEvidence:
     kind: Literal["vision"] = "vision"
     accepted_failure: bool = False
     host_notes: tuple[str, ...] = spec((), max_items=16, item=Rule(**TEXT))
-    task: Literal["auto", "classifier", "detector", "prob-map", "segmentation", "sequence", "none"] = "auto"
+    task: Literal["auto", "classifier", "multi-label", "detector", "prob-map", "segmentation", "sequence", "none"] = (
+        "auto"
+    )
     input_provenance: ParityInputs | None = None
     shipped_as_is: bool = False  # the bundle's file is the reference's byte for byte: parity exact by identity
     first_divergence: Divergence | None = None  # on a failure: where the converted graph starts to differ

@@ -95,7 +95,8 @@ Task = typer.Option(
     "auto",
     "--task",
     help="How parity judges the outputs beside the raw figures: auto (from the "
-    "output shapes, recorded), classifier (top-1/top-5), detector (YOLOv5/v8/X heads: precision/"
+    "output shapes, recorded), classifier (tie-aware top-1/top-5), multi-label (independent sigmoid "
+    "scores: IoU of the label sets at 0.5), detector (YOLOv5/v8/X heads: precision/"
     "recall of decoded boxes), prob-map (IoU of maps thresholded at 0.3), segmentation, sequence "
     "(CTC/token greedy decode), or none.",
 )

@@ -21,6 +21,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, open_source
 from edge.spec import AUTO, IOSpec, PreprocessSpec, TensorSpec, default_preprocess, image_channels, image_layout
 from edge.verify.inputs import describe_generated, generated_samples
+from edge.verify.tasks import LABEL_THRESHOLD, NO_DISCRIMINATION, TaskJudge
 
 #: generated samples the source runs on to read its outputs' values
 EXPLAIN_SAMPLES = 2
@@ -106,7 +107,7 @@ def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertReque
                 "name": name,
                 "shape": list(shapes[name]),
                 "task": task,
-                "metric": _metric(task),
+                "metric": _metric(task, values),
                 "evidence": f"declared with --task {req.task}" if declared else guess.evidence,
                 "range": [float(min(v.min() for v in values)), float(max(v.max() for v in values))],
             }
@@ -114,11 +115,27 @@ def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertReque
     return found
 
 
-def _metric(task: str | None) -> str:
-    return {
-        "classifier": "top-1 (top-5 over 5 classes) beside cosine and SNR",
+def _metric(task: str | None, values: list[np.ndarray]) -> str:
+    """The metric parity judges the output by, and where it cannot discriminate on the generated samples (a
+    constant reference, a best class tied in every sample), what replaces it."""
+    from edge.verify.parity import Thresholds, degenerate_reason
+
+    metric = {
+        "classifier": "top-1 (tie-aware; top-5 over 5 classes) beside cosine and SNR",
+        "multi-label": f"labels at >= {LABEL_THRESHOLD}: IoU of the label sets, beside cosine and SNR",
         "detector": "decoded boxes: precision and recall at IoU 0.5",
         "prob-map": "IoU of the maps thresholded at 0.3",
         "segmentation": "per-pixel argmax: mean IoU",
         "sequence": "decoded sequences: identical share, token agreement",
-    }.get(task or "", "raw figures: cosine, SNR, error over the reference's range")
+    }.get(task or "", "raw figures only: cosine, SNR, error over the reference's range (compares numbers, no task)")
+    constant = degenerate_reason(float(min(v.min() for v in values)), float(max(v.max() for v in values)), len(values))
+    if constant is not None:
+        return f"{metric}; {NO_DISCRIMINATION}{constant}: judged on absolute error instead"
+    if task == "classifier" and values[0].ndim >= 2:
+        judge = TaskJudge("classifier", values[0].shape, tie_rtol=Thresholds.tie_rtol)
+        for v in values:
+            judge.add(v, v)
+        note = judge.result()
+        if note.degenerate and note.note:
+            return f"{metric}; top-1 {note.note}"
+    return metric

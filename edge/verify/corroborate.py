@@ -24,6 +24,7 @@ _FPS = re.compile(r"([0-9.eE+-]+) fps")
 _MS = re.compile(r"([0-9.eE+-]+) ms")
 #: the notes edge.verify.parity / edge.verify.tasks write when a classifier-shaped output is judged on raw figures
 _RAW_ONLY = "raw figures only"
+_LABELS = "labels at >="  # edge.verify.tasks' note for a multi-label output
 
 
 def source_runs_here(fmt: str | None) -> str | None:
@@ -90,9 +91,17 @@ def task_note_problem(o: Any, refs: list[Any] | None = None) -> str | None:
     """A classifier-shaped output with no top-1 figure, excused by its ``task_note``: the note must be one parity
     writes (it judged the output on raw figures) and the evidence must not say classifier: an output named as
     class scores, or reference outputs (the bundle's pairs, ``refs``) whose rows are probabilities."""
-    from edge.verify.tasks import SCORE_NAMES, VALUE_NAMES, row_kind
+    from edge.verify.tasks import SCORE_NAMES, VALUE_NAMES, row_kind, unit_rows
 
     note = o.task_note or ""
+    if getattr(o, "task", None) == "multi-label":  # judged by its labels, not one class (issue #34)
+        if _LABELS not in note:
+            return f"its task note {note[:80]!r} is not one parity writes for a multi-label output"
+        if getattr(o, "iou", None) is None and not getattr(o, "task_degenerate", False):
+            return "it is judged multi-label without a label IoU"
+        if refs and not unit_rows(refs):
+            return "its reference outputs are not independent probabilities in [0, 1]: parity gates its top-1"
+        return None
     if _RAW_ONLY not in note:
         return f"its task note {note[:80]!r} is not one parity writes for an output judged on raw figures"
     if SCORE_NAMES.search(o.name) and not VALUE_NAMES.search(o.name):

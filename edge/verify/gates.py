@@ -95,7 +95,7 @@ def parity_verdict(m: Manifest) -> ParityVerdict:
             # a [N, C] output is judged by top-1 when it is a classifier; one that parity found not to be (a
             # regression, an embedding: issue #23) says why in its task note
             if o.top1 is None and looks_like_classifier(tuple(d if isinstance(d, int) else 0 for d in t.shape)):
-                if not (o.task is None and o.task_note):
+                if not (o.task in (None, "multi-label") and o.task_note):
                     failures.append(f"{o.name}: classifier-shaped output with neither a top-1 figure nor a reason")
                 elif (why := task_note_problem(o, None)) is not None:
                     failures.append(f"{o.name}: no top-1 figure, and {why}")

@@ -40,6 +40,7 @@ from edge.verify.tasks import (
     fits,
     is_classifier,
     row_kind,
+    unit_rows,
 )
 
 
@@ -57,9 +58,15 @@ class Thresholds:
     min_detection: float | None = None  # detection precision and recall against the reference's detections
     min_iou: float | None = None  # thresholded probability maps / segmentation labels
     min_sequence: float | None = None  # decoded tokens: 1 - edit distance / length
+    #: values this close (x max(1, the row's magnitude)) are equal at this precision: a top-1 among them is a tie,
+    #: a label this close to its threshold undecided (issue #34: a saturated sigmoid's 60 tags at 1.0 and 2.9e-6
+    #: of another CPU's rounding failed an exact conversion's top-1). Edgekit's own, not the bundle's: not recorded
+    tie_rtol: float = 1e-5
 
     def to_json(self) -> dict[str, float | None]:
-        return asdict(self)
+        data: dict[str, float | None] = asdict(self)
+        del data["tie_rtol"]
+        return data
 
 
 # Measured on real pretrained models (PP-OCRv6 det/rec, the PP-OCR direction classifier, ddddocr's YOLOX
@@ -98,6 +105,7 @@ THRESHOLDS: dict[str, Thresholds] = {
         min_detection=0.90,
         min_iou=0.90,
         min_sequence=0.90,
+        tie_rtol=1 / 128,  # one bf16 step at 1.0 (2^-7), as int8's
     ),
     "fp16": Thresholds(
         min_cosine=0.999,
@@ -108,6 +116,7 @@ THRESHOLDS: dict[str, Thresholds] = {
         min_detection=0.95,
         min_iou=0.95,
         min_sequence=0.95,
+        tie_rtol=2e-3,
     ),
     # SNR pooled over samples sits ~4 dB under what the mean cosine suggests (det: cosine 0.983, SNR 10.7 dB)
     "int8": Thresholds(
@@ -119,6 +128,7 @@ THRESHOLDS: dict[str, Thresholds] = {
         min_detection=0.90,
         min_iou=0.80,
         min_sequence=0.90,
+        tie_rtol=1 / 128,
     ),
 }
 THRESHOLDS["int8-dynamic"] = THRESHOLDS["int8"]  # weights int8, activations quantized at run time: the same gate
@@ -199,6 +209,9 @@ def unverified_reason(degenerate: Sequence[str | None]) -> str | None:
     )
 
 
+_IOU_WORDS = {"prob-map": "IoU of the thresholded maps", "multi-label": "IoU of the label sets"}
+
+
 def output_failures(o: Any, th: Thresholds) -> list[str]:
     """What one output's figures fail against ``th``: the one judgement, used by :func:`compare` and by the
     manifest gate (``edge.bundle.manifest.parity_verdict``), so a record is judged as it was built. ``o`` is an
@@ -229,7 +242,7 @@ def output_failures(o: Any, th: Thresholds) -> list[str]:
         ("top5", th.min_top5, "top-5 agreement (reference's top-1 in the top-5)"),
         ("precision", th.min_detection, "detection precision"),
         ("recall", th.min_detection, "detection recall"),
-        ("iou", th.min_iou, "IoU of the thresholded maps" if o.task == "prob-map" else "mean IoU"),
+        ("iou", th.min_iou, _IOU_WORDS.get(o.task or "", "mean IoU")),
         ("tokens", th.min_sequence, "decoded-sequence agreement"),
     )
     for key, limit, what in checks:
@@ -315,7 +328,8 @@ class ParityReport:
 def _task_summary(o: OutputParity) -> str:
     if o.task is None or o.task == "classifier" and o.top5 is None:
         return ""
-    figs = {"top-5": o.top5, "precision": o.precision, "recall": o.recall, "IoU": o.iou, "tokens": o.tokens}
+    iou = "labels IoU" if o.task == "multi-label" else "IoU"
+    figs = {"top-5": o.top5, "precision": o.precision, "recall": o.recall, iou: o.iou, "tokens": o.tokens}
     shown = ", ".join(f"{k} {v:.1%}" for k, v in figs.items() if v is not None)
     return f", {o.task}: {shown or 'nothing to compare'}"
 
@@ -346,6 +360,7 @@ def thresholds_for(precision: str, precision_used: str | None = None) -> Thresho
         lo(th.min_detection, used.min_detection),
         lo(th.min_iou, used.min_iou),
         lo(th.min_sequence, used.min_sequence),
+        max(th.tie_rtol, used.tie_rtol),
     )
 
 
@@ -528,7 +543,7 @@ def _compare_output(
     reason = degenerate_reason(o.ref_min, o.ref_max, len(refs))
     o.degenerate = reason is not None
     o.degenerate_note = NOT_DISCRIMINATING + reason if reason is not None else None
-    _task(o, wanted, refs[0].shape, refs, cands, others)
+    _task(o, wanted, refs[0].shape, refs, cands, others, th.tie_rtol)
     if not finite:
         o.failures.append("NaN or Inf in the converted model's output")
     else:
@@ -544,9 +559,12 @@ def _snr(ref2: float, err2: float) -> float | None:
     return round(max(-SNR_EXACT, min(SNR_EXACT, 10.0 * math.log10(ref2 / err2))), 3)
 
 
-def _judge(task: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray]) -> TaskFigures:
+def _judge(
+    task: str, shape: tuple[int, ...], refs: list[np.ndarray], cands: list[np.ndarray], tie_rtol: float
+) -> TaskFigures:
     lo, hi = column_range(refs)
-    judge = TaskJudge(task, shape, lo, hi, ctc_blank_share=blank_share(refs) if task == "sequence" else 0.0)
+    blank = blank_share(refs) if task == "sequence" else 0.0
+    judge = TaskJudge(task, shape, lo, hi, ctc_blank_share=blank, tie_rtol=tie_rtol)
     for r, c in zip(refs, cands):
         judge.add(r, np.nan_to_num(c))
     return judge.result()
@@ -559,7 +577,10 @@ def guess_task(name: str, refs: Sequence[np.ndarray], others: Sequence[tuple[int
     rows = row_kind(refs) if len(shape) in (2, 3) or is_classifier(shape) else None
     channels = row_kind(refs, axis=1) if len(shape) == 4 and shape[1] >= 2 else None
     blank = blank_share(refs) if len(shape) == 3 else 0.0
-    return explain_task(name, shape, lo, hi, blank, others=others, rows=rows, channel_rows=channels)
+    independent = rows is None and len(shape) in (2, 3) and unit_rows(refs)
+    return explain_task(
+        name, shape, lo, hi, blank, others=others, rows=rows, channel_rows=channels, independent=independent
+    )
 
 
 def _task(
@@ -569,24 +590,26 @@ def _task(
     refs: list[np.ndarray],
     cands: list[np.ndarray],
     others: Sequence[tuple[int, ...]] = (),
+    tie_rtol: float = 0.0,
 ) -> None:
     """Judge ``o`` by the task asked for, else by the one its evidence makes unambiguous (``--task auto``); a
     classifier keeps its top-1 gate under any --task. Where no task applies, ``task_note`` says why."""
     guess = guess_task(o.name, refs, others)
     lo, hi = column_range(refs)
+    kept = guess.task if guess.task in ("classifier", "multi-label") else None  # gated under any --task
     if wanted in ("auto", "none"):
-        task = guess.task if wanted == "auto" or guess.task == "classifier" else None
+        task = guess.task if wanted == "auto" else kept
         if task is None and wanted == "auto":
             o.task_note = guess.evidence
     elif fits(wanted, shape, lo, hi):
         task = wanted
     else:
         o.task_note = f"--task {wanted} does not fit this output's shape {list(shape)}: raw figures only"
-        task = "classifier" if guess.task == "classifier" else None
+        task = kept
     if task is None:
         return
-    figs = _judge(task, shape, refs, cands)
-    if wanted == "none" or (wanted not in ("auto", task)):  # top-1 only: the classifier gate under another --task
+    figs = _judge(task, shape, refs, cands, tie_rtol)
+    if task == "classifier" and wanted not in ("auto", task):  # top-1 only: the classifier gate under another --task
         o.top1 = figs.figures["top1"]
         return
     o.task, o.task_degenerate = task, figs.degenerate

@@ -76,7 +76,8 @@ def gate_thresholds(entry_thresholds: Any, precision: str, precision_used: str |
     merged: dict[str, float | None] = {}
     for f in dataclasses.fields(Thresholds):
         c, e = getattr(code, f.name), entry_field(entry_thresholds, f.name)
-        if c is None or not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e):
+        bad = not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e)
+        if c is None or bad or f.name == "tie_rtol":  # the tie tolerance is this edgekit's, never a bundle's word
             merged[f.name] = c
         else:  # min_*: the higher; max_* / degenerate_atol: the lower
             merged[f.name] = (

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 #: the tasks parity knows how to decode; "auto" detects one per output, "none" keeps raw metrics only
-TASKS = ("classifier", "detector", "prob-map", "segmentation", "sequence")
+TASKS = ("classifier", "multi-label", "detector", "prob-map", "segmentation", "sequence")
 TASK_CHOICES = ("auto", *TASKS, "none")
 
 #: DBNet's binarisation threshold (PaddleOCR det_db_thresh); a probability map is compared thresholded here
@@ -32,6 +32,16 @@ DET_MATCH_IOU = 0.5
 #: a detection scoring within this fraction below DET_SCORE still counts as present when pairing: a score
 #: of 0.26 in one model and 0.24 in the other is the same detection, not a miss and a false positive
 DET_SCORE_MARGIN = 0.2
+#: multi-label outputs (independent sigmoid probabilities per class): a label is present at this score
+LABEL_THRESHOLD = 0.5
+#: a CTC or per-step vocabulary has at least this many classes (blank + 10 digits is 11); fewer columns per row are
+#: coordinates (x, y, z, visibility) or a box, whose first column being the largest says nothing
+MIN_VOCAB = 10
+#: an autoregressive decoder runs at most this many steps (SLANet: 500; PARSeq: 26); an SSD head has more anchors
+MAX_STEPS = 1024
+#: the fewest anchors of an SSD-style head edgekit has met (MediaPipe BlazeFace short range: 896): under it, rows
+#: shared by two outputs may as well be a decoder's steps as anchors
+_SSD_MIN_ANCHORS = 896
 _YOLO_STRIDES = (8, 16, 32)
 _MIN_GRID = 21 * 4  # a YOLO head has sum over strides 8/16/32 of (H/s)(W/s) = 21*H*W/1024 cells
 
@@ -208,6 +218,10 @@ def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
     return prev[-1]
 
 
+#: a task figure that cannot tell a right conversion from a wrong one on these inputs (ties, nothing detected)
+NO_DISCRIMINATION = "cannot discriminate: "
+
+
 @dataclass
 class TaskFigures:
     """One output's task-level agreement of the converted model with the reference."""
@@ -239,8 +253,12 @@ class TaskJudge:
         hi: np.ndarray | None = None,
         *,
         ctc_blank_share: float = 0.0,
+        tie_rtol: float = 0.0,
     ) -> None:
         self.task = task
+        #: values within this of each other (x max(1, the row's largest magnitude)) are equal at the precision judged:
+        #: an argmax among them is a tie, not a disagreement; a label this close to the threshold is undecided
+        self.tie_rtol = tie_rtol
         self.shape = _dims(shape)
         self.acc = _Acc(task)
         self.layout = yolo_layout(shape, lo, hi) if task == "detector" else None
@@ -254,14 +272,15 @@ class TaskJudge:
         c: np.ndarray
         a.samples += 1
         if self.task == "classifier":
-            r = np.asarray(ref, np.float64).reshape(self.shape[0], -1)
-            c = np.asarray(cand, np.float64).reshape(self.shape[0], -1)
-            top_ref = r.argmax(axis=1)
-            a.add("n", len(r))
-            a.add("top1", float((top_ref == c.argmax(axis=1)).sum()))
-            k = min(5, r.shape[1])
-            top5 = np.argsort(-c, axis=1, kind="stable")[:, :k]
-            a.add("top5", float((top5 == top_ref[:, None]).any(axis=1).sum()))
+            self._add_classifier(ref, cand)
+        elif self.task == "multi-label":
+            r, c = np.asarray(ref, np.float64), np.asarray(cand, np.float64)
+            decided = np.abs(r - LABEL_THRESHOLD) > self.tie_rtol  # a label this close to 0.5 goes either way
+            r_on, c_on = r >= LABEL_THRESHOLD, c >= LABEL_THRESHOLD
+            a.add("inter", float((r_on & c_on & decided).sum()))
+            a.add("union", float(((r_on | c_on) & decided).sum()))
+            a.add("ref_labels", float(r_on.sum()))
+            a.add("undecided", float((~decided).sum()))
         elif self.task == "detector":
             assert self.layout is not None
             low = DET_SCORE * (1 - DET_SCORE_MARGIN)
@@ -298,14 +317,66 @@ class TaskJudge:
         else:
             raise ValueError(f"unknown task {self.task!r}")
 
+    def _add_classifier(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        """Top-1 and top-5, tie-aware: the converted model's best class agrees when the reference holds it within
+        the tolerance of its own best (or the converted model holds the reference's best within it of its own)."""
+        a = self.acc
+        r = np.asarray(ref, np.float64).reshape(self.shape[0], -1)
+        c = np.asarray(cand, np.float64).reshape(self.shape[0], -1)
+        rows = np.arange(len(r))
+        tol = self.tie_rtol * np.maximum(1.0, np.abs(r).max(axis=1))
+        top_ref, top_cand = r.argmax(axis=1), c.argmax(axis=1)
+        r_best, c_best = r[rows, top_ref], c[rows, top_cand]
+        agree = (r[rows, top_cand] >= r_best - tol) | (c[rows, top_ref] >= c_best - tol)
+        a.add("n", len(r))
+        a.add("top1", float(agree.sum()))
+        a.add("tied", float(((r >= (r_best - tol)[:, None]).sum(axis=1) > 1).sum()))
+        k = min(5, r.shape[1])
+        top5 = np.argsort(-c, axis=1, kind="stable")[:, :k]
+        a.add("top5", float((r[rows[:, None], top5] >= (r_best - tol)[:, None]).any(axis=1).sum()))
+
+    def _classifier_result(self) -> TaskFigures:
+        c = self.acc.counts
+        n = c.get("n", 0.0) or 1.0
+        figs: dict[str, float | None] = {"top1": c.get("top1", 0.0) / n}
+        if self.shape and max(self.shape[1:], default=0) > 5:
+            figs["top5"] = c.get("top5", 0.0) / n
+        tied = int(c.get("tied", 0.0))
+        if not tied:
+            return TaskFigures("classifier", figs)
+        note = (
+            f"the reference's best class is tied (within {self.tie_rtol:.0e} of the row's scale) in {tied} of "
+            f"{int(n)} samples: a converted model picking another of the tied classes agrees"
+        )
+        if tied < n:
+            return TaskFigures("classifier", figs, note)
+        return TaskFigures(
+            "classifier",
+            figs,
+            NO_DISCRIMINATION + note + "; judged by the raw figures (cosine, SNR, error over the range)",
+            degenerate=True,
+        )
+
+    def _multi_label_result(self) -> TaskFigures:
+        c = self.acc.counts
+        note = (
+            f"labels at >= {LABEL_THRESHOLD} compared (IoU of the label sets); the reference has "
+            f"{int(c.get('ref_labels', 0))}"
+        )
+        if c.get("undecided"):
+            note += f", {int(c['undecided'])} scores within {self.tie_rtol:.0e} of {LABEL_THRESHOLD} left out"
+        if not c.get("union"):
+            return TaskFigures(
+                "multi-label", {"iou": None}, NO_DISCRIMINATION + note + ": no label on these inputs", degenerate=True
+            )
+        return TaskFigures("multi-label", {"iou": c.get("inter", 0.0) / c["union"]}, note)
+
     def result(self) -> TaskFigures:
         c, t = self.acc.counts, self.task
         if t == "classifier":
-            n = c.get("n", 0.0) or 1.0
-            figs: dict[str, float | None] = {"top1": c.get("top1", 0.0) / n}
-            if self.shape and max(self.shape[1:], default=0) > 5:
-                figs["top5"] = c.get("top5", 0.0) / n
-            return TaskFigures(t, figs)
+            return self._classifier_result()
+        if t == "multi-label":
+            return self._multi_label_result()
         if t == "detector":
             assert self.layout is not None
             how = (
@@ -359,30 +430,44 @@ class TaskJudge:
         )
 
 
+#: what an output without a task is judged by, in the words every such conclusion ends with
+RAW_ONLY = "raw figures only (compares numbers: cosine, SNR, error over the range)"
 #: an SSD-style head has at least this many anchors (BlazeFace short range: 896, SSD MobileNet: 1917)
 _MIN_ANCHORS = 64
 #: the box regressor's width: 4 box values, plus keypoints (BlazeFace: 4 + 6 x 2 = 16)
 _BOX_COLUMNS = (4, 64)
 
 
-def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = ()) -> str | None:
+def anchor_head(shape: Sequence[int], others: Sequence[Sequence[int]] = (), rows: str | None = None) -> str | None:
     """Why an output is one tensor of an SSD-style anchor head (a note), or None.
 
     Such a head gives, per anchor, box offsets in one output ([1, N, 4 + 2k]) and scores in another
     ([1, N, C]), the same N in both and N larger than any width. Neither is decodable without the anchor
     table, which lives outside the model (MediaPipe's BlazeFace: [1, 896, 16] regressors and [1, 896, 1]
     logits); read alone, the scores look like a classifier over N "classes" and the regressors like a
-    sequence of N steps. Both are judged on raw figures only. ``others``: the model's other outputs."""
+    sequence of N steps. Both are judged on raw figures only. ``others``: the model's other outputs.
+
+    An autoregressive decoder's per-step outputs share their rows too (SLANet: [1, 500, 50] token probabilities
+    and [1, 500, 8] boxes per step). ``rows`` (:func:`row_kind` of this output): a distribution over at least
+    :data:`MIN_VOCAB` tokens on each of at most :data:`MAX_STEPS` rows is a decoder's tokens, not anchors (None);
+    under :data:`_SSD_MIN_ANCHORS` rows the note names both readings instead of claiming an SSD head."""
     s = _dims(shape)
     if len(s) != 3 or s[0] != 1 or s[1] < _MIN_ANCHORS or s[2] >= s[1]:
+        return None
+    if rows is not None and s[2] >= MIN_VOCAB and s[1] <= MAX_STEPS:
         return None
     group = [s] + [_dims(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2] and _dims(o)[2] < s[1]]
     if len(group) < 2 or not any(_BOX_COLUMNS[0] <= g[2] <= _BOX_COLUMNS[1] for g in group):
         return None
     widths = " and ".join(f"[1, {s[1]}, {g[2]}]" for g in sorted(group, key=lambda g: -g[2]))
+    if s[1] < _SSD_MIN_ANCHORS:
+        return (
+            f"{widths} share their {s[1]} rows: per-row boxes and scores of a dense head's cells, a small anchor "
+            f"head's anchors or a decoder's steps alike, none decodable from the shapes alone: {RAW_ONLY}"
+        )
     return (
         f"SSD-style anchor head ({widths}: box offsets and scores per anchor, decodable only with the anchor "
-        "table, which is not in the model): raw figures only"
+        f"table, which is not in the model): {RAW_ONLY}"
     )
 
 
@@ -394,6 +479,7 @@ VALUE_NAMES = re.compile(
     r"coord|pose|regress|mesh|depth|angle|offset|box|proj|output_\d+_value",
     re.I,
 )
+_LOGIT_NAMES = re.compile(r"logit", re.I)
 _SEG_NAMES = re.compile(r"seg|mask|semantic|parsing|label|class|logit", re.I)
 
 
@@ -422,6 +508,18 @@ class TaskGuess:
     evidence: str
 
 
+def unit_rows(refs: Sequence[np.ndarray]) -> bool:
+    """Every value of the reference in [0, 1] and its rows (last axis) not all summing to 1: independent
+    probabilities (a multi-label sigmoid), a mask or per-bin gains, or normalised coordinates -- not a softmax."""
+    ok = False
+    for r in refs:
+        x = np.asarray(r, dtype=np.float64)
+        if x.ndim == 0 or x.shape[-1] < 2 or not np.isfinite(x).all() or not _in_unit(float(x.min()), float(x.max())):
+            return False
+        ok = ok or not np.allclose(x.sum(-1), 1.0, atol=1e-3)
+    return ok
+
+
 def explain_task(
     name: str,
     shape: Sequence[int],
@@ -432,27 +530,23 @@ def explain_task(
     others: Sequence[Sequence[int]] = (),
     rows: str | None = None,
     channel_rows: str | None = None,
+    independent: bool = False,
 ) -> TaskGuess:
     """The task an output is unambiguously, with the evidence; else None and why its shape alone does not tell.
 
     A shape is never enough on its own: a ``[1, C]`` tensor is a classifier's logits, a landmark regressor's
     coordinates or an embedding; ``[1, T, C]`` is per-step logits or a transformer's hidden state; an
     SSD anchor head's ``[1, 2016, 18]`` has as many rows as a YOLO head. Evidence is the reference's values
-    (``rows``: :func:`row_kind` over the last axis; ``channel_rows``: over axis 1; ``ctc_blank_share``), the
-    output's name, and the model's other outputs. ``lo``/``hi``: per last-axis column min/max."""
+    (``rows``: :func:`row_kind` over the last axis; ``channel_rows``: over axis 1; ``ctc_blank_share``;
+    ``independent``: :func:`unit_rows`), the output's name, and the model's other outputs. ``lo``/``hi``: per
+    last-axis column min/max."""
     s = _dims(shape)
-    anchors = anchor_head(s, others)
+    anchors = anchor_head(s, others, rows)
     if anchors is not None:
         return TaskGuess(None, anchors)
     named_scores = bool(SCORE_NAMES.search(name)) and not VALUE_NAMES.search(name)
-    named_values = bool(VALUE_NAMES.search(name))
     if is_classifier(s):
-        if rows is not None:
-            return TaskGuess("classifier", f"every row is a {rows[:-1]} distribution over {max(s[1:])} classes")
-        if named_scores:
-            return TaskGuess("classifier", f"[N, C] output named {name!r} (class scores)")
-        what = "a regression (named so)" if named_values else "logits, landmarks or an embedding alike"
-        return TaskGuess(None, f"a {s} output is {what}: raw figures only (--task classifier gates top-1)")
+        return _classifier_guess(name, s, rows, named_scores, independent)
     layout = yolo_layout(s, lo, hi)
     if layout is not None:
         split = [list(o) for o in others if len(o) == 3 and _dims(o)[:2] == s[:2]]
@@ -460,7 +554,7 @@ def explain_task(
             return TaskGuess(
                 None,
                 f"{s} shares its {s[1]} rows with {split}: boxes and scores in separate "
-                "tensors (an anchor or split head), not one YOLO head: raw figures only",
+                f"tensors (an anchor or split head), not one YOLO head: {RAW_ONLY}",
             )
         return TaskGuess(
             "detector",
@@ -475,24 +569,73 @@ def explain_task(
     if len(s) == 4 and 2 <= s[1] <= 1024 and min(s[2:]) >= 8:
         if channel_rows is not None:
             return TaskGuess("segmentation", f"per-pixel {channel_rows} over {s[1]} channels")
-        if _SEG_NAMES.search(name) and not named_values:
+        if _SEG_NAMES.search(name) and not VALUE_NAMES.search(name):
             return TaskGuess("segmentation", f"[N, C, H, W] output named {name!r}")
         return TaskGuess(
-            None,
-            f"a {s} map may be class scores or features: raw figures only (--task segmentation judges per-pixel argmax)",
+            None, f"a {s} map may be class scores or features: {RAW_ONLY} (--task segmentation judges per-pixel argmax)"
         )
     if len(s) == 3 and s[1] >= 2 and s[2] >= 3:  # [N, T, C]; a squeezed [N, H, W] map needs --task prob-map
-        if rows is not None:
-            return TaskGuess("sequence", f"every step is a {rows[:-1]} distribution over {s[2]} classes")
-        if ctc_blank_share >= 0.2:
-            return TaskGuess("sequence", f"class 0 (a CTC blank) is the best class at {ctc_blank_share:.0%} of steps")
+        return _sequence_guess(name, s, rows, named_scores, independent, ctc_blank_share)
+    return TaskGuess(None, f"no task decodes a {s} output: {RAW_ONLY}")
+
+
+def _classifier_guess(name: str, s: list[int], rows: str | None, named_scores: bool, independent: bool) -> TaskGuess:
+    """An [N, C] output: softmax rows or a score name make a classifier; independent probabilities named as
+    scores are multi-label; the rest is a regression, an embedding or logits alike."""
+    classes = max(s[1:])
+    if rows is not None:
+        return TaskGuess("classifier", f"every row is a distribution of {rows} over {classes} classes")
+    if independent and not _LOGIT_NAMES.search(name):  # logits (so named) that happen to lie in [0, 1] are logits
         if named_scores:
-            return TaskGuess("sequence", f"[N, T, C] output named {name!r} (per-step scores)")
+            return TaskGuess(
+                "multi-label",
+                f"values in [0, 1] that do not sum to 1 over {classes} classes, named {name!r}: independent "
+                f"probabilities (a sigmoid per class), so labels, not one class",
+            )
         return TaskGuess(
             None,
-            f"a {s} output may be per-step logits or hidden states: raw figures only (--task sequence judges decoded sequences)",
+            f"values in [0, 1] that do not sum to 1: independent probabilities, a mask or normalised coordinates "
+            f"alike: {RAW_ONLY} (--task multi-label compares labels at >= {LABEL_THRESHOLD})",
         )
-    return TaskGuess(None, f"no task decodes a {s} output: raw figures only")
+    if named_scores:
+        return TaskGuess("classifier", f"[N, C] output named {name!r} (class scores)")
+    what = "a regression (named so)" if VALUE_NAMES.search(name) else "logits, landmarks or an embedding alike"
+    return TaskGuess(None, f"a {s} output is {what}: {RAW_ONLY} (--task classifier gates top-1)")
+
+
+def _sequence_guess(
+    name: str, s: list[int], rows: str | None, named_scores: bool, independent: bool, blank: float
+) -> TaskGuess:
+    """An [N, T, C] output: a distribution per step, or logits over a vocabulary (a CTC blank's share, a score
+    name) make a sequence; values in [0, 1] per column are a mask; a few columns per row are coordinates."""
+    if rows is not None:
+        return TaskGuess("sequence", f"every step is a distribution of {rows} over {s[2]} tokens: argmax per step")
+    if independent and not _LOGIT_NAMES.search(name):
+        if named_scores:
+            return TaskGuess(
+                "multi-label",
+                f"values in [0, 1] that do not sum to 1 over {s[2]} classes per step, named {name!r}: independent "
+                "probabilities, so labels per step",
+            )
+        return TaskGuess(
+            None,
+            f"values in [0, 1] that do not sum to 1 over the last axis ({s[2]} columns): a mask or per-bin gains, "
+            f"not scores over a vocabulary: {RAW_ONLY}",
+        )
+    if blank >= 0.2 and s[2] >= MIN_VOCAB:
+        return TaskGuess("sequence", f"class 0 (a CTC blank) is the best class at {blank:.0%} of steps")
+    if named_scores:
+        return TaskGuess("sequence", f"[N, T, C] output named {name!r} (per-step scores)")
+    if s[2] < MIN_VOCAB:
+        return TaskGuess(
+            None,
+            f"{s[2]} values per row: coordinates or a box per point, not scores over a vocabulary "
+            f"(fewer than {MIN_VOCAB} classes): {RAW_ONLY}",
+        )
+    return TaskGuess(
+        None,
+        f"a {s} output may be per-step logits or hidden states: {RAW_ONLY} (--task sequence judges decoded sequences)",
+    )
 
 
 def detect_task(
@@ -505,9 +648,20 @@ def detect_task(
     others: Sequence[Sequence[int]] = (),
     rows: str | None = None,
     channel_rows: str | None = None,
+    independent: bool = False,
 ) -> str | None:
     """The task an output unambiguously is (:func:`explain_task`), or None."""
-    return explain_task(name, shape, lo, hi, ctc_blank_share, others=others, rows=rows, channel_rows=channel_rows).task
+    return explain_task(
+        name,
+        shape,
+        lo,
+        hi,
+        ctc_blank_share,
+        others=others,
+        rows=rows,
+        channel_rows=channel_rows,
+        independent=independent,
+    ).task
 
 
 def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray | None) -> bool:
@@ -515,6 +669,8 @@ def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray 
     s = _dims(shape)
     if task == "classifier":
         return is_classifier(s)
+    if task == "multi-label":
+        return len(s) >= 2 and s[-1] >= 2
     if task == "detector":
         return yolo_layout(s, lo, hi) is not None
     if task == "prob-map":

@@ -272,3 +272,59 @@ def byte_conv1d_classifier(path: Path, length: int = 256, *, noop_slice: bool = 
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])],
         inits,
     )
+
+
+def multi_label_tagger(path: Path, classes: int = 3000, *, output: str = "predictions_sigmoid") -> Path:
+    """An image tagger (issue #34, class 3a): ``[1, 3, 64, 64]`` -> ``[1, classes]`` independent sigmoid
+    probabilities, most near 0 and dozens saturated at 1.0 (thousands of tags, many present at once), as a
+    WD14-style tagger gives. Its best class is a tie among the saturated ones."""
+    rng = np.random.default_rng(3)
+    nodes, inits, x = _conv_trunk(rng, "image", 3, 8, "s1", 4)
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["g"]))
+    nodes.append(helper.make_node("Flatten", ["g"], ["f"]))
+    w = (rng.standard_normal((8, classes)) * 3).astype(np.float32)
+    b = np.full(classes, -6.0, np.float32)
+    b[rng.choice(classes, 60, replace=False)] = 40.0  # saturated tags: sigmoid 1.0 in float32
+    b[rng.choice(classes, 30, replace=False)] = 0.0  # tags near the 0.5 threshold
+    inits += [numpy_helper.from_array(w, "dense_w"), numpy_helper.from_array(b, "dense_b")]
+    nodes += [
+        helper.make_node("Gemm", ["f", "dense_w", "dense_b"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], [output]),
+    ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, classes])],
+        inits,
+    )
+
+
+def step_decoder(path: Path, steps: int = 500, vocab: int = 50, boxes: int = 8) -> Path:
+    """A table-structure recogniser's autoregressive head as exported (SLANet's pattern, issue #34 class 3c):
+    ``[1, 3, 64, 64]`` -> ``structure_probs`` ``[1, steps, vocab]`` (a softmax over structure tokens per step)
+    and ``loc_preds`` ``[1, steps, boxes]`` (a sigmoid cell box per step). Two outputs sharing their rows, as an
+    SSD anchor head's do, but no anchor table decodes them."""
+    rng = np.random.default_rng(4)
+    nodes, inits, x = _conv_trunk(rng, "image", 3, 8, "s1", 4)
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["g"]))
+    nodes.append(helper.make_node("Flatten", ["g"], ["f"]))
+    for name, width, act in (("structure_probs", vocab, "Softmax"), ("loc_preds", boxes, "Sigmoid")):
+        w = numpy_helper.from_array((rng.standard_normal((8, steps * width)) * 3).astype(np.float32), f"{name}_w")
+        s = numpy_helper.from_array(np.array([1, steps, width], np.int64), f"{name}_s")
+        inits += [w, s]
+        nodes += [
+            helper.make_node("MatMul", ["f", w.name], [f"{name}_m"]),
+            helper.make_node("Reshape", [f"{name}_m", s.name], [f"{name}_r"]),
+            helper.make_node(act, [f"{name}_r"], [name], **({"axis": -1} if act == "Softmax" else {})),
+        ]
+    return _save(
+        path,
+        nodes,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [
+            helper.make_tensor_value_info("structure_probs", TensorProto.FLOAT, [1, steps, vocab]),
+            helper.make_tensor_value_info("loc_preds", TensorProto.FLOAT, [1, steps, boxes]),
+        ],
+        inits,
+    )
