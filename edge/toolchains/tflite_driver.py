@@ -200,7 +200,7 @@ def map_io(
 ) -> dict[str, Any]:
     """ONNX tensor -> Keras/TFLite signature name and layout permutation, for every input and output.
 
-    Names: exact, then onnx2tf's sanitising (:func:`_onnx2tf_name`: ':' -> '__', a leading '/' -> 'wa/'),
+    Names: exact, then onnx2tf's sanitising (``tflite_compare.onnx2tf_name``: ':' -> '__', a leading '/' -> 'wa/'),
     then a unique shape match; outputs then take their serving-signature name (output_<i>). A permutation is ambiguous only when identity and channels-last give the same
     shape; then both are tried against onnxruntime on one sample.
     """
@@ -261,7 +261,7 @@ def _match_io(kind: str, onnx_specs: list[dict[str, Any]], tf_specs: dict[str, l
     out, used = [], set()
     for spec in onnx_specs:
         name = spec["name"]
-        key = next((k for k in (name, _onnx2tf_name(name)) if k in tf_specs and k not in used), None)
+        key = next((k for k in (name, compare.onnx2tf_name(name)) if k in tf_specs and k not in used), None)
         if key is None:
             same = [k for k, s in tf_specs.items() if k not in used and compare.candidate_perms(spec["shape"], s)]
             if len(same) != 1:
