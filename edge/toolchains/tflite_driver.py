@@ -553,7 +553,7 @@ def _onnx2tf(
     except SystemExit as e:
         raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
     except Exception as e:  # noqa: BLE001
-        raise DriverError("onnx2tf", f"onnx2tf failed: {type(e).__name__}: {str(e)[:800]}") from e
+        raise _node_error(e) from e
     if keras_model is None:
         raise DriverError("onnx2tf", "onnx2tf returned no model; see the log")
     return keras_model
@@ -676,6 +676,25 @@ def _redirect_output(work: Path) -> Any:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     return log
+
+
+def _node_error(e: Exception) -> DriverError:
+    """onnx2tf's failure inside one op's translation (onnx2tf/ops/<Op>.py ``make_node``, whose ``graph_node`` is
+    the ONNX node) as that node, its op and the reason without TensorFlow's function-node noise."""
+    import re
+
+    tb, node = e.__traceback__, None
+    while tb is not None:
+        f = tb.tb_frame
+        if f.f_code.co_name == "make_node" and f"onnx2tf{os.sep}ops{os.sep}" in f.f_code.co_filename:
+            node = f.f_locals.get("graph_node") or node
+        tb = tb.tb_next
+    reason = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?", "", str(e)).strip()
+    reason = f"{type(e).__name__}: {' '.join(reason.split())[:300]}"
+    if node is None:
+        return DriverError("onnx2tf", f"onnx2tf failed: {reason}")
+    op, name = str(getattr(node, "op", "?")), str(getattr(node, "name", "") or "?")
+    return DriverError("onnx2tf_node", f"onnx2tf cannot translate node {name!r} ({op}): {reason}", op=op, node=name)
 
 
 def _setup(job: dict[str, Any], work: Path, timings: dict[str, float], t0: float) -> tuple[Path, dict[str, Any]]:

@@ -452,3 +452,34 @@ def test_tensorflow_exported_names_map_through_onnx2tf(toolchain: toolchains.Too
     np.testing.assert_allclose(got[outs[1]], s @ ws[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[outs[2]], np.maximum(s @ ws[1], 0), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[outs[0]], 1 / (1 + np.exp(-(s @ ws[2]))), rtol=1e-4, atol=1e-5)
+
+
+def test_an_onnx2tf_failure_inside_one_op_names_the_node(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
+    """onnx2tf 1.29.24 fails inside its GRU translation (a GRU with an initial state: tf.split of the weights);
+    the user got TensorFlow's '{{function_node __wrapped__Split_num_split_3_device_/job:localhost/...}} Number
+    of ways to split ...' under 'onnx->tflite failed on source.static.onnx'. Now: the node, the op, the reason,
+    and the targets that take the model (x86-cpu and intel-igpu convert this GRU with parity)."""
+    from edge.pipeline import convert
+
+    f, hidden = TensorProto.FLOAT, 16
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+        for n, s in (("W", (1, 3 * hidden, 16)), ("R", (1, 3 * hidden, hidden)), ("B", (1, 6 * hidden)))
+    ]
+    model = _onnx(
+        tmp_path / "gru.onnx",
+        [helper.make_node("GRU", ["x", "W", "R", "B", "", "h0"], ["Y", "Y_h"], name="encoder/gru", hidden_size=hidden)],
+        [helper.make_tensor_value_info("x", f, [5, 1, 16]), helper.make_tensor_value_info("h0", f, [1, 1, hidden])],
+        [
+            helper.make_tensor_value_info("Y", f, [5, 1, 1, hidden]),
+            helper.make_tensor_value_info("Y_h", f, [1, 1, hidden]),
+        ],
+        weights,
+    )
+    with pytest.raises(ConversionError) as e:
+        convert(model, "arm-xnnpack", tmp_path / "b", ConvertRequest(preprocess="none"))
+    text = str(e.value)
+    assert text.startswith("gru.onnx: onnx2tf cannot translate node 'encoder/gru' (GRU): "), text
+    assert "\n" not in text and "function_node" not in text and "source.static" not in text, text
+    assert "x86-cpu, intel-igpu" in (e.value.hint or "")

@@ -443,6 +443,12 @@ def _error_from(ev: Mapping[str, Any], request: ConversionRequest, work: Path) -
             f"{msg}; the model would need TensorFlow's Flex kernels, which LiteRT on a device does not have",
             hint="replace these ops in the source model, or choose another target",
         )
+    if kind == "onnx2tf_node":
+        return ConversionError(
+            f"{msg}{where}",
+            hint=f"choose a target whose runtime runs {ev.get('op')} as ONNX (x86-cpu, intel-igpu), or replace "
+            "it in the source model",
+        )
     if kind == "calibration":
         return CalibrationError(msg)
     if kind == "toolchain":
