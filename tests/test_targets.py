@@ -19,6 +19,9 @@ SHIPPED = {
     "x86-cpu",
     "ethos-u55",
     "ethos-u65",
+    "rockchip-rk3588",
+    "rockchip-rk3576",
+    "rockchip-rk3566",
 }
 
 VALID = """

@@ -64,6 +64,14 @@ class ToolchainSpec:
     #: "venv": a virtual environment of this host's Python (above); "emulator": ``edge.toolchains.aarch64``
     #: (qemu, an arm64 root and aarch64 wheels), installed and checked by that module
     kind: str = "venv"
+    #: installed after ``requirements`` with ``--no-deps --require-hashes`` (pip's hash-checking mode: each line
+    #: carries the sha256 of every wheel it may fetch): a package whose declared pins cannot be met here (rknn-toolkit2
+    #: declares torch<=2.4.0, whose CPU wheel only download.pytorch.org serves), its real dependencies listed in
+    #: ``requirements`` instead
+    no_deps: tuple[str, ...] = ()
+    #: ``pip check`` lines that a ``no_deps`` package's declared pins produce, accepted word for word (any other
+    #: line still fails the install); each must be backed by a test that the package works as installed
+    accepted_conflicts: tuple[str, ...] = ()
 
     @property
     def lock_text(self) -> str:
@@ -73,6 +81,8 @@ class ToolchainSpec:
     def spec_hash(self) -> str:
         """Changes when the pins or the reference lock change (an install from an older spec is outdated)."""
         h = hashlib.sha256("\n".join(self.requirements).encode())
+        if self.no_deps or self.accepted_conflicts:  # only where present: older specs keep their hash
+            h.update("\n".join((*self.no_deps, *self.accepted_conflicts)).encode())
         h.update("\n".join(lock_lines(self.lock_text.splitlines())).encode())  # comments do not count
         return h.hexdigest()
 
@@ -140,6 +150,47 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         programs=("vela",),
         versions=("ethos-u-vela",),
         size_hint="about 60 MB on disk, about 1 min",
+    ),
+    "rknn": ToolchainSpec(
+        name="rknn",
+        purpose="Rockchip's rknn-toolkit2: ONNX -> .rknn (int8, fp16) for the RK3588/RK3576/RK3566 NPUs, and the "
+        "toolkit's simulator of the NPU for host parity (onnx->rknn)",
+        # rknn-toolkit2 2.5.0 (newest) declares numpy<=1.26.4, onnx<=1.18.0, protobuf<=4.25.4 and torch<=2.4.0. Its
+        # dependencies are pinned here at the newest versions its pins allow, except torch: 2.4.0's CPU wheel is only
+        # on download.pytorch.org, so the toolkit goes in with --no-deps beside the CPU torch of the torch toolchain
+        # (2.13.0; the toolkit imports torch but converts ONNX without it: tests/backends/test_rknn.py converts and
+        # simulates a corpus model through this very set). setuptools < 81: the toolkit imports pkg_resources.
+        requirements=(
+            "torch==2.13.0",
+            "numpy==1.26.4",
+            "onnx==1.18.0",
+            "protobuf==4.25.4",
+            "onnxruntime==1.26.0",
+            "opencv-python==4.11.0.86",
+            "scipy==1.17.1",
+            "psutil==7.2.2",
+            "ruamel.yaml==0.19.1",
+            "tqdm==4.70.1",
+            "fast-histogram==0.14",
+            "setuptools==80.9.0",
+        ),
+        no_deps=(
+            "rknn-toolkit2==2.5.0"
+            " --hash=sha256:7dead4048d60f9cf29dc6017cf0f1dbb30f5f1d4f227c5e2e6739d9fe3e5eec6"  # cp310
+            " --hash=sha256:21922dd3037503a2934fea24cbbf6eccda586158178636ae28a2ac658e710055"  # cp311
+            " --hash=sha256:037765a9051df0031679b853698da11f36d28333e1d65f0c87516d06ee39eb33",  # cp312
+        ),
+        accepted_conflicts=(
+            "rknn-toolkit2 2.5.0 has requirement torch<=2.4.0,>=1.10.1, but you have torch 2.13.0+cpu.",
+        ),
+        lock="rknn.lock",
+        lock_platform="linux-x86_64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 12),  # rknn-toolkit2 2.5.0 has cp310-cp312 wheels (x86-64 Linux)
+        imports=("rknn.api", "torch", "onnx"),
+        programs=(),
+        versions=("rknn-toolkit2", "torch", "onnx", "numpy"),
+        size_hint="about 1.3 GB on disk, about 1 min with the torch CPU wheel available",
     ),
     "aarch64": ToolchainSpec(
         name="aarch64",
@@ -317,12 +368,35 @@ def _pip_install(spec: Any, py: str, reference: bool, pip: _Pip) -> None:
                 "what was resolved"
             )
         _run(cmd, pip.log, pip.on_output, env=pip.env)
+        if spec.no_deps:
+            pinned = Path(tmp) / "no-deps.txt"
+            pinned.write_text("\n".join(spec.no_deps) + "\n", encoding="utf-8")
+            pip.say(f"installing {len(spec.no_deps)} package(s) without their declared dependencies, sha256-checked")
+            no_deps = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off", "--no-deps"]
+            _run([*no_deps, "--require-hashes", "-r", str(pinned)], pip.log, pip.on_output, env=pip.env)
+
+
+def _pip_check(spec: Any, py: str, pip: _Pip) -> None:
+    """``pip check``: clean, or broken only by the spec's ``accepted_conflicts``, word for word."""
+    pip.log.write(f"$ {py} -m pip check\n")
+    proc = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True, env=pip.env)
+    pip.log.write(proc.stdout + proc.stderr)
+    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    other = [ln for ln in lines if ln not in spec.accepted_conflicts and not ln.startswith("No broken requirements")]
+    if other or (proc.returncode != 0 and not lines):
+        raise EdgeError(
+            f"toolchain {spec.name!r}: pip check failed: {' | '.join(other)[-1200:] or proc.returncode}",
+            hint=f"full log: {pip.log.name}",
+        )
+    for ln in lines:
+        if ln in spec.accepted_conflicts:
+            pip.say(f"accepted, as the spec says: {ln}")
 
 
 def _check_installed(spec: Any, venv: Path, py: str, pip: _Pip) -> list[str]:
     """pip check, the imports and programs the toolchain promises; what pip freeze lists."""
     pip.say("checking the installed set (pip check)")
-    _run([py, "-m", "pip", "check"], pip.log, None, env=pip.env)
+    _pip_check(spec, py, pip)
     pip.say(f"checking imports: {', '.join(spec.imports)}")
     probe = f"import importlib, json, sys\nmods = {list(spec.imports)!r}\nfor m in mods: importlib.import_module(m)\n"
     _run([py, "-c", probe], pip.log, None, env={**pip.env, "TF_CPP_MIN_LOG_LEVEL": "3"})

@@ -1,0 +1,131 @@
+"""The ``rknn`` runner: a ``.rknn`` on a Rockchip NPU, through rknn-toolkit-lite2 and ``librknnrt`` on the board.
+
+Where it runs: an RK3588 / RK3576 / RK3566 / RK3568 board (Orange Pi 5, Radxa Rock 5, ...) under Linux on aarch64,
+with the RKNPU kernel driver and Rockchip's user-space runtime ``librknnrt.so`` (rknn-toolkit-lite2 loads it), and
+``pip install rknn-toolkit-lite2`` (aarch64 wheels only).
+
+The capability check is exact and names everything missing at once: the NPU driver (``/dev/rknpu``, or the
+``rknpu`` debugfs directory an RKNPU driver of the DRM kind creates), ``librknnrt.so`` on the runtime's search
+path, the aarch64 CPU and rknn-toolkit-lite2. Anywhere else the runner refuses in one line; a build host's parity
+came from rknn-toolkit2's simulator at conversion time (labelled simulated in the manifest).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
+    import numpy as np
+
+from edge.backends.rknn.format import FORMAT, RKNNOptions, read_io
+from edge.backends.runner import Runner, RunnerInfo
+from edge.capabilities import Requirement, problems
+from edge.errors import EdgeError, HardwareUnavailableError
+
+#: the RKNPU driver: a misc device node (rknpu driver built as a misc device), or the debugfs directory the
+#: DRM-based driver creates (``/sys/kernel/debug/rknpu``; readable as root)
+DEVICE_NODES = ("/dev/rknpu", "/sys/kernel/debug/rknpu")
+#: where Rockchip's images and rknn-toolkit-lite2's instructions put librknnrt.so
+LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/lib/aarch64-linux-gnu")
+LIBRARY = "librknnrt.so"
+_LITE = Requirement(
+    "python",
+    "rknnlite",
+    install="pip install rknn-toolkit-lite2 (aarch64 wheels; on the board)",
+    why="loads the .rknn into librknnrt",
+)
+_ARCH = Requirement("arch", "aarch64", install="run on the Rockchip board (RK3588/RK3576/RK3566: aarch64)")
+_INSTALL = (
+    "a Rockchip NPU board needs its RKNPU kernel driver (/dev/rknpu or /sys/kernel/debug/rknpu: Rockchip's BSP "
+    "kernels and Armbian/Joshua Riek's Ubuntu images have it), librknnrt.so from Rockchip's rknn-toolkit2 "
+    "repository (rknpu2/runtime/Linux/librknn_api/aarch64) in /usr/lib, and pip install rknn-toolkit-lite2"
+)
+
+
+def npu_problem(nodes: tuple[str, ...] = DEVICE_NODES, library_dirs: tuple[str, ...] = LIBRARY_DIRS) -> str | None:
+    """None when an RKNPU and its runtime library are here, else what is missing (both checked)."""
+    found = []
+    if not any(os.path.exists(n) for n in nodes):
+        found.append(f"no RKNPU driver ({' or '.join(nodes)})")
+    if not any(os.path.isfile(os.path.join(d, LIBRARY)) for d in library_dirs):
+        found.append(f"no {LIBRARY} (Rockchip's NPU runtime) in {', '.join(library_dirs)}")
+    return "; ".join(found) or None
+
+
+class RKNNRunner(Runner):
+    name = "rknn"
+    formats = (FORMAT,)
+    requires = (_ARCH, _LITE)
+    options_class = RKNNOptions
+
+    @staticmethod
+    def device_problem() -> str | None:
+        """What this host lacks to run on a Rockchip NPU (driver and runtime library), or None."""
+        return npu_problem()
+
+    def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "int8") -> None:
+        missing = [p for p in (npu_problem(), *problems(self.requires)) if p]
+        if missing:
+            raise HardwareUnavailableError(
+                f"runner 'rknn' cannot use a Rockchip NPU here: {'; '.join(missing)}", hint=_INSTALL
+            )
+        super().__init__(artifact, options=options, precision=precision)
+        from rknnlite.api import RKNNLite
+
+        self.inputs, self.outputs, record = read_io(self.artifact)
+        core = str(self.typed_options.core_mask)
+        lite = RKNNLite(verbose=False)
+        self._lite: Any = lite
+        if lite.load_rknn(str(self.artifact)) != 0:
+            self.close()
+            raise EdgeError(f"rknn-toolkit-lite2 could not load {self.artifact}")
+        mask = getattr(RKNNLite, "NPU_CORE_AUTO" if core == "auto" else f"NPU_CORE_{core}")
+        if lite.init_runtime(core_mask=mask) != 0:
+            self.close()
+            raise EdgeError(
+                f"librknnrt could not start {self.artifact.name} (built for {record.get('platform', '?')}) on this "
+                f"NPU with core_mask {core}",
+                hint="a .rknn is built for one platform: convert for this board's (e.g. -t rockchip-rk3588)",
+            )
+        self._formats = ["nchw" if len(t.shape) == 4 else None for t in self.inputs]
+        self.info = RunnerInfo(
+            runtime=f"rknn-toolkit-lite2 {_lite_version()} (librknnrt)",
+            device_requested="Rockchip NPU",
+            device_used=f"Rockchip NPU ({record.get('platform', '?')}, cores {core})",
+            precision_used="int8" if precision == "int8" else "f16",
+            details={"platform": record.get("platform"), "core_mask": core},
+        )
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        self.validate(feeds)
+        outs = self._lite.inference(
+            inputs=[feeds[t.name] for t in self.inputs], data_format=self._formats if any(self._formats) else None
+        )
+        if outs is None or len(outs) != len(self.outputs):
+            raise EdgeError(
+                f"rknn-toolkit-lite2 returned {0 if outs is None else len(outs)} outputs, expected {len(self.outputs)}"
+            )
+        return {
+            t.name: np.asarray(o, dtype=t.dtype).reshape(tuple(int(d) for d in t.shape))
+            for t, o in zip(self.outputs, outs)
+        }
+
+    def close(self) -> None:
+        lite = getattr(self, "_lite", None)
+        if lite is not None:
+            lite.release()
+            self._lite = None
+        super().close()
+
+
+def _lite_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rknn-toolkit-lite2")
+    except PackageNotFoundError:
+        return "?"
