@@ -196,15 +196,36 @@ def _strict(dets: tuple[np.ndarray, np.ndarray, np.ndarray], score: float) -> tu
     return dets[0][keep], dets[1][keep], dets[2][keep]
 
 
-def ctc_greedy(logits: np.ndarray, blank: int = 0) -> list[int]:
-    """argmax per step, repeats collapsed, blanks dropped (CTC best path)."""
-    best = np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(axis=1)
+def tie_aware_argmax(ref: np.ndarray, cand: np.ndarray, rtol: float, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's and the converted model's argmax along ``axis``, the latter taken as the reference's where
+    the two are tied within ``rtol`` x max(1, the magnitude along the axis) in either output: a step, pixel or row
+    whose best is a tie at the precision is not a disagreement (issue #34)."""
+    r, c = np.asarray(ref, np.float64), np.asarray(cand, np.float64)
+    br, bc = r.argmax(axis=axis), c.argmax(axis=axis)
+    if rtol <= 0:
+        return br, bc
+    tol = rtol * np.maximum(1.0, np.abs(r).max(axis=axis))
+
+    def at(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(x, np.expand_dims(idx, axis), axis=axis).squeeze(axis)
+
+    tied = (at(r, bc) >= at(r, br) - tol) | (at(c, br) >= at(c, bc) - tol)
+    return br, np.where(tied, br, bc)
+
+
+def ctc_collapse(best: Sequence[int] | np.ndarray, blank: int = 0) -> list[int]:
+    """A best path with repeats collapsed and blanks dropped."""
     out, prev = [], -1
-    for t in best.tolist():
+    for t in np.asarray(best).tolist():
         if t != prev and t != blank:
             out.append(t)
         prev = t
     return out
+
+
+def ctc_greedy(logits: np.ndarray, blank: int = 0) -> list[int]:
+    """argmax per step, repeats collapsed, blanks dropped (CTC best path)."""
+    return ctc_collapse(np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(axis=1), blank)
 
 
 def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
@@ -296,7 +317,7 @@ class TaskJudge:
             a.add("union", float((r | c).sum()))
             a.add("ref_px", float(r.sum()))
         elif self.task == "segmentation":
-            r, c = np.asarray(ref).argmax(axis=1), np.asarray(cand).argmax(axis=1)
+            r, c = tie_aware_argmax(np.asarray(ref), np.asarray(cand), self.tie_rtol, axis=1)
             a.add("agree", float((r == c).sum()))
             a.add("px", float(r.size))
             for k in np.union1d(np.unique(r), np.unique(c)).tolist():
@@ -306,10 +327,11 @@ class TaskJudge:
             r = np.asarray(ref).reshape(-1, self.shape[-2], self.shape[-1])
             c = np.asarray(cand).reshape(r.shape)
             for rr, cc in zip(r, c):
+                br, bc = tie_aware_argmax(rr, cc, self.tie_rtol, axis=1)
                 if self.ctc:
-                    sr, sc = ctc_greedy(rr), ctc_greedy(cc)
+                    sr, sc = ctc_collapse(br), ctc_collapse(bc)
                 else:
-                    sr, sc = rr.argmax(axis=1).tolist(), cc.argmax(axis=1).tolist()
+                    sr, sc = br.tolist(), bc.tolist()
                 a.add("seqs", 1)
                 a.add("same", float(sr == sc))
                 a.add("dist", float(edit_distance(sr, sc)))

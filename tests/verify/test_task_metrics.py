@@ -131,3 +131,24 @@ def test_explain_names_each_outputs_metric_and_a_tagger_converts(tmp_path: Path)
     # a record claiming multi-label for an output whose reference rows are a softmax is refused
     forged = dict(par, task_note="labels at >= 0.5 compared", iou=1.0)
     assert task_note_problem(SimpleNamespace(**forged), [np.full((1, 4), 0.25, np.float32)]) is not None
+
+
+def test_a_step_or_pixel_whose_best_is_a_tie_is_not_a_disagreement() -> None:
+    """Sequences and segmentation read an argmax per step / pixel: where two classes are equal at the precision,
+    another CPU's rounding picks either (before: 'decoded-sequence agreement 96.9% < 98%' on a copy moved by 1e-7)."""
+    rng = np.random.default_rng(5)
+    ref, cand = [], []
+    for _ in range(4):
+        p = np.full((1, 16, 12), 0.01, np.float32)
+        p[0, np.arange(16), rng.integers(1, 12, 16)] = 0.89
+        p[0, ::4, 3], p[0, ::4, 7] = 0.445, 0.445  # a tie every 4th step: 3 or 7
+        q = p.copy()
+        q[0, ::4, 7] += 1e-7  # the other CPU's rounding picks 7
+        ref.append(p)
+        cand.append(q)
+    [o] = compare([{"y": r} for r in ref], [{"y": c} for c in cand], THRESHOLDS["fp32"], task="sequence")
+    assert o.tokens == 1.0 and o.sequence == 1.0 and o.passed, o.failures
+    seg_r = [np.moveaxis(r.reshape(1, 16, 12, 1) * np.ones((1, 1, 1, 8), np.float32), 2, 1) for r in ref]
+    seg_c = [np.moveaxis(c.reshape(1, 16, 12, 1) * np.ones((1, 1, 1, 8), np.float32), 2, 1) for c in cand]
+    [o] = compare([{"y": r} for r in seg_r], [{"y": c} for c in seg_c], THRESHOLDS["fp32"], task="segmentation")
+    assert o.iou == 1.0 and o.passed, o.failures
