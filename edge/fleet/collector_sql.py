@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from edge.fleet.decode import TELEMETRY_METRICS
+from edge.mqtt.topics import STREAM_KINDS as STREAM_KINDS  # declared once there; the writer reads it here
 
 # a session's connections count up by one a reconnect: a birth or death of the row's session more than this far
 # below the row's connection means the row's is not the device's (a forged connection 2**53-1 once won for good)
@@ -12,7 +13,6 @@ NEWER = (
     "(devices.session = excluded.session AND (devices.connection <= excluded.connection OR "
     f"excluded.connection + {CONNECTION_REWIND} < devices.connection))"
 )
-STREAM_KINDS = ("telemetry", "state")
 INSERT_TELEMETRY = (
     "INSERT INTO telemetry (fleet, device, session, seq, ts, received_at, historical, fps, p50_ms, p99_ms, max_ms, "
     "misses, frames, cpu_percent, rss_mb, temp_c, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from edge.mqtt.lite import TooLarge
 from edge.mqtt.payloads import SCHEMA_VERSION
-from edge.mqtt.topics import Topic, TopicError
+from edge.mqtt.topics import INBOUND_KINDS, STORED_KINDS, Topic, TopicError
+from edge.mqtt.topics import KINDS as TOPIC_KINDS
 
 _orjson: Any  # the orjson module, or None where it is not installed
 try:
@@ -39,9 +40,10 @@ REASONS = (
     "future_session",
     "seq_jump",
 )  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump)
-KINDS = ("birth", "telemetry", "state", "death")
-#: device topics the collector's subscription also sees and leaves alone (counted, not logged)
-NOT_STORED = ("desired", "reported", "tune")  # tune: replies to edgekit fleet tune (edge.agent.tune_cmd)
+KINDS = STORED_KINDS
+#: device topics the collector's subscription also sees and leaves alone (counted, not logged): desired, reported,
+#: tune (replies to edgekit fleet tune, edge.agent.tune_cmd)
+NOT_STORED = tuple(k for k in (*TOPIC_KINDS, *INBOUND_KINDS) if k not in STORED_KINDS and k != "cmd")
 # Every integer stored is below 2**53: exact in JSON everywhere (JavaScript, float parsers), and a sum of
 # up to 1024 of them still fits the 64-bit integers of SQLite and PostgreSQL.
 INT_LIMIT = 2**53

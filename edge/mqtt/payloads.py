@@ -29,12 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edge.mqtt.topics import CONTROL_KINDS as CONTROL_KINDS  # the kinds are declared in topics; re-exported
+from edge.mqtt.topics import STREAM_KINDS as STREAM_KINDS
+
 SCHEMA_VERSION = 1
 #: the largest cmd/tune request a device reads (the host refuses to send a bigger one)
 MAX_TUNE_REQUEST_BYTES = 64 * 1024
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "edgekit-mqtt-v1.schema.json"
-STREAM_KINDS = ("telemetry", "state")  # spooled, numbered, replayed
-CONTROL_KINDS = ("birth", "death")  # retained, per connection
 
 
 def finite(obj: Any) -> Any:

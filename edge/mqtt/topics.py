@@ -18,10 +18,23 @@ from dataclasses import dataclass
 from edge.errors import EdgeError
 
 ROOT = "edgekit"
-#: what a device publishes, plus ``cmd`` (read). The broker ACL (edge.fleet.acl) lets a device write every
-#: kind here except ``cmd``; ``desired`` is in ``INBOUND_KINDS``: a device reads it, never writes it.
-KINDS = ("birth", "telemetry", "state", "death", "reported", "tune", "cmd")  # tune: cmd/tune replies
+#: The message kinds, declared once: what a device publishes, plus ``cmd`` (read), and what each is. The broker ACL
+#: (edge.fleet.acl) lets a device write every kind here except ``cmd``; ``desired`` is in ``INBOUND_KINDS``: a device
+#: reads it, never writes it. The collector stores the stream and control kinds (``STORED_KINDS``).
+DEVICE_KINDS = {
+    "birth": "control",  # retained, one per connection (edge.mqtt.session)
+    "telemetry": "stream",  # spooled, numbered, replayed (edge.mqtt.outbox)
+    "state": "stream",
+    "death": "control",  # the will armed with each birth
+    "reported": "rollout",  # retained: where the device stands with its desired state (edge.mqtt.desired)
+    "tune": "reply",  # cmd/tune replies (edge.agent.tune_cmd)
+    "cmd": "command",  # read by the device
+}
+KINDS = tuple(DEVICE_KINDS)
 INBOUND_KINDS = ("desired",)
+STREAM_KINDS = tuple(k for k, role in DEVICE_KINDS.items() if role == "stream")
+CONTROL_KINDS = tuple(k for k, role in DEVICE_KINDS.items() if role == "control")
+STORED_KINDS = tuple(k for k, role in DEVICE_KINDS.items() if role in ("stream", "control"))
 _FORBIDDEN = ("/", "+", "#", "\x00")
 MAX_PART = 128
 
