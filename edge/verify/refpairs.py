@@ -137,14 +137,15 @@ def pair_limits(
     if built is None or not parity_passed or not 0 < pairs < parity_samples or output_failures(built, th):
         return dataclasses.replace(th, **changed), notes
     energy, amplitude = 10 ** (DEVICE_SLACK_DB / 10), 10 ** (DEVICE_SLACK_DB / 20)
-    loosened = []
+    loosened: list[str] = []
     cmin, cmean = getattr(built, "cosine_min", None), getattr(built, "cosine", None)
     if isinstance(cmin, (int, float)) and isinstance(cmean, (int, float)) and math.isfinite(cmean):
         # a mean over parity_samples figures <= 1 bounds its worst: a record claiming worse was edited
         cmin = max(cmin, 1.0 - parity_samples * (1.0 - min(1.0, cmean)))
     smin = getattr(built, "snr_db_min", None)
-    pooled = getattr(built, "cosine_samples", None) == 0 and isinstance(smin, (int, float)) and math.isfinite(smin)
-    if pooled and th.min_cosine is not None:
+    smin = float(smin) if isinstance(smin, (int, float)) and math.isfinite(smin) else None
+    pooled = getattr(built, "cosine_samples", None) == 0 and smin is not None
+    if pooled and smin is not None and th.min_cosine is not None:
         _pooled_cosine_floor(th, smin, changed, loosened)
     elif isinstance(cmin, (int, float)) and math.isfinite(cmin) and th.min_cosine is not None:
         floor = 1.0 - (1.0 - min(1.0, cmin)) * energy
