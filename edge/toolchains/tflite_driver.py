@@ -502,18 +502,15 @@ def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
         raise DriverError("tf2onnx", f"tf2onnx failed: {type(e).__name__}: {str(e)[:800]}") from e
     # what tf2onnx left untranslated: TFL_<op> nodes, or a default-domain op ONNX does not define (a contrib op in
     # another domain, e.g. com.microsoft, is tf2onnx's own choice and onnxruntime runs it)
-    bad = sorted(
-        {
-            (n.op_type.removeprefix("TFL_"), n.domain or "ai.onnx")
-            for n in model.graph.node
-            if n.op_type.startswith("TFL_") or (n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type))
-        }
-    )
-    if bad:
+    nodes: dict[tuple[str, str], list[str]] = {}
+    for n in model.graph.node:
+        if n.op_type.startswith("TFL_") or (n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)):
+            nodes.setdefault((n.op_type.removeprefix("TFL_"), n.domain or "ai.onnx"), []).append(n.name)
+    if nodes:
         raise DriverError(
             "unsupported_ops",
-            "tf2onnx cannot translate TFLite op(s) " + ", ".join(op for op, _ in bad),
-            ops=[{"op": op, "domain": d} for op, d in bad],
+            "tf2onnx cannot translate TFLite op(s) " + ", ".join(op for op, _ in sorted(nodes)),
+            ops=[{"op": op, "domain": d, "nodes": names[:3]} for (op, d), names in sorted(nodes.items())],
         )
     import tensorflow as tf
 

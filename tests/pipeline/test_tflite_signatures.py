@@ -74,6 +74,16 @@ class DynamicLength(tf.Module):  # audio of any length (openWakeWord's melspectr
     def __call__(self, x):
         return {"y": tf.nn.conv2d(tf.reshape(x, [1, 1, -1, 1]), self.w, [1, 1, 16, 1], "VALID")}
 export(DynamicLength(), sys.argv[1] + "/dynamic_length.tflite")
+class Spectrum(tf.Module):  # RFFT2D and COMPLEX_ABS: TFLite builtins OpenVINO's TFLite frontend has no translator for
+    @tf.function(input_signature=[tf.TensorSpec([1, 16, 16], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"mag": tf.abs(tf.signal.rfft2d(x))}
+export(Spectrum(), sys.argv[1] + "/rfft2d.tflite")
+class Buckets(tf.Module):  # BUCKETIZE: a TFLite builtin tf2onnx cannot translate
+    @tf.function(input_signature=[tf.TensorSpec([8], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": tf.cast(tf.raw_ops.Bucketize(input=x, boundaries=[0.0, 0.5]), tf.float32)}
+export(Buckets(), sys.argv[1] + "/bucketize.tflite")
 """
 
 
@@ -232,3 +242,25 @@ def test_a_dynamic_input_length_converts_at_the_input_shape_given(exports: Path,
     # OpenVINO's CPU plugin may compute an fp32 IR in bf16 where the CPU has it (its inference precision hint)
     tol = 2e-2 if target == "intel-igpu" else 1e-4
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
+
+
+def test_a_builtin_op_another_frontend_lacks_is_not_called_custom(exports: Path, tmp_path: Path) -> None:
+    """RFFT2D and BUCKETIZE are TFLite builtin ops. Before: intel-igpu 'OpenVINO could not convert rfft2d.tflite:
+    OpConversionFailure: The translation is incomplete due to operation 0 of type RFFT2D'; x86-cpu 'tf2onnx cannot
+    translate TFLite op(s) BUCKETIZE (a custom op needs its own lowering; bring the model's ONNX instead)'. Now
+    one line each: the op, that it is a builtin, where it sits, and that LiteRT runs the file as it is."""
+    from edge.backends.litert.format import read_tflite
+
+    assert "RFFT2D" in read_tflite(exports / "rfft2d.tflite").builtin_ops
+    with pytest.raises(EdgeError) as ov_refused:
+        convert(exports / "rfft2d.tflite", "intel-igpu", tmp_path / "a", ConvertRequest(precision="fp32"))
+    line = str(ov_refused.value)
+    assert "\n" not in line and "custom op" not in line, line
+    assert "no translator for op RFFT2D (a TFLite builtin op) (operator 0 of the graph)" in line, line
+    assert "edgekit convert rfft2d.tflite -t arm-xnnpack" in line, line
+    with pytest.raises(EdgeError) as tf2onnx_refused:
+        convert(exports / "bucketize.tflite", "x86-cpu", tmp_path / "b", ConvertRequest(precision="fp32"))
+    line = str(tf2onnx_refused.value)
+    assert "\n" not in line and "custom op" not in line, line
+    assert "bucketize.tflite: tf2onnx cannot translate op BUCKETIZE (a TFLite builtin op) (node " in line, line
+    assert "edgekit convert bucketize.tflite -t arm-xnnpack" in line, line

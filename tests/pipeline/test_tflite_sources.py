@@ -292,7 +292,8 @@ def test_tf2onnx_refuses_an_op_it_cannot_translate_naming_it(tmp_path: Path) -> 
     with pytest.raises(ConversionError) as e:
         TFLiteToOnnx().convert(_request(src, tmp_path / "out", "fp32", io))
     msg = str(e.value)
-    assert "tf2onnx cannot translate TFLite op(s) MaxUnpooling2D" in msg and "\n" not in msg
+    assert "tf2onnx cannot translate op MaxUnpooling2D (a custom op)" in msg and "\n" not in msg
+    assert "a custom op needs its own lowering" in (e.value.hint or "") and "arm-xnnpack" not in msg
 
 
 def test_tf2onnx_converts_the_lowered_selfie(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
 from edge.base.typedjson import UnreadableFile, read_json_file, spec
@@ -249,3 +249,20 @@ class LiteRTOptions:
                 f"applies to delegate xnnpack only, not {delegate} (it would apply XNNPack anyway)",
             )
         return None
+
+
+def untranslated_ops(source: Path, ops: Sequence[str]) -> tuple[str, str]:
+    """TFLite ops another framework's frontend (tf2onnx, OpenVINO) has no translation for: (each op with what it
+    is: a TFLite builtin or a custom op, read from ``source``), and the hint: a builtin runs on LiteRT as it is,
+    a custom op needs its own lowering."""
+    try:
+        custom = set(read_tflite(source).custom_ops)
+    except Exception:  # noqa: BLE001 - only for the message
+        custom = set()
+    what = ", ".join(f"{op} ({'a custom op' if op in custom else 'a TFLite builtin op'})" for op in ops)
+    hints = []
+    if any(op not in custom for op in ops):
+        hints.append(f"LiteRT runs TFLite builtin ops as they are: edgekit convert {source.name} -t arm-xnnpack")
+    if any(op in custom for op in ops):
+        hints.append("a custom op needs its own lowering")
+    return what, "; ".join(hints) + "; or bring the model's ONNX"

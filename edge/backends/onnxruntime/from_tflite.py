@@ -165,9 +165,14 @@ def pin_static_dims(onnx_path: Path, shapes: dict[str, tuple[int, ...]]) -> dict
 def _error_from(ev: dict[str, Any], source: Path, work: Path) -> Exception:
     kind = ev.get("kind")
     msg = " / ".join(line.strip() for line in str(ev.get("message", "")).splitlines() if line.strip())[:600]
-    if kind == "unsupported_ops":
+    if kind == "unsupported_ops" and ev.get("ops"):
+        from edge.backends.litert.format import untranslated_ops
+
+        ops = ev["ops"]
+        what, hint = untranslated_ops(source, [o["op"] for o in ops])
+        nodes = ", ".join(repr(n) for o in ops for n in o.get("nodes", [])[:1])
         return ConversionError(
-            f"{source.name}: {msg}", hint="a custom op needs its own lowering; bring the model's ONNX instead"
+            f"{source.name}: tf2onnx cannot translate op {what}" + (f" (node {nodes})" if nodes else ""), hint=hint
         )
     if kind == "toolchain":
         return MissingDependencyError(msg, hint=ev.get("hint"))

@@ -43,6 +43,8 @@ from edge.errors import CalibrationError, ConversionError, PrecisionError
 from edge.verify.inputs import CALIB_FLAG
 
 _NO_TRANSLATOR = re.compile(r"No translator found for (\S+) node")
+# OpenVINO 2026's form: "The translation is incomplete due to operation 0 of type RFFT2D"
+_INCOMPLETE = re.compile(r"translation is incomplete due to operation (\d+) of type (\w+)")
 
 
 def fold_f16_constants(model: Any) -> int:
@@ -68,15 +70,6 @@ def fold_f16_constants(model: Any) -> int:
     return folded
 
 
-def _custom_ops(source: Path) -> list[str]:
-    try:
-        from edge.backends.litert.format import read_tflite
-
-        return list(read_tflite(source).custom_ops)
-    except Exception:  # noqa: BLE001 - only for the message
-        return []
-
-
 class TFLiteToOpenVINO(Converter):
     name = "tflite->openvino-ir"
     source_format = "tflite"
@@ -93,19 +86,16 @@ class TFLiteToOpenVINO(Converter):
         try:
             return ov.convert_model(str(path))
         except Exception as e:  # noqa: BLE001 - OpenVINO's frontend errors are plain RuntimeErrors
-            missing = sorted(set(_NO_TRANSLATOR.findall(str(e))))
+            missing = sorted(set(_NO_TRANSLATOR.findall(str(e))) | {op for _i, op in _INCOMPLETE.findall(str(e))})
             if missing:
-                custom = _custom_ops(path)
-                also = f" (custom ops in the file: {', '.join(custom)})" if custom else ""
-                hint = (
-                    "a custom op needs its own lowering; bring the model's ONNX instead"
-                    if set(missing) <= set(custom)
-                    else f"LiteRT runs it as it is: edgekit convert {source.name} -t arm-xnnpack; "
-                    "or bring the model's ONNX"
-                )
+                from edge.backends.litert.format import untranslated_ops
+
+                what, hint = untranslated_ops(path, missing)
+                where = sorted({int(i) for i, _op in _INCOMPLETE.findall(str(e))})
+                at = f" (operator {', '.join(map(str, where))} of the graph)" if where else ""
                 raise ConversionError(
-                    f"OpenVINO's TFLite frontend cannot convert {source.name}: no translator for op {', '.join(missing)}{also}",
-                    hint=hint,
+                    f"OpenVINO's TFLite frontend cannot convert {source.name}: no translator for op {what}{at}",
+                    hint=hint.replace(path.name, source.name),
                 ) from None
             first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise ConversionError(
