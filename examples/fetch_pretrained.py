@@ -26,6 +26,9 @@ input specs and licences in examples/models/README.md):
     Silero VAD: an If graph holding the 16 kHz and 8 kHz LSTM branches, a recurrent ``state``
     input/output and a scalar int64 sample rate, from the ``silero-vad`` 6.2.3 wheel
     (about 11 MB, MIT).
+``silero-vad-jit``: ``silero_vad.jit``
+    The same Silero VAD as TorchScript (``torch.jit.save`` by Silero's own torch; code under ``vad/``), same
+    ``silero-vad`` wheel: a real TorchScript archive edgekit did not build (about 2 MB, MIT).
 ``selfie-segmentation``: ``selfie_segmentation.tflite``
     MediaPipe's selfie segmentation (256x256 RGB -> a sigmoid person mask, fp16 weights, the custom op
     ``Convolution2DTransposeBias``), same ``mediapipe`` wheel as ``face-detection`` (Apache-2.0).
@@ -256,6 +259,18 @@ MODELS: dict[str, Pinned] = {
         member_size=2_327_524,
         member_sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
         output_name="silero_vad.onnx",
+        license="MIT (Copyright (c) 2020-present Silero Team)",
+        license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
+    ),
+    "silero-vad-jit": Pinned(
+        project="silero-vad",
+        version="6.2.3",
+        wheel_filename="silero_vad-6.2.3-py3-none-any.whl",
+        wheel_sha256="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
+        member="silero_vad/data/silero_vad.jit",
+        member_size=2_272_526,
+        member_sha256="e1122837f4154c511485fe0b9c64455f7b929c96fbb8d79fbdb336383ebd3720",
+        output_name="silero_vad.jit",
         license="MIT (Copyright (c) 2020-present Silero Team)",
         license_members=("silero_vad-6.2.3.dist-info/licenses/LICENSE",),
     ),

@@ -84,3 +84,20 @@ def test_checkpoint_is_still_a_checkpoint(tmp_path: Path) -> None:
     path = _archive(tmp_path / "weights.pt", ["weights/data.pkl", "weights/data/0", "weights/version"])
     with pytest.raises(ModelError, match="torch.save checkpoint"):
         torch_kind(path)
+
+
+SILERO_JIT = Path(__file__).resolve().parents[2] / "examples" / "models" / "silero_vad.jit"
+
+
+@pytest.mark.skipif(
+    not SILERO_JIT.is_file(), reason=f"{SILERO_JIT.name} not fetched: run python examples/fetch_pretrained.py (CI does)"
+)
+def test_a_real_torchscript_from_a_wheel_is_torchscript() -> None:
+    """silero_vad.jit (silero-vad 6.2.3, MIT): TorchScript written by Silero's torch, not by the toolchain; its
+    input names come from torch.jit.load in the torch toolchain when that is installed."""
+    from edge.backends.onnxruntime.from_torch import TorchToOnnx
+    from tests.support import torch_models
+
+    assert is_torch_source(SILERO_JIT) and torch_kind(SILERO_JIT) == "torchscript"
+    if torch_models.toolchain_problem() is None:
+        assert TorchToOnnx.input_names(SILERO_JIT) == ["x", "sr"]
