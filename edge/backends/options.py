@@ -11,6 +11,7 @@ A plugin runner declares its own the same way (``options_class`` on its class); 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from edge.base.typedjson import Invalid, read, to_json
@@ -23,6 +24,27 @@ RESERVE_CPUS_DOC = (
     "cores this process's other threads take (edgekit run reserves its pipeline stages); the "
     "automatic thread count leaves them free. Default 0"
 )
+
+
+@dataclass(frozen=True)
+class DeviceOption:
+    """An option only the device gives (a library to load, a device node, a directory to write): declared once on
+    the runner (``Runner.device_options``), described by ``doc``, refused in a manifest with :meth:`hint`, which
+    says where it belongs: the environment variable ``env`` where the runner reads one, else the agent's flag."""
+
+    doc: str
+    env: str | None = None
+    example: str = "/abs/path"
+
+    def hint(self, key: str) -> str:
+        """Where to give option ``key`` instead of in a bundle."""
+        flag = f"the agent's --runner-option {key}={self.example}"
+        return f"set {self.env} on the device, or {flag}" if self.env else f"give it on the device: {flag}"
+
+
+def device_option(value: DeviceOption | str) -> DeviceOption:
+    """A ``device_options`` entry as a :class:`DeviceOption` (a plugin may give the description alone)."""
+    return value if isinstance(value, DeviceOption) else DeviceOption(doc=value)
 
 
 #: thread counts a tuner tries (filtered to the CPUs this process may use)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the age
     import numpy as np
 
 
-from edge.backends.options import option_docs, read_options
+from edge.backends.options import DeviceOption, device_option, option_docs, read_options
 from edge.backends.registry import Registry
 from edge.capabilities import Host, Requirement, problems, require
 from edge.errors import EdgeError
@@ -53,8 +53,10 @@ class Runner(ABC):
     #: the runner's options, declared once (``edge.backends.options``): a frozen dataclass in its backend's
     #: ``format.py``; ``options`` and the manifest's checks and schema derive from it
     options_class: ClassVar[type | None] = None
-    #: options only the device gives (a library, a directory): name -> description; refused in a manifest
-    device_options: ClassVar[Mapping[str, str]] = {}
+    #: options only the device gives (a library, a device node, a directory): name -> its declaration (its
+    #: description, and the environment variable the runner reads it from, if any), or the description alone;
+    #: refused in a manifest, which says where to give it instead (``edge.bundle.schema.device_only_hint``)
+    device_options: ClassVar[Mapping[str, DeviceOption | str]] = {}
     #: option name -> description (what `edgekit doctor` and the CLI print): ``options_class``'s fields, then
     #: ``device_options``; a runner without an ``options_class`` declares it itself
     options: ClassVar[Mapping[str, str]] = {}
@@ -69,7 +71,7 @@ class Runner(ABC):
         super().__init_subclass__(**kwargs)
         declared = cls.__dict__.get("options_class")
         if declared is not None and "options" not in cls.__dict__:
-            cls.options = {**option_docs(declared), **cls.device_options}
+            cls.options = {**option_docs(declared), **{k: device_option(v).doc for k, v in cls.device_options.items()}}
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         require(self.requires, f"runner {self.name!r}")

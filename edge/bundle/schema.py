@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
+from edge.backends.options import device_option
 from edge.base.typedjson import (
     JSON,
     Invalid,
@@ -319,6 +320,19 @@ def runner_options_class(runner: str) -> type | None:
     return declared if isinstance(declared, type) else None
 
 
+def runner_device_options(runner: str) -> Mapping[str, Any]:
+    """The options the runner registered as ``runner`` takes only from the device (``Runner.device_options``); {}
+    when no such runner is installed here (its path-like option names are still refused)."""
+    from edge.backends.runner import RUNNERS
+
+    try:
+        cls = RUNNERS.get(runner)
+    except Exception:  # noqa: BLE001 - UnknownBackendError, or a plugin that fails to import
+        return {}
+    declared = getattr(cls, "device_options", None)
+    return declared if isinstance(declared, Mapping) else {}
+
+
 def builtin_runner_options() -> dict[str, type]:
     """Runner name -> its typed options, for edgekit's own runners (the published schema describes these)."""
     from edge.backends.runner import RUNNERS
@@ -332,30 +346,17 @@ def builtin_runner_options() -> dict[str, type]:
     return out
 
 
-#: options a runner takes only from the device (its CLI, environment, agent config): each names a
-#: library to load, a file or a directory to write. In a manifest they are refused.
-DEVICE_ONLY_OPTIONS: dict[str, dict[str, str]] = {
-    "litert": {
-        "edgetpu_library": "set EDGEKIT_EDGETPU_LIBRARY on the device, or the agent's --runner-option edgetpu_library=/abs/path",
-        "external_delegate": "give it on the device: the agent's --runner-option external_delegate=/abs/path",
-    },
-    "ethos-u": {
-        "device": "give it on the device: the agent's --runner-option device=/dev/ethosuN",
-        "delegate_library": "give it on the device: the agent's --runner-option delegate_library=/abs/path",
-    },
-    "tensorrt": {
-        "engine_cache_dir": "set EDGEKIT_ENGINE_CACHE on the device, or the agent's --runner-option engine_cache_dir=/abs/path"
-    },
-}
 #: any runner's (plugins' too): option names that say they name a path, library or command
 _PATHLIKE_OPTION = re.compile(r".*_(library|lib|path|paths|dir|file|cmd|command|args|binary|exe|executable|plugins?)$")
 
 
 def device_only_hint(runner: str, key: str) -> str | None:
-    """How to give ``key`` on the device when it names a file, library or command; None for an ordinary option."""
-    known = DEVICE_ONLY_OPTIONS.get(runner, {})
+    """How to give ``key`` on the device when it names a file, library or command; None for an ordinary option.
+    The runner declares its own (``Runner.device_options``, built-in or plugin); any runner's option named like a
+    path, library or command is refused too."""
+    known = runner_device_options(runner)
     if key in known:
-        return known[key]
+        return device_option(known[key]).hint(key)
     if _PATHLIKE_OPTION.fullmatch(key):
         return "give it in the device's own configuration (agent --runner-option, environment)"
     return None

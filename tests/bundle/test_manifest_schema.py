@@ -21,7 +21,6 @@ from edge.backends.runner import RUNNERS
 from edge.base.typedjson import Invalid, loads_strict, read, to_json
 from edge.bundle.bundle import Bundle
 from edge.bundle.schema import (
-    DEVICE_ONLY_OPTIONS,
     MAX_BYTES,
     Manifest,
     RunnerSpec,
@@ -120,7 +119,7 @@ def test_runner_option_types_match_what_each_runner_declares() -> None:
         runner = RUNNERS.get(name)
         declared = set(runner.options)
         device_only = {k for k in declared if device_only_hint(name, k) is not None}
-        assert device_only == set(DEVICE_ONLY_OPTIONS.get(name, {})) == set(runner.device_options), name
+        assert device_only >= set(runner.device_options), name  # declared once, on the runner: each is refused
         assert {f for f in typed.__dataclass_fields__} == declared - device_only, name
         assert all(runner.options.values()), name  # every option described (the CLI and doctor print them)
     assert set(typed_by_runner) == set(RUNNERS.names())
@@ -131,6 +130,7 @@ def test_a_plugin_runner_brings_its_own_option_types(tmp_path: Path) -> None:
     through the registry (no map in edgekit to extend)."""
     from dataclasses import dataclass
 
+    from edge.backends.options import DeviceOption
     from edge.backends.runner import Runner
     from edge.base.typedjson import spec
 
@@ -146,15 +146,33 @@ def test_a_plugin_runner_brings_its_own_option_types(tmp_path: Path) -> None:
         def infer(self, feeds: Any) -> Any:  # pragma: no cover - never run
             return dict(feeds)
 
+    class EchoDeviceRunner(Runner):
+        name = "echo-device-plugin"
+        formats = ("onnx",)
+        options_class = EchoOptions
+        device_options = {"socket": DeviceOption("the echo socket", env="ECHO_SOCKET", example="/run/echo")}
+
+        def infer(self, feeds: Any) -> Any:  # pragma: no cover - never run
+            return dict(feeds)
+
     assert dict(EchoRunner.options) == {"gain": "how loud"}
+    assert dict(EchoDeviceRunner.options) == {"gain": "how loud", "socket": "the echo socket"}
     RUNNERS.register(EchoRunner)
+    RUNNERS.register(EchoDeviceRunner)
     try:
         check_runner(read(RunnerSpec, {"name": "echo-plugin", "options": {"gain": 4}}))
         with pytest.raises(Invalid, match="runner.options.gain"):
             check_runner(read(RunnerSpec, {"name": "echo-plugin", "options": {"gain": 9}}))
+        # its device-only option (no path-like name) is refused in a manifest with the hint it declares
+        assert device_only_hint("echo-device-plugin", "socket") == (
+            "set ECHO_SOCKET on the device, or the agent's --runner-option socket=/run/echo"
+        )
+        with pytest.raises(Invalid, match="set ECHO_SOCKET on the device"):
+            check_runner(read(RunnerSpec, {"name": "echo-device-plugin", "options": {"socket": "x"}}))
         assert "echo-plugin" not in builtin_runner_options()  # the published schema is edgekit's own
     finally:
         RUNNERS.unregister("echo-plugin")
+        RUNNERS.unregister("echo-device-plugin")
 
 
 def test_every_shipped_profile_makes_valid_runner_options() -> None:
@@ -246,8 +264,10 @@ def test_a_manifest_names_no_library_path_or_command(
     (tmp_path / "b").mkdir()
     doc = {**m, "runner": {"name": runner, "options": {key: value}}}
     line = _refused(tmp_path / "b", json.dumps(doc), f"field runner.options.{key}", "never a bundle")
-    if runner in DEVICE_ONLY_OPTIONS:
-        assert DEVICE_ONLY_OPTIONS[runner][key].split(",")[0] in line  # says where it belongs
+    hint = device_only_hint(runner, key)
+    assert hint is not None and hint.split(",")[0] in line  # says where it belongs
+    if runner in ("litert", "tensorrt"):  # the runner's own declaration: the environment variable it reads
+        assert "set EDGEKIT_" in line
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from edge.backends.ethosu.format import CPU_MODEL, FORMAT
+from edge.backends.options import DeviceOption
 from edge.backends.runner import Runner, RunnerInfo
 from edge.base.typedjson import spec
 from edge.capabilities import Requirement
@@ -65,8 +66,12 @@ class EthosURunner(Runner):
     requires = (_LITERT,)
     options_class = EthosUOptions
     device_options = {
-        "device": f"the Ethos-U device node (default {DEVICE_NODE}): device configuration only",
-        "delegate_library": f"the Ethos-U LiteRT delegate (default {DELEGATE_LIBRARY}): device configuration only",
+        "device": DeviceOption(
+            f"the Ethos-U device node (default {DEVICE_NODE}): device configuration only", example="/dev/ethosuN"
+        ),
+        "delegate_library": DeviceOption(
+            f"the Ethos-U LiteRT delegate (default {DELEGATE_LIBRARY}): device configuration only"
+        ),
     }
 
     @staticmethod

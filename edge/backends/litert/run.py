@@ -56,6 +56,7 @@ from edge.backends.litert.format import (
     load_sidecar,
     read_tflite,
 )
+from edge.backends.options import DeviceOption
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import (  # noqa: F401 - usable_cpus re-exported
     SHARED_THRESHOLD,
@@ -156,12 +157,17 @@ class LiteRTRunner(Runner):
     requires = (LITERT_REQUIREMENT,)
     options_class = LiteRTOptions
     device_options = {
-        "edgetpu_library": f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
-        f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
-        "bundle's manifest",
-        "external_delegate": "an absolute path: a LiteRT delegate library loaded for the model in place of "
-        "the delegate option (a vendor NPU's, e.g. the Ethos-U delegate of edge.backends.ethosu); device "
-        "configuration only",
+        "edgetpu_library": DeviceOption(
+            f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "
+            f"(agent --runner-option, or ${EDGETPU_LIBRARY_ENV}), an absolute path; refused in a "
+            "bundle's manifest",
+            env=EDGETPU_LIBRARY_ENV,
+        ),
+        "external_delegate": DeviceOption(
+            "an absolute path: a LiteRT delegate library loaded for the model in place of "
+            "the delegate option (a vendor NPU's, e.g. the Ethos-U delegate of edge.backends.ethosu); device "
+            "configuration only"
+        ),
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:

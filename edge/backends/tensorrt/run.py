@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 
     from edge.backends.onnxruntime.run import OnnxRuntimeRunner
 
+from edge.backends.options import DeviceOption
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.tensorrt.format import CACHE_ENV, TensorRTOptions
 from edge.base.typedjson import UnreadableFile, read_json_file
@@ -239,8 +240,11 @@ class TensorRTRunner(Runner):
     _ort: OnnxRuntimeRunner | None  # the CPU fallback (onnxruntime on the prepared ONNX)
     options_class = TensorRTOptions
     device_options = {
-        "engine_cache_dir": "where built engines are cached (default: <device store>/engines, "
-        f"${CACHE_ENV} or ~/.cache/edgekit/tensorrt-engines)"
+        "engine_cache_dir": DeviceOption(
+            "where built engines are cached (default: <device store>/engines, "
+            f"${CACHE_ENV} or ~/.cache/edgekit/tensorrt-engines)",
+            env=CACHE_ENV,
+        )
     }
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
