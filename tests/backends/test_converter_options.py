@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tomllib
 
-from edge.backends.converter import CONVERTERS, ConversionRequest, Converter
+from edge.backends.converter import ConversionRequest, Converter
 from edge.backends.openvino.convert import OnnxToOpenVINO, OpenVINOConvertOptions, convert_options
 from edge.backends.openvino.from_tflite import TFLiteToOpenVINO
 from edge.backends.options import option_docs
@@ -95,8 +95,10 @@ def test_the_tuner_tries_what_the_option_fields_declare_and_each_value_is_valid(
 # -- every converter: options declared once, typed; a wrong name or value is one line naming the converter --
 
 
-def test_the_declared_converters_are_the_registered_ones() -> None:
-    assert len(CONVERTER_CLASSES) >= 13 and set(CONVERTER_CLASSES) <= set(CONVERTERS.names())
+def test_each_declared_converter_is_registered_under_its_own_name() -> None:
+    """pyproject's entry points, not the registry: an editable install's metadata can predate a new converter."""
+    assert len(CONVERTER_CLASSES) >= 13
+    assert all(cls.name == name for name, cls in CONVERTER_CLASSES.items())
 
 
 @pytest.mark.parametrize("name", sorted(CONVERTER_CLASSES))
@@ -143,7 +145,7 @@ def test_every_shipped_profile_s_convert_options_read_typed() -> None:
     checked = 0
     for target in load_targets().values():
         for converter, options in target.convert_options.items():
-            CONVERTERS.get(converter).read_options(options)
+            CONVERTER_CLASSES[converter].read_options(options)
             checked += 1
     assert checked >= 6
 
