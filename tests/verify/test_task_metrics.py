@@ -16,6 +16,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.verify.corroborate import task_note_problem
 from edge.verify.gates import check_gates
 from edge.verify.parity import THRESHOLDS, compare, guess_task
+from edge.verify.refpairs import open_checked
 from tests.support.next_models import multi_label_tagger, step_decoder
 
 
@@ -128,6 +129,9 @@ def test_explain_names_each_outputs_metric_and_a_tagger_converts(tmp_path: Path)
     [par] = b.manifest["parity"]["outputs"]
     assert b.manifest["parity"]["passed"] is True and par["task"] == "multi-label" and par["top1"] is None
     check_gates(parse_manifest(b.manifest, "test"))  # a classifier-shaped output without top-1: its labels excuse it
+    with open_checked(b, None, mode=True) as runner:  # the device's check judges it as parity recorded it
+        check = runner.info.details["reference_check"]
+    assert check["passed"] is True and check["outputs"][0]["task"] == "multi-label", check
     # a record claiming multi-label for an output whose reference rows are a softmax is refused
     forged = dict(par, task_note="labels at >= 0.5 compared", iou=1.0)
     assert task_note_problem(SimpleNamespace(**forged), [np.full((1, 4), 0.25, np.float32)]) is not None
