@@ -18,6 +18,7 @@ from edge.backends.registry import Registry
 from edge.backends.runner import RunnerInfo
 from edge.capabilities import Host, Requirement, problems
 from edge.errors import ConversionError, EdgeError, PrecisionError, did_you_mean
+from edge.graph.opsupport import OpSupport
 from edge.spec import Calibration, IOSpec, PreprocessSpec
 
 
@@ -97,6 +98,12 @@ class Converter(ABC):
     #: the toolchain environment (edge.toolchains) the converter runs in, if any; a missing one is
     #: reported like a missing package, before any work
     toolchain: ClassVar[str | None] = None
+
+    @classmethod
+    def op_support(cls) -> OpSupport | None:
+        """The ONNX ops this converter cannot express, declared in its own backend folder and checked before any
+        heavy work (``edge.graph.opsupport.check_ops``); None: no declared limits (the default)."""
+        return None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

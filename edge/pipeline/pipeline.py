@@ -190,7 +190,7 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
     ):  # every node the first converter cannot express, before any work
         from edge.graph.opsupport import check_ops
 
-        check_ops(job.src.model, p.steps[0].converter.name, source=job.src.path, target=profile.name)
+        check_ops(job.src.model, p.steps[0].converter.op_support(), source=job.src.path, target=profile.name)
     job.pre = None if req.preprocess == "none" else default_preprocess(job.io, req.preprocess, letterbox=req.letterbox)
     if req.calib is not None:
         say(f"loading calibration data from {req.calib}")

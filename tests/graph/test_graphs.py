@@ -18,6 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from edge.backends.converter import CONVERTERS
 from edge.errors import ConversionError, EdgeError, ModelError
 from edge.graph.model import (
     KEPT_DYNAMIC_KEY,
@@ -30,7 +31,7 @@ from edge.graph.model import (
     save_onnx,
     walk_nodes,
 )
-from edge.graph.opsupport import check_ops, rules, targets_using
+from edge.graph.opsupport import OpSupport, check_ops, targets_using
 from edge.pipeline.request import ConvertRequest
 from tests.support.cli import assert_user_error, run_cli
 
@@ -379,11 +380,16 @@ def test_non_tensor_inputs_and_outputs_are_named(tmp_path: Path) -> None:
 # -- what each converter can express --------------------------------------------------------------
 
 
+def support(converter: str) -> OpSupport | None:
+    """What ``converter`` declares it cannot express (its own ``op_support``, from the registry)."""
+    return CONVERTERS.get(converter).op_support()
+
+
 def test_refusals_name_every_node_and_op_in_one_line(graphs: dict[str, Path]) -> None:
     path = graphs["vad_like"]
     for converter in ("onnx->tflite", "onnx->tensorrt-plan", "onnx->openvino-ir"):
         with pytest.raises(ConversionError) as e:
-            check_ops(path, converter)
+            check_ops(path, support(converter))
         msg = str(e.value)
         assert "\n" not in msg and msg.startswith("vad_like.onnx: target")
         # (an LSTM given its state, which onnx2tf mistranslates, is unrolled first: edge.graph.lower; not counted)
@@ -392,19 +398,19 @@ def test_refusals_name_every_node_and_op_in_one_line(graphs: dict[str, Path]) ->
             assert f"node 'If_frames_{tag}' (If: output 0: then rank 2, else rank 3)" in msg, msg
         assert "x86-cpu" in msg  # the way forward
     with pytest.raises(ConversionError) as e:
-        check_ops(path, "onnx->coreml")
+        check_ops(path, support("onnx->coreml"))
     assert "target apple-ane" in str(e.value)
     assert "node 'Equal_sr' (Equal), node 'If_sr' (If)" in str(e.value)  # control flow: one node, not its insides
     for name in ("loop", "scan", "lstm_state"):  # control flow and recurrence are fine where the tool has them
         for converter in ("onnx->tensorrt-plan", "onnx->openvino-ir", "onnx->onnx"):
-            check_ops(graphs[name], converter)
+            check_ops(graphs[name], support(converter))
     # onnx2tf 1.29.24 under TensorFlow 2.19 fails on each of these (measured): refused before TensorFlow starts
     check_ops(
-        graphs["lstm_state"], "onnx->tflite"
+        graphs["lstm_state"], support("onnx->tflite")
     )  # its LSTM (state given, no bias) is unrolled first: edge.graph.lower
     for name, node in (("loop", "'Loop_steps' (Loop)"), ("scan", "'Scan_seq' (Scan)")):
         with pytest.raises(ConversionError) as e:
-            check_ops(graphs[name], "onnx->tflite")
+            check_ops(graphs[name], support("onnx->tflite"))
         tflite_targets = ", ".join(
             targets_using("onnx->tflite")
         )  # every profile that takes this route, from the registry
@@ -412,16 +418,17 @@ def test_refusals_name_every_node_and_op_in_one_line(graphs: dict[str, Path]) ->
         assert str(e.value).startswith(f"{name}.onnx: targets {tflite_targets} (onnx->tflite")
         assert f"cannot express 1 node: node {node}" in str(e.value)
     with pytest.raises(ConversionError, match=r"node 'Loop_steps' \(Loop\)"):
-        check_ops(graphs["loop"], "onnx->coreml")
+        check_ops(graphs["loop"], support("onnx->coreml"))
     with pytest.raises(ConversionError, match=r"target jetson-orin .*node 'x' \(com\.microsoft\.FusedMatMul\)"):
         bad = load_onnx(graphs["lstm_state"])
         bad.graph.node.append(h.make_node("FusedMatMul", ["y", "y"], ["z"], domain="com.microsoft", name="x"))
-        check_ops(bad, "onnx->tensorrt-plan", target="jetson-orin")
+        check_ops(bad, support("onnx->tensorrt-plan"), target="jetson-orin")
 
 
 def test_the_coreml_list_is_the_bridges_own() -> None:
     text = (REPO / "edge" / "toolchains" / "coreml_bridge.py").read_text()
-    ops = rules()["onnx->coreml"].supported_only
+    support_ = support("onnx->coreml")
+    ops = support_.supported_only if support_ else None
     assert ops and {"Conv", "Gemm", "Constant", "Identity"} <= ops and "If" not in ops
     assert all(f'"{op}"' in text for op in ops)
 
@@ -529,11 +536,11 @@ def test_silero_vad_converts_for_x86_cpu(precision: str | None, tmp_path: Path) 
 @needs_silero
 @pytest.mark.parametrize("target", ["intel-igpu", "arm-xnnpack", "jetson-orin", "apple-ane"])
 def test_silero_vad_refused_with_the_nodes(target: str, tmp_path: Path) -> None:
-    from edge.graph.opsupport import check_target
     from edge.targets import get_target
 
+    profile = get_target(target)
     with pytest.raises(ConversionError) as e:
-        check_target(SILERO, get_target(target))
+        check_ops(SILERO, support(profile.chain[0].converter), target=target)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"silero_vad.onnx: target {target} ")
     assert "(If" in msg and "x86-cpu" in msg

@@ -20,6 +20,8 @@ no fp16 kernel for an op, named as such (``details["host_proxy"]``).
 
 from __future__ import annotations
 
+import ast
+import functools
 import shutil
 import tempfile
 import time
@@ -34,6 +36,7 @@ from edge.backends.converter import ConversionRequest, ConversionResult, Convert
 from edge.base.typedjson import spec
 from edge.capabilities import Requirement
 from edge.errors import ConversionError, MissingDependencyError, ModelError, ParityError
+from edge.graph.opsupport import CPU_WAY, OpSupport, check_ops
 from edge.graph.torchfile import RELOAD_HINT
 
 TOOLCHAIN = "torch"
@@ -217,17 +220,45 @@ def _load_proxy(record: dict[str, Any] | None, inputs: list[dict[str, np.ndarray
     )
 
 
+@functools.cache
+def bridge_ops() -> frozenset[str]:
+    """``SUPPORTED + STRUCTURAL`` of the Core ML bridge, read from its source (importing it needs torch)."""
+    src = Path(toolchains.__file__).resolve().parent / "coreml_bridge.py"
+    values: dict[str, tuple[str, ...]] = {}
+    for node in ast.parse(src.read_text(encoding="utf-8")).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("SUPPORTED", "STRUCTURAL")
+        ):
+            values[node.targets[0].id] = tuple(ast.literal_eval(node.value))
+    return frozenset(values.get("SUPPORTED", ()) + values.get("STRUCTURAL", ()))
+
+
 class OnnxToCoreML(_CoreMLConverter):
     name = "onnx->coreml"
     source_format = "onnx"
     requires = (_ORT,)
 
+    @classmethod
+    def op_support(cls) -> OpSupport:
+        """Every op outside the ONNX->PyTorch bridge's ``SUPPORTED`` list (``edge/toolchains/coreml_bridge.py``,
+        read from its source: it imports torch): control flow and recurrent ops included."""
+        return OpSupport(
+            cls.name,
+            "edgekit's ONNX->PyTorch bridge",
+            supported_only=bridge_ops(),
+            descend=False,
+            way_forward="bring the PyTorch model (TorchScript or torch.export .pt2: coremltools converts control "
+            f"flow and recurrent layers from it), or {CPU_WAY}",
+        )
+
     def convert(self, request: ConversionRequest) -> ConversionResult:
-        from edge.graph.opsupport import check_ops
         from edge.verify.parity import ParityReport, compare, reference_outputs, thresholds_for
 
         self.read_options(request.options)  # a bad option is refused before the op check
-        check_ops(request.source, self.name)  # every op the bridge lacks, before the toolchain starts
+        check_ops(request.source, self.op_support())  # every op the bridge lacks, before the toolchain starts
         run = self._drive(
             request,
             {

@@ -42,7 +42,7 @@ from edge.base.typedjson import read_json_file, spec
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, MissingDependencyError
 from edge.graph.divergence import MIN_COSINE, REL_TOLERANCE, Divergence
-from edge.graph.opsupport import check_ops
+from edge.graph.opsupport import CPU_WAY, IF_WAY, OpSupport, check_ops
 from edge.toolchains.state import ToolchainStatus
 from edge.verify.inputs import CALIB_FLAG
 
@@ -102,6 +102,68 @@ class OnnxToTFLiteOptions:
     )
 
 
+# What onnx2tf refuses up front (edge.graph.opsupport): ops it has no translator for (its ``onnx2tf/ops`` against
+# ONNX 1.23's operator set); non-default domains except the contrib ops it translates; ``If`` whose branches give
+# outputs of different rank (onnx2tf builds both branches and joins them with ``keras.backend.switch``:
+# PINTO0309/onnx2tf#782, the Silero VAD case); Loop, Scan and LSTM forms its translators fail on with the pinned
+# TensorFlow 2.19 (measured, see ``_ONNX2TF_LIMITS``).
+# ONNX 1.23 default-domain ops with no onnx2tf/ops/<Op>.py in onnx2tf 1.29.24 (the pinned toolchain)
+_ONNX2TF_MISSING = frozenset(
+    {"BitCast", "CastLike", "CausalConvWithState", "LinearAttention", "SequenceMap", "SwiGLU", "Swish"}
+)
+# contrib (com.microsoft) op types onnx2tf 1.29.24 translates
+_ONNX2TF_CONTRIB = frozenset(
+    {
+        "FusedConv",
+        "Gelu",
+        "GroupNorm",
+        "Inverse",
+        "QLinearAdd",
+        "QLinearConcat",
+        "QLinearLeakyRelu",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearSoftmax",
+        "ScaleAndTranslate",
+    }
+)
+
+
+def _input_given(node: Any, index: int) -> bool:
+    return len(node.input) > index and node.input[index] != ""
+
+
+def _onnx2tf_lstm(node: Any) -> str | None:
+    state = _input_given(node, 5) or _input_given(node, 6)
+    if _input_given(node, 3) and not state:
+        return None
+    from edge.graph.lower import lstm_lowerable
+
+    why = lstm_lowerable(node)
+    if why is None:
+        return None  # the converter unrolls it into plain ops first (edge.graph.lower.lower_lstm)
+    fails = (
+        "mistranslates an LSTM given its state initial_h/initial_c (a Reshape fails)"
+        if state
+        else "needs the bias input B (KeyError on an omitted one)"
+    )
+    return f"onnx2tf 1.29.24 {fails}, and edgekit lowers only the default LSTM form to plain ops (this one has {why})"
+
+
+# Measured with the pinned toolchain (onnx2tf 1.29.24, TensorFlow 2.19, tf_keras) on the graphs built in
+# tests/graph/test_graphs.py: its Loop and Scan translators fail under TF2 graph mode; its LSTM fails on an omitted
+# bias and on an LSTM given its state (a streaming model's h0/c0).
+_ONNX2TF_LIMITS: Mapping[str, Callable[[Any], str | None]] = {
+    "Loop": lambda n: (
+        "onnx2tf 1.29.24's while_loop translation fails under TensorFlow 2.19 (graph-mode TensorArray, NotImplementedError)"
+    ),
+    "Scan": lambda n: (
+        "onnx2tf 1.29.24's translation fails under TensorFlow 2.19 (TensorArray size from a KerasTensor, TypeError)"
+    ),
+    "LSTM": _onnx2tf_lstm,
+}
+
+
 class OnnxToTFLite(Converter):
     name = "onnx->tflite"
     source_format = "onnx"
@@ -112,11 +174,23 @@ class OnnxToTFLite(Converter):
     requires = (_ORT, _LITERT)
     options_class = OnnxToTFLiteOptions  # ``options`` (names and descriptions) derive from it
 
+    @classmethod
+    def op_support(cls) -> OpSupport:
+        return OpSupport(
+            cls.name,
+            "onnx2tf 1.29.24",
+            unsupported=_ONNX2TF_MISSING,
+            other_domains=_ONNX2TF_CONTRIB,
+            same_rank_if=True,
+            limits=_ONNX2TF_LIMITS,
+            way_forward=IF_WAY + CPU_WAY,
+        )
+
     def convert(self, request: ConversionRequest) -> ConversionResult:
         opts: OnnxToTFLiteOptions = self.read_options(request.options)
         self.check_precision(request.precision)
         require(self.requires, f"converter {self.name!r}")
-        check_ops(request.source, self.name)  # every node onnx2tf cannot translate, before TensorFlow starts
+        check_ops(request.source, self.op_support())  # every node onnx2tf cannot translate, before TensorFlow starts
         timeout_s = opts.timeout_s
         int8 = request.precision == "int8"
         calib = _check_samples(request, required=int8)

@@ -35,6 +35,7 @@ from edge.backends.openvino.frontend_errors import frontend_error
 from edge.base.typedjson import spec
 from edge.capabilities import Requirement, require
 from edge.errors import CalibrationError, ConversionError, PrecisionError
+from edge.graph.opsupport import CPU_WAY, IF_WAY, OpSupport
 from edge.verify.inputs import CALIB_FLAG
 
 NNCF_REQUIREMENT = Requirement(
@@ -248,6 +249,20 @@ class OnnxToOpenVINO(Converter):
     #: extra requirements per precision, checked inside convert()
     precision_requires = {"int8": (NNCF_REQUIREMENT,)}
     options_class = OpenVINOConvertOptions  # ``options`` (names and descriptions) derive from it
+
+    @classmethod
+    def op_support(cls) -> OpSupport:
+        """``If`` with branch outputs of different rank: the If output gets a dynamic rank, which OpenVINO 2026.4's
+        ONNX frontend refuses before a Conv (Silero VAD) and its CPU plug-in refuses outright ("If operation with
+        dynamic rank", the graph in tests/graph/test_graphs.py). If itself is not the limit (the GPU plug-in has a
+        condition primitive, openvinotoolkit/openvino#18043): the frontend does not fold a condition computed from
+        shapes, so Silero VAD fails the same way with static input/state and ``sr`` frozen to 16000 (measured,
+        2026.4.1); the frontend fix, openvinotoolkit/openvino#32677, was closed unmerged. What works is inlining
+        every If at one sample rate and static shapes (snakers4/silero-vad#779's examples/openvino): OpenVINO CPU
+        fp32 then matches onnxruntime (max abs 7.7e-8, 32 chained steps; measured). Every domain is taken."""
+        return OpSupport(
+            cls.name, "OpenVINO's ONNX frontend", other_domains=None, same_rank_if=True, way_forward=IF_WAY + CPU_WAY
+        )
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         opts = convert_options(request)

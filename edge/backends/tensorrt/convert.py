@@ -38,6 +38,7 @@ from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.capabilities import Requirement
 from edge.errors import CalibrationError, ConversionError
 from edge.graph.model import load_onnx, save_onnx
+from edge.graph.opsupport import CPU_WAY, IF_WAY, OpSupport, check_ops
 from edge.verify.inputs import CALIB_FLAG
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,19 @@ class OnnxToTensorRTPlan(Converter):
     requires = (_ORT, _ONNX)
     options_class = TensorRTConvertOptions  # ``options`` (names and descriptions) derive from it
 
+    @classmethod
+    def op_support(cls) -> OpSupport:
+        """TRT_UNSUPPORTED_OPS, non-default domains, and ``If`` with branch outputs of different rank
+        (onnx-tensorrt docs/operators.md: "output tensors of the two conditional branches must have broadcastable
+        shapes")."""
+        return OpSupport(
+            cls.name,
+            "TensorRT's ONNX parser",
+            unsupported=frozenset(TRT_UNSUPPORTED_OPS),
+            same_rank_if=True,
+            way_forward=IF_WAY + CPU_WAY,
+        )
+
     def convert(self, request: ConversionRequest) -> ConversionResult:
         import onnx
         import onnxruntime as ort
@@ -77,9 +91,7 @@ class OnnxToTensorRTPlan(Converter):
         opts: TensorRTConvertOptions = self.read_options(request.options)
         self.check_precision(request.precision)
         workspace_mb, dla_core = opts.workspace_mb, opts.dla_core
-        from edge.graph.opsupport import check_ops
-
-        check_ops(request.source, self.name)  # every node TensorRT's parser refuses, before folding/quantizing
+        check_ops(request.source, self.op_support())  # every node TensorRT's parser refuses, before folding/quantizing
         out = request.workdir / "model.onnx"
         tool_versions = {"onnx": onnx.__version__, "onnxruntime": ort.__version__}
         with tempfile.TemporaryDirectory(prefix="edgekit-trt-") as tmp:
