@@ -274,17 +274,21 @@ def byte_conv1d_classifier(path: Path, length: int = 256, *, noop_slice: bool = 
     )
 
 
-def multi_label_tagger(path: Path, classes: int = 3000, *, output: str = "predictions_sigmoid") -> Path:
+def multi_label_tagger(
+    path: Path, classes: int = 3000, *, output: str = "predictions_sigmoid", near_one: bool = False
+) -> Path:
     """An image tagger (issue #34, class 3a): ``[1, 3, 64, 64]`` -> ``[1, classes]`` independent sigmoid
     probabilities, most near 0 and dozens saturated at 1.0 (thousands of tags, many present at once), as a
-    WD14-style tagger gives. Its best class is a tie among the saturated ones."""
+    WD14-style tagger gives. Its best class is a tie among the saturated ones. ``near_one``: the 60 tags sit at
+    0.9999992-0.99999996 instead (logits 14-17), where another kernel's rounding reorders them."""
     rng = np.random.default_rng(3)
     nodes, inits, x = _conv_trunk(rng, "image", 3, 8, "s1", 4)
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["g"]))
     nodes.append(helper.make_node("Flatten", ["g"], ["f"]))
     w = (rng.standard_normal((8, classes)) * 3).astype(np.float32)
     b = np.full(classes, -6.0, np.float32)
-    b[rng.choice(classes, 60, replace=False)] = 40.0  # saturated tags: sigmoid 1.0 in float32
+    tags = rng.choice(classes, 60, replace=False)
+    b[tags] = rng.uniform(14.0, 17.0, 60) if near_one else 40.0  # saturated tags: sigmoid 1.0 (or 1 - 1e-7)
     b[rng.choice(classes, 30, replace=False)] = 0.0  # tags near the 0.5 threshold
     inits += [numpy_helper.from_array(w, "dense_w"), numpy_helper.from_array(b, "dense_b")]
     nodes += [
