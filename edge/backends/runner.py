@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the age
 
 from edge.backends.options import DeviceOption, device_option, option_docs, read_options
 from edge.backends.registry import Registry
-from edge.capabilities import Host, Requirement, problems, require
+from edge.capabilities import CpuIsa, Host, Requirement, problems, require
 from edge.errors import EdgeError
 from edge.spec import TensorSpec
 
@@ -50,6 +50,11 @@ class Runner(ABC):
     #: at precision fp16 the device stores activations in fp16 (not only weights): the build host runs the
     #: fp16 proxy (``edge.verify.fp16proxy``) beside the f32 parity
     computes_fp16: ClassVar[bool] = False
+    #: the precision this runner may compute in on a CPU that has it, faster and coarser than the bundle's (OpenVINO:
+    #: bf16), asked for with the runner option ``inference_precision = "fast"``: the build host tries it against
+    #: parity (``edge.pipeline.precision_trial``) and the bundle asks for it only where it passed. None: no such
+    #: precision to try
+    fast_cpu_precision: ClassVar[str | None] = None
     #: the runner's options, declared once (``edge.backends.options``): a frozen dataclass in its backend's
     #: ``format.py``; ``options`` and the manifest's checks and schema derive from it
     options_class: ClassVar[type | None] = None
@@ -89,6 +94,13 @@ class Runner(ABC):
             self.typed_options = read_options(
                 self.name, self.options_class, {k: v for k, v in self._options.items() if k not in self.device_options}
             )
+
+    @classmethod
+    def fp16_trial_skip(cls, precision: str, isa: CpuIsa) -> str | None:
+        """Why the build host does not try fp16 compute on the CPU for a bundle of ``precision`` on a CPU ``isa``
+        (recorded in the manifest, ``edge.pipeline.precision_trial``); None where no such trial applies (the
+        default: this runner has no CPU fp16 compute to ask for)."""
+        return None
 
     @classmethod
     def problems(cls, host: Host | None = None) -> list[str]:

@@ -20,6 +20,9 @@ only converts) the trial is not run and the manifest says why (``parity.precisio
 CPU has it, ai-edge-litert's ``Interpreter`` (the runner's API) still cannot ask XNNPack for fp16 (FORCE_FP16 is
 a ``CompiledModel`` CPU option only), and the record says that instead. onnxruntime's int8 setting
 (``x64_quant_precision``) needs no trial: u8s8 and u8u8 compute the same where the runner picks u8s8 (VNNI/AMX).
+
+Which runner has which trial is the runner's own declaration (``Runner.fast_cpu_precision``,
+``Runner.fp16_trial_skip``, in its backend folder); this module names no runner.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from edge.backends.runner import RUNNERS, Runner
 from edge.bundle.bundle import Bundle
 from edge.capabilities import CpuIsa, cpu_isa
 from edge.errors import EdgeError
@@ -35,9 +39,19 @@ from edge.errors import EdgeError
 TRIAL_PRECISIONS = ("fp32", "fp16")
 
 
+def _runner(name: str) -> type[Runner] | None:
+    return RUNNERS.get(name) if name in RUNNERS else None
+
+
+def fast_precision(runner: str) -> str | None:
+    """The faster CPU precision ``runner`` declares (``Runner.fast_cpu_precision``: OpenVINO's bf16), if any."""
+    cls = _runner(runner)
+    return cls.fast_cpu_precision if cls is not None else None
+
+
 def trial_wanted(runner: str, options: Mapping[str, Any], precision: str, parity_passed: bool | None) -> str | None:
-    """None when the bf16 trial should run; else why not (a sentence for the build log)."""
-    if runner != "openvino":
+    """None when the fast-precision (bf16) trial should run; else why not (a sentence for the build log)."""
+    if fast_precision(runner) is None:
         return f"runner {runner} has no fast CPU precision to try"
     chosen = str(options.get("inference_precision", "bundle")).lower()
     if chosen != "bundle":
@@ -67,25 +81,26 @@ def try_fast_precision(
     spec = manifest["runner"]
     options = dict(spec.get("options") or {})
     parity = manifest.get("parity") or {}
-    if trial_wanted(spec["name"], options, precision, parity.get("passed")) is not None:
+    compute = fast_precision(spec["name"])
+    if compute is None or trial_wanted(spec["name"], options, precision, parity.get("passed")) is not None:
         return None
     trial_manifest = {**manifest, "runner": {**spec, "options": {**options, "inference_precision": "fast"}}}
     try:
         runner = Bundle(stage, trial_manifest).open_runner()
     except EdgeError as e:  # the f32 bundle passed: a failing trial only means no bf16
-        say(f"bf16 trial not run: {e.message}")
+        say(f"{compute} trial not run: {e.message}")
         return None
     with runner:
         info = runner.info
         fast = info.details.get("fast_precision") or {}
         caps = [str(c) for c in fast.get("capabilities", [])]
-        if info.device_used != "CPU" or info.precision_used != "bf16":
+        if info.device_used != "CPU" or info.precision_used != compute:
             say(
-                f"bf16 trial not run: {info.device_used} computes in {info.precision_used} "
+                f"{compute} trial not run: {info.device_used} computes in {info.precision_used} "
                 f"(CPU capabilities: {', '.join(caps) or 'not reported'})"
             )
             return None
-        say(f"checking parity in bf16 ({info.device_used}) on {len(inputs)} {label} inputs")
+        say(f"checking parity in {compute} ({info.device_used}) on {len(inputs)} {label} inputs")
         report = check_parity(
             runner,
             inputs,
@@ -97,7 +112,7 @@ def try_fast_precision(
         )
     data = report.to_json()
     trial = {
-        "compute": "bf16",
+        "compute": compute,
         "passed": report.passed,
         "thresholds": data["thresholds"],
         "candidate": data["candidate"],
@@ -110,43 +125,33 @@ def try_fast_precision(
     if report.passed:
         options["inference_precision"] = "fast"
         manifest["runner"] = {**spec, "options": options}
-        say("bf16 passed parity: the bundle computes in bf16 on CPUs that list BF16 (inference_precision fast)")
+        say(
+            f"{compute} passed parity: the bundle computes in {compute} on CPUs that list {compute.upper()} "
+            "(inference_precision fast)"
+        )
     else:
-        say("bf16 failed parity (" + "; ".join(report.failures()[:3]) + "): the bundle stays f32 on CPUs")
+        say(f"{compute} failed parity (" + "; ".join(report.failures()[:3]) + "): the bundle stays f32 on CPUs")
     return trial
 
 
-#: bundle precisions whose LiteRT CPU run could compute in fp16 instead of f32
-FP16_TRIAL_PRECISIONS = ("fp32", "fp16")
-
-
 def xnnpack_fp16_skip(runner: str, precision: str, isa: CpuIsa) -> str | None:
-    """Why the XNNPack fp16 trial is not run for a ``runner`` bundle of ``precision`` on a CPU ``isa``; None when it
-    does not apply (another runner, an int8 bundle)."""
-    if runner != "litert" or precision not in FP16_TRIAL_PRECISIONS:
-        return None
-    if not isa.known:
-        return "this host's CPU flags are not readable: no fp16 arithmetic to rely on"
-    if not isa.native_fp16:
-        return (
-            f"this CPU has no fp16 arithmetic ({isa.describe()}: no asimdhp, avx512_fp16 or amx_fp16): XNNPack "
-            "would compute f32 around conversions, no faster"
-        )
-    return (
-        f"this CPU has fp16 arithmetic ({isa.describe()}), but ai-edge-litert's Interpreter, the runner's API, "
-        "cannot ask XNNPack for fp16 (FORCE_FP16 is a CompiledModel CPU option only): not tried"
-    )
+    """Why the CPU fp16 trial is not run for a ``runner`` bundle of ``precision`` on a CPU ``isa``, as the runner
+    declares it (``Runner.fp16_trial_skip``: LiteRT's XNNPack); None when it does not apply (another runner, an int8
+    bundle)."""
+    cls = _runner(runner)
+    return cls.fp16_trial_skip(precision, isa) if cls is not None else None
 
 
 def skip_xnnpack_fp16(
     precision: str, manifest: dict[str, Any], say: Callable[[str], None], isa: CpuIsa | None = None
 ) -> str | None:
     """Record in ``manifest`` why the XNNPack fp16 trial is not run on this host, where it applies; the reason."""
-    why = xnnpack_fp16_skip(manifest["runner"]["name"], precision, isa or cpu_isa())
+    runner = manifest["runner"]["name"]
+    why = xnnpack_fp16_skip(runner, precision, isa or cpu_isa())
     if why is None:
         return None
     parity = manifest.get("parity")
     if isinstance(parity, dict):  # a bundle with no parity record (skipped) carries no trial either
-        parity.setdefault("precision_trials_skipped", []).append({"compute": "fp16", "runner": "litert", "reason": why})
+        parity.setdefault("precision_trials_skipped", []).append({"compute": "fp16", "runner": runner, "reason": why})
     say(f"fp16 trial not run: {why}")
     return why

@@ -68,7 +68,7 @@ from edge.backends.threads import (  # noqa: F401 - usable_cpus re-exported
     reserve_option,
     usable_cpus,
 )
-from edge.capabilities import Requirement, env_flag
+from edge.capabilities import CpuIsa, Requirement, env_flag
 from edge.errors import EdgeError, HardwareUnavailableError, InputFileError, ModelError
 from edge.native_stderr import captured_stderr
 from edge.spec import TensorSpec, image_layout
@@ -151,6 +151,10 @@ def edgetpu_library(option: Any = None) -> str:
     return EDGETPU_LIBRARY
 
 
+#: bundle precisions whose LiteRT CPU run could compute in fp16 instead of f32
+FP16_TRIAL_PRECISIONS = ("fp32", "fp16")
+
+
 class LiteRTRunner(Runner):
     name = "litert"
     formats = ("tflite", "edgetpu-tflite")
@@ -169,6 +173,25 @@ class LiteRTRunner(Runner):
             "configuration only"
         ),
     }
+
+    @classmethod
+    def fp16_trial_skip(cls, precision: str, isa: CpuIsa) -> str | None:
+        """XNNPack in fp16 pays only where the CPU has fp16 arithmetic (ARM FEAT_FP16 ``asimdhp``, x86
+        AVX512-FP16/AMX-FP16); where it has it, ai-edge-litert's ``Interpreter`` (this runner's API) still cannot ask
+        XNNPack for fp16 (FORCE_FP16 is a ``CompiledModel`` CPU option only). None for an int8 bundle."""
+        if precision not in FP16_TRIAL_PRECISIONS:
+            return None
+        if not isa.known:
+            return "this host's CPU flags are not readable: no fp16 arithmetic to rely on"
+        if not isa.native_fp16:
+            return (
+                f"this CPU has no fp16 arithmetic ({isa.describe()}: no asimdhp, avx512_fp16 or amx_fp16): XNNPack "
+                "would compute f32 around conversions, no faster"
+            )
+        return (
+            f"this CPU has fp16 arithmetic ({isa.describe()}), but ai-edge-litert's Interpreter, the runner's API, "
+            "cannot ask XNNPack for fp16 (FORCE_FP16 is a CompiledModel CPU option only): not tried"
+        )
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)

@@ -183,6 +183,7 @@ class OpenVINORunner(Runner):
     formats = ("openvino-ir",)
     requires = (OPENVINO_REQUIREMENT,)
     options_class = OpenVINOOptions
+    fast_cpu_precision = "bf16"  # the CPU plugin's bf16 (AVX512-BF16, AMX), with inference_precision = "fast"
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)
