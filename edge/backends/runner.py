@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # numpy is imported where a runner runs (12 MB of RSS the age
 
 from edge.backends.options import DeviceOption, device_option, option_docs, read_options
 from edge.backends.registry import Registry
+from edge.backends.tuning import TuneSpace
 from edge.capabilities import CpuIsa, Host, Requirement, problems, require
 from edge.errors import EdgeError
 from edge.spec import TensorSpec
@@ -55,6 +56,9 @@ class Runner(ABC):
     #: parity (``edge.pipeline.precision_trial``) and the bundle asks for it only where it passed. None: no such
     #: precision to try
     fast_cpu_precision: ClassVar[str | None] = None
+    #: what ``edgekit tune`` searches for this runner (``edge.backends.tuning``), declared in its backend's
+    #: ``format.py``; None: the tuner has no search space for it
+    tune_space: ClassVar[TuneSpace | None] = None
     #: the runner's options, declared once (``edge.backends.options``): a frozen dataclass in its backend's
     #: ``format.py``; ``options`` and the manifest's checks and schema derive from it
     options_class: ClassVar[type | None] = None

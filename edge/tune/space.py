@@ -1,19 +1,21 @@
 """The declarative search space of ``edgekit tune``: runners, precisions, recipes and runner options per target.
 
-Data first (Olive's ``OrtSessionParamsTuning`` is the model): :data:`SPACES` says, per runner, which
-converter feeds it, which recipe knobs (convert options) and which runner options are worth trying.
+Data first (Olive's ``OrtSessionParamsTuning`` is the model): each runner declares its own search space
+(``Runner.tune_space``, an :class:`edge.backends.tuning.TuneSpace` in its backend's ``format.py``): which
+converter feeds it, which recipe knobs (convert options) and which runner options are worth trying, and which
+combinations cannot run. This module reads those declarations and names no runner.
 :func:`build_space` expands it for one target on this host and prunes every combination that cannot
 run or cannot mean anything here, each with its reason:
 
-* runners: the target's own, plus, for a target whose accelerator is a plain CPU, every CPU runner for
-  its architecture (:data:`CPU_RUNNERS`: x86-cpu is served by onnxruntime and OpenVINO's CPU plugin);
+* runners: the target's own, plus, for a target whose accelerator is a plain CPU, every runner that declares
+  its architecture (``TuneSpace.cpu_archs``: x86-cpu is served by onnxruntime and OpenVINO's CPU plugin);
   a runner or converter this host lacks is pruned with what is missing;
 * precisions: the target's precisions the runner's converter produces; bf16 only as OpenVINO's compute
   precision on an fp32 IR, and only where OpenVINO reports BF16 for the CPU; int8 only with calibration;
 * threads: up to the CPUs this process may use; OpenVINO's THROUGHPUT hint only for the throughput
   objective (a single stream of frames runs one request at a time, which THROUGHPUT's streams split);
 * OpenVINO's ``num_streams`` (objective ``throughput`` only, measured with the compiled model's optimal number of
-  requests in flight): the hint's own choice (option not set), then :data:`STREAMS` up to the usable CPUs, with
+  requests in flight): the hint's own choice (option not set), then ``edge.backends.openvino.format.STREAMS`` up to the usable CPUs, with
   the THROUGHPUT hint only (LATENCY is one stream, and OpenVINO lets NUM_STREAMS override it) and never more
   streams than ``num_threads``;
 * LiteRT: XNNPack with or without its latest-features delegate (``xnnpack_latest_features``, the one XNNPack
@@ -26,17 +28,15 @@ run or cannot mean anything here, each with its reason:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from edge.backends.litert.format import LiteRTOptions
-from edge.backends.onnxruntime.format import OnnxRuntimeOptions
-from edge.backends.openvino.format import OpenVINOOptions, streams_over_threads
-from edge.backends.options import THREAD_SEARCH, search_values
+from edge.backends.options import THREAD_SEARCH
+from edge.backends.runner import RUNNERS
 from edge.backends.threads import usable_cpus
+from edge.backends.tuning import TuneSpace
 from edge.errors import EdgeError
 from edge.tune.config import OBJECTIVES, Config, word  # noqa: F401 - OBJECTIVES re-exported
 
@@ -46,54 +46,17 @@ WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
 BATCHES = (1, 2, 4, 8)
 #: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
 MAX_BATCH_BYTES = 64 << 20
-#: OpenVINO streams tried for the throughput objective, after the hint's own choice (0: option not set)
-STREAMS: tuple[int, ...] = search_values(OpenVINOOptions)["num_streams"]
 
 
-@dataclass(frozen=True)
-class RunnerSpace:
-    runner: str
-    converter: str  # the one converter that takes an ONNX source to what the runner loads
-    home: str  # the shipped target whose convert options this runner takes on a target with another chain
-    #: runner option -> values tried (the first is the default), read from the options' fields (spec(search=...))
-    options: Mapping[str, tuple[Any, ...]]
-    recipes: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)  # precision -> convert knobs
-    #: the runner option naming the thread count (THREADS are filtered to this host's CPUs)
-    threads_option: str | None = None
+def runner_space(runner: str) -> TuneSpace | None:
+    """What ``runner`` declares ``edgekit tune`` searches (``Runner.tune_space``); None: it declares nothing, or
+    no runner has that name."""
+    return RUNNERS.get(runner).tune_space if runner in RUNNERS else None
 
 
-SPACES: dict[str, RunnerSpace] = {
-    "onnxruntime": RunnerSpace(
-        "onnxruntime",
-        "onnx->onnx",
-        "x86-cpu",
-        search_values(OnnxRuntimeOptions, first="intra_op_num_threads"),
-        {"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
-        threads_option="intra_op_num_threads",
-    ),
-    "openvino": RunnerSpace(
-        "openvino",
-        "onnx->openvino-ir",
-        "intel-igpu",
-        search_values(OpenVINOOptions, first="num_threads"),
-        {"fp16": {"mixed_precision": ("auto", "off")}},
-        threads_option="num_threads",
-    ),
-    # XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op
-    # models pay its packing), and some ops stay outside it anyway
-    # xnnpack_latest_features: ai-edge-litert's experimental_default_delegate_latest_features, an XNNPack delegate
-    # created with TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
-    "litert": RunnerSpace(
-        "litert",
-        "onnx->tflite",
-        "arm-xnnpack",
-        search_values(LiteRTOptions, first="num_threads"),
-        threads_option="num_threads",
-    ),
-}
-#: a target whose accelerator is a plain CPU ("CPU") is served by every CPU runner for its architecture;
-#: a target that names a delegate or an accelerator (XNNPack, an iGPU) by its own runner only
-CPU_RUNNERS = {"x86_64": ("onnxruntime", "openvino")}
+def cpu_runners(arch: str) -> tuple[str, ...]:
+    """The runners that serve a plain-CPU target of ``arch`` (each declares it: ``TuneSpace.cpu_archs``), by name."""
+    return tuple(n for n in RUNNERS.names() if (rs := runner_space(n)) is not None and arch in rs.cpu_archs)
 
 
 @dataclass
@@ -117,7 +80,10 @@ class Space:
     def overlay(self, profile: Any, cfg: Config, *, tuned: Mapping[str, Any], with_knobs: bool = True) -> Any:
         from edge.pipeline.overlay import TunedOverlay
 
-        conv = SPACES[cfg.runner].converter
+        rs = runner_space(cfg.runner)
+        if rs is None:  # a configuration exists only for a runner that declares a space
+            raise EdgeError(f"runner {cfg.runner!r} declares no search space (Runner.tune_space)")
+        conv = rs.converter
         run_opts = dict(self.run_options[cfg.runner])
         if with_knobs:
             run_opts.update(dict(cfg.options))
@@ -135,45 +101,10 @@ class Space:
 
 def option_conflict(runner: str, opts: Mapping[str, Any], cpus: int) -> str | None:
     """Why a combination of runner options cannot run or cannot differ from another one here ("what: why"),
-    None when it is worth a trial. Olive's OrtSessionParamsTuning prunes the same way."""
-    if runner == "litert":  # the runner's own rule (LiteRTOptions.invalid), not a copy of it
-        bad = dataclasses.replace(LiteRTOptions(), **opts).invalid()
-        return (
-            f"litert {bad[0]} with delegate={opts.get('delegate')}: {bad[1]} (the runner refuses it)" if bad else None
-        )
-    if runner == "openvino":
-        streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
-        if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":
-            # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=2 reads back LATENCY with 2 streams and 2
-            # optimal requests; tests/tune/test_tune_streams.py checks it against the installed OpenVINO
-            return (
-                "openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
-                "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
-                "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams"
-            )
-        too_many = streams_over_threads(streams, threads)  # the runner's own rule and words
-        if too_many:
-            return f"openvino num_streams={streams} with num_threads={threads}: {too_many} (the runner refuses it)"
-        return None
-    if runner != "onnxruntime":
-        return None
-    mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
-    intra, spin = opts.get("intra_op_num_threads", 0), opts.get("allow_spinning", True)
-    if inter and mode != "parallel":
-        return (
-            "onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
-            "at a time (no inter-op threads)"
-        )
-    if mode == "parallel" and intra == 1:
-        return (
-            "onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
-            "parallel mode adds an inter-op pool of its own"
-        )
-    if inter > cpus:
-        return f"onnxruntime inter_op_num_threads={inter}: more threads than the {cpus} CPUs this process may use"
-    if spin is False and intra == 1 and mode == "sequential":
-        return "onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the same as allow_spinning=true"
-    return None
+    None when it is worth a trial: the runner's own rule (``TuneSpace.conflict``). Olive's OrtSessionParamsTuning
+    prunes the same way."""
+    rs = runner_space(runner)
+    return rs.conflict(opts, cpus) if rs is not None else None
 
 
 @dataclass(frozen=True)
@@ -290,20 +221,8 @@ def runners_for(profile: Any) -> tuple[str, ...]:
     found = [profile.runner]
     if profile.accelerator.strip().upper() == "CPU":
         for arch in profile.device_class.arch:
-            found += [r for r in CPU_RUNNERS.get(arch, ()) if r not in found]
+            found += [r for r in cpu_runners(arch) if r not in found]
     return tuple(found)
-
-
-def openvino_cpu_capabilities() -> list[str] | None:
-    """What OpenVINO's CPU plugin reports it computes in (FP32, BF16, FP16, INT8...), None when it cannot say."""
-    try:
-        import openvino.properties as props
-
-        from edge.backends.openvino.format import ov_core
-
-        return [str(c) for c in ov_core().get_property("CPU", props.device.capabilities)]
-    except Exception:  # noqa: BLE001 - no OpenVINO, no CPU plugin: bf16 is then pruned with this reason
-        return None
 
 
 @dataclass(frozen=True)
@@ -329,11 +248,11 @@ def build_space(
     bf16_capabilities: list[str] | None | str = "ask",
     extent: Extent | None = None,
 ) -> Space:
-    """Expand :data:`SPACES` for ``profile`` on this host; every pruned combination says why.
+    """Expand the serving runners' declared spaces for ``profile`` on this host; every pruned combination says why.
 
     ``runners``/``precisions``/``threads`` narrow the space (tests, a user who knows); naming one the target
-    cannot use is an error, never silently dropped. ``bf16_capabilities``: OpenVINO CPU's reported
-    capabilities (default: asked from OpenVINO). ``extent``: ``batch``, the model's :func:`batch_plan` (objective throughput
+    cannot use is an error, never silently dropped. ``bf16_capabilities``: the compute capabilities the runner's
+    device reports (``TuneSpace.compute_capabilities``; default: asked, e.g. from OpenVINO's CPU plugin). ``extent``: ``batch``, the model's :func:`batch_plan` (objective throughput
     only; None: batch 1) and ``vary``, only these runner options and recipe knobs take more than their first value
     (deploy's budget search: threads and spin-wait); None: all of them."""
     from edge.backends.converter import CONVERTERS
@@ -365,7 +284,8 @@ def build_space(
             if vary is not None:  # the others at their first value: the runner's and recipe's defaults
                 knobs = [(n, v if n in vary else v[:1]) for n, v in knobs]
                 recipe = [(n, v if n in vary else v[:1]) for n, v in recipe]
-            _expand(space, runner, prec, recipe, knobs, cpus, (WORKERS if video else (1,)), batches)
+            base = tuple(rs.compute_precisions.get(prec, {}).items())  # the options asking for a compute precision
+            _expand(space, (runner, prec, base), recipe, knobs, cpus, (WORKERS if video else (1,)), batches)
     space.pruned = list(dict.fromkeys(space.pruned))
     if not space.configs:
         raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
@@ -427,10 +347,10 @@ def _runner_space(space: Space, profile: Any, runner: str, targets_dir: Iterable
     from edge.pipeline import conversion_problems
     from edge.targets import ChainStep, get_target
 
-    if runner not in SPACES:
+    rs = runner_space(runner)
+    if rs is None:
         space.pruned.append(f"{runner}: edgekit tune has no search space for this runner")
         return None
-    rs = SPACES[runner]
     try:
         missing = problems(RUNNERS.get(runner).requires)
     except EdgeError as e:
@@ -446,11 +366,9 @@ def _runner_space(space: Space, profile: Any, runner: str, targets_dir: Iterable
         home = get_target(rs.home, targets_dir)
         conv_opts = dict(home.convert_options.get(rs.converter, {}))
         run_opts = dict(home.runtime_options)
-        if runner == "openvino":
-            run_opts["device"] = ["CPU"]
-            space.notes.append(
-                f"openvino on {profile.name}: the CPU plugin (device CPU), {rs.home}'s conversion recipe"
-            )
+        if rs.elsewhere:
+            run_opts.update(rs.elsewhere)
+            space.notes.append(f"{runner} on {profile.name}: {rs.elsewhere_note}, {rs.home}'s conversion recipe")
     space.convert_options[runner], space.run_options[runner] = conv_opts, run_opts
     return rs
 
@@ -459,18 +377,18 @@ def _precision_pruned(
     runner: str, rs: Any, prec: str, conv_precisions: Any, calibrated: bool, bf16_capabilities: list[str] | None | str
 ) -> str | None:
     """Why ``runner`` cannot be tuned at ``prec`` here (None: it can)."""
-    if prec == "bf16":
-        if runner != "openvino":
+    if prec in rs.compute_precisions:
+        caps = rs.compute_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
+        if not caps or prec.upper() not in caps:
             return (
-                f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
-                "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)"
-            )
-        caps = openvino_cpu_capabilities() if bf16_capabilities == "ask" else bf16_capabilities
-        if not caps or "BF16" not in caps:
-            return (
-                f"openvino bf16: OpenVINO's CPU plugin does not report BF16 on this host "
+                f"{runner} {prec}: {rs.capability_source} does not report {prec.upper()} on this host "
                 f"(it reports {', '.join(caps) if caps else 'nothing'})"
             )
+    elif prec == "bf16":
+        return (
+            f"{runner} bf16: {runner} has no bf16 compute precision to ask for "
+            "(bf16 is tuned as OpenVINO's inference precision on an fp32 IR)"
+        )
     elif prec not in conv_precisions:
         return f"{runner} {prec}: converter {rs.converter} cannot produce it (it produces {', '.join(sorted(conv_precisions))})"
     if prec == "int8" and not calibrated:
@@ -525,16 +443,16 @@ def _knob_values(
 
 def _expand(
     space: Space,
-    runner: str,
-    prec: str,
+    what: tuple[str, str, tuple[tuple[str, Any], ...]],
     recipe_knobs: list[tuple[str, Any]],
     knobs: list[tuple[str, tuple[Any, ...]]],
     cpus: int,
     workers: Sequence[int],
     batches: Sequence[int],
 ) -> None:
-    """Every combination of recipe and option values (those that conflict pruned), per worker count and batch."""
-    base_opts = (("inference_precision", "bf16"),) if prec == "bf16" else ()
+    """Every combination of recipe and option values (those that conflict pruned), per worker count and batch;
+    ``what``: (runner, precision, the runner options that ask for that compute precision)."""
+    runner, prec, base_opts = what
     for rvals in itertools.product(*[v for _, v in recipe_knobs]):
         recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
         for ovals in itertools.product(*[v for _, v in knobs]):

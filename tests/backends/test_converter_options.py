@@ -81,10 +81,11 @@ def test_the_tuner_tries_what_the_option_fields_declare_and_each_value_is_valid(
     from edge.backends.openvino.format import OpenVINOOptions
     from edge.backends.options import search_values
     from edge.base.typedjson import read
-    from edge.tune.space import SPACES
+    from edge.tune.space import runner_space
 
     cls = {"onnxruntime": OnnxRuntimeOptions, "openvino": OpenVINOOptions, "litert": LiteRTOptions}[runner]
-    space = SPACES[runner]
+    space = runner_space(runner)
+    assert space is not None and space.options_class is cls
     assert dict(space.options) == search_values(cls, first=space.threads_option)
     assert next(iter(space.options)) == space.threads_option
     for name, values in space.options.items():

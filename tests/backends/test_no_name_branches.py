@@ -33,10 +33,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # parity's note on ISA-bound int8/bf16 results reads the runtime string a runner reported ("onnxruntime 1.x")
     ("edge/verify/parity.py", "onnxruntime"): "debt: an ISA-bound capability on the runner",
     ("edge/verify/parity.py", "openvino"): "debt: an ISA-bound capability on the runner",
-    # the tuner's per-runner rules: moving onto the runners next (issue #31 item 2)
-    ("edge/tune/space.py", "litert"): "debt: the runner's own conflict rule",
-    ("edge/tune/space.py", "openvino"): "debt: the runner's own conflict rule and bf16",
-    ("edge/tune/space.py", "onnxruntime"): "debt: the runner's own conflict rule",
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge.backends.openvino.format import STREAMS
 from edge.backends.openvino.run import OpenVINORunner
 from edge.bundle.schema import Invalid, RunnerSpec, check_runner
 from edge.errors import EdgeError
@@ -20,7 +21,7 @@ from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
 from edge.tune.measure import measure_infer
 from edge.tune.search import Schedule, TuneOptions, tune
-from edge.tune.space import STREAMS, build_space, usable_cpus
+from edge.tune.space import build_space, usable_cpus
 
 CPUS = usable_cpus()
 needs_two = pytest.mark.skipif(CPUS < 2, reason="two streams need two CPUs this process may use")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
+from edge.backends.tuning import TuneSpace
 from edge.base.typedjson import UnreadableFile, read_json_file, spec
 from edge.errors import InputFileError
 
@@ -266,3 +268,21 @@ def untranslated_ops(source: Path, ops: Sequence[str]) -> tuple[str, str]:
     if any(op in custom for op in ops):
         hints.append("a custom op needs its own lowering")
     return what, "; ".join(hints) + "; or bring the model's ONNX"
+
+
+# -- what edgekit tune searches (edge.backends.tuning) ------------------------------------------
+
+
+def tune_conflict(opts: Mapping[str, Any], cpus: int) -> str | None:
+    """The runner's own rule (:meth:`LiteRTOptions.invalid`), not a copy of it."""
+    bad = dataclasses.replace(LiteRTOptions(), **opts).invalid()
+    return f"litert {bad[0]} with delegate={opts.get('delegate')}: {bad[1]} (the runner refuses it)" if bad else None
+
+
+# XNNPack or LiteRT's builtin kernels (``none``): XNNPack is not faster for every graph (small or op-by-op models pay
+# its packing), and some ops stay outside it anyway. xnnpack_latest_features: ai-edge-litert's
+# experimental_default_delegate_latest_features, an XNNPack delegate created with
+# TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
+TUNE_SPACE = TuneSpace(
+    LiteRTOptions, "onnx->tflite", "arm-xnnpack", threads_option="num_threads", conflict=tune_conflict
+)

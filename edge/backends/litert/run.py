@@ -52,6 +52,7 @@ import numpy as np
 from edge.backends.litert.format import (
     ALLOW_CPU_FALLBACK_ENV,
     EDGETPU_CUSTOM_OP,
+    TUNE_SPACE,
     LiteRTOptions,
     load_sidecar,
     read_tflite,
@@ -160,6 +161,7 @@ class LiteRTRunner(Runner):
     formats = ("tflite", "edgetpu-tflite")
     requires = (LITERT_REQUIREMENT,)
     options_class = LiteRTOptions
+    tune_space = TUNE_SPACE  # what edgekit tune searches, declared in format.py
     device_options = {
         "edgetpu_library": DeviceOption(
             f"the Edge TPU delegate library (default {EDGETPU_LIBRARY}): device configuration only "

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
+from edge.backends.tuning import TuneSpace
 from edge.base.typedjson import Rule, spec
 
 
@@ -74,3 +75,39 @@ class OnnxRuntimeOptions:
                 'applies only with execution_mode "parallel" (a sequential session runs one node at a time)'
             )
         return None
+
+
+# -- what edgekit tune searches (edge.backends.tuning) ------------------------------------------
+
+
+def tune_conflict(opts: Mapping[str, Any], cpus: int) -> str | None:
+    """Combinations that cannot run or cannot differ from another one here (Olive's OrtSessionParamsTuning prunes
+    the same way)."""
+    mode, inter = opts.get("execution_mode", "sequential"), opts.get("inter_op_num_threads", 0)
+    intra, spin = opts.get("intra_op_num_threads", 0), opts.get("allow_spinning", True)
+    if inter and mode != "parallel":
+        return (
+            "onnxruntime inter_op_num_threads with execution_mode=sequential: a sequential session runs one node "
+            "at a time (no inter-op threads)"
+        )
+    if mode == "parallel" and intra == 1:
+        return (
+            "onnxruntime execution_mode=parallel with intra_op_num_threads=1: one thread was asked for, and "
+            "parallel mode adds an inter-op pool of its own"
+        )
+    if inter > cpus:
+        return f"onnxruntime inter_op_num_threads={inter}: more threads than the {cpus} CPUs this process may use"
+    if spin is False and intra == 1 and mode == "sequential":
+        return "onnxruntime allow_spinning=false with one thread, sequential: there is no thread pool to spin, the same as allow_spinning=true"
+    return None
+
+
+TUNE_SPACE = TuneSpace(
+    OnnxRuntimeOptions,
+    "onnx->onnx",
+    "x86-cpu",
+    threads_option="intra_op_num_threads",
+    recipes={"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
+    cpu_archs=("x86_64",),
+    conflict=tune_conflict,
+)

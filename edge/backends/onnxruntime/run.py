@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.backends.onnxruntime.format import OnnxRuntimeOptions
+from edge.backends.onnxruntime.format import TUNE_SPACE, OnnxRuntimeOptions
 from edge.backends.runner import Runner, RunnerInfo
 from edge.backends.threads import (
     SHARED_THRESHOLD,
@@ -56,6 +56,7 @@ class OnnxRuntimeRunner(Runner):
     formats = ("onnx",)
     requires = (Requirement("python", "onnxruntime", install="pip install 'edgekit-ml[onnx]'"),)
     options_class = OnnxRuntimeOptions
+    tune_space = TUNE_SPACE  # what edgekit tune searches, declared in format.py
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
         super().__init__(artifact, options=options, precision=precision)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
-from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
+from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS, search_values
+from edge.backends.tuning import TuneSpace
 from edge.base.typedjson import Rule, spec
 from edge.capabilities import Requirement, env_flag
 
@@ -166,3 +167,51 @@ class OpenVINOOptions:
         "integer weights quantizes at run time; 0 = off. Default: 0 where the bundle computes in f32 (fp32 means "
         "fp32), the plugin's own (32) otherwise; an edgekit tune overlay may set it",
     )
+
+
+# -- what edgekit tune searches (edge.backends.tuning) ------------------------------------------
+
+
+def tune_conflict(opts: Mapping[str, Any], cpus: int) -> str | None:
+    """num_streams under LATENCY, and more streams than threads: the runner's own rule and words."""
+    streams, threads = opts.get("num_streams", 0), opts.get("num_threads", 0)
+    if streams and str(opts.get("performance_hint", "LATENCY")).upper() == "LATENCY":
+        # measured (OpenVINO 2026.4, CPU): LATENCY + NUM_STREAMS=2 reads back LATENCY with 2 streams and 2
+        # optimal requests; tests/tune/test_tune_streams.py checks it against the installed OpenVINO
+        return (
+            "openvino num_streams with performance_hint=LATENCY: LATENCY runs one stream (num_streams=1 "
+            "changes nothing) and OpenVINO lets a larger NUM_STREAMS override the hint (it reads back that "
+            "many streams under LATENCY), the trial performance_hint=THROUGHPUT with that num_streams"
+        )
+    too_many = streams_over_threads(streams, threads)
+    if too_many:
+        return f"openvino num_streams={streams} with num_threads={threads}: {too_many} (the runner refuses it)"
+    return None
+
+
+def cpu_capabilities() -> list[str] | None:
+    """What OpenVINO's CPU plugin reports it computes in (FP32, BF16, FP16, INT8...), None when it cannot say."""
+    try:
+        import openvino.properties as props
+
+        return [str(c) for c in ov_core().get_property("CPU", props.device.capabilities)]
+    except Exception:  # noqa: BLE001 - no OpenVINO, no CPU plugin: bf16 is then pruned with this reason
+        return None
+
+
+#: streams tried for the throughput objective, after the hint's own choice (0: option not set)
+STREAMS: tuple[int, ...] = search_values(OpenVINOOptions)["num_streams"]
+TUNE_SPACE = TuneSpace(
+    OpenVINOOptions,
+    "onnx->openvino-ir",
+    "intel-igpu",
+    threads_option="num_threads",
+    recipes={"fp16": {"mixed_precision": ("auto", "off")}},
+    cpu_archs=("x86_64",),
+    elsewhere={"device": ["CPU"]},  # pinned to the target's CPU: its home target names its iGPU
+    elsewhere_note="the CPU plugin (device CPU)",
+    conflict=tune_conflict,
+    compute_precisions={"bf16": {"inference_precision": "bf16"}},  # bf16 compute on an fp32 IR
+    compute_capabilities=cpu_capabilities,
+    capability_source="OpenVINO's CPU plugin",
+)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifes
 from edge.backends.openvino.format import (
     MAX_STREAMS,
     OPENVINO_REQUIREMENT,
+    TUNE_SPACE,
     OpenVINOOptions,
     disable_openvino_telemetry,
     ov_core,
@@ -183,6 +184,7 @@ class OpenVINORunner(Runner):
     formats = ("openvino-ir",)
     requires = (OPENVINO_REQUIREMENT,)
     options_class = OpenVINOOptions
+    tune_space = TUNE_SPACE  # what edgekit tune searches, declared in format.py
     fast_cpu_precision = "bf16"  # the CPU plugin's bf16 (AVX512-BF16, AMX), with inference_precision = "fast"
 
     def __init__(self, artifact: Path, *, options: Mapping[str, Any] | None = None, precision: str = "fp32") -> None:
