@@ -50,6 +50,8 @@ class HostProxy:
     outputs: list[dict[str, Any]]  # per input, in the same order: output name -> array
     inputs_from: str  # "generated" | "calibration": what the inputs are, for the report
     fallback: str | None = None  # why it did not compute in the bundle's precision
+    #: what computed them, as reports print it ("checked on ..."): a vendor's simulator names itself here
+    device_used: str = "CPU"
 
     @property
     def info(self) -> RunnerInfo:
@@ -57,7 +59,7 @@ class HostProxy:
         return RunnerInfo(
             runtime=f"host proxy: {self.label}",
             device_requested="CPU",
-            device_used="CPU",
+            device_used=self.device_used,
             precision_used=self.precision_used,
             fallback=self.fallback,
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -119,6 +120,8 @@ def convert(job: dict[str, Any], work: Path) -> dict[str, Any]:
         t = time.perf_counter()
         stage(f"configuring rknn-toolkit2 for {job['platform']} ({job['precision']})")
         config: dict[str, Any] = {"target_platform": job["platform"], "optimization_level": 3}
+        if job.get("disable_rules"):
+            config["disable_rules"] = list(job["disable_rules"])
         if job["precision"] == "int8":
             config.update(quantized_dtype="w8a8", quantized_algorithm=job.get("quantized_algorithm", "normal"))
         _check(rknn.config(**config), "config")
@@ -168,6 +171,19 @@ def _toolkit_version() -> str:
     return version("rknn-toolkit2")
 
 
+def condensed(e: BaseException, log_text: str) -> dict[str, Any]:
+    """One line for the user from an exception the toolkit raised (it wraps its own traceback into the message):
+    the innermost exception and, where a graph rule failed, the rule and the toolkit's own workaround."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    last = lines[-1] if lines else type(e).__name__
+    if "Traceback" not in str(e):
+        last = f"{type(e).__name__}: {' '.join(lines)[:600]}"
+    rules = re.findall(r'rules/(\w+)\.py", line \d+, in [\w.]+\._p_(\w+)', str(e))
+    suggested = re.findall(r"disable_rules=\['(\w+)'\]", log_text)
+    where = f" in its graph rule {rules[-1][1]!r} ({rules[-1][0]})" if rules else ""
+    return {"message": f"rknn-toolkit2 failed{where}: {last[:600]}", "rules": sorted(set(suggested))}
+
+
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
@@ -177,8 +193,11 @@ def main() -> int:
         return 0
     except Exception as e:  # noqa: BLE001 - reported to the parent as an event
         traceback.print_exc()
-        kind = "toolkit" if isinstance(e, StepFailed) else "conversion"
-        emit("error", kind=kind, message=f"{type(e).__name__}: {str(e)[:1500]}")
+        if isinstance(e, StepFailed):
+            emit("error", kind="toolkit", message=str(e)[:1500], rules=[])
+            return 1
+        text = (work / "convert.log").read_text(encoding="utf-8", errors="replace")
+        emit("error", kind="conversion", **condensed(e, text))
         return 1
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edge import toolchains
-from edge.backends.rknn.format import ARTIFACT_NAME, IO_SIDECAR, SIMULATOR_LABEL
+from edge.backends.rknn.format import ARTIFACT_NAME, IO_SIDECAR, SIMULATED_DEVICE, SIMULATOR_LABEL
 from edge.backends.rknn.run import RKNNRunner, npu_problem
 from edge.doctor import doctor
 from edge.errors import HardwareUnavailableError
@@ -53,6 +53,7 @@ def test_ppocr_cls_converts_and_passes_parity_on_the_simulator_labelled_simulate
     parity = m["parity"]
     assert parity["passed"] is True and parity["precision"] == precision, parity
     assert "simulated: not the NPU" in parity["candidate"]["runtime"]
+    assert parity["candidate"]["device_used"] == SIMULATED_DEVICE
     assert any("simulated: not the NPU" in n for n in parity["host_notes"])
     out = parity["outputs"][0]
     assert out["cosine"] >= 0.98 and out["top1"] >= 0.8, out
@@ -78,3 +79,16 @@ def test_convert_without_the_toolchain_is_one_line_naming_the_install(tmp_path: 
         "edgekit toolchain install rknn",
     )
     assert not (tmp_path / "b").exists() and not (tmp_path / "no-toolchains" / "rknn").exists()
+
+
+@pytest.mark.corpus_full
+def test_a_toolkit_rule_that_fails_is_one_line_naming_the_rule_and_the_toolkits_workaround(
+    rknn_toolchain: None, tmp_path: Path
+) -> None:
+    # PP-OCRv6 rec: rknn-toolkit2 2.5.0's attention-fusion rule raises IndexError on it (12 s to fail)
+    m = CORPUS["ppocr-rec"]
+    p = run_cli(
+        "convert", str(corpus_model("ppocr-rec")), "-t", "rockchip-rk3588", *m.cli_args(), "-o", str(tmp_path / "b")
+    )
+    rule = "fuse_exmatmul_add_mul_exsoftmax13_exmatmul_to_sdpa"
+    assert_user_error(p, f"graph rule {rule!r}", "IndexError", f'disable_rules = ["{rule}"]')

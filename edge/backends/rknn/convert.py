@@ -15,6 +15,7 @@ every report, never as a measurement on the device. The device checks the bundle
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -26,8 +27,16 @@ import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
-from edge.backends.rknn.format import ARTIFACT_NAME, FORMAT, IO_SIDECAR, SIMULATOR_LABEL, TOOLCHAIN, write_io
-from edge.base.typedjson import spec
+from edge.backends.rknn.format import (
+    ARTIFACT_NAME,
+    FORMAT,
+    IO_SIDECAR,
+    SIMULATED_DEVICE,
+    SIMULATOR_LABEL,
+    TOOLCHAIN,
+    write_io,
+)
+from edge.base.typedjson import Rule, spec
 from edge.errors import CalibrationError, ConversionError, ModelError
 
 #: the parity samples the simulator runs (calibration samples first, as the other converters' proxies do)
@@ -45,6 +54,13 @@ class RKNNConvertOptions:
         "normal",
         doc="int8: how rknn-toolkit2 picks activation ranges from the calibration samples: normal (default: "
         "min/max), mmse (slower, often closer) or kl_divergence",
+    )
+    disable_rules: tuple[str, ...] = spec(
+        (),
+        doc="graph-optimisation rules rknn-toolkit2 skips (its config's disable_rules): the workaround the toolkit "
+        "itself names when one of its rules fails on a model",
+        max_items=64,
+        item=Rule(pattern=r"^[A-Za-z0-9_]{1,120}$"),
     )
     timeout_s: float = spec(900.0, ge=1, le=86400, doc="stop the toolchain after this many seconds (default 900)")
 
@@ -77,11 +93,7 @@ class OnnxToRKNN(Converter):
             job = _job(request, opts, work, inputs, calibration)
             final, st = toolchains.run_driver(TOOLCHAIN, job, work, timeout_s=opts.timeout_s)
             if final["event"] == "error":
-                log = toolchains.keep_log(work, TOOLCHAIN)
-                raise ConversionError(
-                    f"{self.name} failed on {request.source.name}: {final['message']}"
-                    + (f" (toolchain log: {log})" if log else "")
-                )
+                _raise_driver_error(self.name, final, work, request.source)
             with np.load(final["simulator"]["outputs"]) as data:
                 stacked = {k: data[k] for k in data.files}
             artifact = request.workdir / ARTIFACT_NAME
@@ -96,6 +108,7 @@ class OnnxToRKNN(Converter):
             inputs=inputs,
             outputs=[{k: v[i] for k, v in stacked.items()} for i in range(len(inputs))],
             inputs_from=label,
+            device_used=SIMULATED_DEVICE,
         )
         recipe = (
             f"w8a8, {opts.quantized_algorithm} ranges from {len(calibration)} calibration samples"
@@ -122,6 +135,20 @@ class OnnxToRKNN(Converter):
             ],
             proxy=proxy,
         )
+
+
+def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:
+    log = toolchains.keep_log(work, TOOLCHAIN)
+    rules = [str(r) for r in final.get("rules", [])]
+    raise ConversionError(
+        f"{converter} failed on {source.name}: {final['message']}" + (f" (toolchain log: {log})" if log else ""),
+        hint=(
+            f'the toolkit names its workaround: copy the profile and set [convert.options."{converter}"] '
+            f"disable_rules = {json.dumps(rules)}"
+            if rules
+            else "a model rknn-toolkit2 cannot build: report it with the model, or choose another target"
+        ),
+    )
 
 
 def _calibration(request: ConversionRequest) -> list[dict[str, Any]]:
@@ -178,6 +205,7 @@ def _job(
         "platform": opts.platform,
         "precision": request.precision,
         "quantized_algorithm": opts.quantized_algorithm,
+        "disable_rules": list(opts.disable_rules),
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.inputs],
         "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape]} for t in request.io.outputs],
         "samples": str(work / "samples.npz"),

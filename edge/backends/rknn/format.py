@@ -26,6 +26,8 @@ TOOLCHAIN = "rknn"
 PLATFORMS = ("rk3588", "rk3576", "rk3566", "rk3568", "rk3562", "rv1103", "rv1106", "rv1103b", "rv1106b", "rk2118")
 #: how the toolkit's simulator is named in the manifest and every report
 SIMULATOR_LABEL = "rknn-toolkit2 simulator on this x86-64 host (simulated: not the NPU)"
+#: the parity candidate's device, as reports print it ("checked on ...")
+SIMULATED_DEVICE = "RKNN simulator (simulated NPU, on this host's CPU)"
 #: rknn-toolkit-lite2's ``init_runtime(core_mask=...)`` (RK3588 has three NPU cores, RK3576 two; others one)
 CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2")
 
