@@ -8,7 +8,8 @@
 #   1. a system user and group `edgekit` (password locked; home /var/lib/edgekit: the device store, where
 #      `edgekit deploy --device ssh://edgekit@DEVICE/var/lib/edgekit` writes once a key is in its .ssh);
 #   2. a virtual environment in $PREFIX/venv (default /opt/edgekit) with edgekit-ml and the extras `mqtt`
-#      and the runtime's (`litert` for arm-xnnpack and Coral, `onnx` for x86-cpu, `openvino` for Intel);
+#      and the runtime's (`litert` for arm-xnnpack and Coral, `onnx` for x86-cpu, `openvino` for Intel, `rknn`
+#      for the Rockchip NPU: librknnrt.so must already be in /usr/lib);
 #   3. the systemd unit edgekit-agent.service (next to this script) in /etc/systemd/system, a drop-in
 #      groups.conf adding the device groups of DEVICE_GROUPS that exist here (GPU render nodes, Coral PCIe,
 #      Coral USB), and /etc/default/edgekit-agent (mode 0640, root:edgekit) with the device id, fleet and
@@ -33,7 +34,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 usage() {
   sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
-  echo "options: --device-id ID --fleet NAME --broker URL [--agent-opts '...'] [--runtime litert|onnx|openvino|none]"
+  echo "options: --device-id ID --fleet NAME --broker URL [--agent-opts '...'] [--runtime litert|onnx|openvino|rknn|none]"
   echo "         [--package PIP-SPEC|WHEEL] [--prefix DIR] [--root DIR] [--no-start]"
 }
 
@@ -59,9 +60,9 @@ while [ $# -gt 0 ]; do
 done
 
 case "$RUNTIME" in
-  litert | onnx | openvino) EXTRAS="mqtt,$RUNTIME" ;;
+  litert | onnx | openvino | rknn) EXTRAS="mqtt,$RUNTIME" ;;
   none) EXTRAS="mqtt" ;;
-  *) die "--runtime is litert, onnx, openvino or none, got '$RUNTIME'" ;;
+  *) die "--runtime is litert, onnx, openvino, rknn or none, got '$RUNTIME'" ;;
 esac
 [ -n "$PACKAGE" ] || PACKAGE="edgekit-ml[$EXTRAS]"
 case "$PACKAGE" in  # a wheel or a directory takes the extras after it: path[extras]

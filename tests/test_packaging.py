@@ -96,7 +96,7 @@ def test_core_install_is_numpy_and_the_cli_is_an_extra() -> None:
     assert {d.split(">")[0] for d in extras["cli"]} == {"typer", "rich"}
     for host in ("all", "convert", "fleet", "tune", "dev"):
         assert "cli" in _includes(extras, host), host
-    for device in ("onnx", "openvino", "litert", "coreml", "tensorrt", "llm", "mqtt", "sign", "video"):
+    for device in ("onnx", "openvino", "litert", "coreml", "tensorrt", "llm", "mqtt", "sign", "video", "rknn"):
         assert "cli" not in _includes(extras, device), device
     assert {"fleet", "mqtt", "sign", "onnx", "openvino", "litert", "llm", "video", "tune", "convert"} <= _includes(
         extras, "all"

@@ -66,7 +66,7 @@ def test_runner_refuses_without_the_npu_naming_driver_and_runtime(tmp_path: Path
     with pytest.raises(HardwareUnavailableError) as err:
         RKNNRunner(tmp_path / ARTIFACT_NAME)
     msg = str(err.value)
-    assert "/dev/rknpu" in msg and "/sys/kernel/debug/rknpu" in msg and "librknnrt.so" in msg, msg
+    assert "/dev/rknpu" in msg and "/sys/kernel/debug/rknpu" in msg and "/usr/lib/librknnrt.so" in msg, msg
     row = next(h for h in doctor() if h.target.name == "rockchip-rk3588")
     assert row.run_problem is not None and "/dev/rknpu" in row.run_problem and "librknnrt.so" in row.run_problem
 

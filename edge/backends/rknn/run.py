@@ -5,9 +5,9 @@ with the RKNPU kernel driver and Rockchip's user-space runtime ``librknnrt.so`` 
 ``pip install rknn-toolkit-lite2`` (aarch64 wheels only).
 
 The capability check is exact and names everything missing at once: the NPU driver (``/dev/rknpu``, or the
-``rknpu`` debugfs directory an RKNPU driver of the DRM kind creates), ``librknnrt.so`` on the runtime's search
-path, the aarch64 CPU and rknn-toolkit-lite2. Anywhere else the runner refuses in one line; a build host's parity
-came from rknn-toolkit2's simulator at conversion time (labelled simulated in the manifest).
+``rknpu`` debugfs directory an RKNPU driver of the DRM kind creates), ``/usr/lib/librknnrt.so`` (where
+rknn-toolkit-lite2 loads it from), the aarch64 CPU and rknn-toolkit-lite2. Anywhere else the runner refuses in one
+line; a build host's parity came from rknn-toolkit2's simulator at conversion time (labelled simulated).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from edge.errors import EdgeError, HardwareUnavailableError
 #: the RKNPU driver: a misc device node (rknpu driver built as a misc device), or the debugfs directory the
 #: DRM-based driver creates (``/sys/kernel/debug/rknpu``; readable as root)
 DEVICE_NODES = ("/dev/rknpu", "/sys/kernel/debug/rknpu")
-#: where Rockchip's images and rknn-toolkit-lite2's instructions put librknnrt.so
-LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/lib/aarch64-linux-gnu")
-LIBRARY = "librknnrt.so"
+#: where rknn-toolkit-lite2 2.5.0 loads Rockchip's runtime from: the path is in its compiled runtime module, whose
+#: own error says "move it to directory /usr/lib/" (a librknnrt.so elsewhere on the loader's path is not used)
+LIBRARY = "/usr/lib/librknnrt.so"
 _LITE = Requirement(
     "python",
     "rknnlite",
@@ -44,13 +44,13 @@ _INSTALL = (
 )
 
 
-def npu_problem(nodes: tuple[str, ...] = DEVICE_NODES, library_dirs: tuple[str, ...] = LIBRARY_DIRS) -> str | None:
+def npu_problem(nodes: tuple[str, ...] = DEVICE_NODES, library: str = LIBRARY) -> str | None:
     """None when an RKNPU and its runtime library are here, else what is missing (both checked)."""
     found = []
     if not any(os.path.exists(n) for n in nodes):
         found.append(f"no RKNPU driver ({' or '.join(nodes)})")
-    if not any(os.path.isfile(os.path.join(d, LIBRARY)) for d in library_dirs):
-        found.append(f"no {LIBRARY} (Rockchip's NPU runtime) in {', '.join(library_dirs)}")
+    if not os.path.isfile(library):
+        found.append(f"no {library} (Rockchip's NPU runtime, which rknn-toolkit-lite2 loads from there)")
     return "; ".join(found) or None
 
 
@@ -89,22 +89,22 @@ class RKNNRunner(Runner):
                 f"NPU with core_mask {core}",
                 hint="a .rknn is built for one platform: convert for this board's (e.g. -t rockchip-rk3588)",
             )
-        self._formats = ["nchw" if len(t.shape) == 4 else None for t in self.inputs]
+        formats = ["nchw" if len(t.shape) == 4 else None for t in self.inputs]
+        # rknn-toolkit-lite2 documents one string for every input; a list only where the inputs differ
+        self._format: Any = formats[0] if len(set(formats)) == 1 else formats
         self.info = RunnerInfo(
             runtime=f"rknn-toolkit-lite2 {_lite_version()} (librknnrt)",
             device_requested="Rockchip NPU",
             device_used=f"Rockchip NPU ({record.get('platform', '?')}, cores {core})",
             precision_used="int8" if precision == "int8" else "f16",
-            details={"platform": record.get("platform"), "core_mask": core},
+            details={"platform": record.get("platform"), "core_mask": core, "library": LIBRARY},
         )
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import numpy as np
 
         self.validate(feeds)
-        outs = self._lite.inference(
-            inputs=[feeds[t.name] for t in self.inputs], data_format=self._formats if any(self._formats) else None
-        )
+        outs = self._lite.inference(inputs=[feeds[t.name] for t in self.inputs], data_format=self._format)
         if outs is None or len(outs) != len(self.outputs):
             raise EdgeError(
                 f"rknn-toolkit-lite2 returned {0 if outs is None else len(outs)} outputs, expected {len(self.outputs)}"
