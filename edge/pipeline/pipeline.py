@@ -160,15 +160,11 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
     early_io = src.checked_io(req.input_shapes) if isinstance(src, TFLiteSource) else None
     own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource, OnnxSource)) else None
     p = plan(profile, req.precision, source_format=src.format, source_precision=own, source_name=src.path.name)
-    if (
-        isinstance(src, TFLiteSource)
-        and p.steps
-        and p.steps[0].converter.name == "tflite->edgetpu"
-        and not src.full_integer()
-    ):
+    needs = p.steps[0].converter.full_integer_only if p.steps else None  # what runs full-integer models only
+    if isinstance(src, TFLiteSource) and needs and not src.full_integer():
         floats = f"{own}, float ops: {', '.join(src.float_ops())}" if own == "int8-dynamic" else own
         raise PrecisionError(
-            f"{src.path.name} is not a full-integer TFLite (it is {floats}); the Edge TPU runs "
+            f"{src.path.name} is not a full-integer TFLite (it is {floats}); {needs} runs "
             "full-integer int8 models only, and edgekit cannot quantize a .tflite file: TensorFlow's "
             "quantizer reads a SavedModel or Keras model, not a flatbuffer",
             hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "

@@ -27,12 +27,11 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # the toolchain driver's job protocol names its task after the conversion it runs; it runs inside the tflite
     # toolchain environment, not against the registry
     ("edge/toolchains/tflite_driver.py", "tflite->onnx"): "a task name of the driver's own protocol",
-    # the Edge TPU takes full-integer TFLite only: a source check made before planning (to be declared on the
-    # converter)
-    ("edge/pipeline/pipeline.py", "tflite->edgetpu"): "debt: a full-integer-input capability on the converter",
-    # parity's note on ISA-bound int8/bf16 results reads the runtime string a runner reported ("onnxruntime 1.x")
-    ("edge/verify/parity.py", "onnxruntime"): "debt: an ISA-bound capability on the runner",
-    ("edge/verify/parity.py", "openvino"): "debt: an ISA-bound capability on the runner",
+    # parity's note on ISA-bound int8/bf16 results reads which runtime computed, from the runtime string the runner
+    # reported ("onnxruntime 1.x"): TensorRT's CPU fallback reports onnxruntime there, so a flag on the runner class
+    # would change the notes; the flag would have to travel in RunnerInfo
+    ("edge/verify/parity.py", "onnxruntime"): "reads the reported runtime, not a runner name (debt: RunnerInfo flag)",
+    ("edge/verify/parity.py", "openvino"): "reads the reported runtime, not a runner name (debt: RunnerInfo flag)",
 }
 
 

@@ -100,6 +100,7 @@ class TFLiteToEdgeTPU(Converter):
     # No hard requirement: without the compiler the ready int8 model is kept and the finishing command recorded.
     requires = ()
     options_class = EdgeTPUOptions  # ``options`` (names and descriptions) derive from it
+    full_integer_only = "the Edge TPU"
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         from edge.backends.litert.format import read_tflite
