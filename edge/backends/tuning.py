@@ -43,6 +43,13 @@ class TuneSpace:
     #: why a combination of runner options cannot run or cannot differ from another one on ``cpus`` CPUs
     #: ("what: why"), None when it is worth a trial; the runner's own rules and words
     conflict: Callable[[Mapping[str, Any], int], str | None] = no_conflict
+    #: options tried for the throughput objective only: name -> (the value every other objective keeps, why: a
+    #: phrase after the runner's name, with ``{objective}``), pruned with that reason where a value is dropped
+    throughput_only: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    #: options whose values above this host's usable CPUs are pruned: name -> why (with ``{cpus}``)
+    cpu_capped: Mapping[str, str] = field(default_factory=dict)
+    #: option -> its "not set" value: a trial at that value leaves the option out (its id stays what it was)
+    unset: Mapping[str, Any] = field(default_factory=dict)
     #: precisions tuned as the runner's compute precision on an fp32 artifact (not produced by the converter) ->
     #: the runner options that ask for it; each only where :attr:`compute_capabilities` lists it (upper case)
     compute_precisions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

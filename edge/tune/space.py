@@ -285,7 +285,7 @@ def build_space(
                 knobs = [(n, v if n in vary else v[:1]) for n, v in knobs]
                 recipe = [(n, v if n in vary else v[:1]) for n, v in recipe]
             base = tuple(rs.compute_precisions.get(prec, {}).items())  # the options asking for a compute precision
-            _expand(space, (runner, prec, base), recipe, knobs, cpus, (WORKERS if video else (1,)), batches)
+            _expand(space, (runner, prec, base), rs, recipe, knobs, cpus, (WORKERS if video else (1,)), batches)
     space.pruned = list(dict.fromkeys(space.pruned))
     if not space.configs:
         raise EdgeError(f"nothing to tune for {profile.name} on this host: " + "; ".join(space.pruned))
@@ -415,35 +415,23 @@ def _knob_values(
                 f"{runner} {name}={','.join(map(str, over))}: more threads than the {cpus} CPUs this process may use"
             )
         values = tuple(sorted(ok, reverse=True)) or (cpus,)  # all CPUs first: the default
-    if name == "performance_hint" and objective != "throughput":
-        if "THROUGHPUT" in values:
-            space.pruned.append(
-                f"{runner} performance_hint=THROUGHPUT: only for the throughput "
-                f"objective (objective {objective} runs one request at a time, which "
-                "THROUGHPUT's streams split the CPU for)"
-            )
-        values = ("LATENCY",)
-    if name == "num_streams":  # 0: not set, the hint's own choice
-        if objective != "throughput":
-            space.pruned.append(
-                f"{runner} num_streams: only for the throughput objective (objective "
-                f"{objective} runs one request at a time; a stream serves one request)"
-            )
-            values = (0,)
-        else:
-            over = [n for n in values if n > cpus]
-            if over:
-                space.pruned.append(
-                    f"{runner} num_streams={','.join(map(str, over))}: more streams than "
-                    f"the {cpus} CPUs this process may use (OpenVINO caps them)"
-                )
-            values = tuple(n for n in values if n <= cpus)
+    if name in rs.throughput_only and objective != "throughput":
+        keep, why = rs.throughput_only[name]
+        if any(v != keep for v in values):
+            space.pruned.append(f"{runner} {why.format(objective=objective)}")
+        values = (keep,)
+    elif name in rs.cpu_capped:
+        over = [n for n in values if n > cpus]
+        if over:
+            space.pruned.append(f"{runner} {name}={','.join(map(str, over))}: {rs.cpu_capped[name].format(cpus=cpus)}")
+        values = tuple(n for n in values if n <= cpus)
     return tuple(values)
 
 
 def _expand(
     space: Space,
     what: tuple[str, str, tuple[tuple[str, Any], ...]],
+    rs: TuneSpace,
     recipe_knobs: list[tuple[str, Any]],
     knobs: list[tuple[str, tuple[Any, ...]]],
     cpus: int,
@@ -457,7 +445,9 @@ def _expand(
         recipe = tuple(zip([k for k, _ in recipe_knobs], rvals))
         for ovals in itertools.product(*[v for _, v in knobs]):
             # an option at its "not set" value is left out (the id stays what it was without the option)
-            opts = base_opts + tuple((k, v) for (k, _), v in zip(knobs, ovals) if not (k == "num_streams" and v == 0))
+            opts = base_opts + tuple(
+                (k, v) for (k, _), v in zip(knobs, ovals) if not (k in rs.unset and v == rs.unset[k])
+            )
             conflict = option_conflict(runner, dict(opts), cpus)
             if conflict is not None:
                 space.pruned.append(conflict)

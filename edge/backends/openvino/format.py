@@ -209,6 +209,20 @@ TUNE_SPACE = TuneSpace(
     recipes={"fp16": {"mixed_precision": ("auto", "off")}},
     cpu_archs=("x86_64",),
     elsewhere={"device": ["CPU"]},  # pinned to the target's CPU: its home target names its iGPU
+    throughput_only={
+        "performance_hint": (
+            "LATENCY",
+            "performance_hint=THROUGHPUT: only for the throughput objective (objective {objective} runs one request "
+            "at a time, which THROUGHPUT's streams split the CPU for)",
+        ),
+        "num_streams": (
+            0,
+            "num_streams: only for the throughput objective (objective {objective} runs one request at a time; a "
+            "stream serves one request)",
+        ),
+    },
+    cpu_capped={"num_streams": "more streams than the {cpus} CPUs this process may use (OpenVINO caps them)"},
+    unset={"num_streams": 0},  # the hint's own choice
     elsewhere_note="the CPU plugin (device CPU)",
     conflict=tune_conflict,
     compute_precisions={"bf16": {"inference_precision": "bf16"}},  # bf16 compute on an fp32 IR
