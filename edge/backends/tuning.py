@@ -50,11 +50,20 @@ class TuneSpace:
     cpu_capped: Mapping[str, str] = field(default_factory=dict)
     #: option -> its "not set" value: a trial at that value leaves the option out (its id stays what it was)
     unset: Mapping[str, Any] = field(default_factory=dict)
+    #: option or recipe knob -> its short name in the tuner's tables ("threads", "hint")
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: options the deploy's budget search varies besides the thread count (the rest stay at their defaults)
+    budget_vary: tuple[str, ...] = ()
     #: precisions tuned as the runner's compute precision on an fp32 artifact (not produced by the converter) ->
     #: the runner options that ask for it; each only where :attr:`compute_capabilities` lists it (upper case)
     compute_precisions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     compute_capabilities: Callable[[], list[str] | None] = not_reported
     capability_source: str = ""  # who reports the capabilities, for the pruning message
+
+    @property
+    def compute_options(self) -> frozenset[str]:
+        """The options that ask for a compute precision: the trial's precision already says them (left out of ids)."""
+        return frozenset(k for opts in self.compute_precisions.values() for k in opts)
 
     @property
     def options(self) -> dict[str, tuple[Any, ...]]:

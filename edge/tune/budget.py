@@ -22,15 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from edge.backends.runner import RUNNERS
 from edge.capabilities import CpuIsa, cpu_isa
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
+from edge.tune.config import runner_space
 
 #: seconds the search may take by default (checked between conversions and measurements: a conversion under way
 #: finishes)
 SEARCH_TIME_S = 300.0
-#: the runner options the search varies: the thread count and spin-wait (the rest stay at their defaults)
-VARY = ("intra_op_num_threads", "num_threads", "allow_spinning")
+
+
+def budget_vary() -> tuple[str, ...]:
+    """The runner options the search varies: each runner's thread count and what it declares besides
+    (``TuneSpace.budget_vary``: onnxruntime's spin-wait); the rest stay at their defaults."""
+    found: list[str] = []
+    for name in RUNNERS.names():
+        rs = runner_space(name)
+        if rs is not None:
+            found += [o for o in ((rs.threads_option or ""), *rs.budget_vary) if o and o not in found]
+    return tuple(found)
+
+
 _INT8_PATHS = {"avx2", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp"}
 
 
@@ -105,7 +118,7 @@ def search(
         precisions=p.precisions,
         budget_ms=budget_ms,
         batches=(1,),
-        vary=VARY,
+        vary=budget_vary(),
         pictures=False,
         # the tuner's own default (5 interleaved blocks of 40): 3x30's p99 (90 samples) chose ORT fp32 threads=1 at
         # 14.14 ms for MobileNetV2 whose 2 s steady-state verdict then said 28.76 ms (load 2.3)

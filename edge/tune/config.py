@@ -9,9 +9,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from edge.backends.runner import RUNNERS
 from edge.backends.threads import usable_cpus  # noqa: F401 - the tuner's CPU count is the runners' own
+from edge.backends.tuning import TuneSpace
 
 OBJECTIVES = ("latency", "throughput", "e2e")
+
+
+def runner_space(runner: str) -> TuneSpace | None:
+    """What ``runner`` declares ``edgekit tune`` searches (``Runner.tune_space``); None: it declares nothing, or
+    no runner has that name."""
+    return RUNNERS.get(runner).tune_space if runner in RUNNERS else None
 
 
 @dataclass(frozen=True)
@@ -30,11 +38,17 @@ class Config:
     def bundle_precision(self) -> str:
         return "fp32" if self.precision == "bf16" else self.precision
 
+    def _compute_options(self) -> frozenset[str]:
+        """Options that ask for a compute precision (OpenVINO's inference_precision): the precision says them."""
+        rs = runner_space(self.runner)
+        return rs.compute_options if rs is not None else frozenset()
+
     @property
     def id(self) -> str:
         parts = [self.runner, self.precision]
         parts += [f"{k}={word(v)}" for k, v in self.recipe]
-        parts += [f"{k}={word(v)}" for k, v in self.options if k != "inference_precision"]
+        hidden = self._compute_options()
+        parts += [f"{k}={word(v)}" for k, v in self.options if k not in hidden]
         if self.workers != 1:
             parts.append(f"workers={self.workers}")
         if self.batch != 1:
@@ -43,19 +57,10 @@ class Config:
 
     def label(self) -> str:
         """Short, for tables: 'openvino int8 threads=2 LATENCY'."""
-        short = {
-            "intra_op_num_threads": "threads",
-            "num_threads": "threads",
-            "graph_optimization_level": "graph",
-            "performance_hint": "hint",
-            "mixed_precision": "mixed",
-            "execution_mode": "mode",
-            "inter_op_num_threads": "inter",
-            "allow_spinning": "spin",
-            "xnnpack_latest_features": "latest",
-            "num_streams": "streams",
-        }
-        bits = [f"{short.get(k, k)}={word(v)}" for k, v in self.recipe + self.options if k != "inference_precision"]
+        rs = runner_space(self.runner)
+        short = rs.labels if rs is not None else {}
+        hidden = self._compute_options()
+        bits = [f"{short.get(k, k)}={word(v)}" for k, v in self.recipe + self.options if k not in hidden]
         if self.workers != 1:
             bits.append(f"workers={self.workers}")
         if self.batch != 1:

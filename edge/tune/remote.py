@@ -49,6 +49,7 @@ from edge.tune.cache import (
     source_key,
     trial_request,
 )
+from edge.tune.config import runner_space
 from edge.tune.ranking import choose, priority, trial_results
 from edge.tune.remote_link import ArtifactServer, DeviceLink, RemoteTuneError
 from edge.tune.rungs import (
@@ -608,8 +609,8 @@ def _reply_notes(replies: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _threads(c: Any) -> int | None:
-    opts = dict(c.options)
-    v = opts.get("intra_op_num_threads", opts.get("num_threads"))
+    rs = runner_space(c.runner)
+    v = dict(c.options).get(rs.threads_option) if rs is not None and rs.threads_option else None
     return v if isinstance(v, int) else None
 
 

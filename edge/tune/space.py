@@ -38,7 +38,7 @@ from edge.backends.runner import RUNNERS
 from edge.backends.threads import usable_cpus
 from edge.backends.tuning import TuneSpace
 from edge.errors import EdgeError
-from edge.tune.config import OBJECTIVES, Config, word  # noqa: F401 - OBJECTIVES re-exported
+from edge.tune.config import OBJECTIVES, Config, runner_space, word  # noqa: F401 - OBJECTIVES, runner_space re-exported
 
 THREADS = THREAD_SEARCH  # on the runners' thread options (spec(search=...)), re-exported
 WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
@@ -46,12 +46,6 @@ WORKERS = (1, 2)  # video pipeline inference workers (objective e2e)
 BATCHES = (1, 2, 4, 8)
 #: the largest batch's input, in bytes, at most (a batch of 8 224x224 images is 4.8 MB)
 MAX_BATCH_BYTES = 64 << 20
-
-
-def runner_space(runner: str) -> TuneSpace | None:
-    """What ``runner`` declares ``edgekit tune`` searches (``Runner.tune_space``); None: it declares nothing, or
-    no runner has that name."""
-    return RUNNERS.get(runner).tune_space if runner in RUNNERS else None
 
 
 def cpu_runners(arch: str) -> tuple[str, ...]:

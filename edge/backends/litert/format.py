@@ -284,5 +284,10 @@ def tune_conflict(opts: Mapping[str, Any], cpus: int) -> str | None:
 # experimental_default_delegate_latest_features, an XNNPack delegate created with
 # TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_LATEST_OPERATORS (edge.backends.litert.run)
 TUNE_SPACE = TuneSpace(
-    LiteRTOptions, "onnx->tflite", "arm-xnnpack", threads_option="num_threads", conflict=tune_conflict
+    LiteRTOptions,
+    "onnx->tflite",
+    "arm-xnnpack",
+    threads_option="num_threads",
+    conflict=tune_conflict,
+    labels={"num_threads": "threads", "xnnpack_latest_features": "latest"},
 )

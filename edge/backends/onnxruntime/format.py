@@ -110,4 +110,13 @@ TUNE_SPACE = TuneSpace(
     recipes={"fp16": {"mixed_precision": ("auto", "off")}, "int8": {"mixed_precision": ("auto", "off")}},
     cpu_archs=("x86_64",),
     conflict=tune_conflict,
+    labels={
+        "intra_op_num_threads": "threads",
+        "graph_optimization_level": "graph",
+        "mixed_precision": "mixed",
+        "execution_mode": "mode",
+        "inter_op_num_threads": "inter",
+        "allow_spinning": "spin",
+    },
+    budget_vary=("allow_spinning",),  # spin-wait: the deploy's budget search tries it with the thread count
 )

@@ -223,6 +223,7 @@ TUNE_SPACE = TuneSpace(
     },
     cpu_capped={"num_streams": "more streams than the {cpus} CPUs this process may use (OpenVINO caps them)"},
     unset={"num_streams": 0},  # the hint's own choice
+    labels={"num_threads": "threads", "performance_hint": "hint", "mixed_precision": "mixed", "num_streams": "streams"},
     elsewhere_note="the CPU plugin (device CPU)",
     conflict=tune_conflict,
     compute_precisions={"bf16": {"inference_precision": "bf16"}},  # bf16 compute on an fp32 IR
