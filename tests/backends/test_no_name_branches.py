@@ -35,6 +35,19 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 
 
+#: name lists and name-keyed tables that stay outside the backends' folders, and why
+TABLE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    # a toolchain environment named like the runtime it serves; the toolchain list stays central (most serve
+    # several backends, and their locks and drivers are package data of edge/toolchains)
+    ("edge/toolchains/__init__.py", "rknn"): "the rknn toolchain's name",
+    # what the aarch64 emulator's toolchain carries wheels for: a fact about that toolchain, not the runners
+    ("edge/verify/isa.py", "litert"): "the aarch64 emulator's wheels",
+    ("edge/verify/isa.py", "onnxruntime"): "the aarch64 emulator's wheels",
+    ("edge/verify/parity.py", "onnxruntime"): "the ISA note's runtimes (see EXCEPTIONS)",
+    ("edge/verify/parity.py", "openvino"): "the ISA note's runtimes (see EXCEPTIONS)",
+}
+
+
 def _strings(node: ast.AST) -> list[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
@@ -60,6 +73,34 @@ def name_branches(root: Path) -> list[tuple[str, int, str]]:
     return found
 
 
+def name_tables(root: Path) -> list[tuple[str, int, str]]:
+    """(module, line, name) of every registered backend name in a dict key, or in a tuple/list/set literal of
+    two or more names, outside edge/backends/<name>/: a central per-backend table."""
+    found = []
+    for path in sorted((root / "edge").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        parts = rel.split("/")
+        if len(parts) > 3 and parts[1] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                found += [(rel, node.lineno, s) for k in node.keys if k is not None for s in _strings(k) if s in NAMES]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                hits = [s for s in _strings(node) if s in NAMES]
+                found += [(rel, node.lineno, s) for s in hits] if len(hits) >= 2 else []
+    return found
+
+
+def test_no_central_table_of_backends() -> None:
+    left = [f"{m}:{line} lists {n!r}" for m, line, n in name_tables(REPO) if (m, n) not in TABLE_EXCEPTIONS]
+    assert left == [], "declare it on the runner or converter instead: " + "; ".join(left)
+
+
+def test_every_table_exception_is_still_needed() -> None:
+    seen = {(m, n) for m, _, n in name_tables(REPO)}
+    assert sorted(set(TABLE_EXCEPTIONS) - seen) == []
+
+
 def test_no_module_outside_a_backend_branches_on_its_name() -> None:
     left = [f"{m}:{line} compares with {n!r}" for m, line, n in name_branches(REPO) if (m, n) not in EXCEPTIONS]
     assert left == [], "declare it on the runner or converter instead: " + "; ".join(left)
@@ -77,3 +118,10 @@ def test_the_check_sees_a_branch(tmp_path: Path) -> None:
     (tmp_path / "edge" / "backends" / "openvino").mkdir(parents=True)
     (tmp_path / "edge" / "backends" / "openvino" / "run.py").write_text('name = "x" if 1 else "openvino" == 1\n')
     assert name_branches(tmp_path) == [("edge/tune/x.py", 2, "openvino"), ("edge/tune/x.py", 2, "litert")]
+    table = tmp_path / "edge" / "tune" / "t.py"
+    table.write_text('A = {"openvino": 1}\nB = ("litert", "onnxruntime")\nC = ("litert", "x")\n', encoding="utf-8")
+    assert name_tables(tmp_path) == [
+        ("edge/tune/t.py", 1, "openvino"),
+        ("edge/tune/t.py", 2, "litert"),
+        ("edge/tune/t.py", 2, "onnxruntime"),
+    ]
