@@ -67,7 +67,20 @@ def test_a_failed_trial_keeps_f32_and_says_why(
 
 
 def test_no_trial_is_the_parity_precision(igpu_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a passed bf16 trial the bundle computes in its parity precision. Whether convert ran the trial is
+    the host's (a CPU listing BF16: AVX512-BF16, AMX); the bundle without it is made here by dropping the trial."""
+    import shutil
+
     out = _report(igpu_bundle, capsys)
+    m = json.loads((igpu_bundle / "manifest.json").read_text())
+    if any(t.get("passed") for t in m["parity"].get("precision_trials", [])):  # this host lists BF16
+        assert "computes in bf16 on CPUs that list BF16 (inference_precision fast" in out, out
+        dst = igpu_bundle.parent / "no-trial"
+        shutil.copytree(igpu_bundle, dst, dirs_exist_ok=True)
+        m["parity"]["precision_trials"] = []
+        m["runner"]["options"].pop("inference_precision", None)
+        (dst / "manifest.json").write_text(json.dumps(m))
+        out = _report(dst, capsys)
     assert "computes in f32 on CPU" in out, out
 
 
