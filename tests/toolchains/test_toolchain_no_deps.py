@@ -86,6 +86,7 @@ def test_a_conflict_the_spec_does_not_accept_fails_the_install(tmp_path: Path, m
     assert not toolchains.status("probe").installed
 
 
+@pytest.mark.corpus_full  # pip's own hash-checking mode; 5 s of CI's budget for a third venv
 def test_a_wheel_whose_sha256_differs_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wheel, sha = _wheel(tmp_path)
     monkeypatch.setenv(toolchains.ENV_VAR, str(tmp_path / "root"))
