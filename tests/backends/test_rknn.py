@@ -67,6 +67,7 @@ def test_runner_refuses_without_the_npu_naming_driver_and_runtime(tmp_path: Path
         RKNNRunner(tmp_path / ARTIFACT_NAME)
     msg = str(err.value)
     assert "/dev/rknpu" in msg and "/sys/kernel/debug/rknpu" in msg and "/usr/lib/librknnrt.so" in msg, msg
+    assert "/sys/bus/platform/drivers/RKNPU" in msg, msg
     row = next(h for h in doctor() if h.target.name == "rockchip-rk3588")
     assert row.run_problem is not None and "/dev/rknpu" in row.run_problem and "librknnrt.so" in row.run_problem
 
@@ -92,3 +93,22 @@ def test_a_toolkit_rule_that_fails_is_one_line_naming_the_rule_and_the_toolkits_
     )
     rule = "fuse_exmatmul_add_mul_exsoftmax13_exmatmul_to_sdpa"
     assert_user_error(p, f"graph rule {rule!r}", "IndexError", f'disable_rules = ["{rule}"]')
+
+
+def test_an_npu_bound_to_the_rknpu_driver_counts_where_debugfs_is_roots(tmp_path: Path) -> None:
+    # a non-root agent cannot see /sys/kernel/debug/rknpu; sysfs shows the RKNPU platform driver's bound device
+    driver = tmp_path / "RKNPU"
+    driver.mkdir()
+    for name in ("bind", "unbind", "uevent"):
+        (driver / name).write_text("")
+    nodes = (str(tmp_path / "no-rknpu"),)
+    lib = tmp_path / "librknnrt.so"
+    assert "no RKNPU driver" in (npu_problem(nodes, str(lib), str(driver)) or "")  # the driver holds no NPU
+    (tmp_path / "fdab0000.npu").mkdir()
+    (driver / "fdab0000.npu").symlink_to(tmp_path / "fdab0000.npu")
+    assert (
+        npu_problem(nodes, str(lib), str(driver))
+        == f"no {lib} (Rockchip's NPU runtime, which rknn-toolkit-lite2 loads from there)"
+    )
+    lib.write_bytes(b"\x7fELF")
+    assert npu_problem(nodes, str(lib), str(driver)) is None

@@ -4,8 +4,9 @@ Where it runs: an RK3588 / RK3576 / RK3566 / RK3568 board (Orange Pi 5, Radxa Ro
 with the RKNPU kernel driver and Rockchip's user-space runtime ``librknnrt.so`` (rknn-toolkit-lite2 loads it), and
 ``pip install rknn-toolkit-lite2`` (aarch64 wheels only).
 
-The capability check is exact and names everything missing at once: the NPU driver (``/dev/rknpu``, or the
-``rknpu`` debugfs directory an RKNPU driver of the DRM kind creates), ``/usr/lib/librknnrt.so`` (where
+The capability check is exact and names everything missing at once: the NPU driver (``/dev/rknpu``, the
+``rknpu`` debugfs directory an RKNPU driver of the DRM kind creates, or a device bound to the ``RKNPU`` platform
+driver in sysfs: debugfs is root's, the agent's user reads sysfs), ``/usr/lib/librknnrt.so`` (where
 rknn-toolkit-lite2 loads it from), the aarch64 CPU and rknn-toolkit-lite2. Anywhere else the runner refuses in one
 line; a build host's parity came from rknn-toolkit2's simulator at conversion time (labelled simulated).
 """
@@ -25,8 +26,11 @@ from edge.capabilities import Requirement, problems
 from edge.errors import EdgeError, HardwareUnavailableError
 
 #: the RKNPU driver: a misc device node (rknpu driver built as a misc device), or the debugfs directory the
-#: DRM-based driver creates (``/sys/kernel/debug/rknpu``; readable as root)
+#: DRM-based driver creates (``/sys/kernel/debug/rknpu``; readable by root only)
 DEVICE_NODES = ("/dev/rknpu", "/sys/kernel/debug/rknpu")
+#: Rockchip's rknpu_drv.c registers its platform driver as "RKNPU"; an NPU it probed is a link in this directory
+#: (``fdab0000.npu`` on an RK3588). World-readable, so the agent's own user sees it where debugfs is root's
+DRIVER_DIR = "/sys/bus/platform/drivers/RKNPU"
 #: where rknn-toolkit-lite2 2.5.0 loads Rockchip's runtime from: the path is in its compiled runtime module, whose
 #: own error says "move it to directory /usr/lib/" (a librknnrt.so elsewhere on the loader's path is not used)
 LIBRARY = "/usr/lib/librknnrt.so"
@@ -44,11 +48,21 @@ _INSTALL = (
 )
 
 
-def npu_problem(nodes: tuple[str, ...] = DEVICE_NODES, library: str = LIBRARY) -> str | None:
+def _driver_bound(driver_dir: str) -> bool:
+    """The RKNPU platform driver holds a device (a ``<address>.npu`` link beside bind/unbind/uevent)."""
+    try:
+        return any("." in e.name and e.is_symlink() for e in os.scandir(driver_dir))
+    except OSError:
+        return False
+
+
+def npu_problem(
+    nodes: tuple[str, ...] = DEVICE_NODES, library: str = LIBRARY, driver_dir: str = DRIVER_DIR
+) -> str | None:
     """None when an RKNPU and its runtime library are here, else what is missing (both checked)."""
     found = []
-    if not any(os.path.exists(n) for n in nodes):
-        found.append(f"no RKNPU driver ({' or '.join(nodes)})")
+    if not any(os.path.exists(n) for n in nodes) and not _driver_bound(driver_dir):
+        found.append(f"no RKNPU driver ({' or '.join(nodes)}, or an NPU bound in {driver_dir})")
     if not os.path.isfile(library):
         found.append(f"no {library} (Rockchip's NPU runtime, which rknn-toolkit-lite2 loads from there)")
     return "; ".join(found) or None
