@@ -73,6 +73,8 @@ class RKNNRunner(Runner):
     formats = (FORMAT,)
     requires = (_ARCH, _LITE)
     options_class = RKNNOptions
+    #: an fp16 .rknn computes in fp16 on the NPU: its parity also runs the fp16 proxy (every tensor rounded)
+    computes_fp16 = True
 
     @staticmethod
     def device_problem() -> str | None:
