@@ -66,6 +66,17 @@ def _police_skip(config: pytest.Config, rep: pytest.CollectReport | pytest.TestR
         seen.append(("other", reason))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests outside CI's representative sample (tests/support/ci_sample.py) get ``corpus_full`` before ``-m``
+    deselects: the default run (CI, the README) leaves them to ``pytest -m corpus_full``."""
+    from tests.support.ci_sample import OUTSIDE_CI
+
+    for item in items:
+        if item.nodeid in OUTSIDE_CI:
+            item.add_marker(pytest.mark.corpus_full)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     outcome = yield
