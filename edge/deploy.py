@@ -382,7 +382,9 @@ def _isa_check(
     """The bundle after its emulated-aarch64 check (``edge.verify.isa.check_after_convert``), said and noted."""
     from edge.verify.isa import check_after_convert
 
-    line, _ = check_after_convert(bundle, profile, enabled=opts.isa_check, accept_failure=req.accept_parity_failure)
+    line, _ = check_after_convert(
+        bundle, profile, enabled=opts.isa_check, accept_failure=req.accept_parity_failure, on_step=say
+    )
     if not line:
         return bundle
     say(line)  # "checked on aarch64 (emulated cortex-a76): pass ..." or why not

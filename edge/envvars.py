@@ -45,6 +45,15 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "edge.verify.parity",
     ),
     EnvVar(
+        "EDGEKIT_ISA_TIMEOUT_S",
+        "Build host",
+        "The most seconds the emulated aarch64 check (`verify --isa`, and `convert`/`deploy` for aarch64 devices) "
+        "may run. Once a sample is measured the run is bounded by start-up + 2 x the seconds per sample x the "
+        "samples + 60 s, never over this; past it the check stops in one line.",
+        "1800",
+        "edge.verify.isa",
+    ),
+    EnvVar(
         "EDGEKIT_DEBIAN_MIRROR",
         "Build host",
         "The Debian mirror `edgekit toolchain install aarch64` lays the arm64 root out from.",

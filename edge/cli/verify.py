@@ -8,7 +8,7 @@ from typing import Any, Callable
 import typer
 from rich.markup import escape
 
-from edge.cli._common import JsonOut, console, dirs, err_console, print_json
+from edge.cli._common import JsonOut, console, dirs, err_console, print_json, steps
 from edge.errors import EdgeError
 from edge.toolchains import aarch64
 
@@ -48,7 +48,8 @@ def verify_cmd(
     from edge.verify.isa import describe, verify_isa
 
     signed = (bundle / SIGNATURE).is_file()
-    evidence = verify_isa(bundle, isa=isa, cpu=cpu, record=not no_record)
+    with steps(not as_json) as say:
+        evidence = verify_isa(bundle, isa=isa, cpu=cpu, record=not no_record, on_step=say)
     resigned = None
     if signed and not no_record and key:
         from edge.bundle.bundle import sign_bundle
@@ -94,6 +95,6 @@ def isa_check(
     profile = get_target(target, dirs(targets_dir))
     isa, _ = isa_for(bundle, profile)
     if isa is not None and enabled and aarch64.status().usable:
-        say(f"running the reference pairs on {isa} (emulated {aarch64.DEFAULT_CPU}; numerics only, minutes at most)")
-    line, _ = check_after_convert(bundle, profile, enabled=enabled, accept_failure=accept_failure)
+        say(f"running the reference pairs on {isa} (emulated {aarch64.DEFAULT_CPU}; numerics only, not a speed figure)")
+    line, _ = check_after_convert(bundle, profile, enabled=enabled, accept_failure=accept_failure, on_step=say)
     return line

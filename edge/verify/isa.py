@@ -37,11 +37,16 @@ import importlib.metadata as md
 import json
 import math
 import os
+import queue
 import shutil
+import subprocess
 import tempfile
+import threading
+import time
+from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +54,7 @@ from edge.backends.runner import RunnerInfo
 from edge.bundle.bundle import Bundle
 from edge.errors import BundleError, EdgeError, ParityError
 from edge.toolchains import aarch64
+from edge.verify.isa_guest import PROGRESS
 from edge.verify.refpairs import check_reference_pairs, load_reference_pairs, runner_json
 
 ISAS = (aarch64.ISA,)
@@ -59,6 +65,150 @@ INT8_LIMIT = 1e-2
 #: below this range an output is compared in absolute terms (a constant output, a mask of zeros)
 ABS_FLOOR = 1e-6
 _MAX_OUT_BYTES = 64 << 20
+#: the guest run's bound once a sample is measured: start-up + BOUND_FACTOR x (seconds per sample) x samples +
+#: BOUND_GRACE_S (load on a shared host varies the pace), never over the cap (:func:`isa_timeout_s`)
+BOUND_FACTOR = 2.0
+BOUND_GRACE_S = 60.0
+#: the cap on the whole guest run (``$EDGEKIT_ISA_TIMEOUT_S``), and the only bound until a sample is measured
+ISA_TIMEOUT_S = 1800.0
+#: what to do when the bound is hit (convert's options; deploy has --no-isa-check too)
+_FEWER = (
+    "convert with fewer pairs (--parity-samples N: the check runs min(N, 16)), or skip the check with --no-isa-check"
+)
+
+
+def isa_timeout_s() -> float:
+    """The most seconds the emulated run may take: ``$EDGEKIT_ISA_TIMEOUT_S``, else :data:`ISA_TIMEOUT_S`."""
+    raw = os.environ.get("EDGEKIT_ISA_TIMEOUT_S", "").strip()
+    try:
+        value = float(raw) if raw else ISA_TIMEOUT_S
+    except ValueError:
+        raise EdgeError(f"$EDGEKIT_ISA_TIMEOUT_S is {raw[:40]!r}, not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise EdgeError(f"$EDGEKIT_ISA_TIMEOUT_S must be > 0 seconds, got {raw[:40]!r}")
+    return value
+
+
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(samples done, samples in all) from a guest progress line (``edge.verify.isa_guest.progress``), else None."""
+    if not line.startswith(PROGRESS):
+        return None
+    try:
+        doc = json.loads(line[len(PROGRESS) :])
+        done, of = doc["done"], doc["of"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (done, of)) and 0 <= done <= of
+    return (done, of) if ok else None
+
+
+def run_bound(ready_s: float | None, done: int, done_at_s: float, samples: int, cap_s: float) -> float:
+    """Seconds the guest run may take in all: ``cap_s`` until a sample is measured; then its start-up
+    (``ready_s``, the runner open) + :data:`BOUND_FACTOR` x the seconds per sample so far x ``samples`` +
+    :data:`BOUND_GRACE_S`, never over ``cap_s``. ``done`` samples were computed ``done_at_s`` after the start."""
+    if ready_s is None or done <= 0:
+        return cap_s
+    per = max(done_at_s - ready_s, 0.0) / done
+    return min(cap_s, ready_s + BOUND_FACTOR * per * samples + BOUND_GRACE_S)
+
+
+class GuestWatch:
+    """Fed the guest's stderr lines (None: a tick with no line), it says its progress through ``say`` and raises
+    :class:`EdgeError` in one line once the run is past :func:`run_bound`."""
+
+    def __init__(
+        self, samples: int, cap_s: float, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.samples, self.cap_s, self.say, self.clock = samples, cap_s, say, clock
+        self.start = clock()
+        self.ready_s: float | None = None
+        self.done, self.done_at_s = 0, 0.0
+
+    def __call__(self, line: str | None) -> None:
+        now = self.clock() - self.start
+        got = parse_progress(line) if line is not None else None
+        if got is not None and got[0] == 0 and self.ready_s is None:
+            self.ready_s = now
+            self.say(f"emulated aarch64 check: started in {now:.0f} s, {self.samples} samples to run")
+        elif got is not None and got[0] > self.done:
+            self.done, self.done_at_s = got[0], now
+            per = (now - (self.ready_s or 0.0)) / self.done
+            left = per * (self.samples - self.done)
+            self.say(
+                f"emulated aarch64 check: sample {self.done} of {self.samples}, ~{left:.0f} s left"
+                " (emulation, not a speed figure)"
+            )
+        bound = run_bound(self.ready_s, self.done, self.done_at_s, self.samples, self.cap_s)
+        if now > bound:
+            raise EdgeError(self.stopped(now, bound), hint=_FEWER)
+
+    def stopped(self, now: float, bound: float) -> str:
+        """The one line for a run stopped at ``now`` past ``bound``."""
+        head = f"emulated aarch64 check stopped after {now:.0f} s with {self.done} of {self.samples} samples done"
+        if self.done == 0 or self.ready_s is None:
+            return f"{head}: past its cap of {bound:.0f} s before a sample was measured ($EDGEKIT_ISA_TIMEOUT_S)"
+        per = (self.done_at_s - self.ready_s) / self.done
+        why = (
+            "its cap ($EDGEKIT_ISA_TIMEOUT_S)"
+            if bound >= self.cap_s
+            else (
+                f"start-up {self.ready_s:.0f} s + {BOUND_FACTOR:g} x {per:.0f} s per sample x {self.samples}"
+                f" + {BOUND_GRACE_S:.0f} s"
+            )
+        )
+        return f"{head} (~{per:.0f} s each): past its bound of {bound:.0f} s ({why})"
+
+
+def _watched_run(
+    em: aarch64.Emulator, args: Sequence[str], pythonpath: tuple[Path, ...], watch: Callable[[str | None], None]
+) -> subprocess.CompletedProcess[str]:
+    """``em.run(*args)`` with each stderr line handed to ``watch`` as it comes (and ``watch(None)`` every second
+    without one); an exception from ``watch`` kills the guest and propagates."""
+    with (
+        tempfile.TemporaryDirectory(prefix="edgekit-guest-pyc-") as pycache,
+        tempfile.TemporaryFile("w+", encoding="utf-8") as out,
+    ):
+        proc = subprocess.Popen(
+            em.command(*args),
+            env=em.env(pythonpath, None, pycache),
+            stdout=out,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+        tail: deque[str] = deque(maxlen=200)
+
+        def pump() -> None:
+            assert proc.stderr is not None
+            for ln in proc.stderr:
+                lines.put(ln)
+            lines.put(None)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            while True:
+                try:
+                    ln = lines.get(timeout=1.0)
+                except queue.Empty:
+                    watch(None)
+                    continue
+                if ln is None:
+                    break
+                tail.append(ln)
+                watch(ln.rstrip("\n"))
+            while proc.poll() is None:  # stderr closed, the process not gone yet
+                watch(None)
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            reader.join(timeout=5)
+        out.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), "".join(tail))
 
 
 def isa_limit(precision: str, value_range: float) -> float:
@@ -129,19 +279,12 @@ def guest_pythonpath() -> Path:
 
 
 def _guest_run(
-    em: aarch64.Emulator, bundle: Bundle, tmp: Path, options: Mapping[str, Any] | None, timeout_s: float
+    em: aarch64.Emulator, bundle: Bundle, tmp: Path, options: Mapping[str, Any] | None, watch: GuestWatch
 ) -> tuple[dict[str, Any], Path]:
     out = tmp / "outputs.npz"
     extra = (json.dumps(dict(options)),) if options else ()
-    r = em.run(
-        "-m",
-        "edge.verify.isa_guest",
-        str(bundle.path.resolve()),
-        str(out),
-        *extra,
-        pythonpath=(guest_pythonpath(),),
-        timeout_s=timeout_s,
-    )
+    args = ("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out), *extra)
+    r = _watched_run(em, args, (guest_pythonpath(),), watch)
     lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
         result = json.loads(lines[-1]) if lines else {}
@@ -238,11 +381,13 @@ def verify_isa(
     isa: str = aarch64.ISA,
     cpu: str = aarch64.DEFAULT_CPU,
     record: bool = True,
-    timeout_s: float = 1800.0,
+    timeout_s: float | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``bundle_path``'s reference pairs on emulated ``isa``/``cpu``, judge them (module docstring) and, with
     ``record``, put the evidence in the manifest's ``verified_on`` (replacing one for the same ISA and core; a
-    signature is removed: sign again). Returns the evidence (``IsaEvidence`` as JSON). A bundle that cannot run
+    signature is removed: sign again). ``on_step`` hears the guest's progress (a line per sample, with an
+    estimate); the run is bounded by :func:`run_bound`, at most ``timeout_s`` (default :func:`isa_timeout_s`). Returns the evidence (``IsaEvidence`` as JSON). A bundle that cannot run
     there is an :class:`EdgeError`; one that runs and differs is evidence with ``passed`` False."""
     if isa not in ISAS:
         raise EdgeError(f"unknown instruction set {isa!r}; edgekit checks: {', '.join(ISAS)}")
@@ -262,7 +407,8 @@ def verify_isa(
     em = aarch64.require().with_cpu(cpu)
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     with tempfile.TemporaryDirectory(prefix="edgekit-isa-") as tmp:
-        guest, out = _guest_run(em, bundle, Path(tmp), options, timeout_s)
+        watch = GuestWatch(len(pairs.inputs), timeout_s or isa_timeout_s(), on_step or (lambda _msg: None))
+        guest, out = _guest_run(em, bundle, Path(tmp), options, watch)
         arm = _read_outputs(out, bundle, len(pairs.inputs))
     info = RunnerInfo(
         **{
@@ -346,12 +492,18 @@ def isa_for(bundle: Bundle, profile: Any) -> tuple[str | None, str]:
 
 
 def check_after_convert(
-    bundle: Bundle, profile: Any, *, enabled: bool = True, accept_failure: bool = False, cpu: str = aarch64.DEFAULT_CPU
+    bundle: Bundle,
+    profile: Any,
+    *,
+    enabled: bool = True,
+    accept_failure: bool = False,
+    cpu: str = aarch64.DEFAULT_CPU,
+    on_step: Callable[[str], None] | None = None,
 ) -> tuple[str, dict[str, Any] | None]:
     """What ``convert``/``deploy`` do for a bundle whose devices are aarch64: the reference pairs on emulated
     ``cpu`` when the toolchain is installed, recorded in the manifest. Returns the report's line ("checked on
     aarch64 (emulated cortex-a76): pass ..." or why not; empty for a target whose devices are not aarch64) and the
-    evidence. A failed check raises
+    evidence (``on_step`` hears the guest's progress). A failed check raises
     :class:`~edge.errors.ParityError` unless ``accept_failure``."""
     isa, why = isa_for(bundle, profile)
     if isa is None:
@@ -361,7 +513,7 @@ def check_after_convert(
     st = aarch64.status()
     if not st.usable:
         return f"not checked on {isa}: {st.problem}", None
-    evidence = verify_isa(bundle.path, isa=isa, cpu=cpu)
+    evidence = verify_isa(bundle.path, isa=isa, cpu=cpu, on_step=on_step)
     line = describe(evidence)
     if not evidence["passed"] and not accept_failure:
         raise ParityError(

@@ -8,6 +8,10 @@ s, output k, in the bundle's I/O order) and prints one JSON line: the runner's i
 runtime versions, and the ARM core ``/proc/cpuinfo`` names. The build host judges the outputs
 (``edge.verify.isa``): this side computes, it does not decide.
 
+Progress goes to stderr, one line per step (:data:`PROGRESS` then JSON, flushed): ``{"done": 0, "of": n}`` once the
+runner is open (the guest's start-up is over), then ``{"done": k, "of": n}`` after each sample. The host relays them
+and bounds the run by the measured time per sample (``edge.verify.isa.run_bound``).
+
 Device side: imports what ``edgekit run`` imports (the bundle reader, the runner, numpy), never build-host code.
 """
 
@@ -25,6 +29,9 @@ import numpy as np
 from edge.bundle.bundle import Bundle
 from edge.errors import EdgeError
 from edge.verify.refpairs import load_reference_pairs, runner_json
+
+#: the prefix of a progress line on stderr (module docstring)
+PROGRESS = "edgekit-isa-progress "
 
 #: distributions whose versions the evidence names
 RUNTIMES = ("ai-edge-litert", "onnxruntime", "numpy")
@@ -54,6 +61,11 @@ def versions() -> dict[str, str]:
 _OVERRIDES = {"delegate": ("xnnpack",)}
 
 
+def progress(done: int, of: int) -> None:
+    """One progress line on stderr: ``done`` of ``of`` samples computed (0: the runner is open)."""
+    print(PROGRESS + json.dumps({"done": done, "of": of}), file=sys.stderr, flush=True)
+
+
 def run(bundle_path: str, out_npz: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     bundle = Bundle.open(bundle_path, trust=False)  # the build host's own bundle; its hashes still must hold
     entry = bundle.info.reference_pairs
@@ -69,10 +81,12 @@ def run(bundle_path: str, out_npz: str, options: dict[str, Any] | None = None) -
     if bad:
         raise EdgeError(f"runner options {bad} may not be overridden here")
     with bundle.open_runner(options) as runner:
+        progress(0, len(pairs.inputs))
         for s, feeds in enumerate(pairs.inputs):
             got = runner.infer(feeds)
             for k, n in enumerate(names):
                 arrays[f"o{s}_{k}"] = np.asarray(got[n])
+            progress(s + 1, len(pairs.inputs))
         info = runner_json(runner)
     with open(out_npz, "xb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]

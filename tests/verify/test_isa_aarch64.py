@@ -16,6 +16,7 @@ from edge import toolchains
 from edge.bundle.bundle import SIGNATURE, Bundle
 from edge.bundle.signing import generate_key
 from edge.bundle.trust import TrustStore
+from edge.errors import EdgeError
 from edge.verify import isa
 from tests.support.cli import assert_user_error, run_cli
 from tests.support.emulation import emulator_or_skip
@@ -141,3 +142,31 @@ def test_a_coral_bundle_is_checked_on_its_cpu_int8_path(
     (ev,) = Bundle.open(out).info.verified_on
     assert ev.device_used == "CPU (XNNPack)" and ev.outputs[0].limit == isa.isa_limit("int8", ev.outputs[0].range)
     assert Bundle.open(out).info.runner.options_dict["delegate"] == "edgetpu"  # the bundle itself is unchanged
+
+
+@pytest.mark.corpus_full
+def test_the_guest_says_each_sample_with_an_estimate(arm_bundle: tuple[Path, dict]) -> None:
+    src, _ = arm_bundle
+    said: list[str] = []
+    ev = isa.verify_isa(src, record=False, on_step=said.append)
+    n = ev["samples"]
+    assert said[0].startswith("emulated aarch64 check: started in ") and said[0].endswith(f", {n} samples to run")
+    samples = [m for m in said[1:] if m.startswith("emulated aarch64 check: sample ")]
+    assert [m.split(",")[0] for m in samples] == [f"emulated aarch64 check: sample {k} of {n}" for k in range(1, n + 1)]
+    assert all(m.endswith(" s left (emulation, not a speed figure)") for m in samples)
+
+
+@pytest.mark.corpus_full
+def test_the_guest_run_stops_in_one_line_at_its_bound(
+    arm_bundle: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, _ = arm_bundle
+    monkeypatch.setattr(isa, "BOUND_FACTOR", 0.0)  # the bound is the start-up: past it once a sample is measured
+    monkeypatch.setattr(isa, "BOUND_GRACE_S", 0.0)
+    said: list[str] = []
+    with pytest.raises(EdgeError) as e:
+        isa.verify_isa(src, record=False, on_step=said.append)
+    msg = str(e.value)
+    assert msg.startswith("emulated aarch64 check stopped after ") and "\n" not in msg, msg
+    assert " of 16 samples done (~" in msg and "--parity-samples" in msg and "--no-isa-check" in msg
+    assert said[-1].startswith("emulated aarch64 check: sample ")
