@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError, did_you_mean
 from edge.toolchains import aarch64
-from edge.toolchains.state import ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root  # noqa: F401 - re-exported: callers and tests use these names here
+from edge.toolchains.state import ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, permission_problem, root  # noqa: F401 - re-exported: callers and tests use these names here
 from edge.toolchains.state import run_logged as _run
 
 _HERE = Path(__file__).resolve().parent
@@ -289,7 +289,13 @@ def status(name: str) -> ToolchainStatus:
     st.created_utc = state.get("created_utc")
     st.install_seconds = state.get("install_seconds")
     py = _venv_python(st.venv)
-    if not py.exists():
+    site = sorted(st.venv.glob("lib/python*/site-packages")) + sorted(st.venv.glob("Lib/site-packages"))
+    unsafe = permission_problem(
+        d, st.venv, py.parent, py, *site, again=f"reinstall with: {spec.install_command} --force"
+    )
+    if unsafe is not None:
+        st.problem = unsafe
+    elif not py.exists():
         st.problem = f"{py} is missing; reinstall with: {spec.install_command} --force"
     elif state.get("spec_hash") != spec.spec_hash:
         st.problem = (

@@ -43,7 +43,15 @@ from typing import Any, Callable, Mapping
 
 from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError
-from edge.toolchains.state import STATE_FILE, ToolchainStatus, lock_hash, lock_lines, root, run_logged
+from edge.toolchains.state import (
+    STATE_FILE,
+    ToolchainStatus,
+    lock_hash,
+    lock_lines,
+    permission_problem,
+    root,
+    run_logged,
+)
 
 NAME = "aarch64"
 ISA = "aarch64"
@@ -182,7 +190,21 @@ def status() -> ToolchainStatus:
     st.created_utc = state.get("created_utc")
     st.install_seconds = state.get("install_seconds")
     em = Emulator(d, DEFAULT_CPU)
-    if not em.qemu.is_file() or not em.python.exists():
+    unsafe = permission_problem(
+        d,
+        em.qemu.parent,
+        em.qemu,
+        em.rootfs,
+        em.python.parent,
+        em.python,
+        em.site,
+        d / "guest",
+        d / "pycache",
+        again=again,
+    )
+    if unsafe is not None:
+        st.problem = unsafe
+    elif not em.qemu.is_file() or not em.python.exists():
         st.problem = f"{em.qemu if not em.qemu.is_file() else em.python} is missing; {again}"
     elif state.get("spec_hash") != spec_hash():
         st.problem = f"toolchain 'aarch64' at {d} was installed from another version of its spec; update it: {again}"

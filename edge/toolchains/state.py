@@ -122,3 +122,62 @@ def run_logged(cmd: list[str], log: Any, on_output: Output | None, *, env: Mappi
             f"`{' '.join(cmd[:4])} ...` failed with exit code {rc}: {tail[-1200:]}", hint=f"full log: {log.name}"
         )
     return out
+
+
+def others_can_write(paths: Iterable[Path]) -> tuple[Path, str] | None:
+    """Why a toolchain's files are not the user's own (None: they are): a path on its import or run path owned by
+    another user than this one or root, or writable by group or others. Everything a toolchain records about
+    itself (``toolchain.json``: hashes, fingerprints) sits in its own directory, so it vouches for nothing against
+    whoever can write there: like ssh's StrictModes, edgekit then refuses to run it (a shared ``$EDGEKIT_TOOLCHAINS``
+    made with umask 002, a cache another account can write). A symlink's own mode means nothing: its owner counts."""
+    import stat
+
+    uid = getattr(os, "getuid", lambda: 0)()
+    for p in paths:
+        try:
+            st = p.lstat()
+        except OSError:
+            continue  # a missing piece is the caller's own problem to report
+        if st.st_uid not in (uid, 0):
+            return p, f"{p} belongs to another user (uid {st.st_uid})"
+        writable = 0 if stat.S_ISLNK(st.st_mode) else st.st_mode & 0o022
+        if writable & 0o020 and _private_group(st.st_gid, uid):
+            writable &= ~0o020  # umask 002 with a group of one's own (Debian/Ubuntu users): as ssh's Debian patch does
+        if writable:
+            who = "group and others" if writable == 0o022 else "group" if writable & 0o020 else "others"
+            return p, f"{p} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The user's own primary group with no other member (a user private group)."""
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(uid)
+        members = set(grp.getgrgid(gid).gr_mem)
+    except (ImportError, KeyError):
+        return False
+    return gid == user.pw_gid and members <= {user.pw_name}
+
+
+def guarded_paths(toolchain: Path, *inner: Path) -> list[Path]:
+    """The toolchain's directory and each directory above it up to the toolchains root, its state file, and the
+    ``inner`` paths (what runs: the interpreter, its bin and site-packages directories, the emulator)."""
+    top = root()
+    chain, p = [toolchain], toolchain
+    while p != top and p.parent != p and top in p.parents:
+        p = p.parent
+        chain.append(p)
+    return [*chain, toolchain / STATE_FILE, *inner]
+
+
+def permission_problem(toolchain: Path, *inner: Path, again: str) -> str | None:
+    """``others_can_write`` over ``guarded_paths`` as the status line a toolchain reports, or None."""
+    found = others_can_write(guarded_paths(toolchain, *inner))
+    if found is None:
+        return None
+    path, why = found
+    fix = f"chmod -R go-w {toolchain}" if path == toolchain or toolchain in path.parents else f"chmod go-w {path}"
+    return f"toolchain at {toolchain} is not safe to run: {why}; its own records cannot vouch for it (fix with: {fix}, or {again})"
