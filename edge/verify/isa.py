@@ -69,6 +69,9 @@ _MAX_OUT_BYTES = 64 << 20
 #: BOUND_GRACE_S (load on a shared host varies the pace), never over the cap (:func:`isa_timeout_s`)
 BOUND_FACTOR = 2.0
 BOUND_GRACE_S = 60.0
+#: a sample's progress line is said at most this often (the first and the last always): a tiny model's 16
+#: samples take a second, a heavy audio model's 30-45 s each
+SAY_EVERY_S = 5.0
 #: the cap on the whole guest run (``$EDGEKIT_ISA_TIMEOUT_S``), and the only bound until a sample is measured
 ISA_TIMEOUT_S = 1800.0
 #: what to do when the bound is hit (convert's options; deploy has --no-isa-check too)
@@ -122,7 +125,7 @@ class GuestWatch:
         self.samples, self.cap_s, self.say, self.clock = samples, cap_s, say, clock
         self.start = clock()
         self.ready_s: float | None = None
-        self.done, self.done_at_s = 0, 0.0
+        self.done, self.done_at_s, self.said_at_s = 0, 0.0, -math.inf
 
     def __call__(self, line: str | None) -> None:
         now = self.clock() - self.start
@@ -134,10 +137,12 @@ class GuestWatch:
             self.done, self.done_at_s = got[0], now
             per = (now - (self.ready_s or 0.0)) / self.done
             left = per * (self.samples - self.done)
-            self.say(
-                f"emulated aarch64 check: sample {self.done} of {self.samples}, ~{left:.0f} s left"
-                " (emulation, not a speed figure)"
-            )
+            if self.done in (1, self.samples) or now - self.said_at_s >= SAY_EVERY_S:
+                self.said_at_s = now
+                self.say(
+                    f"emulated aarch64 check: sample {self.done} of {self.samples}, ~{left:.0f} s left"
+                    " (emulation, not a speed figure)"
+                )
         bound = run_bound(self.ready_s, self.done, self.done_at_s, self.samples, self.cap_s)
         if now > bound:
             raise EdgeError(self.stopped(now, bound), hint=_FEWER)

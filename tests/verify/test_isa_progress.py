@@ -51,13 +51,16 @@ def test_the_watch_says_each_sample_and_stops_in_one_line_past_the_bound() -> No
         "emulated aarch64 check: started in 30 s, 4 samples to run",
         "emulated aarch64 check: sample 1 of 4, ~30 s left (emulation, not a speed figure)",
     ]
-    clock.t = 30 + isa.BOUND_FACTOR * 10 * 4 + isa.BOUND_GRACE_S - 1
-    watch(None)  # inside the bound (30 + 2 x 10 x 4 + 60 = 170 s)
+    clock.t = 41.0
+    watch(isa_guest.PROGRESS + '{"done": 2, "of": 4}')  # 1 s after the last line said: not said
+    clock.t = 133.0
+    watch(None)  # inside the bound: start-up 30 s + 2 x 5.5 s per sample x 4 + 60 s = 134 s
     clock.t += 2
     with pytest.raises(EdgeError) as e:
         watch(None)
     msg = str(e.value)
-    assert "\n" not in msg and "1 of 4 samples done" in msg and "past its bound of 170 s" in msg
+    assert len(said) == 2 and "\n" not in msg and "2 of 4 samples done" in msg
+    assert "past its bound of 134 s" in msg  # 30 + 2 x 5.5 s per sample x 4 + 60
     assert "--parity-samples" in msg and "--no-isa-check" in msg
 
 
