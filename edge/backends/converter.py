@@ -98,7 +98,8 @@ class Converter(ABC):
     #: precisions that need calibration samples
     calibrated_precisions: ClassVar[frozenset[str]] = frozenset()
     #: what runs full-integer int8 models only, for the message (the Edge TPU): a TFLite source that is not
-    #: full-integer is refused before any work (edgekit cannot quantize a .tflite file); None: any TFLite is taken
+    #: full-integer goes through tflite->onnx and the profile's int8 chain (edge.pipeline.plan), and is refused
+    #: before any work where no such chain exists; None: any TFLite is taken
     full_integer_only: ClassVar[str | None] = None
     #: the toolchain environment (edge.toolchains) the converter runs in, if any; a missing one is
     #: reported like a missing package, before any work

@@ -159,7 +159,15 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
     # a TFLite's dynamic inputs are made static at --input-shape first: LiteRT reads its precision at that shape
     early_io = src.checked_io(req.input_shapes) if isinstance(src, TFLiteSource) else None
     own = src.own_precision() if isinstance(src, (TFLiteSource, OpenVINOSource, OnnxSource)) else None
-    p = plan(profile, req.precision, source_format=src.format, source_precision=own, source_name=src.path.name)
+    full = src.full_integer() if isinstance(src, TFLiteSource) else None  # a float TFLite: through ONNX where needed
+    p = plan(
+        profile,
+        req.precision,
+        source_format=src.format,
+        source_precision=own,
+        source_name=src.path.name,
+        full_integer=full,
+    )
     needs = p.steps[0].converter.full_integer_only if p.steps else None  # what runs full-integer models only
     if isinstance(src, TFLiteSource) and needs and not src.full_integer():
         floats = f"{own}, float ops: {', '.join(src.float_ops())}" if own == "int8-dynamic" else own

@@ -13,6 +13,11 @@ How a chain is chosen for a source format F (the profile's ``[convert] chain`` i
 4. a registered converter reads F and writes the chain's first input (``torch->onnx``), then the
    profile's chain;
 5. otherwise refused, naming the formats on both sides.
+
+A source that rule 1 or 3 would take but cannot be had that way goes through rule 4 where a converter
+exists (``plan(..., full_integer=False)``): a float TFLite for coral-edgetpu, whose ``tflite->edgetpu``
+takes full-integer models only, and a float TFLite asked int8 for arm-xnnpack, become ONNX with tf2onnx
+(``tflite->onnx``) and take the profile's int8 chain; parity is still judged against the TFLite source.
 """
 
 from __future__ import annotations
@@ -140,6 +145,20 @@ def resolve_chain(
     )
 
 
+def _through_chain_input(
+    target: TargetProfile, source_format: str, chain: tuple[ChainStep, ...], route: str, why: str
+) -> tuple[tuple[ChainStep, ...], str]:
+    """Rule 4 in place of ``chain``: a converter from ``source_format`` to the profile's chain's first input,
+    then the whole chain; ``chain`` and ``route`` unchanged where none exists (the caller's refusal follows)."""
+    if not target.chain or any(s.converter not in CONVERTERS for s in target.chain):
+        return chain, route
+    first = CONVERTERS.get(target.chain[0].converter).source_format
+    for cls in _converters():
+        if cls.source_format == source_format and cls.target_format == first and first != source_format:
+            return (ChainStep(cls.name, "fp32"),) + tuple(target.chain), f"{cls.name}, then the profile's chain ({why})"
+    return chain, route
+
+
 def _a(word: str) -> str:
     return "an" if word[:1].lower() in "aeio" else "a"
 
@@ -220,14 +239,18 @@ def plan(
     source_format: str = "onnx",
     source_precision: str | None = None,
     source_name: str | None = None,
+    full_integer: bool | None = None,
 ) -> Plan:
     """Resolve the chain for the source and check every requirement up front; all problems in one error.
 
     ``source_precision``: what the source already holds (a TFLite, an IR); when the chain is empty it
     is the bundle's precision and asking for another one is an error that says how to get it.
-    ``source_name``: the file's name, for the messages.
+    ``source_name``: the file's name, for the messages. ``full_integer``: False for a source with float
+    compute (a float TFLite): a first step that takes full-integer models only is replaced by rule 4.
     """
     chain, route = resolve_chain(target, source_format, source_name=source_name)
+    if full_integer is False and chain and CONVERTERS.get(chain[0].converter).full_integer_only:
+        chain, route = _through_chain_input(target, source_format, chain, route, "it is not full-integer")
     what = f"{source_name} ({source_format})" if source_name else f"{_a(source_format)} {source_format} source"
     own = source_precision or "fp32"
     if not chain and precision not in (None, KEEP, own):
@@ -241,6 +264,8 @@ def plan(
         )
         if rewrite is not None:  # e.g. tflite->tflite: an fp16-weight .tflite made fp32
             chain, route = (ChainStep(rewrite.name, precision),), f"{rewrite.name} ({own} source, {precision} asked)"
+        else:  # e.g. int8 of a float TFLite for arm-xnnpack: tf2onnx, then the profile's chain quantizes
+            chain, route = _through_chain_input(target, source_format, chain, route, f"{own} source, {precision} asked")
     if not chain:
         if precision not in (None, KEEP, own):
             raise PrecisionError(
