@@ -491,6 +491,20 @@ MODELS: dict[str, Pinned] = {
         member_sha256="66390443918c4952a3d22a693a7748d01a851f56b668603206a4fde5dfec863b",
         output_name="ewn_siamese_base.tflite",
     ),
+    # issue #34: the Silero VAD v5 TorchScript of the silero-vad 5.1 wheel (2024; `VADr_v5/` archive, code under `vad/`,
+    # `sr` an int argument, its LSTM state kept inside the module): an earlier release's torch.jit.save than 6.2.3's
+    "silero-vad-5-jit": Pinned(
+        project="silero-vad",
+        version="5.1",
+        wheel_filename="silero_vad-5.1-py3-none-any.whl",
+        wheel_sha256="ecb50b484f538f7a962ce5cd3c07120d9db7b9d5a0c5861ccafe459856f22c8f",
+        member="silero_vad/data/silero_vad.jit",
+        member_size=2_269_612,
+        member_sha256="85c48e1f0ecb604e5d2a268f3ccfb912d4f7e935acdc86af5a3fc5b0aea7b29a",
+        output_name="silero_vad_v5.jit",
+        license="MIT (Copyright (c) 2020-present Silero Team)",
+        license_members=("silero_vad-5.1.dist-info/licenses/LICENSE",),
+    ),
     # issue #34: SLANet-plus table-structure recogniser (Paddle2ONNX; an attention decoder over 30 steps: structure
     # tokens [1, T, 50] and cell boxes [1, T, 8])
     "slanet-plus": Pinned(

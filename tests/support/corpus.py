@@ -44,6 +44,7 @@ Task = Literal[
     "audio-quality",
     "wakeword-embedding",
     "table-structure",
+    "vad-torchscript",
 ]
 
 
@@ -59,7 +60,7 @@ class CorpusModel:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # --input-shape NAME=...
     preprocess: str = "none"  # --preprocess preset
     letterbox: bool | None = None  # --letterbox
-    source_format: Literal["onnx", "tflite", "gguf"] = "onnx"
+    source_format: Literal["onnx", "tflite", "gguf", "torchscript"] = "onnx"
     parity_task: str | None = (
         None  # the task edge.verify.tasks should detect on its output (--task auto); None: no task
     )
@@ -351,6 +352,17 @@ _MODELS = (
         "EfficientWord-Net first siamese wake-word embedder (a Keras TFLite)",
         "Apache-2.0",
         source_format="tflite",
+    ),
+    # a TorchScript archive as its authors saved it (torch.jit.save, code under `vad/`): forward(x, sr) with `sr` a Python
+    # int the model checks against [8000, 16000], its LSTM state held in the module between calls
+    CorpusModel(
+        "silero-vad-5-jit",
+        "silero_vad_v5.jit",
+        "vad-torchscript",
+        "Silero VAD v5 TorchScript (silero-vad 5.1: audio x [1, 512] and an int sample rate sr -> speech probability)",
+        "MIT",
+        input_shapes={"x": (1, 512), "sr": (1,)},
+        source_format="torchscript",
     ),
     # an autoregressive attention decoder (Paddle2ONNX): structure-token probabilities [1, T, 50] and cell boxes
     # [1, T, 8] for a 488 x 488 table image; dynamic in the file, pinned here
