@@ -139,6 +139,8 @@ class TuneResult:
     host: dict[str, Any]
     applied: str | None = None  # what the overlay applies, one line
     overlay_path: str | None = None
+    #: the next-best trials' overlays, best first (``TuneOptions.alternates``)
+    alternate_paths: list[str] = dataclasses.field(default_factory=list)
     study_path: str | None = None
     html_path: str | None = None
     png_path: str | None = None
@@ -245,6 +247,9 @@ class TuneOptions:
     batches: Sequence[int] | None = None
     #: only these runner options and recipe knobs vary (the rest at their first value); None: all
     vary: Sequence[str] | None = None
+    #: the next-best trials (the same ranking) written as overlays too (``tuned-alt1.toml``, ...), for a caller
+    #: whose own check may refuse the winner (deploy's budget search: the steady-state verdict)
+    alternates: int = 0
 
 
 def _host() -> dict[str, Any]:
@@ -655,6 +660,7 @@ def _finish(run: _Run, t_start: float) -> TuneResult:
         run.notes.append("no configuration passed parity: nothing to apply")
     else:
         _write_winner(run, result, winner, same, why)
+        _write_alternates(run, result, winner)
     if run.opts.pictures:
         from edge.tune.report import write_pictures
 
@@ -663,8 +669,28 @@ def _finish(run: _Run, t_start: float) -> TuneResult:
     return result
 
 
+def _write_alternates(run: _Run, result: TuneResult, winner: dict[str, Any]) -> None:
+    """The next ``alternates`` trials in the winner's ranking, each as ``tuned-altN.toml``."""
+    from edge.capabilities import current_host
+    from edge.targets import same_device_class
+
+    rest = [t for t in result.trials if t is not winner]
+    for i in range(run.opts.alternates):
+        alt = choose(rest, run.rank_budget, run.opts.objective)
+        if alt is None:
+            break
+        rest = [t for t in rest if t is not alt]
+        same, why = same_device_class(run.profile, current_host(), alt.get("runtime") or {})
+        result.alternate_paths.append(_write_overlay(run, alt, same, why, run.out_dir / f"tuned-alt{i + 1}.toml")[0])
+
+
 def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: bool, why: str) -> None:
     """The winner as a profile overlay (``tuned.toml``) with what it was measured on."""
+    result.overlay_path, result.applied = _write_overlay(run, winner, same, why, run.out_dir / "tuned.toml")
+
+
+def _write_overlay(run: _Run, winner: dict[str, Any], same: bool, why: str, path: Path) -> tuple[str, str]:
+    """One trial as a profile overlay at ``path`` with what it was measured on; (the path, what it applies)."""
     from edge.pipeline.overlay import write_overlay
 
     objective, profile, host = run.opts.objective, run.profile, run.host
@@ -715,5 +741,4 @@ def _write_winner(run: _Run, result: TuneResult, winner: dict[str, Any], same: b
             "batch 1: export it with a dynamic first dimension first)"
         )
     comments.append(f"apply with: edgekit convert MODEL --target {profile.name} --tuned FILE (or deploy --tuned)")
-    result.overlay_path = str(write_overlay(run.out_dir / "tuned.toml", overlay, comments))
-    result.applied = overlay.describe()
+    return str(write_overlay(path, overlay, comments)), overlay.describe()

@@ -58,9 +58,15 @@ def test_every_cpu_and_spin_wait_are_left_to_the_runners_policy() -> None:
 
 
 def test_search_measures_every_candidate_through_parity(models: dict[str, Path], tmp_path: Path) -> None:
-    overlay, rec = bs.search(
+    ranked, rec = bs.search_ranked(
         models["tiny"], get_target("x86-cpu"), ConvertRequest(), tmp_path / "s", 1e6, 2e6, time_s=240
     )
+    overlay = ranked[0] if ranked else None
+    # the chosen one first, then up to ALTERNATES others for deploy to verdict should it miss: each a different
+    # configuration once its threads are the runner's policy's, each within the budget in the search
+    assert 2 <= len(ranked) <= 1 + bs.ALTERNATES
+    assert len({o.describe() for o in ranked}) == len(ranked)
+    assert all(isinstance(o.tuned.get("p99_ms"), float) and o.tuned["p99_ms"] <= 1e6 for o in ranked)
     cands = rec["candidates"]
     assert overlay is not None and rec["chosen"] and "fastest" in rec["why"]
     assert {c["precision"] for c in cands} >= {"fp32"} and all(c["parity"] is not None for c in cands)
