@@ -31,6 +31,11 @@ requantized only. The slow cases are marked ``slow``: ``-m "not slow"`` runs the
 Issue #23 grew the corpus to 21 models (and 3 optional ones, CC BY-NC-SA 4.0, fetched only when named). CI runs
 each new model's cheapest case where it costs under 2 s, and the cheap refusals (about 5 s in all); the rest is
 ``corpus_full``, about 12 more minutes at load 4-6 (onnx2tf on the MiniLM encoder alone 4 min, the layout detector 2).
+
+Issue #34 added 8 (all permissive): Microsoft's speech-quality models (DNSMOS P.808 and P.835 exported from Keras with
+TensorFlow's names, ``Identity:0``; PLCMOS and AECMOS from torch 1.11), EfficientWord-Net's wake-word embedders (a QDQ int8
+ONNX and a TFLite), SLANet-plus (an autoregressive table decoder with a Loop) and Silero VAD v5 as TorchScript. CI takes
+DNSMOS P.808's x86-cpu case (~3 s); the rest is ``corpus_full``, about 12 more minutes at load 7-8.
 """
 
 from __future__ import annotations
