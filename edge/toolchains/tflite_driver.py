@@ -48,6 +48,7 @@ from typing import Any
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 compare = importlib.import_module(f"{__package__}.tflite_compare" if __package__ else "tflite_compare")
+fixes = importlib.import_module(f"{__package__}.tf2onnx_fixes" if __package__ else "tf2onnx_fixes")
 
 _EVENTS: Any = None
 _STAGE: dict[str, Any] = {"name": "starting", "since": time.time()}
@@ -495,6 +496,7 @@ def tflite_to_onnx(job: dict[str, Any]) -> dict[str, Any]:
     import tf2onnx
 
     stage("tf2onnx: TFLite -> ONNX")
+    fixes.keep_fully_connected_bias()  # tf2onnx 1.17.0 drops a flattening FULLY_CONNECTED's bias
     out = Path(job["workdir"]) / "model.onnx"
     try:
         model, _ = tf2onnx.convert.from_tflite(job["tflite"], opset=int(job.get("opset", 17)), output_path=str(out))

@@ -296,6 +296,49 @@ def test_tf2onnx_refuses_an_op_it_cannot_translate_naming_it(tmp_path: Path) -> 
     assert "a custom op needs its own lowering" in (e.value.hint or "") and "arm-xnnpack" not in msg
 
 
+def _fully_connected_flattening() -> tuple[bytes, np.ndarray, np.ndarray]:
+    """One FULLY_CONNECTED with a bias on a [1, 1, 1, 4] input, ``keep_num_dims`` false: what onnx2tf writes after a
+    global MEAN that keeps its dims (a classifier's head)."""
+    import ai_edge_litert.schema_py_generated as s
+
+    from edge.backends.litert.rewrite import load, save
+
+    rng = np.random.default_rng(3)
+    w, b = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3,)).astype(np.float32) * 10
+    m = load(_tiny_custom("Unused", (1, 1, 1, 4), w, b, b"", (1, 3)))
+    oc = m.operatorCodes[0]
+    oc.builtinCode = oc.deprecatedBuiltinCode = s.BuiltinOperator.FULLY_CONNECTED
+    oc.customCode = None
+    op = m.subgraphs[0].operators[0]
+    op.customOptions = None
+    op.builtinOptionsType = s.BuiltinOptions.FullyConnectedOptions
+    op.builtinOptions = s.FullyConnectedOptionsT()
+    op.builtinOptions.keepNumDims = False
+    return save(m), w, b
+
+
+def test_tf2onnx_keeps_the_bias_of_a_flattening_fully_connected(tmp_path: Path) -> None:
+    """tf2onnx 1.17.0 dropped this bias (its handler rewires the op through a Reshape and then adds the bias only for
+    an op of 3 inputs): an onnx2tf-made classifier came out of tflite->onnx off by its head's bias (cosine 0.81 on
+    x86-cpu). edge/toolchains/tf2onnx_fixes.py adds the lost Add."""
+    _needs_tf2onnx()
+    from edge.backends.onnxruntime.from_tflite import TFLiteToOnnx
+
+    data, w, b = _fully_connected_flattening()
+    src = tmp_path / "fc.tflite"
+    src.write_bytes(data)
+    x = np.random.default_rng(4).normal(size=(1, 1, 1, 4)).astype(np.float32)
+    want = _run(data, x)[0]
+    np.testing.assert_allclose(want, x.reshape(1, 4) @ w.T + b, rtol=1e-5, atol=1e-5)  # LiteRT: the bias is there
+    io = IOSpec((TensorSpec("x", (1, 1, 1, 4), "float32"),), (TensorSpec("y", (1, 3), "float32"),))
+    r = TFLiteToOnnx().convert(_request(src, tmp_path / "out", "fp32", io))
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(r.artifact), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_tf2onnx_converts_the_lowered_selfie(tmp_path: Path) -> None:
     """x86-cpu from the selfie model: the custom op is lowered before tf2onnx reads the file."""
     _needs_tf2onnx()
