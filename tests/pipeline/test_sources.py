@@ -153,6 +153,26 @@ def test_float_tflite_keeps_its_precision_when_asked(face: Path, tmp_path: Path)
     assert b.precision == "fp16"  # its own precision, said explicitly
 
 
+@pytest.fixture(scope="module")
+def fp32_tflite(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny CNN as an fp32 TFLite (onnx2tf), alone as a user brings it: float compute, off the Edge TPU as it is."""
+    d = tmp_path_factory.mktemp("fp32")
+    b = convert(models["tiny"], "arm-xnnpack", d / "b", ConvertRequest(precision="fp32"))
+    return Path(shutil.copyfile(b.artifact, d / "tiny_fp32.tflite"))
+
+
+def test_tiny_float_tflite_for_coral_through_onnx(fp32_tflite: Path, tmp_path: Path) -> None:
+    """The cheap end-to-end case of issue #34 class 6: tf2onnx, onnx2tf int8 on generated calibration, the Edge TPU
+    step (no compiler here: kept for ``edgekit finish``); the gate compares with the source .tflite on LiteRT."""
+    b = convert(fp32_tflite, "coral-edgetpu", tmp_path / "b", ConvertRequest(calib="random"))
+    m = b.manifest
+    assert [c["converter"] for c in m["chain"]] == ["tflite->onnx", "onnx->tflite", "tflite->edgetpu"]
+    assert m["source"]["precision"] == "fp32" and m["precision"] == "int8"
+    par = m["parity"]
+    assert par["passed"] is True and not par.get("accepted_failure"), par
+    assert "on the source .tflite" in par["reference"], par["reference"]
+
+
 @pytest.mark.corpus_full  # tf2onnx, onnx2tf and int8 calibration in the toolchain: 90 s at load 7-9
 def test_float_tflite_for_coral_through_onnx(tflite_toolchain: None, tmp_path: Path) -> None:
     """MediaPipe's face landmark model (fp16 weights, float compute: refused for coral-edgetpu before issue #34)
