@@ -473,3 +473,38 @@ def fold_constants(model: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[Any,
     del g.initializer[:]
     g.initializer.extend(live)
     return model, len(values)
+
+
+def fold_weight_dequantize(model: Any) -> tuple[Any, int]:
+    """Every DequantizeLinear of constants (int8 weights with their scale: tf2onnx's translation of a dynamic-range
+    TFLite) becomes the float32 initializer it computes, for a graph that is quantized again from float: onnx2tf's
+    full-integer model of the unfolded graph computed unrelated outputs (the tiny CNN's dynamic-range TFLite for
+    coral-edgetpu: cosine 0.756 to onnxruntime on the same ONNX). Returns the model and how many were folded."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    kept, count = [], 0
+    for n in g.node:
+        attrs = {a.name: a for a in n.attribute}
+        if n.op_type != "DequantizeLinear" or "block_size" in attrs or not all(i in inits for i in n.input if i):
+            kept.append(n)
+            continue
+        x = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
+        scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
+        has_zp = len(n.input) > 2 and n.input[2]
+        zp = numpy_helper.to_array(inits[n.input[2]]).astype(np.float32) if has_zp else np.zeros_like(scale)
+        if scale.ndim == 1 and x.ndim > 0:  # per-axis: broadcast along ``axis``
+            shape = [1] * x.ndim
+            shape[attrs["axis"].i % x.ndim if "axis" in attrs else 1] = -1
+            scale, zp = scale.reshape(shape), zp.reshape(shape)
+        g.initializer.append(numpy_helper.from_array(((x - zp) * scale).astype(np.float32), n.output[0]))
+        count += 1
+    if count:
+        del g.node[:]
+        g.node.extend(kept)
+        used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+        live = [i for i in g.initializer if i.name in used]
+        del g.initializer[:]
+        g.initializer.extend(live)
+    return model, count

@@ -173,6 +173,17 @@ def test_tiny_float_tflite_for_coral_through_onnx(fp32_tflite: Path, tmp_path: P
     assert "on the source .tflite" in par["reference"], par["reference"]
 
 
+@pytest.mark.corpus_full  # the same chain as the fp32 case (covered there), on another fixture: 15 s
+def test_dynamic_range_tflite_for_coral_through_onnx(dynamic_tflite: Path, tmp_path: Path) -> None:
+    """tf2onnx keeps the dynamic-range weights as int8 behind DequantizeLinear; onnx2tf's full-integer model of that
+    graph computed unrelated outputs (cosine 0.727) until edgekit folded them to float32 (edge.graph.lower)."""
+    b = convert(dynamic_tflite, "coral-edgetpu", tmp_path / "b", ConvertRequest(calib="random"))
+    m = b.manifest
+    assert m["source"]["precision"] == "int8-dynamic" and m["precision"] == "int8"
+    assert m["chain"][1]["details"]["lowered"]["DequantizeLinear"] > 0, m["chain"][1]["details"]
+    assert m["parity"]["passed"] is True and not m["parity"].get("accepted_failure"), m["parity"]
+
+
 @pytest.mark.corpus_full  # tf2onnx, onnx2tf and int8 calibration in the toolchain: 90 s at load 7-9
 def test_float_tflite_for_coral_through_onnx(tflite_toolchain: None, tmp_path: Path) -> None:
     """MediaPipe's face landmark model (fp16 weights, float compute: refused for coral-edgetpu before issue #34)

@@ -202,7 +202,7 @@ class OnnxToTFLite(Converter):
         t_start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgekit-tflite-") as tmp:
             work = Path(tmp)
-            lowered, rewritten = _lower_for_onnx2tf(Path(request.source), work, request.io)
+            lowered, rewritten = _lower_for_onnx2tf(Path(request.source), work, request.io, request.precision == "int8")
             job = _driver_job(request, opts, work, lowered, parity_inputs, calib, lstm=bool(rewritten.get("LSTM")))
             _say(
                 f"onnx->tflite ({request.precision}) in toolchain {TOOLCHAIN!r} "
@@ -348,18 +348,28 @@ def _keep_shape_inputs(io: Any) -> list[str]:
     return [t.name for t in io.inputs if t.layout is None and len(t.shape) == 3]
 
 
-def _lower_for_onnx2tf(source: Path, work: Path, io: Any) -> tuple[Path | None, dict[str, int]]:
+def _lower_for_onnx2tf(source: Path, work: Path, io: Any, int8: bool = False) -> tuple[Path | None, dict[str, int]]:
     """The source rewritten where onnx2tf mistranslates it (``edge.graph.lower``), in ``work``, and what was rewritten
     (``{"LSTM": n, "Slice": m}``); (None, {}) when nothing needs it. LSTMs given their state are unrolled into plain
-    ops; Slices lose the axes they keep whole (and go when they keep everything)."""
-    from edge.graph.lower import drop_noop_slice_axes, fold_constants, lower_lstm, needs_lowering, squeeze_to_reshape
+    ops; Slices lose the axes they keep whole (and go when they keep everything). ``int8`` (quantized again from
+    float): constant int8 weights behind DequantizeLinear become float32 first."""
+    from edge.graph.lower import (
+        drop_noop_slice_axes,
+        fold_constants,
+        fold_weight_dequantize,
+        lower_lstm,
+        needs_lowering,
+        squeeze_to_reshape,
+    )
     from edge.graph.model import load_onnx, save_onnx
 
     model = load_onnx(source)
     shapes = {t.name: tuple(int(d) for d in t.shape) for t in io.inputs}
+    model, dq = fold_weight_dequantize(model) if int8 else (model, 0)
     if not any(needs_lowering(n) for n in model.graph.node):
         model, slices = drop_noop_slice_axes(model, shapes)
-        return (save_onnx(model, work / "rewritten.onnx"), {"Slice": slices}) if slices else (None, {})
+        done = {**({"Slice": slices} if slices else {}), **({"DequantizeLinear": dq} if dq else {})}
+        return (save_onnx(model, work / "rewritten.onnx"), done) if done else (None, {})
     model, count = lower_lstm(model)
     # the recurrent path's plumbing too: onnx2tf squeezes a channels-last rank-3 tensor on the wrong axis, and
     # mistranslates the full-rank Slices onnxsim makes of per-axis ones: edgekit folds the constants itself (the
@@ -462,6 +472,11 @@ def _rewrite_notes(rewritten: Mapping[str, int]) -> list[str]:
         notes.append(
             f"{rewritten['Slice']} Slice(s) rid of the axes they keep whole for onnx2tf, which applies them to the "
             "channels-last tensor unchanged (edge.graph.lower.drop_noop_slice_axes)"
+        )
+    if rewritten.get("DequantizeLinear"):
+        notes.append(
+            f"{rewritten['DequantizeLinear']} constant int8 weight(s) behind DequantizeLinear folded to float32 before "
+            "quantizing again (edge.graph.lower.fold_weight_dequantize)"
         )
     return notes
 
