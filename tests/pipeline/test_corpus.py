@@ -235,6 +235,10 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     ("ewn-resnet50-arc-qint8", "x86-cpu", "fp32", "fails: is already quantized (int8)"),
     ("ewn-resnet50-arc-qint8", "intel-igpu", "keep", "pass"),
     ("ewn-resnet50-arc-qint8", "arm-xnnpack", "fp32", "fails: is already quantized (int8)"),
+    # its own int8 through onnx2tf (346-372 s at load 1-5): refused by parity, mean cosine -0.04; the first diverging node is the
+    # DequantizeLinear after the input BatchNormalization, where onnx2tf's TensorFlow computes [1, 1, 1, 2048] for ONNX's
+    # [1, 1, 149, ...] (a layout onnx2tf mistakes on this QDQ graph)
+    ("ewn-resnet50-arc-qint8", "arm-xnnpack", "keep", "fails: parity failed for arm-xnnpack int8"),
     # the first siamese embedder, a Keras TFLite: LiteRT ships it as it is, tf2onnx and OpenVINO's TFLite frontend take it
     # (its fp32 arm-xnnpack case, tflite -> tflite, 1.1 s at load 5: CI's sample)
     ("ewn-siamese-base", "arm-xnnpack", "fp32", "pass"),
