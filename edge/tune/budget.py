@@ -89,21 +89,6 @@ def not_searched(model: str | os.PathLike[str], req: ConvertRequest, tuned: bool
     return None
 
 
-def search(
-    model: str | os.PathLike[str],
-    profile: Any,
-    req: ConvertRequest,
-    out: Path,
-    budget_ms: float,
-    default_p99_ms: float,
-    time_s: float = SEARCH_TIME_S,
-    say: Callable[[str], None] | None = None,
-) -> tuple[Any, dict[str, Any]]:
-    """(the overlay of the fastest candidate within ``budget_ms``, or None; the manifest's ``budget_search``)."""
-    ranked, record = search_ranked(model, profile, req, out, budget_ms, default_p99_ms, time_s, say)
-    return (ranked[0] if ranked else None), record
-
-
 #: candidates after the chosen one that deploy may convert and verdict when the chosen one misses the budget in its
 #: own steady-state verdict (the search's short measurement and the verdict's 2 s can disagree on a loaded host)
 ALTERNATES = 3
