@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.backends.runner import RUNNERS
+from edge.backends.threads import usable_cpus
 from edge.capabilities import CpuIsa, cpu_isa
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
@@ -153,7 +154,7 @@ def search_ranked(
     record.update(chosen=chosen, why=why)
     if chosen is None or result.overlay_path is None:
         return [], record
-    overlay, left = adaptive_threads(read_overlay(result.overlay_path), _cpus())
+    overlay, left = adaptive_threads(read_overlay(result.overlay_path), usable_cpus())
     if left:
         record["left_to_policy"] = left
         record["why"] = (
@@ -163,7 +164,7 @@ def search_ranked(
         overlay = _rewrite(result.overlay_path, overlay, f"edgekit deploy's budget search: {chosen}; {record['why']}")
     ranked, seen = [overlay], {overlay.describe()}
     for path in result.alternate_paths:  # parity passed (the tuner's ranking never takes another)
-        alt, _ = adaptive_threads(read_overlay(path), _cpus())
+        alt, _ = adaptive_threads(read_overlay(path), usable_cpus())
         p99 = alt.tuned.get("p99_ms")
         if alt.describe() in seen or not isinstance(p99, (int, float)) or p99 > budget_ms:
             continue  # the same configuration once its threads are the policy's, or over the budget
@@ -178,13 +179,6 @@ def _rewrite(path: str, overlay: Any, comment: str) -> Any:
 
     write_overlay(path, overlay, [comment])
     return read_overlay(path)
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def adaptive_threads(overlay: Any, cpus: int) -> tuple[Any, list[str]]:
