@@ -35,7 +35,6 @@ bridge and the label says so; a PyTorch source has no proxy then (its fp32 modul
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing, beside this file
 
 _EVENTS: Any = None
 _START = time.time()
@@ -333,21 +334,6 @@ def load_torch_source(job: dict[str, Any], work: Path, timings: dict[str, float]
     }
 
 
-def _redirect_output(work: Path) -> Any:
-    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``.
-
-    Returns the open log (the caller keeps it for the run).
-    """
-    global _EVENTS
-    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(work / "convert.log", "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    return log
-
-
 def _convert_mlprogram(job: dict[str, Any], traced: Any, work: Path, timings: dict[str, float]) -> Path:
     """coremltools converts the traced model to an ML Program saved as ``model.mlpackage``; its path."""
     import numpy as np
@@ -393,7 +379,8 @@ def _io_problems(job: dict[str, Any], ins: list[dict[str, Any]], outs_spec: list
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    log = _redirect_output(work)  # noqa: F841 - kept open for the run
+    global _EVENTS
+    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     timings: dict[str, float] = {}
     try:
         import numpy as np

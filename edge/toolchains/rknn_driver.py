@@ -18,13 +18,17 @@ NPU's arithmetic; it is not the NPU, and its outputs are labelled simulated wher
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+# the drivers' shared output plumbing, beside this file (python -I leaves the script's directory off the path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from driver_output import redirect_output  # noqa: E402
 
 _EVENTS: Any = None
 _START = time.time()
@@ -37,18 +41,6 @@ def emit(event: str, **data: Any) -> None:
 
 def stage(name: str) -> None:
     emit("stage", stage=name)
-
-
-def _redirect_output(work: Path) -> Any:
-    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``."""
-    global _EVENTS
-    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(work / "convert.log", "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    return log
 
 
 class StepFailed(Exception):
@@ -187,7 +179,8 @@ def condensed(e: BaseException, log_text: str) -> dict[str, Any]:
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    log = _redirect_output(work)  # noqa: F841 - kept open for the run
+    global _EVENTS
+    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     try:
         emit("result", **convert(job, work))
         return 0

@@ -49,6 +49,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 compare = importlib.import_module(f"{__package__}.tflite_compare" if __package__ else "tflite_compare")
 fixes = importlib.import_module(f"{__package__}.tf2onnx_fixes" if __package__ else "tf2onnx_fixes")
+output = importlib.import_module(f"{__package__}.driver_output" if __package__ else "driver_output")
 
 _EVENTS: Any = None
 _STAGE: dict[str, Any] = {"name": "starting", "since": time.time()}
@@ -662,21 +663,6 @@ def _tool_versions() -> dict[str, str]:
     return versions
 
 
-def _redirect_output(work: Path) -> Any:
-    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``.
-
-    Returns the open log (the caller keeps it for the run).
-    """
-    global _EVENTS
-    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(work / "convert.log", "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    return log
-
-
 def _node_error(e: Exception) -> DriverError:
     """onnx2tf's failure inside one op's translation (onnx2tf/ops/<Op>.py ``make_node``, whose ``graph_node`` is
     the ONNX node) as that node, its op and the reason without TensorFlow's function-node noise."""
@@ -732,7 +718,8 @@ def _setup(job: dict[str, Any], work: Path, timings: dict[str, float], t0: float
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    log = _redirect_output(work)  # noqa: F841 - kept open for the run
+    global _EVENTS
+    _EVENTS, log = output.redirect_output(work)  # noqa: F841 - the log kept open for the run
     threading.Thread(target=_heartbeat, daemon=True).start()
     timings: dict[str, float] = {}
     try:

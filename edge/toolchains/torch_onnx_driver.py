@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from coreml_driver import NotTorchModel, torch_inputs  # noqa: E402 - the shared PyTorch loader
+from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing
 
 _EVENTS: Any = None
 _START = time.time()
@@ -282,12 +283,7 @@ def main() -> int:
     global _EVENTS
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(work / "convert.log", "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
+    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     try:
         return run(job, work)
     except NotTorchModel as e:
