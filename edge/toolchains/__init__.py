@@ -192,6 +192,32 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         versions=("rknn-toolkit2", "torch", "onnx", "numpy"),
         size_hint="about 1.3 GB on disk, about 1 min with the torch CPU wheel available",
     ),
+    "executorch": ToolchainSpec(
+        name="executorch",
+        purpose="PyTorch's ExecuTorch: a torch.export program -> .pte with the XNNPack delegate "
+        "(to_edge_transform_and_lower + XnnpackPartitioner) for torch->executorch, and ExecuTorch's x86 runtime "
+        "for host parity",
+        # executorch 1.5.1 (newest) declares no torch requirement at all (its README: "install a compatible torch
+        # separately"), but its runtime module (extension/pybindings/_C) links libtorch, libtorch_cpu and
+        # libtorch_python: torch is pinned here to the CPU wheel the torch toolchain uses (2.13.0+cpu, which pip
+        # prefers over PyPI's CUDA 2.13.0 where both are served); export, lowering and the runtime were checked with
+        # it (tests/backends/test_executorch.py). Its other requirements (coremltools, pandas, scikit-learn,
+        # hydra-core...) come in as it declares them, the whole set held by the reference lock.
+        requirements=("torch==2.13.0", "executorch==1.5.1", "torchao==0.18.0", "numpy==2.4.6"),
+        lock="executorch.lock",
+        lock_platform="linux-x86_64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 13),
+        imports=(
+            "torch",
+            "executorch.exir",
+            "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+            "executorch.runtime",
+        ),
+        programs=(),
+        versions=("executorch", "torch", "torchao", "numpy"),
+        size_hint="about 1.5 GB on disk, about 1 min with the torch CPU wheel available",
+    ),
     "aarch64": ToolchainSpec(
         name="aarch64",
         purpose="an emulated aarch64 device (qemu-user, Debian arm64, the aarch64 LiteRT/onnxruntime wheels) for "
