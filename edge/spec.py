@@ -159,6 +159,18 @@ def image_layout(shape: Sequence[int | str]) -> Layout | None:
 AUTO = "auto"
 
 
+@dataclass(frozen=True)
+class DeclaredPreprocess:
+    """A pre-processing the model file itself declares (a .tflite's metadata, an Ultralytics export's
+    ``metadata_props``): ``--preprocess auto`` takes it over any guess. ``fields``: PreprocessSpec fields
+    (scale, mean, std, color, resize); ``preset``: the name the manifest records; ``evidence``: where it was read."""
+
+    input: str
+    fields: Mapping[str, Any]
+    preset: str
+    evidence: str
+
+
 def image_channels(t: TensorSpec) -> int | None:
     """The channel count (1 or 3) of a static image-shaped input, else None."""
     layout = image_layout(t.shape)
@@ -167,19 +179,23 @@ def image_channels(t: TensorSpec) -> int | None:
     return int(t.shape[1] if layout == "NCHW" else t.shape[3])
 
 
-def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None = None) -> PreprocessSpec | None:
+def default_preprocess(
+    io: IOSpec, preset: str = AUTO, *, letterbox: bool | None = None, declared: DeclaredPreprocess | None = None
+) -> PreprocessSpec | None:
     """The pre-processing spec for the first image-shaped input, or None when there is none.
 
     A named ``preset`` is a declaration: it applies to the first image-shaped input, a 1-channel one
     as grey (``color="GRAY"``). ``auto`` applies one only where it is certain: a 3-channel image input
     (``imagenet``; uint8: ``raw`` pixels); a 1-channel ``[1,1,H,W]`` / ``[1,T,F,1]`` input
     may be a grey picture, a spectrogram or a feature map, so it gets none (its parity inputs follow its
-    own shape, ``edge.verify.inputs``)."""
+    own shape, ``edge.verify.inputs``). Where the file ``declared`` its own pre-processing for an image input,
+    ``auto`` takes that (1 or 3 channels: the file says so)."""
     if preset != AUTO and preset not in PRESETS:
         raise EdgeError(f"unknown pre-processing preset {preset!r}", hint=f"choose one of {AUTO}, {', '.join(PRESETS)}")
     for t in io.inputs:
         channels = image_channels(t)
-        if channels is None or (preset == AUTO and channels != 3):
+        own = declared if preset == AUTO and declared is not None and declared.input == t.name else None
+        if channels is None or (preset == AUTO and channels != 3 and own is None):
             continue
         layout = image_layout(t.shape)
         if layout is None:  # never with channels known: image_channels reads them at the layout's axis
@@ -187,6 +203,8 @@ def default_preprocess(io: IOSpec, preset: str = AUTO, *, letterbox: bool | None
         h, w = (t.shape[2], t.shape[3]) if layout == "NCHW" else (t.shape[1], t.shape[2])
         name = preset if preset != AUTO else ("raw" if t.dtype == "uint8" else "imagenet")
         fields: dict[str, Any] = dict(PRESETS[name])
+        if own is not None and t.dtype != "uint8":
+            name, fields = own.preset, {**PRESETS["raw"], **own.fields}
         if channels == 1:
             fields["color"] = "GRAY"
         if letterbox is not None:

@@ -59,8 +59,9 @@ Preprocess = typer.Option(
     "auto",
     "--preprocess",
     help=f"Pre-processing preset for an image input: "
-    f"{', '.join(PRESETS)}, or none. auto: imagenet for a 3-channel image input (raw for uint8), "
-    "none for a 1-channel one (grey picture or spectrogram: name a preset to declare it).",
+    f"{', '.join(PRESETS)}, or none. auto: what the file declares (a .tflite's metadata, an Ultralytics "
+    "export's task), else imagenet for a 3-channel image input (raw for uint8), none for a 1-channel one "
+    "(grey picture or spectrogram: name a preset to declare it).",
 )
 Letterbox = typer.Option(
     None,

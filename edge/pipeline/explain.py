@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from edge.pipeline.declared import declared_preprocess, request_preprocess
 from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, open_source
-from edge.spec import AUTO, IOSpec, PreprocessSpec, TensorSpec, default_preprocess, image_channels, image_layout
+from edge.spec import AUTO, DeclaredPreprocess, IOSpec, PreprocessSpec, TensorSpec, image_channels, image_layout
 from edge.verify.inputs import describe_generated, generated_samples
 from edge.verify.tasks import LABEL_THRESHOLD, NO_DISCRIMINATION, TaskJudge
 
@@ -39,20 +40,25 @@ def explain(model: str | os.PathLike[str], request: ConvertRequest | None = None
         q = src.quantization()
         out["quantized"] = q.describe() if q is not None else None
     io = src.checked_io(req.input_shapes)
-    pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
+    declared = declared_preprocess(src, io) if req.preprocess == AUTO else None
+    pre = request_preprocess(src, io, req)
     kinds = describe_generated(io, pre)
-    out["inputs"] = [_input(t, pre, kinds[t.name], req) for t in io.inputs]
+    out["inputs"] = [_input(t, pre, kinds[t.name], req, declared) for t in io.inputs]
     out["outputs"] = _outputs(src, io, pre, req)
     return out
 
 
-def _input(t: TensorSpec, pre: PreprocessSpec | None, kind: str, req: ConvertRequest) -> dict[str, Any]:
+def _input(
+    t: TensorSpec, pre: PreprocessSpec | None, kind: str, req: ConvertRequest, declared: DeclaredPreprocess | None
+) -> dict[str, Any]:
     layout = t.layout or image_layout(t.shape)
     channels = image_channels(t)
     if pre is not None and pre.input == t.name:
         how = (
             "declared with --preprocess"
             if req.preprocess != AUTO
+            else f"auto: {declared.evidence}"
+            if declared is not None and declared.input == t.name and pre.preset == declared.preset
             else f"auto: a {channels}-channel {t.dtype} image input"
         )
         evidence = f"{pre.preset} pre-processing ({how}; colour {pre.color}, scale {pre.scale:.4g})"

@@ -27,12 +27,13 @@ from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
 from edge.errors import CalibrationError, ConversionError, InputFileError, ParityError, PrecisionError, TargetError
+from edge.pipeline.declared import request_preprocess
 from edge.pipeline.gguf import convert_llm
 from edge.pipeline.plan import Plan, Step, plan
 from edge.pipeline.precision_trial import skip_xnnpack_fp16, try_fast_precision
 from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
-from edge.spec import IOSpec, TensorSpec, default_preprocess
+from edge.spec import IOSpec, TensorSpec
 from edge.targets import TargetProfile, get_target
 from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE
 from edge.verify.inputs import CALIB_FLAG, RANDOM, choose_parity_inputs, default_calibration, load_calibration
@@ -195,7 +196,7 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
         from edge.graph.opsupport import check_ops
 
         check_ops(job.src.model, p.steps[0].converter.op_support(), source=job.src.path, target=profile.name)
-    job.pre = None if req.preprocess == "none" else default_preprocess(job.io, req.preprocess, letterbox=req.letterbox)
+    job.pre = request_preprocess(job.src, job.io, req)
     if req.calib is not None:
         say(f"loading calibration data from {req.calib}")
         job.calibration = _without_frozen(load_calibration(req.calib, job.seen_io, job.pre), job.io)

@@ -65,14 +65,15 @@ def natural_calibration_problem(model: str | os.PathLike[str], req: ConvertReque
     """Why a conversion of ``model`` without --calib cannot calibrate on edgekit's natural images (None: it can, so
     int8 is in the space by default): the model's image input with its pre-processing is what they feed."""
     from edge.pipeline import open_source
-    from edge.spec import default_preprocess
+    from edge.pipeline.declared import request_preprocess
     from edge.verify.inputs import natural_samples
 
     try:
-        io = open_source(Path(model)).checked_io(req.input_shapes)
+        src = open_source(Path(model))
+        io = src.checked_io(req.input_shapes)
     except EdgeError as e:
         return e.message
-    pre = None if req.preprocess == "none" else default_preprocess(io, req.preprocess, letterbox=req.letterbox)
+    pre = request_preprocess(src, io, req)
     return natural_samples(io, pre, "calibration", calibrating=True)[1]
 
 

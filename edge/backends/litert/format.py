@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from edge.backends.litert.metadata import Normalization, input_normalization
 from edge.backends.options import RESERVE_CPUS_DOC, THREAD_SEARCH, THREADS
 from edge.backends.tuning import TuneSpace
 from edge.base.typedjson import UnreadableFile, read_json_file, spec
@@ -30,6 +31,8 @@ class TFLiteFile:
     builtin_ops: tuple[str, ...]  # op code names, in the model's table
     custom_ops: tuple[str, ...]
     description: str
+    #: input tensor name -> the normalisation the file's own metadata declares for it (edge.backends.litert.metadata)
+    normalization: Mapping[str, Normalization] = dataclasses.field(default_factory=dict)
 
     @property
     def edgetpu_compiled(self) -> bool:
@@ -136,6 +139,7 @@ def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
             tuple(builtin),
             tuple(custom),
             (model.Description() or b"").decode(errors="replace"),
+            _declared_normalization(data, model),
         )
     except InputFileError:
         raise
@@ -145,6 +149,20 @@ def read_tflite(path: str | os.PathLike[str]) -> TFLiteFile:
         raise InputFileError(
             f"{p} has a TFLite identifier but does not parse as a TFLite model: {type(e).__name__}: {e}"
         ) from None
+
+
+def _declared_normalization(data: bytes, model: Any) -> dict[str, Normalization]:
+    declared = input_normalization(data, model)
+    if not declared or model.SubgraphsLength() < 1:
+        return {}
+    g = model.Subgraphs(0)
+    names = {}
+    for k, norm in declared.items():
+        if k < g.InputsLength():
+            name = g.Tensors(g.Inputs(k)).Name()
+            if name:
+                names[name.decode(errors="replace")] = norm
+    return names
 
 
 def load_sidecar(artifact: Path) -> dict[str, Any] | None:
