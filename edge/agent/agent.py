@@ -35,6 +35,7 @@ from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomi
 from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
+from edge.mqtt.identity import DeviceIdentity
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SpillOutbox
 from edge.mqtt.ratelog import RateLimitedLog
@@ -646,6 +647,7 @@ class Agent:
                 max_bytes=cfg.spool_max_bytes,
             )
             self.thermal = ThermalProbe()
+            identity = DeviceIdentity.load_or_create(cfg.store / "agent")
             self.loop = NetworkLoop().start()
             self.session = DeviceSession(
                 self.loop,
@@ -656,13 +658,15 @@ class Agent:
                 birth_body=self.birth_body,
                 on_desired=self._on_desired if cfg.desired else None,
                 on_command=self._on_command,
-                options=SessionOptions(client_id=cfg.client_id, backoff=cfg.backoff),
+                # the key that signs births and deaths: collectors pin it (edge.mqtt.identity)
+                options=SessionOptions(client_id=cfg.client_id, backoff=cfg.backoff, identity=identity),
             )
             log.info(
-                "agent %s/%s session %d, %s, state %s",
+                "agent %s/%s session %d, device key %s, %s, state %s",
                 cfg.fleet,
                 cfg.device_id,
                 self.session.session,
+                identity.key_id,
                 self._source_desc,
                 self.state,
             )

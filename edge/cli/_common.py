@@ -25,6 +25,9 @@ TargetsDir = typer.Option(
     help="Extra directory of target profiles (repeatable); also read from EDGEKIT_TARGETS_PATH.",
     show_default=False,
 )
+FleetDb = typer.Option(
+    "sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/dbname."
+)
 JsonOut = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 Wide = typer.Option(
     False, "--wide", help="Every column, whatever the terminal's width (the table is made for 80 columns without it)."

@@ -1,5 +1,6 @@
 """``edgekit fleet collect|status``, and the fleet's credentials: ``ca init``, ``provision``, ``csr``,
-``sign-csr``, ``acl`` (library: ``edge.fleet.pki``, ``edge.fleet.acl``)."""
+``sign-csr``, ``acl`` (library: ``edge.fleet.pki``, ``edge.fleet.acl``); the devices' pinned keys: ``trust-key``,
+``forget-key`` (``edge.cli.fleet_keys``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import typer
 
 from edge.agent.main import broker_config, setup_logging, stop_on_signals
-from edge.cli._common import JsonOut, Wide, command, console, err_console, print_json, print_table, safe
+from edge.cli._common import FleetDb, JsonOut, Wide, command, console, err_console, print_json, print_table, safe
 from edge.cli.agent import Broker, Ca, Cert, Duration, Key, LogLevel, PasswordFile, Protocol, ReconnectMax, Username
+from edge.cli.fleet_keys import forget_key_cmd, trust_key_cmd
 from edge.cli.fleet_tune import fleet_tune_cmd
 from edge.cli.rollout import app as rollout_app
 from edge.errors import EdgeError, InputFileError
@@ -25,10 +27,10 @@ ca_app = typer.Typer(help="The fleet CA that signs device, collector and broker 
 app.add_typer(ca_app, name="ca")
 app.add_typer(rollout_app, name="rollout")
 app.command("tune")(fleet_tune_cmd)  # edge.cli.fleet_tune: tune on a connected device
+app.command("trust-key")(trust_key_cmd)  # edge.cli.fleet_keys: the devices' pinned identity keys
+app.command("forget-key")(forget_key_cmd)
 
-Db = typer.Option(
-    "sqlite:///fleet.db", "--db", help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/dbname."
-)
+Db = FleetDb
 MetricsAddr = typer.Option("127.0.0.1", "--metrics-addr", help="Address /metrics binds (0.0.0.0: every interface).")
 _COLOURS = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "magenta"}
 
@@ -331,6 +333,8 @@ def status_cmd(
             status += " [red]error[/]"
         if r.get("flag"):
             status += " [red]flagged[/]"
+        if (r.get("key") or {}).get("refused"):
+            status += " [red]key refused[/]"
         runtime = " ".join(x for x in (r.get("runtime"), r.get("device_used") and f"on {r['device_used']}") if x)
         cells = (
             _cell(f"{r['fleet']}/{r['device']}", 200),
@@ -372,6 +376,7 @@ def status_cmd(
         )
     if len(flagged) > 5:
         console.print(f"{len(flagged) - 5} more flagged devices (--json lists them)", highlight=False)
+    _key_lines(rows)
     s = summarize(rows)
     console.print(
         ", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k])
@@ -380,6 +385,20 @@ def status_cmd(
     )
     for f in rollouts:  # what each recent rollout did, as its controller recorded it
         console.print("rollout " + _cell(rollout_line(f), 300), highlight=False)
+
+
+def _key_lines(rows: list[dict[str, Any]]) -> None:
+    refused = [r for r in rows if (r.get("key") or {}).get("refused")]
+    for r in refused[:5]:
+        console.print(
+            f"[red]key refused[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['key']['summary'], 200)} "
+            "(a forger without the device's key, or a reinstalled device: `edgekit fleet trust-key`)",
+            highlight=False,
+        )
+    if len(refused) > 5:
+        console.print(
+            f"{len(refused) - 5} more devices with refused births/deaths (--json lists them)", highlight=False
+        )
 
 
 def _n(v: float | None, nd: int) -> str:

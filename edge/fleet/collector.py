@@ -50,6 +50,10 @@
   state; a birth resets the row's stream position), and a message more than ``max_seq_jump`` past its stream's
   position (the highest seq stored or announced by a birth) is refused (``seq_jump``), counted, and flagged on
   the device (``stream_flags``, shown by ``fleet status``) instead of winning the stream.
+- Forged births and deaths: each device's identity key is pinned at its first signed birth (``device_keys``), and
+  a birth or death that key did not sign is refused (``unsigned``, ``wrong_key``, ``bad_signature``), counted and
+  shown by ``fleet status`` (``edge.fleet.collector_keys``, ``edge.fleet.device_keys``; the device side:
+  ``edge.mqtt.identity``). Devices that sign nothing are never pinned and are handled as before.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from typing import Any
 
 from edge.fleet.collector_batch import Batching
 from edge.fleet.collector_config import CLIENTS, READ, Bounded, CollectorConfig, CollectorState, Queued, new_stats
+from edge.fleet.collector_keys import Keys
 from edge.fleet.collector_rebirth import Rebirth
 from edge.fleet.collector_writer import Writer
 from edge.fleet.db import COLLECTOR_APPLICATION, FleetDB, open_db
@@ -78,7 +83,7 @@ log = logging.getLogger("edge.fleet")
 __all__ = ["CLIENTS", "Collector", "CollectorConfig"]
 
 
-class Collector(Batching, Writer, Rebirth, CollectorState):
+class Collector(Batching, Writer, Keys, Rebirth, CollectorState):
     def __init__(self, config: CollectorConfig, *, db: FleetDB | None = None) -> None:
         self.config = config
         self.db = db if db is not None else open_db(config.db_url, application_name=COLLECTOR_APPLICATION)
@@ -150,7 +155,7 @@ class Collector(Batching, Writer, Rebirth, CollectorState):
         if reason is not None:
             return reason
         new = self._write()[-1]
-        return "seq_jump" if new is None else "stored" if new else "duplicate"
+        return new if isinstance(new, str) else "stored" if new else "duplicate"
 
     # MQTT --------------------------------------------------------------------------------
     @property

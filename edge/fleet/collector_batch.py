@@ -153,8 +153,8 @@ class Batching(CollectorState):
         for key, n in tally.items():  # rolled back: counted again when re-delivered
             if key == "duplicates":
                 self.stats["duplicates"] -= n
-            elif key == "seq_jump":
-                self.stats["rejected"]["seq_jump"] -= n
+            elif key in self.stats["rejected"]:  # seq_jump, or a birth/death refused against its device's key
+                self.stats["rejected"][key] -= n
             else:
                 self.stats["stored"][key] -= n
         self._acks.clear()

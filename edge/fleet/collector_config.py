@@ -265,7 +265,10 @@ class CollectorState:
     _paused_client: Any
 
     # implemented by the parts (declared here so that each part knows the others' signatures)
-    def _write(self, pending: list[Queued] | None = None) -> list[bool | None]:
+    def _write(self, pending: list[Queued] | None = None) -> list[bool | str]:
+        raise NotImplementedError
+
+    def _key_refusal(self, d: Decoded, now: float) -> str | None:
         raise NotImplementedError
 
     def _check_gaps(self) -> None:

@@ -29,15 +29,17 @@ from edge.fleet.collector_sql import (
     UPSERT_STREAM,
 )
 from edge.fleet.decode import Decoded, num, telemetry_columns, text
+from edge.fleet.device_keys import pinned_key
 
 log = logging.getLogger("edge.fleet")
 
 
 class Writer(CollectorState):
-    def _write(self, pending: list[Queued] | None = None) -> list[bool | None]:
+    def _write(self, pending: list[Queued] | None = None) -> list[bool | str]:
         """Write the queued messages (``pending``, else those queued here; not committed), in arrival order: runs of
-        telemetry and state together, births and deaths one by one between them. Which of them were new (None:
-        refused for a sequence jump)."""
+        telemetry and state together, births and deaths one by one between them (each judged against the device's
+        pinned key first: ``edge.fleet.collector_keys``). Which of them were new, or why one was refused
+        (``seq_jump``, or a reason of ``edge.fleet.device_keys.REFUSALS``)."""
         if pending is None:
             pending, self._pending = self._pending, []
         if pending and self.db.dialect == "postgresql":
@@ -45,7 +47,7 @@ class Writer(CollectorState):
             # sharing the fleet take turns per device, so the upserts below never deadlock between them
             self.db.ensure_partitions_for(item[2] for item in pending)
             self.db.lock_devices({(item[0].fleet, item[0].device) for item in pending})
-        new: list[bool | None] = []
+        new: list[bool | str] = []
         run: list[Queued] = []
         for item in pending:
             d, raw, now, _ = item
@@ -53,17 +55,21 @@ class Writer(CollectorState):
                 run.append(item)
                 continue
             if run:
-                new += self._store_streams(run)
+                new += ["seq_jump" if ok is None else ok for ok in self._store_streams(run)]
                 run = []
-            new.append(self._store_birth(d, raw, now) if d.kind == "birth" else self._store_death(d, raw, now))
+            refused = self._key_refusal(d, now)
+            if refused is not None:
+                new.append(refused)
+            else:
+                new.append(self._store_birth(d, raw, now) if d.kind == "birth" else self._store_death(d, raw, now))
         if run:
-            new += self._store_streams(run)
+            new += ["seq_jump" if ok is None else ok for ok in self._store_streams(run)]
         stored, tally = self.stats["stored"], self._tally
         for (d, _, _, _), ok in zip(pending, new):
-            key = "seq_jump" if ok is None else d.kind if ok else "duplicates"
+            key = ok if isinstance(ok, str) else d.kind if ok else "duplicates"
             tally[key] = tally.get(key, 0) + 1
-            if ok is None:
-                self.stats["rejected"]["seq_jump"] += 1
+            if isinstance(ok, str):
+                self.stats["rejected"][ok] += 1
             elif ok:
                 stored[d.kind] += 1
             else:
@@ -254,7 +260,8 @@ class Writer(CollectorState):
     def _birth_sessions(self, newest: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
         """Each device's latest birth session known (the cache; the store when the cache has none or one older
         than the device's newest session here: another collector may have seen the birth); devices with none
-        are left out."""
+        are left out, except a device with a pinned key: -1 (no session of it moves its row before a birth signed
+        by its key is stored, so telemetry alone never makes a forged session the row's)."""
         out: dict[tuple[str, str], int] = {}
         for key, session in newest.items():
             known = self._births.get(key)
@@ -262,6 +269,8 @@ class Writer(CollectorState):
                 row = self.db.execute("SELECT max(session) FROM births WHERE fleet = ? AND device = ?", key).fetchone()
                 if row and row[0] is not None:
                     known = self._births[key] = int(row[0])
+                elif pinned_key(self.db, *key) is not None:
+                    known = -1
             if known is not None:
                 out[key] = known
         return out

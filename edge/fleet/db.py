@@ -74,6 +74,13 @@ SCHEMA = [
         fleet TEXT NOT NULL, device TEXT NOT NULL, session BIGINT NOT NULL, reason TEXT NOT NULL,
         refused BIGINT NOT NULL, max_seq BIGINT NOT NULL, stream_seq BIGINT NOT NULL,
         first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (fleet, device))""",
+    # per device, the identity key its births and deaths are signed with, pinned at its first signed birth (trust on
+    # first use) or by the operator (edge.fleet.device_keys), and the last birth or death refused against it (shown
+    # by fleet status). Added after schema 1 was released: created where missing, so older databases gain it on open.
+    """CREATE TABLE IF NOT EXISTS device_keys (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, key TEXT NOT NULL, pinned_at DOUBLE PRECISION NOT NULL,
+        pinned_by TEXT NOT NULL, refused BIGINT NOT NULL, refused_reason TEXT, refused_key TEXT,
+        refused_at DOUBLE PRECISION, PRIMARY KEY (fleet, device))""",
     "CREATE INDEX IF NOT EXISTS telemetry_received ON telemetry (received_at)",
     "CREATE INDEX IF NOT EXISTS states_received ON states (received_at)",  # retention
 ]

@@ -18,9 +18,10 @@ import math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
+from edge.mqtt.identity import BadSignedMessage, Signed, signed_part
 from edge.mqtt.lite import TooLarge
 from edge.mqtt.payloads import SCHEMA_VERSION
-from edge.mqtt.topics import INBOUND_KINDS, STORED_KINDS, Topic, TopicError
+from edge.mqtt.topics import CONTROL_KINDS, INBOUND_KINDS, STORED_KINDS, Topic, TopicError
 from edge.mqtt.topics import KINDS as TOPIC_KINDS
 
 _orjson: Any  # the orjson module, or None where it is not installed
@@ -39,7 +40,11 @@ REASONS = (
     "topic_mismatch",
     "future_session",
     "seq_jump",
-)  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump)
+    "unsigned",
+    "wrong_key",
+    "bad_signature",
+)  # seq_jump: decided by the collector against the stream's position (Collector.max_seq_jump); unsigned, wrong_key,
+# bad_signature: a birth or death against the device's pinned key (edge.fleet.device_keys)
 KINDS = STORED_KINDS
 #: device topics the collector's subscription also sees and leaves alone (counted, not logged): desired, reported,
 #: tune (replies to edgekit fleet tune, edge.agent.tune_cmd)
@@ -70,6 +75,7 @@ class Decoded(NamedTuple):
     payload: dict[str, Any]
     connection: int | None = None  # birth, death
     historical: bool = False  # telemetry, state
+    signed: Signed | None = None  # birth, death: the device key's signature, its form checked (edge.mqtt.identity)
 
 
 def _no_constants(name: str) -> Any:
@@ -152,13 +158,19 @@ def decode(
     ts = obj.get("ts")
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):  # JSON: exactly these
         raise Rejected("malformed", "ts must be a finite number")
-    connection = _uint(obj, "connection") if t.kind in ("birth", "death") else None
+    connection = signed = None
+    if t.kind in CONTROL_KINDS:
+        connection = _uint(obj, "connection")
+        try:
+            signed = signed_part(bytes(payload), obj)
+        except BadSignedMessage as e:
+            raise Rejected("malformed", f"signed {t.kind}: {e}") from None
     historical = obj.get("historical", False)
     if type(historical) is not bool:
         raise Rejected("malformed", "historical must be true or false")
     if t.kind in ("telemetry", "state") and seq == 0:
         raise Rejected("malformed", "stream messages are numbered from 1")
-    return Decoded(t.kind, t.fleet, t.device, session, seq, float(ts), obj, connection, historical)
+    return Decoded(t.kind, t.fleet, t.device, session, seq, float(ts), obj, connection, historical, signed)
 
 
 class TopicCache:

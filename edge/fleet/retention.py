@@ -10,6 +10,8 @@
   the session is not the device's current one.
 - Stream flags (a device's latest refused stream, shown by ``fleet status``): deleted when the last refusal
   is older than the cut; a device still sending forged or broken sequence numbers is flagged again at once.
+- Device keys (each device's pinned identity key, ``edge.fleet.device_keys``): never; the births and deaths
+  refused against a pin are forgotten (``key_refusals``) when the last one is older than the cut.
 - Devices (one row each, where every device stands): never.
 """
 
@@ -91,6 +93,13 @@ def prune(db: FleetDB, older_than_s: float, *, now: float | None = None) -> Prun
             db.execute("DELETE FROM streams WHERE updated_at < ? AND " + current.format(t="streams"), (cut,)).rowcount
         )
         rep.deleted["stream_flags"] = int(db.execute("DELETE FROM stream_flags WHERE last_at < ?", (cut,)).rowcount)
+        rep.deleted["key_refusals"] = int(
+            db.execute(
+                "UPDATE device_keys SET refused = 0, refused_reason = NULL, refused_key = NULL, refused_at = NULL "
+                "WHERE refused_at < ?",
+                (cut,),
+            ).rowcount
+        )
         db.commit()
     except Exception:
         db.rollback()

@@ -7,6 +7,8 @@ was heard from within ``stale_factor`` telemetry intervals (at least ``min_stale
 
 ``flag`` (or None) says when the collector refused a stream of the device for a sequence jump (a forged or
 broken sender, ``Collector.max_seq_jump``): the row shows the device's real stream, the flag that someone tried.
+``key`` (or None) is the device's pinned identity key (``edge.fleet.device_keys``) and the births and deaths refused
+against it (``refused``: a forger without the device's key, or a reinstalled device that needs ``fleet trust-key``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from edge.fleet.db import open_db
+from edge.mqtt.identity import BadSignedMessage, key_id, parse_key_text
 
 STATUSES = ("online", "stale", "offline", "unknown")
 
@@ -48,12 +51,15 @@ def fleet_status(
         rows = db.query(
             f"SELECT d.*, g.gap_missing, g.gap_received, f.reason AS flag_reason, f.session AS flag_session, "
             f"f.refused AS flag_refused, f.max_seq AS flag_max_seq, f.stream_seq AS flag_stream_seq, "
-            f"f.last_at AS flag_at FROM devices d LEFT JOIN (SELECT fleet, device, "
+            f"f.last_at AS flag_at, k.key AS key_key, k.pinned_at AS key_pinned_at, k.pinned_by AS key_pinned_by, "
+            f"k.refused AS key_refused, k.refused_reason AS key_refused_reason, k.refused_key AS key_refused_key, "
+            f"k.refused_at AS key_refused_at FROM devices d LEFT JOIN (SELECT fleet, device, "
             f"sum(CASE WHEN max_seq > announced_seq AND max_seq > received THEN CAST(max_seq - received AS DOUBLE "
             f"PRECISION) WHEN announced_seq > received THEN CAST(announced_seq - received AS DOUBLE PRECISION) "
             f"ELSE 0 END) AS gap_missing, sum(CAST(received AS DOUBLE PRECISION)) AS gap_received FROM streams "
             f"{where} GROUP BY fleet, device) g ON g.fleet = d.fleet AND g.device = d.device "
             f"LEFT JOIN stream_flags f ON f.fleet = d.fleet AND f.device = d.device "
+            f"LEFT JOIN device_keys k ON k.fleet = d.fleet AND k.device = d.device "
             f"{where.replace('fleet', 'd.fleet')} ORDER BY d.fleet, d.device",
             params * 2,
         )
@@ -78,7 +84,36 @@ def fleet_status(
                 f"{flag['max_seq']} where the stream was at {flag['stream_seq']}",
             }
         )
+        r["key"] = _key(r)
         out.append(r)
+    return out
+
+
+_KEY_COLUMNS = ("key", "pinned_at", "pinned_by", "refused", "refused_reason", "refused_key", "refused_at")
+
+
+def _key(r: dict[str, Any]) -> dict[str, Any] | None:
+    """The device's pin and what was refused against it (the row's ``key_*`` columns, taken out of ``r``)."""
+    k = {c: r.pop("key_" + c) for c in _KEY_COLUMNS}
+    if k["key"] is None:
+        return None
+    try:
+        kid = key_id(parse_key_text(k["key"]))
+    except BadSignedMessage:
+        kid = "damaged"
+    out = {"key": k["key"] if kid != "damaged" else None, "key_id": kid, "pinned_at": k["pinned_at"]}
+    out["pinned_by"], out["refused"] = k["pinned_by"], int(k["refused"] or 0)
+    if out["refused"]:
+        claimed = k["refused_key"]
+        try:
+            claimed = key_id(parse_key_text(claimed)) if claimed else "none"
+        except BadSignedMessage:
+            claimed = "damaged"
+        out["last_refused"] = {"reason": k["refused_reason"], "key_id": claimed, "at": k["refused_at"]}
+        out["summary"] = (
+            f"{out['refused']} birth/death message(s) refused ({k['refused_reason']}, signed by {claimed}); "
+            f"pinned key {kid}"
+        )
     return out
 
 

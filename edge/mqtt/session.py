@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge.mqtt.client import DEGRADED, BrokerConfig
+from edge.mqtt.identity import DeviceIdentity
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop, Will
 from edge.mqtt.outbox import Outbox
 from edge.mqtt.payloads import STREAM_KINDS, encode, mark_historical, message
@@ -51,13 +52,15 @@ def _say_degraded() -> None:
 class SessionOptions:
     """How a :class:`DeviceSession` connects and sends: its client id (default ``edgekit-FLEET-DEVICE``), the
     QoS 1 messages in flight at most, the reconnect back-off, and whether (and how patiently) it holds the
-    outbox when the broker answers that no subscriber matched (``hold_unmatched``/``hold_backoff``)."""
+    outbox when the broker answers that no subscriber matched (``hold_unmatched``/``hold_backoff``), and the
+    device's identity key that signs its births and deaths (``edge.mqtt.identity``; None: unsigned, as before)."""
 
     client_id: str | None = None
     max_inflight: int = 20
     backoff: Backoff = Backoff()
     hold_unmatched: bool = True
     hold_backoff: Backoff = Backoff(0.5, 30.0)
+    identity: DeviceIdentity | None = None
 
 
 class DeviceSession:
@@ -82,6 +85,7 @@ class DeviceSession:
         }
         self.cmd_filter = str(Topic(fleet, device, "cmd", "x"))[:-1] + "+"
         self._birth_body, self._on_command, self._on_desired = birth_body, on_command, on_desired
+        self.identity = options.identity
         self._reported: bytes | None = None  # the latest reported state, re-published after every CONNACK
         self._ratelog = RateLimitedLog(log)  # whoever can publish to cmd/ chooses how often these happen
         self.max_inflight = max_inflight
@@ -143,12 +147,16 @@ class DeviceSession:
             self.seq,
             {"connection": self.connection, "reason": "last will: connection lost"},
         )
-        return Will(self.topics["death"], encode(death), qos=1, retain=True)
+        return Will(self.topics["death"], self._signed(death), qos=1, retain=True)  # fixed now: signed now
+
+    def _signed(self, msg: dict[str, Any]) -> bytes:
+        """A birth or death as sent: signed with the device's key when it has one."""
+        return encode(msg) if self.identity is None else self.identity.sign(msg)
 
     def _publish_birth(self) -> None:
         body = {"connection": self.connection, **self._birth_body()}
         birth = message("birth", self.fleet, self.device, self.session, self.seq, body)
-        self.conn.publish(self.topics["birth"], encode(birth), qos=1, retain=True)
+        self.conn.publish(self.topics["birth"], self._signed(birth), qos=1, retain=True)
         self.counters["births"] += 1
         self._last_birth = time.monotonic()
 
@@ -303,7 +311,7 @@ class DeviceSession:
         msg = message(
             "death", self.fleet, self.device, self.session, self.seq, {"connection": self.connection, "reason": reason}
         )
-        return self.conn.publish(self.topics["death"], encode(msg), qos=1, retain=True)
+        return self.conn.publish(self.topics["death"], self._signed(msg), qos=1, retain=True)
 
     def close(self, timeout: float = 5.0, reason: str = "shutdown") -> None:
         """Publish a retained death (when connected), wait for its PUBACK, disconnect. From another thread."""

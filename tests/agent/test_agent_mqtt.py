@@ -20,6 +20,7 @@ from edge.fleet.collector import Collector, CollectorConfig
 from edge.fleet.simulate import SimulatedFleet
 from edge.fleet.status import fleet_status
 from edge.mqtt.client import BrokerConfig
+from edge.mqtt.identity import DeviceIdentity
 from edge.mqtt.netloop import Backoff, Connection, ConnectOptions, NetworkLoop
 from edge.mqtt.payloads import load_schema
 from edge.pipeline import convert
@@ -207,6 +208,12 @@ def test_agent_reports_and_every_payload_matches_the_schema(
     status = {r["device"]: r for r in fleet_status(f"sqlite:///{db}")}
     assert status["cam-01"]["status"] == "offline" and status["cam-01"]["death_reason"] == "shutdown"
     assert all(s["missing"] == 0 for s in status.values()), status
+    # each agent made its identity key at its first start (0600) and signed its births and death with it: the
+    # collector pinned the key and refused nothing (edge.mqtt.identity, edge.fleet.device_keys)
+    key = tmp_path / "s1" / "agent" / "device-key.pem"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert status["cam-01"]["key"]["key_id"] == DeviceIdentity.load_or_create(key.parent).key_id
+    assert all(s["key"]["refused"] == 0 for s in status.values()), status
     schema = load_schema()
     payloads = [
         json.loads(p)

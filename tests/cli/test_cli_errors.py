@@ -276,6 +276,11 @@ def test_fleet(ws: Path, tcp_listener: int) -> None:
         "5",
         needles=("cannot reach the MQTT broker at mqtt://127.0.0.1:1", "Connection refused"),
     )
+    # device keys: a key file that is not one (read bounded: /dev/zero is never read into memory), a bad id, no db
+    refused(ws, "fleet", "trust-key", "d1", "/dev/zero", needles=("not a regular file",))
+    refused(ws, "fleet", "trust-key", "d1", "corrupt.db", needles=("neither a PEM public key",))
+    refused(ws, "fleet", "forget-key", "a/b", "--db", "sqlite:///corrupt.db", needles=("contains '/'",))
+    refused(ws, "fleet", "forget-key", "d1", "--db", "sqlite:///none.db", needles=("does not exist",))
 
 
 def test_usage_errors_are_one_line(ws: Path) -> None:

@@ -53,6 +53,8 @@ FAULTS: dict[str, list[tuple[str, list[str]]]] = {
     "fleet csr": [("edge.fleet.pki:make_device_key_and_csr", ["d1", "--out", "{tmp}/csr"])],
     "fleet sign-csr": [("edge.fleet.pki:sign_csr", ["{file}", "--ca", "{tmp}/ca", "--out", "{tmp}/c.pem"])],
     "fleet acl": [("edge.fleet.acl:write_acl", ["--fleet", "f1", "--out", "{tmp}/acl"])],
+    "fleet trust-key": [("edge.mqtt.identity:read_public", ["d1", "{file}", "--db", "{tmp}/fleet.sqlite"])],
+    "fleet forget-key": [("edge.fleet.device_keys:forget_key", ["d1", "--db", "{tmp}/fleet.sqlite"])],
     "fleet ca init": [("edge.fleet.pki:init_ca", ["--dir", "{tmp}/ca"])],
     "fleet rollout start": [
         (
