@@ -31,6 +31,9 @@ class ConversionRequest:
     preprocess: PreprocessSpec | None = None
     calibration: Calibration | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: --freeze-input values the converter bakes into the graph it writes (a PyTorch source's int, float and bool
+    #: arguments: ``{"sr": "16000"}``); given only to a converter that declares ``takes_freeze``
+    freeze: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class Converter(ABC):
     #: the toolchain environment (edge.toolchains) the converter runs in, if any; a missing one is
     #: reported like a missing package, before any work
     toolchain: ClassVar[str | None] = None
+    #: whether it gives a source's non-tensor arguments the --freeze-input values (``ConversionRequest.freeze``)
+    takes_freeze: ClassVar[bool] = False
 
     @classmethod
     def op_support(cls) -> OpSupport | None:

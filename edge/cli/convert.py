@@ -29,7 +29,8 @@ FreezeInput = typer.Option(
     help="Fix an ONNX input to a value, NAME=VALUE (a comma list for "
     "a 1-D input; repeatable), e.g. sr=16000: it leaves the bundle's inputs, and every If "
     "node it decides (with static shapes) is inlined, checked against the source. For "
-    "graphs whose control flow a target cannot express (OpenVINO, TFLite).",
+    "graphs whose control flow a target cannot express (OpenVINO, TFLite). For a PyTorch "
+    "source: the value of a forward() argument that is an int, float or bool.",
     show_default=False,
 )
 Precision = typer.Option(

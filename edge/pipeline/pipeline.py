@@ -32,7 +32,7 @@ from edge.pipeline.gguf import convert_llm
 from edge.pipeline.plan import Plan, Step, plan
 from edge.pipeline.precision_trial import skip_xnnpack_fp16, try_fast_precision
 from edge.pipeline.request import ConvertRequest
-from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, open_source
+from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, TorchSource, open_source
 from edge.spec import IOSpec, TensorSpec
 from edge.targets import TargetProfile, get_target
 from edge.verify.gates import SKIP_NO_REFERENCE, SKIP_RUNNER_NOT_HERE
@@ -138,9 +138,10 @@ def _apply_tuned(
 
 def _check_source(src: Source, profile: TargetProfile, req: ConvertRequest) -> None:
     """Options that do not apply to this source, and targets that cannot take it, refused before any work."""
-    if req.freeze and not isinstance(src, OnnxSource):
+    if req.freeze and not isinstance(src, (OnnxSource, TorchSource)):
         raise InputFileError(
-            f"--freeze-input fixes inputs of an ONNX graph; {src.path.name} is {src.format}",
+            f"--freeze-input fixes inputs of an ONNX graph, or a PyTorch model's int, float and bool arguments; "
+            f"{src.path.name} is {src.format}",
             hint="leave out --freeze-input",
         )
     if isinstance(src, GGUFSource):
@@ -178,6 +179,13 @@ def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step
             "quantizer reads a SavedModel or Keras model, not a flatbuffer",
             hint="bring the model's ONNX (edgekit quantizes it with your --calib images), or a "
             "full-integer int8 .tflite (TFLiteConverter with a representative dataset)",
+        )
+    first = p.steps[0].converter if p.steps else None
+    if req.freeze and isinstance(src, TorchSource) and not (first is not None and first.takes_freeze):
+        raise InputFileError(
+            f"--freeze-input gives {src.path.name}'s arguments their values in torch->onnx; {profile.name} "
+            f"converts it with {first.name if first else 'nothing'}, which cannot",
+            hint="a target whose chain starts with torch->onnx takes it, or save the model with the value fixed",
         )
     say(f"reading {src.path} ({src.format}; route: {p.route})")
     io = early_io if early_io is not None else src.checked_io(req.input_shapes)
@@ -252,6 +260,9 @@ def _run_chain(job: _Job, static: Path, work: Path, stage: Path) -> Path:
             preprocess=job.pre,
             calibration=job.calibration,
             options=step.options,
+            # a PyTorch source's --freeze-input: its first converter passes the values to the model (an ONNX
+            # source's were frozen in the graph before the chain)
+            freeze=dict(job.request.freeze or {}) if i == 0 and isinstance(job.src, TorchSource) else {},
         )
         try:
             result = step.converter().convert(request)
@@ -331,6 +342,8 @@ def _take_torch_reference(job: _Job, result: Any) -> None:
     job.torch_inputs = result.reference[0]
     job.parity_inputs, job.reference = [dict(s) for s in result.reference[0]], list(result.reference[1])
     job.ref_label = (result.details.get("torch_reference") or {}).get("runtime") or "the PyTorch model"
+    if isinstance(job.src, TorchSource) and result.details.get("frozen"):  # --freeze-input, as the manifest says
+        job.src.frozen = list(result.details["frozen"])
     order = (result.details.get("io_names") or {}).get("inputs") or [t.name for t in job.io.inputs]
     by_name = {t.name: t for t in job.io.inputs}
     job.io = _with_outputs(IOSpec(tuple(by_name[n] for n in order), ()), job.reference[0])

@@ -568,12 +568,17 @@ class TorchSource(Source):
         self.format = TORCH_FORMAT
         self.declares_outputs = False  # output_0.. come from the ONNX export
         self.torch_kind = torch_kind(self.path)
+        #: forward()'s arguments --freeze-input gave a value (``[{name, dtype, value}]``), set by the conversion
+        self.frozen: list[dict[str, Any]] = []
 
     def describe(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "format": "torchscript" if self.torch_kind == "torchscript" else "torch-exported-program",
             "io_names": "inputs from the model's signature (--input-shape names); outputs output_0.. (torch models carry no output names)",
         }
+        if self.frozen:  # passed to every call and constants in the exported graph: no If to inline, nothing to check
+            info["frozen"] = {"inputs": self.frozen, "inlined_if": 0}
+        return info
 
     def _input_names(self) -> list[str]:
         """The forward() argument names, read in the torch toolchain; empty when it is not installed."""

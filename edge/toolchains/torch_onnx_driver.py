@@ -9,10 +9,13 @@ libraries print goes to ``convert.log`` in the work directory. The run is offlin
 
 Job: ``torch`` (path), ``torch_kind`` (``torchscript`` | ``exported_program``), ``workdir``, ``inputs``
 (``[{name, shape, dtype}]``, the ``--input-shape`` tensors), ``samples`` (an ``.npz``: one stacked array per
-input), ``opset``; ``inspect_only`` reports the model's input names and stops.
+input), ``opset``, ``freeze`` (``{name: text}``, ``--freeze-input``: values of forward()'s int, float and bool
+arguments; ``torch_args.py``); ``inspect_only`` reports the model's argument names and stops.
 
-Steps: load (torch.jit.load / torch.export.load) -> the job's input names must be the model's (its forward
-signature / the ExportedProgram's user inputs), taken in the model's order -> the model on the parity samples
+Steps: load (torch.jit.load / torch.export.load) -> forward()'s arguments: the tensors must be the job's inputs
+(its forward signature / the ExportedProgram's user inputs), taken in the model's order, every other argument
+gets its value (``--freeze-input``, the export's constant, its default), and a model that assigns its own
+attributes in forward() (state between calls) is refused -> the model on the parity samples
 (``reference_outputs.npz``, outputs named ``output_0``..: torch models carry no output names) ->
 ``torch.onnx.export`` -> ``onnx.checker`` (full check: strict shape inference) -> the saved graph's I/O
 (names, static shapes, dtypes) against the job's and the reference's -> op inventory.
@@ -39,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch_args  # noqa: E402 - forward()'s arguments: tensors, and the values of the others
 from coreml_driver import NotTorchModel, torch_inputs  # noqa: E402 - the shared PyTorch loader
 from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing
 
@@ -177,6 +181,23 @@ def _inputs_match(job: dict[str, Any], names: list[str]) -> bool:
     return True
 
 
+def _bind(job: dict[str, Any], model: Any, args: list[dict[str, Any]]) -> Any:
+    """forward()'s tensors and the values of its other arguments (``torch_args.bind``); None when the model cannot be
+    fed as the job asks or keeps state between calls: the ``arguments`` error event, every problem in one line."""
+    b = torch_args.bind(args, [t["name"] for t in job["inputs"]], dict(job.get("freeze") or {}))
+    state = torch_args.state_written(model, job["torch_kind"])
+    if state:
+        b.problems.append(
+            f"forward() assigns the attributes {', '.join(state)}: state kept between calls, which an exported graph "
+            "does not keep (every run would start from the values saved with it)"
+        )
+        b.hints.append("save the model's stateless step: the state as an input and returned as an output")
+    if b.problems:
+        emit("error", kind="arguments", message="; ".join(b.problems), hint="; ".join(b.hints), input_names=b.tensors)
+        return None
+    return b
+
+
 def _export(
     job: dict[str, Any],
     module: Any,
@@ -199,6 +220,10 @@ def _export(
     out_dir.mkdir()
     artifact = out_dir / "model.onnx"
     example = tuple(torch.from_numpy(np.ascontiguousarray(samples[k][0])) for k in names)
+    if job["torch_kind"] == "torchscript" and not isinstance(module, torch.jit.ScriptModule):
+        # a TorchScript model bound to its --freeze-input values: traced, so they are constants in the graph (the
+        # exporter traces a plain module without the ScriptModule inside it); the model's own graph is kept
+        module = torch.jit.trace(module, example, check_trace=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.onnx.export(
@@ -228,15 +253,20 @@ def run(job: dict[str, Any], work: Path) -> int:
     t0 = time.time()
     kind = job["torch_kind"]
     stage(f"loading the {kind}")
-    model, names = torch_inputs(job["torch"], kind)
+    model, _ = torch_inputs(job["torch"], kind)
+    args = torch_args.signature(model, kind)
     if job.get("inspect_only"):
-        emit("result", input_names=names)
+        emit("result", input_names=[a["name"] for a in args])
         return 0
-    if not _inputs_match(job, names):
+    bound = _bind(job, model, args)
+    if bound is None or not _inputs_match(job, bound.tensors):
         return 1
+    names = bound.tensors
     by_name = {t["name"]: t for t in job["inputs"]}
     inputs = [by_name[n] for n in names]  # the model's positional order
     module = model.module() if kind == "exported_program" else model
+    if bound.values:
+        module = torch_args.bound(module, [a["name"] for a in args], bound.values)
     timings["load_s"] = round(time.time() - t0, 2)
 
     stage("running the PyTorch model on the parity samples (reference)")
@@ -270,6 +300,7 @@ def run(job: dict[str, Any], work: Path) -> int:
         io_problems=problems,
         ops=dict(sorted(ops.items())),
         input_names=names,
+        frozen=bound.frozen,
         outputs=outputs,
         reference_outputs=str(reference),
         export_warnings=said,

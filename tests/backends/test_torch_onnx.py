@@ -22,6 +22,7 @@ from edge.spec import Calibration, IOSpec, TensorSpec
 from tests.support import torch_models
 
 IMAGE = TensorSpec("image", (1, 3, 32, 32), "float32", "NCHW")
+AUDIO = TensorSpec("audio", (1, 64), "float32")
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +202,79 @@ def test_an_op_onnx_cannot_express_is_named(built: Path, tmp_path: Path) -> None
         _convert(built / "fft.pt", tmp_path, TensorSpec("signal", (1, 16), "float32"))
     assert "opset" in (e.value.hint or "")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- forward()'s arguments that are not tensors (issue #34: Silero VAD's TorchScript, forward(x, sr: int)) ----------
+
+
+def test_an_int_argument_without_a_value_is_one_line_naming_it_its_type_and_the_flag(
+    built: Path, tmp_path: Path
+) -> None:
+    """Given a tensor (--input-shape sr=1), the model's own check failed inside it ("Supported sampling rates"), the
+    TorchScript traceback in the message; now one line names the argument, its type and the flag (without
+    --input-shape sr as well: test_freeze_input_problems_and_state_between_calls_are_one_line)."""
+    with pytest.raises(ModelError) as e:
+        _convert(built / "rate.pt", tmp_path, AUDIO, TensorSpec("sr", (1,), "float32"))
+    assert str(e.value) == (
+        "rate.pt: forward() argument sr is a Python int, not a tensor: give it a value with --freeze-input sr=VALUE "
+        "(not --input-shape) (--freeze-input sr=VALUE)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["rate.pt", "rate.pt2"])
+def test_freeze_input_gives_an_int_argument_its_value(built: Path, tmp_path: Path, name: str) -> None:
+    """--freeze-input sr=16000: the value is passed to the model and is a constant of the exported graph, whose one
+    input is the audio; the record says what was given."""
+    import onnx
+
+    r = _convert(built / name, tmp_path / "16k", AUDIO, freeze={"sr": "16000"})
+    assert _assert_onnxruntime_matches_reference(r) == ["output_0"]
+    assert [i.name for i in onnx.load(str(r.artifact)).graph.input] == ["audio"]
+    assert r.details["frozen"] == [{"name": "sr", "dtype": "int64", "value": [16000.0]}]
+    assert r.details["io_names"]["inputs"] == ["audio"]
+    if name == "rate.pt":  # the value decides the branch: 8 kHz is another convolution
+        r8 = _convert(built / name, tmp_path / "8k", AUDIO, freeze={"sr": "8000"})
+        _assert_onnxruntime_matches_reference(r8)
+        assert not np.allclose(r8.reference[1][0]["output_0"], r.reference[1][0]["output_0"])  # type: ignore[index]
+    else:  # torch.export fixed sr when it exported the program: used as it is, and only that value is taken
+        assert _convert(built / name, tmp_path / "fixed", AUDIO).details["frozen"] == []
+        with pytest.raises(ModelError, match=r"--freeze-input sr=8000: the program was exported with sr=16000"):
+            _convert(built / name, tmp_path / "8k", AUDIO, freeze={"sr": "8000"})
+
+
+def test_freeze_input_problems_and_state_between_calls_are_one_line(built: Path, tmp_path: Path) -> None:
+    """Every problem at once: a model that assigns its own attributes in forward() keeps state an exported graph
+    does not (Silero's _state, _context), beside an int argument left without a value."""
+    with pytest.raises(ModelError) as e:
+        _convert(built / "stateful.pt", tmp_path, AUDIO)
+    assert "forward() argument sr is a Python int" in e.value.message and "\n" not in str(e.value)
+    assert "forward() assigns the attributes calls: state kept between calls" in e.value.message
+    with pytest.raises(ModelError) as e:
+        _convert(built / "rate.pt", tmp_path, AUDIO, freeze={"sr": "16k", "audio": "1", "rate": "2"})
+    assert e.value.message == (
+        "rate.pt: --freeze-input audio: forward() argument audio is a tensor; --freeze-input gives a PyTorch model's "
+        "int, float and bool arguments a value (a tensor takes --input-shape); --freeze-input sr=16k: sr is a Python "
+        "int: give one number; --freeze-input rate: forward() has no such argument (it takes audio, sr)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_a_torchscript_with_an_int_argument_for_x86_cpu(built: Path, tmp_path: Path) -> None:
+    """Through the pipeline (edgekit convert rate.pt -t x86-cpu --input-shape audio=1,64 --freeze-input sr=16000):
+    parity passes, the bundle takes the audio only and its manifest records sr; a target whose chain cannot take
+    the value (Core ML's torch->coreml) is refused before any work."""
+    from edge.errors import InputFileError
+    from edge.pipeline import convert
+    from edge.pipeline.request import ConvertRequest
+
+    req = ConvertRequest(input_shapes={"audio": (1, 64)}, freeze={"sr": "16000"}, preprocess="none")
+    b = convert(built / "rate.pt", "x86-cpu", tmp_path / "b", req)
+    m = b.manifest
+    assert m["parity"]["passed"] is True and [t["name"] for t in m["io"]["inputs"]] == ["audio"]
+    frozen = b.info.source.frozen  # the typed manifest reads it
+    assert frozen is not None and frozen.inlined_if == 0 and frozen.check is None
+    assert [(f.name, f.dtype, f.value, f.shape) for f in frozen.inputs] == [("sr", "int64", (16000.0,), ())]
+    with pytest.raises(InputFileError, match=r"apple-ane converts it with torch->coreml, which cannot"):
+        convert(built / "rate.pt", "apple-ane", tmp_path / "c", req)
+    assert not (tmp_path / "c").exists()

@@ -354,15 +354,30 @@ _MODELS = (
         source_format="tflite",
     ),
     # a TorchScript archive as its authors saved it (torch.jit.save, code under `vad/`): forward(x, sr) with `sr` a Python
-    # int the model checks against [8000, 16000], its LSTM state held in the module between calls
+    # int the model checks against [8000, 16000] (given with --freeze-input), its LSTM state held in the module between
+    # calls (self._state, self._context)
     CorpusModel(
         "silero-vad-5-jit",
         "silero_vad_v5.jit",
         "vad-torchscript",
         "Silero VAD v5 TorchScript (silero-vad 5.1: audio x [1, 512] and an int sample rate sr -> speech probability)",
         "MIT",
-        input_shapes={"x": (1, 512), "sr": (1,)},
+        input_shapes={"x": (1, 512)},
         source_format="torchscript",
+        freeze={"sr": "16000"},
+        freeze_targets=("x86-cpu", "intel-igpu", "arm-xnnpack"),
+    ),
+    # the same model as silero-vad 6.2.3 saves it (torch.jit.save by a later torch; the ONNX of that wheel is silero-vad)
+    CorpusModel(
+        "silero-vad-jit",
+        "silero_vad.jit",
+        "vad-torchscript",
+        "Silero VAD v6 TorchScript (silero-vad 6.2.3: audio x [1, 512] and an int sample rate sr -> speech probability)",
+        "MIT",
+        input_shapes={"x": (1, 512)},
+        source_format="torchscript",
+        freeze={"sr": "16000"},
+        freeze_targets=("x86-cpu",),
     ),
     # an autoregressive attention decoder (Paddle2ONNX): structure-token probabilities [1, T, 50] and cell boxes
     # [1, T, 8] for a 488 x 488 table image; dynamic in the file, pinned here

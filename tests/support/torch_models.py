@@ -11,7 +11,12 @@
 - ``fft.pt``: an ``rfft`` (no ONNX export for it), input ``signal`` [1, 16];
 - ``tvstyle.pt``: a traced model whose Python code lives in a ``models`` package, as torchvision's do (the
   archive holds ``code/__torch__/models/...``), input ``image`` [1, 3, 32, 32], one output [1, 10];
-- ``packaged.pt``: that model in a ``torch.package`` archive (PackageExporter: code and pickles, no graph).
+- ``packaged.pt``: that model in a ``torch.package`` archive (PackageExporter: code and pickles, no graph);
+- ``rate.pt`` (``torch.jit.script``) / ``rate.pt2`` (exported with ``sr=16000``): ``forward(audio, sr: int)`` as
+  Silero VAD's TorchScript takes it: audio [1, 64], ``sr`` a Python int the model checks against [8000, 16000] and
+  branches on (a different convolution per rate), one output [1];
+- ``stateful.pt`` (``torch.jit.script``): ``forward(audio, sr: int)`` that assigns ``self.calls`` on every call
+  (state kept between calls, as Silero's ``_state`` and ``_context``).
 """
 
 from __future__ import annotations
@@ -97,6 +102,31 @@ with PackageExporter(out + "/packaged.pt") as exporter:
     exporter.intern("models.**")
     exporter.extern("**")
     exporter.save_pickle("models", "model.pkl", tv)
+
+class Rate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv16 = torch.nn.Conv1d(1, 4, 5)
+        self.conv8 = torch.nn.Conv1d(1, 4, 3)
+    def forward(self, audio, sr: int):
+        if sr not in [8000, 16000]:
+            raise ValueError("Supported sampling rates: [8000, 16000]")
+        y = self.conv16(audio[:, None]) if sr == 16000 else self.conv8(audio[:, None])
+        return torch.sigmoid(y.mean((1, 2)))
+
+class Stateful(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = torch.zeros(1)
+    def forward(self, audio, sr: int):
+        self.calls = self.calls + 1.0
+        return audio.mean(1) * self.calls * sr
+
+torch.manual_seed(3)
+rate = Rate().eval()
+torch.jit.save(torch.jit.script(rate), out + "/rate.pt")
+torch.export.save(torch.export.export(rate, (torch.randn(1, 64), 16000)), out + "/rate.pt2")
+torch.jit.save(torch.jit.script(Stateful().eval()), out + "/stateful.pt")
 """
 
 

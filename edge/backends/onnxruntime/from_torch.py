@@ -56,6 +56,8 @@ def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, sourc
             hint="pass --input-shape NAME=1,3,224,224 for every input: "
             + " ".join(f"--input-shape {n}=..." for n in final.get("input_names", [])),
         )
+    if kind == "arguments":  # forward()'s non-tensor arguments, or state it keeps between calls
+        raise ModelError(f"{source.name}: {final['message']}", hint=final.get("hint") or None)
     if kind == "toolchain":
         raise MissingDependencyError(final["message"])
     log = toolchains.keep_log(work, TOOLCHAIN)
@@ -95,6 +97,7 @@ class TorchToOnnx(Converter):
     precisions = frozenset({"fp32"})
     toolchain = TOOLCHAIN
     options_class = TorchToOnnxOptions  # ``options`` (names and descriptions) derive from it
+    takes_freeze = True  # forward()'s int/float/bool arguments: passed to the model, constants in the graph
 
     @classmethod
     def input_names(cls, source: Path, timeout_s: float = 300) -> list[str]:
@@ -178,6 +181,7 @@ class TorchToOnnx(Converter):
                 "outputs_from": "generated: torch models carry no output names (output_<i> in return order)",
             },
             "torch_reference": _torch_reference(final, ref, kind, len(inputs), label),
+            "frozen": final.get("frozen") or [],  # --freeze-input: the arguments given a value, and the value
             "timings_s": {**final["timings"], "total": round(time.perf_counter() - t_start, 2)},
         }
         tool_versions = {**final["tool_versions"], "toolchain": f"{TOOLCHAIN} (lock {(st.lock_hash or '?')[:12]})"}
@@ -208,6 +212,7 @@ def _driver_job(
         "opset": opset,
         "samples": str(work / "samples.npz"),
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
+        "freeze": dict(request.freeze),
     }
     return job
 
