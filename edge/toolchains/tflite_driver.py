@@ -546,6 +546,8 @@ def _onnx2tf(
             replace_to_pseudo_operators=sorted(op.lower() for op in prepared["pseudo_operators"]),
             # inputs that are no image (audio, recurrent state) keep their layout
             keep_shape_absolutely_input_names=job.get("keep_shape_inputs") or None,
+            # image inputs the ONNX graph already takes channels-last stay so (not read as NCHW)
+            keep_nwc_or_nhwc_or_ndhwc_input_names=job.get("keep_nhwc_inputs") or None,
             # edgekit folded the graph's constants itself (edge.graph.lower): onnxsim would
             # merge per-axis Slices into full-rank ones onnx2tf mistranslates
             not_use_onnxsim=bool(job.get("no_onnxsim", False)),

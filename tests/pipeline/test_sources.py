@@ -171,6 +171,14 @@ def test_tiny_float_tflite_for_coral_through_onnx(fp32_tflite: Path, tmp_path: P
     par = m["parity"]
     assert par["passed"] is True and not par.get("accepted_failure"), par
     assert "on the source .tflite" in par["reference"], par["reference"]
+    # the int8 model takes the source's own NHWC input: onnx2tf read tf2onnx's NHWC input as NCHW ([1, 32, 3, 32]
+    # behind a transpose the runner undid) until told to keep it
+    from ai_edge_litert.interpreter import Interpreter
+
+    src, out = (
+        Interpreter(model_path=str(p)).get_input_details()[0]["shape"].tolist() for p in (fp32_tflite, b.artifact)
+    )
+    assert out == src, (src, out)
 
 
 @pytest.mark.corpus_full  # the same chain as the fp32 case (covered there), on another fixture: 15 s

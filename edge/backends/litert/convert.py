@@ -269,6 +269,7 @@ def _driver_job(
         "per_channel": opts.per_channel,
         "inputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.inputs],
         "keep_shape_inputs": _keep_shape_inputs(request.io) if lstm else [],
+        "keep_nhwc_inputs": _nhwc_inputs(request.io),
         "no_onnxsim": lstm,
         "outputs": [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": t.dtype} for t in request.io.outputs],
     }
@@ -348,6 +349,16 @@ def _keep_shape_inputs(io: Any) -> list[str]:
     return [t.name for t in io.inputs if t.layout is None and len(t.shape) == 3]
 
 
+def _nhwc_inputs(io: Any) -> list[str]:
+    """Image inputs the ONNX graph already takes channels-last (a .tflite through tf2onnx, a Keras export): onnx2tf
+    reads every 4-D input as NCHW, so ``[1, 128, 128, 3]`` became a ``[1, 128, 3, 128]`` TFLite input behind a
+    transpose the runner undid (MediaPipe BlazeFace for coral-edgetpu); told to keep them, the TFLite input is
+    the source's own layout."""
+    from edge.spec import image_layout
+
+    return [t.name for t in io.inputs if (t.layout or image_layout(t.shape)) == "NHWC"]
+
+
 def _lower_for_onnx2tf(source: Path, work: Path, io: Any, int8: bool = False) -> tuple[Path | None, dict[str, int]]:
     """The source rewritten where onnx2tf mistranslates it (``edge.graph.lower``), in ``work``, and what was rewritten
     (``{"LSTM": n, "Slice": m}``); (None, {}) when nothing needs it. LSTMs given their state are unrolled into plain
@@ -415,6 +426,7 @@ def locate_divergence(
             "workdir": str(work),
             "sample_files": files,
             "keep_shape_inputs": _keep_shape_inputs(io) if lstm else [],
+            "keep_nhwc_inputs": _nhwc_inputs(io),
             "no_onnxsim": lstm,
             "rel_tolerance": REL_TOLERANCE,
             "min_cosine": MIN_COSINE,
