@@ -17,7 +17,8 @@ ResizeMode = Literal["resize", "letterbox"]
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One input or output tensor. ``shape`` is fully static once a bundle is built."""
+    """One input or output tensor. Once a bundle is built its inputs' shapes are static; an output dim its reference
+    samples disagree on (a decoder's steps) stays dynamic, a str (``edge.pipeline.pipeline._bundle_io``)."""
 
     name: str
     shape: tuple[int | str, ...]

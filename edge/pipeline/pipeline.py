@@ -18,7 +18,7 @@ import filecmp
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -364,7 +364,7 @@ def _manifest(job: _Job, stage: Path, primary: Path, fmt: str | None) -> dict[st
             primary=primary,
             chain=job.chain_record,
             source_info={**job.src.describe(), "route": job.plan.route},
-            io=job.io,
+            io=_bundle_io(job),
             runner=profile.runner,
             runner_options=profile.runtime_options,
             calibration=job.calibration,
@@ -407,6 +407,28 @@ def _with_outputs(io: IOSpec, outputs: Mapping[str, Any]) -> IOSpec:
     return IOSpec(
         io.inputs, tuple(TensorSpec(k, tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in outputs.items())
     )
+
+
+def _bundle_io(job: _Job) -> IOSpec:
+    """The bundle's I/O spec: ``job.io`` (the converters' static shapes, an output's from the first reference
+    sample), with every output dim the reference samples disagree on kept dynamic, named as the source graph names
+    it (else ``?``). A step-by-step decoder stops at its end token (SLANet-plus: [1, 25, 50] on one input, [1, 44,
+    50] on the next): the first sample's length is not the output's, and the bundle's reference check refused the
+    others (issue #34)."""
+    if not job.reference or len(job.reference) < 2:
+        return job.io
+    declared = {t.name: t.shape for t in job.seen_io.outputs}
+    outputs = []
+    for t in job.io.outputs:
+        shapes = [tuple(r[t.name].shape) for r in job.reference if t.name in r]
+        dims = list(t.shape)
+        if shapes and len({len(s) for s in shapes}) == 1 and len(shapes[0]) == len(dims):
+            names = declared.get(t.name) or ()
+            for i in range(len(dims)):
+                if len({s[i] for s in shapes}) > 1:
+                    dims[i] = names[i] if i < len(names) and isinstance(names[i], str) and names[i] else "?"
+        outputs.append(replace(t, shape=tuple(dims)))
+    return IOSpec(job.io.inputs, tuple(outputs))
 
 
 def _copy_source(src: Source, static: Path, stage: Path) -> Path:

@@ -224,10 +224,14 @@ def _loosen_agreement(
 
 def snr_db(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float | None:
     """10*log10(sum(ref^2) / sum(err^2)) over all samples; None when it is not finite (no error at all,
-    or an all-zero reference)."""
-    ref = np.stack([np.asarray(r, dtype=np.float64) for r in reference])
-    err = ref - np.stack([np.asarray(c, dtype=np.float64) for c in candidate])
-    p_ref, p_err = float((ref**2).sum()), float((err**2).sum())
+    or an all-zero reference). Each candidate has its reference's shape; samples may differ in shape (a decoder's
+    steps: issue #34), so they are summed one by one, never stacked."""
+    p_ref = p_err = 0.0
+    for r, c in zip(reference, candidate, strict=True):
+        ref, cand = np.asarray(r, dtype=np.float64), np.asarray(c, dtype=np.float64)
+        if ref.shape != cand.shape:
+            raise ValueError(f"a candidate of shape {cand.shape} for a reference of shape {ref.shape}")
+        p_ref, p_err = p_ref + float((ref**2).sum()), p_err + float(((ref - cand) ** 2).sum())
     if not (math.isfinite(p_ref) and math.isfinite(p_err)) or p_ref <= 0 or p_err <= 0:
         return None
     return round(10.0 * math.log10(p_ref / p_err), 3)

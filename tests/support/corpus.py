@@ -389,6 +389,7 @@ _MODELS = (
         "Apache-2.0",
         input_shapes={"x": (1, 3, 488, 488)},
         preprocess="imagenet",
+        parity_task="sequence",  # the structure tokens, one probability row per step (the boxes: raw figures)
     ),
     # -- optional (CC BY-NC-SA 4.0 by openWakeWord's own README): its audio front-end, speech embedding and a head
     CorpusModel(
