@@ -83,9 +83,10 @@ def seen_upsert(columns: tuple[str, ...]) -> str:
     sets = [
         "last_seen = CASE WHEN d.last_seen IS NULL OR d.last_seen < excluded.last_seen THEN excluded.last_seen ELSE d.last_seen END",
         # a live message of the row's session past its position after a death: the device is alive (a forged death
-        # once marked a live device offline for good)
-        f"online = CASE WHEN d.online = FALSE AND d.session = excluded.last_session AND {newer} THEN TRUE "
-        "ELSE d.online END",
+        # once marked a live device offline for good). Not for a device with a pinned key: its deaths are signed, so
+        # a death is its own, and unsigned telemetry must not make a stopped device look alive
+        f"online = CASE WHEN d.online = FALSE AND d.session = excluded.last_session AND {newer} AND NOT EXISTS "
+        "(SELECT 1 FROM device_keys k WHERE k.fleet = d.fleet AND k.device = d.device) THEN TRUE ELSE d.online END",
     ]
     for c in columns:
         v = f"coalesce(excluded.{c}, d.{c})" if c in ("interval_s", "bundle_id") else f"excluded.{c}"

@@ -186,3 +186,33 @@ def test_telemetry_moves_no_row_of_a_device_pinned_before_its_first_birth(tmp_pa
         assert (row["session"], row["fps"], row["key"]["pinned_by"]) == (S, 30.0, "operator")
     finally:
         c.db.close()
+
+
+def test_unsigned_telemetry_does_not_bring_a_stopped_pinned_device_back_online(db_url: str) -> None:
+    """A legacy device's live telemetry after a death brings it back online (a forged death once kept it offline);
+    a pinned device's deaths are signed, so its death stands and forged telemetry on its session cannot make it
+    look alive (it did before: online = true on the first message past the stream's position)."""
+    key = DeviceIdentity.generate()
+    tel_topic = TOPIC.replace("birth", "telemetry")
+    c = Collector(CollectorConfig(BrokerConfig("127.0.0.1", 1), db_url, gap_grace_s=0.0))
+
+    def tel(device: str, seq: int) -> tuple[str, bytes]:
+        body = {"historical": False, "inference": {"fps": 30.0}}
+        return tel_topic.replace("cam-01", device), encode(message("telemetry", "lab", device, S, seq, body))
+
+    try:
+        legacy = encode(message("birth", "lab", "cam-02", S, 0, {"connection": 1}))
+        assert c.handle(TOPIC.replace("cam-01", "cam-02"), legacy, received_at=T0) == "stored"
+        assert c.handle(TOPIC, birth(key=key), received_at=T0) == "stored"
+        for dev, k in (("cam-01", key), ("cam-02", None)):
+            assert c.handle(*tel(dev, 1), received_at=T0) == "stored"
+            m = message("death", "lab", dev, S, 1, {"connection": 1, "reason": "shutdown"})
+            assert (
+                c.handle(f"edgekit/lab/{dev}/death", encode(m) if k is None else k.sign(m), received_at=T0) == "stored"
+            )
+            assert c.handle(*tel(dev, 2), received_at=T0 + 1) == "stored"  # live, past the death's position
+        c.flush()
+        status = {r["device"]: r["status"] for r in fleet_status(db_url, now=T0 + 2)}
+        assert status == {"cam-01": "offline", "cam-02": "online"}, status
+    finally:
+        c.db.close()
