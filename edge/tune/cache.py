@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from edge.errors import EdgeError
 from edge.pipeline.request import ConvertRequest
+from edge.spec import AUTO
 from edge.tune.config import Config
 from edge.tune.measure import combine_parity
 from edge.tune.space import Space
@@ -32,12 +33,18 @@ def trial_request(req: ConvertRequest) -> ConvertRequest:
     )
 
 
+#: ``--preprocess auto`` in the recipe key, with the revision of its rule (2: the file's declared pre-processing wins)
+AUTO_RULE = "auto/2"
+
+
 def source_key(req: ConvertRequest) -> dict[str, Any]:
     """The request's part of the recipe key: what the conversion reads besides the model (the parity data by
     what its files are)."""
     source: dict[str, Any] = {
         "input_shapes": {k: [int(d) for d in v] for k, v in req.input_shapes.items()},
-        "preprocess": req.preprocess,
+        # auto's rule changed (it takes what the file declares, edge.pipeline.declared): a bundle cached under the
+        # older rule may hold another pre-processing, so auto is keyed with its rule's revision
+        "preprocess": AUTO_RULE if req.preprocess == AUTO else req.preprocess,
         "letterbox": req.letterbox,
     }
     if req.task != "auto":  # (auto, convert's default, is left out of the key: conversions cached before stay valid)

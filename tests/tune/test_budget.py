@@ -118,3 +118,15 @@ def test_what_was_converted_is_measured_past_the_time_cap(models: dict[str, Path
     )
     result = tune(models["tiny"], "x86-cpu", ConvertRequest(), opts)
     assert result.converted == 1 and result.measured >= 2 and result.winner is not None
+
+
+def test_a_cached_conversion_under_the_older_auto_rule_is_not_reused() -> None:
+    """``--preprocess auto`` now takes what the model file declares (edge.pipeline.declared): a tuner cache written
+    under the older rule (auto = ImageNet for every float 3-channel input) must miss, not hand back a bundle with
+    another pre-processing. An explicit preset keys as itself."""
+    from edge.pipeline.request import ConvertRequest
+    from edge.tune.cache import source_key
+
+    auto = source_key(ConvertRequest())["preprocess"]
+    assert auto not in ("auto", "imagenet") and auto.startswith("auto/")
+    assert source_key(ConvertRequest(preprocess="imagenet"))["preprocess"] == "imagenet"
