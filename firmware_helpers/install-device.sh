@@ -9,7 +9,9 @@
 #      `edgekit deploy --device ssh://edgekit@DEVICE/var/lib/edgekit` writes once a key is in its .ssh);
 #   2. a virtual environment in $PREFIX/venv (default /opt/edgekit) with edgekit-ml and the extras `mqtt`
 #      and the runtime's (`litert` for arm-xnnpack and Coral, `onnx` for x86-cpu, `openvino` for Intel, `rknn`
-#      for the Rockchip NPU: librknnrt.so must already be in /usr/lib);
+#      for the Rockchip NPU: librknnrt.so must already be in /usr/lib; `executorch` for executorch-xnnpack: the
+#      executorch wheel without its declared (export-side) dependencies, and edgekit's C interface to its runtime
+#      built once with the device's C++ compiler: no torch);
 #   3. the systemd unit edgekit-agent.service (next to this script) in /etc/systemd/system, a drop-in
 #      groups.conf adding the device groups of DEVICE_GROUPS that exist here (GPU render nodes, Coral PCIe,
 #      Coral USB), and /etc/default/edgekit-agent (mode 0640, root:edgekit) with the device id, fleet and
@@ -33,8 +35,8 @@ PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 usage() {
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
-  echo "options: --device-id ID --fleet NAME --broker URL [--agent-opts '...'] [--runtime litert|onnx|openvino|rknn|none]"
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  echo "options: --device-id ID --fleet NAME --broker URL [--agent-opts '...'] [--runtime litert|onnx|openvino|rknn|executorch|none]"
   echo "         [--package PIP-SPEC|WHEEL] [--prefix DIR] [--root DIR] [--no-start]"
 }
 
@@ -61,8 +63,8 @@ done
 
 case "$RUNTIME" in
   litert | onnx | openvino | rknn) EXTRAS="mqtt,$RUNTIME" ;;
-  none) EXTRAS="mqtt" ;;
-  *) die "--runtime is litert, onnx, openvino, rknn or none, got '$RUNTIME'" ;;
+  executorch | none) EXTRAS="mqtt" ;;  # executorch: the wheel goes in --no-deps below
+  *) die "--runtime is litert, onnx, openvino, rknn, executorch or none, got '$RUNTIME'" ;;
 esac
 [ -n "$PACKAGE" ] || PACKAGE="edgekit-ml[$EXTRAS]"
 case "$PACKAGE" in  # a wheel or a directory takes the extras after it: path[extras]
@@ -97,6 +99,13 @@ if [ -z "$ROOT" ]; then
   [ -x "$PREFIX/venv/bin/python" ] || "$PYTHON" -m venv "$PREFIX/venv"
   "$PREFIX/venv/bin/python" -m pip install --upgrade --quiet pip
   "$PREFIX/venv/bin/python" -m pip install --upgrade --quiet "$PACKAGE"
+  if [ "$RUNTIME" = executorch ]; then
+    # its declared dependencies (pandas, scikit-learn, hydra-core, torchao...) are the export side's; the runtime
+    # libraries in the wheel need libc and libstdc++ only, and edgekit's interface to them is built here once
+    command -v "${CXX:-c++}" >/dev/null || die "--runtime executorch builds a small C++ library: apt install g++"
+    "$PREFIX/venv/bin/python" -m pip install --upgrade --quiet --no-deps "executorch>=1.5,<1.6"
+    "$PREFIX/venv/bin/python" -m edge.backends.executorch.native build
+  fi
   "$PREFIX/venv/bin/python" -m edge.agent --help >/dev/null || die "the agent does not start from $PREFIX/venv"
 fi
 

@@ -26,6 +26,7 @@ RUNNERS = [
     "edge.backends.tensorrt.run",
     "edge.backends.coreml.run",
     "edge.backends.llamacpp.run",
+    "edge.backends.executorch.run",
 ]
 
 

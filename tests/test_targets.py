@@ -22,6 +22,7 @@ SHIPPED = {
     "rockchip-rk3588",
     "rockchip-rk3576",
     "rockchip-rk3566",
+    "executorch-xnnpack",
 }
 
 VALID = """

@@ -109,6 +109,16 @@ class Converter(ABC):
     toolchain: ClassVar[str | None] = None
     #: whether it gives a source's non-tensor arguments the --freeze-input values (``ConversionRequest.freeze``)
     takes_freeze: ClassVar[bool] = False
+    #: what a user should bring to a target whose chain starts with this converter, when the source they gave cannot
+    #: be taken (the planner's refusal names it); empty: the planner's generic advice for the source's format
+    brings: ClassVar[str] = ""
+
+    @classmethod
+    def source_problem(cls, path: Path) -> EdgeError | None:
+        """Why this converter cannot take the source file at ``path`` although its format is the one it reads (a
+        TorchScript archive for a converter that lowers torch.export programs only): checked before the plan's
+        requirements, so the user hears it before being told to install a toolchain. None: no such limit."""
+        return None
 
     @classmethod
     def op_support(cls) -> OpSupport | None:

@@ -29,7 +29,7 @@ from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
 from edge.errors import CalibrationError, ConversionError, InputFileError, ParityError, PrecisionError, TargetError
 from edge.pipeline.declared import request_preprocess
 from edge.pipeline.gguf import convert_llm
-from edge.pipeline.plan import Plan, Step, plan
+from edge.pipeline.plan import Plan, Step, plan, source_problem
 from edge.pipeline.precision_trial import skip_xnnpack_fp16, try_fast_precision
 from edge.pipeline.request import ConvertRequest
 from edge.pipeline.sources import GGUFSource, OnnxSource, OpenVINOSource, Source, TFLiteSource, TorchSource, open_source
@@ -153,6 +153,8 @@ def _check_source(src: Source, profile: TargetProfile, req: ConvertRequest) -> N
         )
     if profile.chain == () and profile.llm is not None:
         raise TargetError(f"target {profile.name} runs GGUF language models only; {src.path.name} is {src.format}")
+    if isinstance(src, TorchSource):  # a TorchScript archive for a chain that lowers torch.export programs only
+        source_problem(profile, src.format, src.path, src.path.name)
 
 
 def _prepare(src: Source, profile: TargetProfile, req: ConvertRequest, say: Step) -> _Job:
@@ -499,9 +501,8 @@ def _host_proxy(p: Plan, profile: TargetProfile) -> tuple[str, dict[str, Any], s
 
 def _runner_problems(name: str) -> list[str]:
     from edge.backends.runner import RUNNERS
-    from edge.capabilities import problems
 
-    return problems(RUNNERS.get(name).requires)
+    return RUNNERS.get(name).problems()
 
 
 def _parity_gate(

@@ -23,12 +23,13 @@ takes full-integer models only, and a float TFLite asked int8 for arm-xnnpack, b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import edge
 from edge.backends.converter import CONVERTERS, Converter
 from edge.backends.runner import RUNNERS
-from edge.capabilities import Host, current_host, problems
+from edge.capabilities import Host, current_host
 from edge.errors import EdgeError, MissingDependencyError, PrecisionError, TargetError, UnknownBackendError
 from edge.targets import ChainStep, TargetProfile
 
@@ -141,8 +142,18 @@ def resolve_chain(
         f"target {target.name} cannot take {what}: its converter chain reads {reads or '-'}, its runner "
         f"{runner!r} loads {', '.join(formats) or '-'}, and no installed converter turns {source_format} "
         "into either",
-        hint=_bring_instead(source_format),
+        hint=(CONVERTERS.get(chain[0].converter).brings if chain else "") or _bring_instead(source_format),
     )
+
+
+def source_problem(target: TargetProfile, source_format: str, path: Path, source_name: str | None = None) -> None:
+    """Raise the first converter's refusal of the file at ``path`` (``Converter.source_problem``: a TorchScript
+    archive for a chain that lowers torch.export programs), before the plan checks what must be installed."""
+    chain, _ = resolve_chain(target, source_format, source_name=source_name)
+    if chain and chain[0].converter in CONVERTERS:
+        refused = CONVERTERS.get(chain[0].converter).source_problem(path)
+        if refused is not None:
+            raise refused
 
 
 def _through_chain_input(
@@ -319,7 +330,7 @@ def runnable_here(target: TargetProfile, host: Host | None = None, runner: str |
             why = check() if callable(check) else ""
             if why is not None:
                 found.append(f"needs the device's accelerator ({target.accelerator})" + (f": {why}" if why else ""))
-        found += problems(cls.requires, host)
+        found += cls.problems(host)
     except UnknownBackendError:
         found.append(f"runner {runner!r} is not in edgekit {edge.__version__}")
     return "; ".join(found) if found else None

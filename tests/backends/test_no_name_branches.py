@@ -40,6 +40,9 @@ TABLE_EXCEPTIONS: dict[tuple[str, str], str] = {
     # a toolchain environment named like the runtime it serves; the toolchain list stays central (most serve
     # several backends, and their locks and drivers are package data of edge/toolchains)
     ("edge/toolchains/__init__.py", "rknn"): "the rknn toolchain's name",
+    ("edge/toolchains/__init__.py", "executorch"): "the executorch toolchain's name",
+    # a toolchain's driver records the versions of the distributions it ran (the executorch wheel is one)
+    ("edge/toolchains/executorch_driver.py", "executorch"): "the distribution whose version the driver records",
     # what the aarch64 emulator's toolchain carries wheels for: a fact about that toolchain, not the runners
     ("edge/verify/isa.py", "litert"): "the aarch64 emulator's wheels",
     ("edge/verify/isa.py", "onnxruntime"): "the aarch64 emulator's wheels",
