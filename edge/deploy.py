@@ -272,20 +272,22 @@ def _budget_search(
                 missed.append(f"{len(ranked) - i} alternate(s) not tried: the {opts.search_time_s:g} s cap passed")
                 break
             say(f"trying the search's next candidate: {overlay.describe()}")
-        profile, req_i, applied = _apply_overlay(target_profile, req, overlay, notes)
+        # each candidate writes its own notes (overlay, verdict, ...): a missed one's are summed up in one line below,
+        # not left in the shipped bundle's report as if they were its own
+        own = list(notes)
+        profile, req_i, applied = _apply_overlay(target_profile, req, overlay, own)
         bundle = convert(model, target_profile, stage, req_i.replace(tuned=overlay), force=True, on_step=say)
         record["verdict_missed"] = list(missed)
         bundle.record("budget_search", record)
+        if i:
+            own.append(f"the search's candidate {i + 1}; before it: {'; '.join(missed)}")
         try:
-            shipped = _check_and_ship(
-                bundle, _Shipping(target_profile, profile, device, req_i, opts, build, notes, say)
-            )
+            shipped = _check_and_ship(bundle, _Shipping(target_profile, profile, device, req_i, opts, build, own, say))
         except BudgetError as e:
             missed.append(f"{overlay.describe()}: {e.message}")
             hint = e.hint
             continue
-        if i:
-            notes.append(f"the search's candidate {i + 1} shipped; before it: {'; '.join(missed)}")
+        notes[:] = own
         return record, applied, shipped
     raise BudgetError(f"{missed[0]}; {tried}; then {'; '.join(missed[1:]) or 'nothing else'}", hint=hint)
 
