@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,6 +49,7 @@ if not __package__:
 compare = importlib.import_module(f"{__package__}.tflite_compare" if __package__ else "tflite_compare")
 fixes = importlib.import_module(f"{__package__}.tf2onnx_fixes" if __package__ else "tf2onnx_fixes")
 output = importlib.import_module(f"{__package__}.driver_output" if __package__ else "driver_output")
+failure = importlib.import_module(f"{__package__}.onnx2tf_failure" if __package__ else "onnx2tf_failure")
 
 _EVENTS: Any = None
 _STAGE: dict[str, Any] = {"name": "starting", "since": time.time()}
@@ -534,6 +534,8 @@ def _onnx2tf(
     onnx2tf.convert's arguments)."""
     import onnx2tf
 
+    log = work / "convert.log"
+    log_start = log.stat().st_size if log.is_file() else 0
     try:
         keras_model = onnx2tf.convert(
             **(extra or {}),
@@ -552,10 +554,14 @@ def _onnx2tf(
             # merge per-axis Slices into full-rank ones onnx2tf mistranslates
             not_use_onnxsim=bool(job.get("no_onnxsim", False)),
         )
-    except SystemExit as e:
-        raise DriverError("onnx2tf", f"onnx2tf stopped (exit {e.code}); see the log") from None
+    except SystemExit as e:  # onnx2tf logged why and exited: the node and that reason, in one line
+        with open(log, "rb") as f:
+            f.seek(log_start)
+            kind, message, data = failure.exit_error(e, f.read().decode("utf-8", "replace"))
+        raise DriverError(kind, message, **data) from None
     except Exception as e:  # noqa: BLE001
-        raise _node_error(e) from e
+        kind, message, data = failure.node_error(e)
+        raise DriverError(kind, message, **data) from e
     if keras_model is None:
         raise DriverError("onnx2tf", "onnx2tf returned no model; see the log")
     return keras_model
@@ -663,25 +669,6 @@ def _tool_versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - informational
             pass
     return versions
-
-
-def _node_error(e: Exception) -> DriverError:
-    """onnx2tf's failure inside one op's translation (onnx2tf/ops/<Op>.py ``make_node``, whose ``graph_node`` is
-    the ONNX node) as that node, its op and the reason without TensorFlow's function-node noise."""
-    import re
-
-    tb, node = e.__traceback__, None
-    while tb is not None:
-        f = tb.tb_frame
-        if f.f_code.co_name == "make_node" and f"onnx2tf{os.sep}ops{os.sep}" in f.f_code.co_filename:
-            node = f.f_locals.get("graph_node") or node
-        tb = tb.tb_next
-    reason = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?", "", str(e)).strip()
-    reason = f"{type(e).__name__}: {' '.join(reason.split())[:300]}"
-    if node is None:
-        return DriverError("onnx2tf", f"onnx2tf failed: {reason}")
-    op, name = str(getattr(node, "op", "?")), str(getattr(node, "name", "") or "?")
-    return DriverError("onnx2tf_node", f"onnx2tf cannot translate node {name!r} ({op}): {reason}", op=op, node=name)
 
 
 def _setup(job: dict[str, Any], work: Path, timings: dict[str, float], t0: float) -> tuple[Path, dict[str, Any]]:

@@ -247,6 +247,31 @@ def test_ops_tflite_cannot_express_are_named(toolchain: toolchains.ToolchainStat
     assert not (tmp_path / "b1").exists() and not (tmp_path / "b2").exists()
 
 
+def test_an_op_onnx2tf_exits_on_is_named_with_its_reason(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
+    """onnx2tf has a ScatterElements translation but logs "supports only reduction=['none']" and calls sys.exit(1) for
+    reduction="add": that was "onnx2tf stopped (exit 1); see the log"; now the node, its op and onnx2tf's reason."""
+    from edge.pipeline import convert
+
+    f = TensorProto.FLOAT
+    model = _onnx(
+        tmp_path / "scatter_add.onnx",
+        [
+            helper.make_node("ScatterElements", ["x", "idx", "x"], ["s"], axis=1, reduction="add", name="scatter_add"),
+            helper.make_node("Relu", ["s"], ["y"], name="relu"),
+        ],
+        [helper.make_tensor_value_info("x", f, [1, 8])],
+        [helper.make_tensor_value_info("y", f, [1, 8])],
+        [numpy_helper.from_array(np.array([[0, 0, 1, 1, 2, 2, 3, 3]], np.int64), "idx")],
+    )
+    with pytest.raises(ConversionError) as e:
+        convert(model, "arm-xnnpack", tmp_path / "b", ConvertRequest(preprocess="none"))
+    assert e.value.message.startswith(
+        "scatter_add.onnx: onnx2tf cannot translate node 'scatter_add' (ScatterElements): ScatterElements currently "
+        "supports only reduction=['none']"
+    ), e.value.message
+    assert "\n" not in str(e.value) and "ScatterElements as ONNX (x86-cpu, intel-igpu)" in (e.value.hint or "")
+
+
 def test_calibration_problems_via_cli(
     toolchain: toolchains.ToolchainStatus, models: dict[str, Path], tmp_path: Path
 ) -> None:

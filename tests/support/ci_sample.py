@@ -35,6 +35,10 @@ OUTSIDE_CI: dict[str, tuple[float, str]] = {
         9.8,
         "test_arm_xnnpack_every_precision[fp32-f32]; the fp16 proxy tests",
     ),
+    "tests/backends/test_litert_convert.py::test_an_op_onnx2tf_exits_on_is_named_with_its_reason": (
+        10.9,
+        "tests/toolchains/test_onnx2tf_failure.py (the reader on that run's log), test_ops_tflite_cannot_express_are_named",
+    ),
     "tests/backends/test_litert_convert.py::test_coral_without_the_compiler": (
         14.1,
         "test_sources::test_full_integer_tflite_for_coral, test_edgetpu_finish",
