@@ -711,10 +711,18 @@ def fits(task: str, shape: Sequence[int], lo: np.ndarray | None, hi: np.ndarray 
     return False
 
 
-def column_range(ref: Sequence[np.ndarray], transposed_ok: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Per-column (last axis; the middle axis of a [1, K, N] head) min and max over samples."""
+def column_range(
+    ref: Sequence[np.ndarray], transposed_ok: bool = True
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """Per-column (last axis; the middle axis of a [1, K, N] head) min and max over samples; (None, None) when the
+    samples disagree on the columns' count (an output as long as the input asks: no column is the same quantity
+    in every sample)."""
     a = np.atleast_1d(np.asarray(ref[0]))  # a scalar output is one column
     axis_last = not (a.ndim == 3 and a.shape[1] < a.shape[2] and transposed_ok and a.shape[2] % 21 == 0)
+    column_axis = -1 if axis_last else 1
+    shapes = [np.atleast_1d(np.asarray(r)).shape for r in ref]
+    if any(len(t) != a.ndim or t[column_axis] != a.shape[column_axis] for t in shapes):
+        return None, None
     lo = hi = None
     for r in ref:
         x = np.atleast_1d(np.asarray(r, dtype=np.float64))
@@ -722,7 +730,7 @@ def column_range(ref: Sequence[np.ndarray], transposed_ok: bool = True) -> tuple
         rl, rh = x.min(axis=0), x.max(axis=0)
         lo = rl if lo is None else np.minimum(lo, rl)
         hi = rh if hi is None else np.maximum(hi, rh)
-    return lo, hi  # type: ignore[return-value]
+    return lo, hi
 
 
 def blank_share(ref: Sequence[np.ndarray]) -> float:
