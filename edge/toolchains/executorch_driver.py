@@ -17,12 +17,16 @@ counted, not the first) -> ``executorch.runtime`` loads the ``.pte`` and runs th
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+# the drivers' shared output plumbing, beside this file (python -I leaves the script's directory off the path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from driver_output import redirect_output  # noqa: E402
 
 _EVENTS: Any = None
 _START = time.time()
@@ -35,18 +39,6 @@ def emit(event: str, **data: Any) -> None:
 
 def stage(name: str) -> None:
     emit("stage", stage=name)
-
-
-def _redirect_output(work: Path) -> Any:
-    """Events keep the original stdout; everything else printed (stdout, stderr) goes to ``convert.log``."""
-    global _EVENTS
-    _EVENTS = os.fdopen(os.dup(1), "w", buffering=1)
-    log = open(work / "convert.log", "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    return log
 
 
 class JobRefused(Exception):
@@ -181,7 +173,8 @@ def convert(job: dict[str, Any], work: Path) -> dict[str, Any]:
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    log = _redirect_output(work)  # noqa: F841 - kept open for the run
+    global _EVENTS
+    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     try:
         emit("result", **convert(job, work))
         return 0
