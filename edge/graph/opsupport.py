@@ -8,7 +8,8 @@ ONNX->PyTorch bridge, ``edge/backends/coreml/convert.py``; ``onnx->openvino-ir``
 ``edge/backends/openvino/convert.py``). This module holds no per-converter table: it walks a model against the
 declaration it is given.
 
-Every offending node is listed at once, in one line, with the way forward.
+Every offending node is counted at once, in one line, with the way forward: up to three named, past that their
+op types with node counts.
 """
 
 from __future__ import annotations
@@ -139,9 +140,41 @@ def targets_using(converter: str, extra_dirs: Iterable[str | os.PathLike[str]] =
     return sorted(n for n, p in profiles.items() if p.chain and p.chain[0].converter == converter)
 
 
+#: up to this many offending nodes a refusal names each; past it, it names op types with their node counts (a line
+#: a user reads: Core ML's refusal of a speech model once listed 115 nodes in 12 KB, issue #34 class 5)
+NODES_NAMED = 3
+#: op types a refusal names, most nodes first; the rest are counted
+OPS_NAMED = 4
+
+
+def _few(ops: list[str]) -> str:
+    return ", ".join(ops[:OPS_NAMED]) + (f" and {len(ops) - OPS_NAMED} more" if len(ops) > OPS_NAMED else "")
+
+
+def _by_op(found: Sequence[Offence]) -> str:
+    """'Div (18 nodes, first 'Div.0'), Loop (1 node, 'Loop.0') and 7 more op types (34 nodes)'."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}  # the first node of each op type, with its own evidence
+    for o in found:
+        counts[o.op] = counts.get(o.op, 0) + 1
+        first.setdefault(o.op, repr(o.node) + (f": {o.detail}" if o.detail else ""))
+    ranked = sorted(counts, key=lambda op: (-counts[op], op))
+    named = [
+        f"{op} ({counts[op]} nodes, first {first[op]})" if counts[op] > 1 else f"{op} (1 node, {first[op]})"
+        for op in ranked[:OPS_NAMED]
+    ]
+    rest = ranked[OPS_NAMED:]
+    more = f" and {len(rest)} more op types ({sum(counts[op] for op in rest)} nodes)" if rest else ""
+    return ", ".join(named) + more
+
+
 def message(source: str, who: str, found: Sequence[Offence], support: OpSupport) -> str:
-    """One line: every offending node and op, each reason once, the way forward."""
-    nodes = ", ".join(f"node {o.node!r} ({o.op}{': ' + o.detail if o.detail else ''})" for o in found)
+    """One line: the offending nodes (up to :data:`NODES_NAMED`; past that the op types, most nodes first, with their
+    counts), each reason once, the way forward."""
+    if len(found) <= NODES_NAMED:
+        nodes = ", ".join(f"node {o.node!r} ({o.op}{': ' + o.detail if o.detail else ''})" for o in found)
+    else:
+        nodes = _by_op(found)
     by_reason: dict[str, list[str]] = {}  # each reason once, after the ops it applies to
     for o in found:
         ops = by_reason.setdefault(o.reason, [])
@@ -149,7 +182,7 @@ def message(source: str, who: str, found: Sequence[Offence], support: OpSupport)
             ops.append(o.op)
     nested = sum(1 for o in found if o.where)
     inside = f" ({nested} inside If/Loop/Scan subgraphs)" if nested else ""
-    reasons = "; ".join(f"{', '.join(sorted(ops))}: {reason}" for reason, ops in by_reason.items())
+    reasons = "; ".join(f"{_few(sorted(ops))}: {reason}" for reason, ops in by_reason.items())
     return (
         f"{source}: {who} cannot express {len(found)} node{'s' if len(found) != 1 else ''}{inside}: {nodes} — {reasons}"
     )

@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing, beside this file
 
 _EVENTS: Any = None
+#: the package's user-defined metadata key holding {bundle name: package name} (edge.backends.coreml.format.IO_NAMES)
+IO_NAMES = "edgekit.io_names"
 _START = time.time()
 
 # MIL ops known to keep a model (or that part of it) off the Neural Engine: community-measured
@@ -142,7 +144,8 @@ def bridge_onnx(job: dict[str, Any], work: Path, timings: dict[str, float]) -> t
         emit("error", kind="unsupported_ops", message=str(bridge.UnsupportedOps(bad)), ops=bad)
         return None
     torch.set_grad_enabled(False)
-    module = bridge.OnnxModule(model).eval()
+    stage("folding shapes and constants (static input shapes)")
+    module = bridge.OnnxModule(model, {t["name"]: t["shape"] for t in job["inputs"]}).eval()
     names = [t["name"] for t in job["inputs"]]
     stage("running the bridged torch module on the parity samples")
     samples = np.load(job["samples"])
@@ -354,6 +357,15 @@ def _convert_mlprogram(job: dict[str, Any], traced: Any, work: Path, timings: di
         outputs=[ct.TensorType(name=t["name"], dtype=np.float32) for t in job["outputs"]],
     )
     mlmodel.short_description = job.get("description", "")
+    # coremltools makes every I/O name an identifier ('Identity:0' -> 'Identity_0', 'a/b.c' -> 'a_b_c'): the package
+    # carries the bundle's names for the runner, which feeds and returns them (edge.backends.coreml.format.IO_NAMES)
+    spec = mlmodel.get_spec()
+    got = [f.name for f in spec.description.input] + [f.name for f in spec.description.output]
+    want = [t["name"] for t in job["inputs"]] + [t["name"] for t in job["outputs"]]
+    renamed = {w: g for w, g in zip(want, got) if w != g}
+    if renamed:
+        mlmodel.user_defined_metadata[IO_NAMES] = json.dumps(renamed)
+    job["renamed_io"] = renamed
     out = work / "model.mlpackage"
     mlmodel.save(str(out))
     timings["convert_s"] = round(time.time() - t0, 2)
@@ -361,12 +373,14 @@ def _convert_mlprogram(job: dict[str, Any], traced: Any, work: Path, timings: di
 
 
 def _io_problems(job: dict[str, Any], ins: list[dict[str, Any]], outs_spec: list[dict[str, Any]]) -> list[str]:
-    """Where the saved package's inputs/outputs differ from the job's (name, shape, float32, count)."""
+    """Where the saved package's inputs/outputs differ from the job's (name, as the package renamed it; shape,
+    float32, count)."""
     problems = []
+    renamed = job.get("renamed_io", {})
     for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
         for w, g in zip(want, got):
             if (
-                w["name"] != g.get("name")
+                renamed.get(w["name"], w["name"]) != g.get("name")
                 or [int(d) for d in w["shape"]] != g.get("shape")
                 or g.get("dtype") != "float32"
             ):
@@ -404,6 +418,7 @@ def main() -> int:
             "result",
             artifact=str(out),
             io={"inputs": ins, "outputs": outs_spec},
+            renamed_io=job.get("renamed_io", {}),
             io_problems=problems,
             spec_version=int(spec.specificationVersion),
             ops=ops,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -224,14 +225,131 @@ def test_traced_bridge_of_the_tiny_model_matches_onnxruntime(
     _assert_traced_bridge_matches_onnxruntime(toolchain, models["tiny"], tmp_path)
 
 
+def _refused_before(path: Path) -> Path:
+    """A speech-model-like graph of the ops the bridge refused before issue #34 class 5 (Div, Sub, Pow, Sqrt, Erf, Pad,
+    Slice, Transpose, Shape, Gather, Concat of a computed shape, Unsqueeze, Squeeze, ReduceMean, ReduceMax, Split,
+    LeakyRelu, HardSwish, Resize, ConvTranspose, a bidirectional GRU given its state), with TensorFlow- and
+    Paddle-style I/O names that coremltools renames (``Identity:0``, ``save/x.tmp_0``)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+
+    def c(name: str, a: Any) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(a), name)
+
+    h, f = 3, 4  # GRU hidden size; features a step
+    inits = [
+        c("mean", np.float32(0.1)),
+        c("two", np.float32(2.0)),
+        c("eps", np.float32(1e-3)),
+        c("pads", np.array([0, 0, 1, 2, 0, 0, 1, 0], np.int64)),
+        c("starts", np.array([1, 1], np.int64)),
+        c("ends", np.array([9, -1], np.int64)),
+        c("axes", np.array([2, 3], np.int64)),
+        c("grid", np.array([4, 8], np.int64)),
+        c("minus1", np.array([-1], np.int64)),
+        c("ax0", np.array([0], np.int64)),
+        c("sizes", np.array([1, 3], np.int64)),
+        c("scales", np.array([1, 1, 2, 2], np.float32)),
+        c("wt", (rng.standard_normal((4, 2, 2, 2)) * 0.3).astype(np.float32)),
+        c("W", (rng.standard_normal((2, 3 * h, f)) * 0.5).astype(np.float32)),
+        c("R", (rng.standard_normal((2, 3 * h, h)) * 0.5).astype(np.float32)),
+        c("B", (rng.standard_normal((2, 6 * h)) * 0.1).astype(np.float32)),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("Sub", ["Input:0", "mean"], ["a"]),
+        n("Div", ["a", "two"], ["b"]),
+        n("Pow", ["b", "two"], ["p2"]),
+        n("Add", ["p2", "eps"], ["p3"]),
+        n("Sqrt", ["p3"], ["r"]),
+        n("Erf", ["r"], ["e"]),
+        n("Pad", ["e", "pads"], ["pad"], mode="constant"),  # [1, 4, 10, 10]
+        n("Slice", ["pad", "starts", "ends", "axes"], ["sl"]),  # [1, 4, 8, 8]
+        n("LeakyRelu", ["sl"], ["lr"], alpha=0.1),
+        n("HardSwish", ["lr"], ["hs"]),
+        n(
+            "Resize",
+            ["hs", "", "scales"],
+            ["up"],
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        ),  # [1, 4, 16, 16]
+        n("ConvTranspose", ["up", "wt"], ["ct"], strides=[2, 2]),  # [1, 2, 32, 32]
+        n("ReduceMax", ["ct"], ["rmax"], axes=[1], keepdims=0),  # [1, 32, 32]
+        n("Transpose", ["rmax"], ["t"], perm=[1, 0, 2]),  # [32, 1, 32]: steps, batch, features
+        n("Shape", ["t"], ["shape"]),
+        n("Gather", ["shape", "ax0"], ["steps"]),
+        n("Concat", ["steps", "minus1", "grid"], ["seq_shape"], axis=0),  # [32, -1, 4, 8]: computed, folded
+        n("Reshape", ["t", "seq_shape"], ["t4"]),
+        n("ReduceMean", ["t4"], ["m4"], axes=[3], keepdims=0),  # [32, 1, 4]
+        n("Split", ["m4", "sizes"], ["s1", "s2"], axis=2),
+        n("Concat", ["s2", "s1"], ["gx"], axis=2),  # [32, 1, 4]
+        n("Squeeze", ["state", "ax0"], ["h0"]),  # [2, 1, 3]
+        n(
+            "GRU",
+            ["gx", "W", "R", "B", "", "h0"],
+            ["Y", "yh"],
+            hidden_size=h,
+            direction="bidirectional",
+            linear_before_reset=1,
+        ),
+        n("Transpose", ["Y"], ["Identity:0"], perm=[2, 1, 0, 3]),  # [1, 2, 32, 3]
+        n("Unsqueeze", ["yh", "ax0"], ["save/y.tmp_0"]),  # [1, 2, 1, 3]
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "refused_before",
+        [
+            helper.make_tensor_value_info("Input:0", TensorProto.FLOAT, [1, 4, 8, 8]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [1, 2, 1, h]),
+        ],
+        [
+            helper.make_tensor_value_info("Identity:0", TensorProto.FLOAT, [1, 2, 32, h]),
+            helper.make_tensor_value_info("save/y.tmp_0", TensorProto.FLOAT, [1, 2, 1, h]),
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_ops_refused_before_convert_with_parity(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
+    """Issue #34 class 5: apple-ane refused every non-vision corpus model because the bridge lacked Div, Sub, Slice,
+    Transpose, Pad, Shape, Gather, GRU, ... . They convert now: the bridge matches onnxruntime (fp32), the fp16
+    host proxy passes the parity gate, the package holds Core ML's own GRU, and the renamed I/O maps back."""
+    model = _refused_before(tmp_path / "refused_before.onnx")
+    b = convert(model, "apple-ane", tmp_path / "b", ConvertRequest(preprocess="none"))
+    m = b.manifest
+    d = m["chain"][0]["details"]
+    bp = d["bridge_parity"]
+    assert bp["passed"] and all(o["max_abs"] < 1e-4 for o in bp["outputs"]), bp
+    assert m["parity"]["passed"] is True and m["parity"]["candidate"]["precision_used"] == "f16", m["parity"]
+    assert {"conv_transpose", "erf", "pad", "transpose", "reduce_max"} <= set(d["ops"]), d["ops"]
+    assert {"gru", "while_loop"} & set(d["ops"]), d["ops"]  # coremltools' GRU (a loop of its steps in this target)
+    assert "shape" not in d["ops"]  # the shape arithmetic was folded into constants, not computed in the package
+    assert d["renamed_io"] == {  # coremltools' identifiers ('state' is a reserved word to it)
+        "Input:0": "Input_0",
+        "state": "state_workaround",
+        "Identity:0": "Identity_0",
+        "save/y.tmp_0": "save_y_tmp_0",
+    }
+    assert [t["name"] for t in m["io"]["inputs"]] == ["Input:0", "state"]  # the bundle keeps the model's names
+
+
 def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
     g = helper.make_graph(
         [
-            helper.make_node("Tanh", ["x"], ["t"], name="t1"),
-            helper.make_node("Erf", ["t"], ["e"]),
+            helper.make_node("Hardmax", ["x"], ["t"], name="t1"),
+            helper.make_node("Celu", ["t"], ["e"]),
             helper.make_node("Relu", ["e"], ["y"]),
         ],
         "g",
@@ -243,7 +361,7 @@ def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStat
     onnx.save(m, str(tmp_path / "u.onnx"))
     with pytest.raises(ConversionError) as e:
         convert(tmp_path / "u.onnx", "apple-ane", tmp_path / "out", ConvertRequest(preprocess="none"))
-    assert "Erf, Tanh" in str(e.value) and "t1" in str(e.value)
+    assert "Celu, Hardmax" in str(e.value) and "t1" in str(e.value)
     assert not (tmp_path / "out").exists()
 
 

@@ -41,6 +41,7 @@ about 14 more minutes at load 7-8.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ import pytest
 from edge import toolchains
 from edge.errors import EdgeError
 from edge.pipeline import convert
+from edge.targets import get_target
 from edge.verify.parity import degenerate_reason
 from edge.verify.refpairs import open_checked
 from tests.support.corpus import CORPUS, corpus_model
@@ -343,7 +345,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 out = Outcome(bundle=convert(path, target, root / "-".join(key), request))
             except Exception as e:  # noqa: BLE001 - every outcome is recorded; the test judges it
                 out = Outcome(error=e)
-            if out.bundle is not None and out.bundle.kind != "llm":  # (GGUF: seconds of llama.cpp; test_llm*)
+            if out.bundle is not None and out.bundle.kind != "llm" and _runs_here(target):  # (GGUF: test_llm*)
                 # a coral-edgetpu bundle not compiled here (no edgetpu_compiler) is checked on its CPU int8 path
                 opts = {"allow_cpu_fallback": True} if target == "coral-edgetpu" else None
                 with open_checked(out.bundle, opts, mode=True) as runner:
@@ -353,6 +355,12 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
         return done[key]
 
     return get
+
+
+def _runs_here(target: str) -> bool:
+    """Whether this host's OS can open the target's runner for the bundle's reference check (Core ML: macOS only;
+    there the parity gate ran the converter's host proxy and the device checks the pairs on first load)."""
+    return sys.platform in get_target(target).run_place.os
 
 
 def _needs_toolchain(name: str, target: str, precision: str) -> None:
@@ -367,7 +375,8 @@ def _needs_toolchain(name: str, target: str, precision: str) -> None:
         st = toolchains.status("tflite")
         if not st.usable:
             pytest.skip(f"needs the tflite toolchain: {st.problem}")
-    if fmt == "torchscript":  # torch.onnx.export in the torch toolchain, on every target
+    if fmt == "torchscript" or (target == "apple-ane" and fmt == "onnx"):  # the torch toolchain: torch.onnx.export,
+        # on every target, or the ONNX->PyTorch bridge and coremltools for Core ML
         st = toolchains.status("torch")
         if not st.usable:
             pytest.skip(f"needs the torch toolchain: {st.problem}")
@@ -380,6 +389,7 @@ def _slow(case: tuple[str, str, str, str]) -> bool:
     fmt = CORPUS[name].source_format
     return (
         (target in _TOOLCHAIN_TARGETS and fmt == "onnx")
+        or target == "apple-ane"
         or (target == "x86-cpu" and fmt == "tflite")
         or precision.startswith("int8")
         or fmt == "gguf"

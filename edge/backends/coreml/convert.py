@@ -81,6 +81,12 @@ class _DriverRun:
                 "pre-processing is not folded in: inputs stay float32 tensors (the same feeds as every "
                 "other runtime), normalised by the caller as the manifest's preprocess spec says"
             )
+        if self.final.get("renamed_io"):
+            notes.append(
+                "coremltools made these I/O names identifiers in the package: "
+                + ", ".join(f"{k!r} -> {v!r}" for k, v in self.final["renamed_io"].items())
+                + "; the package's metadata maps them back and the coreml runner feeds and returns the bundle's names"
+            )
         why = (self.final.get("proxy") or {}).get("fallback")
         if self.proxy is None and why:
             notes.append(f"no host proxy for the {self.job['precision']} package: {why}")
@@ -102,6 +108,7 @@ class _DriverRun:
                 "io_matches_manifest": True,
             },
             "ops": final["ops"],
+            "renamed_io": final.get("renamed_io", {}),
             "ane_flagged": final["ane_flagged"],
             **extra,
             "host_proxy": (
@@ -259,6 +266,7 @@ class OnnxToCoreML(_CoreMLConverter):
 
         self.read_options(request.options)  # a bad option is refused before the op check
         check_ops(request.source, self.op_support())  # every op the bridge lacks, before the toolchain starts
+        _refuse_non_float_inputs(request)
         run = self._drive(
             request,
             {
@@ -294,6 +302,19 @@ class OnnxToCoreML(_CoreMLConverter):
             f"ONNX -> edgekit bridge -> torch.jit.trace -> ML Program ({request.precision})", bridge_parity=bridge
         )
         return run.result(details, run.notes(request.preprocess))
+
+
+def _refuse_non_float_inputs(request: ConversionRequest) -> None:
+    """The driver declares every package input float32 and the Core ML runner feeds float32 only: an integer input
+    (token ids, bytes) would reach the package as floats. Refused in one line before the toolchain starts."""
+    ints = [f"{t.name!r} ({t.dtype})" for t in request.io.inputs if t.dtype not in ("float32", "float16")]
+    if ints:
+        raise ConversionError(
+            f"edgekit's Core ML path takes float32 inputs only (the package's inputs are "
+            f"declared float32 and its runner feeds float32); this model's input{'s' if len(ints) > 1 else ''} "
+            f"{', '.join(ints)} {'are' if len(ints) > 1 else 'is'} not",
+            hint=f"choose x86-cpu, whose onnxruntime takes {'them' if len(ints) > 1 else 'it'} as it is",
+        )
 
 
 def _raise_driver_error(converter: str, final: dict[str, Any], work: Path, source: Path) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions
+from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions, renamed_io
 from edge.backends.runner import Runner, RunnerInfo
 from edge.capabilities import Requirement
 from edge.errors import EdgeError
@@ -50,8 +50,11 @@ class CoreMLRunner(Runner):
         except Exception as e:
             raise EdgeError(f"Core ML could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
         desc = self._model.get_spec().description
-        self.inputs = tuple(_spec(f) for f in desc.input)
-        self.outputs = tuple(_spec(f) for f in desc.output)
+        # the bundle's names where coremltools renamed them (Identity:0 -> Identity_0): fed and returned as such
+        self._package_name = renamed_io(self._model.user_defined_metadata)
+        bundle_name = {v: k for k, v in self._package_name.items()}
+        self.inputs = tuple(_spec(f, bundle_name.get(f.name, f.name)) for f in desc.input)
+        self.outputs = tuple(_spec(f, bundle_name.get(f.name, f.name)) for f in desc.output)
         self.info = RunnerInfo(
             runtime=f"coremltools {ct.__version__} (Core ML)",
             device_requested=units,
@@ -62,16 +65,19 @@ class CoreMLRunner(Runner):
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.validate(feeds)
-        out = self._model.predict(dict(feeds))
+        out = self._model.predict({self._package_name.get(k, k): v for k, v in feeds.items()})
         import numpy as np
 
-        return {t.name: np.asarray(out[t.name], dtype=np.float32).reshape(t.shape) for t in self.outputs}
+        return {
+            t.name: np.asarray(out[self._package_name.get(t.name, t.name)], dtype=np.float32).reshape(t.shape)
+            for t in self.outputs
+        }
 
     def close(self) -> None:
         self._model = None
         super().close()
 
 
-def _spec(f: Any) -> TensorSpec:
+def _spec(f: Any, name: str) -> TensorSpec:
     shape = tuple(int(d) for d in f.type.multiArrayType.shape)
-    return TensorSpec(f.name, shape, "float32", image_layout(shape))
+    return TensorSpec(name, shape, "float32", image_layout(shape))
