@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from edge.capabilities import Host, current_host
 from edge.pipeline import conversion_problems, runnable_here
 from edge.targets import TargetProfile, load_targets
-from edge.toolchains import aarch64
+from edge.toolchains import aarch64, aarch64_executorch
 
 
 @dataclass(frozen=True)
@@ -50,4 +50,5 @@ def emulation() -> dict[str, dict[str, Any]]:
     """Per device ISA this host can check under emulation (``edgekit verify --isa``): ready or not, and one line
     saying what it runs with, how to install it, or what this host lacks."""
     st = aarch64.status()
-    return {aarch64.ISA: {"ready": st.usable, "detail": aarch64.describe()}}
+    detail = f"{aarch64.describe()}; executorch-xnnpack bundles: {aarch64_executorch.describe()}"
+    return {aarch64.ISA: {"ready": st.usable, "detail": detail}}

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 from edge.base.typedjson import UnreadableFile, read_json_file
 from edge.errors import EdgeError, MissingDependencyError, did_you_mean
-from edge.toolchains import aarch64
+from edge.toolchains import aarch64, aarch64_executorch
 from edge.toolchains.state import ENV_VAR, STATE_FILE, ToolchainStatus, lock_hash, lock_lines, permission_problem, root  # noqa: F401 - re-exported: callers and tests use these names here
 from edge.toolchains.state import run_logged as _run
 
@@ -233,6 +233,21 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         size_hint=aarch64.SIZE_HINT,
         kind="emulator",
     ),
+    "aarch64-executorch": ToolchainSpec(
+        name="aarch64-executorch",
+        purpose="ExecuTorch's aarch64 runtime (the executorch wheel, no torch) and edgekit's interface to it in the "
+        "emulated aarch64 device, for `edgekit verify --isa aarch64` of executorch-xnnpack bundles",
+        requirements=(aarch64_executorch.WHEEL.split()[0],),
+        lock=aarch64.LOCK_FILE,  # the emulator's own lock: this adds one wheel, sha256-pinned, with no dependencies
+        lock_platform="linux-aarch64-cp311",
+        python_min=(3, 10),
+        python_max=(3, 14),
+        imports=(),
+        programs=(),
+        versions=("executorch",),
+        size_hint=aarch64_executorch.SIZE_HINT,
+        kind="emulator-addon",
+    ),
 }
 
 
@@ -288,6 +303,8 @@ def status(name: str) -> ToolchainStatus:
     spec = get_spec(name)
     if spec.kind == "emulator":
         return aarch64.status()
+    if spec.kind == "emulator-addon":
+        return aarch64_executorch.status()
     d = toolchain_dir(name)
     st = ToolchainStatus(name=spec.name, path=d, installed=False)
     state_file = d / STATE_FILE
@@ -453,6 +470,8 @@ def install(
     spec = get_spec(name)
     if spec.kind == "emulator":
         return aarch64.install(force=force, on_step=on_step, on_output=on_output)
+    if spec.kind == "emulator-addon":
+        return aarch64_executorch.install(status("executorch"), force=force, on_step=on_step, on_output=on_output)
     say = on_step or (lambda _line: None)
     _check_python(spec)
     current = status(name)

@@ -52,8 +52,8 @@ import numpy as np
 
 from edge.backends.runner import RunnerInfo
 from edge.bundle.bundle import Bundle
-from edge.errors import BundleError, EdgeError, ParityError
-from edge.toolchains import aarch64
+from edge.errors import BundleError, EdgeError, MissingDependencyError, ParityError
+from edge.toolchains import aarch64, aarch64_executorch
 from edge.verify.isa_guest import PROGRESS
 from edge.verify.refpairs import check_reference_pairs, load_reference_pairs, runner_json
 
@@ -289,7 +289,8 @@ def _guest_run(
     out = tmp / "outputs.npz"
     extra = (json.dumps(dict(options)),) if options else ()
     args = ("-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out), *extra)
-    r = _watched_run(em, args, (guest_pythonpath(),), watch)
+    addon = (aarch64_executorch.guest_site(),) if bundle.info.runner.name == aarch64_executorch.RUNNER else ()
+    r = _watched_run(em, args, (guest_pythonpath(), *addon), watch)
     lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
         result = json.loads(lines[-1]) if lines else {}
@@ -410,6 +411,8 @@ def verify_isa(
         )
     options, path = cpu_path(bundle)
     em = aarch64.require().with_cpu(cpu)
+    if bundle.info.runner.name == aarch64_executorch.RUNNER and not aarch64_executorch.status().usable:
+        raise MissingDependencyError(f"bundle {bundle.id} runs on ExecuTorch: {aarch64_executorch.status().problem}")
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     with tempfile.TemporaryDirectory(prefix="edgekit-isa-") as tmp:
         watch = GuestWatch(len(pairs.inputs), timeout_s or isa_timeout_s(), on_step or (lambda _msg: None))
@@ -422,9 +425,7 @@ def verify_isa(
         }
     )
     gate = check_reference_pairs(bundle, ReplayRunner(pairs.inputs, arm, info))
-    with bundle.open_runner(options) as runner:
-        host = [runner.infer(feeds) for feeds in pairs.inputs]
-        host_info = runner_json(runner)
+    host, host_info = _host_outputs(bundle, options, pairs.inputs)
     outputs = per_output(bundle, pairs.outputs, arm, host, gate)
     failures = [
         f"{o['name']}: |{isa} - x86| {o['max_abs_vs_host']:.3g} > {o['limit']:.3g}" for o in outputs if not o["passed"]
@@ -457,6 +458,31 @@ def verify_isa(
     return evidence
 
 
+def _host_outputs(
+    bundle: Bundle, options: Mapping[str, Any] | None, inputs: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """The bundle's reference inputs through its runner on this x86 host: here, or (an executorch bundle, whose
+    runtime lives in the executorch toolchain) the same guest module run natively with that toolchain's Python."""
+    if bundle.info.runner.name != aarch64_executorch.RUNNER:
+        with bundle.open_runner(options) as runner:
+            return [runner.infer(feeds) for feeds in inputs], runner_json(runner)
+    from edge import toolchains
+
+    py = aarch64_executorch.host_python(toolchains.require("executorch", "the x86 side of the executorch check"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(guest_pythonpath())
+    with tempfile.TemporaryDirectory(prefix="edgekit-isa-host-") as tmp:
+        out = Path(tmp) / "outputs.npz"
+        cmd = [str(py), "-m", "edge.verify.isa_guest", str(bundle.path.resolve()), str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=isa_timeout_s())
+        lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
+        result = json.loads(lines[-1]) if lines else {}
+        if r.returncode != 0 or "error" in result or not out.is_file():
+            why = result.get("error") or (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise EdgeError(f"bundle {bundle.id} did not run on this host's ExecuTorch runtime: {why}")
+        return _read_outputs(out, bundle, len(inputs)), result["runner"]
+
+
 def describe(evidence: Mapping[str, Any]) -> str:
     """One line: "checked on aarch64 (emulated cortex-a76): pass, max |ARM - x86| 3.1e-07 of range (logits)"."""
     outs = evidence.get("outputs") or []
@@ -485,7 +511,11 @@ def isa_for(bundle: Bundle, profile: Any) -> tuple[str | None, str]:
     if bundle.kind != "vision":
         return None, "a language model: llama.cpp has no aarch64 wheel to emulate (docs/aarch64.md)"
     runner = bundle.info.runner
-    if runner.name not in EMULATED_RUNNERS:
+    if runner.name == aarch64_executorch.RUNNER:
+        st = aarch64_executorch.status()
+        if not st.usable:
+            return None, st.problem or f"toolchain {aarch64_executorch.NAME!r} is not usable"
+    elif runner.name not in EMULATED_RUNNERS:
         return None, f"the {runner.name} runtime has no aarch64 wheel in the emulator"
     try:
         cpu_path(bundle)

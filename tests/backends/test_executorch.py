@@ -22,11 +22,13 @@ from edge import toolchains
 from edge.backends.executorch import native
 from edge.backends.executorch.format import ARTIFACT_NAME, HOST_RUNTIME_LABEL
 from edge.backends.executorch.run import ExecuTorchRunner
+from edge.bundle.bundle import Bundle
 from edge.doctor import doctor
 from edge.errors import MissingDependencyError
 from edge.pipeline import convert
 from edge.pipeline.request import ConvertRequest
 from edge.targets import get_target
+from edge.verify.isa import check_after_convert
 from tests.support.cli import assert_user_error, run_cli
 
 
@@ -175,3 +177,35 @@ def test_the_runner_runs_the_bundle_through_the_native_interface_without_torch(t
     assert out.returncode == 0, out.stderr
     runtime, passed, torch_loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert runtime.startswith("executorch 1.5.1 (C++ runtime") and passed is True and torch_loaded is False
+
+
+def test_the_emulators_executorch_runtime_is_a_toolchain_of_its_own_named_when_missing(tmp_path: Path) -> None:
+    env = {toolchains.ENV_VAR: str(tmp_path / "no-toolchains")}
+    spec = toolchains.get_spec("aarch64-executorch")
+    assert spec.kind == "emulator-addon" and spec.requirements == ("executorch==1.5.1",)
+    p = run_cli("toolchain", "show", "aarch64-executorch", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    shown = json.loads(p.stdout)
+    assert shown["usable"] is False and "edgekit toolchain install aarch64-executorch" in shown["problem"]
+    p = run_cli("toolchain", "install", "aarch64-executorch", env=env)
+    last = p.stderr.strip().splitlines()[-1]  # after the line saying what it installs
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "cannot be installed on this host" in last and "toolchain 'aarch64' is not installed" in last, last
+    assert "toolchain 'executorch' is not installed" in last, last
+
+
+@pytest.mark.corpus_full
+def test_an_executorch_bundle_passes_the_emulated_aarch64_check(tiny_pt2: Path, tmp_path: Path) -> None:
+    if not toolchains.status("aarch64-executorch").usable:
+        pytest.skip("the aarch64-executorch toolchain is not installed: edgekit toolchain install aarch64-executorch")
+    request = ConvertRequest(input_shapes={"image": (1, 3, 32, 32)})
+    b = convert(tiny_pt2, "executorch-xnnpack", tmp_path / "b", request).path
+    line, evidence = check_after_convert(Bundle.open(b), get_target("executorch-xnnpack"))  # what convert runs
+    assert line.startswith("checked on aarch64 (emulated cortex-a76): pass"), line
+    (done,) = json.loads((b / "manifest.json").read_text())["verified_on"]
+    assert done == evidence
+    assert done["emulated"] is True and done["passed"] is True and done["cpu"] == "cortex-a76", done
+    assert done["runtime"].startswith("executorch 1.5.1 (C++ runtime") and done["host_runtime"] == done["runtime"]
+    assert all(o["max_abs_vs_host"] <= o["limit"] for o in done["outputs"]), done["outputs"]
+    p = run_cli("verify", str(b), "--isa", "aarch64", "--cpu", "cortex-a72")
+    assert p.returncode == 0 and "checked on aarch64 (emulated cortex-a72): pass" in p.stdout, (p.stdout, p.stderr)

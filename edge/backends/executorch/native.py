@@ -142,17 +142,29 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] != ["build"] or len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--cxx"):
-        print("usage: python -m edge.backends.executorch.native build [--cxx COMPILER]", file=sys.stderr)
-        return 2
-    et_dir = executorch_dir()
+    """``build`` the interface for the executorch installed here (or in ``--site DIR``: a guest's, with a cross
+    ``--cxx`` for its ``--machine``); ``check`` says whether it is built for it (exit 0) or what is wrong (exit 1)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m edge.backends.executorch.native")
+    ap.add_argument("command", choices=("build", "check"))
+    ap.add_argument("--cxx", default=os.environ.get("CXX", "c++"), help="the C++ compiler (default $CXX or c++)")
+    ap.add_argument(
+        "--site", type=Path, help="a site directory holding the executorch package (default: this Python's)"
+    )
+    ap.add_argument("--machine", help="the machine it runs on (default: this one)")
+    args = ap.parse_args(argv)
+    et_dir = args.site / "executorch" if args.site is not None else executorch_dir()
+    if args.command == "check":
+        problem = library_problem(et_dir, args.machine)
+        print(problem or "ok")
+        return 1 if problem else 0
     try:
         if et_dir is None:
             raise MissingDependencyError(
                 "the executorch package is not installed here", hint="pip install --no-deps 'executorch==1.5.1'"
             )
-        lib = build(et_dir, cxx=args[2] if len(args) == 3 else os.environ.get("CXX", "c++"))
+        lib = build(et_dir, cxx=args.cxx, machine=args.machine)
     except EdgeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ class ExecuTorchRunner(Runner):
         et_dir = native.executorch_dir()
         if et_dir is None:  # runtime_problem() said it is here: it went away since
             raise MissingDependencyError("the executorch package is not installed", hint=_INSTALL)
-        self._lib = _load(native.native_dir(et_dir) / native.LIB_NAME)
+        self._lib = load_interface(native.native_dir(et_dir) / native.LIB_NAME)
         if not self._lib.ek_et_has_backend(BACKEND.encode()):
             raise MissingDependencyError(
                 f"the executorch runtime at {et_dir} has no {BACKEND}",
@@ -117,7 +117,7 @@ class ExecuTorchRunner(Runner):
         super().close()
 
 
-def _load(path: Path) -> Any:
+def load_interface(path: Path) -> Any:
     """The interface library with its C signatures declared."""
     import ctypes
 
