@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from edge.base.typedjson import UnreadableFile, read_bounded
-from edge.errors import MissingDependencyError, SignatureError
+from edge.errors import SignatureError
 
 KEYS_DIR_ENV = "EDGEKIT_KEYS_DIR"
 SIGN_KEY_ENV = "EDGEKIT_SIGN_KEY"
@@ -63,14 +63,9 @@ def canonical_bytes(manifest: Mapping[str, Any]) -> bytes:
 
 def crypto() -> Any:
     """The ``cryptography`` primitives signing and verifying need, or a one-line install hint."""
-    try:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError:
-        raise MissingDependencyError(
-            "signing and checking bundle signatures needs the cryptography package",
-            hint="pip install 'edgekit-ml[sign]'",
-        ) from None
-    return ed25519
+    from edge.base.crypto import ed25519
+
+    return ed25519("signing and checking bundle signatures", "sign")
 
 
 def raw_public(public_key: Any) -> bytes:

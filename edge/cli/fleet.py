@@ -367,16 +367,20 @@ def status_cmd(
     )
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more devices not shown (--limit 0 shows every one)", highlight=False)
-    flagged = [r for r in rows if r.get("flag")]
-    for r in flagged[:5]:
-        console.print(
-            f"[red]flagged[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['flag']['summary'], 200)} "
-            "(forged or broken sequence numbers; the row shows the device's own stream)",
-            highlight=False,
-        )
-    if len(flagged) > 5:
-        console.print(f"{len(flagged) - 5} more flagged devices (--json lists them)", highlight=False)
-    _key_lines(rows)
+    _problem_lines(
+        [r for r in rows if r.get("flag")],
+        "flag",
+        "flagged",
+        "forged or broken sequence numbers; the row shows the device's own stream",
+        "flagged devices",
+    )
+    _problem_lines(
+        [r for r in rows if (r.get("key") or {}).get("refused")],
+        "key",
+        "key refused",
+        "a forger without the device's key, or a reinstalled device: `edgekit fleet trust-key`",
+        "devices with refused births/deaths",
+    )
     s = summarize(rows)
     console.print(
         ", ".join(f"{s[k]} {k}" for k in ("online", "stale", "offline", "unknown") if s[k])
@@ -387,18 +391,15 @@ def status_cmd(
         console.print("rollout " + _cell(rollout_line(f), 300), highlight=False)
 
 
-def _key_lines(rows: list[dict[str, Any]]) -> None:
-    refused = [r for r in rows if (r.get("key") or {}).get("refused")]
-    for r in refused[:5]:
+def _problem_lines(rows: list[dict[str, Any]], field: str, label: str, why: str, more: str) -> None:
+    """One red line per device (five at most) with ``row[field]["summary"]``, then how many more there are."""
+    for r in rows[:5]:
         console.print(
-            f"[red]key refused[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r['key']['summary'], 200)} "
-            "(a forger without the device's key, or a reinstalled device: `edgekit fleet trust-key`)",
+            f"[red]{label}[/] {_cell(r['fleet'] + '/' + r['device'], 200)}: {_cell(r[field]['summary'], 200)} ({why})",
             highlight=False,
         )
-    if len(refused) > 5:
-        console.print(
-            f"{len(refused) - 5} more devices with refused births/deaths (--json lists them)", highlight=False
-        )
+    if len(rows) > 5:
+        console.print(f"{len(rows) - 5} more {more} (--json lists them)", highlight=False)
 
 
 def _n(v: float | None, nd: int) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from edge.base.crypto import ed25519 as load_ed25519
 from edge.base.typedjson import UnreadableFile, read_bounded
 from edge.errors import EdgeError, MissingDependencyError
 from edge.mqtt.payloads import encode
@@ -56,14 +57,7 @@ class BadSignedMessage(ValueError):
 
 
 def _crypto() -> Any:
-    try:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError:
-        raise MissingDependencyError(
-            "the device identity key (signed births and deaths) needs the cryptography package",
-            hint="pip install 'edgekit-ml[mqtt]'",
-        ) from None
-    return ed25519
+    return load_ed25519("the device identity key (signed births and deaths)", "mqtt")
 
 
 def key_text(raw: bytes) -> str:

@@ -9,7 +9,6 @@ bundle, then its telemetry's p99); a forged death on the real session and connec
 from __future__ import annotations
 
 import socket
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,18 +24,11 @@ from edge.mqtt.outbox import MemoryOutbox, Outbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession, SessionOptions
 from tests.support.cli import run_cli, wait_for
+from tests.support.fleet_db import count
 from tests.support.mqtt_broker import Mosquitto
 
 FAST = Backoff(0.05, 0.5)
 LAT = {"p50_ms": 4.0, "p99_ms": 9.0, "max_ms": 11.0}
-
-
-def _count(db: Path, sql: str) -> int:
-    try:
-        with sqlite3.connect(db, timeout=10) as c:
-            return int(c.execute(sql).fetchone()[0]) if db.exists() else 0
-    except sqlite3.OperationalError:
-        return 0
 
 
 class Fleet:
@@ -101,7 +93,7 @@ def test_a_forged_birth_with_a_newer_session_leaves_a_pinned_row_as_it_was(fleet
     key, outbox = DeviceIdentity.generate(), MemoryOutbox()
     dev = fleet.device(key, outbox)
     fleet.loop.run(dev.submit, "telemetry", {"inference": {"latency_ms": LAT}})
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM telemetry") == 1, what="the real telemetry")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM telemetry") == 1, what="the real telemetry")
     ahead = dev.session + 250
     assert ahead <= time.time() + 300  # inside the collector's skew window: only the key stops it
     forged = {"connection": 1, "state": "running", "host": {"hostname": "forged"}, "agent": {"interval_s": 1.0}}
@@ -115,10 +107,10 @@ def test_a_forged_birth_with_a_newer_session_leaves_a_pinned_row_as_it_was(fleet
     msg = message("telemetry", "lab", "cam-01", ahead, 1, tel)
     fleet.loop.run(fleet.forger.publish, "edgekit/lab/cam-01/telemetry", encode(msg), 1)
     # one forger, one subscription: its telemetry arrives after its births
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM telemetry") == 2, what="the forged telemetry stored")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM telemetry") == 2, what="the forged telemetry stored")
     row = fleet.row()
     assert (row["session"], row["hostname"], row["p99_ms"], row["status"]) == (dev.session, "real", 9.0, "online")
-    assert _count(fleet.db, f"SELECT count(*) FROM births WHERE session >= {ahead}") == 0  # refused, not stored
+    assert count(fleet.db, f"SELECT count(*) FROM births WHERE session >= {ahead}") == 0  # refused, not stored
     assert row["key"]["key_id"] == key.key_id  # pinned by the device's first signed birth
     r = fleet.col.snapshot()["rejected"]
     assert (r["unsigned"], r["wrong_key"], r["bad_signature"]) == (1, 1, 1), r
@@ -136,21 +128,21 @@ def test_a_forged_birth_with_a_newer_session_leaves_a_pinned_row_as_it_was(fleet
 def test_a_forged_death_leaves_a_pinned_device_online(fleet: Fleet) -> None:
     key = DeviceIdentity.generate()
     dev = fleet.device(key, MemoryOutbox())
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM births") == 1, what="the signed birth")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM births") == 1, what="the signed birth")
     death = {"connection": dev.connection, "reason": "forged"}  # the real session and connection
     fleet.forge("death", dev.session, death)
     fleet.forge("death", dev.session, {**death, "connection": dev.connection + 1}, signer=DeviceIdentity.generate())
     other = message("telemetry", "lab", "cam-02", dev.session, 1, {"historical": False})  # after them, in order
     fleet.loop.run(fleet.forger.publish, "edgekit/lab/cam-02/telemetry", encode(other), 1)
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM telemetry") == 1, what="the forger's next message")
-    assert fleet.row()["status"] == "online" and _count(fleet.db, "SELECT count(*) FROM deaths") == 0
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM telemetry") == 1, what="the forger's next message")
+    assert fleet.row()["status"] == "online" and count(fleet.db, "SELECT count(*) FROM deaths") == 0
     assert fleet.refused() == 2
     # the real last will (armed, and signed, when the device connected): the connection drops without a DISCONNECT
     first = dev.connection
     fleet.loop.run(lambda: dev.conn.client.socket().shutdown(socket.SHUT_RDWR))
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM deaths") == 1, what="the device's signed will")
-    assert _count(fleet.db, f"SELECT count(*) FROM deaths WHERE connection = {first} AND reason LIKE 'last will%'")
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM births") == 2, what="the birth of its reconnection")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM deaths") == 1, what="the device's signed will")
+    assert count(fleet.db, f"SELECT count(*) FROM deaths WHERE connection = {first} AND reason LIKE 'last will%'")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM births") == 2, what="the birth of its reconnection")
     wait_for(lambda: fleet.row()["status"] == "online", what="online again")
     assert fleet.refused() == 2
 
@@ -158,7 +150,7 @@ def test_a_forged_death_leaves_a_pinned_device_online(fleet: Fleet) -> None:
 def test_a_reinstalled_device_is_refused_until_its_key_is_trusted_or_forgotten(fleet: Fleet, tmp_path: Path) -> None:
     old = DeviceIdentity.generate()
     dev = fleet.device(old, MemoryOutbox())
-    wait_for(lambda: _count(fleet.db, "SELECT count(*) FROM births") == 1, what="the first birth")
+    wait_for(lambda: count(fleet.db, "SELECT count(*) FROM births") == 1, what="the first birth")
     dev.close(timeout=2)
     # reinstalled: a new key made at its first start, in its store's agent directory
     new = DeviceIdentity.load_or_create(tmp_path / "store" / "agent")

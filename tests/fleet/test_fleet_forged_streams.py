@@ -7,7 +7,6 @@ and the real agent's telemetry was discarded as older for as long as the forged 
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
@@ -21,18 +20,11 @@ from edge.mqtt.outbox import MemoryOutbox
 from edge.mqtt.payloads import encode, message
 from edge.mqtt.session import DeviceSession, SessionOptions
 from tests.support.cli import run_cli, wait_for
+from tests.support.fleet_db import count
 from tests.support.mqtt_broker import Mosquitto
 
 FAST = Backoff(0.05, 0.5)
 TOP = 2**53 - 1
-
-
-def _count(db: Path, sql: str) -> int:
-    try:
-        with sqlite3.connect(db, timeout=10) as c:
-            return int(c.execute(sql).fetchone()[0]) if db.exists() else 0
-    except sqlite3.OperationalError:
-        return 0
 
 
 def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: Path) -> None:
@@ -56,7 +48,7 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
             loop.run(forger.start)
             wait_for(lambda: col.connected and dev.connected and forger.connected, what="everyone connected")
             loop.run(dev.submit, "telemetry", {"inference": {"fps": 30.0}, "bundle_id": "real"})
-            wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 1, what="the real telemetry")
+            wait_for(lambda: count(db, "SELECT count(*) FROM telemetry") == 1, what="the real telemetry")
 
             def forge(session: int, fps: float, seq: int = TOP) -> None:
                 body = message(
@@ -74,11 +66,11 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
             forge(dev.session, 2.0)  # the device's own session, seq 2**53-1
             wait_for(lambda: col.snapshot()["rejected"]["seq_jump"] == 2, what="both forgeries refused")
             forge(dev.session + 50, 3.0, seq=5)  # a plausible seq in a session no birth announced: history only
-            wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 2, what="the forged session stored")
+            wait_for(lambda: count(db, "SELECT count(*) FROM telemetry") == 2, what="the forged session stored")
             for fps in (29.0, 31.0):
                 loop.run(dev.submit, "telemetry", {"inference": {"fps": fps}, "bundle_id": "real"})
             wait_for(
-                lambda: _count(db, "SELECT count(*) FROM telemetry") == 4, what="the real stream after the forgeries"
+                lambda: count(db, "SELECT count(*) FROM telemetry") == 4, what="the real stream after the forgeries"
             )
         finally:
             dev.close(timeout=2)
@@ -94,7 +86,7 @@ def test_a_forged_session_or_seq_jump_never_locks_out_the_real_stream(tmp_path: 
         "real",
     ), row
     assert row["flag"] is not None and row["flag"]["max_seq"] == TOP, row["flag"]
-    assert _count(db, f"SELECT count(*) FROM telemetry WHERE seq = {TOP}") == 0  # refused, not stored
+    assert count(db, f"SELECT count(*) FROM telemetry WHERE seq = {TOP}") == 0  # refused, not stored
     assert row["missing"] == 4  # seqs 1-4 of the forged session; no forged gap of 2**53 messages
     p = run_cli("fleet", "status", "--db", url)
     assert p.returncode == 0 and "flagged" in p.stdout and "refused" in p.stdout, p.stdout + p.stderr

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import sqlite3
 import stat
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from edge.mqtt.payloads import encode, message  # noqa: E402
 from edge.mqtt.ratelog import RateLimitedLog  # noqa: E402
 from edge.mqtt.session import DeviceSession, SessionOptions  # noqa: E402
 from tests.support.cli import assert_user_error, run_cli, wait_for  # noqa: E402
+from tests.support.fleet_db import count  # noqa: E402
 from tests.support.mqtt_broker import Mosquitto, make_fleet_pki, mtls_broker  # noqa: E402
 
 FAST = Backoff(0.05, 0.5)
@@ -191,14 +191,6 @@ class Spy:
         )
 
 
-def _count(db: Path, sql: str) -> int:
-    try:
-        with sqlite3.connect(db, timeout=10) as c:
-            return int(c.execute(sql).fetchone()[0]) if db.exists() else 0
-    except sqlite3.OperationalError:
-        return 0
-
-
 def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) -> None:
     pki = make_fleet_pki(tmp_path / "pki", devices=("cam-a", "cam-b"), collectors=("main",))
     a, b, col_creds = pki.clients["cam-a"], pki.clients["cam-b"], pki.clients["collector:main"]
@@ -254,7 +246,7 @@ def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) 
             )
             loop.run(dev_a.submit, "telemetry", {"inference": {"fps": 30.0}})
             loop.run(dev_b.submit, "telemetry", {"inference": {"fps": 30.0}})
-            wait_for(lambda: _count(db, "SELECT count(*) FROM telemetry") == 2, what="A's and B's own telemetry")
+            wait_for(lambda: count(db, "SELECT count(*) FROM telemetry") == 2, what="A's and B's own telemetry")
 
             loop.run(impostor.start)
             wait_for(lambda: impostor.connected, what="the impostor connected (with a valid certificate)")
@@ -263,12 +255,12 @@ def test_device_a_can_neither_publish_as_b_nor_read_bs_commands(tmp_path: Path) 
             wait_for(lambda: impostor.counters["rejected_by_broker"] == 3, what="the broker's 'not authorized' PUBACKs")
             loop.run(dev_a.submit, "telemetry", {"inference": {"fps": 30.0}})  # after the forged ones, same broker
             wait_for(
-                lambda: _count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-a'") == 2,
+                lambda: count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-a'") == 2,
                 what="A's later telemetry",
             )
-            assert _count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-b'") == 1  # B's own, nothing forged
-            assert _count(db, "SELECT count(*) FROM births WHERE payload LIKE '%impostor%'") == 0  # its birth too
-            assert _count(db, "SELECT count(*) FROM telemetry WHERE payload LIKE '%evil%'") == 0
+            assert count(db, "SELECT count(*) FROM telemetry WHERE device = 'cam-b'") == 1  # B's own, nothing forged
+            assert count(db, "SELECT count(*) FROM births WHERE payload LIKE '%impostor%'") == 0  # its birth too
+            assert count(db, "SELECT count(*) FROM telemetry WHERE payload LIKE '%evil%'") == 0
 
             # commands: the collector may write any device's cmd/; A's certificate reads only A's
             loop.run(col.request_rebirth, "lab", "cam-a", "probe")
