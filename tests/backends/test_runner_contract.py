@@ -114,13 +114,54 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path], tmp_path_facto
             )
         precision = "fp32" if "fp32" in target.precisions else target.default_precision
         bundle = convert(
-            models["two_input"],
+            _two_input_source(target, models["two_input"], tmp),
             target,
             tmp / "bundle",
-            ConvertRequest(precision=precision, preprocess="none", calib=None if precision == "fp32" else "random"),
+            ConvertRequest(
+                precision=precision,
+                preprocess="none",
+                calib=None if precision == "fp32" else "random",
+                input_shapes=_TWO_INPUT_SHAPES,  # a PyTorch source names its inputs' shapes; ONNX carries them
+            ),
         )
     assert bundle.manifest["runner"]["name"] == name
     return Case(name, target, bundle)
+
+
+#: the two-input/two-output model as a torch.export program (``image`` [1, 3, 16, 16] and ``scale`` [1, 4] ->
+#: features [1, 4], embedding [1, 8]), for a target whose chain takes PyTorch programs only (executorch-xnnpack)
+_TWO_INPUT_SHAPES = {"image": (1, 3, 16, 16), "scale": (1, 4)}
+_TWO_INPUT_PT2 = """
+import sys, torch
+class TwoInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.embedding = torch.nn.Linear(4, 8)
+    def forward(self, image, scale):
+        features = torch.relu(self.conv(image)).mean((2, 3)) * scale
+        return features, self.embedding(features)
+torch.manual_seed(0)
+example = (torch.randn(1, 3, 16, 16), torch.randn(1, 4))
+torch.export.save(torch.export.export(TwoInput().eval(), example), sys.argv[1])
+"""
+
+
+def _two_input_source(target: TargetProfile, onnx_model: Path, tmp: Path) -> Path:
+    """The two-input model in the format the target's chain reads: the ONNX file, or (a chain that reads PyTorch
+    programs) the same network exported with torch.export in that converter's toolchain."""
+    import subprocess
+
+    from edge import toolchains
+    from edge.backends.converter import CONVERTERS
+
+    first = CONVERTERS.get(target.chain[0].converter) if target.chain else None
+    if first is None or first.source_format == "onnx" or first.toolchain is None:
+        return onnx_model
+    out = tmp / "two_input.pt2"
+    python = toolchains.require(first.toolchain, "the contract's PyTorch model").venv / "bin" / "python"
+    subprocess.run([str(python), "-c", _TWO_INPUT_PT2, str(out)], check=True, timeout=300)
+    return out
 
 
 @pytest.fixture

@@ -11,6 +11,38 @@ from __future__ import annotations
 
 #: node id -> (seconds measured, what covers the layer in the default run)
 OUTSIDE_CI: dict[str, tuple[float, str]] = {
+    # --- the executorch runner's contract needs the executorch toolchain (a torch.export program lowered to a .pte;
+    # 1.5 GB, 60-105 s to install: not in .ci/run) and the runtime in the test's environment: the default run keeps
+    # tests/backends/test_executorch.py's refusals, the runner's check and the interface's stamp. Measured with the
+    # runtime (the toolchain's executorch and the built interface) on PYTHONPATH: 7 passed, 15.6 s (the bundle)
+    "tests/backends/test_runner_contract.py::test_loads_and_reports_device_and_precision[executorch]": (
+        15.6,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_io_spec_matches_the_manifest[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_infers_on_the_declared_io[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_wrong_shape_is_refused_naming_input_and_expected_shape[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_wrong_dtype_is_refused_naming_input_and_dtype[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_missing_or_unknown_input_is_refused[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
+    "tests/backends/test_runner_contract.py::test_close_then_infer_is_refused[executorch]": (
+        0.1,
+        "tests/backends/test_executorch.py (default: the runner's check; corpus_full: the runner on a real bundle)",
+    ),
     # --- emulated aarch64 (qemu-user): one convert check and the over-the-limit failure stay
     "tests/agent/test_agent_aarch64.py::test_the_agent_runs_on_emulated_aarch64": (
         103.6,
