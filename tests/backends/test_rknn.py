@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from edge import toolchains
-from edge.backends.rknn.format import ARTIFACT_NAME, IO_SIDECAR, SIMULATED_DEVICE, SIMULATOR_LABEL
+from edge.backends.iosidecar import IO_SIDECAR
+from edge.backends.rknn.format import ARTIFACT_NAME, SIMULATED_DEVICE, SIMULATOR_LABEL
 from edge.backends.rknn.run import RKNNRunner, npu_problem
 from edge.doctor import doctor
 from edge.errors import HardwareUnavailableError

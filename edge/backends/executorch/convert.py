@@ -28,15 +28,8 @@ import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
-from edge.backends.executorch.format import (
-    ARTIFACT_NAME,
-    BACKEND,
-    FORMAT,
-    HOST_RUNTIME_LABEL,
-    IO_SIDECAR,
-    TOOLCHAIN,
-    write_io,
-)
+from edge.backends.executorch.format import ARTIFACT_NAME, BACKEND, FORMAT, HOST_RUNTIME_LABEL, TOOLCHAIN, write_io
+from edge.backends.iosidecar import IO_SIDECAR
 from edge.base.typedjson import spec
 from edge.errors import ConversionError, ModelError
 from edge.graph.torchfile import torch_kind

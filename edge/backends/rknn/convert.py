@@ -27,15 +27,8 @@ import numpy as np
 
 from edge import toolchains
 from edge.backends.converter import ConversionRequest, ConversionResult, Converter, HostProxy
-from edge.backends.rknn.format import (
-    ARTIFACT_NAME,
-    FORMAT,
-    IO_SIDECAR,
-    SIMULATED_DEVICE,
-    SIMULATOR_LABEL,
-    TOOLCHAIN,
-    write_io,
-)
+from edge.backends.iosidecar import IO_SIDECAR
+from edge.backends.rknn.format import ARTIFACT_NAME, FORMAT, SIMULATED_DEVICE, SIMULATOR_LABEL, TOOLCHAIN, write_io
 from edge.base.typedjson import Rule, spec
 from edge.errors import CalibrationError, ConversionError, ModelError
 

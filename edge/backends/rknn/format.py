@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edge.base.typedjson import UnreadableFile, read_json_file, spec
-from edge.errors import InputFileError
+from edge.backends.iosidecar import read_io_sidecar, write_io_sidecar
+from edge.base.typedjson import spec
 from edge.spec import TensorSpec
 
 FORMAT = "rknn"
 ARTIFACT_NAME = "model.rknn"
-IO_SIDECAR = "model.io.json"
 IO_SCHEMA = "edgekit-rknn-io/1"
 TOOLCHAIN = "rknn"
 #: rknn-toolkit2 2.5.0's target platforms with an NPU that runs a ``.rknn`` built here
@@ -42,35 +41,9 @@ class RKNNOptions:
 
 
 def write_io(path: Path, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], **extra: Any) -> Path:
-    import json
-
-    record = {
-        "schema": IO_SCHEMA,
-        "inputs": [t.to_json() for t in inputs],
-        "outputs": [t.to_json() for t in outputs],
-        **extra,
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_io_sidecar(path, IO_SCHEMA, inputs, outputs, **extra)
 
 
 def read_io(artifact: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], dict[str, Any]]:
     """(inputs, outputs, the whole record) of ``model.io.json`` beside ``artifact``; a one-line error otherwise."""
-    side = artifact.parent / IO_SIDECAR
-    try:
-        data = read_json_file(side, what="RKNN I/O sidecar", max_bytes=1 << 20, max_depth=8)
-    except UnreadableFile as e:
-        raise InputFileError(e.message) from None
-    if not isinstance(data, dict) or data.get("schema") != IO_SCHEMA:
-        raise InputFileError(f"{side} is not an RKNN I/O sidecar ({IO_SCHEMA})")
-    try:
-        specs = [
-            tuple(
-                TensorSpec(str(t["name"]), tuple(int(d) for d in t["shape"]), str(t["dtype"]), t.get("layout"))
-                for t in data[key]
-            )
-            for key in ("inputs", "outputs")
-        ]
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputFileError(f"{side}: a tensor entry is malformed ({type(e).__name__}: {e})") from None
-    return specs[0], specs[1], data
+    return read_io_sidecar(artifact, IO_SCHEMA, "RKNN I/O sidecar")
