@@ -5,7 +5,8 @@ conclusion with its evidence, so a user sees a wrong guess and overrides it (``-
 Per input: its kind, layout, the pre-processing applied (declared, or certain under ``auto``) and what parity and
 calibration feed it when no data is given (``edge.verify.inputs``). Per output: the task parity judges it by and
 why (``edge.verify.tasks.explain_task``, from the source's own outputs on two generated samples), or why it gets
-raw figures only. For an ONNX: whether it is already quantized (``edge.graph.quantized``).
+raw figures only. A metric those two samples cannot discriminate on (a constant output, a tied best class) is checked
+on the inputs parity itself compares on before it is reported. For an ONNX: whether it is already quantized (``edge.graph.quantized``).
 """
 
 from __future__ import annotations
@@ -86,21 +87,40 @@ def _input(
 
 
 def _outputs(src: Any, io: IOSpec, pre: PreprocessSpec | None, req: ConvertRequest) -> list[dict[str, Any]]:
-    from edge.verify.parity import guess_task
-
     with tempfile.TemporaryDirectory(prefix="edgekit-explain-") as tmp:
         static = src.static_file(Path(tmp), io)
         got = src.reference(static, generated_samples(io, pre, EXPLAIN_SAMPLES))
-    if got is None:
-        return [
-            {
-                "name": t.name,
-                "task": None,
-                "evidence": "the source cannot run here: its outputs are read by the converter",
-            }
-            for t in io.outputs
-        ]
-    refs = got[0]
+        if got is None:
+            return [
+                {
+                    "name": t.name,
+                    "task": None,
+                    "evidence": "the source cannot run here: its outputs are read by the converter",
+                }
+                for t in io.outputs
+            ]
+        found = _read_outputs(got[0], req)
+        if any(NO_DISCRIMINATION in o["metric"] for o in found) and req.parity_samples > 0:
+            # two probe samples are not parity's inputs: a ViSQOL lattice's MOS is the same on both and spans 1.0..2.97
+            # over parity's 32. Only what parity's own inputs show is reported as a metric that cannot discriminate
+            wider = src.reference(static, _parity_samples(io, pre, req))
+            if wider is not None:
+                found = _read_outputs(wider[0], req)
+    return found
+
+
+def _parity_samples(io: IOSpec, pre: PreprocessSpec | None, req: ConvertRequest) -> list[dict[str, np.ndarray]]:
+    """The inputs a float conversion's parity compares on (``--parity-data``, else edgekit's natural images and
+    generated inputs), as many as ``--parity-samples``."""
+    from edge.verify.inputs import choose_parity_inputs
+
+    chosen = choose_parity_inputs(io, pre, count=req.parity_samples, parity_data=req.parity_data)
+    return [{t.name: s[t.name] for t in io.inputs if t.name in s} for s in chosen.samples]
+
+
+def _read_outputs(refs: list[dict[str, np.ndarray]], req: ConvertRequest) -> list[dict[str, Any]]:
+    from edge.verify.parity import guess_task
+
     shapes = {n: tuple(np.shape(v)) for n, v in refs[0].items()}
     found = []
     for name in refs[0]:

@@ -36,3 +36,40 @@ def test_the_cli_explains_and_converts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     p = run_cli("convert", str(q), "-t", "x86-cpu", "--explain")
     assert p.returncode == 0 and "already quantized" in p.stdout and "in image" in p.stdout
+
+
+def _clamped(path: Path, floor: float) -> Path:
+    """y = max(x, floor) on a float [1] feature: constant wherever every input stays under ``floor``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Max", ["x", "floor"], ["y"])],
+        "clamped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("floor", TensorProto.FLOAT, [1], [floor])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_output_constant_on_the_probe_but_not_on_paritys_inputs_is_not_called_constant(tmp_path: Path) -> None:
+    """Before: --explain said 'cannot discriminate: the reference output is constant across 2 samples: judged on
+    absolute error instead' for ViSQOL's lattice MOS, whose reference spans 1.0..2.97 over parity's 32 samples (and
+    parity judged it by cosine and SNR). Two probe samples do not decide it; parity's own inputs do."""
+    from edge.spec import IOSpec, TensorSpec
+    from edge.verify.inputs import choose_parity_inputs, generated_samples
+
+    io = IOSpec((TensorSpec("x", (1,), "float32"),), (TensorSpec("y", (1,), "float32"),))
+    probe = max(float(s["x"][0]) for s in generated_samples(io, None, 2))
+    parity = [float(s["x"][0]) for s in choose_parity_inputs(io, None, count=32).samples]
+    assert max(parity) > probe + 0.01  # the model below is constant on the probe, not on parity's inputs
+    model = _clamped(tmp_path / "clamped.onnx", probe + 0.01)
+    [o] = explain(model)["outputs"]
+    assert "cannot discriminate" not in o["metric"] and o["range"][1] > o["range"][0], o
+    # constant on parity's inputs too: said so, with parity's count
+    [o] = explain(_clamped(tmp_path / "flat.onnx", max(parity) + 1.0))["outputs"]
+    assert "cannot discriminate" in o["metric"] and "32 samples" in o["metric"], o
