@@ -269,7 +269,8 @@ def render_explanation(found: dict[str, Any]) -> None:
     if found.get("quantized"):
         t.add_row("(model)", "already quantized: its own precision is kept", safe(found["quantized"]))
     for i in found.get("inputs", []):
-        what = f"{i['dtype']}{i['shape']} {i['layout'] or ''}; pre-processing {i['preprocess'] or 'none'}"
+        layout = f" {i['layout']}" if i["layout"] else ""  # a feature or audio input has none (was "[1, 43844, 1] ;")
+        what = f"{i['dtype']}{i['shape']}{layout}; pre-processing {i['preprocess'] or 'none'}"
         t.add_row(f"in {safe(i['name'])}", safe(f"{what}; fed {i['generator']}"), safe(i["evidence"]))
     for o in found.get("outputs", []):
         t.add_row(

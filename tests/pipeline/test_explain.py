@@ -73,3 +73,5 @@ def test_an_output_constant_on_the_probe_but_not_on_paritys_inputs_is_not_called
     # constant on parity's inputs too: said so, with parity's count
     [o] = explain(_clamped(tmp_path / "flat.onnx", max(parity) + 1.0))["outputs"]
     assert "cannot discriminate" in o["metric"] and "32 samples" in o["metric"], o
+    p = run_cli("convert", str(model), "-t", "x86-cpu", "--explain")  # an input without a layout: no stray space
+    assert p.returncode == 0 and "float32[1]; pre-processing none" in p.stdout and " ;" not in p.stdout, p.stdout
