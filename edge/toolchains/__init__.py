@@ -123,7 +123,8 @@ TOOLCHAINS: dict[str, ToolchainSpec] = {
         name="torch",
         purpose="PyTorch CPU + coremltools + onnx for torch->onnx, torch->coreml and onnx->coreml",
         # torch: the CPU wheel (its CUDA build is several GB); coremltools 9.0 is the newest release.
-        # No torchvision: edgekit's own bridge (edge/toolchains/coreml_bridge.py) replaces onnx2torch, which needs it.
+        # No torchvision: edgekit's own bridge (edge/toolchains/coreml_bridge.py) replaces onnx2torch, which needs it
+        # (PyPI's torchvision 0.28.0 links the CUDA torch; measured in issue #34: onnx2torch took 4 of 16 corpus models).
         # No onnxscript: torch->onnx uses torch's TorchScript-based exporter (see torch_onnx_driver.py).
         requirements=("torch==2.13.0", "coremltools==9.0", "onnx==1.23.2"),
         lock="torch.lock",

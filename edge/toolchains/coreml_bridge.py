@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from coreml_bridge_ops import MULTI_OUTPUT, OPS, gru_module
+from coreml_bridge_ops import MULTI_OUTPUT, OPS, rnn_module
 from onnx import numpy_helper
 
 SUPPORTED = (
@@ -106,12 +106,14 @@ SUPPORTED = (
     "Tile",
     "Pad",
     "Shape",
+    "Size",
     "Cast",
     "ConstantOfShape",
     "Range",
     "Dropout",
-    # recurrence: torch's GRU (linear_before_reset=1, as torch exports it), which coremltools converts
+    # recurrence: torch's own GRU (linear_before_reset=1, as torch exports it) and LSTM, which coremltools converts
     "GRU",
+    "LSTM",
 )
 STRUCTURAL = ("Constant", "Identity")
 #: op types a refusal names (the rest are counted): a line a user reads, not a node list (issue #34 class 5)
@@ -161,7 +163,7 @@ Node = tuple[str, list[str], list[str], dict[str, Any], str]
 
 
 class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the toolchain's venv: Any to mypy here
-    """An ONNX graph (static shapes) as a torch module: float constants become buffers, GRUs torch GRUs, and
+    """An ONNX graph (static shapes) as a torch module: float constants become buffers, GRUs/LSTMs torch's, and
     every node computable from constants and static shapes alone is folded into a constant.
 
     ``input_shapes``: name -> shape where the graph's own inputs are not static (the driver passes the job's)."""
@@ -200,12 +202,13 @@ class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the tool
         self.consts[name] = arr
         if arr.dtype.kind == "f":  # a buffer: a host proxy's .half() casts it with the weights
             key = f"c{len(self._buffer_of)}"
-            self.register_buffer(key, torch.from_numpy(np.ascontiguousarray(arr.astype(np.float32))))
+            # (np.array, not np.ascontiguousarray: that makes a 0-d constant 1-d, and a scalar output [1])
+            self.register_buffer(key, torch.from_numpy(np.array(arr, dtype=np.float32, order="C")))
             self._buffer_of[name] = key
 
     def _fold(self, graph_inputs: list[Any], shapes: dict[str, list[int]]) -> None:
         """Run the graph once on zeros of the static input shapes; fold every node whose inputs are constants (or
-        whose output is a shape) into a constant, keep the rest. GRU weights become torch GRUs first."""
+        whose output is a shape) into a constant, keep the rest. GRU/LSTM weights become torch's modules first."""
         from onnx import helper
 
         env: dict[str, Any] = {}
@@ -220,9 +223,9 @@ class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the tool
         with torch.no_grad():
             for node in self.nodes:
                 op, ins, outs, at, _name = node
-                if op == "GRU" and ins[1] not in self._rnn_of:
-                    self._rnn_of[ins[1]] = key = f"gru{len(self._rnn_of)}"
-                    self.rnns[key] = gru_module(self, ins, at)
+                if op in ("GRU", "LSTM") and ins[1] not in self._rnn_of:
+                    self._rnn_of[ins[1]] = key = f"rnn{len(self._rnn_of)}"
+                    self.rnns[key] = rnn_module(self, op, ins, at)
                 if op == "Identity" and ins[0] in self.consts:  # the same constant under another name
                     self.consts[outs[0]] = self.consts[ins[0]]
                     if ins[0] in self._buffer_of:
@@ -230,7 +233,7 @@ class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the tool
                     continue
                 y = self._run(node, lambda n: env[n] if n in env else self._const_tensor(n))
                 self.shapes.update((name, list(v.shape)) for name, v in zip(outs, y))
-                if op == "Shape" or all(not n or n in self.consts for n in ins):
+                if op in ("Shape", "Size") or all(not n or n in self.consts for n in ins):
                     for name, v in zip(outs, y):
                         self._add_const(name, v.detach().numpy().copy())
                     continue
@@ -255,6 +258,11 @@ class OnnxModule(torch.nn.Module):  # type: ignore[misc]  # torch is in the tool
     def dims(self, name: str) -> list[int]:
         """A tensor's static shape as Python ints (``x.shape`` while tracing would record size ops)."""
         return list(self.shapes[name]) if name in self.shapes else list(self.const(name).shape)
+
+    def float_ref(self) -> Any:
+        """A float buffer (None when the graph has none): Cast to float32 follows its dtype (``type_as``), so the
+        fp16 copy a host proxy makes computes in fp16 throughout, as the fp16 ML Program does."""
+        return getattr(self, next(iter(self._buffer_of.values()))) if self._buffer_of else None
 
     def rnn_for(self, weight: str) -> Any:
         return self.rnns[self._rnn_of[weight]]

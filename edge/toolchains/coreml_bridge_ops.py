@@ -3,7 +3,7 @@
 Runs inside the torch toolchain (no ``edge`` import). Each op is ``fn(m, get, ins, at)``: ``m`` the
 :class:`coreml_bridge.OnnxModule` (``m.const(name)`` reads a constant input: shapes, axes, pads, scales),
 ``get`` a tensor by name, ``ins`` the node's input names (``""`` for an absent optional input), ``at`` its
-attributes; it returns a tensor, or a tuple for an op with several outputs (Split, GRU).
+attributes; it returns a tensor, or a tuple for an op with several outputs (Split, GRU, LSTM).
 
 Shape arithmetic (Shape, Gather on shapes, Concat of shapes, Range, ConstantOfShape ...) never reaches these
 ops at trace time: the module folds every node whose inputs are constants or static shapes into a constant
@@ -367,6 +367,9 @@ def _cast(m: Any, get: Get, ins: list[str], at: dict[str, Any]) -> torch.Tensor:
     to = int(at["to"])
     if to not in _DTYPES:
         raise ValueError(f"Cast to ONNX type {to} is not supported by the bridge")
+    ref = m.float_ref() if to == 1 else None
+    if ref is not None:  # float32 as the weights are: a host proxy's .half() copy computes it in fp16, as Core ML does
+        return get(ins[0]).type_as(ref)
     return get(ins[0]).to(_DTYPES[to])
 
 
@@ -423,45 +426,59 @@ def _resize(m: Any, get: Get, ins: list[str], at: dict[str, Any]) -> torch.Tenso
     raise ValueError(f"Resize mode={mode!r} with {ctm} is not supported by the bridge")
 
 
-def _gru(m: Any, get: Get, ins: list[str], at: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """ONNX GRU (linear_before_reset=1, the form torch exports) as torch's GRU, which coremltools converts."""
+#: per recurrent op: torch's module, gates a step (ONNX order -> torch order, as indices of ONNX's gate blocks)
+_RNN = {
+    "GRU": (torch.nn.GRU, 3, (1, 0, 2)),
+    "LSTM": (torch.nn.LSTM, 4, (0, 2, 3, 1)),
+}  # z r h -> r z n; i o f c -> i f g o
+
+
+def _recurrent(m: Any, get: Get, ins: list[str], at: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """ONNX GRU (linear_before_reset=1, the form torch exports) or LSTM as torch's own, which coremltools converts.
+    Outputs: Y [steps, directions, batch, hidden], Y_h (and Y_c) [directions, batch, hidden]."""
     rnn = m.rnn_for(ins[1])
     x = get(ins[0])
-    if int(at.get("layout", 0)):
-        raise ValueError("GRU layout=1 is not supported by the bridge")
     num_dir, hidden = 2 if _s(at.get("direction", "forward")) == "bidirectional" else 1, int(at["hidden_size"])
-    h0 = get(ins[5]) if len(ins) > 5 and ins[5] else x.new_zeros(num_dir, m.dims(ins[0])[1], hidden)
-    y, h = rnn(x, h0)
     seq, batch = m.dims(ins[0])[:2]
+
+    def state(i: int) -> torch.Tensor:
+        return get(ins[i]) if len(ins) > i and ins[i] else x.new_zeros(num_dir, batch, hidden)
+
+    if isinstance(rnn, torch.nn.LSTM):
+        y, (h, c) = rnn(x, (state(5), state(6)))
+        return y.reshape(seq, batch, num_dir, hidden).permute(0, 2, 1, 3), h, c
+    y, h = rnn(x, state(5))
     return y.reshape(seq, batch, num_dir, hidden).permute(0, 2, 1, 3), h
 
 
-def gru_module(m: Any, ins: list[str], at: dict[str, Any]) -> torch.nn.GRU:
-    """A torch GRU holding an ONNX GRU's weights (gates z, r, h in ONNX; r, z, n in torch)."""
+def rnn_module(m: Any, op: str, ins: list[str], at: dict[str, Any]) -> torch.nn.Module:
+    """A torch GRU/LSTM holding an ONNX GRU's/LSTM's weights (gate blocks reordered to torch's)."""
     direction = _s(at.get("direction", "forward"))
-    if direction == "reverse" or int(at.get("linear_before_reset", 0)) != 1:
+    if direction == "reverse" or (op == "GRU" and int(at.get("linear_before_reset", 0)) != 1):
         raise ValueError(
-            f"GRU direction={direction!r} linear_before_reset={int(at.get('linear_before_reset', 0))} is not supported "
-            "by the bridge (torch's GRU is linear_before_reset=1, forward or bidirectional)"
+            f"{op} direction={direction!r} linear_before_reset={int(at.get('linear_before_reset', 0))} is not "
+            "supported by the bridge (torch's recurrent layers: forward or bidirectional; a GRU linear_before_reset=1)"
         )
-    if "activations" in at or "clip" in at or (len(ins) > 4 and ins[4]):
-        raise ValueError("GRU with activations, clip or sequence_lens is not supported by the bridge")
+    extra = [k for k in ("activations", "clip", "layout", "input_forget") if at.get(k)]
+    if extra or (len(ins) > 4 and ins[4]) or (len(ins) > 7 and ins[7]):
+        raise ValueError(f"{op} with {', '.join(extra) or 'sequence_lens or peepholes'} is not supported by the bridge")
+    kind, gates, order = _RNN[op]
     w, r = m.const(ins[1]), m.const(ins[2])
     num_dir, hidden = w.shape[0], int(at["hidden_size"])
-    b = m.const(ins[3]) if len(ins) > 3 and ins[3] else np.zeros((num_dir, 6 * hidden), np.float32)
-    rnn = torch.nn.GRU(w.shape[2], hidden, bidirectional=num_dir == 2)
+    b = m.const(ins[3]) if len(ins) > 3 and ins[3] else np.zeros((num_dir, 2 * gates * hidden), np.float32)
+    rnn = kind(w.shape[2], hidden, bidirectional=num_dir == 2)
 
-    def order(a: np.ndarray) -> torch.Tensor:  # z, r, h -> r, z, n along the first axis
-        z, rr, h = np.split(a, 3, axis=0)
-        return torch.from_numpy(np.ascontiguousarray(np.concatenate([rr, z, h], axis=0).astype(np.float32)))
+    def torch_order(a: np.ndarray) -> torch.Tensor:
+        blocks = np.split(a, gates, axis=0)
+        return torch.from_numpy(np.ascontiguousarray(np.concatenate([blocks[i] for i in order]).astype(np.float32)))
 
     with torch.no_grad():
         for d in range(num_dir):
             sfx = "_reverse" if d else ""
-            getattr(rnn, f"weight_ih_l0{sfx}").copy_(order(w[d]))
-            getattr(rnn, f"weight_hh_l0{sfx}").copy_(order(r[d]))
-            getattr(rnn, f"bias_ih_l0{sfx}").copy_(order(b[d][: 3 * hidden]))
-            getattr(rnn, f"bias_hh_l0{sfx}").copy_(order(b[d][3 * hidden :]))
+            getattr(rnn, f"weight_ih_l0{sfx}").copy_(torch_order(w[d]))
+            getattr(rnn, f"weight_hh_l0{sfx}").copy_(torch_order(r[d]))
+            getattr(rnn, f"bias_ih_l0{sfx}").copy_(torch_order(b[d][: gates * hidden]))
+            getattr(rnn, f"bias_hh_l0{sfx}").copy_(torch_order(b[d][gates * hidden :]))
     return rnn.eval()
 
 
@@ -553,7 +570,9 @@ OPS: dict[str, Op] = {
     "Range": _range,
     "Resize": _resize,
     "Upsample": _resize,
-    "GRU": _gru,
+    "GRU": _recurrent,
+    "LSTM": _recurrent,
+    "Size": lambda m, get, ins, at: torch.tensor(int(np.prod(m.dims(ins[0]))), dtype=torch.int64),
     "Identity": lambda m, get, ins, at: get(ins[0]),
     "Dropout": lambda m, get, ins, at: get(ins[0]),
 }

@@ -49,6 +49,8 @@ from driver_output import redirect_output  # noqa: E402 - the drivers' shared ou
 _EVENTS: Any = None
 #: the package's user-defined metadata key holding {bundle name: package name} (edge.backends.coreml.format.IO_NAMES)
 IO_NAMES = "edgekit.io_names"
+#: ... and {bundle name: bundle shape} for the 0-d outputs Core ML holds as [1] / [1, 1] (format.IO_SHAPES)
+IO_SHAPES = "edgekit.io_shapes"
 _START = time.time()
 
 # MIL ops known to keep a model (or that part of it) off the Neural Engine: community-measured
@@ -228,10 +230,14 @@ def host_proxy(
         }
     except RuntimeError as e:  # the fp32 run of the same module succeeded: this is fp16-specific
         found = _NO_HALF_KERNEL.search(str(e))
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or ["?"]
+        # a TorchScript error starts "The following operation failed in the TorchScript interpreter." and ends with
+        # what failed: the last line says why
+        said = lines[-1] if "TorchScript interpreter" in lines[0] else lines[0]
         why = (
             f"torch CPU has no fp16 kernel for {found.group(1)}"
             if found
-            else "the module does not run in fp16 on torch CPU: " + (str(e).strip().splitlines() or ["?"])[0][:300]
+            else "the module does not run in fp16 on torch CPU: " + said[:300]
         )
     if fallback is None:
         return {"label": None, "precision_used": None, "fallback": why, "outputs": None}
@@ -366,6 +372,13 @@ def _convert_mlprogram(job: dict[str, Any], traced: Any, work: Path, timings: di
     if renamed:
         mlmodel.user_defined_metadata[IO_NAMES] = json.dumps(renamed)
     job["renamed_io"] = renamed
+    # Core ML has no 0-d arrays: a scalar output (a MOS score) comes out [1] or [1, 1]; the runner gives it back 0-d
+    got_shape = {f.name: [int(d) for d in f.type.multiArrayType.shape] for f in spec.description.output}
+    scalars = [t["name"] for t in job["outputs"] if not t["shape"] and got_shape.get(renamed.get(t["name"], t["name"]))]
+    reshaped: dict[str, list[int]] = {n: [] for n in scalars if all(d == 1 for d in got_shape[renamed.get(n, n)])}
+    if reshaped:
+        mlmodel.user_defined_metadata[IO_SHAPES] = json.dumps(reshaped)
+    job["reshaped_io"] = reshaped
     out = work / "model.mlpackage"
     mlmodel.save(str(out))
     timings["convert_s"] = round(time.time() - t0, 2)
@@ -376,12 +389,12 @@ def _io_problems(job: dict[str, Any], ins: list[dict[str, Any]], outs_spec: list
     """Where the saved package's inputs/outputs differ from the job's (name, as the package renamed it; shape,
     float32, count)."""
     problems = []
-    renamed = job.get("renamed_io", {})
+    renamed, reshaped = job.get("renamed_io", {}), job.get("reshaped_io", {})
     for want, got in ((job["inputs"], ins), (job["outputs"], outs_spec)):
         for w, g in zip(want, got):
             if (
                 renamed.get(w["name"], w["name"]) != g.get("name")
-                or [int(d) for d in w["shape"]] != g.get("shape")
+                or ([int(d) for d in w["shape"]] != g.get("shape") and w["name"] not in reshaped)
                 or g.get("dtype") != "float32"
             ):
                 problems.append(f"{w['name']} {w['shape']} float32 became {g}")
@@ -419,6 +432,7 @@ def main() -> int:
             artifact=str(out),
             io={"inputs": ins, "outputs": outs_spec},
             renamed_io=job.get("renamed_io", {}),
+            reshaped_io=job.get("reshaped_io", {}),
             io_problems=problems,
             spec_version=int(spec.specificationVersion),
             ops=ops,

@@ -19,7 +19,7 @@ import pytest
 from edge import toolchains
 from edge.backends.converter import CONVERTERS, ConversionRequest
 from edge.backends.coreml.convert import OnnxToCoreML
-from edge.backends.coreml.format import package_dir
+from edge.backends.coreml.format import IO_NAMES, IO_SHAPES, package_dir, renamed_io, reshaped_io
 from edge.backends.coreml.run import NEEDS_MACOS, CoreMLRunner
 from edge.backends.runner import RUNNERS
 from edge.bundle.bundle import Bundle
@@ -340,6 +340,21 @@ def test_ops_refused_before_convert_with_parity(toolchain: toolchains.ToolchainS
         "save/y.tmp_0": "save_y_tmp_0",
     }
     assert [t["name"] for t in m["io"]["inputs"]] == ["Input:0", "state"]  # the bundle keeps the model's names
+
+
+def test_package_metadata_gives_the_bundles_names_and_shapes() -> None:
+    """What the runner reads from a package (macOS only there; the parsing is checked here)."""
+    meta = {
+        IO_NAMES: json.dumps({"Identity:0": "Identity_0", "state": "state_workaround"}),
+        IO_SHAPES: json.dumps({"plcmos": []}),
+    }
+    assert renamed_io(meta) == {"Identity:0": "Identity_0", "state": "state_workaround"}
+    assert reshaped_io(meta) == {"plcmos": ()}
+    assert renamed_io({}) == {} and reshaped_io({"other": "x"}) == {}
+    with pytest.raises(ValueError, match="edgekit.io_names in the package's metadata is not a map of str"):
+        renamed_io({IO_NAMES: json.dumps({"a": 1})})
+    driver = toolchains.driver_path("coreml").read_text(encoding="utf-8")  # it writes them, and cannot import edge
+    assert f'IO_NAMES = "{IO_NAMES}"' in driver and f'IO_SHAPES = "{IO_SHAPES}"' in driver
 
 
 def test_unsupported_ops_listed_in_one_error(toolchain: toolchains.ToolchainStatus, tmp_path: Path) -> None:

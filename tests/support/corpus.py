@@ -165,10 +165,10 @@ _MODELS = (
         "MIT",
         input_shapes={"input": (1, 512), "state": (2, 1, 128)},
         fixed_inputs={"sr": 16000},
-        # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite has no control flow: both get
-        # the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.graph.freeze)
+        # OpenVINO's ONNX frontend cannot take its rank-changing Ifs, TFLite and the Core ML bridge have no control
+        # flow: they get the graph with sr fixed and the Ifs it (with static shapes) decides inlined (edge.graph.freeze)
         freeze={"sr": "16000"},
-        freeze_targets=("intel-igpu", "arm-xnnpack"),
+        freeze_targets=("intel-igpu", "arm-xnnpack", "apple-ane"),
     ),
     CorpusModel(
         "face-detection",

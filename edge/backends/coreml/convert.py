@@ -3,8 +3,8 @@
 Runs in the ``torch`` toolchain environment (formerly ``coreml``: torch 2.13 CPU + coremltools 9.0 + onnx, see
 :mod:`edge.toolchains`), driven by ``edge/toolchains/coreml_driver.py``. The bridge:
 coremltools no longer reads ONNX, so the ONNX graph becomes a torch module with edgekit's own
-ONNX->PyTorch bridge (``edge/toolchains/coreml_bridge.py``; onnx2torch needs torchvision, which
-drags a multi-GB CUDA torch, and fails on ReduceMean opset 18), then ``torch.jit.trace``
+ONNX->PyTorch bridge (``edge/toolchains/coreml_bridge.py``; onnx2torch needs torchvision, whose PyPI build links
+the CUDA torch, and took 4 of the 16 ONNX corpus models where the bridge takes 11: issue #34), then ``torch.jit.trace``
 (``torch.export`` loses the I/O names) and ``ct.convert`` to an ML Program with float32 inputs
 declared explicitly (an iOS16+ target otherwise turns them fp16 silently).
 
@@ -87,6 +87,12 @@ class _DriverRun:
                 + ", ".join(f"{k!r} -> {v!r}" for k, v in self.final["renamed_io"].items())
                 + "; the package's metadata maps them back and the coreml runner feeds and returns the bundle's names"
             )
+        if self.final.get("reshaped_io"):
+            notes.append(
+                "Core ML has no 0-d arrays: the package holds "
+                + ", ".join(repr(k) for k in self.final["reshaped_io"])
+                + " as [1, 1]; its metadata says so and the coreml runner returns the bundle's 0-d shape"
+            )
         why = (self.final.get("proxy") or {}).get("fallback")
         if self.proxy is None and why:
             notes.append(f"no host proxy for the {self.job['precision']} package: {why}")
@@ -109,6 +115,7 @@ class _DriverRun:
             },
             "ops": final["ops"],
             "renamed_io": final.get("renamed_io", {}),
+            "reshaped_io": final.get("reshaped_io", {}),
             "ane_flagged": final["ane_flagged"],
             **extra,
             "host_proxy": (
@@ -313,7 +320,7 @@ def _refuse_non_float_inputs(request: ConversionRequest) -> None:
             f"edgekit's Core ML path takes float32 inputs only (the package's inputs are "
             f"declared float32 and its runner feeds float32); this model's input{'s' if len(ints) > 1 else ''} "
             f"{', '.join(ints)} {'are' if len(ints) > 1 else 'is'} not",
-            hint=f"choose x86-cpu, whose onnxruntime takes {'them' if len(ints) > 1 else 'it'} as it is",
+            hint=f"choose x86-cpu, whose onnxruntime takes {'them as they are' if len(ints) > 1 else 'it as it is'}",
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from edge.base.typedjson import spec
 
@@ -22,15 +22,29 @@ def package_dir(artifact: Path) -> Path:
 IO_NAMES = "edgekit.io_names"
 
 
-def renamed_io(metadata: Mapping[str, str]) -> dict[str, str]:
-    """``{bundle name: package name}`` from a package's user-defined metadata (empty where nothing was renamed)."""
-    raw = metadata.get(IO_NAMES)
+#: ... and ``{bundle name: bundle shape}`` for the 0-d outputs Core ML holds as ``[1]`` or ``[1, 1]`` (it has no 0-d
+#: arrays): the runner returns them in the bundle's shape
+IO_SHAPES = "edgekit.io_shapes"
+
+
+def _read_map(metadata: Mapping[str, str], key: str, value: type) -> dict[str, Any]:
+    raw = metadata.get(key)
     if not raw:
         return {}
-    names = json.loads(raw)
-    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
-        raise ValueError(f"{IO_NAMES} in the package's metadata is not a name map: {raw[:200]!r}")
-    return names
+    found = json.loads(raw)
+    if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, value) for k, v in found.items()):
+        raise ValueError(f"{key} in the package's metadata is not a map of {value.__name__}: {raw[:200]!r}")
+    return found
+
+
+def renamed_io(metadata: Mapping[str, str]) -> dict[str, str]:
+    """``{bundle name: package name}`` from a package's user-defined metadata (empty where nothing was renamed)."""
+    return _read_map(metadata, IO_NAMES, str)
+
+
+def reshaped_io(metadata: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+    """``{bundle name: bundle shape}`` for the outputs the package holds in another shape of the same size."""
+    return {k: tuple(int(d) for d in v) for k, v in _read_map(metadata, IO_SHAPES, list).items()}
 
 
 # -- runner options (declared once: edge.backends.options) --------------------------------------

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # numpy is imported where the runner runs: a device's manifest check loads this module
     import numpy as np
 
-from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions, renamed_io
+from edge.backends.coreml.format import COMPUTE_UNITS, CoreMLOptions, renamed_io, reshaped_io
 from edge.backends.runner import Runner, RunnerInfo
 from edge.capabilities import Requirement
 from edge.errors import EdgeError
@@ -51,10 +51,12 @@ class CoreMLRunner(Runner):
             raise EdgeError(f"Core ML could not load {self.artifact}: {type(e).__name__}: {str(e)[:300]}") from e
         desc = self._model.get_spec().description
         # the bundle's names where coremltools renamed them (Identity:0 -> Identity_0): fed and returned as such
-        self._package_name = renamed_io(self._model.user_defined_metadata)
+        meta = self._model.user_defined_metadata
+        self._package_name = renamed_io(meta)
         bundle_name = {v: k for k, v in self._package_name.items()}
-        self.inputs = tuple(_spec(f, bundle_name.get(f.name, f.name)) for f in desc.input)
-        self.outputs = tuple(_spec(f, bundle_name.get(f.name, f.name)) for f in desc.output)
+        shapes = reshaped_io(meta)  # 0-d outputs the package holds as [1, 1]: returned 0-d, as the bundle has them
+        self.inputs = tuple(_spec(f, bundle_name.get(f.name, f.name), shapes) for f in desc.input)
+        self.outputs = tuple(_spec(f, bundle_name.get(f.name, f.name), shapes) for f in desc.output)
         self.info = RunnerInfo(
             runtime=f"coremltools {ct.__version__} (Core ML)",
             device_requested=units,
@@ -78,6 +80,6 @@ class CoreMLRunner(Runner):
         super().close()
 
 
-def _spec(f: Any, name: str) -> TensorSpec:
-    shape = tuple(int(d) for d in f.type.multiArrayType.shape)
+def _spec(f: Any, name: str, shapes: Mapping[str, tuple[int, ...]]) -> TensorSpec:
+    shape = shapes.get(name, tuple(int(d) for d in f.type.multiArrayType.shape))
     return TensorSpec(name, shape, "float32", image_layout(shape))
