@@ -423,7 +423,7 @@ def compare(
         refs = [np.asarray(r[name]) for r in reference]
         cands = [np.asarray(c[name]) for c in candidate]
         if any(r.shape != c.shape for r, c in zip(refs, cands)):
-            bad = next(c.shape for r, c in zip(refs, cands) if r.shape != c.shape)
+            ref_shape, bad = next((r.shape, c.shape) for r, c in zip(refs, cands) if r.shape != c.shape)
             results.append(
                 OutputParity(
                     name,
@@ -432,7 +432,7 @@ def compare(
                     0.0,
                     0.0,
                     None,
-                    [f"shape {list(bad[1:])} differs from the source's {list(refs[0].shape[1:])}"],
+                    [f"shape {list(bad)} differs from the source's {list(ref_shape)}"],
                 )
             )
             continue

@@ -29,6 +29,13 @@ def test_every_kind_of_failure_is_named() -> None:
     assert "differs" in res[0].failures[0] and "missing" in res[1].failures[0]
 
 
+def test_a_shape_difference_names_both_shapes() -> None:
+    """A 0-d score that came back [1] (Core ML has no 0-d arrays) was reported "shape [] differs from the source's []":
+    the message dropped each shape's first axis as if it were the batch."""
+    [o] = compare([{"s": np.float32(0.5)}], [{"s": np.array([0.5], np.float32)}], THRESHOLDS["fp32"])
+    assert not o.passed and o.failures == ["shape [1] differs from the source's []"], o.failures
+
+
 def test_one_bad_sample_fails_and_is_reported() -> None:
     cand = [dict(r) for r in REF]
     cand[3] = {"logits": RNG.standard_normal((1, 10)).astype(np.float32), "boxes": REF[3]["boxes"]}
