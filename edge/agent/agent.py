@@ -35,7 +35,7 @@ from edge.base.typedjson import UnreadableFile, read_json_file, write_json_atomi
 from edge.errors import EdgeError, daemon_error_line
 from edge.mqtt.client import BrokerConfig
 from edge.mqtt.desired import DesiredError, DesiredState, Reason, ReportedState, salvage
-from edge.mqtt.identity import DeviceIdentity
+from edge.mqtt.identity import DeviceIdentity, KeyNotMade
 from edge.mqtt.netloop import Backoff, NetworkLoop
 from edge.mqtt.outbox import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, SpillOutbox
 from edge.mqtt.ratelog import RateLimitedLog
@@ -647,7 +647,7 @@ class Agent:
                 max_bytes=cfg.spool_max_bytes,
             )
             self.thermal = ThermalProbe()
-            identity = DeviceIdentity.load_or_create(cfg.store / "agent")
+            identity = _device_identity(cfg.store / "agent")
             self.loop = NetworkLoop().start()
             self.session = DeviceSession(
                 self.loop,
@@ -666,7 +666,7 @@ class Agent:
                 cfg.fleet,
                 cfg.device_id,
                 self.session.session,
-                identity.key_id,
+                identity.key_id if identity is not None else "none (unsigned)",
                 self._source_desc,
                 self.state,
             )
@@ -743,4 +743,15 @@ def _archive_sha256(path: Path) -> str | None:
         return archive_sha256(path)
     except (OSError, EdgeError) as e:
         log.warning("cannot hash bundle %s for a later rollback from the store: %s", path, e)
+        return None
+
+
+def _device_identity(directory: Path) -> DeviceIdentity | None:
+    """The device's identity key (``edge.mqtt.identity``), or None when there is none and none can be written now
+    (a full disk at first start): the agent still reports, unsigned, as an agent without keys does, and makes the
+    key at a later start. A key file that is there and unusable still stops the agent (IdentityError)."""
+    try:
+        return DeviceIdentity.load_or_create(directory)
+    except KeyNotMade as e:
+        log.warning("%s: births and deaths go unsigned this run (no collector has pinned a key for it)", e.message)
         return None

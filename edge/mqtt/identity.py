@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from edge.base.crypto import ed25519 as load_ed25519
 from edge.base.typedjson import UnreadableFile, read_bounded
 from edge.errors import EdgeError, MissingDependencyError
 from edge.mqtt.payloads import encode
+
+log = logging.getLogger("edge.mqtt")
 
 CONTEXT = b"edgekit-mqtt-v1 device message\n"
 KEY_FILE = "device-key.pem"
@@ -50,6 +53,10 @@ KEY_FILE_MAX_BYTES = 4096  # an Ed25519 PEM is ~120 bytes
 
 class IdentityError(EdgeError):
     """The device's identity key cannot be read or made."""
+
+
+class KeyNotMade(IdentityError):
+    """There is no device key and none could be written (a full or read-only disk): the agent runs unsigned."""
 
 
 class BadSignedMessage(ValueError):
@@ -155,26 +162,39 @@ class DeviceIdentity:
 
     @classmethod
     def _create(cls, directory: Path, path: Path) -> DeviceIdentity | None:
+        """A new key written whole or not at all: into a temporary file, fsynced, then linked as ``path`` (which
+        never replaces a key another process made first: None then, read that one). A full or read-only disk raises
+        :class:`KeyNotMade` and leaves nothing behind (a half-written key file would stop every later start)."""
         from cryptography.hazmat.primitives import serialization
 
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = _crypto().Ed25519PrivateKey.generate()
         pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
+        tmp = directory / f".{KEY_FILE}.{os.getpid()}.tmp"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:  # another process made it first: read that one
-            return None
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(pem)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o600)  # whatever the umask
+                os.link(tmp, path)  # no-replace: a key made meanwhile by another process wins
+            finally:
+                tmp.unlink(missing_ok=True)
+        except FileExistsError:
+            if path.exists():
+                return None
+            raise KeyNotMade(f"cannot write the device key {path}: a stale temporary file is in the way") from None
         except OSError as e:
-            raise IdentityError(f"cannot write the device key {path}: {e.strerror or e}") from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(path, 0o600)  # whatever the umask
+            raise KeyNotMade(f"cannot write the device key {path}: {e.strerror or e}") from None
         me = cls(key)
-        write_public(directory / PUBLIC_FILE, me.public)
+        try:
+            write_public(directory / PUBLIC_FILE, me.public)
+        except OSError as e:  # the private key is made; the public copy is a convenience, written next start
+            log.warning("device key %s made, its public copy not written: %s", path, e.strerror or e)
         return me
 
     @classmethod

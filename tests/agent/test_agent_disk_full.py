@@ -206,5 +206,10 @@ def test_a_disk_full_before_the_first_start_still_reports(tmp_path: Path, broker
             wait_for(lambda: len(tel.messages) >= 3, 30, "telemetry going on")
             assert proc.poll() is None
             assert "internal error" not in log.read_text()
+            # no device key could be written (issue #33's signed births): the agent reports unsigned and leaves no
+            # half-written key behind, which would stop every later start as a damaged key (before: ENOSPC crash)
+            assert "births and deaths go unsigned" in log.read_text()
+            agent_dir = Path(f"/proc/{proc.pid}/root") / str(_store).lstrip("/") / "agent"
+            assert not (agent_dir / "device-key.pem").exists() and not list(agent_dir.glob(".device-key*"))
         finally:
             tel.close()
