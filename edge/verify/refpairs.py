@@ -96,15 +96,25 @@ _AGREEMENT = (
 )
 
 
-def _built_outputs(bundle: Any) -> tuple[dict[str, Any], int, bool]:
+def _built_outputs(bundle: Any, precision_used: str | None = None) -> tuple[dict[str, Any], int, bool]:
     """The build host's parity figures per output name, its sample count, and whether it passed (not
     accepted as a failure): what the device's pairs are judged beside. Empty for an older bundle, a
-    parity that was skipped, or a language model's."""
+    parity that was skipped, or a language model's.
+
+    Where the device computes in a precision the build host tried and passed (``parity.precision_trials``:
+    OpenVINO's bf16 on a CPU that lists BF16), the figures are that trial's, on the same samples: the device is
+    judged at the trial's limits (``gate_thresholds``), so beside what the trial accepted, not the f32 run's figures
+    (U^2-Net-p passed its bf16 trial at mean cosine 0.9972 over 32 samples, worst 0.9839; its 2 stored pairs
+    measure 0.9949, and beside the f32 run's worst, 0.99977, nothing was loosened: its own check refused it)."""
     par = getattr(getattr(bundle, "info", None), "parity", None)
     outs, samples = getattr(par, "outputs", None), getattr(par, "samples", None)
     if not outs or not isinstance(samples, int) or getattr(par, "kind", None) != "vision":
         return {}, 0, False
     passed = getattr(par, "passed", None) is True and not getattr(par, "accepted_failure", False)
+    trials = getattr(par, "precision_trials", None) or ()
+    trial = next((t for t in trials if t.passed and precision_used is not None and t.compute == precision_used), None)
+    if trial is not None and {o.name for o in trial.outputs} == {o.name for o in outs}:
+        outs = trial.outputs
     return {o.name: o for o in outs}, samples, passed
 
 
@@ -321,7 +331,7 @@ def check_reference_pairs(bundle: Any, runner: Any) -> dict[str, Any]:
         return {**check_llm(bundle, runner, entry, result), "runner": runner_json(runner), "checked_utc": _now()}
     pairs = load_reference_pairs(bundle.path, entry, bundle.io)
     th = gate_thresholds(entry.thresholds, bundle.precision, runner.info.precision_used)
-    built, parity_samples, parity_passed = _built_outputs(bundle)
+    built, parity_samples, parity_passed = _built_outputs(bundle, runner.info.precision_used)
     # the task parity judged each output by (recorded in the manifest), not one detected again from a few pairs
     tasks = {name: (b.task or "none") for name, b in built.items()}
     candidate = [runner.infer(feeds) for feeds in pairs.inputs]

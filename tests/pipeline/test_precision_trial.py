@@ -5,6 +5,7 @@ plugin lists BF16 (CI may be AVX2-only: those skip with a "hardware:" reason). N
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,3 +144,50 @@ def test_the_skip_is_recorded_in_the_manifest() -> None:
         and "precision_trials_skipped" not in untouched["parity"]
     )
     assert cpu_isa().native_fp16 in (True, False)  # this host's answer is read, whatever it is
+
+
+def _figures(name: str, cosine: float, worst: float, snr_min: float) -> Any:
+    from edge.bundle.evidence import OutputFigures
+
+    return OutputFigures(
+        name, 0.05, 0.004, cosine, worst, None, True, snr_db=snr_min + 6, snr_db_min=snr_min, ref_min=0.0, ref_max=1.0
+    )
+
+
+def test_a_device_computing_in_the_trials_precision_is_judged_beside_the_trial() -> None:
+    """U^2-Net-p (rembg) for intel-igpu: parity passed in f32 (worst sample cosine 0.99977) and its bf16 trial at mean
+    cosine 0.9972 over 32 samples (worst 0.9839), so the bundle computes in bf16 here. Its 2 stored pairs (8 MiB cap)
+    measure 0.9949 in bf16, and the device's check judged them at bf16's 0.995 beside the f32 run's worst sample, which
+    loosens nothing: the bundle refused itself on the host that built it. Beside the bf16 trial's worst it passes;
+    a device computing in f32 is still judged beside the f32 run."""
+    from types import SimpleNamespace
+
+    from edge.bundle.evidence import PrecisionTrial, RunnerInfo
+    from edge.verify.parity import output_failures, thresholds_for
+    from edge.verify.refpairs import _built_outputs, pair_limits
+
+    f32 = _figures("mask", 0.99996, 0.99977, 34.0)
+    bf16 = _figures("mask", 0.99728, 0.98387, 16.5)
+    runner = RunnerInfo(runtime="openvino 2026.4.1", device_requested="GPU", device_used="CPU", precision_used="bf16")
+    trial = PrecisionTrial("bf16", True, thresholds_for("fp16", "bf16"), runner, (bf16,))
+    bundle = SimpleNamespace(
+        info=SimpleNamespace(
+            parity=SimpleNamespace(
+                outputs=(f32,),
+                samples=32,
+                kind="vision",
+                passed=True,
+                accepted_failure=False,
+                precision_trials=(trial,),
+            )
+        )
+    )
+    on_pairs = _figures("mask", 0.994927, 0.990955, 20.0)  # what the device measured on the 2 pairs, in bf16
+    th = thresholds_for("fp16", "bf16")
+    built, n, passed = _built_outputs(bundle, "bf16")
+    limits, notes = pair_limits(on_pairs, th, built["mask"], 2, n, passed)
+    assert built["mask"] is bf16 and not output_failures(on_pairs, limits), (limits, notes)
+    assert "0.983870" in " ".join(notes)  # the trial's worst sample, named
+    assert _built_outputs(bundle, "f32")[0]["mask"] is f32  # f32 on this device: the f32 run's figures
+    limits, _ = pair_limits(on_pairs, th, f32, 2, 32, True)  # what the check did before: nothing loosened
+    assert limits.min_cosine == th.min_cosine and output_failures(on_pairs, limits)
