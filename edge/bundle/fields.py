@@ -5,7 +5,7 @@ Shared by the manifest tree (:mod:`edge.bundle.schema`) and the evidence it carr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 #: bundle, target, runner and format ids: a name, never a path (no '/', no leading '.' or '-')
 ID = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
@@ -79,4 +79,29 @@ DType = Literal[
     "bool",
 ]
 TEXT: dict[str, Any] = dict(max_len=1024)
+#: a chain step's notes (``edge.bundle.schema`` ChainStep.notes): at most this many, each at most TEXT's length
+MAX_NOTES = 64
+
+
+def fit_notes(notes: Sequence[str]) -> list[str]:
+    """A converter's notes as the manifest holds them: each at most ``TEXT``'s 1,024 characters (a longer one cut at
+    its last "; " that fits, saying how much was cut), at most :data:`MAX_NOTES` (the rest counted in the last). A
+    note that grows with the model (onnx2tf's layout note: one entry per transposed input and output, ~140 characters
+    each with its int8 scale) made U^2-Net-p's coral-edgetpu manifest fail its own schema, a refusal that told the
+    user not to edit manifests by hand."""
+    limit = TEXT["max_len"]
+    out = []
+    for note in notes:
+        note = str(note)
+        if len(note) > limit:
+            room = limit - 40
+            cut = note.rfind("; ", 0, room)
+            cut = cut if cut > room // 2 else room
+            note = f"{note[:cut]}; ... ({len(note) - cut:,} more characters not kept)"
+        out.append(note)
+    if len(out) > MAX_NOTES:
+        out = out[: MAX_NOTES - 1] + [f"... {len(out) - MAX_NOTES + 1} more notes not kept"]
+    return out
+
+
 MS: dict[str, Any] = dict(ge=0.0, le=1e9)

@@ -14,6 +14,7 @@ import numpy as np
 from edge.backends.converter import ConversionRequest
 from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
+from edge.bundle.fields import fit_notes
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
 from edge.errors import MissingDependencyError, ModelError, PrecisionError, TargetError
 from edge.pipeline.plan import KEEP, Step, conversion_problems
@@ -133,7 +134,7 @@ def _quantize_llm(src: GGUFSource, quant: str, artifact: Path, work: Path, say: 
             "output_format": "gguf",
             "tool_versions": result.tool_versions,
             "details": result.details,
-            "notes": result.notes,
+            "notes": fit_notes(result.notes),
         }
     ]
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from edge.backends.converter import ConversionRequest
 from edge.base.typedjson import write_json_atomic
 from edge.bundle.bundle import MANIFEST, Bundle, staging_dir
+from edge.bundle.fields import fit_notes
 from edge.bundle.manifest import ManifestSpec, new_manifest, record_gate
 from edge.errors import CalibrationError, ConversionError, InputFileError, ParityError, PrecisionError, TargetError
 from edge.pipeline.declared import request_preprocess
@@ -282,7 +283,7 @@ def _run_chain(job: _Job, static: Path, work: Path, stage: Path) -> Path:
                 "output_format": result.format,
                 "tool_versions": result.tool_versions,
                 "details": result.details,
-                "notes": result.notes,
+                "notes": fit_notes(result.notes),
             }
         )
         current = result.artifact

@@ -353,3 +353,21 @@ def test_schema_and_reader_agree(manifest: tuple[Path, dict[str, Any]], data: st
     if "nested deeper than" in why:  # free-form depth: beyond what JSON Schema can say
         return
     assert ours == (theirs is None), f"edgekit: {why or 'valid'}; jsonschema: {theirs.message if theirs else 'valid'}"
+
+
+def test_a_converters_long_notes_fit_the_manifest() -> None:
+    """U^2-Net-p (rembg) for coral-edgetpu: onnx2tf's layout note lists each transposed input and output with its
+    int8 scale, 1,098 characters for its 8 tensors, and the bundle's own manifest failed its schema ("field
+    chain[0].notes[0]: must be 0 to 1024 characters long ... do not edit manifests by hand"). Every step's notes
+    are fitted to the schema where the manifest is written: a long one cut at an entry, the extra ones counted."""
+    from edge.bundle.fields import MAX_NOTES, TEXT, fit_notes
+
+    entry = "1959 NCHW [1, 1, 320, 320] -> NHWC [1, 320, 320, 1] (the runner transposes), int8 scale 0.00390625 zero point -128"
+    layout = "layout: " + "; ".join(f"{i} {entry}" for i in range(9))
+    assert len(layout) > TEXT["max_len"]
+    [fitted] = fit_notes([layout])
+    assert len(fitted) <= TEXT["max_len"] and fitted.endswith("more characters not kept)"), fitted
+    assert fitted.startswith(layout[: fitted.index("; ...")]) and "zero point -128; ..." in fitted  # cut at an entry
+    many = fit_notes([f"note {i}" for i in range(100)])
+    assert len(many) == MAX_NOTES and many[-1] == "... 37 more notes not kept" and many[:2] == ["note 0", "note 1"]
+    assert fit_notes(["short"]) == ["short"]

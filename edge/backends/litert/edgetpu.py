@@ -401,6 +401,7 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
 
     import edge
     from edge.bundle.bundle import artifact_entries, bundle_id
+    from edge.bundle.fields import fit_notes
     from edge.capabilities import current_host
 
     info = src.info
@@ -435,7 +436,7 @@ def _finished_manifest(src: Any, stage: Path, dest: Path, compiled: CompiledMode
                         "command": compiled.command.replace(str(stage), str(dest)),
                         **log,
                     },
-                    "notes": step_notes,
+                    "notes": fit_notes(step_notes),
                 },
             ],
         }
