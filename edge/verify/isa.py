@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from edge.backends.runner import RunnerInfo
+from edge.base.env import seconds_from_env
 from edge.bundle.bundle import Bundle
 from edge.errors import BundleError, EdgeError, MissingDependencyError, ParityError
 from edge.toolchains import aarch64, aarch64_executorch
@@ -82,14 +83,7 @@ _FEWER = (
 
 def isa_timeout_s() -> float:
     """The most seconds the emulated run may take: ``$EDGEKIT_ISA_TIMEOUT_S``, else :data:`ISA_TIMEOUT_S`."""
-    raw = os.environ.get("EDGEKIT_ISA_TIMEOUT_S", "").strip()
-    try:
-        value = float(raw) if raw else ISA_TIMEOUT_S
-    except ValueError:
-        raise EdgeError(f"$EDGEKIT_ISA_TIMEOUT_S is {raw[:40]!r}, not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise EdgeError(f"$EDGEKIT_ISA_TIMEOUT_S must be > 0 seconds, got {raw[:40]!r}")
-    return value
+    return seconds_from_env("EDGEKIT_ISA_TIMEOUT_S", ISA_TIMEOUT_S)
 
 
 def parse_progress(line: str) -> tuple[int, int] | None:

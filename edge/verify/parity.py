@@ -18,7 +18,6 @@ is the one judgement of a set of figures (the manifest gate recomputes with it).
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 from dataclasses import asdict, dataclass, field
@@ -28,8 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edge.backends.runner import Runner
+from edge.base.env import seconds_from_env
 from edge.capabilities import CpuIsa, cpu_isa
-from edge.errors import EdgeError, ModelError
+from edge.errors import ModelError
 from edge.verify.tasks import (
     TaskFigures,
     TaskGuess,
@@ -644,14 +644,7 @@ def _ort_message(e: BaseException) -> str:
 def reference_timeout_s() -> float:
     """How long the source may run as parity's reference, over every sample: ``$EDGEKIT_PARITY_TIMEOUT_S``, else
     :data:`REFERENCE_TIMEOUT_S`."""
-    raw = os.environ.get("EDGEKIT_PARITY_TIMEOUT_S", "").strip()
-    try:
-        value = float(raw) if raw else REFERENCE_TIMEOUT_S
-    except ValueError:
-        raise EdgeError(f"$EDGEKIT_PARITY_TIMEOUT_S is {raw[:40]!r}, not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise EdgeError(f"$EDGEKIT_PARITY_TIMEOUT_S must be > 0 seconds, got {raw[:40]!r}")
-    return value
+    return seconds_from_env("EDGEKIT_PARITY_TIMEOUT_S", REFERENCE_TIMEOUT_S)
 
 
 def reference_outputs(source_onnx: Path, samples: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
