@@ -84,12 +84,17 @@ def int8_tflite(int8_bundle: Any, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+def _tiny_tflite(models: dict[str, Path], factory: pytest.TempPathFactory, precision: str, name: str) -> Path:
+    """The tiny CNN converted for arm-xnnpack in ``precision``, its model.tflite copied out alone as ``name``."""
+    d = factory.mktemp(precision)
+    b = convert(models["tiny"], "arm-xnnpack", d / "b", ConvertRequest(precision=precision))
+    return Path(shutil.copyfile(b.artifact, d / name))
+
+
 @pytest.fixture(scope="module")
 def dynamic_tflite(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny CNN with int8 weights and float compute (dynamic-range quantization)."""
-    d = tmp_path_factory.mktemp("dyn")
-    b = convert(models["tiny"], "arm-xnnpack", d / "b", ConvertRequest(precision="int8-dynamic"))
-    return Path(shutil.copyfile(b.artifact, d / "tiny_dynamic.tflite"))
+    return _tiny_tflite(models, tmp_path_factory, "int8-dynamic", "tiny_dynamic.tflite")
 
 
 # -- TFLite ---------------------------------------------------------------------------------------
@@ -156,9 +161,7 @@ def test_float_tflite_keeps_its_precision_when_asked(face: Path, tmp_path: Path)
 @pytest.fixture(scope="module")
 def fp32_tflite(tflite_toolchain: None, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny CNN as an fp32 TFLite (onnx2tf), alone as a user brings it: float compute, off the Edge TPU as it is."""
-    d = tmp_path_factory.mktemp("fp32")
-    b = convert(models["tiny"], "arm-xnnpack", d / "b", ConvertRequest(precision="fp32"))
-    return Path(shutil.copyfile(b.artifact, d / "tiny_fp32.tflite"))
+    return _tiny_tflite(models, tmp_path_factory, "fp32", "tiny_fp32.tflite")
 
 
 def test_tiny_float_tflite_for_coral_through_onnx(fp32_tflite: Path, tmp_path: Path) -> None:
