@@ -44,14 +44,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing, beside this file
+from driver_output import Events, redirect_output  # noqa: E402 - the drivers' shared output plumbing, beside this file
 
-_EVENTS: Any = None
+EVENTS = Events()
 #: the package's user-defined metadata key holding {bundle name: package name} (edge.backends.coreml.format.IO_NAMES)
 IO_NAMES = "edgekit.io_names"
 #: ... and {bundle name: bundle shape} for the 0-d outputs Core ML holds as [1] / [1, 1] (format.IO_SHAPES)
 IO_SHAPES = "edgekit.io_shapes"
-_START = time.time()
 
 # MIL ops known to keep a model (or that part of it) off the Neural Engine: community-measured
 # (github.com/hollance/neural-engine, Apple's "Deploying Transformers on the ANE" notes). Core ML
@@ -82,13 +81,10 @@ ANE_UNFRIENDLY = {
 }
 
 
-def emit(event: str, **data: Any) -> None:
-    _EVENTS.write(json.dumps({"event": event, "elapsed_s": round(time.time() - _START, 2), **data}) + "\n")
-    _EVENTS.flush()
+emit = EVENTS.emit
 
 
-def stage(name: str) -> None:
-    emit("stage", stage=name)
+stage = EVENTS.stage
 
 
 def op_inventory(spec: Any) -> dict[str, int]:
@@ -406,8 +402,7 @@ def _io_problems(job: dict[str, Any], ins: list[dict[str, Any]], outs_spec: list
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    global _EVENTS
-    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
+    EVENTS.stream, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     timings: dict[str, float] = {}
     try:
         import numpy as np

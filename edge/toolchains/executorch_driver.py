@@ -26,19 +26,15 @@ from typing import Any
 # the drivers' shared output plumbing, beside this file (python -I leaves the script's directory off the path)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from driver_output import redirect_output  # noqa: E402
+from driver_output import Events, redirect_output  # noqa: E402
 
-_EVENTS: Any = None
-_START = time.time()
-
-
-def emit(event: str, **data: Any) -> None:
-    _EVENTS.write(json.dumps({"event": event, "elapsed_s": round(time.time() - _START, 2), **data}) + "\n")
-    _EVENTS.flush()
+EVENTS = Events()
 
 
-def stage(name: str) -> None:
-    emit("stage", stage=name)
+emit = EVENTS.emit
+
+
+stage = EVENTS.stage
 
 
 class JobRefused(Exception):
@@ -173,8 +169,7 @@ def convert(job: dict[str, Any], work: Path) -> dict[str, Any]:
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    global _EVENTS
-    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
+    EVENTS.stream, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     try:
         emit("result", **convert(job, work))
         return 0

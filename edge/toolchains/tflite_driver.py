@@ -51,9 +51,8 @@ fixes = importlib.import_module(f"{__package__}.tf2onnx_fixes" if __package__ el
 output = importlib.import_module(f"{__package__}.driver_output" if __package__ else "driver_output")
 failure = importlib.import_module(f"{__package__}.onnx2tf_failure" if __package__ else "onnx2tf_failure")
 
-_EVENTS: Any = None
+EVENTS = output.Events()
 _STAGE: dict[str, Any] = {"name": "starting", "since": time.time()}
-_START = time.time()
 _ONNXSIM_RUNS: list[dict[str, Any]] = []
 
 
@@ -64,9 +63,7 @@ class DriverError(Exception):
         self.data = data
 
 
-def emit(event: str, **data: Any) -> None:
-    _EVENTS.write(json.dumps({"event": event, "elapsed_s": round(time.time() - _START, 2), **data}) + "\n")
-    _EVENTS.flush()
+emit = EVENTS.emit
 
 
 def stage(name: str) -> None:
@@ -707,8 +704,7 @@ def _setup(job: dict[str, Any], work: Path, timings: dict[str, float], t0: float
 def main() -> int:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    global _EVENTS
-    _EVENTS, log = output.redirect_output(work)  # noqa: F841 - the log kept open for the run
+    EVENTS.stream, log = output.redirect_output(work)  # noqa: F841 - the log kept open for the run
     threading.Thread(target=_heartbeat, daemon=True).start()
     timings: dict[str, float] = {}
     try:

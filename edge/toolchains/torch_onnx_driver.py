@@ -44,10 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch_args  # noqa: E402 - forward()'s arguments: tensors, and the values of the others
 from coreml_driver import NotTorchModel, torch_inputs  # noqa: E402 - the shared PyTorch loader
-from driver_output import redirect_output  # noqa: E402 - the drivers' shared output plumbing
+from driver_output import Events, redirect_output  # noqa: E402 - the drivers' shared output plumbing
 
-_EVENTS: Any = None
-_START = time.time()
+EVENTS = Events()
 # what the TorchScript-based exporter always says about itself: not news about this model
 _EXPORTER_NOISE = (
     "legacy TorchScript-based ONNX export",
@@ -74,13 +73,10 @@ _NUMPY_OF_ONNX = {
 }
 
 
-def emit(event: str, **data: Any) -> None:
-    _EVENTS.write(json.dumps({"event": event, "elapsed_s": round(time.time() - _START, 2), **data}) + "\n")
-    _EVENTS.flush()
+emit = EVENTS.emit
 
 
-def stage(name: str) -> None:
-    emit("stage", stage=name)
+stage = EVENTS.stage
 
 
 def describe(values: Any) -> list[dict[str, Any]]:
@@ -311,10 +307,9 @@ def run(job: dict[str, Any], work: Path) -> int:
 
 
 def main() -> int:
-    global _EVENTS
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["workdir"])
-    _EVENTS, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
+    EVENTS.stream, log = redirect_output(work)  # noqa: F841 - the log kept open for the run
     try:
         return run(job, work)
     except NotTorchModel as e:
